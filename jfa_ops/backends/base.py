@@ -1,0 +1,71 @@
+"""What every attention backend implements.
+
+A backend is two plain functions over already-validated inputs (see ``meta_kernels.attention``) plus a
+``supports`` predicate. Shapes legend: ``T_q``/``T_kv`` total rows, ``B`` sequences, ``Hq``/``Hkv`` heads,
+``D`` head_dim, ``L_q`` broadcast-Q rows.
+
+forward(q, k, v, q_offsets, kv_offsets, params) -> (out, lse)
+    q          [T_q, Hq, D]   (broadcast_q: [L_q, Hq, D], q_offsets is None)
+    k, v       [T_kv, Hkv, D]
+    offsets    [B+1] int32/int64 prefix sums, on q's device
+    out        [T_q, Hq, D]   (broadcast_q: [B*L_q, Hq, D]), q's dtype
+    lse        [Hq, T_q]      (broadcast_q: [Hq, B*L_q]), float32, natural log, -inf on rows with no visible key
+
+backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params) -> (dq, dk, dv)
+    grad_lse may be None (lse unused). dq has q's shape (broadcast_q: summed over the batch).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionParams:
+    """The non-tensor arguments of ``jfa::attention``, resolved (scale is a float, windows are ints)."""
+
+    scale: float
+    causal: bool = False
+    window_left: int = -1  # -1: unbounded
+    window_right: int = -1
+    broadcast_q: bool = False
+    deterministic: bool = False
+    max_seqlen_q: int = -1  # -1: not given; a backend that needs it derives it from the offsets
+    max_seqlen_kv: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Static facts a backend's ``supports`` decides on (never tensor values: no host sync)."""
+
+    device_type: str
+    dtype: torch.dtype
+    head_dim: int
+    num_heads_q: int
+    num_heads_kv: int
+    causal: bool
+    window_left: int
+    window_right: int
+    broadcast_q: bool
+    deterministic: bool
+
+    @staticmethod
+    def of(q: torch.Tensor, k: torch.Tensor, params: AttentionParams) -> "Problem":
+        return Problem(
+            device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], num_heads_q=q.shape[1],
+            num_heads_kv=k.shape[1], causal=params.causal, window_left=params.window_left,
+            window_right=params.window_right, broadcast_q=params.broadcast_q, deterministic=params.deterministic,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A named implementation. ``supports(problem)`` returns None when it can run the problem, else the reason."""
+
+    name: str
+    forward: Callable
+    backward: Callable
+    supports: Callable[[Problem], Optional[str]]
+    priority: int = 0  # automatic choice takes the highest-priority backend that supports the problem
