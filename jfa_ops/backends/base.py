@@ -17,7 +17,7 @@ backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params) -
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -69,3 +69,6 @@ class Backend:
     backward: Callable
     supports: Callable[[Problem], Optional[str]]
     priority: int = 0  # automatic choice takes the highest-priority backend that supports the problem
+    # device types where automatic choice may pick it (None: any). The triton backend runs on CPU under
+    # TRITON_INTERPRET=1 when asked by name, but is never picked there automatically.
+    auto_devices: Optional[Tuple[str, ...]] = None

@@ -1,0 +1,7 @@
+"""jfa_ops: jagged flash attention as ``torch.library`` ops (namespace ``jfa``)."""
+from jfa_ops import ops  # noqa: F401  (registers torch.ops.jfa.*)
+from jfa_ops.api import jagged_attention
+from jfa_ops.backends import available_backends, register_backend, registered_backends
+
+__all__ = ["jagged_attention", "available_backends", "register_backend", "registered_backends"]
+__version__ = "0.1.0"

@@ -1,0 +1,123 @@
+"""The public Python wrapper over ``torch.ops.jfa.attention``: defaults, keyword options and NJT handling."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["jagged_attention"]
+
+
+def _is_njt(t) -> bool:
+    return isinstance(t, Tensor) and t.is_nested and t.layout == torch.jagged
+
+
+def _check_max_seqlen(name: str, value) -> int:
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _check_window(window) -> Tuple[int, int]:
+    if not (isinstance(window, (tuple, list)) and len(window) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
+    if any(w < -1 for w in window):
+        raise ValueError(f"window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
+    return int(window[0]), int(window[1])
+
+
+def jagged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Optional[Tensor],
+    kv_offsets: Optional[Tensor],
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window: Sequence[int] = (-1, -1),
+    broadcast_q: bool = False,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    backend: Optional[str] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention over a batch of sequences of different lengths, packed without padding.
+
+    Shapes (``T_q``/``T_kv`` total rows, ``B`` sequences, ``Hq``/``Hkv`` heads, ``D`` head_dim in 8..256 step 8)::
+
+        q           [T_q, Hq, D]    (broadcast_q=True: one dense [L_q, Hq, D] shared by all sequences)
+        k, v        [T_kv, Hkv, D]  Hq % Hkv == 0; q head h reads kv head h // (Hq // Hkv)
+        q_offsets   [B+1] int32/int64 prefix sums of the q lengths (None with broadcast_q=True)
+        kv_offsets  [B+1] int32/int64 prefix sums of the kv lengths
+        returns out [T_q, Hq, D]    (broadcast_q: [B*L_q, Hq, D], row b*L_q + i)
+                lse [Hq, T_q] float32, natural log (with return_lse=True)
+
+    Mask, per sequence with lengths (Lq, Lk), bottom-right aligned (FlashAttention's convention), d = i + Lk - Lq::
+
+        causal:          key j visible iff j <= d
+        window (l, r):   key j visible iff d - l <= j <= d + r   (-1: unbounded on that side)
+
+            Lq=3, Lk=5, causal        window=(1, 0)
+            q0: x x x . .             . x x . .
+            q1: x x x x .             . . x x .
+            q2: x x x x x             . . . x x
+
+    A row that sees no key (empty kv sequence, fully masked) gives out 0, lse -inf and zero gradients.
+
+    ``max_seqlen_*`` are optional hints: None never syncs (the built-in backends don't need them); given ints are
+    SymInts under ``torch.compile(dynamic=True)``, so changing them never recompiles. ``scale`` defaults to
+    ``D ** -0.5``. ``deterministic=True`` makes gradients bitwise reproducible. ``backend`` picks a registered backend
+    by name (else env ``JFA_BACKEND``, else the fastest that supports the call).
+
+    q, k, v may also be ``torch.nested`` jagged tensors (``layout=torch.jagged``, shape ``[B, j, H, D]``); offsets
+    are then taken from them (pass None) and ``out`` is a nested tensor too.
+
+    Example::
+
+        >>> q = torch.randn(7, 4, 64); k = v = torch.randn(9, 2, 64)
+        >>> q_off = torch.tensor([0, 3, 7]); kv_off = torch.tensor([0, 5, 9])
+        >>> jagged_attention(q, k, v, q_off, kv_off, causal=True).shape
+        torch.Size([7, 4, 64])
+    """
+    njt_offsets = None
+    if _is_njt(q) or _is_njt(k) or _is_njt(v):
+        q, k, v, q_offsets, kv_offsets, njt_offsets = _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q)
+    window_left, window_right = _check_window(window)
+    if not isinstance(scale, (float, int, type(None))) or isinstance(scale, bool):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    out, lse = torch.ops.jfa.attention(
+        q, k, v, q_offsets, kv_offsets,
+        _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_kv", max_seqlen_kv),
+        scale=None if scale is None else float(scale), causal=bool(causal), window_left=window_left,
+        window_right=window_right, broadcast_q=bool(broadcast_q), deterministic=bool(deterministic),
+        backend=backend,
+    )
+    if njt_offsets is not None:
+        out = torch.nested.nested_tensor_from_jagged(out, njt_offsets)
+    return (out, lse) if return_lse else out
+
+
+def _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q):
+    """NJT inputs -> (values, offsets). Returns the offsets the output NJT is built on."""
+    if q_offsets is not None or kv_offsets is not None:
+        raise ValueError("q_offsets and kv_offsets must be None when q/k/v are nested (NJT) tensors")
+    if not (_is_njt(k) and _is_njt(v)):
+        raise TypeError("k and v must both be nested jagged tensors (layout=torch.jagged) when any input is")
+    if broadcast_q:
+        if q.is_nested:
+            raise TypeError("q must be a dense [L_q, Hq, D] tensor with broadcast_q=True")
+        out_offsets = torch.arange(0, k.offsets().shape[0], device=q.device, dtype=k.offsets().dtype) * q.shape[0]
+        return q, k.values(), v.values(), None, k.offsets(), out_offsets
+    if not _is_njt(q):
+        raise TypeError("q must be a nested jagged tensor (layout=torch.jagged) when k and v are")
+    return q.values(), k.values(), v.values(), q.offsets(), k.offsets(), q.offsets()

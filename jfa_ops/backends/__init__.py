@@ -1,0 +1,99 @@
+"""The backend registry: named implementations of ``jfa::attention`` behind one dispatcher.
+
+Built-in backends are imported lazily (the triton one needs triton; the reference needs nothing). A third party
+registers its own in a few lines::
+
+    from jfa_ops.backends import Backend, register_backend
+    register_backend(Backend("mine", forward=my_fwd, backward=my_bwd, supports=lambda problem: None, priority=50))
+
+Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
+``supports(problem)`` returns None.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Dict, List, Optional
+
+from jfa_ops.backends.base import AttentionParams, Backend, Problem
+
+__all__ = ["AttentionParams", "Backend", "Problem", "register_backend", "unregister_backend", "get_backend",
+           "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
+
+_BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "triton": "jfa_ops.backends.triton"}
+_REGISTRY: Dict[str, Backend] = {}
+_IMPORT_ERRORS: Dict[str, str] = {}
+
+
+def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a jfa_ops.backends.Backend, got {type(backend).__name__}")
+    if backend.name in _REGISTRY and not replace:
+        raise ValueError(f"backend {backend.name!r} is already registered (pass replace=True to override it)")
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_builtins() -> None:
+    for name, module in _BUILTIN_MODULES.items():
+        if name in _REGISTRY or name in _IMPORT_ERRORS:
+            continue
+        try:
+            register_backend(importlib.import_module(module).BACKEND)
+        except (ImportError, AttributeError) as e:  # e.g. no triton: say why once, never alias another backend
+            _IMPORT_ERRORS[name] = f"{type(e).__name__}: {e}"
+
+
+def registered_backends() -> List[str]:
+    _load_builtins()
+    return sorted(_REGISTRY, key=lambda n: -_REGISTRY[n].priority)
+
+
+def unavailable_reason(name: str, problem: Optional[Problem] = None) -> Optional[str]:
+    """None when ``name`` can run ``problem`` (or is importable, without a problem), else why not."""
+    _load_builtins()
+    if name in _IMPORT_ERRORS:
+        return f"backend {name!r} could not be imported ({_IMPORT_ERRORS[name]})"
+    if name not in _REGISTRY:
+        return f"unknown backend {name!r}; registered: {registered_backends()}"
+    return None if problem is None else _REGISTRY[name].supports(problem)
+
+
+def available_backends(device_type: Optional[str] = None) -> List[str]:
+    """Registered backends that import, optionally only those that run some fp16 problem on ``device_type``."""
+    import torch
+
+    names = [n for n in registered_backends() if unavailable_reason(n) is None]
+    if device_type is None:
+        return names
+    probe = Problem(device_type, torch.float16, 64, 1, 1, False, -1, -1, False, False)
+    return [n for n in names if _REGISTRY[n].supports(probe) is None]
+
+
+def get_backend(name: str) -> Backend:
+    reason = unavailable_reason(name)
+    if reason is not None:
+        raise ValueError(f"backend: {reason}")
+    return _REGISTRY[name]
+
+
+def select_backend(requested: Optional[str], problem: Problem) -> Backend:
+    """The backend to run ``problem``: the requested one (argument or $JFA_BACKEND), else the best that supports it."""
+    requested = requested or os.environ.get("JFA_BACKEND") or None
+    if requested is not None:
+        backend = get_backend(requested)
+        reason = backend.supports(problem)
+        if reason is not None:
+            raise ValueError(f"backend {requested!r} cannot run this call: {reason}")
+        return backend
+    for name in registered_backends():
+        backend = _REGISTRY[name]
+        if backend.auto_devices is not None and problem.device_type not in backend.auto_devices:
+            continue
+        if backend.supports(problem) is None:
+            return backend
+    raise ValueError(f"no registered backend supports {problem}")

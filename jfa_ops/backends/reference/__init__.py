@@ -1,0 +1,139 @@
+"""The ``reference`` backend: exact attention in plain PyTorch, on any device.
+
+Per sequence, Q rows in chunks so the score block never exceeds ``SCORE_BLOCK_BYTES`` (memory grows with
+chunk_rows * L_kv, never L_q * L_kv). Accumulates in float32 (float64 for float64 inputs). It reads the offsets on the
+host (one sync): it is the CPU kernel and the tests' second oracle, not a fast path.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+from jfa_ops.backends.base import AttentionParams, Backend, Problem
+
+SCORE_BLOCK_BYTES = 64 * 2**20
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _sequences(q, q_offsets, kv_offsets, params) -> Iterator[Tuple[int, int, int, int, int, int]]:
+    """Yield (b, q_start, q_rows, out_start, kv_start, kv_rows) for every sequence."""
+    kv_bounds = kv_offsets.tolist()
+    q_bounds = None if params.broadcast_q else q_offsets.tolist()
+    for b in range(len(kv_bounds) - 1):
+        kv_start, kv_rows = kv_bounds[b], kv_bounds[b + 1] - kv_bounds[b]
+        if params.broadcast_q:
+            q_start, q_rows, out_start = 0, q.shape[0], b * q.shape[0]
+        else:
+            q_start, q_rows = q_bounds[b], q_bounds[b + 1] - q_bounds[b]
+            out_start = q_start
+        yield b, q_start, q_rows, out_start, kv_start, kv_rows
+
+
+def _row_chunks(q_rows: int, kv_rows: int, heads: int, elem_bytes: int) -> Iterator[Tuple[int, int]]:
+    step = max(1, SCORE_BLOCK_BYTES // max(1, kv_rows * heads * elem_bytes))
+    for r0 in range(0, q_rows, step):
+        yield r0, min(q_rows, r0 + step)
+
+
+def visible_mask(r0: int, r1: int, q_rows: int, kv_rows: int, params: AttentionParams, device) -> Optional[torch.Tensor]:
+    """[r1-r0, kv_rows] bool: query i sees key j (bottom-right aligned causal/window). None when all visible."""
+    if not params.causal and params.window_left < 0 and params.window_right < 0:
+        return None
+    i = torch.arange(r0, r1, device=device)[:, None]
+    j = torch.arange(kv_rows, device=device)[None, :]
+    diag = i + (kv_rows - q_rows)
+    visible = torch.ones(r1 - r0, kv_rows, dtype=torch.bool, device=device)
+    if params.causal:
+        visible &= j <= diag
+    if params.window_left >= 0:
+        visible &= j >= diag - params.window_left
+    if params.window_right >= 0:
+        visible &= j <= diag + params.window_right
+    return visible
+
+
+def _scores(q_chunk, k_seq, visible, scale):
+    """q_chunk [r, Hkv, G, D], k_seq [Lk, Hkv, D] -> scores [Hkv, G, r, Lk] (masked with -inf)."""
+    s = torch.einsum("rhgd,khd->hgrk", q_chunk, k_seq) * scale
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    return s
+
+
+def _probs(s, lse):
+    """softmax probabilities from scores and their lse; rows with lse = -inf (nothing visible) give zeros."""
+    finite = torch.isfinite(lse)
+    p = torch.exp(s - torch.where(finite, lse, torch.zeros_like(lse))[..., None])
+    return torch.where(finite[..., None], p, torch.zeros_like(p))
+
+
+def _grouped(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    """[r, Hq, D] -> [r, Hkv, G, D] (q head h reads kv head h // G)."""
+    return x.unflatten(1, (heads_kv, x.shape[1] // heads_kv))
+
+
+def forward(q, k, v, q_offsets, kv_offsets, params: AttentionParams):
+    heads_q, head_dim = q.shape[1], q.shape[2]
+    heads_kv = k.shape[1]
+    cdt = _compute_dtype(q.dtype)
+    rows = (kv_offsets.shape[0] - 1) * q.shape[0] if params.broadcast_q else q.shape[0]
+    out = torch.zeros(rows, heads_q, head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.full((heads_q, rows), float("-inf"), dtype=torch.float32, device=q.device)
+    for _, q_start, q_rows, out_start, kv_start, kv_rows in _sequences(q, q_offsets, kv_offsets, params):
+        if q_rows == 0 or kv_rows == 0:
+            continue
+        k_seq = k[kv_start:kv_start + kv_rows].to(cdt)
+        v_seq = v[kv_start:kv_start + kv_rows].to(cdt)
+        for r0, r1 in _row_chunks(q_rows, kv_rows, heads_q, torch.finfo(cdt).bits // 8):
+            q_chunk = _grouped(q[q_start + r0:q_start + r1].to(cdt), heads_kv)
+            visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
+            s = _scores(q_chunk, k_seq, visible, params.scale)
+            lse_chunk = torch.logsumexp(s, dim=-1)  # [Hkv, G, r]; -inf where nothing is visible
+            p = _probs(s, lse_chunk)
+            o = torch.einsum("hgrk,khd->rhgd", p, v_seq).flatten(1, 2)
+            out[out_start + r0:out_start + r1] = o.to(q.dtype)
+            lse[:, out_start + r0:out_start + r1] = lse_chunk.flatten(0, 1).float()
+    return out, lse
+
+
+def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
+    heads_q = q.shape[1]
+    heads_kv = k.shape[1]
+    cdt = _compute_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    dk = torch.zeros(k.shape, dtype=cdt, device=q.device)
+    dv = torch.zeros(v.shape, dtype=cdt, device=q.device)
+    for _, q_start, q_rows, out_start, kv_start, kv_rows in _sequences(q, q_offsets, kv_offsets, params):
+        if q_rows == 0 or kv_rows == 0:
+            continue
+        kv_rows_slice = slice(kv_start, kv_start + kv_rows)
+        k_seq, v_seq = k[kv_rows_slice].to(cdt), v[kv_rows_slice].to(cdt)
+        for r0, r1 in _row_chunks(q_rows, kv_rows, heads_q, torch.finfo(cdt).bits // 8):
+            q_rows_slice, o_rows_slice = slice(q_start + r0, q_start + r1), slice(out_start + r0, out_start + r1)
+            q_chunk = _grouped(q[q_rows_slice].to(cdt), heads_kv)
+            do_chunk = _grouped(grad_out[o_rows_slice].to(cdt), heads_kv)
+            o_chunk = _grouped(out[o_rows_slice].to(cdt), heads_kv)
+            lse_chunk = lse[:, o_rows_slice].to(cdt).unflatten(0, (heads_kv, -1))  # [Hkv, G, r]
+            visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
+            p = _probs(_scores(q_chunk, k_seq, visible, params.scale), lse_chunk)
+            # delta = rowsum(dO * O) - dlse: d lse / d s = p, so the lse gradient enters like a shift of delta.
+            delta = torch.einsum("rhgd,rhgd->hgr", do_chunk, o_chunk)
+            if grad_lse is not None:
+                delta = delta - grad_lse[:, o_rows_slice].to(cdt).unflatten(0, (heads_kv, -1))
+            dv[kv_rows_slice] += torch.einsum("hgrk,rhgd->khd", p, do_chunk)
+            dp = torch.einsum("rhgd,khd->hgrk", do_chunk, v_seq)
+            ds = p * (dp - delta[..., None]) * params.scale
+            dq[q_rows_slice] += torch.einsum("hgrk,khd->rhgd", ds, k_seq).flatten(1, 2)
+            dk[kv_rows_slice] += torch.einsum("hgrk,rhgd->khd", ds, q_chunk)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def supports(problem: Problem) -> Optional[str]:
+    return None  # exact math on any device, dtype and mask
+
+
+BACKEND = Backend(name="reference", forward=forward, backward=backward, supports=supports, priority=0)

@@ -1,0 +1,2 @@
+"""torch.library registrations: one op family per file. Importing this package registers the ``jfa`` ops."""
+from jfa_ops.ops import attention  # noqa: F401  (registers jfa::attention and jfa::attention_backward)

@@ -1,0 +1,13 @@
+"""Shape, dtype and argument rules of every jfa op: pure functions of tensor metadata.
+
+Imported by the fake (meta) registrations and by input validation. No triton, no GPU, no tensor values:
+everything here works on FakeTensors and symbolic shapes.
+"""
+from meta_kernels.attention import (
+    SUPPORTED_HEAD_DIMS,
+    attention_backward_shapes,
+    attention_shapes,
+    check_attention_args,
+)
+
+__all__ = ["SUPPORTED_HEAD_DIMS", "attention_shapes", "attention_backward_shapes", "check_attention_args"]

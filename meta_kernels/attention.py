@@ -1,0 +1,99 @@
+"""Shape rules and argument checks of ``jfa::attention`` and ``jfa::attention_backward``.
+
+Legend: ``T_q``/``T_kv`` total rows of the jagged Q and KV, ``B`` sequences, ``Hq``/``Hkv`` heads, ``D`` head_dim,
+``L_q`` rows of the dense broadcast Q.
+
+    q   [T_q, Hq, D]    jagged by q_offsets [B+1]      (broadcast_q: [L_q, Hq, D], q_offsets None)
+    k,v [T_kv, Hkv, D]  jagged by kv_offsets [B+1]
+    out [T_q, Hq, D]                                   (broadcast_q: [B*L_q, Hq, D], row b*L_q + i)
+    lse [Hq, T_q] float32                              (broadcast_q: [Hq, B*L_q])
+
+Only metadata is read here (shapes, dtypes, devices), so these checks run the same in eager mode, on FakeTensors
+under torch.compile and on the meta device. Checks of offset *values* live in ``jfa_ops.validation``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+SUPPORTED_HEAD_DIMS = tuple(range(8, 257, 8))
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+OFFSET_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device) -> None:
+    if not isinstance(offsets, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(offsets).__name__}")
+    if offsets.dtype not in OFFSET_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {offsets.dtype}")
+    if offsets.dim() != 1:
+        raise ValueError(f"{name} must be 1-D [B+1], got shape {tuple(offsets.shape)}")
+    if offsets.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one element (B+1 >= 1), got shape {tuple(offsets.shape)}")
+    if offsets.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {offsets.device}")
+
+
+def check_attention_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: Optional[torch.Tensor],
+    kv_offsets: torch.Tensor,
+    window: Sequence[int],
+    broadcast_q: bool,
+) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the argument for any malformed metadata."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D [rows, heads, head_dim], got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    head_dim = q.shape[2]
+    if k.shape[2] != head_dim:
+        raise ValueError(f"k's head_dim {k.shape[2]} must equal q's head_dim {head_dim}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be a multiple of 8 from 8 to 256, got {head_dim}")
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if heads_kv < 1 or heads_q < 1 or heads_q % heads_kv != 0:
+        raise ValueError(f"q heads ({heads_q}) must be a positive multiple of k/v heads ({heads_kv}) (GQA/MQA)")
+
+    _check_offsets("kv_offsets", kv_offsets, q.device)
+    if broadcast_q:
+        if q_offsets is not None:
+            raise ValueError("q_offsets must be None with broadcast_q=True (q is one dense [L_q, Hq, D] block)")
+    else:
+        if q_offsets is None:
+            raise ValueError("q_offsets is required unless broadcast_q=True")
+        _check_offsets("q_offsets", q_offsets, q.device)
+        if q_offsets.shape[0] != kv_offsets.shape[0]:
+            raise ValueError(
+                f"q_offsets and kv_offsets must both be [B+1], got {q_offsets.shape[0]} and {kv_offsets.shape[0]}"
+            )
+
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(isinstance(w, int) for w in window)):
+        raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
+    if any(w < -1 for w in window):
+        raise ValueError(f"window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
+
+
+def attention_shapes(q: torch.Tensor, kv_offsets: torch.Tensor, broadcast_q: bool):
+    """(out shape, lse shape) of the forward op."""
+    heads_q, head_dim = q.shape[1], q.shape[2]
+    rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
+    return (rows, heads_q, head_dim), (heads_q, rows)
+
+
+def attention_backward_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """(dq, dk, dv) shapes: each gradient has its input's shape (broadcast-Q dq is summed over the batch)."""
+    return tuple(q.shape), tuple(k.shape), tuple(v.shape)
