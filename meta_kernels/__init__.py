@@ -5,9 +5,11 @@ everything here works on FakeTensors and symbolic shapes.
 """
 from meta_kernels.attention import (
     SUPPORTED_HEAD_DIMS,
+    attention_flops,
     attention_backward_shapes,
     attention_shapes,
     check_attention_args,
+    visible_pairs,
 )
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "attention_shapes", "attention_backward_shapes", "check_attention_args"]
+__all__ = ["SUPPORTED_HEAD_DIMS", "attention_flops", "visible_pairs", "attention_shapes", "attention_backward_shapes", "check_attention_args"]

@@ -97,3 +97,31 @@ def attention_shapes(q: torch.Tensor, kv_offsets: torch.Tensor, broadcast_q: boo
 def attention_backward_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """(dq, dk, dv) shapes: each gradient has its input's shape (broadcast-Q dq is summed over the batch)."""
     return tuple(q.shape), tuple(k.shape), tuple(v.shape)
+
+
+def visible_pairs(q_lengths: Sequence[int], kv_lengths: Sequence[int], causal: bool, window: Sequence[int]) -> int:
+    """Exact number of visible (query, key) pairs over all sequences (per head), for FLOP counting.
+
+    Row i of a sequence sees keys lo..hi with d = i + Lk - Lq: lo = max(0, d - left), hi = min(Lk - 1, d if causal,
+    d + right), each bound only where it applies.
+    """
+    left, right = window
+    total = 0
+    for lq, lk in zip(q_lengths, kv_lengths):
+        if lq <= 0 or lk <= 0:
+            continue
+        d = torch.arange(lq, dtype=torch.int64) + (lk - lq)
+        hi = torch.full_like(d, lk - 1)
+        if causal:
+            hi = torch.minimum(hi, d)
+        if right >= 0:
+            hi = torch.minimum(hi, d + right)
+        lo = (d - left).clamp(min=0) if left >= 0 else torch.zeros_like(d)
+        total += int((hi - lo + 1).clamp(min=0).sum())
+    return total
+
+
+def attention_flops(q_lengths, kv_lengths, heads_q: int, head_dim: int, causal: bool, window, backward: bool = False):
+    """Useful FLOPs: 4*D per visible pair per q head forward (QK^T and PV), 2.5x that backward."""
+    forward = 4 * head_dim * heads_q * visible_pairs(q_lengths, kv_lengths, causal, window)
+    return int(forward * 2.5) if backward else forward

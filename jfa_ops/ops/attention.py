@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, select_backend
@@ -120,6 +121,33 @@ def _double_backward(ctx, *grads):
 
 def _setup_backward_context(ctx, inputs, output):
     pass
+
+
+def _lengths(offsets: Optional[Tensor], rows: int, batch: int):
+    """Per-sequence lengths for FLOP counting; FakeTensors have no values, so count every row as one sequence."""
+    if offsets is None:
+        return [rows] * batch
+    if isinstance(offsets, torch._subclasses.FakeTensor):
+        return None
+    return offsets.diff().tolist()
+
+
+@register_flop_formula(torch.ops.jfa.attention, get_raw=True)
+def _attention_flops(q, k, v, q_offsets, kv_offsets, max_seqlen_q=-1, max_seqlen_kv=-1, scale=None, causal=False,
+                     window_left=-1, window_right=-1, broadcast_q=False, *args, out_val=None, backward=False, **kw):
+    """Exact useful FLOPs from the offsets (eager FlopCounterMode reads them; under fake tensors: a dense bound)."""
+    batch = kv_offsets.shape[0] - 1
+    q_lengths = _lengths(q_offsets, q.shape[0], batch)
+    kv_lengths = _lengths(kv_offsets, k.shape[0], batch)
+    if q_lengths is None or kv_lengths is None:  # no values: bound by a single sequence of all rows
+        q_lengths, kv_lengths = [q.shape[0] * (batch if broadcast_q else 1)], [k.shape[0]]
+    return meta_kernels.attention_flops(q_lengths, kv_lengths, q.shape[1], q.shape[2], causal,
+                                        (window_left, window_right), backward=backward)
+
+
+@register_flop_formula(torch.ops.jfa.attention_backward, get_raw=True)
+def _attention_backward_flops(grad_out, grad_lse, q, k, v, out, lse, *args, out_val=None, **kwargs):
+    return _attention_flops(q, k, v, *args, backward=True, **kwargs)
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
