@@ -1,0 +1,266 @@
+"""python -m bench: measure every jfa_ops backend against its peers; print a TFLOP/s table, write JSON/MD/PNG.
+
+    python -m bench                      # all suites, full shapes (~8 min on the H200)
+    python -m bench --quick              # a representative subset (~3 min): D=128, S in {2k, 8k}
+    python -m bench --smoke              # tiny shapes; runs on the CPU with the reference backend
+    python -m bench --suite dense,jagged --head-dims 128 --modes fwd,bwd --peers fa4,flex --backends triton
+
+See bench/README.md for the device recipe (FA4 carried in two calls).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import subprocess
+import sys
+import time
+
+try:  # the TLX plugin installed with pip --target skips its .pth: register it before anything imports triton
+    import _utlx_autoregister  # noqa: F401
+except ImportError:
+    pass
+
+import torch
+
+from bench import report, suites, timing
+from bench.peers import (EXTRA_PEERS, PEER_ORDER, JfaBackend, Skip, jfa_available_backends, make_peer, one_line,
+                         oracle_output, rel_error)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_PEERS = ",".join(PEER_ORDER)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument("--suite", default=",".join(suites.SUITES), help=f"comma list of {', '.join(suites.SUITES)}")
+    p.add_argument("--quick", action="store_true", help="representative subset: D=128, S in {2k, 8k}")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, output checks on; runs on the CPU")
+    p.add_argument("--head-dims", default=None, help="comma list (default 64,128,256; quick: 128; smoke: 64)")
+    p.add_argument("--backends", default=None, help="jfa_ops backends (default: jfa_ops.available_backends())")
+    p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list of {', '.join(PEER_ORDER + EXTRA_PEERS)}, "
+                                                           "or none")
+    p.add_argument("--modes", default="fwd,bwd,fwdbwd", help="comma list of fwd, bwd, fwdbwd")
+    p.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for JSON, Markdown and PNG")
+    p.add_argument("--device", default=None, help="cuda if available, else cpu")
+    p.add_argument("--warmup-ms", type=float, default=25.0)
+    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop starting new measurements after this many seconds (default: full 450, quick 210)")
+    p.add_argument("--check", action="store_true", help="compare each forward with the float32 oracle (small cases)")
+    p.add_argument("--no-flex-compile", action="store_true", help="run FlexAttention eagerly (debugging)")
+    p.add_argument("--no-plots", action="store_true")
+    return p.parse_args(argv)
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        if sha:
+            return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("JFA_GIT_COMMIT", "unknown")
+
+
+def package_version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:  # noqa: BLE001
+        return "absent"
+
+
+def run_meta(device: torch.device, args) -> dict:
+    now = datetime.datetime.now()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()})"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_version = "absent"
+    return {
+        "date": now.strftime("%Y-%m-%d %H:%M:%S"), "device": name, "torch": torch.__version__,
+        "cuda": torch.version.cuda or "-", "triton": triton_version, "git_commit": git_commit(),
+        "flash_attn_4": package_version("flash-attn-4"), "python": platform.python_version(),
+        "timer": "triton.testing.do_bench median" if device.type == "cuda" else "perf_counter median (CPU)",
+        "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "argv": sys.argv,
+    }
+
+
+def free_memory(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
+    """All modes of one peer on one case (``inputs``: the rotated input sets): a record per mode.
+
+    A skip record carries the one-line reason."""
+    base = {"case": case.describe(), "peer": peer.name}
+    try:
+        preps = [peer.prepare(case, inp) for inp in inputs]
+    except Skip as e:
+        return [dict(base, mode=m, skip=str(e)) for m in modes]
+    except Exception as e:  # noqa: BLE001 - a peer that fails to set up is skipped with its error
+        free_memory(device)
+        return [dict(base, mode=m, skip=f"prepare failed: {one_line(e)}") for m in modes]
+    note = preps[0].note
+    records = []
+    for mode in modes:
+        rec = dict(base, mode=mode, note=note)
+        if case.suite == "overhead" and mode == "bwd":
+            continue
+        if mode != "fwd" and preps[0].no_backward:
+            records.append(dict(base, mode=mode, skip=preps[0].no_backward))
+            continue
+        call = None
+        try:
+            call = timing.mode_callable(mode, preps)
+            if case.suite == "overhead":
+                rec.update(timing.host_overhead_us(call, device))
+            else:
+                call()  # compile / autotune outside the memory measurement
+                rec["peak_mib"] = timing.peak_memory_mib(call, device)
+                ms = timing.median_ms(call, device, args.warmup_ms, args.rep_ms)
+                rec["ms"] = ms
+                rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
+            if mode == "fwd" and oracle is not None and preps[0].exact:
+                with torch.no_grad():
+                    rec["rel_err"] = rel_error(preps[0].to_jagged(preps[0].fn()), oracle)
+        except Exception as e:  # noqa: BLE001 - one failing mode does not stop the others
+            rec = dict(base, mode=mode, skip=f"{mode} failed: {one_line(e)}")
+        call = None  # drops the retained graphs before the next mode
+        free_memory(device)
+        records.append(rec)
+    del preps
+    free_memory(device)
+    return derive_backward(case, records)
+
+
+def derive_backward(case, records: list) -> list:
+    """Where the retained-graph backward failed but fwd and fwdbwd ran, report bwd as their difference (noted)."""
+    by_mode = {r["mode"]: r for r in records}
+    bwd, fwd, both = by_mode.get("bwd"), by_mode.get("fwd"), by_mode.get("fwdbwd")
+    if not (bwd and bwd.get("skip") and fwd and fwd.get("ms") and both and both.get("ms")):
+        return records
+    ms = both["ms"] - fwd["ms"]
+    if ms <= 0:
+        return records
+    derived = {k: v for k, v in bwd.items() if k != "skip"}
+    derived.update(ms=ms, tflops=case.flops("bwd") / (ms * 1e-3) / 1e12,
+                   note=f"bwd = fwdbwd - fwd ({bwd['skip'][:100]})")
+    return [derived if r is bwd else r for r in records]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    size = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    if args.head_dims:
+        head_dims = [int(x) for x in args.head_dims.split(",")]
+    else:
+        head_dims = {"smoke": [64], "quick": [128], "full": list(suites.HEAD_DIMS)}[size]
+    suite_names = [s for s in args.suite.split(",") if s]
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in report.MODES:
+            raise SystemExit(f"unknown mode {m!r}; choose from {', '.join(report.MODES)}")
+    budget = args.budget_s if args.budget_s is not None else {"smoke": 600, "quick": 210, "full": 450}[size]
+    check = args.check or args.smoke
+
+    if args.backends:
+        backends = [b for b in args.backends.split(",") if b and b != "none"]
+        if backends:
+            jfa_available_backends(device)  # import check with a clear message
+    else:
+        backends = jfa_available_backends(device)
+    peer_names = [p for p in args.peers.split(",") if p and p != "none"]
+    if args.smoke and args.peers == DEFAULT_PEERS:
+        peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
+    peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
+                                                 for p in peer_names]
+    cases = suites.build_cases(suite_names, head_dims, size)
+
+    meta = run_meta(device, args)
+    os.makedirs(args.out, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    dev_tag = "cpu" if device.type == "cpu" else meta["device"].split()[-1].lower()
+    prefix = os.path.join(args.out, f"bench_{stamp}_{dev_tag}")
+    print(f"bench: {len(cases)} cases x {len(peers)} implementations ({', '.join(p.name for p in peers)}), "
+          f"modes {','.join(modes)}, device {meta['device']}, budget {budget:.0f} s", flush=True)
+    unavailable = {p.name: p.unavailable(device) for p in peers}
+    for name, reason in unavailable.items():
+        if reason:
+            print(f"  skipping {name}: {reason}", flush=True)
+    meta["unavailable"] = {name: reason for name, reason in unavailable.items() if reason}
+    live = [p for p in peers if not unavailable[p.name]]
+
+    from tqdm import tqdm
+    start = time.perf_counter()
+    records = []
+    with tqdm(total=len(cases) * len(live), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True,
+              mininterval=0.5 if sys.stderr.isatty() else 15) as bar:
+        for case in cases:
+            if time.perf_counter() - start > budget:
+                records += [{"case": case.describe(), "peer": p.name, "mode": m,
+                             "skip": f"time budget ({budget:.0f} s) spent"} for p in live for m in modes]
+                bar.update(len(live))
+                continue
+            n_rot = 1 if case.suite == "overhead" else timing.rotations_for(suites.input_bytes(case), device)
+            inputs = [suites.make_inputs(case, device, seed=i) for i in range(n_rot)]  # shared by all peers
+            oracle = oracle_output(case, inputs[0]) if check else None
+            for peer in live:
+                bar.set_postfix_str(f"{case.name} | {peer.name}"[-60:], refresh=False)
+                records += measure_peer(peer, case, inputs, device, modes, args, oracle)
+                bar.update(1)
+            del oracle, inputs
+            free_memory(device)
+            meta["elapsed_s"] = round(time.perf_counter() - start, 1)
+            report.write_json(prefix + ".json", meta, records)  # after every case: a cut-short run keeps its data
+    meta["elapsed_s"] = round(time.perf_counter() - start, 1)
+    report.write_json(prefix + ".json", meta, records)
+
+    md = report.markdown(meta, records)
+    with open(prefix + ".md", "w") as f:
+        f.write(md)
+    if not args.no_plots:
+        for suite, recs in report.by_suite(records).items():
+            why = report.plot_suite(f"{prefix}_{suite}.png", suite, recs)
+            if why:
+                print(f"  no plot for {suite}: {why}")
+    print()
+    for suite, recs in report.by_suite(records).items():
+        print(report.suite_section(suite, recs, with_skips=False))
+    skips = [f"{n}: {r} (everywhere)" for n, r in meta["unavailable"].items()] + report.skip_lines(records)
+    if skips:
+        print("skipped:")
+        for line in skips:
+            print("  " + line)
+    summary = report.summary_lines(records)
+    if summary:
+        print("summary (geometric mean over a suite's cases):")
+        for line in summary:
+            print("  " + line)
+    checks = report.check_lines(records)
+    wrong = [c for c in checks if c.endswith("WRONG")]
+    if checks:
+        print(f"output checks: {len(checks) - len(wrong)} ok, {len(wrong)} wrong")
+        for c in wrong:
+            print("  " + c)
+    print(f"wrote {prefix}.json, .md and per-suite .png ({meta['elapsed_s']} s)")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""One small adapter per implementation measured: every jfa_ops backend, and the peers.
+
+Uniform interface: ``peer.unavailable(device)`` says why it cannot run here (None if it can), and
+``peer.prepare(case, inputs)`` returns a ``Prepared``: a forward callable over the peer's own leaf tensors (laid out
+the way that peer wants them, built outside the timed region), or raises ``Skip`` with a one-line reason.
+
+Peers that take no broadcast Q get Q materialized per sequence ([B*Lq] rows, q offsets b*Lq). SDPA gets tensors
+padded to the longest sequence, unmasked: its time is an upper bound on speed and its output is not compared
+(``exact=False``); FLOPs still count only useful pairs, so padding shows as a low ratio.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from bench.suites import Case, Inputs
+
+REFERENCE_MAX_WORK = 1 << 20  # visible pairs x query heads above which the jfa reference backend is skipped
+SDPA_MAX_PADDED_FLOPS = 1e14  # padded forward work above which SDPA is skipped (~0.2 s a call)
+SDPA_MAX_PADDED_BYTES = 24 * 2**30  # padded q, k, v above which SDPA is skipped
+
+
+class Skip(Exception):
+    """This peer cannot run this case; the message is the one-line reason."""
+
+
+@dataclasses.dataclass
+class Prepared:
+    fn: Callable[[], torch.Tensor]  # forward; returns the output in the peer's layout
+    leaves: List[torch.Tensor]  # the tensors the backward differentiates (requires_grad)
+    to_jagged: Callable[[torch.Tensor], torch.Tensor]  # output -> [T_q (B*Lq), Hq, D]
+    exact: bool = True  # False: computes a different function on purpose (unmasked padding)
+    note: str = ""
+    no_backward: str = ""  # why the backward cannot run here ("" when it can)
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(True)
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _need_cuda(device) -> Optional[str]:
+    return None if torch.device(device).type == "cuda" else "needs CUDA"
+
+
+def one_line(e: BaseException, limit: int = 160) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# jfa_ops backends
+
+
+def import_jfa_ops():
+    """jfa_ops, or SystemExit with a clear message when the package is not importable yet."""
+    try:
+        import jfa_ops
+    except Exception as e:  # noqa: BLE001 - any import failure means the same thing here
+        raise SystemExit(f"bench: cannot import jfa_ops ({one_line(e)}); run from the repository root "
+                         f"(or pip install -e .) once the package exists") from e
+    if not hasattr(jfa_ops, "jagged_attention"):
+        raise SystemExit("bench: jfa_ops has no jagged_attention yet")
+    return jfa_ops
+
+
+def jfa_available_backends(device) -> List[str]:
+    jfa_ops = import_jfa_ops()
+    names = getattr(jfa_ops, "available_backends", lambda: ["reference", "triton"])()
+    names = list(names() if callable(names) else names)
+    if torch.device(device).type != "cuda":
+        names = [n for n in names if n == "reference"]  # the GPU backends only run in an interpreter on the CPU
+    return names
+
+
+class JfaBackend:
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.name = f"jfa:{backend}"
+
+    def unavailable(self, device) -> Optional[str]:
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        jfa_ops = import_jfa_ops()
+        if self.backend == "reference" and case.pairs() * case.num_heads_q > REFERENCE_MAX_WORK:
+            raise Skip(f"reference backend skipped above {REFERENCE_MAX_WORK} visible pairs x heads")
+        q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
+        kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q, backend=self.backend)
+
+        def fn():
+            return _first(jfa_ops.jagged_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
+                                                   **kw))
+
+        return Prepared(fn, [q, k, v], lambda o: o)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# FlashAttention-4 (CuTe DSL): flash_attn_func for dense cases, flash_attn_varlen_func for jagged ones
+
+
+class FlashAttention4:
+    name = "fa4"
+
+    def __init__(self):
+        self._mod = None
+
+    def _interface(self):
+        if self._mod is None:
+            from flash_attn.cute import interface  # noqa: WPS433
+            self._mod = interface
+        return self._mod
+
+    def unavailable(self, device) -> Optional[str]:
+        if _need_cuda(device):
+            return _need_cuda(device)
+        try:
+            self._interface()
+        except Exception as e:  # noqa: BLE001
+            return f"flash_attn.cute not importable ({one_line(e, 100)}); see bench/README.md for the FA4 carry"
+        return None
+
+    @staticmethod
+    def _call_kwargs(func, case: Case, **extra) -> dict:
+        params = inspect.signature(func).parameters
+        left, right = case.window
+        kw = dict(softmax_scale=case.head_dim ** -0.5, causal=case.causal, **extra)
+        if (left, right) != (-1, -1):
+            if "window_size" not in params:
+                raise Skip("this flash_attn.cute has no window_size")
+            kw["window_size"] = (None if left < 0 else left, None if right < 0 else right)
+        missing = [n for n in kw if n not in params]
+        if missing:
+            raise Skip(f"flash_attn.cute signature lacks {missing}")
+        return kw
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        fa = self._interface()
+        if case.dense:
+            b, s = case.batch, case.q_lens[0]
+            shape = lambda t: t.view(b, s, *t.shape[1:])  # noqa: E731
+            q, k, v = _leaf(shape(inp.q)), _leaf(shape(inp.k)), _leaf(shape(inp.v))
+            kw = self._call_kwargs(fa.flash_attn_func, case)
+            return Prepared(lambda: _first(fa.flash_attn_func(q, k, v, **kw)), [q, k, v],
+                            lambda o: o.reshape(-1, *o.shape[2:]))
+        q, k, v = _leaf(inp.q_materialized(case)), _leaf(inp.k), _leaf(inp.v)
+        kw = self._call_kwargs(fa.flash_attn_varlen_func, case, cu_seqlens_q=inp.q_offsets_materialized,
+                               cu_seqlens_k=inp.kv_offsets, max_seqlen_q=case.max_q, max_seqlen_k=case.max_kv)
+        return Prepared(lambda: _first(fa.flash_attn_varlen_func(q, k, v, **kw)), [q, k, v], lambda o: o)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# SDPA (cuDNN, flash) on padded dense tensors
+
+
+def _pad_index(lens, max_len, device) -> torch.Tensor:
+    """Rows of a [B*max_len] padded block that hold the jagged rows, in jagged order."""
+    return torch.cat([b * max_len + torch.arange(n, device=device) for b, n in enumerate(lens)])
+
+
+def _pad(x: torch.Tensor, lens, max_len) -> torch.Tensor:
+    """Jagged [T, H, D] -> [B, max_len, H, D], zeros in the padding."""
+    out = x.new_zeros(len(lens) * max_len, *x.shape[1:])
+    out[_pad_index(lens, max_len, x.device)] = x
+    return out.view(len(lens), max_len, *x.shape[1:])
+
+
+class Sdpa:
+    def __init__(self, name: str, backend_name: str):
+        self.name = name
+        self.backend_name = backend_name  # a torch.nn.attention.SDPBackend member name
+
+    def unavailable(self, device) -> Optional[str]:
+        if _need_cuda(device) and self.backend_name != "MATH":
+            return _need_cuda(device)
+        from torch.nn.attention import SDPBackend
+        if not hasattr(SDPBackend, self.backend_name):
+            return f"this torch has no SDPBackend.{self.backend_name}"
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if case.window != (-1, -1):
+            raise Skip("SDPA has no sliding window")
+        if case.causal and tuple(case.q_lens) != tuple(case.kv_lens):
+            raise Skip("SDPA's is_causal is top-left aligned; this case has Lq != Lk")
+        padded_flops = 4.0 * case.batch * case.max_q * case.max_kv * case.num_heads_q * case.head_dim
+        if padded_flops > SDPA_MAX_PADDED_FLOPS:
+            raise Skip(f"padding to the longest sequence makes {padded_flops / 1e12:.0f} TFLOP per forward "
+                       f"(cap {SDPA_MAX_PADDED_FLOPS / 1e12:.0f})")
+        padded_bytes = inp.k.element_size() * case.batch * case.head_dim * (
+            case.max_q * case.num_heads_q + 2 * case.max_kv * case.num_heads_kv)
+        if padded_bytes > SDPA_MAX_PADDED_BYTES:
+            raise Skip(f"padded q, k, v would take {padded_bytes / 2**30:.0f} GiB, their gradients as much again "
+                       f"(cap {SDPA_MAX_PADDED_BYTES / 2**30:.0f} GiB)")
+        backend = getattr(SDPBackend, self.backend_name)
+        q_src = inp.q_materialized(case)
+        q = _leaf(_pad(q_src, case.q_lens, case.max_q))
+        k, v = _leaf(_pad(inp.k, case.kv_lens, case.max_kv)), _leaf(_pad(inp.v, case.kv_lens, case.max_kv))
+        gqa = case.num_heads_q != case.num_heads_kv
+        kw = dict(is_causal=case.causal, scale=case.head_dim ** -0.5)
+        if gqa:
+            kw["enable_gqa"] = True
+
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+
+        index = _pad_index(case.q_lens, case.max_q, q.device)
+        padded = len(set(case.kv_lens)) > 1 or len(set(case.q_lens)) > 1
+        # causal with Lq == Lk: the padding keys sit after every real query's last visible key, so the real rows
+        # come out right; otherwise the zero keys take part in the softmax
+        exact = not padded or (case.causal and tuple(case.q_lens) == tuple(case.kv_lens))
+        pad_frac = 1 - case.total_kv / (case.batch * case.max_kv)
+        note = f"padded to the longest sequence ({pad_frac:.0%} of keys padding), no key mask" if padded else ""
+        return Prepared(fn, [q, k, v], lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1])[index],
+                        exact=exact, note=note)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# FlexAttention (compiled) with a document mask over the packed sequences
+
+
+class FlexAttention:
+    name = "flex"
+
+    def __init__(self, compile_kernel: bool = True):
+        self.compile_kernel = compile_kernel
+        self._flex = None
+        self._masks = {}
+
+    def unavailable(self, device) -> Optional[str]:
+        try:
+            from torch.nn.attention import flex_attention  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"no FlexAttention in this torch ({one_line(e, 100)})"
+        return None
+
+    def _kernel(self, device):
+        if self._flex is None:
+            from torch.nn.attention.flex_attention import flex_attention
+            on_cuda = torch.device(device).type == "cuda"
+            if self.compile_kernel and on_cuda:
+                import torch._dynamo.config as dynamo_config
+                for knob in ("recompile_limit", "cache_size_limit"):  # one compile per head dim x GQA x mode
+                    if hasattr(dynamo_config, knob):
+                        setattr(dynamo_config, knob, max(64, getattr(dynamo_config, knob)))
+                # the bwd mode times the backward alone through a retained graph, which compiled backwards with
+                # donated buffers refuse; donation only saves memory
+                import torch._functorch.config as functorch_config
+                functorch_config.donated_buffer = False
+                self._flex = torch.compile(flex_attention)
+            else:  # eager: materializes the scores; fine for the small CPU cases it is used on
+                import warnings
+                warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+                self._flex = flex_attention
+        return self._flex
+
+    def _block_mask(self, case: Case, device):
+        key = (case.q_lens, case.kv_lens, case.causal, case.window, case.dense, str(device))
+        if key not in self._masks:
+            self._masks[key] = self._make_block_mask(case, torch.device(device))
+        return self._masks[key]
+
+    @staticmethod
+    def _make_block_mask(case: Case, device):
+        """A document mask over packed sequences (dense: one document per batch entry), or None when nothing is masked.
+
+        Every bound is a tensor, never a Python constant, so one compiled kernel serves all cases of a head dim:
+        only shapes change between cases (Dynamo makes them dynamic after the second), not the mask's code.
+        """
+        from torch.nn.attention.flex_attention import create_block_mask
+        left, right = case.window
+        if case.causal:
+            right = 0 if right < 0 else min(right, 0)
+        if case.dense and (left, right) == (-1, -1):
+            return None
+        unbounded = 1 << 30
+        lo_t = torch.tensor(left if left >= 0 else unbounded, device=device)
+        hi_t = torch.tensor(right if right >= 0 else unbounded, device=device)
+        q_lens = torch.tensor(case.q_lens[:1] if case.dense else case.q_lens, device=device)
+        kv_lens = torch.tensor(case.kv_lens[:1] if case.dense else case.kv_lens, device=device)
+        docs = torch.arange(len(q_lens), device=device)
+        q_doc = torch.repeat_interleave(docs, q_lens)
+        kv_doc = torch.repeat_interleave(docs, kv_lens)
+        q_start = torch.cumsum(q_lens, 0) - q_lens
+        kv_start = torch.cumsum(kv_lens, 0) - kv_lens
+        # each query's position on its own sequence's key axis (bottom-right alignment), each key's position
+        q_center = torch.arange(len(q_doc), device=device) - q_start[q_doc] + (kv_lens - q_lens)[q_doc]
+        kv_pos = torch.arange(len(kv_doc), device=device) - kv_start[kv_doc]
+
+        def mask_mod(b, h, qi, ki):
+            c, j = q_center[qi], kv_pos[ki]
+            return (q_doc[qi] == kv_doc[ki]) & (j >= c - lo_t) & (j <= c + hi_t)
+
+        return create_block_mask(mask_mod, None, None, len(q_doc), len(kv_doc), device=device,
+                                 _compile=device.type == "cuda")
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        flex = self._kernel(inp.k.device)
+        block_mask = self._block_mask(case, inp.k.device)
+        if case.dense:
+            b, s = case.batch, case.q_lens[0]
+            shape = lambda t: t.view(b, s, *t.shape[1:])  # noqa: E731
+            q, k, v = shape(inp.q), shape(inp.k), shape(inp.v)
+        else:  # one batch of T packed tokens
+            q, k, v = inp.q_materialized(case)[None], inp.k[None], inp.v[None]
+        on_cuda = inp.k.device.type == "cuda"
+        q, k, v = (_leaf(t) if on_cuda else t.clone() for t in (q, k, v))  # no FlexAttention backward on the CPU
+        kw = dict(block_mask=block_mask, scale=case.head_dim ** -0.5)
+        if case.num_heads_q != case.num_heads_kv:
+            kw["enable_gqa"] = True
+
+        def fn():
+            return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+
+        return Prepared(fn, [q, k, v], lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1]),
+                        no_backward="" if on_cuda else "FlexAttention has no backward on the CPU")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torch.nn.attention.varlen.varlen_attn (FlashAttention-2 underneath)
+
+
+class VarlenAttn:
+    name = "varlen"
+
+    def unavailable(self, device) -> Optional[str]:
+        if _need_cuda(device):
+            return _need_cuda(device)
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"no torch.nn.attention.varlen.varlen_attn ({one_line(e, 100)})"
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        from torch.nn.attention.varlen import varlen_attn
+        params = inspect.signature(varlen_attn).parameters
+        left, right = case.window
+        kw = dict(scale=case.head_dim ** -0.5)
+        note = ""
+        if "is_causal" in params:
+            kw["is_causal"] = case.causal
+            window = (left, right)
+        else:  # causal is the window's right edge at 0
+            window = (left, 0 if right < 0 else min(right, 0)) if case.causal else (left, right)
+        if window != (-1, -1):
+            if "window_size" not in params:
+                raise Skip("this varlen_attn has neither window_size nor is_causal")
+            kw["window_size"] = window
+        k_src, v_src = inp.k, inp.v
+        if case.num_heads_q != case.num_heads_kv:
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+            else:
+                group = case.num_heads_q // case.num_heads_kv
+                k_src, v_src = k_src.repeat_interleave(group, 1), v_src.repeat_interleave(group, 1)
+                note = "no enable_gqa: K/V heads expanded before timing"
+        q, k, v = _leaf(inp.q_materialized(case)), _leaf(k_src), _leaf(v_src)
+        qo, ko = inp.q_offsets_materialized, inp.kv_offsets
+
+        def fn():
+            return _first(varlen_attn(q, k, v, qo, ko, case.max_q, case.max_kv, **kw))
+
+        return Prepared(fn, [q, k, v], lambda o: o, note=note)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The bench's own oracle: float32, one sequence at a time (small cases only)
+
+ORACLE_MAX_WORK = 1 << 24
+
+
+def oracle_output(case: Case, inp: Inputs) -> Optional[torch.Tensor]:
+    """Attention in float32 per sequence, [T_q (B*Lq), Hq, D]; None when the case is too large to bother."""
+    if case.pairs() * case.num_heads_q > ORACLE_MAX_WORK:
+        return None
+    q_all = inp.q_materialized(case).float()
+    k_all, v_all = inp.k.float(), inp.v.float()
+    group = case.num_heads_q // case.num_heads_kv
+    left, right = case.window
+    outs, q0, k0 = [], 0, 0
+    for lq, lk in zip(case.q_lens, case.kv_lens):
+        q = q_all[q0:q0 + lq].transpose(0, 1)  # [H, lq, D]
+        k = k_all[k0:k0 + lk].repeat_interleave(group, 1).transpose(0, 1)
+        v = v_all[k0:k0 + lk].repeat_interleave(group, 1).transpose(0, 1)
+        s = q @ k.transpose(1, 2) * case.head_dim ** -0.5
+        c = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+        j = torch.arange(lk, device=q.device)[None, :]
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        if case.causal:
+            keep &= j <= c
+        if left >= 0:
+            keep &= j >= c - left
+        if right >= 0:
+            keep &= j <= c + right
+        p = torch.softmax(s.masked_fill(~keep, -math.inf), dim=-1).nan_to_num(0.0)
+        outs.append((p @ v).transpose(0, 1))
+        q0, k0 = q0 + lq, k0 + lk
+    return torch.cat(outs)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.detach().float()
+    if out.shape != ref.shape:
+        return float("nan")
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+PEER_ORDER = ("fa4", "cudnn", "sdpa_flash", "flex", "varlen")
+EXTRA_PEERS = ("sdpa_math",)  # not measured by default: SDPA's math backend, runs on the CPU (tests the padding)
+
+
+def make_peer(name: str, flex_compile: bool = True):
+    if name == "fa4":
+        return FlashAttention4()
+    if name == "cudnn":
+        return Sdpa("cudnn", "CUDNN_ATTENTION")
+    if name == "sdpa_flash":
+        return Sdpa("sdpa_flash", "FLASH_ATTENTION")
+    if name == "sdpa_math":
+        return Sdpa("sdpa_math", "MATH")
+    if name == "flex":
+        return FlexAttention(compile_kernel=flex_compile)
+    if name == "varlen":
+        return VarlenAttn()
+    raise SystemExit(f"unknown peer {name!r}; choose from {', '.join(PEER_ORDER + EXTRA_PEERS)}")

@@ -1,0 +1,66 @@
+"""The portable Triton backend: jagged flash attention forward and backward (fp16, bf16, fp32; head_dim 8..256).
+
+Importing this module never imports triton (the registry imports it lazily, and ``meta_kernels``/reference must work
+without triton); the kernels load on the first call. On CPU it runs only under ``TRITON_INTERPRET=1`` (tests), where
+bf16 is refused: the interpreter multiplies bf16 ``tl.dot`` operands as raw uint16.
+
+Files: ``attn_fwd.py`` (forward kernel), ``attn_bwd.py`` (delta, dK/dV, dQ kernels), ``scheduling.py`` (device-side
+longest-first tile lists for the persistent grids), ``configs.py`` (pre-tuned block sizes, no autotuning),
+``common.py`` (shared masks, stage bounds, loads).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+
+from ..base import AttentionParams, Backend, Problem
+
+__all__ = ["forward", "backward", "supports", "BACKEND"]
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def supports(problem: Problem) -> Optional[str]:
+    """None when the triton backend can run ``problem``, else the reason."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if problem.device_type != "cuda" and not (problem.device_type == "cpu" and _interpreting()):
+        return f"needs a CUDA device (or CPU tensors under TRITON_INTERPRET=1), got {problem.device_type}"
+    if problem.dtype not in _SUPPORTED_DTYPES:
+        return f"dtype {problem.dtype} not supported (fp16, bf16, fp32)"
+    if problem.device_type == "cpu" and problem.dtype == torch.bfloat16:
+        return "bf16 under the Triton interpreter is wrong (tl.dot multiplies bf16 operands as raw uint16)"
+    if problem.head_dim % 8 != 0 or not 8 <= problem.head_dim <= 256:
+        return f"head_dim {problem.head_dim} must be a multiple of 8 in [8, 256]"
+    if problem.num_heads_kv <= 0 or problem.num_heads_q % problem.num_heads_kv != 0:
+        return f"num_heads_q {problem.num_heads_q} must be a multiple of num_heads_kv {problem.num_heads_kv}"
+    return None
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
+            kv_offsets: torch.Tensor, params: AttentionParams):
+    """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
+    from .attn_fwd import attention_forward
+
+    return attention_forward(q, k, v, q_offsets, kv_offsets, params)
+
+
+def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, q_offsets: Optional[torch.Tensor],
+             kv_offsets: torch.Tensor, params: AttentionParams):
+    """(dq, dk, dv); grad_lse may be None. Deterministic mode only changes broadcast-Q dQ (no atomics)."""
+    from .attn_bwd import attention_backward
+
+    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
+
+
+_extra = {"auto_devices": ("cuda",)} if "auto_devices" in {f.name for f in dataclasses.fields(Backend)} else {}
+BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10, **_extra)

@@ -1,0 +1,339 @@
+"""Backward kernels: delta preprocess, dK/dV (keys stationary), dQ (queries stationary). No atomics except one
+opt-in case (broadcast-Q dQ in non-deterministic mode).
+
+    delta[h, t] = rowsum(dO * O)[t, h] - grad_lse[h, t]       (grad_lse adds d lse / d s = P to the softmax grad)
+    P  = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  dK = scale dS^T Q,  dQ = scale dS K
+
+dK/dV: one work item = (key tile, kv head); the program loops over the q heads of its GQA group, so dK/dV are
+summed in registers and written once (no atomics, deterministic). dQ: one work item = (query tile, q head), a
+separate pass that recomputes P (two extra matmuls, but no float atomics). Broadcast Q: dQ sums over the batch in
+fp32, either by atomics into a [L_q, Hq, D] buffer (fast path) or, deterministic, by each program looping over a
+fixed chunk of sequences in order and a fixed-order sum over the chunks.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common
+from .common import (LOG2E, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
+                     store_rows, visible, window_bounds)
+from .configs import get_config
+from .attn_fwd import broadcast_offsets
+from .scheduling import TileList, forward_tiles, kv_tiles
+
+DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
+
+
+@triton.jit(do_not_specialize=["total_out"])
+def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, total_out, stride_ot, stride_oh, stride_dt, stride_dh,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                          BLOCK_T: tl.constexpr, HAS_GRAD_LSE: tl.constexpr):
+    """delta[h, t] = sum_d dO[t, h, d] * O[t, h, d] (fp32) - grad_lse[h, t]."""
+    head = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows_ok = rows < total_out
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    rows64 = rows.to(tl.int64)
+    o = load_rows(Out + rows64[:, None] * stride_ot + head * stride_oh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    do = load_rows(DOut + rows64[:, None] * stride_dt + head * stride_dh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse_index = head.to(tl.int64) * total_out + rows
+    if HAS_GRAD_LSE:
+        delta -= tl.load(GradLse + lse_index, mask=rows_ok, other=0.0)
+    tl.store(Delta + lse_index, delta, mask=rows_ok)
+
+
+@triton.jit
+def _row_stats(Lse, Delta, index, rows_ok, CHECK_ROWS: tl.constexpr):
+    """lse in log2 units (+inf for rows that saw no key, so that exp2(s - lse) = 0) and delta of some rows."""
+    if CHECK_ROWS:
+        lse = tl.load(Lse + index, mask=rows_ok, other=0.0)
+        delta = tl.load(Delta + index, mask=rows_ok, other=0.0)
+    else:
+        lse = tl.load(Lse + index)
+        delta = tl.load(Delta + index)
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E), delta
+
+
+# --------------------------------------------------------------------------------------------------------- dK, dV
+@triton.jit
+def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys, rows0, d_ok,
+                   len_q, len_k, lo_off, hi_off, qk_scale, m_begin, m_end,
+                   BLOCK_M: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
+                   PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query blocks [m_begin, m_end); all products transposed ([keys, rows])."""
+    q_ptrs += m_begin.to(tl.int64) * stride_qt
+    do_ptrs += m_begin.to(tl.int64) * stride_dot
+    for m0 in range(loop_bound(m_begin), loop_bound(m_end), BLOCK_M):
+        rows = m0 + rows0
+        rows_ok = rows < len_q
+        q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
+        do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
+        lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k, len_q, lo_off, hi_off, HAS_LO, HAS_HI),
+                           p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        q_ptrs += BLOCK_M * stride_qt
+        do_ptrs += BLOCK_M * stride_dot
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, seq, n0, kv_head, total_out,
+               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+               group, scale, qk_scale, window_left, right,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    out_row0, len_q = seq_extent(Q_OFF, seq)
+    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0
+    else:
+        q_row0 = out_row0
+    keys = n0 + tl.arange(0, BLOCK_N)
+    keys_ok = keys < len_k
+    rows0 = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    k_ptrs = K + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
+    v_ptrs = V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+    k = load_rows(k_ptrs, keys_ok, d_ok, True, PAD_D)
+    v = load_rows(v_ptrs, keys_ok, d_ok, True, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
+    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+        n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)
+    for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers, no atomics
+        head = kv_head * group + g
+        q_ptrs = Q + (q_row0 + rows0)[:, None] * stride_qt + head * stride_qh + d[None, :]
+        do_ptrs = DOut + (out_row0 + rows0)[:, None] * stride_dot + head * stride_doh + d[None, :]
+        stat_index = head.to(tl.int64) * total_out + out_row0
+        dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
+                                rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, lead_begin, lead_end,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION)
+        dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
+                                rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, bulk_begin, bulk_end,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION)
+        dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
+                                rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, tail_begin, tail_end,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION)
+    store_rows(DK + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
+               (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    store_rows(DV + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
+               dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+
+
+@triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right"])
+def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
+                         num_heads_kv, total_out,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                         group, scale, qk_scale, window_left, right,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                         BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Persistent over (key tile, kv head) work items, key tiles longest first. dK/dV have k's layout."""
+    tl.static_assert(BLOCK_D >= HEAD_DIM)
+    n_work = tl.load(TILE_COUNT) * num_heads_kv
+    for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
+        tile = work // num_heads_kv
+        _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                   tl.load(TILE_START + tile), work % num_heads_kv, total_out,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                   group, scale, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
+                   HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION)
+
+
+# ------------------------------------------------------------------------------------------------------------ dQ
+@triton.jit
+def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
+                  lo_off, hi_off, qk_scale, n_begin, n_end,
+                  BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
+                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ (unscaled) of one query tile over key blocks [n_begin, n_end)."""
+    k_ptrs += n_begin.to(tl.int64) * stride_kt
+    v_ptrs += n_begin.to(tl.int64) * stride_vt
+    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
+        keys = n0 + cols
+        k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
+        v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
+        if MASKED:
+            p = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        k_ptrs += BLOCK_N * stride_kt
+        v_ptrs += BLOCK_N * stride_vt
+    return dq
+
+
+@triton.jit
+def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num_seqs, seqs_per_tile, total_out,
+             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+             stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
+             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    first_row, len_q = seq_extent(Q_OFF, seq_lo)  # broadcast Q: every sequence has the same L_q
+    if BROADCAST_Q:
+        q_row0 = first_row * 0
+    else:
+        q_row0 = first_row
+    rows_ok = rows < len_q
+    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    kv_head = head // group
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    seq_hi = tl.minimum(seq_lo + seqs_per_tile, num_seqs)
+    for seq in range(loop_bound(seq_lo), loop_bound(seq_hi)):  # one sequence, except broadcast-Q deterministic
+        out_row0, len_q = seq_extent(Q_OFF, seq)
+        kv_row0, len_k = seq_extent(KV_OFF, seq)
+        do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
+                       rows_ok, d_ok, True, PAD_D)
+        lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
+        k_ptrs = K + (kv_row0 + cols)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
+        v_ptrs = V + (kv_row0 + cols)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+        lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+            m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                           len_k, -window_left, right, qk_scale, lead_begin, lead_end,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                           len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                           len_k, -window_left, right, qk_scale, tail_begin, tail_end,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+    dq_ptrs = DQ + (seq_lo // seqs_per_tile) * stride_dq_chunk + (q_row0 + rows)[:, None] * stride_dqt \
+        + head * stride_dqh + d[None, :]
+    if ATOMIC:  # broadcast-Q fast path: fp32 sum over the batch, order-dependent rounding
+        if PAD_D:
+            tl.atomic_add(dq_ptrs, dq * scale, mask=rows_ok[:, None] & d_ok[None, :], sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq * scale, mask=rows_ok[:, None], sem="relaxed")
+    else:
+        store_rows(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
+
+
+@triton.jit(do_not_specialize=["num_heads", "num_seqs", "seqs_per_tile", "total_out", "group", "window_left",
+                               "right"])
+def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
+                       num_heads, num_seqs, seqs_per_tile, total_out,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                       stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       BROADCAST_Q: tl.constexpr, ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B)."""
+    tl.static_assert(BLOCK_D >= HEAD_DIM)
+    n_work = tl.load(TILE_COUNT) * num_heads
+    for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
+        tile = work // num_heads
+        _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile),
+                 work % num_heads, num_seqs, seqs_per_tile, total_out,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                 stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+                 HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC, DOT_PRECISION)
+
+
+def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads: int, target_programs: int,
+                             device: torch.device):
+    """Deterministic broadcast-Q dQ: tiles (first sequence of a fixed chunk, query block). Chunks are sized from shapes
+    and the SM count only, so the summation order is the same on every call."""
+    m_blocks = triton.cdiv(len_q, block_m)
+    chunks = max(1, min(num_seqs, triton.cdiv(target_programs, m_blocks * num_heads)))
+    seqs_per_chunk = triton.cdiv(num_seqs, chunks)
+    chunks = triton.cdiv(num_seqs, seqs_per_chunk)
+    ids = torch.arange(chunks * m_blocks, device=device, dtype=torch.int32)
+    tiles = TileList((ids // m_blocks) * seqs_per_chunk, (ids % m_blocks) * block_m,
+                     torch.full((1,), chunks * m_blocks, device=device, dtype=torch.int32), chunks * m_blocks)
+    return tiles, chunks, seqs_per_chunk
+
+
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
+    q, k, v, out, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, out, grad_out))
+    device, num_seqs = q.device, kv_offsets.numel() - 1
+    num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
+    group = num_heads // num_heads_kv
+    len_q = q.shape[0]
+    if params.broadcast_q:
+        q_off = broadcast_offsets(num_seqs, len_q, device)
+        total_out = num_seqs * len_q
+    else:
+        q_off = q_offsets.to(torch.int32)
+        total_out = q.shape[0]
+    kv_off = kv_offsets.to(torch.int32)
+    dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
+    if num_seqs == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    lse = lse if lse.is_contiguous() else lse.contiguous()
+    hd = head_dim_consts(head_dim)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    flags = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q,
+                 DOT_PRECISION=dot_precision(q.dtype))
+    scale, qk_scale = params.scale, params.scale * 1.4426950408889634  # scale / ln 2
+    sms = num_sms(device)
+
+    # 1. delta = rowsum(dO * O) - grad_lse
+    delta = common.alloc_output((num_heads, total_out), torch.float32, device)
+    if total_out > 0:
+        grad_lse_arg = delta
+        if grad_lse is not None:
+            grad_lse_arg = grad_lse.to(torch.float32).contiguous()
+        attn_bwd_delta_kernel[(triton.cdiv(total_out, DELTA_BLOCK_T), num_heads)](
+            out, grad_out, grad_lse_arg, delta, total_out, out.stride(0), out.stride(1), grad_out.stride(0),
+            grad_out.stride(1), **hd, BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None)
+
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), grad_out.stride(0),
+               grad_out.stride(1))
+    # 2. dK, dV: key tiles, longest first
+    cfg = get_config("dkdv", head_dim, q.dtype, params.causal)
+    tiles = kv_tiles(q_off, kv_off, k.shape[0], cfg.block_n, window_left, right, has_left, has_right)
+    grid = (max(1, min(tiles.capacity * num_heads_kv, sms * cfg.programs_per_sm)),)
+    attn_bwd_dkdv_kernel[grid](
+        q, k, v, grad_out, lse, delta, dk, dv, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads_kv,
+        total_out, *strides, group, scale, qk_scale, window_left, right, **hd, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    # 3. dQ
+    if total_out == 0:
+        return torch.zeros_like(q), dk, dv
+    cfg = get_config("dq", head_dim, q.dtype, params.causal)
+    atomic = params.broadcast_q and not params.deterministic
+    seqs_per_tile, chunks = 1, 1
+    if params.broadcast_q and params.deterministic:
+        tiles, chunks, seqs_per_tile = _chunked_broadcast_tiles(num_seqs, len_q, cfg.block_m, num_heads,
+                                                                2 * sms * cfg.programs_per_sm, device)
+    else:
+        tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
+    if params.broadcast_q:  # fp32 partial sums over the batch: [chunks, L_q, Hq, D]
+        shape = (chunks,) + tuple(q.shape)
+        dq_buf = (torch.zeros(shape, dtype=torch.float32, device=device) if atomic
+                  else common.alloc_output(shape, torch.float32, device))
+    else:
+        dq_buf = common.alloc_output(q.shape, q.dtype, device)
+    grid = (max(1, min(tiles.capacity * num_heads, sms * cfg.programs_per_sm)),)
+    attn_bwd_dq_kernel[grid](
+        q, k, v, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads,
+        num_seqs, seqs_per_tile, total_out, *strides, dq_buf.stride(-3), dq_buf.stride(-2),
+        dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group, scale, qk_scale, window_left, right,
+        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    if params.broadcast_q:
+        dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
+    else:
+        dq = dq_buf
+    return dq, dk, dv

@@ -1,0 +1,193 @@
+"""Forward kernel: jagged flash attention, online softmax, persistent grid over a longest-first tile list.
+
+Shapes: q [T_q, Hq, D] (broadcast_q: [L_q, Hq, D]), k/v [T_kv, Hkv, D], out [T_q, Hq, D], lse [Hq, T_q] float32.
+One work item = (query tile, q head); programs stride over the work items (tile-major, so the q heads of one tile,
+which share K/V blocks through the L2 under GQA, run side by side).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common
+from .common import (LN2, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
+                     store_rows, visible, window_bounds)
+from .configs import get_config
+from .scheduling import forward_tiles
+
+
+@triton.jit
+def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols, d_ok, len_q,
+                   len_k, lo_off, hi_off, qk_scale, n_begin, n_end,
+                   BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
+                   PAD_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online-softmax update over key blocks [n_begin, n_end). Scores live in the log2 domain (qk_scale has 1/ln 2).
+
+    k_src/v_src: tensor descriptors over [T_kv, Hkv*D] when USE_TMA (a block may run into the next sequence's rows:
+    those keys are masked in the masked stages and never reach the mask-free bulk), else row pointers."""
+    if not USE_TMA:
+        k_src += n_begin.to(tl.int64) * stride_kt
+        v_src += n_begin.to(tl.int64) * stride_vt
+    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
+        keys = n0 + cols
+        if USE_TMA:
+            k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+        else:
+            k = load_rows(k_src, keys < len_k, d_ok, MASKED, PAD_D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI),
+                         s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = m_new
+        p = tl.math.exp2(s - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)  # rescale of what was accumulated under the old maximum
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if USE_TMA:
+            v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+        else:
+            v = load_rows(v_src, keys < len_k, d_ok, MASKED, PAD_D)
+            k_src += BLOCK_N * stride_kt
+            v_src += BLOCK_N * stride_vt
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
+              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+              group, qk_scale, window_left, right,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
+              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    out_row0, len_q = seq_extent(Q_OFF, seq)
+    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0  # every sequence reads the same dense Q
+    else:
+        q_row0 = out_row0
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    rows_ok = rows < len_q
+
+    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    kv_head = head // group
+    if USE_TMA:
+        k_src = K
+        v_src = V
+    else:
+        k_src = K + (kv_row0 + cols)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
+        v_src = V + (kv_row0 + cols)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+    kv_col = kv_head * HEAD_DIM
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+        m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    # Masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last block).
+    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
+                                   d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end,
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION)
+    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
+                                   d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION)
+    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
+                                   d_ok, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end,
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION)
+
+    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    store_rows(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
+               out.to(Out.dtype.element_ty), rows_ok, d_ok, PAD_D)
+    tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
+
+
+@triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right"])
+def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, num_heads, total_out,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                    group, qk_scale, window_left, right,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Persistent: program p handles work items p, p + P, ... of (tile, head), tile-major, tiles longest first."""
+    tl.static_assert(BLOCK_D >= HEAD_DIM)
+    n_work = tl.load(TILE_COUNT) * num_heads  # real tile count lives on the device: no host sync
+    for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
+        tile = work // num_heads
+        head = work % num_heads
+        _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
+                  total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                  group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT,
+                  HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION)
+
+
+TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int):
+    return torch.cuda.get_device_capability(device_index)
+
+
+def use_tma(q: torch.Tensor, k: torch.Tensor, pad_d: bool) -> bool:
+    """TMA for K/V: sm_90+, 16-bit, unpadded head dim (a padded block would reach into the next head's columns),
+    non-empty K (a descriptor needs positive extents)."""
+    if not TMA_ENABLED or q.device.type != "cuda" or q.dtype == torch.float32 or pad_d or k.shape[0] == 0:
+        return False
+    return _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.Tensor:
+    """Output-row offsets of a broadcast Q: sequence b owns rows [b*L_q, (b+1)*L_q)."""
+    return torch.arange(num_seqs + 1, device=device, dtype=torch.int32) * len_q
+
+
+def attention_forward(q, k, v, q_offsets, kv_offsets, params):
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    device, num_seqs = q.device, kv_offsets.numel() - 1
+    num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
+    if params.broadcast_q:
+        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
+        total_out = num_seqs * q.shape[0]
+    else:
+        q_off = q_offsets.to(torch.int32)
+        total_out = q.shape[0]
+    kv_off = kv_offsets.to(torch.int32)
+    out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
+    lse = common.alloc_output((num_heads, total_out), torch.float32, device)
+    if total_out == 0 or num_seqs == 0:
+        return out, lse
+
+    cfg = get_config("fwd", head_dim, q.dtype, params.causal)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
+    grid = (max(1, min(tiles.capacity * num_heads, num_sms(device) * cfg.programs_per_sm)),)
+    hd = head_dim_consts(head_dim)
+    tma = use_tma(q, k, hd["PAD_D"])
+    k_arg, v_arg = k, v
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_arg, v_arg = (TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * head_dim], strides=[t.stride(0), 1],
+                                         block_shape=[cfg.block_n, head_dim]) for t in (k, v))
+    attn_fwd_kernel[grid](
+        q, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads, total_out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        num_heads // num_heads_kv, params.scale * 1.4426950408889634, window_left, right,  # scale / ln 2
+        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
+        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out, lse

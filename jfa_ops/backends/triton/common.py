@@ -1,0 +1,155 @@
+"""Triton helpers shared by the forward and backward kernels, and the host-side launch facts.
+
+Vocabulary: a kernel program owns a *stationary* tile of ``BLOCK_S`` positions of one sequence (query rows for the
+forward and dQ passes, key rows for dK/dV) and streams over the *other* side in blocks of ``BLOCK_O``. With
+``diag = L_other - L_stationary`` (FlashAttention's bottom-right alignment), stationary position ``s`` sees other-side
+position ``o`` iff ``lo_off <= o - s - diag <= hi_off``, each bound only when present, and ``0 <= o < L_other``::
+
+    causal, L_q = 4, L_k = 6 (diag = 2)       window_left = 1, window_right = 0
+      keys  0 1 2 3 4 5                         keys  0 1 2 3 4 5
+    q 0     x x x . . .                       q 0     . x x . . .
+    q 1     x x x x . .                       q 1     . . x x . .
+    q 2     x x x x x .                       q 2     . . . x x .
+    q 3     x x x x x x                       q 3     . . . . x x
+
+Forward / dQ: ``lo_off = -window_left``, ``hi_off = min(0 if causal, window_right)``.
+dK/dV (keys stationary, rows other): ``lo_off = -hi_off(forward)``, ``hi_off = window_left``.
+
+The other side's blocks split in three *stages*: a masked leading edge, a mask-free bulk whose blocks every valid
+stationary position sees entirely (no index math, no row checks), and a masked trailing edge (diagonal, window end,
+partial last block). Blocks nobody sees are skipped whole.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import interpreting
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: exp(x) = exp2(x * LOG2E)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln 2: ln(x) = log2(x) * LN2
+
+
+if interpreting():
+    def loop_bound(x):
+        """Interpreter workaround (triton 3.6 + numpy 2.x): its scalars are 1-element arrays, and ``range`` over a
+        loaded bound calls ``int(array)``, which numpy 2 refuses. Plain Python here runs inside the interpreter."""
+        return int(x.handle.data.reshape(-1)[0]) if isinstance(x, tl.tensor) else x
+else:
+    @triton.jit
+    def loop_bound(x):
+        return x
+
+
+@triton.jit
+def stage_bounds(s0, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                 BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr):
+    """Other-side block ranges for the stationary tile [s0, s0 + BLOCK_S).
+
+    Returns (lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end): masked, mask-free, masked. Positions
+    of the tile past ``len_s`` never get stored, so they do not constrain the mask-free bulk.
+    """
+    diag = len_o - len_s
+    s_last = tl.minimum(s0 + BLOCK_S, len_s) - 1
+    lo_any = s0 * 0  # first other position any valid row sees
+    lo_all = s0 * 0  # from here on, every valid row sees everything (as far as the lower bound goes)
+    hi_any = len_o  # one past the last position any valid row sees
+    hi_all = len_o  # below this, every valid row sees everything (as far as the upper bound goes)
+    if HAS_LO:
+        lo_any = tl.maximum(s0 + lo_off + diag, 0)
+        lo_all = tl.maximum(s_last + lo_off + diag, 0)
+    if HAS_HI:
+        hi_any = tl.minimum(s_last + hi_off + diag + 1, len_o)
+        hi_all = tl.maximum(tl.minimum(s0 + hi_off + diag + 1, len_o), 0)
+    lead_begin = (lo_any // BLOCK_O) * BLOCK_O  # operands are >= 0 here, so // is floor division
+    bulk_begin = tl.maximum(((lo_all + BLOCK_O - 1) // BLOCK_O) * BLOCK_O, lead_begin)
+    bulk_end = tl.maximum((hi_all // BLOCK_O) * BLOCK_O, bulk_begin)
+    lead_end = tl.minimum(bulk_begin, hi_any)
+    tail_begin = tl.maximum(bulk_end, lead_end)
+    return lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, hi_any
+
+
+@triton.jit
+def visible(s_pos, o_pos, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """Which (stationary, other) pairs attend; s_pos and o_pos broadcast against each other (2-D)."""
+    rel = o_pos - s_pos - (len_o - len_s)  # offset from the pair's diagonal
+    ok = (s_pos < len_s) & (o_pos < len_o)
+    if HAS_LO:
+        ok = ok & (rel >= lo_off)
+    if HAS_HI:
+        ok = ok & (rel <= hi_off)
+    return ok
+
+
+@triton.jit
+def load_rows(ptrs, rows_ok, d_ok, CHECK_ROWS: tl.constexpr, PAD_D: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile; masks only where needed (rows past a sequence end, head-dim padding)."""
+    if CHECK_ROWS:
+        if PAD_D:
+            x = tl.load(ptrs, mask=rows_ok[:, None] & d_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        if PAD_D:
+            x = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def store_rows(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
+    if PAD_D:
+        tl.store(ptrs, x, mask=rows_ok[:, None] & d_ok[None, :])
+    else:
+        tl.store(ptrs, x, mask=rows_ok[:, None])
+
+
+@triton.jit
+def seq_extent(OFFSETS, seq):
+    """(first row as int64, length as int32) of sequence ``seq``."""
+    begin = tl.load(OFFSETS + seq)
+    end = tl.load(OFFSETS + seq + 1)
+    return begin.to(tl.int64), (end - begin).to(tl.int32)
+
+
+# ---------------------------------------------------------------------------------------------------- host side
+def alloc_output(shape, dtype, device) -> torch.Tensor:
+    """Every output buffer the kernels fill comes from here (uninitialized: the kernels write every element).
+    Tests replace it with a NaN-filled allocator to prove that."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def window_bounds(causal: bool, window_left: int, window_right: int):
+    """(has_left, window_left, has_right, right): forward-side visibility ``-window_left <= j - i - diag <= right``."""
+    has_left = window_left >= 0
+    rights = ([0] if causal else []) + ([window_right] if window_right >= 0 else [])
+    return has_left, max(window_left, 0), bool(rights), (min(rights) if rights else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    from .configs import INTERPRETER_NUM_SMS
+
+    if device.type != "cuda":
+        return INTERPRETER_NUM_SMS
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 products (the default would be tf32); 16-bit inputs ignore this."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def head_dim_consts(head_dim: int):
+    from .configs import head_dim_bucket
+
+    block_d = head_dim_bucket(head_dim)
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d, PAD_D=block_d != head_dim)

@@ -1,0 +1,88 @@
+"""Pre-tuned launch configurations: a small table, no autotuning.
+
+Keys are static facts only (kernel, head-dim bucket, dtype, causal/window, interpreter): never sequence lengths or
+totals, so one compiled specialization serves every batch and no call has to time candidates.
+
+Shared-memory budget on sm_90 is 227 KiB per program; ``tests/backends/test_sm90_compile.py`` compiles every entry
+(``specializations.py`` lists them) for sm_90 and checks that the budget holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import torch
+
+SM90_SHARED_MEMORY_LIMIT = 232448  # bytes per block (227 KiB opt-in maximum on H100/H200)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the inner loops
+    programs_per_sm: int = 1  # persistent grid size = programs_per_sm * #SMs
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (must be decided before triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# Tiny tiles keep the CPU interpreter fast; tests still get several KV blocks per sequence with lengths ~40.
+INTERPRETER_CONFIG = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1, programs_per_sm=1)
+INTERPRETER_NUM_SMS = 3  # an odd program count makes the persistent striding visit tiles out of order
+
+
+def head_dim_bucket(head_dim: int) -> int:
+    """Padded head dim inside the kernels: next power of two, at least 16 (the smallest tl.dot K)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def _fwd(bucket: int, itemsize: int, causal: bool) -> KernelConfig:
+    if itemsize == 4:  # fp32: twice the bytes per tile, ieee dots; correctness path, not a speed path
+        return KernelConfig(64, 32, 4, 2) if bucket <= 128 else KernelConfig(32, 32, 4, 1)
+    if bucket <= 64:
+        return KernelConfig(128, 64, 4, 3, programs_per_sm=2)
+    if bucket <= 128:
+        # H200, dense B8 H16 S4096 D128 bf16 with TMA: 437 TFLOP/s (causal 350); causal BLOCK_N 128 gave 353 (noise).
+        return KernelConfig(128, 128 if not causal else 64, 8, 3)
+    return KernelConfig(128, 64, 8, 2)
+
+
+def _dkdv(bucket: int, itemsize: int) -> KernelConfig:
+    # KV-stationary: block_n keys stay in registers (k, v, dk, dv accumulators), block_m query rows stream.
+    if itemsize == 4:
+        return KernelConfig(32, 64, 4, 1) if bucket <= 128 else KernelConfig(16, 32, 4, 1)
+    if bucket <= 64:
+        return KernelConfig(64, 128, 8, 2)
+    if bucket <= 128:
+        # H200 D128 bf16: 3 stages 304 TFLOP/s whole-backward non-causal but 203 causal (vs 286 / 237); 128x128: 129.
+        return KernelConfig(64, 128, 8, 2)
+    return KernelConfig(32, 64, 8, 2)
+
+
+def _dq(bucket: int, itemsize: int) -> KernelConfig:
+    # Query-stationary: q, dO, dq accumulator in registers, keys stream.
+    if itemsize == 4:
+        return KernelConfig(64, 32, 4, 1) if bucket <= 128 else KernelConfig(32, 16, 4, 1)
+    if bucket <= 64:
+        return KernelConfig(128, 64, 8, 2)
+    if bucket <= 128:
+        # H200, dense B8 H16 S4096 D128 bf16, whole backward: 3 stages 320 TFLOP/s (causal 264) vs 2 stages 286 (237).
+        return KernelConfig(128, 64, 8, 3)
+    return KernelConfig(64, 64, 8, 2)
+
+
+def get_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
+    """kernel: 'fwd', 'dkdv' or 'dq'."""
+    if interpreting():
+        return INTERPRETER_CONFIG
+    bucket, itemsize = head_dim_bucket(head_dim), torch.empty((), dtype=dtype).element_size()
+    if kernel == "fwd":
+        return _fwd(bucket, itemsize, causal)
+    if kernel == "dkdv":
+        return _dkdv(bucket, itemsize)
+    if kernel == "dq":
+        return _dq(bucket, itemsize)
+    raise ValueError(f"unknown kernel {kernel!r}")

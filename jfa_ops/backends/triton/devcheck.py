@@ -1,0 +1,156 @@
+"""One-call GPU check of the Triton backend: correctness on the benchmark shapes, then TFLOP/s against SDPA.
+
+    python -m jfa_ops.backends.triton.devcheck [--quick] [--out DIR]
+
+Useful FLOPs: 4*D per visible (query, key) pair per head forward, 2.5x that backward. Medians of
+``triton.testing.do_bench``. Prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import triton
+
+from jfa_ops.backends.base import AttentionParams
+from jfa_ops.backends import triton as tb
+
+
+def visible_pairs(len_q, len_k, causal):
+    total = 0
+    for lq, lk in zip(len_q, len_k):
+        if not causal:
+            total += lq * lk
+        else:  # row i sees keys j <= i + lk - lq
+            total += sum(max(0, min(lk, i + lk - lq + 1)) for i in range(lq))
+    return total
+
+
+def skewed_lengths(n, mean, max_len, total, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.empty(n).log_normal_(0.0, 1.0, generator=g)
+    x = (x / x.sum() * total).clamp(1, max_len).round().long()
+    x[torch.argmax(x)] += total - int(x.sum())  # exact total
+    return x.clamp(1, max_len).tolist()
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def run_case(name, len_q, len_k, heads, heads_kv, d, causal, broadcast_q=False, sdpa=False, dtype=torch.bfloat16,
+             time_sdpa=True):
+    dev = "cuda"
+    kv_off = torch.tensor([0] + len_k, device=dev).cumsum(0).to(torch.int32)
+    q_off = None if broadcast_q else torch.tensor([0] + len_q, device=dev).cumsum(0).to(torch.int32)
+    t_q = len_q[0] if broadcast_q else sum(len_q)
+    q = torch.randn(t_q, heads, d, device=dev, dtype=dtype)
+    k = torch.randn(sum(len_k), heads_kv, d, device=dev, dtype=dtype)
+    v = torch.randn(sum(len_k), heads_kv, d, device=dev, dtype=dtype)
+    params = AttentionParams(scale=d ** -0.5, causal=causal, broadcast_q=broadcast_q)
+    lq_all = len_q * len(len_k) if broadcast_q else len_q
+    flops = 4 * d * heads * visible_pairs(lq_all, len_k, causal)
+    out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+    do = torch.randn_like(out)
+    t_fwd = bench(lambda: tb.forward(q, k, v, q_off, kv_off, params))
+    t_bwd = bench(lambda: tb.backward(do, None, q, k, v, out, lse, q_off, kv_off, params))
+    row = dict(case=name, fwd_ms=t_fwd, bwd_ms=t_bwd, fwd_tflops=flops / t_fwd * 1e-9,
+               bwd_tflops=2.5 * flops / t_bwd * 1e-9)
+    if sdpa:  # dense peer: equal lengths, [B, H, S, D]
+        b, s = len(len_q), len_q[0]
+        qd, kd, vd = (t.view(b, s, -1, d).transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, scale=params.scale)
+        dod = do.view(b, s, heads, d).transpose(1, 2)
+        gq, gk, gv = torch.autograd.grad(ref, (qd, kd, vd), dod)
+        dq, dk, dv = tb.backward(do, None, q, k, v, out, lse, q_off, kv_off, params)
+        dense = lambda t: t.view(b, s, -1, d).transpose(1, 2)  # noqa: E731
+        row["err"] = max(rel(dense(out), ref), rel(dense(dq), gq), rel(dense(dk), gk), rel(dense(dv), gv))
+        if not time_sdpa:
+            return row
+        t_sf = bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal,
+                                                                               scale=params.scale))
+        ref = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, scale=params.scale)
+        t_sb = bench(lambda: torch.autograd.grad(ref, (qd, kd, vd), dod, retain_graph=True))
+        row.update(sdpa_fwd_tflops=flops / t_sf * 1e-9, sdpa_bwd_tflops=2.5 * flops / t_sb * 1e-9)
+    return row
+
+
+def sweep(rows_out):
+    """One config change at a time on the dense shapes (fwd TMA on/off, block shapes); prints TFLOP/s."""
+    from jfa_ops.backends.triton import attn_fwd, configs
+
+    K = configs.KernelConfig
+    variants = [
+        ("fwd no-TMA", "tma", False),
+        ("fwd causal BN128", "_fwd", lambda b, i, c: K(128, 128, 8, 3)),
+        ("fwd causal BN64 s4", "_fwd", lambda b, i, c: K(128, 64, 8, 4)),
+        ("dkdv 64x128 s3", "_dkdv", lambda b, i: K(64, 128, 8, 3)),
+        ("dkdv 128x128 s2", "_dkdv", lambda b, i: K(128, 128, 8, 2)),
+        ("dq 128x128 s2", "_dq", lambda b, i: K(128, 128, 8, 2)),
+        ("dq 128x64 s3", "_dq", lambda b, i: K(128, 64, 8, 3)),
+    ]
+    for label, attr, value in variants:
+        saved = attn_fwd.TMA_ENABLED if attr == "tma" else getattr(configs, attr)
+        try:
+            if attr == "tma":
+                attn_fwd.TMA_ENABLED = value
+            else:
+                setattr(configs, attr, value)
+            for causal in (False, True):
+                row = run_case(f"{label} {'causal' if causal else 'full'}", [4096] * 8, [4096] * 8, 16, 16, 128,
+                               causal, False, True, time_sdpa=False)
+                rows_out.append(row)
+                print(f"SWEEP {row['case']:32s} fwd {row['fwd_tflops']:6.1f} bwd {row['bwd_tflops']:6.1f}"
+                      f" err {row['err']:.1e}", flush=True)
+        except Exception as e:  # e.g. out of shared memory: report and go on
+            print(f"SWEEP {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        finally:
+            if attr == "tma":
+                attn_fwd.TMA_ENABLED = saved
+            else:
+                setattr(configs, attr, saved)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time one-change config variants (dense shapes)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    rows = []
+    cases = [("dense B8 H16 S4096 D128", [4096] * 8, [4096] * 8, 16, 16, 128, False, False, True),
+             ("dense causal", [4096] * 8, [4096] * 8, 16, 16, 128, True, False, True)]
+    skew = skewed_lengths(28, 1170, 8192, 32768, 0)
+    cases += [("jagged 28 lognormal T32768", skew, skew, 16, 16, 128, False, False, False),
+              ("jagged causal", skew, skew, 16, 16, 128, True, False, False)]
+    kv = skewed_lengths(128, 964, 8192, 128 * 964, 1)
+    cases += [("broadcast-Q 128x512 H4", [512], kv, 4, 4, 128, False, True, False)]
+    if args.quick:
+        cases = cases[:1]
+    for c in cases:
+        t0 = time.time()
+        row = run_case(*c)
+        row["wall_s"] = round(time.time() - t0, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.sweep:
+        sweep(rows)
+    with open(os.path.join(args.out, "devcheck.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\n{'case':32s} {'fwd TF/s':>9s} {'bwd TF/s':>9s} {'sdpa fwd':>9s} {'sdpa bwd':>9s} {'err':>8s}")
+    for r in rows:
+        print(f"{r['case']:32s} {r['fwd_tflops']:9.1f} {r['bwd_tflops']:9.1f} {r.get('sdpa_fwd_tflops', math.nan):9.1f}"
+              f" {r.get('sdpa_bwd_tflops', math.nan):9.1f} {r.get('err', math.nan):8.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Every kernel specialization the backend ships, as (kernel, signature, constexprs, options) for ahead-of-time
+compilation (``tests/backends/test_sm90_compile.py`` compiles them for sm_90 on a machine without a GPU).
+
+The signatures mirror the launch sites in ``attn_fwd.py`` / ``attn_bwd.py``; a drift shows up as a compile error.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterator, List
+
+import torch
+
+from .configs import KernelConfig, _dkdv, _dq, _fwd, head_dim_bucket
+
+_TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclasses.dataclass
+class Specialization:
+    name: str  # human-readable id
+    kernel: str  # attribute of the module below
+    module: str
+    signature: Dict[str, str]
+    constexprs: Dict[str, object]
+    attrs: Dict[tuple, list]  # what a real launch infers: 16-byte aligned pointers, strides divisible by 16
+    num_warps: int
+    num_stages: int
+
+
+def _sig(names: List[str], types: Dict[str, str]) -> Dict[str, str]:
+    return {n: types.get(n, "i32") for n in names}
+
+
+def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast_q, dtype):
+    block_d = head_dim_bucket(head_dim)
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d, PAD_D=block_d != head_dim, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=broadcast_q,
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+
+
+def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, has_left: bool = False,
+                   broadcast_q: bool = False, atomic: bool = False) -> Specialization:
+    from . import attn_bwd, attn_fwd
+
+    dt = _TRITON_DTYPE[dtype]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    bucket = head_dim_bucket(head_dim)
+    ptr = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "DOut": f"*{dt}", "DK": f"*{dt}",
+           "DV": f"*{dt}", "Lse": "*fp32", "Delta": "*fp32", "GradLse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32",
+           "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32", "qk_scale": "fp32", "scale": "fp32",
+           "DQ": "*fp32" if broadcast_q else f"*{dt}"}
+    name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
+           f"{'-bcast' if broadcast_q else ''}{'-atomic' if atomic else ''}"
+    if kernel == "delta":
+        fn = attn_bwd.attn_bwd_delta_kernel
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim,
+                          BLOCK_T=attn_bwd.DELTA_BLOCK_T, HAS_GRAD_LSE=True)
+        module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_delta_kernel", 4, 1
+    else:
+        cfg = {"fwd": lambda: _fwd(bucket, itemsize, causal), "dkdv": lambda: _dkdv(bucket, itemsize),
+               "dq": lambda: _dq(bucket, itemsize)}[kernel]()
+        constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
+        if kernel == "fwd":
+            fn, module, attr = attn_fwd.attn_fwd_kernel, attn_fwd.__name__, "attn_fwd_kernel"
+            constexprs["USE_TMA"] = dtype != torch.float32 and not constexprs["PAD_D"]  # as attn_fwd.use_tma on sm_90
+            if constexprs["USE_TMA"]:
+                ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
+        elif kernel == "dkdv":
+            fn, module, attr = attn_bwd.attn_bwd_dkdv_kernel, attn_bwd.__name__, "attn_bwd_dkdv_kernel"
+        else:
+            fn, module, attr = attn_bwd.attn_bwd_dq_kernel, attn_bwd.__name__, "attn_bwd_dq_kernel"
+            constexprs["ATOMIC"] = atomic
+        warps, stages = cfg.num_warps, cfg.num_stages
+    names = list(fn.arg_names)
+    sig = _sig(names, ptr)
+    for c in constexprs:
+        sig[c] = "constexpr"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or n.startswith("stride")}
+    return Specialization(name, attr, module, sig, constexprs, attrs, warps, stages)
+
+
+def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
+    """Each config-table entry for 16-bit dtypes (bucket x causal), the bf16/fp32 variants of the big buckets, and
+    the extra flag combinations (windows, broadcast Q, atomics, head-dim padding)."""
+    kernels = ("fwd", "dkdv", "dq")
+    head_dims = (16, 64, 128, 256) if not quick else (128,)
+    for kernel in kernels:
+        for d in head_dims:
+            for causal in (False, True):
+                yield specialization(kernel, d, torch.float16, causal)
+        yield specialization(kernel, 128, torch.bfloat16, True)
+        yield specialization(kernel, 72, torch.bfloat16, True, has_left=True)  # padded head dim, window
+        yield specialization(kernel, 128, torch.bfloat16, False, broadcast_q=True, atomic=kernel == "dq")
+        if not quick:
+            yield specialization(kernel, 128, torch.float32, False)
+    yield specialization("dq", 128, torch.bfloat16, True, broadcast_q=True, atomic=False)
+    yield specialization("delta", 128, torch.bfloat16, False)
+    yield specialization("delta", 40, torch.float16, False)

@@ -1,0 +1,270 @@
+"""Triton backend kernels against a float64 per-sequence softmax oracle.
+
+Without CUDA these run in Triton's CPU interpreter (TRITON_INTERPRET=1 must be set before triton is first imported;
+tests/conftest.py does that too) with 16x16 tiles, so the shapes below (lengths up to ~70) still give several key
+blocks per sequence: the masked edges, the mask-free bulk and the partial last block all run.
+
+Under the interpreter only fp16 and fp32 are tested: the interpreter multiplies bf16 ``tl.dot`` operands as raw uint16
+and returns garbage. bf16 runs on the GPU only (``@pytest.mark.gpu``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from jfa_ops.backends.base import AttentionParams, Problem  # noqa: E402
+from jfa_ops.backends import triton as tb  # noqa: E402
+from jfa_ops.backends.triton import common, configs, scheduling  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5 if not CUDA else 1e-4}
+
+
+# ------------------------------------------------------------------------------------------------------- oracle
+def oracle(q, k, v, q_off, kv_off, scale, causal=False, wl=-1, wr=-1, broadcast_q=False, grad_out=None,
+           grad_lse=None):
+    """float64 per-sequence softmax attention; with grad_out also (dq, dk, dv) by autograd."""
+    q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    q_off, kv_off = q_off.cpu().tolist() if q_off is not None else None, kv_off.cpu().tolist()
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for b in range(len(kv_off) - 1):
+        qb = q64 if broadcast_q else q64[q_off[b]:q_off[b + 1]]
+        kb = k64[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
+        vb = v64[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
+        len_q, len_k = qb.shape[0], kb.shape[0]
+        rel = torch.arange(len_k)[None, :] - torch.arange(len_q)[:, None] - (len_k - len_q)
+        ok = torch.ones(len_q, len_k, dtype=torch.bool)
+        if causal:
+            ok &= rel <= 0
+        if wl >= 0:
+            ok &= rel >= -wl
+        if wr >= 0:
+            ok &= rel <= wr
+        s = (torch.einsum("ihd,jhd->hij", qb, kb) * scale).masked_fill(~ok, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None]) * ok
+        outs.append(torch.einsum("hij,jhd->ihd", p, vb))
+        lses.append(lse)
+    out, lse = torch.cat(outs, 0), torch.cat(lses, 1)
+    if grad_out is None:
+        return out, lse
+    loss = (out * grad_out.cpu().double()).sum()
+    if grad_lse is not None:
+        loss = loss + (torch.where(torch.isfinite(lse), lse, 0.0) * grad_lse.cpu().double()).sum()
+    return (out, lse) + torch.autograd.grad(loss, (q64, k64, v64))
+
+
+def rel_err(x, ref):
+    x, ref = x.detach().cpu().double(), ref.detach().double()
+    assert not torch.isnan(x).any(), "NaN in output"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Outputs start as NaN: any element a kernel forgets to write fails the comparison."""
+    def alloc(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    monkeypatch.setattr(common, "alloc_output", alloc)
+
+
+def make_inputs(len_q, len_k, hq, hkv, d, dtype, broadcast_q=False, offsets_dtype=torch.int32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kv_off = torch.tensor([0] + list(len_k)).cumsum(0).to(offsets_dtype)
+    q_off = None if broadcast_q else torch.tensor([0] + list(len_q)).cumsum(0).to(offsets_dtype)
+    t_q = len_q[0] if broadcast_q else int(q_off[-1])
+    q = torch.randn(t_q, hq, d, generator=g).to(dtype)
+    k = torch.randn(int(kv_off[-1]), hkv, d, generator=g).to(dtype)
+    v = torch.randn(int(kv_off[-1]), hkv, d, generator=g).to(dtype)
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return to(q), to(k), to(v), to(q_off), to(kv_off)
+
+
+# name: (len_q, len_k, Hq, Hkv, D, causal, window_left, window_right, broadcast_q)
+CASES = {
+    "jagged_empty_len1": ([1, 37, 0, 20, 5], [1, 37, 5, 0, 70], 2, 2, 64, False, -1, -1, False),
+    "gqa2_d40": ([23, 50], [41, 50], 4, 2, 40, False, -1, -1, False),
+    "gqa4_d8_causal": ([50, 3], [50, 30], 4, 1, 8, True, -1, -1, False),
+    "causal_lq_gt_lk": ([45, 20], [17, 20], 2, 1, 72, True, -1, -1, False),  # rows with no visible key
+    "causal_lq_lt_lk": ([12, 31], [60, 33], 2, 2, 128, True, -1, -1, False),
+    "window_left": ([48, 9], [48, 26], 2, 1, 64, False, 10, -1, False),
+    "window_right": ([40, 30], [52, 30], 2, 1, 40, False, -1, 5, False),
+    "window_both": ([64, 33], [64, 47], 2, 2, 8, False, 7, 20, False),
+    "causal_window_left": ([66], [70], 2, 1, 64, True, 17, -1, False),
+    "window_empty_rows": ([30], [8], 2, 1, 16, False, 2, 1, False),  # Lq > Lk: windows leave rows empty
+    "broadcast_q": ([21], [45, 0, 1, 33], 4, 2, 40, False, -1, -1, True),
+    "broadcast_q_causal": ([37], [45, 20, 0, 50], 2, 1, 64, True, -1, -1, True),
+    "broadcast_q_window": ([20], [50, 7, 33], 2, 2, 72, False, 5, 9, True),
+}
+
+
+def run_case(case, dtype, deterministic=False, with_grad_lse=False, offsets_dtype=torch.int32, seed=0):
+    len_q, len_k, hq, hkv, d, causal, wl, wr, bq = case
+    q, k, v, q_off, kv_off = make_inputs(len_q, len_k, hq, hkv, d, dtype, bq, offsets_dtype, seed)
+    params = AttentionParams(scale=d ** -0.5, causal=causal, window_left=wl, window_right=wr, broadcast_q=bq,
+                             deterministic=deterministic)
+    assert tb.supports(Problem.of(q, k, params)) is None
+    out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=g).to(dtype).to(DEVICE)
+    grad_lse = torch.randn(lse.shape, generator=g).to(DEVICE) if with_grad_lse else None
+    dq, dk, dv = tb.backward(grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off, params)
+    ref = oracle(q, k, v, q_off, kv_off, params.scale, causal, wl, wr, bq, grad_out, grad_lse)
+    return (out, lse, dq, dk, dv), ref
+
+
+def check(got, ref, dtype):
+    out, lse, dq, dk, dv = got
+    r_out, r_lse, r_dq, r_dk, r_dv = ref
+    assert out.dtype == dtype and lse.dtype == torch.float32 and dq.dtype == dtype and dk.dtype == dtype
+    lse = lse.cpu()
+    empty = torch.isinf(r_lse)  # rows with no visible key: out 0, lse -inf
+    assert torch.equal(torch.isneginf(lse), empty), "lse must be -inf exactly on rows with no visible key"
+    assert (out.cpu()[empty.T.any(1)].float().abs().sum() == 0) if empty.any() else True
+    tol = TOL[dtype]
+    errs = {"out": rel_err(out, r_out), "lse": rel_err(lse[~empty], r_lse[~empty]), "dq": rel_err(dq, r_dq),
+            "dk": rel_err(dk, r_dk), "dv": rel_err(dv, r_dv)}
+    assert all(e < tol for e in errs.values()), errs
+
+
+# ------------------------------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_oracle_fp16(name, poison):
+    check(*run_case(CASES[name], torch.float16), torch.float16)
+
+
+@pytest.mark.parametrize("name", ["jagged_empty_len1", "causal_lq_gt_lk", "window_both", "broadcast_q_causal"])
+def test_matches_oracle_fp32(name, poison):
+    check(*run_case(CASES[name], torch.float32), torch.float32)
+
+
+@pytest.mark.parametrize("name", ["gqa2_d40", "causal_lq_gt_lk", "window_empty_rows", "broadcast_q_window"])
+def test_grad_lse(name, poison):
+    check(*run_case(CASES[name], torch.float16, with_grad_lse=True), torch.float16)
+
+
+def test_int64_offsets(poison):
+    check(*run_case(CASES["causal_lq_lt_lk"], torch.float16, offsets_dtype=torch.int64), torch.float16)
+
+
+@pytest.mark.parametrize("name", ["broadcast_q", "broadcast_q_window"])
+def test_broadcast_q_deterministic_matches_oracle(name, poison):
+    check(*run_case(CASES[name], torch.float16, deterministic=True, with_grad_lse=True), torch.float16)
+
+
+@pytest.mark.parametrize("name", ["gqa2_d40", "broadcast_q_causal"])
+def test_deterministic_bitwise(name):
+    first = run_case(CASES[name], torch.float16, deterministic=True, seed=3)[0]
+    second = run_case(CASES[name], torch.float16, deterministic=True, seed=3)[0]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
+def test_unequal_blocks(block_m, block_n, monkeypatch, poison):
+    """Tile shapes other than square exercise the stage bounds' rounding (no-op on the GPU: its table is fixed)."""
+    if CUDA:
+        pytest.skip("interpreter block sizes only")
+    monkeypatch.setattr(configs, "INTERPRETER_CONFIG", configs.KernelConfig(block_m, block_n, 1, 1))
+    for name in ("causal_lq_lt_lk", "window_both", "broadcast_q_window"):
+        check(*run_case(CASES[name], torch.float16), torch.float16)
+
+
+def test_forward_tma_path(monkeypatch, poison):
+    """K/V through tensor descriptors (the sm_90 path; the interpreter emulates them): blocks that run into the
+    next sequence's rows must be masked."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    if not CUDA:
+        monkeypatch.setattr(attn_fwd, "use_tma", lambda q, k, pad_d: not pad_d and k.shape[0] > 0)
+    for name in ("jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal"):
+        check(*run_case(CASES[name], torch.float16), torch.float16)
+
+
+def test_all_sequences_empty(poison):
+    params = AttentionParams(scale=0.125, causal=True)
+    q, k, v, q_off, kv_off = make_inputs([0, 0], [3, 0], 2, 1, 64, torch.float16)
+    out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+    assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+    dq, dk, dv = tb.backward(out, None, q, k, v, out, lse, q_off, kv_off, params)
+    assert dq.shape == q.shape and torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(v))
+
+
+def test_tile_list_covers_each_tile_once_longest_first():
+    lens_q, lens_k = [0, 1, 37, 16, 70], [5, 0, 37, 64, 3]
+    q_off = torch.tensor([0] + lens_q).cumsum(0).to(torch.int32)
+    kv_off = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
+    tiles = scheduling.forward_tiles(q_off, kv_off, int(q_off[-1]), 16, 0, 0, False, True)
+    count = int(tiles.count)
+    assert tiles.capacity >= count == sum((n + 15) // 16 for n in lens_q)
+    assert (tiles.seq[count:] == -1).all()
+    real = sorted(zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist()))
+    assert real == sorted((b, s) for b, n in enumerate(lens_q) for s in range(0, n, 16))
+    # causal, L_q <= L_k here except seq 4: visible keys per tile, descending
+    first = [(lens_k[b] - lens_q[b]) + min(s + 16, lens_q[b]) for b, s in zip(tiles.seq[:count].tolist(),
+                                                                               tiles.start[:count].tolist())]
+    rows = [min(16, lens_q[b] - s) for b, s in zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist())]
+    cost = [r * max(0, min(f, lens_k[b])) for r, f, b in zip(rows, first, tiles.seq[:count].tolist())]
+    assert cost == sorted(cost, reverse=True)
+
+
+def test_supports_reasons():
+    base = dict(device_type=DEVICE, dtype=torch.float16, head_dim=64, num_heads_q=4, num_heads_kv=2, causal=False,
+                window_left=-1, window_right=-1, broadcast_q=False, deterministic=False)
+    assert tb.supports(Problem(**base)) is None
+    assert "head_dim" in tb.supports(Problem(**{**base, "head_dim": 12}))
+    assert "head_dim" in tb.supports(Problem(**{**base, "head_dim": 264}))
+    assert "dtype" in tb.supports(Problem(**{**base, "dtype": torch.float64}))
+    assert tb.supports(Problem(**{**base, "device_type": "meta"})) is not None
+    if not CUDA:
+        assert "bf16" in tb.supports(Problem(**{**base, "dtype": torch.bfloat16}))
+
+
+# ---------------------------------------------------------------------------------------------------------- GPU
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_oracle_bf16_gpu(name, poison):
+    check(*run_case(CASES[name], torch.bfloat16, with_grad_lse=True), torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("d", [8, 40, 72, 128, 256])
+def test_head_dims_gpu(d, poison):
+    case = ([130, 1, 0, 257], [200, 1, 9, 257], 4, 2, d, True, -1, -1, False)
+    check(*run_case(case, torch.bfloat16, with_grad_lse=True), torch.bfloat16)
+    check(*run_case(case, torch.float16), torch.float16)
+
+
+@gpu
+@needs_cuda
+def test_no_host_sync_gpu():
+    """Forward and backward never synchronize with the host (lengths stay on the device)."""
+    for name in ("jagged_empty_len1", "broadcast_q_causal"):
+        len_q, len_k, hq, hkv, d, causal, wl, wr, bq = CASES[name]
+        q, k, v, q_off, kv_off = make_inputs(len_q, len_k, hq, hkv, d, torch.bfloat16, bq)
+        for det in (False, True):
+            params = AttentionParams(scale=0.1, causal=causal, broadcast_q=bq, deterministic=det)
+            tb.forward(q, k, v, q_off, kv_off, params)  # compile outside the checked region
+            out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+            tb.backward(out, lse, q, k, v, out, lse, q_off, kv_off, params)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+                tb.backward(out, lse, q, k, v, out, lse, q_off, kv_off, params)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
