@@ -117,9 +117,13 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
             q_chunk = _grouped(q[q_rows_slice].to(cdt), heads_kv)
             do_chunk = _grouped(grad_out[o_rows_slice].to(cdt), heads_kv)
             o_chunk = _grouped(out[o_rows_slice].to(cdt), heads_kv)
-            lse_chunk = lse[:, o_rows_slice].to(cdt).unflatten(0, (heads_kv, -1))  # [Hkv, G, r]
             visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
-            p = _probs(_scores(q_chunk, k_seq, visible, params.scale), lse_chunk)
+            s = _scores(q_chunk, k_seq, visible, params.scale)
+            if cdt == torch.float64:  # the saved lse is float32: recompute it, or fp64 grads are only ~1e-7 exact
+                lse_chunk = torch.logsumexp(s, dim=-1)
+            else:
+                lse_chunk = lse[:, o_rows_slice].to(cdt).unflatten(0, (heads_kv, -1))  # [Hkv, G, r]
+            p = _probs(s, lse_chunk)
             # delta = rowsum(dO * O) - dlse: d lse / d s = p, so the lse gradient enters like a shift of delta.
             delta = torch.einsum("rhgd,rhgd->hgr", do_chunk, o_chunk)
             if grad_lse is not None:
