@@ -90,6 +90,9 @@ def jagged_attention(
     njt_offsets = None
     if _is_njt(q) or _is_njt(k) or _is_njt(v):
         q, k, v, q_offsets, kv_offsets, njt_offsets = _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q)
+    for name, t in (("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if not isinstance(t, Tensor) and not (name == "q_offsets" and t is None):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     window_left, window_right = _check_window(window)
     if not isinstance(scale, (float, int, type(None))) or isinstance(scale, bool):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")

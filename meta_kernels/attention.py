@@ -81,7 +81,10 @@ def check_attention_args(
                 f"q_offsets and kv_offsets must both be [B+1], got {q_offsets.shape[0]} and {kv_offsets.shape[0]}"
             )
 
-    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(isinstance(w, int) for w in window)):
+    # SymInt: the schema types window_left/right as SymInt, so a window that is an argument of a
+    # torch.compile(dynamic=True) function arrives here symbolic.
+    if not (isinstance(window, (tuple, list)) and len(window) == 2
+            and all(isinstance(w, (int, torch.SymInt)) and not isinstance(w, bool) for w in window)):
         raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
     if any(w < -1 for w in window):
         raise ValueError(f"window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")

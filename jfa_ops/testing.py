@@ -1,0 +1,594 @@
+"""Test helpers for ``jfa_ops`` users and backend authors.
+
+Shape legend as in ``jfa_ops.jagged_attention``: ``T_q``/``T_kv`` total rows, ``B`` sequences, ``Hq``/``Hkv`` heads,
+``D`` head_dim, ``L_q`` rows of a broadcast Q.
+
+- ``reference_attention``: a float64 oracle, a plain softmax per sequence, written from the documented semantics and
+  independent of ``jfa_ops.backends.reference``. Differentiable: gradients come from autograd.
+- ``assert_attention_close``: relative-error-norm comparison with dtype-aware tolerances (``TOLERANCES``).
+- ``AttentionCase``: one problem (lengths, heads, head_dim, dtype, device, mask options); ``make_inputs(seed)``
+  builds the tensors. ``FEATURE_MATRIX``: named cases that cover every feature once.
+- ``jagged_lengths()``, ``attention_cases(...)``: hypothesis strategies.
+- ``check_attention_case``: one case against the oracle (out, lse, gradients through out, lse and both).
+- ``check_backend(name, ...)``: opcheck of both ops plus oracle comparisons on any registered backend.
+
+hypothesis (the ``test`` extra) is imported lazily: only the strategies and ``check_backend`` need it.
+
+Example::
+
+    >>> from jfa_ops.testing import check_backend
+    >>> check_backend("reference", device="cpu", dtypes=(torch.float32,), examples=5)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import traceback
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+import jfa_ops
+from jfa_ops.backends import AttentionParams, Problem, get_backend, unavailable_reason
+
+__all__ = [
+    "TOLERANCES", "tolerance", "reference_attention", "row_visibility", "assert_attention_close", "AttentionCase",
+    "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
+    "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
+]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tolerances and comparison
+# ---------------------------------------------------------------------------------------------------------------
+
+# Relative error norm ||actual - expected|| / ||expected|| allowed, per input dtype: (forward, gradients).
+# Forward covers out and lse; lse is float32 for every input dtype, so its tolerance is never below LSE_FLOOR.
+# fp32 gradients get 5e-5: where a row sees one key, dS = P * (dP - delta) is a difference of equal terms
+# (delta = rowsum(dO * O)) and dq/dk are rounding noise plus the lse term; measured up to 1.3e-5 at D=256.
+# Measured worst cases of the reference backend over 400 random cases (std <= 2 logits): fp16 2.4e-4 / 1e-3,
+# bf16 1.9e-3 / 5.3e-3, fp32 6e-7 / 1.3e-5.
+TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 5e-5),
+    torch.float16: (2e-3, 5e-3),
+    torch.bfloat16: (1e-2, 2e-2),
+}
+LSE_FLOOR = 1e-6  # float32 lse: ~6e-8 rounding per element, with headroom
+
+
+def tolerance(dtype: torch.dtype, kind: str = "forward") -> float:
+    """The relative-error-norm tolerance for ``kind`` in ("forward", "lse", "grad") of inputs of ``dtype``."""
+    fwd, grad = TOLERANCES[dtype]
+    if kind == "forward":
+        return fwd
+    if kind == "lse":
+        return max(fwd, LSE_FLOOR)
+    if kind == "grad":
+        return grad
+    raise ValueError(f"kind must be 'forward', 'lse' or 'grad', got {kind!r}")
+
+
+def assert_attention_close(actual: Tensor, expected: Tensor, *, dtype: torch.dtype, name: str,
+                           kind: Optional[str] = None, zero_rows: Optional[Tensor] = None) -> None:
+    """Raise AssertionError unless ``actual`` matches ``expected`` (the oracle) for inputs of ``dtype``.
+
+    - NaN in ``actual`` never passes; infinities must sit exactly where ``expected`` has the same infinity
+      (lse -inf on rows that see no key).
+    - ``zero_rows`` (bool, one per row of dim 0): rows of ``actual`` that must be exactly 0, e.g. out/dq rows that
+      see no key, dk/dv rows that no query sees (see ``row_visibility``). This catches unwritten or stale rows.
+    - The finite rest is compared by ``||actual - expected|| / ||expected||`` (absolute norm if ``expected`` is 0)
+      against ``tolerance(dtype, kind)``; ``kind`` defaults from ``name`` ("lse", names starting with "d" -> "grad").
+    """
+    if kind is None:
+        kind = "lse" if "lse" in name else ("grad" if name.startswith("d") else "forward")
+    tol = tolerance(dtype, kind)
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise AssertionError(f"{name}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    a = actual.detach().to(device="cpu", dtype=torch.float64)
+    e = expected.detach().to(device="cpu", dtype=torch.float64)
+    if torch.isnan(e).any():
+        raise AssertionError(f"{name}: the expected value has NaN (oracle bug)")
+    nan = torch.isnan(a)
+    if nan.any():
+        raise AssertionError(f"{name}: {int(nan.sum())} NaN of {a.numel()}, first at index "
+                             f"{tuple(nan.nonzero()[0].tolist())}")
+    inf_mismatch = (torch.isinf(a) | torch.isinf(e)) & (a != e)
+    if inf_mismatch.any():
+        i = tuple(inf_mismatch.nonzero()[0].tolist())
+        raise AssertionError(f"{name}: {int(inf_mismatch.sum())} infinities differ, first at {i}: "
+                             f"actual {a[i].item()}, expected {e[i].item()}")
+    if zero_rows is not None:
+        nonzero = (a != 0).flatten(1).any(dim=1) & zero_rows.cpu()
+        if nonzero.any():
+            rows = nonzero.nonzero().flatten().tolist()
+            raise AssertionError(f"{name}: {len(rows)} rows should be exactly 0 (nothing visible) but are not, "
+                                 f"rows {rows[:8]}{' ...' if len(rows) > 8 else ''}")
+    finite = torch.isfinite(e)
+    a, e = a[finite], e[finite]
+    ref_norm = torch.linalg.vector_norm(e).item()
+    err = torch.linalg.vector_norm(a - e).item() / (ref_norm if ref_norm > 0 else 1.0)
+    if not err <= tol:
+        worst = (a - e).abs().argmax().item() if a.numel() else 0
+        raise AssertionError(f"{name}: relative error norm {err:.3g} > {tol:g} ({dtype}, {kind}); largest abs error "
+                             f"{(a - e).abs().max().item():.3g} (actual {a[worst].item():.6g}, expected "
+                             f"{e[worst].item():.6g})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The oracle
+# ---------------------------------------------------------------------------------------------------------------
+
+def _visible(q_rows: int, kv_rows: int, causal: bool, window: Sequence[int]) -> Tensor:
+    """[q_rows, kv_rows] bool, from the documented rule: d = i + Lk - Lq; causal j <= d; window d-l <= j <= d+r."""
+    i = torch.arange(q_rows).unsqueeze(1)
+    j = torch.arange(kv_rows).unsqueeze(0)
+    d = i + (kv_rows - q_rows)
+    ok = torch.ones(q_rows, kv_rows, dtype=torch.bool)
+    if causal:
+        ok = ok & (j <= d)
+    left, right = window
+    if left != -1:
+        ok = ok & (j >= d - left)
+    if right != -1:
+        ok = ok & (j <= d + right)
+    return ok
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                        scale: Optional[float] = None, causal: bool = False, window: Sequence[int] = (-1, -1),
+                        broadcast_q: bool = False) -> Tuple[Tensor, Tensor]:
+    """Float64 oracle: (out [T_q, Hq, D] float64, lse [Hq, T_q] float64), differentiable w.r.t. q, k, v.
+
+    One plain softmax per sequence over the visible keys, q head h reading kv head h // (Hq // Hkv). A row that sees
+    no key gives out 0 and lse -inf, with zero (never NaN) gradients.
+    """
+    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+    heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads_q // heads_kv
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    outs, lses = [], []
+    for b in range(len(kv_bounds) - 1):
+        qs = q64 if broadcast_q else q64[q_bounds[b]:q_bounds[b + 1]]
+        ks = k64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)  # [Lk, Hq, D]
+        vs = v64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
+        visible = _visible(qs.shape[0], ks.shape[0], causal, window).to(q.device)  # [Lq, Lk]
+        any_visible = visible.any(dim=1)  # [Lq]
+        scores = torch.einsum("ihd,jhd->hij", qs, ks) * scale  # [Hq, Lq, Lk]
+        scores = scores.masked_fill(~visible, -math.inf)
+        # Rows with no visible key: softmax over zeros (finite), then zeroed by the mask; lse set to -inf by where.
+        scores = torch.where(any_visible.unsqueeze(1), scores, torch.zeros_like(scores))
+        probs = torch.softmax(scores, dim=-1) * visible
+        outs.append(torch.einsum("hij,jhd->ihd", probs, vs))
+        lse = torch.logsumexp(scores, dim=-1) if scores.shape[-1] else scores.new_zeros(scores.shape[:-1])
+        lses.append(torch.where(any_visible, lse, torch.full_like(lse, -math.inf)))
+    if not outs:  # no sequences
+        return q64.new_zeros(0, heads_q, head_dim), q64.new_zeros(heads_q, 0)
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def row_visibility(q_rows: int, q_offsets: Optional[Tensor], kv_offsets: Tensor, *, causal: bool = False,
+                   window: Sequence[int] = (-1, -1), broadcast_q: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """Which rows see anything: (out rows that see a key [T_out], q rows that see a key [T_q or L_q],
+    kv rows that some query sees [T_kv]), bool on CPU. ``q_rows`` is q.shape[0]."""
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    out_sees, q_sees, kv_seen = [], torch.zeros(q_rows, dtype=torch.bool), []
+    for b in range(len(kv_bounds) - 1):
+        q0, q1 = (0, q_rows) if broadcast_q else (q_bounds[b], q_bounds[b + 1])
+        visible = _visible(q1 - q0, kv_bounds[b + 1] - kv_bounds[b], causal, window)
+        out_sees.append(visible.any(dim=1))
+        q_sees[q0:q1] |= visible.any(dim=1)
+        kv_seen.append(visible.any(dim=0))
+    cat = lambda ts: torch.cat(ts) if ts else torch.zeros(0, dtype=torch.bool)  # noqa: E731
+    return cat(out_sees), q_sees, cat(kv_seen)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AttentionInputs:
+    """Tensors and keyword options of one call of ``jfa_ops.jagged_attention``."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q_offsets: Optional[Tensor]
+    kv_offsets: Tensor
+    kwargs: dict  # max_seqlen_q, max_seqlen_kv, scale, causal, window, broadcast_q
+
+    def call(self, backend: Optional[str] = None, **extra):
+        """``jagged_attention(q, k, v, q_offsets, kv_offsets, **kwargs, return_lse=True)`` -> (out, lse)."""
+        return jfa_ops.jagged_attention(self.q, self.k, self.v, self.q_offsets, self.kv_offsets, **self.kwargs,
+                                        return_lse=True, backend=backend, **extra)
+
+    def op_args(self, backend: Optional[str] = None) -> Tuple[tuple, dict]:
+        """(args, kwargs) of ``torch.ops.jfa.attention`` for this call."""
+        kw = dict(self.kwargs)
+        window = kw.pop("window")
+        args = (self.q, self.k, self.v, self.q_offsets, self.kv_offsets,
+                _hint(kw.pop("max_seqlen_q")), _hint(kw.pop("max_seqlen_kv")))
+        return args, dict(kw, window_left=window[0], window_right=window[1], backend=backend)
+
+    def visibility(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """``row_visibility`` of this call: (out rows, q rows, kv rows) that see / are seen by anything."""
+        kw = self.kwargs
+        return row_visibility(self.q.shape[0], self.q_offsets, self.kv_offsets, causal=kw["causal"],
+                              window=kw["window"], broadcast_q=kw["broadcast_q"])
+
+    def oracle(self) -> Tuple[Tensor, Tensor]:
+        kw = self.kwargs
+        return reference_attention(self.q, self.k, self.v, self.q_offsets, self.kv_offsets, scale=kw["scale"],
+                                   causal=kw["causal"], window=kw["window"], broadcast_q=kw["broadcast_q"])
+
+
+def _hint(max_seqlen: Optional[int]) -> int:
+    return -1 if max_seqlen is None else max_seqlen
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    """One attention problem, without its tensor values.
+
+    ``q_lengths``/``kv_lengths`` are per-sequence row counts (``B`` each). With ``broadcast_q=True``, ``q_lengths``
+    is ``(L_q,)``: the single dense Q block every sequence reads.
+    """
+
+    q_lengths: Tuple[int, ...]
+    kv_lengths: Tuple[int, ...]
+    heads_q: int = 2
+    heads_kv: int = 2
+    head_dim: int = 16
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    causal: bool = False
+    window: Tuple[int, int] = (-1, -1)
+    broadcast_q: bool = False
+    scale: Optional[float] = None
+    offsets_dtype: torch.dtype = torch.int64
+    pass_max_seqlen: bool = False  # pass exact max_seqlen_q/kv hints (else None)
+
+    def __post_init__(self):
+        if self.broadcast_q and len(self.q_lengths) != 1:
+            raise ValueError(f"with broadcast_q, q_lengths must be (L_q,), got {self.q_lengths}")
+        if not self.broadcast_q and len(self.q_lengths) != len(self.kv_lengths):
+            raise ValueError(f"q_lengths and kv_lengths must have the same length B, got {self.q_lengths} and "
+                             f"{self.kv_lengths}")
+
+    def replace(self, **changes) -> "AttentionCase":
+        return dataclasses.replace(self, **changes)
+
+    def __str__(self) -> str:
+        flags = [f for f, on in (("causal", self.causal), ("broadcast_q", self.broadcast_q)) if on]
+        if self.window != (-1, -1):
+            flags.append(f"window={self.window}")
+        if self.scale is not None:
+            flags.append(f"scale={self.scale:g}")
+        if self.pass_max_seqlen:
+            flags.append("max_seqlen")
+        dt = str(self.dtype).replace("torch.", "")
+        return (f"q_lengths={list(self.q_lengths)} kv_lengths={list(self.kv_lengths)} heads={self.heads_q}/"
+                f"{self.heads_kv} D={self.head_dim} {dt} {self.device} offsets={str(self.offsets_dtype)[6:]}"
+                + (" " + " ".join(flags) if flags else ""))
+
+    def problem(self) -> Problem:
+        """The static facts a backend's ``supports`` decides on."""
+        return Problem(self.device, self.dtype, self.head_dim, self.heads_q, self.heads_kv, self.causal,
+                       self.window[0], self.window[1], self.broadcast_q, False)
+
+    def unsupported_reason(self, backend: Optional[str]) -> Optional[str]:
+        """None when ``backend`` (None: automatic choice) can run this case, else why not."""
+        if backend is None:
+            return None
+        return unavailable_reason(backend, self.problem())
+
+    def _offsets(self, lengths: Sequence[int]) -> Tensor:
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        return torch.tensor(offsets, dtype=self.offsets_dtype, device=self.device)
+
+    def make_inputs(self, seed: Union[int, torch.Generator] = 0, *, requires_grad: bool = False) -> AttentionInputs:
+        """Fresh q, k, v ~ N(0, 1) from ``seed`` (drawn on CPU, so a seed gives the same values on every device)."""
+        gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
+        rows_q = self.q_lengths[0] if self.broadcast_q else sum(self.q_lengths)
+        rows_kv = sum(self.kv_lengths)
+
+        def rand(rows, heads):
+            t = torch.randn(rows, heads, self.head_dim, generator=gen, dtype=torch.float32)
+            return t.to(device=self.device, dtype=self.dtype).requires_grad_(requires_grad)
+
+        q, k, v = rand(rows_q, self.heads_q), rand(rows_kv, self.heads_kv), rand(rows_kv, self.heads_kv)
+        q_offsets = None if self.broadcast_q else self._offsets(self.q_lengths)
+        kwargs = dict(
+            max_seqlen_q=max(self.q_lengths, default=0) if self.pass_max_seqlen else None,
+            max_seqlen_kv=max(self.kv_lengths, default=0) if self.pass_max_seqlen else None,
+            scale=self.scale, causal=self.causal, window=self.window, broadcast_q=self.broadcast_q,
+        )
+        return AttentionInputs(q, k, v, q_offsets, self._offsets(self.kv_lengths), kwargs)
+
+
+# One case per feature (fp32 on CPU; swap dtype/device with ``case.replace``). Lengths are small, not multiples of
+# any block size, and include empty and length-1 sequences. opcheck and backend smoke tests are generated from this.
+FEATURE_MATRIX: Dict[str, AttentionCase] = {
+    "dense": AttentionCase((5, 3), (5, 3)),
+    "jagged_empty_len1": AttentionCase((3, 0, 5, 1), (4, 0, 6, 1)),
+    "cross_lq_ne_lk": AttentionCase((2, 7, 1), (6, 3, 9)),
+    "gqa": AttentionCase((4, 6), (5, 2), heads_q=6, heads_kv=2),
+    "mqa": AttentionCase((3, 5), (3, 5), heads_q=3, heads_kv=1, head_dim=8),
+    "causal": AttentionCase((4, 6, 2), (7, 6, 3), causal=True),
+    "causal_lq_gt_lk": AttentionCase((6, 3), (2, 0), causal=True),  # rows above the diagonal see no key
+    "window": AttentionCase((5, 7), (6, 7), window=(2, 1)),
+    "causal_window": AttentionCase((5, 7), (6, 9), causal=True, window=(3, 0)),
+    "window_left_only": AttentionCase((5,), (8,), window=(1, -1)),
+    "broadcast_q": AttentionCase((4,), (5, 0, 7), broadcast_q=True),
+    "broadcast_q_causal_gqa": AttentionCase((3,), (2, 6), broadcast_q=True, causal=True, heads_q=4, heads_kv=2),
+    "empty_kv": AttentionCase((3, 4), (0, 0)),  # T_kv == 0: out 0, lse -inf, zero grads
+    "no_sequences": AttentionCase((), ()),  # B == 0
+    "head_dim_256": AttentionCase((3, 2), (2, 4), head_dim=256),
+    "int32_offsets_max_seqlen": AttentionCase((3, 6), (5, 4), offsets_dtype=torch.int32, pass_max_seqlen=True),
+    "scale": AttentionCase((4, 3), (3, 5), scale=0.3),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Strategies (hypothesis, imported lazily)
+# ---------------------------------------------------------------------------------------------------------------
+
+def jagged_lengths(*, min_batch: int = 0, max_batch: int = 5, max_len: int = 17, max_total: Optional[int] = None):
+    """Strategy for a tuple of sequence lengths: empties, length 1, lengths that are not multiples of any block
+    size, and heavy skew (one long sequence among short ones). The total is at most ``max_total``."""
+    from hypothesis import strategies as st
+
+    short = st.sampled_from([0, 1, 2, 3, 5, 7])
+    any_len = st.integers(0, max_len)
+
+    @st.composite
+    def lengths(draw):
+        n = draw(st.integers(min_batch, max_batch))
+        out = list(draw(st.lists(st.one_of(short, any_len), min_size=n, max_size=n)))
+        if out and draw(st.booleans()):  # skew: one sequence much longer than the rest
+            out[draw(st.integers(0, n - 1))] = max_len
+        if max_total is not None:
+            budget, clipped = max_total, []
+            for x in out:
+                clipped.append(min(x, budget))
+                budget -= clipped[-1]
+            out = clipped
+        return tuple(out)
+
+    return lengths()
+
+
+def attention_cases(*, devices: Sequence[str] = ("cpu",), dtypes: Sequence[torch.dtype] = (torch.float32,),
+                    max_total: int = 48, max_batch: int = 5, max_len: int = 17, max_heads_kv: int = 4,
+                    max_group: int = 4,
+                    head_dims: Optional[Sequence[int]] = None, causal: Optional[bool] = None,
+                    window: Optional[bool] = None, broadcast_q: Optional[bool] = None):
+    """Strategy for ``AttentionCase``: jagged lengths (self- and cross-attention, Lq != Lk, empty KV with non-empty
+    Q), heads and GQA ratios, head dims (multiples of 8 up to 256, small ones more often), causal, windows,
+    broadcast-Q, scale, offsets dtype and max_seqlen hints. ``causal``/``window``/``broadcast_q``: None draws
+    both, True/False fixes the feature on/off."""
+    from hypothesis import strategies as st
+
+    import meta_kernels
+
+    dims = st.sampled_from(list(head_dims)) if head_dims else st.one_of(
+        st.sampled_from([8, 16, 24, 32, 64]), st.sampled_from(list(meta_kernels.SUPPORTED_HEAD_DIMS)))
+    flag = lambda fixed: st.booleans() if fixed is None else st.just(fixed)  # noqa: E731
+    side = st.one_of(st.just(-1), st.integers(0, 6))
+
+    @st.composite
+    def cases(draw):
+        bq = draw(flag(broadcast_q))
+        kv = draw(jagged_lengths(max_batch=max_batch, max_len=max_len, max_total=max_total))
+        mode = draw(st.sampled_from(["self", "cross", "empty_kv"]))
+        if bq:
+            q = (draw(st.integers(0, max_len)),)
+        elif mode == "self":
+            q = kv
+        else:
+            q = draw(jagged_lengths(min_batch=len(kv), max_batch=len(kv), max_len=max_len, max_total=max_total))
+        if mode == "empty_kv":
+            kv = tuple(0 for _ in kv)
+        heads_kv = draw(st.integers(1, max_heads_kv))
+        head_dim = draw(dims)
+        # scale as a multiple of the default D**-0.5: logits of std <= 2. Much sharper softmaxes make the gradients
+        # ill-conditioned (dq, dk are differences of nearly equal terms), which no tolerance of a dtype describes.
+        factor = draw(st.one_of(st.none(), st.sampled_from([0.25, 0.5, 2.0])))
+        return AttentionCase(
+            q_lengths=q, kv_lengths=kv, heads_q=heads_kv * draw(st.integers(1, max_group)), heads_kv=heads_kv,
+            head_dim=head_dim, dtype=draw(st.sampled_from(list(dtypes))), device=draw(st.sampled_from(list(devices))),
+            causal=draw(flag(causal)),
+            window=draw(st.tuples(side, side)) if draw(flag(window)) else (-1, -1),
+            broadcast_q=bq, scale=None if factor is None else factor * head_dim ** -0.5,
+            offsets_dtype=draw(st.sampled_from([torch.int32, torch.int64])), pass_max_seqlen=draw(st.booleans()),
+        )
+
+    return cases()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------------------------
+
+GRAD_MODES = ("out", "lse", "both")  # gradient through out only, lse only (grad_out is None), and both
+
+
+def check_attention_case(case: AttentionCase, backend: Optional[str] = None, *, seed: int = 0,
+                         grads: Iterable[str] = GRAD_MODES) -> None:
+    """Run ``case`` through ``jagged_attention`` on ``backend`` and compare out, lse and the gradients of q, k, v
+    (through out, through lse, through both; ``grads`` picks) with ``reference_attention``. AssertionError on any
+    mismatch, NaN or unwritten row."""
+    inputs = case.make_inputs(seed, requires_grad=True)
+    out, lse = inputs.call(backend)
+    with torch.no_grad():
+        ref_inputs = dataclasses.replace(
+            inputs, q=inputs.q.detach().double().requires_grad_(), k=inputs.k.detach().double().requires_grad_(),
+            v=inputs.v.detach().double().requires_grad_())
+    with torch.enable_grad():
+        ref_out, ref_lse = ref_inputs.oracle()
+    out_sees, q_sees, kv_seen = inputs.visibility()
+    assert_attention_close(out, ref_out, dtype=case.dtype, name="out", zero_rows=~out_sees)
+    assert_attention_close(lse, ref_lse, dtype=case.dtype, name="lse")
+    if out.dtype != case.dtype or lse.dtype != torch.float32:
+        raise AssertionError(f"dtypes: out {out.dtype} (expected {case.dtype}), lse {lse.dtype} (expected float32)")
+    gen = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=gen).to(device=out.device, dtype=out.dtype)
+    grad_lse = torch.randn(lse.shape, generator=gen).to(device=lse.device, dtype=lse.dtype)
+    primals = (inputs.q, inputs.k, inputs.v)
+    ref_primals = (ref_inputs.q, ref_inputs.k, ref_inputs.v)
+    for mode in grads:
+        outputs, ref_outputs, cotangents = {
+            "out": ((out,), (ref_out,), (grad_out,)),
+            "lse": ((lse,), (ref_lse,), (grad_lse,)),
+            "both": ((out, lse), (ref_out, ref_lse), (grad_out, grad_lse)),
+        }[mode]
+        got = _grad(outputs, primals, cotangents)
+        want = _grad(ref_outputs, ref_primals, tuple(c.double() for c in cotangents))
+        for var, g, w, p, zero in zip("qkv", got, want, primals, (~q_sees, ~kv_seen, ~kv_seen)):
+            if g is None:
+                g = torch.zeros_like(p)
+            if w is None:
+                w = torch.zeros(p.shape, dtype=torch.float64)
+            if g.dtype != p.dtype:
+                raise AssertionError(f"d{var} (grad through {mode}): dtype {g.dtype}, expected {p.dtype}")
+            assert_attention_close(g, w, dtype=case.dtype, name=f"d{var} (grad through {mode})", kind="grad",
+                                   zero_rows=zero)
+
+
+def _grad(outputs, primals, cotangents):
+    """autograd.grad over the outputs that require grad (the oracle's lse of an empty KV batch does not)."""
+    pairs = [(o, c) for o, c in zip(outputs, cotangents) if o.requires_grad]
+    if not pairs:
+        return (None,) * len(primals)
+    return torch.autograd.grad([o for o, _ in pairs], primals, [c for _, c in pairs], retain_graph=True,
+                               allow_unused=True)
+
+
+def _poison_allocator(device: str, nbytes: int) -> None:
+    """Fill then free ``nbytes`` of NaN so a kernel that leaves output rows unwritten likely shows NaN there
+    (best effort: the caching allocator on CUDA, malloc on CPU, usually hand the block back to the next call)."""
+    junk = torch.full((nbytes // 4 + 64,), math.nan, dtype=torch.float32, device=device)
+    del junk
+
+
+def check_backend_writes_every_row(name: str, case: AttentionCase, *, seed: int = 0) -> None:
+    """Call the backend's ``forward`` directly (no op, no validation) after poisoning the allocator and check every
+    out/lse row: rows that see no key must be exactly 0 / -inf, the others must match the oracle."""
+    inputs = case.make_inputs(seed)
+    params = AttentionParams(
+        scale=case.head_dim ** -0.5 if case.scale is None else case.scale, causal=case.causal,
+        window_left=case.window[0], window_right=case.window[1], broadcast_q=case.broadcast_q,
+        max_seqlen_q=_hint(inputs.kwargs["max_seqlen_q"]), max_seqlen_kv=_hint(inputs.kwargs["max_seqlen_kv"]))
+    rows = case.q_lengths[0] * len(case.kv_lengths) if case.broadcast_q else sum(case.q_lengths)
+    _poison_allocator(case.device, 4 * rows * case.heads_q * (case.head_dim + 1) + 4096)
+    out, lse = get_backend(name).forward(inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets, params)
+    ref_out, ref_lse = inputs.oracle()
+    assert_attention_close(out, ref_out, dtype=case.dtype, name=f"{name}.forward out",
+                           zero_rows=~inputs.visibility()[0])
+    assert_attention_close(lse, ref_lse, dtype=case.dtype, name=f"{name}.forward lse")
+
+
+# torch.library.opcheck's default test utilities, spelled out so a test can run them one at a time.
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def check_opcheck(case: AttentionCase, backend: Optional[str] = None, *, seed: int = 0,
+                  test_utils: Sequence[str] = OPCHECK_UTILS,
+                  ops: Sequence[str] = ("attention", "attention_backward")) -> None:
+    """``torch.library.opcheck`` of ``jfa::attention`` (inputs requiring grad) and ``jfa::attention_backward``
+    (inputs not requiring grad: it has no double backward) on ``case``."""
+    inputs = case.make_inputs(seed, requires_grad=True)
+    args, kwargs = inputs.op_args(backend)
+    if "attention" in ops:
+        torch.library.opcheck(torch.ops.jfa.attention.default, args, kwargs, test_utils=test_utils)
+    if "attention_backward" in ops:
+        bargs, bkwargs = backward_op_args(inputs, backend, seed=seed)
+        torch.library.opcheck(torch.ops.jfa.attention_backward.default, bargs, bkwargs, test_utils=test_utils)
+
+
+def backward_op_args(inputs: AttentionInputs, backend: Optional[str] = None, *, seed: int = 0,
+                     with_grad_lse: bool = True) -> Tuple[tuple, dict]:
+    """(args, kwargs) of ``torch.ops.jfa.attention_backward`` matching ``inputs`` (no tensor requires grad)."""
+    args, kwargs = inputs.op_args(backend)
+    q, k, v, q_offsets, kv_offsets, *hints = (a.detach() if isinstance(a, Tensor) else a for a in args)
+    with torch.no_grad():
+        out, lse = torch.ops.jfa.attention(q, k, v, q_offsets, kv_offsets, *hints, **kwargs)
+    gen = torch.Generator().manual_seed(seed + 2)
+    grad_out = torch.randn(out.shape, generator=gen).to(out)
+    grad_lse = torch.randn(lse.shape, generator=gen).to(lse) if with_grad_lse else None
+    return (grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *hints), kwargs
+
+
+def check_backend(name: str, *, device: str = "cpu", dtypes: Sequence[torch.dtype] = (torch.float32,),
+                  examples: int = 20, cases: Optional[Dict[str, AttentionCase]] = None, opcheck: bool = True,
+                  seed: int = 0, **strategy_kwargs) -> Dict[str, List[str]]:
+    """Check a registered backend (ours or a third party's) against the float64 oracle.
+
+    1. Every case of ``cases`` (default ``FEATURE_MATRIX``) in every dtype: ``torch.library.opcheck`` of both ops
+       (``opcheck=True``), out/lse/gradients vs the oracle, and every output row written (poisoned allocator).
+    2. ``examples`` random cases from ``attention_cases(devices=(device,), dtypes=dtypes, **strategy_kwargs)``,
+       shrunk by hypothesis to a minimal failing one.
+
+    Cases the backend does not support (its ``supports`` gives a reason) are not run; they are returned.
+    Raises AssertionError with one entry per failing case; else returns {"passed": [...], "unsupported": [...]}.
+    """
+    failures: List[str] = []
+    summary: Dict[str, List[str]] = {"passed": [], "unsupported": []}
+    for case_name, base in (FEATURE_MATRIX if cases is None else cases).items():
+        for dtype in dtypes:
+            case = base.replace(dtype=dtype, device=device)
+            reason = case.unsupported_reason(name)
+            if reason is not None:
+                summary["unsupported"].append(f"[{case_name}] {case}: {reason}")
+                continue
+            failed = len(failures)
+            checks = [("oracle", lambda: check_attention_case(case, name, seed=seed)),
+                      ("every row written", lambda: check_backend_writes_every_row(name, case, seed=seed))]
+            if opcheck:
+                checks.append(("opcheck", lambda: check_opcheck(case, name, seed=seed)))
+            for what, check in checks:
+                try:
+                    check()
+                except Exception as e:  # noqa: BLE001  (collect every failure into one report)
+                    failures.append(f"[{case_name}] {what}: {case}\n    {type(e).__name__}: {_first_lines(e)}")
+            if len(failures) == failed:
+                summary["passed"].append(f"[{case_name}] {case}")
+    if examples > 0:
+        failures.extend(_random_failures(name, device, dtypes, examples, seed, strategy_kwargs))
+    if failures:
+        raise AssertionError(f"check_backend({name!r}, device={device!r}): {len(failures)} failure(s)\n"
+                             + "\n".join(failures))
+    return summary
+
+
+def _first_lines(e: BaseException, n: int = 6) -> str:
+    return "\n    ".join(str(e).strip().splitlines()[:n])
+
+
+def _random_failures(name, device, dtypes, examples, seed, strategy_kwargs) -> List[str]:
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import strategies as st
+
+    last = {}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(case=attention_cases(devices=(device,), dtypes=dtypes, **strategy_kwargs), seed=st.integers(0, 2**31 - 1))
+    def run(case, seed):
+        assume(case.unsupported_reason(name) is None)
+        last["case"], last["seed"] = case, seed
+        check_attention_case(case, name, seed=seed)
+
+    try:
+        run()
+    except Exception as e:  # noqa: BLE001
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+        return [f"[random, shrunk] oracle: {last.get('case')} seed={last.get('seed')}\n    "
+                + "\n    ".join(detail[:6])]
+    return []

@@ -1,0 +1,47 @@
+"""Parametrization shared by the suites: every (device, backend) pair the suites run on."""
+from typing import List, Tuple
+
+import pytest
+import torch
+
+from jfa_ops.backends import Problem, available_backends, get_backend
+
+DEVICES = ("cpu", "cuda")
+
+# Backends that run on CPU only through an interpreter: slow, so CPU runs them in a small fp16 smoke subset only.
+# fp16, not bf16: the Triton interpreter computes bf16 tl.dot wrongly (a measured interpreter bug on triton 3.6: it
+# multiplies bf16 operands as raw uint16), so bf16 results there say nothing about the kernel (the triton backend's
+# supports() refuses bf16 on CPU for that reason); fp32 would only add interpreter time.
+INTERPRETED_ON_CPU = frozenset({"triton"})
+
+
+def device_backends(*, smoke: bool = False) -> List[Tuple[str, str, list]]:
+    """(device, backend, marks) for every backend available on every device; CUDA ones marked ``gpu``.
+
+    ``smoke=False``: the full suites, which leave out backends interpreted on CPU. ``smoke=True``: includes them.
+    """
+    out = []
+    for device in DEVICES:
+        for name in available_backends(device):
+            if device == "cpu" and name in INTERPRETED_ON_CPU and not smoke:
+                continue
+            out.append((device, name, [pytest.mark.gpu] if device == "cuda" else []))
+    return out
+
+
+def device_backend_params(*, smoke: bool = False) -> List:
+    """``device_backends`` as pytest.param(device, backend) with ids like ``cpu-reference``."""
+    return [pytest.param(d, b, id=f"{d}-{b}", marks=m) for d, b, m in device_backends(smoke=smoke)]
+
+
+def is_interpreted(device: str, backend: str) -> bool:
+    return device == "cpu" and backend in INTERPRETED_ON_CPU
+
+
+def dtypes_for(device: str, backend: str):
+    """The dtypes a (device, backend) runs in the suites: those the backend supports (some fp16 problem probe)."""
+    if device == "cpu" and backend in INTERPRETED_ON_CPU:
+        return (torch.float16,)  # see INTERPRETED_ON_CPU
+    dtypes = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+    return tuple(d for d in dtypes if get_backend(backend).supports(
+        Problem(device, d, 64, 2, 2, False, -1, -1, False, False)) is None)

@@ -1,0 +1,31 @@
+"""Shared pytest setup: Triton interpreter on CPU, the ``gpu`` marker, hypothesis profiles."""
+import os
+
+import torch
+
+# Before anything imports triton: without CUDA, the triton backend's tests run under the Triton interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Tiny shapes: intra-op threads only add hand-off cost (measured: a 4x6x16 einsum takes 5 ms with 2 threads on a
+# busy 2-core box, 0.02 ms with 1), so the suites run single-threaded.
+torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# "ci": few examples, no deadline (first calls compile/warm up). "dev": many more. Pick with HYPOTHESIS_PROFILE.
+settings.register_profile("ci", max_examples=40, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=300, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

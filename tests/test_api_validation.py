@@ -1,0 +1,249 @@
+"""Every validation error: the right exception type, and a message that names the argument.
+
+Base call: q [7, 4, 16], k/v [9, 2, 16], q_offsets [0, 3, 7], kv_offsets [0, 5, 9]. Each entry changes one thing.
+Metadata errors are raised by ``meta_kernels`` (eager and fake alike), offset values by ``jfa_ops.validation``,
+option types by the wrapper.
+"""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import jfa_ops
+from jfa_ops import validation
+
+
+def _base():
+    g = torch.Generator().manual_seed(0)
+    return dict(q=torch.randn(7, 4, 16, generator=g), k=torch.randn(9, 2, 16, generator=g),
+                v=torch.randn(9, 2, 16, generator=g), q_offsets=torch.tensor([0, 3, 7]),
+                kv_offsets=torch.tensor([0, 5, 9]))
+
+
+def _njt(values, offsets):
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def _t(*values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype)
+
+
+# id -> (changes to the base call, exception type, regex the message must match: names the argument).
+# ``api_only``: the wrapper's own checks (option types, NJT); the rest also go through torch.ops.jfa.attention.
+CASES = {
+    # dtypes
+    "q_int": (lambda a: a.update(q=a["q"].int()), TypeError, r"^q must be float16, bfloat16, float32 or float64"),
+    "k_dtype_differs": (lambda a: a.update(k=a["k"].double()), TypeError, r"^k must have q's dtype"),
+    "v_dtype_differs": (lambda a: a.update(v=a["v"].half()), TypeError, r"^v must have q's dtype"),
+    "q_offsets_float": (lambda a: a.update(q_offsets=a["q_offsets"].float()), TypeError, r"^q_offsets must be int32"),
+    "kv_offsets_int16": (lambda a: a.update(kv_offsets=a["kv_offsets"].short()), TypeError,
+                         r"^kv_offsets must be int32 or int64"),
+    # types
+    "q_not_tensor": (lambda a: a.update(q=a["q"].tolist()), TypeError, r"^q must be a torch.Tensor"),
+    "kv_offsets_list": (lambda a: a.update(kv_offsets=[0, 5, 9]), TypeError, r"^kv_offsets must be a torch.Tensor"),
+    "q_offsets_list": (lambda a: a.update(q_offsets=[0, 3, 7]), TypeError, r"^q_offsets must be a torch.Tensor"),
+    "kv_offsets_none": (lambda a: a.update(kv_offsets=None), TypeError, r"^kv_offsets must be a torch.Tensor"),
+    # devices (meta stands in for a second device on CPU-only machines)
+    "k_other_device": (lambda a: a.update(k=a["k"].to("meta")), ValueError, r"^k must be on q's device"),
+    "v_other_device": (lambda a: a.update(v=a["v"].to("meta")), ValueError, r"^v must be on q's device"),
+    "q_offsets_other_device": (lambda a: a.update(q_offsets=a["q_offsets"].to("meta")), ValueError,
+                               r"^q_offsets must be on q's device"),
+    "kv_offsets_other_device": (lambda a: a.update(kv_offsets=a["kv_offsets"].to("meta")), ValueError,
+                                r"^kv_offsets must be on q's device"),
+    # shapes
+    "q_2d": (lambda a: a.update(q=a["q"][:, 0]), ValueError, r"^q must be 3-D"),
+    "k_4d": (lambda a: a.update(k=a["k"][None]), ValueError, r"^k must be 3-D"),
+    "k_v_shapes_differ": (lambda a: a.update(v=a["v"][:, :1]), ValueError, r"^k and v must have the same shape"),
+    "head_dim_mismatch": (lambda a: a.update(k=a["k"][..., :8], v=a["v"][..., :8]), ValueError,
+                          r"^k's head_dim 8 must equal q's head_dim 16"),
+    "head_dim_12": (lambda a: a.update(q=a["q"][..., :12], k=a["k"][..., :12], v=a["v"][..., :12]), ValueError,
+                    r"^head_dim must be a multiple of 8 from 8 to 256, got 12"),
+    "head_dim_264": (lambda a: a.update(q=torch.randn(7, 4, 264), k=torch.randn(9, 2, 264), v=torch.randn(9, 2, 264)),
+                     ValueError, r"^head_dim .* got 264"),
+    "hq_not_multiple_of_hkv": (lambda a: a.update(q=a["q"][:, :3]), ValueError,
+                               r"^q heads \(3\) must be a positive multiple of k/v heads \(2\)"),
+    "zero_kv_heads": (lambda a: a.update(k=a["k"][:, :0], v=a["v"][:, :0]), ValueError, r"^q heads .* k/v heads \(0\)"),
+    # offsets: metadata
+    "q_offsets_2d": (lambda a: a.update(q_offsets=a["q_offsets"][None]), ValueError, r"^q_offsets must be 1-D"),
+    "kv_offsets_2d": (lambda a: a.update(kv_offsets=a["kv_offsets"][:, None]), ValueError, r"^kv_offsets must be 1-D"),
+    "kv_offsets_empty": (lambda a: a.update(kv_offsets=a["kv_offsets"][:0]), ValueError,
+                         r"^kv_offsets must have at least one element"),
+    "offsets_lengths_differ": (lambda a: a.update(q_offsets=_t(0, 3, 5, 7)), ValueError,
+                               r"^q_offsets and kv_offsets must both be \[B\+1\]"),
+    "q_offsets_missing": (lambda a: a.update(q_offsets=None), ValueError, r"^q_offsets is required"),
+    # offsets: values
+    "q_offsets_first_not_0": (lambda a: a.update(q_offsets=_t(1, 3, 7)), ValueError, r"^q_offsets\[0\] must be 0"),
+    "kv_offsets_first_not_0": (lambda a: a.update(kv_offsets=_t(2, 5, 9)), ValueError, r"^kv_offsets\[0\] must be 0"),
+    "q_offsets_last_not_rows": (lambda a: a.update(q_offsets=_t(0, 3, 6)), ValueError,
+                                r"^q_offsets\[-1\] must equal the number of rows \(7\)"),
+    "kv_offsets_last_not_rows": (lambda a: a.update(kv_offsets=_t(0, 5, 10)), ValueError,
+                                 r"^kv_offsets\[-1\] must equal the number of rows \(9\)"),
+    "q_offsets_decreasing": (lambda a: a.update(q_offsets=_t(0, 5, 3, 7), kv_offsets=_t(0, 2, 5, 9)), ValueError,
+                             r"^q_offsets must be non-decreasing"),
+    "kv_offsets_decreasing": (lambda a: a.update(kv_offsets=_t(0, 6, 4, 9), q_offsets=_t(0, 2, 3, 7)), ValueError,
+                              r"^kv_offsets must be non-decreasing"),
+    "int32_offsets_last_not_rows": (lambda a: a.update(q_offsets=_t(0, 3, 8, dtype=torch.int32)), ValueError,
+                                    r"^q_offsets\[-1\]"),
+    # max_seqlen
+    "max_seqlen_q_too_small": (lambda a: a.update(max_seqlen_q=3), ValueError,
+                               r"^max_seqlen for q_offsets is 3, smaller than the longest sequence 4"),
+    "max_seqlen_kv_too_small": (lambda a: a.update(max_seqlen_kv=4), ValueError,
+                                r"^max_seqlen for kv_offsets is 4, smaller than the longest sequence 5"),
+    "max_seqlen_q_too_small_broadcast": (
+        lambda a: a.update(q=a["q"][:5], q_offsets=None, broadcast_q=True, max_seqlen_q=4), ValueError,
+        r"^max_seqlen_q \(4\) is smaller than broadcast q's rows \(5\)"),
+    # window
+    "window_below_minus_1": (lambda a: a.update(window=(-2, 0)), ValueError, r"^window entries must be >= 0, or -1"),
+    # broadcast_q
+    "broadcast_q_with_q_offsets": (lambda a: a.update(broadcast_q=True), ValueError,
+                                   r"^q_offsets must be None with broadcast_q=True"),
+    "broadcast_q_head_mismatch": (lambda a: a.update(q=a["q"][:5, :3], q_offsets=None, broadcast_q=True), ValueError,
+                                  r"^q heads \(3\)"),
+    # backend
+    "unknown_backend": (lambda a: a.update(backend="no_such_backend"), ValueError,
+                        r"^backend: unknown backend 'no_such_backend'; registered: \["),
+}
+API_ONLY = {
+    "max_seqlen_negative": (lambda a: a.update(max_seqlen_q=-3), ValueError, r"^max_seqlen_q must be >= 0"),
+    "max_seqlen_float": (lambda a: a.update(max_seqlen_kv=5.0), TypeError, r"^max_seqlen_kv must be an int or None"),
+    "max_seqlen_bool": (lambda a: a.update(max_seqlen_q=True), TypeError, r"^max_seqlen_q must be an int or None"),
+    "window_one_entry": (lambda a: a.update(window=(1,)), TypeError, r"^window must be a pair of ints"),
+    "window_float": (lambda a: a.update(window=(1.5, 2)), TypeError, r"^window must be a pair of ints"),
+    "window_bool": (lambda a: a.update(window=(True, 2)), TypeError, r"^window must be a pair of ints"),
+    "scale_str": (lambda a: a.update(scale="0.5"), TypeError, r"^scale must be a float or None"),
+    "scale_bool": (lambda a: a.update(scale=True), TypeError, r"^scale must be a float or None"),
+    "backend_not_str": (lambda a: a.update(backend=3), TypeError, r"^backend must be a str or None, got int"),
+    "njt_with_offsets": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                            v=_njt(a["v"], a["kv_offsets"])),
+                         ValueError, r"^q_offsets and kv_offsets must be None when q/k/v are nested"),
+    "njt_q_dense_kv": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), q_offsets=None, kv_offsets=None),
+                       TypeError, r"^k and v must both be nested jagged tensors"),
+    "dense_q_njt_kv": (lambda a: a.update(k=_njt(a["k"], a["kv_offsets"]), v=_njt(a["v"], a["kv_offsets"]),
+                                          q_offsets=None, kv_offsets=None),
+                       TypeError, r"^q must be a nested jagged tensor"),
+    "njt_q_with_broadcast_q": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                                  v=_njt(a["v"], a["kv_offsets"]), q_offsets=None, kv_offsets=None,
+                                                  broadcast_q=True),
+                               TypeError, r"^q must be a dense \[L_q, Hq, D\] tensor with broadcast_q=True"),
+}
+
+
+def _call_api(a):
+    return jfa_ops.jagged_attention(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("q_offsets"), a.pop("kv_offsets"), **a)
+
+
+def _call_op(a):
+    window = a.pop("window", (-1, -1))
+    a.setdefault("max_seqlen_q", -1)
+    a.setdefault("max_seqlen_kv", -1)
+    return torch.ops.jfa.attention(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("q_offsets"), a.pop("kv_offsets"),
+                                   window_left=window[0], window_right=window[1], **a)
+
+
+@pytest.mark.parametrize("name", list(CASES) + list(API_ONLY))
+def test_api_error(name):
+    change, exc, pattern = {**CASES, **API_ONLY}[name]
+    args = _base()
+    change(args)
+    with pytest.raises(exc, match=pattern):
+        _call_api(args)
+
+
+OP_CASES = [n for n in CASES if n not in ("q_not_tensor", "kv_offsets_list", "q_offsets_list")]  # schema-typed
+
+
+@pytest.mark.parametrize("name", OP_CASES)
+def test_op_error(name):
+    change, exc, pattern = CASES[name]
+    args = _base()
+    change(args)
+    with pytest.raises(exc, match=pattern):
+        _call_op(args)
+
+
+METADATA_CASES = [n for n in OP_CASES if not any(s in n for s in ("offsets_first", "offsets_last", "decreasing",
+                                                                   "max_seqlen", "backend", "other_device"))]
+
+
+@pytest.mark.parametrize("name", METADATA_CASES)
+def test_fake_raises_same_metadata_error(name):
+    """The fake runs the metadata checks too, so torch.compile reports bad shapes at trace time."""
+    change, exc, pattern = CASES[name]
+    args = _base()
+    change(args)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        with pytest.raises(exc, match=pattern):
+            _call_op(args)
+
+
+def test_valid_base_call_passes():
+    out = _call_api(_base())
+    assert out.shape == (7, 4, 16)
+
+
+def test_non_tensor_inputs_through_the_op_name_the_argument():
+    a = _base()
+    with pytest.raises(RuntimeError, match="argument 'kv_offsets'"):  # the dispatcher's own schema check
+        torch.ops.jfa.attention(a["q"], a["k"], a["v"], a["q_offsets"], [0, 5, 9])
+
+
+# JFA_VALIDATE ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["off", "async", "sync", "bogus"])
+def test_cpu_always_validates_synchronously(monkeypatch, mode):
+    monkeypatch.setenv("JFA_VALIDATE", mode)
+    assert validation.validation_mode(torch.device("cpu")) == "sync"
+    a = _base()
+    a["q_offsets"] = _t(0, 3, 6)
+    with pytest.raises(ValueError, match=r"^q_offsets\[-1\]"):
+        _call_api(a)
+
+
+@pytest.mark.parametrize("env,expected", [(None, "async"), ("sync", "sync"), ("async", "async"), ("off", "off")])
+def test_validation_mode_on_cuda_follows_env(monkeypatch, env, expected):
+    if env is None:
+        monkeypatch.delenv("JFA_VALIDATE", raising=False)
+    else:
+        monkeypatch.setenv("JFA_VALIDATE", env)
+    assert validation.validation_mode(torch.device("cuda", 0)) == expected
+
+
+def test_bad_validation_mode_names_the_variable(monkeypatch):
+    monkeypatch.setenv("JFA_VALIDATE", "sometimes")
+    with pytest.raises(ValueError, match=r"^JFA_VALIDATE must be one of \('sync', 'async', 'off'\), got 'sometimes'"):
+        validation.validation_mode(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("offsets,rows,max_seqlen", [
+    ([1, 3, 7], 7, -1), ([0, 3, 6], 7, -1), ([0, 5, 3, 7], 7, -1), ([0, 3, 7], 7, 3)])
+def test_async_checks_assert_on_bad_offsets(offsets, rows, max_seqlen):
+    """The async (device-side) checks, run on CPU tensors where torch._assert_async raises at once."""
+    with pytest.raises(RuntimeError, match="bad q_offsets"):
+        validation._check_async("q_offsets", torch.tensor(offsets), rows, max_seqlen)
+
+
+@pytest.mark.parametrize("offsets", [[0, 3, 7], [0], [0, 0, 7, 7]])
+def test_async_checks_pass_good_offsets(offsets):
+    validation._check_async("q_offsets", torch.tensor(offsets), offsets[-1], 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sync", "off"])
+def test_cuda_validation_modes(monkeypatch, mode):
+    monkeypatch.setenv("JFA_VALIDATE", mode)
+    a = {k: v.cuda() for k, v in _base().items()}
+    a.update(max_seqlen_q=3, backend="reference")  # too small: only the sync mode reads the offsets to say so
+    if mode == "sync":
+        with pytest.raises(ValueError, match=r"^max_seqlen for q_offsets is 3"):
+            _call_api(a)
+    else:
+        assert _call_api(a).shape == (7, 4, 16)
+
+
+@pytest.mark.gpu
+def test_cuda_async_validation_accepts_good_offsets(monkeypatch):
+    monkeypatch.setenv("JFA_VALIDATE", "async")
+    a = {k: v.cuda() for k, v in _base().items()}
+    out = _call_api(a)
+    torch.cuda.synchronize()
+    assert out.shape == (7, 4, 16)

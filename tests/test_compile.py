@@ -1,0 +1,212 @@
+"""torch.compile, torch.export and AOTInductor over the ops.
+
+Recompile pitfalls (measured) that the batches below are built to avoid, in any code compiling with dynamic=True:
+- Duck sizing: on the first call dynamo gives equal sizes one symbol and guards on the equality. If the first batch
+  happens to have equal q and kv totals, it adds ``k.size()[0] == q.size()[0]`` and the first batch with different
+  totals recompiles; the same for any accidental equality (a total equal to the head count, a max_seqlen equal to
+  B+1, ...). Self-attention passes the same offsets (totals always equal, an intended equality); cross-attention
+  makes the first batch's sizes all distinct.
+- 0/1 specialization: a size or int that is 0 or 1 on the first call is compiled as a constant. Totals and
+  max_seqlen values stay >= 2 on every call (empty sequences inside a batch are fine: they are offset values).
+"""
+import os
+import re
+import tempfile
+
+import pytest
+import torch
+from expecttest import TestCase
+from torch._dynamo.testing import AotEagerAndRecordGraphs, CompileCounterWithBackend, EagerAndRecordGraphs, normalize_gm
+
+import jfa_ops
+from jfa_ops.testing import assert_attention_close
+from tests.common import device_backend_params
+
+HQ, HKV, D = 4, 2, 16
+
+
+def _offsets(lengths, device):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=device)
+
+
+def _batches(n, cross, device, seed=0):
+    """n jagged batches: different B, totals and max lengths. The first one has all sizes distinct (see above)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        if i == 0:
+            q_lengths, kv_lengths = [11, 0, 7, 3, 8], ([5, 13, 0, 2, 6] if cross else None)  # B+1=6, T 29/26
+        else:
+            b = 2 + i % 5
+            q_lengths = torch.randint(0, 12, (b,), generator=g).tolist()
+            q_lengths[i % b] = 2 + i  # max >= 2, total >= 2, growing max length
+            kv_lengths = None
+            if cross:
+                kv_lengths = torch.randint(0, 9, (b,), generator=g).tolist()
+                kv_lengths[(i + 1) % b] = 3 + i
+        q_off = _offsets(q_lengths, device)
+        kv_off = q_off if kv_lengths is None else _offsets(kv_lengths, device)
+        kv_lengths = q_lengths if kv_lengths is None else kv_lengths
+        out.append((q_off, kv_off, max(q_lengths), max(kv_lengths)))
+    return out
+
+
+def _tensors(q_off, kv_off, device, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda rows, h: torch.randn(rows, h, D, generator=g).to(device, dtype).requires_grad_()  # noqa: E731
+    return mk(int(q_off[-1]), HQ), mk(int(kv_off[-1]), HKV), mk(int(kv_off[-1]), HKV)
+
+
+@pytest.mark.parametrize("device,backend", device_backend_params())
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_one_compile_over_many_jagged_batches(device, backend, cross):
+    torch._dynamo.reset()
+    dtype = torch.float32 if device == "cpu" else torch.float16
+
+    def fn(q, k, v, q_off, kv_off, max_q, max_kv):
+        out, lse = jfa_ops.jagged_attention(q, k, v, q_off, kv_off, max_q, max_kv, causal=True, window=(5, 0),
+                                            return_lse=True, backend=backend)
+        return out.float().sum() + lse.clamp_min(-1e4).sum() * 1e-3, out
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+    batches = _batches(22, cross, device)
+    assert len({int(b[0][-1]) for b in batches}) > 10 and len({b[2] for b in batches}) > 10
+    torch._dynamo.utils.counters.clear()
+    for i, (q_off, kv_off, max_q, max_kv) in enumerate(batches):
+        q, k, v = _tensors(q_off, kv_off, device, dtype, seed=i)
+        loss, out = compiled(q, k, v, q_off, kv_off, max_q, max_kv)
+        grads = torch.autograd.grad(loss, (q, k, v))
+        ref_loss, ref_out = fn(q, k, v, q_off, kv_off, max_q, max_kv)
+        ref_grads = torch.autograd.grad(ref_loss, (q, k, v))
+        assert torch.equal(out, ref_out)
+        for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+            assert_attention_close(g, r, dtype=dtype, name=name)
+    assert counter.frame_count == 1, f"compiled {counter.frame_count} times"
+    assert sum(torch._dynamo.utils.counters["recompiles"].values()) == 0
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_window_as_an_argument_is_symbolic():
+    """window_left/right are SymInt in the schema: a window passed into a dynamic compiled function stays symbolic
+    and reaches the fake as a SymInt (regression: the fake used to reject SymInt windows)."""
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+
+    @torch.compile(fullgraph=True, dynamic=True, backend=counter)
+    def fn(q, k, v, q_off, kv_off, left):
+        return jfa_ops.jagged_attention(q, k, v, q_off, kv_off, window=(left, 2))
+
+    q_off, kv_off, _, _ = _batches(1, True, "cpu")[0]
+    q, k, v = _tensors(q_off, kv_off, "cpu", torch.float32, seed=0)
+    for left in (3, 4, 6, 9):
+        expected = jfa_ops.jagged_attention(q, k, v, q_off, kv_off, window=(left, 2))
+        assert torch.equal(fn(q, k, v, q_off, kv_off, left), expected)
+    assert counter.frame_count == 1
+
+
+class _Attn(torch.nn.Module):
+    def forward(self, q, k, v, q_off, kv_off):
+        out, lse = torch.ops.jfa.attention(q, k, v, q_off, kv_off, causal=True)
+        return out * 2, lse
+
+
+def _sym_names(code: str) -> str:
+    """Dynamo's symbol names (s85, s34, ...) are hashes of their sources: rename to s0, s1, ... in order."""
+    names = {}
+    return re.sub(r"\bs\d+\b", lambda m: names.setdefault(m.group(0), f"s{len(names)}"), code)
+
+
+def _graph_inputs():
+    q_off, kv_off, _, _ = _batches(1, True, "cpu")[0]
+    return (*_tensors(q_off, kv_off, "cpu", torch.float32, seed=0), q_off, kv_off)
+
+
+class TestGraphs(TestCase):
+    def test_dynamo_graph(self):
+        torch._dynamo.reset()
+        backend = EagerAndRecordGraphs()
+        torch.compile(_Attn(), backend=backend, fullgraph=True, dynamic=True)(*_graph_inputs())
+        self.assertEqual(len(backend.graphs), 1)
+        self.assertExpectedInline(_sym_names(normalize_gm(backend.graphs[0].print_readable(print_output=False))), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, s0: "Sym(s0)", s1: "Sym(s1)", L_q_: "f32[s0, s1, 16]", s2: "Sym(s2)", s3: "Sym(s3)", L_k_: "f32[s2, s3, 16]", L_v_: "f32[s2, s3, 16]", s4: "Sym(s4)", L_q_off_: "i64[s4]", L_kv_off_: "i64[s4]"):
+        l_q_ = L_q_
+        l_k_ = L_k_
+        l_v_ = L_v_
+        l_q_off_ = L_q_off_
+        l_kv_off_ = L_kv_off_
+
+        attention = torch.ops.jfa.attention(l_q_, l_k_, l_v_, l_q_off_, l_kv_off_, causal = True);  l_q_ = l_k_ = l_v_ = l_q_off_ = l_kv_off_ = None
+        out: "f32[s0, s1, 16]" = attention[0]
+        lse: "f32[s1, s0]" = attention[1];  attention = None
+
+        mul: "f32[s0, s1, 16]" = out * 2;  out = None
+        return (mul, lse)
+""")
+
+    def test_aot_forward_and_backward_graphs(self):
+        torch._dynamo.reset()
+        backend = AotEagerAndRecordGraphs()
+        out, lse = torch.compile(_Attn(), backend=backend, fullgraph=True, dynamic=True)(*_graph_inputs())
+        (out.sum() + lse.clamp_min(0).sum()).backward()
+        self.assertEqual((len(backend.fw_graphs), len(backend.bw_graphs)), (1, 1))
+        self.assertExpectedInline(_sym_names(normalize_gm(backend.fw_graphs[0].print_readable(print_output=False))),
+                                  """\
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_1: "Sym(s0)", primals_2: "Sym(s1)", primals_3: "f32[s0, s1, 16]", primals_4: "Sym(s2)", primals_5: "Sym(s3)", primals_6: "f32[s2, s3, 16]", primals_7: "f32[s2, s3, 16]", primals_8: "Sym(s4)", primals_9: "i64[s4]", primals_10: "i64[s4]"):
+        attention = torch.ops.jfa.attention.default(primals_3, primals_6, primals_7, primals_9, primals_10, -1, -1, None, True)
+        getitem: "f32[s0, s1, 16]" = attention[0]
+        getitem_1: "f32[s1, s0]" = attention[1];  attention = None
+        detach: "f32[s0, s1, 16]" = torch.ops.aten.detach.default(getitem)
+        detach_1: "f32[s1, s0]" = torch.ops.aten.detach.default(getitem_1)
+
+        mul_10: "f32[s0, s1, 16]" = torch.ops.aten.mul.Tensor(getitem, 2);  getitem = None
+
+        detach_2: "f32[s0, s1, 16]" = torch.ops.aten.detach.default(detach);  detach = None
+        detach_3: "f32[s1, s0]" = torch.ops.aten.detach.default(detach_1);  detach_1 = None
+        return (mul_10, getitem_1, primals_3, primals_6, primals_7, primals_9, primals_10, detach_2, detach_3, primals_2, primals_1, primals_5, primals_4, primals_8)
+""")
+        self.assertExpectedInline(_sym_names(normalize_gm(backend.bw_graphs[0].print_readable(print_output=False))),
+                                  """\
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_2: "Sym(s0)", primals_1: "Sym(s1)", primals_5: "Sym(s2)", primals_4: "Sym(s3)", primals_8: "Sym(s4)", primals_3: "f32[s1, s0, 16]", primals_6: "f32[s3, s2, 16]", primals_7: "f32[s3, s2, 16]", primals_9: "i64[s4]", primals_10: "i64[s4]", detach_2: "f32[s1, s0, 16]", detach_3: "f32[s0, s1]", tangents_1: "f32[s1, s0, 16]", tangents_2: "f32[s0, s1]"):
+        mul_14: "f32[s1, s0, 16]" = torch.ops.aten.mul.Tensor(tangents_1, 2);  tangents_1 = None
+
+        attention_backward = torch.ops.jfa.attention_backward.default(mul_14, tangents_2, primals_3, primals_6, primals_7, detach_2, detach_3, primals_9, primals_10, -1, -1, None, True);  mul_14 = tangents_2 = primals_3 = primals_6 = primals_7 = detach_2 = detach_3 = primals_9 = primals_10 = None
+        getitem_2: "f32[s1, s0, 16]" = attention_backward[0]
+        getitem_3: "f32[s3, s2, 16]" = attention_backward[1]
+        getitem_4: "f32[s3, s2, 16]" = attention_backward[2];  attention_backward = None
+        return (None, None, getitem_2, None, None, getitem_3, getitem_4, None, None, None)
+""")
+
+
+def _export():
+    inputs = _graph_inputs()
+    t_q, t_kv, b = torch.export.Dim("T_q", min=2), torch.export.Dim("T_kv", min=2), torch.export.Dim("B1", min=2)
+    shapes = ({0: t_q}, {0: t_kv}, {0: t_kv}, {0: b}, {0: b})
+    return torch.export.export(_Attn(), tuple(t.detach() for t in inputs), dynamic_shapes=shapes)
+
+
+def _other_batch():
+    q_off, kv_off, _, _ = _batches(3, True, "cpu", seed=5)[2]
+    return tuple(t.detach() for t in _tensors(q_off, kv_off, "cpu", torch.float32, seed=1)) + (q_off, kv_off)
+
+
+def test_export_runs_on_other_shapes():
+    ep = _export()
+    assert "torch.ops.jfa.attention.default" in ep.graph_module.code
+    inputs = _other_batch()
+    for got, want in zip(ep.module()(*inputs), _Attn()(*inputs)):
+        assert torch.equal(got, want)
+
+
+def test_aoti_compile_and_package_on_cpu():
+    """AOTInductor handles the Python custom op (it calls back into Python for it through the proxy executor)."""
+    ep = _export()
+    with tempfile.TemporaryDirectory() as d:
+        path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(d, "attn.pt2"))
+        loaded = torch._inductor.aoti_load_package(path)
+        inputs = _other_batch()
+        for got, want in zip(loaded(*inputs), _Attn()(*inputs)):
+            torch.testing.assert_close(got, want)

@@ -1,0 +1,71 @@
+"""On CUDA the GPU path must never sync the host: checked with sync-debug mode and by CUDA-graph capture."""
+import pytest
+import torch
+
+import jfa_ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _batch(lengths_q, lengths_kv, heads_q=8, heads_kv=2, head_dim=64, dtype=torch.bfloat16):
+    dev = "cuda"
+    q_off = torch.tensor([0] + lengths_q, device=dev).cumsum(0).int()
+    kv_off = torch.tensor([0] + lengths_kv, device=dev).cumsum(0).int()
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lengths_kv), heads_kv, head_dim, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lengths_kv), heads_kv, head_dim, device=dev, dtype=dtype, requires_grad=True)
+    return q, k, v, q_off, kv_off
+
+
+def _cuda_backends():
+    return [b for b in jfa_ops.available_backends("cuda") if b != "reference"]  # the reference reads offsets
+
+
+@pytest.mark.parametrize("broadcast_q", [False, True])
+@pytest.mark.parametrize("backend", _cuda_backends())
+def test_forward_backward_never_sync(backend, broadcast_q):
+    q, k, v, q_off, kv_off = _batch([5, 0, 130, 64], [7, 3, 200, 0])
+    if broadcast_q:
+        q = torch.randn(16, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        q_off = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = jfa_ops.jagged_attention(q, k, v, q_off, kv_off, causal=True, window=(64, -1),
+                                       broadcast_q=broadcast_q, backend=backend)
+        out.backward(torch.randn_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+@pytest.mark.parametrize("backend", _cuda_backends())
+def test_cuda_graph_of_compiled_training_step(backend):
+    """Capture a compiled forward+backward step in a CUDA graph, replay it on new data of the same shapes."""
+    q, k, v, q_off, kv_off = _batch([5, 0, 130, 64], [7, 3, 200, 0])
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    @torch.compile(fullgraph=True, dynamic=True)
+    def step(q, k, v, q_off, kv_off):
+        return jfa_ops.jagged_attention(q, k, v, q_off, kv_off, causal=True, backend=backend).float().square().mean()
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up: compile and autotune outside the capture
+            step(*leaves, q_off, kv_off).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    for t in leaves:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = step(*leaves, q_off, kv_off)
+        loss.backward()
+    for t, src in zip(leaves, (q, k, v)):
+        t.data.copy_(torch.randn_like(src))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = jfa_ops.jagged_attention(*(t.detach() for t in leaves), q_off, kv_off, causal=True,
+                                        backend="reference").float().square().mean()
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=1e-3)

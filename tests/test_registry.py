@@ -1,0 +1,143 @@
+"""The backend registry: a third party's backend in a few lines, choice by name / env / priority, errors."""
+import dataclasses
+
+import pytest
+import torch
+
+import jfa_ops
+from jfa_ops.backends import (Backend, Problem, get_backend, register_backend, registered_backends, select_backend,
+                              unavailable_reason, unregister_backend)
+from jfa_ops.backends import reference
+from jfa_ops.testing import AttentionCase, check_attention_case
+
+
+class CountingBackend:
+    """A toy third-party backend: the reference math, counting its calls; refuses windows."""
+
+    def __init__(self, name="counting", priority=1000):
+        self.calls = {"forward": 0, "backward": 0}
+        self.backend = Backend(name, forward=self.forward, backward=self.backward, supports=self.supports,
+                               priority=priority)
+
+    def forward(self, *args):
+        self.calls["forward"] += 1
+        return reference.forward(*args)
+
+    def backward(self, *args):
+        self.calls["backward"] += 1
+        return reference.backward(*args)
+
+    @staticmethod
+    def supports(problem: Problem):
+        if problem.window_left != -1 or problem.window_right != -1:
+            return "sliding windows are not implemented"
+        return None
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    toy = CountingBackend()
+    register_backend(toy.backend)
+    yield toy
+    unregister_backend(toy.backend.name)
+    assert "counting" not in registered_backends()
+
+
+def _inputs(**kw):
+    return AttentionCase((3, 0, 5), (4, 2, 6), **kw).make_inputs(0, requires_grad=True)
+
+
+def _run(inputs, **kw):
+    out, lse = inputs.call(**kw)
+    (out.sum() + lse.clamp_min(-1e4).sum()).backward()
+
+
+def test_select_by_name(toy, monkeypatch):
+    monkeypatch.setenv("JFA_BACKEND", "reference")  # the argument wins over the env
+    _run(_inputs(), backend="counting")
+    assert toy.calls == {"forward": 1, "backward": 1}
+
+
+def test_select_by_env(toy, monkeypatch):
+    monkeypatch.setenv("JFA_BACKEND", "counting")
+    _run(_inputs())
+    assert toy.calls == {"forward": 1, "backward": 1}
+    monkeypatch.setenv("JFA_BACKEND", "reference")
+    _run(_inputs())
+    assert toy.calls == {"forward": 1, "backward": 1}
+
+
+def test_select_by_priority(toy):
+    assert registered_backends()[0] == "counting"
+    _run(_inputs())
+    assert toy.calls == {"forward": 1, "backward": 1}
+    # a problem it does not support falls through to the next backend
+    _run(_inputs(window=(2, 0)))
+    assert toy.calls == {"forward": 1, "backward": 1}
+
+
+def test_third_party_backend_passes_the_oracle_checks(toy):
+    check_attention_case(AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, causal=True), "counting")
+    assert toy.calls["forward"] == 1 and toy.calls["backward"] == 3
+
+
+def test_unsupported_problem_names_the_reason(toy):
+    with pytest.raises(ValueError, match=r"backend 'counting' cannot run this call: sliding windows are not"):
+        _inputs(window=(2, 0)).call("counting")
+    assert unavailable_reason("counting", Problem("cpu", torch.float32, 16, 2, 2, False, 3, -1, False, False)) \
+        == "sliding windows are not implemented"
+
+
+def test_unknown_backend(monkeypatch):
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'; registered: \["):
+        _inputs().call("nope")
+    monkeypatch.setenv("JFA_BACKEND", "nope")
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
+        _inputs().call()
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
+        get_backend("nope")
+
+
+def test_register_twice_needs_replace(toy):
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend(toy.backend)
+    replaced = dataclasses.replace(toy.backend, priority=-5)
+    register_backend(replaced, replace=True)
+    assert get_backend("counting") is replaced
+
+
+def test_register_rejects_non_backend():
+    with pytest.raises(TypeError, match="backend must be a jfa_ops.backends.Backend"):
+        register_backend(object())
+
+
+def test_no_backend_supports_the_problem(monkeypatch):
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    never = Backend("never", forward=None, backward=None, supports=lambda p: "never", priority=0)
+    monkeypatch.setattr("jfa_ops.backends._REGISTRY", {"never": never})
+    monkeypatch.setattr("jfa_ops.backends._BUILTIN_MODULES", {})
+    with pytest.raises(ValueError, match="no registered backend supports Problem"):
+        select_backend(None, Problem("cpu", torch.float32, 16, 2, 2, False, -1, -1, False, False))
+
+
+def test_auto_devices_limits_automatic_choice(monkeypatch):
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    gpu_only = CountingBackend("gpu_only", priority=2000)
+    register_backend(dataclasses.replace(gpu_only.backend, auto_devices=("cuda",)))
+    try:
+        _run(_inputs())  # CPU call: never picked automatically ...
+        assert gpu_only.calls["forward"] == 0
+        _run(_inputs(), backend="gpu_only")  # ... but runs when asked by name
+        assert gpu_only.calls == {"forward": 1, "backward": 1}
+    finally:
+        unregister_backend("gpu_only")
+
+
+def test_builtin_backends_listed_with_reasons():
+    assert "reference" in registered_backends()
+    assert unavailable_reason("reference") is None
+    for name in ("reference", "triton"):
+        reason = unavailable_reason(name)
+        assert reason is None or name in reason  # importable, or says why (e.g. triton missing)
+    assert "reference" in jfa_ops.available_backends("cpu")
