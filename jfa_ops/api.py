@@ -6,6 +6,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+import meta_kernels
+
 __all__ = ["jagged_attention"]
 
 
@@ -21,15 +23,6 @@ def _check_max_seqlen(name: str, value) -> int:
     if isinstance(value, int) and value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
-
-
-def _check_window(window) -> Tuple[int, int]:
-    if not (isinstance(window, (tuple, list)) and len(window) == 2
-            and all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
-    if any(w < -1 for w in window):
-        raise ValueError(f"window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
-    return int(window[0]), int(window[1])
 
 
 def jagged_attention(
@@ -93,7 +86,8 @@ def jagged_attention(
     for name, t in (("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
         if not isinstance(t, Tensor) and not (name == "q_offsets" and t is None):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    window_left, window_right = _check_window(window)
+    meta_kernels.check_window(window)
+    window_left, window_right = window
     if not isinstance(scale, (float, int, type(None))) or isinstance(scale, bool):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if backend is not None and not isinstance(backend, str):

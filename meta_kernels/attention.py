@@ -81,6 +81,11 @@ def check_attention_args(
                 f"q_offsets and kv_offsets must both be [B+1], got {q_offsets.shape[0]} and {kv_offsets.shape[0]}"
             )
 
+    check_window(window)
+
+
+def check_window(window: Sequence[int]) -> None:
+    """window = (left, right): ints >= 0, or -1 for unbounded on that side."""
     # SymInt: the schema types window_left/right as SymInt, so a window that is an argument of a
     # torch.compile(dynamic=True) function arrives here symbolic.
     if not (isinstance(window, (tuple, list)) and len(window) == 2
