@@ -164,12 +164,49 @@ def test_broadcast_q_deterministic_matches_oracle(name, poison):
     check(*run_case(CASES[name], torch.float16, deterministic=True, with_grad_lse=True), torch.float16)
 
 
-@pytest.mark.parametrize("name", ["gqa2_d40", "broadcast_q_causal"])
+@pytest.mark.parametrize("name", ["gqa2_d40", "broadcast_q_causal", "window_both"])
 def test_deterministic_bitwise(name):
     first = run_case(CASES[name], torch.float16, deterministic=True, seed=3)[0]
     second = run_case(CASES[name], torch.float16, deterministic=True, seed=3)[0]
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("knobs", [dict(bwd_fused_dq=True, bwd_dq_tma=False, bwd_kv_major=True),
+                                   dict(bwd_fused_dq=True, bcast_dq_slabs=1 << 20),  # one slab per program
+                                   dict(bwd_fused_dq=False, bcast_fused_dq=False, fwd_kv_major=False,
+                                        fwd_fma_softmax=False, fwd_persistent=True)])
+@pytest.mark.parametrize("name", ["gqa4_d8_causal", "causal_lq_gt_lk", "window_both", "broadcast_q",
+                                  "broadcast_q_window"])
+def test_code_paths_match_oracle(name, knobs, monkeypatch, poison):
+    """Fused dQ (atomics inside the dK/dV pass; broadcast Q: per-program partial-sum slabs, or one shared slab) and
+    the unfused path with the old work order, against the oracle."""
+    for k, val in knobs.items():
+        monkeypatch.setattr(configs.KNOBS, k, val)
+    check(*run_case(CASES[name], torch.float16, with_grad_lse=True), torch.float16)
+
+
+def test_fused_dq_only_broadcast_nondeterministic(monkeypatch):
+    """By default only broadcast-Q non-deterministic backward fuses dQ into the dK/dV kernel (no dq kernel launch,
+    a finalize instead); deterministic mode and plain jagged launch the separate dq kernel."""
+    from jfa_ops.backends.triton import attn_bwd
+
+    launched = []
+    for kname in ("attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel"):
+        kern = getattr(attn_bwd, kname)
+
+        class Spy:
+            def __init__(self, kern, kname):
+                self.kern, self.kname = kern, kname
+
+            def __getitem__(self, grid):
+                launched.append(self.kname)
+                return self.kern[grid]
+        monkeypatch.setattr(attn_bwd, kname, Spy(kern, kname))
+    for name, det, fused in (("broadcast_q", False, True), ("broadcast_q", True, False), ("gqa2_d40", False, False)):
+        launched.clear()
+        run_case(CASES[name], torch.float16, deterministic=det)
+        assert launched == (["attn_bwd_dq_finalize_kernel"] if fused else ["attn_bwd_dq_kernel"]), (name, launched)
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])

@@ -56,7 +56,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Option
 def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, q_offsets: Optional[torch.Tensor],
              kv_offsets: torch.Tensor, params: AttentionParams):
-    """(dq, dk, dv); grad_lse may be None. Deterministic mode only changes broadcast-Q dQ (no atomics)."""
+    """(dq, dk, dv); grad_lse may be None. Deterministic mode only changes broadcast-Q dQ (a fixed-order chunked sum;
+    otherwise broadcast-Q dQ is fused into the dK/dV pass with fp32 atomics)."""
     from .attn_bwd import attention_backward
 
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

@@ -1,14 +1,17 @@
-"""Backward kernels: delta preprocess, dK/dV (keys stationary), dQ (queries stationary). No atomics except one
-opt-in case (broadcast-Q dQ in non-deterministic mode).
+"""Backward kernels: delta preprocess, dK/dV (keys stationary), dQ (queries stationary), fused-dQ finalize.
 
     delta[h, t] = rowsum(dO * O)[t, h] - grad_lse[h, t]       (grad_lse adds d lse / d s = P to the softmax grad)
     P  = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  dK = scale dS^T Q,  dQ = scale dS K
 
 dK/dV: one work item = (key tile, kv head); the program loops over the q heads of its GQA group, so dK/dV are
-summed in registers and written once (no atomics, deterministic). dQ: one work item = (query tile, q head), a
-separate pass that recomputes P (two extra matmuls, but no float atomics). Broadcast Q: dQ sums over the batch in
-fp32, either by atomics into a [L_q, Hq, D] buffer (fast path) or, deterministic, by each program looping over a
-fixed chunk of sequences in order and a fixed-order sum over the chunks.
+summed in registers and written once (no atomics, deterministic). dQ, two ways:
+- separate pass (default without broadcast Q, and every deterministic call): one work item = (query tile, q head),
+  recomputes P and dP (7 matmuls per block pair in all, no float atomics). Broadcast Q deterministic: each program
+  loops over a fixed chunk of sequences in order, then a fixed-order sum over the chunks.
+- fused into the dK/dV pass (broadcast Q non-deterministic by default; ``configs.KNOBS.bwd_fused_dq`` for the rest):
+  dS K is added by fp32 atomics (TMA bulk reductions on sm_90) into ``KNOBS.bcast_dq_slabs`` slabs of an fp32
+  [L_q, Hq, D] accumulator (one slab [T_q, Hq, D] without broadcast), then a finalize kernel sums the slabs in order,
+  scales and casts. 5 matmuls per block pair. Measured in NOTES.md: a clear win for broadcast Q only.
 """
 from __future__ import annotations
 
@@ -18,12 +21,13 @@ import triton.language as tl
 
 from . import common
 from .common import (LOG2E, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
-                     store_rows, visible, window_bounds)
-from .configs import get_config
-from .attn_fwd import broadcast_offsets
+                     store_rows, visible, window_bounds, work_item)
+from .configs import KNOBS, get_config
+from .attn_fwd import broadcast_offsets, use_tma
 from .scheduling import TileList, forward_tiles, kv_tiles
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
+FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
 
 
 @triton.jit(do_not_specialize=["total_out"])
@@ -61,12 +65,18 @@ def _row_stats(Lse, Delta, index, rows_ok, CHECK_ROWS: tl.constexpr):
 # --------------------------------------------------------------------------------------------------------- dK, dV
 @triton.jit
 def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys, rows0, d_ok,
-                   len_q, len_k, lo_off, hi_off, qk_scale, m_begin, m_end,
+                   len_q, len_k, lo_off, hi_off, qk_scale, m_begin, m_end, DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
                    BLOCK_M: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
-                   PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Accumulate dK, dV of one key tile over query blocks [m_begin, m_end); all products transposed ([keys, rows])."""
+                   PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query blocks [m_begin, m_end); all products transposed ([keys, rows]).
+
+    FUSE_DQ: also dQ_block += dS K (unscaled) into the fp32 buffer DQ by atomics: a TMA bulk reduction at
+    [dq_row + m0, dq_col] of the descriptor DQ (DQ_TMA), else red.global through dq_ptrs. Rows past len_q get exact
+    zeros (p and dS are masked there), so a block that runs into the next sequence's rows adds nothing to them."""
     q_ptrs += m_begin.to(tl.int64) * stride_qt
     do_ptrs += m_begin.to(tl.int64) * stride_dot
+    if FUSE_DQ and not DQ_TMA:
+        dq_ptrs += m_begin.to(tl.int64) * stride_dqt
     for m0 in range(loop_bound(m_begin), loop_bound(m_end), BLOCK_M):
         rows = m0 + rows0
         rows_ok = rows < len_q
@@ -79,20 +89,36 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
                            p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        if FUSE_DQ:
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_D] fp32
+            if DQ_TMA:
+                DQ.atomic_add([(dq_row + m0).to(tl.int32), dq_col], dq)
+            else:
+                if MASKED:
+                    if PAD_D:
+                        tl.atomic_add(dq_ptrs, dq, mask=rows_ok[:, None] & d_ok[None, :], sem="relaxed")
+                    else:
+                        tl.atomic_add(dq_ptrs, dq, mask=rows_ok[:, None], sem="relaxed")
+                else:
+                    if PAD_D:
+                        tl.atomic_add(dq_ptrs, dq, mask=d_ok[None, :], sem="relaxed")
+                    else:
+                        tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                dq_ptrs += BLOCK_M * stride_dqt
         q_ptrs += BLOCK_M * stride_qt
         do_ptrs += BLOCK_M * stride_dot
     return dk, dv
 
 
 @triton.jit
-def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, seq, n0, kv_head, total_out,
+def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv_head, total_out,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-               group, scale, qk_scale, window_left, right,
+               stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
     out_row0, len_q = seq_extent(Q_OFF, seq)
     kv_row0, len_k = seq_extent(KV_OFF, seq)
     if BROADCAST_Q:
@@ -113,44 +139,75 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, seq, n0, kv_hea
     # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)
+    # Fused dQ rows of this program's partial-sum slab (broadcast Q) or of the sequence (slab 0, slab_rows 0).
+    dq_row = dq_slab * slab_rows + q_row0
     for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers, no atomics
         head = kv_head * group + g
         q_ptrs = Q + (q_row0 + rows0)[:, None] * stride_qt + head * stride_qh + d[None, :]
         do_ptrs = DOut + (out_row0 + rows0)[:, None] * stride_dot + head * stride_doh + d[None, :]
         stat_index = head.to(tl.int64) * total_out + out_row0
+        dq_col = head * HEAD_DIM
+        if FUSE_DQ and not DQ_TMA:
+            dq_ptrs = DQ + (dq_row + rows0)[:, None].to(tl.int64) * stride_dqt + head * stride_dqh + d[None, :]
+        else:
+            dq_ptrs = DQ
         dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, lead_begin, lead_end,
-                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION)
+                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA)
         dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, bulk_begin, bulk_end,
-                                BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION)
+                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA)
         dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, tail_begin, tail_end,
-                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION)
+                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA)
     store_rows(DK + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
                (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
     store_rows(DV + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
                dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
 
 
-@triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right"])
-def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
+@triton.jit(do_not_specialize=["num_heads_kv", "total_out", "num_slabs", "slab_rows", "group", "window_left",
+                               "right"])
+def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
                          num_heads_kv, total_out,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                         group, scale, qk_scale, window_left, right,
+                         stride_dqt, stride_dqh, num_slabs, slab_rows, group, scale, qk_scale, window_left, right,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                         BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Persistent over (key tile, kv head) work items, key tiles longest first. dK/dV have k's layout."""
+                         BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr,
+                         DQ_TMA: tl.constexpr, KV_MAJOR: tl.constexpr):
+    """Persistent over (key tile, kv head) work items, key tiles longest first. dK/dV have k's layout.
+
+    FUSE_DQ: dQ (unscaled, fp32) is added into DQ ([num_slabs * slab_rows, Hq, D] rows; program p adds into slab
+    p % num_slabs: broadcast Q gives each program its own slab, so its atomics meet no other program's)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_work = tl.load(TILE_COUNT) * num_heads_kv
+    n_tiles = tl.load(TILE_COUNT)
+    n_work = n_tiles * num_heads_kv
+    dq_slab = tl.program_id(0) % num_slabs
     for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-        tile = work // num_heads_kv
-        _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                   tl.load(TILE_START + tile), work % num_heads_kv, total_out,
+        tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
+        _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                   tl.load(TILE_START + tile), kv_head, total_out,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                   group, scale, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
-                   HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION)
+                   stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
+                   HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
+                   FUSE_DQ, DQ_TMA)
+
+
+@triton.jit(do_not_specialize=["n_elem", "num_slabs", "slab_stride"])
+def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scale, BLOCK: tl.constexpr):
+    """dq = scale * sum over slabs (in slab order: deterministic for a given accumulator) of the fp32 partial sums."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_elem
+    ptrs = DQ_ACC + offs
+    acc = tl.load(ptrs, mask=ok, other=0.0)
+    for _ in range(1, loop_bound(num_slabs)):
+        ptrs += slab_stride
+        acc += tl.load(ptrs, mask=ok, other=0.0)
+    tl.store(DQ + offs, (acc * scale).to(DQ.dtype.element_ty), mask=ok)
 
 
 # ------------------------------------------------------------------------------------------------------------ dQ
@@ -303,14 +360,40 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     cfg = get_config("dkdv", head_dim, q.dtype, params.causal)
     tiles = kv_tiles(q_off, kv_off, k.shape[0], cfg.block_n, window_left, right, has_left, has_right)
     grid = (max(1, min(tiles.capacity * num_heads_kv, sms * cfg.programs_per_sm)),)
+    # Fused dQ (non-deterministic only; broadcast Q by default, see configs.Knobs): fp32 atomics into dq_acc inside
+    # this pass (FA2/FA3 style, 5 matmuls per block pair instead of 7); broadcast Q sums over the batch into
+    # num_slabs fp32 slabs (program p adds into slab p % num_slabs), which the finalize kernel sums in slab order.
+    fused = (KNOBS.bcast_fused_dq if params.broadcast_q else KNOBS.bwd_fused_dq) and not params.deterministic \
+        and total_out > 0
+    num_slabs, dq_tma = 1, False
+    dq_arg, dq_acc, dq_strides = dk, None, (0, 0)
+    if fused:
+        if params.broadcast_q:
+            num_slabs = max(1, min(grid[0], KNOBS.bcast_dq_slabs))
+        dq_acc = torch.zeros((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device)
+        dq_strides = (dq_acc.stride(1), dq_acc.stride(2))
+        dq_tma = KNOBS.bwd_dq_tma and use_tma(q, k, hd["PAD_D"])
+        dq_arg = dq_acc
+        if dq_tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            flat = dq_acc.view(num_slabs * q.shape[0], num_heads * head_dim)
+            dq_arg = TensorDescriptor(flat, shape=list(flat.shape), strides=[flat.stride(0), 1],
+                                      block_shape=[cfg.block_m, head_dim])
     attn_bwd_dkdv_kernel[grid](
-        q, k, v, grad_out, lse, delta, dk, dv, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads_kv,
-        total_out, *strides, group, scale, qk_scale, window_left, right, **hd, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        q, k, v, grad_out, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        num_heads_kv, total_out, *strides, *dq_strides, num_slabs, q.shape[0], group, scale, qk_scale, window_left,
+        right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused, DQ_TMA=dq_tma,
+        KV_MAJOR=KNOBS.bwd_kv_major, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # 3. dQ
     if total_out == 0:
         return torch.zeros_like(q), dk, dv
+    if fused:
+        dq = common.alloc_output(q.shape, q.dtype, device)
+        attn_bwd_dq_finalize_kernel[(triton.cdiv(q.numel(), FINALIZE_BLOCK),)](
+            dq_acc, dq, q.numel(), num_slabs, q.numel(), scale, BLOCK=FINALIZE_BLOCK)
+        return dq, dk, dv
     cfg = get_config("dq", head_dim, q.dtype, params.causal)
     atomic = params.broadcast_q and not params.deterministic
     seqs_per_tile, chunks = 1, 1

@@ -1,8 +1,10 @@
-"""Forward kernel: jagged flash attention, online softmax, persistent grid over a longest-first tile list.
+"""Forward kernel: jagged flash attention, online softmax, over a longest-first tile list (see scheduling.py).
 
 Shapes: q [T_q, Hq, D] (broadcast_q: [L_q, Hq, D]), k/v [T_kv, Hkv, D], out [T_q, Hq, D], lse [Hq, T_q] float32.
-One work item = (query tile, q head); programs stride over the work items (tile-major, so the q heads of one tile,
-which share K/V blocks through the L2 under GQA, run side by side).
+One work item = (query tile, q head), ordered kv head -> tile (longest first) -> q head of the group
+(``common.work_item``), so that the programs running side by side read the same kv head's K/V through the L2. By
+default one program per work item (the hardware hands the next one to whichever SM frees up: measured better than
+a persistent grid's static striding on jagged/causal, ``configs.KNOBS.fwd_persistent``).
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import triton.language as tl
 
 from . import common
 from .common import (LN2, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
-                     store_rows, visible, window_bounds)
-from .configs import get_config
+                     store_rows, visible, window_bounds, work_item)
+from .configs import KNOBS, get_config
 from .scheduling import forward_tiles
 
 
@@ -23,7 +25,8 @@ from .scheduling import forward_tiles
 def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols, d_ok, len_q,
                    len_k, lo_off, hi_off, qk_scale, n_begin, n_end,
                    BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
-                   PAD_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   PAD_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   FMA_SOFTMAX: tl.constexpr):
     """Online-softmax update over key blocks [n_begin, n_end). Scores live in the log2 domain (qk_scale has 1/ln 2).
 
     k_src/v_src: tensor descriptors over [T_kv, Hkv*D] when USE_TMA (a block may run into the next sequence's rows:
@@ -37,17 +40,25 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
             k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
         else:
             k = load_rows(k_src, keys < len_k, d_ok, MASKED, PAD_D)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if not FMA_SOFTMAX:
+            s = s * qk_scale
         if MASKED:
             s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI),
                          s, float("-inf"))
+        if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score (the FA tutorial's form)
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
             # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
             m_ref = m_new
-        p = tl.math.exp2(s - m_ref[:, None])
+        if FMA_SOFTMAX:
+            p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+        else:
+            p = tl.math.exp2(s - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)  # rescale of what was accumulated under the old maximum
         l_i = l_i * alpha + tl.sum(p, 1)
         if USE_TMA:
@@ -67,7 +78,7 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
               group, qk_scale, window_left, right,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     out_row0, len_q = seq_extent(Q_OFF, seq)
     kv_row0, len_k = seq_extent(KV_OFF, seq)
     if BROADCAST_Q:
@@ -98,13 +109,16 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     # Masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last block).
     acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
                                    d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end,
-                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION)
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
+                                   FMA_SOFTMAX)
     acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
                                    d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
-                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION)
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION,
+                                   FMA_SOFTMAX)
     acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
                                    d_ok, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end,
-                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION)
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
+                                   FMA_SOFTMAX)
 
     # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
     empty = l_i == 0.0
@@ -121,17 +135,19 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
                     group, qk_scale, window_left, right,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                    BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Persistent: program p handles work items p, p + P, ... of (tile, head), tile-major, tiles longest first."""
+                    BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr):
+    """Persistent: program p handles work items p, p + P, ... of (tile, head), tiles longest first (order: see
+    ``common.work_item``)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_work = tl.load(TILE_COUNT) * num_heads  # real tile count lives on the device: no host sync
+    n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
+    n_work = n_tiles * num_heads
     for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-        tile = work // num_heads
-        head = work % num_heads
+        tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
         _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
                   total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                   group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT,
-                  HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION)
+                  HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
@@ -174,7 +190,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     cfg = get_config("fwd", head_dim, q.dtype, params.causal)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
-    grid = (max(1, min(tiles.capacity * num_heads, num_sms(device) * cfg.programs_per_sm)),)
+    n_programs = num_sms(device) * cfg.programs_per_sm if KNOBS.fwd_persistent else tiles.capacity * num_heads
+    grid = (max(1, min(tiles.capacity * num_heads, n_programs)),)
     hd = head_dim_consts(head_dim)
     tma = use_tma(q, k, hd["PAD_D"])
     k_arg, v_arg = k, v
@@ -189,5 +206,6 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         num_heads // num_heads_kv, params.scale * 1.4426950408889634, window_left, right,  # scale / ln 2
         **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
+        FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

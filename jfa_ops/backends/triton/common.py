@@ -73,6 +73,19 @@ def stage_bounds(s0, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI:
 
 
 @triton.jit
+def work_item(work, n_tiles, num_heads, group, KV_MAJOR: tl.constexpr):
+    """(tile index, head) of a persistent work item. KV_MAJOR: kv head outermost, then tile, then the q heads of the
+    kv head's group, so that the programs running side by side share one kv head's K/V (or Q/dO rows) through the
+    L2; tiles stay longest first within each kv head. Else tile-major (all heads of a tile side by side)."""
+    if KV_MAJOR:
+        g = work % group
+        rest = work // group
+        return rest % n_tiles, (rest // n_tiles) * group + g
+    else:
+        return work // num_heads, work % num_heads
+
+
+@triton.jit
 def visible(s_pos, o_pos, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
     """Which (stationary, other) pairs attend; s_pos and o_pos broadcast against each other (2-D)."""
     rel = o_pos - s_pos - (len_o - len_s)  # offset from the pair's diagonal

@@ -24,6 +24,24 @@ class KernelConfig:
     programs_per_sm: int = 1  # persistent grid size = programs_per_sm * #SMs
 
 
+@dataclasses.dataclass
+class Knobs:
+    """Code-path switches (not block sizes); ``devcheck --variants`` flips them to compare in the same run.
+    Defaults from the H200 run in NOTES.md (dense B8 H16 S4096 D128 bf16, TFLOP/s)."""
+    fwd_fma_softmax: bool = True  # max over raw scores, then exp2(s * scale - m) as one FMA (scale > 0): neutral
+    fwd_kv_major: bool = True  # work order kv head -> tile -> q head (common.work_item): dense fwd 439 -> 459
+    fwd_persistent: bool = False  # one program per work item (hardware scheduling): jagged fwd 366 -> 394
+    bwd_fused_dq: bool = False  # dQ by fp32 atomics inside the dK/dV pass: slower here (dense 320 -> 309, jagged
+    #                             275 -> 248: the dK/dV kernel already spills at 255 registers), so off
+    bcast_fused_dq: bool = True  # broadcast Q, non-deterministic: fused dQ into bcast_dq_slabs fp32 slabs: 130 -> 211
+    bcast_dq_slabs: int = 1  # slab p % n for program p; 1 slab (L2-resident) beat one slab per program (174)
+    bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
+    bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
+
+
+KNOBS = Knobs()
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (must be decided before triton is imported)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -1,6 +1,9 @@
 """One-call GPU check of the Triton backend: correctness on the benchmark shapes, then TFLOP/s against SDPA.
 
-    python -m jfa_ops.backends.triton.devcheck [--quick] [--out DIR]
+    python -m jfa_ops.backends.triton.devcheck [--quick] [--sweep] [--variants] [--out DIR]
+
+--variants: compiles every entry of VARIANTS in parallel processes first (Triton's disk cache), then times each
+(knob/config variant x case) in one process and prints one table: same-run before/after comparisons.
 
 Useful FLOPs: 4*D per visible (query, key) pair per head forward, 2.5x that backward. Medians of
 ``triton.testing.do_bench``. Prints a table last.
@@ -8,6 +11,7 @@ Useful FLOPs: 4*D per visible (query, key) pair per head forward, 2.5x that back
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -119,13 +123,143 @@ def sweep(rows_out):
                 setattr(configs, attr, saved)
 
 
+# --------------------------------------------------------------------------------- same-run variant comparison
+# (name, knob overrides, config overrides {kernel: (block_m, block_n, warps, stages)}, cases, passes)
+_ALL_OFF = dict(fwd_fma_softmax=False, fwd_kv_major=False, fwd_persistent=True, bwd_fused_dq=False,
+                bcast_fused_dq=False, bwd_kv_major=False)
+_FIVE = ("dense", "causal", "jagged", "jcausal", "bcast")
+VARIANTS = [
+    ("old (all knobs off)", _ALL_OFF, {}, _FIVE, "fb"),
+    ("new (defaults)", {}, {}, _FIVE, "fb"),
+    ("fwd: persistent", dict(fwd_persistent=True), {}, ("causal", "jcausal", "bcast"), "f"),
+    ("bcast: 8 slabs", dict(bcast_dq_slabs=8), {}, ("bcast",), "b"),
+    ("bcast: red.global dQ", dict(bwd_dq_tma=False), {}, ("bcast",), "b"),
+    ("bcast: slab per program", dict(bcast_dq_slabs=1 << 20), {}, ("bcast",), "b"),
+    ("bcast: deterministic", dict(_deterministic=True), {}, ("bcast",), "b"),
+]
+
+
+_CPU_DRY_RUN = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # fp16 on CPU: checks this script only
+
+
+def _cases():
+    skew = skewed_lengths(28, 1170, 8192, 32768, 0)
+    kv = skewed_lengths(128, 964, 8192, 128 * 964, 1)
+    return {"dense": ([4096] * 8, [4096] * 8, 16, 16, 128, False, False),
+            "causal": ([4096] * 8, [4096] * 8, 16, 16, 128, True, False),
+            "jagged": (skew, skew, 16, 16, 128, False, False),
+            "jcausal": (skew, skew, 16, 16, 128, True, False),
+            "bcast": ([512], kv, 4, 4, 128, False, True)}
+
+
+def _apply(knobs, cfgs):
+    """Set the variant's knobs and config overrides; returns an undo function."""
+    from jfa_ops.backends.triton import configs
+
+    saved_knobs = dataclasses.asdict(configs.KNOBS)
+    saved_fns = {name: getattr(configs, "_" + name) for name in cfgs}
+    for k, v in knobs.items():
+        if not k.startswith("_"):
+            setattr(configs.KNOBS, k, v)
+    for name, c in cfgs.items():
+        setattr(configs, "_" + name, (lambda c: lambda *a: configs.KernelConfig(*c))(c))
+
+    def undo():
+        for k, v in saved_knobs.items():
+            setattr(configs.KNOBS, k, v)
+        for name, fn in saved_fns.items():
+            setattr(configs, "_" + name, fn)
+    return undo
+
+
+def _inputs(case, seed=0):
+    len_q, len_k, heads, heads_kv, d, causal, bq = case
+    dev, dt = ("cpu", torch.float16) if _CPU_DRY_RUN else ("cuda", torch.bfloat16)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    kv_off = torch.tensor([0] + list(len_k), device=dev).cumsum(0).to(torch.int32)
+    q_off = None if bq else torch.tensor([0] + list(len_q), device=dev).cumsum(0).to(torch.int32)
+    t_q = len_q[0] if bq else sum(len_q)
+    q = torch.randn(t_q, heads, d, device=dev, generator=g).to(dt)
+    k = torch.randn(sum(len_k), heads_kv, d, device=dev, generator=g).to(dt)
+    v = torch.randn(sum(len_k), heads_kv, d, device=dev, generator=g).to(dt)
+    lq_all = list(len_q) * len(len_k) if bq else list(len_q)
+    flops = 4 * d * heads * visible_pairs(lq_all, list(len_k), causal)
+    return q, k, v, q_off, kv_off, flops
+
+
+def _run_variant(index, small=False):
+    """Run variant ``index`` on its cases; small=True only compiles (tiny lengths, same specializations)."""
+    name, knobs, cfgs, case_names, passes = VARIANTS[index]
+    undo = _apply(knobs, cfgs)
+    rows = []
+    try:
+        for cn in case_names:
+            case = _cases()[cn]
+            if small:
+                case = ([40] * 2, [70] * 2) + case[2:] if not case[6] else ([40], [70, 3]) + case[2:]
+            q, k, v, q_off, kv_off, flops = _inputs(case)
+            params = AttentionParams(scale=case[4] ** -0.5, causal=case[5], broadcast_q=case[6],
+                                     deterministic=bool(knobs.get("_deterministic")))
+            out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+            do = torch.randn_like(out)
+            grads = tb.backward(do, None, q, k, v, out, lse, q_off, kv_off, params)
+            # error against the deterministic (separate dQ pass, no atomics) gradients of the same inputs
+            ref_params = dataclasses.replace(params, deterministic=True)
+            ref = tb.backward(do, None, q, k, v, out, lse, q_off, kv_off, ref_params)
+            row = dict(variant=name, case=cn, err_vs_det=max(rel(a, b) for a, b in zip(grads, ref)))
+            if small:
+                continue
+            if "f" in passes:
+                row["fwd"] = flops / bench(lambda: tb.forward(q, k, v, q_off, kv_off, params)) * 1e-9
+            if "b" in passes:
+                row["bwd"] = 2.5 * flops / bench(lambda: tb.backward(do, None, q, k, v, out, lse, q_off, kv_off,
+                                                                        params)) * 1e-9
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del q, k, v, out, lse, do, grads, ref
+    finally:
+        undo()
+    return rows
+
+
+def _prewarm(index):
+    _run_variant(index, small=True)
+    return index
+
+
+def variants(out_dir, workers=12):
+    """Compile every variant in parallel processes (Triton's disk cache), then time them one by one."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.time()
+    from jfa_ops.backends.triton import devcheck  # pickle by module name, also when run as __main__
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(devcheck._prewarm, range(len(devcheck.VARIANTS))))
+    print(f"prewarm {time.time() - t0:.0f}s", flush=True)
+    rows = []
+    for i in range(len(VARIANTS)):
+        rows += _run_variant(i)
+    with open(os.path.join(out_dir, "variants.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"\n{'variant':34s} {'case':8s} {'fwd':>6s} {'bwd':>6s} {'err_vs_det':>10s}")
+    for r in rows:
+        print(f"{r['variant']:34s} {r['case']:8s} {r.get('fwd', math.nan):6.1f} {r.get('bwd', math.nan):6.1f}"
+              f" {r['err_vs_det']:10.1e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time one-change config variants (dense shapes)")
+    ap.add_argument("--variants", action="store_true", help="only the same-run variant table (VARIANTS)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    if args.variants:
+        variants(args.out)
+        return
     rows = []
     cases = [("dense B8 H16 S4096 D128", [4096] * 8, [4096] * 8, 16, 16, 128, False, False, True),
              ("dense causal", [4096] * 8, [4096] * 8, 16, 16, 128, True, False, True)]

@@ -10,7 +10,7 @@ from typing import Dict, Iterator, List
 
 import torch
 
-from .configs import KernelConfig, _dkdv, _dq, _fwd, head_dim_bucket
+from .configs import KNOBS, KernelConfig, _dkdv, _dq, _fwd, head_dim_bucket
 
 _TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -39,7 +39,11 @@ def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast
 
 
 def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, has_left: bool = False,
-                   broadcast_q: bool = False, atomic: bool = False) -> Specialization:
+                   broadcast_q: bool = False, atomic: bool = False, fused_dq=None) -> Specialization:
+    """fused_dq (dkdv only): the pass with dQ atomics (TMA reductions where attn_fwd.use_tma holds on sm_90), else
+    the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS)."""
+    if fused_dq is None:
+        fused_dq = KNOBS.bcast_fused_dq if broadcast_q else KNOBS.bwd_fused_dq
     from . import attn_bwd, attn_fwd
 
     dt = _TRITON_DTYPE[dtype]
@@ -50,8 +54,14 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
            "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32", "qk_scale": "fp32", "scale": "fp32",
            "DQ": "*fp32" if broadcast_q else f"*{dt}"}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
-           f"{'-bcast' if broadcast_q else ''}{'-atomic' if atomic else ''}"
-    if kernel == "delta":
+           f"{'-bcast' if broadcast_q else ''}{'-atomic' if atomic else ''}" \
+           f"{'-fuseddq' if kernel == 'dkdv' and fused_dq else ''}"
+    if kernel == "finalize":
+        fn = attn_bwd.attn_bwd_dq_finalize_kernel
+        ptr.update(DQ_ACC="*fp32", DQ=f"*{dt}")
+        constexprs = dict(BLOCK=attn_bwd.FINALIZE_BLOCK)
+        module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_dq_finalize_kernel", 4, 1
+    elif kernel == "delta":
         fn = attn_bwd.attn_bwd_delta_kernel
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim,
                           BLOCK_T=attn_bwd.DELTA_BLOCK_T, HAS_GRAD_LSE=True)
@@ -65,8 +75,13 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
             constexprs["USE_TMA"] = dtype != torch.float32 and not constexprs["PAD_D"]  # as attn_fwd.use_tma on sm_90
             if constexprs["USE_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
+            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major)
         elif kernel == "dkdv":
             fn, module, attr = attn_bwd.attn_bwd_dkdv_kernel, attn_bwd.__name__, "attn_bwd_dkdv_kernel"
+            tma = fused_dq and KNOBS.bwd_dq_tma and dtype != torch.float32 and not constexprs["PAD_D"]
+            constexprs.update(FUSE_DQ=fused_dq, DQ_TMA=tma, KV_MAJOR=KNOBS.bwd_kv_major)
+            ptr["DQ"] = f"tensordesc<fp32[{cfg.block_m},{head_dim}]>" if tma else (
+                "*fp32" if fused_dq else f"*{dt}")  # unfused: a dummy pointer (dk)
         else:
             fn, module, attr = attn_bwd.attn_bwd_dq_kernel, attn_bwd.__name__, "attn_bwd_dq_kernel"
             constexprs["ATOMIC"] = atomic
@@ -95,5 +110,10 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
         if not quick:
             yield specialization(kernel, 128, torch.float32, False)
     yield specialization("dq", 128, torch.bfloat16, True, broadcast_q=True, atomic=False)
+    for causal in (False, True):  # opt-in fused dQ without broadcast (KNOBS.bwd_fused_dq), TMA and red.global
+        yield specialization("dkdv", 128, torch.bfloat16, causal, fused_dq=True)
+    yield specialization("dkdv", 72, torch.float16, False, fused_dq=True)
+    yield specialization("dkdv", 128, torch.bfloat16, False, broadcast_q=True, fused_dq=False)  # deterministic
+    yield specialization("finalize", 128, torch.bfloat16, False)
     yield specialization("delta", 128, torch.bfloat16, False)
     yield specialization("delta", 40, torch.float16, False)
