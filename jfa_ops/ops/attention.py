@@ -17,84 +17,70 @@ from jfa_ops.backends import AttentionParams, Problem, select_backend
 from jfa_ops.validation import check_offset_values
 
 
-def _params(q, max_seqlen_q, max_seqlen_kv, scale, causal, window_left, window_right, broadcast_q, deterministic):
-    return AttentionParams(
+# The options both ops take after their tensors, written once (the schemas are snapshot-tested).
+OPTIONS_SCHEMA = (
+    "SymInt max_seqlen_q=-1, SymInt max_seqlen_kv=-1, float? scale=None, bool causal=False, SymInt window_left=-1, "
+    "SymInt window_right=-1, bool broadcast_q=False, bool deterministic=False, str? backend=None"
+)
+NUM_OPTIONS = OPTIONS_SCHEMA.count(",") + 1
+
+
+def _params(q: Tensor, max_seqlen_q=-1, max_seqlen_kv=-1, scale=None, causal=False, window_left=-1, window_right=-1,
+            broadcast_q=False, deterministic=False, backend=None) -> Tuple[AttentionParams, Optional[str]]:
+    """The options (in schema order) as AttentionParams with the scale resolved, plus the backend name."""
+    params = AttentionParams(
         scale=q.shape[-1] ** -0.5 if scale is None else float(scale), causal=causal, window_left=window_left,
         window_right=window_right, broadcast_q=broadcast_q, deterministic=deterministic,
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
     )
+    return params, backend
 
 
-@torch.library.custom_op("jfa::attention", mutates_args=())
-def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_offsets: Optional[Tensor],
-    kv_offsets: Tensor,
-    max_seqlen_q: int = -1,
-    max_seqlen_kv: int = -1,
-    scale: Optional[float] = None,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    broadcast_q: bool = False,
-    deterministic: bool = False,
-    backend: Optional[str] = None,
-) -> Tuple[Tensor, Tensor]:
+@torch.library.custom_op(
+    "jfa::attention", mutates_args=(),
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? q_offsets, Tensor kv_offsets, {OPTIONS_SCHEMA}) -> (Tensor, Tensor)",
+)
+def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+              *options) -> Tuple[Tensor, Tensor]:
     """Jagged attention. Returns (out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.jagged_attention``."""
-    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q)
-    check_offset_values(q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv)
-    params = _params(q, max_seqlen_q, max_seqlen_kv, scale, causal, window_left, window_right, broadcast_q,
-                     deterministic)
+    params, backend = _params(q, *options)
+    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (params.window_left, params.window_right),
+                                      params.broadcast_q)
+    check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
     impl = select_backend(backend, Problem.of(q, k, params))
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, q_offsets, kv_offsets, max_seqlen_q=-1, max_seqlen_kv=-1, scale=None, causal=False,
-                    window_left=-1, window_right=-1, broadcast_q=False, deterministic=False, backend=None):
-    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q)
-    out_shape, lse_shape = meta_kernels.attention_shapes(q, kv_offsets, broadcast_q)
+def _attention_fake(q, k, v, q_offsets, kv_offsets, *options):
+    params, _ = _params(q, *options)
+    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (params.window_left, params.window_right),
+                                      params.broadcast_q)
+    out_shape, lse_shape = meta_kernels.attention_shapes(q, kv_offsets, params.broadcast_q)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("jfa::attention_backward", mutates_args=())
-def attention_backward(
-    grad_out: Tensor,
-    grad_lse: Optional[Tensor],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    q_offsets: Optional[Tensor],
-    kv_offsets: Tensor,
-    max_seqlen_q: int = -1,
-    max_seqlen_kv: int = -1,
-    scale: Optional[float] = None,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    broadcast_q: bool = False,
-    deterministic: bool = False,
-    backend: Optional[str] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
+@torch.library.custom_op(
+    "jfa::attention_backward", mutates_args=(),
+    schema=(f"(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            f"Tensor? q_offsets, Tensor kv_offsets, {OPTIONS_SCHEMA}) -> (Tensor, Tensor, Tensor)"),
+)
+def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                       *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::attention``; ``grad_lse`` None means lse was not used."""
-    params = _params(q, max_seqlen_q, max_seqlen_kv, scale, causal, window_left, window_right, broadcast_q,
-                     deterministic)
+    params, backend = _params(q, *options)
     impl = select_backend(backend, Problem.of(q, k, params))
     return impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, *args, **kwargs):
+def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, *args):
     dq_shape, dk_shape, dv_shape = meta_kernels.attention_backward_shapes(q, k, v)
     return q.new_empty(dq_shape), k.new_empty(dk_shape), v.new_empty(dv_shape)
 
 
-# Both ops take the same options (max_seqlen_q ... backend) after their tensors; the forward has 5 tensors.
-_NUM_TENSOR_INPUTS = 5  # q, k, v, q_offsets, kv_offsets
+_NUM_TENSOR_INPUTS = 5  # q, k, v, q_offsets, kv_offsets: the forward's inputs before its options
 
 
 def _setup_context(ctx, inputs, output):
@@ -112,7 +98,7 @@ def _backward(ctx, grad_out, grad_lse):
     dq, dk, dv = torch.ops.jfa.attention_backward(
         grad_out.contiguous(), grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options
     )
-    return (dq, dk, dv) + (None,) * (len(ctx.options) + 2)
+    return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
 
 
 def _double_backward(ctx, *grads):
