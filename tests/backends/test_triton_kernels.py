@@ -17,6 +17,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -255,6 +257,82 @@ def test_tile_list_covers_each_tile_once_longest_first():
     rows = [min(16, lens_q[b] - s) for b, s in zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist())]
     cost = [r * max(0, min(f, lens_k[b])) for r, f, b in zip(rows, first, tiles.seq[:count].tolist())]
     assert cost == sorted(cost, reverse=True)
+
+
+def reference_tiles(lens_s, lens_o, block, causal, wl, wr, kv_side):
+    """Plain-Python tile list: (seq, start, cost) for every block of every stationary sequence, in (seq, start)
+    order. cost = rows x |other-side positions any row of the tile sees|, from the attention mask itself."""
+    tiles = []
+    for b, (ls, lo) in enumerate(zip(lens_s, lens_o)):
+        len_q, len_k = (lo, ls) if kv_side else (ls, lo)
+        for start in range(0, ls, block):
+            rows = range(start, min(start + block, ls))
+            seen = set()
+            for s in rows:
+                for o in range(lo):
+                    i, j = (o, s) if kv_side else (s, o)
+                    rel = j - i - (len_k - len_q)
+                    if (not causal or rel <= 0) and (wl < 0 or rel >= -wl) and (wr < 0 or rel <= wr):
+                        seen.add(o)
+            tiles.append((b, start, len(rows) * len(seen)))
+    return tiles
+
+
+@given(lens=st.lists(st.tuples(st.sampled_from([0, 0, 1, 5, 16, 17, 40]) | st.integers(0, 90), st.integers(0, 90)),
+                     min_size=1, max_size=8),
+       causal=st.booleans(), wl=st.integers(-1, 30), wr=st.integers(-1, 30), block=st.sampled_from([16, 32, 64]),
+       slack=st.integers(0, 40), kv_side=st.booleans())
+def test_tile_list_matches_python_reference(lens, causal, wl, wr, block, slack, kv_side):
+    """The device tile list against ``reference_tiles``: the same (seq, start, cost) entries, longest first, ties in
+    (seq, start) order (stable), padding (seq -1) after the real count, and the count on the device."""
+    lens_q, lens_k = [a for a, _ in lens], [b for _, b in lens]
+    q_off = torch.tensor([0] + lens_q).cumsum(0).to(torch.int32)
+    kv_off = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
+    has_left, window_left, has_right, right = common.window_bounds(causal, wl, wr)
+    lens_s, lens_o = (lens_k, lens_q) if kv_side else (lens_q, lens_k)
+    total = sum(lens_s) + slack  # a total past the last offset only adds padding
+    build = scheduling.kv_tiles if kv_side else scheduling.forward_tiles
+    tiles = build(q_off.to(DEVICE), kv_off.to(DEVICE), total, block, window_left, right, has_left, has_right)
+    ref = reference_tiles(lens_s, lens_o, block, causal, wl, wr, kv_side)
+    expected = sorted(ref, key=lambda t: -t[2])  # Python's sort is stable: ties keep (seq, start) order
+    assert tiles.capacity == -(-total // block) + len(lens)
+    assert tiles.seq.shape == tiles.start.shape == (tiles.capacity,) and tiles.count.shape == (1,)
+    assert tiles.seq.dtype == tiles.start.dtype == tiles.count.dtype == torch.int32
+    count = int(tiles.count)
+    assert count == len(ref)
+    cost = {(b, s): c for b, s, c in ref}
+    got = [(b, s, cost.get((b, s))) for b, s in zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist())]
+    assert got == expected
+    assert (tiles.seq[count:] == -1).all()
+
+
+def test_tile_list_issues_few_host_ops(monkeypatch):
+    """build_tiles is a handful of ops whatever B is (was ~45 small torch ops: each a launch on the GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    launches = []
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(grid)
+
+    monkeypatch.setattr(scheduling, "tile_slots_kernel", Stub())
+    off = torch.arange(0, 40 * 100 + 1, 100, dtype=torch.int32)
+    with Count():
+        scheduling.kv_tiles(off, off, 4000, 16, 3, 0, True, True)
+    assert len(launches) == 1 and Count.n <= 6, (launches, Count.n)  # 3 empty, sort, index_select, unbind
+
+
+def test_shape_constant_lists_are_cached():
+    a, b = scheduling.single_tiles(5, 16, torch.device(DEVICE)), scheduling.single_tiles(5, 16, torch.device(DEVICE))
+    assert a is b and a.start.tolist() == [0, 16, 32, 48, 64] and int(a.count) == 5
 
 
 def test_supports_reasons():

@@ -24,7 +24,7 @@ from .common import (LOG2E, dot_precision, head_dim_consts, load_rows, loop_boun
                      store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
 from .attn_fwd import broadcast_offsets, use_tma
-from .scheduling import TileList, forward_tiles, kv_tiles
+from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
@@ -306,10 +306,11 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
                  HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC, DOT_PRECISION)
 
 
+@shape_constant
 def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads: int, target_programs: int,
                              device: torch.device):
     """Deterministic broadcast-Q dQ: tiles (first sequence of a fixed chunk, query block). Chunks are sized from shapes
-    and the SM count only, so the summation order is the same on every call."""
+    and the SM count only, so the summation order is the same on every call (and the list is cached per shape)."""
     m_blocks = triton.cdiv(len_q, block_m)
     chunks = max(1, min(num_seqs, triton.cdiv(target_programs, m_blocks * num_heads)))
     seqs_per_chunk = triton.cdiv(num_seqs, chunks)

@@ -18,7 +18,7 @@ from . import common
 from .common import (LN2, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
                      store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
-from .scheduling import forward_tiles
+from .scheduling import forward_tiles, shape_constant
 
 
 @triton.jit
@@ -166,8 +166,9 @@ def use_tma(q: torch.Tensor, k: torch.Tensor, pad_d: bool) -> bool:
     return _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
+@shape_constant
 def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.Tensor:
-    """Output-row offsets of a broadcast Q: sequence b owns rows [b*L_q, (b+1)*L_q)."""
+    """Output-row offsets of a broadcast Q: sequence b owns rows [b*L_q, (b+1)*L_q) (cached per shape: read-only)."""
     return torch.arange(num_seqs + 1, device=device, dtype=torch.int32) * len_q
 
 

@@ -6,16 +6,27 @@ number of real tiles depends on the lengths (device data), so the list has a len
     sum_b cdiv(L_b, block) <= cdiv(T, block) + B
 
 and the real count stays on the device (``count``, a 1-element int32 tensor the kernels read). Entries past the real
-count are padding (seq = -1, cost -1: sorted last) and are never visited.
+count are padding (seq = -1, start = 0, cost -1: sorted last) and are never visited.
 
 Order: descending estimated cost (visible pairs of the tile), so that the persistent grid's static striding hands the
-longest tiles out first and the short ones fill in at the end (greedy longest-processing-time-first).
+longest tiles out first and the short ones fill in at the end (greedy longest-processing-time-first). Ties keep
+(sequence, start) order.
+
+Cost on the host: three launches per list (``tile_slots_kernel``, one stable sort, one gather), whatever B is; the
+slot of a tile comes from the offsets directly (no prefix sum over the lengths), see ``tile_slots_kernel``.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
+import triton
+import triton.language as tl
+
+from .common import loop_bound
+
+SLOT_CHUNK = 1024  # tile slots per program of tile_slots_kernel
 
 
 @dataclasses.dataclass
@@ -26,8 +37,59 @@ class TileList:
     capacity: int  # shape-derived upper bound on count (host int)
 
 
-def _lengths(offsets: torch.Tensor) -> torch.Tensor:
-    return (offsets[1:] - offsets[:-1]).to(torch.int64)
+@triton.jit(do_not_specialize=["num_seqs", "capacity", "search_steps", "lo_off", "hi_off"])
+def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, num_seqs, capacity, search_steps, lo_off, hi_off,
+                      BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, CHUNK: tl.constexpr):
+    """Unsorted tile slots: SLOTS[0, t] = sequence (-1: padding), SLOTS[1, t] = first row, COST[t] (-1: padding);
+    TILE_COUNT = number of real tiles. SLOTS is [2, capacity] int32, COST [capacity] int64.
+
+    Sequence b owns the slots [g(b), g(b + 1)) with ``g(b) = off[b] // BLOCK - off[0] // BLOCK + b``: that range holds
+    at least cdiv(L_b, BLOCK) slots (floor(end/BLOCK) - floor(begin/BLOCK) + 1 >= cdiv(end - begin, BLOCK)), and
+    g(B) <= T // BLOCK + B <= capacity. Its tile j sits at slot g(b) + j; the rest of its range is padding. g is
+    strictly increasing, so slot t belongs to the last b with g(b) <= t: a binary search over the offsets
+    (``search_steps`` = ceil(log2 B) halvings), with no prefix sum and no cross-program dependency. Slot order is
+    (sequence, start) order, so a stable sort by cost keeps that order among ties.
+    """
+    pid = tl.program_id(0)
+    t = pid * CHUNK + tl.arange(0, CHUNK)
+    in_range = t < capacity
+    base = tl.load(OFF_S) // BLOCK
+    lo = tl.zeros([CHUNK], tl.int32)  # invariant: g(lo) <= t < g(hi) (g(num_seqs) read as +infinity)
+    hi = lo + num_seqs
+    for _ in range(0, loop_bound(search_steps)):
+        mid = (lo + hi) // 2
+        active = hi - lo > 1
+        g = tl.load(OFF_S + mid, mask=active, other=0) // BLOCK - base + mid
+        go_right = g <= t
+        lo = tl.where(active & go_right, mid, lo)
+        hi = tl.where(active & (~go_right), mid, hi)
+    seq = lo
+    begin = tl.load(OFF_S + seq)
+    len_s = (tl.load(OFF_S + seq + 1) - begin).to(tl.int64)
+    len_o = (tl.load(OFF_O + seq + 1) - tl.load(OFF_O + seq)).to(tl.int64)
+    j = t - (begin // BLOCK - base + seq)  # tile index within the sequence
+    real = in_range & (j.to(tl.int64) * BLOCK < len_s)
+    start = j.to(tl.int64) * BLOCK
+    rows = tl.minimum(len_s - start, BLOCK)
+    diag = len_o - len_s
+    vis_lo = tl.zeros([CHUNK], tl.int64)
+    vis_hi = len_o
+    if HAS_LO:
+        vis_lo = tl.maximum(start + lo_off.to(tl.int64) + diag, 0)
+    if HAS_HI:
+        vis_hi = tl.minimum(start + rows + hi_off.to(tl.int64) + diag, len_o)  # last row + hi_off + diag + 1
+    cost = tl.where(real, rows * tl.maximum(vis_hi - vis_lo, 0), -1)
+    tl.store(SLOTS + t, tl.where(real, seq, -1), mask=in_range)
+    tl.store(SLOTS + capacity + t, tl.where(real, start, 0).to(tl.int32), mask=in_range)
+    tl.store(COST + t, cost, mask=in_range)
+    if pid == 0:  # the real count: sum of cdiv(L_b, BLOCK)
+        total = tl.zeros([CHUNK], tl.int32)
+        for b0 in range(0, loop_bound(num_seqs), CHUNK):
+            b = b0 + tl.arange(0, CHUNK)
+            ok = b < num_seqs
+            n = tl.load(OFF_S + b + 1, mask=ok, other=0) - tl.load(OFF_S + b, mask=ok, other=0)
+            total += (n + BLOCK - 1) // BLOCK
+        tl.store(TILE_COUNT, tl.sum(total, 0))
 
 
 def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, total_rows: int, block: int,
@@ -37,29 +99,21 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, t
     A stationary position ``s`` of a sequence sees the other side's positions ``o`` with
     ``s + lo_off + diag <= o <= s + hi_off + diag`` with ``diag = L_other - L_stationary`` (each bound only if
     present; the bottom-right alignment of FlashAttention), clipped to ``[0, L_other)``. The tile cost is (rows in
-    the tile) x (other-side positions its rows can see).
+    the tile) x (other-side positions its rows can see). Offsets: [B + 1] int32 (int64 works, another compile).
     """
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
     capacity = (total_rows + block - 1) // block + num_seqs
-    len_s, len_o = _lengths(stationary_offsets), _lengths(other_offsets)
-    tiles_per_seq = (len_s + block - 1) // block
-    last_tile = torch.cumsum(tiles_per_seq, 0)  # inclusive prefix sum
-    t = torch.arange(capacity, device=device, dtype=torch.int64)
-    seq = torch.searchsorted(last_tile, t, right=True)  # t >= total -> num_seqs
-    valid = seq < num_seqs
-    seq = seq.clamp(max=num_seqs - 1)
-    start = (t - (last_tile - tiles_per_seq)[seq]) * block
-    rows = (len_s[seq] - start).clamp(max=block)
-    diag = (len_o - len_s)[seq]
-    first, last = start, start + rows - 1
-    lo = (first + lo_off + diag).clamp(min=0) if has_lo else torch.zeros_like(first)
-    hi = torch.minimum(last + hi_off + diag + 1, len_o[seq]) if has_hi else len_o[seq]
-    cost = torch.where(valid, rows * (hi - lo).clamp(min=0), torch.full_like(rows, -1))
-    order = torch.argsort(cost, descending=True, stable=True)
-    seq = torch.where(valid, seq, torch.full_like(seq, -1))[order].to(torch.int32)
-    start = start[order].to(torch.int32)
-    count = last_tile[-1:].to(torch.int32)
+    if num_seqs <= 0:
+        return _padding_tiles(capacity, device)
+    slots = torch.empty((2, capacity), dtype=torch.int32, device=device)  # unsorted (seq, start)
+    cost = torch.empty((capacity,), dtype=torch.int64, device=device)
+    count = torch.empty((1,), dtype=torch.int32, device=device)
+    tile_slots_kernel[(triton.cdiv(capacity, SLOT_CHUNK),)](
+        stationary_offsets, other_offsets, slots, cost, count, num_seqs, capacity, (num_seqs - 1).bit_length(),
+        lo_off, hi_off, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHUNK=SLOT_CHUNK, num_warps=4, num_stages=1)
+    order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
+    seq, start = slots.index_select(1, order)
     return TileList(seq, start, count, capacity)
 
 
@@ -75,6 +129,33 @@ def kv_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_kv: int, b
     return build_tiles(kv_offsets, q_offsets, total_kv, block_n, -right, window_left, has_right, has_left)
 
 
+# ------------------------------------------------------------------------------ lists that depend on shapes only
+def shape_constant(fn):
+    """Memoize a pure function of host ints and a trailing ``device`` that builds read-only device tensors (tile
+    lists of broadcast Q, arange offsets): one set of small launches per shape instead of per call. Never use it for
+    anything that reads device data. Bypassed during CUDA graph capture: a tensor made there holds garbage until the
+    graph replays."""
+    cached = functools.lru_cache(maxsize=64)(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        device = torch.device(args[-1])
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return fn(*args)
+        return cached(*args[:-1], device)
+
+    wrapper.cache_clear = cached.cache_clear
+    return wrapper
+
+
+@shape_constant
+def _padding_tiles(capacity: int, device: torch.device) -> TileList:
+    return TileList(torch.full((capacity,), -1, dtype=torch.int32, device=device),
+                    torch.zeros((capacity,), dtype=torch.int32, device=device),
+                    torch.zeros((1,), dtype=torch.int32, device=device), capacity)
+
+
+@shape_constant
 def single_tiles(num_tiles: int, block: int, device: torch.device) -> TileList:
     """Tiles 0..num_tiles-1 of one block each (seq 0), e.g. query blocks of a broadcast Q; no sort needed."""
     ids = torch.arange(num_tiles, device=device, dtype=torch.int32)

@@ -95,6 +95,20 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     return Specialization(name, attr, module, sig, constexprs, attrs, warps, stages)
 
 
+def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specialization:
+    """The tile-list kernel (scheduling.tile_slots_kernel) as build_tiles launches it."""
+    from . import scheduling
+
+    fn = scheduling.tile_slots_kernel
+    constexprs = dict(BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHUNK=scheduling.SLOT_CHUNK)
+    sig = _sig(list(fn.arg_names), {"OFF_S": "*i32", "OFF_O": "*i32", "SLOTS": "*i32", "COST": "*i64",
+                                    "TILE_COUNT": "*i32"})
+    sig.update({c: "constexpr" for c in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}"
+    return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
+
+
 def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     """Each config-table entry for 16-bit dtypes (bucket x causal), the bf16/fp32 variants of the big buckets, and
     the extra flag combinations (windows, broadcast Q, atomics, head-dim padding)."""
@@ -117,3 +131,6 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     yield specialization("finalize", 128, torch.bfloat16, False)
     yield specialization("delta", 128, torch.bfloat16, False)
     yield specialization("delta", 40, torch.float16, False)
+    for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
+        yield tile_specialization(128, has_lo, has_hi)
+    yield tile_specialization(64, False, True)
