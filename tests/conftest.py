@@ -23,6 +23,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config, items):
+    # JFA_TEST_SHARD=i/n keeps every n-th test from the i-th: the device script runs n pytest processes side by side
+    # (kernel compiles dominate the GPU suites and use one CPU core each).
+    shard = os.environ.get("JFA_TEST_SHARD")
+    if shard:
+        index, count = map(int, shard.split("/"))
+        keep = [item for n, item in enumerate(items) if n % count == index]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU test suites on the lent machine: `bash tools/device_tests.sh [SHARDS] [pytest args...]` from the repo
+# root, carrying .whl (expecttest, absent there; see README "Testing on a GPU"). Runs SHARDS pytest processes side by
+# side (JFA_TEST_SHARD, tests/conftest.py) since kernel compiles, one CPU core each, dominate the wall time; prints
+# each shard's summary and the slowest tests. Exit status: nonzero if any shard failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+shards=${1:-4}; shift || true
+log=${OUT:-/tmp}/gpu_tests
+mkdir -p "$log"
+pids=()
+for ((i = 0; i < shards; i++)); do
+  JFA_TEST_SHARD=$i/$shards python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=5 "$@" \
+    >"$log/shard$i.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for ((i = 0; i < shards; i++)); do
+  wait "${pids[$i]}" || rc=1
+  echo "== shard $i/$shards"; grep -E "passed|failed|error|FAILED|ERROR" "$log/shard$i.log" | tail -15
+done
+exit $rc
