@@ -232,6 +232,18 @@ def test_forward_tma_path(monkeypatch, poison):
         check(*run_case(CASES[name], torch.float16), torch.float16)
 
 
+def test_no_tma_above_head_dim_128():
+    """Regression: the causal TMA forward hung on the H200 at head_dim 256 (test_head_dims_gpu[256]); the shipped
+    sm_90 specializations and the launch-time choice both keep TMA to head dims <= 128."""
+    from jfa_ops.backends.triton import attn_fwd
+    from jfa_ops.backends.triton.specializations import specialization
+
+    assert attn_fwd.TMA_MAX_HEAD_DIM == 128
+    assert specialization("fwd", 128, torch.bfloat16, True).constexprs["USE_TMA"]
+    for causal in (False, True):
+        assert not specialization("fwd", 256, torch.bfloat16, causal).constexprs["USE_TMA"]
+
+
 def test_all_sequences_empty(poison):
     params = AttentionParams(scale=0.125, causal=True)
     q, k, v, q_off, kv_off = make_inputs([0, 0], [3, 0], 2, 1, 64, torch.float16)

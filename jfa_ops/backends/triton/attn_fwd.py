@@ -151,6 +151,9 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
+# H200, Triton 3.6: the causal forward with TMA K/V hangs at head_dim 256 (bf16 and fp16; 128x64 tiles, 2 stages;
+# non-causal and the pointer path are fine; NOTES.md, session 4). Only head dims up to 128 use TMA.
+TMA_MAX_HEAD_DIM = 128
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,9 +162,10 @@ def _capability(device_index: int):
 
 
 def use_tma(q: torch.Tensor, k: torch.Tensor, pad_d: bool) -> bool:
-    """TMA for K/V: sm_90+, 16-bit, unpadded head dim (a padded block would reach into the next head's columns),
-    non-empty K (a descriptor needs positive extents)."""
-    if not TMA_ENABLED or q.device.type != "cuda" or q.dtype == torch.float32 or pad_d or k.shape[0] == 0:
+    """TMA for K/V: sm_90+, 16-bit, unpadded head dim (a padded block would reach into the next head's columns) up to
+    TMA_MAX_HEAD_DIM, non-empty K (a descriptor needs positive extents)."""
+    if (not TMA_ENABLED or q.device.type != "cuda" or q.dtype == torch.float32 or pad_d
+            or q.shape[-1] > TMA_MAX_HEAD_DIM or k.shape[0] == 0):
         return False
     return _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9
 

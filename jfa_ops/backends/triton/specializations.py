@@ -72,13 +72,15 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
         if kernel == "fwd":
             fn, module, attr = attn_fwd.attn_fwd_kernel, attn_fwd.__name__, "attn_fwd_kernel"
-            constexprs["USE_TMA"] = dtype != torch.float32 and not constexprs["PAD_D"]  # as attn_fwd.use_tma on sm_90
+            constexprs["USE_TMA"] = (dtype != torch.float32 and not constexprs["PAD_D"]  # as attn_fwd.use_tma on sm_90
+                                     and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
             if constexprs["USE_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
             constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major)
         elif kernel == "dkdv":
             fn, module, attr = attn_bwd.attn_bwd_dkdv_kernel, attn_bwd.__name__, "attn_bwd_dkdv_kernel"
-            tma = fused_dq and KNOBS.bwd_dq_tma and dtype != torch.float32 and not constexprs["PAD_D"]
+            tma = (fused_dq and KNOBS.bwd_dq_tma and dtype != torch.float32 and not constexprs["PAD_D"]
+                   and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
             constexprs.update(FUSE_DQ=fused_dq, DQ_TMA=tma, KV_MAJOR=KNOBS.bwd_kv_major)
             ptr["DQ"] = f"tensordesc<fp32[{cfg.block_m},{head_dim}]>" if tma else (
                 "*fp32" if fused_dq else f"*{dt}")  # unfused: a dummy pointer (dk)
