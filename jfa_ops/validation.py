@@ -3,7 +3,8 @@
 Reading offset values costs a host sync on CUDA, so the mode is chosen by env ``JFA_VALIDATE``:
 - ``sync``: read the offsets and raise ``ValueError`` naming the argument (always used for CPU tensors: free there).
 - ``async`` (default on CUDA): device-side ``torch._assert_async`` checks; no sync, a failure surfaces as a CUDA
-  device assert at the next synchronization.
+  device assert at the next synchronization. With triton: one kernel for both offsets tensors + one assert
+  (``offset_checks.py``); without: ~9 aten ops per tensor.
 - ``off``: no value checks.
 """
 from __future__ import annotations
@@ -48,6 +49,23 @@ def _check_async(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) -
     torch._assert_async(ok, f"jfa.attention: bad {name} (first != 0, last != rows, decreasing, or > max_seqlen)")
 
 
+def _check_async_fused(q_offsets, q_rows, max_seqlen_q, kv_offsets, kv_rows, max_seqlen_kv) -> bool:
+    """Both checks in one Triton launch + one assert (CUDA); False where that path does not apply (no triton, CPU)."""
+    if kv_offsets.device.type != "cuda":
+        return False
+    try:
+        from jfa_ops.offset_checks import offsets_ok
+    except ImportError:  # a CUDA build without triton: the aten checks below still run
+        return False
+    if q_offsets is None:
+        ok = offsets_ok(kv_offsets, kv_rows, max_seqlen_kv)
+    else:
+        ok = offsets_ok(kv_offsets, kv_rows, max_seqlen_kv, q_offsets, q_rows, max_seqlen_q)
+    torch._assert_async(ok, "jfa.attention: bad kv_offsets or q_offsets (first != 0, last != rows, decreasing, "
+                            "or a length > max_seqlen)")
+    return True
+
+
 def check_offset_values(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -58,6 +76,9 @@ def check_offset_values(
 ) -> None:
     mode = validation_mode(q.device)
     if mode == "off":
+        return
+    if mode == "async" and _check_async_fused(q_offsets, q.shape[0], max_seqlen_q, kv_offsets, k.shape[0],
+                                              max_seqlen_kv):
         return
     check = _check_sync if mode == "sync" else _check_async
     check("kv_offsets", kv_offsets, k.shape[0], max_seqlen_kv)

@@ -247,3 +247,32 @@ def test_cuda_async_validation_accepts_good_offsets(monkeypatch):
     out = _call_api(a)
     torch.cuda.synchronize()
     assert out.shape == (7, 4, 16)
+
+
+# The one-launch device check used on CUDA (jfa_ops/offset_checks.py), run here under the Triton interpreter.
+_OFFSET_CASES = [([0, 3, 7], 7, -1), ([0], 0, -1), ([0, 0, 7, 7], 7, 7), ([1, 3, 7], 7, -1), ([0, 3, 6], 7, -1),
+                 ([0, 5, 3, 7], 7, -1), ([0, 3, 7], 7, 3), (list(range(0, 3001, 1)), 3000, 1),
+                 (list(range(0, 3001, 1)) + [2999], 2999, -1)]
+
+
+def _sync_ok(offsets, rows, max_seqlen):
+    try:
+        validation._check_sync("x", torch.tensor(offsets), rows, max_seqlen)
+        return True
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("case", range(len(_OFFSET_CASES)))
+def test_one_launch_offset_check_agrees_with_sync_check(case, dtype):
+    pytest.importorskip("triton")
+    from jfa_ops.offset_checks import offsets_ok
+
+    offsets, rows, max_seqlen = _OFFSET_CASES[case]
+    t = torch.tensor(offsets, dtype=dtype)
+    expected = _sync_ok(offsets, rows, max_seqlen)
+    assert bool(offsets_ok(t, rows, max_seqlen)) == expected
+    good = torch.tensor([0, 2, 2, 5], dtype=dtype)  # as the second tensor and as the first
+    assert bool(offsets_ok(good, 5, -1, t, rows, max_seqlen)) == expected
+    assert bool(offsets_ok(t, rows, max_seqlen, good, 5, 3)) == expected

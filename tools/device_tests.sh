@@ -11,7 +11,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 shards=${1:-4}; shift || true
-log=${OUT:-/tmp}/gpu_tests
+log=/tmp/gpu_tests  # shard logs stay there (at most 8 files come back from $OUT); failures are copied to $OUT
 mkdir -p "$log"
 pids=()
 for ((i = 0; i < shards; i++)); do
@@ -21,7 +21,10 @@ for ((i = 0; i < shards; i++)); do
 done
 rc=0
 for ((i = 0; i < shards; i++)); do
-  wait "${pids[$i]}" || rc=1
+  if ! wait "${pids[$i]}"; then
+    rc=1
+    cp "$log/shard$i.log" "${OUT:-/tmp}/failed_shard$i.log" 2>/dev/null || true
+  fi
   echo "== shard $i/$shards"; grep -E "passed|failed|error|FAILED|ERROR" "$log/shard$i.log" | tail -15
 done
 exit $rc

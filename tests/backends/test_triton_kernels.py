@@ -25,6 +25,7 @@ pytest.importorskip("triton")
 from jfa_ops.backends.base import AttentionParams, Problem  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.backends.triton import common, configs, scheduling  # noqa: E402
+import triton  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -221,15 +222,24 @@ def test_unequal_blocks(block_m, block_n, monkeypatch, poison):
         check(*run_case(CASES[name], torch.float16), torch.float16)
 
 
-def test_forward_tma_path(monkeypatch, poison):
-    """K/V through tensor descriptors (the sm_90 path; the interpreter emulates them): blocks that run into the
-    next sequence's rows must be masked."""
-    from jfa_ops.backends.triton import attn_fwd
+def test_tma_paths(monkeypatch, poison):
+    """Tensor descriptors (the sm_90 paths; the interpreter emulates them): forward K/V, backward Q/dO (dK/dV pass)
+    and K/V (dQ pass), fused broadcast-Q dQ reductions. Blocks that run into the next sequence's rows must be
+    masked, and sequences shorter than a block, empty ones and GQA must come out right."""
+    from jfa_ops.backends.triton import attn_bwd, attn_fwd, configs
 
     if not CUDA:
-        monkeypatch.setattr(attn_fwd, "use_tma", lambda q, k, pad_d: not pad_d and k.shape[0] > 0)
-    for name in ("jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal"):
-        check(*run_case(CASES[name], torch.float16), torch.float16)
+        tma = lambda q, k, pad_d: not pad_d and k.shape[0] > 0  # noqa: E731
+        monkeypatch.setattr(attn_fwd, "use_tma", tma)
+        monkeypatch.setattr(attn_bwd, "use_tma", tma)
+        if not hasattr(triton.runtime.interpreter.InterpreterBuilder, "create_descriptor_reduce"):
+            # Triton 3.6's interpreter has no descriptor reductions (3.9's has): those stay GPU-tested.
+            monkeypatch.setattr(configs.KNOBS, "bwd_dq_tma", False)
+    gqa_d64 = ([23, 50, 0, 17], [41, 50, 3, 17], 4, 2, 64, True, -1, -1, False)
+    for case in [CASES[n] for n in ("jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal")] \
+            + [gqa_d64]:
+        check(*run_case(case, torch.float16), torch.float16)
+        check(*run_case(case, torch.float16, deterministic=True), torch.float16)
 
 
 def test_no_tma_above_head_dim_128():

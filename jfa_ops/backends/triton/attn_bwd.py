@@ -23,7 +23,7 @@ from . import common
 from .common import (LOG2E, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
                      store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
-from .attn_fwd import broadcast_offsets, use_tma
+from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
@@ -66,22 +66,32 @@ def _row_stats(Lse, Delta, index, rows_ok, CHECK_ROWS: tl.constexpr):
 @triton.jit
 def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys, rows0, d_ok,
                    len_q, len_k, lo_off, hi_off, qk_scale, m_begin, m_end, DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
-                   BLOCK_M: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
-                   PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+                   q_row0, out_row0, BLOCK_M: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                   MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr,
+                   DQ_TMA: tl.constexpr, QDO_TMA: tl.constexpr):
     """Accumulate dK, dV of one key tile over query blocks [m_begin, m_end); all products transposed ([keys, rows]).
+
+    QDO_TMA: q_ptrs/do_ptrs are tensor descriptors over [T, H*D], read at rows q_row0 + m0 / out_row0 + m0 and
+    column dq_col (no [BLOCK_M, D] pointer tensors in registers); a block may run into the next sequence's rows,
+    which the masked stages mask (p = dS = 0 there).
 
     FUSE_DQ: also dQ_block += dS K (unscaled) into the fp32 buffer DQ by atomics: a TMA bulk reduction at
     [dq_row + m0, dq_col] of the descriptor DQ (DQ_TMA), else red.global through dq_ptrs. Rows past len_q get exact
     zeros (p and dS are masked there), so a block that runs into the next sequence's rows adds nothing to them."""
-    q_ptrs += m_begin.to(tl.int64) * stride_qt
-    do_ptrs += m_begin.to(tl.int64) * stride_dot
+    if not QDO_TMA:
+        q_ptrs += m_begin.to(tl.int64) * stride_qt
+        do_ptrs += m_begin.to(tl.int64) * stride_dot
     if FUSE_DQ and not DQ_TMA:
         dq_ptrs += m_begin.to(tl.int64) * stride_dqt
     for m0 in range(loop_bound(m_begin), loop_bound(m_end), BLOCK_M):
         rows = m0 + rows0
         rows_ok = rows < len_q
-        q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
-        do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
+        if QDO_TMA:
+            q = q_ptrs.load([(q_row0 + m0).to(tl.int32), dq_col])
+            do = do_ptrs.load([(out_row0 + m0).to(tl.int32), dq_col])
+        else:
+            q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
+            do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
@@ -107,8 +117,9 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
                     else:
                         tl.atomic_add(dq_ptrs, dq, sem="relaxed")
                 dq_ptrs += BLOCK_M * stride_dqt
-        q_ptrs += BLOCK_M * stride_qt
-        do_ptrs += BLOCK_M * stride_dot
+        if not QDO_TMA:
+            q_ptrs += BLOCK_M * stride_qt
+            do_ptrs += BLOCK_M * stride_dot
     return dk, dv
 
 
@@ -118,7 +129,7 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
                stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, QDO_TMA: tl.constexpr):
     out_row0, len_q = seq_extent(Q_OFF, seq)
     kv_row0, len_k = seq_extent(KV_OFF, seq)
     if BROADCAST_Q:
@@ -143,8 +154,12 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
     dq_row = dq_slab * slab_rows + q_row0
     for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers, no atomics
         head = kv_head * group + g
-        q_ptrs = Q + (q_row0 + rows0)[:, None] * stride_qt + head * stride_qh + d[None, :]
-        do_ptrs = DOut + (out_row0 + rows0)[:, None] * stride_dot + head * stride_doh + d[None, :]
+        if QDO_TMA:
+            q_ptrs = Q
+            do_ptrs = DOut
+        else:
+            q_ptrs = Q + (q_row0 + rows0)[:, None] * stride_qt + head * stride_qh + d[None, :]
+            do_ptrs = DOut + (out_row0 + rows0)[:, None] * stride_dot + head * stride_doh + d[None, :]
         stat_index = head.to(tl.int64) * total_out + out_row0
         dq_col = head * HEAD_DIM
         if FUSE_DQ and not DQ_TMA:
@@ -153,16 +168,16 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
             dq_ptrs = DQ
         dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, lead_begin, lead_end,
-                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
-                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA)
+                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col, q_row0, out_row0,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA, QDO_TMA)
         dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, bulk_begin, bulk_end,
-                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
-                                BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA)
+                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col, q_row0, out_row0,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA, QDO_TMA)
         dk, dv = _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, tail_begin, tail_end,
-                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
-                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA)
+                                DQ, dq_ptrs, stride_dqt, dq_row, dq_col, q_row0, out_row0,
+                                BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA, QDO_TMA)
     store_rows(DK + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
                (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
     store_rows(DV + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
@@ -178,8 +193,9 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr,
-                         DQ_TMA: tl.constexpr, KV_MAJOR: tl.constexpr):
+                         DQ_TMA: tl.constexpr, KV_MAJOR: tl.constexpr, QDO_TMA: tl.constexpr):
     """Persistent over (key tile, kv head) work items, key tiles longest first. dK/dV have k's layout.
+    QDO_TMA: Q and DOut are tensor descriptors over [T, H*D] (block [BLOCK_M, HEAD_DIM]).
 
     FUSE_DQ: dQ (unscaled, fp32) is added into DQ ([num_slabs * slab_rows, Hq, D] rows; program p adds into slab
     p % num_slabs: broadcast Q gives each program its own slab, so its atomics meet no other program's)."""
@@ -194,7 +210,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                    stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
                    HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
-                   FUSE_DQ, DQ_TMA)
+                   FUSE_DQ, DQ_TMA, QDO_TMA)
 
 
 @triton.jit(do_not_specialize=["n_elem", "num_slabs", "slab_stride"])
@@ -213,24 +229,31 @@ def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scal
 # ------------------------------------------------------------------------------------------------------------ dQ
 @triton.jit
 def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
-                  lo_off, hi_off, qk_scale, n_begin, n_end,
+                  lo_off, hi_off, qk_scale, n_begin, n_end, kv_row0, kv_col,
                   BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
-                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Accumulate dQ (unscaled) of one query tile over key blocks [n_begin, n_end)."""
-    k_ptrs += n_begin.to(tl.int64) * stride_kt
-    v_ptrs += n_begin.to(tl.int64) * stride_vt
+                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+    """Accumulate dQ (unscaled) of one query tile over key blocks [n_begin, n_end). KV_TMA: k_ptrs/v_ptrs are tensor
+    descriptors over [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col); keys past len_k are masked in masked stages."""
+    if not KV_TMA:
+        k_ptrs += n_begin.to(tl.int64) * stride_kt
+        v_ptrs += n_begin.to(tl.int64) * stride_vt
     for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
         keys = n0 + cols
-        k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
-        v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
+        if KV_TMA:
+            k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            v = v_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
+        else:
+            k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
+            v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
         if MASKED:
             p = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-        k_ptrs += BLOCK_N * stride_kt
-        v_ptrs += BLOCK_N * stride_vt
+        if not KV_TMA:
+            k_ptrs += BLOCK_N * stride_kt
+            v_ptrs += BLOCK_N * stride_vt
     return dq
 
 
@@ -240,7 +263,7 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
              stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
+             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -261,19 +284,23 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
         do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
                        rows_ok, d_ok, True, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
-        k_ptrs = K + (kv_row0 + cols)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
-        v_ptrs = V + (kv_row0 + cols)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+        if KV_TMA:
+            k_ptrs = K
+            v_ptrs = V
+        else:
+            k_ptrs = K + (kv_row0 + cols)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
+            v_ptrs = V + (kv_row0 + cols)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
         lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
             m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
         dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                           len_k, -window_left, right, qk_scale, lead_begin, lead_end,
-                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+                           len_k, -window_left, right, qk_scale, lead_begin, lead_end, kv_row0, kv_head * HEAD_DIM,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
         dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                           len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
-                           BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION)
+                           len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, kv_row0, kv_head * HEAD_DIM,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION, KV_TMA)
         dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                           len_k, -window_left, right, qk_scale, tail_begin, tail_end,
-                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+                           len_k, -window_left, right, qk_scale, tail_begin, tail_end, kv_row0, kv_head * HEAD_DIM,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
     dq_ptrs = DQ + (seq_lo // seqs_per_tile) * stride_dq_chunk + (q_row0 + rows)[:, None] * stride_dqt \
         + head * stride_dqh + d[None, :]
     if ATOMIC:  # broadcast-Q fast path: fp32 sum over the batch, order-dependent rounding
@@ -293,8 +320,10 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
                        stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                       BROADCAST_Q: tl.constexpr, ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B)."""
+                       BROADCAST_Q: tl.constexpr, ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       KV_TMA: tl.constexpr):
+    """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B).
+    KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_work = tl.load(TILE_COUNT) * num_heads
     for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
@@ -303,7 +332,8 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
                  work % num_heads, num_seqs, seqs_per_tile, total_out,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
-                 HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC, DOT_PRECISION)
+                 HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC, DOT_PRECISION,
+                 KV_TMA)
 
 
 @shape_constant
@@ -374,18 +404,17 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         dq_acc = torch.zeros((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device)
         dq_strides = (dq_acc.stride(1), dq_acc.stride(2))
         dq_tma = KNOBS.bwd_dq_tma and use_tma(q, k, hd["PAD_D"])
-        dq_arg = dq_acc
-        if dq_tma:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            flat = dq_acc.view(num_slabs * q.shape[0], num_heads * head_dim)
-            dq_arg = TensorDescriptor(flat, shape=list(flat.shape), strides=[flat.stride(0), 1],
-                                      block_shape=[cfg.block_m, head_dim])
+        dq_arg = rows_descriptor(dq_acc.view(-1, num_heads, head_dim), cfg.block_m) if dq_tma else dq_acc
+    # Q and dO through TMA: no [BLOCK_M, D] pointer tensors held in registers across the loop (the kernel sits at the
+    # 255-register cap and spilled with them; configs.Knobs.bwd_tma).
+    qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(q, k, hd["PAD_D"])
+    q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if qdo_tma
+                     else (q, grad_out))
     attn_bwd_dkdv_kernel[grid](
-        q, k, v, grad_out, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        q_arg, k, v, do_arg, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
         num_heads_kv, total_out, *strides, *dq_strides, num_slabs, q.shape[0], group, scale, qk_scale, window_left,
         right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused, DQ_TMA=dq_tma,
-        KV_MAJOR=KNOBS.bwd_kv_major, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # 3. dQ
     if total_out == 0:
@@ -410,12 +439,14 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     else:
         dq_buf = common.alloc_output(q.shape, q.dtype, device)
     grid = (max(1, min(tiles.capacity * num_heads, sms * cfg.programs_per_sm)),)
+    kv_tma = KNOBS.bwd_tma and use_tma(q, k, hd["PAD_D"])
+    k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
     attn_bwd_dq_kernel[grid](
-        q, k, v, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads,
+        q, k_arg, v_arg, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads,
         num_seqs, seqs_per_tile, total_out, *strides, dq_buf.stride(-3), dq_buf.stride(-2),
         dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group, scale, qk_scale, window_left, right,
-        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if params.broadcast_q:
         dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
     else:

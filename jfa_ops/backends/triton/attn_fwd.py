@@ -170,6 +170,15 @@ def use_tma(q: torch.Tensor, k: torch.Tensor, pad_d: bool) -> bool:
     return _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
+def rows_descriptor(t: torch.Tensor, block_rows: int):
+    """Tensor descriptor over a contiguous [T, H, D] tensor viewed as [T, H*D], block [block_rows, D]: one head's
+    rows, read at (first row, head * D). Rows past T read as zeros (TMA bounds), so only the last block needs none."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * t.shape[2]], strides=[t.stride(0), 1],
+                            block_shape=[block_rows, t.shape[2]])
+
+
 @shape_constant
 def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.Tensor:
     """Output-row offsets of a broadcast Q: sequence b owns rows [b*L_q, (b+1)*L_q) (cached per shape: read-only)."""
@@ -199,12 +208,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     grid = (max(1, min(tiles.capacity * num_heads, n_programs)),)
     hd = head_dim_consts(head_dim)
     tma = use_tma(q, k, hd["PAD_D"])
-    k_arg, v_arg = k, v
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        k_arg, v_arg = (TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * head_dim], strides=[t.stride(0), 1],
-                                         block_shape=[cfg.block_n, head_dim]) for t in (k, v))
+    k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
     attn_fwd_kernel[grid](
         q, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads, total_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),

@@ -36,6 +36,8 @@ class Knobs:
     bcast_fused_dq: bool = True  # broadcast Q, non-deterministic: fused dQ into bcast_dq_slabs fp32 slabs: 130 -> 211
     bcast_dq_slabs: int = 1  # slab p % n for program p; 1 slab (L2-resident) beat one slab per program (174)
     bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
+    bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
+    #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
 
 

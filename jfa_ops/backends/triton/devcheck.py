@@ -125,17 +125,14 @@ def sweep(rows_out):
 
 # --------------------------------------------------------------------------------- same-run variant comparison
 # (name, knob overrides, config overrides {kernel: (block_m, block_n, warps, stages)}, cases, passes)
-_ALL_OFF = dict(fwd_fma_softmax=False, fwd_kv_major=False, fwd_persistent=True, bwd_fused_dq=False,
-                bcast_fused_dq=False, bwd_kv_major=False)
 _FIVE = ("dense", "causal", "jagged", "jcausal", "bcast")
 VARIANTS = [
-    ("old (all knobs off)", _ALL_OFF, {}, _FIVE, "fb"),
+    ("v2 (bwd without TMA)", dict(bwd_tma=False), {}, _FIVE, "b"),
     ("new (defaults)", {}, {}, _FIVE, "fb"),
-    ("fwd: persistent", dict(fwd_persistent=True), {}, ("causal", "jcausal", "bcast"), "f"),
-    ("bcast: 8 slabs", dict(bcast_dq_slabs=8), {}, ("bcast",), "b"),
-    ("bcast: red.global dQ", dict(bwd_dq_tma=False), {}, ("bcast",), "b"),
-    ("bcast: slab per program", dict(bcast_dq_slabs=1 << 20), {}, ("bcast",), "b"),
-    ("bcast: deterministic", dict(_deterministic=True), {}, ("bcast",), "b"),
+    ("dkdv 32x128 s2", {}, {"dkdv": (32, 128, 8, 2)}, _FIVE[:4], "b"),
+    ("dkdv 64x128 s1", {}, {"dkdv": (64, 128, 8, 1)}, _FIVE[:4], "b"),
+    ("dq 128x64 s4", {}, {"dq": (128, 64, 8, 4)}, _FIVE[:4], "b"),
+    ("fused dQ (TMA)", dict(bwd_fused_dq=True), {}, _FIVE[:4], "b"),
 ]
 
 

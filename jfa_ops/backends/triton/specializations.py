@@ -70,23 +70,28 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         cfg = {"fwd": lambda: _fwd(bucket, itemsize, causal), "dkdv": lambda: _dkdv(bucket, itemsize),
                "dq": lambda: _dq(bucket, itemsize)}[kernel]()
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
+        # as attn_fwd.use_tma decides on sm_90
+        use_tma = dtype != torch.float32 and not constexprs["PAD_D"] and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM
         if kernel == "fwd":
             fn, module, attr = attn_fwd.attn_fwd_kernel, attn_fwd.__name__, "attn_fwd_kernel"
-            constexprs["USE_TMA"] = (dtype != torch.float32 and not constexprs["PAD_D"]  # as attn_fwd.use_tma on sm_90
-                                     and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
+            constexprs["USE_TMA"] = use_tma
             if constexprs["USE_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
             constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major)
         elif kernel == "dkdv":
             fn, module, attr = attn_bwd.attn_bwd_dkdv_kernel, attn_bwd.__name__, "attn_bwd_dkdv_kernel"
-            tma = (fused_dq and KNOBS.bwd_dq_tma and dtype != torch.float32 and not constexprs["PAD_D"]
-                   and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
-            constexprs.update(FUSE_DQ=fused_dq, DQ_TMA=tma, KV_MAJOR=KNOBS.bwd_kv_major)
+            tma = fused_dq and KNOBS.bwd_dq_tma and use_tma
+            qdo_tma = KNOBS.bwd_tma and use_tma
+            constexprs.update(FUSE_DQ=fused_dq, DQ_TMA=tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma,)
+            if qdo_tma:
+                ptr["Q"] = ptr["DOut"] = f"tensordesc<{dt}[{cfg.block_m},{head_dim}]>"
             ptr["DQ"] = f"tensordesc<fp32[{cfg.block_m},{head_dim}]>" if tma else (
                 "*fp32" if fused_dq else f"*{dt}")  # unfused: a dummy pointer (dk)
         else:
             fn, module, attr = attn_bwd.attn_bwd_dq_kernel, attn_bwd.__name__, "attn_bwd_dq_kernel"
-            constexprs["ATOMIC"] = atomic
+            constexprs.update(ATOMIC=atomic, KV_TMA=KNOBS.bwd_tma and use_tma)
+            if constexprs["KV_TMA"]:
+                ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
         warps, stages = cfg.num_warps, cfg.num_stages
     names = list(fn.arg_names)
     sig = _sig(names, ptr)
@@ -109,6 +114,19 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}"
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
+
+
+def offsets_check_specialization(has_b: bool) -> Specialization:
+    """The async offset check (jfa_ops.offset_checks) as validation launches it on CUDA (int32 offsets)."""
+    from jfa_ops import offset_checks
+
+    fn = offset_checks.offsets_ok_kernel
+    constexprs = dict(HAS_MAX_A=True, HAS_B=has_b, HAS_MAX_B=True, BLOCK=offset_checks.CHECK_BLOCK)
+    sig = _sig(list(fn.arg_names), {"OFF_A": "*i32", "OFF_B": "*i32", "OK": "*i1"})
+    sig.update({c: "constexpr" for c in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return Specialization(f"offsets-check{'-pair' if has_b else ''}", "offsets_ok_kernel", offset_checks.__name__,
+                          sig, constexprs, attrs, 4, 1)
 
 
 def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
@@ -136,3 +154,5 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
+    for has_b in (False, True):
+        yield offsets_check_specialization(has_b)
