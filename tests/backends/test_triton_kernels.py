@@ -178,12 +178,15 @@ def test_deterministic_bitwise(name):
 @pytest.mark.parametrize("knobs", [dict(bwd_fused_dq=True, bwd_dq_tma=False, bwd_kv_major=True),
                                    dict(bwd_fused_dq=True, bcast_dq_slabs=1 << 20),  # one slab per program
                                    dict(bwd_fused_dq=False, bcast_fused_dq=False, fwd_kv_major=False,
-                                        fwd_fma_softmax=False, fwd_persistent=True)])
+                                        fwd_fma_softmax=False, fwd_schedule="static"),
+                                   dict(fwd_schedule="atomic", bwd_schedule="atomic"),
+                                   dict(fwd_schedule="static", bwd_schedule="grid", bwd_fused_dq=True)])
 @pytest.mark.parametrize("name", ["gqa4_d8_causal", "causal_lq_gt_lk", "window_both", "broadcast_q",
                                   "broadcast_q_window"])
 def test_code_paths_match_oracle(name, knobs, monkeypatch, poison):
-    """Fused dQ (atomics inside the dK/dV pass; broadcast Q: per-program partial-sum slabs, or one shared slab) and
-    the unfused path with the old work order, against the oracle."""
+    """Fused dQ (atomics inside the dK/dV pass; broadcast Q: per-program partial-sum slabs, or one shared slab), the
+    unfused path with the old work order, and every work schedule (grid, static striding, atomic counter; the
+    interpreter's 3 "SMs" make the persistent ones loop), against the oracle."""
     for k, val in knobs.items():
         monkeypatch.setattr(configs.KNOBS, k, val)
     check(*run_case(CASES[name], torch.float16, with_grad_lse=True), torch.float16)
@@ -240,6 +243,16 @@ def test_tma_paths(monkeypatch, poison):
             + [gqa_d64]:
         check(*run_case(case, torch.float16), torch.float16)
         check(*run_case(case, torch.float16, deterministic=True), torch.float16)
+
+
+def test_launch_schedule():
+    cpu = torch.device("cpu")  # the interpreter's SM count (configs.INTERPRETER_NUM_SMS = 3)
+    assert common.launch_schedule("grid", 40, 1, cpu) == (40, None)
+    assert common.launch_schedule("static", 40, 2, cpu) == (6, None)
+    programs, counter = common.launch_schedule("atomic", 2, 1, cpu)
+    assert programs == 2 and counter.tolist() == [0]
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        common.launch_schedule("dynamic", 4, 1, cpu)
 
 
 def test_no_tma_above_head_dim_128():

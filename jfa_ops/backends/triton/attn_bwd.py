@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (LOG2E, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
-                     store_rows, visible, window_bounds, work_item)
+from .common import (LOG2E, dot_precision, head_dim_consts, launch_schedule, load_rows, loop_bound, num_sms,
+                     seq_extent, stage_bounds, store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
@@ -187,13 +187,14 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "num_slabs", "slab_rows", "group", "window_left",
                                "right"])
 def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
-                         num_heads_kv, total_out,
+                         WORK_COUNTER, num_heads_kv, total_out,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                          stride_dqt, stride_dqh, num_slabs, slab_rows, group, scale, qk_scale, window_left, right,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr,
-                         DQ_TMA: tl.constexpr, KV_MAJOR: tl.constexpr, QDO_TMA: tl.constexpr):
+                         DQ_TMA: tl.constexpr, KV_MAJOR: tl.constexpr, QDO_TMA: tl.constexpr,
+                         ATOMIC_WORK: tl.constexpr):
     """Persistent over (key tile, kv head) work items, key tiles longest first. dK/dV have k's layout.
     QDO_TMA: Q and DOut are tensor descriptors over [T, H*D] (block [BLOCK_M, HEAD_DIM]).
 
@@ -203,14 +204,26 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
     n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads_kv
     dq_slab = tl.program_id(0) % num_slabs
-    for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-        tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
-        _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                   tl.load(TILE_START + tile), kv_head, total_out,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                   stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
-                   HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
-                   FUSE_DQ, DQ_TMA, QDO_TMA)
+    if ATOMIC_WORK:  # each program takes the next work item from the counter
+        work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+        while work < n_work:
+            tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
+            _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                       tl.load(TILE_START + tile), kv_head, total_out,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                       stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
+                       HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
+                       FUSE_DQ, DQ_TMA, QDO_TMA)
+            work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+    else:
+        for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
+            tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
+            _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                       tl.load(TILE_START + tile), kv_head, total_out,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                       stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
+                       HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
+                       FUSE_DQ, DQ_TMA, QDO_TMA)
 
 
 @triton.jit(do_not_specialize=["n_elem", "num_slabs", "slab_stride"])
@@ -314,26 +327,38 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
 
 @triton.jit(do_not_specialize=["num_heads", "num_seqs", "seqs_per_tile", "total_out", "group", "window_left",
                                "right"])
-def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
+def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, WORK_COUNTER,
                        num_heads, num_seqs, seqs_per_tile, total_out,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                        stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BROADCAST_Q: tl.constexpr, ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       KV_TMA: tl.constexpr):
+                       KV_TMA: tl.constexpr, ATOMIC_WORK: tl.constexpr):
     """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B).
     KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_work = tl.load(TILE_COUNT) * num_heads
-    for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-        tile = work // num_heads
-        _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile),
-                 work % num_heads, num_seqs, seqs_per_tile, total_out,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                 stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
-                 HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC, DOT_PRECISION,
-                 KV_TMA)
+    if ATOMIC_WORK:  # each program takes the next work item from the counter
+        work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+        while work < n_work:
+            tile = work // num_heads
+            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                     tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                     stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+                     HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
+                     DOT_PRECISION, KV_TMA)
+            work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+    else:
+        for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
+            tile = work // num_heads
+            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                     tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                     stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+                     HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
+                     DOT_PRECISION, KV_TMA)
 
 
 @shape_constant
@@ -390,7 +415,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     # 2. dK, dV: key tiles, longest first
     cfg = get_config("dkdv", head_dim, q.dtype, params.causal)
     tiles = kv_tiles(q_off, kv_off, k.shape[0], cfg.block_n, window_left, right, has_left, has_right)
-    grid = (max(1, min(tiles.capacity * num_heads_kv, sms * cfg.programs_per_sm)),)
+    programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads_kv, cfg.programs_per_sm,
+                                        device)
     # Fused dQ (non-deterministic only; broadcast Q by default, see configs.Knobs): fp32 atomics into dq_acc inside
     # this pass (FA2/FA3 style, 5 matmuls per block pair instead of 7); broadcast Q sums over the batch into
     # num_slabs fp32 slabs (program p adds into slab p % num_slabs), which the finalize kernel sums in slab order.
@@ -400,7 +426,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     dq_arg, dq_acc, dq_strides = dk, None, (0, 0)
     if fused:
         if params.broadcast_q:
-            num_slabs = max(1, min(grid[0], KNOBS.bcast_dq_slabs))
+            num_slabs = max(1, min(programs, KNOBS.bcast_dq_slabs))
         dq_acc = torch.zeros((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device)
         dq_strides = (dq_acc.stride(1), dq_acc.stride(2))
         dq_tma = KNOBS.bwd_dq_tma and use_tma(q, k, hd["PAD_D"])
@@ -410,11 +436,13 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(q, k, hd["PAD_D"])
     q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if qdo_tma
                      else (q, grad_out))
-    attn_bwd_dkdv_kernel[grid](
+    attn_bwd_dkdv_kernel[(programs,)](
         q_arg, k, v, do_arg, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        tiles.count if counter is None else counter,
         num_heads_kv, total_out, *strides, *dq_strides, num_slabs, q.shape[0], group, scale, qk_scale, window_left,
         right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused, DQ_TMA=dq_tma,
-        KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, ATOMIC_WORK=counter is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
 
     # 3. dQ
     if total_out == 0:
@@ -438,15 +466,16 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                   else common.alloc_output(shape, torch.float32, device))
     else:
         dq_buf = common.alloc_output(q.shape, q.dtype, device)
-    grid = (max(1, min(tiles.capacity * num_heads, sms * cfg.programs_per_sm)),)
+    programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
     kv_tma = KNOBS.bwd_tma and use_tma(q, k, hd["PAD_D"])
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
-    attn_bwd_dq_kernel[grid](
-        q, k_arg, v_arg, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads,
+    attn_bwd_dq_kernel[(programs,)](
+        q, k_arg, v_arg, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        tiles.count if counter is None else counter, num_heads,
         num_seqs, seqs_per_tile, total_out, *strides, dq_buf.stride(-3), dq_buf.stride(-2),
         dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group, scale, qk_scale, window_left, right,
         **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ATOMIC_WORK=counter is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if params.broadcast_q:
         dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
     else:

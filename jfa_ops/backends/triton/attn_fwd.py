@@ -4,7 +4,7 @@ Shapes: q [T_q, Hq, D] (broadcast_q: [L_q, Hq, D]), k/v [T_kv, Hkv, D], out [T_q
 One work item = (query tile, q head), ordered kv head -> tile (longest first) -> q head of the group
 (``common.work_item``), so that the programs running side by side read the same kv head's K/V through the L2. By
 default one program per work item (the hardware hands the next one to whichever SM frees up: measured better than
-a persistent grid's static striding on jagged/causal, ``configs.KNOBS.fwd_persistent``).
+a persistent grid's static striding on jagged/causal; ``configs.KNOBS.fwd_schedule``).
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (LN2, dot_precision, head_dim_consts, load_rows, loop_bound, num_sms, seq_extent, stage_bounds,
-                     store_rows, visible, window_bounds, work_item)
+from .common import (LN2, dot_precision, head_dim_consts, launch_schedule, load_rows, loop_bound, seq_extent,
+                     stage_bounds, store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
 from .scheduling import forward_tiles, shape_constant
 
@@ -130,24 +130,35 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right"])
-def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, num_heads, total_out,
+def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, WORK_COUNTER, num_heads,
+                    total_out,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     group, qk_scale, window_left, right,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr):
-    """Persistent: program p handles work items p, p + P, ... of (tile, head), tiles longest first (order: see
-    ``common.work_item``)."""
+                    FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr):
+    """Work items (tile, head), tiles longest first (order: ``common.work_item``). Program p handles items p, p + P,
+    ... (one each on the default grid); ATOMIC_WORK: each program takes the next item from WORK_COUNTER."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     n_work = n_tiles * num_heads
-    for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-        tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-        _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
-                  total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                  group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT,
-                  HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+    if ATOMIC_WORK:
+        work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+        while work < n_work:
+            tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
+                      total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                      stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
+                      HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+            work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+    else:
+        for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
+            tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
+                      total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                      stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
+                      HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
@@ -204,17 +215,17 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     cfg = get_config("fwd", head_dim, q.dtype, params.causal)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
-    n_programs = num_sms(device) * cfg.programs_per_sm if KNOBS.fwd_persistent else tiles.capacity * num_heads
-    grid = (max(1, min(tiles.capacity * num_heads, n_programs)),)
+    programs, counter = launch_schedule(KNOBS.fwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
     hd = head_dim_consts(head_dim)
     tma = use_tma(q, k, hd["PAD_D"])
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
-    attn_fwd_kernel[grid](
-        q, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count, num_heads, total_out,
+    attn_fwd_kernel[(programs,)](
+        q, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        tiles.count if counter is None else counter, num_heads, total_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         num_heads // num_heads_kv, params.scale * 1.4426950408889634, window_left, right,  # scale / ln 2
         **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
         FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ATOMIC_WORK=counter is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

@@ -156,6 +156,21 @@ def num_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+SCHEDULES = ("grid", "static", "atomic")
+
+
+def launch_schedule(kind: str, max_items: int, programs_per_sm: int, device: torch.device):
+    """(grid size, work counter or None) for a work list of at most ``max_items`` items (the real count is on the
+    device). grid: one program per item; static: min(items, programs_per_sm * SMs) programs, program p takes items
+    p, p + P, ...; atomic: as many programs, each takes the next item from a zeroed device counter (one memset)."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
+    if kind == "grid":
+        return max(1, max_items), None
+    programs = max(1, min(max_items, num_sms(device) * programs_per_sm))
+    return programs, (torch.zeros((1,), dtype=torch.int32, device=device) if kind == "atomic" else None)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs get exact fp32 products (the default would be tf32); 16-bit inputs ignore this."""
     return "ieee" if dtype == torch.float32 else "tf32"

@@ -30,7 +30,11 @@ class Knobs:
     Defaults from the H200 run in NOTES.md (dense B8 H16 S4096 D128 bf16, TFLOP/s)."""
     fwd_fma_softmax: bool = True  # max over raw scores, then exp2(s * scale - m) as one FMA (scale > 0): neutral
     fwd_kv_major: bool = True  # work order kv head -> tile -> q head (common.work_item): dense fwd 439 -> 459
-    fwd_persistent: bool = False  # one program per work item (hardware scheduling): jagged fwd 366 -> 394
+    # How work items reach programs (common.launch_schedule): "grid" one program per item (the hardware hands the next
+    # to whichever SM frees up), "static" persistent grid with striding, "atomic" persistent grid taking the next
+    # item from a device counter. Forward: grid beat static (jagged 366 -> 394; was `fwd_persistent=False`).
+    fwd_schedule: str = "grid"
+    bwd_schedule: str = "static"  # dK/dV and dQ passes; grid and atomic not yet measured
     bwd_fused_dq: bool = False  # dQ by fp32 atomics inside the dK/dV pass: slower here (dense 320 -> 309, jagged
     #                             275 -> 248: the dK/dV kernel already spills at 255 registers), so off
     bcast_fused_dq: bool = True  # broadcast Q, non-deterministic: fused dQ into bcast_dq_slabs fp32 slabs: 130 -> 211

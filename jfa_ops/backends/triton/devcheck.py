@@ -126,13 +126,12 @@ def sweep(rows_out):
 # --------------------------------------------------------------------------------- same-run variant comparison
 # (name, knob overrides, config overrides {kernel: (block_m, block_n, warps, stages)}, cases, passes)
 _FIVE = ("dense", "causal", "jagged", "jcausal", "bcast")
-VARIANTS = [
-    ("v2 (bwd without TMA)", dict(bwd_tma=False), {}, _FIVE, "b"),
+VARIANTS = [  # session 5 candidates; session 4's table (TMA, tile shapes, fused dQ) is in NOTES.md
     ("new (defaults)", {}, {}, _FIVE, "fb"),
-    ("dkdv 32x128 s2", {}, {"dkdv": (32, 128, 8, 2)}, _FIVE[:4], "b"),
-    ("dkdv 64x128 s1", {}, {"dkdv": (64, 128, 8, 1)}, _FIVE[:4], "b"),
-    ("dq 128x64 s4", {}, {"dq": (128, 64, 8, 4)}, _FIVE[:4], "b"),
-    ("fused dQ (TMA)", dict(bwd_fused_dq=True), {}, _FIVE[:4], "b"),
+    ("fwd: atomic work counter", dict(fwd_schedule="atomic"), {}, _FIVE, "f"),
+    ("fwd: static striding", dict(fwd_schedule="static"), {}, _FIVE, "f"),
+    ("bwd: one program per item", dict(bwd_schedule="grid"), {}, _FIVE, "b"),
+    ("bwd: atomic work counter", dict(bwd_schedule="atomic"), {}, _FIVE, "b"),
 ]
 
 

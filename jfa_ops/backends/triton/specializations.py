@@ -39,9 +39,10 @@ def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast
 
 
 def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, has_left: bool = False,
-                   broadcast_q: bool = False, atomic: bool = False, fused_dq=None) -> Specialization:
+                   broadcast_q: bool = False, atomic: bool = False, fused_dq=None, atomic_work=None) -> Specialization:
     """fused_dq (dkdv only): the pass with dQ atomics (TMA reductions where attn_fwd.use_tma holds on sm_90), else
-    the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS)."""
+    the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS).
+    atomic_work: work items from an atomic counter (schedule "atomic"); None: as configs.KNOBS says."""
     if fused_dq is None:
         fused_dq = KNOBS.bcast_fused_dq if broadcast_q else KNOBS.bwd_fused_dq
     from . import attn_bwd, attn_fwd
@@ -52,10 +53,10 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     ptr = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "DOut": f"*{dt}", "DK": f"*{dt}",
            "DV": f"*{dt}", "Lse": "*fp32", "Delta": "*fp32", "GradLse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32",
            "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32", "qk_scale": "fp32", "scale": "fp32",
-           "DQ": "*fp32" if broadcast_q else f"*{dt}"}
+           "DQ": "*fp32" if broadcast_q else f"*{dt}", "WORK_COUNTER": "*i32"}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-atomic' if atomic else ''}" \
-           f"{'-fuseddq' if kernel == 'dkdv' and fused_dq else ''}"
+           f"{'-fuseddq' if kernel == 'dkdv' and fused_dq else ''}{'-atomicwork' if atomic_work else ''}"
     if kernel == "finalize":
         fn = attn_bwd.attn_bwd_dq_finalize_kernel
         ptr.update(DQ_ACC="*fp32", DQ=f"*{dt}")
@@ -70,6 +71,9 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         cfg = {"fwd": lambda: _fwd(bucket, itemsize, causal), "dkdv": lambda: _dkdv(bucket, itemsize),
                "dq": lambda: _dq(bucket, itemsize)}[kernel]()
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
+        if atomic_work is None:
+            atomic_work = (KNOBS.fwd_schedule if kernel == "fwd" else KNOBS.bwd_schedule) == "atomic"
+        constexprs["ATOMIC_WORK"] = atomic_work
         # as attn_fwd.use_tma decides on sm_90
         use_tma = dtype != torch.float32 and not constexprs["PAD_D"] and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM
         if kernel == "fwd":
@@ -154,5 +158,7 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
+    for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
+        yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
     for has_b in (False, True):
         yield offsets_check_specialization(has_b)
