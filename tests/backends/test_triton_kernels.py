@@ -225,19 +225,22 @@ def test_unequal_blocks(block_m, block_n, monkeypatch, poison):
         check(*run_case(CASES[name], torch.float16), torch.float16)
 
 
+def _tma_in_interpreter(monkeypatch):
+    """Run the TMA paths under the interpreter (it emulates tensor descriptors); the real use_tma rules otherwise."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
+    if not hasattr(triton.runtime.interpreter.InterpreterBuilder, "create_descriptor_reduce"):
+        # Triton 3.6's interpreter has no descriptor reductions (3.9's has): those stay GPU-tested.
+        monkeypatch.setattr(configs.KNOBS, "bwd_dq_tma", False)
+
+
 def test_tma_paths(monkeypatch, poison):
     """Tensor descriptors (the sm_90 paths; the interpreter emulates them): forward K/V, backward Q/dO (dK/dV pass)
     and K/V (dQ pass), fused broadcast-Q dQ reductions. Blocks that run into the next sequence's rows must be
     masked, and sequences shorter than a block, empty ones and GQA must come out right."""
-    from jfa_ops.backends.triton import attn_bwd, attn_fwd, configs
-
     if not CUDA:
-        tma = lambda q, k, pad_d: not pad_d and k.shape[0] > 0  # noqa: E731
-        monkeypatch.setattr(attn_fwd, "use_tma", tma)
-        monkeypatch.setattr(attn_bwd, "use_tma", tma)
-        if not hasattr(triton.runtime.interpreter.InterpreterBuilder, "create_descriptor_reduce"):
-            # Triton 3.6's interpreter has no descriptor reductions (3.9's has): those stay GPU-tested.
-            monkeypatch.setattr(configs.KNOBS, "bwd_dq_tma", False)
+        _tma_in_interpreter(monkeypatch)
     gqa_d64 = ([23, 50, 0, 17], [41, 50, 3, 17], 4, 2, 64, True, -1, -1, False)
     for case in [CASES[n] for n in ("jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal")] \
             + [gqa_d64]:
@@ -265,6 +268,40 @@ def test_no_tma_above_head_dim_128():
     assert specialization("fwd", 128, torch.bfloat16, True).constexprs["USE_TMA"]
     for causal in (False, True):
         assert not specialization("fwd", 256, torch.bfloat16, causal).constexprs["USE_TMA"]
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("bq", [False, True])
+def test_slices_of_a_fused_projection_need_no_copy(tma, bq, monkeypatch, poison):
+    """q, k, v sliced out of one [T, (Hq + 2 Hkv) * D] projection (row stride > H * D) go to the kernels as they are
+    (pointer and TMA paths; dK/dV are written contiguous all the same), with the oracle's results."""
+    from jfa_ops.backends.triton import attn_fwd, common
+
+    if tma and not CUDA:
+        _tma_in_interpreter(monkeypatch)
+    copies = []
+    packed = common.packed_rows
+    monkeypatch.setattr(attn_fwd, "packed_rows", lambda t: copies.append(packed(t) is not t) or packed(t))
+    len_q, len_k, hq, hkv, d = ([23, 0, 40], [30, 5, 40], 4, 2, 64)
+    if bq:
+        len_q = [21]
+    g = torch.Generator().manual_seed(5)
+    rows = max(sum(len_q), sum(len_k))
+    fused = torch.randn(rows, (hq + 2 * hkv) * d, generator=g).to(torch.float16).to(DEVICE)
+    q = fused[:sum(len_q), :hq * d].unflatten(-1, (hq, d))
+    k = fused[:sum(len_k), hq * d:(hq + hkv) * d].unflatten(-1, (hkv, d))
+    v = fused[:sum(len_k), (hq + hkv) * d:].unflatten(-1, (hkv, d))
+    assert not q.is_contiguous() and q.stride(0) == (hq + 2 * hkv) * d
+    off = lambda lens: torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)  # noqa: E731
+    q_off, kv_off = (None if bq else off(len_q)), off(len_k)
+    params = AttentionParams(scale=d ** -0.5, causal=True, broadcast_q=bq)
+    out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+    assert copies == [False, False, False]
+    grad_out = torch.randn(out.shape, generator=g).to(torch.float16).to(DEVICE)
+    dq, dk, dv = tb.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
+    assert dk.is_contiguous() and dv.is_contiguous()
+    ref = oracle(q, k, v, q_off, kv_off, params.scale, True, -1, -1, bq, grad_out, None)
+    check((out, lse, dq, dk, dv), ref, torch.float16)
 
 
 def test_all_sequences_empty(poison):

@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (LOG2E, dot_precision, head_dim_consts, launch_schedule, load_rows, loop_bound, num_sms,
-                     seq_extent, stage_bounds, store_rows, visible, window_bounds, work_item)
+from .common import (LOG2E, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
+                     next_work, num_sms, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible,
+                     window_bounds, work_item)
 from .configs import KNOBS, get_config
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
@@ -126,7 +127,7 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
 @triton.jit
 def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv_head, total_out,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-               stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
+               stride_dkvt, stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
                DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, QDO_TMA: tl.constexpr):
@@ -154,12 +155,8 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
     dq_row = dq_slab * slab_rows + q_row0
     for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers, no atomics
         head = kv_head * group + g
-        if QDO_TMA:
-            q_ptrs = Q
-            do_ptrs = DOut
-        else:
-            q_ptrs = Q + (q_row0 + rows0)[:, None] * stride_qt + head * stride_qh + d[None, :]
-            do_ptrs = DOut + (out_row0 + rows0)[:, None] * stride_dot + head * stride_doh + d[None, :]
+        q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, QDO_TMA)
+        do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, QDO_TMA)
         stat_index = head.to(tl.int64) * total_out + out_row0
         dq_col = head * HEAD_DIM
         if FUSE_DQ and not DQ_TMA:
@@ -178,10 +175,10 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, tail_begin, tail_end,
                                 DQ, dq_ptrs, stride_dqt, dq_row, dq_col, q_row0, out_row0,
                                 BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA, QDO_TMA)
-    store_rows(DK + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
-               (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
-    store_rows(DV + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
-               dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors (k, v may be strided slices of a fused projection)
+    dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
+    store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
 
 
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "num_slabs", "slab_rows", "group", "window_left",
@@ -189,7 +186,8 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
 def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
                          WORK_COUNTER, num_heads_kv, total_out,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                         stride_dqt, stride_dqh, num_slabs, slab_rows, group, scale, qk_scale, window_left, right,
+                         stride_dkvt, stride_dqt, stride_dqh, num_slabs, slab_rows, group, scale, qk_scale,
+                         window_left, right,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr,
@@ -204,26 +202,17 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
     n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads_kv
     dq_slab = tl.program_id(0) % num_slabs
-    if ATOMIC_WORK:  # each program takes the next work item from the counter
-        work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
-        while work < n_work:
-            tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
-            _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                       tl.load(TILE_START + tile), kv_head, total_out,
-                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                       stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
-                       HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
-                       FUSE_DQ, DQ_TMA, QDO_TMA)
-            work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
-    else:
-        for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-            tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
-            _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                       tl.load(TILE_START + tile), kv_head, total_out,
-                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                       stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
-                       HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
-                       FUSE_DQ, DQ_TMA, QDO_TMA)
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_work:
+        tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
+        _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                   tl.load(TILE_START + tile), kv_head, total_out,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                   stride_dkvt, stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left,
+                   right,
+                   HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
+                   FUSE_DQ, DQ_TMA, QDO_TMA)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 @triton.jit(do_not_specialize=["n_elem", "num_slabs", "slab_stride"])
@@ -297,12 +286,8 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
         do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
                        rows_ok, d_ok, True, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
-        if KV_TMA:
-            k_ptrs = K
-            v_ptrs = V
-        else:
-            k_ptrs = K + (kv_row0 + cols)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
-            v_ptrs = V + (kv_row0 + cols)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+        k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, KV_TMA)
+        v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, KV_TMA)
         lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
             m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
         dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
@@ -339,26 +324,16 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
     KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_work = tl.load(TILE_COUNT) * num_heads
-    if ATOMIC_WORK:  # each program takes the next work item from the counter
-        work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
-        while work < n_work:
-            tile = work // num_heads
-            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                     tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
-                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                     stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
-                     HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
-                     DOT_PRECISION, KV_TMA)
-            work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
-    else:
-        for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-            tile = work // num_heads
-            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                     tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
-                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                     stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
-                     HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
-                     DOT_PRECISION, KV_TMA)
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_work:
+        tile = work // num_heads
+        _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                 tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                 stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+                 HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
+                 DOT_PRECISION, KV_TMA)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 @shape_constant
@@ -377,7 +352,7 @@ def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads:
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
-    q, k, v, out, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, out, grad_out))
+    q, k, v, out, grad_out = (packed_rows(t) for t in (q, k, v, out, grad_out))  # no copy for fused projections
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     group = num_heads // num_heads_kv
@@ -429,20 +404,20 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
             num_slabs = max(1, min(programs, KNOBS.bcast_dq_slabs))
         dq_acc = torch.zeros((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device)
         dq_strides = (dq_acc.stride(1), dq_acc.stride(2))
-        dq_tma = KNOBS.bwd_dq_tma and use_tma(q, k, hd["PAD_D"])
+        dq_tma = KNOBS.bwd_dq_tma and use_tma(hd["PAD_D"], q, k)  # q: 16-bit inputs (dq_acc itself is fp32)
         dq_arg = rows_descriptor(dq_acc.view(-1, num_heads, head_dim), cfg.block_m) if dq_tma else dq_acc
     # Q and dO through TMA: no [BLOCK_M, D] pointer tensors held in registers across the loop (the kernel sits at the
     # 255-register cap and spilled with them; configs.Knobs.bwd_tma).
-    qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(q, k, hd["PAD_D"])
+    qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(hd["PAD_D"], q, grad_out, k)
     q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if qdo_tma
                      else (q, grad_out))
     attn_bwd_dkdv_kernel[(programs,)](
         q_arg, k, v, do_arg, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
         tiles.count if counter is None else counter,
-        num_heads_kv, total_out, *strides, *dq_strides, num_slabs, q.shape[0], group, scale, qk_scale, window_left,
-        right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused, DQ_TMA=dq_tma,
-        KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, ATOMIC_WORK=counter is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_heads_kv, total_out, *strides, dk.stride(0), *dq_strides, num_slabs, q.shape[0], group, scale,
+        qk_scale, window_left, right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused,
+        DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, ATOMIC_WORK=counter is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # 3. dQ
     if total_out == 0:
@@ -467,7 +442,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     else:
         dq_buf = common.alloc_output(q.shape, q.dtype, device)
     programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
-    kv_tma = KNOBS.bwd_tma and use_tma(q, k, hd["PAD_D"])
+    kv_tma = KNOBS.bwd_tma and use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
     attn_bwd_dq_kernel[(programs,)](
         q, k_arg, v_arg, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count,

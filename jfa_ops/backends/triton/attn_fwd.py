@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (LN2, dot_precision, head_dim_consts, launch_schedule, load_rows, loop_bound, seq_extent,
-                     stage_bounds, store_rows, visible, window_bounds, work_item)
+from .common import (LN2, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
+                     next_work, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible, window_bounds,
+                     work_item)
 from .configs import KNOBS, get_config
 from .scheduling import forward_tiles, shape_constant
 
@@ -93,12 +94,8 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
 
     q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
     kv_head = head // group
-    if USE_TMA:
-        k_src = K
-        v_src = V
-    else:
-        k_src = K + (kv_row0 + cols)[:, None] * stride_kt + kv_head * stride_kh + d[None, :]
-        v_src = V + (kv_row0 + cols)[:, None] * stride_vt + kv_head * stride_vh + d[None, :]
+    k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, USE_TMA)
+    v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, USE_TMA)
     kv_col = kv_head * HEAD_DIM
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -143,22 +140,14 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     n_work = n_tiles * num_heads
-    if ATOMIC_WORK:
-        work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
-        while work < n_work:
-            tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
-                      total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                      stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
-                      HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
-            work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
-    else:
-        for work in range(loop_bound(tl.program_id(0)), loop_bound(n_work), loop_bound(tl.num_programs(0))):
-            tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
-                      total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                      stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
-                      HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_work:
+        tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+        _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
+                  total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                  stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
+                  HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
@@ -172,18 +161,28 @@ def _capability(device_index: int):
     return torch.cuda.get_device_capability(device_index)
 
 
-def use_tma(q: torch.Tensor, k: torch.Tensor, pad_d: bool) -> bool:
-    """TMA for K/V: sm_90+, 16-bit, unpadded head dim (a padded block would reach into the next head's columns) up to
-    TMA_MAX_HEAD_DIM, non-empty K (a descriptor needs positive extents)."""
-    if (not TMA_ENABLED or q.device.type != "cuda" or q.dtype == torch.float32 or pad_d
-            or q.shape[-1] > TMA_MAX_HEAD_DIM or k.shape[0] == 0):
+def use_tma(pad_d: bool, *tensors: torch.Tensor) -> bool:
+    """Tensor descriptors over these [T, H, D] tensors (``rows_descriptor``): sm_90+, 16-bit, unpadded head dim (a
+    padded block would reach into the next head's columns) up to TMA_MAX_HEAD_DIM, and every tensor non-empty (a
+    descriptor needs positive extents) with a 16-byte aligned base and row stride (TMA's rule; a slice of a fused
+    projection usually qualifies)."""
+    first = tensors[0]
+    if first.dtype == torch.float32 or pad_d or first.shape[-1] > TMA_MAX_HEAD_DIM or not _tma_device(first):
         return False
-    return _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9
+    return not any(t.shape[0] == 0 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in tensors)
+
+
+def _tma_device(t: torch.Tensor) -> bool:
+    """TMA enabled and the tensor on an sm_90+ GPU (tests replace this to run the TMA paths in the interpreter)."""
+    if not TMA_ENABLED or t.device.type != "cuda":
+        return False
+    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
 def rows_descriptor(t: torch.Tensor, block_rows: int):
-    """Tensor descriptor over a contiguous [T, H, D] tensor viewed as [T, H*D], block [block_rows, D]: one head's
-    rows, read at (first row, head * D). Rows past T read as zeros (TMA bounds), so only the last block needs none."""
+    """Tensor descriptor over a [T, H, D] tensor with packed rows (``common.packed_rows``) viewed as [T, H*D] with
+    row stride t.stride(0), block [block_rows, D]: one head's rows, read at (first row, head * D). Rows past T read
+    as zeros (TMA bounds), so only the last block needs none."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * t.shape[2]], strides=[t.stride(0), 1],
@@ -197,7 +196,7 @@ def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.
 
 
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
-    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)  # slices of a fused projection: no copy
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -217,7 +216,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
     programs, counter = launch_schedule(KNOBS.fwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
     hd = head_dim_consts(head_dim)
-    tma = use_tma(q, k, hd["PAD_D"])
+    tma = use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
     attn_fwd_kernel[(programs,)](
         q, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count,

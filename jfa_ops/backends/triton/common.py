@@ -86,6 +86,25 @@ def work_item(work, n_tiles, num_heads, group, KV_MAJOR: tl.constexpr):
 
 
 @triton.jit
+def first_work(WORK_COUNTER, ATOMIC_WORK: tl.constexpr):
+    """This program's first work item: the next one from the atomic counter, else its program id."""
+    if ATOMIC_WORK:
+        return tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+    else:
+        return tl.program_id(0)
+
+
+@triton.jit
+def next_work(work, WORK_COUNTER, ATOMIC_WORK: tl.constexpr):
+    """This program's next work item: from the atomic counter, else work + P (program p of P takes p, p + P, ...; one
+    item each when the grid has a program per item)."""
+    if ATOMIC_WORK:
+        return tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+    else:
+        return work + tl.num_programs(0)
+
+
+@triton.jit
 def visible(s_pos, o_pos, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
     """Which (stationary, other) pairs attend; s_pos and o_pos broadcast against each other (2-D)."""
     rel = o_pos - s_pos - (len_o - len_s)  # offset from the pair's diagonal
@@ -95,6 +114,16 @@ def visible(s_pos, o_pos, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HA
     if HAS_HI:
         ok = ok & (rel <= hi_off)
     return ok
+
+
+@triton.jit
+def row_source(X, row0, rows, stride_t, head, stride_h, d, TMA: tl.constexpr):
+    """What the loads of one head's rows read from: the tensor descriptor X itself (TMA: loads take coordinates),
+    else the [rows, BLOCK_D] pointers of rows ``row0 + rows`` of head ``head``."""
+    if TMA:
+        return X
+    else:
+        return X + (row0 + rows)[:, None] * stride_t + head * stride_h + d[None, :]
 
 
 @triton.jit
@@ -134,6 +163,16 @@ def alloc_output(shape, dtype, device) -> torch.Tensor:
     """Every output buffer the kernels fill comes from here (uninitialized: the kernels write every element).
     Tests replace it with a NaN-filled allocator to prove that."""
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def packed_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` ([T, H, D]) itself when each row holds its heads back to back (stride(2) == 1, stride(1) == D, rows
+    not overlapping): what the kernels index (row stride free) and TMA reads, e.g. q, k, v sliced out of one fused
+    projection; else a contiguous copy (expanded gradients, transposed heads)."""
+    rows, heads, dim = t.shape
+    if t.stride(2) == 1 and (heads == 1 or t.stride(1) == dim) and (rows == 1 or t.stride(0) >= heads * dim):
+        return t
+    return t.contiguous()
 
 
 def window_bounds(causal: bool, window_left: int, window_right: int):
@@ -176,8 +215,9 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+@functools.lru_cache(maxsize=None)
 def head_dim_consts(head_dim: int):
     from .configs import head_dim_bucket
 
     block_d = head_dim_bucket(head_dim)
-    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d, PAD_D=block_d != head_dim)
+    return dict(HEAD_DIM=head_dim, BLOCK_D=block_d, PAD_D=block_d != head_dim)  # cached: callers only read it
