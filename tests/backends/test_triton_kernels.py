@@ -235,15 +235,20 @@ def _tma_in_interpreter(monkeypatch):
         monkeypatch.setattr(configs.KNOBS, "bwd_dq_tma", False)
 
 
-def test_tma_paths(monkeypatch, poison):
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_tma_paths(warp_specialize, monkeypatch, poison):
     """Tensor descriptors (the sm_90 paths; the interpreter emulates them): forward K/V, backward Q/dO (dK/dV pass)
     and K/V (dQ pass), fused broadcast-Q dQ reductions. Blocks that run into the next sequence's rows must be
-    masked, and sequences shorter than a block, empty ones and GQA must come out right."""
+    masked, and sequences shorter than a block, empty ones and GQA must come out right. warp_specialize: the
+    forward variant with Q by TMA, one masked KV loop and spare grid programs masked off (the interpreter runs the
+    same code without the partitioning)."""
+    monkeypatch.setattr(configs.KNOBS, "fwd_warp_specialize", warp_specialize)
     if not CUDA:
         _tma_in_interpreter(monkeypatch)
     gqa_d64 = ([23, 50, 0, 17], [41, 50, 3, 17], 4, 2, 64, True, -1, -1, False)
+    window_d64 = ([48, 9, 0], [48, 26, 5], 2, 1, 64, False, 10, 3, False)
     for case in [CASES[n] for n in ("jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal")] \
-            + [gqa_d64]:
+            + [gqa_d64, window_d64]:
         check(*run_case(case, torch.float16), torch.float16)
         check(*run_case(case, torch.float16, deterministic=True), torch.float16)
 

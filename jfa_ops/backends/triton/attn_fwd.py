@@ -27,15 +27,16 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
                    len_k, lo_off, hi_off, qk_scale, n_begin, n_end,
                    BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
                    PAD_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   FMA_SOFTMAX: tl.constexpr):
+                   FMA_SOFTMAX: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
     """Online-softmax update over key blocks [n_begin, n_end). Scores live in the log2 domain (qk_scale has 1/ln 2).
+    WARP_SPECIALIZE: ask Triton's Hopper pass to split the loop into a TMA producer and MMA/softmax consumers.
 
     k_src/v_src: tensor descriptors over [T_kv, Hkv*D] when USE_TMA (a block may run into the next sequence's rows:
     those keys are masked in the masked stages and never reach the mask-free bulk), else row pointers."""
     if not USE_TMA:
         k_src += n_begin.to(tl.int64) * stride_kt
         v_src += n_begin.to(tl.int64) * stride_vt
-    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
+    for n0 in tl.range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         keys = n0 + cols
         if USE_TMA:
             k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
@@ -79,7 +80,11 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
               group, qk_scale, window_left, right,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
+              WARP_SPECIALIZE: tl.constexpr = False, valid=True):
+    """One work item. WARP_SPECIALIZE: Q through its descriptor too and one masked, warp-specialized KV loop (what
+    Triton's Hopper pass can partition: it fails on three stage loops or a pointer-loaded Q, NOTES.md); ``valid``
+    False (a spare program of the grid) runs no KV block and stores nothing."""
     out_row0, len_q = seq_extent(Q_OFF, seq)
     kv_row0, len_k = seq_extent(KV_OFF, seq)
     if BROADCAST_Q:
@@ -90,9 +95,15 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
+    if WARP_SPECIALIZE:
+        len_q = tl.where(valid, len_q, 0)
     rows_ok = rows < len_q
 
-    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    if WARP_SPECIALIZE:
+        q = Q.load([(q_row0 + m0).to(tl.int32), head * HEAD_DIM])
+    else:
+        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
+                      PAD_D)
     kv_head = head // group
     k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, USE_TMA)
     v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, USE_TMA)
@@ -103,19 +114,26 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-    # Masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last block).
-    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
-                                   d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end,
-                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
-                                   FMA_SOFTMAX)
-    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
-                                   d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
-                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION,
-                                   FMA_SOFTMAX)
-    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows, cols,
-                                   d_ok, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end,
-                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
-                                   FMA_SOFTMAX)
+    if WARP_SPECIALIZE:  # one loop over every visible block, masked throughout
+        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin,
+                                       tl.where(valid, tail_end, lead_begin), BLOCK_N, HAS_LEFT, HAS_RIGHT, True,
+                                       PAD_D, USE_TMA, DOT_PRECISION, FMA_SOFTMAX, True)
+    else:
+        # Masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last
+        # block).
+        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end,
+                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
+                                       FMA_SOFTMAX)
+        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
+                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION,
+                                       FMA_SOFTMAX)
+        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end,
+                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
+                                       FMA_SOFTMAX)
 
     # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
     empty = l_i == 0.0
@@ -134,20 +152,33 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr):
+                    FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr,
+                    WARP_SPECIALIZE: tl.constexpr):
     """Work items (tile, head), tiles longest first (order: ``common.work_item``). Program p handles items p, p + P,
-    ... (one each on the default grid); ATOMIC_WORK: each program takes the next item from WORK_COUNTER."""
+    ... (one each on the default grid); ATOMIC_WORK: each program takes the next item from WORK_COUNTER.
+    WARP_SPECIALIZE (grid schedule, Q/K/V descriptors): one item per program with no loop around it, spare programs
+    masked instead of branching (Triton's Hopper warp-specialization pass fails on either, NOTES.md)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     n_work = n_tiles * num_heads
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
-    while work < n_work:
-        tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-        _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
-                  total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                  stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
-                  HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+    if WARP_SPECIALIZE:
+        work = tl.program_id(0)
+        valid = work < n_work
+        tile, head = work_item(tl.where(valid, work, 0), tl.maximum(n_tiles, 1), num_heads, group, KV_MAJOR)
+        _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.maximum(tl.load(TILE_SEQ + tile), 0),
+                  tl.load(TILE_START + tile), head, total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                  stride_vh, stride_ot, stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D,
+                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX, True,
+                  valid)
+    else:
+        work = first_work(WORK_COUNTER, ATOMIC_WORK)
+        while work < n_work:
+            tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
+                      total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                      stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
+                      HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+            work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
@@ -211,20 +242,25 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     if total_out == 0 or num_seqs == 0:
         return out, lse
 
-    cfg = get_config("fwd", head_dim, q.dtype, params.causal)
+    hd = head_dim_consts(head_dim)
+    # Warp-specialized variant (opt-in): needs Q, K, V all through TMA and one program per work item.
+    warp_specialize = (KNOBS.fwd_warp_specialize and KNOBS.fwd_schedule == "grid"
+                       and use_tma(hd["PAD_D"], q, k, v))
+    cfg = get_config("fwd_ws" if warp_specialize else "fwd", head_dim, q.dtype, params.causal)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
     programs, counter = launch_schedule(KNOBS.fwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
-    hd = head_dim_consts(head_dim)
     tma = use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
+    q_arg = rows_descriptor(q, cfg.block_m) if warp_specialize else q
     attn_fwd_kernel[(programs,)](
-        q, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        q_arg, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
         tiles.count if counter is None else counter, num_heads, total_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         num_heads // num_heads_kv, params.scale * 1.4426950408889634, window_left, right,  # scale / ln 2
         **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
         FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
-        ATOMIC_WORK=counter is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out, lse

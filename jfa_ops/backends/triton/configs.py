@@ -41,6 +41,8 @@ class Knobs:
     bcast_fused_dq: bool = True  # broadcast Q, non-deterministic: fused dQ into bcast_dq_slabs fp32 slabs: 130 -> 211
     bcast_dq_slabs: int = 1  # slab p % n for program p; 1 slab (L2-resident) beat one slab per program (174)
     bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
+    fwd_warp_specialize: bool = False  # forward: Triton's Hopper warp specialization (one masked KV loop, Q/K/V by TMA,
+    #                                   grid schedule, 4 warps per consumer group); unmeasured, see NOTES.md
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
@@ -77,6 +79,12 @@ def _fwd(bucket: int, itemsize: int, causal: bool) -> KernelConfig:
     return KernelConfig(128, 64, 8, 2)
 
 
+def _fwd_ws(bucket: int, causal: bool) -> KernelConfig:
+    # The Hopper pass partitions the loop only with num_warps=4 (it adds a producer and a second consumer group:
+    # 12 warps in all); tools/probe_warp_specialize.py. Unmeasured on the GPU.
+    return KernelConfig(128, 128 if not causal else 64, 4, 2)
+
+
 def _dkdv(bucket: int, itemsize: int) -> KernelConfig:
     # KV-stationary: block_n keys stay in registers (k, v, dk, dv accumulators), block_m query rows stream.
     if itemsize == 4:
@@ -102,12 +110,14 @@ def _dq(bucket: int, itemsize: int) -> KernelConfig:
 
 
 def get_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
-    """kernel: 'fwd', 'dkdv' or 'dq'."""
+    """kernel: 'fwd', 'fwd_ws' (the warp-specialized forward), 'dkdv' or 'dq'."""
     if interpreting():
         return INTERPRETER_CONFIG
     bucket, itemsize = head_dim_bucket(head_dim), dtype.itemsize
     if kernel == "fwd":
         return _fwd(bucket, itemsize, causal)
+    if kernel == "fwd_ws":
+        return _fwd_ws(bucket, causal)
     if kernel == "dkdv":
         return _dkdv(bucket, itemsize)
     if kernel == "dq":

@@ -10,7 +10,7 @@ from typing import Dict, Iterator, List
 
 import torch
 
-from .configs import KNOBS, KernelConfig, _dkdv, _dq, _fwd, head_dim_bucket
+from .configs import KNOBS, KernelConfig, _dkdv, _dq, _fwd, _fwd_ws, head_dim_bucket
 
 _TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -39,10 +39,12 @@ def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast
 
 
 def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, has_left: bool = False,
-                   broadcast_q: bool = False, atomic: bool = False, fused_dq=None, atomic_work=None) -> Specialization:
+                   broadcast_q: bool = False, atomic: bool = False, fused_dq=None, atomic_work=None,
+                   warp_specialize: bool = False) -> Specialization:
     """fused_dq (dkdv only): the pass with dQ atomics (TMA reductions where attn_fwd.use_tma holds on sm_90), else
     the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS).
-    atomic_work: work items from an atomic counter (schedule "atomic"); None: as configs.KNOBS says."""
+    atomic_work: work items from an atomic counter (schedule "atomic"); None: as configs.KNOBS says.
+    warp_specialize (fwd only): the warp-specialized forward (configs.KNOBS.fwd_warp_specialize)."""
     if fused_dq is None:
         fused_dq = KNOBS.bcast_fused_dq if broadcast_q else KNOBS.bwd_fused_dq
     from . import attn_bwd, attn_fwd
@@ -56,7 +58,8 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
            "DQ": "*fp32" if broadcast_q else f"*{dt}", "WORK_COUNTER": "*i32"}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-atomic' if atomic else ''}" \
-           f"{'-fuseddq' if kernel == 'dkdv' and fused_dq else ''}{'-atomicwork' if atomic_work else ''}"
+           f"{'-fuseddq' if kernel == 'dkdv' and fused_dq else ''}{'-atomicwork' if atomic_work else ''}" \
+           f"{'-warpspec' if warp_specialize else ''}"
     if kernel == "finalize":
         fn = attn_bwd.attn_bwd_dq_finalize_kernel
         ptr.update(DQ_ACC="*fp32", DQ=f"*{dt}")
@@ -68,8 +71,8 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                           BLOCK_T=attn_bwd.DELTA_BLOCK_T, HAS_GRAD_LSE=True)
         module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_delta_kernel", 4, 1
     else:
-        cfg = {"fwd": lambda: _fwd(bucket, itemsize, causal), "dkdv": lambda: _dkdv(bucket, itemsize),
-               "dq": lambda: _dq(bucket, itemsize)}[kernel]()
+        cfg = {"fwd": lambda: _fwd_ws(bucket, causal) if warp_specialize else _fwd(bucket, itemsize, causal),
+               "dkdv": lambda: _dkdv(bucket, itemsize), "dq": lambda: _dq(bucket, itemsize)}[kernel]()
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
         if atomic_work is None:
             atomic_work = (KNOBS.fwd_schedule if kernel == "fwd" else KNOBS.bwd_schedule) == "atomic"
@@ -81,7 +84,9 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
             constexprs["USE_TMA"] = use_tma
             if constexprs["USE_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
-            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major)
+            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major, WARP_SPECIALIZE=warp_specialize)
+            if warp_specialize:
+                ptr["Q"] = f"tensordesc<{dt}[{cfg.block_m},{head_dim}]>"
         elif kernel == "dkdv":
             fn, module, attr = attn_bwd.attn_bwd_dkdv_kernel, attn_bwd.__name__, "attn_bwd_dkdv_kernel"
             tma = fused_dq and KNOBS.bwd_dq_tma and use_tma
@@ -158,6 +163,9 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
+    for causal in (False, True):  # the warp-specialized forward (configs.KNOBS.fwd_warp_specialize)
+        yield specialization("fwd", 128, torch.bfloat16, causal, warp_specialize=True)
+    yield specialization("fwd", 64, torch.float16, False, has_left=True, broadcast_q=True, warp_specialize=True)
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
         yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
     for has_b in (False, True):
