@@ -205,6 +205,10 @@ def _run_variant(index, small=False):
             ref_params = dataclasses.replace(params, deterministic=True)
             ref = tb.backward(do, None, q, k, v, out, lse, q_off, kv_off, ref_params)
             row = dict(variant=name, case=cn, err_vs_det=max(rel(a, b) for a, b in zip(grads, ref)))
+            if "f" in passes:  # the forward against the exact reference backend (a forward variant's own check)
+                from jfa_ops.backends.reference import forward as reference_forward
+
+                row["err_fwd_vs_ref"] = rel(out, reference_forward(q, k, v, q_off, kv_off, params)[0])
             if small:
                 continue
             if "f" in passes:
@@ -255,10 +259,10 @@ def variants(out_dir, workers=12, only=None):
             print(f"variant {VARIANTS[i][0]}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     with open(os.path.join(out_dir, "variants.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"\n{'variant':34s} {'case':8s} {'fwd':>6s} {'bwd':>6s} {'err_vs_det':>10s}")
+    print(f"\n{'variant':34s} {'case':8s} {'fwd':>6s} {'bwd':>6s} {'err_vs_det':>10s} {'err_fwd':>8s}")
     for r in rows:
         print(f"{r['variant']:34s} {r['case']:8s} {r.get('fwd', math.nan):6.1f} {r.get('bwd', math.nan):6.1f}"
-              f" {r['err_vs_det']:10.1e}")
+              f" {r['err_vs_det']:10.1e} {r.get('err_fwd_vs_ref', math.nan):8.1e}")
 
 
 def main():
