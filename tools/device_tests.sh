@@ -2,7 +2,8 @@
 # The GPU test suites on the lent machine: `bash tools/device_tests.sh [SHARDS] [pytest args...]` from the repo
 # root, carrying .whl (expecttest, absent there; see README "Testing on a GPU"). Runs SHARDS pytest processes side by
 # side (JFA_TEST_SHARD, tests/conftest.py) since kernel compiles, one CPU core each, dominate the wall time; prints
-# each shard's summary and the slowest tests. Exit status: nonzero if any shard failed.
+# each shard's summary and the slowest tests. Each shard stops after SHARD_TIMEOUT_S (default 240) seconds. Exit
+# status: nonzero if any shard failed or timed out (its log is copied to $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -15,8 +16,9 @@ log=/tmp/gpu_tests  # shard logs stay there (at most 8 files come back from $OUT
 mkdir -p "$log"
 pids=()
 for ((i = 0; i < shards; i++)); do
-  JFA_TEST_SHARD=$i/$shards python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=5 "$@" \
-    >"$log/shard$i.log" 2>&1 &
+  # Each shard under its own limit (a hung kernel fails one shard, not the report); faulthandler names the test.
+  JFA_TEST_SHARD=$i/$shards timeout "${SHARD_TIMEOUT_S:-240}" python3 -m pytest -q -m gpu tests -p no:cacheprovider \
+    --durations=5 -o faulthandler_timeout=120 "$@" >"$log/shard$i.log" 2>&1 &
   pids+=($!)
 done
 rc=0

@@ -434,6 +434,19 @@ def test_matches_oracle_bf16_gpu(name, poison):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("name", ["jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal"])
+def test_warp_specialized_forward_gpu(name, monkeypatch, poison):
+    """The opt-in warp-specialized forward (Triton's Hopper pass; configs.KNOBS.fwd_warp_specialize) on sm_90, where
+    its Q/K/V descriptors apply (head dims 64/128 here), against the oracle. Off by default until measured."""
+    monkeypatch.setattr(configs.KNOBS, "fwd_warp_specialize", True)
+    len_q, len_k, hq, hkv, _, causal, wl, wr, bq = CASES[name]
+    check(*run_case((len_q, len_k, hq, hkv, 64, causal, wl, wr, bq), torch.bfloat16, with_grad_lse=True),
+          torch.bfloat16)
+    check(*run_case((len_q, len_k, hq, hkv, 128, causal, wl, wr, bq), torch.float16), torch.float16)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("d", [8, 40, 72, 128, 256])
 def test_head_dims_gpu(d, poison):
     case = ([130, 1, 0, 257], [200, 1, 9, 257], 4, 2, d, True, -1, -1, False)
