@@ -185,6 +185,10 @@ TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where pos
 # H200, Triton 3.6: the causal forward with TMA K/V hangs at head_dim 256 (bf16 and fp16; 128x64 tiles, 2 stages;
 # non-causal and the pointer path are fine; NOTES.md, session 4). Only head dims up to 128 use TMA.
 TMA_MAX_HEAD_DIM = 128
+# The warp-specialized forward compiles with Triton 3.6 (the device's); 3.9's Hopper pass splits the Q tile between
+# its two consumer groups and then rejects the host descriptor's [BLOCK_M, D] block (NOTES.md). Other versions run
+# the default forward even when KNOBS.fwd_warp_specialize is set.
+WARP_SPECIALIZE_OK = triton.__version__.startswith("3.6.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -244,7 +248,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
 
     hd = head_dim_consts(head_dim)
     # Warp-specialized variant (opt-in): needs Q, K, V all through TMA and one program per work item.
-    warp_specialize = (KNOBS.fwd_warp_specialize and KNOBS.fwd_schedule == "grid"
+    warp_specialize = (KNOBS.fwd_warp_specialize and WARP_SPECIALIZE_OK and KNOBS.fwd_schedule == "grid"
                        and use_tma(hd["PAD_D"], q, k, v))
     cfg = get_config("fwd_ws" if warp_specialize else "fwd", head_dim, q.dtype, params.causal)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)

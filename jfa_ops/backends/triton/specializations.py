@@ -163,9 +163,12 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
-    for causal in (False, True):  # the warp-specialized forward (configs.KNOBS.fwd_warp_specialize)
-        yield specialization("fwd", 128, torch.bfloat16, causal, warp_specialize=True)
-    yield specialization("fwd", 64, torch.float16, False, has_left=True, broadcast_q=True, warp_specialize=True)
+    from .attn_fwd import WARP_SPECIALIZE_OK
+
+    if WARP_SPECIALIZE_OK:  # the warp-specialized forward (configs.KNOBS.fwd_warp_specialize), where it compiles
+        for causal in (False, True):
+            yield specialization("fwd", 128, torch.bfloat16, causal, warp_specialize=True)
+        yield specialization("fwd", 64, torch.float16, False, has_left=True, broadcast_q=True, warp_specialize=True)
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
         yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
     for has_b in (False, True):
