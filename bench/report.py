@@ -101,14 +101,16 @@ def memory_table(records: List[dict]) -> str:
 
 
 def overhead_table(records: List[dict]) -> str:
-    head = ["case", "peer", "mode", "eager wall µs/call", "device µs/call", "host overhead µs"]
+    head = ["case", "peer", "mode", "eager wall µs/call", "device µs/call", "host overhead µs",
+            "CUDA graph µs/call"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {p: i for i, p in enumerate(peer_columns(records))}
     for r in sorted(records, key=lambda r: (r["case"]["name"], order.get(r["peer"], 99), r["mode"])):
         if r.get("skip"):
             continue
         lines.append("| " + " | ".join([r["case"]["name"], r["peer"], r["mode"], _fmt(r.get("wall_us")),
-                                        _fmt(r.get("kernel_us")), _fmt(r.get("overhead_us"))]) + " |")
+                                        _fmt(r.get("kernel_us")), _fmt(r.get("overhead_us")),
+                                        _fmt(r.get("graph_us"))]) + " |")
     return "\n".join(lines)
 
 

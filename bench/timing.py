@@ -87,11 +87,12 @@ def peak_memory_mib(call: Callable[[], object], device) -> Optional[float]:
     return peak / 2**20
 
 
-def host_overhead_us(call: Callable[[], object], device, calls: Optional[int] = None) -> dict:
+def host_overhead_us(call: Callable[[], object], device, calls: Optional[int] = None, graph: bool = False) -> dict:
     """Eager wall time per call (many calls, one sync at the end) and the device's own time per call.
 
     The device time is the sum of the GPU activities (kernels, copies, memsets) the profiler records over the calls;
-    ``wall_us - kernel_us`` is what the host adds when it cannot run ahead of the GPU.
+    ``wall_us - kernel_us`` is what the host adds when it cannot run ahead of the GPU. ``graph``: also the time per
+    replay of the call captured in a CUDA graph (our GPU backends only: a peer's failed capture could poison the run).
     """
     on_cuda = torch.device(device).type == "cuda"
     calls = calls or (200 if on_cuda else 20)
@@ -103,11 +104,37 @@ def host_overhead_us(call: Callable[[], object], device, calls: Optional[int] = 
         call()
     sync(device)
     wall_us = (time.perf_counter() - t0) / calls * 1e6
-    kernel_us = None
+    kernel_us = graph_us = None
     if on_cuda:
         kernel_us = _profiled_device_us(call, device, calls=50)
+        graph_us = cuda_graph_us(call, calls) if graph else None
     return {"wall_us": wall_us, "kernel_us": kernel_us,
-            "overhead_us": None if kernel_us is None else wall_us - kernel_us}
+            "overhead_us": None if kernel_us is None else wall_us - kernel_us, "graph_us": graph_us}
+
+
+def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:
+    """Wall time per replay of ``call`` captured in a CUDA graph (what `torch.compile(mode="reduce-overhead")` gives a
+    host-bound caller: the eager host work is gone). None where capture fails (a peer that syncs, or allocates
+    outside the graph pool)."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()  # warm-up on the side stream, as torch.cuda.graphs asks
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graph.replay()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            graph.replay()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / calls * 1e6
+    except Exception:  # noqa: BLE001 - not capturable: reported as missing
+        torch.cuda.synchronize()
+        return None
 
 
 def _profiled_device_us(call, device, calls: int) -> Optional[float]:
