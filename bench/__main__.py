@@ -128,8 +128,9 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
         try:
             call = timing.mode_callable(mode, preps)
             if case.suite == "overhead":
-                # CUDA-graph replay time for our GPU backends (the reference reads offsets on the host: no capture)
-                graph = peer.name.startswith("jfa:") and peer.name != "jfa:reference"
+                # CUDA-graph replay of our GPU backends' forward (the reference reads offsets on the host: no capture;
+                # autograd calls are left out: a failed capture mid-backward is not worth the risk to the run)
+                graph = mode == "fwd" and peer.name.startswith("jfa:") and peer.name != "jfa:reference"
                 rec.update(timing.host_overhead_us(call, device, graph=graph))
             else:
                 call()  # compile / autotune outside the memory measurement
