@@ -240,9 +240,10 @@ def test_tma_paths(warp_specialize, monkeypatch, poison):
     """Tensor descriptors (the sm_90 paths; the interpreter emulates them): forward K/V, backward Q/dO (dK/dV pass)
     and K/V (dQ pass), fused broadcast-Q dQ reductions. Blocks that run into the next sequence's rows must be
     masked, and sequences shorter than a block, empty ones and GQA must come out right. warp_specialize: the
-    forward variant with Q by TMA, one masked KV loop and spare grid programs masked off (the interpreter runs the
-    same code without the partitioning)."""
+    forward and dQ variants with Q (and dO) by TMA, one masked KV loop and spare grid programs masked off (the
+    interpreter runs the same code without the partitioning)."""
     monkeypatch.setattr(configs.KNOBS, "fwd_warp_specialize", warp_specialize)
+    monkeypatch.setattr(configs.KNOBS, "bwd_dq_warp_specialize", warp_specialize)
     if not CUDA:  # the interpreter runs the variant's code (unpartitioned) whatever the Triton version compiles
         from jfa_ops.backends.triton import attn_fwd
 
@@ -439,14 +440,16 @@ def test_matches_oracle_bf16_gpu(name, poison):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("name", ["jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal"])
-def test_warp_specialized_forward_gpu(name, monkeypatch, poison):
-    """The opt-in warp-specialized forward (Triton's Hopper pass; configs.KNOBS.fwd_warp_specialize) on sm_90, where
-    its Q/K/V descriptors apply (head dims 64/128 here), against the oracle. Off by default until measured."""
+def test_warp_specialized_variants_gpu(name, monkeypatch, poison):
+    """The opt-in warp-specialized forward and dQ pass (Triton's Hopper pass; configs.KNOBS.fwd_warp_specialize,
+    bwd_dq_warp_specialize) on sm_90, where their descriptors apply (head dims 64/128 here), against the oracle. Off
+    by default until measured."""
     from jfa_ops.backends.triton import attn_fwd
 
     if not attn_fwd.WARP_SPECIALIZE_OK:
         pytest.skip(f"the warp-specialized forward does not compile with triton {triton.__version__}")
     monkeypatch.setattr(configs.KNOBS, "fwd_warp_specialize", True)
+    monkeypatch.setattr(configs.KNOBS, "bwd_dq_warp_specialize", True)
     len_q, len_k, hq, hkv, _, causal, wl, wr, bq = CASES[name]
     check(*run_case((len_q, len_k, hq, hkv, 64, causal, wl, wr, bq), torch.bfloat16, with_grad_lse=True),
           torch.bfloat16)

@@ -24,7 +24,7 @@ from .common import (LOG2E, dot_precision, first_work, head_dim_consts, launch_s
                      next_work, num_sms, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible,
                      window_bounds, work_item)
 from .configs import KNOBS, get_config
-from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
+from .attn_fwd import WARP_SPECIALIZE_OK, broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
@@ -233,13 +233,15 @@ def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scal
 def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
                   lo_off, hi_off, qk_scale, n_begin, n_end, kv_row0, kv_col,
                   BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
-                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr,
+                  WARP_SPECIALIZE: tl.constexpr = False):
     """Accumulate dQ (unscaled) of one query tile over key blocks [n_begin, n_end). KV_TMA: k_ptrs/v_ptrs are tensor
-    descriptors over [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col); keys past len_k are masked in masked stages."""
+    descriptors over [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col); keys past len_k are masked in masked stages.
+    WARP_SPECIALIZE: ask Triton's Hopper pass to partition the loop (see attn_fwd)."""
     if not KV_TMA:
         k_ptrs += n_begin.to(tl.int64) * stride_kt
         v_ptrs += n_begin.to(tl.int64) * stride_vt
-    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
+    for n0 in tl.range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         keys = n0 + cols
         if KV_TMA:
             k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
@@ -265,7 +267,11 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
              stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr,
+             WARP_SPECIALIZE: tl.constexpr = False, valid=True):
+    """One query tile. WARP_SPECIALIZE (one sequence per tile, every operand by TMA): Q and dO through their
+    descriptors and one masked, warp-specialized KV loop, as in the forward variant; ``valid`` False: nothing runs
+    or is stored."""
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -275,30 +281,44 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
         q_row0 = first_row * 0
     else:
         q_row0 = first_row
+    if WARP_SPECIALIZE:
+        len_q = tl.where(valid, len_q, 0)
     rows_ok = rows < len_q
-    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
     kv_head = head // group
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    seq_hi = tl.minimum(seq_lo + seqs_per_tile, num_seqs)
-    for seq in range(loop_bound(seq_lo), loop_bound(seq_hi)):  # one sequence, except broadcast-Q deterministic
-        out_row0, len_q = seq_extent(Q_OFF, seq)
-        kv_row0, len_k = seq_extent(KV_OFF, seq)
-        do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
-                       rows_ok, d_ok, True, PAD_D)
-        lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
-        k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, KV_TMA)
-        v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, KV_TMA)
+    if WARP_SPECIALIZE:
+        q = Q.load([(q_row0 + m0).to(tl.int32), head * HEAD_DIM])
+        do = DOut.load([(first_row + m0).to(tl.int32), head * HEAD_DIM])
+        kv_row0, len_k = seq_extent(KV_OFF, seq_lo)
+        lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + first_row + rows, rows_ok, True)
         lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
             m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                           len_k, -window_left, right, qk_scale, lead_begin, lead_end, kv_row0, kv_head * HEAD_DIM,
-                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
-        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                           len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, kv_row0, kv_head * HEAD_DIM,
-                           BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION, KV_TMA)
-        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                           len_k, -window_left, right, qk_scale, tail_begin, tail_end, kv_row0, kv_head * HEAD_DIM,
-                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
+                           -window_left, right, qk_scale, lead_begin, tl.where(valid, tail_end, lead_begin), kv_row0,
+                           kv_head * HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, True, True)
+    else:
+        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
+                      PAD_D)
+        seq_hi = tl.minimum(seq_lo + seqs_per_tile, num_seqs)
+        for seq in range(loop_bound(seq_lo), loop_bound(seq_hi)):  # one sequence, except broadcast-Q deterministic
+            out_row0, len_q = seq_extent(Q_OFF, seq)
+            kv_row0, len_k = seq_extent(KV_OFF, seq)
+            do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
+                           rows_ok, d_ok, True, PAD_D)
+            lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
+            k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, KV_TMA)
+            v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, KV_TMA)
+            lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+                m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+            dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                               len_k, -window_left, right, qk_scale, lead_begin, lead_end, kv_row0, kv_head * HEAD_DIM,
+                               BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
+            dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                               len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, kv_row0, kv_head * HEAD_DIM,
+                               BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION, KV_TMA)
+            dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                               len_k, -window_left, right, qk_scale, tail_begin, tail_end, kv_row0, kv_head * HEAD_DIM,
+                               BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
     dq_ptrs = DQ + (seq_lo // seqs_per_tile) * stride_dq_chunk + (q_row0 + rows)[:, None] * stride_dqt \
         + head * stride_dqh + d[None, :]
     if ATOMIC:  # broadcast-Q fast path: fp32 sum over the batch, order-dependent rounding
@@ -319,21 +339,33 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BROADCAST_Q: tl.constexpr, ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       KV_TMA: tl.constexpr, ATOMIC_WORK: tl.constexpr):
+                       KV_TMA: tl.constexpr, ATOMIC_WORK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B).
-    KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
+    KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM]).
+    WARP_SPECIALIZE (one program per item, seqs_per_tile 1, Q/dO/K/V descriptors): the variant of attn_fwd's kind."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_work = tl.load(TILE_COUNT) * num_heads
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
-    while work < n_work:
-        tile = work // num_heads
-        _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+    if WARP_SPECIALIZE:
+        work = tl.program_id(0)
+        valid = work < n_work
+        tile = tl.where(valid, work, 0) // num_heads
+        _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.maximum(tl.load(TILE_SEQ + tile), 0),
                  tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                  stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
                  HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
-                 DOT_PRECISION, KV_TMA)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+                 DOT_PRECISION, KV_TMA, True, valid)
+    else:
+        work = first_work(WORK_COUNTER, ATOMIC_WORK)
+        while work < n_work:
+            tile = work // num_heads
+            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
+                     tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                     stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
+                     HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
+                     DOT_PRECISION, KV_TMA)
+            work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 @shape_constant
@@ -427,8 +459,13 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         attn_bwd_dq_finalize_kernel[(triton.cdiv(q.numel(), FINALIZE_BLOCK),)](
             dq_acc, dq, q.numel(), num_slabs, q.numel(), scale, BLOCK=FINALIZE_BLOCK)
         return dq, dk, dv
-    cfg = get_config("dq", head_dim, q.dtype, params.causal)
     atomic = params.broadcast_q and not params.deterministic
+    # Warp-specialized variant (opt-in): one sequence per tile (not the deterministic broadcast chunks), every
+    # operand through TMA, one program per work item.
+    warp_specialize = (KNOBS.bwd_dq_warp_specialize and WARP_SPECIALIZE_OK
+                       and not (params.broadcast_q and params.deterministic)
+                       and use_tma(hd["PAD_D"], q, grad_out, k, v))
+    cfg = get_config("dq_ws" if warp_specialize else "dq", head_dim, q.dtype, params.causal)
     seqs_per_tile, chunks = 1, 1
     if params.broadcast_q and params.deterministic:
         tiles, chunks, seqs_per_tile = _chunked_broadcast_tiles(num_seqs, len_q, cfg.block_m, num_heads,
@@ -441,16 +478,20 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                   else common.alloc_output(shape, torch.float32, device))
     else:
         dq_buf = common.alloc_output(q.shape, q.dtype, device)
-    programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
-    kv_tma = KNOBS.bwd_tma and use_tma(hd["PAD_D"], k, v)
+    programs, counter = launch_schedule("grid" if warp_specialize else KNOBS.bwd_schedule, tiles.capacity * num_heads,
+                                        cfg.programs_per_sm, device)
+    kv_tma = warp_specialize or (KNOBS.bwd_tma and use_tma(hd["PAD_D"], k, v))
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
+    q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if warp_specialize
+                     else (q, grad_out))
     attn_bwd_dq_kernel[(programs,)](
-        q, k_arg, v_arg, grad_out, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
+        q_arg, k_arg, v_arg, do_arg, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
         tiles.count if counter is None else counter, num_heads,
         num_seqs, seqs_per_tile, total_out, *strides, dq_buf.stride(-3), dq_buf.stride(-2),
         dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group, scale, qk_scale, window_left, right,
         **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
-        ATOMIC_WORK=counter is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if params.broadcast_q:
         dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
     else:

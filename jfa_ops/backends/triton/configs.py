@@ -43,6 +43,7 @@ class Knobs:
     bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
     fwd_warp_specialize: bool = False  # forward: Triton's Hopper warp specialization (one masked KV loop, Q/K/V by TMA,
     #                                   grid schedule, 4 warps per consumer group); unmeasured, see NOTES.md
+    bwd_dq_warp_specialize: bool = False  # dQ pass: the same kind of variant (64x64 tiles, what the pass accepts)
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
@@ -85,6 +86,11 @@ def _fwd_ws(bucket: int, causal: bool) -> KernelConfig:
     return KernelConfig(128, 128 if not causal else 64, 4, 2)
 
 
+def _dq_ws(bucket: int) -> KernelConfig:
+    # The Hopper pass partitions a dQ loop at 64x64 tiles with 4 warps and fails at 128x64 (probe, NOTES.md).
+    return KernelConfig(64, 64, 4, 2)
+
+
 def _dkdv(bucket: int, itemsize: int) -> KernelConfig:
     # KV-stationary: block_n keys stay in registers (k, v, dk, dv accumulators), block_m query rows stream.
     if itemsize == 4:
@@ -110,7 +116,7 @@ def _dq(bucket: int, itemsize: int) -> KernelConfig:
 
 
 def get_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
-    """kernel: 'fwd', 'fwd_ws' (the warp-specialized forward), 'dkdv' or 'dq'."""
+    """kernel: 'fwd', 'fwd_ws' (the warp-specialized forward), 'dkdv', 'dq' or 'dq_ws'."""
     if interpreting():
         return INTERPRETER_CONFIG
     bucket, itemsize = head_dim_bucket(head_dim), dtype.itemsize
@@ -122,4 +128,6 @@ def get_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> 
         return _dkdv(bucket, itemsize)
     if kernel == "dq":
         return _dq(bucket, itemsize)
+    if kernel == "dq_ws":
+        return _dq_ws(bucket)
     raise ValueError(f"unknown kernel {kernel!r}")

@@ -132,6 +132,7 @@ VARIANTS = [  # session 5 candidates; session 4's table (TMA, tile shapes, fused
     ("fwd: warp-specialized, 128x64 s4", dict(fwd_warp_specialize=True), {"fwd_ws": (128, 64, 4, 4)}, _FIVE, "f"),
     ("fwd: atomic work counter", dict(fwd_schedule="atomic"), {}, _FIVE, "f"),
     ("fwd: static striding", dict(fwd_schedule="static"), {}, _FIVE, "f"),
+    ("bwd: warp-specialized dQ (Hopper pass)", dict(bwd_dq_warp_specialize=True), {}, _FIVE, "b"),
     ("bwd: one program per item", dict(bwd_schedule="grid"), {}, _FIVE, "b"),
     ("bwd: atomic work counter", dict(bwd_schedule="atomic"), {}, _FIVE, "b"),
 ]

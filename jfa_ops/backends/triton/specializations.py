@@ -10,7 +10,7 @@ from typing import Dict, Iterator, List
 
 import torch
 
-from .configs import KNOBS, KernelConfig, _dkdv, _dq, _fwd, _fwd_ws, head_dim_bucket
+from .configs import KNOBS, KernelConfig, _dkdv, _dq, _dq_ws, _fwd, _fwd_ws, head_dim_bucket
 
 _TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -44,7 +44,8 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     """fused_dq (dkdv only): the pass with dQ atomics (TMA reductions where attn_fwd.use_tma holds on sm_90), else
     the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS).
     atomic_work: work items from an atomic counter (schedule "atomic"); None: as configs.KNOBS says.
-    warp_specialize (fwd only): the warp-specialized forward (configs.KNOBS.fwd_warp_specialize)."""
+    warp_specialize (fwd, dq): the warp-specialized variant (configs.KNOBS.fwd_warp_specialize,
+    bwd_dq_warp_specialize)."""
     if fused_dq is None:
         fused_dq = KNOBS.bcast_fused_dq if broadcast_q else KNOBS.bwd_fused_dq
     from . import attn_bwd, attn_fwd
@@ -72,7 +73,8 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_delta_kernel", 4, 1
     else:
         cfg = {"fwd": lambda: _fwd_ws(bucket, causal) if warp_specialize else _fwd(bucket, itemsize, causal),
-               "dkdv": lambda: _dkdv(bucket, itemsize), "dq": lambda: _dq(bucket, itemsize)}[kernel]()
+               "dkdv": lambda: _dkdv(bucket, itemsize),
+               "dq": lambda: _dq_ws(bucket) if warp_specialize else _dq(bucket, itemsize)}[kernel]()
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
         if atomic_work is None:
             atomic_work = (KNOBS.fwd_schedule if kernel == "fwd" else KNOBS.bwd_schedule) == "atomic"
@@ -98,7 +100,10 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                 "*fp32" if fused_dq else f"*{dt}")  # unfused: a dummy pointer (dk)
         else:
             fn, module, attr = attn_bwd.attn_bwd_dq_kernel, attn_bwd.__name__, "attn_bwd_dq_kernel"
-            constexprs.update(ATOMIC=atomic, KV_TMA=KNOBS.bwd_tma and use_tma)
+            constexprs.update(ATOMIC=atomic, KV_TMA=(KNOBS.bwd_tma and use_tma) or warp_specialize,
+                              WARP_SPECIALIZE=warp_specialize)
+            if warp_specialize:
+                ptr["Q"] = ptr["DOut"] = f"tensordesc<{dt}[{cfg.block_m},{head_dim}]>"
             if constexprs["KV_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
         warps, stages = cfg.num_warps, cfg.num_stages
@@ -169,6 +174,8 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
         for causal in (False, True):
             yield specialization("fwd", 128, torch.bfloat16, causal, warp_specialize=True)
         yield specialization("fwd", 64, torch.float16, False, has_left=True, broadcast_q=True, warp_specialize=True)
+        for causal in (False, True):  # and the warp-specialized dQ pass (configs.KNOBS.bwd_dq_warp_specialize)
+            yield specialization("dq", 128, torch.bfloat16, causal, warp_specialize=True)
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
         yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
     for has_b in (False, True):
