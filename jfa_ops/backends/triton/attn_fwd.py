@@ -9,6 +9,7 @@ a persistent grid's static striding on jagged/causal; ``configs.KNOBS.fwd_schedu
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -189,6 +190,10 @@ TMA_MAX_HEAD_DIM = 128
 # its two consumer groups and then rejects the host descriptor's [BLOCK_M, D] block (NOTES.md). Other versions run
 # the default forward even when KNOBS.fwd_warp_specialize is set.
 WARP_SPECIALIZE_OK = triton.__version__.startswith("3.6.")
+# ... but on the H200 (Triton 3.6, 2026-11-30) that compiled forward hangs on every case tried, tiny ones included
+# (the warp-specialized dQ pass runs). So on a GPU the knob is ignored unless JFA_UNSAFE_FWD_WARP_SPECIALIZE=1 (for
+# debugging it on the device, under `timeout`); the interpreter runs the variant's code as before.
+WARP_SPECIALIZE_ON_GPU = os.environ.get("JFA_UNSAFE_FWD_WARP_SPECIALIZE", "0") == "1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,7 +254,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     hd = head_dim_consts(head_dim)
     # Warp-specialized variant (opt-in): needs Q, K, V all through TMA and one program per work item.
     warp_specialize = (KNOBS.fwd_warp_specialize and WARP_SPECIALIZE_OK and KNOBS.fwd_schedule == "grid"
-                       and use_tma(hd["PAD_D"], q, k, v))
+                       and (device.type != "cuda" or WARP_SPECIALIZE_ON_GPU) and use_tma(hd["PAD_D"], q, k, v))
     cfg = get_config("fwd_ws" if warp_specialize else "fwd", head_dim, q.dtype, params.causal)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)

@@ -42,8 +42,10 @@ class Knobs:
     bcast_dq_slabs: int = 1  # slab p % n for program p; 1 slab (L2-resident) beat one slab per program (174)
     bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
     fwd_warp_specialize: bool = False  # forward: Triton's Hopper warp specialization (one masked KV loop, Q/K/V by TMA,
-    #                                   grid schedule, 4 warps per consumer group); unmeasured, see NOTES.md
-    bwd_dq_warp_specialize: bool = False  # dQ pass: the same kind of variant (64x64 tiles, what the pass accepts)
+    #                                   grid schedule, 4 warps per consumer group); hangs on the H200, so ignored on
+    #                                   GPUs (attn_fwd.WARP_SPECIALIZE_ON_GPU); interpreter-tested; NOTES.md
+    bwd_dq_warp_specialize: bool = False  # dQ pass: the same kind of variant (64x64 tiles, what the pass accepts);
+    #                                      correct on the H200 but slower: dense D128 bwd 352 -> 264 TFLOP/s
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
