@@ -64,11 +64,18 @@ def _scores(q_chunk, k_seq, visible, scale):
     return s
 
 
+def _row_lse(s):
+    """logsumexp over keys; a NaN or +inf score makes the softmax undefined: lse NaN (out NaN), as in flash kernels."""
+    lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is visible (or every visible score is -inf)
+    return lse.masked_fill(lse == float("inf"), float("nan"))
+
+
 def _probs(s, lse):
-    """softmax probabilities from scores and their lse; rows with lse = -inf (nothing visible) give zeros."""
-    finite = torch.isfinite(lse)
-    p = torch.exp(s - torch.where(finite, lse, torch.zeros_like(lse))[..., None])
-    return torch.where(finite[..., None], p, torch.zeros_like(p))
+    """softmax probabilities from scores and their lse. Rows with lse = -inf (no visible key, or all visible scores
+    -inf) give zeros; a NaN lse gives NaN, so NaN inputs propagate like in SDPA (never a silent 0)."""
+    empty = lse == float("-inf")
+    p = torch.exp(s - lse.masked_fill(empty, 0)[..., None])
+    return p.masked_fill(empty[..., None], 0)
 
 
 def _grouped(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
@@ -92,7 +99,7 @@ def forward(q, k, v, q_offsets, kv_offsets, params: AttentionParams):
             q_chunk = _grouped(q[q_start + r0:q_start + r1].to(cdt), heads_kv)
             visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
             s = _scores(q_chunk, k_seq, visible, params.scale)
-            lse_chunk = torch.logsumexp(s, dim=-1)  # [Hkv, G, r]; -inf where nothing is visible
+            lse_chunk = _row_lse(s)  # [Hkv, G, r]
             p = _probs(s, lse_chunk)
             o = torch.einsum("hgrk,khd->rhgd", p, v_seq).flatten(1, 2)
             out[out_start + r0:out_start + r1] = o.to(q.dtype)
@@ -120,7 +127,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
             visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
             s = _scores(q_chunk, k_seq, visible, params.scale)
             if cdt == torch.float64:  # the saved lse is float32: recompute it, or fp64 grads are only ~1e-7 exact
-                lse_chunk = torch.logsumexp(s, dim=-1)
+                lse_chunk = _row_lse(s)
             else:
                 lse_chunk = lse[:, o_rows_slice].to(cdt).unflatten(0, (heads_kv, -1))  # [Hkv, G, r]
             p = _probs(s, lse_chunk)
