@@ -232,7 +232,12 @@ def main(argv=None) -> int:
         peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
     peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
                                                  for p in peer_names]
-    cases = suites.build_cases([s for s in suite_names if s != "model"], head_dims, size)
+    # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
+    # loop (bench.model), not cases
+    plan = []
+    for suite in suite_names:
+        plan += ["model"] if suite == "model" else suites.build_cases([suite], head_dims, size)
+    cases = [c for c in plan if c != "model"]
 
     meta = run_meta(device, args)
     os.makedirs(args.out, exist_ok=True)
@@ -252,7 +257,16 @@ def main(argv=None) -> int:
     records = []
     with progress_bar(total=len(cases) * len(live), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True,
               mininterval=0.5 if sys.stderr.isatty() else 15) as bar:
-        for case in cases:
+        for case in plan:
+            if case == "model":
+                names = model.model_peer_names(backends, peer_names, device)
+                bar.set_postfix_str(f"model | {', '.join(names)}"[-60:], refresh=False)
+
+                def save(new_records, done=records):
+                    meta["elapsed_s"] = round(time.perf_counter() - start, 1)
+                    report.write_json(prefix + ".json", meta, done + new_records)
+                records += model.run(backends, peer_names, device, size, deadline=start + budget, progress=save)
+                continue
             if time.perf_counter() - start > budget:
                 records += [{"case": case.describe(), "peer": p.name, "mode": m,
                              "skip": f"time budget ({budget:.0f} s) spent"} for p in live for m in modes]
@@ -269,9 +283,6 @@ def main(argv=None) -> int:
             free_memory(device)
             meta["elapsed_s"] = round(time.perf_counter() - start, 1)
             report.write_json(prefix + ".json", meta, records)  # after every case: a cut-short run keeps its data
-    if "model" in suite_names:
-        print(f"model suite: {', '.join(model.model_peer_names(backends, peer_names, device))}", flush=True)
-        records += model.run(backends, peer_names, device, size, deadline=start + budget)
     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
     report.write_json(prefix + ".json", meta, records)
 

@@ -361,3 +361,44 @@ def plot_suite(path: str, suite: str, records: List[dict]) -> Optional[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def short_summary(records: List[dict]) -> str:
+    """A few lines per suite for a device call's output: overhead and model rows, TFLOP/s summaries, the targets."""
+    out = []
+    ovh = [r for r in records if r["case"]["suite"] == "overhead" and not r.get("skip")]
+    if ovh:
+        keys = ("fwd_wall_us", "fwdbwd_wall_us", "nograd_wall_us", "compiled_wall_us", "fwd_kernel_us",
+                "fwd_launches", "graph_us")
+        out.append("overhead µs/call: eager fwd | fwd+bwd | no_grad fwd | compiled fwd | GPU fwd | GPU ops | graph")
+        out += [f"  {r['peer']:14s} " + " | ".join(_fmt(r.get(k)) for k in keys) for r in ovh]
+    mdl = [r for r in records if r["case"]["suite"] == "model" and not r.get("skip")]
+    if mdl:
+        out.append("model: step ms | tokens/s | compiles warm-up/timed | graph breaks")
+        out += [f"  {r['case']['label'][:22]:22s} {r['peer']:14s} {_fmt(r['step_ms'])} | {r['tokens_per_s']:.3g} | "
+                f"{r['compiles_warmup']}/{r['compiles_timed']} | {r['graph_breaks']}" for r in mdl]
+    rows = [r for r in records if r.get("tflops") and r["case"]["suite"] in ("dense", "broadcast")]
+    if rows:
+        out.append("TFLOP/s (fwd, bwd):")
+        idx = _index(rows)
+        for name in _case_names(rows):
+            cells = []
+            for p in peer_columns([r for r in rows if r["case"]["name"] == name]):
+                vals = [(idx.get((name, p, m)) or {}).get("tflops") for m in ("fwd", "bwd")]
+                cells.append(f"{p} {'/'.join(_fmt(v) for v in vals)}")
+            out.append(f"  {name}: " + ", ".join(cells))
+    out += summary_lines(records)
+    targets = target_lines(records)
+    if targets:
+        out += ["issue 9 targets:"] + [f"  {t}" for t in targets]
+    skips = skip_lines(records)
+    if skips:
+        out += ["skipped:"] + [f"  {s}" for s in skips]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m bench.report RESULTS.json: the short summary of a (possibly cut-short) run
+    import sys
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print(f"== {path}\n" + short_summary(json.load(f)["records"]))
