@@ -123,7 +123,7 @@ def flex_attention():
     return attend
 
 
-def attention_for(name: str, cfg: ModelConfig, device) -> Callable:
+def attention_for(name: str, cfg: ModelConfig, device, size: str = "full") -> Callable:
     """The attention call of ``name`` (``jfa:<backend>`` or a peer), or Skip with the reason it cannot run here."""
     on_cuda = torch.device(device).type == "cuda"
     if name.startswith("jfa:"):
@@ -136,6 +136,8 @@ def attention_for(name: str, cfg: ModelConfig, device) -> Callable:
         if reason:
             raise Skip(reason)
         return jfa_attention(name[4:])
+    if name == "flex" and size == "quick":
+        raise Skip("not in --quick: compiling the document-mask training graph takes minutes; run without --quick")
     if not on_cuda:
         raise Skip("needs CUDA")
     try:
@@ -211,14 +213,14 @@ def sync(device) -> None:
 
 
 def train_one(name: str, kinds: List[BatchKind], cfg: ModelConfig, device, compile_backend: str,
-              deadline: float) -> List[dict]:
+              deadline: float, size: str = "full") -> List[dict]:
     """One compiled model with ``name``'s attention, trained on each batch kind in turn: a record per kind."""
     base = {"peer": name, "mode": "train"}
     describe = lambda kind: {"suite": "model", "label": kind.label, "name": f"model {kind.label}",  # noqa: E731
                              "layers": cfg.layers, "embed_dim": cfg.embed_dim, "num_heads": cfg.num_heads,
                              "head_dim": cfg.head_dim, "dtype": cfg.dtype, "compile_backend": compile_backend}
     try:
-        attend = attention_for(name, cfg, device)
+        attend = attention_for(name, cfg, device, size)
     except Skip as e:
         return [dict(base, case=describe(k), skip=str(e)) for k in kinds]
     records = _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe)
@@ -312,7 +314,7 @@ def run(backends: List[str], peers: List[str], device, size: str, deadline: floa
             records += [{"case": {"suite": "model", "label": k.label, "name": f"model {k.label}"}, "peer": name,
                          "mode": "train", "skip": "time budget spent"} for k in kinds]
             continue
-        records += train_one(name, kinds, cfg, device, compile_backend, deadline)
+        records += train_one(name, kinds, cfg, device, compile_backend, deadline, size)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if progress is not None:

@@ -66,6 +66,12 @@ def test_model_attention_calls_match_oracle(name):
     assert rel_error(attend(q, k, v, offsets, 12), ref.float()) < 1e-5
 
 
+def test_model_flex_skipped_in_quick_runs_with_a_reason():
+    from bench import model
+    with pytest.raises(model.Skip, match="not in --quick"):
+        model.attention_for("flex", model.model_config("quick"), "cpu", "quick")
+
+
 def test_model_blocks_keep_sequences_apart():
     """The model's output for one sequence does not change when another sequence of the batch changes."""
     from bench import model
@@ -161,7 +167,7 @@ def test_model_peer_failing_under_compile_is_retried_outside_the_graph(monkeypat
                     for k in kinds]
         return [dict(base, case=describe(k), step_ms=1.0) for k in kinds]
 
-    monkeypatch.setattr(model, "attention_for", lambda name, cfg, device: _oracle_attend)
+    monkeypatch.setattr(model, "attention_for", lambda name, cfg, device, size: _oracle_attend)
     monkeypatch.setattr(model, "_train", fake_train)
     records = model.train_one("varlen", model.batch_kinds("smoke"), model.model_config("smoke"), "cpu", "aot_eager",
                               0.0)

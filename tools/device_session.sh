@@ -4,7 +4,8 @@
 #
 # - FA4: when this call carries .whlA, its part is stashed in /tmp/stash (call 1 of bench/README.md's recipe); when
 #   it carries .whlB and the part is stashed, bench/device_run.sh installs FA4 (call 2); without both, fa4 is skipped.
-# - tests: tools/device_tests.sh with SHARDS (8) shards, each stopped after TEST_S (200) seconds; carry .whl.
+# - tests: tools/device_tests.sh with SHARDS (8) shards, each stopped after TEST_S seconds (450 alone, 200 when the
+#   bench follows in the same call); carry .whl.
 # - bench: `--quick --suite $SUITES --modes fwd,bwd`; its --budget-s is what is left of SESSION_S (570) less 60 s
 #   (the last case started may run past the budget), and a hard stop 10 s before SESSION_S. The JSON is rewritten
 #   after every case, so a cut-short run still prints its table. Extra bench arguments: BENCH_ARGS.
@@ -24,7 +25,9 @@ if [ -f .whlA/part.aa ]; then
 fi
 if [[ $steps == *" tests "* ]]; then
   echo "session: GPU tests ($(left) s left)"
-  SHARD_TIMEOUT_S=${TEST_S:-200} bash tools/device_tests.sh "${SHARDS:-8}" || rc=1
+  # alone, a shard may take what device_tests.sh's runbook allows (450 s); before the bench, the bench comes first
+  if [[ $steps == *" bench "* ]]; then test_s=${TEST_S:-200}; else test_s=${TEST_S:-450}; fi
+  SHARD_TIMEOUT_S=$test_s bash tools/device_tests.sh "${SHARDS:-8}" || rc=1
 fi
 if [[ $steps == *" bench "* ]]; then
   budget=$(($(left) - 60))
