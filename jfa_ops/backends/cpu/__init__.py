@@ -108,7 +108,9 @@ class _Operands:
     def __init__(self, q, k, v, params: AttentionParams, dtype: torch.dtype):
         self.heads_kv, self.group = k.shape[1], q.shape[1] // k.shape[1]
         self.broadcast_q, self.dtype = params.broadcast_q, dtype
-        self.q, self.k, self.v = (_heads_first(x, self.heads_kv) for x in (q, k, v))
+        # One contiguous heads-first copy each: gathering rows from it (index_select) is ~25% faster than gathering
+        # from the strided view with advanced indexing (measured on B=4000 short sequences).
+        self.q, self.k, self.v = (_heads_first(x, self.heads_kv).contiguous() for x in (q, k, v))
 
     def q_rows(self, chunk: _Chunk) -> torch.Tensor:
         """[Hkv * b, L * G, D]; broadcast-Q: the shared q repeated for each sequence."""
@@ -117,7 +119,7 @@ class _Operands:
             dense = self.q[:, None, :pad_q]  # [Hkv, 1, L, G, D]
             rows = dense.expand(-1, batch, -1, -1, -1).to(self.dtype).contiguous()
         else:
-            rows = self.q[:, chunk.q_index].to(self.dtype)
+            rows = self.q.index_select(1, chunk.q_index.flatten()).to(self.dtype)
         return rows.view(self.heads_kv * batch, pad_q * self.group, -1)
 
     def out_rows(self, x: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
@@ -129,7 +131,7 @@ class _Operands:
     def kv_rows(self, x_hf: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
         """[Hkv * b, Lk, D] of k or v."""
         batch, pad_kv = chunk.valid_kv.shape
-        return x_hf[:, chunk.kv_index].to(self.dtype).view(self.heads_kv * batch, pad_kv, -1)
+        return x_hf.index_select(1, chunk.kv_index.flatten()).to(self.dtype).view(self.heads_kv * batch, pad_kv, -1)
 
 
 def _masked_scores(ops: _Operands, chunk: _Chunk, visible, q_pad, k_pad, scale: float) -> torch.Tensor:
