@@ -24,7 +24,6 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from jfa_ops.nn import JaggedSelfAttention, SeedPooling
 
@@ -104,8 +103,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     losses: List[float] = []
     first_step_s = 0.0
     start = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="train", unit="step", dynamic_ncols=True)
-    for step in bar:
+    try:
+        from tqdm import tqdm  # only draws the progress bar: make_batch and the model import without it
+    except ImportError:
+        tqdm = None
+    bar = tqdm(total=args.steps, desc="train", unit="step", dynamic_ncols=True) if tqdm else None
+    for step in range(args.steps):
         tokens, offsets, max_seqlen, labels = make_batch(gen, args.batch, vocab, args.max_len)
         tokens, offsets, labels = tokens.to(device), offsets.to(device), labels.to(device)
         loss = loss_fn(step_fn(tokens, offsets, max_seqlen), labels)
@@ -115,9 +118,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
         losses.append(loss.item())
         if step == 0:
             first_step_s = time.perf_counter() - start
-        if step % 10 == 0 or step == args.steps - 1:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", T=tokens.shape[0], max_len=max_seqlen)
-    bar.close()
+        if bar is not None:
+            bar.update()
+            if step % 10 == 0 or step == args.steps - 1:
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", T=tokens.shape[0], max_len=max_seqlen)
+    if bar is not None:
+        bar.close()
     total_s = time.perf_counter() - start
 
     window = max(1, min(20, args.steps // 5))
