@@ -288,7 +288,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     print(f"mode={cfg.mode} world_size={result['world_size']} device={result['device']} compile={cfg.compile}")
     print(f"loss: first {losses[0]:.4f} -> last {losses[-1]:.4f} over {len(losses)} steps")
     print(f"tokens/s (all ranks, after {cfg.warmup} warm-up steps): {result['tokens_per_s']:.0f}")
-    print(f"dynamo: {result['compiles']} compile(s), {result['graph_breaks']} graph break(s) on rank 0")
+    print(f"dynamo on rank 0: {result['compiles']} compile(s), {result['recompiles']} after the first step, "
+          f"{result['graph_breaks']} graph break(s)")
     return result
 
 
