@@ -50,6 +50,8 @@ def test_oracle_matches_sdpa_on_dense_batches(lq, lk, causal, window, heads):
     k, v = (torch.randn(b * lk, hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
     out, lse = reference_attention(q, k, v, torch.arange(b + 1) * lq, torch.arange(b + 1) * lk, causal=causal,
                                    window=window)
+    # The mask is built here from the README's rule on purpose, not with testing.visible_mask: this test checks the
+    # oracle (mask included) against SDPA, so it must not share the oracle's code.
     i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
     diag = i + lk - lq
     mask = torch.ones(lq, lk, dtype=torch.bool)

@@ -328,11 +328,10 @@ def test_tile_list_covers_each_tile_once_longest_first(device):
     assert (tiles.seq[count:] == -1).all()
     real = sorted(zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist()))
     assert real == sorted((b, s) for b, n in enumerate(lens_q) for s in range(0, n, 16))
-    # causal, L_q <= L_k here except seq 4: visible keys per tile, descending
-    first = [(lens_k[b] - lens_q[b]) + min(s + 16, lens_q[b]) for b, s in zip(tiles.seq[:count].tolist(),
-                                                                               tiles.start[:count].tolist())]
-    rows = [min(16, lens_q[b] - s) for b, s in zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist())]
-    cost = [r * max(0, min(f, lens_k[b])) for r, f, b in zip(rows, first, tiles.seq[:count].tolist())]
+    # causal: rows x keys any row of the tile sees (the oracle's mask), descending
+    masks = [visible_mask(lq, lk, causal=True) for lq, lk in zip(lens_q, lens_k)]
+    tile_masks = [masks[b][s:s + 16] for b, s in zip(tiles.seq[:count].tolist(), tiles.start[:count].tolist())]
+    cost = [m.shape[0] * int(m.any(dim=0).sum()) for m in tile_masks]
     assert cost == sorted(cost, reverse=True)
 
 
