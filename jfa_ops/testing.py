@@ -34,8 +34,8 @@ import jfa_ops
 from jfa_ops.backends import AttentionParams, Problem, get_backend, unavailable_reason
 
 __all__ = [
-    "TOLERANCES", "LSE_TOLERANCE", "tolerance", "visible_mask", "reference_attention", "row_visibility", "assert_attention_close", "AttentionCase",
-    "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
+    "TOLERANCES", "LSE_TOLERANCE", "tolerance", "visible_mask", "reference_attention", "row_visibility",
+    "assert_attention_close", "AttentionCase", "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
     "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
 ]
 

@@ -122,7 +122,8 @@ def sweep(rows_out):
 # --------------------------------------------------------------------------------- same-run variant comparison
 # (name, knob overrides, config overrides {kernel: (block_m, block_n, warps, stages)}, cases, passes)
 _FIVE = ("dense", "causal", "jagged", "jcausal", "bcast")
-VARIANTS = [  # session 5 candidates (measured 2026-11-30, bench/results/devcheck_variants_*session5*); older: bench/NOTES.md
+# Session 5 candidates (measured 2026-11-30, bench/results/devcheck_variants_*session5*); older: bench/NOTES.md
+VARIANTS = [
     ("new (defaults)", {}, {}, _FIVE, "fb"),
     # (the warp-specialized forward hangs on the H200 and is ignored on GPUs: attn_fwd.WARP_SPECIALIZE_ON_GPU)
     ("fwd: atomic work counter", dict(fwd_schedule="atomic"), {}, _FIVE, "f"),
