@@ -56,13 +56,17 @@ def jagged_attention(
 
     A row that sees no key (empty kv sequence, fully masked) gives out 0, lse -inf and zero gradients.
 
-    ``max_seqlen_*`` are optional hints: None never syncs (the built-in backends don't need them); given ints are
-    SymInts under ``torch.compile(dynamic=True)``, so changing them never recompiles. ``scale`` defaults to
+    ``max_seqlen_*`` are optional hints: None (or -1) never syncs (the built-in backends don't need them); given ints
+    are SymInts under ``torch.compile(dynamic=True)``, so changing them never recompiles. ``scale`` defaults to
     ``D ** -0.5``. ``deterministic=True`` makes gradients bitwise reproducible. ``backend`` picks a registered backend
     by name (else env ``JFA_BACKEND``, else the fastest that supports the call).
 
     q, k, v may also be ``torch.nested`` jagged tensors (``layout=torch.jagged``, shape ``[B, j, H, D]``); offsets
-    are then taken from them (pass None) and ``out`` is a nested tensor too.
+    are then taken from them (leave the offsets None) and ``out`` is a nested tensor too. NJTs with holes
+    (``torch.nested.narrow``) and SDPA's ``[B, H, j, D]`` layout are rejected with a ``ValueError``.
+
+    Under ``torch.autocast``, fp32 q/k/v run in the region's dtype (like SDPA). ``torch.use_deterministic_algorithms``
+    implies ``deterministic=True``. Forward-mode AD (``torch.func.jvp``) raises ``NotImplementedError``.
 
     Example::
 

@@ -130,7 +130,7 @@ class TestGraphs(TestCase):
         self.assertEqual(len(backend.graphs), 1)
         self.assertExpectedInline(_sym_names(normalize_gm(backend.graphs[0].print_readable(print_output=False))), """\
 class GraphModule(torch.nn.Module):
-    def forward(self, s0: "Sym(s0)", s1: "Sym(s1)", L_q_: "f32[s0, s1, 16]", s2: "Sym(s2)", s3: "Sym(s3)", L_k_: "f32[s2, s3, 16]", L_v_: "f32[s2, s3, 16]", s4: "Sym(s4)", L_q_off_: "i64[s4]", L_kv_off_: "i64[s4]"):
+    def forward(self, s0: "Sym(s0)", s1: "Sym(s1)", s2: "Sym(s2)", L_q_: "f32[s0, s1, s2]", s3: "Sym(s3)", s4: "Sym(s4)", L_k_: "f32[s3, s4, s2]", L_v_: "f32[s3, s4, s2]", s5: "Sym(s5)", L_q_off_: "i64[s5]", L_kv_off_: "i64[s5]"):
         l_q_ = L_q_
         l_k_ = L_k_
         l_v_ = L_v_
@@ -138,10 +138,10 @@ class GraphModule(torch.nn.Module):
         l_kv_off_ = L_kv_off_
 
         attention = torch.ops.jfa.attention(l_q_, l_k_, l_v_, l_q_off_, l_kv_off_, causal = True);  l_q_ = l_k_ = l_v_ = l_q_off_ = l_kv_off_ = None
-        out: "f32[s0, s1, 16]" = attention[0]
+        out: "f32[s0, s1, s2]" = attention[0]
         lse: "f32[s1, s0]" = attention[1];  attention = None
 
-        mul: "f32[s0, s1, 16]" = out * 2;  out = None
+        mul: "f32[s0, s1, s2]" = out * 2;  out = None
         return (mul, lse)
 """)
 
@@ -154,30 +154,30 @@ class GraphModule(torch.nn.Module):
         self.assertExpectedInline(_sym_names(normalize_gm(backend.fw_graphs[0].print_readable(print_output=False))),
                                   """\
 class GraphModule(torch.nn.Module):
-    def forward(self, primals_1: "Sym(s0)", primals_2: "Sym(s1)", primals_3: "f32[s0, s1, 16]", primals_4: "Sym(s2)", primals_5: "Sym(s3)", primals_6: "f32[s2, s3, 16]", primals_7: "f32[s2, s3, 16]", primals_8: "Sym(s4)", primals_9: "i64[s4]", primals_10: "i64[s4]"):
-        attention = torch.ops.jfa.attention.default(primals_3, primals_6, primals_7, primals_9, primals_10, -1, -1, None, True)
-        getitem: "f32[s0, s1, 16]" = attention[0]
+    def forward(self, primals_1: "Sym(s0)", primals_2: "Sym(s1)", primals_3: "Sym(s2)", primals_4: "f32[s0, s1, s2]", primals_5: "Sym(s3)", primals_6: "Sym(s4)", primals_7: "f32[s3, s4, s2]", primals_8: "f32[s3, s4, s2]", primals_9: "Sym(s5)", primals_10: "i64[s5]", primals_11: "i64[s5]"):
+        attention = torch.ops.jfa.attention.default(primals_4, primals_7, primals_8, primals_10, primals_11, -1, -1, None, True)
+        getitem: "f32[s0, s1, s2]" = attention[0]
         getitem_1: "f32[s1, s0]" = attention[1];  attention = None
-        detach: "f32[s0, s1, 16]" = torch.ops.aten.detach.default(getitem)
+        detach: "f32[s0, s1, s2]" = torch.ops.aten.detach.default(getitem)
         detach_1: "f32[s1, s0]" = torch.ops.aten.detach.default(getitem_1)
 
-        mul_10: "f32[s0, s1, 16]" = torch.ops.aten.mul.Tensor(getitem, 2);  getitem = None
+        mul_10: "f32[s0, s1, s2]" = torch.ops.aten.mul.Tensor(getitem, 2);  getitem = None
 
-        detach_2: "f32[s0, s1, 16]" = torch.ops.aten.detach.default(detach);  detach = None
+        detach_2: "f32[s0, s1, s2]" = torch.ops.aten.detach.default(detach);  detach = None
         detach_3: "f32[s1, s0]" = torch.ops.aten.detach.default(detach_1);  detach_1 = None
-        return (mul_10, getitem_1, primals_3, primals_6, primals_7, primals_9, primals_10, detach_2, detach_3, primals_2, primals_1, primals_5, primals_4, primals_8)
+        return (mul_10, getitem_1, primals_4, primals_7, primals_8, primals_10, primals_11, detach_2, detach_3, primals_3, primals_2, primals_1, primals_6, primals_5, primals_9)
 """)
         self.assertExpectedInline(_sym_names(normalize_gm(backend.bw_graphs[0].print_readable(print_output=False))),
                                   """\
 class GraphModule(torch.nn.Module):
-    def forward(self, primals_2: "Sym(s0)", primals_1: "Sym(s1)", primals_5: "Sym(s2)", primals_4: "Sym(s3)", primals_8: "Sym(s4)", primals_3: "f32[s1, s0, 16]", primals_6: "f32[s3, s2, 16]", primals_7: "f32[s3, s2, 16]", primals_9: "i64[s4]", primals_10: "i64[s4]", detach_2: "f32[s1, s0, 16]", detach_3: "f32[s0, s1]", tangents_1: "f32[s1, s0, 16]", tangents_2: "f32[s0, s1]"):
-        mul_14: "f32[s1, s0, 16]" = torch.ops.aten.mul.Tensor(tangents_1, 2);  tangents_1 = None
+    def forward(self, primals_3: "Sym(s0)", primals_2: "Sym(s1)", primals_1: "Sym(s2)", primals_6: "Sym(s3)", primals_5: "Sym(s4)", primals_9: "Sym(s5)", primals_4: "f32[s2, s1, s0]", primals_7: "f32[s4, s3, s0]", primals_8: "f32[s4, s3, s0]", primals_10: "i64[s5]", primals_11: "i64[s5]", detach_2: "f32[s2, s1, s0]", detach_3: "f32[s1, s2]", tangents_1: "f32[s2, s1, s0]", tangents_2: "f32[s1, s2]"):
+        mul_14: "f32[s2, s1, s0]" = torch.ops.aten.mul.Tensor(tangents_1, 2);  tangents_1 = None
 
-        attention_backward = torch.ops.jfa.attention_backward.default(mul_14, tangents_2, primals_3, primals_6, primals_7, detach_2, detach_3, primals_9, primals_10, -1, -1, None, True);  mul_14 = tangents_2 = primals_3 = primals_6 = primals_7 = detach_2 = detach_3 = primals_9 = primals_10 = None
-        getitem_2: "f32[s1, s0, 16]" = attention_backward[0]
-        getitem_3: "f32[s3, s2, 16]" = attention_backward[1]
-        getitem_4: "f32[s3, s2, 16]" = attention_backward[2];  attention_backward = None
-        return (None, None, getitem_2, None, None, getitem_3, getitem_4, None, None, None)
+        attention_backward = torch.ops.jfa.attention_backward.default(mul_14, tangents_2, primals_4, primals_7, primals_8, detach_2, detach_3, primals_10, primals_11, -1, -1, None, True);  mul_14 = tangents_2 = primals_4 = primals_7 = primals_8 = detach_2 = detach_3 = primals_10 = primals_11 = None
+        getitem_2: "f32[s2, s1, s0]" = attention_backward[0]
+        getitem_3: "f32[s4, s3, s0]" = attention_backward[1]
+        getitem_4: "f32[s4, s3, s0]" = attention_backward[2];  attention_backward = None
+        return (None, None, None, getitem_2, None, None, getitem_3, getitem_4, None, None, None)
 """)
 
 
