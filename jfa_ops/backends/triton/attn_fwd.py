@@ -84,7 +84,7 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
               USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
               WARP_SPECIALIZE: tl.constexpr = False, valid=True):
     """One work item. WARP_SPECIALIZE: Q through its descriptor too and one masked, warp-specialized KV loop (what
-    Triton's Hopper pass can partition: it fails on three stage loops or a pointer-loaded Q, NOTES.md); ``valid``
+    Triton's Hopper pass can partition: it fails on three stage loops or a pointer-loaded Q, bench/NOTES.md); ``valid``
     False (a spare program of the grid) runs no KV block and stores nothing."""
     out_row0, len_q = seq_extent(Q_OFF, seq)
     kv_row0, len_k = seq_extent(KV_OFF, seq)
@@ -158,7 +158,7 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
     """Work items (tile, head), tiles longest first (order: ``common.work_item``). Program p handles items p, p + P,
     ... (one each on the default grid); ATOMIC_WORK: each program takes the next item from WORK_COUNTER.
     WARP_SPECIALIZE (grid schedule, Q/K/V descriptors): one item per program with no loop around it, spare programs
-    masked instead of branching (Triton's Hopper warp-specialization pass fails on either, NOTES.md)."""
+    masked instead of branching (Triton's Hopper warp-specialization pass fails on either, bench/NOTES.md)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     n_work = n_tiles * num_heads
@@ -184,10 +184,10 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
 # H200, Triton 3.6: the causal forward with TMA K/V hangs at head_dim 256 (bf16 and fp16; 128x64 tiles, 2 stages;
-# non-causal and the pointer path are fine; NOTES.md, session 4). Only head dims up to 128 use TMA.
+# non-causal and the pointer path are fine; bench/NOTES.md, session 4). Only head dims up to 128 use TMA.
 TMA_MAX_HEAD_DIM = 128
 # The warp-specialized forward compiles with Triton 3.6 (the device's); 3.9's Hopper pass splits the Q tile between
-# its two consumer groups and then rejects the host descriptor's [BLOCK_M, D] block (NOTES.md). Other versions run
+# its two consumer groups and then rejects the host descriptor's [BLOCK_M, D] block (bench/NOTES.md). Other versions run
 # the default forward even when KNOBS.fwd_warp_specialize is set.
 WARP_SPECIALIZE_OK = triton.__version__.startswith("3.6.")
 # ... but on the H200 (Triton 3.6, 2026-11-30) that compiled forward hangs on every case tried, tiny ones included

@@ -34,7 +34,7 @@ class KernelConfig:
 @dataclasses.dataclass
 class Knobs:
     """Code-path switches (not block sizes); ``devcheck --variants`` flips them to compare in the same run.
-    Defaults from the H200 run in NOTES.md (dense B8 H16 S4096 D128 bf16, TFLOP/s)."""
+    Defaults from the H200 run in bench/NOTES.md (dense B8 H16 S4096 D128 bf16, TFLOP/s)."""
     fwd_fma_softmax: bool = True  # max over raw scores, then exp2(s * scale - m) as one FMA (scale > 0): neutral
     fwd_kv_major: bool = True  # work order kv head -> tile -> q head (common.work_item): dense fwd 439 -> 459
     # How work items reach programs (common.launch_schedule): "grid" one program per item (the hardware hands the next
@@ -49,7 +49,7 @@ class Knobs:
     bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
     fwd_warp_specialize: bool = False  # forward: Triton's Hopper warp specialization (one masked KV loop, Q/K/V by TMA,
     #                                   grid schedule, 4 warps per consumer group); hangs on the H200, so ignored on
-    #                                   GPUs (attn_fwd.WARP_SPECIALIZE_ON_GPU); interpreter-tested; NOTES.md
+    #                                   GPUs (attn_fwd.WARP_SPECIALIZE_ON_GPU); interpreter-tested; bench/NOTES.md
     bwd_dq_warp_specialize: bool = False  # dQ pass: the same kind of variant (64x64 tiles, what the pass accepts);
     #                                      correct on the H200 but slower: dense D128 bwd 352 -> 264 TFLOP/s
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
@@ -104,7 +104,7 @@ def _fwd_ws(bucket: int, causal: bool) -> KernelConfig:
 
 
 def _dq_ws(bucket: int) -> KernelConfig:
-    # The Hopper pass partitions a dQ loop at 64x64 tiles with 4 warps and fails at 128x64 (probe, NOTES.md).
+    # The Hopper pass partitions a dQ loop at 64x64 tiles with 4 warps and fails at 128x64 (probe, bench/NOTES.md).
     return KernelConfig(64, 64, 4, 2)
 
 
