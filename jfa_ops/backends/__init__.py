@@ -21,7 +21,8 @@ from jfa_ops.backends.base import AttentionParams, Backend, Problem
 __all__ = ["AttentionParams", "Backend", "Problem", "register_backend", "unregister_backend", "get_backend",
            "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
 
-_BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "triton": "jfa_ops.backends.triton"}
+_BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "cpu": "jfa_ops.backends.cpu",
+                    "triton": "jfa_ops.backends.triton"}
 _REGISTRY: Dict[str, Backend] = {}
 _IMPORT_ERRORS: Dict[str, str] = {}
 _WARNED: Set[str] = set()  # reasons already warned about (the reference-on-CUDA fallback)
