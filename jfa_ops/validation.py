@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from jfa_ops.backends.base import device_guard
+
 MODES = ("sync", "async", "off")
 
 
@@ -77,9 +79,10 @@ def check_offset_values(
     mode = validation_mode(q.device)
     if mode == "off":
         return
-    if mode == "async" and _check_async_fused(q_offsets, q.shape[0], max_seqlen_q, kv_offsets, k.shape[0],
-                                              max_seqlen_kv):
-        return
+    if mode == "async":
+        with device_guard(kv_offsets.device):  # the fused check is a Triton launch (on the current device)
+            if _check_async_fused(q_offsets, q.shape[0], max_seqlen_q, kv_offsets, k.shape[0], max_seqlen_kv):
+                return
     check = _check_sync if mode == "sync" else _check_async
     check("kv_offsets", kv_offsets, k.shape[0], max_seqlen_kv)
     if q_offsets is not None:

@@ -420,7 +420,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), grad_out.stride(0),
                grad_out.stride(1))
     # 2. dK, dV: key tiles, longest first
-    cfg = get_config("dkdv", head_dim, q.dtype, params.causal)
+    cfg = get_config("dkdv", head_dim, q.dtype, params.causal, device)
     tiles = kv_tiles(q_off, kv_off, k.shape[0], cfg.block_n, window_left, right, has_left, has_right)
     programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads_kv, cfg.programs_per_sm,
                                         device)
@@ -465,7 +465,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     warp_specialize = (KNOBS.bwd_dq_warp_specialize and WARP_SPECIALIZE_OK
                        and not (params.broadcast_q and params.deterministic)
                        and use_tma(hd["PAD_D"], q, grad_out, k, v))
-    cfg = get_config("dq_ws" if warp_specialize else "dq", head_dim, q.dtype, params.causal)
+    cfg = get_config("dq_ws" if warp_specialize else "dq", head_dim, q.dtype, params.causal, device)
     seqs_per_tile, chunks = 1, 1
     if params.broadcast_q and params.deterministic:
         tiles, chunks, seqs_per_tile = _chunked_broadcast_tiles(num_seqs, len_q, cfg.block_m, num_heads,

@@ -19,7 +19,7 @@ from . import common
 from .common import (LN2, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
                      next_work, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible, window_bounds,
                      work_item)
-from .configs import KNOBS, get_config
+from .configs import KNOBS, get_config, nvidia
 from .scheduling import forward_tiles, shape_constant
 
 
@@ -213,8 +213,9 @@ def use_tma(pad_d: bool, *tensors: torch.Tensor) -> bool:
 
 
 def _tma_device(t: torch.Tensor) -> bool:
-    """TMA enabled and the tensor on an sm_90+ GPU (tests replace this to run the TMA paths in the interpreter)."""
-    if not TMA_ENABLED or t.device.type != "cuda":
+    """TMA enabled and the tensor on an NVIDIA sm_90+ GPU (tests replace this to run the TMA paths in the
+    interpreter). ROCm builds are excluded by vendor: an AMD MI300 also reports capability 9.x."""
+    if not TMA_ENABLED or t.device.type != "cuda" or not nvidia():
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
 
@@ -255,7 +256,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     # Warp-specialized variant (opt-in): needs Q, K, V all through TMA and one program per work item.
     warp_specialize = (KNOBS.fwd_warp_specialize and WARP_SPECIALIZE_OK and KNOBS.fwd_schedule == "grid"
                        and (device.type != "cuda" or WARP_SPECIALIZE_ON_GPU) and use_tma(hd["PAD_D"], q, k, v))
-    cfg = get_config("fwd_ws" if warp_specialize else "fwd", head_dim, q.dtype, params.causal)
+    cfg = get_config("fwd_ws" if warp_specialize else "fwd", head_dim, q.dtype, params.causal, device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
     programs, counter = launch_schedule(KNOBS.fwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
