@@ -37,8 +37,11 @@ def _spy(monkeypatch):
             return fn(*args[:-2], sequences, args[-1])
         return wrapper
 
-    monkeypatch.setattr(cpu, "_forward_chunk", counting("forward_chunk", cpu._forward_chunk))
-    monkeypatch.setattr(cpu, "_backward_chunk", counting("backward_chunk", cpu._backward_chunk))
+    for path in ("", "_fused"):  # the fused (ATen flash) and exact chunk paths count the same
+        monkeypatch.setattr(cpu, f"{path}_forward_chunk",
+                            counting("forward_chunk", getattr(cpu, f"{path}_forward_chunk")))
+        monkeypatch.setattr(cpu, f"{path}_backward_chunk",
+                            counting("backward_chunk", getattr(cpu, f"{path}_backward_chunk")))
     monkeypatch.setattr(reference, "forward_into", counting_sequences(reference.forward_into))
     monkeypatch.setattr(reference, "backward_into", counting_sequences(reference.backward_into))
     return calls
@@ -90,3 +93,92 @@ def test_same_as_reference_on_a_large_batch():
     outs = [jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, return_lse=True,
                                      backend=name) for name in ("cpu", "reference")]
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-5, atol=2e-6)
+
+
+# Every masking feature at once: GQA, cross lengths with L_q > L_k (causal bottom-right: first rows see no key),
+# a window, an empty sequence and padding within each bucket.
+FEATURES = [
+    AttentionCase((7, 3, 0, 12, 5), (4, 6, 3, 9, 5), heads_q=4, heads_kv=2, causal=True),
+    AttentionCase((7, 3, 1, 12, 5), (4, 6, 3, 9, 0), heads_q=4, heads_kv=1, window=(3, 2)),
+    AttentionCase((6, 9, 2), (8, 3, 2), heads_q=2, heads_kv=2, causal=True, window=(2, 0)),
+]
+
+
+def _paths(monkeypatch):
+    """Count the fused (ATen flash) and exact chunk calls."""
+    calls = {"_fused_forward_chunk": 0, "_fused_backward_chunk": 0, "_forward_chunk": 0, "_backward_chunk": 0}
+
+    def counting(name):
+        fn = getattr(cpu, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name in calls:
+        monkeypatch.setattr(cpu, name, counting(name))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", FEATURES)
+def test_fused_path_matches_the_oracle(monkeypatch, case, dtype):
+    """Finite inputs take the fused path (gradient through out only: the lse gradient takes the exact path); rows
+    that see no key give out 0, lse -inf and zero gradients (the kernel itself gives lse 0 there)."""
+    calls = _paths(monkeypatch)
+    check_attention_case(case.replace(dtype=dtype), "cpu", grads=("out",))
+    assert calls["_fused_forward_chunk"] > 0 and calls["_fused_backward_chunk"] > 0
+    assert calls["_forward_chunk"] == calls["_backward_chunk"] == 0
+
+
+@pytest.mark.parametrize("case", FEATURES)
+def test_exact_path_matches_the_oracle(monkeypatch, case):
+    """The exact path (non-finite inputs, broadcast-Q, float64, lse gradients) on the same finite cases, forced."""
+    monkeypatch.setattr(cpu, "_fused_ok", lambda *args: False)
+    calls = _paths(monkeypatch)
+    check_attention_case(case, "cpu")
+    assert calls["_fused_forward_chunk"] == calls["_fused_backward_chunk"] == 0
+
+
+def test_lse_gradient_and_broadcast_q_take_the_exact_path(monkeypatch):
+    calls = _paths(monkeypatch)
+    check_attention_case(FEATURES[0], "cpu", grads=("lse",))
+    assert calls["_fused_forward_chunk"] > 0 and calls["_fused_backward_chunk"] == 0 and calls["_backward_chunk"] > 0
+    calls = _paths(monkeypatch)
+    check_attention_case(AttentionCase((5,), (4, 7, 0, 3), heads_q=4, heads_kv=2, causal=True, broadcast_q=True),
+                         "cpu", grads=("out",))
+    assert calls["_fused_forward_chunk"] == 0 and calls["_forward_chunk"] > 0
+
+
+@pytest.mark.parametrize("poison", ["nan_q_sees_nothing", "score_overflow"])
+def test_nonfinite_scores_take_the_exact_path(monkeypatch, poison):
+    """A NaN query row that sees no key gives out 0, lse -inf (the fused kernel's additive mask would give NaN:
+    NaN + -inf); finite inputs whose scores overflow to inf give NaN as in the reference (the fused chunk sees a
+    non-finite lse and hands the chunk over)."""
+    case = AttentionCase((4, 3), (2, 3), heads_q=2, heads_kv=1, head_dim=8, causal=True)  # rows 0, 1 see nothing
+    x = case.make_inputs(0)
+    q, k, v = x.q.clone(), x.k.clone(), x.v.clone()
+    if poison == "nan_q_sees_nothing":
+        q[0] = math.nan
+    else:
+        q[5], k[3] = 1e30, 1e30  # sequence 1, row 1 and key 1: score +inf
+    calls = _paths(monkeypatch)
+    got = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, return_lse=True, backend="cpu")
+    want = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, return_lse=True,
+                                    backend="reference")
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, equal_nan=True)
+    assert calls["_forward_chunk"] > 0
+    if poison == "score_overflow":
+        assert got[0][5].isnan().all()
+        grads = []
+        for backend in ("cpu", "reference"):  # the fused backward also hands the chunk over (NaN saved lse)
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = jfa_ops.jagged_attention(*leaves, x.q_offsets, x.kv_offsets, causal=True, backend=backend)
+            grads.append(torch.autograd.grad(out, leaves, torch.ones_like(out)))
+        for a, e in zip(*grads):
+            torch.testing.assert_close(a, e, equal_nan=True)
+        assert calls["_backward_chunk"] > 0
+    else:
+        assert torch.equal(got[0][0], torch.zeros_like(got[0][0])) and (got[1][:, 0] == -math.inf).all()
