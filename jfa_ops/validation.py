@@ -54,7 +54,7 @@ def _check_async_fused(q_offsets, q_rows, max_seqlen_q, kv_offsets, kv_rows, max
     if kv_offsets.device.type != "cuda":
         return False
     try:
-        from jfa_ops.offset_checks import offsets_ok
+        from jfa_ops.backends.triton.offset_checks import offsets_ok
     except ImportError:  # a CUDA build without triton: the aten checks below still run
         return False
     if q_offsets is None:

@@ -267,7 +267,7 @@ def _sync_ok(offsets, rows, max_seqlen):
 @pytest.mark.parametrize("case", range(len(_OFFSET_CASES)))
 def test_one_launch_offset_check_agrees_with_sync_check(case, dtype):
     pytest.importorskip("triton")
-    from jfa_ops.offset_checks import offsets_ok
+    from jfa_ops.backends.triton.offset_checks import offsets_ok
 
     offsets, rows, max_seqlen = _OFFSET_CASES[case]
     t = torch.tensor(offsets, dtype=dtype)

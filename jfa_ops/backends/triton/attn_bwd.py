@@ -21,9 +21,10 @@ import triton.language as tl
 
 from . import common
 from .common import (LOG2E, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
-                     next_work, num_sms, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible,
-                     window_bounds, work_item)
+                     next_work, num_sms, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows,
+                     visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
+from .launch import launch
 from .attn_fwd import WARP_SPECIALIZE_OK, broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
 
@@ -32,7 +33,7 @@ FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of s
 
 
 @triton.jit(do_not_specialize=["total_out"])
-def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, total_out, stride_ot, stride_oh, stride_dt, stride_dh,
+def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, total_out, stride_ot, stride_oh, stride_dot, stride_doh,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                           BLOCK_T: tl.constexpr, HAS_GRAD_LSE: tl.constexpr):
     """delta[h, t] = sum_d dO[t, h, d] * O[t, h, d] (fp32) - grad_lse[h, t]."""
@@ -43,7 +44,7 @@ def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, total_out, stride_ot, strid
     d_ok = d < HEAD_DIM
     rows64 = rows.to(tl.int64)
     o = load_rows(Out + rows64[:, None] * stride_ot + head * stride_oh + d[None, :], rows_ok, d_ok, True, PAD_D)
-    do = load_rows(DOut + rows64[:, None] * stride_dt + head * stride_dh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    do = load_rows(DOut + rows64[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok, d_ok, True, PAD_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     lse_index = head.to(tl.int64) * total_out + rows
     if HAS_GRAD_LSE:
@@ -413,12 +414,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         grad_lse_arg = delta
         if grad_lse is not None:
             grad_lse_arg = grad_lse.to(torch.float32).contiguous()
-        attn_bwd_delta_kernel[(triton.cdiv(total_out, DELTA_BLOCK_T), num_heads)](
-            out, grad_out, grad_lse_arg, delta, total_out, out.stride(0), out.stride(1), grad_out.stride(0),
-            grad_out.stride(1), **hd, BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None)
+        launch(attn_bwd_delta_kernel, (triton.cdiv(total_out, DELTA_BLOCK_T), num_heads), dict(
+            Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta, total_out=total_out, **row_strides("o", out),
+            **row_strides("do", grad_out), **hd, BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None))
 
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), grad_out.stride(0),
-               grad_out.stride(1))
+    strides = dict(**row_strides("q", q), **row_strides("k", k), **row_strides("v", v), **row_strides("do", grad_out))
     # 2. dK, dV: key tiles, longest first
     cfg = get_config("dkdv", head_dim, q.dtype, params.causal)
     tiles = kv_tiles(q_off, kv_off, k.shape[0], cfg.block_n, window_left, right, has_left, has_right)
@@ -430,12 +430,12 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     fused = (KNOBS.bcast_fused_dq if params.broadcast_q else KNOBS.bwd_fused_dq) and not params.deterministic \
         and total_out > 0
     num_slabs, dq_tma = 1, False
-    dq_arg, dq_acc, dq_strides = dk, None, (0, 0)
+    dq_arg, dq_acc, dq_strides = dk, None, dict(stride_dqt=0, stride_dqh=0)
     if fused:
         if params.broadcast_q:
             num_slabs = max(1, min(programs, KNOBS.bcast_dq_slabs))
         dq_acc = torch.zeros((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device)
-        dq_strides = (dq_acc.stride(1), dq_acc.stride(2))
+        dq_strides = dict(stride_dqt=dq_acc.stride(1), stride_dqh=dq_acc.stride(2))
         dq_tma = KNOBS.bwd_dq_tma and use_tma(hd["PAD_D"], q, k)  # q: 16-bit inputs (dq_acc itself is fp32)
         dq_arg = rows_descriptor(dq_acc.view(-1, num_heads, head_dim), cfg.block_m) if dq_tma else dq_acc
     # Q and dO through TMA: no [BLOCK_M, D] pointer tensors held in registers across the loop (the kernel sits at the
@@ -443,21 +443,23 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(hd["PAD_D"], q, grad_out, k)
     q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if qdo_tma
                      else (q, grad_out))
-    attn_bwd_dkdv_kernel[(programs,)](
-        q_arg, k, v, do_arg, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
-        tiles.count if counter is None else counter,
-        num_heads_kv, total_out, *strides, dk.stride(0), *dq_strides, num_slabs, q.shape[0], group, scale,
-        qk_scale, window_left, right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused,
-        DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, ATOMIC_WORK=counter is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch(attn_bwd_dkdv_kernel, (programs,), dict(
+        Q=q_arg, K=k, V=v, DOut=do_arg, Lse=lse, Delta=delta, DK=dk, DV=dv, DQ=dq_arg, Q_OFF=q_off, KV_OFF=kv_off,
+        TILE_SEQ=tiles.seq, TILE_START=tiles.start, TILE_COUNT=tiles.count,
+        WORK_COUNTER=tiles.count if counter is None else counter, num_heads_kv=num_heads_kv, total_out=total_out,
+        **strides, stride_dkvt=dk.stride(0), **dq_strides, num_slabs=num_slabs, slab_rows=q.shape[0], group=group,
+        scale=scale, qk_scale=qk_scale, window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused, DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma,
+        ATOMIC_WORK=counter is not None), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # 3. dQ
     if total_out == 0:
         return torch.zeros_like(q), dk, dv
     if fused:
         dq = common.alloc_output(q.shape, q.dtype, device)
-        attn_bwd_dq_finalize_kernel[(triton.cdiv(q.numel(), FINALIZE_BLOCK),)](
-            dq_acc, dq, q.numel(), num_slabs, q.numel(), scale, BLOCK=FINALIZE_BLOCK)
+        launch(attn_bwd_dq_finalize_kernel, (triton.cdiv(q.numel(), FINALIZE_BLOCK),), dict(
+            DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), num_slabs=num_slabs, slab_stride=q.numel(), scale=scale,
+            BLOCK=FINALIZE_BLOCK))
         return dq, dk, dv
     atomic = params.broadcast_q and not params.deterministic
     # Warp-specialized variant (opt-in): one sequence per tile (not the deterministic broadcast chunks), every
@@ -484,14 +486,16 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
     q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if warp_specialize
                      else (q, grad_out))
-    attn_bwd_dq_kernel[(programs,)](
-        q_arg, k_arg, v_arg, do_arg, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
-        tiles.count if counter is None else counter, num_heads,
-        num_seqs, seqs_per_tile, total_out, *strides, dq_buf.stride(-3), dq_buf.stride(-2),
-        dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group, scale, qk_scale, window_left, right,
-        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
-        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+    launch(attn_bwd_dq_kernel, (programs,), dict(
+        Q=q_arg, K=k_arg, V=v_arg, DOut=do_arg, Lse=lse, Delta=delta, DQ=dq_buf, Q_OFF=q_off, KV_OFF=kv_off,
+        TILE_SEQ=tiles.seq, TILE_START=tiles.start, TILE_COUNT=tiles.count,
+        WORK_COUNTER=tiles.count if counter is None else counter, num_heads=num_heads, num_seqs=num_seqs,
+        seqs_per_tile=seqs_per_tile, total_out=total_out, **strides, stride_dqt=dq_buf.stride(-3),
+        stride_dqh=dq_buf.stride(-2), stride_dq_chunk=dq_buf.stride(0) if params.broadcast_q and not atomic else 0,
+        group=group, scale=scale, qk_scale=qk_scale, window_left=window_left, right=right, **hd,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
+        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if params.broadcast_q:
         dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
     else:

@@ -17,9 +17,10 @@ import triton.language as tl
 
 from . import common
 from .common import (LN2, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
-                     next_work, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible, window_bounds,
-                     work_item)
+                     next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
+                     window_bounds, work_item)
 from .configs import KNOBS, get_config
+from .launch import launch
 from .scheduling import forward_tiles, shape_constant
 
 
@@ -262,14 +263,14 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     tma = use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
     q_arg = rows_descriptor(q, cfg.block_m) if warp_specialize else q
-    attn_fwd_kernel[(programs,)](
-        q_arg, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
-        tiles.count if counter is None else counter, num_heads, total_out,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        num_heads // num_heads_kv, params.scale * 1.4426950408889634, window_left, right,  # scale / ln 2
-        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
+    launch(attn_fwd_kernel, (programs,), dict(
+        Q=q_arg, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, TILE_SEQ=tiles.seq,
+        TILE_START=tiles.start, TILE_COUNT=tiles.count, WORK_COUNTER=tiles.count if counter is None else counter,
+        num_heads=num_heads, total_out=total_out, **row_strides("q", q), **row_strides("k", k), **row_strides("v", v),
+        **row_strides("o", out), group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+        window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
         FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
-        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .common import loop_bound
+from .launch import launch
 
 SLOT_CHUNK = 1024  # tile slots per program of tile_slots_kernel
 
@@ -103,15 +104,18 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, t
     """
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
-    capacity = (total_rows + block - 1) // block + num_seqs
+    # Rounded up to 4 slots: the start row of the [2, capacity] slots then stays 16-byte aligned whatever the
+    # lengths, so the kernels reading it keep one specialization (launch.py keys on pointer alignment).
+    capacity = -(-((total_rows + block - 1) // block + num_seqs) // 4) * 4
     if num_seqs <= 0:
         return _padding_tiles(capacity, device)
     slots = torch.empty((2, capacity), dtype=torch.int32, device=device)  # unsorted (seq, start)
     cost = torch.empty((capacity,), dtype=torch.int64, device=device)
     count = torch.empty((1,), dtype=torch.int32, device=device)
-    tile_slots_kernel[(triton.cdiv(capacity, SLOT_CHUNK),)](
-        stationary_offsets, other_offsets, slots, cost, count, num_seqs, capacity, (num_seqs - 1).bit_length(),
-        lo_off, hi_off, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHUNK=SLOT_CHUNK, num_warps=4, num_stages=1)
+    launch(tile_slots_kernel, (triton.cdiv(capacity, SLOT_CHUNK),), dict(
+        OFF_S=stationary_offsets, OFF_O=other_offsets, SLOTS=slots, COST=cost, TILE_COUNT=count, num_seqs=num_seqs,
+        capacity=capacity, search_steps=(num_seqs - 1).bit_length(), lo_off=lo_off, hi_off=hi_off, BLOCK=block,
+        HAS_LO=has_lo, HAS_HI=has_hi, CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
     order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
     seq, start = slots.index_select(1, order)
     return TileList(seq, start, count, capacity)

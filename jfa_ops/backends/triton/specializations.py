@@ -132,7 +132,7 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
 
 def offsets_check_specialization(has_b: bool) -> Specialization:
     """The async offset check (jfa_ops.offset_checks) as validation launches it on CUDA (int32 offsets)."""
-    from jfa_ops import offset_checks
+    from . import offset_checks
 
     fn = offset_checks.offsets_ok_kernel
     constexprs = dict(HAS_MAX_A=True, HAS_B=has_b, HAS_MAX_B=True, BLOCK=offset_checks.CHECK_BLOCK)

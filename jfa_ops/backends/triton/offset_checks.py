@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from jfa_ops.backends.triton.common import loop_bound
+from .common import loop_bound
+from .launch import launch
 
 CHECK_BLOCK = 1024  # offsets read per loop step (one program does it all: B is small next to any kernel's work)
 
@@ -45,7 +46,8 @@ def offsets_ok(a: torch.Tensor, rows_a: int, max_a: int, b=None, rows_b: int = 0
     ``max_* < 0``: no max_seqlen bound."""
     ok = torch.empty((1,), dtype=torch.bool, device=a.device)
     b_arg = a if b is None else b
-    offsets_ok_kernel[(1,)](a, a.numel() - 1, rows_a, max_a, b_arg, b_arg.numel() - 1, rows_b, max_b, ok,
-                            HAS_MAX_A=max_a >= 0, HAS_B=b is not None, HAS_MAX_B=max_b >= 0, BLOCK=CHECK_BLOCK,
-                            num_warps=4)
+    launch(offsets_ok_kernel, (1,), dict(
+        OFF_A=a, num_seqs_a=a.numel() - 1, rows_a=rows_a, max_a=max_a, OFF_B=b_arg, num_seqs_b=b_arg.numel() - 1,
+        rows_b=rows_b, max_b=max_b, OK=ok, HAS_MAX_A=max_a >= 0, HAS_B=b is not None, HAS_MAX_B=max_b >= 0,
+        BLOCK=CHECK_BLOCK), num_warps=4)
     return ok
