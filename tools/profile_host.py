@@ -27,14 +27,16 @@ def section_times(fn, calls):
     import functools
     import importlib
 
-    # (module, functions looked up through it at call time); every Triton launch is timed through JITFunction.run
+    # (module, functions looked up through it at call time); Triton's own path (first call of a key, interpreter) is
+    # timed through JITFunction.run, direct launches through the modules' `launch`
     targets = {"jfa_ops.ops.attention": ["check_offset_values", "select_backend", "_params"],
                "meta_kernels": ["check_attention_args"],
-               "jfa_ops.backends.triton.attn_fwd": ["attention_forward", "forward_tiles", "launch_schedule",
+               "jfa_ops.backends.triton.attn_fwd": ["attention_forward", "tile_schedule", "launch",
                                                     "rows_descriptor", "packed_rows", "get_config", "use_tma",
                                                     "window_bounds", "head_dim_consts"],
-               "jfa_ops.backends.triton.attn_bwd": ["attention_backward", "kv_tiles", "forward_tiles"],
+               "jfa_ops.backends.triton.attn_bwd": ["attention_backward", "tile_schedule", "launch"],
                "jfa_ops.backends.triton.scheduling": ["build_tiles"],
+               "jfa_ops.validation": ["device_flag"],
                "jfa_ops.backends.triton.common": ["alloc_output"]}
     acc, saved = {}, []
     for mod_name, names in targets.items():

@@ -6,6 +6,7 @@ from ``meta_kernels`` and are shared by the fakes and the eager checks.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
@@ -46,8 +47,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
     params, backend = _params(q, *options)
     meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (params.window_left, params.window_right),
                                       params.broadcast_q)
-    check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
     impl = select_backend(backend, Problem.of(q, k, params))
+    if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
+                           impl.checks_offsets):
+        params = dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 

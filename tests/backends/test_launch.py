@@ -130,3 +130,74 @@ def test_direct_launch_reuses_the_compiled_kernel(monkeypatch):
     assert [c[0] for c in calls] == ["jit", "direct", "jit"]
     assert calls[1][:5] == ("direct", 4, 2, 1, 7) and calls[1][-3:] == (x, 9, 16)
     launch.clear_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------- GPU
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _tiny_batch(dtype=torch.bfloat16, head_dim=128, heads=8):
+    """The bench's overhead case: B=4, lengths <= 64, causal."""
+    lens = [64, 17, 1, 40]
+    off = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lens), heads, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    return q, k, v, off
+
+
+def _gpu_activities(fn) -> list:
+    """Names of the GPU activities (kernels, memsets, copies) that torch.profiler records during fn()."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_launch_counts_gpu(monkeypatch):
+    """Issue 9's aims, so that the count cannot creep back: a small eager forward launches <= 2 kernels with the
+    default validation (attention + the offset check's assert), its backward <= 4 (delta, dK/dV, dQ)."""
+    import jfa_ops
+
+    monkeypatch.delenv("JFA_VALIDATE", raising=False)
+    q, k, v, off = _tiny_batch()
+    grad = torch.randn_like(q)
+
+    def forward():
+        return jfa_ops.jagged_attention(q, k, v, off, off, 64, 64, causal=True, backend="triton")
+
+    out = forward()
+    torch.autograd.grad(out, (q, k, v), grad)  # compile and cache everything first
+    fwd = _gpu_activities(forward)
+    out = forward()
+    bwd = _gpu_activities(lambda: torch.autograd.grad(out, (q, k, v), grad))
+    assert len(fwd) <= 2 and len(bwd) <= 4, (fwd, bwd)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 40), (torch.float32, 64)])
+def test_direct_launches_match_triton_choice_gpu(monkeypatch, dtype, head_dim):
+    """Every direct launch runs the binary Triton's JIT picks for its arguments (launch.VERIFY), across dtypes,
+    padded head dims, aligned and misaligned slices of a fused projection, and both schedules (one wave, sorted)."""
+    import jfa_ops
+    from jfa_ops.backends.triton import configs
+
+    monkeypatch.setattr(launch, "VERIFY", True)
+    lens = [64, 17, 1, 40]
+    off = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    for unsorted in (True, False):  # one wave (no lists), then sorted lists
+        monkeypatch.setattr(configs.KNOBS, "one_wave_unsorted", unsorted)
+        for fused_offset in (0, 1):  # q/k/v as slices of one projection; offset 1: not 16-byte aligned
+            proj = torch.randn(sum(lens) * 3 * 4 * head_dim + fused_offset, device="cuda", dtype=dtype)
+            q, k, v = proj[fused_offset:].view(sum(lens), 3, 4, head_dim).unbind(1)
+            q, k, v = (t.requires_grad_() for t in (q.detach(), k.detach(), v.detach()))
+            ref = jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="reference")
+            ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+            for _ in range(2):  # the first call caches, the second launches directly (and is verified)
+                out = jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton")
+                grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+                for got, want in zip((out,) + grads, (ref,) + ref_grads):
+                    assert (got.float() - want.float()).norm() <= 3e-2 * want.float().norm()

@@ -10,7 +10,6 @@ longest-first tile lists for the persistent grids), ``configs.py`` (pre-tuned bl
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 from typing import Optional
@@ -63,5 +62,5 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
-_extra = {"auto_devices": ("cuda",)} if "auto_devices" in {f.name for f in dataclasses.fields(Backend)} else {}
-BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10, **_extra)
+BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,
+                  auto_devices=("cuda",), checks_offsets=True)
