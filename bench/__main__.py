@@ -25,7 +25,7 @@ except ImportError:
 
 import torch
 
-from bench import report, suites, timing
+from bench import model, report, suites, timing
 from bench.peers import (EXTRA_PEERS, PEER_ORDER, JfaBackend, Skip, jfa_available_backends, make_peer, one_line,
                          oracle_output, rel_error)
 
@@ -35,7 +35,8 @@ DEFAULT_PEERS = ",".join(PEER_ORDER)
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", default=",".join(suites.SUITES), help=f"comma list of {', '.join(suites.SUITES)}")
+    p.add_argument("--suite", default=",".join(suites.ALL_SUITES),
+                   help=f"comma list of {', '.join(suites.ALL_SUITES)}")
     p.add_argument("--quick", action="store_true", help="representative subset: D=128, S in {2k, 8k}")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, output checks on; runs on the CPU")
     p.add_argument("--head-dims", default=None, help="comma list (default 64,128,256; quick: 128; smoke: 64)")
@@ -103,6 +104,33 @@ def free_memory(device) -> None:
         torch.cuda.empty_cache()
 
 
+class _NoProgress:
+    """Stands in for tqdm where it is not installed: the run's output is the same, without a progress bar."""
+
+    def __init__(self, **_):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix_str(self, *_, **__):
+        pass
+
+
+def progress_bar(**kw):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress(**kw)
+    return tqdm(**kw)
+
+
 def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
     """All modes of one peer on one case (``inputs``: the rotated input sets): a record per mode.
 
@@ -116,28 +144,22 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
         free_memory(device)
         return [dict(base, mode=m, skip=f"prepare failed: {one_line(e)}") for m in modes]
     note = preps[0].note
+    if case.suite == "overhead":
+        return [overhead_measurement(peer, case, preps[0], device, oracle, base, note)]
     records = []
     for mode in modes:
         rec = dict(base, mode=mode, note=note)
-        if case.suite == "overhead" and mode == "bwd":
-            continue
         if mode != "fwd" and preps[0].no_backward:
             records.append(dict(base, mode=mode, skip=preps[0].no_backward))
             continue
         call = None
         try:
             call = timing.mode_callable(mode, preps)
-            if case.suite == "overhead":
-                # CUDA-graph replay of our GPU backends' forward (the reference reads offsets on the host: no capture;
-                # autograd calls are left out: a failed capture mid-backward is not worth the risk to the run)
-                graph = mode == "fwd" and peer.name.startswith("jfa:") and peer.name != "jfa:reference"
-                rec.update(timing.host_overhead_us(call, device, graph=graph))
-            else:
-                call()  # compile / autotune outside the memory measurement
-                rec["peak_mib"] = timing.peak_memory_mib(call, device)
-                ms = timing.median_ms(call, device, args.warmup_ms, args.rep_ms)
-                rec["ms"] = ms
-                rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
+            call()  # compile / autotune outside the memory measurement
+            rec["peak_mib"] = timing.peak_memory_mib(call, device)
+            ms = timing.median_ms(call, device, args.warmup_ms, args.rep_ms)
+            rec["ms"] = ms
+            rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
             if mode == "fwd" and oracle is not None and preps[0].exact:
                 with torch.no_grad():
                     rec["rel_err"] = rel_error(preps[0].to_jagged(preps[0].fn()), oracle)
@@ -149,6 +171,23 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
     del preps
     free_memory(device)
     return derive_backward(case, records)
+
+
+def overhead_measurement(peer, case, prep, device, oracle, base, note) -> dict:
+    """The `overhead` suite's one record per peer (mode "calls"): every per-call column of timing.overhead_record."""
+    # CUDA-graph replay for our GPU backends' forward only (the reference reads offsets on the host: no capture; a
+    # peer's failed capture is not worth the risk to the run)
+    graph = peer.name.startswith("jfa:") and peer.name != "jfa:reference" and device.type == "cuda"
+    rec = dict(base, mode="calls", note=note)
+    try:
+        rec.update(timing.overhead_record(prep, device, graph=graph))
+        if oracle is not None and prep.exact:
+            with torch.no_grad():
+                rec["rel_err"] = rel_error(prep.to_jagged(prep.fn()), oracle)
+    except Exception as e:  # noqa: BLE001
+        rec = dict(base, mode="calls", skip=f"failed: {one_line(e)}")
+    free_memory(device)
+    return rec
 
 
 def derive_backward(case, records: list) -> list:
@@ -193,7 +232,12 @@ def main(argv=None) -> int:
         peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
     peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
                                                  for p in peer_names]
-    cases = suites.build_cases(suite_names, head_dims, size)
+    # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
+    # loop (bench.model), not cases
+    plan = []
+    for suite in suite_names:
+        plan += ["model"] if suite == "model" else suites.build_cases([suite], head_dims, size)
+    cases = [c for c in plan if c != "model"]
 
     meta = run_meta(device, args)
     os.makedirs(args.out, exist_ok=True)
@@ -209,12 +253,20 @@ def main(argv=None) -> int:
     meta["unavailable"] = {name: reason for name, reason in unavailable.items() if reason}
     live = [p for p in peers if not unavailable[p.name]]
 
-    from tqdm import tqdm
     start = time.perf_counter()
     records = []
-    with tqdm(total=len(cases) * len(live), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True,
+    with progress_bar(total=len(cases) * len(live), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True,
               mininterval=0.5 if sys.stderr.isatty() else 15) as bar:
-        for case in cases:
+        for case in plan:
+            if case == "model":
+                names = model.model_peer_names(backends, peer_names, device)
+                bar.set_postfix_str(f"model | {', '.join(names)}"[-60:], refresh=False)
+
+                def save(new_records, done=records):
+                    meta["elapsed_s"] = round(time.perf_counter() - start, 1)
+                    report.write_json(prefix + ".json", meta, done + new_records)
+                records += model.run(backends, peer_names, device, size, deadline=start + budget, progress=save)
+                continue
             if time.perf_counter() - start > budget:
                 records += [{"case": case.describe(), "peer": p.name, "mode": m,
                              "skip": f"time budget ({budget:.0f} s) spent"} for p in live for m in modes]
@@ -254,6 +306,11 @@ def main(argv=None) -> int:
     if summary:
         print("summary (geometric mean over a suite's cases):")
         for line in summary:
+            print("  " + line)
+    targets = report.target_lines(records)
+    if targets:
+        print("issue 9 targets:")
+        for line in targets:
             print("  " + line)
     checks = report.check_lines(records)
     wrong = [c for c in checks if c.endswith("WRONG")]

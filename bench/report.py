@@ -100,18 +100,100 @@ def memory_table(records: List[dict]) -> str:
     return "\n".join(lines) if any_row else ""
 
 
+OVERHEAD_COLUMNS = (  # (record key, header): µs per call unless said otherwise
+    ("fwd_wall_us", "eager fwd"), ("fwdbwd_wall_us", "eager fwd+bwd"), ("nograd_wall_us", "no_grad fwd"),
+    ("inference_wall_us", "inference_mode fwd"), ("compiled_wall_us", "compiled fwd"),
+    ("fwd_kernel_us", "GPU µs fwd"), ("fwd_launches", "GPU ops fwd"), ("fwdbwd_kernel_us", "GPU µs fwd+bwd"),
+    ("fwdbwd_launches", "GPU ops fwd+bwd"), ("graph_us", "CUDA graph fwd"),
+)
+
+
 def overhead_table(records: List[dict]) -> str:
-    head = ["case", "peer", "mode", "eager wall µs/call", "device µs/call", "host overhead µs",
-            "CUDA graph µs/call"]
+    """A row per case and peer: the per-call columns of timing.overhead_record."""
+    head = ["case", "peer"] + [h for _, h in OVERHEAD_COLUMNS] + ["compiled graphs / breaks"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {p: i for i, p in enumerate(peer_columns(records))}
-    for r in sorted(records, key=lambda r: (r["case"]["name"], order.get(r["peer"], 99), r["mode"])):
+    for r in sorted(records, key=lambda r: (r["case"]["name"], order.get(r["peer"], 99))):
         if r.get("skip"):
             continue
-        lines.append("| " + " | ".join([r["case"]["name"], r["peer"], r["mode"], _fmt(r.get("wall_us")),
-                                        _fmt(r.get("kernel_us")), _fmt(r.get("overhead_us")),
-                                        _fmt(r.get("graph_us"))]) + " |")
+        graphs = (f"{r['compiled_graphs']} / {r['compiled_graph_breaks']}" if r.get("compiled_graphs") is not None
+                  else "—")
+        lines.append("| " + " | ".join([r["case"]["name"], r["peer"]] + [_fmt(r.get(k)) for k, _ in OVERHEAD_COLUMNS]
+                                       + [graphs]) + " |")
     return "\n".join(lines)
+
+
+def overhead_column_skips(records: List[dict]) -> List[str]:
+    """Why a column of the overhead table is empty for a peer (a compile that failed, a backward that cannot run)."""
+    out = []
+    for r in records:
+        for key, header in OVERHEAD_COLUMNS:
+            if r.get(key + "_skip"):
+                out.append(f"{r['peer']} {header}: {r[key + '_skip']}")
+    return out
+
+
+def model_table(records: List[dict]) -> str:
+    head = ["batches", "attention", "step ms (median)", "tokens/s", "mean tokens/step", "graphs compiled in warm-up",
+            "graphs compiled while timed", "graph breaks", "loss"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    order = {p: i for i, p in enumerate(peer_columns(records))}
+    for r in sorted(records, key=lambda r: (r["case"]["name"], order.get(r["peer"], 99))):
+        if r.get("skip"):
+            continue
+        lines.append("| " + " | ".join([
+            r["case"]["label"], r["peer"], _fmt(r.get("step_ms")), f"{r['tokens_per_s']:.3g}",
+            f"{r['mean_tokens']:.0f}", str(r["compiles_warmup"]), str(r["compiles_timed"]), str(r["graph_breaks"]),
+            f"{r['loss']:.3f}"]) + " |")
+    return "\n".join(lines)
+
+
+def _verdict(ok: Optional[bool]) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def target_lines(records: List[dict]) -> List[str]:
+    """Issue 9's targets, one PASS/FAIL line per jfa GPU backend and target (n/a where a peer was not measured)."""
+    out = []
+    ovh = [r for r in records if r["case"]["suite"] == "overhead" and not r.get("skip")]
+    for name in _case_names(ovh):
+        rows = {r["peer"]: r for r in ovh if r["case"]["name"] == name}
+        get = lambda peer, key: (rows.get(peer) or {}).get(key)  # noqa: E731
+        for b in ratio_backends(peer_columns(list(rows.values()))):
+            if b == "jfa:reference":
+                continue
+            for key, what in (("fwd_wall_us", "eager fwd (autograd recording)"), ("nograd_wall_us", "no_grad fwd")):
+                ours, theirs = get(b, key), get("varlen", key)
+                ok = None if ours is None else ours <= 80 and (theirs is None or ours <= theirs)
+                out.append(f"{_verdict(ok)} {b} {what} {_fmt(ours)} us <= 80 and <= varlen's {_fmt(theirs)}")
+            ours, fa4 = get(b, "fwdbwd_wall_us"), get("fa4", "fwdbwd_wall_us")
+            ok = None if ours is None or fa4 is None else ours <= fa4
+            out.append(f"{_verdict(ok)} {b} eager fwd+bwd {_fmt(ours)} us <= FA4's {_fmt(fa4)}")
+            ours, fa4 = get(b, "fwd_kernel_us"), get("fa4", "fwd_kernel_us")
+            ok = None if ours is None or fa4 is None else ours <= 2 * fa4
+            out.append(f"{_verdict(ok)} {b} GPU time of the fwd {_fmt(ours)} us ({_fmt(get(b, 'fwd_launches'))} ops) "
+                       f"<= 2x FA4's {_fmt(fa4)}")
+            ours, eager = get(b, "compiled_wall_us"), get(b, "fwd_wall_us")
+            ok = None if ours is None or eager is None else ours <= eager
+            out.append(f"{_verdict(ok)} {b} compiled fwd {_fmt(ours)} us per call <= eager {_fmt(eager)}")
+    mdl = [r for r in records if r["case"]["suite"] == "model" and not r.get("skip")]
+    for name in _case_names(mdl):
+        rows = {r["peer"]: r for r in mdl if r["case"]["name"] == name}
+        large = "large" in name or "lognormal" in name
+        for b in ratio_backends(peer_columns(list(rows.values()))):
+            if b == "jfa:reference":
+                continue
+            ours, theirs = rows[b].get("step_ms"), (rows.get("varlen") or {}).get("step_ms")
+            if large:
+                ok = None if theirs is None else theirs >= 1.15 * ours
+                want = f">= 1.15x faster than varlen_attn's {_fmt(theirs)} ms"
+            else:
+                ok = None if theirs is None else ours <= theirs
+                want = f"<= varlen_attn's {_fmt(theirs)} ms"
+            out.append(f"{_verdict(ok)} {b} {name} step {_fmt(ours)} ms {want}")
+            if rows[b].get("compiles_timed"):
+                out.append(f"FAIL {b} {name}: {rows[b]['compiles_timed']} recompiles while timed")
+    return out
 
 
 def skip_lines(records: List[dict]) -> List[str]:
@@ -137,7 +219,7 @@ def note_lines(records: List[dict]) -> List[str]:
 def check_lines(records: List[dict]) -> List[str]:
     out = []
     for r in records:
-        if r["mode"] == "fwd" and r.get("rel_err") is not None:
+        if r.get("rel_err") is not None:
             verdict = "ok" if r["rel_err"] <= CHECK_TOLERANCE else "WRONG"
             out.append(f"{r['peer']} on {r['case']['name']}: rel err {r['rel_err']:.2e} {verdict}")
     return out
@@ -176,7 +258,15 @@ def by_suite(records: List[dict]) -> Dict[str, List[dict]]:
 def suite_section(suite: str, records: List[dict], with_skips: bool = True) -> str:
     parts = [f"## {suite}", ""]
     if suite == "overhead":
-        parts += [overhead_table(records), ""]
+        parts += ["µs per call, eager unless said (wall: many calls, one sync); GPU µs / ops: the kernels, copies and "
+                  "memsets torch.profiler records per call; compiled: `torch.compile(dynamic=True)`, default mode.",
+                  "", overhead_table(records), ""]
+        column_skips = overhead_column_skips(records)
+        if column_skips:
+            parts += ["Empty columns:", ""] + [f"- {c}" for c in column_skips] + [""]
+    elif suite == "model":
+        parts += ["4-layer pre-LN causal jagged transformer, AdamW, `torch.compile(dynamic=True)`; a fresh batch from "
+                  "a fixed pool each step (bench/model.py).", "", model_table(records), ""]
     else:
         parts += ["TFLOP/s of useful work (visible pairs only; padding and masked-out work count as zero).", "",
                   tflops_table(records), ""]
@@ -199,6 +289,9 @@ def markdown(meta: dict, records: List[dict]) -> str:
             f"| not measured | {'; '.join(f'{n}: {r}' for n, r in unavailable.items()) or '-'} |",
             f"| command | `{' '.join(meta.get('argv', []))}` |", ""]
     body = [suite_section(s, rs) for s, rs in by_suite(records).items()]
+    targets = target_lines(records)
+    if targets:
+        body.append("## Issue 9 targets\n\n" + "\n".join(f"- {t}" for t in targets) + "\n")
     checks = check_lines(records)
     if checks:
         body.append("## Output checks (forward vs the bench's float32 oracle)\n\n" + "\n".join(f"- {c}" for c in checks)
@@ -227,16 +320,26 @@ def plot_suite(path: str, suite: str, records: List[dict]) -> Optional[str]:
         return "nothing measured"
     peers = peer_columns(ok)
     if suite == "overhead":
-        rows = [r for r in ok if r.get("wall_us") is not None]
-        labels = [f"{r['peer']}\n{r['mode']}" for r in rows]
+        rows = [r for r in ok if r.get("fwd_wall_us") is not None]
         x = np.arange(len(rows))
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
-        ax.bar(x - 0.2, [r["wall_us"] for r in rows], 0.4, label="eager wall")
-        ax.bar(x + 0.2, [r.get("kernel_us") or 0 for r in rows], 0.4, label="device")
-        ax.set_xticks(x, labels, fontsize=7)
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+        bars = [("fwd_wall_us", "eager fwd"), ("compiled_wall_us", "compiled fwd"), ("fwd_kernel_us", "GPU fwd"),
+                ("graph_us", "CUDA graph fwd")]
+        for i, (key, label) in enumerate(bars):
+            ax.bar(x + (i - 1.5) * 0.2, [r.get(key) or 0 for r in rows], 0.2, label=label)
+        ax.set_xticks(x, [r["peer"] for r in rows], fontsize=7)
         ax.set_ylabel("µs per call")
-        ax.legend()
+        ax.legend(fontsize=7)
         ax.set_title(f"{suite}: {rows[0]['case']['name'] if rows else ''}")
+    elif suite == "model":
+        names = _case_names(ok)
+        fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+        for ax, name in zip(axes[0], names):
+            rows = [r for r in ok if r["case"]["name"] == name]
+            ax.bar(np.arange(len(rows)), [r["step_ms"] for r in rows])
+            ax.set_xticks(np.arange(len(rows)), [r["peer"] for r in rows], fontsize=7)
+            ax.set_ylabel("ms per training step")
+            ax.set_title(name, fontsize=9)
     else:
         modes = _modes(ok)
         names = _case_names(ok)
@@ -258,3 +361,44 @@ def plot_suite(path: str, suite: str, records: List[dict]) -> Optional[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def short_summary(records: List[dict]) -> str:
+    """A few lines per suite for a device call's output: overhead and model rows, TFLOP/s summaries, the targets."""
+    out = []
+    ovh = [r for r in records if r["case"]["suite"] == "overhead" and not r.get("skip")]
+    if ovh:
+        keys = ("fwd_wall_us", "fwdbwd_wall_us", "nograd_wall_us", "compiled_wall_us", "fwd_kernel_us",
+                "fwd_launches", "graph_us")
+        out.append("overhead µs/call: eager fwd | fwd+bwd | no_grad fwd | compiled fwd | GPU fwd | GPU ops | graph")
+        out += [f"  {r['peer']:14s} " + " | ".join(_fmt(r.get(k)) for k in keys) for r in ovh]
+    mdl = [r for r in records if r["case"]["suite"] == "model" and not r.get("skip")]
+    if mdl:
+        out.append("model: step ms | tokens/s | compiles warm-up/timed | graph breaks")
+        out += [f"  {r['case']['label'][:22]:22s} {r['peer']:14s} {_fmt(r['step_ms'])} | {r['tokens_per_s']:.3g} | "
+                f"{r['compiles_warmup']}/{r['compiles_timed']} | {r['graph_breaks']}" for r in mdl]
+    rows = [r for r in records if r.get("tflops") and r["case"]["suite"] in ("dense", "broadcast")]
+    if rows:
+        out.append("TFLOP/s (fwd, bwd):")
+        idx = _index(rows)
+        for name in _case_names(rows):
+            cells = []
+            for p in peer_columns([r for r in rows if r["case"]["name"] == name]):
+                vals = [(idx.get((name, p, m)) or {}).get("tflops") for m in ("fwd", "bwd")]
+                cells.append(f"{p} {'/'.join(_fmt(v) for v in vals)}")
+            out.append(f"  {name}: " + ", ".join(cells))
+    out += summary_lines(records)
+    targets = target_lines(records)
+    if targets:
+        out += ["issue 9 targets:"] + [f"  {t}" for t in targets]
+    skips = skip_lines(records)
+    if skips:
+        out += ["skipped:"] + [f"  {s}" for s in skips]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m bench.report RESULTS.json: the short summary of a (possibly cut-short) run
+    import sys
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print(f"== {path}\n" + short_summary(json.load(f)["records"]))

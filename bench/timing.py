@@ -8,11 +8,11 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from bench.peers import Prepared
+from bench.peers import Prepared, one_line
 
 L2_BYTES = 50 * 2**20  # H200: 50 MiB
 MAX_ROTATIONS = 8
@@ -87,13 +87,8 @@ def peak_memory_mib(call: Callable[[], object], device) -> Optional[float]:
     return peak / 2**20
 
 
-def host_overhead_us(call: Callable[[], object], device, calls: Optional[int] = None, graph: bool = False) -> dict:
-    """Eager wall time per call (many calls, one sync at the end) and the device's own time per call.
-
-    The device time is the sum of the GPU activities (kernels, copies, memsets) the profiler records over the calls;
-    ``wall_us - kernel_us`` is what the host adds when it cannot run ahead of the GPU. ``graph``: also the time per
-    replay of the call captured in a CUDA graph (our GPU backends only: a peer's failed capture could poison the run).
-    """
+def wall_us(call: Callable[[], object], device, calls: Optional[int] = None) -> float:
+    """Eager wall time per call: warm-up, then many calls and one sync at the end (the host may run ahead)."""
     on_cuda = torch.device(device).type == "cuda"
     calls = calls or (200 if on_cuda else 20)
     for _ in range(10 if on_cuda else 2):
@@ -103,13 +98,75 @@ def host_overhead_us(call: Callable[[], object], device, calls: Optional[int] = 
     for _ in range(calls):
         call()
     sync(device)
-    wall_us = (time.perf_counter() - t0) / calls * 1e6
-    kernel_us = graph_us = None
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend: Optional[str] = None) -> dict:
+    """Per-call costs of one tiny call, every way a user makes it (the `overhead` suite; keys in µs per call):
+
+    ``fwd_wall_us`` eager forward recording autograd (leaves require grad), ``fwdbwd_wall_us`` forward + backward,
+    ``nograd_wall_us`` / ``inference_wall_us`` the forward under ``torch.no_grad`` / ``torch.inference_mode``,
+    ``compiled_wall_us`` the forward through ``torch.compile(dynamic=True)`` (default mode; ``compiled_graphs`` and
+    ``compiled_graph_breaks`` from Dynamo's counters), ``fwd_kernel_us`` / ``fwd_launches`` (and ``fwdbwd_*``) the
+    GPU activities torch.profiler records per call and their summed time, ``graph_us`` the no_grad forward replayed
+    from a CUDA graph (``graph``: our GPU backends only; a peer's failed capture could poison the run). A column that
+    fails holds None and its reason in ``<column>_skip``.
+    """
+    on_cuda = torch.device(device).type == "cuda"
+    compile_backend = compile_backend or ("inductor" if on_cuda else "aot_eager")
+    grad_out = torch.randn_like(prep.fn().detach())
+
+    def fwdbwd():
+        return torch.autograd.grad(prep.fn(), prep.leaves, grad_out)
+
+    def nograd():
+        with torch.no_grad():
+            return prep.fn()
+
+    def inference():
+        with torch.inference_mode():
+            return prep.fn()
+
+    rec: dict = {}
+
+    def column(key, measure):
+        try:
+            rec[key] = measure()
+        except Exception as e:  # noqa: BLE001 - one column failing leaves the others
+            rec[key], rec[key + "_skip"] = None, one_line(e)
+            sync(device)
+
+    column("fwd_wall_us", lambda: wall_us(prep.fn, device))
+    if prep.no_backward:
+        rec["fwdbwd_wall_us"], rec["fwdbwd_wall_us_skip"] = None, prep.no_backward
+    else:
+        column("fwdbwd_wall_us", lambda: wall_us(fwdbwd, device))
+    column("nograd_wall_us", lambda: wall_us(nograd, device))
+    column("inference_wall_us", lambda: wall_us(inference, device))
     if on_cuda:
-        kernel_us = _profiled_device_us(call, device, calls=50)
-        graph_us = cuda_graph_us(call, calls) if graph else None
-    return {"wall_us": wall_us, "kernel_us": kernel_us,
-            "overhead_us": None if kernel_us is None else wall_us - kernel_us, "graph_us": graph_us}
+        rec["fwd_kernel_us"], rec["fwd_launches"] = profiled_device_us(prep.fn, device, calls=50)
+        if not prep.no_backward:
+            rec["fwdbwd_kernel_us"], rec["fwdbwd_launches"] = profiled_device_us(fwdbwd, device, calls=20)
+        rec["graph_us"] = cuda_graph_us(nograd, 200) if graph else None
+    column("compiled_wall_us", lambda: compiled_wall_us(prep.fn, device, compile_backend, rec))
+    rec["compile_backend"] = compile_backend
+    return rec
+
+
+def compiled_wall_us(fn: Callable[[], object], device, backend: str, rec: dict) -> float:
+    """Wall µs per call of ``fn`` under ``torch.compile(dynamic=True)``; Dynamo's graph and graph-break counts go into
+    ``rec`` (compiled_graphs: 1 is one graph, more means breaks or recompiles)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, dynamic=True, backend=backend)
+    compiled()  # compiles outside the timing
+    sync(device)
+    us = wall_us(compiled, device)
+    rec["compiled_graphs"] = counters["stats"]["unique_graphs"]
+    rec["compiled_graph_breaks"] = sum(counters["graph_break"].values())
+    return us
 
 
 def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:
@@ -137,15 +194,22 @@ def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:
         return None
 
 
-def _profiled_device_us(call, device, calls: int) -> Optional[float]:
+def profiled_device_us(call, device, calls: int) -> Tuple[Optional[float], Optional[float]]:
+    """(device µs, GPU activities) per call: the summed time and count of the kernels, copies and memsets that
+    torch.profiler records over ``calls`` calls (after one unprofiled call)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+    call()
+    sync(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             call()
         sync(device)
-    total = 0.0
+    total, count = 0.0, 0
     for e in prof.events():
         if getattr(e, "device_type", None) == DeviceType.CUDA:
             total += e.time_range.elapsed_us()
-    return total / calls if total > 0 else None
+            count += 1
+    if count == 0:
+        return None, None
+    return total / calls, count / calls
