@@ -293,3 +293,24 @@ def test_deferred_flags_fold_without_growing(deferred):
     assert len(validation._pending) < validation._FOLD_PENDING_AT
     with pytest.raises(ValueError):
         validation.check_pending()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [7, 4000])  # one wave (check in the forward kernel), sorted lists (tile kernel)
+def test_cuda_deferred_mode_keeps_the_context(monkeypatch, rows):
+    """JFA_VALIDATE=deferred on the GPU: bad offsets (a sequence past the rows) give no device assert and no
+    illegal address; check_pending raises once; the CUDA context keeps working."""
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    q, k, v = (torch.randn(rows, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bad = torch.tensor([0, rows + 100, rows], device="cuda", dtype=torch.int32)
+    good = torch.tensor([0, rows // 2, rows], device="cuda", dtype=torch.int32)
+    jfa_ops.jagged_attention(q, k, v, bad, bad, causal=True, backend="triton")
+    torch.cuda.synchronize()  # no device assert, no illegal address
+    with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+        jfa_ops.check_pending()
+    out = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="triton")
+    ref = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="reference")
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+    jfa_ops.check_pending()

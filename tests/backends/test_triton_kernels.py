@@ -537,8 +537,9 @@ def test_broadcast_fused_dq_accumulator_zeroed_by_delta_kernel(poison, monkeypat
 @pytest.mark.parametrize("case", range(9))
 def test_folded_offset_check_flag_and_no_out_of_bounds(case, wave, monkeypatch, request):
     """The check folded into the scheduling kernel (sorted lists) or into the forward kernel (one wave) flags exactly
-    the offsets the host check rejects, and bad offsets never make a kernel touch memory outside the tensors (the
-    interpreter raises on out-of-bounds accesses): what JFA_VALIDATE=deferred relies on."""
+    the offsets the host check rejects, and bad offsets (a sequence past the rows, a negative offset) run through the
+    kernels' guards (empty list, ``slot_tile``'s range checks) without a failure: what JFA_VALIDATE=deferred relies
+    on. (The GPU suite's test_deferred_* cases would hit an illegal address if a guard were missing.)"""
     from jfa_ops import validation
 
     if wave == "one_wave":
