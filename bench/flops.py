@@ -34,14 +34,10 @@ def attention_flops(pairs: int, num_heads_q: int, head_dim: int, mode: str = "fw
 
 
 def _brute_force(lq, lk, causal, window):
-    left, right = window
-    n = 0
-    for i in range(lq):
-        c = i + lk - lq
-        for j in range(lk):
-            ok = (not causal or j <= c) and (left < 0 or j >= c - left) and (right < 0 or j <= c + right)
-            n += ok
-    return n
+    """Visible pairs of one sequence counted on the oracle's explicit mask (``jfa_ops.testing.visible_mask``)."""
+    from jfa_ops.testing import visible_mask
+
+    return int(visible_mask(lq, lk, causal, window).sum())
 
 
 def self_test() -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
 
 from bench.suites import Case, Inputs
+from jfa_ops.testing import reference_attention
 
 REFERENCE_MAX_WORK = 1 << 20  # visible pairs x query heads above which the jfa reference backend is skipped
 SDPA_MAX_PADDED_FLOPS = 1e14  # padded forward work above which SDPA is skipped (~0.2 s a call)
@@ -376,38 +376,18 @@ class VarlenAttn:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# The bench's own oracle: float32, one sequence at a time (small cases only)
+# The oracle: jfa_ops.testing's (float64, one sequence at a time), small cases only
 
 ORACLE_MAX_WORK = 1 << 24
 
 
 def oracle_output(case: Case, inp: Inputs) -> Optional[torch.Tensor]:
-    """Attention in float32 per sequence, [T_q (B*Lq), Hq, D]; None when the case is too large to bother."""
+    """``jfa_ops.testing.reference_attention`` of the case, [T_q (B*Lq), Hq, D] float64; None when too large."""
     if case.pairs() * case.num_heads_q > ORACLE_MAX_WORK:
         return None
-    q_all = inp.q_materialized(case).float()
-    k_all, v_all = inp.k.float(), inp.v.float()
-    group = case.num_heads_q // case.num_heads_kv
-    left, right = case.window
-    outs, q0, k0 = [], 0, 0
-    for lq, lk in zip(case.q_lens, case.kv_lens):
-        q = q_all[q0:q0 + lq].transpose(0, 1)  # [H, lq, D]
-        k = k_all[k0:k0 + lk].repeat_interleave(group, 1).transpose(0, 1)
-        v = v_all[k0:k0 + lk].repeat_interleave(group, 1).transpose(0, 1)
-        s = q @ k.transpose(1, 2) * case.head_dim ** -0.5
-        c = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
-        j = torch.arange(lk, device=q.device)[None, :]
-        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-        if case.causal:
-            keep &= j <= c
-        if left >= 0:
-            keep &= j >= c - left
-        if right >= 0:
-            keep &= j <= c + right
-        p = torch.softmax(s.masked_fill(~keep, -math.inf), dim=-1).nan_to_num(0.0)
-        outs.append((p @ v).transpose(0, 1))
-        q0, k0 = q0 + lq, k0 + lk
-    return torch.cat(outs)
+    out, _ = reference_attention(inp.q_materialized(case), inp.k, inp.v, inp.q_offsets_materialized, inp.kv_offsets,
+                                 causal=case.causal, window=case.window)
+    return out
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 import meta_kernels
+from jfa_ops.ops.attention import check_no_forward_ad
 
 __all__ = ["jagged_attention"]
 
@@ -15,22 +16,12 @@ def _is_njt(t) -> bool:
     return isinstance(t, Tensor) and t.is_nested and t.layout == torch.jagged
 
 
-def _check_max_seqlen(name: str, value) -> int:
-    if value is None:
-        return -1
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
-    if isinstance(value, int) and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
 def jagged_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    q_offsets: Optional[Tensor],
-    kv_offsets: Optional[Tensor],
+    q_offsets: Optional[Tensor] = None,
+    kv_offsets: Optional[Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_kv: Optional[int] = None,
     *,
@@ -65,13 +56,17 @@ def jagged_attention(
 
     A row that sees no key (empty kv sequence, fully masked) gives out 0, lse -inf and zero gradients.
 
-    ``max_seqlen_*`` are optional hints: None never syncs (the built-in backends don't need them); given ints are
-    SymInts under ``torch.compile(dynamic=True)``, so changing them never recompiles. ``scale`` defaults to
+    ``max_seqlen_*`` are optional hints: None (or -1) never syncs (the built-in backends don't need them); given ints
+    are SymInts under ``torch.compile(dynamic=True)``, so changing them never recompiles. ``scale`` defaults to
     ``D ** -0.5``. ``deterministic=True`` makes gradients bitwise reproducible. ``backend`` picks a registered backend
     by name (else env ``JFA_BACKEND``, else the fastest that supports the call).
 
     q, k, v may also be ``torch.nested`` jagged tensors (``layout=torch.jagged``, shape ``[B, j, H, D]``); offsets
-    are then taken from them (pass None) and ``out`` is a nested tensor too.
+    are then taken from them (leave the offsets None) and ``out`` is a nested tensor too. NJTs with holes
+    (``torch.nested.narrow``) and SDPA's ``[B, H, j, D]`` layout are rejected with a ``ValueError``.
+
+    Under ``torch.autocast``, fp32 q/k/v run in the region's dtype (like SDPA). ``torch.use_deterministic_algorithms``
+    implies ``deterministic=True``. Forward-mode AD (``torch.func.jvp``) raises ``NotImplementedError``.
 
     Example::
 
@@ -80,28 +75,43 @@ def jagged_attention(
         >>> jagged_attention(q, k, v, q_off, kv_off, causal=True).shape
         torch.Size([7, 4, 64])
     """
+    if not torch.compiler.is_compiling():  # functorch's jvp unwraps tangents before the op's body sees them
+        check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))
     njt_offsets = None
     if _is_njt(q) or _is_njt(k) or _is_njt(v):
         q, k, v, q_offsets, kv_offsets, njt_offsets = _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q)
     for name, t in (("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
         if not isinstance(t, Tensor) and not (name == "q_offsets" and t is None):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    meta_kernels.check_window(window)
-    window_left, window_right = window
-    if not isinstance(scale, (float, int, type(None))) or isinstance(scale, bool):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    # None -> -1 ("not given"), the op's default; the op checks every option (meta_kernels.check_options) and all
+    # tensor metadata, so eager and compiled calls raise the same errors.
+    max_seqlen_q = -1 if max_seqlen_q is None else max_seqlen_q
+    max_seqlen_kv = -1 if max_seqlen_kv is None else max_seqlen_kv
+    meta_kernels.check_options(scale, causal, window, broadcast_q, deterministic, max_seqlen_q, max_seqlen_kv)
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
     out, lse = torch.ops.jfa.attention(
-        q, k, v, q_offsets, kv_offsets,
-        _check_max_seqlen("max_seqlen_q", max_seqlen_q), _check_max_seqlen("max_seqlen_kv", max_seqlen_kv),
-        scale=None if scale is None else float(scale), causal=bool(causal), window_left=window_left,
-        window_right=window_right, broadcast_q=bool(broadcast_q), deterministic=bool(deterministic),
-        backend=backend,
+        q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv,
+        scale=None if scale is None else float(scale), causal=causal, window_left=window[0], window_right=window[1],
+        broadcast_q=broadcast_q, deterministic=deterministic, backend=backend,
     )
     if njt_offsets is not None:
         out = torch.nested.nested_tensor_from_jagged(out, njt_offsets)
     return (out, lse) if return_lse else out
+
+
+def check_njt_layout(name: str, t: Tensor, layout: str = "[B, j, H, D]") -> None:
+    """An NJT input must have ``layout`` (ragged dim 1) and be packed without holes: its values() are then exactly
+    the rows its offsets() describe."""
+    if t.dim() != layout.count(",") + 1 or t._ragged_idx != 1:
+        raise ValueError(
+            f"{name} must be a nested jagged tensor laid out {layout} (ragged dim 1), got {t.dim()}-D with ragged "
+            f"dim {t._ragged_idx} (an SDPA-layout [B, H, j, D] tensor needs .transpose(1, 2) first)")
+    if t._lengths is not None:
+        raise ValueError(
+            f"{name} is a nested jagged tensor with holes (lengths set, e.g. by torch.nested.narrow): its values() "
+            f"hold rows that are not part of the sequences; call {name}.contiguous() first, or pass the packed rows "
+            "and offsets")
 
 
 def _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q):
@@ -110,6 +120,9 @@ def _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q):
         raise ValueError("q_offsets and kv_offsets must be None when q/k/v are nested (NJT) tensors")
     if not (_is_njt(k) and _is_njt(v)):
         raise TypeError("k and v must both be nested jagged tensors (layout=torch.jagged) when any input is")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if _is_njt(t):
+            check_njt_layout(name, t)
     if broadcast_q:
         if q.is_nested:
             raise TypeError("q must be a dense [L_q, Hq, D] tensor with broadcast_q=True")

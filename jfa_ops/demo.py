@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
+
+try:
+    from tqdm import tqdm
+except ImportError:  # tqdm comes with the `demo` extra; without it the loss goes to stderr every 10 steps instead
+    tqdm = None
 
 from jfa_ops.nn import JaggedSelfAttention, SeedPooling
 
@@ -104,7 +109,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     losses: List[float] = []
     first_step_s = 0.0
     start = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="train", unit="step", dynamic_ncols=True)
+    bar = (tqdm(range(args.steps), desc="train", unit="step", dynamic_ncols=True) if tqdm is not None
+           else _ProgressLines(args.steps))
     for step in bar:
         tokens, offsets, max_seqlen, labels = make_batch(gen, args.batch, vocab, args.max_len)
         tokens, offsets, labels = tokens.to(device), offsets.to(device), labels.to(device)
@@ -140,6 +146,22 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     reused = " (reused a graph compiled earlier in this process)" if compiles == 0 and not args.no_compile else ""
     print(f"dynamo: {result['compiles']} compile(s), {result['recompiles']} recompile(s){reused}")
     return result
+
+
+class _ProgressLines:
+    """What the demo uses of a tqdm bar, as plain lines on stderr (stdout keeps the summary)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def __iter__(self):
+        return iter(range(self.steps))
+
+    def set_postfix(self, **values):
+        print("train " + " ".join(f"{k}={v}" for k, v in values.items()), file=sys.stderr, flush=True)
+
+    def close(self):
+        pass
 
 
 if __name__ == "__main__":

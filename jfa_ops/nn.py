@@ -13,22 +13,51 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from jfa_ops.api import _is_njt, jagged_attention
+import meta_kernels
+from jfa_ops.api import _is_njt, check_njt_layout, jagged_attention
 
 __all__ = ["JaggedSelfAttention", "SeedPooling"]
 
 
+def _check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_backend(backend) -> None:
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+
+
 def _head_shapes(embed_dim: int, num_heads: int, num_kv_heads: Optional[int], head_dim: Optional[int]):
-    """Resolve (Hq, Hkv, D) with the defaults Hkv = Hq and D = E // Hq, and check them."""
+    """Resolve (Hq, Hkv, D) with the defaults Hkv = Hq and D = E // Hq, and check them (in ``__init__``: a bad layer
+    fails where it is built, not at its first batch)."""
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        _check_positive_int(name, value)
+    if head_dim is not None:
+        _check_positive_int("head_dim", head_dim)
     if head_dim is None:
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}), "
                              "or pass head_dim")
         head_dim = embed_dim // num_heads
-    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+    if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+    if head_dim not in meta_kernels.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim (embed_dim // num_heads unless given) must be a multiple of 8 from 8 to 256, "
+                         f"got {head_dim}")
     return num_heads, num_kv_heads, head_dim
+
+
+def _unpack_njt_rows(x: Tensor, offsets: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """An NJT [B, j, E] -> (packed rows [T, E], offsets)."""
+    if offsets is not None:
+        raise ValueError("offsets must be None when x is a nested (NJT) tensor")
+    check_njt_layout("x", x, "[B, j, E]")
+    return x.values(), x.offsets()
 
 
 class JaggedSelfAttention(nn.Module):
@@ -59,8 +88,12 @@ class JaggedSelfAttention(nn.Module):
                  bias: bool = False, backend: Optional[str] = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = _head_shapes(embed_dim, num_heads, num_kv_heads, head_dim)
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+        meta_kernels.check_window(window)
+        _check_backend(backend)
         self.embed_dim = embed_dim
-        self.causal = bool(causal)
+        self.causal = causal
         self.window: Tuple[int, int] = (int(window[0]), int(window[1]))
         self.backend = backend
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -70,9 +103,7 @@ class JaggedSelfAttention(nn.Module):
     def forward(self, x: Tensor, offsets: Optional[Tensor] = None, max_seqlen: Optional[int] = None) -> Tensor:
         njt_offsets = None
         if _is_njt(x):
-            if offsets is not None:
-                raise ValueError("offsets must be None when x is a nested (NJT) tensor")
-            x, offsets = x.values(), x.offsets()
+            x, offsets = _unpack_njt_rows(x, offsets)
             njt_offsets = offsets
         elif offsets is None:
             raise ValueError("offsets is required when x is a dense [T, E] tensor")
@@ -105,8 +136,8 @@ class SeedPooling(nn.Module):
 
     Shapes::
 
-        x        [T, E]           packed rows of all histories
-        offsets  [B+1] int32/int64  prefix sums of the history lengths (B >= 0; lengths may be 0)
+        x        [T, E]           packed rows of all histories (or an NJT [B, j, E], layout=torch.jagged)
+        offsets  [B+1] int32/int64  prefix sums of the history lengths (B >= 0; lengths may be 0; None for an NJT x)
         seeds    [Ls, Hq, D]      the learned queries (parameter)
         returns  [B, Ls, E]
 
@@ -122,14 +153,18 @@ class SeedPooling(nn.Module):
                  head_dim: Optional[int] = None, *, backend: Optional[str] = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = _head_shapes(embed_dim, num_heads, num_kv_heads, head_dim)
-        if num_seeds < 1:
-            raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
+        _check_positive_int("num_seeds", num_seeds)
+        _check_backend(backend)
         self.embed_dim, self.num_seeds, self.backend = embed_dim, num_seeds, backend
         self.seeds = nn.Parameter(torch.randn(num_seeds, self.num_heads, self.head_dim))
         self.kv_proj = nn.Linear(embed_dim, 2 * self.num_kv_heads * self.head_dim, bias=False)
         self.out_proj = nn.Linear(self.num_heads * self.head_dim, embed_dim, bias=False)
 
-    def forward(self, x: Tensor, offsets: Tensor, max_seqlen: Optional[int] = None) -> Tensor:
+    def forward(self, x: Tensor, offsets: Optional[Tensor] = None, max_seqlen: Optional[int] = None) -> Tensor:
+        if _is_njt(x):
+            x, offsets = _unpack_njt_rows(x, offsets)
+        elif offsets is None:
+            raise ValueError("offsets is required when x is a dense [T, E] tensor")
         k, v = self.kv_proj(x).unflatten(-1, (2 * self.num_kv_heads, self.head_dim)).chunk(2, dim=1)
         seeds = self.seeds.to(k.dtype)
         out = jagged_attention(seeds, k, v, None, offsets, self.num_seeds, max_seqlen,

@@ -9,9 +9,11 @@ from meta_kernels.attention import (
     attention_backward_shapes,
     attention_shapes,
     check_attention_args,
+    check_attention_backward_args,
+    check_options,
     check_window,
     visible_pairs,
 )
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "attention_flops", "visible_pairs", "attention_shapes", "attention_backward_shapes", "check_attention_args",
-           "check_window"]
+__all__ = ["SUPPORTED_HEAD_DIMS", "attention_flops", "visible_pairs", "attention_shapes", "attention_backward_shapes",
+           "check_attention_args", "check_attention_backward_args", "check_options", "check_window"]

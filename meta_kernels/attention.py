@@ -10,16 +10,30 @@ Legend: ``T_q``/``T_kv`` total rows of the jagged Q and KV, ``B`` sequences, ``H
 
 Only metadata is read here (shapes, dtypes, devices), so these checks run the same in eager mode, on FakeTensors
 under torch.compile and on the meta device. Checks of offset *values* live in ``jfa_ops.validation``.
+
+Symbolic sizes (``torch.compile(dynamic=True)``): a check raises only when it is known to fail without adding a
+guard; otherwise it is left to the op's eager body, which runs the same checks on concrete sizes when the compiled
+code runs. That way compiled code raises the same ``ValueError`` with the same concrete values as eager code (an
+error raised while tracing would reach the user wrapped in a ``TorchRuntimeError``, with symbols for values).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 SUPPORTED_HEAD_DIMS = tuple(range(8, 257, 8))
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OFFSET_DTYPES = (torch.int32, torch.int64)
+
+
+def _fails(bad) -> bool:
+    """Whether the condition ``bad`` holds: a plain bool as is; a symbolic one only if known without a guard."""
+    if torch.compiler.is_dynamo_compiling():
+        return False  # Dynamo shows a SymBool as a bool (the public wrapper): the op's fake and body decide
+    return statically_known_true(bad) if isinstance(bad, torch.SymBool) else bool(bad)
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device) -> None:
@@ -29,7 +43,7 @@ def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device) -> No
         raise TypeError(f"{name} must be int32 or int64, got {offsets.dtype}")
     if offsets.dim() != 1:
         raise ValueError(f"{name} must be 1-D [B+1], got shape {tuple(offsets.shape)}")
-    if offsets.shape[0] < 1:
+    if _fails(offsets.shape[0] < 1):
         raise ValueError(f"{name} must have at least one element (B+1 >= 1), got shape {tuple(offsets.shape)}")
     if offsets.device != device:
         raise ValueError(f"{name} must be on q's device {device}, got {offsets.device}")
@@ -57,15 +71,15 @@ def check_attention_args(
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
-    if k.shape != v.shape:
+    if any(_fails(a != b) for a, b in zip(k.shape, v.shape)):
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     head_dim = q.shape[2]
-    if k.shape[2] != head_dim:
+    if _fails(k.shape[2] != head_dim):
         raise ValueError(f"k's head_dim {k.shape[2]} must equal q's head_dim {head_dim}")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    if _fails((head_dim < 8) | (head_dim > 256) | (head_dim % 8 != 0)):
         raise ValueError(f"head_dim must be a multiple of 8 from 8 to 256, got {head_dim}")
     heads_q, heads_kv = q.shape[1], k.shape[1]
-    if heads_kv < 1 or heads_q < 1 or heads_q % heads_kv != 0:
+    if _fails(heads_kv < 1) or _fails(heads_q < 1) or _fails(heads_q % heads_kv != 0):
         raise ValueError(f"q heads ({heads_q}) must be a positive multiple of k/v heads ({heads_kv}) (GQA/MQA)")
 
     _check_offsets("kv_offsets", kv_offsets, q.device)
@@ -76,7 +90,7 @@ def check_attention_args(
         if q_offsets is None:
             raise ValueError("q_offsets is required unless broadcast_q=True")
         _check_offsets("q_offsets", q_offsets, q.device)
-        if q_offsets.shape[0] != kv_offsets.shape[0]:
+        if _fails(q_offsets.shape[0] != kv_offsets.shape[0]):
             raise ValueError(
                 f"q_offsets and kv_offsets must both be [B+1], got {q_offsets.shape[0]} and {kv_offsets.shape[0]}"
             )
@@ -84,15 +98,56 @@ def check_attention_args(
     check_window(window)
 
 
+def _is_int(value) -> bool:
+    # SymInt: the schema types these as SymInt, so an int that is an argument of a torch.compile(dynamic=True)
+    # function arrives symbolic.
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
 def check_window(window: Sequence[int]) -> None:
     """window = (left, right): ints >= 0, or -1 for unbounded on that side."""
-    # SymInt: the schema types window_left/right as SymInt, so a window that is an argument of a
-    # torch.compile(dynamic=True) function arrives here symbolic.
-    if not (isinstance(window, (tuple, list)) and len(window) == 2
-            and all(isinstance(w, (int, torch.SymInt)) and not isinstance(w, bool) for w in window)):
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(_is_int(w) for w in window)):
         raise TypeError(f"window must be a pair of ints (left, right), got {window!r}")
-    if any(w < -1 for w in window):
+    if any(_fails(w < -1) for w in window):
         raise ValueError(f"window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
+
+
+def check_options(scale, causal, window: Sequence[int], broadcast_q, deterministic, max_seqlen_q,
+                  max_seqlen_kv) -> None:
+    """The non-tensor options of both ops: types (the wrapper takes any Python object) and values."""
+    for name, flag in (("causal", causal), ("broadcast_q", broadcast_q), ("deterministic", deterministic)):
+        if not isinstance(flag, bool):  # bool("False") is True: never convert
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    if scale is not None:
+        if not isinstance(scale, (float, int)) or isinstance(scale, bool):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    check_window(window)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+        if _fails(value < -1):
+            raise ValueError(f"{name} must be >= 0, or -1 (None in the wrapper) for not given, got {value}")
+
+
+def check_attention_backward_args(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                  window: Sequence[int], broadcast_q: bool) -> None:
+    """out, lse and their gradients against the forward's output shapes (run after ``check_attention_args``)."""
+    out_shape, lse_shape = attention_shapes(q, kv_offsets, broadcast_q)
+    expected = {"out": (out, out_shape, q.dtype), "grad_out": (grad_out, out_shape, q.dtype),
+                "lse": (lse, lse_shape, torch.float32), "grad_lse": (grad_lse, lse_shape, torch.float32)}
+    for name, (t, shape, dtype) in expected.items():
+        if t is None and name == "grad_lse":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+        if t.dim() != len(shape) or any(_fails(a != b) for a, b in zip(t.shape, shape)):
+            raise ValueError(f"{name} must have shape {tuple(shape)} (from q and the offsets), got {tuple(t.shape)}")
 
 
 def attention_shapes(q: torch.Tensor, kv_offsets: torch.Tensor, broadcast_q: bool):

@@ -1,8 +1,12 @@
-"""Behaviour of ``jfa_ops.jagged_attention`` beyond the numbers: double backward, determinism, NJT inputs."""
+"""Behaviour of ``jfa_ops.jagged_attention`` beyond the numbers: double backward, determinism, NJT inputs,
+torch.func transforms."""
+import dataclasses
+
 import pytest
 import torch
 
 import jfa_ops
+from jfa_ops.backends import get_backend, register_backend, unregister_backend
 from jfa_ops.testing import AttentionCase, assert_attention_close, check_attention_case, reference_attention
 from tests.common import device_backend_params, dtypes_for
 
@@ -61,7 +65,7 @@ def test_njt_inputs_match_packed_call(device, backend):
                                       causal=True, backend=backend)
     q, k, v = (_njt(t, o) for t, o in ((inputs.q, inputs.q_offsets), (inputs.k, inputs.kv_offsets),
                                        (inputs.v, inputs.kv_offsets)))
-    out = jfa_ops.jagged_attention(q, k, v, None, None, causal=True, backend=backend)
+    out = jfa_ops.jagged_attention(q, k, v, causal=True, backend=backend)  # offsets default to None
     assert out.is_nested and out.layout == torch.jagged
     assert torch.equal(out.offsets(), inputs.q_offsets)
     assert torch.equal(out.values(), packed)
@@ -84,7 +88,7 @@ def test_broadcast_q_with_njt_kv(device, backend):
                                       backend=backend)
     assert torch.equal(out.values(), packed)
     ref, _ = reference_attention(q, inputs.k, inputs.v, None, inputs.kv_offsets, broadcast_q=True)
-    assert_attention_close(out.values(), ref, dtype=case.dtype, name="out")
+    assert_attention_close(out.values(), ref, dtype=case.dtype, kind="forward", name="out")
 
 
 @pytest.mark.parametrize("device,backend", FULL)
@@ -106,3 +110,113 @@ def test_no_grad_inputs_give_outputs_without_grad():
     inputs = _case("cpu", "reference").make_inputs(0)
     out, lse = inputs.call("reference")
     assert not out.requires_grad and not lse.requires_grad
+
+
+@pytest.fixture
+def recording_backend():
+    """The reference backend under the name "recording", keeping the AttentionParams of every call."""
+    reference = get_backend("reference")
+    calls = []
+
+    def forward(*args):
+        calls.append(("forward", args[-1]))
+        return reference.forward(*args)
+
+    def backward(*args):
+        calls.append(("backward", args[-1]))
+        return reference.backward(*args)
+
+    register_backend(dataclasses.replace(reference, name="recording", forward=forward, backward=backward,
+                                         priority=-1))
+    yield calls
+    unregister_backend("recording")
+
+
+@pytest.fixture
+def deterministic_algorithms():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_global_deterministic_flag_reaches_the_backend(recording_backend, deterministic_algorithms, compiled):
+    """torch.use_deterministic_algorithms(True) counts as deterministic=True, forward and backward, eagerly and
+    from compiled code (read when the op runs: no graph break, nothing traced)."""
+    inputs = AttentionCase((5,), (4, 2, 6), heads_q=4, heads_kv=2, broadcast_q=True).make_inputs(0, requires_grad=True)
+
+    def fn(q, k, v):
+        return jfa_ops.jagged_attention(q, k, v, None, inputs.kv_offsets, broadcast_q=True, backend="recording")
+
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    fn(inputs.q, inputs.k, inputs.v).sum().backward()
+    assert [kind for kind, _ in recording_backend] == ["forward", "backward"]
+    assert all(params.deterministic for _, params in recording_backend)
+    torch.use_deterministic_algorithms(False)
+    recording_backend.clear()
+    fn(inputs.q, inputs.k, inputs.v).sum().backward()
+    assert not any(params.deterministic for _, params in recording_backend)
+
+
+@pytest.mark.parametrize("device,backend", ALL)
+def test_global_deterministic_flag_gives_bitwise_reproducible_broadcast_q_gradients(device, backend,
+                                                                                  deterministic_algorithms):
+    case = AttentionCase((5,), (4, 2, 6), heads_q=4, heads_kv=2, device=device, dtype=_case(device, backend).dtype,
+                         broadcast_q=True)
+    inputs = case.make_inputs(0, requires_grad=True)
+    runs = []
+    for _ in range(3):
+        out, _ = inputs.call(backend)
+        runs.append(torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), torch.ones_like(out)))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+
+
+# torch.func: grad-style transforms raise (torch's autograd.Function rule), jvp/forward AD raises, vmap loops ----
+
+def _func_inputs():
+    inputs = AttentionCase((3, 4), (5, 2), heads_q=4, heads_kv=2, dtype=torch.float64).make_inputs(0)
+
+    def fn(q, k, v):
+        return jfa_ops.jagged_attention(q, k, v, inputs.q_offsets, inputs.kv_offsets, causal=True)
+
+    return inputs, fn
+
+
+def test_jvp_raises():
+    inputs, fn = _func_inputs()
+    tangents = tuple(torch.ones_like(t) for t in (inputs.q, inputs.k, inputs.v))
+    with pytest.raises(NotImplementedError, match="does not support forward-mode AD"):
+        torch.func.jvp(fn, (inputs.q, inputs.k, inputs.v), tangents)
+
+
+def test_forward_ad_through_the_op_raises():
+    inputs, _ = _func_inputs()
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="does not support forward-mode AD"):
+        q = fwAD.make_dual(inputs.q, torch.ones_like(inputs.q))
+        torch.ops.jfa.attention(q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets)
+
+
+def test_func_grad_raises_and_autograd_grad_works():
+    """torch.func.grad/vjp need an autograd.Function with a functorch-ready setup_context, which torch.library's
+    generated one is not: they raise (from torch). torch.autograd.grad is the way."""
+    inputs, fn = _func_inputs()
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.grad(lambda q: fn(q, inputs.k, inputs.v).sum())(inputs.q)
+    q = inputs.q.clone().requires_grad_()
+    (dq,) = torch.autograd.grad(fn(q, inputs.k, inputs.v).sum(), q)
+    assert dq.shape == q.shape
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_vmap_runs_the_op_once_per_batch_entry():
+    """vmap has no batching rule: torch's fallback runs the op for each entry (slow, correct)."""
+    inputs, fn = _func_inputs()
+    qs, ks, vs = (torch.stack([t, 2 * t]) for t in (inputs.q, inputs.k, inputs.v))
+    batched = torch.func.vmap(fn)(qs, ks, vs)
+    for i in range(2):
+        assert torch.equal(batched[i], fn(qs[i], ks[i], vs[i]))

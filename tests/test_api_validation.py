@@ -23,6 +23,13 @@ def _njt(values, offsets):
     return torch.nested.nested_tensor_from_jagged(values, offsets)
 
 
+def _with_holes(heads, lengths):
+    """An NJT [B, j, heads, 16] with holes: sequence b keeps the first lengths[b] of 6 rows (torch.nested.narrow)."""
+    lengths = torch.tensor(lengths)
+    padded = torch.randn(len(lengths), 6, heads, 16)
+    return torch.nested.narrow(padded, 1, torch.zeros_like(lengths), lengths, layout=torch.jagged)
+
+
 def _t(*values, dtype=torch.int64):
     return torch.tensor(values, dtype=dtype)
 
@@ -57,6 +64,8 @@ CASES = {
                           r"^k's head_dim 8 must equal q's head_dim 16"),
     "head_dim_12": (lambda a: a.update(q=a["q"][..., :12], k=a["k"][..., :12], v=a["v"][..., :12]), ValueError,
                     r"^head_dim must be a multiple of 8 from 8 to 256, got 12"),
+    "head_dim_0": (lambda a: a.update(q=a["q"][..., :0], k=a["k"][..., :0], v=a["v"][..., :0]), ValueError,
+                   r"^head_dim must be a multiple of 8 from 8 to 256, got 0"),
     "head_dim_264": (lambda a: a.update(q=torch.randn(7, 4, 264), k=torch.randn(9, 2, 264), v=torch.randn(9, 2, 264)),
                      ValueError, r"^head_dim .* got 264"),
     "hq_not_multiple_of_hkv": (lambda a: a.update(q=a["q"][:, :3]), ValueError,
@@ -91,6 +100,11 @@ CASES = {
     "max_seqlen_q_too_small_broadcast": (
         lambda a: a.update(q=a["q"][:5], q_offsets=None, broadcast_q=True, max_seqlen_q=4), ValueError,
         r"^max_seqlen_q \(4\) is smaller than broadcast q's rows \(5\)"),
+    "max_seqlen_below_minus_1": (lambda a: a.update(max_seqlen_q=-3), ValueError,
+                                 r"^max_seqlen_q must be >= 0, or -1 \(None in the wrapper\) for not given, got -3"),
+    # scale
+    "scale_nan": (lambda a: a.update(scale=float("nan")), ValueError, r"^scale must be finite, got nan"),
+    "scale_inf": (lambda a: a.update(scale=float("-inf")), ValueError, r"^scale must be finite, got -inf"),
     # window
     "window_below_minus_1": (lambda a: a.update(window=(-2, 0)), ValueError, r"^window entries must be >= 0, or -1"),
     # broadcast_q
@@ -103,7 +117,6 @@ CASES = {
                         r"^backend: unknown backend 'no_such_backend'; registered: \["),
 }
 API_ONLY = {
-    "max_seqlen_negative": (lambda a: a.update(max_seqlen_q=-3), ValueError, r"^max_seqlen_q must be >= 0"),
     "max_seqlen_float": (lambda a: a.update(max_seqlen_kv=5.0), TypeError, r"^max_seqlen_kv must be an int or None"),
     "max_seqlen_bool": (lambda a: a.update(max_seqlen_q=True), TypeError, r"^max_seqlen_q must be an int or None"),
     "window_one_entry": (lambda a: a.update(window=(1,)), TypeError, r"^window must be a pair of ints"),
@@ -111,6 +124,11 @@ API_ONLY = {
     "window_bool": (lambda a: a.update(window=(True, 2)), TypeError, r"^window must be a pair of ints"),
     "scale_str": (lambda a: a.update(scale="0.5"), TypeError, r"^scale must be a float or None"),
     "scale_bool": (lambda a: a.update(scale=True), TypeError, r"^scale must be a float or None"),
+    "causal_str": (lambda a: a.update(causal="False"), TypeError, r"^causal must be a bool, got str 'False'"),
+    "broadcast_q_int": (lambda a: a.update(broadcast_q=0), TypeError, r"^broadcast_q must be a bool, got int"),
+    "deterministic_str": (lambda a: a.update(deterministic="False"), TypeError, r"^deterministic must be a bool"),
+    "window_numpy_float": (lambda a: a.update(window=(2, torch.tensor(1.0))), TypeError,
+                           r"^window must be a pair of ints"),
     "backend_not_str": (lambda a: a.update(backend=3), TypeError, r"^backend must be a str or None, got int"),
     "njt_with_offsets": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
                                             v=_njt(a["v"], a["kv_offsets"])),
@@ -124,6 +142,16 @@ API_ONLY = {
                                                   v=_njt(a["v"], a["kv_offsets"]), q_offsets=None, kv_offsets=None,
                                                   broadcast_q=True),
                                TypeError, r"^q must be a dense \[L_q, Hq, D\] tensor with broadcast_q=True"),
+    "njt_with_holes": (lambda a: a.update(q=_with_holes(4, (3, 4)), k=_with_holes(2, (5, 4)),
+                                          v=_with_holes(2, (5, 4)), q_offsets=None, kv_offsets=None),
+                       ValueError, r"^q is a nested jagged tensor with holes .* call q.contiguous\(\) first"),
+    "njt_sdpa_layout": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]).transpose(1, 2),
+                                           k=_njt(a["k"], a["kv_offsets"]).transpose(1, 2),
+                                           v=_njt(a["v"], a["kv_offsets"]).transpose(1, 2),
+                                           q_offsets=None, kv_offsets=None),
+                        ValueError, r"^q must be a nested jagged tensor laid out \[B, j, H, D\] \(ragged dim 1\), "
+                                    r"got 4-D with ragged dim 2 \(an SDPA-layout \[B, H, j, D\] tensor needs "
+                                    r"\.transpose\(1, 2\) first\)"),
 }
 
 
@@ -314,3 +342,90 @@ def test_cuda_deferred_mode_keeps_the_context(monkeypatch, rows):
     ref = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="reference")
     assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
     jfa_ops.check_pending()
+
+
+# torch.ops.jfa.attention_backward is public: it checks its inputs like the forward ----------------------------
+
+def _backward_base():
+    a = _base()
+    out, lse = _call_op(dict(a))
+    return dict(grad_out=torch.randn_like(out), grad_lse=torch.randn_like(lse), q=a["q"], k=a["k"], v=a["v"],
+                out=out, lse=lse, q_offsets=a["q_offsets"], kv_offsets=a["kv_offsets"])
+
+
+BACKWARD_CASES = {
+    "grad_out_rows": (lambda a: a.update(grad_out=a["grad_out"][:6]), ValueError,
+                      r"^grad_out must have shape \(7, 4, 16\) \(from q and the offsets\), got \(6, 4, 16\)"),
+    "grad_out_2d": (lambda a: a.update(grad_out=a["grad_out"][:, 0]), ValueError, r"^grad_out must have shape"),
+    "grad_out_dtype": (lambda a: a.update(grad_out=a["grad_out"].double()), TypeError,
+                       r"^grad_out must be torch.float32, got torch.float64"),
+    "grad_out_other_device": (lambda a: a.update(grad_out=a["grad_out"].to("meta")), ValueError,
+                              r"^grad_out must be on q's device"),
+    "out_heads": (lambda a: a.update(out=a["out"][:, :2]), ValueError, r"^out must have shape \(7, 4, 16\)"),
+    "lse_transposed": (lambda a: a.update(lse=a["lse"].t()), ValueError, r"^lse must have shape \(4, 7\)"),
+    "lse_half": (lambda a: a.update(lse=a["lse"].half()), TypeError, r"^lse must be torch.float32"),
+    "grad_lse_shape": (lambda a: a.update(grad_lse=a["grad_lse"][:, :3]), ValueError, r"^grad_lse must have shape"),
+    "q_heads_forward_rule": (lambda a: a.update(q=a["q"][:, :3]), ValueError, r"^q heads \(3\) must be a positive"),
+    "max_seqlen_below_minus_1": (lambda a: a.update(max_seqlen_kv=-2), ValueError, r"^max_seqlen_kv must be >= 0"),
+    "scale_nan": (lambda a: a.update(scale=float("nan")), ValueError, r"^scale must be finite"),
+}
+
+
+@pytest.mark.parametrize("name", BACKWARD_CASES)
+def test_backward_op_error(name):
+    change, exc, pattern = BACKWARD_CASES[name]
+    args = _backward_base()
+    change(args)
+    tensors = [args.pop(n) for n in ("grad_out", "grad_lse", "q", "k", "v", "out", "lse", "q_offsets", "kv_offsets")]
+    with pytest.raises(exc, match=pattern):
+        torch.ops.jfa.attention_backward(*tensors, **args)
+
+
+def test_backward_op_accepts_its_forward_outputs():
+    a = _backward_base()
+    dq, dk, dv = torch.ops.jfa.attention_backward(*a.values())
+    assert (dq.shape, dk.shape, dv.shape) == (a["q"].shape, a["k"].shape, a["v"].shape)
+    torch.ops.jfa.attention_backward(*{**a, "grad_lse": None}.values())
+
+
+def test_wrapper_and_op_accept_the_same_max_seqlen_values():
+    """-1 means "not given" in both (the wrapper also takes None); anything below -1 is an error in both."""
+    a = _base()
+    expected = _call_api(dict(a))
+    for max_seqlen in (None, -1, 4):
+        assert torch.equal(_call_api(dict(a, max_seqlen_q=max_seqlen)), expected)
+    for max_seqlen in (-1, 4):
+        assert torch.equal(_call_op(dict(a, max_seqlen_q=max_seqlen))[0], expected)
+
+
+# Under torch.compile(fullgraph=True, dynamic=True) the same exception types and concrete values as eagerly ------
+
+COMPILE_CASES = {
+    "head_dim_12": (lambda a: a.update(q=a["q"][..., :12], k=a["k"][..., :12], v=a["v"][..., :12]), ValueError,
+                    r"^head_dim must be a multiple of 8 from 8 to 256, got 12$"),
+    "max_seqlen_minus_3": (lambda a: a.update(max_seqlen_q=-3), ValueError, r"^max_seqlen_q must be >= 0.*got -3$"),
+    "max_seqlen_too_small": (lambda a: a.update(max_seqlen_kv=4), ValueError,
+                             r"^max_seqlen for kv_offsets is 4, smaller than the longest sequence 5"),
+    "hq_not_multiple_of_hkv": (lambda a: a.update(q=a["q"][:, :3]), ValueError,
+                               r"^q heads \(3\) must be a positive multiple of k/v heads \(2\)"),
+    "k_v_shapes_differ": (lambda a: a.update(v=a["v"][:8]), ValueError,
+                          r"^k and v must have the same shape, got k \(9, 2, 16\) and v \(8, 2, 16\)"),
+    "njt_gqa_heads": (lambda a: a.update(q=_njt(a["q"][:, :3], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                         v=_njt(a["v"], a["kv_offsets"]), q_offsets=None, kv_offsets=None),
+                      ValueError, r"^q heads \(3\) must be a positive multiple of k/v heads \(2\)"),
+}
+
+
+@pytest.mark.parametrize("name", COMPILE_CASES)
+def test_compiled_call_raises_the_eager_error(name):
+    """Shape checks that involve symbolic sizes are left to the op's body when they cannot be decided without a
+    guard, so the compiled call raises the eager exception (not Dynamo's TorchRuntimeError with symbols)."""
+    change, exc, pattern = COMPILE_CASES[name]
+    args = _base()
+    change(args)
+    with pytest.raises(exc, match=pattern):
+        _call_api(dict(args))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: _call_api(a), fullgraph=True, dynamic=True, backend="aot_eager")
+    with pytest.raises(exc, match=pattern):
+        compiled(args)

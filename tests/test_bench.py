@@ -179,3 +179,18 @@ def test_model_peer_failing_under_compile_is_retried_outside_the_graph(monkeypat
                                   0.0)
         assert all(r["skip"].startswith("train failed") for r in records)
     assert len(calls) == 4
+
+
+def test_session5_overhead_results_read_as_the_baseline():
+    """The committed session-5 run (per-mode overhead records, fwd under no_grad) reads as today's per-call columns."""
+    import json
+    import os
+    from bench import report
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "results", "bench_2026-11-30_092900_h200.json")
+    with open(path) as f:
+        records = report.upgrade_records(json.load(f)["records"])
+    triton = next(r for r in records if r["case"]["suite"] == "overhead" and r["peer"] == "jfa:triton")
+    assert triton["nograd_wall_us"] > 400 and triton["fwdbwd_wall_us"] > 2000 and triton["graph_us"] < 30
+    lines = report.target_lines(records)
+    assert any(line.startswith("FAIL jfa:triton no_grad fwd 546.6 us") for line in lines), lines
+    assert "| jfa:triton |" in report.overhead_table([r for r in records if r["case"]["suite"] == "overhead"])

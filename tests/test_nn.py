@@ -139,6 +139,58 @@ def test_argument_errors():
         layer(njt, torch.tensor([0, 1, 4]))
 
 
+CONSTRUCTOR_ERRORS = [
+    (JaggedSelfAttention, (E, 0), {}, ValueError, r"^num_heads must be >= 1, got 0"),
+    (JaggedSelfAttention, (E, 4.0), {}, TypeError, r"^num_heads must be an int, got float"),
+    (JaggedSelfAttention, (-32, 4), {}, ValueError, r"^embed_dim must be >= 1, got -32"),
+    (JaggedSelfAttention, (E, 4, 0), {}, ValueError, r"^num_kv_heads must be >= 1, got 0"),
+    (JaggedSelfAttention, (E, 4), dict(head_dim=12), ValueError, r"^head_dim .* multiple of 8 .* got 12"),
+    (JaggedSelfAttention, (48, 4), {}, ValueError, r"^head_dim .* got 12"),  # 48 // 4
+    (JaggedSelfAttention, (E, 4), dict(causal="False"), TypeError, r"^causal must be a bool"),
+    (JaggedSelfAttention, (E, 4), dict(window=(2.5, 0)), TypeError, r"^window must be a pair of ints"),
+    (JaggedSelfAttention, (E, 4), dict(window=(-2, 0)), ValueError, r"^window entries must be >= 0"),
+    (JaggedSelfAttention, (E, 4), dict(backend=1), TypeError, r"^backend must be a str or None"),
+    (SeedPooling, (E, 4, 2.5), {}, TypeError, r"^num_seeds must be an int, got float"),
+    (SeedPooling, (E, True, 2), {}, TypeError, r"^num_heads must be an int, got bool"),
+    (SeedPooling, (E, 3, 2), {}, ValueError, r"divisible by num_heads"),
+    (SeedPooling, (E, 4, 2), dict(backend=["triton"]), TypeError, r"^backend must be a str or None"),
+]
+
+
+@pytest.mark.parametrize("cls,args,kwargs,exc,pattern", CONSTRUCTOR_ERRORS)
+def test_constructor_validates_its_arguments(cls, args, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        cls(*args, **kwargs)
+
+
+def test_njt_with_holes_is_rejected():
+    lengths = torch.tensor([2, 3])
+    holes = torch.nested.narrow(torch.randn(2, 4, E), 1, torch.zeros_like(lengths), lengths, layout=torch.jagged)
+    for layer in (JaggedSelfAttention(E, 4), SeedPooling(E, 4, num_seeds=2)):
+        with pytest.raises(ValueError, match=r"^x is a nested jagged tensor with holes"):
+            layer(holes)
+
+
+def test_seed_pooling_njt_matches_dense():
+    torch.manual_seed(0)
+    pool = SeedPooling(E, 4, num_seeds=3, num_kv_heads=2)
+    x, offsets = _batch(dtype=torch.float32)
+    torch.testing.assert_close(pool(torch.nested.nested_tensor_from_jagged(x, offsets)), pool(x, offsets))
+
+
+def test_seed_pooling_exports_with_a_batch_range_that_includes_1():
+    """torch.export with a dynamic B whose range includes 1 (strict mode: non-strict export adds a B != 1 guard for
+    any size derived from the offsets' B + 1, see README)."""
+    torch.manual_seed(0)
+    pool = SeedPooling(E, 4, num_seeds=3)
+    x, offsets = _batch(dtype=torch.float32)
+    batch, rows = torch.export.Dim("B", min=1, max=4096), torch.export.Dim("T", min=0, max=1 << 20)
+    exported = torch.export.export(pool, (x, offsets), dynamic_shapes=({0: rows}, {0: batch + 1}), strict=True)
+    for lengths in ([5], [0], [3, 0, 4, 1, 6]):
+        x, offsets = _batch([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.float32)
+        torch.testing.assert_close(exported.module()(x, offsets), pool(x, offsets))
+
+
 def _varying_batches():
     """(offsets, max_seqlen): totals, max lengths and empties change every time; never 0/1, never equal sizes."""
     return [([0, 5, 5, 12, 20], 8), ([0, 2, 13, 13, 30], 17), ([0, 0, 9, 11, 14], 9), ([0, 25, 26, 26, 40], 25)]

@@ -5,6 +5,7 @@ broadcast-Q, scale, offsets dtype) and a fresh seed for the tensor values; ``che
 lse and the gradients through out, through lse and through both, with dtype-aware relative-error-norm tolerances,
 and checks that rows which see no key are exactly 0 (lse -inf, zero gradients, never NaN).
 """
+import dataclasses
 import math
 
 import pytest
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 
 import jfa_ops
 import meta_kernels
-from jfa_ops.testing import AttentionCase, attention_cases, check_attention_case
+from jfa_ops import backends
+from jfa_ops.testing import FEATURE_MATRIX, AttentionCase, attention_cases, check_attention_case
 from tests.common import device_backend_params, dtypes_for, is_interpreted
 
 FULL = device_backend_params()
@@ -116,3 +118,34 @@ def test_gradcheck_float64(device, backend, name):
     # lse is float32 even for float64 inputs: a finite difference with eps 1e-6 would be all rounding noise
     # (~0.1); eps 1e-3 keeps it at ~1e-4, inside atol 1e-3.
     torch.autograd.gradcheck(lse_only, (inputs.q, inputs.k, inputs.v), eps=1e-3, atol=1e-3, rtol=1e-3)
+
+
+def _record_forward_calls(monkeypatch, device):
+    """Wrap every backend available on ``device`` so its forward appends its name to the returned list."""
+    ran = []
+    for name in jfa_ops.available_backends(device):
+        backend = backends.get_backend(name)
+
+        def forward(*args, _backend=backend):
+            ran.append(_backend.name)
+            return _backend.forward(*args)
+
+        monkeypatch.setitem(backends._REGISTRY, name, dataclasses.replace(backend, forward=forward))
+    return ran
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case_name", ["jagged_empty_len1", "causal_window", "broadcast_q_causal_gqa"])
+def test_automatic_choice(device, dtype, case_name, monkeypatch):
+    """With no backend named, a CUDA call runs the triton backend (not the slow, syncing reference); a CPU call runs
+    whatever the registry picks, never the interpreter."""
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    case = FEATURE_MATRIX[case_name].replace(device=device, dtype=dtype)
+    ran = _record_forward_calls(monkeypatch, device)
+    case.make_inputs(0).call(backend=None)
+    if device == "cuda":
+        assert ran == ["triton"]
+    else:
+        assert ran == [backends.select_backend(None, case.problem()).name] and ran != ["triton"]

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 import meta_kernels
 from jfa_ops import validation
 from jfa_ops.backends import Backend, reference, register_backend, unregister_backend
-from jfa_ops.testing import (FEATURE_MATRIX, TOLERANCES, AttentionCase, assert_attention_close, attention_cases,
-                             check_backend, jagged_lengths, reference_attention, row_visibility, tolerance)
+from jfa_ops.testing import (FEATURE_MATRIX, LSE_TOLERANCE, TOLERANCES, AttentionCase, assert_attention_close,
+                             attention_cases, check_backend, jagged_lengths, reference_attention, row_visibility,
+                             tolerance)
 
 
 # ---- the oracle ------------------------------------------------------------------------------------------------
@@ -49,6 +50,8 @@ def test_oracle_matches_sdpa_on_dense_batches(lq, lk, causal, window, heads):
     k, v = (torch.randn(b * lk, hkv, d, generator=g, dtype=torch.float64) for _ in range(2))
     out, lse = reference_attention(q, k, v, torch.arange(b + 1) * lq, torch.arange(b + 1) * lk, causal=causal,
                                    window=window)
+    # The mask is built here from the README's rule on purpose, not with testing.visible_mask: this test checks the
+    # oracle (mask included) against SDPA, so it must not share the oracle's code.
     i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
     diag = i + lk - lq
     mask = torch.ones(lq, lk, dtype=torch.bool)
@@ -94,10 +97,29 @@ def test_row_visibility_broadcast_q():
 def test_tolerance_table():
     assert TOLERANCES == {torch.float64: (1e-10, 1e-10), torch.float32: (1e-5, 5e-5),
                           torch.float16: (2e-3, 5e-3), torch.bfloat16: (1e-2, 2e-2)}
-    assert tolerance(torch.float64, "lse") == 1e-6  # lse is float32
     assert tolerance(torch.bfloat16, "grad") == 2e-2
     with pytest.raises(ValueError, match="kind must be"):
         tolerance(torch.float32, "other")
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCES))
+def test_lse_tolerance_is_one_for_every_dtype(dtype):
+    """lse is float32 from fp32 scores whatever the inputs: 1e-5, not the output's 1e-2 of bf16."""
+    assert tolerance(dtype, "lse") == LSE_TOLERANCE == 1e-5
+    lse = torch.randn(2, 30, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 3.0
+    with pytest.raises(AssertionError, match=r"lse: relative error norm .* > 1e-05 \(torch.bfloat16, lse\)"):
+        assert_attention_close(lse + 1e-3, lse, dtype=torch.bfloat16, kind="lse", name="lse")
+
+
+def test_kind_is_explicit_not_derived_from_the_name():
+    """A tensor named like a gradient is compared at the kind given (the name used to pick the tolerance)."""
+    expected = torch.ones(10, dtype=torch.float64)
+    actual = expected * (1 + 4e-3)  # between the fp16 forward (2e-3) and grad (5e-3) tolerances
+    assert_attention_close(actual, expected, dtype=torch.float16, kind="grad", name="out")
+    with pytest.raises(AssertionError, match=r"dq: relative error norm .* \(torch.float16, forward\)"):
+        assert_attention_close(actual, expected, dtype=torch.float16, kind="forward", name="dq")
+    with pytest.raises(TypeError, match="kind"):
+        assert_attention_close(actual, expected, dtype=torch.float16, name="dq")
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCES))
@@ -106,9 +128,9 @@ def test_relative_error_norm_threshold(dtype):
     direction = torch.randn(50, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     direction *= expected.norm() / direction.norm()
     tol = tolerance(dtype, "forward")
-    assert_attention_close(expected + 0.9 * tol * direction, expected, dtype=dtype, name="out")
+    assert_attention_close(expected + 0.9 * tol * direction, expected, dtype=dtype, kind="forward", name="out")
     with pytest.raises(AssertionError, match=r"out: relative error norm .* > "):
-        assert_attention_close(expected + 1.1 * tol * direction, expected, dtype=dtype, name="out")
+        assert_attention_close(expected + 1.1 * tol * direction, expected, dtype=dtype, kind="forward", name="out")
 
 
 def test_nan_never_passes():
@@ -116,16 +138,17 @@ def test_nan_never_passes():
     y = x.clone()
     y[2, 1] = math.nan
     with pytest.raises(AssertionError, match=r"dq: 1 NaN of 8, first at index \(2, 1\)"):
-        assert_attention_close(y, x, dtype=torch.bfloat16, name="dq")
+        assert_attention_close(y, x, dtype=torch.bfloat16, kind="grad", name="dq")
 
 
 def test_infinities_must_match():
     lse = torch.tensor([[0.5, -math.inf, 1.0]], dtype=torch.float64)
-    assert_attention_close(lse.float(), lse, dtype=torch.float32, name="lse")
+    assert_attention_close(lse.float(), lse, dtype=torch.float32, kind="lse", name="lse")
     with pytest.raises(AssertionError, match="infinities differ"):
-        assert_attention_close(torch.tensor([[0.5, -1e30, 1.0]]), lse, dtype=torch.float32, name="lse")
+        assert_attention_close(torch.tensor([[0.5, -1e30, 1.0]]), lse, dtype=torch.float32, kind="lse", name="lse")
     with pytest.raises(AssertionError, match="infinities differ"):
-        assert_attention_close(torch.tensor([[0.5, -math.inf, -math.inf]]), lse, dtype=torch.float32, name="lse")
+        assert_attention_close(torch.tensor([[0.5, -math.inf, -math.inf]]), lse, dtype=torch.float32, kind="lse",
+                               name="lse")
 
 
 def test_zero_rows_must_be_exactly_zero():
@@ -133,15 +156,15 @@ def test_zero_rows_must_be_exactly_zero():
     expected[0] = 1.0
     actual = expected.clone()
     actual[2, 1, 3] = 1e-30  # invisible to any relative norm
-    assert_attention_close(actual, expected, dtype=torch.float32, name="out")
+    assert_attention_close(actual, expected, dtype=torch.float32, kind="forward", name="out")
     with pytest.raises(AssertionError, match=r"out: 1 rows should be exactly 0 .* rows \[2\]"):
-        assert_attention_close(actual, expected, dtype=torch.float32, name="out",
+        assert_attention_close(actual, expected, dtype=torch.float32, kind="forward", name="out",
                                zero_rows=torch.tensor([False, True, True]))
 
 
 def test_shape_mismatch_fails():
     with pytest.raises(AssertionError, match=r"shape \(2, 3\), expected \(3, 2\)"):
-        assert_attention_close(torch.zeros(2, 3), torch.zeros(3, 2), dtype=torch.float32, name="out")
+        assert_attention_close(torch.zeros(2, 3), torch.zeros(3, 2), dtype=torch.float32, kind="forward", name="out")
 
 
 # ---- strategies and cases --------------------------------------------------------------------------------------
@@ -206,6 +229,23 @@ SMALL = {n: FEATURE_MATRIX[n] for n in ("jagged_empty_len1", "causal_lq_gt_lk", 
 def test_check_backend_passes_on_reference():
     summary = check_backend("reference", dtypes=(torch.float32, torch.bfloat16), examples=5)
     assert len(summary["passed"]) == 2 * len(FEATURE_MATRIX) and summary["unsupported"] == []
+    assert summary["random"] == 5 and summary["cases_run"] == 2 * len(FEATURE_MATRIX) + 5
+
+
+def test_check_backend_fails_when_it_runs_nothing():
+    """A backend that supports nothing (or a check given nothing to run) is not a pass."""
+    backend = Backend("supports_nothing", forward=reference.forward, backward=reference.backward,
+                      supports=lambda p: "nothing", priority=-100)
+    register_backend(backend)
+    try:
+        with pytest.raises(AssertionError, match=r"check_backend\('supports_nothing'.* ran no case: 2 matrix cases "
+                                                 r"unsupported"):
+            check_backend("supports_nothing", cases={n: FEATURE_MATRIX[n] for n in ("dense", "window")},
+                          examples=3, opcheck=False)
+    finally:
+        unregister_backend("supports_nothing")
+    with pytest.raises(AssertionError, match="ran no case"):
+        check_backend("reference", cases={}, examples=0)
 
 
 def _forward_scaled(*args):
@@ -259,7 +299,7 @@ def test_check_backend_skips_and_lists_unsupported_cases():
                                 examples=3, opcheck=False)
     finally:
         unregister_backend("no_windows")
-    assert len(summary["passed"]) == 1
+    assert len(summary["passed"]) == 1 and summary["cases_run"] == 1 + summary["random"]
     assert summary["unsupported"] == [f"[window] {FEATURE_MATRIX['window']}: no windows"]
 
 

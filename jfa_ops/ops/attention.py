@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch.utils.flop_counter import register_flop_formula
 
 import meta_kernels
@@ -26,12 +27,22 @@ OPTIONS_SCHEMA = (
 NUM_OPTIONS = OPTIONS_SCHEMA.count(",") + 1
 
 
-def _params(q: Tensor, max_seqlen_q=-1, max_seqlen_kv=-1, scale=None, causal=False, window_left=-1, window_right=-1,
-            broadcast_q=False, deterministic=False, backend=None) -> Tuple[AttentionParams, Optional[str]]:
-    """The options (in schema order) as AttentionParams with the scale resolved, plus the backend name."""
+def _params(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, max_seqlen_q=-1,
+            max_seqlen_kv=-1, scale=None, causal=False, window_left=-1, window_right=-1, broadcast_q=False,
+            deterministic=False, backend=None) -> Tuple[AttentionParams, Optional[str]]:
+    """Check the forward's inputs and options (in schema order); return them as AttentionParams, plus the backend.
+
+    The metadata checks come before the default scale ``D ** -0.5`` (head_dim 0 is a ValueError, not a division
+    by zero). ``torch.use_deterministic_algorithms(True)`` counts as ``deterministic=True``: it is read when the op
+    runs (eagerly, or from compiled code), so it never enters a traced graph.
+    """
+    meta_kernels.check_options(scale, causal, (window_left, window_right), broadcast_q, deterministic, max_seqlen_q,
+                               max_seqlen_kv)
+    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q)
     params = AttentionParams(
         scale=q.shape[-1] ** -0.5 if scale is None else float(scale), causal=causal, window_left=window_left,
-        window_right=window_right, broadcast_q=broadcast_q, deterministic=deterministic,
+        window_right=window_right, broadcast_q=broadcast_q,
+        deterministic=deterministic or torch.are_deterministic_algorithms_enabled(),
         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
     )
     return params, backend
@@ -44,9 +55,8 @@ def _params(q: Tensor, max_seqlen_q=-1, max_seqlen_kv=-1, scale=None, causal=Fal
 def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
               *options) -> Tuple[Tensor, Tensor]:
     """Jagged attention. Returns (out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.jagged_attention``."""
-    params, backend = _params(q, *options)
-    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (params.window_left, params.window_right),
-                                      params.broadcast_q)
+    params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
+    check_no_forward_ad(q, k, v)
     impl = select_backend(backend, Problem.of(q, k, params))
     if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
                            impl.checks_offsets):
@@ -54,11 +64,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 
+def check_no_forward_ad(*tensors: Tensor) -> None:
+    """Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``) has no formula here: raise instead of the
+    zero tangents torch would give a custom op without one."""
+    if any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError("jfa.attention does not support forward-mode AD (torch.func.jvp, "
+                                  "torch.autograd.forward_ad); use reverse mode (torch.autograd.grad, .backward())")
+
+
 @attention.register_fake
 def _attention_fake(q, k, v, q_offsets, kv_offsets, *options):
-    params, _ = _params(q, *options)
-    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (params.window_left, params.window_right),
-                                      params.broadcast_q)
+    params, _ = _params(q, k, v, q_offsets, kv_offsets, *options)
     out_shape, lse_shape = meta_kernels.attention_shapes(q, kv_offsets, params.broadcast_q)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -72,13 +88,23 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
                        lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
                        *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::attention``; ``grad_lse`` None means lse was not used."""
-    params, backend = _params(q, *options)
+    params, backend = _backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options)
     impl = select_backend(backend, Problem.of(q, k, params))
     return impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
+def _backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options):
+    """The forward's checks, then grad_out/out/lse/grad_lse against the forward's output shapes: the backward op
+    is public, so it validates its inputs like the forward."""
+    params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
+    meta_kernels.check_attention_backward_args(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                               (params.window_left, params.window_right), params.broadcast_q)
+    return params, backend
+
+
 @attention_backward.register_fake
-def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, *args):
+def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *options):
+    _backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options)
     dq_shape, dk_shape, dv_shape = meta_kernels.attention_backward_shapes(q, k, v)
     return q.new_empty(dq_shape), k.new_empty(dk_shape), v.new_empty(dv_shape)
 
@@ -141,3 +167,25 @@ def _attention_backward_flops(grad_out, grad_lse, q, k, v, out, lse, *args, out_
 
 attention.register_autograd(_backward, setup_context=_setup_context)
 attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
+
+
+def _autocast_kernel(device_type: str):
+    """Under ``torch.autocast(device_type)``: floating q/k/v go to the autocast dtype (fp64 is left alone, as autocast
+    does for SDPA), then the op runs with autocast off. ``torch.library.register_autocast`` casts to one fixed dtype;
+    this follows the region's dtype (bf16 or fp16) like SDPA."""
+    autocast_key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
+
+    def kernel(keyset, q, k, v, *rest):
+        dtype = torch.get_autocast_dtype(device_type)
+        cast = [t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == device_type
+                else t for t in (q, k, v)]
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(autocast_key)):
+            return torch.ops.jfa.attention.default(*cast, *rest)
+
+    return kernel
+
+
+_AUTOCAST_LIB = torch.library.Library("jfa", "IMPL")
+for _device_type in ("cpu", "cuda"):
+    _AUTOCAST_LIB.impl("attention", _autocast_kernel(_device_type),
+                       "Autocast" + torch._C._dispatch_key_for_device(_device_type), with_keyset=True)

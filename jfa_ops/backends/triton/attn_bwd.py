@@ -11,7 +11,7 @@ summed in registers and written once (no atomics, deterministic). dQ, two ways:
 - fused into the dK/dV pass (broadcast Q non-deterministic by default; ``configs.KNOBS.bwd_fused_dq`` for the rest):
   dS K is added by fp32 atomics (TMA bulk reductions on sm_90) into ``KNOBS.bcast_dq_slabs`` slabs of an fp32
   [L_q, Hq, D] accumulator (one slab [T_q, Hq, D] without broadcast), then a finalize kernel sums the slabs in order,
-  scales and casts. 5 matmuls per block pair. Measured in NOTES.md: a clear win for broadcast Q only.
+  scales and casts. 5 matmuls per block pair. Measured in bench/NOTES.md: a clear win for broadcast Q only.
 """
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
 # H200, Triton 3.6: the causal forward with TMA K/V hangs at head_dim 256 (bf16 and fp16; 128x64 tiles, 2 stages;
-# non-causal and the pointer path are fine; NOTES.md, session 4). Only head dims up to 128 use TMA.
+# non-causal and the pointer path are fine; bench/NOTES.md, session 4). Only head dims up to 128 use TMA.
 TMA_MAX_HEAD_DIM = 128
 @functools.lru_cache(maxsize=None)
 def _capability(device_index: int):

@@ -28,7 +28,7 @@ class KernelConfig:
 @dataclasses.dataclass
 class Knobs:
     """Code-path switches (not block sizes); ``devcheck --variants`` flips them to compare in the same run.
-    Defaults from the H200 run in NOTES.md (dense B8 H16 S4096 D128 bf16, TFLOP/s)."""
+    Defaults from the H200 run in bench/NOTES.md (dense B8 H16 S4096 D128 bf16, TFLOP/s)."""
     fwd_fma_softmax: bool = True  # max over raw scores, then exp2(s * scale - m) as one FMA (scale > 0): neutral
     fwd_kv_major: bool = True  # work order kv head -> tile -> q head (common.work_item): dense fwd 439 -> 459
     # How work items reach programs (common.launch_schedule): "grid" one program per item (the hardware hands the next

@@ -1,12 +1,13 @@
 """One-call GPU check of the Triton backend: correctness on the benchmark shapes, then TFLOP/s against SDPA.
 
-    python -m jfa_ops.backends.triton.devcheck [--quick] [--sweep] [--variants [--only TEXT]] [--out DIR]
+    python tools/devcheck.py [--quick] [--sweep] [--variants [--only TEXT]] [--out DIR]   (or python -m tools.devcheck)
 
 --variants: compiles every entry of VARIANTS in parallel processes first (Triton's disk cache), then times each
 (knob/config variant x case) in one process and prints one table: same-run before/after comparisons.
 
 Useful FLOPs: 4*D per visible (query, key) pair per head forward, 2.5x that backward. Medians of
-``triton.testing.do_bench``. Prints a table last.
+``triton.testing.do_bench``. Prints a table last. A development tool: it lives in tools/, outside the package, and
+its measurement log is bench/NOTES.md ("Kernel development log").
 """
 from __future__ import annotations
 
@@ -15,23 +16,18 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 
-import torch
-import triton
+if __package__ in (None, ""):  # run as `python tools/devcheck.py`: import jfa_ops, bench and tools from the repo root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jfa_ops.backends.base import AttentionParams
-from jfa_ops.backends import triton as tb
+import torch  # noqa: E402
+import triton  # noqa: E402
 
-
-def visible_pairs(len_q, len_k, causal):
-    total = 0
-    for lq, lk in zip(len_q, len_k):
-        if not causal:
-            total += lq * lk
-        else:  # row i sees keys j <= i + lk - lq
-            total += sum(max(0, min(lk, i + lk - lq + 1)) for i in range(lq))
-    return total
+from bench.flops import visible_pairs  # noqa: E402  (the bench's exact count of useful work)
+from jfa_ops.backends.base import AttentionParams  # noqa: E402
+from jfa_ops.backends import triton as tb  # noqa: E402
 
 
 def skewed_lengths(n, mean, max_len, total, seed):
@@ -126,7 +122,8 @@ def sweep(rows_out):
 # --------------------------------------------------------------------------------- same-run variant comparison
 # (name, knob overrides, config overrides {kernel: (block_m, block_n, warps, stages)}, cases, passes)
 _FIVE = ("dense", "causal", "jagged", "jcausal", "bcast")
-VARIANTS = [  # session 5 candidates (measured 2026-11-30, bench/results/devcheck_variants_*session5*); older: NOTES.md
+# Session 5 candidates (measured 2026-11-30, bench/results/devcheck_variants_*session5*); older: bench/NOTES.md
+VARIANTS = [
     ("new (defaults)", {}, {}, _FIVE, "fb"),
     # (the warp-specialized forward and dQ variants live at the git tag experiment/warp-specialize)
     ("fwd: atomic work counter", dict(fwd_schedule="atomic"), {}, _FIVE, "f"),
@@ -245,7 +242,7 @@ def variants(out_dir, workers=12, only=None):
     from concurrent.futures import ProcessPoolExecutor
 
     t0 = time.time()
-    from jfa_ops.backends.triton import devcheck  # pickle by module name, also when run as __main__
+    from tools import devcheck  # pickle by module name, also when run as __main__
 
     chosen = [i for i, v in enumerate(VARIANTS) if only is None or only in v[0]]
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
