@@ -144,7 +144,8 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Ten
     """Float64 oracle: (out [T_q, Hq, D] float64, lse [Hq, T_q] float64), differentiable w.r.t. q, k, v.
 
     One plain softmax per sequence over the visible keys, q head h reading kv head h // (Hq // Hkv). A row that sees
-    no key gives out 0 and lse -inf, with zero (never NaN) gradients.
+    no key gives out 0 and lse -inf, with zero (never NaN) gradients. Non-finite inputs propagate as in SDPA: a NaN or
+    +inf visible score gives NaN out and lse; visible scores all -inf give 0 and -inf; inf in v gives inf/NaN out.
     """
     q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
     heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
@@ -158,15 +159,17 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Ten
         ks = k64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)  # [Lk, Hq, D]
         vs = v64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
         visible = visible_mask(qs.shape[0], ks.shape[0], causal, window).to(q.device)  # [Lq, Lk]
-        any_visible = visible.any(dim=1)  # [Lq]
         scores = torch.einsum("ihd,jhd->hij", qs, ks) * scale  # [Hq, Lq, Lk]
         scores = scores.masked_fill(~visible, -math.inf)
-        # Rows with no visible key: softmax over zeros (finite), then zeroed by the mask; lse set to -inf by where.
-        scores = torch.where(any_visible.unsqueeze(1), scores, torch.zeros_like(scores))
-        probs = torch.softmax(scores, dim=-1) * visible
+        # A row with no visible key, or whose visible scores are all -inf, has no softmax mass: out 0, lse -inf, zero
+        # gradients (softmax over zeros, then zeroed). A NaN or +inf visible score gives NaN out and NaN lse.
+        has_mass = (scores != -math.inf).any(dim=-1)  # [Hq, Lq]; NaN counts: it must propagate
+        scores = torch.where(has_mass.unsqueeze(-1), scores, torch.zeros_like(scores))
+        probs = torch.softmax(scores, dim=-1) * visible * has_mass.unsqueeze(-1)
         outs.append(torch.einsum("hij,jhd->ihd", probs, vs))
         lse = torch.logsumexp(scores, dim=-1) if scores.shape[-1] else scores.new_zeros(scores.shape[:-1])
-        lses.append(torch.where(any_visible, lse, torch.full_like(lse, -math.inf)))
+        lse = torch.where(lse == math.inf, math.nan, lse)
+        lses.append(torch.where(has_mass, lse, torch.full_like(lse, -math.inf)))
     if not outs:  # no sequences
         return q64.new_zeros(0, heads_q, head_dim), q64.new_zeros(heads_q, 0)
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)

@@ -1,5 +1,6 @@
 """The backend registry: a third party's backend in a few lines, choice by name / env / priority, errors."""
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -141,3 +142,43 @@ def test_builtin_backends_listed_with_reasons():
         reason = unavailable_reason(name)
         assert reason is None or name in reason  # importable, or says why (e.g. triton missing)
     assert "reference" in jfa_ops.available_backends("cpu")
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    monkeypatch.setattr("jfa_ops.backends._WARNED", set())
+
+
+def _cuda_problem(dtype):
+    return Problem("cuda", dtype, 64, 2, 2, False, -1, -1, False, False)
+
+
+def test_reference_on_cuda_warns_once_per_reason(fresh_warnings):
+    """fp64 on CUDA runs on the slow, host-syncing reference: say so once, and why."""
+    with pytest.warns(UserWarning, match=r"'reference' backend .* CUDA-graph .*float64"):
+        assert select_backend(None, _cuda_problem(torch.float64)).name == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select_backend(None, _cuda_problem(torch.float64)).name == "reference"  # same reason: silent
+        assert select_backend("reference", _cuda_problem(torch.float32)).name == "reference"  # asked by name
+        select_backend(None, Problem("cpu", torch.float64, 64, 2, 2, False, -1, -1, False, False))  # CPU: no warning
+    with pytest.warns(UserWarning, match="head_dim 12"):  # another reason: warned again
+        p = dataclasses.replace(_cuda_problem(torch.float16), head_dim=12)
+        assert select_backend(None, p).name == "reference"
+
+
+def test_reference_on_cuda_warns_when_triton_is_missing(fresh_warnings, monkeypatch):
+    monkeypatch.setattr("jfa_ops.backends._REGISTRY", {"reference": reference.BACKEND})
+    monkeypatch.setattr("jfa_ops.backends._BUILTIN_MODULES", {"reference": "jfa_ops.backends.reference"})
+    monkeypatch.setattr("jfa_ops.backends._IMPORT_ERRORS", {"triton": "ModuleNotFoundError: No module named 'triton'"})
+    with pytest.warns(UserWarning, match=r"because triton could not be imported \(ModuleNotFoundError"):
+        assert select_backend(None, _cuda_problem(torch.float16)).name == "reference"
+
+
+def test_triton_is_the_automatic_choice_on_cuda(fresh_warnings):
+    pytest.importorskip("triton")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            assert select_backend(None, _cuda_problem(dtype)).name == "triton"

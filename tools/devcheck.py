@@ -90,12 +90,12 @@ def sweep(rows_out):
     K = configs.KernelConfig
     variants = [
         ("fwd no-TMA", "tma", False),
-        ("fwd causal BN128", "_fwd", lambda b, i, c: K(128, 128, 8, 3)),
-        ("fwd causal BN64 s4", "_fwd", lambda b, i, c: K(128, 64, 8, 4)),
-        ("dkdv 64x128 s3", "_dkdv", lambda b, i: K(64, 128, 8, 3)),
-        ("dkdv 128x128 s2", "_dkdv", lambda b, i: K(128, 128, 8, 2)),
-        ("dq 128x128 s2", "_dq", lambda b, i: K(128, 128, 8, 2)),
-        ("dq 128x64 s3", "_dq", lambda b, i: K(128, 64, 8, 3)),
+        ("fwd causal BN128", "_fwd", lambda *a: K(128, 128, 8, 3)),
+        ("fwd causal BN64 s4", "_fwd", lambda *a: K(128, 64, 8, 4)),
+        ("dkdv 64x128 s3", "_dkdv", lambda *a: K(64, 128, 8, 3)),
+        ("dkdv 128x128 s2", "_dkdv", lambda *a: K(128, 128, 8, 2)),
+        ("dq 128x128 s2", "_dq", lambda *a: K(128, 128, 8, 2)),
+        ("dq 128x64 s3", "_dq", lambda *a: K(128, 64, 8, 3)),
     ]
     for label, attr, value in variants:
         saved = attn_fwd.TMA_ENABLED if attr == "tma" else getattr(configs, attr)

@@ -7,22 +7,25 @@ registers its own in a few lines::
     register_backend(Backend("mine", forward=my_fwd, backward=my_bwd, supports=lambda problem: None, priority=50))
 
 Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
-``supports(problem)`` returns None.
+``supports(problem)`` returns None. An automatic choice of ``reference`` for CUDA tensors warns once per reason.
 """
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Dict, List, Optional
+import warnings
+from typing import Dict, List, Optional, Set
 
 from jfa_ops.backends.base import AttentionParams, Backend, Problem
 
 __all__ = ["AttentionParams", "Backend", "Problem", "register_backend", "unregister_backend", "get_backend",
            "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
 
-_BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "triton": "jfa_ops.backends.triton"}
+_BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "cpu": "jfa_ops.backends.cpu",
+                    "triton": "jfa_ops.backends.triton"}
 _REGISTRY: Dict[str, Backend] = {}
 _IMPORT_ERRORS: Dict[str, str] = {}
+_WARNED: Set[str] = set()  # reasons already warned about (the reference-on-CUDA fallback)
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
@@ -90,10 +93,26 @@ def select_backend(requested: Optional[str], problem: Problem) -> Backend:
         if reason is not None:
             raise ValueError(f"backend {requested!r} cannot run this call: {reason}")
         return backend
+    declined = [f"{name} could not be imported ({error})" for name, error in _IMPORT_ERRORS.items()]
     for name in registered_backends():
         backend = _REGISTRY[name]
         if backend.auto_devices is not None and problem.device_type not in backend.auto_devices:
             continue
-        if backend.supports(problem) is None:
+        reason = backend.supports(problem)
+        if reason is None:
+            if name == "reference" and problem.device_type == "cuda":
+                _warn_reference_on_cuda("; ".join(declined))
             return backend
+        declined.append(f"{name}: {reason}")
     raise ValueError(f"no registered backend supports {problem}")
+
+
+def _warn_reference_on_cuda(why: str) -> None:
+    """Once per reason: the exact reference backend loops over sequences in Python and reads offsets on the host,
+    so on CUDA it is slow, syncs, and cannot be captured in a CUDA graph."""
+    if why in _WARNED:
+        return
+    _WARNED.add(why)
+    warnings.warn(f"jfa_ops: this CUDA call runs on the 'reference' backend (slow: a Python loop that syncs the host "
+                  f"and breaks CUDA-graph capture) because {why or 'no faster backend is registered'}. Pass "
+                  f"backend='reference' to choose it explicitly.", stacklevel=2)

@@ -16,6 +16,7 @@ backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params) -
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Optional, Tuple
 
@@ -53,6 +54,7 @@ class Problem:
     window_right: int
     broadcast_q: bool
     deterministic: bool
+    device_index: Optional[int] = None  # CUDA: which GPU (its shared memory decides configs); None: the current one
 
     @staticmethod
     def of(q: torch.Tensor, k: torch.Tensor, params: AttentionParams) -> "Problem":
@@ -60,6 +62,7 @@ class Problem:
             device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], num_heads_q=q.shape[1],
             num_heads_kv=k.shape[1], causal=params.causal, window_left=params.window_left,
             window_right=params.window_right, broadcast_q=params.broadcast_q, deterministic=params.deterministic,
+            device_index=q.device.index,
         )
 
 
@@ -78,3 +81,12 @@ class Backend:
     # True: forward checks the offset values on the device when AttentionParams.check_offsets says so (folded into a
     # kernel that reads them anyway); False: jfa_ops.validation checks them before the call.
     checks_offsets: bool = False
+
+
+def device_guard(device: torch.device):
+    """A context that makes ``device`` the current CUDA device: Triton launches on the current device, not on its
+    arguments' (tensors on cuda:1 while cuda:0 is current would run on the wrong GPU). It switches only when the
+    index differs, so the common case costs one device query and no context switch."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device.index)

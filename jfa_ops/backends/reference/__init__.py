@@ -2,7 +2,8 @@
 
 Per sequence, Q rows in chunks so the score block never exceeds ``SCORE_BLOCK_BYTES`` (memory grows with
 chunk_rows * L_kv, never L_q * L_kv). Accumulates in float32 (float64 for float64 inputs). It reads the offsets on the
-host (one sync): it is the CPU kernel and the tests' second oracle, not a fast path.
+host (one sync): it is the tests' second oracle, not a fast path (on CPU the ``cpu`` backend batches the same math
+over length buckets and uses ``forward_into``/``backward_into`` for sequences too large to batch).
 """
 from __future__ import annotations
 
@@ -64,11 +65,18 @@ def _scores(q_chunk, k_seq, visible, scale):
     return s
 
 
-def _probs(s, lse):
-    """softmax probabilities from scores and their lse; rows with lse = -inf (nothing visible) give zeros."""
-    finite = torch.isfinite(lse)
-    p = torch.exp(s - torch.where(finite, lse, torch.zeros_like(lse))[..., None])
-    return torch.where(finite[..., None], p, torch.zeros_like(p))
+def row_lse(s):
+    """logsumexp over keys; a NaN or +inf score makes the softmax undefined: lse NaN (out NaN), as in flash kernels."""
+    lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is visible (or every visible score is -inf)
+    return lse.masked_fill(lse == float("inf"), float("nan"))
+
+
+def softmax_probs(s, lse):
+    """softmax probabilities from scores and their lse. Rows with lse = -inf (no visible key, or all visible scores
+    -inf) give zeros; a NaN lse gives NaN, so NaN inputs propagate like in SDPA (never a silent 0)."""
+    empty = lse == float("-inf")
+    p = torch.exp(s - lse.masked_fill(empty, 0)[..., None])
+    return p.masked_fill(empty[..., None], 0)
 
 
 def _grouped(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
@@ -77,13 +85,19 @@ def _grouped(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 
 def forward(q, k, v, q_offsets, kv_offsets, params: AttentionParams):
-    heads_q, head_dim = q.shape[1], q.shape[2]
+    rows = (kv_offsets.shape[0] - 1) * q.shape[0] if params.broadcast_q else q.shape[0]
+    out = torch.zeros(rows, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[1], rows), float("-inf"), dtype=torch.float32, device=q.device)
+    forward_into(out, lse, q, k, v, _sequences(q, q_offsets, kv_offsets, params), params)
+    return out, lse
+
+
+def forward_into(out, lse, q, k, v, sequences, params: AttentionParams) -> None:
+    """Write out/lse rows of ``sequences`` (tuples as ``_sequences`` yields); rows of the others are left alone."""
+    heads_q = q.shape[1]
     heads_kv = k.shape[1]
     cdt = _compute_dtype(q.dtype)
-    rows = (kv_offsets.shape[0] - 1) * q.shape[0] if params.broadcast_q else q.shape[0]
-    out = torch.zeros(rows, heads_q, head_dim, dtype=q.dtype, device=q.device)
-    lse = torch.full((heads_q, rows), float("-inf"), dtype=torch.float32, device=q.device)
-    for _, q_start, q_rows, out_start, kv_start, kv_rows in _sequences(q, q_offsets, kv_offsets, params):
+    for _, q_start, q_rows, out_start, kv_start, kv_rows in sequences:
         if q_rows == 0 or kv_rows == 0:
             continue
         k_seq = k[kv_start:kv_start + kv_rows].to(cdt)
@@ -92,22 +106,29 @@ def forward(q, k, v, q_offsets, kv_offsets, params: AttentionParams):
             q_chunk = _grouped(q[q_start + r0:q_start + r1].to(cdt), heads_kv)
             visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
             s = _scores(q_chunk, k_seq, visible, params.scale)
-            lse_chunk = torch.logsumexp(s, dim=-1)  # [Hkv, G, r]; -inf where nothing is visible
-            p = _probs(s, lse_chunk)
+            lse_chunk = row_lse(s)  # [Hkv, G, r]
+            p = softmax_probs(s, lse_chunk)
             o = torch.einsum("hgrk,khd->rhgd", p, v_seq).flatten(1, 2)
             out[out_start + r0:out_start + r1] = o.to(q.dtype)
             lse[:, out_start + r0:out_start + r1] = lse_chunk.flatten(0, 1).float()
-    return out, lse
 
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
-    heads_q = q.shape[1]
-    heads_kv = k.shape[1]
     cdt = _compute_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
     dk = torch.zeros(k.shape, dtype=cdt, device=q.device)
     dv = torch.zeros(v.shape, dtype=cdt, device=q.device)
-    for _, q_start, q_rows, out_start, kv_start, kv_rows in _sequences(q, q_offsets, kv_offsets, params):
+    backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, _sequences(q, q_offsets, kv_offsets, params),
+                  params)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, sequences, params: AttentionParams) -> None:
+    """Add the gradients of ``sequences`` into dq/dk/dv (compute dtype: float32, float64 for float64 inputs)."""
+    heads_q = q.shape[1]
+    heads_kv = k.shape[1]
+    cdt = dq.dtype
+    for _, q_start, q_rows, out_start, kv_start, kv_rows in sequences:
         if q_rows == 0 or kv_rows == 0:
             continue
         kv_rows_slice = slice(kv_start, kv_start + kv_rows)
@@ -120,10 +141,10 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
             visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
             s = _scores(q_chunk, k_seq, visible, params.scale)
             if cdt == torch.float64:  # the saved lse is float32: recompute it, or fp64 grads are only ~1e-7 exact
-                lse_chunk = torch.logsumexp(s, dim=-1)
+                lse_chunk = row_lse(s)
             else:
                 lse_chunk = lse[:, o_rows_slice].to(cdt).unflatten(0, (heads_kv, -1))  # [Hkv, G, r]
-            p = _probs(s, lse_chunk)
+            p = softmax_probs(s, lse_chunk)
             # delta = rowsum(dO * O) - dlse: d lse / d s = p, so the lse gradient enters like a shift of delta.
             delta = torch.einsum("rhgd,rhgd->hgr", do_chunk, o_chunk)
             if grad_lse is not None:
@@ -133,7 +154,6 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
             ds = p * (dp - delta[..., None]) * params.scale
             dq[q_rows_slice] += torch.einsum("hgrk,khd->rhgd", ds, k_seq).flatten(1, 2)
             dk[kv_rows_slice] += torch.einsum("hgrk,rhgd->khd", ds, q_chunk)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def supports(problem: Problem) -> Optional[str]:

@@ -5,18 +5,22 @@ without triton); the kernels load on the first call. On CPU it runs only under `
 bf16 is refused: the interpreter multiplies bf16 ``tl.dot`` operands as raw uint16.
 
 Files: ``attn_fwd.py`` (forward kernel), ``attn_bwd.py`` (delta, dK/dV, dQ kernels), ``scheduling.py`` (device-side
-longest-first tile lists for the persistent grids), ``configs.py`` (pre-tuned block sizes, no autotuning),
+longest-first tile lists for the persistent grids), ``configs.py`` (pre-tuned block sizes per shared-memory budget,
+no autotuning),
 ``common.py`` (shared masks, stage bounds, loads).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import os
 from typing import Optional
 
 import torch
 
-from ..base import AttentionParams, Backend, Problem
+from ..base import AttentionParams, Backend, Problem, device_guard
+from . import configs
 
 __all__ = ["forward", "backward", "supports", "BACKEND"]
 
@@ -41,6 +45,25 @@ def supports(problem: Problem) -> Optional[str]:
         return f"head_dim {problem.head_dim} must be a multiple of 8 in [8, 256]"
     if problem.num_heads_kv <= 0 or problem.num_heads_q % problem.num_heads_kv != 0:
         return f"num_heads_q {problem.num_heads_q} must be a multiple of num_heads_kv {problem.num_heads_kv}"
+    if problem.device_type == "cuda":
+        index = problem.device_index
+        if index is None:  # a Problem made by hand: the current GPU, if there is one
+            if not torch.cuda.is_available():
+                return None
+            index = torch.cuda.current_device()
+        return _device_reason(index, problem.head_dim, problem.dtype, problem.causal)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_reason(device_index: int, head_dim: int, dtype: torch.dtype, causal: bool) -> Optional[str]:
+    """Why this GPU cannot run the kernels (None: it can): no launch config fits its shared memory (cached: one
+    lookup per call)."""
+    limit = configs.shared_memory_limit(torch.device("cuda", device_index))
+    for kernel in ("fwd", "dkdv", "dq"):
+        if configs.table_config(kernel, head_dim, dtype, causal, limit) is None:
+            return (f"cuda:{device_index} allows {limit} bytes of shared memory per block; the {kernel} kernel's "
+                    f"smallest launch config needs {min(configs.SHARED_MEMORY_LIMITS.values())} (sm_86/sm_89)")
     return None
 
 
@@ -49,7 +72,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Option
     """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
     from .attn_fwd import attention_forward
 
-    return attention_forward(q, k, v, q_offsets, kv_offsets, params)
+    with device_guard(q.device):  # Triton launches on the current device
+        return attention_forward(q, k, v, q_offsets, kv_offsets, params)
 
 
 def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
@@ -59,7 +83,8 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
     otherwise broadcast-Q dQ is fused into the dK/dV pass with fp32 atomics)."""
     from .attn_bwd import attention_backward
 
-    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
+    with device_guard(q.device):
+        return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
 BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,

@@ -402,7 +402,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
 
     strides = dict(**row_strides("q", q), **row_strides("k", k), **row_strides("v", v), **row_strides("do", grad_out))
     # dK, dV work: key tiles x kv heads, longest first (or unsorted when they fit one wave)
-    cfg = get_config("dkdv", head_dim, q.dtype, params.causal)
+    cfg = get_config("dkdv", head_dim, q.dtype, params.causal, device)
     programs, schedule = tile_schedule(
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right),
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, KNOBS.bwd_schedule, cfg.programs_per_sm,
@@ -459,7 +459,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
             DQ_ACC=zeroed, DQ=dq, n_elem=q.numel(), num_slabs=num_slabs, slab_stride=q.numel(), scale=scale,
             BLOCK=FINALIZE_BLOCK))
         return dq, dk, dv
-    cfg = get_config("dq", head_dim, q.dtype, params.causal)
+    cfg = get_config("dq", head_dim, q.dtype, params.causal, device)
     chunks = 1
     if params.broadcast_q and params.deterministic:  # fixed chunks of sequences: a fixed summation order
         tiles, chunks, seqs_per_tile = _chunked_broadcast_tiles(num_seqs, len_q, cfg.block_m, num_heads,

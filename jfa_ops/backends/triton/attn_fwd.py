@@ -19,7 +19,7 @@ from . import common
 from .common import (LN2, dot_precision, first_work, head_dim_consts, load_rows, loop_bound,
                      next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
                      window_bounds, work_item)
-from .configs import KNOBS, get_config
+from .configs import KNOBS, get_config, nvidia
 from .launch import launch
 from .offset_checks import offsets_ok
 from .scheduling import forward_tiles, shape_constant, slot_tile, tile_schedule
@@ -193,8 +193,9 @@ def use_tma(pad_d: bool, *tensors: torch.Tensor) -> bool:
 
 
 def _tma_device(t: torch.Tensor) -> bool:
-    """TMA enabled and the tensor on an sm_90+ GPU (tests replace this to run the TMA paths in the interpreter)."""
-    if not TMA_ENABLED or t.device.type != "cuda":
+    """TMA enabled and the tensor on an NVIDIA sm_90+ GPU (tests replace this to run the TMA paths in the
+    interpreter). ROCm builds are excluded by vendor: an AMD MI300 also reports capability 9.x."""
+    if not TMA_ENABLED or t.device.type != "cuda" or not nvidia():
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
 
@@ -235,7 +236,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         return out, lse
 
     hd = head_dim_consts(head_dim)
-    cfg = get_config("fwd", head_dim, q.dtype, params.causal)
+    cfg = get_config("fwd", head_dim, q.dtype, params.causal, device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     # Offset checks (params.check_offsets: JFA_VALIDATE=async|deferred) ride in the scheduling kernel, or in this
     # kernel when no list is built; broadcast Q's own offsets are an arange (its max_seqlen_q rule is sync-only).

@@ -1,19 +1,25 @@
 """Pre-tuned launch configurations: a small table, no autotuning.
 
-Keys are static facts only (kernel, head-dim bucket, dtype, causal/window, interpreter): never sequence lengths or
-totals, so one compiled specialization serves every batch and no call has to time candidates.
+Keys are static facts only (kernel, head-dim bucket, dtype, causal/window, the device's shared-memory limit,
+interpreter): never sequence lengths or totals, so one compiled specialization serves every batch and no call has
+to time candidates.
 
-Shared-memory budget on sm_90 is 227 KiB per program; ``tests/backends/test_sm90_compile.py`` compiles every entry
-(``specializations.py`` lists them) for sm_90 and checks that the budget holds.
+The entries are tuned on the H200 (227 KiB of shared memory per program); smaller budgets (99 KiB on sm_86/sm_89)
+get fallbacks with fewer stages or smaller blocks. ``tests/backends/test_arch_compile.py`` compiles the entries
+(``specializations.py`` lists them) for sm_80, sm_86, sm_89 and sm_90 and checks each against its budget.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import os
+from typing import Optional
+
 import torch
 
-SM90_SHARED_MEMORY_LIMIT = 232448  # bytes per block (227 KiB opt-in maximum on H100/H200)
+# Opt-in shared memory per block (bytes) of the architectures every shipped kernel is compiled for in CI:
+# sm_80 A100 163 KiB; sm_86 / sm_89 (A10G, L4, L40S, RTX 3090/4090) 99 KiB; sm_90 H100/H200 227 KiB.
+SHARED_MEMORY_LIMITS = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,50 +75,98 @@ def head_dim_bucket(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def _fwd(bucket: int, itemsize: int, causal: bool) -> KernelConfig:
+# Two budgets: the H200-tuned entries fit sm_80's 163 KiB on the pointer path (at most 163,840 B compiled for sm_80);
+# below that, down to the 99 KiB of sm_86/sm_89, the entries marked "small" (sizes: compiled for sm_86, Triton 3.9).
+# Fallbacks are untuned (no such GPU measured). Below 99 KiB no entry is offered and supports() declines the GPU.
+_FULL_BUDGET = SHARED_MEMORY_LIMITS[80]
+_SMALL_BUDGET = SHARED_MEMORY_LIMITS[86]
+
+
+def _fwd(bucket: int, itemsize: int, causal: bool, shared_memory: int) -> KernelConfig:
+    small = shared_memory < _FULL_BUDGET
     if itemsize == 4:  # fp32: twice the bytes per tile, ieee dots; correctness path, not a speed path
         return KernelConfig(64, 32, 4, 2) if bucket <= 128 else KernelConfig(32, 32, 4, 1)
     if bucket <= 64:
         return KernelConfig(128, 64, 4, 3, programs_per_sm=2)
     if bucket <= 128:
         # H200, dense B8 H16 S4096 D128 bf16 with TMA: 437 TFLOP/s (causal 350); causal BLOCK_N 128 gave 353 (noise).
-        return KernelConfig(128, 128 if not causal else 64, 8, 3)
-    return KernelConfig(128, 64, 8, 2)
+        # small: BLOCK_N 128 needs 163,840 B, 64 needs 98,304.
+        return KernelConfig(128, 128 if not (causal or small) else 64, 8, 3)
+    return KernelConfig(128, 64, 8, 2) if not small else KernelConfig(64, 32, 4, 2)  # 147,456 B vs 69,632
 
 
-def _dkdv(bucket: int, itemsize: int) -> KernelConfig:
+def _dkdv(bucket: int, itemsize: int, shared_memory: int) -> KernelConfig:
     # KV-stationary: block_n keys stay in registers (k, v, dk, dv accumulators), block_m query rows stream.
+    small = shared_memory < _FULL_BUDGET
     if itemsize == 4:
-        return KernelConfig(32, 64, 4, 1) if bucket <= 128 else KernelConfig(16, 32, 4, 1)
+        if bucket <= 128:
+            return KernelConfig(32, 64, 4, 1) if not small else KernelConfig(32, 32, 4, 1)  # 106,496 B vs 69,632
+        return KernelConfig(16, 32, 4, 1)  # 100,352 B
     if bucket <= 64:
         return KernelConfig(64, 128, 8, 2)
     if bucket <= 128:
         # H200 D128 bf16: 3 stages 304 TFLOP/s whole-backward non-causal but 203 causal (vs 286 / 237); 128x128: 129.
-        return KernelConfig(64, 128, 8, 2)
-    return KernelConfig(32, 64, 8, 2)
+        # 99 KiB: 64x128 fits (98,816 B) but not with broadcast-Q's fused dQ (+ a [64, D] fp32 tile: 131,584 B).
+        return KernelConfig(64 if not small else 32, 128, 8, 2)
+    return KernelConfig(32, 64, 8, 2) if not small else KernelConfig(32, 32, 4, 2)  # 102,656 B vs 67,840
 
 
-def _dq(bucket: int, itemsize: int) -> KernelConfig:
+def _dq(bucket: int, itemsize: int, shared_memory: int) -> KernelConfig:
     # Query-stationary: q, dO, dq accumulator in registers, keys stream.
+    small = shared_memory < _FULL_BUDGET
     if itemsize == 4:
         return KernelConfig(64, 32, 4, 1) if bucket <= 128 else KernelConfig(32, 16, 4, 1)
     if bucket <= 64:
         return KernelConfig(128, 64, 8, 2)
     if bucket <= 128:
         # H200, dense B8 H16 S4096 D128 bf16, whole backward: 3 stages 320 TFLOP/s (causal 264) vs 2 stages 286 (237).
-        return KernelConfig(128, 64, 8, 3)
-    return KernelConfig(64, 64, 8, 2)
+        return KernelConfig(128, 64, 8, 3 if not small else 2)  # 131,072 B vs 98,304
+    return KernelConfig(64, 64, 8, 2) if not small else KernelConfig(32, 32, 4, 2)  # 139,264 B; 64x32: 102,400
 
 
-def get_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool) -> KernelConfig:
-    """kernel: 'fwd', 'dkdv' or 'dq'."""
-    if interpreting():
-        return INTERPRETER_CONFIG
+def table_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
+                 shared_memory: int) -> Optional[KernelConfig]:
+    """The table's entry for a device with ``shared_memory`` bytes per block (opt-in maximum), None when even the
+    smallest entry needs more. kernel: 'fwd', 'dkdv' or 'dq'."""
+    if shared_memory < _SMALL_BUDGET:
+        return None
     bucket, itemsize = head_dim_bucket(head_dim), dtype.itemsize
     if kernel == "fwd":
-        return _fwd(bucket, itemsize, causal)
+        return _fwd(bucket, itemsize, causal, shared_memory)
     if kernel == "dkdv":
-        return _dkdv(bucket, itemsize)
+        return _dkdv(bucket, itemsize, shared_memory)
     if kernel == "dq":
-        return _dq(bucket, itemsize)
+        return _dq(bucket, itemsize, shared_memory)
     raise ValueError(f"unknown kernel {kernel!r}")
+
+
+# --------------------------------------------------------------------------------- device facts, cached per index
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_limit(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+
+
+def shared_memory_limit(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on this CUDA device (the opt-in maximum per block)."""
+    return _shared_memory_limit(_index(device))
+
+
+def get_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device: torch.device) -> KernelConfig:
+    """The launch config for ``device`` (INTERPRETER_CONFIG under the interpreter); see ``table_config``."""
+    if interpreting():
+        return INTERPRETER_CONFIG
+    cfg = table_config(kernel, head_dim, dtype, causal, shared_memory_limit(device))
+    if cfg is None:  # supports() refuses such devices, so only a direct call gets here
+        raise RuntimeError(f"no {kernel} launch config fits the {shared_memory_limit(device)} bytes of shared "
+                           f"memory per block of {device}")
+    return cfg
+
+
+def nvidia() -> bool:
+    """A CUDA (not ROCm) build of torch: TMA and other sm_90 paths are NVIDIA hardware features (an AMD MI300
+    reports capability 9.4)."""
+    return torch.version.cuda is not None and torch.version.hip is None

@@ -1,5 +1,7 @@
 """Every kernel specialization the backend ships, as (kernel, signature, constexprs, options) for ahead-of-time
-compilation (``tests/backends/test_sm90_compile.py`` compiles them for sm_90 on a machine without a GPU).
+compilation for one GPU architecture (``tests/backends/test_arch_compile.py`` compiles them for sm_80, sm_86, sm_89
+and sm_90 on a machine without a GPU). Each uses the launch config ``configs.table_config`` picks for that
+architecture's shared-memory limit, and TMA (tensor descriptors) only on sm_90, as ``attn_fwd.use_tma`` decides.
 
 The signatures mirror the launch sites in ``attn_fwd.py`` / ``attn_bwd.py``; a drift shows up as a compile error.
 """
@@ -10,7 +12,7 @@ from typing import Dict, Iterator, List
 
 import torch
 
-from .configs import KNOBS, KernelConfig, _dkdv, _dq, _fwd, head_dim_bucket
+from .configs import KNOBS, SHARED_MEMORY_LIMITS, KernelConfig, head_dim_bucket, table_config
 
 _TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -40,12 +42,12 @@ def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast
 
 def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, has_left: bool = False,
                    broadcast_q: bool = False, atomic: bool = False, fused_dq=None, atomic_work=None,
-                   from_offsets: bool = False, check: bool = False) -> Specialization:
+                   from_offsets: bool = False, check: bool = False, cc: int = 90) -> Specialization:
     """fused_dq (dkdv only): the pass with dQ atomics (TMA reductions where attn_fwd.use_tma holds on sm_90), else
     the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS).
     atomic_work: work items from an atomic counter (schedule "atomic"); None: as configs.KNOBS says.
     from_offsets (fwd, dkdv, dq): the one-wave schedule (work items mapped to slots in the kernel); check (fwd): with
-    the folded offset check."""
+    the folded offset check. cc: the target architecture (80, 86, 89 or 90: configs.SHARED_MEMORY_LIMITS)."""
     if fused_dq is None:
         fused_dq = KNOBS.bcast_fused_dq if broadcast_q else KNOBS.bwd_fused_dq
     from . import attn_bwd, attn_fwd
@@ -72,15 +74,15 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                           BLOCK_T=attn_bwd.DELTA_BLOCK_T, HAS_GRAD_LSE=True, ZERO=broadcast_q)
         module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_delta_kernel", 4, 1
     else:
-        cfg = {"fwd": lambda: _fwd(bucket, itemsize, causal), "dkdv": lambda: _dkdv(bucket, itemsize),
-               "dq": lambda: _dq(bucket, itemsize)}[kernel]()
+        cfg = table_config(kernel, head_dim, dtype, causal, SHARED_MEMORY_LIMITS[cc])
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
         if atomic_work is None:
             atomic_work = (KNOBS.fwd_schedule if kernel == "fwd" else KNOBS.bwd_schedule) == "atomic"
         constexprs["ATOMIC_WORK"] = atomic_work
         constexprs["TILES_FROM_OFFSETS"] = from_offsets
-        # as attn_fwd.use_tma decides on sm_90
-        use_tma = dtype != torch.float32 and not constexprs["PAD_D"] and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM
+        # as attn_fwd.use_tma decides (sm_90+ only)
+        use_tma = (cc >= 90 and dtype != torch.float32 and not constexprs["PAD_D"]
+                   and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
         if kernel == "fwd":
             fn, module, attr = attn_fwd.attn_fwd_kernel, attn_fwd.__name__, "attn_fwd_kernel"
             constexprs["USE_TMA"] = use_tma
@@ -123,6 +125,30 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}"
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
+
+
+def arch_specializations(cc: int) -> Iterator[Specialization]:
+    """What CI compiles for architecture ``cc``: everything shipped for sm_90 (``shipped_specializations``); for
+    sm_8x (no TMA, no warp specialization) a representative subset to keep CI time down: each distinct 16-bit
+    launch config (kernel x head-dim bucket x causal, compiled in fp16; bf16 has the same tiles), the broadcast-Q
+    variants (fused dQ by red.global atomics) and, on sm_86 (the smallest budget, like sm_89's), the fp32 entries."""
+    if cc >= 90:
+        yield from shipped_specializations()
+        return
+    seen = set()
+    for kernel in ("fwd", "dkdv", "dq"):
+        for d in (16, 64, 128, 256):
+            for causal in (False, True):
+                spec = specialization(kernel, d, torch.float16, causal, cc=cc)
+                key = (kernel, d, spec.constexprs["BLOCK_M"], spec.constexprs["BLOCK_N"], spec.num_warps,
+                       spec.num_stages)
+                if key not in seen:  # causal changes no buffer, only the masked stages
+                    seen.add(key)
+                    yield spec
+        for d in (128, 256):  # broadcast-Q: dK/dV with the fused dQ tile, dQ by atomics
+            yield specialization(kernel, d, torch.bfloat16, False, broadcast_q=True, atomic=kernel == "dq", cc=cc)
+        if cc == 86:
+            yield specialization(kernel, 128, torch.float32, False, cc=cc)
 
 
 def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
