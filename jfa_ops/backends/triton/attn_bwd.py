@@ -95,6 +95,9 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
         if QDO_TMA:
             q = q_ptrs.load([(q_row0 + m0).to(tl.int32), dq_col])
             do = do_ptrs.load([(out_row0 + m0).to(tl.int32), dq_col])
+            if MASKED:  # rows past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
+                q = tl.where(rows_ok[:, None], q, tl.zeros_like(q))
+                do = tl.where(rows_ok[:, None], do, tl.zeros_like(do))
         else:
             q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
             do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
@@ -257,6 +260,10 @@ def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, 
         if KV_TMA:
             k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
             v = v_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # keys past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
+                keys_ok = (keys < len_k)[:, None]
+                k = tl.where(keys_ok, k, tl.zeros_like(k))
+                v = tl.where(keys_ok, v, tl.zeros_like(v))
         else:
             k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
             v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)

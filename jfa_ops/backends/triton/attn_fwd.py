@@ -67,6 +67,8 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
         l_i = l_i * alpha + tl.sum(p, 1)
         if USE_TMA:
             v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak
+                v = tl.where((keys < len_k)[:, None], v, tl.zeros_like(v))
         else:
             v = load_rows(v_src, keys < len_k, d_ok, MASKED, PAD_D)
             k_src += BLOCK_N * stride_kt
