@@ -2,21 +2,30 @@
 
 Reading offset values costs a host sync on CUDA, so the mode is chosen by env ``JFA_VALIDATE``:
 - ``sync``: read the offsets and raise ``ValueError`` naming the argument (always used for CPU tensors: free there).
-- ``async`` (default on CUDA): device-side ``torch._assert_async`` checks; no sync, a failure surfaces as a CUDA
-  device assert at the next synchronization. With triton: one kernel for both offsets tensors + one assert
-  (``offset_checks.py``); without: ~9 aten ops per tensor.
+- ``async`` (default on CUDA): checked on the device, no sync; a failure is a CUDA device assert
+  (``torch._assert_async``) at the next synchronization, which kills the CUDA context (the process must restart).
+- ``deferred``: checked on the device, no sync; a failure sets an error flag that ``check_pending()`` raises as a
+  ``ValueError``: call it at a point of your own that syncs anyway (after a training step, before logging); a
+  ``sync``-mode call also raises it first. The bad call's outputs are garbage, but the context stays usable.
 - ``off``: no value checks.
+
+On the device, a backend that checks offsets itself (``Backend.checks_offsets``: the triton backend folds the check
+into the kernel that already reads the offsets) gets ``AttentionParams.check_offsets=True`` and hands its flag to
+``device_flag``; for the others the check is ~9 aten ops per offsets tensor here (``_device_ok``).
 """
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
-from jfa_ops.backends.base import device_guard
-
-MODES = ("sync", "async", "off")
+MODES = ("sync", "async", "deferred", "off")
+DEVICE_MODES = ("async", "deferred")  # checked on the device
+MESSAGE = ("jfa.attention: bad kv_offsets or q_offsets (first != 0, last != rows, decreasing, or a length > "
+           "max_seqlen)")
+_FOLD_PENDING_AT = 64  # pending flags kept before they are folded into one (one small launch per 64 calls)
+_pending: List[torch.Tensor] = []  # deferred mode: device flags (nonzero = the call's offsets were valid)
 
 
 def validation_mode(device: torch.device) -> str:
@@ -26,6 +35,29 @@ def validation_mode(device: torch.device) -> str:
     if mode not in MODES:
         raise ValueError(f"JFA_VALIDATE must be one of {MODES}, got {mode!r}")
     return mode
+
+
+def device_flag(ok: torch.Tensor, mode: str) -> None:
+    """The result of a device-side check (a 1-element tensor, nonzero when valid): a device assert (``async``) or a
+    pending error for ``check_pending`` (``deferred``)."""
+    if mode == "async":
+        torch._assert_async(ok.reshape(()), MESSAGE)  # any dtype: nonzero passes
+        return
+    _pending.append(ok.reshape(1))
+    if len(_pending) >= _FOLD_PENDING_AT:
+        folded = torch.stack([p.to(torch.bool) for p in _pending]).all().reshape(1)
+        _pending[:] = [folded]
+
+
+def check_pending() -> None:
+    """Raise the ``ValueError`` of any ``JFA_VALIDATE=deferred`` call since the last check whose offsets were bad
+    (syncs with the device once when there is something pending; free otherwise)."""
+    if not _pending:
+        return
+    flags = list(_pending)
+    _pending.clear()
+    if not all(bool(f.to(torch.bool).all()) for f in flags):  # one sync per device (flags are tiny)
+        raise ValueError(f"{MESSAGE}: detected by JFA_VALIDATE=deferred in a call since the last check")
 
 
 def _check_sync(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) -> None:
@@ -41,31 +73,14 @@ def _check_sync(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) ->
         raise ValueError(f"max_seqlen for {name} is {max_seqlen}, smaller than the longest sequence {max(lengths)}")
 
 
-def _check_async(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) -> None:
+def _device_ok(offsets: torch.Tensor, rows: int, max_seqlen: int) -> torch.Tensor:
     lengths = offsets[1:] - offsets[:-1]
     ok = (offsets[0] == 0) & (offsets[-1] == rows)
     if lengths.numel():
         ok &= lengths.min() >= 0
         if max_seqlen >= 0:
             ok &= lengths.max() <= max_seqlen
-    torch._assert_async(ok, f"jfa.attention: bad {name} (first != 0, last != rows, decreasing, or > max_seqlen)")
-
-
-def _check_async_fused(q_offsets, q_rows, max_seqlen_q, kv_offsets, kv_rows, max_seqlen_kv) -> bool:
-    """Both checks in one Triton launch + one assert (CUDA); False where that path does not apply (no triton, CPU)."""
-    if kv_offsets.device.type != "cuda":
-        return False
-    try:
-        from jfa_ops.offset_checks import offsets_ok
-    except ImportError:  # a CUDA build without triton: the aten checks below still run
-        return False
-    if q_offsets is None:
-        ok = offsets_ok(kv_offsets, kv_rows, max_seqlen_kv)
-    else:
-        ok = offsets_ok(kv_offsets, kv_rows, max_seqlen_kv, q_offsets, q_rows, max_seqlen_q)
-    torch._assert_async(ok, "jfa.attention: bad kv_offsets or q_offsets (first != 0, last != rows, decreasing, "
-                            "or a length > max_seqlen)")
-    return True
+    return ok
 
 
 def check_offset_values(
@@ -75,17 +90,32 @@ def check_offset_values(
     kv_offsets: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_kv: int,
-) -> None:
+    backend_checks: bool = False,
+) -> bool:
+    """Check offset values per ``validation_mode``. Returns True when the backend must check them on the device
+    itself (``backend_checks`` and a device mode): nothing was checked here then."""
     mode = validation_mode(q.device)
     if mode == "off":
-        return
-    if mode == "async":
-        with device_guard(kv_offsets.device):  # the fused check is a Triton launch (on the current device)
-            if _check_async_fused(q_offsets, q.shape[0], max_seqlen_q, kv_offsets, k.shape[0], max_seqlen_kv):
-                return
-    check = _check_sync if mode == "sync" else _check_async
-    check("kv_offsets", kv_offsets, k.shape[0], max_seqlen_kv)
+        return False
+    if mode == "sync":
+        check_pending()  # this call syncs anyway: report a deferred error first
+        _check_sync("kv_offsets", kv_offsets, k.shape[0], max_seqlen_kv)
+        if q_offsets is not None:
+            _check_sync("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
+        elif max_seqlen_q >= 0 and q.shape[0] > max_seqlen_q:
+            raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is smaller than broadcast q's rows ({q.shape[0]})")
+        return False
+    if backend_checks:
+        return True
+    device_check(q_offsets, q.shape[0], max_seqlen_q, kv_offsets, k.shape[0], max_seqlen_kv, mode)
+    return False
+
+
+def device_check(q_offsets: Optional[torch.Tensor], q_rows: int, max_seqlen_q: int, kv_offsets: torch.Tensor,
+                 kv_rows: int, max_seqlen_kv: int, mode: str) -> None:
+    """The device check in aten ops (~9 per offsets tensor), for backends that do not fold it into a kernel and for
+    calls where no kernel runs (no sequences, no rows)."""
+    ok = _device_ok(kv_offsets, kv_rows, max_seqlen_kv)
     if q_offsets is not None:
-        check("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
-    elif max_seqlen_q >= 0 and q.shape[0] > max_seqlen_q and mode == "sync":
-        raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is smaller than broadcast q's rows ({q.shape[0]})")
+        ok = ok & _device_ok(q_offsets, q_rows, max_seqlen_q)
+    device_flag(ok, mode)

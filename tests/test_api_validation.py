@@ -238,7 +238,8 @@ def test_validation_mode_on_cuda_follows_env(monkeypatch, env, expected):
 
 def test_bad_validation_mode_names_the_variable(monkeypatch):
     monkeypatch.setenv("JFA_VALIDATE", "sometimes")
-    with pytest.raises(ValueError, match=r"^JFA_VALIDATE must be one of \('sync', 'async', 'off'\), got 'sometimes'"):
+    with pytest.raises(ValueError, match=r"^JFA_VALIDATE must be one of \('sync', 'async', 'deferred', 'off'\), "
+                                         r"got 'sometimes'"):
         validation.validation_mode(torch.device("cuda", 0))
 
 
@@ -246,13 +247,13 @@ def test_bad_validation_mode_names_the_variable(monkeypatch):
     ([1, 3, 7], 7, -1), ([0, 3, 6], 7, -1), ([0, 5, 3, 7], 7, -1), ([0, 3, 7], 7, 3)])
 def test_async_checks_assert_on_bad_offsets(offsets, rows, max_seqlen):
     """The async (device-side) checks, run on CPU tensors where torch._assert_async raises at once."""
-    with pytest.raises(RuntimeError, match="bad q_offsets"):
-        validation._check_async("q_offsets", torch.tensor(offsets), rows, max_seqlen)
+    with pytest.raises(RuntimeError, match="bad kv_offsets or q_offsets"):
+        validation.device_check(torch.tensor(offsets), rows, max_seqlen, torch.tensor([0, 2]), 2, -1, "async")
 
 
 @pytest.mark.parametrize("offsets", [[0, 3, 7], [0], [0, 0, 7, 7]])
 def test_async_checks_pass_good_offsets(offsets):
-    validation._check_async("q_offsets", torch.tensor(offsets), offsets[-1], 7)
+    validation.device_check(torch.tensor(offsets), offsets[-1], 7, torch.tensor([0, 2]), 2, -1, "async")
 
 
 @pytest.mark.gpu
@@ -277,33 +278,70 @@ def test_cuda_async_validation_accepts_good_offsets(monkeypatch):
     assert out.shape == (7, 4, 16)
 
 
-# The one-launch device check used on CUDA (jfa_ops/offset_checks.py), run here under the Triton interpreter.
-_OFFSET_CASES = [([0, 3, 7], 7, -1), ([0], 0, -1), ([0, 0, 7, 7], 7, 7), ([1, 3, 7], 7, -1), ([0, 3, 6], 7, -1),
-                 ([0, 5, 3, 7], 7, -1), ([0, 3, 7], 7, 3), (list(range(0, 3001, 1)), 3000, 1),
-                 (list(range(0, 3001, 1)) + [2999], 2999, -1)]
+# JFA_VALIDATE=deferred: device checks (here on CPU tensors, the triton backend under the interpreter) that raise
+# at check_pending() or at the next sync-mode call instead of killing the CUDA context.
+@pytest.fixture
+def deferred(monkeypatch):
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    validation._pending.clear()
+    yield
+    validation._pending.clear()
 
 
-def _sync_ok(offsets, rows, max_seqlen):
-    try:
-        validation._check_sync("x", torch.tensor(offsets), rows, max_seqlen)
-        return True
-    except ValueError:
-        return False
+@pytest.mark.parametrize("backend", ["triton", "reference"])  # folded into the kernels / the aten device check
+def test_deferred_mode_raises_at_check_pending(deferred, monkeypatch, backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    a = {k: v.half() if v.is_floating_point() else v.int() for k, v in _base().items()}
+    a["backend"] = backend
+    _call_api(dict(a))  # good offsets
+    jfa_ops.check_pending()  # nothing to raise
+    _call_api(dict(a, max_seqlen_q=2))  # no error here: the flag waits on the device
+    if backend == "triton":  # a sequence past the rows: the kernels skip it (no out-of-bounds access)
+        _call_api(dict(a, q_offsets=_t(0, 9, 7, dtype=torch.int32)))
+    _call_api(dict(a))
+    with pytest.raises(ValueError, match="bad kv_offsets or q_offsets.*JFA_VALIDATE=deferred"):
+        jfa_ops.check_pending()
+    jfa_ops.check_pending()  # raised once, then cleared
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("case", range(len(_OFFSET_CASES)))
-def test_one_launch_offset_check_agrees_with_sync_check(case, dtype):
+def test_deferred_error_raised_by_the_next_sync_call(deferred, monkeypatch):
     pytest.importorskip("triton")
-    from jfa_ops.offset_checks import offsets_ok
+    a = {k: v.half() if v.is_floating_point() else v.int() for k, v in _base().items()}
+    _call_api(dict(a, backend="triton", kv_offsets=_t(0, 5, 8, dtype=torch.int32)))  # last != rows
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "sync")
+    with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+        _call_api(dict(a, backend="triton"))
+    _call_api(dict(a, backend="triton"))  # cleared
 
-    offsets, rows, max_seqlen = _OFFSET_CASES[case]
-    t = torch.tensor(offsets, dtype=dtype)
-    expected = _sync_ok(offsets, rows, max_seqlen)
-    assert bool(offsets_ok(t, rows, max_seqlen)) == expected
-    good = torch.tensor([0, 2, 2, 5], dtype=dtype)  # as the second tensor and as the first
-    assert bool(offsets_ok(good, 5, -1, t, rows, max_seqlen)) == expected
-    assert bool(offsets_ok(t, rows, max_seqlen, good, 5, 3)) == expected
+
+def test_deferred_flags_fold_without_growing(deferred):
+    for i in range(validation._FOLD_PENDING_AT * 2 + 3):
+        validation.device_flag(torch.tensor([i != 5]), "deferred")
+    assert len(validation._pending) < validation._FOLD_PENDING_AT
+    with pytest.raises(ValueError):
+        validation.check_pending()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [7, 4000])  # one wave (check in the forward kernel), sorted lists (tile kernel)
+def test_cuda_deferred_mode_keeps_the_context(monkeypatch, rows):
+    """JFA_VALIDATE=deferred on the GPU: bad offsets (a sequence past the rows) give no device assert and no
+    illegal address; check_pending raises once; the CUDA context keeps working."""
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    q, k, v = (torch.randn(rows, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bad = torch.tensor([0, rows + 100, rows], device="cuda", dtype=torch.int32)
+    good = torch.tensor([0, rows // 2, rows], device="cuda", dtype=torch.int32)
+    jfa_ops.jagged_attention(q, k, v, bad, bad, causal=True, backend="triton")
+    torch.cuda.synchronize()  # no device assert, no illegal address
+    with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+        jfa_ops.check_pending()
+    out = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="triton")
+    ref = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="reference")
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+    jfa_ops.check_pending()
 
 
 # torch.ops.jfa.attention_backward is public: it checks its inputs like the forward ----------------------------

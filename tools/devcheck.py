@@ -125,10 +125,10 @@ _FIVE = ("dense", "causal", "jagged", "jcausal", "bcast")
 # Session 5 candidates (measured 2026-11-30, bench/results/devcheck_variants_*session5*); older: bench/NOTES.md
 VARIANTS = [
     ("new (defaults)", {}, {}, _FIVE, "fb"),
-    # (the warp-specialized forward hangs on the H200 and is ignored on GPUs: attn_fwd.WARP_SPECIALIZE_ON_GPU)
+    # (the warp-specialized forward and dQ variants live at the git tag experiment/warp-specialize)
     ("fwd: atomic work counter", dict(fwd_schedule="atomic"), {}, _FIVE, "f"),
     ("fwd: static striding", dict(fwd_schedule="static"), {}, _FIVE, "f"),
-    ("bwd: warp-specialized dQ (Hopper pass)", dict(bwd_dq_warp_specialize=True), {}, _FIVE, "b"),
+    ("sorted tile lists even in one wave", dict(one_wave_unsorted=False), {}, _FIVE, "fb"),
     ("bwd: one program per item", dict(bwd_schedule="grid"), {}, _FIVE, "b"),
     ("bwd: atomic work counter", dict(bwd_schedule="atomic"), {}, _FIVE, "b"),
 ]

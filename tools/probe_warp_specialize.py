@@ -6,6 +6,8 @@ Prints, per (warp_specialize, num_warps): whether the TTGIR has warp-specialized
 A plain TMA matmul loop is the control (Triton's docs: automatic warp specialization "only works on simple matmul
 loops"). Triton 3.6 (2026-11-30): the matmul partitions (4 -> 12 warps); the attention loop crashes the Hopper
 pass at 4 warps (WSLowerToken.cpp assertion) and is left unpartitioned at 8. Rerun when Triton changes.
+The kernels' warp-specialized variants built on this (a forward that hung on the H200, a slower dQ pass) were taken
+off the production path; they are kept at the git tag experiment/warp-specialize (bench/NOTES.md, v5).
 """
 import triton
 import triton.language as tl

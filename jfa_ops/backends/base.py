@@ -35,6 +35,9 @@ class AttentionParams:
     deterministic: bool = False
     max_seqlen_q: int = -1  # -1: not given; a backend that needs it derives it from the offsets
     max_seqlen_kv: int = -1
+    # The backend checks the offset values on the device itself and hands its flag to
+    # jfa_ops.validation.device_flag (only for backends with checks_offsets, in JFA_VALIDATE=async|deferred).
+    check_offsets: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,9 @@ class Backend:
     # device types where automatic choice may pick it (None: any). The triton backend runs on CPU under
     # TRITON_INTERPRET=1 when asked by name, but is never picked there automatically.
     auto_devices: Optional[Tuple[str, ...]] = None
+    # True: forward checks the offset values on the device when AttentionParams.check_offsets says so (folded into a
+    # kernel that reads them anyway); False: jfa_ops.validation checks them before the call.
+    checks_offsets: bool = False
 
 
 def device_guard(device: torch.device):

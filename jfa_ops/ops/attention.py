@@ -6,6 +6,7 @@ from ``meta_kernels`` and are shared by the fakes and the eager checks.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
@@ -56,8 +57,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
     """Jagged attention. Returns (out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.jagged_attention``."""
     params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
     check_no_forward_ad(q, k, v)
-    check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
     impl = select_backend(backend, Problem.of(q, k, params))
+    if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
+                           impl.checks_offsets):
+        params = dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 

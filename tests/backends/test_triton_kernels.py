@@ -182,23 +182,13 @@ def test_code_paths_match_oracle(name, knobs, device, monkeypatch, poison):
 def test_fused_dq_only_broadcast_nondeterministic(device, monkeypatch):
     """By default only broadcast-Q non-deterministic backward fuses dQ into the dK/dV kernel (no dq kernel launch,
     a finalize instead); deterministic mode and plain jagged launch the separate dq kernel."""
-    from jfa_ops.backends.triton import attn_bwd
+    from jfa_ops.backends.triton.launch import LAUNCHES
 
-    launched = []
-    for kname in ("attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel"):
-        kern = getattr(attn_bwd, kname)
-
-        class Spy:
-            def __init__(self, kern, kname):
-                self.kern, self.kname = kern, kname
-
-            def __getitem__(self, grid):
-                launched.append(self.kname)
-                return self.kern[grid]
-        monkeypatch.setattr(attn_bwd, kname, Spy(kern, kname))
+    dq_kernels = ("attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel")
     for name, det, fused in (("broadcast_q", False, True), ("broadcast_q", True, False), ("gqa2_d40", False, False)):
-        launched.clear()
+        LAUNCHES.clear()
         run_case(CASES[name], torch.float16, device, deterministic=det)
+        launched = [k for k in dq_kernels if LAUNCHES[k]]
         assert launched == (["attn_bwd_dq_finalize_kernel"] if fused else ["attn_bwd_dq_kernel"]), (name, launched)
 
 
@@ -224,19 +214,11 @@ def _tma_in_interpreter(monkeypatch):
 
 
 @on_each_device
-@pytest.mark.parametrize("warp_specialize", [False, True])
-def test_tma_paths(warp_specialize, device, monkeypatch, poison):
+def test_tma_paths(device, monkeypatch, poison):
     """Tensor descriptors (the sm_90 paths; the interpreter emulates them): forward K/V, backward Q/dO (dK/dV pass)
     and K/V (dQ pass), fused broadcast-Q dQ reductions. Blocks that run into the next sequence's rows must be
-    masked, and sequences shorter than a block, empty ones and GQA must come out right. warp_specialize: the
-    forward and dQ variants with Q (and dO) by TMA, one masked KV loop and spare grid programs masked off (the
-    interpreter runs the same code without the partitioning)."""
-    monkeypatch.setattr(configs.KNOBS, "fwd_warp_specialize", warp_specialize)
-    monkeypatch.setattr(configs.KNOBS, "bwd_dq_warp_specialize", warp_specialize)
-    if device == "cpu":  # the interpreter runs the variant's code (unpartitioned) whatever Triton version compiles
-        from jfa_ops.backends.triton import attn_fwd
-
-        monkeypatch.setattr(attn_fwd, "WARP_SPECIALIZE_OK", True)
+    masked, and sequences shorter than a block, empty ones and GQA must come out right."""
+    if device == "cpu":
         _tma_in_interpreter(monkeypatch)
     gqa_d64 = ([23, 50, 0, 17], [41, 50, 3, 17], 4, 2, 64, True, -1, -1, False)
     window_d64 = ([48, 9, 0], [48, 26, 5], 2, 1, 64, False, 10, 3, False)
@@ -322,7 +304,8 @@ def test_tile_list_covers_each_tile_once_longest_first(device):
     lens_q, lens_k = [0, 1, 37, 16, 70], [5, 0, 37, 64, 3]
     q_off = torch.tensor([0] + lens_q).cumsum(0).to(torch.int32)
     kv_off = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
-    tiles = scheduling.forward_tiles(q_off.to(device), kv_off.to(device), int(q_off[-1]), 16, 0, 0, False, True)
+    tiles = scheduling.forward_tiles(q_off.to(device), kv_off.to(device), int(q_off[-1]), int(kv_off[-1]), 16, 0, 0,
+                                     False, True)
     count = int(tiles.count)
     assert tiles.capacity >= count == sum((n + 15) // 16 for n in lens_q)
     assert (tiles.seq[count:] == -1).all()
@@ -350,9 +333,9 @@ def reference_tiles(lens_s, lens_o, block, causal, wl, wr, kv_side):
 @given(lens=st.lists(st.tuples(st.sampled_from([0, 0, 1, 5, 16, 17, 40]) | st.integers(0, 90), st.integers(0, 90)),
                      min_size=1, max_size=8),
        causal=st.booleans(), wl=st.integers(-1, 30), wr=st.integers(-1, 30), block=st.sampled_from([16, 32, 64]),
-       slack=st.integers(0, 40), kv_side=st.booleans())
+       kv_side=st.booleans())
 @on_each_device
-def test_tile_list_matches_python_reference(device, lens, causal, wl, wr, block, slack, kv_side):
+def test_tile_list_matches_python_reference(device, lens, causal, wl, wr, block, kv_side):
     """The device tile list against ``reference_tiles``: the same (seq, start, cost) entries, longest first, ties in
     (seq, start) order (stable), padding (seq -1) after the real count, and the count on the device."""
     lens_q, lens_k = [a for a, _ in lens], [b for _, b in lens]
@@ -360,12 +343,13 @@ def test_tile_list_matches_python_reference(device, lens, causal, wl, wr, block,
     kv_off = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
     has_left, window_left, has_right, right = common.window_bounds(causal, wl, wr)
     lens_s, lens_o = (lens_k, lens_q) if kv_side else (lens_q, lens_k)
-    total = sum(lens_s) + slack  # a total past the last offset only adds padding
+    total = sum(lens_s)
     build = scheduling.kv_tiles if kv_side else scheduling.forward_tiles
-    tiles = build(q_off.to(device), kv_off.to(device), total, block, window_left, right, has_left, has_right)
+    tiles = build(q_off.to(device), kv_off.to(device), sum(lens_q), sum(lens_k), block, window_left, right, has_left,
+                  has_right)
     ref = reference_tiles(lens_s, lens_o, block, causal, wl, wr, kv_side)
     expected = sorted(ref, key=lambda t: -t[2])  # Python's sort is stable: ties keep (seq, start) order
-    assert tiles.capacity == -(-total // block) + len(lens)
+    assert tiles.capacity == -(-(-(-total // block) + len(lens)) // 4) * 4
     assert tiles.seq.shape == tiles.start.shape == (tiles.capacity,) and tiles.count.shape == (1,)
     assert tiles.seq.dtype == tiles.start.dtype == tiles.count.dtype == torch.int32
     count = int(tiles.count)
@@ -389,15 +373,10 @@ def test_tile_list_issues_few_host_ops(device, monkeypatch):
             return func(*args, **(kwargs or {}))
 
     launches = []
-
-    class Stub:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(grid)
-
-    monkeypatch.setattr(scheduling, "tile_slots_kernel", Stub())
+    monkeypatch.setattr(scheduling, "launch", lambda kernel, grid, args, **options: launches.append(grid))
     off = torch.arange(0, 40 * 100 + 1, 100, dtype=torch.int32, device=device)
     with Count():
-        scheduling.kv_tiles(off, off, 4000, 16, 3, 0, True, True)
+        scheduling.kv_tiles(off, off, 4000, 4000, 16, 3, 0, True, True)
     assert len(launches) == 1 and Count.n <= 6, (launches, Count.n)  # 3 empty, sort, index_select, unbind
 
 
@@ -430,27 +409,6 @@ def test_matches_oracle_bf16_gpu(name, poison):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("name", ["jagged_empty_len1", "causal_lq_lt_lk", "window_both", "broadcast_q_causal"])
-def test_warp_specialized_variants_gpu(name, monkeypatch, poison):
-    """The opt-in warp-specialized dQ pass (Triton's Hopper pass; configs.KNOBS.bwd_dq_warp_specialize) on sm_90,
-    where its descriptors apply (head dims 64/128 here), against the oracle. The warp-specialized forward is not run:
-    it hangs on the H200 (attn_fwd.WARP_SPECIALIZE_ON_GPU; the knob is ignored on GPUs, checked here)."""
-    from jfa_ops.backends.triton import attn_fwd
-
-    if not attn_fwd.WARP_SPECIALIZE_OK:
-        pytest.skip(f"the warp-specialized variants are built for triton 3.6, not {triton.__version__}")
-    if attn_fwd.WARP_SPECIALIZE_ON_GPU:
-        pytest.skip("JFA_UNSAFE_FWD_WARP_SPECIALIZE=1 would run the forward variant, which hangs")
-    monkeypatch.setattr(configs.KNOBS, "fwd_warp_specialize", True)  # ignored on the GPU: must not hang
-    monkeypatch.setattr(configs.KNOBS, "bwd_dq_warp_specialize", True)
-    len_q, len_k, hq, hkv, _, causal, wl, wr, bq = CASES[name]
-    check(*run_case((len_q, len_k, hq, hkv, 64, causal, wl, wr, bq), torch.bfloat16, "cuda", with_grad_lse=True),
-          torch.bfloat16)
-    check(*run_case((len_q, len_k, hq, hkv, 128, causal, wl, wr, bq), torch.float16, "cuda"), torch.float16)
-
-
-@gpu
-@needs_cuda
 @pytest.mark.parametrize("d", [8, 40, 72, 128, 256])
 def test_head_dims_gpu(d, poison):
     case = ([130, 1, 0, 257], [200, 1, 9, 257], 4, 2, d, True, -1, -1, False)
@@ -477,3 +435,134 @@ def test_no_host_sync_gpu():
                 tb.backward(out, lse, q, k, v, out, lse, q_off, kv_off, params)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+
+
+# ------------------------------------------------------------------------------------ one wave, launches, checks
+@pytest.fixture
+def one_wave(monkeypatch):
+    """Every work list fits one wave (a GPU with many SMs): no sorted list, the kernels map items to slots."""
+    if CUDA:
+        pytest.skip("interpreter SM count only")
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 10 ** 4)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_wave_unsorted_matches_oracle(name, one_wave, poison):
+    check(*run_case(CASES[name], torch.float16, "cpu", with_grad_lse=True), torch.float16)
+    if CASES[name][-1]:  # broadcast Q: the deterministic chunked dQ keeps its own list
+        check(*run_case(CASES[name], torch.float16, "cpu", deterministic=True), torch.float16)
+
+
+def _count_launches(fn):
+    """(kernels launched through launch.py, aten ops that launch a kernel on a GPU) during fn()."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from jfa_ops.backends.triton.launch import LAUNCHES
+
+    no_kernel = ("empty", "empty_strided", "view", "unbind", "select", "slice", "alias", "_reshape_alias", "as_strided",
+                 "detach", "t", "expand", "unsqueeze", "squeeze", "lift_fresh")
+    aten = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] not in no_kernel:
+                aten.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    run = InterpretedFunction.run
+
+    def run_uncounted(self, *args, **kwargs):  # the interpreter's own tensor ops are no GPU launches
+        with _disable_current_modes():
+            return run(self, *args, **kwargs)
+
+    LAUNCHES.clear()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(InterpretedFunction, "run", run_uncounted)
+        with Count():
+            fn()
+    return dict(LAUNCHES), aten
+
+
+def test_launch_counts_one_wave(one_wave, monkeypatch):
+    """The aims of issue 9 for a small call, counted on the host: forward = the attention kernel + the offset check's
+    assert (no scheduling kernel, no sort, no separate check); backward = delta, dK/dV, dQ (no lists, no memsets)."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    q, k, v, q_off, kv_off = make_inputs([40, 17, 0, 64], [40, 17, 0, 64], 2, 2, 64, torch.float16, "cpu")
+    params = AttentionParams(scale=0.125, causal=True, check_offsets=True)
+    result = {}
+    kernels, aten = _count_launches(lambda: result.update(fwd=tb.forward(q, k, v, q_off, kv_off, params)))
+    out, lse = result["fwd"]
+    assert kernels == {"attn_fwd_kernel": 1} and aten == ["_assert_async.msg"], (kernels, aten)
+    grad = torch.randn_like(out)
+    kernels, aten = _count_launches(lambda: tb.backward(grad, None, q, k, v, out, lse, q_off, kv_off, params))
+    assert kernels == {"attn_bwd_delta_kernel": 1, "attn_bwd_dkdv_kernel": 1, "attn_bwd_dq_kernel": 1} and not aten, \
+        (kernels, aten)
+
+
+def test_launch_counts_sorted_lists(monkeypatch):
+    """Beyond one wave: the check rides in the scheduling kernel (one flag, one assert), then sort and gather."""
+    from jfa_ops import validation
+
+    if CUDA:
+        pytest.skip("interpreter SM count only")
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    q, k, v, q_off, kv_off = make_inputs([40, 17, 0, 64], [40, 17, 0, 64], 2, 2, 64, torch.float16, "cpu")
+    params = AttentionParams(scale=0.125, causal=True, check_offsets=True)
+    kernels, aten = _count_launches(lambda: tb.forward(q, k, v, q_off, kv_off, params))
+    assert kernels == {"tile_slots_kernel": 1, "attn_fwd_kernel": 1}, kernels
+    assert aten.count("_assert_async.msg") == 1 and len(aten) <= 4, aten  # assert, sort, index_select (+ unbind)
+
+
+@on_each_device
+def test_broadcast_fused_dq_accumulator_zeroed_by_delta_kernel(device, poison, monkeypatch):
+    """The fp32 dQ accumulator the atomics add into is zeroed by the delta kernel, not by a memset (poisoned
+    allocations and torch.empty both must give the oracle's dQ)."""
+    zeros = torch.zeros
+
+    def no_fp32_memset(*args, **kwargs):  # the oracle's own (float64, bool) zeros are fine
+        if kwargs.get("dtype") == torch.float32:
+            pytest.fail("an fp32 memset (torch.zeros) in the backward")
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", no_fp32_memset)
+    for name in ("broadcast_q", "broadcast_q_causal"):
+        check(*run_case(CASES[name], torch.float16, device), torch.float16)
+
+
+@pytest.mark.parametrize("wave", ["one_wave", "sorted"])
+@pytest.mark.parametrize("case", range(9))
+@pytest.mark.skipif(CUDA, reason="CPU tensors through the interpreter (tests/test_api_validation.py has the GPU case)")
+def test_folded_offset_check_flag_and_no_out_of_bounds(case, wave, monkeypatch, request):
+    """The check folded into the scheduling kernel (sorted lists) or into the forward kernel (one wave) flags exactly
+    the offsets the host check rejects, and bad offsets (a sequence past the rows, a negative offset) run through the
+    kernels' guards (empty list, ``slot_tile``'s range checks) without a failure: what JFA_VALIDATE=deferred relies
+    on. (The GPU suite's test_deferred_* cases would hit an illegal address if a guard were missing.)"""
+    from jfa_ops import validation
+
+    if wave == "one_wave":
+        request.getfixturevalue("one_wave")
+    cases = [([0, 3, 7], 7, -1), ([0], 0, -1), ([0, 0, 7, 7], 7, 7), ([1, 3, 7], 7, -1), ([0, 3, 6], 7, -1),
+             ([0, 5, 3, 7], 7, -1), ([0, 3, 7], 7, 3), ([0, 9, 7], 7, -1), ([0, -4, 7], 7, -1)]
+    offsets, rows, max_seqlen = cases[case]
+    try:
+        validation._check_sync("kv_offsets", torch.tensor(offsets), rows, max_seqlen)
+        expected = True
+    except ValueError:
+        expected = False
+    flags = []
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    monkeypatch.setattr(validation, "device_flag", lambda flag, mode: flags.append(int(flag)))
+    off = torch.tensor(offsets, dtype=torch.int32)
+    q, k, v = (torch.randn(rows, 2, 16, dtype=torch.float16) for _ in range(3))
+    params = AttentionParams(scale=0.25, causal=True, check_offsets=True, max_seqlen_q=max_seqlen,
+                             max_seqlen_kv=max_seqlen)
+    out, lse = tb.forward(q, k, v, off, off, params)
+    assert flags == [int(expected)]
+    if expected and rows:
+        ref = oracle(q, k, v, off, off, 0.25, causal=True)[0].double()
+        assert (out.double() - ref).norm() <= 2e-3 * ref.norm()

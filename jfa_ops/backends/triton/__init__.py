@@ -87,5 +87,5 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
         return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
-_extra = {"auto_devices": ("cuda",)} if "auto_devices" in {f.name for f in dataclasses.fields(Backend)} else {}
-BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10, **_extra)
+BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,
+                  auto_devices=("cuda",), checks_offsets=True)

@@ -21,29 +21,34 @@ import triton.language as tl
 
 from . import common
 from .common import (LOG2E, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
-                     next_work, num_sms, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible,
-                     window_bounds, work_item)
+                     next_work, num_sms, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows,
+                     visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
-from .attn_fwd import WARP_SPECIALIZE_OK, broadcast_offsets, rows_descriptor, use_tma
-from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant
+from .launch import launch
+from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
+from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant, slot_tile, tile_schedule
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
 
 
-@triton.jit(do_not_specialize=["total_out"])
-def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, total_out, stride_ot, stride_oh, stride_dt, stride_dh,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                          BLOCK_T: tl.constexpr, HAS_GRAD_LSE: tl.constexpr):
-    """delta[h, t] = sum_d dO[t, h, d] * O[t, h, d] (fp32) - grad_lse[h, t]."""
+@triton.jit(do_not_specialize=["total_out", "zero_rows"])
+def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, ZEROED, total_out, zero_rows, stride_ot, stride_oh, stride_dot,
+                          stride_doh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                          BLOCK_T: tl.constexpr, HAS_GRAD_LSE: tl.constexpr, ZERO: tl.constexpr):
+    """delta[h, t] = sum_d dO[t, h, d] * O[t, h, d] (fp32) - grad_lse[h, t]. ZERO: also ZEROED[r, h, :] = 0 for
+    rows r < zero_rows (a contiguous fp32 [zero_rows, H, HEAD_DIM] buffer that atomics add into later)."""
     head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rows_ok = rows < total_out
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     rows64 = rows.to(tl.int64)
+    if ZERO:
+        zero_ptrs = ZEROED + rows64[:, None] * (tl.num_programs(1) * HEAD_DIM) + head * HEAD_DIM + d[None, :]
+        tl.store(zero_ptrs, tl.zeros([BLOCK_T, BLOCK_D], tl.float32), mask=(rows < zero_rows)[:, None] & d_ok[None, :])
     o = load_rows(Out + rows64[:, None] * stride_ot + head * stride_oh + d[None, :], rows_ok, d_ok, True, PAD_D)
-    do = load_rows(DOut + rows64[:, None] * stride_dt + head * stride_dh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    do = load_rows(DOut + rows64[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok, d_ok, True, PAD_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     lse_index = head.to(tl.int64) * total_out + rows
     if HAS_GRAD_LSE:
@@ -90,6 +95,9 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
         if QDO_TMA:
             q = q_ptrs.load([(q_row0 + m0).to(tl.int32), dq_col])
             do = do_ptrs.load([(out_row0 + m0).to(tl.int32), dq_col])
+            if MASKED:  # rows past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
+                q = tl.where(rows_ok[:, None], q, tl.zeros_like(q))
+                do = tl.where(rows_ok[:, None], do, tl.zeros_like(do))
         else:
             q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
             do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
@@ -182,9 +190,9 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
 
 
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "num_slabs", "slab_rows", "group", "window_left",
-                               "right"])
+                               "right", "n_slots", "search_steps", "num_seqs", "rows_s", "rows_o"])
 def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
-                         WORK_COUNTER, num_heads_kv, total_out,
+                         WORK_COUNTER, num_heads_kv, total_out, n_slots, search_steps, num_seqs, rows_s, rows_o,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                          stride_dkvt, stride_dqt, stride_dqh, num_slabs, slab_rows, group, scale, qk_scale,
                          window_left, right,
@@ -192,26 +200,34 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
                          BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr,
                          DQ_TMA: tl.constexpr, KV_MAJOR: tl.constexpr, QDO_TMA: tl.constexpr,
-                         ATOMIC_WORK: tl.constexpr):
+                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Persistent over (key tile, kv head) work items, key tiles longest first. dK/dV have k's layout.
     QDO_TMA: Q and DOut are tensor descriptors over [T, H*D] (block [BLOCK_M, HEAD_DIM]).
 
     FUSE_DQ: dQ (unscaled, fp32) is added into DQ ([num_slabs * slab_rows, Hq, D] rows; program p adds into slab
-    p % num_slabs: broadcast Q gives each program its own slab, so its atomics meet no other program's)."""
+    p % num_slabs: broadcast Q gives each program its own slab, so its atomics meet no other program's).
+    TILES_FROM_OFFSETS: items are unsorted key-tile slots mapped here (``scheduling.slot_tile``)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_tiles = tl.load(TILE_COUNT)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads_kv
     dq_slab = tl.program_id(0) % num_slabs
     work = first_work(WORK_COUNTER, ATOMIC_WORK)
     while work < n_work:
         tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
-        _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                   tl.load(TILE_START + tile), kv_head, total_out,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                   stride_dkvt, stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left,
-                   right,
-                   HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
-                   FUSE_DQ, DQ_TMA, QDO_TMA)
+        if TILES_FROM_OFFSETS:
+            seq, n0, real = slot_tile(KV_OFF, Q_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_N)
+        else:
+            seq, n0, real = tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), True
+        if real:
+            _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv_head, total_out,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+                       stride_dkvt, stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left,
+                       right,
+                       HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
+                       FUSE_DQ, DQ_TMA, QDO_TMA)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
@@ -233,19 +249,21 @@ def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scal
 def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
                   lo_off, hi_off, qk_scale, n_begin, n_end, kv_row0, kv_col,
                   BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
-                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr,
-                  WARP_SPECIALIZE: tl.constexpr = False):
+                  PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
     """Accumulate dQ (unscaled) of one query tile over key blocks [n_begin, n_end). KV_TMA: k_ptrs/v_ptrs are tensor
-    descriptors over [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col); keys past len_k are masked in masked stages.
-    WARP_SPECIALIZE: ask Triton's Hopper pass to partition the loop (see attn_fwd)."""
+    descriptors over [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col); keys past len_k are masked in masked stages."""
     if not KV_TMA:
         k_ptrs += n_begin.to(tl.int64) * stride_kt
         v_ptrs += n_begin.to(tl.int64) * stride_vt
-    for n0 in tl.range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
         keys = n0 + cols
         if KV_TMA:
             k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
             v = v_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # keys past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
+                keys_ok = (keys < len_k)[:, None]
+                k = tl.where(keys_ok, k, tl.zeros_like(k))
+                v = tl.where(keys_ok, v, tl.zeros_like(v))
         else:
             k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
             v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
@@ -267,11 +285,8 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
              stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr,
-             WARP_SPECIALIZE: tl.constexpr = False, valid=True):
-    """One query tile. WARP_SPECIALIZE (one sequence per tile, every operand by TMA): Q and dO through their
-    descriptors and one masked, warp-specialized KV loop, as in the forward variant; ``valid`` False: nothing runs
-    or is stored."""
+             ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+    """One query tile: rows [m0, m0 + BLOCK_M) of sequences [seq_lo, seq_lo + seqs_per_tile), q head ``head``."""
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -281,44 +296,31 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
         q_row0 = first_row * 0
     else:
         q_row0 = first_row
-    if WARP_SPECIALIZE:
-        len_q = tl.where(valid, len_q, 0)
     rows_ok = rows < len_q
     kv_head = head // group
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if WARP_SPECIALIZE:
-        q = Q.load([(q_row0 + m0).to(tl.int32), head * HEAD_DIM])
-        do = DOut.load([(first_row + m0).to(tl.int32), head * HEAD_DIM])
-        kv_row0, len_k = seq_extent(KV_OFF, seq_lo)
-        lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + first_row + rows, rows_ok, True)
+    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
+                  PAD_D)
+    seq_hi = tl.minimum(seq_lo + seqs_per_tile, num_seqs)
+    for seq in range(loop_bound(seq_lo), loop_bound(seq_hi)):  # one sequence, except broadcast-Q deterministic
+        out_row0, len_q = seq_extent(Q_OFF, seq)
+        kv_row0, len_k = seq_extent(KV_OFF, seq)
+        do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
+                       rows_ok, d_ok, True, PAD_D)
+        lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
+        k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, KV_TMA)
+        v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, KV_TMA)
         lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
             m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-        dq = _dq_kv_blocks(dq, q, do, lse2, delta, K, V, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
-                           -window_left, right, qk_scale, lead_begin, tl.where(valid, tail_end, lead_begin), kv_row0,
-                           kv_head * HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, True, True)
-    else:
-        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
-                      PAD_D)
-        seq_hi = tl.minimum(seq_lo + seqs_per_tile, num_seqs)
-        for seq in range(loop_bound(seq_lo), loop_bound(seq_hi)):  # one sequence, except broadcast-Q deterministic
-            out_row0, len_q = seq_extent(Q_OFF, seq)
-            kv_row0, len_k = seq_extent(KV_OFF, seq)
-            do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
-                           rows_ok, d_ok, True, PAD_D)
-            lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
-            k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, KV_TMA)
-            v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, KV_TMA)
-            lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
-                m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-            dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                               len_k, -window_left, right, qk_scale, lead_begin, lead_end, kv_row0, kv_head * HEAD_DIM,
-                               BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
-            dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                               len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, kv_row0, kv_head * HEAD_DIM,
-                               BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION, KV_TMA)
-            dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
-                               len_k, -window_left, right, qk_scale, tail_begin, tail_end, kv_row0, kv_head * HEAD_DIM,
-                               BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                           len_k, -window_left, right, qk_scale, lead_begin, lead_end, kv_row0, kv_head * HEAD_DIM,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                           len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, kv_row0, kv_head * HEAD_DIM,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION, KV_TMA)
+        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q,
+                           len_k, -window_left, right, qk_scale, tail_begin, tail_end, kv_row0, kv_head * HEAD_DIM,
+                           BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, KV_TMA)
     dq_ptrs = DQ + (seq_lo // seqs_per_tile) * stride_dq_chunk + (q_row0 + rows)[:, None] * stride_dqt \
         + head * stride_dqh + d[None, :]
     if ATOMIC:  # broadcast-Q fast path: fp32 sum over the batch, order-dependent rounding
@@ -330,42 +332,40 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
         store_rows(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
 
 
-@triton.jit(do_not_specialize=["num_heads", "num_seqs", "seqs_per_tile", "total_out", "group", "window_left",
-                               "right"])
+@triton.jit(do_not_specialize=["num_heads", "num_seqs", "seqs_per_tile", "total_out", "n_slots", "search_steps",
+                               "rows_s", "rows_o", "group", "window_left", "right"])
 def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, WORK_COUNTER,
-                       num_heads, num_seqs, seqs_per_tile, total_out,
+                       num_heads, num_seqs, seqs_per_tile, total_out, n_slots, search_steps, rows_s, rows_o,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                        stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BROADCAST_Q: tl.constexpr, ATOMIC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       KV_TMA: tl.constexpr, ATOMIC_WORK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                       KV_TMA: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B).
     KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM]).
-    WARP_SPECIALIZE (one program per item, seqs_per_tile 1, Q/dO/K/V descriptors): the variant of attn_fwd's kind."""
+    TILES_FROM_OFFSETS: items are unsorted slots mapped here (``scheduling.slot_tile``; one sequence per tile)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_work = tl.load(TILE_COUNT) * num_heads
-    if WARP_SPECIALIZE:
-        work = tl.program_id(0)
-        valid = work < n_work
-        tile = tl.where(valid, work, 0) // num_heads
-        _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.maximum(tl.load(TILE_SEQ + tile), 0),
-                 tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                 stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
-                 HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
-                 DOT_PRECISION, KV_TMA, True, valid)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
     else:
-        work = first_work(WORK_COUNTER, ATOMIC_WORK)
-        while work < n_work:
-            tile = work // num_heads
-            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile),
-                     tl.load(TILE_START + tile), work % num_heads, num_seqs, seqs_per_tile, total_out,
+        n_tiles = tl.load(TILE_COUNT)
+    n_work = n_tiles * num_heads
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_work:
+        tile = work // num_heads
+        if TILES_FROM_OFFSETS:
+            seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
+        else:
+            seq, m0, real = tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), True
+        if real:
+            _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq, m0, work % num_heads, num_seqs,
+                     seqs_per_tile, total_out,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                      stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
                      HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
                      DOT_PRECISION, KV_TMA)
-            work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 @shape_constant
@@ -407,48 +407,54 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     scale, qk_scale = params.scale, params.scale * 1.4426950408889634  # scale / ln 2
     sms = num_sms(device)
 
-    # 1. delta = rowsum(dO * O) - grad_lse
-    delta = common.alloc_output((num_heads, total_out), torch.float32, device)
-    if total_out > 0:
-        grad_lse_arg = delta
-        if grad_lse is not None:
-            grad_lse_arg = grad_lse.to(torch.float32).contiguous()
-        attn_bwd_delta_kernel[(triton.cdiv(total_out, DELTA_BLOCK_T), num_heads)](
-            out, grad_out, grad_lse_arg, delta, total_out, out.stride(0), out.stride(1), grad_out.stride(0),
-            grad_out.stride(1), **hd, BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None)
-
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), grad_out.stride(0),
-               grad_out.stride(1))
-    # 2. dK, dV: key tiles, longest first
+    strides = dict(**row_strides("q", q), **row_strides("k", k), **row_strides("v", v), **row_strides("do", grad_out))
+    # dK, dV work: key tiles x kv heads, longest first (or unsorted when they fit one wave)
     cfg = get_config("dkdv", head_dim, q.dtype, params.causal, device)
-    tiles = kv_tiles(q_off, kv_off, k.shape[0], cfg.block_n, window_left, right, has_left, has_right)
-    programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads_kv, cfg.programs_per_sm,
-                                        device)
+    programs, schedule = tile_schedule(
+        lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right),
+        kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, KNOBS.bwd_schedule, cfg.programs_per_sm,
+        device)
     # Fused dQ (non-deterministic only; broadcast Q by default, see configs.Knobs): fp32 atomics into dq_acc inside
-    # this pass (FA2/FA3 style, 5 matmuls per block pair instead of 7); broadcast Q sums over the batch into
+    # the dK/dV pass (FA2/FA3 style, 5 matmuls per block pair instead of 7); broadcast Q sums over the batch into
     # num_slabs fp32 slabs (program p adds into slab p % num_slabs), which the finalize kernel sums in slab order.
     fused = (KNOBS.bcast_fused_dq if params.broadcast_q else KNOBS.bwd_fused_dq) and not params.deterministic \
         and total_out > 0
-    num_slabs, dq_tma = 1, False
-    dq_arg, dq_acc, dq_strides = dk, None, (0, 0)
+    atomic = params.broadcast_q and not params.deterministic and not fused  # broadcast dQ by atomics in the dq pass
+    num_slabs = max(1, min(programs, KNOBS.bcast_dq_slabs)) if fused and params.broadcast_q else 1
+    # fp32 buffers the atomics add into start at zero: the delta kernel zeroes them (no memset launch)
+    zeroed = torch.empty((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device) if fused or atomic \
+        else None
+
+    # 1. delta = rowsum(dO * O) - grad_lse (and zeroed[...] = 0)
+    delta = common.alloc_output((num_heads, total_out), torch.float32, device)
+    zero_rows = 0 if zeroed is None else zeroed.numel() // (num_heads * head_dim)
+    if total_out > 0 or zero_rows > 0:
+        grad_lse_arg = delta
+        if grad_lse is not None:
+            grad_lse_arg = grad_lse.to(torch.float32).contiguous()
+        launch(attn_bwd_delta_kernel, (triton.cdiv(max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
+            Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta, ZEROED=delta if zeroed is None else zeroed,
+            total_out=total_out, zero_rows=zero_rows, **row_strides("o", out), **row_strides("do", grad_out), **hd,
+            BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
+
+    # 2. dK, dV
+    dq_tma = False
+    dq_arg, dq_strides = dk, dict(stride_dqt=0, stride_dqh=0)
     if fused:
-        if params.broadcast_q:
-            num_slabs = max(1, min(programs, KNOBS.bcast_dq_slabs))
-        dq_acc = torch.zeros((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device)
-        dq_strides = (dq_acc.stride(1), dq_acc.stride(2))
+        dq_strides = dict(stride_dqt=zeroed.stride(1), stride_dqh=zeroed.stride(2))
         dq_tma = KNOBS.bwd_dq_tma and use_tma(hd["PAD_D"], q, k)  # q: 16-bit inputs (dq_acc itself is fp32)
-        dq_arg = rows_descriptor(dq_acc.view(-1, num_heads, head_dim), cfg.block_m) if dq_tma else dq_acc
+        dq_arg = rows_descriptor(zeroed.view(-1, num_heads, head_dim), cfg.block_m) if dq_tma else zeroed
     # Q and dO through TMA: no [BLOCK_M, D] pointer tensors held in registers across the loop (the kernel sits at the
     # 255-register cap and spilled with them; configs.Knobs.bwd_tma).
     qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(hd["PAD_D"], q, grad_out, k)
     q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if qdo_tma
                      else (q, grad_out))
-    attn_bwd_dkdv_kernel[(programs,)](
-        q_arg, k, v, do_arg, lse, delta, dk, dv, dq_arg, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
-        tiles.count if counter is None else counter,
-        num_heads_kv, total_out, *strides, dk.stride(0), *dq_strides, num_slabs, q.shape[0], group, scale,
-        qk_scale, window_left, right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused,
-        DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma, ATOMIC_WORK=counter is not None,
+    launch(attn_bwd_dkdv_kernel, (programs,), dict(
+        Q=q_arg, K=k, V=v, DOut=do_arg, Lse=lse, Delta=delta, DK=dk, DV=dv, DQ=dq_arg, Q_OFF=q_off, KV_OFF=kv_off,
+        **schedule, num_heads_kv=num_heads_kv, total_out=total_out, **strides, stride_dkvt=dk.stride(0),
+        **dq_strides, num_slabs=num_slabs, slab_rows=q.shape[0], group=group, scale=scale, qk_scale=qk_scale,
+        window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+        FUSE_DQ=fused, DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # 3. dQ
@@ -456,42 +462,41 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         return torch.zeros_like(q), dk, dv
     if fused:
         dq = common.alloc_output(q.shape, q.dtype, device)
-        attn_bwd_dq_finalize_kernel[(triton.cdiv(q.numel(), FINALIZE_BLOCK),)](
-            dq_acc, dq, q.numel(), num_slabs, q.numel(), scale, BLOCK=FINALIZE_BLOCK)
+        launch(attn_bwd_dq_finalize_kernel, (triton.cdiv(q.numel(), FINALIZE_BLOCK),), dict(
+            DQ_ACC=zeroed, DQ=dq, n_elem=q.numel(), num_slabs=num_slabs, slab_stride=q.numel(), scale=scale,
+            BLOCK=FINALIZE_BLOCK))
         return dq, dk, dv
-    atomic = params.broadcast_q and not params.deterministic
-    # Warp-specialized variant (opt-in): one sequence per tile (not the deterministic broadcast chunks), every
-    # operand through TMA, one program per work item.
-    warp_specialize = (KNOBS.bwd_dq_warp_specialize and WARP_SPECIALIZE_OK
-                       and not (params.broadcast_q and params.deterministic)
-                       and use_tma(hd["PAD_D"], q, grad_out, k, v))
-    cfg = get_config("dq_ws" if warp_specialize else "dq", head_dim, q.dtype, params.causal, device)
-    seqs_per_tile, chunks = 1, 1
-    if params.broadcast_q and params.deterministic:
+    cfg = get_config("dq", head_dim, q.dtype, params.causal, device)
+    chunks = 1
+    if params.broadcast_q and params.deterministic:  # fixed chunks of sequences: a fixed summation order
         tiles, chunks, seqs_per_tile = _chunked_broadcast_tiles(num_seqs, len_q, cfg.block_m, num_heads,
                                                                 2 * sms * cfg.programs_per_sm, device)
+        programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm,
+                                            device)
+        schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, TILE_COUNT=tiles.count,
+                        WORK_COUNTER=tiles.count if counter is None else counter, n_slots=tiles.capacity,
+                        search_steps=0, num_seqs=num_seqs, rows_s=total_out, rows_o=k.shape[0],
+                        ATOMIC_WORK=counter is not None, TILES_FROM_OFFSETS=False)
     else:
-        tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
+        seqs_per_tile = 1
+        programs, schedule = tile_schedule(
+            lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
+                                  has_right),
+            q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, KNOBS.bwd_schedule, cfg.programs_per_sm,
+            device)
     if params.broadcast_q:  # fp32 partial sums over the batch: [chunks, L_q, Hq, D]
-        shape = (chunks,) + tuple(q.shape)
-        dq_buf = (torch.zeros(shape, dtype=torch.float32, device=device) if atomic
-                  else common.alloc_output(shape, torch.float32, device))
+        dq_buf = zeroed if atomic else common.alloc_output((chunks,) + tuple(q.shape), torch.float32, device)
     else:
         dq_buf = common.alloc_output(q.shape, q.dtype, device)
-    programs, counter = launch_schedule("grid" if warp_specialize else KNOBS.bwd_schedule, tiles.capacity * num_heads,
-                                        cfg.programs_per_sm, device)
-    kv_tma = warp_specialize or (KNOBS.bwd_tma and use_tma(hd["PAD_D"], k, v))
+    kv_tma = KNOBS.bwd_tma and use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
-    q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if warp_specialize
-                     else (q, grad_out))
-    attn_bwd_dq_kernel[(programs,)](
-        q_arg, k_arg, v_arg, do_arg, lse, delta, dq_buf, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
-        tiles.count if counter is None else counter, num_heads,
-        num_seqs, seqs_per_tile, total_out, *strides, dq_buf.stride(-3), dq_buf.stride(-2),
-        dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group, scale, qk_scale, window_left, right,
-        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
-        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+    launch(attn_bwd_dq_kernel, (programs,), dict(
+        Q=q, K=k_arg, V=v_arg, DOut=grad_out, Lse=lse, Delta=delta, DQ=dq_buf, Q_OFF=q_off, KV_OFF=kv_off,
+        **schedule, num_heads=num_heads, seqs_per_tile=seqs_per_tile, total_out=total_out, **strides,
+        stride_dqt=dq_buf.stride(-3), stride_dqh=dq_buf.stride(-2),
+        stride_dq_chunk=dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group=group, scale=scale,
+        qk_scale=qk_scale, window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        **flags, ATOMIC=atomic, KV_TMA=kv_tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if params.broadcast_q:
         dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
     else:

@@ -9,18 +9,20 @@ a persistent grid's static striding on jagged/causal; ``configs.KNOBS.fwd_schedu
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import validation
 from . import common
-from .common import (LN2, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
-                     next_work, packed_rows, row_source, seq_extent, stage_bounds, store_rows, visible, window_bounds,
-                     work_item)
+from .common import (LN2, dot_precision, first_work, head_dim_consts, load_rows, loop_bound,
+                     next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
+                     window_bounds, work_item)
 from .configs import KNOBS, get_config, nvidia
-from .scheduling import forward_tiles, shape_constant
+from .launch import launch
+from .offset_checks import offsets_ok
+from .scheduling import forward_tiles, shape_constant, slot_tile, tile_schedule
 
 
 @triton.jit
@@ -28,16 +30,15 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
                    len_k, lo_off, hi_off, qk_scale, n_begin, n_end,
                    BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
                    PAD_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   FMA_SOFTMAX: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
+                   FMA_SOFTMAX: tl.constexpr):
     """Online-softmax update over key blocks [n_begin, n_end). Scores live in the log2 domain (qk_scale has 1/ln 2).
-    WARP_SPECIALIZE: ask Triton's Hopper pass to split the loop into a TMA producer and MMA/softmax consumers.
 
     k_src/v_src: tensor descriptors over [T_kv, Hkv*D] when USE_TMA (a block may run into the next sequence's rows:
     those keys are masked in the masked stages and never reach the mask-free bulk), else row pointers."""
     if not USE_TMA:
         k_src += n_begin.to(tl.int64) * stride_kt
         v_src += n_begin.to(tl.int64) * stride_vt
-    for n0 in tl.range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
         keys = n0 + cols
         if USE_TMA:
             k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
@@ -66,6 +67,8 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
         l_i = l_i * alpha + tl.sum(p, 1)
         if USE_TMA:
             v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak
+                v = tl.where((keys < len_k)[:, None], v, tl.zeros_like(v))
         else:
             v = load_rows(v_src, keys < len_k, d_ok, MASKED, PAD_D)
             k_src += BLOCK_N * stride_kt
@@ -81,11 +84,8 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
               group, qk_scale, window_left, right,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr = False, valid=True):
-    """One work item. WARP_SPECIALIZE: Q through its descriptor too and one masked, warp-specialized KV loop (what
-    Triton's Hopper pass can partition: it fails on three stage loops or a pointer-loaded Q, bench/NOTES.md); ``valid``
-    False (a spare program of the grid) runs no KV block and stores nothing."""
+              USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+    """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
     out_row0, len_q = seq_extent(Q_OFF, seq)
     kv_row0, len_k = seq_extent(KV_OFF, seq)
     if BROADCAST_Q:
@@ -96,15 +96,8 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    if WARP_SPECIALIZE:
-        len_q = tl.where(valid, len_q, 0)
     rows_ok = rows < len_q
-
-    if WARP_SPECIALIZE:
-        q = Q.load([(q_row0 + m0).to(tl.int32), head * HEAD_DIM])
-    else:
-        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
-                      PAD_D)
+    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
     kv_head = head // group
     k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, USE_TMA)
     v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, USE_TMA)
@@ -115,26 +108,20 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-    if WARP_SPECIALIZE:  # one loop over every visible block, masked throughout
-        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
-                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin,
-                                       tl.where(valid, tail_end, lead_begin), BLOCK_N, HAS_LEFT, HAS_RIGHT, True,
-                                       PAD_D, USE_TMA, DOT_PRECISION, FMA_SOFTMAX, True)
-    else:
-        # Masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last
-        # block).
-        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
-                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end,
-                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
-                                       FMA_SOFTMAX)
-        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
-                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
-                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION,
-                                       FMA_SOFTMAX)
-        acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
-                                       cols, d_ok, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end,
-                                       BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
-                                       FMA_SOFTMAX)
+    # Masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last
+    # block).
+    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                   cols, d_ok, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end,
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
+                                   FMA_SOFTMAX)
+    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                   cols, d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end,
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, USE_TMA, DOT_PRECISION,
+                                   FMA_SOFTMAX)
+    acc, m_i, l_i = _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, rows,
+                                   cols, d_ok, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end,
+                                   BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
+                                   FMA_SOFTMAX)
 
     # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
     empty = l_i == 0.0
@@ -145,57 +132,52 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
 
 
-@triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right"])
-def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, WORK_COUNTER, num_heads,
-                    total_out,
+@triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
+                               "num_seqs", "rows_s", "rows_o", "max_q", "max_kv"])
+def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT, WORK_COUNTER, FLAG,
+                    num_heads, total_out, n_slots, search_steps, num_seqs, rows_s, rows_o, max_q, max_kv,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     group, qk_scale, window_left, right,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                    WARP_SPECIALIZE: tl.constexpr):
+                    TILES_FROM_OFFSETS: tl.constexpr, CHECK_OFFSETS: tl.constexpr):
     """Work items (tile, head), tiles longest first (order: ``common.work_item``). Program p handles items p, p + P,
     ... (one each on the default grid); ATOMIC_WORK: each program takes the next item from WORK_COUNTER.
-    WARP_SPECIALIZE (grid schedule, Q/K/V descriptors): one item per program with no loop around it, spare programs
-    masked instead of branching (Triton's Hopper warp-specialization pass fails on either, bench/NOTES.md)."""
+    TILES_FROM_OFFSETS (one wave, ``scheduling.tile_schedule``): items are the n_slots unsorted slots, mapped to
+    tiles here (``slot_tile``), padding skipped. CHECK_OFFSETS: program 0 also checks both offsets tensors (rows_s,
+    rows_o, max_q, max_kv) and writes FLAG (1: valid); the scheduling kernel does it when there is one."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
-    n_work = n_tiles * num_heads
-    if WARP_SPECIALIZE:
-        work = tl.program_id(0)
-        valid = work < n_work
-        tile, head = work_item(tl.where(valid, work, 0), tl.maximum(n_tiles, 1), num_heads, group, KV_MAJOR)
-        _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.maximum(tl.load(TILE_SEQ + tile), 0),
-                  tl.load(TILE_START + tile), head, total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-                  stride_vh, stride_ot, stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D,
-                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX, True,
-                  valid)
+    if CHECK_OFFSETS:
+        if tl.program_id(0) == 0:
+            valid = offsets_ok(Q_OFF, num_seqs, rows_s, max_q, 1024) & offsets_ok(KV_OFF, num_seqs, rows_o, max_kv,
+                                                                                  1024)
+            tl.store(FLAG, valid.to(tl.int32))
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
     else:
-        work = first_work(WORK_COUNTER, ATOMIC_WORK)
-        while work < n_work:
-            tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), head,
-                      total_out, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                      stride_oh, group, qk_scale, window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N,
-                      HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
-            work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
+    n_work = n_tiles * num_heads
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_work:
+        tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+        if TILES_FROM_OFFSETS:
+            seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
+        else:
+            seq, m0, real = tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), True
+        if real:
+            _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out, stride_qt, stride_qh, stride_kt,
+                      stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, group, qk_scale, window_left, right,
+                      HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA,
+                      DOT_PRECISION, FMA_SOFTMAX)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)
 # H200, Triton 3.6: the causal forward with TMA K/V hangs at head_dim 256 (bf16 and fp16; 128x64 tiles, 2 stages;
 # non-causal and the pointer path are fine; bench/NOTES.md, session 4). Only head dims up to 128 use TMA.
 TMA_MAX_HEAD_DIM = 128
-# The warp-specialized forward compiles with Triton 3.6 (the device's); 3.9's Hopper pass splits the Q tile between
-# its two consumer groups and then rejects the host descriptor's [BLOCK_M, D] block (bench/NOTES.md). Other versions run
-# the default forward even when KNOBS.fwd_warp_specialize is set.
-WARP_SPECIALIZE_OK = triton.__version__.startswith("3.6.")
-# ... but on the H200 (Triton 3.6, 2026-11-30) that compiled forward hangs on every case tried, tiny ones included
-# (the warp-specialized dQ pass runs). So on a GPU the knob is ignored unless JFA_UNSAFE_FWD_WARP_SPECIALIZE=1 (for
-# debugging it on the device, under `timeout`); the interpreter runs the variant's code as before.
-WARP_SPECIALIZE_ON_GPU = os.environ.get("JFA_UNSAFE_FWD_WARP_SPECIALIZE", "0") == "1"
-
-
 @functools.lru_cache(maxsize=None)
 def _capability(device_index: int):
     return torch.cuda.get_device_capability(device_index)
@@ -250,27 +232,35 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     if total_out == 0 or num_seqs == 0:
+        if params.check_offsets:  # no kernel runs to hold the check
+            validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
+                                    kv_offsets, k.shape[0], params.max_seqlen_kv, validation.validation_mode(device))
         return out, lse
 
     hd = head_dim_consts(head_dim)
-    # Warp-specialized variant (opt-in): needs Q, K, V all through TMA and one program per work item.
-    warp_specialize = (KNOBS.fwd_warp_specialize and WARP_SPECIALIZE_OK and KNOBS.fwd_schedule == "grid"
-                       and (device.type != "cuda" or WARP_SPECIALIZE_ON_GPU) and use_tma(hd["PAD_D"], q, k, v))
-    cfg = get_config("fwd_ws" if warp_specialize else "fwd", head_dim, q.dtype, params.causal, device)
+    cfg = get_config("fwd", head_dim, q.dtype, params.causal, device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    tiles = forward_tiles(q_off, kv_off, total_out, cfg.block_m, window_left, right, has_left, has_right)
-    programs, counter = launch_schedule(KNOBS.fwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm, device)
+    # Offset checks (params.check_offsets: JFA_VALIDATE=async|deferred) ride in the scheduling kernel, or in this
+    # kernel when no list is built; broadcast Q's own offsets are an arange (its max_seqlen_q rule is sync-only).
+    flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
+    max_q = -1 if params.broadcast_q else params.max_seqlen_q
+    programs, schedule = tile_schedule(
+        lambda **check: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right,
+                                      has_left, has_right, **check),
+        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, KNOBS.fwd_schedule, cfg.programs_per_sm, device,
+        **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     tma = use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
-    q_arg = rows_descriptor(q, cfg.block_m) if warp_specialize else q
-    attn_fwd_kernel[(programs,)](
-        q_arg, k_arg, v_arg, out, lse, q_off, kv_off, tiles.seq, tiles.start, tiles.count,
-        tiles.count if counter is None else counter, num_heads, total_out,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        num_heads // num_heads_kv, params.scale * 1.4426950408889634, window_left, right,  # scale / ln 2
-        **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
+    launch(attn_fwd_kernel, (programs,), dict(
+        Q=q, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, **schedule,
+        FLAG=kv_off if flag is None else flag, num_heads=num_heads, total_out=total_out, max_q=max_q,
+        max_kv=params.max_seqlen_kv, **row_strides("q", q), **row_strides("k", k), **row_strides("v", v),
+        **row_strides("o", out), group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+        window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
         FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
-        ATOMIC_WORK=counter is not None, WARP_SPECIALIZE=warp_specialize, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        CHECK_OFFSETS=flag is not None and schedule["TILES_FROM_OFFSETS"]),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if flag is not None:
+        validation.device_flag(flag, validation.validation_mode(device))
     return out, lse

@@ -175,6 +175,12 @@ def packed_rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def row_strides(name: str, t: torch.Tensor) -> dict:
+    """The row and head strides of a [T, H, D] tensor as the kernels name them (``stride_<name>t``,
+    ``stride_<name>h``): taken from the tensor together, so one tensor's strides cannot be swapped with another's."""
+    return {f"stride_{name}t": t.stride(0), f"stride_{name}h": t.stride(1)}
+
+
 def window_bounds(causal: bool, window_left: int, window_right: int):
     """(has_left, window_left, has_right, right): forward-side visibility ``-window_left <= j - i - diag <= right``."""
     has_left = window_left >= 0

@@ -47,11 +47,9 @@ class Knobs:
     bcast_fused_dq: bool = True  # broadcast Q, non-deterministic: fused dQ into bcast_dq_slabs fp32 slabs: 130 -> 211
     bcast_dq_slabs: int = 1  # slab p % n for program p; 1 slab (L2-resident) beat one slab per program (174)
     bwd_dq_tma: bool = True  # fused dQ atomics as TMA bulk reductions (sm_90, 16-bit, unpadded D), else red.global
-    fwd_warp_specialize: bool = False  # forward: Triton's Hopper warp specialization (one masked KV loop, Q/K/V by TMA,
-    #                                   grid schedule, 4 warps per consumer group); hangs on the H200, so ignored on
-    #                                   GPUs (attn_fwd.WARP_SPECIALIZE_ON_GPU); interpreter-tested; bench/NOTES.md
-    bwd_dq_warp_specialize: bool = False  # dQ pass: the same kind of variant (64x64 tiles, what the pass accepts);
-    #                                      correct on the H200 but slower: dense D128 bwd 352 -> 264 TFLOP/s
+    # (The warp-specialized forward, which hung on the H200, and the slower warp-specialized dQ pass live at the git
+    # tag experiment/warp-specialize: bench/NOTES.md v5.)
+    one_wave_unsorted: bool = True  # no sorted tile list when every work item runs at once (scheduling.one_wave)
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
@@ -97,17 +95,6 @@ def _fwd(bucket: int, itemsize: int, causal: bool, shared_memory: int) -> Kernel
     return KernelConfig(128, 64, 8, 2) if not small else KernelConfig(64, 32, 4, 2)  # 147,456 B vs 69,632
 
 
-def _fwd_ws(bucket: int, causal: bool) -> KernelConfig:
-    # The Hopper pass partitions the loop only with num_warps=4 (it adds a producer and a second consumer group:
-    # 12 warps in all); tools/probe_warp_specialize.py. Unmeasured on the GPU.
-    return KernelConfig(128, 128 if not causal else 64, 4, 2)
-
-
-def _dq_ws(bucket: int) -> KernelConfig:
-    # The Hopper pass partitions a dQ loop at 64x64 tiles with 4 warps and fails at 128x64 (probe, bench/NOTES.md).
-    return KernelConfig(64, 64, 4, 2)
-
-
 def _dkdv(bucket: int, itemsize: int, shared_memory: int) -> KernelConfig:
     # KV-stationary: block_n keys stay in registers (k, v, dk, dv accumulators), block_m query rows stream.
     small = shared_memory < _FULL_BUDGET
@@ -140,20 +127,16 @@ def _dq(bucket: int, itemsize: int, shared_memory: int) -> KernelConfig:
 def table_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                  shared_memory: int) -> Optional[KernelConfig]:
     """The table's entry for a device with ``shared_memory`` bytes per block (opt-in maximum), None when even the
-    smallest entry needs more. kernel: 'fwd', 'fwd_ws' (the warp-specialized forward), 'dkdv', 'dq' or 'dq_ws'."""
+    smallest entry needs more. kernel: 'fwd', 'dkdv' or 'dq'."""
     if shared_memory < _SMALL_BUDGET:
         return None
     bucket, itemsize = head_dim_bucket(head_dim), dtype.itemsize
     if kernel == "fwd":
         return _fwd(bucket, itemsize, causal, shared_memory)
-    if kernel == "fwd_ws":
-        return _fwd_ws(bucket, causal)
     if kernel == "dkdv":
         return _dkdv(bucket, itemsize, shared_memory)
     if kernel == "dq":
         return _dq(bucket, itemsize, shared_memory)
-    if kernel == "dq_ws":
-        return _dq_ws(bucket)
     raise ValueError(f"unknown kernel {kernel!r}")
 
 

@@ -13,7 +13,14 @@ longest tiles out first and the short ones fill in at the end (greedy longest-pr
 (sequence, start) order.
 
 Cost on the host: three launches per list (``tile_slots_kernel``, one stable sort, one gather), whatever B is; the
-slot of a tile comes from the offsets directly (no prefix sum over the lengths), see ``tile_slots_kernel``.
+slot of a tile comes from the offsets directly (no prefix sum over the lengths), see ``tile_slots_kernel``. When every
+work item of the list runs at once (``one_wave``: items <= programs the GPU holds at a time, decided from shapes), the
+order cannot matter and no list is built: the kernels map their work item to its slot themselves (``slot_tile``) and
+skip padding slots (``tile_schedule`` chooses).
+
+Offset checks (``JFA_VALIDATE=async|deferred``) ride along: ``tile_slots_kernel`` (or the forward kernel, when there
+is no list) checks both offsets tensors and writes one flag; the list is empty when they are bad, and ``slot_tile``
+never yields a tile outside the tensors, so bad offsets make no kernel read or write out of bounds.
 """
 from __future__ import annotations
 
@@ -24,7 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import loop_bound
+from .common import loop_bound, num_sms
+from .launch import launch
+from .offset_checks import offsets_ok
 
 SLOT_CHUNK = 1024  # tile slots per program of tile_slots_kernel
 
@@ -37,11 +46,38 @@ class TileList:
     capacity: int  # shape-derived upper bound on count (host int)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "capacity", "search_steps", "lo_off", "hi_off"])
-def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, num_seqs, capacity, search_steps, lo_off, hi_off,
-                      BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, CHUNK: tl.constexpr):
+@triton.jit
+def slot_tile(OFF_S, OFF_O, t, num_seqs, search_steps, rows_s, rows_o, BLOCK: tl.constexpr):
+    """(sequence, first stationary row, real) of tile slot ``t`` (scalar) in ``tile_slots_kernel``'s slot layout.
+    real is False for padding slots and for a sequence whose offsets point outside the tensors (bad offsets under
+    JFA_VALIDATE=deferred reach the kernels: they must skip, never read or write out of bounds)."""
+    base = tl.load(OFF_S) // BLOCK
+    lo = t * 0  # invariant as in tile_slots_kernel: g(lo) <= t < g(hi)
+    hi = lo + num_seqs
+    for _ in range(0, loop_bound(search_steps)):
+        mid = (lo + hi) // 2
+        go_right = tl.load(OFF_S + mid) // BLOCK - base + mid <= t
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    begin_s = tl.load(OFF_S + lo)
+    end_s = tl.load(OFF_S + lo + 1)
+    begin_o = tl.load(OFF_O + lo)
+    end_o = tl.load(OFF_O + lo + 1)
+    start = (t - (begin_s // BLOCK - base + lo)) * BLOCK
+    real = (start >= 0) & (start < end_s - begin_s) & (begin_s >= 0) & (end_s <= rows_s) & (begin_o >= 0) \
+        & (begin_o <= end_o) & (end_o <= rows_o)
+    return lo, start.to(tl.int32), real
+
+
+@triton.jit(do_not_specialize=["num_seqs", "capacity", "search_steps", "lo_off", "hi_off", "rows_s", "rows_o",
+                               "max_s", "max_o"])
+def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, FLAG, num_seqs, capacity, search_steps, lo_off, hi_off,
+                      rows_s, rows_o, max_s, max_o, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
+                      HAS_HI: tl.constexpr, CHECK: tl.constexpr, CHUNK: tl.constexpr):
     """Unsorted tile slots: SLOTS[0, t] = sequence (-1: padding), SLOTS[1, t] = first row, COST[t] (-1: padding);
-    TILE_COUNT = number of real tiles. SLOTS is [2, capacity] int32, COST [capacity] int64.
+    TILE_COUNT = number of real tiles, 0 when the offsets are bad (rows_*: each side's row count; max_*: its
+    max_seqlen, < 0 for none); CHECK: also FLAG = 1 when they are good, else 0. SLOTS is [2, capacity] int32,
+    COST [capacity] int64.
 
     Sequence b owns the slots [g(b), g(b + 1)) with ``g(b) = off[b] // BLOCK - off[0] // BLOCK + b``: that range holds
     at least cdiv(L_b, BLOCK) slots (floor(end/BLOCK) - floor(begin/BLOCK) + 1 >= cdiv(end - begin, BLOCK)), and
@@ -82,51 +118,100 @@ def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, num_seqs, capacity,
     tl.store(SLOTS + t, tl.where(real, seq, -1), mask=in_range)
     tl.store(SLOTS + capacity + t, tl.where(real, start, 0).to(tl.int32), mask=in_range)
     tl.store(COST + t, cost, mask=in_range)
-    if pid == 0:  # the real count: sum of cdiv(L_b, BLOCK)
+    if pid == 0:  # the real count (sum of cdiv(L_b, BLOCK)), and the offset checks
         total = tl.zeros([CHUNK], tl.int32)
         for b0 in range(0, loop_bound(num_seqs), CHUNK):
             b = b0 + tl.arange(0, CHUNK)
             ok = b < num_seqs
             n = tl.load(OFF_S + b + 1, mask=ok, other=0) - tl.load(OFF_S + b, mask=ok, other=0)
             total += (n + BLOCK - 1) // BLOCK
-        tl.store(TILE_COUNT, tl.sum(total, 0))
+        valid = offsets_ok(OFF_S, num_seqs, rows_s, max_s, CHUNK) & offsets_ok(OFF_O, num_seqs, rows_o, max_o, CHUNK)
+        tl.store(TILE_COUNT, tl.where(valid, tl.sum(total, 0), 0))
+        if CHECK:
+            tl.store(FLAG, valid.to(tl.int32))
 
 
-def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, total_rows: int, block: int,
-                lo_off: int, hi_off: int, has_lo: bool, has_hi: bool) -> TileList:
+def capacity_of(total_rows: int, block: int, num_seqs: int) -> int:
+    """Slots of a tile list (an upper bound on its tiles), rounded up to 4 so that the second row of the
+    [2, capacity] slots stays 16-byte aligned whatever the lengths (launch.py keys on pointer alignment)."""
+    return -(-((total_rows + block - 1) // block + num_seqs) // 4) * 4
+
+
+def one_wave(max_items: int, programs_per_sm: int, device: torch.device) -> bool:
+    """Every item runs at once (at most the programs the GPU holds at a time: ``programs_per_sm`` is a lower bound
+    on a config's occupancy): then the order of the list cannot matter. From shapes only, never a sync."""
+    return max_items <= num_sms(device) * programs_per_sm
+
+
+def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int, rows_o: int, block: int,
+                lo_off: int, hi_off: int, has_lo: bool, has_hi: bool, flag=None, max_s: int = -1,
+                max_o: int = -1) -> TileList:
     """Tiles over the stationary side (queries for forward/dQ, keys for dK/dV), longest first.
 
     A stationary position ``s`` of a sequence sees the other side's positions ``o`` with
     ``s + lo_off + diag <= o <= s + hi_off + diag`` with ``diag = L_other - L_stationary`` (each bound only if
     present; the bottom-right alignment of FlashAttention), clipped to ``[0, L_other)``. The tile cost is (rows in
     the tile) x (other-side positions its rows can see). Offsets: [B + 1] int32 (int64 works, another compile).
+    ``flag``: a [1] int32 tensor the offset check writes (1: valid); rows_*/max_*: what the offsets are checked
+    against (the list is empty when they are bad, flag or not).
     """
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
-    capacity = (total_rows + block - 1) // block + num_seqs
+    capacity = capacity_of(rows_s, block, num_seqs)
     if num_seqs <= 0:
         return _padding_tiles(capacity, device)
     slots = torch.empty((2, capacity), dtype=torch.int32, device=device)  # unsorted (seq, start)
     cost = torch.empty((capacity,), dtype=torch.int64, device=device)
     count = torch.empty((1,), dtype=torch.int32, device=device)
-    tile_slots_kernel[(triton.cdiv(capacity, SLOT_CHUNK),)](
-        stationary_offsets, other_offsets, slots, cost, count, num_seqs, capacity, (num_seqs - 1).bit_length(),
-        lo_off, hi_off, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHUNK=SLOT_CHUNK, num_warps=4, num_stages=1)
+    launch(tile_slots_kernel, (triton.cdiv(capacity, SLOT_CHUNK),), dict(
+        OFF_S=stationary_offsets, OFF_O=other_offsets, SLOTS=slots, COST=cost, TILE_COUNT=count,
+        FLAG=count if flag is None else flag, num_seqs=num_seqs, capacity=capacity,
+        search_steps=(num_seqs - 1).bit_length(), lo_off=lo_off, hi_off=hi_off, rows_s=rows_s, rows_o=rows_o,
+        max_s=max_s, max_o=max_o, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=flag is not None,
+        CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
     order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
     seq, start = slots.index_select(1, order)
     return TileList(seq, start, count, capacity)
 
 
-def forward_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_q: int, block_m: int, window_left: int,
-                  right: int, has_left: bool, has_right: bool) -> TileList:
+def forward_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_q: int, total_kv: int, block_m: int,
+                  window_left: int, right: int, has_left: bool, has_right: bool, **check) -> TileList:
     """Query tiles. Row i sees keys j with i + diag - window_left <= j <= i + diag + right, diag = L_k - L_q."""
-    return build_tiles(q_offsets, kv_offsets, total_q, block_m, -window_left, right, has_left, has_right)
+    return build_tiles(q_offsets, kv_offsets, total_q, total_kv, block_m, -window_left, right, has_left, has_right,
+                       **check)
 
 
-def kv_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_kv: int, block_n: int, window_left: int,
-             right: int, has_left: bool, has_right: bool) -> TileList:
+def kv_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_q: int, total_kv: int, block_n: int,
+             window_left: int, right: int, has_left: bool, has_right: bool) -> TileList:
     """Key tiles. Key j is seen by rows i with j - diag - right <= i <= j - diag + window_left (diag = L_k - L_q)."""
-    return build_tiles(kv_offsets, q_offsets, total_kv, block_n, -right, window_left, has_right, has_left)
+    return build_tiles(kv_offsets, q_offsets, total_kv, total_q, block_n, -right, window_left, has_right, has_left)
+
+
+def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int,
+                  rows_o: int, block: int, heads: int, kind: str, programs_per_sm: int, device: torch.device,
+                  **check):
+    """(programs, the scheduling arguments of a work-loop kernel) for tiles of ``block`` stationary rows x ``heads``.
+
+    One wave (``one_wave``, ``KNOBS.one_wave_unsorted``): no list, the kernel maps items to slots itself
+    (TILES_FROM_OFFSETS; the pointers are placeholders); else ``tiles_fn()`` builds the sorted list (with the offset
+    check in ``check`` folded into it)."""
+    from .common import launch_schedule
+    from .configs import KNOBS
+
+    num_seqs = other_offsets.numel() - 1
+    capacity = capacity_of(rows_s, block, num_seqs)
+    from_offsets = KNOBS.one_wave_unsorted and one_wave(capacity * heads, programs_per_sm, device) and num_seqs > 0
+    if from_offsets:
+        seq = start = count = stationary_offsets
+    else:
+        tiles = tiles_fn(**check)
+        seq, start, count, capacity = tiles.seq, tiles.start, tiles.count, tiles.capacity
+    programs, counter = launch_schedule(kind, capacity * heads, programs_per_sm, device)
+    return programs, dict(TILE_SEQ=seq, TILE_START=start, TILE_COUNT=count,
+                          WORK_COUNTER=count if counter is None else counter, n_slots=capacity,
+                          search_steps=max(num_seqs - 1, 0).bit_length(), num_seqs=max(num_seqs, 0),
+                          rows_s=rows_s, rows_o=rows_o, ATOMIC_WORK=counter is not None,
+                          TILES_FROM_OFFSETS=from_offsets)
 
 
 # ------------------------------------------------------------------------------ lists that depend on shapes only

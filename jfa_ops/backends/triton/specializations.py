@@ -42,12 +42,12 @@ def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast
 
 def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, has_left: bool = False,
                    broadcast_q: bool = False, atomic: bool = False, fused_dq=None, atomic_work=None,
-                   warp_specialize: bool = False, cc: int = 90) -> Specialization:
+                   from_offsets: bool = False, check: bool = False, cc: int = 90) -> Specialization:
     """fused_dq (dkdv only): the pass with dQ atomics (TMA reductions where attn_fwd.use_tma holds on sm_90), else
     the one that leaves dQ to the dq kernel; None: what non-deterministic mode runs (configs.KNOBS).
     atomic_work: work items from an atomic counter (schedule "atomic"); None: as configs.KNOBS says.
-    warp_specialize (fwd, dq): the warp-specialized variant (configs.KNOBS.fwd_warp_specialize,
-    bwd_dq_warp_specialize). cc: the target architecture (80, 86, 89 or 90: configs.SHARED_MEMORY_LIMITS)."""
+    from_offsets (fwd, dkdv, dq): the one-wave schedule (work items mapped to slots in the kernel); check (fwd): with
+    the folded offset check. cc: the target architecture (80, 86, 89 or 90: configs.SHARED_MEMORY_LIMITS)."""
     if fused_dq is None:
         fused_dq = KNOBS.bcast_fused_dq if broadcast_q else KNOBS.bwd_fused_dq
     from . import attn_bwd, attn_fwd
@@ -58,11 +58,11 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     ptr = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "DOut": f"*{dt}", "DK": f"*{dt}",
            "DV": f"*{dt}", "Lse": "*fp32", "Delta": "*fp32", "GradLse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32",
            "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32", "qk_scale": "fp32", "scale": "fp32",
-           "DQ": "*fp32" if broadcast_q else f"*{dt}", "WORK_COUNTER": "*i32"}
+           "DQ": "*fp32" if broadcast_q else f"*{dt}", "WORK_COUNTER": "*i32", "FLAG": "*i32", "ZEROED": "*fp32"}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-atomic' if atomic else ''}" \
            f"{'-fuseddq' if kernel == 'dkdv' and fused_dq else ''}{'-atomicwork' if atomic_work else ''}" \
-           f"{'-warpspec' if warp_specialize else ''}"
+           f"{'-fromoffsets' if from_offsets else ''}{'-check' if check else ''}"
     if kernel == "finalize":
         fn = attn_bwd.attn_bwd_dq_finalize_kernel
         ptr.update(DQ_ACC="*fp32", DQ=f"*{dt}")
@@ -71,15 +71,15 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     elif kernel == "delta":
         fn = attn_bwd.attn_bwd_delta_kernel
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim,
-                          BLOCK_T=attn_bwd.DELTA_BLOCK_T, HAS_GRAD_LSE=True)
+                          BLOCK_T=attn_bwd.DELTA_BLOCK_T, HAS_GRAD_LSE=True, ZERO=broadcast_q)
         module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_delta_kernel", 4, 1
     else:
-        table_kernel = kernel + "_ws" if warp_specialize else kernel
-        cfg = table_config(table_kernel, head_dim, dtype, causal, SHARED_MEMORY_LIMITS[cc])
+        cfg = table_config(kernel, head_dim, dtype, causal, SHARED_MEMORY_LIMITS[cc])
         constexprs = _attn_constexprs(head_dim, cfg, has_left, causal, broadcast_q, dtype)
         if atomic_work is None:
             atomic_work = (KNOBS.fwd_schedule if kernel == "fwd" else KNOBS.bwd_schedule) == "atomic"
         constexprs["ATOMIC_WORK"] = atomic_work
+        constexprs["TILES_FROM_OFFSETS"] = from_offsets
         # as attn_fwd.use_tma decides (sm_90+ only)
         use_tma = (cc >= 90 and dtype != torch.float32 and not constexprs["PAD_D"]
                    and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
@@ -88,9 +88,7 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
             constexprs["USE_TMA"] = use_tma
             if constexprs["USE_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
-            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major, WARP_SPECIALIZE=warp_specialize)
-            if warp_specialize:
-                ptr["Q"] = f"tensordesc<{dt}[{cfg.block_m},{head_dim}]>"
+            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major, CHECK_OFFSETS=check)
         elif kernel == "dkdv":
             fn, module, attr = attn_bwd.attn_bwd_dkdv_kernel, attn_bwd.__name__, "attn_bwd_dkdv_kernel"
             tma = fused_dq and KNOBS.bwd_dq_tma and use_tma
@@ -102,10 +100,7 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                 "*fp32" if fused_dq else f"*{dt}")  # unfused: a dummy pointer (dk)
         else:
             fn, module, attr = attn_bwd.attn_bwd_dq_kernel, attn_bwd.__name__, "attn_bwd_dq_kernel"
-            constexprs.update(ATOMIC=atomic, KV_TMA=(KNOBS.bwd_tma and use_tma) or warp_specialize,
-                              WARP_SPECIALIZE=warp_specialize)
-            if warp_specialize:
-                ptr["Q"] = ptr["DOut"] = f"tensordesc<{dt}[{cfg.block_m},{head_dim}]>"
+            constexprs.update(ATOMIC=atomic, KV_TMA=KNOBS.bwd_tma and use_tma)
             if constexprs["KV_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
         warps, stages = cfg.num_warps, cfg.num_stages
@@ -123,26 +118,13 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
     from . import scheduling
 
     fn = scheduling.tile_slots_kernel
-    constexprs = dict(BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHUNK=scheduling.SLOT_CHUNK)
+    constexprs = dict(BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=has_hi, CHUNK=scheduling.SLOT_CHUNK)
     sig = _sig(list(fn.arg_names), {"OFF_S": "*i32", "OFF_O": "*i32", "SLOTS": "*i32", "COST": "*i64",
-                                    "TILE_COUNT": "*i32"})
+                                    "TILE_COUNT": "*i32", "FLAG": "*i32"})
     sig.update({c: "constexpr" for c in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}"
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
-
-
-def offsets_check_specialization(has_b: bool) -> Specialization:
-    """The async offset check (jfa_ops.offset_checks) as validation launches it on CUDA (int32 offsets)."""
-    from jfa_ops import offset_checks
-
-    fn = offset_checks.offsets_ok_kernel
-    constexprs = dict(HAS_MAX_A=True, HAS_B=has_b, HAS_MAX_B=True, BLOCK=offset_checks.CHECK_BLOCK)
-    sig = _sig(list(fn.arg_names), {"OFF_A": "*i32", "OFF_B": "*i32", "OK": "*i1"})
-    sig.update({c: "constexpr" for c in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
-    return Specialization(f"offsets-check{'-pair' if has_b else ''}", "offsets_ok_kernel", offset_checks.__name__,
-                          sig, constexprs, attrs, 4, 1)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
@@ -191,18 +173,11 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     yield specialization("finalize", 128, torch.bfloat16, False)
     yield specialization("delta", 128, torch.bfloat16, False)
     yield specialization("delta", 40, torch.float16, False)
+    yield specialization("delta", 128, torch.bfloat16, False, broadcast_q=True)  # zeroes the fp32 dQ accumulator
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
-    from .attn_fwd import WARP_SPECIALIZE_OK
-
-    if WARP_SPECIALIZE_OK:  # the warp-specialized forward (configs.KNOBS.fwd_warp_specialize), where it compiles
-        for causal in (False, True):
-            yield specialization("fwd", 128, torch.bfloat16, causal, warp_specialize=True)
-        yield specialization("fwd", 64, torch.float16, False, has_left=True, broadcast_q=True, warp_specialize=True)
-        for causal in (False, True):  # and the warp-specialized dQ pass (configs.KNOBS.bwd_dq_warp_specialize)
-            yield specialization("dq", 128, torch.bfloat16, causal, warp_specialize=True)
+    for kernel in ("fwd", "dkdv", "dq"):  # the one-wave schedule (no sorted list), the forward with its check
+        yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
         yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
-    for has_b in (False, True):
-        yield offsets_check_specialization(has_b)

@@ -1,0 +1,121 @@
+"""One launch path for every GPU kernel of the package: arguments by name, compiled kernels cached per specialization
+key, launched directly through the compiled kernel's launcher.
+
+Why: ``kernel[grid](*args)`` makes Triton bind and specialize every argument on every call (tens of microseconds for
+~40 arguments, most of a small call's host time). Here the first call of a *specialization key* goes through that
+path (compiling if needed) and caches the ``CompiledKernel`` it returns; later calls with the same key go straight
+to ``CompiledKernel.run`` (the launcher Triton itself calls at the end of ``JITFunction.run``; same signature in Triton
+3.6 and 3.9: grid, stream, function, packed metadata, launch metadata, enter/exit hooks, then every argument in the
+kernel's order, constexprs included).
+
+The key is Triton's own specialization of each argument (``native_specialize_impl``, the C++ function its binder
+calls: dtype and 16-byte alignment of pointers, ints == 1 / divisible by 16 / their width, descriptor types), plus
+the constexpr values, the launch options and the current device; what is skipped is the rest of Triton's per-call
+work (binding, option parsing, cache-key strings, global checks). ``JFA_LAUNCH_VERIFY=1`` checks every direct launch
+against the binary Triton's JIT picks (the GPU suite runs with it).
+
+Arguments are passed by name (``launch(kernel, grid, args)`` with ``args`` a dict): the names must be exactly the
+kernel's parameters, so a swapped or missing stride fails with a TypeError instead of compiling. Under
+``TRITON_INTERPRET=1`` every call goes through ``kernel[grid](**args)``.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Dict, Tuple
+
+import torch
+from triton import knobs
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+from .configs import interpreting
+
+LAUNCHES: collections.Counter = collections.Counter()  # launches per kernel name through launch() (tests count them)
+VERIFY = os.environ.get("JFA_LAUNCH_VERIFY", "0") == "1"
+
+
+class _KernelInfo:
+    """Per kernel, built once: its parameter names and ``bind(args) -> (values in order, key)``, generated code (as
+    Triton's own binder is) so that a launch costs one call and no loop in Python."""
+
+    def __init__(self, kernel):
+        self.name = kernel.fn.__name__
+        self.names = tuple(kernel.arg_names)
+        self.name_set = frozenset(self.names)
+        params = getattr(kernel, "params", None)  # None under the interpreter: no keys there
+        values = ", ".join(f"args[{n!r}]" for n in self.names)
+        keys = ", ".join(
+            f"args[{p.name!r}]" if p.is_constexpr else
+            f"spec(B, args[{p.name!r}], False, {not p.do_not_specialize}, {not p.do_not_specialize_on_alignment})"
+            for p in params or ())
+        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
+        exec(f"def bind(args):\n    return ({values},), ({keys}{',' if keys else ''})\n", namespace)  # noqa: S102 (our own names)
+        self._bind = namespace["bind"]
+
+    def bind(self, args: Dict[str, object]):
+        """(argument values in the kernel's order, their specialization); TypeError naming missing/unknown names."""
+        if len(args) == len(self.names):
+            try:
+                return self._bind(args)
+            except KeyError:
+                pass
+        missing = [n for n in self.names if n not in args]
+        unknown = [n for n in args if n not in self.name_set]
+        raise TypeError(f"{self.name}: arguments do not match its parameters (missing {missing}, unknown {unknown})")
+
+
+_INFO: Dict[int, _KernelInfo] = {}  # by id(kernel): kernels live as long as their modules
+_COMPILED: Dict[tuple, object] = {}
+
+
+def _info(kernel) -> _KernelInfo:
+    info = _INFO.get(id(kernel))  # by id: a JITFunction's own __hash__ goes through its source hash
+    if info is None:
+        info = _INFO[id(kernel)] = _KernelInfo(kernel)
+    return info
+
+
+def specialization_key(kernel, args: Dict[str, object], options: Dict[str, object], device: int = 0):
+    """(cache key, argument values in order) of one launch, as ``launch`` computes them (public for tests)."""
+    values, spec = _info(kernel).bind(args)
+    return (id(kernel), device, tuple(options.items()), spec), values
+
+
+def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) -> None:
+    """Launch ``kernel`` (a ``triton.jit`` function) on ``grid`` with ``args`` by name and launch ``options``
+    (num_warps, num_stages, ...), on the current CUDA device and stream."""
+    info = _info(kernel)
+    LAUNCHES[info.name] += 1
+    values, spec = info.bind(args)
+    if interpreting():
+        kernel[grid](*values, **options)
+        return
+    device = torch.cuda.current_device()
+    key = (id(kernel), device, tuple(options.items()), spec)
+    compiled = _COMPILED.get(key)
+    if compiled is None:  # first call of this key: Triton binds, specializes, compiles (or loads) and launches
+        compiled = kernel[grid](*values, **options)
+        if hasattr(compiled, "packed_metadata"):
+            _COMPILED[key] = compiled
+        return
+    if VERIFY:
+        _verify(kernel, compiled, grid, values, options)
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    grid_1 = grid[1] if len(grid) > 1 else 1
+    grid_2 = grid[2] if len(grid) > 2 else 1
+    compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *values), knobs.runtime.launch_enter_hook,
+                 knobs.runtime.launch_exit_hook, *values)
+
+
+def _verify(kernel, compiled, grid, values, options) -> None:
+    """The binary Triton's JIT would pick for these arguments must be the cached one."""
+    expected = kernel.warmup(*values, grid=grid, **options)
+    if getattr(expected, "hash", None) != compiled.hash:
+        raise RuntimeError(f"launch cache picked {compiled.hash} for {kernel.fn.__name__}, Triton picks "
+                           f"{getattr(expected, 'hash', None)}: the specialization key misses something")
+
+
+def clear_cache() -> None:
+    _COMPILED.clear()

@@ -1,0 +1,203 @@
+"""The shared launch path (jfa_ops/backends/triton/launch.py): specialization keys, arguments by name, the direct
+launch of a cached compiled kernel. CPU only (the keys are computed for real ``JITFunction``s of our kernels; the
+GPU side of the direct launch is covered by the GPU suite under JFA_LAUNCH_VERIFY=1)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from jfa_ops.backends.base import AttentionParams  # noqa: E402
+from jfa_ops.backends import triton as tb  # noqa: E402
+from jfa_ops.backends.triton import attn_fwd, launch  # noqa: E402
+
+
+def _forward_args(monkeypatch, lengths, dtype=torch.float16, causal=True, head_dim=64):
+    """The keyword arguments of the attention kernel's launch for one forward call (run in the interpreter)."""
+    seen = []
+    real = attn_fwd.launch
+
+    def spy(kernel, grid, args, **options):
+        if kernel is attn_fwd.attn_fwd_kernel:
+            seen.append((dict(args), options))
+        return real(kernel, grid, args, **options)
+
+    monkeypatch.setattr(attn_fwd, "launch", spy)
+    off = torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(int(off[-1]), 2, head_dim).to(dtype) for _ in range(3))
+    tb.forward(q, k, v, off, off, AttentionParams(scale=0.125, causal=causal))
+    (args, options), = seen
+    return args, options
+
+
+def _compiled_kernel():
+    """The forward kernel's parameters as a real (non-interpreted) JITFunction sees them: names and KernelParams."""
+    import inspect
+    import types
+
+    from triton.runtime.jit import KernelParam
+
+    k = attn_fwd.attn_fwd_kernel
+    if not hasattr(k, "kwargs"):  # a real JITFunction (GPU run)
+        return k
+    skip = set(k.kwargs.get("do_not_specialize") or ())
+    params = [KernelParam(i, p, p.name in skip, False)
+              for i, p in enumerate(inspect.signature(k.fn).parameters.values())]
+    return types.new_class("Kernel", exec_body=lambda ns: ns.update(fn=k.fn, arg_names=k.arg_names, params=params))()
+
+
+def _key(kernel, args, options):
+    return launch.specialization_key(kernel, args, options)[0]
+
+
+def test_same_shapes_other_lengths_same_key(monkeypatch):
+    kernel = _compiled_kernel()
+    a = _key(kernel, *_forward_args(monkeypatch, [30, 5, 0, 29]))
+    b = _key(kernel, *_forward_args(monkeypatch, [1, 60, 2, 1]))
+    c = _key(kernel, *_forward_args(monkeypatch, [7, 50]))  # another batch size and total: no recompile either
+    assert a == b == c
+
+
+def test_key_changes_with_what_triton_specializes(monkeypatch):
+    kernel = _compiled_kernel()
+    args, options = _forward_args(monkeypatch, [30, 5])
+    base = _key(kernel, args, options)
+    q = args["Q"]
+    misaligned = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2-byte offset: not 16-aligned
+    variants = {
+        "dtype": _key(kernel, *_forward_args(monkeypatch, [30, 5], dtype=torch.float32)),
+        "constexpr": _key(kernel, *_forward_args(monkeypatch, [30, 5], causal=False)),
+        "head_dim": _key(kernel, *_forward_args(monkeypatch, [30, 5], head_dim=32)),
+        "alignment": _key(kernel, dict(args, Q=misaligned), options),
+        "stride divisibility": _key(kernel, dict(args, stride_qt=args["stride_qt"] + 8), options),
+        "stride == 1": _key(kernel, dict(args, stride_kh=1), options),
+        "num_warps": _key(kernel, args, dict(options, num_warps=options["num_warps"] * 2)),
+    }
+    assert all(v != base for v in variants.values()), [n for n, v in variants.items() if v == base]
+    # do_not_specialize ints only matter by their integer width
+    assert _key(kernel, dict(args, total_out=args["total_out"] + 1), options) == base
+    assert _key(kernel, dict(args, total_out=2 ** 40), options) != base
+    assert _key(kernel, dict(args, total_out=1), options) == base  # a specialized 1 would be a constant
+
+
+def test_arguments_by_name_only(monkeypatch):
+    args, options = _forward_args(monkeypatch, [30, 5])
+    kernel = attn_fwd.attn_fwd_kernel
+    missing = dict(args)
+    del missing["stride_qt"]
+    with pytest.raises(TypeError, match="missing \\['stride_qt'\\]"):
+        launch.launch(kernel, (1,), missing, **options)
+    with pytest.raises(TypeError, match="unknown \\['stride_qx'\\]"):
+        launch.launch(kernel, (1,), dict(args, stride_qx=1), **options)
+
+
+def test_direct_launch_reuses_the_compiled_kernel(monkeypatch):
+    """First call of a key: Triton's path, its CompiledKernel cached; next call with the same key: straight to
+    CompiledKernel.run with every argument in the kernel's order; another key: Triton's path again."""
+    calls = []
+
+    class Compiled:
+        packed_metadata, function, hash = "meta", "fn", "h"
+
+        def launch_metadata(self, grid, stream, *args):
+            return None
+
+        def run(self, *a):
+            calls.append(("direct",) + a)
+
+    class Kernel:  # the JITFunction surface launch() uses
+        fn = type("F", (), {"__name__": "k"})
+        arg_names = ["X", "n", "B"]
+        params = [type("P", (), dict(name=n, is_constexpr=c, do_not_specialize=d,
+                                     do_not_specialize_on_alignment=False))()
+                  for n, c, d in (("X", False, False), ("n", False, True), ("B", True, False))]
+
+        def __getitem__(self, grid):
+            def run(*args, **options):
+                calls.append(("jit", grid) + args)
+                return Compiled()
+            return run
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    launch.clear_cache()
+    kernel, x = Kernel(), torch.zeros(8)
+    launch.launch(kernel, (3,), dict(n=5, B=16, X=x), num_warps=4)
+    launch.launch(kernel, (4, 2), dict(B=16, X=x, n=9), num_warps=4)
+    launch.launch(kernel, (4,), dict(B=32, X=x, n=9), num_warps=4)
+    assert [c[0] for c in calls] == ["jit", "direct", "jit"]
+    assert calls[1][:5] == ("direct", 4, 2, 1, 7) and calls[1][-3:] == (x, 9, 16)
+    launch.clear_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------- GPU
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _tiny_batch(dtype=torch.bfloat16, head_dim=128, heads=8):
+    """The bench's overhead case: B=4, lengths <= 64, causal."""
+    lens = [64, 17, 1, 40]
+    off = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lens), heads, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    return q, k, v, off
+
+
+def _gpu_activities(fn) -> list:
+    """Names of the GPU activities (kernels, memsets, copies) that torch.profiler records during fn()."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_launch_counts_gpu(monkeypatch):
+    """Issue 9's aims, so that the count cannot creep back: a small eager forward launches <= 2 kernels with the
+    default validation (attention + the offset check's assert), its backward <= 4 (delta, dK/dV, dQ)."""
+    import jfa_ops
+
+    monkeypatch.delenv("JFA_VALIDATE", raising=False)
+    q, k, v, off = _tiny_batch()
+    grad = torch.randn_like(q)
+
+    def forward():
+        return jfa_ops.jagged_attention(q, k, v, off, off, 64, 64, causal=True, backend="triton")
+
+    out = forward()
+    torch.autograd.grad(out, (q, k, v), grad)  # compile and cache everything first
+    fwd = _gpu_activities(forward)
+    out = forward()
+    bwd = _gpu_activities(lambda: torch.autograd.grad(out, (q, k, v), grad))
+    assert len(fwd) <= 2 and len(bwd) <= 4, (fwd, bwd)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 40), (torch.float32, 64)])
+def test_direct_launches_match_triton_choice_gpu(monkeypatch, dtype, head_dim):
+    """Every direct launch runs the binary Triton's JIT picks for its arguments (launch.VERIFY), across dtypes,
+    padded head dims, aligned and misaligned slices of a fused projection, and both schedules (one wave, sorted)."""
+    import jfa_ops
+    from jfa_ops.backends.triton import configs
+
+    monkeypatch.setattr(launch, "VERIFY", True)
+    lens = [64, 17, 1, 40]
+    off = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    for unsorted in (True, False):  # one wave (no lists), then sorted lists
+        monkeypatch.setattr(configs.KNOBS, "one_wave_unsorted", unsorted)
+        for fused_offset in (0, 1):  # q/k/v as slices of one projection; offset 1: not 16-byte aligned
+            proj = torch.randn(sum(lens) * 3 * 4 * head_dim + fused_offset, device="cuda", dtype=dtype)
+            q, k, v = proj[fused_offset:].view(sum(lens), 3, 4, head_dim).unbind(1)
+            q, k, v = (t.requires_grad_() for t in (q.detach(), k.detach(), v.detach()))
+            ref = jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="reference")
+            ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+            for _ in range(2):  # the first call caches, the second launches directly (and is verified)
+                out = jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton")
+                grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+                for got, want in zip((out,) + grads, (ref,) + ref_grads):
+                    assert (got.float() - want.float()).norm() <= 3e-2 * want.float().norm()
