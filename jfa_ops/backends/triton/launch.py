@@ -76,10 +76,14 @@ def _info(kernel) -> _KernelInfo:
     return info
 
 
+def _cache_key(kernel, device: int, options: Dict[str, object], spec: tuple) -> tuple:
+    return id(kernel), device, tuple(options.items()), spec
+
+
 def specialization_key(kernel, args: Dict[str, object], options: Dict[str, object], device: int = 0):
     """(cache key, argument values in order) of one launch, as ``launch`` computes them (public for tests)."""
     values, spec = _info(kernel).bind(args)
-    return (id(kernel), device, tuple(options.items()), spec), values
+    return _cache_key(kernel, device, options, spec), values
 
 
 def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) -> None:
@@ -92,7 +96,7 @@ def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) ->
         kernel[grid](*values, **options)
         return
     device = torch.cuda.current_device()
-    key = (id(kernel), device, tuple(options.items()), spec)
+    key = _cache_key(kernel, device, options, spec)
     compiled = _COMPILED.get(key)
     if compiled is None:  # first call of this key: Triton binds, specializes, compiles (or loads) and launches
         compiled = kernel[grid](*values, **options)
