@@ -91,14 +91,24 @@ def jagged_attention(
     meta_kernels.check_options(scale, causal, window, broadcast_q, deterministic, max_seqlen_q, max_seqlen_kv)
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
-    out, lse = torch.ops.jfa.attention(
-        q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv,
-        scale=None if scale is None else float(scale), causal=causal, window_left=window[0], window_right=window[1],
-        broadcast_q=broadcast_q, deterministic=deterministic, backend=backend,
-    )
+    args = (q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv)
+    options = dict(scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
+                   window_right=window[1], broadcast_q=broadcast_q, deterministic=deterministic, backend=backend)
+    if _records_autograd(q, k, v):
+        out, lse = torch.ops.jfa.attention.default(*args, **options)
+    else:  # inference: skip the custom op's autograd kernel (a Python layer that would only redispatch)
+        with torch._C._AutoDispatchBelowAutograd():
+            out, lse = torch.ops.jfa.attention.default(*args, **options)
     if njt_offsets is not None:
         out = torch.nested.nested_tensor_from_jagged(out, njt_offsets)
     return (out, lse) if return_lse else out
+
+
+def _records_autograd(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """True when the call must go through the op's autograd kernel: grad mode on and an input requiring grad, or
+    inside torch.compile (dynamo traces the op as is)."""
+    return torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                          or v.requires_grad))
 
 
 def check_njt_layout(name: str, t: Tensor, layout: str = "[B, j, H, D]") -> None:
