@@ -35,6 +35,7 @@ from jfa_ops.backends import AttentionParams, Problem, get_backend, unavailable_
 
 __all__ = [
     "TOLERANCES", "LSE_TOLERANCE", "tolerance", "visible_mask", "reference_attention", "row_visibility",
+    "reference_block_selection", "block_sparse_masks", "BlockSparseCase", "check_block_sparse_case",
     "assert_attention_close", "AttentionCase", "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
     "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
     "mx_shared_exponent_spec", "e4m3_round_spec", "mx_quantize_spec", "mx_dequantize_spec", "mx_round_trip_spec",
@@ -142,10 +143,13 @@ _visible = visible_mask  # the old private name (tests/backends/test_reference.p
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
                         scale: Optional[float] = None, causal: bool = False, window: Sequence[int] = (-1, -1),
-                        broadcast_q: bool = False) -> Tuple[Tensor, Tensor]:
+                        broadcast_q: bool = False, block_masks: Optional[Sequence[Tensor]] = None
+                        ) -> Tuple[Tensor, Tensor]:
     """Float64 oracle: (out [T_q, Hq, D] float64, lse [Hq, T_q] float64), differentiable w.r.t. q, k, v.
 
-    One plain softmax per sequence over the visible keys, q head h reading kv head h // (Hq // Hkv). A row that sees
+    One plain softmax per sequence over the visible keys, q head h reading kv head h // (Hq // Hkv).
+    ``block_masks`` (block-sparse attention): one [Hkv, L_q, L_kv] bool per sequence (``block_sparse_masks``) that
+    further restricts which keys each query sees. A row that sees
     no key gives out 0 and lse -inf, with zero (never NaN) gradients. Non-finite inputs propagate as in SDPA: a NaN or
     +inf visible score gives NaN out and lse; visible scores all -inf give 0 and -inf; inf in v gives inf/NaN out.
     """
@@ -161,6 +165,8 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Ten
         ks = k64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)  # [Lk, Hq, D]
         vs = v64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
         visible = visible_mask(qs.shape[0], ks.shape[0], causal, window).to(q.device)  # [Lq, Lk]
+        if block_masks is not None:  # [Hq, Lq, Lk]: q head h uses kv head h // group's blocks
+            visible = visible & block_masks[b].to(q.device).repeat_interleave(group, dim=0)
         scores = torch.einsum("ihd,jhd->hij", qs, ks) * scale  # [Hq, Lq, Lk]
         scores = scores.masked_fill(~visible, -math.inf)
         # A row with no visible key, or whose visible scores are all -inf, has no softmax mass: out 0, lse -inf, zero
@@ -175,6 +181,73 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Ten
     if not outs:  # no sequences
         return q64.new_zeros(0, heads_q, head_dim), q64.new_zeros(heads_q, 0)
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def reference_block_selection(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                              block_q: int, block_kv: int, n_q_blocks: int, n_kv_blocks: int,
+                              keep_ratio: float = 0.5, top_k: Optional[int] = None, causal: bool = False,
+                              window: Sequence[int] = (-1, -1), broadcast_q: bool = False,
+                              always_local: bool = True) -> Tuple[Tensor, Tensor]:
+    """Float64 oracle of ``select_kv_blocks``, written from its documentation with plain loops: (kv_block_index
+    [B, Hkv, n_q_blocks, n_kv_blocks] int32, kv_block_count [B, Hkv, n_q_blocks] int32) on CPU.
+
+    Per sequence, kv head, Q block: the mean of the block's query rows over the group's heads, dotted with each
+    KV block's mean key; the visible blocks (any query of the block sees any key, ``visible_mask``) ranked by score,
+    ties to the lower index, the local block (diagonal key of the block's last row) first when ``always_local``;
+    keep ``ceil(keep_ratio * n)`` (or ``min(top_k, n)``), report ascending."""
+    heads_kv = k.shape[1]
+    group = q.shape[1] // heads_kv
+    batch = kv_offsets.shape[0] - 1
+    index = torch.full((batch, heads_kv, n_q_blocks, n_kv_blocks), -1, dtype=torch.int32)
+    count = torch.zeros((batch, heads_kv, n_q_blocks), dtype=torch.int32)
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    q64, k64 = q.detach().cpu().double(), k.detach().cpu().double()
+    for b in range(batch):
+        qs = q64 if broadcast_q else q64[q_bounds[b]:q_bounds[b + 1]]
+        ks = k64[kv_bounds[b]:kv_bounds[b + 1]]
+        lq, lk = qs.shape[0], ks.shape[0]
+        visible = visible_mask(lq, lk, causal, window)
+        for i in range(math.ceil(lq / block_q)):
+            rows = slice(i * block_q, min((i + 1) * block_q, lq))
+            diagonal = min(max(rows.stop - 1 + lk - lq, 0), max(lk - 1, 0))
+            for h in range(heads_kv):
+                pooled_q = qs[rows, h * group:(h + 1) * group].mean(dim=(0, 1))
+                scores = {}
+                for j in range(math.ceil(lk / block_kv)):
+                    cols = slice(j * block_kv, min((j + 1) * block_kv, lk))
+                    if visible[rows, cols].any():
+                        scores[j] = float(pooled_q @ ks[cols, h].mean(dim=0))
+                n = len(scores)
+                keep = min(top_k, n) if top_k is not None else min(n, math.ceil(keep_ratio * n - 1e-9))
+                ranked = sorted(scores, key=lambda j: (not (always_local and j == diagonal // block_kv), -scores[j],
+                                                       j))
+                chosen = sorted(ranked[:keep])
+                index[b, h, i, :len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+                count[b, h, i] = len(chosen)
+    return index, count
+
+
+def block_sparse_masks(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets: Optional[Tensor],
+                       kv_offsets: Tensor, *, block_q: int, block_kv: int, broadcast_q: bool = False,
+                       q_rows: Optional[int] = None) -> List[Tensor]:
+    """Per sequence, the [Hkv, L_q, L_kv] bool mask a selection allows (query r sees key c iff c // block_kv is
+    among the first count ids of r // block_q), for ``reference_attention(block_masks=...)``. ``q_rows``: L_q of a
+    broadcast Q."""
+    index, count = kv_block_index.cpu(), kv_block_count.cpu()
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    masks = []
+    for b in range(len(kv_bounds) - 1):
+        lq = q_rows if broadcast_q else q_bounds[b + 1] - q_bounds[b]
+        lk = kv_bounds[b + 1] - kv_bounds[b]
+        mask = torch.zeros(index.shape[1], lq, lk, dtype=torch.bool)
+        for h in range(index.shape[1]):
+            for i in range(min(math.ceil(lq / block_q), index.shape[2])):
+                for j in index[b, h, i, :int(count[b, h, i])].tolist():
+                    mask[h, i * block_q:(i + 1) * block_q, j * block_kv:(j + 1) * block_kv] = True
+        masks.append(mask)
+    return masks
 
 
 def row_visibility(q_rows: int, q_offsets: Optional[Tensor], kv_offsets: Tensor, *, causal: bool = False,
@@ -500,6 +573,113 @@ def check_backend_writes_every_row(name: str, case: AttentionCase, *, seed: int 
     assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name=f"{name}.forward out",
                            zero_rows=~inputs.visibility()[0])
     assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name=f"{name}.forward lse")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSparseCase:
+    """One block-sparse problem: an ``AttentionCase`` (lengths, heads, mask, dtype, device) plus the selection's
+    options. ``keep_ratio=None`` with ``top_k=None`` means a random selection (any subset of blocks per row, for
+    stage 2 alone)."""
+
+    case: AttentionCase
+    block_q: int = 16
+    block_kv: int = 16
+    keep_ratio: Optional[float] = 0.5
+    top_k: Optional[int] = None
+    always_local: bool = True
+
+    def __str__(self) -> str:
+        how = f"top_k={self.top_k}" if self.top_k is not None else (
+            "random blocks" if self.keep_ratio is None else f"keep_ratio={self.keep_ratio}")
+        return (f"{self.case} blocks={self.block_q}x{self.block_kv} {how}"
+                + ("" if self.always_local else " always_local=False"))
+
+    def max_seqlens(self) -> Tuple[int, int]:
+        return max(self.case.q_lengths, default=0), max(self.case.kv_lengths, default=0)
+
+    def selection_kwargs(self) -> dict:
+        c = self.case
+        return dict(block_q=self.block_q, block_kv=self.block_kv, keep_ratio=self.keep_ratio or 0.5,
+                    top_k=self.top_k, causal=c.causal, window=c.window, broadcast_q=c.broadcast_q,
+                    always_local=self.always_local)
+
+    def select(self, inputs: AttentionInputs, backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+        """``jfa_ops.select_kv_blocks`` on ``inputs`` (exact max_seqlen hints)."""
+        max_q, max_kv = self.max_seqlens()
+        return jfa_ops.select_kv_blocks(inputs.q.detach(), inputs.k.detach(), inputs.q_offsets, inputs.kv_offsets,
+                                        None if self.case.broadcast_q else max_q, max_kv, backend=backend,
+                                        **self.selection_kwargs())
+
+    def oracle_selection(self, inputs: AttentionInputs) -> Tuple[Tensor, Tensor]:
+        max_q, max_kv = self.max_seqlens()
+        n_q = math.ceil((inputs.q.shape[0] if self.case.broadcast_q else max_q) / self.block_q)
+        kw = self.selection_kwargs()
+        return reference_block_selection(inputs.q, inputs.k, inputs.q_offsets, inputs.kv_offsets,
+                                         n_q_blocks=n_q, n_kv_blocks=math.ceil(max_kv / self.block_kv), **kw)
+
+    def random_selection(self, inputs: AttentionInputs, seed: int) -> Tuple[Tensor, Tensor]:
+        """Any subset of each row's blocks (visible or not), on the inputs' device: stage 2 must honour whatever it
+        is given."""
+        index, _ = self.oracle_selection(inputs)  # for the shape only
+        gen = torch.Generator().manual_seed(seed + 7)
+        kv_blocks = [math.ceil(n / self.block_kv) for n in self.case.kv_lengths]
+        new_index, count = torch.full_like(index, -1), torch.zeros(index.shape[:3], dtype=torch.int32)
+        for b in range(index.shape[0]):
+            for h in range(index.shape[1]):
+                for i in range(index.shape[2]):
+                    chosen = (torch.rand(kv_blocks[b], generator=gen) < 0.5).nonzero().flatten()
+                    new_index[b, h, i, :len(chosen)] = chosen.to(torch.int32)
+                    count[b, h, i] = len(chosen)
+        device = inputs.q.device
+        return new_index.to(device), count.to(device)
+
+
+def check_block_sparse_case(case: BlockSparseCase, backend: Optional[str] = None, *, seed: int = 0,
+                            select_backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """Stage 1 on ``select_backend`` (default ``backend``) == ``reference_block_selection`` exactly (unless the case
+    asks for random blocks); stage 2 on ``backend``: out, lse and the gradients of q, k, v (through out and lse)
+    == ``reference_attention`` with the selection's ``block_sparse_masks``. Returns the selection."""
+    c = case.case
+    inputs = c.make_inputs(seed, requires_grad=True)
+    if case.keep_ratio is None and case.top_k is None:
+        index, count = case.random_selection(inputs, seed)
+    else:
+        index, count = case.select(inputs, select_backend or backend)
+        expected_index, expected_count = case.oracle_selection(inputs)
+        if not (torch.equal(index.cpu(), expected_index) and torch.equal(count.cpu(), expected_count)):
+            bad = (index.cpu() != expected_index).any(-1) | (count.cpu() != expected_count)
+            b, h, i = bad.nonzero()[0].tolist()
+            raise AssertionError(f"{case}: selection of (sequence {b}, kv head {h}, Q block {i}) is "
+                                 f"{index[b, h, i, :count[b, h, i]].tolist()}, expected "
+                                 f"{expected_index[b, h, i, :expected_count[b, h, i]].tolist()}")
+    kw = inputs.kwargs
+    out, lse = jfa_ops.block_sparse_attention(
+        inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets, index, count, kw["max_seqlen_q"],
+        kw["max_seqlen_kv"], block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+        window=kw["window"], broadcast_q=kw["broadcast_q"], return_lse=True, backend=backend)
+    masks = block_sparse_masks(index, count, inputs.q_offsets, inputs.kv_offsets, block_q=case.block_q,
+                               block_kv=case.block_kv, broadcast_q=c.broadcast_q, q_rows=inputs.q.shape[0])
+    primals64 = [t.detach().double().requires_grad_() for t in (inputs.q, inputs.k, inputs.v)]
+    with torch.enable_grad():
+        ref_out, ref_lse = reference_attention(*primals64, inputs.q_offsets, inputs.kv_offsets, scale=kw["scale"],
+                                               causal=kw["causal"], window=kw["window"],
+                                               broadcast_q=kw["broadcast_q"], block_masks=masks)
+    name = str(case)
+    assert_attention_close(out, ref_out, dtype=c.dtype, kind="forward", name=f"{name}: out")
+    assert_attention_close(lse, ref_lse, dtype=c.dtype, kind="lse", name=f"{name}: lse")
+    gen = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grad_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+    grad_lse = torch.where(torch.isfinite(ref_lse.detach().cpu()), grad_lse, 0)  # -inf rows: no lse gradient
+    grads = _grad((out, lse), (inputs.q, inputs.k, inputs.v),
+                  (grad_out.to(out), grad_lse.to(device=lse.device, dtype=lse.dtype)))
+    ref_grads = _grad((ref_out, ref_lse), primals64, (grad_out.to(ref_out.device),
+                                                      grad_lse.to(ref_lse.device)))
+    for g_name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        if r is None:  # nothing to differentiate (no rows)
+            continue
+        assert_attention_close(g, r, dtype=c.dtype, kind="grad", name=f"{name}: {g_name}")
+    return index, count
 
 
 # torch.library.opcheck's default test utilities, spelled out so a test can run them one at a time.

@@ -41,6 +41,32 @@ class AttentionParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockSparseParams(AttentionParams):
+    """``jfa::block_sparse_attention``'s options: the attention options plus the selection's block sizes."""
+
+    block_q: int = 128
+    block_kv: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSelectParams:
+    """The non-tensor arguments of ``jfa::select_kv_blocks``, resolved. ``top_k`` -1: keep ``ceil(keep_ratio *
+    visible)`` blocks, else ``min(top_k, visible)``. ``n_q_blocks``/``n_kv_blocks``: the output's static sizes."""
+
+    block_q: int
+    block_kv: int
+    n_q_blocks: int
+    n_kv_blocks: int
+    keep_ratio: float = 0.5
+    top_k: int = -1
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    broadcast_q: bool = False
+    always_local: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     """Static facts a backend's ``supports`` decides on (never tensor values: no host sync)."""
 
@@ -65,7 +91,8 @@ class Problem:
             device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], num_heads_q=q.shape[1],
             num_heads_kv=k.shape[1], causal=params.causal, window_left=params.window_left,
             window_right=params.window_right, broadcast_q=params.broadcast_q, deterministic=params.deterministic,
-            device_index=q.device.index,
+            device_index=q.device.index, block_q=getattr(params, "block_q", 0),
+            block_kv=getattr(params, "block_kv", 0),
         )
 
 
