@@ -57,6 +57,10 @@ def parse_args(argv=None):
 
 
 def git_commit() -> str:
+    # The environment wins: on the device the copy has no .git of its own, and git may find an unrelated repository
+    # above it (a run once recorded that one's commit).
+    if os.environ.get("JFA_GIT_COMMIT"):
+        return os.environ["JFA_GIT_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=HERE, capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -66,7 +70,7 @@ def git_commit() -> str:
             return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("JFA_GIT_COMMIT", "unknown")
+    return "unknown"
 
 
 def package_version(dist: str) -> str:

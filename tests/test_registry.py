@@ -182,3 +182,66 @@ def test_triton_is_the_automatic_choice_on_cuda(fresh_warnings):
         warnings.simplefilter("error")
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             assert select_backend(None, _cuda_problem(dtype)).name == "triton"
+
+
+# --- op families: a backend implements some families and not others ---------------------------------------------
+
+def _toy_family_problem(**kw):
+    return Problem("cpu", torch.float32, 16, 2, 2, False, -1, -1, False, False, **kw)
+
+
+@pytest.fixture
+def family_backends(monkeypatch):
+    """Two toy backends: 'both' implements attention and 'toy_family' (refusing block_q 64), priority 2000;
+    'attn_only' implements only attention, priority 3000 (so it is tried first and skipped for the family)."""
+    from jfa_ops.backends import FamilyImpl
+
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    family = FamilyImpl(forward=lambda *a: "family forward",
+                        supports=lambda p: "block_q 64 is not implemented" if p.block_q == 64 else None)
+    both = Backend("both", forward=None, backward=None, supports=lambda p: None, priority=2000,
+                   families={"toy_family": family})
+    attn_only = Backend("attn_only", forward=None, backward=None, supports=lambda p: None, priority=3000)
+    for b in (both, attn_only):
+        register_backend(b)
+    yield both, attn_only
+    for b in (both, attn_only):
+        unregister_backend(b.name)
+
+
+def test_family_chooses_only_backends_that_implement_it(family_backends):
+    both, attn_only = family_backends
+    assert select_backend(None, _toy_family_problem()).name == "attn_only"  # attention: the default family
+    chosen = select_backend(None, _toy_family_problem(), family="toy_family")
+    assert chosen is both and chosen.family("toy_family").forward() == "family forward"
+    # the family's own supports declines: fall through to the next backend with the family (none here)
+    with pytest.raises(ValueError, match="no registered backend supports Problem.* in the 'toy_family' op family"):
+        select_backend(None, _toy_family_problem(block_q=64), family="toy_family")
+
+
+def test_family_requested_backend_lacking_it_names_it(family_backends, monkeypatch):
+    with pytest.raises(ValueError, match=r"backend 'attn_only' does not implement the 'toy_family' op family; "
+                                         r"backends that do: \['both'\]"):
+        select_backend("attn_only", _toy_family_problem(), family="toy_family")
+    monkeypatch.setenv("JFA_BACKEND", "attn_only")  # the env names a backend the same way
+    with pytest.raises(ValueError, match="'attn_only' does not implement the 'toy_family'"):
+        select_backend(None, _toy_family_problem(), family="toy_family")
+    with pytest.raises(ValueError, match="'both' cannot run this call: block_q 64 is not implemented"):
+        select_backend("both", _toy_family_problem(block_q=64), family="toy_family")
+    assert unavailable_reason("attn_only", _toy_family_problem(), "toy_family") \
+        == "it does not implement the 'toy_family' op family"
+    assert unavailable_reason("both", _toy_family_problem(), "toy_family") is None
+
+
+def test_family_without_supports_uses_the_backends(family_backends):
+    from jfa_ops.backends import FamilyImpl
+
+    b = Backend("b", forward=None, backward=None, supports=lambda p: "no" if p.head_dim == 8 else None,
+                families={"f": FamilyImpl(forward=print)})
+    assert b.family_supports("f", _toy_family_problem()) is None
+    assert b.family_supports("f", dataclasses.replace(_toy_family_problem(), head_dim=8)) == "no"
+    assert b.family("attention").forward is None and b.family("f").backward is None
+    with pytest.raises(ValueError, match=r"backend 'b' does not implement the 'g' op family \(it implements: "
+                                         r"\['attention', 'f'\]\)"):
+        b.family("g")
+    hash(b)  # still usable as a key (families is left out of the hash)

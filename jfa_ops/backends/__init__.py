@@ -1,4 +1,4 @@
-"""The backend registry: named implementations of ``jfa::attention`` behind one dispatcher.
+"""The backend registry: named implementations of the op families (``jfa::attention``, ...) behind one dispatcher.
 
 Built-in backends are imported lazily (the triton one needs triton; the reference needs nothing). A third party
 registers its own in a few lines::
@@ -8,6 +8,10 @@ registers its own in a few lines::
 
 Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
 ``supports(problem)`` returns None. An automatic choice of ``reference`` for CUDA tensors warns once per reason.
+
+A backend may implement some op families and not others (``Backend.families``, keyed by family name; ``attention``
+is the backend's own forward/backward/supports). ``select_backend(..., family=...)`` chooses only among backends
+that implement that family.
 """
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import os
 import warnings
 from typing import Dict, List, Optional, Set
 
-from jfa_ops.backends.base import AttentionParams, Backend, Problem
+from jfa_ops.backends.base import (ATTENTION, AttentionParams, Backend, BlockSelectParams, BlockSparseParams,
+                                   FamilyImpl, Problem)
 
-__all__ = ["AttentionParams", "Backend", "Problem", "register_backend", "unregister_backend", "get_backend",
+__all__ = ["AttentionParams", "Backend", "BlockSelectParams", "BlockSparseParams", "FamilyImpl", "Problem", "register_backend", "unregister_backend", "get_backend",
            "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
 
 _BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "cpu": "jfa_ops.backends.cpu",
@@ -59,14 +64,14 @@ def registered_backends() -> List[str]:
     return sorted(_REGISTRY, key=lambda n: -_REGISTRY[n].priority)
 
 
-def unavailable_reason(name: str, problem: Optional[Problem] = None) -> Optional[str]:
-    """None when ``name`` can run ``problem`` (or is importable, without a problem), else why not."""
+def unavailable_reason(name: str, problem: Optional[Problem] = None, family: str = ATTENTION) -> Optional[str]:
+    """None when ``name`` can run ``problem`` of ``family`` (or is importable, without a problem), else why not."""
     _load_builtins()
     if name in _IMPORT_ERRORS:
         return f"backend {name!r} could not be imported ({_IMPORT_ERRORS[name]})"
     if name not in _REGISTRY:
         return f"unknown backend {name!r}; registered: {registered_backends()}"
-    return None if problem is None else _REGISTRY[name].supports(problem)
+    return None if problem is None else _REGISTRY[name].family_supports(family, problem)
 
 
 def available_backends(device_type: Optional[str] = None) -> List[str]:
@@ -87,12 +92,16 @@ def get_backend(name: str) -> Backend:
     return _REGISTRY[name]
 
 
-def select_backend(requested: Optional[str], problem: Problem) -> Backend:
-    """The backend to run ``problem``: the requested one (argument or $JFA_BACKEND), else the best that supports it."""
+def select_backend(requested: Optional[str], problem: Problem, family: str = ATTENTION) -> Backend:
+    """The backend to run ``problem`` of op family ``family``: the requested one (argument or $JFA_BACKEND), else
+    the best that implements the family and supports the problem. ``backend.family(family)`` gives its functions."""
     requested = requested or os.environ.get("JFA_BACKEND") or None
     if requested is not None:
         backend = get_backend(requested)
-        reason = backend.supports(problem)
+        if not backend.implements(family):
+            raise ValueError(f"backend {requested!r} does not implement the {family!r} op family; backends that do: "
+                             f"{[n for n in registered_backends() if _REGISTRY[n].implements(family)]}")
+        reason = backend.family_supports(family, problem)
         if reason is not None:
             raise ValueError(f"backend {requested!r} cannot run this call: {reason}")
         return backend
@@ -101,15 +110,17 @@ def select_backend(requested: Optional[str], problem: Problem) -> Backend:
         _log_tlx_unavailable(problem)
     for name in registered_backends():
         backend = _REGISTRY[name]
-        if backend.auto_devices is not None and problem.device_type not in backend.auto_devices:
+        if not backend.implements(family) or (
+                backend.auto_devices is not None and problem.device_type not in backend.auto_devices):
             continue
-        reason = backend.supports(problem)
+        reason = backend.family_supports(family, problem)
         if reason is None:
             if name == "reference" and problem.device_type == "cuda":
                 _warn_reference_on_cuda("; ".join(declined))
             return backend
         declined.append(f"{name}: {reason}")
-    raise ValueError(f"no registered backend supports {problem}")
+    raise ValueError(f"no registered backend supports {problem}" +
+                     ("" if family == ATTENTION else f" in the {family!r} op family"))
 
 
 def _warn_reference_on_cuda(why: str) -> None:

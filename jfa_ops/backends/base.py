@@ -1,4 +1,4 @@
-"""What every attention backend implements.
+"""What every backend implements: the attention family's functions, plus any other op families in ``families``.
 
 A backend is two plain functions over already-validated inputs (see ``meta_kernels.attention``) plus a
 ``supports`` predicate. Shapes legend: ``T_q``/``T_kv`` total rows, ``B`` sequences, ``Hq``/``Hkv`` heads,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 
@@ -41,6 +41,32 @@ class AttentionParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockSparseParams(AttentionParams):
+    """``jfa::block_sparse_attention``'s options: the attention options plus the selection's block sizes."""
+
+    block_q: int = 128
+    block_kv: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSelectParams:
+    """The non-tensor arguments of ``jfa::select_kv_blocks``, resolved. ``top_k`` -1: keep ``ceil(keep_ratio *
+    visible)`` blocks, else ``min(top_k, visible)``. ``n_q_blocks``/``n_kv_blocks``: the output's static sizes."""
+
+    block_q: int
+    block_kv: int
+    n_q_blocks: int
+    n_kv_blocks: int
+    keep_ratio: float = 0.5
+    top_k: int = -1
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    broadcast_q: bool = False
+    always_local: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     """Static facts a backend's ``supports`` decides on (never tensor values: no host sync)."""
 
@@ -55,6 +81,9 @@ class Problem:
     broadcast_q: bool
     deterministic: bool
     device_index: Optional[int] = None  # CUDA: which GPU (its shared memory decides configs); None: the current one
+    # Block-sparse family: the Q/KV block sizes of the selection (0: not a block-sparse call).
+    block_q: int = 0
+    block_kv: int = 0
 
     @staticmethod
     def of(q: torch.Tensor, k: torch.Tensor, params: AttentionParams) -> "Problem":
@@ -62,13 +91,31 @@ class Problem:
             device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], num_heads_q=q.shape[1],
             num_heads_kv=k.shape[1], causal=params.causal, window_left=params.window_left,
             window_right=params.window_right, broadcast_q=params.broadcast_q, deterministic=params.deterministic,
-            device_index=q.device.index,
+            device_index=q.device.index, block_q=getattr(params, "block_q", 0),
+            block_kv=getattr(params, "block_kv", 0),
         )
 
 
 @dataclasses.dataclass(frozen=True)
+class FamilyImpl:
+    """One op family's functions in a backend (e.g. ``block_sparse``). ``backward`` None: the family has none (or
+    the backend does not implement it); ``supports`` None: the backend's own ``supports`` decides."""
+
+    forward: Callable
+    backward: Optional[Callable] = None
+    supports: Optional[Callable[[Problem], Optional[str]]] = None
+
+
+ATTENTION = "attention"  # the family of Backend.forward/backward/supports themselves
+
+
+@dataclasses.dataclass(frozen=True)
 class Backend:
-    """A named implementation. ``supports(problem)`` returns None when it can run the problem, else the reason."""
+    """A named implementation. ``supports(problem)`` returns None when it can run the problem, else the reason.
+
+    ``forward``/``backward``/``supports`` are the ``attention`` family; other families (``block_sparse``, ...) are
+    entries of ``families``, each answering ``supports`` for itself (or through the backend's).
+    """
 
     name: str
     forward: Callable
@@ -81,6 +128,26 @@ class Backend:
     # True: forward checks the offset values on the device when AttentionParams.check_offsets says so (folded into a
     # kernel that reads them anyway); False: jfa_ops.validation checks them before the call.
     checks_offsets: bool = False
+    families: Mapping[str, FamilyImpl] = dataclasses.field(default_factory=dict, hash=False)
+
+    def implements(self, family: str) -> bool:
+        return family == ATTENTION or family in self.families
+
+    def family(self, family: str) -> FamilyImpl:
+        """The functions of ``family`` (``attention``: this backend's own forward/backward/supports)."""
+        if family == ATTENTION:
+            return FamilyImpl(self.forward, self.backward, self.supports)
+        if family not in self.families:
+            raise ValueError(f"backend {self.name!r} does not implement the {family!r} op family "
+                             f"(it implements: {sorted({ATTENTION, *self.families})})")
+        impl = self.families[family]
+        return impl if impl.supports is not None else dataclasses.replace(impl, supports=self.supports)
+
+    def family_supports(self, family: str, problem: Problem) -> Optional[str]:
+        """None when this backend can run ``problem`` of ``family``, else why not."""
+        if not self.implements(family):
+            return f"it does not implement the {family!r} op family"
+        return self.family(family).supports(problem)
 
 
 def device_guard(device: torch.device):

@@ -1,0 +1,127 @@
+"""The eager host path: what runs on the inference path and what the autograd backward re-checks."""
+import os
+import sys
+
+import pytest
+import torch
+
+import jfa_ops
+import meta_kernels
+from jfa_ops.backends import Backend, get_backend, register_backend, unregister_backend
+from jfa_ops.testing import AttentionCase, assert_attention_close, backward_op_args
+
+CASE = AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, dtype=torch.float32, causal=True)
+
+
+def _autograd_kernel_on_stack() -> bool:
+    """Is torch's custom-op autograd kernel (torch/_library/autograd.py) one of the callers of this frame?"""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("_library", "autograd.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture
+def spy_backend():
+    """The reference backend under the name 'spy', recording whether the autograd kernel called its forward."""
+    reference = get_backend("reference")
+    seen = []
+
+    def forward(*args):
+        seen.append(_autograd_kernel_on_stack())
+        return reference.forward(*args)
+
+    register_backend(Backend("spy", forward=forward, backward=reference.backward, supports=reference.supports))
+    yield seen
+    unregister_backend("spy")
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode", "no_input_requires_grad"])
+def test_inference_path_skips_the_autograd_kernel(spy_backend, context):
+    inputs = CASE.make_inputs(0, requires_grad=context != "no_input_requires_grad")
+    guard = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(context, torch.enable_grad)
+    with guard():
+        out, lse = inputs.call("spy")
+    assert spy_backend == [False]
+    want_out, want_lse = inputs.oracle()
+    assert_attention_close(out, want_out, dtype=CASE.dtype, kind="forward", name="out")
+    assert_attention_close(lse, want_lse, dtype=CASE.dtype, kind="lse", name="lse")
+    assert not out.requires_grad
+
+
+def test_training_path_records_autograd(spy_backend):
+    inputs = CASE.make_inputs(0, requires_grad=True)
+    out, _ = inputs.call("spy")
+    assert spy_backend == [True] and out.requires_grad
+
+
+@pytest.mark.parametrize("guard", [torch.no_grad, torch.enable_grad])
+def test_inference_path_raises_the_same_errors(guard):
+    inputs = CASE.make_inputs(0, requires_grad=True)
+    bad = inputs.kv_offsets.clone()
+    bad[-1] += 1
+    with guard(), pytest.raises(ValueError, match=r"kv_offsets\[-1\] must equal the number of rows"):
+        jfa_ops.jagged_attention(inputs.q, inputs.k, inputs.v, inputs.q_offsets, bad, backend="reference")
+    with guard(), pytest.raises(ValueError, match="head_dim must be a multiple of 8"):
+        jfa_ops.jagged_attention(inputs.q[..., :6], inputs.k[..., :6], inputs.v[..., :6], inputs.q_offsets,
+                                 inputs.kv_offsets, backend="reference")
+
+
+@pytest.fixture
+def backward_checks(monkeypatch):
+    """Counts the backward op's own checks (meta_kernels.check_attention_backward_args) and the forward's."""
+    calls = {"backward": 0, "forward": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(meta_kernels, "check_attention_backward_args",
+                        counting("backward", meta_kernels.check_attention_backward_args))
+    monkeypatch.setattr(meta_kernels, "check_attention_args", counting("forward", meta_kernels.check_attention_args))
+    return calls
+
+
+def test_autograd_backward_does_not_check_again(backward_checks):
+    inputs = CASE.make_inputs(0, requires_grad=True)
+    out, lse = inputs.call("reference")
+    assert backward_checks == {"backward": 0, "forward": 1}
+    grads = torch.autograd.grad((out, lse), (inputs.q, inputs.k, inputs.v),
+                                (torch.ones_like(out), torch.ones_like(lse)))
+    assert backward_checks == {"backward": 0, "forward": 1}, "the autograd backward re-ran the checks"
+    assert all(g.shape == t.shape for g, t in zip(grads, (inputs.q, inputs.k, inputs.v)))
+
+
+def test_public_backward_still_checks(backward_checks):
+    args, kwargs = backward_op_args(CASE.make_inputs(0), "reference")
+    torch.ops.jfa.attention_backward(*args, **kwargs)
+    assert backward_checks["backward"] == 1
+    grad_out = args[0]
+    with pytest.raises(ValueError, match="grad_out"):
+        torch.ops.jfa.attention_backward(grad_out[:-1], *args[1:], **kwargs)
+
+
+def test_a_failed_autograd_backward_leaves_no_trust_behind():
+    """The hand-over from the autograd backward is for that one call: after a backward that fails in the backend,
+    a public call with bad arguments is still checked."""
+    reference = get_backend("reference")
+
+    def failing_backward(*args):
+        raise RuntimeError("backend failed")
+
+    register_backend(Backend("failing", forward=reference.forward, backward=failing_backward,
+                             supports=reference.supports))
+    try:
+        inputs = CASE.make_inputs(0, requires_grad=True)
+        out, _ = inputs.call("failing")
+        with pytest.raises(RuntimeError, match="backend failed"):
+            out.sum().backward()
+    finally:
+        unregister_backend("failing")
+    args, kwargs = backward_op_args(CASE.make_inputs(0), "reference")
+    with pytest.raises(ValueError, match="grad_out"):
+        torch.ops.jfa.attention_backward(args[0][:-1], *args[1:], **kwargs)
