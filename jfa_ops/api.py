@@ -8,9 +8,11 @@ import torch
 from torch import Tensor
 
 import meta_kernels
+import meta_kernels.mxfp8
 from jfa_ops.ops.attention import check_no_forward_ad
 
-__all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention"]
+__all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
+           "mxfp8_dequantize", "mxfp8_attention"]
 
 
 def _is_njt(t) -> bool:
@@ -339,3 +341,116 @@ def sparse_attention(
         return result
     out = torch.nested.nested_tensor_from_jagged(result[0] if return_lse else result, njt_offsets)
     return (out, result[1]) if return_lse else out
+
+
+def mxfp8_quantize(x: Tensor, offsets: Optional[Tensor] = None, *, block: Sequence[int] = (1, 32),
+                   rounding: str = "rceil", backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """MXFP8 (OCP Microscaling v1.0) quantization of ``x [T, H, D]`` (fp16/bf16/fp32, ``D`` a multiple of 32).
+
+    Returns ``(data, scale)``: ``data [T, H, D]`` float8_e4m3fn, ``scale`` float8_e8m0fnu (value
+    ``2 ** (bits - 127)``, 0xFF = NaN), one per block of 32 elements; ``x ~ data * scale``::
+
+        block=(1, 32)   along head_dim                   scale [T, H, D/32]
+        block=(32, 1)   along each sequence's rows        scale [T//32 + B, H, D]
+        block=(32, 32)  32 rows x 32 columns              scale [T//32 + B, H, D/32]
+
+    Row blocks never straddle sequences (``offsets [B+1]``; None: one sequence): sequence b's blocks are the scale
+    rows ``offsets[b] // 32 + b + i``, its last block padded with zeros (``meta_kernels.mxfp8``). ``rounding``:
+    ``"rceil"`` (the smallest scale with amax / scale <= 448, never saturates) or ``"floor"`` (the spec's
+    ``floor(log2(amax)) - 8``; elements above 448 * scale saturate to +-448). A zero block gets scale 2**-127; a
+    block with inf/NaN gets scale NaN and NaN elements. ``x`` may be a ``[B, j, H, D]`` NJT (offsets from it).
+
+    Example::
+
+        >>> data, scale = mxfp8_quantize(torch.randn(10, 2, 64))
+        >>> data.dtype, scale.shape
+        (torch.float8_e4m3fn, torch.Size([10, 2, 2]))
+    """
+    if _is_njt(x):
+        if offsets is not None:
+            raise ValueError("offsets must be None when x is a nested (NJT) tensor")
+        check_njt_layout("x", x)
+        x, offsets = x.values(), x.offsets()
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    block = meta_kernels.mxfp8.check_block(block)
+    return torch.ops.jfa.mxfp8_quantize(x, offsets, list(block), rounding, backend)
+
+
+def mxfp8_dequantize(data: Tensor, scale: Tensor, offsets: Optional[Tensor] = None, *,
+                     block: Sequence[int] = (1, 32), dtype: torch.dtype = torch.float32,
+                     backend: Optional[str] = None) -> Tensor:
+    """``data * scale`` in ``dtype`` (NaN where the scale is NaN): the inverse of ``mxfp8_quantize`` up to its
+    rounding. ``offsets`` and ``block`` as given to ``mxfp8_quantize``."""
+    block = meta_kernels.mxfp8.check_block(block)
+    return torch.ops.jfa.mxfp8_dequantize(data, scale, offsets, list(block), dtype, backend)
+
+
+MXPair = Tuple[Tensor, Tensor]
+
+
+def mxfp8_attention(
+    q: Union[Tensor, MXPair],
+    k: Union[Tensor, MXPair],
+    v: Union[Tensor, MXPair],
+    q_offsets: Optional[Tensor] = None,
+    kv_offsets: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window: Sequence[int] = (-1, -1),
+    broadcast_q: bool = False,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    rounding: str = "rceil",
+    out_dtype: Optional[torch.dtype] = None,
+    backend: Optional[str] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """``jagged_attention`` in MXFP8: same shapes, masks, broadcast-Q, GQA, lse and NJT rules; head_dim a multiple
+    of 32.
+
+    q, k, v are either fp16/bf16/fp32 tensors (quantized inside: Q, K in (1, 32) blocks, V in (32, 1) blocks per kv
+    sequence, with ``rounding``; differentiable, gradients straight through the quantization, computed by the MXFP8
+    backward) or pre-quantized ``(data, scale)`` pairs from ``mxfp8_quantize`` with those blocks (V with
+    ``kv_offsets``), then ``out`` is ``out_dtype`` (default bfloat16) and there are no gradients. P is quantized
+    along the keys in (1, 32) blocks; docs/architecture.md ("MXFP8 attention") says exactly what is quantized.
+
+    Example::
+
+        >>> q = torch.randn(7, 4, 64); k = v = torch.randn(9, 2, 64)
+        >>> q_off = torch.tensor([0, 3, 7]); kv_off = torch.tensor([0, 5, 9])
+        >>> mxfp8_attention(q, k, v, q_off, kv_off, causal=True).shape
+        torch.Size([7, 4, 64])
+    """
+    quantized = [isinstance(t, (tuple, list)) for t in (q, k, v)]
+    if any(quantized) and not all(quantized):
+        raise TypeError("q, k and v must all be tensors, or all (data, scale) pairs")
+    njt_offsets = None
+    if not any(quantized) and (_is_njt(q) or _is_njt(k) or _is_njt(v)):
+        q, k, v, q_offsets, kv_offsets, njt_offsets = _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q)
+    if not torch.compiler.is_compiling() and not any(quantized):
+        check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))
+    max_seqlen_q = -1 if max_seqlen_q is None else max_seqlen_q
+    max_seqlen_kv = -1 if max_seqlen_kv is None else max_seqlen_kv
+    meta_kernels.check_options(scale, causal, window, broadcast_q, deterministic, max_seqlen_q, max_seqlen_kv)
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    options = dict(scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
+                   window_right=window[1], broadcast_q=broadcast_q, deterministic=deterministic, backend=backend)
+    if any(quantized):
+        for name, pair in (("q", q), ("k", k), ("v", v)):
+            if len(pair) != 2:
+                raise TypeError(f"{name} must be a (data, scale) pair, got {len(pair)} items")
+        out, lse = torch.ops.jfa.mxfp8_attention_quantized(
+            q[0], q[1], k[0], k[1], v[0], v[1], q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, **options,
+            out_dtype=out_dtype)
+    else:
+        if out_dtype is not None:
+            raise ValueError("out_dtype is only for pre-quantized inputs (out has q's dtype otherwise)")
+        out, lse = torch.ops.jfa.mxfp8_attention(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv,
+                                                 **options, rounding=rounding)
+    if njt_offsets is not None:
+        out = torch.nested.nested_tensor_from_jagged(out, njt_offsets)
+    return (out, lse) if return_lse else out

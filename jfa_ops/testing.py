@@ -38,6 +38,8 @@ __all__ = [
     "reference_block_selection", "block_sparse_masks", "BlockSparseCase", "check_block_sparse_case",
     "assert_attention_close", "AttentionCase", "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
     "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
+    "mx_shared_exponent_spec", "e4m3_round_spec", "mx_quantize_spec", "mx_dequantize_spec", "mx_round_trip_spec",
+    "reference_mxfp8_attention", "reference_mxfp8_attention_backward",
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -793,3 +795,230 @@ def _random_failures(name, device, dtypes, examples, seed, strategy_kwargs) -> T
         return [f"[random, shrunk] oracle: {last.get('case')} seed={last.get('seed')}\n    "
                 + "\n    ".join(detail[:6])], cases_run[0]
     return [], cases_run[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MXFP8 oracles (the spec, written with integer bit manipulation in float64; independent of the backends' frexp)
+# ---------------------------------------------------------------------------------------------------------------
+
+_F64_MANTISSA_BITS = 52
+_RCEIL_MANTISSA = 3 << 50  # 1.75 * 2**52 - 2**52: amax / 2**floor(log2 amax) > 1.75 overflows 448 = 1.75 * 2**8
+
+
+def _floor_log2(a: Tensor) -> Tensor:
+    """floor(log2(a)) for finite a > 0 in float64 (every fp16/bf16/fp32 value is a normal float64), from the
+    exponent bits; int64."""
+    return ((a.view(torch.int64) >> _F64_MANTISSA_BITS) & 0x7FF) - 1023
+
+
+def mx_shared_exponent_spec(amax: Tensor, rounding: str) -> Tensor:
+    """The E8M0 exponent of blocks with absolute maxima ``amax`` (float64, finite, >= 0), int64 in [-127, 127].
+
+    "floor" (OCP MX v1.0, 6.3): floor(log2(amax)) - emax(E4M3) = floor(log2(amax)) - 8; elements above 448 then
+    saturate. "rceil": the smallest power of two ``2**e`` with ``amax / 2**e <= 448`` (no saturation): the floor
+    exponent, plus one when amax's significand exceeds 1.75. A zero block gets the smallest scale, 2**-127.
+    """
+    a = amax.to(torch.float64)
+    exp = _floor_log2(torch.where(a > 0, a, torch.ones_like(a))) - 8
+    if rounding == "rceil":
+        exp = exp + ((a.view(torch.int64) & ((1 << _F64_MANTISSA_BITS) - 1)) > _RCEIL_MANTISSA).to(torch.int64)
+    exp = torch.where(a > 0, exp, torch.full_like(exp, -127))
+    return exp.clamp(-127, 127)
+
+
+def e4m3_round_spec(y: Tensor) -> Tensor:
+    """Round float64 ``y`` to the nearest float8_e4m3fn value (ties to even), saturating at +-448: float64 values.
+
+    E4M3: 3 mantissa bits, normals from 2**-6, subnormals spaced 2**-9. The spacing at |y| is 2**(max(e, -6) - 3)
+    with e = floor(log2|y|); |y| / spacing is exact in float64, and torch.round rounds half to even.
+    """
+    a = y.abs().clamp(max=448.0)
+    e = _floor_log2(torch.where(a > 0, a, torch.ones_like(a))).clamp(min=-6)
+    spacing = torch.pow(2.0, (e - 3).to(torch.float64))
+    return torch.copysign(torch.round(a / spacing) * spacing, y)
+
+
+def _row_blocks(rows: int, offsets: Optional[Sequence[int]], block_rows: int) -> List[Tuple[int, int, int]]:
+    """(first row, rows, scale row) of every row block: per sequence, 32-row blocks from the sequence's first row;
+    sequence b's first block is offsets[b] // 32 + b (the documented layout)."""
+    if block_rows == 1:
+        return [(r, 1, r) for r in range(rows)]
+    bounds = [0, rows] if offsets is None else list(offsets)
+    out = []
+    for b in range(len(bounds) - 1):
+        first = bounds[b] // 32 + b
+        for i, r0 in enumerate(range(bounds[b], bounds[b + 1], 32)):
+            out.append((r0, min(32, bounds[b + 1] - r0), first + i))
+    return out
+
+
+def mx_quantize_spec(x: Tensor, offsets: Optional[Tensor] = None, block: Sequence[int] = (1, 32),
+                     rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    """The MXFP8 oracle: (data float8_e4m3fn [T, H, D], scale float8_e8m0fnu) of ``x [T, H, D]``, block by block.
+
+    Each block: X = 2**mx_shared_exponent_spec(amax), elements e4m3_round_spec(x / X). A block holding inf or NaN
+    gets scale NaN (bits 0xFF) and every element NaN (0x7F): the spec decodes a NaN scale to NaN elements. Scale rows
+    no sequence owns hold bits 0. The layout is ``meta_kernels.mxfp8``'s table.
+    """
+    import meta_kernels.mxfp8 as mx
+
+    block_rows, block_cols = block
+    rows, heads, dim = x.shape
+    x64 = x.detach().cpu().to(torch.float64)
+    bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
+    scale_rows = mx.scale_shape(rows, heads, dim, offsets, block)[0]
+    data = torch.zeros(rows, heads, dim, dtype=torch.float64)
+    nan_data = torch.zeros(rows, heads, dim, dtype=torch.bool)
+    scale_bits = torch.zeros(scale_rows, heads, dim // block_cols, dtype=torch.int64)
+    # (1, 32), (32, 32): one block per head and 32-column group; (32, 1): one per head and column.
+    reduce_dims = (0, 2) if block_cols > 1 else (0,)
+    col_groups = range(dim // block_cols) if block_cols > 1 else [None]
+    for r0, n, srow in _row_blocks(rows, bounds, block_rows):
+        for c in col_groups:
+            cols = slice(None) if c is None else slice(c * block_cols, (c + 1) * block_cols)
+            blk = x64[r0:r0 + n, :, cols]
+            finite = (~torch.isfinite(blk)).to(torch.int64).amax(dim=reduce_dims, keepdim=True) == 0
+            amax = torch.where(torch.isfinite(blk), blk.abs(), torch.zeros_like(blk)).amax(dim=reduce_dims,
+                                                                                         keepdim=True)
+            exp = mx_shared_exponent_spec(amax, rounding)  # [1, H, 1] or [1, H, D]
+            data[r0:r0 + n, :, cols] = e4m3_round_spec(blk * torch.pow(2.0, (-exp).to(torch.float64)))
+            nan_data[r0:r0 + n, :, cols] = ~finite
+            bits = torch.where(finite, exp + 127, torch.full_like(exp, 255))[0]
+            scale_bits[srow, :, cols if c is None else c] = bits if c is None else bits[:, 0]
+    data_bits = data.to(torch.float8_e4m3fn).view(torch.uint8)  # exact: every value is an e4m3 value
+    data_bits = torch.where(nan_data, torch.full_like(data_bits, 0x7F), data_bits)
+    return (data_bits.view(torch.float8_e4m3fn).to(x.device),
+            scale_bits.to(torch.uint8).view(torch.float8_e8m0fnu).to(x.device))
+
+
+def mx_dequantize_spec(data: Tensor, scale: Tensor, offsets: Optional[Tensor] = None,
+                       block: Sequence[int] = (1, 32)) -> Tensor:
+    """float64 values of an MXFP8 (data, scale) pair: element * 2**(bits - 127), NaN where the scale is NaN."""
+    block_rows, block_cols = block
+    rows, heads, dim = data.shape
+    bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
+    values = data.detach().cpu().to(torch.float64)
+    bits = scale.detach().cpu().view(torch.uint8).to(torch.int64)
+    out = torch.empty_like(values)
+    for r0, n, srow in _row_blocks(rows, bounds, block_rows):
+        s = bits[srow].repeat_interleave(block_cols, dim=-1)  # [H, D]
+        x = torch.pow(2.0, (s - 127).to(torch.float64))
+        out[r0:r0 + n] = torch.where(s == 255, math.nan, values[r0:r0 + n] * x)
+    return out.to(data.device)
+
+
+def mx_round_trip_spec(x: Tensor, offsets: Optional[Tensor] = None, block: Sequence[int] = (1, 32),
+                       rounding: str = "rceil") -> Tensor:
+    """float64 values of ``x`` after MXFP8 quantization (oracle)."""
+    return mx_dequantize_spec(*mx_quantize_spec(x, offsets, block, rounding), offsets, block)
+
+
+def _mx_round_trip_last_axis(p: Tensor) -> Tensor:
+    """float64 ``p [..., L]`` MXFP8 round-tripped in (1, 32) blocks along its last axis from index 0, the last block
+    padded with zeros, rounding "rceil" (how attention quantizes P)."""
+    length = p.shape[-1]
+    padded = torch.nn.functional.pad(p, (0, -length % 32))
+    flat = padded.reshape(-1, 1, padded.shape[-1])
+    return mx_round_trip_spec(flat).reshape(padded.shape)[..., :length]
+
+
+def reference_mxfp8_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                              scale: Optional[float] = None, causal: bool = False, window: Sequence[int] = (-1, -1),
+                              broadcast_q: bool = False, rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    """Float64 oracle of ``jfa::mxfp8_attention``'s forward: (out [T_q, Hq, D], lse [Hq, T_q]), both float64.
+
+    Per sequence: Q and K round-tripped through MXFP8 in (1, 32) blocks (along head_dim), V in (32, 1) blocks
+    (along the sequence); s2 = (Q K^T) * scale / ln 2 (log2 domain), M = ceil(max visible s2) per row (an integer,
+    so P's MXFP8 blocks are the same whatever running maximum a kernel rescales by), P = 2**(s2 - M) on visible keys,
+    Pq = P round-tripped in (1, 32) blocks along the keys ("rceil"); out = Pq V / sum(Pq), lse = (M + log2(sum P))
+    * ln 2 (the unquantized P: the backward's softmax). A row with no visible key: out 0, lse -inf.
+    """
+    heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads_q // heads_kv
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    qd = mx_round_trip_spec(q, None, (1, 32), rounding).cpu()
+    kd = mx_round_trip_spec(k, None, (1, 32), rounding).cpu()
+    vd = mx_round_trip_spec(v, kv_offsets, (32, 1), rounding).cpu()
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    outs, lses = [], []
+    for b in range(len(kv_bounds) - 1):
+        qs = qd if broadcast_q else qd[q_bounds[b]:q_bounds[b + 1]]
+        ks = kd[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
+        vs = vd[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
+        if qs.shape[0] == 0 or ks.shape[0] == 0:  # nothing visible: out 0, lse -inf
+            outs.append(torch.zeros(qs.shape[0], heads_q, head_dim, dtype=torch.float64))
+            lses.append(torch.full((heads_q, qs.shape[0]), -math.inf, dtype=torch.float64))
+            continue
+        visible = visible_mask(qs.shape[0], ks.shape[0], causal, window)
+        s2 = torch.einsum("ihd,jhd->hij", qs, ks) * (scale / math.log(2))
+        s2 = s2.masked_fill(~visible, -math.inf)
+        row_max = s2.amax(dim=-1, keepdim=True) if s2.shape[-1] else s2.new_full((*s2.shape[:-1], 1), -math.inf)
+        has_mass = row_max > -math.inf
+        m = torch.where(has_mass, torch.ceil(row_max), torch.zeros_like(row_max))
+        p = torch.where(visible & has_mass, torch.exp2(s2 - m), torch.zeros_like(s2))
+        pq = _mx_round_trip_last_axis(p)
+        total_q = pq.sum(dim=-1, keepdim=True)
+        outs.append(torch.einsum("hij,jhd->ihd", pq / torch.where(total_q > 0, total_q, 1.0), vs))
+        total = p.sum(dim=-1, keepdim=True)
+        lse = torch.where(has_mass, (m + torch.log2(torch.where(total > 0, total, 1.0))) * math.log(2), -math.inf)
+        lses.append(lse.squeeze(-1))
+    out = torch.cat(outs) if outs else torch.zeros(0, heads_q, head_dim, dtype=torch.float64)
+    lse = torch.cat(lses, dim=1) if lses else torch.zeros(heads_q, 0, dtype=torch.float64)
+    return out.to(q.device), lse.to(q.device)
+
+
+def _mx_round_trip_square(p: Tensor) -> Tensor:
+    """float64 ``p [H, Lq, Lk]`` round-tripped in 32 x 32 blocks over (Lq, Lk) from (0, 0), rounding "rceil"."""
+    heads, lq, lk = p.shape
+    padded = torch.nn.functional.pad(p, (0, -lk % 32, 0, -lq % 32)).transpose(0, 1)  # [Lq', H, Lk']
+    return mx_round_trip_spec(padded, None, (32, 32)).transpose(0, 1)[:, :lq, :lk]
+
+
+def reference_mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                                       out: Tensor, lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                                       scale: Optional[float] = None, causal: bool = False,
+                                       window: Sequence[int] = (-1, -1), broadcast_q: bool = False,
+                                       rounding: str = "rceil") -> Tuple[Tensor, Tensor, Tensor]:
+    """Float64 oracle of ``jfa::mxfp8_attention_backward``: (dq, dk, dv) float64, per sequence.
+
+    Q, K, dO round-tripped in (32, 32) blocks (row blocks per sequence; broadcast Q is one sequence, its dO rows per
+    output sequence), V in (1, 32) blocks; P = exp(min(Q K^T scale - lse, 0)) from the given lse; dV = Pq^T dO with P
+    round-tripped in 32 x 32 blocks over (query, key); dP = dO V^T; dS = P (dP - delta), delta = rowsum(dO * out)
+    - grad_lse, round-tripped in 32 x 32 blocks; dQ = scale dS K; dK = scale dS^T Q.
+    """
+    heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads_q // heads_kv
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    batch = len(kv_bounds) - 1
+    out_offsets = (torch.arange(batch + 1) * q.shape[0]) if broadcast_q else q_offsets.cpu()
+    qd = mx_round_trip_spec(q, None if broadcast_q else q_offsets, (32, 32), rounding).cpu()
+    kd = mx_round_trip_spec(k, kv_offsets, (32, 32), rounding).cpu()
+    vd = mx_round_trip_spec(v, None, (1, 32), rounding).cpu()
+    dod = mx_round_trip_spec(grad_out, out_offsets, (32, 32), rounding).cpu()
+    delta = torch.einsum("ihd,ihd->hi", grad_out.detach().cpu().double(), out.detach().cpu().double())
+    if grad_lse is not None:
+        delta = delta - grad_lse.detach().cpu().double()
+    lse64 = lse.detach().cpu().double()
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    out_bounds = [int(x) for x in out_offsets.tolist()]
+    for b in range(batch):
+        q0, q1 = (0, q.shape[0]) if broadcast_q else (out_bounds[b], out_bounds[b + 1])
+        o0, o1, k0, k1 = out_bounds[b], out_bounds[b + 1], kv_bounds[b], kv_bounds[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        ks = kd[k0:k1].repeat_interleave(group, dim=1)
+        vs = vd[k0:k1].repeat_interleave(group, dim=1)
+        visible = visible_mask(q1 - q0, k1 - k0, causal, window)
+        row_lse = lse64[:, o0:o1, None]
+        s = torch.einsum("ihd,jhd->hij", qd[q0:q1], ks) * scale
+        p = torch.where(visible & (row_lse > -math.inf), torch.exp((s - row_lse.clamp(min=-1e300)).clamp(max=0)), 0.0)
+        do = dod[o0:o1]
+        dv_h = torch.einsum("hij,ihd->jhd", _mx_round_trip_square(p), do)
+        dp = torch.einsum("ihd,jhd->hij", do, vs)
+        ds = _mx_round_trip_square(p * (dp - delta[:, o0:o1, None]))
+        dq[q0:q1] += scale * torch.einsum("hij,jhd->ihd", ds, ks)
+        dk[k0:k1] += (scale * torch.einsum("hij,ihd->jhd", ds, qd[q0:q1])).unflatten(1, (heads_kv, group)).sum(2)
+        dv[k0:k1] += dv_h.unflatten(1, (heads_kv, group)).sum(2)
+    return dq.to(q.device), dk.to(q.device), dv.to(q.device)

@@ -11,7 +11,7 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from jfa_ops.backends.base import AttentionParams, Backend, Problem
+from jfa_ops.backends.base import AttentionParams, Backend, FamilyImpl, Problem
 
 SCORE_BLOCK_BYTES = 64 * 2**20
 
@@ -178,5 +178,11 @@ def _block_sparse_family():
     return block_sparse.FAMILIES
 
 
-BACKEND = Backend(name="reference", forward=forward, backward=backward, supports=supports, priority=0,
-                  families=_block_sparse_family())
+from jfa_ops.backends.reference import mxfp8 as _mxfp8  # noqa: E402  (it imports visible_mask from here)
+
+BACKEND = Backend(name="reference", forward=forward, backward=backward, supports=supports, priority=0, families={
+    **_block_sparse_family(),
+    "mxfp8_quantize": FamilyImpl(_mxfp8.quantize),
+    "mxfp8_dequantize": FamilyImpl(_mxfp8.dequantize),
+    "mxfp8_attention": FamilyImpl(_mxfp8.attention_forward, _mxfp8.attention_backward),
+})
