@@ -140,6 +140,8 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
 
     A skip record carries the one-line reason."""
     base = {"case": case.describe(), "peer": peer.name}
+    if case.keep_ratio is not None and not getattr(peer, "handles_sparse", False):
+        return [dict(base, mode=m, skip="computes dense attention (see the jfa dense row)") for m in modes]
     try:
         preps = [peer.prepare(case, inp) for inp in inputs]
     except Skip as e:
@@ -236,6 +238,8 @@ def main(argv=None) -> int:
         peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
     peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
                                                  for p in peer_names]
+    if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
+        peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends for variant in ("dense", "select")]
     # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
     # loop (bench.model), not cases
     plan = []

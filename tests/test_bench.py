@@ -194,3 +194,22 @@ def test_session5_overhead_results_read_as_the_baseline():
     lines = report.target_lines(records)
     assert any(line.startswith("FAIL jfa:triton no_grad fwd 546.6 us") for line in lines), lines
     assert "| jfa:triton |" in report.overhead_table([r for r in records if r["case"]["suite"] == "overhead"])
+
+
+@pytest.mark.parametrize("case", suites.build_cases(["sparse"], [64], "smoke")[::3], ids=lambda c: c.name)
+def test_sparse_rows_match_the_block_sparse_oracle(case):
+    """The sparse suite: jfa's sparse row and FlexAttention given our selection as its BlockMask both compute the
+    block-sparse oracle (not dense attention); the dense row is the dense kernel."""
+    from bench.peers import JfaBackend
+
+    inp = suites.make_inputs(case, "cpu")
+    ref = oracle_output(case, inp)
+    dense_ref = oracle_output(dataclasses.replace(case, keep_ratio=None), inp)
+    assert rel_error(ref.float(), dense_ref) > 1e-2  # the selection drops something
+    for peer in (JfaBackend("reference"), FlexAttention(compile_kernel=False)):
+        prep = peer.prepare(case, inp)
+        with torch.no_grad():
+            assert rel_error(prep.to_jagged(prep.fn()), ref) < 2e-2, peer.name
+    prep = JfaBackend("reference", "dense").prepare(case, inp)
+    with torch.no_grad():
+        assert rel_error(prep.fn(), dense_ref) < 2e-2
