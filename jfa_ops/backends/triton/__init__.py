@@ -152,7 +152,6 @@ _MXFP8_BACKWARD_LOGGED: list = []
 
 
 def _mxfp8_families():
-    from ..base import FamilyImpl
     from ..reference import mxfp8 as reference
 
     return {
