@@ -12,8 +12,9 @@ from meta_kernels.attention import (
     check_attention_backward_args,
     check_options,
     check_window,
+    deciding_checks,
     visible_pairs,
 )
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "attention_flops", "visible_pairs", "attention_shapes", "attention_backward_shapes",
-           "check_attention_args", "check_attention_backward_args", "check_options", "check_window"]
+           "check_attention_args", "check_attention_backward_args", "check_options", "check_window", "deciding_checks"]

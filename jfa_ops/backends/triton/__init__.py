@@ -88,4 +88,4 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
 
 
 BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,
-                  auto_devices=("cuda",), checks_offsets=True)
+                  auto_devices=("cuda",), checks_offsets=True, traceable=True)
