@@ -35,8 +35,11 @@ from jfa_ops.backends import AttentionParams, Problem, get_backend, unavailable_
 
 __all__ = [
     "TOLERANCES", "LSE_TOLERANCE", "tolerance", "visible_mask", "reference_attention", "row_visibility",
+    "reference_block_selection", "block_sparse_masks", "BlockSparseCase", "check_block_sparse_case",
     "assert_attention_close", "AttentionCase", "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
     "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
+    "mx_shared_exponent_spec", "e4m3_round_spec", "mx_quantize_spec", "mx_dequantize_spec", "mx_round_trip_spec",
+    "reference_mxfp8_attention", "reference_mxfp8_attention_backward",
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,10 +143,13 @@ _visible = visible_mask  # the old private name (tests/backends/test_reference.p
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
                         scale: Optional[float] = None, causal: bool = False, window: Sequence[int] = (-1, -1),
-                        broadcast_q: bool = False) -> Tuple[Tensor, Tensor]:
+                        broadcast_q: bool = False, block_masks: Optional[Sequence[Tensor]] = None
+                        ) -> Tuple[Tensor, Tensor]:
     """Float64 oracle: (out [T_q, Hq, D] float64, lse [Hq, T_q] float64), differentiable w.r.t. q, k, v.
 
-    One plain softmax per sequence over the visible keys, q head h reading kv head h // (Hq // Hkv). A row that sees
+    One plain softmax per sequence over the visible keys, q head h reading kv head h // (Hq // Hkv).
+    ``block_masks`` (block-sparse attention): one [Hkv, L_q, L_kv] bool per sequence (``block_sparse_masks``) that
+    further restricts which keys each query sees. A row that sees
     no key gives out 0 and lse -inf, with zero (never NaN) gradients. Non-finite inputs propagate as in SDPA: a NaN or
     +inf visible score gives NaN out and lse; visible scores all -inf give 0 and -inf; inf in v gives inf/NaN out.
     """
@@ -159,6 +165,8 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Ten
         ks = k64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)  # [Lk, Hq, D]
         vs = v64[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
         visible = visible_mask(qs.shape[0], ks.shape[0], causal, window).to(q.device)  # [Lq, Lk]
+        if block_masks is not None:  # [Hq, Lq, Lk]: q head h uses kv head h // group's blocks
+            visible = visible & block_masks[b].to(q.device).repeat_interleave(group, dim=0)
         scores = torch.einsum("ihd,jhd->hij", qs, ks) * scale  # [Hq, Lq, Lk]
         scores = scores.masked_fill(~visible, -math.inf)
         # A row with no visible key, or whose visible scores are all -inf, has no softmax mass: out 0, lse -inf, zero
@@ -173,6 +181,73 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Ten
     if not outs:  # no sequences
         return q64.new_zeros(0, heads_q, head_dim), q64.new_zeros(heads_q, 0)
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def reference_block_selection(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                              block_q: int, block_kv: int, n_q_blocks: int, n_kv_blocks: int,
+                              keep_ratio: float = 0.5, top_k: Optional[int] = None, causal: bool = False,
+                              window: Sequence[int] = (-1, -1), broadcast_q: bool = False,
+                              always_local: bool = True) -> Tuple[Tensor, Tensor]:
+    """Float64 oracle of ``select_kv_blocks``, written from its documentation with plain loops: (kv_block_index
+    [B, Hkv, n_q_blocks, n_kv_blocks] int32, kv_block_count [B, Hkv, n_q_blocks] int32) on CPU.
+
+    Per sequence, kv head, Q block: the mean of the block's query rows over the group's heads, dotted with each
+    KV block's mean key; the visible blocks (any query of the block sees any key, ``visible_mask``) ranked by score,
+    ties to the lower index, the local block (diagonal key of the block's last row) first when ``always_local``;
+    keep ``ceil(keep_ratio * n)`` (or ``min(top_k, n)``), report ascending."""
+    heads_kv = k.shape[1]
+    group = q.shape[1] // heads_kv
+    batch = kv_offsets.shape[0] - 1
+    index = torch.full((batch, heads_kv, n_q_blocks, n_kv_blocks), -1, dtype=torch.int32)
+    count = torch.zeros((batch, heads_kv, n_q_blocks), dtype=torch.int32)
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    q64, k64 = q.detach().cpu().double(), k.detach().cpu().double()
+    for b in range(batch):
+        qs = q64 if broadcast_q else q64[q_bounds[b]:q_bounds[b + 1]]
+        ks = k64[kv_bounds[b]:kv_bounds[b + 1]]
+        lq, lk = qs.shape[0], ks.shape[0]
+        visible = visible_mask(lq, lk, causal, window)
+        for i in range(math.ceil(lq / block_q)):
+            rows = slice(i * block_q, min((i + 1) * block_q, lq))
+            diagonal = min(max(rows.stop - 1 + lk - lq, 0), max(lk - 1, 0))
+            for h in range(heads_kv):
+                pooled_q = qs[rows, h * group:(h + 1) * group].mean(dim=(0, 1))
+                scores = {}
+                for j in range(math.ceil(lk / block_kv)):
+                    cols = slice(j * block_kv, min((j + 1) * block_kv, lk))
+                    if visible[rows, cols].any():
+                        scores[j] = float(pooled_q @ ks[cols, h].mean(dim=0))
+                n = len(scores)
+                keep = min(top_k, n) if top_k is not None else min(n, math.ceil(keep_ratio * n - 1e-9))
+                ranked = sorted(scores, key=lambda j: (not (always_local and j == diagonal // block_kv), -scores[j],
+                                                       j))
+                chosen = sorted(ranked[:keep])
+                index[b, h, i, :len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+                count[b, h, i] = len(chosen)
+    return index, count
+
+
+def block_sparse_masks(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets: Optional[Tensor],
+                       kv_offsets: Tensor, *, block_q: int, block_kv: int, broadcast_q: bool = False,
+                       q_rows: Optional[int] = None) -> List[Tensor]:
+    """Per sequence, the [Hkv, L_q, L_kv] bool mask a selection allows (query r sees key c iff c // block_kv is
+    among the first count ids of r // block_q), for ``reference_attention(block_masks=...)``. ``q_rows``: L_q of a
+    broadcast Q."""
+    index, count = kv_block_index.cpu(), kv_block_count.cpu()
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    masks = []
+    for b in range(len(kv_bounds) - 1):
+        lq = q_rows if broadcast_q else q_bounds[b + 1] - q_bounds[b]
+        lk = kv_bounds[b + 1] - kv_bounds[b]
+        mask = torch.zeros(index.shape[1], lq, lk, dtype=torch.bool)
+        for h in range(index.shape[1]):
+            for i in range(min(math.ceil(lq / block_q), index.shape[2])):
+                for j in index[b, h, i, :int(count[b, h, i])].tolist():
+                    mask[h, i * block_q:(i + 1) * block_q, j * block_kv:(j + 1) * block_kv] = True
+        masks.append(mask)
+    return masks
 
 
 def row_visibility(q_rows: int, q_offsets: Optional[Tensor], kv_offsets: Tensor, *, causal: bool = False,
@@ -500,6 +575,113 @@ def check_backend_writes_every_row(name: str, case: AttentionCase, *, seed: int 
     assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name=f"{name}.forward lse")
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockSparseCase:
+    """One block-sparse problem: an ``AttentionCase`` (lengths, heads, mask, dtype, device) plus the selection's
+    options. ``keep_ratio=None`` with ``top_k=None`` means a random selection (any subset of blocks per row, for
+    stage 2 alone)."""
+
+    case: AttentionCase
+    block_q: int = 16
+    block_kv: int = 16
+    keep_ratio: Optional[float] = 0.5
+    top_k: Optional[int] = None
+    always_local: bool = True
+
+    def __str__(self) -> str:
+        how = f"top_k={self.top_k}" if self.top_k is not None else (
+            "random blocks" if self.keep_ratio is None else f"keep_ratio={self.keep_ratio}")
+        return (f"{self.case} blocks={self.block_q}x{self.block_kv} {how}"
+                + ("" if self.always_local else " always_local=False"))
+
+    def max_seqlens(self) -> Tuple[int, int]:
+        return max(self.case.q_lengths, default=0), max(self.case.kv_lengths, default=0)
+
+    def selection_kwargs(self) -> dict:
+        c = self.case
+        return dict(block_q=self.block_q, block_kv=self.block_kv, keep_ratio=self.keep_ratio or 0.5,
+                    top_k=self.top_k, causal=c.causal, window=c.window, broadcast_q=c.broadcast_q,
+                    always_local=self.always_local)
+
+    def select(self, inputs: AttentionInputs, backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+        """``jfa_ops.select_kv_blocks`` on ``inputs`` (exact max_seqlen hints)."""
+        max_q, max_kv = self.max_seqlens()
+        return jfa_ops.select_kv_blocks(inputs.q.detach(), inputs.k.detach(), inputs.q_offsets, inputs.kv_offsets,
+                                        None if self.case.broadcast_q else max_q, max_kv, backend=backend,
+                                        **self.selection_kwargs())
+
+    def oracle_selection(self, inputs: AttentionInputs) -> Tuple[Tensor, Tensor]:
+        max_q, max_kv = self.max_seqlens()
+        n_q = math.ceil((inputs.q.shape[0] if self.case.broadcast_q else max_q) / self.block_q)
+        kw = self.selection_kwargs()
+        return reference_block_selection(inputs.q, inputs.k, inputs.q_offsets, inputs.kv_offsets,
+                                         n_q_blocks=n_q, n_kv_blocks=math.ceil(max_kv / self.block_kv), **kw)
+
+    def random_selection(self, inputs: AttentionInputs, seed: int) -> Tuple[Tensor, Tensor]:
+        """Any subset of each row's blocks (visible or not), on the inputs' device: stage 2 must honour whatever it
+        is given."""
+        index, _ = self.oracle_selection(inputs)  # for the shape only
+        gen = torch.Generator().manual_seed(seed + 7)
+        kv_blocks = [math.ceil(n / self.block_kv) for n in self.case.kv_lengths]
+        new_index, count = torch.full_like(index, -1), torch.zeros(index.shape[:3], dtype=torch.int32)
+        for b in range(index.shape[0]):
+            for h in range(index.shape[1]):
+                for i in range(index.shape[2]):
+                    chosen = (torch.rand(kv_blocks[b], generator=gen) < 0.5).nonzero().flatten()
+                    new_index[b, h, i, :len(chosen)] = chosen.to(torch.int32)
+                    count[b, h, i] = len(chosen)
+        device = inputs.q.device
+        return new_index.to(device), count.to(device)
+
+
+def check_block_sparse_case(case: BlockSparseCase, backend: Optional[str] = None, *, seed: int = 0,
+                            select_backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """Stage 1 on ``select_backend`` (default ``backend``) == ``reference_block_selection`` exactly (unless the case
+    asks for random blocks); stage 2 on ``backend``: out, lse and the gradients of q, k, v (through out and lse)
+    == ``reference_attention`` with the selection's ``block_sparse_masks``. Returns the selection."""
+    c = case.case
+    inputs = c.make_inputs(seed, requires_grad=True)
+    if case.keep_ratio is None and case.top_k is None:
+        index, count = case.random_selection(inputs, seed)
+    else:
+        index, count = case.select(inputs, select_backend or backend)
+        expected_index, expected_count = case.oracle_selection(inputs)
+        if not (torch.equal(index.cpu(), expected_index) and torch.equal(count.cpu(), expected_count)):
+            bad = (index.cpu() != expected_index).any(-1) | (count.cpu() != expected_count)
+            b, h, i = bad.nonzero()[0].tolist()
+            raise AssertionError(f"{case}: selection of (sequence {b}, kv head {h}, Q block {i}) is "
+                                 f"{index[b, h, i, :count[b, h, i]].tolist()}, expected "
+                                 f"{expected_index[b, h, i, :expected_count[b, h, i]].tolist()}")
+    kw = inputs.kwargs
+    out, lse = jfa_ops.block_sparse_attention(
+        inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets, index, count, kw["max_seqlen_q"],
+        kw["max_seqlen_kv"], block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+        window=kw["window"], broadcast_q=kw["broadcast_q"], return_lse=True, backend=backend)
+    masks = block_sparse_masks(index, count, inputs.q_offsets, inputs.kv_offsets, block_q=case.block_q,
+                               block_kv=case.block_kv, broadcast_q=c.broadcast_q, q_rows=inputs.q.shape[0])
+    primals64 = [t.detach().double().requires_grad_() for t in (inputs.q, inputs.k, inputs.v)]
+    with torch.enable_grad():
+        ref_out, ref_lse = reference_attention(*primals64, inputs.q_offsets, inputs.kv_offsets, scale=kw["scale"],
+                                               causal=kw["causal"], window=kw["window"],
+                                               broadcast_q=kw["broadcast_q"], block_masks=masks)
+    name = str(case)
+    assert_attention_close(out, ref_out, dtype=c.dtype, kind="forward", name=f"{name}: out")
+    assert_attention_close(lse, ref_lse, dtype=c.dtype, kind="lse", name=f"{name}: lse")
+    gen = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grad_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+    grad_lse = torch.where(torch.isfinite(ref_lse.detach().cpu()), grad_lse, 0)  # -inf rows: no lse gradient
+    grads = _grad((out, lse), (inputs.q, inputs.k, inputs.v),
+                  (grad_out.to(out), grad_lse.to(device=lse.device, dtype=lse.dtype)))
+    ref_grads = _grad((ref_out, ref_lse), primals64, (grad_out.to(ref_out.device),
+                                                      grad_lse.to(ref_lse.device)))
+    for g_name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        if r is None:  # nothing to differentiate (no rows)
+            continue
+        assert_attention_close(g, r, dtype=c.dtype, kind="grad", name=f"{name}: {g_name}")
+    return index, count
+
+
 # torch.library.opcheck's default test utilities, spelled out so a test can run them one at a time.
 OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -613,3 +795,230 @@ def _random_failures(name, device, dtypes, examples, seed, strategy_kwargs) -> T
         return [f"[random, shrunk] oracle: {last.get('case')} seed={last.get('seed')}\n    "
                 + "\n    ".join(detail[:6])], cases_run[0]
     return [], cases_run[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MXFP8 oracles (the spec, written with integer bit manipulation in float64; independent of the backends' frexp)
+# ---------------------------------------------------------------------------------------------------------------
+
+_F64_MANTISSA_BITS = 52
+_RCEIL_MANTISSA = 3 << 50  # 1.75 * 2**52 - 2**52: amax / 2**floor(log2 amax) > 1.75 overflows 448 = 1.75 * 2**8
+
+
+def _floor_log2(a: Tensor) -> Tensor:
+    """floor(log2(a)) for finite a > 0 in float64 (every fp16/bf16/fp32 value is a normal float64), from the
+    exponent bits; int64."""
+    return ((a.view(torch.int64) >> _F64_MANTISSA_BITS) & 0x7FF) - 1023
+
+
+def mx_shared_exponent_spec(amax: Tensor, rounding: str) -> Tensor:
+    """The E8M0 exponent of blocks with absolute maxima ``amax`` (float64, finite, >= 0), int64 in [-127, 127].
+
+    "floor" (OCP MX v1.0, 6.3): floor(log2(amax)) - emax(E4M3) = floor(log2(amax)) - 8; elements above 448 then
+    saturate. "rceil": the smallest power of two ``2**e`` with ``amax / 2**e <= 448`` (no saturation): the floor
+    exponent, plus one when amax's significand exceeds 1.75. A zero block gets the smallest scale, 2**-127.
+    """
+    a = amax.to(torch.float64)
+    exp = _floor_log2(torch.where(a > 0, a, torch.ones_like(a))) - 8
+    if rounding == "rceil":
+        exp = exp + ((a.view(torch.int64) & ((1 << _F64_MANTISSA_BITS) - 1)) > _RCEIL_MANTISSA).to(torch.int64)
+    exp = torch.where(a > 0, exp, torch.full_like(exp, -127))
+    return exp.clamp(-127, 127)
+
+
+def e4m3_round_spec(y: Tensor) -> Tensor:
+    """Round float64 ``y`` to the nearest float8_e4m3fn value (ties to even), saturating at +-448: float64 values.
+
+    E4M3: 3 mantissa bits, normals from 2**-6, subnormals spaced 2**-9. The spacing at |y| is 2**(max(e, -6) - 3)
+    with e = floor(log2|y|); |y| / spacing is exact in float64, and torch.round rounds half to even.
+    """
+    a = y.abs().clamp(max=448.0)
+    e = _floor_log2(torch.where(a > 0, a, torch.ones_like(a))).clamp(min=-6)
+    spacing = torch.pow(2.0, (e - 3).to(torch.float64))
+    return torch.copysign(torch.round(a / spacing) * spacing, y)
+
+
+def _row_blocks(rows: int, offsets: Optional[Sequence[int]], block_rows: int) -> List[Tuple[int, int, int]]:
+    """(first row, rows, scale row) of every row block: per sequence, 32-row blocks from the sequence's first row;
+    sequence b's first block is offsets[b] // 32 + b (the documented layout)."""
+    if block_rows == 1:
+        return [(r, 1, r) for r in range(rows)]
+    bounds = [0, rows] if offsets is None else list(offsets)
+    out = []
+    for b in range(len(bounds) - 1):
+        first = bounds[b] // 32 + b
+        for i, r0 in enumerate(range(bounds[b], bounds[b + 1], 32)):
+            out.append((r0, min(32, bounds[b + 1] - r0), first + i))
+    return out
+
+
+def mx_quantize_spec(x: Tensor, offsets: Optional[Tensor] = None, block: Sequence[int] = (1, 32),
+                     rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    """The MXFP8 oracle: (data float8_e4m3fn [T, H, D], scale float8_e8m0fnu) of ``x [T, H, D]``, block by block.
+
+    Each block: X = 2**mx_shared_exponent_spec(amax), elements e4m3_round_spec(x / X). A block holding inf or NaN
+    gets scale NaN (bits 0xFF) and every element NaN (0x7F): the spec decodes a NaN scale to NaN elements. Scale rows
+    no sequence owns hold bits 0. The layout is ``meta_kernels.mxfp8``'s table.
+    """
+    import meta_kernels.mxfp8 as mx
+
+    block_rows, block_cols = block
+    rows, heads, dim = x.shape
+    x64 = x.detach().cpu().to(torch.float64)
+    bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
+    scale_rows = mx.scale_shape(rows, heads, dim, offsets, block)[0]
+    data = torch.zeros(rows, heads, dim, dtype=torch.float64)
+    nan_data = torch.zeros(rows, heads, dim, dtype=torch.bool)
+    scale_bits = torch.zeros(scale_rows, heads, dim // block_cols, dtype=torch.int64)
+    # (1, 32), (32, 32): one block per head and 32-column group; (32, 1): one per head and column.
+    reduce_dims = (0, 2) if block_cols > 1 else (0,)
+    col_groups = range(dim // block_cols) if block_cols > 1 else [None]
+    for r0, n, srow in _row_blocks(rows, bounds, block_rows):
+        for c in col_groups:
+            cols = slice(None) if c is None else slice(c * block_cols, (c + 1) * block_cols)
+            blk = x64[r0:r0 + n, :, cols]
+            finite = (~torch.isfinite(blk)).to(torch.int64).amax(dim=reduce_dims, keepdim=True) == 0
+            amax = torch.where(torch.isfinite(blk), blk.abs(), torch.zeros_like(blk)).amax(dim=reduce_dims,
+                                                                                         keepdim=True)
+            exp = mx_shared_exponent_spec(amax, rounding)  # [1, H, 1] or [1, H, D]
+            data[r0:r0 + n, :, cols] = e4m3_round_spec(blk * torch.pow(2.0, (-exp).to(torch.float64)))
+            nan_data[r0:r0 + n, :, cols] = ~finite
+            bits = torch.where(finite, exp + 127, torch.full_like(exp, 255))[0]
+            scale_bits[srow, :, cols if c is None else c] = bits if c is None else bits[:, 0]
+    data_bits = data.to(torch.float8_e4m3fn).view(torch.uint8)  # exact: every value is an e4m3 value
+    data_bits = torch.where(nan_data, torch.full_like(data_bits, 0x7F), data_bits)
+    return (data_bits.view(torch.float8_e4m3fn).to(x.device),
+            scale_bits.to(torch.uint8).view(torch.float8_e8m0fnu).to(x.device))
+
+
+def mx_dequantize_spec(data: Tensor, scale: Tensor, offsets: Optional[Tensor] = None,
+                       block: Sequence[int] = (1, 32)) -> Tensor:
+    """float64 values of an MXFP8 (data, scale) pair: element * 2**(bits - 127), NaN where the scale is NaN."""
+    block_rows, block_cols = block
+    rows, heads, dim = data.shape
+    bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
+    values = data.detach().cpu().to(torch.float64)
+    bits = scale.detach().cpu().view(torch.uint8).to(torch.int64)
+    out = torch.empty_like(values)
+    for r0, n, srow in _row_blocks(rows, bounds, block_rows):
+        s = bits[srow].repeat_interleave(block_cols, dim=-1)  # [H, D]
+        x = torch.pow(2.0, (s - 127).to(torch.float64))
+        out[r0:r0 + n] = torch.where(s == 255, math.nan, values[r0:r0 + n] * x)
+    return out.to(data.device)
+
+
+def mx_round_trip_spec(x: Tensor, offsets: Optional[Tensor] = None, block: Sequence[int] = (1, 32),
+                       rounding: str = "rceil") -> Tensor:
+    """float64 values of ``x`` after MXFP8 quantization (oracle)."""
+    return mx_dequantize_spec(*mx_quantize_spec(x, offsets, block, rounding), offsets, block)
+
+
+def _mx_round_trip_last_axis(p: Tensor) -> Tensor:
+    """float64 ``p [..., L]`` MXFP8 round-tripped in (1, 32) blocks along its last axis from index 0, the last block
+    padded with zeros, rounding "rceil" (how attention quantizes P)."""
+    length = p.shape[-1]
+    padded = torch.nn.functional.pad(p, (0, -length % 32))
+    flat = padded.reshape(-1, 1, padded.shape[-1])
+    return mx_round_trip_spec(flat).reshape(padded.shape)[..., :length]
+
+
+def reference_mxfp8_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                              scale: Optional[float] = None, causal: bool = False, window: Sequence[int] = (-1, -1),
+                              broadcast_q: bool = False, rounding: str = "rceil") -> Tuple[Tensor, Tensor]:
+    """Float64 oracle of ``jfa::mxfp8_attention``'s forward: (out [T_q, Hq, D], lse [Hq, T_q]), both float64.
+
+    Per sequence: Q and K round-tripped through MXFP8 in (1, 32) blocks (along head_dim), V in (32, 1) blocks
+    (along the sequence); s2 = (Q K^T) * scale / ln 2 (log2 domain), M = ceil(max visible s2) per row (an integer,
+    so P's MXFP8 blocks are the same whatever running maximum a kernel rescales by), P = 2**(s2 - M) on visible keys,
+    Pq = P round-tripped in (1, 32) blocks along the keys ("rceil"); out = Pq V / sum(Pq), lse = (M + log2(sum P))
+    * ln 2 (the unquantized P: the backward's softmax). A row with no visible key: out 0, lse -inf.
+    """
+    heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads_q // heads_kv
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    qd = mx_round_trip_spec(q, None, (1, 32), rounding).cpu()
+    kd = mx_round_trip_spec(k, None, (1, 32), rounding).cpu()
+    vd = mx_round_trip_spec(v, kv_offsets, (32, 1), rounding).cpu()
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    outs, lses = [], []
+    for b in range(len(kv_bounds) - 1):
+        qs = qd if broadcast_q else qd[q_bounds[b]:q_bounds[b + 1]]
+        ks = kd[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
+        vs = vd[kv_bounds[b]:kv_bounds[b + 1]].repeat_interleave(group, dim=1)
+        if qs.shape[0] == 0 or ks.shape[0] == 0:  # nothing visible: out 0, lse -inf
+            outs.append(torch.zeros(qs.shape[0], heads_q, head_dim, dtype=torch.float64))
+            lses.append(torch.full((heads_q, qs.shape[0]), -math.inf, dtype=torch.float64))
+            continue
+        visible = visible_mask(qs.shape[0], ks.shape[0], causal, window)
+        s2 = torch.einsum("ihd,jhd->hij", qs, ks) * (scale / math.log(2))
+        s2 = s2.masked_fill(~visible, -math.inf)
+        row_max = s2.amax(dim=-1, keepdim=True) if s2.shape[-1] else s2.new_full((*s2.shape[:-1], 1), -math.inf)
+        has_mass = row_max > -math.inf
+        m = torch.where(has_mass, torch.ceil(row_max), torch.zeros_like(row_max))
+        p = torch.where(visible & has_mass, torch.exp2(s2 - m), torch.zeros_like(s2))
+        pq = _mx_round_trip_last_axis(p)
+        total_q = pq.sum(dim=-1, keepdim=True)
+        outs.append(torch.einsum("hij,jhd->ihd", pq / torch.where(total_q > 0, total_q, 1.0), vs))
+        total = p.sum(dim=-1, keepdim=True)
+        lse = torch.where(has_mass, (m + torch.log2(torch.where(total > 0, total, 1.0))) * math.log(2), -math.inf)
+        lses.append(lse.squeeze(-1))
+    out = torch.cat(outs) if outs else torch.zeros(0, heads_q, head_dim, dtype=torch.float64)
+    lse = torch.cat(lses, dim=1) if lses else torch.zeros(heads_q, 0, dtype=torch.float64)
+    return out.to(q.device), lse.to(q.device)
+
+
+def _mx_round_trip_square(p: Tensor) -> Tensor:
+    """float64 ``p [H, Lq, Lk]`` round-tripped in 32 x 32 blocks over (Lq, Lk) from (0, 0), rounding "rceil"."""
+    heads, lq, lk = p.shape
+    padded = torch.nn.functional.pad(p, (0, -lk % 32, 0, -lq % 32)).transpose(0, 1)  # [Lq', H, Lk']
+    return mx_round_trip_spec(padded, None, (32, 32)).transpose(0, 1)[:, :lq, :lk]
+
+
+def reference_mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                                       out: Tensor, lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                                       scale: Optional[float] = None, causal: bool = False,
+                                       window: Sequence[int] = (-1, -1), broadcast_q: bool = False,
+                                       rounding: str = "rceil") -> Tuple[Tensor, Tensor, Tensor]:
+    """Float64 oracle of ``jfa::mxfp8_attention_backward``: (dq, dk, dv) float64, per sequence.
+
+    Q, K, dO round-tripped in (32, 32) blocks (row blocks per sequence; broadcast Q is one sequence, its dO rows per
+    output sequence), V in (1, 32) blocks; P = exp(min(Q K^T scale - lse, 0)) from the given lse; dV = Pq^T dO with P
+    round-tripped in 32 x 32 blocks over (query, key); dP = dO V^T; dS = P (dP - delta), delta = rowsum(dO * out)
+    - grad_lse, round-tripped in 32 x 32 blocks; dQ = scale dS K; dK = scale dS^T Q.
+    """
+    heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads_q // heads_kv
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    batch = len(kv_bounds) - 1
+    out_offsets = (torch.arange(batch + 1) * q.shape[0]) if broadcast_q else q_offsets.cpu()
+    qd = mx_round_trip_spec(q, None if broadcast_q else q_offsets, (32, 32), rounding).cpu()
+    kd = mx_round_trip_spec(k, kv_offsets, (32, 32), rounding).cpu()
+    vd = mx_round_trip_spec(v, None, (1, 32), rounding).cpu()
+    dod = mx_round_trip_spec(grad_out, out_offsets, (32, 32), rounding).cpu()
+    delta = torch.einsum("ihd,ihd->hi", grad_out.detach().cpu().double(), out.detach().cpu().double())
+    if grad_lse is not None:
+        delta = delta - grad_lse.detach().cpu().double()
+    lse64 = lse.detach().cpu().double()
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    out_bounds = [int(x) for x in out_offsets.tolist()]
+    for b in range(batch):
+        q0, q1 = (0, q.shape[0]) if broadcast_q else (out_bounds[b], out_bounds[b + 1])
+        o0, o1, k0, k1 = out_bounds[b], out_bounds[b + 1], kv_bounds[b], kv_bounds[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        ks = kd[k0:k1].repeat_interleave(group, dim=1)
+        vs = vd[k0:k1].repeat_interleave(group, dim=1)
+        visible = visible_mask(q1 - q0, k1 - k0, causal, window)
+        row_lse = lse64[:, o0:o1, None]
+        s = torch.einsum("ihd,jhd->hij", qd[q0:q1], ks) * scale
+        p = torch.where(visible & (row_lse > -math.inf), torch.exp((s - row_lse.clamp(min=-1e300)).clamp(max=0)), 0.0)
+        do = dod[o0:o1]
+        dv_h = torch.einsum("hij,ihd->jhd", _mx_round_trip_square(p), do)
+        dp = torch.einsum("ihd,jhd->hij", do, vs)
+        ds = _mx_round_trip_square(p * (dp - delta[:, o0:o1, None]))
+        dq[q0:q1] += scale * torch.einsum("hij,jhd->ihd", ds, ks)
+        dk[k0:k1] += (scale * torch.einsum("hij,ihd->jhd", ds, qd[q0:q1])).unflatten(1, (heads_kv, group)).sum(2)
+        dv[k0:k1] += dv_h.unflatten(1, (heads_kv, group)).sum(2)
+    return dq.to(q.device), dk.to(q.device), dv.to(q.device)

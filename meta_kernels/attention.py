@@ -78,13 +78,16 @@ def check_attention_args(
     kv_offsets: torch.Tensor,
     window: Sequence[int],
     broadcast_q: bool,
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
 ) -> None:
-    """Raise ``TypeError``/``ValueError`` naming the argument for any malformed metadata."""
+    """Raise ``TypeError``/``ValueError`` naming the argument for any malformed metadata. ``dtypes``: the allowed
+    input dtypes (MXFP8 attention's pre-quantized op passes float8_e4m3fn)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+        if t.dtype not in dtypes:
+            allowed = "float16, bfloat16, float32 or float64" if dtypes == FLOAT_DTYPES else ", ".join(map(str, dtypes))
+            raise TypeError(f"{name} must be {allowed}, got {t.dtype}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [rows, heads, head_dim], got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):

@@ -5,10 +5,17 @@ import torch
 from expecttest import TestCase
 
 from jfa_ops.ops import attention as attention_ops
+from jfa_ops.ops import mxfp8 as mxfp8_ops
 
 OPS = {
     "attention": (attention_ops.attention, attention_ops._attention_fake),
     "attention_backward": (attention_ops.attention_backward, attention_ops._attention_backward_fake),
+    "mxfp8_quantize": (mxfp8_ops.mxfp8_quantize, mxfp8_ops._quantize_fake),
+    "mxfp8_dequantize": (mxfp8_ops.mxfp8_dequantize, mxfp8_ops._dequantize_fake),
+    "mxfp8_attention": (mxfp8_ops.mxfp8_attention, mxfp8_ops._mxfp8_attention_fake),
+    "mxfp8_attention_backward": (mxfp8_ops.mxfp8_attention_backward, mxfp8_ops._mxfp8_attention_backward_fake),
+    "mxfp8_attention_quantized": (mxfp8_ops.mxfp8_attention_quantized,
+                                  mxfp8_ops._mxfp8_attention_quantized_fake),
 }
 
 
@@ -60,6 +67,24 @@ jfa::attention_backward(
     bool deterministic=False,
     str? backend=None
 ) -> (Tensor, Tensor, Tensor)""")
+
+    def test_mxfp8_schemas(self):
+        self.assertExpectedInline("\n".join(str(getattr(torch.ops.jfa, name).default._schema) for name in (
+            "mxfp8_quantize", "mxfp8_dequantize")), """\
+jfa::mxfp8_quantize(Tensor x, Tensor? offsets=None, int[] block=[1, 32], str rounding="rceil", str? backend=None) -> (Tensor, Tensor)
+jfa::mxfp8_dequantize(Tensor data, Tensor scale, Tensor? offsets=None, int[] block=[1, 32], ScalarType? dtype=None, str? backend=None) -> Tensor""")
+
+    def test_mxfp8_attention_options_extend_attention(self):
+        """mxfp8_attention (and its backward) take jfa::attention's options, then rounding; the pre-quantized op
+        takes them, then out_dtype."""
+        options = [(a.name, str(a.type), a.default_value) for a in
+                   torch.ops.jfa.attention.default._schema.arguments[attention_ops._NUM_TENSOR_INPUTS:]]
+        for name, extra in (("mxfp8_attention", "rounding"), ("mxfp8_attention_backward", "rounding"),
+                            ("mxfp8_attention_quantized", "out_dtype")):
+            args = getattr(torch.ops.jfa, name).default._schema.arguments
+            got = [(a.name, str(a.type), a.default_value) for a in args[len(args) - len(options) - 1:-1]]
+            self.assertEqual(got, options, name)
+            self.assertEqual(args[-1].name, extra)
 
     def test_ops_are_functional(self):
         for name in OPS:

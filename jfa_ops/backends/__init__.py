@@ -16,20 +16,24 @@ that implement that family.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import warnings
 from typing import Dict, List, Optional, Set
 
-from jfa_ops.backends.base import ATTENTION, AttentionParams, Backend, FamilyImpl, Problem
+from jfa_ops.backends.base import (ATTENTION, AttentionParams, Backend, BlockSelectParams, BlockSparseParams,
+                                   FamilyImpl, Problem)
 
-__all__ = ["AttentionParams", "Backend", "FamilyImpl", "Problem", "register_backend", "unregister_backend", "get_backend",
+__all__ = ["AttentionParams", "Backend", "BlockSelectParams", "BlockSparseParams", "FamilyImpl", "Problem", "register_backend", "unregister_backend", "get_backend",
            "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
 
 _BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "cpu": "jfa_ops.backends.cpu",
-                    "triton": "jfa_ops.backends.triton"}
+                    "triton": "jfa_ops.backends.triton", "tlx": "jfa_ops.backends.tlx"}
 _REGISTRY: Dict[str, Backend] = {}
 _IMPORT_ERRORS: Dict[str, str] = {}
 _WARNED: Set[str] = set()  # reasons already warned about (the reference-on-CUDA fallback)
+_TLX_CHECKED: Set[int] = set()  # CUDA devices already told why tlx is not used there
+_LOG = logging.getLogger("jfa_ops")
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
@@ -102,6 +106,8 @@ def select_backend(requested: Optional[str], problem: Problem, family: str = ATT
             raise ValueError(f"backend {requested!r} cannot run this call: {reason}")
         return backend
     declined = [f"{name} could not be imported ({error})" for name, error in _IMPORT_ERRORS.items()]
+    if problem.device_type == "cuda":
+        _log_tlx_unavailable(problem)
     for name in registered_backends():
         backend = _REGISTRY[name]
         if not backend.implements(family) or (
@@ -126,3 +132,25 @@ def _warn_reference_on_cuda(why: str) -> None:
     warnings.warn(f"jfa_ops: this CUDA call runs on the 'reference' backend (slow: a Python loop that syncs the host "
                   f"and breaks CUDA-graph capture) because {why or 'no faster backend is registered'}. Pass "
                   f"backend='reference' to choose it explicitly.", stacklevel=2)
+
+
+def _log_tlx_unavailable(problem: Problem) -> None:
+    """Once per GPU: on an sm_90 GPU, say why the tlx backend (written for it) is not installed or does not import."""
+    import torch
+
+    if not torch.cuda.is_available():  # a Problem made by hand on a machine without a GPU
+        return
+    index = problem.device_index if problem.device_index is not None else torch.cuda.current_device()
+    if index in _TLX_CHECKED:
+        return
+    _TLX_CHECKED.add(index)
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        return
+    reason = _IMPORT_ERRORS.get("tlx")
+    if reason is None and "tlx" in _REGISTRY:
+        reason = _REGISTRY["tlx"].supports(problem)
+        if reason is None or not reason.startswith("TLX does not import"):
+            return
+    if reason is not None:
+        _LOG.info("jfa_ops: the tlx backend (warp-specialized sm_90 kernels) is not used on cuda:%d: %s; calls run on "
+                  "the next backend", index, reason)

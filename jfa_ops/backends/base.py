@@ -42,6 +42,32 @@ class AttentionParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockSparseParams(AttentionParams):
+    """``jfa::block_sparse_attention``'s options: the attention options plus the selection's block sizes."""
+
+    block_q: int = 128
+    block_kv: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSelectParams:
+    """The non-tensor arguments of ``jfa::select_kv_blocks``, resolved. ``top_k`` -1: keep ``ceil(keep_ratio *
+    visible)`` blocks, else ``min(top_k, visible)``. ``n_q_blocks``/``n_kv_blocks``: the output's static sizes."""
+
+    block_q: int
+    block_kv: int
+    n_q_blocks: int
+    n_kv_blocks: int
+    keep_ratio: float = 0.5
+    top_k: int = -1
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    broadcast_q: bool = False
+    always_local: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     """Static facts a backend's ``supports`` decides on (never tensor values: no host sync)."""
 
@@ -66,7 +92,8 @@ class Problem:
             device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], num_heads_q=q.shape[1],
             num_heads_kv=k.shape[1], causal=params.causal, window_left=params.window_left,
             window_right=params.window_right, broadcast_q=params.broadcast_q, deterministic=params.deterministic,
-            device_index=q.device.index,
+            device_index=q.device.index, block_q=getattr(params, "block_q", 0),
+            block_kv=getattr(params, "block_kv", 0),
         )
 
 
@@ -102,7 +129,7 @@ class Backend:
     # True: forward checks the offset values on the device when AttentionParams.check_offsets says so (folded into a
     # kernel that reads them anyway); False: jfa_ops.validation checks them before the call.
     checks_offsets: bool = False
-    # True: forward/backward can be traced into a torch.compile graph on CUDA (only aten ops and kernel launches
+    # True: its attention forward/backward can be traced into a torch.compile graph on CUDA (only aten ops and kernel launches
     # through ``launch`` under ``traced()``, no host reads of device data); see ``jfa_ops.ops.attention`` (compile path).
     traceable: bool = False
     families: Mapping[str, FamilyImpl] = dataclasses.field(default_factory=dict, hash=False)

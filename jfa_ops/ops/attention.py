@@ -36,16 +36,19 @@ NUM_OPTIONS = OPTIONS_SCHEMA.count(",") + 1
 
 def _params(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, max_seqlen_q=-1,
             max_seqlen_kv=-1, scale=None, causal=False, window_left=-1, window_right=-1, broadcast_q=False,
-            deterministic=False, backend=None) -> Tuple[AttentionParams, Optional[str]]:
+            deterministic=False, backend=None, *,
+            dtypes=meta_kernels.attention.FLOAT_DTYPES) -> Tuple[AttentionParams, Optional[str]]:
     """Check the forward's inputs and options (in schema order); return them as AttentionParams, plus the backend.
 
     The metadata checks come before the default scale ``D ** -0.5`` (head_dim 0 is a ValueError, not a division
-    by zero). ``torch.use_deterministic_algorithms(True)`` counts as ``deterministic=True``: it is read when the op
+    by zero). ``dtypes``: q/k/v dtypes allowed (MXFP8's pre-quantized op: float8_e4m3fn).
+    ``torch.use_deterministic_algorithms(True)`` counts as ``deterministic=True``: it is read when the op
     runs (eagerly, or from compiled code), so it never enters a traced graph.
     """
     meta_kernels.check_options(scale, causal, (window_left, window_right), broadcast_q, deterministic, max_seqlen_q,
                                max_seqlen_kv)
-    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q)
+    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q,
+                                      dtypes)
     return _resolve(q, max_seqlen_q, max_seqlen_kv, scale, causal, window_left, window_right, broadcast_q,
                     deterministic, backend)
 

@@ -11,7 +11,7 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from jfa_ops.backends.base import AttentionParams, Backend, Problem
+from jfa_ops.backends.base import AttentionParams, Backend, FamilyImpl, Problem
 
 SCORE_BLOCK_BYTES = 64 * 2**20
 
@@ -92,19 +92,29 @@ def forward(q, k, v, q_offsets, kv_offsets, params: AttentionParams):
     return out, lse
 
 
-def forward_into(out, lse, q, k, v, sequences, params: AttentionParams) -> None:
-    """Write out/lse rows of ``sequences`` (tuples as ``_sequences`` yields); rows of the others are left alone."""
+def _restrict(visible, b, r0, r1, block_mask):
+    """``visible`` ([r, Lk] or None) and the block-sparse family's ``block_mask(b, r0, r1)`` ([Hkv, 1, r, Lk]: one
+    mask per kv head, broadcast over its query heads), or ``visible`` alone without one."""
+    if block_mask is None:
+        return visible
+    mask = block_mask(b, r0, r1)
+    return mask if visible is None else mask & visible
+
+
+def forward_into(out, lse, q, k, v, sequences, params: AttentionParams, block_mask=None) -> None:
+    """Write out/lse rows of ``sequences`` (tuples as ``_sequences`` yields); rows of the others are left alone.
+    ``block_mask``: see ``_restrict`` (the block-sparse family)."""
     heads_q = q.shape[1]
     heads_kv = k.shape[1]
     cdt = _compute_dtype(q.dtype)
-    for _, q_start, q_rows, out_start, kv_start, kv_rows in sequences:
+    for b, q_start, q_rows, out_start, kv_start, kv_rows in sequences:
         if q_rows == 0 or kv_rows == 0:
             continue
         k_seq = k[kv_start:kv_start + kv_rows].to(cdt)
         v_seq = v[kv_start:kv_start + kv_rows].to(cdt)
         for r0, r1 in _row_chunks(q_rows, kv_rows, heads_q, torch.finfo(cdt).bits // 8):
             q_chunk = _grouped(q[q_start + r0:q_start + r1].to(cdt), heads_kv)
-            visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
+            visible = _restrict(visible_mask(r0, r1, q_rows, kv_rows, params, q.device), b, r0, r1, block_mask)
             s = _scores(q_chunk, k_seq, visible, params.scale)
             lse_chunk = row_lse(s)  # [Hkv, G, r]
             p = softmax_probs(s, lse_chunk)
@@ -123,12 +133,14 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, sequences, params: AttentionParams) -> None:
-    """Add the gradients of ``sequences`` into dq/dk/dv (compute dtype: float32, float64 for float64 inputs)."""
+def backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, sequences, params: AttentionParams,
+                  block_mask=None) -> None:
+    """Add the gradients of ``sequences`` into dq/dk/dv (compute dtype: float32, float64 for float64 inputs).
+    ``block_mask``: see ``_restrict`` (the block-sparse family)."""
     heads_q = q.shape[1]
     heads_kv = k.shape[1]
     cdt = dq.dtype
-    for _, q_start, q_rows, out_start, kv_start, kv_rows in sequences:
+    for b, q_start, q_rows, out_start, kv_start, kv_rows in sequences:
         if q_rows == 0 or kv_rows == 0:
             continue
         kv_rows_slice = slice(kv_start, kv_start + kv_rows)
@@ -138,7 +150,7 @@ def backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, sequences, 
             q_chunk = _grouped(q[q_rows_slice].to(cdt), heads_kv)
             do_chunk = _grouped(grad_out[o_rows_slice].to(cdt), heads_kv)
             o_chunk = _grouped(out[o_rows_slice].to(cdt), heads_kv)
-            visible = visible_mask(r0, r1, q_rows, kv_rows, params, q.device)
+            visible = _restrict(visible_mask(r0, r1, q_rows, kv_rows, params, q.device), b, r0, r1, block_mask)
             s = _scores(q_chunk, k_seq, visible, params.scale)
             if cdt == torch.float64:  # the saved lse is float32: recompute it, or fp64 grads are only ~1e-7 exact
                 lse_chunk = row_lse(s)
@@ -160,4 +172,17 @@ def supports(problem: Problem) -> Optional[str]:
     return None  # exact math on any device, dtype and mask
 
 
-BACKEND = Backend(name="reference", forward=forward, backward=backward, supports=supports, priority=0)
+def _block_sparse_family():
+    from jfa_ops.backends.reference import block_sparse  # imports this module: bind after its definitions
+
+    return block_sparse.FAMILIES
+
+
+from jfa_ops.backends.reference import mxfp8 as _mxfp8  # noqa: E402  (it imports visible_mask from here)
+
+BACKEND = Backend(name="reference", forward=forward, backward=backward, supports=supports, priority=0, families={
+    **_block_sparse_family(),
+    "mxfp8_quantize": FamilyImpl(_mxfp8.quantize),
+    "mxfp8_dequantize": FamilyImpl(_mxfp8.dequantize),
+    "mxfp8_attention": FamilyImpl(_mxfp8.attention_forward, _mxfp8.attention_backward),
+})

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..base import AttentionParams, Backend, Problem, device_guard
+from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard
 from . import configs
 
 __all__ = ["forward", "backward", "supports", "BACKEND"]
@@ -87,5 +87,40 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
         return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
+def block_sparse_supports(problem: Problem) -> Optional[str]:
+    """The attention kernels' rules, plus block sizes that are powers of two >= 16 (tiles of tl.dot)."""
+    for name, block in (("block_q", problem.block_q), ("block_kv", problem.block_kv)):
+        if block < 16 or block & (block - 1):
+            return f"{name} {block} must be a power of two >= 16"
+    return supports(problem)
+
+
+def select_kv_blocks(q, k, q_offsets, kv_offsets, params):
+    """Stage 1 (block pooling and scores in Triton, a stable device sort for the top-k); no host sync."""
+    from .block_sparse_select import select_kv_blocks as select
+
+    with device_guard(q.device):
+        return select(q, k, q_offsets, kv_offsets, params)
+
+
+def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
+    from .block_sparse_fwd import block_sparse_forward as run
+
+    with device_guard(q.device):
+        return run(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
+
+
+def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
+                          kv_block_count, params):
+    from .block_sparse_bwd import block_sparse_backward as run
+
+    with device_guard(q.device):
+        return run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
+                   params)
+
+
 BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,
-                  auto_devices=("cuda",), checks_offsets=True, traceable=True)
+                  auto_devices=("cuda",), checks_offsets=True, traceable=True, families={
+                      "select_kv_blocks": FamilyImpl(select_kv_blocks, supports=block_sparse_supports),
+                      "block_sparse": FamilyImpl(block_sparse_forward, block_sparse_backward,
+                                                 supports=block_sparse_supports)})

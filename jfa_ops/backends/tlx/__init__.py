@@ -1,0 +1,102 @@
+"""The TLX backend (experimental): warp-specialized Hopper (sm_90) kernels written in TLX (Triton Low-level
+Extensions, ``pip install jfa_ops[tlx]``: the ``triton-utlx`` plugin for stock Triton 3.8).
+
+What it runs: the forward of fp16/bf16 attention with head_dim 64, 128 or 256 on an sm_90 GPU (causal, windows, GQA,
+broadcast Q, jagged), the kernel in ``attn_fwd.py``. Everything else is declined with a reason, so the automatic
+choice routes it to ``triton``: other head dims, fp32, ``deterministic=True``, other GPUs. Its backward is the triton
+backend's (the same out/lse contract) until a TLX backward exists.
+
+Importing this module never imports triton: it only checks that the plugin is installed (else ImportError, which the
+registry records: ``unavailable_reason("tlx")``). The TLX kernels import on the first CUDA problem ``supports`` sees.
+Until a GPU run has passed, the backend is not chosen automatically (``AUTO_SELECT``); ask for it by name
+(``backend="tlx"`` or ``JFA_BACKEND=tlx``).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+
+from ..base import AttentionParams, Backend, Problem, device_guard
+from .configs import fwd_config
+
+__all__ = ["forward", "backward", "supports", "BACKEND", "AUTO_SELECT"]
+
+
+def _tlx_installed() -> bool:
+    """The uTLX plugin (``triton-utlx``) or a Triton fork that ships TLX inside it, found without importing triton."""
+    if importlib.util.find_spec("utlx_plugin") is not None:
+        return True
+    spec = importlib.util.find_spec("triton")
+    return spec is not None and any(os.path.isdir(os.path.join(p, "language", "extra", "tlx"))
+                                    for p in spec.submodule_search_locations or ())
+
+
+if not _tlx_installed():
+    raise ImportError("TLX is not installed (pip install 'jfa_ops[tlx]': triton==3.8.0 and triton-utlx)")
+
+# Set True once the GPU check (tools/tlx_device.sh) passes: then the automatic choice prefers tlx over triton on
+# sm_90. Until then it ranks below triton, so only an explicit request runs it.
+AUTO_SELECT = os.environ.get("JFA_TLX_AUTO", "0") == "1"
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _import_reason() -> Optional[str]:
+    """None when the TLX language imports (with the plugin registered before triton loads), else why not."""
+    try:
+        if importlib.util.find_spec("_utlx_autoregister") is not None:
+            import _utlx_autoregister  # noqa: F401 (pip --target installs skip the plugin's .pth file)
+        import triton.language.extra.tlx  # noqa: F401
+        from . import attn_fwd  # noqa: F401 (compiles nothing: kernels compile on first launch)
+    except Exception as e:  # an incompatible triton raises more than ImportError
+        return f"TLX does not import ({type(e).__name__}: {e})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int):
+    return torch.cuda.get_device_capability(device_index)
+
+
+def supports(problem: Problem) -> Optional[str]:
+    """None when the tlx backend can run ``problem``, else the reason (those calls go to ``triton``)."""
+    if problem.device_type != "cuda":
+        return f"needs a CUDA sm_90 GPU, got {problem.device_type}"
+    if torch.version.cuda is None:
+        return "needs an NVIDIA (CUDA) build of torch"
+    if problem.dtype not in _SUPPORTED_DTYPES:
+        return f"dtype {problem.dtype} not supported (fp16, bf16)"
+    if fwd_config(problem.head_dim) is None:
+        return f"head_dim {problem.head_dim} not supported (64, 128, 256)"
+    if problem.deterministic:
+        return "deterministic=True is not implemented (the triton backend runs it)"
+    if problem.num_heads_kv <= 0 or problem.num_heads_q % problem.num_heads_kv != 0:
+        return f"num_heads_q {problem.num_heads_q} must be a multiple of num_heads_kv {problem.num_heads_kv}"
+    index = problem.device_index if problem.device_index is not None else torch.cuda.current_device()
+    if _capability(index) != (9, 0):
+        return f"the kernels are sm_90a (Hopper) code; cuda:{index} is sm_{''.join(map(str, _capability(index)))}"
+    return _import_reason()
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
+            kv_offsets: torch.Tensor, params: AttentionParams):
+    """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
+    from .attn_fwd import attention_forward
+
+    with device_guard(q.device):
+        return attention_forward(q, k, v, q_offsets, kv_offsets, params)
+
+
+def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
+    """The triton backend's backward: it reads the same (out, lse) the TLX forward writes. A TLX backward is to come."""
+    from ..triton import backward as triton_backward
+
+    return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
+
+
+BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=supports,
+                  priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True)

@@ -1,0 +1,336 @@
+"""TLX forward kernel (sm_90): persistent, warp-specialized, two consumer warpgroups ping-ponging query tiles.
+
+Roles inside one program (12 warps):
+- the producer (the default task, 4 warps, few registers) issues TMA loads: per work item the two query half-tiles
+  ([BLOCK_M / 2, D] each, one per consumer), then the key/value blocks through a ring of NUM_BUFFERS_KV buffers
+  guarded by mbarriers (full: the TMA landed; empty: both consumers are done with it);
+- two consumer warpgroups (4 warps each, 232 registers) own one query half-tile each and run the online softmax.
+  Named barriers 9/10 make them issue their QK^T wgmma in turn, so one's softmax overlaps the other's matmuls (FA3's
+  ping-pong).
+
+Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
+one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
+takes p, p + P, ... (static persistent striding). The producer and the consumers walk the same items and compute the
+same key-block ranges (``triton.common.stage_bounds``: masked lead, mask-free bulk, masked tail; blocks nobody sees
+are never loaded), so their barrier phases stay in step without talking.
+
+Jagged TMA: the descriptors cover the whole packed [T, H*D] tensors, so a block can run past its sequence's end into
+the next sequence. Keys there are masked (-inf) in the masked stages; the value rows there are zeroed in shared memory
+before use (consumer 0 does it, then both meet at named barrier 11), because p = 0 times a NaN/inf value of the
+neighbour would still poison the output (the triton kernels' rule, commit d131e1a). Outputs are stored through masked
+pointer stores, never TMA, so rows past a sequence are never written.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from ... import validation
+from ..triton import common
+from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
+from ..triton.common import LN2, seq_extent, stage_bounds, visible, window_bounds, work_item
+from ..triton.launch import launch
+from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
+from .configs import NUM_WARPS, fwd_config
+
+PINGPONG_A: tl.constexpr = tl.constexpr(9)  # consumer 1 -> consumer 0: "your turn to issue"
+PINGPONG_B: tl.constexpr = tl.constexpr(10)  # consumer 0 -> consumer 1
+VFIX_BARRIER: tl.constexpr = tl.constexpr(11)  # both consumers: the value rows past the sequence end are zeroed
+NUM_CONSUMERS: tl.constexpr = tl.constexpr(2)
+CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
+VFIX_ROWS: tl.constexpr = tl.constexpr(32)  # rows zeroed per step (bounds the registers the fix-up needs)
+
+
+@triton.jit
+def _slot_phase(count, NUM_BUFFERS: tl.constexpr):
+    return count % NUM_BUFFERS, (count // NUM_BUFFERS) & 1
+
+
+@triton.jit
+def _n_blocks(begin, end, BLOCK_N: tl.constexpr):
+    return (tl.maximum(end - begin, 0) + BLOCK_N - 1) // BLOCK_N
+
+
+@triton.jit
+def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
+               rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+    """Everything producer and consumers both derive from a work item: (real, head, sequence rows, stage bounds)."""
+    tile, head = work_item(work, n_tiles, num_heads, group, True)
+    if TILES_FROM_OFFSETS:
+        seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
+    else:
+        seq = tl.load(TILE_SEQ + tile)
+        m0 = tl.load(TILE_START + tile)
+        real = seq >= 0
+    seq = tl.maximum(seq, 0)  # padding slots: a harmless sequence to read (nothing runs for them)
+    out_row0, len_q = seq_extent(Q_OFF, seq)
+    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+        m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    return (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+            tail_begin, tail_end)
+
+
+@triton.jit
+def _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count, kv_row0,
+                    kv_col, n_begin, n_end, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    NUM_BUFFERS_KV: tl.constexpr):
+    """TMA loads of the key/value blocks starting at n_begin, n_begin + BLOCK_N, ... < n_end."""
+    block_bytes: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        row = (kv_row0 + n0).to(tl.int32)
+        tlx.barrier_wait(k_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
+        tlx.async_descriptor_load(desc_k, k_tiles[buf], [row, kv_col], k_fulls[buf])
+        tlx.barrier_wait(v_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
+        tlx.async_descriptor_load(desc_v, v_tiles[buf], [row, kv_col], v_fulls[buf])
+        kv_count += 1
+    return kv_count
+
+
+@triton.jit
+def _zero_rows_past_end(v_tile, n0, len_k, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+    """Zero the rows of a value block (in shared memory) that lie past the sequence's last key."""
+    for r in tl.static_range(0, BLOCK_N, CHUNK):
+        if n0 + r + CHUNK > len_k:
+            part = tlx.local_slice(v_tile, [r, 0], [CHUNK, HEAD_DIM])
+            v = tlx.local_load(part)
+            keys = n0 + r + tl.arange(0, CHUNK)
+            tlx.local_store(part, tl.where((keys < len_k)[:, None], v, tl.zeros_like(v)))
+    tlx.fence_async_shared()  # the wgmma (async proxy) must see these generic-proxy writes
+
+
+@triton.jit
+def _consume_blocks(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                    rows, len_q, len_k, lo_off, hi_off, qk_scale, n_begin, n_end, CID: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
+                    HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
+    """Online-softmax update of one consumer's half-tile over key blocks [n_begin, n_end) (log2 domain)."""
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        if MASKED:
+            if n0 + BLOCK_N > len_k:  # the block runs into the next sequence (only ever in a masked stage)
+                if CID == 0:
+                    tlx.barrier_wait(v_fulls[buf], phase)
+                    _zero_rows_past_end(v_tiles[buf], n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
+                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+        tlx.barrier_wait(k_fulls[buf], phase)
+        # Ping-pong: consumer 0 issues first, then consumer 1, alternating every block.
+        if CID == 0:
+            tlx.named_barrier_wait(PINGPONG_A, 256)
+        else:
+            tlx.named_barrier_wait(PINGPONG_B, 256)
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+        if CID == 0:
+            tlx.named_barrier_arrive(PINGPONG_B, 256)
+        else:
+            tlx.named_barrier_arrive(PINGPONG_A, 256)
+        s = tlx.async_dot_wait(0, s)
+        tlx.barrier_arrive(k_empties[buf], 1)
+        if not FMA_SOFTMAX:
+            s = s * qk_scale
+        if MASKED:
+            keys = n0 + tl.arange(0, BLOCK_N)
+            s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                         float("-inf"))
+        if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:  # a row with no visible key so far keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        if FMA_SOFTMAX:
+            p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+        else:
+            p = tl.math.exp2(s - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        acc = acc * alpha[:, None]
+        tlx.barrier_wait(v_fulls[buf], phase)
+        acc = tlx.async_dot(p.to(DTYPE), v_tiles[buf], acc)
+        acc = tlx.async_dot_wait(0, acc)
+        tlx.barrier_arrive(v_empties[buf], 1)
+        kv_count += 1
+    return acc, m_i, l_i, kv_count
+
+
+@triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
+                               "num_seqs", "rows_s", "rows_o"])
+def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
+                        WORK_COUNTER, num_heads, total_out, n_slots, search_steps, num_seqs, rows_s, rows_o,
+                        stride_ot, stride_oh, group, qk_scale, window_left, right,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        NUM_BUFFERS_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                        BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
+                        TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
+    Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D]."""
+    tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
+    HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)  # the real count stays on the device: no host sync
+    n_work = n_tiles * num_heads
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    my_items = (n_work - pid + programs - 1) // programs
+
+    q_tiles = tlx.local_alloc((HALF_M, HEAD_DIM), dtype, NUM_CONSUMERS)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: TMA loads only
+            kv_count = 0
+            q_count = 0
+            for i in range(0, my_items):
+                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                 tail_begin, tail_end) = _work_tile(
+                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                    TILES_FROM_OFFSETS)
+                n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
+                    + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                if real & (n_blocks > 0):
+                    if BROADCAST_Q:
+                        q_row = m0  # every sequence reads the same dense Q
+                    else:
+                        q_row = (out_row0 + m0).to(tl.int32)
+                    q_phase = q_count & 1
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        tlx.barrier_wait(q_empties[c], q_phase ^ 1)
+                        tlx.barrier_expect_bytes(q_fulls[c], HALF_M * HEAD_DIM * tlx.size_of(dtype))
+                        tlx.async_descriptor_load(desc_q, q_tiles[c], [q_row + c * HALF_M, head * HEAD_DIM],
+                                                  q_fulls[c])
+                    q_count += 1
+                    kv_col = (head // group) * HEAD_DIM
+                    kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                               v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end, BLOCK_N,
+                                               HEAD_DIM, NUM_BUFFERS_KV)
+                    kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                               v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end, BLOCK_N,
+                                               HEAD_DIM, NUM_BUFFERS_KV)
+                    kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                               v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end, BLOCK_N,
+                                               HEAD_DIM, NUM_BUFFERS_KV)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGISTERS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:  # bootstrap the ping-pong: consumer 0 issues first
+                tlx.named_barrier_arrive(PINGPONG_A, 256)
+            kv_count = 0
+            q_count = 0
+            d = tl.arange(0, HEAD_DIM)
+            for i in range(0, my_items):
+                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                 tail_begin, tail_end) = _work_tile(
+                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                    TILES_FROM_OFFSETS)
+                if real:
+                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                        + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                    rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
+                    m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+                    l_i = tl.zeros([HALF_M], tl.float32)
+                    acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+                    if n_blocks > 0:
+                        tlx.barrier_wait(q_fulls[cid], q_count & 1)
+                        q_tile = q_tiles[cid]
+                        acc, m_i, l_i, kv_count = _consume_blocks(
+                            acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                            v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end, cid,
+                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
+                        acc, m_i, l_i, kv_count = _consume_blocks(
+                            acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                            v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, cid,
+                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False, FMA_SOFTMAX, dtype)
+                        acc, m_i, l_i, kv_count = _consume_blocks(
+                            acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                            v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end, cid,
+                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
+                        tlx.barrier_arrive(q_empties[cid], 1)  # every QK^T of this tile has completed
+                        q_count += 1
+                    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
+                    empty = l_i == 0.0
+                    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+                    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+                    rows_ok = rows < len_q
+                    out_rows = out_row0 + rows
+                    tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
+                             out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+                    tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
+
+
+# ---------------------------------------------------------------------------------------------------------- host side
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` ([T, H, D]) with packed rows, a 16-byte aligned base and row stride (TMA's rule): itself when it
+    already is (slices of a fused projection usually are), else a contiguous copy."""
+    t = common.packed_rows(t)
+    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def attention_forward(q, k, v, q_offsets, kv_offsets, params):
+    """(out [T_q, Hq, D], lse [Hq, T_q] float32): the triton backend's contract (``jfa_ops.backends.base``)."""
+    device, num_seqs = q.device, kv_offsets.numel() - 1
+    num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
+    if params.broadcast_q:
+        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
+        total_out = num_seqs * q.shape[0]
+    else:
+        q_off = q_offsets.to(torch.int32)
+        total_out = q.shape[0]
+    kv_off = kv_offsets.to(torch.int32)
+    out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
+    lse = common.alloc_output((num_heads, total_out), torch.float32, device)
+    flag_mode = validation.validation_mode(device) if params.check_offsets else None
+    if total_out == 0 or num_seqs == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        if flag_mode is not None:
+            validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
+                                    kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
+        return out, lse
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    cfg = fwd_config(head_dim)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
+    max_q = -1 if params.broadcast_q else params.max_seqlen_q
+    programs, schedule = tile_schedule(
+        lambda **check: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right,
+                                      has_left, has_right, **check),
+        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
+        **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
+    launch(attn_fwd_tlx_kernel, (programs,), dict(
+        desc_q=rows_descriptor(q, cfg.block_m // 2), desc_k=rows_descriptor(k, cfg.block_n),
+        desc_v=rows_descriptor(v, cfg.block_n), Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, **schedule,
+        num_heads=num_heads, total_out=total_out, stride_ot=out.stride(0), stride_oh=out.stride(1),
+        group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+        window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        NUM_BUFFERS_KV=cfg.num_buffers_kv, HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q,
+        FMA_SOFTMAX=params.scale > 0), num_warps=NUM_WARPS, num_stages=1)
+    if flag is not None:
+        if schedule["TILES_FROM_OFFSETS"]:  # no list was built, so nothing checked the offsets: aten ops do
+            validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
+                                    kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
+        else:
+            validation.device_flag(flag, flag_mode)
+    return out, lse

@@ -1,0 +1,135 @@
+"""Every TLX kernel specialization the backend ships, compiled ahead of time for sm_90 without a GPU.
+
+``python tools/tlx_compile.py [--jobs N] [name substrings]`` (with triton 3.8 + triton-utlx importable) compiles each
+for ``GPUTarget("cuda", 90, 32)`` and prints one JSON line per kernel: shared memory, registers and spills read from
+the ptxas log (``compiled.n_regs`` exists only after loading on a GPU), and the setmaxnreg values in the PTX.
+``tests/backends/test_tlx_compile.py`` runs it in the TLX venv and checks the numbers. The signatures mirror the launch
+in ``attn_fwd.py`` (``attention_forward``); a drift shows up as a compile error there.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import re
+import sys
+import tempfile
+from typing import Dict, Iterator
+
+from .configs import NUM_WARPS, fwd_config
+
+SM90_SHARED_MEMORY = 232448
+_DTYPES = {"fp16": "fp16", "bf16": "bf16"}
+
+
+@dataclasses.dataclass
+class Specialization:
+    name: str
+    signature: Dict[str, str]
+    constexprs: Dict[str, object]
+    attrs: Dict[tuple, list]
+    num_warps: int
+    num_stages: int
+
+
+def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
+                       from_offsets: bool = False, fma_softmax: bool = True) -> Specialization:
+    from .attn_fwd import attn_fwd_tlx_kernel
+
+    cfg = fwd_config(head_dim)
+    names = list(attn_fwd_tlx_kernel.arg_names)
+    types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
+             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
+             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
+             "Out": f"*{dtype}", "Lse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32", "TILE_SEQ": "*i32",
+             "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32"}
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      NUM_BUFFERS_KV=cfg.num_buffers_kv, HAS_LEFT=has_left, HAS_RIGHT=causal,
+                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, ATOMIC_WORK=False,
+                      TILES_FROM_OFFSETS=from_offsets)
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n].startswith("*") or n.startswith("stride")}
+    name = f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
+           f"{'' if fma_softmax else '-nofma'}"
+    return Specialization(name, signature, constexprs, attrs, NUM_WARPS, 1)
+
+
+def shipped_specializations() -> Iterator[Specialization]:
+    for head_dim in (64, 128, 256):
+        for causal in (False, True):
+            yield fwd_specialization(head_dim, "bf16", causal)
+    yield fwd_specialization(128, "fp16", True)
+    yield fwd_specialization(128, "bf16", True, has_left=True)
+    yield fwd_specialization(128, "bf16", False, has_left=True)
+    yield fwd_specialization(128, "bf16", False, broadcast_q=True)
+    yield fwd_specialization(128, "bf16", True, from_offsets=True)
+    yield fwd_specialization(128, "bf16", False, fma_softmax=False)
+
+
+def compile_sm90(spec: Specialization) -> dict:
+    """Compile for sm_90 (no GPU needed) and report shared memory, registers, spills and setmaxnreg values."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .attn_fwd import attn_fwd_tlx_kernel
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the ptxas log (-v) is printed when dump_ptxas_log is on
+        compiled = triton.compile(ASTSource(fn=attn_fwd_tlx_kernel, signature=spec.signature,
+                                            constexprs=spec.constexprs, attrs=spec.attrs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    text = log.getvalue()
+    regs = re.search(r"Used (\d+) registers", text)
+    spill_stores = re.search(r"(\d+) bytes spill stores", text)
+    spill_loads = re.search(r"(\d+) bytes spill loads", text)
+    ptx = compiled.asm["ptx"]
+    return dict(name=spec.name, shared=compiled.metadata.shared, num_warps=compiled.metadata.num_warps,
+                registers=int(regs.group(1)) if regs else None,
+                spill_stores=int(spill_stores.group(1)) if spill_stores else None,
+                spill_loads=int(spill_loads.group(1)) if spill_loads else None,
+                setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+                target=re.search(r"\.target (\S+)", ptx).group(1))
+
+
+def _compile_index(index: int) -> dict:
+    """Worker: compile shipped specialization ``index`` in a fresh cache (so ptxas runs and logs)."""
+    import triton
+
+    triton.knobs.nvidia.dump_ptxas_log = True
+    spec = list(shipped_specializations())[index]
+    with tempfile.TemporaryDirectory() as cache:
+        triton.knobs.cache.dir = cache
+        try:
+            return compile_sm90(spec)
+        except Exception as e:  # report and go on: one line per kernel
+            return dict(name=spec.name, error=f"{type(e).__name__}: {str(e)[-2000:]}")
+
+
+def main(argv=None) -> int:
+    """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
+    to compile); exit 1 if any failed to compile (the error is in its line)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    jobs = 1
+    if "--jobs" in args:
+        i = args.index("--jobs")
+        jobs = int(args[i + 1])
+        del args[i:i + 2]
+    names = [s.name for s in shipped_specializations()]
+    indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
+    failed = 0
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for row in pool.map(_compile_index, indices):
+            failed += "error" in row
+            print(json.dumps(row), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

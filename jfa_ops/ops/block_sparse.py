@@ -1,0 +1,204 @@
+"""The block-sparse family: ``jfa::select_kv_blocks`` (stage 1) and ``jfa::block_sparse_attention`` (+ backward,
+stage 2): op, fake, autograd, side by side (``ops/attention.py`` is the model).
+
+``select_kv_blocks`` is not differentiable: its outputs are integer block ids (no autograd is registered; its inputs'
+gradients through it are None, as for any integer output). ``block_sparse_attention`` takes the attention options of
+``jfa::attention`` (``OPTIONS_SCHEMA``) after the selection and its block sizes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+import meta_kernels
+from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, select_backend
+from jfa_ops.ops.attention import OPTIONS_SCHEMA, _params as _attention_params, check_no_forward_ad
+from jfa_ops.validation import check_offset_values, validation_mode
+
+SELECT_FAMILY = "select_kv_blocks"
+SPARSE_FAMILY = "block_sparse"
+
+
+# ---------------------------------------------------------------------------------------------- stage 1: selection
+def _select_params(q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, block_q=128, block_kv=128,
+                   keep_ratio=0.5, top_k=-1, causal=False, window_left=-1, window_right=-1, broadcast_q=False,
+                   always_local=True, backend=None) -> Tuple[BlockSelectParams, Optional[str]]:
+    meta_kernels.check_select_args(q, k, q_offsets, kv_offsets, block_q, block_kv, keep_ratio, top_k, causal,
+                                   (window_left, window_right), broadcast_q, always_local, max_seqlen_q,
+                                   max_seqlen_kv)
+    index_shape, _ = meta_kernels.select_shapes(q, k, kv_offsets, block_q, block_kv, max_seqlen_q, max_seqlen_kv,
+                                                broadcast_q)
+    params = BlockSelectParams(
+        block_q=block_q, block_kv=block_kv, n_q_blocks=index_shape[2], n_kv_blocks=index_shape[3],
+        keep_ratio=float(keep_ratio), top_k=top_k, causal=causal, window_left=window_left, window_right=window_right,
+        broadcast_q=broadcast_q, always_local=always_local)
+    return params, backend
+
+
+def _select_problem(q, k, params: BlockSelectParams) -> Problem:
+    return Problem(q.device.type, q.dtype, q.shape[-1], q.shape[1], k.shape[1], params.causal, params.window_left,
+                   params.window_right, params.broadcast_q, False, device_index=q.device.index,
+                   block_q=params.block_q, block_kv=params.block_kv)
+
+
+@torch.library.custom_op(
+    "jfa::select_kv_blocks", mutates_args=(),
+    schema=("(Tensor q, Tensor k, Tensor? q_offsets, Tensor kv_offsets, SymInt max_seqlen_q, SymInt max_seqlen_kv, "
+            "int block_q=128, int block_kv=128, float keep_ratio=0.5, int top_k=-1, bool causal=False, "
+            "SymInt window_left=-1, SymInt window_right=-1, bool broadcast_q=False, bool always_local=True, "
+            "str? backend=None) -> (Tensor, Tensor)"),
+)
+def select_kv_blocks(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                     *options) -> Tuple[Tensor, Tensor]:
+    """Top-k KV blocks per (sequence, kv head, Q block): (kv_block_index [B, Hkv, NQB, NKB] int32,
+    kv_block_count [B, Hkv, NQB] int32); see ``jfa_ops.select_kv_blocks``."""
+    params, backend = _select_params(q, k, q_offsets, kv_offsets, *options)
+    impl = select_backend(backend, _select_problem(q, k, params), family=SELECT_FAMILY)
+    check_offset_values(q, k, q_offsets, kv_offsets, *options[:2])  # max_seqlen_* are required here
+    return impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
+
+
+@select_kv_blocks.register_fake
+def _select_kv_blocks_fake(q, k, q_offsets, kv_offsets, *options):
+    params, _ = _select_params(q, k, q_offsets, kv_offsets, *options)
+    index_shape, count_shape = meta_kernels.select_shapes(q, k, kv_offsets, params.block_q, params.block_kv,
+                                                          *options[:2], params.broadcast_q)
+    return (q.new_empty(index_shape, dtype=meta_kernels.INDEX_DTYPE),
+            q.new_empty(count_shape, dtype=meta_kernels.INDEX_DTYPE))
+
+
+# ------------------------------------------------------------------------------------- stage 2: sparse attention
+_NUM_TENSOR_INPUTS = 7  # q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count
+
+
+def _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, block_q, block_kv,
+                   *options) -> Tuple[BlockSparseParams, Optional[str]]:
+    """The attention op's checks and options, then the selection's metadata."""
+    params, backend = _attention_params(q, k, v, q_offsets, kv_offsets, *options)
+    meta_kernels.check_block_index(kv_block_index, kv_block_count, k, kv_offsets, block_q, block_kv)
+    # Field by field, not dataclasses.asdict: that deep-copies, and a SymInt max_seqlen cannot be copied.
+    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    return BlockSparseParams(**fields, block_q=block_q, block_kv=block_kv), backend
+
+
+def _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params: BlockSparseParams):
+    """Sync validation only (it reads values): every Q block has a row of the index, counts fit, used ids name a
+    block of their sequence. On the device the kernels skip what is out of range instead."""
+    if validation_mode(q.device) != "sync":
+        return
+    q_lengths = (torch.tensor([q.shape[0]]) if params.broadcast_q else q_offsets.diff()).cpu()
+    needed = int(meta_kernels.num_blocks(q_lengths.max(), params.block_q)) if q_lengths.numel() else 0
+    n_q_blocks, width = kv_block_index.shape[2], kv_block_index.shape[3]
+    if needed > n_q_blocks:
+        raise ValueError(f"kv_block_index has {n_q_blocks} Q blocks per sequence, but the longest q sequence needs "
+                         f"{needed} of block_q={params.block_q}")
+    count = kv_block_count.cpu()
+    if ((count < 0) | (count > width)).any():
+        raise ValueError(f"kv_block_count must be in [0, {width}] (kv_block_index's last dim), got "
+                         f"{count.min().item()}..{count.max().item()}")
+    kv_blocks = meta_kernels.num_blocks(kv_offsets.diff().cpu(), params.block_kv)  # [B]
+    index = kv_block_index.cpu()
+    used = torch.arange(width) < count[..., None]
+    bad = used & ((index < 0) | (index >= kv_blocks[:, None, None, None]))
+    if bad.any():
+        b, h, i, t = bad.nonzero()[0].tolist()
+        raise ValueError(f"kv_block_index[{b}, {h}, {i}, {t}] = {index[b, h, i, t].item()} is not a KV block of "
+                         f"sequence {b} (it has {kv_blocks[b].item()} of block_kv={params.block_kv})")
+
+
+@torch.library.custom_op(
+    "jfa::block_sparse_attention", mutates_args=(),
+    schema=(f"(Tensor q, Tensor k, Tensor v, Tensor? q_offsets, Tensor kv_offsets, Tensor kv_block_index, "
+            f"Tensor kv_block_count, int block_q, int block_kv, {OPTIONS_SCHEMA}) -> (Tensor, Tensor)"),
+)
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                           kv_block_index: Tensor, kv_block_count: Tensor, block_q: int, block_kv: int,
+                           *options) -> Tuple[Tensor, Tensor]:
+    """Attention restricted to the selected KV blocks: (out [T_q, Hq, D], lse [Hq, T_q] float32); see
+    ``jfa_ops.block_sparse_attention``."""
+    params, backend = _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, block_q,
+                                     block_kv, *options)
+    check_no_forward_ad(q, k, v)
+    impl = select_backend(backend, Problem.of(q, k, params), family=SPARSE_FAMILY)
+    check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+    _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
+    return impl.family(SPARSE_FAMILY).forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count,
+                                              params)
+
+
+@block_sparse_attention.register_fake
+def _block_sparse_attention_fake(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, block_q, block_kv,
+                                 *options):
+    params, _ = _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, block_q, block_kv,
+                               *options)
+    out_shape, lse_shape = meta_kernels.attention_shapes(q, kv_offsets, params.broadcast_q)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "jfa::block_sparse_attention_backward", mutates_args=(),
+    schema=(f"(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            f"Tensor? q_offsets, Tensor kv_offsets, Tensor kv_block_index, Tensor kv_block_count, int block_q, "
+            f"int block_kv, {OPTIONS_SCHEMA}) -> (Tensor, Tensor, Tensor)"),
+)
+def block_sparse_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                                    out: Tensor, lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                                    kv_block_index: Tensor, kv_block_count: Tensor, block_q: int, block_kv: int,
+                                    *options) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv) of ``jfa::block_sparse_attention``; ``grad_lse`` None means lse was not used."""
+    params, backend = _sparse_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                              kv_block_index, kv_block_count, block_q, block_kv, options)
+    impl = select_backend(backend, Problem.of(q, k, params), family=SPARSE_FAMILY)
+    return impl.family(SPARSE_FAMILY).backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                               kv_block_index, kv_block_count, params)
+
+
+def _sparse_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
+                            kv_block_count, block_q, block_kv, options):
+    params, backend = _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, block_q,
+                                     block_kv, *options)
+    meta_kernels.check_attention_backward_args(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                               (params.window_left, params.window_right), params.broadcast_q)
+    return params, backend
+
+
+@block_sparse_attention_backward.register_fake
+def _block_sparse_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                          kv_block_index, kv_block_count, block_q, block_kv, *options):
+    _sparse_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
+                            kv_block_count, block_q, block_kv, options)
+    dq_shape, dk_shape, dv_shape = meta_kernels.attention_backward_shapes(q, k, v)
+    return q.new_empty(dq_shape), k.new_empty(dk_shape), v.new_empty(dv_shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count = inputs[:_NUM_TENSOR_INPUTS]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count)
+    ctx.options = inputs[_NUM_TENSOR_INPUTS:]  # block_q, block_kv, then the attention options
+    ctx.set_materialize_grads(False)  # grad_lse stays None when lse is unused: the backward skips that term
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count = ctx.saved_tensors
+    if grad_out is None:  # only lse was used
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.jfa.block_sparse_attention_backward(
+        grad_out.contiguous(), grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
+        *ctx.options)
+    return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
+
+
+def _double_backward(ctx, *grads):
+    raise RuntimeError("jfa.block_sparse_attention does not support double backward (gradients of its gradients)")
+
+
+def _setup_backward_context(ctx, inputs, output):
+    pass
+
+
+block_sparse_attention.register_autograd(_backward, setup_context=_setup_context)
+block_sparse_attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)

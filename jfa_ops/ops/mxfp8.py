@@ -1,0 +1,238 @@
+"""The MXFP8 op family: ``jfa::mxfp8_quantize``, ``jfa::mxfp8_dequantize``, ``jfa::mxfp8_attention`` (+ its backward
+op and autograd) and ``jfa::mxfp8_attention_quantized`` (pre-quantized inputs, forward only).
+
+Same order and rules as ``ops/attention.py``: op, fake, autograd, registration at the bottom; shape rules in
+``meta_kernels.mxfp8``; the body picks a backend of the family (``select_backend(..., family=...)``). The numerics
+(what is quantized, in which blocks) are in ``jfa_ops/backends/reference/mxfp8.py`` and docs/architecture.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+import meta_kernels
+import meta_kernels.mxfp8 as mx
+from jfa_ops.backends import Problem, select_backend
+from jfa_ops.ops.attention import NUM_OPTIONS, OPTIONS_SCHEMA, _params, check_no_forward_ad
+from jfa_ops.validation import check_offset_values
+
+QUANTIZE = "mxfp8_quantize"
+DEQUANTIZE = "mxfp8_dequantize"
+ATTENTION = "mxfp8_attention"
+
+
+def _x_problem(x: Tensor) -> Problem:
+    """The static facts of a quantize/dequantize call (a [T, H, D] tensor) for ``supports``."""
+    return Problem(x.device.type, x.dtype, x.shape[2], x.shape[1], x.shape[1], False, -1, -1, False, False,
+                   device_index=x.device.index)
+
+
+def _check_offsets(x: Tensor, offsets: Optional[Tensor]) -> None:
+    if offsets is not None:  # the rows the offsets describe must be x's rows (JFA_VALIDATE rules)
+        check_offset_values(x, x, None, offsets, -1, -1)
+
+
+# ------------------------------------------------------------------------------------------------ quantize
+@torch.library.custom_op(
+    "jfa::mxfp8_quantize", mutates_args=(),
+    schema="(Tensor x, Tensor? offsets=None, int[] block=[1, 32], str rounding=\"rceil\", str? backend=None) "
+           "-> (Tensor, Tensor)",
+)
+def mxfp8_quantize(x: Tensor, offsets: Optional[Tensor] = None, block: List[int] = (1, 32), rounding: str = "rceil",
+                   backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+    """(data float8_e4m3fn, scale float8_e8m0fnu) of ``x [T, H, D]``; see ``jfa_ops.mxfp8_quantize``."""
+    block = mx.check_quantize_args(x, offsets, block, rounding)
+    impl = select_backend(backend, _x_problem(x), family=QUANTIZE)
+    _check_offsets(x, offsets)
+    return impl.family(QUANTIZE).forward(x, offsets, block, rounding)
+
+
+@mxfp8_quantize.register_fake
+def _quantize_fake(x, offsets=None, block=(1, 32), rounding="rceil", backend=None):
+    block = mx.check_quantize_args(x, offsets, block, rounding)
+    data_shape, scale_shape = mx.quantize_shapes(x, offsets, block)
+    return x.new_empty(data_shape, dtype=torch.float8_e4m3fn), x.new_empty(scale_shape, dtype=torch.float8_e8m0fnu)
+
+
+@torch.library.custom_op(
+    "jfa::mxfp8_dequantize", mutates_args=(),
+    schema="(Tensor data, Tensor scale, Tensor? offsets=None, int[] block=[1, 32], ScalarType? dtype=None, "
+           "str? backend=None) -> Tensor",
+)
+def mxfp8_dequantize(data: Tensor, scale: Tensor, offsets: Optional[Tensor] = None, block: List[int] = (1, 32),
+                     dtype: Optional[torch.dtype] = None, backend: Optional[str] = None) -> Tensor:
+    """data * 2**(scale - 127) in ``dtype`` (None: float32); see ``jfa_ops.mxfp8_dequantize``."""
+    dtype = torch.float32 if dtype is None else dtype
+    block = mx.check_dequantize_args(data, scale, offsets, block, dtype)
+    impl = select_backend(backend, _x_problem(data), family=DEQUANTIZE)
+    _check_offsets(data, offsets)
+    return impl.family(DEQUANTIZE).forward(data, scale, offsets, block, dtype)
+
+
+@mxfp8_dequantize.register_fake
+def _dequantize_fake(data, scale, offsets=None, block=(1, 32), dtype=None, backend=None):
+    dtype = torch.float32 if dtype is None else dtype
+    mx.check_dequantize_args(data, scale, offsets, block, dtype)
+    return data.new_empty(data.shape, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------ attention
+MX_OPTIONS_SCHEMA = OPTIONS_SCHEMA + ", str rounding=\"rceil\""
+
+
+def _last_option(options, default):
+    """The option after ``jfa::attention``'s (the dispatcher drops trailing arguments left at their default)."""
+    return options[NUM_OPTIONS] if len(options) > NUM_OPTIONS else default
+
+
+def _mx_params(q, k, v, q_offsets, kv_offsets, options):
+    """The options of ``jfa::attention`` (checked the same way) plus ``rounding`` (the last option)."""
+    attention_options, rounding = options[:NUM_OPTIONS], _last_option(options, "rceil")
+    params, backend = _params(q, k, v, q_offsets, kv_offsets, *attention_options)
+    mx.check_mxfp8_attention_args(q, k, v, rounding)
+    return params, backend, rounding
+
+
+def _quantizer(impl):
+    """The selected backend's quantize kernel (the reference's when it has none)."""
+    if impl.implements(QUANTIZE):
+        return impl.family(QUANTIZE).forward
+    from jfa_ops.backends.reference import mxfp8 as reference
+
+    return reference.quantize
+
+
+@torch.library.custom_op(
+    "jfa::mxfp8_attention", mutates_args=(),
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? q_offsets, Tensor kv_offsets, {MX_OPTIONS_SCHEMA}) "
+           "-> (Tensor, Tensor)",
+)
+def mxfp8_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                    *options) -> Tuple[Tensor, Tensor]:
+    """MXFP8 jagged attention of high-precision q/k/v (quantized inside). Returns (out, lse) as ``jfa::attention``."""
+    params, backend, rounding = _mx_params(q, k, v, q_offsets, kv_offsets, options)
+    check_no_forward_ad(q, k, v)
+    impl = select_backend(backend, Problem.of(q, k, params), family=ATTENTION)
+    check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+    quantize = _quantizer(impl)
+    q_mx = quantize(q, None, mx.Q_BLOCK, rounding)
+    k_mx = quantize(k, None, mx.K_BLOCK, rounding)
+    v_mx = quantize(v, kv_offsets, mx.V_BLOCK, rounding)
+    return impl.family(ATTENTION).forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, q.dtype)
+
+
+@mxfp8_attention.register_fake
+def _mxfp8_attention_fake(q, k, v, q_offsets, kv_offsets, *options):
+    params, _, _ = _mx_params(q, k, v, q_offsets, kv_offsets, options)
+    out_shape, lse_shape = meta_kernels.attention_shapes(q, kv_offsets, params.broadcast_q)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "jfa::mxfp8_attention_backward", mutates_args=(),
+    schema=(f"(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            f"Tensor? q_offsets, Tensor kv_offsets, {MX_OPTIONS_SCHEMA}) -> (Tensor, Tensor, Tensor)"),
+)
+def mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                             out: Tensor, lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                             *options) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv) of ``jfa::mxfp8_attention``: the MXFP8 backward, straight through the quantization."""
+    params, backend, rounding = _mx_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                                    options)
+    impl = select_backend(backend, Problem.of(q, k, params), family=ATTENTION)
+    return impl.family(ATTENTION).backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
+                                           rounding)
+
+
+def _mx_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options):
+    params, backend, rounding = _mx_params(q, k, v, q_offsets, kv_offsets, options)
+    meta_kernels.check_attention_backward_args(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                               (params.window_left, params.window_right), params.broadcast_q)
+    return params, backend, rounding
+
+
+@mxfp8_attention_backward.register_fake
+def _mxfp8_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *options):
+    _mx_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options)
+    dq_shape, dk_shape, dv_shape = meta_kernels.attention_backward_shapes(q, k, v)
+    return q.new_empty(dq_shape), k.new_empty(dk_shape), v.new_empty(dv_shape)
+
+
+_NUM_TENSOR_INPUTS = 5  # q, k, v, q_offsets, kv_offsets
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets = inputs[:_NUM_TENSOR_INPUTS]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+    ctx.options = inputs[_NUM_TENSOR_INPUTS:]
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+    if grad_out is None:  # only lse was used
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.jfa.mxfp8_attention_backward(
+        grad_out.contiguous(), grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options)
+    return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
+
+
+def _double_backward(ctx, *grads):
+    raise RuntimeError("jfa.mxfp8_attention does not support double backward (gradients of its gradients)")
+
+
+def _setup_backward_context(ctx, inputs, output):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------ pre-quantized
+QUANTIZED_OPTIONS_SCHEMA = OPTIONS_SCHEMA + ", ScalarType? out_dtype=None"
+
+
+@torch.library.custom_op(
+    "jfa::mxfp8_attention_quantized", mutates_args=(),
+    schema=(f"(Tensor q_data, Tensor q_scale, Tensor k_data, Tensor k_scale, Tensor v_data, Tensor v_scale, "
+            f"Tensor? q_offsets, Tensor kv_offsets, {QUANTIZED_OPTIONS_SCHEMA}) -> (Tensor, Tensor)"),
+)
+def mxfp8_attention_quantized(q_data: Tensor, q_scale: Tensor, k_data: Tensor, k_scale: Tensor, v_data: Tensor,
+                              v_scale: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                              *options) -> Tuple[Tensor, Tensor]:
+    """MXFP8 attention of pre-quantized pairs: q, k in (1, 32) blocks, v in (32, 1) blocks per kv sequence (as
+    ``jfa::mxfp8_quantize`` makes them). out in ``out_dtype`` (None: bfloat16); no gradients."""
+    params, backend, out_dtype = _quantized_params(q_data, q_scale, k_data, k_scale, v_data, v_scale, q_offsets,
+                                                   kv_offsets, options)
+    impl = select_backend(backend, Problem.of(q_data, k_data, params), family=ATTENTION)
+    check_offset_values(q_data, k_data, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+    return impl.family(ATTENTION).forward((q_data, q_scale), (k_data, k_scale), (v_data, v_scale), q_offsets,
+                                          kv_offsets, params, out_dtype)
+
+
+def _quantized_params(q_data, q_scale, k_data, k_scale, v_data, v_scale, q_offsets, kv_offsets, options):
+    attention_options, out_dtype = options[:NUM_OPTIONS], _last_option(options, None)
+    params, backend = _params(q_data, k_data, v_data, q_offsets, kv_offsets, *attention_options,
+                              dtypes=(torch.float8_e4m3fn,))
+    for name, data, scale, offsets, block in (("q", q_data, q_scale, None, mx.Q_BLOCK),
+                                              ("k", k_data, k_scale, None, mx.K_BLOCK),
+                                              ("v", v_data, v_scale, kv_offsets, mx.V_BLOCK)):
+        mx.check_mx_pair(name, data, scale, offsets, block)
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out_dtype not in mx.QUANTIZE_DTYPES:
+        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    return params, backend, out_dtype
+
+
+@mxfp8_attention_quantized.register_fake
+def _mxfp8_attention_quantized_fake(q_data, q_scale, k_data, k_scale, v_data, v_scale, q_offsets, kv_offsets,
+                                    *options):
+    params, _, out_dtype = _quantized_params(q_data, q_scale, k_data, k_scale, v_data, v_scale, q_offsets,
+                                             kv_offsets, options)
+    out_shape, lse_shape = meta_kernels.attention_shapes(q_data, kv_offsets, params.broadcast_q)
+    return q_data.new_empty(out_shape, dtype=out_dtype), q_data.new_empty(lse_shape, dtype=torch.float32)
+
+
+mxfp8_attention.register_autograd(_backward, setup_context=_setup_context)
+mxfp8_attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)

@@ -1,0 +1,53 @@
+"""Compile every TLX kernel specialization (``jfa_ops.backends.tlx.specializations``) for sm_90 without a GPU and
+check what a GPU run depends on: it compiles, shared memory within sm_90's 232448 bytes per block, 12 warps (producer
++ two consumer warpgroups) with register reallocation (setmaxnreg: consumers up, producer down), spills small (from
+the ptxas log).
+
+TLX needs triton 3.8 + triton-utlx, which clash with the test environment's triton, so the compiles run in a
+subprocess with those first on its path: ``JFA_TLX_SITE`` (a ``pip install --target`` directory or a venv's
+site-packages), else ``.ci-tlx`` in the repo root (``.ci/run`` makes it). Skipped when neither exists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SITE = os.environ.get("JFA_TLX_SITE") or os.path.join(ROOT, ".ci-tlx")
+SM90_SHARED_MEMORY = 232448
+MAX_SPILL_BYTES = 256  # measured: head_dim 256 spills 108 B stores / 132 B loads (the TLX tutorial: 40 B at D128)
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
+                                reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "2"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert rows, f"no kernel compiled (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return rows
+
+
+def test_every_specialization_compiles_for_sm90(compiled):
+    errors = [f"{r['name']}: {r['error']}" for r in compiled if "error" in r]
+    assert not errors, "\n".join(errors)
+    assert {r["target"] for r in compiled} == {"sm_90a"}
+    for d in (64, 128, 256):  # tlx.configs.HEAD_DIMS (importing it needs TLX, absent in this process)
+        assert any(f"-d{d}-" in r["name"] for r in compiled), f"head_dim {d} not compiled"
+
+
+def test_shared_memory_warps_registers_spills(compiled):
+    for r in compiled:
+        assert r["shared"] <= SM90_SHARED_MEMORY, f"{r['name']}: {r['shared']} B of shared memory"
+        assert r["num_warps"] == 12, r
+        assert {"232", "40"} <= set(r["setmaxnreg"]), f"{r['name']}: no register reallocation {r['setmaxnreg']}"
+        assert r["registers"] is not None and r["spill_stores"] is not None, f"{r['name']}: no ptxas log"
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES, f"{r['name']}: spills {r}"

@@ -1,0 +1,237 @@
+"""The block-sparse family (``jfa::select_kv_blocks``, ``jfa::block_sparse_attention`` + backward) on the
+reference backend, against the float64 oracles of ``jfa_ops.testing``; opcheck; torch.compile; validation.
+The triton kernels' tests are tests/backends/test_block_sparse_triton.py."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import jfa_ops
+from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,
+                             check_block_sparse_case, reference_block_selection)
+
+seeds = st.integers(0, 2**31 - 1)
+
+
+def sparse_cases(*, block_sizes=(2, 3, 4, 8), dtypes=(torch.float32,), max_total=48, max_len=17, **kw):
+    """BlockSparseCase strategy: ``attention_cases`` (jagged with empties and length 1, GQA, causal/window,
+    broadcast-Q) plus block sizes, keep_ratio or top_k (or a random selection), always_local."""
+    @st.composite
+    def cases(draw):
+        case = draw(attention_cases(dtypes=dtypes, max_total=max_total, max_len=max_len, head_dims=(8, 16), **kw))
+        how = draw(st.sampled_from(["ratio", "top_k", "random"]))
+        return BlockSparseCase(
+            case, block_q=draw(st.sampled_from(block_sizes)), block_kv=draw(st.sampled_from(block_sizes)),
+            keep_ratio={"ratio": draw(st.sampled_from([0.2, 0.3, 0.5, 0.75, 1.0])), "top_k": 0.5,
+                        "random": None}[how],
+            top_k=draw(st.integers(1, 3)) if how == "top_k" else None, always_local=draw(st.booleans()))
+    return cases()
+
+
+@given(case=sparse_cases(), seed=seeds)
+def test_reference_matches_the_oracles(case, seed):
+    """Selection == the float64 loop oracle exactly; attention (out, lse, dq, dk, dv) == the float64 oracle with
+    the selection's block mask."""
+    check_block_sparse_case(case, "reference", seed=seed)
+
+
+@pytest.mark.parametrize("name,case", [
+    ("jagged_empty_len1_gqa", BlockSparseCase(AttentionCase((9, 0, 1, 13), (11, 0, 1, 13), heads_q=4, heads_kv=2),
+                                              block_q=4, block_kv=4, keep_ratio=0.5)),
+    ("causal_window", BlockSparseCase(AttentionCase((14, 7), (14, 10), causal=True, window=(5, -1)), 4, 3, 0.3)),
+    ("broadcast_q", BlockSparseCase(AttentionCase((6,), (9, 0, 17), broadcast_q=True, heads_q=2, heads_kv=1), 2, 4,
+                                    top_k=2)),
+    ("no_local", BlockSparseCase(AttentionCase((12,), (12,), causal=True), 4, 4, 0.25, always_local=False)),
+])
+def test_reference_feature_cases(name, case):
+    check_block_sparse_case(case, "reference", seed=3)
+
+
+def test_keep_ratio_rounding_is_exact_in_decimal():
+    """0.3 * 10 is 3.0000000000000004 in float64: a plain ceil would keep 4 of 10 visible blocks."""
+    case = AttentionCase((10,), (10,))
+    inputs = case.make_inputs(0)
+    index, count = jfa_ops.select_kv_blocks(inputs.q, inputs.k, inputs.q_offsets, inputs.kv_offsets, 10, 10,
+                                            block_q=1, block_kv=1, keep_ratio=0.3)
+    assert count.unique().tolist() == [3]
+
+
+def test_selection_picks_the_best_scored_blocks_and_breaks_ties_low():
+    """A hand-made problem: q = one vector, keys of block j = j * that vector, so scores grow with j; equal keys
+    tie toward the lower index."""
+    d = 8
+    e = torch.zeros(d)
+    e[0] = 1.0
+    q = e.expand(4, 1, d).clone()
+    k = torch.cat([e * s for s in (1.0, 3.0, 2.0, 3.0)]).reshape(4, 1, d)
+    off = torch.tensor([0, 4])
+    select = lambda **kw: jfa_ops.select_kv_blocks(q, k, off, off, 4, 4, block_q=4, block_kv=1, **kw)  # noqa: E731
+    index, count = select(top_k=2, always_local=False)
+    assert index.tolist() == [[[[1, 3, -1, -1]]]] and count.tolist() == [[[2]]]
+    index, _ = select(top_k=1, always_local=False)
+    assert index.tolist() == [[[[1, -1, -1, -1]]]]  # 1 and 3 tie: the lower index
+    # always_local: the diagonal key of the Q block's last row (key 3) is kept first, then the best
+    index, _ = select(top_k=2, always_local=True, causal=True)
+    assert index.tolist() == [[[[1, 3, -1, -1]]]]
+    index, _ = select(top_k=1, always_local=True)
+    assert index.tolist() == [[[[3, -1, -1, -1]]]]
+    q[:2] = -q[:2]  # pooled q is 0 now: every score ties, the lower indices win after the local block
+    index, _ = select(top_k=3, always_local=True)
+    assert index.tolist() == [[[[0, 1, 3, -1]]]]
+
+
+def test_keep_ratio_one_equals_jagged_attention():
+    """Every visible block kept: the same numbers as jagged_attention (same reference math, fp32 rounding)."""
+    case = AttentionCase((13, 0, 1, 29), (17, 0, 1, 29), heads_q=4, heads_kv=2, causal=True, window=(9, -1))
+    x = case.make_inputs(1, requires_grad=True)
+    out = jfa_ops.sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, 29, 29, keep_ratio=1.0, block_q=4,
+                                   block_kv=8, causal=True, window=(9, -1), backend="reference")
+    dense = jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, window=(9, -1),
+                                     backend="reference")
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-6)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x.q, x.k, x.v), g)
+    dense_grads = torch.autograd.grad(dense, (x.q, x.k, x.v), g)
+    for a, b in zip(grads, dense_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_sequences_shorter_than_a_block_equal_dense():
+    """One Q block and one KV block per sequence: the only visible block is the local one, always kept."""
+    case = AttentionCase((5, 1, 0, 7), (6, 2, 3, 7), heads_q=2, heads_kv=1, causal=True)
+    x = case.make_inputs(2, requires_grad=True)
+    out = jfa_ops.sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, 7, 7, keep_ratio=0.1, block_q=8,
+                                   block_kv=8, causal=True)
+    ref_out, _ = x.oracle()
+    assert_attention_close(out, ref_out, dtype=torch.float32, kind="forward", name="out")
+
+
+def test_sparse_attention_njt_in_and_out():
+    lengths = [5, 0, 11]
+    q, k, v = (torch.nested.nested_tensor([torch.randn(n, 2, 8) for n in lengths], layout=torch.jagged)
+               for _ in range(3))
+    out = jfa_ops.sparse_attention(q, k, v, keep_ratio=0.5, block_q=4, block_kv=4, max_seqlen_q=11,
+                                   max_seqlen_kv=11, causal=True)
+    assert out.is_nested and torch.equal(out.offsets(), q.offsets())
+    dense = jfa_ops.sparse_attention(q.values(), k.values(), v.values(), q.offsets(), k.offsets(), 11, 11,
+                                     keep_ratio=0.5, block_q=4, block_kv=4, causal=True)
+    assert torch.equal(out.values(), dense)
+
+
+def _op_inputs(requires_grad=False):
+    case = AttentionCase((9, 0, 6), (7, 2, 12), heads_q=4, heads_kv=2, causal=True)
+    x = case.make_inputs(0, requires_grad=requires_grad)
+    index, count = jfa_ops.select_kv_blocks(x.q.detach(), x.k.detach(), x.q_offsets, x.kv_offsets, 9, 12, block_q=4,
+                                            block_kv=4, keep_ratio=0.5, causal=True)
+    return x, index, count
+
+
+def test_opcheck_every_op():
+    x, index, count = _op_inputs(requires_grad=True)
+    torch.library.opcheck(torch.ops.jfa.select_kv_blocks.default,
+                          (x.q.detach(), x.k.detach(), x.q_offsets, x.kv_offsets, 9, 12),
+                          dict(block_q=4, block_kv=4, keep_ratio=0.5, causal=True))
+    args = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, 4, 4)
+    torch.library.opcheck(torch.ops.jfa.block_sparse_attention.default, args, dict(causal=True))
+    with torch.no_grad():
+        out, lse = torch.ops.jfa.block_sparse_attention(*args, causal=True)
+    plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    torch.library.opcheck(torch.ops.jfa.block_sparse_attention_backward.default,
+                          (torch.randn_like(out), torch.randn_like(lse), *plain[:3], out, lse, *plain[3:]),
+                          dict(causal=True))
+
+
+def test_selection_is_not_differentiable_and_double_backward_raises():
+    x, index, count = _op_inputs(requires_grad=True)
+    sel = torch.ops.jfa.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 9, 12, block_q=4, block_kv=4)
+    assert not sel[0].requires_grad and not sel[1].requires_grad
+    out, _ = torch.ops.jfa.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, 4, 4)
+    (dq,) = torch.autograd.grad(out.sum(), x.q, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        torch.autograd.grad(dq.sum(), x.q)
+
+
+def _offsets(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+
+
+def test_compile_once_over_varying_jagged_batches():
+    """fullgraph, dynamic: both stages and the backward in one graph, no recompile as B, totals and max lengths
+    change (first batch's sizes pairwise distinct and >= 2; see tests/test_compile.py)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+    def fn(q, k, v, off, max_len):
+        out = jfa_ops.sparse_attention(q, k, v, off, off, max_len, max_len, keep_ratio=0.5, block_q=4, block_kv=4,
+                                       causal=True, backend="reference")
+        return out.sum(), out
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+    g = torch.Generator().manual_seed(0)
+    batches = [[11, 0, 7, 3, 8]] + [[int(n) for n in torch.randint(0, 15, (2 + i % 4,), generator=g)] + [3 + i]
+                                    for i in range(8)]
+    for i, lengths in enumerate(batches):
+        off = _offsets(lengths)
+        q, k, v = (torch.randn(int(off[-1]), h, 8, generator=g).requires_grad_() for h in (4, 2, 2))
+        loss, out = compiled(q, k, v, off, max(lengths))
+        grads = torch.autograd.grad(loss, (q, k, v))
+        ref_loss, ref_out = fn(q, k, v, off, max(lengths))
+        assert torch.equal(out, ref_out)
+        for a, b in zip(grads, torch.autograd.grad(ref_loss, (q, k, v))):
+            torch.testing.assert_close(a, b)
+    assert counter.frame_count == 1, f"compiled {counter.frame_count} times"
+    assert sum(torch._dynamo.utils.counters["recompiles"].values()) == 0
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+# ------------------------------------------------------------------------------------------------- validation
+def test_select_validation_names_the_argument():
+    x, index, count = _op_inputs()
+    call = lambda *a, **kw: jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, *a, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match="max_seqlen_q is required"):
+        call()
+    with pytest.raises(ValueError, match="max_seqlen_kv is required"):
+        call(9)
+    with pytest.raises(ValueError, match=r"keep_ratio must be in \(0, 1\]"):
+        call(9, 12, keep_ratio=0.0)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        call(9, 12, top_k=0)
+    with pytest.raises(TypeError, match="block_q must be an int"):
+        call(9, 12, block_q=4.0)
+    with pytest.raises(ValueError, match="block_kv must be >= 1"):
+        call(9, 12, block_kv=0)
+    with pytest.raises(ValueError, match="max_seqlen for kv_offsets is 5, smaller than the longest sequence 12"):
+        call(9, 5)
+
+
+def test_block_sparse_validation_names_the_argument():
+    x, index, count = _op_inputs()
+    def call(index=index, count=count, **kw):
+        kw = dict(dict(block_q=4, block_kv=4), **kw)
+        return jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, **kw)
+    with pytest.raises(TypeError, match="kv_block_index must be int32"):
+        call(index=index.long())
+    with pytest.raises(ValueError, match=r"kv_block_count must be kv_block_index's \[B, Hkv, NQB\]"):
+        call(count=count[:, :, :1])
+    with pytest.raises(ValueError, match=r"kv_block_index must be \[B, Hkv, NQB, NKB\]"):
+        call(index=index[:, :1], count=count[:, :1])
+    with pytest.raises(ValueError, match="kv_block_index has 3 Q blocks per sequence, but the longest q sequence "
+                                         "needs 5 of block_q=2"):
+        call(block_q=2)
+    bad = index.clone()
+    bad[2, 0, 0, 0] = 3  # sequence 2 has 12 keys: 3 blocks of 4, ids 0..2
+    with pytest.raises(ValueError, match=r"kv_block_index\[2, 0, 0, 0\] = 3 is not a KV block of sequence 2"):
+        call(index=bad)
+    with pytest.raises(ValueError, match=r"kv_block_count must be in \[0, 3\]"):
+        call(count=count + 5)
+
+
+def test_family_backend_lacking_it_is_named():
+    x, index, count = _op_inputs()
+    with pytest.raises(ValueError, match="backend 'cpu' does not implement the 'block_sparse' op family"):
+        jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, block_q=4,
+                                       block_kv=4, backend="cpu")

@@ -1,0 +1,354 @@
+"""The MXFP8 op family: quantize/dequantize bit-exact against the spec oracle (``jfa_ops.testing.mx_*_spec``),
+MXFP8 attention forward/backward against the float64 MXFP8 oracles and the issue's error bound against float64
+attention on the original inputs, special values, validation, opcheck, torch.compile.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jfa_ops
+from jfa_ops.testing import (OPCHECK_UTILS, e4m3_round_spec, jagged_lengths, mx_dequantize_spec, mx_quantize_spec,
+                             mx_round_trip_spec, reference_attention, reference_mxfp8_attention,
+                             reference_mxfp8_attention_backward)
+
+BLOCKS = [(1, 32), (32, 1), (32, 32)]
+ROUNDINGS = ["rceil", "floor"]
+QUANTIZE_BACKENDS = ["reference"]  # + "triton" (interpreter) in tests/backends/triton/test_mxfp8.py
+
+
+def _offsets(lengths):
+    return torch.tensor([0] + torch.tensor(list(lengths), dtype=torch.int64).cumsum(0).tolist())
+
+
+def _bits(t):
+    return t.view(torch.uint8)
+
+
+def assert_bit_exact(x, offsets, block, rounding, backend):
+    data, scale = jfa_ops.mxfp8_quantize(x, offsets, block=block, rounding=rounding, backend=backend)
+    want_data, want_scale = mx_quantize_spec(x, offsets, block, rounding)
+    assert data.dtype == torch.float8_e4m3fn and scale.dtype == torch.float8_e8m0fnu
+    assert torch.equal(_bits(scale), _bits(want_scale)), (
+        f"scale bits differ at {(_bits(scale) != _bits(want_scale)).nonzero()[:4].tolist()}")
+    differ = _bits(data) != _bits(want_data)
+    assert not differ.any(), (f"data bits differ at {differ.nonzero()[:4].tolist()}: got "
+                              f"{data[differ][:4].float().tolist()}, want {want_data[differ][:4].float().tolist()}")
+    back = jfa_ops.mxfp8_dequantize(data, scale, offsets, block=block, dtype=torch.float64, backend=backend)
+    want = mx_dequantize_spec(want_data, want_scale, offsets, block)
+    assert torch.equal(back.isnan(), want.isnan()) and torch.equal(back.nan_to_num(), want.nan_to_num())
+
+
+# Magnitudes spanning fp32's range; the values hypothesis mixes in: zeros of both signs, fp32/bf16/fp16 subnormals,
+# E4M3 rounding ties and the 448 / 1.75 * 2**k boundaries of "rceil", the largest finite values, inf and NaN.
+SPECIAL = [0.0, -0.0, 1e-45, -1e-40, 6e-8, 2.0 ** -133, 448.0, 449.0, 464.0, 480.0, 1.75, 1.7500001, -1.875,
+           2.0 ** 126 * 1.9, 3.0e38, -3.3e38, 1.0625, 1.1875, 2.0 ** -9 * 1.5, 2.0 ** -10]
+
+
+@st.composite
+def quantize_inputs(draw, *, specials=True):
+    lengths = draw(jagged_lengths(max_batch=4, max_len=70, max_total=140))
+    heads = draw(st.integers(1, 2))
+    dim = draw(st.sampled_from([32, 64]))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    seed = draw(st.integers(0, 2 ** 31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    rows = sum(lengths)
+    log_mag = draw(st.sampled_from([(-2, 2), (-30, 30), (-140, 127)]))
+    exps = torch.empty(rows, heads, dim).uniform_(*log_mag, generator=g)
+    x = torch.randn(rows, heads, dim, generator=g).sign() * torch.pow(2.0, exps)
+    if specials and rows and draw(st.booleans()):
+        picks = draw(st.lists(st.tuples(st.integers(0, rows * heads * dim - 1),
+                                        st.sampled_from(SPECIAL + [math.inf, -math.inf, math.nan])), max_size=12))
+        flat = x.view(-1)
+        for i, value in picks:
+            flat[i] = value
+    if draw(st.booleans()) and rows:  # an all-zero block
+        x[draw(st.integers(0, rows - 1))] = 0.0
+    return x.to(dtype), _offsets(lengths), draw(st.sampled_from(BLOCKS)), draw(st.sampled_from(ROUNDINGS))
+
+
+@pytest.mark.parametrize("backend", QUANTIZE_BACKENDS)
+@given(inputs=quantize_inputs())
+def test_quantize_bit_exact_against_the_spec(backend, inputs):
+    x, offsets, block, rounding = inputs
+    assert_bit_exact(x, offsets, block, rounding, backend)
+
+
+@pytest.mark.parametrize("backend", QUANTIZE_BACKENDS)
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_quantize_special_blocks(backend, rounding):
+    x = torch.zeros(4, 1, 64)
+    x[1, 0, :32] = torch.linspace(-1, 480, 32)  # amax 480 = 1.875 * 2**8: floor saturates, rceil scales up
+    x[2, 0, 5] = math.nan
+    x[2, 0, 40] = math.inf
+    x[3, 0, :32] = 2.0 ** -140  # a subnormal block: the smallest scale, elements flush to 0
+    data, scale = jfa_ops.mxfp8_quantize(x, rounding=rounding, backend=backend)
+    bits = scale.view(torch.uint8)[:, 0].tolist()
+    assert bits[0] == [0, 0] and bits[3] == [0, 0]  # zero / underflowing blocks: 2**-127
+    assert bits[1] == [127 + (1 if rounding == "rceil" else 0), 0]
+    assert data[1, 0, 31].float().item() == (240.0 if rounding == "rceil" else 448.0)  # floor saturates 480 -> 448
+    assert bits[2] == [255, 255] and data[2].float().isnan().all()  # inf and NaN blocks: scale and elements NaN
+    assert (data[3].float() == 0).all() and (data[0].float() == 0).all()
+    assert_bit_exact(x, None, (1, 32), rounding, backend)
+
+
+def test_e4m3_rounding_spec_matches_torch():
+    """The oracle's hand-written E4M3 rounding (ties to even, subnormals, saturation) agrees with torch's cast on
+    every value in [-448, 448] at 1/4 of the finest spacing, and saturates past 448 (torch's cast gives NaN)."""
+    y = torch.arange(-448 * 2 ** 11, 448 * 2 ** 11 + 1, dtype=torch.float64) / 2 ** 11
+    assert torch.equal(e4m3_round_spec(y), y.to(torch.float8_e4m3fn).double())
+    assert e4m3_round_spec(torch.tensor([1e6, -500.0], dtype=torch.float64)).tolist() == [448.0, -448.0]
+
+
+def test_scale_layout_of_row_blocks():
+    """(32, 1) / (32, 32): sequence b's row blocks start at offsets[b] // 32 + b; unused rows hold bits 0."""
+    lengths = (33, 0, 5, 64)
+    offsets = _offsets(lengths)
+    x = torch.zeros(sum(lengths), 1, 32)
+    for b, (start, n) in enumerate(zip(offsets[:-1].tolist(), lengths)):
+        x[start:start + n] = 2.0 ** b  # block exponent identifies the sequence
+    data, scale = jfa_ops.mxfp8_quantize(x, offsets, block=(32, 32), rounding="floor")
+    assert scale.shape == (102 // 32 + 4, 1, 1)
+    bits = scale.view(torch.uint8)[:, 0, 0].tolist()
+    # seq 0: rows 0-32 -> scale rows 0, 1; seq 1 empty; seq 2 (rows 33-37): 33 // 32 + 2 = 3; seq 3: 38 // 32 + 3 = 4, 5
+    assert bits == [127 - 8, 127 - 8, 0, 127 + 2 - 8, 127 + 3 - 8, 127 + 3 - 8, 0]
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_quantize_njt_and_dequantize_round_trip(block):
+    lengths = (40, 3, 0, 33)
+    offsets = _offsets(lengths)
+    x = torch.randn(sum(lengths), 2, 64)
+    njt = torch.nested.nested_tensor_from_jagged(x, offsets)
+    data, scale = jfa_ops.mxfp8_quantize(njt, block=block)
+    want_data, want_scale = jfa_ops.mxfp8_quantize(x, offsets, block=block)
+    assert torch.equal(_bits(data), _bits(want_data)) and torch.equal(_bits(scale), _bits(want_scale))
+    back = jfa_ops.mxfp8_dequantize(data, scale, offsets, block=block, dtype=torch.bfloat16)
+    assert back.dtype == torch.bfloat16
+    err = (back.double() - x.double()).norm() / x.double().norm()
+    assert err < 0.04, err  # E4M3 keeps 3 mantissa bits: relative rounding error <= 2**-4 per element
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 48)), ValueError, "x's head_dim must be a positive multiple"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 16)), ValueError, "x's head_dim"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), block=(16, 32)), ValueError, "block must be one of"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), block=32), TypeError, "block must be a pair"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), rounding="nearest"), ValueError, "rounding must be one"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32).double()), TypeError, "x must be float16"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 32)), ValueError, "x must be 3-D"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0.0, 4.0])), TypeError, "offsets must be"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0, 3])), ValueError, "offsets"),
+    (lambda: jfa_ops.mxfp8_dequantize(*jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32)), block=(32, 32)), ValueError,
+     "x_scale must have shape"),
+    (lambda: jfa_ops.mxfp8_dequantize(torch.randn(4, 2, 32), torch.randn(4, 2, 1)), TypeError, "x_data must be"),
+    (lambda: jfa_ops.mxfp8_attention(torch.randn(3, 2, 48), torch.randn(3, 2, 48), torch.randn(3, 2, 48),
+                                     torch.tensor([0, 3]), torch.tensor([0, 3])), ValueError, "q's head_dim"),
+    (lambda: jfa_ops.mxfp8_attention(torch.randn(3, 2, 32), torch.randn(3, 2, 32), torch.randn(3, 2, 32),
+                                     torch.tensor([0, 3]), torch.tensor([0, 3]), rounding="up"), ValueError,
+     "rounding"),
+    (lambda: jfa_ops.mxfp8_attention(torch.randn(3, 3, 32), torch.randn(3, 2, 32), torch.randn(3, 2, 32),
+                                     torch.tensor([0, 3]), torch.tensor([0, 3])), ValueError, "multiple of k/v heads"),
+])
+def test_validation_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+def _rel(actual, expected):
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    return ((a - e).norm() / e.norm().clamp_min(1e-300)).item()
+
+
+ATTENTION_CASES = {
+    "jagged": dict(q_lengths=(40, 0, 65, 1), kv_lengths=(50, 3, 67, 0)),
+    "causal_gqa": dict(q_lengths=(37, 70), kv_lengths=(45, 70), heads_q=4, causal=True),
+    "window": dict(q_lengths=(64, 20), kv_lengths=(64, 33), window=(20, 5)),
+    "broadcast_q": dict(q_lengths=(16,), kv_lengths=(70, 0, 33), broadcast_q=True, heads_q=4),
+    "broadcast_q_causal": dict(q_lengths=(5,), kv_lengths=(40, 2), broadcast_q=True, causal=True),
+    "fully_masked_rows": dict(q_lengths=(40,), kv_lengths=(3,), causal=True),  # rows above the diagonal see nothing
+}
+
+
+def make_case(q_lengths, kv_lengths, heads_q=2, heads_kv=2, dim=64, causal=False, window=(-1, -1),
+              broadcast_q=False, dtype=torch.float32, seed=0, spread=None):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(rows, heads):
+        x = torch.randn(rows, heads, dim, generator=g)
+        if spread is not None:  # magnitudes spanning 2**-spread .. 2**spread, per row and column
+            x = x * torch.pow(2.0, torch.empty(rows, 1, dim).uniform_(-spread, spread, generator=g))
+        return x.to(dtype)
+
+    q = rand(q_lengths[0] if broadcast_q else sum(q_lengths), heads_q)
+    k, v = rand(sum(kv_lengths), heads_kv), rand(sum(kv_lengths), heads_kv)
+    q_off = None if broadcast_q else _offsets(q_lengths)
+    opts = dict(causal=causal, window=window, broadcast_q=broadcast_q)
+    return q, k, v, q_off, _offsets(kv_lengths), opts
+
+
+def _oracle_opts(opts):
+    return dict(causal=opts["causal"], window=opts["window"], broadcast_q=opts["broadcast_q"])
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_forward_matches_the_mxfp8_oracle(name, dtype, backend="reference"):
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], dtype=dtype)
+    out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend=backend, **opts)
+    want_out, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse == -math.inf, want_lse == -math.inf)
+    assert _rel(out, want_out) <= (1e-5 if dtype == torch.float32 else 4e-3)  # measured 1.5e-7 / 2.2e-3 (bf16 out)
+    finite = want_lse > -math.inf
+    assert _rel(lse[finite], want_lse[finite]) <= 1e-6
+
+
+def issue_error_bound(q, k, v, q_off, kv_off, opts, out):
+    """(error of ``out`` vs float64 attention on the originals, the issue's bound): 2 x the error of float64
+    attention on the MXFP8 round-tripped q, k, v, plus the P term = the error P's quantization adds in the float64
+    MXFP8 oracle (``reference_mxfp8_attention`` vs float64 attention, both on the round-tripped inputs)."""
+    o = _oracle_opts(opts)
+    exact, _ = reference_attention(q, k, v, q_off, kv_off, **o)
+    rt = (mx_round_trip_spec(q), mx_round_trip_spec(k), mx_round_trip_spec(v, kv_off, (32, 1)))
+    on_rt, _ = reference_attention(*rt, q_off, kv_off, **o)
+    mx_oracle, _ = reference_mxfp8_attention(q, k, v, q_off, kv_off, **o)
+    return _rel(out, exact), 2 * _rel(on_rt, exact) + _rel(mx_oracle, on_rt)
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+@pytest.mark.parametrize("spread", [None, 12])
+def test_attention_error_within_the_issue_bound(name, spread, backend="reference"):
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], spread=spread, seed=1)
+    out = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, backend=backend, **opts)
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out)
+    assert err <= bound, (err, bound)
+    if spread is None:
+        assert err <= 0.1  # measured 0.045-0.06 on N(0, 1) inputs (README)
+
+
+@pytest.mark.parametrize("backend", ["reference"])
+def test_attention_no_nan_on_empty_masked_zero_and_wide_range(backend):
+    q, k, v, q_off, kv_off, opts = make_case((40, 5, 0, 33), (3, 0, 9, 40), causal=True, seed=2, spread=30)
+    k[:32] = 0.0  # an all-zero K block and V block
+    v[:32] = 0.0
+    out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend=backend, **opts)
+    assert not out.isnan().any() and not out.isinf().any() and not lse.isnan().any()
+    want_out, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert torch.equal(lse == -math.inf, want_lse == -math.inf)
+    assert (out[40:45] == 0).all()  # the empty kv sequence
+    dq, dk, dv = torch.autograd.grad(
+        jfa_ops.mxfp8_attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), q_off, kv_off,
+                                backend=backend, **opts).sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_attention_backward_matches_the_mxfp8_oracle(name, backend="reference"):
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], seed=3)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend=backend, **opts)
+    g = torch.Generator().manual_seed(4)
+    grad_out, grad_lse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
+    grads = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))
+    want = reference_mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off,
+                                              **_oracle_opts(opts))
+    for name_, got, w in zip("qkv", grads, want):
+        assert got.dtype == torch.float32
+        assert _rel(got, w) <= 1e-5, f"d{name_}: {_rel(got, w)}"  # measured <= 3e-8
+    # and against float64 attention on the originals: the straight-through gradients of a ~5% perturbed softmax
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    exact = reference_attention(q64, k64, v64, q_off, kv_off, **_oracle_opts(opts))
+    exact_grads = torch.autograd.grad(exact, (q64, k64, v64), (grad_out.double(), grad_lse.double()),
+                                      allow_unused=True)
+    for name_, got, w in zip("qkv", grads, exact_grads):
+        if w is not None and w.norm() > 0:
+            assert _rel(got, w) <= 0.15, f"d{name_} vs float64 attention: {_rel(got, w)}"  # measured <= 0.075
+
+
+def test_prequantized_inputs_give_the_same_out():
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["causal_gqa"], dtype=torch.bfloat16)
+    out = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, **opts)
+    pairs = (jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k), jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1)))
+    got = jfa_ops.mxfp8_attention(*pairs, q_off, kv_off, **opts)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, out)
+    with pytest.raises(ValueError, match="v_scale must have shape"):
+        jfa_ops.mxfp8_attention(pairs[0], pairs[1], jfa_ops.mxfp8_quantize(v), q_off, kv_off, **opts)
+    with pytest.raises(TypeError, match="all be tensors"):
+        jfa_ops.mxfp8_attention(pairs[0], k, v, q_off, kv_off)
+
+
+def test_attention_njt():
+    q, k, v, q_off, kv_off, opts = make_case((5, 40), (7, 33))
+    nq, nk, nv = (torch.nested.nested_tensor_from_jagged(t, o) for t, o in ((q, q_off), (k, kv_off), (v, kv_off)))
+    out = jfa_ops.mxfp8_attention(nq, nk, nv)
+    assert out.is_nested and torch.equal(out.values(), jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off))
+
+
+# ---------------------------------------------------------------------------------------------------- op checks
+def _opcheck_calls():
+    q, k, v, q_off, kv_off, opts = make_case((5, 0, 33), (7, 2, 35), heads_q=4, causal=True)
+    kw = dict(causal=True)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = torch.ops.jfa.mxfp8_attention(q, k, v, q_off, kv_off, **kw)
+    det = [t.detach() for t in (q, k, v)]
+    pairs = [torch.ops.jfa.mxfp8_quantize(det[0]), torch.ops.jfa.mxfp8_quantize(det[1]),
+             torch.ops.jfa.mxfp8_quantize(det[2], kv_off, [32, 1])]
+    return {
+        "mxfp8_quantize": ((det[1], kv_off, [32, 32], "floor"), {}),
+        "mxfp8_dequantize": ((*pairs[2], kv_off, [32, 1], torch.bfloat16), {}),
+        "mxfp8_attention": ((q, k, v, q_off, kv_off), dict(kw, rounding="floor")),
+        "mxfp8_attention_backward": ((torch.randn(out.shape), torch.randn(lse.shape), *det, out.detach(),
+                                      lse.detach(), q_off, kv_off), kw),
+        "mxfp8_attention_quantized": ((*pairs[0], *pairs[1], *pairs[2], q_off, kv_off), dict(kw, out_dtype=torch.float16)),
+    }
+
+
+OPS = ("mxfp8_quantize", "mxfp8_dequantize", "mxfp8_attention", "mxfp8_attention_backward",
+       "mxfp8_attention_quantized")
+# (op, util) -> why it fails; strict xfails: one that starts passing fails the suite.
+_FP8_SCHEMA_CHECK = ("torch's SchemaCheckMode compares float8 inputs before/after with a multiply that has no "
+                     "float8_e4m3fn kernel on CPU (mul_cpu_reduced_float): a limitation of the checker, not the op")
+XFAILS = {("mxfp8_dequantize", "test_schema"): _FP8_SCHEMA_CHECK,
+          ("mxfp8_attention_quantized", "test_schema"): _FP8_SCHEMA_CHECK}
+
+
+@pytest.mark.parametrize("op, util", [
+    pytest.param(op, util, id=f"{op}-{util}", marks=[pytest.mark.xfail(strict=True, reason=XFAILS[op, util])]
+                 if (op, util) in XFAILS else [])
+    for op in OPS for util in OPCHECK_UTILS])
+def test_opcheck(op, util):
+    args, kwargs = _opcheck_calls()[op]
+    torch.library.opcheck(getattr(torch.ops.jfa, op).default, args, kwargs, test_utils=(util,))
+
+
+def test_compile_no_graph_breaks_no_recompiles():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+
+    def fn(q, k, v, q_off, kv_off):
+        out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, causal=True, return_lse=True)
+        data, scale = jfa_ops.mxfp8_quantize(v.detach(), kv_off, block=(32, 1))  # no gradient (float8 out)
+        return out.sum() + lse.clamp_min(-1e4).sum() * 1e-3 + data.float().sum() * 1e-3, out
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+    g = torch.Generator().manual_seed(0)
+    for i, (q_lengths, kv_lengths) in enumerate([((11, 0, 7, 3, 8), (5, 13, 0, 2, 6)), ((2, 9, 40), (33, 4, 3)),
+                                                 ((4, 5), (9, 70)), ((3, 3, 3, 5, 6, 7), (2, 2, 9, 9, 9, 2))]):
+        q, k, v, q_off, kv_off, _ = make_case(q_lengths, kv_lengths, heads_q=4, seed=i)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        loss, out = compiled(q, k, v, q_off, kv_off)
+        grads = torch.autograd.grad(loss, (q, k, v))
+        ref_loss, ref_out = fn(q, k, v, q_off, kv_off)
+        ref_grads = torch.autograd.grad(ref_loss, (q, k, v))
+        assert torch.equal(out, ref_out) and all(torch.allclose(a, b) for a, b in zip(grads, ref_grads))
+    assert counter.frame_count == 1, f"{counter.frame_count} compiles (recompiles or graph breaks)"

@@ -1,0 +1,235 @@
+"""GPU check of the tlx backend (H200): a correctness sweep against the float64 oracle, then forward timings.
+
+Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
+``python tools/tlx_check.py correctness`` / ``timing`` / ``all`` (default). Every case is caught and reported (one
+line each, printed as it finishes, so a hang still shows how far it got); exit status 1 if any case failed.
+
+Correctness: fixed edge cases (empty sequences, length 1, lengths that are not multiples of the blocks, cross
+attention, causal/window, GQA, broadcast-Q, head_dim 64/128/256, fp16/bf16, value rows of a neighbour sequence full
+of NaN/inf) plus a seeded random sweep; outputs come from a NaN-poisoned allocator; ``jfa_ops.testing``'s oracle and
+tolerances decide. A few cases also check gradients (the backward is the triton backend's; it reads tlx's out/lse).
+Head dims / dtypes tlx declines must route to triton under automatic choice (JFA_TLX_AUTO=1 is set here).
+Timing: ``triton.testing.do_bench`` medians, forward only, tlx vs triton, TFLOP/s of useful work (``bench.flops``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+os.environ.setdefault("JFA_TLX_AUTO", "1")  # automatic choice prefers tlx (read when the backend registers)
+try:
+    import _utlx_autoregister  # noqa: F401 (before triton: pip --target installs skip the plugin's .pth)
+except ImportError:
+    pass
+
+import faulthandler  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jfa_ops  # noqa: E402
+from jfa_ops.backends import select_backend, unavailable_reason  # noqa: E402
+from jfa_ops.testing import (AttentionCase, _poison_allocator, assert_attention_close,  # noqa: E402
+                             check_attention_case)
+
+HANG_S = int(os.environ.get("TLX_CHECK_HANG_S", "90"))  # per case: a hung kernel dumps the stacks and exits
+
+
+def rel_err(actual, expected) -> float:
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    finite = torch.isfinite(e) & torch.isfinite(a)
+    if not finite.any():
+        return 0.0
+    ref = torch.linalg.vector_norm(e[finite]).item()
+    return torch.linalg.vector_norm((a - e)[finite]).item() / (ref if ref > 0 else 1.0)
+
+
+def forward_case(case: AttentionCase, seed: int, backend="tlx", nan_neighbour=None) -> str:
+    """One forward against the oracle: 'out <err> lse <err>', or raises AssertionError."""
+    inputs = case.make_inputs(seed)
+    if nan_neighbour is not None:  # keys/values of sequence b poisoned: the other sequences must stay exact
+        b = nan_neighbour
+        lo, hi = int(inputs.kv_offsets[b]), int(inputs.kv_offsets[b + 1])
+        inputs.k[lo:hi] = float("inf")
+        inputs.v[lo:hi] = float("nan")
+    rows = case.q_lengths[0] * len(case.kv_lengths) if case.broadcast_q else sum(case.q_lengths)
+    _poison_allocator("cuda", 4 * rows * case.heads_q * (case.head_dim + 1) + 4096)
+    out, lse = inputs.call(backend)
+    ref_out, ref_lse = inputs.oracle()
+    out_sees = inputs.visibility()[0]
+    if nan_neighbour is not None:  # compare the clean sequences only
+        qo = inputs.q_offsets
+        keep = torch.ones(out.shape[0], dtype=torch.bool)
+        keep[int(qo[b]):int(qo[b + 1])] = False
+        rows_of = lambda t: t[keep.to(t.device)]  # noqa: E731
+        out, ref_out, out_sees = rows_of(out), rows_of(ref_out), rows_of(out_sees)
+        lse, ref_lse = lse[:, keep.to(lse.device)], ref_lse[:, keep.to(ref_lse.device)]
+    msg = f"out {rel_err(out, ref_out):.2e} lse {rel_err(lse, ref_lse):.2e}"
+    assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name="out", zero_rows=~out_sees)
+    assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name="lse")
+    return msg
+
+
+def fixed_cases():
+    bf, fp = torch.bfloat16, torch.float16
+    c = lambda q, kv, **kw: AttentionCase(tuple(q), tuple(kv), device="cuda", **{"dtype": bf, "head_dim": 128,  # noqa
+                                                                                 **kw})
+    edge = (0, 1, 127, 128, 129, 300, 5, 64, 0, 1000)
+    out = [
+        ("dense S256 H4", c((256, 256), (256, 256), heads_q=4, heads_kv=4), {}),
+        ("dense S256 causal", c((256, 256), (256, 256), heads_q=4, heads_kv=4, causal=True), {}),
+        ("edge lengths", c(edge, edge, heads_q=4, heads_kv=4), {}),
+        ("edge lengths causal", c(edge, edge, heads_q=4, heads_kv=4, causal=True), {}),
+        ("edge fp16 D64", c(edge, edge, heads_q=2, heads_kv=2, head_dim=64, dtype=fp), {}),
+        ("edge fp16 D64 causal", c(edge, edge, head_dim=64, dtype=fp, causal=True), {}),
+        ("edge D256", c(edge, edge, head_dim=256), {}),
+        ("edge D256 causal", c(edge, edge, head_dim=256, causal=True), {}),
+        ("cross Lq!=Lk", c((3, 200, 0, 50, 129), (400, 10, 7, 0, 64)), {}),
+        ("cross causal (Lq>Lk rows see nothing)", c((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), causal=True), {}),
+        ("window (64,0) causal", c(edge, edge, causal=True, window=(64, 0)), {}),
+        ("window (100,30)", c(edge, edge, window=(100, 30)), {}),
+        ("window (-1,17)", c(edge, edge, window=(-1, 17)), {}),
+        ("window (5,-1) D64", c(edge, edge, head_dim=64, window=(5, -1)), {}),
+        ("GQA 8:2", c(edge, edge, heads_q=8, heads_kv=2), {}),
+        ("GQA 8:1 causal D64", c(edge, edge, heads_q=8, heads_kv=1, head_dim=64, causal=True), {}),
+        ("broadcast-Q Lq128", c((128,), (0, 1, 700, 64, 129, 3000), broadcast_q=True, heads_q=4, heads_kv=4), {}),
+        ("broadcast-Q Lq100 causal GQA", c((100,), (0, 1, 700, 64, 129), broadcast_q=True, causal=True, heads_q=4,
+                                           heads_kv=2), {}),
+        ("broadcast-Q Lq1 D256", c((1,), (5, 0, 300), broadcast_q=True, head_dim=256), {}),
+        ("empty kv", c((30, 70), (0, 0)), {}),
+        ("no sequences", c((), ()), {}),
+        ("one long S4096 causal", c((4096,), (4096,), heads_q=2, heads_kv=2, causal=True), {}),
+        ("scale 0.3 fp16", c((300, 17), (200, 333), dtype=fp, scale=0.3), {}),
+        ("negative scale", c((300, 17), (200, 333), scale=-0.05), {}),
+        ("NaN/inf in neighbour K/V", c((100, 37, 50), (100, 37, 50)), dict(nan_neighbour=1)),
+        ("NaN/inf in neighbour K/V causal", c((100, 37, 50), (90, 37, 77), causal=True), dict(nan_neighbour=1)),
+    ]
+    many = tuple(int(x) for x in np.random.default_rng(1).integers(0, 300, size=400))  # many items per program
+    out.append(("400 short seqs H4 GQA 4:2", c(many, many, heads_q=4, heads_kv=2), {}))
+    out.append(("400 short seqs causal D64", c(many, many, head_dim=64, causal=True), {}))
+    return out
+
+
+def random_cases(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        b = int(rng.integers(1, 9))
+        kv = tuple(int(x) for x in rng.integers(0, 700, size=b))
+        bq = rng.random() < 0.2
+        q = (int(rng.integers(1, 300)),) if bq else (kv if rng.random() < 0.6 else
+                                                     tuple(int(x) for x in rng.integers(0, 700, size=b)))
+        hkv = int(rng.integers(1, 4))
+        d = int(rng.choice([64, 128, 256]))
+        win = (int(rng.integers(-1, 200)), int(rng.integers(-1, 200))) if rng.random() < 0.25 else (-1, -1)
+        case = AttentionCase(q, kv, heads_q=hkv * int(rng.integers(1, 4)), heads_kv=hkv, head_dim=d,
+                             dtype=[torch.float16, torch.bfloat16][int(rng.integers(0, 2))], device="cuda",
+                             causal=bool(rng.random() < 0.5), window=win, broadcast_q=bq,
+                             scale=None if rng.random() < 0.7 else float(rng.choice([0.5, 2.0])) * d ** -0.5,
+                             offsets_dtype=[torch.int32, torch.int64][int(rng.integers(0, 2))])
+        yield f"random {i}", case
+
+
+def routing_cases():
+    """Problems tlx declines: automatic choice must run them elsewhere (triton), correctly."""
+    c = lambda **kw: AttentionCase((37, 0, 130), (50, 3, 129), heads_q=4, heads_kv=2, device="cuda",  # noqa: E731
+                                   **{"dtype": torch.bfloat16, **kw})
+    return [("route D72", c(head_dim=72)), ("route D32 fp16", c(head_dim=32, dtype=torch.float16)),
+            ("route fp32 D128", c(head_dim=128, dtype=torch.float32))]
+
+
+def correctness() -> int:
+    print(f"tlx: {unavailable_reason('tlx') or 'importable'}; sm_90 problem: "
+          f"{unavailable_reason('tlx', AttentionCase((8,), (8,), device='cuda', dtype=torch.bfloat16, head_dim=128).problem()) or 'supported'}",
+          flush=True)
+    failures, t0 = 0, time.time()
+    print(f"{'case':44s} {'result':6s} detail", flush=True)
+
+    def report(name, fn):
+        nonlocal failures
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        print(f"{name:44s} ...", end="\r", flush=True)  # a hang leaves this line as the last one
+        try:
+            detail = fn()
+            status = "PASS"
+        except Exception as e:  # noqa: BLE001 (report every case)
+            failures += 1
+            status, detail = "FAIL", " | ".join(traceback.format_exception_only(type(e), e)[-1].strip().splitlines())[:300]
+        print(f"{name:44s} {status:6s} {detail}", flush=True)
+
+    for name, case, kw in fixed_cases():
+        report(name, lambda: forward_case(case, 0, **kw))
+    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "30"))):
+        report(name, lambda: forward_case(case, 1) + f"  [{case}]")
+    for name, case in routing_cases():
+        def routed():
+            chosen = select_backend(None, case.problem()).name
+            assert chosen != "tlx", f"tlx chose to run {case}"
+            return f"{chosen}: " + forward_case(case, 2, backend=None)
+        report(name, routed)
+    auto = AttentionCase((5,), (9,), device="cuda", dtype=torch.bfloat16, head_dim=128).problem()
+    report("auto choice on sm_90 bf16 D128", lambda: f"chosen {select_backend(None, auto).name}")
+    for name, case in [("grads via triton backward, causal GQA",
+                        AttentionCase((0, 1, 129, 300), (5, 1, 200, 300), heads_q=4, heads_kv=2, head_dim=64,
+                                      dtype=torch.float16, device="cuda", causal=True)),
+                       ("grads broadcast-Q", AttentionCase((70,), (0, 300, 5), heads_q=2, heads_kv=2, head_dim=128,
+                                                           dtype=torch.bfloat16, device="cuda", broadcast_q=True))]:
+        report(name, lambda: (check_attention_case(case, "tlx"), "out/lse/dq/dk/dv ok")[1])
+    faulthandler.cancel_dump_traceback_later()
+    print(f"correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
+    return failures
+
+
+def timing() -> int:
+    import triton.testing
+
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    bq_kv = lognormal_lengths(None, 128, seed=512)
+    cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
+             Case("dense", "B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
+             Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
+             Case("broadcast", "broadcast-Q Lq128 H4 B128", (128,) * 128, bq_kv, 4, 4, 128, broadcast_q=True),
+             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
+             Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64),
+             Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
+    print(f"{'forward, bf16, TFLOP/s (median)':40s} {'tlx':>8s} {'triton':>8s} {'ratio':>6s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+        row = {}
+        for backend in ("tlx", "triton"):
+            try:
+                fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
+                    x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+                    broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+                    backend=backend)
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row[backend] = case.flops("fwd") / ms / 1e9
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"  {case.label} {backend}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        t, r = row.get("tlx", float("nan")), row.get("triton", float("nan"))
+        print(f"{case.label:40s} {t:8.1f} {r:8.1f} {t / r:6.2f}", flush=True)
+    return failures
+
+
+def main(argv) -> int:
+    part = argv[1] if len(argv) > 1 else "all"
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, jfa_ops backends "
+          f"{jfa_ops.available_backends('cuda')}", flush=True)
+    failed = 0
+    if part in ("correctness", "all"):
+        failed += correctness()
+    if part in ("timing", "all"):
+        failed += timing()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

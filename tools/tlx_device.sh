@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# GPU check of the tlx backend on the lent H200: `bash tools/tlx_device.sh [correctness|timing|all]` from the repo
+# root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB). Unpacks it into
+# /tmp/t38 once per warm machine, then runs tools/tlx_check.py (correctness sweep vs the float64 oracle, then forward
+# timings tlx vs triton). Each part runs under its own time limit, so a hung kernel ends one part, not the report.
+# Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:-all}
+if [ ! -d /tmp/t38/triton/_C ]; then
+  mkdir -p /tmp/t38 && tar xJf .t38/triton38.tar.xz -C /tmp/t38 &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/t38 .t38/triton_utlx-*.whl || exit 2
+fi
+export PYTHONPATH=/tmp/t38:$PWD:${PYTHONPATH:-}
+python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx; print('triton', triton.__version__, 'with TLX')"
+rc=0
+if [ "$part" = all ] || [ "$part" = correctness ]; then
+  JFA_LAUNCH_VERIFY=1 timeout 200 python3 tools/tlx_check.py correctness || rc=1
+fi
+if [ "$part" = all ] || [ "$part" = timing ]; then
+  timeout 100 python3 tools/tlx_check.py timing || rc=1
+fi
+if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
+  JFA_TLX_AUTO=1 timeout 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu', '-x', '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py']))" || rc=1
+fi
+exit $rc
