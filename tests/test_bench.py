@@ -3,6 +3,7 @@
 Run: python -m pytest tests/test_bench.py -q
 """
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -217,3 +218,17 @@ def test_mxfp8_lines_ratios_targets_and_tolerance():
     assert "3500 GB/s = 82% of 4270 (target 80%: PASS)" in lines[1]
     assert "1.10x our bf16 (target 1.2x: FAIL)" in lines[2]
     assert [c.split()[-1] for c in report.check_lines(recs)] == ["ok", "WRONG"]
+
+
+def test_backend_name_picks_the_compile_path(monkeypatch):
+    """``--backends triton,triton@opaque`` compares the compile paths in one run: each prepared case sets
+    JFA_COMPILE_PATH for the graphs compiled next."""
+    from bench.peers import JfaBackend, split_compile_path, use_compile_path
+
+    assert split_compile_path("triton") == ("triton", "inductor")
+    assert split_compile_path("triton@opaque") == ("triton", "opaque")
+    peer = JfaBackend("triton@opaque")
+    assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@opaque", "triton", "opaque")
+    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")
+    use_compile_path(peer.compile_path)
+    assert os.environ["JFA_COMPILE_PATH"] == "opaque"

@@ -196,7 +196,7 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
 
 
 BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,
-                  auto_devices=("cuda",), checks_offsets=True, families={
+                  auto_devices=("cuda",), checks_offsets=True, traceable=True, families={
                       "select_kv_blocks": FamilyImpl(select_kv_blocks, supports=block_sparse_supports),
                       "block_sparse": FamilyImpl(block_sparse_forward, block_sparse_backward,
                                                  supports=block_sparse_supports),
