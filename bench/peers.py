@@ -11,8 +11,9 @@ padded to the longest sequence, unmasked: its time is an upper bound on speed an
 from __future__ import annotations
 
 import dataclasses
+import os
 import inspect
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -82,9 +83,22 @@ def jfa_available_backends(device) -> List[str]:
     return names
 
 
+def split_compile_path(backend: str) -> Tuple[str, str]:
+    """``triton@opaque`` -> (``triton``, ``opaque``); a plain name -> (name, ``inductor``): the backend and the
+    compile path (``JFA_COMPILE_PATH``) its compiled graphs are traced with, so one run compares both paths."""
+    name, _, path = backend.partition("@")
+    return name, path or "inductor"
+
+
+def use_compile_path(path: str) -> None:
+    """Set ``JFA_COMPILE_PATH`` for the graphs compiled next (read when a graph is traced; the bench resets Dynamo
+    before each compile, so no graph of the other path is reused)."""
+    os.environ["JFA_COMPILE_PATH"] = path
+
+
 class JfaBackend:
     def __init__(self, backend: str):
-        self.backend = backend
+        self.backend, self.compile_path = split_compile_path(backend)
         self.name = f"jfa:{backend}"
 
     def unavailable(self, device) -> Optional[str]:
@@ -92,6 +106,7 @@ class JfaBackend:
 
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         jfa_ops = import_jfa_ops()
+        use_compile_path(self.compile_path)
         if self.backend == "reference" and case.pairs() * case.num_heads_q > REFERENCE_MAX_WORK:
             raise Skip(f"reference backend skipped above {REFERENCE_MAX_WORK} visible pairs x heads")
         q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)

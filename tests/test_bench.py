@@ -3,6 +3,7 @@
 Run: python -m pytest tests/test_bench.py -q
 """
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -194,3 +195,17 @@ def test_session5_overhead_results_read_as_the_baseline():
     lines = report.target_lines(records)
     assert any(line.startswith("FAIL jfa:triton no_grad fwd 546.6 us") for line in lines), lines
     assert "| jfa:triton |" in report.overhead_table([r for r in records if r["case"]["suite"] == "overhead"])
+
+
+def test_backend_name_picks_the_compile_path(monkeypatch):
+    """``--backends triton,triton@opaque`` compares the compile paths in one run: each prepared case sets
+    JFA_COMPILE_PATH for the graphs compiled next."""
+    from bench.peers import JfaBackend, split_compile_path, use_compile_path
+
+    assert split_compile_path("triton") == ("triton", "inductor")
+    assert split_compile_path("triton@opaque") == ("triton", "opaque")
+    peer = JfaBackend("triton@opaque")
+    assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@opaque", "triton", "opaque")
+    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")
+    use_compile_path(peer.compile_path)
+    assert os.environ["JFA_COMPILE_PATH"] == "opaque"

@@ -1,0 +1,219 @@
+"""Stage 2 backward on the device, from the dense kernels' building blocks (``attn_bwd``):
+
+1. delta = rowsum(dO * O) - grad_lse: the dense ``attn_bwd_delta_kernel``.
+2. dK/dV: the selection transposed on the device (``transpose_selection``: per KV block, the Q blocks that selected
+   it, ascending; torch ops, no host sync); grid (key tiles, B, Hkv), each program sums over its group's q heads
+   and over only those Q blocks (``attn_bwd._dkdv_q_blocks``), then writes dK, dV once (no atomics: deterministic).
+3. dQ: grid (query tiles, B, Hq) over the same selected KV blocks as the forward (``attn_bwd._dq_kv_blocks``).
+   Broadcast Q: one program per (query tile, q head) sums over the sequences in order (deterministic).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common
+from .attn_bwd import DELTA_BLOCK_T, _dkdv_q_blocks, _dq_kv_blocks, _row_stats, attn_bwd_delta_kernel
+from .block_sparse_fwd import index_strides, longest_rows, selected_blocks, sparse_offsets, tile_sizes
+from .common import (dot_precision, head_dim_consts, load_rows, loop_bound, packed_rows, row_source, row_strides,
+                     seq_extent, stage_bounds, store_rows, window_bounds)
+from .launch import launch
+
+
+def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
+    """(q_block_index [B, H, n_kv_blocks, NQB] int32: per KV block the Q blocks that selected it, ascending, then
+    NQB; q_block_count [B, H, n_kv_blocks] int32). Ids outside [0, n_kv_blocks) and entries past a row's count are
+    dropped. Device ops only."""
+    batch, heads, n_q_blocks, width = kv_block_index.shape
+    device = kv_block_index.device
+    used = torch.arange(width, device=device) < kv_block_count[..., None]
+    ids = torch.where(used & (kv_block_index >= 0) & (kv_block_index < n_kv_blocks), kv_block_index, n_kv_blocks)
+    selected = torch.zeros((batch, heads, n_q_blocks, n_kv_blocks + 1), dtype=torch.bool, device=device)
+    selected.scatter_(3, ids.long(), True)
+    by_kv = selected[..., :n_kv_blocks].transpose(2, 3)  # [B, H, n_kv_blocks, NQB]
+    q_blocks = torch.arange(n_q_blocks, dtype=torch.int32, device=device)
+    q_index = torch.where(by_kv, q_blocks, n_q_blocks).sort(dim=-1).values
+    return q_index.to(torch.int32).contiguous(), by_kv.sum(-1, dtype=torch.int32).contiguous()
+
+
+@triton.jit(do_not_specialize=["total_out", "n_kv_blocks", "group", "window_left", "right"])
+def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_INDEX, Q_BLOCK_COUNT,
+                             total_out, n_kv_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                             stride_dot, stride_doh, stride_dkvt, stride_tib, stride_tih, stride_tin, stride_tcb,
+                             stride_tch, group, scale, qk_scale, window_left, right,
+                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+                             BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                             BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
+    tl.static_assert(BLOCK_Q % BLOCK_M == 0)
+    tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+    n0 = tl.program_id(0) * BLOCK_N
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    if n0 < len_k:
+        out_row0, len_q = seq_extent(Q_OFF, seq)
+        if BROADCAST_Q:
+            q_row0 = out_row0 * 0
+        else:
+            q_row0 = out_row0
+        keys = n0 + tl.arange(0, BLOCK_N)
+        keys_ok = keys < len_k
+        rows0 = tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        k = load_rows(K + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :], keys_ok, d_ok,
+                      True, PAD_D)
+        v = load_rows(V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :], keys_ok, d_ok,
+                      True, PAD_D)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
+        _, _, bulk_begin, bulk_end, _, _ = stage_bounds(n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT,
+                                                        BLOCK_N, BLOCK_M)
+        ids, count = selected_blocks(Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, kv_head, n0 // BLOCK_KV, n_kv_blocks,
+                                     stride_tib, stride_tih, stride_tin, stride_tcb, stride_tch)
+        for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
+            head = kv_head * group + g
+            q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, False)
+            do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, False)
+            stat_index = head.to(tl.int64) * total_out + out_row0
+            for t in range(loop_bound(count)):
+                m_begin = tl.load(ids + t) * BLOCK_Q
+                m_end = tl.minimum(m_begin + BLOCK_Q, len_q)
+                if m_begin < len_q:
+                    if (m_begin >= bulk_begin) & (m_end <= bulk_end):
+                        dk, dv = _dkdv_q_blocks(
+                            dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
+                            rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, m_begin, m_end, DK, q_ptrs, 0,
+                            0, 0, q_row0, out_row0, BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION,
+                            False, False, False)
+                    else:
+                        dk, dv = _dkdv_q_blocks(
+                            dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
+                            rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, m_begin, m_end, DK, q_ptrs, 0,
+                            0, 0, q_row0, out_row0, BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION,
+                            False, False, False)
+        # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors
+        dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
+        store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
+        store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "total_out", "n_q_blocks", "group", "window_left", "right"])
+def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, num_seqs,
+                           total_out, n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                           stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih, stride_in,
+                           stride_cb, stride_ch, group, scale, qk_scale, window_left, right,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+                           BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                           BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Query rows [m0, m0 + BLOCK_M) of one sequence (broadcast Q: of every sequence, summed in order), q head."""
+    tl.static_assert(BLOCK_Q % BLOCK_M == 0)
+    tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+    m0 = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(2)
+    if BROADCAST_Q:
+        seq_begin = tl.program_id(1) * 0
+        seq_end = seq_begin + num_seqs
+    else:
+        seq_begin = tl.program_id(1)
+        seq_end = seq_begin + 1
+    first_row, len_q = seq_extent(Q_OFF, seq_begin)  # broadcast Q: every sequence has the same L_q
+    if m0 < len_q:
+        if BROADCAST_Q:
+            q_row0 = first_row * 0
+        else:
+            q_row0 = first_row
+        rows = m0 + tl.arange(0, BLOCK_M)
+        rows_ok = rows < len_q
+        cols = tl.arange(0, BLOCK_N)
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        kv_head = head // group
+        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
+                      PAD_D)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for seq in range(loop_bound(seq_begin), loop_bound(seq_end)):
+            out_row0, len_q = seq_extent(Q_OFF, seq)
+            kv_row0, len_k = seq_extent(KV_OFF, seq)
+            do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok,
+                           d_ok, True, PAD_D)
+            lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
+            k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
+            v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
+            _, _, bulk_begin, bulk_end, _, _ = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT,
+                                                            HAS_RIGHT, BLOCK_M, BLOCK_N)
+            ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks,
+                                         stride_ib, stride_ih, stride_in, stride_cb, stride_ch)
+            for t in range(loop_bound(count)):
+                block = tl.load(ids + t)
+                n_begin = block * BLOCK_KV
+                n_end = tl.minimum(n_begin + BLOCK_KV, len_k)
+                if (block >= 0) & (n_begin < len_k):
+                    if (n_begin >= bulk_begin) & (n_end <= bulk_end):
+                        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols,
+                                           d_ok, len_q, len_k, -window_left, right, qk_scale, n_begin, n_end,
+                                           kv_row0, 0, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION,
+                                           False)
+                    else:
+                        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols,
+                                           d_ok, len_q, len_k, -window_left, right, qk_scale, n_begin, n_end,
+                                           kv_row0, 0, BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION,
+                                           False)
+        store_rows(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :],
+                   (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
+
+
+def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
+                          kv_block_count, params):
+    q, k, v, out, grad_out = (packed_rows(t) for t in (q, k, v, out, grad_out))
+    device, num_seqs = q.device, kv_offsets.shape[0] - 1
+    num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
+    q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
+    if num_seqs == 0 or total_out == 0 or k.shape[0] == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    lse = lse.contiguous()
+    hd = head_dim_consts(head_dim)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    common_args = dict(
+        Q=q, K=k, V=v, DOut=grad_out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, total_out=total_out,
+        **row_strides("q", q), **row_strides("k", k), **row_strides("v", v), **row_strides("do", grad_out),
+        group=num_heads // num_heads_kv, scale=params.scale, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+        window_left=window_left, right=right, **hd, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, DOT_PRECISION=dot_precision(q.dtype))
+
+    # 1. delta = rowsum(dO * O) - grad_lse
+    delta = common.alloc_output((num_heads, total_out), torch.float32, device)
+    launch(attn_bwd_delta_kernel, (triton.cdiv(total_out, DELTA_BLOCK_T), num_heads), dict(
+        Out=out, DOut=grad_out, GradLse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
+        Delta=delta, ZEROED=delta, total_out=total_out, zero_rows=0, **row_strides("o", out),
+        **row_strides("do", grad_out), **hd, BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=False))
+    index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
+
+    # 2. dK, dV over the transposed selection
+    kv_rows = longest_rows(k, params.max_seqlen_kv)
+    n_kv_blocks = triton.cdiv(kv_rows, params.block_kv)
+    q_index, q_count = transpose_selection(index, count, n_kv_blocks)
+    dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
+    cfg, block_m, block_n = tile_sizes("dkdv", head_dim, q.dtype, params.causal, device, params.block_q,
+                                       params.block_kv)
+    launch(block_sparse_dkdv_kernel, (triton.cdiv(kv_rows, block_n), num_seqs, num_heads_kv), dict(
+        **common_args, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count,
+        n_kv_blocks=n_kv_blocks, stride_dkvt=dk.stride(0), **index_strides("ti", "tc", q_index, q_count),
+        BLOCK_M=block_m, BLOCK_N=block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    # 3. dQ over the selection itself
+    q_rows = longest_rows(q, params.max_seqlen_q, params.broadcast_q)
+    dq = common.alloc_output(q.shape, q.dtype, device)
+    cfg, block_m, block_n = tile_sizes("dq", head_dim, q.dtype, params.causal, device, params.block_q,
+                                       params.block_kv)
+    launch(block_sparse_dq_kernel, (triton.cdiv(q_rows, block_m), 1 if params.broadcast_q else num_seqs, num_heads),
+           dict(**common_args, Delta=delta, DQ=dq, BLOCK_INDEX=index, BLOCK_COUNT=count, num_seqs=num_seqs,
+                n_q_blocks=index.shape[2], stride_dqt=dq.stride(0), stride_dqh=dq.stride(1),
+                **index_strides("i", "c", index, count), BLOCK_M=block_m, BLOCK_N=block_n),
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dq, dk, dv

@@ -1,0 +1,134 @@
+"""Stage 1 of block-sparse attention on the device: block mean-pooling and block scores in Triton, the top-k choice
+by a stable device sort (``reference.block_sparse.top_blocks``). No host sync: every size comes from shapes and the
+max_seqlen arguments.
+
+    pooled_q [B or 1, Hkv, NQB, D] fp32   mean of a Q block's rows over the kv head's group of query heads
+    pooled_k [B, Hkv, NKB, D] fp32        mean of a KV block's rows
+    scores   [B, Hkv, NQB, NKB] fp32      pooled_q . pooled_k; -inf where the block pair is not visible, +inf for the
+                                          local block (always_local); count = keep(visible blocks) from a table
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import meta_kernels
+from ..base import BlockSelectParams
+from ..reference.block_sparse import top_blocks
+from .common import head_dim_consts, loop_bound, seq_extent, window_bounds
+from .launch import launch
+
+POOL_ROWS = 16  # rows summed per step of the pooling loop
+
+
+@triton.jit(do_not_specialize=["group", "block_rows"])
+def block_pool_kernel(X, OFFSETS, Pooled, stride_xt, stride_xh, stride_pb, stride_ph, stride_pn, group, block_rows,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, ROWS: tl.constexpr):
+    """Pooled[seq, head, blk] = mean of rows [blk * block_rows, ...) of sequence ``seq`` (its real rows only) over
+    heads head * group .. head * group + group - 1 of X [T, H, D]. Blocks past the sequence get 0."""
+    blk = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    row0, length = seq_extent(OFFSETS, seq)
+    start = blk * block_rows
+    end = tl.minimum(start + block_rows, length)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for g in range(loop_bound(group)):
+        h = head * group + g
+        for r0 in range(loop_bound(start), loop_bound(end), ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            ptrs = X + (row0 + rows)[:, None] * stride_xt + h * stride_xh + d[None, :]
+            x = tl.load(ptrs, mask=(rows < end)[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.sum(x.to(tl.float32), 0)
+    n = tl.maximum(end - start, 0) * group
+    pooled = acc / tl.maximum(n, 1).to(tl.float32)
+    tl.store(Pooled + seq.to(tl.int64) * stride_pb + head * stride_ph + blk * stride_pn + d, pooled, mask=d_ok)
+
+
+@triton.jit(do_not_specialize=["n_kv_blocks", "window_left", "right"])
+def block_scores_kernel(PQ, PK, Q_OFF, KV_OFF, KEEP, Scores, Count, n_kv_blocks,
+                        stride_pqb, stride_pqh, stride_pqn, stride_pkb, stride_pkh, stride_pkn,
+                        stride_sb, stride_sh, stride_sq, stride_cb, stride_ch, window_left, right,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+                        BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, HAS_LEFT: tl.constexpr,
+                        HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """One row of Scores (sequence, kv head, Q block i) and its Count = KEEP[visible blocks]. Block pair (i, j) is
+    visible iff max(d0, first key - right) <= min(d1, last key + left) with d0..d1 the diagonals of block i's rows
+    (``meta_kernels.block_visible``). PQ's batch stride is 0 for a broadcast Q."""
+    i = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    _, len_q = seq_extent(Q_OFF, seq)
+    _, len_k = seq_extent(KV_OFF, seq)
+    d = tl.arange(0, BLOCK_D)
+    pq = tl.load(PQ + seq.to(tl.int64) * stride_pqb + head * stride_pqh + i * stride_pqn + d, mask=d < HEAD_DIM,
+                 other=0.0)
+    d0 = i * BLOCK_Q + len_k - len_q
+    d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
+    local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
+    q_ok = i * BLOCK_Q < len_q
+    n_visible = tl.full([], 0, tl.int32)
+    row = Scores + seq.to(tl.int64) * stride_sb + head * stride_sh + i * stride_sq
+    for j0 in range(0, loop_bound(n_kv_blocks), BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        j_ok = j < n_kv_blocks
+        pk = tl.load(PK + seq.to(tl.int64) * stride_pkb + head * stride_pkh + j[:, None] * stride_pkn + d[None, :],
+                     mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+        s = tl.sum(pk * pq[None, :], 1)
+        first = j * BLOCK_KV
+        last = tl.minimum(first + BLOCK_KV, len_k) - 1
+        lo = d0 + j * 0
+        hi = d1 + j * 0
+        if HAS_RIGHT:
+            lo = tl.maximum(lo, first - right)
+        if HAS_LEFT:
+            hi = tl.minimum(hi, last + window_left)
+        vis = (lo <= hi) & q_ok & (first < len_k) & j_ok
+        s = tl.where(vis, s, float("-inf"))
+        if ALWAYS_LOCAL:
+            s = tl.where(vis & (j == local), float("inf"), s)
+        n_visible += tl.sum(vis.to(tl.int32), 0)
+        tl.store(row + j, s, mask=j_ok)
+    tl.store(Count + seq.to(tl.int64) * stride_cb + head * stride_ch + i, tl.load(KEEP + n_visible))
+
+
+def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
+    device, num_seqs, heads_kv = q.device, kv_offsets.shape[0] - 1, k.shape[1]
+    group = q.shape[1] // heads_kv
+    n_q, n_kv = params.n_q_blocks, params.n_kv_blocks
+    hd = head_dim_consts(q.shape[2])
+    count = torch.zeros((num_seqs, heads_kv, n_q), dtype=meta_kernels.INDEX_DTYPE, device=device)
+    if num_seqs == 0 or n_q == 0 or n_kv == 0 or q.shape[0] == 0 or k.shape[0] == 0:
+        return torch.full((num_seqs, heads_kv, n_q, n_kv), -1, dtype=count.dtype, device=device), count
+    kv_off = kv_offsets.to(torch.int32)
+    if params.broadcast_q:
+        q_off = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=device)
+        q_lengths_off = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q.shape[0]
+    else:
+        q_off = q_lengths_off = q_offsets.to(torch.int32)
+    pooled_q = torch.empty((q_off.shape[0] - 1, heads_kv, n_q, q.shape[2]), dtype=torch.float32, device=device)
+    pooled_k = torch.empty((num_seqs, heads_kv, n_kv, k.shape[2]), dtype=torch.float32, device=device)
+    for x, off, pooled, block, g in ((q, q_off, pooled_q, params.block_q, group),
+                                     (k, kv_off, pooled_k, params.block_kv, 1)):
+        launch(block_pool_kernel, (pooled.shape[2], pooled.shape[0], heads_kv), dict(
+            X=x, OFFSETS=off, Pooled=pooled, stride_xt=x.stride(0), stride_xh=x.stride(1),
+            stride_pb=pooled.stride(0), stride_ph=pooled.stride(1), stride_pn=pooled.stride(2), group=g,
+            block_rows=block, **hd, ROWS=POOL_ROWS), num_warps=4, num_stages=1)
+    # keep[n] for n visible blocks, computed once per call on the device (float64 rule of meta_kernels.keep_count)
+    keep = meta_kernels.keep_count(torch.arange(n_kv + 1, dtype=torch.int32, device=device), params.keep_ratio,
+                                   params.top_k).to(torch.int32)
+    scores = torch.empty((num_seqs, heads_kv, n_q, n_kv), dtype=torch.float32, device=device)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    launch(block_scores_kernel, (n_q, num_seqs, heads_kv), dict(
+        PQ=pooled_q, PK=pooled_k, Q_OFF=q_lengths_off, KV_OFF=kv_off, KEEP=keep, Scores=scores, Count=count,
+        n_kv_blocks=n_kv, stride_pqb=0 if params.broadcast_q else pooled_q.stride(0), stride_pqh=pooled_q.stride(1),
+        stride_pqn=pooled_q.stride(2), stride_pkb=pooled_k.stride(0), stride_pkh=pooled_k.stride(1),
+        stride_pkn=pooled_k.stride(2), stride_sb=scores.stride(0), stride_sh=scores.stride(1),
+        stride_sq=scores.stride(2), stride_cb=count.stride(0), stride_ch=count.stride(1), window_left=window_left,
+        right=right, HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q,
+        BLOCK_KV=params.block_kv, BLOCK_J=min(64, triton.next_power_of_2(n_kv)), HAS_LEFT=has_left,
+        HAS_RIGHT=has_right, ALWAYS_LOCAL=params.always_local), num_warps=4, num_stages=1)
+    return top_blocks(scores, count, n_kv), count

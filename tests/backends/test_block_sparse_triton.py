@@ -1,0 +1,164 @@
+"""The triton backend's block-sparse family (selection, forward, backward) against the float64 oracles.
+
+Without CUDA the kernels run in Triton's CPU interpreter, in fp16 and fp32 only: the interpreter multiplies bf16
+``tl.dot`` operands as raw uint16 (garbage), so bf16 runs on the GPU only (``@pytest.mark.gpu``). Blocks of 16/32
+rows and lengths up to ~70 give several Q and KV blocks per sequence with the interpreter's 16x16 tiles.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton")
+
+import jfa_ops  # noqa: E402
+from jfa_ops.backends import Problem, select_backend  # noqa: E402
+from jfa_ops.backends import triton as tb  # noqa: E402
+from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,  # noqa: E402
+                             check_block_sparse_case)
+
+CUDA = torch.cuda.is_available()
+DEVICES = [pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")),
+           pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu,
+                                                   pytest.mark.skipif(not CUDA, reason="needs a CUDA device")])]
+on_each_device = pytest.mark.parametrize("device", DEVICES)
+
+
+def _dtypes(device):
+    return (torch.float16, torch.float32) if device == "cpu" else (torch.bfloat16, torch.float16, torch.float32)
+
+
+FEATURES = {
+    "jagged_empty_len1_gqa_causal": (AttentionCase((40, 0, 1, 70), (50, 0, 1, 70), heads_q=4, heads_kv=2,
+                                                   causal=True), 16, 16, 0.5, None),
+    "broadcast_q_window": (AttentionCase((20,), (50, 0, 1, 70), heads_q=2, heads_kv=1, broadcast_q=True,
+                                         window=(20, 5)), 16, 32, 0.5, None),
+    "padded_head_dim_top_k": (AttentionCase((40, 3, 33), (50, 9, 20), head_dim=24), 32, 16, None, 2),
+    "cross_lq_gt_lk_causal": (AttentionCase((70, 5), (20, 40), causal=True, heads_q=2, heads_kv=1), 16, 16, 0.25,
+                              None),
+}
+
+
+@on_each_device
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_feature_cases(device, name):
+    case, block_q, block_kv, keep_ratio, top_k = FEATURES[name]
+    for dtype in _dtypes(device):
+        sparse = BlockSparseCase(case.replace(device=device, dtype=dtype), block_q, block_kv, keep_ratio, top_k)
+        check_block_sparse_case(sparse, "triton", seed=hash(name) % 1000)
+
+
+@on_each_device
+def test_random_selection(device):
+    """Stage 2 alone with arbitrary block subsets (not only top-k shapes): forward and backward."""
+    case = AttentionCase((40, 0, 1, 70), (50, 0, 1, 70), heads_q=4, heads_kv=2, device=device,
+                         dtype=_dtypes(device)[0])
+    check_block_sparse_case(BlockSparseCase(case, 16, 16, keep_ratio=None), "triton", seed=5)
+
+
+def sparse_cases(device):
+    @st.composite
+    def cases(draw):
+        case = draw(attention_cases(devices=(device,), dtypes=_dtypes(device), max_total=96, max_len=40,
+                                    head_dims=(16, 32)))
+        how = draw(st.sampled_from(["ratio", "top_k", "random"]))
+        return BlockSparseCase(case, block_q=draw(st.sampled_from([16, 32])), block_kv=draw(st.sampled_from([16, 32])),
+                               keep_ratio={"ratio": draw(st.sampled_from([0.25, 0.5, 1.0])), "top_k": 0.5,
+                                           "random": None}[how],
+                               top_k=draw(st.integers(1, 2)) if how == "top_k" else None,
+                               always_local=draw(st.booleans()))
+    return cases()
+
+
+@settings(max_examples=6)
+@given(case=sparse_cases("cpu"), seed=st.integers(0, 2**31 - 1))
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_random_cases_interpreted(case, seed):
+    check_block_sparse_case(case, "triton", seed=seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@settings(max_examples=60)
+@given(case=sparse_cases("cuda"), seed=st.integers(0, 2**31 - 1))
+def test_random_cases_gpu(case, seed):
+    check_block_sparse_case(case, "triton", seed=seed)
+
+
+@on_each_device
+def test_unselected_blocks_are_never_read(device):
+    """NaN in every key/value row of blocks no query selected: a kernel that loaded them (even masked) would leak
+    NaN through 0 * NaN. Forward and backward stay finite and equal the reference."""
+    dtype = _dtypes(device)[0]
+    case = AttentionCase((64,), (64,), heads_q=2, heads_kv=1, device=device, dtype=dtype, causal=True)
+    x = case.make_inputs(0)
+    index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 64, 64, block_q=16, block_kv=16,
+                                            top_k=1, backend="triton")  # the diagonal block only
+    assert count.flatten().tolist() == [1, 1, 1, 1]
+    k, v = x.k.clone(), x.v.clone()
+    # Q blocks 0..2 (rows 0..47) selected KV blocks 0..2: poison block 3 and keep only those query rows
+    k[48:], v[48:] = float("nan"), float("nan")
+    q = x.q[:48].detach().clone().requires_grad_()
+    k.requires_grad_(), v.requires_grad_()
+    q_off = torch.tensor([0, 48], device=device)
+    out = jfa_ops.block_sparse_attention(q, k, v, q_off, x.kv_offsets, index, count, block_q=16, block_kv=16,
+                                         causal=True, backend="triton")
+    assert torch.isfinite(out).all()
+    dq, dk, dv = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk[:48]).all() and torch.isfinite(dv[:48]).all()
+    # the reference (which multiplies masked NaN by 0) on the clean K/V: unselected rows do not matter
+    ref = jfa_ops.block_sparse_attention(q, x.k, x.v, q_off, x.kv_offsets, index, count, block_q=16, block_kv=16,
+                                         causal=True, backend="reference")
+    assert_attention_close(out, ref, dtype=dtype, kind="forward", name="out")
+
+
+def test_transposed_selection():
+    from jfa_ops.backends.triton.block_sparse_bwd import transpose_selection
+
+    index = torch.tensor([[[[0, 2, -1], [1, 2, 0], [5, -1, -1]]]], dtype=torch.int32)  # [1, 1, 3 Q blocks, 3]
+    count = torch.tensor([[[2, 1, 1]]], dtype=torch.int32)  # row 1 uses only its first id; row 2's id 5 is out
+    q_index, q_count = transpose_selection(index, count, 3)
+    assert q_count.tolist() == [[[1, 1, 1]]]
+    assert q_index.tolist() == [[[[0, 3, 3], [1, 3, 3], [0, 3, 3]]]]
+
+
+def test_supports_block_sizes():
+    base = Problem("cpu", torch.float16, 64, 2, 2, False, -1, -1, False, False, block_q=128, block_kv=64)
+    assert tb.block_sparse_supports(base) is None
+    assert "block_q 8 must be a power of two >= 16" in tb.block_sparse_supports(
+        Problem("cpu", torch.float16, 64, 2, 2, False, -1, -1, False, False, block_q=8, block_kv=64))
+    assert "block_kv 48" in tb.block_sparse_supports(
+        Problem("cpu", torch.float16, 64, 2, 2, False, -1, -1, False, False, block_q=16, block_kv=48))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_triton_is_the_automatic_choice_on_cuda():
+    problem = Problem("cuda", torch.bfloat16, 128, 8, 2, True, -1, -1, False, False, block_q=128, block_kv=128)
+    for family in ("select_kv_blocks", "block_sparse"):
+        assert select_backend(None, problem, family=family).name == "triton"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_no_host_sync_gpu():
+    """Both stages and the backward run with CUDA-graph-unsafe syncs forbidden."""
+    case = AttentionCase((300, 0, 1, 700), (300, 0, 1, 700), heads_q=8, heads_kv=2, head_dim=128, device="cuda",
+                         dtype=torch.bfloat16, causal=True)
+    x = case.make_inputs(0, requires_grad=True)
+    jfa_ops.sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, 700, 700, keep_ratio=0.5)  # warm up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = jfa_ops.sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, 700, 700, keep_ratio=0.5)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
