@@ -26,8 +26,8 @@ except ImportError:
 import torch
 
 from bench import model, report, suites, timing
-from bench.peers import (EXTRA_PEERS, PEER_ORDER, JfaBackend, Skip, jfa_available_backends, make_peer, one_line,
-                         oracle_output, rel_error)
+from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, JfaBackend, JfaMxfp8, Skip, jfa_available_backends,
+                         make_peer, one_line, oracle_output, rel_error)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEERS = ",".join(PEER_ORDER)
@@ -40,7 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="representative subset: D=128, S in {2k, 8k}")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, output checks on; runs on the CPU")
     p.add_argument("--head-dims", default=None, help="comma list (default 64,128,256; quick: 128; smoke: 64)")
-    p.add_argument("--backends", default=None, help="jfa_ops backends (default: jfa_ops.available_backends())")
+    p.add_argument("--backends", default=None, help="jfa_ops backends (default: jfa_ops.available_backends()); "
+                   "NAME@opaque compiles the op as one opaque node (JFA_COMPILE_PATH), e.g. triton,triton@opaque")
     p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list of {', '.join(PEER_ORDER + EXTRA_PEERS)}, "
                                                            "or none")
     p.add_argument("--modes", default="fwd,bwd,fwdbwd", help="comma list of fwd, bwd, fwdbwd")
@@ -165,10 +166,15 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
             rec["peak_mib"] = timing.peak_memory_mib(call, device)
             ms = timing.median_ms(call, device, args.warmup_ms, args.rep_ms)
             rec["ms"] = ms
-            rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
+            if preps[0].bytes_moved:  # a memory-bound kernel (MXFP8 quantize): GB/s, no TFLOP/s
+                rec["gbps"] = preps[0].bytes_moved / (ms * 1e-3) / 1e9
+            else:
+                rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
             if mode == "fwd" and oracle is not None and preps[0].exact:
                 with torch.no_grad():
                     rec["rel_err"] = rel_error(preps[0].to_jagged(preps[0].fn()), oracle)
+                if preps[0].tolerance is not None:
+                    rec["tolerance"] = preps[0].tolerance
         except Exception as e:  # noqa: BLE001 - one failing mode does not stop the others
             rec = dict(base, mode=mode, skip=f"{mode} failed: {one_line(e)}")
         call = None  # drops the retained graphs before the next mode
@@ -239,7 +245,11 @@ def main(argv=None) -> int:
     peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
                                                  for p in peer_names]
     if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
-        peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends for variant in ("dense", "select")]
+        peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends
+                                              for variant in ("dense", "select")]
+    if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds)
+        peers[len(backends):len(backends)] = [JfaMxfp8(b, kind) for b in backends if b not in ("reference", "cpu")
+                                              for kind in MXFP8_KINDS]
     # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
     # loop (bench.model), not cases
     plan = []
@@ -319,6 +329,11 @@ def main(argv=None) -> int:
     if targets:
         print("issue 9 targets:")
         for line in targets:
+            print("  " + line)
+    mxfp8 = report.mxfp8_lines(records)
+    if mxfp8:
+        print("issue 12 (MXFP8):")
+        for line in mxfp8:
             print("  " + line)
     checks = report.check_lines(records)
     wrong = [c for c in checks if c.endswith("WRONG")]

@@ -132,10 +132,13 @@ def attention_for(name: str, cfg: ModelConfig, device, size: str = "full") -> Ca
         from jfa_ops.backends.base import Problem
         problem = Problem(torch.device(device).type, getattr(torch, cfg.dtype), cfg.head_dim, cfg.num_heads,
                           cfg.num_heads, True, -1, -1, False, False)
-        reason = unavailable_reason(name[4:], problem)
+        from bench.peers import split_compile_path, use_compile_path
+        backend, compile_path = split_compile_path(name[4:])  # jfa:triton@opaque: the opaque compile path
+        reason = unavailable_reason(backend, problem)
         if reason:
             raise Skip(reason)
-        return jfa_attention(name[4:])
+        use_compile_path(compile_path)
+        return jfa_attention(backend)
     if name == "flex" and size == "quick":
         raise Skip("not in --quick: compiling the document-mask training graph takes minutes; run without --quick")
     if not on_cuda:

@@ -11,8 +11,9 @@ padded to the longest sequence, unmasked: its time is an upper bound on speed an
 from __future__ import annotations
 
 import dataclasses
+import os
 import inspect
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,8 @@ class Prepared:
     exact: bool = True  # False: computes a different function on purpose (unmasked padding)
     note: str = ""
     no_backward: str = ""  # why the backward cannot run here ("" when it can)
+    tolerance: Optional[float] = None  # output check tolerance when not the default (MXFP8: a lossy format)
+    bytes_moved: int = 0  # > 0: a memory-bound kernel (quantize): the record gets GB/s instead of TFLOP/s
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -82,6 +85,19 @@ def jfa_available_backends(device) -> List[str]:
     return names
 
 
+def split_compile_path(backend: str) -> Tuple[str, str]:
+    """``triton@opaque`` -> (``triton``, ``opaque``); a plain name -> (name, ``inductor``): the backend and the
+    compile path (``JFA_COMPILE_PATH``) its compiled graphs are traced with, so one run compares both paths."""
+    name, _, path = backend.partition("@")
+    return name, path or "inductor"
+
+
+def use_compile_path(path: str) -> None:
+    """Set ``JFA_COMPILE_PATH`` for the graphs compiled next (read when a graph is traced; the bench resets Dynamo
+    before each compile, so no graph of the other path is reused)."""
+    os.environ["JFA_COMPILE_PATH"] = path
+
+
 class JfaBackend:
     """A jfa_ops backend: ``jagged_attention``, or on sparse cases ``sparse_attention`` (both stages, selection
     included). ``variant`` "dense": our dense kernel on a sparse case's batch; "select": the selection alone."""
@@ -89,7 +105,7 @@ class JfaBackend:
     handles_sparse = True
 
     def __init__(self, backend: str, variant: str = ""):
-        self.backend = backend
+        self.backend, self.compile_path = split_compile_path(backend)
         self.variant = variant
         self.name = f"jfa:{backend}" + (f" {variant}" if variant else "")
 
@@ -100,6 +116,11 @@ class JfaBackend:
         jfa_ops = import_jfa_ops()
         if self.variant and case.keep_ratio is None:
             raise Skip(f"the {self.variant} row is for sparse cases only")
+        if case.keep_ratio is not None and self.variant != "dense":
+            from jfa_ops.backends import get_backend
+            if not get_backend(self.backend).implements("block_sparse"):
+                raise Skip(f"backend {self.backend!r} has no block-sparse family")
+        use_compile_path(self.compile_path)
         if self.backend == "reference" and case.pairs() * case.num_heads_q > REFERENCE_MAX_WORK:
             raise Skip(f"reference backend skipped above {REFERENCE_MAX_WORK} visible pairs x heads")
         q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
@@ -133,6 +154,54 @@ def sparse_selection(case: Case, inp: Inputs, backend: Optional[str] = None):
 
     return jfa_ops.select_kv_blocks(inp.q, inp.k, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
                                     causal=case.causal, window=tuple(case.window), backend=backend, **sparse_kw(case))
+
+
+MXFP8_TOLERANCE = 0.1  # MXFP8 vs float64 on the originals: measured 0.045-0.06 on N(0, 1) inputs (README)
+MXFP8_KINDS = ("mxfp8", "mxfp8-prequant", "mxfp8-quantize")
+
+
+class JfaMxfp8:
+    """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
+    quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the three
+    quantize calls the forward makes (GB/s)."""
+
+    def __init__(self, backend: str, kind: str):
+        self.backend, self.kind = backend, kind
+        self.name = f"jfa:{kind}:{backend}"
+
+    def unavailable(self, device) -> Optional[str]:
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        jfa_ops = import_jfa_ops()
+        if case.suite != "mxfp8":
+            raise Skip("MXFP8: the mxfp8 suite only")
+        kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q, backend=self.backend)
+        no_backward = "no MXFP8 backward kernel yet (the reference's math, per sequence)"
+        if self.kind == "mxfp8":
+            q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
+
+            def fn():
+                return jfa_ops.mxfp8_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv, **kw)
+
+            return Prepared(fn, [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE, no_backward=no_backward)
+
+        def quantize():
+            return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
+
+        if self.kind == "mxfp8-quantize":
+            moved = sum(t.numel() * (t.element_size() + 1) + t.numel() // 32 for t in (inp.q, inp.k, inp.v))
+            return Prepared(lambda: quantize()[0][0], [], lambda o: o, exact=False, bytes_moved=moved,
+                            no_backward="a quantize kernel", note="GB/s of the forward's three quantize calls")
+        pairs = quantize()
+
+        def fn():
+            return jfa_ops.mxfp8_attention(*pairs, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
+                                           out_dtype=inp.q.dtype, **kw)
+
+        return Prepared(fn, [], lambda o: o, tolerance=MXFP8_TOLERANCE, no_backward="pre-quantized: no gradients")
 
 
 # --------------------------------------------------------------------------------------------------------------------

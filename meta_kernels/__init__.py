@@ -12,6 +12,7 @@ from meta_kernels.attention import (
     check_attention_backward_args,
     check_options,
     check_window,
+    deciding_checks,
     visible_pairs,
 )
 from meta_kernels.block_sparse import (
@@ -30,4 +31,4 @@ from meta_kernels.block_sparse import (
 __all__ = ["INDEX_DTYPE", "block_visible", "check_block_index", "check_block_sizes", "check_select_args", "check_select_options",
            "keep_count", "local_block", "num_blocks", "select_shapes",
            "SUPPORTED_HEAD_DIMS", "attention_flops", "visible_pairs", "attention_shapes", "attention_backward_shapes",
-           "check_attention_args", "check_attention_backward_args", "check_options", "check_window"]
+           "check_attention_args", "check_attention_backward_args", "check_options", "check_window", "deciding_checks"]

@@ -18,7 +18,9 @@ error raised while tracing would reach the user wrapped in a ``TorchRuntimeError
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from typing import Optional, Sequence
 
 import torch
@@ -29,11 +31,30 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OFFSET_DTYPES = (torch.int32, torch.int64)
 
 
+_DECIDE = threading.local()  # .on: symbolic checks are decided with a guard (see deciding_checks)
+
+
+@contextlib.contextmanager
+def deciding_checks():
+    """Inside: a symbolic check that cannot be decided without a guard is decided with one (a recompile for sizes
+    that break it, whose trace raises). For code traced in place of the op (the compiled path): no op body runs
+    later to make the checks the fake leaves open."""
+    before = getattr(_DECIDE, "on", False)
+    _DECIDE.on = True
+    try:
+        yield
+    finally:
+        _DECIDE.on = before
+
+
 def _fails(bad) -> bool:
-    """Whether the condition ``bad`` holds: a plain bool as is; a symbolic one only if known without a guard."""
+    """Whether the condition ``bad`` holds: a plain bool as is; a symbolic one only if known without a guard (with
+    one inside ``deciding_checks``)."""
     if torch.compiler.is_dynamo_compiling():
         return False  # Dynamo shows a SymBool as a bool (the public wrapper): the op's fake and body decide
-    return statically_known_true(bad) if isinstance(bad, torch.SymBool) else bool(bad)
+    if isinstance(bad, torch.SymBool):
+        return bool(bad) if getattr(_DECIDE, "on", False) else statically_known_true(bad)
+    return bool(bad)
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device) -> None:

@@ -141,9 +141,9 @@ def routing_cases():
 
 
 def correctness() -> int:
-    print(f"tlx: {unavailable_reason('tlx') or 'importable'}; sm_90 problem: "
-          f"{unavailable_reason('tlx', AttentionCase((8,), (8,), device='cuda', dtype=torch.bfloat16, head_dim=128).problem()) or 'supported'}",
-          flush=True)
+    probe = AttentionCase((8,), (8,), device="cuda", dtype=torch.bfloat16, head_dim=128).problem()
+    print(f"tlx: {unavailable_reason('tlx') or 'importable'}; bf16 D128: "
+          f"{unavailable_reason('tlx', probe) or 'supported'}", flush=True)
     failures, t0 = 0, time.time()
     print(f"{'case':44s} {'result':6s} detail", flush=True)
 
@@ -156,12 +156,20 @@ def correctness() -> int:
             status = "PASS"
         except Exception as e:  # noqa: BLE001 (report every case)
             failures += 1
-            status, detail = "FAIL", " | ".join(traceback.format_exception_only(type(e), e)[-1].strip().splitlines())[:300]
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300]
         print(f"{name:44s} {status:6s} {detail}", flush=True)
+
+    from jfa_ops.backends.tlx import configs
 
     for name, case, kw in fixed_cases():
         report(name, lambda: forward_case(case, 0, **kw))
-    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "30"))):
+    configs.PIPELINE = False  # the unpipelined consumers (the default at D256) on the D64/D128 cases too
+    for name, case, kw in fixed_cases():
+        if case.head_dim != 256 and ("edge" in name or "NaN" in name or "400" in name or "window" in name):
+            report(name + " (unpipelined)", lambda: forward_case(case, 0, **kw))
+    configs.PIPELINE = None
+    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "24"))):
         report(name, lambda: forward_case(case, 1) + f"  [{case}]")
     for name, case in routing_cases():
         def routed():
@@ -182,40 +190,66 @@ def correctness() -> int:
     return failures
 
 
+def graph_ms(fn) -> float:
+    """Median ms of one call replayed from a CUDA graph (warmed up on a side stream first, as capture requires)."""
+    import triton.testing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=50, return_mode="median")
+
+
 def timing() -> int:
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    bq_kv = lognormal_lengths(None, 128, seed=512)
+    bq_kv = lognormal_lengths(None, 512, seed=512)  # bench.suites.broadcast_cases headline: Lq128 H4 B512
     cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
-             Case("broadcast", "broadcast-Q Lq128 H4 B128", (128,) * 128, bq_kv, 4, 4, 128, broadcast_q=True),
+             Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True),
              Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
              Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64),
              Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
-    print(f"{'forward, bf16, TFLOP/s (median)':40s} {'tlx':>8s} {'triton':>8s} {'ratio':>6s}", flush=True)
+    from jfa_ops.backends.tlx import configs
+
+    print("forward, bf16, TFLOP/s of useful work (do_bench median); 'graph': one call captured in a CUDA graph and "
+          "replayed (GPU time without the host's)", flush=True)
+    cols = ("tlx", "triton", "tlx graph", "triton graph", "tlx unpipelined")
+    print(f"{'case':40s} " + " ".join(f"{c:>15s}" for c in cols) + f" {'tlx/triton':>10s}", flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         row = {}
-        for backend in ("tlx", "triton"):
+        for col in cols:
+            backend = col.split()[0]
+            configs.PIPELINE = False if col.endswith("unpipelined") else None
             try:
                 fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
                     x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
                     broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
                     backend=backend)
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                row[backend] = case.flops("fwd") / ms / 1e9
+                with torch.no_grad():
+                    ms = graph_ms(fn) if col.endswith("graph") else \
+                        triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row[col] = case.flops("fwd") / ms / 1e9
             except Exception as e:  # noqa: BLE001
                 failures += 1
-                print(f"  {case.label} {backend}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        t, r = row.get("tlx", float("nan")), row.get("triton", float("nan"))
-        print(f"{case.label:40s} {t:8.1f} {r:8.1f} {t / r:6.2f}", flush=True)
+                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        configs.PIPELINE = None
+        vals = [row.get(c, float("nan")) for c in cols]
+        print(f"{case.label:40s} " + " ".join(f"{v:15.1f}" for v in vals) + f" {vals[0] / vals[1]:10.2f}", flush=True)
     return failures
 
 

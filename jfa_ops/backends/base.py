@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Callable, Mapping, Optional, Tuple
 
 import torch
@@ -128,6 +129,9 @@ class Backend:
     # True: forward checks the offset values on the device when AttentionParams.check_offsets says so (folded into a
     # kernel that reads them anyway); False: jfa_ops.validation checks them before the call.
     checks_offsets: bool = False
+    # True: its attention forward/backward can be traced into a torch.compile graph on CUDA (only aten ops and kernel launches
+    # through ``launch`` under ``traced()``, no host reads of device data); see ``jfa_ops.ops.attention`` (compile path).
+    traceable: bool = False
     families: Mapping[str, FamilyImpl] = dataclasses.field(default_factory=dict, hash=False)
 
     def implements(self, family: str) -> bool:
@@ -150,10 +154,31 @@ class Backend:
         return self.family(family).supports(problem)
 
 
+_TRACE = threading.local()  # .on: a traceable backend's code is being traced into a graph (see traced())
+
+
+@contextlib.contextmanager
+def traced():
+    """Inside: a traceable backend's forward/backward runs on FakeTensors/FunctionalTensors to be recorded into a
+    torch.compile graph, so it launches kernels through ``torch.library.wrap_triton`` (graph nodes that Inductor
+    launches itself), caches nothing per shape, and leaves the current device to the graph's code."""
+    before = getattr(_TRACE, "on", False)
+    _TRACE.on = True
+    try:
+        yield
+    finally:
+        _TRACE.on = before
+
+
+def tracing() -> bool:
+    return getattr(_TRACE, "on", False)
+
+
 def device_guard(device: torch.device):
     """A context that makes ``device`` the current CUDA device: Triton launches on the current device, not on its
     arguments' (tensors on cuda:1 while cuda:0 is current would run on the wrong GPU). It switches only when the
-    index differs, so the common case costs one device query and no context switch."""
-    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+    index differs, so the common case costs one device query and no context switch. Nothing while tracing (the
+    compiled graph guards the device of its own launches)."""
+    if device.type != "cuda" or device.index is None or tracing() or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(device.index)

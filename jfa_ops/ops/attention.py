@@ -1,23 +1,29 @@
 """``jfa::attention`` and ``jfa::attention_backward``: op, fake, autograd, side by side.
 
-The ops are opaque to torch.compile (a custom op per family, not ``triton_op``): the body dispatches to a backend
-chosen by name, and the reference backend reads offsets on the host, which tracing cannot follow. Shape rules come
-from ``meta_kernels`` and are shared by the fakes and the eager checks.
+Dynamo records each op as one node (a custom op, not ``triton_op``): the body dispatches to a backend chosen by
+name, and the reference backend reads offsets on the host, which tracing cannot follow. When AOTAutograd traces the
+graph, a traceable backend (triton on CUDA) is traced in place of the op, as ``triton_op`` would be, so Inductor sees
+and launches its kernels (the compile path, ``JFA_COMPILE_PATH``); every other backend stays opaque. Shape rules
+come from ``meta_kernels`` and are shared by the fakes and the eager checks.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.autograd import forward_ad
 from torch.utils.flop_counter import register_flop_formula
 
 import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, select_backend
-from jfa_ops.validation import check_offset_values
+from jfa_ops.backends.base import traced
+from jfa_ops.validation import check_offset_values, validation_mode
 
 
 # The options both ops take after their tensors, written once (the schemas are snapshot-tested).
@@ -69,6 +75,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
     params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
     check_no_forward_ad(q, k, v)
     impl = select_backend(backend, Problem.of(q, k, params))
+    return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+
+
+def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams) -> Tuple[Tensor, Tensor]:
+    """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
     if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
                            impl.checks_offsets):
         params = dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
@@ -187,6 +198,82 @@ def _attention_backward_flops(grad_out, grad_lse, q, k, v, out, lse, *args, out_
     return _attention_flops(q, k, v, *args, backward=True, **kwargs)
 
 
+# --------------------------------------------------------------- the compile path: kernels visible to Inductor
+COMPILE_PATHS = ("inductor", "opaque")
+
+
+def compile_path() -> str:
+    """``JFA_COMPILE_PATH`` (read when a graph is traced): ``inductor`` (default) traces a traceable backend's code
+    into torch.compile graphs in place of the op (see ``_traced_backend``); ``opaque`` keeps the op one node whose
+    body runs at run time, as for every other backend."""
+    path = os.environ.get("JFA_COMPILE_PATH", "inductor")
+    if path not in COMPILE_PATHS:
+        raise ValueError(f"JFA_COMPILE_PATH must be one of {COMPILE_PATHS}, got {path!r}")
+    return path
+
+
+def _traced_backend(q: Tensor, k: Tensor, params: AttentionParams, backend: Optional[str]):
+    """The backend whose code AOTAutograd traces in place of the op, or None (the op stays opaque).
+
+    The choice is static at trace time (``select_backend`` reads only Problem facts). Traced: a ``traceable`` backend
+    (triton) on CUDA tensors with offsets checked on the device or not at all (``JFA_VALIDATE=async|off``; ``sync``
+    reads them on the host, ``deferred`` keeps Python state per call), ``JFA_COMPILE_PATH=inductor``, and not while
+    torch.export builds a program (it keeps the op, as for ``torch.library.triton_op``; AOTInductor traces it when
+    it compiles the program). The graph then holds the kernels (``triton_kernel_wrapper`` nodes) and the aten ops
+    around them, and Inductor launches them with its own launcher (CUDA-graph trees capture them too)."""
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    if q.device.type != "cuda" or compile_path() != "inductor" or custom_triton_ops_decomposition_disabled():
+        return None
+    try:
+        if validation_mode(q.device) not in ("async", "off"):
+            return None
+        impl = select_backend(backend, Problem.of(q, k, params))
+    except ValueError:  # a bad JFA_VALIDATE, a backend that cannot run the call: the opaque op raises it at run time
+        return None
+    return impl if impl.traceable else None
+
+
+def _schema_values(op, args, kwargs) -> list:
+    """The op's arguments in schema order with defaults filled (dispatch rules get them as the caller passed them)."""
+    return list(args) + [kwargs.get(a.name, a.default_value) for a in op._schema.arguments[len(args):]]
+
+
+def _plain(types) -> bool:
+    """Only the tensor types tracing makes (no other subclass, which must see the op itself)."""
+    return all(issubclass(t, (FakeTensor, FunctionalTensor)) or t is Tensor for t in types)
+
+
+def _traced_attention(mode, op, types, args, kwargs):
+    """jfa::attention under FunctionalTensorMode (AOTAutograd): trace the backend's code, or keep the op."""
+    q, k, v, q_offsets, kv_offsets, *options = _schema_values(op, args, kwargs)
+    params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
+    impl = _traced_backend(q, k, params, backend) if _plain(types) else None
+    if impl is None:
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+    with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
+        _params(q, k, v, q_offsets, kv_offsets, *options)
+    with mode, traced():
+        return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+
+
+def _traced_attention_backward(mode, op, types, args, kwargs):
+    """jfa::attention_backward under FunctionalTensorMode: as ``_traced_attention``."""
+    values = _schema_values(op, args, kwargs)
+    tensors, options = values[:9], values[9:]
+    params, backend = _backward_params(*tensors, options)
+    q, k = tensors[2], tensors[3]
+    impl = _traced_backend(q, k, params, backend) if _plain(types) else None
+    if impl is None:
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+    with meta_kernels.deciding_checks():
+        _backward_params(*tensors, options)
+    with mode, traced():
+        return impl.backward(*tensors, params)
+
+
+attention.register_torch_dispatch(FunctionalTensorMode, _traced_attention)
+attention_backward.register_torch_dispatch(FunctionalTensorMode, _traced_attention_backward)
 attention.register_autograd(_backward, setup_context=_setup_context)
 attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
-from .configs import NUM_WARPS, fwd_config
+from .configs import KV_MAJOR, NUM_WARPS, fwd_config
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -34,10 +34,11 @@ class Specialization:
 
 
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
-                       from_offsets: bool = False, fma_softmax: bool = True) -> Specialization:
+                       from_offsets: bool = False, fma_softmax: bool = True, pipeline=None) -> Specialization:
     from .attn_fwd import attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
+    pipeline = cfg.pipeline if pipeline is None else pipeline
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
@@ -45,15 +46,16 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "Out": f"*{dtype}", "Lse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32", "TILE_SEQ": "*i32",
              "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      NUM_BUFFERS_KV=cfg.num_buffers_kv, HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, ATOMIC_WORK=False,
+                      NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=KV_MAJOR,
+                      HAS_LEFT=has_left, HAS_RIGHT=causal,
+                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
-           f"{'' if fma_softmax else '-nofma'}"
+           f"{'' if fma_softmax else '-nofma'}{'-pipelined' if pipeline else '-simple'}"
     return Specialization(name, signature, constexprs, attrs, NUM_WARPS, 1)
 
 
@@ -67,6 +69,7 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, broadcast_q=True)
     yield fwd_specialization(128, "bf16", True, from_offsets=True)
     yield fwd_specialization(128, "bf16", False, fma_softmax=False)
+    yield fwd_specialization(128, "bf16", True, pipeline=False)  # configs.PIPELINE = False
 
 
 def compile_sm90(spec: Specialization) -> dict:

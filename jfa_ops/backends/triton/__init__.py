@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import logging
 import os
 from typing import Optional
 
@@ -87,6 +88,81 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
         return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
+MXFP8_HEAD_DIMS = (32, 64, 128, 256)  # the MXFP8 attention kernel's tiles span head_dim (a power of two)
+
+
+def mxfp8_supports(problem: Problem) -> Optional[str]:
+    """The MXFP8 families: fp16/bf16/fp32 inputs (or E4M3 data), head_dim a multiple of 32; on CPU only under the
+    interpreter (where bf16 is fine: no bf16 dot runs, the dots take E4M3)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if problem.device_type != "cuda" and not (problem.device_type == "cpu" and _interpreting()):
+        return f"needs a CUDA device (or CPU tensors under TRITON_INTERPRET=1), got {problem.device_type}"
+    if problem.dtype not in _SUPPORTED_DTYPES + (torch.float8_e4m3fn,):
+        return f"dtype {problem.dtype} not supported (fp16, bf16, fp32)"
+    if problem.head_dim % 32 != 0 or not 32 <= problem.head_dim <= 256:
+        return f"head_dim {problem.head_dim} must be a multiple of 32 in [32, 256]"
+    return None
+
+
+def mxfp8_attention_supports(problem: Problem) -> Optional[str]:
+    reason = mxfp8_supports(problem)
+    if reason is None and problem.head_dim not in MXFP8_HEAD_DIMS:
+        reason = f"head_dim {problem.head_dim} not in {MXFP8_HEAD_DIMS} (the MXFP8 attention kernel's tile)"
+    if reason is None and problem.device_type == "cuda" and torch.cuda.is_available():
+        index = problem.device_index if problem.device_index is not None else torch.cuda.current_device()
+        if _capability(index) < (8, 9):
+            reason = f"cuda:{index} is sm_{''.join(map(str, _capability(index)))}: E4M3 dots need sm_89 or newer"
+    return reason
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int):
+    return torch.cuda.get_device_capability(index)
+
+
+def mxfp8_quantize(x, offsets, block, rounding):
+    from .mxfp8_quantize import quantize
+
+    with device_guard(x.device):
+        return quantize(x, offsets, block, rounding)
+
+
+def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
+    from .mxfp8_attn_fwd import attention_forward
+
+    with device_guard(q_mx[0].device):
+        return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
+
+
+def mxfp8_attention_backward(*args):
+    """No Triton MXFP8 backward kernel yet: the reference backend's MXFP8 backward math (PyTorch, one sequence at a
+    time, reads offsets on the host), logged once."""
+    from ..reference import mxfp8 as reference
+
+    if args[2].device.type == "cuda" and not _MXFP8_BACKWARD_LOGGED:
+        _MXFP8_BACKWARD_LOGGED.append(True)
+        logging.getLogger("jfa_ops").warning(
+            "jfa_ops: the triton backend has no MXFP8 backward kernel yet; jfa::mxfp8_attention_backward runs the "
+            "reference backend's MXFP8 math (PyTorch per sequence: syncs the host, slow)")
+    return reference.attention_backward(*args)
+
+
+_MXFP8_BACKWARD_LOGGED: list = []
+
+
+def _mxfp8_families():
+    from ..reference import mxfp8 as reference
+
+    return {
+        "mxfp8_quantize": FamilyImpl(mxfp8_quantize, supports=mxfp8_supports),
+        # dequantize is elementwise PyTorch on the device (no host sync): the reference's function serves both
+        "mxfp8_dequantize": FamilyImpl(reference.dequantize, supports=mxfp8_supports),
+        "mxfp8_attention": FamilyImpl(mxfp8_attention_forward, mxfp8_attention_backward,
+                                      supports=mxfp8_attention_supports),
+    }
+
+
 def block_sparse_supports(problem: Problem) -> Optional[str]:
     """The attention kernels' rules, plus block sizes that are powers of two >= 16 (tiles of tl.dot)."""
     for name, block in (("block_q", problem.block_q), ("block_kv", problem.block_kv)):
@@ -120,7 +196,8 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
 
 
 BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,
-                  auto_devices=("cuda",), checks_offsets=True, families={
+                  auto_devices=("cuda",), checks_offsets=True, traceable=True, families={
                       "select_kv_blocks": FamilyImpl(select_kv_blocks, supports=block_sparse_supports),
                       "block_sparse": FamilyImpl(block_sparse_forward, block_sparse_backward,
-                                                 supports=block_sparse_supports)})
+                                                 supports=block_sparse_supports),
+                      **_mxfp8_families()})

@@ -391,7 +391,7 @@ def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads:
     """Deterministic broadcast-Q dQ: tiles (first sequence of a fixed chunk, query block). Chunks are sized from shapes
     and the SM count only, so the summation order is the same on every call (and the list is cached per shape)."""
     m_blocks = triton.cdiv(len_q, block_m)
-    chunks = max(1, min(num_seqs, triton.cdiv(target_programs, m_blocks * num_heads)))
+    chunks = torch.sym_max(1, torch.sym_min(num_seqs, triton.cdiv(target_programs, m_blocks * num_heads)))
     seqs_per_chunk = triton.cdiv(num_seqs, chunks)
     chunks = triton.cdiv(num_seqs, seqs_per_chunk)
     ids = torch.arange(chunks * m_blocks, device=device, dtype=torch.int32)
@@ -437,7 +437,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     fused = (KNOBS.bcast_fused_dq if params.broadcast_q else KNOBS.bwd_fused_dq) and not params.deterministic \
         and total_out > 0
     atomic = params.broadcast_q and not params.deterministic and not fused  # broadcast dQ by atomics in the dq pass
-    num_slabs = max(1, min(programs, KNOBS.bcast_dq_slabs)) if fused and params.broadcast_q else 1
+    num_slabs = torch.sym_max(1, torch.sym_min(programs, KNOBS.bcast_dq_slabs)) if fused and params.broadcast_q else 1
     # fp32 buffers the atomics add into start at zero: the delta kernel zeroes them (no memset launch)
     zeroed = torch.empty((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device) if fused or atomic \
         else None
@@ -449,7 +449,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         grad_lse_arg = delta
         if grad_lse is not None:
             grad_lse_arg = grad_lse.to(torch.float32).contiguous()
-        launch(attn_bwd_delta_kernel, (triton.cdiv(max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
+        launch(attn_bwd_delta_kernel, (triton.cdiv(torch.sym_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
             Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta, ZEROED=delta if zeroed is None else zeroed,
             total_out=total_out, zero_rows=zero_rows, **row_strides("o", out), **row_strides("do", grad_out), **hd,
             BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
@@ -515,7 +515,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         qk_scale=qk_scale, window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         **flags, ATOMIC=atomic, KV_TMA=kv_tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if params.broadcast_q:
-        dq = (dq_buf[0] if chunks == 1 else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
+        one = isinstance(chunks, int) and chunks == 1  # symbolic (traced): the sum, no guard
+        dq = (dq_buf[0] if one else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
     else:
         dq = dq_buf
     return dq, dk, dv

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ... import validation
+from ..base import tracing
 from . import common
 from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_consts, load_rows, loop_bound,
                      next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
@@ -175,6 +176,8 @@ def use_tma(pad_d: bool, *tensors: torch.Tensor) -> bool:
     descriptor needs positive extents) with a 16-byte aligned base and row stride (TMA's rule; a slice of a fused
     projection usually qualifies)."""
     first = tensors[0]
+    if tracing():  # torch.compile: the descriptors' alignment rule needs data pointers (see docs/architecture.md)
+        return False
     if first.dtype == torch.float32 or pad_d or first.shape[-1] > TMA_MAX_HEAD_DIM or not _tma_device(first):
         return False
     return not any(t.shape[0] == 0 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in tensors)

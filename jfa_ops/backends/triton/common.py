@@ -234,9 +234,9 @@ def launch_schedule(kind: str, max_items: int, programs_per_sm: int, device: tor
     p, p + P, ...; atomic: as many programs, each takes the next item from a zeroed device counter (one memset)."""
     if kind not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
-    if kind == "grid":
-        return max(1, max_items), None
-    programs = max(1, min(max_items, num_sms(device) * programs_per_sm))
+    if kind == "grid":  # sym_max/sym_min: symbolic sizes (torch.compile) give a symbolic grid, not a guard
+        return torch.sym_max(1, max_items), None
+    programs = torch.sym_max(1, torch.sym_min(max_items, num_sms(device) * programs_per_sm))
     return programs, (torch.zeros((1,), dtype=torch.int32, device=device) if kind == "atomic" else None)
 
 

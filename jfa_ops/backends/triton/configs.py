@@ -50,6 +50,10 @@ class Knobs:
     # (The warp-specialized forward, which hung on the H200, and the slower warp-specialized dQ pass live at the git
     # tag experiment/warp-specialize: bench/NOTES.md v5.)
     one_wave_unsorted: bool = True  # no sorted tile list when every work item runs at once (scheduling.one_wave)
+    # torch.compile with symbolic sizes, where one wave cannot be decided from shapes without a guard: True builds the
+    # sorted list (+3 launches: right for large jagged batches), False maps unsorted slots in the kernels (fewest
+    # launches: right for small ones). Not yet measured on the GPU.
+    traced_sorted_lists: bool = True
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major

@@ -16,7 +16,9 @@ against the binary Triton's JIT picks (the GPU suite runs with it).
 
 Arguments are passed by name (``launch(kernel, grid, args)`` with ``args`` a dict): the names must be exactly the
 kernel's parameters, so a swapped or missing stride fails with a TypeError instead of compiling. Under
-``TRITON_INTERPRET=1`` every call goes through ``kernel[grid](**args)``.
+``TRITON_INTERPRET=1`` every call goes through ``kernel[grid](**args)``. While a backend is traced into a
+torch.compile graph (``backends.base.traced()``), ``launch`` records the kernel through ``torch.library.wrap_triton``
+instead: a ``triton_kernel_wrapper`` node that Inductor compiles and launches with its own launcher.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
+from ..base import tracing
 from .configs import interpreting
 
 LAUNCHES: collections.Counter = collections.Counter()  # launches per kernel name through launch() (tests count them)
@@ -50,14 +53,16 @@ class _KernelInfo:
             f"spec(B, args[{p.name!r}], False, {not p.do_not_specialize}, {not p.do_not_specialize_on_alignment})"
             for p in params or ())
         namespace = {"spec": native_specialize_impl, "B": BaseBackend}
-        exec(f"def bind(args):\n    return ({values},), ({keys}{',' if keys else ''})\n", namespace)  # noqa: S102 (our own names)
-        self._bind = namespace["bind"]
+        exec(f"def bind(args):\n    return ({values},), ({keys}{',' if keys else ''})\n"  # noqa: S102 (our names)
+             f"def order(args):\n    return ({values},), None\n", namespace)
+        self._bind, self._order = namespace["bind"], namespace["order"]
 
-    def bind(self, args: Dict[str, object]):
-        """(argument values in the kernel's order, their specialization); TypeError naming missing/unknown names."""
+    def bind(self, args: Dict[str, object], specialize: bool = True):
+        """(argument values in the kernel's order, their specialization, None without ``specialize``); TypeError
+        naming missing/unknown names."""
         if len(args) == len(self.names):
             try:
-                return self._bind(args)
+                return self._bind(args) if specialize else self._order(args)
             except KeyError:
                 pass
         missing = [n for n in self.names if n not in args]
@@ -91,6 +96,12 @@ def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) ->
     (num_warps, num_stages, ...), on the current CUDA device and stream."""
     info = _info(kernel)
     LAUNCHES[info.name] += 1
+    if tracing():  # recorded as a graph node (torch.compile): Inductor compiles and launches the kernel itself
+        from torch.library import wrap_triton
+
+        values, _ = info.bind(args, specialize=False)  # FakeTensors have no data pointers to specialize on
+        wrap_triton(kernel)[grid](*values, **options)
+        return
     values, spec = info.bind(args)
     if interpreting():
         kernel[grid](*values, **options)

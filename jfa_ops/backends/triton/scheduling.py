@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..base import tracing
 from .common import loop_bound, num_sms
 from .launch import launch
 from .offset_checks import offsets_ok
@@ -56,9 +57,10 @@ def slot_tile(OFF_S, OFF_O, t, num_seqs, search_steps, rows_s, rows_o, BLOCK: tl
     hi = lo + num_seqs
     for _ in range(0, loop_bound(search_steps)):
         mid = (lo + hi) // 2
-        go_right = tl.load(OFF_S + mid) // BLOCK - base + mid <= t
-        lo = tl.where(go_right, mid, lo)
-        hi = tl.where(go_right, hi, mid)
+        active = hi - lo > 1  # steps past the answer (search_steps is a bound) read nothing and change nothing
+        go_right = tl.load(OFF_S + mid, mask=active, other=0) // BLOCK - base + mid <= t
+        lo = tl.where(active & go_right, mid, lo)
+        hi = tl.where(active & (~go_right), mid, hi)
     begin_s = tl.load(OFF_S + lo)
     end_s = tl.load(OFF_S + lo + 1)
     begin_o = tl.load(OFF_O + lo)
@@ -137,10 +139,30 @@ def capacity_of(total_rows: int, block: int, num_seqs: int) -> int:
     return -(-((total_rows + block - 1) // block + num_seqs) // 4) * 4
 
 
+MAX_SEARCH_STEPS = 31  # halvings that find any of < 2**31 sequences
+
+
+def binary_search_steps(num_seqs) -> int:
+    """Halvings of the binary searches over ``num_seqs`` sequences (ceil(log2 B)). A symbolic B (torch.compile with
+    dynamic shapes) gets the bound for any int32 batch instead: the kernels' extra steps are masked no-ops, and no
+    guard (no recompile) depends on B."""
+    return max(num_seqs - 1, 0).bit_length() if isinstance(num_seqs, int) else MAX_SEARCH_STEPS
+
+
 def one_wave(max_items: int, programs_per_sm: int, device: torch.device) -> bool:
     """Every item runs at once (at most the programs the GPU holds at a time: ``programs_per_sm`` is a lower bound
-    on a config's occupancy): then the order of the list cannot matter. From shapes only, never a sync."""
-    return max_items <= num_sms(device) * programs_per_sm
+    on a config's occupancy): then the order of the list cannot matter. From shapes only, never a sync. With
+    symbolic sizes (torch.compile, dynamic shapes) True only when it holds for every size, so that no guard (no
+    recompile) depends on the lengths: a traced call whose size is not bounded builds the sorted list (unless
+    ``KNOBS.traced_sorted_lists`` is off)."""
+    fits = max_items <= num_sms(device) * programs_per_sm
+    if isinstance(fits, bool):
+        return fits
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    from .configs import KNOBS
+
+    return statically_known_true(fits) or not KNOBS.traced_sorted_lists
 
 
 def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int, rows_o: int, block: int,
@@ -166,7 +188,7 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     launch(tile_slots_kernel, (triton.cdiv(capacity, SLOT_CHUNK),), dict(
         OFF_S=stationary_offsets, OFF_O=other_offsets, SLOTS=slots, COST=cost, TILE_COUNT=count,
         FLAG=count if flag is None else flag, num_seqs=num_seqs, capacity=capacity,
-        search_steps=(num_seqs - 1).bit_length(), lo_off=lo_off, hi_off=hi_off, rows_s=rows_s, rows_o=rows_o,
+        search_steps=binary_search_steps(num_seqs), lo_off=lo_off, hi_off=hi_off, rows_s=rows_s, rows_o=rows_o,
         max_s=max_s, max_o=max_o, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=flag is not None,
         CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
     order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
@@ -209,7 +231,7 @@ def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: tor
     programs, counter = launch_schedule(kind, capacity * heads, programs_per_sm, device)
     return programs, dict(TILE_SEQ=seq, TILE_START=start, TILE_COUNT=count,
                           WORK_COUNTER=count if counter is None else counter, n_slots=capacity,
-                          search_steps=max(num_seqs - 1, 0).bit_length(), num_seqs=max(num_seqs, 0),
+                          search_steps=binary_search_steps(num_seqs), num_seqs=torch.sym_max(num_seqs, 0),
                           rows_s=rows_s, rows_o=rows_o, ATOMIC_WORK=counter is not None,
                           TILES_FROM_OFFSETS=from_offsets)
 
@@ -218,14 +240,14 @@ def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: tor
 def shape_constant(fn):
     """Memoize a pure function of host ints and a trailing ``device`` that builds read-only device tensors (tile
     lists of broadcast Q, arange offsets): one set of small launches per shape instead of per call. Never use it for
-    anything that reads device data. Bypassed during CUDA graph capture: a tensor made there holds garbage until the
-    graph replays."""
+    anything that reads device data. Bypassed during CUDA graph capture (a tensor made there holds garbage until the
+    graph replays) and while tracing (the tensors are the graph's, and sizes may be symbolic)."""
     cached = functools.lru_cache(maxsize=64)(fn)
 
     @functools.wraps(fn)
     def wrapper(*args):
         device = torch.device(args[-1])
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if tracing() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return fn(*args)
         return cached(*args[:-1], device)
 

@@ -200,6 +200,7 @@ def arch_specializations(cc: int) -> Iterator[Specialization]:
     variants (fused dQ by red.global atomics) and, on sm_86 (the smallest budget, like sm_89's), the fp32 entries."""
     if cc >= 90:
         yield from shipped_specializations()
+        yield from mxfp8_specializations()
         return
     seen = set()
     for kernel in ("fwd", "dkdv", "dq"):
@@ -249,3 +250,36 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
         yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
     if not quick:
         yield from block_sparse_specializations()
+
+
+def mxfp8_specializations() -> Iterator[Specialization]:
+    """The MXFP8 kernels as ``mxfp8_quantize.quantize`` and ``mxfp8_attn_fwd.attention_forward`` launch them (sm_89+:
+    E4M3 operands): quantize per block shape (bf16 read as int16 bits), the forward per head dim, causal or not."""
+    from . import mxfp8_attn_fwd, mxfp8_quantize
+
+    fn = mxfp8_quantize.mxfp8_quantize_kernel
+    for block, dtype in (((1, 32), torch.bfloat16), ((32, 1), torch.float16), ((32, 32), torch.float32)):
+        x_type = {torch.bfloat16: "*i16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
+        constexprs = dict(HEAD_DIM=128, BLOCK_D=128, ROW_BLOCKS=block[0] > 1, SQUARE=block == (32, 32),
+                          RCEIL=True, BLOCK_R=32 if block[0] > 1 else mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=5,
+                          X_BF16_BITS=dtype == torch.bfloat16)
+        yield _mxfp8_spec(f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}", fn, mxfp8_quantize,
+                          {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs)
+    fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
+    for head_dim, causal, broadcast_q in ((64, False, False), (128, False, False), (128, True, False),
+                                          (128, False, True)):
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=mxfp8_attn_fwd.FWD_BLOCK_M, BLOCK_N=mxfp8_attn_fwd.FWD_BLOCK_N,
+                          HAS_LEFT=False, HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5)
+        types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "QS": "*u8", "KS": "*u8", "VS": "*u8",
+                 "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
+                 "qk_scale": "fp32"}
+        yield _mxfp8_spec(f"mxfp8-fwd-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}",
+                          fn, mxfp8_attn_fwd, types, constexprs)
+
+
+def _mxfp8_spec(name, fn, module, types, constexprs) -> Specialization:
+    names = list(fn.arg_names)
+    sig = _sig(names, types)
+    sig.update({c: "constexpr" for c in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, 4, 1)

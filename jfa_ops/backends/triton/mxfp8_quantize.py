@@ -1,0 +1,193 @@
+"""MXFP8 quantize kernel: ``x [T, H, D]`` -> (E4M3 data, E8M0 scale) for the three block shapes of
+``meta_kernels.mxfp8`` (layouts there), bit-exact with the reference (``backends/reference/mxfp8.py``).
+
+One program per (tile, head): (1, 32) blocks take BLOCK_R rows at a time; (32, 1) / (32, 32) blocks take one
+scale row (32 rows of one sequence), found from the program id by a binary search over the offsets (sequence b
+owns scale rows ``offsets[b] // 32 + b ...``; programs on scale rows no sequence owns write scale 0). The shared
+exponent comes from the fp32 bits of the block's amax; data and scale are stored through uint8 views.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+import meta_kernels.mxfp8 as mx
+from .common import row_strides
+from .attn_fwd import broadcast_offsets
+from .launch import launch
+
+QUANT_BLOCK_R = 16  # rows per program for (1, 32) blocks
+
+
+@triton.jit
+def _shared_exponent(amax, RCEIL: tl.constexpr):
+    """E8M0 exponent of blocks with absolute maxima ``amax`` (fp32, finite, >= 0), int32 in [-127, 127]:
+    floor(log2 amax) - 8 from the exponent bits, + 1 for "rceil" when the significand exceeds 1.75; zero and fp32
+    subnormal maxima give -127 (their exponent would be below it anyway)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    exp_field = (bits >> 23) & 0xFF
+    shared = exp_field - 127 - 8
+    if RCEIL:
+        shared += ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 0x600000: significand 1.75
+    shared = tl.where(exp_field == 0, -127, shared)
+    return tl.minimum(tl.maximum(shared, -127), 127)
+
+
+@triton.jit
+def _encode(x, shared, bad):
+    """(data bits uint8, scale bits uint8) of fp32 ``x`` under exponents ``shared`` (broadcast against x);
+    ``bad`` (non-finite block) gives NaN data and scale."""
+    inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)  # 2**-shared, exact: shared in [-127, 120]
+    # fp32 subnormal x (from bf16/fp32 inputs) never enter arithmetic (a GPU may flush them): x = m * 2**-149, so
+    # x * 2**127 = m * 2**-22 when shared = -127; under any larger scale it rounds to 0 anyway. Sign kept (-0).
+    xb = x.to(tl.int32, bitcast=True)
+    tiny = tl.where(shared == -127, (xb & 0x7FFFFF).to(tl.float32) * 2.384185791015625e-07, 0.0)  # 2**-22
+    tiny = (tiny.to(tl.int32, bitcast=True) | (xb & -2147483648)).to(tl.float32, bitcast=True)
+    y = tl.where((xb & 0x7F800000) == 0, tiny, x * inv_scale)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    return tl.where(bad, 0x7F, _e4m3_bits(y)).to(tl.uint8)
+
+
+@triton.jit
+def _e4m3_bits(y):
+    """float8_e4m3fn bits of fp32 ``y`` (|y| <= 448), rounded to nearest, ties to even, by integer arithmetic: the
+    Triton interpreter's fp32 -> fp8 cast does not round to nearest, and this one gives the same bits everywhere.
+    Normals (|y| >= 2**-6): keep 3 of fp32's 23 mantissa bits (RNE on the dropped 20), re-bias the exponent 127 ->
+    7. Subnormals: |y| * 2**9 rounded to an integer (the add/subtract of 1.5 * 2**23 rounds it, ties to even);
+    the integer is the code, and 8 is the smallest normal's code too."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a_bits = bits & 0x7FFFFFFF
+    a = a_bits.to(tl.float32, bitcast=True)
+    normal = ((a_bits + 0x7FFFF + ((a_bits >> 20) & 1)) >> 20) - (120 << 3)
+    subnormal = ((a * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)  # 12582912 = 1.5 * 2**23
+    return (tl.where(a < 0.015625, subnormal, normal) | sign).to(tl.uint8)
+
+
+@triton.jit
+def sequence_of_tile(OFFSETS, tile, num_seqs, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """The sequence owning ``tile`` in the padded tile layout (sequence b's tiles of BLOCK rows start at
+    offsets[b] // BLOCK + b): the largest b with offsets[b] // BLOCK + b <= tile. A tile past b's rows is
+    owned by nobody (the caller finds its first row >= the sequence's end)."""
+    lo = tile * 0
+    hi = num_seqs - 1 + tile * 0
+    for _ in tl.static_range(SEARCH_STEPS):  # invariant: first(lo) <= tile (first(0) = 0), answer in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        first = tl.load(OFFSETS + mid) // BLOCK + mid
+        go_up = first <= tile
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_up, hi, mid - 1)
+    return lo
+
+
+@triton.jit(do_not_specialize=["rows", "num_seqs"])
+def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, num_seqs,
+                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+                          SQUARE: tl.constexpr, RCEIL: tl.constexpr, BLOCK_R: tl.constexpr,
+                          SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr):
+    """Program (tile, head). ROW_BLOCKS False: (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True:
+    scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32) blocks, else (32, 1)."""
+    tl.static_assert(BLOCK_D >= HEAD_DIM)
+    tl.static_assert(BLOCK_D % 32 == 0)
+    tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    NC: tl.constexpr = BLOCK_D // 32
+    if ROW_BLOCKS:
+        tl.static_assert(BLOCK_R == 32)
+        seq = sequence_of_tile(OFFSETS, tile, num_seqs, 32, SEARCH_STEPS)
+        start = tl.load(OFFSETS + seq)
+        end = tl.load(OFFSETS + seq + 1)
+        row0 = start + (tile - (start // 32 + seq)) * 32
+        owned = row0 < end  # else a scale row no sequence owns: scale 0, no data
+        r = row0 + tl.arange(0, 32)
+        r_ok = r < end  # all False on an unowned row (row0 >= end)
+    else:
+        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        r_ok = r < rows
+        owned = True
+    r64 = r.to(tl.int64)
+    mask = r_ok[:, None] & d_ok[None, :]
+    x = tl.load(X + r64[:, None] * stride_xt + head * stride_xh + d[None, :], mask=mask, other=0)
+    if X_BF16_BITS:  # bf16 read as int16 bits and widened exactly (the interpreter's cast flushes subnormals)
+        x = (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = x.to(tl.float32)
+    finite = (x == x) & (tl.abs(x) != float("inf"))
+    a = tl.where(finite, tl.abs(x), 0.0)
+    bad_elem = (~finite).to(tl.int32)
+    if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
+        amax = tl.max(a, 0)  # [BLOCK_D]
+        bad = tl.max(bad_elem, 0) > 0
+        shared = _shared_exponent(amax, RCEIL)
+        data = _encode(x, shared[None, :], bad[None, :])
+        scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
+        s_ptr = SCALE + tile.to(tl.int64) * stride_st + head * stride_sh + d
+        tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=d_ok)
+    else:
+        # (1, 32): per row and 32-column group; (32, 32): the group's max over the 32 rows too.
+        x3 = tl.reshape(x, (BLOCK_R, NC, 32))
+        amax = tl.max(tl.reshape(a, (BLOCK_R, NC, 32)), 2)  # [BLOCK_R, NC]
+        bad = tl.max(tl.reshape(bad_elem, (BLOCK_R, NC, 32)), 2)
+        c = tl.arange(0, NC)
+        c_ok = c < HEAD_DIM // 32
+        if SQUARE:
+            amax_sq = tl.max(amax, 0)  # [NC]
+            bad_sq = tl.max(bad, 0) > 0
+            shared = _shared_exponent(amax_sq, RCEIL)
+            data = tl.reshape(_encode(x3, shared[None, :, None], bad_sq[None, :, None]), (BLOCK_R, BLOCK_D))
+            scale_bits = tl.where(bad_sq, 255, shared + 127).to(tl.uint8)
+            s_ptr = SCALE + tile.to(tl.int64) * stride_st + head * stride_sh + c
+            tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=c_ok)
+        else:
+            shared = _shared_exponent(amax, RCEIL)
+            data = tl.reshape(_encode(x3, shared[:, :, None], (bad > 0)[:, :, None]), (BLOCK_R, BLOCK_D))
+            scale_bits = tl.where(bad > 0, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, NC]
+            s_ptr = SCALE + r64[:, None] * stride_st + head * stride_sh + c[None, :]
+            tl.store(s_ptr, scale_bits, mask=r_ok[:, None] & c_ok[None, :])
+    tl.store(DATA + r64[:, None] * stride_dt + head * stride_dh + d[None, :], data, mask=mask)
+
+
+def search_steps(num_seqs: int) -> int:
+    """Binary-search steps over ``num_seqs`` sequences (a launch constant: log2 of the batch size, rounded up)."""
+    return max(1, math.ceil(math.log2(max(num_seqs, 1) + 1)))
+
+
+def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int],
+             rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(data float8_e4m3fn, scale float8_e8m0fnu) of ``x [T, H, D]``; see ``meta_kernels.mxfp8``."""
+    rows, heads, dim = x.shape
+    block_rows, block_cols = tuple(block)
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(mx.scale_shape(rows, heads, dim, offsets, block), dtype=torch.float8_e8m0fnu,
+                        device=x.device)
+    if block_rows == 1:
+        programs = triton.cdiv(rows, QUANT_BLOCK_R)
+        offs, num_seqs = x, 1  # unused pointer
+    else:
+        programs = scale.shape[0]
+        if offsets is None:  # one sequence
+            offs = broadcast_offsets(1, rows, x.device)
+        else:
+            offs = offsets.to(torch.int32)
+        num_seqs = offs.shape[0] - 1
+    if programs == 0 or heads == 0 or num_seqs == 0:
+        if scale.numel():
+            scale.view(torch.uint8).zero_()  # no sequence: every scale row unowned
+        return data, scale
+    data_bits, scale_bits = data.view(torch.uint8), scale.view(torch.uint8)
+    bf16 = x.dtype == torch.bfloat16
+    launch(mxfp8_quantize_kernel, (programs, heads), dict(
+        X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, num_seqs=num_seqs,
+        **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
+        HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim), ROW_BLOCKS=block_rows > 1,
+        SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
+        BLOCK_R=32 if block_rows > 1 else QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16),
+        num_warps=4, num_stages=1)
+    return data, scale

@@ -1,0 +1,237 @@
+"""The compile path: under torch.compile the triton backend's kernels are traced into the graph (Inductor launches
+them), every other backend stays one opaque node; AOTInductor packages carry the kernels.
+
+CPU tests trace with FakeTensors on a fake CUDA device in a subprocess: TRITON_INTERPRET=1 (set for this pytest
+process) turns ``@triton.jit`` kernels into interpreter objects that ``torch.library.wrap_triton`` cannot record, and
+the GPU's facts (SM count, shared memory, compile target) are stubbed with an H100/H200's. GPU tests compile and run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import jfa_ops
+from jfa_ops.testing import AttentionCase, assert_attention_close, reference_attention
+
+pytest.importorskip("triton")
+
+_TRACER = r"""
+import json, os, sys
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from jfa_ops.backends.triton import common, configs
+
+
+class _H100Driver:  # only the compile target is asked for (torch's mutation analysis lowers the kernels to TTIR)
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+triton.runtime.driver.set_active(_H100Driver())
+configs._shared_memory_limit = lambda index: 232448
+common._num_sms = lambda index: 132
+
+import jfa_ops  # noqa: E402
+from torch._dynamo.source import ConstantSource  # noqa: E402
+from torch._functorch.aot_autograd import aot_function  # noqa: E402
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv  # noqa: E402
+
+
+class Captured(Exception):
+    pass
+
+
+def calls(gm):
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if "triton_kernel_wrapper" in str(n.target):
+            kernel = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+            while not hasattr(kernel, "arg_names"):  # wrap_triton puts launch options in an Autotuner
+                kernel = kernel.fn
+            out.append("kernel:" + kernel.fn.__name__)
+        elif isinstance(n.target, torch._ops.OpOverload):
+            out.append(str(n.target))
+    return out
+
+
+def trace(backend, dynamic):
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+
+    def size(name, hint):
+        if not dynamic:
+            return hint
+        symbol = shape_env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+        return shape_env.create_symintnode(symbol, hint=hint, source=ConstantSource(name))
+
+    graphs = []
+
+    def capture(gm, inputs):
+        graphs.append(calls(gm))
+        raise Captured  # the graph is all we want; running it needs a GPU
+
+    def forward(q, k, v, off):
+        return torch.ops.jfa.attention(q, k, v, off, off, causal=True, backend=backend)
+
+    def backward(grad_out, q, k, v, out, lse, off):
+        return torch.ops.jfa.attention_backward(grad_out, None, q, k, v, out, lse, off, off, causal=True,
+                                                backend=backend)
+
+    # Autograd on fake CUDA tensors needs CUDA in torch itself, so the forward and backward ops are traced apart.
+    with mode:
+        rows, batch1 = size("T", 29), size("B1", 6)
+        q, k, v = (torch.empty(rows, h, 16, device="cuda", dtype=torch.float16) for h in (4, 2, 2))
+        off = torch.empty(batch1, device="cuda", dtype=torch.int32)
+        out, lse = torch.empty_like(q), torch.empty(4, rows, device="cuda")
+        guards = len(shape_env.guards)
+        for fn, args in ((forward, (q, k, v, off)), (backward, (torch.empty_like(out), q, k, v, out, lse, off))):
+            try:
+                aot_function(fn, fw_compiler=capture)(*args)
+            except Captured:
+                pass
+    return {"forward": graphs[0], "backward": graphs[1],
+            "guards": [str(g.expr) for g in shape_env.guards[guards:]]}
+
+
+print(json.dumps({f"{b}-{'dynamic' if d else 'static'}": trace(b, d)
+                  for b in sys.argv[1].split(",") for d in (False, True)}))
+"""
+
+
+def _trace(backends: str, **env) -> dict:
+    """{"<backend>-static|dynamic": {"forward": calls, "backward": calls, "guards": [...]}} of graphs traced with
+    fake CUDA tensors by a subprocess (without the interpreter), under ``env``."""
+    child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child_env.update(env, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", _TRACER, backends], env=child_env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def default_graphs():
+    return _trace("triton,reference")
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_triton_kernels_are_graph_nodes(default_graphs, shapes):
+    """The triton backend's kernels (and the aten ops around them) replace the ops in the traced graphs, so Inductor
+    launches them; no jfa op is left; dynamic sizes add no guard (no recompile over lengths)."""
+    graphs = default_graphs[f"triton-{shapes}"]
+    assert graphs["guards"] == []
+    kernels = lambda calls: [c for c in calls if c.startswith("kernel:")]  # noqa: E731
+    fwd, bwd = kernels(graphs["forward"]), kernels(graphs["backward"])
+    assert fwd[-1] == "kernel:attn_fwd_kernel" and set(fwd) <= {"kernel:attn_fwd_kernel", "kernel:tile_slots_kernel"}
+    assert [c for c in bwd if c != "kernel:tile_slots_kernel"] == [
+        "kernel:attn_bwd_delta_kernel", "kernel:attn_bwd_dkdv_kernel", "kernel:attn_bwd_dq_kernel"]
+    assert not any(c.startswith("jfa.") for c in graphs["forward"] + graphs["backward"])
+    assert "aten._assert_async.msg" in graphs["forward"]  # JFA_VALIDATE=async: the device check is in the graph
+    if shapes == "static":  # one wave known from shapes: no tile list, no sort
+        assert fwd == ["kernel:attn_fwd_kernel"] and "aten.sort.stable" not in graphs["forward"]
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_reference_stays_one_opaque_node(default_graphs, shapes):
+    graphs = default_graphs[f"reference-{shapes}"]
+    assert graphs["forward"] == ["jfa.attention.default"]
+    assert graphs["backward"] == ["jfa.attention_backward.default"]
+
+
+@pytest.mark.parametrize("env", [{"JFA_COMPILE_PATH": "opaque"}, {"JFA_VALIDATE": "sync"},
+                                 {"JFA_VALIDATE": "deferred"}], ids=lambda e: "=".join(*e.items()))
+def test_triton_stays_opaque_when_asked_or_when_checks_need_the_host(env):
+    graphs = _trace("triton", **env)["triton-static"]
+    assert graphs["forward"] == ["jfa.attention.default"]
+    assert graphs["backward"] == ["jfa.attention_backward.default"]
+
+
+def test_unknown_compile_path_is_an_error():
+    with pytest.raises(AssertionError, match="JFA_COMPILE_PATH must be one of"):
+        _trace("triton", JFA_COMPILE_PATH="fast")
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+def _model_inputs(seed, lengths=(11, 0, 7, 3, 8)):
+    case = AttentionCase(lengths, lengths, heads_q=4, heads_kv=2, head_dim=64, device="cuda", dtype=torch.float16,
+                         causal=True)
+    return case.make_inputs(seed, requires_grad=True)
+
+
+def _attention(q, k, v, q_off, kv_off):
+    out, lse = jfa_ops.jagged_attention(q, k, v, q_off, kv_off, causal=True, return_lse=True, backend="triton")
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_inductor_launches_our_kernels_gpu(mode):
+    """Inductor's generated code launches attn_fwd_kernel itself; outputs and gradients match the float64 oracle."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = torch.compile(_attention, mode=mode, fullgraph=True, dynamic=True)
+    for seed, lengths in enumerate([(11, 0, 7, 3, 8), (5, 20, 2), (33, 1, 9, 4, 4, 12)]):
+        inputs = _model_inputs(seed, lengths)
+        args = (inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets)
+        (out, lse), codes = run_and_get_code(compiled, *args)
+        if seed == 0:
+            assert any("attn_fwd_kernel" in code for code in codes), "Inductor did not launch our kernel"
+            assert not any("torch.ops.jfa.attention.default" in code for code in codes)
+        want_out, want_lse = reference_attention(*args, causal=True)
+        assert_attention_close(out, want_out, dtype=torch.float16, kind="forward", name="out")
+        assert_attention_close(lse, want_lse, dtype=torch.float16, kind="lse", name="lse")
+        grad = torch.randn_like(out)
+        got = torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), grad)
+        want = torch.autograd.grad(want_out, (inputs.q, inputs.k, inputs.v), grad.to(want_out.dtype))
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            assert_attention_close(g, w, dtype=torch.float16, kind="grad", name=name)
+
+
+@pytest.mark.gpu
+def test_inductor_one_compile_over_many_batches_gpu():
+    """Default mode, dynamic shapes: one graph for every batch, no recompile, no graph break."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_attention, fullgraph=True, dynamic=True, backend=counter)
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(0, 40, (2 + seed % 5,), generator=g).tolist()
+        lengths[0] = 2 + 3 * seed
+        inputs = _model_inputs(seed, tuple(lengths))
+        args = (inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets)
+        out, _ = compiled(*args)
+        want_out, _ = reference_attention(*args, causal=True)
+        assert_attention_close(out, want_out, dtype=torch.float16, kind="forward", name="out")
+    assert counter.frame_count == 1
+    assert sum(torch._dynamo.utils.counters["recompiles"].values()) == 0
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_path", ["inductor", "opaque"])
+def test_aoti_package_runs_without_jfa_ops_gpu(compile_path, tmp_path):
+    """tools/aoti_package.py: export + AOTInductor package of a model with the op, loaded and run by a process that
+    never imports jfa_ops. The inductor path carries our kernels and runs there; the opaque path needs the Python op
+    (a callback) and fails there, which is what the inductor path removes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, os.path.join(root, "tools", "aoti_package.py"), "--dir", str(tmp_path),
+                           "--compile-path", compile_path], env=env, capture_output=True, text=True, timeout=1200)
+    result = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
+    assert done.returncode == 0, (result, done.stderr[-3000:])
+    assert result["jfa_attention_registered"] is False and result["jfa_ops_imported"] is False
+    assert result["ok"] is (compile_path == "inductor"), result

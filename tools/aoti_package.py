@@ -1,0 +1,119 @@
+"""AOTInductor: package a small model with jfa attention and run it from a process that never imports jfa_ops.
+
+`PYTHONPATH=$PWD python tools/aoti_package.py [--dir DIR] [--compile-path inductor|opaque]` on a CUDA machine.
+
+The parent exports a model (fused QKV projection, causal jagged attention on the triton backend, output projection;
+fp16, dynamic T and B) with ``torch.export``, packages it with ``torch._inductor.aoti_compile_and_package`` and saves
+two batches (the export example and one of other sizes) with the outputs the eager model gives. A child process,
+which imports torch only (no jfa_ops, so no Python op named ``jfa::attention`` exists there), loads the package with
+``torch._inductor.aoti_load_package``, runs both batches and compares. With ``--compile-path inductor`` (default) the
+package carries our Triton kernels and the child must succeed; with ``opaque`` the package calls the op back through
+Python and the child must fail for want of it. Prints one JSON line; exit status 0 when the outcome is the expected
+one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HEADS, HEAD_DIM, EMBED = 4, 64, 256
+
+CHILD = r"""
+import json, sys
+import torch
+package, cases = sys.argv[1], sys.argv[2]
+result = {"jfa_ops_imported": False}
+try:
+    torch.ops.jfa.attention
+    result["jfa_attention_registered"] = True
+except (AttributeError, RuntimeError):
+    result["jfa_attention_registered"] = False
+try:
+    model = torch._inductor.aoti_load_package(package)
+    errors = []
+    for inputs, expected in torch.load(cases):
+        got = model(*[t.cuda() for t in inputs])
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        err = ((got.double().cpu() - expected.double()).norm() / expected.double().norm()).item()
+        errors.append(err)
+    result.update(ok=all(e < 1e-2 for e in errors), relative_errors=errors)
+except Exception as e:  # reported: the opaque package fails here
+    result.update(ok=False, error=f"{type(e).__name__}: {e}"[:1500])
+result["jfa_ops_imported"] = "jfa_ops" in sys.modules
+print(json.dumps(result))
+"""
+
+
+class JaggedBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(EMBED, 3 * HEADS * HEAD_DIM)
+        self.proj = torch.nn.Linear(HEADS * HEAD_DIM, EMBED)
+
+    def forward(self, x, offsets):
+        q, k, v = self.qkv(x).unflatten(-1, (3, HEADS, HEAD_DIM)).unbind(1)
+        out, _ = torch.ops.jfa.attention(q, k, v, offsets, offsets, causal=True, backend="triton")
+        return self.proj(out.flatten(1))
+
+
+def _batch(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(lengths), EMBED, generator=g).to("cuda", torch.float16)
+    offsets = torch.tensor([0, *lengths]).cumsum(0).to("cuda", torch.int32)
+    return x, offsets
+
+
+def build(directory: str, compile_path: str):
+    """(package path, cases path): the exported model packaged under ``compile_path``, and its two batches."""
+    os.environ["JFA_COMPILE_PATH"] = compile_path
+    import jfa_ops  # noqa: F401  (registers the ops)
+
+    torch.manual_seed(0)
+    model = JaggedBlock().to("cuda", torch.float16).eval()
+    example = _batch((11, 3, 7, 20, 5), seed=0)  # sizes pairwise different (no duck-sized symbols)
+    rows, batch1 = torch.export.Dim("T", min=2), torch.export.Dim("B1", min=2)
+    with torch.no_grad():
+        program = torch.export.export(model, example, dynamic_shapes=({0: rows}, {0: batch1}))
+        package = torch._inductor.aoti_compile_and_package(
+            program, package_path=os.path.join(directory, f"jagged_block_{compile_path}.pt2"))
+        cases = [(example, model(*example)), (_batch((40, 1, 9), seed=1), None)]
+        cases[1] = (cases[1][0], model(*cases[1][0]))
+    cases_path = os.path.join(directory, "cases.pt")
+    torch.save([([t.cpu() for t in inputs], out.cpu()) for inputs, out in cases], cases_path)
+    return package, cases_path
+
+
+def run_fresh(package: str, cases: str) -> dict:
+    """CHILD's JSON result, from a python process that imports torch but never jfa_ops."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JFA_COMPILE_PATH")}
+    done = subprocess.run([sys.executable, "-c", CHILD, package, cases], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tempfile.gettempdir())  # cwd: not the repository (no jfa_ops on the path)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"ok": False, "error": f"child exited {done.returncode}: {done.stderr[-1500:]}"}
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=None, help="where the package goes (default: a temporary directory)")
+    parser.add_argument("--compile-path", choices=("inductor", "opaque"), default="inductor")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.dir or tmp
+        package, cases = build(directory, args.compile_path)
+        result = run_fresh(package, cases)
+    result.update(compile_path=args.compile_path, package=package)
+    print(json.dumps(result))
+    expected_ok = args.compile_path == "inductor"
+    return 0 if result["ok"] == expected_ok and not result.get("jfa_ops_imported") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
