@@ -230,6 +230,7 @@ def sparse_cases(head_dims, size):
             for keep in SPARSE_KEEP_RATIOS:
                 out.append(Case("sparse", f"T{sum(lens)} n{len(lens)} keep{keep}{' causal' if causal else ''}", lens,
                                 lens, heads, heads, d, causal=causal, keep_ratio=keep, block=block))
+    return out
 
 
 def mxfp8_cases(head_dims, size):
