@@ -38,6 +38,8 @@ class Prepared:
     exact: bool = True  # False: computes a different function on purpose (unmasked padding)
     note: str = ""
     no_backward: str = ""  # why the backward cannot run here ("" when it can)
+    tolerance: Optional[float] = None  # output check tolerance when not the default (MXFP8: a lossy format)
+    bytes_moved: int = 0  # > 0: a memory-bound kernel (quantize): the record gets GB/s instead of TFLOP/s
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -117,6 +119,53 @@ class JfaBackend:
                                                    **kw))
 
         return Prepared(fn, [q, k, v], lambda o: o)
+
+
+MXFP8_TOLERANCE = 0.1  # MXFP8 vs float64 on the originals: measured 0.045-0.06 on N(0, 1) inputs (README)
+MXFP8_KINDS = ("mxfp8", "mxfp8-prequant", "mxfp8-quantize")
+
+
+class JfaMxfp8:
+    """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
+    quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the three
+    quantize calls the forward makes (GB/s)."""
+
+    def __init__(self, backend: str, kind: str):
+        self.backend, self.kind = backend, kind
+        self.name = f"jfa:{kind}:{backend}"
+
+    def unavailable(self, device) -> Optional[str]:
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        jfa_ops = import_jfa_ops()
+        if case.suite != "mxfp8":
+            raise Skip("MXFP8: the mxfp8 suite only")
+        kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q, backend=self.backend)
+        if self.kind == "mxfp8":
+            q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
+
+            def fn():
+                return jfa_ops.mxfp8_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv, **kw)
+
+            return Prepared(fn, [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE)
+
+        def quantize():
+            return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
+
+        if self.kind == "mxfp8-quantize":
+            moved = sum(t.numel() * (t.element_size() + 1) + t.numel() // 32 for t in (inp.q, inp.k, inp.v))
+            return Prepared(lambda: quantize()[0][0], [], lambda o: o, exact=False, bytes_moved=moved,
+                            no_backward="a quantize kernel", note="GB/s of the forward's three quantize calls")
+        pairs = quantize()
+
+        def fn():
+            return jfa_ops.mxfp8_attention(*pairs, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
+                                           out_dtype=inp.q.dtype, **kw)
+
+        return Prepared(fn, [], lambda o: o, tolerance=MXFP8_TOLERANCE, no_backward="pre-quantized: no gradients")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from bench import flops
 
 SMOKE_MU = 3.5  # smoke shapes: median ~33 tokens, clipped to 128
-SUITES = ("dense", "jagged", "broadcast", "gqa", "window", "overhead")  # the per-call suites, built from Cases
+SUITES = ("dense", "jagged", "broadcast", "gqa", "window", "overhead", "mxfp8")  # the per-call suites, built from Cases
 ALL_SUITES = SUITES + ("model",)  # model: a training loop, not Cases (bench.model)
 HEAD_DIMS = (64, 128, 256)
 MAX_LEN = 8192
@@ -203,9 +203,33 @@ def overhead_cases(head_dims, size):
     return [Case("overhead", f"B4 len<=64 H{heads}", lens, lens, heads, heads, d, causal=True)]
 
 
+def mxfp8_cases(head_dims, size):
+    """Issue 12: MXFP8 against bf16 on memory-bound shapes (broadcast-Q seed pooling, sliding window) and
+    compute-bound ones (dense, jagged); head dims that are powers of two (the MXFP8 kernel's tiles)."""
+    dims = [d for d in head_dims if d in (64, 128, 256)] or [128]
+    if size == "smoke":
+        kv = lognormal_lengths(None, 3, seed=3, max_len=64, mu=SMOKE_MU)
+        lens = lognormal_lengths(256, None, seed=JAGGED_SEED, max_len=128, mu=SMOKE_MU)
+        return [c for d in dims for c in (
+            Case("mxfp8", "bcast Lq16 H2 B3", (16,) * 3, kv, 2, 2, d, broadcast_q=True),
+            Case("mxfp8", "T256 win(16,0) causal", lens, lens, 2, 2, d, causal=True, window=(16, 0)),
+            Case("mxfp8", "B2 S64", (64,) * 2, (64,) * 2, 2, 2, d, dense=True))]
+    kv = lognormal_lengths(None, 512, seed=512, max_len=MAX_LEN)
+    lens = lognormal_lengths(8 * 4096, None, seed=JAGGED_SEED, max_len=MAX_LEN)
+    out = []
+    for d in dims:
+        out += [Case("mxfp8", "bcast Lq128 H4 B512", (128,) * 512, kv, 4, 4, d, broadcast_q=True),
+                Case("mxfp8", "T32768 win(256,0) causal", lens, lens, 16, 16, d, causal=True, window=(256, 0))]
+        for causal in ((False, True) if size == "full" else (False,)):
+            tag = " causal" if causal else ""
+            out += [Case("mxfp8", f"B8 S4096{tag}", (4096,) * 8, (4096,) * 8, 16, 16, d, causal=causal, dense=True),
+                    Case("mxfp8", f"jagged T32768 n{len(lens)}{tag}", lens, lens, 16, 16, d, causal=causal)]
+    return out
+
+
 SUITE_BUILDERS = {
     "dense": dense_cases, "jagged": jagged_cases, "broadcast": broadcast_cases, "gqa": gqa_cases,
-    "window": window_cases, "overhead": overhead_cases,
+    "window": window_cases, "overhead": overhead_cases, "mxfp8": mxfp8_cases,
 }
 
 
