@@ -253,8 +253,9 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
 
 
 def mxfp8_specializations() -> Iterator[Specialization]:
-    """The MXFP8 kernels as ``mxfp8_quantize.quantize`` and ``mxfp8_attn_fwd.attention_forward`` launch them (sm_89+:
-    E4M3 operands): quantize per block shape (bf16 read as int16 bits), the forward per head dim, causal or not."""
+    """The MXFP8 kernels as ``mxfp8_quantize.quantize``, ``mxfp8_attn_fwd.attention_forward`` and
+    ``mxfp8_attn_bwd.attention_backward`` launch them (sm_89+: E4M3 operands): quantize per block shape (bf16 read as
+    int16 bits), the forward and both backward kernels per head dim, causal or not."""
     from . import mxfp8_attn_fwd, mxfp8_quantize
 
     fn = mxfp8_quantize.mxfp8_quantize_kernel
@@ -275,6 +276,20 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                  "qk_scale": "fp32"}
         yield _mxfp8_spec(f"mxfp8-fwd-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}",
                           fn, mxfp8_attn_fwd, types, constexprs)
+    from . import mxfp8_attn_bwd
+
+    for kernel in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel, mxfp8_attn_bwd.mxfp8_attn_bwd_dq_kernel):
+        for head_dim, causal in ((64, True), (128, False)):
+            constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=mxfp8_attn_bwd.BWD_BLOCK_M,
+                              BLOCK_N=mxfp8_attn_bwd.BWD_BLOCK_N, HAS_LEFT=False, HAS_RIGHT=causal,
+                              BROADCAST_Q=False, SEARCH_STEPS=5)
+            types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "DO": "*fp8e4nv", "QS": "*u8", "KS": "*u8",
+                     "VS": "*u8", "DOS": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                     "DQ": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32", "qk_scale": "fp32",
+                     "scale": "fp32"}
+            short = "dkdv" if "dkdv" in kernel.fn.__name__ else "dq"
+            yield _mxfp8_spec(f"mxfp8-bwd-{short}-d{head_dim}-{'causal' if causal else 'full'}", kernel,
+                              mxfp8_attn_bwd, types, constexprs)
 
 
 def _mxfp8_spec(name, fn, module, types, constexprs) -> Specialization:
