@@ -162,3 +162,23 @@ def test_no_host_sync_gpu():
         out.sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@on_each_device
+def test_opcheck_every_op(device):
+    case = AttentionCase((40, 0, 20), (33, 5, 20), heads_q=4, heads_kv=2, causal=True, device=device,
+                         dtype=torch.float16)
+    x = case.make_inputs(0, requires_grad=True)
+    q, k = x.q.detach(), x.k.detach()
+    opts = dict(block_q=16, block_kv=16, backend="triton")
+    torch.library.opcheck(torch.ops.jfa.select_kv_blocks.default, (q, k, x.q_offsets, x.kv_offsets, 40, 33),
+                          dict(opts, keep_ratio=0.5, causal=True))
+    index, count = torch.ops.jfa.select_kv_blocks(q, k, x.q_offsets, x.kv_offsets, 40, 33, causal=True, **opts)
+    args = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, 16, 16, 40, 33)
+    torch.library.opcheck(torch.ops.jfa.block_sparse_attention.default, args, dict(causal=True, backend="triton"))
+    with torch.no_grad():
+        out, lse = torch.ops.jfa.block_sparse_attention(*args, causal=True, backend="triton")
+    plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    torch.library.opcheck(torch.ops.jfa.block_sparse_attention_backward.default,
+                          (torch.randn_like(out), torch.randn_like(lse), *plain[:3], out, lse, *plain[3:]),
+                          dict(causal=True, backend="triton"))
