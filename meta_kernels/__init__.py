@@ -28,7 +28,8 @@ from meta_kernels.block_sparse import (
     select_shapes,
 )
 
-__all__ = ["INDEX_DTYPE", "block_visible", "check_block_index", "check_block_sizes", "check_select_args", "check_select_options",
+__all__ = ["INDEX_DTYPE", "block_visible", "check_block_index", "check_block_sizes", "check_select_args",
+           "check_select_options",
            "keep_count", "local_block", "num_blocks", "select_shapes",
            "SUPPORTED_HEAD_DIMS", "attention_flops", "visible_pairs", "attention_shapes", "attention_backward_shapes",
            "check_attention_args", "check_attention_backward_args", "check_options", "check_window", "deciding_checks"]

@@ -24,7 +24,8 @@ from typing import Dict, List, Optional, Set
 from jfa_ops.backends.base import (ATTENTION, AttentionParams, Backend, BlockSelectParams, BlockSparseParams,
                                    FamilyImpl, Problem)
 
-__all__ = ["AttentionParams", "Backend", "BlockSelectParams", "BlockSparseParams", "FamilyImpl", "Problem", "register_backend", "unregister_backend", "get_backend",
+__all__ = ["AttentionParams", "Backend", "BlockSelectParams", "BlockSparseParams", "FamilyImpl", "Problem",
+           "register_backend", "unregister_backend", "get_backend",
            "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
 
 _BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "cpu": "jfa_ops.backends.cpu",

@@ -4,8 +4,8 @@ blocks its Q block selected, in one flat loop, and nothing else: unselected bloc
 
 Grid (query tiles, B, Hq): query tile t covers rows [t * BLOCK_M, ...) of Q block t * BLOCK_M // BLOCK_Q
 (BLOCK_M divides BLOCK_Q); tiles past a sequence's end return at once, and Q blocks past the selection's rows
-select nothing (out 0, lse -inf). A key tile skips the mask when the dense kernel's stage bounds say every row of the query
-tile sees all of it (``common.stage_bounds``), else it is masked (diagonal, window edges, sequence end).
+select nothing (out 0, lse -inf). A key tile skips the mask when the dense kernel's stage bounds say every row of
+the query tile sees all of it (``common.stage_bounds``), else it is masked (diagonal, window edges, sequence end).
 """
 from __future__ import annotations
 
