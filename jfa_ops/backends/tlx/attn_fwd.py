@@ -33,7 +33,7 @@ from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
 from ..triton.common import LN2, seq_extent, stage_bounds, visible, window_bounds, work_item
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
-from .configs import KV_MAJOR, NUM_WARPS, fwd_config
+from .configs import NUM_WARPS, fwd_choices, fwd_config
 
 PINGPONG_A: tl.constexpr = tl.constexpr(9)  # consumer 1 -> consumer 0: "your turn to issue"
 PINGPONG_B: tl.constexpr = tl.constexpr(10)  # consumer 0 -> consumer 1
@@ -178,14 +178,17 @@ def _consume_blocks(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, 
 
 @triton.jit
 def _pv_pending(acc, p, prev_n0, prev_count, v_tiles, v_fulls, len_k, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
-    """Issue acc += P V for the previous key block (async), after zeroing its value rows past the sequence end."""
+                BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, CHECK_END: tl.constexpr):
+    """Issue acc += P V for the previous key block (async), after zeroing its value rows past the sequence end
+    (CHECK_END: the previous block may run past it; never inside the mask-free bulk, whose blocks are whole and
+    follow either nothing or a lead block that did not reach the end)."""
     buf, phase = _slot_phase(prev_count, NUM_BUFFERS_KV)
-    if prev_n0 + BLOCK_N > len_k:  # the block ran into the next sequence
-        if CID == 0:
-            tlx.barrier_wait(v_fulls[buf], phase)
-            _zero_rows_past_end(v_tiles[buf], prev_n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
-        tlx.named_barrier_wait(VFIX_BARRIER, 256)
+    if CHECK_END:
+        if prev_n0 + BLOCK_N > len_k:  # the block ran into the next sequence
+            if CID == 0:
+                tlx.barrier_wait(v_fulls[buf], phase)
+                _zero_rows_past_end(v_tiles[buf], prev_n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
+            tlx.named_barrier_wait(VFIX_BARRIER, 256)
     tlx.barrier_wait(v_fulls[buf], phase)
     return tlx.async_dot(p, v_tiles[buf], acc)
 
@@ -204,7 +207,7 @@ def _consume_blocks_pipelined(acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_til
         tlx.barrier_wait(k_fulls[buf], phase)
         s = _qk(q_tile, k_tiles[buf], CID)
         acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
-                          NUM_BUFFERS_KV)
+                          NUM_BUFFERS_KV, MASKED)
         s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
         tlx.barrier_arrive(k_empties[buf], 1)
         p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N,
@@ -363,7 +366,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 FMA_SOFTMAX, dtype)
                             tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                             acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
-                                              BLOCK_N, NUM_BUFFERS_KV)
+                                              BLOCK_N, NUM_BUFFERS_KV, True)
                             acc = tlx.async_dot_wait(0, acc)
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
@@ -427,6 +430,10 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     cfg = fwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    # Uniform lengths (a dense batch), known without reading the offsets: the max_seqlen hints times B cover the rows.
+    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
+        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
+    pipeline, kv_major = fwd_choices(cfg, has_left or has_right, params.broadcast_q, uniform)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     programs, schedule = tile_schedule(
@@ -440,8 +447,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         num_heads=num_heads, total_out=total_out, stride_ot=out.stride(0), stride_oh=out.stride(1),
         group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=KV_MAJOR, HAS_LEFT=has_left,
-        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=cfg.pipeline),
+        NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
+        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline),
         num_warps=NUM_WARPS, num_stages=1)
     if flag is not None:
         if schedule["TILES_FROM_OFFSETS"]:  # no list was built, so nothing checked the offsets: aten ops do
