@@ -141,6 +141,8 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
 
     A skip record carries the one-line reason."""
     base = {"case": case.describe(), "peer": peer.name}
+    if case.keep_ratio is not None and not getattr(peer, "handles_sparse", False):
+        return [dict(base, mode=m, skip="computes dense attention (see the jfa dense row)") for m in modes]
     try:
         preps = [peer.prepare(case, inp) for inp in inputs]
     except Skip as e:
@@ -242,6 +244,9 @@ def main(argv=None) -> int:
         peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
     peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
                                                  for p in peer_names]
+    if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
+        peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends
+                                              for variant in ("dense", "select")]
     if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds)
         peers[len(backends):len(backends)] = [JfaMxfp8(b, kind) for b in backends if b not in ("reference", "cpu")
                                               for kind in MXFP8_KINDS]

@@ -197,6 +197,25 @@ def test_session5_overhead_results_read_as_the_baseline():
     assert "| jfa:triton |" in report.overhead_table([r for r in records if r["case"]["suite"] == "overhead"])
 
 
+@pytest.mark.parametrize("case", suites.build_cases(["sparse"], [64], "smoke")[::3], ids=lambda c: c.name)
+def test_sparse_rows_match_the_block_sparse_oracle(case):
+    """The sparse suite: jfa's sparse row and FlexAttention given our selection as its BlockMask both compute the
+    block-sparse oracle (not dense attention); the dense row is the dense kernel."""
+    from bench.peers import JfaBackend
+
+    inp = suites.make_inputs(case, "cpu")
+    ref = oracle_output(case, inp)
+    dense_ref = oracle_output(dataclasses.replace(case, keep_ratio=None), inp)
+    assert rel_error(ref.float(), dense_ref) > 1e-2  # the selection drops something
+    for peer in (JfaBackend("reference"), FlexAttention(compile_kernel=False)):
+        prep = peer.prepare(case, inp)
+        with torch.no_grad():
+            assert rel_error(prep.to_jagged(prep.fn()), ref) < 2e-2, peer.name
+    prep = JfaBackend("reference", "dense").prepare(case, inp)
+    with torch.no_grad():
+        assert rel_error(prep.fn(), dense_ref) < 2e-2
+
+
 def test_mxfp8_lines_ratios_targets_and_tolerance():
     """The mxfp8 suite's summary: MXFP8 against our bf16 and FA4 with issue 12's targets, quantize GB/s against
     the H200's copy bandwidth; MXFP8 outputs are checked against their own (looser) tolerance."""
