@@ -159,7 +159,7 @@ def correctness() -> int:
 
     for name, case, kw in fixed_cases():
         report(name, lambda: forward_case(case, 0, **kw))
-    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "8"))):
+    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "6"))):
         report(name, lambda: forward_case(case, 1) + f"  [{case}]")
     for name, case in routing_cases():
         def routed():
@@ -250,8 +250,7 @@ def timing() -> int:
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
              Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True),
-             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
-             Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
+             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0))]
     print("forward, bf16, TFLOP/s of useful work (do_bench median); 'graph': one call captured in a CUDA graph and "
           "replayed (GPU time without the host's)", flush=True)
     cols = ("tlx", "triton", "tlx graph")
