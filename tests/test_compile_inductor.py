@@ -161,6 +161,52 @@ def test_unknown_compile_path_is_an_error():
         _trace("triton", JFA_COMPILE_PATH="fast")
 
 
+_INDUCTOR_SOURCE = r"""
+import importlib, importlib.util, json, os, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+from jfa_ops.backends.triton.specializations import arch_specializations
+
+kernels = set(sys.argv[1].split(","))
+out, directory = {}, tempfile.mkdtemp()
+for s in arch_specializations(90):
+    if s.kernel not in kernels or s.kernel in out:
+        continue
+    source = user_defined_triton_kernel_transitive_closure_source_code(getattr(importlib.import_module(s.module),
+                                                                                s.kernel))
+    path = os.path.join(directory, f"inductor_{s.kernel}.py")  # @triton.jit wants a file
+    with open(path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n@triton.jit\n" + source)
+    spec = importlib.util.spec_from_file_location(f"inductor_{s.kernel}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        triton.compile(triton.compiler.ASTSource(fn=getattr(module, s.kernel), signature=s.signature,
+                                                 constexprs=s.constexprs, attrs=s.attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": s.num_warps,
+                                                                  "num_stages": s.num_stages})
+        out[s.kernel] = "ok"
+    except Exception as e:
+        out[s.kernel] = f"{type(e).__name__}: {e}"[:2000]
+print(json.dumps(out))
+"""
+
+TRACED_KERNELS = ("attn_fwd_kernel", "tile_slots_kernel", "attn_bwd_delta_kernel", "attn_bwd_dkdv_kernel",
+                  "attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel")
+
+
+def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():
+    """Inductor compiles a user kernel from its own copy of the source (the kernel and the ``@triton.jit`` helpers
+    and constants it reaches by global name): each kernel the compiled path records must survive that copy."""
+    child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _INDUCTOR_SOURCE, ",".join(TRACED_KERNELS)], env=child_env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == dict.fromkeys(TRACED_KERNELS, "ok")
+
+
 # ------------------------------------------------------------------------------------------------------- GPU
 def _model_inputs(seed, lengths=(11, 0, 7, 3, 8)):
     case = AttentionCase(lengths, lengths, heads_q=4, heads_kv=2, head_dim=64, device="cuda", dtype=torch.float16,
