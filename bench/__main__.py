@@ -26,8 +26,8 @@ except ImportError:
 import torch
 
 from bench import model, report, suites, timing
-from bench.peers import (EXTRA_PEERS, PEER_ORDER, JfaBackend, Skip, jfa_available_backends, make_peer, one_line,
-                         oracle_output, rel_error)
+from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, JfaBackend, JfaMxfp8, Skip, jfa_available_backends,
+                         make_peer, one_line, oracle_output, rel_error)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEERS = ",".join(PEER_ORDER)
@@ -141,6 +141,8 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
 
     A skip record carries the one-line reason."""
     base = {"case": case.describe(), "peer": peer.name}
+    if case.keep_ratio is not None and not getattr(peer, "handles_sparse", False):
+        return [dict(base, mode=m, skip="computes dense attention (see the jfa dense row)") for m in modes]
     try:
         preps = [peer.prepare(case, inp) for inp in inputs]
     except Skip as e:
@@ -164,10 +166,15 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
             rec["peak_mib"] = timing.peak_memory_mib(call, device)
             ms = timing.median_ms(call, device, args.warmup_ms, args.rep_ms)
             rec["ms"] = ms
-            rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
+            if preps[0].bytes_moved:  # a memory-bound kernel (MXFP8 quantize): GB/s, no TFLOP/s
+                rec["gbps"] = preps[0].bytes_moved / (ms * 1e-3) / 1e9
+            else:
+                rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
             if mode == "fwd" and oracle is not None and preps[0].exact:
                 with torch.no_grad():
                     rec["rel_err"] = rel_error(preps[0].to_jagged(preps[0].fn()), oracle)
+                if preps[0].tolerance is not None:
+                    rec["tolerance"] = preps[0].tolerance
         except Exception as e:  # noqa: BLE001 - one failing mode does not stop the others
             rec = dict(base, mode=mode, skip=f"{mode} failed: {one_line(e)}")
         call = None  # drops the retained graphs before the next mode
@@ -237,6 +244,12 @@ def main(argv=None) -> int:
         peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
     peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
                                                  for p in peer_names]
+    if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
+        peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends
+                                              for variant in ("dense", "select")]
+    if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds)
+        peers[len(backends):len(backends)] = [JfaMxfp8(b, kind) for b in backends if b not in ("reference", "cpu")
+                                              for kind in MXFP8_KINDS]
     # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
     # loop (bench.model), not cases
     plan = []
@@ -316,6 +329,11 @@ def main(argv=None) -> int:
     if targets:
         print("issue 9 targets:")
         for line in targets:
+            print("  " + line)
+    mxfp8 = report.mxfp8_lines(records)
+    if mxfp8:
+        print("issue 12 (MXFP8):")
+        for line in mxfp8:
             print("  " + line)
     checks = report.check_lines(records)
     wrong = [c for c in checks if c.endswith("WRONG")]

@@ -38,6 +38,8 @@ class Prepared:
     exact: bool = True  # False: computes a different function on purpose (unmasked padding)
     note: str = ""
     no_backward: str = ""  # why the backward cannot run here ("" when it can)
+    tolerance: Optional[float] = None  # output check tolerance when not the default (MXFP8: a lossy format)
+    bytes_moved: int = 0  # > 0: a memory-bound kernel (quantize): the record gets GB/s instead of TFLOP/s
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -97,26 +99,108 @@ def use_compile_path(path: str) -> None:
 
 
 class JfaBackend:
-    def __init__(self, backend: str):
+    """A jfa_ops backend: ``jagged_attention``, or on sparse cases ``sparse_attention`` (both stages, selection
+    included). ``variant`` "dense": our dense kernel on a sparse case's batch; "select": the selection alone."""
+
+    handles_sparse = True
+
+    def __init__(self, backend: str, variant: str = ""):
         self.backend, self.compile_path = split_compile_path(backend)
-        self.name = f"jfa:{backend}"
+        self.variant = variant
+        self.name = f"jfa:{backend}" + (f" {variant}" if variant else "")
 
     def unavailable(self, device) -> Optional[str]:
         return None
 
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         jfa_ops = import_jfa_ops()
+        if self.variant and case.keep_ratio is None:
+            raise Skip(f"the {self.variant} row is for sparse cases only")
+        if case.keep_ratio is not None and self.variant != "dense":
+            from jfa_ops.backends import get_backend
+            if not get_backend(self.backend).implements("block_sparse"):
+                raise Skip(f"backend {self.backend!r} has no block-sparse family")
         use_compile_path(self.compile_path)
         if self.backend == "reference" and case.pairs() * case.num_heads_q > REFERENCE_MAX_WORK:
             raise Skip(f"reference backend skipped above {REFERENCE_MAX_WORK} visible pairs x heads")
         q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
         kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q, backend=self.backend)
+        if self.variant == "select":
+            def select():
+                return jfa_ops.select_kv_blocks(q.detach(), k.detach(), inp.q_offsets, inp.kv_offsets, case.max_q,
+                                                case.max_kv, **sparse_kw(case), **kw)[0]
+
+            return Prepared(select, [q, k, v], lambda o: o, exact=False, note="selection only",
+                            no_backward="the selection has no backward")
+        if case.keep_ratio is not None and self.variant != "dense":
+            def fn():
+                return _first(jfa_ops.sparse_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,
+                                                       case.max_kv, **sparse_kw(case), **kw))
+        else:
+            def fn():
+                return _first(jfa_ops.jagged_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,
+                                                       case.max_kv, **kw))
+
+        return Prepared(fn, [q, k, v], lambda o: o, exact=self.variant != "dense")
+
+
+def sparse_kw(case: Case) -> dict:
+    return dict(keep_ratio=case.keep_ratio, block_q=case.block, block_kv=case.block)
+
+
+def sparse_selection(case: Case, inp: Inputs, backend: Optional[str] = None):
+    """The selection of a sparse case's inputs (what the jfa rows compute; FlexAttention gets it as its BlockMask)."""
+    import jfa_ops
+
+    return jfa_ops.select_kv_blocks(inp.q, inp.k, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
+                                    causal=case.causal, window=tuple(case.window), backend=backend, **sparse_kw(case))
+
+
+MXFP8_TOLERANCE = 0.1  # MXFP8 vs float64 on the originals: measured 0.045-0.06 on N(0, 1) inputs (README)
+MXFP8_KINDS = ("mxfp8", "mxfp8-prequant", "mxfp8-quantize")
+
+
+class JfaMxfp8:
+    """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
+    quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the three
+    quantize calls the forward makes (GB/s)."""
+
+    def __init__(self, backend: str, kind: str):
+        self.backend, self.kind = backend, kind
+        self.name = f"jfa:{kind}:{backend}"
+
+    def unavailable(self, device) -> Optional[str]:
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        jfa_ops = import_jfa_ops()
+        if case.suite != "mxfp8":
+            raise Skip("MXFP8: the mxfp8 suite only")
+        kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q, backend=self.backend)
+        if self.kind == "mxfp8":
+            q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
+
+            def fn():
+                return jfa_ops.mxfp8_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv, **kw)
+
+            return Prepared(fn, [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE)
+
+        def quantize():
+            return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
+
+        if self.kind == "mxfp8-quantize":
+            moved = sum(t.numel() * (t.element_size() + 1) + t.numel() // 32 for t in (inp.q, inp.k, inp.v))
+            return Prepared(lambda: quantize()[0][0], [], lambda o: o, exact=False, bytes_moved=moved,
+                            no_backward="a quantize kernel", note="GB/s of the forward's three quantize calls")
+        pairs = quantize()
 
         def fn():
-            return _first(jfa_ops.jagged_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
-                                                   **kw))
+            return jfa_ops.mxfp8_attention(*pairs, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
+                                           out_dtype=inp.q.dtype, **kw)
 
-        return Prepared(fn, [q, k, v], lambda o: o)
+        return Prepared(fn, [], lambda o: o, tolerance=MXFP8_TOLERANCE, no_backward="pre-quantized: no gradients")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -247,6 +331,7 @@ class Sdpa:
 
 class FlexAttention:
     name = "flex"
+    handles_sparse = True  # given our selection as its BlockMask
 
     def __init__(self, compile_kernel: bool = True):
         self.compile_kernel = compile_kernel
@@ -322,7 +407,15 @@ class FlexAttention:
 
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         flex = self._kernel(inp.k.device)
-        block_mask = self._block_mask(case, inp.k.device)
+        if case.keep_ratio is not None:  # the same blocks as ours: our selection of these inputs as the BlockMask
+            from jfa_ops.interop import to_flex_block_mask
+            index, count = sparse_selection(case, inp)
+            block_mask = to_flex_block_mask(index, count, inp.q_offsets, inp.kv_offsets,
+                                            num_heads_q=case.num_heads_q, block_q=case.block, block_kv=case.block,
+                                            causal=case.causal, window=tuple(case.window),
+                                            _compile=inp.k.device.type == "cuda")
+        else:
+            block_mask = self._block_mask(case, inp.k.device)
         if case.dense:
             b, s = case.batch, case.q_lens[0]
             shape = lambda t: t.view(b, s, *t.shape[1:])  # noqa: E731
@@ -400,8 +493,14 @@ def oracle_output(case: Case, inp: Inputs) -> Optional[torch.Tensor]:
     """``jfa_ops.testing.reference_attention`` of the case, [T_q (B*Lq), Hq, D] float64; None when too large."""
     if case.pairs() * case.num_heads_q > ORACLE_MAX_WORK:
         return None
+    masks = None
+    if case.keep_ratio is not None:  # the float64 selection, then the block-sparse oracle
+        from jfa_ops.testing import block_sparse_masks
+        index, count = sparse_selection(case, inp, backend="reference")
+        masks = block_sparse_masks(index, count, inp.q_offsets, inp.kv_offsets, block_q=case.block,
+                                   block_kv=case.block)
     out, _ = reference_attention(inp.q_materialized(case), inp.k, inp.v, inp.q_offsets_materialized, inp.kv_offsets,
-                                 causal=case.causal, window=case.window)
+                                 causal=case.causal, window=case.window, block_masks=masks)
     return out
 
 

@@ -14,7 +14,7 @@ import torch
 from bench import flops
 
 SMOKE_MU = 3.5  # smoke shapes: median ~33 tokens, clipped to 128
-SUITES = ("dense", "jagged", "broadcast", "gqa", "window", "overhead")  # the per-call suites, built from Cases
+SUITES = ("dense", "jagged", "broadcast", "gqa", "window", "overhead", "sparse", "mxfp8")  # per-call suites
 ALL_SUITES = SUITES + ("model",)  # model: a training loop, not Cases (bench.model)
 HEAD_DIMS = (64, 128, 256)
 MAX_LEN = 8192
@@ -36,6 +36,8 @@ class Case:
     broadcast_q: bool = False
     dense: bool = False  # every sequence has the same length: peers may use their dense (batched) path
     dtype: str = "bfloat16"
+    keep_ratio: Optional[float] = None  # sparse suite: block-sparse attention keeping this share of visible blocks
+    block: int = 128  # sparse suite: block_q = block_kv
 
     @property
     def batch(self) -> int:
@@ -76,6 +78,7 @@ class Case:
             "causal": self.causal, "window": list(self.window), "broadcast_q": self.broadcast_q, "dense": self.dense,
             "dtype": self.dtype, "total_q": self.total_q, "total_kv": self.total_kv, "max_q": self.max_q,
             "max_kv": self.max_kv, "mean_kv": float(kv.mean()), "visible_pairs": self.pairs(),
+            "keep_ratio": self.keep_ratio, "block": self.block,
         }
 
 
@@ -203,9 +206,60 @@ def overhead_cases(head_dims, size):
     return [Case("overhead", f"B4 len<=64 H{heads}", lens, lens, heads, heads, d, causal=True)]
 
 
+SPARSE_MAX_LEN = 16384
+SPARSE_KEEP_RATIOS = (0.5, 0.25)
+
+
+def sparse_cases(head_dims, size):
+    """Block-sparse attention (issue 11): jagged histories up to 16k, bf16, D128 (the first head dim otherwise), keep
+    0.5 and 0.25 of the visible 128-blocks. Lengths are rounded up to whole blocks so that FlexAttention's blocks over
+    the packed batch are the selection's blocks. TFLOP/s are dense-equivalent (the dense pairs over the time), so
+    the sparse/dense speedup reads directly off the table; the ``jfa:<backend> dense`` and ``... select`` rows are
+    our dense kernel and the selection alone on the same batch."""
+    d = 128 if 128 in head_dims else head_dims[0]
+    if size == "smoke":
+        heads, block, totals, max_len, mu = 2, 16, (256,), 128, SMOKE_MU
+    else:
+        heads, block, max_len, mu = 16, 128, SPARSE_MAX_LEN, LOGNORMAL_MU + 1.0  # median ~1.5k
+        totals = (8 * 8192,) if size == "quick" else (8 * 8192, 16 * 8192)
+    out = []
+    for t in totals:
+        lens = lognormal_lengths(t, None, seed=JAGGED_SEED, max_len=max_len, mu=mu)
+        lens = tuple(int(-(-n // block) * block) for n in lens)  # whole blocks
+        for causal in (False, True):
+            for keep in SPARSE_KEEP_RATIOS:
+                out.append(Case("sparse", f"T{sum(lens)} n{len(lens)} keep{keep}{' causal' if causal else ''}", lens,
+                                lens, heads, heads, d, causal=causal, keep_ratio=keep, block=block))
+    return out
+
+
+def mxfp8_cases(head_dims, size):
+    """Issue 12: MXFP8 against bf16 on memory-bound shapes (broadcast-Q seed pooling, sliding window) and
+    compute-bound ones (dense, jagged); head dims that are powers of two (the MXFP8 kernel's tiles)."""
+    dims = [d for d in head_dims if d in (64, 128, 256)] or [128]
+    if size == "smoke":
+        kv = lognormal_lengths(None, 3, seed=3, max_len=64, mu=SMOKE_MU)
+        lens = lognormal_lengths(256, None, seed=JAGGED_SEED, max_len=128, mu=SMOKE_MU)
+        return [c for d in dims for c in (
+            Case("mxfp8", "bcast Lq16 H2 B3", (16,) * 3, kv, 2, 2, d, broadcast_q=True),
+            Case("mxfp8", "T256 win(16,0) causal", lens, lens, 2, 2, d, causal=True, window=(16, 0)),
+            Case("mxfp8", "B2 S64", (64,) * 2, (64,) * 2, 2, 2, d, dense=True))]
+    kv = lognormal_lengths(None, 512, seed=512, max_len=MAX_LEN)
+    lens = lognormal_lengths(8 * 4096, None, seed=JAGGED_SEED, max_len=MAX_LEN)
+    out = []
+    for d in dims:
+        out += [Case("mxfp8", "bcast Lq128 H4 B512", (128,) * 512, kv, 4, 4, d, broadcast_q=True),
+                Case("mxfp8", "T32768 win(256,0) causal", lens, lens, 16, 16, d, causal=True, window=(256, 0))]
+        for causal in ((False, True) if size == "full" else (False,)):
+            tag = " causal" if causal else ""
+            out += [Case("mxfp8", f"B8 S4096{tag}", (4096,) * 8, (4096,) * 8, 16, 16, d, causal=causal, dense=True),
+                    Case("mxfp8", f"jagged T32768 n{len(lens)}{tag}", lens, lens, 16, 16, d, causal=causal)]
+    return out
+
+
 SUITE_BUILDERS = {
     "dense": dense_cases, "jagged": jagged_cases, "broadcast": broadcast_cases, "gqa": gqa_cases,
-    "window": window_cases, "overhead": overhead_cases,
+    "window": window_cases, "overhead": overhead_cases, "sparse": sparse_cases, "mxfp8": mxfp8_cases,
 }
 
 

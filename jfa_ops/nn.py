@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 import meta_kernels
-from jfa_ops.api import _is_njt, check_njt_layout, jagged_attention
+from jfa_ops.api import _is_njt, check_njt_layout, jagged_attention, sparse_attention
 
 __all__ = ["JaggedSelfAttention", "SeedPooling"]
 
@@ -75,6 +75,10 @@ class JaggedSelfAttention(nn.Module):
     ``causal`` and ``window=(left, right)`` are the mask of ``jagged_attention`` (bottom-right aligned, -1 for
     unbounded). ``max_seqlen`` is an optional hint (a Python int, or None); ``backend`` picks a backend by name.
 
+    ``keep_ratio`` (a float in (0, 1]) makes the layer block-sparse: ``jfa_ops.sparse_attention`` with blocks of
+    ``block_size`` rows keeps the top ``ceil(keep_ratio * visible)`` KV blocks per Q block. ``max_seqlen`` is then
+    required (it sizes the selection; an NJT input that knows its longest sequence supplies it).
+
     Example::
 
         >>> layer = JaggedSelfAttention(32, num_heads=4, num_kv_heads=2, causal=True)
@@ -85,9 +89,15 @@ class JaggedSelfAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: Optional[int] = None,
                  head_dim: Optional[int] = None, *, causal: bool = False, window: Sequence[int] = (-1, -1),
-                 bias: bool = False, backend: Optional[str] = None):
+                 bias: bool = False, backend: Optional[str] = None, keep_ratio: Optional[float] = None,
+                 block_size: int = 128):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = _head_shapes(embed_dim, num_heads, num_kv_heads, head_dim)
+        if keep_ratio is not None:
+            meta_kernels.check_select_options(block_size, block_size, keep_ratio, -1, causal, window, False, True,
+                                              0, 0)
+        self.keep_ratio = keep_ratio
+        self.block_size = block_size
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
         meta_kernels.check_window(window)
@@ -103,19 +113,24 @@ class JaggedSelfAttention(nn.Module):
     def forward(self, x: Tensor, offsets: Optional[Tensor] = None, max_seqlen: Optional[int] = None) -> Tensor:
         njt_offsets = None
         if _is_njt(x):
+            if max_seqlen is None and self.keep_ratio is not None:
+                max_seqlen = x._maybe_max_seqlen
             x, offsets = _unpack_njt_rows(x, offsets)
             njt_offsets = offsets
         elif offsets is None:
             raise ValueError("offsets is required when x is a dense [T, E] tensor")
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
-        out = jagged_attention(
-            q.unflatten(-1, (self.num_heads, self.head_dim)),
-            k.unflatten(-1, (self.num_kv_heads, self.head_dim)),
-            v.unflatten(-1, (self.num_kv_heads, self.head_dim)),
-            offsets, offsets, max_seqlen, max_seqlen,
-            causal=self.causal, window=self.window, backend=self.backend,
-        )
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.keep_ratio is None:
+            out = jagged_attention(q, k, v, offsets, offsets, max_seqlen, max_seqlen, causal=self.causal,
+                                   window=self.window, backend=self.backend)
+        else:
+            out = sparse_attention(q, k, v, offsets, offsets, max_seqlen, max_seqlen, keep_ratio=self.keep_ratio,
+                                   block_q=self.block_size, block_kv=self.block_size, causal=self.causal,
+                                   window=self.window, backend=self.backend)
         out = self.out_proj(out.flatten(-2))
         if njt_offsets is not None:
             out = torch.nested.nested_tensor_from_jagged(out, njt_offsets)
@@ -123,7 +138,8 @@ class JaggedSelfAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, causal={self.causal}, window={self.window}, backend={self.backend!r}")
+                f"head_dim={self.head_dim}, causal={self.causal}, window={self.window}, backend={self.backend!r}"
+                + ("" if self.keep_ratio is None else f", keep_ratio={self.keep_ratio}, block_size={self.block_size}"))
 
 
 class SeedPooling(nn.Module):

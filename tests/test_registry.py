@@ -245,3 +245,24 @@ def test_family_without_supports_uses_the_backends(family_backends):
                                          r"\['attention', 'f'\]\)"):
         b.family("g")
     hash(b)  # still usable as a key (families is left out of the hash)
+
+
+def test_tlx_missing_on_sm90_is_logged_once_per_gpu(monkeypatch, caplog):
+    """On an sm_90 GPU the automatic choice says once (logger jfa_ops, INFO) why the tlx backend is not used; other
+    GPUs and later calls stay quiet."""
+    import logging
+
+    import jfa_ops.backends as backends
+
+    capability = {0: (9, 0), 1: (8, 0)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: capability[i])
+    monkeypatch.setattr(backends, "_IMPORT_ERRORS", {"tlx": "ImportError: TLX is not installed"})
+    monkeypatch.setattr(backends, "_TLX_CHECKED", set())
+    problem = Problem("cuda", torch.bfloat16, 128, 2, 2, False, -1, -1, False, False, device_index=0)
+    with caplog.at_level(logging.INFO, logger="jfa_ops"):
+        backends._log_tlx_unavailable(problem)
+        backends._log_tlx_unavailable(problem)
+        backends._log_tlx_unavailable(dataclasses.replace(problem, device_index=1))
+    messages = [r.getMessage() for r in caplog.records if r.name == "jfa_ops"]
+    assert len(messages) == 1 and "cuda:0" in messages[0] and "TLX is not installed" in messages[0]

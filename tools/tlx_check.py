@@ -1,8 +1,9 @@
 """GPU check of the tlx backend (H200): a correctness sweep against the float64 oracle, then forward timings.
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
-``python tools/tlx_check.py correctness`` / ``timing`` / ``all`` (default). Every case is caught and reported (one
-line each, printed as it finishes, so a hang still shows how far it got); exit status 1 if any case failed.
+``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: its sweep, then its timings;
+it runs last, so a hang there cannot hide the forward's results) / ``all`` (default). Every case is caught and
+reported (one line each, printed as it finishes, so a hang still shows how far it got); exit 1 if any case failed.
 
 Correctness: fixed edge cases (empty sequences, length 1, lengths that are not multiples of the blocks, cross
 attention, causal/window, GQA, broadcast-Q, head_dim 64/128/256, fp16/bf16, value rows of a neighbour sequence full
@@ -141,9 +142,9 @@ def routing_cases():
 
 
 def correctness() -> int:
-    print(f"tlx: {unavailable_reason('tlx') or 'importable'}; sm_90 problem: "
-          f"{unavailable_reason('tlx', AttentionCase((8,), (8,), device='cuda', dtype=torch.bfloat16, head_dim=128).problem()) or 'supported'}",
-          flush=True)
+    probe = AttentionCase((8,), (8,), device="cuda", dtype=torch.bfloat16, head_dim=128).problem()
+    print(f"tlx: {unavailable_reason('tlx') or 'importable'}; bf16 D128: "
+          f"{unavailable_reason('tlx', probe) or 'supported'}", flush=True)
     failures, t0 = 0, time.time()
     print(f"{'case':44s} {'result':6s} detail", flush=True)
 
@@ -156,12 +157,15 @@ def correctness() -> int:
             status = "PASS"
         except Exception as e:  # noqa: BLE001 (report every case)
             failures += 1
-            status, detail = "FAIL", " | ".join(traceback.format_exception_only(type(e), e)[-1].strip().splitlines())[:300]
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300]
         print(f"{name:44s} {status:6s} {detail}", flush=True)
+
+    from jfa_ops.backends.tlx import configs
 
     for name, case, kw in fixed_cases():
         report(name, lambda: forward_case(case, 0, **kw))
-    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "30"))):
+    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "16"))):
         report(name, lambda: forward_case(case, 1) + f"  [{case}]")
     for name, case in routing_cases():
         def routed():
@@ -182,40 +186,150 @@ def correctness() -> int:
     return failures
 
 
+def backward_cases():
+    bf, fp = torch.bfloat16, torch.float16
+    c = lambda q, kv, **kw: AttentionCase(tuple(q), tuple(kv), device="cuda", **{"dtype": bf, "head_dim": 128,  # noqa
+                                                                                 **kw})
+    edge = (0, 1, 127, 128, 129, 300, 5, 64, 0, 700)
+    return [
+        ("bwd dense S256", c((256, 256), (256, 256), heads_q=4, heads_kv=4)),
+        ("bwd dense S256 causal", c((256, 256), (256, 256), heads_q=4, heads_kv=4, causal=True)),
+        ("bwd edge lengths", c(edge, edge)),
+        ("bwd edge causal fp16 D64", c(edge, edge, dtype=fp, head_dim=64, causal=True)),
+        ("bwd edge D64", c(edge, edge, head_dim=64)),
+        ("bwd cross causal", c((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), causal=True)),
+        ("bwd window (64,0) causal", c(edge, edge, causal=True, window=(64, 0))),
+        ("bwd window (100,30)", c(edge, edge, window=(100, 30))),
+        ("bwd GQA 8:2 causal", c(edge, edge, heads_q=8, heads_kv=2, causal=True)),
+        ("bwd broadcast-Q Lq128", c((128,), (0, 1, 700, 64, 129, 1000), broadcast_q=True, heads_q=4, heads_kv=2)),
+        ("bwd broadcast-Q Lq100 causal", c((100,), (0, 1, 700, 64, 129), broadcast_q=True, causal=True)),
+        ("bwd empty kv", c((30, 70), (0, 0))),
+        ("bwd S4096 causal", c((4096,), (4096,), heads_q=2, heads_kv=2, causal=True)),
+    ]
+
+
+def backward_correctness() -> int:
+    """The TLX backward (configs.BACKWARD) against the oracle: out, lse and dq/dk/dv through out and lse."""
+    from jfa_ops.backends.tlx import configs
+
+    configs.BACKWARD = True
+    failures, t0 = 0, time.time()
+    for name, case in backward_cases():
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        print(f"{name:44s} ...", end="\r", flush=True)
+        try:
+            check_attention_case(case, "tlx", grads=("both",))
+            status, detail = "PASS", "out/lse/dq/dk/dv"
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300]
+        print(f"{name:44s} {status:6s} {detail}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    print(f"backward correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
+    return failures
+
+
+def graph_ms(fn) -> float:
+    """Median ms of one call replayed from a CUDA graph (warmed up on a side stream first, as capture requires)."""
+    import triton.testing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=10, rep=50, return_mode="median")
+
+
 def timing() -> int:
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    bq_kv = lognormal_lengths(None, 128, seed=512)
+    bq_kv = lognormal_lengths(None, 512, seed=512)  # bench.suites.broadcast_cases headline: Lq128 H4 B512
     cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
-             Case("broadcast", "broadcast-Q Lq128 H4 B128", (128,) * 128, bq_kv, 4, 4, 128, broadcast_q=True),
+             Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True),
              Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
              Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64),
              Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
-    print(f"{'forward, bf16, TFLOP/s (median)':40s} {'tlx':>8s} {'triton':>8s} {'ratio':>6s}", flush=True)
+    from jfa_ops.backends.tlx import configs
+
+    print("forward, bf16, TFLOP/s of useful work (do_bench median); 'graph': one call captured in a CUDA graph and "
+          "replayed (GPU time without the host's)", flush=True)
+    cols = ("tlx", "triton", "tlx graph", "tlx other pipe")  # other pipe: configs.fwd_choices' pipeline flipped
+    print(f"{'case':40s} " + " ".join(f"{c:>15s}" for c in cols) + f" {'tlx/triton':>10s}", flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         row = {}
-        for backend in ("tlx", "triton"):
+        for col in cols:
+            backend = col.split()[0]
+            configs.PIPELINE = None
+            if col.endswith("other pipe"):
+                cfg = configs.fwd_config(case.head_dim)
+                configs.PIPELINE = not configs.fwd_choices(cfg, case.causal or case.window != (-1, -1),
+                                                           case.broadcast_q, case.dense)[0]
             try:
                 fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
                     x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
                     broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
                     backend=backend)
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                row[backend] = case.flops("fwd") / ms / 1e9
+                with torch.no_grad():
+                    ms = graph_ms(fn) if col.endswith("graph") else \
+                        triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row[col] = case.flops("fwd") / ms / 1e9
             except Exception as e:  # noqa: BLE001
                 failures += 1
-                print(f"  {case.label} {backend}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        configs.PIPELINE = None
+        vals = [row.get(c, float("nan")) for c in cols]
+        print(f"{case.label:40s} " + " ".join(f"{v:15.1f}" for v in vals) + f" {vals[0] / vals[1]:10.2f}", flush=True)
+    return failures
+
+
+def backward_timing() -> int:
+    """Backward alone (through a retained graph), TFLOP/s of useful work: TLX backward vs the triton backend's."""
+    import triton.testing
+
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+    from jfa_ops.backends.tlx import configs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
+             Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
+             Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
+             Case("dense", "bwd B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64)]
+    print(f"{'backward, bf16, TFLOP/s (median)':40s} {'tlx bwd':>10s} {'triton bwd':>10s} {'ratio':>6s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        row = {}
+        for label, use_tlx in (("tlx", True), ("triton", False)):
+            configs.BACKWARD = use_tlx
+            try:
+                out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
+                                               max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+                                               backend="tlx")
+                fn = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
+                ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+                row[label] = case.flops("bwd") / ms / 1e9
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        configs.BACKWARD = False
         t, r = row.get("tlx", float("nan")), row.get("triton", float("nan"))
-        print(f"{case.label:40s} {t:8.1f} {r:8.1f} {t / r:6.2f}", flush=True)
+        print(f"{case.label:40s} {t:10.1f} {r:10.1f} {t / r:6.2f}", flush=True)
     return failures
 
 
@@ -228,6 +342,9 @@ def main(argv) -> int:
         failed += correctness()
     if part in ("timing", "all"):
         failed += timing()
+    if part in ("backward", "all"):
+        failed += backward_correctness()
+        failed += backward_timing()
     return 1 if failed else 0
 
 

@@ -18,7 +18,10 @@ if [ "$part" = all ] || [ "$part" = correctness ]; then
   JFA_LAUNCH_VERIFY=1 timeout 200 python3 tools/tlx_check.py correctness || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = timing ]; then
-  timeout 100 python3 tools/tlx_check.py timing || rc=1
+  timeout 150 python3 tools/tlx_check.py timing || rc=1
+fi
+if [ "$part" = all ] || [ "$part" = backward ]; then
+  timeout 170 python3 tools/tlx_check.py backward || rc=1
 fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
   JFA_TLX_AUTO=1 timeout 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu', '-x', '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py']))" || rc=1

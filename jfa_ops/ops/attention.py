@@ -244,9 +244,25 @@ def _plain(types) -> bool:
     return all(issubclass(t, (FakeTensor, FunctionalTensor)) or t is Tensor for t in types)
 
 
+def _static_heads(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` viewed with its head and head_dim sizes as plain ints (lse/grad_lse: heads first).
+
+    Under ``torch.compile(dynamic=True)`` every size is symbolic, heads and head_dim too, but kernels need them as
+    constexprs (and configs are cached by them). ``int()`` specializes them (a guard on heads and head_dim, never on
+    lengths), and the view hands the backend tensors whose shapes hold those ints."""
+    if t is None or not any(isinstance(d, torch.SymInt) for d in t.shape):
+        return t
+    if t.dim() == 3:  # [T, H, D]
+        return t.view(t.shape[0], int(t.shape[1]), int(t.shape[2]))
+    return t.view(int(t.shape[0]), t.shape[1])  # [H, T]
+
+
 def _traced_attention(mode, op, types, args, kwargs):
     """jfa::attention under FunctionalTensorMode (AOTAutograd): trace the backend's code, or keep the op."""
     q, k, v, q_offsets, kv_offsets, *options = _schema_values(op, args, kwargs)
+    if _plain(types) and q.device.type == "cuda" and compile_path() == "inductor":
+        with mode:
+            q, k, v = (_static_heads(t) for t in (q, k, v))
     params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
     impl = _traced_backend(q, k, params, backend) if _plain(types) else None
     if impl is None:
@@ -261,6 +277,9 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
     """jfa::attention_backward under FunctionalTensorMode: as ``_traced_attention``."""
     values = _schema_values(op, args, kwargs)
     tensors, options = values[:9], values[9:]
+    if _plain(types) and tensors[2].device.type == "cuda" and compile_path() == "inductor":
+        with mode:
+            tensors = [_static_heads(t) for t in tensors[:7]] + tensors[7:]  # grad_out .. lse; not the offsets
     params, backend = _backward_params(*tensors, options)
     q, k = tensors[2], tensors[3]
     impl = _traced_backend(q, k, params, backend) if _plain(types) else None

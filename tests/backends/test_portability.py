@@ -132,4 +132,4 @@ def test_runs_on_the_tensors_gpu_not_the_current_one(monkeypatch, validate):
         check_attention_case(case.replace(broadcast_q=True, q_lengths=(20,)), "triton")
         assert torch.cuda.current_device() == 0
     torch.cuda.synchronize(1)
-    assert jfa_ops.available_backends("cuda")[0] == "triton"
+    assert jfa_ops.available_backends("cuda")[0] in ("triton", "tlx")  # tlx ranks first once auto-selected

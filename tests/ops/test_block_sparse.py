@@ -1,17 +1,17 @@
 """The block-sparse family (``jfa::select_kv_blocks``, ``jfa::block_sparse_attention`` + backward) on the
 reference backend, against the float64 oracles of ``jfa_ops.testing``; opcheck; torch.compile; validation.
 The triton kernels' tests are tests/backends/test_block_sparse_triton.py."""
-import math
+import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import jfa_ops
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,
-                             check_block_sparse_case, reference_block_selection)
+                             check_block_sparse_case)
 
 seeds = st.integers(0, 2**31 - 1)
 
@@ -158,31 +158,39 @@ def _offsets(lengths):
     return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
 
 
-def test_compile_once_over_varying_jagged_batches():
+@pytest.mark.parametrize("device,backend,block", [
+    pytest.param("cpu", "reference", 4, id="cpu-reference"),
+    pytest.param("cuda", "triton", 16, id="cuda-triton", marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+])
+def test_compile_once_over_varying_jagged_batches(device, backend, block):
     """fullgraph, dynamic: both stages and the backward in one graph, no recompile as B, totals and max lengths
     change (first batch's sizes pairwise distinct and >= 2; see tests/test_compile.py)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
 
     def fn(q, k, v, off, max_len):
-        out = jfa_ops.sparse_attention(q, k, v, off, off, max_len, max_len, keep_ratio=0.5, block_q=4, block_kv=4,
-                                       causal=True, backend="reference")
-        return out.sum(), out
+        out = jfa_ops.sparse_attention(q, k, v, off, off, max_len, max_len, keep_ratio=0.5, block_q=block,
+                                       block_kv=block, causal=True, backend=backend)
+        return out.float().sum(), out
 
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
     g = torch.Generator().manual_seed(0)
     batches = [[11, 0, 7, 3, 8]] + [[int(n) for n in torch.randint(0, 15, (2 + i % 4,), generator=g)] + [3 + i]
                                     for i in range(8)]
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
     for i, lengths in enumerate(batches):
-        off = _offsets(lengths)
-        q, k, v = (torch.randn(int(off[-1]), h, 8, generator=g).requires_grad_() for h in (4, 2, 2))
+        lengths = [n * block // 4 for n in lengths]  # several blocks per sequence whatever the block size
+        off = _offsets(lengths).to(device)
+        q, k, v = (torch.randn(int(off[-1]), h, 16, generator=g).to(device, dtype).requires_grad_()
+                   for h in (4, 2, 2))
         loss, out = compiled(q, k, v, off, max(lengths))
         grads = torch.autograd.grad(loss, (q, k, v))
         ref_loss, ref_out = fn(q, k, v, off, max(lengths))
         assert torch.equal(out, ref_out)
         for a, b in zip(grads, torch.autograd.grad(ref_loss, (q, k, v))):
-            torch.testing.assert_close(a, b)
+            torch.testing.assert_close(a, b)  # the same kernels eagerly: deterministic
     assert counter.frame_count == 1, f"compiled {counter.frame_count} times"
     assert sum(torch._dynamo.utils.counters["recompiles"].values()) == 0
     assert not torch._dynamo.utils.counters["graph_break"]
@@ -235,3 +243,43 @@ def test_family_backend_lacking_it_is_named():
     with pytest.raises(ValueError, match="backend 'cpu' does not implement the 'block_sparse' op family"):
         jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, block_q=4,
                                        block_kv=4, backend="cpu")
+
+
+# ---------------------------------------------------------------------------------------------- nn and interop
+def test_nn_layer_keep_ratio_option():
+    """JaggedSelfAttention(keep_ratio=...) runs sparse_attention: keep_ratio 1.0 equals the dense layer."""
+    torch.manual_seed(0)
+    dense = jfa_ops.nn.JaggedSelfAttention(32, num_heads=4, num_kv_heads=2, causal=True)
+    sparse = jfa_ops.nn.JaggedSelfAttention(32, num_heads=4, num_kv_heads=2, causal=True, keep_ratio=1.0,
+                                            block_size=4)
+    sparse.load_state_dict(dense.state_dict())
+    x, off = torch.randn(19, 32), torch.tensor([0, 7, 7, 19])
+    torch.testing.assert_close(sparse(x, off, max_seqlen=12), dense(x, off), rtol=0, atol=1e-6)
+    half = jfa_ops.nn.JaggedSelfAttention(32, num_heads=4, num_kv_heads=2, causal=True, keep_ratio=0.25,
+                                          block_size=4)
+    half.load_state_dict(dense.state_dict())
+    assert not torch.allclose(half(x, off, max_seqlen=12), dense(x, off))
+    assert "keep_ratio=0.25, block_size=4" in repr(half)
+    with pytest.raises(ValueError, match="max_seqlen_q is required"):
+        half(x, off)
+    with pytest.raises(ValueError, match=r"keep_ratio must be in \(0, 1\]"):
+        jfa_ops.nn.JaggedSelfAttention(32, num_heads=4, keep_ratio=1.5)
+
+
+def test_flex_block_mask_is_a_second_oracle():
+    """FlexAttention (eager, on CPU) given the selection as a BlockMask computes the same attention."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from jfa_ops.interop import flex_packed_attention, to_flex_block_mask
+
+    case = AttentionCase((40, 0, 1, 70), (50, 0, 3, 70), heads_q=4, heads_kv=2, causal=True, window=(30, -1))
+    x = case.make_inputs(0)
+    index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 70, 70, block_q=16, block_kv=16,
+                                            causal=True, window=(30, -1), keep_ratio=0.5)
+    mask = to_flex_block_mask(index, count, x.q_offsets, x.kv_offsets, num_heads_q=4, block_q=16, block_kv=16,
+                              causal=True, window=(30, -1))
+    with warnings.catch_warnings():  # eager FlexAttention says it is unfused: expected on the CPU
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        flex = flex_packed_attention(x.q, x.k, x.v, mask)
+    ours = jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, block_q=16,
+                                          block_kv=16, causal=True, window=(30, -1))
+    assert_attention_close(flex, ours, dtype=torch.float32, kind="forward", name="flex vs ours")

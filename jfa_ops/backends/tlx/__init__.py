@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ..base import AttentionParams, Backend, Problem, device_guard
+from . import configs
 from .configs import fwd_config
 
 __all__ = ["forward", "backward", "supports", "BACKEND", "AUTO_SELECT"]
@@ -92,7 +93,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Option
 
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
-    """The triton backend's backward: it reads the same (out, lse) the TLX forward writes. A TLX backward is to come."""
+    """The TLX backward (``attn_bwd.py``: D64/D128) when ``configs.BACKWARD`` is on (env ``JFA_TLX_BWD=1``; off until
+    its GPU check passes), else the triton backend's, which reads the same (out, lse) the TLX forward writes."""
+    if configs.BACKWARD and configs.bwd_config(q.shape[-1]) is not None:
+        from .attn_bwd import attention_backward
+
+        with device_guard(q.device):
+            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

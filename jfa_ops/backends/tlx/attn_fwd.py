@@ -33,7 +33,7 @@ from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
 from ..triton.common import LN2, seq_extent, stage_bounds, visible, window_bounds, work_item
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
-from .configs import NUM_WARPS, fwd_config
+from .configs import NUM_WARPS, fwd_choices, fwd_config
 
 PINGPONG_A: tl.constexpr = tl.constexpr(9)  # consumer 1 -> consumer 0: "your turn to issue"
 PINGPONG_B: tl.constexpr = tl.constexpr(10)  # consumer 0 -> consumer 1
@@ -56,9 +56,10 @@ def _n_blocks(begin, end, BLOCK_N: tl.constexpr):
 @triton.jit
 def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
                rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
+               KV_MAJOR: tl.constexpr):
     """Everything producer and consumers both derive from a work item: (real, head, sequence rows, stage bounds)."""
-    tile, head = work_item(work, n_tiles, num_heads, group, True)
+    tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
     if TILES_FROM_OFFSETS:
         seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
     else:
@@ -106,11 +107,52 @@ def _zero_rows_past_end(v_tile, n0, len_k, BLOCK_N: tl.constexpr, HEAD_DIM: tl.c
 
 
 @triton.jit
+def _qk(q_tile, k_tile, CID: tl.constexpr):
+    """Issue S = Q K^T (async) in ping-pong order: consumer 0 first, then 1, alternating every block."""
+    if CID == 0:
+        tlx.named_barrier_wait(PINGPONG_A, 256)
+    else:
+        tlx.named_barrier_wait(PINGPONG_B, 256)
+    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))
+    if CID == 0:
+        tlx.named_barrier_arrive(PINGPONG_B, 256)
+    else:
+        tlx.named_barrier_arrive(PINGPONG_A, 256)
+    return s
+
+
+@triton.jit
+def _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N: tl.constexpr,
+             HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+    """Online-softmax step on raw scores s of key block n0 (log2 domain): (p, new m, new l, alpha)."""
+    if not FMA_SOFTMAX:
+        s = s * qk_scale
+    if MASKED:
+        keys = n0 + tl.arange(0, BLOCK_N)
+        s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                     float("-inf"))
+    if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:  # a row with no visible key so far keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    if FMA_SOFTMAX:
+        p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+    else:
+        p = tl.math.exp2(s - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    return p, m_new, l_i * alpha + tl.sum(p, 1), alpha
+
+
+@triton.jit
 def _consume_blocks(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                     rows, len_q, len_k, lo_off, hi_off, qk_scale, n_begin, n_end, CID: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
                     HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
-    """Online-softmax update of one consumer's half-tile over key blocks [n_begin, n_end) (log2 domain)."""
+    """Key blocks [n_begin, n_end), not pipelined: QK^T, softmax, PV, each waited before the next block."""
     for n0 in range(n_begin, n_end, BLOCK_N):
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         if MASKED:
@@ -120,39 +162,11 @@ def _consume_blocks(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, 
                     _zero_rows_past_end(v_tiles[buf], n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
                 tlx.named_barrier_wait(VFIX_BARRIER, 256)
         tlx.barrier_wait(k_fulls[buf], phase)
-        # Ping-pong: consumer 0 issues first, then consumer 1, alternating every block.
-        if CID == 0:
-            tlx.named_barrier_wait(PINGPONG_A, 256)
-        else:
-            tlx.named_barrier_wait(PINGPONG_B, 256)
-        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-        if CID == 0:
-            tlx.named_barrier_arrive(PINGPONG_B, 256)
-        else:
-            tlx.named_barrier_arrive(PINGPONG_A, 256)
+        s = _qk(q_tile, k_tiles[buf], CID)
         s = tlx.async_dot_wait(0, s)
         tlx.barrier_arrive(k_empties[buf], 1)
-        if not FMA_SOFTMAX:
-            s = s * qk_scale
-        if MASKED:
-            keys = n0 + tl.arange(0, BLOCK_N)
-            s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                         float("-inf"))
-        if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:  # a row with no visible key so far keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        if FMA_SOFTMAX:
-            p = tl.math.exp2(s * qk_scale - m_ref[:, None])
-        else:
-            p = tl.math.exp2(s - m_ref[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N,
+                                      HAS_LO, HAS_HI, MASKED, FMA_SOFTMAX)
         acc = acc * alpha[:, None]
         tlx.barrier_wait(v_fulls[buf], phase)
         acc = tlx.async_dot(p.to(DTYPE), v_tiles[buf], acc)
@@ -162,15 +176,78 @@ def _consume_blocks(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, 
     return acc, m_i, l_i, kv_count
 
 
+@triton.jit
+def _pv_pending(acc, p, prev_n0, prev_count, v_tiles, v_fulls, len_k, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, CHECK_END: tl.constexpr):
+    """Issue acc += P V for the previous key block (async), after zeroing its value rows past the sequence end
+    (CHECK_END: the previous block may run past it; never inside the mask-free bulk, whose blocks are whole and
+    follow either nothing or a lead block that did not reach the end)."""
+    buf, phase = _slot_phase(prev_count, NUM_BUFFERS_KV)
+    if CHECK_END:
+        if prev_n0 + BLOCK_N > len_k:  # the block ran into the next sequence
+            if CID == 0:
+                tlx.barrier_wait(v_fulls[buf], phase)
+                _zero_rows_past_end(v_tiles[buf], prev_n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
+            tlx.named_barrier_wait(VFIX_BARRIER, 256)
+    tlx.barrier_wait(v_fulls[buf], phase)
+    return tlx.async_dot(p, v_tiles[buf], acc)
+
+
+@triton.jit
+def _consume_blocks_pipelined(acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                              v_fulls, v_empties, rows, len_q, len_k, lo_off, hi_off, qk_scale, n_begin, n_end,
+                              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                              NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                              MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
+    """Key blocks [n_begin, n_end), software-pipelined (the FA3 order): block j's QK^T is issued, then the previous
+    block's PV (p holds its probabilities, prev_n0 its first key, kv_count - 1 its buffer), and block j's softmax
+    runs while that PV is in flight. The first block of the tile went through ``_consume_first``."""
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        tlx.barrier_wait(k_fulls[buf], phase)
+        s = _qk(q_tile, k_tiles[buf], CID)
+        acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
+                          NUM_BUFFERS_KV, MASKED)
+        s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
+        tlx.barrier_arrive(k_empties[buf], 1)
+        p_new, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N,
+                                          HAS_LO, HAS_HI, MASKED, FMA_SOFTMAX)
+        acc = tlx.async_dot_wait(0, acc)
+        prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+        tlx.barrier_arrive(v_empties[prev_buf], 1)
+        acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
+        p = p_new.to(DTYPE)
+        prev_n0 = n0
+        kv_count += 1
+    return acc, m_i, l_i, p, prev_n0, kv_count
+
+
+@triton.jit
+def _consume_first(m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k, lo_off, hi_off,
+                   qk_scale, n0, CID: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+                   HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
+    """The peeled first block of a pipelined tile: QK^T and a masked softmax (masking a fully visible block is
+    harmless), its PV left pending. Returns (m, l, p, kv_count + 1)."""
+    buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_fulls[buf], phase)
+    s = _qk(q_tile, k_tiles[buf], CID)
+    s = tlx.async_dot_wait(0, s)
+    tlx.barrier_arrive(k_empties[buf], 1)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N, HAS_LO,
+                                  HAS_HI, True, FMA_SOFTMAX)
+    return m_i, l_i, p.to(DTYPE), kv_count + 1
+
+
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
                                "num_seqs", "rows_s", "rows_o"])
 def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
                         WORK_COUNTER, num_heads, total_out, n_slots, search_steps, num_seqs, rows_s, rows_o,
                         stride_ot, stride_oh, group, qk_scale, window_left, right,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        NUM_BUFFERS_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                        BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                        TILES_FROM_OFFSETS: tl.constexpr):
+                        NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, HAS_LEFT: tl.constexpr,
+                        HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
+                        BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
+                        ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D]."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
@@ -185,11 +262,13 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     programs = tl.num_programs(0)
     my_items = (n_work - pid + programs - 1) // programs
 
-    q_tiles = tlx.local_alloc((HALF_M, HEAD_DIM), dtype, NUM_CONSUMERS)
+    # Query half-tiles: buffer (item % NUM_BUFFERS_Q) * 2 + consumer; two buffers let the producer load the next
+    # item's Q while the consumers finish this one (no TMA latency between work items).
+    q_tiles = tlx.local_alloc((HALF_M, HEAD_DIM), dtype, NUM_CONSUMERS * NUM_BUFFERS_Q)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
-    q_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
-    q_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
     k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
@@ -204,7 +283,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                  tail_begin, tail_end) = _work_tile(
                     pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
                     search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS)
+                    TILES_FROM_OFFSETS, KV_MAJOR)
                 n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
                     + _n_blocks(tail_begin, tail_end, BLOCK_N)
                 if real & (n_blocks > 0):
@@ -212,12 +291,13 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         q_row = m0  # every sequence reads the same dense Q
                     else:
                         q_row = (out_row0 + m0).to(tl.int32)
-                    q_phase = q_count & 1
+                    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
                     for c in tl.static_range(NUM_CONSUMERS):
-                        tlx.barrier_wait(q_empties[c], q_phase ^ 1)
-                        tlx.barrier_expect_bytes(q_fulls[c], HALF_M * HEAD_DIM * tlx.size_of(dtype))
-                        tlx.async_descriptor_load(desc_q, q_tiles[c], [q_row + c * HALF_M, head * HEAD_DIM],
-                                                  q_fulls[c])
+                        qb = q_slot * NUM_CONSUMERS + c
+                        tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
+                        tlx.barrier_expect_bytes(q_fulls[qb], HALF_M * HEAD_DIM * tlx.size_of(dtype))
+                        tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row + c * HALF_M, head * HEAD_DIM],
+                                                  q_fulls[qb])
                     q_count += 1
                     kv_col = (head // group) * HEAD_DIM
                     kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
@@ -242,7 +322,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                  tail_begin, tail_end) = _work_tile(
                     pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
                     search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS)
+                    TILES_FROM_OFFSETS, KV_MAJOR)
                 if real:
                     n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
                         + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -251,21 +331,59 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                     l_i = tl.zeros([HALF_M], tl.float32)
                     acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
                     if n_blocks > 0:
-                        tlx.barrier_wait(q_fulls[cid], q_count & 1)
-                        q_tile = q_tiles[cid]
-                        acc, m_i, l_i, kv_count = _consume_blocks(
-                            acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                            v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end, cid,
-                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
-                        acc, m_i, l_i, kv_count = _consume_blocks(
-                            acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                            v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, cid,
-                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False, FMA_SOFTMAX, dtype)
-                        acc, m_i, l_i, kv_count = _consume_blocks(
-                            acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                            v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end, cid,
-                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
-                        tlx.barrier_arrive(q_empties[cid], 1)  # every QK^T of this tile has completed
+                        q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                        qb = q_slot * NUM_CONSUMERS + cid
+                        tlx.barrier_wait(q_fulls[qb], q_phase)
+                        q_tile = q_tiles[qb]
+                        if PIPELINE:
+                            n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
+                            first_lead = n_lead > 0
+                            first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
+                            first_n0 = tl.where(first_lead, lead_begin, tl.where(first_bulk, bulk_begin, tail_begin))
+                            m_i, l_i, p, kv_count = _consume_first(
+                                m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
+                                -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                                HAS_RIGHT, FMA_SOFTMAX, dtype)
+                            prev_n0 = first_n0
+                            # the remaining blocks of each stage (the first one is done)
+                            lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
+                            bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
+                            tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
+                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
+                                lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                FMA_SOFTMAX, dtype)
+                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
+                                bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                                FMA_SOFTMAX, dtype)
+                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
+                                tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                FMA_SOFTMAX, dtype)
+                            tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                            acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
+                                              BLOCK_N, NUM_BUFFERS_KV, True)
+                            acc = tlx.async_dot_wait(0, acc)
+                            last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+                            tlx.barrier_arrive(v_empties[last_buf], 1)
+                        else:
+                            acc, m_i, l_i, kv_count = _consume_blocks(
+                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end, cid,
+                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
+                            acc, m_i, l_i, kv_count = _consume_blocks(
+                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, cid,
+                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False, FMA_SOFTMAX, dtype)
+                            acc, m_i, l_i, kv_count = _consume_blocks(
+                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end, cid,
+                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
+                            tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
                     # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
                     empty = l_i == 0.0
@@ -312,6 +430,10 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     cfg = fwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    # Uniform lengths (a dense batch), known without reading the offsets: the max_seqlen hints times B cover the rows.
+    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
+        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
+    pipeline, kv_major = fwd_choices(cfg, has_left or has_right, params.broadcast_q, uniform)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     programs, schedule = tile_schedule(
@@ -325,8 +447,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         num_heads=num_heads, total_out=total_out, stride_ot=out.stride(0), stride_oh=out.stride(1),
         group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        NUM_BUFFERS_KV=cfg.num_buffers_kv, HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q,
-        FMA_SOFTMAX=params.scale > 0), num_warps=NUM_WARPS, num_stages=1)
+        NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
+        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline),
+        num_warps=NUM_WARPS, num_stages=1)
     if flag is not None:
         if schedule["TILES_FROM_OFFSETS"]:  # no list was built, so nothing checked the offsets: aten ops do
             validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,

@@ -7,9 +7,15 @@ test_tlx_compile.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 HEAD_DIMS = (64, 128, 256)
+# Overrides of the per-call choices below (None: choose; tools/tlx_check.py flips them to compare in one run).
+PIPELINE: Optional[bool] = None
+KV_MAJOR: Optional[bool] = None
+# The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
+BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
@@ -18,13 +24,57 @@ class FwdConfig:
     block_m: int  # query rows per work item (two consumer half-tiles of block_m // 2)
     block_n: int  # key rows per block
     num_buffers_kv: int  # depth of the key/value ring
+    # Consumers software-pipelined: block j's QK^T issued before block j-1's PV (FA3's order), else each block's
+    # QK^T, softmax and PV in turn (see fwd_choices). Costs a [64, block_n] probability tile of registers: at D256
+    # (128 registers of accumulator) ptxas spilled ~900 B per thread, so D256 never runs pipelined.
+    pipeline: bool = True
+    num_buffers_q: int = 2  # query half-tile pairs: 2 = the next item's Q loads while this one finishes
 
 
 # D64: 2 x 8 KiB Q + 3 x (16 + 16) KiB K/V; D128: 32 + 2 x 64 KiB; D256: 64 + 2 x 64 KiB (smaller key blocks: the
-# [64, 256] fp32 accumulator already takes 128 of a consumer's 232 registers).
-_FWD = {64: FwdConfig(128, 128, 3), 128: FwdConfig(128, 128, 2), 256: FwdConfig(128, 64, 2)}
+# [64, 256] fp32 accumulator already takes 128 of a consumer's 232 registers). Compiled for sm_90 (ptxas, spill
+# bytes stores/loads per thread): D64 0; D128 pipelined 88-172 / 108-228 (unpipelined 0); D256 unpipelined 88-108.
+_FWD = {64: FwdConfig(128, 128, 3), 128: FwdConfig(128, 128, 2, pipeline=False),
+        256: FwdConfig(128, 64, 2, pipeline=False, num_buffers_q=1)}
 
 
 def fwd_config(head_dim: int) -> Optional[FwdConfig]:
     """The forward's config, None for head dims the TLX kernels do not cover (the triton backend runs those)."""
     return _FWD.get(head_dim)
+
+
+def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
+    """(pipeline, kv_major) for one call, from static facts: ``masked`` (causal or a window: tile costs vary within a
+    sequence), ``broadcast_q``, ``uniform`` (every sequence has the same length, known from the shapes and the
+    max_seqlen hints).
+
+    H200 runs 1-2 (bf16 D128 forward TFLOP/s; bench/NOTES.md "TLX forward"):
+    - pipelined consumers lost to unpipelined on causal (dense 372 vs 408), GQA (437 vs 474), window (194 vs 228),
+      jagged (471 vs 489) and won on broadcast-Q (244 vs 179) and D64 (392 vs 378): ptxas spills 100-170 B per
+      thread in the pipelined D128 kernel. So: pipelined at D64 and for broadcast-Q up to D128.
+    - work order: kv-head-major (programs side by side share a kv head's K/V in the L2) won on dense (554 vs 507;
+      causal 461 vs 408; D256 586 vs 528); tile-major (static striding longest-first over the whole list) won on
+      jagged causal (407 vs 372) and window (228 vs 159). So: kv-major unless costs vary (masked or broadcast-Q)
+      over sequences of different lengths."""
+    pipeline = cfg.pipeline or (broadcast_q and cfg.block_n == 128 and cfg.num_buffers_q == 2)
+    kv_major = uniform or not (masked or broadcast_q)
+    return (pipeline if PIPELINE is None else PIPELINE), (kv_major if KV_MAJOR is None else KV_MAJOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdConfig:
+    block_m: int  # query rows per streamed block
+    block_n: int  # keys per work item (two consumer halves of block_n // 2)
+    num_buffers_q: int  # depth of the Q/dO ring
+    num_buffers_dq: int  # fp32 dQ staging buffers per consumer (TMA reduce-add sources)
+    dq_split: int = 1  # dQ = dS K computed in this many column slices (fewer registers live at once)
+
+
+# dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
+# it). ptxas spills at D128: 824 B stores / 1140 B loads per thread (D64: none).
+_BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
+
+
+def bwd_config(head_dim: int) -> Optional[BwdConfig]:
+    """The TLX backward's config, None where the triton backend's backward runs instead."""
+    return _BWD.get(head_dim)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
-from .configs import NUM_WARPS, fwd_config
+from .configs import NUM_WARPS, bwd_config, fwd_choices, fwd_config
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -26,6 +26,8 @@ _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
 @dataclasses.dataclass
 class Specialization:
     name: str
+    kernel: str  # attribute of the module below
+    module: str
     signature: Dict[str, str]
     constexprs: Dict[str, object]
     attrs: Dict[tuple, list]
@@ -34,10 +36,15 @@ class Specialization:
 
 
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
-                       from_offsets: bool = False, fma_softmax: bool = True) -> Specialization:
+                       from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
+                       uniform: bool = False) -> Specialization:
+    """pipeline/kv_major None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense batch)."""
     from .attn_fwd import attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
+    chosen = fwd_choices(cfg, causal or has_left, broadcast_q, uniform)
+    pipeline = chosen[0] if pipeline is None else pipeline
+    kv_major = chosen[1] if kv_major is None else kv_major
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
@@ -45,16 +52,45 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "Out": f"*{dtype}", "Lse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32", "TILE_SEQ": "*i32",
              "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      NUM_BUFFERS_KV=cfg.num_buffers_kv, HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, ATOMIC_WORK=False,
+                      NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
+                      HAS_LEFT=has_left, HAS_RIGHT=causal,
+                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
-           f"{'' if fma_softmax else '-nofma'}"
-    return Specialization(name, signature, constexprs, attrs, NUM_WARPS, 1)
+           f"{'' if fma_softmax else '-nofma'}{'-pipelined' if pipeline else '-simple'}" \
+           f"{'' if kv_major else '-tilemajor'}"
+    return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
+                          NUM_WARPS, 1)
+
+
+def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
+                       broadcast_q: bool = False, from_offsets: bool = False) -> Specialization:
+    from .attn_bwd import attn_bwd_tlx_kernel
+
+    cfg = bwd_config(head_dim)
+    names = list(attn_bwd_tlx_kernel.arg_names)
+    types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
+             "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
+             "desc_k": f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>",
+             "desc_v": f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>",
+             "desc_dq": f"tensordesc<fp32[{cfg.block_m},{head_dim // cfg.dq_split}]>",
+             "Lse": "*fp32", "Delta": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "Q_OFF": "*i32",
+             "KV_OFF": "*i32", "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32",
+             "WORK_COUNTER": "*i32", "scale": "fp32", "qk_scale": "fp32"}
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
+                      NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
+                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets)
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n].startswith("*") or n.startswith("stride")}
+    name = f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}"
+    return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
+                          NUM_WARPS, 1)
 
 
 def shipped_specializations() -> Iterator[Specialization]:
@@ -67,19 +103,28 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, broadcast_q=True)
     yield fwd_specialization(128, "bf16", True, from_offsets=True)
     yield fwd_specialization(128, "bf16", False, fma_softmax=False)
+    yield fwd_specialization(128, "bf16", True, uniform=True)  # dense causal: kv-major
+    yield fwd_specialization(128, "bf16", False, pipeline=True)  # configs.PIPELINE = True (the tools' comparison)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal)
+    yield bwd_specialization(128, "fp16", True, has_left=True)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True)
 
 
 def compile_sm90(spec: Specialization) -> dict:
     """Compile for sm_90 (no GPU needed) and report shared memory, registers, spills and setmaxnreg values."""
+    import importlib
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .attn_fwd import attn_fwd_tlx_kernel
-
+    kernel = getattr(importlib.import_module(spec.module), spec.kernel)
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the ptxas log (-v) is printed when dump_ptxas_log is on
-        compiled = triton.compile(ASTSource(fn=attn_fwd_tlx_kernel, signature=spec.signature,
+        compiled = triton.compile(ASTSource(fn=kernel, signature=spec.signature,
                                             constexprs=spec.constexprs, attrs=spec.attrs),
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import logging
 import os
 from typing import Optional
 
@@ -135,20 +134,11 @@ def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out
         return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
 
 
-def mxfp8_attention_backward(*args):
-    """No Triton MXFP8 backward kernel yet: the reference backend's MXFP8 backward math (PyTorch, one sequence at a
-    time, reads offsets on the host), logged once."""
-    from ..reference import mxfp8 as reference
+def mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
+    from .mxfp8_attn_bwd import attention_backward
 
-    if args[2].device.type == "cuda" and not _MXFP8_BACKWARD_LOGGED:
-        _MXFP8_BACKWARD_LOGGED.append(True)
-        logging.getLogger("jfa_ops").warning(
-            "jfa_ops: the triton backend has no MXFP8 backward kernel yet; jfa::mxfp8_attention_backward runs the "
-            "reference backend's MXFP8 math (PyTorch per sequence: syncs the host, slow)")
-    return reference.attention_backward(*args)
-
-
-_MXFP8_BACKWARD_LOGGED: list = []
+    with device_guard(q.device):
+        return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding)
 
 
 def _mxfp8_families():

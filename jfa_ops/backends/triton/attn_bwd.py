@@ -70,6 +70,21 @@ def _row_stats(Lse, Delta, index, rows_ok, CHECK_ROWS: tl.constexpr):
 
 # --------------------------------------------------------------------------------------------------------- dK, dV
 @triton.jit
+def dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, lo_off, hi_off, qk_scale,
+              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile += one query block's share (transposed products, [keys, rows]); also returns dS^T."""
+    p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
+    if MASKED:
+        p_t = tl.where(visible(keys[:, None], rows[None, :], len_k, len_q, lo_off, hi_off, HAS_LO, HAS_HI),
+                       p_t, 0.0)
+    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+    dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+    return dk, dv, ds_t
+
+
+@triton.jit
 def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys, rows0, d_ok,
                    len_q, len_k, lo_off, hi_off, qk_scale, m_begin, m_end, DQ, dq_ptrs, stride_dqt, dq_row, dq_col,
                    q_row0, out_row0, BLOCK_M: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
@@ -102,14 +117,8 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
             q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
             do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
-        if MASKED:
-            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k, len_q, lo_off, hi_off, HAS_LO, HAS_HI),
-                           p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        dk, dv, ds_t = dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, lo_off, hi_off,
+                                 qk_scale, HAS_LO, HAS_HI, MASKED, DOT_PRECISION)
         if FUSE_DQ:
             dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_D] fp32
             if DQ_TMA:
@@ -246,6 +255,18 @@ def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scal
 
 # ------------------------------------------------------------------------------------------------------------ dQ
 @triton.jit
+def dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, lo_off, hi_off, qk_scale, HAS_LO: tl.constexpr,
+            HAS_HI: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ (unscaled) of one query tile += one key block's share."""
+    p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
+    if MASKED:
+        p = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols, d_ok, len_q, len_k,
                   lo_off, hi_off, qk_scale, n_begin, n_end, kv_row0, kv_col,
                   BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
@@ -267,12 +288,8 @@ def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, 
         else:
             k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
             v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
-        if MASKED:
-            p = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        dq = dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, lo_off, hi_off, qk_scale, HAS_LO,
+                     HAS_HI, MASKED, DOT_PRECISION)
         if not KV_TMA:
             k_ptrs += BLOCK_N * stride_kt
             v_ptrs += BLOCK_N * stride_vt

@@ -17,7 +17,7 @@ import triton.language as tl
 from ... import validation
 from ..base import tracing
 from . import common
-from .common import (LN2, dot_precision, first_work, head_dim_consts, load_rows, loop_bound,
+from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_consts, load_rows, loop_bound,
                      next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
                      window_bounds, work_item)
 from .configs import KNOBS, get_config, nvidia
@@ -51,21 +51,7 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
         if MASKED:
             s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI),
                          s, float("-inf"))
-        if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score (the FA tutorial's form)
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:
-            # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        if FMA_SOFTMAX:
-            p = tl.math.exp2(s * qk_scale - m_ref[:, None])
-        else:
-            p = tl.math.exp2(s - m_ref[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)  # rescale of what was accumulated under the old maximum
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
         if USE_TMA:
             v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
             if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak

@@ -3,8 +3,11 @@
 1. delta = rowsum(dO * O) - grad_lse: the dense ``attn_bwd_delta_kernel``.
 2. dK/dV: the selection transposed on the device (``transpose_selection``: per KV block, the Q blocks that selected
    it, ascending; torch ops, no host sync); grid (key tiles, B, Hkv), each program sums over its group's q heads
-   and over only those Q blocks (``attn_bwd._dkdv_q_blocks``), then writes dK, dV once (no atomics: deterministic).
-3. dQ: grid (query tiles, B, Hq) over the same selected KV blocks as the forward (``attn_bwd._dq_kv_blocks``).
+   and over only those Q blocks (one flat loop of ``attn_bwd.dkdv_step``), then writes dK, dV once (no atomics:
+   deterministic).
+3. dQ: grid (query tiles, B, Hq) over the same selected KV blocks as the forward (``attn_bwd.dq_step``).
+Every tile is masked (``common.visible``): the selection's blocks are not contiguous, so the dense kernels'
+mask-free stages do not apply directly.
    Broadcast Q: one program per (query tile, q head) sums over the sequences in order (deterministic).
 """
 from __future__ import annotations
@@ -14,10 +17,10 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attn_bwd import DELTA_BLOCK_T, _dkdv_q_blocks, _dq_kv_blocks, _row_stats, attn_bwd_delta_kernel
+from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step
 from .block_sparse_fwd import index_strides, longest_rows, selected_blocks, sparse_offsets, tile_sizes
 from .common import (dot_precision, head_dim_consts, load_rows, loop_bound, packed_rows, row_source, row_strides,
-                     seq_extent, stage_bounds, store_rows, window_bounds)
+                     seq_extent, store_rows, window_bounds)
 from .launch import launch
 
 
@@ -49,6 +52,7 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
     """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_Q // BLOCK_M
     n0 = tl.program_id(0) * BLOCK_N
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -71,8 +75,6 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
-        _, _, bulk_begin, bulk_end, _, _ = stage_bounds(n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT,
-                                                        BLOCK_N, BLOCK_M)
         ids, count = selected_blocks(Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, kv_head, n0 // BLOCK_KV, n_kv_blocks,
                                      stride_tib, stride_tih, stride_tin, stride_tcb, stride_tch)
         for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
@@ -80,22 +82,17 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
             q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, False)
             do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, False)
             stat_index = head.to(tl.int64) * total_out + out_row0
-            for t in range(loop_bound(count)):
-                m_begin = tl.load(ids + t) * BLOCK_Q
-                m_end = tl.minimum(m_begin + BLOCK_Q, len_q)
-                if m_begin < len_q:
-                    if (m_begin >= bulk_begin) & (m_end <= bulk_end):
-                        dk, dv = _dkdv_q_blocks(
-                            dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
-                            rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, m_begin, m_end, DK, q_ptrs, 0,
-                            0, 0, q_row0, out_row0, BLOCK_M, HAS_RIGHT, HAS_LEFT, False, PAD_D, DOT_PRECISION,
-                            False, False, False)
-                    else:
-                        dk, dv = _dkdv_q_blocks(
-                            dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, keys,
-                            rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, m_begin, m_end, DK, q_ptrs, 0,
-                            0, 0, q_row0, out_row0, BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION,
-                            False, False, False)
+            # one flat loop over the query tiles of all Q blocks that selected this KV block (one pipeline)
+            for t in range(loop_bound(count * TILES_PER_BLOCK)):
+                m0 = tl.load(ids + t // TILES_PER_BLOCK) * BLOCK_Q + (t % TILES_PER_BLOCK) * BLOCK_M
+                m0 = tl.where(m0 < len_q, m0, len_q)  # tiles past the sequence: fully masked
+                rows = m0 + rows0
+                rows_ok = rows < len_q
+                q = load_rows(q_ptrs + m0.to(tl.int64) * stride_qt, rows_ok, d_ok, True, PAD_D)
+                do = load_rows(do_ptrs + m0.to(tl.int64) * stride_dot, rows_ok, d_ok, True, PAD_D)
+                lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, True)
+                dk, dv, _ = dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, -right,
+                                      window_left, qk_scale, HAS_RIGHT, HAS_LEFT, True, DOT_PRECISION)
         # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors
         dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
         store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
@@ -114,6 +111,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
     """Query rows [m0, m0 + BLOCK_M) of one sequence (broadcast Q: of every sequence, summed in order), q head."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
     m0 = tl.program_id(0) * BLOCK_M
     head = tl.program_id(2)
     if BROADCAST_Q:
@@ -145,25 +143,19 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
             lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
             k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
             v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
-            _, _, bulk_begin, bulk_end, _, _ = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT,
-                                                            HAS_RIGHT, BLOCK_M, BLOCK_N)
             ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks,
                                          stride_ib, stride_ih, stride_in, stride_cb, stride_ch)
-            for t in range(loop_bound(count)):
-                block = tl.load(ids + t)
-                n_begin = block * BLOCK_KV
-                n_end = tl.minimum(n_begin + BLOCK_KV, len_k)
-                if (block >= 0) & (n_begin < len_k):
-                    if (n_begin >= bulk_begin) & (n_end <= bulk_end):
-                        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols,
-                                           d_ok, len_q, len_k, -window_left, right, qk_scale, n_begin, n_end,
-                                           kv_row0, 0, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION,
-                                           False)
-                    else:
-                        dq = _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, cols,
-                                           d_ok, len_q, len_k, -window_left, right, qk_scale, n_begin, n_end,
-                                           kv_row0, 0, BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION,
-                                           False)
+            # one flat loop over the key tiles of all selected KV blocks (one pipeline), as the forward
+            for t in range(loop_bound(count * TILES_PER_BLOCK)):
+                block = tl.load(ids + t // TILES_PER_BLOCK)
+                n0 = block * BLOCK_KV + (t % TILES_PER_BLOCK) * BLOCK_N
+                n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: fully masked
+                keys = n0 + cols
+                keys_ok = keys < len_k
+                k = load_rows(k_ptrs + n0.to(tl.int64) * stride_kt, keys_ok, d_ok, True, PAD_D)
+                v = load_rows(v_ptrs + n0.to(tl.int64) * stride_vt, keys_ok, d_ok, True, PAD_D)
+                dq = dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, -window_left, right, qk_scale,
+                             HAS_LEFT, HAS_RIGHT, True, DOT_PRECISION)
         store_rows(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :],
                    (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
 

@@ -1,11 +1,11 @@
 """Stage 2 forward on the device: each program owns BLOCK_M query rows of one (sequence, q head) and runs the dense
-kernel's online-softmax step (``attn_fwd._fwd_kv_blocks``) over the KV blocks its Q block selected, and nothing
-else: unselected blocks are never loaded.
+kernel's online-softmax step (``common.softmax_step``, masks by ``common.visible``) over the key tiles of the KV
+blocks its Q block selected, in one flat loop, and nothing else: unselected blocks are never loaded.
 
 Grid (query tiles, B, Hq): query tile t covers rows [t * BLOCK_M, ...) of Q block t * BLOCK_M // BLOCK_Q
 (BLOCK_M divides BLOCK_Q); tiles past a sequence's end return at once, and Q blocks past the selection's rows
-select nothing (out 0, lse -inf). A selected block runs mask-free when the dense kernel's stage bounds say every row of the
-tile sees all of it (``common.stage_bounds``), else masked (diagonal, window edges, sequence end).
+select nothing (out 0, lse -inf). A key tile skips the mask when the dense kernel's stage bounds say every row of the query
+tile sees all of it (``common.stage_bounds``), else it is masked (diagonal, window edges, sequence end).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attn_fwd import _fwd_kv_blocks, broadcast_offsets
+from .attn_fwd import broadcast_offsets
 from .common import (LN2, dot_precision, head_dim_consts, load_rows, loop_bound, packed_rows, row_source,
-                     row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
+                     row_strides, seq_extent, softmax_step, stage_bounds, store_rows, visible, window_bounds)
 from .configs import KNOBS, get_config
 from .launch import launch
 
@@ -43,6 +43,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                             BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
     m0 = tl.program_id(0) * BLOCK_M
     seq = tl.program_id(1)
     head = tl.program_id(2)
@@ -70,21 +71,25 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                                                         BLOCK_M, BLOCK_N)
         ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
                                      stride_ih, stride_in, stride_cb, stride_ch)
-        for t in range(loop_bound(count)):
-            block = tl.load(ids + t)
-            n_begin = block * BLOCK_KV
-            n_end = tl.minimum(n_begin + BLOCK_KV, len_k)
-            if (block >= 0) & (n_begin < len_k):  # ids outside the sequence select nothing
-                if (n_begin >= bulk_begin) & (n_end <= bulk_end):
-                    acc, m_i, l_i = _fwd_kv_blocks(
-                        acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, 0, rows, cols, d_ok, len_q,
-                        len_k, -window_left, right, qk_scale, n_begin, n_end, BLOCK_N, HAS_LEFT, HAS_RIGHT, False,
-                        PAD_D, False, DOT_PRECISION, FMA_SOFTMAX)
-                else:
-                    acc, m_i, l_i = _fwd_kv_blocks(
-                        acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, 0, rows, cols, d_ok, len_q,
-                        len_k, -window_left, right, qk_scale, n_begin, n_end, BLOCK_N, HAS_LEFT, HAS_RIGHT, True,
-                        PAD_D, False, DOT_PRECISION, FMA_SOFTMAX)
+        # One flat loop over the key tiles of all selected blocks (one software pipeline, one set of buffers); a
+        # tile is masked only where the dense stage bounds say some row does not see all of it.
+        for t in range(loop_bound(count * TILES_PER_BLOCK)):
+            block = tl.load(ids + t // TILES_PER_BLOCK)
+            n0 = block * BLOCK_KV + (t % TILES_PER_BLOCK) * BLOCK_N
+            n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: a fully masked tile
+            keys = n0 + cols
+            keys_ok = keys < len_k
+            k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys_ok, d_ok, True, PAD_D)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if not FMA_SOFTMAX:
+                s = s * qk_scale
+            if (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end):
+                s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT,
+                                     HAS_RIGHT), s, float("-inf"))
+            p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+            v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys_ok, d_ok, True, PAD_D)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
         # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (as the dense kernel).
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -105,7 +105,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
         return torch.full((num_seqs, heads_kv, n_q, n_kv), -1, dtype=count.dtype, device=device), count
     kv_off = kv_offsets.to(torch.int32)
     if params.broadcast_q:
-        q_off = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=device)
+        q_off = torch.arange(2, dtype=torch.int32, device=device) * q.shape[0]  # [0, L_q] (no host copy)
         q_lengths_off = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q.shape[0]
     else:
         q_off = q_lengths_off = q_offsets.to(torch.int32)

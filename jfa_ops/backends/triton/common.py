@@ -118,6 +118,30 @@ def visible(s_pos, o_pos, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HA
 
 
 @triton.jit
+def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+    """One online-softmax step over a [rows, keys] block of scores ``s`` (log2 domain; FMA_SOFTMAX: raw scores,
+    scaled here by qk_scale > 0). Returns (p, alpha, m_new, l_new): the block's probabilities under the new running
+    max, the rescale of what was accumulated under the old one, and the updated max and row sums. MASKED: rows may
+    have seen no visible key yet (m = -inf)."""
+    if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score (the FA tutorial's form)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    if FMA_SOFTMAX:
+        p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+    else:
+        p = tl.math.exp2(s - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)  # rescale of what was accumulated under the old maximum
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
 def row_source(X, row0, rows, stride_t, head, stride_h, d, TMA: tl.constexpr):
     """What the loads of one head's rows read from: the tensor descriptor X itself (TMA: loads take coordinates),
     else the [rows, BLOCK_D] pointers of rows ``row0 + rows`` of head ``head``."""

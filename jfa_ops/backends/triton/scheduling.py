@@ -113,9 +113,10 @@ def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, FLAG, num_seqs, cap
     vis_lo = tl.zeros([CHUNK], tl.int64)
     vis_hi = len_o
     if HAS_LO:
-        vis_lo = tl.maximum(start + lo_off.to(tl.int64) + diag, 0)
+        vis_lo = tl.maximum(start + tl.cast(lo_off, tl.int64) + diag, 0)
     if HAS_HI:
-        vis_hi = tl.minimum(start + rows + hi_off.to(tl.int64) + diag, len_o)  # last row + hi_off + diag + 1
+        # tl.cast, not .to: torch's mutation analysis (generate_ttir, torch 2.11) may pass a scalar as a constant int
+        vis_hi = tl.minimum(start + rows + tl.cast(hi_off, tl.int64) + diag, len_o)  # last row + hi_off + diag + 1
     cost = tl.where(real, rows * tl.maximum(vis_hi - vis_lo, 0), -1)
     tl.store(SLOTS + t, tl.where(real, seq, -1), mask=in_range)
     tl.store(SLOTS + capacity + t, tl.where(real, start, 0).to(tl.int32), mask=in_range)

@@ -127,6 +127,72 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
+_BLOCK_SPARSE_KERNELS = {
+    "bs_fwd": ("block_sparse_fwd", "block_sparse_fwd_kernel", "fwd"),
+    "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
+    "bs_dq": ("block_sparse_bwd", "block_sparse_dq_kernel", "dq"),
+    "bs_pool": ("block_sparse_select", "block_pool_kernel", None),
+    "bs_scores": ("block_sparse_select", "block_scores_kernel", None),
+}
+
+
+def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
+                                broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
+                                cc: int = 90) -> Specialization:
+    """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
+    dense kernel's config for the attention kernels, tiles clamped to the blocks."""
+    import importlib
+
+    from . import block_sparse_select
+
+    module_name, attr, config_kernel = _BLOCK_SPARSE_KERNELS[kernel]
+    module = importlib.import_module(f"{__package__}.{module_name}")
+    fn = getattr(module, attr)
+    dt = _TRITON_DTYPE[dtype]
+    bucket = head_dim_bucket(head_dim)
+    hd = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim)
+    ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DOut", "DK", "DV", "DQ", "X")}
+    ptr.update({n: "*i32" for n in ("Q_OFF", "KV_OFF", "OFFSETS", "BLOCK_INDEX", "BLOCK_COUNT", "Q_BLOCK_INDEX",
+                                    "Q_BLOCK_COUNT", "KEEP", "Count")})
+    ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PQ", "PK", "Scores")})
+    ptr.update(qk_scale="fp32", scale="fp32")
+    warps, stages = 4, 1
+    if kernel == "bs_pool":
+        constexprs = dict(**hd, ROWS=block_sparse_select.POOL_ROWS)
+    elif kernel == "bs_scores":
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_J=64,
+                          HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True)
+    else:
+        cfg = table_config(config_kernel, head_dim, dtype, causal, SHARED_MEMORY_LIMITS[cc])
+        constexprs = dict(**hd, BLOCK_M=min(cfg.block_m, block_q), BLOCK_N=min(cfg.block_n, block_kv),
+                          BLOCK_Q=block_q, BLOCK_KV=block_kv, HAS_LEFT=False, HAS_RIGHT=causal,
+                          BROADCAST_Q=broadcast_q, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+        if kernel == "bs_fwd":
+            constexprs["FMA_SOFTMAX"] = True
+        warps, stages = cfg.num_warps, cfg.num_stages
+    names = list(fn.arg_names)
+    sig = _sig(names, ptr)
+    for c in constexprs:
+        sig[c] = "constexpr"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or n.startswith("stride")}
+    name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
+           f"-b{block_q}x{block_kv}"
+    return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
+
+
+def block_sparse_specializations() -> Iterator[Specialization]:
+    """The block-sparse kernels CI compiles for sm_90: bf16 head_dim 128 (the bench's problem), causal and not,
+    broadcast Q, a padded head dim and 64-row blocks; the selection kernels."""
+    for kernel in ("bs_fwd", "bs_dkdv", "bs_dq"):
+        for causal in (False, True):
+            yield block_sparse_specialization(kernel, 128, torch.bfloat16, causal)
+        yield block_sparse_specialization(kernel, 128, torch.bfloat16, False, broadcast_q=True)
+        yield block_sparse_specialization(kernel, 72, torch.float16, True, block_q=64, block_kv=64)
+    for kernel in ("bs_pool", "bs_scores"):
+        yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
+
+
 def arch_specializations(cc: int) -> Iterator[Specialization]:
     """What CI compiles for architecture ``cc``: everything shipped for sm_90 (``shipped_specializations``); for
     sm_8x (no TMA, no warp specialization) a representative subset to keep CI time down: each distinct 16-bit
@@ -182,11 +248,14 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
         yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
         yield specialization(kernel, 128, torch.bfloat16, True, atomic_work=True)
+    if not quick:
+        yield from block_sparse_specializations()
 
 
 def mxfp8_specializations() -> Iterator[Specialization]:
-    """The MXFP8 kernels as ``mxfp8_quantize.quantize`` and ``mxfp8_attn_fwd.attention_forward`` launch them (sm_89+:
-    E4M3 operands): quantize per block shape (bf16 read as int16 bits), the forward per head dim, causal or not."""
+    """The MXFP8 kernels as ``mxfp8_quantize.quantize``, ``mxfp8_attn_fwd.attention_forward`` and
+    ``mxfp8_attn_bwd.attention_backward`` launch them (sm_89+: E4M3 operands): quantize per block shape (bf16 read as
+    int16 bits), the forward and both backward kernels per head dim, causal or not."""
     from . import mxfp8_attn_fwd, mxfp8_quantize
 
     fn = mxfp8_quantize.mxfp8_quantize_kernel
@@ -207,6 +276,20 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                  "qk_scale": "fp32"}
         yield _mxfp8_spec(f"mxfp8-fwd-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}",
                           fn, mxfp8_attn_fwd, types, constexprs)
+    from . import mxfp8_attn_bwd
+
+    for kernel in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel, mxfp8_attn_bwd.mxfp8_attn_bwd_dq_kernel):
+        for head_dim, causal in ((64, True), (128, False)):
+            constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=mxfp8_attn_bwd.BWD_BLOCK_M,
+                              BLOCK_N=mxfp8_attn_bwd.BWD_BLOCK_N, HAS_LEFT=False, HAS_RIGHT=causal,
+                              BROADCAST_Q=False, SEARCH_STEPS=5)
+            types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "DO": "*fp8e4nv", "QS": "*u8", "KS": "*u8",
+                     "VS": "*u8", "DOS": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                     "DQ": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32", "qk_scale": "fp32",
+                     "scale": "fp32"}
+            short = "dkdv" if "dkdv" in kernel.fn.__name__ else "dq"
+            yield _mxfp8_spec(f"mxfp8-bwd-{short}-d{head_dim}-{'causal' if causal else 'full'}", kernel,
+                              mxfp8_attn_bwd, types, constexprs)
 
 
 def _mxfp8_spec(name, fn, module, types, constexprs) -> Specialization:

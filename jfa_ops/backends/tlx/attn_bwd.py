@@ -1,0 +1,319 @@
+"""TLX backward (sm_90, D64/D128): warp-specialized dK/dV, key-stationary, with dQ fused as fp32 TMA reduce-adds.
+
+One persistent program per SM, 12 warps:
+- the producer (4 warps) loads, per work item (key tile of BLOCK_N keys, kv head), the K and V tiles once, then for
+  every q head of the kv head's group the query blocks (Q and dO, BLOCK_M rows each) the keys can see, through a
+  double-buffered ring (full/empty mbarriers);
+- two consumer warpgroups each own BLOCK_N / 2 keys: per query block they recompute P^T = exp2(K Q^T * scale - lse),
+  dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q, and dQ_block = dS K (through dS^T in shared
+  memory), which goes to an fp32 accumulator by a TMA bulk reduce-add (so the two consumers, every key tile and, for
+  broadcast Q, every sequence add into it without atomics in registers). dK, dV stay in registers over the group.
+
+Work items and block ranges come from the triton backend's key tile lists (``scheduling.kv_tiles``) and
+``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail). Jagged TMA, as in the forward:
+key/value rows of the tile past the sequence end are zeroed in shared memory by their consumer (a zero key adds
+nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
+barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
+dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from ..triton import common
+from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _row_stats, attn_bwd_delta_kernel,
+                               attn_bwd_dq_finalize_kernel)
+from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
+from ..triton.common import head_dim_consts, row_strides, seq_extent, stage_bounds, visible, window_bounds, work_item
+from ..triton.launch import launch
+from ..triton.scheduling import kv_tiles, slot_tile, tile_schedule
+from .attn_fwd import NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _zero_rows_past_end
+from .configs import NUM_WARPS, bwd_config
+
+OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
+
+
+@triton.jit
+def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs, search_steps, rows_s,
+              rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+              HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+    """What producer and consumers both derive from a work item (key tile, kv head), tile-major."""
+    tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, False)
+    if TILES_FROM_OFFSETS:
+        seq, n0, real = slot_tile(KV_OFF, Q_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_N)
+    else:
+        seq = tl.load(TILE_SEQ + tile)
+        n0 = tl.load(TILE_START + tile)
+        real = seq >= 0
+    seq = tl.maximum(seq, 0)
+    out_row0, len_q = seq_extent(Q_OFF, seq)
+    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
+    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+        n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)
+    return (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+            tail_begin, tail_end)
+
+
+@triton.jit
+def _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0, out_row0, col, m_begin,
+                  m_end, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr):
+    block_bytes: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
+    for m0 in range(m_begin, m_end, BLOCK_M):
+        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+        tlx.barrier_wait(q_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(q_fulls[buf], 2 * block_bytes)
+        tlx.async_descriptor_load(desc_q, q_tiles[buf], [(q_row0 + m0).to(tl.int32), col], q_fulls[buf])
+        tlx.async_descriptor_load(desc_do, do_tiles[buf], [(out_row0 + m0).to(tl.int32), col], q_fulls[buf])
+        q_count += 1
+    return q_count
+
+
+@triton.jit
+def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties, ds_tile,
+                  dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k, qk_scale, right,
+                  window_left, m_begin, m_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASKED: tl.constexpr, DTYPE: tl.constexpr):
+    """dK, dV of this consumer's keys over query blocks [m_begin, m_end) of one q head; dQ reduce-added."""
+    for m0 in range(m_begin, m_end, BLOCK_M):
+        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+        tlx.barrier_wait(q_fulls[buf], phase)
+        rows = m0 + tl.arange(0, BLOCK_M)
+        rows_ok = rows < len_q
+        if MASKED:
+            if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
+                if CID == 0:
+                    _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                    _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+        q_tile = q_tiles[buf]
+        do_tile = do_tiles[buf]
+        s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
+        lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
+        s_t = tlx.async_dot_wait(0, s_t)
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k, len_q, -right, window_left, HAS_RIGHT,
+                                   HAS_LEFT), p_t, 0.0)
+        dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
+        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
+        dp_t = tlx.async_dot_wait(1, dp_t)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(DTYPE)
+        dk = tlx.async_dot(ds_t, q_tile, dk)
+        tlx.local_store(ds_tile, ds_t)
+        tlx.fence_async_shared()
+        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS^T is in shared memory
+        dk = tlx.async_dot_wait(0, dk)
+        dv = tlx.async_dot_wait(0, dv)
+        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO are no longer read (dQ reads dS^T and K only)
+        # dQ_block = dS K (unscaled), DQ_SPLIT column slices at a time (fewer live registers), each reduce-added
+        # into the fp32 accumulator from a staging buffer by TMA.
+        for c in tl.static_range(DQ_SPLIT):
+            k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
+            dq = tlx.async_dot(tlx.local_trans(ds_tile), k_cols)
+            dq = tlx.async_dot_wait(0, dq)
+            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.local_store(stage, dq)
+            tlx.fence_async_shared()
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + c * (HEAD_DIM // DQ_SPLIT)],
+                                       store_reduce="add")
+            dq_count += 1
+        q_count += 1
+    return dk, dv, q_count, dq_count
+
+
+@triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right", "n_slots",
+                               "search_steps", "num_seqs", "rows_s", "rows_o"])
+def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ,
+                        TILE_START, TILE_COUNT, WORK_COUNTER, num_heads_kv, total_out, n_slots, search_steps,
+                        num_seqs, rows_s, rows_o, stride_dkvt, group, scale, qk_scale, window_left, right,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
+                        HAS_LEFT: tl.constexpr,
+                        HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
+                        TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
+    [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D]."""
+    tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
+    HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
+    n_work = n_tiles * num_heads_kv
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    my_items = (n_work - pid + programs - 1) // programs
+
+    k_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)  # one half-tile per consumer
+    v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
+    q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
+    do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
+    ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
+    dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
+    kv_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    kv_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q, arrive_count=NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer
+            q_count = 0
+            kv_count = 0
+            for i in range(0, my_items):
+                (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                 tail_begin, tail_end) = _bwd_item(
+                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs,
+                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                    TILES_FROM_OFFSETS)
+                if real:
+                    kv_phase = kv_count & 1
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
+                        tlx.barrier_expect_bytes(kv_fulls[c], 2 * HALF_N * HEAD_DIM * tlx.size_of(dtype))
+                        row = (kv_row0 + n0 + c * HALF_N).to(tl.int32)
+                        tlx.async_descriptor_load(desc_k, k_tiles[c], [row, kv_head * HEAD_DIM], kv_fulls[c])
+                        tlx.async_descriptor_load(desc_v, v_tiles[c], [row, kv_head * HEAD_DIM], kv_fulls[c])
+                    kv_count += 1
+                    if BROADCAST_Q:
+                        q_row0 = out_row0 * 0
+                    else:
+                        q_row0 = out_row0
+                    for g in range(0, group):
+                        col = (kv_head * group + g) * HEAD_DIM
+                        q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
+                                                q_row0, out_row0, col, lead_begin, lead_end, BLOCK_M, HEAD_DIM,
+                                                NUM_BUFFERS_Q)
+                        q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
+                                                q_row0, out_row0, col, bulk_begin, bulk_end, BLOCK_M, HEAD_DIM,
+                                                NUM_BUFFERS_Q)
+                        q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
+                                                q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
+                                                NUM_BUFFERS_Q)
+
+        with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            q_count = 0
+            kv_count = 0
+            dq_count = 0
+            d = tl.arange(0, HEAD_DIM)
+            for i in range(0, my_items):
+                (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                 tail_begin, tail_end) = _bwd_item(
+                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs,
+                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                    TILES_FROM_OFFSETS)
+                if real:
+                    k0 = n0 + cid * HALF_N  # this consumer's first key
+                    keys = k0 + tl.arange(0, HALF_N)
+                    tlx.barrier_wait(kv_fulls[cid], kv_count & 1)
+                    if k0 + HALF_N > len_k:  # keys past the sequence end: zero rows (a zero key adds 0 to dQ)
+                        _zero_rows_past_end(k_tiles[cid], k0, len_k, HALF_N, HEAD_DIM, 32)
+                        _zero_rows_past_end(v_tiles[cid], k0, len_k, HALF_N, HEAD_DIM, 32)
+                        tlx.named_barrier_wait(OWN_BARRIER + cid, 128)
+                    k_tile = k_tiles[cid]
+                    v_tile = v_tiles[cid]
+                    ds_tile = ds_tiles[cid]
+                    dk = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
+                    dv = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
+                    if BROADCAST_Q:
+                        dq_row0 = out_row0 * 0
+                    else:
+                        dq_row0 = out_row0
+                    for g in range(0, group):
+                        head = kv_head * group + g
+                        col = head * HEAD_DIM
+                        stat_index = head.to(tl.int64) * total_out + out_row0
+                        dk, dv, q_count, dq_count = _consume_rows(
+                            dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
+                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k,
+                            qk_scale, right, window_left, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_M,
+                            NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, True, dtype)
+                        dk, dv, q_count, dq_count = _consume_rows(
+                            dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
+                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k,
+                            qk_scale, right, window_left, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_M,
+                            NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, False, dtype)
+                        dk, dv, q_count, dq_count = _consume_rows(
+                            dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
+                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k,
+                            qk_scale, right, window_left, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M,
+                            NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, True, dtype)
+                    tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
+                    kv_count += 1
+                    keys_ok = keys < len_k
+                    offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
+                    tl.store(DK + offsets, (dk * scale).to(DK.dtype.element_ty), mask=keys_ok[:, None])
+                    tl.store(DV + offsets, dv.to(DV.dtype.element_ty), mask=keys_ok[:, None])
+            tlx.async_descriptor_store_wait(0, read_only=False)  # every dQ reduce-add has landed
+
+
+# ---------------------------------------------------------------------------------------------------------- host side
+def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
+    """The fp32 dQ accumulator [rows, Hq, D] viewed as [rows, Hq*D], blocks [block_rows, block_cols] (a column slice of
+    one head: block_cols divides D)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, heads, dim = dq_acc.shape
+    return TensorDescriptor(dq_acc, shape=[rows, heads * dim], strides=[heads * dim, 1],
+                            block_shape=[block_rows, block_cols])
+
+
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
+    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``)."""
+    device, num_seqs = q.device, kv_offsets.numel() - 1
+    num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
+    if params.broadcast_q:
+        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
+        total_out = num_seqs * q.shape[0]
+    else:
+        q_off = q_offsets.to(torch.int32)
+        total_out = q.shape[0]
+    kv_off = kv_offsets.to(torch.int32)
+    if num_seqs == 0 or total_out == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
+    lse = lse if lse.is_contiguous() else lse.contiguous()
+    cfg = bwd_config(head_dim)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
+
+    # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel)
+    delta = common.alloc_output((num_heads, total_out), torch.float32, device)
+    zero_rows = q.shape[0]
+    launch(attn_bwd_delta_kernel, (triton.cdiv(max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
+        Out=out, DOut=grad_out, GradLse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
+        Delta=delta, ZEROED=dq_acc, total_out=total_out, zero_rows=zero_rows, **row_strides("o", out),
+        **row_strides("do", grad_out), **head_dim_consts(head_dim), BLOCK_T=DELTA_BLOCK_T,
+        HAS_GRAD_LSE=grad_lse is not None, ZERO=True))
+
+    # 2. dK, dV, and dQ reduce-added into dq_acc
+    programs, schedule = tile_schedule(
+        lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right),
+        kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, "static", 1, device)
+    launch(attn_bwd_tlx_kernel, (programs,), dict(
+        desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
+        desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
+        desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
+        Q_OFF=q_off, KV_OFF=kv_off, **schedule, num_heads_kv=num_heads_kv, total_out=total_out,
+        stride_dkvt=dk.stride(0), group=num_heads // num_heads_kv, scale=params.scale,
+        qk_scale=params.scale * 1.4426950408889634,
+        window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q), num_warps=NUM_WARPS, num_stages=1)
+
+    # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
+    dq = common.alloc_output(q.shape, q.dtype, device)
+    launch(attn_bwd_dq_finalize_kernel, (triton.cdiv(q.numel(), FINALIZE_BLOCK),), dict(
+        DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), num_slabs=1, slab_stride=q.numel(), scale=params.scale,
+        BLOCK=FINALIZE_BLOCK))
+    return dq, dk, dv

@@ -1,0 +1,239 @@
+"""MXFP8 attention backward kernels (portable Triton): the numerics of ``backends/reference/mxfp8.py``'s backward.
+
+Operands: Q, K, dO as E4M3 with (32, 32) square scales (quantize kernel), V with (1, 32) scales; P and dS are
+quantized in 32 x 32 blocks in registers. A square scale serves both orientations: for a dot operand it becomes
+one scale per row and 32-column group by repeating each block's scale over its 32 rows (``_rows``), transposed
+first when the operand is used transposed. Every dot is ``tl.dot_scaled`` (fp32 accumulate).
+
+Two kernels: dK/dV (program per (kv tile, kv head): loops over the group's q heads and the sequence's q blocks;
+each kv row is written by one program) and dQ (program per (q tile, q head): loops over the kv blocks; fp32 atomic
+adds into a zeroed dq, so broadcast-Q sums over the batch). Both recompute P and dS the same way. Tiles use the
+padded layout of the MX row blocks (``mxfp8_attn_fwd``): no tile list, no host sync. A correctness path: every
+block is masked, loops span whole sequences.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import meta_kernels.mxfp8 as mx
+from .attn_fwd import broadcast_offsets
+from .common import loop_bound, row_strides, visible, window_bounds
+from .launch import launch
+from .mxfp8_attn_fwd import LOG2E_F
+from .mxfp8_quantize import _e4m3_bits, _shared_exponent, quantize, search_steps, sequence_of_tile
+
+BWD_BLOCK_M = 64
+BWD_BLOCK_N = 64
+
+
+@triton.jit
+def _rows(scale, R: tl.constexpr, C: tl.constexpr):
+    """[R / 32, C] block scales -> [R, C]: each block's scale on its 32 rows (a dot operand's per-row scales)."""
+    return tl.reshape(tl.broadcast_to(scale[:, None, :], (R // 32, 32, C)), (R, C))
+
+
+@triton.jit
+def _quantize_square(x, R: tl.constexpr, C: tl.constexpr):
+    """fp32 [R, C] -> (E4M3 data [R, C], uint8 scales [R / 32, C / 32]) in 32 x 32 blocks, "rceil"."""
+    x4 = tl.reshape(x, (R // 32, 32, C // 32, 32))
+    shared = _shared_exponent(tl.max(tl.max(tl.abs(x4), 3), 1), True)  # [R / 32, C / 32]
+    inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
+    y = tl.minimum(tl.maximum(x4 * inv_scale[:, None, :, None], -448.0), 448.0)
+    data = tl.reshape(_e4m3_bits(y), (R, C)).to(tl.float8e4nv, bitcast=True)
+    return data, (shared + 127).to(tl.uint8)
+
+
+@triton.jit
+def _load_square(X, XS, row0, rows, rows_ok, length, first_block, m0, head, stride_t, stride_h, stride_st, stride_sh,
+                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A tile's E4M3 rows [BLOCK, D] (rows m0.. of a sequence of ``length`` rows starting at ``row0``) and its
+    square scales [BLOCK / 32, D / 32] (the sequence's row blocks start at ``first_block``; past its end: 0)."""
+    d = tl.arange(0, HEAD_DIM)
+    data = tl.load(X + (row0 + rows)[:, None] * stride_t + head * stride_h + d[None, :], mask=rows_ok[:, None],
+                   other=0.0)
+    blocks = tl.arange(0, BLOCK // 32)
+    dc = tl.arange(0, HEAD_DIM // 32)
+    scale = tl.load(XS + (first_block + m0 // 32 + blocks)[:, None] * stride_st + head * stride_sh + dc[None, :],
+                    mask=(m0 + blocks * 32 < length)[:, None], other=0)
+    return data, scale
+
+
+@triton.jit
+def _p_and_ds(q, q_rs, k, k_rs, v, v_rs, do, do_rs, lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left,
+              right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """P [BM, BN] = 2**min(S/ln2 - lse2, 0) on visible pairs, and dS = P (dP - delta), dP = dO V^T."""
+    s2 = tl.dot_scaled(q, q_rs, "e4m3", tl.trans(k), k_rs, "e4m3") * qk_scale
+    ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
+    ok = ok & (lse2 > float("-inf"))[:, None]
+    p = tl.where(ok, tl.math.exp2(tl.minimum(s2 - tl.where(ok, lse2[:, None], 0.0), 0.0)), 0.0)
+    dp = tl.dot_scaled(do, do_rs, "e4m3", tl.trans(v), v_rs, "e4m3")
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
+def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV, Q_OFF, OUT_OFF, KV_OFF,
+                               num_seqs, total_out, scale,
+                               stride_qt, stride_qh, stride_qst, stride_qsh, stride_kt, stride_kh, stride_kst,
+                               stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, stride_dot, stride_doh,
+                               stride_dost, stride_dosh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                               group, qk_scale, window_left, right,
+                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                               SEARCH_STEPS: tl.constexpr):
+    DC: tl.constexpr = HEAD_DIM // 32
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1).to(tl.int64)
+    seq = sequence_of_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
+    kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
+    len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+    n0 = (tile - (kv_row0 // BLOCK_N + seq)).to(tl.int32) * BLOCK_N
+    if n0 < len_k:
+        out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
+        len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
+        if BROADCAST_Q:
+            q_row0 = out_row0 * 0
+            q_first = out_row0 * 0
+        else:
+            q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
+            q_first = q_row0 // 32 + seq
+        out_first = out_row0 // 32 + seq
+        keys = n0 + tl.arange(0, BLOCK_N)
+        keys_ok = keys < len_k
+        d = tl.arange(0, HEAD_DIM)
+        dc = tl.arange(0, DC)
+        k, k_sq = _load_square(K, KS, kv_row0, keys, keys_ok, len_k, kv_row0 // 32 + seq, n0, kv_head, stride_kt,
+                               stride_kh, stride_kst, stride_ksh, BLOCK_N, HEAD_DIM)
+        k_rs = _rows(k_sq, BLOCK_N, DC)
+        v = tl.load(V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
+                    mask=keys_ok[:, None], other=0.0)
+        v_rs = tl.load(VS + (kv_row0 + keys)[:, None] * stride_vst + kv_head * stride_vsh + dc[None, :],
+                       mask=keys_ok[:, None], other=0)
+        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        for g in range(0, group):
+            head = kv_head * group + g
+            for m0 in range(0, loop_bound(len_q), BLOCK_M):
+                rows = m0 + tl.arange(0, BLOCK_M)
+                rows_ok = rows < len_q
+                q, q_sq = _load_square(Q, QS, q_row0, rows, rows_ok, len_q, q_first, m0, head, stride_qt, stride_qh,
+                                       stride_qst, stride_qsh, BLOCK_M, HEAD_DIM)
+                do, do_sq = _load_square(DO, DOS, out_row0, rows, rows_ok, len_q, out_first, m0, head, stride_dot,
+                                         stride_doh, stride_dost, stride_dosh, BLOCK_M, HEAD_DIM)
+                lse2 = tl.load(LSE + head * total_out + out_row0 + rows, mask=rows_ok, other=float("-inf")) * LOG2E_F
+                delta = tl.load(DELTA + head * total_out + out_row0 + rows, mask=rows_ok, other=0.0)
+                p, ds = _p_and_ds(q, _rows(q_sq, BLOCK_M, DC), k, k_rs, v, v_rs, do, _rows(do_sq, BLOCK_M, DC),
+                                  lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
+                                  HAS_RIGHT)
+                p_q, p_sq = _quantize_square(p, BLOCK_M, BLOCK_N)
+                ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N)
+                # dV += Pq^T dO; dK += dSq^T Q (contractions over the q rows: the transposed square scales)
+                dv += tl.dot_scaled(tl.trans(p_q), _rows(tl.trans(p_sq), BLOCK_N, BLOCK_M // 32), "e4m3",
+                                    do, _rows(tl.trans(do_sq), HEAD_DIM, BLOCK_M // 32), "e4m3")
+                dk += tl.dot_scaled(tl.trans(ds_q), _rows(tl.trans(ds_sq), BLOCK_N, BLOCK_M // 32), "e4m3",
+                                    q, _rows(tl.trans(q_sq), HEAD_DIM, BLOCK_M // 32), "e4m3")
+        rows_out = (kv_row0 + keys)[:, None]
+        tl.store(DK + rows_out * stride_dkt + kv_head * stride_dkh + d[None, :], (dk * scale).to(DK.dtype.element_ty),
+                 mask=keys_ok[:, None])
+        tl.store(DV + rows_out * stride_dvt + kv_head * stride_dvh + d[None, :], dv.to(DV.dtype.element_ty),
+                 mask=keys_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
+def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF, OUT_OFF, KV_OFF,
+                             num_seqs, total_out, scale,
+                             stride_qt, stride_qh, stride_qst, stride_qsh, stride_kt, stride_kh, stride_kst,
+                             stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, stride_dot, stride_doh,
+                             stride_dost, stride_dosh, stride_dqt, stride_dqh,
+                             group, qk_scale, window_left, right,
+                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                             SEARCH_STEPS: tl.constexpr):
+    DC: tl.constexpr = HEAD_DIM // 32
+    tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq = sequence_of_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
+    out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
+    len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
+    m0 = (tile - (out_row0 // BLOCK_M + seq)).to(tl.int32) * BLOCK_M
+    if m0 < len_q:
+        if BROADCAST_Q:
+            q_row0 = out_row0 * 0
+            q_first = out_row0 * 0
+        else:
+            q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
+            q_first = q_row0 // 32 + seq
+        kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
+        len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+        kv_head = head // group
+        rows = m0 + tl.arange(0, BLOCK_M)
+        rows_ok = rows < len_q
+        d = tl.arange(0, HEAD_DIM)
+        dc = tl.arange(0, DC)
+        q, q_sq = _load_square(Q, QS, q_row0, rows, rows_ok, len_q, q_first, m0, head, stride_qt, stride_qh,
+                               stride_qst, stride_qsh, BLOCK_M, HEAD_DIM)
+        do, do_sq = _load_square(DO, DOS, out_row0, rows, rows_ok, len_q, out_row0 // 32 + seq, m0, head,
+                                 stride_dot, stride_doh, stride_dost, stride_dosh, BLOCK_M, HEAD_DIM)
+        q_rs = _rows(q_sq, BLOCK_M, DC)
+        do_rs = _rows(do_sq, BLOCK_M, DC)
+        lse2 = tl.load(LSE + head * total_out + out_row0 + rows, mask=rows_ok, other=float("-inf")) * LOG2E_F
+        delta = tl.load(DELTA + head * total_out + out_row0 + rows, mask=rows_ok, other=0.0)
+        dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for n0 in range(0, loop_bound(len_k), BLOCK_N):
+            keys = n0 + tl.arange(0, BLOCK_N)
+            keys_ok = keys < len_k
+            k, k_sq = _load_square(K, KS, kv_row0, keys, keys_ok, len_k, kv_row0 // 32 + seq, n0, kv_head,
+                                   stride_kt, stride_kh, stride_kst, stride_ksh, BLOCK_N, HEAD_DIM)
+            v = tl.load(V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
+                        mask=keys_ok[:, None], other=0.0)
+            v_rs = tl.load(VS + (kv_row0 + keys)[:, None] * stride_vst + kv_head * stride_vsh + dc[None, :],
+                           mask=keys_ok[:, None], other=0)
+            p, ds = _p_and_ds(q, q_rs, k, _rows(k_sq, BLOCK_N, DC), v, v_rs, do, do_rs, lse2, delta, rows, keys,
+                              len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT)
+            ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N)
+            dq += tl.dot_scaled(ds_q, _rows(ds_sq, BLOCK_M, BLOCK_N // 32), "e4m3",
+                                k, _rows(tl.trans(k_sq), HEAD_DIM, BLOCK_N // 32), "e4m3")
+        tl.atomic_add(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :], dq * scale,
+                      mask=rows_ok[:, None], sem="relaxed")
+
+
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
+    """(dq, dk, dv) in the inputs' dtypes: the reference's MXFP8 backward, in two Triton kernels."""
+    device, num_seqs = q.device, kv_offsets.shape[0] - 1
+    heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[2]
+    total_out = out.shape[0]
+    kv_off = kv_offsets.to(torch.int32)
+    if params.broadcast_q:
+        out_off = broadcast_offsets(num_seqs, q.shape[0], device)
+        q_off = out_off
+    else:
+        q_off = out_off = q_offsets.to(torch.int32)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+    if num_seqs == 0 or total_out == 0 or k.shape[0] == 0:
+        return dq.to(q.dtype), dk.zero_(), dv.zero_()
+    qq = quantize(q, None if params.broadcast_q else q_off, mx.GRAD_BLOCK, rounding)
+    kq = quantize(k, kv_off, mx.GRAD_BLOCK, rounding)
+    vq = quantize(v, None, mx.K_BLOCK, rounding)
+    doq = quantize(grad_out, out_off, mx.GRAD_BLOCK, rounding)
+    lse = lse.contiguous()
+    delta = (grad_out.float() * out.float()).sum(-1).T.contiguous()  # [Hq, T_out]
+    if grad_lse is not None:
+        delta = delta - grad_lse
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    (q8, qs), (k8, ks), (v8, vs), (do8, dos) = ((d_, s.view(torch.uint8)) for d_, s in (qq, kq, vq, doq))
+    common = dict(
+        Q=q8, QS=qs, K=k8, KS=ks, V=v8, VS=vs, DO=do8, DOS=dos, LSE=lse, DELTA=delta, Q_OFF=q_off, OUT_OFF=out_off,
+        KV_OFF=kv_off, num_seqs=num_seqs, total_out=total_out, scale=params.scale,
+        **row_strides("q", q8), **row_strides("qs", qs), **row_strides("k", k8), **row_strides("ks", ks),
+        **row_strides("v", v8), **row_strides("vs", vs), **row_strides("do", do8), **row_strides("dos", dos),
+        group=heads_q // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right,
+        HEAD_DIM=dim, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs))
+    launch(mxfp8_attn_bwd_dkdv_kernel, (k.shape[0] // BWD_BLOCK_N + num_seqs, heads_kv),
+           dict(common, DK=dk, DV=dv, **row_strides("dk", dk), **row_strides("dv", dv)), num_warps=4, num_stages=1)
+    launch(mxfp8_attn_bwd_dq_kernel, (total_out // BWD_BLOCK_M + num_seqs, heads_q),
+           dict(common, DQ=dq, **row_strides("dq", dq)), num_warps=4, num_stages=1)
+    return dq.to(q.dtype), dk, dv
