@@ -123,15 +123,6 @@ def check_dequantize_args(data, scale, offsets, block, dtype) -> Tuple[int, int]
     return block
 
 
-def quantize_bytes(x: torch.Tensor, offsets: Optional[torch.Tensor], block) -> int:
-    """Bytes a quantize call moves (x read, data and scale written): for GB/s in the bench."""
-    data_shape, s_shape = quantize_shapes(x, offsets, block)
-    n = 1
-    for s in s_shape:
-        n *= s
-    return x.numel() * x.element_size() + x.numel() + n
-
-
 # The attention ops: q/k/v high precision, quantized inside; the pre-quantized op takes these blocks.
 Q_BLOCK = (1, 32)  # along head_dim: the Q K^T contraction
 K_BLOCK = (1, 32)
@@ -147,7 +138,3 @@ def check_mxfp8_attention_args(q, k, v, rounding) -> None:
         _check_head_dim(name, t)
     check_rounding(rounding)
 
-
-def quantized_attention_shapes(q_data, kv_offsets, broadcast_q: bool):
-    rows = (kv_offsets.shape[0] - 1) * q_data.shape[0] if broadcast_q else q_data.shape[0]
-    return (rows, q_data.shape[1], q_data.shape[2]), (q_data.shape[1], rows)

@@ -77,7 +77,7 @@ def trace(backend, dynamic):
     graphs = []
 
     def capture(gm, inputs):
-        graphs.append(calls(gm))
+        graphs.append((calls(gm), len(gm.graph.output_node().args[0])))
         raise Captured  # the graph is all we want; running it needs a GPU
 
     def forward(q, k, v, off):
@@ -102,7 +102,8 @@ def trace(backend, dynamic):
                 aot_function(fn, fw_compiler=capture)(*args)
             except Captured:
                 pass
-    return {"forward": graphs[0], "backward": graphs[1],
+    # outputs: what the graph returns; more than the op's outputs means a graph input was written (copied back)
+    return {"forward": graphs[0][0], "backward": graphs[1][0], "outputs": [graphs[0][1], graphs[1][1]],
             "guards": [str(g.expr) for g in shape_env.guards[guards:]]}
 
 
@@ -136,6 +137,9 @@ def test_triton_kernels_are_graph_nodes(default_graphs, shapes):
     symbols = {"static": [], "dynamic": ["4", "2", "16"]}[shapes]
     assert sorted(g.split(", ")[1].rstrip(")") for g in graphs["guards"]) == sorted(symbols), graphs["guards"]
     assert all(g.startswith("Eq(") for g in graphs["guards"])
+    # No input written: torch counts tensors whose values address a store as written, so the kernels read copies of
+    # the offsets (a written input would be copied back after each call and keep CUDA graphs off).
+    assert graphs["outputs"] == [2, 3]
     kernels = lambda calls: [c for c in calls if c.startswith("kernel:")]  # noqa: E731
     fwd, bwd = kernels(graphs["forward"]), kernels(graphs["backward"])
     assert fwd[-1] == "kernel:attn_fwd_kernel" and set(fwd) <= {"kernel:attn_fwd_kernel", "kernel:tile_slots_kernel"}
@@ -165,6 +169,52 @@ def test_triton_stays_opaque_when_asked_or_when_checks_need_the_host(env):
 def test_unknown_compile_path_is_an_error():
     with pytest.raises(AssertionError, match="JFA_COMPILE_PATH must be one of"):
         _trace("triton", JFA_COMPILE_PATH="fast")
+
+
+_INDUCTOR_SOURCE = r"""
+import importlib, importlib.util, json, os, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+from jfa_ops.backends.triton.specializations import arch_specializations
+
+kernels = set(sys.argv[1].split(","))
+out, directory = {}, tempfile.mkdtemp()
+for s in arch_specializations(90):
+    if s.kernel not in kernels or s.kernel in out:
+        continue
+    source = user_defined_triton_kernel_transitive_closure_source_code(getattr(importlib.import_module(s.module),
+                                                                                s.kernel))
+    path = os.path.join(directory, f"inductor_{s.kernel}.py")  # @triton.jit wants a file
+    with open(path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n@triton.jit\n" + source)
+    spec = importlib.util.spec_from_file_location(f"inductor_{s.kernel}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        triton.compile(triton.compiler.ASTSource(fn=getattr(module, s.kernel), signature=s.signature,
+                                                 constexprs=s.constexprs, attrs=s.attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": s.num_warps,
+                                                                  "num_stages": s.num_stages})
+        out[s.kernel] = "ok"
+    except Exception as e:
+        out[s.kernel] = f"{type(e).__name__}: {e}"[:2000]
+print(json.dumps(out))
+"""
+
+TRACED_KERNELS = ("attn_fwd_kernel", "tile_slots_kernel", "attn_bwd_delta_kernel", "attn_bwd_dkdv_kernel",
+                  "attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel")
+
+
+def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():
+    """Inductor compiles a user kernel from its own copy of the source (the kernel and the ``@triton.jit`` helpers
+    and constants it reaches by global name): each kernel the compiled path records must survive that copy."""
+    child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _INDUCTOR_SOURCE, ",".join(TRACED_KERNELS)], env=child_env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == dict.fromkeys(TRACED_KERNELS, "ok")
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
@@ -205,6 +255,33 @@ def test_inductor_launches_our_kernels_gpu(mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_model_matches_eager_and_launches_our_kernel_gpu(mode):
+    """A small model (jfa_ops.nn.JaggedSelfAttention: fused QKV slices feed the kernels directly), forward and
+    backward compiled and eagerly with the same weights: the same outputs and parameter gradients."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = jfa_ops.nn.JaggedSelfAttention(256, 4, 2, causal=True, backend="triton").to("cuda", torch.float16)
+    compiled = torch.compile(model, mode=mode, fullgraph=True, dynamic=True)
+    for seed, lengths in enumerate([(11, 0, 7, 3, 8), (40, 2, 9)]):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(sum(lengths), 256, generator=g).to("cuda", torch.float16)
+        offsets = torch.tensor([0, *lengths]).cumsum(0).to("cuda")
+        got, codes = run_and_get_code(compiled, x, offsets)
+        if seed == 0:
+            assert any("attn_fwd_kernel" in code for code in codes), "Inductor did not launch our kernel"
+        want = model(x, offsets)
+        assert_attention_close(got, want, dtype=torch.float16, kind="forward", name="out")
+        grad = torch.randn_like(want)
+        got_grads = torch.autograd.grad(got, list(model.parameters()), grad)
+        want_grads = torch.autograd.grad(want, list(model.parameters()), grad)
+        for (name, _), a, b in zip(model.named_parameters(), got_grads, want_grads):
+            assert_attention_close(a, b, dtype=torch.float16, kind="grad", name=name)
+
+
+@pytest.mark.gpu
 def test_inductor_one_compile_over_many_batches_gpu():
     """Default mode, dynamic shapes: one graph for every batch, no recompile, no graph break."""
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -217,6 +294,8 @@ def test_inductor_one_compile_over_many_batches_gpu():
         g = torch.Generator().manual_seed(seed)
         lengths = torch.randint(0, 40, (2 + seed % 5,), generator=g).tolist()
         lengths[0] = 2 + 3 * seed
+        if seed == 0:  # the first batch's sizes pairwise different (T, B+1, heads, D): no duck-sized symbol
+            lengths = [11, 0, 7, 3, 8]
         inputs = _model_inputs(seed, tuple(lengths))
         args = (inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets)
         out, _ = compiled(*args)
@@ -241,3 +320,5 @@ def test_aoti_package_runs_without_jfa_ops_gpu(compile_path, tmp_path):
     assert done.returncode == 0, (result, done.stderr[-3000:])
     assert result["jfa_attention_registered"] is False and result["jfa_ops_imported"] is False
     assert result["ok"] is (compile_path == "inductor"), result
+    if compile_path == "opaque":  # it failed for want of the op, not for something else
+        assert "jfa" in result["error"], result

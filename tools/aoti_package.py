@@ -82,8 +82,7 @@ def build(directory: str, compile_path: str):
         program = torch.export.export(model, example, dynamic_shapes=({0: rows}, {0: batch1}))
         package = torch._inductor.aoti_compile_and_package(
             program, package_path=os.path.join(directory, f"jagged_block_{compile_path}.pt2"))
-        cases = [(example, model(*example)), (_batch((40, 1, 9), seed=1), None)]
-        cases[1] = (cases[1][0], model(*cases[1][0]))
+        cases = [(inputs, model(*inputs)) for inputs in (example, _batch((40, 1, 9), seed=1))]
     cases_path = os.path.join(directory, "cases.pt")
     torch.save([([t.cpu() for t in inputs], out.cpu()) for inputs, out in cases], cases_path)
     return package, cases_path

@@ -36,7 +36,7 @@ from jfa_ops.backends import select_backend, unavailable_reason  # noqa: E402
 from jfa_ops.testing import (AttentionCase, _poison_allocator, assert_attention_close,  # noqa: E402
                              check_attention_case)
 
-HANG_S = int(os.environ.get("TLX_CHECK_HANG_S", "90"))  # per case: a hung kernel dumps the stacks and exits
+HANG_S = int(os.environ.get("TLX_CHECK_HANG_S", "60"))  # per case: a hung kernel dumps the stacks and exits
 
 
 def rel_err(actual, expected) -> float:
@@ -92,25 +92,21 @@ def fixed_cases():
         ("cross causal (Lq>Lk rows see nothing)", c((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), causal=True), {}),
         ("window (64,0) causal", c(edge, edge, causal=True, window=(64, 0)), {}),
         ("window (100,30)", c(edge, edge, window=(100, 30)), {}),
-        ("window (-1,17)", c(edge, edge, window=(-1, 17)), {}),
         ("window (5,-1) D64", c(edge, edge, head_dim=64, window=(5, -1)), {}),
         ("GQA 8:2", c(edge, edge, heads_q=8, heads_kv=2), {}),
         ("GQA 8:1 causal D64", c(edge, edge, heads_q=8, heads_kv=1, head_dim=64, causal=True), {}),
         ("broadcast-Q Lq128", c((128,), (0, 1, 700, 64, 129, 3000), broadcast_q=True, heads_q=4, heads_kv=4), {}),
         ("broadcast-Q Lq100 causal GQA", c((100,), (0, 1, 700, 64, 129), broadcast_q=True, causal=True, heads_q=4,
                                            heads_kv=2), {}),
-        ("broadcast-Q Lq1 D256", c((1,), (5, 0, 300), broadcast_q=True, head_dim=256), {}),
         ("empty kv", c((30, 70), (0, 0)), {}),
         ("no sequences", c((), ()), {}),
         ("one long S4096 causal", c((4096,), (4096,), heads_q=2, heads_kv=2, causal=True), {}),
-        ("scale 0.3 fp16", c((300, 17), (200, 333), dtype=fp, scale=0.3), {}),
         ("negative scale", c((300, 17), (200, 333), scale=-0.05), {}),
         ("NaN/inf in neighbour K/V", c((100, 37, 50), (100, 37, 50)), dict(nan_neighbour=1)),
         ("NaN/inf in neighbour K/V causal", c((100, 37, 50), (90, 37, 77), causal=True), dict(nan_neighbour=1)),
     ]
     many = tuple(int(x) for x in np.random.default_rng(1).integers(0, 300, size=400))  # many items per program
     out.append(("400 short seqs H4 GQA 4:2", c(many, many, heads_q=4, heads_kv=2), {}))
-    out.append(("400 short seqs causal D64", c(many, many, head_dim=64, causal=True), {}))
     return out
 
 
@@ -161,11 +157,9 @@ def correctness() -> int:
             status, detail = "FAIL", " | ".join(lines)[:300]
         print(f"{name:44s} {status:6s} {detail}", flush=True)
 
-    from jfa_ops.backends.tlx import configs
-
     for name, case, kw in fixed_cases():
         report(name, lambda: forward_case(case, 0, **kw))
-    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "16"))):
+    for name, case in random_cases(int(os.environ.get("TLX_CHECK_RANDOM", "6"))):
         report(name, lambda: forward_case(case, 1) + f"  [{case}]")
     for name, case in routing_cases():
         def routed():
@@ -192,14 +186,11 @@ def backward_cases():
                                                                                  **kw})
     edge = (0, 1, 127, 128, 129, 300, 5, 64, 0, 700)
     return [
-        ("bwd dense S256", c((256, 256), (256, 256), heads_q=4, heads_kv=4)),
         ("bwd dense S256 causal", c((256, 256), (256, 256), heads_q=4, heads_kv=4, causal=True)),
         ("bwd edge lengths", c(edge, edge)),
         ("bwd edge causal fp16 D64", c(edge, edge, dtype=fp, head_dim=64, causal=True)),
-        ("bwd edge D64", c(edge, edge, head_dim=64)),
         ("bwd cross causal", c((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), causal=True)),
         ("bwd window (64,0) causal", c(edge, edge, causal=True, window=(64, 0))),
-        ("bwd window (100,30)", c(edge, edge, window=(100, 30))),
         ("bwd GQA 8:2 causal", c(edge, edge, heads_q=8, heads_kv=2, causal=True)),
         ("bwd broadcast-Q Lq128", c((128,), (0, 1, 700, 64, 129, 1000), broadcast_q=True, heads_q=4, heads_kv=2)),
         ("bwd broadcast-Q Lq100 causal", c((100,), (0, 1, 700, 64, 129), broadcast_q=True, causal=True)),
@@ -259,14 +250,10 @@ def timing() -> int:
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
              Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True),
-             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
-             Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64),
-             Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
-    from jfa_ops.backends.tlx import configs
-
+             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0))]
     print("forward, bf16, TFLOP/s of useful work (do_bench median); 'graph': one call captured in a CUDA graph and "
           "replayed (GPU time without the host's)", flush=True)
-    cols = ("tlx", "triton", "tlx graph", "tlx other pipe")  # other pipe: configs.fwd_choices' pipeline flipped
+    cols = ("tlx", "triton", "tlx graph")
     print(f"{'case':40s} " + " ".join(f"{c:>15s}" for c in cols) + f" {'tlx/triton':>10s}", flush=True)
     failures = 0
     for case in cases:
@@ -274,11 +261,6 @@ def timing() -> int:
         row = {}
         for col in cols:
             backend = col.split()[0]
-            configs.PIPELINE = None
-            if col.endswith("other pipe"):
-                cfg = configs.fwd_config(case.head_dim)
-                configs.PIPELINE = not configs.fwd_choices(cfg, case.causal or case.window != (-1, -1),
-                                                           case.broadcast_q, case.dense)[0]
             try:
                 fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
                     x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
@@ -291,7 +273,6 @@ def timing() -> int:
             except Exception as e:  # noqa: BLE001
                 failures += 1
                 print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        configs.PIPELINE = None
         vals = [row.get(c, float("nan")) for c in cols]
         print(f"{case.label:40s} " + " ".join(f"{v:15.1f}" for v in vals) + f" {vals[0] / vals[1]:10.2f}", flush=True)
     return failures
@@ -305,10 +286,8 @@ def backward_timing() -> int:
     from jfa_ops.backends.tlx import configs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
-             Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
-             Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
-             Case("dense", "bwd B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64)]
+    cases = [Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
+             Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True)]
     print(f"{'backward, bf16, TFLOP/s (median)':40s} {'tlx bwd':>10s} {'triton bwd':>10s} {'ratio':>6s}", flush=True)
     failures = 0
     for case in cases:

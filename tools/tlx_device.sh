@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU check of the tlx backend on the lent H200: `bash tools/tlx_device.sh [correctness|timing|all]` from the repo
-# root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB). Unpacks it into
-# /tmp/t38 once per warm machine, then runs tools/tlx_check.py (correctness sweep vs the float64 oracle, then forward
-# timings tlx vs triton). Each part runs under its own time limit, so a hung kernel ends one part, not the report.
+# GPU check of the tlx backend on the lent H200: `bash tools/tlx_device.sh [all|correctness|timing|backward|bench]`
+# from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
+# Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
+# float64 oracle), timing (forward, tlx vs triton) and backward (the TLX backward's sweep and timings), each under its
+# own limit (120 + 80 + 90 s), so a hung kernel ends one part, not the report. `bench` (not in `all`): the bench with a
+# tlx column through bench/device_run.sh (FA4 beside it when an earlier call left it in /tmp/fa4; BENCH_ARGS overrides
+# its arguments).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,18 +15,24 @@ if [ ! -d /tmp/t38/triton/_C ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/t38 .t38/triton_utlx-*.whl || exit 2
 fi
 export PYTHONPATH=/tmp/t38:$PWD:${PYTHONPATH:-}
-python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx; print('triton', triton.__version__, 'with TLX')"
+python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx; print('triton', triton.__version__, 'TLX')"
 rc=0
 if [ "$part" = all ] || [ "$part" = correctness ]; then
-  JFA_LAUNCH_VERIFY=1 timeout 200 python3 tools/tlx_check.py correctness || rc=1
+  JFA_LAUNCH_VERIFY=1 timeout 120 python3 tools/tlx_check.py correctness || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = timing ]; then
-  timeout 150 python3 tools/tlx_check.py timing || rc=1
+  timeout 80 python3 tools/tlx_check.py timing || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = backward ]; then
-  timeout 170 python3 tools/tlx_check.py backward || rc=1
+  timeout 90 python3 tools/tlx_check.py backward || rc=1
+fi
+if [ "$part" = bench ]; then
+  # shellcheck disable=SC2086
+  timeout 170 bash bench/device_run.sh ${BENCH_ARGS:---quick --suite dense,jagged,broadcast,gqa,window --head-dims 128 \
+    --backends tlx,triton --peers fa4 --modes fwd,bwd --budget-s 140 --no-plots} || rc=1
 fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
-  JFA_TLX_AUTO=1 timeout 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu', '-x', '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py']))" || rc=1
+  JFA_TLX_AUTO=1 timeout 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(
+    ['-q', '-m', 'gpu', '-x', '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py']))" || rc=1
 fi
 exit $rc

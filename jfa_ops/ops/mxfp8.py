@@ -12,11 +12,12 @@ from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 import meta_kernels
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends import Problem, select_backend
-from jfa_ops.ops.attention import NUM_OPTIONS, OPTIONS_SCHEMA, _params, check_no_forward_ad
+from jfa_ops.ops.attention import NUM_OPTIONS, OPTIONS_SCHEMA, _attention_flops, _params, check_no_forward_ad
 from jfa_ops.validation import check_offset_values
 
 QUANTIZE = "mxfp8_quantize"
@@ -232,6 +233,20 @@ def _mxfp8_attention_quantized_fake(q_data, q_scale, k_data, k_scale, v_data, v_
                                              kv_offsets, options)
     out_shape, lse_shape = meta_kernels.attention_shapes(q_data, kv_offsets, params.broadcast_q)
     return q_data.new_empty(out_shape, dtype=out_dtype), q_data.new_empty(lse_shape, dtype=torch.float32)
+
+
+@register_flop_formula(torch.ops.jfa.mxfp8_attention, get_raw=True)
+def _mxfp8_attention_flops(q, k, v, q_offsets, kv_offsets, *options, out_val=None, **kwargs):
+    """The useful FLOPs of the attention it computes (``jfa::attention``'s count; options without rounding)."""
+    return _attention_flops(q, k, v, q_offsets, kv_offsets, *options[:NUM_OPTIONS],
+                            **{n: x for n, x in kwargs.items() if n != "rounding"})
+
+
+@register_flop_formula(torch.ops.jfa.mxfp8_attention_backward, get_raw=True)
+def _mxfp8_attention_backward_flops(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *options,
+                                    out_val=None, **kwargs):
+    return _attention_flops(q, k, v, q_offsets, kv_offsets, *options[:NUM_OPTIONS], backward=True,
+                            **{n: x for n, x in kwargs.items() if n != "rounding"})
 
 
 mxfp8_attention.register_autograd(_backward, setup_context=_setup_context)

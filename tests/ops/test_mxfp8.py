@@ -329,7 +329,8 @@ def test_opcheck(op, util):
     torch.library.opcheck(getattr(torch.ops.jfa, op).default, args, kwargs, test_utils=(util,))
 
 
-def test_compile_no_graph_breaks_no_recompiles():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compile_no_graph_breaks_no_recompiles(device):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
@@ -345,7 +346,8 @@ def test_compile_no_graph_breaks_no_recompiles():
     for i, (q_lengths, kv_lengths) in enumerate([((11, 0, 7, 3, 8), (5, 13, 0, 2, 6)), ((2, 9, 40), (33, 4, 3)),
                                                  ((4, 5), (9, 70)), ((3, 3, 3, 5, 6, 7), (2, 2, 9, 9, 9, 2))]):
         q, k, v, q_off, kv_off, _ = make_case(q_lengths, kv_lengths, heads_q=4, seed=i)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        q, k, v = (t.to(device).requires_grad_() for t in (q, k, v))
+        q_off, kv_off = q_off.to(device), kv_off.to(device)
         loss, out = compiled(q, k, v, q_off, kv_off)
         grads = torch.autograd.grad(loss, (q, k, v))
         ref_loss, ref_out = fn(q, k, v, q_off, kv_off)

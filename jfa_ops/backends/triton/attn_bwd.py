@@ -410,9 +410,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         q_off = broadcast_offsets(num_seqs, len_q, device)
         total_out = num_seqs * len_q
     else:
-        q_off = q_offsets.to(torch.int32)
+        q_off = common.int32_offsets(q_offsets)
         total_out = q.shape[0]
-    kv_off = kv_offsets.to(torch.int32)
+    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     if num_seqs == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..base import tracing
 from .configs import interpreting
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: exp(x) = exp2(x * LOG2E)
@@ -187,6 +188,16 @@ def alloc_output(shape, dtype, device) -> torch.Tensor:
     """Every output buffer the kernels fill comes from here (uninitialized: the kernels write every element).
     Tests replace it with a NaN-filled allocator to prove that."""
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def int32_offsets(offsets: torch.Tensor, same_as=None) -> torch.Tensor:
+    """``offsets`` as the kernels read them (int32); ``same_as``: (offsets, converted) of the other side, reused when
+    both sides pass one tensor. While traced into a graph, a copy even when already int32: torch's analysis of what
+    a user kernel writes follows loaded values into store addresses, so it counts the offsets as written, and a
+    written graph input would cost a copy back after each call and keep CUDA graphs (``reduce-overhead``) off."""
+    if same_as is not None and same_as[0] is offsets:
+        return same_as[1]
+    return offsets.to(torch.int32, copy=tracing())
 
 
 def packed_rows(t: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ first when the operand is used transposed. Every dot is ``tl.dot_scaled`` (fp32 
 Two kernels: dK/dV (program per (kv tile, kv head): loops over the group's q heads and the sequence's q blocks;
 each kv row is written by one program) and dQ (program per (q tile, q head): loops over the kv blocks; fp32 atomic
 adds into a zeroed dq, so broadcast-Q sums over the batch). Both recompute P and dS the same way. Tiles use the
-padded layout of the MX row blocks (``mxfp8_attn_fwd``): no tile list, no host sync. A correctness path: every
-block is masked, loops span whole sequences.
+padded layout of the MX row blocks (``mxfp8_attn_fwd``): no tile list, no host sync. Loops skip the blocks that
+causal/window hide from the whole tile (their P and dS blocks are zero, so skipping them is exact); every visited
+block is masked (a correctness path: no mask-free bulk stage).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import triton.language as tl
 
 import meta_kernels.mxfp8 as mx
 from .attn_fwd import broadcast_offsets
-from .common import loop_bound, row_strides, visible, window_bounds
+from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
 from .mxfp8_attn_fwd import LOG2E_F
 from .mxfp8_quantize import _e4m3_bits, _shared_exponent, quantize, search_steps, sequence_of_tile
@@ -112,9 +113,12 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                        mask=keys_ok[:, None], other=0)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        # q blocks that see any key of this tile (keys stationary: the forward's bounds mirrored, common.py)
+        q_begin, _, _, _, _, q_end = stage_bounds(n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT,
+                                                  BLOCK_N, BLOCK_M)
         for g in range(0, group):
             head = kv_head * group + g
-            for m0 in range(0, loop_bound(len_q), BLOCK_M):
+            for m0 in range(loop_bound(q_begin), loop_bound(q_end), BLOCK_M):
                 rows = m0 + tl.arange(0, BLOCK_M)
                 rows_ok = rows < len_q
                 q, q_sq = _load_square(Q, QS, q_row0, rows, rows_ok, len_q, q_first, m0, head, stride_qt, stride_qh,
@@ -180,7 +184,9 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
         lse2 = tl.load(LSE + head * total_out + out_row0 + rows, mask=rows_ok, other=float("-inf")) * LOG2E_F
         delta = tl.load(DELTA + head * total_out + out_row0 + rows, mask=rows_ok, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        for n0 in range(0, loop_bound(len_k), BLOCK_N):
+        k_begin, _, _, _, _, k_end = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT,
+                                                  BLOCK_M, BLOCK_N)
+        for n0 in range(loop_bound(k_begin), loop_bound(k_end), BLOCK_N):  # blocks nobody in the tile sees: skipped
             keys = n0 + tl.arange(0, BLOCK_N)
             keys_ok = keys < len_k
             k, k_sq = _load_square(K, KS, kv_row0, keys, keys_ok, len_k, kv_row0 // 32 + seq, n0, kv_head,

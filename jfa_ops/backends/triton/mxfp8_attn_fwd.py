@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-import meta_kernels.mxfp8 as mx
 from .attn_fwd import broadcast_offsets
 from .common import LN2, alloc_output, loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
@@ -156,5 +155,3 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
         BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs)), num_warps=4, num_stages=1)
     return out, lse
 
-
-assert mx.V_BLOCK == (32, 1) and mx.Q_BLOCK == mx.K_BLOCK == (1, 32)  # the layouts this kernel reads
