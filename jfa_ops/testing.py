@@ -865,6 +865,16 @@ def mx_quantize_spec(x: Tensor, offsets: Optional[Tensor] = None, block: Sequenc
     block_rows, block_cols = block
     rows, heads, dim = x.shape
     x64 = x.detach().cpu().to(torch.float64)
+    if block_rows == 1:  # one-row blocks: every block at once (the per-block loop below, vectorized; GPU-test sizes)
+        blk = x64.reshape(rows, heads, dim // block_cols, block_cols)
+        finite = torch.isfinite(blk).all(dim=-1, keepdim=True)
+        amax = torch.where(torch.isfinite(blk), blk.abs(), torch.zeros_like(blk)).amax(dim=-1, keepdim=True)
+        exp = mx_shared_exponent_spec(amax, rounding)
+        data_bits = e4m3_round_spec(blk * torch.pow(2.0, (-exp).to(torch.float64))).to(torch.float8_e4m3fn)
+        data_bits = torch.where(finite, data_bits.view(torch.uint8), torch.full_like(data_bits.view(torch.uint8), 0x7F))
+        scale_bits = torch.where(finite, exp + 127, torch.full_like(exp, 255))[..., 0]
+        return (data_bits.reshape(rows, heads, dim).view(torch.float8_e4m3fn).to(x.device),
+                scale_bits.to(torch.uint8).view(torch.float8_e8m0fnu).to(x.device))
     bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
     scale_rows = mx.scale_shape(rows, heads, dim, offsets, block)[0]
     data = torch.zeros(rows, heads, dim, dtype=torch.float64)
@@ -899,6 +909,9 @@ def mx_dequantize_spec(data: Tensor, scale: Tensor, offsets: Optional[Tensor] = 
     bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
     values = data.detach().cpu().to(torch.float64)
     bits = scale.detach().cpu().view(torch.uint8).to(torch.int64)
+    if block_rows == 1:  # one-row blocks: all at once (the loop below, vectorized)
+        s = bits.repeat_interleave(block_cols, dim=-1)  # [T, H, D]
+        return torch.where(s == 255, math.nan, values * torch.pow(2.0, (s - 127).to(torch.float64))).to(data.device)
     out = torch.empty_like(values)
     for r0, n, srow in _row_blocks(rows, bounds, block_rows):
         s = bits[srow].repeat_interleave(block_cols, dim=-1)  # [H, D]

@@ -240,14 +240,14 @@ def test_mxfp8_lines_ratios_targets_and_tolerance():
 
 
 def test_backend_name_picks_the_compile_path(monkeypatch):
-    """``--backends triton,triton@opaque`` compares the compile paths in one run: each prepared case sets
+    """``--backends triton,triton@inductor`` compares the compile paths in one run: each prepared case sets
     JFA_COMPILE_PATH for the graphs compiled next."""
     from bench.peers import JfaBackend, split_compile_path, use_compile_path
 
-    assert split_compile_path("triton") == ("triton", "inductor")
-    assert split_compile_path("triton@opaque") == ("triton", "opaque")
-    peer = JfaBackend("triton@opaque")
-    assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@opaque", "triton", "opaque")
-    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")
+    assert split_compile_path("triton") == ("triton", "opaque")
+    assert split_compile_path("triton@inductor") == ("triton", "inductor")
+    peer = JfaBackend("triton@inductor")
+    assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@inductor", "triton", "inductor")
+    monkeypatch.setenv("JFA_COMPILE_PATH", "opaque")
     use_compile_path(peer.compile_path)
-    assert os.environ["JFA_COMPILE_PATH"] == "opaque"
+    assert os.environ["JFA_COMPILE_PATH"] == "inductor"

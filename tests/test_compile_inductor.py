@@ -115,7 +115,7 @@ print(json.dumps({f"{b}-{'dynamic' if d else 'static'}": trace(b, d)
 def _trace(backends: str, **env) -> dict:
     """{"<backend>-static|dynamic": {"forward": calls, "backward": calls, "guards": [...]}} of graphs traced with
     fake CUDA tensors by a subprocess (without the interpreter), under ``env``."""
-    child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child_env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_COMPILE_PATH")}
     child_env.update(env, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", _TRACER, backends], env=child_env, capture_output=True, text=True,
                           timeout=900)
@@ -125,7 +125,14 @@ def _trace(backends: str, **env) -> dict:
 
 @pytest.fixture(scope="module")
 def default_graphs():
-    return _trace("triton,reference")
+    return _trace("triton,reference", JFA_COMPILE_PATH="inductor")
+
+
+def test_default_compile_path_is_opaque():
+    """Opt-in until graphs with the backward compile on the GPU (see jfa_ops.ops.attention.compile_path)."""
+    graphs = _trace("triton")["triton-static"]
+    assert graphs["forward"] == ["jfa.attention.default"]
+    assert graphs["backward"] == ["jfa.attention_backward.default"]
 
 
 @pytest.mark.parametrize("shapes", ["static", "dynamic"])
@@ -209,7 +216,7 @@ TRACED_KERNELS = ("attn_fwd_kernel", "tile_slots_kernel", "attn_bwd_delta_kernel
 def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():
     """Inductor compiles a user kernel from its own copy of the source (the kernel and the ``@triton.jit`` helpers
     and constants it reaches by global name): each kernel the compiled path records must survive that copy."""
-    child_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child_env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_COMPILE_PATH")}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _INDUCTOR_SOURCE, ",".join(TRACED_KERNELS)], env=child_env,
                           capture_output=True, text=True, timeout=900)
@@ -229,7 +236,18 @@ def _attention(q, k, v, q_off, kv_off):
     return out, lse
 
 
+_BACKWARD_XFAIL = pytest.mark.xfail(
+    strict=False, reason="torch 2.11 Inductor: replace_by_example assertion in decompose_triton_kernel_wrapper_functional "
+    "on graphs with the backward (H200, 2026-12-01); why JFA_COMPILE_PATH=inductor is opt-in")
+
+
+@pytest.fixture(autouse=True)
+def _inductor_path(monkeypatch):
+    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")  # what this file tests (the default is opaque)
+
+
 @pytest.mark.gpu
+@_BACKWARD_XFAIL
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_inductor_launches_our_kernels_gpu(mode):
     """Inductor's generated code launches attn_fwd_kernel itself; outputs and gradients match the float64 oracle."""
@@ -255,6 +273,7 @@ def test_inductor_launches_our_kernels_gpu(mode):
 
 
 @pytest.mark.gpu
+@_BACKWARD_XFAIL
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_compiled_model_matches_eager_and_launches_our_kernel_gpu(mode):
     """A small model (jfa_ops.nn.JaggedSelfAttention: fused QKV slices feed the kernels directly), forward and

@@ -203,10 +203,12 @@ COMPILE_PATHS = ("inductor", "opaque")
 
 
 def compile_path() -> str:
-    """``JFA_COMPILE_PATH`` (read when a graph is traced): ``inductor`` (default) traces a traceable backend's code
-    into torch.compile graphs in place of the op (see ``_traced_backend``); ``opaque`` keeps the op one node whose
-    body runs at run time, as for every other backend."""
-    path = os.environ.get("JFA_COMPILE_PATH", "inductor")
+    """``JFA_COMPILE_PATH`` (read when a graph is traced): ``opaque`` (default) keeps the op one node whose body runs
+    at run time, as for every other backend; ``inductor`` (opt-in) traces a traceable backend's code into
+    torch.compile graphs in place of the op (see ``_traced_backend``). Not the default yet: on the H200 (torch 2.11,
+    2026-12-01) inference graphs and AOTInductor packages ran correctly on it, but graphs with the backward failed in
+    Inductor's ``decompose_triton_kernel_wrapper_functional`` pass (``replace_by_example`` assertion)."""
+    path = os.environ.get("JFA_COMPILE_PATH", "opaque")
     if path not in COMPILE_PATHS:
         raise ValueError(f"JFA_COMPILE_PATH must be one of {COMPILE_PATHS}, got {path!r}")
     return path
