@@ -217,15 +217,15 @@ def compile_path() -> str:
 def _traced_backend(q: Tensor, k: Tensor, params: AttentionParams, backend: Optional[str]):
     """The backend whose code AOTAutograd traces in place of the op, or None (the op stays opaque).
 
-    The choice is static at trace time (``select_backend`` reads only Problem facts). Traced: a ``traceable`` backend
-    (triton) on CUDA tensors with offsets checked on the device or not at all (``JFA_VALIDATE=async|off``; ``sync``
+    Called only where ``_may_trace`` holds. The choice is static at trace time (``select_backend`` reads only Problem
+    facts). Traced: a ``traceable`` backend (triton) on CUDA tensors with offsets checked on the device or not at all (``JFA_VALIDATE=async|off``; ``sync``
     reads them on the host, ``deferred`` keeps Python state per call), ``JFA_COMPILE_PATH=inductor``, and not while
     torch.export builds a program (it keeps the op, as for ``torch.library.triton_op``; AOTInductor traces it when
     it compiles the program). The graph then holds the kernels (``triton_kernel_wrapper`` nodes) and the aten ops
     around them, and Inductor launches them with its own launcher (CUDA-graph trees capture them too)."""
     from torch.export._trace import custom_triton_ops_decomposition_disabled
 
-    if q.device.type != "cuda" or compile_path() != "inductor" or custom_triton_ops_decomposition_disabled():
+    if custom_triton_ops_decomposition_disabled():
         return None
     try:
         if validation_mode(q.device) not in ("async", "off"):
@@ -246,6 +246,12 @@ def _plain(types) -> bool:
     return all(issubclass(t, (FakeTensor, FunctionalTensor)) or t is Tensor for t in types)
 
 
+def _may_trace(types, q: Tensor) -> bool:
+    """Whether a dispatch rule may trace a backend in place of the op: only tracing's own tensor types, CUDA tensors,
+    and ``JFA_COMPILE_PATH=inductor`` (``_traced_backend`` then decides on the backend)."""
+    return _plain(types) and q.device.type == "cuda" and compile_path() == "inductor"
+
+
 def _static_heads(t: Optional[Tensor]) -> Optional[Tensor]:
     """``t`` viewed with its head and head_dim sizes as plain ints (lse/grad_lse: heads first).
 
@@ -262,11 +268,12 @@ def _static_heads(t: Optional[Tensor]) -> Optional[Tensor]:
 def _traced_attention(mode, op, types, args, kwargs):
     """jfa::attention under FunctionalTensorMode (AOTAutograd): trace the backend's code, or keep the op."""
     q, k, v, q_offsets, kv_offsets, *options = _schema_values(op, args, kwargs)
-    if _plain(types) and q.device.type == "cuda" and compile_path() == "inductor":
+    may_trace = _may_trace(types, q)
+    if may_trace:
         with mode:
             q, k, v = (_static_heads(t) for t in (q, k, v))
     params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
-    impl = _traced_backend(q, k, params, backend) if _plain(types) else None
+    impl = _traced_backend(q, k, params, backend) if may_trace else None
     if impl is None:
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
@@ -279,12 +286,13 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
     """jfa::attention_backward under FunctionalTensorMode: as ``_traced_attention``."""
     values = _schema_values(op, args, kwargs)
     tensors, options = values[:9], values[9:]
-    if _plain(types) and tensors[2].device.type == "cuda" and compile_path() == "inductor":
+    may_trace = _may_trace(types, tensors[2])
+    if may_trace:
         with mode:
             tensors = [_static_heads(t) for t in tensors[:7]] + tensors[7:]  # grad_out .. lse; not the offsets
     params, backend = _backward_params(*tensors, options)
     q, k = tensors[2], tensors[3]
-    impl = _traced_backend(q, k, params, backend) if _plain(types) else None
+    impl = _traced_backend(q, k, params, backend) if may_trace else None
     if impl is None:
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():
