@@ -267,15 +267,20 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         yield _mxfp8_spec(f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}", fn, mxfp8_quantize,
                           {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs)
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
-    for head_dim, causal, broadcast_q in ((64, False, False), (128, False, False), (128, True, False),
-                                          (128, False, True)):
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=mxfp8_attn_fwd.FWD_BLOCK_M, BLOCK_N=mxfp8_attn_fwd.FWD_BLOCK_N,
-                          HAS_LEFT=False, HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5)
-        types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "QS": "*u8", "KS": "*u8", "VS": "*u8",
-                 "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
-                 "qk_scale": "fp32"}
-        yield _mxfp8_spec(f"mxfp8-fwd-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}",
-                          fn, mxfp8_attn_fwd, types, constexprs)
+    for variant in mxfp8_attn_fwd.VARIANTS:
+        tma = True  # as attention_forward decides on sm_90 (K, V through tensor descriptors)
+        for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
+                                              (128, True, False), (128, False, True), (256, False, False)):
+            cfg = mxfp8_attn_fwd.launch_config(variant, head_dim, interpreter=False)
+            constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=False,
+                              HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5, VARIANT=variant,
+                              HW_CVT=True, DOT_FP16=False, USE_TMA=tma)
+            kv = f"tensordesc<fp8e4nv[{cfg.block_n},{head_dim}]>" if tma else "*fp8e4nv"
+            types = {"Q": "*fp8e4nv", "K": kv, "V": kv, "QS": "*u8", "KS": "*u8", "VS": "*u8",
+                     "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
+                     "qk_scale": "fp32"}
+            name = f"mxfp8-fwd-{variant}-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}"
+            yield _mxfp8_spec(name, fn, mxfp8_attn_fwd, types, constexprs, cfg.num_warps, cfg.num_stages)
     from . import mxfp8_attn_bwd
 
     for kernel in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel, mxfp8_attn_bwd.mxfp8_attn_bwd_dq_kernel):
@@ -292,9 +297,9 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               mxfp8_attn_bwd, types, constexprs)
 
 
-def _mxfp8_spec(name, fn, module, types, constexprs) -> Specialization:
+def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1) -> Specialization:
     names = list(fn.arg_names)
     sig = _sig(names, types)
     sig.update({c: "constexpr" for c in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
-    return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, 4, 1)
+    return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, num_warps, num_stages)
