@@ -154,6 +154,28 @@ def test_work_schedules(name, knobs, monkeypatch):
                             "triton", seed=11)
 
 
+@on_each_device
+def test_selection_ties_and_many_blocks(device):
+    """The selection kernel ranks blocks without sorting: equal scores (KV blocks that repeat every 3 blocks) go to
+    the lower index as the reference's stable sort, and rows of more KV blocks than one rank step (70 > 64) rank
+    across steps; the sequences' own blocks only (a short sequence beside a long one). Equals the reference
+    exactly, causal and not."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = (70 * 16 - 5, 40)
+    k_blocks = torch.randn(3, 16, 1, 16, generator=gen).repeat(24, 1, 1, 1).flatten(0, 1)  # [1152, 1, 16]
+    k = torch.cat([k_blocks[:lengths[0]], k_blocks[:lengths[1]]]).to(device)
+    q = torch.randn(sum(lengths), 2, 16, generator=gen).to(device)
+    off = torch.tensor([0, lengths[0], sum(lengths)], device=device)
+    for causal in (False, True):
+        for keep in (0.25, 0.5):
+            got = jfa_ops.select_kv_blocks(q, k, off, off, lengths[0], lengths[0], block_q=16, block_kv=16,
+                                           keep_ratio=keep, causal=causal, backend="triton")
+            want = jfa_ops.select_kv_blocks(q.cpu(), k.cpu(), off.cpu(), off.cpu(), lengths[0], lengths[0],
+                                            block_q=16, block_kv=16, keep_ratio=keep, causal=causal,
+                                            backend="reference")
+            assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0]), (causal, keep)
+
+
 def test_work_list_is_longest_first():
     """The forward's work list holds every real query tile once, ordered by the selected-block count of its Q block
     (summed over kv heads), descending; ties keep (sequence, row) order."""

@@ -132,7 +132,7 @@ _BLOCK_SPARSE_KERNELS = {
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
     "bs_dq": ("block_sparse_bwd", "block_sparse_dq_kernel", "dq"),
     "bs_pool": ("block_sparse_select", "block_pool_kernel", None),
-    "bs_scores": ("block_sparse_select", "block_scores_kernel", None),
+    "bs_select": ("block_sparse_select", "block_select_kernel", None),
 }
 
 
@@ -154,14 +154,14 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     hd = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim)
     ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DOut", "DK", "DV", "DQ", "X")}
     ptr.update({n: "*i32" for n in ("Q_OFF", "KV_OFF", "OFFSETS", "BLOCK_INDEX", "BLOCK_COUNT", "Q_BLOCK_INDEX",
-                                    "Q_BLOCK_COUNT", "KEEP", "Count", "TILE_SEQ", "TILE_START", "TILE_COUNT",
+                                    "Q_BLOCK_COUNT", "KEEP", "Count", "Index", "TILE_SEQ", "TILE_START", "TILE_COUNT",
                                     "WORK_COUNTER")})
     ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PQ", "PK", "Scores")})
     ptr.update(qk_scale="fp32", scale="fp32")
     warps, stages = 4, 1
     if kernel == "bs_pool":
         constexprs = dict(**hd, ROWS=block_sparse_select.POOL_ROWS)
-    elif kernel == "bs_scores":
+    elif kernel == "bs_select":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_J=64,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True)
     else:
@@ -196,7 +196,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, False, broadcast_q=True)
         yield block_sparse_specialization(kernel, 72, torch.float16, True, block_q=64, block_kv=64)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, from_offsets=True)
-    for kernel in ("bs_pool", "bs_scores"):
+    for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
 
 
