@@ -2,8 +2,9 @@
 
 `PYTHONPATH=$PWD python tools/host_profile.py [--calls 2000]` on a CUDA machine. The case is the bench's overhead
 case (B=4, lengths <= 64, H8, D128, causal, bf16). tools/host_layers.py measures the layers above the backend on CPU
-with a stub backend; this measures the real triton backend's host path (scheduling, descriptors, launches), which
-only exists on a GPU. Wall time (perf_counter) is right here: the lent machine runs nothing else. The GPU work of
+with a stub backend; tools/profile_host.py profiles public entry points only (GPU activities, CUDA API calls); this
+times the private layers one by one (torch's custom-op floor, our checks, the triton backend's host path), since
+cProfile charges everything below torch's custom-op ``backend_impl`` to that frame. Wall time (perf_counter) is right here: the lent machine runs nothing else. The GPU work of
 one call (~9 us) is far below its host time, so the launch queue never fills and host time is what is measured.
 """
 from __future__ import annotations
@@ -69,6 +70,13 @@ def main():
     opts = dict(causal=True, backend="triton")
     params, _ = ops._params(q, k, v, off, off, max_seqlen_q=64, max_seqlen_kv=64, causal=True)
     from jfa_ops.backends.triton import attn_fwd
+    import dataclasses
+    import meta_kernels
+    from jfa_ops.backends import Problem, select_backend
+    from jfa_ops.backends.base import device_guard
+    from jfa_ops.validation import check_offset_values
+    checked = dataclasses.replace(params, check_offsets=True)
+    flag = torch.ones(1, dtype=torch.int32, device=dev)
     rows = []
 
     def no_grad(fn):
@@ -102,6 +110,17 @@ def main():
             q, k, v, off, off, -1, -1, None, True, -1, -1, False, False, "triton"))),
         ("triton attention_forward alone (backend host path + launches)",
          lambda: attn_fwd.attention_forward(q, k, v, off, off, params)),
+        ("triton attention_forward, offsets checked on the device (the real call's params)",
+         lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
+        ("  check_attention_args", lambda: meta_kernels.check_attention_args(q, k, v, off, off, (-1, -1), False)),
+        ("  check_options", lambda: meta_kernels.check_options(None, True, (-1, -1), False, False, -1, -1)),
+        ("  select_backend + Problem.of", lambda: select_backend("triton", Problem.of(q, k, params))),
+        ("  check_offset_values (async, backend checks)", lambda: check_offset_values(q, k, off, off, -1, -1, True)),
+        ("  check_no_forward_ad", lambda: ops.check_no_forward_ad(q, k, v)),
+        ("  eager_direct", lambda: ops.eager_direct(q, k, v, off, off)),
+        ("  torch._assert_async(flag, msg)", lambda: torch._assert_async(flag.reshape(()), "m")),
+        ("  torch._assert_async(flag)", lambda: torch._assert_async(flag.reshape(()))),
+        ("  device_guard(q.device)", lambda: _enter(device_guard(q.device))),
         ("forward + backward, inputs require grad", fwd_bwd),
         ("jagged_attention no grad, op path (JFA_EAGER_PATH=op)", _op_path(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
@@ -134,6 +153,11 @@ def _noop(x):
 
 
 _DISABLED = torch._disable_dynamo(_noop)
+
+
+def _enter(ctx):
+    with ctx:
+        pass
 
 
 def _op_path(fn):
