@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..base import tracing
-from .common import int_max, launch_schedule, loop_bound, num_sms, work_item
+from .common import cdiv, int_max, launch_schedule, loop_bound, num_sms, work_item
 from .configs import KNOBS
 from .launch import launch
 from .offset_checks import offsets_ok
@@ -201,7 +201,7 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     slots = torch.empty((2, capacity), dtype=torch.int32, device=device)  # unsorted (seq, start)
     cost = torch.empty((capacity,), dtype=torch.int64, device=device)
     count = torch.empty((1,), dtype=torch.int32, device=device)
-    launch(tile_slots_kernel, (triton.cdiv(capacity, SLOT_CHUNK),), dict(
+    launch(tile_slots_kernel, (cdiv(capacity, SLOT_CHUNK),), dict(
         OFF_S=stationary_offsets, OFF_O=other_offsets, SLOTS=slots, COST=cost, TILE_COUNT=count,
         FLAG=count if flag is None else flag, num_seqs=num_seqs, capacity=capacity,
         search_steps=binary_search_steps(num_seqs), lo_off=lo_off, hi_off=hi_off, rows_s=rows_s, rows_o=rows_o,
