@@ -308,6 +308,7 @@ def main(argv=None) -> int:
             meta["elapsed_s"] = round(time.perf_counter() - start, 1)
             report.write_json(prefix + ".json", meta, records)  # after every case: a cut-short run keeps its data
     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
+    meta["issue11"] = report.sparse_lines(records)  # the sparse rows' speedups and selection share, in the JSON too
     report.write_json(prefix + ".json", meta, records)
 
     md = report.markdown(meta, records)
@@ -335,6 +336,11 @@ def main(argv=None) -> int:
     if targets:
         print("issue 9 targets:")
         for line in targets:
+            print("  " + line)
+    sparse = report.sparse_lines(records)
+    if sparse:
+        print("issue 11 (block-sparse):")
+        for line in sparse:
             print("  " + line)
     mxfp8 = report.mxfp8_lines(records)
     if mxfp8:

@@ -263,6 +263,34 @@ def test_mxfp8_variant_rows_are_reported_and_not_skipped_as_dense():
     assert skipped[0]["skip"] == "the mxfp8 suite only"
 
 
+def test_sparse_lines_speedups_targets_and_selection_share():
+    """The sparse suite's summary: from the times, our sparse row against our dense row and Flex (issue 11's
+    targets by keep ratio and mode), and the selection's share of the forward (and of fwd+bwd, no verdict)."""
+    from bench import report
+    half = {"suite": "sparse", "name": "sparse D128 keep0.5", "keep_ratio": 0.5}
+    quarter = {"suite": "sparse", "name": "sparse D128 keep0.25 causal", "keep_ratio": 0.25}
+    recs = [
+        {"case": half, "peer": "jfa:triton", "mode": "fwd", "ms": 2.0, "tflops": 300.0},
+        {"case": half, "peer": "jfa:triton", "mode": "bwd", "ms": 5.0},
+        {"case": half, "peer": "jfa:triton", "mode": "fwdbwd", "ms": 8.0},
+        {"case": half, "peer": "jfa:triton dense", "mode": "fwd", "ms": 4.0},
+        {"case": half, "peer": "jfa:triton dense", "mode": "bwd", "ms": 7.0},
+        {"case": half, "peer": "jfa:triton select", "mode": "fwd", "ms": 0.1},
+        {"case": half, "peer": "jfa:triton select", "mode": "bwd", "skip": "the selection has no backward"},
+        {"case": half, "peer": "flex", "mode": "fwd", "ms": 2.4},
+        {"case": quarter, "peer": "jfa:triton", "mode": "fwd", "ms": 1.0},
+        {"case": quarter, "peer": "jfa:triton dense", "mode": "fwd", "ms": 3.5},
+        {"case": quarter, "peer": "jfa:triton select", "mode": "fwd", "ms": 0.25},
+    ]
+    lines = report.sparse_lines(recs)
+    assert len(lines) == 4, lines
+    assert lines[0] == ("sparse D128 keep0.5 fwd jfa:triton: 2.000 ms, 2.00x our dense 4.000 ms (target 1.7x: PASS), "
+                        "1.20x flex 2.400 ms (target 1.3x: FAIL), selection 0.100 ms = 5% (target < 10%: PASS)")
+    assert "1.40x our dense 7.000 ms (target 1.6x: FAIL)" in lines[1] and "selection" not in lines[1]
+    assert lines[2].endswith("selection 0.100 ms = 1%")
+    assert "3.50x our dense 3.500 ms (target 3.0x: PASS)" in lines[3] and "= 25% (target < 10%: FAIL)" in lines[3]
+
+
 def test_backend_name_picks_the_compile_path(monkeypatch):
     """``--backends triton,triton@inductor`` compares the compile paths in one run: each prepared case sets
     JFA_COMPILE_PATH for the graphs compiled next."""

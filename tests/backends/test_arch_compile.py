@@ -83,7 +83,7 @@ def _cases():
 
 
 _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "offsets_ok_kernel",
-                "block_pool_kernel", "block_scores_kernel",
+                "block_pool_kernel", "block_select_kernel",
                 "mxfp8_quantize_kernel")
 
 

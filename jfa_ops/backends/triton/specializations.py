@@ -132,15 +132,16 @@ _BLOCK_SPARSE_KERNELS = {
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
     "bs_dq": ("block_sparse_bwd", "block_sparse_dq_kernel", "dq"),
     "bs_pool": ("block_sparse_select", "block_pool_kernel", None),
-    "bs_scores": ("block_sparse_select", "block_scores_kernel", None),
+    "bs_select": ("block_sparse_select", "block_select_kernel", None),
 }
 
 
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
-                                cc: int = 90) -> Specialization:
+                                from_offsets: bool = False, cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
-    dense kernel's config for the attention kernels, tiles clamped to the blocks."""
+    dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
+    ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list)."""
     import importlib
 
     from . import block_sparse_select
@@ -153,13 +154,14 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     hd = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim)
     ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DOut", "DK", "DV", "DQ", "X")}
     ptr.update({n: "*i32" for n in ("Q_OFF", "KV_OFF", "OFFSETS", "BLOCK_INDEX", "BLOCK_COUNT", "Q_BLOCK_INDEX",
-                                    "Q_BLOCK_COUNT", "KEEP", "Count")})
+                                    "Q_BLOCK_COUNT", "KEEP", "Count", "Index", "TILE_SEQ", "TILE_START", "TILE_COUNT",
+                                    "WORK_COUNTER")})
     ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PQ", "PK", "Scores")})
     ptr.update(qk_scale="fp32", scale="fp32")
     warps, stages = 4, 1
     if kernel == "bs_pool":
         constexprs = dict(**hd, ROWS=block_sparse_select.POOL_ROWS)
-    elif kernel == "bs_scores":
+    elif kernel == "bs_select":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_J=64,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True)
     else:
@@ -167,8 +169,12 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         constexprs = dict(**hd, BLOCK_M=min(cfg.block_m, block_q), BLOCK_N=min(cfg.block_n, block_kv),
                           BLOCK_Q=block_q, BLOCK_KV=block_kv, HAS_LEFT=False, HAS_RIGHT=causal,
                           BROADCAST_Q=broadcast_q, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+        schedule = KNOBS.fwd_schedule if kernel == "bs_fwd" else KNOBS.bwd_schedule
         if kernel == "bs_fwd":
-            constexprs["FMA_SOFTMAX"] = True
+            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major)
+        elif kernel == "bs_dkdv":
+            constexprs["KV_MAJOR"] = KNOBS.bwd_kv_major
+        constexprs.update(ATOMIC_WORK=schedule == "atomic", TILES_FROM_OFFSETS=from_offsets)
         warps, stages = cfg.num_warps, cfg.num_stages
     names = list(fn.arg_names)
     sig = _sig(names, ptr)
@@ -177,7 +183,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n.startswith("stride")}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
-           f"-b{block_q}x{block_kv}"
+           f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -189,7 +195,8 @@ def block_sparse_specializations() -> Iterator[Specialization]:
             yield block_sparse_specialization(kernel, 128, torch.bfloat16, causal)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, False, broadcast_q=True)
         yield block_sparse_specialization(kernel, 72, torch.float16, True, block_q=64, block_kv=64)
-    for kernel in ("bs_pool", "bs_scores"):
+        yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, from_offsets=True)
+    for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
 
 
@@ -256,7 +263,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     """The MXFP8 kernels as ``mxfp8_quantize.quantize``, ``mxfp8_attn_fwd.attention_forward`` and
     ``mxfp8_attn_bwd.attention_backward`` launch them (sm_89+: E4M3 operands): quantize per block shape (bf16 read as
     int16 bits), the forward and both backward kernels per head dim, causal or not."""
-    from . import mxfp8_attn_fwd, mxfp8_quantize
+    from . import attn_fwd, mxfp8_attn_fwd, mxfp8_quantize
 
     fn = mxfp8_quantize.mxfp8_quantize_kernel
     for block, dtype in (((1, 32), torch.bfloat16), ((32, 1), torch.float16), ((32, 32), torch.float32)):
@@ -268,10 +275,10 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                           {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs)
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
     for variant in mxfp8_attn_fwd.VARIANTS:
-        tma = True  # as attention_forward decides on sm_90 (K, V through tensor descriptors)
         for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
                                               (128, True, False), (128, False, True), (256, False, False)):
             cfg = mxfp8_attn_fwd.launch_config(variant, head_dim, interpreter=False)
+            tma = head_dim <= attn_fwd.TMA_MAX_HEAD_DIM  # as attention_forward decides on sm_90 (use_tma)
             constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=False,
                               HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5, VARIANT=variant,
                               HW_CVT=True, DOT_FP16=False, USE_TMA=tma)
