@@ -294,7 +294,8 @@ def launch_config(variant: str, head_dim: int, interpreter: Optional[bool] = Non
     # Compiled with Triton 3.6 for sm_90, D <= 128, K/V through TMA (not timed yet): every entry uses 255 registers;
     # spills rebase and bf16smem 0 B at 128 x 128 (they spilled 20-1600 B with K/V pointer tensors), dot_scaled 0 B
     # at 128 x 64 (220 B at 128 x 128), fp8dot 792 B at 128 x 64 (64 x 64: 872 B, 128 x 128: 1732 B).
-    # D256: 64 x 64 with 8 warps (rebase 36 B, bf16smem 124 B of spills; 128 x 64: 2.4-3.9 KB).
+    # D256 (K/V pointers: attn_fwd.TMA_MAX_HEAD_DIM): 64 x 64 with 8 warps, still 1.0-2.7 KB of spills (128 x 64
+    # spilled 2.4-4.9 KB); the bench is at D128.
     if head_dim > 128:
         return KernelConfig(64, 64, 8, 2)
     if variant in ("rebase", "bf16smem"):
