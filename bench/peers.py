@@ -175,7 +175,7 @@ class JfaMxfp8:
     """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
     quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the three
     quantize calls the forward makes (GB/s). variant: the triton forward's way of using the MX operands
-    (``mxfp8_attn_fwd.VARIANTS``, set through ``configs.KNOBS.mxfp8_fwd`` for this peer's calls), named in the
+    (``mxfp8_attn_fwd.VARIANTS``, set through ``configs.KNOBS.mxfp8_variant`` for this peer's calls), named in the
     peer as ``jfa:mxfp8[variant]:triton``; None: the default."""
 
     only_suite = "mxfp8"
@@ -190,11 +190,11 @@ class JfaMxfp8:
         from jfa_ops.backends.triton.configs import KNOBS
 
         def call():
-            before, KNOBS.mxfp8_fwd = KNOBS.mxfp8_fwd, self.variant
+            before, KNOBS.mxfp8_variant = KNOBS.mxfp8_variant, self.variant
             try:
                 return fn()
             finally:
-                KNOBS.mxfp8_fwd = before
+                KNOBS.mxfp8_variant = before
         return call
 
     def unavailable(self, device) -> Optional[str]:

@@ -53,7 +53,7 @@ def test_triton_backend_registers_the_mxfp8_families():
 
 # Interpreter-sized cases: every feature once (jagged with empty sequences, causal GQA, window, broadcast-Q).
 KERNEL_CASES = ("jagged", "causal_gqa", "window", "broadcast_q_causal", "fully_masked_rows")
-# The forward's ways of using the MX operands (mxfp8_attn_fwd docstring). Under the interpreter bf16smem dequantizes
+# The ways the forward's and backward's dots use the MX operands (mxfp8_attn_fwd docstring). Under the interpreter bf16smem dequantizes
 # to fp16, not bf16 (the interpreter's bf16 dots are wrong): the GPU tests below cover its bf16 form.
 VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem")
 
@@ -62,7 +62,7 @@ VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem")
 def variant(request, monkeypatch):
     from jfa_ops.backends.triton.configs import KNOBS
 
-    monkeypatch.setattr(KNOBS, "mxfp8_fwd", request.param)
+    monkeypatch.setattr(KNOBS, "mxfp8_variant", request.param)
     return request.param
 
 
@@ -75,7 +75,7 @@ def test_variants_are_the_kernels():
 def test_unknown_variant_is_refused(monkeypatch):
     from jfa_ops.backends.triton.configs import KNOBS
 
-    monkeypatch.setattr(KNOBS, "mxfp8_fwd", "fp4")
+    monkeypatch.setattr(KNOBS, "mxfp8_variant", "fp4")
     q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["jagged"], dtype=torch.float16)
     with pytest.raises(ValueError, match="variant must be one of"):
         jfa_ops.mxfp8_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), q_off.to(DEVICE), kv_off.to(DEVICE),
@@ -169,7 +169,7 @@ def test_forward_kernel_gpu_d128(dtype, causal, window, broadcast_q, variant):
 
 
 @pytest.mark.gpu
-def test_backward_runs_on_gpu_and_matches_the_reference():
+def test_backward_runs_on_gpu_and_matches_the_reference(variant):
     q, k, v, q_off, kv_off, opts = make_case((300, 0, 77), (290, 5, 77), heads_q=4, dim=128, causal=True,
                                              dtype=torch.bfloat16, seed=6)
     leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
@@ -190,7 +190,7 @@ BACKWARD_CASES = {
 
 
 @pytest.mark.parametrize("name", list(BACKWARD_CASES))
-def test_backward_kernels_match_the_reference_backend(name):
+def test_backward_kernels_match_the_reference_backend(name, variant):
     """dq, dk, dv of the triton kernels against the reference backend's MXFP8 backward (same definition) and the
     float64 MXFP8 backward oracle, gradients through out and lse."""
     from jfa_ops.testing import reference_mxfp8_attention_backward

@@ -3,7 +3,9 @@
 Operands: Q, K, dO as E4M3 with (32, 32) square scales (quantize kernel), V with (1, 32) scales; P and dS are
 quantized in 32 x 32 blocks in registers. A square scale serves both orientations: for a dot operand it becomes
 one scale per row and 32-column group by repeating each block's scale over its 32 rows (``_rows``), transposed
-first when the operand is used transposed. Every dot is ``tl.dot_scaled`` (fp32 accumulate).
+first when the operand is used transposed. Every dot goes through ``mxfp8_attn_fwd.mx_dot`` (fp32 accumulate) in
+the variant ``configs.KNOBS.mxfp8_variant`` picks, as the forward's does (``tl.dot_scaled``, FP8 dots on 32-wide
+chunks, exponent re-basing, bf16 dequantization).
 
 Two kernels: dK/dV (program per (kv tile, kv head): loops over the group's q heads and the sequence's q blocks;
 each kv row is written by one program) and dQ (program per (q tile, q head): loops over the kv blocks; fp32 atomic
@@ -22,8 +24,9 @@ import meta_kernels.mxfp8 as mx
 from .attn_fwd import broadcast_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
-from .mxfp8_attn_fwd import LOG2E_F
-from .mxfp8_quantize import _e4m3_bits, _shared_exponent, quantize, search_steps, sequence_of_tile
+from .configs import KNOBS, interpreting
+from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _to_e4m3, mx_dot
+from .mxfp8_quantize import _shared_exponent, quantize, search_steps, sequence_of_tile
 
 BWD_BLOCK_M = 64
 BWD_BLOCK_N = 64
@@ -36,13 +39,13 @@ def _rows(scale, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _quantize_square(x, R: tl.constexpr, C: tl.constexpr):
+def _quantize_square(x, R: tl.constexpr, C: tl.constexpr, HW_CVT: tl.constexpr):
     """fp32 [R, C] -> (E4M3 data [R, C], uint8 scales [R / 32, C / 32]) in 32 x 32 blocks, "rceil"."""
     x4 = tl.reshape(x, (R // 32, 32, C // 32, 32))
     shared = _shared_exponent(tl.max(tl.max(tl.abs(x4), 3), 1), True)  # [R / 32, C / 32]
     inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
     y = tl.minimum(tl.maximum(x4 * inv_scale[:, None, :, None], -448.0), 448.0)
-    data = tl.reshape(_e4m3_bits(y), (R, C)).to(tl.float8e4nv, bitcast=True)
+    data = _to_e4m3(tl.reshape(y, (R, C)), HW_CVT)
     return data, (shared + 127).to(tl.uint8)
 
 
@@ -63,13 +66,14 @@ def _load_square(X, XS, row0, rows, rows_ok, length, first_block, m0, head, stri
 
 @triton.jit
 def _p_and_ds(q, q_rs, k, k_rs, v, v_rs, do, do_rs, lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left,
-              right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+              right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, D_LEVELS: tl.constexpr, VARIANT: tl.constexpr,
+              HW_CVT: tl.constexpr, DOT_FP16: tl.constexpr):
     """P [BM, BN] = 2**min(S/ln2 - lse2, 0) on visible pairs, and dS = P (dP - delta), dP = dO V^T."""
-    s2 = tl.dot_scaled(q, q_rs, "e4m3", tl.trans(k), k_rs, "e4m3") * qk_scale
+    s2 = mx_dot(q, q_rs, tl.trans(k), k_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16) * qk_scale
     ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
     ok = ok & (lse2 > float("-inf"))[:, None]
     p = tl.where(ok, tl.math.exp2(tl.minimum(s2 - tl.where(ok, lse2[:, None], 0.0), 0.0)), 0.0)
-    dp = tl.dot_scaled(do, do_rs, "e4m3", tl.trans(v), v_rs, "e4m3")
+    dp = mx_dot(do, do_rs, tl.trans(v), v_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16)
     return p, p * (dp - delta[:, None])
 
 
@@ -82,8 +86,11 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                                group, qk_scale, window_left, right,
                                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                               SEARCH_STEPS: tl.constexpr):
+                               SEARCH_STEPS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
+                               DOT_FP16: tl.constexpr):
     DC: tl.constexpr = HEAD_DIM // 32
+    D_LEVELS: tl.constexpr = DC.bit_length() - 1  # log2 of the 32-wide chunks of head_dim (mx_dot's fp8dot)
+    M_LEVELS: tl.constexpr = (BLOCK_M // 32).bit_length() - 1
     tile = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
     seq = sequence_of_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
@@ -129,14 +136,16 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                 delta = tl.load(DELTA + head * total_out + out_row0 + rows, mask=rows_ok, other=0.0)
                 p, ds = _p_and_ds(q, _rows(q_sq, BLOCK_M, DC), k, k_rs, v, v_rs, do, _rows(do_sq, BLOCK_M, DC),
                                   lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
-                                  HAS_RIGHT)
-                p_q, p_sq = _quantize_square(p, BLOCK_M, BLOCK_N)
-                ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N)
+                                  HAS_RIGHT, D_LEVELS, VARIANT, HW_CVT, DOT_FP16)
+                p_q, p_sq = _quantize_square(p, BLOCK_M, BLOCK_N, HW_CVT)
+                ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
                 # dV += Pq^T dO; dK += dSq^T Q (contractions over the q rows: the transposed square scales)
-                dv += tl.dot_scaled(tl.trans(p_q), _rows(tl.trans(p_sq), BLOCK_N, BLOCK_M // 32), "e4m3",
-                                    do, _rows(tl.trans(do_sq), HEAD_DIM, BLOCK_M // 32), "e4m3")
-                dk += tl.dot_scaled(tl.trans(ds_q), _rows(tl.trans(ds_sq), BLOCK_N, BLOCK_M // 32), "e4m3",
-                                    q, _rows(tl.trans(q_sq), HEAD_DIM, BLOCK_M // 32), "e4m3")
+                dv += mx_dot(tl.trans(p_q), _rows(tl.trans(p_sq), BLOCK_N, BLOCK_M // 32),
+                             do, _rows(tl.trans(do_sq), HEAD_DIM, BLOCK_M // 32), M_LEVELS, VARIANT, HW_CVT,
+                             DOT_FP16)
+                dk += mx_dot(tl.trans(ds_q), _rows(tl.trans(ds_sq), BLOCK_N, BLOCK_M // 32),
+                             q, _rows(tl.trans(q_sq), HEAD_DIM, BLOCK_M // 32), M_LEVELS, VARIANT, HW_CVT,
+                             DOT_FP16)
         rows_out = (kv_row0 + keys)[:, None]
         tl.store(DK + rows_out * stride_dkt + kv_head * stride_dkh + d[None, :], (dk * scale).to(DK.dtype.element_ty),
                  mask=keys_ok[:, None])
@@ -153,8 +162,11 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
                              group, qk_scale, window_left, right,
                              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                             SEARCH_STEPS: tl.constexpr):
+                             SEARCH_STEPS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
+                             DOT_FP16: tl.constexpr):
     DC: tl.constexpr = HEAD_DIM // 32
+    D_LEVELS: tl.constexpr = DC.bit_length() - 1  # log2 of the 32-wide chunks of head_dim (mx_dot's fp8dot)
+    N_LEVELS: tl.constexpr = (BLOCK_N // 32).bit_length() - 1
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = sequence_of_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
@@ -196,16 +208,22 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
             v_rs = tl.load(VS + (kv_row0 + keys)[:, None] * stride_vst + kv_head * stride_vsh + dc[None, :],
                            mask=keys_ok[:, None], other=0)
             p, ds = _p_and_ds(q, q_rs, k, _rows(k_sq, BLOCK_N, DC), v, v_rs, do, do_rs, lse2, delta, rows, keys,
-                              len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT)
-            ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N)
-            dq += tl.dot_scaled(ds_q, _rows(ds_sq, BLOCK_M, BLOCK_N // 32), "e4m3",
-                                k, _rows(tl.trans(k_sq), HEAD_DIM, BLOCK_N // 32), "e4m3")
+                              len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT, D_LEVELS, VARIANT,
+                              HW_CVT, DOT_FP16)
+            ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
+            dq += mx_dot(ds_q, _rows(ds_sq, BLOCK_M, BLOCK_N // 32),
+                         k, _rows(tl.trans(k_sq), HEAD_DIM, BLOCK_N // 32), N_LEVELS, VARIANT, HW_CVT, DOT_FP16)
         tl.atomic_add(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :], dq * scale,
                       mask=rows_ok[:, None], sem="relaxed")
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
-    """(dq, dk, dv) in the inputs' dtypes: the reference's MXFP8 backward, in two Triton kernels."""
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding,
+                       variant=None):
+    """(dq, dk, dv) in the inputs' dtypes: the reference's MXFP8 backward, in two Triton kernels. variant: how the
+    dots use the MX operands (``mxfp8_attn_fwd.VARIANTS``); None takes ``configs.KNOBS.mxfp8_variant``."""
+    variant = KNOBS.mxfp8_variant if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[2]
     total_out = out.shape[0]
@@ -237,7 +255,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         **row_strides("v", v8), **row_strides("vs", vs), **row_strides("do", do8), **row_strides("dos", dos),
         group=heads_q // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right,
         HEAD_DIM=dim, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs))
+        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs), VARIANT=variant,
+        HW_CVT=not interpreting(), DOT_FP16=interpreting())
     launch(mxfp8_attn_bwd_dkdv_kernel, (k.shape[0] // BWD_BLOCK_N + num_seqs, heads_kv),
            dict(common, DK=dk, DV=dv, **row_strides("dk", dk), **row_strides("dv", dv)), num_warps=4, num_stages=1)
     launch(mxfp8_attn_bwd_dq_kernel, (total_out // BWD_BLOCK_M + num_seqs, heads_q),

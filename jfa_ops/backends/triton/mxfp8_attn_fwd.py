@@ -6,7 +6,8 @@ an integer running maximum (``ceil``), so the rescale factors are powers of two 
 reference's; P = 2**(s2 - m) quantized in (1, 32) blocks along the keys ("rceil"); O += Pq V. out = O / sum(Pq), lse
 from the unquantized sum.
 
-How the two dots use the MX operands (``VARIANT``, ``configs.KNOBS.mxfp8_fwd``; bench/NOTES.md compares them):
+How the two dots use the MX operands (``VARIANT``, ``configs.KNOBS.mxfp8_variant``; bench/NOTES.md compares them;
+``mx_dot`` is the same choice in ``tl.dot_scaled``'s calling form, for the backward kernels):
 
     dot_scaled  ``tl.dot_scaled`` on every dot: block-scaled MMA on Blackwell; on sm_90 Triton dequantizes the E4M3
                 operands to bf16 in registers and runs a bf16 wgmma (the portable correctness path).
@@ -129,6 +130,40 @@ def _dequantize_cols(data, scale_bits, DOT_FP16: tl.constexpr):
     D: tl.constexpr = scale_bits.shape[1]
     y = tl.reshape(tl.reshape(data.to(tl.float32), (NB, 32, D)) * _e8m0_value(scale_bits)[:, None, :], (NB * 32, D))
     return y.to(tl.float16) if DOT_FP16 else y.to(tl.bfloat16)
+
+
+@triton.jit
+def _values_rows(data, scale_bits):
+    """fp32 values of ``data [R, C * 32]`` (E4M3) with (1, 32) scale bits ``[R, C]``."""
+    R: tl.constexpr = data.shape[0]
+    C: tl.constexpr = scale_bits.shape[1]
+    return tl.reshape(tl.reshape(data.to(tl.float32), (R, C, 32)) * _e8m0_value(scale_bits)[:, :, None], (R, C * 32))
+
+
+@triton.jit
+def mx_dot(a, a_scale, b, b_scale, K_LEVELS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
+           DOT_FP16: tl.constexpr):
+    """``tl.dot_scaled(a, a_scale, "e4m3", b, b_scale, "e4m3")`` (fp32 [M, N]) the way ``VARIANT`` says (module
+    docstring): a [M, K] E4M3 with scale bits [M, K / 32] along K, b [K, N] E4M3 with scale bits [N, K / 32] (each
+    column's blocks along K); K = 32 * 2**K_LEVELS. The backward kernels' dots go through here."""
+    if VARIANT == "dot_scaled":
+        return tl.dot_scaled(a, a_scale, "e4m3", b, b_scale, "e4m3")
+    b_t = tl.trans(b)  # [N, K]: b's blocks run along its rows' K, like a's
+    if VARIANT == "bf16smem":
+        return tl.dot(_dequantize_rows(a, a_scale, DOT_FP16), tl.trans(_dequantize_rows(b_t, b_scale, DOT_FP16)))
+    if VARIANT == "rebase":
+        a_r, a_exp = _rebase_rows(_values_rows(a, a_scale), a_scale.to(tl.int32) - 127, HW_CVT)
+        b_r, b_exp = _rebase_rows(_values_rows(b_t, b_scale), b_scale.to(tl.int32) - 127, HW_CVT)
+        return tl.dot(a_r, tl.trans(b_r)) * (_pow2(a_exp)[:, None] * _pow2(b_exp)[None, :])
+    # fp8dot: one FP8 dot per 32-wide chunk of K, scaled by the outer product of the chunk's scales
+    KC: tl.constexpr = 1 << K_LEVELS
+    a_factors = _e8m0_value(a_scale)
+    b_factors = _e8m0_value(b_scale)
+    out = tl.zeros([a.shape[0], b.shape[1]], tl.float32)
+    for c in tl.static_range(KC):
+        part = tl.dot(_chunk32(a, c, K_LEVELS), tl.trans(_chunk32(b_t, c, K_LEVELS)))
+        out += part * (_column(a_factors, c, KC)[:, None] * _column(b_factors, c, KC)[None, :])
+    return out
 
 
 @triton.jit
@@ -305,8 +340,8 @@ def launch_config(variant: str, head_dim: int, interpreter: Optional[bool] = Non
 
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, variant=None):
     """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from quantized (data, scale) pairs.
-    variant: one of ``VARIANTS``; None takes ``configs.KNOBS.mxfp8_fwd``."""
-    variant = KNOBS.mxfp8_fwd if variant is None else variant
+    variant: one of ``VARIANTS``; None takes ``configs.KNOBS.mxfp8_variant``."""
+    variant = KNOBS.mxfp8_variant if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     (q, q_scale), (k, k_scale), (v, v_scale) = q_mx, k_mx, v_mx
