@@ -127,6 +127,18 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
+def rank_specialization() -> Specialization:
+    """The list-ordering kernel (scheduling.rank_tiles_kernel) as build_tiles launches it."""
+    from . import scheduling
+
+    fn = scheduling.rank_tiles_kernel
+    constexprs = dict(BLOCK=scheduling.RANK_BLOCK, CHUNK=scheduling.RANK_CHUNK)
+    sig = _sig(list(fn.arg_names), {"SLOTS": "*i32", "COST": "*i64", "ORDERED": "*i32"})
+    sig.update({c: "constexpr" for c in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return Specialization("rank-tiles", "rank_tiles_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
+
+
 _BLOCK_SPARSE_KERNELS = {
     "bs_fwd": ("block_sparse_fwd", "block_sparse_fwd_kernel", "fwd"),
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
@@ -251,6 +263,7 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
+    yield rank_specialization()
     for kernel in ("fwd", "dkdv", "dq"):  # the one-wave schedule (no sorted list), the forward with its check
         yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
