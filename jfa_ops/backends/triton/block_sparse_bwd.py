@@ -56,9 +56,9 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
     n0 = tl.program_id(0) * BLOCK_N
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     if n0 < len_k:
-        out_row0, len_q = seq_extent(Q_OFF, seq)
+        out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
         if BROADCAST_Q:
             q_row0 = out_row0 * 0
         else:
@@ -120,7 +120,8 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
     else:
         seq_begin = tl.program_id(1)
         seq_end = seq_begin + 1
-    first_row, len_q = seq_extent(Q_OFF, seq_begin)  # broadcast Q: every sequence has the same L_q
+    # broadcast Q: every sequence has the same L_q
+    first_row, len_q = seq_extent(tl.load(Q_OFF + seq_begin), tl.load(Q_OFF + seq_begin + 1))
     if m0 < len_q:
         if BROADCAST_Q:
             q_row0 = first_row * 0
@@ -136,8 +137,8 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                       PAD_D)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for seq in range(loop_bound(seq_begin), loop_bound(seq_end)):
-            out_row0, len_q = seq_extent(Q_OFF, seq)
-            kv_row0, len_k = seq_extent(KV_OFF, seq)
+            out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+            kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
             do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok,
                            d_ok, True, PAD_D)
             lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)

@@ -47,9 +47,9 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
     m0 = tl.program_id(0) * BLOCK_M
     seq = tl.program_id(1)
     head = tl.program_id(2)
-    out_row0, len_q = seq_extent(Q_OFF, seq)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     if m0 < len_q:
-        kv_row0, len_k = seq_extent(KV_OFF, seq)
+        kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
         if BROADCAST_Q:
             q_row0 = out_row0 * 0  # every sequence reads the same dense Q
         else:
