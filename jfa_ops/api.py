@@ -9,7 +9,7 @@ from torch import Tensor
 
 import meta_kernels
 import meta_kernels.mxfp8
-from jfa_ops.ops.attention import check_no_forward_ad
+from jfa_ops.ops.attention import attention_direct, check_no_forward_ad, eager_direct
 
 __all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
            "mxfp8_dequantize", "mxfp8_attention"]
@@ -96,7 +96,9 @@ def jagged_attention(
     args = (q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv)
     options = dict(scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
                    window_right=window[1], broadcast_q=broadcast_q, deterministic=deterministic, backend=backend)
-    if _records_autograd(q, k, v):
+    if eager_direct(q, k, v, q_offsets, kv_offsets):  # eager, plain tensors: the op's body without the dispatcher
+        out, lse = attention_direct(*args, *options.values())
+    elif _records_autograd(q, k, v):
         out, lse = torch.ops.jfa.attention.default(*args, **options)
     else:  # inference: skip the custom op's autograd kernel (a Python layer that would only redispatch)
         with torch._C._AutoDispatchBelowAutograd():

@@ -37,3 +37,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def tma_at_test_sizes(monkeypatch):
+    """Tests use small batches: let them reach the TMA paths (on sm_90, or where a test emulates it) as large calls
+    do; the size rule itself (attn_fwd.TMA_MIN_ROWS) has its own test."""
+    try:
+        from jfa_ops.backends.triton import attn_fwd
+    except ImportError:  # no triton
+        return
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 0)

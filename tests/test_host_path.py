@@ -7,20 +7,33 @@ import torch
 
 import jfa_ops
 import meta_kernels
+from jfa_ops.ops import attention as attention_ops
 from jfa_ops.backends import Backend, get_backend, register_backend, unregister_backend
 from jfa_ops.testing import AttentionCase, assert_attention_close, backward_op_args
 
 CASE = AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, dtype=torch.float32, causal=True)
 
 
-def _autograd_kernel_on_stack() -> bool:
-    """Is torch's custom-op autograd kernel (torch/_library/autograd.py) one of the callers of this frame?"""
-    frame = sys._getframe(1)
+def _on_stack(*path: str) -> bool:
+    """Is a function of torch's file ``path`` one of the callers of this frame?"""
+    frame, suffix = sys._getframe(1), os.path.join(*path)
     while frame is not None:
-        if frame.f_code.co_filename.endswith(os.path.join("_library", "autograd.py")):
+        if frame.f_code.co_filename.endswith(suffix):
             return True
         frame = frame.f_back
     return False
+
+
+def _autograd_kernel_on_stack() -> bool:
+    """torch's custom-op autograd kernel (torch/_library/autograd.py)."""
+    return _on_stack("_library", "autograd.py")
+
+
+@pytest.fixture(params=["direct", "op"])
+def eager_path(request, monkeypatch):
+    """Both eager paths (JFA_EAGER_PATH): the op's body called directly, and torch.ops.jfa.attention."""
+    monkeypatch.setattr(attention_ops, "EAGER_DIRECT", request.param == "direct")
+    return request.param
 
 
 @pytest.fixture
@@ -30,7 +43,8 @@ def spy_backend():
     seen = []
 
     def forward(*args):
-        seen.append(_autograd_kernel_on_stack())
+        seen.append("autograd kernel" if _autograd_kernel_on_stack() else
+                    "op" if _on_stack("_library", "custom_ops.py") else "direct")
         return reference.forward(*args)
 
     register_backend(Backend("spy", forward=forward, backward=reference.backward, supports=reference.supports))
@@ -39,22 +53,58 @@ def spy_backend():
 
 
 @pytest.mark.parametrize("context", ["no_grad", "inference_mode", "no_input_requires_grad"])
-def test_inference_path_skips_the_autograd_kernel(spy_backend, context):
+def test_inference_path_skips_the_autograd_kernel(spy_backend, eager_path, context):
     inputs = CASE.make_inputs(0, requires_grad=context != "no_input_requires_grad")
     guard = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(context, torch.enable_grad)
     with guard():
         out, lse = inputs.call("spy")
-    assert spy_backend == [False]
+    assert spy_backend == [eager_path]
     want_out, want_lse = inputs.oracle()
     assert_attention_close(out, want_out, dtype=CASE.dtype, kind="forward", name="out")
     assert_attention_close(lse, want_lse, dtype=CASE.dtype, kind="lse", name="lse")
     assert not out.requires_grad
 
 
-def test_training_path_records_autograd(spy_backend):
+def test_training_path_records_autograd(spy_backend, eager_path):
     inputs = CASE.make_inputs(0, requires_grad=True)
     out, _ = inputs.call("spy")
-    assert spy_backend == [True] and out.requires_grad
+    assert spy_backend == ["direct" if eager_path == "direct" else "autograd kernel"] and out.requires_grad
+    assert out.grad_fn is not None
+
+
+def test_both_eager_paths_give_the_same_numbers(monkeypatch):
+    """The direct path runs the op's body and formula: same outputs and gradients, bit for bit (reference, fp32)."""
+    case = AttentionCase((3, 0, 5, 1), (4, 2, 6, 3), heads_q=4, heads_kv=2, dtype=torch.float32, causal=True,
+                         window=(3, 0))
+    inputs = case.make_inputs(0, requires_grad=True)
+    results = []
+    for direct in (True, False):
+        monkeypatch.setattr(attention_ops, "EAGER_DIRECT", direct)
+        out, lse = inputs.call("reference")
+        grads = torch.autograd.grad((out, lse), (inputs.q, inputs.k, inputs.v),
+                                    (torch.ones_like(out), torch.ones_like(lse)))
+        results.append((out, lse) + grads)
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+    want_out, want_lse = inputs.oracle()
+    assert_attention_close(results[0][0], want_out, dtype=case.dtype, kind="forward", name="out")
+
+
+@pytest.mark.parametrize("context", ["flop_counter", "vmap", "autocast"])
+def test_direct_path_leaves_modes_and_transforms_to_the_op(spy_backend, context):
+    """A TorchDispatchMode, a functorch transform or an autocast region must see the op: the call takes it."""
+    inputs = CASE.make_inputs(0)
+    if context == "flop_counter":
+        with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+            inputs.call("spy")
+        assert counter.get_total_flops() > 0
+    elif context == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inputs.call("spy")
+    else:
+        torch.vmap(lambda q: jfa_ops.jagged_attention(q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets,
+                                                      backend="spy"))(inputs.q.unsqueeze(0))  # torch's vmap fallback
+    assert "direct" not in spy_backend
 
 
 @pytest.mark.parametrize("guard", [torch.no_grad, torch.enable_grad])

@@ -327,3 +327,63 @@ _AUTOCAST_LIB = torch.library.Library("jfa", "IMPL")
 for _device_type in ("cpu", "cuda"):
     _AUTOCAST_LIB.impl("attention", _autocast_kernel(_device_type),
                        "Autocast" + torch._C._dispatch_key_for_device(_device_type), with_keyset=True)
+
+
+# --------------------------------------------------------------- the eager direct path
+# JFA_EAGER_PATH (read once, at import): "direct" (default) runs eager calls of plain tensors without torch's
+# custom-op dispatch; "op" sends every call through torch.ops.jfa.attention.
+EAGER_DIRECT = os.environ.get("JFA_EAGER_PATH", "direct") != "op"
+
+
+def eager_direct(*tensors: Optional[Tensor]) -> bool:
+    """Whether an eager call may run the op's body directly instead of through ``torch.ops.jfa.attention``.
+
+    Why: on the H200's host a torch.library custom op costs ~30 us of dispatch per call, and its autograd layer
+    (torch/_library/autograd.py: default filling, redispatch, an autograd node per op) several times that; for the
+    small jagged batches of recommendation models that is more than the GPU's work (bench/NOTES.md v7). The body
+    is the same Python (``_params``, ``select_backend``, ``_forward``, the backend's backward), so results are
+    identical. Only when nothing else must see the op: not compiling or tracing, no tensor subclass (FakeTensor,
+    FunctionalTensor, DTensor, ...), no TorchDispatchMode (FlopCounterMode, fake mode, ...), no functorch transform
+    (vmap, grad, jvp), no autocast region (the op's autocast kernel casts); every other call takes the op.
+    """
+    return (EAGER_DIRECT and not torch.compiler.is_compiling()
+            and all(t is None or type(t) is Tensor for t in tensors)
+            and torch._C._len_torch_dispatch_stack() == 0
+            and torch._C._functorch.peek_interpreter_stack() is None
+            and not torch._C._is_any_autocast_enabled())
+
+
+def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                     *options) -> Tuple[Tensor, Tensor]:
+    """``torch.ops.jfa.attention(q, k, v, q_offsets, kv_offsets, *options)`` without the dispatcher (only where
+    ``eager_direct`` holds): the op's body, and under autograd a ``torch.autograd.Function`` with the op's formula."""
+    params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
+    check_no_forward_ad(q, k, v)
+    impl = select_backend(backend, Problem.of(q, k, params))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
+    return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+
+
+class _DirectAttention(torch.autograd.Function):
+    """The op's autograd formula (``_setup_context``/``_backward``) for the direct path: the backward calls the
+    backend's backward with the forward's checked params; under ``create_graph`` it goes through
+    ``torch.ops.jfa.attention_backward``, whose autograd raises on double backward, as the op path does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, impl, params, options):
+        out, lse = _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+        ctx.impl, ctx.params, ctx.options = impl, params, options
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        if torch.is_grad_enabled():  # create_graph=True: the op's path (double backward raises there)
+            grads = _backward(ctx, grad_out, grad_lse)
+        else:
+            q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+            grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+            grads = ctx.impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, ctx.params)
+        return tuple(grads[:3]) + (None,) * 5

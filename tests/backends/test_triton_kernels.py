@@ -566,3 +566,14 @@ def test_folded_offset_check_flag_and_no_out_of_bounds(case, wave, monkeypatch, 
     if expected and rows:
         ref = oracle(q, k, v, off, off, 0.25, causal=True)[0].double()
         assert (out.double() - ref).norm() <= 2e-3 * ref.norm()
+
+
+def test_small_calls_skip_tma(monkeypatch):
+    """Below TMA_MIN_ROWS rows the pointer path (no descriptor to build and encode on every call)."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 64)
+    small, large = (torch.empty(rows, 2, 64, dtype=torch.float16) for rows in (63, 64))
+    assert not attn_fwd.use_tma(False, small, small)
+    assert attn_fwd.use_tma(False, large, large)

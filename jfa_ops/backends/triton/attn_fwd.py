@@ -165,6 +165,10 @@ TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where pos
 # H200, Triton 3.6: the causal forward with TMA K/V hangs at head_dim 256 (bf16 and fp16; 128x64 tiles, 2 stages;
 # non-causal and the pointer path are fine; bench/NOTES.md, session 4). Only head dims up to 128 use TMA.
 TMA_MAX_HEAD_DIM = 128
+# Below this many rows the pointer path: a descriptor costs host time on every call (built here, encoded again by
+# Triton's launcher: ~10 us per tensor on the H200's host, bench/NOTES.md v7) while a small call's few K/V blocks
+# gain nothing from TMA; the small jagged batches of recommendation models are host-bound.
+TMA_MIN_ROWS = 4096
 @functools.lru_cache(maxsize=None)
 def _capability(device_index: int):
     return torch.cuda.get_device_capability(device_index)
@@ -172,13 +176,15 @@ def _capability(device_index: int):
 
 def use_tma(pad_d: bool, *tensors: torch.Tensor) -> bool:
     """Tensor descriptors over these [T, H, D] tensors (``rows_descriptor``): sm_90+, 16-bit, unpadded head dim (a
-    padded block would reach into the next head's columns) up to TMA_MAX_HEAD_DIM, and every tensor non-empty (a
+    padded block would reach into the next head's columns) up to TMA_MAX_HEAD_DIM, at least TMA_MIN_ROWS rows in
+    the first tensor, and every tensor non-empty (a
     descriptor needs positive extents) with a 16-byte aligned base and row stride (TMA's rule; a slice of a fused
     projection usually qualifies)."""
     first = tensors[0]
     if tracing():  # torch.compile: the descriptors' alignment rule needs data pointers (see docs/architecture.md)
         return False
-    if first.dtype == torch.float32 or pad_d or first.shape[-1] > TMA_MAX_HEAD_DIM or not _tma_device(first):
+    if (first.dtype == torch.float32 or pad_d or first.shape[-1] > TMA_MAX_HEAD_DIM or first.shape[0] < TMA_MIN_ROWS
+            or not _tma_device(first)):
         return False
     return not any(t.shape[0] == 0 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 for t in tensors)
 

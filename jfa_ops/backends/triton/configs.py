@@ -128,6 +128,7 @@ def _dq(bucket: int, itemsize: int, shared_memory: int) -> KernelConfig:
     return KernelConfig(64, 64, 8, 2) if not small else KernelConfig(32, 32, 4, 2)  # 139,264 B; 64x32: 102,400
 
 
+@functools.lru_cache(maxsize=None)  # pure: one lookup per launch instead of the table's branches (host time)
 def table_config(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                  shared_memory: int) -> Optional[KernelConfig]:
     """The table's entry for a device with ``shared_memory`` bytes per block (opt-in maximum), None when even the

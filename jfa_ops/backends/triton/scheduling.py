@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from ..base import tracing
-from .common import loop_bound, num_sms
+from .common import int_max, launch_schedule, loop_bound, num_sms
+from .configs import KNOBS
 from .launch import launch
 from .offset_checks import offsets_ok
 
@@ -161,8 +162,6 @@ def one_wave(max_items: int, programs_per_sm: int, device: torch.device) -> bool
         return fits
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    from .configs import KNOBS
-
     return statically_known_true(fits) or not KNOBS.traced_sorted_lists
 
 
@@ -218,9 +217,6 @@ def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: tor
     One wave (``one_wave``, ``KNOBS.one_wave_unsorted``): no list, the kernel maps items to slots itself
     (TILES_FROM_OFFSETS; the pointers are placeholders); else ``tiles_fn()`` builds the sorted list (with the offset
     check in ``check`` folded into it)."""
-    from .common import launch_schedule
-    from .configs import KNOBS
-
     num_seqs = other_offsets.numel() - 1
     capacity = capacity_of(rows_s, block, num_seqs)
     from_offsets = KNOBS.one_wave_unsorted and one_wave(capacity * heads, programs_per_sm, device) and num_seqs > 0
@@ -232,7 +228,7 @@ def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: tor
     programs, counter = launch_schedule(kind, capacity * heads, programs_per_sm, device)
     return programs, dict(TILE_SEQ=seq, TILE_START=start, TILE_COUNT=count,
                           WORK_COUNTER=count if counter is None else counter, n_slots=capacity,
-                          search_steps=binary_search_steps(num_seqs), num_seqs=torch.sym_max(num_seqs, 0),
+                          search_steps=binary_search_steps(num_seqs), num_seqs=int_max(num_seqs, 0),
                           rows_s=rows_s, rows_o=rows_o, ATOMIC_WORK=counter is not None,
                           TILES_FROM_OFFSETS=from_offsets)
 
