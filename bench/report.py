@@ -222,18 +222,26 @@ MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), (
                  ("compute", "bwd"): (1.0, None)}
 
 
+def _counts_quantization(peer: str) -> bool:
+    """An MXFP8 row timed from bf16 inputs (quantization counted): ``jfa:mxfp8:B`` or ``jfa:mxfp8[variant]:B``, the
+    rows issue 12's targets apply to (``-prequant`` rows are shown beside them)."""
+    return peer.startswith("jfa:mxfp8:") or peer.startswith("jfa:mxfp8[")
+
+
 def mxfp8_lines(records: List[dict]) -> List[str]:
     """Per mxfp8-suite case and mode: MXFP8 (quantization counted, and pre-quantized) against our bf16 triton and FA4
     bf16 with issue 12's targets, and the quantize kernel's GB/s against the H200's copy bandwidth (target 80%)."""
     idx = _index(records)
     out = []
+    mxfp8_peers = [p for p in peer_columns([r for r in records if not r.get("skip")])
+                   if p.startswith("jfa:mxfp8") and not p.startswith("jfa:mxfp8-quantize")]
     for name in _case_names([r for r in records if r["case"]["suite"] == "mxfp8"]):
         case = next(r["case"] for r in records if r["case"]["name"] == name)
         kind = "memory" if case["broadcast_q"] or case["window"] != [-1, -1] else "compute"
         for mode in MODES:
             base = idx.get((name, "jfa:triton", mode)) or {}
             fa4 = idx.get((name, YARDSTICK, mode)) or {}
-            for peer in ("jfa:mxfp8:triton", "jfa:mxfp8-prequant:triton"):
+            for peer in mxfp8_peers:
                 r = idx.get((name, peer, mode)) or {}
                 if not r.get("tflops"):
                     continue
@@ -242,7 +250,7 @@ def mxfp8_lines(records: List[dict]) -> List[str]:
                 for label, other, target in (("our bf16", base, want[0]), ("FA4 bf16", fa4, want[1])):
                     if other.get("tflops"):
                         ratio = r["tflops"] / other["tflops"]
-                        verdict = "" if target is None or peer != "jfa:mxfp8:triton" else \
+                        verdict = "" if target is None or not _counts_quantization(peer) else \
                             f" (target {target}x: {'PASS' if ratio >= target else 'FAIL'})"
                         parts.append(f"{ratio:.2f}x {label}{verdict}")
                 out.append(f"{name} {mode} {peer}: {r['tflops']:.1f} TFLOP/s" + (", " + ", ".join(parts) if parts
@@ -252,6 +260,50 @@ def mxfp8_lines(records: List[dict]) -> List[str]:
             share = q["gbps"] / HBM_COPY_GBPS
             out.append(f"{name} quantize: {q['gbps']:.0f} GB/s = {share:.0%} of {HBM_COPY_GBPS:.0f} "
                        f"(target 80%: {'PASS' if share >= 0.8 else 'FAIL'})")
+    return out
+
+
+# issue 11's targets: keep_ratio -> (min speedup over our dense kernel, fwd, bwd), selection included
+SPARSE_DENSE_TARGETS = {0.5: (1.7, 1.6), 0.25: (3.0, 3.0)}
+SPARSE_FLEX_TARGET = 1.3  # over FlexAttention given the same BlockMask
+SELECT_SHARE_TARGET = 0.10  # selection's share of the sparse forward's time (selection included)
+
+
+def sparse_lines(records: List[dict]) -> List[str]:
+    """Per sparse-suite case and mode, for each jfa backend with a sparse row: its time (forward: selection
+    included), the speedup over our dense kernel on the same batch (``<backend> dense`` row) and over Flex given the
+    same BlockMask, with issue 11's targets, and the selection's share (``<backend> select`` row over the forward;
+    over fwd+bwd too when timed). From the times, not the TFLOP/s: the rows count different work."""
+    idx = _index(records)
+    out = []
+    sparse = [r for r in records if r["case"]["suite"] == "sparse"]
+    backends = [p for p in peer_columns(sparse) if p.startswith("jfa:") and " " not in p]
+    for name in _case_names(sparse):
+        keep = next(r["case"].get("keep_ratio") for r in sparse if r["case"]["name"] == name)
+        for b in backends:
+            select_ms = (idx.get((name, f"{b} select", "fwd")) or {}).get("ms")
+            for mode in MODES:
+                ours = (idx.get((name, b, mode)) or {}).get("ms")
+                if not ours:
+                    continue
+                parts = [f"{ours:.3f} ms"]
+                dense_ms = (idx.get((name, f"{b} dense", mode)) or {}).get("ms")
+                want = SPARSE_DENSE_TARGETS.get(keep, (None, None))[0 if mode == "fwd" else 1]
+                if dense_ms:
+                    verdict = "" if mode == "fwdbwd" or want is None else \
+                        f" (target {want}x: {_verdict(dense_ms / ours >= want)})"
+                    parts.append(f"{dense_ms / ours:.2f}x our dense {dense_ms:.3f} ms{verdict}")
+                flex_ms = (idx.get((name, FLEX, mode)) or {}).get("ms")
+                if flex_ms:
+                    verdict = "" if mode == "fwdbwd" else \
+                        f" (target {SPARSE_FLEX_TARGET}x: {_verdict(flex_ms / ours >= SPARSE_FLEX_TARGET)})"
+                    parts.append(f"{flex_ms / ours:.2f}x flex {flex_ms:.3f} ms{verdict}")
+                if select_ms and mode != "bwd":  # the backward reuses the forward's selection
+                    share = select_ms / ours
+                    verdict = f" (target < {SELECT_SHARE_TARGET:.0%}: {_verdict(share < SELECT_SHARE_TARGET)})" \
+                        if mode == "fwd" else ""
+                    parts.append(f"selection {select_ms:.3f} ms = {share:.0%}{verdict}")
+                out.append(f"{name} {mode} {b}: " + ", ".join(parts))
     return out
 
 
@@ -324,13 +376,17 @@ def suite_section(suite: str, records: List[dict], with_skips: bool = True) -> s
 def markdown(meta: dict, records: List[dict]) -> str:
     unavailable = meta.get("unavailable") or {}
     head = [f"# jfa_ops bench {meta['date']}", "",
-            "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in meta.items() if k not in ("argv", "unavailable")] + [
+            "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in meta.items()
+                                  if k not in ("argv", "unavailable", "issue11")] + [
             f"| not measured | {'; '.join(f'{n}: {r}' for n, r in unavailable.items()) or '-'} |",
             f"| command | `{' '.join(meta.get('argv', []))}` |", ""]
     body = [suite_section(s, rs) for s, rs in by_suite(records).items()]
     targets = target_lines(records)
     if targets:
         body.append("## Issue 9 targets\n\n" + "\n".join(f"- {t}" for t in targets) + "\n")
+    sparse = sparse_lines(records)
+    if sparse:
+        body.append("## Issue 11 (block-sparse)\n\n" + "\n".join(f"- {t}" for t in sparse) + "\n")
     mxfp8 = mxfp8_lines(records)
     if mxfp8:
         body.append("## Issue 12 (MXFP8)\n\n" + "\n".join(f"- {t}" for t in mxfp8) + "\n")
@@ -433,6 +489,9 @@ def short_summary(records: List[dict]) -> str:
     targets = target_lines(records)
     if targets:
         out += ["issue 9 targets:"] + [f"  {t}" for t in targets]
+    sparse = sparse_lines(records)
+    if sparse:
+        out += ["issue 11 (block-sparse):"] + [f"  {t}" for t in sparse]
     skips = skip_lines(records)
     if skips:
         out += ["skipped:"] + [f"  {s}" for s in skips]

@@ -107,6 +107,12 @@ def _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count
         b, h, i, t = bad.nonzero()[0].tolist()
         raise ValueError(f"kv_block_index[{b}, {h}, {i}, {t}] = {index[b, h, i, t].item()} is not a KV block of "
                          f"sequence {b} (it has {kv_blocks[b].item()} of block_kv={params.block_kv})")
+    # The GPU kernels find each row's masked and mask-free blocks by their order (block_sparse_fwd.py).
+    unsorted = used[..., 1:] & (index[..., 1:] <= index[..., :-1])
+    if unsorted.any():
+        b, h, i, t = unsorted.nonzero()[0].tolist()
+        raise ValueError(f"kv_block_index[{b}, {h}, {i}] must list its used ids in ascending order (as "
+                         f"select_kv_blocks returns them), got {index[b, h, i, :count[b, h, i]].tolist()}")
 
 
 @torch.library.custom_op(

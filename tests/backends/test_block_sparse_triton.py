@@ -19,13 +19,23 @@ from hypothesis import strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 import jfa_ops  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_fwd import selected_tiles_below  # noqa: E402
 from jfa_ops.backends import Problem, select_backend  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,  # noqa: E402
                              check_block_sparse_case)
 
 CUDA = torch.cuda.is_available()
+
+
+@triton.jit
+def _below_kernel(IDS, LIMITS, OUT, count):  # test_stage_split_points
+    i = tl.program_id(0)
+    tl.store(OUT + i, selected_tiles_below(IDS, count, tl.load(LIMITS + i), 32, 16))
 DEVICES = [pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")),
            pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu,
                                                    pytest.mark.skipif(not CUDA, reason="needs a CUDA device")])]
@@ -118,6 +128,87 @@ def test_unselected_blocks_are_never_read(device):
     ref = jfa_ops.block_sparse_attention(q, x.k, x.v, q_off, x.kv_offsets, index, count, block_q=16, block_kv=16,
                                          causal=True, backend="reference")
     assert_attention_close(out, ref, dtype=dtype, kind="forward", name="out")
+
+
+@pytest.mark.parametrize("knobs", [dict(fwd_schedule="atomic", bwd_schedule="atomic"),
+                                   dict(fwd_schedule="static", bwd_schedule="grid", fwd_kv_major=False,
+                                        bwd_kv_major=True),
+                                   dict(one_wave=True)])
+@pytest.mark.parametrize("name", ["jagged_empty_len1_gqa_causal", "broadcast_q_window"])
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_work_schedules(name, knobs, monkeypatch):
+    """The sparse kernels take the dense kernels' work lists: every schedule (grid, static striding, atomic counter;
+    the interpreter's 3 "SMs" make the persistent ones loop), both work orders, and the one-wave path that maps
+    unsorted slots in the kernel (no list), against the oracle; outputs start as NaN (every element written)."""
+    from jfa_ops.backends.triton import common, configs
+
+    for key, val in knobs.items():
+        if key == "one_wave":
+            monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 10 ** 4)
+        else:
+            monkeypatch.setattr(configs.KNOBS, key, val)
+    monkeypatch.setattr(common, "alloc_output", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
+    case, block_q, block_kv, keep_ratio, top_k = FEATURES[name]
+    check_block_sparse_case(BlockSparseCase(case.replace(dtype=torch.float16), block_q, block_kv, keep_ratio, top_k),
+                            "triton", seed=11)
+
+
+@on_each_device
+def test_selection_ties_and_many_blocks(device):
+    """The selection kernel ranks blocks without sorting: equal scores (KV blocks that repeat every 3 blocks) go to
+    the lower index as the reference's stable sort, and rows of more KV blocks than one rank step (70 > 64) rank
+    across steps; the sequences' own blocks only (a short sequence beside a long one). Equals the reference
+    exactly, causal and not."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = (70 * 16 - 5, 40)
+    k_blocks = torch.randn(3, 16, 1, 16, generator=gen).repeat(24, 1, 1, 1).flatten(0, 1)  # [1152, 1, 16]
+    k = torch.cat([k_blocks[:lengths[0]], k_blocks[:lengths[1]]]).to(device)
+    q = torch.randn(sum(lengths), 2, 16, generator=gen).to(device)
+    off = torch.tensor([0, lengths[0], sum(lengths)], device=device)
+    for causal in (False, True):
+        for keep in (0.25, 0.5):
+            got = jfa_ops.select_kv_blocks(q, k, off, off, lengths[0], lengths[0], block_q=16, block_kv=16,
+                                           keep_ratio=keep, causal=causal, backend="triton")
+            want = jfa_ops.select_kv_blocks(q.cpu(), k.cpu(), off.cpu(), off.cpu(), lengths[0], lengths[0],
+                                            block_q=16, block_kv=16, keep_ratio=keep, causal=causal,
+                                            backend="reference")
+            assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0]), (causal, keep)
+
+
+def test_work_list_is_longest_first():
+    """The forward's work list holds every real query tile once, ordered by the selected-block count of its Q block
+    (summed over kv heads), descending; ties keep (sequence, row) order."""
+    from jfa_ops.backends.triton.block_sparse_fwd import selected_cost
+    from jfa_ops.backends.triton.scheduling import forward_tiles
+
+    q_off = torch.tensor([0, 40, 40, 41, 111], dtype=torch.int32)  # lengths 40, 0, 1, 70
+    count = torch.zeros((4, 2, 5), dtype=torch.int32)  # [B, Hkv, NQB] with block_q 16
+    count[0, :, :3] = torch.tensor([[1, 2, 3], [1, 0, 3]])
+    count[2, :, 0] = 1
+    count[3, :, :5] = torch.tensor([[5, 1, 2, 4, 3], [5, 1, 0, 4, 3]])
+    tiles = forward_tiles(q_off, q_off, 111, 111, 16, 0, 0, False, False,
+                          cost_of=selected_cost(count, 16))
+    n = int(tiles.count)
+    got = list(zip(tiles.seq[:n].tolist(), tiles.start[:n].tolist()))
+    cost = {(b, 16 * i): int(count[b, :, i].sum()) for b, length in enumerate((40, 0, 1, 70))
+            for i in range(-(-length // 16))}
+    assert sorted(got) == sorted(cost)
+    assert got == sorted(cost, key=lambda tile: -cost[tile])  # sorted() is stable: ties keep (seq, row) order
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_stage_split_points():
+    """``selected_tiles_below``: of the selected 16-row tiles of 32-row blocks (ascending ids; negative ids first,
+    ids past the sequence last), how many end at or below a limit, i.e. the masked lead's and the bulk's ends."""
+    ids = torch.tensor([-1, 0, 2, 3, 7] + [5] * 70, dtype=torch.int32)  # 75 ids: more than one IDS_CHUNK step
+    count = 75
+    limits = torch.tensor([0, 16, 32, 64, 80, 96, 112, 128, 160, 224, 256, 4096], dtype=torch.int32)
+    out = torch.empty_like(limits)
+    _below_kernel[(len(limits),)](ids, limits, out, count)
+    for limit, got in zip(limits.tolist(), out.tolist()):
+        want = sum(2 if b < 0 else min(max(limit - 32 * b, 0) // 16, 2) for b in ids.tolist())
+        assert got == want, (limit, got, want)
 
 
 def test_transposed_selection():

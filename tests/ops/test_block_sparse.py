@@ -236,6 +236,10 @@ def test_block_sparse_validation_names_the_argument():
         call(index=bad)
     with pytest.raises(ValueError, match=r"kv_block_count must be in \[0, 3\]"):
         call(count=count + 5)
+    swapped = index.clone()
+    swapped[2, 0, 1, :2] = swapped[2, 0, 1, :2].flip(0)  # Q block 1 of sequence 2 keeps blocks 0 and 2: now 2, 0
+    with pytest.raises(ValueError, match=r"kv_block_index\[2, 0, 1\] must list its used ids in ascending order"):
+        call(index=swapped)
 
 
 def test_family_backend_lacking_it_is_named():

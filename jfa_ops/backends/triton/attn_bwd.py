@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (LOG2E, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
+from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
                      next_work, num_sms, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows,
                      visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
@@ -391,10 +391,10 @@ def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads:
                              device: torch.device):
     """Deterministic broadcast-Q dQ: tiles (first sequence of a fixed chunk, query block). Chunks are sized from shapes
     and the SM count only, so the summation order is the same on every call (and the list is cached per shape)."""
-    m_blocks = triton.cdiv(len_q, block_m)
-    chunks = torch.sym_max(1, torch.sym_min(num_seqs, triton.cdiv(target_programs, m_blocks * num_heads)))
-    seqs_per_chunk = triton.cdiv(num_seqs, chunks)
-    chunks = triton.cdiv(num_seqs, seqs_per_chunk)
+    m_blocks = cdiv(len_q, block_m)
+    chunks = torch.sym_max(1, torch.sym_min(num_seqs, cdiv(target_programs, m_blocks * num_heads)))
+    seqs_per_chunk = cdiv(num_seqs, chunks)
+    chunks = cdiv(num_seqs, seqs_per_chunk)
     ids = torch.arange(chunks * m_blocks, device=device, dtype=torch.int32)
     tiles = TileList((ids // m_blocks) * seqs_per_chunk, (ids % m_blocks) * block_m,
                      torch.full((1,), chunks * m_blocks, device=device, dtype=torch.int32), chunks * m_blocks)
@@ -450,7 +450,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         grad_lse_arg = delta
         if grad_lse is not None:
             grad_lse_arg = grad_lse.to(torch.float32).contiguous()
-        launch(attn_bwd_delta_kernel, (triton.cdiv(torch.sym_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
+        launch(attn_bwd_delta_kernel, (cdiv(torch.sym_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
             Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta, ZEROED=delta if zeroed is None else zeroed,
             total_out=total_out, zero_rows=zero_rows, **row_strides("o", out), **row_strides("do", grad_out), **hd,
             BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
@@ -480,7 +480,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         return torch.zeros_like(q), dk, dv
     if fused:
         dq = common.alloc_output(q.shape, q.dtype, device)
-        launch(attn_bwd_dq_finalize_kernel, (triton.cdiv(q.numel(), FINALIZE_BLOCK),), dict(
+        launch(attn_bwd_dq_finalize_kernel, (cdiv(q.numel(), FINALIZE_BLOCK),), dict(
             DQ_ACC=zeroed, DQ=dq, n_elem=q.numel(), num_slabs=num_slabs, slab_stride=q.numel(), scale=scale,
             BLOCK=FINALIZE_BLOCK))
         return dq, dk, dv

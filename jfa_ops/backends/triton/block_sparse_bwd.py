@@ -2,13 +2,14 @@
 
 1. delta = rowsum(dO * O) - grad_lse: the dense ``attn_bwd_delta_kernel``.
 2. dK/dV: the selection transposed on the device (``transpose_selection``: per KV block, the Q blocks that selected
-   it, ascending; torch ops, no host sync); grid (key tiles, B, Hkv), each program sums over its group's q heads
-   and over only those Q blocks (one flat loop of ``attn_bwd.dkdv_step``), then writes dK, dV once (no atomics:
-   deterministic).
-3. dQ: grid (query tiles, B, Hq) over the same selected KV blocks as the forward (``attn_bwd.dq_step``).
-Every tile is masked (``common.visible``): the selection's blocks are not contiguous, so the dense kernels'
-mask-free stages do not apply directly.
-   Broadcast Q: one program per (query tile, q head) sums over the sequences in order (deterministic).
+   it, ascending; torch ops, no host sync); work items (key tile, kv head), each sums over its group's q heads and
+   over only those Q blocks (``attn_bwd.dkdv_step``), then writes dK, dV once (no atomics: deterministic).
+3. dQ: work items (query tile, q head) over the same selected KV blocks as the forward (``attn_bwd.dq_step``).
+   Broadcast Q: one work item per (query tile of L_q, q head) sums over the sequences in order (deterministic).
+
+Both passes take their work from the dense backward's lists (``scheduling.tile_schedule``), longest first by the
+selected-block count of the tile's block (``block_sparse_fwd.selected_cost``), and split each tile's selected
+blocks into a masked lead, a mask-free bulk and a masked tail as the forward does (``selected_tiles_below``).
 """
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ import triton.language as tl
 
 from . import common
 from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step
-from .block_sparse_fwd import index_strides, longest_rows, selected_blocks, sparse_offsets, tile_sizes
-from .common import (dot_precision, head_dim_consts, load_rows, loop_bound, packed_rows, row_source, row_strides,
-                     seq_extent, store_rows, window_bounds)
+from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_cost, selected_tiles_below,
+                               sparse_offsets, tile_sizes)
+from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound, next_work,
+                     packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
+from .configs import KNOBS
 from .launch import launch
+from .scheduling import binary_search_steps, forward_tiles, kv_tiles, single_tiles, tile_schedule, work_tile
 
 
 def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
@@ -40,125 +44,233 @@ def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tens
     return q_index.to(torch.int32).contiguous(), by_kv.sum(-1, dtype=torch.int32).contiguous()
 
 
-@triton.jit(do_not_specialize=["total_out", "n_kv_blocks", "group", "window_left", "right"])
+@triton.jit
+def _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, ids, keys,
+                         rows0, d_ok, len_q, len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
+                         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                         MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile over the selected query tiles [t_begin, t_end) (tile t: the (t % per-block)-th BLOCK_M
+    rows of Q block ids[t // per-block]); mask-free (not MASKED) inside the rows' bulk [bulk_begin, bulk_end)."""
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_Q // BLOCK_M
+    for t in range(loop_bound(t_begin), loop_bound(t_end)):
+        m0 = tl.load(ids + t // TILES_PER_BLOCK) * BLOCK_Q + (t % TILES_PER_BLOCK) * BLOCK_M
+        if MASKED:
+            m0 = tl.where(m0 < len_q, m0, len_q)  # tiles past the sequence: fully masked
+        else:
+            m0 = tl.minimum(tl.maximum(m0, bulk_begin), bulk_end - BLOCK_M)  # unsorted ids stay in the sequence
+        rows = m0 + rows0
+        rows_ok = rows < len_q
+        q = load_rows(q_ptrs + m0.to(tl.int64) * stride_qt, rows_ok, d_ok, MASKED, PAD_D)
+        do = load_rows(do_ptrs + m0.to(tl.int64) * stride_dot, rows_ok, d_ok, MASKED, PAD_D)
+        lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
+        dk, dv, _ = dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, lo_off, hi_off, qk_scale,
+                              HAS_LO, HAS_HI, MASKED, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, n0,
+                      kv_head, total_out, n_kv_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                      stride_vh, stride_dot, stride_doh, stride_dkvt, stride_tib, stride_tih, stride_tin, stride_tcb,
+                      stride_tch, group, scale, qk_scale, window_left, right,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
+                      HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0
+    else:
+        q_row0 = out_row0
+    keys = n0 + tl.arange(0, BLOCK_N)
+    keys_ok = keys < len_k
+    rows0 = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    k = load_rows(K + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :], keys_ok, d_ok, True,
+                  PAD_D)
+    v = load_rows(V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :], keys_ok, d_ok, True,
+                  PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
+    _, _, bulk_begin, bulk_end, _, _ = stage_bounds(n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT,
+                                                    BLOCK_N, BLOCK_M)
+    ids, count = selected_blocks(Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, kv_head, n0 // BLOCK_KV, n_kv_blocks, stride_tib,
+                                 stride_tih, stride_tin, stride_tcb, stride_tch)
+    lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_Q, BLOCK_M)
+    bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_Q, BLOCK_M)
+    for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
+        head = kv_head * group + g
+        q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, False)
+        do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, False)
+        stat_index = head.to(tl.int64) * total_out + out_row0
+        # masked lead (window end), mask-free bulk, masked tail (diagonal, sequence end), as the dense stages
+        dk, dv = _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot,
+                                      ids, keys, rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, 0,
+                                      lead_end, bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT, HAS_LEFT, True,
+                                      PAD_D, DOT_PRECISION)
+        dk, dv = _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot,
+                                      ids, keys, rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, lead_end,
+                                      bulk_stop, bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT, HAS_LEFT, False,
+                                      PAD_D, DOT_PRECISION)
+        dk, dv = _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot,
+                                      ids, keys, rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, bulk_stop,
+                                      count * (BLOCK_Q // BLOCK_M), bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT,
+                                      HAS_LEFT, True, PAD_D, DOT_PRECISION)
+    # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors
+    dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
+    store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+
+
+@triton.jit(do_not_specialize=["num_heads_kv", "total_out", "n_kv_blocks", "n_slots", "search_steps", "num_seqs",
+                               "rows_s", "rows_o", "group", "window_left", "right"])
 def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_INDEX, Q_BLOCK_COUNT,
-                             total_out, n_kv_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                             stride_dot, stride_doh, stride_dkvt, stride_tib, stride_tih, stride_tin, stride_tcb,
-                             stride_tch, group, scale, qk_scale, window_left, right,
+                             TILE_SEQ, TILE_START, TILE_COUNT, WORK_COUNTER, num_heads_kv, total_out, n_kv_blocks,
+                             n_slots, search_steps, num_seqs, rows_s, rows_o, stride_qt, stride_qh, stride_kt,
+                             stride_kh, stride_vt, stride_vh, stride_dot, stride_doh, stride_dkvt, stride_tib,
+                             stride_tih, stride_tin, stride_tcb, stride_tch, group, scale, qk_scale, window_left,
+                             right,
                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                              BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                             BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
+                             BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_MAJOR: tl.constexpr,
+                             ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (key tile, kv head), as the dense ``attn_bwd_dkdv_kernel`` takes them (``scheduling.work_tile``)."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
-    TILES_PER_BLOCK: tl.constexpr = BLOCK_Q // BLOCK_M
-    n0 = tl.program_id(0) * BLOCK_N
-    seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-    if n0 < len_k:
-        out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-        if BROADCAST_Q:
-            q_row0 = out_row0 * 0
-        else:
-            q_row0 = out_row0
-        keys = n0 + tl.arange(0, BLOCK_N)
-        keys_ok = keys < len_k
-        rows0 = tl.arange(0, BLOCK_M)
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_DIM
-        k = load_rows(K + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :], keys_ok, d_ok,
-                      True, PAD_D)
-        v = load_rows(V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :], keys_ok, d_ok,
-                      True, PAD_D)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
-        ids, count = selected_blocks(Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, kv_head, n0 // BLOCK_KV, n_kv_blocks,
-                                     stride_tib, stride_tih, stride_tin, stride_tcb, stride_tch)
-        for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
-            head = kv_head * group + g
-            q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, False)
-            do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, False)
-            stat_index = head.to(tl.int64) * total_out + out_row0
-            # one flat loop over the query tiles of all Q blocks that selected this KV block (one pipeline)
-            for t in range(loop_bound(count * TILES_PER_BLOCK)):
-                m0 = tl.load(ids + t // TILES_PER_BLOCK) * BLOCK_Q + (t % TILES_PER_BLOCK) * BLOCK_M
-                m0 = tl.where(m0 < len_q, m0, len_q)  # tiles past the sequence: fully masked
-                rows = m0 + rows0
-                rows_ok = rows < len_q
-                q = load_rows(q_ptrs + m0.to(tl.int64) * stride_qt, rows_ok, d_ok, True, PAD_D)
-                do = load_rows(do_ptrs + m0.to(tl.int64) * stride_dot, rows_ok, d_ok, True, PAD_D)
-                lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, True)
-                dk, dv, _ = dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, -right,
-                                      window_left, qk_scale, HAS_RIGHT, HAS_LEFT, True, DOT_PRECISION)
-        # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors
-        dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
-        store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
-        store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_tiles * num_heads_kv:
+        seq, n0, kv_head, real = work_tile(work, n_tiles, num_heads_kv, 1, TILE_SEQ, TILE_START, KV_OFF, Q_OFF,
+                                           num_seqs, search_steps, rows_s, rows_o, BLOCK_N, KV_MAJOR,
+                                           TILES_FROM_OFFSETS)
+        if real:
+            _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, n0,
+                              kv_head, total_out, n_kv_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                              stride_vh, stride_dot, stride_doh, stride_dkvt, stride_tib, stride_tih, stride_tin,
+                              stride_tcb, stride_tch, group, scale, qk_scale, window_left, right, HEAD_DIM, BLOCK_D,
+                              PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
+                              DOT_PRECISION)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "total_out", "n_q_blocks", "group", "window_left", "right"])
-def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, num_seqs,
-                           total_out, n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                           stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih, stride_in,
-                           stride_cb, stride_ch, group, scale, qk_scale, window_left, right,
-                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
-                           BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                           BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Query rows [m0, m0 + BLOCK_M) of one sequence (broadcast Q: of every sequence, summed in order), q head."""
-    tl.static_assert(BLOCK_Q % BLOCK_M == 0)
-    tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+@triton.jit
+def _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok, len_q,
+                       len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
+                       BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                       MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ (unscaled) of one query tile over the selected key tiles [t_begin, t_end), as the forward's loop."""
     TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
-    m0 = tl.program_id(0) * BLOCK_M
-    head = tl.program_id(2)
+    for t in range(loop_bound(t_begin), loop_bound(t_end)):
+        block = tl.load(ids + t // TILES_PER_BLOCK)
+        n0 = block * BLOCK_KV + (t % TILES_PER_BLOCK) * BLOCK_N
+        if MASKED:
+            n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: fully masked
+        else:
+            n0 = tl.minimum(tl.maximum(n0, bulk_begin), bulk_end - BLOCK_N)  # unsorted ids stay in the sequence
+        keys = n0 + cols
+        k = load_rows(k_ptrs + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
+        v = load_rows(v_ptrs + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
+        dq = dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, lo_off, hi_off, qk_scale, HAS_LO,
+                     HAS_HI, MASKED, DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, seq_begin, m0, head,
+                    num_seqs, total_out, n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                    stride_vh, stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih, stride_in,
+                    stride_cb, stride_ch, group, scale, qk_scale, window_left, right,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Query rows [m0, m0 + BLOCK_M) of one sequence (broadcast Q: of every sequence, summed in order), q head."""
     if BROADCAST_Q:
-        seq_begin = tl.program_id(1) * 0
         seq_end = seq_begin + num_seqs
     else:
-        seq_begin = tl.program_id(1)
         seq_end = seq_begin + 1
     # broadcast Q: every sequence has the same L_q
     first_row, len_q = seq_extent(tl.load(Q_OFF + seq_begin), tl.load(Q_OFF + seq_begin + 1))
-    if m0 < len_q:
-        if BROADCAST_Q:
-            q_row0 = first_row * 0
-        else:
-            q_row0 = first_row
-        rows = m0 + tl.arange(0, BLOCK_M)
-        rows_ok = rows < len_q
-        cols = tl.arange(0, BLOCK_N)
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_DIM
-        kv_head = head // group
-        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
-                      PAD_D)
-        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for seq in range(loop_bound(seq_begin), loop_bound(seq_end)):
-            out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-            kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-            do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok,
-                           d_ok, True, PAD_D)
-            lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
-            k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
-            v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
-            ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks,
-                                         stride_ib, stride_ih, stride_in, stride_cb, stride_ch)
-            # one flat loop over the key tiles of all selected KV blocks (one pipeline), as the forward
-            for t in range(loop_bound(count * TILES_PER_BLOCK)):
-                block = tl.load(ids + t // TILES_PER_BLOCK)
-                n0 = block * BLOCK_KV + (t % TILES_PER_BLOCK) * BLOCK_N
-                n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: fully masked
-                keys = n0 + cols
-                keys_ok = keys < len_k
-                k = load_rows(k_ptrs + n0.to(tl.int64) * stride_kt, keys_ok, d_ok, True, PAD_D)
-                v = load_rows(v_ptrs + n0.to(tl.int64) * stride_vt, keys_ok, d_ok, True, PAD_D)
-                dq = dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, -window_left, right, qk_scale,
-                             HAS_LEFT, HAS_RIGHT, True, DOT_PRECISION)
-        store_rows(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :],
-                   (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
+    if BROADCAST_Q:
+        q_row0 = first_row * 0
+    else:
+        q_row0 = first_row
+    rows = m0 + tl.arange(0, BLOCK_M)
+    rows_ok = rows < len_q
+    cols = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    kv_head = head // group
+    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
+                  PAD_D)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for seq in range(loop_bound(seq_begin), loop_bound(seq_end)):
+        out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+        kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+        do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok,
+                       d_ok, True, PAD_D)
+        lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
+        k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
+        v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
+        _, _, bulk_begin, bulk_end, _, _ = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT,
+                                                        BLOCK_M, BLOCK_N)
+        ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
+                                     stride_ih, stride_in, stride_cb, stride_ch)
+        lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_KV, BLOCK_N)
+        bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_KV, BLOCK_N)
+        # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
+        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin, bulk_end,
+                                BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                len_q, len_k, -window_left, right, qk_scale, lead_end, bulk_stop, bulk_begin,
+                                bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION)
+        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                len_q, len_k, -window_left, right, qk_scale, bulk_stop,
+                                count * (BLOCK_KV // BLOCK_N), bulk_begin, bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT,
+                                HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+    store_rows(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :],
+               (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
+
+
+@triton.jit(do_not_specialize=["num_heads", "num_seqs", "total_out", "n_q_blocks", "n_slots", "search_steps",
+                               "rows_s", "rows_o", "group", "window_left", "right"])
+def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, TILE_SEQ,
+                           TILE_START, TILE_COUNT, WORK_COUNTER, num_heads, num_seqs, total_out, n_q_blocks, n_slots,
+                           search_steps, rows_s, rows_o, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                           stride_vh, stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih,
+                           stride_in, stride_cb, stride_ch, group, scale, qk_scale, window_left, right,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
+                           BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                           BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_WORK: tl.constexpr,
+                           TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (query tile, q head), tile-major as the dense ``attn_bwd_dq_kernel`` (``scheduling.work_tile``).
+    Broadcast Q: the tiles are L_q's query blocks (sequence 0) and each sums over every sequence."""
+    tl.static_assert(BLOCK_Q % BLOCK_M == 0)
+    tl.static_assert(BLOCK_KV % BLOCK_N == 0)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_tiles * num_heads:
+        seq, m0, head, real = work_tile(work, n_tiles, num_heads, 1, TILE_SEQ, TILE_START, Q_OFF, KV_OFF, num_seqs,
+                                        search_steps, rows_s, rows_o, BLOCK_M, False, TILES_FROM_OFFSETS)
+        if real:
+            _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, seq, m0, head,
+                            num_seqs, total_out, n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                            stride_vh, stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih,
+                            stride_in, stride_cb, stride_ch, group, scale, qk_scale, window_left, right, HEAD_DIM,
+                            BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
+                            DOT_PRECISION)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
@@ -187,26 +299,45 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
         **row_strides("do", grad_out), **hd, BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=False))
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
 
-    # 2. dK, dV over the transposed selection
+    # 2. dK, dV over the transposed selection: key tiles x kv heads, longest first by selecting Q blocks
     kv_rows = longest_rows(k, params.max_seqlen_kv)
     n_kv_blocks = triton.cdiv(kv_rows, params.block_kv)
     q_index, q_count = transpose_selection(index, count, n_kv_blocks)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     cfg, block_m, block_n = tile_sizes("dkdv", head_dim, q.dtype, params.causal, device, params.block_q,
                                        params.block_kv)
-    launch(block_sparse_dkdv_kernel, (triton.cdiv(kv_rows, block_n), num_seqs, num_heads_kv), dict(
-        **common_args, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count,
-        n_kv_blocks=n_kv_blocks, stride_dkvt=dk.stride(0), **index_strides("ti", "tc", q_index, q_count),
-        BLOCK_M=block_m, BLOCK_N=block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    programs, schedule = tile_schedule(
+        lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], block_n, window_left, right, has_left, has_right,
+                         cost_of=selected_cost(q_count, params.block_kv)),
+        kv_off, q_off, k.shape[0], total_out, block_n, num_heads_kv, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
+    launch(block_sparse_dkdv_kernel, (programs,), dict(
+        **common_args, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, **schedule,
+        num_heads_kv=num_heads_kv, n_kv_blocks=n_kv_blocks, stride_dkvt=dk.stride(0),
+        **index_strides("ti", "tc", q_index, q_count), BLOCK_M=block_m, BLOCK_N=block_n,
+        KV_MAJOR=KNOBS.bwd_kv_major), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    # 3. dQ over the selection itself
-    q_rows = longest_rows(q, params.max_seqlen_q, params.broadcast_q)
+    # 3. dQ over the selection itself: query tiles x q heads, longest first (broadcast Q: L_q's tiles, each summing
+    # over the sequences)
     dq = common.alloc_output(q.shape, q.dtype, device)
     cfg, block_m, block_n = tile_sizes("dq", head_dim, q.dtype, params.causal, device, params.block_q,
                                        params.block_kv)
-    launch(block_sparse_dq_kernel, (triton.cdiv(q_rows, block_m), 1 if params.broadcast_q else num_seqs, num_heads),
-           dict(**common_args, Delta=delta, DQ=dq, BLOCK_INDEX=index, BLOCK_COUNT=count, num_seqs=num_seqs,
-                n_q_blocks=index.shape[2], stride_dqt=dq.stride(0), stride_dqh=dq.stride(1),
-                **index_strides("i", "c", index, count), BLOCK_M=block_m, BLOCK_N=block_n),
-           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if params.broadcast_q:
+        tiles = single_tiles(triton.cdiv(q.shape[0], block_m), block_m, device)
+        programs, counter = launch_schedule(KNOBS.bwd_schedule, tiles.capacity * num_heads, cfg.programs_per_sm,
+                                            device)
+        schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, TILE_COUNT=tiles.count,
+                        WORK_COUNTER=tiles.count if counter is None else counter, n_slots=tiles.capacity,
+                        search_steps=binary_search_steps(num_seqs), num_seqs=num_seqs, rows_s=total_out,
+                        rows_o=k.shape[0],
+                        ATOMIC_WORK=counter is not None, TILES_FROM_OFFSETS=False)
+    else:
+        programs, schedule = tile_schedule(
+            lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left,
+                                  has_right, cost_of=selected_cost(count, params.block_q)),
+            q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
+    launch(block_sparse_dq_kernel, (programs,), dict(
+        **common_args, Delta=delta, DQ=dq, BLOCK_INDEX=index, BLOCK_COUNT=count, **schedule, num_heads=num_heads,
+        n_q_blocks=index.shape[2], stride_dqt=dq.stride(0), stride_dqh=dq.stride(1),
+        **index_strides("i", "c", index, count), BLOCK_M=block_m, BLOCK_N=block_n), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return dq, dk, dv

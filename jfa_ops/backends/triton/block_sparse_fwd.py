@@ -1,11 +1,17 @@
-"""Stage 2 forward on the device: each program owns BLOCK_M query rows of one (sequence, q head) and runs the dense
-kernel's online-softmax step (``common.softmax_step``, masks by ``common.visible``) over the key tiles of the KV
-blocks its Q block selected, in one flat loop, and nothing else: unselected blocks are never loaded.
+"""Stage 2 forward on the device: each work item owns BLOCK_M query rows of one (sequence, q head) and runs the
+dense kernel's online-softmax step (``common.softmax_step``, masks by ``common.visible``) over the key tiles of the
+KV blocks its Q block selected, and nothing else: unselected blocks are never loaded.
 
-Grid (query tiles, B, Hq): query tile t covers rows [t * BLOCK_M, ...) of Q block t * BLOCK_M // BLOCK_Q
-(BLOCK_M divides BLOCK_Q); tiles past a sequence's end return at once, and Q blocks past the selection's rows
-select nothing (out 0, lse -inf). A key tile skips the mask when the dense kernel's stage bounds say every row of
-the query tile sees all of it (``common.stage_bounds``), else it is masked (diagonal, window edges, sequence end).
+Work: the dense forward's work list (``scheduling.tile_schedule``: query tiles x q heads, longest first, built on
+the device), ordered here by the tile's selected-block count (``selected_cost``) instead of its visible keys. Query
+tile m0 lies in Q block m0 // BLOCK_Q (BLOCK_M divides BLOCK_Q); Q blocks past the selection's rows select nothing
+(out 0, lse -inf).
+
+Masks, as the dense kernel's stages (``common.stage_bounds``): the selected key tiles (ascending, as
+``select_kv_blocks`` returns them) split into a masked lead (tiles below the mask-free bulk: window start), the
+mask-free bulk and a masked tail (diagonal, window end, the sequence's partial last block, ids past the sequence);
+``selected_tiles_below`` finds the split points with a vector pass over the ids, and each part runs in its own
+loop with MASKED a constexpr.
 """
 from __future__ import annotations
 
@@ -15,10 +21,14 @@ import triton.language as tl
 
 from . import common
 from .attn_fwd import broadcast_offsets
-from .common import (LN2, dot_precision, head_dim_consts, load_rows, loop_bound, packed_rows, row_source,
-                     row_strides, seq_extent, softmax_step, stage_bounds, store_rows, visible, window_bounds)
+from .common import (LN2, dot_precision, first_work, head_dim_consts, load_rows, loop_bound, next_work, packed_rows,
+                     row_source, row_strides, seq_extent, softmax_step, stage_bounds, store_rows, visible,
+                     window_bounds)
 from .configs import KNOBS, get_config
 from .launch import launch
+from .scheduling import forward_tiles, tile_schedule, work_tile
+
+IDS_CHUNK: tl.constexpr = tl.constexpr(64)  # selected ids read per step of selected_tiles_below
 
 
 @triton.jit
@@ -32,71 +42,139 @@ def selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, head, block, n_blocks, stride
     return row, count
 
 
-@triton.jit(do_not_specialize=["total_out", "group", "window_left", "right", "n_q_blocks"])
-def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, total_out, n_q_blocks,
-                            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                            stride_ib, stride_ih, stride_in, stride_cb, stride_ch, group, qk_scale, window_left,
-                            right,
+@triton.jit
+def selected_tiles_below(ids, count, limit, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """How many of the selected tiles (the TILE-row tiles of the ``count`` blocks of BLOCK rows listed at ``ids``, in
+    list order) end at or below ``limit`` (a multiple of TILE). With ascending ids they come first, so the stage
+    split points are (lead end, bulk end) = (below(bulk_begin), below(bulk_end)). Negative ids count as below
+    everything (the masked lead, where the loop masks them whole); ids past the sequence as above."""
+    below = count * 0
+    for j0 in range(0, loop_bound(count), IDS_CHUNK):
+        j = j0 + tl.arange(0, IDS_CHUNK)
+        block = tl.load(ids + j, mask=j < count, other=0)
+        tiles = tl.minimum(tl.maximum(limit - block * BLOCK, 0) // TILE, BLOCK // TILE)
+        below += tl.sum(tl.where(j < count, tiles, 0), 0)
+    return below
+
+
+@triton.jit
+def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok, len_q, len_k,
+                        lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
+                        BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                        MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        FMA_SOFTMAX: tl.constexpr):
+    """Online-softmax update over selected key tiles [t_begin, t_end) (tile t: the (t % per-block)-th BLOCK_N keys
+    of block ids[t // per-block]). Mask-free (not MASKED): the tiles lie in [bulk_begin, bulk_end); the clamp only
+    keeps unsorted ids (a broken contract) inside the sequence."""
+    TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
+    for t in range(loop_bound(t_begin), loop_bound(t_end)):
+        block = tl.load(ids + t // TILES_PER_BLOCK)
+        n0 = block * BLOCK_KV + (t % TILES_PER_BLOCK) * BLOCK_N
+        if MASKED:
+            n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: a fully masked tile
+        else:
+            n0 = tl.minimum(tl.maximum(n0, bulk_begin), bulk_end - BLOCK_N)
+        keys = n0 + cols
+        k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if not FMA_SOFTMAX:
+            s = s * qk_scale
+        if MASKED:
+            s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                         float("-inf"))
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
+        v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, seq, m0, head, total_out,
+                     n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                     stride_oh, stride_ib, stride_ih, stride_in, stride_cb, stride_ch, group, qk_scale, window_left,
+                     right, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+    """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0  # every sequence reads the same dense Q
+    else:
+        q_row0 = out_row0
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    rows_ok = rows < len_q
+    q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
+    kv_head = head // group
+    k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
+    v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    _, _, bulk_begin, bulk_end, _, _ = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT,
+                                                    BLOCK_M, BLOCK_N)
+    ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
+                                 stride_ih, stride_in, stride_cb, stride_ch)
+    lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_KV, BLOCK_N)
+    bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_KV, BLOCK_N)
+    # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
+    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                        len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin,
+                                        bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION,
+                                        FMA_SOFTMAX)
+    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                        len_q, len_k, -window_left, right, qk_scale, lead_end, bulk_stop,
+                                        bulk_begin, bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False, PAD_D,
+                                        DOT_PRECISION, FMA_SOFTMAX)
+    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                        len_q, len_k, -window_left, right, qk_scale, bulk_stop,
+                                        count * (BLOCK_KV // BLOCK_N), bulk_begin, bulk_end, BLOCK_N, BLOCK_KV,
+                                        HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, FMA_SOFTMAX)
+    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (as the dense kernel).
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    store_rows(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
+               out.to(Out.dtype.element_ty), rows_ok, d_ok, PAD_D)
+    tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
+
+
+@triton.jit(do_not_specialize=["num_heads", "total_out", "n_q_blocks", "n_slots", "search_steps", "num_seqs",
+                               "rows_s", "rows_o", "group", "window_left", "right"])
+def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, TILE_SEQ, TILE_START,
+                            TILE_COUNT, WORK_COUNTER, num_heads, total_out, n_q_blocks, n_slots, search_steps,
+                            num_seqs, rows_s, rows_o, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+                            stride_vh, stride_ot, stride_oh, stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
+                            group, qk_scale, window_left, right,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                             BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                            BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+                            BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
+                            KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (query tile, q head), as the dense ``attn_fwd_kernel`` takes them (``scheduling.work_tile``)."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
-    TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
-    m0 = tl.program_id(0) * BLOCK_M
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
-    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-    if m0 < len_q:
-        kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-        if BROADCAST_Q:
-            q_row0 = out_row0 * 0  # every sequence reads the same dense Q
-        else:
-            q_row0 = out_row0
-        rows = m0 + tl.arange(0, BLOCK_M)
-        cols = tl.arange(0, BLOCK_N)
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_DIM
-        rows_ok = rows < len_q
-        q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True,
-                      PAD_D)
-        kv_head = head // group
-        k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
-        v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        _, _, bulk_begin, bulk_end, _, _ = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT,
-                                                        BLOCK_M, BLOCK_N)
-        ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
-                                     stride_ih, stride_in, stride_cb, stride_ch)
-        # One flat loop over the key tiles of all selected blocks (one software pipeline, one set of buffers); a
-        # tile is masked only where the dense stage bounds say some row does not see all of it.
-        for t in range(loop_bound(count * TILES_PER_BLOCK)):
-            block = tl.load(ids + t // TILES_PER_BLOCK)
-            n0 = block * BLOCK_KV + (t % TILES_PER_BLOCK) * BLOCK_N
-            n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: a fully masked tile
-            keys = n0 + cols
-            keys_ok = keys < len_k
-            k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys_ok, d_ok, True, PAD_D)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            if not FMA_SOFTMAX:
-                s = s * qk_scale
-            if (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end):
-                s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT,
-                                     HAS_RIGHT), s, float("-inf"))
-            p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-            v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys_ok, d_ok, True, PAD_D)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-            m_i = m_new
-        # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (as the dense kernel).
-        empty = l_i == 0.0
-        out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        store_rows(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
-                   out.to(Out.dtype.element_ty), rows_ok, d_ok, PAD_D)
-        tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
+    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    while work < n_tiles * num_heads:
+        seq, m0, head, real = work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, Q_OFF, KV_OFF,
+                                        num_seqs, search_steps, rows_s, rows_o, BLOCK_M, KV_MAJOR,
+                                        TILES_FROM_OFFSETS)
+        if real:
+            _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT, seq, m0, head, total_out,
+                             n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                             stride_oh, stride_ib, stride_ih, stride_in, stride_cb, stride_ch, group, qk_scale,
+                             window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV,
+                             HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION, FMA_SOFTMAX)
+        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 def tile_sizes(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device, block_q: int, block_kv: int):
@@ -129,6 +207,16 @@ def longest_rows(x: torch.Tensor, max_seqlen: int, broadcast: bool = False) -> i
     return max(1, min(max_seqlen, x.shape[0]))
 
 
+def selected_cost(count: torch.Tensor, block: int):
+    """``build_tiles``'s cost_of for a selection's count [B, H, N] (or its transpose's): a tile's cost is the blocks
+    its block selected, summed over the heads. Tiles past the index's N blocks cost 0 (they select nothing)."""
+    per_block = torch.nn.functional.pad(count.sum(1), (0, 1))  # [B, N + 1] int64
+
+    def cost_of(seq: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return per_block[seq.clamp(min=0).long(), (start // block).clamp(max=count.shape[2]).long()]
+    return cost_of
+
+
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
@@ -141,16 +229,22 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         return out, lse
     cfg, block_m, block_n = tile_sizes("fwd", head_dim, q.dtype, params.causal, device, params.block_q,
                                        params.block_kv)
-    q_rows = longest_rows(q, params.max_seqlen_q, params.broadcast_q)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
-    launch(block_sparse_fwd_kernel, (triton.cdiv(q_rows, block_m), num_seqs, num_heads), dict(
+    # query tiles x q heads, longest first by selected blocks (the dense forward's list, another cost)
+    programs, schedule = tile_schedule(
+        lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left, has_right,
+                              cost_of=selected_cost(count, params.block_q)),
+        q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.fwd_schedule, cfg.programs_per_sm, device)
+    launch(block_sparse_fwd_kernel, (programs,), dict(
         Q=q, K=k, V=v, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, BLOCK_INDEX=index, BLOCK_COUNT=count,
-        total_out=total_out, n_q_blocks=n_q_blocks, **row_strides("q", q), **row_strides("k", k),
-        **row_strides("v", v), **row_strides("o", out), **index_strides("i", "c", index, count),
-        group=num_heads // k.shape[1], qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+        **schedule, num_heads=num_heads, total_out=total_out, n_q_blocks=n_q_blocks, **row_strides("q", q),
+        **row_strides("k", k), **row_strides("v", v), **row_strides("o", out),
+        **index_strides("i", "c", index, count), group=num_heads // k.shape[1],
+        qk_scale=params.scale * 1.4426950408889634,  # / ln 2
         window_left=window_left, right=right, **head_dim_consts(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         BROADCAST_Q=params.broadcast_q, DOT_PRECISION=dot_precision(q.dtype),
-        FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..base import tracing
+from . import configs
 from .configs import interpreting
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: exp(x) = exp2(x * LOG2E)
@@ -232,10 +233,8 @@ def _num_sms(device_index: int) -> int:
 
 
 def num_sms(device: torch.device) -> int:
-    from .configs import INTERPRETER_NUM_SMS
-
     if device.type != "cuda":
-        return INTERPRETER_NUM_SMS
+        return configs.INTERPRETER_NUM_SMS  # read per call: tests change it
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -252,6 +251,11 @@ def launch_schedule(kind: str, max_items: int, programs_per_sm: int, device: tor
         return int_max(1, max_items), None
     programs = int_max(1, torch.sym_min(max_items, num_sms(device) * programs_per_sm))
     return programs, (torch.zeros((1,), dtype=torch.int32, device=device) if kind == "atomic" else None)
+
+
+def cdiv(a, b):
+    """ceil(a / b) on the host, for ints and SymInts (``triton.cdiv`` is a constexpr function: ~2 us per host call)."""
+    return (a + b - 1) // b
 
 
 def int_max(a, b):

@@ -57,6 +57,9 @@ class Knobs:
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
+    # MXFP8 forward: how its dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot, rebase, bf16smem).
+    # Default: the prediction in bench/NOTES.md (not yet measured); JFA_MXFP8_VARIANT picks another at import.
+    mxfp8_fwd: str = os.environ.get("JFA_MXFP8_VARIANT", "rebase")
 
 
 KNOBS = Knobs()

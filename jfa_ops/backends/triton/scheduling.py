@@ -32,12 +32,17 @@ import triton
 import triton.language as tl
 
 from ..base import tracing
-from .common import int_max, launch_schedule, loop_bound, num_sms
+from .common import cdiv, int_max, launch_schedule, loop_bound, num_sms, work_item
 from .configs import KNOBS
 from .launch import launch
 from .offset_checks import offsets_ok
 
 SLOT_CHUNK = 1024  # tile slots per program of tile_slots_kernel
+# Lists of at most this many slots are ordered by rank_tiles_kernel (one launch, capacity^2 compares spread over the
+# grid), longer ones by torch.sort + index_select. H200, model suite T=32768: the sorts cost 0.32 ms a step, ~27 us
+# each for ~550 slots (bench/NOTES.md v7).
+RANK_MAX_SLOTS = 16384
+RANK_BLOCK, RANK_CHUNK = 32, 256  # slots ranked per program x slots compared per step
 
 
 @dataclasses.dataclass
@@ -70,6 +75,20 @@ def slot_tile(OFF_S, OFF_O, t, num_seqs, search_steps, rows_s, rows_o, BLOCK: tl
     real = (start >= 0) & (start < end_s - begin_s) & (begin_s >= 0) & (end_s <= rows_s) & (begin_o >= 0) \
         & (begin_o <= end_o) & (end_o <= rows_o)
     return lo, start.to(tl.int32), real
+
+
+@triton.jit
+def work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, OFF_S, OFF_O, num_seqs, search_steps, rows_s,
+              rows_o, BLOCK: tl.constexpr, KV_MAJOR: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+    """(sequence, first stationary row, head, real) of work item ``work`` of a work-list kernel: its (tile, head) by
+    ``common.work_item``, the tile from the sorted list (TILE_SEQ/TILE_START), or under TILES_FROM_OFFSETS (one
+    wave, ``tile_schedule``) from its unsorted slot (``slot_tile``; real is False for padding slots)."""
+    tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+    if TILES_FROM_OFFSETS:
+        seq, start, real = slot_tile(OFF_S, OFF_O, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK)
+    else:
+        seq, start, real = tl.load(TILE_SEQ + tile), tl.load(TILE_START + tile), tile >= 0
+    return seq, start, head, real
 
 
 @triton.jit(do_not_specialize=["num_seqs", "capacity", "search_steps", "lo_off", "hi_off", "rows_s", "rows_o",
@@ -165,9 +184,27 @@ def one_wave(max_items: int, programs_per_sm: int, device: torch.device) -> bool
     return statically_known_true(fits) or not KNOBS.traced_sorted_lists
 
 
+@triton.jit(do_not_specialize=["capacity"])
+def rank_tiles_kernel(SLOTS, COST, ORDERED, capacity, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """ORDERED[:, r] = SLOTS[:, i], r = slot i's place in a stable descending sort by COST (what torch.sort(cost,
+    descending=True, stable=True) + index_select give): r = #{j: cost_j > cost_i} + #{j < i: cost_j == cost_i}.
+    Every rank is distinct, so each column of ORDERED is written once. SLOTS/ORDERED [2, capacity] int32."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < capacity
+    cost_i = tl.load(COST + i, mask=ok, other=-1)
+    rank = tl.zeros([BLOCK], tl.int32)
+    for j0 in range(0, loop_bound(capacity), CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        cost_j = tl.load(COST + j, mask=j < capacity, other=-2)  # below padding's -1: never ahead of any slot
+        ahead = (cost_j[None, :] > cost_i[:, None]) | ((cost_j[None, :] == cost_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum(ahead.to(tl.int32), axis=1)
+    tl.store(ORDERED + rank, tl.load(SLOTS + i, mask=ok), mask=ok)
+    tl.store(ORDERED + capacity + rank, tl.load(SLOTS + capacity + i, mask=ok), mask=ok)
+
+
 def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int, rows_o: int, block: int,
                 lo_off: int, hi_off: int, has_lo: bool, has_hi: bool, flag=None, max_s: int = -1,
-                max_o: int = -1) -> TileList:
+                max_o: int = -1, cost_of=None) -> TileList:
     """Tiles over the stationary side (queries for forward/dQ, keys for dK/dV), longest first.
 
     A stationary position ``s`` of a sequence sees the other side's positions ``o`` with
@@ -175,7 +212,9 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     present; the bottom-right alignment of FlashAttention), clipped to ``[0, L_other)``. The tile cost is (rows in
     the tile) x (other-side positions its rows can see). Offsets: [B + 1] int32 (int64 works, another compile).
     ``flag``: a [1] int32 tensor the offset check writes (1: valid); rows_*/max_*: what the offsets are checked
-    against (the list is empty when they are bad, flag or not).
+    against (the list is empty when they are bad, flag or not). ``cost_of(seq, start)``: another cost per tile
+    (int64 tensors of the slots' sequence and first row; padding slots have seq -1), e.g. the selected blocks of a
+    block-sparse tile (``block_sparse_fwd.selected_cost``); still sorted on the device, no sync.
     """
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
@@ -185,14 +224,23 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     slots = torch.empty((2, capacity), dtype=torch.int32, device=device)  # unsorted (seq, start)
     cost = torch.empty((capacity,), dtype=torch.int64, device=device)
     count = torch.empty((1,), dtype=torch.int32, device=device)
-    launch(tile_slots_kernel, (triton.cdiv(capacity, SLOT_CHUNK),), dict(
+    launch(tile_slots_kernel, (cdiv(capacity, SLOT_CHUNK),), dict(
         OFF_S=stationary_offsets, OFF_O=other_offsets, SLOTS=slots, COST=cost, TILE_COUNT=count,
         FLAG=count if flag is None else flag, num_seqs=num_seqs, capacity=capacity,
         search_steps=binary_search_steps(num_seqs), lo_off=lo_off, hi_off=hi_off, rows_s=rows_s, rows_o=rows_o,
         max_s=max_s, max_o=max_o, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=flag is not None,
         CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
-    order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
-    seq, start = slots.index_select(1, order)
+    if cost_of is not None:  # the caller's cost of the real tiles (padding keeps -1: last)
+        cost = torch.where(cost >= 0, cost_of(slots[0], slots[1]), cost)
+    if isinstance(capacity, int) and capacity <= RANK_MAX_SLOTS and not tracing():
+        ordered = torch.empty((2, capacity), dtype=torch.int32, device=device)
+        launch(rank_tiles_kernel, (cdiv(capacity, RANK_BLOCK),), dict(
+            SLOTS=slots, COST=cost, ORDERED=ordered, capacity=capacity, BLOCK=RANK_BLOCK, CHUNK=RANK_CHUNK),
+            num_warps=4, num_stages=1)
+        seq, start = ordered
+    else:  # long lists, and traced graphs (symbolic capacity: no size-dependent choice, no guard)
+        order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
+        seq, start = slots.index_select(1, order)
     return TileList(seq, start, count, capacity)
 
 
@@ -204,9 +252,10 @@ def forward_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_q: in
 
 
 def kv_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_q: int, total_kv: int, block_n: int,
-             window_left: int, right: int, has_left: bool, has_right: bool) -> TileList:
+             window_left: int, right: int, has_left: bool, has_right: bool, **extra) -> TileList:
     """Key tiles. Key j is seen by rows i with j - diag - right <= i <= j - diag + window_left (diag = L_k - L_q)."""
-    return build_tiles(kv_offsets, q_offsets, total_kv, total_q, block_n, -right, window_left, has_right, has_left)
+    return build_tiles(kv_offsets, q_offsets, total_kv, total_q, block_n, -right, window_left, has_right, has_left,
+                       **extra)
 
 
 def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int,
