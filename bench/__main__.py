@@ -27,6 +27,7 @@ import torch
 
 from bench import model, report, suites, timing
 from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, JfaBackend, JfaMxfp8, Skip, jfa_available_backends,
+                         mxfp8_variants,
                          make_peer, one_line, oracle_output, rel_error)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -141,6 +142,9 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
 
     A skip record carries the one-line reason."""
     base = {"case": case.describe(), "peer": peer.name}
+    only = getattr(peer, "only_suite", None)
+    if only and case.suite != only:  # before the sparse rule: MXFP8 rows are not skipped as "dense attention"
+        return [dict(base, mode=m, skip=f"the {only} suite only") for m in modes]
     if case.keep_ratio is not None and not getattr(peer, "handles_sparse", False):
         return [dict(base, mode=m, skip="computes dense attention (see the jfa dense row)") for m in modes]
     try:
@@ -247,9 +251,11 @@ def main(argv=None) -> int:
     if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
         peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends
                                               for variant in ("dense", "select")]
-    if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds)
-        peers[len(backends):len(backends)] = [JfaMxfp8(b, kind) for b in backends if b not in ("reference", "cpu")
-                                              for kind in MXFP8_KINDS]
+    if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds); on triton
+        # one row per forward variant (mxfp8_attn_fwd.VARIANTS), the default's among them
+        peers[len(backends):len(backends)] = [JfaMxfp8(b, kind, variant) for b in backends
+                                              if b not in ("reference", "cpu") for kind in MXFP8_KINDS
+                                              for variant in mxfp8_variants(b, kind)]
     # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
     # loop (bench.model), not cases
     plan = []

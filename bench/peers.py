@@ -161,14 +161,41 @@ MXFP8_TOLERANCE = 0.1  # MXFP8 vs float64 on the originals: measured 0.045-0.06 
 MXFP8_KINDS = ("mxfp8", "mxfp8-prequant", "mxfp8-quantize")
 
 
+def mxfp8_variants(backend: str, kind: str) -> list:
+    """The forward variants to run as their own rows: all of ``mxfp8_attn_fwd.VARIANTS`` for the triton backend's
+    attention kinds, else [None] (the backend's default)."""
+    if backend.split("@")[0] != "triton" or kind == "mxfp8-quantize":
+        return [None]
+    from jfa_ops.backends.triton.mxfp8_attn_fwd import VARIANTS
+
+    return list(VARIANTS)
+
+
 class JfaMxfp8:
     """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
     quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the three
-    quantize calls the forward makes (GB/s)."""
+    quantize calls the forward makes (GB/s). variant: the triton forward's way of using the MX operands
+    (``mxfp8_attn_fwd.VARIANTS``, set through ``configs.KNOBS.mxfp8_fwd`` for this peer's calls), named in the
+    peer as ``jfa:mxfp8[variant]:triton``; None: the default."""
 
-    def __init__(self, backend: str, kind: str):
-        self.backend, self.kind = backend, kind
-        self.name = f"jfa:{kind}:{backend}"
+    only_suite = "mxfp8"
+
+    def __init__(self, backend: str, kind: str, variant: Optional[str] = None):
+        self.backend, self.kind, self.variant = backend, kind, variant
+        self.name = f"jfa:{kind}{f'[{variant}]' if variant else ''}:{backend}"
+
+    def _with_variant(self, fn):
+        if self.variant is None:
+            return fn
+        from jfa_ops.backends.triton.configs import KNOBS
+
+        def call():
+            before, KNOBS.mxfp8_fwd = KNOBS.mxfp8_fwd, self.variant
+            try:
+                return fn()
+            finally:
+                KNOBS.mxfp8_fwd = before
+        return call
 
     def unavailable(self, device) -> Optional[str]:
         return None
@@ -184,7 +211,7 @@ class JfaMxfp8:
             def fn():
                 return jfa_ops.mxfp8_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv, **kw)
 
-            return Prepared(fn, [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE)
+            return Prepared(self._with_variant(fn), [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE)
 
         def quantize():
             return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
@@ -201,7 +228,8 @@ class JfaMxfp8:
             return jfa_ops.mxfp8_attention(*pairs, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
                                            out_dtype=inp.q.dtype, **kw)
 
-        return Prepared(fn, [], lambda o: o, tolerance=MXFP8_TOLERANCE, no_backward="pre-quantized: no gradients")
+        return Prepared(self._with_variant(fn), [], lambda o: o, tolerance=MXFP8_TOLERANCE,
+                        no_backward="pre-quantized: no gradients")
 
 
 # --------------------------------------------------------------------------------------------------------------------

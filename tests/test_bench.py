@@ -239,6 +239,30 @@ def test_mxfp8_lines_ratios_targets_and_tolerance():
     assert [c.split()[-1] for c in report.check_lines(recs)] == ["ok", "WRONG"]
 
 
+def test_mxfp8_variant_rows_are_reported_and_not_skipped_as_dense():
+    """One row per triton forward variant (issue 12's Hopper comparison), each in the summary with the targets; on a
+    sparse case an MXFP8 peer is skipped as mxfp8-only, not as "computes dense attention"."""
+    from bench import report
+    from bench.__main__ import measure_peer
+    from bench.peers import JfaMxfp8, mxfp8_variants
+    from bench.suites import Case
+
+    assert mxfp8_variants("triton", "mxfp8") == ["dot_scaled", "fp8dot", "rebase", "bf16smem"]
+    assert mxfp8_variants("triton", "mxfp8-quantize") == [None] and mxfp8_variants("tlx", "mxfp8") == [None]
+    assert JfaMxfp8("triton", "mxfp8", "rebase").name == "jfa:mxfp8[rebase]:triton"
+    dense = {"suite": "mxfp8", "name": "mxfp8 D128 B8 S4096", "broadcast_q": False, "window": [-1, -1]}
+    recs = [{"case": dense, "peer": "jfa:triton", "mode": "fwd", "tflops": 400.0},
+            {"case": dense, "peer": "jfa:mxfp8[fp8dot]:triton", "mode": "fwd", "tflops": 300.0},
+            {"case": dense, "peer": "jfa:mxfp8-prequant[rebase]:triton", "mode": "fwd", "tflops": 520.0}]
+    lines = report.mxfp8_lines(recs)
+    assert any("jfa:mxfp8[fp8dot]:triton: 300.0 TFLOP/s, 0.75x our bf16 (target 1.2x: FAIL)" in x for x in lines)
+    assert any("jfa:mxfp8-prequant[rebase]:triton: 520.0 TFLOP/s, 1.30x our bf16" in x and "target" not in x
+               for x in lines)
+    sparse = Case("sparse", "T256 keep0.5", (128, 128), (128, 128), 2, 2, 64, keep_ratio=0.5, block=64)
+    skipped = measure_peer(JfaMxfp8("triton", "mxfp8", "rebase"), sparse, [], None, ["fwd"], None, None)
+    assert skipped[0]["skip"] == "the mxfp8 suite only"
+
+
 def test_sparse_lines_speedups_targets_and_selection_share():
     """The sparse suite's summary: from the times, our sparse row against our dense row and Flex (issue 11's
     targets by keep ratio and mode), and the selection's share of the forward (and of fwd+bwd, no verdict)."""

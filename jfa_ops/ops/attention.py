@@ -356,9 +356,13 @@ def eager_direct(*tensors: Optional[Tensor]) -> bool:
 def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
                      *options) -> Tuple[Tensor, Tensor]:
     """``torch.ops.jfa.attention(q, k, v, q_offsets, kv_offsets, *options)`` without the dispatcher (only where
-    ``eager_direct`` holds): the op's body, and under autograd a ``torch.autograd.Function`` with the op's formula."""
-    params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
-    check_no_forward_ad(q, k, v)
+    ``eager_direct`` holds): the op's body, and under autograd a ``torch.autograd.Function`` with the op's formula.
+    For ``jagged_attention``, which has already run ``check_options`` and ``check_no_forward_ad`` on these
+    arguments: only the tensor checks are left (the rest of ``_params``)."""
+    _, _, _, _, window_left, window_right, broadcast_q, _, _ = options  # schema order (OPTIONS_SCHEMA)
+    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q,
+                                      meta_kernels.attention.FLOAT_DTYPES)
+    params, backend = _resolve(q, *options)
     impl = select_backend(backend, Problem.of(q, k, params))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)

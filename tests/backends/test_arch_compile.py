@@ -48,6 +48,7 @@ def compile_one(args):
     ttgir = k.asm["ttgir"]
     return {"name": s.name, "shared": k.metadata.shared, "seconds": round(time.time() - t0, 2),
             "wgmma": ttgir.count("warp_group_dot "), "mma": ttgir.count("tt.dot "),
+            "fp8_wgmma": sum("wgmma" in line and "e4m3.e4m3" in line for line in k.asm["ptx"].splitlines()),
             "async_copies": ttgir.count("copy_global_to_local"), "tma": ttgir.count("tensordesc"),
             "num_stages": s.num_stages, "kernel": s.kernel}
 
@@ -99,3 +100,5 @@ def test_compiles_within_the_shared_memory_budget(cc, name):
         assert r["mma"] > 0 and r["tma"] == 0, f"sm_{cc} {name}: no tensor-core dots, or TMA descriptors"
     if r["num_stages"] > 1:
         assert r["async_copies"] > 0, f"sm_{cc} {name}: inner loops not software-pipelined"
+    if "mxfp8-fwd-fp8dot" in name or "mxfp8-fwd-rebase" in name:  # the Hopper fast paths: E4M3 wgmma, both dots
+        assert r["fp8_wgmma"] >= 2, f"{name}: no FP8 (e4m3) wgmma in the PTX"

@@ -377,7 +377,34 @@ def test_tile_list_issues_few_host_ops(device, monkeypatch):
     off = torch.arange(0, 40 * 100 + 1, 100, dtype=torch.int32, device=device)
     with Count():
         scheduling.kv_tiles(off, off, 4000, 4000, 16, 3, 0, True, True)
-    assert len(launches) == 1 and Count.n <= 6, (launches, Count.n)  # 3 empty, sort, index_select, unbind
+    assert len(launches) == 2 and Count.n <= 5, (launches, Count.n)  # slots + rank kernels; 4 empty, unbind
+
+
+@on_each_device
+@pytest.mark.parametrize("capacity", [1, 31, 300, 1000])
+def test_rank_tiles_kernel_is_a_stable_descending_sort(device, capacity):
+    """rank_tiles_kernel orders slots as torch.sort(cost, descending=True, stable=True) + index_select would: ties
+    (many here) and padding (cost -1, last) keep slot order."""
+    if device == "cpu" and capacity > 300:
+        pytest.skip("interpreter: capacity^2 compares")
+    cost = torch.randint(-1, 6, (capacity,), dtype=torch.int64, device=device)
+    slots = torch.randint(0, 1000, (2, capacity), dtype=torch.int32, device=device)
+    ordered = torch.full((2, capacity), -7, dtype=torch.int32, device=device)  # poison: every column must be written
+    scheduling.launch(scheduling.rank_tiles_kernel, (triton.cdiv(capacity, scheduling.RANK_BLOCK),), dict(
+        SLOTS=slots, COST=cost, ORDERED=ordered, capacity=capacity, BLOCK=scheduling.RANK_BLOCK,
+        CHUNK=scheduling.RANK_CHUNK), num_warps=4, num_stages=1)
+    want = slots.index_select(1, torch.sort(cost, descending=True, stable=True).indices)
+    assert torch.equal(ordered, want)
+
+
+@on_each_device
+def test_long_lists_take_the_sort(device, monkeypatch):
+    """Above RANK_MAX_SLOTS the list is sorted by torch.sort: same tiles, same order."""
+    off = torch.tensor([0, 50, 50, 170, 171], dtype=torch.int32, device=device)
+    ranked = scheduling.forward_tiles(off, off, 171, 171, 16, 0, 0, False, True)
+    monkeypatch.setattr(scheduling, "RANK_MAX_SLOTS", 0)
+    sorted_ = scheduling.forward_tiles(off, off, 171, 171, 16, 0, 0, False, True)
+    assert torch.equal(ranked.seq, sorted_.seq) and torch.equal(ranked.start, sorted_.start)
 
 
 @on_each_device
@@ -505,7 +532,8 @@ def test_launch_counts_one_wave(one_wave, monkeypatch):
 
 
 def test_launch_counts_sorted_lists(monkeypatch):
-    """Beyond one wave: the check rides in the scheduling kernel (one flag, one assert), then sort and gather."""
+    """Beyond one wave: the check rides in the scheduling kernel (one flag, one assert), then the rank kernel orders
+    the list (no sort, no gather)."""
     from jfa_ops import validation
 
     if CUDA:
@@ -514,8 +542,8 @@ def test_launch_counts_sorted_lists(monkeypatch):
     q, k, v, q_off, kv_off = make_inputs([40, 17, 0, 64], [40, 17, 0, 64], 2, 2, 64, torch.float16, "cpu")
     params = AttentionParams(scale=0.125, causal=True, check_offsets=True)
     kernels, aten = _count_launches(lambda: tb.forward(q, k, v, q_off, kv_off, params))
-    assert kernels == {"tile_slots_kernel": 1, "attn_fwd_kernel": 1}, kernels
-    assert aten.count("_assert_async.msg") == 1 and len(aten) <= 4, aten  # assert, sort, index_select (+ unbind)
+    assert kernels == {"tile_slots_kernel": 1, "rank_tiles_kernel": 1, "attn_fwd_kernel": 1}, kernels
+    assert aten.count("_assert_async.msg") == 1 and len(aten) <= 2, aten  # assert (+ unbind)
 
 
 @on_each_device

@@ -53,10 +53,37 @@ def test_triton_backend_registers_the_mxfp8_families():
 
 # Interpreter-sized cases: every feature once (jagged with empty sequences, causal GQA, window, broadcast-Q).
 KERNEL_CASES = ("jagged", "causal_gqa", "window", "broadcast_q_causal", "fully_masked_rows")
+# The forward's ways of using the MX operands (mxfp8_attn_fwd docstring). Under the interpreter bf16smem dequantizes
+# to fp16, not bf16 (the interpreter's bf16 dots are wrong): the GPU tests below cover its bf16 form.
+VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem")
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request, monkeypatch):
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    monkeypatch.setattr(KNOBS, "mxfp8_fwd", request.param)
+    return request.param
+
+
+def test_variants_are_the_kernels():
+    from jfa_ops.backends.triton import mxfp8_attn_fwd
+
+    assert mxfp8_attn_fwd.VARIANTS == VARIANTS
+
+
+def test_unknown_variant_is_refused(monkeypatch):
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    monkeypatch.setattr(KNOBS, "mxfp8_fwd", "fp4")
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["jagged"], dtype=torch.float16)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        jfa_ops.mxfp8_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), q_off.to(DEVICE), kv_off.to(DEVICE),
+                                backend="triton", **opts)
 
 
 @pytest.mark.parametrize("name", KERNEL_CASES)
-def test_forward_kernel_matches_the_reference_backend(name, monkeypatch):
+def test_forward_kernel_matches_the_reference_backend(name, variant, monkeypatch):
     from jfa_ops.backends.triton import mxfp8_attn_fwd
 
     # outputs from a NaN-filled allocator: a row the kernel does not write shows up
@@ -76,7 +103,42 @@ def test_forward_kernel_matches_the_reference_backend(name, monkeypatch):
     assert _rel(out, want) <= 2e-3
 
 
-def test_prequantized_forward_kernel():
+@pytest.mark.parametrize("name", ["jagged", "causal_gqa"])
+def test_forward_kernel_tma_path(name, variant, monkeypatch):
+    """K and V through tensor descriptors (the sm_90 path; the interpreter emulates them): blocks that run into the
+    next sequence's rows must be masked out of S, and V's rows zeroed (P = 0 there, but 0 x NaN is NaN)."""
+    from jfa_ops.backends.triton import attn_fwd, mxfp8_attn_fwd
+
+    if DEVICE == "cpu":
+        monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
+    launched = []
+    real_launch = mxfp8_attn_fwd.launch
+    monkeypatch.setattr(mxfp8_attn_fwd, "launch",
+                        lambda kernel, grid, args, **kw: (launched.append(args["USE_TMA"]),
+                                                          real_launch(kernel, grid, args, **kw))[1])
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], dtype=torch.float16)
+    first = int(kv_off[1])  # sequence 0's blocks run into sequence 1's rows: large keys, a NaN value block
+    k[first:] = k[first:] * 1e4
+    v[first] = math.inf
+    args = [t.to(DEVICE) for t in (q, k, v, q_off, kv_off)]
+    out = jfa_ops.mxfp8_attention(*args, backend="triton", **opts)
+    ref = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, backend="reference", **opts)
+    rows = int(q_off[1])  # sequence 0's output
+    assert launched == [True] and not out[:rows].isnan().any() and _rel(out[:rows], ref[:rows]) <= 2e-3
+
+
+@pytest.mark.parametrize("name, spread", [("jagged", None), ("window", 12), ("broadcast_q", 12)])
+def test_forward_kernel_error_within_the_issue_bound(name, spread, variant):
+    """The issue's bound against float64 attention on the original inputs, also for magnitudes spanning 2**+-12 per
+    row and column (the rebase variant then shifts blocks by up to ~24 binades and drops their low bits)."""
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], spread=spread, seed=1)
+    out = jfa_ops.mxfp8_attention(*(t.to(DEVICE) if t is not None else None for t in (q, k, v, q_off, kv_off)),
+                                  backend="triton", **opts)
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
+    assert err <= bound, (err, bound)
+
+
+def test_prequantized_forward_kernel(variant):
     q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["jagged"], dtype=torch.float16)
     q, k, v, q_off, kv_off = (t.to(DEVICE) for t in (q, k, v, q_off, kv_off))
     pairs = (jfa_ops.mxfp8_quantize(q, backend="triton"), jfa_ops.mxfp8_quantize(k, backend="triton"),
@@ -91,7 +153,7 @@ def test_prequantized_forward_kernel():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal, window, broadcast_q", [(False, (-1, -1), False), (True, (-1, -1), False),
                                                         (False, (256, 0), False), (False, (-1, -1), True)])
-def test_forward_kernel_gpu_d128(dtype, causal, window, broadcast_q):
+def test_forward_kernel_gpu_d128(dtype, causal, window, broadcast_q, variant):
     lengths = (1000, 0, 37, 2048, 513)
     q, k, v, q_off, kv_off, opts = make_case((64,) if broadcast_q else lengths, lengths, heads_q=8, heads_kv=2,
                                              dim=128, causal=causal, window=window, broadcast_q=broadcast_q,

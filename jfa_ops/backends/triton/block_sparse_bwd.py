@@ -89,8 +89,8 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
                       HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, QDO_TMA: tl.constexpr,
                       DOT_PRECISION: tl.constexpr):
     """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
-    out_row0, len_q = seq_extent(Q_OFF, seq)
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     if BROADCAST_Q:
         q_row0 = out_row0 * 0
     else:
@@ -220,7 +220,8 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
         seq_end = seq_begin + num_seqs
     else:
         seq_end = seq_begin + 1
-    first_row, len_q = seq_extent(Q_OFF, seq_begin)  # broadcast Q: every sequence has the same L_q
+    # broadcast Q: every sequence has the same L_q
+    first_row, len_q = seq_extent(tl.load(Q_OFF + seq_begin), tl.load(Q_OFF + seq_begin + 1))
     if BROADCAST_Q:
         q_row0 = first_row * 0
     else:
@@ -235,8 +236,8 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
                   PAD_D)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for seq in range(loop_bound(seq_begin), loop_bound(seq_end)):
-        out_row0, len_q = seq_extent(Q_OFF, seq)
-        kv_row0, len_k = seq_extent(KV_OFF, seq)
+        out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+        kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
         do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok,
                        d_ok, True, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)

@@ -61,6 +61,9 @@ class Knobs:
     # 188-240 vs 0, dK/dV 620-648 vs 216-224; bench/NOTES.md "sparse v2").
     sparse_tma: bool = False
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
+    # MXFP8 forward: how its dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot, rebase, bf16smem).
+    # Default: the prediction in bench/NOTES.md (not yet measured); JFA_MXFP8_VARIANT picks another at import.
+    mxfp8_fwd: str = os.environ.get("JFA_MXFP8_VARIANT", "rebase")
 
 
 KNOBS = Knobs()

@@ -1,11 +1,26 @@
-"""MXFP8 attention forward kernel (portable Triton): the numerics of ``backends/reference/mxfp8.py``'s forward.
+"""MXFP8 attention forward kernel (Triton): the numerics of ``backends/reference/mxfp8.py``'s forward, four ways.
 
 Operands arrive quantized: Q, K as E4M3 with (1, 32) scales (along head_dim), V with (32, 1) scales (along each
-sequence's keys). Per key block: S = ``tl.dot_scaled`` (Q, K^T) (fp32 accumulate; on sm_90 Triton lowers it to a
-dequantize-to-bf16 + wgmma, on Blackwell to block-scaled MMA); online softmax in the log2 domain with an integer
-running maximum (``ceil``), so the rescale factors are powers of two and P's MX blocks equal the reference's;
-P = 2**(s2 - m) quantized in (1, 32) blocks along the keys (bits by ``_e4m3_bits``, "rceil" scales); O +=
-``tl.dot_scaled`` (P, V). out = O / sum(Pq), lse from the unquantized sum.
+sequence's keys). Per key block: S = Q K^T * scale / ln 2 (fp32 accumulate); online softmax in the log2 domain with
+an integer running maximum (``ceil``), so the rescale factors are powers of two and P's MX blocks equal the
+reference's; P = 2**(s2 - m) quantized in (1, 32) blocks along the keys ("rceil"); O += Pq V. out = O / sum(Pq), lse
+from the unquantized sum.
+
+How the two dots use the MX operands (``VARIANT``, ``configs.KNOBS.mxfp8_fwd``; bench/NOTES.md compares them):
+
+    dot_scaled  ``tl.dot_scaled`` on every dot: block-scaled MMA on Blackwell; on sm_90 Triton dequantizes the E4M3
+                operands to bf16 in registers and runs a bf16 wgmma (the portable correctness path).
+    fp8dot      FP8 ``tl.dot`` (Hopper: E4M3 wgmma, fp32 accumulate) per 32-wide chunk of the contraction, each
+                chunk's fp32 partial times the outer product of the two chunk scales (head_dim chunks for Q K^T,
+                key chunks for P V). Same sums as the reference up to fp32 rounding order.
+    rebase      each row of Q, K and P (and each column of a V tile) shifted to its largest block scale: block data
+                times 2**(e_block - e_max), rounded to E4M3, then one full-width FP8 dot and the two per-row scales
+                outside. Exact while no shifted element drops below E4M3's normal range (2**-6); below, it loses low
+                bits (an element |x| < 2**(-6 - shift) keeps fewer than 3 mantissa bits; |x| < 2**(-10 - shift)
+                becomes 0): an absolute error <= 2**(e_max - 10) per element, i.e. below 2**-10 of the row's
+                largest block scale times 448, far under E4M3's own 2**-4 relative rounding.
+    bf16smem    dequantize each loaded tile (data * 2**e) to bf16 (fp16 under the interpreter, whose bf16 dots are
+                wrong), bf16 dots: half the HBM bytes of bf16 attention, bf16 MMA. Exact (E4M3 x 2**e fits bf16).
 
 Work items: (query tile, q head). Tiles use the padded layout of the MX row blocks: sequence b's tiles of BLOCK_M
 rows start at ``out_offsets[b] // BLOCK_M + b``, so a grid of ``T_out // BLOCK_M + B`` tiles covers every batch
@@ -13,32 +28,124 @@ with no host sync and no tile list; a program finds its sequence by binary searc
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
-from .attn_fwd import broadcast_offsets
+from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .common import LN2, alloc_output, loop_bound, row_strides, stage_bounds, visible, window_bounds
+from .configs import KNOBS, KernelConfig, interpreting
 from .launch import launch
 from .mxfp8_quantize import _e4m3_bits, _shared_exponent, search_steps, sequence_of_tile
 
 LOG2E_F: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2
+VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem")
 
 
 @triton.jit
-def _quantize_p(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) -> (E4M3 data, uint8 scales [BLOCK_M, BLOCK_N / 32], the quantized
-    values in fp32) in (1, 32) blocks along the keys, "rceil"."""
+def _to_e4m3(y, HW_CVT: tl.constexpr):
+    """fp32 ``y`` (|y| <= 448) -> float8e4nv, round to nearest even: the GPU's conversion instruction, or integer
+    arithmetic under the interpreter (whose cast does not round to nearest)."""
+    if HW_CVT:
+        return y.to(tl.float8e4nv)
+    return _e4m3_bits(y).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _pow2(e):
+    """2.0**e for int32 ``e`` in [-127, 127], exact (2**-127 is an fp32 subnormal)."""
+    return tl.where(e > -127, ((e + 127) << 23), 0x400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e8m0_value(bits):
+    """fp32 value of E8M0 scale bits (uint8): 2**(bits - 127), NaN for 0xFF."""
+    b = bits.to(tl.int32)
+    return tl.where(b == 255, float("nan"), _pow2(b - 127))
+
+
+@triton.jit
+def _chunk32(x, c: tl.constexpr, LEVELS: tl.constexpr):
+    """Columns [32 c, 32 c + 32) of ``x [R, 32 * 2**LEVELS]``, by halving (reshape + split) LEVELS times."""
+    for level in tl.static_range(LEVELS):
+        lo, hi = tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
+        if (c >> (LEVELS - 1 - level)) & 1:
+            x = hi
+        else:
+            x = lo
+    return x
+
+
+@triton.jit
+def _column(x, c: tl.constexpr, N: tl.constexpr):
+    """Column ``c`` of ``x [R, N]``."""
+    return tl.sum(tl.where(tl.arange(0, N)[None, :] == c, x, 0.0), 1)
+
+
+@triton.jit
+def _row(x, r: tl.constexpr, N: tl.constexpr):
+    """Row ``r`` of ``x [N, C]``."""
+    return tl.sum(tl.where(tl.arange(0, N)[:, None] == r, x, 0.0), 0)
+
+
+@triton.jit
+def _rebase_rows(values, exps, HW_CVT: tl.constexpr):
+    """``values [R, C * 32]`` (fp32, exact MX values) with block exponents ``exps [R, C]`` (int32) -> (E4M3 data,
+    row exponents [R]): every row re-expressed under its largest block scale (module docstring: ``rebase``)."""
+    R: tl.constexpr = values.shape[0]
+    C: tl.constexpr = exps.shape[1]
+    e_max = tl.max(exps, 1)
+    inv = _pow2(-tl.maximum(e_max, -126))  # 2**-e_max (e_max >= -127 never overflows: data <= 448)
+    return _to_e4m3(values * inv[:, None], HW_CVT), e_max
+
+
+@triton.jit
+def _rebase_cols(data, exps, HW_CVT: tl.constexpr):
+    """V tile ``data [NB * 32, D]`` (E4M3) with (32, 1) block exponents ``exps [NB, D]`` (int32) -> (E4M3 data,
+    column exponents [D]): every column under its largest block scale in the tile."""
+    NB: tl.constexpr = exps.shape[0]
+    D: tl.constexpr = exps.shape[1]
+    e_max = tl.max(exps, 0)
+    shift = _pow2(tl.maximum(exps - e_max[None, :], -127))  # [NB, D], <= 1
+    y = tl.reshape(data.to(tl.float32), (NB, 32, D)) * shift[:, None, :]
+    return _to_e4m3(tl.reshape(y, (NB * 32, D)), HW_CVT), e_max
+
+
+@triton.jit
+def _dequantize_rows(data, scale_bits, DOT_FP16: tl.constexpr):
+    """``data [R, C * 32]`` with (1, 32) scale bits ``[R, C]`` -> bf16 (fp16 when DOT_FP16) values."""
+    R: tl.constexpr = data.shape[0]
+    C: tl.constexpr = scale_bits.shape[1]
+    y = tl.reshape(tl.reshape(data.to(tl.float32), (R, C, 32)) * _e8m0_value(scale_bits)[:, :, None], (R, C * 32))
+    return y.to(tl.float16) if DOT_FP16 else y.to(tl.bfloat16)
+
+
+@triton.jit
+def _dequantize_cols(data, scale_bits, DOT_FP16: tl.constexpr):
+    """V tile ``data [NB * 32, D]`` with (32, 1) scale bits ``[NB, D]`` -> bf16 (fp16 when DOT_FP16) values."""
+    NB: tl.constexpr = scale_bits.shape[0]
+    D: tl.constexpr = scale_bits.shape[1]
+    y = tl.reshape(tl.reshape(data.to(tl.float32), (NB, 32, D)) * _e8m0_value(scale_bits)[:, None, :], (NB * 32, D))
+    return y.to(tl.float16) if DOT_FP16 else y.to(tl.bfloat16)
+
+
+@triton.jit
+def _quantize_p(p, HW_CVT: tl.constexpr):
+    """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) in (1, 32) blocks along the keys, "rceil" -> (E4M3 data, block
+    exponents int32 [BLOCK_M, BLOCK_N / 32], the quantized values in fp32, their row sums)."""
+    BLOCK_M: tl.constexpr = p.shape[0]
+    BLOCK_N: tl.constexpr = p.shape[1]
     NB: tl.constexpr = BLOCK_N // 32
     p3 = tl.reshape(p, (BLOCK_M, NB, 32))
     shared = _shared_exponent(tl.max(p3, 2), True)  # [BLOCK_M, NB]
     inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
-    y = tl.minimum(p3 * inv_scale[:, :, None], 448.0)
-    bits = _e4m3_bits(y)
-    data = tl.reshape(bits, (BLOCK_M, BLOCK_N)).to(tl.float8e4nv, bitcast=True)
+    data = _to_e4m3(tl.minimum(p3 * inv_scale[:, :, None], 448.0), HW_CVT)
     scale = ((shared + 127) << 23).to(tl.float32, bitcast=True)  # 2**shared (shared >= -126 for p > 2**-118)
-    values = tl.reshape(data.to(tl.float32), (BLOCK_M, NB, 32)) * scale[:, :, None]
-    return data, (shared + 127).to(tl.uint8), tl.sum(tl.sum(values, 2), 1)
+    values = data.to(tl.float32) * scale[:, :, None]
+    return (tl.reshape(data, (BLOCK_M, BLOCK_N)), shared, tl.reshape(values, (BLOCK_M, BLOCK_N)),
+            tl.sum(tl.sum(values, 2), 1))
 
 
 @triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
@@ -48,13 +155,18 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
                           group, qk_scale, window_left, right,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                          SEARCH_STEPS: tl.constexpr):
+                          SEARCH_STEPS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
+                          DOT_FP16: tl.constexpr, USE_TMA: tl.constexpr):
     """Program (tile, head): query rows [m0, m0 + BLOCK_M) of the sequence owning ``tile``, q head ``head``.
-    qk_scale: softmax scale / ln 2 (scores in the log2 domain)."""
+    qk_scale: softmax scale / ln 2 (scores in the log2 domain). VARIANT: one of ``VARIANTS`` (module docstring);
+    HW_CVT: fp32 -> E4M3 by the GPU's instruction; DOT_FP16: bf16smem dequantizes to fp16 (interpreter); USE_TMA:
+    K and V are tensor descriptors over [T_kv, Hkv * D] with blocks [BLOCK_N, D], else pointers."""
     tl.static_assert(BLOCK_N % 32 == 0)
     tl.static_assert(HEAD_DIM % 32 == 0)
     DC: tl.constexpr = HEAD_DIM // 32
     NB: tl.constexpr = BLOCK_N // 32
+    DC_LEVELS: tl.constexpr = DC.bit_length() - 1  # head_dim and BLOCK_N are powers of two
+    NB_LEVELS: tl.constexpr = NB.bit_length() - 1
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq = sequence_of_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
@@ -69,6 +181,7 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
         kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
         len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
         kv_head = (head // group).to(tl.int64)
+        kv_col = (kv_head * HEAD_DIM).to(tl.int32)  # the head's first column in a [T, H * D] descriptor
         head64 = head.to(tl.int64)
         rows = m0 + tl.arange(0, BLOCK_M)
         rows_ok = rows < len_q
@@ -78,6 +191,16 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
         q = tl.load(Q + q_rows * stride_qt + head64 * stride_qh + d[None, :], mask=rows_ok[:, None], other=0.0)
         q_scale = tl.load(QS + q_rows * stride_qst + head64 * stride_qsh + dc[None, :], mask=rows_ok[:, None],
                           other=0)
+        # Q in the form the variant's Q K^T dot takes, once per program
+        if VARIANT == "fp8dot":
+            q_factors = _e8m0_value(q_scale)  # [BLOCK_M, DC]
+        elif VARIANT == "rebase":
+            q_values = tl.reshape(tl.reshape(q.to(tl.float32), (BLOCK_M, DC, 32)) * _e8m0_value(q_scale)[:, :, None],
+                                  (BLOCK_M, HEAD_DIM))
+            q, q_exp = _rebase_rows(q_values, q_scale.to(tl.int32) - 127, HW_CVT)
+            q_factor = _pow2(q_exp) * qk_scale
+        elif VARIANT == "bf16smem":
+            q = _dequantize_rows(q, q_scale, DOT_FP16)
         # V's (32, 1) scale rows of this sequence start here (meta_kernels.mxfp8 layout)
         v_scale_row0 = kv_row0 // 32 + seq
 
@@ -89,28 +212,70 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
             m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
         cols = tl.arange(0, BLOCK_N)
         nb = tl.arange(0, NB)
-        for n0 in range(loop_bound(lead_begin), loop_bound(tail_end), BLOCK_N):  # every block masked: a correctness path
+        for n0 in range(loop_bound(lead_begin), loop_bound(tail_end), BLOCK_N):  # every block masked
             keys = n0 + cols
             keys_ok = keys < len_k
             k_rows = (kv_row0 + keys)[:, None]
-            k = tl.load(K + k_rows * stride_kt + kv_head * stride_kh + d[None, :], mask=keys_ok[:, None], other=0.0)
+            if USE_TMA:  # rows past the sequence (the next one's) are masked out of s below
+                k = K.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            else:
+                k = tl.load(K + k_rows * stride_kt + kv_head * stride_kh + d[None, :], mask=keys_ok[:, None],
+                            other=0.0)
             k_scale = tl.load(KS + k_rows * stride_kst + kv_head * stride_ksh + dc[None, :], mask=keys_ok[:, None],
                               other=0)
-            s = tl.dot_scaled(q, q_scale, "e4m3", tl.trans(k), k_scale, "e4m3") * qk_scale
+            if VARIANT == "fp8dot":  # D/32 FP8 dots of K = 32, each scaled by q_scale[:, c] x k_scale[:, c]
+                k_factors = _e8m0_value(k_scale)
+                s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for c in tl.static_range(DC):
+                    s_c = tl.dot(_chunk32(q, c, DC_LEVELS), tl.trans(_chunk32(k, c, DC_LEVELS)))
+                    s += s_c * (_column(q_factors, c, DC)[:, None] * _column(k_factors, c, DC)[None, :])
+                s = s * qk_scale
+            elif VARIANT == "rebase":
+                k_values = tl.reshape(tl.reshape(k.to(tl.float32), (BLOCK_N, DC, 32)) *
+                                      _e8m0_value(k_scale)[:, :, None], (BLOCK_N, HEAD_DIM))
+                k, k_exp = _rebase_rows(k_values, k_scale.to(tl.int32) - 127, HW_CVT)
+                s = tl.dot(q, tl.trans(k)) * (q_factor[:, None] * _pow2(k_exp)[None, :])
+            elif VARIANT == "bf16smem":
+                s = tl.dot(q, tl.trans(_dequantize_rows(k, k_scale, DOT_FP16))) * qk_scale
+            else:
+                s = tl.dot_scaled(q, q_scale, "e4m3", tl.trans(k), k_scale, "e4m3") * qk_scale
             ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
             s = tl.where(ok, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1)))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
             p = tl.where(ok, tl.math.exp2(s - m_ref[:, None]), 0.0)
             alpha = tl.math.exp2(m_i - m_ref)  # a power of two: exact
-            p_data, p_scale, p_sum_q = _quantize_p(p, BLOCK_M, BLOCK_N)
+            p_data, p_exp, p_values, p_sum_q = _quantize_p(p, HW_CVT)
             l_i = l_i * alpha + tl.sum(p, 1)
             lq_i = lq_i * alpha + p_sum_q
-            v = tl.load(V + k_rows * stride_vt + kv_head * stride_vh + d[None, :], mask=keys_ok[:, None], other=0.0)
+            if USE_TMA:  # the next sequence's rows: zero (p is 0 there, but they join V's column maxima)
+                v = V.load([(kv_row0 + n0).to(tl.int32), kv_col])
+                v = tl.where(keys_ok[:, None], v, tl.zeros_like(v))
+            else:
+                v = tl.load(V + k_rows * stride_vt + kv_head * stride_vh + d[None, :], mask=keys_ok[:, None],
+                            other=0.0)
             v_blocks = n0 // 32 + nb  # key blocks of 32 within the sequence
-            v_scale = tl.load(VS + (v_scale_row0 + v_blocks)[:, None] * stride_vst + kv_head * stride_vsh + d[None, :],
+            v_scale = tl.load(VS + (v_scale_row0 + v_blocks)[:, None] * stride_vst + kv_head * stride_vsh +
+                              d[None, :],
                               mask=(v_blocks * 32 < len_k)[:, None], other=0)  # [NB, D]
-            acc = acc * alpha[:, None] + tl.dot_scaled(p_data, p_scale, "e4m3", v, tl.trans(v_scale), "e4m3")
+            if VARIANT == "fp8dot":  # BLOCK_N/32 FP8 dots of K = 32, each scaled by p_scale[:, c] x v_scale[c, :]
+                p_factors = _pow2(p_exp)
+                v_factors = _e8m0_value(v_scale)
+                v_t = tl.trans(v)  # key chunks of V are column chunks of V^T
+                pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+                for c in tl.static_range(NB):
+                    pv_c = tl.dot(_chunk32(p_data, c, NB_LEVELS), tl.trans(_chunk32(v_t, c, NB_LEVELS)))
+                    pv += pv_c * (_column(p_factors, c, NB)[:, None] * _row(v_factors, c, NB)[None, :])
+            elif VARIANT == "rebase":
+                p_r, p_row_exp = _rebase_rows(p_values, p_exp, HW_CVT)
+                v_r, v_col_exp = _rebase_cols(v, v_scale.to(tl.int32) - 127, HW_CVT)
+                pv = tl.dot(p_r, v_r) * (_pow2(p_row_exp)[:, None] * _pow2(v_col_exp)[None, :])
+            elif VARIANT == "bf16smem":
+                p_dot = p_values.to(tl.float16) if DOT_FP16 else p_values.to(tl.bfloat16)
+                pv = tl.dot(p_dot, _dequantize_cols(v, v_scale, DOT_FP16))
+            else:
+                pv = tl.dot_scaled(p_data, (p_exp + 127).to(tl.uint8), "e4m3", v, tl.trans(v_scale), "e4m3")
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
 
         empty = l_i == 0.0  # no visible key: out 0, lse -inf
@@ -122,12 +287,28 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
         tl.store(Lse + head64 * total_out + out_row0 + rows, lse, mask=rows_ok)
 
 
-FWD_BLOCK_M = 64
-FWD_BLOCK_N = 64
+def launch_config(variant: str, head_dim: int, interpreter: Optional[bool] = None) -> KernelConfig:
+    """Tile and launch sizes per variant on the GPU (under the interpreter 64 x 64, so chunking runs there too)."""
+    if interpreting() if interpreter is None else interpreter:
+        return KernelConfig(64, 64, 4, 1)
+    # Compiled with Triton 3.6 for sm_90, D <= 128, K/V through TMA (not timed yet): every entry uses 255 registers;
+    # spills rebase and bf16smem 0 B at 128 x 128 (they spilled 20-1600 B with K/V pointer tensors), dot_scaled 0 B
+    # at 128 x 64 (220 B at 128 x 128), fp8dot 792 B at 128 x 64 (64 x 64: 872 B, 128 x 128: 1732 B).
+    # D256 (K/V pointers: attn_fwd.TMA_MAX_HEAD_DIM): 64 x 64 with 8 warps, still 1.0-2.7 KB of spills (128 x 64
+    # spilled 2.4-4.9 KB); the issue's bench is at D128.
+    if head_dim > 128:
+        return KernelConfig(64, 64, 8, 2)
+    if variant in ("rebase", "bf16smem"):
+        return KernelConfig(128, 128, 8, 2)
+    return KernelConfig(128, 64, 8, 2)
 
 
-def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
-    """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from quantized (data, scale) pairs."""
+def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, variant=None):
+    """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from quantized (data, scale) pairs.
+    variant: one of ``VARIANTS``; None takes ``configs.KNOBS.mxfp8_fwd``."""
+    variant = KNOBS.mxfp8_fwd if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     (q, q_scale), (k, k_scale), (v, v_scale) = q_mx, k_mx, v_mx
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     heads_q, dim = q.shape[1], q.shape[2]
@@ -143,15 +324,18 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
     else:
         q_off = out_off = q_offsets.to(torch.int32)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    tiles = total_out // FWD_BLOCK_M + num_seqs
+    cfg = launch_config(variant, dim)
+    tiles = total_out // cfg.block_m + num_seqs
+    tma = use_tma(False, k, v)  # descriptors hold no pointer tensors: fewer registers (no spills, see above)
+    k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
     q_scale_u8, k_scale_u8, v_scale_u8 = (s.view(torch.uint8) for s in (q_scale, k_scale, v_scale))
     launch(mxfp8_attn_fwd_kernel, (tiles, heads_q), dict(
-        Q=q, QS=q_scale_u8, K=k, KS=k_scale_u8, V=v, VS=v_scale_u8, Out=out, Lse=lse, Q_OFF=q_off, OUT_OFF=out_off,
+        Q=q, QS=q_scale_u8, K=k_arg, KS=k_scale_u8, V=v_arg, VS=v_scale_u8, Out=out, Lse=lse, Q_OFF=q_off, OUT_OFF=out_off,
         KV_OFF=kv_off, num_seqs=num_seqs, total_out=total_out, **row_strides("q", q), **row_strides("qs", q_scale_u8),
         **row_strides("k", k), **row_strides("ks", k_scale_u8), **row_strides("v", v),
         **row_strides("vs", v_scale_u8), **row_strides("o", out), group=heads_q // k.shape[1],
         qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right, HEAD_DIM=dim,
-        BLOCK_M=FWD_BLOCK_M, BLOCK_N=FWD_BLOCK_N, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs)), num_warps=4, num_stages=1)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs), VARIANT=variant,
+        HW_CVT=not interpreting(), DOT_FP16=interpreting(), USE_TMA=tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
-

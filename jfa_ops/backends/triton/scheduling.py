@@ -38,6 +38,11 @@ from .launch import launch
 from .offset_checks import offsets_ok
 
 SLOT_CHUNK = 1024  # tile slots per program of tile_slots_kernel
+# Lists of at most this many slots are ordered by rank_tiles_kernel (one launch, capacity^2 compares spread over the
+# grid), longer ones by torch.sort + index_select. H200, model suite T=32768: the sorts cost 0.32 ms a step, ~27 us
+# each for ~550 slots (bench/NOTES.md v7).
+RANK_MAX_SLOTS = 16384
+RANK_BLOCK, RANK_CHUNK = 32, 256  # slots ranked per program x slots compared per step
 
 
 @dataclasses.dataclass
@@ -179,6 +184,24 @@ def one_wave(max_items: int, programs_per_sm: int, device: torch.device) -> bool
     return statically_known_true(fits) or not KNOBS.traced_sorted_lists
 
 
+@triton.jit(do_not_specialize=["capacity"])
+def rank_tiles_kernel(SLOTS, COST, ORDERED, capacity, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """ORDERED[:, r] = SLOTS[:, i], r = slot i's place in a stable descending sort by COST (what torch.sort(cost,
+    descending=True, stable=True) + index_select give): r = #{j: cost_j > cost_i} + #{j < i: cost_j == cost_i}.
+    Every rank is distinct, so each column of ORDERED is written once. SLOTS/ORDERED [2, capacity] int32."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < capacity
+    cost_i = tl.load(COST + i, mask=ok, other=-1)
+    rank = tl.zeros([BLOCK], tl.int32)
+    for j0 in range(0, loop_bound(capacity), CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        cost_j = tl.load(COST + j, mask=j < capacity, other=-2)  # below padding's -1: never ahead of any slot
+        ahead = (cost_j[None, :] > cost_i[:, None]) | ((cost_j[None, :] == cost_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum(ahead.to(tl.int32), axis=1)
+    tl.store(ORDERED + rank, tl.load(SLOTS + i, mask=ok), mask=ok)
+    tl.store(ORDERED + capacity + rank, tl.load(SLOTS + capacity + i, mask=ok), mask=ok)
+
+
 def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int, rows_o: int, block: int,
                 lo_off: int, hi_off: int, has_lo: bool, has_hi: bool, flag=None, max_s: int = -1,
                 max_o: int = -1, cost_of=None) -> TileList:
@@ -209,8 +232,15 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
         CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
     if cost_of is not None:  # the caller's cost of the real tiles (padding keeps -1: last)
         cost = torch.where(cost >= 0, cost_of(slots[0], slots[1]), cost)
-    order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
-    seq, start = slots.index_select(1, order)
+    if isinstance(capacity, int) and capacity <= RANK_MAX_SLOTS and not tracing():
+        ordered = torch.empty((2, capacity), dtype=torch.int32, device=device)
+        launch(rank_tiles_kernel, (cdiv(capacity, RANK_BLOCK),), dict(
+            SLOTS=slots, COST=cost, ORDERED=ordered, capacity=capacity, BLOCK=RANK_BLOCK, CHUNK=RANK_CHUNK),
+            num_warps=4, num_stages=1)
+        seq, start = ordered
+    else:  # long lists, and traced graphs (symbolic capacity: no size-dependent choice, no guard)
+        order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
+        seq, start = slots.index_select(1, order)
     return TileList(seq, start, count, capacity)
 
 

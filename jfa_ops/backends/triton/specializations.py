@@ -127,6 +127,18 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specializatio
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
+def rank_specialization() -> Specialization:
+    """The list-ordering kernel (scheduling.rank_tiles_kernel) as build_tiles launches it."""
+    from . import scheduling
+
+    fn = scheduling.rank_tiles_kernel
+    constexprs = dict(BLOCK=scheduling.RANK_BLOCK, CHUNK=scheduling.RANK_CHUNK)
+    sig = _sig(list(fn.arg_names), {"SLOTS": "*i32", "COST": "*i64", "ORDERED": "*i32"})
+    sig.update({c: "constexpr" for c in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return Specialization("rank-tiles", "rank_tiles_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
+
+
 _BLOCK_SPARSE_KERNELS = {
     "bs_fwd": ("block_sparse_fwd", "block_sparse_fwd_kernel", "fwd"),
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
@@ -262,6 +274,7 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     for has_lo, has_hi in ((False, False), (False, True), (True, False), (True, True)):  # full, causal q/kv, window
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
+    yield rank_specialization()
     for kernel in ("fwd", "dkdv", "dq"):  # the one-wave schedule (no sorted list), the forward with its check
         yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
@@ -274,7 +287,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     """The MXFP8 kernels as ``mxfp8_quantize.quantize``, ``mxfp8_attn_fwd.attention_forward`` and
     ``mxfp8_attn_bwd.attention_backward`` launch them (sm_89+: E4M3 operands): quantize per block shape (bf16 read as
     int16 bits), the forward and both backward kernels per head dim, causal or not."""
-    from . import mxfp8_attn_fwd, mxfp8_quantize
+    from . import attn_fwd, mxfp8_attn_fwd, mxfp8_quantize
 
     fn = mxfp8_quantize.mxfp8_quantize_kernel
     for block, dtype in (((1, 32), torch.bfloat16), ((32, 1), torch.float16), ((32, 32), torch.float32)):
@@ -285,15 +298,20 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         yield _mxfp8_spec(f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}", fn, mxfp8_quantize,
                           {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs)
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
-    for head_dim, causal, broadcast_q in ((64, False, False), (128, False, False), (128, True, False),
-                                          (128, False, True)):
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=mxfp8_attn_fwd.FWD_BLOCK_M, BLOCK_N=mxfp8_attn_fwd.FWD_BLOCK_N,
-                          HAS_LEFT=False, HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5)
-        types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "QS": "*u8", "KS": "*u8", "VS": "*u8",
-                 "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
-                 "qk_scale": "fp32"}
-        yield _mxfp8_spec(f"mxfp8-fwd-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}",
-                          fn, mxfp8_attn_fwd, types, constexprs)
+    for variant in mxfp8_attn_fwd.VARIANTS:
+        for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
+                                              (128, True, False), (128, False, True), (256, False, False)):
+            cfg = mxfp8_attn_fwd.launch_config(variant, head_dim, interpreter=False)
+            tma = head_dim <= attn_fwd.TMA_MAX_HEAD_DIM  # as attention_forward decides on sm_90 (use_tma)
+            constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=False,
+                              HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5, VARIANT=variant,
+                              HW_CVT=True, DOT_FP16=False, USE_TMA=tma)
+            kv = f"tensordesc<fp8e4nv[{cfg.block_n},{head_dim}]>" if tma else "*fp8e4nv"
+            types = {"Q": "*fp8e4nv", "K": kv, "V": kv, "QS": "*u8", "KS": "*u8", "VS": "*u8",
+                     "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
+                     "qk_scale": "fp32"}
+            name = f"mxfp8-fwd-{variant}-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}"
+            yield _mxfp8_spec(name, fn, mxfp8_attn_fwd, types, constexprs, cfg.num_warps, cfg.num_stages)
     from . import mxfp8_attn_bwd
 
     for kernel in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel, mxfp8_attn_bwd.mxfp8_attn_bwd_dq_kernel):
@@ -310,9 +328,9 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               mxfp8_attn_bwd, types, constexprs)
 
 
-def _mxfp8_spec(name, fn, module, types, constexprs) -> Specialization:
+def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1) -> Specialization:
     names = list(fn.arg_names)
     sig = _sig(names, types)
     sig.update({c: "constexpr" for c in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
-    return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, 4, 1)
+    return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, num_warps, num_stages)
