@@ -176,6 +176,27 @@ def test_selection_ties_and_many_blocks(device):
             assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0]), (causal, keep)
 
 
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA (the GPU cases take TMA where it holds)")
+@pytest.mark.parametrize("name", ["jagged_empty_len1_gqa_causal", "broadcast_q_window", "cross_lq_gt_lk_causal"])
+def test_tma_paths(name, monkeypatch):
+    """K/V (forward, dQ) and Q/dO (dK/dV) through tensor descriptors (the sm_90 paths; the interpreter emulates
+    them): a masked tile may reach into the next sequence's rows (or past the tensor), which must stay masked."""
+    from jfa_ops.backends.triton import attn_fwd, configs
+
+    launched = []
+    monkeypatch.setattr(configs.KNOBS, "sparse_tma", True)
+    monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
+    real_descriptor = attn_fwd.rows_descriptor
+    monkeypatch.setattr(attn_fwd, "rows_descriptor", lambda t, rows: launched.append(rows) or real_descriptor(t, rows))
+    from jfa_ops.backends.triton import block_sparse_bwd, block_sparse_fwd
+    for module in (block_sparse_fwd, block_sparse_bwd):
+        monkeypatch.setattr(module, "rows_descriptor", attn_fwd.rows_descriptor)
+    case, block_q, block_kv, keep_ratio, top_k = FEATURES[name]
+    check_block_sparse_case(BlockSparseCase(case.replace(dtype=torch.float16), block_q, block_kv, keep_ratio, top_k),
+                            "triton", seed=13)
+    assert len(launched) == 6  # K, V forward; Q, dO dK/dV; K, V dQ
+
+
 def test_work_list_is_longest_first():
     """The forward's work list holds every real query tile once, ordered by the selected-block count of its Q block
     (summed over kv heads), descending; ties keep (sequence, row) order."""

@@ -49,8 +49,8 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
         n0 = tl.load(TILE_START + tile)
         real = seq >= 0
     seq = tl.maximum(seq, 0)
-    out_row0, len_q = seq_extent(Q_OFF, seq)
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)

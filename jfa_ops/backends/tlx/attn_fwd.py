@@ -67,8 +67,8 @@ def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, gr
         m0 = tl.load(TILE_START + tile)
         real = seq >= 0
     seq = tl.maximum(seq, 0)  # padding slots: a harmless sequence to read (nothing runs for them)
-    out_row0, len_q = seq_extent(Q_OFF, seq)
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     return (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,

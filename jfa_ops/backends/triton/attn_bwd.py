@@ -148,8 +148,8 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
                DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, QDO_TMA: tl.constexpr):
-    out_row0, len_q = seq_extent(Q_OFF, seq)
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     if BROADCAST_Q:
         q_row0 = out_row0 * 0
     else:
@@ -308,7 +308,8 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    first_row, len_q = seq_extent(Q_OFF, seq_lo)  # broadcast Q: every sequence has the same L_q
+    # broadcast Q: every sequence has the same L_q
+    first_row, len_q = seq_extent(tl.load(Q_OFF + seq_lo), tl.load(Q_OFF + seq_lo + 1))
     if BROADCAST_Q:
         q_row0 = first_row * 0
     else:
@@ -320,8 +321,8 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
                   PAD_D)
     seq_hi = tl.minimum(seq_lo + seqs_per_tile, num_seqs)
     for seq in range(loop_bound(seq_lo), loop_bound(seq_hi)):  # one sequence, except broadcast-Q deterministic
-        out_row0, len_q = seq_extent(Q_OFF, seq)
-        kv_row0, len_k = seq_extent(KV_OFF, seq)
+        out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+        kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
         do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
                        rows_ok, d_ok, True, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)

@@ -73,8 +73,8 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
               USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
-    out_row0, len_q = seq_extent(Q_OFF, seq)
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     if BROADCAST_Q:
         q_row0 = out_row0 * 0  # every sequence reads the same dense Q
     else:

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from . import common
 from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step
+from .attn_fwd import rows_descriptor, use_tma
 from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_cost, selected_tiles_below,
                                sparse_offsets, tile_sizes)
 from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound, next_work,
@@ -45,12 +46,15 @@ def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tens
 
 
 @triton.jit
-def _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, ids, keys,
-                         rows0, d_ok, len_q, len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
-                         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
-                         MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot, q_row0,
+                         out_row0, qdo_col, ids, keys, rows0, d_ok, len_q, len_k, lo_off, hi_off, qk_scale, t_begin,
+                         t_end, bulk_begin, bulk_end, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+                         HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, PAD_D: tl.constexpr,
+                         QDO_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dK, dV of one key tile over the selected query tiles [t_begin, t_end) (tile t: the (t % per-block)-th BLOCK_M
-    rows of Q block ids[t // per-block]); mask-free (not MASKED) inside the rows' bulk [bulk_begin, bulk_end)."""
+    rows of Q block ids[t // per-block]); mask-free (not MASKED) inside the rows' bulk [bulk_begin, bulk_end).
+    QDO_TMA: q_ptrs/do_ptrs are tensor descriptors read at (q_row0 + m0, qdo_col) / (out_row0 + m0, qdo_col);
+    masked tiles zero the rows past the sequence (the next sequence's)."""
     TILES_PER_BLOCK: tl.constexpr = BLOCK_Q // BLOCK_M
     for t in range(loop_bound(t_begin), loop_bound(t_end)):
         m0 = tl.load(ids + t // TILES_PER_BLOCK) * BLOCK_Q + (t % TILES_PER_BLOCK) * BLOCK_M
@@ -60,8 +64,15 @@ def _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, 
             m0 = tl.minimum(tl.maximum(m0, bulk_begin), bulk_end - BLOCK_M)  # unsorted ids stay in the sequence
         rows = m0 + rows0
         rows_ok = rows < len_q
-        q = load_rows(q_ptrs + m0.to(tl.int64) * stride_qt, rows_ok, d_ok, MASKED, PAD_D)
-        do = load_rows(do_ptrs + m0.to(tl.int64) * stride_dot, rows_ok, d_ok, MASKED, PAD_D)
+        if QDO_TMA:
+            q = q_ptrs.load([(q_row0 + m0).to(tl.int32), qdo_col])
+            do = do_ptrs.load([(out_row0 + m0).to(tl.int32), qdo_col])
+            if MASKED:
+                q = tl.where(rows_ok[:, None], q, tl.zeros_like(q))
+                do = tl.where(rows_ok[:, None], do, tl.zeros_like(do))
+        else:
+            q = load_rows(q_ptrs + m0.to(tl.int64) * stride_qt, rows_ok, d_ok, MASKED, PAD_D)
+            do = load_rows(do_ptrs + m0.to(tl.int64) * stride_dot, rows_ok, d_ok, MASKED, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
         dk, dv, _ = dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, lo_off, hi_off, qk_scale,
                               HAS_LO, HAS_HI, MASKED, DOT_PRECISION)
@@ -75,10 +86,11 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
                       stride_tch, group, scale, qk_scale, window_left, right,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
-                      HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, QDO_TMA: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
     """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
-    out_row0, len_q = seq_extent(Q_OFF, seq)
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     if BROADCAST_Q:
         q_row0 = out_row0 * 0
     else:
@@ -103,22 +115,25 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
     bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_Q, BLOCK_M)
     for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
         head = kv_head * group + g
-        q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, False)
-        do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, False)
+        q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, QDO_TMA)
+        do_ptrs = row_source(DOut, out_row0, rows0, stride_dot, head, stride_doh, d, QDO_TMA)
         stat_index = head.to(tl.int64) * total_out + out_row0
         # masked lead (window end), mask-free bulk, masked tail (diagonal, sequence end), as the dense stages
         dk, dv = _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot,
-                                      ids, keys, rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, 0,
+                                      q_row0, out_row0, head * HEAD_DIM, ids, keys, rows0, d_ok, len_q, len_k, -right,
+                                      window_left, qk_scale, 0,
                                       lead_end, bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT, HAS_LEFT, True,
-                                      PAD_D, DOT_PRECISION)
+                                      PAD_D, QDO_TMA, DOT_PRECISION)
         dk, dv = _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot,
-                                      ids, keys, rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, lead_end,
+                                      q_row0, out_row0, head * HEAD_DIM, ids, keys, rows0, d_ok, len_q, len_k, -right,
+                                      window_left, qk_scale, lead_end,
                                       bulk_stop, bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT, HAS_LEFT, False,
-                                      PAD_D, DOT_PRECISION)
+                                      PAD_D, QDO_TMA, DOT_PRECISION)
         dk, dv = _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride_qt, stride_dot,
-                                      ids, keys, rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, bulk_stop,
+                                      q_row0, out_row0, head * HEAD_DIM, ids, keys, rows0, d_ok, len_q, len_k, -right,
+                                      window_left, qk_scale, bulk_stop,
                                       count * (BLOCK_Q // BLOCK_M), bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT,
-                                      HAS_LEFT, True, PAD_D, DOT_PRECISION)
+                                      HAS_LEFT, True, PAD_D, QDO_TMA, DOT_PRECISION)
     # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors
     dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
     store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
@@ -136,8 +151,8 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                              BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                             BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_MAJOR: tl.constexpr,
-                             ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+                             BROADCAST_Q: tl.constexpr, QDO_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                             KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Work items (key tile, kv head), as the dense ``attn_bwd_dkdv_kernel`` takes them (``scheduling.work_tile``)."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
@@ -156,16 +171,17 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
                               stride_vh, stride_dot, stride_doh, stride_dkvt, stride_tib, stride_tih, stride_tin,
                               stride_tcb, stride_tch, group, scale, qk_scale, window_left, right, HEAD_DIM, BLOCK_D,
                               PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
-                              DOT_PRECISION)
+                              QDO_TMA, DOT_PRECISION)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
 @triton.jit
-def _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok, len_q,
-                       len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
+def _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, kv_row0, kv_col, ids, rows,
+                       cols, d_ok, len_q, len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
                        BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
-                       MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dQ (unscaled) of one query tile over the selected key tiles [t_begin, t_end), as the forward's loop."""
+                       MASKED: tl.constexpr, PAD_D: tl.constexpr, KV_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ (unscaled) of one query tile over the selected key tiles [t_begin, t_end), as the forward's loop. KV_TMA:
+    k_ptrs/v_ptrs are tensor descriptors read at (kv_row0 + n0, kv_col); masked tiles zero rows past the sequence."""
     TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
     for t in range(loop_bound(t_begin), loop_bound(t_end)):
         block = tl.load(ids + t // TILES_PER_BLOCK)
@@ -175,8 +191,16 @@ def _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride
         else:
             n0 = tl.minimum(tl.maximum(n0, bulk_begin), bulk_end - BLOCK_N)  # unsorted ids stay in the sequence
         keys = n0 + cols
-        k = load_rows(k_ptrs + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
-        v = load_rows(v_ptrs + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
+        if KV_TMA:
+            k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            v = v_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # keys past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
+                keys_ok = (keys < len_k)[:, None]
+                k = tl.where(keys_ok, k, tl.zeros_like(k))
+                v = tl.where(keys_ok, v, tl.zeros_like(v))
+        else:
+            k = load_rows(k_ptrs + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
+            v = load_rows(v_ptrs + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
         dq = dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, lo_off, hi_off, qk_scale, HAS_LO,
                      HAS_HI, MASKED, DOT_PRECISION)
     return dq
@@ -189,13 +213,15 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
                     stride_cb, stride_ch, group, scale, qk_scale, window_left, right,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
-                    HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, KV_TMA: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     """Query rows [m0, m0 + BLOCK_M) of one sequence (broadcast Q: of every sequence, summed in order), q head."""
     if BROADCAST_Q:
         seq_end = seq_begin + num_seqs
     else:
         seq_end = seq_begin + 1
-    first_row, len_q = seq_extent(Q_OFF, seq_begin)  # broadcast Q: every sequence has the same L_q
+    # broadcast Q: every sequence has the same L_q
+    first_row, len_q = seq_extent(tl.load(Q_OFF + seq_begin), tl.load(Q_OFF + seq_begin + 1))
     if BROADCAST_Q:
         q_row0 = first_row * 0
     else:
@@ -210,13 +236,13 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
                   PAD_D)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for seq in range(loop_bound(seq_begin), loop_bound(seq_end)):
-        out_row0, len_q = seq_extent(Q_OFF, seq)
-        kv_row0, len_k = seq_extent(KV_OFF, seq)
+        out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+        kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
         do = load_rows(DOut + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :], rows_ok,
                        d_ok, True, PAD_D)
         lse2, delta = _row_stats(Lse, Delta, head.to(tl.int64) * total_out + out_row0 + rows, rows_ok, True)
-        k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
-        v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
+        k_ptrs = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, KV_TMA)
+        v_ptrs = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, KV_TMA)
         _, _, bulk_begin, bulk_end, _, _ = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT,
                                                         BLOCK_M, BLOCK_N)
         ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
@@ -224,16 +250,20 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
         lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_KV, BLOCK_N)
         bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_KV, BLOCK_N)
         # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
-        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok,
+        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, kv_row0,
+                                kv_head * HEAD_DIM, ids, rows, cols, d_ok,
                                 len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin, bulk_end,
-                                BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION)
-        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, True, PAD_D, KV_TMA, DOT_PRECISION)
+        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, kv_row0,
+                                kv_head * HEAD_DIM, ids, rows, cols, d_ok,
                                 len_q, len_k, -window_left, right, qk_scale, lead_end, bulk_stop, bulk_begin,
-                                bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False, PAD_D, DOT_PRECISION)
-        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, ids, rows, cols, d_ok,
+                                bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False, PAD_D, KV_TMA,
+                                DOT_PRECISION)
+        dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, kv_row0,
+                                kv_head * HEAD_DIM, ids, rows, cols, d_ok,
                                 len_q, len_k, -window_left, right, qk_scale, bulk_stop,
                                 count * (BLOCK_KV // BLOCK_N), bulk_begin, bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT,
-                                HAS_RIGHT, True, PAD_D, DOT_PRECISION)
+                                HAS_RIGHT, True, PAD_D, KV_TMA, DOT_PRECISION)
     store_rows(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :],
                (dq * scale).to(DQ.dtype.element_ty), rows_ok, d_ok, PAD_D)
 
@@ -248,8 +278,8 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                            BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                           BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                           TILES_FROM_OFFSETS: tl.constexpr):
+                           BROADCAST_Q: tl.constexpr, KV_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                           ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Work items (query tile, q head), tile-major as the dense ``attn_bwd_dq_kernel`` (``scheduling.work_tile``).
     Broadcast Q: the tiles are L_q's query blocks (sequence 0) and each sums over every sequence."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
@@ -268,7 +298,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                             stride_vh, stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih,
                             stride_in, stride_cb, stride_ch, group, scale, qk_scale, window_left, right, HEAD_DIM,
                             BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
-                            DOT_PRECISION)
+                            KV_TMA, DOT_PRECISION)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
@@ -309,8 +339,11 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], block_n, window_left, right, has_left, has_right,
                          cost_of=selected_cost(q_count, params.block_kv)),
         kv_off, q_off, k.shape[0], total_out, block_n, num_heads_kv, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
+    # Q and dO through TMA (KNOBS.sparse_tma, attn_fwd.use_tma): no [BLOCK_M, D] pointer tensors in registers
+    qdo_tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], q, grad_out, k)
+    qdo = dict(Q=rows_descriptor(q, block_m), DOut=rows_descriptor(grad_out, block_m)) if qdo_tma else {}
     launch(block_sparse_dkdv_kernel, (programs,), dict(
-        **common_args, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, **schedule,
+        **dict(common_args, **qdo), QDO_TMA=qdo_tma, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, **schedule,
         num_heads_kv=num_heads_kv, n_kv_blocks=n_kv_blocks, stride_dkvt=dk.stride(0),
         **index_strides("ti", "tc", q_index, q_count), BLOCK_M=block_m, BLOCK_N=block_n,
         KV_MAJOR=KNOBS.bwd_kv_major), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -334,8 +367,10 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
             lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left,
                                   has_right, cost_of=selected_cost(count, params.block_q)),
             q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
+    kv_tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], k, v)
+    kv = dict(K=rows_descriptor(k, block_n), V=rows_descriptor(v, block_n)) if kv_tma else {}
     launch(block_sparse_dq_kernel, (programs,), dict(
-        **common_args, Delta=delta, DQ=dq, BLOCK_INDEX=index, BLOCK_COUNT=count, **schedule, num_heads=num_heads,
+        **dict(common_args, **kv), KV_TMA=kv_tma, Delta=delta, DQ=dq, BLOCK_INDEX=index, BLOCK_COUNT=count, **schedule, num_heads=num_heads,
         n_q_blocks=index.shape[2], stride_dqt=dq.stride(0), stride_dqh=dq.stride(1),
         **index_strides("i", "c", index, count), BLOCK_M=block_m, BLOCK_N=block_n), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)

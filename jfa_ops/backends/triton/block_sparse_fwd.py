@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attn_fwd import broadcast_offsets
+from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .common import (LN2, dot_precision, first_work, head_dim_consts, load_rows, loop_bound, next_work, packed_rows,
                      row_source, row_strides, seq_extent, softmax_step, stage_bounds, store_rows, visible,
                      window_bounds)
@@ -58,14 +58,16 @@ def selected_tiles_below(ids, count, limit, BLOCK: tl.constexpr, TILE: tl.conste
 
 
 @triton.jit
-def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok, len_q, len_k,
-                        lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
+def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids, rows, cols, d_ok,
+                        len_q, len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
                         BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
-                        MASKED: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                        FMA_SOFTMAX: tl.constexpr):
+                        MASKED: tl.constexpr, PAD_D: tl.constexpr, USE_TMA: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     """Online-softmax update over selected key tiles [t_begin, t_end) (tile t: the (t % per-block)-th BLOCK_N keys
     of block ids[t // per-block]). Mask-free (not MASKED): the tiles lie in [bulk_begin, bulk_end); the clamp only
-    keeps unsorted ids (a broken contract) inside the sequence."""
+    keeps unsorted ids (a broken contract) inside the sequence. USE_TMA: k_src/v_src are tensor descriptors over
+    [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col), as in the dense forward (a masked tile may reach into the next
+    sequence's rows: masked scores, zeroed V)."""
     TILES_PER_BLOCK: tl.constexpr = BLOCK_KV // BLOCK_N
     for t in range(loop_bound(t_begin), loop_bound(t_end)):
         block = tl.load(ids + t // TILES_PER_BLOCK)
@@ -75,7 +77,10 @@ def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, id
         else:
             n0 = tl.minimum(tl.maximum(n0, bulk_begin), bulk_end - BLOCK_N)
         keys = n0 + cols
-        k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
+        if USE_TMA:
+            k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+        else:
+            k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if not FMA_SOFTMAX:
             s = s * qk_scale
@@ -83,7 +88,12 @@ def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, id
             s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
                          float("-inf"))
         p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
-        v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
+        if USE_TMA:
+            v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak
+                v = tl.where((keys < len_k)[:, None], v, tl.zeros_like(v))
+        else:
+            v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -96,10 +106,10 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
                      right, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
-    out_row0, len_q = seq_extent(Q_OFF, seq)
-    kv_row0, len_k = seq_extent(KV_OFF, seq)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     if BROADCAST_Q:
         q_row0 = out_row0 * 0  # every sequence reads the same dense Q
     else:
@@ -111,8 +121,9 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
     rows_ok = rows < len_q
     q = load_rows(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :], rows_ok, d_ok, True, PAD_D)
     kv_head = head // group
-    k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, False)
-    v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, False)
+    k_src = row_source(K, kv_row0, cols, stride_kt, kv_head, stride_kh, d, USE_TMA)
+    v_src = row_source(V, kv_row0, cols, stride_vt, kv_head, stride_vh, d, USE_TMA)
+    kv_col = kv_head * HEAD_DIM
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -123,18 +134,18 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
     lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_KV, BLOCK_N)
     bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_KV, BLOCK_N)
     # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
-    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok,
-                                        len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin,
-                                        bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION,
-                                        FMA_SOFTMAX)
-    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok,
-                                        len_q, len_k, -window_left, right, qk_scale, lead_end, bulk_stop,
-                                        bulk_begin, bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False, PAD_D,
+    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids,
+                                        rows, cols, d_ok, len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin,
+                                        bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA,
                                         DOT_PRECISION, FMA_SOFTMAX)
-    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, ids, rows, cols, d_ok,
-                                        len_q, len_k, -window_left, right, qk_scale, bulk_stop,
+    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids,
+                                        rows, cols, d_ok, len_q, len_k, -window_left, right, qk_scale, lead_end, bulk_stop,
+                                        bulk_begin, bulk_end, BLOCK_N, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False, PAD_D,
+                                        USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+    acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids,
+                                        rows, cols, d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_stop,
                                         count * (BLOCK_KV // BLOCK_N), bulk_begin, bulk_end, BLOCK_N, BLOCK_KV,
-                                        HAS_LEFT, HAS_RIGHT, True, PAD_D, DOT_PRECISION, FMA_SOFTMAX)
+                                        HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
     # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (as the dense kernel).
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -154,9 +165,11 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                             BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                            BROADCAST_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
-                            KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
-    """Work items (query tile, q head), as the dense ``attn_fwd_kernel`` takes them (``scheduling.work_tile``)."""
+                            BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                            FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr,
+                            TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (query tile, q head), as the dense ``attn_fwd_kernel`` takes them (``scheduling.work_tile``).
+    USE_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
     if TILES_FROM_OFFSETS:
@@ -173,7 +186,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                              n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
                              stride_oh, stride_ib, stride_ih, stride_in, stride_cb, stride_ch, group, qk_scale,
                              window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV,
-                             HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION, FMA_SOFTMAX)
+                             HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
@@ -236,15 +249,18 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left, has_right,
                               cost_of=selected_cost(count, params.block_q)),
         q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.fwd_schedule, cfg.programs_per_sm, device)
+    hd = head_dim_consts(head_dim)
+    tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], k, v)
+    k_arg, v_arg = (rows_descriptor(k, block_n), rows_descriptor(v, block_n)) if tma else (k, v)
     launch(block_sparse_fwd_kernel, (programs,), dict(
-        Q=q, K=k, V=v, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, BLOCK_INDEX=index, BLOCK_COUNT=count,
+        Q=q, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, BLOCK_INDEX=index, BLOCK_COUNT=count,
         **schedule, num_heads=num_heads, total_out=total_out, n_q_blocks=n_q_blocks, **row_strides("q", q),
         **row_strides("k", k), **row_strides("v", v), **row_strides("o", out),
         **index_strides("i", "c", index, count), group=num_heads // k.shape[1],
         qk_scale=params.scale * 1.4426950408889634,  # / ln 2
-        window_left=window_left, right=right, **head_dim_consts(head_dim), BLOCK_M=block_m, BLOCK_N=block_n,
+        window_left=window_left, right=right, **hd, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        BROADCAST_Q=params.broadcast_q, DOT_PRECISION=dot_precision(q.dtype),
+        BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
         FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

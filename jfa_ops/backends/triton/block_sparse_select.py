@@ -31,7 +31,7 @@ def block_pool_kernel(X, OFFSETS, Pooled, stride_xt, stride_xh, stride_pb, strid
     blk = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
-    row0, length = seq_extent(OFFSETS, seq)
+    row0, length = seq_extent(tl.load(OFFSETS + seq), tl.load(OFFSETS + seq + 1))
     start = blk * block_rows
     end = tl.minimum(start + block_rows, length)
     d = tl.arange(0, BLOCK_D)
@@ -70,8 +70,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, KEEP, Scores, Index, Count, n_kv_
     i = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
-    _, len_q = seq_extent(Q_OFF, seq)
-    _, len_k = seq_extent(KV_OFF, seq)
+    _, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    _, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     d = tl.arange(0, BLOCK_D)
     q_ok = i * BLOCK_Q < len_q
     n_own = tl.minimum(tl.where(q_ok, (len_k + BLOCK_KV - 1) // BLOCK_KV, 0), n_kv_blocks)  # blocks worth scoring

@@ -177,10 +177,11 @@ def store_rows(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
 
 
 @triton.jit
-def seq_extent(OFFSETS, seq):
-    """(first row as int64, length as int32) of sequence ``seq``."""
-    begin = tl.load(OFFSETS + seq)
-    end = tl.load(OFFSETS + seq + 1)
+def seq_extent(begin, end):
+    """(first row as int64, length as int32) of the sequence between offsets ``begin`` and ``end``, which the caller
+    loads: torch's analysis of what a kernel writes (torch.compile, ``wrap_triton``) counts a helper's result as
+    derived from every argument, so a helper given the offsets pointer whose result feeds a store address would make
+    the offsets "written", and Inductor would copy them before each launch (torch 2.11 fails compiling that copy)."""
     return begin.to(tl.int64), (end - begin).to(tl.int32)
 
 
@@ -194,8 +195,9 @@ def alloc_output(shape, dtype, device) -> torch.Tensor:
 def int32_offsets(offsets: torch.Tensor, same_as=None) -> torch.Tensor:
     """``offsets`` as the kernels read them (int32); ``same_as``: (offsets, converted) of the other side, reused when
     both sides pass one tensor. While traced into a graph, a copy even when already int32: torch's analysis of what
-    a user kernel writes follows loaded values into store addresses, so it counts the offsets as written, and a
-    written graph input would cost a copy back after each call and keep CUDA graphs (``reduce-overhead``) off."""
+    a user kernel writes counts the offsets as written when a helper given them (``scheduling.slot_tile``) returns a
+    value that feeds a store address, and a written graph input would cost a copy back after each call and keep CUDA
+    graphs (``reduce-overhead``) off."""
     if same_as is not None and same_as[0] is offsets:
         return same_as[1]
     return offsets.to(torch.int32, copy=tracing())

@@ -56,6 +56,10 @@ class Knobs:
     traced_sorted_lists: bool = True
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
+    # Block-sparse kernels: K/V (forward, dQ) and Q/dO (dK/dV) through TMA where attn_fwd.use_tma holds, as the dense
+    # kernels. Off until measured: ptxas (Triton 3.6, sm_90, D128 bf16) spills more with it (fwd 96 B vs 8, dQ
+    # 188-240 vs 0, dK/dV 620-648 vs 216-224; bench/NOTES.md "sparse v2").
+    sparse_tma: bool = False
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).

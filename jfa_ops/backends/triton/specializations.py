@@ -150,10 +150,11 @@ _BLOCK_SPARSE_KERNELS = {
 
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
-                                from_offsets: bool = False, cc: int = 90) -> Specialization:
+                                from_offsets: bool = False, tma=None, cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
-    ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list)."""
+    ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list); tma: TMA where it applies (None: as
+    ``KNOBS.sparse_tma`` says)."""
     import importlib
 
     from . import block_sparse_select
@@ -182,10 +183,18 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           BLOCK_Q=block_q, BLOCK_KV=block_kv, HAS_LEFT=False, HAS_RIGHT=causal,
                           BROADCAST_Q=broadcast_q, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
         schedule = KNOBS.fwd_schedule if kernel == "bs_fwd" else KNOBS.bwd_schedule
+        from . import attn_fwd  # TMA as block_sparse_*.py decide it (attn_fwd.use_tma: sm_90+ only)
+        tma = ((KNOBS.sparse_tma if tma is None else tma) and cc >= 90 and dtype != torch.float32
+               and not hd["PAD_D"] and head_dim <= attn_fwd.TMA_MAX_HEAD_DIM)
+        rows = constexprs["BLOCK_M"] if kernel == "bs_dkdv" else constexprs["BLOCK_N"]
+        for name in (("Q", "DOut") if kernel == "bs_dkdv" else ("K", "V")) if tma else ():
+            ptr[name] = f"tensordesc<{dt}[{rows},{head_dim}]>"
         if kernel == "bs_fwd":
-            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major)
+            constexprs.update(FMA_SOFTMAX=True, KV_MAJOR=KNOBS.fwd_kv_major, USE_TMA=tma)
         elif kernel == "bs_dkdv":
-            constexprs["KV_MAJOR"] = KNOBS.bwd_kv_major
+            constexprs.update(KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=tma)
+        else:
+            constexprs["KV_TMA"] = tma
         constexprs.update(ATOMIC_WORK=schedule == "atomic", TILES_FROM_OFFSETS=from_offsets)
         warps, stages = cfg.num_warps, cfg.num_stages
     names = list(fn.arg_names)
@@ -195,7 +204,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n.startswith("stride")}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
-           f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}"
+           f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}" \
+           f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -208,6 +218,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, False, broadcast_q=True)
         yield block_sparse_specialization(kernel, 72, torch.float16, True, block_q=64, block_kv=64)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, from_offsets=True)
+        yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, tma=True)  # KNOBS.sparse_tma
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
 
