@@ -25,7 +25,7 @@ from .attn_fwd import broadcast_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
 from .configs import KNOBS, interpreting
-from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _to_e4m3, mx_dot
+from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _to_e4m3, checked_variant, mx_dot
 from .mxfp8_quantize import _shared_exponent, quantize, search_steps, sequence_of_tile
 
 BWD_BLOCK_M = 64
@@ -221,9 +221,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        variant=None):
     """(dq, dk, dv) in the inputs' dtypes: the reference's MXFP8 backward, in two Triton kernels. variant: how the
     dots use the MX operands (``mxfp8_attn_fwd.VARIANTS``); None takes ``configs.KNOBS.mxfp8_variant``."""
-    variant = KNOBS.mxfp8_variant if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    variant = checked_variant(variant, q.device)
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[2]
     total_out = out.shape[0]

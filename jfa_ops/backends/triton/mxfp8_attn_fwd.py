@@ -338,12 +338,26 @@ def launch_config(variant: str, head_dim: int, interpreter: Optional[bool] = Non
     return KernelConfig(128, 64, 8, 2)
 
 
-def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, variant=None):
-    """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from quantized (data, scale) pairs.
-    variant: one of ``VARIANTS``; None takes ``configs.KNOBS.mxfp8_variant``."""
+# Variants whose GPU results are wrong (H200, triton 3.6, 2026-12-01: NaN and ~18% off in every forward case and
+# the backward; right under the interpreter): refused on CUDA until fixed, never a silent wrong result.
+BROKEN_ON_GPU = ("fp8dot",)
+
+
+def checked_variant(variant, device: torch.device) -> str:
+    """``variant`` (None: ``configs.KNOBS.mxfp8_variant``) if it may run on ``device``, else ValueError."""
     variant = KNOBS.mxfp8_variant if variant is None else variant
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if variant in BROKEN_ON_GPU and device.type == "cuda":
+        raise ValueError(f"MXFP8 variant {variant!r} gives wrong results on the GPU (bench/NOTES.md v7): choose one "
+                         f"of {[v for v in VARIANTS if v not in BROKEN_ON_GPU]} (JFA_MXFP8_VARIANT)")
+    return variant
+
+
+def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, variant=None):
+    """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from quantized (data, scale) pairs.
+    variant: one of ``VARIANTS``; None takes ``configs.KNOBS.mxfp8_variant``."""
+    variant = checked_variant(variant, q_mx[0].device)
     (q, q_scale), (k, k_scale), (v, v_scale) = q_mx, k_mx, v_mx
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     heads_q, dim = q.shape[1], q.shape[2]
