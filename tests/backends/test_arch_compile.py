@@ -82,7 +82,8 @@ def _cases():
     return [pytest.param(cc, s.name, id=f"sm{cc}-{s.name}") for cc in ARCHS for s in arch_specializations(cc)]
 
 
-_ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "offsets_ok_kernel",
+_ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "rank_tiles_kernel",
+                "offsets_ok_kernel",
                 "block_pool_kernel", "block_select_kernel",
                 "mxfp8_quantize_kernel")
 
