@@ -9,7 +9,7 @@ from torch import Tensor
 
 import meta_kernels
 import meta_kernels.mxfp8
-from jfa_ops.ops.attention import attention_direct, check_no_forward_ad, eager_direct
+from jfa_ops.ops.attention import attention_direct, check_no_forward_ad, eager_direct, needs_grad
 
 __all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
            "mxfp8_dequantize", "mxfp8_attention"]
@@ -111,8 +111,7 @@ def jagged_attention(
 def _records_autograd(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """True when the call must go through the op's autograd kernel: grad mode on and an input requiring grad, or
     inside torch.compile (dynamo traces the op as is)."""
-    return torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                          or v.requires_grad))
+    return torch.compiler.is_compiling() or needs_grad(q, k, v)
 
 
 def check_njt_layout(name: str, t: Tensor, layout: str = "[B, j, H, D]") -> None:

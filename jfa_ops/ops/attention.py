@@ -47,6 +47,15 @@ def _params(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_off
     """
     meta_kernels.check_options(scale, causal, (window_left, window_right), broadcast_q, deterministic, max_seqlen_q,
                                max_seqlen_kv)
+    return _check_tensors(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, scale, causal, window_left,
+                          window_right, broadcast_q, deterministic, backend, dtypes=dtypes)
+
+
+def _check_tensors(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, max_seqlen_q=-1,
+                   max_seqlen_kv=-1, scale=None, causal=False, window_left=-1, window_right=-1, broadcast_q=False,
+                   deterministic=False, backend=None, *,
+                   dtypes=meta_kernels.attention.FLOAT_DTYPES) -> Tuple[AttentionParams, Optional[str]]:
+    """``_params`` for options already checked (``check_options``): the tensor checks, then ``_resolve``."""
     meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q,
                                       dtypes)
     return _resolve(q, max_seqlen_q, max_seqlen_kv, scale, causal, window_left, window_right, broadcast_q,
@@ -146,11 +155,16 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # grad_lse stays None when lse is unused: the backward skips that term
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _backward_inputs(ctx, grad_out):
+    """(grad_out, q, k, v, out, lse, q_offsets, kv_offsets) for the backward: grad_out contiguous, zeros when only
+    lse was used."""
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
-    if grad_out is None:  # only lse was used
-        grad_out = torch.zeros_like(out)
-    grad_out = grad_out.contiguous()
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    return grad_out, q, k, v, out, lse, q_offsets, kv_offsets
+
+
+def _backward(ctx, grad_out, grad_lse):
+    grad_out, q, k, v, out, lse, q_offsets, kv_offsets = _backward_inputs(ctx, grad_out)
     # The forward checked these inputs and autograd gives grad_out/grad_lse the outputs' shapes and dtypes: tell the
     # op body (by the identity of its arguments) so that it skips the public op's checks. Traced calls check anyway.
     _FROM_AUTOGRAD.call = (id(grad_out), id(q))
@@ -353,18 +367,20 @@ def eager_direct(*tensors: Optional[Tensor]) -> bool:
             and not torch._C._is_any_autocast_enabled())
 
 
+def needs_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Grad mode on and an input requiring grad: the call must record autograd."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
                      *options) -> Tuple[Tensor, Tensor]:
     """``torch.ops.jfa.attention(q, k, v, q_offsets, kv_offsets, *options)`` without the dispatcher (only where
     ``eager_direct`` holds): the op's body, and under autograd a ``torch.autograd.Function`` with the op's formula.
     For ``jagged_attention``, which has already run ``check_options`` and ``check_no_forward_ad`` on these
     arguments: only the tensor checks are left (the rest of ``_params``)."""
-    _, _, _, _, window_left, window_right, broadcast_q, _, _ = options  # schema order (OPTIONS_SCHEMA)
-    meta_kernels.check_attention_args(q, k, v, q_offsets, kv_offsets, (window_left, window_right), broadcast_q,
-                                      meta_kernels.attention.FLOAT_DTYPES)
-    params, backend = _resolve(q, *options)
+    params, backend = _check_tensors(q, k, v, q_offsets, kv_offsets, *options)
     impl = select_backend(backend, Problem.of(q, k, params))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
 
@@ -387,7 +403,6 @@ class _DirectAttention(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the op's path (double backward raises there)
             grads = _backward(ctx, grad_out, grad_lse)
         else:
-            q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
-            grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-            grads = ctx.impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, ctx.params)
+            grad_out, *saved = _backward_inputs(ctx, grad_out)
+            grads = ctx.impl.backward(grad_out, grad_lse, *saved, ctx.params)
         return tuple(grads[:3]) + (None,) * 5
