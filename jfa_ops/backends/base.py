@@ -65,6 +65,10 @@ class BlockSelectParams:
     window_right: int = -1
     broadcast_q: bool = False
     always_local: bool = True
+    max_seqlen_q: int = -1
+    max_seqlen_kv: int = -1
+    # The backend checks the offset values on the device itself (as AttentionParams.check_offsets).
+    check_offsets: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

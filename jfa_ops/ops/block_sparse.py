@@ -34,7 +34,8 @@ def _select_params(q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, blo
     params = BlockSelectParams(
         block_q=block_q, block_kv=block_kv, n_q_blocks=index_shape[2], n_kv_blocks=index_shape[3],
         keep_ratio=float(keep_ratio), top_k=top_k, causal=causal, window_left=window_left, window_right=window_right,
-        broadcast_q=broadcast_q, always_local=always_local)
+        broadcast_q=broadcast_q, always_local=always_local, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv)
     return params, backend
 
 
@@ -57,7 +58,8 @@ def select_kv_blocks(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offse
     kv_block_count [B, Hkv, NQB] int32); see ``jfa_ops.select_kv_blocks``."""
     params, backend = _select_params(q, k, q_offsets, kv_offsets, *options)
     impl = select_backend(backend, _select_problem(q, k, params), family=SELECT_FAMILY)
-    check_offset_values(q, k, q_offsets, kv_offsets, *options[:2])  # max_seqlen_* are required here
+    if check_offset_values(q, k, q_offsets, kv_offsets, *options[:2], impl.checks_offsets):  # max_seqlen_* required
+        params = dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
     return impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
 
 

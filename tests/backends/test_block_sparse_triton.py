@@ -176,6 +176,108 @@ def test_selection_ties_and_many_blocks(device):
             assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0]), (causal, keep)
 
 
+def _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max_kv, **opts):
+    got = jfa_ops.select_kv_blocks(q, k, q_off, kv_off, max_q, max_kv, backend="triton", **opts)
+    cpu = [None if t is None else t.cpu() for t in (q, k, q_off, kv_off)]
+    want = jfa_ops.select_kv_blocks(*cpu, max_q, max_kv, backend="reference", **opts)
+    assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0]), opts
+    return got
+
+
+SELECTION_EDGES = {  # (q lengths or None for the kv lengths, kv lengths, broadcast L_q, block_q, block_kv)
+    # 24 sequences (5 binary-search steps): empty, length 1, shorter than a block, exactly one, a partial tail
+    "many_sequences": (None, (0, 1, 15, 16, 17, 33, 0, 64, 70, 5, 2, 0, 31, 32, 48, 9, 1, 0, 40, 12, 3, 66, 8, 0),
+                       None, 16, 32),
+    "all_shorter_than_a_block": (None, (1, 7, 0, 15, 3), None, 16, 16),
+    # 64-row blocks: two 32-row pooling steps per head and kv head group, the last one partial
+    "pooling_steps_and_tails": ((70, 100, 64, 0), (130, 45, 64, 1), None, 64, 32),
+    "broadcast_q_many_sequences": (None, (0, 1, 15, 33, 70, 0, 5, 48, 16, 17, 2), 37, 16, 32),
+}
+
+
+@on_each_device
+@pytest.mark.parametrize("name", list(SELECTION_EDGES))
+def test_selection_edge_cases(device, name):
+    """Programs exist only for the batch's real blocks (slots, ``scheduling.slot_tile``), found from the offsets:
+    empty sequences, length 1, sequences shorter than a block, many sequences, GQA groups pooled in several steps,
+    broadcast Q; equals the float64 reference exactly, causal or not, with and without always_local."""
+    q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
+    gen = torch.Generator().manual_seed(len(kv_lens))
+    q_lens = q_lens or kv_lens
+    rows_q = broadcast or sum(q_lens)
+    q = torch.randn(rows_q, 4, 24, generator=gen).half().to(device)  # padded head dim (24 of 32)
+    k = torch.randn(sum(kv_lens), 2, 24, generator=gen).half().to(device)
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], device=device)
+    max_q = broadcast or max(q_lens)
+    for causal, always_local in ((False, True), (True, False)):
+        _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max(kv_lens), block_q=block_q,
+                                           block_kv=block_kv, keep_ratio=0.5, causal=causal,
+                                           broadcast_q=bool(broadcast), always_local=always_local)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
+    """The selection launches one program per (real block slot, kv head): cdiv(T, block) + B slots per side, not
+    B x cdiv(max_seqlen, block) (one long sequence beside many short ones made ~80% of the programs idle)."""
+    from jfa_ops.backends.triton import block_sparse_select
+
+    grids = []
+    real_launch = block_sparse_select.launch
+    monkeypatch.setattr(block_sparse_select, "launch",
+                        lambda kernel, grid, args, **o: grids.append(grid) or real_launch(kernel, grid, args, **o))
+    lengths = (256, 1, 2, 3, 4, 5, 6, 7)  # max_seqlen 256: 16 blocks x 8 sequences = 128 rows of the output
+    off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(lengths), 2, 16).half()
+    _assert_selection_equals_reference(q, q, off, off, 256, 256, block_q=16, block_kv=16, causal=True)
+    slots = (sum(lengths) + 15) // 16 + len(lengths)  # 18 + 8
+    programs = [g[0] * g[1] for g in grids]
+    assert len(grids) == 3 and max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_selection_launch_counts(monkeypatch):
+    """A selection call (JFA_VALIDATE=async, counted on the host): the two pooling launches (Q with the offset
+    check, K) and the select kernel, plus the outputs' fills and the check's assert; the keep table is built once
+    per shape (the first call)."""
+    from jfa_ops import validation
+    from jfa_ops.backends.base import BlockSelectParams
+    from tests.backends.test_triton_kernels import _count_launches
+
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    q = torch.randn(64, 2, 16).half()
+    off = torch.tensor([0, 40, 40, 64], dtype=torch.int32)
+    params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
+                               max_seqlen_kv=40, check_offsets=True)
+    tb.select_kv_blocks(q, q, off, off, params)  # builds the keep table
+    kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
+    assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1}, kernels
+    assert sorted(aten) == ["_assert_async.msg", "full.default", "zeros.default"], aten
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_selection_checks_offsets_in_its_kernel(monkeypatch):
+    """JFA_VALIDATE=deferred (here on CPU tensors): the pooling kernel checks both offsets tensors and holds the
+    flag (no aten device check); bad offsets (a sequence past the rows, a length over max_seqlen) read and write
+    nothing out of bounds, and check_pending raises once."""
+    from jfa_ops import validation
+
+    q = torch.randn(40, 2, 16).half()
+    good = torch.tensor([0, 17, 40], dtype=torch.int32)
+    want = jfa_ops.select_kv_blocks(q, q, good, good, 23, 23, block_q=16, block_kv=16, backend="reference")
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    monkeypatch.setattr(validation, "device_check", None)  # the aten path must not run
+    validation._pending.clear()
+    got = jfa_ops.select_kv_blocks(q, q, good, good, 23, 23, block_q=16, block_kv=16, backend="triton")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    jfa_ops.check_pending()
+    for bad, max_len in ((torch.tensor([0, 57, 40], dtype=torch.int32), 60), (good, 10)):  # 10: 1 block of 2
+        jfa_ops.select_kv_blocks(q, q, bad, bad, max_len, max_len, block_q=16, block_kv=16, backend="triton")
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    validation._pending.clear()
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA (the GPU cases take TMA where it holds)")
 @pytest.mark.parametrize("name", ["jagged_empty_len1_gqa_causal", "broadcast_q_window", "cross_lq_gt_lk_causal"])
 def test_tma_paths(name, monkeypatch):

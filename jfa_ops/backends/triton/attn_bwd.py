@@ -216,6 +216,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
     FUSE_DQ: dQ (unscaled, fp32) is added into DQ ([num_slabs * slab_rows, Hq, D] rows; program p adds into slab
     p % num_slabs: broadcast Q gives each program its own slab, so its atomics meet no other program's).
     TILES_FROM_OFFSETS: items are unsorted key-tile slots mapped here (``scheduling.slot_tile``)."""
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     if TILES_FROM_OFFSETS:
         n_tiles = n_slots
@@ -243,6 +244,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
 @triton.jit(do_not_specialize=["n_elem", "num_slabs", "slab_stride"])
 def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scale, BLOCK: tl.constexpr):
     """dq = scale * sum over slabs (in slab order: deterministic for a given accumulator) of the fp32 partial sums."""
+    scale = tl.cast(scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_elem
     ptrs = DQ_ACC + offs
@@ -363,6 +365,7 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
     """Persistent over (query tile, q head). A tile covers sequences [seq, seq + seqs_per_tile) (clipped to B).
     KV_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM]).
     TILES_FROM_OFFSETS: items are unsorted slots mapped here (``scheduling.slot_tile``; one sequence per tile)."""
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     if TILES_FROM_OFFSETS:
         n_tiles = n_slots

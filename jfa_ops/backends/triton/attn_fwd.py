@@ -135,6 +135,7 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
     TILES_FROM_OFFSETS (one wave, ``scheduling.tile_schedule``): items are the n_slots unsorted slots, mapped to
     tiles here (``slot_tile``), padding skipped. CHECK_OFFSETS: program 0 also checks both offsets tensors (rows_s,
     rows_o, max_q, max_kv) and writes FLAG (1: valid); the scheduling kernel does it when there is one."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     if CHECK_OFFSETS:
         if tl.program_id(0) == 0:

@@ -154,6 +154,7 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
                              BROADCAST_Q: tl.constexpr, QDO_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
                              KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Work items (key tile, kv head), as the dense ``attn_bwd_dkdv_kernel`` takes them (``scheduling.work_tile``)."""
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
     if TILES_FROM_OFFSETS:
@@ -282,6 +283,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                            ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """Work items (query tile, q head), tile-major as the dense ``attn_bwd_dq_kernel`` (``scheduling.work_tile``).
     Broadcast Q: the tiles are L_q's query blocks (sequence 0) and each sums over every sequence."""
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
     if TILES_FROM_OFFSETS:

@@ -170,6 +170,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                             TILES_FROM_OFFSETS: tl.constexpr):
     """Work items (query tile, q head), as the dense ``attn_fwd_kernel`` takes them (``scheduling.work_tile``).
     USE_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
     if TILES_FROM_OFFSETS:

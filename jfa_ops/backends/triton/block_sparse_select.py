@@ -1,12 +1,19 @@
-"""Stage 1 of block-sparse attention on the device, in two Triton kernels: block mean-pooling, then per row the
-block scores and the top-k choice (by rank: the order of ``reference.block_sparse.top_blocks``' stable sort, without
-sorting). No host sync: every size comes from shapes and the max_seqlen arguments.
+"""Stage 1 of block-sparse attention on the device, in two Triton launches: block mean-pooling of Q and K, then per
+Q block the block scores and the top-k choice (by rank: the order of ``reference.block_sparse.top_blocks``' stable
+sort, without sorting). No host sync: every size comes from shapes and the max_seqlen arguments.
 
-    pooled_q [B or 1, Hkv, NQB, D] fp32   mean of a Q block's rows over the kv head's group of query heads
-    pooled_k [B, Hkv, NKB, D] fp32        mean of a KV block's rows
-    scores   [B, Hkv, NQB, NKB] fp32      scratch: pooled_q . pooled_k of each sequence's own blocks; -inf where the
-                                          block pair is not visible, +inf for the local block (always_local);
-                                          count = keep(visible blocks) from a table
+Only real blocks get a program. Blocks live in *slots* (``scheduling.slot_tile``: sequence b's block j sits at slot
+``g(b) + j``, ``g(b) = off[b] // block - off[0] // block + b``; at most ``cdiv(T, block) + B`` slots), so the grids
+cover the batch's rows, not B x max_seqlen (the bench batch: 548 Q-block slots instead of 22 x 128)::
+
+    pooled_q [Q slots, Hkv, D] fp32    mean of a Q block's rows over the kv head's group of query heads
+    pooled_k [KV slots, Hkv, D] fp32   mean of a KV block's rows
+    q_slot_seq [Q slots] int32         the sequence of a Q slot, -1 for padding (the select kernel's map)
+    scores [select slots, Hkv, NKB]    scratch: pooled_q . pooled_k of the sequence's own blocks; -inf where the pair
+                                       is not visible, +inf for the local block (always_local)
+
+The outputs start as -1 (index) and 0 (count); the select kernel writes the real rows' count and kept ids only.
+Broadcast Q pools its one Q sequence once; select program t is then (sequence t // NQB, Q block t % NQB).
 """
 from __future__ import annotations
 
@@ -16,79 +23,134 @@ import triton.language as tl
 
 import meta_kernels
 from ..base import BlockSelectParams
-from .common import head_dim_consts, loop_bound, seq_extent, window_bounds
+from ... import validation
+from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
 from .launch import launch
+from .offset_checks import offsets_ok
+from .scheduling import binary_search_steps, capacity_of, shape_constant, slot_tile
 
-POOL_ROWS = 16  # rows summed per step of the pooling loop
-SELECT_BLOCK_J = 64  # KV blocks per step of block_select_kernel (its rank step compares BLOCK_J x BLOCK_J scores)
+POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
+SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
+SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
 
 
-@triton.jit(do_not_specialize=["group", "block_rows"])
-def block_pool_kernel(X, OFFSETS, Pooled, stride_xt, stride_xh, stride_pb, stride_ph, stride_pn, group, block_rows,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, ROWS: tl.constexpr):
-    """Pooled[seq, head, blk] = mean of rows [blk * block_rows, ...) of sequence ``seq`` (its real rows only) over
-    heads head * group .. head * group + group - 1 of X [T, H, D]. Blocks past the sequence get 0."""
-    blk = tl.program_id(0)
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
-    row0, length = seq_extent(tl.load(OFFSETS + seq), tl.load(OFFSETS + seq + 1))
-    start = blk * block_rows
-    end = tl.minimum(start + block_rows, length)
+@triton.jit
+def _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_xh, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """Step ``step`` of a block's pooling: ROWS rows of head head * group + step // steps (zeros past ``end``)."""
+    g = step // steps
+    r = start + (step - g * steps) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for g in range(loop_bound(group)):
-        h = head * group + g
-        for r0 in range(loop_bound(start), loop_bound(end), ROWS):
-            rows = r0 + tl.arange(0, ROWS)
-            ptrs = X + (row0 + rows)[:, None] * stride_xt + h * stride_xh + d[None, :]
-            x = tl.load(ptrs, mask=(rows < end)[:, None] & d_ok[None, :], other=0.0)
-            acc += tl.sum(x.to(tl.float32), 0)
-    n = tl.maximum(end - start, 0) * group
-    pooled = acc / tl.maximum(n, 1).to(tl.float32)
-    tl.store(Pooled + seq.to(tl.int64) * stride_pb + head * stride_ph + blk * stride_pn + d, pooled, mask=d_ok)
+    return tl.load(X + (row0 + r)[:, None] * stride_xt + (head * group + g) * stride_xh + d[None, :],
+                   mask=(r < end)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
 
 
-@triton.jit(do_not_specialize=["n_kv_blocks", "window_left", "right"])
-def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, KEEP, Scores, Index, Count, n_kv_blocks,
-                        stride_pqb, stride_pqh, stride_pqn, stride_pkb, stride_pkh, stride_pkn,
-                        stride_sb, stride_sh, stride_sq, stride_cb, stride_ch, window_left, right,
+@triton.jit
+def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh, stride_ps,
+               stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Pooled[t, head] = mean of slot t's block over heads head * group .. + group - 1 (real rows only); returns
+    (sequence, real). Padding slots write nothing. The steps (ROWS rows of one head) are summed elementwise into a
+    [ROWS, D] tile (one reduction at the end), each step's load issued one step ahead: without that, ptxas
+    serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS)."""
+    seq, start, real = slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+    if real:
+        row0 = tl.load(OFF + seq).to(tl.int64)
+        end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
+        steps = (end - start + ROWS - 1) // ROWS
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        x = _load_step(X, row0, start, end, head, group, steps, 0, stride_xt, stride_xh, HEAD_DIM, BLOCK_D, ROWS)
+        for step in range(1, loop_bound(steps * group)):
+            x_next = _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_xh, HEAD_DIM,
+                                BLOCK_D, ROWS)
+            acc += x.to(tl.float32)
+            x = x_next
+        acc += x.to(tl.float32)
+        d = tl.arange(0, BLOCK_D)
+        pooled = tl.sum(acc, 0) / ((end - start) * group).to(tl.float32)
+        tl.store(Pooled + t.to(tl.int64) * stride_ps + head * stride_ph + d, pooled, mask=d < HEAD_DIM)
+    return seq, real
+
+
+@triton.jit(do_not_specialize=["num_seqs", "other_seqs", "search_steps", "rows", "other_rows", "max_s", "max_o",
+                               "group"])
+def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, search_steps, rows,
+                      other_rows, max_s, max_o, group, stride_xt, stride_xh, stride_ps, stride_ph,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                      WRITE_SEQ: tl.constexpr, CHECK: tl.constexpr):
+    """Program (slot t, head): pools slot t of X (one launch for Q, one for K: each its block size and one loop
+    body; both sides in one program made ptxas serialize the K side's loads). WRITE_SEQ: head 0 also writes
+    SLOT_SEQ[t] (the slot's sequence, -1 for padding). CHECK: program (0, 0) also checks OFF and OTHER_OFF (rows,
+    max_seqlen of each; max < 0: none) and writes FLAG (1: valid)."""
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    if CHECK:
+        if (t == 0) & (head == 0):
+            valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(OTHER_OFF, other_seqs, other_rows,
+                                                                            max_o, 1024)
+            tl.store(FLAG, valid.to(tl.int32))
+    seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh,
+                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS)
+    if WRITE_SEQ:
+        if head == 0:
+            tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
+
+
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "window_left", "right"])
+def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
+                        kv_slots, rows_kv, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-                        BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, HAS_LEFT: tl.constexpr,
-                        HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """One row (sequence, kv head, Q block i) of the selection: Count = KEEP[visible blocks] and Index = the Count
-    best blocks in ascending order, then -1 (Index and Scores share strides: [B, Hkv, NQB, NKB]).
+                        BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
+                        BROADCAST_Q: tl.constexpr):
+    """Program (t, head): one Q block of one sequence (its Q slot t; broadcast Q: sequence t // NQB, Q block
+    t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks in ascending order (the rest stays -1).
 
-    1. Scores of the sequence's own blocks into the row of Scores (scratch): pooled_q . pooled_k, -inf where the
-       pair is not visible (``meta_kernels.block_visible``: max(d0, first key - right) <= min(d1, last key + left)
-       with d0..d1 the diagonals of block i's rows), +inf for the local block (ALWAYS_LOCAL).
+    1. Scores of the sequence's own KV blocks into the program's row of Scores (scratch): pooled_q . pooled_k, -inf
+       where the pair is not visible (``meta_kernels.block_visible``: max(d0, first key - right) <= min(d1, last
+       key + left) with d0..d1 the diagonals of block i's rows), +inf for the local block (ALWAYS_LOCAL).
     2. Block j's rank = how many blocks beat it (a higher score, or an equal one at a lower index): the position
        of a stable descending sort, so ties break toward the lower index as ``reference.block_sparse.top_blocks``.
        Kept: rank < Count; its slot in Index: how many kept blocks precede it (ascending ids, no sort).
-    Blocks past the sequence are invisible (never kept) and never scored; rows past it keep nothing. PQ's batch
-    stride is 0 for a broadcast Q."""
-    i = tl.program_id(0)
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
-    _, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-    _, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-    d = tl.arange(0, BLOCK_D)
-    q_ok = i * BLOCK_Q < len_q
-    n_own = tl.minimum(tl.where(q_ok, (len_k + BLOCK_KV - 1) // BLOCK_KV, 0), n_kv_blocks)  # blocks worth scoring
-    d0 = i * BLOCK_Q + len_k - len_q
-    d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
-    local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
-    row_offset = seq.to(tl.int64) * stride_sb + head * stride_sh + i * stride_sq
-    scores_row = Scores + row_offset
-    n_visible = tl.full([], 0, tl.int32)
-    if n_own > 0:
-        pq = tl.load(PQ + seq.to(tl.int64) * stride_pqb + head * stride_pqh + i * stride_pqn + d, mask=d < HEAD_DIM,
-                     other=0.0)
+    Padding slots, and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred),
+    read and write nothing."""
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    if BROADCAST_Q:
+        seq = t // n_q_blocks
+        i = t % n_q_blocks
+        q_slot = i
+        len_q = tl.load(Q_OFF + 1) - tl.load(Q_OFF)
+        q_ok = i * BLOCK_Q < len_q
+    else:
+        seq = tl.load(Q_SLOT_SEQ + t)
+        q_ok = seq >= 0
+        seq = tl.maximum(seq, 0)
+        begin_q = tl.load(Q_OFF + seq)
+        len_q = tl.load(Q_OFF + seq + 1) - begin_q
+        i = t - (begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq)  # Q slot t = g(seq) + i
+        q_slot = t
+        q_ok = q_ok & (i < n_q_blocks)  # a length over max_seqlen_q (bad offsets) has no row in Index
+    begin_k = tl.load(KV_OFF + seq)
+    end_k = tl.load(KV_OFF + seq + 1)
+    len_k = end_k - begin_k
+    kv_slot0 = begin_k // BLOCK_KV - tl.load(KV_OFF) // BLOCK_KV + seq  # the sequence's first KV slot
+    n_own = tl.minimum((len_k + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
+    # KV blocks outside the KV slots (bad offsets) are never read
+    q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) & (kv_slot0 + n_own <= kv_slots)
+    if q_ok:
+        d = tl.arange(0, BLOCK_D)
+        d0 = i * BLOCK_Q + len_k - len_q
+        d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
+        local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
+        scores_row = Scores + t.to(tl.int64) * stride_ss + head * stride_sh
+        pq = tl.load(PQ + q_slot.to(tl.int64) * stride_pqs + head * stride_pqh + d, mask=d < HEAD_DIM, other=0.0)
+        n_visible = tl.full([], 0, tl.int32)
         for j0 in range(0, loop_bound(n_own), BLOCK_J):
             j = j0 + tl.arange(0, BLOCK_J)
             j_ok = j < n_own
-            pk = tl.load(PK + seq.to(tl.int64) * stride_pkb + head * stride_pkh + j[:, None] * stride_pkn
-                         + d[None, :], mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+            pk = tl.load(PK + (kv_slot0 + j).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + d[None, :],
+                         mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
             s = tl.sum(pk * pq[None, :], 1)
             first = j * BLOCK_KV
             last = tl.minimum(first + BLOCK_KV, len_k) - 1
@@ -104,66 +166,91 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, KEEP, Scores, Index, Count, n_kv_
                 s = tl.where(vis & (j == local), float("inf"), s)
             n_visible += tl.sum(vis.to(tl.int32), 0)
             tl.store(scores_row + j, s, mask=j_ok)
-    count = tl.load(KEEP + n_visible)
-    tl.store(Count + seq.to(tl.int64) * stride_cb + head * stride_ch + i, count)
-    index_row = Index + row_offset
-    tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
-    slot0 = count * 0  # kept blocks before the current chunk
-    for j0 in range(0, loop_bound(tl.where(count > 0, n_own, 0)), BLOCK_J):
-        j = j0 + tl.arange(0, BLOCK_J)
-        s_j = tl.load(scores_row + j, mask=j < n_own, other=float("-inf"))
-        rank = tl.zeros([BLOCK_J], tl.int32)
-        for c0 in range(0, loop_bound(n_own), BLOCK_J):
-            c = c0 + tl.arange(0, BLOCK_J)
-            s_c = tl.load(scores_row + c, mask=c < n_own, other=float("-inf"))
-            beats = (s_c[None, :] > s_j[:, None]) | ((s_c[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
-            rank += tl.sum((beats & (c < n_own)[None, :]).to(tl.int32), 1)
-        kept = (rank < count) & (j < n_own)
-        slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
-        tl.store(index_row + slot, j, mask=kept)
-        slot0 += tl.sum(kept.to(tl.int32), 0)
-    for p0 in range(0, loop_bound(n_kv_blocks), BLOCK_J):  # -1 after the count kept ids
-        p = p0 + tl.arange(0, BLOCK_J)
-        tl.store(index_row + p, tl.full([BLOCK_J], -1, tl.int32), mask=(p >= count) & (p < n_kv_blocks))
+        count = tl.load(KEEP + n_visible)
+        seq64 = seq.to(tl.int64)
+        tl.store(Count + seq64 * stride_cb + head * stride_ch + i, count)
+        index_row = Index + seq64 * stride_ib + head * stride_ih + i * stride_iq
+        tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
+        slot0 = count * 0  # kept blocks before the current chunk
+        for j0 in range(0, loop_bound(tl.where(count > 0, n_own, 0)), BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            s_j = tl.load(scores_row + j, mask=j < n_own, other=float("-inf"))
+            rank = tl.zeros([BLOCK_J], tl.int32)
+            for c0 in range(0, loop_bound(n_own), BLOCK_C):
+                c = c0 + tl.arange(0, BLOCK_C)
+                s_c = tl.load(scores_row + c, mask=c < n_own, other=float("-inf"))
+                beats = (s_c[None, :] > s_j[:, None]) | ((s_c[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
+                rank += tl.sum((beats & (c < n_own)[None, :]).to(tl.int32), 1)
+            kept = (rank < count) & (j < n_own)
+            slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
+            tl.store(index_row + slot, j, mask=kept)
+            slot0 += tl.sum(kept.to(tl.int32), 0)
+
+
+@shape_constant
+def _keep_table(n_kv_blocks: int, keep_ratio: float, top_k: int, device: torch.device) -> torch.Tensor:
+    """keep[n] for n visible blocks (the float64 rule of ``meta_kernels.keep_count``), once per shape."""
+    visible = torch.arange(n_kv_blocks + 1, dtype=torch.int32, device=device)
+    return meta_kernels.keep_count(visible, keep_ratio, top_k).to(torch.int32)
 
 
 def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
-    device, num_seqs, heads_kv = q.device, kv_offsets.shape[0] - 1, k.shape[1]
-    group = q.shape[1] // heads_kv
+    device, num_seqs, heads_kv, head_dim = q.device, kv_offsets.shape[0] - 1, k.shape[1], q.shape[2]
     n_q, n_kv = params.n_q_blocks, params.n_kv_blocks
-    hd = head_dim_consts(q.shape[2])
+    index = torch.full((num_seqs, heads_kv, n_q, n_kv), -1, dtype=meta_kernels.INDEX_DTYPE, device=device)
     count = torch.zeros((num_seqs, heads_kv, n_q), dtype=meta_kernels.INDEX_DTYPE, device=device)
+    mode = validation.validation_mode(device)
     if num_seqs == 0 or n_q == 0 or n_kv == 0 or q.shape[0] == 0 or k.shape[0] == 0:
-        return torch.full((num_seqs, heads_kv, n_q, n_kv), -1, dtype=count.dtype, device=device), count
-    kv_off = kv_offsets.to(torch.int32)
-    if params.broadcast_q:
-        q_off = torch.arange(2, dtype=torch.int32, device=device) * q.shape[0]  # [0, L_q] (no host copy)
-        q_lengths_off = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q.shape[0]
+        if params.check_offsets:  # no kernel runs to hold the check
+            validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
+                                    kv_offsets, k.shape[0], params.max_seqlen_kv, mode)
+        return index, count
+    q, k = packed_rows(q), packed_rows(k)
+    kv_off = int32_offsets(kv_offsets)
+    if params.broadcast_q:  # the one Q sequence [0, L_q]: pooled once, shared by every sequence
+        q_off = _broadcast_offsets(q.shape[0], device)
+        q_seqs, max_q, select_slots = 1, -1, num_seqs * n_q
     else:
-        q_off = q_lengths_off = q_offsets.to(torch.int32)
-    pooled_q = torch.empty((q_off.shape[0] - 1, heads_kv, n_q, q.shape[2]), dtype=torch.float32, device=device)
-    pooled_k = torch.empty((num_seqs, heads_kv, n_kv, k.shape[2]), dtype=torch.float32, device=device)
-    for x, off, pooled, block, g in ((q, q_off, pooled_q, params.block_q, group),
-                                     (k, kv_off, pooled_k, params.block_kv, 1)):
-        launch(block_pool_kernel, (pooled.shape[2], pooled.shape[0], heads_kv), dict(
-            X=x, OFFSETS=off, Pooled=pooled, stride_xt=x.stride(0), stride_xh=x.stride(1),
-            stride_pb=pooled.stride(0), stride_ph=pooled.stride(1), stride_pn=pooled.stride(2), group=g,
-            block_rows=block, **hd, ROWS=POOL_ROWS), num_warps=4, num_stages=1)
-    # keep[n] for n visible blocks, computed once per call on the device (float64 rule of meta_kernels.keep_count)
-    keep = meta_kernels.keep_count(torch.arange(n_kv + 1, dtype=torch.int32, device=device), params.keep_ratio,
-                                   params.top_k).to(torch.int32)
-    # scratch for the rows' scores (only each sequence's own blocks are written and read: L2-resident)
-    scores = torch.empty((num_seqs, heads_kv, n_q, n_kv), dtype=torch.float32, device=device)
-    index = torch.empty(scores.shape, dtype=count.dtype, device=device)
+        q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off))
+        q_seqs, max_q, select_slots = num_seqs, params.max_seqlen_q, None
+    q_slots = capacity_of(q.shape[0], params.block_q, q_seqs)
+    kv_slots = capacity_of(k.shape[0], params.block_kv, num_seqs)
+    select_slots = select_slots or q_slots
+    pooled_q = torch.empty((q_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
+    pooled_k = torch.empty((kv_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
+    q_slot_seq = torch.empty((q_slots,), dtype=torch.int32, device=device)
+    flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
+    hd = head_dim_consts(head_dim)
+    for x, off, pooled, seqs, block, group, first in (
+            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, True),
+            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, False)):
+        launch(block_pool_kernel, (pooled.shape[0], heads_kv), dict(
+            X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq, FLAG=q_slot_seq if flag is None else flag,
+            num_seqs=seqs, other_seqs=num_seqs, search_steps=binary_search_steps(seqs), rows=x.shape[0],
+            other_rows=k.shape[0], max_s=max_q if first else params.max_seqlen_kv, max_o=params.max_seqlen_kv,
+            group=group, stride_xt=x.stride(0), stride_xh=x.stride(1), stride_ps=pooled.stride(0),
+            stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first,
+            CHECK=first and flag is not None), num_warps=4, num_stages=1)
+    if flag is not None:
+        validation.device_flag(flag, mode)
+    keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
+    scores = torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float32, device=device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    launch(block_select_kernel, (n_q, num_seqs, heads_kv), dict(
-        PQ=pooled_q, PK=pooled_k, Q_OFF=q_lengths_off, KV_OFF=kv_off, KEEP=keep, Scores=scores, Index=index,
-        Count=count, n_kv_blocks=n_kv, stride_pqb=0 if params.broadcast_q else pooled_q.stride(0),
-        stride_pqh=pooled_q.stride(1), stride_pqn=pooled_q.stride(2), stride_pkb=pooled_k.stride(0),
-        stride_pkh=pooled_k.stride(1), stride_pkn=pooled_k.stride(2), stride_sb=scores.stride(0),
-        stride_sh=scores.stride(1), stride_sq=scores.stride(2), stride_cb=count.stride(0),
+    block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
+    launch(block_select_kernel, (select_slots, heads_kv), dict(
+        PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
+        Index=index, Count=count, n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0],
+        stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
+        stride_pkh=pooled_k.stride(1), stride_ss=scores.stride(0), stride_sh=scores.stride(1),
+        stride_ib=index.stride(0), stride_ih=index.stride(1), stride_iq=index.stride(2), stride_cb=count.stride(0),
         stride_ch=count.stride(1), window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"],
         BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
-        BLOCK_J=min(SELECT_BLOCK_J, triton.next_power_of_2(n_kv)), HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        ALWAYS_LOCAL=params.always_local), num_warps=4, num_stages=1)
+        BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q), num_warps=4, num_stages=1)
     return index, count
+
+
+@shape_constant
+def _broadcast_offsets(rows: int, device: torch.device) -> torch.Tensor:
+    """[0, rows] (an arange: no host copy, and rows may be symbolic while traced)."""
+    return torch.arange(2, dtype=torch.int32, device=device) * rows

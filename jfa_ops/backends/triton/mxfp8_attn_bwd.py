@@ -130,6 +130,7 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
                                SEARCH_STEPS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
                                DOT_FP16: tl.constexpr):
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     DC: tl.constexpr = HEAD_DIM // 32
     D_LEVELS: tl.constexpr = DC.bit_length() - 1  # log2 of the 32-wide chunks of head_dim (mx_dot's fp8dot)
     M_LEVELS: tl.constexpr = (BLOCK_M // 32).bit_length() - 1
@@ -230,6 +231,7 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
                              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
                              SEARCH_STEPS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
                              DOT_FP16: tl.constexpr):
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     DC: tl.constexpr = HEAD_DIM // 32
     D_LEVELS: tl.constexpr = DC.bit_length() - 1  # log2 of the 32-wide chunks of head_dim (mx_dot's fp8dot)
     N_LEVELS: tl.constexpr = (BLOCK_N // 32).bit_length() - 1

@@ -317,6 +317,7 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
     qk_scale: softmax scale / ln 2 (scores in the log2 domain). VARIANT: one of ``VARIANTS`` (module docstring);
     HW_CVT: fp32 -> E4M3 by the GPU's instruction; DOT_FP16: bf16smem dequantizes to fp16 (interpreter); USE_TMA:
     K and V are tensor descriptors over [T_kv, Hkv * D] with blocks [BLOCK_N, D], else pointers."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     tl.static_assert(BLOCK_N % 32 == 0)
     tl.static_assert(HEAD_DIM % 32 == 0)
     DC: tl.constexpr = HEAD_DIM // 32

@@ -168,15 +168,17 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DOut", "DK", "DV", "DQ", "X")}
     ptr.update({n: "*i32" for n in ("Q_OFF", "KV_OFF", "OFFSETS", "BLOCK_INDEX", "BLOCK_COUNT", "Q_BLOCK_INDEX",
                                     "Q_BLOCK_COUNT", "KEEP", "Count", "Index", "TILE_SEQ", "TILE_START", "TILE_COUNT",
-                                    "WORK_COUNTER")})
+                                    "WORK_COUNTER", "Q_SLOT_SEQ", "SLOT_SEQ", "FLAG", "OFF",
+                                    "OTHER_OFF")})
     ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PQ", "PK", "Scores")})
     ptr.update(qk_scale="fp32", scale="fp32")
     warps, stages = 4, 1
     if kernel == "bs_pool":
-        constexprs = dict(**hd, ROWS=block_sparse_select.POOL_ROWS)
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS, WRITE_SEQ=True, CHECK=True)
     elif kernel == "bs_select":
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_J=64,
-                          HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True)
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
+                          BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
+                          HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q)
     else:
         cfg = table_config(config_kernel, head_dim, dtype, causal, SHARED_MEMORY_LIMITS[cc])
         constexprs = dict(**hd, BLOCK_M=min(cfg.block_m, block_q), BLOCK_N=min(cfg.block_n, block_kv),
@@ -221,6 +223,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, tma=True)  # KNOBS.sparse_tma
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
+    yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
