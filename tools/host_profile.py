@@ -113,6 +113,10 @@ def main():
          lambda: attn_fwd.attention_forward(q, k, v, off, off, params)),
         ("triton attention_forward, offsets checked on the device (the real call's params)",
          lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
+        ("  the same without launch plans (launch.PLANS_ENABLED = False: A/B in one run)",
+         _no_plans(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
+        ("jagged_attention no grad, without launch plans", _no_plans(no_grad(
+            lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("triton attention_backward alone (3 launches: delta, dK/dV, dQ)",
          lambda: attn_bwd.attention_backward(grad_out, None, q, k, v, *fwd_out, off, off, params)),
         ("  check_attention_args", lambda: meta_kernels.check_attention_args(q, k, v, off, off, (-1, -1), False)),
@@ -170,6 +174,18 @@ def _op_path(fn):
             return fn()
         finally:
             ops.EAGER_DIRECT = True
+    return run
+
+
+def _no_plans(fn):
+    from jfa_ops.backends.triton import launch
+
+    def run():
+        launch.PLANS_ENABLED = False
+        try:
+            return fn()
+        finally:
+            launch.PLANS_ENABLED = True
     return run
 
 

@@ -131,6 +131,7 @@ class _Plan:
 
 
 _PLANS: Dict[tuple, _Plan] = {}
+PLANS_ENABLED = True  # False: every launch_planned call takes launch (tools/host_profile.py's A/B)
 _PLANS_MAX = 256  # a bound, not a tuning: keys hold no sizes that vary per batch
 
 
@@ -144,7 +145,7 @@ def launch_planned(kernel, plan_key: tuple, grid: Tuple[int, ...], dynamic: Dict
     The first call of a key binds everything and keeps the argument list; later calls refill only the dynamic slots,
     specialize only them, and launch the compiled kernel directly. ``JFA_LAUNCH_VERIFY=1`` also checks that
     ``static()`` still gives the bound values (a key that misses something fails loudly)."""
-    if tracing() or interpreting():
+    if tracing() or interpreting() or not PLANS_ENABLED:
         launch(kernel, grid, {**static(), **dynamic}, **options)
         return
     device = torch.cuda.current_device()
