@@ -299,6 +299,26 @@ def test_tma_paths(name, monkeypatch):
     assert len(launched) == 6  # K, V forward; Q, dO dK/dV; K, V dQ
 
 
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_causal_forward_wide_tiles(monkeypatch):
+    """KNOBS.sparse_causal_fwd_wide: the causal forward on the non-causal config's key tiles (D128: 128 keys, so a
+    128-block's diagonal is one masked tile); equals the oracle, forward and backward."""
+    from jfa_ops.backends.triton import block_sparse_fwd, configs
+
+    monkeypatch.setattr(configs.KNOBS, "sparse_causal_fwd_wide", True)
+    monkeypatch.setattr(block_sparse_fwd, "get_config", lambda kernel, head_dim, dtype, causal, device: (  # sm_90's
+        configs.table_config(kernel, head_dim, dtype, causal, configs.SHARED_MEMORY_LIMITS[90])))
+    tiles = []
+    real_launch = block_sparse_fwd.launch
+    monkeypatch.setattr(block_sparse_fwd, "launch",
+                        lambda kernel, grid, args, **o: tiles.append(args["BLOCK_N"]) or real_launch(kernel, grid,
+                                                                                                     args, **o))
+    case = AttentionCase((300, 130), (300, 130), heads_q=2, heads_kv=1, head_dim=128, causal=True,
+                         dtype=torch.float16)
+    check_block_sparse_case(BlockSparseCase(case, 128, 128, 0.5, None), "triton", seed=3)
+    assert tiles == [128], tiles
+
+
 def test_work_list_is_longest_first():
     """The forward's work list holds every real query tile once, ordered by the selected-block count of its Q block
     (summed over kv heads), descending; ties keep (sequence, row) order."""

@@ -137,7 +137,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     kv_slot0 = begin_k // BLOCK_KV - tl.load(KV_OFF) // BLOCK_KV + seq  # the sequence's first KV slot
     n_own = tl.minimum((len_k + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
     # KV blocks outside the KV slots (bad offsets) are never read
-    q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) & (kv_slot0 + n_own <= kv_slots)
+    q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
+        & (kv_slot0 + n_own <= kv_slots)
     if q_ok:
         d = tl.arange(0, BLOCK_D)
         d0 = i * BLOCK_Q + len_k - len_q
@@ -209,28 +210,29 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     kv_off = int32_offsets(kv_offsets)
     if params.broadcast_q:  # the one Q sequence [0, L_q]: pooled once, shared by every sequence
         q_off = _broadcast_offsets(q.shape[0], device)
-        q_seqs, max_q, select_slots = 1, -1, num_seqs * n_q
+        q_seqs, max_q = 1, -1
     else:
         q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off))
-        q_seqs, max_q, select_slots = num_seqs, params.max_seqlen_q, None
+        q_seqs, max_q = num_seqs, params.max_seqlen_q
     q_slots = capacity_of(q.shape[0], params.block_q, q_seqs)
     kv_slots = capacity_of(k.shape[0], params.block_kv, num_seqs)
-    select_slots = select_slots or q_slots
+    select_slots = num_seqs * n_q if params.broadcast_q else q_slots  # the select kernel's programs per head
     pooled_q = torch.empty((q_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
     pooled_k = torch.empty((kv_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
     q_slot_seq = torch.empty((q_slots,), dtype=torch.int32, device=device)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
     hd = head_dim_consts(head_dim)
-    for x, off, pooled, seqs, block, group, first in (
-            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, True),
-            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, False)):
+    for x, off, pooled, seqs, block, group, max_s, first in (
+            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, max_q, True),
+            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, params.max_seqlen_kv, False)):
         launch(block_pool_kernel, (pooled.shape[0], heads_kv), dict(
-            X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq, FLAG=q_slot_seq if flag is None else flag,
-            num_seqs=seqs, other_seqs=num_seqs, search_steps=binary_search_steps(seqs), rows=x.shape[0],
-            other_rows=k.shape[0], max_s=max_q if first else params.max_seqlen_kv, max_o=params.max_seqlen_kv,
-            group=group, stride_xt=x.stride(0), stride_xh=x.stride(1), stride_ps=pooled.stride(0),
-            stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first,
-            CHECK=first and flag is not None), num_warps=4, num_stages=1)
+            X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq,
+            FLAG=q_slot_seq if flag is None else flag, num_seqs=seqs, other_seqs=num_seqs,
+            search_steps=binary_search_steps(seqs), rows=x.shape[0], other_rows=k.shape[0], max_s=max_s,
+            max_o=params.max_seqlen_kv, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1),
+            stride_ps=pooled.stride(0), stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
+            BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None),
+            num_warps=4, num_stages=1)
     if flag is not None:
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
