@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes, output checks on; runs on the CPU")
     p.add_argument("--head-dims", default=None, help="comma list (default 64,128,256; quick: 128; smoke: 64)")
     p.add_argument("--backends", default=None, help="jfa_ops backends (default: jfa_ops.available_backends()); "
-                   "NAME@inductor traces the kernels into compiled graphs (JFA_COMPILE_PATH; default opaque), e.g. triton,triton@inductor")
+                   "NAME@opaque keeps the op one opaque node in compiled graphs (JFA_COMPILE_PATH; default inductor), e.g. triton,triton@opaque")
     p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list of {', '.join(PEER_ORDER + EXTRA_PEERS)}, "
                                                            "or none")
     p.add_argument("--modes", default="fwd,bwd,fwdbwd", help="comma list of fwd, bwd, fwdbwd")

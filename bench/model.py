@@ -133,7 +133,7 @@ def attention_for(name: str, cfg: ModelConfig, device, size: str = "full") -> Ca
         problem = Problem(torch.device(device).type, getattr(torch, cfg.dtype), cfg.head_dim, cfg.num_heads,
                           cfg.num_heads, True, -1, -1, False, False)
         from bench.peers import split_compile_path, use_compile_path
-        backend, compile_path = split_compile_path(name[4:])  # jfa:triton@inductor: the opt-in Inductor compile path
+        backend, compile_path = split_compile_path(name[4:])  # jfa:triton@opaque: the op as one opaque node
         reason = unavailable_reason(backend, problem)
         if reason:
             raise Skip(reason)

@@ -86,11 +86,11 @@ def jfa_available_backends(device) -> List[str]:
 
 
 def split_compile_path(backend: str) -> Tuple[str, str]:
-    """``triton@inductor`` -> (``triton``, ``inductor``); a plain name -> (name, ``opaque``, the library's default):
+    """``triton@opaque`` -> (``triton``, ``opaque``); a plain name -> (name, ``inductor``, the library's default):
     the backend and the compile path (``JFA_COMPILE_PATH``) its compiled graphs are traced with, so one run compares
     both paths."""
     name, _, path = backend.partition("@")
-    return name, path or "opaque"
+    return name, path or "inductor"
 
 
 def use_compile_path(path: str) -> None:

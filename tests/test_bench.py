@@ -292,14 +292,15 @@ def test_sparse_lines_speedups_targets_and_selection_share():
 
 
 def test_backend_name_picks_the_compile_path(monkeypatch):
-    """``--backends triton,triton@inductor`` compares the compile paths in one run: each prepared case sets
-    JFA_COMPILE_PATH for the graphs compiled next."""
+    """``--backends triton,triton@opaque`` compares the compile paths in one run: each prepared case sets
+    JFA_COMPILE_PATH for the graphs compiled next (a plain name: the library's default, inductor)."""
     from bench.peers import JfaBackend, split_compile_path, use_compile_path
 
-    assert split_compile_path("triton") == ("triton", "opaque")
+    assert split_compile_path("triton") == ("triton", "inductor")
+    assert split_compile_path("triton@opaque") == ("triton", "opaque")
     assert split_compile_path("triton@inductor") == ("triton", "inductor")
-    peer = JfaBackend("triton@inductor")
-    assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@inductor", "triton", "inductor")
-    monkeypatch.setenv("JFA_COMPILE_PATH", "opaque")
+    peer = JfaBackend("triton@opaque")
+    assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@opaque", "triton", "opaque")
+    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")
     use_compile_path(peer.compile_path)
-    assert os.environ["JFA_COMPILE_PATH"] == "inductor"
+    assert os.environ["JFA_COMPILE_PATH"] == "opaque"

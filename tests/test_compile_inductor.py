@@ -85,7 +85,9 @@ def fake_inputs(dynamic):
 """
 
 _TRACER = _FAKE_H100 + r"""
+import contextlib, os  # noqa: E401, E402
 from torch._functorch.aot_autograd import aot_function  # noqa: E402
+from torch._inductor.virtualized import V  # noqa: E402
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
 
 
@@ -117,7 +119,8 @@ def trace(backend, dynamic):
         raise Captured  # the graph is all we want; running it needs a GPU
 
     guards = len(shape_env.guards)
-    with mode:
+    aot = V.set_aot_compilation(True) if os.environ.get("TRACE_AOT") == "1" else contextlib.nullcontext()
+    with mode, aot:
         for fn, args in ((forward(backend), forward_inputs), (backward(backend), backward_inputs)):
             try:
                 aot_function(fn, fw_compiler=capture)(*args)
@@ -224,11 +227,19 @@ def default_graphs():
     return _trace("triton,reference", JFA_COMPILE_PATH="inductor")
 
 
-def test_default_compile_path_is_opaque():
-    """Opt-in until graphs with the backward compile on the GPU (see jfa_ops.ops.attention.compile_path)."""
+def test_default_compile_path_is_inductor():
+    """The default since the H200 run of 2026-12-01 17:00 (faster model steps; see compile_path)."""
     graphs = _trace("triton")["triton-static"]
-    assert graphs["forward"] == ["jfa.attention.default"]
-    assert graphs["backward"] == ["jfa.attention_backward.default"]
+    assert "kernel:attn_fwd_kernel" in graphs["forward"] and "kernel:attn_bwd_dq_kernel" in graphs["backward"]
+
+
+def test_aot_packages_carry_no_offset_check():
+    """AOTInductor runs a package's kernels on random inputs while compiling it: the device check of the offset
+    values would assert there (the H200 failure of 2026-12-01), so an AOT-compiled graph has the kernels and no
+    check; a JIT-compiled one keeps it (test_triton_kernels_are_graph_nodes)."""
+    graphs = _trace("triton", JFA_COMPILE_PATH="inductor", TRACE_AOT="1")["triton-static"]
+    assert "kernel:attn_fwd_kernel" in graphs["forward"]
+    assert "aten._assert_async.msg" not in graphs["forward"]
 
 
 @pytest.mark.parametrize("shapes", ["static", "dynamic"])
@@ -344,25 +355,12 @@ def _attention(q, k, v, q_off, kv_off):
     return out, lse
 
 
-# H200 2026-12-01 15:35 (main 457131c): past the replace_by_example fix, Inductor's own Triton compile of
-# attn_fwd_kernel failed ("CompilationError at 34:14", the tl.dot of _fwd_kv_blocks; the full log was not brought
-# back). Why JFA_COMPILE_PATH=inductor stays opt-in; the next GPU session reads that log first.
-_INDUCTOR_COMPILE_XFAIL = pytest.mark.xfail(
-    strict=False, reason="H200 2026-12-01: Triton CompilationError in Inductor's compile of attn_fwd_kernel (tl.dot "
-    "in _fwd_kv_blocks); under investigation, JFA_COMPILE_PATH=inductor is opt-in")
-_BACKWARD_XFAIL = pytest.mark.xfail(
-    strict=False, reason="torch 2.11 Inductor: replace_by_example assertion in decompose_triton_kernel_wrapper_functional "
-    "on graphs with the backward (H200, 2026-12-01); why JFA_COMPILE_PATH=inductor is opt-in. The cause (copies of "
-    "the offsets, see test_post_grad_passes_take_the_traced_graphs) is fixed; remove once these pass on the GPU")
-
-
 @pytest.fixture(autouse=True)
 def _inductor_path(monkeypatch):
-    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")  # what this file tests (the default is opaque)
+    monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")  # what this file tests (the default, whatever the env says)
 
 
 @pytest.mark.gpu
-@_BACKWARD_XFAIL
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_inductor_launches_our_kernels_gpu(mode):
     """Inductor's generated code launches attn_fwd_kernel itself; outputs and gradients match the float64 oracle."""
@@ -388,7 +386,6 @@ def test_inductor_launches_our_kernels_gpu(mode):
 
 
 @pytest.mark.gpu
-@_BACKWARD_XFAIL
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_compiled_model_matches_eager_and_launches_our_kernel_gpu(mode):
     """A small model (jfa_ops.nn.JaggedSelfAttention: fused QKV slices feed the kernels directly), forward and
@@ -416,7 +413,6 @@ def test_compiled_model_matches_eager_and_launches_our_kernel_gpu(mode):
 
 
 @pytest.mark.gpu
-@_INDUCTOR_COMPILE_XFAIL
 def test_inductor_one_compile_over_many_batches_gpu():
     """Default mode, dynamic shapes: one graph for every batch, no recompile, no graph break."""
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -442,7 +438,7 @@ def test_inductor_one_compile_over_many_batches_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_path", [pytest.param("inductor", marks=_INDUCTOR_COMPILE_XFAIL), "opaque"])
+@pytest.mark.parametrize("compile_path", ["inductor", "opaque"])
 def test_aoti_package_runs_without_jfa_ops_gpu(compile_path, tmp_path):
     """tools/aoti_package.py: export + AOTInductor package of a model with the op, loaded and run by a process that
     never imports jfa_ops. The inductor path carries our kernels and runs there; the opaque path needs the Python op
