@@ -69,13 +69,14 @@ def main():
     grad_out = torch.randn_like(q)
     opts = dict(causal=True, backend="triton")
     params, _ = ops._params(q, k, v, off, off, max_seqlen_q=64, max_seqlen_kv=64, causal=True)
-    from jfa_ops.backends.triton import attn_fwd
+    from jfa_ops.backends.triton import attn_bwd, attn_fwd
     import dataclasses
     import meta_kernels
     from jfa_ops.backends import Problem, select_backend
     from jfa_ops.backends.base import device_guard
     from jfa_ops.validation import check_offset_values
     checked = dataclasses.replace(params, check_offsets=True)
+    fwd_out = attn_fwd.attention_forward(q, k, v, off, off, params)
     flag = torch.ones(1, dtype=torch.int32, device=dev)
     rows = []
 
@@ -112,6 +113,12 @@ def main():
          lambda: attn_fwd.attention_forward(q, k, v, off, off, params)),
         ("triton attention_forward, offsets checked on the device (the real call's params)",
          lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
+        ("  the same without launch plans (launch.PLANS_ENABLED = False: A/B in one run)",
+         _no_plans(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
+        ("jagged_attention no grad, without launch plans", _no_plans(no_grad(
+            lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
+        ("triton attention_backward alone (3 launches: delta, dK/dV, dQ)",
+         lambda: attn_bwd.attention_backward(grad_out, None, q, k, v, *fwd_out, off, off, params)),
         ("  check_attention_args", lambda: meta_kernels.check_attention_args(q, k, v, off, off, (-1, -1), False)),
         ("  check_options", lambda: meta_kernels.check_options(None, True, (-1, -1), False, False, -1, -1)),
         ("  select_backend + Problem.of", lambda: select_backend("triton", Problem.of(q, k, params))),
@@ -167,6 +174,18 @@ def _op_path(fn):
             return fn()
         finally:
             ops.EAGER_DIRECT = True
+    return run
+
+
+def _no_plans(fn):
+    from jfa_ops.backends.triton import launch
+
+    def run():
+        launch.PLANS_ENABLED = False
+        try:
+            return fn()
+        finally:
+            launch.PLANS_ENABLED = True
     return run
 
 

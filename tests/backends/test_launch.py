@@ -16,14 +16,14 @@ from jfa_ops.backends.triton import attn_fwd, launch  # noqa: E402
 def _forward_args(monkeypatch, lengths, dtype=torch.float16, causal=True, head_dim=64):
     """The keyword arguments of the attention kernel's launch for one forward call (run in the interpreter)."""
     seen = []
-    real = attn_fwd.launch
+    real = attn_fwd.launch_planned
 
-    def spy(kernel, grid, args, **options):
+    def spy(kernel, plan_key, grid, dynamic, static, **options):
         if kernel is attn_fwd.attn_fwd_kernel:
-            seen.append((dict(args), options))
-        return real(kernel, grid, args, **options)
+            seen.append(({**static(), **dynamic}, options))
+        return real(kernel, plan_key, grid, dynamic, static, **options)
 
-    monkeypatch.setattr(attn_fwd, "launch", spy)
+    monkeypatch.setattr(attn_fwd, "launch_planned", spy)
     off = torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
     q, k, v = (torch.randn(int(off[-1]), 2, head_dim).to(dtype) for _ in range(3))
     tb.forward(q, k, v, off, off, AttentionParams(scale=0.125, causal=causal))
@@ -201,3 +201,103 @@ def test_direct_launches_match_triton_choice_gpu(monkeypatch, dtype, head_dim):
                 grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
                 for got, want in zip((out,) + grads, (ref,) + ref_grads):
                     assert (got.float() - want.float()).norm() <= 3e-2 * want.float().norm()
+
+
+def _fake_gpu(monkeypatch):
+    """launch_planned's GPU branch on the CPU: a first launch 'compiles' (caches a stand-in CompiledKernel under the
+    key launch() computes), and every direct launch is recorded instead of run."""
+    runs, slow = [], []
+
+    def first_launch(kernel, grid, args, **options):
+        slow.append(args)
+        key, _ = launch.specialization_key(kernel, args, options)
+        launch._COMPILED[key] = object()
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(launch, "launch", first_launch)
+    monkeypatch.setattr(launch, "_run", lambda compiled, grid, values, device: runs.append(values))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_COMPILED", {})
+    return runs, slow
+
+
+_DYNAMIC = ("Q", "K", "V", "Out", "Lse", "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER",
+            "FLAG", "total_out", "n_slots", "search_steps", "num_seqs", "rows_s", "rows_o", "max_q", "max_kv")
+
+
+def test_plan_refills_only_the_dynamic_arguments(monkeypatch):
+    """launch_planned: the first call of a key binds everything (the slow path); a later call with other tensors and
+    row counts launches the cached kernel with exactly the arguments a full bind gives; a call whose dynamic
+    arguments specialize otherwise (a misaligned tensor, a 64-bit row count) takes the slow path again."""
+    kernel = _compiled_kernel()
+    args_a, options = _forward_args(monkeypatch, [30, 5, 0, 29])
+    args_b, _ = _forward_args(monkeypatch, [1, 60, 2])
+    monkeypatch.setitem(launch._INFO, id(kernel), launch._KernelInfo(kernel))
+    runs, slow = _fake_gpu(monkeypatch)
+
+    def call(args):
+        dynamic = {n: args[n] for n in _DYNAMIC}
+        static = {n: v for n, v in args.items() if n not in dynamic}
+        launch.launch_planned(kernel, ("key",), (1,), dynamic, lambda: dict(static), **options)
+
+    call(args_a)
+    assert len(slow) == 1 and not runs
+    call(args_b)
+    assert len(slow) == 1 and len(runs) == 1
+    want, _ = launch._KernelInfo(kernel).bind(args_b, specialize=False)
+    assert all(a is b or a == b for a, b in zip(runs[0], want)) and len(runs[0]) == len(want)
+    q = args_b["Q"]
+    misaligned = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    call(dict(args_b, Q=misaligned))
+    call(dict(args_b, total_out=2 ** 40))
+    assert len(slow) == 3 and len(runs) == 1
+
+
+def test_plan_verify_catches_a_key_that_misses_a_static_value(monkeypatch):
+    """JFA_LAUNCH_VERIFY: a plan whose key does not determine a static argument (here qk_scale) raises."""
+    kernel = _compiled_kernel()
+    args, options = _forward_args(monkeypatch, [30, 5])
+    monkeypatch.setitem(launch._INFO, id(kernel), launch._KernelInfo(kernel))
+    _fake_gpu(monkeypatch)
+    monkeypatch.setattr(launch, "_verify", lambda *a: None)  # the binary check needs a GPU
+    dynamic = {n: args[n] for n in _DYNAMIC}
+    static = {n: v for n, v in args.items() if n not in dynamic}
+    launch.launch_planned(kernel, ("key",), (1,), dynamic, lambda: dict(static), **options)
+    monkeypatch.setattr(launch, "VERIFY", True)
+    with pytest.raises(RuntimeError, match="misses what sets .*qk_scale"):
+        launch.launch_planned(kernel, ("key",), (1,), dynamic, lambda: dict(static, qk_scale=1.0), **options)
+
+
+def _plans(monkeypatch):
+    """(plan_key, static()) of every launch_planned call, run in the interpreter."""
+    seen = []
+    real = launch.launch_planned
+
+    def spy(kernel, plan_key, grid, dynamic, static, **options):
+        seen.append((kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), plan_key, static()))
+        return real(kernel, plan_key, grid, dynamic, static, **options)
+
+    monkeypatch.setattr(attn_fwd, "launch_planned", spy)
+    return seen
+
+
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_plan_keys_determine_the_static_arguments(monkeypatch, broadcast_q):
+    """Batches that differ in everything a plan leaves dynamic (lengths, batch size, totals, buffers) and share a
+    plan key get the same static arguments: a plan reused across them launches with the right values. The GPU
+    checks the same per launch under JFA_LAUNCH_VERIFY=1; here it runs on every CPU test run."""
+    seen = _plans(monkeypatch)
+    for lengths in ([30, 5, 0, 29], [1, 60, 2], [7] * 9):
+        off = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+        rows_q = 24 if broadcast_q else int(off[-1])
+        q = torch.randn(rows_q, 4, 32, dtype=torch.float16)
+        k, v = (torch.randn(int(off[-1]), 2, 32, dtype=torch.float16) for _ in range(2))
+        params = AttentionParams(scale=0.2, causal=True, broadcast_q=broadcast_q, max_seqlen_kv=max(lengths))
+        tb.forward(q, k, v, None if broadcast_q else off, off, params)
+    by_key = {}
+    for name, key, static in seen:
+        by_key.setdefault((name, key), []).append(static)
+    assert len(seen) == 3 and max(map(len, by_key.values())) >= 2  # some batches share a plan
+    for statics in by_key.values():
+        assert all(s == statics[0] for s in statics[1:]), statics

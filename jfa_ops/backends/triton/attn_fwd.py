@@ -21,7 +21,7 @@ from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_cons
                      next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
                      window_bounds, work_item)
 from .configs import KNOBS, get_config, nvidia
-from .launch import launch
+from .launch import launch_planned
 from .offset_checks import offsets_ok
 from .scheduling import forward_tiles, shape_constant, slot_tile, tile_schedule
 
@@ -247,16 +247,30 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     tma = use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if tma else (k, v)
-    launch(attn_fwd_kernel, (programs,), dict(
-        Q=q, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, **schedule,
-        FLAG=kv_off if flag is None else flag, num_heads=num_heads, total_out=total_out, max_q=max_q,
-        max_kv=params.max_seqlen_kv, **row_strides("q", q), **row_strides("k", k), **row_strides("v", v),
-        **row_strides("o", out), group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
-        window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left,
-        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
-        FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
-        CHECK_OFFSETS=flag is not None and schedule["TILES_FROM_OFFSETS"]),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    group = num_heads // num_heads_kv
+    fma_softmax = KNOBS.fwd_fma_softmax and params.scale > 0
+    check = flag is not None and schedule["TILES_FROM_OFFSETS"]
+    dynamic = dict(Q=q, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, TILE_SEQ=schedule["TILE_SEQ"],
+                   TILE_START=schedule["TILE_START"], TILE_COUNT=schedule["TILE_COUNT"],
+                   WORK_COUNTER=schedule["WORK_COUNTER"], FLAG=kv_off if flag is None else flag, total_out=total_out,
+                   n_slots=schedule["n_slots"], search_steps=schedule["search_steps"], num_seqs=schedule["num_seqs"],
+                   rows_s=schedule["rows_s"], rows_o=schedule["rows_o"], max_q=max_q, max_kv=params.max_seqlen_kv)
+
+    def static():  # every value here follows from plan_key
+        return dict(num_heads=num_heads, **row_strides("q", q), **row_strides("k", k), **row_strides("v", v),
+                    **row_strides("o", out), group=group, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+                    window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, USE_TMA=tma,
+                    DOT_PRECISION=dot_precision(q.dtype), FMA_SOFTMAX=fma_softmax, KV_MAJOR=KNOBS.fwd_kv_major,
+                    ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
+                    CHECK_OFFSETS=check)
+
+    plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                v.stride(0), v.stride(1), params.scale, window_left, right, has_left, has_right, params.broadcast_q,
+                tma, fma_softmax, KNOBS.fwd_kv_major, schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], check,
+                cfg)
+    launch_planned(attn_fwd_kernel, plan_key, (programs,), dynamic, static, num_warps=cfg.num_warps,
+                   num_stages=cfg.num_stages)
     if flag is not None:
         validation.device_flag(flag, validation.validation_mode(device))
     return out, lse

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 from triton import knobs
@@ -116,12 +116,90 @@ def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) ->
         return
     if VERIFY:
         _verify(kernel, compiled, grid, values, options)
+    _run(compiled, grid, values, device)
+
+
+class _Plan:
+    """One call site's launch with its static arguments bound: the argument list in the kernel's order (the dynamic
+    slots refilled per call), where each dynamic argument goes, and the specialization it had when the plan was
+    made (a call whose dynamic arguments specialize otherwise, e.g. a misaligned tensor, takes ``launch``)."""
+
+    __slots__ = ("compiled", "values", "slots", "spec")
+
+    def __init__(self, compiled, values, slots, spec):
+        self.compiled, self.values, self.slots, self.spec = compiled, values, slots, spec
+
+
+_PLANS: Dict[tuple, _Plan] = {}
+PLANS_ENABLED = True  # False: every launch_planned call takes launch (tools/host_profile.py's A/B)
+_PLANS_MAX = 256  # a bound, not a tuning: keys hold no sizes that vary per batch
+
+
+def launch_planned(kernel, plan_key: tuple, grid: Tuple[int, ...], dynamic: Dict[str, object],
+                   static: Callable[[], Dict[str, object]], **options) -> None:
+    """``launch(kernel, grid, {**static(), **dynamic}, **options)``, cheaper when called again with ``plan_key``.
+
+    Why: a small call's host time is mostly Python per launch (building ~45 arguments, binding and specializing each;
+    bench/NOTES.md v7-v8). ``plan_key`` must determine every value ``static()`` returns (dtypes, heads, head_dim,
+    strides, options, schedule kind, device); ``dynamic`` holds what changes between batches (tensors, row counts).
+    The first call of a key binds everything and keeps the argument list; later calls refill only the dynamic slots,
+    specialize only them, and launch the compiled kernel directly. ``JFA_LAUNCH_VERIFY=1`` also checks that
+    ``static()`` still gives the bound values (a key that misses something fails loudly)."""
+    if tracing() or interpreting() or not PLANS_ENABLED:
+        launch(kernel, grid, {**static(), **dynamic}, **options)
+        return
+    device = torch.cuda.current_device()
+    key = (id(kernel), device, plan_key, tuple(options.items()))
+    plan = _PLANS.get(key)
+    if plan is not None:
+        values = plan.values.copy()
+        spec = []
+        for name, (index, specialize, align) in plan.slots.items():
+            value = values[index] = dynamic[name]
+            spec.append(native_specialize_impl(BaseBackend, value, False, specialize, align))
+        if spec == plan.spec:
+            info = _INFO[id(kernel)]
+            LAUNCHES[info.name] += 1
+            if VERIFY:
+                _verify_plan(kernel, plan, grid, {**static(), **dynamic}, options)
+            _run(plan.compiled, grid, values, device)
+            return
+    args = {**static(), **dynamic}
+    launch(kernel, grid, args, **options)
+    values, spec = _info(kernel).bind(args)
+    compiled = _COMPILED.get(_cache_key(kernel, device, options, spec))
+    if compiled is None:
+        return
+    names = _info(kernel).names
+    slots = {}
+    for name in dynamic:
+        index = names.index(name)
+        param = kernel.params[index]
+        if param.is_constexpr:  # its value is part of the compiled kernel: it belongs in plan_key and static()
+            raise TypeError(f"{kernel.fn.__name__}: constexpr {name} passed as a dynamic argument")
+        slots[name] = (index, not param.do_not_specialize, not param.do_not_specialize_on_alignment)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = _Plan(compiled, list(values), slots, [spec[i] for i, _, _ in slots.values()])
+
+
+def _run(compiled, grid, values, device) -> None:
+    """``CompiledKernel.run`` on the current stream: what ``JITFunction.run`` ends with."""
     stream = torch._C._cuda_getCurrentRawStream(device)
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
     compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *values), knobs.runtime.launch_enter_hook,
                  knobs.runtime.launch_exit_hook, *values)
+
+
+def _verify_plan(kernel, plan, grid, args, options) -> None:
+    values, _ = _info(kernel).bind(args, specialize=False)
+    wrong = [name for name, a, b in zip(_info(kernel).names, values, plan.values)
+             if name not in plan.slots and not (a is b or a == b)]
+    if wrong:
+        raise RuntimeError(f"launch plan of {kernel.fn.__name__}: its key misses what sets {wrong}")
+    _verify(kernel, plan.compiled, grid, values, options)
 
 
 def _verify(kernel, compiled, grid, values, options) -> None:
@@ -134,3 +212,4 @@ def _verify(kernel, compiled, grid, values, options) -> None:
 
 def clear_cache() -> None:
     _COMPILED.clear()
+    _PLANS.clear()

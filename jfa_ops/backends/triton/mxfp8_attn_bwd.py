@@ -25,11 +25,17 @@ from .attn_fwd import broadcast_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
 from .configs import KNOBS, interpreting
-from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _to_e4m3, checked_variant, mx_dot
+from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _to_e4m3, checked_variant, mx_dot
 from .mxfp8_quantize import _shared_exponent, quantize, search_steps, sequence_of_tile
 
 BWD_BLOCK_M = 64
 BWD_BLOCK_N = 64
+# Launch shape (sm_90 compile, Triton 3.6, D128, bf16smem; bench/NOTES.md "MXFP8 v3"): 4 warps, 1 stage: dK/dV
+# 98 KB shared memory, 255 registers, 220 B spills, ~1740 instructions per thread per 64 x 64 block, so two programs
+# per SM (8 warps) hide each other's loads. Two stages (cp.async Q/dO tiles) need 115 KB: one program per SM. Eight
+# warps with two stages spill less (156 B) but issue ~75% more instructions in all (the kernels are issue-bound).
+BWD_STAGES = 1
+BWD_WARPS = 4
 
 
 @triton.jit
@@ -50,31 +56,67 @@ def _quantize_square(x, R: tl.constexpr, C: tl.constexpr, HW_CVT: tl.constexpr):
 
 
 @triton.jit
+def _square_scales(XS, first_block, m0, length, head, stride_st, stride_sh, BLOCK: tl.constexpr,
+                   HEAD_DIM: tl.constexpr):
+    """Square scales [BLOCK / 32, D / 32] of rows m0.. of a sequence of ``length`` rows whose row blocks start at
+    ``first_block`` (past its end: 0, so a prefetch past the last block loads nothing)."""
+    blocks = tl.arange(0, BLOCK // 32)
+    dc = tl.arange(0, HEAD_DIM // 32)
+    return tl.load(XS + (first_block + m0 // 32 + blocks)[:, None] * stride_st + head * stride_sh + dc[None, :],
+                   mask=(m0 + blocks * 32 < length)[:, None], other=0)
+
+
+@triton.jit
 def _load_square(X, XS, row0, rows, rows_ok, length, first_block, m0, head, stride_t, stride_h, stride_st, stride_sh,
                  BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A tile's E4M3 rows [BLOCK, D] (rows m0.. of a sequence of ``length`` rows starting at ``row0``) and its
-    square scales [BLOCK / 32, D / 32] (the sequence's row blocks start at ``first_block``; past its end: 0)."""
+    square scales (``_square_scales``)."""
     d = tl.arange(0, HEAD_DIM)
     data = tl.load(X + (row0 + rows)[:, None] * stride_t + head * stride_h + d[None, :], mask=rows_ok[:, None],
                    other=0.0)
-    blocks = tl.arange(0, BLOCK // 32)
+    return data, _square_scales(XS, first_block, m0, length, head, stride_st, stride_sh, BLOCK, HEAD_DIM)
+
+
+@triton.jit
+def _rows_scales(XS, row0, n0, length, head, stride_st, stride_sh, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """(1, 32) scales [BLOCK, D / 32] of rows n0.. of a sequence of ``length`` rows starting at ``row0`` (0 past
+    its end)."""
+    rows = n0 + tl.arange(0, BLOCK)
     dc = tl.arange(0, HEAD_DIM // 32)
-    scale = tl.load(XS + (first_block + m0 // 32 + blocks)[:, None] * stride_st + head * stride_sh + dc[None, :],
-                    mask=(m0 + blocks * 32 < length)[:, None], other=0)
-    return data, scale
+    return tl.load(XS + (row0 + rows)[:, None] * stride_st + head * stride_sh + dc[None, :],
+                   mask=(rows < length)[:, None], other=0)
+
+
+@triton.jit
+def _square_values(data, scale_bits, DOT_FP16: tl.constexpr):
+    """E4M3 ``data [R, C]`` with square scale bits ``[R / 32, C / 32]`` -> bf16 (fp16 when DOT_FP16) values. One
+    dequantized copy serves a dot in either orientation (bf16smem), as the quantized one does."""
+    R: tl.constexpr = data.shape[0]
+    C: tl.constexpr = data.shape[1]
+    y = tl.reshape(tl.reshape(data.to(tl.float32), (R // 32, 32, C // 32, 32)) *
+                   _e8m0_value(scale_bits)[:, None, :, None], (R, C))
+    return y.to(tl.float16) if DOT_FP16 else y.to(tl.bfloat16)
+
+
+@triton.jit
+def _p_and_ds_from(s, dp, lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right,
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """P [BM, BN] = 2**min(S/ln2 - lse2, 0) on visible pairs and dS = P (dP - delta), from S = Q K^T and dP = dO V^T."""
+    s2 = s * qk_scale
+    ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
+    ok = ok & (lse2 > float("-inf"))[:, None]
+    p = tl.where(ok, tl.math.exp2(tl.minimum(s2 - tl.where(ok, lse2[:, None], 0.0), 0.0)), 0.0)
+    return p, p * (dp - delta[:, None])
 
 
 @triton.jit
 def _p_and_ds(q, q_rs, k, k_rs, v, v_rs, do, do_rs, lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left,
               right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, D_LEVELS: tl.constexpr, VARIANT: tl.constexpr,
               HW_CVT: tl.constexpr, DOT_FP16: tl.constexpr):
-    """P [BM, BN] = 2**min(S/ln2 - lse2, 0) on visible pairs, and dS = P (dP - delta), dP = dO V^T."""
-    s2 = mx_dot(q, q_rs, tl.trans(k), k_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16) * qk_scale
-    ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
-    ok = ok & (lse2 > float("-inf"))[:, None]
-    p = tl.where(ok, tl.math.exp2(tl.minimum(s2 - tl.where(ok, lse2[:, None], 0.0), 0.0)), 0.0)
-    dp = mx_dot(do, do_rs, tl.trans(v), v_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16)
-    return p, p * (dp - delta[:, None])
+    """``_p_and_ds_from`` with S and dP by ``mx_dot`` from the quantized operands (per-row scales)."""
+    return _p_and_ds_from(mx_dot(q, q_rs, tl.trans(k), k_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16),
+                          mx_dot(do, do_rs, tl.trans(v), v_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16), lse2, delta,
+                          rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
@@ -119,6 +161,9 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                     mask=keys_ok[:, None], other=0.0)
         v_rs = tl.load(VS + (kv_row0 + keys)[:, None] * stride_vst + kv_head * stride_vsh + dc[None, :],
                        mask=keys_ok[:, None], other=0)
+        if VARIANT == "bf16smem":  # each operand dequantized once, used in both orientations (module docstring)
+            k_val = _square_values(k, k_sq, DOT_FP16)
+            v_val = _dequantize_rows(v, v_rs, DOT_FP16)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         # q blocks that see any key of this tile (keys stationary: the forward's bounds mirrored, common.py)
@@ -126,27 +171,48 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                                                   BLOCK_N, BLOCK_M)
         for g in range(0, group):
             head = kv_head * group + g
+            # the square scales one q block ahead (a register double buffer: Triton's pipeliner leaves these tiny
+            # unaligned loads synchronous, a full memory latency per block; bench/NOTES.md "MXFP8 v3")
+            q_sq_next = _square_scales(QS, q_first, q_begin, len_q, head, stride_qst, stride_qsh, BLOCK_M, HEAD_DIM)
+            do_sq_next = _square_scales(DOS, out_first, q_begin, len_q, head, stride_dost, stride_dosh, BLOCK_M,
+                                        HEAD_DIM)
             for m0 in range(loop_bound(q_begin), loop_bound(q_end), BLOCK_M):
                 rows = m0 + tl.arange(0, BLOCK_M)
                 rows_ok = rows < len_q
-                q, q_sq = _load_square(Q, QS, q_row0, rows, rows_ok, len_q, q_first, m0, head, stride_qt, stride_qh,
-                                       stride_qst, stride_qsh, BLOCK_M, HEAD_DIM)
-                do, do_sq = _load_square(DO, DOS, out_row0, rows, rows_ok, len_q, out_first, m0, head, stride_dot,
-                                         stride_doh, stride_dost, stride_dosh, BLOCK_M, HEAD_DIM)
+                q_sq, do_sq = q_sq_next, do_sq_next
+                q_sq_next = _square_scales(QS, q_first, m0 + BLOCK_M, len_q, head, stride_qst, stride_qsh, BLOCK_M,
+                                           HEAD_DIM)
+                do_sq_next = _square_scales(DOS, out_first, m0 + BLOCK_M, len_q, head, stride_dost, stride_dosh,
+                                            BLOCK_M, HEAD_DIM)
+                q = tl.load(Q + (q_row0 + rows)[:, None] * stride_qt + head * stride_qh + d[None, :],
+                            mask=rows_ok[:, None], other=0.0)
+                do = tl.load(DO + (out_row0 + rows)[:, None] * stride_dot + head * stride_doh + d[None, :],
+                             mask=rows_ok[:, None], other=0.0)
                 lse2 = tl.load(LSE + head * total_out + out_row0 + rows, mask=rows_ok, other=float("-inf")) * LOG2E_F
                 delta = tl.load(DELTA + head * total_out + out_row0 + rows, mask=rows_ok, other=0.0)
-                p, ds = _p_and_ds(q, _rows(q_sq, BLOCK_M, DC), k, k_rs, v, v_rs, do, _rows(do_sq, BLOCK_M, DC),
-                                  lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
-                                  HAS_RIGHT, D_LEVELS, VARIANT, HW_CVT, DOT_FP16)
+                if VARIANT == "bf16smem":
+                    q_val = _square_values(q, q_sq, DOT_FP16)
+                    do_val = _square_values(do, do_sq, DOT_FP16)
+                    p, ds = _p_and_ds_from(tl.dot(q_val, tl.trans(k_val)), tl.dot(do_val, tl.trans(v_val)), lse2,
+                                           delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
+                                           HAS_RIGHT)
+                else:
+                    p, ds = _p_and_ds(q, _rows(q_sq, BLOCK_M, DC), k, k_rs, v, v_rs, do, _rows(do_sq, BLOCK_M, DC),
+                                      lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
+                                      HAS_RIGHT, D_LEVELS, VARIANT, HW_CVT, DOT_FP16)
                 p_q, p_sq = _quantize_square(p, BLOCK_M, BLOCK_N, HW_CVT)
                 ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
                 # dV += Pq^T dO; dK += dSq^T Q (contractions over the q rows: the transposed square scales)
-                dv += mx_dot(tl.trans(p_q), _rows(tl.trans(p_sq), BLOCK_N, BLOCK_M // 32),
-                             do, _rows(tl.trans(do_sq), HEAD_DIM, BLOCK_M // 32), M_LEVELS, VARIANT, HW_CVT,
-                             DOT_FP16)
-                dk += mx_dot(tl.trans(ds_q), _rows(tl.trans(ds_sq), BLOCK_N, BLOCK_M // 32),
-                             q, _rows(tl.trans(q_sq), HEAD_DIM, BLOCK_M // 32), M_LEVELS, VARIANT, HW_CVT,
-                             DOT_FP16)
+                if VARIANT == "bf16smem":
+                    dv += tl.dot(tl.trans(_square_values(p_q, p_sq, DOT_FP16)), do_val)
+                    dk += tl.dot(tl.trans(_square_values(ds_q, ds_sq, DOT_FP16)), q_val)
+                else:
+                    dv += mx_dot(tl.trans(p_q), _rows(tl.trans(p_sq), BLOCK_N, BLOCK_M // 32),
+                                 do, _rows(tl.trans(do_sq), HEAD_DIM, BLOCK_M // 32), M_LEVELS, VARIANT, HW_CVT,
+                                 DOT_FP16)
+                    dk += mx_dot(tl.trans(ds_q), _rows(tl.trans(ds_sq), BLOCK_N, BLOCK_M // 32),
+                                 q, _rows(tl.trans(q_sq), HEAD_DIM, BLOCK_M // 32), M_LEVELS, VARIANT, HW_CVT,
+                                 DOT_FP16)
         rows_out = (kv_row0 + keys)[:, None]
         tl.store(DK + rows_out * stride_dkt + kv_head * stride_dkh + d[None, :], (dk * scale).to(DK.dtype.element_ty),
                  mask=keys_ok[:, None])
@@ -188,33 +254,50 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
         rows = m0 + tl.arange(0, BLOCK_M)
         rows_ok = rows < len_q
         d = tl.arange(0, HEAD_DIM)
-        dc = tl.arange(0, DC)
         q, q_sq = _load_square(Q, QS, q_row0, rows, rows_ok, len_q, q_first, m0, head, stride_qt, stride_qh,
                                stride_qst, stride_qsh, BLOCK_M, HEAD_DIM)
         do, do_sq = _load_square(DO, DOS, out_row0, rows, rows_ok, len_q, out_row0 // 32 + seq, m0, head,
                                  stride_dot, stride_doh, stride_dost, stride_dosh, BLOCK_M, HEAD_DIM)
         q_rs = _rows(q_sq, BLOCK_M, DC)
         do_rs = _rows(do_sq, BLOCK_M, DC)
+        if VARIANT == "bf16smem":  # each operand dequantized once, used in both orientations (module docstring)
+            q_val = _square_values(q, q_sq, DOT_FP16)
+            do_val = _square_values(do, do_sq, DOT_FP16)
         lse2 = tl.load(LSE + head * total_out + out_row0 + rows, mask=rows_ok, other=float("-inf")) * LOG2E_F
         delta = tl.load(DELTA + head * total_out + out_row0 + rows, mask=rows_ok, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         k_begin, _, _, _, _, k_end = stage_bounds(m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT,
                                                   BLOCK_M, BLOCK_N)
+        k_first = kv_row0 // 32 + seq
+        # the scales one kv block ahead (as the dK/dV kernel's q loop)
+        k_sq_next = _square_scales(KS, k_first, k_begin, len_k, kv_head, stride_kst, stride_ksh, BLOCK_N, HEAD_DIM)
+        v_rs_next = _rows_scales(VS, kv_row0, k_begin, len_k, kv_head, stride_vst, stride_vsh, BLOCK_N, HEAD_DIM)
         for n0 in range(loop_bound(k_begin), loop_bound(k_end), BLOCK_N):  # blocks nobody in the tile sees: skipped
             keys = n0 + tl.arange(0, BLOCK_N)
             keys_ok = keys < len_k
-            k, k_sq = _load_square(K, KS, kv_row0, keys, keys_ok, len_k, kv_row0 // 32 + seq, n0, kv_head,
-                                   stride_kt, stride_kh, stride_kst, stride_ksh, BLOCK_N, HEAD_DIM)
+            k_sq, v_rs = k_sq_next, v_rs_next
+            k_sq_next = _square_scales(KS, k_first, n0 + BLOCK_N, len_k, kv_head, stride_kst, stride_ksh, BLOCK_N,
+                                       HEAD_DIM)
+            v_rs_next = _rows_scales(VS, kv_row0, n0 + BLOCK_N, len_k, kv_head, stride_vst, stride_vsh, BLOCK_N,
+                                     HEAD_DIM)
+            k = tl.load(K + (kv_row0 + keys)[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
+                        mask=keys_ok[:, None], other=0.0)
             v = tl.load(V + (kv_row0 + keys)[:, None] * stride_vt + kv_head * stride_vh + d[None, :],
                         mask=keys_ok[:, None], other=0.0)
-            v_rs = tl.load(VS + (kv_row0 + keys)[:, None] * stride_vst + kv_head * stride_vsh + dc[None, :],
-                           mask=keys_ok[:, None], other=0)
-            p, ds = _p_and_ds(q, q_rs, k, _rows(k_sq, BLOCK_N, DC), v, v_rs, do, do_rs, lse2, delta, rows, keys,
-                              len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT, D_LEVELS, VARIANT,
-                              HW_CVT, DOT_FP16)
-            ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
-            dq += mx_dot(ds_q, _rows(ds_sq, BLOCK_M, BLOCK_N // 32),
-                         k, _rows(tl.trans(k_sq), HEAD_DIM, BLOCK_N // 32), N_LEVELS, VARIANT, HW_CVT, DOT_FP16)
+            if VARIANT == "bf16smem":
+                k_val = _square_values(k, k_sq, DOT_FP16)
+                p, ds = _p_and_ds_from(tl.dot(q_val, tl.trans(k_val)),
+                                       tl.dot(do_val, tl.trans(_dequantize_rows(v, v_rs, DOT_FP16))), lse2, delta,
+                                       rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT)
+                ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
+                dq += tl.dot(_square_values(ds_q, ds_sq, DOT_FP16), k_val)
+            else:
+                p, ds = _p_and_ds(q, q_rs, k, _rows(k_sq, BLOCK_N, DC), v, v_rs, do, do_rs, lse2, delta, rows, keys,
+                                  len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT, D_LEVELS, VARIANT,
+                                  HW_CVT, DOT_FP16)
+                ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
+                dq += mx_dot(ds_q, _rows(ds_sq, BLOCK_M, BLOCK_N // 32),
+                             k, _rows(tl.trans(k_sq), HEAD_DIM, BLOCK_N // 32), N_LEVELS, VARIANT, HW_CVT, DOT_FP16)
         tl.atomic_add(DQ + (q_row0 + rows)[:, None] * stride_dqt + head * stride_dqh + d[None, :], dq * scale,
                       mask=rows_ok[:, None], sem="relaxed")
 
@@ -258,7 +341,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs), VARIANT=variant,
         HW_CVT=not interpreting(), DOT_FP16=interpreting())
     launch(mxfp8_attn_bwd_dkdv_kernel, (k.shape[0] // BWD_BLOCK_N + num_seqs, heads_kv),
-           dict(common, DK=dk, DV=dv, **row_strides("dk", dk), **row_strides("dv", dv)), num_warps=4, num_stages=1)
+           dict(common, DK=dk, DV=dv, **row_strides("dk", dk), **row_strides("dv", dv)), num_warps=BWD_WARPS,
+           num_stages=BWD_STAGES)
     launch(mxfp8_attn_bwd_dq_kernel, (total_out // BWD_BLOCK_M + num_seqs, heads_q),
-           dict(common, DQ=dq, **row_strides("dq", dq)), num_warps=4, num_stages=1)
+           dict(common, DQ=dq, **row_strides("dq", dq)), num_warps=BWD_WARPS, num_stages=BWD_STAGES)
     return dq.to(q.dtype), dk, dv

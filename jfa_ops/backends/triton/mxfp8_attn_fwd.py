@@ -117,18 +117,24 @@ def _rebase_cols(data, exps, HW_CVT: tl.constexpr):
 @triton.jit
 def _dequantize_rows(data, scale_bits, DOT_FP16: tl.constexpr):
     """``data [R, C * 32]`` with (1, 32) scale bits ``[R, C]`` -> bf16 (fp16 when DOT_FP16) values."""
+    return _scale_rows(data, _e8m0_value(scale_bits), DOT_FP16)
+
+
+@triton.jit
+def _scale_rows(data, factors, DOT_FP16: tl.constexpr):
+    """``data [R, C * 32]`` times (1, 32) block factors ``[R, C]`` (fp32) -> bf16 (fp16 when DOT_FP16) values."""
     R: tl.constexpr = data.shape[0]
-    C: tl.constexpr = scale_bits.shape[1]
-    y = tl.reshape(tl.reshape(data.to(tl.float32), (R, C, 32)) * _e8m0_value(scale_bits)[:, :, None], (R, C * 32))
+    C: tl.constexpr = factors.shape[1]
+    y = tl.reshape(tl.reshape(data.to(tl.float32), (R, C, 32)) * factors[:, :, None], (R, C * 32))
     return y.to(tl.float16) if DOT_FP16 else y.to(tl.bfloat16)
 
 
 @triton.jit
-def _dequantize_cols(data, scale_bits, DOT_FP16: tl.constexpr):
-    """V tile ``data [NB * 32, D]`` with (32, 1) scale bits ``[NB, D]`` -> bf16 (fp16 when DOT_FP16) values."""
-    NB: tl.constexpr = scale_bits.shape[0]
-    D: tl.constexpr = scale_bits.shape[1]
-    y = tl.reshape(tl.reshape(data.to(tl.float32), (NB, 32, D)) * _e8m0_value(scale_bits)[:, None, :], (NB * 32, D))
+def _scale_cols(data, factors, DOT_FP16: tl.constexpr):
+    """V tile ``data [NB * 32, D]`` times (32, 1) block factors ``[NB, D]`` (fp32) -> bf16 (fp16 when DOT_FP16)."""
+    NB: tl.constexpr = factors.shape[0]
+    D: tl.constexpr = factors.shape[1]
+    y = tl.reshape(tl.reshape(data.to(tl.float32), (NB, 32, D)) * factors[:, None, :], (NB * 32, D))
     return y.to(tl.float16) if DOT_FP16 else y.to(tl.bfloat16)
 
 
@@ -167,20 +173,135 @@ def mx_dot(a, a_scale, b, b_scale, K_LEVELS: tl.constexpr, VARIANT: tl.constexpr
 
 
 @triton.jit
-def _quantize_p(p, HW_CVT: tl.constexpr):
-    """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) in (1, 32) blocks along the keys, "rceil" -> (E4M3 data, block
-    exponents int32 [BLOCK_M, BLOCK_N / 32], the quantized values in fp32, their row sums)."""
+def _quantize_p(p, p_max, HW_CVT: tl.constexpr):
+    """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) with block maxima ``p_max [BLOCK_M, BLOCK_N / 32]`` in (1, 32) blocks
+    along the keys, "rceil" -> (E4M3 data, block exponents int32 [BLOCK_M, BLOCK_N / 32], the quantized values in
+    fp32, their row sums)."""
     BLOCK_M: tl.constexpr = p.shape[0]
     BLOCK_N: tl.constexpr = p.shape[1]
     NB: tl.constexpr = BLOCK_N // 32
     p3 = tl.reshape(p, (BLOCK_M, NB, 32))
-    shared = _shared_exponent(tl.max(p3, 2), True)  # [BLOCK_M, NB]
+    shared = _shared_exponent(p_max, True)  # [BLOCK_M, NB]
     inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
     data = _to_e4m3(tl.minimum(p3 * inv_scale[:, :, None], 448.0), HW_CVT)
     scale = ((shared + 127) << 23).to(tl.float32, bitcast=True)  # 2**shared (shared >= -126 for p > 2**-118)
     values = data.to(tl.float32) * scale[:, :, None]
     return (tl.reshape(data, (BLOCK_M, BLOCK_N)), shared, tl.reshape(values, (BLOCK_M, BLOCK_N)),
             tl.sum(tl.sum(values, 2), 1))
+
+
+@triton.jit
+def _kv_scales(KS, VS, kv_row0, v_scale_row0, kv_head, n0, len_k, stride_kst, stride_ksh, stride_vst, stride_vsh,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DECODE: tl.constexpr):
+    """Scale bits of key block [n0, n0 + BLOCK_N): K's (1, 32) [BLOCK_N, D / 32] and V's (32, 1) [BLOCK_N / 32, D];
+    0 past the sequence (blocks n0 >= len_k load nothing: the prefetch past the last block). DECODE: their fp32
+    values instead, decoded here in the loads' compact layout (where the tiles use them, each thread holds up to 16
+    distinct V scales per 16 elements: decoding there cost ~400 instructions per block, 20% of the loop)."""
+    keys = n0 + tl.arange(0, BLOCK_N)
+    dc = tl.arange(0, HEAD_DIM // 32)
+    k_scale = tl.load(KS + (kv_row0 + keys)[:, None] * stride_kst + kv_head * stride_ksh + dc[None, :],
+                      mask=(keys < len_k)[:, None], other=0)
+    v_blocks = n0 // 32 + tl.arange(0, BLOCK_N // 32)  # key blocks of 32 within the sequence
+    v_scale = tl.load(VS + (v_scale_row0 + v_blocks)[:, None] * stride_vst + kv_head * stride_vsh +
+                      tl.arange(0, HEAD_DIM)[None, :], mask=(v_blocks * 32 < len_k)[:, None], other=0)
+    if DECODE:
+        return _e8m0_value(k_scale), _e8m0_value(v_scale)
+    else:
+        return k_scale, v_scale
+
+
+@triton.jit
+def _mx_kv_blocks(acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head, kv_col, v_scale_row0,
+                  stride_kt, stride_kh, stride_kst, stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh,
+                  rows, len_q, len_k, lo_off, hi_off, qk_scale, n_begin, n_end,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                  MASKED: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr, DOT_FP16: tl.constexpr,
+                  USE_TMA: tl.constexpr):
+    """Online-softmax update over key blocks [n_begin, n_end) (scores in the log2 domain). MASKED: the causal /
+    window / sequence-end mask applies; else every (row, key) pair is visible (the mask-free bulk). q_aux: what the
+    variant's Q K^T needs besides q (fp8dot: Q's chunk factors; rebase: Q's row factors times qk_scale;
+    dot_scaled: Q's scale bits; bf16smem: unused).
+
+    The scales are loaded one block ahead (register double buffer): Triton's pipeliner leaves these small
+    unaligned loads synchronous, and their latency then stalls every block (bench/NOTES.md "MXFP8 v3")."""
+    DC: tl.constexpr = HEAD_DIM // 32
+    NB: tl.constexpr = BLOCK_N // 32
+    DC_LEVELS: tl.constexpr = DC.bit_length() - 1  # head_dim and BLOCK_N are powers of two
+    NB_LEVELS: tl.constexpr = NB.bit_length() - 1
+    cols = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_DIM)
+    k_scale_next, v_scale_next = _kv_scales(KS, VS, kv_row0, v_scale_row0, kv_head, n_begin, len_k, stride_kst,
+                                            stride_ksh, stride_vst, stride_vsh, BLOCK_N, HEAD_DIM,
+                                            VARIANT == "bf16smem")
+    for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
+        k_scale, v_scale = k_scale_next, v_scale_next
+        k_scale_next, v_scale_next = _kv_scales(KS, VS, kv_row0, v_scale_row0, kv_head, n0 + BLOCK_N, len_k,
+                                                stride_kst, stride_ksh, stride_vst, stride_vsh, BLOCK_N, HEAD_DIM,
+                                                VARIANT == "bf16smem")
+        keys = n0 + cols
+        keys_ok = keys < len_k
+        k_rows = (kv_row0 + keys)[:, None]
+        if USE_TMA:  # rows past the sequence (the next one's) are masked out of s below
+            k = K.load([(kv_row0 + n0).to(tl.int32), kv_col])
+        else:
+            k = tl.load(K + k_rows * stride_kt + kv_head * stride_kh + d[None, :], mask=keys_ok[:, None], other=0.0)
+        if VARIANT == "fp8dot":  # D/32 FP8 dots of K = 32, each scaled by q_scale[:, c] x k_scale[:, c]
+            k_factors = _e8m0_value(k_scale)
+            s = tl.zeros([q.shape[0], BLOCK_N], tl.float32)
+            for c in tl.static_range(DC):
+                s_c = tl.dot(_chunk32(q, c, DC_LEVELS), tl.trans(_chunk32(k, c, DC_LEVELS)))
+                s += s_c * (_column(q_aux, c, DC)[:, None] * _column(k_factors, c, DC)[None, :])
+            s = s * qk_scale
+        elif VARIANT == "rebase":
+            k_values = tl.reshape(tl.reshape(k.to(tl.float32), (BLOCK_N, DC, 32)) *
+                                  _e8m0_value(k_scale)[:, :, None], (BLOCK_N, HEAD_DIM))
+            k, k_exp = _rebase_rows(k_values, k_scale.to(tl.int32) - 127, HW_CVT)
+            s = tl.dot(q, tl.trans(k)) * (q_aux[:, None] * _pow2(k_exp)[None, :])
+        elif VARIANT == "bf16smem":
+            s = tl.dot(q, tl.trans(_scale_rows(k, k_scale, DOT_FP16))) * qk_scale  # k_scale: factors
+        else:
+            s = tl.dot_scaled(q, q_aux, "e4m3", tl.trans(k), k_scale, "e4m3") * qk_scale
+        if MASKED:
+            ok = visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI)
+            s = tl.where(ok, s, float("-inf"))
+        # maxima of the 32-key blocks first: the row maximum from them, and P's block maxima as exp2 of them
+        # (exp2 is monotonic: the block's largest P is at its largest score), not a second pass over P
+        s_max = tl.max(tl.reshape(s, (s.shape[0], NB, 32)), 2)  # [BLOCK_M, NB]
+        m_new = tl.maximum(m_i, tl.ceil(tl.max(s_max, 1)))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
+        p = tl.math.exp2(s - m_ref[:, None])
+        if MASKED:
+            p = tl.where(ok, p, 0.0)
+        alpha = tl.math.exp2(m_i - m_ref)  # a power of two: exact
+        p_data, p_exp, p_values, p_sum_q = _quantize_p(p, tl.math.exp2(s_max - m_ref[:, None]), HW_CVT)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        lq_i = lq_i * alpha + p_sum_q
+        if USE_TMA:
+            v = V.load([(kv_row0 + n0).to(tl.int32), kv_col])
+            if MASKED:  # the next sequence's rows: zero (p is 0 there, but they join V's column maxima)
+                v = tl.where(keys_ok[:, None], v, tl.zeros_like(v))
+        else:
+            v = tl.load(V + k_rows * stride_vt + kv_head * stride_vh + d[None, :], mask=keys_ok[:, None], other=0.0)
+        if VARIANT == "fp8dot":  # BLOCK_N/32 FP8 dots of K = 32, each scaled by p_scale[:, c] x v_scale[c, :]
+            p_factors = _pow2(p_exp)
+            v_factors = _e8m0_value(v_scale)
+            v_t = tl.trans(v)  # key chunks of V are column chunks of V^T
+            pv = tl.zeros([q.shape[0], HEAD_DIM], tl.float32)
+            for c in tl.static_range(NB):
+                pv_c = tl.dot(_chunk32(p_data, c, NB_LEVELS), tl.trans(_chunk32(v_t, c, NB_LEVELS)))
+                pv += pv_c * (_column(p_factors, c, NB)[:, None] * _row(v_factors, c, NB)[None, :])
+        elif VARIANT == "rebase":
+            p_r, p_row_exp = _rebase_rows(p_values, p_exp, HW_CVT)
+            v_r, v_col_exp = _rebase_cols(v, v_scale.to(tl.int32) - 127, HW_CVT)
+            pv = tl.dot(p_r, v_r) * (_pow2(p_row_exp)[:, None] * _pow2(v_col_exp)[None, :])
+        elif VARIANT == "bf16smem":
+            p_dot = p_values.to(tl.float16) if DOT_FP16 else p_values.to(tl.bfloat16)
+            pv = tl.dot(p_dot, _scale_cols(v, v_scale, DOT_FP16))  # v_scale: factors
+        else:
+            pv = tl.dot_scaled(p_data, (p_exp + 127).to(tl.uint8), "e4m3", v, tl.trans(v_scale), "e4m3")
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i, lq_i
 
 
 @triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
@@ -200,9 +321,6 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
     tl.static_assert(BLOCK_N % 32 == 0)
     tl.static_assert(HEAD_DIM % 32 == 0)
     DC: tl.constexpr = HEAD_DIM // 32
-    NB: tl.constexpr = BLOCK_N // 32
-    DC_LEVELS: tl.constexpr = DC.bit_length() - 1  # head_dim and BLOCK_N are powers of two
-    NB_LEVELS: tl.constexpr = NB.bit_length() - 1
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq = sequence_of_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
@@ -227,14 +345,15 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
         q = tl.load(Q + q_rows * stride_qt + head64 * stride_qh + d[None, :], mask=rows_ok[:, None], other=0.0)
         q_scale = tl.load(QS + q_rows * stride_qst + head64 * stride_qsh + dc[None, :], mask=rows_ok[:, None],
                           other=0)
-        # Q in the form the variant's Q K^T dot takes, once per program
+        # Q in the form the variant's Q K^T dot takes, once per program (q_aux: _mx_kv_blocks)
+        q_aux = q_scale
         if VARIANT == "fp8dot":
-            q_factors = _e8m0_value(q_scale)  # [BLOCK_M, DC]
+            q_aux = _e8m0_value(q_scale)  # [BLOCK_M, DC]
         elif VARIANT == "rebase":
             q_values = tl.reshape(tl.reshape(q.to(tl.float32), (BLOCK_M, DC, 32)) * _e8m0_value(q_scale)[:, :, None],
                                   (BLOCK_M, HEAD_DIM))
             q, q_exp = _rebase_rows(q_values, q_scale.to(tl.int32) - 127, HW_CVT)
-            q_factor = _pow2(q_exp) * qk_scale
+            q_aux = _pow2(q_exp) * qk_scale
         elif VARIANT == "bf16smem":
             q = _dequantize_rows(q, q_scale, DOT_FP16)
         # V's (32, 1) scale rows of this sequence start here (meta_kernels.mxfp8 layout)
@@ -246,73 +365,22 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
             m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-        cols = tl.arange(0, BLOCK_N)
-        nb = tl.arange(0, NB)
-        for n0 in range(loop_bound(lead_begin), loop_bound(tail_end), BLOCK_N):  # every block masked
-            keys = n0 + cols
-            keys_ok = keys < len_k
-            k_rows = (kv_row0 + keys)[:, None]
-            if USE_TMA:  # rows past the sequence (the next one's) are masked out of s below
-                k = K.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            else:
-                k = tl.load(K + k_rows * stride_kt + kv_head * stride_kh + d[None, :], mask=keys_ok[:, None],
-                            other=0.0)
-            k_scale = tl.load(KS + k_rows * stride_kst + kv_head * stride_ksh + dc[None, :], mask=keys_ok[:, None],
-                              other=0)
-            if VARIANT == "fp8dot":  # D/32 FP8 dots of K = 32, each scaled by q_scale[:, c] x k_scale[:, c]
-                k_factors = _e8m0_value(k_scale)
-                s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for c in tl.static_range(DC):
-                    s_c = tl.dot(_chunk32(q, c, DC_LEVELS), tl.trans(_chunk32(k, c, DC_LEVELS)))
-                    s += s_c * (_column(q_factors, c, DC)[:, None] * _column(k_factors, c, DC)[None, :])
-                s = s * qk_scale
-            elif VARIANT == "rebase":
-                k_values = tl.reshape(tl.reshape(k.to(tl.float32), (BLOCK_N, DC, 32)) *
-                                      _e8m0_value(k_scale)[:, :, None], (BLOCK_N, HEAD_DIM))
-                k, k_exp = _rebase_rows(k_values, k_scale.to(tl.int32) - 127, HW_CVT)
-                s = tl.dot(q, tl.trans(k)) * (q_factor[:, None] * _pow2(k_exp)[None, :])
-            elif VARIANT == "bf16smem":
-                s = tl.dot(q, tl.trans(_dequantize_rows(k, k_scale, DOT_FP16))) * qk_scale
-            else:
-                s = tl.dot_scaled(q, q_scale, "e4m3", tl.trans(k), k_scale, "e4m3") * qk_scale
-            ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1)))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
-            p = tl.where(ok, tl.math.exp2(s - m_ref[:, None]), 0.0)
-            alpha = tl.math.exp2(m_i - m_ref)  # a power of two: exact
-            p_data, p_exp, p_values, p_sum_q = _quantize_p(p, HW_CVT)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            lq_i = lq_i * alpha + p_sum_q
-            if USE_TMA:  # the next sequence's rows: zero (p is 0 there, but they join V's column maxima)
-                v = V.load([(kv_row0 + n0).to(tl.int32), kv_col])
-                v = tl.where(keys_ok[:, None], v, tl.zeros_like(v))
-            else:
-                v = tl.load(V + k_rows * stride_vt + kv_head * stride_vh + d[None, :], mask=keys_ok[:, None],
-                            other=0.0)
-            v_blocks = n0 // 32 + nb  # key blocks of 32 within the sequence
-            v_scale = tl.load(VS + (v_scale_row0 + v_blocks)[:, None] * stride_vst + kv_head * stride_vsh +
-                              d[None, :],
-                              mask=(v_blocks * 32 < len_k)[:, None], other=0)  # [NB, D]
-            if VARIANT == "fp8dot":  # BLOCK_N/32 FP8 dots of K = 32, each scaled by p_scale[:, c] x v_scale[c, :]
-                p_factors = _pow2(p_exp)
-                v_factors = _e8m0_value(v_scale)
-                v_t = tl.trans(v)  # key chunks of V are column chunks of V^T
-                pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-                for c in tl.static_range(NB):
-                    pv_c = tl.dot(_chunk32(p_data, c, NB_LEVELS), tl.trans(_chunk32(v_t, c, NB_LEVELS)))
-                    pv += pv_c * (_column(p_factors, c, NB)[:, None] * _row(v_factors, c, NB)[None, :])
-            elif VARIANT == "rebase":
-                p_r, p_row_exp = _rebase_rows(p_values, p_exp, HW_CVT)
-                v_r, v_col_exp = _rebase_cols(v, v_scale.to(tl.int32) - 127, HW_CVT)
-                pv = tl.dot(p_r, v_r) * (_pow2(p_row_exp)[:, None] * _pow2(v_col_exp)[None, :])
-            elif VARIANT == "bf16smem":
-                p_dot = p_values.to(tl.float16) if DOT_FP16 else p_values.to(tl.bfloat16)
-                pv = tl.dot(p_dot, _dequantize_cols(v, v_scale, DOT_FP16))
-            else:
-                pv = tl.dot_scaled(p_data, (p_exp + 127).to(tl.uint8), "e4m3", v, tl.trans(v_scale), "e4m3")
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        # masked leading edge (window start), mask-free bulk, masked trailing edge (diagonal, window end, last block)
+        acc, m_i, l_i, lq_i = _mx_kv_blocks(
+            acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head, kv_col, v_scale_row0, stride_kt, stride_kh,
+            stride_kst, stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, rows, len_q, len_k, -window_left,
+            right, qk_scale, lead_begin, lead_end, HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, True, VARIANT, HW_CVT,
+            DOT_FP16, USE_TMA)
+        acc, m_i, l_i, lq_i = _mx_kv_blocks(
+            acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head, kv_col, v_scale_row0, stride_kt, stride_kh,
+            stride_kst, stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, rows, len_q, len_k, -window_left,
+            right, qk_scale, bulk_begin, bulk_end, HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, False, VARIANT, HW_CVT,
+            DOT_FP16, USE_TMA)
+        acc, m_i, l_i, lq_i = _mx_kv_blocks(
+            acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head, kv_col, v_scale_row0, stride_kt, stride_kh,
+            stride_kst, stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, rows, len_q, len_k, -window_left,
+            right, qk_scale, tail_begin, tail_end, HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, True, VARIANT, HW_CVT,
+            DOT_FP16, USE_TMA)
 
         empty = l_i == 0.0  # no visible key: out 0, lse -inf
         out = acc / tl.where(empty, 1.0, lq_i)[:, None]
@@ -327,15 +395,18 @@ def launch_config(variant: str, head_dim: int, interpreter: Optional[bool] = Non
     """Tile and launch sizes per variant on the GPU (under the interpreter 64 x 64, so chunking runs there too)."""
     if interpreting() if interpreter is None else interpreter:
         return KernelConfig(64, 64, 4, 1)
-    # Compiled with Triton 3.6 for sm_90, D <= 128, K/V through TMA (not timed yet): every entry uses 255 registers;
-    # spills rebase and bf16smem 0 B at 128 x 128 (they spilled 20-1600 B with K/V pointer tensors), dot_scaled 0 B
-    # at 128 x 64 (220 B at 128 x 128), fp8dot 792 B at 128 x 64 (64 x 64: 872 B, 128 x 128: 1732 B).
+    # Compiled with Triton 3.6 for sm_90, D128, K/V through TMA (bench/NOTES.md "MXFP8 v3"): bf16smem 128 x 128 with
+    # 3 stages: two K/V buffers, so the next block's TMA load runs under this block's work (with 2 stages the one
+    # buffer was refilled only after both dots: no overlap); 131 KB, 255 registers, 8 B spills. rebase 128 x 128 and
+    # dot_scaled / fp8dot 128 x 64 keep 2 stages (rebase spills 1.1 KB, fp8dot 1.8 KB; dot_scaled 0).
     # D256 (K/V pointers: attn_fwd.TMA_MAX_HEAD_DIM): 64 x 64 with 8 warps, still 1.0-2.7 KB of spills (128 x 64
     # spilled 2.4-4.9 KB); the issue's bench is at D128. One stage: with 2, Triton 3.6 pipelined none of its loads
     # (no async copies in the sm_90 compile, test_arch_compile), so a second stage only claimed what it did not do.
     if head_dim > 128:
         return KernelConfig(64, 64, 8, 1)
-    if variant in ("rebase", "bf16smem"):
+    if variant == "bf16smem":
+        return KernelConfig(128, 128, 8, 3)
+    if variant == "rebase":
         return KernelConfig(128, 128, 8, 2)
     return KernelConfig(128, 64, 8, 2)
 

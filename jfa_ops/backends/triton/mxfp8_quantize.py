@@ -1,10 +1,13 @@
 """MXFP8 quantize kernel: ``x [T, H, D]`` -> (E4M3 data, E8M0 scale) for the three block shapes of
 ``meta_kernels.mxfp8`` (layouts there), bit-exact with the reference (``backends/reference/mxfp8.py``).
 
-One program per (tile, head): (1, 32) blocks take BLOCK_R rows at a time; (32, 1) / (32, 32) blocks take one
-scale row (32 rows of one sequence), found from the program id by a binary search over the offsets (sequence b
-owns scale rows ``offsets[b] // 32 + b ...``; programs on scale rows no sequence owns write scale 0). The shared
-exponent comes from the fp32 bits of the block's amax; data and scale are stored through uint8 views.
+One program per 32-row tile, looping over the heads: one pass over the input, the tile's rows contiguous across
+heads, the next head's tile loaded while one is encoded. (1, 32) blocks take rows [32 tile, +32); (32, 1) / (32, 32)
+blocks take one scale row (32 rows of one sequence), found once per program by a binary search over the offsets
+(sequence b owns scale rows ``offsets[b] // 32 + b ...``; programs on scale rows no sequence owns write scale 0).
+The shared exponent comes from the largest fp32 magnitude bits of the block (non-finite: bits >= inf's); data and
+scale are stored through uint8 views. On the GPU the E4M3 rounding is the hardware conversion (~13 instructions
+per element in all, so HBM binds, not the ALU); the interpreter uses the exact integer rounding (~45).
 """
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ import triton.language as tl
 import meta_kernels.mxfp8 as mx
 from .common import row_strides
 from .attn_fwd import broadcast_offsets
+from .configs import interpreting
 from .launch import launch
 
-QUANT_BLOCK_R = 16  # rows per program for (1, 32) blocks
+QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
 
 
 @triton.jit
@@ -38,18 +42,23 @@ def _shared_exponent(amax, RCEIL: tl.constexpr):
 
 
 @triton.jit
-def _encode(x, shared, bad):
-    """(data bits uint8, scale bits uint8) of fp32 ``x`` under exponents ``shared`` (broadcast against x);
-    ``bad`` (non-finite block) gives NaN data and scale."""
+def _encode(x, shared, bad, HW_CVT: tl.constexpr):
+    """Data bits (uint8) of fp32 ``x`` under exponents ``shared`` (broadcast against x); ``bad`` (non-finite block)
+    gives NaN data. HW_CVT: the GPU's fp32 -> E4M3 conversion (round to nearest even, saturating to +-448: the
+    spec's clamp); ``mul.f32`` keeps fp32 subnormals, so x * 2**127 is exact for them."""
     inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)  # 2**-shared, exact: shared in [-127, 120]
-    # fp32 subnormal x (from bf16/fp32 inputs) never enter arithmetic (a GPU may flush them): x = m * 2**-149, so
-    # x * 2**127 = m * 2**-22 when shared = -127; under any larger scale it rounds to 0 anyway. Sign kept (-0).
-    xb = x.to(tl.int32, bitcast=True)
-    tiny = tl.where(shared == -127, (xb & 0x7FFFFF).to(tl.float32) * 2.384185791015625e-07, 0.0)  # 2**-22
-    tiny = (tiny.to(tl.int32, bitcast=True) | (xb & -2147483648)).to(tl.float32, bitcast=True)
-    y = tl.where((xb & 0x7F800000) == 0, tiny, x * inv_scale)
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    return tl.where(bad, 0x7F, _e4m3_bits(y)).to(tl.uint8)
+    if HW_CVT:
+        data = (x * inv_scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        # The interpreter: fp32 subnormal x (from bf16/fp32 inputs) never enter arithmetic (numpy may flush them):
+        # x = m * 2**-149, so x * 2**127 = m * 2**-22 when shared = -127; under any larger scale it rounds to 0
+        # anyway. Sign kept (-0).
+        xb = x.to(tl.int32, bitcast=True)
+        tiny = tl.where(shared == -127, (xb & 0x7FFFFF).to(tl.float32) * 2.384185791015625e-07, 0.0)  # 2**-22
+        tiny = (tiny.to(tl.int32, bitcast=True) | (xb & -2147483648)).to(tl.float32, bitcast=True)
+        y = tl.where((xb & 0x7F800000) == 0, tiny, x * inv_scale)
+        data = _e4m3_bits(tl.minimum(tl.maximum(y, -448.0), 448.0))
+    return tl.where(bad, 0x7F, data).to(tl.uint8)
 
 
 @triton.jit
@@ -84,21 +93,22 @@ def sequence_of_tile(OFFSETS, tile, num_seqs, BLOCK: tl.constexpr, SEARCH_STEPS:
     return lo
 
 
-@triton.jit(do_not_specialize=["rows", "num_seqs"])
-def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, num_seqs,
+@triton.jit(do_not_specialize=["rows", "heads", "num_seqs"])
+def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
                           stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr,
                           SQUARE: tl.constexpr, RCEIL: tl.constexpr, BLOCK_R: tl.constexpr,
-                          SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr):
-    """Program (tile, head). ROW_BLOCKS False: (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True:
-    scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32) blocks, else (32, 1)."""
+                          SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Program ``tile``, every head. ROW_BLOCKS False: (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS
+    True: scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32) blocks, else (32, 1)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
     tile = tl.program_id(0)
-    head = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     NC: tl.constexpr = BLOCK_D // 32
+    c = tl.arange(0, NC)
+    c_ok = c < HEAD_DIM // 32
     if ROW_BLOCKS:
         tl.static_assert(BLOCK_R == 32)
         seq = sequence_of_tile(OFFSETS, tile, num_seqs, 32, SEARCH_STEPS)
@@ -114,44 +124,51 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, num_seqs,
         owned = True
     r64 = r.to(tl.int64)
     mask = r_ok[:, None] & d_ok[None, :]
-    x = tl.load(X + r64[:, None] * stride_xt + head * stride_xh + d[None, :], mask=mask, other=0)
-    if X_BF16_BITS:  # bf16 read as int16 bits and widened exactly (the interpreter's cast flushes subnormals)
-        x = (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        x = x.to(tl.float32)
-    finite = (x == x) & (tl.abs(x) != float("inf"))
-    a = tl.where(finite, tl.abs(x), 0.0)
-    bad_elem = (~finite).to(tl.int32)
-    if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
-        amax = tl.max(a, 0)  # [BLOCK_D]
-        bad = tl.max(bad_elem, 0) > 0
-        shared = _shared_exponent(amax, RCEIL)
-        data = _encode(x, shared[None, :], bad[None, :])
-        scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
-        s_ptr = SCALE + tile.to(tl.int64) * stride_st + head * stride_sh + d
-        tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=d_ok)
-    else:
-        # (1, 32): per row and 32-column group; (32, 32): the group's max over the 32 rows too.
-        x3 = tl.reshape(x, (BLOCK_R, NC, 32))
-        amax = tl.max(tl.reshape(a, (BLOCK_R, NC, 32)), 2)  # [BLOCK_R, NC]
-        bad = tl.max(tl.reshape(bad_elem, (BLOCK_R, NC, 32)), 2)
-        c = tl.arange(0, NC)
-        c_ok = c < HEAD_DIM // 32
-        if SQUARE:
-            amax_sq = tl.max(amax, 0)  # [NC]
-            bad_sq = tl.max(bad, 0) > 0
-            shared = _shared_exponent(amax_sq, RCEIL)
-            data = tl.reshape(_encode(x3, shared[None, :, None], bad_sq[None, :, None]), (BLOCK_R, BLOCK_D))
-            scale_bits = tl.where(bad_sq, 255, shared + 127).to(tl.uint8)
-            s_ptr = SCALE + tile.to(tl.int64) * stride_st + head * stride_sh + c
-            tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=c_ok)
+    x_ptrs = X + r64[:, None] * stride_xt + d[None, :]
+    # The next head's tile is loaded while this one is encoded (a register double buffer: Triton 3.6 does not
+    # pipeline loads in loops without dots): two tiles in flight per program keep HBM busy (bench/NOTES.md v3).
+    x_next = tl.load(x_ptrs, mask=mask, other=0)  # heads >= 1 (quantize launches nothing otherwise)
+    for head in range(0, heads):
+        head64 = (tile * 0 + head).to(tl.int64)  # a tensor under the interpreter too
+        x = x_next
+        more = (r64 * 0 + head64 + 1) < heads  # [BLOCK_R]: the interpreter takes no scalar masks here
+        x_next = tl.load(x_ptrs + (head64 + 1) * stride_xh, mask=mask & more[:, None], other=0)
+        if X_BF16_BITS:  # bf16 read as int16 bits and widened exactly (the interpreter's cast flushes subnormals)
+            bits = x.to(tl.int32) << 16
+            x = bits.to(tl.float32, bitcast=True)
         else:
-            shared = _shared_exponent(amax, RCEIL)
-            data = tl.reshape(_encode(x3, shared[:, :, None], (bad > 0)[:, :, None]), (BLOCK_R, BLOCK_D))
-            scale_bits = tl.where(bad > 0, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, NC]
-            s_ptr = SCALE + r64[:, None] * stride_st + head * stride_sh + c[None, :]
-            tl.store(s_ptr, scale_bits, mask=r_ok[:, None] & c_ok[None, :])
-    tl.store(DATA + r64[:, None] * stride_dt + head * stride_dh + d[None, :], data, mask=mask)
+            x = x.to(tl.float32)
+            bits = x.to(tl.int32, bitcast=True)
+        # |x| as bits: ordered like the magnitudes, and >= inf's bits exactly where x is not finite
+        a = bits & 0x7FFFFFFF
+        if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
+            amax = tl.max(a, 0)  # [BLOCK_D]
+            bad = amax >= 0x7F800000
+            shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
+            data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
+            scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
+            s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + d
+            tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=d_ok)
+        else:
+            # (1, 32): per row and 32-column group; (32, 32): the group's max over the 32 rows too.
+            x3 = tl.reshape(x, (BLOCK_R, NC, 32))
+            amax = tl.max(tl.reshape(a, (BLOCK_R, NC, 32)), 2)  # [BLOCK_R, NC]
+            if SQUARE:
+                amax_sq = tl.max(amax, 0)  # [NC]
+                bad = amax_sq >= 0x7F800000
+                shared = _shared_exponent(amax_sq.to(tl.float32, bitcast=True), RCEIL)
+                data = tl.reshape(_encode(x3, shared[None, :, None], bad[None, :, None], HW_CVT), (BLOCK_R, BLOCK_D))
+                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
+                s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + c
+                tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=c_ok)
+            else:
+                bad = amax >= 0x7F800000
+                shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
+                data = tl.reshape(_encode(x3, shared[:, :, None], bad[:, :, None], HW_CVT), (BLOCK_R, BLOCK_D))
+                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, NC]
+                s_ptr = SCALE + r64[:, None] * stride_st + head64 * stride_sh + c[None, :]
+                tl.store(s_ptr, scale_bits, mask=r_ok[:, None] & c_ok[None, :])
+        tl.store(DATA + r64[:, None] * stride_dt + head64 * stride_dh + d[None, :], data, mask=mask)
 
 
 def search_steps(num_seqs: int) -> int:
@@ -183,11 +200,12 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
         return data, scale
     data_bits, scale_bits = data.view(torch.uint8), scale.view(torch.uint8)
     bf16 = x.dtype == torch.bfloat16
-    launch(mxfp8_quantize_kernel, (programs, heads), dict(
-        X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, num_seqs=num_seqs,
+    launch(mxfp8_quantize_kernel, (programs,), dict(
+        X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, heads=heads,
+        num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
         HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim), ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
-        BLOCK_R=32 if block_rows > 1 else QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16),
+        BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting()),
         num_warps=4, num_stages=1)
     return data, scale

@@ -300,10 +300,11 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     for block, dtype in (((1, 32), torch.bfloat16), ((32, 1), torch.float16), ((32, 32), torch.float32)):
         x_type = {torch.bfloat16: "*i16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
         constexprs = dict(HEAD_DIM=128, BLOCK_D=128, ROW_BLOCKS=block[0] > 1, SQUARE=block == (32, 32),
-                          RCEIL=True, BLOCK_R=32 if block[0] > 1 else mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=5,
-                          X_BF16_BITS=dtype == torch.bfloat16)
+                          RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=5,
+                          X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True)
         yield _mxfp8_spec(f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}", fn, mxfp8_quantize,
-                          {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs)
+                          {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs,
+                          odd_strides=() if block == (32, 1) else ("stride_sh",))
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
     for variant in mxfp8_attn_fwd.VARIANTS:
         for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
@@ -318,7 +319,8 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                      "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
                      "qk_scale": "fp32"}
             name = f"mxfp8-fwd-{variant}-d{head_dim}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}"
-            yield _mxfp8_spec(name, fn, mxfp8_attn_fwd, types, constexprs, cfg.num_warps, cfg.num_stages)
+            yield _mxfp8_spec(name, fn, mxfp8_attn_fwd, types, constexprs, cfg.num_warps, cfg.num_stages,
+                              odd_strides=("stride_qsh", "stride_ksh"))
     from . import mxfp8_attn_bwd
 
     for kernel, variant in ((k, v) for k in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel,
@@ -334,12 +336,18 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                      "scale": "fp32"}
             short = "dkdv" if "dkdv" in kernel.fn.__name__ else "dq"
             yield _mxfp8_spec(f"mxfp8-bwd-{short}-{variant}-d{head_dim}-{'causal' if causal else 'full'}", kernel,
-                              mxfp8_attn_bwd, types, constexprs)
+                              mxfp8_attn_bwd, types, constexprs, mxfp8_attn_bwd.BWD_WARPS, mxfp8_attn_bwd.BWD_STAGES,
+                              odd_strides=("stride_qsh", "stride_ksh", "stride_vsh", "stride_dosh"))
 
 
-def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1) -> Specialization:
+def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1,
+                odd_strides=()) -> Specialization:
     names = list(fn.arg_names)
     sig = _sig(names, types)
     sig.update({c: "constexpr" for c in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    # as a real launch specializes them: pointers and strides divisible by 16, except ``odd_strides`` (the head
+    # stride of (1, 32) and (32, 32) scales, D / 32 = 4 at D128); without this every load compiles unvectorized
+    odd = set(odd_strides)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (n.startswith("stride") and n not in odd)}
     return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, num_warps, num_stages)
