@@ -6,6 +6,7 @@ rows and lengths up to ~70 give several Q and KV blocks per sequence with the in
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -231,7 +232,7 @@ def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     q = torch.randn(sum(lengths), 2, 16).half()
     _assert_selection_equals_reference(q, q, off, off, 256, 256, block_q=16, block_kv=16, causal=True)
     slots = (sum(lengths) + 15) // 16 + len(lengths)  # 18 + 8
-    programs = [g[0] * g[1] for g in grids]
+    programs = [math.prod(g) for g in grids]
     assert len(grids) == 3 and max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
 
 
