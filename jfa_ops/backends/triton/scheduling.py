@@ -282,6 +282,15 @@ def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: tor
                           TILES_FROM_OFFSETS=from_offsets)
 
 
+SCHEDULE_FLAGS = ("ATOMIC_WORK", "TILES_FROM_OFFSETS")  # the constexprs of a schedule (``tile_schedule``)
+
+
+def schedule_arguments(schedule: dict) -> dict:
+    """A schedule's per-call arguments (tile list tensors, counts): everything but its constexprs, which belong in a
+    launch plan's key (``launch.launch_planned``)."""
+    return {name: value for name, value in schedule.items() if name not in SCHEDULE_FLAGS}
+
+
 # ------------------------------------------------------------------------------ lists that depend on shapes only
 def shape_constant(fn):
     """Memoize a pure function of host ints and a trailing ``device`` that builds read-only device tensors (tile
