@@ -167,26 +167,25 @@ def _enter(ctx):
         pass
 
 
-def _op_path(fn):
+def _switched_off(module, flag, fn):
+    """fn run with ``module.flag`` False (an A/B of one switch in the same process)."""
     def run():
-        ops.EAGER_DIRECT = False
+        setattr(module, flag, False)
         try:
             return fn()
         finally:
-            ops.EAGER_DIRECT = True
+            setattr(module, flag, True)
     return run
+
+
+def _op_path(fn):
+    return _switched_off(ops, "EAGER_DIRECT", fn)
 
 
 def _no_plans(fn):
     from jfa_ops.backends.triton import launch
 
-    def run():
-        launch.PLANS_ENABLED = False
-        try:
-            return fn()
-        finally:
-            launch.PLANS_ENABLED = True
-    return run
+    return _switched_off(launch, "PLANS_ENABLED", fn)
 
 
 def _below(fn):

@@ -6,6 +6,7 @@ rows and lengths up to ~70 give several Q and KV blocks per sequence with the in
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -231,8 +232,28 @@ def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     q = torch.randn(sum(lengths), 2, 16).half()
     _assert_selection_equals_reference(q, q, off, off, 256, 256, block_q=16, block_kv=16, causal=True)
     slots = (sum(lengths) + 15) // 16 + len(lengths)  # 18 + 8
-    programs = [g[0] * g[1] for g in grids]
+    programs = [math.prod(g) for g in grids]
     assert len(grids) == 3 and max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_selection_deferred_bad_offsets_gpu(monkeypatch):
+    """JFA_VALIDATE=deferred on the GPU: bad offsets (a sequence past the rows, a length over max_seqlen) give no
+    illegal address in the selection's kernels; check_pending raises; the next good call equals the reference."""
+    from jfa_ops import validation
+
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    q = torch.randn(4000, 4, 64, device="cuda", dtype=torch.bfloat16)
+    good = torch.tensor([0, 1500, 4000], device="cuda", dtype=torch.int32)
+    for bad, max_len in ((torch.tensor([0, 4100, 4000], device="cuda", dtype=torch.int32), 4100), (good, 1000)):
+        jfa_ops.select_kv_blocks(q, q, bad, bad, max_len, max_len, block_q=64, block_kv=64, backend="triton")
+        torch.cuda.synchronize()  # no illegal address
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    _assert_selection_equals_reference(q, q, good, good, 2500, 2500, block_q=64, block_kv=64, causal=True)
+    jfa_ops.check_pending()
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
@@ -297,6 +318,26 @@ def test_tma_paths(name, monkeypatch):
     check_block_sparse_case(BlockSparseCase(case.replace(dtype=torch.float16), block_q, block_kv, keep_ratio, top_k),
                             "triton", seed=13)
     assert len(launched) == 6  # K, V forward; Q, dO dK/dV; K, V dQ
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_causal_forward_wide_tiles(monkeypatch):
+    """KNOBS.sparse_causal_fwd_wide: the causal forward on the non-causal config's key tiles (D128: 128 keys, so a
+    128-block's diagonal is one masked tile); equals the oracle, forward and backward."""
+    from jfa_ops.backends.triton import block_sparse_fwd, configs
+
+    monkeypatch.setattr(configs.KNOBS, "sparse_causal_fwd_wide", True)
+    monkeypatch.setattr(block_sparse_fwd, "get_config", lambda kernel, head_dim, dtype, causal, device: (  # sm_90's
+        configs.table_config(kernel, head_dim, dtype, causal, configs.SHARED_MEMORY_LIMITS[90])))
+    tiles = []
+    real_launch = block_sparse_fwd.launch
+    monkeypatch.setattr(block_sparse_fwd, "launch",
+                        lambda kernel, grid, args, **o: tiles.append(args["BLOCK_N"]) or real_launch(kernel, grid,
+                                                                                                     args, **o))
+    case = AttentionCase((300, 130), (300, 130), heads_q=2, heads_kv=1, head_dim=128, causal=True,
+                         dtype=torch.float16)
+    check_block_sparse_case(BlockSparseCase(case, 128, 128, 0.5, None), "triton", seed=3)
+    assert tiles == [128], tiles
 
 
 def test_work_list_is_longest_first():

@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 from jfa_ops.backends.base import AttentionParams  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
-from jfa_ops.backends.triton import attn_fwd, launch  # noqa: E402
+from jfa_ops.backends.triton import attn_bwd, attn_fwd, launch  # noqa: E402
 
 
 def _forward_args(monkeypatch, lengths, dtype=torch.float16, causal=True, head_dim=64):
@@ -267,3 +267,45 @@ def test_plan_verify_catches_a_key_that_misses_a_static_value(monkeypatch):
     monkeypatch.setattr(launch, "VERIFY", True)
     with pytest.raises(RuntimeError, match="misses what sets .*qk_scale"):
         launch.launch_planned(kernel, ("key",), (1,), dynamic, lambda: dict(static, qk_scale=1.0), **options)
+
+
+def _plans(monkeypatch):
+    """(plan_key, static()) of every launch_planned call, run in the interpreter."""
+    seen = []
+    real = launch.launch_planned
+
+    def spy(kernel, plan_key, grid, dynamic, static, **options):
+        seen.append((kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), plan_key, static()))
+        return real(kernel, plan_key, grid, dynamic, static, **options)
+
+    monkeypatch.setattr(attn_fwd, "launch_planned", spy)
+    monkeypatch.setattr(attn_bwd, "launch_planned", spy)
+    return seen
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_plan_keys_determine_the_static_arguments(monkeypatch, broadcast_q, deterministic):
+    """Batches that differ in everything a plan leaves dynamic (lengths, batch size, totals, buffers) and share a
+    plan key get the same static arguments: a plan reused across them launches with the right values (forward,
+    dK/dV, dQ; broadcast Q's fused, atomic and chunked dQ paths). The GPU checks the same per launch under
+    JFA_LAUNCH_VERIFY=1; here it runs on every CPU test run."""
+    seen = _plans(monkeypatch)
+    for lengths in ([30, 5, 0, 29], [1, 60, 2], [7] * 9):
+        off = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+        rows_q = 24 if broadcast_q else int(off[-1])
+        q = torch.randn(rows_q, 4, 32, dtype=torch.float16)
+        k, v = (torch.randn(int(off[-1]), 2, 32, dtype=torch.float16) for _ in range(2))
+        params = AttentionParams(scale=0.2, causal=True, broadcast_q=broadcast_q, max_seqlen_kv=max(lengths),
+                                 deterministic=deterministic)
+        q_off = None if broadcast_q else off
+        out, lse = tb.forward(q, k, v, q_off, off, params)
+        tb.backward(torch.randn_like(out), None, q, k, v, out, lse, q_off, off, params)
+    by_key = {}
+    for name, key, static in seen:
+        by_key.setdefault((name, key), []).append(static)
+    names = {name for name, _, _ in seen}
+    assert {"attn_fwd_kernel", "attn_bwd_dkdv_kernel"} <= names, names
+    assert {name for (name, _), statics in by_key.items() if len(statics) >= 2} == names  # batches share plans
+    for statics in by_key.values():
+        assert all(s == statics[0] for s in statics[1:]), statics

@@ -162,7 +162,7 @@ def block_sparse_supports(problem: Problem) -> Optional[str]:
 
 
 def select_kv_blocks(q, k, q_offsets, kv_offsets, params):
-    """Stage 1 (block pooling and scores in Triton, a stable device sort for the top-k); no host sync."""
+    """Stage 1 (block pooling, then scores and the top-k by rank, in Triton: no sort); no host sync."""
     from .block_sparse_select import select_kv_blocks as select
 
     with device_guard(q.device):

@@ -24,9 +24,10 @@ from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, la
                      next_work, num_sms, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows,
                      visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
-from .launch import launch
+from .launch import launch, launch_planned
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
-from .scheduling import TileList, forward_tiles, kv_tiles, shape_constant, slot_tile, tile_schedule
+from .scheduling import (TileList, forward_tiles, kv_tiles, schedule_arguments, shape_constant, slot_tile,
+                         tile_schedule)
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
@@ -429,6 +430,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     sms = num_sms(device)
 
     strides = dict(**row_strides("q", q), **row_strides("k", k), **row_strides("v", v), **row_strides("do", grad_out))
+    # What the static arguments of the dK/dV and dQ launches follow from (each launch adds its own choices)
+    shape_key = (q.dtype, num_heads, head_dim, num_heads_kv, tuple(strides.values()), scale, window_left, right,
+                 has_left, has_right, params.broadcast_q)
     # dK, dV work: key tiles x kv heads, longest first (or unsorted when they fit one wave)
     cfg = get_config("dkdv", head_dim, q.dtype, params.causal, device)
     programs, schedule = tile_schedule(
@@ -470,13 +474,20 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     qdo_tma = KNOBS.bwd_tma and total_out > 0 and use_tma(hd["PAD_D"], q, grad_out, k)
     q_arg, do_arg = ((rows_descriptor(q, cfg.block_m), rows_descriptor(grad_out, cfg.block_m)) if qdo_tma
                      else (q, grad_out))
-    launch(attn_bwd_dkdv_kernel, (programs,), dict(
+    dkdv_dynamic = dict(
         Q=q_arg, K=k, V=v, DOut=do_arg, Lse=lse, Delta=delta, DK=dk, DV=dv, DQ=dq_arg, Q_OFF=q_off, KV_OFF=kv_off,
-        **schedule, num_heads_kv=num_heads_kv, total_out=total_out, **strides, stride_dkvt=dk.stride(0),
-        **dq_strides, num_slabs=num_slabs, slab_rows=q.shape[0], group=group, scale=scale, qk_scale=qk_scale,
-        window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
-        FUSE_DQ=fused, DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=qdo_tma),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **schedule_arguments(schedule), total_out=total_out, num_slabs=num_slabs, slab_rows=q.shape[0])
+
+    def dkdv_static():  # every value here follows from the plan key below
+        return dict(num_heads_kv=num_heads_kv, **strides, stride_dkvt=dk.stride(0), **dq_strides, group=group,
+                    scale=scale, qk_scale=qk_scale, window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m,
+                    BLOCK_N=cfg.block_n, **flags, FUSE_DQ=fused, DQ_TMA=dq_tma, KV_MAJOR=KNOBS.bwd_kv_major,
+                    QDO_TMA=qdo_tma, ATOMIC_WORK=schedule["ATOMIC_WORK"],
+                    TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"])
+
+    launch_planned(attn_bwd_dkdv_kernel, shape_key + (fused, dq_tma, qdo_tma, KNOBS.bwd_kv_major,
+                                                      schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], cfg),
+                   (programs,), dkdv_dynamic, dkdv_static, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # 3. dQ
     if total_out == 0:
@@ -511,13 +522,20 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         dq_buf = common.alloc_output(q.shape, q.dtype, device)
     kv_tma = KNOBS.bwd_tma and use_tma(hd["PAD_D"], k, v)
     k_arg, v_arg = (rows_descriptor(k, cfg.block_n), rows_descriptor(v, cfg.block_n)) if kv_tma else (k, v)
-    launch(attn_bwd_dq_kernel, (programs,), dict(
+    dq_dynamic = dict(
         Q=q, K=k_arg, V=v_arg, DOut=grad_out, Lse=lse, Delta=delta, DQ=dq_buf, Q_OFF=q_off, KV_OFF=kv_off,
-        **schedule, num_heads=num_heads, seqs_per_tile=seqs_per_tile, total_out=total_out, **strides,
-        stride_dqt=dq_buf.stride(-3), stride_dqh=dq_buf.stride(-2),
-        stride_dq_chunk=dq_buf.stride(0) if params.broadcast_q and not atomic else 0, group=group, scale=scale,
-        qk_scale=qk_scale, window_left=window_left, right=right, **hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        **flags, ATOMIC=atomic, KV_TMA=kv_tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **schedule_arguments(schedule), seqs_per_tile=seqs_per_tile, total_out=total_out,
+        stride_dq_chunk=dq_buf.stride(0) if params.broadcast_q and not atomic else 0)  # specialized: checked per call
+
+    def dq_static():  # every value here follows from the plan key below
+        return dict(num_heads=num_heads, **strides, stride_dqt=dq_buf.stride(-3), stride_dqh=dq_buf.stride(-2),
+                    group=group, scale=scale, qk_scale=qk_scale, window_left=window_left, right=right, **hd,
+                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
+                    ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"])
+
+    launch_planned(attn_bwd_dq_kernel, shape_key + (atomic, kv_tma, schedule["ATOMIC_WORK"],
+                                                    schedule["TILES_FROM_OFFSETS"], cfg),
+                   (programs,), dq_dynamic, dq_static, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if params.broadcast_q:
         one = isinstance(chunks, int) and chunks == 1  # symbolic (traced): the sum, no guard
         dq = (dq_buf[0] if one else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks

@@ -23,7 +23,7 @@ from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_cons
 from .configs import KNOBS, get_config, nvidia
 from .launch import launch_planned
 from .offset_checks import offsets_ok
-from .scheduling import forward_tiles, shape_constant, slot_tile, tile_schedule
+from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_schedule
 
 
 @triton.jit
@@ -250,11 +250,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     group = num_heads // num_heads_kv
     fma_softmax = KNOBS.fwd_fma_softmax and params.scale > 0
     check = flag is not None and schedule["TILES_FROM_OFFSETS"]
-    dynamic = dict(Q=q, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, TILE_SEQ=schedule["TILE_SEQ"],
-                   TILE_START=schedule["TILE_START"], TILE_COUNT=schedule["TILE_COUNT"],
-                   WORK_COUNTER=schedule["WORK_COUNTER"], FLAG=kv_off if flag is None else flag, total_out=total_out,
-                   n_slots=schedule["n_slots"], search_steps=schedule["search_steps"], num_seqs=schedule["num_seqs"],
-                   rows_s=schedule["rows_s"], rows_o=schedule["rows_o"], max_q=max_q, max_kv=params.max_seqlen_kv)
+    dynamic = dict(Q=q, K=k_arg, V=v_arg, Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule),
+                   FLAG=kv_off if flag is None else flag, total_out=total_out, max_q=max_q,
+                   max_kv=params.max_seqlen_kv)
 
     def static():  # every value here follows from plan_key
         return dict(num_heads=num_heads, **row_strides("q", q), **row_strides("k", k), **row_strides("v", v),

@@ -241,8 +241,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     n_q_blocks = kv_block_index.shape[2]
     if total_out == 0 or num_seqs == 0:
         return out, lse
-    cfg, block_m, block_n = tile_sizes("fwd", head_dim, q.dtype, params.causal, device, params.block_q,
-                                       params.block_kv)
+    cfg, block_m, block_n = tile_sizes("fwd", head_dim, q.dtype, params.causal and not KNOBS.sparse_causal_fwd_wide,
+                                       device, params.block_q, params.block_kv)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
     # query tiles x q heads, longest first by selected blocks (the dense forward's list, another cost)

@@ -72,17 +72,19 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
 
 
 @triton.jit(do_not_specialize=["num_seqs", "other_seqs", "search_steps", "rows", "other_rows", "max_s", "max_o",
-                               "group"])
+                               "heads", "group"])
 def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, search_steps, rows,
-                      other_rows, max_s, max_o, group, stride_xt, stride_xh, stride_ps, stride_ph,
+                      other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
                       WRITE_SEQ: tl.constexpr, CHECK: tl.constexpr):
-    """Program (slot t, head): pools slot t of X (one launch for Q, one for K: each its block size and one loop
+    """Program t * heads + head: pools slot t of X (one launch for Q, one for K: each its block size and one loop
     body; both sides in one program made ptxas serialize the K side's loads). WRITE_SEQ: head 0 also writes
     SLOT_SEQ[t] (the slot's sequence, -1 for padding). CHECK: program (0, 0) also checks OFF and OTHER_OFF (rows,
-    max_seqlen of each; max < 0: none) and writes FLAG (1: valid)."""
-    t = tl.program_id(0)
-    head = tl.program_id(1)
+    max_seqlen of each; max < 0: none) and writes FLAG (1: valid). Heads vary fastest: the programs running at once
+    read whole [heads, D] rows of the same blocks (one head's 2 x D bytes per row, strided by the row, is all a
+    slot-major order would read of a DRAM page before moving on)."""
+    t = tl.program_id(0) // heads
+    head = tl.program_id(0) % heads
     if CHECK:
         if (t == 0) & (head == 0):
             valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(OTHER_OFF, other_seqs, other_rows,
@@ -95,16 +97,18 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
             tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
 
 
-@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "window_left", "right"])
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "heads", "window_left",
+                               "right"])
 def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
-                        kv_slots, rows_kv, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+                        kv_slots, rows_kv, heads, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
                         stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
                         BROADCAST_Q: tl.constexpr):
-    """Program (t, head): one Q block of one sequence (its Q slot t; broadcast Q: sequence t // NQB, Q block
-    t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks in ascending order (the rest stays -1).
+    """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
+    broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
+    in ascending order (the rest stays -1).
 
     1. Scores of the sequence's own KV blocks into the program's row of Scores (scratch): pooled_q . pooled_k, -inf
        where the pair is not visible (``meta_kernels.block_visible``: max(d0, first key - right) <= min(d1, last
@@ -114,8 +118,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
        Kept: rank < Count; its slot in Index: how many kept blocks precede it (ascending ids, no sort).
     Padding slots, and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred),
     read and write nothing."""
-    t = tl.program_id(0)
-    head = tl.program_id(1)
+    t = tl.program_id(0) // heads
+    head = tl.program_id(0) % heads
     if BROADCAST_Q:
         seq = t // n_q_blocks
         i = t % n_q_blocks
@@ -137,7 +141,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     kv_slot0 = begin_k // BLOCK_KV - tl.load(KV_OFF) // BLOCK_KV + seq  # the sequence's first KV slot
     n_own = tl.minimum((len_k + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
     # KV blocks outside the KV slots (bad offsets) are never read
-    q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) & (kv_slot0 + n_own <= kv_slots)
+    q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
+        & (kv_slot0 + n_own <= kv_slots)
     if q_ok:
         d = tl.arange(0, BLOCK_D)
         d0 = i * BLOCK_Q + len_k - len_q
@@ -209,38 +214,39 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     kv_off = int32_offsets(kv_offsets)
     if params.broadcast_q:  # the one Q sequence [0, L_q]: pooled once, shared by every sequence
         q_off = _broadcast_offsets(q.shape[0], device)
-        q_seqs, max_q, select_slots = 1, -1, num_seqs * n_q
+        q_seqs, max_q = 1, -1
     else:
         q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off))
-        q_seqs, max_q, select_slots = num_seqs, params.max_seqlen_q, None
+        q_seqs, max_q = num_seqs, params.max_seqlen_q
     q_slots = capacity_of(q.shape[0], params.block_q, q_seqs)
     kv_slots = capacity_of(k.shape[0], params.block_kv, num_seqs)
-    select_slots = select_slots or q_slots
+    select_slots = num_seqs * n_q if params.broadcast_q else q_slots  # the select kernel's programs per head
     pooled_q = torch.empty((q_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
     pooled_k = torch.empty((kv_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
     q_slot_seq = torch.empty((q_slots,), dtype=torch.int32, device=device)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
     hd = head_dim_consts(head_dim)
-    for x, off, pooled, seqs, block, group, first in (
-            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, True),
-            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, False)):
-        launch(block_pool_kernel, (pooled.shape[0], heads_kv), dict(
-            X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq, FLAG=q_slot_seq if flag is None else flag,
-            num_seqs=seqs, other_seqs=num_seqs, search_steps=binary_search_steps(seqs), rows=x.shape[0],
-            other_rows=k.shape[0], max_s=max_q if first else params.max_seqlen_kv, max_o=params.max_seqlen_kv,
-            group=group, stride_xt=x.stride(0), stride_xh=x.stride(1), stride_ps=pooled.stride(0),
-            stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first,
-            CHECK=first and flag is not None), num_warps=4, num_stages=1)
+    for x, off, pooled, seqs, block, group, max_s, first in (
+            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, max_q, True),
+            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, params.max_seqlen_kv, False)):
+        launch(block_pool_kernel, (pooled.shape[0] * heads_kv,), dict(
+            X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq,
+            FLAG=q_slot_seq if flag is None else flag, num_seqs=seqs, other_seqs=num_seqs,
+            search_steps=binary_search_steps(seqs), rows=x.shape[0], other_rows=k.shape[0], max_s=max_s,
+            max_o=params.max_seqlen_kv, heads=heads_kv, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1),
+            stride_ps=pooled.stride(0), stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
+            BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None),
+            num_warps=4, num_stages=1)
     if flag is not None:
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
     scores = torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float32, device=device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
-    launch(block_select_kernel, (select_slots, heads_kv), dict(
+    launch(block_select_kernel, (select_slots * heads_kv,), dict(
         PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
         Index=index, Count=count, n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0],
-        stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
+        heads=heads_kv, stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
         stride_pkh=pooled_k.stride(1), stride_ss=scores.stride(0), stride_sh=scores.stride(1),
         stride_ib=index.stride(0), stride_ih=index.stride(1), stride_iq=index.stride(2), stride_cb=count.stride(0),
         stride_ch=count.stride(1), window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"],

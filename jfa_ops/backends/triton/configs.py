@@ -54,12 +54,23 @@ class Knobs:
     # sorted list (+3 launches: right for large jagged batches), False maps unsorted slots in the kernels (fewest
     # launches: right for small ones). Not yet measured on the GPU.
     traced_sorted_lists: bool = True
+    # Traced graphs (symbolic sizes) order those lists with the rank kernel (one launch, exact for any size, O(n^2)
+    # compares: ~0.1 ms at 16384 slots) instead of torch.sort + index_select (several launches; 0.32 ms of sorts per
+    # step of the issue-9 large model, bench/NOTES.md v7). Off until measured on the GPU (NOTES v8 has the A/B);
+    # JFA_TRACED_RANK_TILES=1 turns it on at import.
+    traced_rank_tiles: bool = os.environ.get("JFA_TRACED_RANK_TILES", "0") == "1"
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     # Block-sparse kernels: K/V (forward, dQ) and Q/dO (dK/dV) through TMA where attn_fwd.use_tma holds, as the dense
     # kernels. Off until measured: ptxas (Triton 3.6, sm_90, D128 bf16) spills more with it (fwd 96 B vs 8, dQ
     # 188-240 vs 0, dK/dV 620-648 vs 216-224; bench/NOTES.md "sparse v2").
     sparse_tma: bool = False
+    # Causal block-sparse forward on the non-causal config's tiles (D128: BLOCK_N 128 instead of 64). Its work items
+    # hold half the key tiles of a non-causal one at the same keep ratio (39 vs 38 tiles per item on the bench's
+    # keep 0.5 batch, of 64 vs 128 keys), so the per-item and per-tile overhead weighs twice; H200 keep 0.5 forward
+    # without the selection: 1.55x the dense causal kernel vs 1.78x non-causal (ideal 2x). ptxas sm_90: 112 B spills
+    # (non-causal config: 64 B; 64-key tiles: 0). Off until measured (bench/NOTES.md "sparse v3").
+    sparse_causal_fwd_wide: bool = False
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).

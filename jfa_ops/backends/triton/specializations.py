@@ -150,11 +150,12 @@ _BLOCK_SPARSE_KERNELS = {
 
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
-                                from_offsets: bool = False, tma=None, cc: int = 90) -> Specialization:
+                                from_offsets: bool = False, tma=None, wide=None, cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
     ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list); tma: TMA where it applies (None: as
-    ``KNOBS.sparse_tma`` says)."""
+    ``KNOBS.sparse_tma`` says); wide: the causal forward on the non-causal config (None: as
+    ``KNOBS.sparse_causal_fwd_wide`` says)."""
     import importlib
 
     from . import block_sparse_select
@@ -174,13 +175,15 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ptr.update(qk_scale="fp32", scale="fp32")
     warps, stages = 4, 1
     if kernel == "bs_pool":
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS, WRITE_SEQ=True, CHECK=True)
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
+                          WRITE_SEQ=True, CHECK=True)
     elif kernel == "bs_select":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q)
     else:
-        cfg = table_config(config_kernel, head_dim, dtype, causal, SHARED_MEMORY_LIMITS[cc])
+        wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
+        cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
         constexprs = dict(**hd, BLOCK_M=min(cfg.block_m, block_q), BLOCK_N=min(cfg.block_n, block_kv),
                           BLOCK_Q=block_q, BLOCK_KV=block_kv, HAS_LEFT=False, HAS_RIGHT=causal,
                           BROADCAST_Q=broadcast_q, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
@@ -206,7 +209,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n.startswith("stride")}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
-           f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}" \
+           f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}{'-wide' if wide else ''}" \
            f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
@@ -221,6 +224,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 72, torch.float16, True, block_q=64, block_kv=64)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, from_offsets=True)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, tma=True)  # KNOBS.sparse_tma
+    yield block_sparse_specialization("bs_fwd", 128, torch.bfloat16, True, wide=True)  # KNOBS.sparse_causal_fwd_wide
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)
