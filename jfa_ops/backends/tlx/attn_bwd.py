@@ -10,7 +10,9 @@ One persistent program per SM, 12 warps:
   broadcast Q, every sequence add into it without atomics in registers). dK, dV stay in registers over the group.
 
 Work items and block ranges come from the triton backend's key tile lists (``scheduling.kv_tiles``) and
-``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail). Jagged TMA, as in the forward:
+``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail; the producer loads them in
+three loops, each consumer walks them in one, the mask under a runtime branch, which is what keeps its registers
+within 240 at D128). Jagged TMA, as in the forward:
 key/value rows of the tile past the sequence end are zeroed in shared memory by their consumer (a zero key adds
 nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
 barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
@@ -99,6 +101,7 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
         # same masks, but the per-element constants stay small 32-bit iotas (absolute positions let LLVM widen the
         # loop counter to 64 bits and hoist one 64-bit bound per element out of the loop: registers, then spills).
         rows = tl.arange(0, BLOCK_M)
+        keys = tl.arange(0, k_tile.shape[0])
         rows_left = len_q - m0
         rows_ok = rows < rows_left
         if masked:
@@ -114,8 +117,8 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
         s_t = tlx.async_dot_wait(0, s_t)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if masked:
-            p_t = tl.where(visible(tl.arange(0, k_tile.shape[0])[:, None], rows[None, :], len_k - k0, rows_left, -right,
-                                   window_left, HAS_RIGHT, HAS_LEFT), p_t, 0.0)
+            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
+                                   HAS_LEFT), p_t, 0.0)
         dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
         dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
         dp_t = tlx.async_dot_wait(1, dp_t)
