@@ -292,9 +292,19 @@ def test_post_grad_passes_take_the_traced_graphs():
     them before each launch, and the copy of a graph input with a symbolic size failed that check. With dynamic sizes
     no graph input is copied; with static ones the one-wave schedule's tile search still makes the offsets count as
     written (copies of a fixed size, which the check takes)."""
-    graphs = _run(_POST_GRAD, JFA_COMPILE_PATH="inductor")
-    assert {name: g["result"] for name, g in graphs.items()} == dict.fromkeys(graphs, "ok"), graphs
-    assert graphs["forward-dynamic"]["copied_inputs"] == [] and graphs["backward-dynamic"]["copied_inputs"] == []
+    for rank_tiles in ("0", "1"):  # the tile lists' order: torch.sort, or the rank kernel (KNOBS.traced_rank_tiles)
+        graphs = _run(_POST_GRAD, JFA_COMPILE_PATH="inductor", JFA_TRACED_RANK_TILES=rank_tiles)
+        assert {name: g["result"] for name, g in graphs.items()} == dict.fromkeys(graphs, "ok"), (rank_tiles, graphs)
+        assert graphs["forward-dynamic"]["copied_inputs"] == [] and graphs["backward-dynamic"]["copied_inputs"] == []
+
+
+def test_traced_lists_ordered_by_the_rank_kernel_when_asked():
+    """KNOBS.traced_rank_tiles: graphs with symbolic sizes order their tile lists with rank_tiles_kernel (one
+    launch) instead of torch.sort + index_select; no new guard on lengths."""
+    graphs = _trace("triton", JFA_COMPILE_PATH="inductor", JFA_TRACED_RANK_TILES="1")["triton-dynamic"]
+    for calls in (graphs["forward"], graphs["backward"]):
+        assert "kernel:rank_tiles_kernel" in calls and "aten.sort.stable" not in calls, calls
+    assert all(g.startswith("Eq(") for g in graphs["guards"]), graphs["guards"]
 
 
 _INDUCTOR_SOURCE = r"""
@@ -328,8 +338,8 @@ for s in arch_specializations(90):
 print(json.dumps(out))
 """
 
-TRACED_KERNELS = ("attn_fwd_kernel", "tile_slots_kernel", "attn_bwd_delta_kernel", "attn_bwd_dkdv_kernel",
-                  "attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel")
+TRACED_KERNELS = ("attn_fwd_kernel", "tile_slots_kernel", "rank_tiles_kernel", "attn_bwd_delta_kernel",
+                  "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "attn_bwd_dq_finalize_kernel")
 
 
 def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():

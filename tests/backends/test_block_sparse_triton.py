@@ -236,6 +236,26 @@ def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     assert len(grids) == 3 and max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_selection_deferred_bad_offsets_gpu(monkeypatch):
+    """JFA_VALIDATE=deferred on the GPU: bad offsets (a sequence past the rows, a length over max_seqlen) give no
+    illegal address in the selection's kernels; check_pending raises; the next good call equals the reference."""
+    from jfa_ops import validation
+
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    q = torch.randn(4000, 4, 64, device="cuda", dtype=torch.bfloat16)
+    good = torch.tensor([0, 1500, 4000], device="cuda", dtype=torch.int32)
+    for bad, max_len in ((torch.tensor([0, 4100, 4000], device="cuda", dtype=torch.int32), 4100), (good, 1000)):
+        jfa_ops.select_kv_blocks(q, q, bad, bad, max_len, max_len, block_q=64, block_kv=64, backend="triton")
+        torch.cuda.synchronize()  # no illegal address
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    _assert_selection_equals_reference(q, q, good, good, 2500, 2500, block_q=64, block_kv=64, causal=True)
+    jfa_ops.check_pending()
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_selection_launch_counts(monkeypatch):
     """A selection call (JFA_VALIDATE=async, counted on the host): the two pooling launches (Q with the offset

@@ -54,6 +54,11 @@ class Knobs:
     # sorted list (+3 launches: right for large jagged batches), False maps unsorted slots in the kernels (fewest
     # launches: right for small ones). Not yet measured on the GPU.
     traced_sorted_lists: bool = True
+    # Traced graphs (symbolic sizes) order those lists with the rank kernel (one launch, exact for any size, O(n^2)
+    # compares: ~0.1 ms at 16384 slots) instead of torch.sort + index_select (several launches; 0.32 ms of sorts per
+    # step of the issue-9 large model, bench/NOTES.md v7). Off until measured on the GPU (NOTES v8 has the A/B);
+    # JFA_TRACED_RANK_TILES=1 turns it on at import.
+    traced_rank_tiles: bool = os.environ.get("JFA_TRACED_RANK_TILES", "0") == "1"
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     # Block-sparse kernels: K/V (forward, dQ) and Q/dO (dK/dV) through TMA where attn_fwd.use_tma holds, as the dense

@@ -24,18 +24,16 @@ import meta_kernels.mxfp8 as mx
 from .attn_fwd import broadcast_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
-from .configs import KNOBS, interpreting
+from .configs import KNOBS, KernelConfig, interpreting
 from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _to_e4m3, checked_variant, mx_dot
 from .mxfp8_quantize import _shared_exponent, quantize, search_steps, sequence_of_tile
 
-BWD_BLOCK_M = 64
-BWD_BLOCK_N = 64
-# Launch shape (sm_90 compile, Triton 3.6, D128, bf16smem; bench/NOTES.md "MXFP8 v3"): 4 warps, 1 stage: dK/dV
-# 98 KB shared memory, 255 registers, 220 B spills, ~1740 instructions per thread per 64 x 64 block, so two programs
-# per SM (8 warps) hide each other's loads. Two stages (cp.async Q/dO tiles) need 115 KB: one program per SM. Eight
-# warps with two stages spill less (156 B) but issue ~75% more instructions in all (the kernels are issue-bound).
-BWD_STAGES = 1
-BWD_WARPS = 4
+# Launch shapes, (q rows, kv rows, warps, stages) per kernel (sm_90 compile, Triton 3.6, D128, bf16smem; bench/NOTES.md
+# "MXFP8 v3"; the kernels are issue-bound, so the fewest instructions per (q, k) pair wins). dK/dV 64 x 64, 4 warps,
+# 1 stage: 98 KB, 255 registers, 220 B spills, two programs per SM; two stages (cp.async Q/dO) need 115 KB (one
+# program per SM), eight warps issue ~75% more instructions in all, 128 kv rows spill 1-2.8 KB. dQ 128 x 64, 8 warps:
+# 98 KB, 234 registers, no spills, ~22% fewer instructions per pair than 64 x 64 with 4 warps.
+BWD_LAUNCH = {"dkdv": KernelConfig(64, 64, 4, 1), "dq": KernelConfig(128, 64, 8, 1)}
 
 
 @triton.jit
@@ -337,12 +335,15 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         **row_strides("q", q8), **row_strides("qs", qs), **row_strides("k", k8), **row_strides("ks", ks),
         **row_strides("v", v8), **row_strides("vs", vs), **row_strides("do", do8), **row_strides("dos", dos),
         group=heads_q // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right,
-        HEAD_DIM=dim, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        HEAD_DIM=dim, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs), VARIANT=variant,
         HW_CVT=not interpreting(), DOT_FP16=interpreting())
-    launch(mxfp8_attn_bwd_dkdv_kernel, (k.shape[0] // BWD_BLOCK_N + num_seqs, heads_kv),
-           dict(common, DK=dk, DV=dv, **row_strides("dk", dk), **row_strides("dv", dv)), num_warps=BWD_WARPS,
-           num_stages=BWD_STAGES)
-    launch(mxfp8_attn_bwd_dq_kernel, (total_out // BWD_BLOCK_M + num_seqs, heads_q),
-           dict(common, DQ=dq, **row_strides("dq", dq)), num_warps=BWD_WARPS, num_stages=BWD_STAGES)
+    cfg = BWD_LAUNCH["dkdv"]
+    launch(mxfp8_attn_bwd_dkdv_kernel, (k.shape[0] // cfg.block_n + num_seqs, heads_kv),
+           dict(common, DK=dk, DV=dv, **row_strides("dk", dk), **row_strides("dv", dv), BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = BWD_LAUNCH["dq"]
+    launch(mxfp8_attn_bwd_dq_kernel, (total_out // cfg.block_m + num_seqs, heads_q),
+           dict(common, DQ=dq, **row_strides("dq", dq), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return dq.to(q.dtype), dk, dv

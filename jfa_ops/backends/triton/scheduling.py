@@ -232,13 +232,13 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
         CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
     if cost_of is not None:  # the caller's cost of the real tiles (padding keeps -1: last)
         cost = torch.where(cost >= 0, cost_of(slots[0], slots[1]), cost)
-    if isinstance(capacity, int) and capacity <= RANK_MAX_SLOTS and not tracing():
+    if (KNOBS.traced_rank_tiles if tracing() else isinstance(capacity, int) and capacity <= RANK_MAX_SLOTS):
         ordered = torch.empty((2, capacity), dtype=torch.int32, device=device)
         launch(rank_tiles_kernel, (cdiv(capacity, RANK_BLOCK),), dict(
             SLOTS=slots, COST=cost, ORDERED=ordered, capacity=capacity, BLOCK=RANK_BLOCK, CHUNK=RANK_CHUNK),
             num_warps=4, num_stages=1)
         seq, start = ordered
-    else:  # long lists, and traced graphs (symbolic capacity: no size-dependent choice, no guard)
+    else:  # long lists, and traced graphs unless KNOBS.traced_rank_tiles (no size-dependent choice, no guard)
         order = torch.sort(cost, descending=True, stable=True).indices  # ties (and the padding) keep slot order
         seq, start = slots.index_select(1, order)
     return TileList(seq, start, count, capacity)

@@ -326,17 +326,18 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     for kernel, variant in ((k, v) for k in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel,
                                              mxfp8_attn_bwd.mxfp8_attn_bwd_dq_kernel)
                             for v in mxfp8_attn_fwd.VARIANTS):
+        short = "dkdv" if "dkdv" in kernel.fn.__name__ else "dq"
+        cfg = mxfp8_attn_bwd.BWD_LAUNCH[short]
         for head_dim, causal in ((64, True), (128, False)):
-            constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=mxfp8_attn_bwd.BWD_BLOCK_M,
-                              BLOCK_N=mxfp8_attn_bwd.BWD_BLOCK_N, HAS_LEFT=False, HAS_RIGHT=causal,
-                              BROADCAST_Q=False, SEARCH_STEPS=5, VARIANT=variant, HW_CVT=True, DOT_FP16=False)
+            constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=False,
+                              HAS_RIGHT=causal, BROADCAST_Q=False, SEARCH_STEPS=5, VARIANT=variant, HW_CVT=True,
+                              DOT_FP16=False)
             types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "DO": "*fp8e4nv", "QS": "*u8", "KS": "*u8",
                      "VS": "*u8", "DOS": "*u8", "LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16",
                      "DQ": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32", "qk_scale": "fp32",
                      "scale": "fp32"}
-            short = "dkdv" if "dkdv" in kernel.fn.__name__ else "dq"
             yield _mxfp8_spec(f"mxfp8-bwd-{short}-{variant}-d{head_dim}-{'causal' if causal else 'full'}", kernel,
-                              mxfp8_attn_bwd, types, constexprs, mxfp8_attn_bwd.BWD_WARPS, mxfp8_attn_bwd.BWD_STAGES,
+                              mxfp8_attn_bwd, types, constexprs, cfg.num_warps, cfg.num_stages,
                               odd_strides=("stride_qsh", "stride_ksh", "stride_vsh", "stride_dosh"))
 
 
