@@ -23,6 +23,7 @@ import torch
 
 import jfa_ops
 from bench.suites import make_inputs, sparse_cases
+from bench.timing import cuda_graph_us
 
 
 def main():
@@ -51,24 +52,7 @@ def main():
         runs.append((time.perf_counter() - t0) / args.calls * 1e6)
         torch.cuda.synchronize()
     host_us = statistics.median(runs)
-    gpu_us = None
-    try:
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            call()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        graph.replay()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(args.calls):
-            graph.replay()
-        torch.cuda.synchronize()
-        gpu_us = (time.perf_counter() - t0) / args.calls * 1e6
-    except Exception as e:  # noqa: BLE001 (report and go on: the profile below still says where GPU time goes)
-        print(f"CUDA graph capture failed: {type(e).__name__}: {e}")
+    gpu_us = cuda_graph_us(call, args.calls)  # None: capture failed (the profile below still has the kernels)
     kernels = collections.defaultdict(lambda: [0.0, 0])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.calls):

@@ -10,7 +10,9 @@ One persistent program per SM, 12 warps:
   broadcast Q, every sequence add into it without atomics in registers). dK, dV stay in registers over the group.
 
 Work items and block ranges come from the triton backend's key tile lists (``scheduling.kv_tiles``) and
-``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail). Jagged TMA, as in the forward:
+``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail; the producer loads them in
+three loops, each consumer walks them in one, the mask under a runtime branch, which is what keeps its registers
+within 240 at D128). Jagged TMA, as in the forward:
 key/value rows of the tile past the sequence end are zeroed in shared memory by their consumer (a zero key adds
 nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
 barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
@@ -74,17 +76,35 @@ def _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_coun
 
 @triton.jit
 def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties, ds_tile,
-                  dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k, qk_scale, right,
-                  window_left, m_begin, m_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                  NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
-                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASKED: tl.constexpr, DTYPE: tl.constexpr):
-    """dK, dV of this consumer's keys over query blocks [m_begin, m_end) of one q head; dQ reduce-added."""
-    for m0 in range(m_begin, m_end, BLOCK_M):
+                  dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale, right,
+                  window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, CID: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                  NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr):
+    """dK, dV of this consumer's keys over the query blocks of one q head (the producer's order: masked lead,
+    mask-free bulk, masked tail); dQ reduce-added.
+
+    One loop over the three stages, the mask under a runtime branch: three instances of the body (one per stage)
+    each had their own loop-invariant values (wgmma descriptors, shared-memory addresses) hoisted and live across
+    all three loops, which ptxas spilled."""
+    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
+    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
+    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
+    for j in range(0, n_all):
+        masked = (j < n_lead) | (j >= n_unmasked)
+        m0 = tl.where(j < n_lead, lead_begin + j * BLOCK_M,
+                      tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK_M,
+                               tail_begin + (j - n_unmasked) * BLOCK_M))
         buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
         tlx.barrier_wait(q_fulls[buf], phase)
-        rows = m0 + tl.arange(0, BLOCK_M)
-        rows_ok = rows < len_q
-        if MASKED:
+        # Positions relative to the block (m0) and to this consumer's first key (k0), lengths shifted to match: the
+        # same masks, but the per-element constants stay small 32-bit iotas (absolute positions let LLVM widen the
+        # loop counter to 64 bits and hoist one 64-bit bound per element out of the loop: registers, then spills).
+        rows = tl.arange(0, BLOCK_M)
+        keys = tl.arange(0, k_tile.shape[0])
+        rows_left = len_q - m0
+        rows_ok = rows < rows_left
+        if masked:
             if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
                 if CID == 0:
                     _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
@@ -93,11 +113,11 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
         q_tile = q_tiles[buf]
         do_tile = do_tiles[buf]
         s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
-        lse2, delta = _row_stats(Lse, Delta, stat_index + rows, rows_ok, MASKED)
+        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
         s_t = tlx.async_dot_wait(0, s_t)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-        if MASKED:
-            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k, len_q, -right, window_left, HAS_RIGHT,
+        if masked:
+            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
                                    HAS_LEFT), p_t, 0.0)
         dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
         dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
@@ -234,19 +254,10 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         stat_index = head.to(tl.int64) * total_out + out_row0
                         dk, dv, q_count, dq_count = _consume_rows(
                             dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
-                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k,
-                            qk_scale, right, window_left, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_M,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, True, dtype)
-                        dk, dv, q_count, dq_count = _consume_rows(
-                            dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
-                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k,
-                            qk_scale, right, window_left, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_M,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, False, dtype)
-                        dk, dv, q_count, dq_count = _consume_rows(
-                            dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
-                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, keys, len_q, len_k,
-                            qk_scale, right, window_left, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M,
-                            NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, True, dtype)
+                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
+                            qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin,
+                            tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT,
+                            HAS_RIGHT, dtype)
                     tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
                     keys_ok = keys < len_k

@@ -101,8 +101,10 @@ def _zero_rows_past_end(v_tile, n0, len_k, BLOCK_N: tl.constexpr, HEAD_DIM: tl.c
         if n0 + r + CHUNK > len_k:
             part = tlx.local_slice(v_tile, [r, 0], [CHUNK, HEAD_DIM])
             v = tlx.local_load(part)
-            keys = n0 + r + tl.arange(0, CHUNK)
-            tlx.local_store(part, tl.where((keys < len_k)[:, None], v, tl.zeros_like(v)))
+            # rows relative to the chunk against the rows left: absolute positions (n0 + r + iota) let LLVM widen
+            # the loop counter to 64 bits and hoist one 64-bit bound per row out of the loop (spilled registers)
+            keep = tl.arange(0, CHUNK) < len_k - n0 - r
+            tlx.local_store(part, tl.where(keep[:, None], v, tl.zeros_like(v)))
     tlx.fence_async_shared()  # the wgmma (async proxy) must see these generic-proxy writes
 
 

@@ -71,7 +71,9 @@ class BwdConfig:
 
 
 # dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
-# it). ptxas spills at D128: 824 B stores / 1140 B loads per thread (D64: none).
+# it). ptxas spills (stores / loads, bytes per thread): D128 656-736 / 808-900, D64 80-108 / 104-136, nearly all per
+# work item, not per query block (bench/NOTES.md "TLX backward: register budget": DQ_SPLIT 1 does not fit in shared
+# memory, 4 spills more; one dQ staging buffer spills the same).
 _BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 
 
