@@ -204,21 +204,19 @@ def test_direct_launches_match_triton_choice_gpu(monkeypatch, dtype, head_dim):
 
 
 def _fake_gpu(monkeypatch):
-    """launch_planned's GPU branch on the CPU: a first launch 'compiles' (caches a stand-in CompiledKernel under the
-    key launch() computes), and every direct launch is recorded instead of run."""
+    """launch_planned's GPU branch on the CPU: a launch without a plan 'compiles' (returns a stand-in
+    CompiledKernel), and every direct launch of a plan is recorded instead of run."""
     runs, slow = [], []
 
-    def first_launch(kernel, grid, args, **options):
-        slow.append(args)
-        key, _ = launch.specialization_key(kernel, args, options)
-        launch._COMPILED[key] = object()
+    def first_launch(kernel, grid, values, spec, options, device):
+        slow.append(values)
+        return object()
 
     monkeypatch.setattr(launch, "interpreting", lambda: False)
-    monkeypatch.setattr(launch, "launch", first_launch)
+    monkeypatch.setattr(launch, "_launch_bound", first_launch)
     monkeypatch.setattr(launch, "_run", lambda compiled, grid, values, device: runs.append(values))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(launch, "_PLANS", {})
-    monkeypatch.setattr(launch, "_COMPILED", {})
     return runs, slow
 
 

@@ -106,17 +106,24 @@ def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) ->
     if interpreting():
         kernel[grid](*values, **options)
         return
-    device = torch.cuda.current_device()
+    _launch_bound(kernel, grid, values, spec, options, torch.cuda.current_device())
+
+
+def _launch_bound(kernel, grid, values, spec, options, device):
+    """Launch bound arguments (``values`` in the kernel's order, their specialization ``spec``) with the compiled
+    kernel cached for them; returns it (None when Triton gave no ``CompiledKernel`` to cache)."""
     key = _cache_key(kernel, device, options, spec)
     compiled = _COMPILED.get(key)
     if compiled is None:  # first call of this key: Triton binds, specializes, compiles (or loads) and launches
         compiled = kernel[grid](*values, **options)
-        if hasattr(compiled, "packed_metadata"):
-            _COMPILED[key] = compiled
-        return
+        if not hasattr(compiled, "packed_metadata"):
+            return None
+        _COMPILED[key] = compiled
+        return compiled
     if VERIFY:
         _verify(kernel, compiled, grid, values, options)
     _run(compiled, grid, values, device)
+    return compiled
 
 
 class _Plan:
@@ -164,13 +171,13 @@ def launch_planned(kernel, plan_key: tuple, grid: Tuple[int, ...], dynamic: Dict
                 _verify_plan(kernel, plan, grid, {**static(), **dynamic}, options)
             _run(plan.compiled, grid, values, device)
             return
-    args = {**static(), **dynamic}
-    launch(kernel, grid, args, **options)
-    values, spec = _info(kernel).bind(args)
-    compiled = _COMPILED.get(_cache_key(kernel, device, options, spec))
+    info = _info(kernel)  # no plan, or this call specializes otherwise: bind everything once, launch, plan
+    LAUNCHES[info.name] += 1
+    values, spec = info.bind({**static(), **dynamic})
+    compiled = _launch_bound(kernel, grid, values, spec, options, device)
     if compiled is None:
         return
-    names = _info(kernel).names
+    names = info.names
     slots = {}
     for name in dynamic:
         index = names.index(name)
