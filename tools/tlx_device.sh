@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the tlx backend on the lent H200: `bash tools/tlx_device.sh [all|correctness|timing|backward|bench]`
+# GPU check of the tlx backend on the lent H200: `bash tools/tlx_device.sh [all|correctness|timing|backward|backward-timing|bench]`
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton) and backward (the TLX backward's sweep and timings), each under its
@@ -25,6 +25,9 @@ if [ "$part" = all ] || [ "$part" = timing ]; then
 fi
 if [ "$part" = all ] || [ "$part" = backward ]; then
   timeout 90 python3 tools/tlx_check.py backward || rc=1
+fi
+if [ "$part" = backward-timing ]; then  # the backward's timings alone (the sweep above fills most of its 90 s)
+  timeout 150 python3 tools/tlx_check.py backward-timing || rc=1
 fi
 if [ "$part" = bench ]; then
   # shellcheck disable=SC2086

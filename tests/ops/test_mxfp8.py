@@ -105,6 +105,17 @@ def test_e4m3_rounding_spec_matches_torch():
     assert e4m3_round_spec(torch.tensor([1e6, -500.0], dtype=torch.float64)).tolist() == [448.0, -448.0]
 
 
+def test_exact_pow2_is_exact_over_the_scale_range():
+    """The reference's powers of two are built from bits (CUDA's float64 pow(2, e) is off by an ulp at some e; the
+    GPU test of the dequantize caught it), equal to math.ldexp for every E8M0 exponent and beyond, in fp64 and fp32."""
+    from jfa_ops.backends.reference.mxfp8 import exact_pow2
+
+    e = torch.arange(-149, 128)
+    want = torch.tensor([math.ldexp(1.0, i) for i in e.tolist()], dtype=torch.float64)
+    assert torch.equal(exact_pow2(e), want)
+    assert torch.equal(exact_pow2(e).float().double(), want)
+
+
 def test_scale_layout_of_row_blocks():
     """(32, 1) / (32, 32): sequence b's row blocks start at offsets[b] // 32 + b; unused rows hold bits 0."""
     lengths = (33, 0, 5, 64)

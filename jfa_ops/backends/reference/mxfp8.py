@@ -31,6 +31,13 @@ from jfa_ops.backends.base import AttentionParams
 _LOG2E = 1.0 / math.log(2.0)
 
 
+def exact_pow2(exponent: Tensor) -> Tensor:
+    """float64 2**exponent for integer exponents in [-1022, 1023], built from its bits: exact on every device
+    (CUDA's float64 ``pow(2, e)``, hence ``torch.ldexp``, is off by an ulp at some e, e.g. -113: H200, torch 2.11).
+    Cast to float32 it stays exact for e in [-149, 127]."""
+    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def row_block_index(rows: int, offsets: Optional[Tensor], block_rows: int, device) -> Tensor:
     """[rows] int64: the scale row of every data row (``meta_kernels.mxfp8``'s layout), computed on the device."""
     r = torch.arange(rows, device=device)
@@ -77,7 +84,7 @@ def quantize(x: Tensor, offsets: Optional[Tensor], block: Sequence[int], roundin
 
     per_row = shared[index] if block_rows > 1 else shared  # [T, H, D/bc]
     per_elem = per_row.repeat_interleave(block_cols, dim=2)
-    y = torch.ldexp(xf, (-per_elem).float()).clamp(-mx.E4M3_MAX, mx.E4M3_MAX)
+    y = (xf * exact_pow2(-per_elem).to(xf.dtype)).clamp(-mx.E4M3_MAX, mx.E4M3_MAX)  # one rounding, as ldexp
     data_bits = y.to(torch.float8_e4m3fn).view(torch.uint8)
     bad_elem = (bad[index] if block_rows > 1 else bad).repeat_interleave(block_cols, dim=2)
     data_bits = torch.where(bad_elem, 0x7F, data_bits).to(torch.uint8)  # NaN block: every element NaN
@@ -93,7 +100,7 @@ def dequantize(data: Tensor, scale: Tensor, offsets: Optional[Tensor], block: Se
     if block_rows > 1:
         bits = bits[row_block_index(data.shape[0], offsets, block_rows, data.device)]
     bits = bits.repeat_interleave(block_cols, dim=2)
-    out = torch.ldexp(data.to(compute), (bits - mx.SCALE_BIAS).to(compute))
+    out = data.to(compute) * exact_pow2(bits - mx.SCALE_BIAS).to(compute)
     return torch.where(bits == mx.SCALE_NAN_BITS, math.nan, out).to(dtype)
 
 
