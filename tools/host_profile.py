@@ -200,13 +200,7 @@ def _op_path(fn):
 
 
 def _no_memo(fn):
-    def run():
-        ops.CALL_CACHE = False
-        try:
-            return fn()
-        finally:
-            ops.CALL_CACHE = True
-    return run
+    return _switched_off(ops, "CALL_CACHE", fn)
 
 
 def _no_plans(fn):
