@@ -153,14 +153,14 @@ _BLOCK_SPARSE_KERNELS = {
 
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
-                                from_offsets: bool = False, tma=None, wide=None, stages3=None, rows=False,
+                                from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
     ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list); tma: TMA where it applies (None: as
     ``KNOBS.sparse_tma`` says); wide: the causal forward on the non-causal config (None: as
     ``KNOBS.sparse_causal_fwd_wide`` says); stages3: the dK/dV pass with 3 stages (None: as
-    ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); rows: the selection's rows in registers
+    ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); select_rows: the selection's rows in registers
     (``KNOBS.sparse_select_rows``)."""
     import importlib
 
@@ -187,7 +187,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q,
-                          ROW_IN_REGISTERS=bool(rows), BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC)
+                          ROW_IN_REGISTERS=select_rows, BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -221,7 +221,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
            f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}{'-wide' if wide else ''}" \
            f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}" \
-           f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if rows else ''}"
+           f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -243,7 +243,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)
     for causal in (False, True):  # KNOBS.sparse_select_rows
-        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, rows=True)
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, select_rows=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
