@@ -458,6 +458,8 @@ def test_aoti_package_runs_without_jfa_ops_gpu(compile_path, tmp_path):
     done = subprocess.run([sys.executable, os.path.join(root, "tools", "aoti_package.py"), "--dir", str(tmp_path),
                            "--compile-path", compile_path], env=env, capture_output=True, text=True, timeout=1200)
     result = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
+    if "environment" in result:  # no AOTInductor package loads on this machine (the tool's op-free control)
+        pytest.skip(f"AOTInductor cannot load any package here: {result['environment'][:300]}")
     assert done.returncode == 0, (result, done.stderr[-3000:])
     assert result["jfa_attention_registered"] is False and result["jfa_ops_imported"] is False
     assert result["ok"] is (compile_path == "inductor"), result

@@ -175,3 +175,70 @@ def test_a_failed_autograd_backward_leaves_no_trust_behind():
     args, kwargs = backward_op_args(CASE.make_inputs(0), "reference")
     with pytest.raises(ValueError, match="grad_out"):
         torch.ops.jfa.attention_backward(args[0][:-1], *args[1:], **kwargs)
+
+
+def test_call_memo_skips_the_metadata_work_on_a_repeat(spy_backend, monkeypatch):
+    """The direct path checks, resolves and chooses once per call signature: a repeat (other values, same metadata)
+    runs none of it; other metadata (here the row count) is a new signature and is checked."""
+    monkeypatch.setattr(attention_ops, "_CALLS", {})
+    x = CASE.make_inputs(0)
+    jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="spy")
+
+    def no_checks(*args, **kwargs):
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(attention_ops, "_check_tensors", no_checks)
+    y = CASE.make_inputs(0)  # fresh values, same metadata
+    jfa_ops.jagged_attention(y.q, y.k, y.v, y.q_offsets, y.kv_offsets, causal=True, backend="spy")
+    with pytest.raises(AssertionError, match="checked again"):
+        jfa_ops.jagged_attention(y.q[:-1], y.k, y.v, y.q_offsets, y.kv_offsets, causal=True, backend="spy")
+
+
+def test_call_memo_never_stores_a_bad_call(monkeypatch):
+    """A call that fails a check raises every time (nothing is remembered from it), and a good call's entry does not
+    cover a bad call that differs only in an option's type (causal=1 vs True)."""
+    monkeypatch.setattr(attention_ops, "_CALLS", {})
+    x = CASE.make_inputs(0)
+    jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="reference")
+    for _ in range(2):
+        with pytest.raises(TypeError, match="causal must be a bool"):
+            jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=1, backend="reference")
+        with pytest.raises(TypeError, match="k must have q's dtype"):
+            jfa_ops.jagged_attention(x.q, x.k.double(), x.v.double(), x.q_offsets, x.kv_offsets, backend="reference")
+
+
+def test_call_memo_follows_the_registry_env_and_determinism(monkeypatch):
+    """What the backend choice and the params read besides the tensors' metadata is in the key: registering a backend,
+    $JFA_BACKEND and torch.use_deterministic_algorithms each change what a repeat of the same call gets."""
+    monkeypatch.setattr(attention_ops, "_CALLS", {})
+    x = CASE.make_inputs(0)
+    seen = []
+
+    def record(name):
+        def forward(q, k, v, q_offsets, kv_offsets, params):
+            seen.append((name, params.deterministic))
+            return get_backend("reference").forward(q, k, v, q_offsets, kv_offsets, params)
+        return forward
+
+    def call():
+        return jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True)
+
+    ref = get_backend("reference")
+    try:
+        register_backend(Backend("memo_a", forward=record("a"), backward=ref.backward, supports=lambda p: None,
+                                 priority=10 ** 6))
+        call()
+        register_backend(Backend("memo_b", forward=record("b"), backward=ref.backward, supports=lambda p: None,
+                                 priority=10 ** 6 + 1))
+        call()
+        monkeypatch.setenv("JFA_BACKEND", "memo_a")
+        call()
+        torch.use_deterministic_algorithms(True)
+        try:
+            call()
+        finally:
+            torch.use_deterministic_algorithms(False)
+    finally:
+        unregister_backend("memo_a")
+        unregister_backend("memo_b")
+    assert seen == [("a", False), ("b", False), ("a", False), ("a", True)]

@@ -115,6 +115,8 @@ def main():
          lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
         ("  the same without launch plans (launch.PLANS_ENABLED = False: A/B in one run)",
          _no_plans(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
+        ("jagged_attention no grad, without the call memo (ops.attention.CALL_CACHE = False: A/B)", _no_memo(no_grad(
+            lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("jagged_attention no grad, without launch plans", _no_plans(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("triton attention_backward alone (3 launches: delta, dK/dV, dQ)",
@@ -180,6 +182,16 @@ def _switched_off(module, flag, fn):
 
 def _op_path(fn):
     return _switched_off(ops, "EAGER_DIRECT", fn)
+
+
+def _no_memo(fn):
+    def run():
+        ops.CALL_CACHE = False
+        try:
+            return fn()
+        finally:
+            ops.CALL_CACHE = True
+    return run
 
 
 def _no_plans(fn):

@@ -35,6 +35,12 @@ _IMPORT_ERRORS: Dict[str, str] = {}
 _WARNED: Set[str] = set()  # reasons already warned about (the reference-on-CUDA fallback)
 _TLX_CHECKED: Set[int] = set()  # CUDA devices already told why tlx is not used there
 _LOG = logging.getLogger("jfa_ops")
+_GENERATION = [0]  # bumped by every (un)registration: callers that memoize a choice key it on this
+
+
+def registry_generation() -> int:
+    """A number that changes whenever the set of registered backends does (memoized choices key on it)."""
+    return _GENERATION[0]
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
@@ -43,11 +49,13 @@ def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
     if backend.name in _REGISTRY and not replace:
         raise ValueError(f"backend {backend.name!r} is already registered (pass replace=True to override it)")
     _REGISTRY[backend.name] = backend
+    _GENERATION[0] += 1
     return backend
 
 
 def unregister_backend(name: str) -> None:
     _REGISTRY.pop(name, None)
+    _GENERATION[0] += 1
 
 
 def _load_builtins() -> None:

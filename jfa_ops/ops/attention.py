@@ -21,7 +21,7 @@ from torch.autograd import forward_ad
 from torch.utils.flop_counter import register_flop_formula
 
 import meta_kernels
-from jfa_ops.backends import AttentionParams, Problem, select_backend
+from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
 from jfa_ops.backends.base import traced
 from jfa_ops.validation import check_offset_values, validation_mode
 
@@ -390,11 +390,49 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
     ``eager_direct`` holds): the op's body, and under autograd a ``torch.autograd.Function`` with the op's formula.
     For ``jagged_attention``, which has already run ``check_options`` and ``check_no_forward_ad`` on these
     arguments: only the tensor checks are left (the rest of ``_params``)."""
-    params, backend = _check_tensors(q, k, v, q_offsets, kv_offsets, *options)
-    impl = select_backend(backend, Problem.of(q, k, params))
+    impl, params, checked = _direct_call(q, k, v, q_offsets, kv_offsets, options)
+    if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
+                           impl.checks_offsets):
+        params = checked  # the backend checks the offsets on the device (``_forward``)
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
-    return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+    return impl.forward(q, k, v, q_offsets, kv_offsets, params)
+
+
+# Memo of the direct path's metadata work: (backend, params, params with check_offsets) per call signature. Why: the
+# tensor checks, the params and the backend choice are ~40% of a small eager call's host time (tools/
+# host_backend_cpu.py) and depend only on what the key holds: each tensor's shape, dtype and device, the options
+# (already checked by ``check_options``), the deterministic-algorithms flag, $JFA_BACKEND and the registry. A call
+# that fails a check is never stored, so every bad call still raises. JFA_CALL_CACHE=0 turns it off (A/B).
+CALL_CACHE = os.environ.get("JFA_CALL_CACHE", "1") != "0"
+_CALLS: dict = {}
+_CALLS_MAX = 256  # a bound, not a tuning: the key holds the row counts, which vary per batch
+
+
+def _metadata(t: Optional[Tensor]):
+    return None if t is None else (t.shape, t.dtype, t.device)
+
+
+def _direct_call(q, k, v, q_offsets, kv_offsets, options):
+    """(backend, params, params with check_offsets=True) of an eager direct call: checked and chosen once per key."""
+    key = None
+    if CALL_CACHE:
+        key = (_metadata(q), _metadata(k), _metadata(v), _metadata(q_offsets), _metadata(kv_offsets), options,
+               torch.are_deterministic_algorithms_enabled(), os.environ.get("JFA_BACKEND"), registry_generation())
+        try:
+            hit = _CALLS.get(key)
+        except TypeError:  # an unhashable option: the checks below say what is wrong with it
+            hit = key = None
+        if hit is not None:
+            return hit
+    params, backend = _check_tensors(q, k, v, q_offsets, kv_offsets, *options)
+    impl = select_backend(backend, Problem.of(q, k, params))
+    call = impl, params, dataclasses.replace(params, check_offsets=True)
+    if key is not None:
+        if len(_CALLS) >= _CALLS_MAX:
+            _CALLS.clear()
+        _CALLS[key] = call
+    return call
 
 
 class _DirectAttention(torch.autograd.Function):
@@ -404,7 +442,7 @@ class _DirectAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, impl, params, options):
-        out, lse = _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+        out, lse = impl.forward(q, k, v, q_offsets, kv_offsets, params)  # offsets checked by attention_direct
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
         ctx.impl, ctx.params, ctx.options = impl, params, options
         ctx.set_materialize_grads(False)

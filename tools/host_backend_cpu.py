@@ -1,0 +1,112 @@
+"""The triton backend's host path on CPU, with the GPU launches stubbed: Python time per call of each layer.
+
+`PYTHONPATH=$PWD python tools/host_backend_cpu.py [--calls 2000] [--profile]`. Runs the CUDA branch of
+``launch.launch_planned`` on CPU tensors (as tests/backends/test_launch.py's ``_fake_gpu`` does): the first call of a
+plan key "compiles" (a stand-in), later calls go through the plan and stop where ``CompiledKernel.run`` would launch.
+Device flags are not asserted (``validation.device_flag`` stubbed). What remains is every line of Python a CUDA call
+of the backend runs on the host, so it can be profiled (``--profile``: cProfile, own time) and optimised without a
+GPU; tools/host_profile.py gives the real wall time on the H200. Case: the bench's overhead case (B=4, lengths
+<= 64, H8, D128, causal, fp16). Times: this thread's CPU time (``time.thread_time``), median of 5 repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+import jfa_ops
+from jfa_ops import validation
+from jfa_ops.backends.triton import attn_bwd, attn_fwd, launch
+from jfa_ops.ops import attention as ops
+
+LENS = (64, 17, 40, 5)
+HEADS, HEAD_DIM = 8, 128
+
+
+def stub_gpu():
+    """launch_planned's CUDA branch on CPU tensors; no device asserts."""
+    from jfa_ops.backends.triton import configs
+    launch.interpreting = lambda: False
+    configs.interpreting = lambda: False
+    configs._shared_memory_limit = lambda index: 232448  # an H100/H200's opt-in maximum
+    configs.INTERPRETER_NUM_SMS = 132  # an H100/H200's SMs (one-wave choices as on the GPU)
+    import jfa_ops.backends.triton as triton_backend
+    triton_backend._interpreting = lambda: True  # supports(): CPU tensors accepted
+    launch._launch_bound = lambda kernel, grid, values, spec, options, device: object()
+    launch._run = lambda compiled, grid, values, device: None
+    torch.cuda.current_device = lambda: 0
+    validation.device_flag = lambda ok, mode: None
+    import os
+    os.environ.setdefault("JFA_VALIDATE", "async")
+    validation.validation_mode = lambda device: "async"  # CPU tensors would be checked in sync mode
+
+
+def _no_memo(fn):
+    def run():
+        ops.CALL_CACHE = False
+        try:
+            return fn()
+        finally:
+            ops.CALL_CACHE = True
+    return run
+
+
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(20):
+        fn()
+    runs = []
+    for _ in range(5):
+        t0 = time.thread_time()
+        for _ in range(calls):
+            fn()
+        runs.append((time.thread_time() - t0) / calls * 1e6)
+    return statistics.median(runs)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    stub_gpu()
+    off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
+    t = sum(LENS)
+    q, k, v = (torch.randn(t, HEADS, HEAD_DIM, dtype=torch.float16) for _ in range(3))
+    params, _ = ops._params(q, k, v, off, off, causal=True)
+    import dataclasses
+    checked = dataclasses.replace(params, check_offsets=True)
+    out, lse = attn_fwd.attention_forward(q, k, v, off, off, checked)
+    grad_out = torch.randn_like(q)
+    rows = [
+        ("triton attention_forward (checked offsets)", lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
+        ("triton attention_backward", lambda: attn_bwd.attention_backward(grad_out, None, q, k, v, out, lse, off, off,
+                                                                          params)),
+        ("jagged_attention no grad (backend triton)", lambda: jfa_ops.jagged_attention(q, k, v, off, off, causal=True,
+                                                                                     backend="triton")),
+        ("  the same without the call memo (ops.attention.CALL_CACHE = False: A/B)", _no_memo(
+            lambda: jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton"))),
+    ]
+    print(f"torch {torch.__version__}; us of CPU time per call (launches stubbed), median of 5 x {args.calls}")
+    with torch.no_grad():
+        for name, fn in rows:
+            print(f"{per_call_us(fn, args.calls):9.1f}  {name}")
+        if args.profile:
+            for name, fn in rows:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.calls):
+                    fn()
+                prof.disable()
+                buf = io.StringIO()
+                pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
+                print(f"\n=== {name}: own time, {args.calls} calls")
+                print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
+
+
+if __name__ == "__main__":
+    main()
