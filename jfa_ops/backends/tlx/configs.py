@@ -48,9 +48,9 @@ def fwd_config(head_dim: int) -> Optional[FwdConfig]:
 
 
 def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
-    """(pipeline, kv_major, one_loop) for one call (one_loop: ``ONE_LOOP``, which overrides pipeline), from static facts: ``masked`` (causal or a window: tile costs vary within a
-    sequence), ``broadcast_q``, ``uniform`` (every sequence has the same length, known from the shapes and the
-    max_seqlen hints).
+    """(pipeline, kv_major, one_loop) for one call (one_loop: ``ONE_LOOP``, which overrides pipeline), from static
+    facts: ``masked`` (causal or a window: tile costs vary within a sequence), ``broadcast_q``, ``uniform`` (every
+    sequence has the same length, known from the shapes and the max_seqlen hints).
 
     H200 runs 1-2 (bf16 D128 forward TFLOP/s; bench/NOTES.md "TLX forward"):
     - pipelined consumers lost to unpipelined on causal (dense 372 vs 408), GQA (437 vs 474), window (194 vs 228),

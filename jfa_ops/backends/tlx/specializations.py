@@ -143,12 +143,12 @@ def compile_sm90(spec: Specialization) -> dict:
     spill_stores = re.search(r"(\d+) bytes spill stores", text)
     spill_loads = re.search(r"(\d+) bytes spill loads", text)
     ptx = compiled.asm["ptx"]
-    return dict(wgmma_overlap=wgmma_overlap(ptx), name=spec.name, shared=compiled.metadata.shared, num_warps=compiled.metadata.num_warps,
+    return dict(name=spec.name, shared=compiled.metadata.shared, num_warps=compiled.metadata.num_warps,
                 registers=int(regs.group(1)) if regs else None,
                 spill_stores=int(spill_stores.group(1)) if spill_stores else None,
                 spill_loads=int(spill_loads.group(1)) if spill_loads else None,
                 setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
-                target=re.search(r"\.target (\S+)", ptx).group(1))
+                target=re.search(r"\.target (\S+)", ptx).group(1), wgmma_overlap=wgmma_overlap(ptx))
 
 
 def wgmma_overlap(ptx: str) -> bool:
