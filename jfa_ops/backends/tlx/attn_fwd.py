@@ -109,17 +109,29 @@ def _zero_rows_past_end(v_tile, n0, len_k, BLOCK_N: tl.constexpr, HEAD_DIM: tl.c
 
 
 @triton.jit
-def _qk(q_tile, k_tile, CID: tl.constexpr):
-    """Issue S = Q K^T (async) in ping-pong order: consumer 0 first, then 1, alternating every block."""
+def _wait_turn(CID: tl.constexpr):
+    """Ping-pong: wait until it is this consumer's turn to issue wgmma (consumer 0 first, then 1, alternating)."""
     if CID == 0:
         tlx.named_barrier_wait(PINGPONG_A, 256)
     else:
         tlx.named_barrier_wait(PINGPONG_B, 256)
-    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))
+
+
+@triton.jit
+def _pass_turn(CID: tl.constexpr):
+    """Ping-pong: hand the turn to the other consumer."""
     if CID == 0:
         tlx.named_barrier_arrive(PINGPONG_B, 256)
     else:
         tlx.named_barrier_arrive(PINGPONG_A, 256)
+
+
+@triton.jit
+def _qk(q_tile, k_tile, CID: tl.constexpr):
+    """Issue S = Q K^T (async) in ping-pong order: consumer 0 first, then 1, alternating every block."""
+    _wait_turn(CID)
+    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))
+    _pass_turn(CID)
     return s
 
 
@@ -302,10 +314,15 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         n0 = _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_fulls[buf], phase)
-        s = _qk(q_tile, k_tiles[buf], CID)
-        # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order)
+        # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
+        # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
+        _wait_turn(CID)
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+        # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
+        # and the fix-up's barrier with the other consumer must not sit inside a turn
         acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
                           NUM_BUFFERS_KV, False)
+        _pass_turn(CID)
         s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
         tlx.barrier_arrive(k_empties[buf], 1)
         if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
