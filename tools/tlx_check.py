@@ -257,16 +257,21 @@ def timing() -> int:
              Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
     from jfa_ops.backends.tlx import configs
 
+    # TLX_TIMING_V4=0 (tlx_device.sh sets it when the v4 sweep failed): no v4 column, so a hang there cannot cost
+    # the other numbers
+    with_v4 = os.environ.get("TLX_TIMING_V4", "1") == "1"
     print("forward, bf16, TFLOP/s of useful work (do_bench median); 'tlx': the default consumers (v3), 'tlx v4': "
           "configs.ONE_LOOP (bench/NOTES.md \"TLX forward v4\")", flush=True)
-    cols = ("tlx", "tlx v4", "triton")
-    print(f"{'case':40s} " + " ".join(f"{c:>15s}" for c in cols) + f" {'v4/triton':>10s} {'v4/v3':>6s}", flush=True)
+    cols = ("tlx", "triton") + (("tlx v4",) if with_v4 else ())
+    print(f"{'case':40s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'tlx/triton':>10s}"
+          + (f" {'v4/triton':>10s} {'v4/tlx':>7s}" if with_v4 else ""), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         row = {}
         for col in cols:
             backend = col.split()[0]
+            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hung kernel: the rows so far are printed
             try:
                 fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
                     x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
@@ -282,9 +287,10 @@ def timing() -> int:
                 print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             finally:
                 configs.ONE_LOOP = False
-        vals = [row.get(c, float("nan")) for c in cols]
-        print(f"{case.label:40s} " + " ".join(f"{v:15.1f}" for v in vals) + f" {vals[1] / vals[2]:10.2f}"
-              f" {vals[1] / vals[0]:6.2f}", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        v = [row.get(c, float("nan")) for c in cols]
+        print(f"{case.label:40s} " + " ".join(f"{t:10.1f}" for t in v) + f" {v[0] / v[1]:10.2f}"
+              + (f" {v[2] / v[1]:10.2f} {v[2] / v[0]:7.2f}" if with_v4 else ""), flush=True)
     return failures
 
 
