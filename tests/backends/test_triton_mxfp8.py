@@ -51,6 +51,24 @@ def test_quantize_kernel_subnormals_and_signed_zeros(dtype):
         assert_bit_exact(x.to(dtype).to(DEVICE), None, block, "rceil", "triton")
 
 
+@pytest.mark.parametrize("heads, dim", [(3, 32), (5, 64), (3, 96)])
+def test_quantize_kernel_head_groups(heads, dim):
+    """Programs quantize several heads per iteration (``heads_per_program``: 128 columns): head counts that do not
+    fill the last group, a padded head dim (96 -> 128), and a strided view (heads not contiguous in a row) stay
+    bit-exact, jagged, for every block shape."""
+    from jfa_ops.backends.triton.mxfp8_quantize import heads_per_program
+
+    assert heads_per_program(heads, triton.next_power_of_2(dim)) > 1 or dim == 96
+    g = torch.Generator().manual_seed(heads * dim)
+    lengths = [40, 0, 33, 7]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    wide = torch.randn(sum(lengths), heads, 2 * dim, generator=g) * torch.pow(
+        2.0, torch.empty(sum(lengths), heads, 2 * dim).uniform_(-20, 20, generator=g))
+    for x in (wide[..., :dim].contiguous(), wide[..., dim:]):  # contiguous, and a view with head stride 2 * dim
+        for block in BLOCKS:
+            assert_bit_exact(x.to(torch.bfloat16).to(DEVICE), offsets.to(DEVICE), block, "rceil", "triton")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("block", BLOCKS)

@@ -457,10 +457,15 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         grad_lse_arg = delta
         if grad_lse is not None:
             grad_lse_arg = grad_lse.to(torch.float32).contiguous()
-        launch(attn_bwd_delta_kernel, (cdiv(torch.sym_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
-            Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta, ZEROED=delta if zeroed is None else zeroed,
-            total_out=total_out, zero_rows=zero_rows, **row_strides("o", out), **row_strides("do", grad_out), **hd,
-            BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
+        launch_planned(
+            attn_bwd_delta_kernel,
+            (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
+             grad_lse is not None, zeroed is not None),  # what the static arguments below follow from
+            (cdiv(torch.sym_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads),
+            dict(Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta,
+                 ZEROED=delta if zeroed is None else zeroed, total_out=total_out, zero_rows=zero_rows),
+            lambda: dict(**row_strides("o", out), **row_strides("do", grad_out), **hd, BLOCK_T=DELTA_BLOCK_T,
+                         HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
 
     # 2. dK, dV
     dq_tma = False

@@ -1,13 +1,14 @@
 """MXFP8 quantize kernel: ``x [T, H, D]`` -> (E4M3 data, E8M0 scale) for the three block shapes of
 ``meta_kernels.mxfp8`` (layouts there), bit-exact with the reference (``backends/reference/mxfp8.py``).
 
-One program per 32-row tile, looping over the heads: one pass over the input, the tile's rows contiguous across
-heads, the next head's tile loaded while one is encoded. (1, 32) blocks take rows [32 tile, +32); (32, 1) / (32, 32)
-blocks take one scale row (32 rows of one sequence), found once per program by a binary search over the offsets
-(sequence b owns scale rows ``offsets[b] // 32 + b ...``; programs on scale rows no sequence owns write scale 0).
+One program per 32-row tile, looping over the heads in groups (``heads_per_program``): one pass over the input,
+the loop's load pipelined by Triton (async copies, two groups in flight). (1, 32) blocks take rows [32 tile, +32);
+(32, 1) / (32, 32) blocks take one scale row (32 rows of one sequence), found once per program by a 64-ary search
+over the offsets (sequence b owns scale rows ``offsets[b] // 32 + b ...``; programs on scale rows no sequence owns
+write scale 0).
 The shared exponent comes from the largest fp32 magnitude bits of the block (non-finite: bits >= inf's); data and
-scale are stored through uint8 views. On the GPU the E4M3 rounding is the hardware conversion (~13 instructions
-per element in all, so HBM binds, not the ALU); the interpreter uses the exact integer rounding (~45).
+scale are stored through uint8 views. On the GPU the E4M3 rounding is the hardware conversion (12-13.5 SASS
+instructions per element in all); the interpreter uses the exact integer rounding.
 """
 from __future__ import annotations
 
@@ -25,6 +26,27 @@ from .configs import interpreting
 from .launch import launch
 
 QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
+# Each program loops over head groups of QUANT_COLUMNS elements a row (heads x padded head_dim), 32 rows: 8 KB of
+# bf16 per iteration, the loop's load pipelined QUANT_STAGES deep (two groups in flight: 16 KB per program). Warps
+# per 128 columns: (32, 1) blocks reduce along rows, so one warp holds 32 rows x 4 columns a thread and needs no
+# cross-warp reduction (sm_90 SASS per element: 13.5 instructions with 1 warp, 18 with 2, 25 with 4); the blocks
+# along a row are reduced inside a thread at any width (12 per element at 4 warps, fewest registers).
+# bench/NOTES.md "MXFP8 v4".
+QUANT_COLUMNS = 128
+QUANT_STAGES = 3
+QUANT_WARPS = {"rows": 4, "cols": 1}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1) ("cols")
+
+
+def heads_per_program(heads: int, block_d: int) -> int:
+    """Heads per loop iteration of a quantize program: QUANT_COLUMNS // block_d, at least 1, at most ``heads``
+    rounded up to a power of two."""
+    return max(1, min(triton.next_power_of_2(heads), QUANT_COLUMNS // block_d))
+
+
+def quantize_warps(block, columns: int) -> int:
+    """Warps of a quantize program whose iterations cover ``columns`` (heads per program x padded head_dim)."""
+    per_128 = QUANT_WARPS["cols" if tuple(block) == (32, 1) else "rows"]
+    return max(1, per_128 * columns // 128)
 
 
 @triton.jit
@@ -105,19 +127,21 @@ def sequence_of_tile(OFFSETS, tile, num_seqs, BLOCK: tl.constexpr, SEARCH_STEPS:
 @triton.jit(do_not_specialize=["rows", "heads", "num_seqs"])
 def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
                           stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROW_BLOCKS: tl.constexpr,
-                          SQUARE: tl.constexpr, RCEIL: tl.constexpr, BLOCK_R: tl.constexpr,
-                          SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr, HW_CVT: tl.constexpr):
-    """Program ``tile``, every head. ROW_BLOCKS False: (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS
-    True: scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32) blocks, else (32, 1)."""
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+                          ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
+                          BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
+                          HW_CVT: tl.constexpr, STAGES: tl.constexpr):
+    """Program ``tile``: every head of one 32-row tile, HEADS_PER_PROGRAM (HP) heads per iteration as one
+    [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False: (1, 32) blocks, rows
+    [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32)
+    blocks, else (32, 1). STAGES: the head loop's pipelining depth."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
+    HP: tl.constexpr = HEADS_PER_PROGRAM
+    NC: tl.constexpr = BLOCK_D // 32  # 32-column groups per head (padded)
     tile = tl.program_id(0)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    NC: tl.constexpr = BLOCK_D // 32
-    c = tl.arange(0, NC)
-    c_ok = c < HEAD_DIM // 32
+    jj = tl.arange(0, HP * BLOCK_D)
+    gg = tl.arange(0, HP * NC)  # (head, 32-column group) of the scale columns
     if ROW_BLOCKS:
         tl.static_assert(BLOCK_R == 32)
         seq = sequence_of_tile(OFFSETS, tile, num_seqs, 32, SEARCH_STEPS)
@@ -132,16 +156,16 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
         r_ok = r < rows
         owned = True
     r64 = r.to(tl.int64)
-    mask = r_ok[:, None] & d_ok[None, :]
-    x_ptrs = X + r64[:, None] * stride_xt + d[None, :]
-    # The next head's tile is loaded while this one is encoded (a register double buffer: Triton 3.6 does not
-    # pipeline loads in loops without dots): two tiles in flight per program keep HBM busy (bench/NOTES.md v3).
-    x_next = tl.load(x_ptrs, mask=mask, other=0)  # heads >= 1 (quantize launches nothing otherwise)
-    for head in range(0, heads):
-        head64 = (tile * 0 + head).to(tl.int64)  # a tensor under the interpreter too
-        x = x_next
-        more = (r64 * 0 + head64 + 1) < heads  # [BLOCK_R]: the interpreter takes no scalar masks here
-        x_next = tl.load(x_ptrs + (head64 + 1) * stride_xh, mask=mask & more[:, None], other=0)
+    # Triton pipelines this loop's load (async copies into shared memory, STAGES - 1 head groups ahead): the bytes
+    # in flight do not depend on where ptxas places register loads (it sank them behind the arithmetic: one tile in
+    # flight per program, bench/NOTES.md "MXFP8 v4").
+    for head0 in tl.range(0, heads, HP, num_stages=STAGES):
+        head = head0 + jj // BLOCK_D
+        d = jj % BLOCK_D
+        col_ok = (d < HEAD_DIM) & (head < heads)
+        head64 = head.to(tl.int64)
+        mask = r_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :], mask=mask, other=0)
         if X_BF16_BITS:  # bf16 read as int16 bits and widened exactly (the interpreter's cast flushes subnormals)
             bits = x.to(tl.int32) << 16
             x = bits.to(tl.float32, bitcast=True)
@@ -150,34 +174,38 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
             bits = x.to(tl.int32, bitcast=True)
         # |x| as bits: ordered like the magnitudes, and >= inf's bits exactly where x is not finite
         a = bits & 0x7FFFFFFF
+        g_head = head0 + gg // NC
+        g_ok = (gg % NC < HEAD_DIM // 32) & (g_head < heads)
+        g_off = g_head.to(tl.int64) * stride_sh + gg % NC
         if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
-            amax = tl.max(a, 0)  # [BLOCK_D]
+            amax = tl.max(a, 0)  # [HP * BLOCK_D]
             bad = amax >= 0x7F800000
             shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
             data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
             scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
             s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + d
-            tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=d_ok)
+            tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=col_ok)
         else:
             # (1, 32): per row and 32-column group; (32, 32): the group's max over the 32 rows too.
-            x3 = tl.reshape(x, (BLOCK_R, NC, 32))
-            amax = tl.max(tl.reshape(a, (BLOCK_R, NC, 32)), 2)  # [BLOCK_R, NC]
+            x3 = tl.reshape(x, (BLOCK_R, HP * NC, 32))
+            amax = tl.max(tl.reshape(a, (BLOCK_R, HP * NC, 32)), 2)  # [BLOCK_R, HP * NC]
             if SQUARE:
-                amax_sq = tl.max(amax, 0)  # [NC]
+                amax_sq = tl.max(amax, 0)  # [HP * NC]
                 bad = amax_sq >= 0x7F800000
                 shared = _shared_exponent(amax_sq.to(tl.float32, bitcast=True), RCEIL)
-                data = tl.reshape(_encode(x3, shared[None, :, None], bad[None, :, None], HW_CVT), (BLOCK_R, BLOCK_D))
+                data = tl.reshape(_encode(x3, shared[None, :, None], bad[None, :, None], HW_CVT),
+                                  (BLOCK_R, HP * BLOCK_D))
                 scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
-                s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + c
-                tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=c_ok)
+                tl.store(SCALE + tile.to(tl.int64) * stride_st + g_off, tl.where(owned, scale_bits, 0).to(tl.uint8),
+                         mask=g_ok)
             else:
                 bad = amax >= 0x7F800000
                 shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
-                data = tl.reshape(_encode(x3, shared[:, :, None], bad[:, :, None], HW_CVT), (BLOCK_R, BLOCK_D))
-                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, NC]
-                s_ptr = SCALE + r64[:, None] * stride_st + head64 * stride_sh + c[None, :]
-                tl.store(s_ptr, scale_bits, mask=r_ok[:, None] & c_ok[None, :])
-        tl.store(DATA + r64[:, None] * stride_dt + head64 * stride_dh + d[None, :], data, mask=mask)
+                data = tl.reshape(_encode(x3, shared[:, :, None], bad[:, :, None], HW_CVT), (BLOCK_R, HP * BLOCK_D))
+                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, HP * NC]
+                tl.store(SCALE + r64[:, None] * stride_st + g_off[None, :], scale_bits,
+                         mask=r_ok[:, None] & g_ok[None, :])
+        tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
 
 
 def search_steps(num_seqs: int) -> int:
@@ -213,12 +241,15 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
         return data, scale
     data_bits, scale_bits = data.view(torch.uint8), scale.view(torch.uint8)
     bf16 = x.dtype == torch.bfloat16
+    block_d = triton.next_power_of_2(dim)
+    per_program = heads_per_program(heads, block_d)
     launch(mxfp8_quantize_kernel, (programs,), dict(
         X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, heads=heads,
         num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
-        HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim), ROW_BLOCKS=block_rows > 1,
+        HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
-        BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting()),
-        num_warps=4, num_stages=1)
+        BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
+        STAGES=QUANT_STAGES),
+        num_warps=quantize_warps(block, per_program * block_d), num_stages=1)
     return data, scale
