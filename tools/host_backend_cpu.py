@@ -14,10 +14,10 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
 
 import torch
+from host_layers import per_call_us  # this script's directory is on sys.path
+from host_profile import _switched_off
 
 import jfa_ops
 from jfa_ops import validation
@@ -47,25 +47,7 @@ def stub_gpu():
 
 
 def _no_memo(fn):
-    def run():
-        ops.CALL_CACHE = False
-        try:
-            return fn()
-        finally:
-            ops.CALL_CACHE = True
-    return run
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    runs = []
-    for _ in range(5):
-        t0 = time.thread_time()
-        for _ in range(calls):
-            fn()
-        runs.append((time.thread_time() - t0) / calls * 1e6)
-    return statistics.median(runs)
+    return _switched_off(ops, "CALL_CACHE", fn)
 
 
 def main():

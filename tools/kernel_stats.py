@@ -1,9 +1,9 @@
 """Static sm_90 statistics of shipped Triton kernel specializations, no GPU needed (bench/NOTES.md "MXFP8 v3").
 
 `PYTHONPATH=/work/t36:$PWD python tools/kernel_stats.py REGEX...` (Triton 3.6 as on the H200; ptxas from CUDA on
-PATH or /usr/local/bin) compiles every specialization of ``specializations.shipped_specializations(quick=True)``
-and ``mxfp8_specializations()`` whose name matches a REGEX for ``GPUTarget("cuda", 90, 32)`` and prints one JSON
-line each: warps, stages, shared memory, registers and spill bytes (``ptxas -v``), Hopper (wgmma) and Ampere
+PATH or /usr/local/bin) compiles every specialization of ``specializations.shipped_specializations(quick=True)``,
+``mxfp8_specializations()`` and ``block_sparse_specializations()`` whose name matches a REGEX for
+``GPUTarget("cuda", 90, 32)`` and prints one JSON line each: warps, stages, shared memory, registers and spill bytes (``ptxas -v``), Hopper (wgmma) and Ampere
 (mma.sync) dots, E4M3 wgmmas, layout conversions, async copies (cp.async) and TMA loads in the TTGIR, vectorized
 global loads, and per innermost loop of the PTX its instruction count split into ALU, conversions, MUFU, shared,
 global, barrier and wgmma instructions (per thread per iteration: divide by the elements a thread holds).
@@ -86,7 +86,8 @@ def stats(spec, ptxas: str):
 
 def main(patterns) -> int:
     ptxas = shutil.which("ptxas") or "/usr/local/bin/ptxas"
-    specs = list(specializations.shipped_specializations(quick=True)) + list(specializations.mxfp8_specializations())
+    specs = (list(specializations.shipped_specializations(quick=True)) + list(specializations.mxfp8_specializations())
+             + list(specializations.block_sparse_specializations()))
     for spec in specs:
         if any(re.search(p, spec.name) for p in patterns):
             print(json.dumps(stats(spec, ptxas)), flush=True)

@@ -10,7 +10,8 @@ attention, causal/window, GQA, broadcast-Q, head_dim 64/128/256, fp16/bf16, valu
 of NaN/inf) plus a seeded random sweep; outputs come from a NaN-poisoned allocator; ``jfa_ops.testing``'s oracle and
 tolerances decide. A few cases also check gradients (the backward is the triton backend's; it reads tlx's out/lse).
 Head dims / dtypes tlx declines must route to triton under automatic choice (JFA_TLX_AUTO=1 is set here).
-Timing: ``triton.testing.do_bench`` medians, forward only, tlx vs triton, TFLOP/s of useful work (``bench.flops``).
+Timing: ``triton.testing.do_bench`` medians, forward only, tlx (default consumers, and configs.ONE_LOOP: "v4") vs
+triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` runs the correctness sweep on v4.
 """
 from __future__ import annotations
 
@@ -250,22 +251,33 @@ def timing() -> int:
              Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
              Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True),
-             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0))]
-    print("forward, bf16, TFLOP/s of useful work (do_bench median); 'graph': one call captured in a CUDA graph and "
-          "replayed (GPU time without the host's)", flush=True)
-    cols = ("tlx", "triton", "tlx graph")
-    print(f"{'case':40s} " + " ".join(f"{c:>15s}" for c in cols) + f" {'tlx/triton':>10s}", flush=True)
+             Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
+             Case("dense", "B8 H16 S2048 D128", (2048,) * 8, (2048,) * 8, 16, 16, 128),
+             Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64),
+             Case("dense", "B8 H16 S4096 D256", (4096,) * 8, (4096,) * 8, 16, 16, 256)]
+    from jfa_ops.backends.tlx import configs
+
+    # TLX_TIMING_V4=0 (tlx_device.sh sets it when the v4 sweep failed): no v4 column, so a hang there cannot cost
+    # the other numbers
+    with_v4 = os.environ.get("TLX_TIMING_V4", "1") == "1"
+    print("forward, bf16, TFLOP/s of useful work (do_bench median); 'tlx': the default consumers (v3), 'tlx v4': "
+          "configs.ONE_LOOP (bench/NOTES.md \"TLX forward v4\")", flush=True)
+    cols = ("tlx", "triton") + (("tlx v4",) if with_v4 else ())
+    print(f"{'case':40s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'tlx/triton':>10s}"
+          + (f" {'v4/triton':>10s} {'v4/tlx':>7s}" if with_v4 else ""), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         row = {}
         for col in cols:
             backend = col.split()[0]
+            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hung kernel: the rows so far are printed
             try:
                 fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
                     x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
                     broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
                     backend=backend)
+                configs.ONE_LOOP = col.endswith("v4")
                 with torch.no_grad():
                     ms = graph_ms(fn) if col.endswith("graph") else \
                         triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -273,8 +285,12 @@ def timing() -> int:
             except Exception as e:  # noqa: BLE001
                 failures += 1
                 print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        vals = [row.get(c, float("nan")) for c in cols]
-        print(f"{case.label:40s} " + " ".join(f"{v:15.1f}" for v in vals) + f" {vals[0] / vals[1]:10.2f}", flush=True)
+            finally:
+                configs.ONE_LOOP = False
+        faulthandler.cancel_dump_traceback_later()
+        v = [row.get(c, float("nan")) for c in cols]
+        print(f"{case.label:40s} " + " ".join(f"{t:10.1f}" for t in v) + f" {v[0] / v[1]:10.2f}"
+              + (f" {v[2] / v[1]:10.2f} {v[2] / v[0]:7.2f}" if with_v4 else ""), flush=True)
     return failures
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# GPU check of the tlx backend on the lent H200: `bash tools/tlx_device.sh [all|correctness|timing|backward|backward-timing|bench]`
+# GPU check of the tlx backend on the lent H200:
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|bench]`
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton) and backward (the TLX backward's sweep and timings), each under its
-# own limit (120 + 80 + 90 s), so a hung kernel ends one part, not the report. `bench` (not in `all`): the bench with a
-# tlx column through bench/device_run.sh (FA4 beside it when an earlier call left it in /tmp/fa4; BENCH_ARGS overrides
-# its arguments).
+# own limit (120 + 100 + 90 s), so a hung kernel ends one part, not the report. `v4`: the sweep with the
+# forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton columns). `bench` (not in
+# `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an earlier call left it in
+# /tmp/fa4; BENCH_ARGS overrides its arguments).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +22,12 @@ rc=0
 if [ "$part" = all ] || [ "$part" = correctness ]; then
   JFA_LAUNCH_VERIFY=1 timeout 120 python3 tools/tlx_check.py correctness || rc=1
 fi
-if [ "$part" = all ] || [ "$part" = timing ]; then
-  timeout 80 python3 tools/tlx_check.py timing || rc=1
+v4_ok=1
+if [ "$part" = v4 ]; then  # the forward's v4 consumers (configs.ONE_LOOP): their sweep, then v3 / v4 / triton timings
+  JFA_TLX_FWD_ONE_LOOP=1 JFA_LAUNCH_VERIFY=1 timeout 110 python3 tools/tlx_check.py correctness || { rc=1; v4_ok=0; }
+fi
+if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
+  TLX_TIMING_V4=$v4_ok timeout 100 python3 tools/tlx_check.py timing || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = backward ]; then
   timeout 90 python3 tools/tlx_check.py backward || rc=1

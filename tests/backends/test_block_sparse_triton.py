@@ -24,7 +24,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import jfa_ops  # noqa: E402
-from jfa_ops.backends.triton.block_sparse_fwd import selected_tiles_below  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_fwd import selected_tiles_split  # noqa: E402
 from jfa_ops.backends import Problem, select_backend  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,  # noqa: E402
@@ -34,9 +34,11 @@ CUDA = torch.cuda.is_available()
 
 
 @triton.jit
-def _below_kernel(IDS, LIMITS, OUT, count):  # test_stage_split_points
+def _split_kernel(IDS, LIMITS, OUT, count, n_limits):  # test_stage_split_points
     i = tl.program_id(0)
-    tl.store(OUT + i, selected_tiles_below(IDS, count, tl.load(LIMITS + i), 32, 16))
+    lead, bulk = selected_tiles_split(IDS, count, tl.load(LIMITS + i), tl.load(LIMITS + n_limits - 1 - i), 32, 16)
+    tl.store(OUT + i, lead)
+    tl.store(OUT + n_limits + i, bulk)
 DEVICES = [pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")),
            pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu,
                                                    pytest.mark.skipif(not CUDA, reason="needs a CUDA device")])]
@@ -156,11 +158,15 @@ def test_work_schedules(name, knobs, monkeypatch):
 
 
 @on_each_device
-def test_selection_ties_and_many_blocks(device):
+@pytest.mark.parametrize("rows", [False, True], ids=["scratch", "rows"])
+def test_selection_ties_and_many_blocks(device, rows, monkeypatch):
     """The selection kernel ranks blocks without sorting: equal scores (KV blocks that repeat every 3 blocks) go to
     the lower index as the reference's stable sort, and rows of more KV blocks than one rank step (70 > 64) rank
     across steps; the sequences' own blocks only (a short sequence beside a long one). Equals the reference
-    exactly, causal and not."""
+    exactly, causal and not; with the scores in a scratch row or in registers (``KNOBS.sparse_select_rows``)."""
+    from jfa_ops.backends.triton import configs
+
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_rows", rows)
     gen = torch.Generator().manual_seed(0)
     lengths = (70 * 16 - 5, 40)
     k_blocks = torch.randn(3, 16, 1, 16, generator=gen).repeat(24, 1, 1, 1).flatten(0, 1)  # [1152, 1, 16]
@@ -197,11 +203,16 @@ SELECTION_EDGES = {  # (q lengths or None for the kv lengths, kv lengths, broadc
 
 
 @on_each_device
+@pytest.mark.parametrize("rows", [False, True], ids=["scratch", "rows"])
 @pytest.mark.parametrize("name", list(SELECTION_EDGES))
-def test_selection_edge_cases(device, name):
+def test_selection_edge_cases(device, name, rows, monkeypatch):
     """Programs exist only for the batch's real blocks (slots, ``scheduling.slot_tile``), found from the offsets:
     empty sequences, length 1, sequences shorter than a block, many sequences, GQA groups pooled in several steps,
-    broadcast Q; equals the float64 reference exactly, causal or not, with and without always_local."""
+    broadcast Q; equals the float64 reference exactly, causal or not, with and without always_local; with the
+    scores in a scratch row or in registers (``KNOBS.sparse_select_rows``)."""
+    from jfa_ops.backends.triton import configs
+
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_rows", rows)
     q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
     gen = torch.Generator().manual_seed(len(kv_lens))
     q_lens = q_lens or kv_lens
@@ -342,8 +353,8 @@ def test_causal_forward_wide_tiles(monkeypatch):
 
 def test_work_list_is_longest_first():
     """The forward's work list holds every real query tile once, ordered by the selected-block count of its Q block
-    (summed over kv heads), descending; ties keep (sequence, row) order."""
-    from jfa_ops.backends.triton.block_sparse_fwd import selected_cost
+    (summed over kv heads), descending; ties keep (sequence, row) order. Tiles past the selection's Q blocks cost 0
+    (here a strided view with 4 of sequence 3's 5 blocks)."""
     from jfa_ops.backends.triton.scheduling import forward_tiles
 
     q_off = torch.tensor([0, 40, 40, 41, 111], dtype=torch.int32)  # lengths 40, 0, 1, 70
@@ -351,11 +362,10 @@ def test_work_list_is_longest_first():
     count[0, :, :3] = torch.tensor([[1, 2, 3], [1, 0, 3]])
     count[2, :, 0] = 1
     count[3, :, :5] = torch.tensor([[5, 1, 2, 4, 3], [5, 1, 0, 4, 3]])
-    tiles = forward_tiles(q_off, q_off, 111, 111, 16, 0, 0, False, False,
-                          cost_of=selected_cost(count, 16))
+    tiles = forward_tiles(q_off, q_off, 111, 111, 16, 0, 0, False, False, selected=(count[..., :4], 16))
     n = int(tiles.count)
     got = list(zip(tiles.seq[:n].tolist(), tiles.start[:n].tolist()))
-    cost = {(b, 16 * i): int(count[b, :, i].sum()) for b, length in enumerate((40, 0, 1, 70))
+    cost = {(b, 16 * i): int(count[b, :, i].sum()) if i < 4 else 0 for b, length in enumerate((40, 0, 1, 70))
             for i in range(-(-length // 16))}
     assert sorted(got) == sorted(cost)
     assert got == sorted(cost, key=lambda tile: -cost[tile])  # sorted() is stable: ties keep (seq, row) order
@@ -363,16 +373,18 @@ def test_work_list_is_longest_first():
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_stage_split_points():
-    """``selected_tiles_below``: of the selected 16-row tiles of 32-row blocks (ascending ids; negative ids first,
-    ids past the sequence last), how many end at or below a limit, i.e. the masked lead's and the bulk's ends."""
+    """``selected_tiles_split``: of the selected 16-row tiles of 32-row blocks (ascending ids; negative ids first,
+    ids past the sequence last), how many end at or below each of two limits, i.e. the masked lead's and the bulk's
+    ends (one pass over the ids for both)."""
     ids = torch.tensor([-1, 0, 2, 3, 7] + [5] * 70, dtype=torch.int32)  # 75 ids: more than one IDS_CHUNK step
     count = 75
     limits = torch.tensor([0, 16, 32, 64, 80, 96, 112, 128, 160, 224, 256, 4096], dtype=torch.int32)
-    out = torch.empty_like(limits)
-    _below_kernel[(len(limits),)](ids, limits, out, count)
-    for limit, got in zip(limits.tolist(), out.tolist()):
-        want = sum(2 if b < 0 else min(max(limit - 32 * b, 0) // 16, 2) for b in ids.tolist())
-        assert got == want, (limit, got, want)
+    out = torch.empty(2 * len(limits), dtype=torch.int32)
+    _split_kernel[(len(limits),)](ids, limits, out, count, len(limits))
+    below = [sum(2 if b < 0 else min(max(limit - 32 * b, 0) // 16, 2) for b in ids.tolist())
+             for limit in limits.tolist()]
+    assert out[:len(limits)].tolist() == below  # lead limits ascending
+    assert out[len(limits):].tolist() == below[::-1]  # bulk limits descending, in the same programs
 
 
 def test_transposed_selection():

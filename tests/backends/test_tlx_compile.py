@@ -25,6 +25,9 @@ SM90_SHARED_MEMORY = 232448
 # accumulators take 128 of a consumer's 240 registers, see bench/NOTES.md "TLX backward: register budget"), D64
 # 184-244. Before its consumers ran one loop over the three stages: 1964 (full) to 6140 (causal).
 MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
+# The v4 forward consumer (configs.ONE_LOOP), stores + loads: D64 0; D128 44 full, 248-324 causal / windowed (all in
+# the masked branch or per work item, none in the mask-free path of the block loop); D256 428-496.
+MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 400, 256: 512}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
@@ -60,3 +63,15 @@ def test_shared_memory_warps_registers_spills(compiled):
         assert want <= set(r["setmaxnreg"]), f"{r['name']}: no register reallocation {r['setmaxnreg']}"
         assert r["registers"] is not None and r["spill_stores"] is not None, f"{r['name']}: no ptxas log"
         assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES[r["name"][:3]], f"{r['name']}: spills {r}"
+
+
+def test_one_loop_consumer_keeps_wgmma_in_flight(compiled):
+    """The v4 consumer issues block j's QK^T, then block j-1's PV, and waits for the QK^T alone (wait 1): two wgmma
+    groups in flight. Triton's pipeliner puts a wait 0 after every dot of a loop unless it has num_stages=0 (the
+    pipelined v2 consumer, and the TLX tutorial, lost their overlap that way)."""
+    rows = [r for r in compiled if "-oneloop" in r["name"]]
+    assert rows, "no one-loop specialization compiled"
+    for r in rows:
+        assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
+        head_dim = int(r["name"].split("-")[1][1:])
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_ONE_LOOP[head_dim], f"{r['name']}: spills {r}"

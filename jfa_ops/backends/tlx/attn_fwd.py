@@ -30,7 +30,7 @@ import triton.language.extra.tlx as tlx
 from ... import validation
 from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
-from ..triton.common import LN2, seq_extent, stage_bounds, visible, window_bounds, work_item
+from ..triton.common import LN2, seq_extent, softmax_step, stage_bounds, visible, window_bounds, work_item
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
 from .configs import NUM_WARPS, fwd_choices, fwd_config
@@ -109,17 +109,29 @@ def _zero_rows_past_end(v_tile, n0, len_k, BLOCK_N: tl.constexpr, HEAD_DIM: tl.c
 
 
 @triton.jit
-def _qk(q_tile, k_tile, CID: tl.constexpr):
-    """Issue S = Q K^T (async) in ping-pong order: consumer 0 first, then 1, alternating every block."""
+def _wait_turn(CID: tl.constexpr):
+    """Ping-pong: wait until it is this consumer's turn to issue wgmma (consumer 0 first, then 1, alternating)."""
     if CID == 0:
         tlx.named_barrier_wait(PINGPONG_A, 256)
     else:
         tlx.named_barrier_wait(PINGPONG_B, 256)
-    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))
+
+
+@triton.jit
+def _pass_turn(CID: tl.constexpr):
+    """Ping-pong: hand the turn to the other consumer."""
     if CID == 0:
         tlx.named_barrier_arrive(PINGPONG_B, 256)
     else:
         tlx.named_barrier_arrive(PINGPONG_A, 256)
+
+
+@triton.jit
+def _qk(q_tile, k_tile, CID: tl.constexpr):
+    """Issue S = Q K^T (async) in ping-pong order: consumer 0 first, then 1, alternating every block."""
+    _wait_turn(CID)
+    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))
+    _pass_turn(CID)
     return s
 
 
@@ -240,6 +252,101 @@ def _consume_first(m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows
     return m_i, l_i, p.to(DTYPE), kv_count + 1
 
 
+@triton.jit
+def _mask_keys(s, rows, keys, rows_left, keys_left, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """s with -inf where a key is not visible to a row; rows, keys: block-relative positions, rows_left/keys_left the
+    rows/keys left in the sequence from the block's first. Rows past the sequence are not masked (never stored).
+
+    Each row sees the key interval [first, limit): two values per row (loop-variant, 2 rows per thread) compared
+    with the key positions, instead of ``visible``'s key - row per element, which LLVM hoisted out of the loop as
+    one register per element (64 per thread) and ptxas spilled."""
+    diag = keys_left - rows_left  # key k sits on row r's diagonal when k - r == diag
+    limit = tl.zeros_like(rows) + keys_left
+    if HAS_HI:
+        limit = tl.minimum(limit, rows + (diag + hi_off + 1))
+    ok = keys[None, :] < limit[:, None]
+    if HAS_LO:
+        ok = ok & (keys[None, :] >= (rows + (diag + lo_off))[:, None])
+    return tl.where(ok, s, float("-inf"))
+
+
+@triton.jit
+def _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N: tl.constexpr):
+    """First key of a tile's block j, counting over the masked lead, the mask-free bulk and the masked tail."""
+    return tl.where(j < n_lead, lead_begin + j * BLOCK_N,
+                    tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK_N,
+                             tail_begin + (j - n_unmasked) * BLOCK_N))
+
+
+@triton.jit
+def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                           q_empty, row0, len_q, len_k, lo_off, hi_off, qk_scale, lead_begin, lead_end, bulk_begin,
+                           bulk_end, tail_begin, tail_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
+                           HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
+    """All key blocks of a tile (at least one), software-pipelined as in the TLX tutorial's Hopper FA: block j's
+    QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight.
+
+    One loop over the masked lead, the mask-free bulk and the masked tail, the mask under a runtime branch (the
+    backward's lesson, bench/NOTES.md "TLX backward: register budget": three instances of the loop body each keep
+    their own hoisted wgmma descriptors and addresses live across all three loops, which ptxas spilled). Mask
+    positions are block-relative (rows from row0, keys from n0, lengths shifted to match): absolute positions let LLVM
+    widen the loop counter to 64 bits and hoist a 64-bit bound per element. Returns (acc, m, l, kv_count)."""
+    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
+    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_N)
+    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_N)
+    rows = tl.arange(0, q_tile.shape[0])
+    keys = tl.arange(0, BLOCK_N)
+    rows_left = len_q - row0
+    # the first block: QK^T and a masked softmax (masking a fully visible block is harmless); its PV left pending
+    n0 = _block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+    buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_fulls[buf], phase)
+    s = _qk(q_tile, k_tiles[buf], CID)
+    s = tlx.async_dot_wait(0, s)
+    tlx.barrier_arrive(k_empties[buf], 1)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
+                                  HAS_LO, HAS_HI, True, FMA_SOFTMAX)
+    p = p.to(DTYPE)
+    prev_n0 = n0
+    kv_count += 1
+    for j in tl.range(1, n_all, num_stages=0):
+        n0 = _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        tlx.barrier_wait(k_fulls[buf], phase)
+        # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
+        # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
+        _wait_turn(CID)
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+        # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
+        # and the fix-up's barrier with the other consumer must not sit inside a turn
+        acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
+                          NUM_BUFFERS_KV, False)
+        _pass_turn(CID)
+        s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
+        tlx.barrier_arrive(k_empties[buf], 1)
+        if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
+            s = s * qk_scale
+        if (j < n_lead) | (j >= n_unmasked):
+            s = _mask_keys(s, rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI)
+        # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
+        p_new, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+        acc = tlx.async_dot_wait(0, acc)
+        prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+        tlx.barrier_arrive(v_empties[prev_buf], 1)
+        acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
+        p = p_new.to(DTYPE)
+        prev_n0 = n0
+        kv_count += 1
+    tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
+    acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
+                      NUM_BUFFERS_KV, True)
+    acc = tlx.async_dot_wait(0, acc)
+    last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+    tlx.barrier_arrive(v_empties[last_buf], 1)
+    return acc, m_i, l_i, kv_count
+
+
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
                                "num_seqs", "rows_s", "rows_o"])
 def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
@@ -249,7 +356,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
-                        ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+                        ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D]."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
@@ -337,7 +444,13 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         qb = q_slot * NUM_CONSUMERS + cid
                         tlx.barrier_wait(q_fulls[qb], q_phase)
                         q_tile = q_tiles[qb]
-                        if PIPELINE:
+                        if ONE_LOOP:
+                            acc, m_i, l_i, kv_count = _consume_tile_one_loop(
+                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
+                                qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
+                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
+                        elif PIPELINE:
                             n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
                             first_lead = n_lead > 0
                             first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
@@ -435,7 +548,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     # Uniform lengths (a dense batch), known without reading the offsets: the max_seqlen hints times B cover the rows.
     uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
-    pipeline, kv_major = fwd_choices(cfg, has_left or has_right, params.broadcast_q, uniform)
+    pipeline, kv_major, one_loop = fwd_choices(cfg, has_left or has_right, params.broadcast_q, uniform)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     programs, schedule = tile_schedule(
@@ -450,7 +563,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
-        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline),
+        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
+        ONE_LOOP=one_loop),
         num_warps=NUM_WARPS, num_stages=1)
     if flag is not None:
         if schedule["TILES_FROM_OFFSETS"]:  # no list was built, so nothing checked the offsets: aten ops do

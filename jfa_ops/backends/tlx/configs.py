@@ -14,6 +14,10 @@ HEAD_DIMS = (64, 128, 256)
 # Overrides of the per-call choices below (None: choose; tools/tlx_check.py flips them to compare in one run).
 PIPELINE: Optional[bool] = None
 KV_MAJOR: Optional[bool] = None
+# The v4 consumer (attn_fwd._consume_tile_one_loop: one software-pipelined loop over a tile's blocks, wgmma really
+# in flight across the softmax) for every head dim: off until a GPU sweep passes and times it (bench/NOTES.md "TLX
+# forward v4"); env JFA_TLX_FWD_ONE_LOOP=1 turns it on, so tools/tlx_check.py can compare it in one run.
+ONE_LOOP: bool = os.environ.get("JFA_TLX_FWD_ONE_LOOP", "0") == "1"
 # The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
 BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
@@ -44,9 +48,9 @@ def fwd_config(head_dim: int) -> Optional[FwdConfig]:
 
 
 def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
-    """(pipeline, kv_major) for one call, from static facts: ``masked`` (causal or a window: tile costs vary within a
-    sequence), ``broadcast_q``, ``uniform`` (every sequence has the same length, known from the shapes and the
-    max_seqlen hints).
+    """(pipeline, kv_major, one_loop) for one call (one_loop: ``ONE_LOOP``, which overrides pipeline), from static
+    facts: ``masked`` (causal or a window: tile costs vary within a sequence), ``broadcast_q``, ``uniform`` (every
+    sequence has the same length, known from the shapes and the max_seqlen hints).
 
     H200 runs 1-2 (bf16 D128 forward TFLOP/s; bench/NOTES.md "TLX forward"):
     - pipelined consumers lost to unpipelined on causal (dense 372 vs 408), GQA (437 vs 474), window (194 vs 228),
@@ -58,7 +62,7 @@ def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
       over sequences of different lengths."""
     pipeline = cfg.pipeline or (broadcast_q and cfg.block_n == 128 and cfg.num_buffers_q == 2)
     kv_major = uniform or not (masked or broadcast_q)
-    return (pipeline if PIPELINE is None else PIPELINE), (kv_major if KV_MAJOR is None else KV_MAJOR)
+    return (pipeline if PIPELINE is None else PIPELINE), (kv_major if KV_MAJOR is None else KV_MAJOR), ONE_LOOP
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,14 +37,16 @@ class Specialization:
 
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
-                       uniform: bool = False) -> Specialization:
-    """pipeline/kv_major None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense batch)."""
+                       uniform: bool = False, one_loop=None) -> Specialization:
+    """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
+    batch)."""
     from .attn_fwd import attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
     chosen = fwd_choices(cfg, causal or has_left, broadcast_q, uniform)
     pipeline = chosen[0] if pipeline is None else pipeline
     kv_major = chosen[1] if kv_major is None else kv_major
+    one_loop = chosen[2] if one_loop is None else one_loop
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
@@ -55,13 +57,13 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
-                      TILES_FROM_OFFSETS=from_offsets)
+                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
-           f"{'' if fma_softmax else '-nofma'}{'-pipelined' if pipeline else '-simple'}" \
+           f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
            f"{'' if kv_major else '-tilemajor'}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -105,6 +107,14 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, fma_softmax=False)
     yield fwd_specialization(128, "bf16", True, uniform=True)  # dense causal: kv-major
     yield fwd_specialization(128, "bf16", False, pipeline=True)  # configs.PIPELINE = True (the tools' comparison)
+    # configs.ONE_LOOP (the v4 consumer), what fwd_choices picks with it on
+    for head_dim in (64, 128, 256):
+        for causal in (False, True):
+            yield fwd_specialization(head_dim, "bf16", causal, one_loop=True)
+    yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=True)
+    yield fwd_specialization(128, "bf16", False, broadcast_q=True, one_loop=True)
+    yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, one_loop=True)
+    yield fwd_specialization(128, "bf16", True, uniform=True, one_loop=True)
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal)
@@ -138,7 +148,20 @@ def compile_sm90(spec: Specialization) -> dict:
                 spill_stores=int(spill_stores.group(1)) if spill_stores else None,
                 spill_loads=int(spill_loads.group(1)) if spill_loads else None,
                 setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
-                target=re.search(r"\.target (\S+)", ptx).group(1))
+                target=re.search(r"\.target (\S+)", ptx).group(1), wgmma_overlap=wgmma_overlap(ptx))
+
+
+def wgmma_overlap(ptx: str) -> bool:
+    """Whether some wgmma group is issued while an earlier one is still in flight (a commit followed by another
+    wgmma before any wait): the intra-warpgroup pipelining. Triton's pipeliner (asyncLaunchDots) puts a wait 0 right
+    after every dot of a loop whose result is not only its loop-carried accumulator, undoing it (the TLX tutorial's
+    Hopper FA included) unless the loop has num_stages=0."""
+    committed = False
+    for op in re.findall(r"wgmma\.(commit_group|wait_group|mma_async)", ptx):
+        if op == "mma_async" and committed:
+            return True
+        committed = op == "commit_group" or (committed and op != "wait_group")
+    return False
 
 
 def _compile_index(index: int) -> dict:

@@ -8,8 +8,8 @@
    Broadcast Q: one work item per (query tile of L_q, q head) sums over the sequences in order (deterministic).
 
 Both passes take their work from the dense backward's lists (``scheduling.tile_schedule``), longest first by the
-selected-block count of the tile's block (``block_sparse_fwd.selected_cost``), and split each tile's selected
-blocks into a masked lead, a mask-free bulk and a masked tail as the forward does (``selected_tiles_below``).
+selected-block count of the tile's block (``scheduling.build_tiles``' ``selected``), and split each tile's selected
+blocks into a masked lead, a mask-free bulk and a masked tail as the forward does (``selected_tiles_split``).
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import triton.language as tl
 from . import common
 from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step
 from .attn_fwd import rows_descriptor, use_tma
-from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_cost, selected_tiles_below,
-                               sparse_offsets, tile_sizes)
+from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_tiles_split, sparse_offsets,
+                               tile_sizes)
 from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound, next_work,
                      packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
-from .configs import KNOBS
+from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
 from .launch import launch
 from .scheduling import binary_search_steps, forward_tiles, kv_tiles, single_tiles, tile_schedule, work_tile
 
@@ -43,6 +43,15 @@ def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tens
     q_blocks = torch.arange(n_q_blocks, dtype=torch.int32, device=device)
     q_index = torch.where(by_kv, q_blocks, n_q_blocks).sort(dim=-1).values
     return q_index.to(torch.int32).contiguous(), by_kv.sum(-1, dtype=torch.int32).contiguous()
+
+
+def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
+    """The dK/dV pass's pipeline depth: the dense config's, or 3 under ``KNOBS.sparse_dkdv_stages3`` for 16-bit
+    head dims <= 128 on a device with sm_90's shared memory (3 x [64, 128] Q and dO tiles fit there)."""
+    if (KNOBS.sparse_dkdv_stages3 and dtype.itemsize == 2 and head_dim <= 128 and not interpreting()
+            and shared_memory_limit(device) >= SHARED_MEMORY_LIMITS[90]):
+        return 3
+    return cfg.num_stages
 
 
 @triton.jit
@@ -111,8 +120,7 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
                                                     BLOCK_N, BLOCK_M)
     ids, count = selected_blocks(Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, kv_head, n0 // BLOCK_KV, n_kv_blocks, stride_tib,
                                  stride_tih, stride_tin, stride_tcb, stride_tch)
-    lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_Q, BLOCK_M)
-    bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_Q, BLOCK_M)
+    lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_Q, BLOCK_M)
     for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
         head = kv_head * group + g
         q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, QDO_TMA)
@@ -248,8 +256,7 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
                                                         BLOCK_M, BLOCK_N)
         ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
                                      stride_ih, stride_in, stride_cb, stride_ch)
-        lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_KV, BLOCK_N)
-        bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_KV, BLOCK_N)
+        lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_KV, BLOCK_N)
         # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
         dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, kv_row0,
                                 kv_head * HEAD_DIM, ids, rows, cols, d_ok,
@@ -339,7 +346,7 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
                                        params.block_kv)
     programs, schedule = tile_schedule(
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], block_n, window_left, right, has_left, has_right,
-                         cost_of=selected_cost(q_count, params.block_kv)),
+                         selected=(q_count, params.block_kv)),
         kv_off, q_off, k.shape[0], total_out, block_n, num_heads_kv, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
     # Q and dO through TMA (KNOBS.sparse_tma, attn_fwd.use_tma): no [BLOCK_M, D] pointer tensors in registers
     qdo_tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], q, grad_out, k)
@@ -348,7 +355,7 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
         **dict(common_args, **qdo), QDO_TMA=qdo_tma, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, **schedule,
         num_heads_kv=num_heads_kv, n_kv_blocks=n_kv_blocks, stride_dkvt=dk.stride(0),
         **index_strides("ti", "tc", q_index, q_count), BLOCK_M=block_m, BLOCK_N=block_n,
-        KV_MAJOR=KNOBS.bwd_kv_major), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        KV_MAJOR=KNOBS.bwd_kv_major), num_warps=cfg.num_warps, num_stages=dkdv_stages(cfg, q.dtype, head_dim, device))
 
     # 3. dQ over the selection itself: query tiles x q heads, longest first (broadcast Q: L_q's tiles, each summing
     # over the sequences)
@@ -367,7 +374,7 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
     else:
         programs, schedule = tile_schedule(
             lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left,
-                                  has_right, cost_of=selected_cost(count, params.block_q)),
+                                  has_right, selected=(count, params.block_q)),
             q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
     kv_tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], k, v)
     kv = dict(K=rows_descriptor(k, block_n), V=rows_descriptor(v, block_n)) if kv_tma else {}

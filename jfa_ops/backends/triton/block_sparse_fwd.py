@@ -3,14 +3,15 @@ dense kernel's online-softmax step (``common.softmax_step``, masks by ``common.v
 KV blocks its Q block selected, and nothing else: unselected blocks are never loaded.
 
 Work: the dense forward's work list (``scheduling.tile_schedule``: query tiles x q heads, longest first, built on
-the device), ordered here by the tile's selected-block count (``selected_cost``) instead of its visible keys. Query
+the device), ordered here by the tile's selected-block count (``build_tiles``' ``selected``) instead of its
+visible keys. Query
 tile m0 lies in Q block m0 // BLOCK_Q (BLOCK_M divides BLOCK_Q); Q blocks past the selection's rows select nothing
 (out 0, lse -inf).
 
 Masks, as the dense kernel's stages (``common.stage_bounds``): the selected key tiles (ascending, as
 ``select_kv_blocks`` returns them) split into a masked lead (tiles below the mask-free bulk: window start), the
 mask-free bulk and a masked tail (diagonal, window end, the sequence's partial last block, ids past the sequence);
-``selected_tiles_below`` finds the split points with a vector pass over the ids, and each part runs in its own
+``selected_tiles_split`` finds both split points in one vector pass over the ids, and each part runs in its own
 loop with MASKED a constexpr.
 """
 from __future__ import annotations
@@ -43,18 +44,21 @@ def selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, head, block, n_blocks, stride
 
 
 @triton.jit
-def selected_tiles_below(ids, count, limit, BLOCK: tl.constexpr, TILE: tl.constexpr):
-    """How many of the selected tiles (the TILE-row tiles of the ``count`` blocks of BLOCK rows listed at ``ids``, in
-    list order) end at or below ``limit`` (a multiple of TILE). With ascending ids they come first, so the stage
-    split points are (lead end, bulk end) = (below(bulk_begin), below(bulk_end)). Negative ids count as below
-    everything (the masked lead, where the loop masks them whole); ids past the sequence as above."""
-    below = count * 0
+def selected_tiles_split(ids, count, lead_limit, bulk_limit, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """(lead end, bulk end): how many of the selected tiles (the TILE-row tiles of the ``count`` blocks of BLOCK rows
+    listed at ``ids``, in list order) end at or below ``lead_limit``, and at or below ``bulk_limit`` (multiples of
+    TILE). With ascending ids they come first, so these are the stage split points for lead_limit = bulk_begin,
+    bulk_limit = bulk_end. Negative ids count as below everything (the masked lead, where the loop masks them
+    whole); ids past the sequence as above. One pass over the ids for both (a work item's start waits on it)."""
+    lead = count * 0
+    bulk = count * 0
     for j0 in range(0, loop_bound(count), IDS_CHUNK):
         j = j0 + tl.arange(0, IDS_CHUNK)
-        block = tl.load(ids + j, mask=j < count, other=0)
-        tiles = tl.minimum(tl.maximum(limit - block * BLOCK, 0) // TILE, BLOCK // TILE)
-        below += tl.sum(tl.where(j < count, tiles, 0), 0)
-    return below
+        used = j < count
+        first = tl.load(ids + j, mask=used, other=0) * BLOCK
+        lead += tl.sum(tl.where(used, tl.minimum(tl.maximum(lead_limit - first, 0) // TILE, BLOCK // TILE), 0), 0)
+        bulk += tl.sum(tl.where(used, tl.minimum(tl.maximum(bulk_limit - first, 0) // TILE, BLOCK // TILE), 0), 0)
+    return lead, bulk
 
 
 @triton.jit
@@ -131,8 +135,7 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
                                                     BLOCK_M, BLOCK_N)
     ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
                                  stride_ih, stride_in, stride_cb, stride_ch)
-    lead_end = selected_tiles_below(ids, count, bulk_begin, BLOCK_KV, BLOCK_N)
-    bulk_stop = selected_tiles_below(ids, count, bulk_end, BLOCK_KV, BLOCK_N)
+    lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_KV, BLOCK_N)
     # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
     acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids,
                                         rows, cols, d_ok, len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin,
@@ -221,16 +224,6 @@ def longest_rows(x: torch.Tensor, max_seqlen: int, broadcast: bool = False) -> i
     return max(1, min(max_seqlen, x.shape[0]))
 
 
-def selected_cost(count: torch.Tensor, block: int):
-    """``build_tiles``'s cost_of for a selection's count [B, H, N] (or its transpose's): a tile's cost is the blocks
-    its block selected, summed over the heads. Tiles past the index's N blocks cost 0 (they select nothing)."""
-    per_block = torch.nn.functional.pad(count.sum(1), (0, 1))  # [B, N + 1] int64
-
-    def cost_of(seq: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        return per_block[seq.clamp(min=0).long(), (start // block).clamp(max=count.shape[2]).long()]
-    return cost_of
-
-
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
@@ -248,7 +241,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     # query tiles x q heads, longest first by selected blocks (the dense forward's list, another cost)
     programs, schedule = tile_schedule(
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left, has_right,
-                              cost_of=selected_cost(count, params.block_q)),
+                              selected=(count, params.block_q)),
         q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.fwd_schedule, cfg.programs_per_sm, device)
     hd = head_dim_consts(head_dim)
     tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], k, v)

@@ -25,6 +25,7 @@ import meta_kernels
 from ..base import BlockSelectParams
 from ... import validation
 from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
+from .configs import KNOBS
 from .launch import launch
 from .offset_checks import offsets_ok
 from .scheduling import binary_search_steps, capacity_of, shape_constant, slot_tile
@@ -32,6 +33,7 @@ from .scheduling import binary_search_steps, capacity_of, shape_constant, slot_t
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
+SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
 
 
 @triton.jit
@@ -97,6 +99,108 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
             tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
 
 
+@triton.jit
+def _block_scores(PK, pk_row0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k, window_left, right,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """(scores of KV blocks j: pooled_q . pooled_k, -inf where not visible, +inf for the local block; visible)."""
+    d = tl.arange(0, BLOCK_D)
+    pk = tl.load(PK + (pk_row0 + j).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + d[None, :],
+                 mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    s = tl.sum(pk * pq[None, :], 1)
+    return _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
+                           ALWAYS_LOCAL)
+
+
+@triton.jit
+def _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV: tl.constexpr,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    first = j * BLOCK_KV
+    last = tl.minimum(first + BLOCK_KV, len_k) - 1
+    lo = d0 + j * 0
+    hi = d1 + j * 0
+    if HAS_RIGHT:
+        lo = tl.maximum(lo, first - right)
+    if HAS_LEFT:
+        hi = tl.minimum(hi, last + window_left)
+    vis = (lo <= hi) & j_ok
+    s = tl.where(vis, s, float("-inf"))
+    if ALWAYS_LOCAL:
+        s = tl.where(vis & (j == local), float("inf"), s)
+    return s, vis
+
+
+@triton.jit
+def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, head, n_own, stride_pks, stride_pkh,
+                             d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr,
+                             BLOCK_C: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
+                             HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """One row (n_own <= BLOCK_C blocks) without the scratch row: the scores of all its blocks as one register
+    vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
+    ranks of BLOCK_J blocks at a time against the whole vector (block j's own score picked out of it by a masked
+    sum: exact, only one term is not 0). No barrier, no re-read of the scores."""
+    c = tl.arange(0, BLOCK_C)
+    c_ok = c < n_own
+    s = tl.zeros([BLOCK_C], tl.float32)
+    for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
+        dc = d0c + tl.arange(0, BLOCK_DC)
+        d_ok = dc < HEAD_DIM
+        pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
+                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+        pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
+        s += tl.sum(pk * pq[None, :], 1)
+    s, vis = _visible_scores(s, c, c_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
+                             ALWAYS_LOCAL)
+    count = tl.load(KEEP + tl.sum(vis.to(tl.int32), 0))
+    tl.store(count_ptr, count)
+    slot0 = count * 0  # kept blocks before the current chunk
+    for j0 in tl.static_range(0, BLOCK_C, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        s_j = tl.sum(tl.where(c[None, :] == j[:, None], s[None, :], 0.0), 1)
+        beats = (s[None, :] > s_j[:, None]) | ((s[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
+        rank = tl.sum((beats & c_ok[None, :]).to(tl.int32), 1)
+        kept = (rank < count) & (j < n_own)
+        slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
+        tl.store(index_row + slot, j, mask=kept)
+        slot0 += tl.sum(kept.to(tl.int32), 0)
+
+
+@triton.jit
+def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, n_own, stride_pks,
+                        stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """One row of any length: the scores into the program's scratch row, then the ranks read back from it."""
+    d = tl.arange(0, BLOCK_D)
+    pq = tl.load(PQ_ROW + d, mask=d < HEAD_DIM, other=0.0)
+    n_visible = tl.full([], 0, tl.int32)
+    for j0 in range(0, loop_bound(n_own), BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        j_ok = j < n_own
+        s, vis = _block_scores(PK, kv_slot0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k,
+                               window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+        n_visible += tl.sum(vis.to(tl.int32), 0)
+        tl.store(scores_row + j, s, mask=j_ok)
+    count = tl.load(KEEP + n_visible)
+    tl.store(count_ptr, count)
+    tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
+    slot0 = count * 0  # kept blocks before the current chunk
+    for j0 in range(0, loop_bound(tl.where(count > 0, n_own, 0)), BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        s_j = tl.load(scores_row + j, mask=j < n_own, other=float("-inf"))
+        rank = tl.zeros([BLOCK_J], tl.int32)
+        for c0 in range(0, loop_bound(n_own), BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            s_c = tl.load(scores_row + c, mask=c < n_own, other=float("-inf"))
+            beats = (s_c[None, :] > s_j[:, None]) | ((s_c[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
+            rank += tl.sum((beats & (c < n_own)[None, :]).to(tl.int32), 1)
+        kept = (rank < count) & (j < n_own)
+        slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
+        tl.store(index_row + slot, j, mask=kept)
+        slot0 += tl.sum(kept.to(tl.int32), 0)
+
+
 @triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "heads", "window_left",
                                "right"])
 def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
@@ -105,7 +209,7 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
-                        BROADCAST_Q: tl.constexpr):
+                        BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr):
     """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
     broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
     in ascending order (the rest stays -1).
@@ -116,8 +220,9 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     2. Block j's rank = how many blocks beat it (a higher score, or an equal one at a lower index): the position
        of a stable descending sort, so ties break toward the lower index as ``reference.block_sparse.top_blocks``.
        Kept: rank < Count; its slot in Index: how many kept blocks precede it (ascending ids, no sort).
-    Padding slots, and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred),
-    read and write nothing."""
+    ROW_IN_REGISTERS (the row's blocks fit BLOCK_C, ``KNOBS.sparse_select_rows``): both steps on a register vector
+    (``_select_row_in_registers``), Scores unused. Padding slots, and sequences whose offsets point outside the
+    tensors (bad offsets under JFA_VALIDATE=deferred), read and write nothing."""
     t = tl.program_id(0) // heads
     head = tl.program_id(0) % heads
     if BROADCAST_Q:
@@ -144,52 +249,22 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
     if q_ok:
-        d = tl.arange(0, BLOCK_D)
         d0 = i * BLOCK_Q + len_k - len_q
         d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
         local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
-        scores_row = Scores + t.to(tl.int64) * stride_ss + head * stride_sh
-        pq = tl.load(PQ + q_slot.to(tl.int64) * stride_pqs + head * stride_pqh + d, mask=d < HEAD_DIM, other=0.0)
-        n_visible = tl.full([], 0, tl.int32)
-        for j0 in range(0, loop_bound(n_own), BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            j_ok = j < n_own
-            pk = tl.load(PK + (kv_slot0 + j).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + d[None, :],
-                         mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-            s = tl.sum(pk * pq[None, :], 1)
-            first = j * BLOCK_KV
-            last = tl.minimum(first + BLOCK_KV, len_k) - 1
-            lo = d0 + j * 0
-            hi = d1 + j * 0
-            if HAS_RIGHT:
-                lo = tl.maximum(lo, first - right)
-            if HAS_LEFT:
-                hi = tl.minimum(hi, last + window_left)
-            vis = (lo <= hi) & j_ok
-            s = tl.where(vis, s, float("-inf"))
-            if ALWAYS_LOCAL:
-                s = tl.where(vis & (j == local), float("inf"), s)
-            n_visible += tl.sum(vis.to(tl.int32), 0)
-            tl.store(scores_row + j, s, mask=j_ok)
-        count = tl.load(KEEP + n_visible)
         seq64 = seq.to(tl.int64)
-        tl.store(Count + seq64 * stride_cb + head * stride_ch + i, count)
         index_row = Index + seq64 * stride_ib + head * stride_ih + i * stride_iq
-        tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
-        slot0 = count * 0  # kept blocks before the current chunk
-        for j0 in range(0, loop_bound(tl.where(count > 0, n_own, 0)), BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            s_j = tl.load(scores_row + j, mask=j < n_own, other=float("-inf"))
-            rank = tl.zeros([BLOCK_J], tl.int32)
-            for c0 in range(0, loop_bound(n_own), BLOCK_C):
-                c = c0 + tl.arange(0, BLOCK_C)
-                s_c = tl.load(scores_row + c, mask=c < n_own, other=float("-inf"))
-                beats = (s_c[None, :] > s_j[:, None]) | ((s_c[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
-                rank += tl.sum((beats & (c < n_own)[None, :]).to(tl.int32), 1)
-            kept = (rank < count) & (j < n_own)
-            slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
-            tl.store(index_row + slot, j, mask=kept)
-            slot0 += tl.sum(kept.to(tl.int32), 0)
+        count_ptr = Count + seq64 * stride_cb + head * stride_ch + i
+        pq_row = PQ + q_slot.to(tl.int64) * stride_pqs + head * stride_pqh
+        if ROW_IN_REGISTERS:
+            _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, n_own, stride_pks,
+                                     stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM, BLOCK_D,
+                                     BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+        else:
+            _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh, index_row,
+                                count_ptr, kv_slot0, head, n_own, stride_pks, stride_pkh, d0, d1, local, len_k,
+                                window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT,
+                                HAS_RIGHT, ALWAYS_LOCAL)
 
 
 @shape_constant
@@ -240,9 +315,11 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     if flag is not None:
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
-    scores = torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float32, device=device)
-    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
+    in_registers = KNOBS.sparse_select_rows and n_kv <= block_c  # every row fits one register vector
+    scores = pooled_q if in_registers else torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float32,
+                                                         device=device)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     launch(block_select_kernel, (select_slots * heads_kv,), dict(
         PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
         Index=index, Count=count, n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0],
@@ -252,7 +329,8 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
         stride_ch=count.stride(1), window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"],
         BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q), num_warps=4, num_stages=1)
+        ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
+        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"])), num_warps=4, num_stages=1)
     return index, count
 
 

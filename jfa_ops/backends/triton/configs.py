@@ -71,6 +71,15 @@ class Knobs:
     # without the selection: 1.55x the dense causal kernel vs 1.78x non-causal (ideal 2x). ptxas sm_90: 112 B spills
     # (non-causal config: 64 B; 64-key tiles: 0). Off until measured (bench/NOTES.md "sparse v3").
     sparse_causal_fwd_wide: bool = False
+    # Block-sparse dK/dV pass with 3 pipeline stages instead of the dense config's 2 (D128 16-bit): FlexAttention's
+    # sm_90 backward runs the same 64 x 128 tiles with 3 stages and 8 warps; the dense kernel measured 3 stages +6% on
+    # non-causal and -14% on causal batches (every causal tile there has a masked diagonal loop; the sparse kernel
+    # masks only the diagonal block's tiles). Off until measured (bench/NOTES.md "sparse v4").
+    sparse_dkdv_stages3: bool = False
+    # Block selection: a row of <= 128 KV blocks scored and ranked in registers (no scratch row written and read
+    # back, no barrier; pooled K read in 4 slices issued together): ~6 dependent global round trips per program
+    # instead of ~12. Same choices (tests). Off until measured (bench/NOTES.md "sparse v4").
+    sparse_select_rows: bool = False
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).

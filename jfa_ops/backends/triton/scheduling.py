@@ -92,14 +92,17 @@ def work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, OFF_S, OFF_
 
 
 @triton.jit(do_not_specialize=["num_seqs", "capacity", "search_steps", "lo_off", "hi_off", "rows_s", "rows_o",
-                               "max_s", "max_o"])
-def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, FLAG, num_seqs, capacity, search_steps, lo_off, hi_off,
-                      rows_s, rows_o, max_s, max_o, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
-                      HAS_HI: tl.constexpr, CHECK: tl.constexpr, CHUNK: tl.constexpr):
+                               "max_s", "max_o", "sel_heads", "sel_blocks", "stride_sb", "stride_sh"])
+def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, FLAG, SEL_COUNT, num_seqs, capacity, search_steps,
+                      lo_off, hi_off, rows_s, rows_o, max_s, max_o, sel_heads, sel_blocks, stride_sb, stride_sh,
+                      BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, CHECK: tl.constexpr,
+                      CHUNK: tl.constexpr, SEL_BLOCK: tl.constexpr):
     """Unsorted tile slots: SLOTS[0, t] = sequence (-1: padding), SLOTS[1, t] = first row, COST[t] (-1: padding);
     TILE_COUNT = number of real tiles, 0 when the offsets are bad (rows_*: each side's row count; max_*: its
     max_seqlen, < 0 for none); CHECK: also FLAG = 1 when they are good, else 0. SLOTS is [2, capacity] int32,
-    COST [capacity] int64.
+    COST [capacity] int64. SEL_BLOCK > 0: a real tile's cost is instead the blocks its block (start // SEL_BLOCK)
+    selected, summed over the heads of a block-sparse selection's count SEL_COUNT [B, sel_heads, sel_blocks]
+    (0 past sel_blocks): ``build_tiles``' ``selected``.
 
     Sequence b owns the slots [g(b), g(b + 1)) with ``g(b) = off[b] // BLOCK - off[0] // BLOCK + b``: that range holds
     at least cdiv(L_b, BLOCK) slots (floor(end/BLOCK) - floor(begin/BLOCK) + 1 >= cdiv(end - begin, BLOCK)), and
@@ -137,7 +140,16 @@ def tile_slots_kernel(OFF_S, OFF_O, SLOTS, COST, TILE_COUNT, FLAG, num_seqs, cap
     if HAS_HI:
         # tl.cast, not .to: torch's mutation analysis (generate_ttir, torch 2.11) may pass a scalar as a constant int
         vis_hi = tl.minimum(start + rows + tl.cast(hi_off, tl.int64) + diag, len_o)  # last row + hi_off + diag + 1
-    cost = tl.where(real, rows * tl.maximum(vis_hi - vis_lo, 0), -1)
+    if SEL_BLOCK > 0:
+        block = start // SEL_BLOCK
+        has_row = real & (block < sel_blocks)
+        row = SEL_COUNT + seq.to(tl.int64) * stride_sb + block
+        selected = tl.zeros([CHUNK], tl.int64)
+        for h in range(0, loop_bound(sel_heads)):
+            selected += tl.load(row + h * stride_sh, mask=has_row, other=0).to(tl.int64)
+        cost = tl.where(real, selected, -1)
+    else:
+        cost = tl.where(real, rows * tl.maximum(vis_hi - vis_lo, 0), -1)
     tl.store(SLOTS + t, tl.where(real, seq, -1), mask=in_range)
     tl.store(SLOTS + capacity + t, tl.where(real, start, 0).to(tl.int32), mask=in_range)
     tl.store(COST + t, cost, mask=in_range)
@@ -204,7 +216,7 @@ def rank_tiles_kernel(SLOTS, COST, ORDERED, capacity, BLOCK: tl.constexpr, CHUNK
 
 def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int, rows_o: int, block: int,
                 lo_off: int, hi_off: int, has_lo: bool, has_hi: bool, flag=None, max_s: int = -1,
-                max_o: int = -1, cost_of=None) -> TileList:
+                max_o: int = -1, selected=None) -> TileList:
     """Tiles over the stationary side (queries for forward/dQ, keys for dK/dV), longest first.
 
     A stationary position ``s`` of a sequence sees the other side's positions ``o`` with
@@ -212,9 +224,10 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     present; the bottom-right alignment of FlashAttention), clipped to ``[0, L_other)``. The tile cost is (rows in
     the tile) x (other-side positions its rows can see). Offsets: [B + 1] int32 (int64 works, another compile).
     ``flag``: a [1] int32 tensor the offset check writes (1: valid); rows_*/max_*: what the offsets are checked
-    against (the list is empty when they are bad, flag or not). ``cost_of(seq, start)``: another cost per tile
-    (int64 tensors of the slots' sequence and first row; padding slots have seq -1), e.g. the selected blocks of a
-    block-sparse tile (``block_sparse_fwd.selected_cost``); still sorted on the device, no sync.
+    against (the list is empty when they are bad, flag or not). ``selected=(count, block)``: a block-sparse
+    selection's count [B, H, N] (or its transpose's) and its row block; the cost of a tile is then the blocks its
+    block selected, summed over the heads, read inside ``tile_slots_kernel`` (one launch; it was ~8 torch ops per
+    list). Still sorted on the device, no sync.
     """
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
@@ -224,14 +237,16 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     slots = torch.empty((2, capacity), dtype=torch.int32, device=device)  # unsorted (seq, start)
     cost = torch.empty((capacity,), dtype=torch.int64, device=device)
     count = torch.empty((1,), dtype=torch.int32, device=device)
+    sel_count, sel_block = selected if selected is not None else (count, 0)
+    sel_shape = sel_count.shape if selected is not None else (1, 1, 1)
     launch(tile_slots_kernel, (cdiv(capacity, SLOT_CHUNK),), dict(
         OFF_S=stationary_offsets, OFF_O=other_offsets, SLOTS=slots, COST=cost, TILE_COUNT=count,
-        FLAG=count if flag is None else flag, num_seqs=num_seqs, capacity=capacity,
+        FLAG=count if flag is None else flag, SEL_COUNT=sel_count, num_seqs=num_seqs, capacity=capacity,
         search_steps=binary_search_steps(num_seqs), lo_off=lo_off, hi_off=hi_off, rows_s=rows_s, rows_o=rows_o,
-        max_s=max_s, max_o=max_o, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=flag is not None,
-        CHUNK=SLOT_CHUNK), num_warps=4, num_stages=1)
-    if cost_of is not None:  # the caller's cost of the real tiles (padding keeps -1: last)
-        cost = torch.where(cost >= 0, cost_of(slots[0], slots[1]), cost)
+        max_s=max_s, max_o=max_o, sel_heads=sel_shape[1], sel_blocks=sel_shape[2],
+        stride_sb=sel_count.stride(0) if selected is not None else 0,
+        stride_sh=sel_count.stride(1) if selected is not None else 0, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi,
+        CHECK=flag is not None, CHUNK=SLOT_CHUNK, SEL_BLOCK=sel_block), num_warps=4, num_stages=1)
     if (KNOBS.traced_rank_tiles if tracing() else isinstance(capacity, int) and capacity <= RANK_MAX_SLOTS):
         ordered = torch.empty((2, capacity), dtype=torch.int32, device=device)
         launch(rank_tiles_kernel, (cdiv(capacity, RANK_BLOCK),), dict(

@@ -113,17 +113,20 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     return Specialization(name, attr, module, sig, constexprs, attrs, warps, stages)
 
 
-def tile_specialization(block: int, has_lo: bool, has_hi: bool) -> Specialization:
-    """The tile-list kernel (scheduling.tile_slots_kernel) as build_tiles launches it."""
+def tile_specialization(block: int, has_lo: bool, has_hi: bool, selected_block: int = 0) -> Specialization:
+    """The tile-list kernel (scheduling.tile_slots_kernel) as build_tiles launches it; selected_block > 0: with a
+    block-sparse selection's cost (``build_tiles``' ``selected``)."""
     from . import scheduling
 
     fn = scheduling.tile_slots_kernel
-    constexprs = dict(BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=has_hi, CHUNK=scheduling.SLOT_CHUNK)
+    constexprs = dict(BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=has_hi, CHUNK=scheduling.SLOT_CHUNK,
+                      SEL_BLOCK=selected_block)
     sig = _sig(list(fn.arg_names), {"OFF_S": "*i32", "OFF_O": "*i32", "SLOTS": "*i32", "COST": "*i64",
-                                    "TILE_COUNT": "*i32", "FLAG": "*i32"})
+                                    "TILE_COUNT": "*i32", "FLAG": "*i32", "SEL_COUNT": "*i32"})
     sig.update({c: "constexpr" for c in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
-    name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}"
+    name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}" \
+           f"{f'-selected{selected_block}' if selected_block else ''}"
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
@@ -150,12 +153,15 @@ _BLOCK_SPARSE_KERNELS = {
 
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
-                                from_offsets: bool = False, tma=None, wide=None, cc: int = 90) -> Specialization:
+                                from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
+                                cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
     ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list); tma: TMA where it applies (None: as
     ``KNOBS.sparse_tma`` says); wide: the causal forward on the non-causal config (None: as
-    ``KNOBS.sparse_causal_fwd_wide`` says)."""
+    ``KNOBS.sparse_causal_fwd_wide`` says); stages3: the dK/dV pass with 3 stages (None: as
+    ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); select_rows: the selection's rows in registers
+    (``KNOBS.sparse_select_rows``)."""
     import importlib
 
     from . import block_sparse_select
@@ -180,7 +186,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     elif kernel == "bs_select":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
-                          HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q)
+                          HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q,
+                          ROW_IN_REGISTERS=select_rows, BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -202,6 +209,9 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
             constexprs["KV_TMA"] = tma
         constexprs.update(ATOMIC_WORK=schedule == "atomic", TILES_FROM_OFFSETS=from_offsets)
         warps, stages = cfg.num_warps, cfg.num_stages
+        if ((KNOBS.sparse_dkdv_stages3 if stages3 is None else stages3) and kernel == "bs_dkdv"
+                and dtype != torch.float32 and bucket <= 128 and cc >= 90):
+            stages = 3
     names = list(fn.arg_names)
     sig = _sig(names, ptr)
     for c in constexprs:
@@ -210,7 +220,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
              if sig[n].startswith("*") or n.startswith("stride")}
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
            f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}{'-wide' if wide else ''}" \
-           f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}"
+           f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}" \
+           f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -225,9 +236,14 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, from_offsets=True)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, tma=True)  # KNOBS.sparse_tma
     yield block_sparse_specialization("bs_fwd", 128, torch.bfloat16, True, wide=True)  # KNOBS.sparse_causal_fwd_wide
+    for causal in (False, True):  # KNOBS.sparse_dkdv_stages3
+        yield block_sparse_specialization("bs_dkdv", 128, torch.bfloat16, causal, stages3=True)
+    yield tile_specialization(128, False, True, selected_block=128)  # the block-sparse lists' cost
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)
+    for causal in (False, True):  # KNOBS.sparse_select_rows
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, select_rows=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:

@@ -1,0 +1,130 @@
+"""Where the block-sparse forward and backward spend their GPU time, per kernel, and knob A/Bs in the same process.
+
+`PYTHONPATH=$PWD python tools/sparse_profile.py [--cases 0,2] [--variants default,sparse_tma] [--profile]` on a CUDA
+machine. Cases are the bench's quick `sparse` cases (bench.suites.sparse_cases: T 66,944, B 22, H 16, D 128, bf16,
+128-blocks; 0 keep 0.5, 1 keep 0.25, 2 and 3 the causal ones). A variant is `default` or `+`-joined
+`configs.KNOBS` names set True for that variant (`sparse_tma+sparse_causal_fwd_wide`). For every case and variant
+it prints the bench's measures (triton.testing.do_bench medians, ms): `fwd` = `sparse_attention` under no_grad
+(selection included), `bwd` = the backward alone through a retained graph, `sel` = `select_kv_blocks` alone.
+`--profile` adds, for the first variant, each kernel's GPU time per call (torch.profiler), forward and backward, so
+the selection's, the attention's and the backward's pieces (delta, transposed index, dK/dV, dQ, tile lists) read
+apart, and `gpu` columns: the summed kernel time per call (the bench's measure minus it is time the GPU waited for
+the host). The variants' kernels compile first in parallel processes (one per variant; `--no-warm` skips that), so
+the whole run fits one device call. bench/NOTES.md "sparse v4" says what to expect.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import jfa_ops
+from bench.suites import make_inputs, sparse_cases
+from jfa_ops.backends.triton import configs
+
+
+SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows")  # off by default
+
+
+def _set_variant(variant: str) -> None:
+    for name in SPARSE_KNOBS:
+        setattr(configs.KNOBS, name, False)
+    if variant != "default":
+        for name in variant.split("+"):
+            if not hasattr(configs.KNOBS, name):
+                raise SystemExit(f"no knob {name!r} in configs.KNOBS")
+            setattr(configs.KNOBS, name, True)
+
+
+def _calls(case, x):
+    kw = dict(block_q=case.block, block_kv=case.block, keep_ratio=case.keep_ratio, causal=case.causal,
+              backend="triton")
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+
+    def select():
+        return jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv, **kw)
+
+    def fwd():
+        with torch.no_grad():
+            return jfa_ops.sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv, **kw)
+
+    out = jfa_ops.sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv, **kw)
+    out = out[0] if isinstance(out, tuple) else out
+
+    def bwd():
+        return torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)
+    return select, fwd, bwd
+
+
+def _kernels(call, calls: int = 10):
+    times = collections.defaultdict(float)
+    call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name[:60]] += event.device_time / calls
+    return sorted(times.items(), key=lambda kv: -kv[1])
+
+
+def _warm(cases, variants) -> None:
+    """Compile every kernel at once: one process per (variant, case) runs that case once (Triton's disk cache then
+    serves the timing process; a fresh device machine compiles ~8 kernels per case and variant)."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--warm-only", "--cases", c, "--variants", v])
+             for v in variants for c in cases.split(",")]
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit(f"warm-up {p.args[3:]} failed")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="0,1,2,3")
+    parser.add_argument("--variants", default="default")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--no-warm", action="store_true")
+    parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cases = sparse_cases([128], "quick")
+    variants = args.variants.split(",")
+    if not (args.no_warm or args.warm_only):
+        _warm(args.cases, variants)
+    rows, profiles = [], {}
+    for index in (int(c) for c in args.cases.split(",")):
+        case = cases[index]
+        x = make_inputs(case, "cuda")
+        for n, variant in enumerate(variants):
+            _set_variant(variant)
+            select, fwd, bwd = _calls(case, x)
+            if args.warm_only:
+                fwd(), bwd(), select()
+                torch.cuda.synchronize()
+                continue
+            ms = [do_bench(f, warmup=10, rep=args.rep_ms, return_mode="median") for f in (fwd, bwd, select)]
+            rows.append((case.label, variant, *ms))
+            if args.profile and n == 0:
+                profiles[case.label] = (_kernels(fwd), _kernels(bwd))
+            del select, fwd, bwd
+    _set_variant("default")
+    for label, (fwd_k, bwd_k) in profiles.items():
+        for mode, kernels in (("fwd", fwd_k), ("bwd", bwd_k)):
+            print(f"{label} [{variants[0]}] {mode}: {len(kernels)} kernels, {sum(us for _, us in kernels):.0f} us")
+            for name, us in kernels[:8]:
+                print(f"  {us:8.1f} us  {name}")
+    print(f"{'case':24s} {'variant':42s} {'fwd ms':>7s} {'gpu':>7s} {'bwd ms':>7s} {'gpu':>7s} {'sel ms':>7s}")
+    for label, variant, f, b, s in rows:
+        gpu = [sum(us for _, us in k) / 1e3 for k in profiles[label]] if label in profiles and \
+            variant == variants[0] else [float("nan")] * 2
+        print(f"{label:24s} {variant:42s} {f:7.3f} {gpu[0]:7.3f} {b:7.3f} {gpu[1]:7.3f} {s:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
