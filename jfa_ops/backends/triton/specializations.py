@@ -333,7 +333,8 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=mxfp8_quantize.heads_per_program(16, 128),
                           ROW_BLOCKS=block[0] > 1, SQUARE=block == (32, 32), RCEIL=True,
                           BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2, X_BF16_BITS=dtype == torch.bfloat16,
-                          HW_CVT=True, STAGES=mxfp8_quantize.QUANT_STAGES)
+                          HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS,
+                          STAGES=mxfp8_quantize.QUANT_STAGES)
         yield _mxfp8_spec(f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}", fn, mxfp8_quantize,
                           {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs,
                           mxfp8_quantize.quantize_warps(block, 128), odd_strides=() if block == (32, 1) else ("stride_sh",))
@@ -357,7 +358,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
 
     for kernel, variant in ((k, v) for k in (mxfp8_attn_bwd.mxfp8_attn_bwd_dkdv_kernel,
                                              mxfp8_attn_bwd.mxfp8_attn_bwd_dq_kernel)
-                            for v in mxfp8_attn_fwd.VARIANTS):
+                            for v in mxfp8_attn_fwd.VARIANTS if v != "f16row"):  # f16row: bf16smem's
         short = "dkdv" if "dkdv" in kernel.fn.__name__ else "dq"
         cfg = mxfp8_attn_bwd.BWD_LAUNCH[short]
         for head_dim, causal in ((64, True), (128, False)):
