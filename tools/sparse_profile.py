@@ -3,7 +3,8 @@
 `PYTHONPATH=$PWD python tools/sparse_profile.py [--cases 0,2] [--variants default,sparse_tma] [--profile]` on a CUDA
 machine. Cases are the bench's quick `sparse` cases (bench.suites.sparse_cases: T 66,944, B 22, H 16, D 128, bf16,
 128-blocks; 0 keep 0.5, 1 keep 0.25, 2 and 3 the causal ones). A variant is `default` or `+`-joined
-`configs.KNOBS` names set True for that variant (`sparse_tma+sparse_causal_fwd_wide`). For every case and variant
+`configs.KNOBS` names set True for that variant (`sparse_tma+sparse_causal_fwd_wide`; `v4` stands for the four
+same-results knobs of bench/NOTES.md "sparse v4", `V4`). For every case and variant
 it prints the bench's measures (triton.testing.do_bench medians, ms): `fwd` = `sparse_attention` under no_grad
 (selection included), `bwd` = the backward alone through a retained graph, `sel` = `select_kv_blocks` alone.
 `--profile` adds, for the first variant, each kernel's GPU time per call (torch.profiler), forward and backward, so
@@ -27,14 +28,16 @@ from bench.suites import make_inputs, sparse_cases
 from jfa_ops.backends.triton import configs
 
 
-SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows")  # off by default
+# the block-sparse knobs (configs.KNOBS, all off by default); "v4" in a variant names the same-results group
+V4 = ("sparse_list_cost_in_kernel", "sparse_one_pass_split", "sparse_pool_fanout", "sparse_transpose_kernel")
+SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows") + V4
 
 
 def _set_variant(variant: str) -> None:
     for name in SPARSE_KNOBS:
         setattr(configs.KNOBS, name, False)
     if variant != "default":
-        for name in variant.split("+"):
+        for name in (n for part in variant.split("+") for n in (V4 if part == "v4" else (part,))):
             if not hasattr(configs.KNOBS, name):
                 raise SystemExit(f"no knob {name!r} in configs.KNOBS")
             setattr(configs.KNOBS, name, True)
@@ -110,6 +113,7 @@ def main():
                 continue
             ms = [do_bench(f, warmup=10, rep=args.rep_ms, return_mode="median") for f in (fwd, bwd, select)]
             rows.append((case.label, variant, *ms))
+            print(f"{case.label} [{variant}] fwd {ms[0]:.3f} bwd {ms[1]:.3f} sel {ms[2]:.3f} ms", flush=True)
             if args.profile and n == 0:
                 profiles[case.label] = (_kernels(fwd), _kernels(bwd))
             del select, fwd, bwd

@@ -34,9 +34,10 @@ CUDA = torch.cuda.is_available()
 
 
 @triton.jit
-def _split_kernel(IDS, LIMITS, OUT, count, n_limits):  # test_stage_split_points
+def _split_kernel(IDS, LIMITS, OUT, count, n_limits, ONE_PASS: tl.constexpr):  # test_stage_split_points
     i = tl.program_id(0)
-    lead, bulk = selected_tiles_split(IDS, count, tl.load(LIMITS + i), tl.load(LIMITS + n_limits - 1 - i), 32, 16)
+    lead, bulk = selected_tiles_split(IDS, count, tl.load(LIMITS + i), tl.load(LIMITS + n_limits - 1 - i), 32, 16,
+                                      ONE_PASS)
     tl.store(OUT + i, lead)
     tl.store(OUT + n_limits + i, bulk)
 DEVICES = [pytest.param("cpu", id="cpu", marks=pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")),
@@ -211,10 +212,12 @@ def test_selection_edge_cases(device, name, rows, monkeypatch):
     """Programs exist only for the batch's real blocks (slots, ``scheduling.slot_tile``), found from the offsets:
     empty sequences, length 1, sequences shorter than a block, many sequences, GQA groups pooled in several steps,
     broadcast Q; equals the float64 reference exactly, causal or not, with and without always_local; with the
-    scores in a scratch row or in registers (``KNOBS.sparse_select_rows``)."""
+    scores in a scratch row or in registers (``KNOBS.sparse_select_rows``), the pooling's slot search binary or
+    64-ary (``KNOBS.sparse_pool_fanout``, taken together with the rows here)."""
     from jfa_ops.backends.triton import configs
 
     monkeypatch.setattr(configs.KNOBS, "sparse_select_rows", rows)
+    monkeypatch.setattr(configs.KNOBS, "sparse_pool_fanout", rows)
     q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
     gen = torch.Generator().manual_seed(len(kv_lens))
     q_lens = q_lens or kv_lens
@@ -333,6 +336,26 @@ def test_tma_paths(name, monkeypatch):
     assert len(launched) == 6  # K, V forward; Q, dO dK/dV; K, V dQ
 
 
+V4_KNOBS = ("sparse_list_cost_in_kernel", "sparse_one_pass_split", "sparse_pool_fanout", "sparse_transpose_kernel",
+            "sparse_select_rows")
+
+
+@on_each_device
+@pytest.mark.parametrize("name", ["jagged_empty_len1_gqa_causal", "broadcast_q_window", "cross_lq_gt_lk_causal"])
+def test_sparse4_knobs_end_to_end(device, name, monkeypatch):
+    """The same-results knobs of bench/NOTES.md "sparse v4" all on (list cost in the tile kernel, one-pass stage
+    split, 64-ary pooling search, one-launch transpose, selection rows in registers): selection, forward and
+    backward equal the oracles as with them off."""
+    from jfa_ops.backends.triton import configs
+
+    for knob in V4_KNOBS:
+        monkeypatch.setattr(configs.KNOBS, knob, True)
+    case, block_q, block_kv, keep_ratio, top_k = FEATURES[name]
+    for dtype in _dtypes(device):
+        check_block_sparse_case(BlockSparseCase(case.replace(device=device, dtype=dtype), block_q, block_kv,
+                                                keep_ratio, top_k), "triton", seed=17)
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_causal_forward_wide_tiles(monkeypatch):
     """KNOBS.sparse_causal_fwd_wide: the causal forward on the non-causal config's key tiles (D128: 128 keys, so a
@@ -353,10 +376,13 @@ def test_causal_forward_wide_tiles(monkeypatch):
     assert tiles == [128], tiles
 
 
-def test_work_list_is_longest_first():
+@pytest.mark.parametrize("in_kernel", [False, True], ids=["torch", "kernel"])
+def test_work_list_is_longest_first(in_kernel):
     """The forward's work list holds every real query tile once, ordered by the selected-block count of its Q block
     (summed over kv heads), descending; ties keep (sequence, row) order. Tiles past the selection's Q blocks cost 0
-    (here a strided view with 4 of sequence 3's 5 blocks)."""
+    (here a strided view with 4 of sequence 3's 5 blocks). The cost by torch ops or read inside the tile-list
+    kernel (``KNOBS.sparse_list_cost_in_kernel``)."""
+    from jfa_ops.backends.triton.block_sparse_fwd import selected_cost
     from jfa_ops.backends.triton.scheduling import forward_tiles
 
     q_off = torch.tensor([0, 40, 40, 41, 111], dtype=torch.int32)  # lengths 40, 0, 1, 70
@@ -364,7 +390,8 @@ def test_work_list_is_longest_first():
     count[0, :, :3] = torch.tensor([[1, 2, 3], [1, 0, 3]])
     count[2, :, 0] = 1
     count[3, :, :5] = torch.tensor([[5, 1, 2, 4, 3], [5, 1, 0, 4, 3]])
-    tiles = forward_tiles(q_off, q_off, 111, 111, 16, 0, 0, False, False, selected=(count[..., :4], 16))
+    cost = dict(selected=(count[..., :4], 16)) if in_kernel else dict(cost_of=selected_cost(count[..., :4], 16))
+    tiles = forward_tiles(q_off, q_off, 111, 111, 16, 0, 0, False, False, **cost)
     n = int(tiles.count)
     got = list(zip(tiles.seq[:n].tolist(), tiles.start[:n].tolist()))
     cost = {(b, 16 * i): int(count[b, :, i].sum()) if i < 4 else 0 for b, length in enumerate((40, 0, 1, 70))
@@ -374,15 +401,16 @@ def test_work_list_is_longest_first():
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_stage_split_points():
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_stage_split_points(one_pass):
     """``selected_tiles_split``: of the selected 16-row tiles of 32-row blocks (ascending ids; negative ids first,
     ids past the sequence last), how many end at or below each of two limits, i.e. the masked lead's and the bulk's
-    ends (one pass over the ids for both)."""
+    ends (one pass over the ids for both, or one each)."""
     ids = torch.tensor([-1, 0, 2, 3, 7] + [5] * 70, dtype=torch.int32)  # 75 ids: more than one IDS_CHUNK step
     count = 75
     limits = torch.tensor([0, 16, 32, 64, 80, 96, 112, 128, 160, 224, 256, 4096], dtype=torch.int32)
     out = torch.empty(2 * len(limits), dtype=torch.int32)
-    _split_kernel[(len(limits),)](ids, limits, out, count, len(limits))
+    _split_kernel[(len(limits),)](ids, limits, out, count, len(limits), one_pass)
     below = [sum(2 if b < 0 else min(max(limit - 32 * b, 0) // 16, 2) for b in ids.tolist())
              for limit in limits.tolist()]
     assert out[:len(limits)].tolist() == below  # lead limits ascending
@@ -403,10 +431,13 @@ def test_transposed_selection():
 def test_transposed_selection_random(path, monkeypatch):
     """Random selections (ids out of range, duplicates, entries past the count, empty rows) against a plain loop:
     the one-launch kernel and the torch ops for rows wider than it takes."""
-    from jfa_ops.backends.triton import block_sparse_bwd
+    from jfa_ops.backends.triton import block_sparse_bwd, configs
 
-    if path == "torch":
-        monkeypatch.setattr(block_sparse_bwd, "TRANSPOSE_MAX_WIDTH", 0)
+    monkeypatch.setattr(configs.KNOBS, "sparse_transpose_kernel", path == "kernel")
+    launched = []
+    real_launch = block_sparse_bwd.launch
+    monkeypatch.setattr(block_sparse_bwd, "launch", lambda kernel, *a, **o: launched.append(kernel) or real_launch(
+        kernel, *a, **o))
     gen = torch.Generator().manual_seed(7)
     batch, heads, n_q, width, n_kv = 2, 3, 9, 40, 37  # 37 KV blocks: two 32-block program chunks, one partial
     index = torch.randint(-2, n_kv + 3, (batch, heads, n_q, width), generator=gen, dtype=torch.int32)
@@ -424,6 +455,7 @@ def test_transposed_selection_random(path, monkeypatch):
                         want_count[b, h, j] += 1
     assert torch.equal(q_count, want_count)
     assert torch.equal(q_index, want_index)
+    assert launched == ([block_sparse_bwd.transpose_selection_kernel] if path == "kernel" else [])
 
 
 def test_supports_block_sizes():

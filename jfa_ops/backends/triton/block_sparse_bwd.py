@@ -8,7 +8,7 @@
    Broadcast Q: one work item per (query tile of L_q, q head) sums over the sequences in order (deterministic).
 
 Both passes take their work from the dense backward's lists (``scheduling.tile_schedule``), longest first by the
-selected-block count of the tile's block (``scheduling.build_tiles``' ``selected``), and split each tile's selected
+selected-block count of the tile's block (``block_sparse_fwd.selected_cost_args``), and split each tile's selected
 blocks into a masked lead, a mask-free bulk and a masked tail as the forward does (``selected_tiles_split``).
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import triton.language as tl
 from . import common
 from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step
 from .attn_fwd import rows_descriptor, use_tma
-from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_tiles_split, sparse_offsets,
-                               tile_sizes)
+from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_cost_args, selected_tiles_split,
+                               sparse_offsets, tile_sizes)
 from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound, next_work,
                      packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
@@ -80,12 +80,12 @@ def transpose_selection_kernel(INDEX, COUNT, Q_INDEX, Q_COUNT, n_q_blocks, n_kv_
 def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
     """(q_block_index [B, H, n_kv_blocks, NQB] int32: per KV block the Q blocks that selected it, ascending, then
     NQB; q_block_count [B, H, n_kv_blocks] int32). Ids outside [0, n_kv_blocks) and entries past a row's count are
-    dropped. On the device, no sync: one fill and one launch (``transpose_selection_kernel``) for rows up to
-    TRANSPOSE_MAX_WIDTH ids (it was ~12 torch ops over [B, H, NQB, n_kv_blocks + 1], a segmented sort among them);
-    wider rows by those torch ops."""
+    dropped. On the device, no sync: under ``KNOBS.sparse_transpose_kernel`` one fill and one launch
+    (``transpose_selection_kernel``) for rows up to TRANSPOSE_MAX_WIDTH ids, else ~12 torch ops over
+    [B, H, NQB, n_kv_blocks + 1] (a segmented sort among them)."""
     batch, heads, n_q_blocks, width = kv_block_index.shape
     device = kv_block_index.device
-    if width <= TRANSPOSE_MAX_WIDTH:
+    if KNOBS.sparse_transpose_kernel and width <= TRANSPOSE_MAX_WIDTH:
         q_index = torch.full((batch, heads, n_kv_blocks, n_q_blocks), n_q_blocks, dtype=torch.int32, device=device)
         q_count = torch.empty((batch, heads, n_kv_blocks), dtype=torch.int32, device=device)
         if q_count.numel():
@@ -156,7 +156,7 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
                       HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, QDO_TMA: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
+                      DOT_PRECISION: tl.constexpr, ONE_PASS_SPLIT: tl.constexpr):
     """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
     kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
@@ -180,7 +180,7 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
                                                     BLOCK_N, BLOCK_M)
     ids, count = selected_blocks(Q_BLOCK_INDEX, Q_BLOCK_COUNT, seq, kv_head, n0 // BLOCK_KV, n_kv_blocks, stride_tib,
                                  stride_tih, stride_tin, stride_tcb, stride_tch)
-    lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_Q, BLOCK_M)
+    lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_Q, BLOCK_M, ONE_PASS_SPLIT)
     for g in range(loop_bound(group)):  # the q heads of this kv head's group: sum in registers
         head = kv_head * group + g
         q_ptrs = row_source(Q, q_row0, rows0, stride_qt, head, stride_qh, d, QDO_TMA)
@@ -220,7 +220,8 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                              BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                              BROADCAST_Q: tl.constexpr, QDO_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                             KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+                             KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
+                             ONE_PASS_SPLIT: tl.constexpr):
     """Work items (key tile, kv head), as the dense ``attn_bwd_dkdv_kernel`` takes them (``scheduling.work_tile``)."""
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
@@ -240,7 +241,7 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
                               stride_vh, stride_dot, stride_doh, stride_dkvt, stride_tib, stride_tih, stride_tin,
                               stride_tcb, stride_tch, group, scale, qk_scale, window_left, right, HEAD_DIM, BLOCK_D,
                               PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
-                              QDO_TMA, DOT_PRECISION)
+                              QDO_TMA, DOT_PRECISION, ONE_PASS_SPLIT)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
@@ -283,7 +284,7 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, KV_TMA: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr, ONE_PASS_SPLIT: tl.constexpr):
     """Query rows [m0, m0 + BLOCK_M) of one sequence (broadcast Q: of every sequence, summed in order), q head."""
     if BROADCAST_Q:
         seq_end = seq_begin + num_seqs
@@ -316,7 +317,8 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
                                                         BLOCK_M, BLOCK_N)
         ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
                                      stride_ih, stride_in, stride_cb, stride_ch)
-        lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_KV, BLOCK_N)
+        lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_KV, BLOCK_N,
+                                                   ONE_PASS_SPLIT)
         # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
         dq = _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, kv_row0,
                                 kv_head * HEAD_DIM, ids, rows, cols, d_ok,
@@ -347,7 +349,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                            BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                            BROADCAST_Q: tl.constexpr, KV_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                           ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
+                           ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_PASS_SPLIT: tl.constexpr):
     """Work items (query tile, q head), tile-major as the dense ``attn_bwd_dq_kernel`` (``scheduling.work_tile``).
     Broadcast Q: the tiles are L_q's query blocks (sequence 0) and each sums over every sequence."""
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
@@ -367,7 +369,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                             stride_vh, stride_dot, stride_doh, stride_dqt, stride_dqh, stride_ib, stride_ih,
                             stride_in, stride_cb, stride_ch, group, scale, qk_scale, window_left, right, HEAD_DIM,
                             BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
-                            KV_TMA, DOT_PRECISION)
+                            KV_TMA, DOT_PRECISION, ONE_PASS_SPLIT)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
@@ -406,7 +408,7 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
                                        params.block_kv)
     programs, schedule = tile_schedule(
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], block_n, window_left, right, has_left, has_right,
-                         selected=(q_count, params.block_kv)),
+                         **selected_cost_args(q_count, params.block_kv)),
         kv_off, q_off, k.shape[0], total_out, block_n, num_heads_kv, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
     # Q and dO through TMA (KNOBS.sparse_tma, attn_fwd.use_tma): no [BLOCK_M, D] pointer tensors in registers
     qdo_tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], q, grad_out, k)
@@ -415,7 +417,8 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
         **dict(common_args, **qdo), QDO_TMA=qdo_tma, Delta=delta, DK=dk, DV=dv, Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, **schedule,
         num_heads_kv=num_heads_kv, n_kv_blocks=n_kv_blocks, stride_dkvt=dk.stride(0),
         **index_strides("ti", "tc", q_index, q_count), BLOCK_M=block_m, BLOCK_N=block_n,
-        KV_MAJOR=KNOBS.bwd_kv_major), num_warps=cfg.num_warps, num_stages=dkdv_stages(cfg, q.dtype, head_dim, device))
+        KV_MAJOR=KNOBS.bwd_kv_major, ONE_PASS_SPLIT=KNOBS.sparse_one_pass_split), num_warps=cfg.num_warps,
+        num_stages=dkdv_stages(cfg, q.dtype, head_dim, device))
 
     # 3. dQ over the selection itself: query tiles x q heads, longest first (broadcast Q: L_q's tiles, each summing
     # over the sequences)
@@ -434,13 +437,14 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
     else:
         programs, schedule = tile_schedule(
             lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left,
-                                  has_right, selected=(count, params.block_q)),
+                                  has_right, **selected_cost_args(count, params.block_q)),
             q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.bwd_schedule, cfg.programs_per_sm, device)
     kv_tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], k, v)
     kv = dict(K=rows_descriptor(k, block_n), V=rows_descriptor(v, block_n)) if kv_tma else {}
     launch(block_sparse_dq_kernel, (programs,), dict(
         **dict(common_args, **kv), KV_TMA=kv_tma, Delta=delta, DQ=dq, BLOCK_INDEX=index, BLOCK_COUNT=count, **schedule, num_heads=num_heads,
         n_q_blocks=index.shape[2], stride_dqt=dq.stride(0), stride_dqh=dq.stride(1),
-        **index_strides("i", "c", index, count), BLOCK_M=block_m, BLOCK_N=block_n), num_warps=cfg.num_warps,
+        **index_strides("i", "c", index, count), BLOCK_M=block_m, BLOCK_N=block_n,
+        ONE_PASS_SPLIT=KNOBS.sparse_one_pass_split), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return dq, dk, dv

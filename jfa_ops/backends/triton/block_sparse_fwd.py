@@ -3,8 +3,8 @@ dense kernel's online-softmax step (``common.softmax_step``, masks by ``common.v
 KV blocks its Q block selected, and nothing else: unselected blocks are never loaded.
 
 Work: the dense forward's work list (``scheduling.tile_schedule``: query tiles x q heads, longest first, built on
-the device), ordered here by the tile's selected-block count (``build_tiles``' ``selected``) instead of its
-visible keys. Query
+the device), ordered here by the tile's selected-block count (``selected_cost_args``) instead of its visible
+keys. Query
 tile m0 lies in Q block m0 // BLOCK_Q (BLOCK_M divides BLOCK_Q); Q blocks past the selection's rows select nothing
 (out 0, lse -inf).
 
@@ -44,21 +44,40 @@ def selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, head, block, n_blocks, stride
 
 
 @triton.jit
-def selected_tiles_split(ids, count, lead_limit, bulk_limit, BLOCK: tl.constexpr, TILE: tl.constexpr):
+def selected_tiles_split(ids, count, lead_limit, bulk_limit, BLOCK: tl.constexpr, TILE: tl.constexpr,
+                         ONE_PASS: tl.constexpr):
     """(lead end, bulk end): how many of the selected tiles (the TILE-row tiles of the ``count`` blocks of BLOCK rows
     listed at ``ids``, in list order) end at or below ``lead_limit``, and at or below ``bulk_limit`` (multiples of
     TILE). With ascending ids they come first, so these are the stage split points for lead_limit = bulk_begin,
     bulk_limit = bulk_end. Negative ids count as below everything (the masked lead, where the loop masks them
-    whole); ids past the sequence as above. One pass over the ids for both (a work item's start waits on it)."""
-    lead = count * 0
-    bulk = count * 0
+    whole); ids past the sequence as above. ONE_PASS (``KNOBS.sparse_one_pass_split``): one pass over the ids for
+    both (a work item's first tile waits on it), else one pass each."""
+    if ONE_PASS:
+        lead = count * 0
+        bulk = count * 0
+        for j0 in range(0, loop_bound(count), IDS_CHUNK):
+            j = j0 + tl.arange(0, IDS_CHUNK)
+            used = j < count
+            first = tl.load(ids + j, mask=used, other=0) * BLOCK
+            lead += tl.sum(tl.where(used, tl.minimum(tl.maximum(lead_limit - first, 0) // TILE, BLOCK // TILE), 0),
+                           0)
+            bulk += tl.sum(tl.where(used, tl.minimum(tl.maximum(bulk_limit - first, 0) // TILE, BLOCK // TILE), 0),
+                           0)
+    else:
+        lead = _selected_tiles_below(ids, count, lead_limit, BLOCK, TILE)
+        bulk = _selected_tiles_below(ids, count, bulk_limit, BLOCK, TILE)
+    return lead, bulk
+
+
+@triton.jit
+def _selected_tiles_below(ids, count, limit, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    below = count * 0
     for j0 in range(0, loop_bound(count), IDS_CHUNK):
         j = j0 + tl.arange(0, IDS_CHUNK)
-        used = j < count
-        first = tl.load(ids + j, mask=used, other=0) * BLOCK
-        lead += tl.sum(tl.where(used, tl.minimum(tl.maximum(lead_limit - first, 0) // TILE, BLOCK // TILE), 0), 0)
-        bulk += tl.sum(tl.where(used, tl.minimum(tl.maximum(bulk_limit - first, 0) // TILE, BLOCK // TILE), 0), 0)
-    return lead, bulk
+        block = tl.load(ids + j, mask=j < count, other=0)
+        tiles = tl.minimum(tl.maximum(limit - block * BLOCK, 0) // TILE, BLOCK // TILE)
+        below += tl.sum(tl.where(j < count, tiles, 0), 0)
+    return below
 
 
 @triton.jit
@@ -110,7 +129,8 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
                      right, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+                     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
+                     ONE_PASS_SPLIT: tl.constexpr):
     """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
     out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
@@ -135,7 +155,7 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
                                                     BLOCK_M, BLOCK_N)
     ids, count = selected_blocks(BLOCK_INDEX, BLOCK_COUNT, seq, kv_head, m0 // BLOCK_Q, n_q_blocks, stride_ib,
                                  stride_ih, stride_in, stride_cb, stride_ch)
-    lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_KV, BLOCK_N)
+    lead_end, bulk_stop = selected_tiles_split(ids, count, bulk_begin, bulk_end, BLOCK_KV, BLOCK_N, ONE_PASS_SPLIT)
     # masked lead (window start), mask-free bulk, masked tail (diagonal, window end, partial last block)
     acc, m_i, l_i = _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids,
                                         rows, cols, d_ok, len_q, len_k, -window_left, right, qk_scale, 0, lead_end, bulk_begin,
@@ -170,7 +190,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                             BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                             BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
                             FMA_SOFTMAX: tl.constexpr, KV_MAJOR: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                            TILES_FROM_OFFSETS: tl.constexpr):
+                            TILES_FROM_OFFSETS: tl.constexpr, ONE_PASS_SPLIT: tl.constexpr):
     """Work items (query tile, q head), as the dense ``attn_fwd_kernel`` takes them (``scheduling.work_tile``).
     USE_TMA: K and V are tensor descriptors over [T_kv, Hkv*D] (block [BLOCK_N, HEAD_DIM])."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
@@ -190,7 +210,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                              n_q_blocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
                              stride_oh, stride_ib, stride_ih, stride_in, stride_cb, stride_ch, group, qk_scale,
                              window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV,
-                             HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
+                             HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX, ONE_PASS_SPLIT)
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
@@ -224,6 +244,24 @@ def longest_rows(x: torch.Tensor, max_seqlen: int, broadcast: bool = False) -> i
     return max(1, min(max_seqlen, x.shape[0]))
 
 
+def selected_cost(count: torch.Tensor, block: int):
+    """``build_tiles``'s cost_of for a selection's count [B, H, N] (or its transpose's): a tile's cost is the blocks
+    its block selected, summed over the heads. Tiles past the index's N blocks cost 0 (they select nothing)."""
+    per_block = torch.nn.functional.pad(count.sum(1), (0, 1))  # [B, N + 1] int64
+
+    def cost_of(seq: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return per_block[seq.clamp(min=0).long(), (start // block).clamp(max=count.shape[2]).long()]
+    return cost_of
+
+
+def selected_cost_args(count: torch.Tensor, block: int) -> dict:
+    """``build_tiles``' block-sparse cost: read in its kernel (``KNOBS.sparse_list_cost_in_kernel``) or by the
+    torch ops of ``selected_cost``; the same numbers."""
+    if KNOBS.sparse_list_cost_in_kernel:
+        return dict(selected=(count, block))
+    return dict(cost_of=selected_cost(count, block))
+
+
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
@@ -241,7 +279,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     # query tiles x q heads, longest first by selected blocks (the dense forward's list, another cost)
     programs, schedule = tile_schedule(
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], block_m, window_left, right, has_left, has_right,
-                              selected=(count, params.block_q)),
+                              **selected_cost_args(count, params.block_q)),
         q_off, kv_off, total_out, k.shape[0], block_m, num_heads, KNOBS.fwd_schedule, cfg.programs_per_sm, device)
     hd = head_dim_consts(head_dim)
     tma = KNOBS.sparse_tma and use_tma(hd["PAD_D"], k, v)
@@ -255,6 +293,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         window_left=window_left, right=right, **hd, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         BROADCAST_Q=params.broadcast_q, USE_TMA=tma, DOT_PRECISION=dot_precision(q.dtype),
-        FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major),
+        FMA_SOFTMAX=KNOBS.fwd_fma_softmax and params.scale > 0, KV_MAJOR=KNOBS.fwd_kv_major,
+        ONE_PASS_SPLIT=KNOBS.sparse_one_pass_split),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

@@ -80,6 +80,15 @@ class Knobs:
     # back, no barrier; pooled K read in 4 slices issued together): ~6 dependent global round trips per program
     # instead of ~12. Same choices (tests). Off until measured (bench/NOTES.md "sparse v4").
     sparse_select_rows: bool = False
+    # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads;
+    # each a kernel change, so off until the GPU runs them (bench/NOTES.md "sparse v4"): the work lists' selected-block
+    # cost read inside tile_slots_kernel (not ~8 torch ops per list); both stage split points of a work item in one
+    # pass over its ids (not two); the pooling's slot -> sequence by a 64-ary search (1 dependent load for <= 64
+    # sequences, not ceil(log2 B)); the backward's transposed selection in one launch (not ~12 torch ops + a sort).
+    sparse_list_cost_in_kernel: bool = False
+    sparse_one_pass_split: bool = False
+    sparse_pool_fanout: bool = False
+    sparse_transpose_kernel: bool = False
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).

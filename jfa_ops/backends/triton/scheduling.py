@@ -256,7 +256,7 @@ def rank_tiles_kernel(SLOTS, COST, ORDERED, capacity, BLOCK: tl.constexpr, CHUNK
 
 def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int, rows_o: int, block: int,
                 lo_off: int, hi_off: int, has_lo: bool, has_hi: bool, flag=None, max_s: int = -1,
-                max_o: int = -1, selected=None) -> TileList:
+                max_o: int = -1, cost_of=None, selected=None) -> TileList:
     """Tiles over the stationary side (queries for forward/dQ, keys for dK/dV), longest first.
 
     A stationary position ``s`` of a sequence sees the other side's positions ``o`` with
@@ -264,10 +264,12 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     present; the bottom-right alignment of FlashAttention), clipped to ``[0, L_other)``. The tile cost is (rows in
     the tile) x (other-side positions its rows can see). Offsets: [B + 1] int32 (int64 works, another compile).
     ``flag``: a [1] int32 tensor the offset check writes (1: valid); rows_*/max_*: what the offsets are checked
-    against (the list is empty when they are bad, flag or not). ``selected=(count, block)``: a block-sparse
-    selection's count [B, H, N] (or its transpose's) and its row block; the cost of a tile is then the blocks its
-    block selected, summed over the heads, read inside ``tile_slots_kernel`` (one launch; it was ~8 torch ops per
-    list). Still sorted on the device, no sync.
+    against (the list is empty when they are bad, flag or not). ``cost_of(seq, start)``: another cost per tile
+    (int64 tensors of the slots' sequence and first row; padding slots have seq -1), e.g. the selected blocks of a
+    block-sparse tile (``block_sparse_fwd.selected_cost``: ~8 torch ops); ``selected=(count, block)``: that cost
+    read inside ``tile_slots_kernel`` instead (a block-sparse selection's count [B, H, N] or its transpose's, and
+    its row block: the blocks a tile's block selected, summed over the heads; ``KNOBS.sparse_list_cost_in_kernel``).
+    Still sorted on the device, no sync.
     """
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
@@ -287,6 +289,8 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
         stride_sb=sel_count.stride(0) if selected is not None else 0,
         stride_sh=sel_count.stride(1) if selected is not None else 0, BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi,
         CHECK=flag is not None, CHUNK=SLOT_CHUNK, SEL_BLOCK=sel_block), num_warps=4, num_stages=1)
+    if cost_of is not None:  # the caller's cost of the real tiles (padding keeps -1: last)
+        cost = torch.where(cost >= 0, cost_of(slots[0], slots[1]), cost)
     if (KNOBS.traced_rank_tiles if tracing() else isinstance(capacity, int) and capacity <= RANK_MAX_SLOTS):
         ordered = torch.empty((2, capacity), dtype=torch.int32, device=device)
         launch(rank_tiles_kernel, (cdiv(capacity, RANK_BLOCK),), dict(

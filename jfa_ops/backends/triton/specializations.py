@@ -167,6 +167,7 @@ _BLOCK_SPARSE_KERNELS = {
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
+                                pool_fanout=False, one_pass=None,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
@@ -174,7 +175,9 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ``KNOBS.sparse_tma`` says); wide: the causal forward on the non-causal config (None: as
     ``KNOBS.sparse_causal_fwd_wide`` says); stages3: the dK/dV pass with 3 stages (None: as
     ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); select_rows: the selection's rows in registers
-    (``KNOBS.sparse_select_rows``)."""
+    (``KNOBS.sparse_select_rows``); pool_fanout: the pooling's 64-ary slot search
+    (``KNOBS.sparse_pool_fanout``); one_pass: both stage split points in one pass over the ids (None: as
+    ``KNOBS.sparse_one_pass_split`` says)."""
     import importlib
 
     from . import block_sparse_select
@@ -195,7 +198,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     warps, stages = 4, 1
     if kernel == "bs_pool":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
-                          WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1)
+                          WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0)
     elif kernel == "bs_select":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
@@ -220,7 +223,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
             constexprs.update(KV_MAJOR=KNOBS.bwd_kv_major, QDO_TMA=tma)
         else:
             constexprs["KV_TMA"] = tma
-        constexprs.update(ATOMIC_WORK=schedule == "atomic", TILES_FROM_OFFSETS=from_offsets)
+        constexprs.update(ATOMIC_WORK=schedule == "atomic", TILES_FROM_OFFSETS=from_offsets,
+                          ONE_PASS_SPLIT=KNOBS.sparse_one_pass_split if one_pass is None else one_pass)
         warps, stages = cfg.num_warps, cfg.num_stages
         if ((KNOBS.sparse_dkdv_stages3 if stages3 is None else stages3) and kernel == "bs_dkdv"
                 and dtype != torch.float32 and bucket <= 128 and cc >= 90):
@@ -234,7 +238,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
            f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}{'-wide' if wide else ''}" \
            f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}" \
-           f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}"
+           f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}" \
+           f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -249,6 +254,8 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, from_offsets=True)
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, tma=True)  # KNOBS.sparse_tma
     yield block_sparse_specialization("bs_fwd", 128, torch.bfloat16, True, wide=True)  # KNOBS.sparse_causal_fwd_wide
+    for kernel in ("bs_fwd", "bs_dkdv", "bs_dq"):  # KNOBS.sparse_one_pass_split
+        yield block_sparse_specialization(kernel, 128, torch.bfloat16, True, one_pass=True)
     for causal in (False, True):  # KNOBS.sparse_dkdv_stages3
         yield block_sparse_specialization("bs_dkdv", 128, torch.bfloat16, causal, stages3=True)
     yield tile_specialization(128, False, True, selected_block=128)  # the block-sparse lists' cost
@@ -256,6 +263,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     yield transpose_specialization(256)
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
+    yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)
     for causal in (False, True):  # KNOBS.sparse_select_rows
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, select_rows=True)
