@@ -30,7 +30,8 @@ import triton.language.extra.tlx as tlx
 from ... import validation
 from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
-from ..triton.common import LN2, seq_extent, softmax_step, stage_bounds, visible, window_bounds, work_item
+from ..triton.common import (LN2, key_interval_mask, seq_extent, softmax_step, stage_block_start, stage_bounds, visible,
+                             window_bounds, work_item)
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
 from .configs import NUM_WARPS, fwd_choices, fwd_config
@@ -253,45 +254,22 @@ def _consume_first(m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows
 
 
 @triton.jit
-def _mask_keys(s, rows, keys, rows_left, keys_left, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
-    """s with -inf where a key is not visible to a row; rows, keys: block-relative positions, rows_left/keys_left the
-    rows/keys left in the sequence from the block's first. Rows past the sequence are not masked (never stored).
-
-    Each row sees the key interval [first, limit): two values per row (loop-variant, 2 rows per thread) compared
-    with the key positions, instead of ``visible``'s key - row per element, which LLVM hoisted out of the loop as
-    one register per element (64 per thread) and ptxas spilled."""
-    diag = keys_left - rows_left  # key k sits on row r's diagonal when k - r == diag
-    limit = tl.zeros_like(rows) + keys_left
-    if HAS_HI:
-        limit = tl.minimum(limit, rows + (diag + hi_off + 1))
-    ok = keys[None, :] < limit[:, None]
-    if HAS_LO:
-        ok = ok & (keys[None, :] >= (rows + (diag + lo_off))[:, None])
-    return tl.where(ok, s, float("-inf"))
-
-
-@triton.jit
-def _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N: tl.constexpr):
-    """First key of a tile's block j, counting over the masked lead, the mask-free bulk and the masked tail."""
-    return tl.where(j < n_lead, lead_begin + j * BLOCK_N,
-                    tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK_N,
-                             tail_begin + (j - n_unmasked) * BLOCK_N))
-
-
-@triton.jit
 def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                            q_empty, row0, len_q, len_k, lo_off, hi_off, qk_scale, lead_begin, lead_end, bulk_begin,
                            bulk_end, tail_begin, tail_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
-    """All key blocks of a tile (at least one), software-pipelined as in the TLX tutorial's Hopper FA: block j's
-    QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight.
+    """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
+    block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
+    has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
 
     One loop over the masked lead, the mask-free bulk and the masked tail, the mask under a runtime branch (the
     backward's lesson, bench/NOTES.md "TLX backward: register budget": three instances of the loop body each keep
     their own hoisted wgmma descriptors and addresses live across all three loops, which ptxas spilled). Mask
     positions are block-relative (rows from row0, keys from n0, lengths shifted to match): absolute positions let LLVM
-    widen the loop counter to 64 bits and hoist a 64-bit bound per element. Returns (acc, m, l, kv_count)."""
+    widen the loop counter to 64 bits and hoist a 64-bit bound per element; the mask is a key interval per row
+    (``common.key_interval_mask``): ``visible``'s key - row per element was hoisted as 64 loop-invariant registers
+    per thread, which ptxas spilled. Returns (acc, m, l, kv_count)."""
     n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
     n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_N)
     n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -299,7 +277,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     keys = tl.arange(0, BLOCK_N)
     rows_left = len_q - row0
     # the first block: QK^T and a masked softmax (masking a fully visible block is harmless); its PV left pending
-    n0 = _block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+    n0 = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
     buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[buf], phase)
     s = _qk(q_tile, k_tiles[buf], CID)
@@ -311,7 +289,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     prev_n0 = n0
     kv_count += 1
     for j in tl.range(1, n_all, num_stages=0):
-        n0 = _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+        n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_fulls[buf], phase)
         # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
@@ -328,7 +306,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
             s = s * qk_scale
         if (j < n_lead) | (j >= n_unmasked):
-            s = _mask_keys(s, rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI)
+            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                         float("-inf"))
         # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
         p_new, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
         acc = tlx.async_dot_wait(0, acc)
