@@ -269,7 +269,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     positions are block-relative (rows from row0, keys from n0, lengths shifted to match): absolute positions let LLVM
     widen the loop counter to 64 bits and hoist a 64-bit bound per element; the mask is a key interval per row
     (``common.key_interval_mask``): ``visible``'s key - row per element was hoisted as 64 loop-invariant registers
-    per thread, which ptxas spilled. Returns (acc, m, l, kv_count)."""
+    per thread, which ptxas spilled. Returns (acc, m, l, kv_count) with the last block's PV still in flight: the
+    caller waits for it (``async_dot_wait(0, acc)``) and frees its value buffer (kv_count - 1)."""
     n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
     n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_N)
     n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -320,10 +321,23 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
     acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
                       NUM_BUFFERS_KV, True)
-    acc = tlx.async_dot_wait(0, acc)
-    last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-    tlx.barrier_arrive(v_empties[last_buf], 1)
     return acc, m_i, l_i, kv_count
+
+
+@triton.jit
+def _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh, total_out,
+                HEAD_DIM: tl.constexpr):
+    """out = acc / l and lse of one consumer's rows (absolute positions ``rows``), stored where rows < len_q. Rows
+    that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0)."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    rows_ok = rows < len_q
+    out_rows = out_row0 + rows
+    d = tl.arange(0, HEAD_DIM)
+    tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
+             mask=rows_ok[:, None])
+    tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
@@ -404,90 +418,117 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                 tlx.named_barrier_arrive(PINGPONG_A, 256)
             kv_count = 0
             q_count = 0
-            d = tl.arange(0, HEAD_DIM)
-            for i in range(0, my_items):
-                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end) = _work_tile(
-                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS, KV_MAJOR)
-                if real:
+            if ONE_LOOP:  # v4: the next item's work list entry is read while this item's last PV runs
+                item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                  search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                  HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                for i in range(0, my_items):
+                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                     tail_begin, tail_end) = item
+                    next_work = pid + tl.minimum(i + 1, my_items - 1) * programs  # the last one re-reads its own
                     n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
                         + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
-                    rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
                     m_i = tl.full([HALF_M], float("-inf"), tl.float32)
                     l_i = tl.zeros([HALF_M], tl.float32)
                     acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
-                    if n_blocks > 0:
+                    if real & (n_blocks > 0):
                         q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
                         qb = q_slot * NUM_CONSUMERS + cid
                         tlx.barrier_wait(q_fulls[qb], q_phase)
-                        q_tile = q_tiles[qb]
-                        if ONE_LOOP:
-                            acc, m_i, l_i, kv_count = _consume_tile_one_loop(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
-                                qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
-                        elif PIPELINE:
-                            n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
-                            first_lead = n_lead > 0
-                            first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
-                            first_n0 = tl.where(first_lead, lead_begin, tl.where(first_bulk, bulk_begin, tail_begin))
-                            m_i, l_i, p, kv_count = _consume_first(
-                                m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
-                                -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                                HAS_RIGHT, FMA_SOFTMAX, dtype)
-                            prev_n0 = first_n0
-                            # the remaining blocks of each stage (the first one is done)
-                            lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
-                            bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
-                            tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
-                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
-                                lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
-                                bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
-                                FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
-                                tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                FMA_SOFTMAX, dtype)
-                            tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
-                            acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
-                                              BLOCK_N, NUM_BUFFERS_KV, True)
-                            acc = tlx.async_dot_wait(0, acc)
-                            last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-                            tlx.barrier_arrive(v_empties[last_buf], 1)
-                        else:
-                            acc, m_i, l_i, kv_count = _consume_blocks(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, kv_count = _consume_blocks(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False, FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, kv_count = _consume_blocks(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
-                            tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                        acc, m_i, l_i, kv_count = _consume_tile_one_loop(
+                            acc, m_i, l_i, kv_count, q_tiles[qb], k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                            v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
+                            qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
+                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
+                        item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                          num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                          BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                        acc = tlx.async_dot_wait(0, acc)  # the last PV
+                        last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+                        tlx.barrier_arrive(v_empties[last_buf], 1)
                         q_count += 1
-                    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
-                    empty = l_i == 0.0
-                    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-                    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-                    rows_ok = rows < len_q
-                    out_rows = out_row0 + rows
-                    tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
-                             out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
-                    tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
+                    else:
+                        item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                          num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                          BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                    if real:
+                        _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
+                                    Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+            else:  # v3 (and v2: PIPELINE)
+                for i in range(0, my_items):
+                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                     tail_begin, tail_end) = _work_tile(
+                        pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                        search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                        TILES_FROM_OFFSETS, KV_MAJOR)
+                    if real:
+                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                        rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
+                        m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+                        l_i = tl.zeros([HALF_M], tl.float32)
+                        acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+                        if n_blocks > 0:
+                            q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                            qb = q_slot * NUM_CONSUMERS + cid
+                            tlx.barrier_wait(q_fulls[qb], q_phase)
+                            q_tile = q_tiles[qb]
+                            if PIPELINE:
+                                n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
+                                first_lead = n_lead > 0
+                                first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
+                                first_n0 = tl.where(first_lead, lead_begin,
+                                                    tl.where(first_bulk, bulk_begin, tail_begin))
+                                m_i, l_i, p, kv_count = _consume_first(
+                                    m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
+                                    -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                                    HAS_RIGHT, FMA_SOFTMAX, dtype)
+                                prev_n0 = first_n0
+                                # the remaining blocks of each stage (the first one is done)
+                                lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
+                                bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
+                                tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
+                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
+                                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
+                                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
+                                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                                acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
+                                                  BLOCK_N, NUM_BUFFERS_KV, True)
+                                acc = tlx.async_dot_wait(0, acc)
+                                last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+                                tlx.barrier_arrive(v_empties[last_buf], 1)
+                            else:
+                                acc, m_i, l_i, kv_count = _consume_blocks(
+                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin,
+                                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, kv_count = _consume_blocks(
+                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin,
+                                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, kv_count = _consume_blocks(
+                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin,
+                                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                            q_count += 1
+                        _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh,
+                                    total_out, HEAD_DIM)
 
 
 # ---------------------------------------------------------------------------------------------------------- host side
