@@ -419,41 +419,44 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
             kv_count = 0
             q_count = 0
             if ONE_LOOP:  # v4: the next item's work list entry is read while this item's last PV runs
-                item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                                  search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                  HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
-                for i in range(0, my_items):
-                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                     tail_begin, tail_end) = item
-                    next_work = pid + tl.minimum(i + 1, my_items - 1) * programs  # the last one re-reads its own
-                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
-                        + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
-                    m_i = tl.full([HALF_M], float("-inf"), tl.float32)
-                    l_i = tl.zeros([HALF_M], tl.float32)
-                    acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
-                    if real & (n_blocks > 0):
-                        q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-                        qb = q_slot * NUM_CONSUMERS + cid
-                        tlx.barrier_wait(q_fulls[qb], q_phase)
-                        acc, m_i, l_i, kv_count = _consume_tile_one_loop(
-                            acc, m_i, l_i, kv_count, q_tiles[qb], k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                            v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
-                            qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
-                            HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
-                        item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
-                                          num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
-                                          BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
-                        acc = tlx.async_dot_wait(0, acc)  # the last PV
-                        last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-                        tlx.barrier_arrive(v_empties[last_buf], 1)
-                        q_count += 1
-                    else:
-                        item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
-                                          num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
-                                          BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
-                    if real:
-                        _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
-                                    Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+                # no list entry read without an item: entries past the list's count are unwritten (an empty list:
+                # bad offsets under the folded offset check)
+                if my_items > 0:
+                    item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                    for i in range(0, my_items):
+                        (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                         tail_begin, tail_end) = item
+                        next_work = pid + tl.minimum(i + 1, my_items - 1) * programs  # the last one re-reads its own
+                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                        m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+                        l_i = tl.zeros([HALF_M], tl.float32)
+                        acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+                        if real & (n_blocks > 0):
+                            q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                            qb = q_slot * NUM_CONSUMERS + cid
+                            tlx.barrier_wait(q_fulls[qb], q_phase)
+                            acc, m_i, l_i, kv_count = _consume_tile_one_loop(
+                                acc, m_i, l_i, kv_count, q_tiles[qb], k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
+                                qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
+                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
+                            item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                            acc = tlx.async_dot_wait(0, acc)  # the last PV
+                            last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+                            tlx.barrier_arrive(v_empties[last_buf], 1)
+                            q_count += 1
+                        else:
+                            item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                        if real:
+                            _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
+                                        Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
             else:  # v3 (and v2: PIPELINE)
                 for i in range(0, my_items):
                     (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
