@@ -25,8 +25,8 @@ SM90_SHARED_MEMORY = 232448
 # accumulators take 128 of a consumer's 240 registers, see bench/NOTES.md "TLX backward: register budget"), D64
 # 184-244. Before its consumers ran one loop over the three stages: 1964 (full) to 6140 (causal).
 MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
-# The v4 forward consumers (configs.ONE_LOOP, D64/D128), stores + loads: D64 0; D128 16 full, 72-188 causal,
-# windowed, broadcast-Q, from offsets (per work item: none in the block loop).
+# The v4 forward consumers (configs.ONE_LOOP, D64/D128), stores + loads: D64 0; D128 56-192 (full 80, causal 56-76,
+# windowed 72, broadcast-Q 80, from offsets 192; per work item: none in the block loops).
 MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
