@@ -247,7 +247,7 @@ def test_mxfp8_variant_rows_are_reported_and_not_skipped_as_dense():
     from bench.peers import JfaMxfp8, mxfp8_variants
     from bench.suites import Case
 
-    assert mxfp8_variants("triton", "mxfp8") == ["dot_scaled", "fp8dot", "rebase", "bf16smem"]
+    assert mxfp8_variants("triton", "mxfp8") == ["dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row"]
     assert mxfp8_variants("triton", "mxfp8-quantize") == [None] and mxfp8_variants("tlx", "mxfp8") == [None]
     assert JfaMxfp8("triton", "mxfp8", "rebase").name == "jfa:mxfp8[rebase]:triton"
     dense = {"suite": "mxfp8", "name": "mxfp8 D128 B8 S4096", "broadcast_q": False, "window": [-1, -1]}

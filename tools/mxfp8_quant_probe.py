@@ -18,9 +18,7 @@ mq = importlib.import_module("jfa_ops.backends.triton.mxfp8_quantize")
 CONFIGS = [  # (name, warps per 128 columns, stages)
     ("default", dict(mq.QUANT_WARPS), mq.QUANT_STAGES),
     ("cols2", {"rows": 4, "cols": 2}, 3),
-    ("cols4 rows8", {"rows": 8, "cols": 4}, 3),
     ("2 stages", dict(mq.QUANT_WARPS), 2),
-    ("4 stages", dict(mq.QUANT_WARPS), 4),
 ]
 
 

@@ -51,14 +51,11 @@ def test_quantize_kernel_subnormals_and_signed_zeros(dtype):
         assert_bit_exact(x.to(dtype).to(DEVICE), None, block, "rceil", "triton")
 
 
-@pytest.mark.parametrize("heads, dim", [(3, 32), (5, 64), (3, 96)])
+@pytest.mark.parametrize("heads, dim", [(3, 32), (5, 64), (3, 96), (9, 128)])
 def test_quantize_kernel_head_groups(heads, dim):
-    """Programs quantize several heads per iteration (``heads_per_program``: 128 columns): head counts that do not
-    fill the last group, a padded head dim (96 -> 128), and a strided view (heads not contiguous in a row) stay
-    bit-exact, jagged, for every block shape."""
-    from jfa_ops.backends.triton.mxfp8_quantize import heads_per_program
-
-    assert heads_per_program(heads, triton.next_power_of_2(dim)) > 1 or dim == 96
+    """Programs quantize several heads per iteration (``heads_per_program``: 128 columns) and split the heads over
+    programs (QUANT_GROUPS iterations each): head counts that do not fill the last group or split, a padded head dim
+    (96 -> 128), and a strided view (head stride 2 * dim) stay bit-exact, jagged, for every block shape."""
     g = torch.Generator().manual_seed(heads * dim)
     lengths = [40, 0, 33, 7]
     offsets = torch.tensor([0] + lengths).cumsum(0)
@@ -125,7 +122,7 @@ def test_triton_backend_registers_the_mxfp8_families():
 KERNEL_CASES = ("jagged", "causal_gqa", "window", "broadcast_q_causal", "fully_masked_rows")
 # The ways the forward's and backward's dots use the MX operands (mxfp8_attn_fwd docstring). Under the interpreter bf16smem dequantizes
 # to fp16, not bf16 (the interpreter's bf16 dots are wrong): the GPU tests below cover its bf16 form.
-VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem")
+VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row")
 
 
 @pytest.fixture(params=VARIANTS)

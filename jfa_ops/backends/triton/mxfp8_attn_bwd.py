@@ -305,6 +305,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     """(dq, dk, dv) in the inputs' dtypes: the reference's MXFP8 backward, in two Triton kernels. variant: how the
     dots use the MX operands (``mxfp8_attn_fwd.VARIANTS``); None takes ``configs.KNOBS.mxfp8_variant``."""
     variant = checked_variant(variant, q.device)
+    if variant == "f16row":  # a forward-only variant: its backward is bf16smem's
+        variant = "bf16smem"
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[2]
     total_out = out.shape[0]

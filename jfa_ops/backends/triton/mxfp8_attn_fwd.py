@@ -22,6 +22,13 @@ How the two dots use the MX operands (``VARIANT``, ``configs.KNOBS.mxfp8_variant
                 largest block scale times 448, far under E4M3's own 2**-4 relative rounding.
     bf16smem    dequantize each loaded tile (data * 2**e) to bf16 (fp16 under the interpreter, whose bf16 dots are
                 wrong), bf16 dots: half the HBM bytes of bf16 attention, bf16 MMA. Exact (E4M3 x 2**e fits bf16).
+    f16row      fp16 dots with the scales' common part outside: each row of Q and K (each column of a V tile) is
+                data * 2**(e_block - e_max) in fp16 (E4M3 -> f16x2 and one f16x2 multiply per two elements, where
+                bf16smem converts through fp32), 2**e_max multiplies the dot's fp32 result (S by row x key factors,
+                P V by column factors); P enters as data * 2**(e + 8) in fp16 and out's denominator sums those.
+                Exact while a block sits at most 14 binades below its row's largest (fp16's normal range; below it
+                loses low bits, an absolute error <= 2**(e_max - 16) per element) and for P >= 2**-32 of the row
+                maximum (smaller P rounds to 0). Backward: as bf16smem.
 
 Work items: (query tile, q head). Tiles use the padded layout of the MX row blocks: sequence b's tiles of BLOCK_M
 rows start at ``out_offsets[b] // BLOCK_M + b``, so a grid of ``T_out // BLOCK_M + B`` tiles covers every batch
@@ -42,7 +49,7 @@ from .launch import launch
 from .mxfp8_quantize import _e4m3_bits, _shared_exponent, search_steps, sequence_of_tile
 
 LOG2E_F: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2
-VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem")
+VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row")
 
 
 @triton.jit
@@ -139,6 +146,32 @@ def _scale_cols(data, factors, DOT_FP16: tl.constexpr):
 
 
 @triton.jit
+def _row_shifted_f16(data, scale_bits):
+    """``data [R, C * 32]`` (E4M3) with (1, 32) scale bits ``[R, C]`` -> (fp16 data * 2**(e - e_max) [R, C * 32],
+    fp32 2**e_max per row [R]; NaN where a block's scale is NaN): ``f16row``'s operand and its factor."""
+    R: tl.constexpr = data.shape[0]
+    C: tl.constexpr = scale_bits.shape[1]
+    bits = scale_bits.to(tl.int32)
+    top = tl.max(bits, 1)
+    shift = _pow2(tl.maximum(bits - top[:, None], -30)).to(tl.float16)  # <= 2**-25 rounds to 0 in fp16
+    y = tl.reshape(tl.reshape(data.to(tl.float16), (R, C, 32)) * shift[:, :, None], (R, C * 32))
+    return y, _e8m0_value(top)
+
+
+@triton.jit
+def _col_shifted_f16(data, scale_bits):
+    """V tile ``data [NB * 32, D]`` (E4M3) with (32, 1) scale bits ``[NB, D]`` -> (fp16 data * 2**(e - e_max)
+    [NB * 32, D], fp32 2**e_max per column [D]; NaN where a block's scale is NaN)."""
+    NB: tl.constexpr = scale_bits.shape[0]
+    D: tl.constexpr = scale_bits.shape[1]
+    bits = scale_bits.to(tl.int32)
+    top = tl.max(bits, 0)
+    shift = _pow2(tl.maximum(bits - top[None, :], -30)).to(tl.float16)
+    y = tl.reshape(tl.reshape(data.to(tl.float16), (NB, 32, D)) * shift[:, None, :], (NB * 32, D))
+    return y, _e8m0_value(top)
+
+
+@triton.jit
 def _values_rows(data, scale_bits):
     """fp32 values of ``data [R, C * 32]`` (E4M3) with (1, 32) scale bits ``[R, C]``."""
     R: tl.constexpr = data.shape[0]
@@ -188,6 +221,25 @@ def _quantize_p(p, p_max, HW_CVT: tl.constexpr):
     values = data.to(tl.float32) * scale[:, :, None]
     return (tl.reshape(data, (BLOCK_M, BLOCK_N)), shared, tl.reshape(values, (BLOCK_M, BLOCK_N)),
             tl.sum(tl.sum(values, 2), 1))
+
+
+@triton.jit
+def _quantize_p_f16(p, p_max, HW_CVT: tl.constexpr):
+    """``_quantize_p``'s P for ``f16row``: (the quantized values x 2**8 in fp16 [BLOCK_M, BLOCK_N], their row sums
+    in fp32 divided by 2**8). The block scales are <= 2**-8 (P <= 1), so the values x 2**8 are <= 448 * 2**0;
+    E4M3 -> f16x2 and one fp16 multiply by 2**(e + 8) instead of fp32 values and a bf16 conversion."""
+    BLOCK_M: tl.constexpr = p.shape[0]
+    BLOCK_N: tl.constexpr = p.shape[1]
+    NB: tl.constexpr = BLOCK_N // 32
+    p3 = tl.reshape(p, (BLOCK_M, NB, 32))
+    shared = _shared_exponent(p_max, True)  # [BLOCK_M, NB]
+    inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
+    y = p3 * inv_scale[:, :, None]
+    if not HW_CVT:  # the GPU's conversion saturates by itself ("rceil" keeps y <= 448 but for rounding)
+        y = tl.minimum(y, 448.0)
+    shift = _pow2(tl.maximum(shared + 8, -30)).to(tl.float16)  # 2**(e + 8) <= 1
+    values = tl.reshape(_to_e4m3(y, HW_CVT).to(tl.float16) * shift[:, :, None], (BLOCK_M, BLOCK_N))
+    return values, tl.sum(values.to(tl.float32), 1) * 0.00390625
 
 
 @triton.jit
@@ -259,6 +311,9 @@ def _mx_kv_blocks(acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head,
             s = tl.dot(q, tl.trans(k)) * (q_aux[:, None] * _pow2(k_exp)[None, :])
         elif VARIANT == "bf16smem":
             s = tl.dot(q, tl.trans(_scale_rows(k, k_scale, DOT_FP16))) * qk_scale  # k_scale: factors
+        elif VARIANT == "f16row":
+            k16, k_factor = _row_shifted_f16(k, k_scale)
+            s = tl.dot(q, tl.trans(k16)) * q_aux[:, None] * k_factor[None, :]  # q_aux: Q's row factor x qk_scale
         else:
             s = tl.dot_scaled(q, q_aux, "e4m3", tl.trans(k), k_scale, "e4m3") * qk_scale
         if MASKED:
@@ -273,7 +328,10 @@ def _mx_kv_blocks(acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head,
         if MASKED:
             p = tl.where(ok, p, 0.0)
         alpha = tl.math.exp2(m_i - m_ref)  # a power of two: exact
-        p_data, p_exp, p_values, p_sum_q = _quantize_p(p, tl.math.exp2(s_max - m_ref[:, None]), HW_CVT)
+        if VARIANT == "f16row":  # P as fp16 values x 2**8 (exact for P >= 2**-32), the sum from the same values
+            p16, p_sum_q = _quantize_p_f16(p, tl.math.exp2(s_max - m_ref[:, None]), HW_CVT)
+        else:
+            p_data, p_exp, p_values, p_sum_q = _quantize_p(p, tl.math.exp2(s_max - m_ref[:, None]), HW_CVT)
         l_i = l_i * alpha + tl.sum(p, 1)
         lq_i = lq_i * alpha + p_sum_q
         if USE_TMA:
@@ -297,6 +355,9 @@ def _mx_kv_blocks(acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head,
         elif VARIANT == "bf16smem":
             p_dot = p_values.to(tl.float16) if DOT_FP16 else p_values.to(tl.bfloat16)
             pv = tl.dot(p_dot, _scale_cols(v, v_scale, DOT_FP16))  # v_scale: factors
+        elif VARIANT == "f16row":
+            v16, v_factor = _col_shifted_f16(v, v_scale)
+            pv = tl.dot(p16, v16) * (v_factor * 0.00390625)[None, :]  # P entered as its values x 2**8
         else:
             pv = tl.dot_scaled(p_data, (p_exp + 127).to(tl.uint8), "e4m3", v, tl.trans(v_scale), "e4m3")
         acc = acc * alpha[:, None] + pv
@@ -356,6 +417,9 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
             q_aux = _pow2(q_exp) * qk_scale
         elif VARIANT == "bf16smem":
             q = _dequantize_rows(q, q_scale, DOT_FP16)
+        elif VARIANT == "f16row":
+            q, q_factor = _row_shifted_f16(q, q_scale)
+            q_aux = q_factor * qk_scale
         # V's (32, 1) scale rows of this sequence start here (meta_kernels.mxfp8 layout)
         v_scale_row0 = kv_row0 // 32 + seq
 
@@ -404,7 +468,7 @@ def launch_config(variant: str, head_dim: int, interpreter: Optional[bool] = Non
     # (no async copies in the sm_90 compile, test_arch_compile), so a second stage only claimed what it did not do.
     if head_dim > 128:
         return KernelConfig(64, 64, 8, 1)
-    if variant == "bf16smem":
+    if variant in ("bf16smem", "f16row"):
         return KernelConfig(128, 128, 8, 3)
     if variant == "rebase":
         return KernelConfig(128, 128, 8, 2)

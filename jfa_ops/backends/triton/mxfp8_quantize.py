@@ -34,6 +34,7 @@ QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) 
 # bench/NOTES.md "MXFP8 v4".
 QUANT_COLUMNS = 128
 QUANT_STAGES = 3
+QUANT_GROUPS = 4  # head groups per program: more programs where T is small and H large (dense T32768 H16: 4128)
 QUANT_WARPS = {"rows": 4, "cols": 1}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1) ("cols")
 
 
@@ -130,9 +131,9 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
-                          HW_CVT: tl.constexpr, STAGES: tl.constexpr):
-    """Program ``tile``: every head of one 32-row tile, HEADS_PER_PROGRAM (HP) heads per iteration as one
-    [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False: (1, 32) blocks, rows
+                          HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr):
+    """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one 32-row tile, each
+    one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False: (1, 32) blocks, rows
     [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32)
     blocks, else (32, 1). STAGES: the head loop's pipelining depth."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
@@ -159,7 +160,8 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
     # Triton pipelines this loop's load (async copies into shared memory, STAGES - 1 head groups ahead): the bytes
     # in flight do not depend on where ptxas places register loads (it sank them behind the arithmetic: one tile in
     # flight per program, bench/NOTES.md "MXFP8 v4").
-    for head0 in tl.range(0, heads, HP, num_stages=STAGES):
+    first_head = tl.program_id(1) * (GROUPS * HP)
+    for head0 in tl.range(first_head, tl.minimum(heads, first_head + GROUPS * HP), HP, num_stages=STAGES):
         head = head0 + jj // BLOCK_D
         d = jj % BLOCK_D
         col_ok = (d < HEAD_DIM) & (head < heads)
@@ -243,13 +245,14 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
     bf16 = x.dtype == torch.bfloat16
     block_d = triton.next_power_of_2(dim)
     per_program = heads_per_program(heads, block_d)
-    launch(mxfp8_quantize_kernel, (programs,), dict(
+    groups = triton.cdiv(heads, per_program)
+    launch(mxfp8_quantize_kernel, (programs, triton.cdiv(groups, QUANT_GROUPS)), dict(
         X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, heads=heads,
         num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
-        STAGES=QUANT_STAGES),
+        GROUPS=QUANT_GROUPS, STAGES=QUANT_STAGES),
         num_warps=quantize_warps(block, per_program * block_d), num_stages=1)
     return data, scale
