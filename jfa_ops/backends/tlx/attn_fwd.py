@@ -6,7 +6,8 @@ Roles inside one program (12 warps):
   guarded by mbarriers (full: the TMA landed; empty: both consumers are done with it);
 - two consumer warpgroups (4 warps each, 232 registers) own one query half-tile each and run the online softmax.
   Named barriers 9/10 make them issue their QK^T wgmma in turn, so one's softmax overlaps the other's matmuls (FA3's
-  ping-pong).
+  ping-pong). ``configs.ONE_LOOP`` (off by default) runs the v4 consumers instead (``_consume_tile_one_loop``: one
+  loop over a tile's blocks, block j's QK^T in flight with block j-1's PV, FA3's intra-warpgroup overlap).
 
 Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
