@@ -273,7 +273,7 @@ def launch_schedule(kind: str, max_items: int, programs_per_sm: int, device: tor
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
     if kind == "grid":  # sym_max/sym_min: symbolic sizes (torch.compile) give a symbolic grid, not a guard
         return int_max(1, max_items), None
-    programs = int_max(1, torch.sym_min(max_items, num_sms(device) * programs_per_sm))
+    programs = int_max(1, int_min(max_items, num_sms(device) * programs_per_sm))
     return programs, (torch.zeros((1,), dtype=torch.int32, device=device) if kind == "atomic" else None)
 
 
@@ -288,6 +288,13 @@ def int_max(a, b):
     if type(a) is int and type(b) is int:
         return a if a >= b else b
     return torch.sym_max(a, b)
+
+
+def int_min(a, b):
+    """``torch.sym_min`` with plain ints taking the builtin (as ``int_max``)."""
+    if type(a) is int and type(b) is int:
+        return a if a <= b else b
+    return torch.sym_min(a, b)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
