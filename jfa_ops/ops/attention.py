@@ -98,6 +98,8 @@ def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams) -> T
 def check_no_forward_ad(*tensors: Tensor) -> None:
     """Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``) has no formula here: raise instead of the
     zero tangents torch would give a custom op without one."""
+    if forward_ad._current_level < 0:  # no dual level open: no tensor carries a tangent (the common case, ~0 cost)
+        return
     if any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
         raise NotImplementedError("jfa.attention does not support forward-mode AD (torch.func.jvp, "
                                   "torch.autograd.forward_ad); use reverse mode (torch.autograd.grad, .backward())")

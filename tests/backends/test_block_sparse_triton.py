@@ -196,6 +196,8 @@ SELECTION_EDGES = {  # (q lengths or None for the kv lengths, kv lengths, broadc
     "many_sequences": (None, (0, 1, 15, 16, 17, 33, 0, 64, 70, 5, 2, 0, 31, 32, 48, 9, 1, 0, 40, 12, 3, 66, 8, 0),
                        None, 16, 32),
     "all_shorter_than_a_block": (None, (1, 7, 0, 15, 3), None, 16, 16),
+    # 70 sequences: the pooling's 64-ary slot search takes two levels (scheduling.slot_tile_fanout)
+    "more_than_64_sequences": (None, tuple((7 * i) % 37 for i in range(70)), None, 16, 16),
     # 64-row blocks: two 32-row pooling steps per head and kv head group, the last one partial
     "pooling_steps_and_tails": ((70, 100, 64, 0), (130, 45, 64, 1), None, 64, 32),
     "broadcast_q_many_sequences": (None, (0, 1, 15, 33, 70, 0, 5, 48, 16, 17, 2), 37, 16, 32),
@@ -395,6 +397,33 @@ def test_transposed_selection():
     q_index, q_count = transpose_selection(index, count, 3)
     assert q_count.tolist() == [[[1, 1, 1]]]
     assert q_index.tolist() == [[[[0, 3, 3], [1, 3, 3], [0, 3, 3]]]]
+
+
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_transposed_selection_random(path, monkeypatch):
+    """Random selections (ids out of range, duplicates, entries past the count, empty rows) against a plain loop:
+    the one-launch kernel and the torch ops for rows wider than it takes."""
+    from jfa_ops.backends.triton import block_sparse_bwd
+
+    if path == "torch":
+        monkeypatch.setattr(block_sparse_bwd, "TRANSPOSE_MAX_WIDTH", 0)
+    gen = torch.Generator().manual_seed(7)
+    batch, heads, n_q, width, n_kv = 2, 3, 9, 40, 37  # 37 KV blocks: two 32-block program chunks, one partial
+    index = torch.randint(-2, n_kv + 3, (batch, heads, n_q, width), generator=gen, dtype=torch.int32)
+    count = torch.randint(0, width + 1, (batch, heads, n_q), generator=gen, dtype=torch.int32)
+    count[0, 1] = 0
+    q_index, q_count = block_sparse_bwd.transpose_selection(index, count, n_kv)
+    want_index = torch.full((batch, heads, n_kv, n_q), n_q, dtype=torch.int32)
+    want_count = torch.zeros((batch, heads, n_kv), dtype=torch.int32)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(n_q):
+                for j in sorted(set(index[b, h, i, :count[b, h, i]].tolist())):
+                    if 0 <= j < n_kv:
+                        want_index[b, h, j, want_count[b, h, j]] = i
+                        want_count[b, h, j] += 1
+    assert torch.equal(q_count, want_count)
+    assert torch.equal(q_index, want_index)
 
 
 def test_supports_block_sizes():

@@ -19,15 +19,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = os.environ.get("JFA_TLX_SITE") or os.path.join(ROOT, ".ci-tlx")
 SM90_SHARED_MEMORY = 232448
-# bytes per thread, stores + loads. Measured: 0 unpipelined at D64/D128, 196-400 pipelined at D128 (a left window the
-# most), 196-240 at D256 (unpipelined); the TLX tutorial's pipelined D128: 40.
+# bytes per thread, stores + loads. Measured: 0 unpipelined at D64/D128, 80 pipelined (v2) at D128, 200-232 at D256
+# (unpipelined); the TLX tutorial's pipelined D128: 80.
 # The backward (experimental, off by default): D128 1464-1636 (full 1464, causal 1604; two [64, 128] fp32
 # accumulators take 128 of a consumer's 240 registers, see bench/NOTES.md "TLX backward: register budget"), D64
 # 184-244. Before its consumers ran one loop over the three stages: 1964 (full) to 6140 (causal).
 MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
-# The v4 forward consumer (configs.ONE_LOOP), stores + loads: D64 0; D128 44 full, 248-324 causal / windowed (all in
-# the masked branch or per work item, none in the mask-free path of the block loop); D256 428-496.
-MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 400, 256: 512}
+# The v4 forward consumers (configs.ONE_LOOP, D64/D128), stores + loads: D64 0; D128 56-192 (full 80, causal 56-76,
+# windowed 72, broadcast-Q 80, from offsets 192; per work item: none in the block loops).
+MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")

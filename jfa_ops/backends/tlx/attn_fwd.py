@@ -6,7 +6,8 @@ Roles inside one program (12 warps):
   guarded by mbarriers (full: the TMA landed; empty: both consumers are done with it);
 - two consumer warpgroups (4 warps each, 232 registers) own one query half-tile each and run the online softmax.
   Named barriers 9/10 make them issue their QK^T wgmma in turn, so one's softmax overlaps the other's matmuls (FA3's
-  ping-pong).
+  ping-pong). ``configs.ONE_LOOP`` (off by default) runs the v4 consumers instead (``_consume_tile_one_loop``: one
+  loop over a tile's blocks, block j's QK^T in flight with block j-1's PV, FA3's intra-warpgroup overlap).
 
 Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
@@ -30,7 +31,8 @@ import triton.language.extra.tlx as tlx
 from ... import validation
 from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
-from ..triton.common import LN2, seq_extent, softmax_step, stage_bounds, visible, window_bounds, work_item
+from ..triton.common import (LN2, key_interval_mask, seq_extent, softmax_step, stage_block_start, stage_bounds, visible,
+                             window_bounds, work_item)
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
 from .configs import NUM_WARPS, fwd_choices, fwd_config
@@ -253,45 +255,23 @@ def _consume_first(m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows
 
 
 @triton.jit
-def _mask_keys(s, rows, keys, rows_left, keys_left, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
-    """s with -inf where a key is not visible to a row; rows, keys: block-relative positions, rows_left/keys_left the
-    rows/keys left in the sequence from the block's first. Rows past the sequence are not masked (never stored).
-
-    Each row sees the key interval [first, limit): two values per row (loop-variant, 2 rows per thread) compared
-    with the key positions, instead of ``visible``'s key - row per element, which LLVM hoisted out of the loop as
-    one register per element (64 per thread) and ptxas spilled."""
-    diag = keys_left - rows_left  # key k sits on row r's diagonal when k - r == diag
-    limit = tl.zeros_like(rows) + keys_left
-    if HAS_HI:
-        limit = tl.minimum(limit, rows + (diag + hi_off + 1))
-    ok = keys[None, :] < limit[:, None]
-    if HAS_LO:
-        ok = ok & (keys[None, :] >= (rows + (diag + lo_off))[:, None])
-    return tl.where(ok, s, float("-inf"))
-
-
-@triton.jit
-def _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N: tl.constexpr):
-    """First key of a tile's block j, counting over the masked lead, the mask-free bulk and the masked tail."""
-    return tl.where(j < n_lead, lead_begin + j * BLOCK_N,
-                    tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK_N,
-                             tail_begin + (j - n_unmasked) * BLOCK_N))
-
-
-@triton.jit
 def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                            q_empty, row0, len_q, len_k, lo_off, hi_off, qk_scale, lead_begin, lead_end, bulk_begin,
                            bulk_end, tail_begin, tail_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
-    """All key blocks of a tile (at least one), software-pipelined as in the TLX tutorial's Hopper FA: block j's
-    QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight.
+    """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
+    block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
+    has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
 
     One loop over the masked lead, the mask-free bulk and the masked tail, the mask under a runtime branch (the
     backward's lesson, bench/NOTES.md "TLX backward: register budget": three instances of the loop body each keep
     their own hoisted wgmma descriptors and addresses live across all three loops, which ptxas spilled). Mask
     positions are block-relative (rows from row0, keys from n0, lengths shifted to match): absolute positions let LLVM
-    widen the loop counter to 64 bits and hoist a 64-bit bound per element. Returns (acc, m, l, kv_count)."""
+    widen the loop counter to 64 bits and hoist a 64-bit bound per element; the mask is a key interval per row
+    (``common.key_interval_mask``): ``visible``'s key - row per element was hoisted as 64 loop-invariant registers
+    per thread, which ptxas spilled. Returns (acc, m, l, kv_count) with the last block's PV still in flight: the
+    caller waits for it (``async_dot_wait(0, acc)``) and frees its value buffer (kv_count - 1)."""
     n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
     n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_N)
     n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -299,7 +279,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     keys = tl.arange(0, BLOCK_N)
     rows_left = len_q - row0
     # the first block: QK^T and a masked softmax (masking a fully visible block is harmless); its PV left pending
-    n0 = _block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+    n0 = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
     buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[buf], phase)
     s = _qk(q_tile, k_tiles[buf], CID)
@@ -311,7 +291,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     prev_n0 = n0
     kv_count += 1
     for j in tl.range(1, n_all, num_stages=0):
-        n0 = _block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+        n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_fulls[buf], phase)
         # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
@@ -328,7 +308,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
             s = s * qk_scale
         if (j < n_lead) | (j >= n_unmasked):
-            s = _mask_keys(s, rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI)
+            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                         float("-inf"))
         # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
         p_new, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
         acc = tlx.async_dot_wait(0, acc)
@@ -341,10 +322,23 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
     acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
                       NUM_BUFFERS_KV, True)
-    acc = tlx.async_dot_wait(0, acc)
-    last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-    tlx.barrier_arrive(v_empties[last_buf], 1)
     return acc, m_i, l_i, kv_count
+
+
+@triton.jit
+def _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh, total_out,
+                HEAD_DIM: tl.constexpr):
+    """out = acc / l and lse of one consumer's rows (absolute positions ``rows``), stored where rows < len_q. Rows
+    that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0)."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    rows_ok = rows < len_q
+    out_rows = out_row0 + rows
+    d = tl.arange(0, HEAD_DIM)
+    tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
+             mask=rows_ok[:, None])
+    tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
@@ -425,90 +419,120 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                 tlx.named_barrier_arrive(PINGPONG_A, 256)
             kv_count = 0
             q_count = 0
-            d = tl.arange(0, HEAD_DIM)
-            for i in range(0, my_items):
-                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end) = _work_tile(
-                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS, KV_MAJOR)
-                if real:
-                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
-                        + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
-                    rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
-                    m_i = tl.full([HALF_M], float("-inf"), tl.float32)
-                    l_i = tl.zeros([HALF_M], tl.float32)
-                    acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
-                    if n_blocks > 0:
-                        q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-                        qb = q_slot * NUM_CONSUMERS + cid
-                        tlx.barrier_wait(q_fulls[qb], q_phase)
-                        q_tile = q_tiles[qb]
-                        if ONE_LOOP:
+            if ONE_LOOP:  # v4: the next item's work list entry is read while this item's last PV runs
+                # no list entry read without an item: entries past the list's count are unwritten (an empty list:
+                # bad offsets under the folded offset check)
+                if my_items > 0:
+                    item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                    for i in range(0, my_items):
+                        (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                         tail_begin, tail_end) = item
+                        next_work = pid + tl.minimum(i + 1, my_items - 1) * programs  # the last one re-reads its own
+                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                        m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+                        l_i = tl.zeros([HALF_M], tl.float32)
+                        acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+                        if real & (n_blocks > 0):
+                            q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                            qb = q_slot * NUM_CONSUMERS + cid
+                            tlx.barrier_wait(q_fulls[qb], q_phase)
                             acc, m_i, l_i, kv_count = _consume_tile_one_loop(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                acc, m_i, l_i, kv_count, q_tiles[qb], k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
-                        elif PIPELINE:
-                            n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
-                            first_lead = n_lead > 0
-                            first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
-                            first_n0 = tl.where(first_lead, lead_begin, tl.where(first_bulk, bulk_begin, tail_begin))
-                            m_i, l_i, p, kv_count = _consume_first(
-                                m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
-                                -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                                HAS_RIGHT, FMA_SOFTMAX, dtype)
-                            prev_n0 = first_n0
-                            # the remaining blocks of each stage (the first one is done)
-                            lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
-                            bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
-                            tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
-                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
-                                lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
-                                bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
-                                FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
-                                tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                FMA_SOFTMAX, dtype)
-                            tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
-                            acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
-                                              BLOCK_N, NUM_BUFFERS_KV, True)
-                            acc = tlx.async_dot_wait(0, acc)
+                            item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                            acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
+                            q_count += 1
                         else:
-                            acc, m_i, l_i, kv_count = _consume_blocks(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin, lead_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, kv_count = _consume_blocks(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin, bulk_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False, FMA_SOFTMAX, dtype)
-                            acc, m_i, l_i, kv_count = _consume_blocks(
-                                acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin, tail_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True, FMA_SOFTMAX, dtype)
-                            tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
-                        q_count += 1
-                    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
-                    empty = l_i == 0.0
-                    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-                    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-                    rows_ok = rows < len_q
-                    out_rows = out_row0 + rows
-                    tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
-                             out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
-                    tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
+                            item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                        if real:
+                            _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
+                                        Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+            else:  # v3 (and v2: PIPELINE)
+                for i in range(0, my_items):
+                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                     tail_begin, tail_end) = _work_tile(
+                        pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                        search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                        TILES_FROM_OFFSETS, KV_MAJOR)
+                    if real:
+                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                        rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
+                        m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+                        l_i = tl.zeros([HALF_M], tl.float32)
+                        acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+                        if n_blocks > 0:
+                            q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                            qb = q_slot * NUM_CONSUMERS + cid
+                            tlx.barrier_wait(q_fulls[qb], q_phase)
+                            q_tile = q_tiles[qb]
+                            if PIPELINE:
+                                n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
+                                first_lead = n_lead > 0
+                                first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
+                                first_n0 = tl.where(first_lead, lead_begin,
+                                                    tl.where(first_bulk, bulk_begin, tail_begin))
+                                m_i, l_i, p, kv_count = _consume_first(
+                                    m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
+                                    -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                                    HAS_RIGHT, FMA_SOFTMAX, dtype)
+                                prev_n0 = first_n0
+                                # the remaining blocks of each stage (the first one is done)
+                                lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
+                                bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
+                                tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
+                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
+                                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
+                                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
+                                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                                acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
+                                                  BLOCK_N, NUM_BUFFERS_KV, True)
+                                acc = tlx.async_dot_wait(0, acc)
+                                last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+                                tlx.barrier_arrive(v_empties[last_buf], 1)
+                            else:
+                                acc, m_i, l_i, kv_count = _consume_blocks(
+                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin,
+                                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, kv_count = _consume_blocks(
+                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin,
+                                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                                    FMA_SOFTMAX, dtype)
+                                acc, m_i, l_i, kv_count = _consume_blocks(
+                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin,
+                                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                                    FMA_SOFTMAX, dtype)
+                                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                            q_count += 1
+                        _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh,
+                                    total_out, HEAD_DIM)
 
 
 # ---------------------------------------------------------------------------------------------------------- host side

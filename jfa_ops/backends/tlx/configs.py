@@ -33,13 +33,17 @@ class FwdConfig:
     # (128 registers of accumulator) ptxas spilled ~900 B per thread, so D256 never runs pipelined.
     pipeline: bool = True
     num_buffers_q: int = 2  # query half-tile pairs: 2 = the next item's Q loads while this one finishes
+    # ONE_LOOP applies (the v4 consumers): not at D256, where ptxas spills 900-1100 B per thread in them (the [64, 256]
+    # fp32 accumulator is 128 of the 232 registers; v3 there: 200-232 B)
+    one_loop: bool = True
 
 
 # D64: 2 x 8 KiB Q + 3 x (16 + 16) KiB K/V; D128: 32 + 2 x 64 KiB; D256: 64 + 2 x 64 KiB (smaller key blocks: the
 # [64, 256] fp32 accumulator already takes 128 of a consumer's 232 registers). Compiled for sm_90 (ptxas, spill
-# bytes stores/loads per thread): D64 0; D128 pipelined 88-172 / 108-228 (unpipelined 0); D256 unpipelined 88-108.
+# bytes stores/loads per thread, since the epilogue's column positions stopped living across the item loop): D64 0;
+# D128 unpipelined 0, pipelined (v2) 40 / 40, v4 8-84 / 8-104; D256 unpipelined 92-104 / 108-128.
 _FWD = {64: FwdConfig(128, 128, 3), 128: FwdConfig(128, 128, 2, pipeline=False),
-        256: FwdConfig(128, 64, 2, pipeline=False, num_buffers_q=1)}
+        256: FwdConfig(128, 64, 2, pipeline=False, num_buffers_q=1, one_loop=False)}
 
 
 def fwd_config(head_dim: int) -> Optional[FwdConfig]:
@@ -48,7 +52,8 @@ def fwd_config(head_dim: int) -> Optional[FwdConfig]:
 
 
 def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
-    """(pipeline, kv_major, one_loop) for one call (one_loop: ``ONE_LOOP``, which overrides pipeline), from static
+    """(pipeline, kv_major, one_loop) for one call (one_loop: ``ONE_LOOP`` where the config allows it; it overrides
+    pipeline), from static
     facts: ``masked`` (causal or a window: tile costs vary within a sequence), ``broadcast_q``, ``uniform`` (every
     sequence has the same length, known from the shapes and the max_seqlen hints).
 
@@ -62,7 +67,8 @@ def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
       over sequences of different lengths."""
     pipeline = cfg.pipeline or (broadcast_q and cfg.block_n == 128 and cfg.num_buffers_q == 2)
     kv_major = uniform or not (masked or broadcast_q)
-    return (pipeline if PIPELINE is None else PIPELINE), (kv_major if KV_MAJOR is None else KV_MAJOR), ONE_LOOP
+    return ((pipeline if PIPELINE is None else PIPELINE), (kv_major if KV_MAJOR is None else KV_MAJOR),
+            ONE_LOOP and cfg.one_loop)
 
 
 @dataclasses.dataclass(frozen=True)

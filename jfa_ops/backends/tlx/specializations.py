@@ -107,8 +107,8 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, fma_softmax=False)
     yield fwd_specialization(128, "bf16", True, uniform=True)  # dense causal: kv-major
     yield fwd_specialization(128, "bf16", False, pipeline=True)  # configs.PIPELINE = True (the tools' comparison)
-    # configs.ONE_LOOP (the v4 consumer), what fwd_choices picks with it on
-    for head_dim in (64, 128, 256):
+    # configs.ONE_LOOP (the v4 consumers: D64/D128), what fwd_choices picks with it on
+    for head_dim in (64, 128):
         for causal in (False, True):
             yield fwd_specialization(head_dim, "bf16", causal, one_loop=True)
     yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=True)

@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound,
-                     next_work, num_sms, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows,
-                     visible, window_bounds, work_item)
+from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, int_max, int_min, launch_schedule,
+                     load_rows, loop_bound, next_work, num_sms, packed_rows, row_source, row_strides, seq_extent,
+                     stage_bounds, store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
 from .launch import launch, launch_planned
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
@@ -396,7 +396,7 @@ def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads:
     """Deterministic broadcast-Q dQ: tiles (first sequence of a fixed chunk, query block). Chunks are sized from shapes
     and the SM count only, so the summation order is the same on every call (and the list is cached per shape)."""
     m_blocks = cdiv(len_q, block_m)
-    chunks = torch.sym_max(1, torch.sym_min(num_seqs, cdiv(target_programs, m_blocks * num_heads)))
+    chunks = int_max(1, int_min(num_seqs, cdiv(target_programs, m_blocks * num_heads)))
     seqs_per_chunk = cdiv(num_seqs, chunks)
     chunks = cdiv(num_seqs, seqs_per_chunk)
     ids = torch.arange(chunks * m_blocks, device=device, dtype=torch.int32)
@@ -445,7 +445,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     fused = (KNOBS.bcast_fused_dq if params.broadcast_q else KNOBS.bwd_fused_dq) and not params.deterministic \
         and total_out > 0
     atomic = params.broadcast_q and not params.deterministic and not fused  # broadcast dQ by atomics in the dq pass
-    num_slabs = torch.sym_max(1, torch.sym_min(programs, KNOBS.bcast_dq_slabs)) if fused and params.broadcast_q else 1
+    num_slabs = int_max(1, int_min(programs, KNOBS.bcast_dq_slabs)) if fused and params.broadcast_q else 1
     # fp32 buffers the atomics add into start at zero: the delta kernel zeroes them (no memset launch)
     zeroed = torch.empty((num_slabs,) + tuple(q.shape), dtype=torch.float32, device=device) if fused or atomic \
         else None
@@ -461,7 +461,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
             attn_bwd_delta_kernel,
             (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
              grad_lse is not None, zeroed is not None),  # what the static arguments below follow from
-            (cdiv(torch.sym_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads),
+            (cdiv(int_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads),
             dict(Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta,
                  ZEROED=delta if zeroed is None else zeroed, total_out=total_out, zero_rows=zero_rows),
             lambda: dict(**row_strides("o", out), **row_strides("do", grad_out), **hd, BLOCK_T=DELTA_BLOCK_T,

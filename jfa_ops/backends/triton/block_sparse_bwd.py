@@ -29,12 +29,72 @@ from .launch import launch
 from .scheduling import binary_search_steps, forward_tiles, kv_tiles, single_tiles, tile_schedule, work_tile
 
 
+TRANSPOSE_BLOCK_J = 32  # KV blocks per program of transpose_selection_kernel
+TRANSPOSE_MAX_WIDTH = 256  # selection rows up to this wide are transposed in one launch (a [32, 256] compare/row)
+
+
+@triton.jit
+def _row_ids(INDEX, COUNT, bh, i, n_q_blocks, width, w):
+    """Row i's used ids (-1 past its count, and for rows past n_q_blocks). The row is read whole and cut at its
+    count afterwards, so the count and row loads go out together."""
+    row = tl.minimum(bh * 0 + i, n_q_blocks - 1)  # rows past the last: read the last one, use none of it
+    count = tl.where(i < n_q_blocks, tl.load(COUNT + bh * n_q_blocks + row), 0)
+    ids = tl.load(INDEX + (bh * n_q_blocks + row) * width + w, mask=w < width, other=-1)
+    return tl.where(w < count, ids, -1)
+
+
+@triton.jit
+def _append_row(out, pos, i, ids, j, j_ok):
+    """Appends Q block i to the lists of the KV blocks j that row i's ids name; returns the new list lengths."""
+    member = tl.max((ids[None, :] == j[:, None]).to(tl.int32), 1) > 0
+    tl.store(out + pos, i, mask=member & j_ok)
+    return pos + member.to(tl.int32)
+
+
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "width"])
+def transpose_selection_kernel(INDEX, COUNT, Q_INDEX, Q_COUNT, n_q_blocks, n_kv_blocks, width,
+                               BLOCK_J: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Program (b * H + h, j-chunk): for KV blocks j of the chunk, walks the Q blocks i in order and appends i to
+    j's list when row i lists j among its first count ids (so the lists come out ascending, duplicates once).
+    Four rows per step, their loads issued together before any store (a row per step was one memory latency per
+    row: ~128 in a row of the bench's batch). INDEX [B, H, NQB, width], COUNT [B, H, NQB], Q_INDEX
+    [B, H, n_kv_blocks, NQB] (pre-filled with NQB), Q_COUNT [B, H, n_kv_blocks]; all contiguous."""
+    bh = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j_ok = j < n_kv_blocks
+    w = tl.arange(0, BLOCK_W)
+    out = Q_INDEX + (bh * n_kv_blocks + j) * n_q_blocks
+    pos = tl.zeros([BLOCK_J], tl.int32)
+    for i in range(0, loop_bound(n_q_blocks), 4):
+        ids0 = _row_ids(INDEX, COUNT, bh, i, n_q_blocks, width, w)
+        ids1 = _row_ids(INDEX, COUNT, bh, i + 1, n_q_blocks, width, w)
+        ids2 = _row_ids(INDEX, COUNT, bh, i + 2, n_q_blocks, width, w)
+        ids3 = _row_ids(INDEX, COUNT, bh, i + 3, n_q_blocks, width, w)
+        pos = _append_row(out, pos, i, ids0, j, j_ok)
+        pos = _append_row(out, pos, i + 1, ids1, j, j_ok)
+        pos = _append_row(out, pos, i + 2, ids2, j, j_ok)
+        pos = _append_row(out, pos, i + 3, ids3, j, j_ok)
+    tl.store(Q_COUNT + bh * n_kv_blocks + j, pos, mask=j_ok)
+
+
 def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
     """(q_block_index [B, H, n_kv_blocks, NQB] int32: per KV block the Q blocks that selected it, ascending, then
     NQB; q_block_count [B, H, n_kv_blocks] int32). Ids outside [0, n_kv_blocks) and entries past a row's count are
-    dropped. Device ops only."""
+    dropped. On the device, no sync: one fill and one launch (``transpose_selection_kernel``) for rows up to
+    TRANSPOSE_MAX_WIDTH ids (it was ~12 torch ops over [B, H, NQB, n_kv_blocks + 1], a segmented sort among them);
+    wider rows by those torch ops."""
     batch, heads, n_q_blocks, width = kv_block_index.shape
     device = kv_block_index.device
+    if width <= TRANSPOSE_MAX_WIDTH:
+        q_index = torch.full((batch, heads, n_kv_blocks, n_q_blocks), n_q_blocks, dtype=torch.int32, device=device)
+        q_count = torch.empty((batch, heads, n_kv_blocks), dtype=torch.int32, device=device)
+        if q_count.numel():
+            launch(transpose_selection_kernel, (batch * heads, triton.cdiv(n_kv_blocks, TRANSPOSE_BLOCK_J)), dict(
+                INDEX=kv_block_index.contiguous(), COUNT=kv_block_count.contiguous(), Q_INDEX=q_index,
+                Q_COUNT=q_count, n_q_blocks=n_q_blocks, n_kv_blocks=n_kv_blocks, width=width,
+                BLOCK_J=TRANSPOSE_BLOCK_J, BLOCK_W=max(16, triton.next_power_of_2(width))), num_warps=4,
+                num_stages=1)
+        return q_index, q_count
     used = torch.arange(width, device=device) < kv_block_count[..., None]
     ids = torch.where(used & (kv_block_index >= 0) & (kv_block_index < n_kv_blocks), kv_block_index, n_kv_blocks)
     selected = torch.zeros((batch, heads, n_q_blocks, n_kv_blocks + 1), dtype=torch.bool, device=device)

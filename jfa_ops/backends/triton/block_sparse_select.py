@@ -28,7 +28,7 @@ from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, win
 from .configs import KNOBS
 from .launch import launch
 from .offset_checks import offsets_ok
-from .scheduling import binary_search_steps, capacity_of, shape_constant, slot_tile
+from .scheduling import capacity_of, fanout_search_steps, shape_constant, slot_tile_fanout
 
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
@@ -48,13 +48,14 @@ def _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_
 
 
 @triton.jit
-def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh, stride_ps,
-               stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+def _pool_slot(X, OFF, Pooled, t, head, num_seqs, rows, group, stride_xt, stride_xh, stride_ps, stride_ph,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+               SEARCH_STEPS: tl.constexpr):
     """Pooled[t, head] = mean of slot t's block over heads head * group .. + group - 1 (real rows only); returns
     (sequence, real). Padding slots write nothing. The steps (ROWS rows of one head) are summed elementwise into a
     [ROWS, D] tile (one reduction at the end), each step's load issued one step ahead: without that, ptxas
     serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS)."""
-    seq, start, real = slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+    seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
     if real:
         row0 = tl.load(OFF + seq).to(tl.int64)
         end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
@@ -73,18 +74,20 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
     return seq, real
 
 
-@triton.jit(do_not_specialize=["num_seqs", "other_seqs", "search_steps", "rows", "other_rows", "max_s", "max_o",
+@triton.jit(do_not_specialize=["num_seqs", "other_seqs", "rows", "other_rows", "max_s", "max_o",
                                "heads", "group"])
-def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, search_steps, rows,
-                      other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                      WRITE_SEQ: tl.constexpr, CHECK: tl.constexpr):
+def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, rows, other_rows, max_s,
+                      max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_SEQ: tl.constexpr,
+                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
     """Program t * heads + head: pools slot t of X (one launch for Q, one for K: each its block size and one loop
     body; both sides in one program made ptxas serialize the K side's loads). WRITE_SEQ: head 0 also writes
     SLOT_SEQ[t] (the slot's sequence, -1 for padding). CHECK: program (0, 0) also checks OFF and OTHER_OFF (rows,
     max_seqlen of each; max < 0: none) and writes FLAG (1: valid). Heads vary fastest: the programs running at once
     read whole [heads, D] rows of the same blocks (one head's 2 x D bytes per row, strided by the row, is all a
-    slot-major order would read of a DRAM page before moving on)."""
+    slot-major order would read of a DRAM page before moving on). The slot's sequence by a 64-ary search
+    (``scheduling.slot_tile_fanout``, SEARCH_STEPS levels): one dependent load for <= 64 sequences, where the binary
+    search took ceil(log2 B) (5 on the bench's batch) before each program's first row load."""
     t = tl.program_id(0) // heads
     head = tl.program_id(0) % heads
     if CHECK:
@@ -92,8 +95,8 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
             valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(OTHER_OFF, other_seqs, other_rows,
                                                                             max_o, 1024)
             tl.store(FLAG, valid.to(tl.int32))
-    seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh,
-                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS)
+    seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, rows, group, stride_xt, stride_xh, stride_ps,
+                           stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS)
     if WRITE_SEQ:
         if head == 0:
             tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
@@ -307,10 +310,11 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
         launch(block_pool_kernel, (pooled.shape[0] * heads_kv,), dict(
             X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq,
             FLAG=q_slot_seq if flag is None else flag, num_seqs=seqs, other_seqs=num_seqs,
-            search_steps=binary_search_steps(seqs), rows=x.shape[0], other_rows=k.shape[0], max_s=max_s,
+            rows=x.shape[0], other_rows=k.shape[0], max_s=max_s,
             max_o=params.max_seqlen_kv, heads=heads_kv, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1),
             stride_ps=pooled.stride(0), stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
-            BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None),
+            BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None,
+            SEARCH_STEPS=fanout_search_steps(seqs)),
             num_warps=4, num_stages=1)
     if flag is not None:
         validation.device_flag(flag, mode)

@@ -119,6 +119,30 @@ def visible(s_pos, o_pos, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HA
 
 
 @triton.jit
+def key_interval_mask(rows, keys, rows_left, keys_left, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """``visible`` for the rows inside the sequence, as one key interval per row: rows, keys are block-relative
+    positions (1-D), rows_left / keys_left the rows / keys the sequence has from the block's first. Rows past the
+    sequence are left unmasked (callers never store them). Two values per row (first, limit) against the key
+    positions, instead of key - row per element, which LLVM hoists out of a loop as one register per element."""
+    diag = keys_left - rows_left  # key k sits on row r's diagonal when k - r == diag
+    limit = tl.zeros_like(rows) + keys_left
+    if HAS_HI:
+        limit = tl.minimum(limit, rows + (diag + hi_off + 1))
+    ok = keys[None, :] < limit[:, None]
+    if HAS_LO:
+        ok = ok & (keys[None, :] >= (rows + (diag + lo_off))[:, None])
+    return ok
+
+
+@triton.jit
+def stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK: tl.constexpr):
+    """First position of block j of a tile's walk over ``stage_bounds``' masked lead (n_lead blocks), mask-free bulk
+    (up to block n_unmasked) and masked tail: one loop over the three stages."""
+    return tl.where(j < n_lead, lead_begin + j * BLOCK,
+                    tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK, tail_begin + (j - n_unmasked) * BLOCK))
+
+
+@triton.jit
 def softmax_step(s, m_i, l_i, qk_scale, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     """One online-softmax step over a [rows, keys] block of scores ``s`` (log2 domain; FMA_SOFTMAX: raw scores,
     scaled here by qk_scale > 0). Returns (p, alpha, m_new, l_new): the block's probabilities under the new running
@@ -249,7 +273,7 @@ def launch_schedule(kind: str, max_items: int, programs_per_sm: int, device: tor
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
     if kind == "grid":  # sym_max/sym_min: symbolic sizes (torch.compile) give a symbolic grid, not a guard
         return int_max(1, max_items), None
-    programs = int_max(1, torch.sym_min(max_items, num_sms(device) * programs_per_sm))
+    programs = int_max(1, int_min(max_items, num_sms(device) * programs_per_sm))
     return programs, (torch.zeros((1,), dtype=torch.int32, device=device) if kind == "atomic" else None)
 
 
@@ -264,6 +288,13 @@ def int_max(a, b):
     if type(a) is int and type(b) is int:
         return a if a >= b else b
     return torch.sym_max(a, b)
+
+
+def int_min(a, b):
+    """``torch.sym_min`` with plain ints taking the builtin (as ``int_max``)."""
+    if type(a) is int and type(b) is int:
+        return a if a <= b else b
+    return torch.sym_min(a, b)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -67,14 +67,43 @@ def slot_tile(OFF_S, OFF_O, t, num_seqs, search_steps, rows_s, rows_o, BLOCK: tl
         go_right = tl.load(OFF_S + mid, mask=active, other=0) // BLOCK - base + mid <= t
         lo = tl.where(active & go_right, mid, lo)
         hi = tl.where(active & (~go_right), mid, hi)
-    begin_s = tl.load(OFF_S + lo)
-    end_s = tl.load(OFF_S + lo + 1)
-    begin_o = tl.load(OFF_O + lo)
-    end_o = tl.load(OFF_O + lo + 1)
-    start = (t - (begin_s // BLOCK - base + lo)) * BLOCK
+    return _slot_extent(OFF_S, OFF_O, t, lo, base, rows_s, rows_o, BLOCK)
+
+
+@triton.jit
+def _slot_extent(OFF_S, OFF_O, t, seq, base, rows_s, rows_o, BLOCK: tl.constexpr):
+    """(seq, first stationary row, real) of slot t found to lie in sequence seq's slots (``slot_tile``)."""
+    begin_s = tl.load(OFF_S + seq)
+    end_s = tl.load(OFF_S + seq + 1)
+    begin_o = tl.load(OFF_O + seq)
+    end_o = tl.load(OFF_O + seq + 1)
+    start = (t - (begin_s // BLOCK - base + seq)) * BLOCK
     real = (start >= 0) & (start < end_s - begin_s) & (begin_s >= 0) & (end_s <= rows_s) & (begin_o >= 0) \
         & (begin_o <= end_o) & (end_o <= rows_o)
-    return lo, start.to(tl.int32), real
+    return seq, start.to(tl.int32), real
+
+
+SEARCH_FANOUT: tl.constexpr = tl.constexpr(64)  # candidates per step of slot_tile_fanout's search
+
+
+@triton.jit
+def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """``slot_tile`` by a 64-ary search (``fanout_search_steps``): each step loads 64 candidate offsets at once, so
+    a batch of <= 64 sequences costs one dependent load before the extents, not ceil(log2 B) (each a memory
+    latency before a program's first data load; the MXFP8 quantize kernel's search measured the same,
+    bench/NOTES.md "MXFP8 v3"). With bad offsets (not ascending) the sequence found is still in [0, num_seqs)."""
+    base = tl.load(OFF_S) // BLOCK
+    lo = t * 0  # invariant: g(lo) <= t (g(0) = 0), the answer in [lo, lo + width * SEARCH_FANOUT)
+    j = tl.arange(0, SEARCH_FANOUT)
+    for level in tl.static_range(SEARCH_STEPS):
+        width = 1
+        for _ in tl.static_range(SEARCH_STEPS - 1 - level):
+            width *= SEARCH_FANOUT
+        cand = lo + j * width
+        ok = cand < num_seqs
+        g = tl.load(OFF_S + cand, mask=ok, other=0) // BLOCK - base + cand
+        lo += (tl.maximum(tl.sum((ok & (g <= t)).to(tl.int32), 0), 1) - 1) * width  # g increases: a prefix holds
+    return _slot_extent(OFF_S, OFF_O, t, lo, base, rows_s, rows_o, BLOCK)
 
 
 @triton.jit
@@ -180,6 +209,17 @@ def binary_search_steps(num_seqs) -> int:
     dynamic shapes) gets the bound for any int32 batch instead: the kernels' extra steps are masked no-ops, and no
     guard (no recompile) depends on B."""
     return max(num_seqs - 1, 0).bit_length() if isinstance(num_seqs, int) else MAX_SEARCH_STEPS
+
+
+def fanout_search_steps(num_seqs) -> int:
+    """Steps of ``slot_tile_fanout``'s search over ``num_seqs`` sequences (a constexpr: the fewest with
+    64**steps >= num_seqs); a symbolic B gets the bound for any int32 batch (6), as ``binary_search_steps``."""
+    if not isinstance(num_seqs, int):
+        return 6
+    steps = 1
+    while SEARCH_FANOUT.value ** steps < num_seqs:
+        steps += 1
+    return steps
 
 
 def one_wave(max_items: int, programs_per_sm: int, device: torch.device) -> bool:

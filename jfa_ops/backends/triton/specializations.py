@@ -130,6 +130,19 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool, selected_block: 
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
+def transpose_specialization(width: int = 128) -> Specialization:
+    """The selection transpose of the block-sparse backward (block_sparse_bwd.transpose_selection_kernel)."""
+    from . import block_sparse_bwd
+
+    fn = block_sparse_bwd.transpose_selection_kernel
+    constexprs = dict(BLOCK_J=block_sparse_bwd.TRANSPOSE_BLOCK_J, BLOCK_W=width)
+    sig = _sig(list(fn.arg_names), {n: "*i32" for n in ("INDEX", "COUNT", "Q_INDEX", "Q_COUNT")})
+    sig.update({c: "constexpr" for c in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return Specialization(f"bs_transpose-w{width}", "transpose_selection_kernel", block_sparse_bwd.__name__, sig,
+                          constexprs, attrs, 4, 1)
+
+
 def rank_specialization() -> Specialization:
     """The list-ordering kernel (scheduling.rank_tiles_kernel) as build_tiles launches it."""
     from . import scheduling
@@ -182,7 +195,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     warps, stages = 4, 1
     if kernel == "bs_pool":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
-                          WRITE_SEQ=True, CHECK=True)
+                          WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1)
     elif kernel == "bs_select":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
@@ -239,6 +252,8 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     for causal in (False, True):  # KNOBS.sparse_dkdv_stages3
         yield block_sparse_specialization("bs_dkdv", 128, torch.bfloat16, causal, stages3=True)
     yield tile_specialization(128, False, True, selected_block=128)  # the block-sparse lists' cost
+    yield transpose_specialization(128)
+    yield transpose_specialization(256)
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)

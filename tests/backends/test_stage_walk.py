@@ -1,0 +1,115 @@
+"""The block walk and masks of the TLX forward's v4 consumers (``tlx/attn_fwd._consume_tile_one_loop``), run in
+Triton's CPU interpreter: TLX kernels cannot run there, so the pieces they rely on live in ``triton/common.py`` and are
+checked here against the oracle's ``visible_mask``.
+
+The v4 loop walks a tile's blocks with ``stage_block_start`` (masked lead, mask-free bulk, masked tail from
+``stage_bounds``), masks the masked ones with ``key_interval_mask`` (one key interval per row) and leaves the value-row
+zeroing to the tile's last block. So: every visible (row, key) of the tile's rows inside the sequence is seen exactly
+once, nothing else is, blocks come in increasing order, and only the last block may run past the sequence's keys.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from jfa_ops.backends.triton.common import (key_interval_mask, stage_block_start, stage_bounds, visible,  # noqa: E402
+                                            window_bounds)
+from jfa_ops.testing import visible_mask  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (the GPU runs the real kernel)")
+
+BLOCK_M, BLOCK_N = 32, 16  # the tile of two consumer halves, and the key block
+HALF = BLOCK_M // 2
+
+
+@triton.jit
+def _walk_kernel(Vis, Order, m0, row0, len_q, len_k, lo_off, hi_off, KEYS: tl.constexpr, HAS_LO: tl.constexpr,
+                 HAS_HI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    """Vis[r, key] = 1 where the walk lets row row0 + r see key (0 where it masks it, untouched where no block
+    covers it); Order[block] = the step j that visited it (+1 per extra visit)."""
+    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+        m0, len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI, BLOCK_M, BLOCK_N)
+    n_lead = (tl.maximum(lead_end - lead_begin, 0) + BLOCK_N - 1) // BLOCK_N
+    n_unmasked = n_lead + (tl.maximum(bulk_end - bulk_begin, 0) + BLOCK_N - 1) // BLOCK_N
+    n_all = n_unmasked + (tl.maximum(tail_end - tail_begin, 0) + BLOCK_N - 1) // BLOCK_N
+    rows = tl.arange(0, HALF)
+    keys = tl.arange(0, BLOCK_N)
+    for j in range(0, n_all):
+        n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+        if (j < n_lead) | (j >= n_unmasked):
+            ok = key_interval_mask(rows, keys, len_q - row0, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI)
+        else:
+            ok = (rows[:, None] >= 0) & (keys[None, :] >= 0)
+        tl.store(Vis + rows[:, None] * KEYS + n0 + keys[None, :], ok.to(tl.int32))
+        block = n0 // BLOCK_N
+        tl.store(Order + block, tl.load(Order + block) + j + 1)  # 0 = never visited
+
+
+def _walk(len_q, len_k, causal, window):
+    has_left, window_left, has_right, right = window_bounds(causal, *window)
+    keys = (len_k // BLOCK_N + 2) * BLOCK_N  # room for a block past the last key
+    oracle = visible_mask(len_q, len_k, causal, window)
+    for m0 in range(0, len_q, BLOCK_M):
+        for half in range(2):
+            row0 = m0 + half * HALF
+            vis = torch.full((HALF, keys), -1, dtype=torch.int32)
+            order = torch.zeros(keys // BLOCK_N, dtype=torch.int32)
+            _walk_kernel[(1,)](vis, order, m0, row0, len_q, len_k, -window_left, right, KEYS=keys,
+                               HAS_LO=has_left, HAS_HI=has_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HALF=HALF)
+            yield m0, row0, vis, order, oracle
+
+
+@settings(max_examples=40, deadline=None)
+@given(len_q=st.integers(1, 90), len_k=st.integers(0, 90), causal=st.booleans(),
+       window=st.tuples(st.integers(-1, 40), st.integers(-1, 40)))
+def test_one_loop_walk_sees_exactly_the_visible_keys(len_q, len_k, causal, window):
+    for m0, row0, vis, order, oracle in _walk(len_q, len_k, causal, window):
+        rows = min(HALF, max(len_q - row0, 0))  # rows of this half inside the sequence
+        want = torch.zeros(rows, vis.shape[1], dtype=torch.bool)
+        want[:, :len_k] = oracle[row0:row0 + rows]
+        seen = vis[:rows] == 1
+        assert torch.equal(seen, want), f"tile {m0} rows {row0}+: walk {seen.int()} oracle {want.int()}"
+        visited = order.nonzero().flatten()
+        steps = order[visited]
+        # each block at most once (a second visit would add j + 1 again, breaking 1, 2, 3, ...), in increasing order
+        assert torch.equal(steps, torch.arange(1, len(visited) + 1, dtype=torch.int32)), f"tile {m0}: order {order}"
+        past_end = [int(b) for b in visited if (int(b) + 1) * BLOCK_N > len_k]
+        assert past_end in ([], [int(b) for b in visited[-1:]]), f"tile {m0}: blocks {past_end} run past the keys"
+
+
+@triton.jit
+def _both_masks_kernel(Out, rows_left, keys_left, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                       R: tl.constexpr, K: tl.constexpr):
+    """Out = 2 * key_interval_mask + visible."""
+    rows = tl.arange(0, R)
+    keys = tl.arange(0, K)
+    a = key_interval_mask(rows, keys, rows_left, keys_left, lo_off, hi_off, HAS_LO, HAS_HI)
+    b = visible(rows[:, None], keys[None, :], rows_left, keys_left, lo_off, hi_off, HAS_LO, HAS_HI)
+    tl.store(Out + rows[:, None] * K + keys[None, :], a.to(tl.int32) * 2 + b.to(tl.int32))
+
+
+def test_key_interval_mask_matches_visible_inside_the_sequence():
+    """The same rows/keys, blocks at several offsets against the diagonal and the sequence ends: interval ==
+    ``visible`` on every row inside the sequence."""
+    for rows_left, keys_left in [(16, 16), (5, 30), (40, 3), (16, -20), (-3, 9), (8, 0)]:
+        for lo_off, hi_off in [(-4, 0), (-20, 7), (0, 0), (3, 5), (-1, -2)]:
+            for has_lo in (False, True):
+                for has_hi in (False, True):
+                    out = torch.empty(16, 16, dtype=torch.int32)
+                    _both_masks_kernel[(1,)](out, rows_left, keys_left, lo_off, hi_off, HAS_LO=has_lo,
+                                             HAS_HI=has_hi, R=16, K=16)
+                    inside = out[:max(min(rows_left, 16), 0)]
+                    assert torch.equal(inside // 2, inside % 2), (rows_left, keys_left, lo_off, hi_off, has_lo, has_hi)
