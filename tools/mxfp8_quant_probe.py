@@ -3,8 +3,8 @@ call (bench/NOTES.md "MXFP8 v4"). `python tools/mxfp8_quant_probe.py` prints a s
 
 Shapes: the bench's broadcast-Q K/V (T_kv = 566k rows, 4 heads, D128; V in (32, 1) blocks over 512 sequences) and
 its dense batch (32768 rows, 16 heads). Bytes counted as the bench does: 2 read + 1 written per element + 1 per 32.
-Each row sets ``mxfp8_quantize.QUANT_WARPS`` / ``QUANT_STAGES`` (module constants read at launch) and checks the
-result bit-exact against the default configuration's first output.
+Each row sets ``configs.KNOBS.mxfp8_quant_pipelined`` and ``mxfp8_quantize.QUANT_WARPS`` / ``QUANT_STAGES`` (read at
+launch) and checks the result bit-exact against the first row's (v3's geometry, the default).
 """
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import importlib
 import torch
 import triton
 
+from jfa_ops.backends.triton.configs import KNOBS
+
 mq = importlib.import_module("jfa_ops.backends.triton.mxfp8_quantize")
 
-CONFIGS = [  # (name, warps per 128 columns, stages)
-    ("default", dict(mq.QUANT_WARPS), mq.QUANT_STAGES),
-    ("cols2", {"rows": 4, "cols": 2}, 3),
-    ("2 stages", dict(mq.QUANT_WARPS), 2),
+CONFIGS = [  # (name, KNOBS.mxfp8_quant_pipelined, warps per 128 columns, stages)
+    ("v3 geometry", False, dict(mq.QUANT_WARPS), mq.QUANT_STAGES),
+    ("pipelined", True, dict(mq.QUANT_WARPS), mq.QUANT_STAGES),
+    ("pipe cols2", True, {"rows": 4, "cols": 2}, 3),
+    ("pipe 2 stages", True, dict(mq.QUANT_WARPS), 2),
 ]
 
 
@@ -33,6 +36,7 @@ def main() -> None:
     copy_gbps = 2 * copy_src.numel() / copy_ms / 1e6
     print(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
     rows = []
+    default = (KNOBS.mxfp8_quant_pipelined, dict(mq.QUANT_WARPS), mq.QUANT_STAGES)
     for case, total, heads, seq_lens in cases:
         x = torch.randn(total, heads, 128, device=dev, generator=g, dtype=torch.bfloat16)
         offsets = None
@@ -42,8 +46,8 @@ def main() -> None:
         for block in ((1, 32), (32, 1), (32, 32)):
             offs = offsets if block[0] > 1 else None
             want = None
-            for name, warps, stages in CONFIGS:
-                mq.QUANT_WARPS, mq.QUANT_STAGES = warps, stages
+            for name, pipelined, warps, stages in CONFIGS:
+                KNOBS.mxfp8_quant_pipelined, mq.QUANT_WARPS, mq.QUANT_STAGES = pipelined, warps, stages
                 data, scale = mq.quantize(x, offs, block, "rceil")
                 if want is None:
                     want = (data.view(torch.uint8).clone(), scale.view(torch.uint8).clone())
@@ -52,7 +56,7 @@ def main() -> None:
                                              return_mode="median")
                 gbps = moved / ms / 1e6
                 rows.append((case, f"{block[0]}x{block[1]}", name, ms * 1e3, gbps, gbps / copy_gbps, same))
-            mq.QUANT_WARPS, mq.QUANT_STAGES = dict(CONFIGS[0][1]), CONFIGS[0][2]
+            KNOBS.mxfp8_quant_pipelined, mq.QUANT_WARPS, mq.QUANT_STAGES = default
     print(f"{'case':20} {'block':6} {'config':12} {'us':>8} {'GB/s':>7} {'of copy':>7} same")
     for case, block, name, us, gbps, share, same in rows:
         print(f"{case:20} {block:6} {name:12} {us:8.1f} {gbps:7.0f} {share:7.0%} {same}")

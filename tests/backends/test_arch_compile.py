@@ -119,8 +119,8 @@ def test_compiles_within_the_shared_memory_budget(cc, name):
 
 def test_sm90_mxfp8_quantize_rounds_with_the_gpu_conversion():
     """The quantize kernels round to E4M3 with the hardware conversion on sm_90 (the integer emulation the
-    interpreter needs cost ~45 instructions per element and held the kernels to ~30% of HBM bandwidth), and keep
-    loads in flight through async copies."""
+    interpreter needs cost ~45 instructions per element and held the kernels to ~30% of HBM bandwidth), and, with
+    ``KNOBS.mxfp8_quant_pipelined``, keep loads in flight through async copies."""
     r = _compiled(90)
     names = [n for n in r if n.startswith("mxfp8-quantize-")]
     assert names
@@ -129,7 +129,8 @@ def test_sm90_mxfp8_quantize_rounds_with_the_gpu_conversion():
         assert r[name]["e4m3_cvt"] > 0, f"{name}: E4M3 rounding not by cvt.rn.satfinite.e4m3x2.f32"
         # the head loop's load pipelined as async copies: with register loads ptxas placed the next head's load
         # behind the arithmetic, one tile in flight per program (36% of HBM on the H200; bench/NOTES.md v4)
-        assert r[name]["async_copies"] > 0, f"{name}: the head loop's load is not pipelined"
+        if name.endswith("-pipelined"):  # configs.KNOBS.mxfp8_quant_pipelined
+            assert r[name]["async_copies"] > 0, f"{name}: the head loop's load is not pipelined"
 
 
 def test_compiles_with_inductor_float_arguments():

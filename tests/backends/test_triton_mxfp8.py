@@ -4,6 +4,7 @@ against the reference backend (same numerics) and the float64 MXFP8 oracle; on C
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -29,17 +30,33 @@ def _sequence_of_tile_kernel(OFF, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constex
     tl.store(OUT + tile, sequence_of_tile(OFF, tile, n, BLOCK, STEPS))
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PIPELINED = pytest.mark.parametrize("pipelined", [False, True], ids=["v3-geometry", "pipelined"])
 
 
+@contextlib.contextmanager
+def quant_pipelined(on: bool):
+    """``configs.KNOBS.mxfp8_quant_pipelined`` set for the block (hypothesis tests take no function fixtures)."""
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    before, KNOBS.mxfp8_quant_pipelined = KNOBS.mxfp8_quant_pipelined, on
+    try:
+        yield
+    finally:
+        KNOBS.mxfp8_quant_pipelined = before
+
+
+@PIPELINED
 @settings(max_examples=15)
 @given(inputs=quantize_inputs())
-def test_quantize_kernel_bit_exact_against_the_spec(inputs):
+def test_quantize_kernel_bit_exact_against_the_spec(pipelined, inputs):
     x, offsets, block, rounding = inputs
-    assert_bit_exact(x.to(DEVICE), offsets.to(DEVICE), block, rounding, "triton")
+    with quant_pipelined(pipelined):
+        assert_bit_exact(x.to(DEVICE), offsets.to(DEVICE), block, rounding, "triton")
 
 
+@PIPELINED
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_quantize_kernel_subnormals_and_signed_zeros(dtype):
+def test_quantize_kernel_subnormals_and_signed_zeros(dtype, pipelined):
     """Subnormal inputs (bf16/fp32 ones are fp32 subnormals: never multiplied, a GPU may flush them) scale to E4M3
     values under the smallest scale; -0 and tiny negatives keep their sign."""
     x = torch.zeros(3, 1, 64)
@@ -47,12 +64,14 @@ def test_quantize_kernel_subnormals_and_signed_zeros(dtype):
     x[0, 0, 32:] = -0.0
     x[1, 0, :32] = torch.linspace(-1, 1, 32) * 2.0 ** -130
     x[2, 0, :] = torch.linspace(-2.0 ** -20, 2.0 ** -20, 64)
-    for block in ((1, 32), (32, 1), (32, 32)):
-        assert_bit_exact(x.to(dtype).to(DEVICE), None, block, "rceil", "triton")
+    with quant_pipelined(pipelined):
+        for block in ((1, 32), (32, 1), (32, 32)):
+            assert_bit_exact(x.to(dtype).to(DEVICE), None, block, "rceil", "triton")
 
 
+@PIPELINED
 @pytest.mark.parametrize("heads, dim", [(3, 32), (5, 64), (3, 96), (9, 128)])
-def test_quantize_kernel_head_groups(heads, dim):
+def test_quantize_kernel_head_groups(heads, dim, pipelined):
     """Programs quantize several heads per iteration (``heads_per_program``: 128 columns) and split the heads over
     programs (QUANT_GROUPS iterations each): head counts that do not fill the last group or split, a padded head dim
     (96 -> 128), and a strided view (head stride 2 * dim) stay bit-exact, jagged, for every block shape."""
@@ -61,16 +80,18 @@ def test_quantize_kernel_head_groups(heads, dim):
     offsets = torch.tensor([0] + lengths).cumsum(0)
     wide = torch.randn(sum(lengths), heads, 2 * dim, generator=g) * torch.pow(
         2.0, torch.empty(sum(lengths), heads, 2 * dim).uniform_(-20, 20, generator=g))
-    for x in (wide[..., :dim].contiguous(), wide[..., dim:]):  # contiguous, and a view with head stride 2 * dim
-        for block in BLOCKS:
-            assert_bit_exact(x.to(torch.bfloat16).to(DEVICE), offsets.to(DEVICE), block, "rceil", "triton")
+    with quant_pipelined(pipelined):
+        for x in (wide[..., :dim].contiguous(), wide[..., dim:]):  # contiguous, and a view with head stride 2 * dim
+            for block in BLOCKS:
+                assert_bit_exact(x.to(torch.bfloat16).to(DEVICE), offsets.to(DEVICE), block, "rceil", "triton")
 
 
 @pytest.mark.gpu
+@PIPELINED
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("rounding", ROUNDINGS)
-def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding):
+def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding, pipelined):
     """On the GPU the kernel rounds with the hardware E4M3 conversion (the interpreter with integer arithmetic):
     bit-exact against the spec at a real size (1M elements, 4 heads), jagged (an empty sequence, tails of several
     lengths), magnitudes over the dtype's range and the special values (zeros, subnormals, ties, the 448 / 1.75
@@ -87,7 +108,8 @@ def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding):
         picks = torch.randint(0, flat.numel(), (count,), generator=g)
         flat[picks] = values[torch.randint(0, len(values), (count,), generator=g)]
     offsets = torch.tensor([0] + lengths).cumsum(0)
-    assert_bit_exact(x.to(dtype).cuda(), offsets.cuda(), block, rounding, "triton")
+    with quant_pipelined(pipelined):
+        assert_bit_exact(x.to(dtype).cuda(), offsets.cuda(), block, rounding, "triton")
 
 
 @pytest.mark.parametrize("num_seqs", [1, 5, 64, 65, 150])

@@ -22,11 +22,11 @@ import triton.language as tl
 import meta_kernels.mxfp8 as mx
 from .common import row_strides
 from .attn_fwd import broadcast_offsets
-from .configs import interpreting
+from .configs import KNOBS, interpreting
 from .launch import launch
 
 QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
-# Each program loops over head groups of QUANT_COLUMNS elements a row (heads x padded head_dim), 32 rows: 8 KB of
+# configs.KNOBS.mxfp8_quant_pipelined: each program loops over head groups of QUANT_COLUMNS elements a row (heads x padded head_dim), 32 rows: 8 KB of
 # bf16 per iteration, the loop's load pipelined QUANT_STAGES deep (two groups in flight: 16 KB per program). Warps
 # per 128 columns: (32, 1) blocks reduce along rows, so one warp holds 32 rows x 4 columns a thread and needs no
 # cross-warp reduction (sm_90 SASS per element: 13.5 instructions with 1 warp, 18 with 2, 25 with 4); the blocks
@@ -36,6 +36,7 @@ QUANT_COLUMNS = 128
 QUANT_STAGES = 3
 QUANT_GROUPS = 4  # head groups per program: more programs where T is small and H large (dense T32768 H16: 4128)
 QUANT_WARPS = {"rows": 4, "cols": 1}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1) ("cols")
+V3_GROUPS = 1 << 20  # configs.KNOBS.mxfp8_quant_pipelined off: every head in one program
 
 
 def heads_per_program(heads: int, block_d: int) -> int:
@@ -244,15 +245,18 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
     data_bits, scale_bits = data.view(torch.uint8), scale.view(torch.uint8)
     bf16 = x.dtype == torch.bfloat16
     block_d = triton.next_power_of_2(dim)
-    per_program = heads_per_program(heads, block_d)
-    groups = triton.cdiv(heads, per_program)
-    launch(mxfp8_quantize_kernel, (programs, triton.cdiv(groups, QUANT_GROUPS)), dict(
+    if KNOBS.mxfp8_quant_pipelined:
+        per_program = heads_per_program(heads, block_d)
+        warps, stages, groups = quantize_warps(block, per_program * block_d), QUANT_STAGES, QUANT_GROUPS
+    else:  # v3's geometry, the one run on the H200: one head per iteration, every head in one program
+        per_program, warps, stages, groups = 1, 4, 1, V3_GROUPS
+    launch(mxfp8_quantize_kernel, (programs, triton.cdiv(triton.cdiv(heads, per_program), groups)), dict(
         X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, heads=heads,
         num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
-        GROUPS=QUANT_GROUPS, STAGES=QUANT_STAGES),
-        num_warps=quantize_warps(block, per_program * block_d), num_stages=1)
+        GROUPS=groups, STAGES=stages),
+        num_warps=warps, num_stages=1)
     return data, scale

@@ -338,14 +338,19 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     fn = mxfp8_quantize.mxfp8_quantize_kernel
     for block, dtype in (((1, 32), torch.bfloat16), ((32, 1), torch.float16), ((32, 32), torch.float32)):
         x_type = {torch.bfloat16: "*i16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
-        constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=mxfp8_quantize.heads_per_program(16, 128),
-                          ROW_BLOCKS=block[0] > 1, SQUARE=block == (32, 32), RCEIL=True,
-                          BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2, X_BF16_BITS=dtype == torch.bfloat16,
-                          HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS,
-                          STAGES=mxfp8_quantize.QUANT_STAGES)
-        yield _mxfp8_spec(f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}", fn, mxfp8_quantize,
-                          {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs,
-                          mxfp8_quantize.quantize_warps(block, 128), odd_strides=() if block == (32, 1) else ("stride_sh",))
+        # configs.KNOBS.mxfp8_quant_pipelined off (v3's geometry, the default) and on ("-pipelined")
+        for pipelined in (False, True):
+            hp = mxfp8_quantize.heads_per_program(16, 128) if pipelined else 1
+            constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
+                              SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R,
+                              SEARCH_STEPS=2, X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True,
+                              GROUPS=mxfp8_quantize.QUANT_GROUPS if pipelined else mxfp8_quantize.V3_GROUPS,
+                              STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1)
+            warps = mxfp8_quantize.quantize_warps(block, 128) if pipelined else 4
+            name = f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}{'-pipelined' if pipelined else ''}"
+            yield _mxfp8_spec(name, fn, mxfp8_quantize,
+                              {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs, warps,
+                              odd_strides=() if block == (32, 1) else ("stride_sh",))
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
     for variant in mxfp8_attn_fwd.VARIANTS:
         for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
