@@ -21,13 +21,13 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.mxfp8_quantize import sequence_of_tile  # noqa: E402
+from jfa_ops.backends.triton.scheduling import fanout_search_steps, fanout_sequence  # noqa: E402
 
 
 @triton.jit
-def _sequence_of_tile_kernel(OFF, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+def _fanout_sequence_kernel(OFF, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr):
     tile = tl.program_id(0)
-    tl.store(OUT + tile, sequence_of_tile(OFF, tile, n, BLOCK, STEPS))
+    tl.store(OUT + tile, fanout_sequence(OFF, tile, n, 0, BLOCK, STEPS))
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PIPELINED = pytest.mark.parametrize("pipelined", [False, True], ids=["v3-geometry", "pipelined"])
@@ -113,10 +113,9 @@ def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding, pi
 
 
 @pytest.mark.parametrize("num_seqs", [1, 5, 64, 65, 150])
-def test_sequence_of_tile_matches_searchsorted(num_seqs):
+def test_fanout_sequence_matches_searchsorted(num_seqs):
     """The kernels' tile -> sequence search (64 candidates per step) against torch.searchsorted, with empty
     sequences and lengths around the tile size, for 1, 2 and 3 search steps' worth of sequences."""
-    from jfa_ops.backends.triton.mxfp8_quantize import search_steps
 
     g = torch.Generator().manual_seed(num_seqs)
     lengths = torch.tensor([0, 1, 31, 32, 33, 100])[torch.randint(0, 6, (num_seqs,), generator=g)]
@@ -124,7 +123,7 @@ def test_sequence_of_tile_matches_searchsorted(num_seqs):
     block = 32
     tiles = int(offsets[-1]) // block + num_seqs
     out = torch.zeros(tiles, dtype=torch.int32)
-    _sequence_of_tile_kernel[(tiles,)](offsets, out, num_seqs, block, search_steps(num_seqs))
+    _fanout_sequence_kernel[(tiles,)](offsets, out, num_seqs, block, fanout_search_steps(num_seqs))
     first = offsets[:-1].long() // block + torch.arange(num_seqs)
     assert torch.equal(out.long(), torch.searchsorted(first, torch.arange(tiles), right=True) - 1)
 

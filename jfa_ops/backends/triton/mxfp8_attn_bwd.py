@@ -26,7 +26,8 @@ from .common import loop_bound, row_strides, stage_bounds, visible, window_bound
 from .launch import launch
 from .configs import KNOBS, KernelConfig, interpreting
 from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _to_e4m3, checked_variant, mx_dot
-from .mxfp8_quantize import _shared_exponent, quantize, search_steps, sequence_of_tile
+from .mxfp8_quantize import _shared_exponent, quantize
+from .scheduling import fanout_search_steps, fanout_sequence
 
 # Launch shapes, (q rows, kv rows, warps, stages) per kernel (sm_90 compile, Triton 3.6, D128, bf16smem; bench/NOTES.md
 # "MXFP8 v3"; the kernels are issue-bound, so the fewest instructions per (q, k) pair wins). dK/dV 64 x 64, 4 warps,
@@ -134,7 +135,7 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
     M_LEVELS: tl.constexpr = (BLOCK_M // 32).bit_length() - 1
     tile = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
-    seq = sequence_of_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
+    seq = fanout_sequence(KV_OFF, tile, num_seqs, 0, BLOCK_N, SEARCH_STEPS)
     kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
     len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
     n0 = (tile - (kv_row0 // BLOCK_N + seq)).to(tl.int32) * BLOCK_N
@@ -235,7 +236,7 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
     N_LEVELS: tl.constexpr = (BLOCK_N // 32).bit_length() - 1
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
-    seq = sequence_of_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
+    seq = fanout_sequence(OUT_OFF, tile, num_seqs, 0, BLOCK_M, SEARCH_STEPS)
     out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
     len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
     m0 = (tile - (out_row0 // BLOCK_M + seq)).to(tl.int32) * BLOCK_M
@@ -338,7 +339,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         **row_strides("v", v8), **row_strides("vs", vs), **row_strides("do", do8), **row_strides("dos", dos),
         group=heads_q // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right,
         HEAD_DIM=dim, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs), VARIANT=variant,
+        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=fanout_search_steps(num_seqs), VARIANT=variant,
         HW_CVT=not interpreting(), DOT_FP16=interpreting())
     cfg = BWD_LAUNCH["dkdv"]
     launch(mxfp8_attn_bwd_dkdv_kernel, (k.shape[0] // cfg.block_n + num_seqs, heads_kv),

@@ -46,7 +46,8 @@ from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .common import LN2, alloc_output, loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .configs import KNOBS, KernelConfig, interpreting
 from .launch import launch
-from .mxfp8_quantize import _e4m3_bits, _shared_exponent, search_steps, sequence_of_tile
+from .mxfp8_quantize import _e4m3_bits, _shared_exponent
+from .scheduling import fanout_search_steps, fanout_sequence
 
 LOG2E_F: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2
 VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row")
@@ -384,7 +385,7 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
     DC: tl.constexpr = HEAD_DIM // 32
     tile = tl.program_id(0)
     head = tl.program_id(1)
-    seq = sequence_of_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
+    seq = fanout_sequence(OUT_OFF, tile, num_seqs, 0, BLOCK_M, SEARCH_STEPS)
     out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
     len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
     m0 = (tile - (out_row0 // BLOCK_M + seq)).to(tl.int32) * BLOCK_M
@@ -522,6 +523,6 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
         **row_strides("vs", v_scale_u8), **row_strides("o", out), group=heads_q // k.shape[1],
         qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right, HEAD_DIM=dim,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=search_steps(num_seqs), VARIANT=variant,
+        BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=fanout_search_steps(num_seqs), VARIANT=variant,
         HW_CVT=not interpreting(), DOT_FP16=interpreting(), USE_TMA=tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse

@@ -24,6 +24,7 @@ from .common import row_strides
 from .attn_fwd import broadcast_offsets
 from .configs import KNOBS, interpreting
 from .launch import launch
+from .scheduling import fanout_search_steps, fanout_sequence
 
 QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
 # configs.KNOBS.mxfp8_quant_pipelined: each program loops over head groups of QUANT_COLUMNS elements a row (heads x padded head_dim), 32 rows: 8 KB of
@@ -101,31 +102,6 @@ def _e4m3_bits(y):
     return (tl.where(a < 0.015625, subnormal, normal) | sign).to(tl.uint8)
 
 
-SEARCH_FANOUT: tl.constexpr = tl.constexpr(64)  # candidates per search step: sequences 64**steps
-
-
-@triton.jit
-def sequence_of_tile(OFFSETS, tile, num_seqs, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
-    """The sequence owning ``tile`` in the padded tile layout (sequence b's tiles of BLOCK rows start at
-    offsets[b] // BLOCK + b): the largest b with offsets[b] // BLOCK + b <= tile. A tile past b's rows is
-    owned by nobody (the caller finds its first row >= the sequence's end).
-
-    A 64-ary search: each step loads 64 candidates at once, so a batch of 512 costs 2 dependent loads, not the 10
-    of a binary search (each a memory latency before the program's first data load; the H200 measured the
-    quantize kernel at 36% of HBM with the binary search, bench/NOTES.md "MXFP8 v3")."""
-    lo = tile * 0  # invariant: first(lo) <= tile (first(0) = 0), the answer in [lo, lo + width * SEARCH_FANOUT)
-    j = tl.arange(0, SEARCH_FANOUT)
-    for level in tl.static_range(SEARCH_STEPS):
-        width = 1
-        for _ in tl.static_range(SEARCH_STEPS - 1 - level):
-            width *= SEARCH_FANOUT
-        cand = lo + j * width
-        ok = cand < num_seqs
-        first = tl.load(OFFSETS + cand, mask=ok, other=0) // BLOCK + cand
-        lo += (tl.sum((ok & (first <= tile)).to(tl.int32), 0) - 1) * width  # first() increases: a prefix holds
-    return lo
-
-
 @triton.jit(do_not_specialize=["rows", "heads", "num_seqs"])
 def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
                           stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh,
@@ -146,7 +122,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
     gg = tl.arange(0, HP * NC)  # (head, 32-column group) of the scale columns
     if ROW_BLOCKS:
         tl.static_assert(BLOCK_R == 32)
-        seq = sequence_of_tile(OFFSETS, tile, num_seqs, 32, SEARCH_STEPS)
+        seq = fanout_sequence(OFFSETS, tile, num_seqs, 0, 32, SEARCH_STEPS)
         start = tl.load(OFFSETS + seq)
         end = tl.load(OFFSETS + seq + 1)
         row0 = start + (tile - (start // 32 + seq)) * 32
@@ -211,15 +187,6 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
         tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
 
 
-def search_steps(num_seqs: int) -> int:
-    """Steps of ``sequence_of_tile``'s search over ``num_seqs`` sequences (a launch constant: the fewest with
-    SEARCH_FANOUT**steps >= num_seqs)."""
-    steps = 1
-    while SEARCH_FANOUT.value ** steps < num_seqs:
-        steps += 1
-    return steps
-
-
 def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int],
              rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """(data float8_e4m3fn, scale float8_e8m0fnu) of ``x [T, H, D]``; see ``meta_kernels.mxfp8``."""
@@ -256,7 +223,7 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
-        BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
+        BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
         GROUPS=groups, STAGES=stages),
         num_warps=warps, num_stages=1)
     return data, scale

@@ -83,17 +83,18 @@ def _slot_extent(OFF_S, OFF_O, t, seq, base, rows_s, rows_o, BLOCK: tl.constexpr
     return seq, start.to(tl.int32), real
 
 
-SEARCH_FANOUT: tl.constexpr = tl.constexpr(64)  # candidates per step of slot_tile_fanout's search
+SEARCH_FANOUT: tl.constexpr = tl.constexpr(64)  # candidates per step of fanout_sequence's search
 
 
 @triton.jit
-def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
-    """``slot_tile`` by a 64-ary search (``fanout_search_steps``): each step loads 64 candidate offsets at once, so
-    a batch of <= 64 sequences costs one dependent load before the extents, not ceil(log2 B) (each a memory
-    latency before a program's first data load; the MXFP8 quantize kernel's search measured the same,
-    bench/NOTES.md "MXFP8 v3"). With bad offsets (not ascending) the sequence found is still in [0, num_seqs)."""
-    base = tl.load(OFF_S) // BLOCK
-    lo = t * 0  # invariant: g(lo) <= t (g(0) = 0), the answer in [lo, lo + width * SEARCH_FANOUT)
+def fanout_sequence(OFFSETS, target, num_seqs, base, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """The largest b in [0, num_seqs) with OFFSETS[b] // BLOCK - base + b <= target (0 when none: bad offsets
+    still give a sequence in range), by a 64-ary search (``fanout_search_steps``): each step loads 64 candidate
+    offsets at once, so a batch of <= 64**steps sequences costs ``SEARCH_STEPS`` dependent loads, not
+    ceil(log2 B) (each a memory latency before a program's first data load; the H200 measured the MXFP8 quantize
+    kernel at 36% of HBM with a binary search, bench/NOTES.md "MXFP8 v3"). Serves both slot layouts: the tile
+    lists' (base = OFFSETS[0] // BLOCK, ``tile_slots_kernel``) and the MXFP8 kernels' (base 0)."""
+    lo = target * 0  # invariant: g(lo) <= target (g(0) <= 0), the answer in [lo, lo + width * SEARCH_FANOUT)
     j = tl.arange(0, SEARCH_FANOUT)
     for level in tl.static_range(SEARCH_STEPS):
         width = 1
@@ -101,9 +102,18 @@ def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.conste
             width *= SEARCH_FANOUT
         cand = lo + j * width
         ok = cand < num_seqs
-        g = tl.load(OFF_S + cand, mask=ok, other=0) // BLOCK - base + cand
-        lo += (tl.maximum(tl.sum((ok & (g <= t)).to(tl.int32), 0), 1) - 1) * width  # g increases: a prefix holds
-    return _slot_extent(OFF_S, OFF_O, t, lo, base, rows_s, rows_o, BLOCK)
+        g = tl.load(OFFSETS + cand, mask=ok, other=0) // BLOCK - base + cand
+        lo += (tl.maximum(tl.sum((ok & (g <= target)).to(tl.int32), 0), 1) - 1) * width  # g increases: a prefix
+    return lo
+
+
+@triton.jit
+def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """``slot_tile`` with the sequence found by ``fanout_sequence``: a batch of <= 64 sequences costs one dependent
+    load before the extents, not ceil(log2 B)."""
+    base = tl.load(OFF_S) // BLOCK
+    seq = fanout_sequence(OFF_S, t, num_seqs, base, BLOCK, SEARCH_STEPS)
+    return _slot_extent(OFF_S, OFF_O, t, seq, base, rows_s, rows_o, BLOCK)
 
 
 @triton.jit
@@ -212,7 +222,7 @@ def binary_search_steps(num_seqs) -> int:
 
 
 def fanout_search_steps(num_seqs) -> int:
-    """Steps of ``slot_tile_fanout``'s search over ``num_seqs`` sequences (a constexpr: the fewest with
+    """Steps of ``fanout_sequence``'s search over ``num_seqs`` sequences (a constexpr: the fewest with
     64**steps >= num_seqs); a symbolic B gets the bound for any int32 batch (6), as ``binary_search_steps``."""
     if not isinstance(num_seqs, int):
         return 6
