@@ -41,8 +41,6 @@ def stub_gpu():
     launch._run = lambda compiled, grid, values, device: None
     torch.cuda.current_device = lambda: 0
     validation.device_flag = lambda ok, mode: None
-    import os
-    os.environ.setdefault("JFA_VALIDATE", "async")
     validation.validation_mode = lambda device: "async"  # CPU tensors would be checked in sync mode
 
 

@@ -89,10 +89,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
 
 def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams) -> Tuple[Tensor, Tensor]:
     """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
+    return impl.forward(q, k, v, q_offsets, kv_offsets, _offsets_checked(impl, q, k, q_offsets, kv_offsets, params))
+
+
+def _offsets_checked(impl, q, k, q_offsets, kv_offsets, params: AttentionParams,
+                     checked: Optional[AttentionParams] = None) -> AttentionParams:
+    """Check offset values per JFA_VALIDATE; the params the backend's forward gets: ``params`` with
+    ``check_offsets=True`` (``checked``, when the caller has it already) where the backend checks them on the
+    device itself."""
     if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
                            impl.checks_offsets):
-        params = dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
-    return impl.forward(q, k, v, q_offsets, kv_offsets, params)
+        return checked if checked is not None else dataclasses.replace(params, check_offsets=True)
+    return params
 
 
 def check_no_forward_ad(*tensors: Tensor) -> None:
@@ -393,9 +401,7 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
     For ``jagged_attention``, which has already run ``check_options`` and ``check_no_forward_ad`` on these
     arguments: only the tensor checks are left (the rest of ``_params``)."""
     impl, params, checked = _direct_call(q, k, v, q_offsets, kv_offsets, options)
-    if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
-                           impl.checks_offsets):
-        params = checked  # the backend checks the offsets on the device (``_forward``)
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
