@@ -10,7 +10,7 @@ attention, causal/window, GQA, broadcast-Q, head_dim 64/128/256, fp16/bf16, valu
 of NaN/inf) plus a seeded random sweep; outputs come from a NaN-poisoned allocator; ``jfa_ops.testing``'s oracle and
 tolerances decide. A few cases also check gradients (the backward is the triton backend's; it reads tlx's out/lse).
 Head dims / dtypes tlx declines must route to triton under automatic choice (JFA_TLX_AUTO=1 is set here).
-Timing: ``triton.testing.do_bench`` medians, forward only, tlx (default consumers, and configs.ONE_LOOP: "v4") vs
+Timing: ``triton.testing.do_bench`` medians, forward only, tlx (the v3 consumers, and configs.ONE_LOOP: "v4") vs
 triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` runs the correctness sweep on v4.
 """
 from __future__ import annotations
@@ -260,8 +260,9 @@ def timing() -> int:
     # TLX_TIMING_V4=0 (tlx_device.sh sets it when the v4 sweep failed): no v4 column, so a hang there cannot cost
     # the other numbers
     with_v4 = os.environ.get("TLX_TIMING_V4", "1") == "1"
-    print("forward, bf16, TFLOP/s of useful work (do_bench median); 'tlx': the default consumers (v3), 'tlx v4': "
-          "configs.ONE_LOOP (bench/NOTES.md \"TLX forward v4\")", flush=True)
+    print("forward, bf16, TFLOP/s of useful work (do_bench median); 'tlx': the v3 consumers (configs.ONE_LOOP = "
+          "False), 'tlx v4': configs.ONE_LOOP = True (bench/NOTES.md \"TLX forward v4\")", flush=True)
+    one_loop = configs.ONE_LOOP
     cols = ("tlx", "triton") + (("tlx v4",) if with_v4 else ())
     print(f"{'case':40s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'tlx/triton':>10s}"
           + (f" {'v4/triton':>10s} {'v4/tlx':>7s}" if with_v4 else ""), flush=True)
@@ -286,7 +287,7 @@ def timing() -> int:
                 failures += 1
                 print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             finally:
-                configs.ONE_LOOP = False
+                configs.ONE_LOOP = one_loop
         faulthandler.cancel_dump_traceback_later()
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.label:40s} " + " ".join(f"{t:10.1f}" for t in v) + f" {v[0] / v[1]:10.2f}"

@@ -15,9 +15,11 @@ HEAD_DIMS = (64, 128, 256)
 PIPELINE: Optional[bool] = None
 KV_MAJOR: Optional[bool] = None
 # The v4 consumer (attn_fwd._consume_tile_one_loop: one software-pipelined loop over a tile's blocks, wgmma really
-# in flight across the softmax) for every head dim: off until a GPU sweep passes and times it (bench/NOTES.md "TLX
-# forward v4"); env JFA_TLX_FWD_ONE_LOOP=1 turns it on, so tools/tlx_check.py can compare it in one run.
-ONE_LOOP: bool = os.environ.get("JFA_TLX_FWD_ONE_LOOP", "0") == "1"
+# in flight across the softmax). None: where it won on the H200 (2026-12-01 22:50, bench/NOTES.md "TLX forward v4":
+# 1.03-1.19x the v3 consumers on dense, causal, jagged, GQA, window, D64; 0.86x on broadcast-Q, whose short
+# sequences end the loop before its overlap pays), i.e. every call but broadcast-Q at D64/D128. True/False forces it
+# (env JFA_TLX_FWD_ONE_LOOP=1/0; tools/tlx_check.py compares both in one run).
+ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
 # The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
 BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
@@ -52,8 +54,8 @@ def fwd_config(head_dim: int) -> Optional[FwdConfig]:
 
 
 def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
-    """(pipeline, kv_major, one_loop) for one call (one_loop: ``ONE_LOOP`` where the config allows it; it overrides
-    pipeline), from static
+    """(pipeline, kv_major, one_loop) for one call (one_loop: the v4 consumers where the config allows them, per
+    ``ONE_LOOP``; it overrides pipeline), from static
     facts: ``masked`` (causal or a window: tile costs vary within a sequence), ``broadcast_q``, ``uniform`` (every
     sequence has the same length, known from the shapes and the max_seqlen hints).
 
@@ -67,8 +69,9 @@ def fwd_choices(cfg: FwdConfig, masked: bool, broadcast_q: bool, uniform: bool):
       over sequences of different lengths."""
     pipeline = cfg.pipeline or (broadcast_q and cfg.block_n == 128 and cfg.num_buffers_q == 2)
     kv_major = uniform or not (masked or broadcast_q)
+    one_loop = not broadcast_q if ONE_LOOP is None else ONE_LOOP
     return ((pipeline if PIPELINE is None else PIPELINE), (kv_major if KV_MAJOR is None else KV_MAJOR),
-            ONE_LOOP and cfg.one_loop)
+            one_loop and cfg.one_loop)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,10 +55,11 @@ class Knobs:
     # launches: right for small ones). Not yet measured on the GPU.
     traced_sorted_lists: bool = True
     # Traced graphs (symbolic sizes) order those lists with the rank kernel (one launch, exact for any size, O(n^2)
-    # compares: ~0.1 ms at 16384 slots) instead of torch.sort + index_select (several launches; 0.32 ms of sorts per
-    # step of the issue-9 large model, bench/NOTES.md v7). Off until measured on the GPU (NOTES v8 has the A/B);
-    # JFA_TRACED_RANK_TILES=1 turns it on at import.
-    traced_rank_tiles: bool = os.environ.get("JFA_TRACED_RANK_TILES", "0") == "1"
+    # compares: ~0.1 ms at 16384 slots, i.e. T = 2M rows, where the attention itself takes far longer) instead of
+    # torch.sort + index_select (~6 GPU ops, ~100 us of host per list in Inductor's wrapper). H200, 2026-12-01
+    # (bench/NOTES.md v11): compiled overhead-case forward 492 -> 386 us, forward + backward 1905 -> 1630, the
+    # issue-9 large model step 15.5 -> 14.7 ms. JFA_TRACED_RANK_TILES=0 turns it off at import.
+    traced_rank_tiles: bool = os.environ.get("JFA_TRACED_RANK_TILES", "1") != "0"
     bwd_tma: bool = True  # backward Q/dO (dK/dV pass) and K/V (dQ pass) through TMA where attn_fwd.use_tma holds:
     #                       dK/dV pointer tensors cost registers at the cap (ptxas D128: 556 B spills -> see NOTES)
     # Block-sparse kernels: K/V (forward, dQ) and Q/dO (dK/dV) through TMA where attn_fwd.use_tma holds, as the dense
@@ -80,15 +81,16 @@ class Knobs:
     # back, no barrier; pooled K read in 4 slices issued together): ~6 dependent global round trips per program
     # instead of ~12. Same choices (tests). Off until measured (bench/NOTES.md "sparse v4").
     sparse_select_rows: bool = False
-    # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads;
-    # each a kernel change, so off until the GPU runs them (bench/NOTES.md "sparse v4"): the work lists' selected-block
-    # cost read inside tile_slots_kernel (not ~8 torch ops per list); both stage split points of a work item in one
-    # pass over its ids (not two); the pooling's slot -> sequence by a 64-ary search (1 dependent load for <= 64
-    # sequences, not ceil(log2 B)); the backward's transposed selection in one launch (not ~12 torch ops + a sort).
-    sparse_list_cost_in_kernel: bool = False
-    sparse_one_pass_split: bool = False
-    sparse_pool_fanout: bool = False
-    sparse_transpose_kernel: bool = False
+    # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
+    # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
+    # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->
+    # sequence by a 64-ary search (1 dependent load for <= 64 sequences, not ceil(log2 B)); the backward's transposed
+    # selection in one launch (not ~12 torch ops + a 0.35 ms sort). On since the H200 run of 2026-12-01 22:47 (T66944
+    # keep 0.25: backward -2.1% non-causal, -3.2% causal; forward within +-0.7%).
+    sparse_list_cost_in_kernel: bool = True
+    sparse_one_pass_split: bool = True
+    sparse_pool_fanout: bool = True
+    sparse_transpose_kernel: bool = True
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).
