@@ -62,30 +62,48 @@ def main():
     checked = dataclasses.replace(params, check_offsets=True)
     out, lse = attn_fwd.attention_forward(q, k, v, off, off, checked)
     grad_out = torch.randn_like(q)
+
+    def backward():
+        return attn_bwd.attention_backward(grad_out, None, q, k, v, out, lse, off, off, params)
+
     rows = [
         ("triton attention_forward (checked offsets)", lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
-        ("triton attention_backward", lambda: attn_bwd.attention_backward(grad_out, None, q, k, v, out, lse, off, off,
-                                                                          params)),
+        ("triton attention_backward", backward),
+        ("  the same without the backward recipe (attn_bwd.RECIPES_ENABLED = False)",
+         _switched_off(attn_bwd, "RECIPES_ENABLED", backward)),
         ("jagged_attention no grad (backend triton)", lambda: jfa_ops.jagged_attention(q, k, v, off, off, causal=True,
                                                                                      backend="triton")),
         ("  the same without the call memo (ops.attention.CALL_CACHE = False: A/B)", _no_memo(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton"))),
     ]
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def fwd_bwd():
+        o = jfa_ops.jagged_attention(qg, kg, vg, off, off, causal=True, backend="triton")
+        torch.autograd.grad(o, (qg, kg, vg), grad_out)  # no .grad accumulation: CPU fp16 adds are not host time
+
+    grad_rows = [
+        ("forward + backward, inputs require grad (autograd.grad; --calls / 4)", fwd_bwd),
+        ("  the same without the backward recipe", _switched_off(attn_bwd, "RECIPES_ENABLED", fwd_bwd)),
+    ]
+    rows = [(name, fn, args.calls, torch.no_grad) for name, fn in rows]
+    rows += [(name, fn, max(args.calls // 4, 100), torch.enable_grad) for name, fn in grad_rows]
     print(f"torch {torch.__version__}; us of CPU time per call (launches stubbed), median of 5 x {args.calls}")
-    with torch.no_grad():
-        for name, fn in rows:
-            print(f"{per_call_us(fn, args.calls):9.1f}  {name}")
-        if args.profile:
-            for name, fn in rows:
-                prof = cProfile.Profile()
+    for name, fn, calls, mode in rows:
+        with mode():
+            print(f"{per_call_us(fn, calls):9.1f}  {name}")
+    if args.profile:
+        for name, fn, calls, mode in rows:
+            prof = cProfile.Profile()
+            with mode():
                 prof.enable()
-                for _ in range(args.calls):
+                for _ in range(calls):
                     fn()
                 prof.disable()
-                buf = io.StringIO()
-                pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
-                print(f"\n=== {name}: own time, {args.calls} calls")
-                print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
+            print(f"\n=== {name}: own time, {calls} calls")
+            print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
 
 
 if __name__ == "__main__":

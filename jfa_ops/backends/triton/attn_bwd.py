@@ -15,19 +15,22 @@ summed in registers and written once (no atomics, deterministic). dQ, two ways:
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from . import common
+from . import common, launch as launcher
 from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, int_max, int_min, launch_schedule,
                      load_rows, loop_bound, next_work, num_sms, packed_rows, row_source, row_strides, seq_extent,
                      stage_bounds, store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, get_config
 from .launch import launch, launch_planned
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
-from .scheduling import (TileList, forward_tiles, kv_tiles, schedule_arguments, shape_constant, slot_tile,
-                         tile_schedule)
+from .scheduling import (TileList, binary_search_steps, capacity_of, forward_tiles, kv_tiles, one_wave,
+                         schedule_arguments, shape_constant, slot_tile, tile_schedule)
+from ..base import tracing
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
@@ -406,7 +409,21 @@ def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads:
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
-    q, k, v, out, grad_out = (packed_rows(t) for t in (q, k, v, out, grad_out))  # no copy for fused projections
+    key = _recipe_key(grad_out, grad_lse, q, k, v, out, params)
+    if key is not None:
+        recipe = launcher.recipe(key)
+        if recipe is not None:
+            grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
+            if grads is not None:
+                return grads
+    return _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, key)
+
+
+def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, key):
+    """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
+    recipe for the next calls of that signature where ``_Recipe`` covers the call."""
+    given = (q, k, v, out, grad_out)
+    q, k, v, out, grad_out = (packed_rows(t) for t in given)  # no copy for fused projections
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     group = num_heads // num_heads_kv
@@ -457,10 +474,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         grad_lse_arg = delta
         if grad_lse is not None:
             grad_lse_arg = grad_lse.to(torch.float32).contiguous()
+        delta_key = (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
+                     grad_lse is not None, zeroed is not None)  # what the static arguments below follow from
         launch_planned(
-            attn_bwd_delta_kernel,
-            (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
-             grad_lse is not None, zeroed is not None),  # what the static arguments below follow from
+            attn_bwd_delta_kernel, delta_key,
             (cdiv(int_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads),
             dict(Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta,
                  ZEROED=delta if zeroed is None else zeroed, total_out=total_out, zero_rows=zero_rows),
@@ -490,9 +507,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                     QDO_TMA=qdo_tma, ATOMIC_WORK=schedule["ATOMIC_WORK"],
                     TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"])
 
-    launch_planned(attn_bwd_dkdv_kernel, shape_key + (fused, dq_tma, qdo_tma, KNOBS.bwd_kv_major,
-                                                      schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], cfg),
-                   (programs,), dkdv_dynamic, dkdv_static, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    dkdv_key = shape_key + (fused, dq_tma, qdo_tma, KNOBS.bwd_kv_major, schedule["ATOMIC_WORK"],
+                            schedule["TILES_FROM_OFFSETS"], cfg)
+    dkdv_options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch_planned(attn_bwd_dkdv_kernel, dkdv_key, (programs,), dkdv_dynamic, dkdv_static, **dkdv_options)
+    dkdv_cfg, dkdv_one_wave = cfg, schedule["TILES_FROM_OFFSETS"]
 
     # 3. dQ
     if total_out == 0:
@@ -538,12 +557,120 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags, ATOMIC=atomic, KV_TMA=kv_tma,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"])
 
-    launch_planned(attn_bwd_dq_kernel, shape_key + (atomic, kv_tma, schedule["ATOMIC_WORK"],
-                                                    schedule["TILES_FROM_OFFSETS"], cfg),
-                   (programs,), dq_dynamic, dq_static, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    dq_key = shape_key + (atomic, kv_tma, schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], cfg)
+    dq_options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch_planned(attn_bwd_dq_kernel, dq_key, (programs,), dq_dynamic, dq_static, **dq_options)
     if params.broadcast_q:
         one = isinstance(chunks, int) and chunks == 1  # symbolic (traced): the sum, no guard
-        dq = (dq_buf[0] if one else dq_buf.sum(0)).to(q.dtype)  # fixed-order sum over chunks
-    else:
-        dq = dq_buf
-    return dq, dk, dv
+        return (dq_buf[0] if one else dq_buf.sum(0)).to(q.dtype), dk, dv  # fixed-order sum over chunks
+    # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
+    if (key is not None and not fused and dkdv_one_wave and schedule["TILES_FROM_OFFSETS"]
+            and key[-2:] == (qdo_tma, kv_tma) and all(_packed_any_rows(t) for t in given)):
+        plans = (launcher.planned(attn_bwd_delta_kernel, delta_key),
+                 launcher.planned(attn_bwd_dkdv_kernel, dkdv_key, **dkdv_options),
+                 launcher.planned(attn_bwd_dq_kernel, dq_key, **dq_options))
+        if all(plan is not None for plan in plans):
+            launcher.keep_recipe(key, _Recipe(plans, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma))
+    return dq_buf, dk, dv
+
+
+# --------------------------------------------------------------------- the per-signature recipe (host time)
+# Why: a small batch's backward costs far more on the host than on the GPU (issue 9: ~150 us of Python for three
+# launches of a few us each). Most of it follows from the call's signature, not its batch: configs, strides, flags,
+# plan keys, the static arguments' closures. A recipe keeps that per signature; a later call of the signature only
+# allocates, fills the plans' per-call slots and launches. JFA_BWD_RECIPES=0 (or RECIPES_ENABLED = False) turns it
+# off: every call takes the full path (tools/host_backend_cpu.py's A/B).
+RECIPES_ENABLED = os.environ.get("JFA_BWD_RECIPES", "1") != "0"
+
+
+def _recipe_key(grad_out, grad_lse, q, k, v, out, params):
+    """What the full path's decisions for a call follow from, except the sizes ``_Recipe.run`` checks per call: the
+    tensors' dtypes, head counts, head_dim, strides (packing, row strides) and device, grad_lse's presence, the
+    options the backward reads and the knobs its path reads, and the call's TMA choices (``use_tma``: its sizes and
+    pointers). None where no recipe may serve the call: broadcast Q,
+    the interpreter, tracing, JFA_LAUNCH_VERIFY=1 (the full path runs there, so that the GPU suite verifies each
+    plan) and launch plans off."""
+    if (not RECIPES_ENABLED or params.broadcast_q or launcher.VERIFY or not launcher.PLANS_ENABLED or tracing()
+            or launcher.interpreting()):
+        return None
+    pad_d = head_dim_consts(q.shape[2])["PAD_D"]
+    qdo_tma = KNOBS.bwd_tma and q.shape[0] > 0 and use_tma(pad_d, q, grad_out, k)  # as _full_backward decides
+    kv_tma = KNOBS.bwd_tma and use_tma(pad_d, k, v)
+    return ("attention_backward", q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
+            None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
+            v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
+            params.window_right, params.deterministic, KNOBS.bwd_schedule, KNOBS.bwd_fused_dq, KNOBS.bwd_kv_major,
+            KNOBS.one_wave_unsorted, qdo_tma, kv_tma)  # the TMA choices last (_full_backward checks them)
+
+
+def _packed_any_rows(t) -> bool:
+    """``packed_rows(t) is t`` for every row count with these strides (the recipe key holds strides, not rows)."""
+    _, heads, dim = t.shape
+    return t.stride(2) == 1 and (heads == 1 or t.stride(1) == dim) and t.stride(0) >= heads * dim
+
+
+# Where each launch's per-call arguments come from (``launch.PlanGroup`` sources: each specialized once)
+_DELTA_SOURCES = dict(Out="out", DOut="grad_out", GradLse="grad_lse", Delta="delta", ZEROED="delta",
+                      total_out="total_out", zero_rows="zero")
+_DKDV_SOURCES = dict(Q="q_rows", K="k", V="v", DOut="do_rows", Lse="lse", Delta="delta", DK="dk", DV="dv", DQ="dk",
+                     Q_OFF="q_off", KV_OFF="kv_off", TILE_SEQ="kv_off", TILE_START="kv_off", TILE_COUNT="kv_off",
+                     WORK_COUNTER="kv_work", n_slots="kv_slots", search_steps="steps", num_seqs="num_seqs",
+                     rows_s="rows_k", rows_o="total_out", total_out="total_out", num_slabs="one",
+                     slab_rows="total_out")
+_DQ_SOURCES = dict(Q="q", K="k_rows", V="v_rows", DOut="grad_out", Lse="lse", Delta="delta", DQ="dq", Q_OFF="q_off",
+                   KV_OFF="kv_off", TILE_SEQ="q_off", TILE_START="q_off", TILE_COUNT="q_off", WORK_COUNTER="q_work",
+                   n_slots="q_slots", search_steps="steps", num_seqs="num_seqs", rows_s="total_out",
+                   rows_o="rows_k", seqs_per_tile="one", total_out="total_out", stride_dq_chunk="zero")
+
+
+class _Recipe:
+    """A backward call signature's launches, made by ``_full_backward`` from the plans it launched: the default path
+    without broadcast Q (delta, dK/dV, separate dQ; no fused dQ; both work lists mapped from the offsets in one
+    wave). ``run`` serves a call of the key's signature whose sizes keep to that path (else None: the caller takes
+    the full path); it launches the same kernels with the same arguments as the full path would (tests compare
+    them), all three or none."""
+
+    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "dkdv_cfg", "dq_cfg", "schedule", "qdo_tma",
+                 "kv_tma")
+
+    def __init__(self, plans, device, num_heads, num_heads_kv, dkdv_cfg, dq_cfg, qdo_tma, kv_tma):
+        delta_plan, dkdv_plan, dq_plan = plans
+        self.group = launcher.PlanGroup(((attn_bwd_delta_kernel, delta_plan, _DELTA_SOURCES),
+                                         (attn_bwd_dkdv_kernel, dkdv_plan, _DKDV_SOURCES),
+                                         (attn_bwd_dq_kernel, dq_plan, _DQ_SOURCES)))
+        self.device, self.num_heads, self.num_heads_kv = device, num_heads, num_heads_kv
+        self.dkdv_cfg, self.dq_cfg, self.schedule = dkdv_cfg, dq_cfg, KNOBS.bwd_schedule  # knobs: in the key
+        self.qdo_tma, self.kv_tma = qdo_tma, kv_tma
+
+    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets):
+        device, num_heads, num_heads_kv = self.device, self.num_heads, self.num_heads_kv
+        dkdv_cfg, dq_cfg = self.dkdv_cfg, self.dq_cfg
+        num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
+        if num_seqs <= 0 or total_out == 0:
+            return None  # the full path's early returns
+        kv_slots = capacity_of(rows_k, dkdv_cfg.block_n, num_seqs)
+        q_slots = capacity_of(total_out, dq_cfg.block_m, num_seqs)
+        if not (one_wave(kv_slots * num_heads_kv, dkdv_cfg.programs_per_sm, device)
+                and one_wave(q_slots * num_heads, dq_cfg.programs_per_sm, device)):
+            return None  # sorted work lists: the full path builds them
+        dkdv_programs, dkdv_counter = launch_schedule(self.schedule, kv_slots * num_heads_kv,
+                                                      dkdv_cfg.programs_per_sm, device)
+        dq_programs, dq_counter = launch_schedule(self.schedule, q_slots * num_heads, dq_cfg.programs_per_sm, device)
+        q_off = common.int32_offsets(q_offsets)
+        kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+        lse = lse if lse.is_contiguous() else lse.contiguous()
+        dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
+        delta = common.alloc_output((num_heads, total_out), torch.float32, device)
+        dq = common.alloc_output(q.shape, q.dtype, device)
+        launched = self.group.launch(
+            ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (dkdv_programs,), (dq_programs,)),
+            out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
+            delta=delta, q=q, k=k, v=v, lse=lse, dk=dk, dv=dv, dq=dq, q_off=q_off, kv_off=kv_off,
+            q_rows=rows_descriptor(q, dkdv_cfg.block_m) if self.qdo_tma else q,
+            do_rows=rows_descriptor(grad_out, dkdv_cfg.block_m) if self.qdo_tma else grad_out,
+            k_rows=rows_descriptor(k, dq_cfg.block_n) if self.kv_tma else k,
+            v_rows=rows_descriptor(v, dq_cfg.block_n) if self.kv_tma else v,
+            kv_work=kv_off if dkdv_counter is None else dkdv_counter,
+            q_work=q_off if dq_counter is None else dq_counter, kv_slots=kv_slots, q_slots=q_slots,
+            steps=binary_search_steps(num_seqs), num_seqs=num_seqs, rows_k=rows_k, total_out=total_out, zero=0, one=1)
+        return (dq, dk, dv) if launched else None

@@ -225,3 +225,76 @@ def _verify(kernel, compiled, grid, values, options) -> None:
 def clear_cache() -> None:
     _COMPILED.clear()
     _PLANS.clear()
+
+
+# ------------------------------------------------------------------------------------ recipes (whole call sites)
+# A call site may keep, per call signature, what its launches need beside their plans (``attn_bwd``'s backward
+# recipe). Recipes live in ``_PLANS`` under keys of their own (a leading str: never a plan's key), so that whatever
+# drops the plans (``clear_cache``, the size bound, a test's fresh ``_PLANS``) drops the recipes built on them too.
+
+
+def planned(kernel, plan_key: tuple, **options) -> "_Plan | None":
+    """The plan ``launch_planned(kernel, plan_key, ..., **options)`` made on the current device (its key), or None."""
+    return _PLANS.get((id(kernel), torch.cuda.current_device(), plan_key, tuple(options.items())))
+
+
+def recipe(key: tuple):
+    """The recipe kept under ``key`` (a tuple whose first item is a str naming the call site), or None."""
+    return _PLANS.get(key)
+
+
+def keep_recipe(key: tuple, value) -> None:
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = value
+
+
+class PlanGroup:
+    """Plans launched together, all or none, their per-call arguments named by *sources* shared between slots (one
+    tensor feeding six slots of three kernels is one source): ``launch(grids, **sources)`` fills every plan's
+    dynamic slots, specializes each source once (not once per slot, as three ``launch_planned`` calls would) and,
+    when every source specializes as when the plans were made, launches the plans in order and returns True; else
+    it launches nothing and returns False (the caller takes its full path, whose ``launch_planned`` calls re-plan).
+
+    ``launches``: ``(kernel, plan, {slot name: source name})`` per kernel, covering each plan's dynamic slots. A
+    source specializes as each of its slots does (``do_not_specialize`` differs between kernels: one
+    specialization per distinct way); the plans' own specializations give the expected ones. Generated code, as
+    ``_Plan.refill``."""
+
+    def __init__(self, launches):
+        self.launches = [(_info(kernel).name, plan) for kernel, plan, _ in launches]
+        sources, fills, specs, expected = [], [], {}, []
+        for n, (kernel, plan, names) in enumerate(launches):
+            if set(names) != set(plan.slots):
+                raise ValueError(f"{_info(kernel).name}: sources {sorted(names)} do not name the plan's dynamic "
+                                 f"slots {sorted(plan.slots)}")
+            for position, (slot, (index, specialize, align)) in enumerate(plan.slots.items()):
+                source = names[slot]
+                if source not in sources:
+                    sources.append(source)
+                fills.append(f"    v{n}[{index}] = {source}\n")
+                way = (source, specialize, align)
+                if way not in specs:
+                    specs[way] = f"spec(B, {source}, False, {specialize}, {align})"
+                    expected.append(plan.spec[position])
+                elif expected[list(specs).index(way)] != plan.spec[position]:
+                    raise ValueError(f"source {source} specialized two ways by plans of one signature")
+        self.expected = tuple(expected)
+        copies = "".join(f"    v{n} = plans[{n}].values.copy()\n" for n in range(len(launches)))
+        params = ", ".join(sources)
+        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
+        exec(f"def fill(plans, {params}):\n{copies}{''.join(fills)}"  # noqa: S102 (our names)
+             f"    return ({', '.join(f'v{n}' for n in range(len(launches)))},), "
+             f"({', '.join(specs.values())}{',' if specs else ''})\n", namespace)
+        self._fill = namespace["fill"]
+        self._plans = [plan for _, plan, _ in launches]
+
+    def launch(self, grids, **sources) -> bool:
+        values, spec = self._fill(self._plans, **sources)
+        if spec != self.expected:
+            return False
+        device = torch.cuda.current_device()
+        for (name, plan), grid, plan_values in zip(self.launches, grids, values):
+            LAUNCHES[name] += 1
+            _run(plan.compiled, grid, plan_values, device)
+        return True

@@ -1,0 +1,286 @@
+"""The triton backward's per-signature recipe (attn_bwd._Recipe): on CPU, with the GPU launch path stubbed so that
+every launch still runs its kernel in the Triton interpreter. A recipe must give the float64 oracle's gradients,
+launch exactly what the full path launches, and never serve a call whose key (strides, dtypes, knobs, options)
+differs from the one it was made for."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from triton.runtime.jit import KernelParam  # noqa: E402
+
+from jfa_ops.backends.base import AttentionParams, traced  # noqa: E402
+from jfa_ops.backends import triton as tb  # noqa: E402
+from jfa_ops.backends.triton import attn_bwd, attn_fwd, common, configs, launch  # noqa: E402
+from jfa_ops.testing import assert_attention_close  # noqa: E402
+from tests.backends.test_triton_kernels import make_inputs, oracle  # noqa: E402
+
+KERNELS = ("attn_bwd_delta_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
+
+
+class _Interpreted:
+    """An interpreted kernel with the parameters of a compiled JITFunction (what launch_planned reads)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.fn, self.arg_names = kernel, kernel.fn, kernel.arg_names
+        skip = set(kernel.kwargs.get("do_not_specialize") or ())
+        self.params = [KernelParam(i, p, p.name in skip, False)
+                       for i, p in enumerate(inspect.signature(kernel.fn).parameters.values())]
+
+    def __getitem__(self, grid):
+        return self.kernel[grid]
+
+
+class _Compiled:  # a CompiledKernel stand-in: runs the interpreted kernel
+    def __init__(self, kernel, options):
+        self.kernel, self.options = kernel, options
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """launch_planned's GPU branch (plans, recipes) on CPU tensors, each launch run by the interpreter; NaN-filled
+    outputs (an element no kernel writes fails the oracle). Returns the launches made: (kernel name, grid, values),
+    and how the recipes answered (None: declined)."""
+    runs, answers = [], []
+
+    def first_launch(kernel, grid, values, spec, options, device):
+        runs.append((kernel.fn.__name__, grid, values))
+        kernel[grid](*values, **options)
+        return _Compiled(kernel, options)
+
+    def run(compiled, grid, values, device):
+        runs.append((compiled.kernel.fn.__name__, grid, values))
+        compiled.kernel[grid](*values, **compiled.options)
+
+    for name in KERNELS:
+        monkeypatch.setattr(attn_bwd, name, _Interpreted(getattr(attn_bwd, name)))
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(launch, "_launch_bound", first_launch)
+    monkeypatch.setattr(launch, "_run", run)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_COMPILED", {})
+    monkeypatch.setattr(launch, "_INFO", {})
+    monkeypatch.setattr(launch, "VERIFY", False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 132)  # an H200's: small batches fit one wave
+    monkeypatch.setattr(common, "alloc_output",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+    real_run = attn_bwd._Recipe.run
+
+    def spy(self, *args):
+        grads = real_run(self, *args)
+        answers.append(grads)
+        return grads
+
+    monkeypatch.setattr(attn_bwd._Recipe, "run", spy)
+    return runs, answers
+
+
+def _case(lengths, dtype=torch.float16, heads=(4, 2), head_dim=32, offsets_dtype=torch.int32, seed=0,
+          with_grad_lse=False, fused=False, scale=None, kv_lengths=None, **options):
+    """(backward arguments, params, oracle gradients) of one batch; out and lse from the oracle. ``fused``: q, k, v
+    as slices of one [T, Hq + 2 Hkv, D] projection (row stride (Hq + 2 Hkv) D)."""
+    q, k, v, q_off, kv_off = make_inputs(lengths, lengths if kv_lengths is None else kv_lengths, *heads, head_dim,
+                                         dtype, "cpu", offsets_dtype=offsets_dtype, seed=seed)
+    if fused:
+        assert kv_lengths is None
+        qkv = torch.cat([q, k, v], dim=1)
+        q, k, v = qkv.split([heads[0], heads[1], heads[1]], dim=1)
+    params = AttentionParams(scale=head_dim ** -0.5 if scale is None else scale, **options)
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(q.shape, generator=g).to(dtype)
+    grad_lse = torch.randn((heads[0], q.shape[0]), generator=g) if with_grad_lse else None
+    window = (params.window_left, params.window_right)
+    if q.shape[0] == 0:  # no rows: zero gradients (the oracle has nothing to differentiate)
+        empty = torch.empty(0, heads[0], head_dim, dtype=dtype)
+        args = (grad_out, grad_lse, q, k, v, empty, torch.empty(heads[0], 0), q_off, kv_off)
+        return args, params, (torch.zeros(q.shape), torch.zeros(k.shape), torch.zeros(v.shape))
+    out64, lse64, *grads = oracle(q, k, v, q_off, kv_off, params.scale, params.causal, *window, grad_out=grad_out,
+                                  grad_lse=grad_lse)
+    args = (grad_out, grad_lse, q, k, v, out64.to(dtype), lse64.float(), q_off, kv_off)
+    return args, params, grads
+
+
+def _check(args, params, expected, dtype):
+    dq, dk, dv = tb.backward(*args, params)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), expected):
+        assert_attention_close(got, want, dtype=dtype, kind="grad", name=name)
+
+
+def _emulate_tma(monkeypatch):
+    """attn_fwd.use_tma as on an sm_90 GPU (the interpreter runs tensor descriptors; conftest lets every size use
+    them)."""
+    monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
+
+
+@pytest.mark.parametrize("dtype, tma", [(torch.float16, False), (torch.float16, True), (torch.float32, False)],
+                         ids=["fp16", "fp16-tma", "fp32"])
+@pytest.mark.parametrize("options", [dict(causal=True), dict(window_left=5, window_right=0), dict()],
+                         ids=["causal", "window", "full"])
+def test_recipe_gradients_match_the_oracle(gpu, monkeypatch, dtype, tma, options):
+    """Batches of one signature (other lengths, batch sizes, totals): the first call makes the recipe, the later ones
+    are served by it, and every gradient matches the float64 oracle (TMA descriptors for Q/dO and K/V included)."""
+    _, answers = gpu
+    if tma:
+        _emulate_tma(monkeypatch)
+    batches = (([30, 5, 0, 29], [12, 40, 3, 29]), ([1, 40, 2], [50, 1, 2]), ([7] * 9, [3] * 9), ([64], [20]))
+    for seed, (lengths, kv_lengths) in enumerate(batches):
+        args, params, expected = _case(lengths, dtype, seed=seed, kv_lengths=kv_lengths, **options)
+        _check(args, params, expected, dtype)
+    assert len(answers) == 3 and all(a is not None for a in answers), answers
+
+
+def _launches(runs, inputs):
+    """Launch values comparable across calls: the call's inputs by identity, fresh buffers and descriptors by their
+    metadata."""
+    def norm(x):
+        for n, t in enumerate(inputs):
+            if x is t:
+                return ("input", n)
+        if isinstance(x, torch.Tensor):
+            return (x.shape, x.stride(), x.dtype)
+        if hasattr(x, "block_shape"):  # a TensorDescriptor
+            return ("descriptor", norm(x.base), list(x.shape), list(x.strides), list(x.block_shape))
+        return x
+    return [(name, grid, [norm(x) for x in values]) for name, grid, values in runs]
+
+
+@pytest.mark.parametrize("with_grad_lse", [False, True])
+@pytest.mark.parametrize("schedule", ["static", "grid", "atomic"])
+@pytest.mark.parametrize("tma", [False, True])
+def test_recipe_launches_what_the_full_path_launches(gpu, monkeypatch, schedule, with_grad_lse, tma):
+    """The recipe's launches (kernels, grids, every argument) equal the full path's for the same call, launch
+    counters included."""
+    runs, answers = gpu
+    monkeypatch.setattr(configs.KNOBS, "bwd_schedule", schedule)
+    if tma:
+        _emulate_tma(monkeypatch)
+    _case_args = [_case(lengths, seed=seed, with_grad_lse=with_grad_lse, causal=True, kv_lengths=kv_lengths)
+                  for seed, (lengths, kv_lengths) in enumerate((([30, 5, 0, 29], [12, 40, 3, 29]),
+                                                                ([1, 40, 2, 3, 3], [50, 1, 2, 9, 0])))]
+    tb.backward(*_case_args[0][0], _case_args[0][1])  # makes the recipe
+    args, params, expected = _case_args[1]
+    runs.clear()
+    before = launch.LAUNCHES.copy()
+    _check(args, params, expected, torch.float16)
+    by_recipe, counted = _launches(runs, args), launch.LAUNCHES - before
+    assert answers and answers[-1] is not None
+    runs.clear()
+    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
+    before = launch.LAUNCHES.copy()
+    _check(args, params, expected, torch.float16)
+    assert _launches(runs, args) == by_recipe
+    assert launch.LAUNCHES - before == counted == {name: 1 for name in KERNELS}
+
+
+# What differs in the second call: _case arguments, or a knob / the TMA choice set before it
+CHANGES = {
+    "row stride": dict(fused=True),  # q, k, v sliced out of one fused projection
+    "dtype": dict(dtype=torch.float32),
+    "causal": dict(causal=False),
+    "window": dict(window_left=3),
+    "scale": dict(scale=0.3),
+    "grad_lse": dict(with_grad_lse=True),
+    "knob bwd_kv_major": {},
+    "knob bwd_schedule": {},
+    "TMA choice": {},  # TMA descriptors for the first signature, pointers for the second
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_recipe_is_not_used_when_its_key_changes(gpu, monkeypatch, change):
+    """A call that differs from the recipe's signature in something its key holds takes the full path (and makes its
+    own recipe), and its gradients match the oracle. A key that missed it would launch the first signature's plans
+    (wrong strides, scale, masking, precision or argument kinds)."""
+    _, answers = gpu
+    if change == "TMA choice":
+        _emulate_tma(monkeypatch)
+    args, params, expected = _case([30, 5, 0, 29], causal=True, seed=0)
+    _check(args, params, expected, torch.float16)  # makes the recipe
+    if change == "knob bwd_kv_major":
+        monkeypatch.setattr(configs.KNOBS, "bwd_kv_major", not configs.KNOBS.bwd_kv_major)
+    elif change == "knob bwd_schedule":
+        monkeypatch.setattr(configs.KNOBS, "bwd_schedule", "grid")
+    elif change == "TMA choice":
+        monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 4096)
+    options = dict(dict(causal=True), **CHANGES[change])
+    args, params, expected = _case([1, 40, 2], seed=1, **options)
+    answers.clear()
+    _check(args, params, expected, options.get("dtype", torch.float16))
+    assert not answers  # no recipe of the first signature was asked
+    _check(args, params, expected, options.get("dtype", torch.float16))
+    assert len(answers) == 1 and answers[0] is not None  # the new signature's own recipe
+
+
+def test_int64_offsets_are_converted_by_the_recipe(gpu):
+    """The key holds no offsets dtype: the recipe converts offsets per call as the full path does (int64 offsets
+    after int32 ones; two offsets tensors, then one for both sides)."""
+    _, answers = gpu
+    args, params, expected = _case([30, 5, 0, 29], causal=True)
+    _check(args, params, expected, torch.float16)
+    args, params, expected = _case([1, 40, 2], causal=True, seed=1, offsets_dtype=torch.int64)
+    _check(args, params, expected, torch.float16)
+    _check(args[:7] + (args[8], args[8]), params, expected, torch.float16)
+    assert len(answers) == 2 and all(a is not None for a in answers)
+
+
+@pytest.mark.parametrize("why", ["not one wave", "misaligned tensor", "empty batch", "no rows"])
+def test_recipe_declines_calls_outside_its_path(gpu, monkeypatch, why):
+    """Sizes that take another path (sorted work lists, early returns) or specialize otherwise (a misaligned pointer)
+    make the recipe decline before any launch: the full path runs (three launches, not six) and the gradients are
+    right."""
+    runs, answers = gpu
+    args, params, expected = _case([30, 5, 0, 29], causal=True)
+    _check(args, params, expected, torch.float16)
+    args, params, expected = _case([1, 40, 2], causal=True, seed=1)
+    if why == "not one wave":
+        monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)
+    elif why == "misaligned tensor":
+        grad_out = args[0]
+        shifted = torch.empty(grad_out.numel() + 1, dtype=grad_out.dtype)[1:].view(grad_out.shape)
+        shifted.copy_(grad_out)
+        args = (shifted,) + args[1:]
+    elif why == "empty batch":
+        args, params, expected = _case([], causal=True, seed=1)
+    elif why == "no rows":
+        args, params, expected = _case([0, 0], causal=True, seed=1)
+    answers.clear()
+    before = launch.LAUNCHES.copy()
+    _check(args, params, expected, torch.float16)
+    assert answers == [None]
+    if why == "misaligned tensor":
+        assert launch.LAUNCHES - before == {name: 1 for name in KERNELS}
+
+
+@pytest.mark.parametrize("where", ["interpreter", "JFA_LAUNCH_VERIFY", "tracing", "plans off", "switched off",
+                                   "broadcast Q"])
+def test_no_recipe_where_the_full_path_must_run(gpu, monkeypatch, where):
+    """No recipe is looked up or made under the interpreter, JFA_LAUNCH_VERIFY=1 (the GPU suite verifies each plan
+    on the full path), tracing, launch plans off, RECIPES_ENABLED off, or for broadcast Q."""
+    args, params, _ = _case([30, 5, 0, 29], causal=True)
+    if where == "broadcast Q":
+        params = AttentionParams(scale=params.scale, broadcast_q=True)
+    setting = {"interpreter": (launch, "interpreting", lambda: True), "JFA_LAUNCH_VERIFY": (launch, "VERIFY", True),
+               "plans off": (launch, "PLANS_ENABLED", False), "switched off": (attn_bwd, "RECIPES_ENABLED", False)}
+    if where in setting:
+        monkeypatch.setattr(*setting[where])
+    if where == "tracing":
+        with traced():
+            assert attn_bwd._recipe_key(args[0], args[1], *args[2:6], params) is None
+    else:
+        assert attn_bwd._recipe_key(args[0], args[1], *args[2:6], params) is None
+
+
+def test_clear_cache_drops_the_recipes(gpu):
+    """Recipes live beside the launch plans: launch.clear_cache() drops both, and the next call binds anew."""
+    runs, answers = gpu
+    args, params, expected = _case([30, 5, 0, 29], causal=True)
+    _check(args, params, expected, torch.float16)
+    launch.clear_cache()
+    answers.clear()
+    _check(args, params, expected, torch.float16)
+    assert not answers and launch._PLANS
