@@ -284,3 +284,51 @@ def test_clear_cache_drops_the_recipes(gpu):
     answers.clear()
     _check(args, params, expected, torch.float16)
     assert not answers and launch._PLANS
+
+
+def test_plan_group_sources_must_name_every_dynamic_slot(gpu):
+    """launch.PlanGroup refuses sources that miss a plan's dynamic slot or name one it does not have (a slot left
+    unfilled would launch the previous call's tensor)."""
+    args, params, expected = _case([30, 5, 0, 29], causal=True)
+    _check(args, params, expected, torch.float16)
+    recipe, = [value for key, value in launch._PLANS.items() if key[0] == "attention_backward"]
+    kernel = attn_bwd.attn_bwd_delta_kernel
+    plan = recipe.group._plans[0]
+    missing = {name: source for name, source in attn_bwd._DELTA_SOURCES.items() if name != "GradLse"}
+    with pytest.raises(ValueError, match="GradLse"):
+        launch.PlanGroup([(kernel, plan, missing)])
+    with pytest.raises(ValueError, match="stride_ot"):
+        launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, stride_ot="out"))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim, heads", [(128, (8, 8)), (64, (4, 2))])
+def test_recipe_matches_the_full_path_gpu(monkeypatch, dtype, head_dim, heads):
+    """On the GPU, with JFA_LAUNCH_VERIFY off for this test (the recipe is off under it): the recipe serves the later
+    batches of a signature and its gradients equal the full path's bit for bit (same kernels, same arguments, no
+    atomics on this path; TMA descriptors at test sizes on sm_90), and match the oracle."""
+    monkeypatch.setattr(launch, "VERIFY", False)
+    answers = []
+    real_run = attn_bwd._Recipe.run
+
+    def spy(self, *args):
+        answers.append(real_run(self, *args))
+        return answers[-1]
+
+    monkeypatch.setattr(attn_bwd._Recipe, "run", spy)
+    for seed, lengths in enumerate(([30, 5, 0, 29], [1, 64, 2], [17] * 7)):
+        q, k, v, q_off, kv_off = make_inputs(lengths, lengths[::-1], *heads, head_dim, dtype, "cuda", seed=seed)
+        params = AttentionParams(scale=head_dim ** -0.5, causal=True)
+        out, lse = tb.forward(q, k, v, q_off, kv_off, params)
+        grad_out = torch.randn_like(out)
+        grads = tb.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
+        monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
+        full = tb.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
+        monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", True)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, full):
+            assert torch.equal(got, want), name
+        expected = oracle(q, k, v, q_off, kv_off, params.scale, True, grad_out=grad_out)[2:]
+        for name, got, want in zip(("dq", "dk", "dv"), grads, expected):
+            assert_attention_close(got, want, dtype=dtype, kind="grad", name=name)
+    assert len(answers) == 2 and all(a is not None for a in answers), answers
