@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
 from jfa_ops.backends.base import AttentionParams  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.backends.triton import attn_bwd, attn_fwd, launch  # noqa: E402
+from jfa_ops.testing import jagged_lengths  # noqa: E402
 
 
 def _forward_args(monkeypatch, lengths, dtype=torch.float16, causal=True, head_dim=64):
@@ -423,3 +426,28 @@ def test_forward_replay_outputs_fresh_and_unshared(monkeypatch):
     replayed = _forward_launches(monkeypatch, calls)
     outs = [values[3] for values, _ in replayed]
     assert len({id(t) for t in outs}) == 3 and all(any(t is a for a in allocated) for t in outs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=jagged_lengths(min_batch=1, max_batch=6, max_len=40), heads=st.sampled_from([(4, 4), (6, 2), (3, 1)]),
+       head_dim=st.sampled_from([16, 32, 72]), mask=st.sampled_from([{}, {"causal": True}, {"window_left": 9},
+                                                                     {"causal": True, "window_left": 0}]),
+       offsets_dtype=st.sampled_from([torch.int32, torch.int64]), one_offsets=st.booleans(),
+       check=st.booleans())
+def test_forward_replays_agree_with_the_full_path_property(monkeypatch, lengths, heads, head_dim, mask,
+                                                           offsets_dtype, one_offsets, check):
+    """Random jagged signatures (empty sequences, length 1, lengths off every block size, GQA, head dims that pad,
+    windows, int64 offsets, one or two offsets tensors): the second call of a signature launches exactly what the
+    full path would (these shapes run in one wave: the second call replays)."""
+    monkeypatch.undo()
+    calls = [_call(lengths, heads=heads, head_dim=head_dim, offsets_dtype=offsets_dtype, one_offsets=one_offsets,
+                   check_offsets=check, **mask) for _ in range(2)]
+    if int(calls[0][3][-1]) == 0:
+        return  # no rows: no launch
+    replayed = _forward_launches(monkeypatch, calls)
+    monkeypatch.setattr(launch, "PLANS_ENABLED", False)
+    monkeypatch.setattr(launch, "_launch_bound", lambda *a: object())
+    (want, _), = _forward_launches(monkeypatch, [calls[1]])
+    assert not replayed[1][1] and _same_launch(replayed[1][0], want, calls[1], calls[1])
+    monkeypatch.undo()
+
