@@ -357,11 +357,14 @@ def _same_launch(got, want, call_got, call_want) -> bool:
 
 
 def _call(lengths, heads=(4, 2), head_dim=32, dtype=torch.float16, offsets_dtype=torch.int32, one_offsets=True,
-          **options):
+          broadcast_rows=0, **options):
+    """One forward call's arguments; ``broadcast_rows``: a broadcast Q of that many rows (q_offsets None)."""
     off = torch.tensor([0] + list(lengths)).cumsum(0).to(offsets_dtype)
-    q = torch.randn(int(off[-1]), heads[0], head_dim, dtype=dtype)
+    q = torch.randn(broadcast_rows or int(off[-1]), heads[0], head_dim, dtype=dtype)
     k, v = (torch.randn(int(off[-1]), heads[1], head_dim, dtype=dtype) for _ in range(2))
     kv_off = off if one_offsets else off.clone()
+    if broadcast_rows:
+        return q, k, v, None, kv_off, AttentionParams(scale=head_dim ** -0.5, broadcast_q=True, **options)
     return q, k, v, off, kv_off, AttentionParams(scale=head_dim ** -0.5, **options)
 
 
@@ -370,6 +373,8 @@ def _call(lengths, heads=(4, 2), head_dim=32, dtype=torch.float16, offsets_dtype
     dict(lengths=[64], window_left=7, window_right=3),
     dict(lengths=[1, 2, 3], offsets_dtype=torch.int64, one_offsets=False, check_offsets=True),
     dict(lengths=[17, 17], heads=(6, 3), dtype=torch.float32, max_seqlen_q=17, max_seqlen_kv=17, check_offsets=True),
+    dict(lengths=[9, 0, 40], broadcast_rows=12, causal=True, check_offsets=True),
+    dict(lengths=[3, 50], broadcast_rows=20, offsets_dtype=torch.int64, window_left=4),
 ])
 def test_forward_replay_launches_what_the_full_path_launches(monkeypatch, case):
     """A repeated call signature replays its launch (no full path: no tile_schedule) with exactly the arguments the
@@ -412,6 +417,9 @@ def test_forward_replay_key_changes_take_the_full_path(monkeypatch):
         ((q, misaligned_k, v, off, kv_off, params), True),
         (base, False),
         (flip_knob, True), (base, False),
+        (_call([30, 5, 29], causal=True, broadcast_rows=16), True),  # broadcast Q: q rows in the key
+        (_call([30, 5, 29], causal=True, broadcast_rows=16), False),
+        (_call([30, 5, 29], causal=True, broadcast_rows=17), True),
     ]
     replayed = _forward_launches(monkeypatch, [call for call, _ in steps])
     assert [full for _, full in replayed] == [full for _, full in steps]
@@ -433,16 +441,16 @@ def test_forward_replay_outputs_fresh_and_unshared(monkeypatch):
        head_dim=st.sampled_from([16, 32, 72]), mask=st.sampled_from([{}, {"causal": True}, {"window_left": 9},
                                                                      {"causal": True, "window_left": 0}]),
        offsets_dtype=st.sampled_from([torch.int32, torch.int64]), one_offsets=st.booleans(),
-       check=st.booleans())
+       check=st.booleans(), broadcast_rows=st.sampled_from([0, 0, 1, 7, 20]))
 def test_forward_replays_agree_with_the_full_path_property(monkeypatch, lengths, heads, head_dim, mask,
-                                                           offsets_dtype, one_offsets, check):
+                                                           offsets_dtype, one_offsets, check, broadcast_rows):
     """Random jagged signatures (empty sequences, length 1, lengths off every block size, GQA, head dims that pad,
-    windows, int64 offsets, one or two offsets tensors): the second call of a signature launches exactly what the
+    windows, int64 offsets, one or two offsets tensors, broadcast Q): the second call of a signature launches exactly what the
     full path would (these shapes run in one wave: the second call replays)."""
     monkeypatch.undo()
     calls = [_call(lengths, heads=heads, head_dim=head_dim, offsets_dtype=offsets_dtype, one_offsets=one_offsets,
-                   check_offsets=check, **mask) for _ in range(2)]
-    if int(calls[0][3][-1]) == 0:
+                   check_offsets=check, broadcast_rows=broadcast_rows, **mask) for _ in range(2)]
+    if int(calls[0][4][-1]) == 0 or calls[0][0].shape[0] == 0:
         return  # no rows: no launch
     replayed = _forward_launches(monkeypatch, calls)
     monkeypatch.setattr(launch, "PLANS_ENABLED", False)

@@ -218,20 +218,26 @@ def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.
 class _Replay:
     """A small call's forward fixed for its signature (``_replay_key``): allocate out/lse (and the check flag),
     convert the offsets as the full path does, launch (``launch.Replay``). Made only where the full path launches
-    nothing but the attention kernel from tensors the call has: one wave (no tile list), no TMA descriptors, inputs
-    used in place, no broadcast-Q offsets."""
+    nothing but the attention kernel from tensors the call has (or, for broadcast Q, the output offsets
+    ``broadcast_offsets`` keeps per shape: read-only, so the replay keeps them too): one wave (no tile list), no TMA
+    descriptors, inputs used in place."""
 
-    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check")
+    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
+                 "broadcast_offsets")
 
-    def __init__(self, launch_replay, out, lse, q_offsets, kv_offsets, check: bool):
+    def __init__(self, launch_replay, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets):
         self.launch, self.out_shape, self.lse_shape = launch_replay, out.shape, lse.shape
         self.dtype, self.device, self.check = out.dtype, out.device, check
-        self.convert_q = q_offsets.dtype != torch.int32
+        self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
+        self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
         self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
 
     def run(self, q, k, v, q_offsets, kv_offsets):
         """(out, lse), or None when an input does not specialize as the replay's (the caller runs the full path)."""
-        q_off = q_offsets.to(torch.int32) if self.convert_q else q_offsets
+        if self.broadcast_offsets is not None:
+            q_off = self.broadcast_offsets
+        else:
+            q_off = q_offsets.to(torch.int32) if self.convert_q else q_offsets
         kv_off = q_off if kv_offsets is q_offsets else kv_offsets.to(torch.int32) if self.convert_kv else kv_offsets
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
@@ -254,11 +260,11 @@ launch.CLEAR_HOOKS.append(_REPLAYS.clear)
 
 
 def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
-    if q_offsets is None or not launch.replays_enabled():
+    if not launch.replays_enabled():
         return None
-    return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device, q_offsets.dtype,
-            q_offsets.shape, kv_offsets.dtype, kv_offsets.shape, q_offsets is kv_offsets, Knobs.generation,
-            TMA_ENABLED, TMA_MIN_ROWS)
+    return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
+            None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,
+            q_offsets is kv_offsets, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
 
 
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
@@ -325,7 +331,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     launch_planned(attn_fwd_kernel, plan_key, (programs,), dynamic, static, num_warps=cfg.num_warps,
                    num_stages=cfg.num_stages)
     if (key is not None and key not in _REPLAYS and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"] and not tma
-            and not params.broadcast_q and all(a is b for a, b in zip((q, k, v), inputs))):
+            and all(a is b for a, b in zip((q, k, v), inputs))):
         _keep_replay(key, plan_key, (programs,), dynamic, (q, k, v, out, lse, q_off, kv_off, flag),
                      dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), q_offsets, kv_offsets)
     if flag is not None:
@@ -335,6 +341,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
 
 def _keep_replay(key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets) -> None:
     """Store the replay of the launch just made, if every tensor argument is one of ``sources``."""
+    if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
     slots = {}
     for name, value in dynamic.items():
         if isinstance(value, torch.Tensor):
@@ -352,4 +360,5 @@ def _keep_replay(key, plan_key, grid, dynamic, sources, options, q_offsets, kv_o
         return
     if len(_REPLAYS) >= _REPLAYS_MAX:
         _REPLAYS.clear()
-    _REPLAYS[key] = _Replay(made, sources[3], sources[4], q_offsets, kv_offsets, flag is not None)
+    _REPLAYS[key] = _Replay(made, sources[3], sources[4], q_offsets, kv_offsets, flag is not None,
+                            sources[5] if q_offsets is None else None)
