@@ -354,6 +354,57 @@ class Sdpa:
                         exact=exact, note=note)
 
 
+class SdpaFp8:
+    """Per-head-scaled FP8 attention from a peer (issue 12: "compare with per-tensor FP8 attention from any peer that
+    imports"): torch's experimental ``_scaled_dot_product_attention_quantized`` (E4M3 q/k/v, one float32 descale per
+    (sequence, kv head), FlashAttention-3 kernels registered into SDPA; forward only), on inputs padded to the
+    longest sequence and quantized before timing (as our prequantized MXFP8 rows). Unavailable, with the reason,
+    where FA3 (``flash_attn_interface``) does not import or the GPU is not sm_90."""
+
+    name = "sdpa_fp8"
+
+    def unavailable(self, device) -> Optional[str]:
+        if _need_cuda(device):
+            return _need_cuda(device)
+        try:
+            from torch.nn.attention import _fa3
+            from torch.nn.attention.experimental import _scaled_dot_product_attention_quantized  # noqa: F401
+            if not hasattr(self, "_fa3_handle"):
+                self._fa3_handle = _fa3.register_flash_attention_fa3()
+        except Exception as e:  # noqa: BLE001 (an optional peer: any failure is a reason)
+            return f"FA3 per-head FP8 SDPA unavailable ({one_line(e, 120)})"
+        return None
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        from torch.nn.attention.experimental._scaled_dot_product_attention_quantized import (
+            _scaled_dot_product_attention_quantized as sdpa_fp8)
+        if case.window != (-1, -1) or case.num_heads_q != case.num_heads_kv:
+            raise Skip("per-head FP8 SDPA: no sliding window, no GQA here")
+        if case.causal and tuple(case.q_lens) != tuple(case.kv_lens):
+            raise Skip("SDPA's is_causal is top-left aligned; this case has Lq != Lk")
+        q, k, v = (_pad(t, lens, m).transpose(1, 2) for t, lens, m in (
+            (inp.q_materialized(case), case.q_lens, case.max_q), (inp.k, case.kv_lens, case.max_kv),
+            (inp.v, case.kv_lens, case.max_kv)))
+
+        def quantize(t):  # one descale per (sequence, head): amax / 448 (E4M3's largest finite value)
+            descale = t.float().abs().amax(dim=(2, 3)).clamp_min(1e-12) / 448.0
+            return (t.float() / descale[:, :, None, None]).to(torch.float8_e4m3fn), descale
+
+        (q8, dq), (k8, dk), (v8, dv) = quantize(q), quantize(k), quantize(v)
+        kw = dict(is_causal=case.causal, scale=case.head_dim ** -0.5, q_descale=dq, k_descale=dk, v_descale=dv)
+
+        def fn():
+            return sdpa_fp8(q8, k8, v8, **kw)
+
+        index = _pad_index(case.q_lens, case.max_q, inp.k.device)
+        padded = len(set(case.kv_lens)) > 1 or len(set(case.q_lens)) > 1
+        exact = not padded or (case.causal and tuple(case.q_lens) == tuple(case.kv_lens))
+        return Prepared(fn, [], lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1])[index],
+                        exact=exact, no_backward="forward only (torch's quantized SDPA has no backward)",
+                        tolerance=MXFP8_TOLERANCE,
+                        note="E4M3 with one descale per (sequence, head), padded, quantized before timing")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # FlexAttention (compiled) with a document mask over the packed sequences
 
@@ -543,7 +594,9 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # --------------------------------------------------------------------------------------------------------------------
 
 PEER_ORDER = ("fa4", "cudnn", "sdpa_flash", "flex", "varlen")
-EXTRA_PEERS = ("sdpa_math",)  # not measured by default: SDPA's math backend, runs on the CPU (tests the padding)
+# not measured by default: SDPA's math backend (runs on the CPU: tests the padding); per-head FP8 SDPA (FA3; the
+# mxfp8 suite's FP8 peer)
+EXTRA_PEERS = ("sdpa_math", "sdpa_fp8")
 
 
 def make_peer(name: str, flex_compile: bool = True):
@@ -559,4 +612,6 @@ def make_peer(name: str, flex_compile: bool = True):
         return FlexAttention(compile_kernel=flex_compile)
     if name == "varlen":
         return VarlenAttn()
+    if name == "sdpa_fp8":
+        return SdpaFp8()
     raise SystemExit(f"unknown peer {name!r}; choose from {', '.join(PEER_ORDER + EXTRA_PEERS)}")

@@ -9,7 +9,8 @@ from torch import Tensor
 
 import meta_kernels
 import meta_kernels.mxfp8
-from jfa_ops.ops.attention import attention_direct, check_no_forward_ad, eager_direct, needs_grad
+from jfa_ops.ops.attention import (attention_direct, check_no_forward_ad, eager_direct, fast_call, fast_key,
+                                   needs_grad)
 
 __all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
            "mxfp8_dequantize", "mxfp8_attention"]
@@ -78,6 +79,12 @@ def jagged_attention(
         >>> jagged_attention(q, k, v, q_off, kv_off, causal=True).shape
         torch.Size([7, 4, 64])
     """
+    key = fast_key(q, k, v, q_offsets, kv_offsets,
+                   (max_seqlen_q, max_seqlen_kv, scale, window, causal, broadcast_q, deterministic, backend))
+    if key is not None:  # a signature checked and dispatched before: straight to the backend
+        result = fast_call(key, q, k, v, q_offsets, kv_offsets)
+        if result is not None:
+            return result if return_lse else result[0]
     if not torch.compiler.is_compiling():  # functorch's jvp unwraps tangents before the op's body sees them
         check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))
     njt_offsets = None
@@ -97,7 +104,7 @@ def jagged_attention(
     options = dict(scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
                    window_right=window[1], broadcast_q=broadcast_q, deterministic=deterministic, backend=backend)
     if eager_direct(q, k, v, q_offsets, kv_offsets):  # eager, plain tensors: the op's body without the dispatcher
-        out, lse = attention_direct(*args, *options.values())
+        out, lse = attention_direct(*args, *options.values(), fast_key=key if njt_offsets is None else None)
     elif _records_autograd(q, k, v):
         out, lse = torch.ops.jfa.attention.default(*args, **options)
     else:  # inference: skip the custom op's autograd kernel (a Python layer that would only redispatch)

@@ -242,3 +242,103 @@ def test_call_memo_follows_the_registry_env_and_determinism(monkeypatch):
         unregister_backend("memo_a")
         unregister_backend("memo_b")
     assert seen == [("a", False), ("b", False), ("a", False), ("a", True)]
+
+
+@pytest.fixture
+def fast_path(monkeypatch):
+    """The eager fast path on CPU: offsets "checked on the device" (validation mode async, a backend with
+    checks_offsets; the reference backend computes), so calls are kept; yields the params each call's backend got."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(attention_ops, "_FAST", {})
+    monkeypatch.setattr(attention_ops, "_CALLS", {})
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    reference, seen = get_backend("reference"), []
+
+    def forward(q, k, v, q_offsets, kv_offsets, params):
+        seen.append(params)
+        return reference.forward(q, k, v, q_offsets, kv_offsets, params)
+
+    register_backend(Backend("fastspy", forward=forward, backward=reference.backward, supports=reference.supports,
+                             checks_offsets=True))
+    yield seen
+    unregister_backend("fastspy")
+
+
+def _oracle_out(x, **options):
+    from jfa_ops.testing import reference_attention
+    return reference_attention(*(t.double() for t in (x.q, x.k, x.v)), x.q_offsets, x.kv_offsets, **options)[0]
+
+
+def test_fast_path_runs_no_checks_on_a_repeat(fast_path, monkeypatch):
+    """A repeated signature goes straight to the backend (no option or tensor checks, no backend choice) with the
+    params the first call resolved, and computes on its own inputs (vs the float64 oracle); inputs that require grad
+    get gradients through the same formula; another signature (one row fewer) takes the full path again."""
+    x = CASE.make_inputs(0)
+    jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+
+    def checked(*args, **kwargs):
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(meta_kernels, "check_options", checked)
+    monkeypatch.setattr(attention_ops, "_check_tensors", checked)
+    for seed in (1, 2):
+        y = CASE.make_inputs(seed)  # fresh values, same signature
+        out = jfa_ops.jagged_attention(y.q, y.k, y.v, y.q_offsets, y.kv_offsets, causal=True, backend="fastspy")
+        assert_attention_close(out, _oracle_out(y, causal=True), dtype=y.q.dtype, kind="forward", name="out")
+    assert len(fast_path) == 3 and fast_path[1] is fast_path[0] and fast_path[0].check_offsets
+    g = CASE.make_inputs(3)
+    q, k, v = (t.clone().requires_grad_() for t in (g.q, g.k, g.v))
+    jfa_ops.jagged_attention(q, k, v, g.q_offsets, g.kv_offsets, causal=True, backend="fastspy").sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (g.q, g.k, g.v))
+    from jfa_ops.testing import reference_attention
+    reference_attention(q64, k64, v64, g.q_offsets, g.kv_offsets, causal=True)[0].sum().backward()
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert_attention_close(got, want, dtype=g.q.dtype, kind="grad", name=name)
+    with pytest.raises(AssertionError, match="checked again"):
+        jfa_ops.jagged_attention(x.q[:-1], x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+
+
+def test_fast_path_never_covers_a_bad_call(fast_path):
+    """What the key holds beyond the metadata: an option's type (causal=1, a float window end) and a list window
+    (unhashable: the full path, which accepts it) each get the full path's checks, every time; bad calls are never
+    kept."""
+    x = CASE.make_inputs(0)
+    call = lambda **kw: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets,  # noqa: E731
+                                                 backend="fastspy", **kw)
+    call(causal=True, window=(2, 0))
+    for _ in range(2):
+        with pytest.raises(TypeError, match="causal must be a bool"):
+            call(causal=1, window=(2, 0))
+        with pytest.raises(TypeError, match="window"):
+            call(causal=True, window=(2.0, 0))
+        call(causal=True, window=[2, 0])
+        with pytest.raises(TypeError, match="k must have q's dtype"):
+            jfa_ops.jagged_attention(x.q, x.k.double(), x.v.double(), x.q_offsets, x.kv_offsets, causal=True,
+                                     window=(2, 0), backend="fastspy")
+    assert len(attention_ops._FAST) == 1
+
+
+def test_fast_path_follows_the_validation_mode_and_env(fast_path, monkeypatch):
+    """A kept call's offsets were left to the device; when the validation mode becomes sync, the same signature
+    with bad offsets raises on the host, every time (sync calls are not kept); $JFA_BACKEND changes the backend a
+    repeat gets."""
+    from jfa_ops import validation
+
+    x = CASE.make_inputs(0)
+    bad = x.kv_offsets.clone()
+    bad[-1] += 1  # last != rows
+    jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+    assert len(attention_ops._FAST) == 1  # kept: bad offsets of this signature would be the device's to find
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "sync")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="kv_offsets"):
+            jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, bad, causal=True, backend="fastspy")
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    monkeypatch.setenv("JFA_BACKEND", "fastspy")
+    for _ in range(2):
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True)
+    before = len(fast_path)
+    monkeypatch.setenv("JFA_BACKEND", "reference")
+    jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True)
+    assert len(fast_path) == before  # the reference backend, not fastspy

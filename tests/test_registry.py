@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import jfa_ops
-from jfa_ops.backends import (Backend, Problem, get_backend, register_backend, registered_backends, select_backend,
-                              unavailable_reason, unregister_backend)
+from jfa_ops.backends import (Backend, FamilyImpl, Problem, get_backend, register_backend, registered_backends,
+                              select_backend, unavailable_reason, unregister_backend)
 from jfa_ops.backends import reference
 from jfa_ops.testing import AttentionCase, check_attention_case
 
@@ -266,3 +266,21 @@ def test_tlx_missing_on_sm90_is_logged_once_per_gpu(monkeypatch, caplog):
         backends._log_tlx_unavailable(dataclasses.replace(problem, device_index=1))
     messages = [r.getMessage() for r in caplog.records if r.name == "jfa_ops"]
     assert len(messages) == 1 and "cuda:0" in messages[0] and "TLX is not installed" in messages[0]
+
+
+def test_family_priority_ranks_a_backend_apart_for_that_family(monkeypatch):
+    """``FamilyImpl.priority``: a backend that leads the attention family can rank below another for one family
+    (the tlx backend's block-sparse forward until its GPU check), and the family's rank decides there only."""
+    monkeypatch.delenv("JFA_BACKEND", raising=False)
+    impl = FamilyImpl(forward=None, supports=lambda p: None)
+    ok = lambda p: None  # noqa: E731
+    high = Backend("high", forward=None, backward=None, supports=ok, priority=20, families={
+        "fam": dataclasses.replace(impl, priority=5)})
+    mid = Backend("mid", forward=None, backward=None, supports=ok, priority=10, families={"fam": impl})
+    monkeypatch.setattr("jfa_ops.backends._REGISTRY", {"high": high, "mid": mid})
+    monkeypatch.setattr("jfa_ops.backends._BUILTIN_MODULES", {})
+    problem = Problem("cpu", torch.float32, 16, 2, 2, False, -1, -1, False, False)
+    assert select_backend(None, problem).name == "high"
+    assert select_backend(None, problem, family="fam").name == "mid"
+    assert select_backend("high", problem, family="fam").name == "high"  # by name it runs regardless
+    assert (high.family_priority("fam"), high.family_priority("other"), mid.family_priority("fam")) == (5, 20, 10)

@@ -14,33 +14,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import cProfile
 import inspect
-import io
 import os
-import pstats
-import statistics
 import sys
-import time
 
 import torch
-
-LENS = (64, 17, 40, 5)
-HEADS, HEAD_DIM = 8, 128
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(runs)
+from host_profile import HEAD_DIM, HEADS, LENS, per_call_us, profile  # this script's directory is on sys.path
 
 
 def gpu_ops(fn, calls: int = 20):
@@ -51,21 +30,6 @@ def gpu_ops(fn, calls: int = 20):
         torch.cuda.synchronize()
     names = collections.Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     return {n: c / calls for n, c in names.most_common()}
-
-
-def cprofile(fn, calls: int, top: int, title: str) -> None:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
-    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
-    print(f"\n=== cProfile {title}: {calls} calls, own time (us per call = tottime / {calls} * 1e6)")
-    print("\n".join(ln.replace(os.getcwd() + "/", "").replace(os.path.dirname(torch.__file__), "torch")
-                    for ln in lines[-(top + 2):]))
 
 
 def main() -> int:
@@ -114,7 +78,7 @@ def main() -> int:
         print(f"         GPU ops per compiled fwd: {gpu_ops(fwd)}")
         print(f"         GPU ops per compiled fwd+bwd: {sum(gpu_ops(fwdbwd).values()):.0f}")
         if name in args.profile.split(","):
-            cprofile(fwd, args.calls, args.top, f"{name} compiled fwd")
+            profile(fwd, args.calls, f"{name} compiled fwd", args.top)
         if args.code:  # the wrapper modules (those with a ``call``) this impl's graphs loaded, in one file
             from torch._inductor import codecache
             with open(os.path.join(args.code, f"{name}_wrappers.py"), "w") as dst:

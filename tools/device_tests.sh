@@ -17,8 +17,10 @@ mkdir -p "$log"
 pids=()
 for ((i = 0; i < shards; i++)); do
   # Each shard under its own limit (a hung kernel fails one shard, not the report); faulthandler names the test.
-  JFA_TEST_SHARD=$i/$shards timeout "${SHARD_TIMEOUT_S:-240}" python3 -m pytest -q -m gpu tests -p no:cacheprovider \
-    --durations=5 -o faulthandler_timeout=120 "$@" >"$log/shard$i.log" 2>&1 &
+  # PYTEST_PRELOAD: a module imported before pytest and triton (the TLX plugin's _utlx_autoregister)
+  JFA_TEST_SHARD=$i/$shards timeout "${SHARD_TIMEOUT_S:-240}" python3 -c \
+    "import sys, ${PYTEST_PRELOAD:-os}, pytest; sys.exit(pytest.main(sys.argv[1:]))" -q -m gpu tests \
+    -p no:cacheprovider --durations=5 -o faulthandler_timeout=120 "$@" >"$log/shard$i.log" 2>&1 &
   pids+=($!)
 done
 rc=0

@@ -113,9 +113,14 @@ def main():
          lambda: attn_fwd.attention_forward(q, k, v, off, off, params)),
         ("triton attention_forward, offsets checked on the device (the real call's params)",
          lambda: attn_fwd.attention_forward(q, k, v, off, off, checked)),
+        ("  the same without its replays (launch.REPLAYS_ENABLED = False: A/B in one run)",
+         _no_replays(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
         ("  the same without launch plans (launch.PLANS_ENABLED = False: A/B in one run)",
          _no_plans(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
-        ("jagged_attention no grad, without the call memo (ops.attention.CALL_CACHE = False: A/B)", _no_memo(no_grad(
+        ("jagged_attention no grad, without the forward's replays", _no_replays(no_grad(
+            lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
+        ("jagged_attention no grad, without the fast path and call memo (ops.attention.CALL_CACHE = False: A/B)",
+         _no_memo(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("jagged_attention no grad, without launch plans", _no_plans(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
@@ -207,6 +212,12 @@ def _no_plans(fn):
     from jfa_ops.backends.triton import launch
 
     return _switched_off(launch, "PLANS_ENABLED", fn)
+
+
+def _no_replays(fn):
+    from jfa_ops.backends.triton import launch
+
+    return _switched_off(launch, "REPLAYS_ENABLED", fn)
 
 
 def _below(fn):

@@ -1,6 +1,7 @@
 """Where a training step of the bench's `model` suite spends its GPU time, per attention implementation.
 
-`PYTHONPATH=$PWD python tools/model_profile.py [--impls jfa:triton,varlen] [--kind large|small] [--steps 5]` on a
+`PYTHONPATH=$PWD python tools/model_profile.py [--impls jfa:triton,varlen] [--kind large|small] [--steps 5]
+[--host-top N]` on a
 CUDA machine. Builds the model of bench/model.py (4-layer jagged transformer, compiled with dynamic shapes, AdamW),
 warms it up on the kind's batches, then profiles ``--steps`` steps with torch.profiler and prints, per
 implementation: the step's wall time, the GPU's busy time per step (sum of kernel, copy and memset time), and the
@@ -25,7 +26,7 @@ ATTENTION_MARKS = ("attn", "flash", "fmha", "jfa", "varlen", "tile_slots")  # ke
 
 
 def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, compile_backend: str, steps: int,
-                 top: int) -> None:
+                 top: int, host_top: int = 0) -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
     attend = bm.attention_for(name, cfg, device)
@@ -64,6 +65,11 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
     for kernel, t in per_kernel.most_common(top):
         mark = "*" if any(m in kernel.lower() for m in ATTENTION_MARKS) else " "
         print(f"  {mark} {t:9.1f} us  {kernel[:110]}")
+    if host_top:  # where the host's time goes (small batches are host-bound): CPU ops by self time, per step
+        rows = sorted((e for e in prof.key_averages() if e.self_cpu_time_total > 0),
+                      key=lambda e: -e.self_cpu_time_total)[:host_top]
+        print("  host, self CPU us per step (calls per step): " + "; ".join(
+            f"{e.key[:60]} {e.self_cpu_time_total / steps:.0f} ({e.count / steps:.0f})" for e in rows))
 
 
 def main():
@@ -72,6 +78,7 @@ def main():
     parser.add_argument("--kind", default="large", choices=("small", "large"))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--host-top", type=int, default=0, help="also list the CPU ops with the most self time")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (aot_eager)")
     args = parser.parse_args()
     size = "smoke" if args.smoke else "quick"
@@ -80,7 +87,8 @@ def main():
     kind = kinds[0] if args.kind == "small" else kinds[1]
     for name in args.impls.split(","):
         try:
-            profile_impl(name, kind, cfg, device, "aot_eager" if args.smoke else "inductor", args.steps, args.top)
+            profile_impl(name, kind, cfg, device, "aot_eager" if args.smoke else "inductor", args.steps, args.top,
+                         args.host_top)
         except Exception as e:  # noqa: BLE001 (one implementation failing does not stop the others)
             print(f"\n== {name}: failed: {type(e).__name__}: {str(e)[:300]}")
 

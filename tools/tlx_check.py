@@ -2,7 +2,8 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: its sweep, then its timings;
-it runs last, so a hang there cannot hide the forward's results) / ``all`` (default). Every case is caught and
+it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
+forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``). Every case is caught and
 reported (one line each, printed as it finishes, so a hang still shows how far it got); exit 1 if any case failed.
 
 Correctness: fixed edge cases (empty sequences, length 1, lengths that are not multiples of the blocks, cross
@@ -12,6 +13,14 @@ tolerances decide. A few cases also check gradients (the backward is the triton 
 Head dims / dtypes tlx declines must route to triton under automatic choice (JFA_TLX_AUTO=1 is set here).
 Timing: ``triton.testing.do_bench`` medians, forward only, tlx (the v3 consumers, and configs.ONE_LOOP: "v4") vs
 triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` runs the correctness sweep on v4.
+
+Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(..., backend="tlx")``): fixed cases
+and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
+selection's block mask (gradients through the triton backward); then forward timings on the bench's sparse batch
+(``bench.suites.sparse_cases``: T66944, 22 sequences up to 16k, H16, D128, keep 0.5/0.25, causal and not), the same
+selection for every column: tlx sparse (and with the other work order), triton sparse, tlx dense; then
+FlexAttention with that selection as its BlockMask (``TLX_SPARSE_FLEX=0`` skips it: its compiles take a while).
+Dense-equivalent TFLOP/s (the dense pairs over the time) and ms.
 """
 from __future__ import annotations
 
@@ -34,8 +43,8 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jfa_ops  # noqa: E402
 from jfa_ops.backends import select_backend, unavailable_reason  # noqa: E402
-from jfa_ops.testing import (AttentionCase, _poison_allocator, assert_attention_close,  # noqa: E402
-                             check_attention_case)
+from jfa_ops.testing import (AttentionCase, BlockSparseCase, _poison_allocator, assert_attention_close,  # noqa: E402
+                             check_attention_case, check_block_sparse_case)
 
 HANG_S = int(os.environ.get("TLX_CHECK_HANG_S", "60"))  # per case: a hung kernel dumps the stacks and exits
 
@@ -331,6 +340,139 @@ def backward_timing() -> int:
     return failures
 
 
+def sparse_fixed_cases():
+    bf, fp = torch.bfloat16, torch.float16
+    c = lambda q, kv, block=128, keep=0.5, **kw: BlockSparseCase(  # noqa: E731
+        AttentionCase(tuple(q), tuple(kv), device="cuda", **{"dtype": bf, "head_dim": 128, **kw}), block, block,
+        keep_ratio=keep)
+    edge = (0, 1, 127, 128, 129, 300, 5, 700, 0, 1000)
+    return [
+        ("sparse edge lengths", c(edge, edge, heads_q=4, heads_kv=4)),
+        ("sparse edge causal keep 0.25", c(edge, edge, causal=True, keep=0.25)),
+        ("sparse random blocks", c(edge, edge, keep=None)),
+        ("sparse random blocks causal GQA 4:2", c(edge, edge, causal=True, heads_q=4, heads_kv=2, keep=None)),
+        ("sparse window (300,0) causal", c(edge, edge, causal=True, window=(300, 0))),
+        ("sparse window (200,100)", c(edge, edge, window=(200, 100), keep=None)),
+        ("sparse cross lengths causal", c((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), causal=True)),
+        ("sparse broadcast-Q Lq300", c((300,), (0, 1, 700, 64, 129, 2000), broadcast_q=True, heads_q=4,
+                                       heads_kv=2)),
+        ("sparse fp16 D64 causal", c(edge, edge, causal=True, head_dim=64, dtype=fp)),
+        ("sparse blocks 256 causal", c(edge, edge, block=256, causal=True)),
+        ("sparse S4096 causal keep 0.25", c((4096,), (4096,), causal=True, keep=0.25, heads_q=2, heads_kv=2)),
+        ("sparse 300 short seqs GQA", c(tuple(int(x) for x in np.random.default_rng(2).integers(0, 400, size=300)),
+                                        tuple(int(x) for x in np.random.default_rng(3).integers(0, 400, size=300)),
+                                        heads_q=4, heads_kv=2, keep=None)),
+    ]
+
+
+def sparse_random_cases(n: int, seed: int = 5):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        b = int(rng.integers(1, 7))
+        kv = tuple(int(x) for x in rng.integers(0, 1500, size=b))
+        bq = rng.random() < 0.2
+        q = (int(rng.integers(1, 400)),) if bq else (kv if rng.random() < 0.6 else
+                                                     tuple(int(x) for x in rng.integers(0, 1500, size=b)))
+        hkv = int(rng.integers(1, 3))
+        d = int(rng.choice([64, 128]))
+        win = (int(rng.integers(-1, 400)), int(rng.integers(-1, 400))) if rng.random() < 0.25 else (-1, -1)
+        case = AttentionCase(q, kv, heads_q=hkv * int(rng.integers(1, 3)), heads_kv=hkv, head_dim=d,
+                             dtype=[torch.float16, torch.bfloat16][int(rng.integers(0, 2))], device="cuda",
+                             causal=bool(rng.random() < 0.5), window=win, broadcast_q=bq)
+        block = int(rng.choice([128, 128, 256]))
+        keep = [None, 0.25, 0.5][int(rng.integers(0, 3))]
+        yield f"sparse random {i}", BlockSparseCase(case, block, block, keep_ratio=keep)
+
+
+def sparse_correctness() -> int:
+    """The block-sparse forward (tlx; selection on triton) against the oracle: out, lse, dq/dk/dv."""
+    failures, t0 = 0, time.time()
+    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
+            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        print(f"{name:44s} ...", end="\r", flush=True)
+        try:
+            check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+            status, detail = "PASS", f"out/lse/dq/dk/dv  [{case}]"[:200]
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
+        print(f"{name:44s} {status:6s} {detail}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    print(f"sparse correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
+    return failures
+
+
+def sparse_timing() -> int:
+    """Forward ms and dense-equivalent TFLOP/s on the bench's sparse batch, one selection per case for every
+    column."""
+    import triton.testing
+
+    from bench.peers import make_peer
+    from bench.suites import make_inputs, sparse_cases
+    from jfa_ops.backends.tlx import configs
+
+    cases = sparse_cases([128], "quick")
+    cols = ("tlx sparse", "tlx alt order", "triton sparse", "tlx dense")
+    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx alt order': configs.KV_MAJOR "
+          "flipped from what fwd_choices picks", flush=True)
+    print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}",
+          flush=True)
+    failures, kept = 0, []
+    for case in cases:
+        x = make_inputs(case, "cuda")
+        index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
+                                                keep_ratio=case.keep_ratio, block_q=case.block,
+                                                block_kv=case.block, causal=case.causal, backend="triton")
+        kw = dict(causal=case.causal, backend=None)
+        sparse = lambda backend: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
+            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, case.max_q, case.max_kv, block_q=case.block,
+            block_kv=case.block, **{**kw, "backend": backend})
+        fns = {"tlx sparse": sparse("tlx"), "tlx alt order": sparse("tlx"), "triton sparse": sparse("triton"),
+               "tlx dense": lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
+                                                             case.max_kv, **{**kw, "backend": "tlx"})}
+        ms = {}
+        for col in cols:
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
+            before = configs.KV_MAJOR
+            try:
+                if col == "tlx alt order":  # the order fwd_choices does not pick for this case
+                    configs.KV_MAJOR = case.causal
+                with torch.no_grad():
+                    ms[col] = triton.testing.do_bench(fns[col], warmup=25, rep=100, return_mode="median")
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            finally:
+                configs.KV_MAJOR = before
+        faulthandler.cancel_dump_traceback_later()
+        nan = float("nan")
+        cells = [f"{case.flops('fwd') / ms[c] / 1e9:7.1f} ({ms[c]:6.3f})" if c in ms else f"{'-':>18s}" for c in cols]
+        print(f"{case.label:34s} " + " ".join(f"{c:>18s}" for c in cells)
+              + f" {ms.get('triton sparse', nan) / ms.get('tlx sparse', nan):10.2f}"
+              + f" {ms.get('tlx dense', nan) / ms.get('tlx sparse', nan):9.2f}", flush=True)
+        kept.append((case, x, ms.get("tlx sparse", nan)))
+    if os.environ.get("TLX_SPARSE_FLEX", "1") != "1":
+        return failures
+    print(f"{'case':34s} {'flex (same blocks)':>18s} {'tlx/flex':>9s}  (the selection: select_kv_blocks on "
+          f"triton, as the bench does)", flush=True)
+    flex = make_peer("flex")
+    for case, x, ours in kept:
+        faulthandler.dump_traceback_later(4 * HANG_S, exit=True)  # its BlockMask and kernels compile first
+        try:
+            fn = flex.prepare(case, x).fn
+            with torch.no_grad():
+                flex_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            print(f"{case.label:34s} {case.flops('fwd') / flex_ms / 1e9:7.1f} ({flex_ms:6.3f}) {flex_ms / ours:9.2f}",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            print(f"  {case.label} flex: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    return failures
+
+
 def main(argv) -> int:
     part = argv[1] if len(argv) > 1 else "all"
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, jfa_ops backends "
@@ -344,6 +486,10 @@ def main(argv) -> int:
         failed += backward_correctness()
     if part in ("backward", "backward-timing", "all"):  # backward-timing: the timings alone (own time limit)
         failed += backward_timing()
+    if part in ("sparse", "sparse-correctness"):  # the block-sparse forward (not in "all": its own device call)
+        failed += sparse_correctness()
+    if part in ("sparse", "sparse-timing"):
+        failed += sparse_timing()
     return 1 if failed else 0
 
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|bench]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|bench|suite]`
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton) and backward (the TLX backward's sweep and timings), each under its
 # own limit (120 + 100 + 90 s), so a hung kernel ends one part, not the report. `v4`: the sweep with the
 # forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton columns). `bench` (not in
 # `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an earlier call left it in
-# /tmp/fa4; BENCH_ARGS overrides its arguments).
+# /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the whole GPU test suite
+# with the automatic choice preferring tlx (tools/device_tests.sh, 8 shards).
+# `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
+# the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +37,18 @@ fi
 if [ "$part" = all ] || [ "$part" = backward ]; then
   timeout 90 python3 tools/tlx_check.py backward || rc=1
 fi
+if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test, the automatic choice preferring
+  # tlx (JFA_TLX_AUTO=1) where it supports the call; carry .whl too (expecttest). SUITE_ARGS: extra pytest args.
+  # shellcheck disable=SC2086
+  PYTEST_PRELOAD=_utlx_autoregister JFA_TLX_AUTO=1 JFA_LAUNCH_VERIFY=1 SHARD_TIMEOUT_S=${SHARD_TIMEOUT_S:-240} \
+    bash tools/device_tests.sh 8 ${SUITE_ARGS:-} || rc=1
+fi
 if [ "$part" = backward-timing ]; then  # the backward's timings alone (the sweep above fills most of its 90 s)
   timeout 150 python3 tools/tlx_check.py backward-timing || rc=1
+fi
+if [ "$part" = sparse ]; then
+  JFA_LAUNCH_VERIFY=1 timeout 120 python3 tools/tlx_check.py sparse-correctness || rc=1
+  timeout 100 python3 tools/tlx_check.py sparse-timing || rc=1
 fi
 if [ "$part" = bench ]; then
   # shellcheck disable=SC2086

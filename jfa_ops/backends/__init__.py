@@ -7,7 +7,7 @@ registers its own in a few lines::
     register_backend(Backend("mine", forward=my_fwd, backward=my_bwd, supports=lambda problem: None, priority=50))
 
 Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
-``supports(problem)`` returns None. An automatic choice of ``reference`` for CUDA tensors warns once per reason.
+``supports(problem)`` returns None (a family may rank its backend apart: ``FamilyImpl.priority``). An automatic choice of ``reference`` for CUDA tensors warns once per reason.
 
 A backend may implement some op families and not others (``Backend.families``, keyed by family name; ``attention``
 is the backend's own forward/backward/supports). ``select_backend(..., family=...)`` chooses only among backends
@@ -117,7 +117,7 @@ def select_backend(requested: Optional[str], problem: Problem, family: str = ATT
     declined = [f"{name} could not be imported ({error})" for name, error in _IMPORT_ERRORS.items()]
     if problem.device_type == "cuda":
         _log_tlx_unavailable(problem)
-    for name in registered_backends():
+    for name in sorted(registered_backends(), key=lambda n: -_REGISTRY[n].family_priority(family)):  # stable
         backend = _REGISTRY[name]
         if not backend.implements(family) or (
                 backend.auto_devices is not None and problem.device_type not in backend.auto_devices):

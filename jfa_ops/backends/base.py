@@ -109,6 +109,9 @@ class FamilyImpl:
     forward: Callable
     backward: Optional[Callable] = None
     supports: Optional[Callable[[Problem], Optional[str]]] = None
+    # automatic choice ranks the backend by this for the family (None: the backend's priority); e.g. a new kernel
+    # of a backend that leads elsewhere stays behind another backend's until it has been checked
+    priority: Optional[int] = None
 
 
 ATTENTION = "attention"  # the family of Backend.forward/backward/supports themselves
@@ -150,6 +153,12 @@ class Backend:
                              f"(it implements: {sorted({ATTENTION, *self.families})})")
         impl = self.families[family]
         return impl if impl.supports is not None else dataclasses.replace(impl, supports=self.supports)
+
+    def family_priority(self, family: str) -> int:
+        """The automatic choice's rank of this backend for ``family`` (its own ``priority`` unless the family's
+        ``FamilyImpl.priority`` says otherwise)."""
+        impl = self.families.get(family)
+        return self.priority if impl is None or impl.priority is None else impl.priority
 
     def family_supports(self, family: str, problem: Problem) -> Optional[str]:
         """None when this backend can run ``problem`` of ``family``, else why not."""

@@ -22,6 +22,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
+from jfa_ops import validation
 from jfa_ops.backends.base import traced
 from jfa_ops.validation import check_offset_values, validation_mode
 
@@ -395,13 +396,21 @@ def needs_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 
 def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
-                     *options) -> Tuple[Tensor, Tensor]:
+                     *options, fast_key: Optional[tuple] = None) -> Tuple[Tensor, Tensor]:
     """``torch.ops.jfa.attention(q, k, v, q_offsets, kv_offsets, *options)`` without the dispatcher (only where
     ``eager_direct`` holds): the op's body, and under autograd a ``torch.autograd.Function`` with the op's formula.
     For ``jagged_attention``, which has already run ``check_options`` and ``check_no_forward_ad`` on these
-    arguments: only the tensor checks are left (the rest of ``_params``)."""
+    arguments: only the tensor checks are left (the rest of ``_params``). ``fast_key``: the call's ``fast_key``,
+    under which what this call checked and chose is kept for ``fast_call``."""
     impl, params, checked = _direct_call(q, k, v, q_offsets, kv_offsets, options)
     params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
+    if fast_key is not None and (params.check_offsets or validation.validation_mode(q.device) == "off"):
+        if len(_FAST) >= _CALLS_MAX:
+            _FAST.clear()
+        try:
+            _FAST[fast_key] = impl, params, options
+        except TypeError:  # an unhashable argument (a list window): such calls always take the full path
+            pass
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
@@ -441,6 +450,48 @@ def _direct_call(q, k, v, q_offsets, kv_offsets, options):
             _CALLS.clear()
         _CALLS[key] = call
     return call
+
+
+# The eager fast path, ``jagged_attention``'s first step: a call whose signature an earlier call checked (options
+# included) and dispatched goes straight to the backend. Why: of a small call's host time left after the backend's
+# replays, most was argument checking and option handling that repeat per call (tools/host_backend_cpu.py). The key
+# holds every input of those checks and choices: each tensor's shape, dtype and device, every option with its type
+# (``causal=1`` is not ``causal=True``: the checks reject one), the window's element types (a list window: no key),
+# the deterministic flag, $JFA_BACKEND, the validation mode (only calls whose offsets are checked on the device, or
+# not at all, are kept: a host check must run per call) and the registry. Only plain tensors, outside compile, tracing,
+# dispatch modes, functorch, autocast and forward AD (``eager_direct``), take it.
+_FAST: dict = {}
+
+
+def fast_key(q, k, v, q_offsets, kv_offsets, options: tuple) -> Optional[tuple]:
+    """The fast path's key of a ``jagged_attention`` call (``options``: its other arguments, as passed), or None
+    where the call must take the full path."""
+    if torch.compiler.is_compiling() or not (
+            CALL_CACHE and EAGER_DIRECT and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and type(kv_offsets) is Tensor and (q_offsets is None or type(q_offsets) is Tensor)
+            and forward_ad._current_level < 0 and torch._C._len_torch_dispatch_stack() == 0
+            and torch._C._functorch.peek_interpreter_stack() is None and not torch._C._is_any_autocast_enabled()):
+        return None
+    window = options[3]
+    return (q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device, _metadata(q_offsets),
+            _metadata(kv_offsets), options, tuple(map(type, options)),
+            tuple(map(type, window)) if type(window) is tuple else window,
+            torch.are_deterministic_algorithms_enabled(), os.environ.get("JFA_BACKEND"),
+            validation.validation_mode(q.device), registry_generation())
+
+
+def fast_call(key: tuple, q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor):
+    """(out, lse) of a call whose ``fast_key`` an earlier call kept, else None (the caller takes the full path)."""
+    try:
+        hit = _FAST.get(key)
+    except TypeError:  # an unhashable argument (a list window, ...): the full path checks it
+        return None
+    if hit is None:
+        return None
+    impl, params, options = hit
+    if needs_grad(q, k, v):
+        return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
+    return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 
 class _DirectAttention(torch.autograd.Function):

@@ -77,7 +77,9 @@ def gpu(monkeypatch):
         return grads
 
     monkeypatch.setattr(attn_bwd._Recipe, "run", spy)
-    return runs, answers
+    attn_bwd._RECIPES.clear()  # none made for another test's stand-ins
+    yield runs, answers
+    attn_bwd._RECIPES.clear()
 
 
 def _case(lengths, dtype=torch.float16, heads=(4, 2), head_dim=32, offsets_dtype=torch.int32, seed=0,
@@ -256,16 +258,17 @@ def test_recipe_declines_calls_outside_its_path(gpu, monkeypatch, why):
         assert launch.LAUNCHES - before == {name: 1 for name in KERNELS}
 
 
-@pytest.mark.parametrize("where", ["interpreter", "JFA_LAUNCH_VERIFY", "tracing", "plans off", "switched off",
-                                   "broadcast Q"])
+@pytest.mark.parametrize("where", ["interpreter", "JFA_LAUNCH_VERIFY", "tracing", "plans off", "replays off",
+                                   "switched off", "broadcast Q"])
 def test_no_recipe_where_the_full_path_must_run(gpu, monkeypatch, where):
     """No recipe is looked up or made under the interpreter, JFA_LAUNCH_VERIFY=1 (the GPU suite verifies each plan
-    on the full path), tracing, launch plans off, RECIPES_ENABLED off, or for broadcast Q."""
+    on the full path), tracing, launch plans or replays off, RECIPES_ENABLED off, or for broadcast Q."""
     args, params, _ = _case([30, 5, 0, 29], causal=True)
     if where == "broadcast Q":
         params = AttentionParams(scale=params.scale, broadcast_q=True)
     setting = {"interpreter": (launch, "interpreting", lambda: True), "JFA_LAUNCH_VERIFY": (launch, "VERIFY", True),
-               "plans off": (launch, "PLANS_ENABLED", False), "switched off": (attn_bwd, "RECIPES_ENABLED", False)}
+               "plans off": (launch, "PLANS_ENABLED", False), "replays off": (launch, "REPLAYS_ENABLED", False),
+               "switched off": (attn_bwd, "RECIPES_ENABLED", False)}
     if where in setting:
         monkeypatch.setattr(*setting[where])
     if where == "tracing":
@@ -276,7 +279,7 @@ def test_no_recipe_where_the_full_path_must_run(gpu, monkeypatch, where):
 
 
 def test_clear_cache_drops_the_recipes(gpu):
-    """Recipes live beside the launch plans: launch.clear_cache() drops both, and the next call binds anew."""
+    """Recipes hold launch plans: launch.clear_cache() drops both, and the next call binds anew."""
     runs, answers = gpu
     args, params, expected = _case([30, 5, 0, 29], causal=True)
     _check(args, params, expected, torch.float16)
@@ -291,7 +294,7 @@ def test_plan_group_sources_must_name_every_dynamic_slot(gpu):
     unfilled would launch the previous call's tensor)."""
     args, params, expected = _case([30, 5, 0, 29], causal=True)
     _check(args, params, expected, torch.float16)
-    recipe, = [value for key, value in launch._PLANS.items() if key[0] == "attention_backward"]
+    recipe, = attn_bwd._RECIPES.values()
     kernel = attn_bwd.attn_bwd_delta_kernel
     plan = recipe.group._plans[0]
     missing = {name: source for name, source in attn_bwd._DELTA_SOURCES.items() if name != "GradLse"}

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
 from jfa_ops.backends.base import AttentionParams  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.backends.triton import attn_bwd, attn_fwd, launch  # noqa: E402
+from jfa_ops.testing import jagged_lengths  # noqa: E402
 
 
 def _forward_args(monkeypatch, lengths, dtype=torch.float16, causal=True, head_dim=64):
@@ -307,3 +310,152 @@ def test_plan_keys_determine_the_static_arguments(monkeypatch, broadcast_q, dete
     assert {name for (name, _), statics in by_key.items() if len(statics) >= 2} == names  # batches share plans
     for statics in by_key.values():
         assert all(s == statics[0] for s in statics[1:]), statics
+
+
+# ------------------------------------------------------------------------------ the forward's replays (attn_fwd)
+def _forward_launches(monkeypatch, calls):
+    """Run ``calls`` (each: (q, k, v, q_offsets, kv_offsets, params)) through the backend's forward on the fake GPU;
+    per call, the argument list its attention-kernel launch got and whether the full path ran (tile_schedule)."""
+    runs, slow = _fake_gpu(monkeypatch)
+    monkeypatch.setattr(attn_fwd, "attn_fwd_kernel", _compiled_kernel())  # parameters as on a GPU
+    monkeypatch.setattr(launch, "_INFO", dict(launch._INFO))  # by id: the stand-in's id is reused once it dies
+    monkeypatch.setattr(attn_fwd.validation, "device_flag", lambda ok, mode: None)  # no kernel sets the flags
+    monkeypatch.setattr(attn_fwd, "_REPLAYS", {})
+    monkeypatch.setattr(tb.configs, "INTERPRETER_NUM_SMS", 132)  # an H100/H200: small calls run in one wave
+    full = []
+    real = attn_fwd.tile_schedule
+    monkeypatch.setattr(attn_fwd, "tile_schedule", lambda *a, **kw: full.append(1) or real(*a, **kw))
+    monkeypatch.setattr(launch, "_launch_bound", lambda kernel, grid, values, spec, options, device:
+                        runs.append(values) or object())
+    out = []
+    for call in calls:
+        call = call() if callable(call) else call  # a step that changes something first (a knob)
+        before, n_full = len(runs), len(full)
+        tb.forward(*call)
+        assert len(runs) == before + 1, "one attention launch per call"
+        out.append((runs[-1], len(full) > n_full))
+    return out
+
+
+def _same_launch(got, want, call_got, call_want) -> bool:
+    """Argument lists equal: ints and floats equal, the inputs in the same positions, outputs alike."""
+    if len(got) != len(want):
+        return False
+    inputs_got, inputs_want = [id(t) for t in call_got[:5]], [id(t) for t in call_want[:5]]
+    for a, b in zip(got, want):
+        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+            return False
+        if isinstance(a, torch.Tensor):
+            if id(a) in inputs_got or id(b) in inputs_want:
+                if id(a) not in inputs_got or inputs_got.index(id(a)) != inputs_want.index(id(b)):
+                    return False
+            elif (a.shape, a.dtype, a.stride()) != (b.shape, b.dtype, b.stride()):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _call(lengths, heads=(4, 2), head_dim=32, dtype=torch.float16, offsets_dtype=torch.int32, one_offsets=True,
+          broadcast_rows=0, **options):
+    """One forward call's arguments; ``broadcast_rows``: a broadcast Q of that many rows (q_offsets None)."""
+    off = torch.tensor([0] + list(lengths)).cumsum(0).to(offsets_dtype)
+    q = torch.randn(broadcast_rows or int(off[-1]), heads[0], head_dim, dtype=dtype)
+    k, v = (torch.randn(int(off[-1]), heads[1], head_dim, dtype=dtype) for _ in range(2))
+    kv_off = off if one_offsets else off.clone()
+    if broadcast_rows:
+        return q, k, v, None, kv_off, AttentionParams(scale=head_dim ** -0.5, broadcast_q=True, **options)
+    return q, k, v, off, kv_off, AttentionParams(scale=head_dim ** -0.5, **options)
+
+
+@pytest.mark.parametrize("case", [
+    dict(lengths=[30, 5, 0, 29], causal=True),
+    dict(lengths=[64], window_left=7, window_right=3),
+    dict(lengths=[1, 2, 3], offsets_dtype=torch.int64, one_offsets=False, check_offsets=True),
+    dict(lengths=[17, 17], heads=(6, 3), dtype=torch.float32, max_seqlen_q=17, max_seqlen_kv=17, check_offsets=True),
+    dict(lengths=[9, 0, 40], broadcast_rows=12, causal=True, check_offsets=True),
+    dict(lengths=[3, 50], broadcast_rows=20, offsets_dtype=torch.int64, window_left=4),
+])
+def test_forward_replay_launches_what_the_full_path_launches(monkeypatch, case):
+    """A repeated call signature replays its launch (no full path: no tile_schedule) with exactly the arguments the
+    full path gives that call: same ints and floats, the call's own inputs in the same places, outputs alike. Fails
+    when the replay keeps a stale tensor or value, or maps an argument to the wrong source."""
+    calls = [_call(**case) for _ in range(3)]
+    replayed = _forward_launches(monkeypatch, calls)
+    assert [full for _, full in replayed] == [True, False, False]
+    monkeypatch.setattr(launch, "PLANS_ENABLED", False)  # the reference: every call on the full path
+    monkeypatch.setattr(launch, "_launch_bound", lambda *a: object())
+    for call, (got, _) in zip(calls, replayed):
+        (want, full), = _forward_launches(monkeypatch, [call])
+        assert full and _same_launch(got, want, call, call)
+
+
+def test_forward_replay_key_changes_take_the_full_path(monkeypatch):
+    """What the replay's key holds: a call that differs in strides, offsets dtype, one-or-two offsets tensors,
+    params, a flipped knob, or an input's alignment (checked per call) takes the full path; the same signature
+    again replays. Fails when an element is dropped from ``attn_fwd._replay_key`` or the alignment check."""
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    base = _call([30, 5, 29], causal=True)
+    q, k, v, off, kv_off, params = base
+    wide = torch.randn(q.shape[0], 6, 32, dtype=q.dtype)
+    strided = (wide[:, :4], k, v, off, kv_off, params)  # same shape, another row stride
+    misaligned_k = torch.randn(k.numel() + 1, dtype=k.dtype)[1:].view(k.shape)  # data_ptr % 16 != 0
+    two = _call([30, 5, 29], causal=True, one_offsets=False)
+    two_kv64 = two[:4] + (two[4].to(torch.int64), two[5])
+
+    def flip_knob():
+        monkeypatch.setattr(KNOBS, "fwd_kv_major", not KNOBS.fwd_kv_major)
+        return base
+
+    steps = [
+        (base, True), (_call([30, 5, 29], causal=True), False),
+        (strided, True),
+        (_call([30, 5, 29], causal=True, offsets_dtype=torch.int64), True),
+        (two, True), (two, False), (two_kv64, True),
+        (_call([30, 5, 29], causal=False), True),
+        ((q, misaligned_k, v, off, kv_off, params), True),
+        (base, False),
+        (flip_knob, True), (base, False),
+        (_call([30, 5, 29], causal=True, broadcast_rows=16), True),  # broadcast Q: q rows in the key
+        (_call([30, 5, 29], causal=True, broadcast_rows=16), False),
+        (_call([30, 5, 29], causal=True, broadcast_rows=17), True),
+    ]
+    replayed = _forward_launches(monkeypatch, [call for call, _ in steps])
+    assert [full for _, full in replayed] == [full for _, full in steps]
+
+
+def test_forward_replay_outputs_fresh_and_unshared(monkeypatch):
+    """Each replayed call gets its own output buffers (never a previous call's) from ``common.alloc_output``."""
+    calls = [_call([9, 40], causal=True) for _ in range(3)]
+    allocated = []
+    real = attn_fwd.common.alloc_output
+    monkeypatch.setattr(attn_fwd.common, "alloc_output", lambda *a: allocated.append(real(*a)) or allocated[-1])
+    replayed = _forward_launches(monkeypatch, calls)
+    outs = [values[3] for values, _ in replayed]
+    assert len({id(t) for t in outs}) == 3 and all(any(t is a for a in allocated) for t in outs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=jagged_lengths(min_batch=1, max_batch=6, max_len=40), heads=st.sampled_from([(4, 4), (6, 2), (3, 1)]),
+       head_dim=st.sampled_from([16, 32, 72]), mask=st.sampled_from([{}, {"causal": True}, {"window_left": 9},
+                                                                     {"causal": True, "window_left": 0}]),
+       offsets_dtype=st.sampled_from([torch.int32, torch.int64]), one_offsets=st.booleans(),
+       check=st.booleans(), broadcast_rows=st.sampled_from([0, 0, 1, 7, 20]))
+def test_forward_replays_agree_with_the_full_path_property(monkeypatch, lengths, heads, head_dim, mask,
+                                                           offsets_dtype, one_offsets, check, broadcast_rows):
+    """Random jagged signatures (empty sequences, length 1, lengths off every block size, GQA, head dims that pad,
+    windows, int64 offsets, one or two offsets tensors, broadcast Q): the second call of a signature launches exactly what the
+    full path would (these shapes run in one wave: the second call replays)."""
+    monkeypatch.undo()
+    calls = [_call(lengths, heads=heads, head_dim=head_dim, offsets_dtype=offsets_dtype, one_offsets=one_offsets,
+                   check_offsets=check, broadcast_rows=broadcast_rows, **mask) for _ in range(2)]
+    if int(calls[0][4][-1]) == 0 or calls[0][0].shape[0] == 0:
+        return  # no rows: no launch
+    replayed = _forward_launches(monkeypatch, calls)
+    monkeypatch.setattr(launch, "PLANS_ENABLED", False)
+    monkeypatch.setattr(launch, "_launch_bound", lambda *a: object())
+    (want, _), = _forward_launches(monkeypatch, [calls[1]])
+    assert not replayed[1][1] and _same_launch(replayed[1][0], want, calls[1], calls[1])
+    monkeypatch.undo()
+

@@ -6,6 +6,8 @@ The v4 loop walks a tile's blocks with ``stage_block_start`` (masked lead, mask-
 ``stage_bounds``), masks the masked ones with ``key_interval_mask`` (one key interval per row) and leaves the value-row
 zeroing to the tile's last block. So: every visible (row, key) of the tile's rows inside the sequence is seen exactly
 once, nothing else is, blocks come in increasing order, and only the last block may run past the sequence's keys.
+The block-sparse walk (SPARSE: ``selected_tile_range`` / ``selected_tile_start`` over a selection's ids) keeps the
+same promises for the visible keys of the selected blocks.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from jfa_ops.backends.triton.block_sparse_fwd import selected_tile_range, selected_tile_start  # noqa: E402
 from jfa_ops.backends.triton.common import (key_interval_mask, stage_block_start, stage_bounds, visible,  # noqa: E402
                                             window_bounds)
 from jfa_ops.testing import visible_mask  # noqa: E402
@@ -113,3 +116,65 @@ def test_key_interval_mask_matches_visible_inside_the_sequence():
                                              HAS_HI=has_hi, R=16, K=16)
                     inside = out[:max(min(rows_left, 16), 0)]
                     assert torch.equal(inside // 2, inside % 2), (rows_left, keys_left, lo_off, hi_off, has_lo, has_hi)
+
+
+@triton.jit
+def _sparse_walk_kernel(Vis, Order, IDS, count, m0, row0, len_q, len_k, lo_off, hi_off, KEYS: tl.constexpr,
+                        HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_KV: tl.constexpr, HALF: tl.constexpr):
+    """The SPARSE walk of the TLX forward (``_selected_item`` + ``_consume_tile_one_loop``): the selected tiles
+    overlapping the keys the tile sees, masked on the first one and wherever outside the mask-free bulk. Vis and
+    Order as ``_walk_kernel``'s, Order per BLOCK_N tile."""
+    lead_begin, _, bulk_begin, bulk_end, _, tail_end = stage_bounds(m0, len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI,
+                                                                    BLOCK_M, BLOCK_N)
+    first, n = selected_tile_range(IDS, count, lead_begin, tail_end, BLOCK_KV, BLOCK_N)
+    rows = tl.arange(0, HALF)
+    keys = tl.arange(0, BLOCK_N)
+    for j in range(0, n):
+        n0 = selected_tile_start(IDS, first + j, BLOCK_KV, BLOCK_N)
+        if (j == 0) | (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end):
+            ok = key_interval_mask(rows, keys, len_q - row0, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI)
+        else:
+            ok = (rows[:, None] >= 0) & (keys[None, :] >= 0)
+        tl.store(Vis + rows[:, None] * KEYS + n0 + keys[None, :], ok.to(tl.int32))
+        tile = n0 // BLOCK_N
+        tl.store(Order + tile, tl.load(Order + tile) + j + 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(len_q=st.integers(1, 90), len_k=st.integers(0, 90), causal=st.booleans(),
+       window=st.tuples(st.integers(-1, 40), st.integers(-1, 40)), block_kv=st.sampled_from([16, 32, 64]),
+       picks=st.lists(st.booleans(), min_size=8, max_size=8), negative=st.booleans(), past_end=st.integers(0, 2))
+def test_sparse_walk_sees_exactly_the_visible_selected_keys(len_q, len_k, causal, window, block_kv, picks, negative,
+                                                             past_end):
+    """Ascending selected ids (a -1 first and ids past the sequence last, as a broken selection could hold on the
+    device): the walk sees every visible key of the selected blocks exactly once, nothing else, tiles in increasing
+    order, only the last one running past the keys."""
+    has_left, window_left, has_right, right = window_bounds(causal, *window)
+    n_blocks = -(-len_k // block_kv)
+    chosen = [b for b in range(n_blocks) if picks[b % 8]]
+    ids = [-1] * negative + chosen + list(range(n_blocks + 1, n_blocks + 1 + past_end))
+    ids_t = torch.tensor(ids + [0], dtype=torch.int32)  # one spare entry: an empty list still has a pointer
+    keys = (n_blocks + 4) * block_kv
+    oracle = visible_mask(len_q, len_k, causal, window)
+    selected = torch.zeros(len_k, dtype=torch.bool)
+    for b in chosen:
+        selected[b * block_kv:(b + 1) * block_kv] = True
+    for m0 in range(0, len_q, BLOCK_M):
+        for half in range(2):
+            row0 = m0 + half * HALF
+            vis = torch.full((HALF, keys), -1, dtype=torch.int32)
+            order = torch.zeros(keys // BLOCK_N, dtype=torch.int32)
+            _sparse_walk_kernel[(1,)](vis, order, ids_t, len(ids), m0, row0, len_q, len_k, -window_left, right,
+                                      KEYS=keys, HAS_LO=has_left, HAS_HI=has_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                      BLOCK_KV=block_kv, HALF=HALF)
+            rows = min(HALF, max(len_q - row0, 0))
+            want = torch.zeros(rows, keys, dtype=torch.bool)
+            want[:, :len_k] = oracle[row0:row0 + rows] & selected
+            seen = vis[:rows] == 1
+            assert torch.equal(seen, want), f"ids {ids} tile {m0} rows {row0}+: walk {seen.int()} want {want.int()}"
+            visited = order.nonzero().flatten()
+            assert torch.equal(order[visited], torch.arange(1, len(visited) + 1, dtype=torch.int32)), order
+            assert all(int(t) * BLOCK_N < len_k for t in visited), f"tiles {visited} start past the keys"
+            past = [int(t) for t in visited if (int(t) + 1) * BLOCK_N > len_k]
+            assert past in ([], [int(t) for t in visited[-1:]]), f"tiles {past} run past the keys"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,11 @@ MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
 # The v4 forward consumers (configs.ONE_LOOP, D64/D128), stores + loads: D64 0; D128 56-192 (full 80, causal 56-76,
 # windowed 72, broadcast-Q 80, from offsets 192; per work item: none in the block loops).
 MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
+# The block-sparse forward ("sparse-fwd-*": SPARSE on the v4 consumers), stores + loads: D64 0; D128 full 24,
+# broadcast-Q 24, causal 112, blocks 256 160 (per work item, around its first block: none in the block loop), from
+# offsets without FMA 352, fp16 causal + left window 420 (registers spilled inside the block loop, around the
+# masked softmax; bench/NOTES.md "TLX block-sparse forward v1").
+MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
@@ -51,18 +57,20 @@ def test_every_specialization_compiles_for_sm90(compiled):
     assert {r["target"] for r in compiled} == {"sm_90a"}
     for d in (64, 128, 256):  # tlx.configs.HEAD_DIMS (importing it needs TLX, absent in this process)
         assert any(r["name"].startswith(f"fwd-d{d}-") for r in compiled), f"forward head_dim {d} not compiled"
-    for d in (64, 128):  # the TLX backward's head dims
+    for d in (64, 128):  # the TLX backward's and the block-sparse forward's head dims
         assert any(r["name"].startswith(f"bwd-d{d}-") for r in compiled), f"backward head_dim {d} not compiled"
+        assert any(r["name"].startswith(f"sparse-fwd-d{d}-") for r in compiled), f"sparse head_dim {d} not compiled"
 
 
 def test_shared_memory_warps_registers_spills(compiled):
     for r in compiled:
         assert r["shared"] <= SM90_SHARED_MEMORY, f"{r['name']}: {r['shared']} B of shared memory"
         assert r["num_warps"] == 12, r
-        want = {"232", "40"} if r["name"].startswith("fwd") else {"240", "24"}  # consumers up, producer down
+        kind = "bwd" if r["name"].startswith("bwd") else "fwd"
+        want = {"232", "40"} if kind == "fwd" else {"240", "24"}  # consumers up, producer down
         assert want <= set(r["setmaxnreg"]), f"{r['name']}: no register reallocation {r['setmaxnreg']}"
         assert r["registers"] is not None and r["spill_stores"] is not None, f"{r['name']}: no ptxas log"
-        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES[r["name"][:3]], f"{r['name']}: spills {r}"
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES[kind], f"{r['name']}: spills {r}"
 
 
 def test_one_loop_consumer_keeps_wgmma_in_flight(compiled):
@@ -73,5 +81,25 @@ def test_one_loop_consumer_keeps_wgmma_in_flight(compiled):
     assert rows, "no one-loop specialization compiled"
     for r in rows:
         assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
-        head_dim = int(r["name"].split("-")[1][1:])
-        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_ONE_LOOP[head_dim], f"{r['name']}: spills {r}"
+        head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
+        bound = (MAX_SPILL_BYTES_SPARSE if r["name"].startswith("sparse") else MAX_SPILL_BYTES_ONE_LOOP)[head_dim]
+        assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
+
+
+def test_block_sparse_routing_rules():
+    """The block-sparse forward's rules (``configs.sparse_reason``) and its rank in the automatic choice:
+    below triton (10) unless JFA_TLX_SPARSE=1. Needs TLX importable (the subprocess), not a GPU."""
+    code = (
+        "from jfa_ops.backends.tlx import BACKEND, configs\n"
+        "r = configs.sparse_reason\n"
+        "assert r(128, 128, 128) is None and r(64, 256, 128) is None and r(128, 256, 512) is None\n"
+        "assert 'head_dim' in r(256, 128, 128) and 'head_dim' in r(96, 128, 128)\n"
+        "assert 'multiples' in r(128, 64, 128) and 'multiples' in r(128, 128, 64)\n"
+        "print(BACKEND.family_priority('block_sparse'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE")}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    for switch, rank in (("0", "5"), ("1", "20")):
+        proc = subprocess.run([sys.executable, "-c", code], env={**env, "JFA_TLX_SPARSE": switch}, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == [rank], proc.stdout

@@ -1,17 +1,20 @@
 """The tlx backend on an sm_90 GPU (skipped without one, or without TLX): every feature case of
 ``jfa_ops.testing.FEATURE_MATRIX`` at the head dims tlx runs, forward from a NaN-poisoned allocator and gradients
 (the backward is the triton backend's, fed tlx's out/lse), value/key rows of a neighbour sequence full of NaN/inf,
-and routing of what tlx declines. The whole GPU suite also runs tlx wherever it parametrizes over
+and routing of what tlx declines; the block-sparse forward (SPARSE) against the oracle with the selection's block mask.
+The whole GPU suite also runs tlx wherever it parametrizes over
 ``available_backends("cuda")``.
 """
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from jfa_ops.backends import unavailable_reason
-from jfa_ops.testing import (FEATURE_MATRIX, AttentionCase, check_attention_case,
-                             check_backend_writes_every_row, reference_attention)
+import jfa_ops
+from jfa_ops.backends import select_backend, unavailable_reason
+from jfa_ops.testing import (FEATURE_MATRIX, AttentionCase, BlockSparseCase, check_attention_case,
+                             check_backend_writes_every_row, check_block_sparse_case, reference_attention)
 
 pytestmark = pytest.mark.gpu
 
@@ -70,3 +73,69 @@ def test_declined_problems_route_elsewhere(head_dim, dtype):
         pytest.skip("no GPU or no TLX")
     assert unavailable_reason("tlx", case.problem()) is not None
     check_attention_case(case, None, grads=("both",))
+
+
+# ------------------------------------------------------------------------------- block-sparse forward (SPARSE)
+def _sparse_case(q, kv, block=128, **kw):
+    ratio = kw.pop("keep_ratio", 0.5)
+    return BlockSparseCase(AttentionCase(tuple(q), tuple(kv), device="cuda", **{"dtype": torch.bfloat16,
+                                                                                "head_dim": 128, **kw}),
+                           block_q=block, block_kv=block, keep_ratio=ratio)
+
+
+_EDGE = (0, 1, 127, 128, 129, 300, 5, 700, 0, 1000)
+SPARSE_CASES = {
+    "edge lengths": _sparse_case(_EDGE, _EDGE, heads_q=4, heads_kv=4),
+    "edge causal keep 0.25": _sparse_case(_EDGE, _EDGE, causal=True, keep_ratio=0.25),
+    "random blocks": _sparse_case(_EDGE, _EDGE, keep_ratio=None),  # any subset, visible or not
+    "random blocks causal GQA 4:2": _sparse_case(_EDGE, _EDGE, causal=True, heads_q=4, heads_kv=2, keep_ratio=None),
+    "window (300,0) causal": _sparse_case(_EDGE, _EDGE, causal=True, window=(300, 0)),
+    "cross lengths causal": _sparse_case((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), causal=True),
+    "broadcast-Q": _sparse_case((300,), (0, 1, 700, 64, 129, 2000), broadcast_q=True, heads_q=4, heads_kv=2),
+    "fp16 D64 causal": _sparse_case(_EDGE, _EDGE, causal=True, head_dim=64, dtype=torch.float16),
+    "blocks 256x256 causal": _sparse_case(_EDGE, _EDGE, block=256, causal=True),
+    "one long S4096 causal keep 0.25": _sparse_case((4096,), (4096,), causal=True, keep_ratio=0.25),
+}
+
+
+@pytest.mark.parametrize("name", list(SPARSE_CASES))
+def test_block_sparse_forward_matches_the_oracle(name):
+    """out/lse (and dq/dk/dv through the triton backward) == the float64 oracle with the selection's block mask;
+    stage 1 on triton (tlx has no selection kernel)."""
+    case = SPARSE_CASES[name]
+    _tlx_or_skip(case.case)
+    reason = unavailable_reason("tlx", dataclasses.replace(case.case.problem(), block_q=case.block_q,
+                                                           block_kv=case.block_kv), family="block_sparse")
+    assert reason is None, reason
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
+    """As the dense test: sequence 0's last selected block reads sequence 1's NaN/inf rows through TMA."""
+    case = AttentionCase((100, 37, 50), (90, 37, 77), heads_q=4, heads_kv=2, head_dim=128, dtype=torch.bfloat16,
+                         device="cuda", causal=causal)
+    _tlx_or_skip(case)
+    x = case.make_inputs(0)
+    x.k[90:127] = math.inf
+    x.v[90:127] = math.nan
+    index = torch.tensor([0, -1], dtype=torch.int32, device="cuda").expand(3, 2, 1, 2).contiguous()
+    count = torch.ones(3, 2, 1, dtype=torch.int32, device="cuda")
+    out, lse = jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, 100, 90,
+                                              causal=causal, return_lse=True, backend="tlx")
+    ref_out, ref_lse = reference_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=causal)
+    keep = torch.ones(187, dtype=torch.bool, device="cuda")
+    keep[100:137] = False
+    assert torch.isfinite(out[keep]).all()
+    torch.testing.assert_close(out[keep].double(), ref_out[keep].double(), rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(lse[:, keep].double(), ref_lse[:, keep].double(), rtol=1e-4, atol=1e-4)
+
+
+def test_block_sparse_declined_block_sizes_route_to_triton():
+    """block_q 64 (half a work item's query tile): tlx declines with the reason; the automatic choice runs triton."""
+    case = _sparse_case(_EDGE, _EDGE, block=64, causal=True)
+    _tlx_or_skip(case.case)
+    problem = dataclasses.replace(case.case.problem(), block_q=64, block_kv=64)
+    assert "multiples" in unavailable_reason("tlx", problem, family="block_sparse")
+    assert select_backend(None, problem, family="block_sparse").name == "triton"
+    check_block_sparse_case(case, None, seed=2)

@@ -605,3 +605,42 @@ def test_small_calls_skip_tma(monkeypatch):
     small, large = (torch.empty(rows, 2, 64, dtype=torch.float16) for rows in (63, 64))
     assert not attn_fwd.use_tma(False, small, small)
     assert attn_fwd.use_tma(False, large, large)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_replays_match_the_oracle_gpu(poison, monkeypatch, dtype):
+    """Repeated small call signatures on the GPU take the forward's replay (attn_fwd._REPLAYS; no tile schedule
+    after the first call) and every call, fresh inputs each, matches the float64 oracle: a replay that launched a
+    stale tensor, a wrong size or another signature's kernel fails here (bench overhead case shapes, int32 and
+    int64 offsets, GQA, a window, causal, broadcast Q)."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    cases = [([64, 17, 40, 5], 8, 8, 128, dict(causal=True)), ([1, 0, 33], 4, 2, 64, dict(window_left=5)),
+             ([128, 7], 6, 3, 128, dict(causal=True, window_left=16, window_right=0)),
+             ([50, 0, 9, 130], 4, 4, 128, dict(causal=True, broadcast_q=True))]  # broadcast Q of 24 rows
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 1 << 30)  # small calls' pointer path, as outside the tests
+    full = []
+    real = attn_fwd.tile_schedule
+    attn_fwd._REPLAYS.clear()
+    for lengths, hq, hkv, d, opts in cases:
+        for offsets_dtype in (torch.int32, torch.int64):
+            off = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(offsets_dtype)
+            params = AttentionParams(scale=d ** -0.5, check_offsets=True, **opts)
+            bcast = opts.get("broadcast_q", False)
+            q_off = None if bcast else off
+            for call in range(3):
+                q = torch.randn(24 if bcast else int(off[-1]), hq, d, device="cuda", dtype=dtype)
+                k, v = (torch.randn(int(off[-1]), hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+                n_full = len(full)
+                attn_fwd.tile_schedule = lambda *a, **kw: full.append(1) or real(*a, **kw)
+                try:
+                    out, lse = tb.forward(q, k, v, q_off, off, params)
+                finally:
+                    attn_fwd.tile_schedule = real
+                assert (len(full) > n_full) == (call == 0), (lengths, offsets_dtype, call)
+                want_out, want_lse = oracle(q, k, v, q_off, off, params.scale, opts.get("causal", False),
+                                            opts.get("window_left", -1), opts.get("window_right", -1), bcast)
+                assert_attention_close(out.cpu(), want_out, dtype=dtype, kind="forward", name="out")
+                assert_attention_close(lse.cpu(), want_lse, dtype=dtype, kind="lse", name="lse")

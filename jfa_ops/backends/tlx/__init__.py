@@ -10,6 +10,12 @@ Importing this module never imports triton: it only checks that the plugin is in
 registry records: ``unavailable_reason("tlx")``). The TLX kernels import on the first CUDA problem ``supports`` sees.
 Until a GPU run has passed, the backend is not chosen automatically (``AUTO_SELECT``); ask for it by name
 (``backend="tlx"`` or ``JFA_BACKEND=tlx``).
+
+Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_sparse``): the same forward kernel with
+SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
+block_kv of the key tile (128; select_kv_blocks' defaults fit); the backward and the selection (family
+``select_kv_blocks``, so that ``sparse_attention(..., backend="tlx")`` runs) are the triton backend's. Chosen
+automatically only with ``JFA_TLX_SPARSE=1`` until its GPU check passes (``configs.SPARSE_AUTO``).
 """
 from __future__ import annotations
 
@@ -20,11 +26,12 @@ from typing import Optional
 
 import torch
 
-from ..base import AttentionParams, Backend, Problem, device_guard
+from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard
 from . import configs
 from .configs import fwd_config
 
-__all__ = ["forward", "backward", "supports", "BACKEND", "AUTO_SELECT"]
+__all__ = ["forward", "backward", "supports", "block_sparse_forward", "block_sparse_supports", "BACKEND",
+           "AUTO_SELECT"]
 
 
 def _tlx_installed() -> bool:
@@ -105,5 +112,48 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
+def block_sparse_supports(problem: Problem) -> Optional[str]:
+    """None when the block-sparse forward runs ``problem``, else why not: this backend's rules, the kernel's
+    (``configs.sparse_reason``: head_dim 64/128, blocks of whole tiles), the triton backend's block-size rules."""
+    from ..triton import block_sparse_supports as triton_rules
+
+    return supports(problem) or configs.sparse_reason(problem.head_dim, problem.block_q, problem.block_kv) \
+        or triton_rules(problem)
+
+
+def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
+    """(out, lse) of ``jfa::block_sparse_attention``: the TLX forward walking the selected blocks only."""
+    from .attn_fwd import block_sparse_forward as run
+
+    with device_guard(q.device):
+        return run(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
+
+
+def _block_sparse_backward(*args):
+    """The triton backend's block-sparse backward (it reads the same out/lse)."""
+    from ..triton import block_sparse_backward
+
+    return block_sparse_backward(*args)
+
+
+def _select_kv_blocks(*args):
+    """The triton backend's selection (stage 1), so that ``sparse_attention(..., backend="tlx")`` runs both stages."""
+    from ..triton import select_kv_blocks
+
+    return select_kv_blocks(*args)
+
+
+def _select_supports(problem: Problem) -> Optional[str]:
+    from ..triton import block_sparse_supports as triton_rules
+
+    return supports(problem) or triton_rules(problem)
+
+
 BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=supports,
-                  priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True)
+                  priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True, families={
+                      # automatic choice ranks it above triton (10) only with JFA_TLX_SPARSE=1 (configs.SPARSE_AUTO)
+                      "block_sparse": FamilyImpl(block_sparse_forward, _block_sparse_backward,
+                                                 supports=block_sparse_supports,
+                                                 priority=20 if configs.SPARSE_AUTO else 5),
+                      # by name only: the automatic choice runs the selection on triton itself
+                      "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5)})

@@ -33,6 +33,8 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
 from ..triton.common import (LN2, key_interval_mask, seq_extent, softmax_step, stage_block_start, stage_bounds, visible,
                              window_bounds, work_item)
+from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_range, selected_tile_start,
+                                        sparse_offsets)
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
 from .configs import NUM_WARPS, fwd_choices, fwd_config
@@ -60,7 +62,8 @@ def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, gr
                rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
                KV_MAJOR: tl.constexpr):
-    """Everything producer and consumers both derive from a work item: (real, head, sequence rows, stage bounds)."""
+    """Everything producer and consumers both derive from a work item: (real, head, sequence rows, stage bounds,
+    sequence)."""
     tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
     if TILES_FROM_OFFSETS:
         seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
@@ -74,7 +77,26 @@ def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, gr
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     return (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-            tail_begin, tail_end)
+            tail_begin, tail_end, seq)
+
+
+@triton.jit
+def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb,
+                   stride_ch, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SPARSE: (first, n) of a work item (``_work_tile``'s tuple): it walks the tiles first .. first + n - 1 of
+    BLOCK_INDEX seen as one list of BLOCK_N-key tiles (``selected_tile_start(BLOCK_INDEX, t)``), those of its Q
+    block's selection row (its kv head's) that overlap the keys any of its rows sees (``selected_tile_range``).
+    One int32 for the whole row position (the host checks the index fits): the consumers keep it live across their
+    block loop, a 64-bit row pointer cost them registers there. Producer and consumers derive the same."""
+    TILES: tl.constexpr = BLOCK_KV // BLOCK_N
+    real, head, m0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
+    kv_head = head // group
+    q_block = m0 // BLOCK_Q
+    count = tl.load(BLOCK_COUNT + seq * stride_cb + kv_head * stride_ch + q_block, mask=real & (q_block < n_q_blocks),
+                    other=0)  # a padding slot's m0 may be anything: it selects nothing
+    row = seq * stride_ib + kv_head * stride_ih + q_block * stride_in
+    first, n = selected_tile_range(BLOCK_INDEX + row, count, lead_begin, tail_end, BLOCK_KV, BLOCK_N)
+    return row * TILES + first, n
 
 
 @triton.jit
@@ -82,18 +104,38 @@ def _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_full
                     kv_col, n_begin, n_end, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     NUM_BUFFERS_KV: tl.constexpr):
     """TMA loads of the key/value blocks starting at n_begin, n_begin + BLOCK_N, ... < n_end."""
-    block_bytes: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
     for n0 in range(n_begin, n_end, BLOCK_N):
-        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-        row = (kv_row0 + n0).to(tl.int32)
-        tlx.barrier_wait(k_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
-        tlx.async_descriptor_load(desc_k, k_tiles[buf], [row, kv_col], k_fulls[buf])
-        tlx.barrier_wait(v_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
-        tlx.async_descriptor_load(desc_v, v_tiles[buf], [row, kv_col], v_fulls[buf])
-        kv_count += 1
+        kv_count = _produce_block(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count,
+                                  (kv_row0 + n0).to(tl.int32), kv_col, BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
     return kv_count
+
+
+@triton.jit
+def _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count, kv_row0,
+                      kv_col, ids, first, n, BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      NUM_BUFFERS_KV: tl.constexpr):
+    """SPARSE: TMA loads of selected tiles first .. first + n - 1 (``selected_tile_start``). The id is read before
+    the wait for a free buffer, so its latency hides behind that wait."""
+    for t in range(first, first + n):
+        row = (kv_row0 + selected_tile_start(ids, t, BLOCK_KV, BLOCK_N)).to(tl.int32)
+        kv_count = _produce_block(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count,
+                                  row, kv_col, BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+    return kv_count
+
+
+@triton.jit
+def _produce_block(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count, row, kv_col,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """TMA loads of the key and value block at packed row ``row`` into the next ring slot; returns kv_count + 1."""
+    block_bytes: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
+    buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_empties[buf], phase ^ 1)
+    tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
+    tlx.async_descriptor_load(desc_k, k_tiles[buf], [row, kv_col], k_fulls[buf])
+    tlx.barrier_wait(v_empties[buf], phase ^ 1)
+    tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
+    tlx.async_descriptor_load(desc_v, v_tiles[buf], [row, kv_col], v_fulls[buf])
+    return kv_count + 1
 
 
 @triton.jit
@@ -259,7 +301,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                            q_empty, row0, len_q, len_k, lo_off, hi_off, qk_scale, lead_begin, lead_end, bulk_begin,
                            bulk_end, tail_begin, tail_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
-                           HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr):
+                           HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
+                           sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
     block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
     has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
@@ -271,15 +314,23 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     widen the loop counter to 64 bits and hoist a 64-bit bound per element; the mask is a key interval per row
     (``common.key_interval_mask``): ``visible``'s key - row per element was hoisted as 64 loop-invariant registers
     per thread, which ptxas spilled. Returns (acc, m, l, kv_count) with the last block's PV still in flight: the
-    caller waits for it (``async_dot_wait(0, acc)``) and frees its value buffer (kv_count - 1)."""
-    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
-    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_N)
-    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_N)
+    caller waits for it (``async_dot_wait(0, acc)``) and frees its value buffer (kv_count - 1).
+
+    SPARSE: the blocks are selected tiles sel_first .. sel_first + sel_count - 1 of the selection at ``ids``
+    (``selected_tile_start``; ascending, all starting inside the sequence, so again only the last one may run past
+    its end); a tile is masked unless it lies inside the mask-free bulk. Each tile's id is read one step ahead."""
+    if SPARSE:
+        n_all = sel_count
+        n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
+    else:
+        n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
+        n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_N)
+        n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_N)
+        n0 = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
     rows = tl.arange(0, q_tile.shape[0])
     keys = tl.arange(0, BLOCK_N)
     rows_left = len_q - row0
     # the first block: QK^T and a masked softmax (masking a fully visible block is harmless); its PV left pending
-    n0 = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
     buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[buf], phase)
     s = _qk(q_tile, k_tiles[buf], CID)
@@ -291,7 +342,12 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     prev_n0 = n0
     kv_count += 1
     for j in tl.range(1, n_all, num_stages=0):
-        n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+        if SPARSE:
+            n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
+            masked = (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end)
+        else:
+            n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+            masked = (j < n_lead) | (j >= n_unmasked)
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_fulls[buf], phase)
         # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
@@ -307,7 +363,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         tlx.barrier_arrive(k_empties[buf], 1)
         if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
             s = s * qk_scale
-        if (j < n_lead) | (j >= n_unmasked):
+        if masked:
             s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
                          float("-inf"))
         # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
@@ -342,18 +398,26 @@ def _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot,
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
-                               "num_seqs", "rows_s", "rows_o"])
+                               "num_seqs", "rows_s", "rows_o", "n_q_blocks"])
 def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
                         WORK_COUNTER, num_heads, total_out, n_slots, search_steps, num_seqs, rows_s, rows_o,
                         stride_ot, stride_oh, group, qk_scale, window_left, right,
+                        BLOCK_INDEX, BLOCK_COUNT, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
-                        ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False):
+                        ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
+                        SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
-    Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D]."""
+    Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
+
+    SPARSE (block-sparse attention, ``block_sparse_forward``): each item walks only the tiles of the KV blocks its
+    Q block selected (BLOCK_INDEX [B, Hkv, n_q_blocks, W] ids of BLOCK_KV keys, ascending; BLOCK_COUNT [B, Hkv,
+    n_q_blocks]; Q blocks of BLOCK_Q rows), with the v4 consumers; else the selection arguments are None/0."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
+    tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
+                     "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
@@ -382,13 +446,18 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
             kv_count = 0
             q_count = 0
             for i in range(0, my_items):
+                item = _work_tile(pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
+                                  num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                  HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
                 (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end) = _work_tile(
-                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS, KV_MAJOR)
-                n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
-                    + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                 tail_begin, tail_end, seq) = item
+                if SPARSE:
+                    sel_first, n_blocks = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks,
+                                                              stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
+                                                              BLOCK_Q, BLOCK_KV, BLOCK_N)
+                else:
+                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
+                        + _n_blocks(tail_begin, tail_end, BLOCK_N)
                 if real & (n_blocks > 0):
                     if BROADCAST_Q:
                         q_row = m0  # every sequence reads the same dense Q
@@ -403,15 +472,21 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                                   q_fulls[qb])
                     q_count += 1
                     kv_col = (head // group) * HEAD_DIM
-                    kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                               v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end, BLOCK_N,
-                                               HEAD_DIM, NUM_BUFFERS_KV)
-                    kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                               v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end, BLOCK_N,
-                                               HEAD_DIM, NUM_BUFFERS_KV)
-                    kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                               v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end, BLOCK_N,
-                                               HEAD_DIM, NUM_BUFFERS_KV)
+                    if SPARSE:
+                        kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                     v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX, sel_first,
+                                                     n_blocks,
+                                                     BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                    else:
+                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                   v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end,
+                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                   v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end,
+                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                   v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end,
+                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGISTERS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -426,12 +501,19 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                     item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
                                       search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
                                       HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                    if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
+                        sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                         tail_begin, tail_end) = item
+                         tail_begin, tail_end, seq) = item
                         next_work = pid + tl.minimum(i + 1, my_items - 1) * programs  # the last one re-reads its own
-                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
-                            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                        if SPARSE:
+                            sel_first, n_blocks = sel
+                        else:
+                            sel_first = 0
+                            n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                                + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
                         m_i = tl.full([HALF_M], float("-inf"), tl.float32)
                         l_i = tl.zeros([HALF_M], tl.float32)
                         acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
@@ -443,10 +525,15 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 acc, m_i, l_i, kv_count, q_tiles[qb], k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
-                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype)
+                                HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
+                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                            if SPARSE:
+                                sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
+                                                     stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
+                                                     BLOCK_N)
                             acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
@@ -455,13 +542,17 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                            if SPARSE:
+                                sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
+                                                     stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
+                                                     BLOCK_N)
                         if real:
                             _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
                                         Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
             else:  # v3 (and v2: PIPELINE)
                 for i in range(0, my_items):
                     (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                     tail_begin, tail_end) = _work_tile(
+                     tail_begin, tail_end, seq) = _work_tile(
                         pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
                         search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
                         TILES_FROM_OFFSETS, KV_MAJOR)
@@ -545,10 +636,37 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
+NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
+                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0)
+
+
+def _kernel_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, params, pipeline, kv_major, one_loop) -> dict:
+    """``attn_fwd_tlx_kernel``'s arguments but the block-sparse ones (q, k, v TMA-ready; out/lse allocated)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    return dict(
+        desc_q=rows_descriptor(q, cfg.block_m // 2), desc_k=rows_descriptor(k, cfg.block_n),
+        desc_v=rows_descriptor(v, cfg.block_n), Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, **schedule,
+        num_heads=num_heads, total_out=out.shape[0], stride_ot=out.stride(0), stride_oh=out.stride(1),
+        group=num_heads // k.shape[1], qk_scale=params.scale * 1.4426950408889634,  # / ln 2
+        window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
+        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
+        ONE_LOOP=one_loop)
+
+
+def _uniform(params, num_seqs: int, total_kv: int, total_out: int) -> bool:
+    """Every sequence has the same length (a dense batch), known without reading the offsets: the max_seqlen hints
+    times B cover the rows."""
+    return params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == total_kv and (
+        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
+
+
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32): the triton backend's contract (``jfa_ops.backends.base``)."""
     device, num_seqs = q.device, kv_offsets.numel() - 1
-    num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
+    num_heads, head_dim = q.shape[1], q.shape[2]
     if params.broadcast_q:
         q_off = broadcast_offsets(num_seqs, q.shape[0], device)
         total_out = num_seqs * q.shape[0]
@@ -569,10 +687,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     cfg = fwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    # Uniform lengths (a dense batch), known without reading the offsets: the max_seqlen hints times B cover the rows.
-    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
-        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
-    pipeline, kv_major, one_loop = fwd_choices(cfg, has_left or has_right, params.broadcast_q, uniform)
+    pipeline, kv_major, one_loop = fwd_choices(cfg, has_left or has_right, params.broadcast_q,
+                                               _uniform(params, num_seqs, k.shape[0], total_out))
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     programs, schedule = tile_schedule(
@@ -581,19 +697,45 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     launch(attn_fwd_tlx_kernel, (programs,), dict(
-        desc_q=rows_descriptor(q, cfg.block_m // 2), desc_k=rows_descriptor(k, cfg.block_n),
-        desc_v=rows_descriptor(v, cfg.block_n), Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off, **schedule,
-        num_heads=num_heads, total_out=total_out, stride_ot=out.stride(0), stride_oh=out.stride(1),
-        group=num_heads // num_heads_kv, qk_scale=params.scale * 1.4426950408889634,  # / ln 2
-        window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
-        HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
-        ONE_LOOP=one_loop),
-        num_warps=NUM_WARPS, num_stages=1)
+        **_kernel_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, params, pipeline, kv_major, one_loop),
+        **NO_SELECTION), num_warps=NUM_WARPS, num_stages=1)
     if flag is not None:
         if schedule["TILES_FROM_OFFSETS"]:  # no list was built, so nothing checked the offsets: aten ops do
             validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         else:
             validation.device_flag(flag, flag_mode)
+    return out, lse
+
+
+def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
+    """(out, lse) of attention restricted to the selected KV blocks: the triton backend's ``block_sparse_forward``
+    contract, on the TLX forward with SPARSE (each work item walks its Q block's selected tiles only); the work list
+    is the triton kernel's (longest first by selected blocks). ``configs.sparse_reason`` held for the block sizes."""
+    device, num_seqs = q.device, kv_offsets.shape[0] - 1
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
+    out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
+    lse = common.alloc_output((num_heads, total_out), torch.float32, device)
+    if total_out == 0 or num_seqs == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    cfg = fwd_config(head_dim)
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    _, kv_major, _ = fwd_choices(cfg, has_left or has_right, params.broadcast_q,
+                                 _uniform(params, num_seqs, k.shape[0], total_out))
+    index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
+    if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
+        raise ValueError(f"kv_block_index has {index.numel()} entries: too many for the tlx block-sparse forward "
+                         f"(backend='triton' runs it)")
+    programs, schedule = tile_schedule(
+        lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
+                              has_right, **selected_cost_args(count, params.block_q)),
+        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
+    launch(attn_fwd_tlx_kernel, (programs,), dict(
+        **_kernel_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, params, False, kv_major, True),
+        BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
+        SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv), num_warps=NUM_WARPS, num_stages=1)
     return out, lse

@@ -22,6 +22,10 @@ KV_MAJOR: Optional[bool] = None
 ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
 # The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
 BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
+# The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: off
+# until its GPU check passes (tools/tlx_device.sh sparse); env JFA_TLX_SPARSE=1 turns it on. backend="tlx" runs it
+# either way.
+SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "0") == "1"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
@@ -93,3 +97,16 @@ _BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 def bwd_config(head_dim: int) -> Optional[BwdConfig]:
     """The TLX backward's config, None where the triton backend's backward runs instead."""
     return _BWD.get(head_dim)
+
+
+def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:
+    """None when the block-sparse forward runs a selection of block_q x block_kv blocks at ``head_dim``, else why
+    not (the triton backend runs it): it runs the v4 consumers (not at D256), a work item's query tile lies in one Q
+    block, a selected block is whole key tiles."""
+    cfg = fwd_config(head_dim)
+    if cfg is None or not cfg.one_loop:
+        return f"head_dim {head_dim}: the block-sparse forward runs head_dim 64 and 128"
+    if block_q % cfg.block_m or block_kv % cfg.block_n:
+        return (f"block_q {block_q} and block_kv {block_kv} must be multiples of {cfg.block_m} and {cfg.block_n} "
+                f"(the query and key tiles at head_dim {head_dim})")
+    return None

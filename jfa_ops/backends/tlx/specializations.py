@@ -37,16 +37,18 @@ class Specialization:
 
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
-                       uniform: bool = False, one_loop=None) -> Specialization:
+                       uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
+                       block_kv: int = 128) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
-    batch)."""
-    from .attn_fwd import attn_fwd_tlx_kernel
+    batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
+    selection of block_q x block_kv blocks."""
+    from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
     chosen = fwd_choices(cfg, causal or has_left, broadcast_q, uniform)
     pipeline = chosen[0] if pipeline is None else pipeline
     kv_major = chosen[1] if kv_major is None else kv_major
-    one_loop = chosen[2] if one_loop is None else one_loop
+    one_loop = True if sparse else chosen[2] if one_loop is None else one_loop
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
@@ -58,13 +60,21 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop)
+    if sparse:
+        constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
+        types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
+    else:
+        constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    # the selection's strides are its widths (n_kv_blocks, ...): no divisibility to assume
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or n.startswith("stride")}
-    name = f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
+             if signature[n].startswith("*") or (n.startswith("stride") and n not in NO_SELECTION)}
+    name = f"{'sparse-' if sparse else ''}" \
+           f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
-           f"{'' if kv_major else '-tilemajor'}"
+           f"{'' if kv_major else '-tilemajor'}" \
+           f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -115,6 +125,16 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, broadcast_q=True, one_loop=True)
     yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, one_loop=True)
     yield fwd_specialization(128, "bf16", True, uniform=True, one_loop=True)
+    # the block-sparse forward (SPARSE, v4 consumers): D64/D128, 128 x 128 blocks (select_kv_blocks' default), one
+    # per feature the kernel branches on, and block sizes of several tiles
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield fwd_specialization(head_dim, "bf16", causal, sparse=True)
+    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True)
+    yield fwd_specialization(128, "bf16", False, broadcast_q=True, sparse=True)
+    yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, sparse=True)
+    yield fwd_specialization(128, "bf16", True, uniform=True, sparse=True)  # kv-major
+    yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal)

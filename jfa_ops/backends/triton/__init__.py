@@ -70,10 +70,8 @@ def _device_reason(device_index: int, head_dim: int, dtype: torch.dtype, causal:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
             kv_offsets: torch.Tensor, params: AttentionParams):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
-    from .attn_fwd import attention_forward
-
     with device_guard(q.device):  # Triton launches on the current device
-        return attention_forward(q, k, v, q_offsets, kv_offsets, params)
+        return _kernels("attn_fwd").attention_forward(q, k, v, q_offsets, kv_offsets, params)
 
 
 def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
@@ -81,10 +79,16 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
              kv_offsets: torch.Tensor, params: AttentionParams):
     """(dq, dk, dv); grad_lse may be None. Deterministic mode only changes broadcast-Q dQ (a fixed-order chunked sum;
     otherwise broadcast-Q dQ is fused into the dK/dV pass with fp32 atomics)."""
-    from .attn_bwd import attention_backward
-
     with device_guard(q.device):
-        return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
+        return _kernels("attn_bwd").attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                                       params)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(module: str):
+    """A kernel module of this backend, imported on first use (importing the backend never imports triton); cached
+    because an import statement costs ~1-2 us per call on the host path."""
+    return importlib.import_module(f"{__name__}.{module}")
 
 
 MXFP8_HEAD_DIMS = (32, 64, 128, 256)  # the MXFP8 attention kernel's tiles span head_dim (a power of two)

@@ -25,12 +25,11 @@ from . import common, launch as launcher
 from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, int_max, int_min, launch_schedule,
                      load_rows, loop_bound, next_work, num_sms, packed_rows, row_source, row_strides, seq_extent,
                      stage_bounds, store_rows, visible, window_bounds, work_item)
-from .configs import KNOBS, get_config
+from .configs import KNOBS, Knobs, get_config
 from .launch import launch, launch_planned
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import (TileList, binary_search_steps, capacity_of, forward_tiles, kv_tiles, one_wave,
                          schedule_arguments, shape_constant, slot_tile, tile_schedule)
-from ..base import tracing
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
@@ -411,7 +410,7 @@ def _chunked_broadcast_tiles(num_seqs: int, len_q: int, block_m: int, num_heads:
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params)
     if key is not None:
-        recipe = launcher.recipe(key)
+        recipe = _RECIPES.get(key)
         if recipe is not None:
             grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
             if grads is not None:
@@ -570,7 +569,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                  launcher.planned(attn_bwd_dkdv_kernel, dkdv_key, **dkdv_options),
                  launcher.planned(attn_bwd_dq_kernel, dq_key, **dq_options))
         if all(plan is not None for plan in plans):
-            launcher.keep_recipe(key, _Recipe(plans, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma))
+            if len(_RECIPES) >= _RECIPES_MAX:
+                _RECIPES.clear()
+            _RECIPES[key] = _Recipe(plans, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma)
     return dq_buf, dk, dv
 
 
@@ -578,29 +579,31 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 # Why: a small batch's backward costs far more on the host than on the GPU (issue 9: ~150 us of Python for three
 # launches of a few us each). Most of it follows from the call's signature, not its batch: configs, strides, flags,
 # plan keys, the static arguments' closures. A recipe keeps that per signature; a later call of the signature only
-# allocates, fills the plans' per-call slots and launches. JFA_BWD_RECIPES=0 (or RECIPES_ENABLED = False) turns it
-# off: every call takes the full path (tools/host_backend_cpu.py's A/B).
+# allocates, fills the plans' per-call slots and launches (the forward's replays, attn_fwd._Replay, do the same for
+# the forward with the sizes in their key). JFA_BWD_RECIPES=0 (or RECIPES_ENABLED = False) turns recipes off, as
+# does launch.REPLAYS_ENABLED = False: every call takes the full path (tools/host_backend_cpu.py's A/B).
 RECIPES_ENABLED = os.environ.get("JFA_BWD_RECIPES", "1") != "0"
+_RECIPES: dict = {}
+_RECIPES_MAX = 256  # a bound, not a tuning (keys hold no row counts)
+launcher.CLEAR_HOOKS.append(_RECIPES.clear)  # recipes hold plans: dropped with them
 
 
 def _recipe_key(grad_out, grad_lse, q, k, v, out, params):
     """What the full path's decisions for a call follow from, except the sizes ``_Recipe.run`` checks per call: the
     tensors' dtypes, head counts, head_dim, strides (packing, row strides) and device, grad_lse's presence, the
-    options the backward reads and the knobs its path reads, and the call's TMA choices (``use_tma``: its sizes and
-    pointers). None where no recipe may serve the call: broadcast Q,
-    the interpreter, tracing, JFA_LAUNCH_VERIFY=1 (the full path runs there, so that the GPU suite verifies each
-    plan) and launch plans off."""
-    if (not RECIPES_ENABLED or params.broadcast_q or launcher.VERIFY or not launcher.PLANS_ENABLED or tracing()
-            or launcher.interpreting()):
+    options the backward reads, the knobs (their generation: any flip) and the call's TMA choices (``use_tma``, from
+    sizes and pointers; last in the key, where ``_full_backward`` compares them with its own). None where no recipe
+    may serve the call: broadcast Q, JFA_LAUNCH_VERIFY=1 (the full path runs there, so that the GPU suite verifies
+    each plan), and wherever ``launch.replays_enabled()`` is false (the interpreter, tracing, plans or replays off)."""
+    if not RECIPES_ENABLED or params.broadcast_q or launcher.VERIFY or not launcher.replays_enabled():
         return None
     pad_d = head_dim_consts(q.shape[2])["PAD_D"]
     qdo_tma = KNOBS.bwd_tma and q.shape[0] > 0 and use_tma(pad_d, q, grad_out, k)  # as _full_backward decides
     kv_tma = KNOBS.bwd_tma and use_tma(pad_d, k, v)
-    return ("attention_backward", q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
+    return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
             None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
             v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
-            params.window_right, params.deterministic, KNOBS.bwd_schedule, KNOBS.bwd_fused_dq, KNOBS.bwd_kv_major,
-            KNOBS.one_wave_unsorted, qdo_tma, kv_tma)  # the TMA choices last (_full_backward checks them)
+            params.window_right, params.deterministic, Knobs.generation, qdo_tma, kv_tma)
 
 
 def _packed_any_rows(t) -> bool:

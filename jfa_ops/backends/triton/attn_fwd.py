@@ -9,6 +9,7 @@ a persistent grid's static striding on jagged/causal; ``configs.KNOBS.fwd_schedu
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -16,11 +17,11 @@ import triton.language as tl
 
 from ... import validation
 from ..base import tracing
-from . import common
+from . import common, launch
 from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_consts, load_rows, loop_bound,
                      next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
                      window_bounds, work_item)
-from .configs import KNOBS, get_config, nvidia
+from .configs import KNOBS, Knobs, get_config, nvidia
 from .launch import launch_planned
 from .offset_checks import offsets_ok
 from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_schedule
@@ -214,7 +215,67 @@ def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.
     return torch.arange(num_seqs + 1, device=device, dtype=torch.int32) * len_q
 
 
+class _Replay:
+    """A small call's forward fixed for its signature (``_replay_key``): allocate out/lse (and the check flag),
+    convert the offsets as the full path does, launch (``launch.Replay``). Made only where the full path launches
+    nothing but the attention kernel from tensors the call has (or, for broadcast Q, the output offsets
+    ``broadcast_offsets`` keeps per shape: read-only, so the replay keeps them too): one wave (no tile list), no TMA
+    descriptors, inputs used in place."""
+
+    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
+                 "broadcast_offsets")
+
+    def __init__(self, launch_replay, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets):
+        self.launch, self.out_shape, self.lse_shape = launch_replay, out.shape, lse.shape
+        self.dtype, self.device, self.check = out.dtype, out.device, check
+        self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
+        self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
+        self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
+
+    def run(self, q, k, v, q_offsets, kv_offsets):
+        """(out, lse), or None when an input does not specialize as the replay's (the caller runs the full path)."""
+        if self.broadcast_offsets is not None:
+            q_off = self.broadcast_offsets
+        else:
+            q_off = q_offsets.to(torch.int32) if self.convert_q else q_offsets
+        kv_off = q_off if kv_offsets is q_offsets else kv_offsets.to(torch.int32) if self.convert_kv else kv_offsets
+        out = common.alloc_output(self.out_shape, self.dtype, self.device)
+        lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
+        flag = torch.empty((1,), dtype=torch.int32, device=self.device) if self.check else kv_off
+        if not self.launch.run((q, k, v, out, lse, q_off, kv_off, flag)):
+            return None
+        if self.check:
+            validation.device_flag(flag, validation.validation_mode(self.device))
+        return out, lse
+
+
+# Replays per call signature: why: of a small eager call's ~70 us of backend host time (CPU, tools/
+# host_backend_cpu.py) most is this function's per-call derivation of what the signature fixes. The key holds every
+# input of that derivation: the params, each tensor's shape and strides (packed rows, strides, sizes, the one-wave
+# choice), the device, the offsets' dtypes and shapes and whether both sides pass one tensor, the knobs' generation
+# (configs.Knobs) and the TMA switches; dtypes and alignment are checked per call by the launch replay.
+_REPLAYS: dict = {}
+_REPLAYS_MAX = 256  # a bound, not a tuning (signatures hold row counts, which vary per batch)
+launch.CLEAR_HOOKS.append(_REPLAYS.clear)
+
+
+def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
+    if not launch.replays_enabled():
+        return None
+    return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
+            None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,
+            q_offsets is kv_offsets, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
+
+
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
+    key = _replay_key(q, k, v, q_offsets, kv_offsets, params)
+    if key is not None:
+        replay = _REPLAYS.get(key)
+        if replay is not None:
+            result = replay.run(q, k, v, q_offsets, kv_offsets)
+            if result is not None:
+                return result
+    inputs = q, k, v
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)  # slices of a fused projection: no copy
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
@@ -269,6 +330,35 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                 cfg)
     launch_planned(attn_fwd_kernel, plan_key, (programs,), dynamic, static, num_warps=cfg.num_warps,
                    num_stages=cfg.num_stages)
+    if (key is not None and key not in _REPLAYS and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"] and not tma
+            and all(a is b for a, b in zip((q, k, v), inputs))):
+        _keep_replay(key, plan_key, (programs,), dynamic, (q, k, v, out, lse, q_off, kv_off, flag),
+                     dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), q_offsets, kv_offsets)
     if flag is not None:
         validation.device_flag(flag, validation.validation_mode(device))
     return out, lse
+
+
+def _keep_replay(key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets) -> None:
+    """Store the replay of the launch just made, if every tensor argument is one of ``sources``."""
+    if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
+    slots = {}
+    for name, value in dynamic.items():
+        if isinstance(value, torch.Tensor):
+            index = next((i for i, source in enumerate(sources) if source is value), None)
+            if index is None:
+                return
+            slots[name] = index
+        elif not isinstance(value, (int, float)):
+            return
+    flag = sources[-1]
+    if flag is None:
+        sources = sources[:-1] + (sources[6],)  # FLAG is the kv offsets (unused) without a check
+    made = launch.replay(attn_fwd_kernel, plan_key, grid, dynamic, slots, sources, **options)
+    if made is None:
+        return
+    if len(_REPLAYS) >= _REPLAYS_MAX:
+        _REPLAYS.clear()
+    _REPLAYS[key] = _Replay(made, sources[3], sources[4], q_offsets, kv_offsets, flag is not None,
+                            sources[5] if q_offsets is None else None)

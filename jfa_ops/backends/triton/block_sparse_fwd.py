@@ -81,6 +81,35 @@ def _selected_tiles_below(ids, count, limit, BLOCK: tl.constexpr, TILE: tl.const
 
 
 @triton.jit
+def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """(first, n): the TILE-row tiles of the ``count`` selected blocks of BLOCK rows listed at ``ids`` (tile t: the
+    (t % per-block)-th TILE rows of block ids[t // per-block]) that overlap keys [key_begin, key_end) are tiles
+    first .. first + n - 1. With ascending ids they are contiguous: negative ids and tiles below key_begin come
+    before them, tiles at or past key_end after. key_begin a multiple of TILE (``stage_bounds``' lead_begin);
+    key_end <= the sequence's keys (its hi_any), so every tile of the range starts inside the sequence and only the
+    last one may run past its end. One pass over the ids (the TLX forward's walk, ``tlx/attn_fwd.py``)."""
+    TILES: tl.constexpr = BLOCK // TILE
+    first = count * 0
+    n = count * 0
+    for j0 in range(0, loop_bound(count), IDS_CHUNK):
+        j = j0 + tl.arange(0, IDS_CHUNK)
+        used = j < count
+        start = tl.load(ids + j, mask=used, other=0) * BLOCK
+        below = tl.minimum(tl.maximum(key_begin - start, 0) // TILE, TILES)  # this block's tiles below key_begin
+        inside = tl.minimum(tl.maximum(key_end - start + TILE - 1, 0) // TILE, TILES)  # ... starting below key_end
+        first += tl.sum(tl.where(used, below, 0), 0)
+        n += tl.sum(tl.where(used, tl.maximum(inside - below, 0), 0), 0)
+    return first, n
+
+
+@triton.jit
+def selected_tile_start(ids, t, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """First key of selected tile t (see ``selected_tile_range``)."""
+    TILES: tl.constexpr = BLOCK // TILE
+    return tl.load(ids + t // TILES) * BLOCK + (t % TILES) * TILE
+
+
+@triton.jit
 def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids, rows, cols, d_ok,
                         len_q, len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
                         BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,

@@ -105,6 +105,15 @@ class Knobs:
     mxfp8_quant_pipelined: bool = os.environ.get("JFA_MXFP8_QUANT_PIPELINED", "0") == "1"
 
 
+def _count_knob_changes(self, name, value):
+    """Every assignment to a knob bumps ``Knobs.generation``: memos of per-call work that read knobs (the forward's
+    replays, ``attn_fwd._replay_key``) key on it, so a flipped knob is seen by the next call."""
+    object.__setattr__(self, name, value)
+    Knobs.generation += 1
+
+
+Knobs.generation = 0
+Knobs.__setattr__ = _count_knob_changes
 KNOBS = Knobs()
 
 

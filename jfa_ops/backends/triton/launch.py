@@ -195,6 +195,60 @@ def launch_planned(kernel, plan_key: tuple, grid: Tuple[int, ...], dynamic: Dict
     _PLANS[key] = _Plan(compiled, list(values), slots, [spec[i] for i, _, _ in slots.values()])
 
 
+class Replay:
+    """One call site's launch fixed for one call signature, made from its launch plan right after a call: every
+    argument but the tensors is this call's (a signature fixes the sizes, so the ints are too), and each tensor
+    argument names which of the caller's ``sources`` fills it. ``run(sources)`` fills them and launches if every
+    source specializes as when the replay was made (dtype, 16-byte alignment: Triton's key), else returns False and
+    launches nothing (the caller takes its full path). What it skips: everything the caller computes per call that
+    the signature determines (configs, strides, schedules, argument dicts, plan keys) and specializing the ints."""
+
+    __slots__ = ("kernel", "options", "compiled", "grid", "values", "fill", "spec", "name", "device")
+
+    def __init__(self, kernel, options, plan: _Plan, grid, dynamic: Dict[str, object], slots: Dict[str, int],
+                 sources, device: int):
+        self.kernel, self.options, self.compiled, self.grid = kernel, options, plan.compiled, tuple(grid)
+        self.name, self.device = _info(kernel).name, device
+        self.values = plan.values.copy()
+        plan.refill(self.values, dynamic)
+        fills = "".join(f"    values[{plan.slots[slot][0]}] = sources[{index}]\n" for slot, index in slots.items())
+        specs = ", ".join(f"spec(B, sources[{i}], False, True, True)" for i in sorted(set(slots.values())))
+        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
+        exec(f"def fill(values, sources):\n{fills}    return ({specs}{',' if specs else ''})\n",  # noqa: S102
+             namespace)
+        self.fill = namespace["fill"]
+        self.spec = self.fill(self.values.copy(), sources)
+
+    def run(self, sources) -> bool:
+        values = self.values.copy()
+        if self.fill(values, sources) != self.spec:
+            return False
+        LAUNCHES[self.name] += 1
+        if VERIFY:
+            _verify(self.kernel, self.compiled, self.grid, values, self.options)
+        _run(self.compiled, self.grid, values, self.device)
+        return True
+
+
+REPLAYS_ENABLED = True  # False: callers take their full path every call (tools/host_profile.py's A/B)
+
+
+def replays_enabled() -> bool:
+    """Replays apply: CUDA launches through plans (not the interpreter, not traced)."""
+    return REPLAYS_ENABLED and PLANS_ENABLED and not tracing() and not interpreting()
+
+
+def replay(kernel, plan_key: tuple, grid, dynamic: Dict[str, object], slots: Dict[str, int], sources, **options):
+    """A ``Replay`` of the launch ``launch_planned(kernel, plan_key, grid, dynamic, ..., **options)`` just made
+    (None when it kept no plan). ``slots``: each tensor argument's name -> its index in ``sources`` (this call's;
+    ``Replay.run`` gets another call's in the same order); every other dynamic argument keeps this call's value."""
+    device = torch.cuda.current_device()
+    plan = _PLANS.get((id(kernel), device, plan_key, tuple(options.items())))
+    if plan is None or any(slot not in plan.slots for slot in slots):
+        return None
+    return Replay(kernel, options, plan, grid, dynamic, slots, sources, device)
+
+
 def _run(compiled, grid, values, device) -> None:
     """``CompiledKernel.run`` on the current stream: what ``JITFunction.run`` ends with."""
     stream = torch._C._cuda_getCurrentRawStream(device)
@@ -225,28 +279,19 @@ def _verify(kernel, compiled, grid, values, options) -> None:
 def clear_cache() -> None:
     _COMPILED.clear()
     _PLANS.clear()
+    for clear in CLEAR_HOOKS:
+        clear()
 
 
-# ------------------------------------------------------------------------------------ recipes (whole call sites)
-# A call site may keep, per call signature, what its launches need beside their plans (``attn_bwd``'s backward
-# recipe). Recipes live in ``_PLANS`` under keys of their own (a leading str: never a plan's key), so that whatever
-# drops the plans (``clear_cache``, the size bound, a test's fresh ``_PLANS``) drops the recipes built on them too.
+CLEAR_HOOKS: list = []  # callers' memos built on plans (attn_fwd's replays): cleared with them
+
+
+# ------------------------------------------------------------------------ call sites launching several plans
 
 
 def planned(kernel, plan_key: tuple, **options) -> "_Plan | None":
     """The plan ``launch_planned(kernel, plan_key, ..., **options)`` made on the current device (its key), or None."""
     return _PLANS.get((id(kernel), torch.cuda.current_device(), plan_key, tuple(options.items())))
-
-
-def recipe(key: tuple):
-    """The recipe kept under ``key`` (a tuple whose first item is a str naming the call site), or None."""
-    return _PLANS.get(key)
-
-
-def keep_recipe(key: tuple, value) -> None:
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.clear()
-    _PLANS[key] = value
 
 
 class PlanGroup:
