@@ -126,6 +126,8 @@ def main():
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("triton attention_backward alone (3 launches: delta, dK/dV, dQ)",
          lambda: attn_bwd.attention_backward(grad_out, None, q, k, v, *fwd_out, off, off, params)),
+        ("  the same without the backward recipe (attn_bwd.RECIPES_ENABLED = False: A/B)", _no_recipes(
+            lambda: attn_bwd.attention_backward(grad_out, None, q, k, v, *fwd_out, off, off, params))),
         ("  check_attention_args", lambda: meta_kernels.check_attention_args(q, k, v, off, off, (-1, -1), False)),
         ("  check_options", lambda: meta_kernels.check_options(None, True, (-1, -1), False, False, -1, -1)),
         ("  select_backend + Problem.of", lambda: select_backend("triton", Problem.of(q, k, params))),
@@ -136,6 +138,7 @@ def main():
         ("  torch._assert_async(flag)", lambda: torch._assert_async(flag.reshape(()))),
         ("  device_guard(q.device)", lambda: _enter(device_guard(q.device))),
         ("forward + backward, inputs require grad", fwd_bwd),
+        ("forward + backward, without the backward recipe", _no_recipes(fwd_bwd)),
         ("jagged_attention no grad, op path (JFA_EAGER_PATH=op)", _op_path(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("forward + backward, op path", _op_path(fwd_bwd)),
@@ -218,6 +221,12 @@ def _no_replays(fn):
     from jfa_ops.backends.triton import launch
 
     return _switched_off(launch, "REPLAYS_ENABLED", fn)
+
+
+def _no_recipes(fn):
+    from jfa_ops.backends.triton import attn_bwd
+
+    return _switched_off(attn_bwd, "RECIPES_ENABLED", fn)
 
 
 def _below(fn):

@@ -291,17 +291,19 @@ def test_clear_cache_drops_the_recipes(gpu):
 
 def test_plan_group_sources_must_name_every_dynamic_slot(gpu):
     """launch.PlanGroup refuses sources that miss a plan's dynamic slot or name one it does not have (a slot left
-    unfilled would launch the previous call's tensor)."""
+    unfilled would launch the previous call's tensor), and constants that specialize otherwise than the plan's."""
     args, params, expected = _case([30, 5, 0, 29], causal=True)
     _check(args, params, expected, torch.float16)
     recipe, = attn_bwd._RECIPES.values()
     kernel = attn_bwd.attn_bwd_delta_kernel
-    plan = recipe.group._plans[0]
+    plan = recipe.group.plans[0]
     missing = {name: source for name, source in attn_bwd._DELTA_SOURCES.items() if name != "GradLse"}
     with pytest.raises(ValueError, match="GradLse"):
         launch.PlanGroup([(kernel, plan, missing)])
     with pytest.raises(ValueError, match="stride_ot"):
         launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, stride_ot="out"))])
+    with pytest.raises(ValueError, match="constant zero_rows="):  # a constant must specialize as the plan's
+        launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, zero_rows=2 ** 40 + 7))])
 
 
 @pytest.mark.gpu

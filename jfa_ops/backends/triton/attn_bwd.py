@@ -571,7 +571,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         if all(plan is not None for plan in plans):
             if len(_RECIPES) >= _RECIPES_MAX:
                 _RECIPES.clear()
-            _RECIPES[key] = _Recipe(plans, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma)
+            _RECIPES[key] = _Recipe(plans, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma,
+                                    schedule["ATOMIC_WORK"])
     return dq_buf, dk, dv
 
 
@@ -612,18 +613,27 @@ def _packed_any_rows(t) -> bool:
     return t.stride(2) == 1 and (heads == 1 or t.stride(1) == dim) and t.stride(0) >= heads * dim
 
 
-# Where each launch's per-call arguments come from (``launch.PlanGroup`` sources: each specialized once)
+# Where each launch's per-call arguments come from (``launch.PlanGroup`` sources, each specialized once; ints are
+# constants of the path). _Recipe renames the sources its TMA choices and schedule make equal to others.
 _DELTA_SOURCES = dict(Out="out", DOut="grad_out", GradLse="grad_lse", Delta="delta", ZEROED="delta",
-                      total_out="total_out", zero_rows="zero")
+                      total_out="total_out", zero_rows=0)
 _DKDV_SOURCES = dict(Q="q_rows", K="k", V="v", DOut="do_rows", Lse="lse", Delta="delta", DK="dk", DV="dv", DQ="dk",
                      Q_OFF="q_off", KV_OFF="kv_off", TILE_SEQ="kv_off", TILE_START="kv_off", TILE_COUNT="kv_off",
                      WORK_COUNTER="kv_work", n_slots="kv_slots", search_steps="steps", num_seqs="num_seqs",
-                     rows_s="rows_k", rows_o="total_out", total_out="total_out", num_slabs="one",
-                     slab_rows="total_out")
+                     rows_s="rows_k", rows_o="total_out", total_out="total_out", num_slabs=1, slab_rows="total_out")
 _DQ_SOURCES = dict(Q="q", K="k_rows", V="v_rows", DOut="grad_out", Lse="lse", Delta="delta", DQ="dq", Q_OFF="q_off",
                    KV_OFF="kv_off", TILE_SEQ="q_off", TILE_START="q_off", TILE_COUNT="q_off", WORK_COUNTER="q_work",
                    n_slots="q_slots", search_steps="steps", num_seqs="num_seqs", rows_s="total_out",
-                   rows_o="rows_k", seqs_per_tile="one", total_out="total_out", stride_dq_chunk="zero")
+                   rows_o="rows_k", seqs_per_tile=1, total_out="total_out", stride_dq_chunk=0)
+
+
+def _same_sources(sources: dict, tma: bool, counter: bool) -> dict:
+    """``sources`` with the descriptor and work-counter sources named as the tensors they are without TMA / without
+    a counter (one specialization instead of two)."""
+    same = {} if tma else dict(q_rows="q", do_rows="grad_out", k_rows="k", v_rows="v")
+    if not counter:
+        same.update(kv_work="kv_off", q_work="q_off")
+    return {slot: same.get(source, source) if isinstance(source, str) else source for slot, source in sources.items()}
 
 
 class _Recipe:
@@ -634,13 +644,15 @@ class _Recipe:
     them), all three or none."""
 
     __slots__ = ("group", "device", "num_heads", "num_heads_kv", "dkdv_cfg", "dq_cfg", "schedule", "qdo_tma",
-                 "kv_tma")
+                 "kv_tma", "atomic_work")
 
-    def __init__(self, plans, device, num_heads, num_heads_kv, dkdv_cfg, dq_cfg, qdo_tma, kv_tma):
+    def __init__(self, plans, device, num_heads, num_heads_kv, dkdv_cfg, dq_cfg, qdo_tma, kv_tma, atomic_work):
         delta_plan, dkdv_plan, dq_plan = plans
-        self.group = launcher.PlanGroup(((attn_bwd_delta_kernel, delta_plan, _DELTA_SOURCES),
-                                         (attn_bwd_dkdv_kernel, dkdv_plan, _DKDV_SOURCES),
-                                         (attn_bwd_dq_kernel, dq_plan, _DQ_SOURCES)))
+        self.group = launcher.PlanGroup((
+            (attn_bwd_delta_kernel, delta_plan, _DELTA_SOURCES),
+            (attn_bwd_dkdv_kernel, dkdv_plan, _same_sources(_DKDV_SOURCES, qdo_tma, atomic_work)),
+            (attn_bwd_dq_kernel, dq_plan, _same_sources(_DQ_SOURCES, kv_tma, atomic_work))))
+        self.atomic_work = atomic_work
         self.device, self.num_heads, self.num_heads_kv = device, num_heads, num_heads_kv
         self.dkdv_cfg, self.dq_cfg, self.schedule = dkdv_cfg, dq_cfg, KNOBS.bwd_schedule  # knobs: in the key
         self.qdo_tma, self.kv_tma = qdo_tma, kv_tma
@@ -659,6 +671,8 @@ class _Recipe:
         dkdv_programs, dkdv_counter = launch_schedule(self.schedule, kv_slots * num_heads_kv,
                                                       dkdv_cfg.programs_per_sm, device)
         dq_programs, dq_counter = launch_schedule(self.schedule, q_slots * num_heads, dq_cfg.programs_per_sm, device)
+        if (dkdv_counter is not None) != self.atomic_work or (dq_counter is not None) != self.atomic_work:
+            return None  # the plans' ATOMIC_WORK (never expected: the schedule kind is keyed)
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
         lse = lse if lse.is_contiguous() else lse.contiguous()
@@ -675,5 +689,5 @@ class _Recipe:
             v_rows=rows_descriptor(v, dq_cfg.block_n) if self.kv_tma else v,
             kv_work=kv_off if dkdv_counter is None else dkdv_counter,
             q_work=q_off if dq_counter is None else dq_counter, kv_slots=kv_slots, q_slots=q_slots,
-            steps=binary_search_steps(num_seqs), num_seqs=num_seqs, rows_k=rows_k, total_out=total_out, zero=0, one=1)
+            steps=binary_search_steps(num_seqs), num_seqs=num_seqs, rows_k=rows_k, total_out=total_out)
         return (dq, dk, dv) if launched else None

@@ -301,13 +301,16 @@ class PlanGroup:
     when every source specializes as when the plans were made, launches the plans in order and returns True; else
     it launches nothing and returns False (the caller takes its full path, whose ``launch_planned`` calls re-plan).
 
-    ``launches``: ``(kernel, plan, {slot name: source name})`` per kernel, covering each plan's dynamic slots. A
-    source specializes as each of its slots does (``do_not_specialize`` differs between kernels: one
-    specialization per distinct way); the plans' own specializations give the expected ones. Generated code, as
+    ``launches``: ``(kernel, plan, {slot name: source name or constant})`` per kernel, covering each plan's dynamic
+    slots; a constant (not a str) is written into the plan's argument list once, here. A source specializes as each
+    of its slots does (``do_not_specialize`` differs between kernels: one specialization per distinct way); the
+    plans' own specializations give the expected ones; ``launch`` ignores sources no slot names. Generated code, as
     ``_Plan.refill``."""
 
     def __init__(self, launches):
         self.launches = [(_info(kernel).name, plan) for kernel, plan, _ in launches]
+        self.plans = [plan for _, plan, _ in launches]
+        self._values = [plan.values.copy() for plan in self.plans]
         sources, fills, specs, expected = [], [], {}, []
         for n, (kernel, plan, names) in enumerate(launches):
             if set(names) != set(plan.slots):
@@ -315,6 +318,12 @@ class PlanGroup:
                                  f"slots {sorted(plan.slots)}")
             for position, (slot, (index, specialize, align)) in enumerate(plan.slots.items()):
                 source = names[slot]
+                if not isinstance(source, str):  # a constant: its specialization is checked once, here
+                    if native_specialize_impl(BaseBackend, source, False, specialize, align) != plan.spec[position]:
+                        raise ValueError(f"{_info(kernel).name}: constant {slot}={source!r} specializes otherwise "
+                                         f"than the plan's")
+                    self._values[n][index] = source
+                    continue
                 if source not in sources:
                     sources.append(source)
                 fills.append(f"    v{n}[{index}] = {source}\n")
@@ -325,17 +334,16 @@ class PlanGroup:
                 elif expected[list(specs).index(way)] != plan.spec[position]:
                     raise ValueError(f"source {source} specialized two ways by plans of one signature")
         self.expected = tuple(expected)
-        copies = "".join(f"    v{n} = plans[{n}].values.copy()\n" for n in range(len(launches)))
-        params = ", ".join(sources)
+        copies = "".join(f"    v{n} = templates[{n}].copy()\n" for n in range(len(launches)))
+        params = "".join(f"{source}, " for source in sources)
         namespace = {"spec": native_specialize_impl, "B": BaseBackend}
-        exec(f"def fill(plans, {params}):\n{copies}{''.join(fills)}"  # noqa: S102 (our names)
+        exec(f"def fill(templates, {params}**unused):\n{copies}{''.join(fills)}"  # noqa: S102 (our names)
              f"    return ({', '.join(f'v{n}' for n in range(len(launches)))},), "
              f"({', '.join(specs.values())}{',' if specs else ''})\n", namespace)
         self._fill = namespace["fill"]
-        self._plans = [plan for _, plan, _ in launches]
 
     def launch(self, grids, **sources) -> bool:
-        values, spec = self._fill(self._plans, **sources)
+        values, spec = self._fill(self._values, **sources)
         if spec != self.expected:
             return False
         device = torch.cuda.current_device()
