@@ -403,14 +403,16 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
     arguments: only the tensor checks are left (the rest of ``_params``). ``fast_key``: the call's ``fast_key``,
     under which what this call checked and chose is kept for ``fast_call``."""
     impl, params, checked = _direct_call(q, k, v, q_offsets, kv_offsets, options)
+    if fast_key is not None:
+        mode = validation.validation_mode(q.device)
+        if mode == "off" or (mode in validation.DEVICE_MODES and impl.checks_offsets):  # no host-side check
+            if len(_FAST) >= _CALLS_MAX:
+                _FAST.clear()
+            try:
+                _FAST[fast_key] = impl, params, None if mode == "off" else checked, mode == "async", options
+            except TypeError:  # an unhashable argument (a list window): such calls always take the full path
+                pass
     params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
-    if fast_key is not None and (params.check_offsets or validation.validation_mode(q.device) == "off"):
-        if len(_FAST) >= _CALLS_MAX:
-            _FAST.clear()
-        try:
-            _FAST[fast_key] = impl, params, options
-        except TypeError:  # an unhashable argument (a list window): such calls always take the full path
-            pass
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
@@ -488,7 +490,10 @@ def fast_call(key: tuple, q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[T
         return None
     if hit is None:
         return None
-    impl, params, options = hit
+    impl, params, checked, coverable, options = hit
+    if checked is not None and not (coverable and validation.covered(
+            q_offsets, kv_offsets, q.shape[0], k.shape[0], params.max_seqlen_q, params.max_seqlen_kv)):
+        params = checked  # the backend checks this call's offsets on the device
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
