@@ -244,6 +244,9 @@ def test_call_memo_follows_the_registry_env_and_determinism(monkeypatch):
     assert seen == [("a", False), ("b", False), ("a", False), ("a", True)]
 
 
+_FAIL_NEXT: list = []  # fast_path's backend raises the message it pops (a forward that fails before its launches)
+
+
 @pytest.fixture
 def fast_path(monkeypatch):
     """The eager fast path on CPU: offsets "checked on the device" (validation mode async, a backend with
@@ -257,6 +260,8 @@ def fast_path(monkeypatch):
 
     def forward(q, k, v, q_offsets, kv_offsets, params):
         seen.append(params)
+        if _FAIL_NEXT:
+            raise RuntimeError(_FAIL_NEXT.pop())
         return reference.forward(q, k, v, q_offsets, kv_offsets, params)
 
     register_backend(Backend("fastspy", forward=forward, backward=reference.backward, supports=reference.supports,
@@ -408,3 +413,21 @@ def test_offsets_checked_once_per_tensor_gpu(monkeypatch):
             jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton")
     torch.cuda.current_stream().wait_stream(stream)
     assert len(flags) == 3  # the captured call kept its own check
+
+
+def test_a_failed_call_covers_nothing(fast_path, monkeypatch):
+    """A call whose backend fails before enqueueing its check leaves its offsets uncovered: the next call checks."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(validation, "_COVERED", {})
+    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    x = CASE.make_inputs(0)
+    for expect_failure in (True, False):  # the full path, then the fast path
+        _FAIL_NEXT.append("out of memory")
+        with pytest.raises(RuntimeError, match="out of memory"):
+            jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+        assert [p.check_offsets for p in fast_path[-2:]] == [True, True]
+        monkeypatch.setattr(validation, "_COVERED", {})

@@ -90,7 +90,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
 
 def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams) -> Tuple[Tensor, Tensor]:
     """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
-    return impl.forward(q, k, v, q_offsets, kv_offsets, _offsets_checked(impl, q, k, q_offsets, kv_offsets, params))
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params)
+    result = impl.forward(q, k, v, q_offsets, kv_offsets, params)
+    if params.check_offsets:
+        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    return result
+
+
+def _cover(q, k, q_offsets, kv_offsets, params: AttentionParams, coverable: bool) -> None:
+    """After a forward whose backend checked the offsets on the device (async mode): later calls with the same
+    offsets tensors need no check (``validation.covered``)."""
+    if coverable and params.check_offsets:
+        validation.cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], params.max_seqlen_q, params.max_seqlen_kv)
 
 
 def _offsets_checked(impl, q, k, q_offsets, kv_offsets, params: AttentionParams,
@@ -413,6 +424,13 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
             except TypeError:  # an unhashable argument (a list window): such calls always take the full path
                 pass
     params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
+    result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
+    if params.check_offsets:
+        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    return result
+
+
+def _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options) -> Tuple[Tensor, Tensor]:
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
@@ -494,9 +512,9 @@ def fast_call(key: tuple, q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[T
     if checked is not None and not (coverable and validation.covered(
             q_offsets, kv_offsets, q.shape[0], k.shape[0], params.max_seqlen_q, params.max_seqlen_kv)):
         params = checked  # the backend checks this call's offsets on the device
-    if needs_grad(q, k, v):
-        return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
-    return impl.forward(q, k, v, q_offsets, kv_offsets, params)
+    result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
+    _cover(q, k, q_offsets, kv_offsets, params, coverable)
+    return result
 
 
 class _DirectAttention(torch.autograd.Function):
