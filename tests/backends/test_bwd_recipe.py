@@ -258,15 +258,15 @@ def test_recipe_declines_calls_outside_its_path(gpu, monkeypatch, why):
         assert launch.LAUNCHES - before == {name: 1 for name in KERNELS}
 
 
-@pytest.mark.parametrize("where", ["interpreter", "JFA_LAUNCH_VERIFY", "tracing", "plans off", "replays off",
-                                   "switched off", "broadcast Q"])
+@pytest.mark.parametrize("where", ["interpreter", "tracing", "plans off", "replays off", "switched off",
+                                   "broadcast Q"])
 def test_no_recipe_where_the_full_path_must_run(gpu, monkeypatch, where):
-    """No recipe is looked up or made under the interpreter, JFA_LAUNCH_VERIFY=1 (the GPU suite verifies each plan
-    on the full path), tracing, launch plans or replays off, RECIPES_ENABLED off, or for broadcast Q."""
+    """No recipe is looked up or made under the interpreter, tracing, launch plans or replays off, RECIPES_ENABLED
+    off, or for broadcast Q."""
     args, params, _ = _case([30, 5, 0, 29], causal=True)
     if where == "broadcast Q":
         params = AttentionParams(scale=params.scale, broadcast_q=True)
-    setting = {"interpreter": (launch, "interpreting", lambda: True), "JFA_LAUNCH_VERIFY": (launch, "VERIFY", True),
+    setting = {"interpreter": (launch, "interpreting", lambda: True),
                "plans off": (launch, "PLANS_ENABLED", False), "replays off": (launch, "REPLAYS_ENABLED", False),
                "switched off": (attn_bwd, "RECIPES_ENABLED", False)}
     if where in setting:
@@ -276,6 +276,26 @@ def test_no_recipe_where_the_full_path_must_run(gpu, monkeypatch, where):
             assert attn_bwd._recipe_key(args[0], args[1], *args[2:6], params) is None
     else:
         assert attn_bwd._recipe_key(args[0], args[1], *args[2:6], params) is None
+
+
+def test_recipe_launches_are_verified_under_launch_verify(gpu, monkeypatch):
+    """JFA_LAUNCH_VERIFY=1 (the GPU suite): recipes still serve, and each of their launches is checked against
+    Triton's own choice of binary (launch._verify: a stand-in here) with the arguments it launches."""
+    runs, answers = gpu
+    monkeypatch.setattr(launch, "VERIFY", True)
+    checked = []
+    monkeypatch.setattr(launch, "_verify", lambda kernel, compiled, grid, values, options: checked.append(
+        (kernel.fn.__name__, grid, values, options)))
+    args, params, expected = _case([30, 5, 0, 29], causal=True)
+    _check(args, params, expected, torch.float16)
+    args, params, expected = _case([1, 40, 2], causal=True, seed=1)
+    checked.clear()
+    runs.clear()
+    _check(args, params, expected, torch.float16)
+    assert len(answers) == 1 and answers[0] is not None
+    assert [name for name, *_ in checked] == list(KERNELS)
+    assert all(c[1] == r[1] and c[2] is r[2] for c, r in zip(checked, runs))  # the grids and values launched
+    assert checked[1][3] == dict(num_warps=1, num_stages=1)  # the interpreter config's options
 
 
 def test_clear_cache_drops_the_recipes(gpu):
@@ -299,21 +319,22 @@ def test_plan_group_sources_must_name_every_dynamic_slot(gpu):
     plan = recipe.group.plans[0]
     missing = {name: source for name, source in attn_bwd._DELTA_SOURCES.items() if name != "GradLse"}
     with pytest.raises(ValueError, match="GradLse"):
-        launch.PlanGroup([(kernel, plan, missing)])
+        launch.PlanGroup([(kernel, plan, missing, {})])
     with pytest.raises(ValueError, match="stride_ot"):
-        launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, stride_ot="out"))])
+        launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, stride_ot="out"), {})])
     with pytest.raises(ValueError, match="constant zero_rows="):  # a constant must specialize as the plan's
-        launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, zero_rows=2 ** 40 + 7))])
+        launch.PlanGroup([(kernel, plan, dict(attn_bwd._DELTA_SOURCES, zero_rows=2 ** 40 + 7), {})])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim, heads", [(128, (8, 8)), (64, (4, 2))])
-def test_recipe_matches_the_full_path_gpu(monkeypatch, dtype, head_dim, heads):
-    """On the GPU, with JFA_LAUNCH_VERIFY off for this test (the recipe is off under it): the recipe serves the later
+@pytest.mark.parametrize("tma_min_rows", [0, 4096], ids=["tma", "pointers"])
+def test_recipe_matches_the_full_path_gpu(monkeypatch, dtype, head_dim, heads, tma_min_rows):
+    """On the GPU (under JFA_LAUNCH_VERIFY=1 in the suite: each recipe launch verified): the recipe serves the later
     batches of a signature and its gradients equal the full path's bit for bit (same kernels, same arguments, no
-    atomics on this path; TMA descriptors at test sizes on sm_90), and match the oracle."""
-    monkeypatch.setattr(launch, "VERIFY", False)
+    atomics on this path; TMA descriptors on sm_90 where TMA_MIN_ROWS allows), and match the oracle."""
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", tma_min_rows)  # conftest lowers it to 0 for every test
     answers = []
     real_run = attn_bwd._Recipe.run
 

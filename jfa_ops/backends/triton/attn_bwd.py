@@ -594,9 +594,9 @@ def _recipe_key(grad_out, grad_lse, q, k, v, out, params):
     tensors' dtypes, head counts, head_dim, strides (packing, row strides) and device, grad_lse's presence, the
     options the backward reads, the knobs (their generation: any flip) and the call's TMA choices (``use_tma``, from
     sizes and pointers; last in the key, where ``_full_backward`` compares them with its own). None where no recipe
-    may serve the call: broadcast Q, JFA_LAUNCH_VERIFY=1 (the full path runs there, so that the GPU suite verifies
-    each plan), and wherever ``launch.replays_enabled()`` is false (the interpreter, tracing, plans or replays off)."""
-    if not RECIPES_ENABLED or params.broadcast_q or launcher.VERIFY or not launcher.replays_enabled():
+    may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter, tracing,
+    plans or replays off). Under JFA_LAUNCH_VERIFY=1 recipes run and each launch is verified (``PlanGroup``)."""
+    if not RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
         return None
     pad_d = head_dim_consts(q.shape[2])["PAD_D"]
     qdo_tma = KNOBS.bwd_tma and q.shape[0] > 0 and use_tma(pad_d, q, grad_out, k)  # as _full_backward decides
@@ -649,9 +649,11 @@ class _Recipe:
     def __init__(self, plans, device, num_heads, num_heads_kv, dkdv_cfg, dq_cfg, qdo_tma, kv_tma, atomic_work):
         delta_plan, dkdv_plan, dq_plan = plans
         self.group = launcher.PlanGroup((
-            (attn_bwd_delta_kernel, delta_plan, _DELTA_SOURCES),
-            (attn_bwd_dkdv_kernel, dkdv_plan, _same_sources(_DKDV_SOURCES, qdo_tma, atomic_work)),
-            (attn_bwd_dq_kernel, dq_plan, _same_sources(_DQ_SOURCES, kv_tma, atomic_work))))
+            (attn_bwd_delta_kernel, delta_plan, _DELTA_SOURCES, {}),
+            (attn_bwd_dkdv_kernel, dkdv_plan, _same_sources(_DKDV_SOURCES, qdo_tma, atomic_work),
+             dict(num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages)),
+            (attn_bwd_dq_kernel, dq_plan, _same_sources(_DQ_SOURCES, kv_tma, atomic_work),
+             dict(num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages))))
         self.atomic_work = atomic_work
         self.device, self.num_heads, self.num_heads_kv = device, num_heads, num_heads_kv
         self.dkdv_cfg, self.dq_cfg, self.schedule = dkdv_cfg, dq_cfg, KNOBS.bwd_schedule  # knobs: in the key

@@ -301,18 +301,19 @@ class PlanGroup:
     when every source specializes as when the plans were made, launches the plans in order and returns True; else
     it launches nothing and returns False (the caller takes its full path, whose ``launch_planned`` calls re-plan).
 
-    ``launches``: ``(kernel, plan, {slot name: source name or constant})`` per kernel, covering each plan's dynamic
-    slots; a constant (not a str) is written into the plan's argument list once, here. A source specializes as each
+    ``launches``: ``(kernel, plan, {slot name: source name or constant}, options)`` per kernel (``options``: the
+    launch options the plan was made with), the sources covering each plan's dynamic slots; a constant (not a str) is written into the plan's argument list once, here. A source specializes as each
     of its slots does (``do_not_specialize`` differs between kernels: one specialization per distinct way); the
-    plans' own specializations give the expected ones; ``launch`` ignores sources no slot names. Generated code, as
-    ``_Plan.refill``."""
+    plans' own specializations give the expected ones; ``launch`` ignores sources no slot names. Under
+    ``JFA_LAUNCH_VERIFY=1`` each launch is checked against Triton's own choice (as ``Replay.run``). Generated code,
+    as ``_Plan.refill``. (``Replay`` fixes a launch for one call's sizes; a group takes its ints per call too.)"""
 
     def __init__(self, launches):
-        self.launches = [(_info(kernel).name, plan) for kernel, plan, _ in launches]
-        self.plans = [plan for _, plan, _ in launches]
+        self.launches = [(kernel, _info(kernel).name, plan, options) for kernel, plan, _, options in launches]
+        self.plans = [plan for _, plan, _, _ in launches]
         self._values = [plan.values.copy() for plan in self.plans]
         sources, fills, specs, expected = [], [], {}, []
-        for n, (kernel, plan, names) in enumerate(launches):
+        for n, (kernel, plan, names, _) in enumerate(launches):
             if set(names) != set(plan.slots):
                 raise ValueError(f"{_info(kernel).name}: sources {sorted(names)} do not name the plan's dynamic "
                                  f"slots {sorted(plan.slots)}")
@@ -347,7 +348,9 @@ class PlanGroup:
         if spec != self.expected:
             return False
         device = torch.cuda.current_device()
-        for (name, plan), grid, plan_values in zip(self.launches, grids, values):
+        for (kernel, name, plan, options), grid, plan_values in zip(self.launches, grids, values):
             LAUNCHES[name] += 1
+            if VERIFY:
+                _verify(kernel, plan.compiled, grid, plan_values, options)
             _run(plan.compiled, grid, plan_values, device)
         return True
