@@ -20,6 +20,10 @@ the next sequence. Keys there are masked (-inf) in the masked stages; the value 
 before use (consumer 0 does it, then both meet at named barrier 11), because p = 0 times a NaN/inf value of the
 neighbour would still poison the output (the triton kernels' rule, commit d131e1a). Outputs are stored through masked
 pointer stores, never TMA, so rows past a sequence are never written.
+
+Block-sparse attention (``block_sparse_forward``, constexpr SPARSE, v4 consumers): the same kernel, each item walking
+only the key tiles of the KV blocks its Q block selected (``_selected_item``: one pass over the selection row gives a
+contiguous range of tiles, all starting inside the sequence; the producer TMA-loads them by id).
 """
 from __future__ import annotations
 
@@ -318,7 +322,9 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
 
     SPARSE: the blocks are selected tiles sel_first .. sel_first + sel_count - 1 of the selection at ``ids``
     (``selected_tile_start``; ascending, all starting inside the sequence, so again only the last one may run past
-    its end); a tile is masked unless it lies inside the mask-free bulk. Each tile's id is read one step ahead."""
+    its end); a tile is masked when it is the first or lies outside the mask-free bulk [bulk_begin, bulk_end). Each
+    tile's id is read at the top of its iteration, before the wait for its key block (reading it one iteration
+    ahead spilled more: bench/NOTES.md "TLX block-sparse forward v1")."""
     if SPARSE:
         n_all = sel_count
         n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
