@@ -4,6 +4,7 @@ Reading offset values costs a host sync on CUDA, so the mode is chosen by env ``
 - ``sync``: read the offsets and raise ``ValueError`` naming the argument (always used for CPU tensors: free there).
 - ``async`` (default on CUDA): checked on the device, no sync; a failure is a CUDA device assert
   (``torch._assert_async``) at the next synchronization, which kills the CUDA context (the process must restart).
+  A check covers later calls with the same offsets tensors, unmodified, rows and hints on the stream (``covered``).
 - ``deferred``: checked on the device, no sync; a failure sets an error flag that ``check_pending()`` raises as a
   ``ValueError``: call it at a point of your own that syncs anyway (after a training step, before logging); a
   ``sync``-mode call also raises it first. The bad call's outputs are garbage, but the context stays usable.
@@ -16,6 +17,7 @@ into the kernel that already reads the offsets) gets ``AttentionParams.check_off
 from __future__ import annotations
 
 import os
+import weakref
 from typing import List, Optional
 
 import torch
@@ -105,10 +107,69 @@ def check_offset_values(
         elif max_seqlen_q >= 0 and q.shape[0] > max_seqlen_q:
             raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is smaller than broadcast q's rows ({q.shape[0]})")
         return False
+    if mode == "async" and covered(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv):
+        return False
     if backend_checks:
-        return True
+        return True  # the caller covers these offsets once the backend's forward has enqueued its check
     device_check(q_offsets, q.shape[0], max_seqlen_q, kv_offsets, k.shape[0], max_seqlen_kv, mode)
+    if mode == "async":
+        cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_kv)
     return False
+
+
+# Offsets an async device check has covered (``cover`` records, ``covered`` asks). Why: a model passes one offsets
+# tensor to every layer's attention, and a check's outcome is a function of the values, the row counts and the max_seqlen hints, so a repeat with the same
+# tensors, unmodified (their version counters), against the same rows and hints, on the same stream, needs no second
+# flag and assert (~10 us of host per call on the H200): the first check's device assert comes first in the stream
+# and stops everything after it. Only in async mode (deferred mode keeps the context usable after a bad batch, so
+# every call must keep its kernel's own guard), never during CUDA graph capture (a captured graph keeps its own check
+# for the values its replays copy in), never for inference tensors (no version counter).
+_COVERED: dict = {}
+_COVERED_MAX = 16  # a bound: a step passes a few offsets tensors
+
+
+def covered(q_offsets: Optional[torch.Tensor], kv_offsets: torch.Tensor, q_rows: int, kv_rows: int, max_seqlen_q: int,
+            max_seqlen_kv: int) -> bool:
+    """True when an earlier async device check (``cover``) covers these offsets for these rows and hints."""
+    key = _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seqlen_kv)
+    entry = None if key is None else _COVERED.get(key)
+    return (entry is not None and entry[0]() is kv_offsets and (q_offsets is None or entry[1]() is q_offsets)
+            and entry[2] == (kv_offsets._version, None if q_offsets is None else q_offsets._version))
+
+
+def cover(q_offsets: Optional[torch.Tensor], kv_offsets: torch.Tensor, q_rows: int, kv_rows: int, max_seqlen_q: int,
+          max_seqlen_kv: int) -> None:
+    """Record that an async device check of these offsets, rows and hints is now enqueued on the current stream
+    (call it only once the check's launches are: a call that fails before them must leave nothing covered)."""
+    key = _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seqlen_kv)
+    if key is None:
+        return
+    if len(_COVERED) >= _COVERED_MAX:
+        _COVERED.clear()
+    _COVERED[key] = (weakref.ref(kv_offsets), None if q_offsets is None else weakref.ref(q_offsets),
+                     (kv_offsets._version, None if q_offsets is None else q_offsets._version))
+
+
+def _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seqlen_kv) -> Optional[tuple]:
+    """None where no coverage applies: tensor subclasses (FakeTensors while tracing: a graph keeps its checks),
+    inference tensors (no version counter), CPU tensors, a CUDA graph capture."""
+    if (type(kv_offsets) is not torch.Tensor or not _on_cuda(kv_offsets) or kv_offsets.is_inference()
+            or (q_offsets is not None and (type(q_offsets) is not torch.Tensor or q_offsets.is_inference()))
+            or _capturing()):
+        return None
+    return (id(kv_offsets), id(q_offsets), q_rows, kv_rows, max_seqlen_q, max_seqlen_kv, _stream(kv_offsets.device))
+
+
+def _on_cuda(offsets: torch.Tensor) -> bool:
+    return offsets.device.type == "cuda"
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _stream(device: torch.device) -> int:
+    return torch._C._cuda_getCurrentRawStream(device.index)
 
 
 def device_check(q_offsets: Optional[torch.Tensor], q_rows: int, max_seqlen_q: int, kv_offsets: torch.Tensor,

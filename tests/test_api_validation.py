@@ -429,3 +429,59 @@ def test_compiled_call_raises_the_eager_error(name):
     compiled = torch.compile(lambda a: _call_api(a), fullgraph=True, dynamic=True, backend="aot_eager")
     with pytest.raises(exc, match=pattern):
         compiled(args)
+
+
+@pytest.fixture
+def coverage(monkeypatch):
+    """validation.covered on CPU tensors (as if CUDA, one stream, not capturing), from an empty record."""
+    monkeypatch.setattr(validation, "_COVERED", {})
+    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+
+
+def test_a_device_check_covers_only_the_same_unmodified_offsets(coverage):
+    """A repeat needs no check only for the same tensors, unmodified, against the same rows and max_seqlen: a new
+    tensor with equal values, an in-place change, other rows or hints, an inference tensor, or a CUDA graph capture
+    each get a check (covered() False until cover() records one)."""
+    q_off, kv_off = _t(0, 3, 8, dtype=torch.int32), _t(0, 5, 9, dtype=torch.int32)
+    args = (8, 9, -1, -1)
+    assert not validation.covered(q_off, kv_off, *args)
+    validation.cover(q_off, kv_off, *args)
+    assert validation.covered(q_off, kv_off, *args)
+    assert not validation.covered(q_off, kv_off.clone(), *args)  # equal values, another tensor
+    assert not validation.covered(q_off, kv_off, 8, 9, -1, 5) and not validation.covered(q_off, kv_off, 7, 9, -1, -1)
+    kv_off.add_(0)  # in place: the version counter moves
+    assert not validation.covered(q_off, kv_off, *args)
+    validation.cover(q_off, kv_off, *args)
+    assert validation.covered(q_off, kv_off, *args)
+    assert not validation.covered(None, kv_off, *args)  # broadcast Q: its own entry
+    validation.cover(None, kv_off, *args)
+    assert validation.covered(None, kv_off, *args)
+    with torch.inference_mode():
+        frozen = _t(0, 5, 9, dtype=torch.int32)
+    validation.cover(q_off, frozen, *args)
+    assert not validation.covered(q_off, frozen, *args)
+
+
+def test_coverage_off_while_capturing_and_outside_async(coverage, monkeypatch):
+    """No coverage during a CUDA graph capture; deferred mode neither asks nor records it; async mode's own aten
+    check (a backend that does not check offsets itself) records it once enqueued."""
+    q_off, kv_off = _t(0, 3, 8, dtype=torch.int32), _t(0, 5, 9, dtype=torch.int32)
+    validation.cover(q_off, kv_off, 8, 9, -1, -1)
+    monkeypatch.setattr(validation, "_capturing", lambda: True)
+    assert not validation.covered(q_off, kv_off, 8, 9, -1, -1)
+    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    q = torch.zeros(8, 1, 8)
+    k = torch.zeros(9, 1, 8)
+    assert validation.check_offset_values(q, k, q_off, kv_off, -1, -1, backend_checks=True)  # the backend checks
+    assert validation.check_offset_values(q, k, q_off, kv_off, -1, -1, backend_checks=True)
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    assert not validation.check_offset_values(q, k, q_off, kv_off, -1, -1, backend_checks=True)  # covered
+    fresh = kv_off.clone()
+    checks = []
+    monkeypatch.setattr(validation, "device_check", lambda *args: checks.append(args))
+    for _ in range(2):
+        validation.check_offset_values(q, k, q_off, fresh, -1, -1)  # no backend check: the aten check, once
+    assert len(checks) == 1

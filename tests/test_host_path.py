@@ -244,6 +244,9 @@ def test_call_memo_follows_the_registry_env_and_determinism(monkeypatch):
     assert seen == [("a", False), ("b", False), ("a", False), ("a", True)]
 
 
+_FAIL_NEXT: list = []  # fast_path's backend raises the message it pops (a forward that fails before its launches)
+
+
 @pytest.fixture
 def fast_path(monkeypatch):
     """The eager fast path on CPU: offsets "checked on the device" (validation mode async, a backend with
@@ -257,6 +260,8 @@ def fast_path(monkeypatch):
 
     def forward(q, k, v, q_offsets, kv_offsets, params):
         seen.append(params)
+        if _FAIL_NEXT:
+            raise RuntimeError(_FAIL_NEXT.pop())
         return reference.forward(q, k, v, q_offsets, kv_offsets, params)
 
     register_backend(Backend("fastspy", forward=forward, backward=reference.backward, supports=reference.supports,
@@ -342,3 +347,87 @@ def test_fast_path_follows_the_validation_mode_and_env(fast_path, monkeypatch):
     monkeypatch.setenv("JFA_BACKEND", "reference")
     jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True)
     assert len(fast_path) == before  # the reference backend, not fastspy
+
+
+def test_fast_path_checks_new_offsets_and_covers_repeats(fast_path, monkeypatch):
+    """In async mode a repeat with the same offsets tensors (a model's layers share them) skips its check (the
+    backend gets check_offsets=False); new offsets, or the same ones modified in place, are checked again; deferred
+    mode checks every call."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(validation, "_COVERED", {})
+    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    x = CASE.make_inputs(0)
+
+    def checks(q_offsets, kv_offsets, calls=1):
+        before = len(fast_path)
+        for _ in range(calls):
+            jfa_ops.jagged_attention(x.q, x.k, x.v, q_offsets, kv_offsets, causal=True, backend="fastspy")
+        return [p.check_offsets for p in fast_path[before:]]
+
+    assert checks(x.q_offsets, x.kv_offsets, 3) == [True, False, False]  # full path, then the fast path
+    fresh = x.kv_offsets.clone()
+    assert checks(x.q_offsets, fresh, 2) == [True, False]
+    fresh.add_(0)
+    assert checks(x.q_offsets, fresh) == [True]
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    assert checks(x.q_offsets, fresh, 2) == [True, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_offsets_checked_once_per_tensor_gpu(monkeypatch):
+    """On the GPU in async mode: the first call with an offsets tensor checks it (one device flag), repeats with the
+    same tensor do not, a new tensor is checked, and a call captured into a CUDA graph keeps its check; every output
+    matches the float64 oracle."""
+    from jfa_ops import validation
+    from jfa_ops.testing import reference_attention
+
+    monkeypatch.delenv("JFA_VALIDATE", raising=False)
+    monkeypatch.setattr(validation, "_COVERED", {})
+    flags = []
+    real = validation.device_flag
+    monkeypatch.setattr(validation, "device_flag", lambda ok, mode: flags.append(mode) or real(ok, mode))
+    off = torch.tensor([0, 40, 41, 97], device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(97, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    want = reference_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), off.cpu(), off.cpu(),
+                               causal=True)[0]
+
+    def call(offsets):
+        out = jfa_ops.jagged_attention(q, k, v, offsets, offsets, causal=True, backend="triton")
+        assert_attention_close(out.cpu(), want, dtype=q.dtype, kind="forward", name="out")
+        return out
+
+    for _ in range(3):
+        call(off)
+    assert len(flags) == 1
+    call(off.clone())
+    assert len(flags) == 2
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton")
+    torch.cuda.current_stream().wait_stream(stream)
+    assert len(flags) == 3  # the captured call kept its own check
+
+
+def test_a_failed_call_covers_nothing(fast_path, monkeypatch):
+    """A call whose backend fails before enqueueing its check leaves its offsets uncovered: the next call checks."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(validation, "_COVERED", {})
+    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    x = CASE.make_inputs(0)
+    for expect_failure in (True, False):  # the full path, then the fast path
+        _FAIL_NEXT.append("out of memory")
+        with pytest.raises(RuntimeError, match="out of memory"):
+            jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
+        assert [p.check_offsets for p in fast_path[-2:]] == [True, True]
+        monkeypatch.setattr(validation, "_COVERED", {})

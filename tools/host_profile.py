@@ -117,6 +117,8 @@ def main():
          _no_replays(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
         ("  the same without launch plans (launch.PLANS_ENABLED = False: A/B in one run)",
          _no_plans(lambda: attn_fwd.attention_forward(q, k, v, off, off, checked))),
+        ("jagged_attention no grad, every call's offsets checked (validation.covered off: A/B)", _uncovered(no_grad(
+            lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("jagged_attention no grad, without the forward's replays", _no_replays(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
         ("jagged_attention no grad, without the fast path and call memo (ops.attention.CALL_CACHE = False: A/B)",
@@ -212,6 +214,20 @@ def _no_plans(fn):
     from jfa_ops.backends.triton import launch
 
     return _switched_off(launch, "PLANS_ENABLED", fn)
+
+
+def _uncovered(fn):
+    """fn with every call's offsets checked on the device (as for a new offsets tensor each call)."""
+    from jfa_ops import validation
+
+    def run():
+        covered = validation.covered
+        validation.covered = lambda *args: False
+        try:
+            return fn()
+        finally:
+            validation.covered = covered
+    return run
 
 
 def _no_replays(fn):

@@ -90,7 +90,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
 
 def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams) -> Tuple[Tensor, Tensor]:
     """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
-    return impl.forward(q, k, v, q_offsets, kv_offsets, _offsets_checked(impl, q, k, q_offsets, kv_offsets, params))
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params)
+    result = impl.forward(q, k, v, q_offsets, kv_offsets, params)
+    if params.check_offsets:
+        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    return result
+
+
+def _cover(q, k, q_offsets, kv_offsets, params: AttentionParams, coverable: bool) -> None:
+    """After a forward whose backend checked the offsets on the device (async mode): later calls with the same
+    offsets tensors need no check (``validation.covered``)."""
+    if coverable and params.check_offsets:
+        validation.cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], params.max_seqlen_q, params.max_seqlen_kv)
 
 
 def _offsets_checked(impl, q, k, q_offsets, kv_offsets, params: AttentionParams,
@@ -403,14 +414,23 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
     arguments: only the tensor checks are left (the rest of ``_params``). ``fast_key``: the call's ``fast_key``,
     under which what this call checked and chose is kept for ``fast_call``."""
     impl, params, checked = _direct_call(q, k, v, q_offsets, kv_offsets, options)
+    if fast_key is not None:
+        mode = validation.validation_mode(q.device)
+        if mode == "off" or (mode in validation.DEVICE_MODES and impl.checks_offsets):  # no host-side check
+            if len(_FAST) >= _CALLS_MAX:
+                _FAST.clear()
+            try:
+                _FAST[fast_key] = impl, params, None if mode == "off" else checked, mode == "async", options
+            except TypeError:  # an unhashable argument (a list window): such calls always take the full path
+                pass
     params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
-    if fast_key is not None and (params.check_offsets or validation.validation_mode(q.device) == "off"):
-        if len(_FAST) >= _CALLS_MAX:
-            _FAST.clear()
-        try:
-            _FAST[fast_key] = impl, params, options
-        except TypeError:  # an unhashable argument (a list window): such calls always take the full path
-            pass
+    result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
+    if params.check_offsets:
+        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    return result
+
+
+def _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options) -> Tuple[Tensor, Tensor]:
     if needs_grad(q, k, v):
         return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
@@ -488,10 +508,13 @@ def fast_call(key: tuple, q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[T
         return None
     if hit is None:
         return None
-    impl, params, options = hit
-    if needs_grad(q, k, v):
-        return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
-    return impl.forward(q, k, v, q_offsets, kv_offsets, params)
+    impl, params, checked, coverable, options = hit
+    if checked is not None and not (coverable and validation.covered(
+            q_offsets, kv_offsets, q.shape[0], k.shape[0], params.max_seqlen_q, params.max_seqlen_kv)):
+        params = checked  # the backend checks this call's offsets on the device
+    result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
+    _cover(q, k, q_offsets, kv_offsets, params, coverable)
+    return result
 
 
 class _DirectAttention(torch.autograd.Function):
