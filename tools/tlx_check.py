@@ -120,18 +120,20 @@ def fixed_cases():
     return out
 
 
-def random_cases(n: int, seed: int = 0):
+def random_cases(n: int, seed: int = 0, max_seqs: int = 8, max_len: int = 700, max_lq: int = 300, max_kv_heads: int = 3,
+                 max_group: int = 3, head_dims=(64, 128, 256), max_window: int = 200):
     rng = np.random.default_rng(seed)
     for i in range(n):
-        b = int(rng.integers(1, 9))
-        kv = tuple(int(x) for x in rng.integers(0, 700, size=b))
+        b = int(rng.integers(1, max_seqs + 1))
+        kv = tuple(int(x) for x in rng.integers(0, max_len, size=b))
         bq = rng.random() < 0.2
-        q = (int(rng.integers(1, 300)),) if bq else (kv if rng.random() < 0.6 else
-                                                     tuple(int(x) for x in rng.integers(0, 700, size=b)))
-        hkv = int(rng.integers(1, 4))
-        d = int(rng.choice([64, 128, 256]))
-        win = (int(rng.integers(-1, 200)), int(rng.integers(-1, 200))) if rng.random() < 0.25 else (-1, -1)
-        case = AttentionCase(q, kv, heads_q=hkv * int(rng.integers(1, 4)), heads_kv=hkv, head_dim=d,
+        q = (int(rng.integers(1, max_lq)),) if bq else (kv if rng.random() < 0.6 else
+                                                        tuple(int(x) for x in rng.integers(0, max_len, size=b)))
+        hkv = int(rng.integers(1, max_kv_heads + 1))
+        d = int(rng.choice(head_dims))
+        win = (int(rng.integers(-1, max_window)), int(rng.integers(-1, max_window))) if rng.random() < 0.25 \
+            else (-1, -1)
+        case = AttentionCase(q, kv, heads_q=hkv * int(rng.integers(1, max_group + 1)), heads_kv=hkv, head_dim=d,
                              dtype=[torch.float16, torch.bfloat16][int(rng.integers(0, 2))], device="cuda",
                              causal=bool(rng.random() < 0.5), window=win, broadcast_q=bq,
                              scale=None if rng.random() < 0.7 else float(rng.choice([0.5, 2.0])) * d ** -0.5,
@@ -247,9 +249,20 @@ def graph_ms(fn) -> float:
     return triton.testing.do_bench(graph.replay, warmup=10, rep=50, return_mode="median")
 
 
-def timing() -> int:
+def median_ms(fn, what: str, graph: bool = False):
+    """Forward median ms of ``fn`` without autograd (``graph``: replayed from a CUDA graph), or None after printing
+    why it failed (``what``: the case and column)."""
     import triton.testing
 
+    try:
+        with torch.no_grad():
+            return graph_ms(fn) if graph else triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    except Exception as e:  # noqa: BLE001
+        print(f"  {what}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return None
+
+
+def timing() -> int:
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
@@ -282,21 +295,17 @@ def timing() -> int:
         for col in cols:
             backend = col.split()[0]
             faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hung kernel: the rows so far are printed
-            try:
-                fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
-                    x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
-                    broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-                    backend=backend)
-                configs.ONE_LOOP = col.endswith("v4")
-                with torch.no_grad():
-                    ms = graph_ms(fn) if col.endswith("graph") else \
-                        triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                row[col] = case.flops("fwd") / ms / 1e9
-            except Exception as e:  # noqa: BLE001
+            fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
+                x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+                broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+                backend=backend)
+            configs.ONE_LOOP = col.endswith("v4")
+            ms = median_ms(fn, f"{case.label} {col}", graph=col.endswith("graph"))
+            configs.ONE_LOOP = one_loop
+            if ms is None:
                 failures += 1
-                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            finally:
-                configs.ONE_LOOP = one_loop
+            else:
+                row[col] = case.flops("fwd") / ms / 1e9
         faulthandler.cancel_dump_traceback_later()
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.label:40s} " + " ".join(f"{t:10.1f}" for t in v) + f" {v[0] / v[1]:10.2f}"
@@ -366,22 +375,14 @@ def sparse_fixed_cases():
 
 
 def sparse_random_cases(n: int, seed: int = 5):
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        b = int(rng.integers(1, 7))
-        kv = tuple(int(x) for x in rng.integers(0, 1500, size=b))
-        bq = rng.random() < 0.2
-        q = (int(rng.integers(1, 400)),) if bq else (kv if rng.random() < 0.6 else
-                                                     tuple(int(x) for x in rng.integers(0, 1500, size=b)))
-        hkv = int(rng.integers(1, 3))
-        d = int(rng.choice([64, 128]))
-        win = (int(rng.integers(-1, 400)), int(rng.integers(-1, 400))) if rng.random() < 0.25 else (-1, -1)
-        case = AttentionCase(q, kv, heads_q=hkv * int(rng.integers(1, 3)), heads_kv=hkv, head_dim=d,
-                             dtype=[torch.float16, torch.bfloat16][int(rng.integers(0, 2))], device="cuda",
-                             causal=bool(rng.random() < 0.5), window=win, broadcast_q=bq)
+    """``random_cases`` over longer sequences (several 128-blocks) at the head dims the sparse forward runs, with
+    128/256-blocks and keep 0.25, 0.5 or a random selection (blocks visible or not)."""
+    rng = np.random.default_rng(seed + 1)
+    for name, case in random_cases(n, seed, max_seqs=6, max_len=1500, max_lq=400, max_kv_heads=2, max_group=2,
+                                   head_dims=(64, 128), max_window=400):
         block = int(rng.choice([128, 128, 256]))
         keep = [None, 0.25, 0.5][int(rng.integers(0, 3))]
-        yield f"sparse random {i}", BlockSparseCase(case, block, block, keep_ratio=keep)
+        yield f"sparse {name}", BlockSparseCase(case, block, block, keep_ratio=keep)
 
 
 def sparse_correctness() -> int:
@@ -407,8 +408,6 @@ def sparse_correctness() -> int:
 def sparse_timing() -> int:
     """Forward ms and dense-equivalent TFLOP/s on the bench's sparse batch, one selection per case for every
     column."""
-    import triton.testing
-
     from bench.peers import make_peer
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
@@ -436,16 +435,14 @@ def sparse_timing() -> int:
         for col in cols:
             faulthandler.dump_traceback_later(HANG_S, exit=True)
             before = configs.KV_MAJOR
-            try:
-                if col == "tlx alt order":  # the order fwd_choices does not pick for this case
-                    configs.KV_MAJOR = case.causal
-                with torch.no_grad():
-                    ms[col] = triton.testing.do_bench(fns[col], warmup=25, rep=100, return_mode="median")
-            except Exception as e:  # noqa: BLE001
+            if col == "tlx alt order":  # the order fwd_choices does not pick for this case
+                configs.KV_MAJOR = case.causal
+            t = median_ms(fns[col], f"{case.label} {col}")
+            configs.KV_MAJOR = before
+            if t is None:
                 failures += 1
-                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            finally:
-                configs.KV_MAJOR = before
+            else:
+                ms[col] = t
         faulthandler.cancel_dump_traceback_later()
         nan = float("nan")
         cells = [f"{case.flops('fwd') / ms[c] / 1e9:7.1f} ({ms[c]:6.3f})" if c in ms else f"{'-':>18s}" for c in cols]
@@ -462,13 +459,15 @@ def sparse_timing() -> int:
         faulthandler.dump_traceback_later(4 * HANG_S, exit=True)  # its BlockMask and kernels compile first
         try:
             fn = flex.prepare(case, x).fn
-            with torch.no_grad():
-                flex_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-            print(f"{case.label:34s} {case.flops('fwd') / flex_ms / 1e9:7.1f} ({flex_ms:6.3f}) {flex_ms / ours:9.2f}",
-                  flush=True)
         except Exception as e:  # noqa: BLE001
-            failures += 1
+            fn = None
             print(f"  {case.label} flex: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        flex_ms = None if fn is None else median_ms(fn, f"{case.label} flex")
+        if flex_ms is None:
+            failures += 1
+            continue
+        print(f"{case.label:34s} {case.flops('fwd') / flex_ms / 1e9:7.1f} ({flex_ms:6.3f}) {flex_ms / ours:9.2f}",
+              flush=True)
     faulthandler.cancel_dump_traceback_later()
     return failures
 

@@ -31,8 +31,8 @@ MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
 MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 # The block-sparse forward ("sparse-fwd-*": SPARSE on the v4 consumers), stores + loads: D64 0; D128 full 24,
 # broadcast-Q 24, causal 112, blocks 256 160 (per work item, around its first block: none in the block loop), from
-# offsets without FMA 352, fp16 causal + left window 420 (registers spilled inside the block loop, around the
-# masked softmax; bench/NOTES.md "TLX block-sparse forward v1").
+# offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
+# branch; bench/NOTES.md "TLX block-sparse forward v1").
 MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),

@@ -20,6 +20,10 @@ the next sequence. Keys there are masked (-inf) in the masked stages; the value 
 before use (consumer 0 does it, then both meet at named barrier 11), because p = 0 times a NaN/inf value of the
 neighbour would still poison the output (the triton kernels' rule, commit d131e1a). Outputs are stored through masked
 pointer stores, never TMA, so rows past a sequence are never written.
+
+Block-sparse attention (``block_sparse_forward``, constexpr SPARSE, v4 consumers): the same kernel, each item walking
+only the key tiles of the KV blocks its Q block selected (``_selected_item``: one pass over the selection row gives a
+contiguous range of tiles, all starting inside the sequence; the producer TMA-loads them by id).
 """
 from __future__ import annotations
 
@@ -318,7 +322,9 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
 
     SPARSE: the blocks are selected tiles sel_first .. sel_first + sel_count - 1 of the selection at ``ids``
     (``selected_tile_start``; ascending, all starting inside the sequence, so again only the last one may run past
-    its end); a tile is masked unless it lies inside the mask-free bulk. Each tile's id is read one step ahead."""
+    its end); a tile is masked when it is the first or lies outside the mask-free bulk [bulk_begin, bulk_end). Each
+    tile's id is read at the top of its iteration, before the wait for its key block (reading it one iteration
+    ahead spilled more: bench/NOTES.md "TLX block-sparse forward v1")."""
     if SPARSE:
         n_all = sel_count
         n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
@@ -656,11 +662,16 @@ def _kernel_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, params, pipeli
         ONE_LOOP=one_loop)
 
 
-def _uniform(params, num_seqs: int, total_kv: int, total_out: int) -> bool:
-    """Every sequence has the same length (a dense batch), known without reading the offsets: the max_seqlen hints
-    times B cover the rows."""
-    return params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == total_kv and (
+def _call_setup(q, k, v, params, num_seqs: int, total_out: int):
+    """(q, k, v TMA-ready, config, window_bounds, fwd_choices) of a call that launches the kernel. ``uniform``: every
+    sequence has the same length (a dense batch), known without reading the offsets: the max_seqlen hints times B
+    cover the rows."""
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    cfg = fwd_config(q.shape[2])
+    bounds = window_bounds(params.causal, params.window_left, params.window_right)  # has_left, left, has_right, right
+    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
+    return q, k, v, cfg, bounds, fwd_choices(cfg, bounds[0] or bounds[2], params.broadcast_q, uniform)
 
 
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
@@ -684,11 +695,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
             validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         return out, lse
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    cfg = fwd_config(head_dim)
-    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    pipeline, kv_major, one_loop = fwd_choices(cfg, has_left or has_right, params.broadcast_q,
-                                               _uniform(params, num_seqs, k.shape[0], total_out))
+    q, k, v, cfg, (has_left, window_left, has_right, right), (pipeline, kv_major, one_loop) = _call_setup(
+        q, k, v, params, num_seqs, total_out)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     programs, schedule = tile_schedule(
@@ -721,11 +729,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    cfg = fwd_config(head_dim)
-    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    _, kv_major, _ = fwd_choices(cfg, has_left or has_right, params.broadcast_q,
-                                 _uniform(params, num_seqs, k.shape[0], total_out))
+    q, k, v, cfg, (has_left, window_left, has_right, right), (_, kv_major, _) = _call_setup(
+        q, k, v, params, num_seqs, total_out)
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
         raise ValueError(f"kv_block_index has {index.numel()} entries: too many for the tlx block-sparse forward "

@@ -117,24 +117,17 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, fma_softmax=False)
     yield fwd_specialization(128, "bf16", True, uniform=True)  # dense causal: kv-major
     yield fwd_specialization(128, "bf16", False, pipeline=True)  # configs.PIPELINE = True (the tools' comparison)
-    # configs.ONE_LOOP (the v4 consumers: D64/D128), what fwd_choices picks with it on
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield fwd_specialization(head_dim, "bf16", causal, one_loop=True)
-    yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=True)
-    yield fwd_specialization(128, "bf16", False, broadcast_q=True, one_loop=True)
-    yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, one_loop=True)
-    yield fwd_specialization(128, "bf16", True, uniform=True, one_loop=True)
-    # the block-sparse forward (SPARSE, v4 consumers): D64/D128, 128 x 128 blocks (select_kv_blocks' default), one
-    # per feature the kernel branches on, and block sizes of several tiles
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield fwd_specialization(head_dim, "bf16", causal, sparse=True)
-    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True)
-    yield fwd_specialization(128, "bf16", False, broadcast_q=True, sparse=True)
-    yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, sparse=True)
-    yield fwd_specialization(128, "bf16", True, uniform=True, sparse=True)  # kv-major
-    yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)
+    # configs.ONE_LOOP (the v4 consumers: D64/D128), what fwd_choices picks with it on; the block-sparse forward
+    # (SPARSE, on the v4 consumers) for the same features, 128 x 128 blocks (select_kv_blocks' default)
+    for variant in (dict(one_loop=True), dict(sparse=True)):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                yield fwd_specialization(head_dim, "bf16", causal, **variant)
+        yield fwd_specialization(128, "fp16", True, has_left=True, **variant)
+        yield fwd_specialization(128, "bf16", False, broadcast_q=True, **variant)
+        yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, **variant)
+        yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
+    yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)  # blocks of several tiles
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal)

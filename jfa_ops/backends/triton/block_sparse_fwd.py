@@ -56,13 +56,9 @@ def selected_tiles_split(ids, count, lead_limit, bulk_limit, BLOCK: tl.constexpr
         lead = count * 0
         bulk = count * 0
         for j0 in range(0, loop_bound(count), IDS_CHUNK):
-            j = j0 + tl.arange(0, IDS_CHUNK)
-            used = j < count
-            first = tl.load(ids + j, mask=used, other=0) * BLOCK
-            lead += tl.sum(tl.where(used, tl.minimum(tl.maximum(lead_limit - first, 0) // TILE, BLOCK // TILE), 0),
-                           0)
-            bulk += tl.sum(tl.where(used, tl.minimum(tl.maximum(bulk_limit - first, 0) // TILE, BLOCK // TILE), 0),
-                           0)
+            used, first = _ids_chunk(ids, j0, count, BLOCK)
+            lead += tl.sum(tl.where(used, _tiles_below(lead_limit, first, BLOCK, TILE), 0), 0)
+            bulk += tl.sum(tl.where(used, _tiles_below(bulk_limit, first, BLOCK, TILE), 0), 0)
     else:
         lead = _selected_tiles_below(ids, count, lead_limit, BLOCK, TILE)
         bulk = _selected_tiles_below(ids, count, bulk_limit, BLOCK, TILE)
@@ -73,11 +69,24 @@ def selected_tiles_split(ids, count, lead_limit, bulk_limit, BLOCK: tl.constexpr
 def _selected_tiles_below(ids, count, limit, BLOCK: tl.constexpr, TILE: tl.constexpr):
     below = count * 0
     for j0 in range(0, loop_bound(count), IDS_CHUNK):
-        j = j0 + tl.arange(0, IDS_CHUNK)
-        block = tl.load(ids + j, mask=j < count, other=0)
-        tiles = tl.minimum(tl.maximum(limit - block * BLOCK, 0) // TILE, BLOCK // TILE)
-        below += tl.sum(tl.where(j < count, tiles, 0), 0)
+        used, first = _ids_chunk(ids, j0, count, BLOCK)
+        below += tl.sum(tl.where(used, _tiles_below(limit, first, BLOCK, TILE), 0), 0)
     return below
+
+
+@triton.jit
+def _ids_chunk(ids, j0, count, BLOCK: tl.constexpr):
+    """(used, first row of each block) of selected ids j0 .. j0 + IDS_CHUNK - 1 (used: j < count)."""
+    j = j0 + tl.arange(0, IDS_CHUNK)
+    used = j < count
+    return used, tl.load(ids + j, mask=used, other=0) * BLOCK
+
+
+@triton.jit
+def _tiles_below(limit, first, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """How many TILE-row tiles of a BLOCK-row block starting at ``first`` end at or below ``limit``: floor((limit -
+    first) / TILE) clamped to [0, BLOCK // TILE]."""
+    return tl.minimum(tl.maximum(limit - first, 0) // TILE, BLOCK // TILE)
 
 
 @triton.jit
@@ -88,15 +97,12 @@ def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TIL
     before them, tiles at or past key_end after. key_begin a multiple of TILE (``stage_bounds``' lead_begin);
     key_end <= the sequence's keys (its hi_any), so every tile of the range starts inside the sequence and only the
     last one may run past its end. One pass over the ids (the TLX forward's walk, ``tlx/attn_fwd.py``)."""
-    TILES: tl.constexpr = BLOCK // TILE
     first = count * 0
     n = count * 0
     for j0 in range(0, loop_bound(count), IDS_CHUNK):
-        j = j0 + tl.arange(0, IDS_CHUNK)
-        used = j < count
-        start = tl.load(ids + j, mask=used, other=0) * BLOCK
-        below = tl.minimum(tl.maximum(key_begin - start, 0) // TILE, TILES)  # this block's tiles below key_begin
-        inside = tl.minimum(tl.maximum(key_end - start + TILE - 1, 0) // TILE, TILES)  # ... starting below key_end
+        used, start = _ids_chunk(ids, j0, count, BLOCK)
+        below = _tiles_below(key_begin, start, BLOCK, TILE)  # this block's tiles below key_begin
+        inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)  # ... starting below key_end
         first += tl.sum(tl.where(used, below, 0), 0)
         n += tl.sum(tl.where(used, tl.maximum(inside - below, 0), 0), 0)
     return first, n
