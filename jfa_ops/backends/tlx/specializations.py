@@ -106,6 +106,16 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 
 
 def shipped_specializations() -> Iterator[Specialization]:
+    """Every compiled variant the backend can launch, once each (by name: the variant lists below overlap where the
+    per-call choices already pick a variant)."""
+    seen = set()
+    for spec in _specializations():
+        if spec.name not in seen:
+            seen.add(spec.name)
+            yield spec
+
+
+def _specializations() -> Iterator[Specialization]:
     for head_dim in (64, 128, 256):
         for causal in (False, True):
             yield fwd_specialization(head_dim, "bf16", causal)
@@ -116,10 +126,11 @@ def shipped_specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", True, from_offsets=True)
     yield fwd_specialization(128, "bf16", False, fma_softmax=False)
     yield fwd_specialization(128, "bf16", True, uniform=True)  # dense causal: kv-major
-    yield fwd_specialization(128, "bf16", False, pipeline=True)  # configs.PIPELINE = True (the tools' comparison)
-    # configs.ONE_LOOP (the v4 consumers: D64/D128), what fwd_choices picks with it on; the block-sparse forward
-    # (SPARSE, on the v4 consumers) for the same features, 128 x 128 blocks (select_kv_blocks' default)
-    for variant in (dict(one_loop=True), dict(sparse=True)):
+    yield fwd_specialization(128, "bf16", False, pipeline=True, one_loop=False)  # configs.PIPELINE = True (tools)
+    # The v3 consumers (configs.ONE_LOOP = False: broadcast-Q's default, JFA_TLX_FWD_ONE_LOOP=0) where the calls above
+    # pick v4; the block-sparse forward (SPARSE, on the v4 consumers) for the same features, 128 x 128 blocks
+    # (select_kv_blocks' default)
+    for variant in (dict(one_loop=False), dict(sparse=True)):
         for head_dim in (64, 128):
             for causal in (False, True):
                 yield fwd_specialization(head_dim, "bf16", causal, **variant)
