@@ -256,9 +256,11 @@ def test_triton_kernels_are_graph_nodes(default_graphs, shapes):
     assert graphs["outputs"] == [2, 3]
     kernels = lambda calls: [c for c in calls if c.startswith("kernel:")]  # noqa: E731
     fwd, bwd = kernels(graphs["forward"]), kernels(graphs["backward"])
-    assert fwd[-1] == "kernel:attn_fwd_kernel" and set(fwd) <= {"kernel:attn_fwd_kernel", "kernel:tile_slots_kernel"}
-    assert [c for c in bwd if c != "kernel:tile_slots_kernel"] == [
+    lists = {"kernel:tile_slots_kernel", "kernel:rank_tiles_kernel"}  # the tile lists (dynamic sizes)
+    assert fwd[-1] == "kernel:attn_fwd_kernel" and set(fwd) <= {"kernel:attn_fwd_kernel"} | lists
+    assert [c for c in bwd if c not in lists] == [
         "kernel:attn_bwd_delta_kernel", "kernel:attn_bwd_dkdv_kernel", "kernel:attn_bwd_dq_kernel"]
+    assert "aten.sort.stable" not in graphs["forward"] + graphs["backward"]  # ordered by the rank kernel
     assert not any(c.startswith("jfa.") for c in graphs["forward"] + graphs["backward"])
     assert "aten._assert_async.msg" in graphs["forward"]  # JFA_VALIDATE=async: the device check is in the graph
     if shapes == "static":  # one wave known from shapes: no tile list, no sort
