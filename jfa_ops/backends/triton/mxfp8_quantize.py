@@ -76,10 +76,13 @@ def _encode(x, shared, bad, HW_CVT: tl.constexpr):
         data = (x * inv_scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
         # The interpreter: fp32 subnormal x (from bf16/fp32 inputs) never enter arithmetic (numpy may flush them):
-        # x = m * 2**-149, so x * 2**127 = m * 2**-22 when shared = -127; under any larger scale it rounds to 0
-        # anyway. Sign kept (-0).
+        # x = m * 2**-149, so x * 2**-shared = m * 2**(-149 - shared), exact for shared <= -23 (the factor a normal
+        # power of two); larger scales put it below 2**-10, which E4M3 rounds to 0. It was m * 2**-22 at shared ==
+        # -127 only: a block of subnormals whose maximum is just above them (shared -126..-117) lost its values
+        # (hypothesis, stop 19). Sign kept (-0).
         xb = x.to(tl.int32, bitcast=True)
-        tiny = tl.where(shared == -127, (xb & 0x7FFFFF).to(tl.float32) * 2.384185791015625e-07, 0.0)  # 2**-22
+        factor = ((-22 - shared) << 23).to(tl.float32, bitcast=True)  # 2**(-149 - shared) for shared <= -23
+        tiny = tl.where(shared <= -23, (xb & 0x7FFFFF).to(tl.float32) * factor, 0.0)
         tiny = (tiny.to(tl.int32, bitcast=True) | (xb & -2147483648)).to(tl.float32, bitcast=True)
         y = tl.where((xb & 0x7F800000) == 0, tiny, x * inv_scale)
         data = _e4m3_bits(tl.minimum(tl.maximum(y, -448.0), 448.0))
