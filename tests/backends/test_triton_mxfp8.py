@@ -327,3 +327,15 @@ def test_variants_broken_on_the_gpu_are_refused_there():
         mxfp8_attn_fwd.checked_variant("fp8dot", torch.device("cuda"))
     assert mxfp8_attn_fwd.checked_variant("fp8dot", torch.device("cpu")) == "fp8dot"
     assert mxfp8_attn_fwd.checked_variant("bf16smem", torch.device("cuda")) == "bf16smem"
+
+
+@pytest.mark.parametrize("rounding", ["floor", "rceil"])
+def test_quantize_subnormals_under_a_small_normal_maximum(rounding):
+    """A block whose maximum is a small normal number (2**-110: shared exponent -118) and whose other elements are
+    fp32 subnormals that E4M3 still represents after scaling (2**-127 -> 2**-9): bit-exact against the spec (the
+    interpreter path kept such subnormals only at shared exponent -127 before stop 19's fix)."""
+    x = torch.zeros(1, 1, 32)
+    x[0, 0, 0] = 2.0 ** -110
+    x[0, 0, 1:9] = torch.tensor([2.0 ** -127, -(2.0 ** -127), 3 * 2.0 ** -128, 2.0 ** -126 - 2.0 ** -149, 2.0 ** -149,
+                                 2.0 ** -128, 5 * 2.0 ** -130, -(2.0 ** -128)])
+    assert_bit_exact(x.to(DEVICE), torch.tensor([0, 1]).to(DEVICE), (1, 32), rounding, "triton")
