@@ -414,8 +414,8 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
     arguments: only the tensor checks are left (the rest of ``_params``). ``fast_key``: the call's ``fast_key``,
     under which what this call checked and chose is kept for ``fast_call``."""
     impl, params, checked = _direct_call(q, k, v, q_offsets, kv_offsets, options)
+    mode = validation.validation_mode(q.device)
     if fast_key is not None:
-        mode = validation.validation_mode(q.device)
         if mode == "off" or (mode in validation.DEVICE_MODES and impl.checks_offsets):  # no host-side check
             if len(_FAST) >= _CALLS_MAX:
                 _FAST.clear()
@@ -425,8 +425,7 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
                 pass
     params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
     result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
-    if params.check_offsets:
-        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    _cover(q, k, q_offsets, kv_offsets, params, mode == "async")
     return result
 
 
@@ -486,11 +485,7 @@ _FAST: dict = {}
 def fast_key(q, k, v, q_offsets, kv_offsets, options: tuple) -> Optional[tuple]:
     """The fast path's key of a ``jagged_attention`` call (``options``: its other arguments, as passed), or None
     where the call must take the full path."""
-    if torch.compiler.is_compiling() or not (
-            CALL_CACHE and EAGER_DIRECT and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-            and type(kv_offsets) is Tensor and (q_offsets is None or type(q_offsets) is Tensor)
-            and forward_ad._current_level < 0 and torch._C._len_torch_dispatch_stack() == 0
-            and torch._C._functorch.peek_interpreter_stack() is None and not torch._C._is_any_autocast_enabled()):
+    if not (CALL_CACHE and eager_direct(q, k, v, q_offsets, kv_offsets) and forward_ad._current_level < 0):
         return None
     window = options[3]
     return (q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device, _metadata(q_offsets),
