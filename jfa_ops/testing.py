@@ -1035,3 +1035,60 @@ def reference_mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tens
         dk[k0:k1] += (scale * torch.einsum("hij,ihd->jhd", ds, qd[q0:q1])).unflatten(1, (heads_kv, group)).sum(2)
         dv[k0:k1] += dv_h.unflatten(1, (heads_kv, group)).sum(2)
     return dq.to(q.device), dk.to(q.device), dv.to(q.device)
+
+
+def rebased_mxfp8_attention_model(rebased, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                                  scale: Optional[float] = None, causal: bool = False,
+                                  window: Sequence[int] = (-1, -1), broadcast_q: bool = False,
+                                  block_n: int = 128) -> Tuple[Tensor, Tensor]:
+    """Float64 model of the TLX MXFP8 forward's arithmetic (``backends/tlx/mxfp8_attn_fwd.py``) on its re-based
+    operands ``rebased = (qr, q_factors, kr, k_factors, vt, v_factors)`` (``backends/triton/mxfp8_rebase.py``):
+    per sequence and key tile of ``block_n``: s = (Qr Kr^T) x row x key factors x scale / ln 2, an integer running
+    maximum m, P x 2**8 = 2**(s - m + 8) rounded to E4M3 (nearest even), P V through the tile's V^T times its
+    column factors, out = sum / (sum of the rounded P / 2**8), lse from the unrounded P. (out, lse) float64. It
+    pins what the kernel computes (a GPU result within fp32 rounding of it); the issue's bound is checked against
+    ``reference_mxfp8_attention``."""
+    qr, qf, kr, kf, vt, vf = (t.detach().cpu() for t in rebased)
+    heads_q, head_dim = qr.shape[1], qr.shape[2]
+    heads_kv = kr.shape[1]
+    group = heads_q // heads_kv
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    qk = scale / math.log(2)
+    kv_bounds = [int(x) for x in kv_offsets.tolist()]
+    q_bounds = None if broadcast_q else [int(x) for x in q_offsets.tolist()]
+    num_seqs = len(kv_bounds) - 1
+    total_out = num_seqs * qr.shape[0] if broadcast_q else qr.shape[0]
+    out = torch.zeros(total_out, heads_q, head_dim, dtype=torch.float64)
+    lse = torch.full((heads_q, total_out), -math.inf, dtype=torch.float64)
+    for b in range(num_seqs):
+        q0, q1 = (0, qr.shape[0]) if broadcast_q else (q_bounds[b], q_bounds[b + 1])
+        o0 = b * qr.shape[0] if broadcast_q else q0
+        k0, k1 = kv_bounds[b], kv_bounds[b + 1]
+        len_q, len_k = q1 - q0, k1 - k0
+        if len_q == 0 or len_k == 0:
+            continue
+        visible = visible_mask(len_q, len_k, causal, window)
+        tile0 = k0 // block_n + b
+        for h in range(heads_q):
+            hk = h // group
+            s = (qr[q0:q1, h].double() @ kr[k0:k1, hk].double().T) * kf[hk, k0:k1].double()[None, :] \
+                * (qf[h, q0:q1].double() * qk)[:, None]
+            s = s.masked_fill(~visible, -math.inf)
+            m = torch.full((len_q,), -math.inf, dtype=torch.float64)
+            l, lq = torch.zeros(len_q, dtype=torch.float64), torch.zeros(len_q, dtype=torch.float64)
+            acc = torch.zeros(len_q, head_dim, dtype=torch.float64)
+            for i, n0 in enumerate(range(0, len_k, block_n)):
+                st = s[:, n0:n0 + block_n]
+                m_new = torch.maximum(m, torch.ceil(st.amax(dim=1)))
+                m_ref = torch.where(m_new == -math.inf, 0.0, m_new)
+                p = torch.exp2(st - (m_ref - 8)[:, None])
+                alpha = torch.exp2(m - m_ref)
+                p8 = p.float().to(torch.float8_e4m3fn).double()
+                values = vt[hk * head_dim:(hk + 1) * head_dim, (tile0 + i) * block_n:(tile0 + i) * block_n + st.shape[1]]
+                pv = (p8 @ values.double().T) * vf[tile0 + i, hk].double()[None, :]
+                acc, l, lq, m = acc * alpha[:, None] + pv, l * alpha + p.sum(dim=1), lq * alpha + p8.sum(dim=1), m_new
+            empty = l == 0
+            out[o0:o0 + len_q, h] = torch.where(empty[:, None], 0.0, acc / torch.where(empty, 1.0, lq / 256)[:, None])
+            lse[h, o0:o0 + len_q] = torch.where(empty, -math.inf, (m - 8 + torch.log2(torch.where(empty, 1.0, l)))
+                                                * math.log(2))
+    return out, lse

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|bench|suite]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|mxfp8|bench|suite]`
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton) and backward (the TLX backward's sweep and timings), each under its
@@ -11,6 +11,9 @@
 # with the automatic choice preferring tlx (tools/device_tests.sh, 8 shards).
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
 # the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
+# `mxfp8` (not in `all`): the TLX MXFP8 forward (issue 12, mxfp8_attention(..., backend="tlx")): its sweep vs the
+# float64 MXFP8 oracle (150 s; the oracle's float64 P round trips take a while at S4096), then TFLOP/s on dense B8 S4096
+# D128 and broadcast-Q Lq128 H4 B512 beside triton-mxfp8 (bf16smem) and our bf16 tlx / triton (100 s).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +52,10 @@ fi
 if [ "$part" = sparse ]; then
   JFA_LAUNCH_VERIFY=1 timeout 120 python3 tools/tlx_check.py sparse-correctness || rc=1
   timeout 100 python3 tools/tlx_check.py sparse-timing || rc=1
+fi
+if [ "$part" = mxfp8 ]; then
+  JFA_LAUNCH_VERIFY=1 timeout 150 python3 tools/tlx_check.py mxfp8-correctness || rc=1
+  timeout 100 python3 tools/tlx_check.py mxfp8-timing || rc=1
 fi
 if [ "$part" = bench ]; then
   # shellcheck disable=SC2086

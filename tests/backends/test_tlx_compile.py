@@ -34,6 +34,9 @@ MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 # offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
 # branch; bench/NOTES.md "TLX block-sparse forward v1").
 MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
+# The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 256 (the key
+# interval mask; ``visible`` spilled 800 there).
+MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 320}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
@@ -86,6 +89,17 @@ def test_one_loop_consumer_keeps_wgmma_in_flight(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
 
+def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
+    """The TLX MXFP8 forward (issue 12): S = Q K^T with A from shared memory and P V with A (the quantized P) from
+    registers, both E4M3 x E4M3 wgmma in the SASS (``QGMMA...E4M3.E4M3``), at D64 and D128, spills bounded."""
+    rows = [r for r in compiled if r["name"].startswith("mxfp8-fwd-")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, [r["name"] for r in rows]
+    for r in rows:
+        assert r["qgmma_e4m3_smem_a"] > 0 and r["qgmma_e4m3_reg_a"] > 0, r
+        head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_MXFP8[head_dim], f"{r['name']}: spills {r}"
+
+
 def test_block_sparse_routing_rules():
     """The block-sparse forward's rules (``configs.sparse_reason``) and its rank in the automatic choice:
     above triton (10) unless JFA_TLX_SPARSE=0 (the default since its GPU check). Needs TLX importable (the subprocess), not a GPU."""
@@ -95,7 +109,8 @@ def test_block_sparse_routing_rules():
         "assert r(128, 128, 128) is None and r(64, 256, 128) is None and r(128, 256, 512) is None\n"
         "assert 'head_dim' in r(256, 128, 128) and 'head_dim' in r(96, 128, 128)\n"
         "assert 'multiples' in r(128, 64, 128) and 'multiples' in r(128, 128, 64)\n"
-        "print(BACKEND.family_priority('block_sparse'))\n")
+        "print(BACKEND.family_priority('block_sparse'))\n"
+        "assert BACKEND.family_priority('mxfp8_attention') == 5  # the MXFP8 forward: backend='tlx' only\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
     for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):

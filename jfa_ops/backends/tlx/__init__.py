@@ -11,6 +11,10 @@ registry records: ``unavailable_reason("tlx")``). The TLX kernels import on the 
 Until a GPU run has passed, the backend is not chosen automatically (``AUTO_SELECT``); ask for it by name
 (``backend="tlx"`` or ``JFA_BACKEND=tlx``).
 
+MXFP8 attention (``jfa_ops.mxfp8_attention(..., backend="tlx")``, family ``mxfp8_attention``, issue 12): the
+forward in ``mxfp8_attn_fwd.py`` (E4M3 wgmma for both matmuls, head_dim 64/128), by name only until a GPU check
+passes; bf16 inputs are quantized by the triton kernel, the backward is the triton MXFP8 backward.
+
 Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_sparse``): the same forward kernel with
 SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
 block_kv of the key tile (128; select_kv_blocks' defaults fit); the backward and the selection (family
@@ -112,6 +116,42 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
+def mxfp8_attention_supports(problem: Problem) -> Optional[str]:
+    """The MXFP8 forward (``mxfp8_attn_fwd.py``): this backend's device rules, head_dim 64/128, the triton MXFP8
+    family's rules (its quantize kernel and backward serve this family)."""
+    from ..triton import mxfp8_attention_supports as triton_rules
+
+    if problem.device_type != "cuda":
+        return f"needs a CUDA sm_90 GPU, got {problem.device_type}"
+    if configs.mxfp8_fwd_config(problem.head_dim) is None:
+        return f"head_dim {problem.head_dim}: the TLX MXFP8 forward runs head_dim 64 and 128"
+    reason = triton_rules(problem)
+    if reason is None and torch.version.cuda is not None:
+        index = problem.device_index if problem.device_index is not None else torch.cuda.current_device()
+        if _capability(index) != (9, 0):
+            reason = f"the kernels are sm_90a (Hopper) code; cuda:{index} is sm_{''.join(map(str, _capability(index)))}"
+    return reason or _import_reason()
+
+
+def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
+    """(out, lse) of MXFP8 attention from (data, scale) pairs: the TLX MXFP8 forward."""
+    from .mxfp8_attn_fwd import attention_forward
+
+    with device_guard(q_mx[0].device):
+        return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
+
+
+def _mxfp8_triton(name: str):
+    """The triton backend's function ``name`` (its MXFP8 quantize kernel and backward serve this backend too)."""
+    def run(*args):
+        from .. import triton as triton_backend
+
+        return getattr(triton_backend, name)(*args)
+
+    run.__name__ = name
+    return run
+
+
 def block_sparse_supports(problem: Problem) -> Optional[str]:
     """None when the block-sparse forward runs ``problem``, else why not: this backend's rules, the kernel's
     (``configs.sparse_reason``: head_dim 64/128, blocks of whole tiles), the triton backend's block-size rules."""
@@ -156,4 +196,11 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                                                  supports=block_sparse_supports,
                                                  priority=20 if configs.SPARSE_AUTO else 5),
                       # by name only: the automatic choice runs the selection on triton itself
-                      "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5)})
+                      "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5),
+                      # MXFP8 (issue 12): the TLX forward by name only (backend="tlx") until its GPU check; the
+                      # quantize kernel (bf16 inputs) and the backward are the triton backend's
+                      "mxfp8_attention": FamilyImpl(mxfp8_attention_forward,
+                                                    _mxfp8_triton("mxfp8_attention_backward"),
+                                                    supports=mxfp8_attention_supports, priority=5),
+                      "mxfp8_quantize": FamilyImpl(_mxfp8_triton("mxfp8_quantize"),
+                                                   supports=_mxfp8_triton("mxfp8_supports"), priority=5)})

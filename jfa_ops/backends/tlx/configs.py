@@ -52,6 +52,17 @@ _FWD = {64: FwdConfig(128, 128, 3), 128: FwdConfig(128, 128, 2, pipeline=False),
         256: FwdConfig(128, 64, 2, pipeline=False, num_buffers_q=1, one_loop=False)}
 
 
+# The MXFP8 forward (mxfp8_attn_fwd.py, v3 consumers): E4M3 tiles are half the bytes, so three K/V buffers
+# (D128: 2 x 2 x 8 KiB Q + 3 x (16 + 16) KiB K and V^T = 128 KiB).
+_MXFP8_FWD = {64: FwdConfig(128, 128, 3, pipeline=False, one_loop=False),
+              128: FwdConfig(128, 128, 3, pipeline=False, one_loop=False)}
+
+
+def mxfp8_fwd_config(head_dim: int) -> Optional[FwdConfig]:
+    """The MXFP8 forward's config, None for head dims it does not run (the triton MXFP8 forward does)."""
+    return _MXFP8_FWD.get(head_dim)
+
+
 def fwd_config(head_dim: int) -> Optional[FwdConfig]:
     """The forward's config, None for head dims the TLX kernels do not cover (the triton backend runs those)."""
     return _FWD.get(head_dim)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
-from .configs import NUM_WARPS, bwd_config, fwd_choices, fwd_config
+from .configs import NUM_WARPS, bwd_config, fwd_choices, fwd_config, mxfp8_fwd_config
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -77,6 +77,35 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
+
+
+def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False, broadcast_q: bool = False,
+                             from_offsets: bool = False, kv_major: bool = True, out_dtype: str = "bf16",
+                             fma_softmax: bool = True) -> Specialization:
+    """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors."""
+    from .mxfp8_attn_fwd import mxfp8_attn_fwd_tlx_kernel
+
+    cfg = mxfp8_fwd_config(head_dim)
+    names = list(mxfp8_attn_fwd_tlx_kernel.arg_names)
+    types = {"desc_q": f"tensordesc<fp8e4nv[{cfg.block_m // 2},{head_dim}]>",
+             "desc_k": f"tensordesc<fp8e4nv[{cfg.block_n},{head_dim}]>",
+             "desc_vt": f"tensordesc<fp8e4nv[{head_dim},{cfg.block_n}]>",
+             "QF": "*fp32", "KF": "*fp32", "VF": "*fp32", "Out": f"*{out_dtype}", "Lse": "*fp32", "Q_OFF": "*i32",
+             "KV_OFF": "*i32", "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32",
+             "WORK_COUNTER": "*i32", "qk_scale": "fp32"}
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left,
+                      HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
+                      ATOMIC_WORK=False,
+                      TILES_FROM_OFFSETS=from_offsets)
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n].startswith("*") or n.startswith("stride")}
+    name = f"mxfp8-fwd-d{head_dim}-{out_dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
+           f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}"
+    return Specialization(name, "mxfp8_attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.mxfp8_attn_fwd", signature,
+                          constexprs, attrs, NUM_WARPS, 1)
 
 
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
@@ -139,6 +168,13 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, **variant)
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)  # blocks of several tiles
+    # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
+    for head_dim in (64, 128):
+        yield mxfp8_fwd_specialization(head_dim, False)
+        yield mxfp8_fwd_specialization(head_dim, True, kv_major=False)
+    yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16")
+    yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False)
+    yield mxfp8_fwd_specialization(128, True, from_offsets=True, kv_major=False, out_dtype="fp32", fma_softmax=False)
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal)
@@ -172,7 +208,26 @@ def compile_sm90(spec: Specialization) -> dict:
                 spill_stores=int(spill_stores.group(1)) if spill_stores else None,
                 spill_loads=int(spill_loads.group(1)) if spill_loads else None,
                 setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
-                target=re.search(r"\.target (\S+)", ptx).group(1), wgmma_overlap=wgmma_overlap(ptx))
+                target=re.search(r"\.target (\S+)", ptx).group(1), wgmma_overlap=wgmma_overlap(ptx),
+                **(e4m3_mma_counts(compiled.asm["cubin"]) if "mxfp8" in spec.name else {}))
+
+
+def e4m3_mma_counts(cubin: bytes) -> dict:
+    """SASS of an MXFP8 kernel (``nvdisasm`` from triton's bundled CUDA tools): E4M3 x E4M3 wgmma (``QGMMA``) with
+    the A operand from shared memory (S = Q K^T) and from registers (P V), and spill instructions (STL/LDL)."""
+    import os
+    import subprocess
+
+    import triton.backends.nvidia as nvidia
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm"), "-c", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    return dict(qgmma_e4m3_smem_a=len(re.findall(r"QGMMA\.\S+\.E4M3\.E4M3 R\d+, gdesc", sass)),
+                qgmma_e4m3_reg_a=len(re.findall(r"QGMMA\.\S+\.E4M3\.E4M3 R\d+, R\d+, gdesc", sass)),
+                sass_spill_ops=len(re.findall(r"\b(?:STL|LDL)\b", sass)))
 
 
 def wgmma_overlap(ptx: str) -> bool:

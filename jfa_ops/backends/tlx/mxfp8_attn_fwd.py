@@ -1,0 +1,347 @@
+"""TLX MXFP8 forward (sm_90): both matmuls as E4M3 wgmma, in the TLX forward's warp-specialized frame.
+
+The TLX bf16 forward (``attn_fwd.py``) is the frame: persistent programs over the triton backend's tile list, a TMA
+producer warpgroup (40 registers) and two consumer warpgroups (232) that own 64 rows each of a 128-row query tile and
+issue their matmuls in turn (named barriers 9/10), so one's softmax and P quantization run while the other's wgmma
+do (FA3's ping-pong: the overlap that non-warp-specialized Triton cannot get, bench/NOTES.md "MXFP8 v4").
+
+Operands (``triton/mxfp8_rebase.py``, run before the kernel; Hopper has no block-scaled MMA):
+- Q and K re-based per row to one power-of-two scale ("rebase"): S = Qr Kr^T is ONE E4M3 wgmma per tile
+  (m64n128k32 x D/32), the row x key factors multiply the fp32 S (2 FMUL per score).
+- P = 2**(s - m) with an integer (ceil) running maximum m, as the reference defines it, so P <= 1 and the rescale
+  factors are exact powers of two; P enters the dot as E4M3(P * 2**8) (the 2**8 folded into exp2's argument, one
+  saturating convert per two scores). One fixed scale instead of the reference's 32-key block scales gives the same
+  values wherever P * 2**8 is an E4M3 normal (P >= 2**-14: E4M3's relative rounding does not depend on the scale);
+  out's denominator is the sum of the same rounded values, as the reference's
+  (``jfa_ops.testing.rebased_mxfp8_attention_model``: equal to the oracle to 3e-16 on N(0, 1) inputs).
+- V re-based per column per key tile and stored transposed, V^T [Hkv * D, tiles * 128] (keys contiguous): the
+  K-major B operand an FP8 wgmma needs. Why in the input stage and not FA3's in-kernel shared-memory transpose: the
+  per-column re-basing is ALU work per element either way (about one producer warpgroup's whole budget per tile at
+  the MMA rate), the tile's keys past the sequence end come out zero (no value-row fix-up and no barrier between the
+  consumers), and the stage is portable Triton, tested on CPU. Its cost is a read and a write of V's bytes (in the
+  bench's timings). P V goes to its own fp32 accumulator; ``acc = acc * alpha + pv * vf`` applies the tile's
+  column factors (vf includes 2**-8) before it joins the accumulator.
+
+Consumers are v3's (each block's QK^T, softmax, PV in turn; no intra-warpgroup overlap): the column factors and the
+separate P V accumulator cost 32 + 64 registers that v4's in-flight P V would need too (acc 64 + pv 64 + S 64 + P
+16 + key factors 32 > 232).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from ..triton import common
+from ..triton.attn_fwd import broadcast_offsets
+from ..triton.common import LN2, key_interval_mask, seq_extent, stage_bounds, visible, window_bounds, work_item
+from ..triton.launch import launch
+from ..triton.mxfp8_rebase import P_SCALE_LOG2, rebase_rows, rebase_v_tiles
+from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
+from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _slot_phase, _wait_turn
+from .configs import NUM_WARPS, mxfp8_fwd_config
+
+CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
+P_SCALE_LOG2_F: tl.constexpr = tl.constexpr(float(P_SCALE_LOG2))  # P enters the dot as P x 2**8
+INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
+
+
+@triton.jit
+def _mx_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps, rows_s,
+             rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+             HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, KV_MAJOR: tl.constexpr):
+    """``attn_fwd._work_tile``'s item plus the sequence's first V^T tile (the padded tile layout)."""
+    tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+    if TILES_FROM_OFFSETS:
+        seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
+    else:
+        seq = tl.load(TILE_SEQ + tile)
+        m0 = tl.load(TILE_START + tile)
+        real = seq >= 0
+    seq = tl.maximum(seq, 0)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
+        m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    vtile0 = (kv_row0 // BLOCK_N + seq).to(tl.int32)
+    return (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+            tail_begin, tail_end, vtile0)
+
+
+@triton.jit
+def _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count, kv_row0, kv_col,
+             vt_row, vtile0, n_begin, n_end, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             NUM_BUFFERS_KV: tl.constexpr):
+    """TMA loads of key blocks [n_begin, n_end): K rows [BLOCK_N, D] and V^T [D, BLOCK_N] of the same keys."""
+    block_bytes: tl.constexpr = BLOCK_N * HEAD_DIM  # E4M3: one byte per element
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        tlx.barrier_wait(k_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
+        tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
+        tlx.barrier_wait(v_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
+        tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N], v_fulls[buf])
+        kv_count += 1
+    return kv_count
+
+
+@triton.jit
+def _consume(acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+             v_empties, KF_HEAD, VF_HEAD, vtile0, kv_heads, row0, len_q, len_k, lo_off, hi_off, n_begin, n_end,
+             CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+             HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+    """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
+    running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
+    of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key factors at the sequence's first key; VF_HEAD: its
+    column factors of tile 0 (tile t at + t * kv_heads * D)."""
+    keys = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_DIM)
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        # the factors' loads are issued before the wait for K: their latency hides behind it
+        k_factor = tl.load(KF_HEAD + n0 + keys, mask=n0 + keys < len_k, other=0.0)
+        v_factor = tl.load(VF_HEAD + (vtile0 + n0 // BLOCK_N).to(tl.int64) * kv_heads * HEAD_DIM + d)
+        tlx.barrier_wait(k_fulls[buf], phase)
+        _wait_turn(CID)
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+        _pass_turn(CID)
+        s = tlx.async_dot_wait(0, s)
+        tlx.barrier_arrive(k_empties[buf], 1)
+        s = s * k_factor[None, :]  # before masking: a factor may be 0 (keys past the end) or NaN
+        if not FMA_SOFTMAX:
+            s = s * q_factor[:, None]
+        if MASKED:
+            if HAS_LO:  # block-relative key interval per row (attn_fwd v4's form): with a left window the
+                # absolute positions of ``visible`` were hoisted as registers and spilled (380 / 420 B, D128);
+                # without one ``visible`` spills nothing and the interval form 16-24 B
+                ok = key_interval_mask(tl.arange(0, q_tile.shape[0]), keys, len_q - row0, len_k - n0, lo_off,
+                                       hi_off, HAS_LO, HAS_HI)
+            else:
+                ok = visible((row0 + tl.arange(0, q_tile.shape[0]))[:, None], (n0 + keys)[None, :], len_q, len_k,
+                             lo_off, hi_off, HAS_LO, HAS_HI)
+            s = tl.where(ok, s, float("-inf"))
+        if FMA_SOFTMAX:  # q_factor > 0: the row maximum of s x key factors, then one FMA per score
+            m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1) * q_factor))
+        else:
+            m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1)))  # integer: P <= 1 and alpha a power of two
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
+        # P x 2**8 straight from exp2 (the fixed scale folded into the subtracted maximum): <= 256, no saturation
+        if FMA_SOFTMAX:
+            p = tl.math.exp2(s * q_factor[:, None] - (m_ref - P_SCALE_LOG2_F)[:, None])
+        else:
+            p = tl.math.exp2(s - (m_ref - P_SCALE_LOG2_F)[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)  # units of 2**-8, as lq
+        p8 = p.to(tl.float8e4nv)  # round to nearest even
+        lq_i = lq_i * alpha + tl.sum(p8.to(tl.float32), 1)  # out's denominator: the quantized values
+        tlx.barrier_wait(v_fulls[buf], phase)
+        pv = tlx.async_dot(p8, tlx.local_trans(v_tiles[buf]))  # outside the turn, as the bf16 v3 consumer's P V
+        pv = tlx.async_dot_wait(0, pv)
+        tlx.barrier_arrive(v_empties[buf], 1)
+        acc = acc * alpha[:, None] + pv * v_factor[None, :]
+        m_i = m_new
+        kv_count += 1
+    return acc, m_i, l_i, lq_i, kv_count
+
+
+@triton.jit(do_not_specialize=["num_heads", "kv_heads", "total_out", "group", "window_left", "right", "n_slots",
+                               "search_steps", "num_seqs", "rows_s", "rows_o", "q_rows", "k_rows"])
+def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
+                              TILE_COUNT, WORK_COUNTER, num_heads, kv_heads, total_out, n_slots, search_steps,
+                              num_seqs, rows_s, rows_o, q_rows, k_rows, stride_ot, stride_oh, group, qk_scale,
+                              window_left, right, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
+                              BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
+                              TILES_FROM_OFFSETS: tl.constexpr):
+    """Work items (query tile of BLOCK_M rows, q head), as ``attn_fwd_tlx_kernel``. desc_q: re-based Q [T_q (or
+    L_q), Hq*D] E4M3, block [BLOCK_M/2, D]; desc_k: re-based K [T_kv, Hkv*D], block [BLOCK_N, D]; desc_vt: V^T
+    [Hkv*D, tiles*BLOCK_N], block [D, BLOCK_N]; QF [Hq, q_rows], KF [Hkv, k_rows] row factors; VF [tiles, Hkv, D]
+    column factors / 2**8 (``mxfp8_rebase``). qk_scale: softmax scale / ln 2."""
+    tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
+    HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
+    n_work = n_tiles * num_heads
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    my_items = (n_work - pid + programs - 1) // programs
+
+    q_tiles = tlx.local_alloc((HALF_M, HEAD_DIM), dtype, NUM_CONSUMERS * NUM_BUFFERS_Q)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
+    v_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N), dtype, NUM_BUFFERS_KV)  # V^T: keys contiguous
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: TMA loads only
+            kv_count = 0
+            q_count = 0
+            for i in range(0, my_items):
+                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                 tail_begin, tail_end, vtile0) = _mx_item(
+                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                    TILES_FROM_OFFSETS, KV_MAJOR)
+                n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
+                    + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                if real & (n_blocks > 0):
+                    if BROADCAST_Q:
+                        q_row = m0
+                    else:
+                        q_row = (out_row0 + m0).to(tl.int32)
+                    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        qb = q_slot * NUM_CONSUMERS + c
+                        tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
+                        tlx.barrier_expect_bytes(q_fulls[qb], HALF_M * HEAD_DIM)
+                        tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row + c * HALF_M, head * HEAD_DIM],
+                                                  q_fulls[qb])
+                    q_count += 1
+                    kv_head = head // group
+                    kv_col = kv_head * HEAD_DIM
+                    kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                                        kv_count, kv_row0, kv_col, kv_col, vtile0, lead_begin, lead_end, BLOCK_N,
+                                        HEAD_DIM, NUM_BUFFERS_KV)
+                    kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                                        kv_count, kv_row0, kv_col, kv_col, vtile0, bulk_begin, bulk_end, BLOCK_N,
+                                        HEAD_DIM, NUM_BUFFERS_KV)
+                    kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                                        kv_count, kv_row0, kv_col, kv_col, vtile0, tail_begin, tail_end, BLOCK_N,
+                                        HEAD_DIM, NUM_BUFFERS_KV)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGISTERS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:  # bootstrap the ping-pong: consumer 0 issues first
+                tlx.named_barrier_arrive(PINGPONG_A, 256)
+            kv_count = 0
+            q_count = 0
+            for i in range(0, my_items):
+                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                 tail_begin, tail_end, vtile0) = _mx_item(
+                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                    TILES_FROM_OFFSETS, KV_MAJOR)
+                if real:
+                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+                        + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                    row0 = m0 + cid * HALF_M
+                    rows = row0 + tl.arange(0, HALF_M)
+                    m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+                    l_i = tl.zeros([HALF_M], tl.float32)
+                    lq_i = tl.zeros([HALF_M], tl.float32)
+                    acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+                    if n_blocks > 0:
+                        if BROADCAST_Q:
+                            q_row0 = out_row0 * 0
+                        else:
+                            q_row0 = out_row0
+                        q_factor = tl.load(QF + head.to(tl.int64) * q_rows + q_row0 + rows, mask=rows < len_q,
+                                           other=1.0) * qk_scale
+                        if FMA_SOFTMAX:  # > 0 (a subnormal would flush to 0: -inf x 0 is NaN); NaN stays in Q's data
+                            q_factor = tl.maximum(q_factor, 1.1754943508222875e-38)
+                        kv_head = head // group
+                        kf_head = KF + kv_head.to(tl.int64) * k_rows + kv_row0
+                        vf_head = VF + kv_head * HEAD_DIM
+                        q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                        qb = q_slot * NUM_CONSUMERS + cid
+                        tlx.barrier_wait(q_fulls[qb], q_phase)
+                        q_tile = q_tiles[qb]
+                        acc, m_i, l_i, lq_i, kv_count = _consume(
+                            acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
+                            v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k, -window_left,
+                            right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                            HAS_RIGHT, True, FMA_SOFTMAX)
+                        acc, m_i, l_i, lq_i, kv_count = _consume(
+                            acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
+                            v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k, -window_left,
+                            right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                            HAS_RIGHT, False, FMA_SOFTMAX)
+                        acc, m_i, l_i, lq_i, kv_count = _consume(
+                            acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
+                            v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k, -window_left,
+                            right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                            HAS_RIGHT, True, FMA_SOFTMAX)
+                        tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                        q_count += 1
+                    # out = Pq V / sum(Pq) (lq in units of 2**-8, acc's V factors carry the 2**-8), lse from the
+                    # unquantized P; rows that saw no key: out 0, lse -inf
+                    empty = l_i == 0.0
+                    out = acc / tl.where(empty, 1.0, lq_i * INV_P_SCALE)[:, None]
+                    lse = tl.where(empty, float("-inf"),
+                                   (m_i - P_SCALE_LOG2_F + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+                    rows_ok = rows < len_q
+                    out_rows = out_row0 + rows
+                    d = tl.arange(0, HEAD_DIM)
+                    tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :],
+                             out.to(Out.dtype.element_ty), mask=rows_ok[:, None])
+                    tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
+
+
+# ---------------------------------------------------------------------------------------------------------- host side
+def _descriptor(t: torch.Tensor, block_shape):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, shape=list(t.shape), strides=list(t.stride()), block_shape=list(block_shape))
+
+
+def rebase_operands(q_mx, k_mx, v_mx, kv_offsets):
+    """The kernel's operands (qr, q_factors, kr, k_factors, vt, v_factors) from (data, scale) pairs
+    (``triton/mxfp8_rebase.py``)."""
+    cfg = mxfp8_fwd_config(q_mx[0].shape[2])
+    return (*rebase_rows(*q_mx), *rebase_rows(*k_mx),
+            *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n))
+
+
+def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, rebased=None):
+    """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from (data, scale) pairs: the triton MXFP8
+    forward's contract (``triton.mxfp8_attn_fwd.attention_forward``). ``rebased``: ``rebase_operands``'s result
+    for these pairs, to time the kernel alone (tools/tlx_check.py)."""
+    (q, _), (k, _), _ = q_mx, k_mx, v_mx
+    device, num_seqs = q.device, kv_offsets.shape[0] - 1
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    cfg = mxfp8_fwd_config(head_dim)
+    if params.broadcast_q:
+        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
+        total_out = num_seqs * q.shape[0]
+    else:
+        q_off = q_offsets.to(torch.int32)
+        total_out = q.shape[0]
+    kv_off = kv_offsets.to(torch.int32)
+    out = common.alloc_output((total_out, num_heads, head_dim), out_dtype, device)
+    lse = common.alloc_output((num_heads, total_out), torch.float32, device)
+    if total_out == 0 or num_seqs == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    qr, q_factors, kr, k_factors, vt, v_factors = rebase_operands(q_mx, k_mx, v_mx, kv_off) if rebased is None \
+        else rebased
+    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
+        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
+    kv_major = uniform or not (has_left or has_right or params.broadcast_q)  # as configs.fwd_choices
+    programs, schedule = tile_schedule(
+        lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
+                              has_right),
+        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
+    heads_kv = k.shape[1]
+    launch(mxfp8_attn_fwd_tlx_kernel, (programs,), dict(
+        desc_q=_descriptor(qr.view(qr.shape[0], -1), (cfg.block_m // 2, head_dim)),
+        desc_k=_descriptor(kr.view(kr.shape[0], -1), (cfg.block_n, head_dim)),
+        desc_vt=_descriptor(vt, (head_dim, cfg.block_n)), QF=q_factors, KF=k_factors, VF=v_factors, Out=out, Lse=lse,
+        Q_OFF=q_off, KV_OFF=kv_off, **schedule, num_heads=num_heads, kv_heads=heads_kv, total_out=total_out,
+        q_rows=q.shape[0], k_rows=k.shape[0], stride_ot=out.stride(0), stride_oh=out.stride(1),
+        group=num_heads // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
+        right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0), num_warps=NUM_WARPS, num_stages=1)
+    return out, lse

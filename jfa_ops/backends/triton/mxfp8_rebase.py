@@ -1,0 +1,116 @@
+"""MXFP8 operands re-based for one FP8 wgmma per tile (the TLX MXFP8 forward's input stage; portable Triton).
+
+Hopper has no block-scaled MMA, so the TLX MXFP8 forward (``backends/tlx/mxfp8_attn_fwd.py``) takes operands whose
+scales sit outside the dot:
+
+- ``rebase_rows``: Q and K (1, 32) pairs -> every row re-expressed under its largest block scale: E4M3 data
+  ``x * 2**-e_max`` (same [T, H, D] layout) and the row factor ``2**e_max`` as fp32 [H, T] (a head's rows
+  contiguous: a kernel reads one key tile's factors as one vector).
+- ``rebase_v_tiles``: V (32, 1) pairs -> per tile of ``block_n`` keys (aligned to its sequence's start, the attention
+  kernels' key blocks) and per column, the data under the column's largest block scale in the tile, stored
+  **transposed**, V^T ``[Hkv * D, tiles * block_n]`` (keys contiguous: the K-major B operand an FP8 wgmma needs for
+  P V; Hopper's FP8 wgmma takes no transposed B from shared memory) with the tile's keys past the sequence end zero
+  (so no neighbour's NaN/inf reaches P V), and the column factors ``2**e_max / 2**8`` as fp32 [tiles, Hkv, D] (the
+  2**-8 undoes P's fixed scale, see the kernel). Sequence b's tiles are ``kv_offsets[b] // block_n + b + i`` (the
+  MX row blocks' padded layout), so shapes depend on T and B only: no host sync.
+
+Exact while no re-based element falls below E4M3's normal range, i.e. while a block sits within ~6 binades below the
+largest of its row (Q, K) or tile column (V); further below it loses low bits (an element |x| < 2**(e_max - 6)
+keeps fewer than 3 mantissa bits, |x| < 2**(e_max - 10) becomes 0): an absolute error <= 2**(e_max - 10) per
+element, under 2**-18 of the row's (column's) largest value (448 * 2**e_max). On N(0, 1) data blocks differ by 1-3
+binades: nothing is lost (``triton.mxfp8_attn_fwd``'s ``rebase`` variant, the same arithmetic, measured it).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import interpreting
+from .launch import launch
+from .mxfp8_attn_fwd import _e8m0_value, _rebase_cols, _rebase_rows, _values_rows
+from .scheduling import fanout_search_steps, fanout_sequence
+
+ROWS = 32  # rows per program of rebase_rows
+P_SCALE_LOG2 = 8  # P enters the FP8 dot as P * 2**8 (P <= 1 after the max subtraction: <= 256 < 448)
+
+
+@triton.jit
+def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_sh, stride_yt, stride_yh,
+                       HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Program (row block, head): rows [r0, r0 + ROWS) of one head re-based to their largest block scale."""
+    DC: tl.constexpr = HEAD_DIM // 32
+    head = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = rows < T
+    d = tl.arange(0, HEAD_DIM)
+    data = tl.load(X + rows[:, None] * stride_xt + head * stride_xh + d[None, :], mask=ok[:, None], other=0.0)
+    bits = tl.load(XS + rows[:, None] * stride_st + head * stride_sh + tl.arange(0, DC)[None, :], mask=ok[:, None],
+                   other=0)
+    y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
+    tl.store(Y + rows[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
+    # 2**max(e_max, -126): _rebase_rows divided by that (a row of 2**-127 blocks is stored x 2**126); NaN scale: NaN
+    tl.store(F + head * T + rows, _e8m0_value((tl.maximum(e_max, -126) + 127).to(tl.uint8)), mask=ok)
+
+
+@triton.jit
+def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_stride, stride_vt, stride_vh,
+                          stride_st, stride_sh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                          SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring)."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq = fanout_sequence(KV_OFF, tile, num_seqs, 0, BLOCK_N, SEARCH_STEPS)
+    kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
+    len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+    n0 = (tile - (kv_row0 // BLOCK_N + seq)).to(tl.int32) * BLOCK_N
+    if n0 < len_k:  # padding tiles (past a sequence's last) are never read
+        keys = n0 + tl.arange(0, BLOCK_N)
+        d = tl.arange(0, HEAD_DIM)
+        data = tl.load(V + (kv_row0 + keys)[:, None] * stride_vt + head * stride_vh + d[None, :],
+                       mask=(keys < len_k)[:, None], other=0.0)
+        blocks = n0 // 32 + tl.arange(0, BLOCK_N // 32)
+        bits = tl.load(VS + (kv_row0 // 32 + seq + blocks)[:, None] * stride_st + head * stride_sh + d[None, :],
+                       mask=(blocks * 32 < len_k)[:, None], other=0)  # scale bits 0: 2**-127, never the maximum
+        y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
+        cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(VT + (head * HEAD_DIM + d)[None, :] * vt_row_stride + cols[:, None], y)
+        factor = _e8m0_value((e_max + 127).to(tl.uint8)) * (1.0 / (1 << P_SCALE_LOG2))
+        tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, factor)
+
+
+def rebase_rows(data: torch.Tensor, scale: torch.Tensor):
+    """(E4M3 data [T, H, D], fp32 row factors [H, T]) of a (1, 32) pair (module docstring)."""
+    rows, heads, dim = data.shape
+    out = torch.empty((rows, heads, dim), dtype=data.dtype, device=data.device)
+    factors = torch.empty((heads, rows), dtype=torch.float32, device=data.device)
+    if rows and heads:
+        bits = scale.view(torch.uint8)
+        launch(rebase_rows_kernel, (triton.cdiv(rows, ROWS), heads), dict(
+            X=data, XS=bits, Y=out, F=factors, T=rows, stride_xt=data.stride(0), stride_xh=data.stride(1),
+            stride_st=bits.stride(0), stride_sh=bits.stride(1), stride_yt=out.stride(0), stride_yh=out.stride(1),
+            HEAD_DIM=dim, ROWS=ROWS, HW_CVT=not interpreting()), num_warps=4, num_stages=1)
+    return out, factors
+
+
+def v_tiles(total_kv: int, num_seqs: int, block_n: int) -> int:
+    """Tiles of the padded layout (``rebase_v_tiles``) for T keys in B sequences."""
+    return total_kv // block_n + num_seqs
+
+
+def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Tensor, block_n: int):
+    """(V^T E4M3 [Hkv * D, tiles * block_n], fp32 column factors / 2**8 [tiles, Hkv, D]) of a (32, 1) pair
+    (module docstring). ``kv_offsets`` int32 on the data's device."""
+    rows, heads, dim = data.shape
+    num_seqs = kv_offsets.shape[0] - 1
+    tiles = v_tiles(rows, num_seqs, block_n)
+    vt = torch.empty((heads * dim, tiles * block_n), dtype=data.dtype, device=data.device)
+    factors = torch.empty((tiles, heads, dim), dtype=torch.float32, device=data.device)
+    if rows and heads and num_seqs:
+        bits = scale.view(torch.uint8)
+        launch(rebase_v_tiles_kernel, (tiles, heads), dict(
+            V=data, VS=bits, KV_OFF=kv_offsets, VT=vt, VF=factors, num_seqs=num_seqs, num_heads=heads,
+            vt_row_stride=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
+            stride_st=bits.stride(0), stride_sh=bits.stride(1), HEAD_DIM=dim, BLOCK_N=block_n,
+            SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting()), num_warps=4, num_stages=1)
+    return vt, factors

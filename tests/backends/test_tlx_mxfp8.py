@@ -1,0 +1,142 @@
+"""The TLX MXFP8 forward's input stage and arithmetic, on CPU (the TLX kernel itself runs only on the GPU:
+``tools/tlx_check.py mxfp8``, ``tests/backends/test_tlx_gpu.py``).
+
+- ``triton/mxfp8_rebase.py`` (portable Triton, run here under the interpreter): Q/K rows and V tile columns re-based
+  to one power-of-two factor, exactly (N(0, 1) data) and within the documented loss (magnitudes spread over
+  2**+-12); V stored transposed per key tile with the keys past a sequence zero.
+- ``jfa_ops.testing.rebased_mxfp8_attention_model`` (the kernel's arithmetic in float64: fixed-scale E4M3 P, column
+  factors per tile) against the float64 MXFP8 oracle and within issue 12's error bound, on every feature case.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import jfa_ops
+from jfa_ops.testing import mx_dequantize_spec, rebased_mxfp8_attention_model, reference_mxfp8_attention
+from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, issue_error_bound, make_case
+
+pytest.importorskip("triton")
+
+from jfa_ops.backends.triton.mxfp8_rebase import rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
+
+BLOCK_N = 128
+
+
+def _pairs(q, k, v, kv_off):
+    return (jfa_ops.mxfp8_quantize(q, backend="reference"), jfa_ops.mxfp8_quantize(k, backend="reference"),
+            jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1), backend="reference"))
+
+
+@pytest.mark.parametrize("spread", [None, 12])
+def test_rebase_rows_keeps_the_values(spread):
+    """data x row factor == the MX values within 2**(e_max - 10) per element (half E4M3's subnormal step under the
+    row's factor: the module's stated loss), nearly all exactly (N(0, 1): all but elements that already were
+    subnormal in their block)."""
+    q, _, _, _, _, _ = make_case((70, 3), (1,), heads_q=3, dim=128, spread=spread, seed=2)
+    data, scale = jfa_ops.mxfp8_quantize(q, backend="reference")
+    y, factors = rebase_rows(data, scale)
+    assert y.dtype == torch.float8_e4m3fn and factors.shape == (3, q.shape[0])
+    got = y.double() * factors.T.double()[:, :, None]
+    want = mx_dequantize_spec(data, scale)
+    assert ((got - want).abs() <= factors.T.double()[:, :, None] * 2.0 ** -10).all()
+    assert (got != want).double().mean() <= (1e-3 if spread is None else 0.25)  # measured 0 / 0.11
+
+
+def test_rebase_rows_special_scales():
+    """A NaN block scale makes the row's factor NaN; a zero row (scale 2**-127) stays zero with a finite factor."""
+    x = torch.randn(3, 1, 64)
+    x[1] = 0.0
+    data, scale = jfa_ops.mxfp8_quantize(x, backend="reference")
+    scale.view(torch.uint8)[2, 0, 1] = 255
+    y, factors = rebase_rows(data, scale)
+    assert factors[0, 2].isnan() and torch.isfinite(factors[0, :2]).all()
+    assert (y[1].float() == 0).all()
+
+
+@pytest.mark.parametrize("spread", [None, 12])
+def test_rebase_v_tiles_transposed_and_exact(spread):
+    """Per tile of 128 keys of each sequence (tiles kv_offsets[b] // 128 + b + i): V^T columns x the tile's factors
+    x 2**8 == the (32, 1) MX values within 2**(e_max - 10) (nearly all exactly); keys past the sequence zero."""
+    lengths = (0, 1, 127, 128, 129, 300)
+    _, _, v, _, kv_off, _ = make_case((1,) * len(lengths), lengths, dim=64, spread=spread, seed=3)
+    data, scale = jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1), backend="reference")
+    vt, factors = rebase_v_tiles(data, scale, kv_off.to(torch.int32), BLOCK_N)
+    tiles = v_tiles(v.shape[0], len(lengths), BLOCK_N)
+    assert vt.shape == (2 * 64, tiles * BLOCK_N) and factors.shape == (tiles, 2, 64)
+    want = mx_dequantize_spec(data, scale, kv_off, (32, 1))
+    for b, length in enumerate(lengths):
+        k0 = int(kv_off[b])
+        for i, n0 in enumerate(range(0, length, BLOCK_N)):
+            tile = k0 // BLOCK_N + b + i
+            cols = vt[:, tile * BLOCK_N:(tile + 1) * BLOCK_N].double().T.reshape(BLOCK_N, 2, 64)
+            got = cols * factors[tile].double()[None] * 256
+            n = min(BLOCK_N, length - n0)
+            assert (got[n:] == 0).all(), "keys past the sequence must be zero"
+            expect = want[k0 + n0:k0 + n0 + n]
+            assert ((got[:n] - expect).abs() <= factors[tile].double()[None] * 256 * 2.0 ** -10).all()
+            assert (got[:n] != expect).double().mean() <= (1e-3 if spread is None else 0.25)  # measured ~0 / 0.11
+
+
+def _model(q, k, v, q_off, kv_off, opts):
+    (qd, qs), (kd, ks), (vd, vs) = _pairs(q, k, v, kv_off)
+    rebased = (*rebase_rows(qd, qs), *rebase_rows(kd, ks), *rebase_v_tiles(vd, vs, kv_off.to(torch.int32), BLOCK_N))
+    return rebased_mxfp8_attention_model(rebased, q_off, kv_off, block_n=BLOCK_N, **_oracle_opts(opts))
+
+
+@pytest.mark.parametrize("spread", [None, 12])
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_kernel_arithmetic_against_the_mxfp8_oracle(name, spread):
+    """The TLX kernel's arithmetic against the float64 MXFP8 oracle: the same result. P x 2**8 rounded to E4M3
+    under one fixed scale equals the reference's 32-key block quantization wherever it is an E4M3 normal (E4M3's
+    relative rounding does not depend on the scale), i.e. for P >= 2**-14; the re-based operands are the MX values
+    but for subnormal bits (magnitudes spread over 2**+-12: measured 3-4e-6)."""
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], seed=4, spread=spread)
+    out, lse = _model(q, k, v, q_off, kv_off, opts)
+    want_out, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert not out.isnan().any() and torch.equal(lse == -math.inf, want_lse == -math.inf)
+    finite = want_lse > -math.inf
+    assert _rel(lse[finite], want_lse[finite]) <= (1e-12 if spread is None else 1e-5)  # measured 1.4e-6 (spread)
+    assert _rel(out, want_out) <= (1e-12 if spread is None else 2e-5)  # measured 3e-16 / 4.3e-6
+
+
+@pytest.mark.parametrize("name, spread", [("jagged", None), ("causal_gqa", None), ("window", 12),
+                                          ("broadcast_q", 12)])
+def test_kernel_arithmetic_within_the_issue_bound(name, spread):
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], spread=spread, seed=1)
+    out, _ = _model(q, k, v, q_off, kv_off, opts)
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out)
+    assert err <= bound, (err, bound)
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_kernel_on_the_gpu(name, dim):
+    """The TLX MXFP8 forward (backend="tlx") on pre-quantized pairs: the float64 MXFP8 oracle and the kernel's model
+    to fp32 rounding, the issue's bound; outputs from a NaN-filled allocator (every row written)."""
+    from jfa_ops.backends import unavailable_reason
+    from jfa_ops.testing import _poison_allocator
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    q, k, v, q_off, kv_off, opts = make_case(**{**ATTENTION_CASES[name], "dim": dim}, dtype=torch.bfloat16, seed=9)
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    pairs = _pairs(*dev[:3], dev[4])
+    problem = jfa_ops.backends.Problem("cuda", torch.float8_e4m3fn, dim, q.shape[1], k.shape[1], False, -1, -1,
+                                       False, False)
+    reason = unavailable_reason("tlx", problem, family="mxfp8_attention")
+    if reason is not None:
+        pytest.skip(f"tlx: {reason}")
+    _poison_allocator("cuda", 4 * 1024 * 1024)
+    out, lse = jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32, return_lse=True,
+                                       backend="tlx", **opts)
+    want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
+    finite = want_lse > -math.inf
+    assert _rel(out, want) <= 1e-4 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-5
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
+    assert err <= bound, (err, bound)
