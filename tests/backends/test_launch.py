@@ -459,3 +459,17 @@ def test_forward_replays_agree_with_the_full_path_property(monkeypatch, lengths,
     assert not replayed[1][1] and _same_launch(replayed[1][0], want, calls[1], calls[1])
     monkeypatch.undo()
 
+
+
+def test_forward_replay_of_one_tensor_for_q_k_v_keeps_their_places(monkeypatch):
+    """A signature first called with one tensor as q, k and v (self-attention on a shared buffer), then with three:
+    the replay launches each call's own k and v in their places (a replay that named K and V by the first source
+    identical to them would launch q as k and v)."""
+    q, k, v, off, kv_off, params = _call([30, 5, 29], heads=(2, 2), causal=True)
+    calls = [(q, q, q, off, kv_off, params), _call([30, 5, 29], heads=(2, 2), causal=True)]
+    replayed = _forward_launches(monkeypatch, calls)
+    assert [full for _, full in replayed] == [True, False]
+    monkeypatch.setattr(launch, "PLANS_ENABLED", False)
+    monkeypatch.setattr(launch, "_launch_bound", lambda *a: object())
+    (want, _), = _forward_launches(monkeypatch, [calls[1]])
+    assert _same_launch(replayed[1][0], want, calls[1], calls[1])

@@ -104,7 +104,7 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
 
 def test_block_sparse_routing_rules():
     """The block-sparse forward's rules (``configs.sparse_reason``) and its rank in the automatic choice:
-    below triton (10) unless JFA_TLX_SPARSE=1. Needs TLX importable (the subprocess), not a GPU."""
+    above triton (10) unless JFA_TLX_SPARSE=0 (the default since its GPU check). Needs TLX importable (the subprocess), not a GPU."""
     code = (
         "from jfa_ops.backends.tlx import BACKEND, configs\n"
         "r = configs.sparse_reason\n"
@@ -114,8 +114,8 @@ def test_block_sparse_routing_rules():
         "print(BACKEND.family_priority('block_sparse'))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
-    for switch, rank in (("0", "5"), ("1", "20")):
-        proc = subprocess.run([sys.executable, "-c", code], env={**env, "JFA_TLX_SPARSE": switch}, cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+    for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env if switch is None else {**env, "JFA_TLX_SPARSE": switch})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.split() == [rank], proc.stdout
