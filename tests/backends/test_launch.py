@@ -161,22 +161,25 @@ def _gpu_activities(fn) -> list:
 @needs_cuda
 def test_launch_counts_gpu(monkeypatch):
     """Issue 9's aims, so that the count cannot creep back: a small eager forward launches <= 2 kernels with the
-    default validation (attention + the offset check's assert), its backward <= 4 (delta, dK/dV, dQ)."""
+    default validation (attention + the offset check's assert), its backward <= 4 (delta, dK/dV, dQ); counted for
+    offsets an earlier call checked (covered: no check) and for a fresh offsets tensor (checked on the device)."""
     import jfa_ops
 
     monkeypatch.delenv("JFA_VALIDATE", raising=False)
     q, k, v, off = _tiny_batch()
     grad = torch.randn_like(q)
 
-    def forward():
-        return jfa_ops.jagged_attention(q, k, v, off, off, 64, 64, causal=True, backend="triton")
+    def forward(offsets=off):
+        return jfa_ops.jagged_attention(q, k, v, offsets, offsets, 64, 64, causal=True, backend="triton")
 
     out = forward()
     torch.autograd.grad(out, (q, k, v), grad)  # compile and cache everything first
     fwd = _gpu_activities(forward)
+    fresh = off.clone()  # not covered by an earlier call's check: this forward checks it on the device
+    fwd_checked = _gpu_activities(lambda: forward(fresh))
     out = forward()
     bwd = _gpu_activities(lambda: torch.autograd.grad(out, (q, k, v), grad))
-    assert len(fwd) <= 2 and len(bwd) <= 4, (fwd, bwd)
+    assert len(fwd) <= 2 and len(fwd_checked) <= 2 and len(bwd) <= 4, (fwd, fwd_checked, bwd)
 
 
 @pytest.mark.gpu
