@@ -37,6 +37,11 @@ MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
 # The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 256 (the key
 # interval mask; ``visible`` spilled 800 there).
 MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 320}
+# The backward's v2 consumers ("bwd-*-v2": configs.BACKWARD_V2), stores + loads: D64 0; D128 320-904 (full 320,
+# broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
+# prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;
+# bench/NOTES.md "TLX backward v2"). v1: 1464-1636.
+MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
@@ -98,6 +103,17 @@ def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
         assert r["qgmma_e4m3_smem_a"] > 0 and r["qgmma_e4m3_reg_a"] > 0, r
         head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
         assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_MXFP8[head_dim], f"{r['name']}: spills {r}"
+
+
+def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
+    """The v2 backward consumer (``attn_bwd._consume_rows_v2``) overlaps S with dP, dV with dS, dK with dQ's staging:
+    wgmma groups in flight (its loop has num_stages=0), and its spills stay far below v1's."""
+    rows = [r for r in compiled if r["name"].startswith("bwd-") and r["name"].endswith("-v2")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no v2 backward compiled"
+    for r in rows:
+        assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
+        head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_BWD_V2[head_dim], f"{r['name']}: spills {r}"
 
 
 def test_block_sparse_routing_rules():

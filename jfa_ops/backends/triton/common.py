@@ -224,7 +224,9 @@ def int32_offsets(offsets: torch.Tensor, same_as=None) -> torch.Tensor:
     graphs (``reduce-overhead``) off."""
     if same_as is not None and same_as[0] is offsets:
         return same_as[1]
-    return offsets.to(torch.int32, copy=tracing())
+    if tracing():
+        return offsets.to(torch.int32, copy=True)
+    return offsets if offsets.dtype == torch.int32 else offsets.to(torch.int32)  # .to(copy=False): ~8 us on CPU
 
 
 def packed_rows(t: torch.Tensor) -> torch.Tensor:
