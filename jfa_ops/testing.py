@@ -1084,7 +1084,8 @@ def rebased_mxfp8_attention_model(rebased, q_offsets: Optional[Tensor], kv_offse
                 p = torch.exp2(st - (m_ref - 8)[:, None])
                 alpha = torch.exp2(m - m_ref)
                 p8 = p.float().to(torch.float8_e4m3fn).double()
-                values = vt[hk * head_dim:(hk + 1) * head_dim, (tile0 + i) * block_n:(tile0 + i) * block_n + st.shape[1]]
+                cols = (tile0 + i) * block_n
+                values = vt[hk * head_dim:(hk + 1) * head_dim, cols:cols + st.shape[1]]
                 pv = (p8 @ values.double().T) * vf[tile0 + i, hk].double()[None, :]
                 acc, l, lq, m = acc * alpha[:, None] + pv, l * alpha + p.sum(dim=1), lq * alpha + p8.sum(dim=1), m_new
             empty = l == 0

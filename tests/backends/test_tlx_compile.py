@@ -34,9 +34,9 @@ MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 # offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
 # branch; bench/NOTES.md "TLX block-sparse forward v1").
 MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
-# The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 256 (the key
+# The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 400 (the key
 # interval mask; ``visible`` spilled 800 there).
-MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 320}
+MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
 # The backward's v2 consumers ("bwd-*-v2": configs.BACKWARD_V2), stores + loads: D64 0; D128 320-904 (full 320,
 # broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
 # prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;

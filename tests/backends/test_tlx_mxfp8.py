@@ -117,7 +117,7 @@ def test_kernel_arithmetic_within_the_issue_bound(name, spread):
 @pytest.mark.parametrize("dim", [64, 128])
 def test_tlx_kernel_on_the_gpu(name, dim):
     """The TLX MXFP8 forward (backend="tlx") on pre-quantized pairs: the float64 MXFP8 oracle and the kernel's model
-    to fp32 rounding, the issue's bound; outputs from a NaN-filled allocator (every row written)."""
+    to the FP8 wgmma's accumulation precision, the issue's bound; outputs from a NaN-filled allocator (every row written)."""
     from jfa_ops.backends import unavailable_reason
     from jfa_ops.testing import _poison_allocator
 
@@ -137,6 +137,7 @@ def test_tlx_kernel_on_the_gpu(name, dim):
     want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
     assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
     finite = want_lse > -math.inf
-    assert _rel(out, want) <= 1e-4 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-5
+    # FP8 wgmma accumulates with reduced precision on Hopper: looser than the CPU model's agreement
+    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
     assert err <= bound, (err, bound)

@@ -12,7 +12,8 @@ Operands (``triton/mxfp8_rebase.py``, run before the kernel; Hopper has no block
   factors are exact powers of two; P enters the dot as E4M3(P * 2**8) (the 2**8 folded into exp2's argument, one
   saturating convert per two scores). One fixed scale instead of the reference's 32-key block scales gives the same
   values wherever P * 2**8 is an E4M3 normal (P >= 2**-14: E4M3's relative rounding does not depend on the scale);
-  out's denominator is the sum of the same rounded values, as the reference's
+  out's denominator is the sum of the same rounded values, as the reference's, taken by the tensor cores (P times a
+  [BLOCK_N, 32] tile of ones in shared memory, a fresh accumulator per block added in fp32)
   (``jfa_ops.testing.rebased_mxfp8_attention_model``: equal to the oracle to 3e-16 on N(0, 1) inputs).
 - V re-based per column per key tile and stored transposed, V^T [Hkv * D, tiles * 128] (keys contiguous): the
   K-major B operand an FP8 wgmma needs. Why in the input stage and not FA3's in-kernel shared-memory transpose: the
@@ -88,14 +89,14 @@ def _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_e
 
 
 @triton.jit
-def _consume(acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-             v_empties, KF_HEAD, VF_HEAD, vtile0, kv_heads, row0, len_q, len_k, lo_off, hi_off, n_begin, n_end,
+def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
+             v_fulls, v_empties, KF_HEAD, VF_HEAD, vtile0, kv_heads, row0, len_q, len_k, lo_off, hi_off, n_begin, n_end,
              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
     """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
     running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
-    of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key factors at the sequence's first key; VF_HEAD: its
-    column factors of tile 0 (tile t at + t * kv_heads * D)."""
+    of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key
+    factors at the sequence's first key; VF_HEAD: its column factors of tile 0 (tile t at + t * kv_heads * D)."""
     keys = tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_begin, n_end, BLOCK_N):
@@ -135,10 +136,16 @@ def _consume(acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, 
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)  # units of 2**-8, as lq
         p8 = p.to(tl.float8e4nv)  # round to nearest even
-        lq_i = lq_i * alpha + tl.sum(p8.to(tl.float32), 1)  # out's denominator: the quantized values
         tlx.barrier_wait(v_fulls[buf], phase)
         pv = tlx.async_dot(p8, tlx.local_trans(v_tiles[buf]))  # outside the turn, as the bf16 v3 consumer's P V
+        # out's denominator, the row sums of the rounded P, from the tensor cores: P x a [BLOCK_N, 32] tile of ones
+        # (TLX's smallest wgmma N), a fresh accumulator per block (every column the sum; added in fp32 below, as
+        # P V: Hopper's FP8 wgmma accumulates with reduced precision). 709 SASS per block instead of 844
+        # (converting P back to fp32 and summing it)
+        lq_t = tlx.async_dot(p8, tlx.local_trans(ones_tile))
         pv = tlx.async_dot_wait(0, pv)
+        lq_t = tlx.async_dot_wait(0, lq_t)
+        lq_i = lq_i * alpha + tl.max(lq_t, 1)
         tlx.barrier_arrive(v_empties[buf], 1)
         acc = acc * alpha[:, None] + pv * v_factor[None, :]
         m_i = m_new
@@ -175,6 +182,11 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
     q_tiles = tlx.local_alloc((HALF_M, HEAD_DIM), dtype, NUM_CONSUMERS * NUM_BUFFERS_Q)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
     v_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N), dtype, NUM_BUFFERS_KV)  # V^T: keys contiguous
+    # [32, BLOCK_N] ones: P times it gives the row sums of the rounded P (out's denominator) from the tensor cores;
+    # written by every thread before the tasks split (the warp-specialized region starts with a CTA barrier)
+    ones_tile = tlx.local_alloc((32, BLOCK_N), dtype, 1)[0]
+    tlx.local_store(ones_tile, tl.full((32, BLOCK_N), 1.0, tl.float32).to(dtype))
+    tlx.fence_async_shared()  # generic-proxy writes seen by wgmma (async proxy)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS * NUM_BUFFERS_Q, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
@@ -257,19 +269,19 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                         tlx.barrier_wait(q_fulls[qb], q_phase)
                         q_tile = q_tiles[qb]
                         acc, m_i, l_i, lq_i, kv_count = _consume(
-                            acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
-                            v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k, -window_left,
-                            right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                            acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
+                            k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
+                            -window_left, right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
                             HAS_RIGHT, True, FMA_SOFTMAX)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
-                            acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
-                            v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k, -window_left,
-                            right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                            acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
+                            k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
+                            -window_left, right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
                             HAS_RIGHT, False, FMA_SOFTMAX)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
-                            acc, m_i, l_i, lq_i, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
-                            v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k, -window_left,
-                            right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                            acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
+                            k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
+                            -window_left, right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
                             HAS_RIGHT, True, FMA_SOFTMAX)
                         tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
@@ -343,5 +355,6 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
         group=num_heads // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
         right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0), num_warps=NUM_WARPS, num_stages=1)
+        KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0), num_warps=NUM_WARPS,
+        num_stages=1)
     return out, lse
