@@ -45,3 +45,15 @@ def dtypes_for(device: str, backend: str):
     dtypes = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
     return tuple(d for d in dtypes if get_backend(backend).supports(
         Problem(device, d, 64, 2, 2, False, -1, -1, False, False)) is None)
+
+
+def head_dims_for(device: str, backend: str, wanted=(16,)) -> tuple:
+    """The head dims of ``wanted`` that (device, backend) runs, else the smallest it runs: a backend with few head
+    dims (tlx: 64, 128, 256) still runs every suite, on a shape it supports, instead of refusing the call (an
+    explicit ``backend=`` never reroutes) or filtering out every drawn case."""
+    dtype = dtypes_for(device, backend)[-1]
+
+    def runs(d):
+        return get_backend(backend).supports(Problem(device, dtype, d, 2, 2, False, -1, -1, False, False)) is None
+
+    return tuple(d for d in wanted if runs(d)) or next((d,) for d in (16, 32, 64, 128, 256) if runs(d))

@@ -22,6 +22,14 @@ settings.register_profile("dev", max_examples=300, deadline=None, print_blob=Tru
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_runtest_logreport(report):
+    """JFA_TEST_LOG_FAILURES=1 (the device script sets it): name each failing test the moment it fails, so a shard
+    cut by its time limit (no summary printed) still says which tests failed and why, in one line each."""
+    if report.failed and os.environ.get("JFA_TEST_LOG_FAILURES") == "1":
+        why = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message or "")
+        print(f"\nFAILED-NOW {report.nodeid} ({report.when}): {why.splitlines()[0][:200] if why else ''}", flush=True)
+
+
 def pytest_collection_modifyitems(config, items):
     # JFA_TEST_SHARD=i/n keeps every n-th test from the i-th: the device script runs n pytest processes side by side
     # (kernel compiles dominate the GPU suites and use one CPU core each).

@@ -8,7 +8,7 @@ import torch
 import jfa_ops
 from jfa_ops.backends import get_backend, register_backend, unregister_backend
 from jfa_ops.testing import AttentionCase, assert_attention_close, check_attention_case, reference_attention
-from tests.common import device_backend_params, dtypes_for
+from tests.common import device_backend_params, dtypes_for, head_dims_for
 
 FULL = device_backend_params()
 ALL = device_backend_params(smoke=True)  # cheap single calls: interpreted backends too
@@ -16,6 +16,7 @@ ALL = device_backend_params(smoke=True)  # cheap single calls: interpreted backe
 
 def _case(device, backend, **kw):
     dtype = torch.float32 if torch.float32 in dtypes_for(device, backend) else torch.float16
+    kw.setdefault("head_dim", head_dims_for(device, backend)[0])
     return AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, device=device, dtype=dtype, **kw)
 
 
@@ -32,7 +33,8 @@ def test_double_backward_raises(device, backend):
 @pytest.mark.parametrize("broadcast_q", [False, True])
 def test_deterministic_gradients_are_bitwise_reproducible(device, backend, broadcast_q):
     case = AttentionCase((5,) if broadcast_q else (3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, device=device,
-                         dtype=_case(device, backend).dtype, broadcast_q=broadcast_q, window=(2, 1))
+                         dtype=_case(device, backend).dtype, head_dim=_case(device, backend).head_dim,
+                         broadcast_q=broadcast_q, window=(2, 1))
     inputs = case.make_inputs(0, requires_grad=True)
     runs = []
     for _ in range(3):
@@ -165,7 +167,7 @@ def test_global_deterministic_flag_reaches_the_backend(recording_backend, determ
 def test_global_deterministic_flag_gives_bitwise_reproducible_broadcast_q_gradients(device, backend,
                                                                                   deterministic_algorithms):
     case = AttentionCase((5,), (4, 2, 6), heads_q=4, heads_kv=2, device=device, dtype=_case(device, backend).dtype,
-                         broadcast_q=True)
+                         head_dim=_case(device, backend).head_dim, broadcast_q=True)
     inputs = case.make_inputs(0, requires_grad=True)
     runs = []
     for _ in range(3):

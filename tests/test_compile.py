@@ -18,7 +18,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs, CompileCounterWithBac
 
 import jfa_ops
 from jfa_ops.testing import assert_attention_close
-from tests.common import device_backend_params
+from tests.common import device_backend_params, head_dims_for
 
 HQ, HKV, D = 4, 2, 16
 
@@ -49,9 +49,9 @@ def _batches(n, cross, device, seed=0):
     return out
 
 
-def _tensors(q_off, kv_off, device, dtype, seed):
+def _tensors(q_off, kv_off, device, dtype, seed, head_dim=D):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda rows, h: torch.randn(rows, h, D, generator=g).to(device, dtype).requires_grad_()  # noqa: E731
+    mk = lambda rows, h: torch.randn(rows, h, head_dim, generator=g).to(device, dtype).requires_grad_()  # noqa: E731
     return mk(int(q_off[-1]), HQ), mk(int(kv_off[-1]), HKV), mk(int(kv_off[-1]), HKV)
 
 
@@ -72,7 +72,7 @@ def test_one_compile_over_many_jagged_batches(device, backend, cross):
     assert len({int(b[0][-1]) for b in batches}) > 10 and len({b[2] for b in batches}) > 10
     torch._dynamo.utils.counters.clear()
     for i, (q_off, kv_off, max_q, max_kv) in enumerate(batches):
-        q, k, v = _tensors(q_off, kv_off, device, dtype, seed=i)
+        q, k, v = _tensors(q_off, kv_off, device, dtype, seed=i, head_dim=head_dims_for(device, backend, (D,))[0])
         loss, out = compiled(q, k, v, q_off, kv_off, max_q, max_kv)
         grads = torch.autograd.grad(loss, (q, k, v))
         ref_loss, ref_out = fn(q, k, v, q_off, kv_off, max_q, max_kv)
@@ -175,3 +175,33 @@ def test_aoti_compile_and_package_on_cpu():
         inputs = _other_batch()
         for got, want in zip(loaded(*inputs), _Attn()(*inputs)):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("pinned,installed,env,path", [
+    ("triton==3.6.0; platform_system == 'Linux'", "3.6.0", None, "inductor"),
+    ("triton==3.6.0; platform_system == 'Linux'", "3.8.0", None, "opaque"),  # torch 2.11 under the TLX install
+    ("pytorch-triton==3.6.0+git1234", "3.8.0", "inductor", "inductor"),  # forced
+    (None, "3.8.0", None, "inductor"),  # a torch wheel that pins no triton (CPU builds): nothing to compare
+])
+def test_default_compile_path_is_opaque_under_a_triton_torch_does_not_pin(monkeypatch, pinned, installed, env, path):
+    """torch's kernel analysis (wrap_triton) fails under another triton minor (H200, 2026-12-02: torch 2.11 with
+    triton 3.8), so the default compile path keeps the op opaque there."""
+    import importlib.metadata
+
+    import triton
+
+    from jfa_ops.ops import attention
+
+    requires = importlib.metadata.requires
+    monkeypatch.setattr(importlib.metadata, "requires",
+                        lambda name: ([pinned] if pinned else []) if name == "torch" else requires(name))
+    monkeypatch.setattr(triton, "__version__", installed)
+    monkeypatch.delenv("JFA_COMPILE_PATH", raising=False)
+    if env:
+        monkeypatch.setenv("JFA_COMPILE_PATH", env)
+    attention.triton_pin_mismatch.cache_clear()
+    try:
+        assert attention.compile_path() == path
+        assert (attention.triton_pin_mismatch() is not None) == (pinned is not None and installed == "3.8.0")
+    finally:
+        attention.triton_pin_mismatch.cache_clear()

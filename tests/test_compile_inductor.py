@@ -511,6 +511,10 @@ def _attention(q, k, v, q_off, kv_off):
 
 @pytest.fixture(autouse=True)
 def _inductor_path(monkeypatch):
+    from jfa_ops.ops.attention import triton_pin_mismatch
+
+    if triton_pin_mismatch():  # torch cannot analyse kernels under this triton (the TLX install): nothing to test
+        pytest.skip(triton_pin_mismatch())
     monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")  # what this file tests (the default, whatever the env says)
 
 

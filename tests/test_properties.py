@@ -17,7 +17,7 @@ import jfa_ops
 import meta_kernels
 from jfa_ops import backends
 from jfa_ops.testing import FEATURE_MATRIX, AttentionCase, attention_cases, check_attention_case
-from tests.common import device_backend_params, dtypes_for, is_interpreted
+from tests.common import device_backend_params, dtypes_for, head_dims_for, is_interpreted
 
 FULL = device_backend_params()
 SMOKE = [p for p in device_backend_params(smoke=True) if is_interpreted(*p.values)]
@@ -40,7 +40,8 @@ def test_matches_oracle(device, backend, data, seed):
 @given(data=st.data(), seed=seeds)
 def test_many_heads_and_gqa_ratios(device, backend, data, seed):
     case = data.draw(attention_cases(devices=(device,), dtypes=dtypes_for(device, backend), max_total=12,
-                                     max_heads_kv=8, max_group=8, head_dims=(8, 24)), label="case")
+                                     max_heads_kv=8, max_group=8,
+                                     head_dims=head_dims_for(device, backend, (8, 24))), label="case")
     _check(case, backend, seed)
 
 
@@ -49,7 +50,8 @@ def test_many_heads_and_gqa_ratios(device, backend, data, seed):
 def test_masks_with_long_sequences(device, backend, data, seed):
     """Causal and windows over lengths up to 70 (several blocks of any kernel tile), GQA, cross lengths."""
     case = data.draw(attention_cases(devices=(device,), dtypes=dtypes_for(device, backend), max_total=150,
-                                     max_batch=3, max_len=70, head_dims=(16,), window=True), label="case")
+                                     max_batch=3, max_len=70,
+                                     head_dims=head_dims_for(device, backend), window=True), label="case")
     _check(case, backend, seed)
 
 
@@ -77,17 +79,18 @@ def test_every_head_dim(device, backend, head_dim):
 @pytest.mark.parametrize("broadcast_q", [False, True])
 def test_empty_kv_with_nonempty_q(device, backend, broadcast_q):
     """KV all empty: out exactly 0, lse -inf, zero gradients, never NaN (checked directly, not via the oracle)."""
+    head_dim = head_dims_for(device, backend)[0]
     case = AttentionCase((3,) if broadcast_q else (3, 4), (0, 0), broadcast_q=broadcast_q, device=device,
-                         dtype=dtypes_for(device, backend)[-1])
+                         dtype=dtypes_for(device, backend)[-1], head_dim=head_dim)
     inputs = case.make_inputs(0, requires_grad=True)
     out, lse = inputs.call(backend)
-    assert out.shape == (6 if broadcast_q else 7, 2, 16) and lse.shape == (2, out.shape[0])
+    assert out.shape == (6 if broadcast_q else 7, 2, head_dim) and lse.shape == (2, out.shape[0])
     assert torch.equal(out, torch.zeros_like(out))
     assert torch.equal(lse, torch.full_like(lse, -math.inf))
     grads = torch.autograd.grad((out, lse), (inputs.q, inputs.k, inputs.v),
                                 (torch.randn_like(out), torch.randn_like(lse)))
     assert torch.equal(grads[0], torch.zeros_like(inputs.q))
-    assert grads[1].shape == (0, 2, 16) and grads[2].shape == (0, 2, 16)
+    assert grads[1].shape == (0, 2, head_dim) and grads[2].shape == (0, 2, head_dim)
 
 
 FLOAT64 = [p for p in FULL if torch.float64 in dtypes_for(*p.values)]

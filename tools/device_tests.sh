@@ -18,7 +18,7 @@ pids=()
 for ((i = 0; i < shards; i++)); do
   # Each shard under its own limit (a hung kernel fails one shard, not the report); faulthandler names the test.
   # PYTEST_PRELOAD: a module imported before pytest and triton (the TLX plugin's _utlx_autoregister)
-  JFA_TEST_SHARD=$i/$shards timeout "${SHARD_TIMEOUT_S:-240}" python3 -c \
+  JFA_TEST_LOG_FAILURES=1 JFA_TEST_SHARD=$i/$shards timeout "${SHARD_TIMEOUT_S:-240}" python3 -c \
     "import sys, ${PYTEST_PRELOAD:-os}, pytest; sys.exit(pytest.main(sys.argv[1:]))" -q -m gpu tests \
     -p no:cacheprovider --durations=5 -o faulthandler_timeout=120 "$@" >"$log/shard$i.log" 2>&1 &
   pids+=($!)
@@ -29,6 +29,7 @@ for ((i = 0; i < shards; i++)); do
     rc=1
     cp "$log/shard$i.log" "${OUT:-/tmp}/failed_shard$i.log" 2>/dev/null || true
   fi
-  echo "== shard $i/$shards"; grep -E "passed|failed|error|FAILED|ERROR" "$log/shard$i.log" | tail -15
+  echo "== shard $i/$shards"; grep -E "passed|failed|error|FAILED|ERROR" "$log/shard$i.log" | grep -v "^FAILED-NOW" | tail -15
+  grep "^FAILED-NOW" "$log/shard$i.log" | cut -c1-300 | head -20  # failures named as they happened (a cut shard too)
 done
 exit $rc

@@ -17,7 +17,7 @@ import pstats
 
 import torch
 from host_layers import per_call_us  # this script's directory is on sys.path
-from host_profile import _switched_off
+from host_profile import _NoopAttention, _switched_off
 
 import jfa_ops
 from jfa_ops import validation
@@ -82,9 +82,18 @@ def main():
         o = jfa_ops.jagged_attention(qg, kg, vg, off, off, causal=True, backend="triton")
         torch.autograd.grad(o, (qg, kg, vg), grad_out)  # no .grad accumulation: CPU fp16 adds are not host time
 
+    kept = jfa_ops.jagged_attention(qg, kg, vg, off, off, causal=True, backend="triton")
+    floor = _NoopAttention.apply(qg, kg, vg, off, off, None, None, None)
     grad_rows = [
         ("forward + backward, inputs require grad (autograd.grad; --calls / 4)", fwd_bwd),
         ("  the same without the backward recipe", _switched_off(attn_bwd, "RECIPES_ENABLED", fwd_bwd)),
+        ("  backward alone through autograd (kept graph: engine + _DirectAttentionBackward)",
+         lambda: torch.autograd.grad(kept, (qg, kg, vg), grad_out, retain_graph=True)),
+        ("  torch's floor: a no-op autograd.Function (same inputs, saved tensors), forward + backward",
+         lambda: torch.autograd.grad(_NoopAttention.apply(qg, kg, vg, off, off, None, None, None)[0],
+                                     (qg, kg, vg), grad_out)),
+        ("  torch's floor, backward alone (kept graph)",
+         lambda: torch.autograd.grad(floor[0], (qg, kg, vg), grad_out, retain_graph=True)),
     ]
     rows = [(name, fn, args.calls, torch.no_grad) for name, fn in rows]
     rows += [(name, fn, max(args.calls // 4, 100), torch.enable_grad) for name, fn in grad_rows]

@@ -86,9 +86,12 @@ def main():
                 return fn()
         return run
 
-    def fwd_bwd():
+    def fwd_bwd():  # autograd.grad as the bench (bench/timing.py): no .grad accumulation (3 add_ a call)
         o = jfa_ops.jagged_attention(qg, kg, vg, off, off, **opts)
-        torch.autograd.backward(o, grad_out)
+        torch.autograd.grad(o, (qg, kg, vg), grad_out)
+
+    kept = jfa_ops.jagged_attention(qg, kg, vg, off, off, **opts)  # a graph the backward rows run again and again
+    floor = _NoopAttention.apply(qg, kg, vg, off, off, None, None, None)
 
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -140,6 +143,13 @@ def main():
         ("  torch._assert_async(flag)", lambda: torch._assert_async(flag.reshape(()))),
         ("  device_guard(q.device)", lambda: _enter(device_guard(q.device))),
         ("forward + backward, inputs require grad", fwd_bwd),
+        ("  backward alone through autograd (autograd.grad on a kept graph: engine + _DirectAttentionBackward)",
+         lambda: torch.autograd.grad(kept, (qg, kg, vg), grad_out, retain_graph=True)),
+        ("  torch's floor: a no-op autograd.Function (same inputs, saved tensors), forward + backward",
+         lambda: torch.autograd.grad(_NoopAttention.apply(qg, kg, vg, off, off, None, None, None)[0], (qg, kg, vg),
+                                     grad_out)),
+        ("  torch's floor, backward alone (kept graph)",
+         lambda: torch.autograd.grad(floor[0], (qg, kg, vg), grad_out, retain_graph=True)),
         ("forward + backward, without the backward recipe", _no_recipes(fwd_bwd)),
         ("jagged_attention no grad, op path (JFA_EAGER_PATH=op)", _op_path(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
@@ -176,6 +186,23 @@ def _trivial_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: torch.Ten
                 mk: int, scale: Optional[float], causal: bool, wl: int, wr: int, bq: bool, det: bool,
                 backend: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), torch.empty(q.shape[1], q.shape[0], device=q.device)
+
+
+class _NoopAttention(torch.autograd.Function):
+    """``ops.attention._DirectAttention``'s autograd shape with no work: the same inputs and saved tensors, two
+    fresh outputs, and a backward that returns fixed gradients (torch's own cost of a Function's forward + backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, impl, params, options):
+        out, lse = torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, *_ = ctx.saved_tensors
+        return (q, k, v) + (None,) * 5
 
 
 def _disabled_noop(x):

@@ -1,7 +1,8 @@
 """GPU check of the tlx backend (H200): a correctness sweep against the float64 oracle, then forward timings.
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
-``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: its sweep, then its timings;
+``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweeps of its v1 and v2
+consumers, ``backward-v1`` / ``backward-v2`` alone, then ``backward-timing``: TFLOP/s tlx-old / triton / tlx-new;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``). Every case is caught and
 reported (one line each, printed as it finishes, so a hang still shows how far it got); exit 1 if any case failed.
@@ -211,15 +212,18 @@ def backward_cases():
     ]
 
 
-def backward_correctness() -> int:
-    """The TLX backward (configs.BACKWARD) against the oracle: out, lse and dq/dk/dv through out and lse."""
+def backward_correctness(v2: bool) -> int:
+    """The TLX backward (configs.BACKWARD; ``v2``: its v2 consumers, configs.BACKWARD_V2) against the oracle: out, lse
+    and dq/dk/dv through out and lse."""
     from jfa_ops.backends.tlx import configs
 
-    configs.BACKWARD = True
+    configs.BACKWARD, configs.BACKWARD_V2 = True, v2
+    variant = "v2" if v2 else "v1"
     failures, t0 = 0, time.time()
     for name, case in backward_cases():
         faulthandler.dump_traceback_later(HANG_S, exit=True)
-        print(f"{name:44s} ...", end="\r", flush=True)
+        label = f"{name} [{variant}]"
+        print(f"{label:50s} ...", end="\r", flush=True)
         try:
             check_attention_case(case, "tlx", grads=("both",))
             status, detail = "PASS", "out/lse/dq/dk/dv"
@@ -227,9 +231,9 @@ def backward_correctness() -> int:
             failures += 1
             lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
             status, detail = "FAIL", " | ".join(lines)[:300]
-        print(f"{name:44s} {status:6s} {detail}", flush=True)
+        print(f"{label:50s} {status:6s} {detail}", flush=True)
     faulthandler.cancel_dump_traceback_later()
-    print(f"backward correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
+    print(f"backward correctness {variant}: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
 
@@ -314,7 +318,9 @@ def timing() -> int:
 
 
 def backward_timing() -> int:
-    """Backward alone (through a retained graph), TFLOP/s of useful work: TLX backward vs the triton backend's."""
+    """Backward alone (through a retained graph), TFLOP/s of useful work: the TLX backward's v1 and v2 consumers vs
+    the triton backend's. Each value is printed as it is measured (a hung kernel ends the run there: faulthandler);
+    ``TLX_BWD_TIMING_V2=0`` leaves the v2 column out."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -325,14 +331,21 @@ def backward_timing() -> int:
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
-    print(f"{'backward, bf16, TFLOP/s (median)':40s} {'tlx bwd':>10s} {'triton bwd':>10s} {'ratio':>6s}", flush=True)
+    # (column, configs.BACKWARD, configs.BACKWARD_V2)
+    cols = [("tlx-old", True, False), ("triton", False, False)]
+    if os.environ.get("TLX_BWD_TIMING_V2", "1") == "1":
+        cols.append(("tlx-new", True, True))
+    print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _, _ in cols)
+          + f" {'old/triton':>10s}" + (f" {'new/triton':>10s} {'new/old':>7s}" if len(cols) == 3 else ""), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
         row = {}
-        for label, use_tlx in (("tlx", True), ("triton", False)):
-            configs.BACKWARD = use_tlx
+        print(f"{case.label:40s}", end="", flush=True)
+        for label, use_tlx, v2 in cols:
+            configs.BACKWARD, configs.BACKWARD_V2 = use_tlx, v2
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
             try:
                 out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
                                                max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
@@ -342,10 +355,12 @@ def backward_timing() -> int:
                 row[label] = case.flops("bwd") / ms / 1e9
             except Exception as e:  # noqa: BLE001
                 failures += 1
-                print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        configs.BACKWARD = False
-        t, r = row.get("tlx", float("nan")), row.get("triton", float("nan"))
-        print(f"{case.label:40s} {t:10.1f} {r:10.1f} {t / r:6.2f}", flush=True)
+                print(f"\n  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f" {row.get(label, float('nan')):10.1f}", end="", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        configs.BACKWARD, configs.BACKWARD_V2 = False, False
+        old, ref, new = (row.get(c, float("nan")) for c in ("tlx-old", "triton", "tlx-new"))
+        print(f" {old / ref:10.2f}" + (f" {new / ref:10.2f} {new / old:7.2f}" if len(cols) == 3 else ""), flush=True)
     return failures
 
 
@@ -481,8 +496,11 @@ def main(argv) -> int:
         failed += correctness()
     if part in ("timing", "all"):
         failed += timing()
-    if part in ("backward", "all"):
-        failed += backward_correctness()
+    # the TLX backward: backward-v1 / backward-v2: one variant's sweep (tlx_device.sh gives each its own limit)
+    if part in ("backward", "backward-v1", "all"):
+        failed += backward_correctness(v2=False)
+    if part in ("backward", "backward-v2", "all"):
+        failed += backward_correctness(v2=True)
     if part in ("backward", "backward-timing", "all"):  # backward-timing: the timings alone (own time limit)
         failed += backward_timing()
     if part in ("sparse", "sparse-correctness"):  # the block-sparse forward (not in "all": its own device call)

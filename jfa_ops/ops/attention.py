@@ -9,7 +9,10 @@ come from ``meta_kernels`` and are shared by the fakes and the eager checks.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
+import re
 import threading
 from typing import Optional, Tuple
 
@@ -24,6 +27,8 @@ import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
 from jfa_ops import validation
 from jfa_ops.backends.base import per_trace, traced
+
+log = logging.getLogger(__name__)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 
@@ -244,10 +249,39 @@ def compile_path() -> str:
     own launcher; ``opaque`` keeps the op one node whose body runs at run time, as for every other backend. Measured
     on the H200 (bench/NOTES.md v8): the 4-layer model's compiled step 10.5 ms (inductor) vs 12.5 (opaque) on small
     batches, 15.9 vs 16.6 on T=32768; a compiled forward 422 vs 499 us per call."""
-    path = os.environ.get("JFA_COMPILE_PATH", "inductor")
+    path = os.environ.get("JFA_COMPILE_PATH")
+    if path is None:
+        return "opaque" if triton_pin_mismatch() else "inductor"
     if path not in COMPILE_PATHS:
         raise ValueError(f"JFA_COMPILE_PATH must be one of {COMPILE_PATHS}, got {path!r}")
     return path
+
+
+@functools.lru_cache(maxsize=None)
+def triton_pin_mismatch() -> Optional[str]:
+    """Why torch's analysis of user Triton kernels may not work with the installed triton, else None.
+
+    Tracing kernels into a graph (``wrap_triton``) makes torch build each kernel's IR with the installed triton's
+    compiler API. torch 2.11 (pinned to triton 3.6) under triton 3.8 (the TLX install) fails there ("Function
+    argument index out of range") and Inductor then fails the whole graph (H200, 2026-12-02). So when triton's
+    major.minor differs from the version torch's wheel pins, the default compile path keeps the op opaque (its body
+    runs at run time: correct, a little slower); ``JFA_COMPILE_PATH=inductor`` forces tracing anyway."""
+    try:
+        import importlib.metadata
+        import triton
+
+        pins = [r.split("==", 1)[1].split(";")[0].strip() for r in importlib.metadata.requires("torch") or ()
+                if re.match(r"(pytorch-)?triton\s*==", r)]
+        installed = triton.__version__
+    except Exception:  # no triton, no torch metadata: nothing to compare (no tracing without triton anyway)
+        return None
+    minor = lambda v: tuple(v.split("+")[0].split(".")[:2])  # noqa: E731
+    if not pins or minor(pins[0]) == minor(installed):
+        return None
+    why = (f"triton {installed} is installed but torch {torch.__version__} pins triton {pins[0]}: compiled graphs "
+           f"keep jfa ops opaque (JFA_COMPILE_PATH=inductor forces tracing the kernels)")
+    log.warning("jfa_ops: %s", why)
+    return why
 
 
 def _traced_backend(q: Tensor, k: Tensor, params: AttentionParams, backend: Optional[str]):

@@ -161,22 +161,25 @@ def _gpu_activities(fn) -> list:
 @needs_cuda
 def test_launch_counts_gpu(monkeypatch):
     """Issue 9's aims, so that the count cannot creep back: a small eager forward launches <= 2 kernels with the
-    default validation (attention + the offset check's assert), its backward <= 4 (delta, dK/dV, dQ)."""
+    default validation (attention + the offset check's assert), its backward <= 4 (delta, dK/dV, dQ); counted for
+    offsets an earlier call checked (covered: no check) and for a fresh offsets tensor (checked on the device)."""
     import jfa_ops
 
     monkeypatch.delenv("JFA_VALIDATE", raising=False)
     q, k, v, off = _tiny_batch()
     grad = torch.randn_like(q)
 
-    def forward():
-        return jfa_ops.jagged_attention(q, k, v, off, off, 64, 64, causal=True, backend="triton")
+    def forward(offsets=off):
+        return jfa_ops.jagged_attention(q, k, v, offsets, offsets, 64, 64, causal=True, backend="triton")
 
     out = forward()
     torch.autograd.grad(out, (q, k, v), grad)  # compile and cache everything first
     fwd = _gpu_activities(forward)
+    fresh = off.clone()  # not covered by an earlier call's check: this forward checks it on the device
+    fwd_checked = _gpu_activities(lambda: forward(fresh))
     out = forward()
     bwd = _gpu_activities(lambda: torch.autograd.grad(out, (q, k, v), grad))
-    assert len(fwd) <= 2 and len(bwd) <= 4, (fwd, bwd)
+    assert len(fwd) <= 2 and len(fwd_checked) <= 2 and len(bwd) <= 4, (fwd, fwd_checked, bwd)
 
 
 @pytest.mark.gpu
@@ -459,3 +462,17 @@ def test_forward_replays_agree_with_the_full_path_property(monkeypatch, lengths,
     assert not replayed[1][1] and _same_launch(replayed[1][0], want, calls[1], calls[1])
     monkeypatch.undo()
 
+
+
+def test_forward_replay_of_one_tensor_for_q_k_v_keeps_their_places(monkeypatch):
+    """A signature first called with one tensor as q, k and v (self-attention on a shared buffer), then with three:
+    the replay launches each call's own k and v in their places (a replay that named K and V by the first source
+    identical to them would launch q as k and v)."""
+    q, k, v, off, kv_off, params = _call([30, 5, 29], heads=(2, 2), causal=True)
+    calls = [(q, q, q, off, kv_off, params), _call([30, 5, 29], heads=(2, 2), causal=True)]
+    replayed = _forward_launches(monkeypatch, calls)
+    assert [full for _, full in replayed] == [True, False]
+    monkeypatch.setattr(launch, "PLANS_ENABLED", False)
+    monkeypatch.setattr(launch, "_launch_bound", lambda *a: object())
+    (want, _), = _forward_launches(monkeypatch, [calls[1]])
+    assert _same_launch(replayed[1][0], want, calls[1], calls[1])

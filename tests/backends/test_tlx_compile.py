@@ -34,6 +34,11 @@ MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 # offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
 # branch; bench/NOTES.md "TLX block-sparse forward v1").
 MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
+# The backward's v2 consumers ("bwd-*-v2": configs.BACKWARD_V2), stores + loads: D64 0; D128 320-904 (full 320,
+# broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
+# prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;
+# bench/NOTES.md "TLX backward v2"). v1: 1464-1636.
+MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
@@ -86,9 +91,20 @@ def test_one_loop_consumer_keeps_wgmma_in_flight(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
 
+def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
+    """The v2 backward consumer (``attn_bwd._consume_rows_v2``) overlaps S with dP, dV with dS, dK with dQ's staging:
+    wgmma groups in flight (its loop has num_stages=0), and its spills stay far below v1's."""
+    rows = [r for r in compiled if r["name"].startswith("bwd-") and r["name"].endswith("-v2")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no v2 backward compiled"
+    for r in rows:
+        assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
+        head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_BWD_V2[head_dim], f"{r['name']}: spills {r}"
+
+
 def test_block_sparse_routing_rules():
     """The block-sparse forward's rules (``configs.sparse_reason``) and its rank in the automatic choice:
-    below triton (10) unless JFA_TLX_SPARSE=1. Needs TLX importable (the subprocess), not a GPU."""
+    above triton (10) unless JFA_TLX_SPARSE=0 (the default since its GPU check). Needs TLX importable (the subprocess), not a GPU."""
     code = (
         "from jfa_ops.backends.tlx import BACKEND, configs\n"
         "r = configs.sparse_reason\n"
@@ -98,8 +114,8 @@ def test_block_sparse_routing_rules():
         "print(BACKEND.family_priority('block_sparse'))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
-    for switch, rank in (("0", "5"), ("1", "20")):
-        proc = subprocess.run([sys.executable, "-c", code], env={**env, "JFA_TLX_SPARSE": switch}, cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+    for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env if switch is None else {**env, "JFA_TLX_SPARSE": switch})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.split() == [rank], proc.stdout

@@ -15,7 +15,7 @@ Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_spars
 SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
 block_kv of the key tile (128; select_kv_blocks' defaults fit); the backward and the selection (family
 ``select_kv_blocks``, so that ``sparse_attention(..., backend="tlx")`` runs) are the triton backend's. Chosen
-automatically only with ``JFA_TLX_SPARSE=1`` until its GPU check passes (``configs.SPARSE_AUTO``).
+automatically (above triton) since its GPU check; ``JFA_TLX_SPARSE=0`` turns that off (``configs.SPARSE_AUTO``).
 """
 from __future__ import annotations
 
@@ -101,12 +101,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Option
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
     """The TLX backward (``attn_bwd.py``: D64/D128) when ``configs.BACKWARD`` is on (env ``JFA_TLX_BWD=1``; off until
-    its GPU check passes), else the triton backend's, which reads the same (out, lse) the TLX forward writes."""
-    if configs.BACKWARD and configs.bwd_config(q.shape[-1]) is not None:
+    its GPU check passes; its v2 consumers with ``configs.BACKWARD_V2``, env ``JFA_TLX_BWD_V2=1``), else the triton
+    backend's, which reads the same (out, lse) the TLX forward writes."""
+    v2 = configs.BACKWARD_V2
+    if configs.BACKWARD and (configs.bwd_config_v2 if v2 else configs.bwd_config)(q.shape[-1]) is not None:
         from .attn_bwd import attention_backward
 
         with device_guard(q.device):
-            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
+            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=v2)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
@@ -151,7 +153,7 @@ def _select_supports(problem: Problem) -> Optional[str]:
 
 BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=supports,
                   priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True, families={
-                      # automatic choice ranks it above triton (10) only with JFA_TLX_SPARSE=1 (configs.SPARSE_AUTO)
+                      # automatic choice ranks it above triton (10) unless JFA_TLX_SPARSE=0 (configs.SPARSE_AUTO)
                       "block_sparse": FamilyImpl(block_sparse_forward, _block_sparse_backward,
                                                  supports=block_sparse_supports,
                                                  priority=20 if configs.SPARSE_AUTO else 5),

@@ -22,10 +22,14 @@ KV_MAJOR: Optional[bool] = None
 ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
 # The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
 BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
-# The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: off
-# until its GPU check passes (tools/tlx_device.sh sparse); env JFA_TLX_SPARSE=1 turns it on. backend="tlx" runs it
-# either way.
-SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "0") == "1"
+# With BACKWARD on: the v2 consumers (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared
+# memory, wgmma overlapped; bench/NOTES.md "TLX backward v2") instead of v1's. Env JFA_TLX_BWD_V2=1; off until the GPU
+# check (tools/tlx_device.sh backward) says it is correct and faster.
+BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "0") == "1"
+# The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
+# since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
+# the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
+SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
@@ -97,6 +101,18 @@ _BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 def bwd_config(head_dim: int) -> Optional[BwdConfig]:
     """The TLX backward's config, None where the triton backend's backward runs instead."""
     return _BWD.get(head_dim)
+
+
+# v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB + dQ
+# staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
+# take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas
+# spilled 400 / 500 B per thread (full) instead of 140 / 180.
+_BWD_V2 = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
+
+
+def bwd_config_v2(head_dim: int) -> Optional[BwdConfig]:
+    """The v2 backward's config (``BACKWARD_V2``), None where the triton backend's backward runs instead."""
+    return _BWD_V2.get(head_dim)
 
 
 def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:

@@ -565,13 +565,15 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
     if (key is not None and not fused and dkdv_one_wave and schedule["TILES_FROM_OFFSETS"]
             and key[-2:] == (qdo_tma, kv_tma) and all(_packed_any_rows(t) for t in given)):
-        plans = (launcher.planned(attn_bwd_delta_kernel, delta_key),
-                 launcher.planned(attn_bwd_dkdv_kernel, dkdv_key, **dkdv_options),
-                 launcher.planned(attn_bwd_dq_kernel, dq_key, **dq_options))
-        if all(plan is not None for plan in plans):
+        group = launcher.plan_group((
+            (attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
+            (attn_bwd_dkdv_kernel, dkdv_key, _same_sources(_DKDV_SOURCES, qdo_tma, schedule["ATOMIC_WORK"]),
+             dkdv_options),
+            (attn_bwd_dq_kernel, dq_key, _same_sources(_DQ_SOURCES, kv_tma, schedule["ATOMIC_WORK"]), dq_options)))
+        if group is not None:
             if len(_RECIPES) >= _RECIPES_MAX:
                 _RECIPES.clear()
-            _RECIPES[key] = _Recipe(plans, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma,
+            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, dkdv_cfg, cfg, qdo_tma, kv_tma,
                                     schedule["ATOMIC_WORK"])
     return dq_buf, dk, dv
 
@@ -614,7 +616,7 @@ def _packed_any_rows(t) -> bool:
 
 
 # Where each launch's per-call arguments come from (``launch.PlanGroup`` sources, each specialized once; ints are
-# constants of the path). _Recipe renames the sources its TMA choices and schedule make equal to others.
+# constants of the path). _same_sources renames those its TMA choices and schedule make equal to others.
 _DELTA_SOURCES = dict(Out="out", DOut="grad_out", GradLse="grad_lse", Delta="delta", ZEROED="delta",
                       total_out="total_out", zero_rows=0)
 _DKDV_SOURCES = dict(Q="q_rows", K="k", V="v", DOut="do_rows", Lse="lse", Delta="delta", DK="dk", DV="dv", DQ="dk",
@@ -646,14 +648,8 @@ class _Recipe:
     __slots__ = ("group", "device", "num_heads", "num_heads_kv", "dkdv_cfg", "dq_cfg", "schedule", "qdo_tma",
                  "kv_tma", "atomic_work")
 
-    def __init__(self, plans, device, num_heads, num_heads_kv, dkdv_cfg, dq_cfg, qdo_tma, kv_tma, atomic_work):
-        delta_plan, dkdv_plan, dq_plan = plans
-        self.group = launcher.PlanGroup((
-            (attn_bwd_delta_kernel, delta_plan, _DELTA_SOURCES, {}),
-            (attn_bwd_dkdv_kernel, dkdv_plan, _same_sources(_DKDV_SOURCES, qdo_tma, atomic_work),
-             dict(num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages)),
-            (attn_bwd_dq_kernel, dq_plan, _same_sources(_DQ_SOURCES, kv_tma, atomic_work),
-             dict(num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages))))
+    def __init__(self, group, device, num_heads, num_heads_kv, dkdv_cfg, dq_cfg, qdo_tma, kv_tma, atomic_work):
+        self.group = group  # launch.PlanGroup of the delta, dK/dV and dQ plans
         self.atomic_work = atomic_work
         self.device, self.num_heads, self.num_heads_kv = device, num_heads, num_heads_kv
         self.dkdv_cfg, self.dq_cfg, self.schedule = dkdv_cfg, dq_cfg, KNOBS.bwd_schedule  # knobs: in the key

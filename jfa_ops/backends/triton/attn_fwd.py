@@ -217,16 +217,19 @@ def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.
 
 class _Replay:
     """A small call's forward fixed for its signature (``_replay_key``): allocate out/lse (and the check flag),
-    convert the offsets as the full path does, launch (``launch.Replay``). Made only where the full path launches
-    nothing but the attention kernel from tensors the call has (or, for broadcast Q, the output offsets
-    ``broadcast_offsets`` keeps per shape: read-only, so the replay keeps them too): one wave (no tile list), no TMA
-    descriptors, inputs used in place."""
+    convert the offsets as the full path does, launch its one-launch ``launch.PlanGroup`` (every int a constant of
+    the signature, the tensors named by ``SOURCES``). Made only where the full path launches nothing but the
+    attention kernel from tensors the call has (or, for broadcast Q, the output offsets ``broadcast_offsets`` keeps
+    per shape: read-only, so the replay keeps them too): one wave (no tile list), no TMA descriptors, inputs used in
+    place."""
 
-    __slots__ = ("launch", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
+    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag")  # the tensors a replayed call launches with
+
+    __slots__ = ("group", "grids", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
                  "broadcast_offsets")
 
-    def __init__(self, launch_replay, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets):
-        self.launch, self.out_shape, self.lse_shape = launch_replay, out.shape, lse.shape
+    def __init__(self, group, grid, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets):
+        self.group, self.grids, self.out_shape, self.lse_shape = group, (grid,), out.shape, lse.shape
         self.dtype, self.device, self.check = out.dtype, out.device, check
         self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
         self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
@@ -241,8 +244,8 @@ class _Replay:
         kv_off = q_off if kv_offsets is q_offsets else kv_offsets.to(torch.int32) if self.convert_kv else kv_offsets
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
-        flag = torch.empty((1,), dtype=torch.int32, device=self.device) if self.check else kv_off
-        if not self.launch.run((q, k, v, out, lse, q_off, kv_off, flag)):
+        flag = torch.empty((1,), dtype=torch.int32, device=self.device) if self.check else None
+        if not self.group.launch(self.grids, q=q, k=k, v=v, out=out, lse=lse, q_off=q_off, kv_off=kv_off, flag=flag):
             return None
         if self.check:
             validation.device_flag(flag, validation.validation_mode(self.device))
@@ -339,26 +342,31 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     return out, lse
 
 
+_OWN_SOURCE = {name: n for n, name in enumerate(("Q", "K", "V", "Out", "Lse", "Q_OFF", "KV_OFF", "FLAG"))}
+
+
 def _keep_replay(key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets) -> None:
-    """Store the replay of the launch just made, if every tensor argument is one of ``sources``."""
+    """Store the replay of the launch just made, if every tensor argument is one of ``sources`` (``_Replay.SOURCES``
+    in order): its own (Q is q, even when q is k) or else the first identical one (the tile list's offsets)."""
     if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
         return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
-    slots = {}
+    names = {}
     for name, value in dynamic.items():
         if isinstance(value, torch.Tensor):
-            index = next((i for i, source in enumerate(sources) if source is value), None)
+            own = _OWN_SOURCE.get(name)
+            index = own if own is not None and sources[own] is value else next(
+                (i for i, source in enumerate(sources) if source is value), None)
             if index is None:
                 return
-            slots[name] = index
-        elif not isinstance(value, (int, float)):
+            names[name] = _Replay.SOURCES[index]
+        elif isinstance(value, (int, float)):
+            names[name] = value  # a constant of the signature
+        else:
             return
-    flag = sources[-1]
-    if flag is None:
-        sources = sources[:-1] + (sources[6],)  # FLAG is the kv offsets (unused) without a check
-    made = launch.replay(attn_fwd_kernel, plan_key, grid, dynamic, slots, sources, **options)
-    if made is None:
+    group = launch.plan_group([(attn_fwd_kernel, plan_key, names, options)])
+    if group is None:
         return
     if len(_REPLAYS) >= _REPLAYS_MAX:
         _REPLAYS.clear()
-    _REPLAYS[key] = _Replay(made, sources[3], sources[4], q_offsets, kv_offsets, flag is not None,
+    _REPLAYS[key] = _Replay(group, grid, sources[3], sources[4], q_offsets, kv_offsets, sources[7] is not None,
                             sources[5] if q_offsets is None else None)

@@ -227,7 +227,7 @@ def int32_offsets(offsets: torch.Tensor, same_as=None) -> torch.Tensor:
         return same_as[1]
     if tracing():
         return per_trace(_int32_copy, offsets)
-    return offsets.to(torch.int32)
+    return offsets if offsets.dtype == torch.int32 else offsets.to(torch.int32)  # .to(copy=False): ~8 us on CPU
 
 
 def _int32_copy(offsets: torch.Tensor) -> torch.Tensor:

@@ -99,10 +99,11 @@ class Knobs:
     # JFA_MXFP8_VARIANT picks another at import.
     mxfp8_variant: str = os.environ.get("JFA_MXFP8_VARIANT", "bf16smem")
     # MXFP8 quantize kernel: the head loop pipelined by Triton (async copies, two head groups in flight), (32, 1) on
-    # one warp, heads split over programs (bench/NOTES.md "MXFP8 v4": predicted 75-85% of HBM, v3 geometry measured
-    # 23-56%). Off until run on a GPU: off launches the same kernel with v3's geometry (one head per iteration, every
-    # head in one program, 4 warps, no pipelining). JFA_MXFP8_QUANT_PIPELINED=1 turns it on at import.
-    mxfp8_quant_pipelined: bool = os.environ.get("JFA_MXFP8_QUANT_PIPELINED", "0") == "1"
+    # one warp, heads split over programs (bench/NOTES.md "MXFP8 v4": predicted 75-85% of HBM). On since the H200
+    # probe of 2026-12-02 (NOTES v12: 48-99% of HBM vs v3's geometry 41-95%, faster in every case, bit-exact).
+    # JFA_MXFP8_QUANT_PIPELINED=0 launches the same kernel with v3's geometry (one head per iteration, every head in
+    # one program, 4 warps, no pipelining).
+    mxfp8_quant_pipelined: bool = os.environ.get("JFA_MXFP8_QUANT_PIPELINED", "1") != "0"
 
 
 def _count_knob_changes(self, name, value):

@@ -38,6 +38,14 @@ LAUNCHES: collections.Counter = collections.Counter()  # launches per kernel nam
 VERIFY = os.environ.get("JFA_LAUNCH_VERIFY", "0") == "1"
 
 
+def _generated(code: str) -> dict:
+    """The functions ``code`` defines. Why generated: one statement per argument, no loop in Python (a loop costs
+    ~0.2 us an argument, as Triton's own generated binder knows); the names are ours (kernel parameters)."""
+    namespace = {"spec": native_specialize_impl, "B": BaseBackend}
+    exec(code, namespace)  # noqa: S102
+    return namespace
+
+
 class _KernelInfo:
     """Per kernel, built once: its parameter names and ``bind(args) -> (values in order, key)``, generated code (as
     Triton's own binder is) so that a launch costs one call and no loop in Python."""
@@ -52,10 +60,9 @@ class _KernelInfo:
             f"args[{p.name!r}]" if p.is_constexpr else
             f"spec(B, args[{p.name!r}], False, {not p.do_not_specialize}, {not p.do_not_specialize_on_alignment})"
             for p in params or ())
-        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
-        exec(f"def bind(args):\n    return ({values},), ({keys}{',' if keys else ''})\n"  # noqa: S102 (our names)
-             f"def order(args):\n    return ({values},), None\n", namespace)
-        self._bind, self._order = namespace["bind"], namespace["order"]
+        code = _generated(f"def bind(args):\n    return ({values},), ({keys}{',' if keys else ''})\n"
+                          f"def order(args):\n    return ({values},), None\n")
+        self._bind, self._order = code["bind"], code["order"]
 
     def bind(self, args: Dict[str, object], specialize: bool = True):
         """(argument values in the kernel's order, their specialization, None without ``specialize``); TypeError
@@ -130,8 +137,8 @@ class _Plan:
     """One call site's launch with its static arguments bound: the argument list in the kernel's order (the dynamic
     slots refilled per call), where each dynamic argument goes, and the specialization it had when the plan was
     made (a call whose dynamic arguments specialize otherwise, e.g. a misaligned tensor, takes ``launch``).
-    ``refill(values, dynamic)`` writes the dynamic arguments into their slots and returns their specialization:
-    generated code, one statement per slot (as ``_KernelInfo.bind``), since a loop costs ~0.2 us a slot."""
+    ``refill(values, dynamic)`` writes the dynamic arguments into their slots and returns their specialization
+    (generated code)."""
 
     __slots__ = ("compiled", "values", "slots", "spec", "refill")
 
@@ -140,10 +147,8 @@ class _Plan:
         fills = "".join(f"    values[{index}] = dynamic[{name!r}]\n" for name, (index, _, _) in slots.items())
         specs = ", ".join(f"spec(B, values[{index}], False, {specialize}, {align})"
                           for index, specialize, align in slots.values())
-        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
-        exec(f"def refill(values, dynamic):\n{fills}    return ({specs}{',' if specs else ''})\n",  # noqa: S102
-             namespace)
-        self.refill = namespace["refill"]
+        self.refill = _generated(f"def refill(values, dynamic):\n{fills}    return ({specs}{',' if specs else ''})\n"
+                                 )["refill"]
 
 
 _PLANS: Dict[tuple, _Plan] = {}
@@ -195,58 +200,13 @@ def launch_planned(kernel, plan_key: tuple, grid: Tuple[int, ...], dynamic: Dict
     _PLANS[key] = _Plan(compiled, list(values), slots, [spec[i] for i, _, _ in slots.values()])
 
 
-class Replay:
-    """One call site's launch fixed for one call signature, made from its launch plan right after a call: every
-    argument but the tensors is this call's (a signature fixes the sizes, so the ints are too), and each tensor
-    argument names which of the caller's ``sources`` fills it. ``run(sources)`` fills them and launches if every
-    source specializes as when the replay was made (dtype, 16-byte alignment: Triton's key), else returns False and
-    launches nothing (the caller takes its full path). What it skips: everything the caller computes per call that
-    the signature determines (configs, strides, schedules, argument dicts, plan keys) and specializing the ints."""
-
-    __slots__ = ("kernel", "options", "compiled", "grid", "values", "fill", "spec", "name", "device")
-
-    def __init__(self, kernel, options, plan: _Plan, grid, dynamic: Dict[str, object], slots: Dict[str, int],
-                 sources, device: int):
-        self.kernel, self.options, self.compiled, self.grid = kernel, options, plan.compiled, tuple(grid)
-        self.name, self.device = _info(kernel).name, device
-        self.values = plan.values.copy()
-        plan.refill(self.values, dynamic)
-        fills = "".join(f"    values[{plan.slots[slot][0]}] = sources[{index}]\n" for slot, index in slots.items())
-        specs = ", ".join(f"spec(B, sources[{i}], False, True, True)" for i in sorted(set(slots.values())))
-        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
-        exec(f"def fill(values, sources):\n{fills}    return ({specs}{',' if specs else ''})\n",  # noqa: S102
-             namespace)
-        self.fill = namespace["fill"]
-        self.spec = self.fill(self.values.copy(), sources)
-
-    def run(self, sources) -> bool:
-        values = self.values.copy()
-        if self.fill(values, sources) != self.spec:
-            return False
-        LAUNCHES[self.name] += 1
-        if VERIFY:
-            _verify(self.kernel, self.compiled, self.grid, values, self.options)
-        _run(self.compiled, self.grid, values, self.device)
-        return True
-
-
-REPLAYS_ENABLED = True  # False: callers take their full path every call (tools/host_profile.py's A/B)
+REPLAYS_ENABLED = True  # False: no PlanGroup kept or used, callers take their full path (tools/host_profile.py's A/B)
 
 
 def replays_enabled() -> bool:
-    """Replays apply: CUDA launches through plans (not the interpreter, not traced)."""
+    """PlanGroups (forward replays, backward recipes) apply: CUDA launches through plans (not the interpreter, not
+    traced)."""
     return REPLAYS_ENABLED and PLANS_ENABLED and not tracing() and not interpreting()
-
-
-def replay(kernel, plan_key: tuple, grid, dynamic: Dict[str, object], slots: Dict[str, int], sources, **options):
-    """A ``Replay`` of the launch ``launch_planned(kernel, plan_key, grid, dynamic, ..., **options)`` just made
-    (None when it kept no plan). ``slots``: each tensor argument's name -> its index in ``sources`` (this call's;
-    ``Replay.run`` gets another call's in the same order); every other dynamic argument keeps this call's value."""
-    device = torch.cuda.current_device()
-    plan = _PLANS.get((id(kernel), device, plan_key, tuple(options.items())))
-    if plan is None or any(slot not in plan.slots for slot in slots):
-        return None
-    return Replay(kernel, options, plan, grid, dynamic, slots, sources, device)
 
 
 def _run(compiled, grid, values, device) -> None:
@@ -283,30 +243,46 @@ def clear_cache() -> None:
         clear()
 
 
-CLEAR_HOOKS: list = []  # callers' memos built on plans (attn_fwd's replays): cleared with them
+CLEAR_HOOKS: list = []  # callers' memos built on plans (replays, recipes: PlanGroups): cleared with them
 
 
-# ------------------------------------------------------------------------ call sites launching several plans
+# ------------------------------------------------- per call signature: plans launched together (replays, recipes)
 
 
-def planned(kernel, plan_key: tuple, **options) -> "_Plan | None":
-    """The plan ``launch_planned(kernel, plan_key, ..., **options)`` made on the current device (its key), or None."""
-    return _PLANS.get((id(kernel), torch.cuda.current_device(), plan_key, tuple(options.items())))
+def plan_group(launches) -> "PlanGroup | None":
+    """The ``PlanGroup`` of launches a call just made through ``launch_planned`` on the current device:
+    ``(kernel, plan_key, sources, options)`` each, as those calls had them (``sources`` as ``PlanGroup`` takes
+    them). None where a launch kept no plan (Triton gave no ``CompiledKernel``) or its constants specialize
+    otherwise than its plan (a plan another call made): the caller keeps no reuse and takes its full path."""
+    device, plans = torch.cuda.current_device(), []
+    for kernel, plan_key, sources, options in launches:
+        plan = _PLANS.get((id(kernel), device, plan_key, tuple(options.items())))
+        if plan is None:
+            return None
+        plans.append((kernel, plan, sources, options))
+    try:
+        return PlanGroup(plans)
+    except ValueError:
+        return None
 
 
 class PlanGroup:
-    """Plans launched together, all or none, their per-call arguments named by *sources* shared between slots (one
-    tensor feeding six slots of three kernels is one source): ``launch(grids, **sources)`` fills every plan's
-    dynamic slots, specializes each source once (not once per slot, as three ``launch_planned`` calls would) and,
-    when every source specializes as when the plans were made, launches the plans in order and returns True; else
-    it launches nothing and returns False (the caller takes its full path, whose ``launch_planned`` calls re-plan).
+    """The one reuse mechanism above plans: a call signature's launches, all or none, their per-call arguments
+    named by *sources* shared between slots (one tensor feeding six slots of three kernels is one source). A caller
+    keeps one per signature after its full path launched (``plan_group``): the forward's replays (attn_fwd._Replay:
+    one launch, its ints constants of the signature) and the backward's recipes (attn_bwd._Recipe: three launches,
+    ints per call). What a later call of the signature skips: everything its caller derives from the signature
+    (configs, strides, schedules, argument dicts, plan keys) and binding the static arguments.
 
-    ``launches``: ``(kernel, plan, {slot name: source name or constant}, options)`` per kernel (``options``: the
-    launch options the plan was made with), the sources covering each plan's dynamic slots; a constant (not a str) is written into the plan's argument list once, here. A source specializes as each
-    of its slots does (``do_not_specialize`` differs between kernels: one specialization per distinct way); the
-    plans' own specializations give the expected ones; ``launch`` ignores sources no slot names. Under
-    ``JFA_LAUNCH_VERIFY=1`` each launch is checked against Triton's own choice (as ``Replay.run``). Generated code,
-    as ``_Plan.refill``. (``Replay`` fixes a launch for one call's sizes; a group takes its ints per call too.)"""
+    ``launch(grids, **sources)`` fills every plan's dynamic slots, specializes each source once and, when every
+    source specializes as when the plans were made (dtype, 16-byte alignment, int width: Triton's key), launches
+    the plans in order and returns True; else it launches nothing and returns False (the caller takes its full
+    path, whose ``launch_planned`` calls re-plan). ``launches``: ``(kernel, plan, {slot name: source name or
+    constant}, options)`` per kernel (``options``: the launch options the plan was made with), covering each plan's
+    dynamic slots; a constant (not a str) is written into the plan's argument list once, here. A source specializes
+    as each of its slots does (``do_not_specialize`` differs between kernels: one specialization per distinct way);
+    ``launch`` ignores sources no slot names. Under ``JFA_LAUNCH_VERIFY=1`` each launch is checked against Triton's
+    own choice of binary. Generated code, as ``_Plan.refill``."""
 
     def __init__(self, launches):
         self.launches = [(kernel, _info(kernel).name, plan, options) for kernel, plan, _, options in launches]
@@ -337,11 +313,9 @@ class PlanGroup:
         self.expected = tuple(expected)
         copies = "".join(f"    v{n} = templates[{n}].copy()\n" for n in range(len(launches)))
         params = "".join(f"{source}, " for source in sources)
-        namespace = {"spec": native_specialize_impl, "B": BaseBackend}
-        exec(f"def fill(templates, {params}**unused):\n{copies}{''.join(fills)}"  # noqa: S102 (our names)
-             f"    return ({', '.join(f'v{n}' for n in range(len(launches)))},), "
-             f"({', '.join(specs.values())}{',' if specs else ''})\n", namespace)
-        self._fill = namespace["fill"]
+        self._fill = _generated(f"def fill(templates, {params}**unused):\n{copies}{''.join(fills)}"
+                                f"    return ({', '.join(f'v{n}' for n in range(len(launches)))},), "
+                                f"({', '.join(specs.values())}{',' if specs else ''})\n")["fill"]
 
     def launch(self, grids, **sources) -> bool:
         values, spec = self._fill(self._values, **sources)

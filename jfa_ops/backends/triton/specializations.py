@@ -338,7 +338,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     fn = mxfp8_quantize.mxfp8_quantize_kernel
     for block, dtype in (((1, 32), torch.bfloat16), ((32, 1), torch.float16), ((32, 32), torch.float32)):
         x_type = {torch.bfloat16: "*i16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
-        # configs.KNOBS.mxfp8_quant_pipelined off (v3's geometry, the default) and on ("-pipelined")
+        # configs.KNOBS.mxfp8_quant_pipelined off (v3's geometry) and on ("-pipelined", the default)
         for pipelined in (False, True):
             hp = mxfp8_quantize.heads_per_program(16, 128) if pipelined else 1
             constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
