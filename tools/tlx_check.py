@@ -1,7 +1,9 @@
 """GPU check of the tlx backend (H200): a correctness sweep against the float64 oracle, then forward timings.
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
-``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: its sweep, then its timings;
+``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweeps of its v1 and v2
+consumers and v2 with dQ split, ``backward-v1`` / ``backward-v2`` / ``backward-v2-dqshared`` alone, then
+``backward-timing``: TFLOP/s tlx-old / triton / tlx-new / new-dqs;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``). Every case is caught and
 reported (one line each, printed as it finishes, so a hang still shows how far it got); exit 1 if any case failed.
@@ -211,15 +213,25 @@ def backward_cases():
     ]
 
 
-def backward_correctness() -> int:
-    """The TLX backward (configs.BACKWARD) against the oracle: out, lse and dq/dk/dv through out and lse."""
+# The TLX backward's variants: name -> (configs.BACKWARD, configs.BACKWARD_V2, configs.BACKWARD_DQ_SHARED)
+BWD_VARIANTS = {"v1": (True, False, False), "v2": (True, True, False), "v2-dqshared": (True, True, True)}
+
+
+def _set_backward(variant) -> None:
     from jfa_ops.backends.tlx import configs
 
-    configs.BACKWARD = True
+    configs.BACKWARD, configs.BACKWARD_V2, configs.BACKWARD_DQ_SHARED = BWD_VARIANTS.get(variant, (False,) * 3)
+
+
+def backward_correctness(variant: str) -> int:
+    """The TLX backward (``variant``: a key of BWD_VARIANTS) against the oracle: out, lse and dq/dk/dv through out
+    and lse."""
+    _set_backward(variant)
     failures, t0 = 0, time.time()
     for name, case in backward_cases():
         faulthandler.dump_traceback_later(HANG_S, exit=True)
-        print(f"{name:44s} ...", end="\r", flush=True)
+        label = f"{name} [{variant}]"
+        print(f"{label:56s} ...", end="\r", flush=True)
         try:
             check_attention_case(case, "tlx", grads=("both",))
             status, detail = "PASS", "out/lse/dq/dk/dv"
@@ -227,9 +239,10 @@ def backward_correctness() -> int:
             failures += 1
             lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
             status, detail = "FAIL", " | ".join(lines)[:300]
-        print(f"{name:44s} {status:6s} {detail}", flush=True)
+        print(f"{label:56s} {status:6s} {detail}", flush=True)
     faulthandler.cancel_dump_traceback_later()
-    print(f"backward correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
+    _set_backward(None)
+    print(f"backward correctness {variant}: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
 
@@ -314,25 +327,36 @@ def timing() -> int:
 
 
 def backward_timing() -> int:
-    """Backward alone (through a retained graph), TFLOP/s of useful work: TLX backward vs the triton backend's."""
+    """Backward alone (through a retained graph), TFLOP/s of useful work: the TLX backward's v1 consumers (tlx-old),
+    the triton backend's, the v2 consumers (tlx-new) and v2 with dQ split between the consumers (new-dqs). Each value
+    is printed as it is measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_V2=0`` leaves the
+    v2 columns out."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
-    from jfa_ops.backends.tlx import configs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
     cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
-    print(f"{'backward, bf16, TFLOP/s (median)':40s} {'tlx bwd':>10s} {'triton bwd':>10s} {'ratio':>6s}", flush=True)
+    cols = [("tlx-old", "v1"), ("triton", None)]  # (column, BWD_VARIANTS key; None: the triton backward)
+    if os.environ.get("TLX_BWD_TIMING_V2", "1") == "1":
+        cols += [("tlx-new", "v2"), ("new-dqs", "v2-dqshared")]
+    ratios = [("old/triton", "tlx-old", "triton")] + (
+        [("new/triton", "tlx-new", "triton"), ("new/old", "tlx-new", "tlx-old"), ("dqs/triton", "new-dqs", "triton")]
+        if len(cols) > 2 else [])
+    print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
+          + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
         row = {}
-        for label, use_tlx in (("tlx", True), ("triton", False)):
-            configs.BACKWARD = use_tlx
+        print(f"{case.label:40s}", end="", flush=True)
+        for label, variant in cols:
+            _set_backward(variant)
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
             try:
                 out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
                                                max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
@@ -342,10 +366,12 @@ def backward_timing() -> int:
                 row[label] = case.flops("bwd") / ms / 1e9
             except Exception as e:  # noqa: BLE001
                 failures += 1
-                print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        configs.BACKWARD = False
-        t, r = row.get("tlx", float("nan")), row.get("triton", float("nan"))
-        print(f"{case.label:40s} {t:10.1f} {r:10.1f} {t / r:6.2f}", flush=True)
+                print(f"\n  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f" {row.get(label, float('nan')):10.1f}", end="", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        _set_backward(None)
+        nan = float("nan")
+        print("".join(f" {row.get(a, nan) / row.get(b, nan):10.2f}" for _, a, b in ratios), flush=True)
     return failures
 
 
@@ -481,8 +507,10 @@ def main(argv) -> int:
         failed += correctness()
     if part in ("timing", "all"):
         failed += timing()
-    if part in ("backward", "all"):
-        failed += backward_correctness()
+    # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
+    for variant in BWD_VARIANTS:
+        if part in ("backward", f"backward-{variant}", "all"):
+            failed += backward_correctness(variant)
     if part in ("backward", "backward-timing", "all"):  # backward-timing: the timings alone (own time limit)
         failed += backward_timing()
     if part in ("sparse", "sparse-correctness"):  # the block-sparse forward (not in "all": its own device call)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|bench|suite]`
+# (`backward`: the TLX backward's sweeps vs the oracle, v1, v2, v2 with dQ split, <= 6.5 min; `backward-timing`: its
+# TFLOP/s, columns tlx-old / triton / tlx-new / new-dqs, <= 6.5 min)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
-# float64 oracle), timing (forward, tlx vs triton) and backward (the TLX backward's sweep and timings), each under its
-# own limit (120 + 100 + 90 s), so a hung kernel ends one part, not the report. `v4`: the sweep with the
-# forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton columns). `bench` (not in
-# `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an earlier call left it in
-# /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the whole GPU test suite
-# with the automatic choice preferring tlx (tools/device_tests.sh, 8 shards).
+# float64 oracle), timing (forward, tlx vs triton), backward (the TLX backward's sweeps: v1, v2, v2 with dQ split)
+# and its timings, each under its own limit (120 + 100 + 100 + 2 x 130 + 240 s), so a hung kernel ends one part.
+# `v4`: the sweep with the forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton
+# columns). `bench` (not in `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an
+# earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the
+# whole GPU test suite with the automatic choice preferring tlx (tools/device_tests.sh, 8 shards).
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
 # the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
@@ -20,22 +22,28 @@ if [ ! -d /tmp/t38/triton/_C ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/t38 .t38/triton_utlx-*.whl || exit 2
 fi
 export PYTHONPATH=/tmp/t38:$PWD:${PYTHONPATH:-}
-python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx; print('triton', triton.__version__, 'TLX')"
+timeout -k 10 120 python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx
+print('triton', triton.__version__, 'TLX')"
 rc=0
+# every step under a limit; SIGKILL 10 s after the SIGTERM (a process stuck in a kernel may not stop on SIGTERM)
+limit="timeout -k 10"
 if [ "$part" = all ] || [ "$part" = correctness ]; then
-  JFA_LAUNCH_VERIFY=1 timeout 120 python3 tools/tlx_check.py correctness || rc=1
+  JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py correctness || rc=1
 fi
 v4_ok=1
 if [ "$part" = v4 ]; then  # the forward's v4 consumers (configs.ONE_LOOP): their sweep, then v3 / v4 / triton timings
-  JFA_TLX_FWD_ONE_LOOP=1 JFA_LAUNCH_VERIFY=1 timeout 110 python3 tools/tlx_check.py correctness
+  JFA_TLX_FWD_ONE_LOOP=1 JFA_LAUNCH_VERIFY=1 $limit 110 python3 tools/tlx_check.py correctness
   r=$?  # 1: a case failed or hung (then no v4 timings); 124: out of its time (v4 still timed)
   if [ $r -ne 0 ]; then rc=1; [ $r -eq 124 ] || v4_ok=0; fi
 fi
 if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
-  TLX_TIMING_V4=$v4_ok timeout 100 python3 tools/tlx_check.py timing || rc=1
+  TLX_TIMING_V4=$v4_ok $limit 100 python3 tools/tlx_check.py timing || rc=1
 fi
-if [ "$part" = all ] || [ "$part" = backward ]; then
-  timeout 90 python3 tools/tlx_check.py backward || rc=1
+if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v1 (the old consumers), v2, v2
+  # with dQ split between the consumers
+  $limit 100 python3 tools/tlx_check.py backward-v1 || rc=1
+  $limit 130 python3 tools/tlx_check.py backward-v2 || rc=1
+  $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
 fi
 if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test, the automatic choice preferring
   # tlx (JFA_TLX_AUTO=1) where it supports the call; carry .whl too (expecttest). SUITE_ARGS: extra pytest args.
@@ -43,20 +51,24 @@ if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU te
   PYTEST_PRELOAD=_utlx_autoregister JFA_TLX_AUTO=1 JFA_LAUNCH_VERIFY=1 SHARD_TIMEOUT_S=${SHARD_TIMEOUT_S:-240} \
     bash tools/device_tests.sh 8 ${SUITE_ARGS:-} || rc=1
 fi
-if [ "$part" = backward-timing ]; then  # the backward's timings alone (the sweep above fills most of its 90 s)
-  timeout 150 python3 tools/tlx_check.py backward-timing || rc=1
+if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s tlx-old / triton / tlx-new / new-dqs; when
+  # that run failed or hung (it prints each value as measured), once more without the v2 columns
+  if ! $limit 240 python3 tools/tlx_check.py backward-timing; then
+    rc=1
+    TLX_BWD_TIMING_V2=0 $limit 120 python3 tools/tlx_check.py backward-timing
+  fi
 fi
 if [ "$part" = sparse ]; then
-  JFA_LAUNCH_VERIFY=1 timeout 120 python3 tools/tlx_check.py sparse-correctness || rc=1
-  timeout 100 python3 tools/tlx_check.py sparse-timing || rc=1
+  JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py sparse-correctness || rc=1
+  $limit 100 python3 tools/tlx_check.py sparse-timing || rc=1
 fi
 if [ "$part" = bench ]; then
   # shellcheck disable=SC2086
-  timeout 170 bash bench/device_run.sh ${BENCH_ARGS:---quick --suite dense,jagged,broadcast,gqa,window --head-dims 128 \
+  $limit 170 bash bench/device_run.sh ${BENCH_ARGS:---quick --suite dense,jagged,broadcast,gqa,window --head-dims 128 \
     --backends tlx,triton --peers fa4 --modes fwd,bwd --budget-s 140 --no-plots} || rc=1
 fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
-  JFA_TLX_AUTO=1 timeout 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(
+  JFA_TLX_AUTO=1 $limit 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(
     ['-q', '-m', 'gpu', '-x', '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py']))" || rc=1
 fi
 exit $rc

@@ -17,6 +17,9 @@ key/value rows of the tile past the sequence end are zeroed in shared memory by 
 nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
 barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
 dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels.
+
+V2 (``configs.BACKWARD_V2``): the consumers of ``_consume_rows_v2`` (FA3's order, wgmma overlapped; bench/NOTES.md
+"TLX backward v2"); producer, work list and zeroing as above.
 """
 from __future__ import annotations
 
@@ -29,13 +32,15 @@ from ..triton import common
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel)
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
-from ..triton.common import head_dim_consts, row_strides, seq_extent, stage_bounds, visible, window_bounds, work_item
+from ..triton.common import (head_dim_consts, key_interval_mask, row_strides, seq_extent, stage_block_start,
+                             stage_bounds, visible, window_bounds, work_item)
 from ..triton.launch import launch
 from ..triton.scheduling import kv_tiles, slot_tile, tile_schedule
 from .attn_fwd import NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _zero_rows_past_end
-from .configs import NUM_WARPS, bwd_config
+from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
+DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are in shared memory (or: done with K)
 
 
 @triton.jit
@@ -149,6 +154,140 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
     return dk, dv, q_count, dq_count
 
 
+@triton.jit
+def _opaque_zero(j):
+    """0 for j >= 0, which neither LLVM nor ptxas can see (so values computed from it stay inside j's loop)."""
+    return tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $1, 0; selp.u32 $0, 1, 0, p; }", "=r,r", [j],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, p_tiles,
+                     ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale,
+                     right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end,
+                     CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                     NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
+                     HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr):
+    """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
+    registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
+    dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
+    pipeliner waits for every wgmma right after issuing it), so: S with dP; dV with dS's arithmetic; dK with dQ
+    slice 0's staging store. K, V, P, dS are this consumer's buffers (index CID).
+
+    Registers per thread at D128 (peak at dS): dK 64 + dV 64 (in flight) + P 32 + dP 32 + lse, delta 4 + dS bf16 16.
+
+    DQ_SHARED (FA3's dQ): each consumer computes dQ for its half of the columns over all 128 keys of the tile, from
+    both consumers' dS in shared memory (named barrier DS_BARRIER, dS double-buffered by block parity so neither
+    overwrites what the other still reads): half the dQ staging and reduce-adds (DQ_SPLIT 2 names the halves)."""
+    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
+    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
+    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
+    for j in tl.range(0, n_all, num_stages=0):
+        masked = (j < n_lead) | (j >= n_unmasked)
+        m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+        tlx.barrier_wait(q_fulls[buf], phase)
+        rows = tl.arange(0, BLOCK_M)  # block-relative (v1's lesson: absolute positions cost 64-bit hoisted bounds)
+        rows_left = len_q - m0
+        rows_ok = rows < rows_left
+        if masked:
+            if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
+                if CID == 0:
+                    _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                    _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+        q_tile = q_tiles[buf]
+        do_tile = do_tiles[buf]
+        # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one 64-bit
+        # value per 16-wide k-step: ~32 of them) out of the loop and ptxas spills them
+        own = CID + _opaque_zero(j)
+        k_tile = k_tiles[own]
+        v_tile = v_tiles[own]
+        p_tile = p_tiles[own]
+        if DQ_SHARED:
+            par = q_count & 1  # both consumers count the same blocks
+            ds_tile = ds_tiles[own * 2 + par]
+        else:
+            ds_tile = ds_tiles[own]
+        keys = tl.arange(0, k_tile.shape[0])
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
+        dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
+        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+        s = tlx.async_dot_wait(1, s)  # dP may still run
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
+            ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT, HAS_RIGHT)
+            p = tl.where(ok & rows_ok[:, None], p, 0.0)
+        tlx.local_store(p_tile, p.to(DTYPE))
+        tlx.fence_async_shared()
+        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
+        dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
+        dp = tlx.async_dot_wait(1, dp)  # dV may still run
+        ds = (p * (dp - delta[:, None])).to(DTYPE)
+        tlx.local_store(ds_tile, ds)
+        tlx.fence_async_shared()
+        if DQ_SHARED:
+            tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
+            half: tl.constexpr = HEAD_DIM // 2
+            zero = _opaque_zero(j)
+            dq = tlx.async_dot(ds_tiles[zero * 2 + par],
+                               tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
+            dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
+                               tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
+            dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+            dq = tlx.async_dot_wait(1, dq)
+            dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.local_store(stage, dq)
+            tlx.fence_async_shared()
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half],
+                                       store_reduce="add")
+            dq_count += 1
+        else:
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
+        # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
+        # staging buffer by TMA. The first slice is issued before dK += dS^T Q, so dK runs during its staging.
+        for c in tl.static_range(0 if DQ_SHARED else DQ_SPLIT):
+            k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
+            dq = tlx.async_dot(ds, k_cols)
+            if c == 0:
+                dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+                dq = tlx.async_dot_wait(1, dq)
+                dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+            else:
+                dq = tlx.async_dot_wait(0, dq)
+            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.local_store(stage, dq)
+            tlx.fence_async_shared()
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + c * (HEAD_DIM // DQ_SPLIT)],
+                                       store_reduce="add")
+            dq_count += 1
+        dk = tlx.async_dot_wait(0, dk)
+        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
+        q_count += 1
+    return dk, dv, q_count, dq_count
+
+
+@triton.jit
+def _store_through_tile(tile, x, Ptr, row0, rows_left, stride, col, CID: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows i < rows_left of x ([rows of ``tile``, HEAD_DIM], a wgmma accumulator's layout) to Ptr at rows row0 + i,
+    columns col..: through ``tile`` (this consumer's K or V tile, once its last product has completed). Stored from
+    registers, the layout change would take a 16 KiB scratch buffer that v2's shared memory has not left."""
+    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # the whole warpgroup is past its last wgmma reading the tile
+    tlx.local_store(tile, x)
+    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+    y = tlx.local_load(tile)
+    rows = tl.arange(0, tile.shape[0])
+    d = tl.arange(0, HEAD_DIM)
+    tl.store(Ptr + (row0 + rows)[:, None] * stride + col + d[None, :], y, mask=(rows < rows_left)[:, None])
+
+
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right", "n_slots",
                                "search_steps", "num_seqs", "rows_s", "rows_o"])
 def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ,
@@ -158,9 +297,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                        TILES_FROM_OFFSETS: tl.constexpr):
+                        TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
-    [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D]."""
+    [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
+    V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
+    DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -177,7 +318,12 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
-    ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
+    if V2:
+        p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
+        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
+    else:
+        p_tiles = None
+        ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
     dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
     kv_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
@@ -252,18 +398,36 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         head = kv_head * group + g
                         col = head * HEAD_DIM
                         stat_index = head.to(tl.int64) * total_out + out_row0
-                        dk, dv, q_count, dq_count = _consume_rows(
-                            dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
-                            ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
-                            qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin,
-                            tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT,
-                            HAS_RIGHT, dtype)
+                        if V2:
+                            dk, dv, q_count, dq_count = _consume_rows_v2(
+                                dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
+                                p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
+                                len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
+                                bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
+                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED)
+                        else:
+                            dk, dv, q_count, dq_count = _consume_rows(
+                                dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
+                                ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
+                                qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
+                                tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ,
+                                DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype)
+                    if V2:  # through this consumer's K and V tiles, then free them
+                        if DQ_SHARED:
+                            tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
+                        _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                            stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                            kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        tlx.named_barrier_wait(OWN_BARRIER + cid, 128)  # every warp has read both tiles back
+                        tlx.fence_async_shared()  # these generic-proxy accesses before the producer's next TMA loads
                     tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
-                    keys_ok = keys < len_k
-                    offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
-                    tl.store(DK + offsets, (dk * scale).to(DK.dtype.element_ty), mask=keys_ok[:, None])
-                    tl.store(DV + offsets, dv.to(DV.dtype.element_ty), mask=keys_ok[:, None])
+                    if not V2:
+                        keys_ok = keys < len_k
+                        offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
+                        tl.store(DK + offsets, (dk * scale).to(DK.dtype.element_ty), mask=keys_ok[:, None])
+                        tl.store(DV + offsets, dv.to(DV.dtype.element_ty), mask=keys_ok[:, None])
             tlx.async_descriptor_store_wait(0, read_only=False)  # every dQ reduce-add has landed
 
 
@@ -278,8 +442,11 @@ def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
                             block_shape=[block_rows, block_cols])
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
-    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``)."""
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
+                       dq_shared: bool = False):
+    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
+    (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
+    (``configs.BACKWARD_DQ_SHARED``)."""
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -293,7 +460,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    cfg = bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
@@ -320,7 +487,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         qk_scale=params.scale * 1.4426950408889634,
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q), num_warps=NUM_WARPS, num_stages=1)
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2, DQ_SHARED=v2 and dq_shared),
+        num_warps=NUM_WARPS, num_stages=1)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)

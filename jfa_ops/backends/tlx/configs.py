@@ -22,6 +22,13 @@ KV_MAJOR: Optional[bool] = None
 ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
 # The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
 BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
+# With BACKWARD on: the v2 consumers (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared
+# memory, wgmma overlapped; bench/NOTES.md "TLX backward v2") instead of v1's. Env JFA_TLX_BWD_V2=1; off until the GPU
+# check (tools/tlx_device.sh backward) says it is correct and faster.
+BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "0") == "1"
+# With BACKWARD_V2: dQ split by columns between the two consumers over all 128 keys (FA3's; half the dQ reduce-adds,
+# one more barrier between the consumers per block). Env JFA_TLX_BWD_DQ_SHARED=1.
+BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "0") == "1"
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
@@ -85,6 +92,7 @@ class BwdConfig:
     num_buffers_q: int  # depth of the Q/dO ring
     num_buffers_dq: int  # fp32 dQ staging buffers per consumer (TMA reduce-add sources)
     dq_split: int = 1  # dQ = dS K computed in this many column slices (fewer registers live at once)
+    dq_shared: bool = False  # v2: each consumer computes dQ for one column half (dq_split 2) over both halves' keys
 
 
 # dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
@@ -97,6 +105,24 @@ _BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 def bwd_config(head_dim: int) -> Optional[BwdConfig]:
     """The TLX backward's config, None where the triton backend's backward runs instead."""
     return _BWD.get(head_dim)
+
+
+# v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB + dQ
+# staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
+# take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas
+# spilled 400 / 500 B per thread (full) instead of 140 / 180.
+_BWD_V2 = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
+
+
+# dq_shared: dS double-buffered (+16 KiB), one [64, D/2] fp32 staging buffer per consumer (-48 KiB at D128).
+_BWD_V2_DQ_SHARED = {64: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True),
+                     128: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True)}
+
+
+def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
+    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
+    backend's backward runs instead."""
+    return (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
 
 
 def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:

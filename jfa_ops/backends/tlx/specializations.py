@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
-from .configs import NUM_WARPS, bwd_config, fwd_choices, fwd_config
+from .configs import NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -80,10 +80,11 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 
 
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
-                       broadcast_q: bool = False, from_offsets: bool = False) -> Specialization:
+                       broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
+                       dq_shared: bool = False) -> Specialization:
     from .attn_bwd import attn_bwd_tlx_kernel
 
-    cfg = bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
     names = list(attn_bwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
              "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
@@ -95,12 +96,14 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "WORK_COUNTER": "*i32", "scale": "fp32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets)
+                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
+                      DQ_SHARED=dq_shared)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
-           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}"
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
+           f"{'-dqshared' if dq_shared else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -139,12 +142,14 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, **variant)
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)  # blocks of several tiles
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal)
-    yield bwd_specialization(128, "fp16", True, has_left=True)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True)
+    # the backward's v1 and v2 consumers (configs.BACKWARD_V2), v2 with dQ split between them (BACKWARD_DQ_SHARED)
+    for variant in (dict(), dict(v2=True), dict(v2=True, dq_shared=True)):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                yield bwd_specialization(head_dim, "bf16", causal, **variant)
+        yield bwd_specialization(128, "fp16", True, has_left=True, **variant)
+        yield bwd_specialization(128, "bf16", False, broadcast_q=True, **variant)
+        yield bwd_specialization(128, "bf16", True, from_offsets=True, **variant)
 
 
 def compile_sm90(spec: Specialization) -> dict:
