@@ -212,8 +212,9 @@ def seq_extent(begin, end):
 # ---------------------------------------------------------------------------------------------------- host side
 def alloc_output(shape, dtype, device) -> torch.Tensor:
     """Every output buffer the kernels fill comes from here (uninitialized: the kernels write every element).
-    Tests replace it with a NaN-filled allocator to prove that."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    Tests replace it with a NaN-filled allocator to prove that. ``size=`` by keyword: the positional size goes through
+    torch's overload resolution first (CPU, torch 2.13: 9.2 us a call vs 3.5, bench/NOTES.md launchfold)."""
+    return torch.empty(size=shape, dtype=dtype, device=device)
 
 
 def int32_offsets(offsets: torch.Tensor, same_as=None) -> torch.Tensor:
