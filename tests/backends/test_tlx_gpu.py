@@ -50,7 +50,7 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
                          ids=["bwd-v1", "bwd-v2", "bwd-v2-dqshared"])
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, v2, dq_shared, monkeypatch):
-    """The TLX backward (configs.BACKWARD, off by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
+    """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
     with dQ split between them (BACKWARD_DQ_SHARED): every feature case (jagged, causal, window, GQA, broadcast-Q
     with dQ reduced over the batch, empty sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
