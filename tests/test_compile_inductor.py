@@ -309,6 +309,148 @@ def test_traced_lists_ordered_by_the_rank_kernel_when_asked():
     assert all(g.startswith("Eq(") for g in graphs["guards"]), graphs["guards"]
 
 
+# Graphs of models that call attention once per layer with one offsets tensor: the "joint" function calls each layer's
+# forward op, then its backward op, in one trace (as AOTAutograd's joint graph of a training step does; autograd itself
+# on fake CUDA tensors needs CUDA in torch). argv: LAYERS. Each graph is traced twice: the second trace must build its
+# own lists (nothing kept from the first).
+_LAYERS = _TRACER.rsplit("print(json.dumps", 1)[0] + r"""
+import collections, gc  # noqa: E401, E402
+from jfa_ops.backends import base  # noqa: E402
+
+LAYERS = int(sys.argv[1])
+
+
+def fwd_op(q, k, v, off, causal=True):
+    return torch.ops.jfa.attention(q, k, v, off, off, causal=causal, backend="triton")
+
+
+def bwd_op(grad_out, q, k, v, out, lse, off, causal=True):
+    return torch.ops.jfa.attention_backward(grad_out, None, q, k, v, out, lse, off, off, causal=causal,
+                                            backend="triton")
+
+
+def joint(grad_out, q, k, v, out, lse, off):
+    grads = []
+    for _ in range(LAYERS):
+        out, lse = fwd_op(q, k, v, off)
+        grads += bwd_op(grad_out, q, k, v, out, lse, off)
+    return grads
+
+
+def forward_only(q, k, v, off):
+    outs = []
+    for _ in range(LAYERS):
+        q, lse = fwd_op(q, k, v, off)
+        outs.append(lse)
+    return q, *outs
+
+
+def distinct(grad_out, q, k, v, out, lse, off):
+    # what must never share a list: another offsets tensor with the same shape, another mask, a mutated tensor
+    other = off.clone()
+    outs = [fwd_op(q, k, v, off), fwd_op(q, k, v, other), fwd_op(q, k, v, off, causal=False)]
+    other.add_(0)
+    outs.append(fwd_op(q, k, v, other))
+    return [t for pair in outs for t in pair]
+
+
+def counts(gm):
+    found = collections.Counter(calls(gm))
+    return {"tile_slots": found["kernel:tile_slots_kernel"], "rank": found["kernel:rank_tiles_kernel"],
+            "int32_copies": found["aten._to_copy.default"], "asserts": found["aten._assert_async.msg"],
+            "attn_fwd": found["kernel:attn_fwd_kernel"], "dkdv": found["kernel:attn_bwd_dkdv_kernel"],
+            "dq": found["kernel:attn_bwd_dq_kernel"], "empty": found["aten.empty.memory_format"]}
+
+
+out = {}
+for dynamic in (False, True):
+    shape_env, mode, forward_inputs, backward_inputs = fake_inputs(dynamic)
+    for name, fn, args in (("joint", joint, backward_inputs), ("joint-again", joint, backward_inputs),
+                           ("forward", forward_only, forward_inputs), ("distinct", distinct, backward_inputs)):
+        def capture(gm, inputs, name=name):
+            out[f"{name}-{'dynamic' if dynamic else 'static'}"] = counts(gm)
+            raise Captured
+
+        with mode:
+            try:
+                aot_function(fn, fw_compiler=capture)(*args)
+            except Captured:
+                pass
+    out[f"guards-{'dynamic' if dynamic else 'static'}"] = [str(g.expr) for g in shape_env.guards]
+gc.collect()
+out["memos_left"] = len(getattr(base, "_MEMOS", ()))  # traces left in the memo
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def layer_graphs():
+    return _run(_LAYERS, "4", JFA_COMPILE_PATH="inductor")
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_layers_share_offset_derived_values(layer_graphs, shapes):
+    """Four layers with one offsets tensor, forward and backward in one graph: each distinct tile list (the query
+    tiles of the forward and dQ, the key tiles of dK/dV: 2 with dynamic sizes; none with static ones, one wave), the
+    int32 copy of the offsets and their device check are built once per graph, not per layer and again in the
+    backward (issue 9: 12 tile_slots + 12 rank launches, 8 copies, 4 asserts per step before); every layer still
+    launches its own attention kernels. A second trace of the same function builds its own, and no memo outlives
+    its trace."""
+    graphs = layer_graphs
+    lists = 2 if shapes == "dynamic" else 0
+    for name in ("joint", "joint-again"):
+        assert graphs[f"{name}-{shapes}"] == dict(
+            tile_slots=lists, rank=lists, int32_copies=1, asserts=1, attn_fwd=4, dkdv=4, dq=4,
+            empty=graphs[f"{name}-{shapes}"]["empty"]), name
+    # no guard on lengths (no recompile over batches): only heads and head_dim, specialized as for one call
+    assert {g.split(", ")[1].rstrip(")") for g in graphs[f"guards-{shapes}"]} == (
+        {"4", "2", "16"} if shapes == "dynamic" else set()), graphs[f"guards-{shapes}"]
+    assert all(g.startswith("Eq(") for g in graphs[f"guards-{shapes}"])
+    forward = graphs[f"forward-{shapes}"]
+    assert (forward["tile_slots"], forward["rank"], forward["int32_copies"], forward["asserts"],
+            forward["attn_fwd"]) == (lists // 2, lists // 2, 1, 1, 4)
+    assert graphs["memos_left"] == 0
+
+
+def test_lists_never_shared_between_different_offsets_or_masks(layer_graphs):
+    """Another offsets tensor (same shape), another mask (non-causal), and the same tensor after an in-place update
+    each get their own list; the copy and the check follow the tensor (the non-causal call shares them)."""
+    found = layer_graphs["distinct-dynamic"]
+    assert (found["tile_slots"], found["rank"], found["int32_copies"], found["asserts"]) == (4, 4, 3, 3), found
+
+
+def test_per_trace_memo_is_scoped_to_one_trace():
+    """``base.per_trace``: one result per scope and equal arguments (tensors by identity and version); no memo outside
+    a scope (eager) or across scopes; a call with unkeyed arguments runs and keeps its result for the calls without."""
+    from jfa_ops.backends.base import per_trace, traced
+
+    calls = []
+
+    def build(t, n, flag=None):
+        calls.append((n, flag))
+        return object()
+
+    class Scope:  # a trace's FunctionalTensorMode in real traces
+        pass
+
+    t, other = torch.zeros(3), torch.zeros(3)
+    scope, scope2 = Scope(), Scope()
+    assert per_trace(build, t, 1) is not per_trace(build, t, 1)  # eager: every call builds
+    with traced():
+        assert per_trace(build, t, 1) is not per_trace(build, t, 1)  # no scope: nothing shared
+    with traced(scope):
+        first = per_trace(build, t, 1)
+        assert per_trace(build, t, 1) is first
+        assert per_trace(build, other, 1) is not first and per_trace(build, t, 2) is not first
+        checked = per_trace(build, t, 3, flag="flag")  # runs (its flag must be written) and serves the next calls
+        assert per_trace(build, t, 3) is checked
+        t.add_(0)  # a new version: another value as far as the memo knows
+        assert per_trace(build, t, 1) is not first
+    with traced(scope2):
+        assert per_trace(build, t, 1) is not first
+    assert calls.count((3, "flag")) == 1 and calls.count((3, None)) == 0
+
+
 _INDUCTOR_SOURCE = r"""
 import importlib, importlib.util, json, os, sys, tempfile
 import triton
@@ -426,6 +568,50 @@ def test_compiled_model_matches_eager_and_launches_our_kernel_gpu(mode):
         want_grads = torch.autograd.grad(want, list(model.parameters()), grad)
         for (name, _), a, b in zip(model.named_parameters(), got_grads, want_grads):
             assert_attention_close(a, b, dtype=torch.float16, kind="grad", name=name)
+
+
+@pytest.mark.gpu
+def test_compiled_layers_build_each_tile_list_once_gpu():
+    """Three layers with one offsets tensor (a stack of JaggedSelfAttention), dynamic shapes: the compiled step
+    matches eager (outputs and weight gradients) over batches of varying lengths, and launches each distinct tile
+    list once per step (the query tiles of the forward, which dQ reuses, and the key tiles of dK/dV: 2 tile_slots
+    launches, not 3 per layer), with no recompile."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(jfa_ops.nn.JaggedSelfAttention(256, 4, 2, causal=True, backend="triton")
+                                 for _ in range(3)).to("cuda", torch.float16)
+
+    def model(x, offsets):
+        for layer in layers:
+            x = x + layer(x, offsets)
+        return x
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    for seed, lengths in enumerate([(11, 0, 7, 3, 8), (40, 2, 9), (70, 129, 1, 33)]):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(sum(lengths), 256, generator=g).to("cuda", torch.float16)
+        offsets = torch.tensor([0, *lengths]).cumsum(0).to("cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = compiled(x, offsets)
+            grad = torch.randn_like(got)
+            got_grads = torch.autograd.grad(got, list(layers.parameters()), grad)
+            torch.cuda.synchronize()
+        want = model(x, offsets)
+        want_grads = torch.autograd.grad(want, list(layers.parameters()), grad)
+        assert_attention_close(got, want, dtype=torch.float16, kind="forward", name="out")
+        for (name, _), a, b in zip(layers.named_parameters(), got_grads, want_grads):
+            assert_attention_close(a, b, dtype=torch.float16, kind="grad", name=name)
+        if seed > 0:  # past the first step's compile
+            launches = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert sum("tile_slots_kernel" in n for n in launches) == 2, launches
+            assert sum("attn_fwd_kernel" in n for n in launches) == 3
+    assert counter.frame_count == 1
+    assert sum(torch._dynamo.utils.counters["recompiles"].values()) == 0
 
 
 @pytest.mark.gpu

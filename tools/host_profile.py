@@ -107,6 +107,10 @@ def main():
             q, k, v, off, off, -1, -1, None, True, -1, -1, False, False, "triton")),
         ("  _params", lambda: ops._params(q, k, v, off, off, causal=True)),
         ("torch.empty x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty(8, t, device=dev))),
+        ("torch.empty(q.shape, dtype=, device=) x2: a positional size", lambda: [
+            torch.empty(q.shape, dtype=q.dtype, device=dev) for _ in range(2)]),
+        ("  the same with size= by keyword (common.alloc_output)", lambda: [
+            torch.empty(size=q.shape, dtype=q.dtype, device=dev) for _ in range(2)]),
         ("jagged_attention no grad", no_grad(lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts))),
         ("jagged_attention no grad, max_seqlen given", no_grad(lambda: jfa_ops.jagged_attention(
             q, k, v, off, off, max_seqlen_q=64, max_seqlen_kv=64, **opts))),

@@ -2,7 +2,8 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweeps of its v1 and v2
-consumers, ``backward-v1`` / ``backward-v2`` alone, then ``backward-timing``: TFLOP/s tlx-old / triton / tlx-new;
+consumers and v2 with dQ split, ``backward-v1`` / ``backward-v2`` / ``backward-v2-dqshared`` alone, then
+``backward-timing``: TFLOP/s tlx-old / triton / tlx-new / new-dqs;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``). Every case is caught and
 reported (one line each, printed as it finishes, so a hang still shows how far it got); exit 1 if any case failed.
@@ -220,18 +221,25 @@ def backward_cases():
     ]
 
 
-def backward_correctness(v2: bool) -> int:
-    """The TLX backward (configs.BACKWARD; ``v2``: its v2 consumers, configs.BACKWARD_V2) against the oracle: out, lse
-    and dq/dk/dv through out and lse."""
+# The TLX backward's variants: name -> (configs.BACKWARD, configs.BACKWARD_V2, configs.BACKWARD_DQ_SHARED)
+BWD_VARIANTS = {"v1": (True, False, False), "v2": (True, True, False), "v2-dqshared": (True, True, True)}
+
+
+def _set_backward(variant) -> None:
     from jfa_ops.backends.tlx import configs
 
-    configs.BACKWARD, configs.BACKWARD_V2 = True, v2
-    variant = "v2" if v2 else "v1"
+    configs.BACKWARD, configs.BACKWARD_V2, configs.BACKWARD_DQ_SHARED = BWD_VARIANTS.get(variant, (False,) * 3)
+
+
+def backward_correctness(variant: str) -> int:
+    """The TLX backward (``variant``: a key of BWD_VARIANTS) against the oracle: out, lse and dq/dk/dv through out
+    and lse."""
+    _set_backward(variant)
     failures, t0 = 0, time.time()
     for name, case in backward_cases():
         faulthandler.dump_traceback_later(HANG_S, exit=True)
         label = f"{name} [{variant}]"
-        print(f"{label:50s} ...", end="\r", flush=True)
+        print(f"{label:56s} ...", end="\r", flush=True)
         try:
             check_attention_case(case, "tlx", grads=("both",))
             status, detail = "PASS", "out/lse/dq/dk/dv"
@@ -239,8 +247,9 @@ def backward_correctness(v2: bool) -> int:
             failures += 1
             lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
             status, detail = "FAIL", " | ".join(lines)[:300]
-        print(f"{label:50s} {status:6s} {detail}", flush=True)
+        print(f"{label:56s} {status:6s} {detail}", flush=True)
     faulthandler.cancel_dump_traceback_later()
+    _set_backward(None)
     print(f"backward correctness {variant}: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
@@ -326,33 +335,35 @@ def timing() -> int:
 
 
 def backward_timing() -> int:
-    """Backward alone (through a retained graph), TFLOP/s of useful work: the TLX backward's v1 and v2 consumers vs
-    the triton backend's. Each value is printed as it is measured (a hung kernel ends the run there: faulthandler);
-    ``TLX_BWD_TIMING_V2=0`` leaves the v2 column out."""
+    """Backward alone (through a retained graph), TFLOP/s of useful work: the TLX backward's v1 consumers (tlx-old),
+    the triton backend's, the v2 consumers (tlx-new) and v2 with dQ split between the consumers (new-dqs). Each value
+    is printed as it is measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_V2=0`` leaves the
+    v2 columns out."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
-    from jfa_ops.backends.tlx import configs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
     cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
-    # (column, configs.BACKWARD, configs.BACKWARD_V2)
-    cols = [("tlx-old", True, False), ("triton", False, False)]
+    cols = [("tlx-old", "v1"), ("triton", None)]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_V2", "1") == "1":
-        cols.append(("tlx-new", True, True))
-    print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _, _ in cols)
-          + f" {'old/triton':>10s}" + (f" {'new/triton':>10s} {'new/old':>7s}" if len(cols) == 3 else ""), flush=True)
+        cols += [("tlx-new", "v2"), ("new-dqs", "v2-dqshared")]
+    ratios = [("old/triton", "tlx-old", "triton")] + (
+        [("new/triton", "tlx-new", "triton"), ("new/old", "tlx-new", "tlx-old"), ("dqs/triton", "new-dqs", "triton")]
+        if len(cols) > 2 else [])
+    print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
+          + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
         row = {}
         print(f"{case.label:40s}", end="", flush=True)
-        for label, use_tlx, v2 in cols:
-            configs.BACKWARD, configs.BACKWARD_V2 = use_tlx, v2
+        for label, variant in cols:
+            _set_backward(variant)
             faulthandler.dump_traceback_later(HANG_S, exit=True)
             try:
                 out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
@@ -366,9 +377,9 @@ def backward_timing() -> int:
                 print(f"\n  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             print(f" {row.get(label, float('nan')):10.1f}", end="", flush=True)
         faulthandler.cancel_dump_traceback_later()
-        configs.BACKWARD, configs.BACKWARD_V2 = False, False
-        old, ref, new = (row.get(c, float("nan")) for c in ("tlx-old", "triton", "tlx-new"))
-        print(f" {old / ref:10.2f}" + (f" {new / ref:10.2f} {new / old:7.2f}" if len(cols) == 3 else ""), flush=True)
+        _set_backward(None)
+        nan = float("nan")
+        print("".join(f" {row.get(a, nan) / row.get(b, nan):10.2f}" for _, a, b in ratios), flush=True)
     return failures
 
 
@@ -688,11 +699,10 @@ def main(argv) -> int:
         failed += correctness()
     if part in ("timing", "all"):
         failed += timing()
-    # the TLX backward: backward-v1 / backward-v2: one variant's sweep (tlx_device.sh gives each its own limit)
-    if part in ("backward", "backward-v1", "all"):
-        failed += backward_correctness(v2=False)
-    if part in ("backward", "backward-v2", "all"):
-        failed += backward_correctness(v2=True)
+    # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
+    for variant in BWD_VARIANTS:
+        if part in ("backward", f"backward-{variant}", "all"):
+            failed += backward_correctness(variant)
     if part in ("backward", "backward-timing", "all"):  # backward-timing: the timings alone (own time limit)
         failed += backward_timing()
     if part in ("sparse", "sparse-correctness"):  # the block-sparse forward (not in "all": its own device call)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 from typing import Callable, Mapping, Optional, Tuple
 
 import torch
@@ -167,24 +168,64 @@ class Backend:
         return self.family(family).supports(problem)
 
 
-_TRACE = threading.local()  # .on: a traceable backend's code is being traced into a graph (see traced())
+_TRACE = threading.local()  # .on: a traceable backend's code is being traced into a graph (see traced()); .memo
+# Per graph trace (keyed by the trace's FunctionalTensorMode, gone with it): what ``per_trace`` built (see there).
+_MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
-def traced():
+def traced(scope: object = None):
     """Inside: a traceable backend's forward/backward runs on FakeTensors/FunctionalTensors to be recorded into a
     torch.compile graph, so it launches kernels through ``torch.library.wrap_triton`` (graph nodes that Inductor
-    launches itself), caches nothing per shape, and leaves the current device to the graph's code."""
-    before = getattr(_TRACE, "on", False)
+    launches itself), caches nothing per shape, and leaves the current device to the graph's code. ``scope``: the
+    graph trace this call belongs to (its FunctionalTensorMode: one per traced graph, forward and backward of a
+    joint graph together); calls of one scope share ``per_trace``'s memo, None shares nothing."""
+    before = getattr(_TRACE, "on", False), getattr(_TRACE, "memo", None)
     _TRACE.on = True
+    _TRACE.memo = None if scope is None else _MEMOS.setdefault(scope, {})
     try:
         yield
     finally:
-        _TRACE.on = before
+        _TRACE.on, _TRACE.memo = before
 
 
 def tracing() -> bool:
     return getattr(_TRACE, "on", False)
+
+
+def per_trace(fn: Callable, *args, **unkeyed):
+    """``fn(*args, **unkeyed)``, once per graph trace for equal ``args``; outside a trace scope (eager, or
+    ``traced()`` without one) every call runs ``fn``.
+
+    Why: a model passes one offsets tensor to every layer, and each traced call derived the same values from it
+    again (int32 copies, tile lists of two launches each, offset checks), per layer and again in the backward:
+    graph nodes that Inductor runs on every step (issue 9: 24 list launches per step of the 4-layer model). Inductor
+    does not merge them (each kernel node is distinct to it), so the trace does, where the values are made.
+
+    ``fn``: a module-level function whose result depends only on its arguments (the values of the tensors among
+    them) and is only read by the graph. ``args`` are compared by value, tensors by identity and version (a mutated
+    tensor: no hit; the entry holds its tensors, so no id is reused while it lives), SymInts by their expression
+    (one expression is one value within a trace). ``unkeyed``: arguments that leave the result as it is, e.g. a
+    flag an offset check writes beside it: a call with any runs ``fn`` (its side effect must happen) and keeps its
+    result for the calls without."""
+    memo = getattr(_TRACE, "memo", None)
+    if memo is None:
+        return fn(*args, **unkeyed)
+    key = (fn, tuple(map(_value_key, args)))
+    hit = None if unkeyed else memo.get(key)
+    if hit is None:
+        hit = memo[key] = (args, fn(*args, **unkeyed))
+    return hit[1]
+
+
+def _value_key(value):
+    if isinstance(value, torch.Tensor):
+        return "tensor", id(value), value._version
+    if isinstance(value, torch.SymInt):
+        return "SymInt", value.node.expr
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(map(_value_key, value))
+    return value
 
 
 def device_guard(device: torch.device):

@@ -26,7 +26,7 @@ from torch.utils.flop_counter import register_flop_formula
 import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
 from jfa_ops import validation
-from jfa_ops.backends.base import traced
+from jfa_ops.backends.base import per_trace, traced
 
 log = logging.getLogger(__name__)
 from jfa_ops.validation import check_offset_values, validation_mode
@@ -348,10 +348,28 @@ def _traced_attention(mode, op, types, args, kwargs):
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
         _params(q, k, v, q_offsets, kv_offsets, *options)
-    with mode, traced():
-        if aot_compiling():  # no offset-value check in the package (see aot_compiling)
+    with mode, traced(mode):
+        if aot_compiling() or _checked_in_trace(q, k, q_offsets, kv_offsets, params):
             return impl.forward(q, k, v, q_offsets, kv_offsets, params)
         return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+
+
+def _checked_in_trace(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
+                      params: AttentionParams) -> bool:
+    """Whether an earlier call of this graph trace checks these offsets tensors (unmodified) against these rows and
+    max_seqlen hints; else notes that this call will. Why: a model passes one offsets tensor to every layer, and
+    the first layer's device assert comes before everything after it in the stream (as ``validation.covered`` in
+    eager async mode): one check per graph, not one flag and ``_assert_async`` per layer."""
+    seen = per_trace(_trace_coverage, q_offsets, kv_offsets, q.shape[0], k.shape[0], params.max_seqlen_q,
+                     params.max_seqlen_kv, params.broadcast_q)
+    checked = bool(seen)
+    seen.append(True)
+    return checked
+
+
+def _trace_coverage(*key) -> list:
+    """``_checked_in_trace``'s record for one key: empty until a call of the trace has checked it."""
+    return []
 
 
 def aot_compiling() -> bool:
@@ -379,7 +397,7 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():
         _backward_params(*tensors, options)
-    with mode, traced():
+    with mode, traced(mode):
         return impl.backward(*tensors, params)
 
 

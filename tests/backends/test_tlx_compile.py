@@ -40,7 +40,8 @@ MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
 # The backward's v2 consumers ("bwd-*-v2": configs.BACKWARD_V2), stores + loads: D64 0; D128 320-904 (full 320,
 # broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
 # prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;
-# bench/NOTES.md "TLX backward v2"). v1: 1464-1636.
+# bench/NOTES.md "TLX backward v2"). v1: 1464-1636. v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
+# D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692).
 MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
@@ -108,7 +109,7 @@ def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
 def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
     """The v2 backward consumer (``attn_bwd._consume_rows_v2``) overlaps S with dP, dV with dS, dK with dQ's staging:
     wgmma groups in flight (its loop has num_stages=0), and its spills stay far below v1's."""
-    rows = [r for r in compiled if r["name"].startswith("bwd-") and r["name"].endswith("-v2")]
+    rows = [r for r in compiled if r["name"].startswith("bwd-") and "-v2" in r["name"]]  # also "-v2-dqshared"
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no v2 backward compiled"
     for r in rows:
         assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"

@@ -46,18 +46,20 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
     check_attention_case(case, "tlx")
 
 
-@pytest.mark.parametrize("v2", [False, True], ids=["bwd-v1", "bwd-v2"])
+@pytest.mark.parametrize("v2,dq_shared", [(False, False), (True, False), (True, True)],
+                         ids=["bwd-v1", "bwd-v2", "bwd-v2-dqshared"])
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
-def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, v2, monkeypatch):
-    """The TLX backward (configs.BACKWARD, off by default) with its v1 and v2 consumers (configs.BACKWARD_V2): every
-    feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced over the batch, empty sequences, length
-    1), gradients against the float64 oracle."""
+def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, v2, dq_shared, monkeypatch):
+    """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
+    with dQ split between them (BACKWARD_DQ_SHARED): every feature case (jagged, causal, window, GQA, broadcast-Q
+    with dQ reduced over the batch, empty sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
     monkeypatch.setattr(configs, "BACKWARD", True)
     monkeypatch.setattr(configs, "BACKWARD_V2", v2)
+    monkeypatch.setattr(configs, "BACKWARD_DQ_SHARED", dq_shared)
     check_attention_case(case, "tlx")
 
 

@@ -104,15 +104,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Option
 
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
-    """The TLX backward (``attn_bwd.py``: D64/D128) when ``configs.BACKWARD`` is on (env ``JFA_TLX_BWD=1``; off until
-    its GPU check passes; its v2 consumers with ``configs.BACKWARD_V2``, env ``JFA_TLX_BWD_V2=1``), else the triton
-    backend's, which reads the same (out, lse) the TLX forward writes."""
+    """The TLX backward (``attn_bwd.py``: D64/D128) when ``configs.BACKWARD`` is on (the default; env
+    ``JFA_TLX_BWD=0`` turns it off; v2 consumers with the dQ split by default, ``configs.BACKWARD_V2`` /
+    ``BACKWARD_DQ_SHARED``), else the triton backend's, which reads the same (out, lse) the TLX forward writes."""
     v2 = configs.BACKWARD_V2
     if configs.BACKWARD and (configs.bwd_config_v2 if v2 else configs.bwd_config)(q.shape[-1]) is not None:
         from .attn_bwd import attention_backward
 
         with device_guard(q.device):
-            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=v2)
+            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=v2,
+                                      dq_shared=configs.BACKWARD_DQ_SHARED)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

@@ -40,6 +40,7 @@ from .attn_fwd import NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
+DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are in shared memory (or: done with K)
 
 
 @triton.jit
@@ -166,14 +167,18 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end,
                      CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                      NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
-                     HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr):
+                     HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
     pipeliner waits for every wgmma right after issuing it), so: S with dP; dV with dS's arithmetic; dK with dQ
     slice 0's staging store. K, V, P, dS are this consumer's buffers (index CID).
 
-    Registers per thread at D128 (peak at dS): dK 64 + dV 64 (in flight) + P 32 + dP 32 + lse, delta 4 + dS bf16 16."""
+    Registers per thread at D128 (peak at dS): dK 64 + dV 64 (in flight) + P 32 + dP 32 + lse, delta 4 + dS bf16 16.
+
+    DQ_SHARED (FA3's dQ): each consumer computes dQ for its half of the columns over all 128 keys of the tile, from
+    both consumers' dS in shared memory (named barrier DS_BARRIER, dS double-buffered by block parity so neither
+    overwrites what the other still reads): half the dQ staging and reduce-adds (DQ_SPLIT 2 names the halves)."""
     n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
     n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
     n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
@@ -199,7 +204,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         k_tile = k_tiles[own]
         v_tile = v_tiles[own]
         p_tile = p_tiles[own]
-        ds_tile = ds_tiles[own]
+        if DQ_SHARED:
+            par = q_count & 1  # both consumers count the same blocks
+            ds_tile = ds_tiles[own * 2 + par]
+        else:
+            ds_tile = ds_tiles[own]
         keys = tl.arange(0, k_tile.shape[0])
         s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
         dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
@@ -217,10 +226,31 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         ds = (p * (dp - delta[:, None])).to(DTYPE)
         tlx.local_store(ds_tile, ds)
         tlx.fence_async_shared()
-        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
+        if DQ_SHARED:
+            tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
+            half: tl.constexpr = HEAD_DIM // 2
+            zero = _opaque_zero(j)
+            dq = tlx.async_dot(ds_tiles[zero * 2 + par],
+                               tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
+            dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
+                               tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
+            dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+            dq = tlx.async_dot_wait(1, dq)
+            dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.local_store(stage, dq)
+            tlx.fence_async_shared()
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half],
+                                       store_reduce="add")
+            dq_count += 1
+        else:
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
         # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
         # staging buffer by TMA. The first slice is issued before dK += dS^T Q, so dK runs during its staging.
-        for c in tl.static_range(DQ_SPLIT):
+        for c in tl.static_range(0 if DQ_SHARED else DQ_SPLIT):
             k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
             dq = tlx.async_dot(ds, k_cols)
             if c == 0:
@@ -267,10 +297,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                        TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False):
+                        TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
-    V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped)."""
+    V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
+    DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -289,7 +320,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     if V2:
         p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
-        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
+        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
     else:
         p_tiles = None
         ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
@@ -373,7 +404,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
                                 len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
-                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype)
+                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -382,6 +413,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ,
                                 DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype)
                     if V2:  # through this consumer's K and V tiles, then free them
+                        if DQ_SHARED:
+                            tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
                         _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
                                             stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
                         _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
@@ -409,9 +442,11 @@ def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
                             block_shape=[block_rows, block_cols])
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False):
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
+                       dq_shared: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
-    (``configs.BACKWARD_V2``)."""
+    (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
+    (``configs.BACKWARD_DQ_SHARED``)."""
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -425,7 +460,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    cfg = bwd_config_v2(head_dim) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
@@ -452,8 +487,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         qk_scale=params.scale * 1.4426950408889634,
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2), num_warps=NUM_WARPS,
-        num_stages=1)
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2, DQ_SHARED=v2 and dq_shared),
+        num_warps=NUM_WARPS, num_stages=1)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)

@@ -20,12 +20,18 @@ KV_MAJOR: Optional[bool] = None
 # sequences end the loop before its overlap pays), i.e. every call but broadcast-Q at D64/D128. True/False forces it
 # (env JFA_TLX_FWD_ONE_LOOP=1/0; tools/tlx_check.py compares both in one run).
 ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
-# The TLX backward (attn_bwd.py) instead of the triton backend's: off until a GPU check passes (env JFA_TLX_BWD=1).
-BACKWARD = os.environ.get("JFA_TLX_BWD", "0") == "1"
+# The TLX backward (attn_bwd.py) instead of the triton backend's (D64/D128): on since its v2 consumers' GPU check
+# (H200, 2026-12-02: sweeps and the GPU tests passed; v2 with the dQ split 1.22-1.51x the triton backward, bench/NOTES.md
+# v12). Env JFA_TLX_BWD=0: the triton backward.
+BACKWARD = os.environ.get("JFA_TLX_BWD", "1") != "0"
 # With BACKWARD on: the v2 consumers (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared
-# memory, wgmma overlapped; bench/NOTES.md "TLX backward v2") instead of v1's. Env JFA_TLX_BWD_V2=1; off until the GPU
-# check (tools/tlx_device.sh backward) says it is correct and faster.
-BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "0") == "1"
+# memory, wgmma overlapped; bench/NOTES.md "TLX backward v2") instead of v1's (0.65-0.84x the triton backward). On
+# by default; env JFA_TLX_BWD_V2=0: v1.
+BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "1") != "0"
+# With BACKWARD_V2: dQ split by columns between the two consumers over all 128 keys (FA3's; half the dQ reduce-adds,
+# one more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
+# JFA_TLX_BWD_DQ_SHARED=0: off.
+BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
@@ -100,6 +106,7 @@ class BwdConfig:
     num_buffers_q: int  # depth of the Q/dO ring
     num_buffers_dq: int  # fp32 dQ staging buffers per consumer (TMA reduce-add sources)
     dq_split: int = 1  # dQ = dS K computed in this many column slices (fewer registers live at once)
+    dq_shared: bool = False  # v2: each consumer computes dQ for one column half (dq_split 2) over both halves' keys
 
 
 # dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
@@ -121,9 +128,15 @@ def bwd_config(head_dim: int) -> Optional[BwdConfig]:
 _BWD_V2 = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 
 
-def bwd_config_v2(head_dim: int) -> Optional[BwdConfig]:
-    """The v2 backward's config (``BACKWARD_V2``), None where the triton backend's backward runs instead."""
-    return _BWD_V2.get(head_dim)
+# dq_shared: dS double-buffered (+16 KiB), one [64, D/2] fp32 staging buffer per consumer (-48 KiB at D128).
+_BWD_V2_DQ_SHARED = {64: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True),
+                     128: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True)}
+
+
+def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
+    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
+    backend's backward runs instead."""
+    return (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
 
 
 def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:

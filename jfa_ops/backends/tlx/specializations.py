@@ -109,10 +109,11 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
 
 
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
-                       broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False) -> Specialization:
+                       broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
+                       dq_shared: bool = False) -> Specialization:
     from .attn_bwd import attn_bwd_tlx_kernel
 
-    cfg = bwd_config_v2(head_dim) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
     names = list(attn_bwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
              "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
@@ -124,12 +125,14 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "WORK_COUNTER": "*i32", "scale": "fp32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2)
+                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
+                      DQ_SHARED=dq_shared)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
-           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}"
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
+           f"{'-dqshared' if dq_shared else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -175,13 +178,14 @@ def _specializations() -> Iterator[Specialization]:
     yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16")
     yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False)
     yield mxfp8_fwd_specialization(128, True, from_offsets=True, kv_major=False, out_dtype="fp32", fma_softmax=False)
-    for v2 in (False, True):  # the backward's v1 and v2 consumers (configs.BACKWARD_V2)
+    # the backward's v1 and v2 consumers (configs.BACKWARD_V2), v2 with dQ split between them (BACKWARD_DQ_SHARED)
+    for variant in (dict(), dict(v2=True), dict(v2=True, dq_shared=True)):
         for head_dim in (64, 128):
             for causal in (False, True):
-                yield bwd_specialization(head_dim, "bf16", causal, v2=v2)
-        yield bwd_specialization(128, "fp16", True, has_left=True, v2=v2)
-        yield bwd_specialization(128, "bf16", False, broadcast_q=True, v2=v2)
-        yield bwd_specialization(128, "bf16", True, from_offsets=True, v2=v2)
+                yield bwd_specialization(head_dim, "bf16", causal, **variant)
+        yield bwd_specialization(128, "fp16", True, has_left=True, **variant)
+        yield bwd_specialization(128, "bf16", False, broadcast_q=True, **variant)
+        yield bwd_specialization(128, "bf16", True, from_offsets=True, **variant)
 
 
 def compile_sm90(spec: Specialization) -> dict:

@@ -244,7 +244,7 @@ class _Replay:
         kv_off = q_off if kv_offsets is q_offsets else kv_offsets.to(torch.int32) if self.convert_kv else kv_offsets
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
-        flag = torch.empty((1,), dtype=torch.int32, device=self.device) if self.check else None
+        flag = torch.empty(size=(1,), dtype=torch.int32, device=self.device) if self.check else None
         if not self.group.launch(self.grids, q=q, k=k, v=v, out=out, lse=lse, q_off=q_off, kv_off=kv_off, flag=flag):
             return None
         if self.check:
@@ -302,7 +302,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     # Offset checks (params.check_offsets: JFA_VALIDATE=async|deferred) ride in the scheduling kernel, or in this
     # kernel when no list is built; broadcast Q's own offsets are an arange (its max_seqlen_q rule is sync-only).
-    flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
+    flag = torch.empty(size=(1,), dtype=torch.int32, device=device) if params.check_offsets else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     programs, schedule = tile_schedule(
         lambda **check: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right,

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..base import tracing
+from ..base import per_trace, tracing
 from .common import cdiv, int_max, launch_schedule, loop_bound, num_sms, work_item
 from .configs import KNOBS
 from .launch import launch
@@ -279,8 +279,18 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     block-sparse tile (``block_sparse_fwd.selected_cost``: ~8 torch ops); ``selected=(count, block)``: that cost
     read inside ``tile_slots_kernel`` instead (a block-sparse selection's count [B, H, N] or its transpose's, and
     its row block: the blocks a tile's block selected, summed over the heads; ``KNOBS.sparse_list_cost_in_kernel``).
-    Still sorted on the device, no sync.
+    Still sorted on the device, no sync. While traced, a list of offsets and ints alone is built once per graph
+    (``base.per_trace``: every layer, and the backward, read the first one; a checked build serves the unchecked).
     """
+    if cost_of is None and selected is None:
+        return per_trace(_build_tiles, stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off,
+                         has_lo, has_hi, max_s, max_o, **({} if flag is None else dict(flag=flag)))
+    return _build_tiles(stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off, has_lo, has_hi,
+                        max_s, max_o, flag, cost_of, selected)
+
+
+def _build_tiles(stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off, has_lo, has_hi, max_s,
+                 max_o, flag=None, cost_of=None, selected=None) -> TileList:
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
     capacity = capacity_of(rows_s, block, num_seqs)
@@ -365,13 +375,16 @@ def shape_constant(fn):
     """Memoize a pure function of host ints and a trailing ``device`` that builds read-only device tensors (tile
     lists of broadcast Q, arange offsets): one set of small launches per shape instead of per call. Never use it for
     anything that reads device data. Bypassed during CUDA graph capture (a tensor made there holds garbage until the
-    graph replays) and while tracing (the tensors are the graph's, and sizes may be symbolic)."""
+    graph replays); while tracing, once per graph instead (the tensors are the graph's, and sizes may be
+    symbolic)."""
     cached = functools.lru_cache(maxsize=64)(fn)
 
     @functools.wraps(fn)
     def wrapper(*args):
         device = torch.device(args[-1])
-        if tracing() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if tracing():  # sizes may be symbolic, and the tensors are the graph's: once per graph (base.per_trace)
+            return per_trace(fn, *args)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return fn(*args)
         return cached(*args[:-1], device)
 
