@@ -27,9 +27,9 @@ import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
 from jfa_ops import validation
 from jfa_ops.backends.base import per_trace, traced
+from jfa_ops.validation import check_offset_values, validation_mode
 
 log = logging.getLogger(__name__)
-from jfa_ops.validation import check_offset_values, validation_mode
 
 
 # The options both ops take after their tensors, written once (the schemas are snapshot-tested).
