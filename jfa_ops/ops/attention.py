@@ -244,7 +244,8 @@ COMPILE_PATHS = ("inductor", "opaque")
 
 
 def compile_path() -> str:
-    """``JFA_COMPILE_PATH`` (read when a graph is traced): ``inductor`` (default) traces a traceable backend's code
+    """``JFA_COMPILE_PATH`` (read when a graph is traced): ``inductor`` (the default, unless ``triton_pin_mismatch``
+    says torch cannot analyse kernels under the installed triton: then ``opaque``) traces a traceable backend's code
     into torch.compile graphs in place of the op (see ``_traced_backend``), so Inductor launches the kernels with its
     own launcher; ``opaque`` keeps the op one node whose body runs at run time, as for every other backend. Measured
     on the H200 (bench/NOTES.md v8): the 4-layer model's compiled step 10.5 ms (inductor) vs 12.5 (opaque) on small
