@@ -10,7 +10,7 @@
 # `v4`: the sweep with the forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton
 # columns). `bench` (not in `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an
 # earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the
-# whole GPU test suite with the automatic choice preferring tlx (tools/device_tests.sh, 8 shards).
+# whole GPU test suite with the automatic choice preferring tlx (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
 # the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
 # `mxfp8` (not in `all`): the TLX MXFP8 forward (issue 12, mxfp8_attention(..., backend="tlx")): its sweep vs the
@@ -52,7 +52,7 @@ if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU te
   # tlx (JFA_TLX_AUTO=1) where it supports the call; carry .whl too (expecttest). SUITE_ARGS: extra pytest args.
   # shellcheck disable=SC2086
   PYTEST_PRELOAD=_utlx_autoregister JFA_TLX_AUTO=1 JFA_LAUNCH_VERIFY=1 SHARD_TIMEOUT_S=${SHARD_TIMEOUT_S:-240} \
-    bash tools/device_tests.sh 8 ${SUITE_ARGS:-} || rc=1
+    bash tools/device_tests.sh ${SUITE_SHARDS:-8} ${SUITE_ARGS:-} || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s tlx-old / triton / tlx-new / new-dqs; when
   # that run failed or hung (it prints each value as measured), once more without the v2 columns
