@@ -620,6 +620,9 @@ def mxfp8_correctness() -> int:
             failures += 1
             lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
             status, detail = "FAIL", " | ".join(lines)[:300]
+            if not isinstance(e, AssertionError):  # where an unexpected error came from
+                detail += " @ " + " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                                             for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))
         print(f"{name:34s} {status:6s} {detail}", flush=True)
     faulthandler.cancel_dump_traceback_later()
     for dim in (256, 96):  # not run by the TLX kernel: a clear error by name (the automatic choice stays triton)

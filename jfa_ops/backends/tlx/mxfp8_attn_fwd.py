@@ -38,14 +38,13 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets
 from ..triton.common import LN2, key_interval_mask, seq_extent, stage_bounds, visible, window_bounds, work_item
 from ..triton.launch import launch
-from ..triton.mxfp8_rebase import P_SCALE_LOG2, rebase_rows, rebase_v_tiles
+from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
 from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _slot_phase, _wait_turn
 from .configs import NUM_WARPS, mxfp8_fwd_config
 
 CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
 P_SCALE_LOG2_F: tl.constexpr = tl.constexpr(float(P_SCALE_LOG2))  # P enters the dot as P x 2**8
-INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
 
 
 @triton.jit

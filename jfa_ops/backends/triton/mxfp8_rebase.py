@@ -33,6 +33,8 @@ from .scheduling import fanout_search_steps, fanout_sequence
 
 ROWS = 32  # rows per program of rebase_rows
 P_SCALE_LOG2 = 8  # P enters the FP8 dot as P * 2**8 (P <= 1 after the max subtraction: <= 256 < 448)
+# a kernel reads module globals only as constexprs (the interpreter allows plain ones; the GPU compiler does not)
+INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
 
 
 @triton.jit
@@ -75,7 +77,7 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_str
         y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
         cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(VT + (head * HEAD_DIM + d)[None, :] * vt_row_stride + cols[:, None], y)
-        factor = _e8m0_value((e_max + 127).to(tl.uint8)) * (1.0 / (1 << P_SCALE_LOG2))
+        factor = _e8m0_value((e_max + 127).to(tl.uint8)) * INV_P_SCALE
         tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, factor)
 
 

@@ -385,6 +385,15 @@ def mxfp8_specializations() -> Iterator[Specialization]:
             yield _mxfp8_spec(f"mxfp8-bwd-{short}-{variant}-d{head_dim}-{'causal' if causal else 'full'}", kernel,
                               mxfp8_attn_bwd, types, constexprs, cfg.num_warps, cfg.num_stages,
                               odd_strides=("stride_qsh", "stride_ksh", "stride_vsh", "stride_dosh"))
+    from . import mxfp8_rebase  # the tlx MXFP8 forward's operand stage (tlx/mxfp8_attn_fwd.rebase_operands)
+
+    for head_dim in (64, 128):
+        yield _mxfp8_spec(f"mxfp8-rebase-rows-d{head_dim}", mxfp8_rebase.rebase_rows_kernel, mxfp8_rebase,
+                          {"X": "*fp8e4nv", "XS": "*u8", "Y": "*fp8e4nv", "F": "*fp32"},
+                          dict(HEAD_DIM=head_dim, ROWS=mxfp8_rebase.ROWS, HW_CVT=True), odd_strides=("stride_sh",))
+        yield _mxfp8_spec(f"mxfp8-rebase-v-tiles-d{head_dim}", mxfp8_rebase.rebase_v_tiles_kernel, mxfp8_rebase,
+                          {"V": "*fp8e4nv", "VS": "*u8", "KV_OFF": "*i32", "VT": "*fp8e4nv", "VF": "*fp32"},
+                          dict(HEAD_DIM=head_dim, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True))
 
 
 def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1,
