@@ -284,3 +284,19 @@ def test_family_priority_ranks_a_backend_apart_for_that_family(monkeypatch):
     assert select_backend(None, problem, family="fam").name == "mid"
     assert select_backend("high", problem, family="fam").name == "high"  # by name it runs regardless
     assert (high.family_priority("fam"), high.family_priority("other"), mid.family_priority("fam")) == (5, 20, 10)
+
+
+def test_no_backend_function_is_shadowed_by_a_submodule():
+    """A backend package's top-level function must not share a name with one of its submodules: importing the
+    submodule rebinds the package attribute to the module, and code that looks the function up by name (the tlx
+    backend lends the triton backend's MXFP8 quantize so) then calls a module. Found on the H200: the tlx MXFP8 op
+    failed with "'module' object is not callable" once ``triton/mxfp8_quantize.py`` had been imported."""
+    import ast
+    from pathlib import Path
+
+    root = Path(jfa_ops.__file__).parent / "backends"
+    for package in sorted(p.parent for p in root.glob("*/__init__.py")):
+        functions = {node.name for node in ast.parse((package / "__init__.py").read_text()).body
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        submodules = {p.stem for p in package.glob("*.py")} | {p.parent.name for p in package.glob("*/__init__.py")}
+        assert not functions & submodules, f"{package.name}: functions named as submodules: {functions & submodules}"

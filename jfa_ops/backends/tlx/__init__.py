@@ -205,5 +205,5 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                       "mxfp8_attention": FamilyImpl(mxfp8_attention_forward,
                                                     _mxfp8_triton("mxfp8_attention_backward"),
                                                     supports=mxfp8_attention_supports, priority=5),
-                      "mxfp8_quantize": FamilyImpl(_mxfp8_triton("mxfp8_quantize"),
+                      "mxfp8_quantize": FamilyImpl(_mxfp8_triton("quantize_mxfp8"),
                                                    supports=_mxfp8_triton("mxfp8_supports"), priority=5)})

@@ -124,7 +124,7 @@ def _capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-def mxfp8_quantize(x, offsets, block, rounding):
+def quantize_mxfp8(x, offsets, block, rounding):  # not "mxfp8_quantize": that submodule, once imported, shadows it
     from .mxfp8_quantize import quantize
 
     with device_guard(x.device):
@@ -149,7 +149,7 @@ def _mxfp8_families():
     from ..reference import mxfp8 as reference
 
     return {
-        "mxfp8_quantize": FamilyImpl(mxfp8_quantize, supports=mxfp8_supports),
+        "mxfp8_quantize": FamilyImpl(quantize_mxfp8, supports=mxfp8_supports),
         # dequantize is elementwise PyTorch on the device (no host sync): the reference's function serves both
         "mxfp8_dequantize": FamilyImpl(reference.dequantize, supports=mxfp8_supports),
         "mxfp8_attention": FamilyImpl(mxfp8_attention_forward, mxfp8_attention_backward,
