@@ -484,7 +484,9 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
 
 def _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options) -> Tuple[Tensor, Tensor]:
     if needs_grad(q, k, v):
-        return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
+        unwrap = torch._C._functorch.unwrap_if_dead
+        return _direct_apply(unwrap(q), unwrap(k), unwrap(v), None if q_offsets is None else unwrap(q_offsets),
+                             unwrap(kv_offsets), impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 
@@ -586,3 +588,11 @@ class _DirectAttention(torch.autograd.Function):
             grad_out, *saved = _backward_inputs(ctx, grad_out)
             grads = ctx.impl.backward(grad_out, grad_lse, *saved, ctx.params)
         return tuple(grads[:3]) + (None,) * 5
+
+
+# ``_DirectAttention.apply`` without ``torch.autograd.Function.apply``'s Python layer (~6-12 us of a small call's
+# forward + backward on CPU, bench/NOTES.md "host fwd+bwd"): of what that layer does, binding defaults is for a
+# ``setup_context`` (this Function has none) and the functorch routing cannot apply (``eager_direct``: no transform
+# active); what is left, unwrapping dead functorch wrappers (tensors that outlived their transform), is done by the
+# caller (``_direct_forward``).
+_direct_apply = super(torch.autograd.Function, _DirectAttention).apply
