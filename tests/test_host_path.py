@@ -466,3 +466,30 @@ def test_direct_path_unwraps_a_dead_functorch_wrapper():
     want = torch.autograd.grad((inputs.oracle()[0] * grad_out).sum(), (inputs.q, inputs.k, inputs.v))
     for name, g, w in zip("qkv", got, want):
         assert_attention_close(g, w, dtype=CASE.dtype, kind="grad", name=f"d{name}")
+
+
+def _count_environment_reads(monkeypatch) -> list:
+    """The names of the environment variables read from now on (``os.environ[...]``, ``.get``)."""
+    reads, read = [], type(os.environ).__getitem__
+
+    def counting(self, name):
+        reads.append(name)
+        return read(self, name)
+
+    monkeypatch.setattr(type(os.environ), "__getitem__", counting)
+    return reads
+
+
+def test_fast_path_repeat_with_a_named_backend_reads_no_environment(fast_path, monkeypatch):
+    """$JFA_BACKEND matters only when no backend is named, so a repeat that names its backend reads no environment
+    variable (a read costs ~1-3 us on the host); one that names none still reads it (and follows it: the test
+    above)."""
+    x = CASE.make_inputs(0)
+    monkeypatch.setenv("JFA_BACKEND", "fastspy")
+    reads = _count_environment_reads(monkeypatch)
+    for backend in ("fastspy", None):
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend=backend)  # kept
+        reads.clear()
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend=backend)
+        assert reads == ([] if backend else ["JFA_BACKEND"]), backend
+    assert len(fast_path) == 4

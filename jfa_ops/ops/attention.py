@@ -531,9 +531,10 @@ def _direct_call(q, k, v, q_offsets, kv_offsets, options):
 # replays, most was argument checking and option handling that repeat per call (tools/host_backend_cpu.py). The key
 # holds every input of those checks and choices: each tensor's shape, dtype and device, every option with its type
 # (``causal=1`` is not ``causal=True``: the checks reject one), the window's element types (a list window: no key),
-# the deterministic flag, $JFA_BACKEND, the validation mode (only calls whose offsets are checked on the device, or
-# not at all, are kept: a host check must run per call) and the registry. Only plain tensors, outside compile, tracing,
-# dispatch modes, functorch, autocast and forward AD (``eager_direct``), take it.
+# the deterministic flag, $JFA_BACKEND (read only when no backend is named: a named one ignores it, and a read costs
+# ~1-3 us), the validation mode (only calls whose offsets are checked on the device, or not at all, are kept: a host
+# check must run per call) and the registry. Only plain tensors, outside compile, tracing, dispatch modes, functorch,
+# autocast and forward AD (``eager_direct``), take it.
 _FAST: dict = {}
 
 
@@ -546,7 +547,7 @@ def fast_key(q, k, v, q_offsets, kv_offsets, options: tuple) -> Optional[tuple]:
     return (q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device, _metadata(q_offsets),
             _metadata(kv_offsets), options, tuple(map(type, options)),
             tuple(map(type, window)) if type(window) is tuple else window,
-            torch.are_deterministic_algorithms_enabled(), os.environ.get("JFA_BACKEND"),
+            torch.are_deterministic_algorithms_enabled(), options[-1] or os.environ.get("JFA_BACKEND"),
             validation.validation_mode(q.device), registry_generation())
 
 
