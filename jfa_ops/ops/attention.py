@@ -182,16 +182,16 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # grad_lse stays None when lse is unused: the backward skips that term
 
 
-def _backward_inputs(ctx, grad_out):
-    """(grad_out, q, k, v, out, lse, q_offsets, kv_offsets) for the backward: grad_out contiguous, zeros when only
-    lse was used."""
+def _backward_inputs(ctx, grad_out, grad_lse):
+    """(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets) for the backward: grad_out contiguous, zeros
+    when only lse was used."""
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
     grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    return grad_out, q, k, v, out, lse, q_offsets, kv_offsets
+    return grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets
 
 
 def _backward(ctx, grad_out, grad_lse):
-    grad_out, q, k, v, out, lse, q_offsets, kv_offsets = _backward_inputs(ctx, grad_out)
+    grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets = _backward_inputs(ctx, grad_out, grad_lse)
     # The forward checked these inputs and autograd gives grad_out/grad_lse the outputs' shapes and dtypes: tell the
     # op body (by the identity of its arguments) so that it skips the public op's checks. Traced calls check anyway.
     _FROM_AUTOGRAD.call = (id(grad_out), id(q))
@@ -584,11 +584,10 @@ class _DirectAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         if torch.is_grad_enabled():  # create_graph=True: the op's path (double backward raises there)
-            grads = _backward(ctx, grad_out, grad_lse)
+            dq, dk, dv = _backward(ctx, grad_out, grad_lse)[:3]
         else:
-            grad_out, *saved = _backward_inputs(ctx, grad_out)
-            grads = ctx.impl.backward(grad_out, grad_lse, *saved, ctx.params)
-        return tuple(grads[:3]) + (None,) * 5
+            dq, dk, dv = ctx.impl.backward(*_backward_inputs(ctx, grad_out, grad_lse), ctx.params)
+        return dq, dk, dv, None, None, None, None, None  # nothing for the offsets, impl, params, options
 
 
 # ``_DirectAttention.apply`` without ``torch.autograd.Function.apply``'s Python layer (~6-12 us of a small call's
