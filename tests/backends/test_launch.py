@@ -476,3 +476,41 @@ def test_forward_replay_of_one_tensor_for_q_k_v_keeps_their_places(monkeypatch):
     monkeypatch.setattr(launch, "_launch_bound", lambda *a: object())
     (want, _), = _forward_launches(monkeypatch, [calls[1]])
     assert _same_launch(replayed[1][0], want, calls[1], calls[1])
+
+
+@pytest.mark.parametrize("installed", ["none", "chained enter hook", "plain exit hook"])
+def test_direct_launch_builds_launch_metadata_only_for_a_hook(monkeypatch, installed):
+    """Triton's launch hooks are ``HookChain``s, never None, so ``launch_metadata`` would build a dict on every launch
+    for nobody: with no hook installed the direct launch passes None for the metadata and both hooks (what Triton's
+    launcher takes for "no hook"); with one installed (added to a chain, or a plain function as older Triton set
+    them) it passes Triton's metadata and hooks, as ``JITFunction.run`` does."""
+    from triton import knobs
+
+    calls = []
+
+    class Compiled:  # a CompiledKernel stand-in recording what the launcher gets
+        function, packed_metadata = "function", "packed"
+
+        def launch_metadata(self, grid, stream, *values):
+            calls.append(("metadata", grid, stream, values))
+            return "metadata"
+
+        def run(self, *args):
+            calls.append(args)
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    hook = lambda metadata: None  # noqa: E731
+    if installed == "chained enter hook":
+        knobs.runtime.launch_enter_hook.add(hook)
+    elif installed == "plain exit hook":
+        monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)
+    try:
+        launch._run(Compiled(), (3, 2), (10, 11), 0)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    if installed == "none":
+        assert calls == [(3, 2, 1, 7, "function", "packed", None, None, None, 10, 11)]
+    else:
+        assert calls == [("metadata", (3, 2), 7, (10, 11)),
+                         (3, 2, 1, 7, "function", "packed", "metadata", enter, leave, 10, 11)]

@@ -210,13 +210,25 @@ def replays_enabled() -> bool:
 
 
 def _run(compiled, grid, values, device) -> None:
-    """``CompiledKernel.run`` on the current stream: what ``JITFunction.run`` ends with."""
+    """``CompiledKernel.run`` on the current stream: what ``JITFunction.run`` ends with, less the launch hooks'
+    work when no hook is installed. Why: Triton's hooks are ``HookChain``s, never None, so its ``launch_metadata``
+    builds a dict for every launch and its launcher calls both (empty) chains: ~2 us a launch for nobody (CPU,
+    triton 3.9); None for the metadata and the hooks is what the launcher takes for "no hook"."""
     stream = torch._C._cuda_getCurrentRawStream(device)
     grid_1 = grid[1] if len(grid) > 1 else 1
     grid_2 = grid[2] if len(grid) > 2 else 1
-    compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *values), knobs.runtime.launch_enter_hook,
-                 knobs.runtime.launch_exit_hook, *values)
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _hooked(enter) or _hooked(leave):
+        metadata = compiled.launch_metadata(grid, stream, *values)
+    else:
+        metadata = enter = leave = None
+    compiled.run(grid[0], grid_1, grid_2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
+                 *values)
+
+
+def _hooked(hook) -> bool:
+    """A launch hook that does something: not None, and not an empty ``HookChain`` (a plain function counts)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _verify_plan(kernel, plan, grid, args, options) -> None:
