@@ -40,6 +40,10 @@ SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: off until its GPU check (env
 # JFA_TLX_SPARSE_BWD=1 turns it on; tools/tlx_check.py toggles it in-process).
 SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "0") == "1"
+# The MXFP8 forward (mxfp8_attn_fwd.py) in the automatic choice for mxfp8_attention: on since its GPU check (H200,
+# 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
+# FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
+MXFP8_AUTO = os.environ.get("JFA_TLX_MXFP8", "1") != "0"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
