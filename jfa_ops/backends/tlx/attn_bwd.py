@@ -224,16 +224,19 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     SPARSE: the blocks are the selected query tiles sel_first .. sel_first + sel_count - 1 at ``ids``
     (``selected_tile_start``: ascending, each starting inside the sequence, so only the last may run past its end);
     a tile is masked when it lies outside the mask-free bulk [bulk_begin, bulk_end) (the forward's test). Each
-    tile's id is read at the top of its iteration, before the wait for its Q/dO slot."""
+    tile's id is read one block ahead: read at the top of its own iteration, its L2 latency sat before the wgmma
+    issue of every block (the row-zeroing branch needs m0 first); ahead it costs 1-2 LDL per block (sm_90 SASS)."""
     if SPARSE:
         n_all = sel_count
+        m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
     else:
         n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
         n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
     for j in tl.range(0, n_all, num_stages=0):
-        if SPARSE:
-            m0 = selected_tile_start(ids, sel_first + j, BLOCK_Q, BLOCK_M)
+        if SPARSE:  # the next tile's id is read a block ahead (at the top, its latency was on every block's path)
+            m0 = m0_next
+            m0_next = selected_tile_start(ids, sel_first + j + 1, BLOCK_Q, BLOCK_M, j + 1 < n_all)
             masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
         else:
             masked = (j < n_lead) | (j >= n_unmasked)
