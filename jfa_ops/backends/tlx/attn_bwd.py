@@ -167,7 +167,10 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
         dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
         dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
         dp_t = tlx.async_dot_wait(1, dp_t)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(DTYPE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
+            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
+        ds_t = ds_t.to(DTYPE)
         dk = tlx.async_dot(ds_t, q_tile, dk)
         tlx.local_store(ds_tile, ds_t)
         tlx.fence_async_shared()
@@ -279,7 +282,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
         dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
         dp = tlx.async_dot_wait(1, dp)  # dV may still run
-        ds = (p * (dp - delta[:, None])).to(DTYPE)
+        ds = p * (dp - delta[:, None])
+        if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
+            ds = tl.where(p == 0.0, 0.0, ds)  # would reach the next sequence's dQ rows through the reduce-add
+        ds = ds.to(DTYPE)
         tlx.local_store(ds_tile, ds)
         tlx.fence_async_shared()
         if DQ_SHARED:
