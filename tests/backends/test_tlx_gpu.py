@@ -1,7 +1,8 @@
 """The tlx backend on an sm_90 GPU (skipped without one, or without TLX): every feature case of
 ``jfa_ops.testing.FEATURE_MATRIX`` at the head dims tlx runs, forward from a NaN-poisoned allocator and gradients
 (the backward is the triton backend's, fed tlx's out/lse), value/key rows of a neighbour sequence full of NaN/inf,
-and routing of what tlx declines; the block-sparse forward (SPARSE) against the oracle with the selection's block mask.
+and routing of what tlx declines; the block-sparse forward and backward (SPARSE) against the oracle with the
+selection's block mask.
 The whole GPU suite also runs tlx wherever it parametrizes over
 ``available_backends("cuda")``.
 """
@@ -69,6 +70,35 @@ def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     must mask the keys and zero the values: p = 0 times NaN is NaN)."""
     x = _poisoned_neighbour_inputs(causal)
     _assert_clean_sequences_match(x, *x.call("tlx"), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal):
+    """The TLX backward with sequence 1's keys +inf and values NaN: sequence 1's 64-row query block runs into
+    sequence 2's rows (dO zeroed there, but dP = 0 x NaN values is NaN, and 0 x NaN again in dS): its dQ reduce-add
+    must add exact zeros to sequence 2's rows. Gradients of the clean outputs match the oracle on sequences 0 and 2
+    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN)."""
+    x = _poisoned_neighbour_inputs(causal)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
+    keep_q[100:137] = False
+    keep_kv = torch.ones(204, dtype=torch.bool, device="cuda")
+    keep_kv[90:127] = False
+    grad = torch.randn(187, 4, 128, device="cuda", dtype=torch.bfloat16) * keep_q[:, None, None]
+    out, _ = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=causal, backend="tlx",
+                                      return_lse=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+    assert torch.isfinite(dq[keep_q]).all() and torch.isfinite(dk[keep_kv]).all() and torch.isfinite(dv[keep_kv]).all()
+    clean = [(0, 100, 0, 90), (137, 187, 127, 204)]  # (q rows, kv rows) of sequences 0 and 2
+    for q0, q1, k0, k1 in clean:
+        ref = [t[a:b].detach().double().requires_grad_() for t, a, b in ((x.q, q0, q1), (x.k, k0, k1), (x.v, k0, k1))]
+        off_q = torch.tensor([0, q1 - q0], device="cuda")
+        off_k = torch.tensor([0, k1 - k0], device="cuda")
+        ref_out, _ = reference_attention(*ref, off_q, off_k, causal=causal)
+        want = torch.autograd.grad(ref_out, ref, grad[q0:q1].double())
+        for got, w, name in zip((dq[q0:q1], dk[k0:k1], dv[k0:k1]), want, ("dq", "dk", "dv")):
+            err = ((got.double() - w).norm() / w.norm()).item()
+            assert err <= 2e-2, f"{name} of rows {q0}..{q1}: relative error {err:.3g}"
 
 
 def _poisoned_neighbour_inputs(causal):
@@ -157,3 +187,78 @@ def test_block_sparse_declined_block_sizes_route_to_triton():
     assert "multiples" in unavailable_reason("tlx", problem, family="block_sparse")
     assert select_backend(None, problem, family="block_sparse").name == "triton"
     check_block_sparse_case(case, None, seed=2)
+
+
+# ------------------------------------------------------------------------------ block-sparse backward (SPARSE)
+def _short_lengths(seed):
+    return tuple(torch.randint(0, 400, (300,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+SPARSE_BWD_CASES = dict(SPARSE_CASES, **{
+    "300 short seqs GQA": _sparse_case(_short_lengths(2), _short_lengths(3), heads_q=4, heads_kv=2, keep_ratio=None),
+    "window (200,100) random blocks": _sparse_case(_EDGE, _EDGE, window=(200, 100), keep_ratio=None),
+})
+
+
+def _spy_tlx_sparse_backward(monkeypatch):
+    """The calls of the TLX block-sparse backward (``attn_bwd.block_sparse_backward``), counted."""
+    from jfa_ops.backends.tlx import attn_bwd
+
+    calls, real = [], attn_bwd.block_sparse_backward
+    monkeypatch.setattr(attn_bwd, "block_sparse_backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("dq_shared", [True, False], ids=["dqshared", "dq-per-consumer"])
+@pytest.mark.parametrize("name", list(SPARSE_BWD_CASES))
+def test_tlx_block_sparse_backward_matches_the_oracle(name, dq_shared, monkeypatch):
+    """The TLX block-sparse backward (configs.SPARSE_BACKWARD, env JFA_TLX_SPARSE_BWD=1: the v2 backward with
+    SPARSE, each key tile walking the query tiles of the Q blocks that selected it): dq/dk/dv == the float64 oracle
+    with the selection's block mask (jagged edge lengths, empty sequences, causal, windows, cross lengths, GQA,
+    broadcast-Q with dQ reduced over the batch, D64, 256-blocks, one long sequence, 300 short ones), and it ran."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "BACKWARD_DQ_SHARED", dq_shared)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    assert calls, "the TLX block-sparse backward did not run"
+
+
+def test_tlx_block_sparse_backward_off_runs_the_triton_one(monkeypatch):
+    """configs.SPARSE_BACKWARD off (the default until its GPU check): the triton sparse backward, still correct."""
+    case = SPARSE_CASES["edge causal keep 0.25"]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", False)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    check_block_sparse_case(case, "tlx", seed=3, select_backend="triton")
+    assert not calls
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tlx_block_sparse_backward_neighbour_poison_stays_out(causal, monkeypatch):
+    """Sequence 0's one selected block reads sequence 1's NaN/inf key/value rows through TMA (its key tile and query
+    blocks run past its end; the rows past it are zeroed in shared memory): sequence 0's gradients and the key/value
+    gradients of sequence 2 stay finite, its dQ rows too (sequence 1's own dQ block runs into them: dS is zeroed
+    where P is, so its NaN values add no NaN there)."""
+    from jfa_ops.backends.tlx import configs
+
+    x = _poisoned_neighbour_inputs(causal)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    index = torch.tensor([0, -1], dtype=torch.int32, device="cuda").expand(3, 2, 1, 2).contiguous()
+    count = torch.ones(3, 2, 1, dtype=torch.int32, device="cuda")
+    out = jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count, 100, 90, causal=causal,
+                                         backend="tlx")
+    keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
+    keep_q[100:137] = False
+    dq, dk, dv = torch.autograd.grad(out[keep_q].float().sum(), (q, k, v))
+    keep_kv = torch.ones(204, dtype=torch.bool, device="cuda")
+    keep_kv[90:127] = False
+    assert calls
+    assert torch.isfinite(dq[keep_q]).all() and torch.isfinite(dk[keep_kv]).all() and torch.isfinite(dv[keep_kv]).all()
