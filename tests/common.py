@@ -57,3 +57,10 @@ def head_dims_for(device: str, backend: str, wanted=(16,)) -> tuple:
         return get_backend(backend).supports(Problem(device, dtype, d, 2, 2, False, -1, -1, False, False)) is None
 
     return tuple(d for d in wanted if runs(d)) or next((d,) for d in (16, 32, 64, 128, 256) if runs(d))
+
+
+def deterministic_reason(device: str, backend: str, dtype, head_dim: int):
+    """Why (device, backend) declines ``deterministic=True`` (tlx: the triton backend runs it), else None. An
+    explicit ``backend=`` never reroutes, so such a backend must refuse the call with a ValueError naming it."""
+    return get_backend(backend).supports(Problem(device, dtype, head_dim, 4, 2, False, -1, -1, False, True))
+

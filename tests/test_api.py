@@ -8,7 +8,7 @@ import torch
 import jfa_ops
 from jfa_ops.backends import get_backend, register_backend, unregister_backend
 from jfa_ops.testing import AttentionCase, assert_attention_close, check_attention_case, reference_attention
-from tests.common import device_backend_params, dtypes_for, head_dims_for
+from tests.common import deterministic_reason, device_backend_params, dtypes_for, head_dims_for
 
 FULL = device_backend_params()
 ALL = device_backend_params(smoke=True)  # cheap single calls: interpreted backends too
@@ -36,6 +36,10 @@ def test_deterministic_gradients_are_bitwise_reproducible(device, backend, broad
                          dtype=_case(device, backend).dtype, head_dim=_case(device, backend).head_dim,
                          broadcast_q=broadcast_q, window=(2, 1))
     inputs = case.make_inputs(0, requires_grad=True)
+    if deterministic_reason(device, backend, case.dtype, case.head_dim):
+        with pytest.raises(ValueError, match="deterministic"):
+            inputs.call(backend, deterministic=True)
+        return
     runs = []
     for _ in range(3):
         out, lse = inputs.call(backend, deterministic=True)
@@ -169,6 +173,10 @@ def test_global_deterministic_flag_gives_bitwise_reproducible_broadcast_q_gradie
     case = AttentionCase((5,), (4, 2, 6), heads_q=4, heads_kv=2, device=device, dtype=_case(device, backend).dtype,
                          head_dim=_case(device, backend).head_dim, broadcast_q=True)
     inputs = case.make_inputs(0, requires_grad=True)
+    if deterministic_reason(device, backend, case.dtype, case.head_dim):
+        with pytest.raises(ValueError, match="deterministic"):
+            inputs.call(backend)
+        return
     runs = []
     for _ in range(3):
         out, _ = inputs.call(backend)

@@ -431,3 +431,65 @@ def test_a_failed_call_covers_nothing(fast_path, monkeypatch):
         jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="fastspy")
         assert [p.check_offsets for p in fast_path[-2:]] == [True, True]
         monkeypatch.setattr(validation, "_COVERED", {})
+
+
+def test_direct_training_call_skips_the_python_layer_of_function_apply(spy_backend, monkeypatch):
+    """The direct path records autograd through torch's C ``apply``: ``torch.autograd.Function.apply``'s Python layer
+    (default binding, functorch routing, ~6-12 us a call) has nothing to do there (``eager_direct``)."""
+    calls = []
+    python_apply = torch.autograd.Function.apply.__func__
+
+    def counting_apply(cls, *args, **kwargs):
+        calls.append(cls.__name__)
+        return python_apply(cls, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(counting_apply))
+    inputs = CASE.make_inputs(0, requires_grad=True)
+    out, lse = inputs.call("spy")
+    grads = torch.autograd.grad((out * torch.randn_like(out)).sum(), (inputs.q, inputs.k, inputs.v))
+    assert spy_backend == ["direct"] and calls == []
+    assert out.grad_fn is not None and all(g is not None for g in grads)
+
+
+def test_direct_path_unwraps_a_dead_functorch_wrapper():
+    """A tensor that outlived its functorch transform (captured inside ``torch.func.grad``) is a plain Tensor to
+    ``eager_direct``; as ``Function.apply`` does, the direct path unwraps it, so gradients reach the tensor it wraps."""
+    inputs = CASE.make_inputs(0, requires_grad=True)
+    captured = []
+    torch.func.grad(lambda x: captured.append(x) or x.sum())(inputs.q)
+    dead = captured[0]
+    assert torch._C._functorch.is_functorch_wrapped_tensor(dead) and attention_ops.eager_direct(dead)
+    out = jfa_ops.jagged_attention(dead, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets, **inputs.kwargs,
+                                   backend="reference")
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad_out).sum(), (inputs.q, inputs.k, inputs.v))
+    want = torch.autograd.grad((inputs.oracle()[0] * grad_out).sum(), (inputs.q, inputs.k, inputs.v))
+    for name, g, w in zip("qkv", got, want):
+        assert_attention_close(g, w, dtype=CASE.dtype, kind="grad", name=f"d{name}")
+
+
+def _count_environment_reads(monkeypatch) -> list:
+    """The names of the environment variables read from now on (``os.environ[...]``, ``.get``)."""
+    reads, read = [], type(os.environ).__getitem__
+
+    def counting(self, name):
+        reads.append(name)
+        return read(self, name)
+
+    monkeypatch.setattr(type(os.environ), "__getitem__", counting)
+    return reads
+
+
+def test_fast_path_repeat_with_a_named_backend_reads_no_environment(fast_path, monkeypatch):
+    """$JFA_BACKEND matters only when no backend is named, so a repeat that names its backend reads no environment
+    variable (a read costs ~1-3 us on the host); one that names none still reads it (and follows it: the test
+    above)."""
+    x = CASE.make_inputs(0)
+    monkeypatch.setenv("JFA_BACKEND", "fastspy")
+    reads = _count_environment_reads(monkeypatch)
+    for backend in ("fastspy", None):
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend=backend)  # kept
+        reads.clear()
+        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend=backend)
+        assert reads == ([] if backend else ["JFA_BACKEND"]), backend
+    assert len(fast_path) == 4

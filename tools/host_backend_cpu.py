@@ -87,6 +87,8 @@ def main():
     grad_rows = [
         ("forward + backward, inputs require grad (autograd.grad; --calls / 4)", fwd_bwd),
         ("  the same without the backward recipe", _switched_off(attn_bwd, "RECIPES_ENABLED", fwd_bwd)),
+        ("  forward alone, inputs require grad (graph dropped: forward + node teardown)",
+         lambda: jfa_ops.jagged_attention(qg, kg, vg, off, off, causal=True, backend="triton")),
         ("  backward alone through autograd (kept graph: engine + _DirectAttentionBackward)",
          lambda: torch.autograd.grad(kept, (qg, kg, vg), grad_out, retain_graph=True)),
         ("  torch's floor: a no-op autograd.Function (same inputs, saved tensors), forward + backward",

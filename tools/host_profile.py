@@ -147,13 +147,22 @@ def main():
         ("  torch._assert_async(flag)", lambda: torch._assert_async(flag.reshape(()))),
         ("  device_guard(q.device)", lambda: _enter(device_guard(q.device))),
         ("forward + backward, inputs require grad", fwd_bwd),
+        ("  forward alone, inputs require grad (graph dropped: forward + node teardown)",
+         lambda: jfa_ops.jagged_attention(qg, kg, vg, off, off, **opts)),
+        ("  forward + backward, the backward on the calling thread (autograd multithreading off: A/B of the "
+         "engine's hand-off to its CUDA thread)", _one_thread(fwd_bwd)),
         ("  backward alone through autograd (autograd.grad on a kept graph: engine + _DirectAttentionBackward)",
          lambda: torch.autograd.grad(kept, (qg, kg, vg), grad_out, retain_graph=True)),
+        ("  the same on the calling thread (autograd multithreading off)", _one_thread(
+            lambda: torch.autograd.grad(kept, (qg, kg, vg), grad_out, retain_graph=True))),
         ("  torch's floor: a no-op autograd.Function (same inputs, saved tensors), forward + backward",
          lambda: torch.autograd.grad(_NoopAttention.apply(qg, kg, vg, off, off, None, None, None)[0], (qg, kg, vg),
                                      grad_out)),
         ("  torch's floor, backward alone (kept graph)",
          lambda: torch.autograd.grad(floor[0], (qg, kg, vg), grad_out, retain_graph=True)),
+        ("  torch's floor, forward + backward on the calling thread (autograd multithreading off)", _one_thread(
+            lambda: torch.autograd.grad(_NoopAttention.apply(qg, kg, vg, off, off, None, None, None)[0],
+                                        (qg, kg, vg), grad_out))),
         ("forward + backward, without the backward recipe", _no_recipes(fwd_bwd)),
         ("jagged_attention no grad, op path (JFA_EAGER_PATH=op)", _op_path(no_grad(
             lambda: jfa_ops.jagged_attention(q, k, v, off, off, **opts)))),
@@ -233,6 +242,16 @@ def _switched_off(module, flag, fn):
             return fn()
         finally:
             setattr(module, flag, True)
+    return run
+
+
+def _one_thread(fn):
+    """fn with the autograd engine's device threads off: a CUDA backward runs on the calling thread instead of being
+    handed to the engine's thread for that GPU and back (two thread wake-ups, and our backward's Python running on
+    another core than the forward's)."""
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            return fn()
     return run
 
 

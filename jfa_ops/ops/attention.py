@@ -182,16 +182,16 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # grad_lse stays None when lse is unused: the backward skips that term
 
 
-def _backward_inputs(ctx, grad_out):
-    """(grad_out, q, k, v, out, lse, q_offsets, kv_offsets) for the backward: grad_out contiguous, zeros when only
-    lse was used."""
+def _backward_inputs(ctx, grad_out, grad_lse):
+    """(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets) for the backward: grad_out contiguous, zeros
+    when only lse was used."""
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
     grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    return grad_out, q, k, v, out, lse, q_offsets, kv_offsets
+    return grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets
 
 
 def _backward(ctx, grad_out, grad_lse):
-    grad_out, q, k, v, out, lse, q_offsets, kv_offsets = _backward_inputs(ctx, grad_out)
+    grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets = _backward_inputs(ctx, grad_out, grad_lse)
     # The forward checked these inputs and autograd gives grad_out/grad_lse the outputs' shapes and dtypes: tell the
     # op body (by the identity of its arguments) so that it skips the public op's checks. Traced calls check anyway.
     _FROM_AUTOGRAD.call = (id(grad_out), id(q))
@@ -484,7 +484,9 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
 
 def _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options) -> Tuple[Tensor, Tensor]:
     if needs_grad(q, k, v):
-        return _DirectAttention.apply(q, k, v, q_offsets, kv_offsets, impl, params, options)
+        unwrap = torch._C._functorch.unwrap_if_dead
+        return _direct_apply(unwrap(q), unwrap(k), unwrap(v), None if q_offsets is None else unwrap(q_offsets),
+                             unwrap(kv_offsets), impl, params, options)
     return impl.forward(q, k, v, q_offsets, kv_offsets, params)
 
 
@@ -529,9 +531,10 @@ def _direct_call(q, k, v, q_offsets, kv_offsets, options):
 # replays, most was argument checking and option handling that repeat per call (tools/host_backend_cpu.py). The key
 # holds every input of those checks and choices: each tensor's shape, dtype and device, every option with its type
 # (``causal=1`` is not ``causal=True``: the checks reject one), the window's element types (a list window: no key),
-# the deterministic flag, $JFA_BACKEND, the validation mode (only calls whose offsets are checked on the device, or
-# not at all, are kept: a host check must run per call) and the registry. Only plain tensors, outside compile, tracing,
-# dispatch modes, functorch, autocast and forward AD (``eager_direct``), take it.
+# the deterministic flag, $JFA_BACKEND (read only when no backend is named: a named one ignores it, and a read costs
+# ~1-3 us), the validation mode (only calls whose offsets are checked on the device, or not at all, are kept: a host
+# check must run per call) and the registry. Only plain tensors, outside compile, tracing, dispatch modes, functorch,
+# autocast and forward AD (``eager_direct``), take it.
 _FAST: dict = {}
 
 
@@ -544,7 +547,7 @@ def fast_key(q, k, v, q_offsets, kv_offsets, options: tuple) -> Optional[tuple]:
     return (q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device, _metadata(q_offsets),
             _metadata(kv_offsets), options, tuple(map(type, options)),
             tuple(map(type, window)) if type(window) is tuple else window,
-            torch.are_deterministic_algorithms_enabled(), os.environ.get("JFA_BACKEND"),
+            torch.are_deterministic_algorithms_enabled(), options[-1] or os.environ.get("JFA_BACKEND"),
             validation.validation_mode(q.device), registry_generation())
 
 
@@ -581,8 +584,15 @@ class _DirectAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         if torch.is_grad_enabled():  # create_graph=True: the op's path (double backward raises there)
-            grads = _backward(ctx, grad_out, grad_lse)
+            dq, dk, dv = _backward(ctx, grad_out, grad_lse)[:3]
         else:
-            grad_out, *saved = _backward_inputs(ctx, grad_out)
-            grads = ctx.impl.backward(grad_out, grad_lse, *saved, ctx.params)
-        return tuple(grads[:3]) + (None,) * 5
+            dq, dk, dv = ctx.impl.backward(*_backward_inputs(ctx, grad_out, grad_lse), ctx.params)
+        return dq, dk, dv, None, None, None, None, None  # nothing for the offsets, impl, params, options
+
+
+# ``_DirectAttention.apply`` without ``torch.autograd.Function.apply``'s Python layer (~6-12 us of a small call's
+# forward + backward on CPU, bench/NOTES.md "host fwd+bwd"): of what that layer does, binding defaults is for a
+# ``setup_context`` (this Function has none) and the functorch routing cannot apply (``eager_direct``: no transform
+# active); what is left, unwrapping dead functorch wrappers (tensors that outlived their transform), is done by the
+# caller (``_direct_forward``).
+_direct_apply = super(torch.autograd.Function, _DirectAttention).apply

@@ -230,6 +230,39 @@ def test_int64_offsets_are_converted_by_the_recipe(gpu):
     assert len(answers) == 2 and all(a is not None for a in answers)
 
 
+@pytest.mark.parametrize("schedule", ["static", "atomic"])
+def test_recipe_derives_again_only_when_the_sizes_change(gpu, monkeypatch, schedule):
+    """A recipe keeps what it derived from its last call's sizes (slots, programs, search steps: ~5 us of host time a
+    call): a repeat of those sizes derives nothing again (atomic schedules excepted: their work counters are fresh
+    zeros per call); other lengths, batch sizes or SM counts are derived again, and every call launches what the
+    full path launches."""
+    runs, answers = gpu
+    monkeypatch.setattr(configs.KNOBS, "bwd_schedule", schedule)
+    derived, derive = [], attn_bwd._Recipe._sized
+    monkeypatch.setattr(attn_bwd._Recipe, "_sized", lambda self, *sizes: derived.append(sizes) or derive(self, *sizes))
+    batches = (([30, 5, 0, 29], [12, 40, 3, 29]), ([1, 40, 2, 3], [50, 1, 2, 9]))  # one batch size: rows differ
+    cases = [_case(lengths, seed=seed, causal=True, kv_lengths=kv_lengths)
+             for seed, (lengths, kv_lengths) in enumerate(batches)]
+    tb.backward(*cases[0][0], cases[0][1])  # makes the recipe
+    order = (0, 1, 1)
+    for n in order:
+        args, params, expected = cases[n]
+        runs.clear()
+        _check(args, params, expected, torch.float16)
+        by_recipe = _launches(runs, args)
+        runs.clear()
+        monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
+        _check(args, params, expected, torch.float16)
+        monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", True)
+        assert _launches(runs, args) == by_recipe
+    assert len(answers) == len(order) and all(a is not None for a in answers)
+    sizes = [(len(kv_lengths), sum(lengths), sum(kv_lengths)) for lengths, kv_lengths in batches]
+    assert derived == [sizes[n] for n in (order if schedule == "atomic" else (0, 1))]
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # the same sizes no longer fit one wave
+    _check(*cases[1], torch.float16)
+    assert answers[-1] is None
+
+
 @pytest.mark.parametrize("why", ["not one wave", "misaligned tensor", "empty batch", "no rows"])
 def test_recipe_declines_calls_outside_its_path(gpu, monkeypatch, why):
     """Sizes that take another path (sorted work lists, early returns) or specialize otherwise (a misaligned pointer)

@@ -1,19 +1,19 @@
 """The TLX backend (experimental): warp-specialized Hopper (sm_90) kernels written in TLX (Triton Low-level
 Extensions, ``pip install jfa_ops[tlx]``: the ``triton-utlx`` plugin for stock Triton 3.8).
 
-What it runs: the forward of fp16/bf16 attention with head_dim 64, 128 or 256 on an sm_90 GPU (causal, windows, GQA,
-broadcast Q, jagged), the kernel in ``attn_fwd.py``. Everything else is declined with a reason, so the automatic
-choice routes it to ``triton``: other head dims, fp32, ``deterministic=True``, other GPUs. Its backward is the triton
-backend's (the same out/lse contract) until a TLX backward exists.
+What it runs: fp16/bf16 attention with head_dim 64, 128 or 256 on an sm_90 GPU (causal, windows, GQA, broadcast Q,
+jagged), forward (``attn_fwd.py``) and backward (``attn_bwd.py``: v2 consumers with dQ split, ``JFA_TLX_BWD=0``
+for the triton backward). Everything else is declined with a reason, so the automatic choice routes it to
+``triton``: other head dims, fp32, ``deterministic=True`` (an explicit ``backend="tlx"`` refuses it), other GPUs.
 
 Importing this module never imports triton: it only checks that the plugin is installed (else ImportError, which the
 registry records: ``unavailable_reason("tlx")``). The TLX kernels import on the first CUDA problem ``supports`` sees.
 Until a GPU run has passed, the backend is not chosen automatically (``AUTO_SELECT``); ask for it by name
 (``backend="tlx"`` or ``JFA_BACKEND=tlx``).
 
-MXFP8 attention (``jfa_ops.mxfp8_attention(..., backend="tlx")``, family ``mxfp8_attention``, issue 12): the
-forward in ``mxfp8_attn_fwd.py`` (E4M3 wgmma for both matmuls, head_dim 64/128), by name only until a GPU check
-passes; bf16 inputs are quantized by the triton kernel, the backward is the triton MXFP8 backward.
+MXFP8 attention (``jfa_ops.mxfp8_attention``, family ``mxfp8_attention``, issue 12): the forward in
+``mxfp8_attn_fwd.py`` (E4M3 wgmma for both matmuls, head_dim 64/128), chosen automatically since its GPU check
+(``JFA_TLX_MXFP8=0``: off); bf16 inputs are quantized by the triton kernel, the backward is the triton MXFP8 backward.
 
 Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_sparse``): the same forward kernel with
 SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
@@ -202,10 +202,11 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                                                  priority=20 if configs.SPARSE_AUTO else 5),
                       # by name only: the automatic choice runs the selection on triton itself
                       "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5),
-                      # MXFP8 (issue 12): the TLX forward by name only (backend="tlx") until its GPU check; the
-                      # quantize kernel (bf16 inputs) and the backward are the triton backend's
+                      # MXFP8 (issue 12): the TLX forward, automatic since its GPU check unless JFA_TLX_MXFP8=0
+                      # (configs.MXFP8_AUTO); the quantize kernel (bf16 inputs) and the backward are triton's
                       "mxfp8_attention": FamilyImpl(mxfp8_attention_forward,
                                                     _mxfp8_triton("mxfp8_attention_backward"),
-                                                    supports=mxfp8_attention_supports, priority=5),
+                                                    supports=mxfp8_attention_supports,
+                                                    priority=20 if configs.MXFP8_AUTO else 5),
                       "mxfp8_quantize": FamilyImpl(_mxfp8_triton("quantize_mxfp8"),
                                                    supports=_mxfp8_triton("mxfp8_supports"), priority=5)})

@@ -53,6 +53,10 @@ BACKWARD_V3 = os.environ.get("JFA_TLX_BWD_V3", "0") == "1"
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
 SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
+# The MXFP8 forward (mxfp8_attn_fwd.py) in the automatic choice for mxfp8_attention: on since its GPU check (H200,
+# 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
+# FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
+MXFP8_AUTO = os.environ.get("JFA_TLX_MXFP8", "1") != "0"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 

@@ -27,7 +27,7 @@ from .launch import launch
 from .configs import KNOBS, KernelConfig, interpreting
 from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _to_e4m3, checked_variant, mx_dot
 from .mxfp8_quantize import _shared_exponent, quantize
-from .scheduling import fanout_search_steps, fanout_sequence
+from .scheduling import fanout_search_steps, padded_tile
 
 # Launch shapes, (q rows, kv rows, warps, stages) per kernel (sm_90 compile, Triton 3.6, D128, bf16smem; bench/NOTES.md
 # "MXFP8 v3"; the kernels are issue-bound, so the fewest instructions per (q, k) pair wins). dK/dV 64 x 64, 4 warps,
@@ -135,10 +135,7 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
     M_LEVELS: tl.constexpr = (BLOCK_M // 32).bit_length() - 1
     tile = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
-    seq = fanout_sequence(KV_OFF, tile, num_seqs, 0, BLOCK_N, SEARCH_STEPS)
-    kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
-    len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
-    n0 = (tile - (kv_row0 // BLOCK_N + seq)).to(tl.int32) * BLOCK_N
+    seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
     if n0 < len_k:
         out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
         len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
@@ -236,10 +233,7 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
     N_LEVELS: tl.constexpr = (BLOCK_N // 32).bit_length() - 1
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
-    seq = fanout_sequence(OUT_OFF, tile, num_seqs, 0, BLOCK_M, SEARCH_STEPS)
-    out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
-    len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
-    m0 = (tile - (out_row0 // BLOCK_M + seq)).to(tl.int32) * BLOCK_M
+    seq, out_row0, len_q, m0 = padded_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
     if m0 < len_q:
         if BROADCAST_Q:
             q_row0 = out_row0 * 0

@@ -47,7 +47,7 @@ from .common import LN2, alloc_output, loop_bound, row_strides, stage_bounds, vi
 from .configs import KNOBS, KernelConfig, interpreting
 from .launch import launch
 from .mxfp8_quantize import _e4m3_bits, _shared_exponent
-from .scheduling import fanout_search_steps, fanout_sequence
+from .scheduling import fanout_search_steps, padded_tile
 
 LOG2E_F: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2
 VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row")
@@ -385,10 +385,7 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
     DC: tl.constexpr = HEAD_DIM // 32
     tile = tl.program_id(0)
     head = tl.program_id(1)
-    seq = fanout_sequence(OUT_OFF, tile, num_seqs, 0, BLOCK_M, SEARCH_STEPS)
-    out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
-    len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
-    m0 = (tile - (out_row0 // BLOCK_M + seq)).to(tl.int32) * BLOCK_M
+    seq, out_row0, len_q, m0 = padded_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
     if m0 < len_q:
         if BROADCAST_Q:
             q_row0 = out_row0 * 0

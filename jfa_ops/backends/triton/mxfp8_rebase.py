@@ -29,7 +29,7 @@ import triton.language as tl
 from .configs import interpreting
 from .launch import launch
 from .mxfp8_attn_fwd import _e8m0_value, _rebase_cols, _rebase_rows, _values_rows
-from .scheduling import fanout_search_steps, fanout_sequence
+from .scheduling import fanout_search_steps, padded_tile
 
 ROWS = 32  # rows per program of rebase_rows
 P_SCALE_LOG2 = 8  # P enters the FP8 dot as P * 2**8 (P <= 1 after the max subtraction: <= 256 < 448)
@@ -62,10 +62,7 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_str
     """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring)."""
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
-    seq = fanout_sequence(KV_OFF, tile, num_seqs, 0, BLOCK_N, SEARCH_STEPS)
-    kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
-    len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
-    n0 = (tile - (kv_row0 // BLOCK_N + seq)).to(tl.int32) * BLOCK_N
+    seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
     if n0 < len_k:  # padding tiles (past a sequence's last) are never read
         keys = n0 + tl.arange(0, BLOCK_N)
         d = tl.arange(0, HEAD_DIM)

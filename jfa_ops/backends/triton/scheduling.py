@@ -108,6 +108,19 @@ def fanout_sequence(OFFSETS, target, num_seqs, base, BLOCK: tl.constexpr, SEARCH
 
 
 @triton.jit
+def padded_tile(OFFSETS, tile, num_seqs, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """(sequence, first row (int64), length, first row of the tile within the sequence) of ``tile`` in the MXFP8
+    kernels' padded layout, where sequence b's tiles are numbered from OFFSETS[b] // BLOCK + b (one spare tile per
+    sequence, so the count is T // BLOCK + B on the host, with no sync). The tile start may be >= the length: a
+    padding tile, which the caller skips."""
+    seq = fanout_sequence(OFFSETS, tile, num_seqs, 0, BLOCK, SEARCH_STEPS)
+    row0 = tl.load(OFFSETS + seq).to(tl.int64)
+    length = (tl.load(OFFSETS + seq + 1) - row0).to(tl.int32)
+    start = (tile - (row0 // BLOCK + seq)).to(tl.int32) * BLOCK
+    return seq, row0, length, start
+
+
+@triton.jit
 def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
     """``slot_tile`` with the sequence found by ``fanout_sequence``: a batch of <= 64 sequences costs one dependent
     load before the extents, not ceil(log2 B)."""
