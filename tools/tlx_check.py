@@ -5,7 +5,9 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
 all3, v3, v3defer), then ``backward-timing``: TFLOP/s triton / default / the experiments;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
-forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``). Every case is caught and
+forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
+backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
+``all``). Every case is caught and
 reported (one line each, printed as it finishes, so a hang still shows how far it got); exit 1 if any case failed.
 
 Correctness: fixed edge cases (empty sequences, length 1, lengths that are not multiples of the blocks, cross
@@ -521,6 +523,102 @@ def sparse_timing() -> int:
     return failures
 
 
+# ------------------------------------------------------------------------------------- block-sparse backward (TLX)
+def _sparse_backward(on: bool):
+    """The tlx backend's block-sparse backward: the TLX kernel (``configs.SPARSE_BACKWARD``, what
+    ``JFA_TLX_SPARSE_BWD=1`` sets) or the triton sparse backward."""
+    from jfa_ops.backends.tlx import configs
+
+    configs.SPARSE_BACKWARD = on
+
+
+def _count_tlx_sparse_backward():
+    """A list that gains one entry per call of the TLX block-sparse backward (so a case that silently fell back to
+    triton shows)."""
+    from jfa_ops.backends.tlx import attn_bwd
+
+    calls, real = [], attn_bwd.block_sparse_backward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    attn_bwd.block_sparse_backward = counted
+    return calls
+
+
+def sparse_backward_correctness() -> int:
+    """The TLX block-sparse backward (forward: the TLX sparse forward; selection on triton): dq/dk/dv (and out/lse)
+    against the float64 oracle with the selection's block mask, over the sparse forward's cases and random sweep."""
+    _sparse_backward(True)
+    calls = _count_tlx_sparse_backward()
+    failures, t0 = 0, time.time()
+    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
+            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        print(f"bwd {name:40s} ...", end="\r", flush=True)
+        before = len(calls)
+        try:
+            check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+            ran = "tlx" if len(calls) > before else "triton (declined)"
+            status, detail = "PASS", f"dq/dk/dv on {ran}  [{case}]"[:200]
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
+        print(f"bwd {name:40s} {status:6s} {detail}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    _sparse_backward(False)
+    print(f"sparse backward correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
+    return failures
+
+
+def sparse_backward_timing() -> int:
+    """Backward alone (through a retained graph) on the bench's sparse batch, one selection per case for every
+    column, dense-equivalent TFLOP/s (ms): the TLX sparse backward, the triton sparse backward (both after the TLX
+    sparse forward, ``configs.SPARSE_BACKWARD`` toggled in-process), the TLX dense backward (v2) on the same batch."""
+    import triton.testing
+
+    from bench.suites import make_inputs, sparse_cases
+
+    cols = ("tlx sparse", "triton sparse", "tlx dense")
+    print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms)", flush=True)
+    print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}",
+          flush=True)
+    failures = 0
+    for case in sparse_cases([128], "quick"):
+        x = make_inputs(case, "cuda")
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
+                                                case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
+                                                block_kv=case.block, causal=case.causal, backend="triton")
+        ms = {}
+        for col in cols:
+            _sparse_backward(col == "tlx sparse")
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
+            try:
+                if col == "tlx dense":
+                    out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
+                                                   causal=case.causal, backend="tlx")
+                else:
+                    out = jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count,
+                                                         case.max_q, case.max_kv, block_q=case.block,
+                                                         block_kv=case.block, causal=case.causal, backend="tlx")
+                fn = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
+                ms[col] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        _sparse_backward(False)
+        nan = float("nan")
+        cells = [f"{case.flops('bwd') / ms[c] / 1e9:7.1f} ({ms[c]:6.3f})" if c in ms else f"{'-':>18s}" for c in cols]
+        print(f"{case.label:34s} " + " ".join(f"{c:>18s}" for c in cells)
+              + f" {ms.get('triton sparse', nan) / ms.get('tlx sparse', nan):10.2f}"
+              + f" {ms.get('tlx dense', nan) / ms.get('tlx sparse', nan):9.2f}", flush=True)
+    return failures
+
+
 # ------------------------------------------------------------------------------------------------------------ MXFP8
 # (label, q lengths, kv lengths, heads q, heads kv, head_dim, causal, window, broadcast-Q, magnitude spread, seed)
 MXFP8_CASES = (
@@ -730,6 +828,10 @@ def main(argv) -> int:
         failed += sparse_correctness()
     if part in ("sparse", "sparse-timing"):
         failed += sparse_timing()
+    if part in ("sparse-bwd", "sparse-backward"):  # the TLX block-sparse backward (not in "all")
+        failed += sparse_backward_correctness()
+    if part in ("sparse-bwd", "sparse-backward-timing"):
+        failed += sparse_backward_timing()
     if part in ("mxfp8", "mxfp8-correctness"):  # the TLX MXFP8 forward (issue 12; not in "all")
         failed += mxfp8_correctness()
     if part in ("mxfp8", "mxfp8-timing"):

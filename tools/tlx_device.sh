@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|mxfp8|bench|suite]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and v3defer on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
 # dQ split) / dqdefer / statsahead / dqlag / v3 / v3defer, <= 4 min)
@@ -14,6 +14,9 @@
 # whole GPU test suite with the automatic choice preferring tlx (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
 # the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
+# `sparse-bwd` (not in `all`): the TLX block-sparse backward (JFA_TLX_SPARSE_BWD's switch set in-process): its sweep
+# vs the float64 oracle (130 s), then backward timings on the bench's sparse batch vs the triton sparse backward and
+# the TLX dense backward (100 s).
 # `mxfp8` (not in `all`): the TLX MXFP8 forward (issue 12, mxfp8_attention(..., backend="tlx")): its sweep vs the
 # float64 MXFP8 oracle (150 s; the oracle's float64 P round trips take a while at S4096), then TFLOP/s on dense B8 S4096
 # D128 and broadcast-Q Lq128 H4 B512 beside triton-mxfp8 (bf16smem) and our bf16 tlx / triton (100 s).
@@ -71,6 +74,10 @@ fi
 if [ "$part" = sparse ]; then
   JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py sparse-correctness || rc=1
   $limit 100 python3 tools/tlx_check.py sparse-timing || rc=1
+fi
+if [ "$part" = sparse-bwd ]; then
+  TLX_SPARSE_RANDOM=2 JFA_LAUNCH_VERIFY=1 $limit 130 python3 tools/tlx_check.py sparse-backward || rc=1
+  $limit 100 python3 tools/tlx_check.py sparse-backward-timing || rc=1
 fi
 if [ "$part" = mxfp8 ]; then
   JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py mxfp8-correctness || rc=1

@@ -7,7 +7,8 @@ The v4 loop walks a tile's blocks with ``stage_block_start`` (masked lead, mask-
 zeroing to the tile's last block. So: every visible (row, key) of the tile's rows inside the sequence is seen exactly
 once, nothing else is, blocks come in increasing order, and only the last block may run past the sequence's keys.
 The block-sparse walk (SPARSE: ``selected_tile_range`` / ``selected_tile_start`` over a selection's ids) keeps the
-same promises for the visible keys of the selected blocks.
+same promises for the visible keys of the selected blocks; ``selected_walk`` (a work item's row of the selection, or
+of its transpose for the key-stationary TLX backward) visits exactly the selected tiles holding a visible pair.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.block_sparse_fwd import selected_tile_range, selected_tile_start  # noqa: E402
-from jfa_ops.backends.triton.common import (key_interval_mask, stage_block_start, stage_bounds, visible,  # noqa: E402
-                                            window_bounds)
+from jfa_ops.backends.triton.block_sparse_fwd import (selected_tile_range, selected_tile_start,  # noqa: E402
+                                                      selected_walk)
+from jfa_ops.backends.triton.common import (key_interval_mask, loop_bound, stage_block_start,  # noqa: E402
+                                            stage_bounds, visible, window_bounds)
 from jfa_ops.testing import visible_mask  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (the GPU runs the real kernel)")
@@ -178,3 +180,92 @@ def test_sparse_walk_sees_exactly_the_visible_selected_keys(len_q, len_k, causal
             assert all(int(t) * BLOCK_N < len_k for t in visited), f"tiles {visited} start past the keys"
             past = [int(t) for t in visited if (int(t) + 1) * BLOCK_N > len_k]
             assert past in ([], [int(t) for t in visited[-1:]]), f"tiles {past} run past the keys"
+
+
+@triton.jit
+def _selected_walk_kernel(S_OFF, O_OFF, INDEX, COUNT, TILES, MASKED, N_WALK, n_rows, heads, n_tiles, stride_ib,
+                          stride_ih, stride_in, stride_cb, stride_ch, lo_off, hi_off, max_walk, HAS_LO: tl.constexpr,
+                          HAS_HI: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr, TILE_S: tl.constexpr,
+                          TILE_O: tl.constexpr):
+    """test_selected_walk: what a TLX work item (its producer and consumers) walks: the tiles and their masked flag."""
+    pid = tl.program_id(0)
+    seq = pid // (heads * n_tiles)
+    head = (pid // n_tiles) % heads
+    s0 = (pid % n_tiles) * TILE_S
+    len_s = tl.load(S_OFF + seq + 1) - tl.load(S_OFF + seq)
+    len_o = tl.load(O_OFF + seq + 1) - tl.load(O_OFF + seq)
+    lead_begin, _, bulk_begin, bulk_end, _, tail_end = stage_bounds(s0, len_s, len_o, lo_off, hi_off, HAS_LO, HAS_HI,
+                                                                    TILE_S, TILE_O)
+    first, n = selected_walk(INDEX, COUNT, s0 < len_s, seq, head, s0, n_rows, stride_ib, stride_ih, stride_in,
+                             stride_cb, stride_ch, lead_begin, tail_end, BLOCK_S, BLOCK_O, TILE_O)
+    for t in range(0, loop_bound(n)):
+        o0 = selected_tile_start(INDEX, first + t, BLOCK_O, TILE_O)
+        tl.store(TILES + pid * max_walk + t, o0)
+        tl.store(MASKED + pid * max_walk + t, ((o0 < bulk_begin) | (o0 + TILE_O > bulk_end)).to(tl.int32))
+    tl.store(N_WALK + pid, n)
+
+
+@pytest.mark.parametrize("side", ["queries", "keys"])
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 7)), (True, (30, -1))])
+def test_selected_walk(side, causal, window):
+    """``selected_walk``, the TLX kernels' work per item: query tiles over the selection (the block-sparse
+    forward) and key tiles over its transpose (``transposed_selection``: the block-sparse backward) visit exactly
+    the other side's tiles of the blocks their block selected that hold a visible (row, key) pair, in ascending
+    order, each once: unselected blocks and blocks nobody in the tile sees never; a tile not marked masked lies
+    inside the sequence and every pair of it with a stationary position inside is visible. Oracle: plain loops over
+    a random selection (jagged, cross lengths, empty, ids past a sequence)."""
+    from types import SimpleNamespace
+
+    from jfa_ops.backends.triton.block_sparse_bwd import transposed_selection
+
+    block_q, block_kv, tile_m, tile_n = 32, 64, 16, 32  # two tiles per block on both sides, as block_q 128 / 64-row
+    len_q, len_k = (70, 0, 1, 130, 64, 33), (100, 5, 0, 64, 130, 160)  # query tiles in the TLX backward
+    heads, n_q_blocks, n_kv_blocks = 2, -(-max(len_q) // block_q), -(-max(len_k) // block_kv)
+    gen = torch.Generator().manual_seed(11)
+    selected = torch.rand((len(len_q), heads, n_q_blocks, n_kv_blocks), generator=gen) < 0.5
+    count = selected.sum(-1, dtype=torch.int32)
+    ids = torch.arange(n_kv_blocks, dtype=torch.int32).expand_as(selected)
+    index = torch.where(selected, ids, n_kv_blocks + 1).sort(-1).values.to(torch.int32)  # ascending, padding past
+    has_left, window_left, has_right, right = window_bounds(causal, *window)
+    q_off, kv_off = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (len_q, len_k))
+
+    def visible(b, row, key):  # row i sees keys j with -window_left <= j - i - (L_k - L_q) <= right
+        d = key - row - (len_k[b] - len_q[b])
+        return (not has_left or d >= -window_left) and (not has_right or d <= right)
+
+    if side == "queries":
+        args = dict(S_OFF=q_off, O_OFF=kv_off, INDEX=index, COUNT=count, n_rows=n_q_blocks, lo_off=-window_left,
+                    hi_off=right, HAS_LO=has_left, HAS_HI=has_right, BLOCK_S=block_q, BLOCK_O=block_kv,
+                    TILE_S=2 * tile_m, TILE_O=tile_n)
+        lens_s, lens_o = len_q, len_k
+    else:
+        params = SimpleNamespace(max_seqlen_kv=max(len_k), block_kv=block_kv)
+        q_index, q_count = transposed_selection(torch.zeros((sum(len_k), heads, 8)), index, count, params)
+        args = dict(S_OFF=kv_off, O_OFF=q_off, INDEX=q_index, COUNT=q_count, n_rows=q_index.shape[2], lo_off=-right,
+                    hi_off=window_left, HAS_LO=has_right, HAS_HI=has_left, BLOCK_S=block_kv, BLOCK_O=block_q,
+                    TILE_S=tile_n, TILE_O=tile_m)
+        lens_s, lens_o = len_k, len_q
+    tile_s, tile_o, block_s, block_o = args["TILE_S"], args["TILE_O"], args["BLOCK_S"], args["BLOCK_O"]
+    n_tiles, max_walk = -(-max(lens_s) // tile_s), -(-max(lens_o) // tile_o)
+    grid = len(len_q) * heads * n_tiles
+    tiles, masked = (torch.full((grid, max_walk), -1, dtype=torch.int32) for _ in range(2))
+    n_walk = torch.empty(grid, dtype=torch.int32)
+    sel = args["INDEX"], args["COUNT"]
+    _selected_walk_kernel[(grid,)](**args, TILES=tiles, MASKED=masked, N_WALK=n_walk, heads=heads,
+                                   n_tiles=n_tiles, stride_ib=sel[0].stride(0), stride_ih=sel[0].stride(1),
+                                   stride_in=sel[0].stride(2), stride_cb=sel[1].stride(0),
+                                   stride_ch=sel[1].stride(1), max_walk=max_walk)
+    for pid in range(grid):
+        b, h, s0 = pid // (heads * n_tiles), (pid // n_tiles) % heads, (pid % n_tiles) * tile_s
+        want = []
+        for o0 in range(0, lens_o[b], tile_o):
+            q_block, kv_block = (s0 // block_s, o0 // block_o) if side == "queries" else (o0 // block_o, s0 // block_s)
+            pairs = [(s, o) for s in range(s0, min(s0 + tile_s, lens_s[b])) for o in range(o0, min(o0 + tile_o,
+                                                                                                    lens_o[b]))]
+            seen = [visible(b, *((s, o) if side == "queries" else (o, s))) for s, o in pairs]
+            if selected[b, h, q_block, kv_block] and any(seen):
+                want.append((o0, all(seen) and o0 + tile_o <= lens_o[b]))
+        n = int(n_walk[pid])
+        assert tiles[pid, :n].tolist() == [o0 for o0, _ in want], (side, b, h, s0)
+        for (o0, all_seen), flag in zip(want, masked[pid, :n].tolist()):
+            assert flag or all_seen, (side, b, h, s0, o0)  # unmasked: the whole tile inside, every pair visible

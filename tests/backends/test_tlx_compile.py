@@ -43,6 +43,11 @@ MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
 # bench/NOTES.md "TLX backward v2"). v1: 1464-1636. v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
 # D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692).
 MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
+# The block-sparse backward ("sparse-bwd-*": SPARSE on the v2 consumers), stores + loads: D64 0-16; D128 600-864 (full
+# 600, causal 708, broadcast-Q 600, 256-blocks 708, fp16 causal + left window 864, from offsets 756, without the dQ
+# split 660): per work item (the selection walk, the prologue and epilogue); in the block loop 0-3 STL/LDL per
+# consumer, fewer than the dense v2's (bench/NOTES.md "TLX block-sparse backward v1").
+MAX_SPILL_BYTES_SPARSE_BWD = {64: 64, 128: 1024}
 # The experiments on the default backward ("-dqdefer", "-statsahead", "-dqlag", "-v3": configs.BACKWARD_DQ_DEFER /
 # _STATS_AHEAD / _DQ_LAG / _V3), stores + loads: D64 0 (dqdefer, statsahead), 72 (dqlag), 132 (all three), 100-148
 # (v3); D128 statsahead 388-756 (full, causal), dqlag 644-848, all three 820 causal, v3 524-1,264 (full 524, causal
@@ -71,16 +76,17 @@ def test_every_specialization_compiles_for_sm90(compiled):
     assert {r["target"] for r in compiled} == {"sm_90a"}
     for d in (64, 128, 256):  # tlx.configs.HEAD_DIMS (importing it needs TLX, absent in this process)
         assert any(r["name"].startswith(f"fwd-d{d}-") for r in compiled), f"forward head_dim {d} not compiled"
-    for d in (64, 128):  # the TLX backward's and the block-sparse forward's head dims
+    for d in (64, 128):  # the TLX backward's and the block-sparse forward's and backward's head dims
         assert any(r["name"].startswith(f"bwd-d{d}-") for r in compiled), f"backward head_dim {d} not compiled"
         assert any(r["name"].startswith(f"sparse-fwd-d{d}-") for r in compiled), f"sparse head_dim {d} not compiled"
+        assert any(r["name"].startswith(f"sparse-bwd-d{d}-") for r in compiled), f"sparse bwd {d} not compiled"
 
 
 def test_shared_memory_warps_registers_spills(compiled):
     for r in compiled:
         assert r["shared"] <= SM90_SHARED_MEMORY, f"{r['name']}: {r['shared']} B of shared memory"
         assert r["num_warps"] == 12, r
-        kind = "bwd" if r["name"].startswith("bwd") else "fwd"
+        kind = "bwd" if r["name"].startswith(("bwd", "sparse-bwd")) else "fwd"
         want = {"232", "40"} if kind == "fwd" else {"240", "24"}  # consumers up, producer down
         assert want <= set(r["setmaxnreg"]), f"{r['name']}: no register reallocation {r['setmaxnreg']}"
         assert r["registers"] is not None and r["spill_stores"] is not None, f"{r['name']}: no ptxas log"
@@ -114,13 +120,15 @@ def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
 def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
     """The v2 backward consumer (``attn_bwd._consume_rows_v2``) overlaps S with dP, dV with dS, dK with dQ's staging:
     wgmma groups in flight (its loop has num_stages=0), and its spills stay far below v1's."""
-    rows = [r for r in compiled if r["name"].startswith("bwd-") and "-v2" in r["name"]]  # also "-v2-dqshared"
+    rows = [r for r in compiled if r["name"].startswith(("bwd-", "sparse-bwd-")) and "-v2" in r["name"]]  # also
+    # "-v2-dqshared" and the block-sparse backward (SPARSE on the v2 consumers)
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no v2 backward compiled"
     for r in rows:
         assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
         head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
         experiment = any(f"-{x}" in r["name"] for x in ("dqdefer", "statsahead", "dqlag", "v3"))
-        bound = (MAX_SPILL_BYTES_BWD_EXPERIMENTS if experiment else MAX_SPILL_BYTES_BWD_V2)[head_dim]
+        bound = (MAX_SPILL_BYTES_SPARSE_BWD if r["name"].startswith("sparse") else
+                 MAX_SPILL_BYTES_BWD_EXPERIMENTS if experiment else MAX_SPILL_BYTES_BWD_V2)[head_dim]
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
 
@@ -136,7 +144,7 @@ def test_backward_experiments_compile_as_intended(compiled):
         assert r["named_barrier_arrives"] == 2, r
         assert r["shared"] <= SM90_SHARED_MEMORY, r
     for r in compiled:
-        if r["name"].endswith("-v2-dqshared"):
+        if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
             assert r["named_barrier_arrives"] == 0, r
     for causal in ("full", "causal"):
         default = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared"]
@@ -148,7 +156,7 @@ def test_backward_experiments_compile_as_intended(compiled):
         assert v3_defer["shared"] == v3["shared"] + 2 * 64 * 64 * 4 <= SM90_SHARED_MEMORY, v3_defer
         assert v3["wgmma_register_a"] > 0 and v3_defer["wgmma_register_a"] > 0, v3
     for r in compiled:
-        if r["name"].endswith("-v2-dqshared"):
+        if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
             assert r["wgmma_register_a"] == 0, r  # v2: every wgmma A operand from shared memory
 
 
@@ -162,7 +170,7 @@ def test_block_sparse_routing_rules():
         "assert 'head_dim' in r(256, 128, 128) and 'head_dim' in r(96, 128, 128)\n"
         "assert 'multiples' in r(128, 64, 128) and 'multiples' in r(128, 128, 64)\n"
         "print(BACKEND.family_priority('block_sparse'))\n"
-        "assert BACKEND.family_priority('mxfp8_attention') == 5  # the MXFP8 forward: backend='tlx' only\n")
+        "assert BACKEND.family_priority('mxfp8_attention') == (20 if configs.MXFP8_AUTO else 5)  # since its GPU run\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
     for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):
@@ -170,3 +178,23 @@ def test_block_sparse_routing_rules():
                               env=env if switch is None else {**env, "JFA_TLX_SPARSE": switch})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.split() == [rank], proc.stdout
+
+
+def test_block_sparse_backward_rules_and_switch():
+    """The block-sparse backward's rules (``configs.sparse_backward_reason``: head_dim 64/128, blocks of whole
+    64-row query blocks and 128-key tiles) and its switch: off unless JFA_TLX_SPARSE_BWD=1 (until its GPU check).
+    Needs TLX importable (the subprocess), not a GPU."""
+    code = (
+        "from jfa_ops.backends.tlx import configs\n"
+        "r = configs.sparse_backward_reason\n"
+        "assert r(128, 128, 128) is None and r(64, 64, 128) is None and r(128, 256, 512) is None\n"
+        "assert 'head_dim' in r(256, 128, 128) and 'head_dim' in r(96, 128, 128)\n"
+        "assert 'multiples' in r(128, 32, 128) and 'multiples' in r(128, 128, 64)\n"
+        "print(configs.SPARSE_BACKWARD)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE_BWD")}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    for switch, on in (("0", "False"), ("1", "True"), (None, "False")):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env if switch is None else {**env, "JFA_TLX_SPARSE_BWD": switch})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == [on], proc.stdout

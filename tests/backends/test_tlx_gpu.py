@@ -1,7 +1,8 @@
 """The tlx backend on an sm_90 GPU (skipped without one, or without TLX): every feature case of
 ``jfa_ops.testing.FEATURE_MATRIX`` at the head dims tlx runs, forward from a NaN-poisoned allocator and gradients
 (the backward is the triton backend's, fed tlx's out/lse), value/key rows of a neighbour sequence full of NaN/inf,
-and routing of what tlx declines; the block-sparse forward (SPARSE) against the oracle with the selection's block mask.
+and routing of what tlx declines; the block-sparse forward and backward (SPARSE) against the oracle with the
+selection's block mask.
 The whole GPU suite also runs tlx wherever it parametrizes over
 ``available_backends("cuda")``.
 """
@@ -166,3 +167,78 @@ def test_block_sparse_declined_block_sizes_route_to_triton():
     assert "multiples" in unavailable_reason("tlx", problem, family="block_sparse")
     assert select_backend(None, problem, family="block_sparse").name == "triton"
     check_block_sparse_case(case, None, seed=2)
+
+
+# ------------------------------------------------------------------------------ block-sparse backward (SPARSE)
+def _short_lengths(seed):
+    return tuple(torch.randint(0, 400, (300,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+SPARSE_BWD_CASES = dict(SPARSE_CASES, **{
+    "300 short seqs GQA": _sparse_case(_short_lengths(2), _short_lengths(3), heads_q=4, heads_kv=2, keep_ratio=None),
+    "window (200,100) random blocks": _sparse_case(_EDGE, _EDGE, window=(200, 100), keep_ratio=None),
+})
+
+
+def _spy_tlx_sparse_backward(monkeypatch):
+    """The calls of the TLX block-sparse backward (``attn_bwd.block_sparse_backward``), counted."""
+    from jfa_ops.backends.tlx import attn_bwd
+
+    calls, real = [], attn_bwd.block_sparse_backward
+    monkeypatch.setattr(attn_bwd, "block_sparse_backward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("dq_shared", [True, False], ids=["dqshared", "dq-per-consumer"])
+@pytest.mark.parametrize("name", list(SPARSE_BWD_CASES))
+def test_tlx_block_sparse_backward_matches_the_oracle(name, dq_shared, monkeypatch):
+    """The TLX block-sparse backward (configs.SPARSE_BACKWARD, env JFA_TLX_SPARSE_BWD=1: the v2 backward with
+    SPARSE, each key tile walking the query tiles of the Q blocks that selected it): dq/dk/dv == the float64 oracle
+    with the selection's block mask (jagged edge lengths, empty sequences, causal, windows, cross lengths, GQA,
+    broadcast-Q with dQ reduced over the batch, D64, 256-blocks, one long sequence, 300 short ones), and it ran."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "BACKWARD_DQ_SHARED", dq_shared)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    assert calls, "the TLX block-sparse backward did not run"
+
+
+def test_tlx_block_sparse_backward_off_runs_the_triton_one(monkeypatch):
+    """configs.SPARSE_BACKWARD off (the default until its GPU check): the triton sparse backward, still correct."""
+    case = SPARSE_CASES["edge causal keep 0.25"]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", False)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    check_block_sparse_case(case, "tlx", seed=3, select_backend="triton")
+    assert not calls
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tlx_block_sparse_backward_neighbour_poison_stays_out(causal, monkeypatch):
+    """Sequence 0's one selected block reads sequence 1's NaN/inf key/value rows through TMA (its key tile and query
+    blocks run past its end; the rows past it are zeroed in shared memory): sequence 0's gradients and the key/value
+    gradients of sequence 2 stay finite. (Sequence 2's first dQ rows are left out: sequence 1's own dQ block runs
+    into them, and its NaN values make dS NaN on rows past its end, as in the dense TLX backward.)"""
+    from jfa_ops.backends.tlx import configs
+
+    x = _poisoned_neighbour_inputs(causal)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    index = torch.tensor([0, -1], dtype=torch.int32, device="cuda").expand(3, 2, 1, 2).contiguous()
+    count = torch.ones(3, 2, 1, dtype=torch.int32, device="cuda")
+    out = jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count, 100, 90, causal=causal,
+                                         backend="tlx")
+    keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
+    keep_q[100:137] = False
+    dq, dk, dv = torch.autograd.grad(out[keep_q].float().sum(), (q, k, v))
+    keep_kv = torch.ones(204, dtype=torch.bool, device="cuda")
+    keep_kv[90:127] = False
+    assert calls
+    assert torch.isfinite(dq[:100]).all() and torch.isfinite(dk[keep_kv]).all() and torch.isfinite(dv[keep_kv]).all()

@@ -23,6 +23,8 @@ V2 (``configs.BACKWARD_V2``): the consumers of ``_consume_rows_v2`` (FA3's order
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -32,10 +34,14 @@ from ..triton import common
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel)
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
+from ..triton.block_sparse_bwd import transposed_selection
+from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
+                                        selected_walk)
 from ..triton.common import (head_dim_consts, key_interval_mask, row_strides, seq_extent, stage_block_start,
                              stage_bounds, visible, window_bounds, work_item)
 from ..triton.launch import launch
 from ..triton.scheduling import kv_tiles, slot_tile, tile_schedule
+from . import configs
 from .attn_fwd import NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _zero_rows_past_end
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
@@ -50,7 +56,7 @@ DS_READY: tl.constexpr = tl.constexpr(4)
 def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs, search_steps, rows_s,
               rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
-    """What producer and consumers both derive from a work item (key tile, kv head), tile-major."""
+    """What producer and consumers both derive from a work item (key tile, kv head), tile-major; the sequence last."""
     tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, False)
     if TILES_FROM_OFFSETS:
         seq, n0, real = slot_tile(KV_OFF, Q_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_N)
@@ -65,20 +71,54 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)
     return (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-            tail_begin, tail_end)
+            tail_begin, tail_end, seq)
+
+
+@triton.jit
+def _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, stride_tih, stride_tin, stride_tcb,
+                   stride_tch, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr):
+    """SPARSE: (first, n) of a work item (``_bwd_item``'s tuple): it walks the BLOCK_M-row query tiles first ..
+    first + n - 1 of Q_BLOCK_INDEX (the transposed selection: per KV block, the Q blocks that selected it,
+    ascending), those of its KV block's row that overlap the rows any of its keys sees (``stage_bounds``' [lead_begin,
+    hi_any)): the forward's walk with the roles swapped (``block_sparse_fwd.selected_walk``). Producer and consumers
+    derive the same."""
+    real, kv_head, n0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
+    return selected_walk(Q_BLOCK_INDEX, Q_BLOCK_COUNT, real, seq, kv_head, n0, n_kv_blocks, stride_tib, stride_tih,
+                         stride_tin, stride_tcb, stride_tch, lead_begin, tail_end, BLOCK_KV, BLOCK_Q, BLOCK_M)
+
+
+@triton.jit
+def _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row, out_row, col,
+                       BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr):
+    """TMA loads of the Q and dO block at packed rows q_row / out_row into the next ring slot; returns q_count + 1."""
+    block_bytes: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
+    buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+    tlx.barrier_wait(q_empties[buf], phase ^ 1)
+    tlx.barrier_expect_bytes(q_fulls[buf], 2 * block_bytes)
+    tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row.to(tl.int32), col], q_fulls[buf])
+    tlx.async_descriptor_load(desc_do, do_tiles[buf], [out_row.to(tl.int32), col], q_fulls[buf])
+    return q_count + 1
 
 
 @triton.jit
 def _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0, out_row0, col, m_begin,
                   m_end, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr):
-    block_bytes: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
     for m0 in range(m_begin, m_end, BLOCK_M):
-        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-        tlx.barrier_wait(q_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(q_fulls[buf], 2 * block_bytes)
-        tlx.async_descriptor_load(desc_q, q_tiles[buf], [(q_row0 + m0).to(tl.int32), col], q_fulls[buf])
-        tlx.async_descriptor_load(desc_do, do_tiles[buf], [(out_row0 + m0).to(tl.int32), col], q_fulls[buf])
-        q_count += 1
+        q_count = _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0 + m0,
+                                     out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q)
+    return q_count
+
+
+@triton.jit
+def _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0, out_row0, col,
+                           ids, first, n, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           NUM_BUFFERS_Q: tl.constexpr):
+    """SPARSE: the Q and dO blocks of selected query tiles first .. first + n - 1 (``selected_tile_start``); the id is
+    read before the wait for a free slot, so its latency hides behind that wait."""
+    for t in range(first, first + n):
+        m0 = selected_tile_start(ids, t, BLOCK_Q, BLOCK_M)
+        q_count = _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0 + m0,
+                                     out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q)
     return q_count
 
 
@@ -170,7 +210,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end,
                      CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                      NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
-                     HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr,
+                     HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
+                     sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
@@ -184,6 +225,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     both consumers' dS in shared memory (named barrier DS_BARRIER, dS double-buffered by block parity so neither
     overwrites what the other still reads): half the dQ staging and reduce-adds (DQ_SPLIT 2 names the halves).
 
+    SPARSE: the blocks are the selected query tiles sel_first .. sel_first + sel_count - 1 at ``ids``
+    (``selected_tile_start``: ascending, each starting inside the sequence, so only the last may run past its end);
+    a tile is masked when it lies outside the mask-free bulk [bulk_begin, bulk_end) (the forward's test). Each
+    tile's id is read at the top of its iteration, before the wait for its Q/dO slot.
+
     STATS_AHEAD: lse and delta of block j + 1 prefetched into L1 during block j (their loads, issued beside S and
     waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block).
     DQ_LAG (with DQ_SHARED): block j computes dQ of block j - 1 (the last block's after the loop, ``_dq_lagged``),
@@ -191,16 +237,25 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     other's previous dS before storing its own (so neither overwrites a dS the other may still read: a buffer is
     rewritten three blocks later, after the other has stored the block in between). The consumers then run up to a
     block apart instead of meeting at a 256-thread barrier every block. Block 0 of each call computes a discarded dQ
-    from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head)."""
-    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
-    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
-    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
+    from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head). Neither with
+    SPARSE (dense walks only)."""
+    tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
+    if SPARSE:
+        n_all = sel_count
+    else:
+        n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
+        n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
+        n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
     DS_BUFFERS: tl.constexpr = 3 if DQ_LAG else 2
     if DQ_LAG:
         m0_prev = lead_begin * 0  # the previous block's first row
     for j in tl.range(0, n_all, num_stages=0):
-        masked = (j < n_lead) | (j >= n_unmasked)
-        m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+        if SPARSE:
+            m0 = selected_tile_start(ids, sel_first + j, BLOCK_Q, BLOCK_M)
+            masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
+        else:
+            masked = (j < n_lead) | (j >= n_unmasked)
+            m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
         buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
         tlx.barrier_wait(q_fulls[buf], phase)
         rows = tl.arange(0, BLOCK_M)  # block-relative (v1's lesson: absolute positions cost 64-bit hoisted bounds)
@@ -478,25 +533,34 @@ def _store_through_tile(tile, x, Ptr, row0, rows_left, stride, col, CID: tl.cons
 
 
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right", "n_slots",
-                               "search_steps", "num_seqs", "rows_s", "rows_o"])
+                               "search_steps", "num_seqs", "rows_s", "rows_o", "n_kv_blocks"])
 def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ,
                         TILE_START, TILE_COUNT, WORK_COUNTER, num_heads_kv, total_out, n_slots, search_steps,
                         num_seqs, rows_s, rows_o, stride_dkvt, group, scale, qk_scale, window_left, right,
+                        Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, stride_tih, stride_tin, stride_tcb,
+                        stride_tch,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                         TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
-                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                        V3: tl.constexpr = False):
+                        SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
+                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False, V3: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
     DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
     V2), DQ_LAG (with DQ_SHARED): ``_consume_rows_v2``'s experiments (``configs.BACKWARD_STATS_AHEAD``,
-    ``configs.BACKWARD_DQ_LAG``); V3 (with DQ_SHARED, not DQ_LAG): the consumers of ``_consume_rows_v3``."""
-    tl.static_assert(not V3 or (DQ_SHARED and not DQ_LAG), "V3 runs the dQ split, without DQ_LAG")
+    ``configs.BACKWARD_DQ_LAG``); V3 (with DQ_SHARED, not DQ_LAG): the consumers of ``_consume_rows_v3``.
+
+    SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
+    tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
+    selection, ascending ids of BLOCK_Q rows; Q_BLOCK_COUNT [B, Hkv, n_kv_blocks]; ``_selected_rows``), for every q
+    head of the group; a key tile lies in one KV block of BLOCK_KV keys."""
+    tl.static_assert(not V3 or (DQ_SHARED and not DQ_LAG and not SPARSE), "V3 runs the dense dQ split, without DQ_LAG")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
+    tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
+                     "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
@@ -533,11 +597,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             q_count = 0
             kv_count = 0
             for i in range(0, my_items):
+                item = _bwd_item(pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv,
+                                 num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                 HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS)
                 (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end) = _bwd_item(
-                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs,
-                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS)
+                 tail_begin, tail_end, _) = item
                 if real:
                     kv_phase = kv_count & 1
                     for c in tl.static_range(NUM_CONSUMERS):
@@ -551,17 +615,27 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         q_row0 = out_row0 * 0
                     else:
                         q_row0 = out_row0
+                    if SPARSE:  # read while the K/V loads are in flight
+                        sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
+                                                              stride_tib, stride_tih, stride_tin, stride_tcb,
+                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV)
                     for g in range(0, group):
                         col = (kv_head * group + g) * HEAD_DIM
-                        q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
-                                                q_row0, out_row0, col, lead_begin, lead_end, BLOCK_M, HEAD_DIM,
-                                                NUM_BUFFERS_Q)
-                        q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
-                                                q_row0, out_row0, col, bulk_begin, bulk_end, BLOCK_M, HEAD_DIM,
-                                                NUM_BUFFERS_Q)
-                        q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
-                                                q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
-                                                NUM_BUFFERS_Q)
+                        if SPARSE:
+                            q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
+                                                             q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
+                                                             sel_first, sel_count, BLOCK_M, BLOCK_Q, HEAD_DIM,
+                                                             NUM_BUFFERS_Q)
+                        else:
+                            q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
+                                                    q_row0, out_row0, col, lead_begin, lead_end, BLOCK_M, HEAD_DIM,
+                                                    NUM_BUFFERS_Q)
+                            q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
+                                                    q_row0, out_row0, col, bulk_begin, bulk_end, BLOCK_M, HEAD_DIM,
+                                                    NUM_BUFFERS_Q)
+                            q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
+                                                    q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
+                                                    NUM_BUFFERS_Q)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -570,12 +644,19 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             dq_count = 0
             d = tl.arange(0, HEAD_DIM)
             for i in range(0, my_items):
+                item = _bwd_item(pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv,
+                                 num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                 HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS)
                 (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end) = _bwd_item(
-                    pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs,
-                    search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                    TILES_FROM_OFFSETS)
+                 tail_begin, tail_end, _) = item
                 if real:
+                    if SPARSE:  # read before the wait for K/V
+                        sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
+                                                              stride_tib, stride_tih, stride_tin, stride_tcb,
+                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV)
+                    else:
+                        sel_first = 0
+                        sel_count = 0
                     k0 = n0 + cid * HALF_N  # this consumer's first key
                     keys = k0 + tl.arange(0, HALF_N)
                     tlx.barrier_wait(kv_fulls[cid], kv_count & 1)
@@ -609,8 +690,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
                                 len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
-                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, STATS_AHEAD,
-                                DQ_LAG)
+                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
+                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -648,13 +729,19 @@ def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
                             block_shape=[block_rows, block_cols])
 
 
+# The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
+NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, stride_tib=0, stride_tih=0, stride_tin=0,
+                    stride_tcb=0, stride_tch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0)
+
+
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
-                       dq_shared: bool = False, dq_defer: bool = False, stats_ahead: bool = False,
+                       dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, v3: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
-    (``configs.BACKWARD_DQ_SHARED``); the experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2) /
-    ``_DQ_LAG`` (with dq_shared), ``_V3`` (with dq_shared, instead of dq_lag)."""
+    (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
+    (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
+    / ``_DQ_LAG`` (with dq_shared), ``_V3`` (with dq_shared, instead of dq_lag): dense only."""
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -668,6 +755,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
     lse = lse if lse.is_contiguous() else lse.contiguous()
+    if selection is not None:  # the experiments walk dense blocks only
+        dq_defer = stats_ahead = dq_lag = v3 = False
     v3 = v2 and dq_shared and v3
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer, v3) if v2 else bwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
@@ -683,9 +772,19 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         **row_strides("do", grad_out), **head_dim_consts(head_dim), BLOCK_T=DELTA_BLOCK_T,
         HAS_GRAD_LSE=grad_lse is not None, ZERO=True))
 
-    # 2. dK, dV, and dQ reduce-added into dq_acc
+    # 2. dK, dV, and dQ reduce-added into dq_acc; block-sparse: over the transposed selection, key tiles longest
+    # first by the Q blocks that selected them (the triton sparse backward's list)
+    if selection is None:
+        sparse, list_cost = NO_SELECTION, {}
+    else:
+        q_index, q_count = transposed_selection(k, *selection, params)
+        sparse = dict(Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, n_kv_blocks=q_index.shape[2],
+                      **index_strides("ti", "tc", q_index, q_count), SPARSE=True, BLOCK_Q=params.block_q,
+                      BLOCK_KV=params.block_kv)
+        list_cost = selected_cost_args(q_count, params.block_kv)
     programs, schedule = tile_schedule(
-        lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right),
+        lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right,
+                         **list_cost),
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, "static", 1, device)
     launch(attn_bwd_tlx_kernel, (programs,), dict(
         desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
@@ -697,7 +796,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2, DQ_SHARED=v2 and dq_shared,
-        STATS_AHEAD=v2 and stats_ahead, DQ_LAG=v2 and dq_shared and dq_lag and not v3, V3=v3),
+        STATS_AHEAD=v2 and stats_ahead, DQ_LAG=v2 and dq_shared and dq_lag and not v3, V3=v3, **sparse),
         num_warps=NUM_WARPS, num_stages=1)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
@@ -706,3 +805,27 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), num_slabs=1, slab_stride=q.numel(), scale=params.scale,
         BLOCK=FINALIZE_BLOCK))
     return dq, dk, dv
+
+
+def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
+    """None when ``block_sparse_backward`` runs the call, else why not (the triton sparse backward runs it): the
+    block sizes (``configs.sparse_backward_reason``) and the transposed selection's tiles, which the kernel counts
+    in int32 (``selected_walk``), from shapes and hints only."""
+    reason = configs.sparse_backward_reason(q.shape[-1], params.block_q, params.block_kv)
+    if reason is not None:
+        return reason
+    batch, heads_kv, n_q_blocks = kv_block_index.shape[:3]
+    n_kv_blocks = triton.cdiv(longest_rows(k, params.max_seqlen_kv), params.block_kv)
+    tiles = batch * heads_kv * n_kv_blocks * n_q_blocks * (params.block_q // bwd_config_v2(q.shape[-1]).block_m)
+    if tiles >= 2 ** 31:
+        return f"the transposed selection has {tiles} query tiles: too many for int32 positions"
+    return None
+
+
+def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
+                          kv_block_count, params, dq_shared: bool = True):
+    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the v2 backward with SPARSE (each key tile walks the query
+    tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
+    backward's contract. ``block_sparse_backward_reason`` held."""
+    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
+                              dq_shared=dq_shared, selection=(kv_block_index, kv_block_count))

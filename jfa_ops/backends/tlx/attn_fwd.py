@@ -37,7 +37,7 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
 from ..triton.common import (LN2, key_interval_mask, seq_extent, softmax_step, stage_block_start, stage_bounds, visible,
                              window_bounds, work_item)
-from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_range, selected_tile_start,
+from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
                                         sparse_offsets)
 from ..triton.launch import launch
 from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
@@ -91,16 +91,11 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     BLOCK_INDEX seen as one list of BLOCK_N-key tiles (``selected_tile_start(BLOCK_INDEX, t)``), those of its Q
     block's selection row (its kv head's) that overlap the keys any of its rows sees (``selected_tile_range``).
     One int32 for the whole row position (the host checks the index fits): the consumers keep it live across their
-    block loop, a 64-bit row pointer cost them registers there. Producer and consumers derive the same."""
-    TILES: tl.constexpr = BLOCK_KV // BLOCK_N
+    block loop, a 64-bit row pointer cost them registers there. Producer and consumers derive the same
+    (``block_sparse_fwd.selected_walk``, which the TLX backward walks its transposed selection with)."""
     real, head, m0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
-    kv_head = head // group
-    q_block = m0 // BLOCK_Q
-    count = tl.load(BLOCK_COUNT + seq * stride_cb + kv_head * stride_ch + q_block, mask=real & (q_block < n_q_blocks),
-                    other=0)  # a padding slot's m0 may be anything: it selects nothing
-    row = seq * stride_ib + kv_head * stride_ih + q_block * stride_in
-    first, n = selected_tile_range(BLOCK_INDEX + row, count, lead_begin, tail_end, BLOCK_KV, BLOCK_N)
-    return row * TILES + first, n
+    return selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih,
+                         stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N)
 
 
 @triton.jit

@@ -53,6 +53,10 @@ BACKWARD_V3 = os.environ.get("JFA_TLX_BWD_V3", "0") == "1"
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
 SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
+# The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
+# query tiles of the Q blocks that selected it) instead of the triton sparse backward: off until its GPU check (env
+# JFA_TLX_SPARSE_BWD=1 turns it on; tools/tlx_check.py toggles it in-process).
+SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "0") == "1"
 # The MXFP8 forward (mxfp8_attn_fwd.py) in the automatic choice for mxfp8_attention: on since its GPU check (H200,
 # 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
 # FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
@@ -179,4 +183,17 @@ def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:
     if block_q % cfg.block_m or block_kv % cfg.block_n:
         return (f"block_q {block_q} and block_kv {block_kv} must be multiples of {cfg.block_m} and {cfg.block_n} "
                 f"(the query and key tiles at head_dim {head_dim})")
+    return None
+
+
+def sparse_backward_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:
+    """None when the block-sparse backward (the v2 backward with SPARSE) runs a selection of block_q x block_kv
+    blocks at ``head_dim``, else why not (the triton sparse backward runs it): a selected block is whole query blocks
+    (64 rows) and whole key tiles (128 keys)."""
+    cfg = bwd_config_v2(head_dim, True)
+    if cfg is None:
+        return f"head_dim {head_dim}: the block-sparse backward runs head_dim 64 and 128"
+    if block_q % cfg.block_m or block_kv % cfg.block_n:
+        return (f"block_q {block_q} and block_kv {block_kv} must be multiples of {cfg.block_m} and {cfg.block_n} "
+                f"(the backward's query block and key tile at head_dim {head_dim})")
     return None

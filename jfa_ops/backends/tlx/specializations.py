@@ -110,9 +110,13 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
 
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
                        broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
-                       dq_shared: bool = False, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False, v3: bool = False) -> Specialization:
-    from .attn_bwd import attn_bwd_tlx_kernel
+                       dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
+                       block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False, dq_lag: bool = False,
+                       v3: bool = False) -> Specialization:
+    """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
+    selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag, v3: the experiments on the dense default
+    (``configs.BACKWARD_DQ_DEFER`` ...)."""
+    from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer, v3) if v2 else bwd_config(head_dim)
     names = list(attn_bwd_tlx_kernel.arg_names)
@@ -128,13 +132,21 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
                       DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, V3=v3)
+    if sparse:
+        constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
+        types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
+    else:
+        constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # Q_BLOCK_INDEX=None, ..., SPARSE
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    # the transposed selection's strides are its widths (n_q_blocks, ...): no divisibility to assume
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or n.startswith("stride")}
-    name = f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
+             if signature[n].startswith("*") or (n.startswith("stride") and n not in NO_SELECTION)}
+    name = f"{'sparse-' if sparse else ''}" \
+           f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
            f"{'-dqshared' if dq_shared else ''}{'-dqdefer' if dq_defer else ''}{'-statsahead' if stats_ahead else ''}" \
-           f"{'-dqlag' if dq_lag else ''}{'-v3' if v3 else ''}"
+           f"{'-dqlag' if dq_lag else ''}{'-v3' if v3 else ''}" \
+           f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -188,6 +200,16 @@ def _specializations() -> Iterator[Specialization]:
         yield bwd_specialization(128, "fp16", True, has_left=True, **variant)
         yield bwd_specialization(128, "bf16", False, broadcast_q=True, **variant)
         yield bwd_specialization(128, "bf16", True, from_offsets=True, **variant)
+    # the block-sparse backward (SPARSE on the v2 consumers; dQ split as configs.BACKWARD_DQ_SHARED's default, and
+    # one without), 128 x 128 blocks (select_kv_blocks' default) and blocks of several tiles
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, v2=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, v2=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, v2=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, v2=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", True, v2=True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
+    yield bwd_specialization(128, "bf16", True, v2=True, sparse=True)
     # the experiments on the default (v2 + dQ split; configs.BACKWARD_DQ_DEFER / _STATS_AHEAD / _DQ_LAG), alone and
     # together (DQ_DEFER changes the config at D64 only: D128's shared memory has no room for it)
     lab = dict(v2=True, dq_shared=True)

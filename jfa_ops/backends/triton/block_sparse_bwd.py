@@ -105,6 +105,14 @@ def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tens
     return q_index.to(torch.int32).contiguous(), by_kv.sum(-1, dtype=torch.int32).contiguous()
 
 
+def transposed_selection(k: torch.Tensor, kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, params):
+    """(q_block_index, q_block_count) of ``transpose_selection`` over the KV blocks of the longest sequence the shapes
+    and hints allow (``longest_rows``): the key-stationary passes' work, built on the device (the triton dK/dV pass
+    and the TLX backward's SPARSE walk read it)."""
+    n_kv_blocks = triton.cdiv(longest_rows(k, params.max_seqlen_kv), params.block_kv)
+    return transpose_selection(kv_block_index.contiguous(), kv_block_count.contiguous(), n_kv_blocks)
+
+
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
     """The dK/dV pass's pipeline depth: the dense config's, or 3 under ``KNOBS.sparse_dkdv_stages3`` for 16-bit
     head dims <= 128 on a device with sm_90's shared memory (3 x [64, 128] Q and dO tiles fit there)."""
@@ -400,9 +408,8 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
 
     # 2. dK, dV over the transposed selection: key tiles x kv heads, longest first by selecting Q blocks
-    kv_rows = longest_rows(k, params.max_seqlen_kv)
-    n_kv_blocks = triton.cdiv(kv_rows, params.block_kv)
-    q_index, q_count = transpose_selection(index, count, n_kv_blocks)
+    q_index, q_count = transposed_selection(k, index, count, params)
+    n_kv_blocks = q_index.shape[2]
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     cfg, block_m, block_n = tile_sizes("dkdv", head_dim, q.dtype, params.causal, device, params.block_q,
                                        params.block_kv)

@@ -116,6 +116,26 @@ def selected_tile_start(ids, t, BLOCK: tl.constexpr, TILE: tl.constexpr):
 
 
 @triton.jit
+def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, stride_ib, stride_ih, stride_in, stride_cb,
+                  stride_ch, other_begin, other_end, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr,
+                  TILE_O: tl.constexpr):
+    """(first, n): the walk of the stationary tile at s0 of (seq, head) over a selection whose rows belong to blocks
+    of BLOCK_S stationary positions and list blocks of BLOCK_O other-side positions (the selection itself for the
+    query-stationary forward, its transpose for the key-stationary backward): tiles first .. first + n - 1 of
+    BLOCK_INDEX seen as one list of TILE_O-row tiles (``selected_tile_start(BLOCK_INDEX, t, BLOCK_O, TILE_O)``), those
+    of row s0 // BLOCK_S that overlap [other_begin, other_end) (``selected_tile_range``: other_begin a multiple of
+    TILE_O, other_end inside the sequence). Rows past n_blocks and padding items (not ``real``) walk nothing.
+    ``first`` is one int32 for the row's position too (the TLX kernels keep it live across their block loop, where a
+    64-bit row pointer cost registers): the host checks the index has < 2^31 tiles."""
+    block = s0 // BLOCK_S
+    count = tl.load(BLOCK_COUNT + seq * stride_cb + head * stride_ch + block, mask=real & (block < n_blocks),
+                    other=0)  # a padding slot's s0 may be anything: it selects nothing
+    row = seq * stride_ib + head * stride_ih + block * stride_in
+    first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
+    return row * (BLOCK_O // TILE_O) + first, n
+
+
+@triton.jit
 def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, ids, rows, cols, d_ok,
                         len_q, len_k, lo_off, hi_off, qk_scale, t_begin, t_end, bulk_begin, bulk_end,
                         BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
