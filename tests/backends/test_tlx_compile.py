@@ -43,11 +43,11 @@ MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
 # bench/NOTES.md "TLX backward v2"). v1: 1464-1636. v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
 # D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692).
 MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
-# The block-sparse backward ("sparse-bwd-*": SPARSE on the v2 consumers), stores + loads: D64 0-16; D128 600-864 (full
-# 600, causal 708, broadcast-Q 600, 256-blocks 708, fp16 causal + left window 864, from offsets 756, without the dQ
-# split 660): per work item (the selection walk, the prologue and epilogue); in the block loop 0-3 STL/LDL per
-# consumer, fewer than the dense v2's (bench/NOTES.md "TLX block-sparse backward v1").
-MAX_SPILL_BYTES_SPARSE_BWD = {64: 64, 128: 1024}
+# The block-sparse backward ("sparse-bwd-*": SPARSE on the v2 consumers), stores + loads: D64 40; D128 688-960 (full
+# 688, causal 804, broadcast-Q 688, 256-blocks 804, fp16 causal + left window 960, from offsets 860, without the dQ
+# split 784): per work item (the selection walk, the prologue and epilogue); in the block loop 3-6 STL/LDL per
+# consumer, about the dense v2's (bench/NOTES.md "TLX block-sparse backward v1").
+MAX_SPILL_BYTES_SPARSE_BWD = {64: 64, 128: 1152}
 # The experiments on the default backward ("-dqdefer", "-statsahead", "-dqlag", "-v3": configs.BACKWARD_DQ_DEFER /
 # _STATS_AHEAD / _DQ_LAG / _V3), stores + loads: D64 0 (dqdefer, statsahead), 72 (dqlag), 132 (all three), 100-148
 # (v3); D128 statsahead 388-756 (full, causal), dqlag 644-848, all three 820 causal, v3 524-1,264 (full 524, causal

@@ -170,7 +170,10 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
         dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
         dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
         dp_t = tlx.async_dot_wait(1, dp_t)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(DTYPE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
+            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
+        ds_t = ds_t.to(DTYPE)
         dk = tlx.async_dot(ds_t, q_tile, dk)
         tlx.local_store(ds_tile, ds_t)
         tlx.fence_async_shared()
@@ -228,7 +231,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     SPARSE: the blocks are the selected query tiles sel_first .. sel_first + sel_count - 1 at ``ids``
     (``selected_tile_start``: ascending, each starting inside the sequence, so only the last may run past its end);
     a tile is masked when it lies outside the mask-free bulk [bulk_begin, bulk_end) (the forward's test). Each
-    tile's id is read at the top of its iteration, before the wait for its Q/dO slot.
+    tile's id is read one block ahead: read at the top of its own iteration, its L2 latency sat before the wgmma
+    issue of every block (the row-zeroing branch needs m0 first); ahead it costs 1-2 LDL per block (sm_90 SASS).
 
     STATS_AHEAD: lse and delta of block j + 1 prefetched into L1 during block j (their loads, issued beside S and
     waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block).
@@ -242,6 +246,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     if SPARSE:
         n_all = sel_count
+        m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
     else:
         n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
@@ -250,8 +255,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     if DQ_LAG:
         m0_prev = lead_begin * 0  # the previous block's first row
     for j in tl.range(0, n_all, num_stages=0):
-        if SPARSE:
-            m0 = selected_tile_start(ids, sel_first + j, BLOCK_Q, BLOCK_M)
+        if SPARSE:  # the next tile's id is read a block ahead (at the top, its latency was on every block's path)
+            m0 = m0_next
+            m0_next = selected_tile_start(ids, sel_first + j + 1, BLOCK_Q, BLOCK_M, j + 1 < n_all)
             masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
         else:
             masked = (j < n_lead) | (j >= n_unmasked)
@@ -302,7 +308,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
         dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
         dp = tlx.async_dot_wait(1, dp)  # dV may still run
-        ds = (p * (dp - delta[:, None])).to(DTYPE)
+        ds = p * (dp - delta[:, None])
+        if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
+            ds = tl.where(p == 0.0, 0.0, ds)  # would reach the next sequence's dQ rows through the reduce-add
+        ds = ds.to(DTYPE)
         if DQ_LAG:
             if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
                 _ds_ready_sync(q_count - 1, 1 - CID)
@@ -442,7 +451,10 @@ def _consume_rows_v3(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
                                    HAS_LEFT), p_t, 0.0)
         dp_t = tlx.async_dot_wait(0, dp_t)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(DTYPE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
+            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
+        ds_t = ds_t.to(DTYPE)
         dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)  # [keys, D] += P^T dO, A from registers
         ds_tile = ds_tiles[own * 2 + par]  # [keys, rows]
         tlx.local_store(ds_tile, ds_t)

@@ -109,10 +109,15 @@ def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TIL
 
 
 @triton.jit
-def selected_tile_start(ids, t, BLOCK: tl.constexpr, TILE: tl.constexpr):
-    """First key of selected tile t (see ``selected_tile_range``)."""
+def selected_tile_start(ids, t, BLOCK: tl.constexpr, TILE: tl.constexpr, valid=None):
+    """First key of selected tile t (see ``selected_tile_range``); ``valid`` False: 0, nothing read (a tile past the
+    walk, read ahead)."""
     TILES: tl.constexpr = BLOCK // TILE
-    return tl.load(ids + t // TILES) * BLOCK + (t % TILES) * TILE
+    if valid is None:
+        block = tl.load(ids + t // TILES)
+    else:
+        block = tl.load(ids + t // TILES, mask=valid, other=0)
+    return block * BLOCK + (t % TILES) * TILE
 
 
 @triton.jit
