@@ -1,9 +1,9 @@
 """GPU check of the tlx backend (H200): a correctness sweep against the float64 oracle, then forward timings.
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
-``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweeps of its v1 and v2
-consumers and v2 with dQ split, ``backward-v1`` / ``backward-v2`` / ``backward-v2-dqshared`` alone, then
-``backward-timing``: TFLOP/s tlx-old / triton / tlx-new / new-dqs;
+``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
+BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
+all3, v3, v3defer), then ``backward-timing``: TFLOP/s triton / default / the experiments;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -223,14 +223,28 @@ def backward_cases():
     ]
 
 
-# The TLX backward's variants: name -> (configs.BACKWARD, configs.BACKWARD_V2, configs.BACKWARD_DQ_SHARED)
-BWD_VARIANTS = {"v1": (True, False, False), "v2": (True, True, False), "v2-dqshared": (True, True, True)}
+# The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
+# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together,
+# V3 (FA3's D128 layout) alone and with DQ_DEFER (which fits at D128 beside it).
+_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
+BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
+                "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
+                "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
+                "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
+                "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
+                "v3": dict(_DEFAULT_BWD, BACKWARD_V3=True),
+                "v3defer": dict(_DEFAULT_BWD, BACKWARD_V3=True, BACKWARD_DQ_DEFER=True)}
+_BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
+              "BACKWARD_DQ_LAG", "BACKWARD_V3")
 
 
 def _set_backward(variant) -> None:
+    """Every backward flag of ``configs`` as the variant says (None: all off, i.e. the triton backward)."""
     from jfa_ops.backends.tlx import configs
 
-    configs.BACKWARD, configs.BACKWARD_V2, configs.BACKWARD_DQ_SHARED = BWD_VARIANTS.get(variant, (False,) * 3)
+    flags = BWD_VARIANTS.get(variant, {})
+    for name in _BWD_FLAGS:
+        setattr(configs, name, flags.get(name, False))
 
 
 def backward_correctness(variant: str) -> int:
@@ -337,10 +351,10 @@ def timing() -> int:
 
 
 def backward_timing() -> int:
-    """Backward alone (through a retained graph), TFLOP/s of useful work: the TLX backward's v1 consumers (tlx-old),
-    the triton backend's, the v2 consumers (tlx-new) and v2 with dQ split between the consumers (new-dqs). Each value
-    is printed as it is measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_V2=0`` leaves the
-    v2 columns out."""
+    """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (v2
+    with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / v3 / v3defer;
+    dqdefer is the default's kernel at D128). Each value is printed as it is measured (a hung kernel ends the run there:
+    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -350,12 +364,13 @@ def backward_timing() -> int:
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
-    cols = [("tlx-old", "v1"), ("triton", None)]  # (column, BWD_VARIANTS key; None: the triton backward)
-    if os.environ.get("TLX_BWD_TIMING_V2", "1") == "1":
-        cols += [("tlx-new", "v2"), ("new-dqs", "v2-dqshared")]
-    ratios = [("old/triton", "tlx-old", "triton")] + (
-        [("new/triton", "tlx-new", "triton"), ("new/old", "tlx-new", "tlx-old"), ("dqs/triton", "new-dqs", "triton")]
-        if len(cols) > 2 else [])
+    cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
+    if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
+        cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
+    new = (["dqdefer", "statsahead", "dqlag", "v3", "v3defer"] if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1"
+           else [])
+    cols += [(n, n) for n in new]
+    ratios = [("def/triton", "default", "triton")] + [(f"{n[:6]}/def", n, "default") for n in new]
     print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
           + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
     failures = 0

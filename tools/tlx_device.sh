@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|bench|suite]`
-# (`backward`: the TLX backward's sweeps vs the oracle, v1, v2, v2 with dQ split, <= 6.5 min; `backward-timing`: its
-# TFLOP/s, columns tlx-old / triton / tlx-new / new-dqs, <= 6.5 min)
+# (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and v3defer on the default (v1, v2, v2
+# with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
+# dQ split) / dqdefer / statsahead / dqlag / v3 / v3defer, <= 4 min)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
-# float64 oracle), timing (forward, tlx vs triton), backward (the TLX backward's sweeps: v1, v2, v2 with dQ split)
-# and its timings, each under its own limit (120 + 100 + 100 + 2 x 130 + 240 s), so a hung kernel ends one part.
+# float64 oracle), timing (forward, tlx vs triton), backward (the TLX backward's sweeps, see above) and its timings,
+# each under its own limit (120 + 100 + 2 x 115 + 230 s), so a hung kernel ends one part.
 # `v4`: the sweep with the forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton
 # columns). `bench` (not in `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an
 # earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the
@@ -46,10 +47,16 @@ if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
   TLX_TIMING_V4=$v4_ok $limit 100 python3 tools/tlx_check.py timing || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v1 (the old consumers), v2, v2
-  # with dQ split between the consumers
-  $limit 100 python3 tools/tlx_check.py backward-v1 || rc=1
-  $limit 130 python3 tools/tlx_check.py backward-v2 || rc=1
-  $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
+  # with dQ split between the consumers (BWD_BASELINES=1; all three passed on 2026-12-02), then the experiments on
+  # the default (helper tlxbwd3): all3 = DQ_LAG + DQ_DEFER + STATS_AHEAD (DQ_LAG's new barriers; at D128 its kernels
+  # are dqlag's own, DQ_DEFER changing only D64) and v3defer = V3 + DQ_DEFER, <= 4 min in all
+  if [ "${BWD_BASELINES:-0}" = 1 ]; then
+    $limit 100 python3 tools/tlx_check.py backward-v1 || rc=1
+    $limit 130 python3 tools/tlx_check.py backward-v2 || rc=1
+    $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
+  fi
+  $limit 115 python3 tools/tlx_check.py backward-all3 || rc=1
+  $limit 115 python3 tools/tlx_check.py backward-v3defer || rc=1
 fi
 if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test, the automatic choice preferring
   # tlx (JFA_TLX_AUTO=1) where it supports the call; carry .whl too (expecttest). SUITE_ARGS: extra pytest args.
@@ -57,11 +64,11 @@ if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU te
   PYTEST_PRELOAD=_utlx_autoregister JFA_TLX_AUTO=1 JFA_LAUNCH_VERIFY=1 SHARD_TIMEOUT_S=${SHARD_TIMEOUT_S:-240} \
     bash tools/device_tests.sh ${SUITE_SHARDS:-8} ${SUITE_ARGS:-} || rc=1
 fi
-if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s tlx-old / triton / tlx-new / new-dqs; when
-  # that run failed or hung (it prints each value as measured), once more without the v2 columns
-  if ! $limit 240 python3 tools/tlx_check.py backward-timing; then
+if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s triton / default / the experiments; when
+  # that run failed or hung (it prints each value as measured), once more without the experiments' columns
+  if ! $limit 230 python3 tools/tlx_check.py backward-timing; then
     rc=1
-    TLX_BWD_TIMING_V2=0 $limit 120 python3 tools/tlx_check.py backward-timing
+    TLX_BWD_TIMING_NEW=0 $limit 100 python3 tools/tlx_check.py backward-timing
   fi
 fi
 if [ "$part" = sparse ]; then

@@ -47,6 +47,9 @@ from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
 DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are in shared memory (or: done with K)
+# DQ_LAG: + 2 * consumer + block parity: that consumer's dS of the block is in shared memory (its 128 threads arrive,
+# the other consumer's 128 sync; two ids per consumer so an arrive never lands on the phase the other has not synced)
+DS_READY: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit
@@ -211,7 +214,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                      NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
-                     sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0):
+                     sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
+                     STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -228,7 +232,18 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     (``selected_tile_start``: ascending, each starting inside the sequence, so only the last may run past its end);
     a tile is masked when it lies outside the mask-free bulk [bulk_begin, bulk_end) (the forward's test). Each
     tile's id is read one block ahead: read at the top of its own iteration, its L2 latency sat before the wgmma
-    issue of every block (the row-zeroing branch needs m0 first); ahead it costs 1-2 LDL per block (sm_90 SASS)."""
+    issue of every block (the row-zeroing branch needs m0 first); ahead it costs 1-2 LDL per block (sm_90 SASS).
+
+    STATS_AHEAD: lse and delta of block j + 1 prefetched into L1 during block j (their loads, issued beside S and
+    waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block).
+    DQ_LAG (with DQ_SHARED): block j computes dQ of block j - 1 (the last block's after the loop, ``_dq_lagged``),
+    from dS triple-buffered by block count; each consumer arrives at DS_READY once its dS is stored and syncs on the
+    other's previous dS before storing its own (so neither overwrites a dS the other may still read: a buffer is
+    rewritten three blocks later, after the other has stored the block in between). The consumers then run up to a
+    block apart instead of meeting at a 256-thread barrier every block. Block 0 of each call computes a discarded dQ
+    from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head). Neither with
+    SPARSE (dense walks only)."""
+    tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     if SPARSE:
         n_all = sel_count
         m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
@@ -236,6 +251,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
         n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
+    DS_BUFFERS: tl.constexpr = 3 if DQ_LAG else 2
+    if DQ_LAG:
+        m0_prev = lead_begin * 0  # the previous block's first row
     for j in tl.range(0, n_all, num_stages=0):
         if SPARSE:  # the next tile's id is read a block ahead (at the top, its latency was on every block's path)
             m0 = m0_next
@@ -265,13 +283,21 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         p_tile = p_tiles[own]
         if DQ_SHARED:
             par = q_count & 1  # both consumers count the same blocks
-            ds_tile = ds_tiles[own * 2 + par]
+            if DQ_LAG:
+                ds_tile = ds_tiles[own * DS_BUFFERS + q_count % DS_BUFFERS]
+            else:
+                ds_tile = ds_tiles[own * 2 + par]
         else:
             ds_tile = ds_tiles[own]
         keys = tl.arange(0, k_tile.shape[0])
         s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
         dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
         lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+        if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
+            m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+            next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
+            _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
+            _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
         s = tlx.async_dot_wait(1, s)  # dP may still run
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
@@ -286,9 +312,36 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
             ds = tl.where(p == 0.0, 0.0, ds)  # would reach the next sequence's dQ rows through the reduce-add
         ds = ds.to(DTYPE)
+        if DQ_LAG:
+            if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
+                _ds_ready_sync(q_count - 1, 1 - CID)
         tlx.local_store(ds_tile, ds)
         tlx.fence_async_shared()
-        if DQ_SHARED:
+        if DQ_SHARED and DQ_LAG:
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory (dK reads it)
+            _ds_ready_arrive(q_count, CID)
+            half_lag: tl.constexpr = HEAD_DIM // 2
+            prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
+            zero_lag = _opaque_zero(j)
+            dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
+                               tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag], [k_tile.shape[0], half_lag]))
+            dq = tlx.async_dot(ds_tiles[(zero_lag + 1) * DS_BUFFERS + prev],
+                               tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
+                                               [k_tile.shape[0], half_lag]), dq)
+            dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+            dq = tlx.async_dot_wait(1, dq)
+            dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            tlx.local_store(stage, dq)
+            tlx.fence_async_shared()
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+            if j > 0:  # block 0's product came from a stale buffer: no reduce-add
+                tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0_prev).to(tl.int32), col + CID * half_lag],
+                                           store_reduce="add")
+                dq_count += 1
+        elif DQ_SHARED:
             tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
             half: tl.constexpr = HEAD_DIM // 2
             zero = _opaque_zero(j)
@@ -333,7 +386,148 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
         q_count += 1
+        if DQ_LAG:
+            m0_prev = m0
+    if DQ_SHARED and DQ_LAG:
+        if n_all > 0:
+            dq_count = _dq_lagged(q_count - 1, m0_prev, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col,
+                                  CID, HEAD_DIM, NUM_BUFFERS_DQ, DS_BUFFERS)
     return dk, dv, q_count, dq_count
+
+
+@triton.jit
+def _consume_rows_v3(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, ds_tiles,
+                     dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale, right,
+                     window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, CID: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                     NUM_BUFFERS_DQ: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                     DTYPE: tl.constexpr):
+    """V3 (``configs.BACKWARD_V3``, with the dQ split): FA3's own Hopper layout at D128 (``SdP_swapAB``, dK and dV
+    from registers). S^T = K Q^T and dP^T = V dO^T, [keys, rows]; P^T and dS^T stay in registers as the A operands
+    of dV += P^T dO and dK += dS^T Q (no P tile; 16 KiB less shared-memory traffic per block and consumer than v2's
+    shared-memory A operands, and no P store); dS^T goes to shared memory for dQ (each consumer's column half over
+    both key halves, DS_BARRIER, double-buffered by block parity as in v2). Waits: S (dP in flight), dP; dV issued
+    after dS (its A operand is P^T's registers), dQ with dK in flight, as FA3. lse and delta lie along the
+    accumulator's N axis here: 16 registers each, live only from their use's load (v1 kept them longer), and the
+    next block's are prefetched into L1 (STATS_AHEAD's prefetch, always on here)."""
+    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
+    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
+    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
+    half: tl.constexpr = HEAD_DIM // 2
+    for j in tl.range(0, n_all, num_stages=0):
+        masked = (j < n_lead) | (j >= n_unmasked)
+        m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+        tlx.barrier_wait(q_fulls[buf], phase)
+        rows = tl.arange(0, BLOCK_M)
+        rows_left = len_q - m0
+        rows_ok = rows < rows_left
+        if masked:
+            if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
+                if CID == 0:
+                    _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                    _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+        q_tile = q_tiles[buf]
+        do_tile = do_tiles[buf]
+        own = CID + _opaque_zero(j)  # v2's opaque index: the wgmma descriptors stay inside the loop
+        k_tile = k_tiles[own]
+        v_tile = v_tiles[own]
+        par = q_count & 1
+        keys = tl.arange(0, k_tile.shape[0])
+        s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
+        dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
+        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+        # the next block's into L1 always (STATS_AHEAD's prefetch): 32 scalar loads per thread here, which ptxas
+        # places after S's wait, right before the exp2s that use them
+        m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+        next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
+        _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
+        _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
+        s_t = tlx.async_dot_wait(1, s_t)  # dP may still run
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if masked:
+            # (a row interval per key, key_interval_mask's transpose, spilled more: 80 hot STL/LDL vs 48)
+            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
+                                   HAS_LEFT), p_t, 0.0)
+        dp_t = tlx.async_dot_wait(0, dp_t)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
+            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
+        ds_t = ds_t.to(DTYPE)
+        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)  # [keys, D] += P^T dO, A from registers
+        ds_tile = ds_tiles[own * 2 + par]  # [keys, rows]
+        tlx.local_store(ds_tile, ds_t)
+        tlx.fence_async_shared()
+        tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS^T are in shared memory
+        zero = _opaque_zero(j)
+        dq = tlx.async_dot(tlx.local_trans(ds_tiles[zero * 2 + par]),
+                           tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
+        dq = tlx.async_dot(tlx.local_trans(ds_tiles[zero * 2 + 2 + par]),
+                           tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
+        dk = tlx.async_dot(ds_t, q_tile, dk)  # [keys, D] += dS^T Q, A from registers
+        dq = tlx.async_dot_wait(1, dq)
+        dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+        stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+        tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+        tlx.local_store(stage, dq)
+        tlx.fence_async_shared()
+        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+        tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half],
+                                   store_reduce="add")
+        dq_count += 1
+        dk = tlx.async_dot_wait(0, dk)
+        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's dS^T) are no longer read
+        q_count += 1
+    return dk, dv, q_count, dq_count
+
+
+@triton.jit
+def _prefetch_l1(ptrs, mask):
+    """``prefetch.global.L1`` of each address where mask (a hint: no value, no fault wait)."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L1 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _ds_ready_arrive(block, CID: tl.constexpr):
+    """DQ_LAG: this consumer's dS of ``block`` (a block count) is in shared memory; the other consumer syncs on it."""
+    if (block & 1) == 0:
+        tlx.named_barrier_arrive(DS_READY + 2 * CID, 256)
+    else:
+        tlx.named_barrier_arrive(DS_READY + 2 * CID + 1, 256)
+
+
+@triton.jit
+def _ds_ready_sync(block, WHO: tl.constexpr):
+    """DQ_LAG: wait until consumer WHO has arrived for its dS of ``block``."""
+    if (block & 1) == 0:
+        tlx.named_barrier_wait(DS_READY + 2 * WHO, 256)
+    else:
+        tlx.named_barrier_wait(DS_READY + 2 * WHO + 1, 256)
+
+
+@triton.jit
+def _dq_lagged(block, m0, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
+               HEAD_DIM: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DS_BUFFERS: tl.constexpr):
+    """DQ_LAG, after a call's last block: that block's dQ (this consumer's column half over both key halves),
+    reduce-added at rows m0."""
+    half: tl.constexpr = HEAD_DIM // 2
+    keys: tl.constexpr = k_tiles[0].shape[0]
+    _ds_ready_sync(block, 1 - CID)
+    slot = block % DS_BUFFERS
+    dq = tlx.async_dot(ds_tiles[slot], tlx.local_slice(k_tiles[0], [0, CID * half], [keys, half]))
+    dq = tlx.async_dot(ds_tiles[DS_BUFFERS + slot], tlx.local_slice(k_tiles[1], [0, CID * half], [keys, half]), dq)
+    dq = tlx.async_dot_wait(0, dq)
+    stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+    tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)
+    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+    tlx.local_store(stage, dq)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+    tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half], store_reduce="add")
+    return dq_count + 1
 
 
 @triton.jit
@@ -362,16 +556,20 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                         TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
-                        SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0):
+                        SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
+                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False, V3: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
-    DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``).
+    DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
+    V2), DQ_LAG (with DQ_SHARED): ``_consume_rows_v2``'s experiments (``configs.BACKWARD_STATS_AHEAD``,
+    ``configs.BACKWARD_DQ_LAG``); V3 (with DQ_SHARED, not DQ_LAG): the consumers of ``_consume_rows_v3``.
 
     SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
     selection, ascending ids of BLOCK_Q rows; Q_BLOCK_COUNT [B, Hkv, n_kv_blocks]; ``_selected_rows``), for every q
     head of the group; a key tile lies in one KV block of BLOCK_KV keys."""
+    tl.static_assert(not V3 or (DQ_SHARED and not DQ_LAG and not SPARSE), "V3 runs the dense dQ split, without DQ_LAG")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
@@ -390,9 +588,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
-    if V2:
+    if V3:  # dS^T per consumer, double-buffered by block parity (no P tile: P^T stays in registers)
+        p_tiles = None
+        ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS * 2)
+    elif V2:
         p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
-        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
+        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype,
+                                   NUM_CONSUMERS * ((3 if DQ_LAG else 2) if DQ_SHARED else 1))
     else:
         p_tiles = None
         ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
@@ -487,14 +689,21 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         head = kv_head * group + g
                         col = head * HEAD_DIM
                         stat_index = head.to(tl.int64) * total_out + out_row0
-                        if V2:
+                        if V3:
+                            dk, dv, q_count, dq_count = _consume_rows_v3(
+                                dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
+                                ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
+                                qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin,
+                                tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, HAS_LEFT, HAS_RIGHT,
+                                dtype)
+                        elif V2:
                             dk, dv, q_count, dq_count = _consume_rows_v2(
                                 dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
                                 p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
                                 len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
-                                sel_first, sel_count, SPARSE, BLOCK_Q)
+                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -538,11 +747,13 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
-                       dq_shared: bool = False, selection=None):
+                       dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
+                       dq_lag: bool = False, v3: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
-    (``block_sparse_backward``; with v2)."""
+    (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
+    / ``_DQ_LAG`` (with dq_shared), ``_V3`` (with dq_shared, instead of dq_lag): dense only."""
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -556,7 +767,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
+    if selection is not None:  # the experiments walk dense blocks only
+        dq_defer = stats_ahead = dq_lag = v3 = False
+    v3 = v2 and dq_shared and v3
+    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer, v3) if v2 else bwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
@@ -594,7 +808,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2, DQ_SHARED=v2 and dq_shared,
-        **sparse), num_warps=NUM_WARPS, num_stages=1)
+        STATS_AHEAD=v2 and stats_ahead, DQ_LAG=v2 and dq_shared and dq_lag and not v3, V3=v3, **sparse),
+        num_warps=NUM_WARPS, num_stages=1)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)

@@ -32,6 +32,23 @@ BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "1") != "0"
 # one more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
 # JFA_TLX_BWD_DQ_SHARED=0: off.
 BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
+# Experiments on the default backward (v2 + dQ split; helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"), off
+# until measured on the H200; each is a kernel constexpr, so tools/tlx_check.py A/Bs them in one process:
+# - DQ_DEFER (JFA_TLX_BWD_DQ_DEFER=1): two dQ staging buffers per consumer, so a staging buffer's bulk-read wait lands
+#   two blocks after its reduce-add was issued instead of one. Only where shared memory allows it (D64: +16 KiB; D128
+#   beside V3); else two more [64, 64] fp32 buffers would need 246,152 B of sm_90's 232,448, so D128 keeps one.
+# - STATS_AHEAD (JFA_TLX_BWD_STATS_AHEAD=1): lse and delta of the next query block prefetched into L1 while this one
+#   computes (global loads otherwise issued beside S and waited for right after it; FA3 has them in shared memory).
+# - DQ_LAG (JFA_TLX_BWD_DQ_LAG=1): dQ of block j computed in block j + 1, from dS triple-buffered in shared memory,
+#   the consumers signalling each other's dS with named-barrier arrive/sync pairs instead of one 256-thread barrier
+#   per block: they no longer run in lockstep (the prerequisite of a ping-pong), and the dQ wait stops pacing both.
+BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
+BACKWARD_STATS_AHEAD = os.environ.get("JFA_TLX_BWD_STATS_AHEAD", "0") == "1"
+BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
+# - V3 (JFA_TLX_BWD_V3=1, with the dQ split; DQ_LAG is ignored beside it): FA3's own D128 layout (S^T = K Q^T, dK and
+#   dV with P^T, dS^T from registers: no P tile, 16 KiB less shared-memory traffic per block and consumer). Its freed
+#   16 KiB let DQ_DEFER's second staging buffers fit at D128 too.
+BACKWARD_V3 = os.environ.get("JFA_TLX_BWD_V3", "0") == "1"
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
@@ -141,10 +158,19 @@ _BWD_V2_DQ_SHARED = {64: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True),
                      128: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True)}
 
 
-def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
-    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
-    backend's backward runs instead."""
-    return (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
+def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False,
+                  v3: bool = False) -> Optional[BwdConfig]:
+    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer`` and
+    ``v3``: ``BACKWARD_DQ_DEFER``, ``BACKWARD_V3``), None where the triton backend's backward runs instead.
+    Shared memory at D128 (bytes): dq_shared 213,384 (DQ_LAG's third dS buffer per consumer: +16 KiB = 229,768);
+    dq_defer's second staging buffer per consumer would be +32 KiB (246,152: over), so D128 ignores dq_defer unless
+    ``v3`` (``BACKWARD_V3``: no P tiles, 196,984; with dq_defer 229,752)."""
+    cfg = (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
+    if cfg is None or not dq_shared:
+        return cfg
+    if dq_defer and (head_dim <= 64 or v3):
+        cfg = dataclasses.replace(cfg, num_buffers_dq=2)
+    return cfg
 
 
 def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:
