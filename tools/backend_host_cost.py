@@ -6,6 +6,10 @@ under no_grad, and forward + backward through `torch.autograd.grad`. Decides whe
 costs small calls host time (the GPU work of one call is ~10 us, far below its host time)."""
 from __future__ import annotations
 
+try:  # the TLX plugin registers before anything imports triton (torch does), as tools/tlx_compile.py
+    import _utlx_autoregister  # noqa: F401
+except ImportError:
+    pass
 import argparse
 import statistics
 import time

@@ -182,7 +182,7 @@ def test_block_sparse_routing_rules():
 
 def test_block_sparse_backward_rules_and_switch():
     """The block-sparse backward's rules (``configs.sparse_backward_reason``: head_dim 64/128, blocks of whole
-    64-row query blocks and 128-key tiles) and its switch: off unless JFA_TLX_SPARSE_BWD=1 (until its GPU check).
+    64-row query blocks and 128-key tiles) and its switch: on unless JFA_TLX_SPARSE_BWD=0 (since its GPU check).
     Needs TLX importable (the subprocess), not a GPU."""
     code = (
         "from jfa_ops.backends.tlx import configs\n"
@@ -193,7 +193,7 @@ def test_block_sparse_backward_rules_and_switch():
         "print(configs.SPARSE_BACKWARD)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE_BWD")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
-    for switch, on in (("0", "False"), ("1", "True"), (None, "False")):
+    for switch, on in (("0", "False"), ("1", "True"), (None, "True")):
         proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                               env=env if switch is None else {**env, "JFA_TLX_SPARSE_BWD": switch})
         assert proc.returncode == 0, proc.stderr[-3000:]

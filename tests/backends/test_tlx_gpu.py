@@ -237,7 +237,7 @@ def test_tlx_block_sparse_backward_matches_the_oracle(name, dq_shared, monkeypat
 
 
 def test_tlx_block_sparse_backward_off_runs_the_triton_one(monkeypatch):
-    """configs.SPARSE_BACKWARD off (the default until its GPU check): the triton sparse backward, still correct."""
+    """configs.SPARSE_BACKWARD off (JFA_TLX_SPARSE_BWD=0): the triton sparse backward, still correct."""
     case = SPARSE_CASES["edge causal keep 0.25"]
     _tlx_or_skip(case.case)
     from jfa_ops.backends.tlx import configs

@@ -18,9 +18,9 @@ MXFP8 attention (``jfa_ops.mxfp8_attention``, family ``mxfp8_attention``, issue 
 Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_sparse``): the same forward kernel with
 SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
 block_kv of the key tile (128; select_kv_blocks' defaults fit); the selection (family ``select_kv_blocks``, so that
-``sparse_attention(..., backend="tlx")`` runs) is the triton backend's, and so is the backward unless
-``JFA_TLX_SPARSE_BWD=1`` (``configs.SPARSE_BACKWARD``, off until its GPU check) runs the TLX v2 backward with SPARSE
-(each key tile walks the query tiles of the Q blocks that selected it; head_dim 64/128, block_q a multiple of 64).
+``sparse_attention(..., backend="tlx")`` runs) is the triton backend's; the backward is the TLX v2 backward with
+SPARSE (each key tile walks the query tiles of the Q blocks that selected it; head_dim 64/128, block_q a multiple of
+64), on since its GPU check (``configs.SPARSE_BACKWARD``; ``JFA_TLX_SPARSE_BWD=0``: the triton sparse backward).
 Chosen automatically (above triton) since its GPU check; ``JFA_TLX_SPARSE=0`` turns that off (``configs.SPARSE_AUTO``).
 """
 from __future__ import annotations
@@ -179,8 +179,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
 def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                            kv_block_count, params: AttentionParams):
     """(dq, dk, dv) of ``jfa::block_sparse_attention``: the TLX block-sparse backward (``attn_bwd.py``, the v2
-    backward with SPARSE) when ``configs.SPARSE_BACKWARD`` is on (env ``JFA_TLX_SPARSE_BWD=1``; off until its GPU
-    check) and it runs the call (``attn_bwd.block_sparse_backward_reason``), else the triton backend's (it reads the
+    backward with SPARSE) when ``configs.SPARSE_BACKWARD`` is on (the default since its GPU check; env
+    ``JFA_TLX_SPARSE_BWD=0``: off) and it runs the call (``attn_bwd.block_sparse_backward_reason``), else the triton backend's (it reads the
     same out/lse)."""
     args = (grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
     if configs.SPARSE_BACKWARD:

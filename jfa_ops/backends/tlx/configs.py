@@ -54,9 +54,10 @@ BACKWARD_V3 = os.environ.get("JFA_TLX_BWD_V3", "0") == "1"
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
 SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
-# query tiles of the Q blocks that selected it) instead of the triton sparse backward: off until its GPU check (env
-# JFA_TLX_SPARSE_BWD=1 turns it on; tools/tlx_check.py toggles it in-process).
-SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "0") == "1"
+# query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
+# 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
+# (tools/tlx_check.py toggles it in-process).
+SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 # The MXFP8 forward (mxfp8_attn_fwd.py) in the automatic choice for mxfp8_attention: on since its GPU check (H200,
 # 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
 # FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
