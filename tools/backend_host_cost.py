@@ -11,29 +11,11 @@ try:  # the TLX plugin registers before anything imports triton (torch does), as
 except ImportError:
     pass
 import argparse
-import statistics
-import time
 
 import torch
 
 import jfa_ops
-
-LENS = (64, 17, 40, 5)
-HEADS, HEAD_DIM = 8, 128
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(runs)
+from host_profile import HEAD_DIM, HEADS, LENS, per_call_us  # tools/ is on the path of a script run from it
 
 
 def main():
