@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|bench|suite]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|host|bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and v3defer on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
 # dQ split) / dqdefer / statsahead / dqlag / v3 / v3defer, <= 4 min)
@@ -78,6 +78,9 @@ fi
 if [ "$part" = sparse-bwd ]; then
   TLX_SPARSE_RANDOM=2 JFA_LAUNCH_VERIFY=1 $limit 130 python3 tools/tlx_check.py sparse-backward || rc=1
   $limit 100 python3 tools/tlx_check.py sparse-backward-timing || rc=1
+fi
+if [ "$part" = host ]; then  # a small call's host cost, tlx vs triton in one process (gates JFA_TLX_AUTO), ~1 min
+  $limit 120 python3 tools/backend_host_cost.py --backends tlx,triton || rc=1
 fi
 if [ "$part" = mxfp8 ]; then
   JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py mxfp8-correctness || rc=1
