@@ -8,7 +8,7 @@ for the triton backward). Everything else is declined with a reason, so the auto
 
 Importing this module never imports triton: it only checks that the plugin is installed (else ImportError, which the
 registry records: ``unavailable_reason("tlx")``). The TLX kernels import on the first CUDA problem ``supports`` sees.
-Until a GPU run has passed, the backend is not chosen automatically (``AUTO_SELECT``); ask for it by name
+The dense op is not chosen automatically yet (``AUTO_SELECT``: one host-cost measurement left); ask for it by name
 (``backend="tlx"`` or ``JFA_BACKEND=tlx``).
 
 MXFP8 attention (``jfa_ops.mxfp8_attention``, family ``mxfp8_attention``, issue 12): the forward in
@@ -52,8 +52,9 @@ def _tlx_installed() -> bool:
 if not _tlx_installed():
     raise ImportError("TLX is not installed (pip install 'jfa_ops[tlx]': triton==3.8.0 and triton-utlx)")
 
-# Set True once the GPU check (tools/tlx_device.sh) passes: then the automatic choice prefers tlx over triton on
-# sm_90. Until then it ranks below triton, so only an explicit request runs it.
+# True: the automatic choice prefers tlx over triton on sm_90. Off until a small call's host cost on tlx is measured
+# against triton's (`tools/tlx_device.sh host`; the GPU suite gate passed: bench/NOTES.md v13); until then only an
+# explicit request runs the dense op on it (its block-sparse and MXFP8 families rank by their own priorities).
 AUTO_SELECT = os.environ.get("JFA_TLX_AUTO", "0") == "1"
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
