@@ -187,15 +187,8 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
             k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
             dq = tlx.async_dot(tlx.local_trans(ds_tile), k_cols)
             dq = tlx.async_dot_wait(0, dq)
-            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.local_store(stage, dq)
-            tlx.fence_async_shared()
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + c * (HEAD_DIM // DQ_SPLIT)],
-                                       store_reduce="add")
-            dq_count += 1
+            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
+                                      col + c * (HEAD_DIM // DQ_SPLIT), CID, NUM_BUFFERS_DQ)
         q_count += 1
     return dk, dv, q_count, dq_count
 
@@ -352,15 +345,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.local_store(stage, dq)
-            tlx.fence_async_shared()
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half],
-                                       store_reduce="add")
-            dq_count += 1
+            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half,
+                                      CID, NUM_BUFFERS_DQ)
         else:
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
         # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
@@ -374,15 +360,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
             else:
                 dq = tlx.async_dot_wait(0, dq)
-            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.local_store(stage, dq)
-            tlx.fence_async_shared()
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + c * (HEAD_DIM // DQ_SPLIT)],
-                                       store_reduce="add")
-            dq_count += 1
+            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
+                                      col + c * (HEAD_DIM // DQ_SPLIT), CID, NUM_BUFFERS_DQ)
         dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
         q_count += 1
@@ -468,15 +447,8 @@ def _consume_rows_v3(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         dk = tlx.async_dot(ds_t, q_tile, dk)  # [keys, D] += dS^T Q, A from registers
         dq = tlx.async_dot_wait(1, dq)
         dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-        stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-        tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
-        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-        tlx.local_store(stage, dq)
-        tlx.fence_async_shared()
-        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-        tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half],
-                                   store_reduce="add")
-        dq_count += 1
+        dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, CID,
+                                  NUM_BUFFERS_DQ)
         dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's dS^T) are no longer read
         q_count += 1
@@ -509,6 +481,20 @@ def _ds_ready_sync(block, WHO: tl.constexpr):
 
 
 @triton.jit
+def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, CID: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr):
+    """A consumer's dQ slice staged in shared memory (buffer ``dq_count`` of its ring) and TMA reduce-added into the
+    fp32 accumulator at (row, col); returns the next staging count."""
+    stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+    tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
+    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+    tlx.local_store(stage, dq)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's slice is in shared memory
+    tlx.async_descriptor_store(desc_dq, stage, [row, col], store_reduce="add")
+    return dq_count + 1
+
+
+@triton.jit
 def _dq_lagged(block, m0, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
                HEAD_DIM: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DS_BUFFERS: tl.constexpr):
     """DQ_LAG, after a call's last block: that block's dQ (this consumer's column half over both key halves),
@@ -520,14 +506,8 @@ def _dq_lagged(block, m0, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row
     dq = tlx.async_dot(ds_tiles[slot], tlx.local_slice(k_tiles[0], [0, CID * half], [keys, half]))
     dq = tlx.async_dot(ds_tiles[DS_BUFFERS + slot], tlx.local_slice(k_tiles[1], [0, CID * half], [keys, half]), dq)
     dq = tlx.async_dot_wait(0, dq)
-    stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-    tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)
-    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-    tlx.local_store(stage, dq)
-    tlx.fence_async_shared()
-    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-    tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0).to(tl.int32), col + CID * half], store_reduce="add")
-    return dq_count + 1
+    return _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, CID,
+                          NUM_BUFFERS_DQ)
 
 
 @triton.jit

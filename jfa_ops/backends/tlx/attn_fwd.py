@@ -62,6 +62,25 @@ def _n_blocks(begin, end, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M: tl.constexpr,
+               HEAD_DIM: tl.constexpr, ELEMENT_BYTES: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+               BROADCAST_Q: tl.constexpr):
+    """The producer's TMA loads of a work item's query half-tiles (one per consumer) into Q slot ``q_count``
+    (shared by the bf16 and the MXFP8 forward); returns the next slot count."""
+    if BROADCAST_Q:
+        q_row = m0  # every sequence reads the same dense Q
+    else:
+        q_row = (out_row0 + m0).to(tl.int32)
+    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+    for c in tl.static_range(NUM_CONSUMERS):
+        qb = q_slot * NUM_CONSUMERS + c
+        tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
+        tlx.barrier_expect_bytes(q_fulls[qb], HALF_M * HEAD_DIM * ELEMENT_BYTES)
+        tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row + c * HALF_M, head * HEAD_DIM], q_fulls[qb])
+    return q_count + 1
+
+
+@triton.jit
 def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
                rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
@@ -460,18 +479,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                     n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
                         + _n_blocks(tail_begin, tail_end, BLOCK_N)
                 if real & (n_blocks > 0):
-                    if BROADCAST_Q:
-                        q_row = m0  # every sequence reads the same dense Q
-                    else:
-                        q_row = (out_row0 + m0).to(tl.int32)
-                    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-                    for c in tl.static_range(NUM_CONSUMERS):
-                        qb = q_slot * NUM_CONSUMERS + c
-                        tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
-                        tlx.barrier_expect_bytes(q_fulls[qb], HALF_M * HEAD_DIM * tlx.size_of(dtype))
-                        tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row + c * HALF_M, head * HEAD_DIM],
-                                                  q_fulls[qb])
-                    q_count += 1
+                    q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
+                                         HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
                     kv_col = (head // group) * HEAD_DIM
                     if SPARSE:
                         kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,

@@ -36,11 +36,11 @@ import triton.language.extra.tlx as tlx
 
 from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets
-from ..triton.common import LN2, key_interval_mask, seq_extent, stage_bounds, visible, window_bounds, work_item
+from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
 from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
-from ..triton.scheduling import forward_tiles, slot_tile, tile_schedule
-from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _slot_phase, _wait_turn
+from ..triton.scheduling import forward_tiles, tile_schedule
+from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _wait_turn, _work_tile
 from .configs import NUM_WARPS, mxfp8_fwd_config
 
 CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
@@ -51,19 +51,12 @@ P_SCALE_LOG2_F: tl.constexpr = tl.constexpr(float(P_SCALE_LOG2))  # P enters the
 def _mx_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps, rows_s,
              rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
              HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, KV_MAJOR: tl.constexpr):
-    """``attn_fwd._work_tile``'s item plus the sequence's first V^T tile (the padded tile layout)."""
-    tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-    if TILES_FROM_OFFSETS:
-        seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
-    else:
-        seq = tl.load(TILE_SEQ + tile)
-        m0 = tl.load(TILE_START + tile)
-        real = seq >= 0
-    seq = tl.maximum(seq, 0)
-    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-    lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
-        m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    """``attn_fwd._work_tile``'s item with the sequence's first V^T tile (the padded tile layout) in place of the
+    sequence."""
+    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin,
+     tail_end, seq) = _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                 search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                 HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
     vtile0 = (kv_row0 // BLOCK_N + seq).to(tl.int32)
     return (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
             tail_begin, tail_end, vtile0)
@@ -206,18 +199,8 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                 n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
                     + _n_blocks(tail_begin, tail_end, BLOCK_N)
                 if real & (n_blocks > 0):
-                    if BROADCAST_Q:
-                        q_row = m0
-                    else:
-                        q_row = (out_row0 + m0).to(tl.int32)
-                    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-                    for c in tl.static_range(NUM_CONSUMERS):
-                        qb = q_slot * NUM_CONSUMERS + c
-                        tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
-                        tlx.barrier_expect_bytes(q_fulls[qb], HALF_M * HEAD_DIM)
-                        tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row + c * HALF_M, head * HEAD_DIM],
-                                                  q_fulls[qb])
-                    q_count += 1
+                    q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
+                                         HEAD_DIM, 1, NUM_BUFFERS_Q, BROADCAST_Q)  # E4M3: one byte
                     kv_head = head // group
                     kv_col = kv_head * HEAD_DIM
                     kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
