@@ -188,7 +188,7 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
             dq = tlx.async_dot(tlx.local_trans(ds_tile), k_cols)
             dq = tlx.async_dot_wait(0, dq)
             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), CID, NUM_BUFFERS_DQ)
+                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ)
         q_count += 1
     return dk, dv, q_count, dq_count
 
@@ -324,6 +324,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+            dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
             stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
             tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
@@ -346,7 +347,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half,
-                                      CID, NUM_BUFFERS_DQ)
+                                      rows_left, CID, NUM_BUFFERS_DQ)
         else:
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
         # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
@@ -361,7 +362,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             else:
                 dq = tlx.async_dot_wait(0, dq)
             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), CID, NUM_BUFFERS_DQ)
+                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ)
         dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
         q_count += 1
@@ -369,8 +370,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             m0_prev = m0
     if DQ_SHARED and DQ_LAG:
         if n_all > 0:
-            dq_count = _dq_lagged(q_count - 1, m0_prev, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col,
-                                  CID, HEAD_DIM, NUM_BUFFERS_DQ, DS_BUFFERS)
+            dq_count = _dq_lagged(q_count - 1, m0_prev, len_q - m0_prev, dq_count, k_tiles, ds_tiles, dq_stage,
+                                  desc_dq, dq_row0, col, CID, HEAD_DIM, NUM_BUFFERS_DQ, DS_BUFFERS)
     return dk, dv, q_count, dq_count
 
 
@@ -447,8 +448,8 @@ def _consume_rows_v3(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         dk = tlx.async_dot(ds_t, q_tile, dk)  # [keys, D] += dS^T Q, A from registers
         dq = tlx.async_dot_wait(1, dq)
         dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-        dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, CID,
-                                  NUM_BUFFERS_DQ)
+        dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half,
+                                  rows_left, CID, NUM_BUFFERS_DQ)
         dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's dS^T) are no longer read
         q_count += 1
@@ -481,9 +482,20 @@ def _ds_ready_sync(block, WHO: tl.constexpr):
 
 
 @triton.jit
-def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, CID: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr):
+def _zero_dq_rows_past_end(dq, rows_left):
+    """dQ rows of a block that runs into the next sequence, zeroed (a uniform branch: full blocks skip it)."""
+    if rows_left < dq.shape[0]:
+        dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
+    return dq
+
+
+@triton.jit
+def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl.constexpr,
+                   NUM_BUFFERS_DQ: tl.constexpr):
     """A consumer's dQ slice staged in shared memory (buffer ``dq_count`` of its ring) and TMA reduce-added into the
-    fp32 accumulator at (row, col); returns the next staging count."""
+    fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next
+    sequence's) get exact zeros: their dS is 0, but 0 x an infinite key of this sequence is NaN."""
+    dq = _zero_dq_rows_past_end(dq, rows_left)
     stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
     tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
     tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
@@ -495,7 +507,7 @@ def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, CID: tl.constexpr,
 
 
 @triton.jit
-def _dq_lagged(block, m0, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
+def _dq_lagged(block, m0, rows_left, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
                HEAD_DIM: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DS_BUFFERS: tl.constexpr):
     """DQ_LAG, after a call's last block: that block's dQ (this consumer's column half over both key halves),
     reduce-added at rows m0."""
@@ -506,8 +518,8 @@ def _dq_lagged(block, m0, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row
     dq = tlx.async_dot(ds_tiles[slot], tlx.local_slice(k_tiles[0], [0, CID * half], [keys, half]))
     dq = tlx.async_dot(ds_tiles[DS_BUFFERS + slot], tlx.local_slice(k_tiles[1], [0, CID * half], [keys, half]), dq)
     dq = tlx.async_dot_wait(0, dq)
-    return _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, CID,
-                          NUM_BUFFERS_DQ)
+    return _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, rows_left,
+                          CID, NUM_BUFFERS_DQ)
 
 
 @triton.jit
