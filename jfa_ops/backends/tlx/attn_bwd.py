@@ -188,7 +188,7 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
             dq = tlx.async_dot(tlx.local_trans(ds_tile), k_cols)
             dq = tlx.async_dot_wait(0, dq)
             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ)
+                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
         q_count += 1
     return dk, dv, q_count, dq_count
 
@@ -324,7 +324,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-            dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
+            if len_q - m0_prev < BLOCK_M:  # rows past the end: zeros (as _reduce_add_dq)
+                dq = tl.where((rows < len_q - m0_prev)[:, None], dq, 0.0)
             stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
             tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
@@ -362,7 +363,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             else:
                 dq = tlx.async_dot_wait(0, dq)
             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ)
+                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
         dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
         q_count += 1
@@ -372,87 +373,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         if n_all > 0:
             dq_count = _dq_lagged(q_count - 1, m0_prev, len_q - m0_prev, dq_count, k_tiles, ds_tiles, dq_stage,
                                   desc_dq, dq_row0, col, CID, HEAD_DIM, NUM_BUFFERS_DQ, DS_BUFFERS)
-    return dk, dv, q_count, dq_count
-
-
-@triton.jit
-def _consume_rows_v3(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, ds_tiles,
-                     dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale, right,
-                     window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, CID: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                     NUM_BUFFERS_DQ: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     DTYPE: tl.constexpr):
-    """V3 (``configs.BACKWARD_V3``, with the dQ split): FA3's own Hopper layout at D128 (``SdP_swapAB``, dK and dV
-    from registers). S^T = K Q^T and dP^T = V dO^T, [keys, rows]; P^T and dS^T stay in registers as the A operands
-    of dV += P^T dO and dK += dS^T Q (no P tile; 16 KiB less shared-memory traffic per block and consumer than v2's
-    shared-memory A operands, and no P store); dS^T goes to shared memory for dQ (each consumer's column half over
-    both key halves, DS_BARRIER, double-buffered by block parity as in v2). Waits: S (dP in flight), dP; dV issued
-    after dS (its A operand is P^T's registers), dQ with dK in flight, as FA3. lse and delta lie along the
-    accumulator's N axis here: 16 registers each, live only from their use's load (v1 kept them longer), and the
-    next block's are prefetched into L1 (STATS_AHEAD's prefetch, always on here)."""
-    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
-    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
-    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
-    half: tl.constexpr = HEAD_DIM // 2
-    for j in tl.range(0, n_all, num_stages=0):
-        masked = (j < n_lead) | (j >= n_unmasked)
-        m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
-        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-        tlx.barrier_wait(q_fulls[buf], phase)
-        rows = tl.arange(0, BLOCK_M)
-        rows_left = len_q - m0
-        rows_ok = rows < rows_left
-        if masked:
-            if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
-                if CID == 0:
-                    _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                    _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                tlx.named_barrier_wait(VFIX_BARRIER, 256)
-        q_tile = q_tiles[buf]
-        do_tile = do_tiles[buf]
-        own = CID + _opaque_zero(j)  # v2's opaque index: the wgmma descriptors stay inside the loop
-        k_tile = k_tiles[own]
-        v_tile = v_tiles[own]
-        par = q_count & 1
-        keys = tl.arange(0, k_tile.shape[0])
-        s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
-        dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
-        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-        # the next block's into L1 always (STATS_AHEAD's prefetch): 32 scalar loads per thread here, which ptxas
-        # places after S's wait, right before the exp2s that use them
-        m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
-        next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
-        _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
-        _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
-        s_t = tlx.async_dot_wait(1, s_t)  # dP may still run
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-        if masked:
-            # (a row interval per key, key_interval_mask's transpose, spilled more: 80 hot STL/LDL vs 48)
-            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
-                                   HAS_LEFT), p_t, 0.0)
-        dp_t = tlx.async_dot_wait(0, dp_t)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
-            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
-        ds_t = ds_t.to(DTYPE)
-        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)  # [keys, D] += P^T dO, A from registers
-        ds_tile = ds_tiles[own * 2 + par]  # [keys, rows]
-        tlx.local_store(ds_tile, ds_t)
-        tlx.fence_async_shared()
-        tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS^T are in shared memory
-        zero = _opaque_zero(j)
-        dq = tlx.async_dot(tlx.local_trans(ds_tiles[zero * 2 + par]),
-                           tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
-        dq = tlx.async_dot(tlx.local_trans(ds_tiles[zero * 2 + 2 + par]),
-                           tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
-        dk = tlx.async_dot(ds_t, q_tile, dk)  # [keys, D] += dS^T Q, A from registers
-        dq = tlx.async_dot_wait(1, dq)
-        dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-        dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half,
-                                  rows_left, CID, NUM_BUFFERS_DQ)
-        dk = tlx.async_dot_wait(0, dk)
-        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's dS^T) are no longer read
-        q_count += 1
     return dk, dv, q_count, dq_count
 
 
@@ -482,26 +402,27 @@ def _ds_ready_sync(block, WHO: tl.constexpr):
 
 
 @triton.jit
-def _zero_dq_rows_past_end(dq, rows_left):
-    """dQ rows of a block that runs into the next sequence, zeroed (a uniform branch: full blocks skip it)."""
-    if rows_left < dq.shape[0]:
-        dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
-    return dq
-
-
-@triton.jit
 def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl.constexpr,
-                   NUM_BUFFERS_DQ: tl.constexpr):
+                   NUM_BUFFERS_DQ: tl.constexpr, ZERO_IN_SHARED: tl.constexpr = False):
     """A consumer's dQ slice staged in shared memory (buffer ``dq_count`` of its ring) and TMA reduce-added into the
     fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next
-    sequence's) get exact zeros: their dS is 0, but 0 x an infinite key of this sequence is NaN."""
-    dq = _zero_dq_rows_past_end(dq, rows_left)
+    sequence's) are zeroed first, in a branch only blocks that run past the end take: their dS is 0, but 0 x an
+    infinite key of this sequence is NaN. Where: on the registers (ZERO_IN_SHARED False: the dQ split between the
+    consumers, whose spills it leaves about as they were), or on the staged rows (ZERO_IN_SHARED: v1 and v2's
+    per-consumer column slices, where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
+    if not ZERO_IN_SHARED:
+        if rows_left < dq.shape[0]:
+            dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
     stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
     tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
     tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
     tlx.local_store(stage, dq)
     tlx.fence_async_shared()
     tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's slice is in shared memory
+    if ZERO_IN_SHARED:
+        if rows_left < dq.shape[0]:
+            _zero_rows_past_end(stage, 0, rows_left, dq.shape[0], dq.shape[1], 32)
+            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
     tlx.async_descriptor_store(desc_dq, stage, [row, col], store_reduce="add")
     return dq_count + 1
 
@@ -549,19 +470,18 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                         TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False, V3: tl.constexpr = False):
+                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
     DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
     V2), DQ_LAG (with DQ_SHARED): ``_consume_rows_v2``'s experiments (``configs.BACKWARD_STATS_AHEAD``,
-    ``configs.BACKWARD_DQ_LAG``); V3 (with DQ_SHARED, not DQ_LAG): the consumers of ``_consume_rows_v3``.
+    ``configs.BACKWARD_DQ_LAG``).
 
     SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
     selection, ascending ids of BLOCK_Q rows; Q_BLOCK_COUNT [B, Hkv, n_kv_blocks]; ``_selected_rows``), for every q
     head of the group; a key tile lies in one KV block of BLOCK_KV keys."""
-    tl.static_assert(not V3 or (DQ_SHARED and not DQ_LAG and not SPARSE), "V3 runs the dense dQ split, without DQ_LAG")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
@@ -580,10 +500,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
-    if V3:  # dS^T per consumer, double-buffered by block parity (no P tile: P^T stays in registers)
-        p_tiles = None
-        ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS * 2)
-    elif V2:
+    if V2:
         p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
         ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype,
                                    NUM_CONSUMERS * ((3 if DQ_LAG else 2) if DQ_SHARED else 1))
@@ -681,14 +598,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         head = kv_head * group + g
                         col = head * HEAD_DIM
                         stat_index = head.to(tl.int64) * total_out + out_row0
-                        if V3:
-                            dk, dv, q_count, dq_count = _consume_rows_v3(
-                                dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
-                                ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
-                                qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin,
-                                tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, HAS_LEFT, HAS_RIGHT,
-                                dtype)
-                        elif V2:
+                        if V2:
                             dk, dv, q_count, dq_count = _consume_rows_v2(
                                 dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
                                 p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
@@ -740,12 +650,12 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False, v3: bool = False):
+                       dq_lag: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
     (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared), ``_V3`` (with dq_shared, instead of dq_lag): dense only."""
+    / ``_DQ_LAG`` (with dq_shared): dense only."""
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -760,9 +670,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
     lse = lse if lse.is_contiguous() else lse.contiguous()
     if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = dq_lag = v3 = False
-    v3 = v2 and dq_shared and v3
-    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer, v3) if v2 else bwd_config(head_dim)
+        dq_defer = stats_ahead = dq_lag = False
+    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
@@ -800,7 +709,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2, DQ_SHARED=v2 and dq_shared,
-        STATS_AHEAD=v2 and stats_ahead, DQ_LAG=v2 and dq_shared and dq_lag and not v3, V3=v3, **sparse),
+        STATS_AHEAD=v2 and stats_ahead, DQ_LAG=v2 and dq_shared and dq_lag, **sparse),
         num_warps=NUM_WARPS, num_stages=1)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)

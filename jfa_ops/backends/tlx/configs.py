@@ -35,8 +35,10 @@ BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
 # Experiments on the default backward (v2 + dQ split; helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"), off
 # until measured on the H200; each is a kernel constexpr, so tools/tlx_check.py A/Bs them in one process:
 # - DQ_DEFER (JFA_TLX_BWD_DQ_DEFER=1): two dQ staging buffers per consumer, so a staging buffer's bulk-read wait lands
-#   two blocks after its reduce-add was issued instead of one. Only where shared memory allows it (D64: +16 KiB; D128
-#   beside V3); else two more [64, 64] fp32 buffers would need 246,152 B of sm_90's 232,448, so D128 keeps one.
+#   two blocks after its reduce-add was issued instead of one. Only where shared memory allows it (D64: +16 KiB); at
+#   D128 two more [64, 64] fp32 buffers would need 246,152 B of sm_90's 232,448, so D128 keeps one. (A V3 layout,
+#   FA3's own at D128 with P^T and dS^T from registers, measured 0.73-0.87x this default on the H200 and was deleted:
+#   bench/NOTES.md v13.)
 # - STATS_AHEAD (JFA_TLX_BWD_STATS_AHEAD=1): lse and delta of the next query block prefetched into L1 while this one
 #   computes (global loads otherwise issued beside S and waited for right after it; FA3 has them in shared memory).
 # - DQ_LAG (JFA_TLX_BWD_DQ_LAG=1): dQ of block j computed in block j + 1, from dS triple-buffered in shared memory,
@@ -45,10 +47,6 @@ BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
 BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
 BACKWARD_STATS_AHEAD = os.environ.get("JFA_TLX_BWD_STATS_AHEAD", "0") == "1"
 BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
-# - V3 (JFA_TLX_BWD_V3=1, with the dQ split; DQ_LAG is ignored beside it): FA3's own D128 layout (S^T = K Q^T, dK and
-#   dV with P^T, dS^T from registers: no P tile, 16 KiB less shared-memory traffic per block and consumer). Its freed
-#   16 KiB let DQ_DEFER's second staging buffers fit at D128 too.
-BACKWARD_V3 = os.environ.get("JFA_TLX_BWD_V3", "0") == "1"
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
@@ -159,17 +157,15 @@ _BWD_V2_DQ_SHARED = {64: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True),
                      128: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True)}
 
 
-def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False,
-                  v3: bool = False) -> Optional[BwdConfig]:
-    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer`` and
-    ``v3``: ``BACKWARD_DQ_DEFER``, ``BACKWARD_V3``), None where the triton backend's backward runs instead.
-    Shared memory at D128 (bytes): dq_shared 213,384 (DQ_LAG's third dS buffer per consumer: +16 KiB = 229,768);
-    dq_defer's second staging buffer per consumer would be +32 KiB (246,152: over), so D128 ignores dq_defer unless
-    ``v3`` (``BACKWARD_V3``: no P tiles, 196,984; with dq_defer 229,752)."""
+def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:
+    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer``:
+    ``BACKWARD_DQ_DEFER``), None where the triton backend's backward runs instead. Shared memory at D128 (bytes):
+    dq_shared 213,384 (DQ_LAG's third dS buffer per consumer: +16 KiB = 229,768); dq_defer's second staging buffer
+    per consumer would be +32 KiB (246,152: over), so D128 ignores dq_defer."""
     cfg = (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
     if cfg is None or not dq_shared:
         return cfg
-    if dq_defer and (head_dim <= 64 or v3):
+    if dq_defer and head_dim <= 64:
         cfg = dataclasses.replace(cfg, num_buffers_dq=2)
     return cfg
 

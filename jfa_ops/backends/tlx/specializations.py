@@ -111,14 +111,14 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
                        broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
-                       block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False, dq_lag: bool = False,
-                       v3: bool = False) -> Specialization:
+                       block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
+                       dq_lag: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
-    selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag, v3: the experiments on the dense default
+    selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
-    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer, v3) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
     names = list(attn_bwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
              "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
@@ -131,7 +131,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
-                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, V3=v3)
+                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag)
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
         types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
@@ -145,7 +145,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
            f"{'-dqshared' if dq_shared else ''}{'-dqdefer' if dq_defer else ''}{'-statsahead' if stats_ahead else ''}" \
-           f"{'-dqlag' if dq_lag else ''}{'-v3' if v3 else ''}" \
+           f"{'-dqlag' if dq_lag else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -224,15 +224,6 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, from_offsets=True, dq_lag=True, **lab)
     for head_dim in (64, 128):
         yield bwd_specialization(head_dim, "bf16", True, dq_defer=True, stats_ahead=True, dq_lag=True, **lab)
-    # V3 (FA3's D128 layout, BACKWARD_V3) on the dQ split: the feature cases, and with DQ_DEFER (which fits beside it)
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, v3=True, **lab)
-    yield bwd_specialization(128, "fp16", True, has_left=True, v3=True, **lab)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, v3=True, **lab)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, v3=True, **lab)
-    for causal in (False, True):  # V3 prefetches the stats itself: STATS_AHEAD changes nothing there
-        yield bwd_specialization(128, "bf16", causal, dq_defer=True, v3=True, **lab)
 
 
 def compile_sm90(spec: Specialization) -> dict:
