@@ -56,6 +56,18 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True)}
 
 
+def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
+    """STATS_AHEAD (the next block's lse/delta prefetched) won at D64 only on the H200 (bench/NOTES.md v14): unset,
+    the v2 backward runs it at D64 and not at D128; the env value forces it either way."""
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_STATS_AHEAD", None)
+    assert configs.stats_ahead(64) and not configs.stats_ahead(128)
+    for forced in (False, True):
+        monkeypatch.setattr(configs, "BACKWARD_STATS_AHEAD", forced)
+        assert configs.stats_ahead(64) is forced and configs.stats_ahead(128) is forced
+
+
 @pytest.mark.parametrize("variant", list(BWD_VARIANTS))
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeypatch):

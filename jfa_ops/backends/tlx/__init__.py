@@ -117,7 +117,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
         with device_guard(q.device):
             return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=v2,
                                       dq_shared=configs.BACKWARD_DQ_SHARED, dq_defer=configs.BACKWARD_DQ_DEFER,
-                                      stats_ahead=configs.BACKWARD_STATS_AHEAD, dq_lag=configs.BACKWARD_DQ_LAG)
+                                      stats_ahead=configs.stats_ahead(q.shape[-1]), dq_lag=configs.BACKWARD_DQ_LAG)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

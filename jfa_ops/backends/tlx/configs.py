@@ -45,7 +45,9 @@ BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
 #   the consumers signalling each other's dS with named-barrier arrive/sync pairs instead of one 256-thread barrier
 #   per block: they no longer run in lockstep (the prerequisite of a ping-pong), and the dQ wait stops pacing both.
 BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
-BACKWARD_STATS_AHEAD = os.environ.get("JFA_TLX_BWD_STATS_AHEAD", "0") == "1"
+# STATS_AHEAD is on at D64 since its H200 timings: 1.09x the default on B8 H16 S4096 D64 causal in two runs (stops 21
+# and 22); at D128 0.86-1.03x (off). JFA_TLX_BWD_STATS_AHEAD=1/0 forces it on/off at every head_dim.
+BACKWARD_STATS_AHEAD: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_STATS_AHEAD", ""))
 BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
@@ -155,6 +157,11 @@ _BWD_V2 = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=
 # dq_shared: dS double-buffered (+16 KiB), one [64, D/2] fp32 staging buffer per consumer (-48 KiB at D128).
 _BWD_V2_DQ_SHARED = {64: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True),
                      128: BwdConfig(64, 128, 2, 1, dq_split=2, dq_shared=True)}
+
+
+def stats_ahead(head_dim: int) -> bool:
+    """Whether the v2 backward prefetches the next block's lse/delta (``BACKWARD_STATS_AHEAD``; unset: D64 only)."""
+    return head_dim <= 64 if BACKWARD_STATS_AHEAD is None else BACKWARD_STATS_AHEAD
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:
