@@ -396,7 +396,7 @@ def test_forward_replay_launches_what_the_full_path_launches(monkeypatch, case):
 def test_forward_replay_key_changes_take_the_full_path(monkeypatch):
     """What the replay's key holds: a call that differs in strides, offsets dtype, one-or-two offsets tensors,
     params, a flipped knob, or an input's alignment (checked per call) takes the full path; the same signature
-    again replays. Fails when an element is dropped from ``attn_fwd._replay_key`` or the alignment check."""
+    again replays. Fails when an element is dropped from ``attn_fwd.replay_key`` or the alignment check."""
     from jfa_ops.backends.triton.configs import KNOBS
 
     base = _call([30, 5, 29], causal=True)

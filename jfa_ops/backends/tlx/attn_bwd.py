@@ -30,17 +30,21 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from ..triton import attn_bwd as triton_bwd
 from ..triton import common
-from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _row_stats, attn_bwd_delta_kernel,
+from ..triton import launch as launcher
+from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel)
 from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
 from ..triton.block_sparse_bwd import transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
-from ..triton.common import (head_dim_consts, key_interval_mask, row_strides, seq_extent, stage_block_start,
-                             stage_bounds, visible, window_bounds, work_item)
-from ..triton.launch import launch
-from ..triton.scheduling import kv_tiles, slot_tile, tile_schedule
+from ..triton.common import (cdiv, head_dim_consts, key_interval_mask, launch_schedule, row_strides, seq_extent,
+                             stage_block_start, stage_bounds, visible, window_bounds, work_item)
+from ..triton.configs import Knobs
+from ..triton.launch import launch_planned
+from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
+                                 slot_tile, tile_schedule)
 from . import configs
 from .attn_fwd import NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _zero_rows_past_end
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
@@ -655,69 +659,190 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
     (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared): dense only."""
+    / ``_DQ_LAG`` (with dq_shared): dense only. A dense call whose
+    signature an earlier call made a recipe for (``_Recipe``) launches through it."""
+    if selection is not None:  # the experiments walk dense blocks only
+        dq_defer = stats_ahead = dq_lag = False
+    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and dq_lag)
+    key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
+    recipe = None if key is None else _RECIPES.get(key)
+    if recipe is not None:
+        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
+        if grads is not None:
+            return grads
+    return _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection,
+                          key)
+
+
+def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key):
+    """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
+    recipe for the next calls of that signature where ``_Recipe`` covers the call."""
+    v2, dq_shared, dq_defer, stats_ahead, dq_lag = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
         q_off = broadcast_offsets(num_seqs, q.shape[0], device)
         total_out = num_seqs * q.shape[0]
     else:
-        q_off = q_offsets.to(torch.int32)
+        q_off = common.int32_offsets(q_offsets)
         total_out = q.shape[0]
-    kv_off = kv_offsets.to(torch.int32)
+    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
     if num_seqs == 0 or total_out == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
+    given = (q, k, v, out, grad_out)
+    q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = dq_lag = False
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
-    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
+    bounds = window_bounds(params.causal, params.window_left, params.window_right)
+    has_left, window_left, has_right, right = bounds
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
 
     # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel)
     delta = common.alloc_output((num_heads, total_out), torch.float32, device)
     zero_rows = q.shape[0]
-    launch(attn_bwd_delta_kernel, (triton.cdiv(max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
+    delta_key = (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
+                 grad_lse is not None, True)  # the triton backward's delta plan key (same static arguments)
+    launch_planned(attn_bwd_delta_kernel, delta_key, (cdiv(max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
         Out=out, DOut=grad_out, GradLse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
-        Delta=delta, ZEROED=dq_acc, total_out=total_out, zero_rows=zero_rows, **row_strides("o", out),
-        **row_strides("do", grad_out), **head_dim_consts(head_dim), BLOCK_T=DELTA_BLOCK_T,
-        HAS_GRAD_LSE=grad_lse is not None, ZERO=True))
+        Delta=delta, ZEROED=dq_acc, total_out=total_out, zero_rows=zero_rows),
+        lambda: dict(**row_strides("o", out), **row_strides("do", grad_out), **head_dim_consts(head_dim),
+                     BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=True))
 
     # 2. dK, dV, and dQ reduce-added into dq_acc; block-sparse: over the transposed selection, key tiles longest
     # first by the Q blocks that selected them (the triton sparse backward's list)
     if selection is None:
-        sparse, list_cost = NO_SELECTION, {}
+        sparse_dynamic, sparse_static, list_cost = {}, NO_SELECTION, {}
     else:
         q_index, q_count = transposed_selection(k, *selection, params)
-        sparse = dict(Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, n_kv_blocks=q_index.shape[2],
-                      **index_strides("ti", "tc", q_index, q_count), SPARSE=True, BLOCK_Q=params.block_q,
-                      BLOCK_KV=params.block_kv)
+        sparse_dynamic = dict(Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, n_kv_blocks=q_index.shape[2],
+                              **index_strides("ti", "tc", q_index, q_count))
+        sparse_static = dict(SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv)
         list_cost = selected_cost_args(q_count, params.block_kv)
     programs, schedule = tile_schedule(
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right,
                          **list_cost),
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, "static", 1, device)
-    launch(attn_bwd_tlx_kernel, (programs,), dict(
+    dynamic = dict(
         desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
-        Q_OFF=q_off, KV_OFF=kv_off, **schedule, num_heads_kv=num_heads_kv, total_out=total_out,
-        stride_dkvt=dk.stride(0), group=num_heads // num_heads_kv, scale=params.scale,
-        qk_scale=params.scale * 1.4426950408889634,
-        window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2, DQ_SHARED=v2 and dq_shared,
-        STATS_AHEAD=v2 and stats_ahead, DQ_LAG=v2 and dq_shared and dq_lag, **sparse),
-        num_warps=NUM_WARPS, num_stages=1)
+        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic)
+
+    def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
+        return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
+                    scale=params.scale, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
+                    right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
+                    HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
+                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag,
+                    ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
+                    **sparse_static)
+
+    plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
+                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items()))
+    options = dict(num_warps=NUM_WARPS, num_stages=1)
+    launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)
-    launch(attn_bwd_dq_finalize_kernel, (triton.cdiv(q.numel(), FINALIZE_BLOCK),), dict(
-        DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), num_slabs=1, slab_stride=q.numel(), scale=params.scale,
-        BLOCK=FINALIZE_BLOCK))
+    finalize_key = (params.scale,)
+    launch_planned(attn_bwd_dq_finalize_kernel, finalize_key, (cdiv(q.numel(), FINALIZE_BLOCK),),
+                   dict(DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), slab_stride=q.numel()),
+                   lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK))
+    # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
+    if (key is not None and key not in _RECIPES and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
+            and all(a is b and _packed_any_rows(a) for a, b in zip((q, k, v, out, grad_out), given))):
+        group = launcher.plan_group(((attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
+                                     (attn_bwd_tlx_kernel, plan_key, _TLX_SOURCES, options),
+                                     (attn_bwd_dq_finalize_kernel, finalize_key, _FINALIZE_SOURCES, {})))
+        if group is not None:
+            if len(_RECIPES) >= _RECIPES_MAX:
+                _RECIPES.clear()
+            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, cfg)
     return dq, dk, dv
+
+
+# --------------------------------------------------------------------- the per-signature recipe (host time)
+# Why: as the triton backward's (triton.attn_bwd._Recipe): most of a small call's host time follows from its
+# signature (configs, choices, plan keys, ~60 arguments bound). A recipe keeps the three launch plans of a signature
+# as one ``launch.PlanGroup``; a later call of the signature checks its sizes, allocates, builds its five descriptors
+# (each holds its tensor's address and rows) and launches. The triton backward's switches turn it off too
+# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``).
+_RECIPES: dict = {}
+_RECIPES_MAX = 256  # a bound, not a tuning (keys hold no row counts)
+launcher.CLEAR_HOOKS.append(_RECIPES.clear)  # recipes hold plans: dropped with them
+
+
+def _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant):
+    """What the full path's decisions for a dense call follow from, except the sizes ``_Recipe.run`` checks per call:
+    the device, the tensors' dtypes (TMA's row-stride rule is in bytes), head counts, head_dim, strides (packing, row
+    strides), grad_lse's presence and dtype, the options the backward reads, the triton knobs' generation (the one-wave
+    rule) and the kernel variant (``configs.BACKWARD_*``). None where no recipe may serve the call: broadcast Q, and
+    wherever ``launch.replays_enabled()`` is false (the interpreter, tracing, plans or replays off) or the triton
+    backward's recipes are off."""
+    if not triton_bwd.RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
+        return None
+    return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
+            None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
+            v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
+            params.window_right, params.deterministic, Knobs.generation, variant)
+
+
+# Where each launch's per-call arguments come from (``launch.PlanGroup`` sources, each specialized once).
+_DELTA_SOURCES = dict(Out="out", DOut="grad_out", GradLse="grad_lse", Delta="delta", ZEROED="dq_acc",
+                      total_out="total_out", zero_rows="total_out")
+_TLX_SOURCES = dict(desc_q="desc_q", desc_k="desc_k", desc_v="desc_v", desc_do="desc_do", desc_dq="desc_dq",
+                    Lse="lse", Delta="delta", DK="dk", DV="dv", Q_OFF="q_off", KV_OFF="kv_off", TILE_SEQ="kv_off",
+                    TILE_START="kv_off", TILE_COUNT="kv_off", WORK_COUNTER="kv_off", n_slots="kv_slots",
+                    search_steps="steps", num_seqs="num_seqs", rows_s="rows_k", rows_o="total_out",
+                    total_out="total_out")
+_FINALIZE_SOURCES = dict(DQ_ACC="dq_acc", DQ="dq", n_elem="n_elem", slab_stride="n_elem")
+
+
+class _Recipe:
+    """A dense backward signature's launches (delta, the TLX kernel, dQ finalize), made by ``_full_backward`` from
+    the plans it launched where its key tile list was mapped from the offsets in one wave. ``run`` serves a call of
+    the key's signature whose sizes keep to that path and whose tensors are TMA-ready in place (else None: the
+    caller takes the full path); it launches the same kernels with the same arguments as the full path would (tests
+    compare them), all three or none."""
+
+    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "cfg")
+
+    def __init__(self, group, device, num_heads, num_heads_kv, cfg):
+        self.group, self.device, self.num_heads, self.num_heads_kv, self.cfg = (group, device, num_heads,
+                                                                                num_heads_kv, cfg)
+
+    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets):
+        device, num_heads, cfg = self.device, self.num_heads, self.cfg
+        num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
+        if num_seqs <= 0 or total_out == 0 or rows_k == 0:
+            return None  # the full path's early return
+        if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or out.data_ptr() % 16 \
+                or grad_out.data_ptr() % 16:
+            return None  # TMA needs 16-byte aligned bases: the full path copies (row strides: in the key)
+        kv_slots = capacity_of(rows_k, cfg.block_n, num_seqs)
+        if not one_wave(kv_slots * self.num_heads_kv, 1, device):
+            return None  # a sorted tile list: the full path builds it
+        programs, _ = launch_schedule("static", kv_slots * self.num_heads_kv, 1, device)
+        q_off = common.int32_offsets(q_offsets)
+        kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+        lse = lse if lse.is_contiguous() else lse.contiguous()
+        dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
+        dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)
+        delta = common.alloc_output((num_heads, total_out), torch.float32, device)
+        dq = common.alloc_output(q.shape, q.dtype, device)
+        n_elem = q.numel()
+        launched = self.group.launch(
+            ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (programs,), (cdiv(n_elem, FINALIZE_BLOCK),)),
+            out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
+            delta=delta, dq_acc=dq_acc, total_out=total_out, desc_q=rows_descriptor(q, cfg.block_m),
+            desc_k=rows_descriptor(k, cfg.block_n // 2), desc_v=rows_descriptor(v, cfg.block_n // 2),
+            desc_do=rows_descriptor(grad_out, cfg.block_m),
+            desc_dq=_dq_descriptor(dq_acc, cfg.block_m, q.shape[2] // cfg.dq_split), lse=lse, dk=dk, dv=dv,
+            q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=binary_search_steps(num_seqs), num_seqs=num_seqs,
+            rows_k=rows_k, dq=dq, n_elem=n_elem)
+        return (dq, dk, dv) if launched else None
 
 
 def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:

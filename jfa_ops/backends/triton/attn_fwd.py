@@ -216,27 +216,38 @@ def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.
 
 
 class _Replay:
-    """A small call's forward fixed for its signature (``_replay_key``): allocate out/lse (and the check flag),
+    """A small call's forward fixed for its signature (``replay_key``): allocate out/lse (and the check flag),
     convert the offsets as the full path does, launch its one-launch ``launch.PlanGroup`` (every int a constant of
     the signature, the tensors named by ``SOURCES``). Made only where the full path launches nothing but the
     attention kernel from tensors the call has (or, for broadcast Q, the output offsets ``broadcast_offsets`` keeps
-    per shape: read-only, so the replay keeps them too): one wave (no tile list), no TMA descriptors, inputs used in
-    place."""
+    per shape: read-only, so the replay keeps them too): one wave (no tile list), inputs used in place. Without
+    ``descriptors`` no TMA descriptors; with them (the tlx forward: block rows of q, k, v), the call's descriptors
+    over q, k, v (``rows_descriptor``), built per call because each holds its tensor's address and rows."""
 
-    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag")  # the tensors a replayed call launches with
+    # the tensors (and descriptors) a replayed call launches with
+    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v")
 
     __slots__ = ("group", "grids", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
-                 "broadcast_offsets")
+                 "broadcast_offsets", "descriptors")
 
-    def __init__(self, group, grid, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets):
+    def __init__(self, group, grid, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets,
+                 descriptors=None):
         self.group, self.grids, self.out_shape, self.lse_shape = group, (grid,), out.shape, lse.shape
         self.dtype, self.device, self.check = out.dtype, out.device, check
         self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
         self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
         self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
+        self.descriptors = descriptors  # None, or the block rows of the q, k, v descriptors
 
     def run(self, q, k, v, q_offsets, kv_offsets):
         """(out, lse), or None when an input does not specialize as the replay's (the caller runs the full path)."""
+        descriptors = {}
+        if self.descriptors is not None:
+            if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+                return None  # TMA needs 16-byte aligned bases: the full path copies (row strides: in the key)
+            q_rows, k_rows, v_rows = self.descriptors
+            descriptors = dict(desc_q=rows_descriptor(q, q_rows), desc_k=rows_descriptor(k, k_rows),
+                               desc_v=rows_descriptor(v, v_rows))
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
@@ -245,7 +256,8 @@ class _Replay:
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
         flag = torch.empty(size=(1,), dtype=torch.int32, device=self.device) if self.check else None
-        if not self.group.launch(self.grids, q=q, k=k, v=v, out=out, lse=lse, q_off=q_off, kv_off=kv_off, flag=flag):
+        if not self.group.launch(self.grids, q=q, k=k, v=v, out=out, lse=lse, q_off=q_off, kv_off=kv_off, flag=flag,
+                                 **descriptors):
             return None
         if self.check:
             validation.device_flag(flag, validation.validation_mode(self.device))
@@ -262,7 +274,7 @@ _REPLAYS_MAX = 256  # a bound, not a tuning (signatures hold row counts, which v
 launch.CLEAR_HOOKS.append(_REPLAYS.clear)
 
 
-def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
+def replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
     if not launch.replays_enabled():
         return None
     return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
@@ -270,14 +282,18 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
             q_offsets is kv_offsets, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
 
 
+def replayed(replays: dict, key: Optional[tuple], q, k, v, q_offsets, kv_offsets):
+    """(out, lse) of the replay ``replays`` keeps for ``key``, or None (no key, no replay, or the replay declined:
+    the caller runs its full path)."""
+    replay = None if key is None else replays.get(key)
+    return None if replay is None else replay.run(q, k, v, q_offsets, kv_offsets)
+
+
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
-    key = _replay_key(q, k, v, q_offsets, kv_offsets, params)
-    if key is not None:
-        replay = _REPLAYS.get(key)
-        if replay is not None:
-            result = replay.run(q, k, v, q_offsets, kv_offsets)
-            if result is not None:
-                return result
+    key = replay_key(q, k, v, q_offsets, kv_offsets, params)
+    result = replayed(_REPLAYS, key, q, k, v, q_offsets, kv_offsets)
+    if result is not None:
+        return result
     inputs = q, k, v
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)  # slices of a fused projection: no copy
     device, num_seqs = q.device, kv_offsets.numel() - 1
@@ -335,38 +351,42 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                    num_stages=cfg.num_stages)
     if (key is not None and key not in _REPLAYS and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"] and not tma
             and all(a is b for a, b in zip((q, k, v), inputs))):
-        _keep_replay(key, plan_key, (programs,), dynamic, (q, k, v, out, lse, q_off, kv_off, flag),
-                     dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), q_offsets, kv_offsets)
+        keep_replay(_REPLAYS, attn_fwd_kernel, key, plan_key, (programs,), dynamic,
+                    (q, k, v, out, lse, q_off, kv_off, flag), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                    q_offsets, kv_offsets)
     if flag is not None:
         validation.device_flag(flag, validation.validation_mode(device))
     return out, lse
 
 
 _OWN_SOURCE = {name: n for n, name in enumerate(("Q", "K", "V", "Out", "Lse", "Q_OFF", "KV_OFF", "FLAG"))}
+_OWN_SOURCE.update(desc_q=8, desc_k=9, desc_v=10)  # the tlx forward's descriptor arguments
 
 
-def _keep_replay(key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets) -> None:
-    """Store the replay of the launch just made, if every tensor argument is one of ``sources`` (``_Replay.SOURCES``
-    in order): its own (Q is q, even when q is k) or else the first identical one (the tile list's offsets)."""
+def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets,
+                descriptors=None) -> None:
+    """Store in ``replays`` the replay of the launch of ``kernel`` just made, if every tensor argument is one of
+    ``sources`` (``_Replay.SOURCES`` in order, the descriptors last where there are any): its own (Q is q, even when
+    q is k) or else the first identical one (the tile list's offsets). ``descriptors``: ``_Replay``'s."""
     if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
         return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
     names = {}
     for name, value in dynamic.items():
-        if isinstance(value, torch.Tensor):
-            own = _OWN_SOURCE.get(name)
-            index = own if own is not None and sources[own] is value else next(
-                (i for i, source in enumerate(sources) if source is value), None)
-            if index is None:
-                return
-            names[name] = _Replay.SOURCES[index]
-        elif isinstance(value, (int, float)):
+        if isinstance(value, (int, float)):
             names[name] = value  # a constant of the signature
-        else:
+            continue
+        if value is None:
             return
-    group = launch.plan_group([(attn_fwd_kernel, plan_key, names, options)])
+        own = _OWN_SOURCE.get(name)
+        index = own if own is not None and own < len(sources) and sources[own] is value else next(
+            (i for i, source in enumerate(sources) if source is value), None)
+        if index is None:
+            return
+        names[name] = _Replay.SOURCES[index]
+    group = launch.plan_group([(kernel, plan_key, names, options)])
     if group is None:
         return
-    if len(_REPLAYS) >= _REPLAYS_MAX:
-        _REPLAYS.clear()
-    _REPLAYS[key] = _Replay(group, grid, sources[3], sources[4], q_offsets, kv_offsets, sources[7] is not None,
-                            sources[5] if q_offsets is None else None)
+    if len(replays) >= _REPLAYS_MAX:
+        replays.clear()
+    replays[key] = _Replay(group, grid, sources[3], sources[4], q_offsets, kv_offsets, sources[7] is not None,
+                           sources[5] if q_offsets is None else None, descriptors)

@@ -108,7 +108,7 @@ class Knobs:
 
 def _count_knob_changes(self, name, value):
     """Every assignment to a knob bumps ``Knobs.generation``: memos of per-call work that read knobs (the forward's
-    replays, ``attn_fwd._replay_key``) key on it, so a flipped knob is seen by the next call."""
+    replays, ``attn_fwd.replay_key``) key on it, so a flipped knob is seen by the next call."""
     object.__setattr__(self, name, value)
     Knobs.generation += 1
 

@@ -1,0 +1,376 @@
+"""The tlx backend's kept launches (issue 9/10: a small call's host cost): the forward's replays (``tlx.attn_fwd``:
+``triton.attn_fwd._Replay`` with descriptors) and the backward's recipes (``tlx.attn_bwd._Recipe``), on CPU.
+
+TLX kernels run only on an sm_90 GPU, so every launch here is stubbed (``gpu``): the first launch of a plan
+"compiles" a stand-in, later ones go through the plans; each launch is recorded (kernel, grid, every argument). A
+kept launch must launch exactly what the full path launches for the same call (same kernels and arguments: the GPU
+test ``test_tlx_gpu.py::test_kept_launches_match_the_full_path`` checks the outputs bit for bit), and a call that
+differs from the kept signature in anything the key holds must launch what its own full path launches (a key
+missing that element would launch the first signature's plan: these tests fail then).
+
+TLX needs triton 3.8 + triton-utlx: without them in this process, ``test_under_tlx`` runs this file in a subprocess
+with ``JFA_TLX_SITE`` (or ``.ci-tlx``) first on the path, as ``test_tlx_compile.py`` does; skipped without either.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SITE = os.environ.get("JFA_TLX_SITE") or os.path.join(ROOT, ".ci-tlx")
+
+try:
+    import triton.language.extra.tlx  # noqa: F401
+    HAVE_TLX = True
+except Exception:  # stock triton (the test environment's): the subprocess runs these tests
+    HAVE_TLX = False
+
+
+@pytest.mark.skipif(HAVE_TLX or not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
+                    reason="TLX imports here (the tests below run), or no TLX install to run them under")
+def test_under_tlx():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((SITE, ROOT)), TRITON_INTERPRET="0")
+    code = ("import _utlx_autoregister, sys, pytest; "
+            f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {os.path.abspath(__file__)!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+
+
+needs_tlx = pytest.mark.skipif(not HAVE_TLX, reason="TLX does not import here (test_under_tlx runs these)")
+
+if HAVE_TLX:
+    from jfa_ops.backends import tlx
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.backends.tlx import attn_bwd, attn_fwd
+    from jfa_ops.backends.tlx import configs as tlx_configs
+    from jfa_ops.backends.triton import attn_bwd as triton_bwd
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+    from jfa_ops.backends.triton import configs, launch
+    from jfa_ops.backends.triton.configs import KNOBS
+
+HEADS, HEAD_DIM = (8, 8), 128
+
+
+class _Compiled:  # a CompiledKernel stand-in
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """The GPU launch path on CPU tensors with every launch recorded as (kernel name, grid, argument values), and
+    how kept launches answered: ("replay" | "recipe", result or None)."""
+    runs, answers = [], []
+
+    def first_launch(kernel, grid, values, spec, options, device):
+        runs.append((kernel.fn.__name__, grid, values, options))
+        return _Compiled(kernel)
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(launch, "_launch_bound", first_launch)
+    monkeypatch.setattr(launch, "_run", lambda compiled, grid, values, device: runs.append(
+        (compiled.kernel.fn.__name__, grid, values, None)))
+    for name in ("_PLANS", "_COMPILED", "_INFO"):
+        monkeypatch.setattr(launch, name, {})
+    monkeypatch.setattr(launch, "VERIFY", False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 132)  # an H200's: small batches fit one wave
+    attn_fwd._REPLAYS.clear()  # none made for another test's stand-ins (cleared in place: launch.CLEAR_HOOKS)
+    attn_bwd._RECIPES.clear()
+    replay_run, recipe_run = triton_fwd._Replay.run, attn_bwd._Recipe.run
+
+    def replay_spy(self, *args):
+        answers.append(("replay", replay_run(self, *args)))
+        return answers[-1][1]
+
+    def recipe_spy(self, *args):
+        answers.append(("recipe", recipe_run(self, *args)))
+        return answers[-1][1]
+
+    monkeypatch.setattr(triton_fwd._Replay, "run", replay_spy)
+    monkeypatch.setattr(attn_bwd._Recipe, "run", recipe_spy)
+    yield runs, answers
+    attn_fwd._REPLAYS.clear()
+    attn_bwd._RECIPES.clear()
+
+
+def _inputs(lengths, dtype=torch.bfloat16, fused=False, offsets_dtype=torch.int32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total, (hq, hkv) = sum(lengths), HEADS
+    if fused:  # q, k, v slices of one [T, Hq + 2 Hkv, D] projection (row stride (Hq + 2 Hkv) D)
+        qkv = torch.randn(total, hq + 2 * hkv, HEAD_DIM, generator=g).to(dtype)
+        q, k, v = qkv.split([hq, hkv, hkv], dim=1)
+    else:
+        q, k, v = (torch.randn(total, h, HEAD_DIM, generator=g).to(dtype) for h in (hq, hkv, hkv))
+    offsets = torch.tensor([0] + list(lengths)).cumsum(0).to(offsets_dtype)
+    return q, k, v, offsets
+
+
+def _norm(values, inputs):
+    """Launch arguments comparable across calls: the call's inputs by identity, fresh buffers and descriptors by
+    their metadata."""
+    def norm(x):
+        for n, t in enumerate(inputs):
+            if x is t:
+                return ("input", n)
+        if isinstance(x, torch.Tensor):
+            return (x.shape, x.stride(), x.dtype)
+        if hasattr(x, "block_shape"):  # a TensorDescriptor
+            return ("descriptor", norm(x.base), list(x.shape), list(x.strides), list(x.block_shape), x.padding)
+        return x
+    return [norm(x) for x in values]
+
+
+def _launches(runs, inputs):
+    return [(name, tuple(grid), _norm(values, inputs)) for name, grid, values, _ in runs]
+
+
+def _forward(q, k, v, offsets, params):
+    return tlx.forward(q, k, v, offsets, offsets, params)
+
+
+def _backward(q, k, v, offsets, params, grad_out, grad_lse=None):
+    out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    lse = torch.randn(q.shape[1], q.shape[0])
+    args = (grad_out, grad_lse, q, k, v, out, lse, offsets, offsets)
+    return args, tlx.backward(*args, params)
+
+
+def _full(monkeypatch, fn):
+    """fn() with replays and recipes off (launch.REPLAYS_ENABLED): every decision made from the call's arguments."""
+    monkeypatch.setattr(launch, "REPLAYS_ENABLED", False)
+    try:
+        return fn()
+    finally:
+        monkeypatch.setattr(launch, "REPLAYS_ENABLED", True)
+
+
+def _params(**options):
+    return AttentionParams(scale=HEAD_DIM ** -0.5, **options)
+
+
+@needs_tlx
+def test_forward_replay_launches_what_the_full_path_launches(gpu, monkeypatch):
+    """A repeat of a forward signature is served by its replay (one launch, descriptors over the call's q, k, v),
+    and launches exactly what the full path launches for that call; launch counters count it."""
+    runs, answers = gpu
+    params = _params(causal=True)
+    _forward(*_inputs([64, 17, 40, 5]), params)  # makes the replay
+    inputs = _inputs([64, 17, 40, 5], seed=1)  # same signature, other tensors
+    runs.clear()
+    before = launch.LAUNCHES.copy()
+    _forward(*inputs, params)
+    assert [kind for kind, result in answers] == ["replay"] and answers[0][1] is not None
+    by_replay = _launches(runs, inputs)
+    assert launch.LAUNCHES - before == {"attn_fwd_tlx_kernel": 1}
+    runs.clear()
+    _full(monkeypatch, lambda: _forward(*inputs, params))
+    assert _launches(runs, inputs) == by_replay
+    assert [v[0] for v in by_replay[0][2][:3]] == ["descriptor"] * 3  # q, k, v through TMA
+
+
+@needs_tlx
+def test_backward_recipe_launches_what_the_full_path_launches(gpu, monkeypatch):
+    """A backward signature's recipe serves batches of other lengths and launches exactly what the full path
+    launches (delta, the TLX kernel with five descriptors, dQ finalize), launch counters included."""
+    runs, answers = gpu
+    params = _params(causal=True)
+    for seed, lengths in enumerate(([64, 17, 40, 5], [30, 1, 64], [64, 17, 40, 5])):
+        q, k, v, offsets = _inputs(lengths, seed=seed)
+        grad_out = torch.randn_like(q)
+        runs.clear()
+        before = launch.LAUNCHES.copy()
+        args, _ = _backward(q, k, v, offsets, params, grad_out)
+        by_recipe, counted = _launches(runs, args), launch.LAUNCHES - before
+        runs.clear()
+        _full(monkeypatch, lambda: tlx.backward(*args, params))
+        assert _launches(runs, args) == by_recipe
+        assert counted == {"attn_bwd_delta_kernel": 1, "attn_bwd_tlx_kernel": 1, "attn_bwd_dq_finalize_kernel": 1}
+    assert [kind for kind, _ in answers] == ["recipe", "recipe"] and all(r is not None for _, r in answers)
+
+
+# What differs in the second call (``_inputs``/params arguments), or a switch set before it
+FORWARD_CHANGES = {
+    "lengths": dict(lengths=[30, 1, 64, 9]),  # the replay's ints (rows, slots) are constants of its shapes
+    "batch size": dict(lengths=[64, 17, 40]),
+    "dtype": dict(dtype=torch.float16),
+    "row stride": dict(fused=True),
+    "offsets dtype": dict(offsets_dtype=torch.int64),
+    "causal": dict(causal=False),
+    "window": dict(causal=False, window_left=7, window_right=3),
+    "scale": dict(scale=0.3),
+    "max_seqlen hints": dict(max_seqlen_q=64, max_seqlen_kv=64),  # fwd_choices' "uniform" (here not: lengths vary)
+    "uniform batch": dict(lengths=[32, 32, 32, 32], max_seqlen_q=32, max_seqlen_kv=32),
+    "PIPELINE": dict(switch=("PIPELINE", True)),
+    "KV_MAJOR": dict(switch=("KV_MAJOR", True)),
+    "ONE_LOOP": dict(switch=("ONE_LOOP", False)),
+    "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
+}
+
+
+@needs_tlx
+@pytest.mark.parametrize("change", list(FORWARD_CHANGES))
+def test_forward_replay_is_not_used_when_its_key_changes(gpu, monkeypatch, change):
+    """A call differing from a kept forward signature in what the key holds launches what its own full path does
+    (a key without that element would replay the first signature's launch: other constants, config, choices)."""
+    runs, answers = gpu
+    spec = dict(FORWARD_CHANGES[change])
+    lengths = spec.pop("lengths", [64, 17, 40, 5])
+    switch, knob = spec.pop("switch", None), spec.pop("knob", None)
+    input_args = {name: spec.pop(name) for name in ("dtype", "fused", "offsets_dtype") if name in spec}
+    scale = spec.pop("scale", HEAD_DIM ** -0.5)
+    options = dict(dict(causal=True), **spec)
+    _forward(*_inputs([64, 17, 40, 5]), _params(causal=True))  # makes the first signature's replay
+    if switch is not None:
+        monkeypatch.setattr(tlx_configs, *switch)
+    if knob is not None:
+        monkeypatch.setattr(KNOBS, *knob)
+    inputs = _inputs(lengths, seed=1, **input_args)
+    params = AttentionParams(scale=scale, **options)
+    runs.clear()
+    answers.clear()
+    _forward(*inputs, params)
+    by_kept = _launches(runs, inputs)
+    assert not answers  # the first signature's replay was not asked
+    runs.clear()
+    _full(monkeypatch, lambda: _forward(*inputs, params))
+    assert _launches(runs, inputs) == by_kept
+
+
+BACKWARD_CHANGES = {
+    "dtype": dict(dtype=torch.float16),
+    "row stride": dict(fused=True),
+    "causal": dict(causal=False),
+    "window": dict(causal=False, window_left=7, window_right=3),
+    "scale": dict(scale=0.3),
+    "grad_lse": dict(grad_lse=True),
+    "dQ split off": dict(switch=("BACKWARD_DQ_SHARED", False)),
+    "v1 consumers": dict(switch=("BACKWARD_V2", False)),
+    "dq_lag": dict(switch=("BACKWARD_DQ_LAG", True)),
+    "stats_ahead": dict(switch=("BACKWARD_STATS_AHEAD", True)),
+    "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
+}
+
+
+@needs_tlx
+@pytest.mark.parametrize("change", list(BACKWARD_CHANGES))
+def test_backward_recipe_is_not_used_when_its_key_changes(gpu, monkeypatch, change):
+    """A backward call differing from a kept signature in what the recipe key holds launches what its own full path
+    does (not the first signature's plans)."""
+    runs, answers = gpu
+    spec = dict(BACKWARD_CHANGES[change])
+    switch, knob = spec.pop("switch", None), spec.pop("knob", None)
+    input_args = {name: spec.pop(name) for name in ("dtype", "fused") if name in spec}
+    with_grad_lse = spec.pop("grad_lse", False)
+    scale = spec.pop("scale", HEAD_DIM ** -0.5)
+    q, k, v, offsets = _inputs([64, 17, 40, 5])
+    _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # makes the first signature's recipe
+    if switch is not None:
+        monkeypatch.setattr(tlx_configs, *switch)
+    if knob is not None:
+        monkeypatch.setattr(KNOBS, *knob)
+    q, k, v, offsets = _inputs([30, 1, 64], seed=1, **input_args)
+    params = AttentionParams(scale=scale, **dict(dict(causal=True), **spec))
+    grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
+    runs.clear()
+    answers.clear()
+    args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)
+    by_kept = _launches(runs, args)
+    assert not answers
+    runs.clear()
+    _full(monkeypatch, lambda: tlx.backward(*args, params))
+    assert _launches(runs, args) == by_kept
+
+
+@needs_tlx
+@pytest.mark.parametrize("why", ["misaligned tensor", "not one wave", "empty batch"])
+def test_kept_launches_decline_calls_outside_their_path(gpu, monkeypatch, why):
+    """Pointers or sizes the kept launches do not cover (a base TMA cannot read: the full path copies it; a sorted
+    tile list; no rows) make them decline before any launch, and the full path runs (and launches what it would)."""
+    runs, answers = gpu
+    params = _params(causal=True)
+    lengths = [64, 17, 40, 5]
+    q, k, v, offsets = _inputs(lengths)
+    _forward(q, k, v, offsets, params)
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    q, k, v, offsets = _inputs(lengths, seed=1)
+    if why == "misaligned tensor":
+        shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # a 2-byte offset
+        shifted.copy_(q)
+        q = shifted
+    elif why == "not one wave":
+        monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)
+    else:
+        q, k, v, offsets = _inputs([], seed=1)
+    answers.clear()
+    runs.clear()
+    if why != "not one wave":  # the forward replay's key holds the device, whose SM count a GPU never changes
+        _forward(q, k, v, offsets, params)
+        assert answers == ([("replay", None)] if why == "misaligned tensor" else [])
+        by_kept = _launches(runs, (q, k, v, offsets))
+        runs.clear()
+        _full(monkeypatch, lambda: _forward(q, k, v, offsets, params))
+        assert _launches(runs, (q, k, v, offsets)) == by_kept
+    answers.clear()
+    runs.clear()
+    args, grads = _backward(q, k, v, offsets, params, torch.randn_like(q))
+    assert answers == [("recipe", None)]
+    by_kept = _launches(runs, args)
+    runs.clear()
+    _full(monkeypatch, lambda: tlx.backward(*args, params))
+    assert _launches(runs, args) == by_kept
+
+
+@needs_tlx
+def test_kept_launches_are_verified_under_launch_verify(gpu, monkeypatch):
+    """JFA_LAUNCH_VERIFY=1 (the GPU suite runs with it): the replay and the recipe still serve, and each of their
+    launches is checked against Triton's own choice of binary (``launch._verify``, a stand-in here) with the values
+    it launches."""
+    runs, answers = gpu
+    monkeypatch.setattr(launch, "VERIFY", True)
+    checked = []
+    monkeypatch.setattr(launch, "_verify", lambda kernel, compiled, grid, values, options: checked.append(
+        (kernel.fn.__name__, values)))
+    params = _params(causal=True)
+    q, k, v, offsets = _inputs([64, 17, 40, 5])
+    _forward(q, k, v, offsets, params)
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    checked.clear()
+    runs.clear()
+    _forward(q, k, v, offsets, params)
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    assert [kind for kind, _ in answers] == ["replay", "recipe"] and all(r is not None for _, r in answers)
+    assert [name for name, _ in checked] == ["attn_fwd_tlx_kernel", "attn_bwd_delta_kernel", "attn_bwd_tlx_kernel",
+                                             "attn_bwd_dq_finalize_kernel"]
+    assert all(c[1] is r[2] for c, r in zip(checked, runs))
+
+
+@needs_tlx
+@pytest.mark.parametrize("where", ["clear_cache", "replays off", "recipes off"])
+def test_no_kept_launches_where_the_full_path_must_run(gpu, monkeypatch, where):
+    """launch.clear_cache() drops the tlx replays and recipes with the plans; replays off (launch.REPLAYS_ENABLED)
+    or the backward recipes off (JFA_BWD_RECIPES=0: triton.attn_bwd.RECIPES_ENABLED) keep and use none."""
+    runs, answers = gpu
+    params = _params(causal=True)
+    q, k, v, offsets = _inputs([64, 17, 40, 5])
+    _forward(q, k, v, offsets, params)
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    if where == "clear_cache":
+        launch.clear_cache()
+        assert not attn_fwd._REPLAYS and not attn_bwd._RECIPES
+    elif where == "replays off":
+        monkeypatch.setattr(launch, "REPLAYS_ENABLED", False)
+    else:
+        monkeypatch.setattr(triton_bwd, "RECIPES_ENABLED", False)
+    answers.clear()
+    _forward(q, k, v, offsets, params)
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    expected = {"clear_cache": [], "replays off": [], "recipes off": ["replay"]}[where]
+    assert [kind for kind, _ in answers] == expected
