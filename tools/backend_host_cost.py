@@ -3,7 +3,12 @@ tools/backend_host_cost.py [--backends tlx,triton] [--calls 300]` on a CUDA mach
 
 The bench's overhead case (B=4, lengths <= 64, H8, D128, causal, bf16; tools/host_profile.py): `jagged_attention`
 under no_grad, and forward + backward through `torch.autograd.grad`. Decides whether an automatic backend choice
-costs small calls host time (the GPU work of one call is ~10 us, far below its host time)."""
+costs small calls host time (the GPU work of one call is ~10 us, far below its host time).
+
+Then, per backend, where the time goes (bench/NOTES.md "tlx host path"): the backend's forward and backward called
+directly (no op layer, no autograd), the same with its kept launches off (forward replays, backward recipes:
+``launch.REPLAYS_ENABLED``), and the GPU's own time per forward + backward (torch.profiler's kernel times over 20
+calls): a row above that is host time; a row near it is the GPU's (the launch queue fills and the host waits)."""
 from __future__ import annotations
 
 try:  # the TLX plugin registers before anything imports triton (torch does), as tools/tlx_compile.py
@@ -44,6 +49,41 @@ def main():
                   flush=True)
         except Exception as e:  # noqa: BLE001 (a backend that cannot run here)
             print(f"{backend:10s} skipped: {type(e).__name__}: {e}"[:200], flush=True)
+    for backend in args.backends.split(","):
+        try:
+            split(backend, q, k, v, off, grad_out, args.calls)
+        except Exception as e:  # noqa: BLE001
+            print(f"{backend}: no split: {type(e).__name__}: {e}"[:200], flush=True)
+
+
+def split(backend: str, q, k, v, off, grad_out, calls: int) -> None:
+    """The backend's forward and backward alone (kept launches on, then off), and the GPU's time per call."""
+    from jfa_ops.backends import Problem, select_backend
+    from jfa_ops.backends.triton import launch
+    from jfa_ops.ops.attention import _params
+
+    params, _ = _params(q, k, v, off, off, causal=True)
+    impl = select_backend(backend, Problem.of(q, k, params))
+    out, lse = impl.forward(q, k, v, off, off, params)
+    rows = dict(forward=lambda: impl.forward(q, k, v, off, off, params),
+                backward=lambda: impl.backward(grad_out, None, q, k, v, out, lse, off, off, params))
+    for name, fn in rows.items():
+        kept = per_call_us(fn, calls)
+        launch.REPLAYS_ENABLED = False
+        try:
+            full = per_call_us(fn, calls)
+        finally:
+            launch.REPLAYS_ENABLED = True
+        print(f"{backend:10s} backend {name} alone {kept:7.1f} us (kept launches off: {full:7.1f})", flush=True)
+    both = lambda: (rows["forward"](), rows["backward"]())  # noqa: E731
+    both()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            both()
+        torch.cuda.synchronize()
+    device_us = sum(e.self_device_time_total for e in prof.key_averages()) / 20
+    print(f"{backend:10s} GPU time per backend forward + backward: {device_us:7.1f} us", flush=True)
 
 
 if __name__ == "__main__":

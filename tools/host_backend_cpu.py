@@ -1,6 +1,6 @@
 """The triton backend's host path on CPU, with the GPU launches stubbed: Python time per call of each layer.
 
-`PYTHONPATH=$PWD python tools/host_backend_cpu.py [--calls 2000] [--profile]`. Runs the CUDA branch of
+`PYTHONPATH=$PWD python tools/host_backend_cpu.py [--calls 2000] [--profile] [--backend tlx]`. Runs the CUDA branch of
 ``launch.launch_planned`` on CPU tensors (as tests/backends/test_launch.py's ``_fake_gpu`` does): the first call of a
 plan key "compiles" (a stand-in), later calls go through the plan and stop where ``CompiledKernel.run`` would launch.
 Device flags are not asserted (``validation.device_flag`` stubbed). What remains is every line of Python a CUDA call
@@ -10,6 +10,10 @@ GPU; tools/host_profile.py gives the real wall time on the H200. Case: the bench
 """
 from __future__ import annotations
 
+try:  # --backend tlx: the TLX plugin registers before anything imports triton (TLX's site first on PYTHONPATH)
+    import _utlx_autoregister  # noqa: F401
+except ImportError:
+    pass
 import argparse
 import cProfile
 import io
@@ -52,8 +56,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--backend", default="triton", choices=("triton", "tlx"),
+                        help="tlx: its forward and backward beside triton's (bf16; TLX on the path)")
     args = parser.parse_args()
     stub_gpu()
+    if args.backend == "tlx":
+        return tlx_rows(args)
     off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
     t = sum(LENS)
     q, k, v = (torch.randn(t, HEADS, HEAD_DIM, dtype=torch.float16) for _ in range(3))
@@ -115,6 +123,37 @@ def main():
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
             print(f"\n=== {name}: own time, {calls} calls")
             print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
+
+
+def tlx_rows(args):
+    """The tlx backend's forward and backward beside the triton backend's (bf16, unchecked offsets: the steady state
+    of a model's layers once ``validation.covered``), each with its kept launches (replays, recipes) on and off.
+    What this leaves out on the GPU: the launcher's work per TMA descriptor (``make_tensordesc_arg``: a
+    ``cuTensorMapEncodeTiled`` each; 3 per tlx forward, 5 per tlx backward, none on triton's small-call path)."""
+    from jfa_ops.backends import tlx
+    from jfa_ops.backends.tlx import attn_fwd as tlx_fwd  # noqa: F401 (imports the TLX kernels)
+
+    off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(LENS), HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
+    params, _ = ops._params(q, k, v, off, off, causal=True)
+    out, lse = attn_fwd.attention_forward(q, k, v, off, off, params)
+    grad_out = torch.randn_like(q)
+    no_replays = lambda fn: _switched_off(launch, "REPLAYS_ENABLED", fn)  # noqa: E731
+    rows = []
+    for name, fwd, bwd in (("triton", attn_fwd.attention_forward, attn_bwd.attention_backward),
+                           ("tlx", tlx.forward, tlx.backward)):
+        def forward(fwd=fwd):
+            return fwd(q, k, v, off, off, params)
+
+        def backward(bwd=bwd):
+            return bwd(grad_out, None, q, k, v, out, lse, off, off, params)
+
+        rows += [(f"{name} forward (replay)", forward), ("  the same without replays", no_replays(forward)),
+                 (f"{name} backward (recipe)", backward), ("  the same without recipes", no_replays(backward))]
+    print(f"torch {torch.__version__}; us of CPU time per call (launches stubbed), median of 5 x {args.calls}")
+    with torch.no_grad():
+        for name, fn in rows:
+            print(f"{per_call_us(fn, args.calls):9.1f}  {name}", flush=True)
 
 
 if __name__ == "__main__":

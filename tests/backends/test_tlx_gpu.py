@@ -283,3 +283,49 @@ def test_tlx_block_sparse_backward_neighbour_poison_stays_out(causal, monkeypatc
     keep_kv[90:127] = False
     assert calls
     assert torch.isfinite(dq[keep_q]).all() and torch.isfinite(dk[keep_kv]).all() and torch.isfinite(dv[keep_kv]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim, heads", [(128, (8, 8)), (64, (4, 2))])
+def test_kept_launches_match_the_full_path(monkeypatch, dtype, head_dim, heads):
+    """The tlx forward's replays and the backward's recipes (tests/backends/test_tlx_host.py: what they launch, on
+    CPU) serve the later calls of a signature on the GPU, and their outputs and gradients equal the full path's bit
+    for bit (same kernels, same arguments; sequences of at most 128 keys: one key tile per sequence, so each dQ row
+    gets one reduce-add and no summation order differs), and match the oracle. Under JFA_LAUNCH_VERIFY=1 each kept
+    launch is also verified against Triton's own choice of binary."""
+    from jfa_ops.backends import Problem
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.backends.tlx import attn_bwd, attn_fwd
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+    from jfa_ops.backends.triton import launch
+    from tests.backends.test_triton_kernels import make_inputs
+
+    answers = []
+    for cls in (triton_fwd._Replay, attn_bwd._Recipe):
+        def spy(self, *args, run=cls.run):
+            answers.append(run(self, *args))
+            return answers[-1]
+        monkeypatch.setattr(cls, "run", spy)
+    from jfa_ops.backends import tlx  # the backend module: forward/backward as the registry calls them
+
+    params = AttentionParams(scale=head_dim ** -0.5, causal=True)
+    for seed, lengths in enumerate(([30, 5, 0, 29], [1, 64, 2], [17] * 7, [128, 3])):
+        q, k, v, q_off, kv_off = make_inputs(lengths, lengths[::-1], *heads, head_dim, dtype, "cuda", seed=seed)
+        if seed == 0:
+            reason = unavailable_reason("tlx", Problem.of(q, k, params))
+            if reason is not None:
+                pytest.skip(f"tlx: {reason}")
+        tlx.forward(q, k, v, q_off, kv_off, params)  # a new signature: the full path, which keeps a replay
+        out, lse = tlx.forward(q, k, v, q_off, kv_off, params)  # the replay
+        grad_out = torch.randn_like(out)
+        grads = tlx.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)  # a recipe after the first
+        monkeypatch.setattr(launch, "REPLAYS_ENABLED", False)
+        full_out, full_lse = tlx.forward(q, k, v, q_off, kv_off, params)
+        full = tlx.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
+        monkeypatch.setattr(launch, "REPLAYS_ENABLED", True)
+        assert torch.equal(out, full_out) and torch.equal(lse, full_lse)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, full):
+            assert torch.equal(got, want), name
+        ref = reference_attention(q, k, v, q_off, kv_off, causal=True, scale=params.scale)
+        torch.testing.assert_close(out.float(), ref[0].float(), atol=3e-2, rtol=3e-2)
+    assert len(answers) == 4 + 3 and all(a is not None for a in answers), [a is None for a in answers]

@@ -374,3 +374,23 @@ def test_no_kept_launches_where_the_full_path_must_run(gpu, monkeypatch, where):
     _backward(q, k, v, offsets, params, torch.randn_like(q))
     expected = {"clear_cache": [], "replays off": [], "recipes off": ["replay"]}[where]
     assert [kind for kind, _ in answers] == expected
+
+
+@needs_tlx
+@pytest.mark.parametrize("rows", [64, 128])
+def test_checked_descriptors_equal_triton_built_ones(rows):
+    """The kept launches build their descriptors without TensorDescriptor's asserts (``descriptor(...,
+    checked=True)``: the caller checked them): every field equals Triton's own build (a field Triton adds, or a default
+    it changes, fails this), over bf16 inputs and the fp32 dQ accumulator."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    q, _, _, _ = _inputs([64, 17, 40, 5])
+    fused, _, _, _ = _inputs([30, 1], fused=True)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32)
+    for t in (q, fused):
+        built = triton_fwd.rows_descriptor(t, rows, True)
+        assert type(built) is TensorDescriptor and built == triton_fwd.rows_descriptor(t, rows)
+        assert built.base is t
+    checked = attn_bwd._dq_descriptor(dq_acc, rows, HEAD_DIM // 2, True)
+    assert checked == attn_bwd._dq_descriptor(dq_acc, rows, HEAD_DIM // 2)
+    assert vars(checked).keys() == vars(TensorDescriptor(q, [126, 1024], [1024, 1], [rows, HEAD_DIM])).keys()

@@ -35,7 +35,7 @@ from ..triton import common
 from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel)
-from ..triton.attn_fwd import broadcast_offsets, rows_descriptor
+from ..triton.attn_fwd import broadcast_offsets, descriptor, rows_descriptor
 from ..triton.block_sparse_bwd import transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
@@ -637,14 +637,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
 
 # ---------------------------------------------------------------------------------------------------------- host side
-def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
+def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int, checked: bool = False):
     """The fp32 dQ accumulator [rows, Hq, D] viewed as [rows, Hq*D], blocks [block_rows, block_cols] (a column slice of
-    one head: block_cols divides D)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    one head: block_cols divides D). ``checked``: as ``triton.attn_fwd.descriptor``'s."""
     rows, heads, dim = dq_acc.shape
-    return TensorDescriptor(dq_acc, shape=[rows, heads * dim], strides=[heads * dim, 1],
-                            block_shape=[block_rows, block_cols])
+    return descriptor(dq_acc, [rows, heads * dim], [heads * dim, 1], [block_rows, block_cols], checked)
 
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
@@ -836,10 +833,10 @@ class _Recipe:
         launched = self.group.launch(
             ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (programs,), (cdiv(n_elem, FINALIZE_BLOCK),)),
             out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
-            delta=delta, dq_acc=dq_acc, total_out=total_out, desc_q=rows_descriptor(q, cfg.block_m),
-            desc_k=rows_descriptor(k, cfg.block_n // 2), desc_v=rows_descriptor(v, cfg.block_n // 2),
-            desc_do=rows_descriptor(grad_out, cfg.block_m),
-            desc_dq=_dq_descriptor(dq_acc, cfg.block_m, q.shape[2] // cfg.dq_split), lse=lse, dk=dk, dv=dv,
+            delta=delta, dq_acc=dq_acc, total_out=total_out,  # descriptors: bases checked above, the rest keyed
+            desc_q=rows_descriptor(q, cfg.block_m, True), desc_k=rows_descriptor(k, cfg.block_n // 2, True),
+            desc_v=rows_descriptor(v, cfg.block_n // 2, True), desc_do=rows_descriptor(grad_out, cfg.block_m, True),
+            desc_dq=_dq_descriptor(dq_acc, cfg.block_m, q.shape[2] // cfg.dq_split, True), lse=lse, dk=dk, dv=dv,
             q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=binary_search_steps(num_seqs), num_seqs=num_seqs,
             rows_k=rows_k, dq=dq, n_elem=n_elem)
         return (dq, dk, dv) if launched else None

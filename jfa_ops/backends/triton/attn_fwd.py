@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import validation
 from ..base import tracing
@@ -199,14 +200,25 @@ def _tma_device(t: torch.Tensor) -> bool:
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
-def rows_descriptor(t: torch.Tensor, block_rows: int):
+def rows_descriptor(t: torch.Tensor, block_rows: int, checked: bool = False):
     """Tensor descriptor over a [T, H, D] tensor with packed rows (``common.packed_rows``) viewed as [T, H*D] with
     row stride t.stride(0), block [block_rows, D]: one head's rows, read at (first row, head * D). Rows past T read
-    as zeros (TMA bounds), so only the last block needs none."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
+    as zeros (TMA bounds), so only the last block needs none. ``checked``: as ``descriptor``'s."""
+    return descriptor(t, [t.shape[0], t.shape[1] * t.shape[2]], [t.stride(0), 1], [block_rows, t.shape[2]], checked)
 
-    return TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * t.shape[2]], strides=[t.stride(0), 1],
-                            block_shape=[block_rows, t.shape[2]])
+
+def descriptor(t: torch.Tensor, shape: list, strides: list, block_shape: list, checked: bool = False):
+    """``TensorDescriptor(t, shape, strides, block_shape)``. ``checked``: the caller has checked what the
+    descriptor's ``__post_init__`` asserts (a 16-byte aligned base and row stride, positive extents, a last stride of
+    1, a block shape it accepted before: kept launches, whose key fixes all but the base, checked per call), so it is
+    built without asserting it again: ~4 us of host time per descriptor (CPU), 8 per small tlx forward + backward.
+    tests/backends/test_tlx_host.py checks that both builds are equal (a field Triton adds fails it)."""
+    if not checked:
+        return TensorDescriptor(t, shape=shape, strides=strides, block_shape=block_shape)
+    built = TensorDescriptor.__new__(TensorDescriptor)
+    built.__dict__ = dict(base=t, shape=shape, strides=strides, block_shape=block_shape, padding="zero",
+                          round_f32_to_tf32=False)
+    return built
 
 
 @shape_constant
@@ -245,9 +257,9 @@ class _Replay:
         if self.descriptors is not None:
             if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
                 return None  # TMA needs 16-byte aligned bases: the full path copies (row strides: in the key)
-            q_rows, k_rows, v_rows = self.descriptors
-            descriptors = dict(desc_q=rows_descriptor(q, q_rows), desc_k=rows_descriptor(k, k_rows),
-                               desc_v=rows_descriptor(v, v_rows))
+            q_rows, k_rows, v_rows = self.descriptors  # shapes and strides: in the key, as when the replay was made
+            descriptors = dict(desc_q=rows_descriptor(q, q_rows, True), desc_k=rows_descriptor(k, k_rows, True),
+                               desc_v=rows_descriptor(v, v_rows, True))
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
