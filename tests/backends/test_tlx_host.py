@@ -196,6 +196,31 @@ def test_backward_recipe_launches_what_the_full_path_launches(gpu, monkeypatch):
     assert [kind for kind, _ in answers] == ["recipe", "recipe"] and all(r is not None for _, r in answers)
 
 
+@needs_tlx
+def test_backward_recipe_derives_again_only_when_the_sizes_change(gpu, monkeypatch):
+    """A recipe keeps what it derived from its last call's sizes (slots, programs, search steps): a repeat of those
+    sizes derives nothing again; other row counts (same batch size), batch sizes or SM counts are derived again, and
+    every call launches what the full path launches (a memo keyed without the rows or the SM count fails here)."""
+    runs, answers = gpu
+    derived, derive = [], attn_bwd._Recipe._sized
+    monkeypatch.setattr(attn_bwd._Recipe, "_sized", lambda self, *sizes: derived.append(sizes) or derive(self, *sizes))
+    params = _params(causal=True)
+    batches = ([64, 17, 40, 5], [64, 17, 40, 5], [300, 300, 300, 300], [30, 1, 64])  # 8, 8, 16, 4 key tiles
+    for seed, lengths in enumerate(((64, 17, 40, 5),) + batches):
+        q, k, v, offsets = _inputs(list(lengths), seed=seed)
+        runs.clear()
+        args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
+        by_kept = _launches(runs, args)
+        runs.clear()
+        _full(monkeypatch, lambda: tlx.backward(*args, params))
+        assert _launches(runs, args) == by_kept
+    assert derived == [(4, 126), (4, 1200), (3, 95)]
+    assert [kind for kind, _ in answers] == ["recipe"] * 4 and all(r is not None for _, r in answers)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # the last sizes no longer fit one wave
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    assert answers[-1] == ("recipe", None)
+
+
 # What differs in the second call (``_inputs``/params arguments), or a switch set before it
 FORWARD_CHANGES = {
     "lengths": dict(lengths=[30, 1, 64, 9]),  # the replay's ints (rows, slots) are constants of its shapes
@@ -378,19 +403,23 @@ def test_no_kept_launches_where_the_full_path_must_run(gpu, monkeypatch, where):
 
 @needs_tlx
 @pytest.mark.parametrize("rows", [64, 128])
-def test_checked_descriptors_equal_triton_built_ones(rows):
-    """The kept launches build their descriptors without TensorDescriptor's asserts (``descriptor(...,
-    checked=True)``: the caller checked them): every field equals Triton's own build (a field Triton adds, or a default
-    it changes, fails this), over bf16 inputs and the fp32 dQ accumulator."""
+def test_rebased_descriptors_equal_triton_built_ones(rows):
+    """Kept launches build their descriptors from a kept layout over the call's tensor without TensorDescriptor's
+    asserts (``triton.attn_fwd.rebase``: the caller checked them): every field equals Triton's own build over that
+    tensor (a field Triton adds, or a default it changes, fails this), and the layout holds no tensor."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     q, _, _, _ = _inputs([64, 17, 40, 5])
+    other, _, _, _ = _inputs([30, 1, 2], seed=1)
     fused, _, _, _ = _inputs([30, 1], fused=True)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32)
     for t in (q, fused):
-        built = triton_fwd.rows_descriptor(t, rows, True)
-        assert type(built) is TensorDescriptor and built == triton_fwd.rows_descriptor(t, rows)
-        assert built.base is t
-    checked = attn_bwd._dq_descriptor(dq_acc, rows, HEAD_DIM // 2, True)
-    assert checked == attn_bwd._dq_descriptor(dq_acc, rows, HEAD_DIM // 2)
-    assert vars(checked).keys() == vars(TensorDescriptor(q, [126, 1024], [1024, 1], [rows, HEAD_DIM])).keys()
+        layout = triton_fwd.descriptor_layout(triton_fwd.rows_descriptor(t, rows))
+        assert not any(isinstance(x, torch.Tensor) for x in layout.values())
+        built = triton_fwd.rebase(layout, t)
+        assert type(built) is TensorDescriptor and built == triton_fwd.rows_descriptor(t, rows) and built.base is t
+    layout = triton_fwd.descriptor_layout(triton_fwd.rows_descriptor(q, rows))
+    assert triton_fwd.rebase(layout, other, other.shape[0]) == triton_fwd.rows_descriptor(other, rows)
+    accumulators = [torch.zeros(t.shape, dtype=torch.float32) for t in (q, other)]
+    layout = triton_fwd.descriptor_layout(attn_bwd._dq_descriptor(accumulators[0], rows, HEAD_DIM // 2))
+    assert (triton_fwd.rebase(layout, accumulators[1], other.shape[0])
+            == attn_bwd._dq_descriptor(accumulators[1], rows, HEAD_DIM // 2))

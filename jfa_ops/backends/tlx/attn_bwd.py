@@ -35,12 +35,12 @@ from ..triton import common
 from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel)
-from ..triton.attn_fwd import broadcast_offsets, descriptor, rows_descriptor
+from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
 from ..triton.block_sparse_bwd import transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
-from ..triton.common import (cdiv, head_dim_consts, key_interval_mask, launch_schedule, row_strides, seq_extent,
-                             stage_block_start, stage_bounds, visible, window_bounds, work_item)
+from ..triton.common import (cdiv, head_dim_consts, key_interval_mask, launch_schedule, num_sms, row_strides,
+                             seq_extent, stage_block_start, stage_bounds, visible, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
@@ -637,11 +637,12 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
 
 # ---------------------------------------------------------------------------------------------------------- host side
-def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int, checked: bool = False):
+def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
     """The fp32 dQ accumulator [rows, Hq, D] viewed as [rows, Hq*D], blocks [block_rows, block_cols] (a column slice of
-    one head: block_cols divides D). ``checked``: as ``triton.attn_fwd.descriptor``'s."""
+    one head: block_cols divides D)."""
     rows, heads, dim = dq_acc.shape
-    return descriptor(dq_acc, [rows, heads * dim], [heads * dim, 1], [block_rows, block_cols], checked)
+    return TensorDescriptor(dq_acc, shape=[rows, heads * dim], strides=[heads * dim, 1],
+                            block_shape=[block_rows, block_cols])
 
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
@@ -756,7 +757,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         if group is not None:
             if len(_RECIPES) >= _RECIPES_MAX:
                 _RECIPES.clear()
-            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, cfg)
+            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, cfg, tuple(
+                descriptor_layout(dynamic[name]) for name in ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
     return dq, dk, dv
 
 
@@ -804,24 +806,41 @@ class _Recipe:
     caller takes the full path); it launches the same kernels with the same arguments as the full path would (tests
     compare them), all three or none."""
 
-    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "cfg")
+    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "cfg", "layouts", "last")
 
-    def __init__(self, group, device, num_heads, num_heads_kv, cfg):
+    def __init__(self, group, device, num_heads, num_heads_kv, cfg, layouts):
         self.group, self.device, self.num_heads, self.num_heads_kv, self.cfg = (group, device, num_heads,
                                                                                 num_heads_kv, cfg)
+        self.layouts = layouts  # of the q, k, v, dO and dQ-accumulator descriptors (rows per call: ``rebase``)
+        self.last = None  # (sizes, what _sized derived from them) of the last call (as triton.attn_bwd._Recipe's)
+
+    def _sized(self, num_seqs: int, rows_k: int):
+        """(kv_slots, programs, search steps) of a call's sizes on the recipe's device, or None where its key tile
+        list is not mapped from the offsets in one wave (the full path sorts one)."""
+        kv_slots = capacity_of(rows_k, self.cfg.block_n, num_seqs)
+        if not one_wave(kv_slots * self.num_heads_kv, 1, self.device):
+            return None
+        programs, _ = launch_schedule("static", kv_slots * self.num_heads_kv, 1, self.device)
+        return kv_slots, programs, binary_search_steps(num_seqs)
 
     def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets):
-        device, num_heads, cfg = self.device, self.num_heads, self.cfg
+        device, num_heads = self.device, self.num_heads
         num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
         if num_seqs <= 0 or total_out == 0 or rows_k == 0:
             return None  # the full path's early return
         if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or out.data_ptr() % 16 \
                 or grad_out.data_ptr() % 16:
             return None  # TMA needs 16-byte aligned bases: the full path copies (row strides: in the key)
-        kv_slots = capacity_of(rows_k, cfg.block_n, num_seqs)
-        if not one_wave(kv_slots * self.num_heads_kv, 1, device):
-            return None  # a sorted tile list: the full path builds it
-        programs, _ = launch_schedule("static", kv_slots * self.num_heads_kv, 1, device)
+        sizes = (num_seqs, rows_k, num_sms(device))  # a model repeats a step's sizes in every layer
+        last = self.last
+        if last is not None and last[0] == sizes:
+            sized = last[1]
+        else:
+            sized = self._sized(num_seqs, rows_k)
+            if sized is None:
+                return None  # a sorted tile list: the full path builds it
+            self.last = sizes, sized  # one assignment: another thread sees the old pair or the new one
+        kv_slots, programs, steps = sized
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
         lse = lse if lse.is_contiguous() else lse.contiguous()
@@ -830,14 +849,15 @@ class _Recipe:
         delta = common.alloc_output((num_heads, total_out), torch.float32, device)
         dq = common.alloc_output(q.shape, q.dtype, device)
         n_elem = q.numel()
+        q_layout, k_layout, v_layout, do_layout, dq_layout = self.layouts
         launched = self.group.launch(
             ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (programs,), (cdiv(n_elem, FINALIZE_BLOCK),)),
             out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
             delta=delta, dq_acc=dq_acc, total_out=total_out,  # descriptors: bases checked above, the rest keyed
-            desc_q=rows_descriptor(q, cfg.block_m, True), desc_k=rows_descriptor(k, cfg.block_n // 2, True),
-            desc_v=rows_descriptor(v, cfg.block_n // 2, True), desc_do=rows_descriptor(grad_out, cfg.block_m, True),
-            desc_dq=_dq_descriptor(dq_acc, cfg.block_m, q.shape[2] // cfg.dq_split, True), lse=lse, dk=dk, dv=dv,
-            q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=binary_search_steps(num_seqs), num_seqs=num_seqs,
+            desc_q=rebase(q_layout, q, total_out), desc_k=rebase(k_layout, k, rows_k),
+            desc_v=rebase(v_layout, v, rows_k), desc_do=rebase(do_layout, grad_out, total_out),
+            desc_dq=rebase(dq_layout, dq_acc, total_out), lse=lse, dk=dk, dv=dv,
+            q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=steps, num_seqs=num_seqs,
             rows_k=rows_k, dq=dq, n_elem=n_elem)
         return (dq, dk, dv) if launched else None
 

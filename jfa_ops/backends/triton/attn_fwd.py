@@ -200,24 +200,29 @@ def _tma_device(t: torch.Tensor) -> bool:
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
-def rows_descriptor(t: torch.Tensor, block_rows: int, checked: bool = False):
+def rows_descriptor(t: torch.Tensor, block_rows: int):
     """Tensor descriptor over a [T, H, D] tensor with packed rows (``common.packed_rows``) viewed as [T, H*D] with
     row stride t.stride(0), block [block_rows, D]: one head's rows, read at (first row, head * D). Rows past T read
-    as zeros (TMA bounds), so only the last block needs none. ``checked``: as ``descriptor``'s."""
-    return descriptor(t, [t.shape[0], t.shape[1] * t.shape[2]], [t.stride(0), 1], [block_rows, t.shape[2]], checked)
+    as zeros (TMA bounds), so only the last block needs none."""
+    return TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * t.shape[2]], strides=[t.stride(0), 1],
+                            block_shape=[block_rows, t.shape[2]])
 
 
-def descriptor(t: torch.Tensor, shape: list, strides: list, block_shape: list, checked: bool = False):
-    """``TensorDescriptor(t, shape, strides, block_shape)``. ``checked``: the caller has checked what the
-    descriptor's ``__post_init__`` asserts (a 16-byte aligned base and row stride, positive extents, a last stride of
-    1, a block shape it accepted before: kept launches, whose key fixes all but the base, checked per call), so it is
-    built without asserting it again: ~4 us of host time per descriptor (CPU), 8 per small tlx forward + backward.
-    tests/backends/test_tlx_host.py checks that both builds are equal (a field Triton adds fails it)."""
-    if not checked:
-        return TensorDescriptor(t, shape=shape, strides=strides, block_shape=block_shape)
+def descriptor_layout(descriptor) -> dict:
+    """Everything a 2-d tensor descriptor holds but its tensor (shape, strides, block, options): what kept launches
+    keep (never the tensor: a kept call must not hold a user's tensor alive), for ``rebase``."""
+    return {name: value for name, value in vars(descriptor).items() if name != "base"}
+
+
+def rebase(layout: dict, t: torch.Tensor, rows: Optional[int] = None):
+    """The descriptor of ``layout`` (``descriptor_layout``) over tensor ``t`` (with ``rows`` rows, if given), built
+    without ``TensorDescriptor.__post_init__``'s asserts: for kept launches, whose key fixes what the layout holds
+    (strides, block, dtype, and the shape but the rows) and which check ``t``'s base alignment and ``rows > 0`` per
+    call. Why: 3 per tlx forward and 5 per backward cost ~4 us each through the asserts on CPU, ~0.5 us this way.
+    The lists are the layout's own (Triton's launcher only reads them). tests/backends/test_tlx_host.py checks that
+    it equals Triton's own build (a field Triton adds fails it)."""
     built = TensorDescriptor.__new__(TensorDescriptor)
-    built.__dict__ = dict(base=t, shape=shape, strides=strides, block_shape=block_shape, padding="zero",
-                          round_f32_to_tf32=False)
+    built.__dict__ = dict(layout, base=t) if rows is None else dict(layout, base=t, shape=[rows, layout["shape"][1]])
     return built
 
 
@@ -233,8 +238,8 @@ class _Replay:
     the signature, the tensors named by ``SOURCES``). Made only where the full path launches nothing but the
     attention kernel from tensors the call has (or, for broadcast Q, the output offsets ``broadcast_offsets`` keeps
     per shape: read-only, so the replay keeps them too): one wave (no tile list), inputs used in place. Without
-    ``descriptors`` no TMA descriptors; with them (the tlx forward: block rows of q, k, v), the call's descriptors
-    over q, k, v (``rows_descriptor``), built per call because each holds its tensor's address and rows."""
+    ``descriptors`` no TMA descriptors; with them (the tlx forward: the layouts of its q, k, v descriptors), the
+    call's descriptors over q, k, v (``rebase``), built per call because each holds its tensor's address."""
 
     # the tensors (and descriptors) a replayed call launches with
     SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v")
@@ -249,7 +254,7 @@ class _Replay:
         self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
         self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
         self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
-        self.descriptors = descriptors  # None, or the block rows of the q, k, v descriptors
+        self.descriptors = descriptors  # None, or the layouts of the q, k, v descriptors (descriptor_layout)
 
     def run(self, q, k, v, q_offsets, kv_offsets):
         """(out, lse), or None when an input does not specialize as the replay's (the caller runs the full path)."""
@@ -257,9 +262,8 @@ class _Replay:
         if self.descriptors is not None:
             if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
                 return None  # TMA needs 16-byte aligned bases: the full path copies (row strides: in the key)
-            q_rows, k_rows, v_rows = self.descriptors  # shapes and strides: in the key, as when the replay was made
-            descriptors = dict(desc_q=rows_descriptor(q, q_rows, True), desc_k=rows_descriptor(k, k_rows, True),
-                               desc_v=rows_descriptor(v, v_rows, True))
+            q_layout, k_layout, v_layout = self.descriptors  # shapes and strides: in the key, as when it was made
+            descriptors = dict(desc_q=rebase(q_layout, q), desc_k=rebase(k_layout, k), desc_v=rebase(v_layout, v))
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
@@ -376,10 +380,11 @@ _OWN_SOURCE.update(desc_q=8, desc_k=9, desc_v=10)  # the tlx forward's descripto
 
 
 def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets,
-                descriptors=None) -> None:
+                descriptors: bool = False) -> None:
     """Store in ``replays`` the replay of the launch of ``kernel`` just made, if every tensor argument is one of
     ``sources`` (``_Replay.SOURCES`` in order, the descriptors last where there are any): its own (Q is q, even when
-    q is k) or else the first identical one (the tile list's offsets). ``descriptors``: ``_Replay``'s."""
+    q is k) or else the first identical one (the tile list's offsets). ``descriptors``: the launch read q, k, v
+    through descriptors, ``sources``' last three (the replay keeps their layouts)."""
     if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
         return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
     names = {}
@@ -401,4 +406,5 @@ def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, op
     if len(replays) >= _REPLAYS_MAX:
         replays.clear()
     replays[key] = _Replay(group, grid, sources[3], sources[4], q_offsets, kv_offsets, sources[7] is not None,
-                           sources[5] if q_offsets is None else None, descriptors)
+                           sources[5] if q_offsets is None else None,
+                           tuple(map(descriptor_layout, sources[8:11])) if descriptors else None)
