@@ -221,6 +221,32 @@ def test_backward_recipe_derives_again_only_when_the_sizes_change(gpu, monkeypat
     assert answers[-1] == ("recipe", None)
 
 
+@needs_tlx
+@pytest.mark.parametrize("case", ["broadcast Q", "checked offsets", "one offsets tensor, int64"])
+def test_forward_replay_other_call_kinds(gpu, monkeypatch, case):
+    """Broadcast Q (the replay keeps the per-shape output offsets), offsets checked on the device (no replay: the
+    full path checks them after its launch), int64 offsets passed once for both sides (converted once per call):
+    each repeat launches what the full path launches."""
+    runs, answers = gpu
+    monkeypatch.setattr("jfa_ops.validation.device_check", lambda *args: None)
+    q, k, v, offsets = _inputs([64, 17, 40, 5], offsets_dtype=torch.int64 if "int64" in case else torch.int32)
+    params = _params(causal=False, broadcast_q=True) if case == "broadcast Q" else _params(
+        causal=True, check_offsets=case == "checked offsets")
+    if case == "broadcast Q":
+        q = q[:40]
+    call = (lambda: tlx.forward(q, k, v, None, offsets, params)) if case == "broadcast Q" else (
+        lambda: tlx.forward(q, k, v, offsets, offsets, params))
+    call()
+    runs.clear()
+    call()
+    by_kept = _launches(runs, (q, k, v, offsets))
+    assert [kind for kind, _ in answers] == ([] if case == "checked offsets" else ["replay"])
+    assert all(result is not None for _, result in answers)
+    runs.clear()
+    _full(monkeypatch, call)
+    assert _launches(runs, (q, k, v, offsets)) == by_kept
+
+
 # What differs in the second call (``_inputs``/params arguments), or a switch set before it
 FORWARD_CHANGES = {
     "lengths": dict(lengths=[30, 1, 64, 9]),  # the replay's ints (rows, slots) are constants of its shapes
