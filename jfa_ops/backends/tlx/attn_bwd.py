@@ -744,7 +744,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)
-    finalize_key = (params.scale,)
+    finalize_key = (params.scale, 1)  # scale, num_slabs: what the finalize's static arguments follow from
     launch_planned(attn_bwd_dq_finalize_kernel, finalize_key, (cdiv(q.numel(), FINALIZE_BLOCK),),
                    dict(DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), slab_stride=q.numel()),
                    lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK))
