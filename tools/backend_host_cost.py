@@ -84,6 +84,15 @@ def split(backend: str, q, k, v, off, grad_out, calls: int) -> None:
         torch.cuda.synchronize()
     device_us = sum(e.self_device_time_total for e in prof.key_averages()) / 20
     print(f"{backend:10s} GPU time per backend forward + backward: {device_us:7.1f} us", flush=True)
+    if backend == "tlx":  # what Triton's launcher does per TMA descriptor argument (3 per forward, 5 per backward)
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        from jfa_ops.backends.triton.attn_fwd import rows_descriptor
+
+        descriptor = rows_descriptor(q, 64)
+        meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 64], fp4_padded=False, is_im2col=False)
+        print(f"{backend:10s} launcher work per TMA descriptor (make_tensordesc_arg: cuTensorMapEncodeTiled): "
+              f"{per_call_us(lambda: make_tensordesc_arg(descriptor, meta, None), calls * 10):7.2f} us", flush=True)
 
 
 if __name__ == "__main__":
