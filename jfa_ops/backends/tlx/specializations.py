@@ -226,15 +226,16 @@ def _specializations() -> Iterator[Specialization]:
     # walk there: attention_backward)
     sparse_v2 = dict(v2=True, dq_shared=True, sparse=True)
     every = dict(head_grouped=True, qdo_first=True, uniform_walk=True)
+    dense_v2 = {d: dict(v2=True, dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
     for head_dim in (64, 128):
         for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, v2=True, dq_shared=True, head_grouped=True)
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], head_grouped=True)
             for knobs in (dict(uniform_walk=True), dict(head_grouped=True, uniform_walk=True),
                           dict(qdo_first=True, uniform_walk=True), every):
                 yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, **knobs)
     for head_dim in (64, 128):
         for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, v2=True, dq_shared=True, item_order=True)
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
                                      item_order=True)
