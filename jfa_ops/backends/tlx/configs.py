@@ -76,7 +76,7 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 #   more).
 # - SPARSE_UNIFORM_WALK (JFA_TLX_SPARSE_BWD_UNIFORM=1): the block-sparse walk's bounds through redux.sync, so
 #   ptxas keeps the consumers' block loop in uniform registers as in the dense loop (attn_bwd._selected_rows: without
-#   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 887 vs 611 instructions per block).
+#   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 928 vs 664 instructions per block).
 BACKWARD_HEAD_GROUP = int(os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "0") or 0)
 SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "0") == "1"
