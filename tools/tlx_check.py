@@ -570,18 +570,43 @@ def sparse_backward_correctness() -> int:
     return failures
 
 
+# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP, SPARSE_BACKWARD_QDO_FIRST,
+# SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER) (helper sparsebwd2's experiments, bench/NOTES.md "TLX
+# block-sparse backward v2"); "triton sparse": the triton sparse backward. TLX_SPARSE_BWD_COLS (comma-separated
+# labels) picks others than SPARSE_BWD_DEFAULT_COLUMNS (each column is a kernel to compile: the device command's 5
+# minutes). Block-sparse head groups, qdofirst and the item order apply with the uniform walk only
+# (attn_bwd.attention_backward); the item order overrides head groups.
+SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False), ("uniform", "sparse", 0, False, True, False),
+                      ("uniform order", "sparse", 0, False, True, True),
+                      ("uniform order qdofirst", "sparse", 0, True, True, True),
+                      ("uniform hg4", "sparse", 4, False, True, False),
+                      ("uniform hg2", "sparse", 2, False, True, False),
+                      ("uniform qdofirst", "sparse", 0, True, True, False),
+                      ("triton sparse", "sparse", 0, False, False, False),
+                      ("tlx dense", "dense", 0, False, False, False), ("dense order", "dense", 0, False, False, True),
+                      ("dense hg4", "dense", 4, False, False, False))
+SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform order qdofirst", "uniform hg4",
+                              "tlx dense", "dense order")
+
+
 def sparse_backward_timing() -> int:
     """Backward alone (through a retained graph) on the bench's sparse batch, one selection per case for every
-    column, dense-equivalent TFLOP/s (ms): the TLX sparse backward, the triton sparse backward (both after the TLX
-    sparse forward, ``configs.SPARSE_BACKWARD`` toggled in-process), the TLX dense backward (v2) on the same batch."""
+    column, dense-equivalent TFLOP/s (ms): the TLX sparse backward (default, then the schedule experiments), the
+    triton sparse backward (both after the TLX sparse forward, ``configs.SPARSE_BACKWARD`` toggled in-process), the
+    TLX dense backward (v2) on the same batch (default, head groups of 4); ratios against the first and the
+    dense."""
     import triton.testing
 
     from bench.suites import make_inputs, sparse_cases
+    from jfa_ops.backends.tlx import configs
 
-    cols = ("tlx sparse", "triton sparse", "tlx dense")
-    print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms)", flush=True)
-    print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}",
-          flush=True)
+    wanted = os.environ.get("TLX_SPARSE_BWD_COLS")
+    wanted = wanted.split(",") if wanted else SPARSE_BWD_DEFAULT_COLUMNS
+    cols = [c for c in SPARSE_BWD_COLUMNS if c[0] in wanted]
+    print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms); hgN: configs.BACKWARD_HEAD_GROUP = N, "
+          "qdofirst: configs.SPARSE_BACKWARD_QDO_FIRST, uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
+          "configs.BACKWARD_ITEM_ORDER; x first: the first column's ms over this one's", flush=True)
+    print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
     failures = 0
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
@@ -589,30 +614,41 @@ def sparse_backward_timing() -> int:
         index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
                                                 case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
                                                 block_kv=case.block, causal=case.causal, backend="triton")
+        outs = {}
         ms = {}
-        for col in cols:
-            _sparse_backward(col == "tlx sparse")
+        for label, kind, group, qdo_first, uniform, order in cols:
+            _sparse_backward(label != "triton sparse")
+            configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = group, qdo_first
+            configs.SPARSE_BACKWARD_UNIFORM_WALK, configs.BACKWARD_ITEM_ORDER = uniform, order
             faulthandler.dump_traceback_later(HANG_S, exit=True)
             try:
-                if col == "tlx dense":
-                    out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
-                                                   causal=case.causal, backend="tlx")
-                else:
-                    out = jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count,
-                                                         case.max_q, case.max_kv, block_q=case.block,
-                                                         block_kv=case.block, causal=case.causal, backend="tlx")
+                if kind not in outs:  # one forward graph per kind: the backward reads the configs per call
+                    outs[kind] = (jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, case.max_q,
+                                                           case.max_kv, causal=case.causal, backend="tlx")
+                                  if kind == "dense" else
+                                  jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count,
+                                                                 case.max_q, case.max_kv, block_q=case.block,
+                                                                 block_kv=case.block, causal=case.causal,
+                                                                 backend="tlx"))
+                out = outs[kind]
                 fn = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
-                ms[col] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+                ms[label] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
             except Exception as e:  # noqa: BLE001
                 failures += 1
-                print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            finally:
+                configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = 0, False
+                configs.SPARSE_BACKWARD_UNIFORM_WALK = configs.BACKWARD_ITEM_ORDER = False
         faulthandler.cancel_dump_traceback_later()
         _sparse_backward(False)
-        nan = float("nan")
-        cells = [f"{case.flops('bwd') / ms[c] / 1e9:7.1f} ({ms[c]:6.3f})" if c in ms else f"{'-':>18s}" for c in cols]
-        print(f"{case.label:34s} " + " ".join(f"{c:>18s}" for c in cells)
-              + f" {ms.get('triton sparse', nan) / ms.get('tlx sparse', nan):10.2f}"
-              + f" {ms.get('tlx dense', nan) / ms.get('tlx sparse', nan):9.2f}", flush=True)
+        cells = [f"{case.flops('bwd') / ms[c[0]] / 1e9:7.1f} ({ms[c[0]]:6.3f})" if c[0] in ms else f"{'-':>18s}"
+                 for c in cols]
+        print(f"{case.label:34s} " + " ".join(f"{c:>18s}" for c in cells), flush=True)
+        first, dense = ms.get(cols[0][0]), ms.get("tlx dense")
+        ratios = [f"{first / ms[c[0]]:.3f}" if first and c[0] in ms else "-" for c in cols]
+        print(f"{'  x first':34s} " + " ".join(f"{r:>18s}" for r in ratios)
+              + (f"   best sparse / dense {dense / min(t for c, t in ms.items() if 'dense' not in c):.2f}"
+                 if dense else ""), flush=True)
     return failures
 
 

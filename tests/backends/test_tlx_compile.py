@@ -133,6 +133,19 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
 
+def test_block_sparse_backward_uniform_walk_spills_less(compiled):
+    """UNIFORM_WALK (helper sparsebwd2, ``attn_bwd._selected_rows``): with the walk's bounds uniform, ptxas keeps the
+    block loop in uniform registers as in the dense loop, which frees registers: every specialization with it (and
+    the experiments that ride on it: head groups, Q/dO first, item order) spills no more than the default kernel of
+    the same features (D128 full: 156 / 208 B instead of 336 / 400)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if "-uniform" in r["name"]]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no uniform walk compiled"
+    for r in rows:
+        base = by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder)", "", r["name"])]
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
+
+
 def test_backward_experiments_compile_as_intended(compiled):
     """The experiments on the default backward (helper tlxbwd3): DQ_LAG signals dS through named-barrier arrives
     (one per consumer; the default has none) and fits its third dS buffer per consumer in shared memory; DQ_DEFER
@@ -185,6 +198,9 @@ def test_block_sparse_backward_rules_and_switch():
         "assert r(128, 128, 128) is None and r(64, 64, 128) is None and r(128, 256, 512) is None\n"
         "assert 'head_dim' in r(256, 128, 128) and 'head_dim' in r(96, 128, 128)\n"
         "assert 'multiples' in r(128, 32, 128) and 'multiples' in r(128, 128, 64)\n"
+        "h = configs.head_group\n"  # helper sparsebwd2's BACKWARD_HEAD_GROUP: a divisor of the kv heads, 0 = tile-major
+        "assert h(16, 4) == 4 and h(16, 3) == 2 and h(16, 16) == 0 and h(16, 0) == 0 and h(2, 4) == 0 and h(6, 4) == 3\n"
+        "assert h(16, 1) == 1 and h(1, 1) == 0 and h(16) == 0  # off by default\n"
         "print(configs.SPARSE_BACKWARD)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE_BWD")}
     env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])

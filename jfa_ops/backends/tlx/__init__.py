@@ -117,7 +117,9 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
         with device_guard(q.device):
             return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=v2,
                                       dq_shared=configs.BACKWARD_DQ_SHARED, dq_defer=configs.BACKWARD_DQ_DEFER,
-                                      stats_ahead=configs.stats_ahead(q.shape[-1]), dq_lag=configs.BACKWARD_DQ_LAG)
+                                      stats_ahead=configs.stats_ahead(q.shape[-1]), dq_lag=configs.BACKWARD_DQ_LAG,
+                                      head_group=configs.head_group(k.shape[1]),
+                                      item_order=configs.BACKWARD_ITEM_ORDER)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
@@ -188,7 +190,11 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
 
         if block_sparse_backward_reason(q, k, kv_block_index, params) is None:
             with device_guard(q.device):
-                return block_sparse_backward(*args, dq_shared=configs.BACKWARD_DQ_SHARED)
+                return block_sparse_backward(*args, dq_shared=configs.BACKWARD_DQ_SHARED,
+                                             head_group=configs.head_group(k.shape[1]),
+                                             qdo_first=configs.SPARSE_BACKWARD_QDO_FIRST,
+                                             uniform_walk=configs.SPARSE_BACKWARD_UNIFORM_WALK,
+                                             item_order=configs.BACKWARD_ITEM_ORDER)
     from ..triton import block_sparse_backward as triton_backward
 
     return triton_backward(*args)

@@ -36,11 +36,12 @@ from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
-from ..triton.block_sparse_bwd import transposed_selection
+from ..triton.block_sparse_bwd import item_list, transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, head_dim_consts, key_interval_mask, launch_schedule, num_sms, row_strides,
-                             seq_extent, stage_block_start, stage_bounds, visible, window_bounds, work_item)
+                             seq_extent, snake_items, snake_work, stage_block_start, stage_bounds, visible,
+                             window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
@@ -58,10 +59,19 @@ DS_READY: tl.constexpr = tl.constexpr(4)
 
 @triton.jit
 def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, num_seqs, search_steps, rows_s,
-              rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
-              HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
-    """What producer and consumers both derive from a work item (key tile, kv head), tile-major; the sequence last."""
-    tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, False)
+              rows_o, window_left, right, head_group, TILE_HEAD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
+              HEAD_GROUPED: tl.constexpr, ITEM_LIST: tl.constexpr):
+    """What producer and consumers both derive from a work item (key tile, kv head), tile-major (HEAD_GROUPED: in
+    groups of head_group kv heads, ``configs.BACKWARD_HEAD_GROUP``; ITEM_LIST: TILE_SEQ, TILE_START and TILE_HEAD
+    list the items themselves, ``block_sparse_bwd.item_list``); the sequence last."""
+    if ITEM_LIST:
+        tile = work
+        kv_head = tl.load(TILE_HEAD + work)
+    elif HEAD_GROUPED:
+        tile, kv_head = work_item(work, n_tiles, num_heads_kv, head_group, True)
+    else:
+        tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, False)
     if TILES_FROM_OFFSETS:
         seq, n0, real = slot_tile(KV_OFF, Q_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_N)
     else:
@@ -79,16 +89,46 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
 
 
 @triton.jit
+def _warp_uniform(x):
+    """x (the same in every lane) through ``redux.sync``, whose result ptxas knows is warp-uniform: values derived
+    from it (loop bounds and counters, shared-memory descriptors) can live in uniform registers."""
+    return tl.inline_asm_elementwise("redux.sync.min.s32 $0, $1, 0xffffffff;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, stride_tih, stride_tin, stride_tcb,
-                   stride_tch, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr):
+                   stride_tch, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                   UNIFORM_WALK: tl.constexpr = False):
     """SPARSE: (first, n) of a work item (``_bwd_item``'s tuple): it walks the BLOCK_M-row query tiles first ..
     first + n - 1 of Q_BLOCK_INDEX (the transposed selection: per KV block, the Q blocks that selected it,
     ascending), those of its KV block's row that overlap the rows any of its keys sees (``stage_bounds``' [lead_begin,
     hi_any)): the forward's walk with the roles swapped (``block_sparse_fwd.selected_walk``). Producer and consumers
-    derive the same."""
+    derive the same.
+
+    UNIFORM_WALK (``configs.SPARSE_BACKWARD_UNIFORM_WALK``): (first, n) through ``_warp_uniform``. They come out of
+    the walk's cross-lane reductions, which ptxas cannot see are uniform, so the consumers' block loop counter, the
+    Q/dO slot and the opaque tile index were per-lane registers, and every wgmma descriptor of the loop was built in
+    vector registers and moved by 4 R2UR (sm_90 SASS, consumer 1's block loop: 928 instructions, 664 with it, the
+    dense loop's 646; 130 R2UR in it vs 0); the dense walk's bounds come from loads at uniform addresses, which
+    ptxas does see."""
     real, kv_head, n0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
-    return selected_walk(Q_BLOCK_INDEX, Q_BLOCK_COUNT, real, seq, kv_head, n0, n_kv_blocks, stride_tib, stride_tih,
-                         stride_tin, stride_tcb, stride_tch, lead_begin, tail_end, BLOCK_KV, BLOCK_Q, BLOCK_M)
+    first, n = selected_walk(Q_BLOCK_INDEX, Q_BLOCK_COUNT, real, seq, kv_head, n0, n_kv_blocks, stride_tib,
+                             stride_tih, stride_tin, stride_tcb, stride_tch, lead_begin, tail_end, BLOCK_KV, BLOCK_Q,
+                             BLOCK_M)
+    if UNIFORM_WALK:
+        first = _warp_uniform(first)
+        n = _warp_uniform(n)
+    return first, n
+
+
+@triton.jit
+def _q_rows(out_row0, BROADCAST_Q: tl.constexpr):
+    """A sequence's first packed Q row: its output row, or 0 for broadcast Q (one shared Q)."""
+    if BROADCAST_Q:
+        return out_row0 * 0
+    else:
+        return out_row0
 
 
 @triton.jit
@@ -462,19 +502,22 @@ def _store_through_tile(tile, x, Ptr, row0, rows_left, stride, col, CID: tl.cons
 
 
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right", "n_slots",
-                               "search_steps", "num_seqs", "rows_s", "rows_o", "n_kv_blocks"])
+                               "search_steps", "num_seqs", "rows_s", "rows_o", "n_kv_blocks", "head_group"])
 def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ,
                         TILE_START, TILE_COUNT, WORK_COUNTER, num_heads_kv, total_out, n_slots, search_steps,
                         num_seqs, rows_s, rows_o, stride_dkvt, group, scale, qk_scale, window_left, right,
                         Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, stride_tih, stride_tin, stride_tcb,
-                        stride_tch,
+                        stride_tch, head_group, TILE_HEAD,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                         TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False):
+                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
+                        HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
+                        UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
+                        SNAKE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -485,8 +528,17 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
     selection, ascending ids of BLOCK_Q rows; Q_BLOCK_COUNT [B, Hkv, n_kv_blocks]; ``_selected_rows``), for every q
-    head of the group; a key tile lies in one KV block of BLOCK_KV keys."""
+    head of the group; a key tile lies in one KV block of BLOCK_KV keys.
+
+    HEAD_GROUPED: items in groups of head_group kv heads (``configs.BACKWARD_HEAD_GROUP``; else tile-major);
+    QDO_FIRST (with SPARSE): the producer issues an item's first NUM_BUFFERS_Q Q/dO blocks before it waits for K/V
+    to be free (``configs.SPARSE_BACKWARD_QDO_FIRST``); UNIFORM_WALK (with SPARSE): the walk's bounds in uniform
+    registers (``_selected_rows``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``); ITEM_LIST: the work list is per item
+    (TILE_SEQ, TILE_START, TILE_HEAD: ``block_sparse_bwd.item_list``); SNAKE: every other round of items in reverse
+    (``common.snake_work``; ``configs.BACKWARD_ITEM_ORDER``)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
+    tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
+    tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
@@ -498,7 +550,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     n_work = n_tiles * num_heads_kv
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    my_items = (n_work - pid + programs - 1) // programs
+    my_items = snake_items(n_work, pid, programs, SNAKE)
 
     k_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)  # one half-tile per consumer
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
@@ -522,12 +574,22 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             q_count = 0
             kv_count = 0
             for i in range(0, my_items):
-                item = _bwd_item(pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv,
-                                 num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
-                                 HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS)
+                item = _bwd_item(snake_work(pid, i, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
+                                 num_heads_kv, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
+                                 TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
+                                 ITEM_LIST)
                 (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                  tail_begin, tail_end, _) = item
                 if real:
+                    if QDO_FIRST:  # the walk's first blocks (the group's first head) before the wait for K/V
+                        sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
+                                                              stride_tib, stride_tih, stride_tin, stride_tcb,
+                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
+                        n_ahead = tl.minimum(sel_count, NUM_BUFFERS_Q)
+                        q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
+                                                         q_count, _q_rows(out_row0, BROADCAST_Q), out_row0,
+                                                         kv_head * group * HEAD_DIM, Q_BLOCK_INDEX, sel_first,
+                                                         n_ahead, BLOCK_M, BLOCK_Q, HEAD_DIM, NUM_BUFFERS_Q)
                     kv_phase = kv_count & 1
                     for c in tl.static_range(NUM_CONSUMERS):
                         tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
@@ -536,17 +598,20 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         tlx.async_descriptor_load(desc_k, k_tiles[c], [row, kv_head * HEAD_DIM], kv_fulls[c])
                         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, kv_head * HEAD_DIM], kv_fulls[c])
                     kv_count += 1
-                    if BROADCAST_Q:
-                        q_row0 = out_row0 * 0
-                    else:
-                        q_row0 = out_row0
-                    if SPARSE:  # read while the K/V loads are in flight
+                    q_row0 = _q_rows(out_row0, BROADCAST_Q)
+                    if SPARSE and not QDO_FIRST:  # read while the K/V loads are in flight
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
                                                               stride_tib, stride_tih, stride_tin, stride_tcb,
-                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV)
+                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
                     for g in range(0, group):
                         col = (kv_head * group + g) * HEAD_DIM
-                        if SPARSE:
+                        if QDO_FIRST:
+                            done = tl.where(g == 0, n_ahead, 0)  # issued before the K/V loads
+                            q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
+                                                             q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
+                                                             sel_first + done, sel_count - done, BLOCK_M, BLOCK_Q,
+                                                             HEAD_DIM, NUM_BUFFERS_Q)
+                        elif SPARSE:
                             q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
                                                              q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
                                                              sel_first, sel_count, BLOCK_M, BLOCK_Q, HEAD_DIM,
@@ -569,16 +634,17 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             dq_count = 0
             d = tl.arange(0, HEAD_DIM)
             for i in range(0, my_items):
-                item = _bwd_item(pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv,
-                                 num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
-                                 HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS)
+                item = _bwd_item(snake_work(pid, i, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
+                                 num_heads_kv, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
+                                 TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
+                                 ITEM_LIST)
                 (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                  tail_begin, tail_end, _) = item
                 if real:
                     if SPARSE:  # read before the wait for K/V
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
                                                               stride_tib, stride_tih, stride_tin, stride_tcb,
-                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV)
+                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
                     else:
                         sel_first = 0
                         sel_count = 0
@@ -594,10 +660,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                     ds_tile = ds_tiles[cid]
                     dk = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
-                    if BROADCAST_Q:
-                        dq_row0 = out_row0 * 0
-                    else:
-                        dq_row0 = out_row0
+                    dq_row0 = _q_rows(out_row0, BROADCAST_Q)
                     for g in range(0, group):
                         head = kv_head * group + g
                         col = head * HEAD_DIM
@@ -652,16 +715,28 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False):
+                       dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
+                       uniform_walk: bool = False, item_order: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
     (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared): dense only. A dense call whose
-    signature an earlier call made a recipe for (``_Recipe``) launches through it."""
+    / ``_DQ_LAG`` (with dq_shared): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in
+    groups of that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
+    (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
+    item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
+    block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored). A dense call
+    whose signature an earlier call made a recipe for (``_Recipe``) launches through it."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
-    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and dq_lag)
+        if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
+            head_group, qdo_first, item_order = 0, False, False
+    else:
+        qdo_first = uniform_walk = False  # block-sparse walks only
+    if item_order:  # a snake over a list sorted longest first; head groups would break that order
+        head_group = 0
+    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and dq_lag, head_group, qdo_first,
+               uniform_walk, item_order)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -675,7 +750,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
 def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
-    v2, dq_shared, dq_defer, stats_ahead, dq_lag = variant
+    v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -721,6 +796,12 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right,
                          **list_cost),
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, "static", 1, device)
+    # block-sparse with item_order: the items themselves, sorted by their own blocks (plan_key implies whether)
+    items = (item_list(schedule, q_count, num_heads_kv, params.block_kv)
+             if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
+    if items is not None:
+        schedule = {**schedule, "TILE_SEQ": items[0], "TILE_START": items[1]}
+        sparse_dynamic = {**sparse_dynamic, "TILE_HEAD": items[2]}
     dynamic = dict(
         desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
@@ -733,9 +814,11 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
                     HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
-                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag,
+                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=head_group,
+                    HEAD_GROUPED=head_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
+                    ITEM_LIST=items is not None, SNAKE=item_order,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-                    **sparse_static)
+                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items()))
@@ -878,9 +961,12 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
-                          kv_block_count, params, dq_shared: bool = True):
+                          kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
+                          qdo_first: bool = False, uniform_walk: bool = False, item_order: bool = False):
     """(dq, dk, dv) of ``jfa::block_sparse_attention``: the v2 backward with SPARSE (each key tile walks the query
     tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
-    backward's contract. ``block_sparse_backward_reason`` held."""
+    backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``qdo_first``, ``uniform_walk``,
+    ``item_order``: the experiments (``attention_backward``)."""
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
-                              dq_shared=dq_shared, selection=(kv_block_index, kv_block_count))
+                              dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
+                              qdo_first=qdo_first, uniform_walk=uniform_walk, item_order=item_order)

@@ -58,6 +58,39 @@ SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
 # (tools/tlx_check.py toggles it in-process).
 SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
+# Experiments on the backward's schedule (helper sparsebwd2, bench/NOTES.md "TLX block-sparse backward v2"), off
+# until measured on the H200; read per call (tools/tlx_check.py A/Bs them in one process):
+# - HEAD_GROUP (JFA_TLX_BWD_HEAD_GROUP=G): work items (key tile, kv head) ordered in groups of G kv heads (each group
+#   its whole tile list, longest first, before the next group's), so the ~132 items in flight walk the Q/dO/dQ rows
+#   of G heads instead of all (tile-major, 0: the default): more L2 reuse where walks diverge (block-sparse,
+#   causal). The host takes the largest divisor of the kv heads <= G; one that is all of them is tile-major. Dense
+#   and block-sparse; a runtime argument (no new specialization beyond HEAD_GROUPED's one).
+# - SPARSE_QDO_FIRST (JFA_TLX_SPARSE_BWD_QDO_FIRST=1): the block-sparse producer reads the next item's selection and
+#   issues its first NUM_BUFFERS_Q Q/dO blocks before waiting for the consumers to free K/V (they free it after the
+#   dK/dV epilogue), so only the K/V load is left between two items instead of K/V, the selection's reads and Q/dO.
+# - ITEM_ORDER (JFA_TLX_BWD_ITEM_ORDER=1): items taken in a snake (every other round of ~132 in reverse) over the
+#   list sorted longest first, and for block-sparse a list of the items themselves sorted by each one's own blocks
+#   (the tile list sums the heads, whose walks differ): the busiest SM 0.4-0.7% over the mean instead of 4-8% on the
+#   bench's sparse batch; dense 1.2% / 0.2% (causal) instead of 2.0% / 2.5%. Overrides HEAD_GROUP.
+#   Block-sparse: HEAD_GROUP, QDO_FIRST and ITEM_ORDER apply with SPARSE_UNIFORM_WALK only (alone they spilled 12-28 B
+#   more).
+# - SPARSE_UNIFORM_WALK (JFA_TLX_SPARSE_BWD_UNIFORM=1): the block-sparse walk's bounds through redux.sync, so
+#   ptxas keeps the consumers' block loop in uniform registers as in the dense loop (attn_bwd._selected_rows: without
+#   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 928 vs 664 instructions per block).
+BACKWARD_HEAD_GROUP = int(os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "0") or 0)
+SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
+SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "0") == "1"
+BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
+
+
+def head_group(heads_kv: int, group: int = None) -> int:
+    """``BACKWARD_HEAD_GROUP`` (or ``group``) for ``heads_kv`` kv heads: the largest divisor of heads_kv <= it, 0
+    (tile-major) when that is none or all of them."""
+    group = BACKWARD_HEAD_GROUP if group is None else group
+    g = max((d for d in range(1, min(group, heads_kv) + 1) if heads_kv % d == 0), default=0)
+    return 0 if g in (0, heads_kv) else g
+
+
 # The MXFP8 forward (mxfp8_attn_fwd.py) in the automatic choice for mxfp8_attention: on since its GPU check (H200,
 # 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
 # FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.

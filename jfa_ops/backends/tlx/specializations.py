@@ -112,10 +112,13 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False) -> Specialization:
+                       dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
+                       uniform_walk: bool = False, item_order: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
-    (``configs.BACKWARD_DQ_DEFER`` ...)."""
+    (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
+    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
+    ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -131,7 +134,13 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
-                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag)
+                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, HEAD_GROUPED=head_grouped,
+                      QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk, ITEM_LIST=item_order and sparse,
+                      SNAKE=item_order)
+    if item_order and sparse:
+        types["TILE_HEAD"] = "*i32"
+    else:
+        constexprs["TILE_HEAD"] = None
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
         types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
@@ -145,7 +154,9 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
            f"{'-dqshared' if dq_shared else ''}{'-dqdefer' if dq_defer else ''}{'-statsahead' if stats_ahead else ''}" \
-           f"{'-dqlag' if dq_lag else ''}" \
+           f"{'-dqlag' if dq_lag else ''}{'-headgroup' if head_grouped else ''}" \
+           f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
+           f"{'-itemorder' if item_order else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -210,6 +221,28 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, from_offsets=True, v2=True, dq_shared=True, sparse=True)
     yield bwd_specialization(128, "bf16", True, v2=True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
     yield bwd_specialization(128, "bf16", True, v2=True, sparse=True)
+    # helper sparsebwd2's experiments on the default (v2 + dQ split): configs.BACKWARD_HEAD_GROUP (dense and
+    # block-sparse), SPARSE_BACKWARD_QDO_FIRST and _UNIFORM_WALK (block-sparse; the other two ride on the uniform
+    # walk there: attention_backward)
+    sparse_v2 = dict(v2=True, dq_shared=True, sparse=True)
+    every = dict(head_grouped=True, qdo_first=True, uniform_walk=True)
+    dense_v2 = {d: dict(v2=True, dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], head_grouped=True)
+            for knobs in (dict(uniform_walk=True), dict(head_grouped=True, uniform_walk=True),
+                          dict(qdo_first=True, uniform_walk=True), every):
+                yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, **knobs)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], item_order=True)
+            yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
+            yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
+                                     item_order=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **every)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **every)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **every)
+    yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, **every)
     # the experiments on the default (v2 + dQ split; configs.BACKWARD_DQ_DEFER / _STATS_AHEAD / _DQ_LAG), alone and
     # together (DQ_DEFER changes the config at D64 only: D128's shared memory has no room for it)
     lab = dict(v2=True, dq_shared=True)

@@ -113,6 +113,22 @@ def transposed_selection(k: torch.Tensor, kv_block_index: torch.Tensor, kv_block
     return transpose_selection(kv_block_index.contiguous(), kv_block_count.contiguous(), n_kv_blocks)
 
 
+def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int):
+    """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
+    Q blocks of its kv head that selected its KV block: ``q_count``, the transposed selection's counts [B, Hkv,
+    n_kv_blocks]); the key tile list (``schedule``, sorted by the blocks summed over the heads) is tile-major, where
+    the heads of one tile differ: static striding over it left the busiest SM 4-8% over the mean on the bench's
+    sparse batch, 0.4-0.7% over this list with SNAKE (bench/NOTES.md "TLX block-sparse backward v2"). Padding tiles
+    (seq -1) go last; the kernel's item count (tiles x heads) is unchanged. Device ops only: no sync."""
+    seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
+    start = schedule["TILE_START"].repeat_interleave(heads_kv)
+    head = torch.arange(heads_kv, dtype=torch.int32, device=seq.device).repeat(schedule["TILE_SEQ"].numel())
+    block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
+    cost = q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64)
+    order = torch.sort(torch.where(seq >= 0, cost, -1), descending=True, stable=True).indices
+    return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+
+
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
     """The dK/dV pass's pipeline depth: the dense config's, or 3 under ``KNOBS.sparse_dkdv_stages3`` for 16-bit
     head dims <= 128 on a device with sm_90's shared memory (3 x [64, 128] Q and dO tiles fit there)."""

@@ -88,6 +88,28 @@ def work_item(work, n_tiles, num_heads, group, KV_MAJOR: tl.constexpr):
 
 
 @triton.jit
+def snake_work(pid, i, programs, SNAKE: tl.constexpr):
+    """The work index of this program's i-th item: pid + i * programs, or SNAKE: every other round of ``programs``
+    items taken in reverse (boustrophedon over a list sorted longest first: each program's rounds pair a long item
+    with a short one)."""
+    if SNAKE:
+        return i * programs + tl.where((i & 1) == 0, pid, programs - 1 - pid)
+    else:
+        return pid + i * programs
+
+
+@triton.jit
+def snake_items(n_work, pid, programs, SNAKE: tl.constexpr):
+    """How many items ``snake_work`` gives this program."""
+    if SNAKE:
+        rounds = n_work // programs
+        last_col = tl.where((rounds & 1) == 0, pid, programs - 1 - pid)  # its column in the partial last round
+        return rounds + (last_col < n_work - rounds * programs).to(tl.int32)
+    else:
+        return (n_work - pid + programs - 1) // programs
+
+
+@triton.jit
 def first_work(WORK_COUNTER, ATOMIC_WORK: tl.constexpr):
     """This program's first work item: the next one from the atomic counter, else its program id."""
     if ATOMIC_WORK:

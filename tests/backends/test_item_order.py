@@ -1,0 +1,63 @@
+"""The TLX backward's item order (``configs.BACKWARD_ITEM_ORDER``, helper sparsebwd2): the snake striding
+(``common.snake_work`` / ``snake_items``, run in Triton's CPU interpreter: the TLX kernel cannot run there) gives every
+work item to exactly one program, and the block-sparse per-item list (``block_sparse_bwd.item_list``) is the tile
+list's (tile, kv head) pairs, each once, longest first by the item's own selected blocks, padding last."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from jfa_ops.backends.triton.block_sparse_bwd import item_list  # noqa: E402
+from jfa_ops.backends.triton.common import snake_items, snake_work  # noqa: E402
+
+
+@triton.jit
+def _visits_kernel(VISITS, ORDER, n_work, SNAKE: tl.constexpr):
+    """VISITS[w] += 1 for each item w this program takes; ORDER[pid * n_work + i] = its i-th item."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    for i in range(0, snake_items(n_work, pid, programs, SNAKE)):
+        work = snake_work(pid, i, programs, SNAKE)
+        tl.atomic_add(VISITS + work, 1)
+        tl.store(ORDER + pid * n_work + i, work)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (the GPU runs the real kernel)")
+@pytest.mark.parametrize("snake", [False, True])
+@pytest.mark.parametrize("n_work,programs", [(0, 3), (1, 3), (5, 5), (7, 3), (9, 3), (10, 4), (23, 5), (24, 6)])
+def test_every_item_once(n_work, programs, snake):
+    visits = torch.zeros(max(n_work, 1), dtype=torch.int32)
+    order = torch.full((programs, max(n_work, 1)), -1, dtype=torch.int32)
+    _visits_kernel[(programs,)](visits, order, n_work, SNAKE=snake)
+    assert visits[:n_work].tolist() == [1] * n_work
+    for pid in range(programs):  # each program's items: one per round, reversed every other round under SNAKE
+        mine = [w for w in order[pid].tolist() if w >= 0]
+        want = [r * programs + ((programs - 1 - pid) if snake and r % 2 else pid) for r in range(len(mine))]
+        assert mine == want
+
+
+def test_item_list_is_the_tile_lists_items_longest_first():
+    gen = torch.Generator().manual_seed(0)
+    heads, block_kv, n_kv_blocks = 3, 128, 4
+    seq = torch.tensor([1, 0, 1, 0, -1, -1], dtype=torch.int32)  # sorted tiles, then padding (start anything)
+    start = torch.tensor([0, 256, 384, 0, 999, -5], dtype=torch.int32)
+    q_count = torch.randint(0, 9, (2, heads, n_kv_blocks), generator=gen, dtype=torch.int32)
+    s, st, h = item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, block_kv)
+    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
+    pairs = sorted(zip(s.tolist(), st.tolist(), h.tolist()))
+    assert pairs == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
+    real = s >= 0
+    assert real.tolist() == sorted(real.tolist(), reverse=True)  # padding last
+    cost = [int(q_count[a, c, b // block_kv]) for a, b, c in zip(s.tolist(), st.tolist(), h.tolist()) if a >= 0]
+    assert cost == sorted(cost, reverse=True)
