@@ -62,6 +62,11 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 # 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
 # FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
 MXFP8_AUTO = os.environ.get("JFA_TLX_MXFP8", "1") != "0"
+# bf16/fp16/fp32 inputs of the MXFP8 forward: the quantize kernel writes the forward's re-based operands itself (one
+# pass: input read once, E4M3 written once; bit for bit what quantize + the re-basing stage give, tested under the
+# interpreter), instead of the MX pairs then mxfp8_rebase's pass over them (bench/NOTES.md "MXFP8 fused re-basing +
+# fp32 PV"). Env JFA_TLX_MXFP8_FUSED_QUANTIZE=0: the two passes (tools/tlx_check.py compares both in one run).
+MXFP8_FUSED_QUANTIZE = os.environ.get("JFA_TLX_MXFP8_FUSED_QUANTIZE", "1") != "0"
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 

@@ -38,6 +38,7 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets
 from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
+from ..triton.mxfp8_quantize import quantize_rebased_rows, quantize_rebased_v_tiles
 from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _wait_turn, _work_tile
@@ -296,44 +297,64 @@ def rebase_operands(q_mx, k_mx, v_mx, kv_offsets):
             *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n))
 
 
+def quantize_operands(q, k, v, kv_offsets, rounding):
+    """``rebase_operands`` of the MX pairs of high-precision q, k, v, bit for bit, in one pass over each (the
+    quantize kernel writes the re-based layout itself: bf16 read once, E4M3 written once)."""
+    cfg = mxfp8_fwd_config(q.shape[2])
+    return (*quantize_rebased_rows(q, rounding), *quantize_rebased_rows(k, rounding),
+            *quantize_rebased_v_tiles(v, kv_offsets.to(torch.int32), cfg.block_n, rounding))
+
+
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, rebased=None):
     """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from (data, scale) pairs: the triton MXFP8
     forward's contract (``triton.mxfp8_attn_fwd.attention_forward``). ``rebased``: ``rebase_operands``'s result
     for these pairs, to time the kernel alone (tools/tlx_check.py)."""
-    (q, _), (k, _), _ = q_mx, k_mx, v_mx
-    device, num_seqs = q.device, kv_offsets.shape[0] - 1
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    operands = (lambda kv_off: rebase_operands(q_mx, k_mx, v_mx, kv_off)) if rebased is None else (lambda _: rebased)
+    return _forward(operands, q_mx[0].shape, k_mx[0].shape, q_offsets, kv_offsets, params, out_dtype)
+
+
+def attention_forward_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding):
+    """``attention_forward`` of the MX pairs of high-precision q, k, v (out in q's dtype), their operands made by
+    ``quantize_operands``: the same result bit for bit, without the pairs' round trip through memory."""
+    return _forward(lambda kv_off: quantize_operands(q, k, v, kv_off, rounding), q.shape, k.shape, q_offsets,
+                    kv_offsets, params, q.dtype)
+
+
+def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtype):
+    """The kernel's launch; ``operands(kv_offsets int32)`` makes (qr, q_factors, kr, k_factors, vt, v_factors)
+    unless the call has no work."""
+    device, num_seqs = kv_offsets.device, kv_offsets.shape[0] - 1
+    num_heads, head_dim = q_shape[1], q_shape[2]
     cfg = mxfp8_fwd_config(head_dim)
     if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        total_out = num_seqs * q.shape[0]
+        q_off = broadcast_offsets(num_seqs, q_shape[0], device)
+        total_out = num_seqs * q_shape[0]
     else:
         q_off = q_offsets.to(torch.int32)
-        total_out = q.shape[0]
+        total_out = q_shape[0]
     kv_off = kv_offsets.to(torch.int32)
     out = common.alloc_output((total_out, num_heads, head_dim), out_dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
-    if total_out == 0 or num_seqs == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
+    if total_out == 0 or num_seqs == 0 or k_shape[0] == 0:  # no kernel (a descriptor needs positive extents)
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    qr, q_factors, kr, k_factors, vt, v_factors = rebase_operands(q_mx, k_mx, v_mx, kv_off) if rebased is None \
-        else rebased
+    qr, q_factors, kr, k_factors, vt, v_factors = operands(kv_off)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
+    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k_shape[0] and (
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
     kv_major = uniform or not (has_left or has_right or params.broadcast_q)  # as configs.fwd_choices
     programs, schedule = tile_schedule(
-        lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
+        lambda: forward_tiles(q_off, kv_off, total_out, k_shape[0], cfg.block_m, window_left, right, has_left,
                               has_right),
-        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
-    heads_kv = k.shape[1]
+        q_off, kv_off, total_out, k_shape[0], cfg.block_m, num_heads, "static", 1, device)
+    heads_kv = k_shape[1]
     launch(mxfp8_attn_fwd_tlx_kernel, (programs,), dict(
         desc_q=_descriptor(qr.view(qr.shape[0], -1), (cfg.block_m // 2, head_dim)),
         desc_k=_descriptor(kr.view(kr.shape[0], -1), (cfg.block_n, head_dim)),
         desc_vt=_descriptor(vt, (head_dim, cfg.block_n)), QF=q_factors, KF=k_factors, VF=v_factors, Out=out, Lse=lse,
         Q_OFF=q_off, KV_OFF=kv_off, **schedule, num_heads=num_heads, kv_heads=heads_kv, total_out=total_out,
-        q_rows=q.shape[0], k_rows=k.shape[0], stride_ot=out.stride(0), stride_oh=out.stride(1),
+        q_rows=q_shape[0], k_rows=k_shape[0], stride_ot=out.stride(0), stride_oh=out.stride(1),
         group=num_heads // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
         right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,

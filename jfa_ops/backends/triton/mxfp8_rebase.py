@@ -28,13 +28,11 @@ import triton.language as tl
 
 from .configs import interpreting
 from .launch import launch
-from .mxfp8_attn_fwd import _e8m0_value, _rebase_cols, _rebase_rows, _values_rows
+from .mxfp8_quantize import (INV_P_SCALE, P_SCALE_LOG2, _rebase_cols, _rebase_rows, _row_factor,  # noqa: F401
+                             _v_tile_factor, _values_rows, quantize_rebased_rows, quantize_rebased_v_tiles)
 from .scheduling import fanout_search_steps, padded_tile
 
 ROWS = 32  # rows per program of rebase_rows
-P_SCALE_LOG2 = 8  # P enters the FP8 dot as P * 2**8 (P <= 1 after the max subtraction: <= 256 < 448)
-# a kernel reads module globals only as constexprs (the interpreter allows plain ones; the GPU compiler does not)
-INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
 
 
 @triton.jit
@@ -51,8 +49,7 @@ def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_s
                    other=0)
     y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
     tl.store(Y + rows[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
-    # 2**max(e_max, -126): _rebase_rows divided by that (a row of 2**-127 blocks is stored x 2**126); NaN scale: NaN
-    tl.store(F + head * T + rows, _e8m0_value((tl.maximum(e_max, -126) + 127).to(tl.uint8)), mask=ok)
+    tl.store(F + head * T + rows, _row_factor(e_max), mask=ok)
 
 
 @triton.jit
@@ -74,8 +71,7 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_str
         y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
         cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(VT + (head * HEAD_DIM + d)[None, :] * vt_row_stride + cols[:, None], y)
-        factor = _e8m0_value((e_max + 127).to(tl.uint8)) * INV_P_SCALE
-        tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, factor)
+        tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, _v_tile_factor(e_max))
 
 
 def rebase_rows(data: torch.Tensor, scale: torch.Tensor):
