@@ -207,3 +207,57 @@ def test_tlx_kernel_on_the_gpu(name, dim):
     assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
     assert err <= bound, (err, bound)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_quantize_on_the_gpu_equals_the_two_passes(dtype):
+    """On the GPU (the hardware E4M3 conversion in both paths): quantize_rebased_rows / _v_tiles == rebase_rows /
+    rebase_v_tiles of quantize's pairs, bit for bit, at a size with many programs per SM and every special value."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    lengths = (0, 1, 31, 33, 127, 128, 129, 300, 4096, 1000)
+    kv_off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32).cuda()
+    for dim, heads in ((64, 5), (128, 4)):
+        x = _special_inputs(int(kv_off[-1]), heads, dim, dtype, seed=dim).cuda()
+        for rounding in ("rceil", "floor"):
+            want_y, want_f = rebase_rows(*quantize(x, None, (1, 32), rounding))
+            got_y, got_f = quantize_rebased_rows(x, rounding)
+            assert torch.equal(_bits(got_y), _bits(want_y)) and torch.equal(_bits(got_f), _bits(want_f))
+            want_vt, want_vf = rebase_v_tiles(*quantize(x, kv_off, (32, 1), rounding), kv_off, BLOCK_N)
+            got_vt, got_vf = quantize_rebased_v_tiles(x, kv_off, BLOCK_N, rounding)
+            owned = torch.tensor([int(kv_off[b]) // BLOCK_N + b + i for b, n in enumerate(lengths)
+                                  for i in range(-(-n // BLOCK_N))], device="cuda")
+            cols = (owned[:, None] * BLOCK_N + torch.arange(BLOCK_N, device="cuda")).reshape(-1)
+            assert torch.equal(_bits(got_vt)[:, cols], _bits(want_vt)[:, cols])
+            assert torch.equal(_bits(got_vf)[owned], _bits(want_vf)[owned])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_tlx_bf16_inputs_fused_equals_two_passes(name):
+    """mxfp8_attention(bf16 q, k, v, backend="tlx"): the fused quantize (configs.MXFP8_FUSED_QUANTIZE) gives the
+    two passes' out and lse bit for bit (the same operands, the same kernel), within the issue's bound."""
+    from jfa_ops.backends import unavailable_reason
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    q, k, v, q_off, kv_off, opts = make_case(**{**ATTENTION_CASES[name], "dim": 128}, dtype=torch.bfloat16, seed=5)
+    problem = jfa_ops.backends.Problem("cuda", torch.bfloat16, 128, q.shape[1], k.shape[1], False, -1, -1, False,
+                                       False)
+    if unavailable_reason("tlx", problem, family="mxfp8_attention") is not None:
+        pytest.skip("tlx unavailable")
+    from jfa_ops.backends.tlx import configs
+
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    results = []
+    for fused in (True, False):
+        configs.MXFP8_FUSED_QUANTIZE = fused
+        try:
+            results.append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+        finally:
+            configs.MXFP8_FUSED_QUANTIZE = True
+    (out, lse), (out2, lse2) = results
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.float().cpu())
+    assert err <= bound, (err, bound)

@@ -147,10 +147,16 @@ def _rebase_cols(data, exps, HW_CVT: tl.constexpr):
     column exponents [D]): every column under its largest block scale in the tile."""
     NB: tl.constexpr = exps.shape[0]
     D: tl.constexpr = exps.shape[1]
+    y, e_max = _rebase_blocks(tl.reshape(data, (NB, 32, D)), exps, HW_CVT)
+    return tl.reshape(y, (NB * 32, D)), e_max
+
+
+@triton.jit
+def _rebase_blocks(data, exps, HW_CVT: tl.constexpr):
+    """``_rebase_cols`` on the tile as its blocks, ``data [NB, 32, D]`` -> (E4M3 [NB, 32, D], exponents [D])."""
     e_max = tl.max(exps, 0)
     shift = _pow2(tl.maximum(exps - e_max[None, :], -127))  # [NB, D], <= 1
-    y = tl.reshape(data.to(tl.float32), (NB, 32, D)) * shift[:, None, :]
-    return _to_e4m3(tl.reshape(y, (NB * 32, D)), HW_CVT), e_max
+    return _to_e4m3(data.to(tl.float32) * shift[:, None, :], HW_CVT), e_max
 
 
 @triton.jit
@@ -180,6 +186,20 @@ INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
 
 
 @triton.jit
+def _widened(x, X_BF16_BITS: tl.constexpr):
+    """(fp32 x, |x| as fp32 bits: ordered like the magnitudes, and >= inf's bits exactly where x is not finite) of
+    a loaded tile; X_BF16_BITS: bf16 read as int16 bits and widened exactly (the interpreter's cast flushes
+    subnormals)."""
+    if X_BF16_BITS:
+        bits = x.to(tl.int32) << 16
+        x = bits.to(tl.float32, bitcast=True)
+    else:
+        x = x.to(tl.float32)
+        bits = x.to(tl.int32, bitcast=True)
+    return x, bits & 0x7FFFFFFF
+
+
+@triton.jit
 def _v_tile_factor(e_max):
     """fp32 column factor of a re-based V tile with column exponents ``e_max``, over P's fixed scale 2**8."""
     return _e8m0_value((e_max + 127).to(tl.uint8)) * INV_P_SCALE
@@ -187,12 +207,12 @@ def _v_tile_factor(e_max):
 
 @triton.jit(do_not_specialize=["rows", "heads", "num_seqs"])
 def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
-                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh, vt_row_stride,
+                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh, stride_vt,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
                           HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr,
-                          REBASE: tl.constexpr = PAIR):
+                          REBASE: tl.constexpr):
     """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one tile of BLOCK_R rows,
     each one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False:
     (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: the tile's rows of one sequence in the padded
@@ -200,7 +220,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     head loop's pipelining depth.
     REBASE (``PAIR``: DATA, SCALE the pair's bits): ``REBASED_ROWS`` ((1, 32)): DATA the rows re-based, F the row
     factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
-    stride vt_row_stride), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
+    stride stride_vt), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
     HP: tl.constexpr = HEADS_PER_PROGRAM
@@ -233,32 +253,31 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         col_ok = (d < HEAD_DIM) & (head < heads)
         head64 = head.to(tl.int64)
         mask = r_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :], mask=mask, other=0)
-        if X_BF16_BITS:  # bf16 read as int16 bits and widened exactly (the interpreter's cast flushes subnormals)
-            bits = x.to(tl.int32) << 16
-            x = bits.to(tl.float32, bitcast=True)
-        else:
-            x = x.to(tl.float32)
-            bits = x.to(tl.int32, bitcast=True)
-        # |x| as bits: ordered like the magnitudes, and >= inf's bits exactly where x is not finite
-        a = bits & 0x7FFFFFFF
+        x, a = _widened(tl.load(X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :], mask=mask,
+                                other=0), X_BF16_BITS)
         g_head = head0 + gg // NC
         g_ok = (gg % NC < HEAD_DIM // 32) & (g_head < heads)
         g_off = g_head.to(tl.int64) * stride_sh + gg % NC
-        if REBASE == REBASED_V_TILES:  # (32, 1) blocks: BLOCK_R // 32 of them per column
+        if REBASE == REBASED_V_TILES:  # (32, 1) blocks: BLOCK_R // 32 of them per column, loaded as [NB, 32, C]
             NB: tl.constexpr = BLOCK_R // 32
-            amax = tl.max(tl.reshape(a, (NB, 32, HP * BLOCK_D)), 1)  # [NB, HP * BLOCK_D]
+            i3 = tl.arange(0, NB)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]  # the tile's row
+            key_ok = row0 + i3 < end
+            x3, a3 = _widened(tl.load(X + (row0 + i3).to(tl.int64) * stride_xt
+                                      + (head64 * stride_xh + d)[None, None, :],
+                                      mask=key_ok & col_ok[None, None, :], other=0), X_BF16_BITS)
+            amax = tl.max(a3, 1)  # [NB, HP * BLOCK_D]
             bad = amax >= 0x7F800000
             shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
-            data = _encode(tl.reshape(x, (NB, 32, HP * BLOCK_D)), shared[:, None, :], bad[:, None, :], HW_CVT)
+            data = _encode(x3, shared[:, None, :], bad[:, None, :], HW_CVT)
             # keys past the sequence end are 0 (a NaN block's padding rows too), as rebase_v_tiles loads them
-            data = tl.where(r_ok[:, None], tl.reshape(data, (BLOCK_R, HP * BLOCK_D)), 0).to(tl.uint8)
-            y, e_max = _rebase_cols(data.to(tl.float8e4nv, bitcast=True),
-                                    tl.where(bad, 255, shared + 127) - 127, HW_CVT)
-            cols = tile.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+            data = tl.where(key_ok, data, 0).to(tl.uint8)
+            y, e_max = _rebase_blocks(data.to(tl.float8e4nv, bitcast=True), tl.where(bad, 255, shared + 127) - 127,
+                                      HW_CVT)
             if owned:  # padding tiles write nothing
-                tl.store(DATA + (head64 * HEAD_DIM + d)[None, :] * vt_row_stride + cols[:, None],
-                         y.to(tl.uint8, bitcast=True), mask=col_ok[None, :])
+                keys = tile.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+                tl.store(DATA + (head64 * HEAD_DIM + d)[:, None] * stride_vt + keys[None, :],
+                         tl.trans(tl.reshape(y.to(tl.uint8, bitcast=True), (BLOCK_R, HP * BLOCK_D))),
+                         mask=col_ok[:, None])
                 tl.store(F + (tile.to(tl.int64) * heads + head64) * HEAD_DIM + d, _v_tile_factor(e_max),
                          mask=col_ok)
         else:
@@ -358,12 +377,12 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
     if rows and heads and num_seqs:
         bits = vt.view(torch.uint8)
         _launch_quantize(x, bits, bits, kv_offsets, num_seqs, tiles, (32, 1), rounding, REBASED_V_TILES, factors,
-                         block_r=block_n, vt_row_stride=vt.stride(0))
+                         block_r=block_n, stride_vt=vt.stride(0))
     return vt, factors
 
 
 def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
-                     block_r=QUANT_BLOCK_R, vt_row_stride=0):
+                     block_r=QUANT_BLOCK_R, stride_vt=0):
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs."""
     rows, heads, dim = x.shape
     block_rows, block_cols = tuple(block)
@@ -378,9 +397,9 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
         X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs,
         F=data_bits if factors is None else factors, rows=rows, heads=heads, num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
-        vt_row_stride=vt_row_stride,
+        stride_vt=stride_vt,
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
-        GROUPS=groups, STAGES=stages, REBASE=rebase),
+        GROUPS=groups, STAGES=stages, REBASE=rebase.value),
         num_warps=warps, num_stages=1)
