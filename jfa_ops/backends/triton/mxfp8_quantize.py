@@ -207,7 +207,7 @@ def _v_tile_factor(e_max):
 
 @triton.jit(do_not_specialize=["rows", "heads", "num_seqs"])
 def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
-                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh, stride_vt,
+                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh, stride_vtrow,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
@@ -220,7 +220,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     head loop's pipelining depth.
     REBASE (``PAIR``: DATA, SCALE the pair's bits): ``REBASED_ROWS`` ((1, 32)): DATA the rows re-based, F the row
     factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
-    stride stride_vt), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
+    stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
     HP: tl.constexpr = HEADS_PER_PROGRAM
@@ -275,7 +275,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                                       HW_CVT)
             if owned:  # padding tiles write nothing
                 keys = tile.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-                tl.store(DATA + (head64 * HEAD_DIM + d)[:, None] * stride_vt + keys[None, :],
+                tl.store(DATA + (head64 * HEAD_DIM + d)[:, None] * stride_vtrow + keys[None, :],
                          tl.trans(tl.reshape(y.to(tl.uint8, bitcast=True), (BLOCK_R, HP * BLOCK_D))),
                          mask=col_ok[:, None])
                 tl.store(F + (tile.to(tl.int64) * heads + head64) * HEAD_DIM + d, _v_tile_factor(e_max),
@@ -377,12 +377,12 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
     if rows and heads and num_seqs:
         bits = vt.view(torch.uint8)
         _launch_quantize(x, bits, bits, kv_offsets, num_seqs, tiles, (32, 1), rounding, REBASED_V_TILES, factors,
-                         block_r=block_n, stride_vt=vt.stride(0))
+                         block_r=block_n, stride_vtrow=vt.stride(0))
     return vt, factors
 
 
 def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
-                     block_r=QUANT_BLOCK_R, stride_vt=0):
+                     block_r=QUANT_BLOCK_R, stride_vtrow=0):
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs."""
     rows, heads, dim = x.shape
     block_rows, block_cols = tuple(block)
@@ -397,7 +397,7 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
         X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs,
         F=data_bits if factors is None else factors, rows=rows, heads=heads, num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
-        stride_vt=stride_vt,
+        stride_vtrow=stride_vtrow,
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),

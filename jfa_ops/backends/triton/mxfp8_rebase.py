@@ -53,7 +53,7 @@ def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_s
 
 
 @triton.jit
-def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_stride, stride_vt, stride_vh,
+def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, stride_vtrow, stride_vt, stride_vh,
                           stride_st, stride_sh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                           SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
     """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring)."""
@@ -70,7 +70,7 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_str
                        mask=(blocks * 32 < len_k)[:, None], other=0)  # scale bits 0: 2**-127, never the maximum
         y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
         cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(VT + (head * HEAD_DIM + d)[None, :] * vt_row_stride + cols[:, None], y)
+        tl.store(VT + (head * HEAD_DIM + d)[None, :] * stride_vtrow + cols[:, None], y)
         tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, _v_tile_factor(e_max))
 
 
@@ -105,7 +105,7 @@ def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Te
         bits = scale.view(torch.uint8)
         launch(rebase_v_tiles_kernel, (tiles, heads), dict(
             V=data, VS=bits, KV_OFF=kv_offsets, VT=vt, VF=factors, num_seqs=num_seqs, num_heads=heads,
-            vt_row_stride=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
+            stride_vtrow=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
             stride_st=bits.stride(0), stride_sh=bits.stride(1), HEAD_DIM=dim, BLOCK_N=block_n,
             SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting()), num_warps=4, num_stages=1)
     return vt, factors
