@@ -730,6 +730,10 @@ def _mx_case(label, q_lengths, kv_lengths, heads_q, heads_kv, dim, causal, windo
 def mxfp8_correctness() -> int:
     """The TLX MXFP8 forward (backend="tlx") against the float64 MXFP8 oracle: fixed cases, a NaN/inf neighbour,
     the routes it declines (D256, D96: ValueError naming the reason)."""
+    from jfa_ops.backends.tlx import configs as tlx_configs
+
+    print(f"tlx MXFP8_QK_CHUNKS={tlx_configs.MXFP8_QK_CHUNKS} MXFP8_FUSED_QUANTIZE={tlx_configs.MXFP8_FUSED_QUANTIZE}",
+          flush=True)
     failures, t0 = 0, time.time()
     cases = [(c[0], c[1:], False) for c in MXFP8_CASES]
     cases.append(("mx NaN/inf neighbour", MXFP8_CASES[1][1:], True))
@@ -785,7 +789,7 @@ def mxfp8_timing() -> int:
 
     cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx", "bf16 triton")
     print("MXFP8 forward, D128, TFLOP/s (ms); tlx-mxfp8 = pre-quantized pairs incl. the re-basing stage; "
-          "triton-mxfp8 = bf16smem, pre-quantized", flush=True)
+          f"triton-mxfp8 = bf16smem, pre-quantized; tlx MXFP8_QK_CHUNKS={tlx_configs.MXFP8_QK_CHUNKS}", flush=True)
     print(f"{'case':26s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'/bf16 tlx':>9s} {'/bf16 triton':>12s}"
           f" {'kernel/bf16 tlx':>15s}", flush=True)
     failures = 0

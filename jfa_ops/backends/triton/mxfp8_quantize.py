@@ -9,6 +9,12 @@ write scale 0).
 The shared exponent comes from the largest fp32 magnitude bits of the block (non-finite: bits >= inf's); data and
 scale are stored through uint8 views. On the GPU the E4M3 rounding is the hardware conversion (12-13.5 SASS
 instructions per element in all); the interpreter uses the exact integer rounding.
+
+``REBASE`` modes (the TLX MXFP8 forward's operands from high-precision inputs, ``quantize_rebased_rows`` /
+``quantize_rebased_v_tiles``): the same kernel re-bases its MX blocks in registers with ``mxfp8_rebase.py``'s
+arithmetic (the helpers below) and writes that layout instead of the pair: bit for bit what ``rebase_rows`` /
+``rebase_v_tiles`` make of ``quantize``'s output, one pass over the input (V: one program per 128-key tile of a
+sequence, the tile loaded as its four (32, 1) blocks and stored transposed).
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""MXFP8 operands re-based for one FP8 wgmma per tile (the TLX MXFP8 forward's input stage; portable Triton).
+"""MXFP8 operands re-based for one FP8 wgmma per tile (the TLX MXFP8 forward's input stage for pre-quantized
+pairs; portable Triton). From high-precision inputs the quantize kernel writes the same operands itself, bit for bit
+(``mxfp8_quantize.quantize_rebased_rows`` / ``quantize_rebased_v_tiles``, re-exported here).
 
 Hopper has no block-scaled MMA, so the TLX MXFP8 forward (``backends/tlx/mxfp8_attn_fwd.py``) takes operands whose
 scales sit outside the dot:
