@@ -765,8 +765,8 @@ def mxfp8_correctness() -> int:
 
 def mxfp8_timing() -> int:
     """Forward TFLOP/s (ms) on the issue's headline shapes: tlx-mxfp8 pre-quantized (its re-basing stage included),
-    the kernel alone (re-based operands made once), bf16 inputs (the fused quantize counted; "2-pass": quantize
-    then the re-basing stage),
+    the kernel alone (re-based operands made once), bf16 inputs (the fused quantize counted; "V 2-pass": V through
+    quantize then the re-basing stage; "2-pass": all three so),
     triton-mxfp8 (bf16smem, pre-quantized), our bf16 tlx, our bf16 triton; ratios of tlx-mxfp8 to the bf16 ones."""
     from bench.suites import lognormal_lengths
     from jfa_ops.backends import AttentionParams
@@ -778,16 +778,17 @@ def mxfp8_timing() -> int:
               ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True))
     from jfa_ops.backends.tlx import configs as tlx_configs
 
-    def two_passes(fn):  # bf16 in through quantize + the re-basing stage (tlx configs.MXFP8_FUSED_QUANTIZE off)
-        def run():
-            tlx_configs.MXFP8_FUSED_QUANTIZE = False
+    def knob(name, fn):  # bf16 in with a tlx configs switch off: MXFP8_FUSED_QUANTIZE (quantize + the re-basing
+        def run():  # stage for all three), MXFP8_FUSED_V (V only)
+            setattr(tlx_configs, name, False)
             try:
                 return fn()
             finally:
-                tlx_configs.MXFP8_FUSED_QUANTIZE = True
+                setattr(tlx_configs, name, True)
         return run
 
-    cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx", "bf16 triton")
+    cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in V 2-pass", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx",
+            "bf16 triton")
     print("MXFP8 forward, D128, TFLOP/s (ms); tlx-mxfp8 = pre-quantized pairs incl. the re-basing stage; "
           f"triton-mxfp8 = bf16smem, pre-quantized; tlx MXFP8_QK_CHUNKS={tlx_configs.MXFP8_QK_CHUNKS}", flush=True)
     print(f"{'case':26s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'/bf16 tlx':>9s} {'/bf16 triton':>12s}"
@@ -808,8 +809,10 @@ def mxfp8_timing() -> int:
                "kernel alone": lambda: mxfp8_attn_fwd.attention_forward(*pairs, q_off, kv_off, params, torch.bfloat16,
                                                                         rebased=rebased),
                "bf16 in": lambda: jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw),
-               "bf16 in 2-pass": two_passes(lambda: jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, max_q, max_kv,
-                                                                            backend="tlx", **kw)),
+               "bf16 in V 2-pass": knob("MXFP8_FUSED_V", lambda: jfa_ops.mxfp8_attention(
+                   q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw)),
+               "bf16 in 2-pass": knob("MXFP8_FUSED_QUANTIZE", lambda: jfa_ops.mxfp8_attention(
+                   q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw)),
                "triton-mxfp8": lambda: jfa_ops.mxfp8_attention(*pairs, q_off, kv_off, max_q, max_kv,
                                                                backend="triton", **kw),
                "bf16 tlx": lambda: jfa_ops.jagged_attention(q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw),

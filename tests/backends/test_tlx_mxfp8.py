@@ -236,8 +236,9 @@ def test_fused_quantize_on_the_gpu_equals_the_two_passes(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
 def test_tlx_bf16_inputs_fused_equals_two_passes(name):
-    """mxfp8_attention(bf16 q, k, v, backend="tlx"): the fused quantize (configs.MXFP8_FUSED_QUANTIZE) gives the
-    two passes' out and lse bit for bit (the same operands, the same kernel), within the issue's bound."""
+    """mxfp8_attention(bf16 q, k, v, backend="tlx"): the fused quantize (configs.MXFP8_FUSED_QUANTIZE, with and
+    without MXFP8_FUSED_V) gives the two passes' out and lse bit for bit (the same operands, the same kernel), within
+    the issue's bound."""
     from jfa_ops.backends import unavailable_reason
 
     if not torch.cuda.is_available():
@@ -251,13 +252,14 @@ def test_tlx_bf16_inputs_fused_equals_two_passes(name):
 
     dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
     results = []
-    for fused in (True, False):
-        configs.MXFP8_FUSED_QUANTIZE = fused
+    for fused, fused_v in ((True, True), (True, False), (False, True)):  # all fused, V two-pass, all two-pass
+        configs.MXFP8_FUSED_QUANTIZE, configs.MXFP8_FUSED_V = fused, fused_v
         try:
             results.append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
         finally:
-            configs.MXFP8_FUSED_QUANTIZE = True
-    (out, lse), (out2, lse2) = results
-    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+            configs.MXFP8_FUSED_QUANTIZE = configs.MXFP8_FUSED_V = True
+    out, lse = results[0]
+    for out2, lse2 in results[1:]:
+        assert torch.equal(out, out2) and torch.equal(lse, lse2)
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.float().cpu())
     assert err <= bound, (err, bound)

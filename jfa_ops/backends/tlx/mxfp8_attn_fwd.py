@@ -38,7 +38,7 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets
 from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
-from ..triton.mxfp8_quantize import quantize_rebased_rows, quantize_rebased_v_tiles
+from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
 from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _wait_turn, _work_tile
@@ -329,10 +329,15 @@ def rebase_operands(q_mx, k_mx, v_mx, kv_offsets):
 
 def quantize_operands(q, k, v, kv_offsets, rounding):
     """``rebase_operands`` of the MX pairs of high-precision q, k, v, bit for bit, in one pass over each (the
-    quantize kernel writes the re-based layout itself: bf16 read once, E4M3 written once)."""
+    quantize kernel writes the re-based layout itself: bf16 read once, E4M3 written once); V through the pair and
+    the re-basing stage unless ``configs.MXFP8_FUSED_V``."""
     cfg = mxfp8_fwd_config(q.shape[2])
-    return (*quantize_rebased_rows(q, rounding), *quantize_rebased_rows(k, rounding),
-            *quantize_rebased_v_tiles(v, kv_offsets.to(torch.int32), cfg.block_n, rounding))
+    kv_off = kv_offsets.to(torch.int32)
+    if configs.MXFP8_FUSED_V:
+        v_operands = quantize_rebased_v_tiles(v, kv_off, cfg.block_n, rounding)
+    else:
+        v_operands = rebase_v_tiles(*quantize(v, kv_off, (32, 1), rounding), kv_off, cfg.block_n)
+    return (*quantize_rebased_rows(q, rounding), *quantize_rebased_rows(k, rounding), *v_operands)
 
 
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, rebased=None):
