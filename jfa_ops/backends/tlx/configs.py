@@ -68,8 +68,9 @@ MXFP8_AUTO = os.environ.get("JFA_TLX_MXFP8", "1") != "0"
 # fp32 PV"). Env JFA_TLX_MXFP8_FUSED_QUANTIZE=0: the two passes (tools/tlx_check.py compares both in one run).
 MXFP8_FUSED_QUANTIZE = os.environ.get("JFA_TLX_MXFP8_FUSED_QUANTIZE", "1") != "0"
 # With MXFP8_FUSED_QUANTIZE: V's tiles fused too (else V through its pair and the re-basing stage, Q and K fused).
-# The fused V-tile program is ALU-bound on sm_90 (34.7 SASS per element, 63% of the HBM rate at full issue): about
-# the two passes' time predicted, with 40% fewer bytes. Env JFA_TLX_MXFP8_FUSED_V=0; tools/tlx_check.py times both.
+# The fused V-tile program is nearly ALU-bound on sm_90 (25.8 SASS per element: 85% of the HBM rate at full issue):
+# predicted 0-25% faster than V's two passes, with 40% fewer bytes. Env JFA_TLX_MXFP8_FUSED_V=0; tools/tlx_check.py
+# times both.
 MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "1") != "0"
 # The MXFP8 forward's S = Qr Kr^T as the two halves of head_dim (2; 1: one wgmma chain), each a fresh wgmma
 # accumulator, added in fp32 (FA3/DeepSeek's promotion of FP8 partial sums). PV is promoted per key tile already (a

@@ -153,16 +153,16 @@ def _rebase_cols(data, exps, HW_CVT: tl.constexpr):
     column exponents [D]): every column under its largest block scale in the tile."""
     NB: tl.constexpr = exps.shape[0]
     D: tl.constexpr = exps.shape[1]
-    y, e_max = _rebase_blocks(tl.reshape(data, (NB, 32, D)), exps, HW_CVT)
+    e_max = tl.max(exps, 0)
+    y = _rebase_by(tl.reshape(data, (NB, 32, D)), (exps - e_max[None, :])[:, None, :], HW_CVT)
     return tl.reshape(y, (NB * 32, D)), e_max
 
 
 @triton.jit
-def _rebase_blocks(data, exps, HW_CVT: tl.constexpr):
-    """``_rebase_cols`` on the tile as its blocks, ``data [NB, 32, D]`` -> (E4M3 [NB, 32, D], exponents [D])."""
-    e_max = tl.max(exps, 0)
-    shift = _pow2(tl.maximum(exps - e_max[None, :], -127))  # [NB, D], <= 1
-    return _to_e4m3(data.to(tl.float32) * shift[:, None, :], HW_CVT), e_max
+def _rebase_by(data, drop, HW_CVT: tl.constexpr):
+    """E4M3 ``data`` x 2**drop (``drop`` <= 0: its block exponent minus the largest, broadcast against data),
+    rounded to E4M3."""
+    return _to_e4m3(data.to(tl.float32) * _pow2(tl.maximum(drop, -127)), HW_CVT)
 
 
 @triton.jit
@@ -264,26 +264,34 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         g_head = head0 + gg // NC
         g_ok = (gg % NC < HEAD_DIM // 32) & (g_head < heads)
         g_off = g_head.to(tl.int64) * stride_sh + gg % NC
-        if REBASE == REBASED_V_TILES:  # (32, 1) blocks: BLOCK_R // 32 of them per column, loaded as [NB, 32, C]
+        if REBASE == REBASED_V_TILES:
+            # (32, 1) blocks, NB per column: the tile as [32 rows, NB * C] (column j: block j // C, column j % C of
+            # the head group), so that a warp holds one block's columns and a thread 16 rows of 8 contiguous ones
+            # (the block maxima within a warp, 16-byte loads from the copy buffer, 16 keys per V^T row per thread)
             NB: tl.constexpr = BLOCK_R // 32
-            i3 = tl.arange(0, NB)[:, None, None] * 32 + tl.arange(0, 32)[None, :, None]  # the tile's row
-            key_ok = row0 + i3 < end
-            x3, a3 = _widened(tl.load(X + (row0 + i3).to(tl.int64) * stride_xt
-                                      + (head64 * stride_xh + d)[None, None, :],
-                                      mask=key_ok & col_ok[None, None, :], other=0), X_BF16_BITS)
-            amax = tl.max(a3, 1)  # [NB, HP * BLOCK_D]
+            C: tl.constexpr = HP * BLOCK_D
+            key3 = tl.arange(0, 32)[:, None, None] + tl.arange(0, NB)[None, :, None] * 32  # [32, NB, 1]
+            x3 = tl.load(X + (row0 + key3).to(tl.int64) * stride_xt + (head64 * stride_xh + d)[None, None, :],
+                         mask=(row0 + key3 < end) & col_ok[None, None, :], other=0)
+            xb, ab = _widened(tl.reshape(x3, (32, NB * C)), X_BF16_BITS)
+            jb = tl.arange(0, NB * C)
+            b_head = head0 + jb % C // BLOCK_D
+            b_d = jb % BLOCK_D
+            b_col_ok = (b_d < HEAD_DIM) & (b_head < heads)
+            key = (jb // C * 32)[None, :] + tl.arange(0, 32)[:, None]  # [32, NB * C]: the key within the tile
+            key_ok = row0 + key < end
+            amax = tl.max(ab, 0)  # [NB * C]
             bad = amax >= 0x7F800000
             shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
-            data = _encode(x3, shared[:, None, :], bad[:, None, :], HW_CVT)
             # keys past the sequence end are 0 (a NaN block's padding rows too), as rebase_v_tiles loads them
-            data = tl.where(key_ok, data, 0).to(tl.uint8)
-            y, e_max = _rebase_blocks(data.to(tl.float8e4nv, bitcast=True), tl.where(bad, 255, shared + 127) - 127,
-                                      HW_CVT)
+            data = tl.where(key_ok, _encode(xb, shared[None, :], bad[None, :], HW_CVT), 0).to(tl.uint8)
+            exps = tl.where(bad, 255, shared + 127) - 127
+            e_max = tl.max(tl.reshape(exps, (NB, C)), 0)  # [C]
+            y = _rebase_by(data.to(tl.float8e4nv, bitcast=True),
+                           exps - tl.reshape(tl.broadcast_to(e_max[None, :], (NB, C)), (NB * C,)), HW_CVT)
             if owned:  # padding tiles write nothing
-                keys = tile.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-                tl.store(DATA + (head64 * HEAD_DIM + d)[:, None] * stride_vtrow + keys[None, :],
-                         tl.trans(tl.reshape(y.to(tl.uint8, bitcast=True), (BLOCK_R, HP * BLOCK_D))),
-                         mask=col_ok[:, None])
+                tl.store(DATA + (b_head.to(tl.int64) * HEAD_DIM + b_d)[None, :] * stride_vtrow
+                         + tile.to(tl.int64) * BLOCK_R + key, y.to(tl.uint8, bitcast=True), mask=b_col_ok[None, :])
                 tl.store(F + (tile.to(tl.int64) * heads + head64) * HEAD_DIM + d, _v_tile_factor(e_max),
                          mask=col_ok)
         else:
