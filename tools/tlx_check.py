@@ -748,15 +748,28 @@ def _mx_case(label, q_lengths, kv_lengths, heads_q, heads_kv, dim, causal, windo
         ref = jfa_ops.mxfp8_attention(*dev[:3], dev[3], dev[4], backend="triton", **opts)
         err_bf16 = rel_err(got, ref)
         assert err_bf16 <= 1e-2, f"bf16 in: out vs triton MXFP8 {err_bf16:.2e}"
+        # the fused quantize (tlx configs.MXFP8_FUSED_QUANTIZE, the default) == quantize + the re-basing stage
+        from jfa_ops.backends.tlx import configs as tlx_configs
+
+        tlx_configs.MXFP8_FUSED_QUANTIZE = False
+        try:
+            two_pass = jfa_ops.mxfp8_attention(*dev[:3], dev[3], dev[4], backend="tlx", **opts)
+        finally:
+            tlx_configs.MXFP8_FUSED_QUANTIZE = True
+        assert torch.equal(got.detach(), two_pass), "bf16 in: fused quantize != quantize + re-basing stage"
         grads = torch.autograd.grad(got.float().square().sum(), leaves)
         assert all(torch.isfinite(g).all() for g in grads), "non-finite gradients"
-        detail += f" | bf16 in vs triton {err_bf16:.1e}, grads ok"
+        detail += f" | bf16 in vs triton {err_bf16:.1e}, fused == 2 passes, grads ok"
     return detail
 
 
 def mxfp8_correctness() -> int:
     """The TLX MXFP8 forward (backend="tlx") against the float64 MXFP8 oracle: fixed cases, a NaN/inf neighbour,
     the routes it declines (D256, D96: ValueError naming the reason)."""
+    from jfa_ops.backends.tlx import configs as tlx_configs
+
+    print(f"tlx MXFP8_QK_CHUNKS={tlx_configs.MXFP8_QK_CHUNKS} MXFP8_FUSED_QUANTIZE={tlx_configs.MXFP8_FUSED_QUANTIZE}",
+          flush=True)
     failures, t0 = 0, time.time()
     cases = [(c[0], c[1:], False) for c in MXFP8_CASES]
     cases.append(("mx NaN/inf neighbour", MXFP8_CASES[1][1:], True))
@@ -788,7 +801,8 @@ def mxfp8_correctness() -> int:
 
 def mxfp8_timing() -> int:
     """Forward TFLOP/s (ms) on the issue's headline shapes: tlx-mxfp8 pre-quantized (its re-basing stage included),
-    the kernel alone (re-based operands made once), bf16 inputs (the triton quantize kernel counted),
+    the kernel alone (re-based operands made once), bf16 inputs (the fused quantize counted; "V 2-pass": V through
+    quantize then the re-basing stage; "2-pass": all three so),
     triton-mxfp8 (bf16smem, pre-quantized), our bf16 tlx, our bf16 triton; ratios of tlx-mxfp8 to the bf16 ones."""
     from bench.suites import lognormal_lengths
     from jfa_ops.backends import AttentionParams
@@ -798,9 +812,21 @@ def mxfp8_timing() -> int:
     KNOBS.mxfp8_variant = "bf16smem"
     shapes = (("dense B8 S4096 H16 D128", (4096,) * 8, (4096,) * 8, 16, False),
               ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True))
-    cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "triton-mxfp8", "bf16 tlx", "bf16 triton")
+    from jfa_ops.backends.tlx import configs as tlx_configs
+
+    def knob(name, fn):  # bf16 in with a tlx configs switch off: MXFP8_FUSED_QUANTIZE (quantize + the re-basing
+        def run():  # stage for all three), MXFP8_FUSED_V (V only)
+            setattr(tlx_configs, name, False)
+            try:
+                return fn()
+            finally:
+                setattr(tlx_configs, name, True)
+        return run
+
+    cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in V 2-pass", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx",
+            "bf16 triton")
     print("MXFP8 forward, D128, TFLOP/s (ms); tlx-mxfp8 = pre-quantized pairs incl. the re-basing stage; "
-          "triton-mxfp8 = bf16smem, pre-quantized", flush=True)
+          f"triton-mxfp8 = bf16smem, pre-quantized; tlx MXFP8_QK_CHUNKS={tlx_configs.MXFP8_QK_CHUNKS}", flush=True)
     print(f"{'case':26s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'/bf16 tlx':>9s} {'/bf16 triton':>12s}"
           f" {'kernel/bf16 tlx':>15s}", flush=True)
     failures = 0
@@ -819,6 +845,10 @@ def mxfp8_timing() -> int:
                "kernel alone": lambda: mxfp8_attn_fwd.attention_forward(*pairs, q_off, kv_off, params, torch.bfloat16,
                                                                         rebased=rebased),
                "bf16 in": lambda: jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw),
+               "bf16 in V 2-pass": knob("MXFP8_FUSED_V", lambda: jfa_ops.mxfp8_attention(
+                   q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw)),
+               "bf16 in 2-pass": knob("MXFP8_FUSED_QUANTIZE", lambda: jfa_ops.mxfp8_attention(
+                   q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw)),
                "triton-mxfp8": lambda: jfa_ops.mxfp8_attention(*pairs, q_off, kv_off, max_q, max_kv,
                                                                backend="triton", **kw),
                "bf16 tlx": lambda: jfa_ops.jagged_attention(q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|host|bench|suite]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|mxfp8-qk2|host|
+# bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
 # dQ split) / dqdefer / statsahead / dqlag, <= 4 min)
@@ -19,7 +20,9 @@
 # backward timings on the bench's sparse batch: the default, the experiments, the TLX dense backward (170 s).
 # `mxfp8` (not in `all`): the TLX MXFP8 forward (issue 12, mxfp8_attention(..., backend="tlx")): its sweep vs the
 # float64 MXFP8 oracle (150 s; the oracle's float64 P round trips take a while at S4096), then TFLOP/s on dense B8 S4096
-# D128 and broadcast-Q Lq128 H4 B512 beside triton-mxfp8 (bf16smem) and our bf16 tlx / triton (100 s).
+# D128 and broadcast-Q Lq128 H4 B512 beside triton-mxfp8 (bf16smem) and our bf16 tlx / triton (100 s); bf16 inputs
+# through the fused quantize (checked equal to the two passes) and the two passes. TLX_MXFP8_TESTS=1 (carry .whl):
+# the fused quantize's GPU tests first (60 s). `mxfp8-qk2`: the same sweep and timings with JFA_TLX_MXFP8_QK_CHUNKS=2.
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,9 +92,17 @@ fi
 if [ "$part" = host ]; then  # a small call's host cost, tlx vs triton in one process (gates JFA_TLX_AUTO), ~1 min
   $limit 180 python3 tools/backend_host_cost.py --backends tlx,triton || rc=1
 fi
-if [ "$part" = mxfp8 ]; then
+if [ "$part" = mxfp8 ]; then  # bf16 inputs through the fused quantize (== the two passes, checked per case)
+  if [ "${TLX_MXFP8_TESTS:-0}" = 1 ]; then  # carry .whl (expecttest): the fused quantize's GPU tests, bit for bit
+    $limit 60 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu',
+      '-p', 'no:cacheprovider', 'tests/backends/test_tlx_mxfp8.py', '-k', 'fused or bf16_inputs']))" || rc=1
+  fi
   JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py mxfp8-correctness || rc=1
   $limit 100 python3 tools/tlx_check.py mxfp8-timing || rc=1
+fi
+if [ "$part" = mxfp8-qk2 ]; then  # the same with S over head_dim halves promoted to fp32 (configs.MXFP8_QK_CHUNKS)
+  JFA_TLX_MXFP8_QK_CHUNKS=2 JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py mxfp8-correctness || rc=1
+  JFA_TLX_MXFP8_QK_CHUNKS=2 $limit 100 python3 tools/tlx_check.py mxfp8-timing || rc=1
 fi
 if [ "$part" = bench ]; then
   # shellcheck disable=SC2086

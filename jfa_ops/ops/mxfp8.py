@@ -23,6 +23,10 @@ from jfa_ops.validation import check_offset_values
 QUANTIZE = "mxfp8_quantize"
 DEQUANTIZE = "mxfp8_dequantize"
 ATTENTION = "mxfp8_attention"
+# A backend's forward from the high-precision inputs, quantizing them itself (the tlx backend's quantize kernel writes
+# its kernel's operand layout directly): when the backend chosen for ATTENTION implements it, it replaces
+# quantize + ATTENTION's forward (same result; the backward is ATTENTION's either way).
+QUANTIZING = "mxfp8_attention_quantizing"
 
 
 def _x_problem(x: Tensor) -> Problem:
@@ -118,6 +122,8 @@ def mxfp8_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor]
     check_no_forward_ad(q, k, v)
     impl = select_backend(backend, Problem.of(q, k, params), family=ATTENTION)
     check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+    if impl.implements(QUANTIZING):
+        return impl.family(QUANTIZING).forward(q, k, v, q_offsets, kv_offsets, params, rounding)
     quantize = _quantizer(impl)
     q_mx = quantize(q, None, mx.Q_BLOCK, rounding)
     k_mx = quantize(k, None, mx.K_BLOCK, rounding)

@@ -4,6 +4,9 @@
 - ``triton/mxfp8_rebase.py`` (portable Triton, run here under the interpreter): Q/K rows and V tile columns re-based
   to one power-of-two factor, exactly (N(0, 1) data) and within the documented loss (magnitudes spread over
   2**+-12); V stored transposed per key tile with the keys past a sequence zero.
+- The fused path for high-precision inputs (``mxfp8_quantize.quantize_rebased_rows`` / ``quantize_rebased_v_tiles``:
+  the quantize kernel writing the re-based layout itself) equals quantize-then-rebase bit for bit, on inputs with
+  zeros, subnormals, inf, NaN, saturating blocks, jagged tails and padding tiles.
 - ``jfa_ops.testing.rebased_mxfp8_attention_model`` (the kernel's arithmetic in float64: fixed-scale E4M3 P, column
   factors per tile) against the float64 MXFP8 oracle and within issue 12's error bound, on every feature case.
 """
@@ -20,6 +23,7 @@ from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, issue_erro
 
 pytest.importorskip("triton")
 
+from jfa_ops.backends.triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles  # noqa: E402,E501
 from jfa_ops.backends.triton.mxfp8_rebase import rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
 
 BLOCK_N = 128
@@ -78,6 +82,68 @@ def test_rebase_v_tiles_transposed_and_exact(spread):
             expect = want[k0 + n0:k0 + n0 + n]
             assert ((got[:n] - expect).abs() <= factors[tile].double()[None] * 256 * 2.0 ** -10).all()
             assert (got[:n] != expect).double().mean() <= (1e-3 if spread is None else 0.25)  # measured ~0 / 0.11
+
+
+def _special_inputs(rows, heads, dim, dtype, seed):
+    """N(0, 1) with magnitudes spread over 2**+-12, plus what the spec treats specially: all-zero rows and blocks,
+    subnormals of the input dtype, +-inf, NaN, blocks at the dtype's largest values (scales clamped at 2**127,
+    data saturating to 448 under "floor"), values whose block rounds up (significand > 1.75)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, heads, dim, generator=g) * torch.pow(2.0, torch.empty(rows, 1, dim).uniform_(-12, 12,
+                                                                                                    generator=g))
+    x = x.to(dtype)
+    info = torch.finfo(dtype)
+    pick = lambda n: torch.randint(0, rows * heads * dim, (n,), generator=g)  # noqa: E731
+    flat = x.view(-1)
+    flat[pick(max(1, rows // 8))] = float("inf")
+    flat[pick(max(1, rows // 8))] = float("-inf")
+    flat[pick(max(1, rows // 8))] = float("nan")
+    flat[pick(rows * 4)] = info.tiny * torch.rand(rows * 4, generator=g).to(dtype)  # subnormals (and zeros)
+    x[rows // 3] = 0.0  # a zero row
+    x[: rows // 2, 0, :32] = (info.tiny / 4) * torch.randn(rows // 2, 32, generator=g).to(dtype)  # subnormal blocks
+    x[1::7, -1, 32:64] = info.max * torch.rand(len(range(1, rows, 7)), 32, generator=g).to(dtype)  # huge blocks
+    x[2::5, 0, -32:] = 1.875 * torch.sign(torch.randn(len(range(2, rows, 5)), 32, generator=g)).to(dtype)  # round up
+    return x
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("dim, heads", [(64, 3), (128, 2)])
+def test_fused_quantize_rebased_rows_equal_quantize_then_rebase(dtype, rounding, dim, heads):
+    """Q/K: the quantize kernel writing re-based rows and their factors == rebase_rows(quantize(x)), bit for bit
+    (NaN factors included), with a row tail (T not a multiple of the 32-row tile)."""
+    x = _special_inputs(77, heads, dim, dtype, seed=dim + heads)
+    want_y, want_f = rebase_rows(*quantize(x, None, (1, 32), rounding))
+    got_y, got_f = quantize_rebased_rows(x, rounding)
+    assert torch.equal(_bits(got_y), _bits(want_y))
+    assert torch.equal(_bits(got_f), _bits(want_f))
+    assert want_f.isnan().any()  # the specials reached the output
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("dim, heads", [(64, 3), (128, 1)])
+def test_fused_quantize_rebased_v_tiles_equal_quantize_then_rebase(dtype, rounding, dim, heads):
+    """V: the quantize kernel writing V^T tiles and their column factors == rebase_v_tiles(quantize(v)), bit for bit,
+    on every tile a sequence owns (tails of 1, 31, 33, 127, 129, 300 keys: keys past the end zero, also in a
+    column whose block is NaN; an empty sequence); padding tiles are written by neither."""
+    lengths = (0, 1, 31, 32, 33, 127, 128, 129, 300)
+    kv_off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    v = _special_inputs(int(kv_off[-1]), heads, dim, dtype, seed=dim + heads + 1)
+    v[int(kv_off[2]) + 30, 0, 3] = float("nan")  # the last key of a 31-key sequence: its block's padding rows
+    want_vt, want_f = rebase_v_tiles(*quantize(v, kv_off, (32, 1), rounding), kv_off, BLOCK_N)
+    got_vt, got_f = quantize_rebased_v_tiles(v, kv_off, BLOCK_N, rounding)
+    assert got_vt.shape == want_vt.shape and got_f.shape == want_f.shape
+    owned = [int(kv_off[b]) // BLOCK_N + b + i for b, n in enumerate(lengths) for i in range(-(-n // BLOCK_N))]
+    for tile in owned:
+        cols = slice(tile * BLOCK_N, (tile + 1) * BLOCK_N)
+        assert torch.equal(_bits(got_vt[:, cols]), _bits(want_vt[:, cols])), tile
+        assert torch.equal(_bits(got_f[tile]), _bits(want_f[tile])), tile
+    assert want_f.isnan().any()
 
 
 def _model(q, k, v, q_off, kv_off, opts):
@@ -140,4 +206,60 @@ def test_tlx_kernel_on_the_gpu(name, dim):
     # FP8 wgmma accumulates with reduced precision on Hopper: looser than the CPU model's agreement
     assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
+    assert err <= bound, (err, bound)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_quantize_on_the_gpu_equals_the_two_passes(dtype):
+    """On the GPU (the hardware E4M3 conversion in both paths): quantize_rebased_rows / _v_tiles == rebase_rows /
+    rebase_v_tiles of quantize's pairs, bit for bit, at a size with many programs per SM and every special value."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    lengths = (0, 1, 31, 33, 127, 128, 129, 300, 4096, 1000)
+    kv_off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32).cuda()
+    for dim, heads in ((64, 5), (128, 4)):
+        x = _special_inputs(int(kv_off[-1]), heads, dim, dtype, seed=dim).cuda()
+        for rounding in ("rceil", "floor"):
+            want_y, want_f = rebase_rows(*quantize(x, None, (1, 32), rounding))
+            got_y, got_f = quantize_rebased_rows(x, rounding)
+            assert torch.equal(_bits(got_y), _bits(want_y)) and torch.equal(_bits(got_f), _bits(want_f))
+            want_vt, want_vf = rebase_v_tiles(*quantize(x, kv_off, (32, 1), rounding), kv_off, BLOCK_N)
+            got_vt, got_vf = quantize_rebased_v_tiles(x, kv_off, BLOCK_N, rounding)
+            owned = torch.tensor([int(kv_off[b]) // BLOCK_N + b + i for b, n in enumerate(lengths)
+                                  for i in range(-(-n // BLOCK_N))], device="cuda")
+            cols = (owned[:, None] * BLOCK_N + torch.arange(BLOCK_N, device="cuda")).reshape(-1)
+            assert torch.equal(_bits(got_vt)[:, cols], _bits(want_vt)[:, cols])
+            assert torch.equal(_bits(got_vf)[owned], _bits(want_vf)[owned])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_tlx_bf16_inputs_fused_equals_two_passes(name):
+    """mxfp8_attention(bf16 q, k, v, backend="tlx"): the fused quantize (configs.MXFP8_FUSED_QUANTIZE, with and
+    without MXFP8_FUSED_V) gives the two passes' out and lse bit for bit (the same operands, the same kernel), within
+    the issue's bound."""
+    from jfa_ops.backends import unavailable_reason
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    q, k, v, q_off, kv_off, opts = make_case(**{**ATTENTION_CASES[name], "dim": 128}, dtype=torch.bfloat16, seed=5)
+    problem = jfa_ops.backends.Problem("cuda", torch.bfloat16, 128, q.shape[1], k.shape[1], False, -1, -1, False,
+                                       False)
+    if unavailable_reason("tlx", problem, family="mxfp8_attention") is not None:
+        pytest.skip("tlx unavailable")
+    from jfa_ops.backends.tlx import configs
+
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    results = []
+    for fused, fused_v in ((True, True), (True, False), (False, True)):  # all fused, V two-pass, all two-pass
+        configs.MXFP8_FUSED_QUANTIZE, configs.MXFP8_FUSED_V = fused, fused_v
+        try:
+            results.append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+        finally:
+            configs.MXFP8_FUSED_QUANTIZE = configs.MXFP8_FUSED_V = True
+    out, lse = results[0]
+    for out2, lse2 in results[1:]:
+        assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.float().cpu())
     assert err <= bound, (err, bound)

@@ -365,3 +365,32 @@ def test_compile_no_graph_breaks_no_recompiles(device):
         ref_grads = torch.autograd.grad(ref_loss, (q, k, v))
         assert torch.equal(out, ref_out) and all(torch.allclose(a, b) for a, b in zip(grads, ref_grads))
     assert counter.frame_count == 1, f"{counter.frame_count} compiles (recompiles or graph breaks)"
+
+
+def test_a_backend_that_quantizes_itself_gets_the_high_precision_inputs():
+    """A backend implementing ``mxfp8_attention_quantizing`` (tlx: its quantize kernel writes its forward's operand
+    layout) receives q, k, v and the rounding instead of quantize + ``mxfp8_attention``'s forward; the backward is
+    the family's either way."""
+    from jfa_ops.backends import Backend, FamilyImpl, register_backend, unregister_backend
+    from jfa_ops.backends.reference import BACKEND as reference
+
+    calls = []
+
+    def quantizing(q, k, v, q_offsets, kv_offsets, params, rounding):
+        calls.append((q.dtype, rounding))
+        return reference.family("mxfp8_attention").forward(
+            *(reference.family("mxfp8_quantize").forward(x, offs, block, rounding)
+              for x, offs, block in ((q, None, (1, 32)), (k, None, (1, 32)), (v, kv_offsets, (32, 1)))),
+            q_offsets, kv_offsets, params, q.dtype)
+
+    toy = Backend("toy_quantizing", forward=None, backward=None, supports=lambda p: None, priority=-1, families={
+        "mxfp8_attention": FamilyImpl(forward=None, backward=reference.family("mxfp8_attention").backward),
+        "mxfp8_attention_quantizing": FamilyImpl(quantizing)})
+    register_backend(toy)
+    try:
+        q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["jagged"])
+        out = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, rounding="floor", backend="toy_quantizing", **opts)
+        want = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, rounding="floor", backend="reference", **opts)
+    finally:
+        unregister_backend(toy.name)
+    assert calls == [(torch.float32, "floor")] and torch.equal(out, want)

@@ -150,6 +150,22 @@ def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out
         return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
 
 
+def mxfp8_attention_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding):
+    """(out, lse) of MXFP8 attention from high-precision q, k, v: the quantize kernel writes the TLX forward's
+    re-based operands directly (``configs.MXFP8_FUSED_QUANTIZE``), else the MX pairs then the re-basing stage."""
+    from .mxfp8_attn_fwd import attention_forward_quantizing
+
+    if not configs.MXFP8_FUSED_QUANTIZE:
+        from .. import triton as triton_backend
+        import meta_kernels.mxfp8 as mx
+
+        pairs = [triton_backend.quantize_mxfp8(x, offs, block, rounding)
+                 for x, offs, block in ((q, None, mx.Q_BLOCK), (k, None, mx.K_BLOCK), (v, kv_offsets, mx.V_BLOCK))]
+        return mxfp8_attention_forward(*pairs, q_offsets, kv_offsets, params, q.dtype)
+    with device_guard(q.device):
+        return attention_forward_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
+
+
 def _mxfp8_triton(name: str):
     """The triton backend's function ``name`` (its MXFP8 quantize kernel and backward serve this backend too)."""
     def run(*args):
@@ -227,5 +243,8 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                                                     _mxfp8_triton("mxfp8_attention_backward"),
                                                     supports=mxfp8_attention_supports,
                                                     priority=20 if configs.MXFP8_AUTO else 5),
+                      # bf16 inputs of mxfp8_attention when this backend runs it: one fused quantize pass
+                      "mxfp8_attention_quantizing": FamilyImpl(mxfp8_attention_quantizing,
+                                                               supports=mxfp8_attention_supports, priority=5),
                       "mxfp8_quantize": FamilyImpl(_mxfp8_triton("quantize_mxfp8"),
                                                    supports=_mxfp8_triton("mxfp8_supports"), priority=5)})

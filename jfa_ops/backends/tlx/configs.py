@@ -95,6 +95,26 @@ def head_group(heads_kv: int, group: int = None) -> int:
 # 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
 # FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
 MXFP8_AUTO = os.environ.get("JFA_TLX_MXFP8", "1") != "0"
+# bf16/fp16/fp32 inputs of the MXFP8 forward: the quantize kernel writes the forward's re-based operands itself (one
+# pass: input read once, E4M3 written once; bit for bit what quantize + the re-basing stage give, tested under the
+# interpreter), instead of the MX pairs then mxfp8_rebase's pass over them (bench/NOTES.md "MXFP8 fused re-basing +
+# fp32 PV"). Env JFA_TLX_MXFP8_FUSED_QUANTIZE=0: the two passes (tools/tlx_check.py compares both in one run).
+MXFP8_FUSED_QUANTIZE = os.environ.get("JFA_TLX_MXFP8_FUSED_QUANTIZE", "1") != "0"
+# With MXFP8_FUSED_QUANTIZE: V's tiles fused too (else V through its pair and the re-basing stage, Q and K fused).
+# The fused V-tile program is nearly ALU-bound on sm_90 (25.8 SASS per element: 85% of the HBM rate at full issue):
+# predicted 0-25% faster than V's two passes, with 40% fewer bytes. Env JFA_TLX_MXFP8_FUSED_V=0; tools/tlx_check.py
+# times both.
+MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "1") != "0"
+# The MXFP8 forward's S = Qr Kr^T as the two halves of head_dim (2; 1: one wgmma chain), each a fresh wgmma
+# accumulator, added in fp32 (FA3/DeepSeek's promotion of FP8 partial sums). PV is promoted per key tile already (a
+# fresh accumulator per 128 keys, joined to O in fp32: the SASS's first PV QGMMA of a tile has "RZ, !UPT"). A model of
+# Hopper's FP8 accumulation (tools/mxfp8_accumulation_model.py: e8m13, truncating) puts the kernel's error vs its
+# exact arithmetic in S's chain over head_dim, none in PV: N(0, 1) 3.9e-3 (S exact: 1.4e-4; PV promoted per 32 keys:
+# 3.9e-3; S in halves: 2.0e-3). Cost at D128 (sm_90 SASS per key block): 709 -> 785 instructions (+64 FADD, 1 LDL),
+# spills 0 -> 28 / 56 B (with a left window 1044 / 1004 B; four chunks: 3.2 KB): -5..-10% predicted. Off (1) until
+# the H200 measures it: the kernel meets issue 12's bound without it (bench/NOTES.md "MXFP8 fused re-basing + fp32
+# PV"). Env JFA_TLX_MXFP8_QK_CHUNKS=2.
+MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 

@@ -38,9 +38,11 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets
 from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
+from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
 from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _wait_turn, _work_tile
+from . import configs
 from .configs import NUM_WARPS, mxfp8_fwd_config
 
 CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
@@ -81,10 +83,35 @@ def _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_e
 
 
 @triton.jit
+def _qk(q_tile, k_tile, CID: tl.constexpr, QK_CHUNKS: tl.constexpr):
+    """S = Qr Kr^T (fp32 [rows, BLOCK_N]), issued in this consumer's turn. QK_CHUNKS 2: over the two halves of
+    head_dim, each a fresh wgmma accumulator (issued together), added in fp32: Hopper's FP8 wgmma sums a chain with
+    a ~13-bit accumulator, and S's error flips P's E4M3 rounding (``configs.MXFP8_QK_CHUNKS``)."""
+    if QK_CHUNKS == 1:
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))
+        _pass_turn(CID)
+        s = tlx.async_dot_wait(0, s)
+    else:  # two halves of head_dim (four: 3.2 KB of spills per thread at D128)
+        tl.static_assert(QK_CHUNKS == 2)
+        ROWS: tl.constexpr = q_tile.shape[0]
+        KEYS: tl.constexpr = k_tile.shape[0]
+        CH: tl.constexpr = q_tile.shape[1] // 2
+        s = tlx.async_dot(tlx.local_slice(q_tile, [0, 0], [ROWS, CH]),
+                          tlx.local_trans(tlx.local_slice(k_tile, [0, 0], [KEYS, CH])))
+        s1 = tlx.async_dot(tlx.local_slice(q_tile, [0, CH], [ROWS, CH]),
+                           tlx.local_trans(tlx.local_slice(k_tile, [0, CH], [KEYS, CH])))
+        _pass_turn(CID)
+        s1 = tlx.async_dot_wait(0, s1)
+        s = tlx.async_dot_wait(0, s) + s1
+    return s
+
+
+@triton.jit
 def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls, k_empties,
              v_fulls, v_empties, KF_HEAD, VF_HEAD, vtile0, kv_heads, row0, len_q, len_k, lo_off, hi_off, n_begin, n_end,
              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-             HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
+             HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
+             QK_CHUNKS: tl.constexpr):
     """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
     running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
     of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key
@@ -94,14 +121,18 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
     for n0 in range(n_begin, n_end, BLOCK_N):
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         # the factors' loads are issued before the wait for K: their latency hides behind it
-        k_factor = tl.load(KF_HEAD + n0 + keys, mask=n0 + keys < len_k, other=0.0)
-        v_factor = tl.load(VF_HEAD + (vtile0 + n0 // BLOCK_N).to(tl.int64) * kv_heads * HEAD_DIM + d)
+        kf_ptr = KF_HEAD + n0 + keys
+        vf_ptr = VF_HEAD + (vtile0 + n0 // BLOCK_N).to(tl.int64) * kv_heads * HEAD_DIM + d
+        if QK_CHUNKS == 1:
+            k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
+            v_factor = tl.load(vf_ptr)
         tlx.barrier_wait(k_fulls[buf], phase)
         _wait_turn(CID)
-        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-        _pass_turn(CID)
-        s = tlx.async_dot_wait(0, s)
+        s = _qk(q_tile, k_tiles[buf], CID, QK_CHUNKS)
         tlx.barrier_arrive(k_empties[buf], 1)
+        if QK_CHUNKS > 1:  # their registers are S's extra accumulators' until here (spills otherwise)
+            k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
+            v_factor = tl.load(vf_ptr)
         s = s * k_factor[None, :]  # before masking: a factor may be 0 (keys past the end) or NaN
         if not FMA_SOFTMAX:
             s = s * q_factor[:, None]
@@ -154,7 +185,7 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                               BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                               BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                              TILES_FROM_OFFSETS: tl.constexpr):
+                              TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr):
     """Work items (query tile of BLOCK_M rows, q head), as ``attn_fwd_tlx_kernel``. desc_q: re-based Q [T_q (or
     L_q), Hq*D] E4M3, block [BLOCK_M/2, D]; desc_k: re-based K [T_kv, Hkv*D], block [BLOCK_N, D]; desc_vt: V^T
     [Hkv*D, tiles*BLOCK_N], block [D, BLOCK_N]; QF [Hq, q_rows], KF [Hkv, k_rows] row factors; VF [tiles, Hkv, D]
@@ -254,17 +285,17 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, False, FMA_SOFTMAX)
+                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS)
                         tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
                     # out = Pq V / sum(Pq) (lq in units of 2**-8, acc's V factors carry the 2**-8), lse from the
@@ -296,47 +327,73 @@ def rebase_operands(q_mx, k_mx, v_mx, kv_offsets):
             *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n))
 
 
+def quantize_operands(q, k, v, kv_offsets, rounding):
+    """``rebase_operands`` of the MX pairs of high-precision q, k, v, bit for bit, in one pass over each (the
+    quantize kernel writes the re-based layout itself: bf16 read once, E4M3 written once); V through the pair and
+    the re-basing stage unless ``configs.MXFP8_FUSED_V``."""
+    cfg = mxfp8_fwd_config(q.shape[2])
+    kv_off = kv_offsets.to(torch.int32)
+    if configs.MXFP8_FUSED_V:
+        v_operands = quantize_rebased_v_tiles(v, kv_off, cfg.block_n, rounding)
+    else:
+        v_operands = rebase_v_tiles(*quantize(v, kv_off, (32, 1), rounding), kv_off, cfg.block_n)
+    return (*quantize_rebased_rows(q, rounding), *quantize_rebased_rows(k, rounding), *v_operands)
+
+
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, rebased=None):
     """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from (data, scale) pairs: the triton MXFP8
     forward's contract (``triton.mxfp8_attn_fwd.attention_forward``). ``rebased``: ``rebase_operands``'s result
     for these pairs, to time the kernel alone (tools/tlx_check.py)."""
-    (q, _), (k, _), _ = q_mx, k_mx, v_mx
-    device, num_seqs = q.device, kv_offsets.shape[0] - 1
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    operands = (lambda kv_off: rebase_operands(q_mx, k_mx, v_mx, kv_off)) if rebased is None else (lambda _: rebased)
+    return _forward(operands, q_mx[0].shape, k_mx[0].shape, q_offsets, kv_offsets, params, out_dtype)
+
+
+def attention_forward_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding):
+    """``attention_forward`` of the MX pairs of high-precision q, k, v (out in q's dtype), their operands made by
+    ``quantize_operands``: the same result bit for bit, without the pairs' round trip through memory."""
+    return _forward(lambda kv_off: quantize_operands(q, k, v, kv_off, rounding), q.shape, k.shape, q_offsets,
+                    kv_offsets, params, q.dtype)
+
+
+def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtype):
+    """The kernel's launch; ``operands(kv_offsets int32)`` makes (qr, q_factors, kr, k_factors, vt, v_factors)
+    unless the call has no work."""
+    device, num_seqs = kv_offsets.device, kv_offsets.shape[0] - 1
+    num_heads, head_dim = q_shape[1], q_shape[2]
     cfg = mxfp8_fwd_config(head_dim)
     if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        total_out = num_seqs * q.shape[0]
+        q_off = broadcast_offsets(num_seqs, q_shape[0], device)
+        total_out = num_seqs * q_shape[0]
     else:
         q_off = q_offsets.to(torch.int32)
-        total_out = q.shape[0]
+        total_out = q_shape[0]
     kv_off = kv_offsets.to(torch.int32)
     out = common.alloc_output((total_out, num_heads, head_dim), out_dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
-    if total_out == 0 or num_seqs == 0 or k.shape[0] == 0:  # no kernel (a descriptor needs positive extents)
+    if total_out == 0 or num_seqs == 0 or k_shape[0] == 0:  # no kernel (a descriptor needs positive extents)
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    qr, q_factors, kr, k_factors, vt, v_factors = rebase_operands(q_mx, k_mx, v_mx, kv_off) if rebased is None \
-        else rebased
+    qr, q_factors, kr, k_factors, vt, v_factors = operands(kv_off)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
+    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k_shape[0] and (
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
     kv_major = uniform or not (has_left or has_right or params.broadcast_q)  # as configs.fwd_choices
     programs, schedule = tile_schedule(
-        lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
+        lambda: forward_tiles(q_off, kv_off, total_out, k_shape[0], cfg.block_m, window_left, right, has_left,
                               has_right),
-        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
-    heads_kv = k.shape[1]
+        q_off, kv_off, total_out, k_shape[0], cfg.block_m, num_heads, "static", 1, device)
+    heads_kv = k_shape[1]
     launch(mxfp8_attn_fwd_tlx_kernel, (programs,), dict(
         desc_q=_descriptor(qr.view(qr.shape[0], -1), (cfg.block_m // 2, head_dim)),
         desc_k=_descriptor(kr.view(kr.shape[0], -1), (cfg.block_n, head_dim)),
         desc_vt=_descriptor(vt, (head_dim, cfg.block_n)), QF=q_factors, KF=k_factors, VF=v_factors, Out=out, Lse=lse,
         Q_OFF=q_off, KV_OFF=kv_off, **schedule, num_heads=num_heads, kv_heads=heads_kv, total_out=total_out,
-        q_rows=q.shape[0], k_rows=k.shape[0], stride_ot=out.stride(0), stride_oh=out.stride(1),
+        q_rows=q_shape[0], k_rows=k_shape[0], stride_ot=out.stride(0), stride_oh=out.stride(1),
         group=num_heads // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
         right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0), num_warps=NUM_WARPS,
+        KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0,
+        QK_CHUNKS=configs.MXFP8_QK_CHUNKS), num_warps=NUM_WARPS,
         num_stages=1)
     return out, lse

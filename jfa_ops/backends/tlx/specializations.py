@@ -81,8 +81,9 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 
 def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                              from_offsets: bool = False, kv_major: bool = True, out_dtype: str = "bf16",
-                             fma_softmax: bool = True) -> Specialization:
-    """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors."""
+                             fma_softmax: bool = True, qk_chunks: int = 1) -> Specialization:
+    """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors; ``qk_chunks``:
+    ``configs.MXFP8_QK_CHUNKS``."""
     from .mxfp8_attn_fwd import mxfp8_attn_fwd_tlx_kernel
 
     cfg = mxfp8_fwd_config(head_dim)
@@ -97,13 +98,14 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left,
                       HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
                       ATOMIC_WORK=False,
-                      TILES_FROM_OFFSETS=from_offsets)
+                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"mxfp8-fwd-d{head_dim}-{out_dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
-           f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}"
+           f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}" \
+           f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}"
     return Specialization(name, "mxfp8_attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.mxfp8_attn_fwd", signature,
                           constexprs, attrs, NUM_WARPS, 1)
 
@@ -203,6 +205,11 @@ def _specializations() -> Iterator[Specialization]:
     yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16")
     yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False)
     yield mxfp8_fwd_specialization(128, True, from_offsets=True, kv_major=False, out_dtype="fp32", fma_softmax=False)
+    # configs.MXFP8_QK_CHUNKS 2: S over the halves of head_dim promoted to fp32 (off by default; with a left window
+    # D128 spills 1044 / 1004 B, not shipped as a check)
+    for head_dim in (64, 128):
+        yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2)
+    yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2)
     # the backward's v1 and v2 consumers (configs.BACKWARD_V2), v2 with dQ split between them (BACKWARD_DQ_SHARED)
     for variant in (dict(), dict(v2=True), dict(v2=True, dq_shared=True)):
         for head_dim in (64, 128):

@@ -46,33 +46,12 @@ from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .common import LN2, alloc_output, loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .configs import KNOBS, KernelConfig, interpreting
 from .launch import launch
-from .mxfp8_quantize import _e4m3_bits, _shared_exponent
+from .mxfp8_quantize import (_e4m3_bits, _e8m0_value, _pow2, _rebase_cols, _rebase_rows,  # noqa: F401
+                             _shared_exponent, _to_e4m3, _values_rows)
 from .scheduling import fanout_search_steps, padded_tile
 
 LOG2E_F: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2
 VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row")
-
-
-@triton.jit
-def _to_e4m3(y, HW_CVT: tl.constexpr):
-    """fp32 ``y`` (|y| <= 448) -> float8e4nv, round to nearest even: the GPU's conversion instruction, or integer
-    arithmetic under the interpreter (whose cast does not round to nearest)."""
-    if HW_CVT:
-        return y.to(tl.float8e4nv)
-    return _e4m3_bits(y).to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
-def _pow2(e):
-    """2.0**e for int32 ``e`` in [-127, 127], exact (2**-127 is an fp32 subnormal)."""
-    return tl.where(e > -127, ((e + 127) << 23), 0x400000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e8m0_value(bits):
-    """fp32 value of E8M0 scale bits (uint8): 2**(bits - 127), NaN for 0xFF."""
-    b = bits.to(tl.int32)
-    return tl.where(b == 255, float("nan"), _pow2(b - 127))
 
 
 @triton.jit
@@ -97,29 +76,6 @@ def _column(x, c: tl.constexpr, N: tl.constexpr):
 def _row(x, r: tl.constexpr, N: tl.constexpr):
     """Row ``r`` of ``x [N, C]``."""
     return tl.sum(tl.where(tl.arange(0, N)[:, None] == r, x, 0.0), 0)
-
-
-@triton.jit
-def _rebase_rows(values, exps, HW_CVT: tl.constexpr):
-    """``values [R, C * 32]`` (fp32, exact MX values) with block exponents ``exps [R, C]`` (int32) -> (E4M3 data,
-    row exponents [R]): every row re-expressed under its largest block scale (module docstring: ``rebase``)."""
-    R: tl.constexpr = values.shape[0]
-    C: tl.constexpr = exps.shape[1]
-    e_max = tl.max(exps, 1)
-    inv = _pow2(-tl.maximum(e_max, -126))  # 2**-e_max (e_max >= -127 never overflows: data <= 448)
-    return _to_e4m3(values * inv[:, None], HW_CVT), e_max
-
-
-@triton.jit
-def _rebase_cols(data, exps, HW_CVT: tl.constexpr):
-    """V tile ``data [NB * 32, D]`` (E4M3) with (32, 1) block exponents ``exps [NB, D]`` (int32) -> (E4M3 data,
-    column exponents [D]): every column under its largest block scale in the tile."""
-    NB: tl.constexpr = exps.shape[0]
-    D: tl.constexpr = exps.shape[1]
-    e_max = tl.max(exps, 0)
-    shift = _pow2(tl.maximum(exps - e_max[None, :], -127))  # [NB, D], <= 1
-    y = tl.reshape(data.to(tl.float32), (NB, 32, D)) * shift[:, None, :]
-    return _to_e4m3(tl.reshape(y, (NB * 32, D)), HW_CVT), e_max
 
 
 @triton.jit
@@ -170,14 +126,6 @@ def _col_shifted_f16(data, scale_bits):
     shift = _pow2(tl.maximum(bits - top[None, :], -30)).to(tl.float16)
     y = tl.reshape(tl.reshape(data.to(tl.float16), (NB, 32, D)) * shift[:, None, :], (NB * 32, D))
     return y, _e8m0_value(top)
-
-
-@triton.jit
-def _values_rows(data, scale_bits):
-    """fp32 values of ``data [R, C * 32]`` (E4M3) with (1, 32) scale bits ``[R, C]``."""
-    R: tl.constexpr = data.shape[0]
-    C: tl.constexpr = scale_bits.shape[1]
-    return tl.reshape(tl.reshape(data.to(tl.float32), (R, C, 32)) * _e8m0_value(scale_bits)[:, :, None], (R, C * 32))
 
 
 @triton.jit

@@ -9,6 +9,12 @@ write scale 0).
 The shared exponent comes from the largest fp32 magnitude bits of the block (non-finite: bits >= inf's); data and
 scale are stored through uint8 views. On the GPU the E4M3 rounding is the hardware conversion (12-13.5 SASS
 instructions per element in all); the interpreter uses the exact integer rounding.
+
+``REBASE`` modes (the TLX MXFP8 forward's operands from high-precision inputs, ``quantize_rebased_rows`` /
+``quantize_rebased_v_tiles``): the same kernel re-bases its MX blocks in registers with ``mxfp8_rebase.py``'s
+arithmetic (the helpers below) and writes that layout instead of the pair: bit for bit what ``rebase_rows`` /
+``rebase_v_tiles`` make of ``quantize``'s output, one pass over the input (V: one program per 128-key tile of a
+sequence, the tile loaded as its four (32, 1) blocks and stored transposed).
 """
 from __future__ import annotations
 
@@ -36,7 +42,8 @@ QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) 
 QUANT_COLUMNS = 128
 QUANT_STAGES = 3
 QUANT_GROUPS = 4  # head groups per program: more programs where T is small and H large (dense T32768 H16: 4128)
-QUANT_WARPS = {"rows": 4, "cols": 1}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1) ("cols")
+QUANT_WARPS = {"rows": 4, "cols": 1, "v_tiles": 8}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1)
+# ("cols"), (32, 1) re-based per 128-key tile ("v_tiles": 128 rows, the column maxima across warps)
 V3_GROUPS = 1 << 20  # configs.KNOBS.mxfp8_quant_pipelined off: every head in one program
 
 
@@ -46,10 +53,11 @@ def heads_per_program(heads: int, block_d: int) -> int:
     return max(1, min(triton.next_power_of_2(heads), QUANT_COLUMNS // block_d))
 
 
-def quantize_warps(block, columns: int) -> int:
-    """Warps of a quantize program whose iterations cover ``columns`` (heads per program x padded head_dim)."""
-    per_128 = QUANT_WARPS["cols" if tuple(block) == (32, 1) else "rows"]
-    return max(1, per_128 * columns // 128)
+def quantize_warps(block, columns: int, block_r: int = QUANT_BLOCK_R) -> int:
+    """Warps of a quantize program whose iterations cover ``columns`` (heads per program x padded head_dim) of
+    ``block_r`` rows."""
+    kind = "rows" if tuple(block) != (32, 1) else "cols" if block_r == QUANT_BLOCK_R else "v_tiles"
+    return max(1, QUANT_WARPS[kind] * columns // 128)
 
 
 @triton.jit
@@ -105,17 +113,120 @@ def _e4m3_bits(y):
     return (tl.where(a < 0.015625, subnormal, normal) | sign).to(tl.uint8)
 
 
+@triton.jit
+def _to_e4m3(y, HW_CVT: tl.constexpr):
+    """fp32 ``y`` (|y| <= 448) -> float8e4nv, round to nearest even: the GPU's conversion instruction, or integer
+    arithmetic under the interpreter (whose cast does not round to nearest)."""
+    if HW_CVT:
+        return y.to(tl.float8e4nv)
+    return _e4m3_bits(y).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _pow2(e):
+    """2.0**e for int32 ``e`` in [-127, 127], exact (2**-127 is an fp32 subnormal)."""
+    return tl.where(e > -127, ((e + 127) << 23), 0x400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e8m0_value(bits):
+    """fp32 value of E8M0 scale bits (uint8): 2**(bits - 127), NaN for 0xFF."""
+    b = bits.to(tl.int32)
+    return tl.where(b == 255, float("nan"), _pow2(b - 127))
+
+
+@triton.jit
+def _rebase_rows(values, exps, HW_CVT: tl.constexpr):
+    """``values [R, C * 32]`` (fp32, exact MX values) with block exponents ``exps [R, C]`` (int32) -> (E4M3 data,
+    row exponents [R]): every row re-expressed under its largest block scale (``mxfp8_attn_fwd``'s ``rebase``
+    variant; ``mxfp8_rebase.py``)."""
+    R: tl.constexpr = values.shape[0]
+    C: tl.constexpr = exps.shape[1]
+    e_max = tl.max(exps, 1)
+    inv = _pow2(-tl.maximum(e_max, -126))  # 2**-e_max (e_max >= -127 never overflows: data <= 448)
+    return _to_e4m3(values * inv[:, None], HW_CVT), e_max
+
+
+@triton.jit
+def _rebase_cols(data, exps, HW_CVT: tl.constexpr):
+    """V tile ``data [NB * 32, D]`` (E4M3) with (32, 1) block exponents ``exps [NB, D]`` (int32) -> (E4M3 data,
+    column exponents [D]): every column under its largest block scale in the tile."""
+    NB: tl.constexpr = exps.shape[0]
+    D: tl.constexpr = exps.shape[1]
+    e_max = tl.max(exps, 0)
+    y = _rebase_by(tl.reshape(data, (NB, 32, D)), (exps - e_max[None, :])[:, None, :], HW_CVT)
+    return tl.reshape(y, (NB * 32, D)), e_max
+
+
+@triton.jit
+def _rebase_by(data, drop, HW_CVT: tl.constexpr):
+    """E4M3 ``data`` x 2**drop (``drop`` <= 0: its block exponent minus the largest, broadcast against data),
+    rounded to E4M3."""
+    return _to_e4m3(data.to(tl.float32) * _pow2(tl.maximum(drop, -127)), HW_CVT)
+
+
+@triton.jit
+def _values_rows(data, scale_bits):
+    """fp32 values of ``data [R, C * 32]`` (E4M3) with (1, 32) scale bits ``[R, C]``."""
+    R: tl.constexpr = data.shape[0]
+    C: tl.constexpr = scale_bits.shape[1]
+    return tl.reshape(tl.reshape(data.to(tl.float32), (R, C, 32)) * _e8m0_value(scale_bits)[:, :, None], (R, C * 32))
+
+
+@triton.jit
+def _row_factor(e_max):
+    """fp32 row factor of re-based rows with exponents ``e_max``: 2**max(e_max, -126) (``_rebase_rows`` divided by
+    that: a row of 2**-127 blocks is stored x 2**126); NaN where a block's scale is NaN (e_max 128)."""
+    return _e8m0_value((tl.maximum(e_max, -126) + 127).to(tl.uint8))
+
+
+# what the kernel writes (REBASE): the MX pair, or the TLX MXFP8 forward's operands re-based from it in registers
+# (bit for bit what ``mxfp8_rebase.rebase_rows`` / ``rebase_v_tiles`` make of the pair, without its round trip
+# through memory: the bf16 input is read once and E4M3 written once)
+PAIR: tl.constexpr = tl.constexpr(0)
+REBASED_ROWS: tl.constexpr = tl.constexpr(1)  # (1, 32) blocks -> data under each row's largest scale + row factors
+REBASED_V_TILES: tl.constexpr = tl.constexpr(2)  # (32, 1) blocks -> V^T per key tile under each column's largest
+P_SCALE_LOG2 = 8  # the TLX forward's P enters its FP8 dot as P * 2**8 (P <= 1: <= 256 < 448); V factors carry 2**-8
+# a kernel reads module globals only as constexprs (the interpreter allows plain ones; the GPU compiler does not)
+INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
+
+
+@triton.jit
+def _widened(x, X_BF16_BITS: tl.constexpr):
+    """(fp32 x, |x| as fp32 bits: ordered like the magnitudes, and >= inf's bits exactly where x is not finite) of
+    a loaded tile; X_BF16_BITS: bf16 read as int16 bits and widened exactly (the interpreter's cast flushes
+    subnormals)."""
+    if X_BF16_BITS:
+        bits = x.to(tl.int32) << 16
+        x = bits.to(tl.float32, bitcast=True)
+    else:
+        x = x.to(tl.float32)
+        bits = x.to(tl.int32, bitcast=True)
+    return x, bits & 0x7FFFFFFF
+
+
+@triton.jit
+def _v_tile_factor(e_max):
+    """fp32 column factor of a re-based V tile with column exponents ``e_max``, over P's fixed scale 2**8."""
+    return _e8m0_value((e_max + 127).to(tl.uint8)) * INV_P_SCALE
+
+
 @triton.jit(do_not_specialize=["rows", "heads", "num_seqs"])
-def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
-                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh,
+def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
+                          stride_xt, stride_xh, stride_dt, stride_dh, stride_st, stride_sh, stride_vtrow,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
-                          HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr):
-    """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one 32-row tile, each
-    one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False: (1, 32) blocks, rows
-    [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: scale row ``tile`` (32 rows of one sequence); SQUARE: (32, 32)
-    blocks, else (32, 1). STAGES: the head loop's pipelining depth."""
+                          HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr,
+                          REBASE: tl.constexpr):
+    """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one tile of BLOCK_R rows,
+    each one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False:
+    (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: the tile's rows of one sequence in the padded
+    layout (sequence b's tiles from offsets[b] // BLOCK_R + b); SQUARE: (32, 32) blocks, else (32, 1). STAGES: the
+    head loop's pipelining depth.
+    REBASE (``PAIR``: DATA, SCALE the pair's bits): ``REBASED_ROWS`` ((1, 32)): DATA the rows re-based, F the row
+    factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
+    stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
     HP: tl.constexpr = HEADS_PER_PROGRAM
@@ -124,15 +235,16 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
     jj = tl.arange(0, HP * BLOCK_D)
     gg = tl.arange(0, HP * NC)  # (head, 32-column group) of the scale columns
     if ROW_BLOCKS:
-        tl.static_assert(BLOCK_R == 32)
-        seq = fanout_sequence(OFFSETS, tile, num_seqs, 0, 32, SEARCH_STEPS)
+        tl.static_assert(BLOCK_R == 32 or REBASE == REBASED_V_TILES)
+        seq = fanout_sequence(OFFSETS, tile, num_seqs, 0, BLOCK_R, SEARCH_STEPS)
         start = tl.load(OFFSETS + seq)
         end = tl.load(OFFSETS + seq + 1)
-        row0 = start + (tile - (start // 32 + seq)) * 32
+        row0 = start + (tile - (start // BLOCK_R + seq)) * BLOCK_R
         owned = row0 < end  # else a scale row no sequence owns: scale 0, no data
-        r = row0 + tl.arange(0, 32)
+        r = row0 + tl.arange(0, BLOCK_R)
         r_ok = r < end  # all False on an unowned row (row0 >= end)
     else:
+        tl.static_assert(REBASE != REBASED_V_TILES)
         r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
         r_ok = r < rows
         owned = True
@@ -147,47 +259,83 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, rows, heads, num_seqs,
         col_ok = (d < HEAD_DIM) & (head < heads)
         head64 = head.to(tl.int64)
         mask = r_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :], mask=mask, other=0)
-        if X_BF16_BITS:  # bf16 read as int16 bits and widened exactly (the interpreter's cast flushes subnormals)
-            bits = x.to(tl.int32) << 16
-            x = bits.to(tl.float32, bitcast=True)
-        else:
-            x = x.to(tl.float32)
-            bits = x.to(tl.int32, bitcast=True)
-        # |x| as bits: ordered like the magnitudes, and >= inf's bits exactly where x is not finite
-        a = bits & 0x7FFFFFFF
+        x, a = _widened(tl.load(X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :], mask=mask,
+                                other=0), X_BF16_BITS)
         g_head = head0 + gg // NC
         g_ok = (gg % NC < HEAD_DIM // 32) & (g_head < heads)
         g_off = g_head.to(tl.int64) * stride_sh + gg % NC
-        if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
-            amax = tl.max(a, 0)  # [HP * BLOCK_D]
+        if REBASE == REBASED_V_TILES:
+            # (32, 1) blocks, NB per column: the tile as [32 rows, NB * C] (column j: block j // C, column j % C of
+            # the head group), so that a warp holds one block's columns and a thread 16 rows of 8 contiguous ones
+            # (the block maxima within a warp, 16-byte loads from the copy buffer, 16 keys per V^T row per thread)
+            NB: tl.constexpr = BLOCK_R // 32
+            C: tl.constexpr = HP * BLOCK_D
+            key3 = tl.arange(0, 32)[:, None, None] + tl.arange(0, NB)[None, :, None] * 32  # [32, NB, 1]
+            x3 = tl.load(X + (row0 + key3).to(tl.int64) * stride_xt + (head64 * stride_xh + d)[None, None, :],
+                         mask=(row0 + key3 < end) & col_ok[None, None, :], other=0)
+            xb, ab = _widened(tl.reshape(x3, (32, NB * C)), X_BF16_BITS)
+            jb = tl.arange(0, NB * C)
+            b_head = head0 + jb % C // BLOCK_D
+            b_d = jb % BLOCK_D
+            b_col_ok = (b_d < HEAD_DIM) & (b_head < heads)
+            key = (jb // C * 32)[None, :] + tl.arange(0, 32)[:, None]  # [32, NB * C]: the key within the tile
+            key_ok = row0 + key < end
+            amax = tl.max(ab, 0)  # [NB * C]
             bad = amax >= 0x7F800000
             shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
-            data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
-            scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
-            s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + d
-            tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=col_ok)
+            # keys past the sequence end are 0 (a NaN block's padding rows too), as rebase_v_tiles loads them
+            data = tl.where(key_ok, _encode(xb, shared[None, :], bad[None, :], HW_CVT), 0).to(tl.uint8)
+            exps = tl.where(bad, 255, shared + 127) - 127
+            e_max = tl.max(tl.reshape(exps, (NB, C)), 0)  # [C]
+            y = _rebase_by(data.to(tl.float8e4nv, bitcast=True),
+                           exps - tl.reshape(tl.broadcast_to(e_max[None, :], (NB, C)), (NB * C,)), HW_CVT)
+            if owned:  # padding tiles write nothing
+                tl.store(DATA + (b_head.to(tl.int64) * HEAD_DIM + b_d)[None, :] * stride_vtrow
+                         + tile.to(tl.int64) * BLOCK_R + key, y.to(tl.uint8, bitcast=True), mask=b_col_ok[None, :])
+                tl.store(F + (tile.to(tl.int64) * heads + head64) * HEAD_DIM + d, _v_tile_factor(e_max),
+                         mask=col_ok)
         else:
-            # (1, 32): per row and 32-column group; (32, 32): the group's max over the 32 rows too.
-            x3 = tl.reshape(x, (BLOCK_R, HP * NC, 32))
-            amax = tl.max(tl.reshape(a, (BLOCK_R, HP * NC, 32)), 2)  # [BLOCK_R, HP * NC]
-            if SQUARE:
-                amax_sq = tl.max(amax, 0)  # [HP * NC]
-                bad = amax_sq >= 0x7F800000
-                shared = _shared_exponent(amax_sq.to(tl.float32, bitcast=True), RCEIL)
-                data = tl.reshape(_encode(x3, shared[None, :, None], bad[None, :, None], HW_CVT),
-                                  (BLOCK_R, HP * BLOCK_D))
-                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
-                tl.store(SCALE + tile.to(tl.int64) * stride_st + g_off, tl.where(owned, scale_bits, 0).to(tl.uint8),
-                         mask=g_ok)
-            else:
+            if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
+                amax = tl.max(a, 0)  # [HP * BLOCK_D]
                 bad = amax >= 0x7F800000
                 shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
-                data = tl.reshape(_encode(x3, shared[:, :, None], bad[:, :, None], HW_CVT), (BLOCK_R, HP * BLOCK_D))
-                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, HP * NC]
-                tl.store(SCALE + r64[:, None] * stride_st + g_off[None, :], scale_bits,
-                         mask=r_ok[:, None] & g_ok[None, :])
-        tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
+                data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
+                scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
+                s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + d
+                tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=col_ok)
+            else:
+                # (1, 32): per row and 32-column group; (32, 32): the group's max over the 32 rows too.
+                x3 = tl.reshape(x, (BLOCK_R, HP * NC, 32))
+                amax = tl.max(tl.reshape(a, (BLOCK_R, HP * NC, 32)), 2)  # [BLOCK_R, HP * NC]
+                if SQUARE:
+                    amax_sq = tl.max(amax, 0)  # [HP * NC]
+                    bad = amax_sq >= 0x7F800000
+                    shared = _shared_exponent(amax_sq.to(tl.float32, bitcast=True), RCEIL)
+                    data = tl.reshape(_encode(x3, shared[None, :, None], bad[None, :, None], HW_CVT),
+                                      (BLOCK_R, HP * BLOCK_D))
+                    scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
+                    tl.store(SCALE + tile.to(tl.int64) * stride_st + g_off,
+                             tl.where(owned, scale_bits, 0).to(tl.uint8), mask=g_ok)
+                else:
+                    bad = amax >= 0x7F800000
+                    shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
+                    data = tl.reshape(_encode(x3, shared[:, :, None], bad[:, :, None], HW_CVT),
+                                      (BLOCK_R, HP * BLOCK_D))
+                    scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)  # [BLOCK_R, HP * NC]
+                    if REBASE == REBASED_ROWS:  # each (row, head) under its largest block scale
+                        row_bits = tl.reshape(scale_bits, (BLOCK_R * HP, NC))
+                        y, e_max = _rebase_rows(
+                            _values_rows(tl.reshape(data, (BLOCK_R * HP, BLOCK_D)).to(tl.float8e4nv, bitcast=True),
+                                         row_bits), row_bits.to(tl.int32) - 127, HW_CVT)
+                        data = tl.reshape(y.to(tl.uint8, bitcast=True), (BLOCK_R, HP * BLOCK_D))
+                        f_head = head0 + tl.arange(0, HP)
+                        tl.store(F + f_head.to(tl.int64)[None, :] * rows + r64[:, None],
+                                 tl.reshape(_row_factor(e_max), (BLOCK_R, HP)),
+                                 mask=r_ok[:, None] & (f_head < heads)[None, :])
+                    else:
+                        tl.store(SCALE + r64[:, None] * stride_st + g_off[None, :], scale_bits,
+                                 mask=r_ok[:, None] & g_ok[None, :])
+            tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
 
 
 def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int],
@@ -212,21 +360,60 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
         if scale.numel():
             scale.view(torch.uint8).zero_()  # no sequence: every scale row unowned
         return data, scale
-    data_bits, scale_bits = data.view(torch.uint8), scale.view(torch.uint8)
+    _launch_quantize(x, data.view(torch.uint8), scale.view(torch.uint8), offs, num_seqs, programs, block, rounding,
+                     PAIR)
+    return data, scale
+
+
+def quantize_rebased_rows(x: torch.Tensor, rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``mxfp8_rebase.rebase_rows(*quantize(x, None, (1, 32), rounding))`` in one pass over ``x``: (E4M3 data
+    [T, H, D] under each row's largest block scale, fp32 row factors [H, T]), bit for bit."""
+    rows, heads, dim = x.shape
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    factors = torch.empty((heads, rows), dtype=torch.float32, device=x.device)
+    if rows and heads:
+        bits = data.view(torch.uint8)
+        _launch_quantize(x, bits, bits, x, 1, triton.cdiv(rows, QUANT_BLOCK_R), (1, 32), rounding, REBASED_ROWS,
+                         factors)
+    return data, factors
+
+
+def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n: int,
+                             rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``mxfp8_rebase.rebase_v_tiles(*quantize(x, kv_offsets, (32, 1), rounding), kv_offsets, block_n)`` in one
+    pass over ``x``: (V^T E4M3 [H * D, tiles * block_n], fp32 column factors / 2**8 [tiles, H, D]), bit for bit on
+    every tile a sequence owns (padding tiles are never read: neither writes them). ``kv_offsets`` int32."""
+    rows, heads, dim = x.shape
+    num_seqs = kv_offsets.shape[0] - 1
+    tiles = rows // block_n + num_seqs  # mxfp8_rebase.v_tiles
+    vt = torch.empty((heads * dim, tiles * block_n), dtype=torch.float8_e4m3fn, device=x.device)
+    factors = torch.empty((tiles, heads, dim), dtype=torch.float32, device=x.device)
+    if rows and heads and num_seqs:
+        bits = vt.view(torch.uint8)
+        _launch_quantize(x, bits, bits, kv_offsets, num_seqs, tiles, (32, 1), rounding, REBASED_V_TILES, factors,
+                         block_r=block_n, stride_vtrow=vt.stride(0))
+    return vt, factors
+
+
+def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
+                     block_r=QUANT_BLOCK_R, stride_vtrow=0):
+    """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs."""
+    rows, heads, dim = x.shape
+    block_rows, block_cols = tuple(block)
     bf16 = x.dtype == torch.bfloat16
     block_d = triton.next_power_of_2(dim)
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
-        warps, stages, groups = quantize_warps(block, per_program * block_d), QUANT_STAGES, QUANT_GROUPS
+        warps, stages, groups = quantize_warps(block, per_program * block_d, block_r), QUANT_STAGES, QUANT_GROUPS
     else:  # v3's geometry, the one run on the H200: one head per iteration, every head in one program
-        per_program, warps, stages, groups = 1, 4, 1, V3_GROUPS
+        per_program, warps, stages, groups = 1, 4 * block_r // QUANT_BLOCK_R, 1, V3_GROUPS
     launch(mxfp8_quantize_kernel, (programs, triton.cdiv(triton.cdiv(heads, per_program), groups)), dict(
-        X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs, rows=rows, heads=heads,
-        num_seqs=num_seqs,
+        X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs,
+        F=data_bits if factors is None else factors, rows=rows, heads=heads, num_seqs=num_seqs,
         **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
+        stride_vtrow=stride_vtrow,
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
-        BLOCK_R=QUANT_BLOCK_R, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
-        GROUPS=groups, STAGES=stages),
+        BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
+        GROUPS=groups, STAGES=stages, REBASE=rebase.value),
         num_warps=warps, num_stages=1)
-    return data, scale

@@ -1,4 +1,6 @@
-"""MXFP8 operands re-based for one FP8 wgmma per tile (the TLX MXFP8 forward's input stage; portable Triton).
+"""MXFP8 operands re-based for one FP8 wgmma per tile (the TLX MXFP8 forward's input stage for pre-quantized
+pairs; portable Triton). From high-precision inputs the quantize kernel writes the same operands itself, bit for bit
+(``mxfp8_quantize.quantize_rebased_rows`` / ``quantize_rebased_v_tiles``, re-exported here).
 
 Hopper has no block-scaled MMA, so the TLX MXFP8 forward (``backends/tlx/mxfp8_attn_fwd.py``) takes operands whose
 scales sit outside the dot:
@@ -28,13 +30,11 @@ import triton.language as tl
 
 from .configs import interpreting
 from .launch import launch
-from .mxfp8_attn_fwd import _e8m0_value, _rebase_cols, _rebase_rows, _values_rows
+from .mxfp8_quantize import (INV_P_SCALE, P_SCALE_LOG2, _rebase_cols, _rebase_rows, _row_factor,  # noqa: F401
+                             _v_tile_factor, _values_rows, quantize_rebased_rows, quantize_rebased_v_tiles)
 from .scheduling import fanout_search_steps, padded_tile
 
 ROWS = 32  # rows per program of rebase_rows
-P_SCALE_LOG2 = 8  # P enters the FP8 dot as P * 2**8 (P <= 1 after the max subtraction: <= 256 < 448)
-# a kernel reads module globals only as constexprs (the interpreter allows plain ones; the GPU compiler does not)
-INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
 
 
 @triton.jit
@@ -51,12 +51,11 @@ def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_s
                    other=0)
     y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
     tl.store(Y + rows[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
-    # 2**max(e_max, -126): _rebase_rows divided by that (a row of 2**-127 blocks is stored x 2**126); NaN scale: NaN
-    tl.store(F + head * T + rows, _e8m0_value((tl.maximum(e_max, -126) + 127).to(tl.uint8)), mask=ok)
+    tl.store(F + head * T + rows, _row_factor(e_max), mask=ok)
 
 
 @triton.jit
-def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_stride, stride_vt, stride_vh,
+def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, stride_vtrow, stride_vt, stride_vh,
                           stride_st, stride_sh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                           SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
     """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring)."""
@@ -73,9 +72,8 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, vt_row_str
                        mask=(blocks * 32 < len_k)[:, None], other=0)  # scale bits 0: 2**-127, never the maximum
         y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
         cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(VT + (head * HEAD_DIM + d)[None, :] * vt_row_stride + cols[:, None], y)
-        factor = _e8m0_value((e_max + 127).to(tl.uint8)) * INV_P_SCALE
-        tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, factor)
+        tl.store(VT + (head * HEAD_DIM + d)[None, :] * stride_vtrow + cols[:, None], y)
+        tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, _v_tile_factor(e_max))
 
 
 def rebase_rows(data: torch.Tensor, scale: torch.Tensor):
@@ -109,7 +107,7 @@ def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Te
         bits = scale.view(torch.uint8)
         launch(rebase_v_tiles_kernel, (tiles, heads), dict(
             V=data, VS=bits, KV_OFF=kv_offsets, VT=vt, VF=factors, num_seqs=num_seqs, num_heads=heads,
-            vt_row_stride=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
+            stride_vtrow=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
             stride_st=bits.stride(0), stride_sh=bits.stride(1), HEAD_DIM=dim, BLOCK_N=block_n,
             SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting()), num_warps=4, num_stages=1)
     return vt, factors

@@ -345,12 +345,27 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R,
                               SEARCH_STEPS=2, X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True,
                               GROUPS=mxfp8_quantize.QUANT_GROUPS if pipelined else mxfp8_quantize.V3_GROUPS,
-                              STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1)
+                              STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1,
+                              REBASE=mxfp8_quantize.PAIR.value)
             warps = mxfp8_quantize.quantize_warps(block, 128) if pipelined else 4
             name = f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}{'-pipelined' if pipelined else ''}"
             yield _mxfp8_spec(name, fn, mxfp8_quantize,
-                              {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32"}, constexprs, warps,
-                              odd_strides=() if block == (32, 1) else ("stride_sh",))
+                              {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*u8"},
+                              constexprs, warps, odd_strides=() if block == (32, 1) else ("stride_sh",))
+    # the TLX MXFP8 forward's operands written by the quantize kernel itself (quantize_rebased_rows / _v_tiles)
+    for rebase, block, block_r in ((mxfp8_quantize.REBASED_ROWS, (1, 32), mxfp8_quantize.QUANT_BLOCK_R),
+                                   (mxfp8_quantize.REBASED_V_TILES, (32, 1), 128)):
+        for head_dim in (64, 128):
+            hp = mxfp8_quantize.heads_per_program(16, head_dim)
+            constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
+                              SQUARE=False, RCEIL=True, BLOCK_R=block_r, SEARCH_STEPS=2, X_BF16_BITS=True,
+                              HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
+                              REBASE=rebase.value)
+            kind = "rows" if block == (1, 32) else "v-tiles"
+            yield _mxfp8_spec(f"mxfp8-quantize-rebased-{kind}-d{head_dim}-bf16-pipelined", fn, mxfp8_quantize,
+                              {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
+                              constexprs, mxfp8_quantize.quantize_warps(block, hp * head_dim, block_r),
+                              odd_strides=("stride_sh",))
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
     for variant in mxfp8_attn_fwd.VARIANTS:
         for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
