@@ -20,13 +20,16 @@ import argparse
 import torch
 
 import jfa_ops
-from host_profile import HEAD_DIM, HEADS, LENS, per_call_us  # tools/ is on the path of a script run from it
+from host_profile import HEAD_DIM, HEADS, LENS, per_call_us, profile  # tools/ is on the path of a script run from it
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="tlx,triton")
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="also cProfile each backend's no_grad call (own time, TOP rows), and time the no_grad "
+                             "rows once more in the reverse backend order (an order effect shows there)")
     args = parser.parse_args()
     off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32).cuda()
     mk = lambda g: torch.randn(sum(LENS), HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16,  # noqa: E731
@@ -49,11 +52,23 @@ def main():
                   flush=True)
         except Exception as e:  # noqa: BLE001 (a backend that cannot run here)
             print(f"{backend:10s} skipped: {type(e).__name__}: {e}"[:200], flush=True)
+    if args.profile:
+        for backend in reversed(args.backends.split(",")):
+            fwd = lambda: _no_grad_call(q, k, v, off, backend)  # noqa: E731
+            print(f"{backend:10s} {per_call_us(fwd, args.calls):15.1f} (no_grad again, reverse order)", flush=True)
+        for backend in args.backends.split(","):
+            profile(lambda: _no_grad_call(q, k, v, off, backend), args.calls,  # noqa: B023
+                    f"{backend}: no_grad jagged_attention", args.profile)
     for backend in args.backends.split(","):
         try:
             split(backend, q, k, v, off, grad_out, args.calls)
         except Exception as e:  # noqa: BLE001
             print(f"{backend}: no split: {type(e).__name__}: {e}"[:200], flush=True)
+
+
+def _no_grad_call(q, k, v, off, backend):
+    with torch.no_grad():
+        jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend=backend)
 
 
 def split(backend: str, q, k, v, off, grad_out, calls: int) -> None:

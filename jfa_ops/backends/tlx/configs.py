@@ -77,16 +77,25 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 # - SPARSE_UNIFORM_WALK (JFA_TLX_SPARSE_BWD_UNIFORM=1): the block-sparse walk's bounds through redux.sync, so
 #   ptxas keeps the consumers' block loop in uniform registers as in the dense loop (attn_bwd._selected_rows: without
 #   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 928 vs 664 instructions per block).
-BACKWARD_HEAD_GROUP = int(os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "0") or 0)
+# On since their H200 timings (bench/NOTES.md v14; the bench's quick sparse batch, 4 cases): the block-sparse backward
+# runs SPARSE_UNIFORM_WALK with kv heads in groups of 4 (1.10-1.16x the walk without them; 1.67x / 2.97x the TLX dense
+# backward at keep 0.5 / 0.25, causal 1.73x / 2.77x); env JFA_TLX_SPARSE_BWD_UNIFORM=0 / JFA_TLX_BWD_HEAD_GROUP=0 turn
+# them off. The dense backward stays tile-major (HEAD_GROUP unset: 0 dense, SPARSE_HEAD_GROUP block-sparse).
+_HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
+BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
+SPARSE_HEAD_GROUP = 4
 SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
-SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "0") == "1"
+SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 
 
-def head_group(heads_kv: int, group: int = None) -> int:
-    """``BACKWARD_HEAD_GROUP`` (or ``group``) for ``heads_kv`` kv heads: the largest divisor of heads_kv <= it, 0
-    (tile-major) when that is none or all of them."""
+def head_group(heads_kv: int, group: int = None, sparse: bool = False) -> int:
+    """``BACKWARD_HEAD_GROUP`` (or ``group``; unset: ``SPARSE_HEAD_GROUP`` for the block-sparse backward, 0 dense)
+    for ``heads_kv`` kv heads: the largest divisor of heads_kv <= it, 0 (tile-major) when that is none or all of
+    them."""
     group = BACKWARD_HEAD_GROUP if group is None else group
+    if group is None:
+        group = SPARSE_HEAD_GROUP if sparse else 0
     g = max((d for d in range(1, min(group, heads_kv) + 1) if heads_kv % d == 0), default=0)
     return 0 if g in (0, heads_kv) else g
 

@@ -246,6 +246,10 @@ def _specializations() -> Iterator[Specialization]:
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
                                      item_order=True)
+    default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
+    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **default)
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **every)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **every)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **every)
