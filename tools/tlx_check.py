@@ -814,16 +814,17 @@ def mxfp8_timing() -> int:
               ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True))
     from jfa_ops.backends.tlx import configs as tlx_configs
 
-    def knob(name, fn):  # bf16 in with a tlx configs switch off: MXFP8_FUSED_QUANTIZE (quantize + the re-basing
-        def run():  # stage for all three), MXFP8_FUSED_V (V only)
-            setattr(tlx_configs, name, False)
+    def knob(name, value, fn):  # bf16 in with a tlx configs switch set: MXFP8_FUSED_QUANTIZE (off: quantize + the
+        def run():  # re-basing stage for all three), MXFP8_FUSED_V (on: V's tiles fused too; off by default)
+            before = getattr(tlx_configs, name)
+            setattr(tlx_configs, name, value)
             try:
                 return fn()
             finally:
-                setattr(tlx_configs, name, True)
+                setattr(tlx_configs, name, before)
         return run
 
-    cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in V 2-pass", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx",
+    cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in V fused", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx",
             "bf16 triton")
     print("MXFP8 forward, D128, TFLOP/s (ms); tlx-mxfp8 = pre-quantized pairs incl. the re-basing stage; "
           f"triton-mxfp8 = bf16smem, pre-quantized; tlx MXFP8_QK_CHUNKS={tlx_configs.MXFP8_QK_CHUNKS}", flush=True)
@@ -845,9 +846,9 @@ def mxfp8_timing() -> int:
                "kernel alone": lambda: mxfp8_attn_fwd.attention_forward(*pairs, q_off, kv_off, params, torch.bfloat16,
                                                                         rebased=rebased),
                "bf16 in": lambda: jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw),
-               "bf16 in V 2-pass": knob("MXFP8_FUSED_V", lambda: jfa_ops.mxfp8_attention(
+               "bf16 in V fused": knob("MXFP8_FUSED_V", True, lambda: jfa_ops.mxfp8_attention(
                    q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw)),
-               "bf16 in 2-pass": knob("MXFP8_FUSED_QUANTIZE", lambda: jfa_ops.mxfp8_attention(
+               "bf16 in 2-pass": knob("MXFP8_FUSED_QUANTIZE", False, lambda: jfa_ops.mxfp8_attention(
                    q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw)),
                "triton-mxfp8": lambda: jfa_ops.mxfp8_attention(*pairs, q_off, kv_off, max_q, max_kv,
                                                                backend="triton", **kw),

@@ -252,12 +252,13 @@ def test_tlx_bf16_inputs_fused_equals_two_passes(name):
 
     dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
     results = []
+    before = configs.MXFP8_FUSED_QUANTIZE, configs.MXFP8_FUSED_V
     for fused, fused_v in ((True, True), (True, False), (False, True)):  # all fused, V two-pass, all two-pass
         configs.MXFP8_FUSED_QUANTIZE, configs.MXFP8_FUSED_V = fused, fused_v
         try:
             results.append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
         finally:
-            configs.MXFP8_FUSED_QUANTIZE = configs.MXFP8_FUSED_V = True
+            configs.MXFP8_FUSED_QUANTIZE, configs.MXFP8_FUSED_V = before
     out, lse = results[0]
     for out2, lse2 in results[1:]:
         assert torch.equal(out, out2) and torch.equal(lse, lse2)

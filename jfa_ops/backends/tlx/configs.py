@@ -111,9 +111,10 @@ MXFP8_AUTO = os.environ.get("JFA_TLX_MXFP8", "1") != "0"
 MXFP8_FUSED_QUANTIZE = os.environ.get("JFA_TLX_MXFP8_FUSED_QUANTIZE", "1") != "0"
 # With MXFP8_FUSED_QUANTIZE: V's tiles fused too (else V through its pair and the re-basing stage, Q and K fused).
 # The fused V-tile program is nearly ALU-bound on sm_90 (25.8 SASS per element: 85% of the HBM rate at full issue):
-# predicted 0-25% faster than V's two passes, with 40% fewer bytes. Env JFA_TLX_MXFP8_FUSED_V=0; tools/tlx_check.py
-# times both.
-MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "1") != "0"
+# predicted 0-25% faster than V's two passes, with 40% fewer bytes; measured slower on the H200 (bench/NOTES.md v14:
+# bf16 in, Q/K fused and V in two passes 451.5 / 128.9 TFLOP/s dense / broadcast-Q vs all fused 446.9 / 114.3), so
+# off. Env JFA_TLX_MXFP8_FUSED_V=1: on; tools/tlx_check.py times both.
+MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "0") == "1"
 # The MXFP8 forward's S = Qr Kr^T as the two halves of head_dim (2; 1: one wgmma chain), each a fresh wgmma
 # accumulator, added in fp32 (FA3/DeepSeek's promotion of FP8 partial sums). PV is promoted per key tile already (a
 # fresh accumulator per 128 keys, joined to O in fp32: the SASS's first PV QGMMA of a tile has "RZ, !UPT"). A model of
