@@ -21,6 +21,8 @@ import sys
 import pytest
 import torch
 
+from tests.common import comparable_launch_values
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = os.environ.get("JFA_TLX_SITE") or os.path.join(ROOT, ".ci-tlx")
 
@@ -113,23 +115,8 @@ def _inputs(lengths, dtype=torch.bfloat16, fused=False, offsets_dtype=torch.int3
     return q, k, v, offsets
 
 
-def _norm(values, inputs):
-    """Launch arguments comparable across calls: the call's inputs by identity, fresh buffers and descriptors by
-    their metadata."""
-    def norm(x):
-        for n, t in enumerate(inputs):
-            if x is t:
-                return ("input", n)
-        if isinstance(x, torch.Tensor):
-            return (x.shape, x.stride(), x.dtype)
-        if hasattr(x, "block_shape"):  # a TensorDescriptor
-            return ("descriptor", norm(x.base), list(x.shape), list(x.strides), list(x.block_shape), x.padding)
-        return x
-    return [norm(x) for x in values]
-
-
 def _launches(runs, inputs):
-    return [(name, tuple(grid), _norm(values, inputs)) for name, grid, values, _ in runs]
+    return [(name, tuple(grid), comparable_launch_values(values, inputs)) for name, grid, values, _ in runs]
 
 
 def _forward(q, k, v, offsets, params):
