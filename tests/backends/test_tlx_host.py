@@ -436,3 +436,20 @@ def test_rebased_descriptors_equal_triton_built_ones(rows):
     layout = triton_fwd.descriptor_layout(attn_bwd._dq_descriptor(accumulators[0], rows, HEAD_DIM // 2))
     assert (triton_fwd.rebase(layout, accumulators[1], other.shape[0])
             == attn_bwd._dq_descriptor(accumulators[1], rows, HEAD_DIM // 2))
+
+
+@needs_tlx
+@pytest.mark.parametrize("knobs,want", [
+    (dict(head_group=4, uniform_walk=True, group_order=True), (4, True, True)),
+    (dict(head_group=0, uniform_walk=True, group_order=True), (0, False, False)),  # no head groups to order
+    (dict(head_group=4, group_order=True), (0, False, False)),  # the schedule's ride on the uniform walk
+    (dict(head_group=4, uniform_walk=True, item_order=True), (0, True, False)),  # the item order alone: no groups
+])
+def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
+    """``configs.BACKWARD_GROUP_ORDER`` (helper hgorder): the item order's kernel (item_order on) over a list in the
+    head groups, so the variant (plan key) keeps head_group; without head groups or the uniform walk it is off."""
+    seen = []
+    monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
+    attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
+    head_group, _, uniform_walk, item_order, group_order = seen[0][5:]
+    assert (head_group, item_order, group_order) == want
