@@ -419,6 +419,11 @@ def sparse_fixed_cases():
         ("sparse 300 short seqs GQA", c(tuple(int(x) for x in np.random.default_rng(2).integers(0, 400, size=300)),
                                         tuple(int(x) for x in np.random.default_rng(3).integers(0, 400, size=300)),
                                         heads_q=4, heads_kv=2, keep=None)),
+        # 8 kv heads and a sorted list (not one wave): the backward's head groups of 4 (its default, and
+        # configs.BACKWARD_GROUP_ORDER's list) take effect only with more kv heads than a group
+        ("sparse 24 seqs H8 causal", c(tuple(int(x) for x in np.random.default_rng(4).integers(0, 2000, size=24)),
+                                       tuple(int(x) for x in np.random.default_rng(4).integers(0, 2000, size=24)),
+                                       causal=True, heads_q=8, heads_kv=8)),
     ]
 
 
