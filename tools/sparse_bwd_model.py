@@ -98,6 +98,7 @@ def orders(tiles, group=4):
              f"hg{group} sorted": per_program(sorted(tile_major, key=lambda th: (th[1] // group, -cost(*th))), True),
              f"hg{group} zigzag 1st down": per_program(first_down, True),
              f"hg{group} zigzag": per_program(listed(group), True),
+             f"hg{group // 2} zigzag": per_program(listed(group // 2), True),
              f"order, by group": [sorted(mine, key=lambda th: th[1] // group) for mine in per_program(by_cost, True)]}
     return {name: [[walk(*th) for th in mine] for mine in plan] for name, plan in plans.items()}
 
