@@ -189,8 +189,8 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, pipeline=True, one_loop=False)  # configs.PIPELINE = True (tools)
     # The v3 consumers (configs.ONE_LOOP = False: broadcast-Q's default, JFA_TLX_FWD_ONE_LOOP=0) where the calls above
     # pick v4; the block-sparse forward (SPARSE, on the v4 consumers) for the same features, 128 x 128 blocks
-    # (select_kv_blocks' default)
-    for variant in (dict(one_loop=False), dict(sparse=True)):
+    # (select_kv_blocks' default), and with its walk's bounds uniform (configs.SPARSE_FORWARD_UNIFORM_WALK)
+    for variant in (dict(one_loop=False), dict(sparse=True), dict(sparse=True, uniform_walk=True)):
         for head_dim in (64, 128):
             for causal in (False, True):
                 yield fwd_specialization(head_dim, "bf16", causal, **variant)
@@ -198,17 +198,8 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", False, broadcast_q=True, **variant)
         yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, **variant)
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
-    yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)  # blocks of several tiles
-    # the block-sparse forward with its walk's bounds uniform (configs.SPARSE_FORWARD_UNIFORM_WALK; helper
-    # fwduniform), the same cases
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield fwd_specialization(head_dim, "bf16", causal, sparse=True, uniform_walk=True)
-    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True)
-    yield fwd_specialization(128, "bf16", False, broadcast_q=True, sparse=True, uniform_walk=True)
-    yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, sparse=True, uniform_walk=True)
-    yield fwd_specialization(128, "bf16", True, uniform=True, sparse=True, uniform_walk=True)  # kv-major
-    yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=True)
+    for uniform_walk in (False, True):  # blocks of several tiles
+        yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
