@@ -154,18 +154,17 @@ def test_block_sparse_backward_uniform_walk_spills_less(compiled):
 
 def test_block_sparse_uniform_walk_keeps_the_block_loop_uniform(compiled):
     """UNIFORM_WALK, forward (helper fwduniform, ``attn_fwd._selected_item``) and backward: the consumers' block
-    loops (``specializations.block_loop_counts``, sm_90 SASS) move (nearly) nothing from vector to uniform registers
-    (R2UR: the default builds every wgmma descriptor per lane, forward D128 48 per loop, backward ~130), and the
-    forward's unmasked path is shorter than the default's (D128 full 507 / 478 instructions instead of 593 / 564;
-    dense 498 / 470). Its spills are not fewer, unlike the backward's: D128 full / causal +40 / +180-200 B per
+    loops (``specializations.block_loop_counts``, sm_90 SASS) move at most a tenth as many values from vector to
+    uniform registers as the default's (R2UR: the default builds every wgmma descriptor per lane; forward 32-48 per
+    loop -> 0-1, backward D64 98 -> 1-5), and their unmasked path is shorter (forward D128 full 507 / 478
+    instructions instead of 593 / 564, dense 498 / 470; backward D64 full 442 / 434 instead of 598 / 595). Its spills are not fewer, unlike the backward's: D128 full / causal +40 / +180-200 B per
     thread, per item and in consumer 0's masked branch; fewer with a window or from offsets (bench/NOTES.md "TLX
     block-sparse forward: uniform walk"); the sparse bound (MAX_SPILL_BYTES_SPARSE) holds them."""
     for prefix in ("sparse-fwd-", "sparse-bwd-"):
         for r, base in _uniform_walk_rows(compiled, prefix):
             assert len(r["block_loop_r2ur"]) == len(base["block_loop_r2ur"]) == 2, (r, base)  # one per consumer
-            assert max(r["block_loop_r2ur"]) <= 2 < min(base["block_loop_r2ur"]), (r, base)
-            if prefix == "sparse-fwd-":
-                assert all(a < b for a, b in zip(r["block_loop_path"], base["block_loop_path"])), (r, base)
+            assert 10 * max(r["block_loop_r2ur"]) <= min(base["block_loop_r2ur"]), (r, base)
+            assert all(a < b for a, b in zip(r["block_loop_path"], base["block_loop_path"])), (r, base)
 
 
 def test_backward_experiments_compile_as_intended(compiled):
