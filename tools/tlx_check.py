@@ -22,7 +22,8 @@ Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
 selection's block mask (gradients through the triton backward); then forward timings on the bench's sparse batch
 (``bench.suites.sparse_cases``: T66944, 22 sequences up to 16k, H16, D128, keep 0.5/0.25, causal and not), the same
-selection for every column: tlx sparse (and with the other work order), triton sparse, tlx dense; then
+selection for every column: tlx sparse (and with its walk's bounds uniform, ``configs.SPARSE_FORWARD_UNIFORM_WALK``,
+and in the other work order), triton sparse, tlx dense; then
 FlexAttention with that selection as its BlockMask (``TLX_SPARSE_FLEX=0`` skips it: its compiles take a while).
 Dense-equivalent TFLOP/s (the dense pairs over the time) and ms.
 
@@ -440,6 +441,10 @@ def sparse_random_cases(n: int, seed: int = 5):
 
 def sparse_correctness() -> int:
     """The block-sparse forward (tlx; selection on triton) against the oracle: out, lse, dq/dk/dv."""
+    from jfa_ops.backends.tlx import configs
+
+    print(f"block-sparse forward sweep, configs.SPARSE_FORWARD_UNIFORM_WALK={configs.SPARSE_FORWARD_UNIFORM_WALK}",
+          flush=True)
     failures, t0 = 0, time.time()
     for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
             int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
@@ -466,11 +471,13 @@ def sparse_timing() -> int:
     from jfa_ops.backends.tlx import configs
 
     cases = sparse_cases([128], "quick")
-    cols = ("tlx sparse", "tlx alt order", "triton sparse", "tlx dense")
-    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx alt order': configs.KV_MAJOR "
-          "flipped from what fwd_choices picks", flush=True)
-    print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}",
-          flush=True)
+    cols = ("tlx sparse", "uniform", "tlx alt order", "triton sparse", "tlx dense")
+    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'uniform': configs."
+          "SPARSE_FORWARD_UNIFORM_WALK on ('tlx sparse': off), 'tlx alt order': configs.KV_MAJOR flipped from what "
+          "fwd_choices picks", flush=True)
+    print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}"
+          + f" {'uniform/tlx':>11s}", flush=True)
+    uniform_default = configs.SPARSE_FORWARD_UNIFORM_WALK
     failures, kept = 0, []
     for case in cases:
         x = make_inputs(case, "cuda")
@@ -481,7 +488,8 @@ def sparse_timing() -> int:
         sparse = lambda backend: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, case.max_q, case.max_kv, block_q=case.block,
             block_kv=case.block, **{**kw, "backend": backend})
-        fns = {"tlx sparse": sparse("tlx"), "tlx alt order": sparse("tlx"), "triton sparse": sparse("triton"),
+        fns = {"tlx sparse": sparse("tlx"), "uniform": sparse("tlx"), "tlx alt order": sparse("tlx"),
+               "triton sparse": sparse("triton"),
                "tlx dense": lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                              case.max_kv, **{**kw, "backend": "tlx"})}
         ms = {}
@@ -490,8 +498,9 @@ def sparse_timing() -> int:
             before = configs.KV_MAJOR
             if col == "tlx alt order":  # the order fwd_choices does not pick for this case
                 configs.KV_MAJOR = case.causal
+            configs.SPARSE_FORWARD_UNIFORM_WALK = col == "uniform"  # the other columns: the walk as before
             t = median_ms(fns[col], f"{case.label} {col}")
-            configs.KV_MAJOR = before
+            configs.KV_MAJOR, configs.SPARSE_FORWARD_UNIFORM_WALK = before, uniform_default
             if t is None:
                 failures += 1
             else:
@@ -501,7 +510,8 @@ def sparse_timing() -> int:
         cells = [f"{case.flops('fwd') / ms[c] / 1e9:7.1f} ({ms[c]:6.3f})" if c in ms else f"{'-':>18s}" for c in cols]
         print(f"{case.label:34s} " + " ".join(f"{c:>18s}" for c in cells)
               + f" {ms.get('triton sparse', nan) / ms.get('tlx sparse', nan):10.2f}"
-              + f" {ms.get('tlx dense', nan) / ms.get('tlx sparse', nan):9.2f}", flush=True)
+              + f" {ms.get('tlx dense', nan) / ms.get('tlx sparse', nan):9.2f}"
+              + f" {ms.get('tlx sparse', nan) / ms.get('uniform', nan):11.3f}", flush=True)
         kept.append((case, x, ms.get("tlx sparse", nan)))
     if os.environ.get("TLX_SPARSE_FLEX", "1") != "1":
         return failures

@@ -13,8 +13,11 @@
 # columns). `bench` (not in `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an
 # earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the
 # whole GPU test suite with the automatic choice preferring tlx (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
-# `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
-# the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
+# `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle with the walk's bounds
+# uniform (JFA_TLX_SPARSE_FWD_UNIFORM=1, helper fwduniform's knob; SPARSE_FWD_UNIFORM=0: the default walk; 120 s),
+# then timings on the bench's sparse batch: the default walk, the uniform walk, the other work order, triton sparse,
+# tlx dense (100 s); FlexAttention given the same blocks with TLX_SPARSE_FLEX=1 (Inductor under triton 3.8 failed to
+# compile it in v12, after a while).
 # `sparse-bwd` (not in `all`): the TLX block-sparse backward (JFA_TLX_SPARSE_BWD's switch set in-process): its sweep
 # vs the float64 oracle with helper sparsebwd2's experiments on (uniform walk, Q/dO first, item order; 130 s;
 # SPARSE_BWD_GROUP_ORDER=1: uniform walk and helper hgorder's group order instead), then backward timings on the
@@ -76,8 +79,9 @@ if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s triton / 
   fi
 fi
 if [ "$part" = sparse ]; then
-  JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py sparse-correctness || rc=1
-  $limit 100 python3 tools/tlx_check.py sparse-timing || rc=1
+  JFA_TLX_SPARSE_FWD_UNIFORM=${SPARSE_FWD_UNIFORM:-1} JFA_LAUNCH_VERIFY=1 $limit 120 \
+    python3 tools/tlx_check.py sparse-correctness || rc=1
+  TLX_SPARSE_FLEX=${TLX_SPARSE_FLEX:-0} $limit 100 python3 tools/tlx_check.py sparse-timing || rc=1
 fi
 if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experiments on (SPARSE_BWD_KNOBS=0: the
   # default kernel's), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS, or

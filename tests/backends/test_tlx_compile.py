@@ -32,7 +32,9 @@ MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
 # The block-sparse forward ("sparse-fwd-*": SPARSE on the v4 consumers), stores + loads: D64 0; D128 full 24,
 # broadcast-Q 24, causal 112, blocks 256 160 (per work item, around its first block: none in the block loop), from
 # offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
-# branch; bench/NOTES.md "TLX block-sparse forward v1").
+# branch; bench/NOTES.md "TLX block-sparse forward v1"). With the uniform walk ("-uniform", off by default): D64 0,
+# D128 full 64, broadcast-Q 64, causal 292-312, blocks 256 232, from offsets without FMA 276, fp16 causal + left
+# window 300 (bench/NOTES.md "TLX block-sparse forward: uniform walk").
 MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
 # The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 400 (the key
 # interval mask; ``visible`` spilled 800 there).
@@ -133,17 +135,36 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
 
+def _uniform_walk_rows(compiled, prefix):
+    """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].startswith(prefix) and "-uniform" in r["name"]]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
+    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder)", "", r["name"])]) for r in rows]
+
+
 def test_block_sparse_backward_uniform_walk_spills_less(compiled):
     """UNIFORM_WALK (helper sparsebwd2, ``attn_bwd._selected_rows``): with the walk's bounds uniform, ptxas keeps the
     block loop in uniform registers as in the dense loop, which frees registers: every specialization with it (and
     the experiments that ride on it: head groups, Q/dO first, item order) spills no more than the default kernel of
     the same features (D128 full: 156 / 208 B instead of 336 / 400)."""
-    by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if "-uniform" in r["name"]]
-    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no uniform walk compiled"
-    for r in rows:
-        base = by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder)", "", r["name"])]
+    for r, base in _uniform_walk_rows(compiled, "sparse-bwd-"):
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
+
+
+def test_block_sparse_uniform_walk_keeps_the_block_loop_uniform(compiled):
+    """UNIFORM_WALK, forward (helper fwduniform, ``attn_fwd._selected_item``) and backward: the consumers' block
+    loops (``specializations.block_loop_counts``, sm_90 SASS) move at most a tenth as many values from vector to
+    uniform registers as the default's (R2UR: the default builds every wgmma descriptor per lane; forward 32-48 per
+    loop -> 0-1, backward D64 98 -> 1-5), and their unmasked path is shorter (forward D128 full 507 / 478
+    instructions instead of 593 / 564, dense 498 / 470; backward D64 full 442 / 434 instead of 598 / 595). Its spills are not fewer, unlike the backward's: D128 full / causal +40 / +180-200 B per
+    thread, per item and in consumer 0's masked branch; fewer with a window or from offsets (bench/NOTES.md "TLX
+    block-sparse forward: uniform walk"); the sparse bound (MAX_SPILL_BYTES_SPARSE) holds them."""
+    for prefix in ("sparse-fwd-", "sparse-bwd-"):
+        for r, base in _uniform_walk_rows(compiled, prefix):
+            assert len(r["block_loop_r2ur"]) == len(base["block_loop_r2ur"]) == 2, (r, base)  # one per consumer
+            assert 10 * max(r["block_loop_r2ur"]) <= min(base["block_loop_r2ur"]), (r, base)
+            assert all(a < b for a, b in zip(r["block_loop_path"], base["block_loop_path"])), (r, base)
 
 
 def test_backward_experiments_compile_as_intended(compiled):

@@ -188,6 +188,29 @@ def test_block_sparse_forward_matches_the_oracle(name):
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
 
 
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "window (300,0) causal",
+                                  "broadcast-Q", "fp16 D64 causal", "blocks 256x256 causal"])
+def test_block_sparse_forward_uniform_walk_is_bit_identical(name, monkeypatch):
+    """configs.SPARSE_FORWARD_UNIFORM_WALK (helper fwduniform) passes the same walk bounds through redux.sync: out
+    and lse equal the default walk's bit for bit."""
+    from jfa_ops.backends.tlx import configs
+
+    case = SPARSE_CASES[name]
+    _tlx_or_skip(case.case)
+    x = case.case.make_inputs(1)
+    index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
+    kw = x.kwargs
+    results = []
+    for uniform in (False, True):
+        monkeypatch.setattr(configs, "SPARSE_FORWARD_UNIFORM_WALK", uniform)
+        results.append(jfa_ops.block_sparse_attention(
+            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
+            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+            window=kw["window"], broadcast_q=kw["broadcast_q"], return_lse=True, backend="tlx"))
+    (out, lse), (out_u, lse_u) = results
+    assert torch.equal(out, out_u) and torch.equal(lse, lse_u), name
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_sparse_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     """As the dense test: sequence 0's one selected block (all its keys) reads sequence 1's NaN/inf rows through

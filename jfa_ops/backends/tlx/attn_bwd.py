@@ -47,7 +47,8 @@ from ..triton.launch import launch_planned
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
                                  slot_tile, tile_schedule)
 from . import configs
-from .attn_fwd import NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _zero_rows_past_end
+from .attn_fwd import (NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _warp_uniform,
+                       _zero_rows_past_end)
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
@@ -86,14 +87,6 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
         n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)
     return (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
             tail_begin, tail_end, seq)
-
-
-@triton.jit
-def _warp_uniform(x):
-    """x (the same in every lane) through ``redux.sync``, whose result ptxas knows is warp-uniform: values derived
-    from it (loop bounds and counters, shared-memory descriptors) can live in uniform registers."""
-    return tl.inline_asm_elementwise("redux.sync.min.s32 $0, $1, 0xffffffff;", "=r,r", [x], dtype=tl.int32,
-                                     is_pure=True, pack=1)
 
 
 @triton.jit

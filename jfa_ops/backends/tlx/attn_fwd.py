@@ -109,17 +109,38 @@ def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, gr
 
 
 @triton.jit
+def _warp_uniform(x):
+    """x (the same in every lane) through ``redux.sync``, whose result ptxas knows is warp-uniform: values derived
+    from it (loop bounds and counters, shared-memory descriptors) can live in uniform registers. The block-sparse
+    walks' UNIFORM_WALK (this forward's ``_selected_item``, the backward's ``attn_bwd._selected_rows``): their
+    bounds come out of ``selected_walk``'s cross-lane reductions, which ptxas cannot see are uniform."""
+    return tl.inline_asm_elementwise("redux.sync.min.s32 $0, $1, 0xffffffff;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb,
-                   stride_ch, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_N: tl.constexpr):
+                   stride_ch, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_N: tl.constexpr,
+                   UNIFORM_WALK: tl.constexpr):
     """SPARSE: (first, n) of a work item (``_work_tile``'s tuple): it walks the tiles first .. first + n - 1 of
     BLOCK_INDEX seen as one list of BLOCK_N-key tiles (``selected_tile_start(BLOCK_INDEX, t)``), those of its Q
     block's selection row (its kv head's) that overlap the keys any of its rows sees (``selected_tile_range``).
     One int32 for the whole row position (the host checks the index fits): the consumers keep it live across their
     block loop, a 64-bit row pointer cost them registers there. Producer and consumers derive the same
-    (``block_sparse_fwd.selected_walk``, which the TLX backward walks its transposed selection with)."""
+    (``block_sparse_fwd.selected_walk``, which the TLX backward walks its transposed selection with).
+
+    UNIFORM_WALK (``configs.SPARSE_FORWARD_UNIFORM_WALK``): (first, n) through ``_warp_uniform``, the backward's fix
+    (helper sparsebwd2). Without it the consumers' block loop counter, K/V ring slot and tile position are per-lane,
+    so every wgmma descriptor of the loop is built in vector registers and moved by R2UR (bench/NOTES.md "TLX
+    block-sparse forward: uniform walk")."""
     real, head, m0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
-    return selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih,
-                         stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N)
+    first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
+                             stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
+                             BLOCK_N)
+    if UNIFORM_WALK:
+        first = _warp_uniform(first)
+        n = _warp_uniform(n)
+    return first, n
 
 
 @triton.jit
@@ -433,16 +454,20 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
-                        SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0):
+                        SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
+                        UNIFORM_WALK: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
     SPARSE (block-sparse attention, ``block_sparse_forward``): each item walks only the tiles of the KV blocks its
     Q block selected (BLOCK_INDEX [B, Hkv, n_q_blocks, W] ids of BLOCK_KV keys, ascending; BLOCK_COUNT [B, Hkv,
-    n_q_blocks]; Q blocks of BLOCK_Q rows), with the v4 consumers; else the selection arguments are None/0."""
+    n_q_blocks]; Q blocks of BLOCK_Q rows), with the v4 consumers; else the selection arguments are None/0.
+    UNIFORM_WALK (with SPARSE): the walk's bounds in uniform registers (``_selected_item``,
+    ``configs.SPARSE_FORWARD_UNIFORM_WALK``)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
+    tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
@@ -479,7 +504,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                 if SPARSE:
                     sel_first, n_blocks = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks,
                                                               stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
-                                                              BLOCK_Q, BLOCK_KV, BLOCK_N)
+                                                              BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
                 else:
                     n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
                         + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -518,7 +543,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                       HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
                     if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
-                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N)
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
@@ -548,7 +573,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N)
+                                                     BLOCK_N, UNIFORM_WALK)
                             acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
@@ -560,7 +585,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N)
+                                                     BLOCK_N, UNIFORM_WALK)
                         if real:
                             _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
                                         Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
@@ -653,7 +678,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
 NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
-                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0)
+                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False)
 
 
 def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule) -> dict:
@@ -769,7 +794,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     """(out, lse) of attention restricted to the selected KV blocks: the triton backend's ``block_sparse_forward``
     contract, on the TLX forward with SPARSE (each work item walks its Q block's selected tiles only); the work list
-    is the triton kernel's (longest first by selected blocks). ``configs.sparse_reason`` held for the block sizes."""
+    is the triton kernel's (longest first by selected blocks). ``configs.sparse_reason`` held for the block sizes;
+    ``configs.SPARSE_FORWARD_UNIFORM_WALK`` read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -793,5 +819,6 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg),
         **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major, True), schedule),
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
-        SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv), num_warps=NUM_WARPS, num_stages=1)
+        SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
+        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK), num_warps=NUM_WARPS, num_stages=1)
     return out, lse

@@ -53,6 +53,12 @@ BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
 SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
+# The block-sparse forward's walk bounds through redux.sync (attn_fwd._selected_item's UNIFORM_WALK; helper
+# fwduniform, bench/NOTES.md "TLX block-sparse forward: uniform walk"), the backward's SPARSE_BACKWARD_UNIFORM_WALK:
+# ptxas then keeps the consumers' block loop in uniform registers as in the dense loop instead of building every
+# wgmma descriptor per lane and moving it by R2UR. Same arithmetic, same results. Off until measured on the H200;
+# env JFA_TLX_SPARSE_FWD_UNIFORM=1 turns it on (read per call: tools/tlx_check.py times both in one process).
+SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "0") == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

@@ -38,10 +38,11 @@ class Specialization:
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
-                       block_kv: int = 128) -> Specialization:
+                       block_kv: int = 128, uniform_walk: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
-    selection of block_q x block_kv blocks."""
+    selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
+    (``configs.SPARSE_FORWARD_UNIFORM_WALK``)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -61,7 +62,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop)
     if sparse:
-        constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
+        constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk)
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
@@ -73,7 +74,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
-           f"{'' if kv_major else '-tilemajor'}" \
+           f"{'' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -188,8 +189,8 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "bf16", False, pipeline=True, one_loop=False)  # configs.PIPELINE = True (tools)
     # The v3 consumers (configs.ONE_LOOP = False: broadcast-Q's default, JFA_TLX_FWD_ONE_LOOP=0) where the calls above
     # pick v4; the block-sparse forward (SPARSE, on the v4 consumers) for the same features, 128 x 128 blocks
-    # (select_kv_blocks' default)
-    for variant in (dict(one_loop=False), dict(sparse=True)):
+    # (select_kv_blocks' default), and with its walk's bounds uniform (configs.SPARSE_FORWARD_UNIFORM_WALK)
+    for variant in (dict(one_loop=False), dict(sparse=True), dict(sparse=True, uniform_walk=True)):
         for head_dim in (64, 128):
             for causal in (False, True):
                 yield fwd_specialization(head_dim, "bf16", causal, **variant)
@@ -197,7 +198,8 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", False, broadcast_q=True, **variant)
         yield fwd_specialization(128, "bf16", True, from_offsets=True, fma_softmax=False, **variant)
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
-    yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256)  # blocks of several tiles
+    for uniform_walk in (False, True):  # blocks of several tiles
+        yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
@@ -298,12 +300,12 @@ def compile_sm90(spec: Specialization) -> dict:
                 target=re.search(r"\.target (\S+)", ptx).group(1), wgmma_overlap=wgmma_overlap(ptx),
                 named_barrier_arrives=len(re.findall(r"\bbar\.arrive\b", ptx)),
                 wgmma_register_a=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A from registers
-                **(e4m3_mma_counts(compiled.asm["cubin"]) if "mxfp8" in spec.name else {}))
+                **(e4m3_mma_counts(sass_of(compiled.asm["cubin"])) if "mxfp8" in spec.name else {}),
+                **(block_loop_counts(sass_of(compiled.asm["cubin"])) if spec.name.startswith("sparse-") else {}))
 
 
-def e4m3_mma_counts(cubin: bytes) -> dict:
-    """SASS of an MXFP8 kernel (``nvdisasm`` from triton's bundled CUDA tools): E4M3 x E4M3 wgmma (``QGMMA``) with
-    the A operand from shared memory (S = Q K^T) and from registers (P V), and spill instructions (STL/LDL)."""
+def sass_of(cubin: bytes) -> str:
+    """The SASS of a cubin (``nvdisasm -c`` from triton's bundled CUDA tools)."""
     import os
     import subprocess
 
@@ -312,8 +314,49 @@ def e4m3_mma_counts(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm"), "-c", f.name],
+        return subprocess.run([os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm"), "-c", f.name],
                               capture_output=True, text=True, check=True).stdout
+
+
+def block_loop_counts(sass: str) -> dict:
+    """The consumers' block loops in the SASS: the innermost loops (a backward branch to a label above it) that
+    hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
+    (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
+    to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
+    whole kernel. The branches after the last EXIT (out-of-line waits jumping back) are no loops."""
+    labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
+    for line in sass.splitlines():
+        m = re.match(r"(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(insts)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(\S+)(.*?);", line)
+        if m:
+            insts.append((m.group(1), m.group(2)))
+    last_exit = max((i for i, (op, _) in enumerate(insts) if op == "EXIT"), default=len(insts))
+
+    def target(i):
+        m = re.search(r"`\((\.L_x_\d+)\)", insts[i][1]) if insts[i][0].startswith("BRA") else None
+        return labels.get(m.group(1)) if m else None
+
+    loops = [(target(i), i) for i in range(last_exit) if target(i) is not None and target(i) <= i]
+    loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
+    loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
+    counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[])
+    for a, b in loops:
+        skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
+                   for j in range(i + 1, target(i))}
+        body = insts[a:b + 1]
+        counts["block_loop_instructions"].append(len(body))
+        counts["block_loop_path"].append(b + 1 - a - len(skipped))
+        counts["block_loop_r2ur"].append(sum(op.startswith("R2UR") for op, _ in body))
+        counts["block_loop_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op, _ in body))
+    return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
+
+
+def e4m3_mma_counts(sass: str) -> dict:
+    """SASS of an MXFP8 kernel: E4M3 x E4M3 wgmma (``QGMMA``) with the A operand from shared memory (S = Q K^T)
+    and from registers (P V), and spill instructions (STL/LDL)."""
     return dict(qgmma_e4m3_smem_a=len(re.findall(r"QGMMA\.\S+\.E4M3\.E4M3 R\d+, gdesc", sass)),
                 qgmma_e4m3_reg_a=len(re.findall(r"QGMMA\.\S+\.E4M3\.E4M3 R\d+, R\d+, gdesc", sass)),
                 sass_spill_ops=len(re.findall(r"\b(?:STL|LDL)\b", sass)))
