@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate), then ``backward-timing``: TFLOP/s triton / default / the experiments;
+all3, alternate1, alternate3), then ``backward-timing``: TFLOP/s triton / default / the experiments;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -232,7 +232,8 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
                 "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
                 "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
-                "alternate": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=True)}
+                "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
+                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE")
 
@@ -351,8 +352,9 @@ def timing() -> int:
 
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (v2
-    with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / alternate;
-    dqdefer is the default's kernel at D128; alternate is also given over dqlag, the kernel it adds turns to). Each value is printed as it is measured (a hung kernel ends the run there:
+    with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / alternate1 /
+    alternate3; dqdefer is the default's kernel at D128; the alternates also over dqlag, the kernel they add turns
+    to). Each value is printed as it is measured (a hung kernel ends the run there:
     faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
     import triton.testing
 
@@ -366,12 +368,12 @@ def backward_timing() -> int:
     cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "dqlag", "alternate"] if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1"
-           else [])
+    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3"]
+           if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
     cols += [(n, n) for n in new]
-    ratios = [("def/triton", "default", "triton")] + [(f"{n[:6]}/def", n, "default") for n in new]
-    if "alternate" in new:
-        ratios.append(("altern/lag", "alternate", "dqlag"))
+    short = lambda n: n[:6] if not n.startswith("alternate") else f"alt{n[-1]}"  # noqa: E731
+    ratios = [("def/triton", "default", "triton")] + [(f"{short(n)}/def", n, "default") for n in new]
+    ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
           + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
     failures = 0

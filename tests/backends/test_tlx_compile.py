@@ -52,9 +52,9 @@ MAX_SPILL_BYTES_SPARSE_BWD = {64: 96, 128: 1152}
 # The experiments on the default backward ("-dqdefer", "-statsahead", "-dqlag": configs.BACKWARD_DQ_DEFER /
 # _STATS_AHEAD / _DQ_LAG), stores + loads: D64 0 (dqdefer, statsahead), 72 (dqlag), 132 (all three); D128 statsahead
 # 388-756 (full, causal), dqlag 644-848, all three 820 causal (per work item and in the masked blocks;
-# bench/NOTES.md "TLX backward v3 knobs"). The consumer turns on DQ_LAG ("-alternate": configs.BACKWARD_ALTERNATE):
-# D64 0 (full), 112 (causal), D128 728-916 (dqlag's +0-8 B per work item: lse/delta loaded before the turn; the block
-# loops as dqlag's, bench/NOTES.md "TLX backward: consumer alternation").
+# bench/NOTES.md "TLX backward v3 knobs"). The consumer turns on DQ_LAG ("-alternate1" / "-alternate3":
+# configs.BACKWARD_ALTERNATE): D64 0 (full), 112 (causal), D128 728-916 (dqlag's +0-8 B per work item: lse/delta
+# loaded before the turn; the block loops as dqlag's, bench/NOTES.md "TLX backward: consumer alternation").
 MAX_SPILL_BYTES_BWD_EXPERIMENTS = {64: 192, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
@@ -162,14 +162,16 @@ def test_backward_experiments_compile_as_intended(compiled):
     for r in compiled:
         if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
             assert r["named_barrier_arrives"] == 0, r
-    # ALTERNATE (helper tlxalt): DQ_LAG's kernel plus the turns: per consumer one dS arrive and three turn passes
-    # (S/dP, dV, dQ/dK), and consumer 1's bootstrap arrive; the same shared memory, spills within 16 B of DQ_LAG's
-    alternate = [r for r in compiled if r["name"].endswith("-alternate")]
-    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in alternate} == {64, 128}, "no ALTERNATE compiled"
+    # ALTERNATE (helper tlxalt): DQ_LAG's kernel plus the turns: per consumer one dS arrive and a turn pass per turn
+    # (1: S/dP; 3: S/dP, dV, dQ/dK), and consumer 1's bootstrap arrive; the same shared memory, spills within 16 B of
+    # DQ_LAG's
+    alternate = [r for r in compiled if re.search(r"-alternate[13]$", r["name"])]
+    assert {(int(re.search(r"-d(\d+)-", r["name"]).group(1)), r["name"][-1]) for r in alternate} == {
+        (64, "1"), (128, "1"), (64, "3"), (128, "3")}, "no ALTERNATE compiled"
     twins = 0
     for r in alternate:
-        assert r["named_barrier_arrives"] == 2 * (1 + 3) + 1, r
-        lag = by_name.get(r["name"].replace("-alternate", "-dqlag"))
+        assert r["named_barrier_arrives"] == 2 * (1 + int(r["name"][-1])) + 1, r
+        lag = by_name.get(re.sub(r"-alternate[13]$", "-dqlag", r["name"]))
         if lag is not None:
             twins += 1
             assert r["shared"] == lag["shared"], (r, lag)

@@ -54,7 +54,8 @@ _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
                 "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
-                "bwd-alternate": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=True)}
+                "bwd-alternate1": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
+                "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -74,7 +75,8 @@ def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeypatch):
     """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
     with dQ split between them (BACKWARD_DQ_SHARED, the default), and the experiments on it (DQ_LAG, DQ_DEFER,
-    STATS_AHEAD, ALTERNATE): every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced over the batch, empty
+    STATS_AHEAD, ALTERNATE 1 and 3): every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced
+    over the batch, empty
     sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)

@@ -305,7 +305,7 @@ BACKWARD_CHANGES = {
     "dQ split off": dict(switch=("BACKWARD_DQ_SHARED", False)),
     "v1 consumers": dict(switch=("BACKWARD_V2", False)),
     "dq_lag": dict(switch=("BACKWARD_DQ_LAG", True)),
-    "alternate": dict(switch=("BACKWARD_ALTERNATE", True)),
+    "alternate": dict(switch=("BACKWARD_ALTERNATE", 1)),
     "stats_ahead": dict(switch=("BACKWARD_STATS_AHEAD", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }

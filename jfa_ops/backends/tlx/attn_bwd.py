@@ -256,7 +256,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                     ALTERNATE: tl.constexpr = False):
+                     ALTERNATE: tl.constexpr = 0):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -285,16 +285,20 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head). Neither with
     SPARSE (dense walks only).
 
-    ALTERNATE (with DQ_LAG): the consumers issue their three wgmma groups of a block (S with dP; dV; the lagged dQ
-    with dK) in strict turns, consumer 0 first (the forward's ping-pong barriers, ``_wait_turn`` / ``_pass_turn``):
-    C0 S/dP, C1 S/dP, C0 dV, C1 dV, C0 dQ/dK, C1 dQ/dK, C0 S/dP of the next block, ... so one consumer's exp2, dS
-    and dQ staging run under the other's matmuls instead of both queueing theirs at once. A turn holds no wait
-    (issue only): every wait of the loop (Q/dO slot, VFIX_BARRIER, DS_READY, own barriers, wgmma waits) lies
-    between turns, and both consumers take the same turns (same blocks; no consumer-dependent branch around a
-    turn), so the token cannot deadlock (bench/NOTES.md "TLX backward: consumer alternation"). Issue order only:
-    the same arithmetic, the same results. ``_dq_lagged`` (after the loop) issues outside the turns."""
+    ALTERNATE (with DQ_LAG; turns per block): the consumers take turns issuing, consumer 0 first (the forward's
+    ping-pong barriers, ``_wait_turn`` / ``_pass_turn``). 1: the S/dP group only (C0 S/dP, C1 S/dP, C0 S/dP of the
+    next block, ...: the forward's one turn per block; dV and dQ/dK issue as they come). 3: every group in strict
+    order (C0 S/dP, C1 S/dP, C0 dV, C1 dV, C0 dQ/dK, C1 dQ/dK, ...). So one consumer's exp2, dS and dQ staging run
+    under the other's matmuls instead of both queueing theirs at once. A turn holds no wait (issue only; lse and
+    delta are loaded before the S/dP turn): every wait of the loop (Q/dO slot, VFIX_BARRIER, DS_READY, own
+    barriers, wgmma waits) lies between turns, and both consumers take the same turns (same blocks; no
+    consumer-dependent branch around a turn), so the token cannot deadlock (bench/NOTES.md "TLX backward: consumer
+    alternation"). Issue order only: the same arithmetic, the same results. ``_dq_lagged`` (after the loop) issues
+    outside the turns."""
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
-    tl.static_assert(not ALTERNATE or (DQ_SHARED and DQ_LAG), "ALTERNATE rides on DQ_LAG")
+    tl.static_assert(ALTERNATE == 0 or (DQ_SHARED and DQ_LAG and (ALTERNATE == 1 or ALTERNATE == 3)),
+                     "ALTERNATE (1 or 3 turns per block) rides on DQ_LAG")
+    EVERY_TURN: tl.constexpr = ALTERNATE == 3  # dV and dQ/dK take turns too
     if SPARSE:
         n_all = sel_count
         m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
@@ -341,12 +345,12 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         else:
             ds_tile = ds_tiles[own]
         keys = tl.arange(0, k_tile.shape[0])
-        if ALTERNATE:  # lse, delta loaded before the turn: their latency runs while the other consumer issues
+        if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer issues
             lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
             _wait_turn(CID)
         s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
         dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
-        if ALTERNATE:
+        if ALTERNATE > 0:
             _pass_turn(CID)
         else:
             lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
@@ -363,10 +367,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         tlx.local_store(p_tile, p.to(DTYPE))
         tlx.fence_async_shared()
         tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
-        if ALTERNATE:
+        if EVERY_TURN:
             _wait_turn(CID)
         dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
-        if ALTERNATE:
+        if EVERY_TURN:
             _pass_turn(CID)
         dp = tlx.async_dot_wait(1, dp)  # dV may still run
         ds = p * (dp - delta[:, None])
@@ -384,7 +388,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             half_lag: tl.constexpr = HEAD_DIM // 2
             prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
             zero_lag = _opaque_zero(j)
-            if ALTERNATE:
+            if EVERY_TURN:
                 _wait_turn(CID)
             dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
                                tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag], [k_tile.shape[0], half_lag]))
@@ -392,7 +396,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                                tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
                                                [k_tile.shape[0], half_lag]), dq)
             dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-            if ALTERNATE:
+            if EVERY_TURN:
                 _pass_turn(CID)
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
@@ -545,7 +549,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                         HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
-                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = False):
+                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -657,7 +661,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            if ALTERNATE:
+            if ALTERNATE > 0:
                 if cid == 1:  # consumer 0 takes the first turn (the forward's bootstrap)
                     tlx.named_barrier_arrive(PINGPONG_A, 256)
             q_count = 0
@@ -747,27 +751,29 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
-                       uniform_walk: bool = False, item_order: bool = False, alternate: bool = False):
+                       uniform_walk: bool = False, item_order: bool = False, alternate: int = 0):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
     (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared) / ``_ALTERNATE`` (with dq_shared; turns DQ_LAG on): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in
-    groups of that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
+    / ``_DQ_LAG`` (with dq_shared) / ``_ALTERNATE`` (``alternate``: turns per block, 0, 1 or 3; with dq_shared,
+    and it turns DQ_LAG on): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
+    that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
     (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
     item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
     block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored). A dense call
     whose signature an earlier call made a recipe for (``_Recipe``) launches through it."""
     if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = dq_lag = alternate = False
+        dq_defer = stats_ahead = dq_lag = False
+        alternate = 0
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order = 0, False, False
     else:
         qdo_first = uniform_walk = False  # block-sparse walks only
     if item_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    alternate = v2 and dq_shared and alternate  # the consumers' turns ride on DQ_LAG
-    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate),
+    alternate = alternate if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
+    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, alternate)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
     recipe = None if key is None else _RECIPES.get(key)
