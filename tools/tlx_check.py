@@ -355,7 +355,8 @@ def backward_timing() -> int:
     with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / alternate1 /
     alternate3; dqdefer is the default's kernel at D128; the alternates also over dqlag, the kernel they add turns
     to). Each value is printed as it is measured (a hung kernel ends the run there:
-    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
+    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
+    (BWD_VARIANTS keys) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -370,6 +371,8 @@ def backward_timing() -> int:
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
     new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
+        new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n in BWD_VARIANTS]
     cols += [(n, n) for n in new]
     short = lambda n: n[:6] if not n.startswith("alternate") else f"alt{n[-1]}"  # noqa: E731
     ratios = [("def/triton", "default", "triton")] + [(f"{short(n)}/def", n, "default") for n in new]

@@ -772,7 +772,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         qdo_first = uniform_walk = False  # block-sparse walks only
     if item_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    alternate = alternate if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
+    alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, alternate)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
