@@ -1,11 +1,13 @@
 """CPU model of the TLX block-sparse backward's schedule on the bench's quick sparse batch (bench/NOTES.md "TLX
-block-sparse backward v2"): per work item (key tile, kv head) the 64-row query tiles it walks, the static-stride
-imbalance of the work order (tile-major today, ``configs.BACKWARD_ITEM_ORDER``'s snake over a per-item list, an
-LPT bound), and a coarse L2 model (LRU, each block touching 32 KiB of Q+dO and 32 KiB of fp32 dQ) per order
-(tile-major, kv heads in groups of G: ``configs.BACKWARD_HEAD_GROUP``).
+block-sparse backward v2" and "ordered head groups"): per work item (key tile, kv head) the 64-row query tiles it
+walks, the static-stride imbalance of the work order (tile-major, an LPT bound) and, with ``--schedules``, of each
+schedule as the kernel takes it (``orders``: tile-major, kv heads in groups of G (``configs.BACKWARD_HEAD_GROUP``),
+``configs.BACKWARD_ITEM_ORDER``'s snake over a per-item list, ``configs.BACKWARD_GROUP_ORDER``'s zigzag over head
+groups, and two combinations that lost); ``--l2`` adds a coarse L2 model per schedule (LRU, each block touching
+32 KiB of Q+dO and 32 KiB of fp32 dQ) and the rows the items in flight walk.
 
 The selection is a random top-k of the op's budget (``ceil(keep x visible)`` with the local block first), which is
-how the bench's random inputs select. ``python tools/sparse_bwd_model.py [--l2]`` (the L2 model takes ~1 min).
+how the bench's random inputs select. ``python tools/sparse_bwd_model.py [--schedules] [--l2]`` (--l2: ~2 min).
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ PER_ITEM = 1.5  # an item's fixed cost in blocks (K/V load, epilogue, walk: ~3-4
 
 
 def items(lens, heads, keep, causal, seed=0):
-    """Tile-major work list as the kernel runs it: for each key tile (sorted longest first by blocks summed over
-    heads, stable), its heads; each item the list of (head, query tile) it walks."""
+    """Tile-major work list as the kernel runs it: key tiles sorted longest first by blocks summed over heads
+    (stable), each (seq, first key row, per head the list of (head, query tile) it walks)."""
     rng = np.random.default_rng(seed)
     starts = np.concatenate([[0], np.cumsum(lens)]) // TILE
     tiles = []
@@ -43,30 +45,73 @@ def items(lens, heads, keep, causal, seed=0):
                     chosen[h][b].append(i)
         for j in range(nb):
             walks = [[(h, starts[s] + 2 * b + t) for b in sorted(chosen[h][j]) for t in (0, 1)] for h in range(heads)]
-            tiles.append((sum(len(w) for w in walks) if keep < 1 else (nb - j if causal else nb), walks))
+            tiles.append((sum(len(w) for w in walks) if keep < 1 else (nb - j if causal else nb), s, j, walks))
     tiles.sort(key=lambda t: -t[0])
-    return [t[1] for t in tiles]
+    return [t[1:] for t in tiles]
 
 
-def order(tiles, group=0):
-    """Items in the kernel's order: tile-major (group 0), or kv heads in groups of ``group`` (``work_item``)."""
-    n, heads = len(tiles), len(tiles[0])
-    if group in (0, heads):
-        return [tiles[t][h] for t in range(n) for h in range(heads)]
-    out = []
-    for w in range(n * heads):
-        g, rest = w % group, w // group
-        out.append(tiles[rest % n][(rest // n) * group + g])
-    return out
+def snake_work(pid, i, programs=SMS):
+    """``common.snake_work`` with SNAKE."""
+    return i * programs + (pid if i % 2 == 0 else programs - 1 - pid)
 
 
-def imbalance(costs, snake=False):
-    """The busiest program's cost over the mean for static striding (snake: every other round reversed)."""
-    prog = np.zeros(SMS)
-    for w, c in enumerate(costs):
-        r, col = divmod(w, SMS)
-        prog[(SMS - 1 - col) if snake and r % 2 else col] += c
-    return prog.max() / prog.mean()
+def per_program(work, snake):
+    """Each program's items in the kernel's order: static striding (pid + i x programs) or the snake."""
+    if not snake:
+        return [work[p::SMS] for p in range(SMS)]
+    return [[work[snake_work(p, i)] for i in range(len(work) // SMS + 1) if snake_work(p, i) < len(work)]
+            for p in range(SMS)]
+
+
+def orders(tiles, group=4):
+    """Name -> each program's items (walks), as the kernel takes them under each schedule. The item-list orders are
+    built by the code itself (``block_sparse_bwd.item_list`` on CPU tensors of this selection)."""
+    import torch
+
+    from jfa_ops.backends.triton.block_sparse_bwd import item_list
+
+    n, heads = len(tiles), len(tiles[0][2])
+    tile_major = [(t, h) for t in range(n) for h in range(heads)]
+    grouped = [(rest % n, (rest // n) * group + w % group) for w, rest in
+               ((w, w // group) for w in range(n * heads))]  # common.work_item(KV_MAJOR)
+    walk = lambda t, h: tiles[t][2][h]  # noqa: E731
+    cost = lambda t, h: len(walk(t, h))  # noqa: E731
+    n_seqs = max(t[0] for t in tiles) + 1
+    n_kv_blocks = max(t[1] for t in tiles) + 1
+    q_count = torch.zeros((n_seqs, heads, n_kv_blocks), dtype=torch.int32)
+    for t, (s, j, walks) in enumerate(tiles):
+        for h in range(heads):
+            q_count[s, h, j] = len(walks[h]) // 2
+    schedule = dict(TILE_SEQ=torch.tensor([t[0] for t in tiles], dtype=torch.int32),
+                    TILE_START=torch.tensor([t[1] * BLOCK for t in tiles], dtype=torch.int32),
+                    TILE_COUNT=torch.tensor([n], dtype=torch.int32))
+    index = {(t[0], t[1]): i for i, t in enumerate(tiles)}
+
+    def listed(g):
+        seq, start, head = item_list(schedule, q_count, heads, BLOCK, g)
+        return [(index[(s, b // BLOCK)], h) for s, b, h in zip(seq.tolist(), start.tolist(), head.tolist())]
+
+    by_cost = sorted(tile_major, key=lambda th: -cost(*th))  # stable: item_list's order
+    first_down = sorted(tile_major, key=lambda th: (th[1] // group, cost(*th) * (1 if th[1] // group % 2 else -1)))
+    plans = {"tile-major": per_program(tile_major, False), f"hg{group}": per_program(grouped, False),
+             "order": per_program(listed(0), True),
+             f"hg{group} sorted": per_program(sorted(tile_major, key=lambda th: (th[1] // group, -cost(*th))), True),
+             f"hg{group} zigzag 1st down": per_program(first_down, True),
+             f"hg{group} zigzag": per_program(listed(group), True),
+             f"hg{group // 2} zigzag": per_program(listed(group // 2), True),
+             f"order, by group": [sorted(mine, key=lambda th: th[1] // group) for mine in per_program(by_cost, True)]}
+    return {name: [[walk(*th) for th in mine] for mine in plan] for name, plan in plans.items()}
+
+
+def imbalance(programs):
+    """The busiest program's cost (blocks + PER_ITEM per item) over the mean."""
+    load = np.array([sum(len(w) + PER_ITEM for w in mine) for mine in programs])
+    return load.max() / load.mean()
+
+
+def imbalance_of(costs, snake=False):
+    """``imbalance`` of a list of item costs (blocks + PER_ITEM) under static striding (snake: the snake)."""
+    return imbalance(per_program([[None] * int(c - PER_ITEM) for c in costs], snake))
 
 
 def lpt(costs):
@@ -77,18 +122,29 @@ def lpt(costs):
     return max(t for t, _ in heap) / (sum(costs) / SMS)
 
 
-def dram_kib_per_block(work, l2_mb=50):
-    """LRU over 32 KiB records; programs advance one block per step (PER_ITEM steps between items); a Q+dO miss
-    reads 32 KiB, a dQ miss reads and later writes 32 KiB."""
+def l2_model(mine, l2_mb=50, sample_every=25.0):
+    """(DRAM KiB per block, in-flight rows MiB, in-flight heads): LRU over 32 KiB records, programs advancing one
+    block per step (PER_ITEM steps between items); a Q+dO miss reads 32 KiB, a dQ miss reads and later writes 32 KiB.
+    Every ``sample_every`` steps: the distinct (head, query tile) pairs the items in flight (each program's current
+    one) walk, at 64 KiB each (Q + dO bf16, dQ fp32; L2 holds 50 MB), and their distinct heads (means)."""
     cache, cap, misses, blocks = OrderedDict(), l2_mb * 1024 // 32, [0, 0], 0
-    mine = [work[p::SMS] for p in range(SMS)]
+    current = [0] * SMS
+    pairs, heads_seen, next_sample = [], [], sample_every
     heap = [(0.0, p, 0, 0) for p in range(SMS)]
     while heap:
         clock, p, i, t = heapq.heappop(heap)
+        if clock >= next_sample:
+            flight = [mine[q][current[q]] for q in range(SMS) if current[q] < len(mine[q])]
+            touched = set().union(*flight) if flight else set()
+            pairs.append(len(touched))
+            heads_seen.append(len({h for h, _ in touched}))
+            next_sample += sample_every
         if i >= len(mine[p]):
+            current[p] = i
             continue
         walk = mine[p][i]
         if t >= len(walk):
+            current[p] = i + 1
             heapq.heappush(heap, (clock + PER_ITEM, p, i + 1, 0))
             continue
         for kind in (0, 1):
@@ -102,27 +158,37 @@ def dram_kib_per_block(work, l2_mb=50):
                     cache.popitem(last=False)
         blocks += 1
         heapq.heappush(heap, (clock + 1.0, p, i, t + 1))
-    return (32 * misses[0] + 64 * misses[1]) / blocks
+    return (32 * misses[0] + 64 * misses[1]) / blocks, np.mean(pairs) * 64 / 1024, np.mean(heads_seen)
+
+
+CASES = ((1.0, False), (0.5, False), (0.25, False), (1.0, True), (0.5, True), (0.25, True))
 
 
 def main(argv=None) -> int:
-    l2 = "--l2" in (sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    l2, schedules = "--l2" in argv, "--schedules" in argv
     case = sparse_cases([128], "quick")[0]
     lens, heads = case.kv_lens, case.num_heads_kv
     print(f"T{sum(lens)}, {len(lens)} sequences, H{heads}; items (key tile, kv head), blocks = 64-row query tiles")
-    for keep, causal in ((1.0, False), (0.5, False), (0.25, False), (1.0, True), (0.5, True), (0.25, True)):
+    for keep, causal in CASES:
         tiles = items(lens, heads, keep, causal)
-        work = order(tiles)
+        work = [w for _, _, walks in tiles for w in walks]
         n = np.array([len(w) for w in work])
         costs = list(n + PER_ITEM)
         line = (f"keep {keep} {'causal' if causal else 'full  '}: items {len(work)} blocks {n.sum()} mean "
                 f"{n.mean():.1f} median {np.median(n):.0f} p90 {np.percentile(n, 90):.0f} max {n.max()}; busiest SM "
-                f"over mean: tile-major {imbalance(costs):.4f}, item order (sorted, snake) "
-                f"{imbalance(sorted(costs, reverse=True), True):.4f}, LPT {lpt(costs):.4f}")
-        if l2:
-            line += "; DRAM KiB/block " + ", ".join(
-                f"G{g or heads} {dram_kib_per_block(order(tiles, g)):.1f}" for g in (0, 4, 2))
+                f"over mean: tile-major {imbalance_of(costs):.4f}, item order (sorted, snake) "
+                f"{imbalance_of(sorted(costs, reverse=True), True):.4f}, LPT {lpt(costs):.4f}")
         print(line, flush=True)
+        if not (schedules or l2) or (keep == 1.0 and not schedules):
+            continue
+        for name, mine in orders(tiles).items():
+            busiest = max(sum(len(w) for w in m) for m in mine)
+            line = f"    {name:20s} busiest SM {imbalance(mine):.4f} ({busiest} blocks)"
+            if l2:
+                kib, mib, hs = l2_model(mine)
+                line += f"; DRAM {kib:.1f} KiB/block; in flight: {mib:.0f} MiB of rows, {hs:.1f} heads"
+            print(line, flush=True)
     return 0
 
 

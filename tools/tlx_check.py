@@ -428,6 +428,11 @@ def sparse_fixed_cases():
         ("sparse 300 short seqs GQA", c(tuple(int(x) for x in np.random.default_rng(2).integers(0, 400, size=300)),
                                         tuple(int(x) for x in np.random.default_rng(3).integers(0, 400, size=300)),
                                         heads_q=4, heads_kv=2, keep=None)),
+        # 8 kv heads and a sorted list (not one wave): the backward's head groups of 4 (its default, and
+        # configs.BACKWARD_GROUP_ORDER's list) take effect only with more kv heads than a group
+        ("sparse 24 seqs H8 causal", c(tuple(int(x) for x in np.random.default_rng(4).integers(0, 2000, size=24)),
+                                       tuple(int(x) for x in np.random.default_rng(4).integers(0, 2000, size=24)),
+                                       causal=True, heads_q=8, heads_kv=8)),
     ]
 
 
@@ -580,22 +585,28 @@ def sparse_backward_correctness() -> int:
 
 
 # sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP, SPARSE_BACKWARD_QDO_FIRST,
-# SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER) (helper sparsebwd2's experiments, bench/NOTES.md "TLX
-# block-sparse backward v2"); "triton sparse": the triton sparse backward. TLX_SPARSE_BWD_COLS (comma-separated
-# labels) picks others than SPARSE_BWD_DEFAULT_COLUMNS (each column is a kernel to compile: the device command's 5
-# minutes). Block-sparse head groups, qdofirst and the item order apply with the uniform walk only
-# (attn_bwd.attention_backward); the item order overrides head groups.
-SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False), ("uniform", "sparse", 0, False, True, False),
-                      ("uniform order", "sparse", 0, False, True, True),
-                      ("uniform order qdofirst", "sparse", 0, True, True, True),
-                      ("uniform hg4", "sparse", 4, False, True, False),
-                      ("uniform hg2", "sparse", 2, False, True, False),
-                      ("uniform qdofirst", "sparse", 0, True, True, False),
-                      ("triton sparse", "sparse", 0, False, False, False),
-                      ("tlx dense", "dense", 0, False, False, False), ("dense order", "dense", 0, False, False, True),
-                      ("dense hg4", "dense", 4, False, False, False))
+# SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER, BACKWARD_GROUP_ORDER) (helper sparsebwd2's experiments,
+# bench/NOTES.md "TLX block-sparse backward v2"; the group order: helper hgorder's, "ordered head groups"); "triton
+# sparse": the triton sparse backward. TLX_SPARSE_BWD_COLS (comma-separated labels) picks others than
+# SPARSE_BWD_DEFAULT_COLUMNS (each column is a kernel to compile: the device command's 5 minutes; "uniform
+# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups, qdofirst and the item order
+# apply with the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
+# order orders them.
+SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False, False),
+                      ("uniform", "sparse", 0, False, True, False, False),
+                      ("uniform order", "sparse", 0, False, True, True, False),
+                      ("uniform order qdofirst", "sparse", 0, True, True, True, False),
+                      ("uniform hg4", "sparse", 4, False, True, False, False),
+                      ("uniform grouporder", "sparse", 4, False, True, False, True),
+                      ("grouporder hg2", "sparse", 2, False, True, False, True),
+                      ("uniform hg2", "sparse", 2, False, True, False, False),
+                      ("uniform qdofirst", "sparse", 0, True, True, False, False),
+                      ("triton sparse", "sparse", 0, False, False, False, False),
+                      ("tlx dense", "dense", 0, False, False, False, False),
+                      ("dense order", "dense", 0, False, False, True, False),
+                      ("dense hg4", "dense", 4, False, False, False, False))
 SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform order qdofirst", "uniform hg4",
-                              "tlx dense", "dense order")
+                              "uniform grouporder", "tlx dense", "dense order")
 
 
 def sparse_backward_timing() -> int:
@@ -614,7 +625,8 @@ def sparse_backward_timing() -> int:
     cols = [c for c in SPARSE_BWD_COLUMNS if c[0] in wanted]
     print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms); hgN: configs.BACKWARD_HEAD_GROUP = N, "
           "qdofirst: configs.SPARSE_BACKWARD_QDO_FIRST, uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
-          "configs.BACKWARD_ITEM_ORDER; x first: the first column's ms over this one's", flush=True)
+          "configs.BACKWARD_ITEM_ORDER, grouporder: configs.BACKWARD_GROUP_ORDER; x first: the first column's ms "
+          "over this one's", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
     failures = 0
     for case in sparse_cases([128], "quick"):
@@ -625,10 +637,11 @@ def sparse_backward_timing() -> int:
                                                 block_kv=case.block, causal=case.causal, backend="triton")
         outs = {}
         ms = {}
-        for label, kind, group, qdo_first, uniform, order in cols:
+        for label, kind, group, qdo_first, uniform, order, group_order in cols:
             _sparse_backward(label != "triton sparse")
             configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = group, qdo_first
             configs.SPARSE_BACKWARD_UNIFORM_WALK, configs.BACKWARD_ITEM_ORDER = uniform, order
+            configs.BACKWARD_GROUP_ORDER = group_order
             faulthandler.dump_traceback_later(HANG_S, exit=True)
             try:
                 if kind not in outs:  # one forward graph per kind: the backward reads the configs per call
@@ -648,6 +661,7 @@ def sparse_backward_timing() -> int:
             finally:
                 configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = 0, False
                 configs.SPARSE_BACKWARD_UNIFORM_WALK = configs.BACKWARD_ITEM_ORDER = False
+                configs.BACKWARD_GROUP_ORDER = False
         faulthandler.cancel_dump_traceback_later()
         _sparse_backward(False)
         cells = [f"{case.flops('bwd') / ms[c[0]] / 1e9:7.1f} ({ms[c[0]]:6.3f})" if c[0] in ms else f"{'-':>18s}"

@@ -17,8 +17,9 @@
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle (120 s), then timings on
 # the bench's sparse batch vs triton sparse, tlx dense and FlexAttention given the same blocks (100 s).
 # `sparse-bwd` (not in `all`): the TLX block-sparse backward (JFA_TLX_SPARSE_BWD's switch set in-process): its sweep
-# vs the float64 oracle with helper sparsebwd2's experiments on (uniform walk, Q/dO first, item order; 130 s), then
-# backward timings on the bench's sparse batch: the default, the experiments, the TLX dense backward (170 s).
+# vs the float64 oracle with helper sparsebwd2's experiments on (uniform walk, Q/dO first, item order; 130 s;
+# SPARSE_BWD_GROUP_ORDER=1: uniform walk and helper hgorder's group order instead), then backward timings on the
+# bench's sparse batch: the default, the experiments, the TLX dense backward (170 s).
 # `mxfp8` (not in `all`): the TLX MXFP8 forward (issue 12, mxfp8_attention(..., backend="tlx")): its sweep vs the
 # float64 MXFP8 oracle (150 s; the oracle's float64 P round trips take a while at S4096), then TFLOP/s on dense B8 S4096
 # D128 and broadcast-Q Lq128 H4 B512 beside triton-mxfp8 (bf16smem) and our bf16 tlx / triton (100 s); bf16 inputs
@@ -80,15 +81,28 @@ if [ "$part" = sparse ]; then
   $limit 100 python3 tools/tlx_check.py sparse-timing || rc=1
 fi
 if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experiments on (SPARSE_BWD_KNOBS=0: the
-  # default kernel's, as v13 ran it), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS)
-  # (SPARSE_BWD_HEAD_GROUP=1: head groups of 1 instead of the item order, which overrides them)
+  # default kernel's), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS, or
+  # TLX_SPARSE_BWD_COLS) (SPARSE_BWD_HEAD_GROUP=1: head groups of 1 instead of the item order, which overrides them;
+  # SPARSE_BWD_GROUP_ORDER=1: the default's head groups of 4 in helper hgorder's group order instead of Q/dO first
+  # and the item order). SPARSE_BWD_SWEEP_S / SPARSE_BWD_TIMING_S: the two limits (130 / 170 s).
   if [ "${SPARSE_BWD_KNOBS:-1}" = 1 ]; then
-    export JFA_TLX_SPARSE_BWD_UNIFORM=1 JFA_TLX_SPARSE_BWD_QDO_FIRST=1
-    if [ "${SPARSE_BWD_HEAD_GROUP:-0}" = 1 ]; then export JFA_TLX_BWD_HEAD_GROUP=1; else export JFA_TLX_BWD_ITEM_ORDER=1; fi
+    export JFA_TLX_SPARSE_BWD_UNIFORM=1
+    if [ "${SPARSE_BWD_GROUP_ORDER:-0}" = 1 ]; then
+      export JFA_TLX_BWD_GROUP_ORDER=1
+    else
+      export JFA_TLX_SPARSE_BWD_QDO_FIRST=1
+      if [ "${SPARSE_BWD_HEAD_GROUP:-0}" = 1 ]; then
+        export JFA_TLX_BWD_HEAD_GROUP=1
+      else
+        export JFA_TLX_BWD_ITEM_ORDER=1
+      fi
+    fi
   fi
-  TLX_SPARSE_RANDOM=2 JFA_LAUNCH_VERIFY=1 $limit 130 python3 tools/tlx_check.py sparse-backward || rc=1
-  unset JFA_TLX_SPARSE_BWD_UNIFORM JFA_TLX_SPARSE_BWD_QDO_FIRST JFA_TLX_BWD_HEAD_GROUP JFA_TLX_BWD_ITEM_ORDER
-  $limit 170 python3 tools/tlx_check.py sparse-backward-timing || rc=1
+  TLX_SPARSE_RANDOM=${TLX_SPARSE_RANDOM:-2} JFA_LAUNCH_VERIFY=1 $limit "${SPARSE_BWD_SWEEP_S:-130}" \
+    python3 tools/tlx_check.py sparse-backward || rc=1
+  unset JFA_TLX_SPARSE_BWD_UNIFORM JFA_TLX_SPARSE_BWD_QDO_FIRST JFA_TLX_BWD_HEAD_GROUP JFA_TLX_BWD_ITEM_ORDER \
+    JFA_TLX_BWD_GROUP_ORDER
+  $limit "${SPARSE_BWD_TIMING_S:-170}" python3 tools/tlx_check.py sparse-backward-timing || rc=1
 fi
 if [ "$part" = host ]; then  # a small call's host cost, tlx vs triton in one process (gates JFA_TLX_AUTO), ~1 min
   $limit 180 python3 tools/backend_host_cost.py --backends tlx,triton || rc=1

@@ -18,6 +18,7 @@ from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.backends.triton import attn_bwd, attn_fwd, common, configs, launch  # noqa: E402
 from jfa_ops.testing import assert_attention_close  # noqa: E402
 from tests.backends.test_triton_kernels import make_inputs, oracle  # noqa: E402
+from tests.common import comparable_launch_values  # noqa: E402
 
 KERNELS = ("attn_bwd_delta_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
 
@@ -137,18 +138,8 @@ def test_recipe_gradients_match_the_oracle(gpu, monkeypatch, dtype, tma, options
 
 
 def _launches(runs, inputs):
-    """Launch values comparable across calls: the call's inputs by identity, fresh buffers and descriptors by their
-    metadata."""
-    def norm(x):
-        for n, t in enumerate(inputs):
-            if x is t:
-                return ("input", n)
-        if isinstance(x, torch.Tensor):
-            return (x.shape, x.stride(), x.dtype)
-        if hasattr(x, "block_shape"):  # a TensorDescriptor
-            return ("descriptor", norm(x.base), list(x.shape), list(x.strides), list(x.block_shape))
-        return x
-    return [(name, grid, [norm(x) for x in values]) for name, grid, values in runs]
+    """Launch values comparable across calls (``comparable_launch_values``)."""
+    return [(name, grid, comparable_launch_values(values, inputs)) for name, grid, values in runs]
 
 
 @pytest.mark.parametrize("with_grad_lse", [False, True])

@@ -61,3 +61,36 @@ def test_item_list_is_the_tile_lists_items_longest_first():
     assert real.tolist() == sorted(real.tolist(), reverse=True)  # padding last
     cost = [int(q_count[a, c, b // block_kv]) for a, b, c in zip(s.tolist(), st.tolist(), h.tolist()) if a >= 0]
     assert cost == sorted(cost, reverse=True)
+
+
+@pytest.mark.parametrize("heads,group", [(4, 2), (8, 4), (6, 2), (6, 3), (4, 1)])
+def test_group_order_list_zigzags_over_head_groups(heads, group):
+    """``configs.BACKWARD_GROUP_ORDER``'s list (``item_list(..., head_group)``): the same items as the item order's,
+    group-major (kv heads head // group, in order), each group monotone in the item's own blocks, the last group
+    longest first and the directions alternating before it; ties in the item order's order; padding last."""
+    gen = torch.Generator().manual_seed(heads * 10 + group)
+    block_kv, n_kv_blocks = 128, 5
+    seq = torch.tensor([1, 0, 2, 1, 0, 2, 1, -1, -1], dtype=torch.int32)
+    start = torch.tensor([0, 256, 384, 128, 0, 0, 512, 7, 0], dtype=torch.int32)
+    q_count = torch.randint(0, 4, (3, heads, n_kv_blocks), generator=gen, dtype=torch.int32)  # many ties
+    schedule = dict(TILE_SEQ=seq, TILE_START=start)
+    ordered = list(zip(*(t.tolist() for t in item_list(schedule, q_count, heads, block_kv))))
+    s, st, h = item_list(schedule, q_count, heads, block_kv, head_group=group)
+    assert s.dtype == st.dtype == h.dtype == torch.int32
+    grouped = list(zip(s.tolist(), st.tolist(), h.tolist()))
+    assert sorted(grouped) == sorted(ordered)  # every item once
+    real = [a >= 0 for a, _, _ in grouped]
+    assert real == sorted(real, reverse=True)  # padding last
+    items = [(a, b, c) for a, b, c in grouped if a >= 0]
+    groups = [c // group for _, _, c in items]
+    assert groups == sorted(groups)
+    last = heads // group - 1
+    for g in range(last + 1):
+        mine = [it for it in items if it[2] // group == g]
+        cost = [int(q_count[a, c, b // block_kv]) for a, b, c in mine]
+        assert cost == sorted(cost, reverse=(last - g) % 2 == 0)
+        # ties keep the item order's order (stable)
+        rank = {it: i for i, it in enumerate(ordered)}
+        for x, y, cx, cy in zip(mine, mine[1:], cost, cost[1:]):
+            if cx == cy:
+                assert rank[x] < rank[y]

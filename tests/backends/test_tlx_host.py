@@ -21,6 +21,8 @@ import sys
 import pytest
 import torch
 
+from tests.common import comparable_launch_values
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = os.environ.get("JFA_TLX_SITE") or os.path.join(ROOT, ".ci-tlx")
 
@@ -113,23 +115,8 @@ def _inputs(lengths, dtype=torch.bfloat16, fused=False, offsets_dtype=torch.int3
     return q, k, v, offsets
 
 
-def _norm(values, inputs):
-    """Launch arguments comparable across calls: the call's inputs by identity, fresh buffers and descriptors by
-    their metadata."""
-    def norm(x):
-        for n, t in enumerate(inputs):
-            if x is t:
-                return ("input", n)
-        if isinstance(x, torch.Tensor):
-            return (x.shape, x.stride(), x.dtype)
-        if hasattr(x, "block_shape"):  # a TensorDescriptor
-            return ("descriptor", norm(x.base), list(x.shape), list(x.strides), list(x.block_shape), x.padding)
-        return x
-    return [norm(x) for x in values]
-
-
 def _launches(runs, inputs):
-    return [(name, tuple(grid), _norm(values, inputs)) for name, grid, values, _ in runs]
+    return [(name, tuple(grid), comparable_launch_values(values, inputs)) for name, grid, values, _ in runs]
 
 
 def _forward(q, k, v, offsets, params):
@@ -450,3 +437,20 @@ def test_rebased_descriptors_equal_triton_built_ones(rows):
     layout = triton_fwd.descriptor_layout(attn_bwd._dq_descriptor(accumulators[0], rows, HEAD_DIM // 2))
     assert (triton_fwd.rebase(layout, accumulators[1], other.shape[0])
             == attn_bwd._dq_descriptor(accumulators[1], rows, HEAD_DIM // 2))
+
+
+@needs_tlx
+@pytest.mark.parametrize("knobs,want", [
+    (dict(head_group=4, uniform_walk=True, group_order=True), (4, True, True)),
+    (dict(head_group=0, uniform_walk=True, group_order=True), (0, False, False)),  # no head groups to order
+    (dict(head_group=4, group_order=True), (0, False, False)),  # the schedule's ride on the uniform walk
+    (dict(head_group=4, uniform_walk=True, item_order=True), (0, True, False)),  # the item order alone: no groups
+])
+def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
+    """``configs.BACKWARD_GROUP_ORDER`` (helper hgorder): the item order's kernel (item_order on) over a list in the
+    head groups, so the variant (plan key) keeps head_group; without head groups or the uniform walk it is off."""
+    seen = []
+    monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
+    attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
+    head_group, _, uniform_walk, item_order, group_order = seen[0][5:10]  # [10]: alternate
+    assert (head_group, item_order, group_order) == want

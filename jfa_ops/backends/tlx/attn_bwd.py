@@ -751,7 +751,8 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
-                       uniform_walk: bool = False, item_order: bool = False, alternate: int = 0):
+                       uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
+                       alternate: int = 0):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -761,20 +762,24 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
     (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
     item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
-    block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored). A dense call
-    whose signature an earlier call made a recipe for (``_Recipe``) launches through it."""
+    block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless
+    ``group_order``), ``group_order`` (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order
+    over a list in head_group's groups, ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier
+    call made a recipe for (``_Recipe``) launches through it."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
         alternate = 0
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
-            head_group, qdo_first, item_order = 0, False, False
+            head_group, qdo_first, item_order, group_order = 0, False, False, False
     else:
-        qdo_first = uniform_walk = False  # block-sparse walks only
-    if item_order:  # a snake over a list sorted longest first; head groups would break that order
+        qdo_first = uniform_walk = group_order = False  # block-sparse walks only
+    group_order = group_order and head_group > 0
+    item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
+    if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
-               head_group, qdo_first, uniform_walk, item_order, alternate)
+               head_group, qdo_first, uniform_walk, item_order, group_order, alternate)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -788,7 +793,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
 def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
-    v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, alternate = variant
+    (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
+     alternate) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -834,9 +840,11 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right,
                          **list_cost),
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, "static", 1, device)
-    # block-sparse with item_order: the items themselves, sorted by their own blocks (plan_key implies whether)
-    items = (item_list(schedule, q_count, num_heads_kv, params.block_kv)
+    # block-sparse with item_order: the items themselves, sorted by their own blocks (plan_key implies whether), with
+    # group_order in head_group's groups; the kernel reads the list (head_group and HEAD_GROUPED: its own mapping)
+    items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0)
              if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
+    kernel_group = 0 if item_order else head_group
     if items is not None:
         schedule = {**schedule, "TILE_SEQ": items[0], "TILE_START": items[1]}
         sparse_dynamic = {**sparse_dynamic, "TILE_HEAD": items[2]}
@@ -852,8 +860,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
                     HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
-                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=head_group,
-                    HEAD_GROUPED=head_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
+                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=kernel_group,
+                    HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=item_order, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
@@ -1000,11 +1008,13 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
-                          qdo_first: bool = False, uniform_walk: bool = False, item_order: bool = False):
+                          qdo_first: bool = False, uniform_walk: bool = False, item_order: bool = False,
+                          group_order: bool = False):
     """(dq, dk, dv) of ``jfa::block_sparse_attention``: the v2 backward with SPARSE (each key tile walks the query
     tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
     backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``qdo_first``, ``uniform_walk``,
-    ``item_order``: the experiments (``attention_backward``)."""
+    ``item_order``, ``group_order``: the experiments (``attention_backward``)."""
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
-                              qdo_first=qdo_first, uniform_walk=uniform_walk, item_order=item_order)
+                              qdo_first=qdo_first, uniform_walk=uniform_walk, item_order=item_order,
+                              group_order=group_order)

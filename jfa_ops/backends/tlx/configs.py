@@ -79,19 +79,27 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 #   bench's sparse batch; dense 1.2% / 0.2% (causal) instead of 2.0% / 2.5%. Overrides HEAD_GROUP.
 #   Block-sparse: HEAD_GROUP, QDO_FIRST and ITEM_ORDER apply with SPARSE_UNIFORM_WALK only (alone they spilled 12-28 B
 #   more).
+# - GROUP_ORDER (JFA_TLX_BWD_GROUP_ORDER=1; helper hgorder, bench/NOTES.md "ordered head groups"): block-sparse with
+#   head groups (HEAD_GROUP / SPARSE_HEAD_GROUP) and the uniform walk: ITEM_ORDER's snake over a per-item list that
+#   is group-major, each group sorted by the items' own blocks, the last group longest first and the directions
+#   alternating before it (``block_sparse_bwd.zigzag_groups``): HEAD_GROUP's L2 reuse (the items in flight are one
+#   group's) with ITEM_ORDER's balance (modelled 0.4-1.1% over the mean instead of 5-9%). ITEM_ORDER's kernel.
 # - SPARSE_UNIFORM_WALK (JFA_TLX_SPARSE_BWD_UNIFORM=1): the block-sparse walk's bounds through redux.sync, so
 #   ptxas keeps the consumers' block loop in uniform registers as in the dense loop (attn_bwd._selected_rows: without
 #   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 928 vs 664 instructions per block).
-# On since their H200 timings (bench/NOTES.md v14; the bench's quick sparse batch, 4 cases): the block-sparse backward
-# runs SPARSE_UNIFORM_WALK with kv heads in groups of 4 (1.10-1.16x the walk without them; 1.67x / 2.97x the TLX dense
-# backward at keep 0.5 / 0.25, causal 1.73x / 2.77x); env JFA_TLX_SPARSE_BWD_UNIFORM=0 / JFA_TLX_BWD_HEAD_GROUP=0 turn
-# them off. The dense backward stays tile-major (HEAD_GROUP unset: 0 dense, SPARSE_HEAD_GROUP block-sparse).
+# SPARSE_UNIFORM_WALK is on since its H200 sweeps and timings (bench/NOTES.md v14: 1.01-1.02x alone; env
+# JFA_TLX_SPARSE_BWD_UNIFORM=0 turns it off). With it, kv heads in groups of 4 measured 1.10-1.16x on the bench's
+# quick sparse batch (1.67x / 2.97x the TLX dense backward at keep 0.5 / 0.25, causal 1.73x / 2.77x), but no GPU
+# sweep has run them yet (the sweeps' cases have <= 4 kv heads, where a group of 4 is all of them: tile-major), so
+# SPARSE_HEAD_GROUP stays 0 until `tools/tlx_device.sh sparse-bwd` passes its H8 case with JFA_TLX_BWD_HEAD_GROUP=4.
+# HEAD_GROUP unset: SPARSE_HEAD_GROUP for the block-sparse backward, 0 (tile-major) dense.
 _HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
 BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
-SPARSE_HEAD_GROUP = 4
+SPARSE_HEAD_GROUP = 0
 SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
+BACKWARD_GROUP_ORDER = os.environ.get("JFA_TLX_BWD_GROUP_ORDER", "0") == "1"
 
 
 def head_group(heads_kv: int, group: int = None, sparse: bool = False) -> int:

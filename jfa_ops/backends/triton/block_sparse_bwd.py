@@ -113,20 +113,41 @@ def transposed_selection(k: torch.Tensor, kv_block_index: torch.Tensor, kv_block
     return transpose_selection(kv_block_index.contiguous(), kv_block_count.contiguous(), n_kv_blocks)
 
 
-def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int):
+def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0):
     """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
     Q blocks of its kv head that selected its KV block: ``q_count``, the transposed selection's counts [B, Hkv,
     n_kv_blocks]); the key tile list (``schedule``, sorted by the blocks summed over the heads) is tile-major, where
     the heads of one tile differ: static striding over it left the busiest SM 4-8% over the mean on the bench's
     sparse batch, 0.4-0.7% over this list with SNAKE (bench/NOTES.md "TLX block-sparse backward v2"). Padding tiles
-    (seq -1) go last; the kernel's item count (tiles x heads) is unchanged. Device ops only: no sync."""
+    (seq -1) go last; the kernel's item count (tiles x heads) is unchanged. Device ops only: no sync.
+
+    ``head_group`` > 0 (``configs.BACKWARD_GROUP_ORDER``): group-major (kv heads head // head_group), each group's
+    items by their own walk, the last group longest first and the others alternating (``zigzag_groups``)."""
     seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
     start = schedule["TILE_START"].repeat_interleave(heads_kv)
     head = torch.arange(heads_kv, dtype=torch.int32, device=seq.device).repeat(schedule["TILE_SEQ"].numel())
     block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
-    cost = q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64)
-    order = torch.sort(torch.where(seq >= 0, cost, -1), descending=True, stable=True).indices
+    cost = torch.where(seq >= 0, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+    order = torch.sort(cost, descending=True, stable=True).indices
+    if head_group > 0:
+        order = order[zigzag_groups(cost[order], head[order], head_group, heads_kv)]
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+
+
+def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads_kv: int):
+    """The stable order (a permutation: new position -> old) of a work list sorted longest first by ``cost`` (-1:
+    padding, kept last) that takes its kv heads' groups (head // head_group) one after the other, the last group
+    longest first, the one before it shortest first, and so on. Why: the ~132 items in flight are then of one
+    group (HEAD_GROUP's L2 reuse of their Q/dO/dQ rows), and they progress in step through rows of sequences of one
+    length (similar costs side by side); the snake (SNAKE) balances each monotone run, the turns between groups are
+    either all short or all long items, and the partial last round is the list's shortest items (a group-major list
+    sorted longest first in every group left the busiest SM 5-12% over the mean, this 0.4-1.1%: bench/NOTES.md
+    "ordered head groups"). Device ops only: no sync."""
+    group = head.long() // head_group
+    last = common.cdiv(heads_kv, head_group) - 1
+    within = torch.where((last - group) % 2 == 0, -cost, cost)  # ascending key: longest first in the last group
+    key = torch.where(cost >= 0, group * (1 << 32) + within, 1 << 62)
+    return torch.sort(key, stable=True).indices
 
 
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
