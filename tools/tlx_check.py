@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3), then ``backward-timing``: TFLOP/s triton / default / the experiments;
+all3, alternate1, alternate3), then ``backward-timing``: TFLOP/s triton / default / the experiments;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -225,15 +225,18 @@ def backward_cases():
 
 
 # The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
-# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together.
+# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together;
+# helper tlxalt's consumer turns on DQ_LAG (ALTERNATE).
 _DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
                 "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
-                "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True)}
+                "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
+                "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
+                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
-              "BACKWARD_DQ_LAG")
+              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE")
 
 
 def _set_backward(variant) -> None:
@@ -350,9 +353,11 @@ def timing() -> int:
 
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (v2
-    with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag;
-    dqdefer is the default's kernel at D128). Each value is printed as it is measured (a hung kernel ends the run there:
-    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
+    with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / alternate1 /
+    alternate3; dqdefer is the default's kernel at D128; the alternates also over dqlag, the kernel they add turns
+    to). Each value is printed as it is measured (a hung kernel ends the run there:
+    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
+    (BWD_VARIANTS keys) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -365,10 +370,14 @@ def backward_timing() -> int:
     cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "dqlag"] if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1"
-           else [])
+    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3"]
+           if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
+        new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n in BWD_VARIANTS]
     cols += [(n, n) for n in new]
-    ratios = [("def/triton", "default", "triton")] + [(f"{n[:6]}/def", n, "default") for n in new]
+    short = lambda n: n[:6] if not n.startswith("alternate") else f"alt{n[-1]}"  # noqa: E731
+    ratios = [("def/triton", "default", "triton")] + [(f"{short(n)}/def", n, "default") for n in new]
+    ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
           + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
     failures = 0

@@ -4,7 +4,8 @@
 # bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
-# dQ split) / dqdefer / statsahead / dqlag, <= 4 min)
+# dQ split) / dqdefer / statsahead / dqlag / alternate1 / alternate3, <= 4 min; TLX_BWD_TIMING_COLS=a,b: those
+# experiments only)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton), backward (the TLX backward's sweeps, see above) and its timings,

@@ -49,11 +49,13 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 
 # The backward's variants: configs flags (the others off). v1, v2, v2 + dQ split (the default), and the experiments on
 # the default: DQ_LAG alone, and together where they combine: DQ_LAG + DQ_DEFER + STATS_AHEAD (every code path they
-# add; bench/NOTES.md "TLX backward v3 knobs").
+# add; bench/NOTES.md "TLX backward v3 knobs"); the consumer turns on DQ_LAG (ALTERNATE, helper tlxalt).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
-                "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True)}
+                "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
+                "bwd-alternate1": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
+                "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -73,14 +75,15 @@ def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeypatch):
     """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
     with dQ split between them (BACKWARD_DQ_SHARED, the default), and the experiments on it (DQ_LAG, DQ_DEFER,
-    STATS_AHEAD): every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced over the batch, empty
+    STATS_AHEAD, ALTERNATE 1 and 3): every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced
+    over the batch, empty
     sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
-                 "BACKWARD_STATS_AHEAD"):
+                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 

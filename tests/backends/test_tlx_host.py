@@ -292,6 +292,7 @@ BACKWARD_CHANGES = {
     "dQ split off": dict(switch=("BACKWARD_DQ_SHARED", False)),
     "v1 consumers": dict(switch=("BACKWARD_V2", False)),
     "dq_lag": dict(switch=("BACKWARD_DQ_LAG", True)),
+    "alternate": dict(switch=("BACKWARD_ALTERNATE", 1)),
     "stats_ahead": dict(switch=("BACKWARD_STATS_AHEAD", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
@@ -451,5 +452,5 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     seen = []
     monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
-    head_group, _, uniform_walk, item_order, group_order = seen[0][5:]
+    head_group, _, uniform_walk, item_order, group_order = seen[0][5:10]  # [10]: alternate
     assert (head_group, item_order, group_order) == want

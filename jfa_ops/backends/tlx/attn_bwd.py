@@ -47,8 +47,8 @@ from ..triton.launch import launch_planned
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
                                  slot_tile, tile_schedule)
 from . import configs
-from .attn_fwd import (NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tma_ready, _warp_uniform,
-                       _zero_rows_past_end)
+from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tma_ready,
+                       _wait_turn, _warp_uniform, _zero_rows_past_end)
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
@@ -56,6 +56,8 @@ DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are
 # DQ_LAG: + 2 * consumer + block parity: that consumer's dS of the block is in shared memory (its 128 threads arrive,
 # the other consumer's 128 sync; two ids per consumer so an arrive never lands on the phase the other has not synced)
 DS_READY: tl.constexpr = tl.constexpr(4)
+# ALTERNATE: the consumers take turns issuing their wgmma groups through the forward's ping-pong barriers
+# (attn_fwd.PINGPONG_A / _B, ids 9 and 10: free in this kernel; ``_wait_turn`` / ``_pass_turn``)
 
 
 @triton.jit
@@ -245,7 +247,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
-                     STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False):
+                     STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
+                     ALTERNATE: tl.constexpr = 0):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -272,8 +275,22 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     rewritten three blocks later, after the other has stored the block in between). The consumers then run up to a
     block apart instead of meeting at a 256-thread barrier every block. Block 0 of each call computes a discarded dQ
     from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head). Neither with
-    SPARSE (dense walks only)."""
+    SPARSE (dense walks only).
+
+    ALTERNATE (with DQ_LAG; turns per block): the consumers take turns issuing, consumer 0 first (the forward's
+    ping-pong barriers, ``_wait_turn`` / ``_pass_turn``). 1: the S/dP group only (C0 S/dP, C1 S/dP, C0 S/dP of the
+    next block, ...: the forward's one turn per block; dV and dQ/dK issue as they come). 3: every group in strict
+    order (C0 S/dP, C1 S/dP, C0 dV, C1 dV, C0 dQ/dK, C1 dQ/dK, ...). So one consumer's exp2, dS and dQ staging run
+    under the other's matmuls instead of both queueing theirs at once. A turn holds no wait (issue only; lse and
+    delta are loaded before the S/dP turn): every wait of the loop (Q/dO slot, VFIX_BARRIER, DS_READY, own
+    barriers, wgmma waits) lies between turns, and both consumers take the same turns (same blocks; no
+    consumer-dependent branch around a turn), so the token cannot deadlock (bench/NOTES.md "TLX backward: consumer
+    alternation"). Issue order only: the same arithmetic, the same results. ``_dq_lagged`` (after the loop) issues
+    outside the turns."""
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
+    tl.static_assert(ALTERNATE == 0 or (DQ_SHARED and DQ_LAG and (ALTERNATE == 1 or ALTERNATE == 3)),
+                     "ALTERNATE (1 or 3 turns per block) rides on DQ_LAG")
+    EVERY_TURN: tl.constexpr = ALTERNATE == 3  # dV and dQ/dK take turns too
     if SPARSE:
         n_all = sel_count
         m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
@@ -320,9 +337,15 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         else:
             ds_tile = ds_tiles[own]
         keys = tl.arange(0, k_tile.shape[0])
+        if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer issues
+            lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+            _wait_turn(CID)
         s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
         dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
-        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+        if ALTERNATE > 0:
+            _pass_turn(CID)
+        else:
+            lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
         if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
             m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
             next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
@@ -336,7 +359,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         tlx.local_store(p_tile, p.to(DTYPE))
         tlx.fence_async_shared()
         tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
+        if EVERY_TURN:
+            _wait_turn(CID)
         dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
+        if EVERY_TURN:
+            _pass_turn(CID)
         dp = tlx.async_dot_wait(1, dp)  # dV may still run
         ds = p * (dp - delta[:, None])
         if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
@@ -353,12 +380,16 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             half_lag: tl.constexpr = HEAD_DIM // 2
             prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
             zero_lag = _opaque_zero(j)
+            if EVERY_TURN:
+                _wait_turn(CID)
             dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
                                tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag], [k_tile.shape[0], half_lag]))
             dq = tlx.async_dot(ds_tiles[(zero_lag + 1) * DS_BUFFERS + prev],
                                tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
                                                [k_tile.shape[0], half_lag]), dq)
             dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+            if EVERY_TURN:
+                _pass_turn(CID)
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
             if len_q - m0_prev < BLOCK_M:  # rows past the end: zeros (as _reduce_add_dq)
@@ -510,13 +541,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                         HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
-                        SNAKE: tl.constexpr = False):
+                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
     DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
-    V2), DQ_LAG (with DQ_SHARED): ``_consume_rows_v2``'s experiments (``configs.BACKWARD_STATS_AHEAD``,
-    ``configs.BACKWARD_DQ_LAG``).
+    V2), DQ_LAG (with DQ_SHARED), ALTERNATE (with DQ_LAG): ``_consume_rows_v2``'s experiments
+    (``configs.BACKWARD_STATS_AHEAD``, ``configs.BACKWARD_DQ_LAG``, ``configs.BACKWARD_ALTERNATE``).
 
     SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
@@ -622,6 +653,9 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
+            if ALTERNATE > 0:
+                if cid == 1:  # consumer 0 takes the first turn (the forward's bootstrap)
+                    tlx.named_barrier_arrive(PINGPONG_A, 256)
             q_count = 0
             kv_count = 0
             dq_count = 0
@@ -665,7 +699,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
-                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG)
+                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -709,13 +743,15 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
-                       uniform_walk: bool = False, item_order: bool = False, group_order: bool = False):
+                       uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
+                       alternate: int = 0):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
     (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in
-    groups of that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
+    / ``_DQ_LAG`` (with dq_shared) / ``_ALTERNATE`` (``alternate``: turns per block, 0, 1 or 3; with dq_shared,
+    and it turns DQ_LAG on): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
+    that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
     (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
     item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
     block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless
@@ -724,6 +760,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     call made a recipe for (``_Recipe``) launches through it."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
+        alternate = 0
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order, group_order = 0, False, False, False
     else:
@@ -732,8 +769,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and dq_lag, head_group, qdo_first,
-               uniform_walk, item_order, group_order)
+    alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
+    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
+               head_group, qdo_first, uniform_walk, item_order, group_order, alternate)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -747,7 +785,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
 def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
-    v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order = variant
+    (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
+     alternate) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -815,7 +854,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
                     DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=kernel_group,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
-                    ITEM_LIST=items is not None, SNAKE=item_order,
+                    ITEM_LIST=items is not None, SNAKE=item_order, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
 

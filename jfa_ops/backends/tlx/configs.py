@@ -49,6 +49,11 @@ BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
 # and 22); at D128 0.86-1.03x (off). JFA_TLX_BWD_STATS_AHEAD=1/0 forces it on/off at every head_dim.
 BACKWARD_STATS_AHEAD: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_STATS_AHEAD", ""))
 BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
+# ALTERNATE (JFA_TLX_BWD_ALTERNATE=1 or 3; turns DQ_LAG on): the two consumers take turns issuing their wgmma groups
+# (the forward's ping-pong barriers), so one's exp2 / dS / dQ staging runs under the other's matmuls; 1: the S/dP group
+# only (the forward's one turn per block), 3: S/dP, dV and dQ/dK each in strict order (helper tlxalt, bench/NOTES.md
+# "TLX backward: consumer alternation"). 0 (off) until measured on the H200.
+BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE", "0"), 0)
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.
