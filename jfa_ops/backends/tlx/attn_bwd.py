@@ -48,7 +48,7 @@ from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one
                                  slot_tile, tile_schedule)
 from . import configs
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tma_ready,
-                       _wait_turn, _warp_uniform, _zero_rows_past_end)
+                       _uniform_walk, _wait_turn, _zero_rows_past_end)
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
@@ -111,10 +111,7 @@ def _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, 
     first, n = selected_walk(Q_BLOCK_INDEX, Q_BLOCK_COUNT, real, seq, kv_head, n0, n_kv_blocks, stride_tib,
                              stride_tih, stride_tin, stride_tcb, stride_tch, lead_begin, tail_end, BLOCK_KV, BLOCK_Q,
                              BLOCK_M)
-    if UNIFORM_WALK:
-        first = _warp_uniform(first)
-        n = _warp_uniform(n)
-    return first, n
+    return _uniform_walk(first, n, UNIFORM_WALK)
 
 
 @triton.jit

@@ -137,6 +137,12 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
                              stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
                              BLOCK_N)
+    return _uniform_walk(first, n, UNIFORM_WALK)
+
+
+@triton.jit
+def _uniform_walk(first, n, UNIFORM_WALK: tl.constexpr):
+    """A block-sparse walk's (first, n), through ``_warp_uniform`` when UNIFORM_WALK (forward and backward)."""
     if UNIFORM_WALK:
         first = _warp_uniform(first)
         n = _warp_uniform(n)
