@@ -34,14 +34,13 @@ from ..triton import attn_bwd as triton_bwd
 from ..triton import common
 from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
-                               attn_bwd_dq_finalize_kernel)
+                               attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
 from ..triton.block_sparse_bwd import item_list, transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
-from ..triton.common import (cdiv, head_dim_consts, key_interval_mask, launch_schedule, num_sms, row_strides,
-                             seq_extent, snake_items, snake_work, stage_block_start, stage_bounds, visible,
-                             window_bounds, work_item)
+from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, seq_extent, snake_items, snake_work,
+                             stage_block_start, stage_bounds, visible, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
@@ -389,8 +388,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 _pass_turn(CID)
             dq = tlx.async_dot_wait(1, dq)
             dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-            if len_q - m0_prev < BLOCK_M:  # rows past the end: zeros (as _reduce_add_dq)
-                dq = tl.where((rows < len_q - m0_prev)[:, None], dq, 0.0)
+            dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
             stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
             tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
@@ -467,6 +465,15 @@ def _ds_ready_sync(block, WHO: tl.constexpr):
 
 
 @triton.jit
+def _zero_dq_rows_past_end(dq, rows_left):
+    """dQ rows at or past ``rows_left`` (the next sequence's) as zeros, in a branch only a block that runs past its
+    sequence's end takes (``_reduce_add_dq``; DQ_LAG's conditional store)."""
+    if rows_left < dq.shape[0]:
+        dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
+    return dq
+
+
+@triton.jit
 def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl.constexpr,
                    NUM_BUFFERS_DQ: tl.constexpr, ZERO_IN_SHARED: tl.constexpr = False):
     """A consumer's dQ slice staged in shared memory (buffer ``dq_count`` of its ring) and TMA reduce-added into the
@@ -476,8 +483,7 @@ def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl
     consumers, whose spills it leaves about as they were), or on the staged rows (ZERO_IN_SHARED: v1 and v2's
     per-consumer column slices, where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
     if not ZERO_IN_SHARED:
-        if rows_left < dq.shape[0]:
-            dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
+        dq = _zero_dq_rows_past_end(dq, rows_left)
     stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
     tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
     tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
@@ -806,14 +812,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 
     # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel)
     delta = common.alloc_output((num_heads, total_out), torch.float32, device)
-    zero_rows = q.shape[0]
-    delta_key = (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
-                 grad_lse is not None, True)  # the triton backward's delta plan key (same static arguments)
-    launch_planned(attn_bwd_delta_kernel, delta_key, (cdiv(max(total_out, zero_rows), DELTA_BLOCK_T), num_heads), dict(
-        Out=out, DOut=grad_out, GradLse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
-        Delta=delta, ZEROED=dq_acc, total_out=total_out, zero_rows=zero_rows),
-        lambda: dict(**row_strides("o", out), **row_strides("do", grad_out), **head_dim_consts(head_dim),
-                     BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=True))
+    delta_key = launch_delta(out, grad_out, grad_lse, delta, dq_acc, total_out, q.shape[0], head_dim)
 
     # 2. dK, dV, and dQ reduce-added into dq_acc; block-sparse: over the transposed selection, key tiles longest
     # first by the Q blocks that selected them (the triton sparse backward's list)

@@ -244,6 +244,21 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
         work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
 
 
+def launch_delta(out, grad_out, grad_lse, delta, zeroed, total_out, zero_rows, head_dim: int) -> tuple:
+    """delta = rowsum(dO * O) - grad_lse into ``delta`` [Hq, total_out], and ``zeroed``'s first zero_rows rows set to
+    0 when given (``attn_bwd_delta_kernel``, one launch plan; the triton and tlx backwards). Returns the plan key
+    (what the static arguments follow from), for a ``launch.PlanGroup``."""
+    key = (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
+           grad_lse is not None, zeroed is not None)
+    launch_planned(
+        attn_bwd_delta_kernel, key, (cdiv(int_max(total_out, zero_rows), DELTA_BLOCK_T), delta.shape[0]),
+        dict(Out=out, DOut=grad_out, GradLse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
+             Delta=delta, ZEROED=delta if zeroed is None else zeroed, total_out=total_out, zero_rows=zero_rows),
+        lambda: dict(**row_strides("o", out), **row_strides("do", grad_out), **head_dim_consts(head_dim),
+                     BLOCK_T=DELTA_BLOCK_T, HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
+    return key
+
+
 @triton.jit(do_not_specialize=["n_elem", "num_slabs", "slab_stride"])
 def attn_bwd_dq_finalize_kernel(DQ_ACC, DQ, n_elem, num_slabs, slab_stride, scale, BLOCK: tl.constexpr):
     """dq = scale * sum over slabs (in slab order: deterministic for a given accumulator) of the fp32 partial sums."""
@@ -470,18 +485,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     delta = common.alloc_output((num_heads, total_out), torch.float32, device)
     zero_rows = 0 if zeroed is None else zeroed.numel() // (num_heads * head_dim)
     if total_out > 0 or zero_rows > 0:
-        grad_lse_arg = delta
-        if grad_lse is not None:
-            grad_lse_arg = grad_lse.to(torch.float32).contiguous()
-        delta_key = (out.dtype, out.stride(0), out.stride(1), grad_out.stride(0), grad_out.stride(1), head_dim,
-                     grad_lse is not None, zeroed is not None)  # what the static arguments below follow from
-        launch_planned(
-            attn_bwd_delta_kernel, delta_key,
-            (cdiv(int_max(total_out, zero_rows), DELTA_BLOCK_T), num_heads),
-            dict(Out=out, DOut=grad_out, GradLse=grad_lse_arg, Delta=delta,
-                 ZEROED=delta if zeroed is None else zeroed, total_out=total_out, zero_rows=zero_rows),
-            lambda: dict(**row_strides("o", out), **row_strides("do", grad_out), **hd, BLOCK_T=DELTA_BLOCK_T,
-                         HAS_GRAD_LSE=grad_lse is not None, ZERO=zeroed is not None))
+        delta_key = launch_delta(out, grad_out, grad_lse, delta, zeroed, total_out, zero_rows, head_dim)
 
     # 2. dK, dV
     dq_tma = False
