@@ -234,15 +234,22 @@ def _enter(ctx):
         pass
 
 
-def _switched_off(module, flag, fn):
-    """fn run with ``module.flag`` False (an A/B of one switch in the same process)."""
+def with_setting(module, name, value, fn):
+    """fn run with ``module.name`` set to value, the previous value restored after (an A/B of one switch in the same
+    process; tools/tlx_check.py's knob columns too)."""
     def run():
-        setattr(module, flag, False)
+        before = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn()
         finally:
-            setattr(module, flag, True)
+            setattr(module, name, before)
     return run
+
+
+def _switched_off(module, flag, fn):
+    """fn run with ``module.flag`` False."""
+    return with_setting(module, flag, False, fn)
 
 
 def _one_thread(fn):

@@ -847,15 +847,10 @@ def mxfp8_timing() -> int:
               ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True))
     from jfa_ops.backends.tlx import configs as tlx_configs
 
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+
     def knob(name, value, fn):  # bf16 in with a tlx configs switch set: MXFP8_FUSED_QUANTIZE (off: quantize + the
-        def run():  # re-basing stage for all three), MXFP8_FUSED_V (on: V's tiles fused too; off by default)
-            before = getattr(tlx_configs, name)
-            setattr(tlx_configs, name, value)
-            try:
-                return fn()
-            finally:
-                setattr(tlx_configs, name, before)
-        return run
+        return with_setting(tlx_configs, name, value, fn)  # re-basing stage for all three), MXFP8_FUSED_V (on)
 
     cols = ("tlx-mxfp8", "kernel alone", "bf16 in", "bf16 in V fused", "bf16 in 2-pass", "triton-mxfp8", "bf16 tlx",
             "bf16 triton")
