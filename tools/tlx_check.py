@@ -240,12 +240,14 @@ _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFE
 
 
 def _set_backward(variant) -> None:
-    """Every backward flag of ``configs`` as the variant says (None: all off, i.e. the triton backward)."""
+    """Every backward flag of ``configs`` as the variant says (None: all off, i.e. the triton backward); STATS_AHEAD
+    unset stays None (its per-head-dim default: on at D64), so the "default" column is the shipped default."""
     from jfa_ops.backends.tlx import configs
 
     flags = BWD_VARIANTS.get(variant, {})
     for name in _BWD_FLAGS:
-        setattr(configs, name, flags.get(name, False))
+        unset = None if name == "BACKWARD_STATS_AHEAD" and variant in BWD_VARIANTS else False
+        setattr(configs, name, flags.get(name, unset))
 
 
 def backward_correctness(variant: str) -> int:

@@ -61,9 +61,10 @@ SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
 # The block-sparse forward's walk bounds through redux.sync (attn_fwd._selected_item's UNIFORM_WALK; helper
 # fwduniform, bench/NOTES.md "TLX block-sparse forward: uniform walk"), the backward's SPARSE_BACKWARD_UNIFORM_WALK:
 # ptxas then keeps the consumers' block loop in uniform registers as in the dense loop instead of building every
-# wgmma descriptor per lane and moving it by R2UR. Same arithmetic, same results. Off until measured on the H200;
-# env JFA_TLX_SPARSE_FWD_UNIFORM=1 turns it on (read per call: tools/tlx_check.py times both in one process).
-SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "0") == "1"
+# wgmma descriptor per lane and moving it by R2UR. Same arithmetic, same results. On since its H200 sweep (17 cases)
+# and timing (bench/NOTES.md v15: 1.006-1.041x the old walk on the bench's four sparse rows); env
+# JFA_TLX_SPARSE_FWD_UNIFORM=0 turns it off (read per call: tools/tlx_check.py times both in one process).
+SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "1") != "0"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
@@ -94,18 +95,19 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 #   ptxas keeps the consumers' block loop in uniform registers as in the dense loop (attn_bwd._selected_rows: without
 #   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 928 vs 664 instructions per block).
 # SPARSE_UNIFORM_WALK is on since its H200 sweeps and timings (bench/NOTES.md v14: 1.01-1.02x alone; env
-# JFA_TLX_SPARSE_BWD_UNIFORM=0 turns it off). With it, kv heads in groups of 4 measured 1.10-1.16x on the bench's
-# quick sparse batch (1.67x / 2.97x the TLX dense backward at keep 0.5 / 0.25, causal 1.73x / 2.77x), but no GPU
-# sweep has run them yet (the sweeps' cases have <= 4 kv heads, where a group of 4 is all of them: tile-major), so
-# SPARSE_HEAD_GROUP stays 0 until `tools/tlx_device.sh sparse-bwd` passes its H8 case with JFA_TLX_BWD_HEAD_GROUP=4.
+# JFA_TLX_SPARSE_BWD_UNIFORM=0 turns it off). With it, kv heads in groups of 4 in GROUP_ORDER are the block-sparse
+# default since stop 23's H200 sweeps (15 cases each, hg4 and hg4 + group order, an H8 case among them) and timings
+# (bench/NOTES.md v15: 1.17-1.32x the uniform walk alone, 1.98x / 3.37x the TLX dense backward at keep 0.5 / 0.25,
+# causal 1.99x / 3.02x; groups of 2 measured 1.02-1.03x more, not yet swept). Env JFA_TLX_BWD_HEAD_GROUP=N sets the
+# group (0: tile-major), JFA_TLX_BWD_GROUP_ORDER=0 the plain head-group order.
 # HEAD_GROUP unset: SPARSE_HEAD_GROUP for the block-sparse backward, 0 (tile-major) dense.
 _HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
 BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
-SPARSE_HEAD_GROUP = 0
+SPARSE_HEAD_GROUP = 4
 SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
-BACKWARD_GROUP_ORDER = os.environ.get("JFA_TLX_BWD_GROUP_ORDER", "0") == "1"
+BACKWARD_GROUP_ORDER = os.environ.get("JFA_TLX_BWD_GROUP_ORDER", "1") != "0"
 
 
 def head_group(heads_kv: int, group: int = None, sparse: bool = False) -> int:
