@@ -8,7 +8,8 @@ registers its own in a few lines::
 
 Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
 ``supports(problem)`` returns None (a family may rank its backend apart: ``FamilyImpl.priority``) and whose
-``auto_supports(problem)`` rule (attention family; e.g. the tlx backend's size rule) does not pass it over;
+``auto_supports(problem)`` rule (``FamilyImpl.auto_supports`` per family; e.g. the tlx backend's size rule) does not
+pass it over;
 ``explain_choice(problem)`` says which and why. An automatic choice of ``reference`` for CUDA tensors warns once per
 reason.
 
@@ -136,8 +137,8 @@ def explain_choice(problem: Problem, family: str = ATTENTION) -> str:
 
 
 def _automatic_choice(problem: Problem, family: str):
-    """(the highest-ranked backend that runs the call and whose ``auto_supports`` rule (attention family) takes it,
-    the reasons of those passed over)."""
+    """(the highest-ranked backend that runs the call and whose ``auto_supports`` rule for the family takes it, the
+    reasons of those passed over)."""
     declined = [f"{name} could not be imported ({error})" for name, error in _IMPORT_ERRORS.items()]
     for name in sorted(registered_backends(), key=lambda n: -_REGISTRY[n].family_priority(family)):  # stable
         backend = _REGISTRY[name]
@@ -145,8 +146,9 @@ def _automatic_choice(problem: Problem, family: str):
                 backend.auto_devices is not None and problem.device_type not in backend.auto_devices):
             continue
         reason = backend.family_supports(family, problem)
-        if reason is None and family == ATTENTION and backend.auto_supports is not None:
-            reason = backend.auto_supports(problem)  # it runs the call: does its automatic rule take it?
+        rule = backend.auto_supports if family == ATTENTION else backend.families[family].auto_supports
+        if reason is None and rule is not None:
+            reason = rule(problem)  # it runs the call: does its automatic rule take it?
             if reason is not None:
                 _log_passed_over(name, reason, problem, family)
         if reason is None:

@@ -126,6 +126,8 @@ class FamilyImpl:
     # automatic choice ranks the backend by this for the family (None: the backend's priority); e.g. a new kernel
     # of a backend that leads elsewhere stays behind another backend's until it has been checked
     priority: Optional[int] = None
+    # the automatic choice's rule for this family (as ``Backend.auto_supports``; None: no rule, not the backend's)
+    auto_supports: Optional[Callable[[Problem], Optional[str]]] = None
 
 
 ATTENTION = "attention"  # the family of Backend.forward/backward/supports themselves
@@ -153,9 +155,9 @@ class Backend:
     # True: its attention forward/backward can be traced into a torch.compile graph on CUDA (only aten ops and kernel launches
     # through ``launch`` under ``traced()``, no host reads of device data); see ``jfa_ops.ops.attention`` (compile path).
     traceable: bool = False
-    # The automatic choice only (a named request ignores it), attention family: None when the automatic choice may
-    # take this backend for a problem it supports, else why it passes it over (a call it runs, but another backend
-    # runs better: the tlx backend's size rule). Shapes only, as ``supports``.
+    # The automatic choice only (a named request ignores it), attention family (others: ``FamilyImpl.auto_supports``):
+    # None when the automatic choice may take this backend for a problem it supports, else why it passes it over (a
+    # call it runs, but another backend runs better: the tlx backend's size rule). Shapes only, as ``supports``.
     auto_supports: Optional[Callable[[Problem], Optional[str]]] = None
     families: Mapping[str, FamilyImpl] = dataclasses.field(default_factory=dict, hash=False)
 
@@ -165,7 +167,7 @@ class Backend:
     def family(self, family: str) -> FamilyImpl:
         """The functions of ``family`` (``attention``: this backend's own forward/backward/supports)."""
         if family == ATTENTION:
-            return FamilyImpl(self.forward, self.backward, self.supports)
+            return FamilyImpl(self.forward, self.backward, self.supports, auto_supports=self.auto_supports)
         if family not in self.families:
             raise ValueError(f"backend {self.name!r} does not implement the {family!r} op family "
                              f"(it implements: {sorted({ATTENTION, *self.families})})")

@@ -61,6 +61,7 @@ def sm90(monkeypatch):
                                                                          reference.BACKEND)})
         monkeypatch.setattr(backends, "_IMPORT_ERRORS", {})
         monkeypatch.setattr(backends, "_BUILTIN_MODULES", {})
+        monkeypatch.setattr(backends, "_TLX_CHECKED", set())
         return tlx
 
     yield load
@@ -96,6 +97,21 @@ def test_small_calls_stay_on_triton_large_ones_take_tlx(sm90):
     assert _chosen(_problem(ROWS, 64)) == "tlx"
     assert "small call (q 256 and k 256 rows" in explain_choice(_problem(256, 256))
     assert explain_choice(_problem(ROWS, ROWS)) == "tlx"
+
+
+def test_block_sparse_takes_the_same_size_rule(sm90, monkeypatch):
+    """The block-sparse forward and backward: a small call's host path is the same story (three TMA descriptors per
+    tlx forward, none on triton's below TMA_MIN_ROWS; CPU count with launches stubbed, bench/NOTES.md "automatic
+    choice": forward 38.0 vs 26.8 us); JFA_TLX_SPARSE's priority decides above it, as before."""
+    tlx = sm90()
+    sparse = dict(block_q=128, block_kv=128)
+    assert select_backend(None, _problem(256, 256, **sparse), family="block_sparse").name == "triton"
+    assert select_backend(None, _problem(**sparse), family="block_sparse").name == "tlx"
+    assert "small call" in explain_choice(_problem(256, 256, **sparse), family="block_sparse")
+    assert select_backend("tlx", _problem(256, 256, **sparse), family="block_sparse").name == "tlx"
+    # the selection stage and MXFP8 families have no rule: as their priorities say
+    assert tlx.BACKEND.families["select_kv_blocks"].auto_supports is None
+    assert tlx.BACKEND.families["mxfp8_attention"].auto_supports is None
 
 
 def test_threshold_follows_the_triton_backends_tma_rows(sm90, monkeypatch):

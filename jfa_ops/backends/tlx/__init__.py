@@ -101,9 +101,9 @@ def supports(problem: Problem) -> Optional[str]:
 
 
 def auto_supports(problem: Problem) -> Optional[str]:
-    """The automatic choice's rule for the dense op (shapes only, never a sync): None where tlx pays, else why the
-    call stays on triton. Eager calls choose once per call signature (``ops.attention._direct_call``), so the rule
-    costs nothing per call.
+    """The automatic choice's rule for the dense op and the block-sparse family (shapes only, never a sync): None
+    where tlx pays, else why the call stays on triton. Eager dense calls choose once per call signature
+    (``ops.attention._direct_call``), so the rule costs nothing per call (the op paths: a few comparisons).
 
     Small calls: when q and k both have fewer rows than the triton backend's ``TMA_MIN_ROWS`` (4096), triton runs
     its pointer path, which builds no TMA descriptor, while the tlx kernels take three (q/k/v) rebuilt and encoded
@@ -113,7 +113,9 @@ def auto_supports(problem: Problem) -> Optional[str]:
     descriptor's encode, ~2 us), and the GPU work of a call that large can outlast the host path (one causal
     4096-row sequence at H8 D128: ~78 us of triton forward at 440 TFLOP/s), where the tlx kernels are 1.07-1.35x
     triton's forward and 1.24-1.34x its backward. One threshold for both, so that when descriptors get cheaper
-    (TMA_MIN_ROWS lowered) the rule follows.
+    (TMA_MIN_ROWS lowered) the rule follows. The block-sparse forward pays the same (three descriptors, a full path
+    per call: 38.0 vs 26.8 us of CPU per small forward with launches stubbed), and triton's sparse kernels take TMA
+    from the same TMA_MIN_ROWS.
 
     Traced calls (torch.compile, export): triton, which traces into the graph (Inductor launches its kernels, no op
     dispatch per call, CUDA graphs capture them, AOTInductor packages run them without Python), while tlx would
@@ -280,9 +282,11 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                   priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True,
                   auto_supports=auto_supports, families={
                       # automatic choice ranks it above triton (10) unless JFA_TLX_SPARSE=0 (configs.SPARSE_AUTO)
+                      # with the dense op's size rule: a small call pays the same descriptor host cost
                       "block_sparse": FamilyImpl(block_sparse_forward, _block_sparse_backward,
                                                  supports=block_sparse_supports,
-                                                 priority=20 if configs.SPARSE_AUTO else 5),
+                                                 priority=20 if configs.SPARSE_AUTO else 5,
+                                                 auto_supports=auto_supports),
                       # by name only: the automatic choice runs the selection on triton itself
                       "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5),
                       # MXFP8 (issue 12): the TLX forward, automatic since its GPU check unless JFA_TLX_MXFP8=0
