@@ -232,3 +232,49 @@ def test_eager_choice_is_kept_per_signature(sm90, monkeypatch):
     for _ in range(3):
         ops._direct_call(q, q, q, off, off, ())
     assert len(calls) == 1
+
+
+# The compile path end to end (a subprocess, as tests/test_compile_inductor.py traces: fake CUDA tensors, an H100's
+# facts): the op traced by AOTAutograd with the automatic choice, tlx present on a faked sm_90 and TMA_MIN_ROWS 0 (so
+# the size rule alone would take tlx at the trace's sizes).
+_AUTO_PRELUDE = r"""
+import importlib.machinery, importlib.util, types  # noqa: E401, E402
+if importlib.util.find_spec("utlx_plugin") is None:  # only its presence is looked up at import
+    plugin = types.ModuleType("utlx_plugin")
+    plugin.__spec__ = importlib.machinery.ModuleSpec("utlx_plugin", None)
+    sys.modules["utlx_plugin"] = plugin
+torch.version.cuda = torch.version.cuda or "12.8"
+torch.cuda.current_device = lambda: 0
+import jfa_ops.backends as backends  # noqa: E402
+import jfa_ops.backends.tlx as tlx  # noqa: E402
+from jfa_ops.backends.triton import attn_fwd  # noqa: E402
+tlx._import_reason = lambda: None
+tlx._capability = lambda index: (9, 0)
+tlx.fwd_config = lambda head_dim: tlx.configs.fwd_config(128)  # the fake inputs' head_dim 16 stands for 128
+backends._IMPORT_ERRORS.pop("tlx", None)
+backends.register_backend(tlx.BACKEND, replace=True)
+attn_fwd.TMA_MIN_ROWS = 0
+assert backends.select_backend(None, backends.Problem("cuda", torch.float16, 16, 4, 2, True, -1, -1, False, False,
+                                                      device_index=0, rows_q=29, rows_kv=29)).name == "tlx"
+"""
+
+
+@pytest.mark.parametrize("mode", ["1", "always"])
+def test_compiled_graphs_trace_triton_under_the_automatic_choice(mode):
+    """Default: the graphs hold the triton kernels (no jfa op left) for static and dynamic sizes, and the only guards
+    are the heads/head_dim specializations every traced graph has (none on lengths: no recompile over batches).
+    JFA_TLX_AUTO=always: tlx is chosen and stays the opaque op."""
+    from tests import test_compile_inductor as compiled
+
+    tracer = compiled._TRACER[len(compiled._FAKE_H100):]
+    graphs = compiled._run(compiled._FAKE_H100 + _AUTO_PRELUDE + tracer, "", JFA_COMPILE_PATH="inductor",
+                           JFA_TLX_AUTO=mode)
+    for shapes, symbols in (("static", []), ("dynamic", ["4", "2", "16"])):
+        traced = graphs[f"-{shapes}"]
+        if mode == "always":
+            assert traced["forward"] == ["jfa.attention.default"], traced
+            assert traced["backward"] == ["jfa.attention_backward.default"], traced
+            continue
+        assert not any(c.startswith("jfa.") for c in traced["forward"] + traced["backward"]), traced
+        assert "kernel:attn_fwd_kernel" in traced["forward"] and "kernel:attn_bwd_dq_kernel" in traced["backward"]
+        assert sorted(g.split(", ")[1].rstrip(")") for g in traced["guards"]) == sorted(symbols), traced["guards"]
