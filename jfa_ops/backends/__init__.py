@@ -9,9 +9,8 @@ registers its own in a few lines::
 Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
 ``supports(problem)`` returns None (a family may rank its backend apart: ``FamilyImpl.priority``) and whose
 ``auto_supports(problem)`` rule (``FamilyImpl.auto_supports`` per family; e.g. the tlx backend's size rule) does not
-pass it over;
-``explain_choice(problem)`` says which and why. An automatic choice of ``reference`` for CUDA tensors warns once per
-reason.
+pass it over; ``explain_choice(problem)`` says which and why. An automatic choice of ``reference`` for CUDA tensors
+warns once per reason.
 
 A backend may implement some op families and not others (``Backend.families``, keyed by family name; ``attention``
 is the backend's own forward/backward/supports). ``select_backend(..., family=...)`` chooses only among backends

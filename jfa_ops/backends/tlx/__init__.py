@@ -56,7 +56,8 @@ if not _tlx_installed():
 # The automatic choice and the dense op (issue 10), env JFA_TLX_AUTO read at import: "1" (the default) prefers tlx
 # over triton on sm_90 where ``auto_supports`` (the size rule) takes the call; "always": every call tlx runs, small
 # and traced ones too (the GPU suite's coverage setting, what "1" meant before the size rule); "0": only by name
-# (``backend="tlx"``, ``JFA_BACKEND=tlx``). Its block-sparse and MXFP8 families rank by their own priorities.
+# (``backend="tlx"``, ``JFA_BACKEND=tlx``). Its block-sparse family takes the same size rule ("always" drops it
+# there too) under its own switch (JFA_TLX_SPARSE), its MXFP8 family its priority alone.
 AUTO_MODE = os.environ.get("JFA_TLX_AUTO", "1")
 AUTO_SELECT = AUTO_MODE != "0"
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -109,13 +110,13 @@ def auto_supports(problem: Problem) -> Optional[str]:
     its pointer path, which builds no TMA descriptor, while the tlx kernels take three (q/k/v) rebuilt and encoded
     on every call: H200 (bench/NOTES.md "automatic choice"), B4 lengths <= 64 H8 D128 causal bf16, no_grad forward
     63.7 us on tlx vs 49.3 on triton (forward + backward 400 vs 386) for ~10 us of GPU work: the host path decides
-    such calls. From TMA_MIN_ROWS rows on, triton takes descriptors too (the host gap shrinks to about one
-    descriptor's encode, ~2 us), and the GPU work of a call that large can outlast the host path (one causal
-    4096-row sequence at H8 D128: ~78 us of triton forward at 440 TFLOP/s), where the tlx kernels are 1.07-1.35x
-    triton's forward and 1.24-1.34x its backward. One threshold for both, so that when descriptors get cheaper
-    (TMA_MIN_ROWS lowered) the rule follows. The block-sparse forward pays the same (three descriptors, a full path
-    per call: 38.0 vs 26.8 us of CPU per small forward with launches stubbed), and triton's sparse kernels take TMA
-    from the same TMA_MIN_ROWS.
+    such calls. From TMA_MIN_ROWS rows on, triton takes K/V descriptors too (the host gap shrinks by those two, to
+    ~5-9 us, hidden wherever the GPU is the bottleneck), and the GPU work of a call that large can outlast the host
+    path (one causal 4096-row sequence at H8 D128: ~78 us of triton forward at 440 TFLOP/s), where the tlx kernels
+    are 1.07-1.35x triton's forward and 1.24-1.34x its backward. One threshold for both, so that when descriptors
+    get cheaper (TMA_MIN_ROWS lowered) the rule follows. The block-sparse forward pays the same (three descriptors,
+    a full path per call: 38.0 vs 26.8 us of CPU per small forward with launches stubbed), and triton's sparse
+    kernels take TMA from the same TMA_MIN_ROWS.
 
     Traced calls (torch.compile, export): triton, which traces into the graph (Inductor launches its kernels, no op
     dispatch per call, CUDA graphs capture them, AOTInductor packages run them without Python), while tlx would
@@ -127,9 +128,9 @@ def auto_supports(problem: Problem) -> Optional[str]:
     if problem.traced:
         return ("a traced call (torch.compile, export): the triton backend's kernels trace into the graph, tlx "
                 "would stay an opaque op (backend='tlx' runs it so)")
-    min_rows = _triton_attn_fwd().TMA_MIN_ROWS
     if problem.rows_q is None or problem.rows_kv is None:
         return "its row counts are not known (symbolic or not given): the size rule takes tlx from known sizes only"
+    min_rows = _triton_attn_fwd().TMA_MIN_ROWS
     if max(problem.rows_q, problem.rows_kv) < min_rows:
         return (f"a small call (q {problem.rows_q} and k {problem.rows_kv} rows, below the triton backend's "
                 f"TMA_MIN_ROWS {min_rows}): the host path decides its time, and triton's is shorter")
