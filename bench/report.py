@@ -134,8 +134,9 @@ def overhead_column_skips(records: List[dict]) -> List[str]:
 
 
 def model_table(records: List[dict]) -> str:
-    head = ["batches", "attention", "step ms (median)", "tokens/s", "mean tokens/step", "graphs compiled in warm-up",
-            "graphs compiled while timed", "graph breaks", "loss"]
+    head = ["batches", "attention", "step ms (median)", "tokens/s", "mean tokens/step",
+            "warm-up step ms (first step on each batch)", "graphs compiled in warm-up", "graphs compiled while timed",
+            "graph breaks", "loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {p: i for i, p in enumerate(peer_columns(records))}
     for r in sorted(records, key=lambda r: (r["case"]["name"], order.get(r["peer"], 99))):
@@ -143,7 +144,7 @@ def model_table(records: List[dict]) -> str:
             continue
         lines.append("| " + " | ".join([
             r["case"]["label"], r["peer"], _fmt(r.get("step_ms")), f"{r['tokens_per_s']:.3g}",
-            f"{r['mean_tokens']:.0f}", str(r["compiles_warmup"]), str(r["compiles_timed"]), str(r["graph_breaks"]),
+            f"{r['mean_tokens']:.0f}", _fmt(r.get("warmup_step_ms")), str(r["compiles_warmup"]), str(r["compiles_timed"]), str(r["graph_breaks"]),
             f"{r['loss']:.3f}"]) + " |")
     return "\n".join(lines)
 
@@ -357,7 +358,9 @@ def suite_section(suite: str, records: List[dict], with_skips: bool = True) -> s
             parts += ["Empty columns:", ""] + [f"- {c}" for c in column_skips] + [""]
     elif suite == "model":
         parts += ["4-layer pre-LN causal jagged transformer, AdamW, `torch.compile(dynamic=True)`; a fresh batch from "
-                  "a fixed pool each step (bench/model.py).", "", model_table(records), ""]
+                  "a fixed pool each step, timed after a warm-up that runs every batch of the pool once (bench/model.py; "
+                  "the warm-up column: a batch's first step, dearer for whichever implementation meets a shape first "
+                  "in the process).", "", model_table(records), ""]
     else:
         parts += ["TFLOP/s of useful work (visible pairs only; padding and masked-out work count as zero).", "",
                   tflops_table(records), ""]

@@ -41,17 +41,17 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for i in range(kind.warmup + 2):
-        step(pool[i % len(pool)])
+    for i in bm.warmup_order(kind):  # the bench's warm-up: every batch of the pool once
+        step(pool[i])
     bm.sync(device)
     walls = []
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        for i in range(steps):
+        for i in (bm.timed_order(kind) * steps)[:steps]:
             t0 = time.perf_counter()
-            step(pool[i % len(pool)])
+            step(pool[i])
             bm.sync(device)
             walls.append(time.perf_counter() - t0)
     per_kernel = collections.Counter()
