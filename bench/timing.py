@@ -16,6 +16,7 @@ from bench.peers import Prepared, one_line
 
 L2_BYTES = 50 * 2**20  # H200: 50 MiB
 MAX_ROTATIONS = 8
+LAYERS = 4  # calls chained in the overhead suite's per-layer compiled columns (the model suite's layer count)
 
 
 def rotations_for(input_bytes: int, device) -> int:
@@ -109,8 +110,9 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
     ``compiled_wall_us`` the forward through ``torch.compile(dynamic=True)`` (default mode; ``compiled_graphs`` and
     ``compiled_graph_breaks`` from Dynamo's counters), ``fwd_kernel_us`` / ``fwd_launches`` (and ``fwdbwd_*``) the
     GPU activities torch.profiler records per call and their summed time, ``graph_us`` the no_grad forward replayed
-    from a CUDA graph (``graph``: our GPU backends only; a peer's failed capture could poison the run). A column that
-    fails holds None and its reason in ``<column>_skip``.
+    from a CUDA graph (``graph``: our GPU backends only; a peer's failed capture could poison the run);
+    ``layer_fwd_us`` / ``layer_fwdbwd_us`` what a compiled model pays per attention call (``compiled_per_layer``).
+    A column that fails holds None and its reason in ``<column>_skip``.
     """
     on_cuda = torch.device(device).type == "cuda"
     compile_backend = compile_backend or ("inductor" if on_cuda else "aot_eager")
@@ -149,6 +151,7 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
             rec["fwdbwd_kernel_us"], rec["fwdbwd_launches"] = profiled_device_us(fwdbwd, device, calls=20)
         rec["graph_us"] = cuda_graph_us(nograd, 200) if graph else None
     column("compiled_wall_us", lambda: compiled_wall_us(prep.fn, device, compile_backend, rec))
+    rec.update(compiled_per_layer(prep, device, compile_backend))
     rec["compile_backend"] = compile_backend
     return rec
 
@@ -167,6 +170,61 @@ def compiled_wall_us(fn: Callable[[], object], device, backend: str, rec: dict) 
     rec["compiled_graphs"] = counters["stats"]["unique_graphs"]
     rec["compiled_graph_breaks"] = sum(counters["graph_break"].values())
     return us
+
+
+def chained(layer, calls: int) -> Callable[[], torch.Tensor]:
+    """``calls`` attention calls in a row, each one's output the next one's q (``Prepared.layer``), as in a model."""
+    attend, q = layer
+
+    def layers():
+        x = q
+        for _ in range(calls):
+            x = attend(x)
+        return x
+    return layers
+
+
+def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYERS) -> dict:
+    """What a compiled model pays per attention call, torch's per-graph costs (Dynamo's guards, AOTAutograd's runtime
+    wrappers, the graph call) left out: graphs of 1 and of ``layers`` chained calls (``chained``), each compiled
+    with ``dynamic=True`` with the leaves requiring grad, and the difference of their wall times over ``layers - 1``.
+
+    ``layer_fwd_us`` the forward, ``layer_fwdbwd_us`` forward + backward (``torch.autograd.grad`` of the last
+    output); ``layer_graphs`` / ``layer_graph_breaks``: Dynamo's counts for the ``layers``-call graph (a peer that
+    breaks the graph pays its breaks per call here too). The single-call ``compiled_wall_us`` keeps the per-graph
+    floor, which a model pays once per step, not per layer."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    keys = ("layer_fwd_us", "layer_fwdbwd_us")
+    out: dict = dict.fromkeys(keys)
+    if prep.layer is None:
+        return dict(out, **{k + "_skip": "no chainable call (output not in q's layout)" for k in keys})
+    attend, q = prep.layer
+    try:
+        if attend(q).shape != q.shape:
+            return dict(out, **{k + "_skip": "the output is not q-shaped: calls do not chain" for k in keys})
+        walls = {}
+        for calls in (1, layers):
+            torch._dynamo.reset()
+            counters.clear()
+            compiled = torch.compile(chained(prep.layer, calls), dynamic=True, backend=backend)
+            grad = torch.randn_like(compiled().detach())  # compiles outside the timing
+            fwd = wall_us(compiled, device)
+            fwdbwd = None if prep.no_backward else wall_us(
+                lambda: torch.autograd.grad(compiled(), prep.leaves, grad), device)
+            walls[calls] = (fwd, fwdbwd)
+        out.update(layer_graphs=counters["stats"]["unique_graphs"],
+                   layer_graph_breaks=sum(counters["graph_break"].values()))
+    except Exception as e:  # noqa: BLE001 - these columns failing leaves the others
+        sync(device)
+        return dict(out, **{k + "_skip": one_line(e) for k in keys})
+    for i, key in enumerate(keys):
+        one, many = walls[1][i], walls[layers][i]
+        if one is None:
+            out[key + "_skip"] = prep.no_backward
+        else:
+            out[key] = (many - one) / (layers - 1)
+    return out
 
 
 def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:
