@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+import types
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -181,16 +182,20 @@ def chained(layer, calls: int) -> Callable[[], torch.Tensor]:
         for _ in range(calls):
             x = attend(x)
         return x
-    return layers
+    # a code object per length: Dynamo keeps compiled graphs per code object, and one shared by two lengths would
+    # check the other length's guards first on every call of one of them
+    return types.FunctionType(layers.__code__.replace(co_name=f"layers{calls}"), layers.__globals__,
+                              f"layers{calls}", None, layers.__closure__)
 
 
-def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYERS) -> dict:
+def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYERS, rounds: int = 3) -> dict:
     """What a compiled model pays per attention call, torch's per-graph costs (Dynamo's guards, AOTAutograd's runtime
     wrappers, the graph call) left out: graphs of 1 and of ``layers`` chained calls (``chained``), each compiled
-    with ``dynamic=True`` with the leaves requiring grad, and the difference of their wall times over ``layers - 1``.
+    with ``dynamic=True`` with the leaves requiring grad, timed in turn ``rounds`` times (the host's speed drifts),
+    and the difference of their median wall times over ``layers - 1``.
 
     ``layer_fwd_us`` the forward, ``layer_fwdbwd_us`` forward + backward (``torch.autograd.grad`` of the last
-    output); ``layer_graphs`` / ``layer_graph_breaks``: Dynamo's counts for the ``layers``-call graph (a peer that
+    output); ``layer_graphs`` / ``layer_graph_breaks``: Dynamo's counts for the ``layers``-call function (a peer that
     breaks the graph pays its breaks per call here too). The single-call ``compiled_wall_us`` keeps the per-graph
     floor, which a model pays once per step, not per layer."""
     import torch._dynamo
@@ -203,27 +208,29 @@ def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYER
     try:
         if attend(q).shape != q.shape:
             return dict(out, **{k + "_skip": "the output is not q-shaped: calls do not chain" for k in keys})
-        walls = {}
-        for calls in (1, layers):
-            torch._dynamo.reset()
-            counters.clear()
-            compiled = torch.compile(chained(prep.layer, calls), dynamic=True, backend=backend)
-            grad = torch.randn_like(compiled().detach())  # compiles outside the timing
-            fwd = wall_us(compiled, device)
-            fwdbwd = None if prep.no_backward else wall_us(
-                lambda: torch.autograd.grad(compiled(), prep.leaves, grad), device)
-            walls[calls] = (fwd, fwdbwd)
-        out.update(layer_graphs=counters["stats"]["unique_graphs"],
-                   layer_graph_breaks=sum(counters["graph_break"].values()))
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = {n: torch.compile(chained(prep.layer, n), dynamic=True, backend=backend) for n in (1, layers)}
+        grad = torch.randn_like(compiled[1]().detach())  # compiles outside the timing
+        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+        compiled[layers]()
+        out.update(layer_graphs=counters["stats"]["unique_graphs"] - graphs,
+                   layer_graph_breaks=sum(counters["graph_break"].values()) - breaks)
+        walls = {(n, key): [] for n in compiled for key in keys}
+        for _ in range(rounds):
+            for n, fn in compiled.items():
+                walls[n, "layer_fwd_us"].append(wall_us(fn, device))
+                if not prep.no_backward:
+                    walls[n, "layer_fwdbwd_us"].append(
+                        wall_us(lambda: torch.autograd.grad(fn(), prep.leaves, grad), device))
     except Exception as e:  # noqa: BLE001 - these columns failing leaves the others
         sync(device)
         return dict(out, **{k + "_skip": one_line(e) for k in keys})
-    for i, key in enumerate(keys):
-        one, many = walls[1][i], walls[layers][i]
-        if one is None:
+    for key in keys:
+        if not walls[1, key]:
             out[key + "_skip"] = prep.no_backward
         else:
-            out[key] = (many - one) / (layers - 1)
+            out[key] = (statistics.median(walls[layers, key]) - statistics.median(walls[1, key])) / (layers - 1)
     return out
 
 
