@@ -103,6 +103,18 @@ def wall_us(call: Callable[[], object], device, calls: Optional[int] = None) -> 
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def calls_for(call: Callable[[], object], device, seconds: float = 0.05) -> Optional[int]:
+    """Calls for ``wall_us`` that take about ``seconds`` (between 20 and its default): the reference backend's
+    milliseconds per call would otherwise spend the run's budget on one column."""
+    call()
+    sync(device)
+    t0 = time.perf_counter()
+    call()
+    sync(device)
+    return max(20, min(200, int(seconds / max(time.perf_counter() - t0, 1e-9)))) if torch.device(
+        device).type == "cuda" else None
+
+
 def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend: Optional[str] = None) -> dict:
     """Per-call costs of one tiny call, every way a user makes it (the `overhead` suite; keys in µs per call):
 
@@ -217,12 +229,13 @@ def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYER
         out.update(layer_graphs=counters["stats"]["unique_graphs"] - graphs,
                    layer_graph_breaks=sum(counters["graph_break"].values()) - breaks)
         walls = {(n, key): [] for n in compiled for key in keys}
+        calls = calls_for(compiled[layers], device)  # the same count for both graphs
         for _ in range(rounds):
             for n, fn in compiled.items():
-                walls[n, "layer_fwd_us"].append(wall_us(fn, device))
+                walls[n, "layer_fwd_us"].append(wall_us(fn, device, calls))
                 if not prep.no_backward:
                     walls[n, "layer_fwdbwd_us"].append(
-                        wall_us(lambda: torch.autograd.grad(fn(), prep.leaves, grad), device))
+                        wall_us(lambda: torch.autograd.grad(fn(), prep.leaves, grad), device, calls))
     except Exception as e:  # noqa: BLE001 - these columns failing leaves the others
         sync(device)
         return dict(out, **{k + "_skip": one_line(e) for k in keys})
