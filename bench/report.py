@@ -490,9 +490,10 @@ def short_summary(records: List[dict]) -> str:
         out += [f"  {r['peer']:14s} " + " | ".join(_fmt(r.get(k)) for k in keys) for r in ovh]
     mdl = [r for r in records if r["case"]["suite"] == "model" and not r.get("skip")]
     if mdl:
-        out.append("model: step ms | tokens/s | compiles warm-up/timed | graph breaks")
+        out.append("model: step ms | tokens/s | warm-up step ms | compiles warm-up/timed | graph breaks")
         out += [f"  {r['case']['label'][:22]:22s} {r['peer']:14s} {_fmt(r['step_ms'])} | {r['tokens_per_s']:.3g} | "
-                f"{r['compiles_warmup']}/{r['compiles_timed']} | {r['graph_breaks']}" for r in mdl]
+                f"{_fmt(r.get('warmup_step_ms'))} | {r['compiles_warmup']}/{r['compiles_timed']} | {r['graph_breaks']}"
+                for r in mdl]
     rows = [r for r in records if r.get("tflops") and r["case"]["suite"] in ("dense", "broadcast")]
     if rows:
         out.append("TFLOP/s (fwd, bwd):")
