@@ -273,6 +273,12 @@ def _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe
         opt.zero_grad(set_to_none=True)
         return loss
 
+    def timed_step(batch):
+        t0 = time.perf_counter()
+        loss = step(batch)
+        sync(device)
+        return loss, time.perf_counter() - t0
+
     records = []
     for kind in kinds:
         rec = dict(base, case=describe(kind))
@@ -280,12 +286,6 @@ def _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe
             records.append(dict(rec, skip="time budget spent"))
             continue
         pool = [make_batch(kind.lengths(i), cfg.vocab, device, seed=i) for i in range(kind.pool)]
-        def timed_step(batch):
-            t0 = time.perf_counter()
-            loss = step(batch)
-            sync(device)
-            return loss, time.perf_counter() - t0
-
         try:
             before = dynamo_counts()
             warmup_times = [timed_step(pool[i])[1] for i in warmup_order(kind)]

@@ -146,8 +146,8 @@ def model_table(records: List[dict]) -> str:
             continue
         lines.append("| " + " | ".join([
             r["case"]["label"], r["peer"], _fmt(r.get("step_ms")), f"{r['tokens_per_s']:.3g}",
-            f"{r['mean_tokens']:.0f}", _fmt(r.get("warmup_step_ms")), str(r["compiles_warmup"]), str(r["compiles_timed"]), str(r["graph_breaks"]),
-            f"{r['loss']:.3f}"]) + " |")
+            f"{r['mean_tokens']:.0f}", _fmt(r.get("warmup_step_ms")), str(r["compiles_warmup"]),
+            str(r["compiles_timed"]), str(r["graph_breaks"]), f"{r['loss']:.3f}"]) + " |")
     return "\n".join(lines)
 
 
@@ -181,13 +181,14 @@ def target_lines(records: List[dict]) -> List[str]:
             ours, eager = get(b, "compiled_wall_us"), get(b, "fwd_wall_us")
             ok = None if ours is None or eager is None else ours <= eager
             out.append(f"{_verdict(ok)} {b} compiled fwd, one-call graph {_fmt(ours)} us per call <= eager "
-                       f"{_fmt(eager)} (torch's per-graph floor included; varlen's {_fmt(get('varlen', 'compiled_wall_us'))})")
+                       f"{_fmt(eager)} (torch's per-graph floor included; varlen's "
+                       f"{_fmt(get('varlen', 'compiled_wall_us'))})")
             for key, eager_key, what in (("layer_fwd_us", "fwd_wall_us", "fwd"),
                                          ("layer_fwdbwd_us", "fwdbwd_wall_us", "fwd+bwd")):
                 ours, eager = get(b, key), get(b, eager_key)
                 ok = None if ours is None or eager is None else ours <= eager
-                out.append(f"{_verdict(ok)} {b} compiled {what} per layer of a {timing.LAYERS}-call graph {_fmt(ours)} "
-                           f"us <= eager {_fmt(eager)} (varlen's {_fmt(get('varlen', key))})")
+                out.append(f"{_verdict(ok)} {b} compiled {what} per layer of a {timing.LAYERS}-call graph "
+                           f"{_fmt(ours)} us <= eager {_fmt(eager)} (varlen's {_fmt(get('varlen', key))})")
     mdl = [r for r in records if r["case"]["suite"] == "model" and not r.get("skip")]
     for name in _case_names(mdl):
         rows = {r["peer"]: r for r in mdl if r["case"]["name"] == name}
@@ -372,9 +373,9 @@ def suite_section(suite: str, records: List[dict], with_skips: bool = True) -> s
             parts += ["Empty columns:", ""] + [f"- {c}" for c in column_skips] + [""]
     elif suite == "model":
         parts += ["4-layer pre-LN causal jagged transformer, AdamW, `torch.compile(dynamic=True)`; a fresh batch from "
-                  "a fixed pool each step, timed after a warm-up that runs every batch of the pool once (bench/model.py; "
-                  "the warm-up column: a batch's first step, dearer for whichever implementation meets a shape first "
-                  "in the process).", "", model_table(records), ""]
+                  "a fixed pool each step, timed after a warm-up that runs every batch of the pool once "
+                  "(bench/model.py; the warm-up column: a batch's first step, dearer for whichever implementation "
+                  "meets a shape first in the process).", "", model_table(records), ""]
     else:
         parts += ["TFLOP/s of useful work (visible pairs only; padding and masked-out work count as zero).", "",
                   tflops_table(records), ""]

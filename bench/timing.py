@@ -106,13 +106,14 @@ def wall_us(call: Callable[[], object], device, calls: Optional[int] = None) -> 
 def calls_for(call: Callable[[], object], device, seconds: float = 0.05) -> Optional[int]:
     """Calls for ``wall_us`` that take about ``seconds`` (between 20 and its default): the reference backend's
     milliseconds per call would otherwise spend the run's budget on one column."""
+    if torch.device(device).type != "cuda":
+        return None
     call()
     sync(device)
     t0 = time.perf_counter()
     call()
     sync(device)
-    return max(20, min(200, int(seconds / max(time.perf_counter() - t0, 1e-9)))) if torch.device(
-        device).type == "cuda" else None
+    return max(20, min(200, int(seconds / max(time.perf_counter() - t0, 1e-9))))
 
 
 def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend: Optional[str] = None) -> dict:
