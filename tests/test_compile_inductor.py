@@ -309,6 +309,43 @@ def test_traced_lists_ordered_by_the_rank_kernel_when_asked():
     assert all(g.startswith("Eq(") for g in graphs["guards"]), graphs["guards"]
 
 
+# Graphs whose symbolic sizes have upper bounds (a model that knows its largest batch:
+# torch._dynamo.mark_dynamic(t, 0, min=..., max=...)): argv: the bounds on the rows T and on B + 1.
+_BOUNDED = _TRACER.rsplit("print(json.dumps", 1)[0] + r"""
+from torch.fx.experimental.symbolic_shapes import constrain_range  # noqa: E402
+
+_unbounded = fake_inputs
+
+
+def fake_inputs(dynamic):
+    shape_env, mode, forward_inputs, backward_inputs = _unbounded(dynamic)
+    q, off = forward_inputs[0], forward_inputs[3]
+    constrain_range(q.shape[0], min=2, max=int(sys.argv[1]))
+    constrain_range(off.shape[0], min=2, max=int(sys.argv[2]))
+    return shape_env, mode, forward_inputs, backward_inputs
+
+
+print(json.dumps(trace("triton", True)))
+"""
+
+
+@pytest.mark.parametrize("rows, batch", [(512, 9), (1 << 20, 4097)])
+def test_bounded_symbolic_sizes_take_the_one_wave_path(rows, batch):
+    """With upper bounds on T and B the one-wave choice holds for every size (``scheduling.one_wave``: the shape
+    env's value ranges): no tile list, eager's launches (forward: attention; backward: delta, dK/dV, dQ), no new
+    guard. The bench model's small batches (T <= 512, B <= 8, 4 heads) fit: capacity cdiv(512, 128) + 8 = 12 tiles
+    x 4 heads = 48 items <= 132 SMs. Unbounded or large bounds keep the sorted lists."""
+    graphs = _run(_BOUNDED, str(rows), str(batch), JFA_COMPILE_PATH="inductor")
+    lists = ("kernel:tile_slots_kernel", "kernel:rank_tiles_kernel")
+    attention = lambda calls: [c for c in calls if c.startswith("kernel:") and c not in lists]  # noqa: E731
+    assert attention(graphs["forward"]) == ["kernel:attn_fwd_kernel"]
+    assert attention(graphs["backward"]) == [
+        "kernel:attn_bwd_delta_kernel", "kernel:attn_bwd_dkdv_kernel", "kernel:attn_bwd_dq_kernel"]
+    built = [sum(c in lists for c in graphs[g]) for g in ("forward", "backward")]  # the backward traced alone: 2
+    assert built == ([0, 0] if rows <= 512 else [2, 4]), built
+    assert sorted(g.split(", ")[1].rstrip(")") for g in graphs["guards"]) == ["16", "2", "4"], graphs["guards"]
+
+
 # Graphs of models that call attention once per layer with one offsets tensor: the "joint" function calls each layer's
 # forward op, then its backward op, in one trace (as AOTAutograd's joint graph of a training step does; autograd itself
 # on fake CUDA tensors needs CUDA in torch). argv: LAYERS. Each graph is traced twice: the second trace must build its
