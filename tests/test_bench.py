@@ -111,7 +111,7 @@ def test_model_timed_steps_meet_only_batches_run_in_warm_up(size):
     """The first step on a new batch shape pays per-shape costs outside attention (cuBLAS's choice for a new GEMM
     size, allocator growth) once per process: timed on unseen batches, the implementation that runs first pays them
     for every later one (the small rows of 2026-12-01/02: the first implementation's mean step 15.7-17.8 ms against a
-    median of 12.3-13.0, the later ones' within 3%). So every batch of the pool runs in the warm-up before any is
+    median of 12.3-13.0, the later ones' within 4%). So every batch of the pool runs in the warm-up before any is
     timed, and the cycle continues from there."""
     from bench import model
     for kind in model.batch_kinds(size):
