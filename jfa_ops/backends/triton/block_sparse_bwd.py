@@ -150,6 +150,39 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     return torch.sort(key, stable=True).indices
 
 
+def stream_section(rows_per_stream: int, group: int, head_dim: int, l2_bytes: int) -> int:
+    """Streams per section of ``causal_item_list``: the largest power of two of (sequence, kv head) streams whose
+    Q, dO (16-bit) and fp32 dQ rows fit in ``l2_bytes`` (tlx ``configs.CAUSAL_ORDER_L2_BYTES``: FA3's
+    SingleTileBwdLPTScheduler takes 40 MiB of the H200's 50 MB L2 the same way), at least 1. ``rows_per_stream``: a
+    sequence's query rows (the mean where lengths differ: the host knows no lengths), ``group``: q heads per kv
+    head."""
+    stream_bytes = max(1, rows_per_stream) * group * head_dim * (2 + 2 + 4)
+    return 1 << max(0, (l2_bytes // stream_bytes).bit_length() - 1)
+
+
+def causal_item_list(schedule: dict, heads_kv: int, num_seqs: int, section: int):
+    """(seq, start, kv head) per work item, int32 [tiles x heads_kv] (tlx ``configs.BACKWARD_CAUSAL_ORDER``; the kernel
+    takes it with ITEM_LIST and SNAKE): the dense items in sections of ``section`` (sequence, kv head) streams
+    (stream = seq x heads_kv + head, so a section is kv heads of one sequence, or whole sequences), each section
+    longest first with its streams side by side (the key tile list's order: ``schedule`` is sorted longest first),
+    the sections alternating direction with the last longest first (``zigzag_groups``, the block-sparse group
+    order's balance under the snake). Why: the key tile list of a causal batch is sorted by cost across sequences, so
+    the default tile-major order runs one item per stream (8 sequences x 16 heads side by side at the bench's B8 H16)
+    and every Q/dO read and dQ reduce-add misses the L2 (modelled 90-95 KiB of DRAM per block, 7x the full mask's);
+    FA3/FA4's backward scheduler puts a section's key blocks side by side instead. Padding tiles (seq -1) go last.
+    Device ops only: no sync."""
+    tiles = schedule["TILE_SEQ"].numel()
+    device = schedule["TILE_SEQ"].device
+    seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
+    start = schedule["TILE_START"].repeat_interleave(heads_kv)
+    head = torch.arange(heads_kv, dtype=torch.int32, device=device).repeat(tiles)
+    rank = torch.arange(tiles, dtype=torch.int64, device=device).repeat_interleave(heads_kv)
+    cost = torch.where(seq >= 0, tiles - rank, -1)  # the list's order as a cost: longest first, ties in list order
+    stream = seq.clamp(min=0).long() * heads_kv + head
+    order = zigzag_groups(cost, stream, section, num_seqs * heads_kv)
+    return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+
+
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
     """The dK/dV pass's pipeline depth: the dense config's, or 3 under ``KNOBS.sparse_dkdv_stages3`` for 16-bit
     head dims <= 128 on a device with sm_90's shared memory (3 x [64, 128] Q and dO tiles fit there)."""
