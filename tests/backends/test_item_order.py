@@ -1,7 +1,9 @@
 """The TLX backward's item order (``configs.BACKWARD_ITEM_ORDER``, helper sparsebwd2): the snake striding
 (``common.snake_work`` / ``snake_items``, run in Triton's CPU interpreter: the TLX kernel cannot run there) gives every
 work item to exactly one program, and the block-sparse per-item list (``block_sparse_bwd.item_list``) is the tile
-list's (tile, kv head) pairs, each once, longest first by the item's own selected blocks, padding last."""
+list's (tile, kv head) pairs, each once, longest first by the item's own selected blocks, padding last; the dense
+causal order's list (``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal)
+is the same items in sections of (sequence, kv head) streams."""
 from __future__ import annotations
 
 import os
@@ -18,7 +20,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.block_sparse_bwd import item_list  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list, stream_section  # noqa: E402
 from jfa_ops.backends.triton.common import snake_items, snake_work  # noqa: E402
 
 
@@ -94,3 +96,40 @@ def test_group_order_list_zigzags_over_head_groups(heads, group):
         for x, y, cx, cy in zip(mine, mine[1:], cost, cost[1:]):
             if cx == cy:
                 assert rank[x] < rank[y]
+
+
+@pytest.mark.parametrize("rows,group,head_dim,want", [
+    (8192, 1, 128, 4),  # 8 MiB per stream (Q, dO bf16 + dQ fp32): 40 MiB holds 4.9 -> 4 (FA3's section at B8 S8192)
+    (2048, 1, 128, 16),  # 2 MiB -> 20 -> 16
+    (2048, 4, 128, 4),  # GQA: a kv head's stream holds its 4 q heads' rows
+    (65536, 1, 128, 1),  # one stream over the budget: sections of 1
+    (0, 1, 64, 1 << 16),  # empty: rows count as 1 (no division by zero)
+])
+def test_stream_section_is_the_power_of_two_that_fits(rows, group, head_dim, want):
+    assert stream_section(rows, group, head_dim, 40 << 20) == want
+
+
+@pytest.mark.parametrize("heads,section,programs", [(2, 1, 3), (4, 2, 5), (3, 2, 4), (2, 4, 3), (1, 3, 2)])
+def test_causal_item_list_sections_streams_longest_first(heads, section, programs):
+    """The tile list's (tile, kv head) items, each once, padding last; grouped by section (stream = seq x heads +
+    head, // section) in ascending order, each section monotone in the tile list's position (its cost order): the
+    last section longest first, the directions alternating before it (``zigzag_groups``); within a section and a
+    tile, the heads (streams) in order."""
+    seq = torch.tensor([0, 2, 1, 0, 2, 1, 0, -1, -1], dtype=torch.int32)  # sorted longest first, then padding
+    start = torch.tensor([0, 0, 0, 128, 128, 128, 256, 5, 0], dtype=torch.int32)
+    num_seqs = 3
+    s, st, h = causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads, num_seqs, section)
+    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
+    items = list(zip(s.tolist(), st.tolist(), h.tolist()))
+    assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
+    real = [a >= 0 for a, _, _ in items]
+    assert real == sorted(real, reverse=True)
+    rank = {(a, b): i for i, (a, b) in enumerate(zip(seq.tolist(), start.tolist()))}
+    items = [it for it in items if it[0] >= 0]
+    sections = [(a * heads + c) // section for a, _, c in items]
+    assert sections == sorted(sections)
+    last = -(-num_seqs * heads // section) - 1
+    for g in set(sections):
+        mine = [(rank[(a, b)], a * heads + c) for a, b, c in items if (a * heads + c) // section == g]
+        longest_first = (last - g) % 2 == 0
+        assert mine == sorted(mine, key=lambda r: (r[0] if longest_first else -r[0], r[1]))
