@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list, stream_section  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list  # noqa: E402
 from jfa_ops.backends.triton.common import snake_items, snake_work  # noqa: E402
 
 
@@ -98,38 +98,36 @@ def test_group_order_list_zigzags_over_head_groups(heads, group):
                 assert rank[x] < rank[y]
 
 
-@pytest.mark.parametrize("rows,group,head_dim,want", [
-    (8192, 1, 128, 4),  # 8 MiB per stream (Q, dO bf16 + dQ fp32): 40 MiB holds 4.9 -> 4 (FA3's section at B8 S8192)
-    (2048, 1, 128, 16),  # 2 MiB -> 20 -> 16
-    (2048, 4, 128, 4),  # GQA: a kv head's stream holds its 4 q heads' rows
-    (65536, 1, 128, 1),  # one stream over the budget: sections of 1
-    (0, 1, 64, 1 << 16),  # empty: rows count as 1 (no division by zero)
-])
-def test_stream_section_is_the_power_of_two_that_fits(rows, group, head_dim, want):
-    assert stream_section(rows, group, head_dim, 40 << 20) == want
-
-
-@pytest.mark.parametrize("heads,section,programs", [(2, 1, 3), (4, 2, 5), (3, 2, 4), (2, 4, 3), (1, 3, 2)])
-def test_causal_item_list_sections_streams_longest_first(heads, section, programs):
-    """The tile list's (tile, kv head) items, each once, padding last; grouped by section (stream = seq x heads +
-    head, // section) in ascending order, each section monotone in the tile list's position (its cost order): the
-    last section longest first, the directions alternating before it (``zigzag_groups``); within a section and a
-    tile, the heads (streams) in order."""
-    seq = torch.tensor([0, 2, 1, 0, 2, 1, 0, -1, -1], dtype=torch.int32)  # sorted longest first, then padding
-    start = torch.tensor([0, 0, 0, 128, 128, 128, 256, 5, 0], dtype=torch.int32)
-    num_seqs = 3
-    s, st, h = causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads, num_seqs, section)
+@pytest.mark.parametrize("heads,lengths,budget", [(2, (300, 17, 700), 1 << 30), (4, (300, 17, 700), 700),
+                                                  (3, (0, 5, 5, 900), 1800), (1, (40, 40), 39), (2, (9,), 100)])
+def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget):
+    """``causal_item_list``: the tile list's (tile, kv head) items, each once, padding last; streams (seq, head)
+    taken longest sequence first into sections of ``budget`` bytes (rows x 1 byte here; a stream starts a new
+    section once the ones before it fill the budget), the sections in that order, each monotone in the tile list's
+    position (its cost order): the last section longest first, the directions alternating before it; within a
+    section and a tile, the heads in order."""
+    offsets = torch.tensor((0,) + lengths).cumsum(0).to(torch.int32)
+    tiles = [(s, j * 128) for s, n in enumerate(lengths) for j in range(-(-n // 128))]
+    tiles.sort(key=lambda t: -(lengths[t[0]] - t[1]))  # a sorted list (causal cost), stable over (seq, start)
+    seq = torch.tensor([s for s, _ in tiles] + [-1, -1], dtype=torch.int32)  # then padding
+    start = torch.tensor([st for _, st in tiles] + [5, 0], dtype=torch.int32)
+    s, st, h = causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads, offsets, 1, budget)
     assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
     items = list(zip(s.tolist(), st.tolist(), h.tolist()))
     assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
     real = [a >= 0 for a, _, _ in items]
     assert real == sorted(real, reverse=True)
+    streams = sorted(((a, c) for a in range(len(lengths)) for c in range(heads)), key=lambda x: -lengths[x[0]])
+    section, filled = {}, 0
+    for a, c in streams:
+        section[(a, c)] = filled // budget
+        filled += lengths[a]
     rank = {(a, b): i for i, (a, b) in enumerate(zip(seq.tolist(), start.tolist()))}
     items = [it for it in items if it[0] >= 0]
-    sections = [(a * heads + c) // section for a, _, c in items]
+    sections = [section[(a, c)] for a, _, c in items]
     assert sections == sorted(sections)
-    last = -(-num_seqs * heads // section) - 1
+    last = max(section.values())
     for g in set(sections):
-        mine = [(rank[(a, b)], a * heads + c) for a, b, c in items if (a * heads + c) // section == g]
+        mine = [(rank[(a, b)], c) for a, b, c in items if section[(a, c)] == g]
         longest_first = (last - g) % 2 == 0
         assert mine == sorted(mine, key=lambda r: (r[0] if longest_first else -r[0], r[1]))

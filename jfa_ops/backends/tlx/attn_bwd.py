@@ -36,7 +36,7 @@ from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
-from ..triton.block_sparse_bwd import causal_item_list, item_list, stream_section, transposed_selection
+from ..triton.block_sparse_bwd import causal_item_list, item_list, transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, seq_extent, snake_items, snake_work,
@@ -838,11 +838,10 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0)
              if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
     # dense with causal_order (a mask, the list sorted): the items in L2-sized sections of (sequence, kv head)
-    # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the section size is list data
+    # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the sections are list data
     if causal_order and not schedule["TILES_FROM_OFFSETS"]:
-        section = stream_section(cdiv(total_out, num_seqs), num_heads // num_heads_kv, head_dim,
-                                 configs.CAUSAL_ORDER_L2_BYTES)
-        items = causal_item_list(schedule, num_heads_kv, num_seqs, section)
+        row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
+        items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
     snake = item_order or items is not None
     kernel_group = 0 if snake else head_group
     if items is not None:

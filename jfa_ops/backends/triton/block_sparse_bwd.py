@@ -150,36 +150,40 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     return torch.sort(key, stable=True).indices
 
 
-def stream_section(rows_per_stream: int, group: int, head_dim: int, l2_bytes: int) -> int:
-    """Streams per section of ``causal_item_list``: the largest power of two of (sequence, kv head) streams whose
-    Q, dO (16-bit) and fp32 dQ rows fit in ``l2_bytes`` (tlx ``configs.CAUSAL_ORDER_L2_BYTES``: FA3's
-    SingleTileBwdLPTScheduler takes 40 MiB of the H200's 50 MB L2 the same way), at least 1. ``rows_per_stream``: a
-    sequence's query rows (the mean where lengths differ: the host knows no lengths), ``group``: q heads per kv
-    head."""
-    stream_bytes = max(1, rows_per_stream) * group * head_dim * (2 + 2 + 4)
-    return 1 << max(0, (l2_bytes // stream_bytes).bit_length() - 1)
-
-
-def causal_item_list(schedule: dict, heads_kv: int, num_seqs: int, section: int):
-    """(seq, start, kv head) per work item, int32 [tiles x heads_kv] (tlx ``configs.BACKWARD_CAUSAL_ORDER``; the kernel
-    takes it with ITEM_LIST and SNAKE): the dense items in sections of ``section`` (sequence, kv head) streams
-    (stream = seq x heads_kv + head, so a section is kv heads of one sequence, or whole sequences), each section
-    longest first with its streams side by side (the key tile list's order: ``schedule`` is sorted longest first),
-    the sections alternating direction with the last longest first (``zigzag_groups``, the block-sparse group
-    order's balance under the snake). Why: the key tile list of a causal batch is sorted by cost across sequences, so
-    the default tile-major order runs one item per stream (8 sequences x 16 heads side by side at the bench's B8 H16)
-    and every Q/dO read and dQ reduce-add misses the L2 (modelled 90-95 KiB of DRAM per block, 7x the full mask's);
-    FA3/FA4's backward scheduler puts a section's key blocks side by side instead. Padding tiles (seq -1) go last.
-    Device ops only: no sync."""
+def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
+    """(seq, start, kv head) per work item, int32 [tiles x heads_kv] (tlx ``configs.BACKWARD_CAUSAL_ORDER``; the
+    kernel takes it with ITEM_LIST and SNAKE): the dense items in sections of (sequence, kv head) streams whose
+    query-side rows (``bytes_per_row``: Q, dO and the fp32 dQ accumulator of a kv head's q heads) fill ``l2_bytes``
+    (tlx ``configs.CAUSAL_ORDER_L2_BYTES``; a stream larger than that is a section alone), the streams taken longest
+    sequence first (``q_offsets``: the [B + 1] query offsets the kernel reads), each section longest item first
+    with its streams side by side (the key tile list's order: ``schedule`` is sorted longest first), the sections
+    alternating direction with the last longest first (``zigzag_groups``' rule: the snake balances each monotone
+    run). Why: the key tile list of a causal batch is sorted by cost across sequences, so the default tile-major
+    order runs one item per stream (8 sequences x 16 heads side by side at the bench's B8 H16) and nearly every Q/dO
+    read and dQ reduce-add misses the L2 (modelled 90-95 KiB of DRAM per block, the full mask 13); FA3's backward
+    scheduler (SingleTileBwdLPTScheduler) runs a section's key blocks side by side instead. Padding tiles (seq -1)
+    go last. Device ops only: no sync."""
     tiles = schedule["TILE_SEQ"].numel()
     device = schedule["TILE_SEQ"].device
     seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
     start = schedule["TILE_START"].repeat_interleave(heads_kv)
     head = torch.arange(heads_kv, dtype=torch.int32, device=device).repeat(tiles)
     rank = torch.arange(tiles, dtype=torch.int64, device=device).repeat_interleave(heads_kv)
-    cost = torch.where(seq >= 0, tiles - rank, -1)  # the list's order as a cost: longest first, ties in list order
-    stream = seq.clamp(min=0).long() * heads_kv + head
-    order = zigzag_groups(cost, stream, section, num_seqs * heads_kv)
+    # streams (seq, kv head), longest sequence first (stable: ties in (seq, head) order), their sections by bytes
+    lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
+    by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
+    stream_bytes = lengths.repeat_interleave(heads_kv)[by_length] * bytes_per_row
+    filled = torch.cumsum(stream_bytes, 0) - stream_bytes  # bytes of the streams before each one
+    section_of = torch.empty_like(by_length)
+    section_of[by_length] = filled // l2_bytes
+    real = seq >= 0
+    section = torch.where(real, section_of[(seq.clamp(min=0).long() * heads_kv + head).clamp(max=max(
+        section_of.numel() - 1, 0))], 0)
+    # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
+    longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
+    within = torch.where(longest_first, rank, -rank)
+    key = torch.where(real, section * (1 << 32) + within, 1 << 62)  # padding last
+    order = torch.sort(key, stable=True).indices  # ties (one tile's heads) keep the list's order
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
 
 
