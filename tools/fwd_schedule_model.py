@@ -1,105 +1,127 @@
-"""CPU model of the TLX forward's work schedule (bench/NOTES.md "TLX forward: short causal (helper tlxcausal)"):
-for the bench's dense and jagged D128 cases, each work order as the kernel takes it (static persistent striding of
-132 programs over items (query tile of 128 rows, head), or a snake), the busiest program's key blocks over the mean
-(the makespan, with ``PER_ITEM`` blocks of fixed cost per item), and with ``--l2`` a coarse L2 model: LRU over the
-64 KiB K+V blocks of a (sequence, kv head, key block), the programs advancing one block per step, and the DRAM KiB
-read per block (Q and O are read/written once either way and left out).
+"""CPU model of the TLX forward's work schedule (bench/NOTES.md "TLX forward: short causal (helper tlxcausal)"): for
+the bench's D128 dense and jagged cases, each work order as the kernel takes it on 132 programs (items = (query tile
+of 128 rows, head), key blocks of 128), the busiest program's cost over the mean (its makespan: key blocks plus
+``PER_ITEM`` blocks per item), and with ``--l2`` a coarse L2 model: LRU over the 64 KiB K+V blocks of (sequence, kv
+head, key block), 40 MiB, the programs advancing one block per step; DRAM KiB read per block (Q and O move once
+whatever the order; left out).
 
-Orders: ``kv-major`` (``common.work_item`` KV_MAJOR: the default for uniform batches), ``tile-major`` (the default
-for masked jagged batches), ``hgG`` (kv-major in groups of G heads: the backward's HEAD_GROUP), and the item lists
-(``tlx.attn_fwd.fwd_item_list``: the tile list's items sorted longest first by their own blocks, heads in groups of
-G, taken by the snake); ``greedy`` is the dynamic reference (each item to the first program free, in the list order:
-what an atomic work counter or FA4's one-CTA-per-tile grid gives).
+Orders: ``default`` (what the kernel takes today, ``configs.fwd_choices``: kv-major static striding for dense
+batches and unmasked jagged ones, tile-major for masked jagged ones), ``zigzag`` (``configs.FORWARD_ZIGZAG``:
+``common.zigzag_item``'s order over kv-head groups of ``configs.fwd_head_group``'s size, taken by the snake),
+``zigzag Gn`` (groups of n), ``greedy`` (the dynamic reference: each item of the tile-major list to the first
+program free, what an atomic work counter or FA4's one-CTA-per-tile grid gives).
 
-``python tools/fwd_schedule_model.py [--l2] [--cases dense]`` (--l2: ~1 min per case on one core).
+``python tools/fwd_schedule_model.py [--l2] [--suite quick|full]`` (--l2: ~1 min per case on one core).
 """
 from __future__ import annotations
 
 import heapq
+import importlib.util
 import os
 import sys
 from collections import OrderedDict
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-from bench.suites import dense_cases, jagged_cases  # noqa: E402
+from bench.suites import Case, dense_cases, jagged_cases, JAGGED_SEED, lognormal_lengths  # noqa: E402
 
 SMS, BLOCK_M, BLOCK_N = 132, 128, 128
-PER_ITEM = 0.25  # an item's fixed cost in blocks (Q wait, first softmax, epilogue); the H200's dense S2048 vs
-# S8192 rows put it near 0 (bench/NOTES.md "TLX forward: short causal")
+# An item's fixed cost in blocks (Q wait, the first block's unoverlapped QK^T, the epilogue): the H200's dense rows
+# put it near 0 (S2048 and S8192 at 1.78 / 1.83 us per block, 16 and 64 blocks per item), so a small guess.
+PER_ITEM = 0.25
+
+
+def _tlx_configs():
+    """``jfa_ops/backends/tlx/configs.py`` loaded by path: the package itself needs TLX to import."""
+    spec = importlib.util.spec_from_file_location("tlx_configs", os.path.join(ROOT, "jfa_ops/backends/tlx/configs.py"))
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+CONFIGS = _tlx_configs()
 
 
 def tiles(lens, causal):
-    """The tile list as ``scheduling.build_tiles`` sorts it: (seq, first row, key blocks), descending by cost
-    (rows x visible keys), ties in (seq, start) order."""
+    """The tile list as ``scheduling.build_tiles`` sorts it, (seq, first row, key blocks), descending by its cost
+    (rows x visible keys; stable: ties in (seq, start) order)."""
     out = []
     for s, n in enumerate(lens):
         for m0 in range(0, n, BLOCK_M):
             rows = min(BLOCK_M, n - m0)
-            hi = min(m0 + rows, n) if causal else n
+            hi = m0 + rows if causal else n
             out.append((rows * hi, s, m0, -(-hi // BLOCK_N)))
-    out.sort(key=lambda t: -t[0])  # stable
+    out.sort(key=lambda t: -t[0])
     return [t[1:] for t in out]
 
 
-def kernel_items(tile_list, heads, order, group=1):
-    """Work index -> (seq, first row, head, blocks) as ``common.work_item`` maps it (kv-major, tile-major, or
-    kv-major in groups of ``group`` heads: hgG)."""
-    n = len(tile_list)
-    out = []
-    for w in range(n * heads):
-        if order == "tile-major":
-            t, h = divmod(w, heads)
-        else:  # kv-major (group 1) / hgG: heads of a group innermost, then tiles, then groups
-            g, rest = w % group, w // group
-            t, h = rest % n, (rest // n) * group + g
-        s, m0, b = tile_list[t]
-        out.append((s, m0, h, b))
-    return out
+def capacity(lens):
+    """``scheduling.capacity_of``: the list's slots (an upper bound on its tiles)."""
+    return -(-((sum(lens) + BLOCK_M - 1) // BLOCK_M + len(lens)) // 4) * 4
 
 
-def per_program(work, snake):
-    """Each program's items: static striding (pid + i x programs) or the snake (``common.snake_work``)."""
-    if not snake:
-        return [work[p::SMS] for p in range(SMS)]
+def work_item(w, n_tiles, heads, group, kv_major):
+    """``common.work_item``: (tile, head) of work index w."""
+    if kv_major:
+        g, rest = w % group, w // group
+        return rest % n_tiles, (rest // n_tiles) * group + g
+    return w // heads, w % heads
+
+
+def zigzag_item(w, n_tiles, heads, group, head_group):
+    """``common.zigzag_item`` (tests/backends/test_item_order.py checks the kernel's against this one)."""
+    span = head_group * group
+    hg, r = divmod(w, n_tiles * span)
+    rank, j = divmod(r, span)
+    last = heads // span - 1
+    return (rank if (last - hg) % 2 == 0 else n_tiles - 1 - rank), hg * span + j
+
+
+def snake(w):
+    """(program, round) of work index w under ``common.snake_work``."""
+    i, c = divmod(w, SMS)
+    return (c if i % 2 == 0 else SMS - 1 - c), i
+
+
+def programs_of(tile_list, heads, group, mapping, use_snake):
+    """Each program's items (seq, first row, head, blocks), in its order: static striding or the snake over
+    ``mapping(w) -> (tile, head)``."""
     out = [[] for _ in range(SMS)]
-    for w, item in enumerate(work):
-        i, c = divmod(w, SMS)
-        out[c if i % 2 == 0 else SMS - 1 - c].append(item)
+    for w in range(len(tile_list) * heads):
+        t, h = mapping(w)
+        s, m0, b = tile_list[t]
+        out[snake(w)[0] if use_snake else w % SMS].append((s, m0, h // group, b))
     return out
 
 
-def greedy(work):
-    """Dynamic reference: each item in list order to the program that frees first."""
+def greedy(tile_list, heads, group):
     heap = [(0.0, p) for p in range(SMS)]
     out = [[] for _ in range(SMS)]
-    for item in work:
+    for w in range(len(tile_list) * heads):
+        s, m0, b = tile_list[w // heads]
         t, p = heapq.heappop(heap)
-        out[p].append(item)
-        heapq.heappush(heap, (t + item[3] + PER_ITEM, p))
+        out[p].append((s, m0, w % heads // group, b))
+        heapq.heappush(heap, (t + b + PER_ITEM, p))
     return out
-
-
-def load(mine):
-    return sum(b + PER_ITEM for *_, b in mine)
 
 
 def busiest(programs):
-    """(busiest program's cost over the mean, busiest cost in blocks)."""
-    loads = np.array([load(m) for m in programs])
+    """(busiest program's cost over the mean, its cost in blocks)."""
+    loads = np.array([sum(b + PER_ITEM for *_, b in mine) for mine in programs])
     return loads.max() / loads.mean(), loads.max()
 
 
 def l2_model(programs, l2_mib=40):
-    """DRAM KiB per block: LRU over 64 KiB K+V blocks, programs one block per step (PER_ITEM steps between items)."""
+    """DRAM KiB per key block: LRU over 64 KiB K+V blocks, programs one block per step (PER_ITEM between items)."""
     cache, cap, misses, blocks = OrderedDict(), l2_mib * 1024 // 64, 0, 0
     heap = [(0.0, p, 0, 0) for p in range(SMS) if programs[p]]
     while heap:
         clock, p, i, j = heapq.heappop(heap)
-        s, m0, h, b = programs[p][i]
-        key = (s, h, j)
+        s, _, kv_head, b = programs[p][i]
+        key = (s, kv_head, j)
         if key in cache:
             cache.move_to_end(key)
         else:
@@ -115,44 +137,48 @@ def l2_model(programs, l2_mib=40):
     return 64 * misses / blocks
 
 
-def schedules(lens, heads, causal):
-    """Name -> each program's items, for every order the kernel can take (the item lists by the code itself)."""
-    import torch
+def schedules(case):
+    """Name -> each program's items under every order modelled."""
+    lens, heads, heads_kv = case.q_lens, case.num_heads_q, case.num_heads_kv
+    group = heads // heads_kv
+    tile_list = tiles(lens, case.causal)
+    n = len(tile_list)
+    uniform = case.dense
+    kv_major = CONFIGS.fwd_choices(CONFIGS.fwd_config(128), case.causal, False, uniform)[1]
+    rule = CONFIGS.fwd_head_group(heads_kv, group, capacity(lens), SMS, uniform, head_group=None)
+    plans = {"default": programs_of(tile_list, heads, group, lambda w: work_item(w, n, heads, group, kv_major),
+                                    False),
+             f"zigzag (G{rule})": programs_of(tile_list, heads, group,
+                                              lambda w: zigzag_item(w, n, heads, group, rule), True)}
+    for g in (1, 2, 4, 8, 16):
+        if heads_kv % g == 0 and g != rule:
+            plans[f"zigzag G{g}"] = programs_of(tile_list, heads, group, lambda w: zigzag_item(w, n, heads, group, g),
+                                                True)
+    plans["greedy"] = greedy(tile_list, heads, group)
+    return kv_major, plans
 
-    from jfa_ops.backends.tlx.attn_fwd import fwd_item_list
 
-    tile_list = tiles(lens, causal)
-    seq = torch.tensor([t[0] for t in tile_list], dtype=torch.int32)
-    start = torch.tensor([t[1] for t in tile_list], dtype=torch.int32)
-    blocks = {(t[0], t[1]): t[2] for t in tile_list}
-    q_off = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
-
-    def listed(group):
-        s, m, h = fwd_item_list(seq, start, torch.tensor([len(tile_list)], dtype=torch.int32), q_off, q_off, heads,
-                                1, BLOCK_M, BLOCK_N, causal, group)
-        return [(a, b, c, blocks[(a, b)]) for a, b, c in zip(s.tolist(), m.tolist(), h.tolist()) if a >= 0]
-
-    plans = {"kv-major": per_program(kernel_items(tile_list, heads, "kv-major"), False),
-             "tile-major": per_program(kernel_items(tile_list, heads, "tile-major"), False),
-             "hg4": per_program(kernel_items(tile_list, heads, "hg", 4), False)}
-    for group in (0, 2, 4):
-        plans[f"list hg{group} snake" if group else "list snake"] = per_program(listed(group), True)
-    plans["greedy tile-major"] = greedy(kernel_items(tile_list, heads, "tile-major"))
-    plans["greedy hg4"] = greedy(kernel_items(tile_list, heads, "hg", 4))
-    return plans
+def cases(suite):
+    out = dense_cases([128], suite) + jagged_cases([128], suite)
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)  # tools/tlx_check.py's GQA row
+    out.append(Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True))
+    return out
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     l2 = "--l2" in argv
-    which = argv[argv.index("--cases") + 1] if "--cases" in argv else "dense,jagged"
-    cases = [c for c in dense_cases([128], "quick") + jagged_cases([128], "quick") if c.suite in which.split(",")]
-    for case in cases:
-        lens, heads = case.q_lens, case.num_heads_q
-        print(f"{case.suite} {case.name}: {len(lens)} sequences, H{heads}", flush=True)
-        for name, programs in schedules(lens, heads, case.causal).items():
+    suite = argv[argv.index("--suite") + 1] if "--suite" in argv else "quick"
+    for case in cases(suite):
+        if CONFIGS.FORWARD_HEAD_GROUP is not None:
+            raise SystemExit("unset JFA_TLX_FWD_HEAD_GROUP: the model prints the rule's group")
+        kv_major, plans = schedules(case)
+        print(f"{case.suite} {case.name}: {len(case.q_lens)} sequences, H{case.num_heads_q}:{case.num_heads_kv}, "
+              f"{len(tiles(case.q_lens, case.causal))} tiles, default {'kv-major' if kv_major else 'tile-major'}",
+              flush=True)
+        for name, programs in plans.items():
             over, most = busiest(programs)
-            line = f"    {name:18s} busiest SM {over:.4f} x mean ({most:.0f} blocks)"
+            line = f"    {name:14s} busiest {over:.3f} x mean ({most:.0f} blocks)"
             if l2:
                 line += f"; DRAM {l2_model(programs):.1f} KiB/block"
             print(line, flush=True)

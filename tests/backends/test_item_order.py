@@ -113,6 +113,17 @@ def _zigzag_kernel(ITEMS, n_tiles, num_heads, group, head_group):
         tl.store(ITEMS + 3 * work + 2, head)
 
 
+def _schedule_model():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools",
+                        "fwd_schedule_model.py")
+    spec = importlib.util.spec_from_file_location("fwd_schedule_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def zigzag_reference(n_tiles, heads_kv, group, head_group):
     """The order ``zigzag_item`` should give, work index by work index: kv-head groups of head_group in turn (each
     kv head's ``group`` q heads side by side), tile ranks longest first (0 first) in the last group, the direction
@@ -136,6 +147,8 @@ def test_zigzag_items_once_each_group_by_group(n_tiles, heads_kv, group, head_gr
     _zigzag_kernel[(programs,)](items, n_tiles, num_heads, group, head_group)
     got = [tuple(r) for r in items[:, 1:].tolist()]
     assert got == zigzag_reference(n_tiles, heads_kv, group, head_group)
+    model = _schedule_model()  # tools/fwd_schedule_model.py's copy of the order (what its balance numbers assume)
+    assert [model.zigzag_item(w, n_tiles, num_heads, group, head_group) for w in range(n_work)] == got
     assert sorted(got) == [(t, h) for t in range(n_tiles) for h in range(num_heads)]  # every item once
     pids = items[:, 0].tolist()
     for w, pid in enumerate(pids):  # the snake: round r's column w % programs, reversed every other round
