@@ -31,7 +31,7 @@
 # `zigzag` (not in `all`): the forward's work order of helper tlxcausal (configs.FORWARD_ZIGZAG): the correctness
 # sweep with JFA_TLX_FWD_ZIGZAG=1 (its "waves:" cases exceed one wave of programs, where the order applies; 150 s),
 # then `order-timing`: TFLOP/s default vs zigzag (and TLX_ZIGZAG_GROUPS=a,b: fixed head groups) vs triton on the
-# bench's quick dense/jagged rows, GQA, broadcast-Q, a window, D64, D256 (330 s; none when a sweep case failed).
+# bench's quick dense/jagged rows, GQA, broadcast-Q, a window, D64 (330 s; none when a sweep case failed).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."

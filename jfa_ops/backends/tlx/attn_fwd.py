@@ -89,9 +89,9 @@ def _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head,
 
 @triton.jit
 def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
-               rows_s, rows_o, window_left, right, head_group, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
-               KV_MAJOR: tl.constexpr, ZIGZAG: tl.constexpr):
+               KV_MAJOR: tl.constexpr, head_group=1, ZIGZAG: tl.constexpr = False):
     """Everything producer and consumers both derive from a work item: (real, head, sequence rows, stage bounds,
     sequence). ZIGZAG: the items in ``common.zigzag_item``'s order (else ``work_item``'s, kv-major or tile-major)."""
     if ZIGZAG:
@@ -511,7 +511,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
             for i in range(0, my_items):
                 item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
                                   num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left, right,
-                                  head_group, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR,
+                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
                                   ZIGZAG)
                 (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                  tail_begin, tail_end, seq) = item
@@ -553,8 +553,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                 # bad offsets under the folded offset check)
                 if my_items > 0:
                     item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                                      search_steps, rows_s, rows_o, window_left, right, head_group, BLOCK_M, BLOCK_N,
-                                      HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, ZIGZAG)  # snake_work's i = 0
+                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
+                                      ZIGZAG)  # snake_work's i = 0
                     if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
                                              stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
@@ -583,8 +584,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
                                 BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
-                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
-                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR,
+                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
                                               ZIGZAG)
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
@@ -596,8 +597,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             q_count += 1
                         else:
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
-                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
-                                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR,
+                                              num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
                                               ZIGZAG)
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
@@ -611,8 +612,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                     (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                      tail_begin, tail_end, seq) = _work_tile(
                         snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads,
-                        group, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group, BLOCK_M,
-                        BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, ZIGZAG)
+                        group, num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                        BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)
                     if real:
                         n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
                             + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -790,8 +791,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     num_heads_kv = k.shape[1]
-    # ZIGZAG: not for one wave (no list: every item runs at once, the order cannot matter)
-    zigzag = configs.FORWARD_ZIGZAG and not schedule["TILES_FROM_OFFSETS"]
+    # ZIGZAG: not for one wave (no list: every item runs at once, the order cannot matter); D64/D128 only (the v4
+    # configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4)
+    zigzag = configs.FORWARD_ZIGZAG and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
     head_group = configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
                                         uniform) if zigzag else 1
     if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked

@@ -27,7 +27,8 @@ ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_F
 # (common.snake_work), instead of static striding over kv-major / tile-major items. Why: kv-major striding by 132
 # programs over a dense B8 S2048 causal list (128 tiles of 1-16 key blocks per head) gives program p the ranks p,
 # p + 4, p + 8, ... of every head: the busiest program 1.50x the mean (204 vs 136 blocks), which is the whole gap
-# to the non-causal row (tools/fwd_schedule_model.py). JFA_TLX_FWD_HEAD_GROUP=N sets the group (kv heads).
+# to the non-causal row (tools/fwd_schedule_model.py). JFA_TLX_FWD_HEAD_GROUP=N sets the group (kv heads). D64 and
+# D128 (the v4 configs; D256's v3 consumers spilled 40-68 B more per thread with it).
 FORWARD_ZIGZAG = os.environ.get("JFA_TLX_FWD_ZIGZAG", "0") == "1"
 _FWD_HEAD_GROUP_ENV = os.environ.get("JFA_TLX_FWD_HEAD_GROUP", "")
 FORWARD_HEAD_GROUP: Optional[int] = int(_FWD_HEAD_GROUP_ENV) if _FWD_HEAD_GROUP_ENV else None

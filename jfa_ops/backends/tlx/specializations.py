@@ -204,12 +204,12 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     for uniform_walk in (False, True):  # blocks of several tiles
         yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
-    # helper tlxcausal's work order (configs.FORWARD_ZIGZAG, off): the v4 consumers at D64/D128, v3 at D256 and for
-    # broadcast-Q (GQA and the head group are runtime values: no kernel of their own)
-    for head_dim in (64, 128, 256):
+    # helper tlxcausal's work order (configs.FORWARD_ZIGZAG, off; D64/D128): the v4 consumers, and v3 for broadcast-Q
+    # (GQA and the head group are runtime values: no kernel of their own)
+    for head_dim in (64, 128):
         for causal in (False, True):
             yield fwd_specialization(head_dim, "bf16", causal, zigzag=True)
-    yield fwd_specialization(128, "fp16", True, has_left=True, zigzag=True)
+    yield fwd_specialization(128, "bf16", True, has_left=True, zigzag=True)
     yield fwd_specialization(128, "bf16", False, broadcast_q=True, zigzag=True)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
