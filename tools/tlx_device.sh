@@ -32,6 +32,7 @@
 # sweep with JFA_TLX_FWD_ZIGZAG=1 (its "waves:" cases exceed one wave of programs, where the order applies; 150 s),
 # then `order-timing`: TFLOP/s default vs zigzag (and TLX_ZIGZAG_GROUPS=a,b: fixed head groups) vs triton on the
 # bench's quick dense/jagged rows, GQA, broadcast-Q, a window, D64 (330 s; none when a sweep case failed).
+# TLX_ZIGZAG_TESTS=1 (carry .whl): first the GPU tests that compare zigzag with the default bit for bit (120 s).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,10 @@ if [ "$part" = v4 ]; then  # the forward's v4 consumers (configs.ONE_LOOP): thei
   if [ $r -ne 0 ]; then rc=1; [ $r -eq 124 ] || v4_ok=0; fi
 fi
 if [ "$part" = zigzag ]; then  # helper tlxcausal's work order: its sweep, then default / zigzag / triton timings
+  if [ "${TLX_ZIGZAG_TESTS:-0}" = 1 ]; then  # carry .whl (expecttest): zigzag == default bit for bit (GPU tests)
+    $limit 120 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu',
+      '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py', '-k', 'zigzag']))" || rc=1
+  fi
   JFA_TLX_FWD_ZIGZAG=1 JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py correctness
   r=$?  # 1: a case failed or hung (then no timings); 124: out of its time (timed still)
   [ $r -eq 0 ] || rc=1
