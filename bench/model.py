@@ -7,9 +7,16 @@ recompile would show; Dynamo's counters are reported next to the times so it can
 attention implementation serves both batch kinds (small first, then large): with dynamic shapes it should compile
 once; the large kind's warm-up compiles, if any, are recompiles.
 
+The warm-up runs every batch of the pool once (``warmup_order``), so the timed steps meet only batch shapes this
+implementation has run: the first step on a new total T pays per-shape costs outside the attention call (cuBLAS
+picking GEMM algorithms for the new M, the caching allocator growing), once per process, so whichever implementation
+ran first paid them for the others (bench/NOTES.md, "compiled path per call").
+
 Records (one per batch kind and implementation, mode ``train``): ``step_ms`` (median over the timed steps),
-``tokens_per_s`` (all timed tokens over all timed time), ``compiles_warmup`` / ``compiles_timed`` (graphs Dynamo
-compiled during that kind's warm-up / timed steps; the timed count should be 0), ``graph_breaks``, ``loss``.
+``tokens_per_s`` (all timed tokens over all timed time), ``warmup_step_ms`` (median of the warm-up steps after the
+first, which compiles: each one this implementation's first step on its batch), ``compiles_warmup`` /
+``compiles_timed`` (graphs Dynamo compiled during that kind's warm-up / timed steps; the timed count should be 0),
+``graph_breaks``, ``loss``.
 """
 from __future__ import annotations
 
@@ -45,8 +52,19 @@ class BatchKind:
     label: str
     lengths: Callable[[int], tuple]  # seed -> the lengths of one batch
     pool: int  # distinct batches, cycled through
-    warmup: int  # steps before timing (compiles happen here)
+    warmup: int  # steps before timing (compiles happen here), at least one per batch of the pool
     steps: int  # timed steps
+
+
+def warmup_order(kind: BatchKind) -> List[int]:
+    """Pool indices of the warm-up steps: every batch of the pool at least once."""
+    return [i % kind.pool for i in range(max(kind.warmup, kind.pool))]
+
+
+def timed_order(kind: BatchKind) -> List[int]:
+    """Pool indices of the timed steps, continuing the cycle after the warm-up."""
+    start = len(warmup_order(kind))
+    return [(start + i) % kind.pool for i in range(kind.steps)]
 
 
 def small_lengths(batch: int, max_len: int) -> Callable[[int], tuple]:
@@ -255,6 +273,12 @@ def _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe
         opt.zero_grad(set_to_none=True)
         return loss
 
+    def timed_step(batch):
+        t0 = time.perf_counter()
+        loss = step(batch)
+        sync(device)
+        return loss, time.perf_counter() - t0
+
     records = []
     for kind in kinds:
         rec = dict(base, case=describe(kind))
@@ -264,21 +288,17 @@ def _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe
         pool = [make_batch(kind.lengths(i), cfg.vocab, device, seed=i) for i in range(kind.pool)]
         try:
             before = dynamo_counts()
-            for i in range(kind.warmup):
-                step(pool[i % len(pool)])
-            sync(device)
+            warmup_times = [timed_step(pool[i])[1] for i in warmup_order(kind)]
             warm = dynamo_counts()
             times, tokens = [], 0
-            for i in range(kind.warmup, kind.warmup + kind.steps):
-                batch = pool[i % len(pool)]
-                t0 = time.perf_counter()
-                loss = step(batch)
-                sync(device)
-                times.append(time.perf_counter() - t0)
-                tokens += batch[0].numel()
+            for i in timed_order(kind):
+                loss, seconds = timed_step(pool[i])
+                times.append(seconds)
+                tokens += pool[i][0].numel()
             after = dynamo_counts()
             rec.update(step_ms=statistics.median(times) * 1e3, tokens_per_s=tokens / sum(times),
                        mean_tokens=tokens / len(times), steps=len(times), loss=float(loss.detach()),
+                       warmup_step_ms=statistics.median(warmup_times[1:] or warmup_times) * 1e3,
                        compiles_warmup=warm["graphs"] - before["graphs"],
                        compiles_timed=after["graphs"] - warm["graphs"], graph_breaks=after["graph_breaks"])
         except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others

@@ -40,6 +40,9 @@ class Prepared:
     no_backward: str = ""  # why the backward cannot run here ("" when it can)
     tolerance: Optional[float] = None  # output check tolerance when not the default (MXFP8: a lossy format)
     bytes_moved: int = 0  # > 0: a memory-bound kernel (quantize): the record gets GB/s instead of TFLOP/s
+    # (attend, q): fn() is attend(q) up to the output's layout, and attend(x) takes a q-shaped x and returns its
+    # output in q's layout, so calls chain as a model's layers do (the overhead suite's per-layer compiled columns)
+    layer: Optional[Tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = None
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -134,15 +137,15 @@ class JfaBackend:
             return Prepared(select, [q, k, v], lambda o: o, exact=False, note="selection only",
                             no_backward="the selection has no backward")
         if case.keep_ratio is not None and self.variant != "dense":
-            def fn():
-                return _first(jfa_ops.sparse_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,
+            def attend(x):
+                return _first(jfa_ops.sparse_attention(x, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,
                                                        case.max_kv, **sparse_kw(case), **kw))
         else:
-            def fn():
-                return _first(jfa_ops.jagged_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,
+            def attend(x):
+                return _first(jfa_ops.jagged_attention(x, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,
                                                        case.max_kv, **kw))
 
-        return Prepared(fn, [q, k, v], lambda o: o, exact=self.variant != "dense")
+        return Prepared(lambda: attend(q), [q, k, v], lambda o: o, exact=self.variant != "dense", layer=(attend, q))
 
 
 def sparse_kw(case: Case) -> dict:
@@ -278,12 +281,13 @@ class FlashAttention4:
             shape = lambda t: t.view(b, s, *t.shape[1:])  # noqa: E731
             q, k, v = _leaf(shape(inp.q)), _leaf(shape(inp.k)), _leaf(shape(inp.v))
             kw = self._call_kwargs(fa.flash_attn_func, case)
-            return Prepared(lambda: _first(fa.flash_attn_func(q, k, v, **kw)), [q, k, v],
-                            lambda o: o.reshape(-1, *o.shape[2:]))
+            dense = lambda x: _first(fa.flash_attn_func(x, k, v, **kw))  # noqa: E731
+            return Prepared(lambda: dense(q), [q, k, v], lambda o: o.reshape(-1, *o.shape[2:]), layer=(dense, q))
         q, k, v = _leaf(inp.q_materialized(case)), _leaf(inp.k), _leaf(inp.v)
         kw = self._call_kwargs(fa.flash_attn_varlen_func, case, cu_seqlens_q=inp.q_offsets_materialized,
                                cu_seqlens_k=inp.kv_offsets, max_seqlen_q=case.max_q, max_seqlen_k=case.max_kv)
-        return Prepared(lambda: _first(fa.flash_attn_varlen_func(q, k, v, **kw)), [q, k, v], lambda o: o)
+        jagged = lambda x: _first(fa.flash_attn_varlen_func(x, k, v, **kw))  # noqa: E731
+        return Prepared(lambda: jagged(q), [q, k, v], lambda o: o, layer=(jagged, q))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -339,9 +343,9 @@ class Sdpa:
         if gqa:
             kw["enable_gqa"] = True
 
-        def fn():
+        def attend(x):  # [B, S, H, D] -> [B, H, S, D]
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+                return F.scaled_dot_product_attention(x.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
 
         index = _pad_index(case.q_lens, case.max_q, q.device)
         padded = len(set(case.kv_lens)) > 1 or len(set(case.q_lens)) > 1
@@ -350,8 +354,9 @@ class Sdpa:
         exact = not padded or (case.causal and tuple(case.q_lens) == tuple(case.kv_lens))
         pad_frac = 1 - case.total_kv / (case.batch * case.max_kv)
         note = f"padded to the longest sequence ({pad_frac:.0%} of keys padding), no key mask" if padded else ""
-        return Prepared(fn, [q, k, v], lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1])[index],
-                        exact=exact, note=note)
+        return Prepared(lambda: attend(q), [q, k, v],
+                        lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1])[index], exact=exact,
+                        note=note, layer=(lambda x: attend(x).transpose(1, 2), q))
 
 
 class SdpaFp8:
@@ -508,11 +513,13 @@ class FlexAttention:
         if case.num_heads_q != case.num_heads_kv:
             kw["enable_gqa"] = True
 
-        def fn():
-            return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+        def attend(x):  # [B, S, H, D] -> [B, H, S, D]
+            return flex(x.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
 
-        return Prepared(fn, [q, k, v], lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1]),
-                        no_backward="" if on_cuda else "FlexAttention has no backward on the CPU")
+        return Prepared(lambda: attend(q), [q, k, v],
+                        lambda o: o.transpose(1, 2).reshape(-1, *o.shape[1:2], o.shape[-1]),
+                        no_backward="" if on_cuda else "FlexAttention has no backward on the CPU",
+                        layer=(lambda x: attend(x).transpose(1, 2), q))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -557,10 +564,10 @@ class VarlenAttn:
         q, k, v = _leaf(inp.q_materialized(case)), _leaf(k_src), _leaf(v_src)
         qo, ko = inp.q_offsets_materialized, inp.kv_offsets
 
-        def fn():
-            return _first(varlen_attn(q, k, v, qo, ko, case.max_q, case.max_kv, **kw))
+        def attend(x):
+            return _first(varlen_attn(x, k, v, qo, ko, case.max_q, case.max_kv, **kw))
 
-        return Prepared(fn, [q, k, v], lambda o: o, note=note)
+        return Prepared(lambda: attend(q), [q, k, v], lambda o: o, note=note, layer=(attend, q))
 
 
 # --------------------------------------------------------------------------------------------------------------------

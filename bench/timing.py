@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+import types
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -16,6 +17,7 @@ from bench.peers import Prepared, one_line
 
 L2_BYTES = 50 * 2**20  # H200: 50 MiB
 MAX_ROTATIONS = 8
+LAYERS = 4  # calls chained in the overhead suite's per-layer compiled columns (the model suite's layer count)
 
 
 def rotations_for(input_bytes: int, device) -> int:
@@ -101,6 +103,19 @@ def wall_us(call: Callable[[], object], device, calls: Optional[int] = None) -> 
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def calls_for(call: Callable[[], object], device, seconds: float = 0.05) -> Optional[int]:
+    """Calls for ``wall_us`` that take about ``seconds`` (between 20 and its default): the reference backend's
+    milliseconds per call would otherwise spend the run's budget on one column."""
+    if torch.device(device).type != "cuda":
+        return None
+    call()
+    sync(device)
+    t0 = time.perf_counter()
+    call()
+    sync(device)
+    return max(20, min(200, int(seconds / max(time.perf_counter() - t0, 1e-9))))
+
+
 def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend: Optional[str] = None) -> dict:
     """Per-call costs of one tiny call, every way a user makes it (the `overhead` suite; keys in µs per call):
 
@@ -109,8 +124,9 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
     ``compiled_wall_us`` the forward through ``torch.compile(dynamic=True)`` (default mode; ``compiled_graphs`` and
     ``compiled_graph_breaks`` from Dynamo's counters), ``fwd_kernel_us`` / ``fwd_launches`` (and ``fwdbwd_*``) the
     GPU activities torch.profiler records per call and their summed time, ``graph_us`` the no_grad forward replayed
-    from a CUDA graph (``graph``: our GPU backends only; a peer's failed capture could poison the run). A column that
-    fails holds None and its reason in ``<column>_skip``.
+    from a CUDA graph (``graph``: our GPU backends only; a peer's failed capture could poison the run);
+    ``layer_fwd_us`` / ``layer_fwdbwd_us`` what a compiled model pays per attention call (``compiled_per_layer``).
+    A column that fails holds None and its reason in ``<column>_skip``.
     """
     on_cuda = torch.device(device).type == "cuda"
     compile_backend = compile_backend or ("inductor" if on_cuda else "aot_eager")
@@ -149,6 +165,7 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
             rec["fwdbwd_kernel_us"], rec["fwdbwd_launches"] = profiled_device_us(fwdbwd, device, calls=20)
         rec["graph_us"] = cuda_graph_us(nograd, 200) if graph else None
     column("compiled_wall_us", lambda: compiled_wall_us(prep.fn, device, compile_backend, rec))
+    rec.update(compiled_per_layer(prep, device, compile_backend))
     rec["compile_backend"] = compile_backend
     return rec
 
@@ -167,6 +184,68 @@ def compiled_wall_us(fn: Callable[[], object], device, backend: str, rec: dict) 
     rec["compiled_graphs"] = counters["stats"]["unique_graphs"]
     rec["compiled_graph_breaks"] = sum(counters["graph_break"].values())
     return us
+
+
+def chained(layer, calls: int) -> Callable[[], torch.Tensor]:
+    """``calls`` attention calls in a row, each one's output the next one's q (``Prepared.layer``), as in a model."""
+    attend, q = layer
+
+    def layers():
+        x = q
+        for _ in range(calls):
+            x = attend(x)
+        return x
+    # a code object per length: Dynamo keeps compiled graphs per code object, and one shared by two lengths would
+    # check the other length's guards first on every call of one of them
+    return types.FunctionType(layers.__code__.replace(co_name=f"layers{calls}"), layers.__globals__,
+                              f"layers{calls}", None, layers.__closure__)
+
+
+def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYERS, rounds: int = 3) -> dict:
+    """What a compiled model pays per attention call, torch's per-graph costs (Dynamo's guards, AOTAutograd's runtime
+    wrappers, the graph call) left out: graphs of 1 and of ``layers`` chained calls (``chained``), each compiled
+    with ``dynamic=True`` with the leaves requiring grad, timed in turn ``rounds`` times (the host's speed drifts),
+    and the difference of their median wall times over ``layers - 1``.
+
+    ``layer_fwd_us`` the forward, ``layer_fwdbwd_us`` forward + backward (``torch.autograd.grad`` of the last
+    output); ``layer_graphs`` / ``layer_graph_breaks``: Dynamo's counts for the ``layers``-call function (a peer that
+    breaks the graph pays its breaks per call here too). The single-call ``compiled_wall_us`` keeps the per-graph
+    floor, which a model pays once per step, not per layer."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    keys = ("layer_fwd_us", "layer_fwdbwd_us")
+    out: dict = dict.fromkeys(keys)
+    if prep.layer is None:
+        return dict(out, **{k + "_skip": "no chainable call (output not in q's layout)" for k in keys})
+    attend, q = prep.layer
+    try:
+        if attend(q).shape != q.shape:
+            return dict(out, **{k + "_skip": "the output is not q-shaped: calls do not chain" for k in keys})
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = {n: torch.compile(chained(prep.layer, n), dynamic=True, backend=backend) for n in (1, layers)}
+        grad = torch.randn_like(compiled[1]().detach())  # compiles outside the timing
+        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+        compiled[layers]()
+        out.update(layer_graphs=counters["stats"]["unique_graphs"] - graphs,
+                   layer_graph_breaks=sum(counters["graph_break"].values()) - breaks)
+        walls = {(n, key): [] for n in compiled for key in keys}
+        calls = calls_for(compiled[layers], device)  # the same count for both graphs
+        for _ in range(rounds):
+            for n, fn in compiled.items():
+                walls[n, "layer_fwd_us"].append(wall_us(fn, device, calls))
+                if not prep.no_backward:
+                    walls[n, "layer_fwdbwd_us"].append(
+                        wall_us(lambda: torch.autograd.grad(fn(), prep.leaves, grad), device, calls))
+    except Exception as e:  # noqa: BLE001 - these columns failing leaves the others
+        sync(device)
+        return dict(out, **{k + "_skip": one_line(e) for k in keys})
+    for key in keys:
+        if not walls[1, key]:
+            out[key + "_skip"] = prep.no_backward
+        else:
+            out[key] = (statistics.median(walls[layers, key]) - statistics.median(walls[1, key])) / (layers - 1)
+    return out
 
 
 def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:

@@ -309,6 +309,43 @@ def test_traced_lists_ordered_by_the_rank_kernel_when_asked():
     assert all(g.startswith("Eq(") for g in graphs["guards"]), graphs["guards"]
 
 
+# Graphs whose symbolic sizes have upper bounds (a model that knows its largest batch:
+# torch._dynamo.mark_dynamic(t, 0, min=..., max=...)): argv: the bounds on the rows T and on B + 1.
+_BOUNDED = _TRACER.rsplit("print(json.dumps", 1)[0] + r"""
+from torch.fx.experimental.symbolic_shapes import constrain_range  # noqa: E402
+
+_unbounded = fake_inputs
+
+
+def fake_inputs(dynamic):
+    shape_env, mode, forward_inputs, backward_inputs = _unbounded(dynamic)
+    q, off = forward_inputs[0], forward_inputs[3]
+    constrain_range(q.shape[0], min=2, max=int(sys.argv[1]))
+    constrain_range(off.shape[0], min=2, max=int(sys.argv[2]))
+    return shape_env, mode, forward_inputs, backward_inputs
+
+
+print(json.dumps(trace("triton", True)))
+"""
+
+
+@pytest.mark.parametrize("rows, batch", [(512, 9), (1 << 20, 4097)])
+def test_bounded_symbolic_sizes_take_the_one_wave_path(rows, batch):
+    """With upper bounds on T and B the one-wave choice holds for every size (``scheduling.one_wave``: the shape
+    env's value ranges): no tile list, eager's launches (forward: attention; backward: delta, dK/dV, dQ), no new
+    guard. The bench model's small batches (T <= 512, B <= 8, 4 heads) fit: capacity cdiv(512, 128) + 8 = 12 tiles
+    x 4 heads = 48 items <= 132 SMs. Unbounded or large bounds keep the sorted lists."""
+    graphs = _run(_BOUNDED, str(rows), str(batch), JFA_COMPILE_PATH="inductor")
+    lists = ("kernel:tile_slots_kernel", "kernel:rank_tiles_kernel")
+    attention = lambda calls: [c for c in calls if c.startswith("kernel:") and c not in lists]  # noqa: E731
+    assert attention(graphs["forward"]) == ["kernel:attn_fwd_kernel"]
+    assert attention(graphs["backward"]) == [
+        "kernel:attn_bwd_delta_kernel", "kernel:attn_bwd_dkdv_kernel", "kernel:attn_bwd_dq_kernel"]
+    built = [sum(c in lists for c in graphs[g]) for g in ("forward", "backward")]  # the backward traced alone: 2
+    assert built == ([0, 0] if rows <= 512 else [2, 4]), built
+    assert sorted(g.split(", ")[1].rstrip(")") for g in graphs["guards"]) == ["16", "2", "4"], graphs["guards"]
+
+
 # Graphs of models that call attention once per layer with one offsets tensor: the "joint" function calls each layer's
 # forward op, then its backward op, in one trace (as AOTAutograd's joint graph of a training step does; autograd itself
 # on fake CUDA tensors needs CUDA in torch). argv: LAYERS. Each graph is traced twice: the second trace must build its
@@ -358,8 +395,9 @@ def counts(gm):
     found = collections.Counter(calls(gm))
     return {"tile_slots": found["kernel:tile_slots_kernel"], "rank": found["kernel:rank_tiles_kernel"],
             "int32_copies": found["aten._to_copy.default"], "asserts": found["aten._assert_async.msg"],
-            "attn_fwd": found["kernel:attn_fwd_kernel"], "dkdv": found["kernel:attn_bwd_dkdv_kernel"],
-            "dq": found["kernel:attn_bwd_dq_kernel"], "empty": found["aten.empty.memory_format"]}
+            "attn_fwd": found["kernel:attn_fwd_kernel"], "delta": found["kernel:attn_bwd_delta_kernel"],
+            "dkdv": found["kernel:attn_bwd_dkdv_kernel"], "dq": found["kernel:attn_bwd_dq_kernel"],
+            "empty": found["aten.empty.memory_format"], "calls": sum(found.values())}
 
 
 out = {}
@@ -400,8 +438,8 @@ def test_layers_share_offset_derived_values(layer_graphs, shapes):
     lists = 2 if shapes == "dynamic" else 0
     for name in ("joint", "joint-again"):
         assert graphs[f"{name}-{shapes}"] == dict(
-            tile_slots=lists, rank=lists, int32_copies=1, asserts=1, attn_fwd=4, dkdv=4, dq=4,
-            empty=graphs[f"{name}-{shapes}"]["empty"]), name
+            tile_slots=lists, rank=lists, int32_copies=1, asserts=1, attn_fwd=4, delta=4, dkdv=4, dq=4,
+            empty=graphs[f"{name}-{shapes}"]["empty"], calls=graphs[f"{name}-{shapes}"]["calls"]), name
     # no guard on lengths (no recompile over batches): only heads and head_dim, specialized as for one call
     assert {g.split(", ")[1].rstrip(")") for g in graphs[f"guards-{shapes}"]} == (
         {"4", "2", "16"} if shapes == "dynamic" else set()), graphs[f"guards-{shapes}"]
@@ -410,6 +448,25 @@ def test_layers_share_offset_derived_values(layer_graphs, shapes):
     assert (forward["tile_slots"], forward["rank"], forward["int32_copies"], forward["asserts"],
             forward["attn_fwd"]) == (lists // 2, lists // 2, 1, 1, 4)
     assert graphs["memos_left"] == 0
+
+
+@pytest.fixture(scope="module")
+def one_layer_graphs():
+    return _run(_LAYERS, "1", JFA_COMPILE_PATH="inductor")
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_each_further_layer_adds_only_its_own_launches(layer_graphs, one_layer_graphs, shapes):
+    """What a compiled model pays per attention call beyond the first (the bench's per-layer columns): the graph of
+    4 layers holds, per layer more than the graph of 1, the kernels eager launches for one small call (forward 1;
+    backward delta, dK/dV, dQ) and their 6 outputs (out, lse; delta, dq, dk, dv), and nothing per graph again: no
+    tile list, no offsets copy, no check (issue 9: a compiled model pays no more per call than eager)."""
+    four, one = layer_graphs[f"joint-{shapes}"], one_layer_graphs[f"joint-{shapes}"]
+    per_layer = {key: (four[key] - one[key]) / 3 for key in four if key != "calls"}
+    assert per_layer == dict(tile_slots=0, rank=0, int32_copies=0, asserts=0, attn_fwd=1, delta=1, dkdv=1, dq=1,
+                             empty=6), (one, four)
+    # every other node a further layer adds is a view (no launch, no allocation): at most 9 (dynamic) per layer
+    assert four["calls"] - one["calls"] <= 3 * (4 + 6 + 9), (one, four)
 
 
 def test_lists_never_shared_between_different_offsets_or_masks(layer_graphs):

@@ -1,9 +1,11 @@
 """Per-call wall time of a small call on each backend given, one process: `PYTHONPATH=$PWD python
-tools/backend_host_cost.py [--backends tlx,triton] [--calls 300]` on a CUDA machine (with TLX on the path for tlx).
+tools/backend_host_cost.py [--backends tlx,triton,auto] [--calls 300]` on a CUDA machine (with TLX on the path for
+tlx; ``auto``: the automatic choice, ``backend=None``).
 
 The bench's overhead case (B=4, lengths <= 64, H8, D128, causal, bf16; tools/host_profile.py): `jagged_attention`
 under no_grad, and forward + backward through `torch.autograd.grad`. Decides whether an automatic backend choice
-costs small calls host time (the GPU work of one call is ~10 us, far below its host time).
+costs small calls host time (the GPU work of one call is ~10 us, far below its host time); first it prints what the
+automatic choice takes for this call and for a large one (``jfa_ops.backends.explain_choice``).
 
 Then, per backend, where the time goes (bench/NOTES.md "tlx host path"): the backend's forward and backward called
 directly (no op layer, no autograd), the same with its kept launches off (forward replays, backward recipes:
@@ -25,7 +27,7 @@ from host_profile import HEAD_DIM, HEADS, LENS, per_call_us, profile  # tools/ i
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="tlx,triton")
+    parser.add_argument("--backends", default="tlx,triton,auto")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--profile", type=int, default=0, metavar="TOP",
                         help="also cProfile each backend's no_grad call (own time, TOP rows), and time the no_grad "
@@ -37,8 +39,11 @@ def main():
     q, k, v = mk(False), mk(False), mk(False)
     qg, kg, vg = mk(True), mk(True), mk(True)
     grad_out = torch.randn_like(q)
+    explain_automatic_choice(q, k, off)
     print(f"{'backend':10s} {'no_grad fwd us':>15s} {'fwd+bwd us':>11s}")
-    for backend in args.backends.split(","):
+    for name in args.backends.split(","):
+        backend = _named(name)
+
         def fwd():
             with torch.no_grad():
                 jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend=backend)
@@ -48,22 +53,44 @@ def main():
             torch.autograd.grad(o, (qg, kg, vg), grad_out)
 
         try:
-            print(f"{backend:10s} {per_call_us(fwd, args.calls):15.1f} {per_call_us(fwd_bwd, args.calls):11.1f}",
+            print(f"{name:10s} {per_call_us(fwd, args.calls):15.1f} {per_call_us(fwd_bwd, args.calls):11.1f}",
                   flush=True)
         except Exception as e:  # noqa: BLE001 (a backend that cannot run here)
-            print(f"{backend:10s} skipped: {type(e).__name__}: {e}"[:200], flush=True)
+            print(f"{name:10s} skipped: {type(e).__name__}: {e}"[:200], flush=True)
     if args.profile:
-        for backend in reversed(args.backends.split(",")):
-            fwd = lambda: _no_grad_call(q, k, v, off, backend)  # noqa: E731
-            print(f"{backend:10s} {per_call_us(fwd, args.calls):15.1f} (no_grad again, reverse order)", flush=True)
-        for backend in args.backends.split(","):
-            profile(lambda: _no_grad_call(q, k, v, off, backend), args.calls,  # noqa: B023
-                    f"{backend}: no_grad jagged_attention", args.profile)
+        for name in reversed(args.backends.split(",")):
+            fwd = lambda: _no_grad_call(q, k, v, off, _named(name))  # noqa: E731
+            print(f"{name:10s} {per_call_us(fwd, args.calls):15.1f} (no_grad again, reverse order)", flush=True)
+        for name in args.backends.split(","):
+            profile(lambda: _no_grad_call(q, k, v, off, _named(name)), args.calls,  # noqa: B023
+                    f"{name}: no_grad jagged_attention", args.profile)
     for backend in args.backends.split(","):
+        if backend == "auto":  # the backend explain_automatic_choice named: its own split row says the rest
+            continue
         try:
             split(backend, q, k, v, off, grad_out, args.calls)
         except Exception as e:  # noqa: BLE001
             print(f"{backend}: no split: {type(e).__name__}: {e}"[:200], flush=True)
+
+
+def _named(name: str):
+    """The ``backend`` argument of a --backends entry (``auto``: None, the automatic choice)."""
+    return None if name == "auto" else name
+
+
+def explain_automatic_choice(q, k, off) -> None:
+    """What the automatic choice takes for this small call and for a large one (B4 x 4096 rows, same heads)."""
+    from jfa_ops.backends import Problem, explain_choice
+    from jfa_ops.ops.attention import _params
+
+    params, _ = _params(q, k, q, off, off, causal=True)
+    large = q.new_empty(4 * 4096, *q.shape[1:])
+    for what, x in (("this call", q), ("B4 x 4096 rows", large)):
+        try:
+            print(f"automatic choice, {what} ({x.shape[0]} rows): {explain_choice(Problem.of(x, x, params))}",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"automatic choice, {what}: {type(e).__name__}: {e}"[:300], flush=True)
 
 
 def _no_grad_call(q, k, v, off, backend):

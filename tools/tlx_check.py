@@ -14,7 +14,8 @@ Correctness: fixed edge cases (empty sequences, length 1, lengths that are not m
 attention, causal/window, GQA, broadcast-Q, head_dim 64/128/256, fp16/bf16, value rows of a neighbour sequence full
 of NaN/inf) plus a seeded random sweep; outputs come from a NaN-poisoned allocator; ``jfa_ops.testing``'s oracle and
 tolerances decide. A few cases also check gradients (the backward is the triton backend's; it reads tlx's out/lse).
-Head dims / dtypes tlx declines must route to triton under automatic choice (JFA_TLX_AUTO=1 is set here).
+Head dims / dtypes tlx declines must route to triton under automatic choice (JFA_TLX_AUTO=always is set here: tlx
+for every call it runs, small ones too).
 Timing: ``triton.testing.do_bench`` medians, forward only, tlx (the v3 consumers, and configs.ONE_LOOP: "v4") vs
 triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` runs the correctness sweep on v4.
 ``order-timing`` (not in ``all``): the forward's default work order vs ``configs.FORWARD_ZIGZAG`` (helper tlxcausal)
@@ -44,7 +45,7 @@ import sys
 import time
 import traceback
 
-os.environ.setdefault("JFA_TLX_AUTO", "1")  # automatic choice prefers tlx (read when the backend registers)
+os.environ.setdefault("JFA_TLX_AUTO", "always")  # automatic choice: tlx at any size (read when it registers)
 try:
     import _utlx_autoregister  # noqa: F401 (before triton: pip --target installs skip the plugin's .pth)
 except ImportError:

@@ -83,11 +83,13 @@ if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweep
   $limit 115 python3 tools/tlx_check.py backward-all3 || rc=1
   $limit 115 python3 tools/tlx_check.py backward-dqlag || rc=1
 fi
-if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test, the automatic choice preferring
-  # tlx (JFA_TLX_AUTO=1) where it supports the call; carry .whl too (expecttest). SUITE_ARGS: extra pytest args.
+if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test under the default automatic choice
+  # (JFA_TLX_AUTO=1: its size rule follows TMA_MIN_ROWS, which tests/conftest.py lowers to 0, so every eager call tlx
+  # runs takes it; traced calls trace triton). SUITE_TLX_AUTO=always: traced calls too (tlx as an opaque op).
+  # Carry .whl too (expecttest). SUITE_ARGS: extra pytest args.
   # shellcheck disable=SC2086
-  PYTEST_PRELOAD=_utlx_autoregister JFA_TLX_AUTO=1 JFA_LAUNCH_VERIFY=1 SHARD_TIMEOUT_S=${SHARD_TIMEOUT_S:-240} \
-    bash tools/device_tests.sh ${SUITE_SHARDS:-8} ${SUITE_ARGS:-} || rc=1
+  PYTEST_PRELOAD=_utlx_autoregister JFA_TLX_AUTO=${SUITE_TLX_AUTO:-1} JFA_LAUNCH_VERIFY=1 \
+    SHARD_TIMEOUT_S=${SHARD_TIMEOUT_S:-240} bash tools/device_tests.sh ${SUITE_SHARDS:-8} ${SUITE_ARGS:-} || rc=1
 fi
 if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s triton / default / the experiments; when
   # that run failed or hung (it prints each value as measured), once more without the experiments' columns
@@ -125,8 +127,9 @@ if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experime
     JFA_TLX_BWD_GROUP_ORDER
   $limit "${SPARSE_BWD_TIMING_S:-170}" python3 tools/tlx_check.py sparse-backward-timing || rc=1
 fi
-if [ "$part" = host ]; then  # a small call's host cost, tlx vs triton in one process (gates JFA_TLX_AUTO), ~1 min
-  $limit 180 python3 tools/backend_host_cost.py --backends tlx,triton || rc=1
+if [ "$part" = host ]; then  # a small call's host cost, tlx vs triton vs the automatic choice in one process
+  # (the automatic choice must cost it nothing: its row ~ triton's), and what it takes for it and a large call, ~1 min
+  $limit 180 python3 tools/backend_host_cost.py --backends tlx,triton,auto || rc=1
 fi
 if [ "$part" = mxfp8 ]; then  # bf16 inputs through the fused quantize (== the two passes, checked per case)
   if [ "${TLX_MXFP8_TESTS:-0}" = 1 ]; then  # carry .whl (expecttest): the fused quantize's GPU tests, bit for bit

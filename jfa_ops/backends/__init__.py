@@ -7,7 +7,10 @@ registers its own in a few lines::
     register_backend(Backend("mine", forward=my_fwd, backward=my_bwd, supports=lambda problem: None, priority=50))
 
 Choice order: the op's ``backend`` argument, else env ``JFA_BACKEND``, else the highest-priority backend whose
-``supports(problem)`` returns None (a family may rank its backend apart: ``FamilyImpl.priority``). An automatic choice of ``reference`` for CUDA tensors warns once per reason.
+``supports(problem)`` returns None (a family may rank its backend apart: ``FamilyImpl.priority``) and whose
+``auto_supports(problem)`` rule (``FamilyImpl.auto_supports`` per family; e.g. the tlx backend's size rule) does not
+pass it over; ``explain_choice(problem)`` says which and why. An automatic choice of ``reference`` for CUDA tensors
+warns once per reason.
 
 A backend may implement some op families and not others (``Backend.families``, keyed by family name; ``attention``
 is the backend's own forward/backward/supports). ``select_backend(..., family=...)`` chooses only among backends
@@ -26,7 +29,7 @@ from jfa_ops.backends.base import (ATTENTION, AttentionParams, Backend, BlockSel
 
 __all__ = ["AttentionParams", "Backend", "BlockSelectParams", "BlockSparseParams", "FamilyImpl", "Problem",
            "register_backend", "unregister_backend", "get_backend",
-           "select_backend", "registered_backends", "available_backends", "unavailable_reason"]
+           "select_backend", "explain_choice", "registered_backends", "available_backends", "unavailable_reason"]
 
 _BUILTIN_MODULES = {"reference": "jfa_ops.backends.reference", "cpu": "jfa_ops.backends.cpu",
                     "triton": "jfa_ops.backends.triton", "tlx": "jfa_ops.backends.tlx"}
@@ -34,6 +37,7 @@ _REGISTRY: Dict[str, Backend] = {}
 _IMPORT_ERRORS: Dict[str, str] = {}
 _WARNED: Set[str] = set()  # reasons already warned about (the reference-on-CUDA fallback)
 _TLX_CHECKED: Set[int] = set()  # CUDA devices already told why tlx is not used there
+_EXPLAINED: Set[str] = set()  # DEBUG messages already logged (a backend passed over by its automatic rule)
 _LOG = logging.getLogger("jfa_ops")
 _GENERATION = [0]  # bumped by every (un)registration: callers that memoize a choice key it on this
 
@@ -114,22 +118,57 @@ def select_backend(requested: Optional[str], problem: Problem, family: str = ATT
         if reason is not None:
             raise ValueError(f"backend {requested!r} cannot run this call: {reason}")
         return backend
-    declined = [f"{name} could not be imported ({error})" for name, error in _IMPORT_ERRORS.items()]
     if problem.device_type == "cuda":
         _log_tlx_unavailable(problem)
+    backend, declined = _automatic_choice(problem, family)
+    if backend.name == "reference" and problem.device_type == "cuda":
+        _warn_reference_on_cuda("; ".join(declined))
+    return backend
+
+
+def explain_choice(problem: Problem, family: str = ATTENTION) -> str:
+    """Which backend the automatic choice takes for ``problem`` of ``family``, and why it passed over the ones
+    ranked above it (``"triton (passed over: tlx: a small call ...)"``); raises as ``select_backend`` does when
+    none runs it. The same text is logged (logger ``jfa_ops``, DEBUG) the first time a choice passes over a
+    backend that runs the call (its ``auto_supports`` rule)."""
+    backend, declined = _automatic_choice(problem, family)
+    return backend.name + (f" (passed over: {'; '.join(declined)})" if declined else "")
+
+
+def _automatic_choice(problem: Problem, family: str):
+    """(the highest-ranked backend that runs the call and whose ``auto_supports`` rule for the family takes it, the
+    reasons of those passed over)."""
+    declined = [f"{name} could not be imported ({error})" for name, error in _IMPORT_ERRORS.items()]
     for name in sorted(registered_backends(), key=lambda n: -_REGISTRY[n].family_priority(family)):  # stable
         backend = _REGISTRY[name]
         if not backend.implements(family) or (
                 backend.auto_devices is not None and problem.device_type not in backend.auto_devices):
             continue
         reason = backend.family_supports(family, problem)
+        rule = backend.auto_supports if family == ATTENTION else backend.families[family].auto_supports
+        if reason is None and rule is not None:
+            reason = rule(problem)  # it runs the call: does its automatic rule take it?
+            if reason is not None:
+                _log_passed_over(name, reason, problem, family)
         if reason is None:
-            if name == "reference" and problem.device_type == "cuda":
-                _warn_reference_on_cuda("; ".join(declined))
-            return backend
+            return backend, declined
         declined.append(f"{name}: {reason}")
     raise ValueError(f"no registered backend supports {problem}" +
                      ("" if family == ATTENTION else f" in the {family!r} op family"))
+
+
+def _log_passed_over(name: str, reason: str, problem: Problem, family: str) -> None:
+    """DEBUG, once per distinct message (a bounded set: row counts vary per batch): a backend that runs the call
+    was passed over by its automatic rule (e.g. tlx on a small call). Eager calls choose once per signature."""
+    if not _LOG.isEnabledFor(logging.DEBUG):
+        return
+    message = f"jfa_ops: automatic choice passed over {name!r} for {family} on {problem}: {reason}"
+    if message in _EXPLAINED:
+        return
+    if len(_EXPLAINED) >= 256:
+        _EXPLAINED.clear()
+    _EXPLAINED.add(message)
+    _LOG.debug("%s", message)
 
 
 def _warn_reference_on_cuda(why: str) -> None:

@@ -23,6 +23,8 @@ import weakref
 from typing import Callable, Mapping, Optional, Tuple
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,15 +92,26 @@ class Problem:
     # Block-sparse family: the Q/KV block sizes of the selection (0: not a block-sparse call).
     block_q: int = 0
     block_kv: int = 0
+    # Sizes, for the automatic choice's size rules (``Backend.auto_supports``): the rows of q and k (T_q or L_q,
+    # T_kv) where they are plain ints; None where they are not known: symbolic (torch.compile with dynamic sizes,
+    # where reading them would add a guard) or a Problem made by hand.
+    rows_q: Optional[int] = None
+    rows_kv: Optional[int] = None
+    # True: the call is being traced into a graph (torch.compile, export: FakeTensor/FunctionalTensor inputs), so
+    # the choice is baked into code that runs later (under dynamic sizes, for every size).
+    traced: bool = False
 
     @staticmethod
     def of(q: torch.Tensor, k: torch.Tensor, params: AttentionParams) -> "Problem":
+        rows_q, rows_kv = q.shape[0], k.shape[0]
         return Problem(
             device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], num_heads_q=q.shape[1],
             num_heads_kv=k.shape[1], causal=params.causal, window_left=params.window_left,
             window_right=params.window_right, broadcast_q=params.broadcast_q, deterministic=params.deterministic,
             device_index=q.device.index, block_q=getattr(params, "block_q", 0),
-            block_kv=getattr(params, "block_kv", 0),
+            block_kv=getattr(params, "block_kv", 0), rows_q=rows_q if type(rows_q) is int else None,
+            rows_kv=rows_kv if type(rows_kv) is int else None,
+            traced=type(q) is not torch.Tensor and isinstance(q, (FakeTensor, FunctionalTensor)),
         )
 
 
@@ -113,6 +126,8 @@ class FamilyImpl:
     # automatic choice ranks the backend by this for the family (None: the backend's priority); e.g. a new kernel
     # of a backend that leads elsewhere stays behind another backend's until it has been checked
     priority: Optional[int] = None
+    # the automatic choice's rule for this family (as ``Backend.auto_supports``; None: no rule, not the backend's)
+    auto_supports: Optional[Callable[[Problem], Optional[str]]] = None
 
 
 ATTENTION = "attention"  # the family of Backend.forward/backward/supports themselves
@@ -140,6 +155,10 @@ class Backend:
     # True: its attention forward/backward can be traced into a torch.compile graph on CUDA (only aten ops and kernel launches
     # through ``launch`` under ``traced()``, no host reads of device data); see ``jfa_ops.ops.attention`` (compile path).
     traceable: bool = False
+    # The automatic choice only (a named request ignores it), attention family (others: ``FamilyImpl.auto_supports``):
+    # None when the automatic choice may take this backend for a problem it supports, else why it passes it over (a
+    # call it runs, but another backend runs better: the tlx backend's size rule). Shapes only, as ``supports``.
+    auto_supports: Optional[Callable[[Problem], Optional[str]]] = None
     families: Mapping[str, FamilyImpl] = dataclasses.field(default_factory=dict, hash=False)
 
     def implements(self, family: str) -> bool:
@@ -148,7 +167,7 @@ class Backend:
     def family(self, family: str) -> FamilyImpl:
         """The functions of ``family`` (``attention``: this backend's own forward/backward/supports)."""
         if family == ATTENTION:
-            return FamilyImpl(self.forward, self.backward, self.supports)
+            return FamilyImpl(self.forward, self.backward, self.supports, auto_supports=self.auto_supports)
         if family not in self.families:
             raise ValueError(f"backend {self.name!r} does not implement the {family!r} op family "
                              f"(it implements: {sorted({ATTENTION, *self.families})})")

@@ -475,12 +475,22 @@ def test_supports_block_sizes():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_triton_is_the_automatic_choice_on_cuda():
     """The selection runs on triton; the block-sparse attention too, unless the TLX kernel runs here (sm_90 with
-    TLX installed and ``JFA_TLX_SPARSE`` not 0: tlx/configs.SPARSE_AUTO)."""
-    problem = Problem("cuda", torch.bfloat16, 128, 8, 2, True, -1, -1, False, False, block_q=128, block_kv=128)
+    TLX installed and ``JFA_TLX_SPARSE`` not 0: tlx/configs.SPARSE_AUTO) and the call is large enough for its size
+    rule (rows at least the triton backend's TMA_MIN_ROWS; unknown rows: triton)."""
+    import dataclasses
+
+    from jfa_ops.backends.triton import attn_fwd
+
+    large = max(attn_fwd.TMA_MIN_ROWS, 1)
+    problem = Problem("cuda", torch.bfloat16, 128, 8, 2, True, -1, -1, False, False, block_q=128, block_kv=128,
+                      rows_q=large, rows_kv=large)
     assert select_backend(None, problem, family="select_kv_blocks").name == "triton"
     tlx_runs = "tlx" in available_backends() and get_backend("tlx").families["block_sparse"].supports(problem) is None
     tlx_first = tlx_runs and get_backend("tlx").families["block_sparse"].priority > 10
     assert select_backend(None, problem, family="block_sparse").name == ("tlx" if tlx_first else "triton")
+    unknown = dataclasses.replace(problem, rows_q=None, rows_kv=None)  # a Problem made by hand: no rows
+    tlx_anyway = tlx_first and get_backend("tlx").families["block_sparse"].auto_supports(unknown) is None  # "always"
+    assert select_backend(None, unknown, family="block_sparse").name == ("tlx" if tlx_anyway else "triton")
 
 
 @pytest.mark.gpu

@@ -8,8 +8,9 @@ for the triton backward). Everything else is declined with a reason, so the auto
 
 Importing this module never imports triton: it only checks that the plugin is installed (else ImportError, which the
 registry records: ``unavailable_reason("tlx")``). The TLX kernels import on the first CUDA problem ``supports`` sees.
-The dense op is not chosen automatically yet (``AUTO_SELECT``: one host-cost measurement left); ask for it by name
-(``backend="tlx"`` or ``JFA_BACKEND=tlx``).
+The dense op is chosen automatically on sm_90 where it pays (``auto_supports``: calls of at least the triton backend's
+``TMA_MIN_ROWS`` rows, not traced into a compiled graph; the rest stays on triton); ``JFA_TLX_AUTO=0`` turns that
+off (then by name only: ``backend="tlx"`` or ``JFA_BACKEND=tlx``), ``JFA_TLX_AUTO=always`` takes every call it runs.
 
 MXFP8 attention (``jfa_ops.mxfp8_attention``, family ``mxfp8_attention``, issue 12): the forward in
 ``mxfp8_attn_fwd.py`` (E4M3 wgmma for both matmuls, head_dim 64/128), chosen automatically since its GPU check
@@ -36,8 +37,8 @@ from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard
 from . import configs
 from .configs import fwd_config
 
-__all__ = ["forward", "backward", "supports", "block_sparse_forward", "block_sparse_supports", "BACKEND",
-           "AUTO_SELECT"]
+__all__ = ["forward", "backward", "supports", "auto_supports", "block_sparse_forward", "block_sparse_supports",
+           "BACKEND", "AUTO_SELECT", "AUTO_MODE"]
 
 
 def _tlx_installed() -> bool:
@@ -52,10 +53,13 @@ def _tlx_installed() -> bool:
 if not _tlx_installed():
     raise ImportError("TLX is not installed (pip install 'jfa_ops[tlx]': triton==3.8.0 and triton-utlx)")
 
-# True: the automatic choice prefers tlx over triton on sm_90. Off until a small call's host cost on tlx is measured
-# against triton's (`tools/tlx_device.sh host`; the GPU suite gate passed: bench/NOTES.md v13); until then only an
-# explicit request runs the dense op on it (its block-sparse and MXFP8 families rank by their own priorities).
-AUTO_SELECT = os.environ.get("JFA_TLX_AUTO", "0") == "1"
+# The automatic choice and the dense op (issue 10), env JFA_TLX_AUTO read at import: "1" (the default) prefers tlx
+# over triton on sm_90 where ``auto_supports`` (the size rule) takes the call; "always": every call tlx runs, small
+# and traced ones too (the GPU suite's coverage setting, what "1" meant before the size rule); "0": only by name
+# (``backend="tlx"``, ``JFA_BACKEND=tlx``). Its block-sparse family takes the same size rule ("always" drops it
+# there too) under its own switch (JFA_TLX_SPARSE), its MXFP8 family its priority alone.
+AUTO_MODE = os.environ.get("JFA_TLX_AUTO", "1")
+AUTO_SELECT = AUTO_MODE != "0"
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -95,6 +99,50 @@ def supports(problem: Problem) -> Optional[str]:
     if _capability(index) != (9, 0):
         return f"the kernels are sm_90a (Hopper) code; cuda:{index} is sm_{''.join(map(str, _capability(index)))}"
     return _import_reason()
+
+
+def auto_supports(problem: Problem) -> Optional[str]:
+    """The automatic choice's rule for the dense op and the block-sparse family (shapes only, never a sync): None
+    where tlx pays, else why the call stays on triton. Eager dense calls choose once per call signature
+    (``ops.attention._direct_call``), so the rule costs nothing per call (the op paths: a few comparisons).
+
+    Small calls: when q and k both have fewer rows than the triton backend's ``TMA_MIN_ROWS`` (4096), triton runs
+    its pointer path, which builds no TMA descriptor, while the tlx kernels take three (q/k/v) rebuilt and encoded
+    on every call: H200 (bench/NOTES.md "automatic choice"), B4 lengths <= 64 H8 D128 causal bf16, no_grad forward
+    63.7 us on tlx vs 49.3 on triton (forward + backward 400 vs 386) for ~10 us of GPU work: the host path decides
+    such calls. From TMA_MIN_ROWS rows on, triton takes K/V descriptors too (the host gap shrinks by those two, to
+    ~5-9 us, hidden wherever the GPU is the bottleneck), and the GPU work of a call that large can outlast the host
+    path (one causal 4096-row sequence at H8 D128: ~78 us of triton forward at 440 TFLOP/s), where the tlx kernels
+    are 1.07-1.35x triton's forward and 1.24-1.34x its backward. One threshold for both, so that when descriptors
+    get cheaper (TMA_MIN_ROWS lowered) the rule follows. The block-sparse forward pays the same (three descriptors,
+    a full path per call: 38.0 vs 26.8 us of CPU per small forward with launches stubbed), and triton's sparse
+    kernels take TMA from the same TMA_MIN_ROWS.
+
+    Traced calls (torch.compile, export): triton, which traces into the graph (Inductor launches its kernels, no op
+    dispatch per call, CUDA graphs capture them, AOTInductor packages run them without Python), while tlx would
+    stay an opaque op. Deciding on static sizes instead would make a model's backend flip when torch.compile
+    recompiles it with dynamic sizes (the second batch shape), and symbolic sizes cannot be read without a guard.
+    ``backend="tlx"`` runs it opaque."""
+    if AUTO_MODE == "always":
+        return None
+    if problem.traced:
+        return ("a traced call (torch.compile, export): the triton backend's kernels trace into the graph, tlx "
+                "would stay an opaque op (backend='tlx' runs it so)")
+    if problem.rows_q is None or problem.rows_kv is None:
+        return "its row counts are not known (symbolic or not given): the size rule takes tlx from known sizes only"
+    min_rows = _triton_attn_fwd().TMA_MIN_ROWS
+    if max(problem.rows_q, problem.rows_kv) < min_rows:
+        return (f"a small call (q {problem.rows_q} and k {problem.rows_kv} rows, below the triton backend's "
+                f"TMA_MIN_ROWS {min_rows}): the host path decides its time, and triton's is shorter")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_attn_fwd():
+    """The triton forward module (its ``TMA_MIN_ROWS`` is read per choice: tests and devcheck change it)."""
+    from ..triton import attn_fwd
+
+    return attn_fwd
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
@@ -232,11 +280,14 @@ def _select_supports(problem: Problem) -> Optional[str]:
 
 
 BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=supports,
-                  priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True, families={
+                  priority=20 if AUTO_SELECT else 5, auto_devices=("cuda",), checks_offsets=True,
+                  auto_supports=auto_supports, families={
                       # automatic choice ranks it above triton (10) unless JFA_TLX_SPARSE=0 (configs.SPARSE_AUTO)
+                      # with the dense op's size rule: a small call pays the same descriptor host cost
                       "block_sparse": FamilyImpl(block_sparse_forward, _block_sparse_backward,
                                                  supports=block_sparse_supports,
-                                                 priority=20 if configs.SPARSE_AUTO else 5),
+                                                 priority=20 if configs.SPARSE_AUTO else 5,
+                                                 auto_supports=auto_supports),
                       # by name only: the automatic choice runs the selection on triton itself
                       "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5),
                       # MXFP8 (issue 12): the TLX forward, automatic since its GPU check unless JFA_TLX_MXFP8=0
