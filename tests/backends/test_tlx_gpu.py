@@ -95,6 +95,38 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     check_attention_case(case, "tlx")
 
 
+# configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the
+# uniform rule) and jagged (GQA, a window), D64 and D128
+_JAG = (700, 1500, 33, 2100, 129, 900, 0, 1)
+_BF = dict(head_dim=128, dtype=torch.bfloat16, device="cuda")
+ZIGZAG_CASES = {
+    "dense B8 S2048 H16 causal": AttentionCase((2048,) * 8, (2048,) * 8, heads_q=16, heads_kv=16, causal=True,
+                                               pass_max_seqlen=True, **_BF),
+    "jagged GQA 6:3 causal": AttentionCase(_JAG, _JAG, heads_q=6, heads_kv=3, causal=True, **_BF),
+    "jagged H8 window (200,0) causal": AttentionCase(_JAG, _JAG, heads_q=8, heads_kv=8, causal=True, window=(200, 0),
+                                                     **_BF),
+    "jagged H8 full D64 fp16": AttentionCase(_JAG, _JAG, heads_q=8, heads_kv=8, head_dim=64, dtype=torch.float16,
+                                             device="cuda"),
+}
+
+
+@pytest.mark.parametrize("name", list(ZIGZAG_CASES))
+def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
+    """configs.FORWARD_ZIGZAG (helper tlxcausal) changes which program runs a work item and when, nothing within an
+    item (same blocks, same order, same arithmetic): out and lse equal the default order's bit for bit."""
+    case = ZIGZAG_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    x = case.make_inputs(0)
+    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", False)
+    want = x.call("tlx")
+    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", True)
+    got = x.call("tlx")
+    for g, w, what in zip(got, want, ("out", "lse")):
+        assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     """Sequence 1's keys are +inf and its values NaN; the 128-row TMA blocks of sequence 0 read them (the kernel
