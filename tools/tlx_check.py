@@ -18,6 +18,8 @@ Head dims / dtypes tlx declines must route to triton under automatic choice (JFA
 for every call it runs, small ones too).
 Timing: ``triton.testing.do_bench`` medians, forward only, tlx (the v3 consumers, and configs.ONE_LOOP: "v4") vs
 triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` runs the correctness sweep on v4.
+``order-timing`` (not in ``all``): the forward's default work order vs ``configs.FORWARD_ZIGZAG`` (helper tlxcausal)
+on the bench's quick dense/jagged rows and a few others; ``JFA_TLX_FWD_ZIGZAG=1`` runs the correctness sweep with it.
 
 Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(..., backend="tlx")``): fixed cases
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
@@ -131,6 +133,19 @@ def fixed_cases():
     ]
     many = tuple(int(x) for x in np.random.default_rng(1).integers(0, 300, size=400))  # many items per program
     out.append(("400 short seqs H4 GQA 4:2", c(many, many, heads_q=4, heads_kv=2), {}))
+    # more items than one wave of 132 programs: the sorted list and its work orders (kv-major, tile-major,
+    # configs.FORWARD_ZIGZAG's groups; the cases above but the last fit one wave, where no list is built)
+    jag = (700, 1500, 33, 2100, 129, 900, 0, 1)
+    out += [("waves: dense B4 S1024 H8 causal", c((1024,) * 4, (1024,) * 4, heads_q=8, heads_kv=8, causal=True,
+                                                  pass_max_seqlen=True), {}),
+            ("waves: jagged GQA 6:3 causal", c(jag, jag, heads_q=6, heads_kv=3, causal=True), {}),
+            ("waves: jagged H8 window (200,0) causal", c(jag, jag, heads_q=8, heads_kv=8, causal=True,
+                                                         window=(200, 0)), {}),
+            ("waves: jagged H8 full", c(jag, jag, heads_q=8, heads_kv=8), {}),
+            ("waves: dense B8 S512 H8 D64 fp16 causal", c((512,) * 8, (512,) * 8, heads_q=8, heads_kv=8, head_dim=64,
+                                                          dtype=fp, causal=True, pass_max_seqlen=True), {}),
+            ("waves: dense B2 S1024 H8 D256 causal", c((1024,) * 2, (1024,) * 2, heads_q=8, heads_kv=8,
+                                                       head_dim=256, causal=True, pass_max_seqlen=True), {})]
     return out
 
 
@@ -356,6 +371,56 @@ def timing() -> int:
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.label:40s} " + " ".join(f"{t:10.1f}" for t in v) + f" {v[0] / v[1]:10.2f}"
               + (f" {v[2] / v[1]:10.2f} {v[2] / v[0]:7.2f}" if with_v4 else ""), flush=True)
+    return failures
+
+
+def order_timing() -> int:
+    """Forward TFLOP/s of the default work order vs configs.FORWARD_ZIGZAG (helper tlxcausal, bench/NOTES.md "TLX
+    forward: short causal"), the same process and inputs: the bench's quick dense and jagged D128 rows (causal first:
+    the knob's target is dense B8 S2048 causal), then GQA, broadcast-Q, a window and D64 (D256 keeps the default
+    order). Columns: tlx (the
+    default), tlx zigzag (fwd_head_group's group), ``TLX_ZIGZAG_GROUPS=a,b`` more columns with fixed groups
+    (configs.FORWARD_HEAD_GROUP), triton; ratio zigzag / default."""
+    from bench.suites import JAGGED_SEED, Case, dense_cases, jagged_cases, lognormal_lengths, make_inputs
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+    from jfa_ops.backends.tlx import configs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    bq_kv = lognormal_lengths(None, 512, seed=512)
+    quick = dense_cases([128], "quick") + jagged_cases([128], "quick")
+    cases = sorted(quick, key=lambda c: not c.causal) + [
+        Case("gqa", "jagged GQA 32:4 causal", lens, lens, 32, 4, 128, causal=True),
+        Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True),
+        Case("window", "jagged window(512,0) causal", lens, lens, 16, 16, 128, causal=True, window=(512, 0)),
+        Case("dense", "B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True, dense=True)]
+    groups = [int(g) for g in os.environ.get("TLX_ZIGZAG_GROUPS", "").split(",") if g]
+    cols = ["tlx", "tlx zigzag"] + [f"zigzag hg{g}" for g in groups] + ["triton"]
+    print("forward, bf16, TFLOP/s of useful work (do_bench median): the default work order vs configs.FORWARD_ZIGZAG "
+          "(bench/NOTES.md \"TLX forward: short causal\")", flush=True)
+    print(f"{'case':40s} " + " ".join(f"{c:>12s}" for c in cols) + f" {'zigzag/tlx':>10s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+        call = lambda backend: lambda: jfa_ops.jagged_attention(  # noqa: E731
+            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+            broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+            backend=backend)
+        fns = {"tlx": call("tlx"), "triton": call("triton"),
+               "tlx zigzag": with_setting(configs, "FORWARD_ZIGZAG", True, call("tlx"))}
+        for g in groups:
+            fns[f"zigzag hg{g}"] = with_setting(configs, "FORWARD_HEAD_GROUP", g, fns["tlx zigzag"])
+        row = {}
+        for col in cols:
+            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hung kernel: the rows so far are printed
+            ms = median_ms(fns[col], f"{case.label} {col}")
+            if ms is None:
+                failures += 1
+            else:
+                row[col] = case.flops("fwd") / ms / 1e9
+        faulthandler.cancel_dump_traceback_later()
+        v = [row.get(c, float("nan")) for c in cols]
+        print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{t:12.1f}" for t in v) + f" {v[1] / v[0]:10.3f}",
+              flush=True)
     return failures
 
 
@@ -922,6 +987,8 @@ def main(argv) -> int:
         failed += correctness()
     if part in ("timing", "all"):
         failed += timing()
+    if part == "order-timing":  # the default work order vs configs.FORWARD_ZIGZAG (not in "all")
+        failed += order_timing()
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|backward|backward-timing|sparse|sparse-bwd|mxfp8|mxfp8-qk2|host|
-# bench|suite]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-bwd|mxfp8|mxfp8-qk2|
+# host|bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
 # dQ split) / dqdefer / statsahead / dqlag / alternate1 / alternate3, <= 4 min; TLX_BWD_TIMING_COLS=a,b: those
@@ -28,6 +28,11 @@
 # D128 and broadcast-Q Lq128 H4 B512 beside triton-mxfp8 (bf16smem) and our bf16 tlx / triton (100 s); bf16 inputs
 # through the fused quantize (checked equal to the two passes) and the two passes. TLX_MXFP8_TESTS=1 (carry .whl):
 # the fused quantize's GPU tests first (60 s). `mxfp8-qk2`: the same sweep and timings with JFA_TLX_MXFP8_QK_CHUNKS=2.
+# `zigzag` (not in `all`): the forward's work order of helper tlxcausal (configs.FORWARD_ZIGZAG): the correctness
+# sweep with JFA_TLX_FWD_ZIGZAG=1 (its "waves:" cases exceed one wave of programs, where the order applies; 150 s),
+# then `order-timing`: TFLOP/s default vs zigzag (and TLX_ZIGZAG_GROUPS=a,b: fixed head groups) vs triton on the
+# bench's quick dense/jagged rows, GQA, broadcast-Q, a window, D64 (330 s; none when a sweep case failed).
+# TLX_ZIGZAG_TESTS=1 (carry .whl): first the GPU tests that compare zigzag with the default bit for bit (120 s).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +55,18 @@ if [ "$part" = v4 ]; then  # the forward's v4 consumers (configs.ONE_LOOP): thei
   JFA_TLX_FWD_ONE_LOOP=1 JFA_LAUNCH_VERIFY=1 $limit 110 python3 tools/tlx_check.py correctness
   r=$?  # 1: a case failed or hung (then no v4 timings); 124: out of its time (v4 still timed)
   if [ $r -ne 0 ]; then rc=1; [ $r -eq 124 ] || v4_ok=0; fi
+fi
+if [ "$part" = zigzag ]; then  # helper tlxcausal's work order: its sweep, then default / zigzag / triton timings
+  if [ "${TLX_ZIGZAG_TESTS:-0}" = 1 ]; then  # carry .whl (expecttest): zigzag == default bit for bit (GPU tests)
+    $limit 120 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu',
+      '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py', '-k', 'zigzag']))" || rc=1
+  fi
+  JFA_TLX_FWD_ZIGZAG=1 JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py correctness
+  r=$?  # 1: a case failed or hung (then no timings); 124: out of its time (timed still)
+  [ $r -eq 0 ] || rc=1
+  if [ $r -eq 0 ] || [ $r -eq 124 ]; then
+    $limit 330 python3 tools/tlx_check.py order-timing || rc=1
+  fi
 fi
 if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
   TLX_TIMING_V4=$v4_ok $limit 100 python3 tools/tlx_check.py timing || rc=1

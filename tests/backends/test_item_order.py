@@ -1,9 +1,11 @@
 """The TLX backward's item order (``configs.BACKWARD_ITEM_ORDER``, helper sparsebwd2): the snake striding
 (``common.snake_work`` / ``snake_items``, run in Triton's CPU interpreter: the TLX kernel cannot run there) gives every
 work item to exactly one program, and the block-sparse per-item list (``block_sparse_bwd.item_list``) is the tile
-list's (tile, kv head) pairs, each once, longest first by the item's own selected blocks, padding last; the dense
-causal order's list (``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal)
-is the same items in sections of (sequence, kv head) streams."""
+list's (tile, kv head) pairs, each once, longest first by the item's own selected blocks, padding last. The TLX
+forward's zigzag order (``configs.FORWARD_ZIGZAG``, helper tlxcausal: ``common.zigzag_item`` under the snake) gives
+every (tile, head) to one program, group by group in the zigzag's directions. The dense backward's causal order
+(``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal) is the tile list's
+items in sections of (sequence, kv head) streams."""
 from __future__ import annotations
 
 import os
@@ -21,7 +23,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list  # noqa: E402
-from jfa_ops.backends.triton.common import snake_items, snake_work  # noqa: E402
+from jfa_ops.backends.triton.common import snake_items, snake_work, zigzag_item  # noqa: E402
 
 
 @triton.jit
@@ -131,3 +133,63 @@ def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget)
         mine = [(rank[(a, b)], c) for a, b, c in items if section[(a, c)] == g]
         longest_first = (last - g) % 2 == 0
         assert mine == sorted(mine, key=lambda r: (r[0] if longest_first else -r[0], r[1]))
+
+
+@triton.jit
+def _zigzag_kernel(ITEMS, n_tiles, num_heads, group, head_group):
+    """ITEMS[work] = (program, tile, head) of every item as the TLX forward's ZIGZAG takes them (snake over
+    ``zigzag_item``), each program writing its own."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    n_work = n_tiles * num_heads
+    for i in range(0, snake_items(n_work, pid, programs, True)):
+        work = snake_work(pid, i, programs, True)
+        tile, head = zigzag_item(work, n_tiles, num_heads, group, head_group)
+        tl.store(ITEMS + 3 * work, pid)
+        tl.store(ITEMS + 3 * work + 1, tile)
+        tl.store(ITEMS + 3 * work + 2, head)
+
+
+def _schedule_model():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools",
+                        "fwd_schedule_model.py")
+    spec = importlib.util.spec_from_file_location("fwd_schedule_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def zigzag_reference(n_tiles, heads_kv, group, head_group):
+    """The order ``zigzag_item`` should give, work index by work index: kv-head groups of head_group in turn (each
+    kv head's ``group`` q heads side by side), tile ranks longest first (0 first) in the last group, the direction
+    alternating before it."""
+    span, n_groups = head_group * group, heads_kv // head_group
+    order = []
+    for g in range(n_groups):
+        ranks = range(n_tiles) if (n_groups - 1 - g) % 2 == 0 else reversed(range(n_tiles))
+        order += [(t, g * span + j) for t in ranks for j in range(span)]
+    return order
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (the GPU runs the real kernel)")
+@pytest.mark.parametrize("n_tiles,heads_kv,group,head_group,programs", [
+    (5, 4, 1, 2, 3), (5, 4, 1, 1, 4), (7, 4, 2, 2, 5), (3, 6, 1, 3, 4), (4, 2, 4, 1, 3), (6, 3, 1, 3, 2),
+    (1, 2, 1, 1, 3), (9, 8, 1, 4, 7)])
+def test_zigzag_items_once_each_group_by_group(n_tiles, heads_kv, group, head_group, programs):
+    num_heads = heads_kv * group
+    n_work = n_tiles * num_heads
+    items = torch.full((n_work, 3), -1, dtype=torch.int32)
+    _zigzag_kernel[(programs,)](items, n_tiles, num_heads, group, head_group)
+    got = [tuple(r) for r in items[:, 1:].tolist()]
+    assert got == zigzag_reference(n_tiles, heads_kv, group, head_group)
+    model = _schedule_model()  # tools/fwd_schedule_model.py's copy of the order (what its balance numbers assume)
+    assert [model.zigzag_item(w, n_tiles, num_heads, group, head_group) for w in range(n_work)] == got
+    assert sorted(got) == [(t, h) for t in range(n_tiles) for h in range(num_heads)]  # every item once
+    pids = items[:, 0].tolist()
+    for w, pid in enumerate(pids):  # the snake: round r's column w % programs, reversed every other round
+        r, c = divmod(w, programs)
+        assert pid == (programs - 1 - c if r % 2 else c)
+    for w in range(n_work - 1):  # a kv head's q heads stay within one group (they share its K/V)
+        assert got[w][1] // (head_group * group) <= got[w + 1][1] // (head_group * group)

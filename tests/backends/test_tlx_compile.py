@@ -111,6 +111,22 @@ def test_one_loop_consumer_keeps_wgmma_in_flight(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
 
+def test_zigzag_order_costs_the_kernel_nothing_per_block(compiled):
+    """configs.FORWARD_ZIGZAG (helper tlxcausal: ``common.zigzag_item`` under the snake; D64/D128): its
+    specializations compile, the v4 ones keep two wgmma groups in flight, and each spills at most 32 B per thread
+    more than the kernel of the same features in another order (the order is a few integer ops per work item;
+    measured D128 causal +4 B, full and broadcast-Q 0, causal + left window -16, D64 0; D256's v3 consumers
+    spilled 40-68 B more, so D256 keeps the default order)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].endswith("-zigzag")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no zigzag compiled"
+    for r in rows:
+        base = by_name.get(r["name"].replace("-zigzag", "-tilemajor")) or by_name[r["name"].replace("-zigzag", "")]
+        extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
+        assert extra <= 32, f"{r['name']}: {extra} B more spills than {base['name']}"
+        assert r["wgmma_overlap"] == base["wgmma_overlap"], r["name"]
+
+
 def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
     """The TLX MXFP8 forward (issue 12): S = Q K^T with A from shared memory and P V with A (the quantized P) from
     registers, both E4M3 x E4M3 wgmma in the SASS (``QGMMA...E4M3.E4M3``), at D64 and D128, spills bounded."""

@@ -115,6 +115,61 @@ def test_causal_order_list_matches_the_oracle(causal, window, heads, monkeypatch
     check_attention_case(case, "tlx")
 
 
+def test_causal_order_keeps_dk_dv_bit_for_bit(monkeypatch):
+    """CAUSAL_ORDER changes which program runs an item and when; each item still computes its own dK/dV over the
+    same blocks in the same order, so dK/dV equal the default's bit for bit; dQ is the same fp32 terms reduce-added
+    in another order (close, not equal)."""
+    _require_tlx()
+    case = AttentionCase((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4, head_dim=128,
+                         dtype=torch.bfloat16, device="cuda", causal=True)
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    x = case.make_inputs(0)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=q.dtype)
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "BACKWARD_CAUSAL_ORDER", on)
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, backend="tlx")
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
+# configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the
+# uniform rule) and jagged (GQA, a window), D64 and D128
+_JAG = (700, 1500, 33, 2100, 129, 900, 0, 1)
+_BF = dict(head_dim=128, dtype=torch.bfloat16, device="cuda")
+ZIGZAG_CASES = {
+    "dense B8 S2048 H16 causal": AttentionCase((2048,) * 8, (2048,) * 8, heads_q=16, heads_kv=16, causal=True,
+                                               pass_max_seqlen=True, **_BF),
+    "jagged GQA 6:3 causal": AttentionCase(_JAG, _JAG, heads_q=6, heads_kv=3, causal=True, **_BF),
+    "jagged H8 window (200,0) causal": AttentionCase(_JAG, _JAG, heads_q=8, heads_kv=8, causal=True, window=(200, 0),
+                                                     **_BF),
+    "jagged H8 full D64 fp16": AttentionCase(_JAG, _JAG, heads_q=8, heads_kv=8, head_dim=64, dtype=torch.float16,
+                                             device="cuda"),
+}
+
+
+@pytest.mark.parametrize("name", list(ZIGZAG_CASES))
+def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
+    """configs.FORWARD_ZIGZAG (helper tlxcausal) changes which program runs a work item and when, nothing within an
+    item (same blocks, same order, same arithmetic): out and lse equal the default order's bit for bit."""
+    case = ZIGZAG_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    x = case.make_inputs(0)
+    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", False)
+    want = x.call("tlx")
+    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", True)
+    got = x.call("tlx")
+    for g, w, what in zip(got, want, ("out", "lse")):
+        assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     """Sequence 1's keys are +inf and its values NaN; the 128-row TMA blocks of sequence 0 read them (the kernel

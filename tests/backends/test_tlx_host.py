@@ -249,6 +249,8 @@ FORWARD_CHANGES = {
     "PIPELINE": dict(switch=("PIPELINE", True)),
     "KV_MAJOR": dict(switch=("KV_MAJOR", True)),
     "ONE_LOOP": dict(switch=("ONE_LOOP", False)),
+    "FORWARD_ZIGZAG": dict(switch=("FORWARD_ZIGZAG", True)),
+    "FORWARD_HEAD_GROUP": dict(switch=("FORWARD_HEAD_GROUP", 2)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
 
@@ -280,6 +282,53 @@ def test_forward_replay_is_not_used_when_its_key_changes(gpu, monkeypatch, chang
     runs.clear()
     _full(monkeypatch, lambda: _forward(*inputs, params))
     assert _launches(runs, inputs) == by_kept
+
+
+@needs_tlx
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_forward_zigzag_launch(gpu, monkeypatch, zigzag):
+    """``configs.FORWARD_ZIGZAG`` (helper tlxcausal): a call whose items do not fit one wave launches the forward
+    with ZIGZAG, KV_MAJOR off (ZIGZAG's order replaces it) and ``fwd_head_group``'s group; off, the launch is the
+    default's (ZIGZAG False, head group 1); one wave (no list) never zigzags. GQA: the group counts kv heads."""
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_ZIGZAG", zigzag)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # 8 heads x 8+ tiles: many rounds of 3 programs
+    names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
+    for lengths, uniform in (([64, 17, 40, 5], False), ([256] * 4, True)):
+        q, k, v, offsets = _inputs(lengths)
+        hint = max(lengths) if uniform else 0
+        runs.clear()
+        _full(monkeypatch, lambda: _forward(q, k, v, offsets, _params(causal=True, max_seqlen_q=hint,
+                                                                      max_seqlen_kv=hint)))
+        (grid, values), = [(g, v) for name, g, v, _ in runs if name == "attn_fwd_tlx_kernel"]  # after the list's
+        got = dict(zip(names, values))
+        assert got["ZIGZAG"] is zigzag and not got["TILES_FROM_OFFSETS"]
+        want = tlx_configs.fwd_head_group(HEADS[1], HEADS[0] // HEADS[1], got["n_slots"], grid[0], uniform)
+        assert got["head_group"] == (want if zigzag else 1)
+        if zigzag:
+            assert got["KV_MAJOR"] is False
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 132)  # one wave: slots from the offsets, no list to order
+    runs.clear()
+    _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
+    got = dict(zip(names, runs[-1][2]))
+    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
+
+
+@needs_tlx
+def test_forward_head_group_rule(monkeypatch):
+    """``configs.fwd_head_group``: the fewest kv heads (a divisor) whose items fill ZIGZAG_ROUNDS rounds of the
+    programs (2 for a dense batch, 8 jagged), all of them when none does; FORWARD_HEAD_GROUP (or the argument): the
+    largest divisor up to it. The bench's D128 H16 cases (tools/fwd_schedule_model.py: slots = capacity)."""
+    monkeypatch.setattr(tlx_configs, "FORWARD_HEAD_GROUP", None)
+    rule = tlx_configs.fwd_head_group
+    assert rule(16, 1, 136, 132, True) == 2  # dense B8 S2048
+    assert rule(16, 1, 520, 132, True) == 1  # dense B8 S8192
+    assert [rule(16, 1, slots, 132, False) for slots in (72, 140, 284, 576)] == [16, 8, 4, 2]  # jagged T8k-64k
+    assert rule(4, 8, 284, 132, False) == 1  # GQA 32:4: 8 q heads per kv head
+    assert rule(6, 1, 10, 132, False) == 6  # never enough rounds: one group
+    assert rule(12, 1, 100, 132, True, head_group=5) == 4  # the largest divisor <= 5
+    monkeypatch.setattr(tlx_configs, "FORWARD_HEAD_GROUP", 3)
+    assert rule(16, 1, 136, 132, True) == 2
 
 
 BACKWARD_CHANGES = {

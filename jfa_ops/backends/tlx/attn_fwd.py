@@ -11,9 +11,11 @@ Roles inside one program (12 warps):
 
 Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
-takes p, p + P, ... (static persistent striding). The producer and the consumers walk the same items and compute the
-same key-block ranges (``triton.common.stage_bounds``: masked lead, mask-free bulk, masked tail; blocks nobody sees
-are never loaded), so their barrier phases stay in step without talking.
+takes p, p + P, ... (static persistent striding); ``configs.FORWARD_ZIGZAG`` (off): items in
+``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``). The
+producer and the consumers walk the same items and compute the same key-block ranges (``triton.common.stage_bounds``:
+masked lead, mask-free bulk, masked tail; blocks nobody sees are never loaded), so their barrier phases stay in step
+without talking.
 
 Jagged TMA: the descriptors cover the whole packed [T, H*D] tensors, so a block can run past its sequence's end into
 the next sequence. Keys there are masked (-inf) in the masked stages; the value rows there are zeroed in shared memory
@@ -39,8 +41,8 @@ from ..triton import common
 from ..triton import launch as launcher
 from ..triton.attn_fwd import replay_key as triton_replay_key
 from ..triton.attn_fwd import broadcast_offsets, keep_replay, replayed, rows_descriptor
-from ..triton.common import (LN2, key_interval_mask, seq_extent, softmax_step, stage_block_start, stage_bounds, visible,
-                             window_bounds, work_item)
+from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, snake_work, softmax_step,
+                             stage_block_start, stage_bounds, visible, window_bounds, work_item, zigzag_item)
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
                                         sparse_offsets)
 from ..triton.launch import launch, launch_planned
@@ -89,10 +91,13 @@ def _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head,
 def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
                rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
-               KV_MAJOR: tl.constexpr):
+               KV_MAJOR: tl.constexpr, head_group=1, ZIGZAG: tl.constexpr = False):
     """Everything producer and consumers both derive from a work item: (real, head, sequence rows, stage bounds,
-    sequence)."""
-    tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
+    sequence). ZIGZAG: the items in ``common.zigzag_item``'s order (else ``work_item``'s, kv-major or tile-major)."""
+    if ZIGZAG:
+        tile, head = zigzag_item(work, n_tiles, num_heads, group, head_group)
+    else:
+        tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
     if TILES_FROM_OFFSETS:
         seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
     else:
@@ -450,10 +455,10 @@ def _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot,
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
-                               "num_seqs", "rows_s", "rows_o", "n_q_blocks"])
+                               "num_seqs", "rows_s", "rows_o", "n_q_blocks", "head_group"])
 def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
                         WORK_COUNTER, num_heads, total_out, n_slots, search_steps, num_seqs, rows_s, rows_o,
-                        stride_ot, stride_oh, group, qk_scale, window_left, right,
+                        stride_ot, stride_oh, group, qk_scale, window_left, right, head_group,
                         BLOCK_INDEX, BLOCK_COUNT, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, HAS_LEFT: tl.constexpr,
@@ -461,7 +466,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        UNIFORM_WALK: tl.constexpr = False):
+                        UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -469,7 +474,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     Q block selected (BLOCK_INDEX [B, Hkv, n_q_blocks, W] ids of BLOCK_KV keys, ascending; BLOCK_COUNT [B, Hkv,
     n_q_blocks]; Q blocks of BLOCK_Q rows), with the v4 consumers; else the selection arguments are None/0.
     UNIFORM_WALK (with SPARSE): the walk's bounds in uniform registers (``_selected_item``,
-    ``configs.SPARSE_FORWARD_UNIFORM_WALK``)."""
+    ``configs.SPARSE_FORWARD_UNIFORM_WALK``). ZIGZAG (``configs.FORWARD_ZIGZAG``): the items in
+    ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake (``common.snake_work``),
+    instead of static striding over ``work_item``'s."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
@@ -483,7 +490,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     n_work = n_tiles * num_heads
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    my_items = (n_work - pid + programs - 1) // programs
+    my_items = snake_items(n_work, pid, programs, ZIGZAG)
 
     # Query half-tiles: buffer (item % NUM_BUFFERS_Q) * 2 + consumer; two buffers let the producer load the next
     # item's Q while the consumers finish this one (no TMA latency between work items).
@@ -502,9 +509,10 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
             kv_count = 0
             q_count = 0
             for i in range(0, my_items):
-                item = _work_tile(pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
-                                  num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
-                                  HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
+                                  num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left, right,
+                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
+                                  ZIGZAG)
                 (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                  tail_begin, tail_end, seq) = item
                 if SPARSE:
@@ -545,15 +553,17 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                 # bad offsets under the folded offset check)
                 if my_items > 0:
                     item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
-                                      HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                      HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
+                                      ZIGZAG)  # snake_work's i = 0
                     if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
                                              stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
-                        next_work = pid + tl.minimum(i + 1, my_items - 1) * programs  # the last one re-reads its own
+                        # the last one re-reads its own
+                        next_work = snake_work(pid, tl.minimum(i + 1, my_items - 1), programs, ZIGZAG)
                         if SPARSE:
                             sel_first, n_blocks = sel
                         else:
@@ -575,7 +585,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
-                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
+                                              ZIGZAG)
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
@@ -587,7 +598,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         else:
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
-                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR)
+                                              BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
+                                              ZIGZAG)
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
@@ -599,9 +611,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                 for i in range(0, my_items):
                     (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                      tail_begin, tail_end, seq) = _work_tile(
-                        pid + i * programs, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
-                        search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                        TILES_FROM_OFFSETS, KV_MAJOR)
+                        snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads,
+                        group, num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
+                        BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)
                     if real:
                         n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
                             + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
@@ -687,10 +699,11 @@ NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=
                     stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False)
 
 
-def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule) -> dict:
+def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule, zigzag=False) -> dict:
     """``attn_fwd_tlx_kernel``'s arguments that follow from a call's signature (a launch plan's static part; the
-    block-sparse ones aside): everything but the descriptors, out/lse, the offsets and the schedule's sizes. The
-    output's strides are those of a fresh [T, Hq, D] tensor (``common.alloc_output``)."""
+    block-sparse ones aside): everything but the descriptors, out/lse, the offsets, the schedule's sizes and the
+    head group. The output's strides are those of a fresh [T, Hq, D] tensor (``common.alloc_output``). ``zigzag``:
+    ``configs.FORWARD_ZIGZAG``'s order."""
     has_left, window_left, has_right, right = bounds
     pipeline, kv_major, one_loop = choices
     return dict(
@@ -699,27 +712,29 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
-        ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"])
+        ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
+        ZIGZAG=zigzag)
 
 
-def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg) -> dict:
+def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1) -> dict:
     """``attn_fwd_tlx_kernel``'s per-call arguments (q, k, v TMA-ready; out/lse allocated): the descriptors over
-    q, k, v (each holds its tensor's address and rows), out/lse, the offsets and the schedule's sizes."""
+    q, k, v (each holds its tensor's address and rows), out/lse, the offsets, the schedule's sizes and ZIGZAG's
+    head group (``configs.fwd_head_group``: it follows the list's capacity, which the plan key does not hold)."""
     return dict(desc_q=rows_descriptor(q, cfg.block_m // 2), desc_k=rows_descriptor(k, cfg.block_n),
                 desc_v=rows_descriptor(v, cfg.block_n), Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off,
-                **schedule_arguments(schedule), total_out=out.shape[0])
+                **schedule_arguments(schedule), total_out=out.shape[0], head_group=head_group)
 
 
 def _call_setup(q, k, v, params, num_seqs: int, total_out: int):
-    """(q, k, v TMA-ready, config, window_bounds, fwd_choices) of a call that launches the kernel. ``uniform``: every
-    sequence has the same length (a dense batch), known without reading the offsets: the max_seqlen hints times B
-    cover the rows."""
+    """(q, k, v TMA-ready, config, window_bounds, fwd_choices, uniform) of a call that launches the kernel.
+    ``uniform``: every sequence has the same length (a dense batch), known without reading the offsets: the
+    max_seqlen hints times B cover the rows."""
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     cfg = fwd_config(q.shape[2])
     bounds = window_bounds(params.causal, params.window_left, params.window_right)  # has_left, left, has_right, right
     uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
-    return q, k, v, cfg, bounds, fwd_choices(cfg, bounds[0] or bounds[2], params.broadcast_q, uniform)
+    return q, k, v, cfg, bounds, fwd_choices(cfg, bounds[0] or bounds[2], params.broadcast_q, uniform), uniform
 
 
 # Replays per call signature (``triton.attn_fwd._Replay`` with the q, k, v descriptors built per call): why: a small
@@ -727,7 +742,7 @@ def _call_setup(q, k, v, params, num_seqs: int, total_out: int):
 # path"), nearly all of it derivation that the signature fixes (configs, choices, schedule, ~60 arguments bound and
 # specialized). The key is the triton forward's (params, shapes, strides, device, offsets, knobs' generation) plus
 # what only this path reads: the dtypes (TMA's row-stride rule is in bytes), this backend's overrides (configs.
-# PIPELINE, KV_MAJOR, ONE_LOOP) and the head dim's config.
+# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP) and the head dim's config.
 _REPLAYS: dict = {}
 launcher.CLEAR_HOOKS.append(_REPLAYS.clear)
 
@@ -737,7 +752,7 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
     if key is None:
         return None
     return key + (q.dtype, k.dtype, v.dtype, configs.PIPELINE, configs.KV_MAJOR, configs.ONE_LOOP,
-                  fwd_config(q.shape[2]))
+                  configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, fwd_config(q.shape[2]))
 
 
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
@@ -766,7 +781,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
             validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         return out, lse
-    q, k, v, cfg, bounds, choices = _call_setup(q, k, v, params, num_seqs, total_out)
+    q, k, v, cfg, bounds, choices, uniform = _call_setup(q, k, v, params, num_seqs, total_out)
     has_left, window_left, has_right, right = bounds
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
@@ -776,13 +791,20 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     num_heads_kv = k.shape[1]
-    dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg)
+    # ZIGZAG: not for one wave (no list: every item runs at once, the order cannot matter); D64/D128 only (the v4
+    # configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4)
+    zigzag = configs.FORWARD_ZIGZAG and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
+    head_group = configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
+                                        uniform) if zigzag else 1
+    if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked
+        choices = (choices[0], False, choices[2])
+    dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group)
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, params.broadcast_q, bounds, choices, cfg,
-                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"])  # what _static_args follow from
+                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], zigzag)  # what _static_args follow from
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_fwd_tlx_kernel, plan_key, (programs,), dynamic,
                    lambda: dict(_static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices,
-                                             schedule), **NO_SELECTION), **options)
+                                             schedule, zigzag), **NO_SELECTION), **options)
     if flag is not None:
         if schedule["TILES_FROM_OFFSETS"]:  # no list was built, so nothing checked the offsets: aten ops do
             validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
@@ -811,7 +833,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    q, k, v, cfg, bounds, (_, kv_major, _) = _call_setup(q, k, v, params, num_seqs, total_out)
+    q, k, v, cfg, bounds, (_, kv_major, _), _ = _call_setup(q, k, v, params, num_seqs, total_out)
     has_left, window_left, has_right, right = bounds
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions

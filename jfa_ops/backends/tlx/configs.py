@@ -20,6 +20,38 @@ KV_MAJOR: Optional[bool] = None
 # sequences end the loop before its overlap pays), i.e. every call but broadcast-Q at D64/D128. True/False forces it
 # (env JFA_TLX_FWD_ONE_LOOP=1/0; tools/tlx_check.py compares both in one run).
 ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
+# Experiment on the forward's work order (helper tlxcausal, bench/NOTES.md "TLX forward: short causal"), off until
+# measured on the H200; read per call (tools/tlx_check.py times it beside the default in one process): ZIGZAG
+# (JFA_TLX_FWD_ZIGZAG=1) takes the items (query tile, head) in triton.common.zigzag_item's order, kv heads in
+# groups (fwd_head_group), tile by tile within a group and the direction alternating between groups, by the snake
+# (common.snake_work), instead of static striding over kv-major / tile-major items. Why: kv-major striding by 132
+# programs over a dense B8 S2048 causal list (128 tiles of 1-16 key blocks per head) gives program p the ranks p,
+# p + 4, p + 8, ... of every head: the busiest program 1.50x the mean (204 vs 136 blocks), which is the whole gap
+# to the non-causal row (tools/fwd_schedule_model.py). JFA_TLX_FWD_HEAD_GROUP=N sets the group (kv heads). D64 and
+# D128 (the v4 configs; D256's v3 consumers spilled 40-68 B more per thread with it).
+FORWARD_ZIGZAG = os.environ.get("JFA_TLX_FWD_ZIGZAG", "0") == "1"
+_FWD_HEAD_GROUP_ENV = os.environ.get("JFA_TLX_FWD_HEAD_GROUP", "")
+FORWARD_HEAD_GROUP: Optional[int] = int(_FWD_HEAD_GROUP_ENV) if _FWD_HEAD_GROUP_ENV else None
+# ZIGZAG's rounds of programs per head group (fwd_head_group): a dense batch's items repeat one cost pattern per
+# sequence, so 2 rounds balance it; jagged lists need ~8 (their long tiles are few: tools/fwd_schedule_model.py)
+ZIGZAG_ROUNDS = {True: 2, False: 8}
+
+
+def fwd_head_group(heads_kv: int, group: int, slots: int, programs: int, uniform: bool,
+                   head_group: Optional[int] = None) -> int:
+    """ZIGZAG's kv heads per group (a divisor of heads_kv; ``group``: q heads per kv head, ``slots``: the tile
+    list's capacity, ``programs``: the persistent grid): ``head_group`` / ``FORWARD_HEAD_GROUP`` when set (the
+    largest divisor <= it), else the fewest whose items fill ``ZIGZAG_ROUNDS[uniform]`` rounds of the programs (all
+    of them when none does). Fewer heads per group: the items in flight share more K/V in the L2; more rounds per
+    group: the snake balances better."""
+    head_group = FORWARD_HEAD_GROUP if head_group is None else head_group
+    divisors = [d for d in range(1, heads_kv + 1) if heads_kv % d == 0]
+    if head_group is not None:
+        return max((d for d in divisors if d <= head_group), default=1)
+    rounds = ZIGZAG_ROUNDS[uniform]
+    return next((d for d in divisors if slots * d * group >= rounds * programs), heads_kv)
+
+
 # The TLX backward (attn_bwd.py) instead of the triton backend's (D64/D128): on since its v2 consumers' GPU check
 # (H200, 2026-12-02: sweeps and the GPU tests passed; v2 with the dQ split 1.22-1.51x the triton backward, bench/NOTES.md
 # v12). Env JFA_TLX_BWD=0: the triton backward.

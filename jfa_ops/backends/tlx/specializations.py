@@ -38,17 +38,18 @@ class Specialization:
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
-                       block_kv: int = 128, uniform_walk: bool = False) -> Specialization:
+                       block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
-    (``configs.SPARSE_FORWARD_UNIFORM_WALK``)."""
+    (``configs.SPARSE_FORWARD_UNIFORM_WALK``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
+    as ``attention_forward`` launches it)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
     chosen = fwd_choices(cfg, causal or has_left, broadcast_q, uniform)
     pipeline = chosen[0] if pipeline is None else pipeline
-    kv_major = chosen[1] if kv_major is None else kv_major
+    kv_major = False if zigzag else chosen[1] if kv_major is None else kv_major
     one_loop = True if sparse else chosen[2] if one_loop is None else one_loop
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
@@ -60,7 +61,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
-                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop)
+                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag)
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk)
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
@@ -74,7 +75,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
-           f"{'' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
+           f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -205,6 +206,13 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     for uniform_walk in (False, True):  # blocks of several tiles
         yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
+    # helper tlxcausal's work order (configs.FORWARD_ZIGZAG, off; D64/D128): the v4 consumers, and v3 for broadcast-Q
+    # (GQA and the head group are runtime values: no kernel of their own)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield fwd_specialization(head_dim, "bf16", causal, zigzag=True)
+    yield fwd_specialization(128, "bf16", True, has_left=True, zigzag=True)
+    yield fwd_specialization(128, "bf16", False, broadcast_q=True, zigzag=True)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)

@@ -110,6 +110,26 @@ def snake_items(n_work, pid, programs, SNAKE: tl.constexpr):
 
 
 @triton.jit
+def zigzag_item(work, n_tiles, num_heads, group, head_group):
+    """(tile, head) of work item ``work`` when the kv heads go in groups of ``head_group`` (a divisor of them; each kv
+    head with its ``group`` q heads, side by side), group after group; within a group tile by tile, the list's
+    longest first in the last group and the direction alternating before it (the backward's
+    ``block_sparse_bwd.zigzag_groups`` order, arithmetic here: every head of a tile costs the same). Taken by the
+    snake (``snake_work``), every monotone run balances and the turns between groups are all-long or all-short; the
+    ~132 items in flight read the K/V of one group's heads (L2). The TLX forward's ZIGZAG
+    (``tlx.configs.FORWARD_ZIGZAG``; bench/NOTES.md "TLX forward: short causal")."""
+    span = head_group * group  # q heads per group
+    per_group = n_tiles * span
+    hg = work // per_group
+    r = work - hg * per_group
+    rank = r // span
+    head = hg * span + (r - rank * span)
+    last = num_heads // span - 1
+    tile = tl.where(((last - hg) & 1) == 0, rank, n_tiles - 1 - rank)
+    return tile, head
+
+
+@triton.jit
 def first_work(WORK_COUNTER, ATOMIC_WORK: tl.constexpr):
     """This program's first work item: the next one from the atomic counter, else its program id."""
     if ATOMIC_WORK:
