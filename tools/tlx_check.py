@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder), then ``backward-timing``: TFLOP/s triton / default / the experiments;
+all3, alternate1, alternate3, causalorder, itemorder), then ``backward-timing``: TFLOP/s triton / default / the experiments;
 it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -246,7 +246,9 @@ def backward_cases():
 # The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
 # default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together;
 # helper tlxalt's consumer turns on DQ_LAG (ALTERNATE); helper tlxbwdcausal's per-item list of masked dense calls
-# (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams).
+# (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
+# snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
+# causal").
 _DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
@@ -255,9 +257,10 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
                 "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
                 "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
-                "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True)}
+                "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
+                "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
-              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER")
+              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER")
 
 
 def _set_backward(variant) -> None:
