@@ -1,5 +1,5 @@
-"""CPU model of the TLX dense backward's schedule on the bench's dense and jagged D128 rows, causal against full (bench/NOTES.md "TLX
-backward: causal (helper tlxbwdcausal)"): per work item (key tile of 128 keys, kv head) the 64-row query blocks it
+"""CPU model of the TLX dense backward's schedule on the bench's dense and jagged D128 rows, causal against full
+(bench/NOTES.md "TLX backward: causal (helper tlxbwdcausal)"): per work item (key tile of 128 keys, kv head) the 64-row query blocks it
 walks, the busiest program over the mean under static striding for each work order the kernel can take, the masked
 blocks and the per-item share, and a coarse L2 model (``sparse_bwd_model.l2_model``: LRU over 32 KiB records of
 Q+dO and fp32 dQ, 50 MB) of the DRAM bytes per block and the distinct (head, query block) rows the items in flight
@@ -10,7 +10,8 @@ lengths is sorted tile index first, so the 16 heads of one tile of each of the 8
 streams of Q/dO/dQ rows with one item each), kv heads in groups of G (``configs.BACKWARD_HEAD_GROUP``, the kernel's
 HEAD_GROUPED mapping; G=1 is kv-head-major), ``configs.BACKWARD_ITEM_ORDER``'s snake, and
 ``configs.BACKWARD_CAUSAL_ORDER``'s per-item list (``block_sparse_bwd.causal_item_list``).
-``python tools/bwd_causal_model.py [--l2]`` (--l2: ~1 min per case).
+``python tools/bwd_causal_model.py [--l2] [--sections]`` (--l2: ~5 min in all; --sections: the causal order with
+L2 budgets of 10-80 MiB).
 """
 from __future__ import annotations
 

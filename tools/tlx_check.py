@@ -3,8 +3,8 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder), then ``backward-timing``: TFLOP/s triton / default / the experiments;
-it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
+all3, alternate1, alternate3, causalorder, itemorder), then ``backward-timing``: TFLOP/s triton / default / the
+experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
 ``all``). Every case is caught and
