@@ -3,8 +3,8 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3), then ``backward-timing``: TFLOP/s triton / default / the experiments;
-it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
+all3, alternate1, alternate3, causalorder, itemorder), then ``backward-timing``: TFLOP/s triton / default / the
+experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
 ``all``). Every case is caught and
@@ -237,12 +237,18 @@ def backward_cases():
         ("bwd broadcast-Q Lq100 causal", c((100,), (0, 1, 700, 64, 129), broadcast_q=True, causal=True)),
         ("bwd empty kv", c((30, 70), (0, 0))),
         ("bwd S4096 causal", c((4096,), (4096,), heads_q=2, heads_kv=2, causal=True)),
+        # more items than programs (208 > 132: a sorted key tile list, not one wave), so CAUSAL_ORDER's list runs
+        ("bwd jagged GQA 8:4 causal, a list", c((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4,
+                                                causal=True)),
     ]
 
 
 # The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
 # default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together;
-# helper tlxalt's consumer turns on DQ_LAG (ALTERNATE).
+# helper tlxalt's consumer turns on DQ_LAG (ALTERNATE); helper tlxbwdcausal's per-item list of masked dense calls
+# (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
+# snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
+# causal").
 _DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
@@ -250,9 +256,11 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
                 "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
                 "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3)}
+                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
+                "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
+                "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
-              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE")
+              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER")
 
 
 def _set_backward(variant) -> None:
@@ -425,7 +433,8 @@ def backward_timing() -> int:
     alternate3; dqdefer is the default's kernel at D128; the alternates also over dqlag, the kernel they add turns
     to). Each value is printed as it is measured (a hung kernel ends the run there:
     faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
-    (BWD_VARIANTS keys) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2."""
+    (BWD_VARIANTS keys) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's
+    dense causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -435,10 +444,13 @@ def backward_timing() -> int:
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
+    if os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
+        cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
+                  for n in (8192, 2048)]
     cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3"]
+    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
     if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n in BWD_VARIANTS]

@@ -3,7 +3,9 @@
 work item to exactly one program, and the block-sparse per-item list (``block_sparse_bwd.item_list``) is the tile
 list's (tile, kv head) pairs, each once, longest first by the item's own selected blocks, padding last. The TLX
 forward's zigzag order (``configs.FORWARD_ZIGZAG``, helper tlxcausal: ``common.zigzag_item`` under the snake) gives
-every (tile, head) to one program, group by group in the zigzag's directions."""
+every (tile, head) to one program, group by group in the zigzag's directions. The dense backward's causal order
+(``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal) is the tile list's
+items in sections of (sequence, kv head) streams."""
 from __future__ import annotations
 
 import os
@@ -20,7 +22,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.block_sparse_bwd import item_list  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list  # noqa: E402
 from jfa_ops.backends.triton.common import snake_items, snake_work, zigzag_item  # noqa: E402
 
 
@@ -96,6 +98,41 @@ def test_group_order_list_zigzags_over_head_groups(heads, group):
         for x, y, cx, cy in zip(mine, mine[1:], cost, cost[1:]):
             if cx == cy:
                 assert rank[x] < rank[y]
+
+
+@pytest.mark.parametrize("heads,lengths,budget", [(2, (300, 17, 700), 1 << 30), (4, (300, 17, 700), 700),
+                                                  (3, (0, 5, 5, 900), 1800), (1, (40, 40), 39), (2, (9,), 100)])
+def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget):
+    """``causal_item_list``: the tile list's (tile, kv head) items, each once, padding last; streams (seq, head)
+    taken longest sequence first into sections of ``budget`` bytes (rows x 1 byte here; a stream starts a new
+    section once the ones before it fill the budget), the sections in that order, each monotone in the tile list's
+    position (its cost order): the last section longest first, the directions alternating before it; within a
+    section and a tile, the heads in order."""
+    offsets = torch.tensor((0,) + lengths).cumsum(0).to(torch.int32)
+    tiles = [(s, j * 128) for s, n in enumerate(lengths) for j in range(-(-n // 128))]
+    tiles.sort(key=lambda t: -(lengths[t[0]] - t[1]))  # a sorted list (causal cost), stable over (seq, start)
+    seq = torch.tensor([s for s, _ in tiles] + [-1, -1], dtype=torch.int32)  # then padding
+    start = torch.tensor([st for _, st in tiles] + [5, 0], dtype=torch.int32)
+    s, st, h = causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads, offsets, 1, budget)
+    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
+    items = list(zip(s.tolist(), st.tolist(), h.tolist()))
+    assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
+    real = [a >= 0 for a, _, _ in items]
+    assert real == sorted(real, reverse=True)
+    streams = sorted(((a, c) for a in range(len(lengths)) for c in range(heads)), key=lambda x: -lengths[x[0]])
+    section, filled = {}, 0
+    for a, c in streams:
+        section[(a, c)] = filled // budget
+        filled += lengths[a]
+    rank = {(a, b): i for i, (a, b) in enumerate(zip(seq.tolist(), start.tolist()))}
+    items = [it for it in items if it[0] >= 0]
+    sections = [section[(a, c)] for a, _, c in items]
+    assert sections == sorted(sections)
+    last = max(section.values())
+    for g in set(sections):
+        mine = [(rank[(a, b)], c) for a, b, c in items if section[(a, c)] == g]
+        longest_first = (last - g) % 2 == 0
+        assert mine == sorted(mine, key=lambda r: (r[0] if longest_first else -r[0], r[1]))
 
 
 @triton.jit

@@ -55,13 +55,16 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 
 # The backward's variants: configs flags (the others off). v1, v2, v2 + dQ split (the default), and the experiments on
 # the default: DQ_LAG alone, and together where they combine: DQ_LAG + DQ_DEFER + STATS_AHEAD (every code path they
-# add; bench/NOTES.md "TLX backward v3 knobs"); the consumer turns on DQ_LAG (ALTERNATE, helper tlxalt).
+# add; bench/NOTES.md "TLX backward v3 knobs"); the consumer turns on DQ_LAG (ALTERNATE, helper tlxalt); the masked
+# dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where the key tile list is sorted, see
+# test_causal_order_list_matches_the_oracle).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
                 "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
                 "bwd-alternate1": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3)}
+                "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
+                "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -90,9 +93,49 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     from jfa_ops.backends.tlx import configs
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
-                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE"):
+                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
+
+
+@pytest.mark.parametrize("causal,window,heads", [(True, (-1, -1), (8, 4)), (True, (300, -1), (4, 4)),
+                                                  (False, (200, 100), (8, 4))])
+def test_causal_order_list_matches_the_oracle(causal, window, heads, monkeypatch):
+    """CAUSAL_ORDER (``block_sparse_bwd.causal_item_list``): masked dense calls with more work items than programs
+    (the key tile list is sorted, not one wave: 52 tiles x 4 kv heads = 208 > 132) walk the items in L2-sized
+    sections of (sequence, kv head) streams; every item once, so the gradients match the oracle (dQ's reduce-adds
+    land in another order: fp32 sums, within the oracle's tolerance)."""
+    _require_tlx()
+    case = AttentionCase((2048, 1000, 3000), (2048, 1000, 3000), heads_q=heads[0], heads_kv=heads[1],
+                         head_dim=128, dtype=torch.bfloat16, device="cuda", causal=causal, window=window)
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_CAUSAL_ORDER", True)
+    check_attention_case(case, "tlx")
+
+
+def test_causal_order_keeps_dk_dv_bit_for_bit(monkeypatch):
+    """CAUSAL_ORDER changes which program runs an item and when; each item still computes its own dK/dV over the
+    same blocks in the same order, so dK/dV equal the default's bit for bit; dQ is the same fp32 terms reduce-added
+    in another order (close, not equal)."""
+    _require_tlx()
+    case = AttentionCase((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4, head_dim=128,
+                         dtype=torch.bfloat16, device="cuda", causal=True)
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    x = case.make_inputs(0)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=q.dtype)
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "BACKWARD_CAUSAL_ORDER", on)
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, backend="tlx")
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
 # configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the

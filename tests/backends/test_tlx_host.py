@@ -503,3 +503,24 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
     head_group, _, uniform_walk, item_order, group_order = seen[0][5:10]  # [10]: alternate
     assert (head_group, item_order, group_order) == want
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_causal_order_launches_the_streams_item_list(gpu, monkeypatch, causal):
+    """``configs.BACKWARD_CAUSAL_ORDER`` (helper tlxbwdcausal): a masked dense call whose key tile list is sorted
+    (not one wave) launches the TLX backward with ITEM_LIST and SNAKE over ``block_sparse_bwd.causal_item_list``'s
+    items (one per key tile slot and kv head); a call without a mask launches the default (tile-major, no list)."""
+    runs, _ = gpu
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the sorted tile list
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", True)
+    q, k, v, offsets = _inputs([300, 17, 700, 5])
+    _backward(q, k, v, offsets, _params(causal=causal), torch.randn_like(q))
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    assert launched["ITEM_LIST"] is causal and launched["SNAKE"] is causal and not launched["HEAD_GROUPED"]
+    if not causal:
+        return
+    # the tile list's kernels are stubbed here (its contents are test_item_order.py's): one entry per (slot, kv head)
+    capacity = attn_bwd.capacity_of(q.shape[0], 128, len(offsets) - 1)
+    assert [launched[n].numel() for n in ("TILE_SEQ", "TILE_START", "TILE_HEAD")] == [capacity * HEADS[1]] * 3

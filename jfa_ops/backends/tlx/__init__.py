@@ -168,7 +168,8 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
                                       stats_ahead=configs.stats_ahead(q.shape[-1]), dq_lag=configs.BACKWARD_DQ_LAG,
                                       head_group=configs.head_group(k.shape[1]),
                                       item_order=configs.BACKWARD_ITEM_ORDER,
-                                      alternate=configs.BACKWARD_ALTERNATE)
+                                      alternate=configs.BACKWARD_ALTERNATE,
+                                      causal_order=configs.BACKWARD_CAUSAL_ORDER)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

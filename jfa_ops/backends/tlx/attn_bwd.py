@@ -36,7 +36,7 @@ from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
-from ..triton.block_sparse_bwd import item_list, transposed_selection
+from ..triton.block_sparse_bwd import causal_item_list, item_list, transposed_selection
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, seq_extent, snake_items, snake_work,
@@ -747,7 +747,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
-                       alternate: int = 0):
+                       alternate: int = 0, causal_order: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -760,21 +760,26 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless
     ``group_order``), ``group_order`` (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order
     over a list in head_group's groups, ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier
-    call made a recipe for (``_Recipe``) launches through it."""
+    call made a recipe for (``_Recipe``) launches through it. ``causal_order`` (``configs.BACKWARD_CAUSAL_ORDER``;
+    dense calls with a mask, where the key tile list is sorted, not one wave): the items in L2-sized sections of
+    (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``), with the snake; head_group and item_order
+    yield to it there."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
         alternate = 0
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order, group_order = 0, False, False, False
+        causal_order = False  # dense walks only
     else:
         qdo_first = uniform_walk = group_order = False  # block-sparse walks only
+    causal_order = causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
     group_order = group_order and head_group > 0
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
-               head_group, qdo_first, uniform_walk, item_order, group_order, alternate)
+               head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -789,7 +794,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate) = variant
+     alternate, causal_order) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -832,7 +837,13 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     # group_order in head_group's groups; the kernel reads the list (head_group and HEAD_GROUPED: its own mapping)
     items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0)
              if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
-    kernel_group = 0 if item_order else head_group
+    # dense with causal_order (a mask, the list sorted): the items in L2-sized sections of (sequence, kv head)
+    # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the sections are list data
+    if causal_order and not schedule["TILES_FROM_OFFSETS"]:
+        row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
+        items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
+    snake = item_order or items is not None
+    kernel_group = 0 if snake else head_group
     if items is not None:
         schedule = {**schedule, "TILE_SEQ": items[0], "TILE_START": items[1]}
         sparse_dynamic = {**sparse_dynamic, "TILE_HEAD": items[2]}
@@ -850,7 +861,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
                     DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=kernel_group,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
-                    ITEM_LIST=items is not None, SNAKE=item_order, ALTERNATE=alternate,
+                    ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
 

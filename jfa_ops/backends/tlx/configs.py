@@ -139,6 +139,16 @@ SPARSE_HEAD_GROUP = 4
 SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
+# CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
+# with a mask (causal, windows: key tiles of unequal cost, so the key tile list is sorted across sequences) and more
+# items than one wave take a per-item list: (sequence, kv head) streams, longest sequence first, in sections whose
+# Q/dO/fp32 dQ rows fill CAUSAL_ORDER_L2_BYTES, each section longest first with its streams side by side, under the
+# snake (``block_sparse_bwd.causal_item_list``; FA3/FA4 keep a stream's key blocks together the same way): the
+# default tile-major order runs one item per stream at the bench's B8 H16 causal rows, nearly every Q/dO read and
+# dQ reduce-add an L2 miss (modelled 90-95 KiB of DRAM per block, 4-16 with the list, 10-13 with the full mask).
+# The block-sparse item order's kernel path (ITEM_LIST + SNAKE); off until measured on the H200.
+BACKWARD_CAUSAL_ORDER = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", "0") == "1"
+CAUSAL_ORDER_L2_BYTES = 40 << 20
 BACKWARD_GROUP_ORDER = os.environ.get("JFA_TLX_BWD_GROUP_ORDER", "1") != "0"
 
 

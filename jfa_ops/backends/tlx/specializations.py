@@ -118,13 +118,14 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
-                       alternate: int = 0) -> Specialization:
+                       alternate: int = 0, causal_order: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
     (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
-    (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it)."""
+    (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
+    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -142,9 +143,9 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
                       DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag or alternate > 0,
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
-                      QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk, ITEM_LIST=item_order and sparse,
-                      SNAKE=item_order)
-    if item_order and sparse:
+                      QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
+                      ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order)
+    if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
         constexprs["TILE_HEAD"] = None
@@ -164,6 +165,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqlag' if dq_lag else ''}{'-headgroup' if head_grouped else ''}" \
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
+           f"{'-causalorder' if causal_order else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -259,6 +261,10 @@ def _specializations() -> Iterator[Specialization]:
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
                                      item_order=True)
+    # helper tlxbwdcausal's dense per-item list (configs.BACKWARD_CAUSAL_ORDER: masked dense calls)
+    for head_dim in (64, 128):
+        yield bwd_specialization(head_dim, "bf16", True, **dense_v2[head_dim], causal_order=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)

@@ -150,6 +150,43 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     return torch.sort(key, stable=True).indices
 
 
+def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
+    """(seq, start, kv head) per work item, int32 [tiles x heads_kv] (tlx ``configs.BACKWARD_CAUSAL_ORDER``; the
+    kernel takes it with ITEM_LIST and SNAKE): the dense items in sections of (sequence, kv head) streams whose
+    query-side rows (``bytes_per_row``: Q, dO and the fp32 dQ accumulator of a kv head's q heads) fill ``l2_bytes``
+    (tlx ``configs.CAUSAL_ORDER_L2_BYTES``; a stream larger than that is a section alone), the streams taken longest
+    sequence first (``q_offsets``: the [B + 1] query offsets the kernel reads), each section longest item first
+    with its streams side by side (the key tile list's order: ``schedule`` is sorted longest first), the sections
+    alternating direction with the last longest first (``zigzag_groups``' rule: the snake balances each monotone
+    run). Why: the key tile list of a causal batch is sorted by cost across sequences, so the default tile-major
+    order runs one item per stream (8 sequences x 16 heads side by side at the bench's B8 H16) and nearly every Q/dO
+    read and dQ reduce-add misses the L2 (modelled 90-95 KiB of DRAM per block, the full mask 13); FA3's backward
+    scheduler (SingleTileBwdLPTScheduler) runs a section's key blocks side by side instead. Padding tiles (seq -1)
+    go last. Device ops only: no sync."""
+    tiles = schedule["TILE_SEQ"].numel()
+    device = schedule["TILE_SEQ"].device
+    seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
+    start = schedule["TILE_START"].repeat_interleave(heads_kv)
+    head = torch.arange(heads_kv, dtype=torch.int32, device=device).repeat(tiles)
+    rank = torch.arange(tiles, dtype=torch.int64, device=device).repeat_interleave(heads_kv)
+    # streams (seq, kv head), longest sequence first (stable: ties in (seq, head) order), their sections by bytes
+    lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
+    by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
+    stream_bytes = lengths.repeat_interleave(heads_kv)[by_length] * bytes_per_row
+    filled = torch.cumsum(stream_bytes, 0) - stream_bytes  # bytes of the streams before each one
+    section_of = torch.empty_like(by_length)
+    section_of[by_length] = filled // l2_bytes
+    real = seq >= 0
+    section = torch.where(real, section_of[(seq.clamp(min=0).long() * heads_kv + head).clamp(max=max(
+        section_of.numel() - 1, 0))], 0)
+    # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
+    longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
+    within = torch.where(longest_first, rank, -rank)
+    key = torch.where(real, section * (1 << 32) + within, 1 << 62)  # padding last
+    order = torch.sort(key, stable=True).indices  # ties (one tile's heads) keep the list's order
+    return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+
+
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
     """The dK/dV pass's pipeline depth: the dense config's, or 3 under ``KNOBS.sparse_dkdv_stages3`` for 16-bit
     head dims <= 128 on a device with sm_90's shared memory (3 x [64, 128] Q and dO tiles fit there)."""
