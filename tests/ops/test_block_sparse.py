@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import jfa_ops
+from jfa_ops.backends import Problem, get_backend
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,
                              check_block_sparse_case)
+from tests.common import device_backend_params, dtypes_for, head_dims_for
 
 seeds = st.integers(0, 2**31 - 1)
 
@@ -287,3 +289,39 @@ def test_flex_block_mask_is_a_second_oracle():
     ours = jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, block_q=16,
                                           block_kv=16, causal=True, window=(30, -1))
     assert_attention_close(flex, ours, dtype=torch.float32, kind="forward", name="flex vs ours")
+
+
+@pytest.mark.parametrize("device,backend", device_backend_params(smoke=True))
+def test_deterministic_gradients_are_bitwise_reproducible(device, backend):
+    """``deterministic=True`` (issue 11: ``jagged_attention``'s contract): three runs give bit-equal out, lse and
+    gradients (dQ of a query block sums the visits of several key tiles, the order an atomic path would vary); a
+    backend that declines it (tlx) refuses the named request with a ValueError naming it."""
+    impl = get_backend(backend)
+    if not impl.implements("block_sparse"):
+        pytest.skip(f"{backend} has no block-sparse family")
+    dtype, head_dim = dtypes_for(device, backend)[-1], head_dims_for(device, backend, (16, 64))[0]
+    case = BlockSparseCase(AttentionCase((70, 0, 33), (67, 5, 64), heads_q=4, heads_kv=2, causal=True, device=device,
+                                         dtype=dtype, head_dim=head_dim), block_q=16, block_kv=16, keep_ratio=0.5)
+    inputs = case.case.make_inputs(0, requires_grad=True)
+    index, count = case.select(inputs)
+    kw = inputs.kwargs
+
+    def call():
+        return jfa_ops.block_sparse_attention(
+            inputs.q, inputs.k, inputs.v, inputs.q_offsets, inputs.kv_offsets, index, count, kw["max_seqlen_q"],
+            kw["max_seqlen_kv"], block_q=16, block_kv=16, causal=True, return_lse=True, deterministic=True,
+            backend=backend)
+
+    problem = Problem(device, dtype, head_dim, 4, 2, True, -1, -1, False, True, block_q=16, block_kv=16)
+    if impl.family("block_sparse").supports(problem) is not None:
+        with pytest.raises(ValueError, match="deterministic"):
+            call()
+        return
+    runs = []
+    for _ in range(3):
+        out, lse = call()
+        runs.append((out, lse) + torch.autograd.grad((out, lse), (inputs.q, inputs.k, inputs.v),
+                                                     (torch.ones_like(out), torch.ones_like(lse))))
+    for run in runs[1:]:
+        for a, b, name in zip(runs[0], run, ("out", "lse", "dq", "dk", "dv")):
+            assert torch.equal(a, b), f"{name} differs between deterministic runs"
