@@ -9,8 +9,8 @@ cover the batch's rows, not B x max_seqlen (the bench batch: 548 Q-block slots i
     pooled_q [Q slots, Hkv, D] fp32    mean of a Q block's rows over the kv head's group of query heads
     pooled_k [KV slots, Hkv, D] fp32   mean of a KV block's rows
     q_slot_seq [Q slots] int32         the sequence of a Q slot, -1 for padding (the select kernel's map)
-    scores [select slots, Hkv, NKB]    scratch: pooled_q . pooled_k of the sequence's own blocks; -inf where the pair
-                                       is not visible, +inf for the local block (always_local)
+    scores [select slots, Hkv, NKB]    scratch, fp64: pooled_q . pooled_k of the sequence's own blocks (``_exact_dot``);
+                                       -inf where the pair is not visible, +inf for the local block (always_local)
 
 The outputs start as -1 (index) and 0 (count); the select kernel writes the real rows' count and kept ids only.
 Broadcast Q pools its one Q sequence once; select program t is then (sequence t // NQB, Q block t % NQB).
@@ -108,14 +108,26 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
 
 
 @triton.jit
+def _exact_dot(pk, pq):
+    """Row sums of pk * pq (fp32 [N, D] x [D]) in fp64: the same bits for equal rows wherever they sit in the tile.
+    Why fp64: a product of two fp32 values is exact in fp64, so whether the compiler contracts a multiply and the
+    add after it into an FMA (it chose per register, not per row: sm_90 PTX of the [128, 16] row tile fused p0 * q0
+    in rows 0 and 3 of a thread and p1 * q1 in rows 1 and 2) cannot change a sum; the sum's order is the layout's,
+    the same for every row. In fp32 two equal KV blocks scored differently and broke ties by position, not index
+    (H200, triton 3.8: ``test_selection_ties_and_many_blocks[rows]``)."""
+    return tl.sum(pk.to(tl.float64) * pq.to(tl.float64)[None, :], 1)
+
+
+@triton.jit
 def _block_scores(PK, pk_row0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k, window_left, right,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
                   HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """(scores of KV blocks j: pooled_q . pooled_k, -inf where not visible, +inf for the local block; visible)."""
+    """(scores of KV blocks j: pooled_q . pooled_k in fp64 (``_exact_dot``), -inf where not visible, +inf for the
+    local block; visible)."""
     d = tl.arange(0, BLOCK_D)
     pk = tl.load(PK + (pk_row0 + j).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + d[None, :],
                  mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-    s = tl.sum(pk * pq[None, :], 1)
+    s = _exact_dot(pk, pq)
     return _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
                            ALWAYS_LOCAL)
 
@@ -147,17 +159,17 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
     """One row (n_own <= BLOCK_C blocks) without the scratch row: the scores of all its blocks as one register
     vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
     ranks of BLOCK_J blocks at a time against the whole vector (block j's own score picked out of it by a masked
-    sum: exact, only one term is not 0). No barrier, no re-read of the scores."""
+    max: a selection, no rounding). No barrier, no re-read of the scores."""
     c = tl.arange(0, BLOCK_C)
     c_ok = c < n_own
-    s = tl.zeros([BLOCK_C], tl.float32)
+    s = tl.zeros([BLOCK_C], tl.float64)
     for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
         dc = d0c + tl.arange(0, BLOCK_DC)
         d_ok = dc < HEAD_DIM
         pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)
         pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
-        s += tl.sum(pk * pq[None, :], 1)
+        s += _exact_dot(pk, pq)
     s, vis = _visible_scores(s, c, c_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
                              ALWAYS_LOCAL)
     count = tl.load(KEEP + tl.sum(vis.to(tl.int32), 0))
@@ -165,7 +177,7 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
     slot0 = count * 0  # kept blocks before the current chunk
     for j0 in tl.static_range(0, BLOCK_C, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        s_j = tl.sum(tl.where(c[None, :] == j[:, None], s[None, :], 0.0), 1)
+        s_j = tl.max(tl.where(c[None, :] == j[:, None], s[None, :], float("-inf")), 1)  # a pick: no arithmetic
         beats = (s[None, :] > s_j[:, None]) | ((s[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
         rank = tl.sum((beats & c_ok[None, :]).to(tl.int32), 1)
         kept = (rank < count) & (j < n_own)
@@ -326,7 +338,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
     block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
     in_registers = KNOBS.sparse_select_rows and n_kv <= block_c  # every row fits one register vector
-    scores = pooled_q if in_registers else torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float32,
+    scores = pooled_q if in_registers else torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float64,
                                                          device=device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     launch(block_select_kernel, (select_slots * heads_kv,), dict(

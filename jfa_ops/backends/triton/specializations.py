@@ -200,6 +200,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
                           WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0)
     elif kernel == "bs_select":
+        if not select_rows:  # the scratch row holds fp64 scores (rows in registers get pooled_q, never touched)
+            ptr["Scores"] = "*fp64"
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q,
