@@ -31,6 +31,7 @@ from .offset_checks import offsets_ok
 from .scheduling import (binary_search_steps, capacity_of, fanout_search_steps, shape_constant, slot_tile,
                          slot_tile_fanout)
 
+POOL_WHOLE_BLOCK_MAX = 128 * 128  # elements of the largest whole-block pooling tile (64 registers of bf16 a thread)
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
@@ -51,11 +52,13 @@ def _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_
 @triton.jit
 def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh, stride_ps,
                stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-               SEARCH_STEPS: tl.constexpr):
+               SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
     """Pooled[t, head] = mean of slot t's block over heads head * group .. + group - 1 (real rows only); returns
     (sequence, real). Padding slots write nothing. The steps (ROWS rows of one head) are summed elementwise into a
     [ROWS, D] tile (one reduction at the end), each step's load issued one step ahead: without that, ptxas
-    serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS)."""
+    serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS). WHOLE_BLOCK
+    (``KNOBS.sparse_pool_whole_block``): one [BLOCK, D] load per head instead, reduced as it lands: the program's
+    32 KB (D128 bf16) in one round trip instead of ~3 (ROWS-row steps, one ahead)."""
     if SEARCH_STEPS > 0:
         seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
     else:
@@ -63,17 +66,26 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
     if real:
         row0 = tl.load(OFF + seq).to(tl.int64)
         end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
-        steps = (end - start + ROWS - 1) // ROWS
-        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-        x = _load_step(X, row0, start, end, head, group, steps, 0, stride_xt, stride_xh, HEAD_DIM, BLOCK_D, ROWS)
-        for step in range(1, loop_bound(steps * group)):
-            x_next = _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_xh, HEAD_DIM,
-                                BLOCK_D, ROWS)
-            acc += x.to(tl.float32)
-            x = x_next
-        acc += x.to(tl.float32)
         d = tl.arange(0, BLOCK_D)
-        pooled = tl.sum(acc, 0) / ((end - start) * group).to(tl.float32)
+        if WHOLE_BLOCK:  # one [BLOCK, D] load per head: the block's rows all in flight at once
+            r = start + tl.arange(0, BLOCK)
+            tile = X + (row0 + r)[:, None] * stride_xt + head * group * stride_xh + d[None, :]
+            tile_ok = (r < end)[:, None] & (d < HEAD_DIM)[None, :]
+            total = tl.zeros([BLOCK_D], tl.float32)
+            for g in range(0, loop_bound(group)):
+                total += tl.sum(tl.load(tile + g * stride_xh, mask=tile_ok, other=0.0).to(tl.float32), 0)
+        else:
+            steps = (end - start + ROWS - 1) // ROWS
+            acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+            x = _load_step(X, row0, start, end, head, group, steps, 0, stride_xt, stride_xh, HEAD_DIM, BLOCK_D, ROWS)
+            for step in range(1, loop_bound(steps * group)):
+                x_next = _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_xh, HEAD_DIM,
+                                    BLOCK_D, ROWS)
+                acc += x.to(tl.float32)
+                x = x_next
+            acc += x.to(tl.float32)
+            total = tl.sum(acc, 0)
+        pooled = total / ((end - start) * group).to(tl.float32)
         tl.store(Pooled + t.to(tl.int64) * stride_ps + head * stride_ph + d, pooled, mask=d < HEAD_DIM)
     return seq, real
 
@@ -83,7 +95,7 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
 def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, search_steps, rows,
                       other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_SEQ: tl.constexpr,
-                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
     """Program t * heads + head: pools slot t of X (one launch for Q, one for K: each its block size and one loop
     body; both sides in one program made ptxas serialize the K side's loads). WRITE_SEQ: head 0 also writes
     SLOT_SEQ[t] (the slot's sequence, -1 for padding). CHECK: program (0, 0) also checks OFF and OTHER_OFF (rows,
@@ -101,7 +113,7 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
                                                                             max_o, 1024)
             tl.store(FLAG, valid.to(tl.int32))
     seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh,
-                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS)
+                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS, WHOLE_BLOCK)
     if WRITE_SEQ:
         if head == 0:
             tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
@@ -151,17 +163,34 @@ def _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_
 
 
 @triton.jit
-def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, head, n_own, stride_pks, stride_pkh,
+def _visible_range(d0, d1, n_own, window_left, right, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
+                   HAS_RIGHT: tl.constexpr):
+    """[lo, hi): the row's KV blocks that can be visible (a superset: ``_visible_scores`` still decides). Block j
+    is visible only if j * BLOCK_KV - right <= d1 (HAS_RIGHT) and its last key + left >= d0 (HAS_LEFT; that key is
+    at most (j + 1) * BLOCK_KV - 1). Blocks outside score -inf and rank behind every visible one: never kept."""
+    lo = n_own * 0
+    hi = n_own
+    if HAS_RIGHT:
+        top = d1 + right  # Triton's // truncates toward 0: negative numerators first
+        hi = tl.minimum(hi, tl.where(top < 0, 0, top // BLOCK_KV + 1))
+    if HAS_LEFT:
+        bottom = d0 - window_left
+        lo = tl.minimum(tl.where(bottom < 0, 0, bottom // BLOCK_KV), hi)
+    return lo, hi
+
+
+@triton.jit
+def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh,
                              d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr,
                              BLOCK_C: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
                              HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """One row (n_own <= BLOCK_C blocks) without the scratch row: the scores of all its blocks as one register
+    """One row (its blocks [lo, hi), hi <= BLOCK_C) without the scratch row: the scores of all its blocks as one register
     vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
     ranks of BLOCK_J blocks at a time against the whole vector (block j's own score picked out of it by a masked
     max: a selection, no rounding). No barrier, no re-read of the scores."""
     c = tl.arange(0, BLOCK_C)
-    c_ok = c < n_own
+    c_ok = (c >= lo) & (c < hi)
     s = tl.zeros([BLOCK_C], tl.float64)
     for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
         dc = d0c + tl.arange(0, BLOCK_DC)
@@ -180,24 +209,25 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
         s_j = tl.max(tl.where(c[None, :] == j[:, None], s[None, :], float("-inf")), 1)  # a pick: no arithmetic
         beats = (s[None, :] > s_j[:, None]) | ((s[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
         rank = tl.sum((beats & c_ok[None, :]).to(tl.int32), 1)
-        kept = (rank < count) & (j < n_own)
+        kept = (rank < count) & (j >= lo) & (j < hi)
         slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
         tl.store(index_row + slot, j, mask=kept)
         slot0 += tl.sum(kept.to(tl.int32), 0)
 
 
 @triton.jit
-def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, n_own, stride_pks,
+def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                         stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """One row of any length: the scores into the program's scratch row, then the ranks read back from it."""
+    """One row of any length (its blocks [lo, hi)): the scores into the program's scratch row, then the ranks read
+    back from it."""
     d = tl.arange(0, BLOCK_D)
     pq = tl.load(PQ_ROW + d, mask=d < HEAD_DIM, other=0.0)
     n_visible = tl.full([], 0, tl.int32)
-    for j0 in range(0, loop_bound(n_own), BLOCK_J):
+    for j0 in range(loop_bound(lo), loop_bound(hi), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        j_ok = j < n_own
+        j_ok = j < hi
         s, vis = _block_scores(PK, kv_slot0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k,
                                window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
         n_visible += tl.sum(vis.to(tl.int32), 0)
@@ -206,16 +236,16 @@ def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_s
     tl.store(count_ptr, count)
     tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
     slot0 = count * 0  # kept blocks before the current chunk
-    for j0 in range(0, loop_bound(tl.where(count > 0, n_own, 0)), BLOCK_J):
+    for j0 in range(loop_bound(lo), loop_bound(tl.where(count > 0, hi, lo)), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        s_j = tl.load(scores_row + j, mask=j < n_own, other=float("-inf"))
+        s_j = tl.load(scores_row + j, mask=j < hi, other=float("-inf"))
         rank = tl.zeros([BLOCK_J], tl.int32)
-        for c0 in range(0, loop_bound(n_own), BLOCK_C):
+        for c0 in range(loop_bound(lo), loop_bound(hi), BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)
-            s_c = tl.load(scores_row + c, mask=c < n_own, other=float("-inf"))
+            s_c = tl.load(scores_row + c, mask=c < hi, other=float("-inf"))
             beats = (s_c[None, :] > s_j[:, None]) | ((s_c[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
-            rank += tl.sum((beats & (c < n_own)[None, :]).to(tl.int32), 1)
-        kept = (rank < count) & (j < n_own)
+            rank += tl.sum((beats & (c < hi)[None, :]).to(tl.int32), 1)
+        kept = (rank < count) & (j < hi)
         slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
         tl.store(index_row + slot, j, mask=kept)
         slot0 += tl.sum(kept.to(tl.int32), 0)
@@ -229,7 +259,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
-                        BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr):
+                        BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
+                        VISIBLE_RANGE: tl.constexpr):
     """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
     broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
     in ascending order (the rest stays -1).
@@ -241,7 +272,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
        of a stable descending sort, so ties break toward the lower index as ``reference.block_sparse.top_blocks``.
        Kept: rank < Count; its slot in Index: how many kept blocks precede it (ascending ids, no sort).
     ROW_IN_REGISTERS (the row's blocks fit BLOCK_C, ``KNOBS.sparse_select_rows``): both steps on a register vector
-    (``_select_row_in_registers``), Scores unused. Padding slots, and sequences whose offsets point outside the
+    (``_select_row_in_registers``), Scores unused. VISIBLE_RANGE (``KNOBS.sparse_select_visible``): both steps over
+    the blocks the row can see (``_visible_range``), not all the sequence's. Padding slots, and sequences whose offsets point outside the
     tensors (bad offsets under JFA_VALIDATE=deferred), read and write nothing."""
     t = tl.program_id(0) // heads
     head = tl.program_id(0) % heads
@@ -276,15 +308,24 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
         index_row = Index + seq64 * stride_ib + head * stride_ih + i * stride_iq
         count_ptr = Count + seq64 * stride_cb + head * stride_ch + i
         pq_row = PQ + q_slot.to(tl.int64) * stride_pqs + head * stride_pqh
+        lo = n_own * 0
+        hi = n_own
+        if VISIBLE_RANGE:
+            lo, hi = _visible_range(d0, d1, n_own, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT)
         if ROW_IN_REGISTERS:
-            _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, n_own, stride_pks,
+            _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                                      stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM, BLOCK_D,
                                      BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
         else:
             _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh, index_row,
-                                count_ptr, kv_slot0, head, n_own, stride_pks, stride_pkh, d0, d1, local, len_k,
+                                count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1, local, len_k,
                                 window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT,
                                 HAS_RIGHT, ALWAYS_LOCAL)
+
+
+def pool_whole_block(block: int, block_d: int) -> bool:
+    """``KNOBS.sparse_pool_whole_block`` where a block's [block, D] tile fits a program's registers (<= 128 x 128)."""
+    return KNOBS.sparse_pool_whole_block and block * block_d <= POOL_WHOLE_BLOCK_MAX
 
 
 @shape_constant
@@ -331,8 +372,8 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
             max_o=params.max_seqlen_kv, heads=heads_kv, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1),
             stride_ps=pooled.stride(0), stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
             BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None,
-            SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0),
-            num_warps=4, num_stages=1)
+            SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0,
+            WHOLE_BLOCK=pool_whole_block(block, hd["BLOCK_D"])), num_warps=4, num_stages=1)
     if flag is not None:
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
@@ -351,7 +392,8 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
         BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
-        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"])), num_warps=4, num_stages=1)
+        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible),
+        num_warps=4, num_stages=1)
     return index, count
 
 
