@@ -35,6 +35,7 @@ POOL_WHOLE_BLOCK_MAX = 128 * 128  # elements of the largest whole-block pooling 
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
+SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_grouped
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
 
 
@@ -185,8 +186,8 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
                              BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr,
                              BLOCK_C: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
                              HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """One row (its blocks [lo, hi), hi <= BLOCK_C) without the scratch row: the scores of all its blocks as one register
-    vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
+    """One row (its blocks [lo, hi), hi <= BLOCK_C) without the scratch row: the scores of all its blocks as one
+    register vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
     ranks of BLOCK_J blocks at a time against the whole vector (block j's own score picked out of it by a masked
     max: a selection, no rounding). No barrier, no re-read of the scores."""
     c = tl.arange(0, BLOCK_C)
@@ -252,15 +253,15 @@ def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_s
 
 
 @triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "heads", "window_left",
-                               "right"])
+                               "right", "num_seqs", "rows_q"])
 def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
-                        kv_slots, rows_kv, heads, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
-                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                        kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs, stride_pqh, stride_pks, stride_pkh,
+                        stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
-                        VISIBLE_RANGE: tl.constexpr):
+                        VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr):
     """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
     broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
     in ascending order (the rest stays -1).
@@ -273,25 +274,37 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
        Kept: rank < Count; its slot in Index: how many kept blocks precede it (ascending ids, no sort).
     ROW_IN_REGISTERS (the row's blocks fit BLOCK_C, ``KNOBS.sparse_select_rows``): both steps on a register vector
     (``_select_row_in_registers``), Scores unused. VISIBLE_RANGE (``KNOBS.sparse_select_visible``): both steps over
-    the blocks the row can see (``_visible_range``), not all the sequence's. Padding slots, and sequences whose offsets point outside the
-    tensors (bad offsets under JFA_VALIDATE=deferred), read and write nothing."""
+    the blocks the row can see (``_visible_range``), not all the sequence's. GROUP > 1 (``KNOBS.sparse_select_grouped``,
+    rows in registers only): program t * heads + head ranks GROUP consecutive Q blocks of one sequence (its group
+    slot, found by ``scheduling.slot_tile_fanout``; broadcast Q: sequence t // cdiv(NQB, GROUP)), so the sequence's
+    offsets and the head's pooled K row are fetched once per GROUP rows (the later rows' pooled K from L1) and the
+    grid is GROUP times smaller: fewer waves of the ~5 dependent round trips a program waits through. Padding slots,
+    and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred), read and write
+    nothing."""
     t = tl.program_id(0) // heads
     head = tl.program_id(0) % heads
-    if BROADCAST_Q:
-        seq = t // n_q_blocks
-        i = t % n_q_blocks
-        q_slot = i
+    if BROADCAST_Q:  # the one Q sequence's blocks: Q block i at slot i
+        n_groups = (n_q_blocks + GROUP - 1) // GROUP
+        seq = t // n_groups
+        i0 = t % n_groups * GROUP
+        q_slot0 = i0 * 0
         len_q = tl.load(Q_OFF + 1) - tl.load(Q_OFF)
-        q_ok = i * BLOCK_Q < len_q
-    else:
+        q_ok = i0 * BLOCK_Q < len_q
+    elif GROUP == 1:
         seq = tl.load(Q_SLOT_SEQ + t)
         q_ok = seq >= 0
         seq = tl.maximum(seq, 0)
         begin_q = tl.load(Q_OFF + seq)
         len_q = tl.load(Q_OFF + seq + 1) - begin_q
-        i = t - (begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq)  # Q slot t = g(seq) + i
-        q_slot = t
-        q_ok = q_ok & (i < n_q_blocks)  # a length over max_seqlen_q (bad offsets) has no row in Index
+        q_slot0 = begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq  # Q slot t = g(seq) + i
+        i0 = t - q_slot0
+    else:  # group slots: sequence b's group j at slot off[b] // (GROUP * BLOCK_Q) - off[0] // (...) + b + j
+        seq, start, q_ok = slot_tile_fanout(Q_OFF, KV_OFF, t, num_seqs, rows_q, rows_kv, GROUP * BLOCK_Q,
+                                            SEARCH_STEPS)
+        begin_q = tl.load(Q_OFF + seq)
+        len_q = tl.load(Q_OFF + seq + 1) - begin_q
+        q_slot0 = begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq  # the pooling's Q slot of block 0
+        i0 = start // BLOCK_Q
     begin_k = tl.load(KV_OFF + seq)
     end_k = tl.load(KV_OFF + seq + 1)
     len_k = end_k - begin_k
@@ -300,14 +313,39 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     # KV blocks outside the KV slots (bad offsets) are never read
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
-    if q_ok:
+    if GROUP == 1:
+        _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0, q_slot0, q_ok, len_q, len_k, kv_slot0,
+                        n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D,
+                        BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, ROW_IN_REGISTERS,
+                        BLOCK_DC, VISIBLE_RANGE)
+    else:
+        for g in range(0, GROUP):  # a loop, not unrolled: unrolled, ptxas hoisted all rows' loads (248 registers)
+            _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0 + g, q_slot0, q_ok, len_q, len_k,
+                            kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
+                            stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                            HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
+                            ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE)
+
+
+@triton.jit
+def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0, q_ok, len_q, len_k, kv_slot0,
+                    n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+                    stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                    BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    ALWAYS_LOCAL: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
+                    VISIBLE_RANGE: tl.constexpr):
+    """Q block i of sequence seq (pooled Q at slot q_slot0 + i): its Count and Index row (``block_select_kernel``).
+    Nothing when the block is not real (a length over max_seqlen_q, bad offsets, has no row in Index)."""
+    if q_ok & (i < n_q_blocks) & (i * BLOCK_Q < len_q):
         d0 = i * BLOCK_Q + len_k - len_q
         d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
         local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
         seq64 = seq.to(tl.int64)
         index_row = Index + seq64 * stride_ib + head * stride_ih + i * stride_iq
         count_ptr = Count + seq64 * stride_cb + head * stride_ch + i
-        pq_row = PQ + q_slot.to(tl.int64) * stride_pqs + head * stride_pqh
+        pq_row = PQ + (q_slot0 + i).to(tl.int64) * stride_pqs + head * stride_pqh
         lo = n_own * 0
         hi = n_own
         if VISIBLE_RANGE:
@@ -317,10 +355,10 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                                      stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM, BLOCK_D,
                                      BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
         else:
-            _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh, index_row,
-                                count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1, local, len_k,
-                                window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT,
-                                HAS_RIGHT, ALWAYS_LOCAL)
+            _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh,
+                                index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1,
+                                local, len_k, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C,
+                                HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
 
 
 def pool_whole_block(block: int, block_d: int) -> bool:
@@ -378,21 +416,28 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
     block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
-    in_registers = KNOBS.sparse_select_rows and n_kv <= block_c  # every row fits one register vector
+    # every row fits one register vector
+    in_registers = (KNOBS.sparse_select_rows or KNOBS.sparse_select_grouped) and n_kv <= block_c
+    group = SELECT_GROUP if KNOBS.sparse_select_grouped and in_registers else 1
+    if group > 1:  # programs per head: a group of Q blocks each (select_slots counts one Q block each)
+        select_slots = num_seqs * -(-n_q // group) if params.broadcast_q else capacity_of(q.shape[0],
+                                                                                        params.block_q * group, q_seqs)
     scores = pooled_q if in_registers else torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float64,
                                                          device=device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     launch(block_select_kernel, (select_slots * heads_kv,), dict(
         PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
         Index=index, Count=count, n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0],
-        heads=heads_kv, stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
+        heads=heads_kv, num_seqs=q_seqs, rows_q=q.shape[0], stride_pqs=pooled_q.stride(0),
+        stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
         stride_pkh=pooled_k.stride(1), stride_ss=scores.stride(0), stride_sh=scores.stride(1),
         stride_ib=index.stride(0), stride_ih=index.stride(1), stride_iq=index.stride(2), stride_cb=count.stride(0),
         stride_ch=count.stride(1), window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"],
         BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
-        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible),
+        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
+        SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0),
         num_warps=4, num_stages=1)
     return index, count
 

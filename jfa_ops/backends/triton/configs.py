@@ -88,6 +88,9 @@ class Knobs:
     # measured.
     sparse_pool_whole_block: bool = False
     sparse_select_visible: bool = False
+    # ... and the select kernel ranks 4 Q blocks of one sequence per program (rows of <= 128 KV blocks, in
+    # registers): the offsets and the head's pooled K fetched once per 4 rows, a 4x smaller grid.
+    sparse_select_grouped: bool = False
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

@@ -168,6 +168,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
                                 pool_fanout=False, one_pass=None, pool_whole_block=False, select_visible=False,
+                                select_grouped=False,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
@@ -176,9 +177,11 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ``KNOBS.sparse_causal_fwd_wide`` says); stages3: the dK/dV pass with 3 stages (None: as
     ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); select_rows: the selection's rows in registers
     (``KNOBS.sparse_select_rows``); pool_fanout: the pooling's 64-ary slot search
-    (``KNOBS.sparse_pool_fanout``); pool_whole_block: a block's whole tile per load (``KNOBS.sparse_pool_whole_block``);
-    select_visible: the select kernel over a row's visible blocks only (``KNOBS.sparse_select_visible``); one_pass: both stage split points in one pass over the ids (None: as
-    ``KNOBS.sparse_one_pass_split`` says)."""
+    (``KNOBS.sparse_pool_fanout``); pool_whole_block: a block's whole tile per load
+    (``KNOBS.sparse_pool_whole_block``);
+    select_visible: the select kernel over a row's visible blocks only (``KNOBS.sparse_select_visible``);
+    select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); one_pass:
+    both stage split points in one pass over the ids (None: as ``KNOBS.sparse_one_pass_split`` says)."""
     import importlib
 
     from . import block_sparse_select
@@ -208,7 +211,9 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q,
                           ROW_IN_REGISTERS=select_rows, BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC,
-                          VISIBLE_RANGE=select_visible)
+                          VISIBLE_RANGE=select_visible,
+                          GROUP=block_sparse_select.SELECT_GROUP if select_grouped else 1,
+                          SEARCH_STEPS=1 if select_grouped and not broadcast_q else 0)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -245,7 +250,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
            f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}" \
            f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}" \
            f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}" \
-           f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}"
+           f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}" \
+           f"{'-grouped' if select_grouped else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -277,6 +283,9 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True, pool_whole_block=True)
     for rows in (False, True):
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=rows, select_visible=True)
+    for causal, bcast in ((False, False), (True, False), (False, True)):  # KNOBS.sparse_select_grouped
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
+                                          select_rows=True, select_visible=True, select_grouped=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
