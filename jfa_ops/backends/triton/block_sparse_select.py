@@ -132,17 +132,20 @@ def _exact_dot(pk, pq):
 
 
 @triton.jit
-def _block_scores(PK, pk_row0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k, window_left, right,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
-                  HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """(scores of KV blocks j: pooled_q . pooled_k in fp64 (``_exact_dot``), -inf where not visible, +inf for the
-    local block; visible)."""
-    d = tl.arange(0, BLOCK_D)
-    pk = tl.load(PK + (pk_row0 + j).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + d[None, :],
-                 mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-    s = _exact_dot(pk, pq)
-    return _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
-                           ALWAYS_LOCAL)
+def _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM: tl.constexpr,
+            BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr):
+    """pooled_q . pooled_k (fp64, ``_exact_dot``) of KV blocks c (0 where not c_ok): pooled K read in BLOCK_DC-column
+    slices, all issued before the first use (one round trip), each summed as it lands (the fp64 products of a whole
+    [32, 128] tile held 113 registers)."""
+    s = tl.zeros(c.shape, tl.float64)
+    for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
+        dc = d0c + tl.arange(0, BLOCK_DC)
+        d_ok = dc < HEAD_DIM
+        pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
+                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+        pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
+        s += _exact_dot(pk, pq)
+    return s
 
 
 @triton.jit
@@ -187,19 +190,11 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
                              BLOCK_C: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
                              HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
     """One row (its blocks [lo, hi), hi <= BLOCK_C) without the scratch row: the scores of all its blocks as one
-    register vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
-    ranks of BLOCK_J blocks at a time against the whole vector (block j's own score picked out of it by a masked
-    max: a selection, no rounding). No barrier, no re-read of the scores."""
+    register vector (``_scores``), then the ranks of BLOCK_J blocks at a time against the whole vector (block j's own
+    score picked out of it by a masked max: a selection, no rounding). No barrier, no re-read of the scores."""
     c = tl.arange(0, BLOCK_C)
     c_ok = (c >= lo) & (c < hi)
-    s = tl.zeros([BLOCK_C], tl.float64)
-    for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
-        dc = d0c + tl.arange(0, BLOCK_DC)
-        d_ok = dc < HEAD_DIM
-        pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
-                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-        pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
-        s += _exact_dot(pk, pq)
+    s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM, BLOCK_D, BLOCK_DC)
     s, vis = _visible_scores(s, c, c_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
                              ALWAYS_LOCAL)
     count = tl.load(KEEP + tl.sum(vis.to(tl.int32), 0))
@@ -220,17 +215,17 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
 def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                         stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
-                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+                        BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                        ALWAYS_LOCAL: tl.constexpr):
     """One row of any length (its blocks [lo, hi)): the scores into the program's scratch row, then the ranks read
     back from it."""
-    d = tl.arange(0, BLOCK_D)
-    pq = tl.load(PQ_ROW + d, mask=d < HEAD_DIM, other=0.0)
     n_visible = tl.full([], 0, tl.int32)
     for j0 in range(loop_bound(lo), loop_bound(hi), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         j_ok = j < hi
-        s, vis = _block_scores(PK, kv_slot0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k,
-                               window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+        s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, j, j_ok, HEAD_DIM, BLOCK_D, BLOCK_DC)
+        s, vis = _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT,
+                                 HAS_RIGHT, ALWAYS_LOCAL)
         n_visible += tl.sum(vis.to(tl.int32), 0)
         tl.store(scores_row + j, s, mask=j_ok)
     count = tl.load(KEEP + n_visible)
@@ -358,7 +353,7 @@ def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0
             _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh,
                                 index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1,
                                 local, len_k, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C,
-                                HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+                                BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
 
 
 def pool_whole_block(block: int, block_d: int) -> bool:
