@@ -160,7 +160,8 @@ def test_work_schedules(name, knobs, monkeypatch):
 
 # the selection's same-results knobs: scores in a scratch row or in registers (+ the pooling's 64-ary search), and
 # selection v5 (whole-block pooling loads, rows scored over their visible blocks only) on each; 4 Q blocks per
-# select program (rows in registers, group slots found by the 64-ary search)
+# select program (rows in registers, group slots found by the 64-ary search); fp32 scores with mul.rn products (plain
+# products under the interpreter: the GPU run is the test of mul.rn)
 SELECT_VARIANTS = {
     "scratch": dict(sparse_select_rows=False, sparse_pool_fanout=False),
     "rows": dict(sparse_select_rows=True, sparse_pool_fanout=True),
@@ -170,6 +171,9 @@ SELECT_VARIANTS = {
                     sparse_select_visible=True),
     "v5_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
                        sparse_select_visible=True, sparse_select_grouped=True),
+    "fp32_rn": dict(sparse_select_rows=False, sparse_select_fp32_rn=True),
+    "fp32_rn_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
+                            sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
 }
 
 

@@ -25,7 +25,7 @@ import meta_kernels
 from ..base import BlockSelectParams
 from ... import validation
 from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
-from .configs import KNOBS
+from .configs import KNOBS, interpreting
 from .launch import launch
 from .offset_checks import offsets_ok
 from .scheduling import (binary_search_steps, capacity_of, fanout_search_steps, shape_constant, slot_tile,
@@ -35,6 +35,8 @@ POOL_WHOLE_BLOCK_MAX = 128 * 128  # elements of the largest whole-block pooling 
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
+# the scores' arithmetic (``score_kind``; the kernels' SCORES)
+SCORES_FP64, SCORES_FP32_RN, SCORES_FP32 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_grouped
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
 
@@ -121,30 +123,37 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
 
 
 @triton.jit
-def _exact_dot(pk, pq):
+def _exact_dot(pk, pq, SCORES: tl.constexpr):
     """Row sums of pk * pq (fp32 [N, D] x [D]) in fp64: the same bits for equal rows wherever they sit in the tile.
     Why fp64: a product of two fp32 values is exact in fp64, so whether the compiler contracts a multiply and the
     add after it into an FMA (it chose per register, not per row: sm_90 PTX of the [128, 16] row tile fused p0 * q0
     in rows 0 and 3 of a thread and p1 * q1 in rows 1 and 2) cannot change a sum; the sum's order is the layout's,
     the same for every row. In fp32 two equal KV blocks scored differently and broke ties by position, not index
     (H200, triton 3.8: ``test_selection_ties_and_many_blocks[rows]``)."""
-    return tl.sum(pk.to(tl.float64) * pq.to(tl.float64)[None, :], 1)
+    if SCORES == SCORES_FP32_RN:  # ``KNOBS.sparse_select_fp32_rn``: mul.rn products are never fused (PTX ISA)
+        return tl.sum(tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f",
+                                                [pk, tl.broadcast_to(pq[None, :], pk.shape)], dtype=tl.float32,
+                                                is_pure=True, pack=1), 1)
+    elif SCORES == SCORES_FP32:  # the same under the interpreter (numpy never fuses; it runs no PTX)
+        return tl.sum(pk * pq[None, :], 1)
+    else:
+        return tl.sum(pk.to(tl.float64) * pq.to(tl.float64)[None, :], 1)
 
 
 @triton.jit
 def _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM: tl.constexpr,
-            BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr):
+            BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SCORES: tl.constexpr):
     """pooled_q . pooled_k (fp64, ``_exact_dot``) of KV blocks c (0 where not c_ok): pooled K read in BLOCK_DC-column
     slices, all issued before the first use (one round trip), each summed as it lands (the fp64 products of a whole
     [32, 128] tile held 113 registers)."""
-    s = tl.zeros(c.shape, tl.float64)
+    s = tl.zeros(c.shape, tl.float64 if SCORES == SCORES_FP64 else tl.float32)
     for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
         dc = d0c + tl.arange(0, BLOCK_DC)
         d_ok = dc < HEAD_DIM
         pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)
         pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
-        s += _exact_dot(pk, pq)
+        s += _exact_dot(pk, pq, SCORES)
     return s
 
 
@@ -188,13 +197,13 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
                              d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr,
                              BLOCK_C: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
-                             HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+                             HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
     """One row (its blocks [lo, hi), hi <= BLOCK_C) without the scratch row: the scores of all its blocks as one
     register vector (``_scores``), then the ranks of BLOCK_J blocks at a time against the whole vector (block j's own
     score picked out of it by a masked max: a selection, no rounding). No barrier, no re-read of the scores."""
     c = tl.arange(0, BLOCK_C)
     c_ok = (c >= lo) & (c < hi)
-    s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM, BLOCK_D, BLOCK_DC)
+    s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM, BLOCK_D, BLOCK_DC, SCORES)
     s, vis = _visible_scores(s, c, c_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
                              ALWAYS_LOCAL)
     count = tl.load(KEEP + tl.sum(vis.to(tl.int32), 0))
@@ -216,14 +225,15 @@ def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_s
                         stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                        ALWAYS_LOCAL: tl.constexpr):
+                        ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
     """One row of any length (its blocks [lo, hi)): the scores into the program's scratch row, then the ranks read
     back from it."""
     n_visible = tl.full([], 0, tl.int32)
     for j0 in range(loop_bound(lo), loop_bound(hi), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         j_ok = j < hi
-        s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, j, j_ok, HEAD_DIM, BLOCK_D, BLOCK_DC)
+        s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, j, j_ok, HEAD_DIM, BLOCK_D, BLOCK_DC,
+                    SCORES)
         s, vis = _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT,
                                  HAS_RIGHT, ALWAYS_LOCAL)
         n_visible += tl.sum(vis.to(tl.int32), 0)
@@ -256,7 +266,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
-                        VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+                        VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                        SCORES: tl.constexpr):
     """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
     broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
     in ascending order (the rest stays -1).
@@ -313,14 +324,14 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
                         stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D,
                         BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, ROW_IN_REGISTERS,
-                        BLOCK_DC, VISIBLE_RANGE)
+                        BLOCK_DC, VISIBLE_RANGE, SCORES)
     else:
         for g in range(0, GROUP):  # a loop, not unrolled: unrolled, ptxas hoisted all rows' loads (248 registers)
             _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0 + g, q_slot0, q_ok, len_q, len_k,
                             kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
                             stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                             HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
-                            ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE)
+                            ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES)
 
 
 @triton.jit
@@ -330,7 +341,7 @@ def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                     BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     ALWAYS_LOCAL: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
-                    VISIBLE_RANGE: tl.constexpr):
+                    VISIBLE_RANGE: tl.constexpr, SCORES: tl.constexpr):
     """Q block i of sequence seq (pooled Q at slot q_slot0 + i): its Count and Index row (``block_select_kernel``).
     Nothing when the block is not real (a length over max_seqlen_q, bad offsets, has no row in Index)."""
     if q_ok & (i < n_q_blocks) & (i * BLOCK_Q < len_q):
@@ -348,12 +359,20 @@ def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0
         if ROW_IN_REGISTERS:
             _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                                      stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM, BLOCK_D,
-                                     BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+                                     BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
         else:
             _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh,
                                 index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1,
                                 local, len_k, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C,
-                                BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+                                BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
+
+
+def score_kind() -> int:
+    """The scores' arithmetic (``_exact_dot``): fp64, or with ``KNOBS.sparse_select_fp32_rn`` fp32 (mul.rn products on
+    the device, plain ones under the interpreter)."""
+    if not KNOBS.sparse_select_fp32_rn:
+        return SCORES_FP64.value
+    return (SCORES_FP32 if interpreting() else SCORES_FP32_RN).value
 
 
 def pool_whole_block(block: int, block_d: int) -> bool:
@@ -417,8 +436,10 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     if group > 1:  # programs per head: a group of Q blocks each (select_slots counts one Q block each)
         select_slots = num_seqs * -(-n_q // group) if params.broadcast_q else capacity_of(q.shape[0],
                                                                                         params.block_q * group, q_seqs)
-    scores = pooled_q if in_registers else torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float64,
-                                                         device=device)
+    score_mode = score_kind()
+    scores = pooled_q if in_registers else torch.empty(
+        (select_slots, heads_kv, n_kv), dtype=torch.float64 if score_mode == SCORES_FP64.value else torch.float32,
+        device=device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     launch(block_select_kernel, (select_slots * heads_kv,), dict(
         PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
@@ -432,7 +453,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
         BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
         BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
-        SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0),
+        SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0, SCORES=score_mode),
         num_warps=4, num_stages=1)
     return index, count
 

@@ -91,6 +91,10 @@ class Knobs:
     # ... and the select kernel ranks 4 Q blocks of one sequence per program (rows of <= 128 KV blocks, in
     # registers): the offsets and the head's pooled K fetched once per 4 rows, a 4x smaller grid.
     sparse_select_grouped: bool = False
+    # Selection scores in fp32 with products by mul.rn (never fused into an FMA, PTX ISA: so equal blocks still score
+    # equal bits wherever they sit) instead of fp64 sums of exact products: the fp64 scores cost registers (scratch
+    # select 83 -> 128 on sm_90: 6 -> 4 CTAs/SM) and ~80 M f32 -> f64 conversions a bench call. Off until measured.
+    sparse_select_fp32_rn: bool = False
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

@@ -168,7 +168,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
                                 pool_fanout=False, one_pass=None, pool_whole_block=False, select_visible=False,
-                                select_grouped=False,
+                                select_grouped=False, fp32_rn=False,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
@@ -180,7 +180,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     (``KNOBS.sparse_pool_fanout``); pool_whole_block: a block's whole tile per load
     (``KNOBS.sparse_pool_whole_block``);
     select_visible: the select kernel over a row's visible blocks only (``KNOBS.sparse_select_visible``);
-    select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); one_pass:
+    select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); fp32_rn:
+    fp32 scores with mul.rn products (``KNOBS.sparse_select_fp32_rn``); one_pass:
     both stage split points in one pass over the ids (None: as ``KNOBS.sparse_one_pass_split`` says)."""
     import importlib
 
@@ -205,7 +206,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0,
                           WHOLE_BLOCK=pool_whole_block)
     elif kernel == "bs_select":
-        if not select_rows:  # the scratch row holds fp64 scores (rows in registers get pooled_q, never touched)
+        if not (select_rows or fp32_rn):  # fp64 scores in the scratch row (rows in registers: pooled_q, untouched)
             ptr["Scores"] = "*fp64"
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
@@ -213,7 +214,9 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           ROW_IN_REGISTERS=select_rows, BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC,
                           VISIBLE_RANGE=select_visible,
                           GROUP=block_sparse_select.SELECT_GROUP if select_grouped else 1,
-                          SEARCH_STEPS=1 if select_grouped and not broadcast_q else 0)
+                          SEARCH_STEPS=1 if select_grouped and not broadcast_q else 0,
+                          SCORES=(block_sparse_select.SCORES_FP32_RN if fp32_rn
+                                  else block_sparse_select.SCORES_FP64).value)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -251,7 +254,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
            f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}" \
            f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}" \
            f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}" \
-           f"{'-grouped' if select_grouped else ''}"
+           f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -286,6 +289,10 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     for causal, bcast in ((False, False), (True, False), (False, True)):  # KNOBS.sparse_select_grouped
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
                                           select_rows=True, select_visible=True, select_grouped=True)
+    for rows in (False, True):  # KNOBS.sparse_select_fp32_rn
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=rows, fp32_rn=True)
+    yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=True, select_visible=True,
+                                      select_grouped=True, fp32_rn=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
