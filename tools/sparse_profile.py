@@ -4,7 +4,7 @@
 machine. Cases are the bench's quick `sparse` cases (bench.suites.sparse_cases: T 66,944, B 22, H 16, D 128, bf16,
 128-blocks; 0 keep 0.5, 1 keep 0.25, 2 and 3 the causal ones). A variant is `default` or `+`-joined
 `configs.KNOBS` names set True for that variant (`sparse_tma+sparse_causal_fwd_wide`; `v4` stands for the four
-same-results knobs of bench/NOTES.md "sparse v4", `V4`). For every case and variant
+same-results knobs of bench/NOTES.md "sparse v4", `V4`; `v5` for selection v5's two, `V5`). For every case and variant
 it prints the bench's measures (triton.testing.do_bench medians, ms): `fwd` = `sparse_attention` under no_grad
 (selection included), `bwd` = the backward alone through a retained graph, `sel` = `select_kv_blocks` alone.
 `--profile` adds, for the first variant, each kernel's GPU time per call (torch.profiler), forward and backward, so
@@ -28,16 +28,23 @@ from bench.suites import make_inputs, sparse_cases
 from jfa_ops.backends.triton import configs
 
 
-# the block-sparse knobs (configs.KNOBS, all off by default); "v4" in a variant names the same-results group
+# the block-sparse knobs (configs.KNOBS; v4's on by default since 2026-12-01); "v4" in a variant names that group
 V4 = ("sparse_list_cost_in_kernel", "sparse_one_pass_split", "sparse_pool_fanout", "sparse_transpose_kernel")
-SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows") + V4
+# selection v5 (bench/NOTES.md "selection v5"): same choices; "v5" in a variant names these two
+V5 = ("sparse_pool_whole_block", "sparse_select_visible")
+SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows",
+                "sparse_select_grouped") + V4 + V5
+GROUPS = {"v4": V4, "v5": V5}
+SHIPPED = {name: getattr(configs.KNOBS, name) for name in SPARSE_KNOBS}  # as imported (JFA_* settings included)
 
 
 def _set_variant(variant: str) -> None:
-    for name in SPARSE_KNOBS:
-        setattr(configs.KNOBS, name, False)
+    """The shipped knob values with ``variant``'s knobs on (``default``: the shipped values alone; it set every knob
+    off before, v4's too, once v4 was the default)."""
+    for name, value in SHIPPED.items():
+        setattr(configs.KNOBS, name, value)
     if variant != "default":
-        for name in (n for part in variant.split("+") for n in (V4 if part == "v4" else (part,))):
+        for name in (n for part in variant.split("+") for n in GROUPS.get(part, (part,))):
             if not hasattr(configs.KNOBS, name):
                 raise SystemExit(f"no knob {name!r} in configs.KNOBS")
             setattr(configs.KNOBS, name, True)

@@ -62,6 +62,7 @@ def compile_one(args):
             "wgmma": ttgir.count("warp_group_dot "), "mma": ttgir.count("tt.dot "),
             "fp8_wgmma": sum("wgmma" in line and "e4m3.e4m3" in line for line in k.asm["ptx"].splitlines()),
             "e4m3_cvt": k.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
+            "fma_f32": k.asm["ptx"].count("fma.rn.f32"),
             "async_copies": ttgir.count("copy_global_to_local"), "tma": ttgir.count("tensordesc"),
             "num_stages": s.num_stages, "kernel": s.kernel}
 
@@ -132,6 +133,21 @@ def test_sm90_mxfp8_quantize_rounds_with_the_gpu_conversion():
         # behind the arithmetic, one tile in flight per program (36% of HBM on the H200; bench/NOTES.md v4)
         if name.endswith("-pipelined"):  # configs.KNOBS.mxfp8_quant_pipelined
             assert r[name]["async_copies"] > 0, f"{name}: the head loop's load is not pipelined"
+
+
+def test_sm90_selection_scores_are_contraction_free():
+    """The block selection's scores have no fp32 FMA: the compiler contracts a multiply and the add after it per
+    register, not per row (sm_90 PTX of the old fp32 scores: p0 * q0 fused in some rows of a thread, p1 * q1 in
+    others), so two equal KV blocks got different scores by their position in the tile and a tie went to the higher
+    index (H200, triton 3.8, ``test_selection_ties_and_many_blocks[rows-cuda]``; the CPU interpreter never
+    contracts, so only the compiled code shows it). Scores are fp64 sums of exact fp32 x fp32 products
+    (``block_sparse_select._exact_dot``): an fp64 FMA there rounds as the add alone."""
+    r = _compiled(90)
+    names = [n for n in r if n.startswith("bs_select-")]
+    assert len(names) >= 4  # scratch and rows, causal or not, broadcast Q
+    for name in names:
+        assert "error" not in r[name], r[name]["error"]
+        assert r[name]["fma_f32"] == 0, f"{name}: {r[name]['fma_f32']} fp32 FMAs (position-dependent scores)"
 
 
 def test_compiles_with_inductor_float_arguments():

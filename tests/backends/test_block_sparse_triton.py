@@ -158,20 +158,43 @@ def test_work_schedules(name, knobs, monkeypatch):
                             "triton", seed=11)
 
 
+# the selection's same-results knobs: scores in a scratch row or in registers (+ the pooling's 64-ary search), and
+# selection v5 (whole-block pooling loads, rows scored over their visible blocks only) on each; 4 Q blocks per
+# select program (rows in registers, group slots found by the 64-ary search); fp32 scores with mul.rn products (plain
+# products under the interpreter: the GPU run is the test of mul.rn)
+SELECT_VARIANTS = {
+    "scratch": dict(sparse_select_rows=False, sparse_pool_fanout=False),
+    "rows": dict(sparse_select_rows=True, sparse_pool_fanout=True),
+    "v5": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
+               sparse_select_visible=True),
+    "v5_rows": dict(sparse_select_rows=True, sparse_pool_fanout=True, sparse_pool_whole_block=True,
+                    sparse_select_visible=True),
+    "v5_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
+                       sparse_select_visible=True, sparse_select_grouped=True),
+    "fp32_rn": dict(sparse_select_rows=False, sparse_select_fp32_rn=True),
+    "fp32_rn_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
+                            sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
+}
+
+
+def _set_select_variant(monkeypatch, variant):
+    from jfa_ops.backends.triton import configs
+
+    for knob, value in SELECT_VARIANTS[variant].items():
+        monkeypatch.setattr(configs.KNOBS, knob, value)
+
+
 @on_each_device
-@pytest.mark.parametrize("rows", [False, True], ids=["scratch", "rows"])
-def test_selection_ties_and_many_blocks(device, rows, monkeypatch):
+@pytest.mark.parametrize("variant", list(SELECT_VARIANTS))
+def test_selection_ties_and_many_blocks(device, variant, monkeypatch):
     """The selection kernel ranks blocks without sorting: equal scores (KV blocks that repeat every 3 blocks) go to
     the lower index as the reference's stable sort, and rows of more KV blocks than one rank step (70 > 64) rank
     across steps; the sequences' own blocks only (a short sequence beside a long one). Equals the reference
-    exactly, causal and not; with the scores in a scratch row or in registers (``KNOBS.sparse_select_rows``)."""
-    from jfa_ops.backends.triton import configs
-
-    monkeypatch.setattr(configs.KNOBS, "sparse_select_rows", rows)
-    if rows and device == "cuda" and tuple(map(int, triton.__version__.split(".")[:2])) >= (3, 8):
-        # measured on the H200 with triton 3.8 (the TLX stack): the rows variant (off by default) broke a tie
-        # toward a higher index at causal=False keep 0.25; stock triton 3.6 passes. Open: bench/NOTES.md v13.
-        pytest.xfail("rows selection's tie order under triton >= 3.8 (KNOBS.sparse_select_rows is off by default)")
+    exactly, causal and not; with the scores in a scratch row or in registers (``KNOBS.sparse_select_rows``). Equal
+    blocks sit at every position of a rank tile here (period 3 against tiles of 32): scores that depend on a block's
+    position (fp32 FMA contraction, which the interpreter never does: test_arch_compile's
+    test_sm90_selection_scores_are_contraction_free) fail it on the GPU."""
+    _set_select_variant(monkeypatch, variant)
     gen = torch.Generator().manual_seed(0)
     lengths = (70 * 16 - 5, 40)
     k_blocks = torch.randn(3, 16, 1, 16, generator=gen).repeat(24, 1, 1, 1).flatten(0, 1)  # [1152, 1, 16]
@@ -210,18 +233,16 @@ SELECTION_EDGES = {  # (q lengths or None for the kv lengths, kv lengths, broadc
 
 
 @on_each_device
-@pytest.mark.parametrize("rows", [False, True], ids=["scratch", "rows"])
+@pytest.mark.parametrize("variant", list(SELECT_VARIANTS))
 @pytest.mark.parametrize("name", list(SELECTION_EDGES))
-def test_selection_edge_cases(device, name, rows, monkeypatch):
+def test_selection_edge_cases(device, name, variant, monkeypatch):
     """Programs exist only for the batch's real blocks (slots, ``scheduling.slot_tile``), found from the offsets:
     empty sequences, length 1, sequences shorter than a block, many sequences, GQA groups pooled in several steps,
     broadcast Q; equals the float64 reference exactly, causal or not, with and without always_local; with the
     scores in a scratch row or in registers (``KNOBS.sparse_select_rows``), the pooling's slot search binary or
-    64-ary (``KNOBS.sparse_pool_fanout``, taken together with the rows here)."""
-    from jfa_ops.backends.triton import configs
-
-    monkeypatch.setattr(configs.KNOBS, "sparse_select_rows", rows)
-    monkeypatch.setattr(configs.KNOBS, "sparse_pool_fanout", rows)
+    64-ary (``KNOBS.sparse_pool_fanout``, taken together with the rows here), and selection v5's knobs
+    (``SELECT_VARIANTS``); a window on both sides (the visible range's lower and upper bounds)."""
+    _set_select_variant(monkeypatch, variant)
     q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
     gen = torch.Generator().manual_seed(len(kv_lens))
     q_lens = q_lens or kv_lens
@@ -231,9 +252,9 @@ def test_selection_edge_cases(device, name, rows, monkeypatch):
     kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], device=device)
     max_q = broadcast or max(q_lens)
-    for causal, always_local in ((False, True), (True, False)):
+    for causal, always_local, window in ((False, True, (-1, -1)), (True, False, (-1, -1)), (False, True, (40, 5))):
         _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max(kv_lens), block_q=block_q,
-                                           block_kv=block_kv, keep_ratio=0.5, causal=causal,
+                                           block_kv=block_kv, keep_ratio=0.5, causal=causal, window=window,
                                            broadcast_q=bool(broadcast), always_local=always_local)
 
 

@@ -9,8 +9,8 @@ cover the batch's rows, not B x max_seqlen (the bench batch: 548 Q-block slots i
     pooled_q [Q slots, Hkv, D] fp32    mean of a Q block's rows over the kv head's group of query heads
     pooled_k [KV slots, Hkv, D] fp32   mean of a KV block's rows
     q_slot_seq [Q slots] int32         the sequence of a Q slot, -1 for padding (the select kernel's map)
-    scores [select slots, Hkv, NKB]    scratch: pooled_q . pooled_k of the sequence's own blocks; -inf where the pair
-                                       is not visible, +inf for the local block (always_local)
+    scores [select slots, Hkv, NKB]    scratch, fp64: pooled_q . pooled_k of the sequence's own blocks (``_exact_dot``);
+                                       -inf where the pair is not visible, +inf for the local block (always_local)
 
 The outputs start as -1 (index) and 0 (count); the select kernel writes the real rows' count and kept ids only.
 Broadcast Q pools its one Q sequence once; select program t is then (sequence t // NQB, Q block t % NQB).
@@ -25,15 +25,19 @@ import meta_kernels
 from ..base import BlockSelectParams
 from ... import validation
 from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
-from .configs import KNOBS
+from .configs import KNOBS, interpreting
 from .launch import launch
 from .offset_checks import offsets_ok
 from .scheduling import (binary_search_steps, capacity_of, fanout_search_steps, shape_constant, slot_tile,
                          slot_tile_fanout)
 
+POOL_WHOLE_BLOCK_MAX = 128 * 128  # elements of the largest whole-block pooling tile (64 registers of bf16 a thread)
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
+# the scores' arithmetic (``score_kind``; the kernels' SCORES)
+SCORES_FP64, SCORES_FP32_RN, SCORES_FP32 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_grouped
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
 
 
@@ -51,11 +55,13 @@ def _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_
 @triton.jit
 def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh, stride_ps,
                stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-               SEARCH_STEPS: tl.constexpr):
+               SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
     """Pooled[t, head] = mean of slot t's block over heads head * group .. + group - 1 (real rows only); returns
     (sequence, real). Padding slots write nothing. The steps (ROWS rows of one head) are summed elementwise into a
     [ROWS, D] tile (one reduction at the end), each step's load issued one step ahead: without that, ptxas
-    serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS)."""
+    serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS). WHOLE_BLOCK
+    (``KNOBS.sparse_pool_whole_block``): one [BLOCK, D] load per head instead, reduced as it lands: the program's
+    32 KB (D128 bf16) in one round trip instead of ~3 (ROWS-row steps, one ahead)."""
     if SEARCH_STEPS > 0:
         seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
     else:
@@ -63,17 +69,26 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
     if real:
         row0 = tl.load(OFF + seq).to(tl.int64)
         end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
-        steps = (end - start + ROWS - 1) // ROWS
-        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-        x = _load_step(X, row0, start, end, head, group, steps, 0, stride_xt, stride_xh, HEAD_DIM, BLOCK_D, ROWS)
-        for step in range(1, loop_bound(steps * group)):
-            x_next = _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_xh, HEAD_DIM,
-                                BLOCK_D, ROWS)
-            acc += x.to(tl.float32)
-            x = x_next
-        acc += x.to(tl.float32)
         d = tl.arange(0, BLOCK_D)
-        pooled = tl.sum(acc, 0) / ((end - start) * group).to(tl.float32)
+        if WHOLE_BLOCK:  # one [BLOCK, D] load per head: the block's rows all in flight at once
+            r = start + tl.arange(0, BLOCK)
+            tile = X + (row0 + r)[:, None] * stride_xt + head * group * stride_xh + d[None, :]
+            tile_ok = (r < end)[:, None] & (d < HEAD_DIM)[None, :]
+            total = tl.zeros([BLOCK_D], tl.float32)
+            for g in range(0, loop_bound(group)):
+                total += tl.sum(tl.load(tile + g * stride_xh, mask=tile_ok, other=0.0).to(tl.float32), 0)
+        else:
+            steps = (end - start + ROWS - 1) // ROWS
+            acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+            x = _load_step(X, row0, start, end, head, group, steps, 0, stride_xt, stride_xh, HEAD_DIM, BLOCK_D, ROWS)
+            for step in range(1, loop_bound(steps * group)):
+                x_next = _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_xh, HEAD_DIM,
+                                    BLOCK_D, ROWS)
+                acc += x.to(tl.float32)
+                x = x_next
+            acc += x.to(tl.float32)
+            total = tl.sum(acc, 0)
+        pooled = total / ((end - start) * group).to(tl.float32)
         tl.store(Pooled + t.to(tl.int64) * stride_ps + head * stride_ph + d, pooled, mask=d < HEAD_DIM)
     return seq, real
 
@@ -83,7 +98,7 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
 def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, search_steps, rows,
                       other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_SEQ: tl.constexpr,
-                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
     """Program t * heads + head: pools slot t of X (one launch for Q, one for K: each its block size and one loop
     body; both sides in one program made ptxas serialize the K side's loads). WRITE_SEQ: head 0 also writes
     SLOT_SEQ[t] (the slot's sequence, -1 for padding). CHECK: program (0, 0) also checks OFF and OTHER_OFF (rows,
@@ -101,23 +116,45 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
                                                                             max_o, 1024)
             tl.store(FLAG, valid.to(tl.int32))
     seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh,
-                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS)
+                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS, WHOLE_BLOCK)
     if WRITE_SEQ:
         if head == 0:
             tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
 
 
 @triton.jit
-def _block_scores(PK, pk_row0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k, window_left, right,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
-                  HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """(scores of KV blocks j: pooled_q . pooled_k, -inf where not visible, +inf for the local block; visible)."""
-    d = tl.arange(0, BLOCK_D)
-    pk = tl.load(PK + (pk_row0 + j).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + d[None, :],
-                 mask=j_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-    s = tl.sum(pk * pq[None, :], 1)
-    return _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
-                           ALWAYS_LOCAL)
+def _exact_dot(pk, pq, SCORES: tl.constexpr):
+    """Row sums of pk * pq (fp32 [N, D] x [D]) in fp64: the same bits for equal rows wherever they sit in the tile.
+    Why fp64: a product of two fp32 values is exact in fp64, so whether the compiler contracts a multiply and the
+    add after it into an FMA (it chose per register, not per row: sm_90 PTX of the [128, 16] row tile fused p0 * q0
+    in rows 0 and 3 of a thread and p1 * q1 in rows 1 and 2) cannot change a sum; the sum's order is the layout's,
+    the same for every row. In fp32 two equal KV blocks scored differently and broke ties by position, not index
+    (H200, triton 3.8: ``test_selection_ties_and_many_blocks[rows]``)."""
+    if SCORES == SCORES_FP32_RN:  # ``KNOBS.sparse_select_fp32_rn``: mul.rn products are never fused (PTX ISA)
+        return tl.sum(tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f",
+                                                [pk, tl.broadcast_to(pq[None, :], pk.shape)], dtype=tl.float32,
+                                                is_pure=True, pack=1), 1)
+    elif SCORES == SCORES_FP32:  # the same under the interpreter (numpy never fuses; it runs no PTX)
+        return tl.sum(pk * pq[None, :], 1)
+    else:
+        return tl.sum(pk.to(tl.float64) * pq.to(tl.float64)[None, :], 1)
+
+
+@triton.jit
+def _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM: tl.constexpr,
+            BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SCORES: tl.constexpr):
+    """pooled_q . pooled_k (fp64, ``_exact_dot``) of KV blocks c (0 where not c_ok): pooled K read in BLOCK_DC-column
+    slices, all issued before the first use (one round trip), each summed as it lands (the fp64 products of a whole
+    [32, 128] tile held 113 registers)."""
+    s = tl.zeros(c.shape, tl.float64 if SCORES == SCORES_FP64 else tl.float32)
+    for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
+        dc = d0c + tl.arange(0, BLOCK_DC)
+        d_ok = dc < HEAD_DIM
+        pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
+                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+        pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
+        s += _exact_dot(pk, pq, SCORES)
+    return s
 
 
 @triton.jit
@@ -139,25 +176,34 @@ def _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_
 
 
 @triton.jit
-def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, head, n_own, stride_pks, stride_pkh,
+def _visible_range(d0, d1, n_own, window_left, right, BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr,
+                   HAS_RIGHT: tl.constexpr):
+    """[lo, hi): the row's KV blocks that can be visible (a superset: ``_visible_scores`` still decides). Block j
+    is visible only if j * BLOCK_KV - right <= d1 (HAS_RIGHT) and its last key + left >= d0 (HAS_LEFT; that key is
+    at most (j + 1) * BLOCK_KV - 1). Blocks outside score -inf and rank behind every visible one: never kept."""
+    lo = n_own * 0
+    hi = n_own
+    if HAS_RIGHT:
+        top = d1 + right  # Triton's // truncates toward 0: negative numerators first
+        hi = tl.minimum(hi, tl.where(top < 0, 0, top // BLOCK_KV + 1))
+    if HAS_LEFT:
+        bottom = d0 - window_left
+        lo = tl.minimum(tl.where(bottom < 0, 0, bottom // BLOCK_KV), hi)
+    return lo, hi
+
+
+@triton.jit
+def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh,
                              d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr,
                              BLOCK_C: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
-                             HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """One row (n_own <= BLOCK_C blocks) without the scratch row: the scores of all its blocks as one register
-    vector (pooled K read in BLOCK_DC-column slices, all issued before the first use: one round trip), then the
-    ranks of BLOCK_J blocks at a time against the whole vector (block j's own score picked out of it by a masked
-    sum: exact, only one term is not 0). No barrier, no re-read of the scores."""
+                             HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
+    """One row (its blocks [lo, hi), hi <= BLOCK_C) without the scratch row: the scores of all its blocks as one
+    register vector (``_scores``), then the ranks of BLOCK_J blocks at a time against the whole vector (block j's own
+    score picked out of it by a masked max: a selection, no rounding). No barrier, no re-read of the scores."""
     c = tl.arange(0, BLOCK_C)
-    c_ok = c < n_own
-    s = tl.zeros([BLOCK_C], tl.float32)
-    for d0c in tl.static_range(0, BLOCK_D, BLOCK_DC):
-        dc = d0c + tl.arange(0, BLOCK_DC)
-        d_ok = dc < HEAD_DIM
-        pk = tl.load(PK + (kv_slot0 + c).to(tl.int64)[:, None] * stride_pks + head * stride_pkh + dc[None, :],
-                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-        pq = tl.load(PQ_ROW + dc, mask=d_ok, other=0.0)
-        s += tl.sum(pk * pq[None, :], 1)
+    c_ok = (c >= lo) & (c < hi)
+    s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, c, c_ok, HEAD_DIM, BLOCK_D, BLOCK_DC, SCORES)
     s, vis = _visible_scores(s, c, c_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT,
                              ALWAYS_LOCAL)
     count = tl.load(KEEP + tl.sum(vis.to(tl.int32), 0))
@@ -165,59 +211,63 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
     slot0 = count * 0  # kept blocks before the current chunk
     for j0 in tl.static_range(0, BLOCK_C, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        s_j = tl.sum(tl.where(c[None, :] == j[:, None], s[None, :], 0.0), 1)
+        s_j = tl.max(tl.where(c[None, :] == j[:, None], s[None, :], float("-inf")), 1)  # a pick: no arithmetic
         beats = (s[None, :] > s_j[:, None]) | ((s[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
         rank = tl.sum((beats & c_ok[None, :]).to(tl.int32), 1)
-        kept = (rank < count) & (j < n_own)
+        kept = (rank < count) & (j >= lo) & (j < hi)
         slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
         tl.store(index_row + slot, j, mask=kept)
         slot0 += tl.sum(kept.to(tl.int32), 0)
 
 
 @triton.jit
-def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, n_own, stride_pks,
+def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                         stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
-                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
-    """One row of any length: the scores into the program's scratch row, then the ranks read back from it."""
-    d = tl.arange(0, BLOCK_D)
-    pq = tl.load(PQ_ROW + d, mask=d < HEAD_DIM, other=0.0)
+                        BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                        ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
+    """One row of any length (its blocks [lo, hi)): the scores into the program's scratch row, then the ranks read
+    back from it."""
     n_visible = tl.full([], 0, tl.int32)
-    for j0 in range(0, loop_bound(n_own), BLOCK_J):
+    for j0 in range(loop_bound(lo), loop_bound(hi), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        j_ok = j < n_own
-        s, vis = _block_scores(PK, kv_slot0, head, stride_pks, stride_pkh, pq, j, j_ok, d0, d1, local, len_k,
-                               window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+        j_ok = j < hi
+        s = _scores(PK, PQ_ROW, kv_slot0, head, stride_pks, stride_pkh, j, j_ok, HEAD_DIM, BLOCK_D, BLOCK_DC,
+                    SCORES)
+        s, vis = _visible_scores(s, j, j_ok, d0, d1, local, len_k, window_left, right, BLOCK_KV, HAS_LEFT,
+                                 HAS_RIGHT, ALWAYS_LOCAL)
         n_visible += tl.sum(vis.to(tl.int32), 0)
         tl.store(scores_row + j, s, mask=j_ok)
     count = tl.load(KEEP + n_visible)
     tl.store(count_ptr, count)
     tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
     slot0 = count * 0  # kept blocks before the current chunk
-    for j0 in range(0, loop_bound(tl.where(count > 0, n_own, 0)), BLOCK_J):
+    for j0 in range(loop_bound(lo), loop_bound(tl.where(count > 0, hi, lo)), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        s_j = tl.load(scores_row + j, mask=j < n_own, other=float("-inf"))
+        s_j = tl.load(scores_row + j, mask=j < hi, other=float("-inf"))
         rank = tl.zeros([BLOCK_J], tl.int32)
-        for c0 in range(0, loop_bound(n_own), BLOCK_C):
+        for c0 in range(loop_bound(lo), loop_bound(hi), BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)
-            s_c = tl.load(scores_row + c, mask=c < n_own, other=float("-inf"))
+            s_c = tl.load(scores_row + c, mask=c < hi, other=float("-inf"))
             beats = (s_c[None, :] > s_j[:, None]) | ((s_c[None, :] == s_j[:, None]) & (c[None, :] < j[:, None]))
-            rank += tl.sum((beats & (c < n_own)[None, :]).to(tl.int32), 1)
-        kept = (rank < count) & (j < n_own)
+            rank += tl.sum((beats & (c < hi)[None, :]).to(tl.int32), 1)
+        kept = (rank < count) & (j < hi)
         slot = slot0 + tl.cumsum(kept.to(tl.int32), 0) - 1
         tl.store(index_row + slot, j, mask=kept)
         slot0 += tl.sum(kept.to(tl.int32), 0)
 
 
 @triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "heads", "window_left",
-                               "right"])
+                               "right", "num_seqs", "rows_q"])
 def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
-                        kv_slots, rows_kv, heads, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
-                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                        kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs, stride_pqh, stride_pks, stride_pkh,
+                        stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
-                        BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr):
+                        BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
+                        VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                        SCORES: tl.constexpr):
     """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
     broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
     in ascending order (the rest stays -1).
@@ -229,25 +279,38 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
        of a stable descending sort, so ties break toward the lower index as ``reference.block_sparse.top_blocks``.
        Kept: rank < Count; its slot in Index: how many kept blocks precede it (ascending ids, no sort).
     ROW_IN_REGISTERS (the row's blocks fit BLOCK_C, ``KNOBS.sparse_select_rows``): both steps on a register vector
-    (``_select_row_in_registers``), Scores unused. Padding slots, and sequences whose offsets point outside the
-    tensors (bad offsets under JFA_VALIDATE=deferred), read and write nothing."""
+    (``_select_row_in_registers``), Scores unused. VISIBLE_RANGE (``KNOBS.sparse_select_visible``): both steps over
+    the blocks the row can see (``_visible_range``), not all the sequence's. GROUP > 1 (``KNOBS.sparse_select_grouped``,
+    rows in registers only): program t * heads + head ranks GROUP consecutive Q blocks of one sequence (its group
+    slot, found by ``scheduling.slot_tile_fanout``; broadcast Q: sequence t // cdiv(NQB, GROUP)), so the sequence's
+    offsets and the head's pooled K row are fetched once per GROUP rows (the later rows' pooled K from L1) and the
+    grid is GROUP times smaller: fewer waves of the ~5 dependent round trips a program waits through. Padding slots,
+    and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred), read and write
+    nothing."""
     t = tl.program_id(0) // heads
     head = tl.program_id(0) % heads
-    if BROADCAST_Q:
-        seq = t // n_q_blocks
-        i = t % n_q_blocks
-        q_slot = i
+    if BROADCAST_Q:  # the one Q sequence's blocks: Q block i at slot i
+        n_groups = (n_q_blocks + GROUP - 1) // GROUP
+        seq = t // n_groups
+        i0 = t % n_groups * GROUP
+        q_slot0 = i0 * 0
         len_q = tl.load(Q_OFF + 1) - tl.load(Q_OFF)
-        q_ok = i * BLOCK_Q < len_q
-    else:
+        q_ok = i0 * BLOCK_Q < len_q
+    elif GROUP == 1:
         seq = tl.load(Q_SLOT_SEQ + t)
         q_ok = seq >= 0
         seq = tl.maximum(seq, 0)
         begin_q = tl.load(Q_OFF + seq)
         len_q = tl.load(Q_OFF + seq + 1) - begin_q
-        i = t - (begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq)  # Q slot t = g(seq) + i
-        q_slot = t
-        q_ok = q_ok & (i < n_q_blocks)  # a length over max_seqlen_q (bad offsets) has no row in Index
+        q_slot0 = begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq  # Q slot t = g(seq) + i
+        i0 = t - q_slot0
+    else:  # group slots: sequence b's group j at slot off[b] // (GROUP * BLOCK_Q) - off[0] // (...) + b + j
+        seq, start, q_ok = slot_tile_fanout(Q_OFF, KV_OFF, t, num_seqs, rows_q, rows_kv, GROUP * BLOCK_Q,
+                                            SEARCH_STEPS)
+        begin_q = tl.load(Q_OFF + seq)
+        len_q = tl.load(Q_OFF + seq + 1) - begin_q
+        q_slot0 = begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq  # the pooling's Q slot of block 0
+        i0 = start // BLOCK_Q
     begin_k = tl.load(KV_OFF + seq)
     end_k = tl.load(KV_OFF + seq + 1)
     len_k = end_k - begin_k
@@ -256,23 +319,65 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     # KV blocks outside the KV slots (bad offsets) are never read
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
-    if q_ok:
+    if GROUP == 1:
+        _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0, q_slot0, q_ok, len_q, len_k, kv_slot0,
+                        n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D,
+                        BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, ROW_IN_REGISTERS,
+                        BLOCK_DC, VISIBLE_RANGE, SCORES)
+    else:
+        for g in range(0, GROUP):  # a loop, not unrolled: unrolled, ptxas hoisted all rows' loads (248 registers)
+            _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0 + g, q_slot0, q_ok, len_q, len_k,
+                            kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
+                            stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                            HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
+                            ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES)
+
+
+@triton.jit
+def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0, q_ok, len_q, len_k, kv_slot0,
+                    n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+                    stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                    BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    ALWAYS_LOCAL: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
+                    VISIBLE_RANGE: tl.constexpr, SCORES: tl.constexpr):
+    """Q block i of sequence seq (pooled Q at slot q_slot0 + i): its Count and Index row (``block_select_kernel``).
+    Nothing when the block is not real (a length over max_seqlen_q, bad offsets, has no row in Index)."""
+    if q_ok & (i < n_q_blocks) & (i * BLOCK_Q < len_q):
         d0 = i * BLOCK_Q + len_k - len_q
         d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
         local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
         seq64 = seq.to(tl.int64)
         index_row = Index + seq64 * stride_ib + head * stride_ih + i * stride_iq
         count_ptr = Count + seq64 * stride_cb + head * stride_ch + i
-        pq_row = PQ + q_slot.to(tl.int64) * stride_pqs + head * stride_pqh
+        pq_row = PQ + (q_slot0 + i).to(tl.int64) * stride_pqs + head * stride_pqh
+        lo = n_own * 0
+        hi = n_own
+        if VISIBLE_RANGE:
+            lo, hi = _visible_range(d0, d1, n_own, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT)
         if ROW_IN_REGISTERS:
-            _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, n_own, stride_pks,
+            _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                                      stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM, BLOCK_D,
-                                     BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+                                     BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
         else:
-            _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh, index_row,
-                                count_ptr, kv_slot0, head, n_own, stride_pks, stride_pkh, d0, d1, local, len_k,
-                                window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT,
-                                HAS_RIGHT, ALWAYS_LOCAL)
+            _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh,
+                                index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1,
+                                local, len_k, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C,
+                                BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
+
+
+def score_kind() -> int:
+    """The scores' arithmetic (``_exact_dot``): fp64, or with ``KNOBS.sparse_select_fp32_rn`` fp32 (mul.rn products on
+    the device, plain ones under the interpreter)."""
+    if not KNOBS.sparse_select_fp32_rn:
+        return SCORES_FP64.value
+    return (SCORES_FP32 if interpreting() else SCORES_FP32_RN).value
+
+
+def pool_whole_block(block: int, block_d: int) -> bool:
+    """``KNOBS.sparse_pool_whole_block`` where a block's [block, D] tile fits a program's registers (<= 128 x 128)."""
+    return KNOBS.sparse_pool_whole_block and block * block_d <= POOL_WHOLE_BLOCK_MAX
 
 
 @shape_constant
@@ -319,27 +424,37 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
             max_o=params.max_seqlen_kv, heads=heads_kv, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1),
             stride_ps=pooled.stride(0), stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
             BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None,
-            SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0),
-            num_warps=4, num_stages=1)
+            SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0,
+            WHOLE_BLOCK=pool_whole_block(block, hd["BLOCK_D"])), num_warps=4, num_stages=1)
     if flag is not None:
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
     block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
-    in_registers = KNOBS.sparse_select_rows and n_kv <= block_c  # every row fits one register vector
-    scores = pooled_q if in_registers else torch.empty((select_slots, heads_kv, n_kv), dtype=torch.float32,
-                                                         device=device)
+    # every row fits one register vector
+    in_registers = (KNOBS.sparse_select_rows or KNOBS.sparse_select_grouped) and n_kv <= block_c
+    group = SELECT_GROUP if KNOBS.sparse_select_grouped and in_registers else 1
+    if group > 1:  # programs per head: a group of Q blocks each (select_slots counts one Q block each)
+        select_slots = num_seqs * -(-n_q // group) if params.broadcast_q else capacity_of(q.shape[0],
+                                                                                        params.block_q * group, q_seqs)
+    score_mode = score_kind()
+    scores = pooled_q if in_registers else torch.empty(
+        (select_slots, heads_kv, n_kv), dtype=torch.float64 if score_mode == SCORES_FP64.value else torch.float32,
+        device=device)
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     launch(block_select_kernel, (select_slots * heads_kv,), dict(
         PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
         Index=index, Count=count, n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0],
-        heads=heads_kv, stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
+        heads=heads_kv, num_seqs=q_seqs, rows_q=q.shape[0], stride_pqs=pooled_q.stride(0),
+        stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
         stride_pkh=pooled_k.stride(1), stride_ss=scores.stride(0), stride_sh=scores.stride(1),
         stride_ib=index.stride(0), stride_ih=index.stride(1), stride_iq=index.stride(2), stride_cb=count.stride(0),
         stride_ch=count.stride(1), window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"],
         BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
-        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"])), num_warps=4, num_stages=1)
+        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
+        SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0, SCORES=score_mode),
+        num_warps=4, num_stages=1)
     return index, count
 
 

@@ -81,6 +81,20 @@ class Knobs:
     # back, no barrier; pooled K read in 4 slices issued together): ~6 dependent global round trips per program
     # instead of ~12. Same choices (tests). Off until measured (bench/NOTES.md "sparse v4").
     sparse_select_rows: bool = False
+    # Block selection v5 (helper selectfix, bench/NOTES.md "selection v5"): the pooling loads a block's whole
+    # [block, D] tile per head at once (one round trip for its 32 KB instead of ~3 dependent 8 KB steps; the pools ran
+    # at 2.8 TB/s, latency-bound); the select kernel scores and ranks only the KV blocks a row can see (causal and
+    # window rows: the rest are -inf and never kept, so the same choices) instead of the sequence's all. Off until
+    # measured.
+    sparse_pool_whole_block: bool = False
+    sparse_select_visible: bool = False
+    # ... and the select kernel ranks 4 Q blocks of one sequence per program (rows of <= 128 KV blocks, in
+    # registers): the offsets and the head's pooled K fetched once per 4 rows, a 4x smaller grid.
+    sparse_select_grouped: bool = False
+    # Selection scores in fp32 with products by mul.rn (never fused into an FMA, PTX ISA: so equal blocks still score
+    # equal bits wherever they sit) instead of fp64 sums of exact products: the fp64 scores cost registers (scratch
+    # select 83 -> 128 on sm_90: 6 -> 4 CTAs/SM) and ~80 M f32 -> f64 conversions a bench call. Off until measured.
+    sparse_select_fp32_rn: bool = False
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

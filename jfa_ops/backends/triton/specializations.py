@@ -167,7 +167,8 @@ _BLOCK_SPARSE_KERNELS = {
 def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
-                                pool_fanout=False, one_pass=None,
+                                pool_fanout=False, one_pass=None, pool_whole_block=False, select_visible=False,
+                                select_grouped=False, fp32_rn=False,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
@@ -176,8 +177,12 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ``KNOBS.sparse_causal_fwd_wide`` says); stages3: the dK/dV pass with 3 stages (None: as
     ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); select_rows: the selection's rows in registers
     (``KNOBS.sparse_select_rows``); pool_fanout: the pooling's 64-ary slot search
-    (``KNOBS.sparse_pool_fanout``); one_pass: both stage split points in one pass over the ids (None: as
-    ``KNOBS.sparse_one_pass_split`` says)."""
+    (``KNOBS.sparse_pool_fanout``); pool_whole_block: a block's whole tile per load
+    (``KNOBS.sparse_pool_whole_block``);
+    select_visible: the select kernel over a row's visible blocks only (``KNOBS.sparse_select_visible``);
+    select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); fp32_rn:
+    fp32 scores with mul.rn products (``KNOBS.sparse_select_fp32_rn``); one_pass:
+    both stage split points in one pass over the ids (None: as ``KNOBS.sparse_one_pass_split`` says)."""
     import importlib
 
     from . import block_sparse_select
@@ -198,12 +203,20 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     warps, stages = 4, 1
     if kernel == "bs_pool":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
-                          WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0)
+                          WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0,
+                          WHOLE_BLOCK=pool_whole_block)
     elif kernel == "bs_select":
+        if not (select_rows or fp32_rn):  # fp64 scores in the scratch row (rows in registers: pooled_q, untouched)
+            ptr["Scores"] = "*fp64"
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                           BLOCK_J=block_sparse_select.SELECT_BLOCK_J, BLOCK_C=block_sparse_select.SELECT_BLOCK_C,
                           HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True, BROADCAST_Q=broadcast_q,
-                          ROW_IN_REGISTERS=select_rows, BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC)
+                          ROW_IN_REGISTERS=select_rows, BLOCK_DC=block_sparse_select.SELECT_BLOCK_DC,
+                          VISIBLE_RANGE=select_visible,
+                          GROUP=block_sparse_select.SELECT_GROUP if select_grouped else 1,
+                          SEARCH_STEPS=1 if select_grouped and not broadcast_q else 0,
+                          SCORES=(block_sparse_select.SCORES_FP32_RN if fp32_rn
+                                  else block_sparse_select.SCORES_FP64).value)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -239,7 +252,9 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
            f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}{'-wide' if wide else ''}" \
            f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}" \
            f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}" \
-           f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}"
+           f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}" \
+           f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}" \
+           f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -267,6 +282,17 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, False, broadcast_q=True)
     for causal in (False, True):  # KNOBS.sparse_select_rows
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, select_rows=True)
+    # KNOBS.sparse_pool_whole_block, KNOBS.sparse_select_visible (selection v5)
+    yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True, pool_whole_block=True)
+    for rows in (False, True):
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=rows, select_visible=True)
+    for causal, bcast in ((False, False), (True, False), (False, True)):  # KNOBS.sparse_select_grouped
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
+                                          select_rows=True, select_visible=True, select_grouped=True)
+    for rows in (False, True):  # KNOBS.sparse_select_fp32_rn
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=rows, fp32_rn=True)
+    yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=True, select_visible=True,
+                                      select_grouped=True, fp32_rn=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
