@@ -222,7 +222,7 @@ def test_bf16_dots_as_on_the_gpu_computes_bf16_dots():
 def test_kernels_no_nan_on_empty_masked_zero_and_wide_range(variant):
     """Issue 12's no-NaN case (tests/ops/test_mxfp8.py) through the triton forward and backward kernels."""
     with mxfp8_variant(variant):
-        check_no_nan(no_nan_case(), "triton")
+        check_no_nan(no_nan_case(), "triton", device=DEVICE, out_tol=1e-3 if DEVICE == "cpu" else 1e-2)
 
 
 def test_interpreter_fp16_form_of_bf16smem_is_what_overflows():
@@ -243,12 +243,15 @@ def test_interpreter_fp16_form_of_bf16smem_is_what_overflows():
 
 
 # The kernels' cheap variants: dot_scaled (the portable path), rebase, bf16smem (the CUDA default) in its GPU form.
+# out vs the oracle, measured (CPU, 40 examples each): dot_scaled / bf16smem <= 2.7e-8, rebase <= 5.6e-6 (its low-bit
+# loss at 2**+-12); on the GPU rebase's FP8 wgmma accumulates with reduced precision (README: ~3e-3).
 @pytest.mark.parametrize("variant", ["dot_scaled", "rebase", "bf16smem"])
 @settings(max_examples=4, deadline=None)
 @given(case=mxfp8_attention_cases())
 def test_forward_kernel_matches_the_oracle_property(variant, case):
     with mxfp8_variant(variant):
-        check_mxfp8_attention_case(case, "triton", out_tol=1e-4, device=DEVICE)
+        check_mxfp8_attention_case(case, "triton", out_tol=1e-2 if DEVICE == "cuda" and variant == "rebase" else 1e-4,
+                                   device=DEVICE)
 
 
 # Interpreter-sized cases: every feature once (jagged with empty sequences, causal GQA, window, broadcast-Q).

