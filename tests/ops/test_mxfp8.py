@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jfa_ops
-from jfa_ops.testing import (OPCHECK_UTILS, e4m3_round_spec, jagged_lengths, mx_dequantize_spec, mx_quantize_spec,
-                             mx_round_trip_spec, reference_attention, reference_mxfp8_attention,
+from jfa_ops.testing import (OPCHECK_UTILS, attention_cases, e4m3_round_spec, jagged_lengths, mx_dequantize_spec,
+                             mx_quantize_spec, mx_round_trip_spec, reference_attention, reference_mxfp8_attention,
                              reference_mxfp8_attention_backward)
 
 BLOCKS = [(1, 32), (32, 1), (32, 32)]
@@ -188,7 +188,7 @@ ATTENTION_CASES = {
 
 
 def make_case(q_lengths, kv_lengths, heads_q=2, heads_kv=2, dim=64, causal=False, window=(-1, -1),
-              broadcast_q=False, dtype=torch.float32, seed=0, spread=None):
+              broadcast_q=False, dtype=torch.float32, seed=0, spread=None, scale=None):
     g = torch.Generator().manual_seed(seed)
 
     def rand(rows, heads):
@@ -201,11 +201,14 @@ def make_case(q_lengths, kv_lengths, heads_q=2, heads_kv=2, dim=64, causal=False
     k, v = rand(sum(kv_lengths), heads_kv), rand(sum(kv_lengths), heads_kv)
     q_off = None if broadcast_q else _offsets(q_lengths)
     opts = dict(causal=causal, window=window, broadcast_q=broadcast_q)
+    if scale is not None:
+        opts["scale"] = scale
     return q, k, v, q_off, _offsets(kv_lengths), opts
 
 
 def _oracle_opts(opts):
-    return dict(causal=opts["causal"], window=opts["window"], broadcast_q=opts["broadcast_q"])
+    return dict(causal=opts["causal"], window=opts["window"], broadcast_q=opts["broadcast_q"],
+                **({"scale": opts["scale"]} if "scale" in opts else {}))
 
 
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
@@ -245,20 +248,76 @@ def test_attention_error_within_the_issue_bound(name, spread, backend="reference
         assert err <= 0.1  # measured 0.045-0.06 on N(0, 1) inputs (README)
 
 
+@st.composite
+def mxfp8_attention_cases(draw, *, max_len=70, max_total=100):
+    """``make_case``'s (q, k, v, q_offsets, kv_offsets, opts) for what ``jfa_ops.testing.attention_cases`` draws
+    (jagged lengths with empties, length 1, lengths off multiples of 32, cross lengths and empty KV, GQA ratios,
+    causal, windows, broadcast-Q, scale) at the MXFP8 kernels' head dims, fp32 values N(0, 1) or spread over
+    2**+-12 per row and column."""
+    case = draw(attention_cases(max_total=max_total, max_batch=3, max_len=max_len, max_heads_kv=2, max_group=3,
+                                head_dims=(32, 64)), label="case")
+    return make_case(case.q_lengths, case.kv_lengths, heads_q=case.heads_q, heads_kv=case.heads_kv,
+                     dim=case.head_dim, causal=case.causal, window=case.window, broadcast_q=case.broadcast_q,
+                     scale=case.scale, seed=draw(st.integers(0, 2 ** 31 - 1), label="seed"),
+                     spread=draw(st.sampled_from([None, 12]), label="spread"))
+
+
+def check_mxfp8_attention_case(case, backend, out_tol, device="cpu"):
+    """out and lse of ``backend`` against the float64 MXFP8 oracle (out within ``out_tol``, lse within 1e-5, the
+    same -inf rows, exactly 0 where a row sees no key, nothing non-finite) and within the issue's bound."""
+    q, k, v, q_off, kv_off, opts = case
+    dev = [None if t is None else t.to(device) for t in (q, k, v, q_off, kv_off)]
+    out, lse = jfa_ops.mxfp8_attention(*dev, return_lse=True, backend=backend, **opts)
+    out, lse = out.cpu(), lse.cpu()
+    want_out, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert torch.isfinite(out).all() and not lse.isnan().any()
+    sees_nothing = want_lse == -math.inf
+    assert torch.equal(lse == -math.inf, sees_nothing)
+    assert (out[sees_nothing.T] == 0).all()
+    assert _rel(out, want_out) <= out_tol, _rel(out, want_out)
+    assert _rel(lse[~sees_nothing], want_lse[~sees_nothing]) <= 1e-5
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out)
+    assert err <= bound, (err, bound)
+
+
+@settings(max_examples=15, deadline=None)
+@given(case=mxfp8_attention_cases())
+def test_attention_matches_the_oracle_property(case):
+    check_mxfp8_attention_case(case, "reference", out_tol=1e-5)  # measured <= 1.4e-7 (200 examples)
+
+
+def no_nan_case(dim=64, dtype=torch.float32, scale_lengths=1):
+    """Empty sequences (Q and KV), fully masked rows (causal, Q longer than KV), all-zero Q/K/V blocks and magnitudes
+    spanning 2**+-30 per row and column. ``scale_lengths``: lengths times this (GPU tile sizes)."""
+    n = scale_lengths
+    q, k, v, q_off, kv_off, opts = make_case((40 * n, 5, 0, 33 * n), (3, 0, 9 * n, 40 * n), causal=True, dim=dim,
+                                             dtype=dtype, seed=2, spread=30)
+    k[:32] = 0.0  # all-zero K and V blocks (32 keys) and a Q block (32 rows x head_dim)
+    v[:32] = 0.0
+    q[-32:] = 0.0
+    return q, k, v, q_off, kv_off, opts
+
+
+def check_no_nan(case, backend, device="cpu", out_tol=1e-3):
+    """No NaN/inf in out, lse (but -inf where the oracle has it) and the gradients; rows of the empty KV sequence
+    exactly 0; out near the float64 MXFP8 oracle."""
+    q, k, v, q_off, kv_off, opts = case
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    out, lse = jfa_ops.mxfp8_attention(*leaves, q_off.to(device), kv_off.to(device), return_lse=True,
+                                       backend=backend, **opts)
+    assert torch.isfinite(out).all() and not lse.isnan().any()
+    want_out, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
+    empty_kv = slice(int(q_off[1]), int(q_off[2]))  # sequence 1: 5 rows, no keys
+    assert (out[empty_kv] == 0).all()
+    assert _rel(out, want_out) <= out_tol, _rel(out, want_out)
+    grads = torch.autograd.grad(out.float().sum(), leaves)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 @pytest.mark.parametrize("backend", ["reference"])
 def test_attention_no_nan_on_empty_masked_zero_and_wide_range(backend):
-    q, k, v, q_off, kv_off, opts = make_case((40, 5, 0, 33), (3, 0, 9, 40), causal=True, seed=2, spread=30)
-    k[:32] = 0.0  # an all-zero K block and V block
-    v[:32] = 0.0
-    out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend=backend, **opts)
-    assert not out.isnan().any() and not out.isinf().any() and not lse.isnan().any()
-    want_out, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
-    assert torch.equal(lse == -math.inf, want_lse == -math.inf)
-    assert (out[40:45] == 0).all()  # the empty kv sequence
-    dq, dk, dv = torch.autograd.grad(
-        jfa_ops.mxfp8_attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), q_off, kv_off,
-                                backend=backend, **opts).sum(), (q, k, v))
-    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    check_no_nan(no_nan_case(), backend)
 
 
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
