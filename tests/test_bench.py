@@ -511,3 +511,38 @@ def test_fa4_sparse_peer_computes_the_block_sparse_oracle(case, padded, monkeypa
     assert prep.exact and bool(prep.no_backward) != padded
     with torch.no_grad():
         assert rel_error(prep.to_jagged(prep.fn()), oracle_output(case, inp)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_block_sparse_rows_on_the_gpu(causal):
+    """On the device, with FA4 installed: FA4's block-sparse rows given our selection (128x128 blocks, D128, GQA 4:2,
+    jagged whole-block lengths) compute the block-sparse float64 oracle, forward (varlen and padded) and the padded
+    row's gradients. The bench's sparse cases are too large for its oracle check: this is their correctness check."""
+    from bench.peers import FlashAttention4, Skip, _pad_index, sparse_selection
+    from jfa_ops.testing import block_sparse_masks, reference_attention
+
+    device = torch.device("cuda")
+    reason = FlashAttention4().unavailable(device)
+    if reason:
+        pytest.skip(reason)
+    lens = (384, 128, 1024, 256, 640)
+    case = suites.Case("sparse", "gpu check", lens, lens, 4, 2, 128, causal=causal, keep_ratio=0.5, block=128)
+    inp = suites.make_inputs(case, device)
+    index, count = sparse_selection(case, inp)
+    masks = block_sparse_masks(index, count, inp.q_offsets, inp.kv_offsets, block_q=128, block_kv=128)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (inp.q, inp.k, inp.v))
+    ref, _ = reference_attention(q64, k64, v64, inp.q_offsets, inp.kv_offsets, causal=causal, block_masks=masks)
+    ref.backward(inp.grad_out.double())
+    for padded in (False, True):
+        try:
+            prep = FlashAttention4(padded=padded).prepare(case, inp)
+        except Skip as e:
+            pytest.skip(str(e))
+        out = prep.fn()
+        assert rel_error(prep.to_jagged(out), ref.detach()) < 2e-2, f"padded={padded}"
+        if padded:  # gradients through the padded leaves, back to the jagged rows
+            prep.to_jagged(out).backward(inp.grad_out)
+            rows = _pad_index(lens, max(lens), device)
+            for leaf, want in zip(prep.leaves, (q64, k64, v64)):
+                assert rel_error(leaf.grad.flatten(0, 1)[rows], want.grad) < 2e-2
