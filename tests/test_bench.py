@@ -546,3 +546,19 @@ def test_fa4_block_sparse_rows_on_the_gpu(causal):
             rows = _pad_index(lens, max(lens), device)
             for leaf, want in zip(prep.leaves, (q64, k64, v64)):
                 assert rel_error(leaf.grad.flatten(0, 1)[rows], want.grad) < 2e-2
+
+
+def test_sparse_lines_compare_with_fa4_block_sparse_rows():
+    """Issue 11's "ahead of FlashAttention-4's block-sparse path": the summary divides FA4's times (varlen forward,
+    padded forward and backward) by ours, target 1.0x."""
+    from bench import report
+    half = {"suite": "sparse", "name": "sparse D128 keep0.5", "keep_ratio": 0.5}
+    recs = [{"case": half, "peer": "jfa:tlx", "mode": "fwd", "ms": 5.0},
+            {"case": half, "peer": "jfa:tlx", "mode": "bwd", "ms": 14.0},
+            {"case": half, "peer": "fa4", "mode": "fwd", "ms": 4.0},
+            {"case": half, "peer": "fa4", "mode": "bwd", "skip": "FA4's varlen backward takes no block lists"},
+            {"case": half, "peer": "fa4 padded", "mode": "fwd", "ms": 4.5},
+            {"case": half, "peer": "fa4 padded", "mode": "bwd", "ms": 15.4}]
+    fwd, bwd = report.sparse_lines(recs)
+    assert fwd.endswith("0.80x fa4 4.000 ms (target 1.0x: FAIL), 0.90x fa4 padded 4.500 ms (target 1.0x: FAIL)")
+    assert bwd.endswith("1.10x fa4 padded 15.400 ms (target 1.0x: PASS)") and bwd.count(" fa4") == 1
