@@ -365,8 +365,8 @@ class FlashAttention4:
 
     def _prepare_sparse(self, fa, case: Case, inp: Inputs) -> Prepared:
         """FA4's block-sparse path given our selection of these inputs (what the flex row gets as its BlockMask),
-        built before timing. Only causal/no window and Lq == Lk on the padded row (FA4 aligns the padded rows'
-        causal mask top-left)."""
+        built before timing. The padded row takes causal only with Lq == Lk per sequence (FA4 aligns the causal
+        mask to the padded lengths)."""
         if case.broadcast_q:
             raise Skip("block-sparse FA4: no broadcast Q")
         index, count = sparse_selection(case, inp)
