@@ -26,9 +26,8 @@ except ImportError:
 import torch
 
 from bench import model, report, suites, timing
-from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, JfaBackend, JfaMxfp8, Skip, jfa_available_backends,
-                         mxfp8_variants,
-                         make_peer, one_line, oracle_output, rel_error)
+from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, FlashAttention4, JfaBackend, JfaMxfp8, Skip,
+                         jfa_available_backends, mxfp8_variants, make_peer, one_line, oracle_output, rel_error)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEERS = ",".join(PEER_ORDER)
@@ -251,6 +250,9 @@ def main(argv=None) -> int:
     if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
         peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends
                                               for variant in ("dense", "select")]
+        if "fa4" in peer_names:  # FA4's block-sparse backward: its padded-batch call (the varlen one has none)
+            at = next(i for i, p in enumerate(peers) if p.name == "fa4") + 1
+            peers[at:at] = [FlashAttention4(padded=True)]
     if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds); on triton
         # one row per forward variant (mxfp8_attn_fwd.VARIANTS), the default's among them
         peers[len(backends):len(backends)] = [JfaMxfp8(b, kind, variant) for b in backends

@@ -236,14 +236,87 @@ class JfaMxfp8:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# FlashAttention-4 (CuTe DSL): flash_attn_func for dense cases, flash_attn_varlen_func for jagged ones
+# Our selection in FlashAttention-4's block-sparse format (pure tensor logic: tested on the CPU)
+
+
+def _per_q_head(t: torch.Tensor, num_heads_q: int) -> torch.Tensor:
+    """[B, Hkv, ...] -> [B, Hq, ...]: FA4 reads its block lists per query head (q head h uses kv head h // group,
+    as FA4's GQA does); our selection is per kv head."""
+    return t.repeat_interleave(num_heads_q // t.shape[1], dim=1)
+
+
+def fa4_varlen_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, q_offsets: torch.Tensor,
+                            kv_offsets: torch.Tensor, *, num_heads_q: int, block_q: int, block_kv: int) -> dict:
+    """The fields of FA4's varlen ``BlockSparseTensorsTorch`` (flash_attn.cute.block_sparsity, 4.0.0b36) for our
+    selection: every selected block as a "mask" block (FA4 applies causal/window inside mask blocks; we have no
+    separate list of unmasked "full" blocks).
+
+    FA4's varlen layout (block_sparse_utils._get_curr_blocksparse_tensors_varlen, seqlen_info.SeqlenInfoQK):
+    ``mask_block_cnt`` [Hq, total_m_blocks], sequence b's Q blocks from ``cu_total_m_blocks[b]``;
+    ``mask_block_idx`` [Hq, sum_b m_b * n_b], sequence b's rows of n_b = ceil(len_k / block_kv) entries from
+    ``cu_block_idx_offsets[b]`` (Q block m's list at offset + m * n_b), ascending KV block ids local to the sequence,
+    only the first count entries read (the padding is 0 here, never -1). The blocks must be FA4's tiles:
+    ``block_size`` = (block_q, block_kv) = (tile_m, tile_n) (sm90, D128: 128x128)."""
+    q_len = q_offsets.long().diff().tolist()  # setup time: host reads are fine here
+    kv_len = kv_offsets.long().diff().tolist()
+    index = _per_q_head(kv_block_index, num_heads_q).clamp(min=0).int()
+    count = _per_q_head(kv_block_count, num_heads_q).int()
+    m_blocks = [-(-n // block_q) for n in q_len]
+    n_blocks = [-(-n // block_kv) for n in kv_len]
+    counts = [count[b, :, :m] for b, m in enumerate(m_blocks)]
+    rows = [index[b, :, :m, :n].reshape(num_heads_q, m * n) for b, (m, n) in enumerate(zip(m_blocks, n_blocks))]
+
+    def cumulative(sizes):
+        return torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0).to(torch.int32).to(index.device)
+
+    return dict(mask_block_cnt=torch.cat(counts, 1).contiguous(), mask_block_idx=torch.cat(rows, 1).contiguous(),
+                cu_total_m_blocks=cumulative(m_blocks),
+                cu_block_idx_offsets=cumulative([m * n for m, n in zip(m_blocks, n_blocks)]),
+                block_size=(block_q, block_kv))
+
+
+def fa4_padded_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, *,
+                            num_heads_q: int, block_q: int, block_kv: int) -> Tuple[dict, dict]:
+    """The forward and backward ``BlockSparseTensorsTorch`` fields for FA4's padded-batch call (``flash_attn_func``
+    on [B, max_len, H, D], block b's rows the sequence's own: our blocks already start at each sequence's start).
+    Forward: [B, Hq, NQB] counts and [B, Hq, NQB, NKB] ascending KV block ids. Backward (Q-direction, what FA4's
+    ``block_sparse_tensors_bwd`` takes): [B, Hq, NKB] counts and [B, Hq, NKB, NQB] ascending Q block ids, the
+    transpose of the same pairs."""
+    index = _per_q_head(kv_block_index, num_heads_q).long()
+    count = _per_q_head(kv_block_count, num_heads_q)
+    batch, heads, nqb, nkb = index.shape
+    used = torch.arange(nkb, device=index.device) < count[..., None]
+    pairs = torch.zeros(batch, heads, nqb, nkb + 1, dtype=torch.bool, device=index.device)
+    pairs.scatter_(3, torch.where(used, index.clamp(min=0), nkb), True)  # unused entries go to the spare column
+    by_kv = pairs[..., :nkb].transpose(2, 3)  # [B, Hq, NKB, NQB]
+    q_ids = torch.arange(nqb, device=index.device)
+    q_sorted = torch.where(by_kv, q_ids, nqb).sort(dim=-1).values  # selected Q blocks first, ascending
+    fwd = dict(mask_block_cnt=count.int().contiguous(), mask_block_idx=index.clamp(min=0).int().contiguous(),
+               block_size=(block_q, block_kv))
+    bwd = dict(mask_block_cnt=by_kv.sum(-1).int().contiguous(),
+               mask_block_idx=torch.where(q_sorted < nqb, q_sorted, 0).int().contiguous(),
+               block_size=(block_q, block_kv))
+    return fwd, bwd
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# FlashAttention-4 (CuTe DSL): flash_attn_func for dense cases, flash_attn_varlen_func for jagged ones; on sparse
+# cases its block-sparse path given our selection (varlen forward; "fa4 padded": padded batch, forward + backward)
 
 
 class FlashAttention4:
-    name = "fa4"
+    """``padded``: the sparse suite's second FA4 row, the padded-batch block-sparse call (FA4 b36's varlen autograd
+    drops the block lists in its backward, and its varlen backward refuses them: the padded call is FA4's only
+    block-sparse backward)."""
 
-    def __init__(self):
+    handles_sparse = True  # its block-sparse path, given our selection
+
+    def __init__(self, padded: bool = False):
         self._mod = None
+        self.padded = padded
+        self.name = "fa4 padded" if padded else "fa4"
+        if padded:
+            self.only_suite = "sparse"
 
     def _interface(self):
         if self._mod is None:
@@ -274,8 +347,63 @@ class FlashAttention4:
             raise Skip(f"flash_attn.cute signature lacks {missing}")
         return kw
 
+    def _block_sparse_class(self, func, *params):
+        """FA4's ``BlockSparseTensorsTorch``, or Skip("unavailable: <why>") when this FA4 lacks what we pass."""
+        missing = [p for p in params if p not in inspect.signature(func).parameters]
+        if missing:
+            raise Skip(f"unavailable: this flash_attn.cute's {func.__name__} has no {', '.join(missing)}")
+        try:
+            from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+        except Exception as e:  # noqa: BLE001 (an optional feature: any failure is the reason)
+            raise Skip(f"unavailable: no flash_attn.cute.block_sparsity.BlockSparseTensorsTorch ({one_line(e, 100)})")
+        need = ("mask_block_cnt", "mask_block_idx", "block_size") + (() if self.padded else (
+            "cu_total_m_blocks", "cu_block_idx_offsets"))
+        lacking = [f for f in need if f not in getattr(BlockSparseTensorsTorch, "_fields", ())]
+        if lacking:
+            raise Skip(f"unavailable: this BlockSparseTensorsTorch has no {', '.join(lacking)}")
+        return BlockSparseTensorsTorch
+
+    def _prepare_sparse(self, fa, case: Case, inp: Inputs) -> Prepared:
+        """FA4's block-sparse path given our selection of these inputs (what the flex row gets as its BlockMask),
+        built before timing. The padded row takes causal only with Lq == Lk per sequence (FA4 aligns the causal
+        mask to the padded lengths)."""
+        if case.broadcast_q:
+            raise Skip("block-sparse FA4: no broadcast Q")
+        index, count = sparse_selection(case, inp)
+        blocks = dict(num_heads_q=case.num_heads_q, block_q=case.block, block_kv=case.block)
+        if not self.padded:
+            tensors_cls = self._block_sparse_class(fa.flash_attn_varlen_func, "block_sparse_tensors")
+            sparse = tensors_cls(**fa4_varlen_block_sparse(index, count, inp.q_offsets, inp.kv_offsets, **blocks))
+            q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
+            kw = self._call_kwargs(fa.flash_attn_varlen_func, case, cu_seqlens_q=inp.q_offsets,
+                                   cu_seqlens_k=inp.kv_offsets, max_seqlen_q=case.max_q, max_seqlen_k=case.max_kv,
+                                   block_sparse_tensors=sparse)
+            attend = lambda x: _first(fa.flash_attn_varlen_func(x, k, v, **kw))  # noqa: E731
+            return Prepared(lambda: attend(q), [q, k, v], lambda o: o, layer=(attend, q),
+                            no_backward="FA4's varlen backward takes no block lists (b36: dense gradients); "
+                                        "see the fa4 padded row", note="varlen, our selection as mask blocks")
+        if case.causal and tuple(case.q_lens) != tuple(case.kv_lens):
+            raise Skip("padded FA4: causal needs Lq == Lk per sequence (padding shifts its alignment)")
+        tensors_cls = self._block_sparse_class(fa.flash_attn_func, "block_sparse_tensors", "block_sparse_tensors_bwd")
+        fwd, bwd = fa4_padded_block_sparse(index, count, **blocks)
+        q, k, v = (_leaf(_pad(t, lens, m)) for t, lens, m in ((inp.q, case.q_lens, case.max_q),
+                                                               (inp.k, case.kv_lens, case.max_kv),
+                                                               (inp.v, case.kv_lens, case.max_kv)))
+        kw = self._call_kwargs(fa.flash_attn_func, case, block_sparse_tensors=tensors_cls(**fwd),
+                               block_sparse_tensors_bwd=tensors_cls(**bwd))
+        attend = lambda x: _first(fa.flash_attn_func(x, k, v, **kw))  # noqa: E731
+        index_rows = _pad_index(case.q_lens, case.max_q, inp.q.device)
+        pad_frac = 1 - case.total_q / (case.batch * case.max_q)
+        # a selected tail block that is not whole would let the padding's zero keys into the softmax (the bench
+        # rounds lengths to whole blocks)
+        whole = all(n % case.block == 0 for n in case.kv_lens)
+        return Prepared(lambda: attend(q), [q, k, v], lambda o: o.reshape(-1, *o.shape[2:])[index_rows],
+                        exact=whole, note=f"padded batch ({pad_frac:.0%} rows padding, no blocks selected there)")
+
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         fa = self._interface()
+        if case.keep_ratio is not None:
+            return self._prepare_sparse(fa, case, inp)
         if case.dense:
             b, s = case.batch, case.q_lens[0]
             shape = lambda t: t.view(b, s, *t.shape[1:])  # noqa: E731

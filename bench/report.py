@@ -279,13 +279,18 @@ def mxfp8_lines(records: List[dict]) -> List[str]:
 # issue 11's targets: keep_ratio -> (min speedup over our dense kernel, fwd, bwd), selection included
 SPARSE_DENSE_TARGETS = {0.5: (1.7, 1.6), 0.25: (3.0, 3.0)}
 SPARSE_FLEX_TARGET = 1.3  # over FlexAttention given the same BlockMask
+FA4_PADDED = "fa4 padded"  # FA4's padded-batch block-sparse row (its only block-sparse backward)
+# (peer, our speedup over it wanted): Flex given the same BlockMask, FA4's block-sparse path given the same selection
+# ("ahead of", read as >= 1.0x: equal times are within noise)
+SPARSE_PEER_TARGETS = ((FLEX, SPARSE_FLEX_TARGET), (YARDSTICK, 1.0), (FA4_PADDED, 1.0))
 SELECT_SHARE_TARGET = 0.10  # selection's share of the sparse forward's time (selection included)
 
 
 def sparse_lines(records: List[dict]) -> List[str]:
     """Per sparse-suite case and mode, for each jfa backend with a sparse row: its time (forward: selection
     included), the speedup over our dense kernel on the same batch (``<backend> dense`` row) and over Flex given the
-    same BlockMask, with issue 11's targets, and the selection's share (``<backend> select`` row over the forward;
+    same BlockMask and FA4's block-sparse rows given the same selection (``fa4``: varlen, forward; ``fa4 padded``),
+    with issue 11's targets, and the selection's share (``<backend> select`` row over the forward;
     over fwd+bwd too when timed). From the times, not the TFLOP/s: the rows count different work."""
     idx = _index(records)
     out = []
@@ -306,11 +311,12 @@ def sparse_lines(records: List[dict]) -> List[str]:
                     verdict = "" if mode == "fwdbwd" or want is None else \
                         f" (target {want}x: {_verdict(dense_ms / ours >= want)})"
                     parts.append(f"{dense_ms / ours:.2f}x our dense {dense_ms:.3f} ms{verdict}")
-                flex_ms = (idx.get((name, FLEX, mode)) or {}).get("ms")
-                if flex_ms:
-                    verdict = "" if mode == "fwdbwd" else \
-                        f" (target {SPARSE_FLEX_TARGET}x: {_verdict(flex_ms / ours >= SPARSE_FLEX_TARGET)})"
-                    parts.append(f"{flex_ms / ours:.2f}x flex {flex_ms:.3f} ms{verdict}")
+                for peer, target in SPARSE_PEER_TARGETS:
+                    peer_ms = (idx.get((name, peer, mode)) or {}).get("ms")
+                    if peer_ms:
+                        verdict = "" if mode == "fwdbwd" else \
+                            f" (target {target}x: {_verdict(peer_ms / ours >= target)})"
+                        parts.append(f"{peer_ms / ours:.2f}x {peer} {peer_ms:.3f} ms{verdict}")
                 if select_ms and mode != "bwd":  # the backward reuses the forward's selection
                     share = select_ms / ours
                     verdict = f" (target < {SELECT_SHARE_TARGET:.0%}: {_verdict(share < SELECT_SHARE_TARGET)})" \

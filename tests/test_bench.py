@@ -352,3 +352,213 @@ def test_backend_name_picks_the_compile_path(monkeypatch):
     monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")
     use_compile_path(peer.compile_path)
     assert os.environ["JFA_COMPILE_PATH"] == "opaque"
+
+
+def _selected_pairs(kv_block_index, kv_block_count, num_heads_q):
+    """Our selection as a set of (sequence, q head, q block, kv block) (q head h reads kv head h // group)."""
+    group = num_heads_q // kv_block_index.shape[1]
+    return {(b, h, m, int(kv_block_index[b, h // group, m, i]))
+            for b in range(kv_block_index.shape[0]) for h in range(num_heads_q)
+            for m in range(kv_block_index.shape[2]) for i in range(int(kv_block_count[b, h // group, m]))}
+
+
+def _decode_fa4_varlen(t, q_lens, kv_lens, block_q, block_kv):
+    """What FA4's varlen kernel reads (block_sparse_utils._get_curr_blocksparse_tensors_varlen): sequence b's Q
+    block m of head h has cnt = mask_block_cnt[h, cu_total_m_blocks[b] + m] ids at mask_block_idx[h, o:o + cnt],
+    o = cu_block_idx_offsets[b] + m * ceil(len_k / block_kv); checks they are ascending and inside the sequence."""
+    pairs = set()
+    heads = t["mask_block_cnt"].shape[0]
+    for b, (lq, lk) in enumerate(zip(q_lens, kv_lens)):
+        m_blocks, n_blocks = -(-lq // block_q), -(-lk // block_kv)
+        assert int(t["cu_total_m_blocks"][b + 1] - t["cu_total_m_blocks"][b]) == m_blocks
+        assert int(t["cu_block_idx_offsets"][b + 1] - t["cu_block_idx_offsets"][b]) == m_blocks * n_blocks
+        for h in range(heads):
+            for m in range(m_blocks):
+                cnt = int(t["mask_block_cnt"][h, int(t["cu_total_m_blocks"][b]) + m])
+                start = int(t["cu_block_idx_offsets"][b]) + m * n_blocks
+                ids = t["mask_block_idx"][h, start:start + cnt].tolist()
+                assert ids == sorted(ids) and all(0 <= n < n_blocks for n in ids) and len(ids) == cnt
+                pairs |= {(b, h, m, n) for n in ids}
+    return pairs
+
+
+def _decode_fa4_lists(cnt, idx, transposed=False):
+    """FA4's padded-batch lists [B, H, R] counts and [B, H, R, W] ids (first cnt read, ascending) as (b, h, q block,
+    kv block); transposed: the backward's Q-direction lists (rows are kv blocks, ids q blocks)."""
+    pairs = set()
+    for b, h, r in torch.cartesian_prod(*(torch.arange(s) for s in cnt.shape)).tolist():
+        ids = idx[b, h, r, :int(cnt[b, h, r])].tolist()
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        pairs |= {(b, h, n, r) if transposed else (b, h, r, n) for n in ids}
+    return pairs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_block_sparse_tensors_encode_our_selection(causal):
+    """The FA4 block-sparse peer is given exactly our selection: its varlen tensors, and the padded batch's forward
+    and (transposed) backward lists, decode to the same (sequence, q head, q block, kv block) pairs, per query head
+    under GQA (4 q heads on 2 kv heads), with lengths that are not whole blocks and one shorter than a block."""
+    import jfa_ops
+    from bench.peers import fa4_padded_block_sparse, fa4_varlen_block_sparse
+
+    lens, heads_q, heads_kv, block = (70, 16, 130, 1, 96), 4, 2, 32
+    g = torch.Generator().manual_seed(0)
+    offsets = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(lens), heads_q, 16, generator=g)
+    k = torch.randn(sum(lens), heads_kv, 16, generator=g)
+    index, count = jfa_ops.select_kv_blocks(q, k, offsets, offsets, max(lens), max(lens), block_q=block,
+                                            block_kv=block, keep_ratio=0.5, causal=causal, backend="reference")
+    ours = _selected_pairs(index, count, heads_q)
+    assert int(count[2, 0, 4]) < 5  # the selection drops blocks (sequence 2's last Q block sees all 5)
+    blocks = dict(num_heads_q=heads_q, block_q=block, block_kv=block)
+    varlen = fa4_varlen_block_sparse(index, count, offsets, offsets, **blocks)
+    assert all(varlen[f].dtype == torch.int32 for f in ("mask_block_cnt", "mask_block_idx", "cu_total_m_blocks",
+                                                        "cu_block_idx_offsets"))
+    assert varlen["block_size"] == (block, block) and varlen["mask_block_cnt"].shape == (heads_q, 3 + 1 + 5 + 1 + 3)
+    assert _decode_fa4_varlen(varlen, lens, lens, block, block) == ours
+    fwd, bwd = fa4_padded_block_sparse(index, count, **blocks)
+    assert fwd["mask_block_idx"].shape == (len(lens), heads_q, 5, 5) and int(fwd["mask_block_idx"].min()) >= 0
+    assert _decode_fa4_lists(fwd["mask_block_cnt"], fwd["mask_block_idx"]) == ours
+    assert _decode_fa4_lists(bwd["mask_block_cnt"], bwd["mask_block_idx"], transposed=True) == ours
+
+
+def test_fa4_sparse_peer_reports_why_it_is_unavailable():
+    """An FA4 without the block-sparse argument is a skip with the reason ("unavailable: ..."), not a failure; the
+    padded row runs on the sparse suite only."""
+    from bench.__main__ import measure_peer
+    from bench.peers import FlashAttention4, Skip
+    from bench.suites import Case
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, causal=False):
+        pass
+
+    with pytest.raises(Skip, match="^unavailable: .*flash_attn_varlen_func has no block_sparse_tensors"):
+        FlashAttention4()._block_sparse_class(flash_attn_varlen_func, "block_sparse_tensors")
+    try:
+        import flash_attn.cute.block_sparsity  # noqa: F401
+    except ImportError:  # the CPU machine: no FA4, so the argument is found but its tensor class is not
+        with pytest.raises(Skip, match="^unavailable: no flash_attn.cute.block_sparsity"):
+            FlashAttention4()._block_sparse_class(flash_attn_varlen_func, "cu_seqlens_q")
+    dense = Case("dense", "B2 S64", (64,) * 2, (64,) * 2, 2, 2, 64, dense=True)
+    assert measure_peer(FlashAttention4(padded=True), dense, [], None, ["fwd"], None, None)[0]["skip"] == \
+        "the sparse suite only"
+
+
+def _pair_masks(pairs, q_lens, kv_lens, heads, block_q, block_kv):
+    """Per sequence, the [H, Lq, Lk] bool mask of decoded (b, h, q block, kv block) pairs."""
+    masks = [torch.zeros(heads, lq, lk, dtype=torch.bool) for lq, lk in zip(q_lens, kv_lens)]
+    for b, h, m, n in pairs:
+        masks[b][h, m * block_q:(m + 1) * block_q, n * block_kv:(n + 1) * block_kv] = True
+    return masks
+
+
+class _FakeFa4:
+    """Stands in for flash_attn.cute.interface on the CPU: decodes the block lists it is given with the test's own
+    decoders and runs the float64 oracle restricted to them (per query head: K/V expanded), so the adapter's wiring
+    (offsets, padding, GQA, causal, the output's layout) is checked without a GPU."""
+
+    def __init__(self, block):
+        self.block = block
+
+    def _attend(self, q, k, v, offsets_q, offsets_k, pairs, causal, scale):
+        from jfa_ops.testing import reference_attention
+        group = q.shape[1] // k.shape[1]
+        lens_q, lens_k = offsets_q.diff().tolist(), offsets_k.diff().tolist()
+        masks = _pair_masks(pairs, lens_q, lens_k, q.shape[1], self.block, self.block)
+        return reference_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), offsets_q,
+                                   offsets_k, scale=scale, causal=causal, block_masks=masks)[0]
+
+    def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                               max_seqlen_k=None, softmax_scale=None, causal=False, block_sparse_tensors=None):
+        t = block_sparse_tensors._asdict()
+        pairs = _decode_fa4_varlen(t, cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), *t["block_size"])
+        return self._attend(q, k, v, cu_seqlens_q, cu_seqlens_k, pairs, causal, softmax_scale), None
+
+    def flash_attn_func(self, q, k, v, softmax_scale=None, causal=False, block_sparse_tensors=None,
+                        block_sparse_tensors_bwd=None):
+        fwd, bwd = block_sparse_tensors, block_sparse_tensors_bwd
+        pairs = _decode_fa4_lists(fwd.mask_block_cnt, fwd.mask_block_idx)
+        assert _decode_fa4_lists(bwd.mask_block_cnt, bwd.mask_block_idx, transposed=True) == pairs
+        (batch, s_q), s_k = q.shape[:2], k.shape[1]
+        rows = lambda n: torch.arange(batch + 1) * n  # noqa: E731 - every padded sequence whole
+        out = self._attend(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), rows(s_q), rows(s_k), pairs, causal,
+                           softmax_scale)
+        return out.view(batch, s_q, *out.shape[1:]), None
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["varlen", "padded"])
+@pytest.mark.parametrize("case", suites.build_cases(["sparse"], [64], "smoke")[::3], ids=lambda c: c.name)
+def test_fa4_sparse_peer_computes_the_block_sparse_oracle(case, padded, monkeypatch):
+    """The FA4 block-sparse rows (varlen; padded batch) hand FA4 our selection: through a fake FA4 that attends to
+    exactly the blocks it decodes, the prepared call gives the block-sparse oracle (GQA: 2 q heads on 1 kv head)."""
+    import collections
+    import sys
+    import types
+    from bench.peers import FlashAttention4
+
+    fields = ("mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx", "cu_total_m_blocks",
+              "cu_block_idx_offsets", "block_size")
+    tensors_cls = collections.namedtuple("BlockSparseTensorsTorch", fields, defaults=(None,) * len(fields))
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.block_sparsity",
+                        types.SimpleNamespace(BlockSparseTensorsTorch=tensors_cls))
+    case = dataclasses.replace(case, num_heads_kv=1)
+    inp = suites.make_inputs(case, "cpu")
+    peer = FlashAttention4(padded=padded)
+    peer._mod = _FakeFa4(case.block)
+    prep = peer.prepare(case, inp)
+    assert prep.exact and bool(prep.no_backward) != padded
+    with torch.no_grad():
+        assert rel_error(prep.to_jagged(prep.fn()), oracle_output(case, inp)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_block_sparse_rows_on_the_gpu(causal):
+    """On the device, with FA4 installed: FA4's block-sparse rows given our selection (128x128 blocks, D128, GQA 4:2,
+    jagged whole-block lengths) compute the block-sparse float64 oracle, forward (varlen and padded) and the padded
+    row's gradients. The bench's sparse cases are too large for its oracle check: this is their correctness check."""
+    from bench.peers import FlashAttention4, Skip, _pad_index, sparse_selection
+    from jfa_ops.testing import block_sparse_masks, reference_attention
+
+    device = torch.device("cuda")
+    reason = FlashAttention4().unavailable(device)
+    if reason:
+        pytest.skip(reason)
+    lens = (384, 128, 1024, 256, 640)
+    case = suites.Case("sparse", "gpu check", lens, lens, 4, 2, 128, causal=causal, keep_ratio=0.5, block=128)
+    inp = suites.make_inputs(case, device)
+    index, count = sparse_selection(case, inp)
+    masks = block_sparse_masks(index, count, inp.q_offsets, inp.kv_offsets, block_q=128, block_kv=128)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (inp.q, inp.k, inp.v))
+    ref, _ = reference_attention(q64, k64, v64, inp.q_offsets, inp.kv_offsets, causal=causal, block_masks=masks)
+    ref.backward(inp.grad_out.double())
+    for padded in (False, True):
+        try:
+            prep = FlashAttention4(padded=padded).prepare(case, inp)
+        except Skip as e:
+            pytest.skip(str(e))
+        out = prep.fn()
+        assert rel_error(prep.to_jagged(out), ref.detach()) < 2e-2, f"padded={padded}"
+        if padded:  # gradients through the padded leaves, back to the jagged rows
+            prep.to_jagged(out).backward(inp.grad_out)
+            rows = _pad_index(lens, max(lens), device)
+            for leaf, want in zip(prep.leaves, (q64, k64, v64)):
+                assert rel_error(leaf.grad.flatten(0, 1)[rows], want.grad) < 2e-2
+
+
+def test_sparse_lines_compare_with_fa4_block_sparse_rows():
+    """Issue 11's "ahead of FlashAttention-4's block-sparse path": the summary divides FA4's times (varlen forward,
+    padded forward and backward) by ours, target 1.0x."""
+    from bench import report
+    half = {"suite": "sparse", "name": "sparse D128 keep0.5", "keep_ratio": 0.5}
+    recs = [{"case": half, "peer": "jfa:tlx", "mode": "fwd", "ms": 5.0},
+            {"case": half, "peer": "jfa:tlx", "mode": "bwd", "ms": 14.0},
+            {"case": half, "peer": "fa4", "mode": "fwd", "ms": 4.0},
+            {"case": half, "peer": "fa4", "mode": "bwd", "skip": "FA4's varlen backward takes no block lists"},
+            {"case": half, "peer": "fa4 padded", "mode": "fwd", "ms": 4.5},
+            {"case": half, "peer": "fa4 padded", "mode": "bwd", "ms": 15.4}]
+    fwd, bwd = report.sparse_lines(recs)
+    assert fwd.endswith("0.80x fa4 4.000 ms (target 1.0x: FAIL), 0.90x fa4 padded 4.500 ms (target 1.0x: FAIL)")
+    assert bwd.endswith("1.10x fa4 padded 15.400 ms (target 1.0x: PASS)") and bwd.count(" fa4") == 1
