@@ -326,6 +326,29 @@ def median_ms(fn, what: str, graph: bool = False):
         return None
 
 
+def _forward_call(x, case, backend):
+    """The case's forward on ``backend`` (inputs ``x`` from bench.suites.make_inputs) as a no-argument callable."""
+    return lambda: jfa_ops.jagged_attention(
+        x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+        broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+        backend=backend)
+
+
+def _forward_tflops(case, fns):
+    """({column: forward TFLOP/s}, failures) of each callable in ``fns``, timed in order; a hung kernel ends the
+    process with the rows so far printed."""
+    row, failures = {}, 0
+    for col, fn in fns.items():
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        ms = median_ms(fn, f"{case.label} {col}")
+        if ms is None:
+            failures += 1
+        else:
+            row[col] = case.flops("fwd") / ms / 1e9
+    faulthandler.cancel_dump_traceback_later()
+    return row, failures
+
+
 def timing() -> int:
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
 
@@ -348,29 +371,18 @@ def timing() -> int:
     with_v4 = os.environ.get("TLX_TIMING_V4", "1") == "1"
     print("forward, bf16, TFLOP/s of useful work (do_bench median); 'tlx': the v3 consumers (configs.ONE_LOOP = "
           "False), 'tlx v4': configs.ONE_LOOP = True (bench/NOTES.md \"TLX forward v4\")", flush=True)
-    one_loop = configs.ONE_LOOP
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+
     cols = ("tlx", "triton") + (("tlx v4",) if with_v4 else ())
     print(f"{'case':40s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'tlx/triton':>10s}"
           + (f" {'v4/triton':>10s} {'v4/tlx':>7s}" if with_v4 else ""), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
-        row = {}
-        for col in cols:
-            backend = col.split()[0]
-            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hung kernel: the rows so far are printed
-            fn = lambda: jfa_ops.jagged_attention(  # noqa: E731
-                x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
-                broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-                backend=backend)
-            configs.ONE_LOOP = col.endswith("v4")
-            ms = median_ms(fn, f"{case.label} {col}", graph=col.endswith("graph"))
-            configs.ONE_LOOP = one_loop
-            if ms is None:
-                failures += 1
-            else:
-                row[col] = case.flops("fwd") / ms / 1e9
-        faulthandler.cancel_dump_traceback_later()
+        row, failed = _forward_tflops(case, {col: with_setting(configs, "ONE_LOOP", col.endswith("v4"),
+                                                                _forward_call(x, case, col.split()[0]))
+                                             for col in cols})
+        failures += failed
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.label:40s} " + " ".join(f"{t:10.1f}" for t in v) + f" {v[0] / v[1]:10.2f}"
               + (f" {v[2] / v[1]:10.2f} {v[2] / v[0]:7.2f}" if with_v4 else ""), flush=True)
@@ -404,23 +416,13 @@ def order_timing() -> int:
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
-        call = lambda backend: lambda: jfa_ops.jagged_attention(  # noqa: E731
-            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
-            broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-            backend=backend)
-        fns = {"tlx": call("tlx"), "triton": call("triton"),
-               "tlx zigzag": with_setting(configs, "FORWARD_ZIGZAG", True, call("tlx"))}
+        fns = {"tlx": _forward_call(x, case, "tlx"),
+               "tlx zigzag": with_setting(configs, "FORWARD_ZIGZAG", True, _forward_call(x, case, "tlx"))}
         for g in groups:
             fns[f"zigzag hg{g}"] = with_setting(configs, "FORWARD_HEAD_GROUP", g, fns["tlx zigzag"])
-        row = {}
-        for col in cols:
-            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hung kernel: the rows so far are printed
-            ms = median_ms(fns[col], f"{case.label} {col}")
-            if ms is None:
-                failures += 1
-            else:
-                row[col] = case.flops("fwd") / ms / 1e9
-        faulthandler.cancel_dump_traceback_later()
+        fns["triton"] = _forward_call(x, case, "triton")
+        row, failed = _forward_tflops(case, {col: fns[col] for col in cols})
+        failures += failed
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{t:12.1f}" for t in v) + f" {v[1] / v[0]:10.3f}",
               flush=True)
