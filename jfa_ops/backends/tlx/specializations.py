@@ -17,7 +17,8 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
-from .configs import NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config, mxfp8_fwd_config
+from .configs import (NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config, mxfp8_ablation_names,
+                      mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -83,9 +84,9 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 
 def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                              from_offsets: bool = False, kv_major: bool = True, out_dtype: str = "bf16",
-                             fma_softmax: bool = True, qk_chunks: int = 1) -> Specialization:
+                             fma_softmax: bool = True, qk_chunks: int = 1, ablate: int = 0) -> Specialization:
     """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors; ``qk_chunks``:
-    ``configs.MXFP8_QK_CHUNKS``."""
+    ``configs.MXFP8_QK_CHUNKS``; ``ablate``: ``configs.MXFP8_ABLATE`` (timing only: wrong results)."""
     from .mxfp8_attn_fwd import mxfp8_attn_fwd_tlx_kernel
 
     cfg = mxfp8_fwd_config(head_dim)
@@ -100,14 +101,15 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left,
                       HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
                       ATOMIC_WORK=False,
-                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks)
+                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks, ABLATE=ablate)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"mxfp8-fwd-d{head_dim}-{out_dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}" \
-           f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}"
+           f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}" \
+           f"{'-ablate-' + mxfp8_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "mxfp8_attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.mxfp8_attn_fwd", signature,
                           constexprs, attrs, NUM_WARPS, 1)
 
