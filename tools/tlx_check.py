@@ -1000,10 +1000,6 @@ def mxfp8_timing() -> int:
     return failures
 
 
-# tools/tlx_check.py mxfp8-ablation's columns: configs.MXFP8_ABLATIONS names joined by "+" (bench/NOTES.md "MXFP8
-# ceiling: ablations"); "pquant" and "softmax" exclude each other (nothing would read S: ptxas drops its wgmma)
-MXFP8_ABLATION_COLUMNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "pquant+factors",
-                          "softmax+factors", "softmax+factors+rowsum", "softmax+factors+pv")
 SM_CLOCK_HZ = 1.83e9  # the H200's sustained SM clock under the attention kernels (bench/NOTES.md's clk figures)
 
 
@@ -1028,13 +1024,12 @@ def mxfp8_ablation() -> int:
             return with_setting(tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
                 *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=c["rebased"]))
 
-        fns = {col: kernel_alone(tlx_configs.mxfp8_ablation_mask(col.replace("+", ",")))
-               for col in MXFP8_ABLATION_COLUMNS}
+        fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in tlx_configs.MXFP8_ABLATION_RUNS}
         ms, failed = _medians(c["label"], fns)
         failures += failed
         clk = {col: t * 1e-3 * sms * SM_CLOCK_HZ / c["n_blocks"] for col, t in ms.items()}
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM)", flush=True)
-        for col in MXFP8_ABLATION_COLUMNS:
+        for col in tlx_configs.MXFP8_ABLATION_RUNS:
             if col in ms:
                 print(f"  {col:24s} {ms[col]:7.3f} ms {c['flops'] / ms[col] / 1e9:7.1f} TFLOP/s {clk[col]:7.0f} clk"
                       f" {clk.get('none', float('nan')) - clk[col]:+7.0f}", flush=True)

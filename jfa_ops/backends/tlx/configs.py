@@ -212,6 +212,11 @@ def mxfp8_ablation_names(mask: int) -> str:
 
 
 MXFP8_ABLATE = mxfp8_ablation_mask(os.environ.get("JFA_TLX_MXFP8_ABLATE", ""))
+# What tools/tlx_check.py mxfp8-ablation times (and tools/tlx_compile.py ablate compiles), each a
+# mxfp8_ablation_mask list: one stage at a time, then the stages together down to the MMA + convert floor. "pquant"
+# and "softmax" exclude each other (the kernel asserts it): nothing would read S, and ptxas drops its wgmma.
+MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "pquant,factors", "softmax,factors",
+                       "softmax,factors,rowsum", "softmax,factors,pv")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
