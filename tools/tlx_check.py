@@ -36,7 +36,9 @@ empty KV, D64, S4096, magnitudes over 2**+-12, 300 short sequences, a NaN/inf ne
 against the float64 MXFP8 oracle (out, lse), the issue's error bound against float64 attention on the originals,
 the kernel's float64 model where small, bf16 inputs through the op with gradients; then TFLOP/s on dense B8 S4096
 D128 and broadcast-Q Lq128 H4 B512: tlx-mxfp8 (with and without its re-basing stage, and from bf16 inputs),
-triton-mxfp8 (bf16smem), our bf16 tlx and triton.
+triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``mxfp8``): the TLX kernel alone on
+the same two shapes with each ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the
+key-block loop removed at a time), clk per key block (bench/NOTES.md "MXFP8 ceiling: ablations").
 """
 from __future__ import annotations
 
@@ -334,19 +336,25 @@ def _forward_call(x, case, backend):
         backend=backend)
 
 
-def _forward_tflops(case, fns):
-    """({column: forward TFLOP/s}, failures) of each callable in ``fns``, timed in order; a hung kernel ends the
-    process with the rows so far printed."""
-    row, failures = {}, 0
+def _medians(label, fns):
+    """({column: median ms}, failures) of each callable in ``fns``, timed in order; a hung kernel ends the process
+    with the rows so far printed."""
+    ms, failures = {}, 0
     for col, fn in fns.items():
         faulthandler.dump_traceback_later(HANG_S, exit=True)
-        ms = median_ms(fn, f"{case.label} {col}")
-        if ms is None:
+        t = median_ms(fn, f"{label} {col}")
+        if t is None:
             failures += 1
         else:
-            row[col] = case.flops("fwd") / ms / 1e9
+            ms[col] = t
     faulthandler.cancel_dump_traceback_later()
-    return row, failures
+    return ms, failures
+
+
+def _forward_tflops(case, fns):
+    """({column: forward TFLOP/s}, failures) of each callable in ``fns`` (``_medians``)."""
+    ms, failures = _medians(case.label, fns)
+    return {col: case.flops("fwd") / t / 1e9 for col, t in ms.items()}, failures
 
 
 def timing() -> int:
@@ -914,19 +922,40 @@ def mxfp8_correctness() -> int:
     return failures
 
 
+def _mx_headline_cases():
+    """Issue 12's headline shapes at D128 on the GPU, one dict each: label, lengths, heads, bcast, the bf16 inputs
+    (q, k, v, q_off, kv_off), the MX pairs, flops (useful work), AttentionParams, the kernel's re-based operands
+    (``rebased``: to time the TLX kernel alone) and n_blocks (the 128 x 128 key blocks the TLX kernel walks, all
+    heads)."""
+    from bench.suites import lognormal_lengths
+    from jfa_ops.backends import AttentionParams
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+
+    for label, q_lengths, kv_lengths, heads, bcast in (
+            ("dense B8 S4096 H16 D128", (4096,) * 8, (4096,) * 8, 16, False),
+            ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True)):
+        q, k, v, q_off, kv_off = (None if t is None else t.cuda() for t in
+                                  _mx_inputs(q_lengths, kv_lengths, heads, heads, 128, bcast, None, 3))
+        pairs = (jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k), jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1)))
+        pairs_per_q = sum(128 * n for n in kv_lengths) if bcast else sum(n * n for n in kv_lengths)
+        q_tiles = [1] * len(kv_lengths) if bcast else [-(-n // 128) for n in q_lengths]
+        yield dict(label=label, q_lengths=q_lengths, kv_lengths=kv_lengths, heads=heads, bcast=bcast,
+                   inputs=(q, k, v, q_off, kv_off), pairs=pairs, flops=4.0 * pairs_per_q * heads * 128,
+                   params=AttentionParams(scale=128 ** -0.5, broadcast_q=bcast, max_seqlen_q=max(q_lengths),
+                                          max_seqlen_kv=max(kv_lengths)),
+                   rebased=mxfp8_attn_fwd.rebase_operands(*pairs, kv_off),
+                   n_blocks=heads * sum(t * -(-n // 128) for t, n in zip(q_tiles, kv_lengths)))
+
+
 def mxfp8_timing() -> int:
     """Forward TFLOP/s (ms) on the issue's headline shapes: tlx-mxfp8 pre-quantized (its re-basing stage included),
     the kernel alone (re-based operands made once), bf16 inputs (the fused quantize counted; "V 2-pass": V through
     quantize then the re-basing stage; "2-pass": all three so),
     triton-mxfp8 (bf16smem, pre-quantized), our bf16 tlx, our bf16 triton; ratios of tlx-mxfp8 to the bf16 ones."""
-    from bench.suites import lognormal_lengths
-    from jfa_ops.backends import AttentionParams
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
     from jfa_ops.backends.triton.configs import KNOBS
 
     KNOBS.mxfp8_variant = "bf16smem"
-    shapes = (("dense B8 S4096 H16 D128", (4096,) * 8, (4096,) * 8, 16, False),
-              ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True))
     from jfa_ops.backends.tlx import configs as tlx_configs
 
     from host_profile import with_setting  # tools/ is on the path of a script run from it
@@ -941,16 +970,11 @@ def mxfp8_timing() -> int:
     print(f"{'case':26s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'/bf16 tlx':>9s} {'/bf16 triton':>12s}"
           f" {'kernel/bf16 tlx':>15s}", flush=True)
     failures = 0
-    for label, q_lengths, kv_lengths, heads, bcast in shapes:
-        q, k, v, q_off, kv_off = (None if t is None else t.cuda() for t in
-                                  _mx_inputs(q_lengths, kv_lengths, heads, heads, 128, bcast, None, 3))
-        max_q, max_kv = max(q_lengths), max(kv_lengths)
-        pairs = (jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k), jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1)))
-        pairs_per_q = sum(128 * n for n in kv_lengths) if bcast else sum(n * n for n in kv_lengths)
-        flops = 4.0 * pairs_per_q * heads * 128
-        kw = dict(broadcast_q=bcast)
-        params = AttentionParams(scale=128 ** -0.5, broadcast_q=bcast, max_seqlen_q=max_q, max_seqlen_kv=max_kv)
-        rebased = mxfp8_attn_fwd.rebase_operands(*pairs, kv_off)
+    for c in _mx_headline_cases():
+        q, k, v, q_off, kv_off = c["inputs"]
+        pairs, params, rebased, flops = c["pairs"], c["params"], c["rebased"], c["flops"]
+        max_q, max_kv = max(c["q_lengths"]), max(c["kv_lengths"])
+        kw = dict(broadcast_q=c["bcast"])
         fns = {"tlx-mxfp8": lambda: jfa_ops.mxfp8_attention(*pairs, q_off, kv_off, max_q, max_kv, backend="tlx",
                                                             **kw),
                "kernel alone": lambda: mxfp8_attn_fwd.attention_forward(*pairs, q_off, kv_off, params, torch.bfloat16,
@@ -965,21 +989,50 @@ def mxfp8_timing() -> int:
                "bf16 tlx": lambda: jfa_ops.jagged_attention(q, k, v, q_off, kv_off, max_q, max_kv, backend="tlx", **kw),
                "bf16 triton": lambda: jfa_ops.jagged_attention(q, k, v, q_off, kv_off, max_q, max_kv,
                                                                backend="triton", **kw)}
-        ms = {}
-        for col in cols:
-            faulthandler.dump_traceback_later(HANG_S, exit=True)
-            t = median_ms(fns[col], f"{label} {col}")
-            if t is None:
-                failures += 1
-            else:
-                ms[col] = t
-        faulthandler.cancel_dump_traceback_later()
+        ms, failed = _medians(c["label"], fns)
+        failures += failed
         nan = float("nan")
-        cells = [f"{flops / ms[c] / 1e9:6.1f} ({ms[c]:6.3f})" if c in ms else f"{'-':>16s}" for c in cols]
-        print(f"{label:26s} " + " ".join(f"{c:>16s}" for c in cells)
+        cells = [f"{flops / ms[col] / 1e9:6.1f} ({ms[col]:6.3f})" if col in ms else f"{'-':>16s}" for col in cols]
+        print(f"{c['label']:26s} " + " ".join(f"{cell:>16s}" for cell in cells)
               + f" {ms.get('bf16 tlx', nan) / ms.get('tlx-mxfp8', nan):9.2f}"
               + f" {ms.get('bf16 triton', nan) / ms.get('tlx-mxfp8', nan):12.2f}"
               + f" {ms.get('bf16 tlx', nan) / ms.get('kernel alone', nan):15.2f}", flush=True)
+    return failures
+
+
+SM_CLOCK_HZ = 1.83e9  # the H200's sustained SM clock under the attention kernels (bench/NOTES.md's clk figures)
+
+
+def mxfp8_ablation() -> int:
+    """The TLX MXFP8 forward alone (re-based operands made once) with each ablation of ``configs.MXFP8_ABLATE``
+    (TIMING ONLY: those results are wrong and not checked) on the headline shapes: ms, TFLOP/s of the full
+    problem's useful work, and clk per 128 x 128 key block per SM (ms x SMs x 1.83 GHz / blocks: both consumers'
+    64-row halves of one block) with the clk each saves against "none" (the shipped kernel)."""
+    from jfa_ops.backends.tlx import configs as tlx_configs
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"MXFP8 ablations (TIMING ONLY, wrong results), TLX kernel alone, D128, {sms} SMs at {SM_CLOCK_HZ / 1e9} "
+          "GHz; per column: ms, TFLOP/s, clk per key block, clk saved vs none", flush=True)
+    failures = 0
+    for c in _mx_headline_cases():
+        q_off, kv_off = c["inputs"][3:]
+
+        def kernel_alone(mask, c=c, q_off=q_off, kv_off=kv_off):
+            return with_setting(tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
+                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=c["rebased"]))
+
+        fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in tlx_configs.MXFP8_ABLATION_RUNS}
+        ms, failed = _medians(c["label"], fns)
+        failures += failed
+        clk = {col: t * 1e-3 * sms * SM_CLOCK_HZ / c["n_blocks"] for col, t in ms.items()}
+        print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM)", flush=True)
+        for col in tlx_configs.MXFP8_ABLATION_RUNS:
+            if col in ms:
+                print(f"  {col:24s} {ms[col]:7.3f} ms {c['flops'] / ms[col] / 1e9:7.1f} TFLOP/s {clk[col]:7.0f} clk"
+                      f" {clk.get('none', float('nan')) - clk[col]:+7.0f}", flush=True)
     return failures
 
 
@@ -1012,6 +1065,8 @@ def main(argv) -> int:
         failed += mxfp8_correctness()
     if part in ("mxfp8", "mxfp8-timing"):
         failed += mxfp8_timing()
+    if part == "mxfp8-ablation":  # the TLX MXFP8 forward's stages, one removed at a time (timing only; not in "mxfp8")
+        failed += mxfp8_ablation()
     return 1 if failed else 0
 
 

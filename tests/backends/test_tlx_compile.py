@@ -282,3 +282,23 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
         base = by_name[r["name"].replace("-causalorder", "")]
         assert (r["spill_stores"] + r["spill_loads"]
                 <= base["spill_stores"] + base["spill_loads"] + 16), (r, base)
+
+
+def test_mxfp8_ablations_remove_only_their_stage():
+    """The MXFP8 forward's ablations (``configs.MXFP8_ABLATION_RUNS``, TIMING ONLY: wrong results; not shipped, so
+    the ``compiled`` fixture skips them), dense D128: each compiles without spills and keeps S's wgmma (smem-A QGMMA:
+    4 per block loop, 4 loops; a stage whose output nothing reads is dropped as dead code, which would time another
+    kernel), and drops P V's / the ones wgmma (register-A QGMMA, 4 each per loop) only where asked (~30 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1",
+                           "mxfp8-fwd-d128-bf16-full-ablate"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 9, f"exit {proc.returncode}: {[r['name'] for r in rows]}\n{proc.stderr[-3000:]}"
+    for r in rows:
+        assert "error" not in r, r
+        assert r["spill_stores"] + r["spill_loads"] == 0, r
+        assert r["qgmma_e4m3_smem_a"] == 16, f"{r['name']}: S's wgmma dropped"
+        stages = r["name"].split("-ablate-")[1].split("-")
+        assert r["qgmma_e4m3_reg_a"] == 16 * (("pv" not in stages) + ("rowsum" not in stages)), r

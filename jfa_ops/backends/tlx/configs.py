@@ -188,6 +188,35 @@ MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "0") == "1"
 # the H200 measures it: the kernel meets issue 12's bound without it (bench/NOTES.md "MXFP8 fused re-basing + fp32
 # PV"). Env JFA_TLX_MXFP8_QK_CHUNKS=2.
 MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
+# ABLATIONS OF THE MXFP8 FORWARD: TIMING ONLY, THEIR RESULTS ARE WRONG. Each bit removes one stage of the consumers'
+# key-block loop (mxfp8_attn_fwd.py's ABLATE_*), every barrier, TMA load and ping-pong turn kept, so the H200 can say
+# what each stage costs (bench/NOTES.md "MXFP8 ceiling: ablations"; tools/tlx_check.py mxfp8-ablation):
+# pquant: P enters P V as a constant E4M3 tile (no convert/pack of P); softmax: no row max, exp2, row sum or
+# rescale (P = E4M3(S)); factors: no key/column factor loads or multiplies; pv: no P V wgmma; rowsum: no ones
+# wgmma (the denominator's row sums). Env JFA_TLX_MXFP8_ABLATE=pquant,softmax,... (default none: 0).
+MXFP8_ABLATIONS = {"pquant": 1, "softmax": 2, "factors": 4, "pv": 8, "rowsum": 16}
+
+
+def mxfp8_ablation_mask(names: str) -> int:
+    """The ABLATE bits of a comma-separated list of ``MXFP8_ABLATIONS`` names ("" or "none": 0)."""
+    parts = [n.strip() for n in names.split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in parts if n not in MXFP8_ABLATIONS]
+    if unknown:
+        raise ValueError(f"unknown MXFP8 ablations {unknown}; known: {sorted(MXFP8_ABLATIONS)}")
+    return sum({MXFP8_ABLATIONS[n] for n in parts})
+
+
+def mxfp8_ablation_names(mask: int) -> str:
+    """``mxfp8_ablation_mask``'s inverse ("none" for 0)."""
+    return ",".join(n for n, bit in MXFP8_ABLATIONS.items() if mask & bit) or "none"
+
+
+MXFP8_ABLATE = mxfp8_ablation_mask(os.environ.get("JFA_TLX_MXFP8_ABLATE", ""))
+# What tools/tlx_check.py mxfp8-ablation times (and tools/tlx_compile.py ablate compiles), each a
+# mxfp8_ablation_mask list: one stage at a time, then the stages together down to the MMA + convert floor. "pquant"
+# and "softmax" exclude each other (the kernel asserts it): nothing would read S, and ptxas drops its wgmma.
+MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "pquant,factors", "softmax,factors",
+                       "softmax,factors,rowsum", "softmax,factors,pv")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 

@@ -29,6 +29,8 @@ separate P V accumulator cost 32 + 64 registers that v4's in-flight P V would ne
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
@@ -47,6 +49,14 @@ from .configs import NUM_WARPS, mxfp8_fwd_config
 
 CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
 P_SCALE_LOG2_F: tl.constexpr = tl.constexpr(float(P_SCALE_LOG2))  # P enters the dot as P x 2**8
+# ABLATE bits (``configs.MXFP8_ABLATE``): TIMING ONLY, THE RESULTS ARE WRONG when any is set. Each removes one stage
+# of the consumer's key-block loop so the H200 can time what it costs (bench/NOTES.md "MXFP8 ceiling: ablations");
+# every barrier, TMA load and the ping-pong turns stay, so the pipeline's shape does not change.
+ABLATE_P_QUANT: tl.constexpr = tl.constexpr(configs.MXFP8_ABLATIONS["pquant"])  # P -> E4M3: a constant P tile
+ABLATE_SOFTMAX: tl.constexpr = tl.constexpr(configs.MXFP8_ABLATIONS["softmax"])  # no max/exp2/sum/alpha: P = E4M3(S)
+ABLATE_FACTORS: tl.constexpr = tl.constexpr(configs.MXFP8_ABLATIONS["factors"])  # key/column factors: none (1)
+ABLATE_PV: tl.constexpr = tl.constexpr(configs.MXFP8_ABLATIONS["pv"])  # no P V wgmma (pv = 0)
+ABLATE_ROWSUM: tl.constexpr = tl.constexpr(configs.MXFP8_ABLATIONS["rowsum"])  # no ones wgmma (denominator = l)
 
 
 @triton.jit
@@ -111,11 +121,20 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
              v_fulls, v_empties, KF_HEAD, VF_HEAD, vtile0, kv_heads, row0, len_q, len_k, lo_off, hi_off, n_begin, n_end,
              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
-             QK_CHUNKS: tl.constexpr):
+             QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr):
     """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
     running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
     of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key
-    factors at the sequence's first key; VF_HEAD: its column factors of tile 0 (tile t at + t * kv_heads * D)."""
+    factors at the sequence's first key; VF_HEAD: its column factors of tile 0 (tile t at + t * kv_heads * D).
+    ABLATE != 0: TIMING ONLY, WRONG RESULTS (the ABLATE_* bits above)."""
+    NO_P_QUANT: tl.constexpr = (ABLATE & ABLATE_P_QUANT) != 0
+    NO_SOFTMAX: tl.constexpr = (ABLATE & ABLATE_SOFTMAX) != 0
+    NO_FACTORS: tl.constexpr = (ABLATE & ABLATE_FACTORS) != 0
+    NO_PV: tl.constexpr = (ABLATE & ABLATE_PV) != 0
+    NO_ROWSUM: tl.constexpr = (ABLATE & ABLATE_ROWSUM) != 0
+    # with both, nothing reads S and ptxas drops S's wgmma (checked in the SASS: an empty asm reading S does not
+    # keep it), which would time a kernel without QK^T
+    tl.static_assert(not (NO_P_QUANT and NO_SOFTMAX), "MXFP8 ablations pquant and softmax exclude each other")
     keys = tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_begin, n_end, BLOCK_N):
@@ -123,17 +142,18 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
         # the factors' loads are issued before the wait for K: their latency hides behind it
         kf_ptr = KF_HEAD + n0 + keys
         vf_ptr = VF_HEAD + (vtile0 + n0 // BLOCK_N).to(tl.int64) * kv_heads * HEAD_DIM + d
-        if QK_CHUNKS == 1:
+        if QK_CHUNKS == 1 and not NO_FACTORS:
             k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
             v_factor = tl.load(vf_ptr)
         tlx.barrier_wait(k_fulls[buf], phase)
         _wait_turn(CID)
         s = _qk(q_tile, k_tiles[buf], CID, QK_CHUNKS)
         tlx.barrier_arrive(k_empties[buf], 1)
-        if QK_CHUNKS > 1:  # their registers are S's extra accumulators' until here (spills otherwise)
+        if QK_CHUNKS > 1 and not NO_FACTORS:  # their registers are S's extra accumulators' until here (spills)
             k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
             v_factor = tl.load(vf_ptr)
-        s = s * k_factor[None, :]  # before masking: a factor may be 0 (keys past the end) or NaN
+        if not NO_FACTORS:
+            s = s * k_factor[None, :]  # before masking: a factor may be 0 (keys past the end) or NaN
         if not FMA_SOFTMAX:
             s = s * q_factor[:, None]
         if MASKED:
@@ -146,31 +166,58 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
                 ok = visible((row0 + tl.arange(0, q_tile.shape[0]))[:, None], (n0 + keys)[None, :], len_q, len_k,
                              lo_off, hi_off, HAS_LO, HAS_HI)
             s = tl.where(ok, s, float("-inf"))
-        if FMA_SOFTMAX:  # q_factor > 0: the row maximum of s x key factors, then one FMA per score
-            m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1) * q_factor))
+        if NO_SOFTMAX:  # ablation: S itself becomes P (no row max, exp2, row sum or rescale)
+            m_new = m_i
+            p = s
         else:
-            m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1)))  # integer: P <= 1 and alpha a power of two
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
-        # P x 2**8 straight from exp2 (the fixed scale folded into the subtracted maximum): <= 256, no saturation
-        if FMA_SOFTMAX:
-            p = tl.math.exp2(s * q_factor[:, None] - (m_ref - P_SCALE_LOG2_F)[:, None])
+            if FMA_SOFTMAX:  # q_factor > 0: the row maximum of s x key factors, then one FMA per score
+                m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1) * q_factor))
+            else:
+                m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1)))  # integer: P <= 1 and alpha a power of two
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
+            # P x 2**8 straight from exp2 (the fixed scale folded into the subtracted maximum): <= 256, no saturation
+            if FMA_SOFTMAX:
+                p = tl.math.exp2(s * q_factor[:, None] - (m_ref - P_SCALE_LOG2_F)[:, None])
+            else:
+                p = tl.math.exp2(s - (m_ref - P_SCALE_LOG2_F)[:, None])
+            alpha = tl.math.exp2(m_i - m_ref)
+            l_i = l_i * alpha + tl.sum(p, 1)  # units of 2**-8, as lq
+        if NO_P_QUANT:  # ablation: a constant E4M3 tile (loop-invariant) in place of the converted P
+            p8 = tl.full(p.shape, 1.0, tl.float32).to(tl.float8e4nv)
         else:
-            p = tl.math.exp2(s - (m_ref - P_SCALE_LOG2_F)[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)  # units of 2**-8, as lq
-        p8 = p.to(tl.float8e4nv)  # round to nearest even
+            p8 = p.to(tl.float8e4nv)  # round to nearest even
         tlx.barrier_wait(v_fulls[buf], phase)
-        pv = tlx.async_dot(p8, tlx.local_trans(v_tiles[buf]))  # outside the turn, as the bf16 v3 consumer's P V
+        if NO_PV:  # ablation: no P V wgmma
+            pv = tl.zeros([q_tile.shape[0], HEAD_DIM], tl.float32)
+        else:
+            pv = tlx.async_dot(p8, tlx.local_trans(v_tiles[buf]))  # outside the turn, as the bf16 v3 consumer's P V
         # out's denominator, the row sums of the rounded P, from the tensor cores: P x a [BLOCK_N, 32] tile of ones
         # (TLX's smallest wgmma N), a fresh accumulator per block (every column the sum; added in fp32 below, as
         # P V: Hopper's FP8 wgmma accumulates with reduced precision). 709 SASS per block instead of 844
         # (converting P back to fp32 and summing it)
-        lq_t = tlx.async_dot(p8, tlx.local_trans(ones_tile))
-        pv = tlx.async_dot_wait(0, pv)
-        lq_t = tlx.async_dot_wait(0, lq_t)
-        lq_i = lq_i * alpha + tl.max(lq_t, 1)
+        if not NO_ROWSUM:
+            lq_t = tlx.async_dot(p8, tlx.local_trans(ones_tile))
+        if not NO_PV:
+            pv = tlx.async_dot_wait(0, pv)
+        if NO_ROWSUM:  # ablation: the denominator is l's
+            lq_i = l_i
+        else:
+            lq_t = tlx.async_dot_wait(0, lq_t)
+            if NO_SOFTMAX:
+                lq_i = lq_i + tl.max(lq_t, 1)
+            else:
+                lq_i = lq_i * alpha + tl.max(lq_t, 1)
+        if NO_SOFTMAX:  # l (no row sums now) from lq: else every row looks empty and the ones wgmma is dropped
+            l_i = lq_i
         tlx.barrier_arrive(v_empties[buf], 1)
-        acc = acc * alpha[:, None] + pv * v_factor[None, :]
+        if NO_FACTORS:
+            pv_scaled = pv
+        else:
+            pv_scaled = pv * v_factor[None, :]
+        if NO_SOFTMAX:
+            acc = acc + pv_scaled
+        else:
+            acc = acc * alpha[:, None] + pv_scaled
         m_i = m_new
         kv_count += 1
     return acc, m_i, l_i, lq_i, kv_count
@@ -185,11 +232,12 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                               BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                               BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                              TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr):
+                              TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr = 0):
     """Work items (query tile of BLOCK_M rows, q head), as ``attn_fwd_tlx_kernel``. desc_q: re-based Q [T_q (or
     L_q), Hq*D] E4M3, block [BLOCK_M/2, D]; desc_k: re-based K [T_kv, Hkv*D], block [BLOCK_N, D]; desc_vt: V^T
     [Hkv*D, tiles*BLOCK_N], block [D, BLOCK_N]; QF [Hq, q_rows], KF [Hkv, k_rows] row factors; VF [tiles, Hkv, D]
-    column factors / 2**8 (``mxfp8_rebase``). qk_scale: softmax scale / ln 2."""
+    column factors / 2**8 (``mxfp8_rebase``). qk_scale: softmax scale / ln 2. ABLATE (``configs.MXFP8_ABLATE``):
+    0, or TIMING ONLY with WRONG RESULTS (the ABLATE_* bits: one stage of the key-block loop removed each)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -285,17 +333,17 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS)
+                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS, ABLATE)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE)
                         tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
                     # out = Pq V / sum(Pq) (lq in units of 2**-8, acc's V factors carry the 2**-8), lse from the
@@ -375,6 +423,10 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         lse.fill_(float("-inf"))
         return out, lse
     qr, q_factors, kr, k_factors, vt, v_factors = operands(kv_off)
+    ablate = configs.MXFP8_ABLATE
+    if ablate:
+        warnings.warn(f"tlx MXFP8 forward with ablations {configs.mxfp8_ablation_names(ablate)} "
+                      "(JFA_TLX_MXFP8_ABLATE / configs.MXFP8_ABLATE): TIMING ONLY, the results are WRONG")
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k_shape[0] and (
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
@@ -394,6 +446,6 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0,
-        QK_CHUNKS=configs.MXFP8_QK_CHUNKS), num_warps=NUM_WARPS,
+        QK_CHUNKS=configs.MXFP8_QK_CHUNKS, ABLATE=ablate), num_warps=NUM_WARPS,
         num_stages=1)
     return out, lse

@@ -17,7 +17,8 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
-from .configs import NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config, mxfp8_fwd_config
+from .configs import (MXFP8_ABLATION_RUNS, NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config,
+                      mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -83,9 +84,9 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 
 def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                              from_offsets: bool = False, kv_major: bool = True, out_dtype: str = "bf16",
-                             fma_softmax: bool = True, qk_chunks: int = 1) -> Specialization:
+                             fma_softmax: bool = True, qk_chunks: int = 1, ablate: int = 0) -> Specialization:
     """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors; ``qk_chunks``:
-    ``configs.MXFP8_QK_CHUNKS``."""
+    ``configs.MXFP8_QK_CHUNKS``; ``ablate``: ``configs.MXFP8_ABLATE`` (timing only: wrong results)."""
     from .mxfp8_attn_fwd import mxfp8_attn_fwd_tlx_kernel
 
     cfg = mxfp8_fwd_config(head_dim)
@@ -100,14 +101,15 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left,
                       HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
                       ATOMIC_WORK=False,
-                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks)
+                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks, ABLATE=ablate)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if signature[n].startswith("*") or n.startswith("stride")}
     name = f"mxfp8-fwd-d{head_dim}-{out_dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}" \
-           f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}"
+           f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}" \
+           f"{'-ablate-' + mxfp8_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "mxfp8_attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.mxfp8_attn_fwd", signature,
                           constexprs, attrs, NUM_WARPS, 1)
 
@@ -179,6 +181,16 @@ def shipped_specializations() -> Iterator[Specialization]:
         if spec.name not in seen:
             seen.add(spec.name)
             yield spec
+
+
+def mxfp8_ablation_specializations() -> Iterator[Specialization]:
+    """The MXFP8 forward's ablations (``configs.MXFP8_ABLATION_RUNS``; TIMING ONLY, wrong results) on the shapes
+    tools/tlx_check.py mxfp8-ablation times: dense (kv-major) and broadcast-Q. Not shipped (CI does not compile
+    them): ``tools/tlx_compile.py ablate`` does."""
+    for names in MXFP8_ABLATION_RUNS[1:]:
+        mask = mxfp8_ablation_mask(names)
+        yield mxfp8_fwd_specialization(128, False, ablate=mask)
+        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask)
 
 
 def _specializations() -> Iterator[Specialization]:
@@ -402,12 +414,17 @@ def wgmma_overlap(ptx: str) -> bool:
     return False
 
 
-def _compile_index(index: int) -> dict:
-    """Worker: compile shipped specialization ``index`` in a fresh cache (so ptxas runs and logs)."""
+def _candidates(ablations: bool) -> list:
+    """The specializations ``main`` picks from: the shipped ones, and the MXFP8 ablations when asked for."""
+    return list(shipped_specializations()) + (list(mxfp8_ablation_specializations()) if ablations else [])
+
+
+def _compile_index(index: int, ablations: bool = False) -> dict:
+    """Worker: compile ``_candidates(ablations)[index]`` in a fresh cache (so ptxas runs and logs)."""
     import triton
 
     triton.knobs.nvidia.dump_ptxas_log = True
-    spec = list(shipped_specializations())[index]
+    spec = _candidates(ablations)[index]
     with tempfile.TemporaryDirectory() as cache:
         triton.knobs.cache.dir = cache
         try:
@@ -418,7 +435,9 @@ def _compile_index(index: int) -> dict:
 
 def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
-    to compile); exit 1 if any failed to compile (the error is in its line)."""
+    to compile; one containing "ablate" adds the MXFP8 ablations, ``mxfp8_ablation_specializations``); exit 1 if
+    any failed to compile (the error is in its line)."""
+    import functools
     from concurrent.futures import ProcessPoolExecutor
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -427,11 +446,12 @@ def main(argv=None) -> int:
         i = args.index("--jobs")
         jobs = int(args[i + 1])
         del args[i:i + 2]
-    names = [s.name for s in shipped_specializations()]
+    ablations = any("ablate" in a for a in args)
+    names = [s.name for s in _candidates(ablations)]
     indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
     failed = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for row in pool.map(_compile_index, indices):
+        for row in pool.map(functools.partial(_compile_index, ablations=ablations), indices):
             failed += "error" in row
             print(json.dumps(row), flush=True)
     return 1 if failed else 0
