@@ -113,6 +113,21 @@ def transposed_selection(k: torch.Tensor, kv_block_index: torch.Tensor, kv_block
     return transpose_selection(kv_block_index.contiguous(), kv_block_count.contiguous(), n_kv_blocks)
 
 
+def _tile_items(schedule: dict, heads_kv: int):
+    """(seq, start, kv head) of every (key tile, kv head) item, tile-major in the key tile list's order."""
+    seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
+    start = schedule["TILE_START"].repeat_interleave(heads_kv)
+    head = torch.arange(heads_kv, dtype=torch.int32, device=seq.device).repeat(schedule["TILE_SEQ"].numel())
+    return seq, start, head
+
+
+def _grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor):
+    """The stable permutation (new position -> old) that takes the items group after group (int64 ``group``,
+    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last."""
+    key = torch.where(real, group * (1 << 32) + within, 1 << 62)
+    return torch.sort(key, stable=True).indices
+
+
 def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0):
     """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
     Q blocks of its kv head that selected its KV block: ``q_count``, the transposed selection's counts [B, Hkv,
@@ -123,9 +138,7 @@ def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: in
 
     ``head_group`` > 0 (``configs.BACKWARD_GROUP_ORDER``): group-major (kv heads head // head_group), each group's
     items by their own walk, the last group longest first and the others alternating (``zigzag_groups``)."""
-    seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
-    start = schedule["TILE_START"].repeat_interleave(heads_kv)
-    head = torch.arange(heads_kv, dtype=torch.int32, device=seq.device).repeat(schedule["TILE_SEQ"].numel())
+    seq, start, head = _tile_items(schedule, heads_kv)
     block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
     cost = torch.where(seq >= 0, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
     order = torch.sort(cost, descending=True, stable=True).indices
@@ -146,8 +159,7 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     group = head.long() // head_group
     last = common.cdiv(heads_kv, head_group) - 1
     within = torch.where((last - group) % 2 == 0, -cost, cost)  # ascending key: longest first in the last group
-    key = torch.where(cost >= 0, group * (1 << 32) + within, 1 << 62)
-    return torch.sort(key, stable=True).indices
+    return _grouped_order(cost >= 0, group, within)
 
 
 def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
@@ -163,12 +175,8 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     read and dQ reduce-add misses the L2 (modelled 90-95 KiB of DRAM per block, the full mask 13); FA3's backward
     scheduler (SingleTileBwdLPTScheduler) runs a section's key blocks side by side instead. Padding tiles (seq -1)
     go last. Device ops only: no sync."""
-    tiles = schedule["TILE_SEQ"].numel()
-    device = schedule["TILE_SEQ"].device
-    seq = schedule["TILE_SEQ"].repeat_interleave(heads_kv)
-    start = schedule["TILE_START"].repeat_interleave(heads_kv)
-    head = torch.arange(heads_kv, dtype=torch.int32, device=device).repeat(tiles)
-    rank = torch.arange(tiles, dtype=torch.int64, device=device).repeat_interleave(heads_kv)
+    seq, start, head = _tile_items(schedule, heads_kv)
+    rank = torch.arange(schedule["TILE_SEQ"].numel(), dtype=torch.int64, device=seq.device).repeat_interleave(heads_kv)
     # streams (seq, kv head), longest sequence first (stable: ties in (seq, head) order), their sections by bytes
     lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
     by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
@@ -182,8 +190,7 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
     longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
     within = torch.where(longest_first, rank, -rank)
-    key = torch.where(real, section * (1 << 32) + within, 1 << 62)  # padding last
-    order = torch.sort(key, stable=True).indices  # ties (one tile's heads) keep the list's order
+    order = _grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
 
 
