@@ -20,8 +20,7 @@ KV_MAJOR: Optional[bool] = None
 # sequences end the loop before its overlap pays), i.e. every call but broadcast-Q at D64/D128. True/False forces it
 # (env JFA_TLX_FWD_ONE_LOOP=1/0; tools/tlx_check.py compares both in one run).
 ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ONE_LOOP", ""))
-# Experiment on the forward's work order (helper tlxcausal, bench/NOTES.md "TLX forward: short causal"), off until
-# measured on the H200; read per call (tools/tlx_check.py times it beside the default in one process): ZIGZAG
+# The forward's work order (helper tlxcausal, bench/NOTES.md "TLX forward: short causal"); read per call (tools/tlx_check.py times it beside the default in one process): ZIGZAG
 # (JFA_TLX_FWD_ZIGZAG=1) takes the items (query tile, head) in triton.common.zigzag_item's order, kv heads in
 # groups (fwd_head_group), tile by tile within a group and the direction alternating between groups, by the snake
 # (common.snake_work), instead of static striding over kv-major / tile-major items. Why: kv-major striding by 132
@@ -29,7 +28,11 @@ ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_F
 # p + 4, p + 8, ... of every head: the busiest program 1.50x the mean (204 vs 136 blocks), which is the whole gap
 # to the non-causal row (tools/fwd_schedule_model.py). JFA_TLX_FWD_HEAD_GROUP=N sets the group (kv heads). D64 and
 # D128 (the v4 configs; D256's v3 consumers spilled 40-68 B more per thread with it).
-FORWARD_ZIGZAG = os.environ.get("JFA_TLX_FWD_ZIGZAG", "0") == "1"
+# Measured on the H200 (2026-12-02, bench/NOTES.md v16): 1.00-1.58x on every causal/window row (dense S2048 causal
+# 361 -> 474 TFLOP/s), but 0.93x on dense S2048 without a mask (kv-major striding keeps a head's K/V in the L2 there,
+# and equal tiles need no balancing). So None, the default: masked calls (causal or a window) only; True
+# (JFA_TLX_FWD_ZIGZAG=1): every call; False (=0): none.
+FORWARD_ZIGZAG: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ZIGZAG", ""))
 _FWD_HEAD_GROUP_ENV = os.environ.get("JFA_TLX_FWD_HEAD_GROUP", "")
 FORWARD_HEAD_GROUP: Optional[int] = int(_FWD_HEAD_GROUP_ENV) if _FWD_HEAD_GROUP_ENV else None
 # ZIGZAG's rounds of programs per head group (fwd_head_group): a dense batch's items repeat one cost pattern per
