@@ -256,8 +256,8 @@ def test_block_sparse_backward_rules_and_switch():
         "h = configs.head_group\n"  # helper sparsebwd2's BACKWARD_HEAD_GROUP: a divisor of the kv heads, 0 = tile-major
         "assert h(16, 4) == 4 and h(16, 3) == 2 and h(16, 16) == 0 and h(16, 0) == 0 and h(2, 4) == 0 and h(6, 4) == 3\n"
         "assert h(16, 1) == 1 and h(1, 1) == 0 and h(16) == 0  # dense: tile-major by default\n"
-        "assert h(16, sparse=True) == 4  # block-sparse: groups of 4 since their H200 sweep (bench/NOTES.md v15)\n"
-        "assert h(16, sparse=True) == 4 and h(2, sparse=True) == 0 and h(16, 0, sparse=True) == 0 and h(16) == 0\n"
+        "assert h(16, sparse=True) == 2  # block-sparse: groups of 2 since their H200 sweep (bench/NOTES.md v16)\n"
+        "assert h(4, sparse=True) == 2 and h(2, sparse=True) == 0 and h(16, 0, sparse=True) == 0 and h(16) == 0\n"
         "assert configs.SPARSE_BACKWARD_UNIFORM_WALK  # on by default (bench/NOTES.md v14)\n"
         "assert configs.BACKWARD_GROUP_ORDER and configs.SPARSE_FORWARD_UNIFORM_WALK  # on since v15\n"
         "print(configs.SPARSE_BACKWARD)\n")

@@ -130,15 +130,16 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 #   ptxas keeps the consumers' block loop in uniform registers as in the dense loop (attn_bwd._selected_rows: without
 #   it every wgmma descriptor of the loop is built per lane and moved by R2UR: 928 vs 664 instructions per block).
 # SPARSE_UNIFORM_WALK is on since its H200 sweeps and timings (bench/NOTES.md v14: 1.01-1.02x alone; env
-# JFA_TLX_SPARSE_BWD_UNIFORM=0 turns it off). With it, kv heads in groups of 4 in GROUP_ORDER are the block-sparse
+# JFA_TLX_SPARSE_BWD_UNIFORM=0 turns it off). With it, kv heads in groups in GROUP_ORDER are the block-sparse
 # default since stop 23's H200 sweeps (15 cases each, hg4 and hg4 + group order, an H8 case among them) and timings
-# (bench/NOTES.md v15: 1.17-1.32x the uniform walk alone, 1.98x / 3.37x the TLX dense backward at keep 0.5 / 0.25,
-# causal 1.99x / 3.02x; groups of 2 measured 1.02-1.03x more, not yet swept). Env JFA_TLX_BWD_HEAD_GROUP=N sets the
-# group (0: tile-major), JFA_TLX_BWD_GROUP_ORDER=0 the plain head-group order.
+# (bench/NOTES.md v15: groups of 4 1.17-1.32x the uniform walk alone); groups of 2 since stop 24 (their sweep 15/15,
+# bench/NOTES.md v16; v15's timings 1.02-1.03x groups of 4: 2.0x / 3.4x the TLX dense backward at keep 0.5 / 0.25,
+# causal 2.0x / 3.0x, selection not counted; fewer heads per group: the items in flight share more Q/dO/dQ in L2).
+# Env JFA_TLX_BWD_HEAD_GROUP=N sets the group (0: tile-major), JFA_TLX_BWD_GROUP_ORDER=0 the plain head-group order.
 # HEAD_GROUP unset: SPARSE_HEAD_GROUP for the block-sparse backward, 0 (tile-major) dense.
 _HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
 BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
-SPARSE_HEAD_GROUP = 4
+SPARSE_HEAD_GROUP = 2
 SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
