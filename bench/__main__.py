@@ -41,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes, output checks on; runs on the CPU")
     p.add_argument("--head-dims", default=None, help="comma list (default 64,128,256; quick: 128; smoke: 64)")
     p.add_argument("--backends", default=None, help="jfa_ops backends (default: jfa_ops.available_backends()); "
-                   "NAME@opaque keeps the op one opaque node in compiled graphs (JFA_COMPILE_PATH; default inductor), e.g. triton,triton@opaque")
+                   "NAME@opaque keeps the op one opaque node in compiled graphs (JFA_COMPILE_PATH; default inductor), e.g. triton,triton@opaque; "
+                   "auto: the library's automatic choice (backend=None)")
     p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list of {', '.join(PEER_ORDER + EXTRA_PEERS)}, "
                                                            "or none")
     p.add_argument("--modes", default="fwd,bwd,fwdbwd", help="comma list of fwd, bwd, fwdbwd")

@@ -96,7 +96,7 @@ def model_config(size: str) -> ModelConfig:
 # Attention calls: (q, k, v [T, H, D], offsets [B+1] int32, max_len int) -> out [T, H, D], causal
 
 
-def jfa_attention(backend: str):
+def jfa_attention(backend: Optional[str]):
     jfa_ops = import_jfa_ops()
 
     def attend(q, k, v, offsets, max_len):
@@ -150,13 +150,13 @@ def attention_for(name: str, cfg: ModelConfig, device, size: str = "full") -> Ca
         from jfa_ops.backends.base import Problem
         problem = Problem(torch.device(device).type, getattr(torch, cfg.dtype), cfg.head_dim, cfg.num_heads,
                           cfg.num_heads, True, -1, -1, False, False)
-        from bench.peers import split_compile_path, use_compile_path
+        from bench.peers import AUTO, library_backend, split_compile_path, use_compile_path
         backend, compile_path = split_compile_path(name[4:])  # jfa:triton@opaque: the op as one opaque node
-        reason = unavailable_reason(backend, problem)
+        reason = None if backend == AUTO else unavailable_reason(backend, problem)  # auto: the library's choice
         if reason:
             raise Skip(reason)
         use_compile_path(compile_path)
-        return jfa_attention(backend)
+        return jfa_attention(library_backend(backend))
     if name == "flex" and size == "quick":
         raise Skip("not in --quick: compiling the document-mask training graph takes minutes; run without --quick")
     if not on_cuda:

@@ -97,6 +97,14 @@ def split_compile_path(backend: str) -> Tuple[str, str]:
     return name, path or ("opaque" if triton_pin_mismatch() else "inductor")
 
 
+AUTO = "auto"  # a backend name of the bench's: the library's automatic choice (backend=None), whatever it picks
+
+
+def library_backend(name: str) -> Optional[str]:
+    """The ``backend=`` argument for a bench backend name: None for ``auto``, else the name."""
+    return None if name == AUTO else name
+
+
 def use_compile_path(path: str) -> None:
     """Set ``JFA_COMPILE_PATH`` for the graphs compiled next (read when a graph is traced; the bench resets Dynamo
     before each compile, so no graph of the other path is reused)."""
@@ -121,7 +129,7 @@ class JfaBackend:
         jfa_ops = import_jfa_ops()
         if self.variant and case.keep_ratio is None:
             raise Skip(f"the {self.variant} row is for sparse cases only")
-        if case.keep_ratio is not None and self.variant != "dense":
+        if case.keep_ratio is not None and self.variant != "dense" and self.backend != AUTO:
             from jfa_ops.backends import get_backend
             if not get_backend(self.backend).implements("block_sparse"):
                 raise Skip(f"backend {self.backend!r} has no block-sparse family")
@@ -129,7 +137,8 @@ class JfaBackend:
         if self.backend == "reference" and case.pairs() * case.num_heads_q > REFERENCE_MAX_WORK:
             raise Skip(f"reference backend skipped above {REFERENCE_MAX_WORK} visible pairs x heads")
         q, k, v = _leaf(inp.q), _leaf(inp.k), _leaf(inp.v)
-        kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q, backend=self.backend)
+        kw = dict(causal=case.causal, window=tuple(case.window), broadcast_q=case.broadcast_q,
+                  backend=library_backend(self.backend))
         if self.variant == "select":
             def select():
                 return jfa_ops.select_kv_blocks(q.detach(), k.detach(), inp.q_offsets, inp.kv_offsets, case.max_q,

@@ -55,9 +55,10 @@ def _oracle_attend(q, k, v, offsets, max_len):
     return reference_attention(q, k, v, offsets, offsets, causal=True)[0].to(q.dtype)
 
 
-@pytest.mark.parametrize("name", ["jfa:reference", "flex"])
+@pytest.mark.parametrize("name", ["jfa:reference", "jfa:auto", "flex"])
 def test_model_attention_calls_match_oracle(name):
-    """Each swappable attention call computes causal attention per packed sequence (flex: eager on the CPU)."""
+    """Each swappable attention call computes causal attention per packed sequence (flex: eager on the CPU; auto:
+    the library's automatic choice, backend=None)."""
     from bench import model
     cfg = model.ModelConfig(embed_dim=32, num_heads=2, head_dim=16, layers=1, vocab=64, dtype="float32")
     attend = model.flex_attention() if name == "flex" else model.attention_for(name, cfg, "cpu")
@@ -342,11 +343,12 @@ def test_sparse_lines_speedups_targets_and_selection_share():
 def test_backend_name_picks_the_compile_path(monkeypatch):
     """``--backends triton,triton@opaque`` compares the compile paths in one run: each prepared case sets
     JFA_COMPILE_PATH for the graphs compiled next (a plain name: the library's default, inductor)."""
-    from bench.peers import JfaBackend, split_compile_path, use_compile_path
+    from bench.peers import JfaBackend, library_backend, split_compile_path, use_compile_path
 
     assert split_compile_path("triton") == ("triton", "inductor")
     assert split_compile_path("triton@opaque") == ("triton", "opaque")
     assert split_compile_path("triton@inductor") == ("triton", "inductor")
+    assert library_backend("auto") is None and library_backend("triton") == "triton"  # auto: backend=None
     peer = JfaBackend("triton@opaque")
     assert (peer.name, peer.backend, peer.compile_path) == ("jfa:triton@opaque", "triton", "opaque")
     monkeypatch.setenv("JFA_COMPILE_PATH", "inductor")
