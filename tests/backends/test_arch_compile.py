@@ -47,6 +47,7 @@ def compile_one(args):
     cc, index, inductor_floats = args
     import triton
     from triton.backends.compiler import GPUTarget
+    from jfa_ops.backends.triton.specializations import exp2_of_fma_count
     s = specs(cc, inductor_floats)[index]
     fn = getattr(importlib.import_module(s.module), s.kernel)
     t0 = time.time()
@@ -62,7 +63,7 @@ def compile_one(args):
             "wgmma": ttgir.count("warp_group_dot "), "mma": ttgir.count("tt.dot "),
             "fp8_wgmma": sum("wgmma" in line and "e4m3.e4m3" in line for line in k.asm["ptx"].splitlines()),
             "e4m3_cvt": k.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
-            "fma_f32": k.asm["ptx"].count("fma.rn.f32"),
+            "fma_f32": k.asm["ptx"].count("fma.rn.f32"), "ex2_of_fma": exp2_of_fma_count(k.asm["ptx"]),
             "async_copies": ttgir.count("copy_global_to_local"), "tma": ttgir.count("tensordesc"),
             "num_stages": s.num_stages, "kernel": s.kernel}
 
@@ -148,6 +149,19 @@ def test_sm90_selection_scores_are_contraction_free():
     for name in names:
         assert "error" not in r[name], r[name]["error"]
         assert r[name]["fma_f32"] == 0, f"{name}: {r[name]['fma_f32']} fp32 FMAs (position-dependent scores)"
+
+
+def test_sm90_mxfp8_forward_exponents_read_rounded_scores():
+    """The MXFP8 forward's exp2(s - m) reads the rounded scores its running maximum m came from: no ex2 of an fma.
+    With s = x * scale the compiler fused the multiply into exp2(fma(x, scale, -m)) in the mask-free blocks; past
+    |s| = 2**31 the unrounded product exceeds m by more than 128, P = inf and the lse NaN (H200, 2**+-30 inputs,
+    ``test_kernels_no_nan_at_wide_range_on_the_gpu``; the interpreter never fuses). ``mxfp8_attn_fwd._scores``."""
+    r = _compiled(90)
+    names = [n for n in r if n.startswith("mxfp8-fwd-")]
+    assert len(names) >= 25  # five variants, six shapes each
+    for name in names:
+        assert "error" not in r[name], r[name]["error"]
+        assert r[name]["ex2_of_fma"] == 0, f"{name}: {r[name]['ex2_of_fma']} exp2 of fused (unrounded) scores"
 
 
 def test_compiles_with_inductor_float_arguments():

@@ -40,6 +40,7 @@ from ..triton import common
 from ..triton.attn_fwd import broadcast_offsets
 from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
+from ..triton.mxfp8_attn_fwd import _scores
 from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
 from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, tile_schedule
@@ -154,8 +155,8 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
             v_factor = tl.load(vf_ptr)
         if not NO_FACTORS:
             s = s * k_factor[None, :]  # before masking: a factor may be 0 (keys past the end) or NaN
-        if not FMA_SOFTMAX:
-            s = s * q_factor[:, None]
+        if not FMA_SOFTMAX:  # rounded on its own (``_scores``): fused into exp2's argument it was not the s of m
+            s = _scores(s, q_factor[:, None], True)
         if MASKED:
             if HAS_LO:  # block-relative key interval per row (attn_fwd v4's form): with a left window the
                 # absolute positions of ``visible`` were hoisted as registers and spilled (380 / 420 B, D128);
@@ -170,14 +171,15 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
             m_new = m_i
             p = s
         else:
-            if FMA_SOFTMAX:  # q_factor > 0: the row maximum of s x key factors, then one FMA per score
+            if FMA_SOFTMAX:  # q_factor > 0: the row maximum of s x key factors, times q_factor once per row
                 m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1) * q_factor))
             else:
                 m_new = tl.maximum(m_i, tl.ceil(tl.max(s, 1)))  # integer: P <= 1 and alpha a power of two
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet: exp2 gives 0, not NaN
             # P x 2**8 straight from exp2 (the fixed scale folded into the subtracted maximum): <= 256, no saturation
-            if FMA_SOFTMAX:
-                p = tl.math.exp2(s * q_factor[:, None] - (m_ref - P_SCALE_LOG2_F)[:, None])
+            if FMA_SOFTMAX:  # the product rounded as m's (``_scores``), not an FMA: past |s| = 2**31 the unrounded
+                # product exceeds m by > 128, P = inf and the lse NaN (bench/NOTES.md "MXFP8 NaN on the GPU")
+                p = tl.math.exp2(_scores(s, q_factor[:, None], True) - (m_ref - P_SCALE_LOG2_F)[:, None])
             else:
                 p = tl.math.exp2(s - (m_ref - P_SCALE_LOG2_F)[:, None])
             alpha = tl.math.exp2(m_i - m_ref)

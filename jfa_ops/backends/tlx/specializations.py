@@ -17,6 +17,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator
 
+from ..triton.specializations import exp2_of_fma_count
 from .configs import (MXFP8_ABLATION_RUNS, NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config,
                       mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
@@ -339,7 +340,8 @@ def compile_sm90(spec: Specialization) -> dict:
                 target=re.search(r"\.target (\S+)", ptx).group(1), wgmma_overlap=wgmma_overlap(ptx),
                 named_barrier_arrives=len(re.findall(r"\bbar\.arrive\b", ptx)),
                 wgmma_register_a=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A from registers
-                **(e4m3_mma_counts(sass_of(compiled.asm["cubin"])) if "mxfp8" in spec.name else {}),
+                **(dict(e4m3_mma_counts(sass_of(compiled.asm["cubin"])), exp2_of_fma=exp2_of_fma_count(ptx))
+                   if "mxfp8" in spec.name else {}),
                 **(block_loop_counts(sass_of(compiled.asm["cubin"])) if spec.name.startswith("sparse-") else {}))
 
 

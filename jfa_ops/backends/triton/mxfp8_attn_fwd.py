@@ -155,6 +155,20 @@ def mx_dot(a, a_scale, b, b_scale, K_LEVELS: tl.constexpr, VARIANT: tl.constexpr
 
 
 @triton.jit
+def _scores(x, factor, HW_CVT: tl.constexpr):
+    """The scores ``x * factor`` (fp32, ``factor`` broadcast against x) rounded on their own. On the GPU a
+    ``mul.rn.f32``, which is never fused into a following add (PTX ISA): with a plain multiply the compiler turned
+    ``exp2(s - m)`` into ``exp2(fma(x, factor, -m))`` in the mask-free blocks, the unrounded product, while m was
+    taken from the rounded s. Once |s| > 2**31 their difference exceeds fp32's exponent range (half an ulp of s
+    > 128): P = inf, then inf x alpha = 0 NaN in the lse (H200, 2**+-30 magnitudes: bench/NOTES.md "MXFP8 NaN on
+    the GPU"). Same instruction count (the subtraction replaces the fma; the multiply was there for the maxima)."""
+    if HW_CVT:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [x, tl.broadcast_to(factor, x.shape)],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    return x * factor  # numpy never fuses
+
+
+@triton.jit
 def _quantize_p(p, p_max, HW_CVT: tl.constexpr):
     """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) with block maxima ``p_max [BLOCK_M, BLOCK_N / 32]`` in (1, 32) blocks
     along the keys, "rceil" -> (E4M3 data, block exponents int32 [BLOCK_M, BLOCK_N / 32], the quantized values in
@@ -252,19 +266,20 @@ def _mx_kv_blocks(acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head,
             for c in tl.static_range(DC):
                 s_c = tl.dot(_chunk32(q, c, DC_LEVELS), tl.trans(_chunk32(k, c, DC_LEVELS)))
                 s += s_c * (_column(q_aux, c, DC)[:, None] * _column(k_factors, c, DC)[None, :])
-            s = s * qk_scale
+            s = _scores(s, qk_scale, HW_CVT)
         elif VARIANT == "rebase":
             k_values = tl.reshape(tl.reshape(k.to(tl.float32), (BLOCK_N, DC, 32)) *
                                   _e8m0_value(k_scale)[:, :, None], (BLOCK_N, HEAD_DIM))
             k, k_exp = _rebase_rows(k_values, k_scale.to(tl.int32) - 127, HW_CVT)
-            s = tl.dot(q, tl.trans(k)) * (q_aux[:, None] * _pow2(k_exp)[None, :])
+            s = _scores(tl.dot(q, tl.trans(k)), q_aux[:, None] * _pow2(k_exp)[None, :], HW_CVT)
         elif VARIANT == "bf16smem":
-            s = tl.dot(q, tl.trans(_scale_rows(k, k_scale, DOT_FP16))) * qk_scale  # k_scale: factors
+            s = _scores(tl.dot(q, tl.trans(_scale_rows(k, k_scale, DOT_FP16))), qk_scale, HW_CVT)  # k_scale: factors
         elif VARIANT == "f16row":
             k16, k_factor = _row_shifted_f16(k, k_scale)
-            s = tl.dot(q, tl.trans(k16)) * q_aux[:, None] * k_factor[None, :]  # q_aux: Q's row factor x qk_scale
+            # q_aux: Q's row factor x qk_scale
+            s = _scores(tl.dot(q, tl.trans(k16)) * q_aux[:, None], k_factor[None, :], HW_CVT)
         else:
-            s = tl.dot_scaled(q, q_aux, "e4m3", tl.trans(k), k_scale, "e4m3") * qk_scale
+            s = _scores(tl.dot_scaled(q, q_aux, "e4m3", tl.trans(k), k_scale, "e4m3"), qk_scale, HW_CVT)
         if MASKED:
             ok = visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI)
             s = tl.where(ok, s, float("-inf"))

@@ -448,3 +448,14 @@ def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1,
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or (n.startswith("stride") and n not in odd)}
     return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, num_warps, num_stages)
+
+
+def exp2_of_fma_count(ptx: str) -> int:
+    """``ex2`` instructions of ``ptx`` whose operand an ``fma`` wrote (PTX writes each virtual register once): an
+    exp2 of a fused, unrounded product. The MXFP8 forwards must have none: their exp2(s - m) must read the rounded
+    scores the running maximum m came from (``mxfp8_attn_fwd._scores``; bench/NOTES.md "MXFP8 NaN on the GPU")."""
+    import re
+
+    writer = {reg: op for op, reg in re.findall(r"^\s*([a-z][\w.]*)\s+(%\w+)\s*,", ptx, re.M)}
+    return sum(writer.get(reg, "").startswith("fma")
+               for reg in re.findall(r"^\s*ex2\.approx[\w.]*\s+%\w+\s*,\s*(%\w+)", ptx, re.M))
