@@ -64,6 +64,7 @@ def compile_one(args):
             "fp8_wgmma": sum("wgmma" in line and "e4m3.e4m3" in line for line in k.asm["ptx"].splitlines()),
             "e4m3_cvt": k.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
             "fma_f32": k.asm["ptx"].count("fma.rn.f32"), "ex2_of_fma": exp2_of_fma_count(k.asm["ptx"]),
+            "mul_rn_f32": k.asm["ptx"].count("mul.rn.f32"),
             "async_copies": ttgir.count("copy_global_to_local"), "tma": ttgir.count("tensordesc"),
             "num_stages": s.num_stages, "kernel": s.kernel}
 
@@ -162,6 +163,18 @@ def test_sm90_mxfp8_forward_exponents_read_rounded_scores():
     for name in names:
         assert "error" not in r[name], r[name]["error"]
         assert r[name]["ex2_of_fma"] == 0, f"{name}: {r[name]['ex2_of_fma']} exp2 of fused (unrounded) scores"
+
+
+def test_sm90_mxfp8_backward_scores_are_rounded_alone():
+    """The MXFP8 backward's P = exp2(min(s * scale - lse2, 0)) from the scores rounded on their own, as the forward's
+    lse was made (``_scores``'s mul.rn.f32, which PTX never fuses; a plain multiply became fma(s, scale, -lse2):
+    P off the forward's once |s| > 2**24). Every sm_90 MXFP8 backward kernel carries the rounded multiply."""
+    r = _compiled(90)
+    names = [n for n in r if n.startswith("mxfp8-bwd-")]
+    assert names
+    for name in names:
+        assert "error" not in r[name], r[name]["error"]
+        assert r[name]["mul_rn_f32"] > 0, f"{name}: no rounded score multiply"
 
 
 def test_compiles_with_inductor_float_arguments():

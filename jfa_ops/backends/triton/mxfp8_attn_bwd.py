@@ -25,7 +25,8 @@ from .attn_fwd import broadcast_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
 from .configs import KNOBS, KernelConfig, interpreting
-from .mxfp8_attn_fwd import LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _to_e4m3, checked_variant, mx_dot
+from .mxfp8_attn_fwd import (LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _scores, _to_e4m3, checked_variant,
+                             mx_dot)
 from .mxfp8_quantize import _shared_exponent, quantize
 from .scheduling import fanout_search_steps, padded_tile
 
@@ -99,9 +100,11 @@ def _square_values(data, scale_bits, DOT_FP16: tl.constexpr):
 
 @triton.jit
 def _p_and_ds_from(s, dp, lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right,
-                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """P [BM, BN] = 2**min(S/ln2 - lse2, 0) on visible pairs and dS = P (dP - delta), from S = Q K^T and dP = dO V^T."""
-    s2 = s * qk_scale
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HW_CVT: tl.constexpr):
+    """P [BM, BN] = 2**min(S/ln2 - lse2, 0) on visible pairs and dS = P (dP - delta), from S = Q K^T and dP = dO V^T.
+    The scores rounded on their own (``_scores``), as the forward's lse was made from: a fused fma here gave P the
+    unrounded product, off the forward's once |S| > 2**24."""
+    s2 = _scores(s, qk_scale, HW_CVT)
     ok = visible(rows[:, None], keys[None, :], len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT)
     ok = ok & (lse2 > float("-inf"))[:, None]
     p = tl.where(ok, tl.math.exp2(tl.minimum(s2 - tl.where(ok, lse2[:, None], 0.0), 0.0)), 0.0)
@@ -115,7 +118,7 @@ def _p_and_ds(q, q_rs, k, k_rs, v, v_rs, do, do_rs, lse2, delta, rows, keys, len
     """``_p_and_ds_from`` with S and dP by ``mx_dot`` from the quantized operands (per-row scales)."""
     return _p_and_ds_from(mx_dot(q, q_rs, tl.trans(k), k_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16),
                           mx_dot(do, do_rs, tl.trans(v), v_rs, D_LEVELS, VARIANT, HW_CVT, DOT_FP16), lse2, delta,
-                          rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT)
+                          rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT, HW_CVT)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
@@ -191,7 +194,7 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                     do_val = _square_values(do, do_sq, DOT_FP16)
                     p, ds = _p_and_ds_from(tl.dot(q_val, tl.trans(k_val)), tl.dot(do_val, tl.trans(v_val)), lse2,
                                            delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
-                                           HAS_RIGHT)
+                                           HAS_RIGHT, HW_CVT)
                 else:
                     p, ds = _p_and_ds(q, _rows(q_sq, BLOCK_M, DC), k, k_rs, v, v_rs, do, _rows(do_sq, BLOCK_M, DC),
                                       lse2, delta, rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT,
@@ -281,7 +284,8 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
                 k_val = _square_values(k, k_sq, DOT_FP16)
                 p, ds = _p_and_ds_from(tl.dot(q_val, tl.trans(k_val)),
                                        tl.dot(do_val, tl.trans(_dequantize_rows(v, v_rs, DOT_FP16))), lse2, delta,
-                                       rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT)
+                                       rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT,
+                                       HW_CVT)
                 ds_q, ds_sq = _quantize_square(ds, BLOCK_M, BLOCK_N, HW_CVT)
                 dq += tl.dot(_square_values(ds_q, ds_sq, DOT_FP16), k_val)
             else:
