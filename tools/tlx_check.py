@@ -242,6 +242,9 @@ def backward_cases():
         # more items than programs (208 > 132: a sorted key tile list, not one wave), so CAUSAL_ORDER's list runs
         ("bwd jagged GQA 8:4 causal, a list", c((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4,
                                                 causal=True)),
+        # one length with the max_seqlen hints (160 items > 132): CAUSAL_ORDER's list made once per shape
+        ("bwd dense B5 S1000 H8:4 causal, the kept list", c((1000,) * 5, (1000,) * 5, heads_q=8, heads_kv=4,
+                                                             causal=True, pass_max_seqlen=True)),
     ]
 
 
