@@ -103,7 +103,7 @@ T_COMPUTE = {128: 2.70e-6, 64: 2.00e-6}  # s per block when not DRAM-bound: D128
 # D64 the measured causal default (2.46 ms, 1,024 blocks / SM at 44.6 KiB: 2.9 TB/s, under HBM: compute-bound)
 MASKED_COST = 1.3  # a masked (diagonal) block against a mask-free one
 FIXED_S_PER_ROW_D128 = 0.54e-3 / 65536  # delta pre-pass + dQ finalize: 0.54 ms at T65536 D128, streaming
-HOST_PER_OP = (9e-6, 15e-6)  # s per small device op on the H200's host (the forward's ~117 ops took ~1.1 ms)
+HOST_PER_OP = (9e-6, 15e-6)  # s per small device op on the H200's host (~10 us each; 117 ops: a 1.39 ms call)
 HOST_DEFAULT = (0.7e-3, 1.2e-3)  # s per backward call without the list (autograd floor, ~15 launches, 5 TMA
 # descriptors, kv_tiles): the unknown; 1.2 = the S2048 causal default's own time (the row at the host floor)
 MEASURED = {"B8 H16 S4096 D128": (499.9, 478.7), "B8 H16 S4096 D128 causal": (328.8, 452.1),

@@ -202,7 +202,7 @@ def uniform_causal_item_list(num_seqs: int, length: int, heads_kv: int, bytes_pe
     rows, made once per shape (``scheduling.shape_constant``) instead of per call: such a batch's sorted key tile
     list follows from shapes (``kv_tiles``: cost = rows x visible rows falls with the tile index, ties stable over
     (seq, start), so tile index first, the sequences in order; no padding, so [B x tiles x heads_kv] = the kernel's
-    items). Why: the per-call list is ~59 small device ops (2 stable sorts), ~0.9 ms of host time per call on the
+    items). Why: the per-call list is ~59 small device ops (2 stable sorts), ~0.7-1.2 ms of host time per call on the
     H200's host, which a call near the host floor pays in full (bench/NOTES.md "TLX causal backward order v2")."""
     tiles = common.cdiv(length, block_n)
     seq = torch.arange(num_seqs, dtype=torch.int32, device=device).repeat(tiles)
