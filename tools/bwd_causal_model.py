@@ -13,7 +13,7 @@ HEAD_GROUPED mapping; G=1 is kv-head-major), ``configs.BACKWARD_ITEM_ORDER``'s s
 ``python tools/bwd_causal_model.py [--l2] [--sections]`` (--l2: ~5 min in all; --sections: the causal order with
 L2 budgets of 10-80 MiB).
 
-``--predict`` (helper causalorder2, bench/NOTES.md "TLX causal backward order v2", ~4 min): tlx_check
+``--predict`` (helper causalorder2, bench/NOTES.md "TLX causal backward order v2", ~10 s): tlx_check
 backward-timing's six rows, time = max(host, GPU) per call (do_bench times back-to-back calls: the longer of the
 two). GPU: the busiest program's blocks (+ PER_ITEM per item) x per block max(the loop's compute time, the DRAM
 bytes the L2 model gives x SMs / HBM rate) x the masked blocks' extra + the delta / finalize passes. Host: the
