@@ -452,7 +452,8 @@ def backward_timing() -> int:
     (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length
     batch's list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds
     v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
-    TLX backward trails FA4 most: causalorder's target)."""
+    TLX backward trails FA4 most: causalorder's target) and the bench's jagged T16384 causal (short, jagged: where
+    causalorder's per-call list would show its host time)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -465,6 +466,8 @@ def backward_timing() -> int:
     if os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
+        short = lognormal_lengths(16384, None, seed=JAGGED_SEED)  # a short jagged call: the per-call list's host cost
+        cases.append(Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True))
     cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
