@@ -242,6 +242,9 @@ def backward_cases():
         # more items than programs (208 > 132: a sorted key tile list, not one wave), so CAUSAL_ORDER's list runs
         ("bwd jagged GQA 8:4 causal, a list", c((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4,
                                                 causal=True)),
+        # one length with the max_seqlen hints (160 items > 132): CAUSAL_ORDER's list made once per shape
+        ("bwd dense B5 S1000 H8:4 causal, the kept list", c((1000,) * 5, (1000,) * 5, heads_q=8, heads_kv=4,
+                                                             causal=True, pass_max_seqlen=True)),
     ]
 
 
@@ -437,14 +440,20 @@ def order_timing() -> int:
     return failures
 
 
+PER_CALL = "-percall"  # backward-timing's column suffix: the variant without the max_seqlen hints
+
+
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (v2
     with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / alternate1 /
     alternate3; dqdefer is the default's kernel at D128; the alternates also over dqlag, the kernel they add turns
     to). Each value is printed as it is measured (a hung kernel ends the run there:
     faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
-    (BWD_VARIANTS keys) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's
-    dense causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target)."""
+    (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length
+    batch's list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds
+    v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
+    TLX backward trails FA4 most: causalorder's target) and the bench's jagged T16384 causal (short, jagged: where
+    causalorder's per-call list would show its host time)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -457,15 +466,18 @@ def backward_timing() -> int:
     if os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
+        short = lognormal_lengths(16384, None, seed=JAGGED_SEED)  # a short jagged call: the per-call list's host cost
+        cases.append(Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True))
     cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
     new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
     if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
-        new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n in BWD_VARIANTS]
-    cols += [(n, n) for n in new]
-    short = lambda n: n[:6] if not n.startswith("alternate") else f"alt{n[-1]}"  # noqa: E731
+        new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
+    cols += [(n, n.removesuffix(PER_CALL)) for n in new]
+    short = lambda n: ("percal" if n.endswith(PER_CALL)  # noqa: E731
+                       else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
     ratios = [("def/triton", "default", "triton")] + [(f"{short(n)}/def", n, "default") for n in new]
     ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
@@ -480,9 +492,10 @@ def backward_timing() -> int:
             _set_backward(variant)
             faulthandler.dump_traceback_later(HANG_S, exit=True)
             try:
-                out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
-                                               max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-                                               backend="tlx")
+                hints = {} if label.endswith(PER_CALL) else dict(max_seqlen_q=max(case.q_lens),
+                                                                 max_seqlen_kv=max(case.kv_lens))
+                out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, backend="tlx",
+                                               **hints)
                 fn = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
                 ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
                 row[label] = case.flops("bwd") / ms / 1e9

@@ -193,3 +193,23 @@ def test_zigzag_items_once_each_group_by_group(n_tiles, heads_kv, group, head_gr
         assert pid == (programs - 1 - c if r % 2 else c)
     for w in range(n_work - 1):  # a kv head's q heads stay within one group (they share its K/V)
         assert got[w][1] // (head_group * group) <= got[w + 1][1] // (head_group * group)
+
+
+@pytest.mark.parametrize("num_seqs,length,heads,budget", [(3, 300, 2, 700), (8, 256, 4, 1 << 30), (2, 129, 3, 129),
+                                                          (5, 64, 1, 100)])
+def test_uniform_causal_item_list_is_the_per_call_list(num_seqs, length, heads, budget):
+    """``uniform_causal_item_list`` (a causal batch of one length, made once per shape) is ``causal_item_list`` over
+    the sorted key tile list ``kv_tiles`` builds for that batch, its real items (one per key tile and kv head, the
+    kernel's n_work; the per-call list's padding comes after them)."""
+    from jfa_ops.backends.triton.block_sparse_bwd import uniform_causal_item_list
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    offsets = torch.arange(num_seqs + 1, dtype=torch.int32) * length
+    total = num_seqs * length
+    tiles = kv_tiles(offsets, offsets, total, total, 128, 0, 0, False, True)  # causal: right 0, no left window
+    per_call = causal_item_list(dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start), heads, offsets, 1, budget)
+    made = uniform_causal_item_list(num_seqs, length, heads, 1, budget, 128, torch.device("cpu"))
+    n_work = int(tiles.count.reshape(-1)[0]) * heads
+    assert all(t.numel() == n_work and t.dtype == torch.int32 for t in made)
+    assert [t[:n_work].tolist() for t in per_call] == [t.tolist() for t in made]
+    assert made is uniform_causal_item_list(num_seqs, length, heads, 1, budget, 128, torch.device("cpu"))  # kept

@@ -98,16 +98,19 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     check_attention_case(case, "tlx")
 
 
-@pytest.mark.parametrize("causal,window,heads", [(True, (-1, -1), (8, 4)), (True, (300, -1), (4, 4)),
-                                                  (False, (200, 100), (8, 4))])
-def test_causal_order_list_matches_the_oracle(causal, window, heads, monkeypatch):
+@pytest.mark.parametrize("causal,window,heads,lengths", [(True, (-1, -1), (8, 4), (2048, 1000, 3000)),
+                                                          (True, (300, -1), (4, 4), (2048, 1000, 3000)),
+                                                          (False, (200, 100), (8, 4), (2048, 1000, 3000)),
+                                                          (True, (-1, -1), (8, 4), (1000,) * 5)])
+def test_causal_order_list_matches_the_oracle(causal, window, heads, lengths, monkeypatch):
     """CAUSAL_ORDER (``block_sparse_bwd.causal_item_list``): masked dense calls with more work items than programs
     (the key tile list is sorted, not one wave: 52 tiles x 4 kv heads = 208 > 132) walk the items in L2-sized
     sections of (sequence, kv head) streams; every item once, so the gradients match the oracle (dQ's reduce-adds
-    land in another order: fp32 sums, within the oracle's tolerance)."""
+    land in another order: fp32 sums, within the oracle's tolerance). One length with the max_seqlen hints (5 x 8
+    tiles x 4 kv heads = 160 > 132): the list made once per shape (``uniform_causal_item_list``)."""
     _require_tlx()
-    case = AttentionCase((2048, 1000, 3000), (2048, 1000, 3000), heads_q=heads[0], heads_kv=heads[1],
-                         head_dim=128, dtype=torch.bfloat16, device="cuda", causal=causal, window=window)
+    case = AttentionCase(lengths, lengths, heads_q=heads[0], heads_kv=heads[1], head_dim=128, dtype=torch.bfloat16,
+                         device="cuda", causal=causal, window=window, pass_max_seqlen=len(set(lengths)) == 1)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 

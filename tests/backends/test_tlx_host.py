@@ -524,3 +524,40 @@ def test_causal_order_launches_the_streams_item_list(gpu, monkeypatch, causal):
     # the tile list's kernels are stubbed here (its contents are test_item_order.py's): one entry per (slot, kv head)
     capacity = attn_bwd.capacity_of(q.shape[0], 128, len(offsets) - 1)
     assert [launched[n].numel() for n in ("TILE_SEQ", "TILE_START", "TILE_HEAD")] == [capacity * HEADS[1]] * 3
+
+
+@needs_tlx
+def test_causal_order_rule_head_dim_and_uniform_batches(gpu, monkeypatch):
+    """helper causalorder2's rule for ``configs.BACKWARD_CAUSAL_ORDER``: a head dim below
+    ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keeps the default (tile-major, no list: its causal loop is not DRAM-bound);
+    a causal batch of one length (the max_seqlen hints times B cover the rows) launches the list made once per shape
+    (``uniform_causal_item_list``: no per-call list ops), the same tensors call after call; a jagged one the per-call
+    list (capacity x kv heads entries)."""
+    from jfa_ops.backends.triton.block_sparse_bwd import uniform_causal_item_list
+
+    runs, _ = gpu
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the sorted tile list
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", True)
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+
+    def launched(lengths, head_dim=HEAD_DIM, hints=False):
+        runs.clear()
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(sum(lengths), h, head_dim, generator=g).to(torch.bfloat16)
+                   for h in (HEADS[0], HEADS[1], HEADS[1]))
+        offsets = torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
+        longest = dict(max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths)) if hints else {}
+        params = dataclasses.replace(_params(causal=True, **longest), scale=head_dim ** -0.5)
+        _full(monkeypatch, lambda: _backward(q, k, v, offsets, params, torch.randn_like(q)))
+        (values,) = [dict(zip(names, v)) for name, _, v, _ in runs if name == "attn_bwd_tlx_kernel"]
+        return values
+
+    assert not launched([300, 300, 300], head_dim=64, hints=True)["ITEM_LIST"]
+    first, again = launched([300, 300, 300], hints=True), launched([300, 300, 300], hints=True)
+    kept = uniform_causal_item_list(3, 300, HEADS[1], (HEADS[0] // HEADS[1]) * HEAD_DIM * 8,
+                                    tlx_configs.CAUSAL_ORDER_L2_BYTES, 128, torch.device("cpu"))
+    assert first["ITEM_LIST"] and all(first[n] is again[n] is t for n, t in zip(("TILE_SEQ", "TILE_START",
+                                                                                   "TILE_HEAD"), kept))
+    jagged = launched([300, 17, 700], hints=True)
+    capacity = attn_bwd.capacity_of(1017, 128, 3)
+    assert jagged["ITEM_LIST"] and jagged["TILE_HEAD"].numel() == capacity * HEADS[1]

@@ -36,7 +36,7 @@ from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
-from ..triton.block_sparse_bwd import causal_item_list, item_list, transposed_selection
+from ..triton.block_sparse_bwd import causal_item_list, item_list, transposed_selection, uniform_causal_item_list
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, seq_extent, snake_items, snake_work,
@@ -47,7 +47,7 @@ from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one
                                  slot_tile, tile_schedule)
 from . import configs
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tma_ready,
-                       _uniform_walk, _wait_turn, _zero_rows_past_end)
+                       _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
@@ -762,8 +762,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     over a list in head_group's groups, ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier
     call made a recipe for (``_Recipe``) launches through it. ``causal_order`` (``configs.BACKWARD_CAUSAL_ORDER``;
     dense calls with a mask, where the key tile list is sorted, not one wave): the items in L2-sized sections of
-    (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``), with the snake; head_group and item_order
-    yield to it there."""
+    (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
+    made once per shape), with the snake; head_group and item_order yield to it there; head dims below
+    ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
         alternate = 0
@@ -772,7 +773,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         causal_order = False  # dense walks only
     else:
         qdo_first = uniform_walk = group_order = False  # block-sparse walks only
-    causal_order = causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
+    causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
+                    and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     group_order = group_order and head_group > 0
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
@@ -839,9 +841,15 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
              if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
     # dense with causal_order (a mask, the list sorted): the items in L2-sized sections of (sequence, kv head)
     # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the sections are list data
+    # (a causal batch of one length: the list made once per shape, no per-call host ops)
     if causal_order and not schedule["TILES_FROM_OFFSETS"]:
         row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
-        items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
+        if (bounds == (False, 0, True, 0) and not params.broadcast_q and params.max_seqlen_q == params.max_seqlen_kv
+                and uniform_lengths(params, num_seqs, total_out, k.shape[0])):
+            items = uniform_causal_item_list(num_seqs, params.max_seqlen_q, num_heads_kv, row_bytes,
+                                             configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
+        else:
+            items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
     snake = item_order or items is not None
     kernel_group = 0 if snake else head_group
     if items is not None:

@@ -732,9 +732,15 @@ def _call_setup(q, k, v, params, num_seqs: int, total_out: int):
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     cfg = fwd_config(q.shape[2])
     bounds = window_bounds(params.causal, params.window_left, params.window_right)  # has_left, left, has_right, right
-    uniform = params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == k.shape[0] and (
-        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_out))
+    uniform = uniform_lengths(params, num_seqs, total_out, k.shape[0])
     return q, k, v, cfg, bounds, fwd_choices(cfg, bounds[0] or bounds[2], params.broadcast_q, uniform), uniform
+
+
+def uniform_lengths(params, num_seqs: int, total_q: int, total_kv: int) -> bool:
+    """Every sequence has the same length (a dense batch), known without reading the offsets: the max_seqlen hints
+    times B cover the rows (a broadcast Q: the key side alone)."""
+    return params.max_seqlen_kv > 0 and params.max_seqlen_kv * num_seqs == total_kv and (
+        params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_q))
 
 
 # Replays per call signature (``triton.attn_fwd._Replay`` with the q, k, v descriptors built per call): why: a small

@@ -153,6 +153,12 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # The block-sparse item order's kernel path (ITEM_LIST + SNAKE); off until measured on the H200.
 BACKWARD_CAUSAL_ORDER = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", "0") == "1"
 CAUSAL_ORDER_L2_BYTES = 40 << 20
+# The list buys DRAM bytes, so it pays only where the default's causal loop is DRAM-bound (helper causalorder2,
+# bench/NOTES.md "TLX causal backward order v2"): a block reads 64 rows of Q + dO and reduce-adds 64 rows of fp32 dQ
+# (all misses in the default order: 12 x 64 x D bytes with the dQ write-back), while its softmax / dS work on the
+# 64 x 128 scores does not shrink with D; at D128 the default pulls 3.2-3.6 TB/s (the H200's practical rate), at
+# D64 2.9 TB/s (44.6 KiB per 2.05 us block, x 132 SMs): compute-bound, measured 0.98x with the list.
+CAUSAL_ORDER_MIN_HEAD_DIM = 128
 BACKWARD_GROUP_ORDER = os.environ.get("JFA_TLX_BWD_GROUP_ORDER", "1") != "0"
 
 

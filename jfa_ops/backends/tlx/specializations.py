@@ -18,8 +18,8 @@ import tempfile
 from typing import Dict, Iterator
 
 from ..triton.specializations import exp2_of_fma_count
-from .configs import (MXFP8_ABLATION_RUNS, NUM_WARPS, bwd_config, bwd_config_v2, fwd_choices, fwd_config,
-                      mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
+from .configs import (CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS, bwd_config, bwd_config_v2,
+                      fwd_choices, fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -274,9 +274,11 @@ def _specializations() -> Iterator[Specialization]:
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
                                      item_order=True)
-    # helper tlxbwdcausal's dense per-item list (configs.BACKWARD_CAUSAL_ORDER: masked dense calls)
+    # helper tlxbwdcausal's dense per-item list (configs.BACKWARD_CAUSAL_ORDER: masked dense calls of head dims >=
+    # CAUSAL_ORDER_MIN_HEAD_DIM)
     for head_dim in (64, 128):
-        yield bwd_specialization(head_dim, "bf16", True, **dense_v2[head_dim], causal_order=True)
+        if head_dim >= CAUSAL_ORDER_MIN_HEAD_DIM:
+            yield bwd_specialization(head_dim, "bf16", True, **dense_v2[head_dim], causal_order=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)

@@ -26,7 +26,8 @@ from .common import (dot_precision, first_work, head_dim_consts, launch_schedule
                      packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
 from .launch import launch
-from .scheduling import binary_search_steps, forward_tiles, kv_tiles, single_tiles, tile_schedule, work_tile
+from .scheduling import (binary_search_steps, forward_tiles, kv_tiles, shape_constant, single_tiles, tile_schedule,
+                         work_tile)
 
 
 TRANSPOSE_BLOCK_J = 32  # KV blocks per program of transpose_selection_kernel
@@ -192,6 +193,22 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     within = torch.where(longest_first, rank, -rank)
     order = _grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+
+
+@shape_constant
+def uniform_causal_item_list(num_seqs: int, length: int, heads_kv: int, bytes_per_row: int, l2_bytes: int,
+                             block_n: int, device):
+    """``causal_item_list`` of a causal batch (no other window) whose sequences all have ``length`` query and key
+    rows, made once per shape (``scheduling.shape_constant``) instead of per call: such a batch's sorted key tile
+    list follows from shapes (``kv_tiles``: cost = rows x visible rows falls with the tile index, ties stable over
+    (seq, start), so tile index first, the sequences in order; no padding, so [B x tiles x heads_kv] = the kernel's
+    items). Why: the per-call list is ~59 small device ops (2 stable sorts), ~0.7-1.2 ms of host time per call on the
+    H200's host, which a call near the host floor pays in full (bench/NOTES.md "TLX causal backward order v2")."""
+    tiles = common.cdiv(length, block_n)
+    seq = torch.arange(num_seqs, dtype=torch.int32, device=device).repeat(tiles)
+    start = torch.arange(tiles, dtype=torch.int32, device=device).repeat_interleave(num_seqs) * block_n
+    offsets = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * length
+    return causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads_kv, offsets, bytes_per_row, l2_bytes)
 
 
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
