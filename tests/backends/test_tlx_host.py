@@ -526,6 +526,21 @@ def test_causal_order_launches_the_streams_item_list(gpu, monkeypatch, causal):
     assert [launched[n].numel() for n in ("TILE_SEQ", "TILE_START", "TILE_HEAD")] == [capacity * HEADS[1]] * 3
 
 
+def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
+    """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
+    runs.clear()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), h, head_dim, generator=g).to(torch.bfloat16)
+               for h in (HEADS[0], HEADS[1], HEADS[1]))
+    offsets = torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
+    longest = dict(max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths)) if hints else {}
+    params = dataclasses.replace(_params(causal=True, **longest), scale=head_dim ** -0.5)
+    _full(monkeypatch, lambda: _backward(q, k, v, offsets, params, torch.randn_like(q)))
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (values,) = [dict(zip(names, v)) for name, _, v, _ in runs if name == "attn_bwd_tlx_kernel"]
+    return values
+
+
 @needs_tlx
 def test_causal_order_rule_head_dim_and_uniform_batches(gpu, monkeypatch):
     """helper causalorder2's rule for ``configs.BACKWARD_CAUSAL_ORDER``: a head dim below
@@ -538,19 +553,9 @@ def test_causal_order_rule_head_dim_and_uniform_batches(gpu, monkeypatch):
     runs, _ = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the sorted tile list
     monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", True)
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
 
     def launched(lengths, head_dim=HEAD_DIM, hints=False):
-        runs.clear()
-        g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(sum(lengths), h, head_dim, generator=g).to(torch.bfloat16)
-                   for h in (HEADS[0], HEADS[1], HEADS[1]))
-        offsets = torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
-        longest = dict(max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths)) if hints else {}
-        params = dataclasses.replace(_params(causal=True, **longest), scale=head_dim ** -0.5)
-        _full(monkeypatch, lambda: _backward(q, k, v, offsets, params, torch.randn_like(q)))
-        (values,) = [dict(zip(names, v)) for name, _, v, _ in runs if name == "attn_bwd_tlx_kernel"]
-        return values
+        return _causal_backward_launch(runs, monkeypatch, lengths, head_dim, hints)
 
     assert not launched([300, 300, 300], head_dim=64, hints=True)["ITEM_LIST"]
     first, again = launched([300, 300, 300], hints=True), launched([300, 300, 300], hints=True)
@@ -561,3 +566,16 @@ def test_causal_order_rule_head_dim_and_uniform_batches(gpu, monkeypatch):
     jagged = launched([300, 17, 700], hints=True)
     capacity = attn_bwd.capacity_of(1017, 128, 3)
     assert jagged["ITEM_LIST"] and jagged["TILE_HEAD"].numel() == capacity * HEADS[1]
+
+
+@needs_tlx
+def test_causal_order_default_takes_one_length_causal_batches_only(gpu, monkeypatch):
+    """``configs.BACKWARD_CAUSAL_ORDER`` None (the default since stop 24's H200 timings, bench/NOTES.md v16): a
+    one-length causal batch launches the kept list; a jagged batch, or one without the hints, the default
+    (tile-major, no list: jagged rows measured 1.01-1.05x, a per-call list costs ~59 host ops)."""
+    runs, _ = gpu
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", None)
+    assert _causal_backward_launch(runs, monkeypatch, [300, 300, 300], hints=True)["ITEM_LIST"]
+    assert not _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)["ITEM_LIST"]
+    assert not _causal_backward_launch(runs, monkeypatch, [300, 300, 300])["ITEM_LIST"]

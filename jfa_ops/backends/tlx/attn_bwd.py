@@ -743,11 +743,20 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
                     stride_tcb=0, stride_tch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0)
 
 
+def one_length_causal(q, k, kv_offsets, params) -> bool:
+    """A causal batch (no window, no broadcast Q) whose sequences all have one length, known from the max_seqlen
+    hints without reading the offsets (``attn_fwd.uniform_lengths``): the causal order's list is then made once per
+    shape (``block_sparse_bwd.uniform_causal_item_list``)."""
+    return (window_bounds(params.causal, params.window_left, params.window_right) == (False, 0, True, 0)
+            and not params.broadcast_q and params.max_seqlen_q == params.max_seqlen_kv
+            and uniform_lengths(params, kv_offsets.numel() - 1, q.shape[0], k.shape[0]))
+
+
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
-                       alternate: int = 0, causal_order: bool = False):
+                       alternate: int = 0, causal_order: Optional[bool] = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -764,7 +773,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     dense calls with a mask, where the key tile list is sorted, not one wave): the items in L2-sized sections of
     (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
     made once per shape), with the snake; head_group and item_order yield to it there; head dims below
-    ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default."""
+    ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
+    (``one_length_causal``)."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
         alternate = 0
@@ -773,6 +783,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         causal_order = False  # dense walks only
     else:
         qdo_first = uniform_walk = group_order = False  # block-sparse walks only
+    if causal_order is None:
+        causal_order = selection is None and one_length_causal(q, k, kv_offsets, params)
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     group_order = group_order and head_group > 0
@@ -844,8 +856,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     # (a causal batch of one length: the list made once per shape, no per-call host ops)
     if causal_order and not schedule["TILES_FROM_OFFSETS"]:
         row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
-        if (bounds == (False, 0, True, 0) and not params.broadcast_q and params.max_seqlen_q == params.max_seqlen_kv
-                and uniform_lengths(params, num_seqs, total_out, k.shape[0])):
+        if one_length_causal(q, k, kv_offsets, params):
             items = uniform_causal_item_list(num_seqs, params.max_seqlen_q, num_heads_kv, row_bytes,
                                              configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
         else:

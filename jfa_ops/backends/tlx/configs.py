@@ -150,8 +150,12 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # snake (``block_sparse_bwd.causal_item_list``; FA3/FA4 keep a stream's key blocks together the same way): the
 # default tile-major order runs one item per stream at the bench's B8 H16 causal rows, nearly every Q/dO read and
 # dQ reduce-add an L2 miss (modelled 90-95 KiB of DRAM per block, 4-16 with the list, 10-13 with the full mask).
-# The block-sparse item order's kernel path (ITEM_LIST + SNAKE); off until measured on the H200.
-BACKWARD_CAUSAL_ORDER = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", "0") == "1"
+# The block-sparse item order's kernel path (ITEM_LIST + SNAKE). Measured on the H200 (2026-12-02, bench/NOTES.md
+# v16, causal/default in one process): dense causal D128 S2048 / S4096 / S8192 1.27 / 1.40 / 1.34x with the list
+# kept per shape (S2048 0.96x with it made per call: ~59 host ops), jagged causal T32768 / T16384 1.05 / 1.01x. So
+# None, the default: one-length causal batches (``attn_bwd.one_length_causal``: the kept list); True
+# (JFA_TLX_BWD_CAUSAL_ORDER=1): every masked call; False (=0): none.
+BACKWARD_CAUSAL_ORDER: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", ""))
 CAUSAL_ORDER_L2_BYTES = 40 << 20
 # The list buys DRAM bytes, so it pays only where the default's causal loop is DRAM-bound (helper causalorder2,
 # bench/NOTES.md "TLX causal backward order v2"): a block reads 64 rows of Q + dO and reduce-adds 64 rows of fp32 dQ
