@@ -12,6 +12,7 @@ Shape legend as in ``jfa_ops.jagged_attention``: ``T_q``/``T_kv`` total rows, ``
 - ``jagged_lengths()``, ``attention_cases(...)``: hypothesis strategies.
 - ``check_attention_case``: one case against the oracle (out, lse, gradients through out, lse and both).
 - ``check_backend(name, ...)``: opcheck of both ops plus oracle comparisons on any registered backend.
+- ``fp8_mma_model``: Hopper's FP8 tensor-core sum (truncating, ~14-bit accumulator), to reproduce GPU results on CPU.
 
 hypothesis (the ``test`` extra) is imported lazily: only the strategies and ``check_backend`` need it.
 
@@ -39,7 +40,7 @@ __all__ = [
     "assert_attention_close", "AttentionCase", "AttentionInputs", "FEATURE_MATRIX", "OPCHECK_UTILS", "jagged_lengths", "attention_cases", "check_attention_case",
     "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
     "mx_shared_exponent_spec", "e4m3_round_spec", "mx_quantize_spec", "mx_dequantize_spec", "mx_round_trip_spec",
-    "reference_mxfp8_attention", "reference_mxfp8_attention_backward",
+    "reference_mxfp8_attention", "reference_mxfp8_attention_backward", "fp8_mma_model",
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1093,3 +1094,38 @@ def rebased_mxfp8_attention_model(rebased, q_offsets: Optional[Tensor], kv_offse
             lse[h, o0:o0 + len_q] = torch.where(empty, -math.inf, (m - 8 + torch.log2(torch.where(empty, 1.0, l)))
                                                 * math.log(2))
     return out, lse
+
+
+def _truncate_to(x: Tensor, quantum: Tensor) -> Tensor:
+    return torch.trunc(x / quantum) * quantum
+
+
+def _exponent_of(x: Tensor) -> Tensor:
+    return torch.floor(torch.log2(x.abs().clamp_min(1e-300)))
+
+
+def fp8_mma_model(a: Tensor, b: Tensor, acc: Optional[Tensor] = None, *, group: int = 32, frac_bits: int = 13,
+                  promote: Optional[int] = None) -> Tensor:
+    """``acc + a [M, K] @ b [K, N]`` (float64, E4M3-representable operands) as Hopper's FP8 MMA sums it: a chain of
+    k-steps of ``group`` products into one accumulator; each step's products (exact) and the accumulator aligned to
+    their largest exponent and truncated toward zero to ``frac_bits`` fraction bits below it, the sum truncated to
+    ``frac_bits`` + 1 significant bits (an e8m13 accumulator: DeepSeek-V3 report 3.5.2, SageAttention2; the PyTorch
+    blog "Some matrix multiplication engines are not as accurate as we thought"). ``promote``: the chain restarts from
+    zero every ``promote`` elements of K and the chains are added exactly, as fp32 registers would (Triton's
+    ``max_num_imprecise_acc``; None: one chain). Calibrated on the H200: through the interpreter (``tests/backends/
+    test_triton_mxfp8.py``'s ``fp8_dots_as_on_the_gpu``) it gives the triton ``rebase`` forward's out error on issue
+    12's wide-range case to 3e-6 of the GPU's (bench/NOTES.md "MXFP8 re-basing on the GPU")."""
+    a, b = a.double(), b.double()
+    m, k = a.shape
+    out = torch.zeros(m, b.shape[1], dtype=torch.float64) if acc is None else acc.double().clone()
+    chain = k if promote is None else promote
+    for c0 in range(0, k, chain):
+        part = out if promote is None else torch.zeros_like(out)
+        for g0 in range(c0, min(k, c0 + chain), group):
+            prods = a[:, None, g0:g0 + group] * b[g0:g0 + group].T[None, :, :]  # [M, N, G]
+            terms = torch.cat([part[:, :, None], prods], dim=2)
+            quantum = torch.exp2(_exponent_of(terms.abs().amax(dim=2)) - frac_bits)[:, :, None]
+            total = _truncate_to(terms, quantum).sum(dim=2)
+            part = _truncate_to(total, torch.exp2(_exponent_of(total) - frac_bits))
+        out = part if promote is None else out + part
+    return out

@@ -2,13 +2,11 @@
 re-basing + fp32 PV"). ``TRITON_INTERPRET=1 PYTHONPATH=. python tools/mxfp8_accumulation_model.py``
 
 ``jfa_ops.testing.rebased_mxfp8_attention_model``'s arithmetic (the kernel's, exact) with its three tensor-core sums
-replaced by a model of Hopper's FP8 MMA: products exact, each k-step of ``group`` products plus the running
-accumulator aligned to their largest exponent and truncated to ``frac_bits`` fraction bits, the sum truncated to
-``frac_bits`` + 1 significant bits (an e8m13 accumulator: the PyTorch blog "Some matrix multiplication engines are
-not as accurate as we thought", H100 FP8: the output's 10 low mantissa bits carry nothing). Each of S = Qr Kr^T (over
-head_dim) and P V (over a key tile) runs as one chain per tile (as the kernel: a fresh accumulator per tile, tiles
-joined in fp32) or promoted to fp32 every ``promote`` elements of its contraction. Prints out's relative error vs
-the exact model per variant, on N(0, 1) inputs and on magnitudes spread over 2**+-12 (tools/tlx_check.py's cases).
+replaced by a model of Hopper's FP8 MMA (``jfa_ops.testing.fp8_mma_model``: truncating, an e8m13 accumulator). Each
+of S = Qr Kr^T (over head_dim) and P V (over a key tile) runs as one chain per tile (as the kernel: a fresh
+accumulator per tile, tiles joined in fp32) or promoted to fp32 every ``promote`` elements of its contraction.
+Prints out's relative error vs the exact model per variant, on N(0, 1) inputs and on magnitudes spread over 2**+-12
+(tools/tlx_check.py's cases).
 """
 from __future__ import annotations
 
@@ -23,33 +21,7 @@ import torch  # noqa: E402
 
 import jfa_ops  # noqa: E402
 from jfa_ops.backends.triton.mxfp8_rebase import rebase_rows, rebase_v_tiles  # noqa: E402
-
-
-def _truncate(x, quantum):
-    return torch.trunc(x / quantum) * quantum
-
-
-def _exponent(x):
-    return torch.floor(torch.log2(x.abs().clamp_min(1e-300)))
-
-
-def fp8_mma(a, b, group=32, frac_bits=13, promote=None):
-    """a [M, K] @ b [K, N] (exact E4M3-representable float64) as the modelled tensor core sums it: a chain of
-    k-steps of ``group`` products into one accumulator, promoted (added exactly, as fp32 registers would) every
-    ``promote`` elements of K (None: one chain)."""
-    m, k = a.shape
-    out = torch.zeros(m, b.shape[1], dtype=torch.float64)
-    chain = k if promote is None else promote
-    for c0 in range(0, k, chain):
-        acc = torch.zeros_like(out)
-        for g0 in range(c0, min(k, c0 + chain), group):
-            prods = a[:, None, g0:g0 + group] * b[g0:g0 + group].T[None, :, :]  # [M, N, G]
-            terms = torch.cat([acc[:, :, None], prods], dim=2)
-            quantum = torch.exp2(_exponent(terms.abs().amax(dim=2)) - frac_bits)[:, :, None]
-            total = _truncate(terms, quantum).sum(dim=2)
-            acc = _truncate(total, torch.exp2(_exponent(total) - frac_bits))
-        out += acc
-    return out
+from jfa_ops.testing import fp8_mma_model as fp8_mma  # noqa: E402
 
 
 def model(rebased, q_off, kv_off, qk_mma, pv_mma, block_n=128):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import jfa_ops
 from jfa_ops.testing import (OPCHECK_UTILS, attention_cases, e4m3_round_spec, jagged_lengths, mx_dequantize_spec,
                              mx_quantize_spec, mx_round_trip_spec, reference_attention, reference_mxfp8_attention,
-                             reference_mxfp8_attention_backward)
+                             reference_mxfp8_attention_backward, visible_mask)
 
 BLOCKS = [(1, 32), (32, 1), (32, 32)]
 ROUNDINGS = ["rceil", "floor"]
@@ -298,9 +298,39 @@ def no_nan_case(dim=64, dtype=torch.float32, scale_lengths=1):
     return q, k, v, q_off, kv_off, opts
 
 
-def check_no_nan(case, backend, device="cpu", out_tol=1e-3):
+def fp8_mma_near_ties(q, k, q_off, kv_off, causal=False):
+    """[T_q, Hq] bool: rows whose largest visible score an FP8 tensor core may give to another key. Hopper's FP8 MMA
+    (``jfa_ops.testing.fp8_mma_model``) truncates each k-step's products and accumulator toward zero to 2**-13 of
+    the largest of them; that is at most 2**-13 x A_g, A_g = sum |q_d k_d| over the steps so far, so a score's error
+    is below E = sum over steps g of (sum of min(|q_d k_d|, 2**-13 A_g) over the step + 2 x 2**-13 A_g) (the
+    accumulator's and the sum's truncation), on the MX values (re-basing drops only far smaller bits). A row is a
+    near-tie when a visible key's score is within E (its own plus the maximum's) of the maximum: the argmax, and
+    at 2**+-30 magnitudes with it the one V row out takes, is the hardware's call, not the math's."""
+    qd, kd = mx_round_trip_spec(q), mx_round_trip_spec(k)
+    heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[2]
+    ties = torch.zeros(q.shape[0], heads_q, dtype=torch.bool)
+    for b in range(len(q_off) - 1):
+        q0, q1, k0, k1 = int(q_off[b]), int(q_off[b + 1]), int(kv_off[b]), int(kv_off[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        visible = visible_mask(q1 - q0, k1 - k0, causal)
+        for h in range(heads_q):
+            prods = qd[q0:q1, h, None, :] * kd[k0:k1, h // (heads_q // heads_kv), None, :].transpose(0, 1)
+            steps = prods.abs().unflatten(2, (dim // 32, 32))  # [Lq, Lk, D / 32, 32]
+            quantum = steps.sum(3).cumsum(2) * 2.0 ** -13
+            err = (torch.minimum(steps, quantum[..., None]).sum(3) + 2 * quantum).sum(2)
+            s = prods.sum(2).masked_fill(~visible, -math.inf)
+            top = s.argmax(1, keepdim=True)
+            near = (s.gather(1, top) - s < err.gather(1, top) + err) & visible  # exact ties (zeros) are exact
+            ties[q0:q1, h] = near.scatter(1, top, False).any(1)
+    return ties
+
+
+def check_no_nan(case, backend, device="cpu", out_tol=1e-3, fp8_mma=False):
     """No NaN/inf in out, lse (but -inf where the oracle has it) and the gradients; rows of the empty KV sequence
-    exactly 0; out near the float64 MXFP8 oracle."""
+    exactly 0; out near the float64 MXFP8 oracle. fp8_mma: ``backend`` computes Q K^T on an FP8 tensor core (the
+    ``rebase`` variant, TLX), whose truncating accumulator can order near-tied scores either way: out is compared
+    outside ``fp8_mma_near_ties`` (bench/NOTES.md "MXFP8 re-basing on the GPU")."""
     q, k, v, q_off, kv_off, opts = case
     leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
     out, lse = jfa_ops.mxfp8_attention(*leaves, q_off.to(device), kv_off.to(device), return_lse=True,
@@ -310,7 +340,9 @@ def check_no_nan(case, backend, device="cpu", out_tol=1e-3):
     assert torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
     empty_kv = slice(int(q_off[1]), int(q_off[2]))  # sequence 1: 5 rows, no keys
     assert (out[empty_kv] == 0).all()
-    assert _rel(out, want_out) <= out_tol, _rel(out, want_out)
+    compared = ~fp8_mma_near_ties(q, k, q_off, kv_off, opts["causal"]) if fp8_mma else slice(None)
+    err = _rel(out.detach().cpu()[compared], want_out[compared])
+    assert err <= out_tol, err
     grads = torch.autograd.grad(out.float().sum(), leaves)
     assert all(torch.isfinite(g).all() for g in grads)
 
