@@ -554,6 +554,100 @@ def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == dict.fromkeys(TRACED_KERNELS, "ok")
 
 
+# Inductor's wrapper code (what a compiled call runs on the host, line by line) for a graph of chained forward calls,
+# lowered on a machine without a GPU: Inductor's CUDA device queries answered with an H100's, the module's path
+# printed where Inductor would load it (loading needs CUDA). argv: LAYERS. Also tools/compiled_wrapper_cpu.py.
+_WRAPPER = _FAKE_H100 + r"""
+import torch._inductor.config as inductor_config  # noqa: E402
+import torch._inductor.fx_passes.joint_graph as joint_graph  # noqa: E402
+import torch.utils._triton  # noqa: E402, F401
+from torch._dynamo.device_interface import get_interface_for_device  # noqa: E402
+from torch._inductor import compile_fx  # noqa: E402
+from torch._inductor.codecache import PyCodeCache  # noqa: E402
+
+LAYERS = int(sys.argv[1])
+
+
+class _Props:  # an H100's, as far as Inductor's CUDA codegen asks
+    major, minor, multi_processor_count, name, total_memory, warp_size = 9, 0, 132, "NVIDIA H100", 80 * 2**30, 32
+    max_threads_per_multi_processor, max_threads_per_block, regs_per_multiprocessor = 2048, 1024, 65536
+    shared_memory_per_block_optin, shared_memory_per_multiprocessor, L2_cache_size = 232448, 233472, 50 * 2**20
+    gcnArchName = ""
+
+
+torch.cuda.get_device_properties = lambda *a, **k: _Props()
+torch.cuda.current_device = lambda: 0
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_device_capability = lambda *a: (9, 0)
+cuda = get_interface_for_device("cuda")
+for name, value in dict(get_device_properties=lambda *a, **k: _Props(), current_device=lambda: 0,
+                        get_compute_capability=lambda *a: 90, is_available=lambda: True, device_count=lambda: 1,
+                        get_raw_stream=lambda *a: 0).items():
+    setattr(cuda, name, staticmethod(value))
+cuda.Worker.get_device_properties = staticmethod(lambda *a, **k: _Props())
+for module in list(sys.modules.values()):  # Triton is installed; torch's check would ask the driver
+    if getattr(module, "__name__", "").startswith("torch") and getattr(module, "has_triton", None) is not None:
+        module.has_triton = lambda: True
+# as the post-grad script above: what cannot run without CUDA in torch is left out
+joint_graph.lazy_init = lambda *args, **kwargs: None
+_decompositions = compile_fx.select_decomp_table
+compile_fx.select_decomp_table = lambda: {op: fn for op, fn in _decompositions().items()
+                                          if op is not torch.ops.aten.index_select.default}
+
+
+def written(key, path, *args, **kwargs):
+    print(json.dumps({"path": path}))
+    sys.exit(0)
+
+
+PyCodeCache.load_by_key_path = written
+
+
+def layers(q, k, v, off):
+    lses = []
+    for _ in range(LAYERS):
+        q, lse = torch.ops.jfa.attention(q, k, v, off, off, causal=True, backend="triton")
+        lses.append(lse)
+    return q, *lses
+
+
+_, mode, forward_inputs, _ = fake_inputs(True)
+with mode, inductor_config.patch(pattern_matcher=False, fx_graph_cache=False):
+    compile_fx.compile_fx(torch.fx.symbolic_trace(layers), list(forward_inputs))
+"""
+
+WRAPPER_LINES = {"launch": r"\.run\(", "allocation": r"= empty_strided_", "view": r"reinterpret_tensor\(",
+                 "input check": r"assert_size_stride\(", "input copy": r"copy_if_misaligned\(",
+                 "stream": r"get_raw_stream\(", "attention launch": r"attn_fwd_kernel_\d+\.run\(",
+                 "list launch": r"(tile_slots|rank_tiles)_kernel_\d+\.run\(", "assert": r"assert_async\w*\.run\("}
+
+
+def inductor_wrapper(layers: int, directory: str) -> str:
+    """Path of Inductor's wrapper module for ``layers`` chained forward calls (dynamic sizes), lowered on CPU."""
+    return _run(_WRAPPER, str(layers), JFA_COMPILE_PATH="inductor", TORCHINDUCTOR_CACHE_DIR=directory)["path"]
+
+
+def wrapper_lines(source: str) -> dict:
+    """{kind: occurrences} in the wrapper's ``call`` (``WRAPPER_LINES``)."""
+    import re
+    body = source[source.index("def call(self, args):"):source.index("runner = Runner(")]
+    return {kind: len(re.findall(pattern, body)) for kind, pattern in WRAPPER_LINES.items()}
+
+
+def test_inductor_wrapper_adds_one_launch_and_its_outputs_per_further_layer(tmp_path):
+    """Inductor's wrapper code (the compiled call's host work) of 4 chained forward calls holds, per call beyond the
+    first, the attention launch, at most its 2 output allocations (out, lse) and the list's 2 views (TILE_SEQ,
+    TILE_START); the list launches, the offsets' check (a device-assert kernel), the inputs' checks and copies are
+    per graph (issue 9: a compiled model pays no more per attention call than eager)."""
+    one, four = (wrapper_lines(open(inductor_wrapper(n, str(tmp_path))).read()) for n in (1, 4))
+    per_layer = {kind: (four[kind] - one[kind]) / 3 for kind in one}
+    assert one["list launch"] == 2 and one["assert"] == 1 and one["attention launch"] == 1, one
+    assert per_layer["launch"] == per_layer["attention launch"] == per_layer["stream"] == 1, (one, four)
+    assert per_layer["allocation"] <= 2 and per_layer["view"] <= 2, (one, four)
+    assert per_layer["input check"] == per_layer["input copy"] == per_layer["list launch"] == 0, (one, four)
+    assert per_layer["assert"] == 0, (one, four)
+
+
 # ------------------------------------------------------------------------------------------------------- GPU
 def _model_inputs(seed, lengths=(11, 0, 7, 3, 8)):
     case = AttentionCase(lengths, lengths, heads_q=4, heads_kv=2, head_dim=64, device="cuda", dtype=torch.float16,
