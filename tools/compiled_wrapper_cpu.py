@@ -9,7 +9,8 @@ tensors with every kernel launch stubbed (a Python function taking the launch's 
 own per-call Python: allocations, views, size arithmetic, the launch call's argument passing; not the launcher
 (Inductor's ``CachingAutotuner.run`` and Triton's launcher), which needs a GPU (tools/compiled_layer_profile.py).
 Prints, per graph, the launches and the wrapper lines by kind, and wall us per call; ``--show N`` prints graph N's
-``call``. bench/NOTES.md "compiled per-layer cost (helper compiledlayer)".
+``call``; then the Python layers of one launch (``launch_chain_us``: Inductor's launcher and Triton's, real where they
+run without a GPU) for our forward kernel's arguments and for a 3-argument kernel. bench/NOTES.md "compiled per-layer cost (helper compiledlayer)".
 """
 from __future__ import annotations
 
@@ -71,6 +72,66 @@ def per_call_us(call, args, calls: int = 2000, rounds: int = 7) -> float:
     return statistics.median(runs)
 
 
+def launch_chain_us(pointers: int, scalars: int) -> float:
+    """Host us of one launch's Python layers as Inductor runs a user-defined Triton kernel: torch 2.11's
+    ``CachingAutotuner.run`` steady state (no cached fast path; what it runs per launch, restated here), the
+    generated launcher, Triton's ``CompiledKernel.launch_metadata`` and ``CudaLauncher.__call__`` (this Triton's, real)
+    and the two hook chains; the C launch itself is a C no-op (``str.format`` of its arguments), so its argument
+    conversion (a ``data_ptr`` call per tensor) and the driver's ``cuLaunchKernelEx`` are not in it."""
+    import types
+    import torch
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.compiler.compiler import CompiledKernel
+
+    class Driver:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    triton.runtime.driver.set_active(Driver())
+    binary = types.SimpleNamespace(_init_handles=lambda: None, name="kernel", function=1, src=None, metadata=None)
+    binary.launch_metadata = types.MethodType(CompiledKernel.launch_metadata, binary)
+
+    def c_launch(*args):  # (..., launch_metadata, enter hook, exit hook, ...): the C launcher calls the hooks
+        if args[9] is not None:
+            args[9](args[8])
+        "".format(*args)
+        if args[10] is not None:
+            args[10](args[8])
+
+    launcher_object = types.SimpleNamespace(
+        global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0, profile_scratch_align=1,
+        gsan_enabled=False, num_ctas=1, launch=c_launch, launch_cooperative_grid=False, launch_pdl=False,
+        arg_annotations=None, kernel_signature=None)
+    names = ", ".join(f"a{i}" for i in range(pointers + scalars))
+    scope = dict(runner=types.MethodType(CudaLauncher.__call__, launcher_object), bin=binary, function=1,
+                 metadata=None, launch_enter_hook=knobs.runtime.launch_enter_hook,
+                 launch_exit_hook=knobs.runtime.launch_exit_hook)
+    exec(f"def launcher({names}, _grid_0, _grid_1, _grid_2, stream):\n"  # Inductor's, for a FixedGrid kernel
+         f"    grid_0 = _grid_0\n    grid_1 = _grid_1\n    grid_2 = _grid_2\n"
+         f"    runner(grid_0, grid_1, grid_2, stream, function, metadata, bin.launch_metadata((grid_0, grid_1, "
+         f"grid_2), stream, {names}), launch_enter_hook, launch_exit_hook, {names})\n", scope)
+    launcher = scope["launcher"]
+    config = types.SimpleNamespace()
+    meta = {"coordinate_descent_tuning": False}
+
+    def run(*args, stream):
+        if hasattr(triton, "set_allocator"):
+            def alloc_fn(size, align, stream):
+                return torch.empty(size, dtype=torch.int8, device="cuda")
+            triton.set_allocator(alloc_fn)
+        if not getattr(config, "found_by_coordesc", False) and meta.get("coordinate_descent_tuning", False):
+            pass
+        if torch.autograd.profiler._is_profiler_enabled:
+            pass
+        return launcher(*args, stream=stream)
+
+    args = [torch.empty(4)] * pointers + list(range(scalars)) + [1, 1, 1]
+    return per_call_us(lambda _: run(*args, stream=0), (), calls=20000)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="1,4")
@@ -104,6 +165,9 @@ def main() -> int:
         print(f"per further layer: wrapper {per(result[a]['us'], result[b]['us']):.1f} us; "
               f"launches {sum(result[b]['launches'].values()) - sum(result[a]['launches'].values())} / {b - a}; "
               + ", ".join(f"{k} {per(result[a]['lines'].get(k, 0), v):+.2f}" for k, v in result[b]['lines'].items()))
+    for name, (pointers, scalars) in (("attn_fwd_kernel", (12, 21)), ("a 3-argument kernel", (2, 1))):
+        print(f"one launch's Python layers (Inductor + Triton, C launch a no-op), {name}: "
+              f"{launch_chain_us(pointers, scalars):.1f} us")
     if not args.dir:
         shutil.rmtree(directory, ignore_errors=True)
     return 0
