@@ -12,7 +12,7 @@ compiled with ``torch.compile(dynamic=True)`` (default mode, Inductor), then per
 - wall us of the forward with the leaves requiring grad (AOTAutograd's training graph: the bench's column) and
   without (the inference graph: what the training wrapper adds is the difference);
 - torch.profiler's events per call (CPU ops, CUDA runtime calls such as cuLaunchKernelEx / cudaMalloc, GPU kernels):
-  count and self CPU us, for the events whose count or time moves with the layers;
+  count and self us (CPU time; GPU time for kernels), for the events whose count or time moves with the layers;
 - cProfile's own time per Python function (Inductor's wrapper, its launcher, Triton's launcher, AOTAutograd's
   runtime wrappers), the same difference.
 
@@ -104,7 +104,8 @@ def per_layer_wall(fns, device, rounds: int = 5) -> float:
 
 
 def profiler_events(fn, device, calls: int) -> dict:
-    """{event name: [count per call, self CPU us per call]} over ``calls`` calls."""
+    """{event name: [count per call, self us per call]} over ``calls`` calls: CPU time for host events, GPU time for
+    the GPU's ("GPU <kernel>": a per-layer GPU time near the wall's would mean the chain is GPU-bound)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     for _ in range(10):
@@ -119,7 +120,7 @@ def profiler_events(fn, device, calls: int) -> dict:
         gpu = e.device_type != torch.autograd.DeviceType.CPU
         row = out[same_name(("GPU " if gpu else "") + e.key)]
         row[0] += e.count / calls
-        row[1] += (0.0 if gpu else e.self_cpu_time_total) / calls
+        row[1] += (getattr(e, "self_device_time_total", 0.0) if gpu else e.self_cpu_time_total) / calls
     return out
 
 
@@ -156,7 +157,7 @@ def per_layer_rows(one: dict, many: dict, top: int):
 
 def print_rows(title: str, rows) -> None:
     print(f"  {title}: per further layer, (4-call - 1-call) / 3")
-    print(f"    {'own us':>8s} {'count':>6s}  event")
+    print(f"    {'self us':>8s} {'count':>6s}  event")
     for us, count, key in rows:
         print(f"    {us:8.2f} {count:6.2f}  {key[:110]}")
     print(f"    {sum(r[0] for r in rows):8.2f}         (sum of the rows shown)")
