@@ -357,8 +357,8 @@ from jfa_ops.backends import base  # noqa: E402
 LAYERS = int(sys.argv[1])
 
 
-def fwd_op(q, k, v, off, causal=True):
-    return torch.ops.jfa.attention(q, k, v, off, off, causal=causal, backend="triton")
+def fwd_op(q, k, v, off, causal=True, max_seqlen=-1):
+    return torch.ops.jfa.attention(q, k, v, off, off, max_seqlen, max_seqlen, causal=causal, backend="triton")
 
 
 def bwd_op(grad_out, q, k, v, out, lse, off, causal=True):
@@ -370,6 +370,14 @@ def joint(grad_out, q, k, v, out, lse, off):
     grads = []
     for _ in range(LAYERS):
         out, lse = fwd_op(q, k, v, off)
+        grads += bwd_op(grad_out, q, k, v, out, lse, off)
+    return grads
+
+
+def joint_max(grad_out, q, k, v, out, lse, off):  # max_seqlen given: the forward's list is a checked build with it
+    grads = []
+    for _ in range(LAYERS):
+        out, lse = fwd_op(q, k, v, off, max_seqlen=12)
         grads += bwd_op(grad_out, q, k, v, out, lse, off)
     return grads
 
@@ -404,6 +412,7 @@ out = {}
 for dynamic in (False, True):
     shape_env, mode, forward_inputs, backward_inputs = fake_inputs(dynamic)
     for name, fn, args in (("joint", joint, backward_inputs), ("joint-again", joint, backward_inputs),
+                           ("joint-max", joint_max, backward_inputs),
                            ("forward", forward_only, forward_inputs), ("distinct", distinct, backward_inputs)):
         def capture(gm, inputs, name=name):
             out[f"{name}-{'dynamic' if dynamic else 'static'}"] = counts(gm)
@@ -432,11 +441,11 @@ def test_layers_share_offset_derived_values(layer_graphs, shapes):
     tiles of the forward and dQ, the key tiles of dK/dV: 2 with dynamic sizes; none with static ones, one wave), the
     int32 copy of the offsets and their device check are built once per graph, not per layer and again in the
     backward (issue 9: 12 tile_slots + 12 rank launches, 8 copies, 4 asserts per step before); every layer still
-    launches its own attention kernels. A second trace of the same function builds its own, and no memo outlives
-    its trace."""
+    launches its own attention kernels; the same with max_seqlen given (the forward's checked build serves the
+    unchecked calls). A second trace of the same function builds its own, and no memo outlives its trace."""
     graphs = layer_graphs
     lists = 2 if shapes == "dynamic" else 0
-    for name in ("joint", "joint-again"):
+    for name in ("joint", "joint-again", "joint-max"):  # max: max_seqlen given (the check's bounds)
         assert graphs[f"{name}-{shapes}"] == dict(
             tile_slots=lists, rank=lists, int32_copies=1, asserts=1, attn_fwd=4, delta=4, dkdv=4, dq=4,
             empty=graphs[f"{name}-{shapes}"]["empty"], calls=graphs[f"{name}-{shapes}"]["calls"]), name
@@ -556,7 +565,9 @@ def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():
 
 # Inductor's wrapper code (what a compiled call runs on the host, line by line) for a graph of chained forward calls,
 # lowered on a machine without a GPU: Inductor's CUDA device queries answered with an H100's, the module's path
-# printed where Inductor would load it (loading needs CUDA). argv: LAYERS. Also tools/compiled_wrapper_cpu.py.
+# printed where Inductor would load it (loading needs CUDA). argv: LAYERS, then the max_seqlen the calls pass: none,
+# int (12) or symbolic (a graph input, as Dynamo makes a Python int under dynamic=True). Also
+# tools/compiled_wrapper_cpu.py.
 _WRAPPER = _FAKE_H100 + r"""
 import torch._inductor.config as inductor_config  # noqa: E402
 import torch._inductor.fx_passes.joint_graph as joint_graph  # noqa: E402
@@ -565,7 +576,7 @@ from torch._dynamo.device_interface import get_interface_for_device  # noqa: E40
 from torch._inductor import compile_fx  # noqa: E402
 from torch._inductor.codecache import PyCodeCache  # noqa: E402
 
-LAYERS = int(sys.argv[1])
+LAYERS, MAX_SEQLEN = int(sys.argv[1]), sys.argv[2]
 
 
 class _Props:  # an H100's, as far as Inductor's CUDA codegen asks
@@ -603,17 +614,28 @@ def written(key, path, *args, **kwargs):
 PyCodeCache.load_by_key_path = written
 
 
-def layers(q, k, v, off):
+def layers(q, k, v, off, max_seqlen):
     lses = []
     for _ in range(LAYERS):
-        q, lse = torch.ops.jfa.attention(q, k, v, off, off, causal=True, backend="triton")
+        q, lse = torch.ops.jfa.attention(q, k, v, off, off, max_seqlen, max_seqlen, causal=True, backend="triton")
         lses.append(lse)
     return q, *lses
 
 
-_, mode, forward_inputs, _ = fake_inputs(True)
+def layers_int(q, k, v, off):
+    return layers(q, k, v, off, -1 if MAX_SEQLEN == "none" else 12)
+
+
+shape_env, mode, forward_inputs, _ = fake_inputs(True)
+if MAX_SEQLEN == "symbolic":
+    max_seqlen = shape_env.create_symintnode(
+        shape_env.create_symbol(12, ConstantSource("M"), dynamic_dim=DimDynamic.DYNAMIC), hint=12,
+        source=ConstantSource("M"))
+    traced, inputs = torch.fx.symbolic_trace(layers), [*forward_inputs, max_seqlen]
+else:
+    traced, inputs = torch.fx.symbolic_trace(layers_int), list(forward_inputs)
 with mode, inductor_config.patch(pattern_matcher=False, fx_graph_cache=False):
-    compile_fx.compile_fx(torch.fx.symbolic_trace(layers), list(forward_inputs))
+    compile_fx.compile_fx(traced, inputs)
 """
 
 WRAPPER_LINES = {"launch": r"\.run\(", "allocation": r"= empty_strided_", "view": r"reinterpret_tensor\(",
@@ -622,9 +644,11 @@ WRAPPER_LINES = {"launch": r"\.run\(", "allocation": r"= empty_strided_", "view"
                  "list launch": r"(tile_slots|rank_tiles)_kernel_\d+\.run\(", "assert": r"assert_async\w*\.run\("}
 
 
-def inductor_wrapper(layers: int, directory: str) -> str:
-    """Path of Inductor's wrapper module for ``layers`` chained forward calls (dynamic sizes), lowered on CPU."""
-    return _run(_WRAPPER, str(layers), JFA_COMPILE_PATH="inductor", TORCHINDUCTOR_CACHE_DIR=directory)["path"]
+def inductor_wrapper(layers: int, directory: str, max_seqlen: str = "none") -> str:
+    """Path of Inductor's wrapper module for ``layers`` chained forward calls (dynamic sizes; ``max_seqlen``: none,
+    int or symbolic), lowered on CPU."""
+    return _run(_WRAPPER, str(layers), max_seqlen, JFA_COMPILE_PATH="inductor",
+                TORCHINDUCTOR_CACHE_DIR=directory)["path"]
 
 
 def wrapper_lines(source: str) -> dict:
@@ -634,12 +658,14 @@ def wrapper_lines(source: str) -> dict:
     return {kind: len(re.findall(pattern, body)) for kind, pattern in WRAPPER_LINES.items()}
 
 
-def test_inductor_wrapper_adds_one_launch_and_its_outputs_per_further_layer(tmp_path):
+@pytest.mark.parametrize("max_seqlen", ["none", "int", "symbolic"])
+def test_inductor_wrapper_adds_one_launch_and_its_outputs_per_further_layer(tmp_path, max_seqlen):
     """Inductor's wrapper code (the compiled call's host work) of 4 chained forward calls holds, per call beyond the
     first, the attention launch, at most its 2 output allocations (out, lse) and the list's 2 views (TILE_SEQ,
     TILE_START); the list launches, the offsets' check (a device-assert kernel), the inputs' checks and copies are
-    per graph (issue 9: a compiled model pays no more per attention call than eager)."""
-    one, four = (wrapper_lines(open(inductor_wrapper(n, str(tmp_path))).read()) for n in (1, 4))
+    per graph (issue 9: a compiled model pays no more per attention call than eager), with or without max_seqlen
+    (given, the first call's checked list once missed the later unchecked calls: the list was built twice)."""
+    one, four = (wrapper_lines(open(inductor_wrapper(n, str(tmp_path), max_seqlen)).read()) for n in (1, 4))
     per_layer = {kind: (four[kind] - one[kind]) / 3 for kind in one}
     assert one["list launch"] == 2 and one["assert"] == 1 and one["attention launch"] == 1, one
     assert per_layer["launch"] == per_layer["attention launch"] == per_layer["stream"] == 1, (one, four)
