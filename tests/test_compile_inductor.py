@@ -478,6 +478,72 @@ def test_each_further_layer_adds_only_its_own_launches(layer_graphs, one_layer_g
     assert four["calls"] - one["calls"] <= 3 * (4 + 6 + 9), (one, four)
 
 
+# The training graphs a compiled step runs: the joint graph of N chained calls (forward chain, then each layer's
+# backward op in reverse; traced as the script above) split by AOTAutograd's min-cut partitioner into the forward and
+# backward graphs (its placeholders named as AOTAutograd names them). argv: the max_seqlen the calls pass (-1: none).
+_PARTITION = _TRACER.rsplit("print(json.dumps", 1)[0] + r"""
+import collections  # noqa: E402
+from torch._functorch.partitioners import min_cut_rematerialization_partition  # noqa: E402
+
+MAX_SEQLEN = int(sys.argv[1])
+
+
+def chain(layers):
+    def joint(q, k, v, off, grad_out):
+        saved = []
+        for _ in range(layers):
+            out, lse = torch.ops.jfa.attention(q, k, v, off, off, MAX_SEQLEN, MAX_SEQLEN, causal=True,
+                                               backend="triton")
+            saved.append((q, out, lse))
+            q = out
+        dout, dk, dv = grad_out, 0, 0
+        for q_in, out, lse in reversed(saved):
+            dout, dk_layer, dv_layer = torch.ops.jfa.attention_backward(
+                dout, None, q_in, k, v, out, lse, off, off, MAX_SEQLEN, MAX_SEQLEN, causal=True, backend="triton")
+            dk, dv = dk + dk_layer, dv + dv_layer
+        return q, dout, dk, dv
+    return joint
+
+
+def lists(gm):
+    return sum(c == "kernel:tile_slots_kernel" for c in calls(gm))
+
+
+out = {}
+for layers in (1, 4):
+    shape_env, mode, (q, k, v, off), (grad_out, *_) = fake_inputs(True)
+    graphs = []
+
+    def capture(gm, inputs):
+        graphs.append(gm)
+        raise Captured
+
+    with mode:
+        try:
+            aot_function(chain(layers), fw_compiler=capture)(q, k, v, off, grad_out)
+        except Captured:
+            pass
+        joint = graphs[0]
+        names = ["primals_1", "primals_2", "primals_3", "primals_4", "tangents_1"]
+        for node, name in zip([n for n in joint.graph.nodes if n.op == "placeholder"], names):
+            node.target = node.name = name
+        joint.recompile()
+        forward, backward = min_cut_rematerialization_partition(joint, None, num_fwd_outputs=1)
+    out[layers] = {"forward": lists(forward), "backward": lists(backward)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("max_seqlen", [-1, 12])
+def test_training_graphs_build_each_list_once_at_any_depth(max_seqlen):
+    """The forward graph of a training step (what the bench's compiled per-layer forward column times) builds the
+    query list once however many layers it holds, and the backward graph the key list once, with or without
+    max_seqlen: a list build that grew with the depth would be paid per layer (before 61acd29, max_seqlen given,
+    the 4-layer forward graph held 2 builds and the 1-layer one 1)."""
+    found = _run(_PARTITION, str(max_seqlen), JFA_COMPILE_PATH="inductor")
+    assert found == {"1": {"forward": 1, "backward": 1}, "4": {"forward": 1, "backward": 1}}, found
+
+
 def test_lists_never_shared_between_different_offsets_or_masks(layer_graphs):
     """Another offsets tensor (same shape), another mask (non-causal), and the same tensor after an in-place update
     each get their own list; the copy and the check follow the tensor (the non-causal call shares them)."""
