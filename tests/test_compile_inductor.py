@@ -357,8 +357,8 @@ from jfa_ops.backends import base  # noqa: E402
 LAYERS = int(sys.argv[1])
 
 
-def fwd_op(q, k, v, off, causal=True):
-    return torch.ops.jfa.attention(q, k, v, off, off, causal=causal, backend="triton")
+def fwd_op(q, k, v, off, causal=True, max_seqlen=-1):
+    return torch.ops.jfa.attention(q, k, v, off, off, max_seqlen, max_seqlen, causal=causal, backend="triton")
 
 
 def bwd_op(grad_out, q, k, v, out, lse, off, causal=True):
@@ -370,6 +370,14 @@ def joint(grad_out, q, k, v, out, lse, off):
     grads = []
     for _ in range(LAYERS):
         out, lse = fwd_op(q, k, v, off)
+        grads += bwd_op(grad_out, q, k, v, out, lse, off)
+    return grads
+
+
+def joint_max(grad_out, q, k, v, out, lse, off):  # max_seqlen given: the forward's list is a checked build with it
+    grads = []
+    for _ in range(LAYERS):
+        out, lse = fwd_op(q, k, v, off, max_seqlen=12)
         grads += bwd_op(grad_out, q, k, v, out, lse, off)
     return grads
 
@@ -404,6 +412,7 @@ out = {}
 for dynamic in (False, True):
     shape_env, mode, forward_inputs, backward_inputs = fake_inputs(dynamic)
     for name, fn, args in (("joint", joint, backward_inputs), ("joint-again", joint, backward_inputs),
+                           ("joint-max", joint_max, backward_inputs),
                            ("forward", forward_only, forward_inputs), ("distinct", distinct, backward_inputs)):
         def capture(gm, inputs, name=name):
             out[f"{name}-{'dynamic' if dynamic else 'static'}"] = counts(gm)
@@ -432,11 +441,11 @@ def test_layers_share_offset_derived_values(layer_graphs, shapes):
     tiles of the forward and dQ, the key tiles of dK/dV: 2 with dynamic sizes; none with static ones, one wave), the
     int32 copy of the offsets and their device check are built once per graph, not per layer and again in the
     backward (issue 9: 12 tile_slots + 12 rank launches, 8 copies, 4 asserts per step before); every layer still
-    launches its own attention kernels. A second trace of the same function builds its own, and no memo outlives
-    its trace."""
+    launches its own attention kernels; the same with max_seqlen given (the forward's checked build serves the
+    unchecked calls). A second trace of the same function builds its own, and no memo outlives its trace."""
     graphs = layer_graphs
     lists = 2 if shapes == "dynamic" else 0
-    for name in ("joint", "joint-again"):
+    for name in ("joint", "joint-again", "joint-max"):  # max: max_seqlen given (the check's bounds)
         assert graphs[f"{name}-{shapes}"] == dict(
             tile_slots=lists, rank=lists, int32_copies=1, asserts=1, attn_fwd=4, delta=4, dkdv=4, dq=4,
             empty=graphs[f"{name}-{shapes}"]["empty"], calls=graphs[f"{name}-{shapes}"]["calls"]), name
@@ -467,6 +476,72 @@ def test_each_further_layer_adds_only_its_own_launches(layer_graphs, one_layer_g
                              empty=6), (one, four)
     # every other node a further layer adds is a view (no launch, no allocation): at most 9 (dynamic) per layer
     assert four["calls"] - one["calls"] <= 3 * (4 + 6 + 9), (one, four)
+
+
+# The training graphs a compiled step runs: the joint graph of N chained calls (forward chain, then each layer's
+# backward op in reverse; traced as the script above) split by AOTAutograd's min-cut partitioner into the forward and
+# backward graphs (its placeholders named as AOTAutograd names them). argv: the max_seqlen the calls pass (-1: none).
+_PARTITION = _TRACER.rsplit("print(json.dumps", 1)[0] + r"""
+import collections  # noqa: E402
+from torch._functorch.partitioners import min_cut_rematerialization_partition  # noqa: E402
+
+MAX_SEQLEN = int(sys.argv[1])
+
+
+def chain(layers):
+    def joint(q, k, v, off, grad_out):
+        saved = []
+        for _ in range(layers):
+            out, lse = torch.ops.jfa.attention(q, k, v, off, off, MAX_SEQLEN, MAX_SEQLEN, causal=True,
+                                               backend="triton")
+            saved.append((q, out, lse))
+            q = out
+        dout, dk, dv = grad_out, 0, 0
+        for q_in, out, lse in reversed(saved):
+            dout, dk_layer, dv_layer = torch.ops.jfa.attention_backward(
+                dout, None, q_in, k, v, out, lse, off, off, MAX_SEQLEN, MAX_SEQLEN, causal=True, backend="triton")
+            dk, dv = dk + dk_layer, dv + dv_layer
+        return q, dout, dk, dv
+    return joint
+
+
+def lists(gm):
+    return sum(c == "kernel:tile_slots_kernel" for c in calls(gm))
+
+
+out = {}
+for layers in (1, 4):
+    shape_env, mode, (q, k, v, off), (grad_out, *_) = fake_inputs(True)
+    graphs = []
+
+    def capture(gm, inputs):
+        graphs.append(gm)
+        raise Captured
+
+    with mode:
+        try:
+            aot_function(chain(layers), fw_compiler=capture)(q, k, v, off, grad_out)
+        except Captured:
+            pass
+        joint = graphs[0]
+        names = ["primals_1", "primals_2", "primals_3", "primals_4", "tangents_1"]
+        for node, name in zip([n for n in joint.graph.nodes if n.op == "placeholder"], names):
+            node.target = node.name = name
+        joint.recompile()
+        forward, backward = min_cut_rematerialization_partition(joint, None, num_fwd_outputs=1)
+    out[layers] = {"forward": lists(forward), "backward": lists(backward)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("max_seqlen", [-1, 12])
+def test_training_graphs_build_each_list_once_at_any_depth(max_seqlen):
+    """The forward graph of a training step (what the bench's compiled per-layer forward column times) builds the
+    query list once however many layers it holds, and the backward graph the key list once, with or without
+    max_seqlen: a list build that grew with the depth would be paid per layer (before 61acd29, max_seqlen given,
+    the 4-layer forward graph held 2 builds and the 1-layer one 1)."""
+    found = _run(_PARTITION, str(max_seqlen), JFA_COMPILE_PATH="inductor")
+    assert found == {"1": {"forward": 1, "backward": 1}, "4": {"forward": 1, "backward": 1}}, found
 
 
 def test_lists_never_shared_between_different_offsets_or_masks(layer_graphs):
@@ -552,6 +627,117 @@ def test_inductor_copy_of_each_traced_kernel_compiles_for_sm90():
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == dict.fromkeys(TRACED_KERNELS, "ok")
+
+
+# Inductor's wrapper code (what a compiled call runs on the host, line by line) for a graph of chained forward calls,
+# lowered on a machine without a GPU: Inductor's CUDA device queries answered with an H100's, the module's path
+# printed where Inductor would load it (loading needs CUDA). argv: LAYERS, then the max_seqlen the calls pass: none,
+# int (12) or symbolic (a graph input, as Dynamo makes a Python int under dynamic=True). Also
+# tools/compiled_wrapper_cpu.py.
+_WRAPPER = _FAKE_H100 + r"""
+import torch._inductor.config as inductor_config  # noqa: E402
+import torch._inductor.fx_passes.joint_graph as joint_graph  # noqa: E402
+import torch.utils._triton  # noqa: E402, F401
+from torch._dynamo.device_interface import get_interface_for_device  # noqa: E402
+from torch._inductor import compile_fx  # noqa: E402
+from torch._inductor.codecache import PyCodeCache  # noqa: E402
+
+LAYERS, MAX_SEQLEN = int(sys.argv[1]), sys.argv[2]
+
+
+class _Props:  # an H100's, as far as Inductor's CUDA codegen asks
+    major, minor, multi_processor_count, name, total_memory, warp_size = 9, 0, 132, "NVIDIA H100", 80 * 2**30, 32
+    max_threads_per_multi_processor, max_threads_per_block, regs_per_multiprocessor = 2048, 1024, 65536
+    shared_memory_per_block_optin, shared_memory_per_multiprocessor, L2_cache_size = 232448, 233472, 50 * 2**20
+    gcnArchName = ""
+
+
+torch.cuda.get_device_properties = lambda *a, **k: _Props()
+torch.cuda.current_device = lambda: 0
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_device_capability = lambda *a: (9, 0)
+cuda = get_interface_for_device("cuda")
+for name, value in dict(get_device_properties=lambda *a, **k: _Props(), current_device=lambda: 0,
+                        get_compute_capability=lambda *a: 90, is_available=lambda: True, device_count=lambda: 1,
+                        get_raw_stream=lambda *a: 0).items():
+    setattr(cuda, name, staticmethod(value))
+cuda.Worker.get_device_properties = staticmethod(lambda *a, **k: _Props())
+for module in list(sys.modules.values()):  # Triton is installed; torch's check would ask the driver
+    if getattr(module, "__name__", "").startswith("torch") and getattr(module, "has_triton", None) is not None:
+        module.has_triton = lambda: True
+# as the post-grad script above: what cannot run without CUDA in torch is left out
+joint_graph.lazy_init = lambda *args, **kwargs: None
+_decompositions = compile_fx.select_decomp_table
+compile_fx.select_decomp_table = lambda: {op: fn for op, fn in _decompositions().items()
+                                          if op is not torch.ops.aten.index_select.default}
+
+
+def written(key, path, *args, **kwargs):
+    print(json.dumps({"path": path}))
+    sys.exit(0)
+
+
+PyCodeCache.load_by_key_path = written
+
+
+def layers(q, k, v, off, max_seqlen):
+    lses = []
+    for _ in range(LAYERS):
+        q, lse = torch.ops.jfa.attention(q, k, v, off, off, max_seqlen, max_seqlen, causal=True, backend="triton")
+        lses.append(lse)
+    return q, *lses
+
+
+def layers_int(q, k, v, off):
+    return layers(q, k, v, off, -1 if MAX_SEQLEN == "none" else 12)
+
+
+shape_env, mode, forward_inputs, _ = fake_inputs(True)
+if MAX_SEQLEN == "symbolic":
+    max_seqlen = shape_env.create_symintnode(
+        shape_env.create_symbol(12, ConstantSource("M"), dynamic_dim=DimDynamic.DYNAMIC), hint=12,
+        source=ConstantSource("M"))
+    traced, inputs = torch.fx.symbolic_trace(layers), [*forward_inputs, max_seqlen]
+else:
+    traced, inputs = torch.fx.symbolic_trace(layers_int), list(forward_inputs)
+with mode, inductor_config.patch(pattern_matcher=False, fx_graph_cache=False):
+    compile_fx.compile_fx(traced, inputs)
+"""
+
+WRAPPER_LINES = {"launch": r"\.run\(", "allocation": r"= empty_strided_", "view": r"reinterpret_tensor\(",
+                 "input check": r"assert_size_stride\(", "input copy": r"copy_if_misaligned\(",
+                 "stream": r"get_raw_stream\(", "attention launch": r"attn_fwd_kernel_\d+\.run\(",
+                 "list launch": r"(tile_slots|rank_tiles)_kernel_\d+\.run\(", "assert": r"assert_async\w*\.run\("}
+
+
+def inductor_wrapper(layers: int, directory: str, max_seqlen: str = "none") -> str:
+    """Path of Inductor's wrapper module for ``layers`` chained forward calls (dynamic sizes; ``max_seqlen``: none,
+    int or symbolic), lowered on CPU."""
+    return _run(_WRAPPER, str(layers), max_seqlen, JFA_COMPILE_PATH="inductor",
+                TORCHINDUCTOR_CACHE_DIR=directory)["path"]
+
+
+def wrapper_lines(source: str) -> dict:
+    """{kind: occurrences} in the wrapper's ``call`` (``WRAPPER_LINES``)."""
+    import re
+    body = source[source.index("def call(self, args):"):source.index("runner = Runner(")]
+    return {kind: len(re.findall(pattern, body)) for kind, pattern in WRAPPER_LINES.items()}
+
+
+@pytest.mark.parametrize("max_seqlen", ["none", "int", "symbolic"])
+def test_inductor_wrapper_adds_one_launch_and_its_outputs_per_further_layer(tmp_path, max_seqlen):
+    """Inductor's wrapper code (the compiled call's host work) of 4 chained forward calls holds, per call beyond the
+    first, the attention launch, at most its 2 output allocations (out, lse) and the list's 2 views (TILE_SEQ,
+    TILE_START); the list launches, the offsets' check (a device-assert kernel), the inputs' checks and copies are
+    per graph (issue 9: a compiled model pays no more per attention call than eager), with or without max_seqlen
+    (given, the first call's checked list once missed the later unchecked calls: the list was built twice)."""
+    one, four = (wrapper_lines(open(inductor_wrapper(n, str(tmp_path), max_seqlen)).read()) for n in (1, 4))
+    per_layer = {kind: (four[kind] - one[kind]) / 3 for kind in one}
+    assert one["list launch"] == 2 and one["assert"] == 1 and one["attention launch"] == 1, one
+    assert per_layer["launch"] == per_layer["attention launch"] == per_layer["stream"] == 1, (one, four)
+    assert per_layer["allocation"] <= 2 and per_layer["view"] <= 2, (one, four)
+    assert per_layer["input check"] == per_layer["input copy"] == per_layer["list launch"] == 0, (one, four)
+    assert per_layer["assert"] == 0, (one, four)
 
 
 # ------------------------------------------------------------------------------------------------------- GPU

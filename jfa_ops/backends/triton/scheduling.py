@@ -296,14 +296,18 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
     (``base.per_trace``: every layer, and the backward, read the first one; a checked build serves the unchecked).
     """
     if cost_of is None and selected is None:
+        # The max hints come with the flag only (the check's bounds) and stay out of the key with it: keyed, a
+        # checked build with the call's max_seqlen missed every later unchecked call (hints -1), and each graph
+        # built the list twice whenever max_seqlen was given (layer 1, then layers 2.. and the dQ list).
+        checked = {} if flag is None else dict(flag=flag, max_s=max_s, max_o=max_o)
         return per_trace(_build_tiles, stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off,
-                         has_lo, has_hi, max_s, max_o, **({} if flag is None else dict(flag=flag)))
+                         has_lo, has_hi, **checked)
     return _build_tiles(stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off, has_lo, has_hi,
                         max_s, max_o, flag, cost_of, selected)
 
 
-def _build_tiles(stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off, has_lo, has_hi, max_s,
-                 max_o, flag=None, cost_of=None, selected=None) -> TileList:
+def _build_tiles(stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off, has_lo, has_hi,
+                 max_s=-1, max_o=-1, flag=None, cost_of=None, selected=None) -> TileList:
     device = stationary_offsets.device
     num_seqs = other_offsets.numel() - 1
     capacity = capacity_of(rows_s, block, num_seqs)
