@@ -121,20 +121,26 @@ def test_compiles_within_the_shared_memory_budget(cc, name):
         assert r["fp8_wgmma"] >= 2, f"{name}: no FP8 (e4m3) wgmma in the PTX"
 
 
+def _compiled_named(prefix: str, at_least: int = 1) -> list:
+    """The sm_90 compile results of the specializations named ``prefix...`` (at least ``at_least``), each compiled."""
+    r = _compiled(90)
+    results = [r[n] for n in r if n.startswith(prefix)]
+    assert len(results) >= at_least, (prefix, len(results))
+    for result in results:
+        assert "error" not in result, result["error"]
+    return results
+
+
 def test_sm90_mxfp8_quantize_rounds_with_the_gpu_conversion():
     """The quantize kernels round to E4M3 with the hardware conversion on sm_90 (the integer emulation the
     interpreter needs cost ~45 instructions per element and held the kernels to ~30% of HBM bandwidth), and, with
     ``KNOBS.mxfp8_quant_pipelined``, keep loads in flight through async copies."""
-    r = _compiled(90)
-    names = [n for n in r if n.startswith("mxfp8-quantize-")]
-    assert names
-    for name in names:
-        assert "error" not in r[name], r[name]["error"]
-        assert r[name]["e4m3_cvt"] > 0, f"{name}: E4M3 rounding not by cvt.rn.satfinite.e4m3x2.f32"
+    for r in _compiled_named("mxfp8-quantize-"):
+        assert r["e4m3_cvt"] > 0, f"{r['name']}: E4M3 rounding not by cvt.rn.satfinite.e4m3x2.f32"
         # the head loop's load pipelined as async copies: with register loads ptxas placed the next head's load
         # behind the arithmetic, one tile in flight per program (36% of HBM on the H200; bench/NOTES.md v4)
-        if name.endswith("-pipelined"):  # configs.KNOBS.mxfp8_quant_pipelined
-            assert r[name]["async_copies"] > 0, f"{name}: the head loop's load is not pipelined"
+        if r["name"].endswith("-pipelined"):  # configs.KNOBS.mxfp8_quant_pipelined
+            assert r["async_copies"] > 0, f"{r['name']}: the head loop's load is not pipelined"
 
 
 def test_sm90_selection_scores_are_contraction_free():
@@ -144,12 +150,8 @@ def test_sm90_selection_scores_are_contraction_free():
     index (H200, triton 3.8, ``test_selection_ties_and_many_blocks[rows-cuda]``; the CPU interpreter never
     contracts, so only the compiled code shows it). Scores are fp64 sums of exact fp32 x fp32 products
     (``block_sparse_select._exact_dot``): an fp64 FMA there rounds as the add alone."""
-    r = _compiled(90)
-    names = [n for n in r if n.startswith("bs_select-")]
-    assert len(names) >= 4  # scratch and rows, causal or not, broadcast Q
-    for name in names:
-        assert "error" not in r[name], r[name]["error"]
-        assert r[name]["fma_f32"] == 0, f"{name}: {r[name]['fma_f32']} fp32 FMAs (position-dependent scores)"
+    for r in _compiled_named("bs_select-", at_least=4):  # scratch and rows, causal or not, broadcast Q
+        assert r["fma_f32"] == 0, f"{r['name']}: {r['fma_f32']} fp32 FMAs (position-dependent scores)"
 
 
 def test_sm90_mxfp8_forward_exponents_read_rounded_scores():
@@ -157,24 +159,16 @@ def test_sm90_mxfp8_forward_exponents_read_rounded_scores():
     With s = x * scale the compiler fused the multiply into exp2(fma(x, scale, -m)) in the mask-free blocks; past
     |s| = 2**31 the unrounded product exceeds m by more than 128, P = inf and the lse NaN (H200, 2**+-30 inputs,
     ``test_kernels_no_nan_at_wide_range_on_the_gpu``; the interpreter never fuses). ``mxfp8_attn_fwd._scores``."""
-    r = _compiled(90)
-    names = [n for n in r if n.startswith("mxfp8-fwd-")]
-    assert len(names) >= 25  # five variants, six shapes each
-    for name in names:
-        assert "error" not in r[name], r[name]["error"]
-        assert r[name]["ex2_of_fma"] == 0, f"{name}: {r[name]['ex2_of_fma']} exp2 of fused (unrounded) scores"
+    for r in _compiled_named("mxfp8-fwd-", at_least=25):  # five variants, six shapes each
+        assert r["ex2_of_fma"] == 0, f"{r['name']}: {r['ex2_of_fma']} exp2 of fused (unrounded) scores"
 
 
 def test_sm90_mxfp8_backward_scores_are_rounded_alone():
     """The MXFP8 backward's P = exp2(min(s * scale - lse2, 0)) from the scores rounded on their own, as the forward's
     lse was made (``_scores``'s mul.rn.f32, which PTX never fuses; a plain multiply became fma(s, scale, -lse2):
     P off the forward's once |s| > 2**24). Every sm_90 MXFP8 backward kernel carries the rounded multiply."""
-    r = _compiled(90)
-    names = [n for n in r if n.startswith("mxfp8-bwd-")]
-    assert names
-    for name in names:
-        assert "error" not in r[name], r[name]["error"]
-        assert r[name]["mul_rn_f32"] > 0, f"{name}: no rounded score multiply"
+    for r in _compiled_named("mxfp8-bwd-"):
+        assert r["mul_rn_f32"] > 0, f"{r['name']}: no rounded score multiply"
 
 
 def test_compiles_with_inductor_float_arguments():

@@ -1,4 +1,6 @@
-# scratch probe: does any AOTI package load in a fresh child here (aten-only; triton op; CUDA initialised first)?
+# AOTInductor load probe (issue 9, run on the GPU image): does any AOTI package load in a fresh child process
+# (aten-only; a triton op; CUDA initialised first)? On the H200 image (torch 2.11) even the aten-only package crashed
+# on load (bench/NOTES.md), so a jfa_ops package could not be shown to run there.
 import os, subprocess, sys, tempfile, torch, triton, triton.language as tl
 d = tempfile.mkdtemp()
 
