@@ -18,8 +18,9 @@ import tempfile
 from typing import Dict, Iterator
 
 from ..triton.specializations import exp2_of_fma_count
-from .configs import (CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS, bwd_config, bwd_config_v2,
-                      fwd_choices, fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
+from .configs import (BACKWARD_ABLATION_RUNS, CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS,
+                      backward_ablation_mask, backward_ablation_names, bwd_config, bwd_config_v2, fwd_choices,
+                      fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -121,14 +122,15 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
-                       alternate: int = 0, causal_order: bool = False) -> Specialization:
+                       alternate: int = 0, causal_order: bool = False, ablate: int = 0) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
     (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
     (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
-    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE)."""
+    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
+    ``configs.BACKWARD_ABLATE`` (timing only: wrong results)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -147,7 +149,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag or alternate > 0,
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
-                      ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order)
+                      ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
+                      ABLATE=ablate)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -169,7 +172,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
            f"{'-causalorder' if causal_order else ''}" \
-           f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
+           f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
+           f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -192,6 +196,19 @@ def mxfp8_ablation_specializations() -> Iterator[Specialization]:
         mask = mxfp8_ablation_mask(names)
         yield mxfp8_fwd_specialization(128, False, ablate=mask)
         yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask)
+
+
+def backward_ablation_specializations() -> Iterator[Specialization]:
+    """The TLX backward's ablations (``configs.BACKWARD_ABLATION_RUNS``; TIMING ONLY, wrong results) on the kernels
+    tools/tlx_check.py backward-ablation times (D128 bf16, the default consumers): dense full, dense causal (the
+    causal order's list) and jagged causal (tile-major). Not shipped: ``tools/tlx_compile.py bwd-ablate`` compiles
+    them."""
+    default = dict(v2=True, dq_shared=True)
+    for names in BACKWARD_ABLATION_RUNS[1:]:
+        mask = backward_ablation_mask(names)
+        yield bwd_specialization(128, "bf16", False, ablate=mask, **default)
+        yield bwd_specialization(128, "bf16", True, causal_order=True, ablate=mask, **default)
+        yield bwd_specialization(128, "bf16", True, ablate=mask, **default)
 
 
 def _specializations() -> Iterator[Specialization]:
@@ -419,8 +436,10 @@ def wgmma_overlap(ptx: str) -> bool:
 
 
 def _candidates(ablations: bool) -> list:
-    """The specializations ``main`` picks from: the shipped ones, and the MXFP8 ablations when asked for."""
-    return list(shipped_specializations()) + (list(mxfp8_ablation_specializations()) if ablations else [])
+    """The specializations ``main`` picks from: the shipped ones, and the ablations (MXFP8 forward, backward) when
+    asked for."""
+    return list(shipped_specializations()) + (
+        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations()) if ablations else [])
 
 
 def _compile_index(index: int, ablations: bool = False) -> dict:
@@ -439,8 +458,8 @@ def _compile_index(index: int, ablations: bool = False) -> dict:
 
 def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
-    to compile; one containing "ablate" adds the MXFP8 ablations, ``mxfp8_ablation_specializations``); exit 1 if
-    any failed to compile (the error is in its line)."""
+    to compile; one containing "ablate" adds the ablations, ``mxfp8_ablation_specializations`` and
+    ``backward_ablation_specializations``); exit 1 if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
