@@ -266,8 +266,8 @@ def backward_ablation_names(mask: int) -> str:
 BACKWARD_ABLATE = backward_ablation_mask(os.environ.get("JFA_TLX_BWD_ABLATE", ""))
 # What tools/tlx_check.py backward-ablation times (and tools/tlx_compile.py bwd-ablate compiles): one stage at a
 # time, then together: the CUDA-core math (exp2,ds), dQ and loads, down to the S/dP/dV/dK wgmma floor.
-BACKWARD_ABLATION_RUNS = ("none", "dq", "dqadd", "exp2", "ds", "dk", "dv", "loads", "exp2,ds", "exp2,ds,dq",
-                          "exp2,ds,dq,loads", "dq,dk,dv")
+BACKWARD_ABLATION_RUNS = ("none", "dq", "dqadd", "exp2", "ds", "dk", "dv", "loads", "exp2,ds", "dq,exp2,ds",
+                          "dq,exp2,ds,loads", "dq,dk,dv")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 

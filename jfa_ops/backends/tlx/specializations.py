@@ -361,7 +361,9 @@ def compile_sm90(spec: Specialization) -> dict:
                 wgmma_register_a=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A from registers
                 **(dict(e4m3_mma_counts(sass_of(compiled.asm["cubin"])), exp2_of_fma=exp2_of_fma_count(ptx))
                    if "mxfp8" in spec.name else {}),
-                **(block_loop_counts(sass_of(compiled.asm["cubin"])) if spec.name.startswith("sparse-") else {}))
+                **(block_loop_counts(sass_of(compiled.asm["cubin"]))
+                   if spec.name.startswith("sparse-") or "-ablate-" in spec.name and spec.name.startswith("bwd-")
+                   else {}))
 
 
 def sass_of(cubin: bytes) -> str:
@@ -383,7 +385,8 @@ def block_loop_counts(sass: str) -> dict:
     hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
     (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
-    whole kernel. The branches after the last EXIT (out-of-line waits jumping back) are no loops."""
+    whole kernel; wgmma (HGMMA) and MUFU of the straight path. The branches after the last EXIT (out-of-line waits
+    jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
         m = re.match(r"(\.L_x_\d+):", line)
@@ -402,7 +405,8 @@ def block_loop_counts(sass: str) -> dict:
     loops = [(target(i), i) for i in range(last_exit) if target(i) is not None and target(i) <= i]
     loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
     loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
-    counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[])
+    counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
+                  block_loop_hgmma=[], block_loop_mufu=[])
     for a, b in loops:
         skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
                    for j in range(i + 1, target(i))}
@@ -411,6 +415,9 @@ def block_loop_counts(sass: str) -> dict:
         counts["block_loop_path"].append(b + 1 - a - len(skipped))
         counts["block_loop_r2ur"].append(sum(op.startswith("R2UR") for op, _ in body))
         counts["block_loop_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op, _ in body))
+        path = [op for j, (op, _) in enumerate(body, a) if j not in skipped]
+        counts["block_loop_hgmma"].append(sum(op.startswith("HGMMA") for op in path))
+        counts["block_loop_mufu"].append(sum(op.startswith("MUFU") for op in path))
     return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
 
 
