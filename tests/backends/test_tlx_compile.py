@@ -307,6 +307,27 @@ def test_mxfp8_ablations_remove_only_their_stage():
         assert r["qgmma_e4m3_reg_a"] == 16 * (("pv" not in stages) + ("rowsum" not in stages)), r
 
 
+def test_shipped_kernels_carry_no_ablation():
+    """No shipped specialization (what CI compiles and the backend launches) removes a stage: ABLATE 0 in every
+    backward and MXFP8 forward kernel, no "-ablate" name; the ablations are listed apart
+    (``backward_ablation_specializations``, ``mxfp8_ablation_specializations``). Needs TLX importable (the
+    subprocess), not a GPU."""
+    code = (
+        "import _utlx_autoregister\n"
+        "from jfa_ops.backends.tlx import specializations as s\n"
+        "shipped = list(s.shipped_specializations())\n"
+        "assert all(sp.constexprs.get('ABLATE', 0) == 0 and '-ablate' not in sp.name for sp in shipped)\n"
+        "assert sum(sp.kernel == 'attn_bwd_tlx_kernel' for sp in shipped) > 0\n"
+        "assert all(sp.constexprs['ABLATE'] for sp in s.backward_ablation_specializations())\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_BWD_ABLATE",
+                                                            "JFA_TLX_MXFP8_ABLATE")}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
+
+
 def test_backward_ablations_remove_only_their_stage():
     """The TLX backward's ablations (``configs.BACKWARD_ABLATION_RUNS``, TIMING ONLY: wrong gradients; not shipped, so
     the ``compiled`` fixture skips them; helper bwdablate), dense D128: each compiles within the default's spill
