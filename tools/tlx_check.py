@@ -39,6 +39,12 @@ D128 and broadcast-Q Lq128 H4 B512: tlx-mxfp8 (with and without its re-basing st
 triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``mxfp8``): the TLX kernel alone on
 the same two shapes with each ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the
 key-block loop removed at a time), clk per key block (bench/NOTES.md "MXFP8 ceiling: ablations").
+
+``backward-ablation`` (not in ``all``): the TLX backward (default consumers) on dense B8 H16 S8192 D128, full and
+causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY, wrong
+results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
+backward ablations (helper bwdablate)"); ``TLX_BWD_ABLATION_CASES=full,causal,jagged`` / ``TLX_BWD_ABLATION_RUNS=none,dq``
+time a subset (a run's stages joined by "+").
 """
 from __future__ import annotations
 
@@ -1049,6 +1055,104 @@ def mxfp8_ablation() -> int:
     return failures
 
 
+def _bwd_ablation_cases():
+    """(key, Case, 128 x 128 (key, query) blocks the kernel visits) of ``backward_ablation``: the kernel walks 64-row
+    query blocks per 128-key tile (``configs.bwd_config_v2``), from the tile's first row on when causal (equal
+    lengths), so a tile of a sequence of length L sees cdiv(L, 64) - n0 / 64 of them (all cdiv(L, 64) unmasked)."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths
+
+    def blocks(case):
+        rows = 0
+        for length in case.kv_lens:
+            n_row_blocks = -(-length // 64)
+            rows += sum(n_row_blocks - (n0 // 64 if case.causal else 0) for n0 in range(0, length, 128))
+        return case.num_heads_q * rows / 2
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    cases = [("full", Case("dense", "bwd B8 H16 S8192 D128", (8192,) * 8, (8192,) * 8, 16, 16, 128)),
+             ("causal", Case("dense", "bwd B8 H16 S8192 D128 causal", (8192,) * 8, (8192,) * 8, 16, 16, 128,
+                             causal=True)),
+             ("jagged", Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True))]
+    return [(key, case, blocks(case)) for key, case in cases]
+
+
+def _kernel_ms(fn, name: str, reps: int = 20):
+    """Mean device ms of kernel ``name`` per call of ``fn`` (torch.profiler), or None where the profiler saw none or
+    failed (the caller falls back to the whole call's time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        rows = [e for e in prof.key_averages() if name in e.key]
+    except Exception as e:  # noqa: BLE001
+        print(f"  (profiler: {type(e).__name__}: {str(e)[:120]}; clk from the whole backward)", flush=True)
+        return None
+    if not rows:
+        return None
+    total_us = sum(getattr(e, "device_time_total", None) or e.device_time * e.count for e in rows)
+    return total_us / 1e3 / reps
+
+
+def backward_ablation() -> int:
+    """The TLX backward (the default: v2 consumers with the dQ split; through autograd, as ``backward_timing``) with
+    each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY: those gradients are wrong and not checked): per run,
+    the whole backward's median ms (delta pre-pass and dQ finalize included) and TFLOP/s of the full problem's useful
+    work, the TLX kernel's own ms (torch.profiler, mean of 20 calls), and its clk per 128-key x 128-query block per
+    SM (kernel ms x SMs x 1.83 GHz / blocks: four consumer iterations, 2 consumers x 2 64-row blocks) with the clk
+    each run saves against "none" (the shipped kernel)."""
+    import warnings
+
+    import triton.testing
+
+    from bench.suites import make_inputs
+    from jfa_ops.backends.tlx import configs as tlx_configs
+
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    runs = tlx_configs.BACKWARD_ABLATION_RUNS
+    if os.environ.get("TLX_BWD_ABLATION_RUNS"):  # e.g. "none,exp2+ds": runs apart by commas, a run's stages by "+"
+        runs = [r.replace("+", ",") for r in os.environ["TLX_BWD_ABLATION_RUNS"].split(",") if r]
+    keys = os.environ.get("TLX_BWD_ABLATION_CASES", "full,causal,jagged").split(",")
+    print(f"TLX backward ablations (TIMING ONLY, wrong gradients), D128 bf16, {sms} SMs at {SM_CLOCK_HZ / 1e9} GHz; "
+          "per run: backward ms / TFLOP/s, kernel ms, kernel clk per 128x128 block, clk saved vs none", flush=True)
+    failures = 0  # configs as shipped (no _set_backward: the default's causal order on the one-length causal batch)
+    for key, case, n_blocks in _bwd_ablation_cases():
+        if key not in keys:
+            continue
+        x = make_inputs(case, "cuda")
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, backend="tlx",
+                                       max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens))
+        grad = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
+        print(f"{case.label} ({n_blocks:.0f} blocks of 128 x 128, {n_blocks / sms:.1f} per SM)", flush=True)
+        clk_none = float("nan")
+        for names in runs:
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
+            fn = with_setting(tlx_configs, "BACKWARD_ABLATE", tlx_configs.backward_ablation_mask(names), grad)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the TIMING ONLY warning of every call
+                    ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+                    kernel_ms = _kernel_ms(fn, "attn_bwd_tlx_kernel")
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"  {names:20s} {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            clk = (kernel_ms if kernel_ms is not None else ms) * 1e-3 * sms * SM_CLOCK_HZ / n_blocks
+            clk_none = clk if names == "none" else clk_none
+            print(f"  {names:20s} {ms:7.3f} ms {case.flops('bwd') / ms / 1e9:7.1f} TFLOP/s kernel "
+                  f"{kernel_ms if kernel_ms is not None else float('nan'):7.3f} ms {clk:7.0f} clk "
+                  f"{clk_none - clk:+7.0f}", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+    return failures
+
+
 def main(argv) -> int:
     part = argv[1] if len(argv) > 1 else "all"
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, jfa_ops backends "
@@ -1080,6 +1184,8 @@ def main(argv) -> int:
         failed += mxfp8_timing()
     if part == "mxfp8-ablation":  # the TLX MXFP8 forward's stages, one removed at a time (timing only; not in "mxfp8")
         failed += mxfp8_ablation()
+    if part == "backward-ablation":  # the TLX backward's stages removed (timing only; not in "backward")
+        failed += backward_ablation()
     return 1 if failed else 0
 
 

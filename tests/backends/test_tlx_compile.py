@@ -305,3 +305,46 @@ def test_mxfp8_ablations_remove_only_their_stage():
         assert r["qgmma_e4m3_smem_a"] == 16, f"{r['name']}: S's wgmma dropped"
         stages = r["name"].split("-ablate-")[1].split("-")
         assert r["qgmma_e4m3_reg_a"] == 16 * (("pv" not in stages) + ("rowsum" not in stages)), r
+
+
+def test_shipped_kernels_carry_no_ablation():
+    """No shipped specialization (what CI compiles and the backend launches) removes a stage: ABLATE 0 in every
+    backward and MXFP8 forward kernel, no "-ablate" name; the ablations are listed apart
+    (``backward_ablation_specializations``, ``mxfp8_ablation_specializations``). Needs TLX importable (the
+    subprocess), not a GPU."""
+    code = (
+        "import _utlx_autoregister\n"
+        "from jfa_ops.backends.tlx import specializations as s\n"
+        "shipped = list(s.shipped_specializations())\n"
+        "assert all(sp.constexprs.get('ABLATE', 0) == 0 and '-ablate' not in sp.name for sp in shipped)\n"
+        "assert sum(sp.kernel == 'attn_bwd_tlx_kernel' for sp in shipped) > 0\n"
+        "assert all(sp.constexprs['ABLATE'] for sp in s.backward_ablation_specializations())\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_BWD_ABLATE",
+                                                            "JFA_TLX_MXFP8_ABLATE")}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
+
+
+def test_backward_ablations_remove_only_their_stage():
+    """The TLX backward's ablations (``configs.BACKWARD_ABLATION_RUNS``, TIMING ONLY: wrong gradients; not shipped, so
+    the ``compiled`` fixture skips them; helper bwdablate), dense D128: each compiles within the default's spill
+    budget, and each consumer's block loop keeps S's and dP's wgmma (8 HGMMA each; a stage whose output nothing reads
+    is dropped as dead code, which would time another kernel) and loses only the asked-for ones (dQ 8, dK 4, dV 4:
+    32 in the shipped loop; dqadd keeps dQ's) and, with exp2, the 32 MUFU per thread (~60 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1",
+                           "bwd-d128-bf16-full-v2-dqshared-ablate"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=1200)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 11, f"exit {proc.returncode}: {[r['name'] for r in rows]}\n{proc.stderr[-3000:]}"
+    for r in rows:
+        assert "error" not in r, r
+        assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_BWD_V2[128], r
+        stages = r["name"].split("-ablate-")[1].split("-")
+        hgmma = 32 - 8 * ("dq" in stages) - 4 * ("dk" in stages) - 4 * ("dv" in stages)
+        assert r["block_loop_hgmma"] == [hgmma, hgmma], r
+        assert r["block_loop_mufu"] == [0 if "exp2" in stages else 32] * 2, r

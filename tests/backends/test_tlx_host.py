@@ -579,3 +579,39 @@ def test_causal_order_default_takes_one_length_causal_batches_only(gpu, monkeypa
     assert _causal_backward_launch(runs, monkeypatch, [300, 300, 300], hints=True)["ITEM_LIST"]
     assert not _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)["ITEM_LIST"]
     assert not _causal_backward_launch(runs, monkeypatch, [300, 300, 300])["ITEM_LIST"]
+
+
+@needs_tlx
+def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
+    """``configs.BACKWARD_ABLATE`` (helper bwdablate: stages removed from the kernel, TIMING ONLY, wrong gradients)
+    is 0 unless JFA_TLX_BWD_ABLATE names stages, and the default backward launches ABLATE=0 without a warning; set,
+    the launch carries its bits under a warning (plans apart: the variant keeps it), and a kernel variant the
+    ablations do not cover (DQ_LAG) refuses it."""
+    import warnings
+
+    assert os.environ.get("JFA_TLX_BWD_ABLATE") or tlx_configs.BACKWARD_ABLATE == 0
+    assert tlx_configs.backward_ablation_mask("") == tlx_configs.backward_ablation_mask("none") == 0
+    for names in tlx_configs.BACKWARD_ABLATION_RUNS:  # written in the bits' order (the kernel names' spelling)
+        assert tlx_configs.backward_ablation_names(tlx_configs.backward_ablation_mask(names)) == names
+    with pytest.raises(ValueError, match="unknown backward ablations"):
+        tlx_configs.backward_ablation_mask("dq,softmax")
+    runs, _ = gpu
+    q, k, v, offsets = _inputs([300, 17])
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+
+    def ablate_launched():
+        runs.clear()
+        _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
+        (values,) = [dict(zip(names, v)) for name, _, v, _ in runs if name == "attn_bwd_tlx_kernel"]
+        return values["ABLATE"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning on the default path
+        assert ablate_launched() == 0
+    mask = tlx_configs.backward_ablation_mask("exp2,dq")
+    monkeypatch.setattr(tlx_configs, "BACKWARD_ABLATE", mask)
+    with pytest.warns(UserWarning, match="TIMING ONLY"):
+        assert ablate_launched() == mask
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAG", True)
+    with pytest.raises(ValueError, match="ablations"):
+        ablate_launched()

@@ -23,6 +23,7 @@ V2 (``configs.BACKWARD_V2``): the consumers of ``_consume_rows_v2`` (FA3's order
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -57,6 +58,16 @@ DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are
 DS_READY: tl.constexpr = tl.constexpr(4)
 # ALTERNATE: the consumers take turns issuing their wgmma groups through the forward's ping-pong barriers
 # (attn_fwd.PINGPONG_A / _B, ids 9 and 10: free in this kernel; ``_wait_turn`` / ``_pass_turn``)
+# ABLATE bits (``configs.BACKWARD_ABLATE``; the v2 consumers with the dQ split, not DQ_LAG, dense): TIMING ONLY, THE
+# RESULTS ARE WRONG when any is set. Each removes one stage of the query-block loop so the H200 can time what it
+# costs (bench/NOTES.md "TLX backward ablations (helper bwdablate)"); every barrier and the work order stay.
+ABLATE_DQ: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dq"])  # no dQ wgmma, no reduce-add
+ABLATE_DQ_ADD: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dqadd"])  # dQ wgmma kept, no reduce-add
+ABLATE_EXP2: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["exp2"])  # P = S * scale - lse (no MUFU)
+ABLATE_DS: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["ds"])  # dS = dP (no P (dP - delta))
+ABLATE_DK: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dk"])  # no dK += dS^T Q wgmma
+ABLATE_DV: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dv"])  # no dV += P^T dO wgmma
+ABLATE_LOADS: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["loads"])  # Q/dO loaded for the first slots only
 
 
 @triton.jit
@@ -123,24 +134,43 @@ def _q_rows(out_row0, BROADCAST_Q: tl.constexpr):
 
 
 @triton.jit
-def _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row, out_row, col,
-                       BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr):
-    """TMA loads of the Q and dO block at packed rows q_row / out_row into the next ring slot; returns q_count + 1."""
+def _load_row_block(desc_q, desc_do, q_tile, do_tile, q_full, q_row, out_row, col, BLOCK_M: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
+    """TMA loads of the Q and dO block at packed rows q_row / out_row into one ring slot (q_full counts the bytes)."""
     block_bytes: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
+    tlx.barrier_expect_bytes(q_full, 2 * block_bytes)
+    tlx.async_descriptor_load(desc_q, q_tile, [q_row.to(tl.int32), col], q_full)
+    tlx.async_descriptor_load(desc_do, do_tile, [out_row.to(tl.int32), col], q_full)
+
+
+@triton.jit
+def _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row, out_row, col,
+                       BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                       NO_LOADS: tl.constexpr = False):
+    """TMA loads of the Q and dO block at packed rows q_row / out_row into the next ring slot; returns q_count + 1.
+    NO_LOADS (the "loads" ablation: TIMING ONLY): only the first NUM_BUFFERS_Q blocks load; later slots are signalled
+    full without a load (the consumers read the stale tiles)."""
     buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
     tlx.barrier_wait(q_empties[buf], phase ^ 1)
-    tlx.barrier_expect_bytes(q_fulls[buf], 2 * block_bytes)
-    tlx.async_descriptor_load(desc_q, q_tiles[buf], [q_row.to(tl.int32), col], q_fulls[buf])
-    tlx.async_descriptor_load(desc_do, do_tiles[buf], [out_row.to(tl.int32), col], q_fulls[buf])
+    if NO_LOADS:
+        if q_count < NUM_BUFFERS_Q:
+            _load_row_block(desc_q, desc_do, q_tiles[buf], do_tiles[buf], q_fulls[buf], q_row, out_row, col, BLOCK_M,
+                            HEAD_DIM)
+        else:
+            tlx.barrier_arrive(q_fulls[buf], 1)
+    else:
+        _load_row_block(desc_q, desc_do, q_tiles[buf], do_tiles[buf], q_fulls[buf], q_row, out_row, col, BLOCK_M,
+                        HEAD_DIM)
     return q_count + 1
 
 
 @triton.jit
 def _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0, out_row0, col, m_begin,
-                  m_end, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr):
+                  m_end, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+                  NO_LOADS: tl.constexpr = False):
     for m0 in range(m_begin, m_end, BLOCK_M):
         q_count = _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0 + m0,
-                                     out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q)
+                                     out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q, NO_LOADS)
     return q_count
 
 
@@ -236,6 +266,14 @@ def _opaque_zero(j):
 
 
 @triton.jit
+def _keep_alive(x, tile, j, DTYPE: tl.constexpr):
+    """Ablations (TIMING ONLY): x stored to ``tile`` (of DTYPE) under a condition that never holds for j >= 0 and that
+    neither compiler can see through (``_opaque_zero``), so the wgmma that made x is not dropped as dead code."""
+    if _opaque_zero(j) != 0:
+        tlx.local_store(tile, x.to(DTYPE))
+
+
+@triton.jit
 def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, p_tiles,
                      ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale,
                      right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end,
@@ -244,7 +282,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                     ALTERNATE: tl.constexpr = 0):
+                     ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -282,8 +320,23 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     barriers, wgmma waits) lies between turns, and both consumers take the same turns (same blocks; no
     consumer-dependent branch around a turn), so the token cannot deadlock (bench/NOTES.md "TLX backward: consumer
     alternation"). Issue order only: the same arithmetic, the same results. ``_dq_lagged`` (after the loop) issues
-    outside the turns."""
+    outside the turns.
+
+    ABLATE (``configs.BACKWARD_ABLATE``; dense, DQ_SHARED without DQ_LAG): 0, or TIMING ONLY with WRONG RESULTS (the
+    ABLATE_* bits: stages of the block loop removed; the dQ wgmma without its reduce-add is kept by ``_keep_alive``,
+    and the wgmma waits count the groups left in flight)."""
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
+    tl.static_assert(ABLATE == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE),
+                     "the backward ablations remove stages of the default consumers (dQ split, no DQ_LAG, dense)")
+    NO_DQ: tl.constexpr = (ABLATE & ABLATE_DQ) != 0
+    NO_DQ_ADD: tl.constexpr = (ABLATE & ABLATE_DQ_ADD) != 0
+    NO_EXP2: tl.constexpr = (ABLATE & ABLATE_EXP2) != 0
+    NO_DS: tl.constexpr = (ABLATE & ABLATE_DS) != 0
+    NO_DK: tl.constexpr = (ABLATE & ABLATE_DK) != 0
+    NO_DV: tl.constexpr = (ABLATE & ABLATE_DV) != 0
+    # wgmma groups left in flight at dP's wait (dV behind it) and at dQ's / dV's (dK behind them)
+    DP_PENDING: tl.constexpr = 0 if NO_DV else 1
+    DQ_PENDING: tl.constexpr = 0 if NO_DK else 1
     tl.static_assert(ALTERNATE == 0 or (DQ_SHARED and DQ_LAG and (ALTERNATE == 1 or ALTERNATE == 3)),
                      "ALTERNATE (1 or 3 turns per block) rides on DQ_LAG")
     EVERY_TURN: tl.constexpr = ALTERNATE == 3  # dV and dQ/dK take turns too
@@ -348,7 +401,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
             _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
         s = tlx.async_dot_wait(1, s)  # dP may still run
-        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if NO_EXP2:  # ablation: the exponent itself (no MUFU)
+            p = s * qk_scale - lse2[:, None]
+        else:
+            p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
             ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT, HAS_RIGHT)
             p = tl.where(ok & rows_ok[:, None], p, 0.0)
@@ -357,11 +413,15 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
         if EVERY_TURN:
             _wait_turn(CID)
-        dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
+        if not NO_DV:
+            dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
         if EVERY_TURN:
             _pass_turn(CID)
-        dp = tlx.async_dot_wait(1, dp)  # dV may still run
-        ds = p * (dp - delta[:, None])
+        dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
+        if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a removal)
+            ds = dp
+        else:
+            ds = p * (dp - delta[:, None])
         if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
             ds = tl.where(p == 0.0, 0.0, ds)  # would reach the next sequence's dQ rows through the reduce-add
         ds = ds.to(DTYPE)
@@ -402,16 +462,24 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         elif DQ_SHARED:
             tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
             half: tl.constexpr = HEAD_DIM // 2
-            zero = _opaque_zero(j)
-            dq = tlx.async_dot(ds_tiles[zero * 2 + par],
-                               tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
-            dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
-                               tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
-            dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-            dq = tlx.async_dot_wait(1, dq)
-            dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half,
-                                      rows_left, CID, NUM_BUFFERS_DQ)
+            if not NO_DQ:
+                zero = _opaque_zero(j)
+                dq = tlx.async_dot(ds_tiles[zero * 2 + par],
+                                   tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
+                dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
+                                   tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
+            if not NO_DK:
+                dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+            if not NO_DQ:
+                dq = tlx.async_dot_wait(DQ_PENDING, dq)
+            if not NO_DV:
+                dv = tlx.async_dot_wait(DQ_PENDING, dv)  # issued before dQ: already done (without dQ: done here)
+            if not NO_DQ:
+                if NO_DQ_ADD:  # ablation: the dQ wgmma kept, no staging store or reduce-add
+                    _keep_alive(dq, dq_stage[CID * NUM_BUFFERS_DQ], j, tl.float32)
+                else:
+                    dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
+                                              col + CID * half, rows_left, CID, NUM_BUFFERS_DQ)
         else:
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
         # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
@@ -427,7 +495,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 dq = tlx.async_dot_wait(0, dq)
             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
                                       col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
-        dk = tlx.async_dot_wait(0, dk)
+        if not NO_DK:
+            dk = tlx.async_dot_wait(0, dk)
         tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
         q_count += 1
         if DQ_LAG:
@@ -544,7 +613,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                         HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
-                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0):
+                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -562,13 +631,15 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     to be free (``configs.SPARSE_BACKWARD_QDO_FIRST``); UNIFORM_WALK (with SPARSE): the walk's bounds in uniform
     registers (``_selected_rows``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``); ITEM_LIST: the work list is per item
     (TILE_SEQ, TILE_START, TILE_HEAD: ``block_sparse_bwd.item_list``); SNAKE: every other round of items in reverse
-    (``common.snake_work``; ``configs.BACKWARD_ITEM_ORDER``)."""
+    (``common.snake_work``; ``configs.BACKWARD_ITEM_ORDER``). ABLATE (``configs.BACKWARD_ABLATE``): 0, or TIMING ONLY
+    with WRONG RESULTS (``_consume_rows_v2``'s stages removed; "loads": ``_produce_row_block``'s NO_LOADS)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
+    NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
         n_tiles = n_slots
@@ -646,13 +717,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         else:
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, lead_begin, lead_end, BLOCK_M, HEAD_DIM,
-                                                    NUM_BUFFERS_Q)
+                                                    NUM_BUFFERS_Q, NO_LOADS)
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, bulk_begin, bulk_end, BLOCK_M, HEAD_DIM,
-                                                    NUM_BUFFERS_Q)
+                                                    NUM_BUFFERS_Q, NO_LOADS)
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
-                                                    NUM_BUFFERS_Q)
+                                                    NUM_BUFFERS_Q, NO_LOADS)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -702,7 +773,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
-                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE)
+                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -756,7 +827,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
-                       alternate: int = 0, causal_order: Optional[bool] = False):
+                       alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -774,7 +845,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
     made once per shape), with the snake; head_group and item_order yield to it there; head dims below
     ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
-    (``one_length_causal``)."""
+    (``one_length_causal``). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
+    ONLY: the gradients are WRONG (a warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = False
         alternate = 0
@@ -792,8 +864,14 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
+    if ablate:
+        if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
+            raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
+                             "(v2 consumers with the dQ split, no DQ_LAG / ALTERNATE)")
+        warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
+                      "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
-               head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order)
+               head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate)
     key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -808,7 +886,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order) = variant
+     alternate, causal_order, ablate) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -882,7 +960,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
+                    ABLATE=ablate, **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items()))

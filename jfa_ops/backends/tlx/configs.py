@@ -211,18 +211,28 @@ MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 MXFP8_ABLATIONS = {"pquant": 1, "softmax": 2, "factors": 4, "pv": 8, "rowsum": 16}
 
 
+def _ablation_mask(table: dict, names: str, what: str) -> int:
+    """The ABLATE bits of a comma-separated list of ``table``'s names ("" or "none": 0)."""
+    parts = [n.strip() for n in names.split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in parts if n not in table]
+    if unknown:
+        raise ValueError(f"unknown {what} ablations {unknown}; known: {sorted(table)}")
+    return sum({table[n] for n in parts})
+
+
+def _ablation_names(table: dict, mask: int) -> str:
+    """``_ablation_mask``'s inverse ("none" for 0)."""
+    return ",".join(n for n, bit in table.items() if mask & bit) or "none"
+
+
 def mxfp8_ablation_mask(names: str) -> int:
     """The ABLATE bits of a comma-separated list of ``MXFP8_ABLATIONS`` names ("" or "none": 0)."""
-    parts = [n.strip() for n in names.split(",") if n.strip() and n.strip() != "none"]
-    unknown = [n for n in parts if n not in MXFP8_ABLATIONS]
-    if unknown:
-        raise ValueError(f"unknown MXFP8 ablations {unknown}; known: {sorted(MXFP8_ABLATIONS)}")
-    return sum({MXFP8_ABLATIONS[n] for n in parts})
+    return _ablation_mask(MXFP8_ABLATIONS, names, "MXFP8")
 
 
 def mxfp8_ablation_names(mask: int) -> str:
     """``mxfp8_ablation_mask``'s inverse ("none" for 0)."""
-    return ",".join(n for n, bit in MXFP8_ABLATIONS.items() if mask & bit) or "none"
+    return _ablation_names(MXFP8_ABLATIONS, mask)
 
 
 MXFP8_ABLATE = mxfp8_ablation_mask(os.environ.get("JFA_TLX_MXFP8_ABLATE", ""))
@@ -231,6 +241,33 @@ MXFP8_ABLATE = mxfp8_ablation_mask(os.environ.get("JFA_TLX_MXFP8_ABLATE", ""))
 # and "softmax" exclude each other (the kernel asserts it): nothing would read S, and ptxas drops its wgmma.
 MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "pquant,factors", "softmax,factors",
                        "softmax,factors,rowsum", "softmax,factors,pv")
+# ABLATIONS OF THE TLX BACKWARD (v2 consumers with the dQ split, the default): TIMING ONLY, THEIR RESULTS ARE WRONG.
+# Each bit removes one stage of the consumers' query-block loop (attn_bwd.py's ABLATE_*), every barrier and the work
+# order kept, so the H200 can say what each stage costs (bench/NOTES.md "TLX backward ablations (helper bwdablate)";
+# tools/tlx_check.py backward-ablation): dq: no dQ = dS K wgmma and no reduce-add (staging store, TMA reduce);
+# dqadd: the dQ wgmma kept (its result kept alive), no staging store or TMA reduce-add (dQ's traffic alone); exp2:
+# P = S * scale - lse without the exp2 (the MUFU work; the FFMA kept); ds: dS = dP, no P (dP - delta) (its FADD /
+# FMUL, and delta's load); dk / dv: no dK += dS^T Q / dV += P^T dO wgmma; loads: the producer's Q/dO TMA loads only for the first
+# NUM_BUFFERS_Q blocks, then the ring's slots signalled full without loading (the consumers reuse stale tiles).
+# Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
+BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64}
+
+
+def backward_ablation_mask(names: str) -> int:
+    """The ABLATE bits of a comma-separated list of ``BACKWARD_ABLATIONS`` names ("" or "none": 0)."""
+    return _ablation_mask(BACKWARD_ABLATIONS, names, "backward")
+
+
+def backward_ablation_names(mask: int) -> str:
+    """``backward_ablation_mask``'s inverse ("none" for 0)."""
+    return _ablation_names(BACKWARD_ABLATIONS, mask)
+
+
+BACKWARD_ABLATE = backward_ablation_mask(os.environ.get("JFA_TLX_BWD_ABLATE", ""))
+# What tools/tlx_check.py backward-ablation times (and tools/tlx_compile.py bwd-ablate compiles): one stage at a
+# time, then together: the CUDA-core math (exp2,ds), dQ and loads, down to the S/dP/dV/dK wgmma floor.
+BACKWARD_ABLATION_RUNS = ("none", "dq", "dqadd", "exp2", "ds", "dk", "dv", "loads", "exp2,ds", "dq,exp2,ds",
+                          "dq,exp2,ds,loads", "dq,dk,dv")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 

@@ -18,8 +18,9 @@ import tempfile
 from typing import Dict, Iterator
 
 from ..triton.specializations import exp2_of_fma_count
-from .configs import (CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS, bwd_config, bwd_config_v2,
-                      fwd_choices, fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
+from .configs import (BACKWARD_ABLATION_RUNS, CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS,
+                      backward_ablation_mask, backward_ablation_names, bwd_config, bwd_config_v2, fwd_choices,
+                      fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
 _DTYPES = {"fp16": "fp16", "bf16": "bf16"}
@@ -121,14 +122,15 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
-                       alternate: int = 0, causal_order: bool = False) -> Specialization:
+                       alternate: int = 0, causal_order: bool = False, ablate: int = 0) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
     (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
     (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
-    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE)."""
+    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
+    ``configs.BACKWARD_ABLATE`` (timing only: wrong results)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -147,7 +149,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag or alternate > 0,
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
-                      ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order)
+                      ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
+                      ABLATE=ablate)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -169,7 +172,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
            f"{'-causalorder' if causal_order else ''}" \
-           f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
+           f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
+           f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -192,6 +196,19 @@ def mxfp8_ablation_specializations() -> Iterator[Specialization]:
         mask = mxfp8_ablation_mask(names)
         yield mxfp8_fwd_specialization(128, False, ablate=mask)
         yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask)
+
+
+def backward_ablation_specializations() -> Iterator[Specialization]:
+    """The TLX backward's ablations (``configs.BACKWARD_ABLATION_RUNS``; TIMING ONLY, wrong results) on the kernels
+    tools/tlx_check.py backward-ablation times (D128 bf16, the default consumers): dense full, dense causal (the
+    causal order's list) and jagged causal (tile-major). Not shipped: ``tools/tlx_compile.py bwd-ablate`` compiles
+    them."""
+    default = dict(v2=True, dq_shared=True)
+    for names in BACKWARD_ABLATION_RUNS[1:]:
+        mask = backward_ablation_mask(names)
+        yield bwd_specialization(128, "bf16", False, ablate=mask, **default)
+        yield bwd_specialization(128, "bf16", True, causal_order=True, ablate=mask, **default)
+        yield bwd_specialization(128, "bf16", True, ablate=mask, **default)
 
 
 def _specializations() -> Iterator[Specialization]:
@@ -344,7 +361,9 @@ def compile_sm90(spec: Specialization) -> dict:
                 wgmma_register_a=len(re.findall(r"wgmma\.mma_async[^;]*\},\s*\{", ptx)),  # A from registers
                 **(dict(e4m3_mma_counts(sass_of(compiled.asm["cubin"])), exp2_of_fma=exp2_of_fma_count(ptx))
                    if "mxfp8" in spec.name else {}),
-                **(block_loop_counts(sass_of(compiled.asm["cubin"])) if spec.name.startswith("sparse-") else {}))
+                **(block_loop_counts(sass_of(compiled.asm["cubin"]))
+                   if spec.name.startswith("sparse-") or "-ablate-" in spec.name and spec.name.startswith("bwd-")
+                   else {}))
 
 
 def sass_of(cubin: bytes) -> str:
@@ -366,7 +385,8 @@ def block_loop_counts(sass: str) -> dict:
     hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
     (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
-    whole kernel. The branches after the last EXIT (out-of-line waits jumping back) are no loops."""
+    whole kernel; wgmma (HGMMA) and MUFU of the straight path. The branches after the last EXIT (out-of-line waits
+    jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
         m = re.match(r"(\.L_x_\d+):", line)
@@ -385,7 +405,8 @@ def block_loop_counts(sass: str) -> dict:
     loops = [(target(i), i) for i in range(last_exit) if target(i) is not None and target(i) <= i]
     loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
     loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
-    counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[])
+    counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
+                  block_loop_hgmma=[], block_loop_mufu=[])
     for a, b in loops:
         skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
                    for j in range(i + 1, target(i))}
@@ -394,6 +415,9 @@ def block_loop_counts(sass: str) -> dict:
         counts["block_loop_path"].append(b + 1 - a - len(skipped))
         counts["block_loop_r2ur"].append(sum(op.startswith("R2UR") for op, _ in body))
         counts["block_loop_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op, _ in body))
+        path = [op for j, (op, _) in enumerate(body, a) if j not in skipped]
+        counts["block_loop_hgmma"].append(sum(op.startswith("HGMMA") for op in path))
+        counts["block_loop_mufu"].append(sum(op.startswith("MUFU") for op in path))
     return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
 
 
@@ -419,8 +443,10 @@ def wgmma_overlap(ptx: str) -> bool:
 
 
 def _candidates(ablations: bool) -> list:
-    """The specializations ``main`` picks from: the shipped ones, and the MXFP8 ablations when asked for."""
-    return list(shipped_specializations()) + (list(mxfp8_ablation_specializations()) if ablations else [])
+    """The specializations ``main`` picks from: the shipped ones, and the ablations (MXFP8 forward, backward) when
+    asked for."""
+    return list(shipped_specializations()) + (
+        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations()) if ablations else [])
 
 
 def _compile_index(index: int, ablations: bool = False) -> dict:
@@ -439,8 +465,8 @@ def _compile_index(index: int, ablations: bool = False) -> dict:
 
 def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
-    to compile; one containing "ablate" adds the MXFP8 ablations, ``mxfp8_ablation_specializations``); exit 1 if
-    any failed to compile (the error is in its line)."""
+    to compile; one containing "ablate" adds the ablations, ``mxfp8_ablation_specializations`` and
+    ``backward_ablation_specializations``); exit 1 if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
