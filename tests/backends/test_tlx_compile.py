@@ -348,3 +348,48 @@ def test_backward_ablations_remove_only_their_stage():
         hgmma = 32 - 8 * ("dq" in stages) - 4 * ("dk" in stages) - 4 * ("dv" in stages)
         assert r["block_loop_hgmma"] == [hgmma, hgmma], r
         assert r["block_loop_mufu"] == [0 if "exp2" in stages else 32] * 2, r
+
+
+def test_delta_early_loads_delta_before_the_s_wait():
+    """DELTA_EARLY (helper deltaearly, ``configs.BACKWARD_DELTA_EARLY``): in the default D128 kernels ptxas sinks
+    delta's LDG past S's wgmma wait (full: one consumer, causal: both; bench/NOTES.md "TLX backward: delta early").
+    With it, no LDG of either consumer's straight path comes after that wait; the path keeps the default's wgmma and
+    MUFU, spills no more on it (STL/LDL: full 1 vs 1, causal 1 vs 2) and grows by at most 4 instructions (full: 2,
+    one FFMA per row); the kernel spills within 96 B per thread of the default's (causal: +80, 11 STL + 11 LDL in the
+    masked branch). Also: the shipped delta-early kernels (D64 with STATS_AHEAD, D128 full / causal / causal order)
+    are listed. ~15 s."""
+    code = (
+        "import _utlx_autoregister, json, os, tempfile\n"
+        "import triton\n"
+        "from jfa_ops.backends.tlx import specializations as s\n"
+        "triton.knobs.nvidia.dump_ptxas_log = True\n"
+        "names = [sp.name for sp in s.shipped_specializations() if '-deltaearly' in sp.name]\n"
+        "print(json.dumps(names))\n"
+        "lab = dict(v2=True, dq_shared=True)\n"
+        "for causal in (False, True):\n"
+        "    for early in (False, True):\n"
+        "        with tempfile.TemporaryDirectory() as cache:\n"
+        "            triton.knobs.cache.dir = cache\n"
+        "            sp = s.bwd_specialization(128, 'bf16', causal, delta_early=early, **lab)\n"
+        "            print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_BWD_DELTA_EARLY")}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 5, proc.stderr[-3000:]
+    assert sorted(json.loads(lines[0])) == sorted([
+        "bwd-d64-bf16-full-v2-dqshared-statsahead-deltaearly", "bwd-d64-bf16-causal-v2-dqshared-statsahead-deltaearly",
+        "bwd-d128-bf16-full-v2-dqshared-deltaearly", "bwd-d128-bf16-causal-v2-dqshared-deltaearly",
+        "bwd-d128-bf16-causal-v2-dqshared-causalorder-deltaearly"])
+    rows = [json.loads(line) for line in lines[1:]]
+    for base, early in (rows[0:2], rows[2:4]):
+        assert "-deltaearly" in early["name"] and "-deltaearly" not in base["name"], (base, early)
+        assert sum(base["block_loop_ldg_after_wait"]) > 0, f"ptxas no longer sinks delta's load: {base}"
+        assert early["block_loop_ldg_after_wait"] == [0, 0], early
+        for key in ("block_loop_hgmma", "block_loop_mufu"):
+            assert early[key] == base[key], (key, base, early)
+        for key, more in (("block_loop_path_spill_ops", 0), ("block_loop_path", 4)):
+            assert all(e - b <= more for b, e in zip(base[key], early[key])), (key, base, early)
+        assert (early["spill_stores"] + early["spill_loads"]
+                <= base["spill_stores"] + base["spill_loads"] + 96), (base, early)

@@ -170,7 +170,8 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
                                       item_order=configs.BACKWARD_ITEM_ORDER,
                                       alternate=configs.BACKWARD_ALTERNATE,
                                       causal_order=configs.BACKWARD_CAUSAL_ORDER,
-                                      ablate=configs.BACKWARD_ABLATE)  # 0 unless timing stages (wrong results)
+                                      ablate=configs.BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
+                                      delta_early=configs.BACKWARD_DELTA_EARLY)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

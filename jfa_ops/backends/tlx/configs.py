@@ -89,6 +89,10 @@ BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
 # only (the forward's one turn per block), 3: S/dP, dV and dQ/dK each in strict order (helper tlxalt, bench/NOTES.md
 # "TLX backward: consumer alternation"). 0 (off) until measured on the H200.
 BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE", "0"), 0)
+# DELTA_EARLY (JFA_TLX_BWD_DELTA_EARLY=1; helper deltaearly, bench/NOTES.md "TLX backward: delta early"): the v2
+# consumers add delta * 0 to lse (exact for finite delta), so ptxas cannot sink one consumer's delta load past P's
+# exp2 to its use after dP's wait (an L2 round trip per block on the chain). Dense only; off until timed on the H200.
+BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.

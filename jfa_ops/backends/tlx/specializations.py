@@ -122,7 +122,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
-                       alternate: int = 0, causal_order: bool = False, ablate: int = 0) -> Specialization:
+                       alternate: int = 0, causal_order: bool = False, ablate: int = 0,
+                       delta_early: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -130,7 +131,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
     (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
-    ``configs.BACKWARD_ABLATE`` (timing only: wrong results)."""
+    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's pinned delta load
+    (``configs.BACKWARD_DELTA_EARLY``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -150,7 +152,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
-                      ABLATE=ablate)
+                      ABLATE=ablate, DELTA_EARLY=delta_early)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -171,7 +173,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqlag' if dq_lag else ''}{'-headgroup' if head_grouped else ''}" \
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
-           f"{'-causalorder' if causal_order else ''}" \
+           f"{'-causalorder' if causal_order else ''}{'-deltaearly' if delta_early else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
@@ -297,6 +299,12 @@ def _specializations() -> Iterator[Specialization]:
         if head_dim >= CAUSAL_ORDER_MIN_HEAD_DIM:
             yield bwd_specialization(head_dim, "bf16", True, **dense_v2[head_dim], causal_order=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True)
+    # helper deltaearly's delta load held before S's wait (configs.BACKWARD_DELTA_EARLY, dense): the default's
+    # kernels at D64/D128 (and D128's causal order)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], delta_early=True)
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, delta_early=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
@@ -331,8 +339,10 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, from_offsets=True, alternate=3, **lab)
 
 
-def compile_sm90(spec: Specialization) -> dict:
-    """Compile for sm_90 (no GPU needed) and report shared memory, registers, spills and setmaxnreg values."""
+def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
+    """Compile for sm_90 (no GPU needed) and report shared memory, registers, spills and setmaxnreg values; the
+    SASS block loops' counts (``block_loop_counts``) for block-sparse, ablation and delta-early backward kernels,
+    or any kernel with ``loop_counts``."""
     import importlib
 
     import triton
@@ -362,8 +372,8 @@ def compile_sm90(spec: Specialization) -> dict:
                 **(dict(e4m3_mma_counts(sass_of(compiled.asm["cubin"])), exp2_of_fma=exp2_of_fma_count(ptx))
                    if "mxfp8" in spec.name else {}),
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
-                   if spec.name.startswith("sparse-") or "-ablate-" in spec.name and spec.name.startswith("bwd-")
-                   else {}))
+                   if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
+                       "-ablate-" in spec.name or "-deltaearly" in spec.name) else {}))
 
 
 def sass_of(cubin: bytes) -> str:
@@ -385,7 +395,9 @@ def block_loop_counts(sass: str) -> dict:
     hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
     (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
-    whole kernel; wgmma (HGMMA) and MUFU of the straight path. The branches after the last EXIT (out-of-line waits
+    whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
+    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions. The
+    branches after the last EXIT (out-of-line waits
     jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
@@ -406,7 +418,7 @@ def block_loop_counts(sass: str) -> dict:
     loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
     loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
-                  block_loop_hgmma=[], block_loop_mufu=[])
+                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[])
     for a, b in loops:
         skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
                    for j in range(i + 1, target(i))}
@@ -418,6 +430,9 @@ def block_loop_counts(sass: str) -> dict:
         path = [op for j, (op, _) in enumerate(body, a) if j not in skipped]
         counts["block_loop_hgmma"].append(sum(op.startswith("HGMMA") for op in path))
         counts["block_loop_mufu"].append(sum(op.startswith("MUFU") for op in path))
+        first_wait = next((i for i, op in enumerate(path) if op.startswith("WARPGROUP.DEPBAR")), len(path))
+        counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
+        counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
     return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
 
 
