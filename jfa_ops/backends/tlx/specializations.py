@@ -131,8 +131,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
     (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
-    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's pinned delta load
-    (``configs.BACKWARD_DELTA_EARLY``)."""
+    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's delta load held
+    before S's wait (``configs.BACKWARD_DELTA_EARLY``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -397,8 +397,7 @@ def block_loop_counts(sass: str) -> dict:
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
     whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
     after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions. The
-    branches after the last EXIT (out-of-line waits
-    jumping back) are no loops."""
+    branches after the last EXIT (out-of-line waits jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
         m = re.match(r"(\.L_x_\d+):", line)
