@@ -287,18 +287,24 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
                 <= base["spill_stores"] + base["spill_loads"] + 16), (r, base)
 
 
+def _compile_matching(name_part: str, expect: int, timeout: int) -> list:
+    """tools/tlx_compile.py's sm_90 rows (one core) for the specializations, shipped or not, whose names contain
+    ``name_part``; exactly ``expect`` of them."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1", name_part],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == expect, f"exit {proc.returncode}: {[r['name'] for r in rows]}\n{proc.stderr[-3000:]}"
+    return rows
+
+
 def test_mxfp8_ablations_remove_only_their_stage():
     """The MXFP8 forward's ablations (``configs.MXFP8_ABLATION_RUNS``, TIMING ONLY: wrong results; not shipped, so
     the ``compiled`` fixture skips them), dense D128: each compiles without spills and keeps S's wgmma (smem-A QGMMA:
     4 per block loop, 4 loops; a stage whose output nothing reads is dropped as dead code, which would time another
     kernel), and drops P V's / the ones wgmma (register-A QGMMA, 4 each per loop) only where asked (~30 s)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1",
-                           "mxfp8-fwd-d128-bf16-full-ablate"], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 9, f"exit {proc.returncode}: {[r['name'] for r in rows]}\n{proc.stderr[-3000:]}"
+    rows = _compile_matching("mxfp8-fwd-d128-bf16-full-ablate", expect=9, timeout=900)
     for r in rows:
         assert "error" not in r, r
         assert r["spill_stores"] + r["spill_loads"] == 0, r
@@ -334,13 +340,7 @@ def test_backward_ablations_remove_only_their_stage():
     budget, and each consumer's block loop keeps S's and dP's wgmma (8 HGMMA each; a stage whose output nothing reads
     is dropped as dead code, which would time another kernel) and loses only the asked-for ones (dQ 8, dK 4, dV 4:
     32 in the shipped loop; dqadd keeps dQ's) and, with exp2, the 32 MUFU per thread (~60 s)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1",
-                           "bwd-d128-bf16-full-v2-dqshared-ablate"], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=1200)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 11, f"exit {proc.returncode}: {[r['name'] for r in rows]}\n{proc.stderr[-3000:]}"
+    rows = _compile_matching("bwd-d128-bf16-full-v2-dqshared-ablate", expect=11, timeout=1200)
     for r in rows:
         assert "error" not in r, r
         assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_BWD_V2[128], r
