@@ -63,10 +63,17 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugi
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
 
 
+def _tlx_env(*unset: str) -> dict:
+    """The environment of a subprocess that imports TLX: SITE and the repo first on the path, the interpreter off,
+    ``unset`` (switches the subprocess sets itself) removed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", *unset)}
+    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    return env
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env = _tlx_env()
     jobs = str(max(2, os.cpu_count() or 1))  # ~2-5 s per kernel on an idle core; 65 kernels took > 20 min on a loaded 2-core box
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", jobs], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=2400)
@@ -236,8 +243,7 @@ def test_block_sparse_routing_rules():
         "assert 'multiples' in r(128, 64, 128) and 'multiples' in r(128, 128, 64)\n"
         "print(BACKEND.family_priority('block_sparse'))\n"
         "assert BACKEND.family_priority('mxfp8_attention') == (20 if configs.MXFP8_AUTO else 5)  # since its GPU run\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE")}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env = _tlx_env("JFA_TLX_SPARSE")
     for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):
         proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                               env=env if switch is None else {**env, "JFA_TLX_SPARSE": switch})
@@ -263,8 +269,7 @@ def test_block_sparse_backward_rules_and_switch():
         "assert configs.SPARSE_BACKWARD_UNIFORM_WALK  # on by default (bench/NOTES.md v14)\n"
         "assert configs.BACKWARD_GROUP_ORDER and configs.SPARSE_FORWARD_UNIFORM_WALK  # on since v15\n"
         "print(configs.SPARSE_BACKWARD)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_SPARSE_BWD")}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env = _tlx_env("JFA_TLX_SPARSE_BWD")
     for switch, on in (("0", "False"), ("1", "True"), (None, "True")):
         proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                               env=env if switch is None else {**env, "JFA_TLX_SPARSE_BWD": switch})
@@ -290,8 +295,7 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
 def _compile_matching(name_part: str, expect: int, timeout: int) -> list:
     """tools/tlx_compile.py's sm_90 rows (one core) for the specializations, shipped or not, whose names contain
     ``name_part``; exactly ``expect`` of them."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env = _tlx_env()
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1", name_part],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -326,9 +330,7 @@ def test_shipped_kernels_carry_no_ablation():
         "assert sum(sp.kernel == 'attn_bwd_tlx_kernel' for sp in shipped) > 0\n"
         "assert all(sp.constexprs['ABLATE'] for sp in s.backward_ablation_specializations())\n"
         "print('ok')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_BWD_ABLATE",
-                                                            "JFA_TLX_MXFP8_ABLATE")}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env = _tlx_env("JFA_TLX_BWD_ABLATE", "JFA_TLX_MXFP8_ABLATE")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=env)
     assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
@@ -372,8 +374,7 @@ def test_delta_early_loads_delta_before_the_s_wait():
         "            triton.knobs.cache.dir = cache\n"
         "            sp = s.bwd_specialization(128, 'bf16', causal, delta_early=early, **lab)\n"
         "            print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_BWD_DELTA_EARLY")}
-    env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT])
+    env = _tlx_env("JFA_TLX_BWD_DELTA_EARLY")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=env)
     lines = proc.stdout.splitlines()
