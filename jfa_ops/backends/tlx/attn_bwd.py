@@ -870,7 +870,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     else:
         qdo_first = uniform_walk = group_order = False  # block-sparse walks only
     if causal_order is None:
-        causal_order = selection is None and one_length_causal(q, k, kv_offsets, params)
+        causal_order = one_length_causal(q, k, kv_offsets, params)  # block-sparse: False above
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     group_order = group_order and head_group > 0
