@@ -12,8 +12,9 @@
 # each under its own limit (120 + 100 + 2 x 115 + 230 s), so a hung kernel ends one part.
 # `v4`: the sweep with the forward's v4 consumers (JFA_TLX_FWD_ONE_LOOP=1), then the timings (v3, v4, triton
 # columns). `bench` (not in `all`): the bench with a tlx column through bench/device_run.sh (FA4 beside it when an
-# earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments). `suite` (not in `all`; carry .whl too): the
-# whole GPU test suite with the automatic choice preferring tlx (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
+# earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments, BENCH_LIMIT_S its 170 s limit). `suite`
+# (not in `all`; carry .whl too): the whole GPU test suite with the automatic choice preferring tlx
+# (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle with the walk's bounds
 # uniform (JFA_TLX_SPARSE_FWD_UNIFORM=1, helper fwduniform's knob; SPARSE_FWD_UNIFORM=0: the default walk; 120 s),
 # then timings on the bench's sparse batch: the default walk, the uniform walk, the other work order, triton sparse,
@@ -144,8 +145,9 @@ if [ "$part" = mxfp8-qk2 ]; then  # the same with S over head_dim halves promote
   JFA_TLX_MXFP8_QK_CHUNKS=2 $limit 100 python3 tools/tlx_check.py mxfp8-timing || rc=1
 fi
 if [ "$part" = bench ]; then
+  # BENCH_LIMIT_S: the bench's own limit (a BENCH_ARGS budget past ~130 s needs more; stop 25 lost a case to it)
   # shellcheck disable=SC2086
-  $limit 170 bash bench/device_run.sh ${BENCH_ARGS:---quick --suite dense,jagged,broadcast,gqa,window --head-dims 128 \
+  $limit "${BENCH_LIMIT_S:-170}" bash bench/device_run.sh ${BENCH_ARGS:---quick --suite dense,jagged,broadcast,gqa,window --head-dims 128 \
     --backends tlx,triton --peers fa4 --modes fwd,bwd --budget-s 140 --no-plots} || rc=1
 fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
