@@ -372,7 +372,10 @@ def suite_section(suite: str, records: List[dict], with_skips: bool = True) -> s
                   "memsets torch.profiler records per call; compiled: `torch.compile(dynamic=True)`, default mode: "
                   "compiled fwd is a graph of one call (torch's per-graph floor included, which a model pays once a "
                   f"step); per layer: (graph of {timing.LAYERS} chained calls - graph of 1) / {timing.LAYERS - 1}, "
-                  "each call's output the next one's q, as a model's layers.",
+                  "each call's output the next one's q, as a model's layers. Each implementation is timed on a frozen heap "
+                  "(`gc.collect(); gc.freeze()` first: what else the run imported costs none of them a collection); "
+                  "`host` in the header gives the host's speed (a fixed loop's µs) and load at the run's start and "
+                  "end, to compare runs.",
                   "", overhead_table(records), ""]
         column_skips = overhead_column_skips(records)
         if column_skips:

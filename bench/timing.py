@@ -5,6 +5,8 @@ timer. Small inputs are rotated over several copies so repeated calls do not mea
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import statistics
 import time
@@ -103,6 +105,45 @@ def wall_us(call: Callable[[], object], device, calls: Optional[int] = None) -> 
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def host_reference_us(device, calls: int = 2000) -> float:
+    """Host speed, to compare runs: µs per iteration of a fixed loop of what a small attention call's host path does
+    (a Python call with keywords, a dict, a ``torch.empty`` on ``device``, a view), no GPU work; median of 5. Two
+    runs whose references differ by a factor x were on hosts about x apart in speed, whatever they imported."""
+    shape = torch.Size((4, 8))
+
+    def step(n, dtype=torch.float16):
+        meta = {"n": n, "dtype": dtype}
+        return torch.empty(size=shape, dtype=meta["dtype"], device=device).view(-1)
+
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            step(i, dtype=torch.float16)
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(runs)
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Times taken on a heap whose existing objects are frozen (``gc.collect(); gc.freeze()``; unfrozen after): a
+    generation-2 collection then scans only what was made since, so how much else the process imported (FA4's CuTe
+    DSL: tens of thousands of modules' objects) costs no implementation time, and a collection the imports left due
+    cannot land in one implementation's columns. The collections of what each call itself makes still run and are
+    charged to it (bench/NOTES.md "Host cost vs heap size, stop 25")."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def gc_collections() -> List[int]:
+    """Garbage collections so far, per generation."""
+    return [g["collections"] for g in gc.get_stats()]
+
+
 def calls_for(call: Callable[[], object], device, seconds: float = 0.05) -> Optional[int]:
     """Calls for ``wall_us`` that take about ``seconds`` (between 20 and its default): the reference backend's
     milliseconds per call would otherwise spend the run's budget on one column."""
@@ -126,10 +167,46 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
     GPU activities torch.profiler records per call and their summed time, ``graph_us`` the no_grad forward replayed
     from a CUDA graph (``graph``: our GPU backends only; a peer's failed capture could poison the run);
     ``layer_fwd_us`` / ``layer_fwdbwd_us`` what a compiled model pays per attention call (``compiled_per_layer``).
+    ``eager_gc_collections``: garbage collections per generation while the four eager columns ran (a GC-heavy call
+    path shows here; the caller freezes the heap first: ``frozen_heap``).
     A column that fails holds None and its reason in ``<column>_skip``.
     """
     on_cuda = torch.device(device).type == "cuda"
     compile_backend = compile_backend or ("inductor" if on_cuda else "aot_eager")
+    calls = eager_calls(prep)
+    fwdbwd, nograd = calls["fwdbwd"], calls["nograd"]
+
+    rec: dict = {}
+
+    def column(key, measure):
+        try:
+            rec[key] = measure()
+        except Exception as e:  # noqa: BLE001 - one column failing leaves the others
+            rec[key], rec[key + "_skip"] = None, one_line(e)
+            sync(device)
+
+    collections = gc_collections()
+    for name, call in calls.items():
+        if name == "fwdbwd" and prep.no_backward:
+            rec["fwdbwd_wall_us"], rec["fwdbwd_wall_us_skip"] = None, prep.no_backward
+        else:
+            column(f"{name}_wall_us", lambda call=call: wall_us(call, device))
+    rec["eager_gc_collections"] = [b - a for a, b in zip(collections, gc_collections())]
+    if on_cuda:
+        rec["fwd_kernel_us"], rec["fwd_launches"] = profiled_device_us(prep.fn, device, calls=50)
+        if not prep.no_backward:
+            rec["fwdbwd_kernel_us"], rec["fwdbwd_launches"] = profiled_device_us(fwdbwd, device, calls=20)
+        rec["graph_us"] = cuda_graph_us(nograd, 200) if graph else None
+    column("compiled_wall_us", lambda: compiled_wall_us(prep.fn, device, compile_backend, rec))
+    rec.update(compiled_per_layer(prep, device, compile_backend))
+    rec["compile_backend"] = compile_backend
+    return rec
+
+
+def eager_calls(prep: Prepared) -> dict:
+    """The overhead suite's eager calls of one preparation, by column name: ``fwd`` the forward recording autograd,
+    ``fwdbwd`` forward + backward (``torch.autograd.grad``: no .grad accumulation kernels), ``nograd`` /
+    ``inference`` the forward under ``torch.no_grad`` / ``torch.inference_mode``."""
     grad_out = torch.randn_like(prep.fn().detach())
 
     def fwdbwd():
@@ -142,32 +219,7 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
     def inference():
         with torch.inference_mode():
             return prep.fn()
-
-    rec: dict = {}
-
-    def column(key, measure):
-        try:
-            rec[key] = measure()
-        except Exception as e:  # noqa: BLE001 - one column failing leaves the others
-            rec[key], rec[key + "_skip"] = None, one_line(e)
-            sync(device)
-
-    column("fwd_wall_us", lambda: wall_us(prep.fn, device))
-    if prep.no_backward:
-        rec["fwdbwd_wall_us"], rec["fwdbwd_wall_us_skip"] = None, prep.no_backward
-    else:
-        column("fwdbwd_wall_us", lambda: wall_us(fwdbwd, device))
-    column("nograd_wall_us", lambda: wall_us(nograd, device))
-    column("inference_wall_us", lambda: wall_us(inference, device))
-    if on_cuda:
-        rec["fwd_kernel_us"], rec["fwd_launches"] = profiled_device_us(prep.fn, device, calls=50)
-        if not prep.no_backward:
-            rec["fwdbwd_kernel_us"], rec["fwdbwd_launches"] = profiled_device_us(fwdbwd, device, calls=20)
-        rec["graph_us"] = cuda_graph_us(nograd, 200) if graph else None
-    column("compiled_wall_us", lambda: compiled_wall_us(prep.fn, device, compile_backend, rec))
-    rec.update(compiled_per_layer(prep, device, compile_backend))
-    rec["compile_backend"] = compile_backend
-    return rec
+    return {"fwd": prep.fn, "fwdbwd": fwdbwd, "nograd": nograd, "inference": inference}
 
 
 def compiled_wall_us(fn: Callable[[], object], device, backend: str, rec: dict) -> float:
