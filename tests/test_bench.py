@@ -564,3 +564,27 @@ def test_sparse_lines_compare_with_fa4_block_sparse_rows():
     fwd, bwd = report.sparse_lines(recs)
     assert fwd.endswith("0.80x fa4 4.000 ms (target 1.0x: FAIL), 0.90x fa4 padded 4.500 ms (target 1.0x: FAIL)")
     assert bwd.endswith("1.10x fa4 padded 15.400 ms (target 1.0x: PASS)") and bwd.count(" fa4") == 1
+
+
+def test_host_heap_probe_runs_every_phase(capsys):
+    """tools/host_heap_probe.py on CPU (the reference backend, a stand-in module for FA4): five phases, each with the
+    process state and a row per implementation with its GC counts; the heap is left unfrozen and the GC on."""
+    import gc
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "host_heap_probe.py")
+    spec = importlib.util.spec_from_file_location("host_heap_probe", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    callbacks = list(gc.callbacks)
+    try:
+        tool.main(["--backend", "reference", "--peers", "sdpa_math", "--calls", "1", "--imports", "json"])
+    finally:
+        gc.callbacks[:] = callbacks
+    out = capsys.readouterr().out
+    phases = [line for line in out.splitlines() if line.startswith("== ")]
+    assert [p.split(":")[0] for p in phases] == ["== fresh", "== fresh again", "== imported",
+                                                 "== imported, heap frozen", "== imported, gc off"]
+    assert "frozen 0.00 M" not in phases[3] and "gc off" in phases[4] and "host reference" in phases[0]
+    assert out.count("  jfa:reference fwd ") == 5 and out.count("  sdpa_math   fwd ") == 5
+    assert gc.isenabled() and gc.get_freeze_count() == 0
