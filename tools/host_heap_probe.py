@@ -1,9 +1,10 @@
 """Does importing FlashAttention-4 slow every implementation's small calls, and is it the garbage collector?
 
 `PYTHONPATH=$PWD python tools/host_heap_probe.py [--peers sdpa_flash,varlen,cudnn] [--calls 300] [--backend triton]`
-on a CUDA machine, with FA4 on the path (bench/device_run.sh's /tmp/fa4) for the import phases. One process, the bench's overhead case
-and columns (``bench.timing.eager_calls``: eager fwd, fwd+bwd, no_grad fwd; ``timing.wall_us``, median of 3), per
-implementation (jfa:<backend> and the peers given), in phases:
+on a CUDA machine, with FA4 on the path (bench/device_run.sh's /tmp/fa4) for the import phases. One process, the
+bench's overhead case and columns (``bench.timing.eager_calls``: eager fwd, fwd+bwd, no_grad fwd; and fwd+bwd with the
+backward on the calling thread, ``fwdbwd 1 thread``; ``timing.wall_us``, median of 3), per implementation
+(jfa:<backend> and the peers given), in phases:
 
 1. ``fresh``: before FA4 is imported; 2. ``fresh again``: the same (the run-to-run spread of one process);
 3. ``imported``: after ``import flash_attn.cute.interface`` (``--imports``; the bench's ``fa4`` peer imports it before
@@ -33,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 from bench import suites, timing  # noqa: E402
 from bench.peers import JfaBackend, make_peer  # noqa: E402
 
-COLUMNS = ("fwd", "fwdbwd", "nograd")
+COLUMNS = ("fwd", "fwdbwd", "fwdbwd 1 thread", "nograd")
 
 
 class GcMeter:
@@ -54,6 +55,15 @@ class GcMeter:
         self.counts, self.seconds = [0, 0, 0], 0.0
 
 
+def one_thread(call):
+    """``call`` with autograd's device threads off: the engine runs a CUDA backward on the calling thread (no hand-off
+    to the device thread and back: two thread wake-ups per backward; bench/NOTES.md "host fwd+bwd")."""
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            return call()
+    return run
+
+
 def process_state(device) -> str:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else "?"
@@ -70,7 +80,9 @@ def measure(phase: str, preps: dict, device, calls: int, meter: GcMeter) -> None
     print(f"\n== {phase}: {process_state(device)}", flush=True)
     for name, prep in preps.items():
         cells = []
-        for column, call in timing.eager_calls(prep).items():
+        calls_of = timing.eager_calls(prep)
+        calls_of["fwdbwd 1 thread"] = one_thread(calls_of["fwdbwd"])
+        for column, call in calls_of.items():
             if column not in COLUMNS:
                 continue
             meter.reset()
