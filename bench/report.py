@@ -368,7 +368,7 @@ def by_suite(records: List[dict]) -> Dict[str, List[dict]]:
 def suite_section(suite: str, records: List[dict], with_skips: bool = True) -> str:
     parts = [f"## {suite}", ""]
     if suite == "overhead":
-        parts += ["µs per call, eager unless said (wall: many calls, one sync); GPU µs / ops: the kernels, copies and "
+        parts += ["µs per call, eager unless said (wall: many calls, one sync; eager columns: the median of 3 such windows); GPU µs / ops: the kernels, copies and "
                   "memsets torch.profiler records per call; compiled: `torch.compile(dynamic=True)`, default mode: "
                   "compiled fwd is a graph of one call (torch's per-graph floor included, which a model pays once a "
                   f"step); per layer: (graph of {timing.LAYERS} chained calls - graph of 1) / {timing.LAYERS - 1}, "

@@ -91,18 +91,26 @@ def peak_memory_mib(call: Callable[[], object], device) -> Optional[float]:
     return peak / 2**20
 
 
-def wall_us(call: Callable[[], object], device, calls: Optional[int] = None) -> float:
-    """Eager wall time per call: warm-up, then many calls and one sync at the end (the host may run ahead)."""
+def wall_us(call: Callable[[], object], device, calls: Optional[int] = None, windows: int = 1) -> float:
+    """Eager wall time per call: warm-up, then many calls and one sync at the end (the host may run ahead); with
+    ``windows`` > 1 the median of that many such windows (one host hiccup, a collection or a preempted thread, then
+    moves one window, not the result)."""
     on_cuda = torch.device(device).type == "cuda"
     calls = calls or (200 if on_cuda else 20)
     for _ in range(10 if on_cuda else 2):
         call()
     sync(device)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    sync(device)
-    return (time.perf_counter() - t0) / calls * 1e6
+    runs = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync(device)
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(runs)
+
+
+EAGER_WINDOWS = 3  # the overhead suite's eager columns: median of 3 windows of 200 calls
 
 
 def host_reference_us(device, calls: int = 2000) -> float:
@@ -190,7 +198,7 @@ def overhead_record(prep: Prepared, device, graph: bool = False, compile_backend
         if name == "fwdbwd" and prep.no_backward:
             rec["fwdbwd_wall_us"], rec["fwdbwd_wall_us_skip"] = None, prep.no_backward
         else:
-            column(f"{name}_wall_us", lambda call=call: wall_us(call, device))
+            column(f"{name}_wall_us", lambda call=call: wall_us(call, device, windows=EAGER_WINDOWS))
     rec["eager_gc_collections"] = [b - a for a, b in zip(collections, gc_collections())]
     if on_cuda:
         rec["fwd_kernel_us"], rec["fwd_launches"] = profiled_device_us(prep.fn, device, calls=50)

@@ -3,8 +3,8 @@
 `PYTHONPATH=$PWD python tools/host_heap_probe.py [--peers sdpa_flash,varlen,cudnn] [--calls 300] [--backend triton]`
 on a CUDA machine, with FA4 on the path (bench/device_run.sh's /tmp/fa4) for the import phases. One process, the
 bench's overhead case and columns (``bench.timing.eager_calls``: eager fwd, fwd+bwd, no_grad fwd; and fwd+bwd with the
-backward on the calling thread, ``fwdbwd 1 thread``; ``timing.wall_us``, median of 3), per implementation
-(jfa:<backend> and the peers given), in phases:
+backward on the calling thread, ``fwdbwd 1 thread``; ``timing.wall_us``, the bench's median of 3 windows), per
+implementation (jfa:<backend> and the peers given), in phases:
 
 1. ``fresh``: before FA4 is imported; 2. ``fresh again``: the same (the run-to-run spread of one process);
 3. ``imported``: after ``import flash_attn.cute.interface`` (``--imports``; the bench's ``fa4`` peer imports it before
@@ -24,7 +24,6 @@ import argparse
 import gc
 import importlib
 import os
-import statistics
 import sys
 import time
 
@@ -86,8 +85,8 @@ def measure(phase: str, preps: dict, device, calls: int, meter: GcMeter) -> None
             if column not in COLUMNS:
                 continue
             meter.reset()
-            us = statistics.median(timing.wall_us(call, device, calls) for _ in range(3))
-            n = 3 * calls + 30  # wall_us's warm-up calls included
+            us = timing.wall_us(call, device, calls, windows=timing.EAGER_WINDOWS)
+            n = timing.EAGER_WINDOWS * calls + 10  # wall_us's warm-up calls included
             cells.append(f"{column} {us:7.1f} us (gc {[round(c * 1000 / n, 1) for c in meter.counts]}/1000 calls, "
                          f"{meter.seconds / n * 1e6:.1f} us/call)")
         print(f"  {name:11s} " + "; ".join(cells), flush=True)
@@ -114,7 +113,7 @@ def main(argv=None):
         preps[impl.name] = impl.prepare(case, inputs)
     meter = GcMeter()
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {case.name}; wall us per call (bench "
-          f"columns), median of 3 x {args.calls}")
+          f"columns), median of {timing.EAGER_WINDOWS} x {args.calls}")
     measure("fresh", preps, device, args.calls, meter)
     measure("fresh again", preps, device, args.calls, meter)
     t0, modules = time.perf_counter(), len(sys.modules)
