@@ -103,14 +103,6 @@ def run_meta(device: torch.device, args) -> dict:
     }
 
 
-def host_state(device) -> str:
-    """What makes one run's per-call host times differ from another's besides the code: the host's speed
-    (``timing.host_reference_us``), its load, this process's threads and Python heap (objects the GC tracks)."""
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else "?"
-    return (f"reference {timing.host_reference_us(device):.2f} us, load {os.getloadavg()[0]:.1f}, "
-            f"threads {threads}, heap {len(gc.get_objects()) / 1e6:.2f} M objects")
-
-
 def free_memory(device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -289,7 +281,7 @@ def main(argv=None) -> int:
     meta["unavailable"] = {name: reason for name, reason in unavailable.items() if reason}
     live = [p for p in peers if not unavailable[p.name]]
 
-    host_start = host_state(device)
+    host_start = timing.host_state(device)
     start = time.perf_counter()
     records = []
     with progress_bar(total=len(cases) * len(live), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True,
@@ -321,7 +313,7 @@ def main(argv=None) -> int:
             meta["elapsed_s"] = round(time.perf_counter() - start, 1)
             report.write_json(prefix + ".json", meta, records)  # after every case: a cut-short run keeps its data
     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
-    meta["host"] = f"start {host_start}; end {host_state(device)}"
+    meta["host"] = f"start {host_start}; end {timing.host_state(device)}"
     meta["issue11"] = report.sparse_lines(records)  # the sparse rows' speedups and selection share, in the JSON too
     report.write_json(prefix + ".json", meta, records)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import os
 import statistics
 import time
 import types
@@ -132,11 +133,20 @@ def host_reference_us(device, calls: int = 2000) -> float:
     return statistics.median(runs)
 
 
+def host_state(device) -> str:
+    """What makes one run's per-call host times differ from another's besides the code: the host's speed
+    (``host_reference_us``), its load, this process's threads and Python heap (objects the GC tracks, frozen ones
+    included)."""
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else "?"
+    return (f"reference {host_reference_us(device):.2f} us, load {os.getloadavg()[0]:.1f}, threads {threads}, "
+            f"heap {(len(gc.get_objects()) + gc.get_freeze_count()) / 1e6:.2f} M objects")
+
+
 @contextlib.contextmanager
 def frozen_heap():
     """Times taken on a heap whose existing objects are frozen (``gc.collect(); gc.freeze()``; unfrozen after): a
     generation-2 collection then scans only what was made since, so how much else the process imported (FA4's CuTe
-    DSL: tens of thousands of modules' objects) costs no implementation time, and a collection the imports left due
+    DSL, its MLIR bindings, quack) costs no implementation time, and a collection the imports left due
     cannot land in one implementation's columns. The collections of what each call itself makes still run and are
     charged to it (bench/NOTES.md "Host cost vs heap size, stop 25")."""
     gc.collect()

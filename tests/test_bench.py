@@ -585,6 +585,6 @@ def test_host_heap_probe_runs_every_phase(capsys):
     phases = [line for line in out.splitlines() if line.startswith("== ")]
     assert [p.split(":")[0] for p in phases] == ["== fresh", "== fresh again", "== imported",
                                                  "== imported, heap frozen", "== imported, gc off"]
-    assert "frozen 0.00 M" not in phases[3] and "gc off" in phases[4] and "host reference" in phases[0]
+    assert "(frozen 0.00 M)" not in phases[3] and "gc off" in phases[4] and "reference" in phases[0]
     assert out.count("  jfa:reference fwd ") == 5 and out.count("  sdpa_math   fwd ") == 5
     assert gc.isenabled() and gc.get_freeze_count() == 0

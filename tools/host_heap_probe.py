@@ -64,11 +64,10 @@ def one_thread(call):
 
 
 def process_state(device) -> str:
+    """``timing.host_state`` (the bench header's) and what an import could have installed process-wide."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else "?"
-    return (f"host reference {timing.host_reference_us(device):.2f} us, load {os.getloadavg()[0]:.1f}, threads "
-            f"{threads}, tracked objects {len(gc.get_objects()) / 1e6:.2f} M (frozen {gc.get_freeze_count() / 1e6:.2f}"
-            f" M), gc {'on' if gc.isenabled() else 'off'} {gc.get_threshold()}; function modes "
+    return (f"{timing.host_state(device)} (frozen {gc.get_freeze_count() / 1e6:.2f} M), gc "
+            f"{'on' if gc.isenabled() else 'off'} {gc.get_threshold()}; function modes "
             f"{torch._C._len_torch_function_stack()}, dispatch modes {len(_get_current_dispatch_mode_stack())}, "
             f"profile {sys.getprofile()}, trace {sys.gettrace()}, autograd threads "
             f"{torch.autograd.is_multithreading_enabled()}, switch interval {sys.getswitchinterval()}, "
