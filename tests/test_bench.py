@@ -188,15 +188,20 @@ def test_target_lines_pass_and_fail():
     assert "recompiles while timed" in lines[8] and "varlen_attn's —" in lines[9]
 
 
-def test_profile_host_tool_runs(tmp_path):
-    """tools/profile_host.py through its public entry points (CPU: no GPU activities, the structure is checked)."""
+def _load_tool(name):
+    """tools/<name>.py as a module (tools/ is no package)."""
     import importlib.util
-    import json
-    import os
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "profile_host.py")
-    spec = importlib.util.spec_from_file_location("profile_host", path)
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "tools", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_profile_host_tool_runs(tmp_path):
+    """tools/profile_host.py through its public entry points (CPU: no GPU activities, the structure is checked)."""
+    import json
+    tool = _load_tool("profile_host")
     out = tmp_path / "host.json"
     tool.main(["--device", "cpu", "--backend", "reference", "--calls", "1", "--heads", "1", "--head-dim", "16",
                "--only", "fwd_nograd,bwd,compiled", "--compile-backend", "aot_eager", "--json", str(out)])
@@ -506,12 +511,11 @@ def test_fa4_compiles_its_block_sparse_kernels_for_our_tensors(causal):
     """Where flash_attn.cute imports: FA4's public calls, given the adapter's tensors on fake CUDA tensors, compile
     their sm_90a block-sparse kernels (varlen forward; padded forward and backward) without launching: what failed on
     the H200 with "'NoneType' object is not subscriptable" while the full lists were None (tools/fa4_sparse_compile)."""
-    from tools.fa4_sparse_compile import compile_case
-
     try:
         import flash_attn.cute.interface  # noqa: F401
     except Exception as e:  # noqa: BLE001 (no FA4 here: the layout tests above stand in)
         pytest.skip(f"flash_attn.cute not importable ({type(e).__name__})")
+    compile_case = _load_tool("fa4_sparse_compile").compile_case
     lens = (384, 128, 1024, 256, 640)
     case = suites.Case("sparse", "compile check", lens, lens, 4, 2, 128, causal=causal, keep_ratio=0.5, block=128)
     assert [compile_case(case, padded) for padded in (False, True)] == ["", ""]
