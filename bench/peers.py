@@ -255,6 +255,21 @@ def _per_q_head(t: torch.Tensor, num_heads_q: int) -> torch.Tensor:
     return t.repeat_interleave(num_heads_q // t.shape[1], dim=1)
 
 
+FA4_FULL_LIST_FIELDS = ("full_block_cnt", "full_block_idx")
+
+
+def _with_empty_full_lists(**fields) -> dict:
+    """``BlockSparseTensorsTorch`` fields with FA4's "full" (unmasked) block lists present and empty: zero counts,
+    zero ids, the mask lists' shapes (what a FlexAttention BlockMask always carries). FA4 4.0.0b36's sm_90 forward
+    cannot take them as None: the CuTe DSL traces both sides of every runtime ``if``, and with no full list
+    ``produce_block_sparse_loads`` (flash_attn/cute/block_sparse_utils.py:325, "if mask_empty:") traces
+    ``load_block_list(None, Int32(0), ...)``, which subscripts the None list at block_sparse_utils.py:158
+    (``block_indices[sparse_offset]``; the consumer at :510 likewise): "TypeError: 'NoneType' object is not
+    subscriptable" while compiling, on every call. Empty lists cost the kernel one count load per tile."""
+    cnt, idx = fields["mask_block_cnt"], fields["mask_block_idx"]
+    return dict(fields, full_block_cnt=torch.zeros_like(cnt), full_block_idx=torch.zeros_like(idx))
+
+
 def fa4_varlen_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, q_offsets: torch.Tensor,
                             kv_offsets: torch.Tensor, *, num_heads_q: int, block_q: int, block_kv: int) -> dict:
     """The fields of FA4's varlen ``BlockSparseTensorsTorch`` (flash_attn.cute.block_sparsity, 4.0.0b36) for our
@@ -266,7 +281,8 @@ def fa4_varlen_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.
     ``mask_block_idx`` [Hq, sum_b m_b * n_b], sequence b's rows of n_b = ceil(len_k / block_kv) entries from
     ``cu_block_idx_offsets[b]`` (Q block m's list at offset + m * n_b), ascending KV block ids local to the sequence,
     only the first count entries read (the padding is 0 here, never -1). The blocks must be FA4's tiles:
-    ``block_size`` = (block_q, block_kv) = (tile_m, tile_n) (sm90, D128: 128x128)."""
+    ``block_size`` = (block_q, block_kv) = (tile_m, tile_n) (sm90, D128: 128x128). The "full" lists are given
+    empty (``_with_empty_full_lists``)."""
     q_len = q_offsets.long().diff().tolist()  # setup time: host reads are fine here
     kv_len = kv_offsets.long().diff().tolist()
     index = _per_q_head(kv_block_index, num_heads_q).clamp(min=0).int()
@@ -279,10 +295,11 @@ def fa4_varlen_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.
     def cumulative(sizes):
         return torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0).to(torch.int32).to(index.device)
 
-    return dict(mask_block_cnt=torch.cat(counts, 1).contiguous(), mask_block_idx=torch.cat(rows, 1).contiguous(),
-                cu_total_m_blocks=cumulative(m_blocks),
-                cu_block_idx_offsets=cumulative([m * n for m, n in zip(m_blocks, n_blocks)]),
-                block_size=(block_q, block_kv))
+    return _with_empty_full_lists(mask_block_cnt=torch.cat(counts, 1).contiguous(),
+                                  mask_block_idx=torch.cat(rows, 1).contiguous(),
+                                  cu_total_m_blocks=cumulative(m_blocks),
+                                  cu_block_idx_offsets=cumulative([m * n for m, n in zip(m_blocks, n_blocks)]),
+                                  block_size=(block_q, block_kv))
 
 
 def fa4_padded_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, *,
@@ -291,7 +308,7 @@ def fa4_padded_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.
     on [B, max_len, H, D], block b's rows the sequence's own: our blocks already start at each sequence's start).
     Forward: [B, Hq, NQB] counts and [B, Hq, NQB, NKB] ascending KV block ids. Backward (Q-direction, what FA4's
     ``block_sparse_tensors_bwd`` takes): [B, Hq, NKB] counts and [B, Hq, NKB, NQB] ascending Q block ids, the
-    transpose of the same pairs."""
+    transpose of the same pairs. Each with empty "full" lists (``_with_empty_full_lists``)."""
     index = _per_q_head(kv_block_index, num_heads_q).long()
     count = _per_q_head(kv_block_count, num_heads_q)
     batch, heads, nqb, nkb = index.shape
@@ -301,11 +318,11 @@ def fa4_padded_block_sparse(kv_block_index: torch.Tensor, kv_block_count: torch.
     by_kv = pairs[..., :nkb].transpose(2, 3)  # [B, Hq, NKB, NQB]
     q_ids = torch.arange(nqb, device=index.device)
     q_sorted = torch.where(by_kv, q_ids, nqb).sort(dim=-1).values  # selected Q blocks first, ascending
-    fwd = dict(mask_block_cnt=count.int().contiguous(), mask_block_idx=index.clamp(min=0).int().contiguous(),
-               block_size=(block_q, block_kv))
-    bwd = dict(mask_block_cnt=by_kv.sum(-1).int().contiguous(),
-               mask_block_idx=torch.where(q_sorted < nqb, q_sorted, 0).int().contiguous(),
-               block_size=(block_q, block_kv))
+    fwd = _with_empty_full_lists(mask_block_cnt=count.int().contiguous(),
+                                 mask_block_idx=index.clamp(min=0).int().contiguous(), block_size=(block_q, block_kv))
+    bwd = _with_empty_full_lists(mask_block_cnt=by_kv.sum(-1).int().contiguous(),
+                                 mask_block_idx=torch.where(q_sorted < nqb, q_sorted, 0).int().contiguous(),
+                                 block_size=(block_q, block_kv))
     return fwd, bwd
 
 
@@ -366,7 +383,7 @@ class FlashAttention4:
             from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
         except Exception as e:  # noqa: BLE001 (an optional feature: any failure is the reason)
             raise Skip(f"unavailable: no flash_attn.cute.block_sparsity.BlockSparseTensorsTorch ({one_line(e, 100)})")
-        need = ("mask_block_cnt", "mask_block_idx", "block_size") + (() if self.padded else (
+        need = ("mask_block_cnt", "mask_block_idx", *FA4_FULL_LIST_FIELDS, "block_size") + (() if self.padded else (
             "cu_total_m_blocks", "cu_block_idx_offsets"))
         lacking = [f for f in need if f not in getattr(BlockSparseTensorsTorch, "_fields", ())]
         if lacking:

@@ -188,15 +188,20 @@ def test_target_lines_pass_and_fail():
     assert "recompiles while timed" in lines[8] and "varlen_attn's —" in lines[9]
 
 
-def test_profile_host_tool_runs(tmp_path):
-    """tools/profile_host.py through its public entry points (CPU: no GPU activities, the structure is checked)."""
+def _load_tool(name):
+    """tools/<name>.py as a module (tools/ is no package)."""
     import importlib.util
-    import json
-    import os
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "profile_host.py")
-    spec = importlib.util.spec_from_file_location("profile_host", path)
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "tools", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_profile_host_tool_runs(tmp_path):
+    """tools/profile_host.py through its public entry points (CPU: no GPU activities, the structure is checked)."""
+    import json
+    tool = _load_tool("profile_host")
     out = tmp_path / "host.json"
     tool.main(["--device", "cpu", "--backend", "reference", "--calls", "1", "--heads", "1", "--head-dim", "16",
                "--only", "fwd_nograd,bwd,compiled", "--compile-backend", "aot_eager", "--json", str(out)])
@@ -384,6 +389,17 @@ def _decode_fa4_varlen(t, q_lens, kv_lens, block_q, block_kv):
     return pairs
 
 
+def _assert_empty_full_lists(t):
+    """FA4's "full" lists are given, empty and shaped like the mask lists: FA4 4.0.0b36's sm_90 forward subscripts
+    a None full list while tracing (bench.peers._with_empty_full_lists) and its normalization expands both pairs to
+    the same expected shapes."""
+    t = t if isinstance(t, dict) else t._asdict()
+    for full, mask in (("full_block_cnt", "mask_block_cnt"), ("full_block_idx", "mask_block_idx")):
+        assert t[full] is not None and t[full].dtype == torch.int32 and t[full].shape == t[mask].shape
+        assert t[full].device == t[mask].device and t[full].is_contiguous()
+    assert not t["full_block_cnt"].any()
+
+
 def _decode_fa4_lists(cnt, idx, transposed=False):
     """FA4's padded-batch lists [B, H, R] counts and [B, H, R, W] ids (first cnt read, ascending) as (b, h, q block,
     kv block); transposed: the backward's Q-direction lists (rows are kv blocks, ids q blocks)."""
@@ -422,6 +438,50 @@ def test_fa4_block_sparse_tensors_encode_our_selection(causal):
     assert fwd["mask_block_idx"].shape == (len(lens), heads_q, 5, 5) and int(fwd["mask_block_idx"].min()) >= 0
     assert _decode_fa4_lists(fwd["mask_block_cnt"], fwd["mask_block_idx"]) == ours
     assert _decode_fa4_lists(bwd["mask_block_cnt"], bwd["mask_block_idx"], transposed=True) == ours
+    for t in (varlen, fwd, bwd):
+        _assert_empty_full_lists(t)
+
+
+def test_fa4_normalizes_our_block_sparse_tensors():
+    """Where flash_attn.cute imports (the device with the FA4 carry): FA4's own normalization
+    (block_sparsity.normalize_block_sparse_config / _bwd, what interface._flash_attn_fwd / _bwd run before compiling)
+    takes our tensors at the quick sparse case's shapes with sm_90's D128 tiles (forward 128 x 128, q_stage 1;
+    backward 64 x 128, q_subtile_factor 2) and hands the kernel full lists that are not None. Fake CUDA tensors: no
+    GPU needed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from bench.peers import fa4_padded_block_sparse, fa4_varlen_block_sparse
+
+    try:
+        from flash_attn.cute import block_sparsity
+    except Exception as e:  # noqa: BLE001 (no FA4 here: the layout tests above stand in)
+        pytest.skip(f"flash_attn.cute not importable ({type(e).__name__})")
+    case = suites.build_cases(["sparse"], [128], "quick")[2]
+    heads, blk = case.num_heads_q, case.block
+    nqb, nkb = -(-case.max_q // blk), -(-case.max_kv // blk)
+    count = torch.randint(0, nkb + 1, (case.batch, case.num_heads_kv, nqb), dtype=torch.int32,
+                          generator=torch.Generator().manual_seed(0))
+    index = torch.arange(nkb, dtype=torch.int32).expand(*count.shape, nkb).contiguous()
+    offsets = torch.tensor([0, *case.q_lens]).cumsum(0).int()
+    blocks = dict(num_heads_q=heads, block_q=blk, block_kv=blk)
+    varlen = fa4_varlen_block_sparse(index, count, offsets, offsets, **blocks)
+    fwd, bwd = fa4_padded_block_sparse(index, count, **blocks)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        def tensors(fields):
+            return block_sparsity.BlockSparseTensorsTorch(**{
+                k: torch.empty_like(v, device="cuda") if torch.is_tensor(v) else v for k, v in fields.items()})
+
+        shapes = dict(batch_size=case.batch, num_head=heads, block_size=(128, 128), q_stage=1)
+        normalized = [block_sparsity.normalize_block_sparse_config(tensors(varlen), seqlen_q=None,
+                                                                   seqlen_k=case.total_kv, **shapes),
+                      block_sparsity.normalize_block_sparse_config(tensors(fwd), seqlen_q=case.max_q,
+                                                                   seqlen_k=case.max_kv, **shapes)]
+        assert all((n.q_subtile_factor, n.kv_subtile_factor) == (1, 1) for n in normalized)
+        backward, _ = block_sparsity.normalize_block_sparse_config_bwd(
+            tensors(bwd), batch_size=case.batch, num_head=heads, seqlen_q=case.max_q, seqlen_k=case.max_kv,
+            block_size=(64, 128), q_subtile_factor=2)
+        for t in (normalized[0].tensors, normalized[1].tensors, backward):
+            assert t.full_block_cnt is not None and t.full_block_idx is not None
+            assert t.full_block_idx.shape == t.mask_block_idx.shape
 
 
 def test_fa4_sparse_peer_reports_why_it_is_unavailable():
@@ -444,6 +504,21 @@ def test_fa4_sparse_peer_reports_why_it_is_unavailable():
     dense = Case("dense", "B2 S64", (64,) * 2, (64,) * 2, 2, 2, 64, dense=True)
     assert measure_peer(FlashAttention4(padded=True), dense, [], None, ["fwd"], None, None)[0]["skip"] == \
         "the sparse suite only"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_compiles_its_block_sparse_kernels_for_our_tensors(causal):
+    """Where flash_attn.cute imports: FA4's public calls, given the adapter's tensors on fake CUDA tensors, compile
+    their sm_90a block-sparse kernels (varlen forward; padded forward and backward) without launching: what failed on
+    the H200 with "'NoneType' object is not subscriptable" while the full lists were None (tools/fa4_sparse_compile)."""
+    try:
+        import flash_attn.cute.interface  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (no FA4 here: the layout tests above stand in)
+        pytest.skip(f"flash_attn.cute not importable ({type(e).__name__})")
+    compile_case = _load_tool("fa4_sparse_compile").compile_case
+    lens = (384, 128, 1024, 256, 640)
+    case = suites.Case("sparse", "compile check", lens, lens, 4, 2, 128, causal=causal, keep_ratio=0.5, block=128)
+    assert [compile_case(case, padded) for padded in (False, True)] == ["", ""]
 
 
 def _pair_masks(pairs, q_lens, kv_lens, heads, block_q, block_kv):
@@ -473,12 +548,15 @@ class _FakeFa4:
     def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                max_seqlen_k=None, softmax_scale=None, causal=False, block_sparse_tensors=None):
         t = block_sparse_tensors._asdict()
+        _assert_empty_full_lists(t)
         pairs = _decode_fa4_varlen(t, cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist(), *t["block_size"])
         return self._attend(q, k, v, cu_seqlens_q, cu_seqlens_k, pairs, causal, softmax_scale), None
 
     def flash_attn_func(self, q, k, v, softmax_scale=None, causal=False, block_sparse_tensors=None,
                         block_sparse_tensors_bwd=None):
         fwd, bwd = block_sparse_tensors, block_sparse_tensors_bwd
+        _assert_empty_full_lists(fwd)
+        _assert_empty_full_lists(bwd)
         pairs = _decode_fa4_lists(fwd.mask_block_cnt, fwd.mask_block_idx)
         assert _decode_fa4_lists(bwd.mask_block_cnt, bwd.mask_block_idx, transposed=True) == pairs
         (batch, s_q), s_k = q.shape[:2], k.shape[1]
