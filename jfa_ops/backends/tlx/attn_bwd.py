@@ -906,7 +906,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
     (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off): a GQA
     call's q-head groups in ``configs.gqa_split_parts`` parts per kv head (the kernel's GROUP_SPLIT, partial dK/dV
-    added in fp32); dense calls of the v2 consumers with the dQ split, without an item list or head groups."""
+    added in fp32), taken by the snake; dense calls of the v2 consumers with the dQ split, without an item list or
+    head groups."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         alternate = 0
@@ -1010,7 +1011,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                              configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
         else:
             items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
-    snake = item_order or items is not None
+    snake = item_order or items is not None or parts > 1  # GROUP_SPLIT's parts under the snake (its balance)
     kernel_group = 0 if snake else head_group
     if items is not None:
         schedule = {**schedule, "TILE_SEQ": items[0], "TILE_START": items[1]}

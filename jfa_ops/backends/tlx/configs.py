@@ -99,8 +99,9 @@ BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
 # first tile, 8 heads x 128 blocks) about one SM's mean share, and static striding leaves the busiest SM 1.54x the
 # mean (the MHA rows: 1.04-1.08x; tools/gqa_bwd_model.py). With it, each kv head's group is split into
 # ``gqa_split_parts`` parts (items of group / parts q heads), their partial dK/dV fp32-added into zeroed
-# accumulators (the kernel's GROUP_SPLIT) and cast afterwards; dense calls without an item list only. Off until timed
-# on the H200 (tools/tlx_check.py's gqasplit column also turns ITEM_ORDER's snake on: modelled 1.02x the mean).
+# accumulators (the kernel's GROUP_SPLIT) and cast afterwards, the items under ITEM_ORDER's snake (busiest SM modelled
+# 1.02x the mean at 4 parts; 1.12x striding); dense calls without an item list only; calls it does not split (MHA,
+# or items enough) keep the default. Off until timed on the H200 (tools/tlx_check.py's gqasplit column).
 BACKWARD_GQA_SPLIT = int(os.environ.get("JFA_TLX_BWD_GQA_SPLIT", "0"))
 
 
