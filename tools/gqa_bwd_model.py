@@ -11,7 +11,8 @@ striding (program p: p, p + 132, ...) or the snake (ITEM_ORDER). Reported: items
 per SM, the busiest program (the makespan in block units) over the mean, LPT's bound, and a TFLOP/s prediction
 calibrated on the MHA T32768 causal row of the same batch (tlx_check backward-timing, H200: 417.5 TF/s). ``--l2``
 adds ``sparse_bwd_model.l2_model``'s DRAM KiB per block (LRU over 32 KiB Q+dO / fp32 dQ records, 50 MB; ~1-2 min per
-order). ``python tools/gqa_bwd_model.py [--l2]``.
+order). ``python tools/gqa_bwd_model.py [--l2]`` (~2 s; --l2 ~1 min; with TLX on the path, e.g.
+``PYTHONPATH=/work/venv-tlx/lib/python3.11/site-packages:.``, it also prints ``configs.gqa_split_parts``' choice).
 """
 from __future__ import annotations
 
@@ -74,14 +75,20 @@ def schedule(work, snake):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from jfa_ops.backends.tlx.configs import gqa_split_parts
     from jfa_ops.backends.triton.scheduling import capacity_of
+
+    try:  # the rule itself (TLX must import: its package raises without it)
+        import _utlx_autoregister  # noqa: F401
+
+        from jfa_ops.backends.tlx.configs import gqa_split_parts
+    except ImportError:
+        gqa_split_parts = None
 
     rows = {}
     for name, lens, hq, hkv in cases():
         group = hq // hkv
         slots = capacity_of(sum(lens), BLOCK_N, len(lens))
-        rule = gqa_split_parts(group, slots * hkv, SMS, 16)
+        rule = gqa_split_parts(group, slots * hkv, SMS, 16) if gqa_split_parts else "(TLX not importable: ?)"
         print(f"{name}: {len(lens)} sequences, longest {max(lens)}; {slots} key tile slots x {hkv} kv heads "
               f"(group {group}); GQA_SPLIT=16 takes {rule} parts", flush=True)
         for parts in [d for d in range(1, group + 1) if group % d == 0]:
@@ -101,8 +108,10 @@ def main(argv=None) -> int:
     # t_block from the calibration row (the same batch, MHA), FLOPs from bench.flops
     from bench.flops import attention_flops, visible_pairs
 
-    def seconds(name, lens, hq, parts, snake, t_block):
-        extra = 0.0 if parts == 1 else 3 * 2 * sum(lens) * (hq // 8) * HEAD_DIM * 4 / 3.4e12  # ~, small
+    def seconds(name, lens, hkv, parts, snake, t_block):
+        # the split's fp32 dK/dV buffer (2 x T x Hkv x D x 4 B): zeroed, its lines read and written back around the
+        # red adds, read and cast (half) after: ~4.5 x its bytes of DRAM at 3.4 TB/s
+        extra = 0.0 if parts == 1 else 4.5 * 2 * sum(lens) * hkv * HEAD_DIM * 4 / 3.4e12
         return rows[(name, parts, snake)] * t_block + FIXED_S_PER_ROW_D128 * sum(lens) + extra
 
     by_name = {c[0]: c for c in cases()}
@@ -117,7 +126,7 @@ def main(argv=None) -> int:
         preds = []
         for parts in [d for d in range(1, group + 1) if group % d == 0]:
             for snake in (False, True):
-                tf = flops / seconds(name, lens, hq, parts, snake, t_block) / 1e12
+                tf = flops / seconds(name, lens, hkv, parts, snake, t_block) / 1e12
                 preds.append(f"{parts}{'s' if snake else ''} {tf:.0f}")
         print(f"{name}: measured {MEASURED.get(name, float('nan'))}; model TF/s by parts (s: snake): "
               + ", ".join(preds), flush=True)
