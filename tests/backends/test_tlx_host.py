@@ -685,4 +685,5 @@ def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
             assert launched["DV"].data_ptr() - launched["DK"].data_ptr() == k.numel() * 4
             assert not launched["DK"].any() and not launched["DV"].any()  # zeroed (the stubbed kernel adds nothing)
         assert dk.dtype == dv.dtype == k.dtype and dk.shape == dv.shape == k.shape
+        assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()  # the op's outputs never alias
     assert not answers  # the sorted list (24 x parts items > 8 programs): no recipe either way

@@ -1039,8 +1039,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items()))
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
-    if parts > 1:
-        dk, dv = dkv_acc.to(k.dtype).unbind(0)
+    if parts > 1:  # two tensors (views of one would alias the op's outputs)
+        dk, dv = dkv_acc[0].to(k.dtype), dkv_acc[1].to(v.dtype)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)
