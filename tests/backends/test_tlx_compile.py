@@ -398,11 +398,11 @@ def test_delta_early_loads_delta_before_the_s_wait():
 
 def test_gqa_split_kernels_add_partials_from_registers():
     """GROUP_SPLIT (helper gqabwd, ``configs.BACKWARD_GQA_SPLIT``): the D128 causal kernel with the q-head groups in
-    4 parts (with the snake, as the backend launches it; and without) fits the default's shared memory and spills (the partial dK/dV go out as 256 relaxed
-    fp32 ``red`` per consumer pair, 2 x 64 per thread, straight from the accumulators: ``tl.atomic_add`` took 64 KiB
-    of shared memory for a layout change, 278,600 B in all), and keeps the default's block loop (its HGMMA and MUFU;
-    the path within 16 instructions of the default's: +7 / +10 at stop 25). The shipped split kernel is the snake's.
-    ~30 s."""
+    4 parts (with the snake, as the backend launches it; and without) fits the default's shared memory and spills (the partial
+    dK/dV go out as 256 relaxed fp32 ``red`` per consumer pair, 2 x 64 per thread, straight from the accumulators:
+    ``tl.atomic_add`` took 64 KiB of shared memory for a layout change, 278,600 B in all), and keeps the default's
+    block loop (its HGMMA and MUFU; the path within 16 instructions of the default's: +7 / +10 at stop 25). The
+    shipped split kernel is the snake's. ~30 s."""
     code = (
         "import _utlx_autoregister, json, tempfile\n"
         "import triton\n"

@@ -662,10 +662,11 @@ def test_gqa_split_parts_rule():
 @needs_tlx
 @pytest.mark.parametrize("rounds, parts", [(0, 1), (4, 2), (16, 4)])
 def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
-    """``configs.BACKWARD_GQA_SPLIT`` (helper gqabwd): a GQA call (Hq8:Hkv2, 12 key tile slots: 24 items on 8
-    programs) launches GROUP_SPLIT = ``gqa_split_parts``' parts (4 rounds: 2; 16: the whole group of 4) under the
-    snake with DK / DV the two slabs of one zeroed fp32 [2, T, Hkv, D] accumulator, and returns dk / dv in k's dtype;
-    off (0), the default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (no recipe serves a split)."""
+    """``configs.BACKWARD_GQA_SPLIT`` (helper gqabwd): a GQA call (Hq8:Hkv2, 12 key tile slots: 24 items on 8 programs)
+    launches GROUP_SPLIT = ``gqa_split_parts``' parts (4 rounds: 2; 16: the whole group of 4) under the snake with DK
+    / DV the two slabs of one zeroed fp32 [2, T, Hkv, D] accumulator, and returns dk / dv in k's dtype; off (0), the
+    default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (no recipe serves a
+    split)."""
     runs, answers = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 8)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", rounds)
