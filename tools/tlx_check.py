@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly), then ``backward-timing``: TFLOP/s triton /
+all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit), then ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -270,10 +270,13 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
-                "deltaearly": dict(_DEFAULT_BWD, BACKWARD_DELTA_EARLY=True)}
+                "deltaearly": dict(_DEFAULT_BWD, BACKWARD_DELTA_EARLY=True),
+                # helper gqabwd: GQA groups in parts (under the snake) until the items fill 16 rounds of the SMs
+                # (bench/NOTES.md "TLX GQA backward balance"): the sweep's GQA cases take 2-4 parts, MHA none
+                "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY")
+              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT")
 
 
 def _set_backward(variant) -> None:
@@ -460,8 +463,8 @@ def backward_timing() -> int:
     (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length
     batch's list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds
     v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
-    TLX backward trails FA4 most: causalorder's target) and the bench's jagged T16384 causal (short, jagged: where
-    causalorder's per-call list would show its host time)."""
+    TLX backward trails FA4 most: causalorder's target), the bench's jagged T16384 causal (short, jagged: where
+    causalorder's per-call list would show its host time) and the bench's GQA 16:2 causal (gqasplit's target)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -476,6 +479,8 @@ def backward_timing() -> int:
                   for n in (8192, 2048)]
         short = lognormal_lengths(16384, None, seed=JAGGED_SEED)  # a short jagged call: the per-call list's host cost
         cases.append(Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True))
+        # the bench's GQA row (bench.suites.gqa_cases, quick: 4.1 items per SM, gqasplit's target), timed first
+        cases.insert(0, Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True))
     cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]

@@ -394,3 +394,38 @@ def test_delta_early_loads_delta_before_the_s_wait():
             assert all(e - b <= more for b, e in zip(base[key], early[key])), (key, base, early)
         assert (early["spill_stores"] + early["spill_loads"]
                 <= base["spill_stores"] + base["spill_loads"] + 96), (base, early)
+
+
+def test_gqa_split_kernels_add_partials_from_registers():
+    """GROUP_SPLIT (helper gqabwd, ``configs.BACKWARD_GQA_SPLIT``): the D128 causal kernel with the q-head groups in
+    4 parts (with the snake, as the backend launches it; and without) fits the default's shared memory and spills (the partial
+    dK/dV go out as 256 relaxed fp32 ``red`` per consumer pair, 2 x 64 per thread, straight from the accumulators:
+    ``tl.atomic_add`` took 64 KiB of shared memory for a layout change, 278,600 B in all), and keeps the default's
+    block loop (its HGMMA and MUFU; the path within 16 instructions of the default's: +7 / +10 at stop 25). The
+    shipped split kernel is the snake's. ~30 s."""
+    code = (
+        "import _utlx_autoregister, json, tempfile\n"
+        "import triton\n"
+        "from jfa_ops.backends.tlx import specializations as s\n"
+        "triton.knobs.nvidia.dump_ptxas_log = True\n"
+        "print(json.dumps(sorted(sp.name for sp in s.shipped_specializations() if '-split' in sp.name)))\n"
+        "lab = dict(v2=True, dq_shared=True)\n"
+        "for kw in (dict(), dict(group_split=4), dict(group_split=4, item_order=True)):\n"
+        "    with tempfile.TemporaryDirectory() as cache:\n"
+        "        triton.knobs.cache.dir = cache\n"
+        "        sp = s.bwd_specialization(128, 'bf16', True, **lab, **kw)\n"
+        "        print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=_tlx_env("JFA_TLX_BWD_GQA_SPLIT"))
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 4, proc.stderr[-3000:]
+    assert json.loads(lines[0]) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4"]
+    default, *split = [json.loads(line) for line in lines[1:]]
+    assert "red_f32" not in default
+    for r in split:
+        assert r["shared"] == default["shared"] <= SM90_SHARED_MEMORY, r
+        assert r["spill_stores"] + r["spill_loads"] <= default["spill_stores"] + default["spill_loads"] + 16, r
+        assert r["red_f32"] == 256, r
+        for key in ("block_loop_hgmma", "block_loop_mufu"):
+            assert r[key] == default[key], (key, default, r)
+        assert all(p - b <= 16 for b, p in zip(default["block_loop_path"], r["block_loop_path"])), (default, r)

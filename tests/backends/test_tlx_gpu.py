@@ -57,7 +57,9 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # the default: DQ_LAG alone, and together where they combine: DQ_LAG + DQ_DEFER + STATS_AHEAD (every code path they
 # add; bench/NOTES.md "TLX backward v3 knobs"); the consumer turns on DQ_LAG (ALTERNATE, helper tlxalt); the masked
 # dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where the key tile list is sorted, see
-# test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly).
+# test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly);
+# GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
+# so every part count is the whole group; MHA cases keep the default).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
@@ -65,7 +67,8 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-alternate1": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
                 "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
-                "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True)}
+                "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
+                "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -94,7 +97,8 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     from jfa_ops.backends.tlx import configs
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
-                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY"):
+                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
+                 "BACKWARD_GQA_SPLIT"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 

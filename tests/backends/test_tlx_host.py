@@ -632,3 +632,59 @@ def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAG", True)
     with pytest.raises(ValueError, match="ablations"):
         ablate_launched()
+
+
+@needs_tlx
+@pytest.mark.parametrize("group, parts", [(8, 1), (8, 2), (8, 4), (8, 8), (4, 2), (6, 3)])
+def test_group_parts_walk_every_q_head_once(group, parts):
+    """GROUP_SPLIT (helper gqabwd): the kernel's own ``_group_part`` (its Python source on ints) maps the work units
+    of a key tile (kv head x part) to q-head ranges that walk every q head of every group exactly once, each part
+    group / parts heads of its own kv head."""
+    heads_kv, walked = 3, []
+    for unit in range(heads_kv * parts):
+        kv_head, first, end = attn_bwd._group_part.fn(unit, group, parts)
+        assert end - first == group // parts and 0 <= first < end <= group
+        walked += [kv_head * group + g for g in range(first, end)]
+    assert sorted(walked) == list(range(heads_kv * group))
+
+
+@needs_tlx
+def test_gqa_split_parts_rule():
+    """``configs.gqa_split_parts``: 1 when off or when the items already fill the rounds (and for MHA), else the
+    fewest divisor parts of the group that do, the whole group when none does. The bench's Hq16:Hkv2 T32768 row
+    (284 key tile slots x 2 kv heads, 132 SMs): 4 parts at 16 rounds, 2 at 8."""
+    parts = tlx_configs.gqa_split_parts
+    assert parts(8, 568, 132, 0) == 1 and parts(1, 5, 132, 16) == 1 and parts(8, 2112, 132, 16) == 1
+    assert parts(8, 568, 132, 16) == 4 and parts(8, 568, 132, 8) == 2 and parts(8, 10, 132, 16) == 8
+    assert parts(6, 100, 132, 2) == 3  # divisors of 6: 1, 2, 3 (300 >= 264), 6
+
+
+@needs_tlx
+@pytest.mark.parametrize("rounds, parts", [(0, 1), (4, 2), (16, 4)])
+def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
+    """``configs.BACKWARD_GQA_SPLIT`` (helper gqabwd): a GQA call (Hq8:Hkv2, 12 key tile slots: 24 items on 8 programs)
+    launches GROUP_SPLIT = ``gqa_split_parts``' parts (4 rounds: 2; 16: the whole group of 4) under the snake with DK
+    / DV the two slabs of one zeroed fp32 [2, T, Hkv, D] accumulator, and returns dk / dv in k's dtype; off (0), the
+    default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (no recipe serves a
+    split)."""
+    runs, answers = gpu
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 8)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", rounds)
+    lengths = [300, 17, 700, 5]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), h, HEAD_DIM, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    for _ in range(2):
+        runs.clear()
+        _, (dq, dk, dv) = _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
+        (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+        assert launched["GROUP_SPLIT"] == parts and launched["SNAKE"] is (parts > 1)
+        acc = torch.float32 if parts > 1 else torch.bfloat16
+        assert launched["DK"].dtype == launched["DV"].dtype == acc and launched["DK"].shape == k.shape
+        if parts > 1:
+            assert launched["DV"].data_ptr() - launched["DK"].data_ptr() == k.numel() * 4
+            assert not launched["DK"].any() and not launched["DV"].any()  # zeroed (the stubbed kernel adds nothing)
+        assert dk.dtype == dv.dtype == k.dtype and dk.shape == dv.shape == k.shape
+        assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()  # the op's outputs never alias
+    assert not answers  # the sorted list (24 x parts items > 8 programs): no recipe either way

@@ -171,7 +171,8 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
                                       alternate=configs.BACKWARD_ALTERNATE,
                                       causal_order=configs.BACKWARD_CAUSAL_ORDER,
                                       ablate=configs.BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
-                                      delta_early=configs.BACKWARD_DELTA_EARLY)
+                                      delta_early=configs.BACKWARD_DELTA_EARLY,
+                                      gqa_split=configs.BACKWARD_GQA_SPLIT)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

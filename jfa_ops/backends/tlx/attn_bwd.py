@@ -605,6 +605,34 @@ def _store_through_tile(tile, x, Ptr, row0, rows_left, stride, col, CID: tl.cons
     tl.store(Ptr + (row0 + rows)[:, None] * stride + col + d[None, :], y, mask=(rows < rows_left)[:, None])
 
 
+@triton.jit
+def _group_part(unit, group, GROUP_SPLIT: tl.constexpr):
+    """(kv head, first q head, one past the last) of a work item's ``unit``: its kv head, walking the whole group;
+    GROUP_SPLIT > 1: unit = kv head x GROUP_SPLIT + part, walking the part's group / GROUP_SPLIT q heads (heads
+    relative to the kv head's first)."""
+    if GROUP_SPLIT > 1:
+        per_part = group // GROUP_SPLIT
+        first = (unit % GROUP_SPLIT) * per_part
+        return unit // GROUP_SPLIT, first, first + per_part
+    else:
+        return unit, 0, group
+
+
+@triton.jit
+def _add_partial(x, Ptr, row0, rows_left, stride, col, HEAD_DIM: tl.constexpr):
+    """GROUP_SPLIT: rows i < rows_left of x ([keys, HEAD_DIM] fp32, a wgmma accumulator) added to Ptr's rows
+    row0 + i, columns col.. by relaxed fp32 ``red.global.add``, straight from the accumulator's registers: an
+    elementwise op, so the addresses are built in x's layout (``tl.atomic_add`` converted x to a coalesced layout
+    through 64 KiB of shared memory: 278,600 B, over sm_90's 232,448)."""
+    rows = tl.arange(0, x.shape[0])
+    d = tl.arange(0, HEAD_DIM)
+    ptrs = Ptr + (row0.to(tl.int64) + rows)[:, None] * stride + col + d[None, :]
+    ok = (rows < rows_left)[:, None] & (d < HEAD_DIM)[None, :]
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.relaxed.gpu.global.add.f32 [$1], $2; "
+                              "mov.u32 $0, 0; }", "=r,l,f,r", [ptrs.to(tl.int64), x, ok.to(tl.int32)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right", "n_slots",
                                "search_steps", "num_seqs", "rows_s", "rows_o", "n_kv_blocks", "head_group"])
 def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ,
@@ -622,7 +650,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
-                        DELTA_EARLY: tl.constexpr = False):
+                        DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -642,8 +670,14 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     registers (``_selected_rows``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``); ITEM_LIST: the work list is per item
     (TILE_SEQ, TILE_START, TILE_HEAD: ``block_sparse_bwd.item_list``); SNAKE: every other round of items in reverse
     (``common.snake_work``; ``configs.BACKWARD_ITEM_ORDER``). ABLATE (``configs.BACKWARD_ABLATE``): 0, or TIMING ONLY
-    with WRONG RESULTS (``_consume_rows_v2``'s stages removed; "loads": ``_produce_row_block``'s NO_LOADS)."""
+    with WRONG RESULTS (``_consume_rows_v2``'s stages removed; "loads": ``_produce_row_block``'s NO_LOADS).
+
+    GROUP_SPLIT > 1 (``configs.BACKWARD_GQA_SPLIT``): each kv head's q-head group in that many parts, one work item
+    per (key tile, kv head, part) (``_group_part``); DK / DV are then zeroed fp32 accumulators [T_kv, Hkv, D] that
+    each item's partial dK (scaled) / dV is atomically added to (``_add_partial``; the host casts them)."""
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
+    tl.static_assert(GROUP_SPLIT == 1 or (V2 and DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
+                     "GROUP_SPLIT: the dense v2 backward with the dQ split, items mapped arithmetically")
     tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
@@ -655,7 +689,10 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
         n_tiles = n_slots
     else:
         n_tiles = tl.load(TILE_COUNT)
-    n_work = n_tiles * num_heads_kv
+    units = num_heads_kv  # per key tile: kv heads (GROUP_SPLIT: x parts of their group)
+    if GROUP_SPLIT > 1:
+        units = num_heads_kv * GROUP_SPLIT
+    n_work = n_tiles * units
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     my_items = snake_items(n_work, pid, programs, SNAKE)
@@ -683,11 +720,12 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             kv_count = 0
             for i in range(0, my_items):
                 item = _bwd_item(snake_work(pid, i, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
-                                 num_heads_kv, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
+                                 units, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
                                  TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
                                  ITEM_LIST)
-                (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                (real, unit, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                  tail_begin, tail_end, _) = item
+                kv_head, g_begin, g_end = _group_part(unit, group, GROUP_SPLIT)
                 if real:
                     if QDO_FIRST:  # the walk's first blocks (the group's first head) before the wait for K/V
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
@@ -711,7 +749,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
                                                               stride_tib, stride_tih, stride_tin, stride_tcb,
                                                               stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
-                    for g in range(0, group):
+                    for g in range(g_begin, g_end):
                         col = (kv_head * group + g) * HEAD_DIM
                         if QDO_FIRST:
                             done = tl.where(g == 0, n_ahead, 0)  # issued before the K/V loads
@@ -746,11 +784,12 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             d = tl.arange(0, HEAD_DIM)
             for i in range(0, my_items):
                 item = _bwd_item(snake_work(pid, i, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
-                                 num_heads_kv, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
+                                 units, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
                                  TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
                                  ITEM_LIST)
-                (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                (real, unit, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                  tail_begin, tail_end, _) = item
+                kv_head, g_begin, g_end = _group_part(unit, group, GROUP_SPLIT)
                 if real:
                     if SPARSE:  # read before the wait for K/V
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
@@ -772,7 +811,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                     dk = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dq_row0 = _q_rows(out_row0, BROADCAST_Q)
-                    for g in range(0, group):
+                    for g in range(g_begin, g_end):
                         head = kv_head * group + g
                         col = head * HEAD_DIM
                         stat_index = head.to(tl.int64) * total_out + out_row0
@@ -792,7 +831,12 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
                                 tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ,
                                 DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype)
-                    if V2:  # through this consumer's K and V tiles, then free them
+                    if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
+                        _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
+                                     HEAD_DIM)
+                        _add_partial(dv, DV, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM, HEAD_DIM)
+                        tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
+                    elif V2:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
                         _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
@@ -839,7 +883,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
-                       delta_early: bool = False):
+                       delta_early: bool = False, gqa_split: int = 0):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -860,7 +904,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``one_length_causal``). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
     ONLY: the gradients are WRONG (a warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
     ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
-    (``_consume_rows_v2``'s DELTA_EARLY)."""
+    (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off): a GQA
+    call's q-head groups in ``configs.gqa_split_parts`` parts per kv head (the kernel's GROUP_SPLIT, partial dK/dV
+    added in fp32), taken by the snake; dense calls of the v2 consumers with the dQ split, without an item list or
+    head groups."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         alternate = 0
@@ -884,10 +931,16 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                              "(v2 consumers with the dQ split, no DQ_LAG / ALTERNATE)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
+    parts = 1  # GROUP_SPLIT
+    if gqa_split and selection is None and v2 and dq_shared and not causal_order and head_group == 0:
+        slots = capacity_of(k.shape[0], bwd_config_v2(q.shape[2], True).block_n, kv_offsets.numel() - 1)
+        parts = configs.gqa_split_parts(q.shape[1] // k.shape[1], slots * k.shape[1], num_sms(q.device), gqa_split)
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early)
-    key = None if selection is not None else _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant)
+               v2 and delta_early, parts)
+    # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid)
+    key = None if selection is not None or parts > 1 else _recipe_key(grad_out, grad_lse, q, k, v, out, params,
+                                                                        variant)
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
         grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
@@ -901,7 +954,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early) = variant
+     alternate, causal_order, ablate, delta_early, parts) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -919,7 +972,11 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
-    dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
+    if parts > 1:  # GROUP_SPLIT: the parts' dK (scaled) and dV added in fp32, cast after the kernel
+        dkv_acc = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=device)
+        dk, dv = dkv_acc[0], dkv_acc[1]
+    else:
+        dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
 
     # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel)
@@ -939,7 +996,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     programs, schedule = tile_schedule(
         lambda: kv_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_n, window_left, right, has_left, has_right,
                          **list_cost),
-        kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv, "static", 1, device)
+        kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv * parts, "static", 1, device)
     # block-sparse with item_order: the items themselves, sorted by their own blocks (plan_key implies whether), with
     # group_order in head_group's groups; the kernel reads the list (head_group and HEAD_GROUPED: its own mapping)
     items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0)
@@ -954,7 +1011,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                              configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
         else:
             items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
-    snake = item_order or items is not None
+    snake = item_order or items is not None or parts > 1  # GROUP_SPLIT's parts under the snake (its balance)
     kernel_group = 0 if snake else head_group
     if items is not None:
         schedule = {**schedule, "TILE_SEQ": items[0], "TILE_START": items[1]}
@@ -975,13 +1032,15 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-                    ABLATE=ablate, DELTA_EARLY=delta_early,
+                    ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items()))
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
+    if parts > 1:  # two tensors (views of one would alias the op's outputs)
+        dk, dv = dkv_acc[0].to(k.dtype), dkv_acc[1].to(v.dtype)
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)

@@ -93,6 +93,28 @@ BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE"
 # consumers add delta * 0 to lse (exact for finite delta), so ptxas cannot sink one consumer's delta load past P's
 # exp2 to its use after dP's wait (an L2 round trip per block on the chain). Dense only; off until timed on the H200.
 BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
+# GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
+# dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
+# items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's
+# first tile, 8 heads x 128 blocks) about one SM's mean share, and static striding leaves the busiest SM 1.54x the
+# mean (the MHA rows: 1.04-1.08x; tools/gqa_bwd_model.py). With it, each kv head's group is split into
+# ``gqa_split_parts`` parts (items of group / parts q heads), their partial dK/dV fp32-added into zeroed
+# accumulators (the kernel's GROUP_SPLIT) and cast afterwards, the items under ITEM_ORDER's snake (busiest SM modelled
+# 1.02x the mean at 4 parts; 1.12x striding); dense calls without an item list only; calls it does not split (MHA,
+# or items enough) keep the default. Off until timed on the H200 (tools/tlx_check.py's gqasplit column).
+BACKWARD_GQA_SPLIT = int(os.environ.get("JFA_TLX_BWD_GQA_SPLIT", "0"))
+
+
+def gqa_split_parts(group: int, items: int, programs: int, rounds: int = None) -> int:
+    """Parts per kv head's q-head group under GQA_SPLIT (``rounds``: ``BACKWARD_GQA_SPLIT`` when None; 0: off): 1
+    when off or when the ``items`` (key tile slots x kv heads) already fill ``rounds`` rounds of the ``programs``,
+    else the fewest parts (a divisor of ``group``) whose items do, all ``group`` when none does."""
+    rounds = BACKWARD_GQA_SPLIT if rounds is None else rounds
+    if rounds <= 0 or group <= 1:
+        return 1
+    return next((d for d in range(1, group + 1) if group % d == 0 and items * d >= rounds * programs), group)
+
+
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
 # since its GPU check (H200, 2026-12-02: every sweep case run passed; 1.17-1.34x the triton sparse forward, 1.76-3.5x
 # the TLX dense forward at keep 0.5/0.25); env JFA_TLX_SPARSE=0 turns it off. backend="tlx" runs it either way.

@@ -123,7 +123,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
-                       delta_early: bool = False) -> Specialization:
+                       delta_early: bool = False, group_split: int = 1) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -132,7 +132,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
     ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's delta load held
-    before S's wait (``configs.BACKWARD_DELTA_EARLY``)."""
+    before S's wait (``configs.BACKWARD_DELTA_EARLY``); group_split: helper gqabwd's GQA groups in that many parts
+    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -142,7 +143,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>",
              "desc_v": f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>",
              "desc_dq": f"tensordesc<fp32[{cfg.block_m},{head_dim // cfg.dq_split}]>",
-             "Lse": "*fp32", "Delta": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "Q_OFF": "*i32",
+             "Lse": "*fp32", "Delta": "*fp32", "DK": f"*{dtype if group_split == 1 else 'fp32'}",
+             "DV": f"*{dtype if group_split == 1 else 'fp32'}", "Q_OFF": "*i32",
              "KV_OFF": "*i32", "TILE_SEQ": "*i32", "TILE_START": "*i32", "TILE_COUNT": "*i32",
              "WORK_COUNTER": "*i32", "scale": "fp32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
@@ -152,7 +154,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
-                      ABLATE=ablate, DELTA_EARLY=delta_early)
+                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -174,6 +176,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
            f"{'-causalorder' if causal_order else ''}{'-deltaearly' if delta_early else ''}" \
+           f"{f'-split{group_split}' if group_split > 1 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
@@ -305,6 +308,9 @@ def _specializations() -> Iterator[Specialization]:
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], delta_early=True)
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, delta_early=True)
+    # helper gqabwd's GQA groups in parts (configs.BACKWARD_GQA_SPLIT, under the snake): the bench's Hq16:Hkv2 causal
+    # row takes 4 parts
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], item_order=True, group_split=4)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
@@ -373,7 +379,10 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                    if "mxfp8" in spec.name else {}),
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
-                       "-ablate-" in spec.name or "-deltaearly" in spec.name) else {}))
+                       "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name) else {}),
+                # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
+                **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
+                   else {}))
 
 
 def sass_of(cubin: bytes) -> str:
