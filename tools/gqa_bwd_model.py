@@ -220,8 +220,7 @@ def rule_table() -> int:
             cols.append(f"{parts}s {flops / t / 1e12:.0f} ({base / t:.2f}x, {imb:.2f})")
         slots = capacity_of(sum(kl), BLOCK_N, len(kl))
         rows_kv = sum(kl)
-        mq = ql[0] if bq else max(ql)
-        chosen = gs.plan(group, hkv, len(kl), rows_q if bq else sum(ql), rows_kv, mq, max(kl), d, bounds, bq, SMS)
+        chosen = gs.plan(group, hkv, len(kl), rows_q, rows_kv, max(kl), d, bounds, bq, SMS)
         old = old_rule(group, slots * hkv)
         real = base / exact(chosen.parts, chosen.snake)[0]
         print(f"{name} [{default}; items {len(tiles) * hkv} real, {slots * hkv} slots, "

@@ -125,10 +125,10 @@ def busiest(runs, heads_per_item: int, units: int, programs: int, snake: bool, s
 
 
 @functools.lru_cache(maxsize=256)
-def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, max_seqlen_q: int,
-         max_seqlen_kv: int, head_dim: int, bounds: tuple, broadcast_q: bool, programs: int,
-         candidates: tuple = None) -> Plan:
-    """The fastest predicted (parts, snake) of a dense backward call (see the module doc); ``candidates``: the
+def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, max_seqlen_kv: int, head_dim: int,
+         bounds: tuple, broadcast_q: bool, programs: int, candidates: tuple = None) -> Plan:
+    """The fastest predicted (parts, snake) of a dense backward call (see the module doc; each sequence's queries
+    are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
     (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
     snake). The default unless a candidate gains ``MIN_GAIN``."""
     default = Plan(1, False, 1.0)

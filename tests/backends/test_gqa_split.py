@@ -55,22 +55,22 @@ def test_model_lengths_from_the_hints():
 # (name, plan arguments but programs, expected (parts, snake)): the model's choices (tools/gqa_bwd_model.py --rule)
 PLANS = [
     # dense equal lengths, full mask: items of equal cost, balance already good -> the default (old rule: 4 / 2 parts)
-    ("dense B8 S4096 16:2", (8, 2, 8, 32768, 32768, 4096, 4096, 128, FULL, False), (1, False)),
-    ("dense B4 S8192 32:8", (4, 8, 4, 32768, 32768, 8192, 8192, 128, FULL, False), (1, False)),
+    ("dense B8 S4096 16:2", (8, 2, 8, 32768, 32768, 4096, 128, FULL, False), (1, False)),
+    ("dense B4 S8192 32:8", (4, 8, 4, 32768, 32768, 8192, 128, FULL, False), (1, False)),
     # the bench's GQA row (27 lognormal lengths, longest 8192): 4 parts (measured 1.34x with the old rule's 4)
-    ("jagged T32768 16:2 causal", (8, 2, 27, 32768, 32768, 8192, 8192, 128, CAUSAL, False), (4, True)),
-    ("jagged T32768 16:2 D64 causal", (8, 2, 27, 32768, 32768, 8192, 8192, 64, CAUSAL, False), (4, True)),
+    ("jagged T32768 16:2 causal", (8, 2, 27, 32768, 32768, 8192, 128, CAUSAL, False), (4, True)),
+    ("jagged T32768 16:2 D64 causal", (8, 2, 27, 32768, 32768, 8192, 64, CAUSAL, False), (4, True)),
     # GQA 32:4 on that batch: the snake alone (model 1.17x on the real lengths; 2 parts 1.16x)
-    ("jagged T32768 32:4 causal", (8, 4, 27, 32768, 32768, 8192, 8192, 128, CAUSAL, False), (1, True)),
+    ("jagged T32768 32:4 causal", (8, 4, 27, 32768, 32768, 8192, 128, CAUSAL, False), (1, True)),
     # one wave of items (64 on 132 SMs: each SM one item at most): the split fills the SMs (model 3.3x)
-    ("dense B1 S4096 16:2 causal", (8, 2, 1, 4096, 4096, 4096, 4096, 128, CAUSAL, False), (4, True)),
-    ("jagged T4096 16:2 causal", (8, 2, 7, 4096, 4096, 2048, 2048, 128, CAUSAL, False), (8, True)),
+    ("dense B1 S4096 16:2 causal", (8, 2, 1, 4096, 4096, 4096, 128, CAUSAL, False), (4, True)),
+    ("jagged T4096 16:2 causal", (8, 2, 7, 4096, 4096, 2048, 128, CAUSAL, False), (8, True)),
     # a window: the split's costs outweigh its balance; the snake alone gains
-    ("jagged T32768 16:2 window(512,0)", (8, 2, 27, 32768, 32768, 8192, 8192, 128, (True, 512, True, 0), False),
+    ("jagged T32768 16:2 window(512,0)", (8, 2, 27, 32768, 32768, 8192, 128, (True, 512, True, 0), False),
      (1, True)),
     # broadcast Q: 67 items per SM of 2 blocks each: nothing to balance, a split would double the K/V loads
-    ("broadcast-Q Lq128 B512 8:2", (4, 2, 512, 128, 493_000, -1, -1, 128, FULL, True), (1, False)),
-    ("MHA", (1, 16, 27, 32768, 32768, 8192, 8192, 128, CAUSAL, False), (1, False)),
+    ("broadcast-Q Lq128 B512 8:2", (4, 2, 512, 128, 493_000, -1, 128, FULL, True), (1, False)),
+    ("MHA", (1, 16, 27, 32768, 32768, 8192, 128, CAUSAL, False), (1, False)),
 ]
 
 
@@ -92,6 +92,6 @@ def test_plan_gains_or_keeps_the_default():
                                     (32768, 8, 4096), (131072, 16, 8192), (262144, 300, 16384)):
             for bounds in (CAUSAL, FULL):
                 for hint in (longest, -1):
-                    chosen = gs.plan(group, 2, seqs, rows, rows, hint, hint, 128, bounds, False, SMS)
+                    chosen = gs.plan(group, 2, seqs, rows, rows, hint, 128, bounds, False, SMS)
                     assert group % chosen.parts == 0
                     assert chosen == (1, False, 1.0) or chosen.gain >= gs.MIN_GAIN

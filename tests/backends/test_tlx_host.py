@@ -704,7 +704,7 @@ def test_gqa_split_auto_launches_the_plan(gpu, monkeypatch, sms, hint, parts, sn
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", sms)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", tlx_configs.GQA_SPLIT_AUTO)
     lengths = [300, 17, 700, 5]
-    chosen = gqa_split.plan(4, 2, 4, sum(lengths), sum(lengths), hint, hint, HEAD_DIM, (False, 0, True, 0), False, sms)
+    chosen = gqa_split.plan(4, 2, 4, sum(lengths), sum(lengths), hint, HEAD_DIM, (False, 0, True, 0), False, sms)
     assert (chosen.parts, chosen.snake) == (parts, snake)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), h, HEAD_DIM, generator=g).to(torch.bfloat16) for h in (8, 2, 2))

@@ -882,8 +882,7 @@ def _gqa_split(q, k, kv_offsets, params, causal_order: bool, gqa_split: int):
     group, programs = q.shape[1] // heads_kv, num_sms(q.device)
     if gqa_split != configs.GQA_SPLIT_AUTO:
         return configs.gqa_split_parts(group, slots * heads_kv, programs, gqa_split), False
-    chosen = gqa_split_plan(group, heads_kv, num_seqs, q.shape[0], k.shape[0], params.max_seqlen_q,
-                            params.max_seqlen_kv, q.shape[2],
+    chosen = gqa_split_plan(group, heads_kv, num_seqs, q.shape[0], k.shape[0], params.max_seqlen_kv, q.shape[2],
                             window_bounds(params.causal, params.window_left, params.window_right),
                             params.broadcast_q, programs)
     return chosen.parts, chosen.snake and chosen.parts == 1
