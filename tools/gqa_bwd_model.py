@@ -13,6 +13,12 @@ calibrated on the MHA T32768 causal row of the same batch (tlx_check backward-ti
 adds ``sparse_bwd_model.l2_model``'s DRAM KiB per block (LRU over 32 KiB Q+dO / fp32 dQ records, 50 MB; ~1-2 min per
 order). ``python tools/gqa_bwd_model.py [--l2]`` (~2 s; --l2 ~1 min; with TLX on the path, e.g.
 ``PYTHONPATH=/work/venv-tlx/lib/python3.11/site-packages:.``, it also prints ``configs.gqa_split_parts``' choice).
+
+``--rule`` (helper gqarule, bench/NOTES.md "GQA split rule"): for a spread of GQA shapes the tlx backend takes
+(dense and jagged, causal and not, D64, a 4096-row call, broadcast Q, a window), every program's load simulated on
+the real lengths (``jfa_ops.backends.gqa_split``'s cost model: full, causal and window visibility, the split's
+costs: fp32 dK/dV buffer bytes, the longer path, three launches) for the default (striding), the snake alone and
+each part count, beside what ``gqa_split.plan`` (shapes only) and the old rule (``JFA_TLX_BWD_GQA_SPLIT=16``) take.
 """
 from __future__ import annotations
 
@@ -133,5 +139,97 @@ def main(argv=None) -> int:
     return 0
 
 
+def rule_cases():
+    """(name, q lens, kv lens, Hq, Hkv, D, causal, window, broadcast_q, what the default backward runs): the shapes
+    to decide JFA_TLX_BWD_GQA_SPLIT=auto on. ``default``: "tile" (the dense tile list, where the split applies) or
+    "causal order" (a one-length causal batch at D >= 128 takes CAUSAL_ORDER's list: no split, the row a control)."""
+    from bench.suites import JAGGED_SEED, lognormal_lengths
+
+    jag = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    small = lognormal_lengths(4096, None, seed=JAGGED_SEED, max_len=2048)  # 4096 rows: the tlx backend's least
+    bq_kv = lognormal_lengths(None, 512, seed=512)
+    return [("dense B8 S4096 16:2", (4096,) * 8, (4096,) * 8, 16, 2, 128, False, None, False),
+            ("dense B8 S4096 16:2 causal", (4096,) * 8, (4096,) * 8, 16, 2, 128, True, None, False),
+            ("dense B4 S8192 32:8", (8192,) * 4, (8192,) * 4, 32, 8, 128, False, None, False),
+            ("jagged T32768 16:2", jag, jag, 16, 2, 128, False, None, False),
+            ("jagged T32768 16:2 causal", jag, jag, 16, 2, 128, True, None, False),
+            ("jagged T32768 32:4", jag, jag, 32, 4, 128, False, None, False),
+            ("jagged T32768 32:4 causal", jag, jag, 32, 4, 128, True, None, False),
+            ("jagged T32768 16:2 D64 causal", jag, jag, 16, 2, 64, True, None, False),
+            ("dense B8 S4096 16:2 D64 causal", (4096,) * 8, (4096,) * 8, 16, 2, 64, True, None, False),
+            ("jagged T4096 16:2 causal", small, small, 16, 2, 128, True, None, False),
+            ("dense B1 S4096 16:2 causal", (4096,), (4096,), 16, 2, 128, True, None, False),
+            ("broadcast-Q Lq128 B512 8:2", (128,) * 512, bq_kv, 8, 2, 128, False, None, True),
+            ("jagged T32768 16:2 window(512,0)", jag, jag, 16, 2, 128, True, (512, 0), False)]
+
+
+def rule_table() -> int:
+    """Predicted TFLOP/s of each plan on the real lengths, and the plans the rules pick (see the module doc)."""
+    from bench.flops import attention_flops, visible_pairs
+    from jfa_ops.backends import gqa_split as gs
+    from jfa_ops.backends.triton.common import window_bounds
+    from jfa_ops.backends.triton.scheduling import capacity_of
+
+    def old_rule(group, items, rounds=16):  # configs.gqa_split_parts (needs no TLX here)
+        if group <= 1:
+            return 1
+        return next((d for d in range(1, group + 1) if group % d == 0 and items * d >= rounds * SMS), group)
+
+    print("GQA split: predicted TFLOP/s on the real lengths (s: the snake; every program simulated), the plan "
+          "gqa_split.plan takes from shapes (its own predicted gain on its stand-in batch), the old rule's parts")
+    for name, ql, kl, hq, hkv, d, causal, window, bq in rule_cases():
+        group = hq // hkv
+        wl, wr = window if window else (-1, -1)
+        bounds = window_bounds(causal, wl, wr)
+        one_length = len(set(kl)) == 1 and (bq or len(set(ql)) == 1)
+        if causal and not bq and window is None and one_length and d >= 128:
+            default = "causal order (no split)"
+        else:
+            default = "tile list"
+        if bq:
+            runs = [gs.tile_runs([(n, 1)], bounds, broadcast_rows=ql[0]) for n in kl]
+            rows_q = ql[0]
+        else:
+            runs = [gs.tile_runs([(n, 1)], bounds, q_per_kv=a / max(n, 1)) for a, n in zip(ql, kl)]
+            rows_q = sum(ql)
+        merged = {}
+        for r in runs:
+            for b, m, c in r:
+                merged[(b, m)] = merged.get((b, m), 0) + c
+        tiles = sorted(((b, m) for (b, m), c in merged.items() for _ in range(c)),
+                       key=lambda t: -(t[0] + (gs.MASKED - 1) * t[1]))
+        t_block = gs.BLOCK_S.get(d)
+        fixed = gs.FIXED_S_PER_ROW * rows_q * d / 128
+        buf = 2 * sum(kl) * hkv * d * 4
+        flops = attention_flops(visible_pairs(ql, kl, causal, window or (-1, -1)), hq, d, "bwd")
+
+        def exact(parts, snake):
+            per = group // parts
+            work = [per * (b + (gs.MASKED - 1) * m) + gs.PER_ITEM + (gs.PER_PART if parts > 1 else 0)
+                    for b, m in tiles for _ in range(hkv * parts)]
+            load = [sum(w[4] for w in mine) for mine in per_program([(0, 0, 0, 0, c) for c in work], snake)]
+            t = max(load) * t_block + fixed
+            if parts > 1:
+                t += (gs.SPLIT_PATH - 1) * (t - fixed) + gs.SPLIT_DRAM * buf / gs.HBM + gs.SPLIT_LAUNCHES_S
+            return t, max(load) / float(np.mean(load))
+
+        base, imb = exact(1, False)
+        cols = [f"default {flops / base / 1e12:.0f} ({imb:.2f})"]
+        for parts in gs.divisors(group):
+            t, imb = exact(parts, True)
+            cols.append(f"{parts}s {flops / t / 1e12:.0f} ({base / t:.2f}x, {imb:.2f})")
+        slots = capacity_of(sum(kl), BLOCK_N, len(kl))
+        rows_kv = sum(kl)
+        chosen = gs.plan(group, hkv, len(kl), rows_q, rows_kv, max(kl), d, bounds, bq, SMS)
+        old = old_rule(group, slots * hkv)
+        real = base / exact(chosen.parts, chosen.snake)[0]
+        print(f"{name} [{default}; items {len(tiles) * hkv} real, {slots * hkv} slots, "
+              f"{len(tiles) * hkv / SMS:.1f}/SM]:\n    " + ", ".join(cols)
+              + f"\n    auto: parts {chosen.parts}{' snake' if chosen.snake else ''} (its model {chosen.gain:.2f}x, "
+              f"real lengths {real:.2f}x); old rule (16 rounds): parts {old} ({base / exact(old, old > 1)[0]:.2f}x)",
+              flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(rule_table() if "--rule" in sys.argv else main())

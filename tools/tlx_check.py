@@ -49,6 +49,7 @@ time a subset (a run's stages joined by "+").
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -251,6 +252,9 @@ def backward_cases():
         # one length with the max_seqlen hints (160 items > 132): CAUSAL_ORDER's list made once per shape
         ("bwd dense B5 S1000 H8:4 causal, the kept list", c((1000,) * 5, (1000,) * 5, heads_q=8, heads_kv=4,
                                                              causal=True, pass_max_seqlen=True)),
+        # one length, one wave (40 items): CAUSAL_ORDER builds no list, so a GQA split may run (gqaauto: 4 parts)
+        ("bwd dense B1 S2048 H8:2 causal, one wave", c((2048,), (2048,), heads_q=8, heads_kv=2, causal=True,
+                                                        pass_max_seqlen=True)),
     ]
 
 
@@ -273,20 +277,28 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "deltaearly": dict(_DEFAULT_BWD, BACKWARD_DELTA_EARLY=True),
                 # helper gqabwd: GQA groups in parts (under the snake) until the items fill 16 rounds of the SMs
                 # (bench/NOTES.md "TLX GQA backward balance"): the sweep's GQA cases take 2-4 parts, MHA none
-                "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16)}
+                "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16),
+                # helper gqarule: the parts (or the snake alone) gqa_split.plan's model picks from shapes
+                # (JFA_TLX_BWD_GQA_SPLIT=auto; bench/NOTES.md "GQA split rule")
+                "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1)}  # configs.GQA_SPLIT_AUTO
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT")
 
 
+_BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)
+
+
 def _set_backward(variant) -> None:
     """Every backward flag of ``configs`` as the variant says (None: all off, i.e. the triton backward); STATS_AHEAD
-    unset stays None (its per-head-dim default: on at D64), so the "default" column is the shipped default."""
+    and CAUSAL_ORDER unset stay None (their rules: STATS_AHEAD on at D64, CAUSAL_ORDER's list for one-length causal
+    batches), so the "default" column is the shipped default. (Before helper gqarule CAUSAL_ORDER was forced off in
+    every column but causalorder: "default" then timed the tile-major order on one-length causal rows.)"""
     from jfa_ops.backends.tlx import configs
 
     flags = BWD_VARIANTS.get(variant, {})
     for name in _BWD_FLAGS:
-        unset = None if name == "BACKWARD_STATS_AHEAD" and variant in BWD_VARIANTS else False
+        unset = None if name in _BWD_SHIPPED_NONE and variant in BWD_VARIANTS else False
         setattr(configs, name, flags.get(name, unset))
 
 
@@ -454,34 +466,69 @@ def order_timing() -> int:
 PER_CALL = "-percall"  # backward-timing's column suffix: the variant without the max_seqlen hints
 
 
+def gqa_timing_cases(lens):
+    """``TLX_BWD_TIMING_GQA=1``'s rows (helper gqarule, bench/NOTES.md "GQA split rule"): GQA shapes the tlx backend
+    takes, those where JFA_TLX_BWD_GQA_SPLIT=auto changes the launch first (its plan in brackets:
+    ``tools/gqa_bwd_model.py --rule``), then the rows where it keeps the default (the old rule splits some), then two
+    MHA controls (never split: a noise gauge)."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths
+
+    small = lognormal_lengths(4096, None, seed=JAGGED_SEED, max_len=2048)  # 7 sequences, 4096 rows
+    bq_kv = lognormal_lengths(None, 512, seed=512)
+    c = lambda label, q, kv, hq, hkv, d=128, **kw: Case("gqa", label, q, kv, hq, hkv, d, **kw)  # noqa: E731
+    return [c("bwd jagged GQA 16:2 T32768 causal [4p]", lens, lens, 16, 2, causal=True),
+            c("bwd jagged GQA 32:4 T32768 causal [snake]", lens, lens, 32, 4, causal=True),
+            c("bwd jagged GQA 16:2 window(512,0) [snake]", lens, lens, 16, 2, causal=True, window=(512, 0)),
+            c("bwd jagged GQA 16:2 D64 causal [4p]", lens, lens, 16, 2, 64, causal=True),
+            c("bwd B8 S4096 GQA 16:2 D64 causal [snake]", (4096,) * 8, (4096,) * 8, 16, 2, 64, causal=True),
+            c("bwd B1 S4096 GQA 16:2 causal [4p]", (4096,), (4096,), 16, 2, causal=True),
+            c("bwd jagged T4096 GQA 16:2 causal [8p]", small, small, 16, 2, causal=True),
+            Case("dense", "bwd B8 H16 S2048 D128 causal (MHA)", (2048,) * 8, (2048,) * 8, 16, 16, 128, causal=True),
+            c("bwd B8 S4096 GQA 16:2 [def]", (4096,) * 8, (4096,) * 8, 16, 2),
+            c("bwd B4 S8192 GQA 32:8 [def]", (8192,) * 4, (8192,) * 4, 32, 8),
+            c("bwd jagged GQA 16:2 T32768 [def]", lens, lens, 16, 2),
+            c("bwd B8 S4096 GQA 16:2 causal [list]", (4096,) * 8, (4096,) * 8, 16, 2, causal=True),
+            c("bwd broadcast-Q Lq128 B512 8:2 [def]", (128,) * 512, bq_kv, 8, 2, broadcast_q=True),
+            Case("jagged", "bwd jagged T32768 H16 causal (MHA)", lens, lens, 16, 16, 128, causal=True)]
+
+
 def backward_timing() -> int:
-    """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (v2
-    with dQ split, "default") and the experiments on it (BWD_VARIANTS dqdefer / statsahead / dqlag / alternate1 /
-    alternate3; dqdefer is the default's kernel at D128; the alternates also over dqlag, the kernel they add turns
-    to). Each value is printed as it is measured (a hung kernel ends the run there:
-    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
-    (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length
-    batch's list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds
-    v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
-    TLX backward trails FA4 most: causalorder's target), the bench's jagged T16384 causal (short, jagged: where
-    causalorder's per-call list would show its host time) and the bench's GQA 16:2 causal (gqasplit's target)."""
+    """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (the
+    shipped configs: v2 with dQ split, CAUSAL_ORDER's rule, "default") and the experiments on it (BWD_VARIANTS
+    dqdefer / statsahead / dqlag / alternate1 / alternate3; dqdefer is the default's kernel at D128; the alternates
+    also over dqlag, the kernel they add turns to). One forward per row; the columns are timed in
+    ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
+    a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
+    row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other). Each row
+    is printed when measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the
+    experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those (BWD_VARIANTS keys; a key + ``-percall``: without the
+    max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's list per call as before helper causalorder2: the
+    host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense
+    causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
+    bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
+    bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
+    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    gqa = os.environ.get("TLX_BWD_TIMING_GQA", "0") == "1"
     cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
-    if os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
+    if gqa:
+        cases = gqa_timing_cases(lens)
+    elif os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
         short = lognormal_lengths(16384, None, seed=JAGGED_SEED)  # a short jagged call: the per-call list's host cost
         cases.append(Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True))
         # the bench's GQA row (bench.suites.gqa_cases, quick: 4.1 items per SM, gqasplit's target), timed first
         cases.insert(0, Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True))
-    cols = [("triton", None), ("default", "v2-dqshared")]  # (column, BWD_VARIANTS key; None: the triton backward)
+    # (column, BWD_VARIANTS key; None: the triton backward)
+    cols = ([] if gqa else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
     new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
@@ -491,35 +538,50 @@ def backward_timing() -> int:
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL)  # noqa: E731
                        else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
-    ratios = [("def/triton", "default", "triton")] + [(f"{short(n)}/def", n, "default") for n in new]
+    ratios = ([] if gqa else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
     ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
-    print(f"{'backward, bf16, TFLOP/s (median)':40s} " + " ".join(f"{c:>10s}" for c, _ in cols)
-          + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
+    rounds = int(os.environ.get("TLX_BWD_TIMING_ROUNDS", "3"))
+    print(f"{'backward, bf16, TFLOP/s (median of ' + str(rounds) + ' rounds)':44s} "
+          + " ".join(f"{c:>10s}" for c, _ in cols) + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        row = {}
-        print(f"{case.label:40s}", end="", flush=True)
-        for label, variant in cols:
-            _set_backward(variant)
-            faulthandler.dump_traceback_later(HANG_S, exit=True)
-            try:
-                hints = {} if label.endswith(PER_CALL) else dict(max_seqlen_q=max(case.q_lens),
-                                                                 max_seqlen_kv=max(case.kv_lens))
-                out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, backend="tlx",
-                                               **hints)
+        print(f"{case.label:44s}", end="", flush=True)
+        faulthandler.dump_traceback_later(HANG_S, exit=True)  # re-armed per timing: compiles ride on each column's first
+        outs = {}  # with the max_seqlen hints or without (-percall): one forward each
+        try:
+            for per_call in {label.endswith(PER_CALL) for label, _ in cols}:
+                hints = {} if per_call else dict(max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens))
+                outs[per_call] = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
+                                                          window=case.window, broadcast_q=case.broadcast_q,
+                                                          backend="tlx", **hints)
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            print(f"\n  {case.label} forward: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        times = {label: [] for label, _ in cols}
+        for _ in range(rounds):  # interleaved: a drift over the row hits every column alike
+            for label, variant in cols:
+                if label not in times:
+                    continue
+                _set_backward(variant)
+                faulthandler.dump_traceback_later(HANG_S, exit=True)
+                out = outs[label.endswith(PER_CALL)]
                 fn = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
-                ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
-                row[label] = case.flops("bwd") / ms / 1e9
-            except Exception as e:  # noqa: BLE001
-                failures += 1
-                print(f"\n  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            print(f" {row.get(label, float('nan')):10.1f}", end="", flush=True)
+                try:
+                    times[label].append(triton.testing.do_bench(fn, warmup=5, rep=max(10, 50 // rounds),
+                                                                return_mode="median"))
+                except Exception as e:  # noqa: BLE001
+                    failures += 1
+                    print(f"\n  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    del times[label]
         faulthandler.cancel_dump_traceback_later()
         _set_backward(None)
+        row = {label: case.flops("bwd") / statistics.median(ms) / 1e9 for label, ms in times.items()}
         nan = float("nan")
-        print("".join(f" {row.get(a, nan) / row.get(b, nan):10.2f}" for _, a, b in ratios), flush=True)
+        print("".join(f" {row.get(label, nan):10.1f}" for label, _ in cols)
+              + "".join(f" {row.get(a, nan) / row.get(b, nan):10.2f}" for _, a, b in ratios), flush=True)
     return failures
 
 

@@ -402,7 +402,7 @@ def test_gqa_split_kernels_add_partials_from_registers():
     dK/dV go out as 256 relaxed fp32 ``red`` per consumer pair, 2 x 64 per thread, straight from the accumulators:
     ``tl.atomic_add`` took 64 KiB of shared memory for a layout change, 278,600 B in all), and keeps the default's
     block loop (its HGMMA and MUFU; the path within 16 instructions of the default's: +7 / +10 at stop 25). The
-    shipped split kernel is the snake's. ~30 s."""
+    shipped split kernels are the snake's (D128, and D64 since helper gqarule's rule splits D64 calls). ~30 s."""
     code = (
         "import _utlx_autoregister, json, tempfile\n"
         "import triton\n"
@@ -419,7 +419,8 @@ def test_gqa_split_kernels_add_partials_from_registers():
                           env=_tlx_env("JFA_TLX_BWD_GQA_SPLIT"))
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and len(lines) == 4, proc.stderr[-3000:]
-    assert json.loads(lines[0]) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4"]
+    assert json.loads(lines[0]) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4",
+                                    "bwd-d64-bf16-causal-v2-dqshared-statsahead-itemorder-split4"]  # gqarule's D64
     default, *split = [json.loads(line) for line in lines[1:]]
     assert "red_f32" not in default
     for r in split:

@@ -59,7 +59,8 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where the key tile list is sorted, see
 # test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly);
 # GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
-# so every part count is the whole group; MHA cases keep the default).
+# so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
+# (JFA_TLX_BWD_GQA_SPLIT=auto: gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
@@ -68,7 +69,8 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
-                "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16)}
+                "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
+                "bwd-gqaauto": dict(_BWD, BACKWARD_GQA_SPLIT=-1)}  # configs.GQA_SPLIT_AUTO
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):

@@ -688,3 +688,31 @@ def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
         assert dk.dtype == dv.dtype == k.dtype and dk.shape == dv.shape == k.shape
         assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()  # the op's outputs never alias
     assert not answers  # the sorted list (24 x parts items > 8 programs): no recipe either way
+
+
+@needs_tlx
+@pytest.mark.parametrize("sms, hint, parts, snake", [(8, -1, 1, False), (8, 700, 1, True), (64, -1, 4, True),
+                                                     (64, 700, 4, True)])
+def test_gqa_split_auto_launches_the_plan(gpu, monkeypatch, sms, hint, parts, snake):
+    """``JFA_TLX_BWD_GQA_SPLIT=auto`` (``configs.GQA_SPLIT_AUTO``, helper gqarule): the launch follows
+    ``gqa_split.plan`` for the call's shapes (Hq8:Hkv2 causal, 1022 rows in 4 sequences; the max_seqlen hint or none):
+    on 8 programs the default, or with the hint the snake alone (SNAKE, GROUP_SPLIT 1, dK/dV in k's dtype); on 64
+    the group in 4 parts (fp32 dK/dV). The plan is read from shapes only (the same for any lengths of those sizes)."""
+    from jfa_ops.backends import gqa_split
+
+    runs, _ = gpu
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", sms)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", tlx_configs.GQA_SPLIT_AUTO)
+    lengths = [300, 17, 700, 5]
+    chosen = gqa_split.plan(4, 2, 4, sum(lengths), sum(lengths), hint, HEAD_DIM, (False, 0, True, 0), False, sms)
+    assert (chosen.parts, chosen.snake) == (parts, snake)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), h, HEAD_DIM, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    _, (dq, dk, dv) = _backward(q, k, v, offsets, _params(causal=True, max_seqlen_q=hint, max_seqlen_kv=hint),
+                                torch.randn_like(q))
+    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    assert launched["GROUP_SPLIT"] == parts and launched["SNAKE"] is snake
+    assert launched["DK"].dtype == (torch.float32 if parts > 1 else torch.bfloat16)
+    assert dk.dtype == dv.dtype == k.dtype

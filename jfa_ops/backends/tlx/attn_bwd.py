@@ -44,8 +44,9 @@ from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, 
                              stage_block_start, stage_bounds, visible, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
+from ..gqa_split import plan as gqa_split_plan
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
-                                 slot_tile, tile_schedule)
+                                 slot_tile, tile_schedule, tiles_from_offsets)
 from . import configs
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tma_ready,
                        _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
@@ -869,6 +870,24 @@ NO_SELECTION = dict(Q_BLOCK_INDEX=None, Q_BLOCK_COUNT=None, n_kv_blocks=0, strid
                     stride_tcb=0, stride_tch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0)
 
 
+def _gqa_split(q, k, kv_offsets, params, causal_order: bool, gqa_split: int):
+    """(parts, the snake alone) of a GQA call under ``configs.BACKWARD_GQA_SPLIT`` (``gqa_split``: rounds R, the old
+    rule ``configs.gqa_split_parts``; ``configs.GQA_SPLIT_AUTO``: ``gqa_split.plan``'s model, from shapes only; a
+    split always runs under the snake); (1, False) where CAUSAL_ORDER's list runs (GROUP_SPLIT does not ride on an
+    item list; a one-wave call builds none)."""
+    num_seqs, heads_kv, block_n = kv_offsets.numel() - 1, k.shape[1], bwd_config_v2(q.shape[2], True).block_n
+    slots = capacity_of(k.shape[0], block_n, num_seqs)
+    if causal_order and not tiles_from_offsets(slots * heads_kv, num_seqs, 1, q.device):
+        return 1, False
+    group, programs = q.shape[1] // heads_kv, num_sms(q.device)
+    if gqa_split != configs.GQA_SPLIT_AUTO:
+        return configs.gqa_split_parts(group, slots * heads_kv, programs, gqa_split), False
+    chosen = gqa_split_plan(group, heads_kv, num_seqs, q.shape[0], k.shape[0], params.max_seqlen_kv, q.shape[2],
+                            window_bounds(params.causal, params.window_left, params.window_right),
+                            params.broadcast_q, programs)
+    return chosen.parts, chosen.snake and chosen.parts == 1
+
+
 def one_length_causal(q, k, kv_offsets, params) -> bool:
     """A causal batch (no window, no broadcast Q) whose sequences all have one length, known from the max_seqlen
     hints without reading the offsets (``attn_fwd.uniform_lengths``): the causal order's list is then made once per
@@ -904,10 +923,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``one_length_causal``). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
     ONLY: the gradients are WRONG (a warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
     ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
-    (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off): a GQA
-    call's q-head groups in ``configs.gqa_split_parts`` parts per kv head (the kernel's GROUP_SPLIT, partial dK/dV
-    added in fp32), taken by the snake; dense calls of the v2 consumers with the dQ split, without an item list or
-    head groups."""
+    (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
+    ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
+    the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
+    calls of the v2 consumers with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
+    none is built in one wave) or head groups."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         alternate = 0
@@ -920,6 +940,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         causal_order = one_length_causal(q, k, kv_offsets, params)  # block-sparse: False above
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
+    parts = 1  # GROUP_SPLIT
+    if gqa_split and selection is None and v2 and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
+        parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order, gqa_split)
+        item_order = item_order or snake_alone
+        causal_order = causal_order and parts == 1  # moot where a split runs (no list was to be built)
     group_order = group_order and head_group > 0
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
@@ -931,10 +956,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                              "(v2 consumers with the dQ split, no DQ_LAG / ALTERNATE)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    parts = 1  # GROUP_SPLIT
-    if gqa_split and selection is None and v2 and dq_shared and not causal_order and head_group == 0:
-        slots = capacity_of(k.shape[0], bwd_config_v2(q.shape[2], True).block_n, kv_offsets.numel() - 1)
-        parts = configs.gqa_split_parts(q.shape[1] // k.shape[1], slots * k.shape[1], num_sms(q.device), gqa_split)
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
                v2 and delta_early, parts)

@@ -101,8 +101,17 @@ BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
 # ``gqa_split_parts`` parts (items of group / parts q heads), their partial dK/dV fp32-added into zeroed
 # accumulators (the kernel's GROUP_SPLIT) and cast afterwards, the items under ITEM_ORDER's snake (busiest SM modelled
 # 1.02x the mean at 4 parts; 1.12x striding); dense calls without an item list only; calls it does not split (MHA,
-# or items enough) keep the default. Off until timed on the H200 (tools/tlx_check.py's gqasplit column).
-BACKWARD_GQA_SPLIT = int(os.environ.get("JFA_TLX_BWD_GQA_SPLIT", "0"))
+# or items enough) keep the default. Measured on the H200 (stop 25, bench/NOTES.md v17 (cont.)): the bench's GQA
+# 16:2 jagged causal row 1.34x; but R = 16 splits nearly every GQA call the tlx backend takes, dense equal lengths
+# too, where balance is already good and the split only costs (modelled 0.94-0.97x). JFA_TLX_BWD_GQA_SPLIT=auto
+# (GQA_SPLIT_AUTO; helper gqarule, bench/NOTES.md "GQA split rule"): ``jfa_ops.backends.gqa_split.plan`` predicts
+# from shapes the busiest SM of the default, the snake alone and each part count, with the split's costs, and takes
+# the fastest where it gains >= 5% (else the default). Either applies where CAUSAL_ORDER's list does not (its list
+# and GROUP_SPLIT do not combine; a one-wave call builds no list). Off (0) until timed on the H200
+# (tools/tlx_check.py's gqaauto column, TLX_BWD_TIMING_GQA=1).
+GQA_SPLIT_AUTO = -1
+_GQA_SPLIT_ENV = os.environ.get("JFA_TLX_BWD_GQA_SPLIT", "0")
+BACKWARD_GQA_SPLIT = GQA_SPLIT_AUTO if _GQA_SPLIT_ENV == "auto" else int(_GQA_SPLIT_ENV)
 
 
 def gqa_split_parts(group: int, items: int, programs: int, rounds: int = None) -> int:
@@ -110,7 +119,7 @@ def gqa_split_parts(group: int, items: int, programs: int, rounds: int = None) -
     when off or when the ``items`` (key tile slots x kv heads) already fill ``rounds`` rounds of the ``programs``,
     else the fewest parts (a divisor of ``group``) whose items do, all ``group`` when none does."""
     rounds = BACKWARD_GQA_SPLIT if rounds is None else rounds
-    if rounds <= 0 or group <= 1:
+    if rounds <= 0 or group <= 1:  # off, GQA_SPLIT_AUTO (gqa_split.plan decides), MHA
         return 1
     return next((d for d in range(1, group + 1) if group % d == 0 and items * d >= rounds * programs), group)
 

@@ -311,6 +311,8 @@ def _specializations() -> Iterator[Specialization]:
     # helper gqabwd's GQA groups in parts (configs.BACKWARD_GQA_SPLIT, under the snake): the bench's Hq16:Hkv2 causal
     # row takes 4 parts
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], item_order=True, group_split=4)
+    # helper gqarule's rule (JFA_TLX_BWD_GQA_SPLIT=auto) also splits D64 calls (the bench's GQA batch at D64: 4 parts)
+    yield bwd_specialization(64, "bf16", True, **dense_v2[64], item_order=True, group_split=4)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)

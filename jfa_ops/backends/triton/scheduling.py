@@ -354,6 +354,11 @@ def kv_tiles(q_offsets: torch.Tensor, kv_offsets: torch.Tensor, total_q: int, to
                        **extra)
 
 
+def tiles_from_offsets(max_items: int, num_seqs: int, programs_per_sm: int, device: torch.device) -> bool:
+    """``tile_schedule``'s choice from shapes: no sorted list, the kernel maps items to slots from the offsets."""
+    return KNOBS.one_wave_unsorted and one_wave(max_items, programs_per_sm, device) and num_seqs > 0
+
+
 def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, rows_s: int,
                   rows_o: int, block: int, heads: int, kind: str, programs_per_sm: int, device: torch.device,
                   **check):
@@ -364,7 +369,7 @@ def tile_schedule(tiles_fn, stationary_offsets: torch.Tensor, other_offsets: tor
     check in ``check`` folded into it)."""
     num_seqs = other_offsets.numel() - 1
     capacity = capacity_of(rows_s, block, num_seqs)
-    from_offsets = KNOBS.one_wave_unsorted and one_wave(capacity * heads, programs_per_sm, device) and num_seqs > 0
+    from_offsets = tiles_from_offsets(capacity * heads, num_seqs, programs_per_sm, device)
     if from_offsets:
         seq = start = count = stationary_offsets
     else:

@@ -1,0 +1,159 @@
+"""How many parts the TLX backward splits each kv head's q-head group into (its GROUP_SPLIT), decided from shapes only.
+
+Why (helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a dense backward work item is (key tile, kv head) and
+walks every q head of the kv head's group, so GQA has group-times fewer, longer items. The persistent programs take
+items by static striding from a list sorted longest first; where the longest item is a large share of one SM's mean
+work, the busiest SM runs far over the mean (the bench's Hq16:Hkv2 jagged causal row: 1.54x). Splitting the group
+into parts (items of group / parts heads, partial dK/dV added in fp32, ITEM_ORDER's snake) balances it, at a price:
+each extra item reloads K/V and adds its partial dK/dV in fp32, the kernel's path is ~1.5% longer, and a zeroing pass
+and two casts move the fp32 buffer through DRAM. Where balance is already good (dense equal lengths) it only costs.
+
+``plan`` (helper gqarule, bench/NOTES.md "GQA split rule") predicts the busiest SM's time of the default (static
+striding, one part), of the snake alone and of the split at every divisor of the group (under the snake), plus the
+split's costs, and takes the fastest where it gains at least ``MIN_GAIN``. It reads shapes only (no host sync, no
+offsets): the total rows, the batch size, the max_seqlen hints, the heads, the mask. A batch of one length (the
+hints times B cover the rows) is modelled exactly; a jagged batch with a max_seqlen hint as one sequence of that
+length and the rest of equal length (the least total work a batch with that longest sequence can have, so the
+longest item's share is the largest it can be); without a hint as equal lengths (then only the snake may pay). The
+cost model is ``tools/gqa_bwd_model.py``'s, calibrated on the H200 (2026-12-02: the MHA jagged T32768 causal row,
+417.5 TFLOP/s; it gave the GQA 16:2 row 306 against 310 measured, the split 1.34x measured vs 1.27-1.37x predicted).
+Pure Python, no torch: cheap (a few rounds' arithmetic, memoized per shape) and testable anywhere.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+from typing import NamedTuple
+
+BLOCK_M, BLOCK_N = 64, 128  # the backward's query block and key tile (bwd_config_v2 at D64 and D128)
+PER_ITEM = 1.5  # an item's fixed cost in blocks: K/V load, epilogue (sparse_bwd_model.PER_ITEM)
+PER_PART = 0.5  # a split item's extra: its partial dK/dV red-added in fp32 (2 x 64 red per consumer thread)
+MASKED = 1.3  # a masked (diagonal / window edge) block's cost against a full one
+SPLIT_PATH = 1.015  # the split kernel's block loop: +7 / +10 instructions of ~530 (SASS, helper gqabwd)
+BLOCK_S = {64: 1.95e-6, 128: 2.60e-6}  # s per block of the busiest SM (D128: the calibration; D64 x 2.0 / 2.7)
+FIXED_S_PER_ROW = 0.54e-3 / 65536  # delta pre-pass + dQ finalize at D128 (streaming; scales with head_dim)
+HBM = 3.4e12  # B/s the backward's passes pull
+SPLIT_DRAM = 4.0  # x the fp32 dK/dV buffer's bytes: zeroed, read and written back around the red adds, read by the
+# casts (+ half written), less the default's own bf16 dK/dV store
+SPLIT_LAUNCHES_S = 15e-6  # the zeroing pass and two casts: three more launches
+SNAKE_EXACT_RUNS = 16  # ``busiest``: runs of equal items up to which every program where the load may change is read
+# the snake alone (ITEM_ORDER, no split) among the candidates: its modelled gain held on the GQA 16:2 row (1.19x
+# measured, 1.23x modelled) but not on MHA (1.00x measured, 1.05x modelled); False if the GPU says it does not pay
+SNAKE_ALONE = True
+MIN_GAIN = 1.05  # a split (or the snake) must be predicted this much faster than the default
+
+
+class Plan(NamedTuple):
+    parts: int  # GROUP_SPLIT (1: the group whole)
+    snake: bool  # ITEM_ORDER's snake striding (always with parts > 1)
+    gain: float  # predicted default time / this plan's time (1.0 for the default)
+
+
+def divisors(n: int):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def model_lengths(num_seqs: int, rows: int, max_seqlen: int):
+    """[(length, count)] standing in for the batch (see the module doc): one length when the hint times B covers the
+    rows, else one sequence of max_seqlen and the rest equal, else (no hint) all equal."""
+    if num_seqs <= 0 or rows <= 0:
+        return []
+    if max_seqlen <= 0 or max_seqlen * num_seqs <= rows or num_seqs == 1:
+        return [(-(-rows // num_seqs), num_seqs)]
+    rest = rows - min(max_seqlen, rows)
+    return [(min(max_seqlen, rows), 1)] + ([(-(-rest // (num_seqs - 1)), num_seqs - 1)] if rest > 0 else [])
+
+
+def tile_runs(lengths, bounds, q_per_kv: float = 1.0, broadcast_rows: int = 0):
+    """[(blocks walked per head, masked blocks of them, tiles)] of the key tiles of sequences ``lengths`` ([(kv
+    length, count)]), most blocks first. ``bounds``: ``window_bounds``' (has_left, left, has_right, right); queries
+    per key row ``q_per_kv`` (cross lengths), or ``broadcast_rows`` (broadcast Q: every sequence sees those rows)."""
+    has_left, left, has_right, right = bounds
+    runs = {}
+    for n, count in lengths:
+        nq = broadcast_rows if broadcast_rows else max(1, round(n * q_per_kv))
+        for j in range(-(-n // BLOCK_N)):
+            a, b = j * BLOCK_N, min(n, (j + 1) * BLOCK_N)
+            if broadcast_rows:
+                lo, hi = 0, nq
+            else:  # queries i with -left <= key - i <= right (keys a..b-1; bottom-right aligned: self-attention 0)
+                lo = max(0, a - right) if has_right else 0
+                hi = min(nq, b + left) if has_left else nq
+            blocks = max(0, -(-hi // BLOCK_M) - lo // BLOCK_M)
+            masked = min(blocks, 2 * (has_right + has_left)) if not broadcast_rows else 0
+            runs[(blocks, masked)] = runs.get((blocks, masked), 0) + count
+    return sorted(((b, m, c) for (b, m), c in runs.items()), key=lambda r: -(r[0] + (MASKED - 1) * r[1]))
+
+
+def _rounds_hitting(lo: int, hi: int, offset: int, programs: int, parity: int = -1) -> int:
+    """Rounds k >= 0 (of parity 0 or 1; -1: any) whose item k x programs + offset lies in [lo, hi)."""
+    a, b = max(0, -(-(lo - offset) // programs)), max(0, -(-(hi - offset) // programs))
+    if parity < 0:
+        return max(0, b - a)
+    return max(0, (b + 1 - parity) // 2 - (a + 1 - parity) // 2)
+
+
+def busiest(runs, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
+    """Blocks of the busiest program: items tile-major (``units`` per tile, equal cost), sorted longest first, taken
+    by static striding (program 0 is busiest: it takes each round's first item) or the snake (rounds alternate
+    direction; see the picks below). A program's load walks
+    its rounds (a bisect each) or, where runs are fewer, counts per run of equal items the rounds that hit it."""
+    ends, costs, total = [], [], 0
+    for b, m, c in runs:
+        total += c * units
+        ends.append(total)
+        costs.append(heads_per_item * (b + (MASKED - 1) * m) + PER_ITEM + (PER_PART if split else 0.0))
+    rounds = -(-total // programs)
+
+    def load(even: int, odd: int) -> float:  # the program taking item k x programs + (even | odd) in round k
+        if rounds <= len(runs):
+            return sum(costs[bisect.bisect_right(ends, w)] for w in
+                       (k * programs + (odd if k % 2 else even) for k in range(rounds)) if w < total)
+        return sum(cost * (_rounds_hitting(a, b, even, programs, 0 if even != odd else -1)
+                           + (_rounds_hitting(a, b, odd, programs, 1) if even != odd else 0))
+                   for a, b, cost in zip([0] + ends[:-1], ends, costs))
+
+    if not snake:
+        return load(0, 0)
+    # a program's load changes only where its items cross a run's end: with few runs (step profiles: full masks,
+    # equal lengths) every such program is evaluated, with many (smooth profiles) the ends and quartiles
+    if len(runs) <= SNAKE_EXACT_RUNS:
+        picks = {0} | {e % programs for e in ends} | {(programs - e % programs) % programs for e in ends}
+    else:
+        picks = {0, programs // 4, programs // 2, (3 * programs) // 4, programs - 1}
+    return max(load(p, programs - 1 - p) for p in picks)
+
+
+@functools.lru_cache(maxsize=256)
+def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, max_seqlen_kv: int, head_dim: int,
+         bounds: tuple, broadcast_q: bool, programs: int, candidates: tuple = None) -> Plan:
+    """The fastest predicted (parts, snake) of a dense backward call (see the module doc; each sequence's queries
+    are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
+    (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
+    snake). The default unless a candidate gains ``MIN_GAIN``."""
+    default = Plan(1, False, 1.0)
+    if group <= 1 or programs <= 0 or rows_kv <= 0 or num_seqs <= 0:
+        return default
+    lengths = model_lengths(num_seqs, rows_kv, max_seqlen_kv)
+    if broadcast_q:
+        runs = tile_runs(lengths, bounds, broadcast_rows=rows_q)
+    else:
+        runs = tile_runs(lengths, bounds, q_per_kv=rows_q / rows_kv)
+    item = [group * (b + (MASKED - 1) * m) + PER_ITEM for b, m, _ in runs]  # one part's item per tile run
+    mean = heads_kv * sum(cost * c for cost, (_, _, c) in zip(item, runs)) / programs
+    if not runs or item[0] < (MIN_GAIN - 1) * mean:  # striding's busiest <= mean + the longest item: no gain
+        return default
+    t_block = BLOCK_S.get(head_dim, BLOCK_S[128] * head_dim / 128)
+    fixed = FIXED_S_PER_ROW * rows_q * head_dim / 128
+    split_bytes = 2 * rows_kv * heads_kv * head_dim * 4  # the fp32 dK/dV buffer
+
+    def seconds(parts, snake):
+        t = busiest(runs, group // parts, heads_kv * parts, programs, snake, parts > 1) * t_block + fixed
+        if parts > 1:
+            t += (SPLIT_PATH - 1) * (t - fixed) + SPLIT_DRAM * split_bytes / HBM + SPLIT_LAUNCHES_S
+        return t
+
+    base = seconds(1, False)
+    pairs = candidates or ((1, True),) * SNAKE_ALONE + tuple((d, True) for d in divisors(group)[1:])
+    best = max(((base / seconds(p, s), p, s) for p, s in pairs), default=(1.0, 1, False))
+    return Plan(best[1], best[2], best[0]) if best[0] >= MIN_GAIN else default

@@ -1,0 +1,97 @@
+"""The TLX backward's GQA split rule (``jfa_ops.backends.gqa_split``, JFA_TLX_BWD_GQA_SPLIT=auto; helper gqarule,
+bench/NOTES.md "GQA split rule"): pure Python, shapes -> (parts, snake). Its busiest-program count against every
+program simulated, and the plans its model gives the shapes the H200 timing decides the flip on
+(``tools/gqa_bwd_model.py --rule`` prints the same model on the real lengths)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jfa_ops.backends import gqa_split as gs
+
+SMS = 132
+CAUSAL, FULL = (False, 0, True, 0), (False, 0, False, 0)  # window_bounds(causal, -1, -1)
+
+
+def simulated(runs, heads_per_item, units, programs, snake, split):
+    """Every program's load, items taken as the kernel takes them (common.work_item / snake_work)."""
+    costs = [heads_per_item * (b + (gs.MASKED - 1) * m) + gs.PER_ITEM + (gs.PER_PART if split else 0.0)
+             for b, m, c in runs for _ in range(c * units)]
+    load = [0.0] * programs
+    for w, cost in enumerate(costs):
+        k, p = divmod(w, programs)
+        load[programs - 1 - p if snake and k % 2 else p] += cost
+    return load
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_busiest_counts_what_every_program_takes(seed):
+    """Striding: program 0's load, exactly the busiest; the snake: the programs it reads, within 6% of the busiest
+    on these monotone profiles (sorted tile lists of causal, full and window batches)."""
+    rng = random.Random(seed)
+    lengths = [(rng.choice([1, 100, 700, 2000, 4096, 8192]), rng.randint(1, 9)) for _ in range(rng.randint(1, 4))]
+    bounds = rng.choice([CAUSAL, FULL, (True, 512, True, 0)])
+    runs = gs.tile_runs(lengths, bounds)
+    for units, heads, programs in ((2, 8, SMS), (8, 2, SMS), (4, 4, 8), (16, 1, 100)):
+        for snake in (False, True):
+            exact = max(simulated(runs, heads, units, programs, snake, units > 2))
+            got = gs.busiest(runs, heads, units, programs, snake, units > 2)
+            if snake:
+                assert 0.94 * exact <= got <= exact + 1e-6, (lengths, bounds, units, programs)
+            else:
+                assert got == pytest.approx(exact), (lengths, bounds, units, programs)
+
+
+def test_model_lengths_from_the_hints():
+    """One length where the hint times B covers the rows; one longest + equal rest with a hint; equal without."""
+    assert gs.model_lengths(8, 32768, 4096) == [(4096, 8)]
+    assert gs.model_lengths(27, 32768, 8192) == [(8192, 1), (946, 26)]
+    assert gs.model_lengths(27, 32768, -1) == [(1214, 27)]
+    assert gs.model_lengths(1, 4096, -1) == [(4096, 1)]
+    assert gs.model_lengths(0, 0, -1) == []
+
+
+# (name, plan arguments but programs, expected (parts, snake)): the model's choices (tools/gqa_bwd_model.py --rule)
+PLANS = [
+    # dense equal lengths, full mask: items of equal cost, balance already good -> the default (old rule: 4 / 2 parts)
+    ("dense B8 S4096 16:2", (8, 2, 8, 32768, 32768, 4096, 128, FULL, False), (1, False)),
+    ("dense B4 S8192 32:8", (4, 8, 4, 32768, 32768, 8192, 128, FULL, False), (1, False)),
+    # the bench's GQA row (27 lognormal lengths, longest 8192): 4 parts (measured 1.34x with the old rule's 4)
+    ("jagged T32768 16:2 causal", (8, 2, 27, 32768, 32768, 8192, 128, CAUSAL, False), (4, True)),
+    ("jagged T32768 16:2 D64 causal", (8, 2, 27, 32768, 32768, 8192, 64, CAUSAL, False), (4, True)),
+    # GQA 32:4 on that batch: the snake alone (model 1.17x on the real lengths; 2 parts 1.16x)
+    ("jagged T32768 32:4 causal", (8, 4, 27, 32768, 32768, 8192, 128, CAUSAL, False), (1, True)),
+    # one wave of items (64 on 132 SMs: each SM one item at most): the split fills the SMs (model 3.3x)
+    ("dense B1 S4096 16:2 causal", (8, 2, 1, 4096, 4096, 4096, 128, CAUSAL, False), (4, True)),
+    ("jagged T4096 16:2 causal", (8, 2, 7, 4096, 4096, 2048, 128, CAUSAL, False), (8, True)),
+    # a window: the split's costs outweigh its balance; the snake alone gains
+    ("jagged T32768 16:2 window(512,0)", (8, 2, 27, 32768, 32768, 8192, 128, (True, 512, True, 0), False),
+     (1, True)),
+    # broadcast Q: 67 items per SM of 2 blocks each: nothing to balance, a split would double the K/V loads
+    ("broadcast-Q Lq128 B512 8:2", (4, 2, 512, 128, 493_000, -1, 128, FULL, True), (1, False)),
+    ("MHA", (1, 16, 27, 32768, 32768, 8192, 128, CAUSAL, False), (1, False)),
+]
+
+
+@pytest.mark.parametrize("name, args, expected", PLANS, ids=[p[0] for p in PLANS])
+def test_plan_takes_the_model_best(name, args, expected):
+    """The plan's (parts, snake) for each shape, and its predicted gain: >= MIN_GAIN where it leaves the default,
+    exactly 1.0 at the default; a split never predicted slower than the default."""
+    chosen = gs.plan(*args, SMS)
+    assert (chosen.parts, chosen.snake) == expected, chosen
+    assert chosen.gain >= gs.MIN_GAIN if expected != (1, False) else chosen.gain == 1.0
+    assert chosen.parts == 1 or not chosen.snake or chosen.gain >= gs.MIN_GAIN
+
+
+def test_plan_gains_or_keeps_the_default():
+    """Over a grid of jagged, dense and small shapes the plan is the default or predicted >= 5% faster than it on
+    its own stand-in batch, and its split is a divisor of the group."""
+    for group in (2, 4, 8):
+        for rows, seqs, longest in ((4096, 1, 4096), (4096, 7, 2048), (32768, 27, 8192), (65536, 63, 8192),
+                                    (32768, 8, 4096), (131072, 16, 8192), (262144, 300, 16384)):
+            for bounds in (CAUSAL, FULL):
+                for hint in (longest, -1):
+                    chosen = gs.plan(group, 2, seqs, rows, rows, hint, 128, bounds, False, SMS)
+                    assert group % chosen.parts == 0
+                    assert chosen == (1, False, 1.0) or chosen.gain >= gs.MIN_GAIN
