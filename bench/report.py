@@ -308,8 +308,8 @@ def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = Non
         for peer in [p for p in measured if p.startswith("jfa:mxfp8-quantize")]:
             q = idx.get((name, peer, "fwd")) or {}
             if q.get("gbps"):
-                share = q["gbps"] / HBM_SPEC_GBPS
-                out.append(f"{_verdict(share >= QUANTIZE_TARGET)} {name} quantize {peer}: {q['gbps']:.{0 if q['gbps'] >= 10 else 3}f} GB/s = "
+                share, gbps = q["gbps"] / HBM_SPEC_GBPS, f"{q['gbps']:.0f}" if q["gbps"] >= 10 else _fmt(q["gbps"])
+                out.append(f"{_verdict(share >= QUANTIZE_TARGET)} {name} quantize {peer}: {gbps} GB/s = "
                            f"{share:.0%} of the {HBM_SPEC_GBPS:.0f} GB/s HBM (target {QUANTIZE_TARGET:.0%}); "
                            f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy")
     if mx:

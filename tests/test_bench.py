@@ -310,8 +310,8 @@ def test_mxfp8_lines_verdicts_against_the_fastest_bf16_and_fa4():
     # a missed target fails even where FA4 was not measured; the FP8 peer's row has no verdict
     assert lines[5] == ("FAIL compute-bound mxfp8 D128 B8 S4096 fwd jfa:mxfp8:triton: 440.0 TFLOP/s, 1.10x our bf16 "
                         "(jfa:triton 400.0; target 1.2x), FA4 bf16 not measured")
-    assert lines[6] == "  mxfp8 D128 B8 S4096 fwd fa4 fp8 prequant: 800.0 TFLOP/s, 2.00x our bf16 (jfa:triton 400.0), " \
-                       "FA4 bf16 not measured"
+    assert lines[6] == ("  mxfp8 D128 B8 S4096 fwd fa4 fp8 prequant: 800.0 TFLOP/s, 2.00x our bf16 (jfa:triton "
+                        "400.0), FA4 bf16 not measured")
     # compute-bound backward: our bf16 only (no FA4 target): FA4 missing does not make it n/a
     assert lines[7].startswith("PASS compute-bound mxfp8 D128 B8 S4096 bwd jfa:mxfp8:triton: 310.0 TFLOP/s, 1.03x")
     assert lines[8:] == ["FP8 peer fa4 fp8: not measured (FA4's FP8 forward runs on SM100 only)"]
