@@ -807,6 +807,94 @@ class FlexAttention:
                         layer=(lambda x: attend(x).transpose(1, 2), q))
 
 
+_FP8_SCORE_SCALES = {}
+
+
+def _fp8_score_scale(device) -> tuple:
+    """(a float32 device scalar, a score_mod multiplying the scores by it), one pair per device: every FP8 flex call
+    passes the same function reading the same tensor (written in place with q's descale x k's), so Dynamo's guards
+    on the score_mod hold across cases and rows and FlexAttention compiles once per shape and mask, not per call."""
+    key = str(torch.device(device))
+    if key not in _FP8_SCORE_SCALES:
+        qk_descale = torch.ones((), dtype=torch.float32, device=device)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score * qk_descale
+
+        _FP8_SCORE_SCALES[key] = (qk_descale, score_mod)
+    return _FP8_SCORE_SCALES[key]
+
+
+class FlexFp8(FlexAttention):
+    """Per-tensor FP8 attention on sm_90 from a peer: compiled FlexAttention on E4M3 q/k/v (torch's FP8 path since
+    2.8: Triton FP8 dots, V given column-major as ``_enforce_mem_layouts`` wants), each tensor scaled by amax / 448
+    (``per_tensor_fp8``), q and k's descales applied to the scores by a ``score_mod`` that reads a device scalar (no
+    host sync, no recompile when it changes), V's to the output, which FlexAttention returns in E4M3 (the peer casts
+    it to bf16). ``prequant``: quantized before timing ("flex fp8 prequant"); else the amax, casts and V's
+    column-major copy are timed with the attention ("flex fp8"). Forward only; the document mask of the bf16 flex row.
+    Inductor cannot compile FlexAttention under the TLX Triton (3.8): run it in a stock-triton process."""
+
+    handles_sparse = False
+    only_suite = "mxfp8"
+
+    def __init__(self, prequant: bool = False, compile_kernel: bool = True):
+        super().__init__(compile_kernel)
+        self.prequant = prequant
+        self.name = "flex fp8 prequant" if prequant else "flex fp8"
+
+    def unavailable(self, device) -> Optional[str]:
+        reason = _need_cuda(device) or super().unavailable(device)
+        if reason:
+            return reason
+        if triton_pin_mismatch():  # Inductor's FlexAttention failed to compile under triton 3.8 (NOTES v12, v16)
+            return ("Inductor's FlexAttention needs the triton torch pins; this process has another (the TLX "
+                    "install): run flex_fp8 in a stock-triton process")
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+        return None if (major, minor) >= (8, 9) else f"FP8 dots need sm_89 or later; this GPU is sm_{major}{minor}"
+
+    def fp8_call(self, flex, block_mask, case: Case, inp: Inputs):
+        """(forward callable, output -> jagged) of ``flex`` (FlexAttention, or a fake in the CPU tests) on this
+        case's E4M3 inputs."""
+        heads, dim = case.num_heads_q, case.head_dim
+        if case.dense:
+            b, s = case.batch, case.q_lens[0]
+            src = [t.view(b, s, *t.shape[1:]) for t in (inp.q, inp.k, inp.v)]
+        else:  # one batch of T packed tokens
+            src = [inp.q_materialized(case)[None], inp.k[None], inp.v[None]]
+        kw = dict(block_mask=block_mask, scale=dim ** -0.5)
+        if case.num_heads_q != case.num_heads_kv:
+            kw["enable_gqa"] = True
+        qk_descale, score_mod = _fp8_score_scale(inp.k.device)
+
+        def quantized():  # [B, S, H, D] -> [B, H, S, D] E4M3; V column-major (the layout FP8 flex wants)
+            (q8, dq), (k8, dk), (v8, dv) = (per_tensor_fp8(t) for t in src)
+            qk_descale.copy_(dq * dk)
+            return (q8.transpose(1, 2), k8.transpose(1, 2), v8.permute(0, 2, 3, 1).contiguous().transpose(-2, -1),
+                    dv)
+
+        def attend(q8, k8, v8, dv):
+            return flex(q8, k8, v8, score_mod=score_mod, **kw).to(torch.bfloat16) * dv
+
+        if self.prequant:
+            operands, scores_descale = quantized(), qk_descale.clone()
+
+            def fn():  # the shared scalar back to this case's value (a 4-byte copy)
+                qk_descale.copy_(scores_descale)
+                return attend(*operands)
+        else:
+            fn = lambda: attend(*quantized())  # noqa: E731
+        return fn, lambda o: o.transpose(1, 2).reshape(-1, heads, dim)
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        if case.keep_ratio is not None:
+            raise Skip("FP8 flex: not with block sparsity here")
+        fn, to_jagged = self.fp8_call(self._kernel(inp.k.device), self._block_mask(case, inp.k.device), case, inp)
+        note = "E4M3, one scale per tensor (amax / 448), E4M3 output, " + (
+            "quantized before timing" if self.prequant else "amax + casts (torch ops) timed with the attention")
+        return Prepared(fn, [], to_jagged, tolerance=MXFP8_TOLERANCE, note=note,
+                        no_backward="forward only (the FP8 peer row)")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # torch.nn.attention.varlen.varlen_attn (FlashAttention-2 underneath)
 
@@ -887,14 +975,17 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 PEER_ORDER = ("fa4", "cudnn", "sdpa_flash", "flex", "varlen")
 # not measured by default: SDPA's math backend (runs on the CPU: tests the padding); the mxfp8 suite's FP8 peers:
-# per-head FP8 SDPA (FA3) and FA4's per-tensor FP8 forward (two rows: quantization timed, and before timing)
-EXTRA_PEERS = ("sdpa_math", "sdpa_fp8", "fa4_fp8")
+# per-head FP8 SDPA (FA3), FA4's and FlexAttention's per-tensor FP8 forwards (two rows each: quantization timed,
+# and before timing)
+EXTRA_PEERS = ("sdpa_math", "sdpa_fp8", "fa4_fp8", "flex_fp8")
 
 
 def make_peers(name: str, flex_compile: bool = True) -> list:
     """The peers a ``--peers`` name stands for (one, but ``fa4_fp8``: its two rows)."""
     if name == "fa4_fp8":
         return [FlashAttention4Fp8(), FlashAttention4Fp8(prequant=True)]
+    if name == "flex_fp8":
+        return [FlexFp8(compile_kernel=flex_compile), FlexFp8(prequant=True, compile_kernel=flex_compile)]
     return [make_peer(name, flex_compile)]
 
 
@@ -915,4 +1006,6 @@ def make_peer(name: str, flex_compile: bool = True):
         return SdpaFp8()
     if name == "fa4_fp8":  # its quantization-timed row (make_peers gives both)
         return FlashAttention4Fp8()
+    if name == "flex_fp8":
+        return FlexFp8(compile_kernel=flex_compile)
     raise SystemExit(f"unknown peer {name!r}; choose from {', '.join(PEER_ORDER + EXTRA_PEERS)}")

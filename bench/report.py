@@ -235,7 +235,7 @@ QUANTIZE_TARGET = 0.8
 # issue 12's targets: (case kind, mode) -> (min ratio vs our bf16, min ratio vs FA4 bf16)
 MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), ("compute", "fwd"): (1.2, 1.0),
                  ("compute", "bwd"): (1.0, None)}
-FP8_PEER_PREFIXES = ("fa4 fp8", "sdpa_fp8")  # per-tensor / per-head FP8 attention from peers (no targets)
+FP8_PEER_PREFIXES = ("fa4 fp8", "flex fp8", "sdpa_fp8")  # per-tensor / per-head FP8 attention from peers (no targets)
 
 
 def _counts_quantization(peer: str) -> bool:
@@ -317,7 +317,7 @@ def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = Non
         missing = {n: why for n, why in (unavailable or {}).items() if n.startswith(FP8_PEER_PREFIXES)}
         out += [f"FP8 peer {n}: not measured ({why})" for n, why in missing.items()]
         if not fp8_seen and not missing:
-            out.append("no FP8 peer in this run (add --peers ...,fa4_fp8,sdpa_fp8)")
+            out.append("no FP8 peer in this run (add --peers ...,fa4_fp8,flex_fp8,sdpa_fp8)")
     return out
 
 

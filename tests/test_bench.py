@@ -438,13 +438,55 @@ def test_fa4_fp8_peer_builds_per_tensor_descales_and_layouts(case, prequant):
     assert torch.isfinite(descale) and not data.float().any()
 
 
+@pytest.mark.parametrize("case", suites.build_cases(["mxfp8"], [64], "smoke"), ids=lambda c: c.name)
+@pytest.mark.parametrize("prequant", [False, True])
+def test_flex_fp8_peer_scales_and_layouts(case, prequant):
+    """The FP8 FlexAttention peer: E4M3 q/k/v per tensor (amax / 448), [B, H, S, D] with q/k row-major and V
+    column-major (what FP8 flex wants, so it copies nothing), q and k's descales through the shared score_mod's device
+    scalar, V's on the output, which FlexAttention returns in E4M3. Checked end to end through eager FlexAttention in
+    float32 on the dequantized-by-score_mod inputs (output rounded to E4M3 as on the GPU) against the oracle."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from bench.peers import MXFP8_TOLERANCE, FlexFp8
+    calls = []
+
+    def fake_flex(q, k, v, score_mod, block_mask, scale, **kw):
+        calls.append(dict(q=q, k=k, v=v, score_mod=score_mod))
+        return flex_attention(q.float(), k.float(), v.float(), score_mod=score_mod, block_mask=block_mask,
+                              scale=scale, **kw).to(torch.float8_e4m3fn)
+
+    inp = suites.make_inputs(case, "cpu")
+    peer = FlexFp8(prequant=prequant, compile_kernel=False)
+    assert peer.name == ("flex fp8 prequant" if prequant else "flex fp8") and peer.unavailable("cpu") == "needs CUDA"
+    fn, to_jagged = peer.fp8_call(fake_flex, peer._block_mask(case, "cpu"), case, inp)
+    with torch.no_grad():
+        out = to_jagged(fn())
+        fn()
+    assert rel_error(out, oracle_output(case, inp)) < MXFP8_TOLERANCE
+    q, k, v = calls[0]["q"], calls[0]["k"], calls[0]["v"]
+    batch = case.batch if case.dense else 1
+    assert q.shape == (batch, case.num_heads_q, q.shape[2], case.head_dim) and q.dtype == torch.float8_e4m3fn
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-2) == 1
+    assert float(q.float().abs().max()) == 448.0 and float(v.float().abs().max()) == 448.0
+    assert calls[1]["score_mod"] is calls[0]["score_mod"]  # one function for every call: no recompile per case
+    assert (calls[1]["q"] is q) == prequant
+
+
 def test_fa4_fp8_peer_skips_with_reasons(monkeypatch):
     """Unavailable without CUDA and, with FA4 importable, on a GPU other than SM100 (FA4 b36's FP8 is SM100-only:
     the H200 gets that reason); forward only; mxfp8 suite only; make_peers gives both rows."""
+    from bench import peers as bench_peers
     from bench.__main__ import measure_peer
     from bench.peers import FlashAttention4, FlashAttention4Fp8, make_peers
 
     assert [p.name for p in make_peers("fa4_fp8")] == ["fa4 fp8", "fa4 fp8 prequant"]
+    assert [p.name for p in make_peers("flex_fp8")] == ["flex fp8", "flex fp8 prequant"]
+    flex = make_peers("flex_fp8")[0]
+    monkeypatch.setattr(bench_peers, "triton_pin_mismatch", lambda: "triton 3.8, torch pins 3.6")
+    assert "stock-triton process" in flex.unavailable("cuda")
+    monkeypatch.setattr(bench_peers, "triton_pin_mismatch", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "sm_89" in flex.unavailable("cuda")
     peer = FlashAttention4Fp8()
     assert peer.unavailable("cpu") == "needs CUDA"
     fake = _FakeFa4Fp8()
