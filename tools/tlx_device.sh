@@ -156,7 +156,7 @@ if [ "$part" = mxfp8-bench ]; then  # issue 12's performance section in one proc
   # peers; FA4 from /tmp/fa4 (two earlier calls carrying .whlA then .whlB, bench/README.md). BENCH_BUDGET_S (170):
   # no new case after it (the causal pair comes last); BENCH_LIMIT_S (230): the hard stop.
   $limit "${BENCH_LIMIT_S:-230}" bash bench/device_run.sh --suite mxfp8 --head-dims 128 --backends tlx,triton \
-    --peers fa4,fa4_fp8,sdpa_fp8 --modes fwd,bwd --budget-s "${BENCH_BUDGET_S:-170}" --no-plots || rc=1
+    --peers fa4,fa4_fp8,flex_fp8,sdpa_fp8 --modes fwd,bwd --budget-s "${BENCH_BUDGET_S:-170}" --no-plots || rc=1
 fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
   JFA_TLX_AUTO=1 $limit 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(
