@@ -461,7 +461,7 @@ def markdown(meta: dict, records: List[dict]) -> str:
         body.append("## Issue 11 (block-sparse)\n\n" + "\n".join(f"- {t}" for t in sparse) + "\n")
     mxfp8 = mxfp8_lines(records, meta.get("unavailable"))
     if mxfp8:
-        body.append("## Issue 12 (MXFP8)\n\n" + "\n".join(f"- {t}" for t in mxfp8) + "\n")
+        body.append("## Issue 12 (MXFP8)\n\n" + "\n".join(f"- {t.strip()}" for t in mxfp8) + "\n")
     checks = check_lines(records)
     if checks:
         body.append("## Output checks (forward vs the bench's float32 oracle)\n\n" + "\n".join(f"- {c}" for c in checks)
