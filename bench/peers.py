@@ -498,6 +498,14 @@ def per_tensor_fp8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return (x * (1.0 / descale)).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
 
 
+def _quantized_call(quantize, attend, prequant: bool) -> Callable[[], torch.Tensor]:
+    """The FP8 peers' timed call: ``attend(*quantize())``, quantizing in every call, or once here (``prequant``)."""
+    if prequant:
+        operands = quantize()
+        return lambda: attend(*operands)
+    return lambda: attend(*quantize())
+
+
 FA4_FP8_MAJOR = 10  # FA4 4.0.0b36's _flash_attn_fwd: "FP8 is only supported on SM100 (compute capability 10.x)"
 
 
@@ -559,16 +567,10 @@ class FlashAttention4Fp8(FlashAttention4):
             pairs = [per_tensor_fp8(t) for t in src]
             return [p[0] for p in pairs], descales([p[1] for p in pairs])
 
-        if self.prequant:
-            data, scales = quantized()
+        def attend(data, scales):
+            return _first(fa._flash_attn_fwd(*data, **kw, **scales))
 
-            def fn():
-                return _first(fa._flash_attn_fwd(*data, **kw, **scales))
-        else:
-            def fn():
-                data, scales = quantized()
-                return _first(fa._flash_attn_fwd(*data, **kw, **scales))
-        return fn, to_jagged
+        return _quantized_call(quantized, attend, self.prequant), to_jagged
 
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         fn, to_jagged = self.fp8_call(self._interface(), case, inp)
@@ -871,22 +873,14 @@ class FlexFp8(FlexAttention):
 
         def quantized():  # [B, S, H, D] -> [B, H, S, D] E4M3; V column-major (the layout FP8 flex wants)
             (q8, dq), (k8, dk), (v8, dv) = (per_tensor_fp8(t) for t in src)
-            qk_descale.copy_(dq * dk)
             return (q8.transpose(1, 2), k8.transpose(1, 2), v8.permute(0, 2, 3, 1).contiguous().transpose(-2, -1),
-                    dv)
+                    dq * dk, dv)
 
-        def attend(q8, k8, v8, dv):
+        def attend(q8, k8, v8, scores_descale, dv):
+            qk_descale.copy_(scores_descale)  # the shared scalar this call's score_mod reads (a 4-byte copy)
             return flex(q8, k8, v8, score_mod=score_mod, **kw).to(torch.bfloat16) * dv
 
-        if self.prequant:
-            operands, scores_descale = quantized(), qk_descale.clone()
-
-            def fn():  # the shared scalar back to this case's value (a 4-byte copy)
-                qk_descale.copy_(scores_descale)
-                return attend(*operands)
-        else:
-            fn = lambda: attend(*quantized())  # noqa: E731
-        return fn, lambda o: o.transpose(1, 2).reshape(-1, heads, dim)
+        return _quantized_call(quantized, attend, self.prequant), lambda o: o.transpose(1, 2).reshape(-1, heads, dim)
 
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         if case.keep_ratio is not None:
