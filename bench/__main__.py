@@ -27,7 +27,7 @@ import torch
 
 from bench import model, report, suites, timing
 from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, FlashAttention4, JfaBackend, JfaMxfp8, Skip,
-                         jfa_available_backends, mxfp8_variants, make_peer, one_line, oracle_output, rel_error)
+                         jfa_available_backends, mxfp8_variants, make_peers, one_line, oracle_output, rel_error)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEERS = ",".join(PEER_ORDER)
@@ -55,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--check", action="store_true", help="compare each forward with the float32 oracle (small cases)")
     p.add_argument("--no-flex-compile", action="store_true", help="run FlexAttention eagerly (debugging)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--mxfp8-variants", action="store_true",
+                   help="mxfp8 suite: one row per triton MXFP8 forward variant (default: the default variant only)")
     return p.parse_args(argv)
 
 
@@ -222,6 +224,21 @@ def derive_backward(case, records: list) -> list:
     return [derived if r is bwd else r for r in records]
 
 
+def mxfp8_peers(backends, all_variants: bool = False) -> list:
+    """The mxfp8 suite's MXFP8 rows for our GPU backends. The tlx backend's MXFP8 backward is the triton backend's
+    (tlx/__init__.py): where both run, tlx's bwd is not timed again."""
+    names = [b.split("@")[0] for b in backends]
+    out = []
+    for b in backends:
+        if b in ("reference", "cpu"):
+            continue
+        shares = b.split("@")[0] == "tlx" and "triton" in names and not all_variants  # (variant rows: no plain one)
+        backward_row = f"jfa:mxfp8:{backends[names.index('triton')]}" if shares else ""
+        out += [JfaMxfp8(b, kind, variant, backward_row=backward_row if kind == "mxfp8" else "")
+                for kind in MXFP8_KINDS for variant in mxfp8_variants(b, kind, all_variants)]
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -247,19 +264,17 @@ def main(argv=None) -> int:
     peer_names = [p for p in args.peers.split(",") if p and p != "none"]
     if args.smoke and args.peers == DEFAULT_PEERS:
         peer_names.append("sdpa_math")  # runs anywhere: exercises the padding path the cuDNN/flash adapters share
-    peers = [JfaBackend(b) for b in backends] + [make_peer(p, flex_compile=not args.no_flex_compile)
-                                                 for p in peer_names]
+    peers = [JfaBackend(b) for b in backends] + [peer for p in peer_names
+                                                 for peer in make_peers(p, flex_compile=not args.no_flex_compile)]
     if "sparse" in suite_names:  # our dense kernel and the selection alone on the sparse cases' batches
         peers[len(backends):len(backends)] = [JfaBackend(b, variant) for b in backends
                                               for variant in ("dense", "select")]
         if "fa4" in peer_names:  # FA4's block-sparse backward: its padded-batch call (the varlen one has none)
             at = next(i for i, p in enumerate(peers) if p.name == "fa4") + 1
             peers[at:at] = [FlashAttention4(padded=True)]
-    if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds); on triton
-        # one row per forward variant (mxfp8_attn_fwd.VARIANTS), the default's among them
-        peers[len(backends):len(backends)] = [JfaMxfp8(b, kind, variant) for b in backends
-                                              if b not in ("reference", "cpu") for kind in MXFP8_KINDS
-                                              for variant in mxfp8_variants(b, kind)]
+    if "mxfp8" in suite_names:  # issue 12: MXFP8 beside our bf16 on the GPU backends (all three kinds); with
+        # --mxfp8-variants, on triton one row per forward variant (mxfp8_attn_fwd.VARIANTS)
+        peers[len(backends):len(backends)] = mxfp8_peers(backends, args.mxfp8_variants)
     # in the order asked for, so a run cut short by its budget has the suites named first; "model" is a training
     # loop (bench.model), not cases
     plan = []
@@ -315,6 +330,7 @@ def main(argv=None) -> int:
     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
     meta["host"] = f"start {host_start}; end {timing.host_state(device)}"
     meta["issue11"] = report.sparse_lines(records)  # the sparse rows' speedups and selection share, in the JSON too
+    meta["issue12"] = report.mxfp8_lines(records, meta["unavailable"])  # issue 12's PASS/FAIL lines, in the JSON too
     report.write_json(prefix + ".json", meta, records)
 
     md = report.markdown(meta, records)
@@ -348,7 +364,7 @@ def main(argv=None) -> int:
         print("issue 11 (block-sparse):")
         for line in sparse:
             print("  " + line)
-    mxfp8 = report.mxfp8_lines(records)
+    mxfp8 = report.mxfp8_lines(records, meta["unavailable"])
     if mxfp8:
         print("issue 12 (MXFP8):")
         for line in mxfp8:

@@ -174,27 +174,41 @@ MXFP8_TOLERANCE = 0.1  # MXFP8 vs float64 on the originals: measured 0.045-0.06 
 MXFP8_KINDS = ("mxfp8", "mxfp8-prequant", "mxfp8-quantize")
 
 
-def mxfp8_variants(backend: str, kind: str) -> list:
-    """The forward variants to run as their own rows: all of ``mxfp8_attn_fwd.VARIANTS`` for the triton backend's
-    attention kinds, else [None] (the backend's default)."""
-    if backend.split("@")[0] != "triton" or kind == "mxfp8-quantize":
+def mxfp8_variants(backend: str, kind: str, all_variants: bool = False) -> list:
+    """The forward variants to run as their own rows: [None] (the backend's default), or with ``all_variants``
+    (``--mxfp8-variants``: each row multiplies the suite's time) all of ``mxfp8_attn_fwd.VARIANTS`` for the triton
+    backend's attention kinds."""
+    if not all_variants or backend.split("@")[0] != "triton" or kind == "mxfp8-quantize":
         return [None]
     from jfa_ops.backends.triton.mxfp8_attn_fwd import VARIANTS
 
     return list(VARIANTS)
 
 
+def _quantize_bytes(inputs, outputs) -> int:
+    """The useful bytes of quantizing ``inputs`` into ``outputs``: each input read once and written once as E4M3
+    (one byte an element), plus the scales / re-basing factors (the outputs that are not E4M3 data). Padding in the
+    outputs and intermediate round trips (tlx: V's MX pair before its re-basing, unless JFA_TLX_MXFP8_FUSED_V=1)
+    are not counted, so the GB/s are effective ones: a lower bound on what the kernels move."""
+    return sum(t.numel() * (t.element_size() + 1) for t in inputs) + sum(
+        t.numel() * t.element_size() for t in outputs if t.dtype != torch.float8_e4m3fn)
+
+
 class JfaMxfp8:
     """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
-    quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the three
-    quantize calls the forward makes (GB/s). variant: the triton forward's way of using the MX operands
-    (``mxfp8_attn_fwd.VARIANTS``, set through ``configs.KNOBS.mxfp8_variant`` for this peer's calls), named in the
-    peer as ``jfa:mxfp8[variant]:triton``; None: the default."""
+    quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the quantize
+    work the "mxfp8" row's forward does (GB/s): triton's three quantize calls, or on tlx the fused quantize that
+    writes the TLX forward's re-based operands (``tlx.mxfp8_attn_fwd.quantize_operands``). variant: the triton
+    forward's way of using the MX operands (``mxfp8_attn_fwd.VARIANTS``, set through ``configs.KNOBS.mxfp8_variant``
+    for this peer's calls), named in the peer as ``jfa:mxfp8[variant]:triton``; None: the default.
+    ``backward_row``: the peer whose backward this one's is (the tlx backend's MXFP8 backward is the triton
+    backend's): its bwd is not timed twice."""
 
     only_suite = "mxfp8"
 
-    def __init__(self, backend: str, kind: str, variant: Optional[str] = None):
+    def __init__(self, backend: str, kind: str, variant: Optional[str] = None, backward_row: str = ""):
         self.backend, self.kind, self.variant = backend, kind, variant
+        self.backward_row = backward_row
         self.name = f"jfa:{kind}{f'[{variant}]' if variant else ''}:{backend}"
 
     def _with_variant(self, fn):
@@ -213,6 +227,25 @@ class JfaMxfp8:
     def unavailable(self, device) -> Optional[str]:
         return None
 
+    def _quantize_fn(self, jfa_ops, inp: Inputs):
+        """(the quantize work of the bf16-in forward, a note)."""
+        if self.backend.split("@")[0] == "tlx":
+            from jfa_ops.backends.tlx import configs as tlx_configs
+            if not tlx_configs.MXFP8_FUSED_QUANTIZE:
+                raise Skip("JFA_TLX_MXFP8_FUSED_QUANTIZE=0: the tlx forward quantizes with the triton kernel "
+                           "(the triton row)")
+            from jfa_ops.backends.tlx.mxfp8_attn_fwd import quantize_operands
+
+            return (lambda: quantize_operands(inp.q, inp.k, inp.v, inp.kv_offsets, "rceil"),
+                    "GB/s of the fused quantize writing the TLX forward's re-based operands")
+
+        def quantize():
+            return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
+                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
+
+        return quantize, "GB/s of the forward's three quantize calls"
+
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         jfa_ops = import_jfa_ops()
         if case.suite != "mxfp8":
@@ -224,18 +257,18 @@ class JfaMxfp8:
             def fn():
                 return jfa_ops.mxfp8_attention(q, k, v, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv, **kw)
 
-            return Prepared(self._with_variant(fn), [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE)
-
-        def quantize():
-            return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
-                    jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
-                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
-
+            no_backward = f"the same backward as {self.backward_row}'s (timed there)" if self.backward_row else ""
+            return Prepared(self._with_variant(fn), [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE,
+                            no_backward=no_backward)
         if self.kind == "mxfp8-quantize":
-            moved = sum(t.numel() * (t.element_size() + 1) + t.numel() // 32 for t in (inp.q, inp.k, inp.v))
-            return Prepared(lambda: quantize()[0][0], [], lambda o: o, exact=False, bytes_moved=moved,
-                            no_backward="a quantize kernel", note="GB/s of the forward's three quantize calls")
-        pairs = quantize()
+            quantize, note = self._quantize_fn(jfa_ops, inp)
+            outputs = [t for t in _flatten(quantize()) if isinstance(t, torch.Tensor)]  # sized once, untimed
+            return Prepared(lambda: _flatten(quantize())[0], [], lambda o: o, exact=False,
+                            bytes_moved=_quantize_bytes((inp.q, inp.k, inp.v), outputs),
+                            no_backward="a quantize kernel", note=note)
+        pairs = (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
+                 jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
+                 jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
 
         def fn():
             return jfa_ops.mxfp8_attention(*pairs, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,
@@ -243,6 +276,13 @@ class JfaMxfp8:
 
         return Prepared(self._with_variant(fn), [], lambda o: o, tolerance=MXFP8_TOLERANCE,
                         no_backward="pre-quantized: no gradients")
+
+
+def _flatten(x) -> list:
+    """Nested tuples/lists of tensors -> a flat list."""
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _flatten(item)]
+    return [x]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -443,6 +483,101 @@ class FlashAttention4:
                                cu_seqlens_k=inp.kv_offsets, max_seqlen_q=case.max_q, max_seqlen_k=case.max_kv)
         jagged = lambda x: _first(fa.flash_attn_varlen_func(x, k, v, **kw))  # noqa: E731
         return Prepared(lambda: jagged(q), [q, k, v], lambda o: o, layer=(jagged, q))
+
+
+E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def per_tensor_fp8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x as E4M3 scaled by one factor for the whole tensor, its descale: a float32 scalar tensor, amax / 448), in
+    four eager torch passes and no host sync: amax (one read, ``aminmax``), the multiply in x's dtype (a 0-dim
+    float32 factor keeps bf16), the clamp (rounding can step past 448) and the cast. x = fp8 * descale up to E4M3's
+    rounding (and bf16's, 2**-9, before it)."""
+    low, high = torch.aminmax(x)
+    descale = torch.maximum(-low, high).float().clamp_min(1e-12) / E4M3_MAX
+    return (x * (1.0 / descale)).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
+
+
+def _quantized_call(quantize, attend, prequant: bool) -> Callable[[], torch.Tensor]:
+    """The FP8 peers' timed call: ``attend(*quantize())``, quantizing in every call, or once here (``prequant``)."""
+    if prequant:
+        operands = quantize()
+        return lambda: attend(*operands)
+    return lambda: attend(*quantize())
+
+
+FA4_FP8_MAJOR = 10  # FA4 4.0.0b36's _flash_attn_fwd: "FP8 is only supported on SM100 (compute capability 10.x)"
+
+
+class FlashAttention4Fp8(FlashAttention4):
+    """Per-tensor FP8 attention from a peer (issue 12: "compare with per-tensor FP8 attention from any peer that
+    imports"): FA4's FP8 forward (``flash_attn.cute.interface._flash_attn_fwd``: E4M3 q/k/v with q/k/v descales; the
+    public ``flash_attn_func`` / ``flash_attn_varlen_func`` take no descales in b36), each tensor scaled by
+    amax / 448 over the whole tensor (``per_tensor_fp8``), the descales given as FA4's [B, Hkv] float32 tensors (all
+    entries that one value). ``prequant``: quantized before timing ("fa4 fp8 prequant"); else the amax and cast are
+    timed with the attention ("fa4 fp8", as our ``jfa:mxfp8`` rows count their quantization). Forward only (FA4
+    refuses FP8 with gradients). Dense cases as [B, S, H, D], the rest varlen; broadcast Q materialized. FA4 b36 runs
+    FP8 on SM100 only: unavailable, with that reason, on the H200 (sm_90)."""
+
+    handles_sparse = False
+    only_suite = "mxfp8"
+
+    def __init__(self, prequant: bool = False):
+        super().__init__()
+        self.prequant = prequant
+        self.name = "fa4 fp8 prequant" if prequant else "fa4 fp8"
+
+    def unavailable(self, device) -> Optional[str]:
+        reason = super().unavailable(device)
+        if reason:
+            return reason
+        if "q_descale" not in inspect.signature(self._interface()._flash_attn_fwd).parameters:
+            return "this flash_attn.cute's _flash_attn_fwd takes no q_descale (no FP8 forward)"
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+        if major != FA4_FP8_MAJOR:
+            return (f"FA4's FP8 forward runs on SM100 only (flash_attn/cute/interface.py asserts compute capability "
+                    f"10.x); this GPU is sm_{major}{minor}")
+        return None
+
+    def fp8_call(self, fa, case: Case, inp: Inputs):
+        """(forward callable, output -> jagged): FA4's FP8 call on this case's inputs (``fa``: FA4's interface
+        module; a fake in the CPU tests)."""
+        if case.keep_ratio is not None:
+            raise Skip("FP8 FA4: not with block sparsity here")
+        left, right = case.window
+        kw = dict(softmax_scale=case.head_dim ** -0.5, causal=case.causal,
+                  window_size_left=None if left < 0 else left, window_size_right=None if right < 0 else right)
+        if case.dense:
+            b, s = case.batch, case.q_lens[0]
+            shape = lambda t: t.view(b, s, *t.shape[1:])  # noqa: E731
+            src = [shape(inp.q), shape(inp.k), shape(inp.v)]
+            to_jagged = lambda o: o.reshape(-1, *o.shape[2:])  # noqa: E731
+        else:
+            src = [inp.q_materialized(case), inp.k, inp.v]
+            kw.update(cu_seqlens_q=inp.q_offsets_materialized, cu_seqlens_k=inp.kv_offsets, max_seqlen_q=case.max_q,
+                      max_seqlen_k=case.max_kv)
+            to_jagged = lambda o: o  # noqa: E731
+        batch, heads_kv = case.batch, case.num_heads_kv
+
+        def descales(scalars):  # FA4 takes one descale per (sequence, kv head): the tensor's one value in each
+            return {f"{n}_descale": d.reshape(1, 1).expand(batch, heads_kv).contiguous()
+                    for n, d in zip("qkv", scalars)}
+
+        def quantized():
+            pairs = [per_tensor_fp8(t) for t in src]
+            return [p[0] for p in pairs], descales([p[1] for p in pairs])
+
+        def attend(data, scales):
+            return _first(fa._flash_attn_fwd(*data, **kw, **scales))
+
+        return _quantized_call(quantized, attend, self.prequant), to_jagged
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        fn, to_jagged = self.fp8_call(self._interface(), case, inp)
+        note = "E4M3, one scale per tensor (amax / 448), " + (
+            "quantized before timing" if self.prequant else "amax + cast (torch ops) timed with the attention")
+        return Prepared(fn, [], to_jagged, tolerance=MXFP8_TOLERANCE, note=note,
+                        no_backward="forward only (FA4 refuses FP8 inputs that require grad)")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -677,6 +812,86 @@ class FlexAttention:
                         layer=(lambda x: attend(x).transpose(1, 2), q))
 
 
+_FP8_SCORE_SCALES = {}
+
+
+def _fp8_score_scale(device) -> tuple:
+    """(a float32 device scalar, a score_mod multiplying the scores by it), one pair per device: every FP8 flex call
+    passes the same function reading the same tensor (written in place with q's descale x k's), so Dynamo's guards
+    on the score_mod hold across cases and rows and FlexAttention compiles once per shape and mask, not per call."""
+    key = str(torch.device(device))
+    if key not in _FP8_SCORE_SCALES:
+        qk_descale = torch.ones((), dtype=torch.float32, device=device)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score * qk_descale
+
+        _FP8_SCORE_SCALES[key] = (qk_descale, score_mod)
+    return _FP8_SCORE_SCALES[key]
+
+
+class FlexFp8(FlexAttention):
+    """Per-tensor FP8 attention on sm_90 from a peer: compiled FlexAttention on E4M3 q/k/v (torch's FP8 path since
+    2.8: Triton FP8 dots, V given column-major as ``_enforce_mem_layouts`` wants), each tensor scaled by amax / 448
+    (``per_tensor_fp8``), q and k's descales applied to the scores by a ``score_mod`` that reads a device scalar (no
+    host sync, no recompile when it changes), V's to the output, which FlexAttention returns in E4M3 (the peer casts
+    it to bf16). ``prequant``: quantized before timing ("flex fp8 prequant"); else the amax, casts and V's
+    column-major copy are timed with the attention ("flex fp8"). Forward only; the document mask of the bf16 flex row.
+    Inductor cannot compile FlexAttention under the TLX Triton (3.8): run it in a stock-triton process."""
+
+    handles_sparse = False
+    only_suite = "mxfp8"
+
+    def __init__(self, prequant: bool = False, compile_kernel: bool = True):
+        super().__init__(compile_kernel)
+        self.prequant = prequant
+        self.name = "flex fp8 prequant" if prequant else "flex fp8"
+
+    def unavailable(self, device) -> Optional[str]:
+        reason = _need_cuda(device) or super().unavailable(device)
+        if reason:
+            return reason
+        if triton_pin_mismatch():  # Inductor's FlexAttention failed to compile under triton 3.8 (NOTES v12, v16)
+            return ("Inductor's FlexAttention needs the triton torch pins; this process has another (the TLX "
+                    "install): run flex_fp8 in a stock-triton process")
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+        return None if (major, minor) >= (8, 9) else f"FP8 dots need sm_89 or later; this GPU is sm_{major}{minor}"
+
+    def fp8_call(self, flex, block_mask, case: Case, inp: Inputs):
+        """(forward callable, output -> jagged) of ``flex`` (FlexAttention, or a fake in the CPU tests) on this
+        case's E4M3 inputs."""
+        heads, dim = case.num_heads_q, case.head_dim
+        if case.dense:
+            b, s = case.batch, case.q_lens[0]
+            src = [t.view(b, s, *t.shape[1:]) for t in (inp.q, inp.k, inp.v)]
+        else:  # one batch of T packed tokens
+            src = [inp.q_materialized(case)[None], inp.k[None], inp.v[None]]
+        kw = dict(block_mask=block_mask, scale=dim ** -0.5)
+        if case.num_heads_q != case.num_heads_kv:
+            kw["enable_gqa"] = True
+        qk_descale, score_mod = _fp8_score_scale(inp.k.device)
+
+        def quantized():  # [B, S, H, D] -> [B, H, S, D] E4M3; V column-major (the layout FP8 flex wants)
+            (q8, dq), (k8, dk), (v8, dv) = (per_tensor_fp8(t) for t in src)
+            return (q8.transpose(1, 2), k8.transpose(1, 2), v8.permute(0, 2, 3, 1).contiguous().transpose(-2, -1),
+                    dq * dk, dv)
+
+        def attend(q8, k8, v8, scores_descale, dv):
+            qk_descale.copy_(scores_descale)  # the shared scalar this call's score_mod reads (a 4-byte copy)
+            return flex(q8, k8, v8, score_mod=score_mod, **kw).to(torch.bfloat16) * dv
+
+        return _quantized_call(quantized, attend, self.prequant), lambda o: o.transpose(1, 2).reshape(-1, heads, dim)
+
+    def prepare(self, case: Case, inp: Inputs) -> Prepared:
+        if case.keep_ratio is not None:
+            raise Skip("FP8 flex: not with block sparsity here")
+        fn, to_jagged = self.fp8_call(self._kernel(inp.k.device), self._block_mask(case, inp.k.device), case, inp)
+        note = "E4M3, one scale per tensor (amax / 448), E4M3 output, " + (
+            "quantized before timing" if self.prequant else "amax + casts (torch ops) timed with the attention")
+        return Prepared(fn, [], to_jagged, tolerance=MXFP8_TOLERANCE, note=note,
+                        no_backward="forward only (the FP8 peer row)")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # torch.nn.attention.varlen.varlen_attn (FlashAttention-2 underneath)
 
@@ -756,9 +971,19 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # --------------------------------------------------------------------------------------------------------------------
 
 PEER_ORDER = ("fa4", "cudnn", "sdpa_flash", "flex", "varlen")
-# not measured by default: SDPA's math backend (runs on the CPU: tests the padding); per-head FP8 SDPA (FA3; the
-# mxfp8 suite's FP8 peer)
-EXTRA_PEERS = ("sdpa_math", "sdpa_fp8")
+# not measured by default: SDPA's math backend (runs on the CPU: tests the padding); the mxfp8 suite's FP8 peers:
+# per-head FP8 SDPA (FA3), FA4's and FlexAttention's per-tensor FP8 forwards (two rows each: quantization timed,
+# and before timing)
+EXTRA_PEERS = ("sdpa_math", "sdpa_fp8", "fa4_fp8", "flex_fp8")
+
+
+def make_peers(name: str, flex_compile: bool = True) -> list:
+    """The peers a ``--peers`` name stands for (one, but ``fa4_fp8``: its two rows)."""
+    if name == "fa4_fp8":
+        return [FlashAttention4Fp8(), FlashAttention4Fp8(prequant=True)]
+    if name == "flex_fp8":
+        return [FlexFp8(compile_kernel=flex_compile), FlexFp8(prequant=True, compile_kernel=flex_compile)]
+    return [make_peer(name, flex_compile)]
 
 
 def make_peer(name: str, flex_compile: bool = True):
@@ -776,4 +1001,8 @@ def make_peer(name: str, flex_compile: bool = True):
         return VarlenAttn()
     if name == "sdpa_fp8":
         return SdpaFp8()
+    if name == "fa4_fp8":  # its quantization-timed row (make_peers gives both)
+        return FlashAttention4Fp8()
+    if name == "flex_fp8":
+        return FlexFp8(compile_kernel=flex_compile)
     raise SystemExit(f"unknown peer {name!r}; choose from {', '.join(PEER_ORDER + EXTRA_PEERS)}")

@@ -229,10 +229,13 @@ def note_lines(records: List[dict]) -> List[str]:
     return seen
 
 
-HBM_COPY_GBPS = 4270.0  # device copy measured on the H200 (shared/device-facts.md)
+HBM_SPEC_GBPS = 4800.0  # the H200's HBM3e bandwidth (spec): issue 12's "80% of HBM bandwidth"
+HBM_COPY_GBPS = 4270.0  # device copy measured on the H200 (shared/device-facts.md), shown beside it
+QUANTIZE_TARGET = 0.8
 # issue 12's targets: (case kind, mode) -> (min ratio vs our bf16, min ratio vs FA4 bf16)
 MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), ("compute", "fwd"): (1.2, 1.0),
                  ("compute", "bwd"): (1.0, None)}
+FP8_PEER_PREFIXES = ("fa4 fp8", "flex fp8", "sdpa_fp8")  # per-tensor / per-head FP8 attention from peers (no targets)
 
 
 def _counts_quantization(peer: str) -> bool:
@@ -241,38 +244,80 @@ def _counts_quantization(peer: str) -> bool:
     return peer.startswith("jfa:mxfp8:") or peer.startswith("jfa:mxfp8[")
 
 
-def mxfp8_lines(records: List[dict]) -> List[str]:
-    """Per mxfp8-suite case and mode: MXFP8 (quantization counted, and pre-quantized) against our bf16 triton and FA4
-    bf16 with issue 12's targets, and the quantize kernel's GB/s against the H200's copy bandwidth (target 80%)."""
+def _our_bf16(peers: List[str]) -> List[str]:
+    """Our bf16 attention rows among ``peers`` (``jfa:tlx``, ``jfa:triton``, ...: not MXFP8, not a variant row;
+    the reference only where it is the only one, as ``ratio_backends``)."""
+    return ratio_backends([p for p in peers if p.startswith("jfa:") and not p.startswith("jfa:mxfp8")
+                           and " " not in p])
+
+
+def _fastest(idx, name: str, mode: str, peers) -> tuple:
+    """(peer, TFLOP/s) of the fastest of ``peers`` measured on (name, mode), or (None, None)."""
+    rows = [(p, (idx.get((name, p, mode)) or {}).get("tflops")) for p in peers]
+    rows = [(p, t) for p, t in rows if t]
+    return max(rows, key=lambda pt: pt[1]) if rows else (None, None)
+
+
+def _against(tflops: float, label: str, peer: Optional[str], base: Optional[float], target: Optional[float]):
+    """("1.70x our bf16 (jfa:tlx 100.0; target 1.6x)", met: True/False, or None without a target or a base)."""
+    if not base:
+        return f"{label} not measured", None
+    ratio = tflops / base
+    want = "" if target is None else f"; target {target}x"
+    return f"{ratio:.2f}x {label} ({peer} {_fmt(base)}{want})", None if target is None else ratio >= target
+
+
+def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = None) -> List[str]:
+    """Issue 12's performance lines for the mxfp8 suite. Per case and mode, a PASS/FAIL line for the fastest MXFP8
+    row that counts its quantization (``jfa:mxfp8:<backend>``) against the fastest of our bf16 rows in the run and
+    FA4's bf16, with the targets of the case's kind (memory-bound: broadcast-Q, window; compute-bound: the rest);
+    then every other MXFP8 row, pre-quantized row and FP8 peer row with its ratios (no verdict); then each quantize
+    row's GB/s against the H200's HBM bandwidth (target 80% of the 4.8 TB/s spec; the measured 4.27 TB/s copy beside
+    it); last, the FP8 peers that did not run and why (``unavailable``: the run's meta)."""
     idx = _index(records)
     out = []
-    mxfp8_peers = [p for p in peer_columns([r for r in records if not r.get("skip")])
-                   if p.startswith("jfa:mxfp8") and not p.startswith("jfa:mxfp8-quantize")]
-    for name in _case_names([r for r in records if r["case"]["suite"] == "mxfp8"]):
-        case = next(r["case"] for r in records if r["case"]["name"] == name)
-        kind = "memory" if case["broadcast_q"] or case["window"] != [-1, -1] else "compute"
+    mx = [r for r in records if r["case"]["suite"] == "mxfp8"]
+    measured = peer_columns([r for r in mx if not r.get("skip")])
+    ours_bf16 = _our_bf16(measured)
+    attention = [p for p in measured if (p.startswith("jfa:mxfp8") and not p.startswith("jfa:mxfp8-quantize"))
+                 or p.startswith(FP8_PEER_PREFIXES)]
+    for name in _case_names(mx):
+        case = next(r["case"] for r in mx if r["case"]["name"] == name)
+        kind = "memory" if case["broadcast_q"] or list(case["window"]) != [-1, -1] else "compute"
         for mode in MODES:
-            base = idx.get((name, "jfa:triton", mode)) or {}
-            fa4 = idx.get((name, YARDSTICK, mode)) or {}
-            for peer in mxfp8_peers:
-                r = idx.get((name, peer, mode)) or {}
-                if not r.get("tflops"):
+            base_peer, base = _fastest(idx, name, mode, ours_bf16)
+            fa4 = (idx.get((name, YARDSTICK, mode)) or {}).get("tflops")
+            want = MXFP8_TARGETS.get((kind, mode))
+            graded = [p for p in attention if _counts_quantization(p)]
+            best, best_tflops = _fastest(idx, name, mode, graded)
+            for peer in sorted(attention, key=lambda p: p != best):
+                tflops = (idx.get((name, peer, mode)) or {}).get("tflops")
+                if not tflops:
                     continue
-                want = MXFP8_TARGETS.get((kind, mode), (None, None))
-                parts = []
-                for label, other, target in (("our bf16", base, want[0]), ("FA4 bf16", fa4, want[1])):
-                    if other.get("tflops"):
-                        ratio = r["tflops"] / other["tflops"]
-                        verdict = "" if target is None or not _counts_quantization(peer) else \
-                            f" (target {target}x: {'PASS' if ratio >= target else 'FAIL'})"
-                        parts.append(f"{ratio:.2f}x {label}{verdict}")
-                out.append(f"{name} {mode} {peer}: {r['tflops']:.1f} TFLOP/s" + (", " + ", ".join(parts) if parts
-                                                                                   else ""))
-        q = idx.get((name, "jfa:mxfp8-quantize:triton", "fwd")) or {}
-        if q.get("gbps"):
-            share = q["gbps"] / HBM_COPY_GBPS
-            out.append(f"{name} quantize: {q['gbps']:.0f} GB/s = {share:.0%} of {HBM_COPY_GBPS:.0f} "
-                       f"(target 80%: {'PASS' if share >= 0.8 else 'FAIL'})")
+                verdict = peer == best and want is not None
+                targets = want if verdict else (None, None)
+                parts = [_against(tflops, "our bf16", base_peer, base, targets[0]),
+                         _against(tflops, "FA4 bf16", YARDSTICK, fa4, targets[1])]
+                text = f"{name} {mode} {peer}: {_fmt(tflops)} TFLOP/s, " + ", ".join(p[0] for p in parts)
+                if verdict:
+                    met = [m for (_, m), t in zip(parts, targets) if t is not None]
+                    ok = False if False in met else (None if None in met else True)  # a miss fails; a gap is n/a
+                    out.append(f"{_verdict(ok)} {kind}-bound {text}")
+                else:
+                    out.append(f"  {text}")
+        for peer in [p for p in measured if p.startswith("jfa:mxfp8-quantize")]:
+            q = idx.get((name, peer, "fwd")) or {}
+            if q.get("gbps"):
+                share, gbps = q["gbps"] / HBM_SPEC_GBPS, f"{q['gbps']:.0f}" if q["gbps"] >= 10 else _fmt(q["gbps"])
+                out.append(f"{_verdict(share >= QUANTIZE_TARGET)} {name} quantize {peer}: {gbps} GB/s = "
+                           f"{share:.0%} of the {HBM_SPEC_GBPS:.0f} GB/s HBM (target {QUANTIZE_TARGET:.0%}); "
+                           f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy")
+    if mx:
+        fp8_seen = {r["peer"] for r in mx if r["peer"].startswith(FP8_PEER_PREFIXES)}
+        missing = {n: why for n, why in (unavailable or {}).items() if n.startswith(FP8_PEER_PREFIXES)}
+        out += [f"FP8 peer {n}: not measured ({why})" for n, why in missing.items()]
+        if not fp8_seen and not missing:
+            out.append("no FP8 peer in this run (add --peers ...,fa4_fp8,flex_fp8,sdpa_fp8)")
     return out
 
 
@@ -404,7 +449,7 @@ def markdown(meta: dict, records: List[dict]) -> str:
     unavailable = meta.get("unavailable") or {}
     head = [f"# jfa_ops bench {meta['date']}", "",
             "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in meta.items()
-                                  if k not in ("argv", "unavailable", "issue11")] + [
+                                  if k not in ("argv", "unavailable", "issue11", "issue12")] + [
             f"| not measured | {'; '.join(f'{n}: {r}' for n, r in unavailable.items()) or '-'} |",
             f"| command | `{' '.join(meta.get('argv', []))}` |", ""]
     body = [suite_section(s, rs) for s, rs in by_suite(records).items()]
@@ -414,9 +459,9 @@ def markdown(meta: dict, records: List[dict]) -> str:
     sparse = sparse_lines(records)
     if sparse:
         body.append("## Issue 11 (block-sparse)\n\n" + "\n".join(f"- {t}" for t in sparse) + "\n")
-    mxfp8 = mxfp8_lines(records)
+    mxfp8 = mxfp8_lines(records, meta.get("unavailable"))
     if mxfp8:
-        body.append("## Issue 12 (MXFP8)\n\n" + "\n".join(f"- {t}" for t in mxfp8) + "\n")
+        body.append("## Issue 12 (MXFP8)\n\n" + "\n".join(f"- {t.strip()}" for t in mxfp8) + "\n")
     checks = check_lines(records)
     if checks:
         body.append("## Output checks (forward vs the bench's float32 oracle)\n\n" + "\n".join(f"- {c}" for c in checks)
@@ -488,8 +533,9 @@ def plot_suite(path: str, suite: str, records: List[dict]) -> Optional[str]:
     return None
 
 
-def short_summary(records: List[dict]) -> str:
-    """A few lines per suite for a device call's output: overhead and model rows, TFLOP/s summaries, the targets."""
+def short_summary(records: List[dict], unavailable: Optional[Dict[str, str]] = None) -> str:
+    """A few lines per suite for a device call's output: overhead and model rows, TFLOP/s summaries, the targets
+    (``unavailable``: the run's meta, for issue 12's FP8 peers that did not run)."""
     out = []
     ovh = [r for r in records if r["case"]["suite"] == "overhead" and not r.get("skip")]
     if ovh:
@@ -521,6 +567,9 @@ def short_summary(records: List[dict]) -> str:
     sparse = sparse_lines(records)
     if sparse:
         out += ["issue 11 (block-sparse):"] + [f"  {t}" for t in sparse]
+    mxfp8 = mxfp8_lines(records, unavailable)
+    if mxfp8:
+        out += ["issue 12 (MXFP8):"] + [f"  {t}" for t in mxfp8]
     skips = skip_lines(records)
     if skips:
         out += ["skipped:"] + [f"  {s}" for s in skips]
@@ -551,4 +600,5 @@ if __name__ == "__main__":  # python -m bench.report RESULTS.json: the short sum
     import sys
     for path in sys.argv[1:]:
         with open(path) as f:
-            print(f"== {path}\n" + short_summary(upgrade_records(json.load(f)["records"])))
+            data = json.load(f)
+        print(f"== {path}\n" + short_summary(upgrade_records(data["records"]), data["meta"].get("unavailable")))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-bwd|mxfp8|mxfp8-qk2|
-# host|bench|suite]`
+# host|bench|mxfp8-bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
 # dQ split) / dqdefer / statsahead / dqlag / alternate1 / alternate3, <= 4 min; TLX_BWD_TIMING_COLS=a,b: those
@@ -15,6 +15,7 @@
 # earlier call left it in /tmp/fa4; BENCH_ARGS overrides its arguments, BENCH_LIMIT_S its 170 s limit). `suite`
 # (not in `all`; carry .whl too): the whole GPU test suite with the automatic choice preferring tlx
 # (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
+# `mxfp8-bench` (not in `all`): issue 12's bench run, every row in one process (its branch below says what).
 # `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle with the walk's bounds
 # uniform (JFA_TLX_SPARSE_FWD_UNIFORM=1, helper fwduniform's knob; SPARSE_FWD_UNIFORM=0: the default walk; 120 s),
 # then timings on the bench's sparse batch: the default walk, the uniform walk, the other work order, triton sparse,
@@ -149,6 +150,17 @@ if [ "$part" = bench ]; then
   # shellcheck disable=SC2086
   $limit "${BENCH_LIMIT_S:-170}" bash bench/device_run.sh ${BENCH_ARGS:---quick --suite dense,jagged,broadcast,gqa,window --head-dims 128 \
     --backends tlx,triton --peers fa4 --modes fwd,bwd --budget-s 140 --no-plots} || rc=1
+fi
+if [ "$part" = mxfp8-bench ]; then  # issue 12's performance section in one process (bench/NOTES.md "Issue 12 bench,
+  # helper mxbench, stop 25"): the mxfp8 suite at D128 with our bf16 tlx/triton, MXFP8 on both, FA4 bf16 and the FP8
+  # peers; FA4 from /tmp/fa4 (two earlier calls carrying .whlA then .whlB, bench/README.md). BENCH_BUDGET_S (170):
+  # no new case after it (the causal pair comes last); BENCH_LIMIT_S (230): the hard stop, after which the JSON
+  # written after each case still gives issue 12's lines (bench.report).
+  if ! $limit "${BENCH_LIMIT_S:-230}" bash bench/device_run.sh --suite mxfp8 --head-dims 128 --backends tlx,triton \
+    --peers fa4,fa4_fp8,flex_fp8,sdpa_fp8 --modes fwd,bwd --budget-s "${BENCH_BUDGET_S:-170}" --no-plots; then
+    rc=1
+    python3 -m bench.report "${OUT:-bench/results}"/bench_*.json | grep -A80 "issue 12"
+  fi
 fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
   JFA_TLX_AUTO=1 $limit 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(
