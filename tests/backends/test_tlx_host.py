@@ -315,6 +315,31 @@ def test_forward_zigzag_launch(gpu, monkeypatch, zigzag):
 
 
 @needs_tlx
+def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
+    """``configs.FORWARD_ZIGZAG`` None (the default; bench/NOTES.md v16's H200 order-timing: every masked row and both
+    unmasked jagged rows gained, one-length unmasked dense S2048 lost 0.93x): causal and jagged calls launch ZIGZAG,
+    a one-length unmasked batch (known from the max_seqlen hints) does not."""
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_ZIGZAG", None)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)
+    names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
+
+    def zigzag(lengths, causal, hints):
+        q, k, v, offsets = _inputs(lengths)
+        hint = max(lengths) if hints else 0
+        runs.clear()
+        _full(monkeypatch, lambda: _forward(q, k, v, offsets, _params(causal=causal, max_seqlen_q=hint,
+                                                                      max_seqlen_kv=hint)))
+        (values,) = [v for name, _, v, _ in runs if name == "attn_fwd_tlx_kernel"]
+        return dict(zip(names, values))["ZIGZAG"]
+
+    assert zigzag([256] * 4, causal=True, hints=True)  # masked
+    assert zigzag([64, 17, 40, 5], causal=False, hints=True)  # jagged, unmasked
+    assert zigzag([256] * 4, causal=False, hints=False)  # lengths unknown from shapes: treated as jagged
+    assert not zigzag([256] * 4, causal=False, hints=True)  # one-length, unmasked: kv-major striding
+
+
+@needs_tlx
 def test_forward_head_group_rule(monkeypatch):
     """``configs.fwd_head_group``: the fewest kv heads (a divisor) whose items fill ZIGZAG_ROUNDS rounds of the
     programs (2 for a dense batch, 8 jagged), all of them when none does; FORWARD_HEAD_GROUP (or the argument): the

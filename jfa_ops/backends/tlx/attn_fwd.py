@@ -11,8 +11,8 @@ Roles inside one program (12 warps):
 
 Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
-takes p, p + P, ... (static persistent striding); ``configs.FORWARD_ZIGZAG`` (masked calls by default): items in
-``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``). The
+takes p, p + P, ... (static persistent striding); ``configs.FORWARD_ZIGZAG`` (masked or jagged calls by default):
+items in ``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``). The
 producer and the consumers walk the same items and compute the same key-block ranges (``triton.common.stage_bounds``:
 masked lead, mask-free bulk, masked tail; blocks nobody sees are never loaded), so their barrier phases stay in step
 without talking.
@@ -799,8 +799,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     num_heads_kv = k.shape[1]
     # ZIGZAG: not for one wave (no list: every item runs at once, the order cannot matter); D64/D128 only (the v4
     # configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4)
-    # configs.FORWARD_ZIGZAG None: masked calls only (triangles and bands are what static striding unbalances)
-    wanted = configs.FORWARD_ZIGZAG if configs.FORWARD_ZIGZAG is not None else (has_left or has_right)
+    # masked or jagged calls by default: triangles, bands and unequal sequences are what static striding unbalances
+    wanted = configs.forward_zigzag(has_left or has_right, uniform)
     zigzag = wanted and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
     head_group = configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
                                         uniform) if zigzag else 1

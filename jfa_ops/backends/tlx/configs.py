@@ -29,10 +29,17 @@ ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_F
 # to the non-causal row (tools/fwd_schedule_model.py). JFA_TLX_FWD_HEAD_GROUP=N sets the group (kv heads). D64 and
 # D128 (the v4 configs; D256's v3 consumers spilled 40-68 B more per thread with it).
 # Measured on the H200 (2026-12-02, bench/NOTES.md v16): 1.00-1.58x on every causal/window row (dense S2048 causal
-# 361 -> 474 TFLOP/s), but 0.93x on dense S2048 without a mask (kv-major striding keeps a head's K/V in the L2 there,
-# and equal tiles need no balancing). So None, the default: masked calls (causal or a window) only; True
-# (JFA_TLX_FWD_ZIGZAG=1): every call; False (=0): none.
+# 361 -> 474 TFLOP/s), 1.087x / 1.007x on the unmasked jagged rows (T16384 n10 / T65536 n63: unequal tiles), but
+# 0.93x on dense S2048 without a mask (kv-major striding keeps a head's K/V in the L2 there, and equal tiles need no
+# balancing). So None, the default (``forward_zigzag``): masked calls (causal or a window) and jagged ones, not
+# one-length unmasked batches; True (JFA_TLX_FWD_ZIGZAG=1): every call; False (=0): none.
 FORWARD_ZIGZAG: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ZIGZAG", ""))
+
+
+def forward_zigzag(masked: bool, uniform: bool) -> bool:
+    """Whether a forward wants the zigzag order (``FORWARD_ZIGZAG``; None: masked or jagged calls, ``uniform``:
+    every sequence the same length, known from shapes). The kernel takes it where it applies (D64/D128, a list)."""
+    return FORWARD_ZIGZAG if FORWARD_ZIGZAG is not None else (masked or not uniform)
 _FWD_HEAD_GROUP_ENV = os.environ.get("JFA_TLX_FWD_HEAD_GROUP", "")
 FORWARD_HEAD_GROUP: Optional[int] = int(_FWD_HEAD_GROUP_ENV) if _FWD_HEAD_GROUP_ENV else None
 # ZIGZAG's rounds of programs per head group (fwd_head_group): a dense batch's items repeat one cost pattern per

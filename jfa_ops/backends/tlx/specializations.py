@@ -241,7 +241,8 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     for uniform_walk in (False, True):  # blocks of several tiles
         yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
-    # helper tlxcausal's work order (configs.FORWARD_ZIGZAG: masked calls by default; D64/D128): the v4 consumers, and v3 for broadcast-Q
+    # helper tlxcausal's work order (configs.FORWARD_ZIGZAG: masked or jagged calls by default; D64/D128): the v4
+    # consumers, and v3 for broadcast-Q
     # (GQA and the head group are runtime values: no kernel of their own)
     for head_dim in (64, 128):
         for causal in (False, True):
