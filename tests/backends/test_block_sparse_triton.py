@@ -274,14 +274,15 @@ POOLING_CASES = {  # (q lengths or None: the kv lengths, kv lengths, broadcast L
 }
 
 
-@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+@on_each_device
 @pytest.mark.parametrize("name", list(POOLING_CASES))
-def test_pool_variants_equal_the_default_bit_for_bit(name, monkeypatch):
-    """Selection pool v6 (``KNOBS.sparse_pool_stream``: 4 kv heads per program streamed with two steps ahead;
+def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
+    """Selection pool v6 (``KNOBS.sparse_pool_stream``: 4 kv heads per program, 3 steps in flight;
     ``KNOBS.sparse_pool_one_launch``: Q and K in one launch) sums each kv head in the default's order (the same
-    [32, D] accumulator and step order): pooled Q, pooled K and the slot -> sequence map equal the default's bit for
-    bit (fp16 inputs under the interpreter; the GPU run compares the chosen blocks), on jagged batches with empty
-    sequences, length 1, partial tails, GQA, a partial group of heads and broadcast Q; the choices equal the
+    [32, D] accumulator and step order; on sm_90 the same TTGIR layout of it and of its reduction, the stream's steps
+    landing through shared memory): pooled Q, pooled K and the slot -> sequence map equal the default's bit for bit
+    (fp16 inputs; on the GPU also bf16), every element the default leaves unwritten unwritten, on jagged batches with
+    empty sequences, length 1, partial tails, GQA, a partial group of heads and broadcast Q; the choices equal the
     reference's."""
     from jfa_ops.backends.triton import block_sparse_select
 
@@ -299,20 +300,26 @@ def test_pool_variants_equal_the_default_bit_for_bit(name, monkeypatch):
     q_lens, kv_lens, broadcast, heads_q, heads_kv, block_q, block_kv = POOLING_CASES[name]
     gen = torch.Generator().manual_seed(5)
     q_lens = q_lens or kv_lens
-    q = (torch.randn(broadcast or sum(q_lens), heads_q, 24, generator=gen) * 4).half()  # padded head dim (24 of 32)
-    k = (torch.randn(sum(kv_lens), heads_kv, 24, generator=gen) * 4).half()
-    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
-    q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(broadcast or sum(q_lens), heads_q, 24, generator=gen) * 4  # padded head dim (24 of 32)
+    k = torch.randn(sum(kv_lens), heads_kv, 24, generator=gen) * 4
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                                                device=device)
     opts = dict(block_q=block_q, block_kv=block_kv, keep_ratio=0.5, causal=not broadcast,
                 broadcast_q=bool(broadcast))
-    for variant in ("scratch", *POOL_VARIANTS):
-        _set_select_variant(monkeypatch, variant)
-        _assert_selection_equals_reference(q, k, q_off, kv_off, broadcast or max(q_lens), max(kv_lens), **opts)
-    assert len(pooled) == 1 + len(POOL_VARIANTS)
-    default, *variants = pooled
-    for variant, got in zip(POOL_VARIANTS, variants):
-        for what, a, b in zip(("pooled_q", "pooled_k", "q_slot_seq"), default, got):
-            assert torch.equal(a, b), (variant, what)
+    dtypes = (torch.float16,) if device == "cpu" else (torch.float16, torch.bfloat16)
+    for dtype in dtypes:
+        for variant in ("scratch", *POOL_VARIANTS):
+            _set_select_variant(monkeypatch, variant)
+            _assert_selection_equals_reference(q.to(device, dtype), k.to(device, dtype), q_off, kv_off,
+                                               broadcast or max(q_lens), max(kv_lens), **opts)
+    runs = 1 + len(POOL_VARIANTS)
+    assert len(pooled) == len(dtypes) * runs
+    for dtype, first in zip(dtypes, range(0, len(pooled), runs)):
+        default, *variants = pooled[first:first + runs]
+        for variant, got in zip(POOL_VARIANTS, variants):
+            for what, a, b in zip(("pooled_q", "pooled_k", "q_slot_seq"), default, got):
+                assert torch.equal(a, b), (dtype, variant, what)
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")

@@ -100,10 +100,11 @@ def _pool_slot_stream(X, OFF, Pooled, t, head0, num_seqs, search_steps, rows, he
                       stride_ps, stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
                       ROWS: tl.constexpr, SEARCH_STEPS: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr):
     """``_pool_slot`` for kv heads head0 .. head0 + HEADS - 1 (``KNOBS.sparse_pool_stream``): one stream of ROWS-row
-    steps over the heads (the slot search and offsets once for HEADS heads), each step's load issued two steps
-    ahead (two [ROWS, D] tiles in flight behind the one being summed, across head boundaries: no drain between
-    heads). Each kv head's sum is ``_pool_slot``'s: the same [ROWS, D] accumulator, the same step order (query head
-    g of the group slower, row step faster), the same reduction: the same bits."""
+    steps over the heads (the slot search and offsets once for HEADS heads, not once per 32 KB), software-pipelined
+    by Triton (``tl.range(num_stages=STAGES)``: async copies to shared memory, STAGES - 1 steps in flight, across
+    head boundaries: no drain between heads; registers stay low, 72 on sm_90, so 7 programs fit an SM). Each kv
+    head's sum is ``_pool_slot``'s: the same [ROWS, D] accumulator (the same TTGIR layout on sm_90), the same step
+    order (query head g of the group slower, row step faster), the same reduction: the same bits."""
     if SEARCH_STEPS > 0:
         seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
     else:
