@@ -265,7 +265,8 @@ def test_selection_edge_cases(device, name, variant, monkeypatch):
                                            broadcast_q=bool(broadcast), always_local=always_local)
 
 
-POOLING_CASES = {  # (q lengths or None: the kv lengths, kv lengths, broadcast L_q, q heads, kv heads, block_q, block_kv)
+# (q lengths or None: the kv lengths, kv lengths, broadcast L_q, q heads, kv heads, block_q, block_kv)
+POOLING_CASES = {
     # empty, length 1, tails not a multiple of the block, one block exactly; GQA 3 with 6 kv heads (4 + a partial 2)
     "jagged_gqa_partial_head_group": ((0, 1, 37, 32, 70, 0, 5), (3, 0, 64, 33, 1, 90, 12), None, 18, 6, 32, 32),
     # 2 kv heads (fewer than a stream's 4), several 32-row steps a head, 64-row Q blocks beside 32-row KV blocks

@@ -34,7 +34,7 @@ from .scheduling import (binary_search_steps, capacity_of, fanout_search_steps, 
 POOL_WHOLE_BLOCK_MAX = 128 * 128  # elements of the largest whole-block pooling tile (64 registers of bf16 a thread)
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
 POOL_STREAM_HEADS = 4  # kv heads a pooling program streams under KNOBS.sparse_pool_stream (4 x 32 KB at D128 bf16)
-POOL_STREAM_STAGES = tl.constexpr(4)  # ... its loop's stages: 3 [32, D] steps in flight (async copies to shared memory, 8 KB each)
+POOL_STREAM_STAGES = tl.constexpr(4)  # ... its loop's stages: 3 [32, D] steps in flight (async copies, 8 KB each)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
 # the scores' arithmetic (``score_kind``; the kernels' SCORES)
