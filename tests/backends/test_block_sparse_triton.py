@@ -282,7 +282,7 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
     ``KNOBS.sparse_pool_one_launch``: Q and K in one launch) sums each kv head in the default's order (the same
     [32, D] accumulator and step order; on sm_90 the same TTGIR layout of it and of its reduction, the stream's steps
     landing through shared memory): pooled Q, pooled K and the slot -> sequence map equal the default's bit for bit
-    (fp16 inputs; on the GPU also bf16), every element the default leaves unwritten unwritten, on jagged batches with
+    (fp16 inputs; bf16 on the GPU), every element the default leaves unwritten unwritten, on jagged batches with
     empty sequences, length 1, partial tails, GQA, a partial group of heads and broadcast Q; the choices equal the
     reference's."""
     from jfa_ops.backends.triton import block_sparse_select
@@ -308,7 +308,7 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
                                                 device=device)
     opts = dict(block_q=block_q, block_kv=block_kv, keep_ratio=0.5, causal=not broadcast,
                 broadcast_q=bool(broadcast))
-    dtypes = (torch.float16,) if device == "cpu" else (torch.float16, torch.bfloat16)
+    dtypes = (torch.float16,) if device == "cpu" else (torch.bfloat16,)  # the GPU: the bench's dtype
     for dtype in dtypes:
         for variant in ("scratch", *POOL_VARIANTS):
             _set_select_variant(monkeypatch, variant)
