@@ -55,6 +55,21 @@ def _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_
 
 
 @triton.jit
+def _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """(sequence, first row in it, real) of pooling slot t: the 64-ary search (SEARCH_STEPS > 0) or the binary one."""
+    if SEARCH_STEPS > 0:
+        return slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
+    else:
+        return slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+
+
+@triton.jit
+def _block_rows(OFF, seq, start, BLOCK: tl.constexpr):
+    """(the sequence's first row in X (int64), the block's end within the sequence) of a real slot."""
+    return tl.load(OFF + seq).to(tl.int64), tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
+
+
+@triton.jit
 def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh, stride_ps,
                stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
                SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
@@ -64,13 +79,9 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
     serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS). WHOLE_BLOCK
     (``KNOBS.sparse_pool_whole_block``): one [BLOCK, D] load per head instead, reduced as it lands: the program's
     32 KB (D128 bf16) in one round trip instead of ~3 (ROWS-row steps, one ahead)."""
-    if SEARCH_STEPS > 0:
-        seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
-    else:
-        seq, start, real = slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+    seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
     if real:
-        row0 = tl.load(OFF + seq).to(tl.int64)
-        end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
+        row0, end = _block_rows(OFF, seq, start, BLOCK)
         d = tl.arange(0, BLOCK_D)
         if WHOLE_BLOCK:  # one [BLOCK, D] load per head: the block's rows all in flight at once
             r = start + tl.arange(0, BLOCK)
@@ -105,13 +116,9 @@ def _pool_slot_stream(X, OFF, Pooled, t, head0, num_seqs, search_steps, rows, he
     head boundaries: no drain between heads; registers stay low, 72 on sm_90, so 7 programs fit an SM). Each kv
     head's sum is ``_pool_slot``'s: the same [ROWS, D] accumulator (the same TTGIR layout on sm_90), the same step
     order (query head g of the group slower, row step faster), the same reduction: the same bits."""
-    if SEARCH_STEPS > 0:
-        seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
-    else:
-        seq, start, real = slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+    seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
     if real:
-        row0 = tl.load(OFF + seq).to(tl.int64)
-        end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
+        row0, end = _block_rows(OFF, seq, start, BLOCK)
         d = tl.arange(0, BLOCK_D)
         steps = (end - start + ROWS - 1) // ROWS
         per_head = steps * group  # steps of one kv head
