@@ -56,7 +56,9 @@ def loop_mix(ptx: str):
             k -= 1
         label = _LABEL.match(lines[k]).group(1)
         back = re.compile(r"bra(\.uni)?\s+" + re.escape(label) + ";")
-        end = next(j for j in range(i, len(lines)) if back.search(lines[j]))
+        end = next((j for j in range(i, len(lines)) if back.search(lines[j])), None)
+        if end is None:  # the header's block is not the one the back edge targets (a branch inside the loop)
+            continue
         ops = [re.sub(r"^@!?%p\d+\s+", "", l.strip()).split()[0] for l in lines[k:end] if _INSTR.match(l)]
         loops.append(dict(collections.Counter(_kind(op) for op in ops), total=len(ops)))
     return loops

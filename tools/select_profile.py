@@ -4,17 +4,18 @@ case and knob variant (one process: the variants' A/B in the same run).
 `PYTHONPATH=$PWD python tools/select_profile.py [--calls 50] [--cases 0,2] [--variants default,v5]` on a CUDA machine
 (~20 s a case and variant once compiled). The case is the bench's quick `sparse` case (bench.suites.sparse_cases:
 T 66,944, B 22, H 16, D 128, bf16, 128-blocks; 0 keep 0.5, 1 keep 0.25, 2 and 3 the causal ones). A variant is
-`default` (the shipped knobs) or `+`-joined `configs.KNOBS` names turned on (`v5` stands for selection v5's two:
-tools/sparse_profile.py's `_set_variant`). Prints, in microseconds per call:
+`default` (the shipped knobs) or `+`-joined `configs.KNOBS` names turned on (`v5` stands for selection v5's two, `pool6`
+for selection pool v6's two: tools/sparse_profile.py's `_set_variant`). Prints, in microseconds per call:
 
 - `bench_us`: what the bench's `select` row measures (triton.testing.do_bench: events around each call, L2 flushed
   before it; the GPU waits for the host between the flush and the call's first kernel);
 - `host_us`: wall time per call with no sync, the queue never full (the host path alone when it is the slower side);
 - `gpu_us`: wall time per replay of the call captured in a CUDA graph (GPU work without host gaps);
-- per kernel (torch.profiler, `calls` calls): mean GPU time and launches per call, sorted by time;
+- per kernel (torch.profiler, `calls` calls): mean GPU time and launches per call, sorted by time; `pool_us` (the
+  pooling kernels' sum) and the rate it reads Q and K at (TB/s);
 - `same`: whether the variant chose exactly the blocks `default` chose (index and count equal).
 
-bench/NOTES.md "selection v5" says what to expect.
+bench/NOTES.md "selection v5" and "selection pool v6" say what to expect.
 """
 from __future__ import annotations
 
@@ -84,17 +85,20 @@ def main():
             chosen = chosen or index_count
             bench_us, host_us, gpu_us, kernels = _profile(call, args.calls)
             total = sum(v[0] for v in kernels.values())
-            rows.append((case.label, variant, bench_us, host_us, gpu_us, total, same))
+            pool_us = sum(v[0] for name, v in kernels.items() if "pool" in name)
+            rows.append((case.label, variant, bench_us, host_us, gpu_us, total, pool_us, same))
             print(f"{case.label} [{variant}]: bench_us {bench_us:.1f}  host_us {host_us:.1f}  gpu_us "
-                  f"{'-' if gpu_us is None else f'{gpu_us:.1f}'}  (sum of kernels {total:.1f})  same {same}",
+                  f"{'-' if gpu_us is None else f'{gpu_us:.1f}'}  (sum of kernels {total:.1f})  pool_us "
+                  f"{pool_us:.1f} ({(x.q.nbytes + x.k.nbytes) / max(pool_us, 1e-9) / 1e6:.2f} TB/s)  same {same}",
                   flush=True)
             for name, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0]):
                 print(f"  {us:8.1f} us  {n / args.calls:4.1f}x  {name[:100]}")
     _set_variant("default")
-    print(f"{'case':24s} {'variant':40s} {'bench_us':>9s} {'host_us':>8s} {'gpu_us':>7s} {'kernels':>8s} same")
-    for label, variant, bench_us, host_us, gpu_us, total, same in rows:
+    print(f"{'case':24s} {'variant':40s} {'bench_us':>9s} {'host_us':>8s} {'gpu_us':>7s} {'kernels':>8s} "
+          f"{'pool_us':>8s} same")
+    for label, variant, bench_us, host_us, gpu_us, total, pool_us, same in rows:
         print(f"{label:24s} {variant:40s} {bench_us:9.1f} {host_us:8.1f} "
-              f"{'-' if gpu_us is None else f'{gpu_us:.1f}':>7s} {total:8.1f} {same}")
+              f"{'-' if gpu_us is None else f'{gpu_us:.1f}':>7s} {total:8.1f} {pool_us:8.1f} {same}")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,12 @@ from jfa_ops.backends.triton import configs
 V4 = ("sparse_list_cost_in_kernel", "sparse_one_pass_split", "sparse_pool_fanout", "sparse_transpose_kernel")
 # selection v5 (bench/NOTES.md "selection v5"): same choices; "v5" in a variant names these two
 V5 = ("sparse_pool_whole_block", "sparse_select_visible")
+# selection pool v6 (bench/NOTES.md "selection pool v6"): same bits; "pool6" in a variant names these two
+POOL6 = ("sparse_pool_stream", "sparse_pool_one_launch")
+# every knob a variant may turn on must be here: _set_variant resets these to SHIPPED before each variant
 SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows",
-                "sparse_select_grouped") + V4 + V5
-GROUPS = {"v4": V4, "v5": V5}
+                "sparse_select_grouped", "sparse_select_fp32_rn") + V4 + V5 + POOL6
+GROUPS = {"v4": V4, "v5": V5, "pool6": POOL6}
 SHIPPED = {name: getattr(configs.KNOBS, name) for name in SPARSE_KNOBS}  # as imported (JFA_* settings included)
 
 
@@ -45,8 +48,8 @@ def _set_variant(variant: str) -> None:
         setattr(configs.KNOBS, name, value)
     if variant != "default":
         for name in (n for part in variant.split("+") for n in GROUPS.get(part, (part,))):
-            if not hasattr(configs.KNOBS, name):
-                raise SystemExit(f"no knob {name!r} in configs.KNOBS")
+            if name not in SHIPPED:  # a knob left on would leak into the next variant
+                raise SystemExit(f"no knob {name!r} in sparse_profile.SPARSE_KNOBS")
             setattr(configs.KNOBS, name, True)
 
 

@@ -99,7 +99,7 @@ def _cases():
 
 _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "rank_tiles_kernel",
                 "offsets_ok_kernel",
-                "block_pool_kernel", "block_select_kernel", "transpose_selection_kernel",
+                "block_pool_kernel", "block_pool_pair_kernel", "block_select_kernel", "transpose_selection_kernel",
                 "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel")  # the last two: the tlx
 # MXFP8 forward's operand stage (mxfp8_rebase.py: per-row/-tile scaling, no matmul)
 
@@ -179,3 +179,52 @@ def test_compiles_with_inductor_float_arguments():
     assert len(results) >= 8  # fwd, dkdv, dq, finalize, the block-sparse and MXFP8 attention kernels
     errors = {name: r["error"][:300] for name, r in results.items() if "error" in r}
     assert not errors, errors
+
+
+_POOL_WORKER = r"""
+import importlib, json, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from jfa_ops.backends.triton.specializations import block_sparse_specializations
+
+out = []
+for s in block_sparse_specializations():
+    if not s.name.startswith("bs_pool"):
+        continue
+    fn = getattr(importlib.import_module(s.module), s.kernel)
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=s.signature, constexprs=s.constexprs,
+                                                 attrs=s.attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": s.num_warps, "num_stages": s.num_stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(k.asm["ptx"])
+        f.flush()
+        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
+                             capture_output=True, text=True).stderr
+    out.append(dict(name=s.name, shared=k.metadata.shared, warps=s.num_warps,
+                    registers=max(int(x) for x in re.findall(r"Used (\d+) registers", log)),
+                    spills=max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)),
+                    async_copies=k.asm["ttgir"].count("async_copy_global_to_local")))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_pool_variants_keep_loads_in_flight():
+    """Selection pool v6 (bench/NOTES.md "selection pool v6") on sm_90, ptxas -v: no spills, shared memory within the
+    budget; ``KNOBS.sparse_pool_stream``'s loop pipelined by async copies (3 [32, D] steps in flight: >= 24 KB of
+    shared memory) at <= 80 registers (>= 6 programs of 4 warps per SM: >= 144 KB in flight per SM, 3x the ~45 KB
+    4 TB/s needs); every pooling kernel (the default, whole-block, both sides in one launch) <= 144 registers."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _POOL_WORKER], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    streams = [r for r in results if r["name"].endswith("-stream")]
+    assert len(results) >= 6 and len(streams) == 2, [r["name"] for r in results]
+    for r in results:
+        assert r["spills"] == 0 and r["shared"] <= SHARED_MEMORY_LIMITS[90] and r["registers"] <= 144, r
+    for r in streams:
+        assert r["async_copies"] > 0 and r["shared"] >= 3 * 32 * 128 * 2 and r["registers"] <= 80, r
+        assert 65536 // (r["registers"] * 32 * r["warps"]) >= 6, r

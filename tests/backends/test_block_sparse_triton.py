@@ -174,7 +174,14 @@ SELECT_VARIANTS = {
     "fp32_rn": dict(sparse_select_rows=False, sparse_select_fp32_rn=True),
     "fp32_rn_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
                             sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
+    # selection pool v6: 4 kv heads per pooling program (either search), Q and K pooled in one launch
+    "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True),
+    "pool_one_launch": dict(sparse_select_rows=True, sparse_pool_fanout=True, sparse_pool_whole_block=True,
+                            sparse_pool_one_launch=True),
+    "pool_stream_one_launch": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_stream=True,
+                                   sparse_pool_one_launch=True),
 }
+POOL_VARIANTS = ("pool_stream", "pool_one_launch", "pool_stream_one_launch")
 
 
 def _set_select_variant(monkeypatch, variant):
@@ -256,6 +263,64 @@ def test_selection_edge_cases(device, name, variant, monkeypatch):
         _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max(kv_lens), block_q=block_q,
                                            block_kv=block_kv, keep_ratio=0.5, causal=causal, window=window,
                                            broadcast_q=bool(broadcast), always_local=always_local)
+
+
+# (q lengths or None: the kv lengths, kv lengths, broadcast L_q, q heads, kv heads, block_q, block_kv)
+POOLING_CASES = {
+    # empty, length 1, tails not a multiple of the block, one block exactly; GQA 3 with 6 kv heads (4 + a partial 2)
+    "jagged_gqa_partial_head_group": ((0, 1, 37, 32, 70, 0, 5), (3, 0, 64, 33, 1, 90, 12), None, 18, 6, 32, 32),
+    # 2 kv heads (fewer than a stream's 4), several 32-row steps a head, 64-row Q blocks beside 32-row KV blocks
+    "few_heads_long_blocks": ((130, 64, 1, 0, 100), (45, 130, 0, 64, 7), None, 2, 2, 64, 32),
+    "broadcast_q": (None, (0, 1, 15, 33, 70, 0, 48), 77, 8, 4, 32, 16),
+}
+
+
+@on_each_device
+@pytest.mark.parametrize("name", list(POOLING_CASES))
+def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
+    """Selection pool v6 (``KNOBS.sparse_pool_stream``: 4 kv heads per program, 3 steps in flight;
+    ``KNOBS.sparse_pool_one_launch``: Q and K in one launch) sums each kv head in the default's order (the same
+    [32, D] accumulator and step order; on sm_90 the same TTGIR layout of it and of its reduction, the stream's steps
+    landing through shared memory): pooled Q, pooled K and the slot -> sequence map equal the default's bit for bit
+    (fp16 inputs; bf16 on the GPU), every element the default leaves unwritten unwritten, on jagged batches with
+    empty sequences, length 1, partial tails, GQA, a partial group of heads and broadcast Q; the choices equal the
+    reference's."""
+    from jfa_ops.backends.triton import block_sparse_select
+
+    pooled = []
+    real_pool = block_sparse_select._pool
+
+    def pool(*args):  # outputs start as a sentinel: a variant writing any other element (or fewer) differs
+        outputs = args[4:7]  # pooled_q, pooled_k, q_slot_seq
+        for t in outputs:
+            t.fill_(-12345)
+        real_pool(*args)
+        pooled.append([t.clone() for t in outputs])
+
+    monkeypatch.setattr(block_sparse_select, "_pool", pool)
+    q_lens, kv_lens, broadcast, heads_q, heads_kv, block_q, block_kv = POOLING_CASES[name]
+    gen = torch.Generator().manual_seed(5)
+    q_lens = q_lens or kv_lens
+    q = torch.randn(broadcast or sum(q_lens), heads_q, 24, generator=gen) * 4  # padded head dim (24 of 32)
+    k = torch.randn(sum(kv_lens), heads_kv, 24, generator=gen) * 4
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                                                device=device)
+    opts = dict(block_q=block_q, block_kv=block_kv, keep_ratio=0.5, causal=not broadcast,
+                broadcast_q=bool(broadcast))
+    dtypes = (torch.float16,) if device == "cpu" else (torch.bfloat16,)  # the GPU: the bench's dtype
+    for dtype in dtypes:
+        for variant in ("scratch", *POOL_VARIANTS):
+            _set_select_variant(monkeypatch, variant)
+            _assert_selection_equals_reference(q.to(device, dtype), k.to(device, dtype), q_off, kv_off,
+                                               broadcast or max(q_lens), max(kv_lens), **opts)
+    runs = 1 + len(POOL_VARIANTS)
+    assert len(pooled) == len(dtypes) * runs
+    for dtype, first in zip(dtypes, range(0, len(pooled), runs)):
+        default, *variants = pooled[first:first + runs]
+        for variant, got in zip(POOL_VARIANTS, variants):
+            for what, a, b in zip(("pooled_q", "pooled_k", "q_slot_seq"), default, got):
+                assert torch.equal(a, b), (dtype, variant, what)
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")

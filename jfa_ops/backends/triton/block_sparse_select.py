@@ -33,6 +33,8 @@ from .scheduling import (binary_search_steps, capacity_of, fanout_search_steps, 
 
 POOL_WHOLE_BLOCK_MAX = 128 * 128  # elements of the largest whole-block pooling tile (64 registers of bf16 a thread)
 POOL_ROWS = 32  # rows per step of the pooling loop (a [32, D] tile summed elementwise; one reduction at the end)
+POOL_STREAM_HEADS = 4  # kv heads a pooling program streams under KNOBS.sparse_pool_stream (4 x 32 KB at D128 bf16)
+POOL_STREAM_STAGES = tl.constexpr(4)  # ... its loop's stages: 3 [32, D] steps in flight (async copies, 8 KB each)
 SELECT_BLOCK_J = 32  # KV blocks per step of the scores and of the rank's outer loop
 SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks ranks in one step per outer step
 # the scores' arithmetic (``score_kind``; the kernels' SCORES)
@@ -53,6 +55,21 @@ def _load_step(X, row0, start, end, head, group, steps, step, stride_xt, stride_
 
 
 @triton.jit
+def _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """(sequence, first row in it, real) of pooling slot t: the 64-ary search (SEARCH_STEPS > 0) or the binary one."""
+    if SEARCH_STEPS > 0:
+        return slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
+    else:
+        return slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+
+
+@triton.jit
+def _block_rows(OFF, seq, start, BLOCK: tl.constexpr):
+    """(the sequence's first row in X (int64), the block's end within the sequence) of a real slot."""
+    return tl.load(OFF + seq).to(tl.int64), tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
+
+
+@triton.jit
 def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh, stride_ps,
                stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
                SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
@@ -62,13 +79,9 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
     serialized a thread's 16-byte loads (one in flight at a time, sm_90 SASS). WHOLE_BLOCK
     (``KNOBS.sparse_pool_whole_block``): one [BLOCK, D] load per head instead, reduced as it lands: the program's
     32 KB (D128 bf16) in one round trip instead of ~3 (ROWS-row steps, one ahead)."""
-    if SEARCH_STEPS > 0:
-        seq, start, real = slot_tile_fanout(OFF, OFF, t, num_seqs, rows, rows, BLOCK, SEARCH_STEPS)
-    else:
-        seq, start, real = slot_tile(OFF, OFF, t, num_seqs, search_steps, rows, rows, BLOCK)
+    seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
     if real:
-        row0 = tl.load(OFF + seq).to(tl.int64)
-        end = tl.minimum(start + BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq))
+        row0, end = _block_rows(OFF, seq, start, BLOCK)
         d = tl.arange(0, BLOCK_D)
         if WHOLE_BLOCK:  # one [BLOCK, D] load per head: the block's rows all in flight at once
             r = start + tl.arange(0, BLOCK)
@@ -93,12 +106,71 @@ def _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, str
     return seq, real
 
 
+@triton.jit
+def _pool_slot_stream(X, OFF, Pooled, t, head0, num_seqs, search_steps, rows, heads, group, stride_xt, stride_xh,
+                      stride_ps, stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                      ROWS: tl.constexpr, SEARCH_STEPS: tl.constexpr, HEADS: tl.constexpr, STAGES: tl.constexpr):
+    """``_pool_slot`` for kv heads head0 .. head0 + HEADS - 1 (``KNOBS.sparse_pool_stream``): one stream of ROWS-row
+    steps over the heads (the slot search and offsets once for HEADS heads, not once per 32 KB), software-pipelined
+    by Triton (``tl.range(num_stages=STAGES)``: async copies to shared memory, STAGES - 1 steps in flight, across
+    head boundaries: no drain between heads; registers stay low, 72 on sm_90, so 7 programs fit an SM). Each kv
+    head's sum is ``_pool_slot``'s: the same [ROWS, D] accumulator (the same TTGIR layout on sm_90), the same step
+    order (query head g of the group slower, row step faster), the same reduction: the same bits."""
+    seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
+    if real:
+        row0, end = _block_rows(OFF, seq, start, BLOCK)
+        d = tl.arange(0, BLOCK_D)
+        steps = (end - start + ROWS - 1) // ROWS
+        per_head = steps * group  # steps of one kv head
+        n = tl.minimum(heads - head0, HEADS) * per_head
+        q_head0 = head0 * group  # step k reads query head q_head0 + k // steps: kv head k // per_head, g in its group
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        for k in tl.range(0, loop_bound(n), num_stages=STAGES):  # STAGES - 1 steps in flight (async copies)
+            acc += _load_step(X, row0, start, end, q_head0, 1, steps, k, stride_xt, stride_xh, HEAD_DIM, BLOCK_D,
+                              ROWS).to(tl.float32)
+            if (k + 1) % per_head == 0:  # kv head head0 + k // per_head is summed
+                pooled = tl.sum(acc, 0) / ((end - start) * group).to(tl.float32)
+                tl.store(Pooled + t.to(tl.int64) * stride_ps + (head0 + k // per_head) * stride_ph + d, pooled,
+                         mask=d < HEAD_DIM)
+                acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    return seq, real
+
+
+@triton.jit
+def _pool_program(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, pid, num_seqs, other_seqs, search_steps, rows,
+                  other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                  WRITE_SEQ: tl.constexpr, CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                  WHOLE_BLOCK: tl.constexpr, HEADS: tl.constexpr):
+    """Program pid of one side's pooling (``block_pool_kernel``): slot pid // head groups, kv heads from
+    (pid % head groups) * HEADS (HEADS > 1: ``_pool_slot_stream``)."""
+    head_groups = (heads + HEADS - 1) // HEADS
+    t = pid // head_groups
+    head = (pid % head_groups) * HEADS
+    if CHECK:
+        if (t == 0) & (head == 0):
+            valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(OTHER_OFF, other_seqs, other_rows,
+                                                                            max_o, 1024)
+            tl.store(FLAG, valid.to(tl.int32))
+    if HEADS > 1:
+        seq, real = _pool_slot_stream(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, heads, group, stride_xt,
+                                      stride_xh, stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS,
+                                      HEADS, POOL_STREAM_STAGES)
+    else:
+        seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh,
+                               stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS, WHOLE_BLOCK)
+    if WRITE_SEQ:
+        if head == 0:
+            tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
+
+
 @triton.jit(do_not_specialize=["num_seqs", "other_seqs", "search_steps", "rows", "other_rows", "max_s", "max_o",
                                "heads", "group"])
 def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other_seqs, search_steps, rows,
                       other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_SEQ: tl.constexpr,
-                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr):
+                      CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr,
+                      HEADS: tl.constexpr):
     """Program t * heads + head: pools slot t of X (one launch for Q, one for K: each its block size and one loop
     body; both sides in one program made ptxas serialize the K side's loads). WRITE_SEQ: head 0 also writes
     SLOT_SEQ[t] (the slot's sequence, -1 for padding). CHECK: program (0, 0) also checks OFF and OTHER_OFF (rows,
@@ -107,19 +179,35 @@ def block_pool_kernel(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, num_seqs, other
     slot-major order would read of a DRAM page before moving on). The slot's sequence: SEARCH_STEPS > 0 (under
     ``KNOBS.sparse_pool_fanout``) by a 64-ary search (``scheduling.slot_tile_fanout``): one dependent load for
     <= 64 sequences; else the binary search (``slot_tile``, search_steps halvings: 5 on the bench's batch, each
-    before the program's first row load)."""
-    t = tl.program_id(0) // heads
-    head = tl.program_id(0) % heads
-    if CHECK:
-        if (t == 0) & (head == 0):
-            valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(OTHER_OFF, other_seqs, other_rows,
-                                                                            max_o, 1024)
-            tl.store(FLAG, valid.to(tl.int32))
-    seq, real = _pool_slot(X, OFF, Pooled, t, head, num_seqs, search_steps, rows, group, stride_xt, stride_xh,
-                           stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, ROWS, SEARCH_STEPS, WHOLE_BLOCK)
-    if WRITE_SEQ:
-        if head == 0:
-            tl.store(SLOT_SEQ + t, tl.where(real, seq, -1))
+    before the program's first row load). HEADS > 1 (``KNOBS.sparse_pool_stream``): program
+    t * cdiv(heads, HEADS) + i pools kv heads i * HEADS .. + HEADS - 1 of slot t in one stream."""
+    _pool_program(X, OFF, OTHER_OFF, Pooled, SLOT_SEQ, FLAG, tl.program_id(0), num_seqs, other_seqs, search_steps,
+                  rows, other_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM,
+                  BLOCK_D, BLOCK, ROWS, WRITE_SEQ, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "kv_seqs", "search_steps", "kv_search_steps", "rows", "kv_rows", "max_s",
+                               "max_o", "heads", "group", "q_programs"])
+def block_pool_pair_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, FLAG, num_seqs, kv_seqs, search_steps,
+                           kv_search_steps, rows, kv_rows, max_s, max_o, heads, group, q_programs, stride_xt,
+                           stride_xh, stride_ps, stride_ph, stride_kt, stride_kh, stride_pks, stride_pkh,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                           BLOCK_KV: tl.constexpr, ROWS: tl.constexpr, CHECK: tl.constexpr,
+                           SEARCH_STEPS: tl.constexpr, KV_SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr,
+                           KV_WHOLE_BLOCK: tl.constexpr, HEADS: tl.constexpr):
+    """``block_pool_kernel`` for Q (programs [0, q_programs), writes SLOT_SEQ, holds the offsets check) and K (the
+    rest) in one launch (``KNOBS.sparse_pool_one_launch``): one launch and one tail instead of two; K's programs
+    start while Q's last wave drains. Each program runs one side's body only."""
+    pid = tl.program_id(0)
+    if pid < q_programs:
+        _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, pid, num_seqs, kv_seqs, search_steps, rows, kv_rows,
+                      max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM, BLOCK_D,
+                      BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
+    else:
+        _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, pid - q_programs, kv_seqs, kv_seqs,
+                      kv_search_steps, kv_rows, kv_rows, max_o, max_o, heads, 1, stride_kt, stride_kh, stride_pks,
+                      stride_pkh, HEAD_DIM, BLOCK_D, BLOCK_KV, ROWS, False, False, KV_SEARCH_STEPS, KV_WHOLE_BLOCK,
+                      HEADS)
 
 
 @triton.jit
@@ -380,6 +468,44 @@ def pool_whole_block(block: int, block_d: int) -> bool:
     return KNOBS.sparse_pool_whole_block and block * block_d <= POOL_WHOLE_BLOCK_MAX
 
 
+def _pool(q, k, q_off, kv_off, pooled_q, pooled_k, q_slot_seq, flag, q_seqs, num_seqs, max_q, params, heads_kv,
+          hd) -> None:
+    """pooled_q, pooled_k, q_slot_seq (and flag: the offsets check): ``block_pool_kernel`` once per side, or both
+    sides in one ``block_pool_pair_kernel`` launch (``KNOBS.sparse_pool_one_launch``); ``KNOBS.sparse_pool_stream``:
+    POOL_STREAM_HEADS kv heads per program."""
+    heads = POOL_STREAM_HEADS if KNOBS.sparse_pool_stream else 1
+    sides = []
+    for x, off, pooled, seqs, block, group, max_s in (
+            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, max_q),
+            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, params.max_seqlen_kv)):
+        sides.append(dict(
+            X=x, OFF=off, Pooled=pooled, num_seqs=seqs, search_steps=binary_search_steps(seqs), rows=x.shape[0],
+            max_s=max_s, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1), stride_ps=pooled.stride(0),
+            stride_ph=pooled.stride(1), BLOCK=block,
+            SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0,
+            WHOLE_BLOCK=heads == 1 and pool_whole_block(block, hd["BLOCK_D"]),
+            programs=pooled.shape[0] * -(-heads_kv // heads)))
+    common = dict(SLOT_SEQ=q_slot_seq, FLAG=q_slot_seq if flag is None else flag, heads=heads_kv,
+                  HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], ROWS=POOL_ROWS, CHECK=flag is not None,
+                  HEADS=heads)
+    q_side, k_side = sides
+    if KNOBS.sparse_pool_one_launch:
+        q_programs = q_side.pop("programs")
+        launch(block_pool_pair_kernel, (q_programs + k_side["programs"],), dict(
+            **q_side, XK=k_side["X"], KV_OFF=k_side["OFF"], PooledK=k_side["Pooled"],
+            kv_seqs=k_side["num_seqs"], kv_search_steps=k_side["search_steps"], kv_rows=k_side["rows"],
+            max_o=k_side["max_s"], q_programs=q_programs, stride_kt=k_side["stride_xt"],
+            stride_kh=k_side["stride_xh"], stride_pks=k_side["stride_ps"], stride_pkh=k_side["stride_ph"],
+            BLOCK_KV=k_side["BLOCK"], KV_SEARCH_STEPS=k_side["SEARCH_STEPS"], KV_WHOLE_BLOCK=k_side["WHOLE_BLOCK"],
+            **common), num_warps=4, num_stages=1)
+        return
+    for side, first in ((q_side, True), (k_side, False)):
+        programs = side.pop("programs")
+        launch(block_pool_kernel, (programs,), dict(
+            **side, OTHER_OFF=kv_off, other_seqs=num_seqs, other_rows=k.shape[0], max_o=params.max_seqlen_kv,
+            WRITE_SEQ=first, **{**common, "CHECK": first and flag is not None}), num_warps=4, num_stages=1)
+
+
 @shape_constant
 def _keep_table(n_kv_blocks: int, keep_ratio: float, top_k: int, device: torch.device) -> torch.Tensor:
     """keep[n] for n visible blocks (the float64 rule of ``meta_kernels.keep_count``), once per shape."""
@@ -414,18 +540,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     q_slot_seq = torch.empty((q_slots,), dtype=torch.int32, device=device)
     flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
     hd = head_dim_consts(head_dim)
-    for x, off, pooled, seqs, block, group, max_s, first in (
-            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, max_q, True),
-            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, params.max_seqlen_kv, False)):
-        launch(block_pool_kernel, (pooled.shape[0] * heads_kv,), dict(
-            X=x, OFF=off, OTHER_OFF=kv_off, Pooled=pooled, SLOT_SEQ=q_slot_seq,
-            FLAG=q_slot_seq if flag is None else flag, num_seqs=seqs, other_seqs=num_seqs,
-            search_steps=binary_search_steps(seqs), rows=x.shape[0], other_rows=k.shape[0], max_s=max_s,
-            max_o=params.max_seqlen_kv, heads=heads_kv, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1),
-            stride_ps=pooled.stride(0), stride_ph=pooled.stride(1), HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
-            BLOCK=block, ROWS=POOL_ROWS, WRITE_SEQ=first, CHECK=first and flag is not None,
-            SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0,
-            WHOLE_BLOCK=pool_whole_block(block, hd["BLOCK_D"])), num_warps=4, num_stages=1)
+    _pool(q, k, q_off, kv_off, pooled_q, pooled_k, q_slot_seq, flag, q_seqs, num_seqs, max_q, params, heads_kv, hd)
     if flag is not None:
         validation.device_flag(flag, mode)
     keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)

@@ -160,6 +160,7 @@ _BLOCK_SPARSE_KERNELS = {
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
     "bs_dq": ("block_sparse_bwd", "block_sparse_dq_kernel", "dq"),
     "bs_pool": ("block_sparse_select", "block_pool_kernel", None),
+    "bs_pool_pair": ("block_sparse_select", "block_pool_pair_kernel", None),
     "bs_select": ("block_sparse_select", "block_select_kernel", None),
 }
 
@@ -168,7 +169,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
                                 pool_fanout=False, one_pass=None, pool_whole_block=False, select_visible=False,
-                                select_grouped=False, fp32_rn=False,
+                                select_grouped=False, fp32_rn=False, pool_stream=False,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
@@ -178,7 +179,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ``KNOBS.sparse_dkdv_stages3`` says; ``block_sparse_bwd.dkdv_stages``); select_rows: the selection's rows in registers
     (``KNOBS.sparse_select_rows``); pool_fanout: the pooling's 64-ary slot search
     (``KNOBS.sparse_pool_fanout``); pool_whole_block: a block's whole tile per load
-    (``KNOBS.sparse_pool_whole_block``);
+    (``KNOBS.sparse_pool_whole_block``); pool_stream: POOL_STREAM_HEADS kv heads per pooling program
+    (``KNOBS.sparse_pool_stream``; kernel "bs_pool_pair": Q and K in one launch, ``KNOBS.sparse_pool_one_launch``);
     select_visible: the select kernel over a row's visible blocks only (``KNOBS.sparse_select_visible``);
     select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); fp32_rn:
     fp32 scores with mul.rn products (``KNOBS.sparse_select_fp32_rn``); one_pass:
@@ -193,18 +195,23 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     dt = _TRITON_DTYPE[dtype]
     bucket = head_dim_bucket(head_dim)
     hd = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim)
-    ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DOut", "DK", "DV", "DQ", "X")}
+    ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DOut", "DK", "DV", "DQ", "X", "XK")}
     ptr.update({n: "*i32" for n in ("Q_OFF", "KV_OFF", "OFFSETS", "BLOCK_INDEX", "BLOCK_COUNT", "Q_BLOCK_INDEX",
                                     "Q_BLOCK_COUNT", "KEEP", "Count", "Index", "TILE_SEQ", "TILE_START", "TILE_COUNT",
                                     "WORK_COUNTER", "Q_SLOT_SEQ", "SLOT_SEQ", "FLAG", "OFF",
                                     "OTHER_OFF")})
-    ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PQ", "PK", "Scores")})
+    ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PooledK", "PQ", "PK", "Scores")})
     ptr.update(qk_scale="fp32", scale="fp32")
     warps, stages = 4, 1
-    if kernel == "bs_pool":
+    if kernel in ("bs_pool", "bs_pool_pair"):
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
-                          WRITE_SEQ=True, CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0,
-                          WHOLE_BLOCK=pool_whole_block)
+                          CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0, WHOLE_BLOCK=pool_whole_block,
+                          HEADS=block_sparse_select.POOL_STREAM_HEADS if pool_stream else 1)
+        if kernel == "bs_pool":
+            constexprs["WRITE_SEQ"] = True
+        else:
+            constexprs.update(BLOCK_KV=block_kv, KV_SEARCH_STEPS=constexprs["SEARCH_STEPS"],
+                              KV_WHOLE_BLOCK=pool_whole_block)
     elif kernel == "bs_select":
         if not (select_rows or fp32_rn):  # fp64 scores in the scratch row (rows in registers: pooled_q, untouched)
             ptr["Scores"] = "*fp64"
@@ -254,7 +261,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
            f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}" \
            f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}" \
            f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}" \
-           f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}"
+           f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}{'-stream' if pool_stream else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -293,6 +300,11 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=rows, fp32_rn=True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=True, select_visible=True,
                                       select_grouped=True, fp32_rn=True)
+    # selection pool v6: KNOBS.sparse_pool_stream, KNOBS.sparse_pool_one_launch (alone and with the stream)
+    yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True, pool_stream=True)
+    for stream in (False, True):
+        yield block_sparse_specialization("bs_pool_pair", 128, torch.bfloat16, True, pool_fanout=True,
+                                          pool_stream=stream)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
