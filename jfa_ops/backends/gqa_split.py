@@ -124,17 +124,28 @@ def busiest(runs, heads_per_item: int, units: int, programs: int, snake: bool, s
     return max(load(p, programs - 1 - p) for p in picks)
 
 
-@functools.lru_cache(maxsize=256)
-def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, max_seqlen_kv: int, head_dim: int,
-         bounds: tuple, broadcast_q: bool, programs: int, candidates: tuple = None) -> Plan:
-    """The fastest predicted (parts, snake) of a dense backward call (see the module doc; each sequence's queries
-    are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
-    (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
-    snake). The default unless a candidate gains ``MIN_GAIN``."""
-    default = Plan(1, False, 1.0)
-    if group <= 1 or programs <= 0 or rows_kv <= 0 or num_seqs <= 0:
-        return default
-    lengths = model_lengths(num_seqs, rows_kv, max_seqlen_kv)
+def _stand_in_key(lengths, rows_q: int, rows_kv: int, broadcast_q: bool):
+    """(lengths, rows_q, rows_kv) with the lengths rounded up to the rows their tile runs depend on, so that calls
+    whose stand-ins differ by a few rows (jagged training: T changes every step) share ``_makespans``' memo.
+    Exact, not an approximation: ``tile_runs`` reads a length n only through ceil(n / 64) where each sequence's
+    queries are its keys (rows_q == rows_kv): tiles ceil(n / 128) = ceil(ceil(n / 64) / 2); a tile's visible blocks
+    ceil(min(n, b + left) / 64) - lo with b = min(n, tile end), = min(ceil(n / 64), ceil((tile end + left) / 64)) - lo
+    (ceil is monotone, left >= 0; lo does not read n); masked blocks from those. Broadcast Q reads n only through its
+    tile count ceil(n / 128) and the query rows through ceil(rows_q / 64). Cross lengths (rows_q != rows_kv) stay
+    exact (the queries per key row are a ratio)."""
+    if broadcast_q:
+        return tuple((-(-n // BLOCK_N) * BLOCK_N, c) for n, c in lengths), -(-rows_q // BLOCK_M) * BLOCK_M, 0
+    if rows_q == rows_kv:
+        return tuple((-(-n // BLOCK_M) * BLOCK_M, c) for n, c in lengths), 1, 1
+    return tuple(lengths), rows_q, rows_kv
+
+
+@functools.lru_cache(maxsize=1024)
+def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q: int, rows_kv: int, bounds: tuple,
+               broadcast_q: bool, pairs: tuple):
+    """The busiest program's blocks of the default and of each (parts, snake) in ``pairs`` on the stand-in
+    ``lengths`` (``plan``'s simulation: 0.1-1 ms), or None where no plan can gain (the longest item < 5% of an SM's
+    share). Memoized on ``_stand_in_key``'s rounded lengths: the host cost of a new T is then a lookup."""
     if broadcast_q:
         runs = tile_runs(lengths, bounds, broadcast_rows=rows_q)
     else:
@@ -142,18 +153,44 @@ def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, ma
     item = [group * (b + (MASKED - 1) * m) + PER_ITEM for b, m, _ in runs]  # one part's item per tile run
     mean = heads_kv * sum(cost * c for cost, (_, _, c) in zip(item, runs)) / programs
     if not runs or item[0] < (MIN_GAIN - 1) * mean:  # striding's busiest <= mean + the longest item: no gain
+        return None
+    return tuple(busiest(runs, group // parts, heads_kv * parts, programs, snake, parts > 1)
+                 for parts, snake in ((1, False),) + pairs)
+
+
+def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, max_seqlen_kv: int, head_dim: int,
+         bounds: tuple, broadcast_q: bool, programs: int, candidates: tuple = None) -> Plan:
+    """The fastest predicted (parts, snake) of a dense backward call (see the module doc; each sequence's queries
+    are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
+    (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
+    snake). The default unless a candidate gains ``MIN_GAIN``. The schedule's simulation is memoized on the
+    stand-in's rounded lengths (``_stand_in_key``: exact); the per-call terms (the passes over the rows, the
+    split's fp32 buffer) are a few multiplications (helper gqaplan: ~5 us a call where the stand-in's 64-row
+    quanta repeat)."""
+    default = Plan(1, False, 1.0)
+    if group <= 1 or programs <= 0 or rows_kv <= 0 or num_seqs <= 0:
+        return default
+    pairs = candidates or _default_pairs(group, SNAKE_ALONE)
+    busiest_blocks = _makespans(group, heads_kv, programs,
+                                *_stand_in_key(model_lengths(num_seqs, rows_kv, max_seqlen_kv), rows_q, rows_kv,
+                                               broadcast_q), bounds, broadcast_q, tuple(pairs))
+    if busiest_blocks is None:
         return default
     t_block = BLOCK_S.get(head_dim, BLOCK_S[128] * head_dim / 128)
     fixed = FIXED_S_PER_ROW * rows_q * head_dim / 128
-    split_bytes = 2 * rows_kv * heads_kv * head_dim * 4  # the fp32 dK/dV buffer
+    split_dram = SPLIT_DRAM * (2 * rows_kv * heads_kv * head_dim * 4) / HBM  # the fp32 dK/dV buffer's traffic
 
-    def seconds(parts, snake):
-        t = busiest(runs, group // parts, heads_kv * parts, programs, snake, parts > 1) * t_block + fixed
-        if parts > 1:
-            t += (SPLIT_PATH - 1) * (t - fixed) + SPLIT_DRAM * split_bytes / HBM + SPLIT_LAUNCHES_S
-        return t
+    def seconds(blocks, parts):
+        t = blocks * t_block + fixed
+        return t + ((SPLIT_PATH - 1) * (t - fixed) + split_dram + SPLIT_LAUNCHES_S) if parts > 1 else t
 
-    base = seconds(1, False)
-    pairs = candidates or ((1, True),) * SNAKE_ALONE + tuple((d, True) for d in divisors(group)[1:])
-    best = max(((base / seconds(p, s), p, s) for p, s in pairs), default=(1.0, 1, False))
+    base = seconds(busiest_blocks[0], 1)
+    best = max(((base / seconds(blocks, p), p, s) for blocks, (p, s) in zip(busiest_blocks[1:], pairs)),
+               default=(1.0, 1, False))
     return Plan(best[1], best[2], best[0]) if best[0] >= MIN_GAIN else default
+
+
+@functools.lru_cache(maxsize=64)
+def _default_pairs(group: int, snake_alone: bool) -> tuple:
+    """(parts, snake) candidates: the snake alone (``SNAKE_ALONE``), each divisor of the group > 1 under the snake."""
+    return ((1, True),) * snake_alone + tuple((d, True) for d in divisors(group)[1:])

@@ -84,6 +84,80 @@ def test_plan_takes_the_model_best(name, args, expected):
     assert chosen.parts == 1 or not chosen.snake or chosen.gain >= gs.MIN_GAIN
 
 
+def simulated_plan(group, heads_kv, num_seqs, rows_q, rows_kv, max_seqlen_kv, head_dim, bounds, broadcast_q,
+                   programs):
+    """The oracle: gqarule's plan as merged (no memo, the stand-in's exact lengths, every candidate simulated)."""
+    if group <= 1 or programs <= 0 or rows_kv <= 0 or num_seqs <= 0:
+        return gs.Plan(1, False, 1.0)
+    lengths = gs.model_lengths(num_seqs, rows_kv, max_seqlen_kv)
+    runs = (gs.tile_runs(lengths, bounds, broadcast_rows=rows_q) if broadcast_q
+            else gs.tile_runs(lengths, bounds, q_per_kv=rows_q / rows_kv))
+    item = [group * (b + (gs.MASKED - 1) * m) + gs.PER_ITEM for b, m, _ in runs]
+    mean = heads_kv * sum(cost * c for cost, (_, _, c) in zip(item, runs)) / programs
+    if not runs or item[0] < (gs.MIN_GAIN - 1) * mean:
+        return gs.Plan(1, False, 1.0)
+    t_block = gs.BLOCK_S.get(head_dim, gs.BLOCK_S[128] * head_dim / 128)
+    fixed = gs.FIXED_S_PER_ROW * rows_q * head_dim / 128
+    split_bytes = 2 * rows_kv * heads_kv * head_dim * 4
+
+    def seconds(parts, snake):
+        t = gs.busiest(runs, group // parts, heads_kv * parts, programs, snake, parts > 1) * t_block + fixed
+        if parts > 1:
+            t += (gs.SPLIT_PATH - 1) * (t - fixed) + gs.SPLIT_DRAM * split_bytes / gs.HBM + gs.SPLIT_LAUNCHES_S
+        return t
+
+    base = seconds(1, False)
+    pairs = ((1, True),) * gs.SNAKE_ALONE + tuple((d, True) for d in gs.divisors(group)[1:])
+    best = max(((base / seconds(p, s), p, s) for p, s in pairs), default=(1.0, 1, False))
+    return gs.Plan(best[1], best[2], best[0]) if best[0] >= gs.MIN_GAIN else gs.Plan(1, False, 1.0)
+
+
+def shape_grid(seed: int, count: int):
+    """Random plan arguments (all but programs): heads, groups, rows (not multiples of 64), batch sizes, hints or
+    none, causal / full / windows, self / cross lengths / broadcast Q, D64 / D128."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        group, heads_kv = rng.choice([2, 4, 8, 16]), rng.choice([1, 2, 4, 8])
+        rows_kv = rng.randint(1, 300_000)
+        seqs = rng.randint(1, 400)
+        hint = rng.choice([-1, rng.randint(1, rows_kv), rng.choice([2048, 4096, 8192, 16384])])
+        bounds = rng.choice([CAUSAL, FULL, (True, 512, True, 0), (True, 100, True, 37), (False, 0, True, 200)])
+        kind = rng.random()
+        broadcast = kind < 0.15
+        rows_q = (rng.choice([64, 128, 200, 1000]) if broadcast
+                  else rows_kv if kind < 0.8 else max(1, int(rows_kv * rng.choice([0.25, 0.5, 1.7]))))
+        yield (group, heads_kv, seqs, rows_q, rows_kv, hint, rng.choice([64, 128]), bounds, broadcast)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_memoized_plan_is_the_simulation(seed):
+    """The memoized plan (the simulation keyed on the stand-in's rounded lengths, the per-call terms recomputed)
+    takes what the unmemoized simulation takes, with its gain, on random shapes and on each with T a few rows on."""
+    for args in list(shape_grid(seed, 60)) + [args for _, args, _ in PLANS] * (seed == 0):
+        for step in (0, 1, 37):
+            rows = args[4] + step
+            shifted = args[:3] + ((rows if args[3] == args[4] else args[3]), rows) + args[5:]
+            for programs in (SMS, 78):
+                expected = simulated_plan(*shifted, programs)
+                got = gs.plan(*shifted, programs)
+                assert (got.parts, got.snake) == (expected.parts, expected.snake), (shifted, programs)
+                assert got.gain == pytest.approx(expected.gain, rel=1e-12), (shifted, programs)
+
+
+def test_plan_with_a_new_rows_count_reuses_the_simulation(monkeypatch):
+    """Jagged training: T changes every step. A T whose stand-in lengths round to the same 64-row blocks (the
+    bench's 27 sequences, longest 8192: the rest ~946 rows each) runs no simulation (``busiest``) again."""
+    calls = []
+    real = gs.busiest
+    monkeypatch.setattr(gs, "busiest", lambda *a: calls.append(a) or real(*a))
+    gs._makespans.cache_clear()
+    first = gs.plan(8, 2, 27, 32768, 32768, 8192, 128, CAUSAL, False, SMS)
+    simulated = len(calls)
+    assert simulated > 0 and (first.parts, first.snake) == (4, True)
+    for rows in range(32768 - 30, 32768 + 30, 7):  # rest ceil((T - 8192) / 26) in 945..948: one 64-row quantum
+        assert (gs.plan(8, 2, 27, rows, rows, 8192, 128, CAUSAL, False, SMS).parts, len(calls)) == (4, simulated)
+
+
 def test_plan_gains_or_keeps_the_default():
     """Over a grid of jagged, dense and small shapes the plan is the default or predicted >= 5% faster than it on
     its own stand-in batch, and its split is a divisor of the group."""
