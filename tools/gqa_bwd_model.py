@@ -19,6 +19,11 @@ order). ``python tools/gqa_bwd_model.py [--l2]`` (~2 s; --l2 ~1 min; with TLX on
 the real lengths (``jfa_ops.backends.gqa_split``'s cost model: full, causal and window visibility, the split's
 costs: fp32 dK/dV buffer bytes, the longer path, three launches) for the default (striding), the snake alone and
 each part count, beside what ``gqa_split.plan`` (shapes only) and the old rule (``JFA_TLX_BWD_GQA_SPLIT=16``) take.
+
+``--plan-cost`` (helper gqaplan, bench/NOTES.md "plan cost"): host microseconds of ``gqa_split.plan`` per call with
+T changing every call, the simulation forced on every call (the memo cleared: what a new shape cost before) against
+the memo on the stand-in's rounded lengths; and over packed training streams (the bench's lognormal lengths, 3,000
+batches of T32768 / T65536: batch size and longest sequence new each step). ~1 min on one core.
 """
 from __future__ import annotations
 
@@ -231,5 +236,48 @@ def rule_table() -> int:
     return 0
 
 
+def plan_cost() -> int:
+    """Host us per ``gqa_split.plan`` call (see the module doc)."""
+    import random
+    import timeit
+
+    from bench.suites import lognormal_lengths
+    from jfa_ops.backends import gqa_split as gs
+
+    causal, full = (False, 0, True, 0), (False, 0, False, 0)
+
+    def per_call(calls, simulate: bool) -> float:
+        start = timeit.default_timer()
+        for args in calls:
+            if simulate:
+                gs._makespans.cache_clear()
+            gs.plan(*args)
+        return (timeit.default_timer() - start) / len(calls) * 1e6
+
+    rng = random.Random(0)
+    for name, (group, hkv, seqs, rows, hint, bounds) in {
+            "16:2 causal B27 longest 8192 T32768 (bench)": (8, 2, 27, 32768, 8192, causal),
+            "16:2 B27 T32768": (8, 2, 27, 32768, 8192, full), "32:4 causal B27 T32768": (8, 4, 27, 32768, 8192, causal),
+            "16:2 causal B63 T65536": (8, 2, 63, 65536, 8192, causal),
+            "16:2 causal B300 longest 16384 T262144": (8, 2, 300, 262144, 16384, causal),
+            "16:2 causal B27 T32768, no hint": (8, 2, 27, 32768, -1, causal)}.items():
+        drift = [(group, hkv, seqs, rows + d, rows + d, hint, 128, bounds, False, SMS)
+                 for d in (rng.randint(-200, 200) for _ in range(400))]
+        before = per_call(drift, True)
+        gs._makespans.cache_clear()
+        print(f"{name}, T +-200 every call: simulated {before:.0f} us, memoized {per_call(drift, False):.1f} us",
+              flush=True)
+    for rows in (32768, 65536):
+        steps = [(8, 2, len(lens), rows, rows, max(lens), 128, causal, False, SMS)
+                 for lens in (lognormal_lengths(rows, None, seed=seed) for seed in range(3000))]
+        before = per_call(steps[:500], True)
+        gs._makespans.cache_clear()
+        first = per_call(steps, False)
+        misses = gs._makespans.cache_info().misses
+        print(f"packed T{rows} 16:2 causal, 3000 lognormal batches: simulated {before:.0f} us, memoized {first:.0f} us "
+              f"({misses} new stand-ins), the last 500 again {per_call(steps[-500:], False):.1f} us", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(rule_table() if "--rule" in sys.argv else main())
+    sys.exit(rule_table() if "--rule" in sys.argv else plan_cost() if "--plan-cost" in sys.argv else main())

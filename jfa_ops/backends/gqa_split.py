@@ -17,7 +17,10 @@ length and the rest of equal length (the least total work a batch with that long
 longest item's share is the largest it can be); without a hint as equal lengths (then only the snake may pay). The
 cost model is ``tools/gqa_bwd_model.py``'s, calibrated on the H200 (2026-12-02: the MHA jagged T32768 causal row,
 417.5 TFLOP/s; it gave the GQA 16:2 row 306 against 310 measured, the split 1.34x measured vs 1.27-1.37x predicted).
-Pure Python, no torch: cheap (a few rounds' arithmetic, memoized per shape) and testable anywhere.
+Pure Python, no torch, testable anywhere. Host cost (helper gqaplan, bench/NOTES.md "plan cost"): the simulation
+(0.1-1 ms) is memoized on the stand-in's lengths rounded to the 64 rows its tile runs read (exact), so a call whose
+T moved a few rows costs ~4-6 us; a new stand-in (jagged training: a new batch size or longest sequence) still
+simulates.
 """
 from __future__ import annotations
 
@@ -140,7 +143,7 @@ def _stand_in_key(lengths, rows_q: int, rows_kv: int, broadcast_q: bool):
     return tuple(lengths), rows_q, rows_kv
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)  # ~0.6 KB an entry; packed T32768 training: ~1,300 stand-ins in 3,000 steps
 def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q: int, rows_kv: int, bounds: tuple,
                broadcast_q: bool, pairs: tuple):
     """The busiest program's blocks of the default and of each (parts, snake) in ``pairs`` on the stand-in
