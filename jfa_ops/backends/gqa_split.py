@@ -136,7 +136,7 @@ def _stand_in_key(lengths, rows_q: int, rows_kv: int, broadcast_q: bool):
     (ceil is monotone, left >= 0; lo does not read n); masked blocks from those. Broadcast Q reads n only through its
     tile count ceil(n / 128) and the query rows through ceil(rows_q / 64). Cross lengths (rows_q != rows_kv) stay
     exact (the queries per key row are a ratio)."""
-    if broadcast_q:
+    if broadcast_q and rows_q > 0:  # (no query rows: tile_runs reads the lengths as self-attention's)
         return tuple((-(-n // BLOCK_N) * BLOCK_N, c) for n, c in lengths), -(-rows_q // BLOCK_M) * BLOCK_M, 0
     if rows_q == rows_kv:
         return tuple((-(-n // BLOCK_M) * BLOCK_M, c) for n, c in lengths), 1, 1
