@@ -239,12 +239,14 @@ class JfaMxfp8:
             return (lambda: quantize_operands(inp.q, inp.k, inp.v, inp.kv_offsets, "rceil"),
                     "GB/s of the fused quantize writing the TLX forward's re-based operands")
 
-        def quantize():
-            return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
-                    jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
-                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
+        return lambda: self._mx_pairs(jfa_ops, inp), "GB/s of the forward's three quantize calls"
 
-        return quantize, "GB/s of the forward's three quantize calls"
+    def _mx_pairs(self, jfa_ops, inp: Inputs):
+        """The (data, scale) pairs of q, k ((1, 32) blocks) and v ((32, 1) blocks along each sequence): the three
+        quantize calls the bf16-in forward makes."""
+        return (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
+                jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
+                jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
 
     def prepare(self, case: Case, inp: Inputs) -> Prepared:
         jfa_ops = import_jfa_ops()
@@ -266,9 +268,7 @@ class JfaMxfp8:
             return Prepared(lambda: _flatten(quantize())[0], [], lambda o: o, exact=False,
                             bytes_moved=_quantize_bytes((inp.q, inp.k, inp.v), outputs),
                             no_backward="a quantize kernel", note=note)
-        pairs = (jfa_ops.mxfp8_quantize(inp.q, backend=self.backend),
-                 jfa_ops.mxfp8_quantize(inp.k, backend=self.backend),
-                 jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=(32, 1), backend=self.backend))
+        pairs = self._mx_pairs(jfa_ops, inp)
 
         def fn():
             return jfa_ops.mxfp8_attention(*pairs, inp.q_offsets, inp.kv_offsets, case.max_q, case.max_kv,

@@ -40,6 +40,8 @@ def forward_zigzag(masked: bool, uniform: bool) -> bool:
     """Whether a forward wants the zigzag order (``FORWARD_ZIGZAG``; None: masked or jagged calls, ``uniform``:
     every sequence the same length, known from shapes). The kernel takes it where it applies (D64/D128, a list)."""
     return FORWARD_ZIGZAG if FORWARD_ZIGZAG is not None else (masked or not uniform)
+
+
 _FWD_HEAD_GROUP_ENV = os.environ.get("JFA_TLX_FWD_HEAD_GROUP", "")
 FORWARD_HEAD_GROUP: Optional[int] = int(_FWD_HEAD_GROUP_ENV) if _FWD_HEAD_GROUP_ENV else None
 # ZIGZAG's rounds of programs per head group (fwd_head_group): a dense batch's items repeat one cost pattern per
