@@ -10,6 +10,8 @@ import dataclasses
 import os
 from typing import Optional
 
+from ..gqa_split import divisors
+
 HEAD_DIMS = (64, 128, 256)
 # Overrides of the per-call choices below (None: choose; tools/tlx_check.py flips them to compare in one run).
 PIPELINE: Optional[bool] = None
@@ -57,11 +59,11 @@ def fwd_head_group(heads_kv: int, group: int, slots: int, programs: int, uniform
     of them when none does). Fewer heads per group: the items in flight share more K/V in the L2; more rounds per
     group: the snake balances better."""
     head_group = FORWARD_HEAD_GROUP if head_group is None else head_group
-    divisors = [d for d in range(1, heads_kv + 1) if heads_kv % d == 0]
+    heads_divisors = divisors(heads_kv)
     if head_group is not None:
-        return max((d for d in divisors if d <= head_group), default=1)
+        return max((d for d in heads_divisors if d <= head_group), default=1)
     rounds = ZIGZAG_ROUNDS[uniform]
-    return next((d for d in divisors if slots * d * group >= rounds * programs), heads_kv)
+    return next((d for d in heads_divisors if slots * d * group >= rounds * programs), heads_kv)
 
 
 # The TLX backward (attn_bwd.py) instead of the triton backend's (D64/D128): on since its v2 consumers' GPU check
@@ -130,7 +132,7 @@ def gqa_split_parts(group: int, items: int, programs: int, rounds: int = None) -
     rounds = BACKWARD_GQA_SPLIT if rounds is None else rounds
     if rounds <= 0 or group <= 1:  # off, GQA_SPLIT_AUTO (gqa_split.plan decides), MHA
         return 1
-    return next((d for d in range(1, group + 1) if group % d == 0 and items * d >= rounds * programs), group)
+    return next((d for d in divisors(group) if items * d >= rounds * programs), group)
 
 
 # The block-sparse forward (attn_fwd.block_sparse_forward) in the automatic choice for block_sparse_attention: on
