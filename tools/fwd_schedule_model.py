@@ -38,6 +38,7 @@ def _tlx_configs():
     """``jfa_ops/backends/tlx/configs.py`` loaded by path: the package itself needs TLX to import."""
     spec = importlib.util.spec_from_file_location("tlx_configs", os.path.join(ROOT, "jfa_ops/backends/tlx/configs.py"))
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    module.__package__ = "jfa_ops.backends.tlx"  # its relative import (..gqa_split: pure Python) resolves, no TLX
     spec.loader.exec_module(module)
     return module
 
