@@ -44,6 +44,10 @@ SNAKE_EXACT_RUNS = 16  # ``busiest``: runs of equal items up to which every prog
 # measured, 1.23x modelled) but not on MHA (1.00x measured, 1.05x modelled); False if the GPU says it does not pay
 SNAKE_ALONE = True
 MIN_GAIN = 1.05  # a split (or the snake) must be predicted this much faster than the default
+# the fluid model (``_fluid_busiest``) takes a plan predicted >= MIN_GAIN - FLUID_MARGIN: its busiest SM is within
+# ~1-2% of the simulated one, so at MIN_GAIN itself it would miss simulated gains of 1.05-1.06 (helper gqafluid,
+# bench/NOTES.md "GQA split plan for new stand-ins"); what it takes in the margin the simulation still rates >= 1.0x
+FLUID_MARGIN = 0.01
 
 
 class Plan(NamedTuple):
@@ -143,40 +147,171 @@ def _stand_in_key(lengths, rows_q: int, rows_kv: int, broadcast_q: bool):
     return tuple(lengths), rows_q, rows_kv
 
 
+def _stand_in_tiles(lengths, rows_q: int, rows_kv: int, bounds: tuple, broadcast_q: bool):
+    """The stand-in's key tiles as ramps [(top blocks, bottom blocks, tiles per level)] (levels 2 blocks apart) and
+    atoms {blocks: tiles}, with the exact sum of their costs (blocks + masked x (MASKED - 1)). Closed forms, no loop
+    over tiles: per length the visible blocks of key tile j are min(nq, 2j + 2 + left) - max(0, 2j - right) (in
+    64-row blocks, ``tile_runs``' formula; the last tile apart), linear in j between the points where a term
+    saturates, so each length is a few ramps (slope +-2) and atoms (slope 0); causal and full masks and broadcast Q
+    take O(1) paths."""
+    has_left, left, has_right, right = bounds
+    sides = 0 if broadcast_q else 2 * (has_left + has_right)  # masked blocks of a tile (of >= sides blocks)
+    ramps, atoms, total, tiles = [], {}, 0.0, 0
+    for n, count in lengths:
+        nq = rows_q if broadcast_q else max(1, round(n * rows_q / rows_kv))
+        last = -(-n // BLOCK_N) - 1
+        tiles += (last + 1) * count
+        if broadcast_q or not (has_left or has_right):  # every tile sees all nq rows
+            v = -(-nq // BLOCK_M)
+            atoms[v] = atoms.get(v, 0) + (last + 1) * count
+            total += v * (last + 1) * count
+            continue
+        if not has_left and right == 0 and nq >= n:  # causal: ceil(nq / 64) - 2j, j = 0 .. last (>= 1 or 2)
+            pieces = ((-(-nq // BLOCK_M), -2, last + 1),)
+        else:
+            pieces = _length_pieces(n, nq, bounds, last)
+        for v0, step, k in pieces:
+            lo, hi = (v0, v0 + step * (k - 1)) if step > 0 else (v0 + step * (k - 1), v0)
+            if step == 0 or k == 1:
+                atoms[v0] = atoms.get(v0, 0) + count * k
+                total += count * k * (v0 + (MASKED - 1) * min(v0, sides))
+                continue
+            under = range(lo, min(hi, sides - 1) + 1, 2)  # levels of fewer blocks than ``sides``: all masked
+            total += count * (k * (lo + hi) / 2 + (MASKED - 1) * (sum(under) + sides * (k - len(under))))
+            ramps.append((hi, lo, count))
+    return ramps, atoms, total, tiles, sides
+
+
+def _length_pieces(n: int, nq: int, bounds: tuple, last: int):
+    """[(blocks of the first tile, step per tile, tiles)] of one length's key tiles 0 .. last (the general path of
+    ``_stand_in_tiles``): the blocks, read at the tiles around each point where a term of the formula saturates (and
+    at the last two), are linear between them."""
+    has_left, left, has_right, right = bounds
+
+    def blocks(j):  # tile_runs' formula for key tile j
+        lo = max(0, j * BLOCK_N - right) if has_right else 0
+        hi = min(nq, min(n, (j + 1) * BLOCK_N) + left) if has_left else nq
+        return max(0, -(-hi // BLOCK_M) - lo // BLOCK_M)
+
+    nqb, lb, rb = -(-nq // BLOCK_M), -(-left // BLOCK_M), -(-right // BLOCK_M)
+    turns = ((rb, nqb + rb) if has_right else ()) + ((nqb - 2 - lb,) if has_left else ())  # 2 x the turning tiles
+    points = sorted({0, last, max(0, last - 1)} | {j for x in turns for j in (x // 2, -(-x // 2)) if 0 < j < last})
+    values = [blocks(j) for j in points]
+    pieces = [(values[i], (values[i + 1] - values[i]) // (points[i + 1] - points[i]), points[i + 1] - points[i])
+              for i in range(len(points) - 1)]
+    return pieces + [(values[-1], 0, 1)]
+
+
+def _fluid_profile(ramps, atoms, sides):
+    """The stand-in's tiles sorted by cost as pieces [(first tile, end tile, cost at the first, cost per tile)], cost
+    linear in the tile position: a ramp's level v spread evenly over blocks v - 1 .. v + 1 (the staircase's line
+    through its steps' midpoints), ramps that overlap summed, atoms whole."""
+    offset = (MASKED - 1) * sides  # a ramp tile's masked blocks (its few tiles under ``sides`` blocks: 0.3 x h over)
+    if not ramps:  # atoms only (full masks, broadcast Q): steps
+        pieces, t = [], 0
+        for v in sorted(atoms, reverse=True):
+            pieces.append((t, t + atoms[v], v + (MASKED - 1) * min(v, sides), 0.0))
+            t += atoms[v]
+        return pieces
+    edges = sorted({e for top, bottom, _ in ramps for e in (top + 1, bottom - 1)} | set(atoms), reverse=True)
+    pieces, t = [], 0.0
+    for upper, lower in zip(edges, edges[1:] + [None]):
+        if upper in atoms:
+            pieces.append((t, t + atoms[upper], upper + (MASKED - 1) * min(upper, sides), 0.0))
+            t += atoms[upper]
+        if lower is not None:
+            density = sum(count for top, bottom, count in ramps if top >= upper - 1 and bottom <= lower + 1) / 2
+            if density:
+                pieces.append((t, t + density * (upper - lower), upper + offset, -1.0 / density))
+                t += density * (upper - lower)
+    return pieces
+
+
+def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
+    """The busiest program's blocks (``busiest``'s) on the fluid profile, O(pieces): striding's program 0 (items
+    0, P, 2P, ...), the snake's busier of programs 0 and P - 1 (rounds alternate: program 0 takes round k's first
+    item when k is even, its last when odd; P - 1 the reverse). A piece's items are read at their centres on its
+    line; the rounds that read it are an interval, their items' costs an arithmetic series (its even rounds too)."""
+    fixed = PER_ITEM + (PER_PART if split else 0.0)
+    first_even = first_odd = last_even = last_odd = 0.0  # (cost, count) sums, per kind of read
+    n_first_even = n_first_odd = n_last_even = n_last_odd = 0.0
+    step = programs / units  # tiles between rounds
+    for t0, t1, c0, dc in pieces:
+        a, b = t0 * units, t1 * units
+        for shift in ((0.5, programs - 0.5) if snake else (0.5,)):  # the round's first item, its last
+            lo, hi = max(0.0, -((shift - a) // programs)), -((shift - b) // programs)  # rounds k: a <= kP + s < b
+            if hi <= lo:
+                continue
+            alpha, beta = c0 + dc * (shift / units - t0), dc * step  # cost at round k: alpha + beta k
+            n = hi - lo
+            total = n * alpha + beta * (lo + hi - 1) * n / 2
+            e_lo, e_hi = -(-lo // 2), -(-hi // 2)  # even rounds 2i, i in [e_lo, e_hi)
+            ne = e_hi - e_lo
+            even = ne * alpha + beta * (e_lo + e_hi - 1) * ne
+            if shift == 0.5:
+                first_even, first_odd, n_first_even, n_first_odd = (first_even + even, first_odd + total - even,
+                                                                     n_first_even + ne, n_first_odd + n - ne)
+            else:
+                last_even, last_odd, n_last_even, n_last_odd = (last_even + even, last_odd + total - even,
+                                                                n_last_even + ne, n_last_odd + n - ne)
+    if not snake:
+        return heads_per_item * (first_even + first_odd) + fixed * (n_first_even + n_first_odd)
+    return max(heads_per_item * (first_even + last_odd) + fixed * (n_first_even + n_last_odd),
+               heads_per_item * (last_even + first_odd) + fixed * (n_last_even + n_first_odd))
+
+
 @functools.lru_cache(maxsize=4096)  # ~0.6 KB an entry; packed T32768 training: ~1,300 stand-ins in 3,000 steps
 def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q: int, rows_kv: int, bounds: tuple,
                broadcast_q: bool, pairs: tuple):
     """The busiest program's blocks of the default and of each (parts, snake) in ``pairs`` on the stand-in
-    ``lengths`` (``plan``'s simulation: 0.1-1 ms), or None where no plan can gain (the longest item < 5% of an SM's
-    share). Memoized on ``_stand_in_key``'s rounded lengths: the host cost of a new T is then a lookup."""
+    ``lengths`` (``_fluid_busiest``: ~10 us), or None where no plan can gain (the longest item < 5% of an SM's
+    share). Memoized on ``_stand_in_key``'s rounded lengths: a repeat is a lookup."""
+    ramps, atoms, total, tiles, sides = _stand_in_tiles(lengths, rows_q, rows_kv, bounds, broadcast_q)
+    top = max([hi + (MASKED - 1) * min(hi, sides) for hi, _, _ in ramps] + [v + (MASKED - 1) * min(v, sides)
+                                                                            for v in atoms], default=None)
+    if top is None or group * top + PER_ITEM < (MIN_GAIN - 1) * heads_kv * (group * total + PER_ITEM * tiles) / programs:
+        return None  # striding's busiest <= mean + the longest item: no gain
+    pieces = _fluid_profile(ramps, atoms, sides)
+    return tuple(_fluid_busiest(pieces, group // parts, heads_kv * parts, programs, snake, parts > 1)
+                 for parts, snake in ((1, False),) + pairs)
+
+
+def simulated_makespans(group: int, heads_kv: int, programs: int, lengths, rows_q: int, rows_kv: int, bounds: tuple,
+                        broadcast_q: bool, pairs: tuple):
+    """``_makespans`` with every round simulated (``tile_runs`` + ``busiest``: 0.1-1 ms; gqarule's plan): the oracle
+    the fluid model is checked against (tests/backends/test_gqa_split.py, tools/gqa_bwd_model.py --plan-cost)."""
     if broadcast_q:
         runs = tile_runs(lengths, bounds, broadcast_rows=rows_q)
     else:
         runs = tile_runs(lengths, bounds, q_per_kv=rows_q / rows_kv)
     item = [group * (b + (MASKED - 1) * m) + PER_ITEM for b, m, _ in runs]  # one part's item per tile run
     mean = heads_kv * sum(cost * c for cost, (_, _, c) in zip(item, runs)) / programs
-    if not runs or item[0] < (MIN_GAIN - 1) * mean:  # striding's busiest <= mean + the longest item: no gain
+    if not runs or item[0] < (MIN_GAIN - 1) * mean:
         return None
     return tuple(busiest(runs, group // parts, heads_kv * parts, programs, snake, parts > 1)
                  for parts, snake in ((1, False),) + pairs)
 
 
 def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, max_seqlen_kv: int, head_dim: int,
-         bounds: tuple, broadcast_q: bool, programs: int, candidates: tuple = None) -> Plan:
+         bounds: tuple, broadcast_q: bool, programs: int, candidates: tuple = None, simulate: bool = False) -> Plan:
     """The fastest predicted (parts, snake) of a dense backward call (see the module doc; each sequence's queries
     are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
     (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
-    snake). The default unless a candidate gains ``MIN_GAIN``. The schedule's simulation is memoized on the
-    stand-in's rounded lengths (``_stand_in_key``: exact); the per-call terms (the passes over the rows, the
-    split's fp32 buffer) are a few multiplications (helper gqaplan: ~5 us a call where the stand-in's 64-row
-    quanta repeat)."""
+    snake). The default unless a candidate gains ``MIN_GAIN`` (less ``FLUID_MARGIN``). The busiest programs come
+    from the fluid model (``_makespans``: ~10 us for a new stand-in, memoized on its rounded lengths); the per-call
+    terms (the passes over the rows, the split's fp32 buffer) are a few multiplications. ``simulate``: every round
+    simulated instead (``simulated_makespans``, unmemoized, 0.1-1 ms: the oracle, gqarule's plan, MIN_GAIN)."""
     default = Plan(1, False, 1.0)
     if group <= 1 or programs <= 0 or rows_kv <= 0 or num_seqs <= 0:
         return default
     pairs = candidates or _default_pairs(group, SNAKE_ALONE)
-    busiest_blocks = _makespans(group, heads_kv, programs,
-                                *_stand_in_key(model_lengths(num_seqs, rows_kv, max_seqlen_kv), rows_q, rows_kv,
-                                               broadcast_q), bounds, broadcast_q, tuple(pairs))
+    lengths = model_lengths(num_seqs, rows_kv, max_seqlen_kv)
+    if simulate:
+        busiest_blocks = simulated_makespans(group, heads_kv, programs, lengths, rows_q, rows_kv, bounds, broadcast_q,
+                                             tuple(pairs))
+    else:
+        busiest_blocks = _makespans(group, heads_kv, programs, *_stand_in_key(lengths, rows_q, rows_kv, broadcast_q),
+                                    bounds, broadcast_q, tuple(pairs))
     if busiest_blocks is None:
         return default
     t_block = BLOCK_S.get(head_dim, BLOCK_S[128] * head_dim / 128)
@@ -190,7 +325,7 @@ def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, ma
     base = seconds(busiest_blocks[0], 1)
     best = max(((base / seconds(blocks, p), p, s) for blocks, (p, s) in zip(busiest_blocks[1:], pairs)),
                default=(1.0, 1, False))
-    return Plan(best[1], best[2], best[0]) if best[0] >= MIN_GAIN else default
+    return Plan(best[1], best[2], best[0]) if best[0] >= MIN_GAIN - (0.0 if simulate else FLUID_MARGIN) else default
 
 
 @functools.lru_cache(maxsize=64)
