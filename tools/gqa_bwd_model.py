@@ -246,38 +246,69 @@ def plan_cost() -> int:
 
     causal, full = (False, 0, True, 0), (False, 0, False, 0)
 
-    def per_call(calls, simulate: bool) -> float:
+    def per_call(calls, simulate: bool = False, fresh: bool = False) -> float:
         start = timeit.default_timer()
         for args in calls:
-            if simulate:
+            if fresh:
                 gs._makespans.cache_clear()
-            gs.plan(*args)
+            gs.plan(*args, simulate=simulate)
         return (timeit.default_timer() - start) / len(calls) * 1e6
 
     rng = random.Random(0)
+    print("host us per plan call: the simulation of every round (gqarule / gqaplan's model; each call new), the "
+          "fluid model with the memo cleared (each call a new stand-in), memoized (T +-200 rows)")
     for name, (group, hkv, seqs, rows, hint, bounds) in {
             "16:2 causal B27 longest 8192 T32768 (bench)": (8, 2, 27, 32768, 8192, causal),
             "16:2 B27 T32768": (8, 2, 27, 32768, 8192, full), "32:4 causal B27 T32768": (8, 4, 27, 32768, 8192, causal),
             "16:2 causal B63 T65536": (8, 2, 63, 65536, 8192, causal),
             "16:2 causal B300 longest 16384 T262144": (8, 2, 300, 262144, 16384, causal),
-            "16:2 causal B27 T32768, no hint": (8, 2, 27, 32768, -1, causal)}.items():
+            "16:2 causal B27 T32768, no hint": (8, 2, 27, 32768, -1, causal),
+            "16:2 window(512,0) B27 T32768": (8, 2, 27, 32768, 8192, (True, 512, True, 0))}.items():
         drift = [(group, hkv, seqs, rows + d, rows + d, hint, 128, bounds, False, SMS)
                  for d in (rng.randint(-200, 200) for _ in range(400))]
-        before = per_call(drift, True)
+        simulated, fresh = per_call(drift, simulate=True), per_call(drift, fresh=True)
         gs._makespans.cache_clear()
-        print(f"{name}, T +-200 every call: simulated {before:.0f} us, memoized {per_call(drift, False):.1f} us",
+        print(f"{name}: simulated {simulated:.0f} us, fluid {fresh:.0f} us, memoized {per_call(drift):.1f} us",
               flush=True)
     for rows in (32768, 65536):
         steps = [(8, 2, len(lens), rows, rows, max(lens), 128, causal, False, SMS)
                  for lens in (lognormal_lengths(rows, None, seed=seed) for seed in range(3000))]
-        before = per_call(steps[:500], True)
+        simulated = per_call(steps[:500], simulate=True)
         gs._makespans.cache_clear()
-        first = per_call(steps, False)
+        first = per_call(steps)
         misses = gs._makespans.cache_info().misses
-        print(f"packed T{rows} 16:2 causal, 3000 lognormal batches: simulated {before:.0f} us, memoized {first:.0f} us "
-              f"({misses} new stand-ins), the last 500 again {per_call(steps[-500:], False):.1f} us", flush=True)
+        print(f"packed T{rows} 16:2 causal, 3000 lognormal batches: simulated {simulated:.0f} us, fluid memoized "
+              f"{first:.0f} us ({misses} new stand-ins), the last 500 again {per_call(steps[-500:]):.1f} us",
+              flush=True)
+    return 0
+
+
+def plan_agreement() -> int:
+    """The fluid plan against the simulation's (``--plan-agree``): tests/backends/test_gqa_split.py's random shapes
+    (20 seeds x 100) and packed training batches (300 lognormal per T32768 / T65536, four head shapes), 132 and 78
+    SMs; where the picks differ, the simulation's loss of the fluid pick against its own pick and its gain over the
+    default."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "backends"))
+    from bench.suites import lognormal_lengths
+    from test_gqa_split import PLANS, fluid_against_simulation, shape_grid
+
+    causal = (False, 0, True, 0)
+    grid = [args for seed in range(20) for args in shape_grid(seed, 100)] + [a for _, a, _ in PLANS]
+    streams = [(g, hkv, len(lens), rows, rows, max(lens), 128, causal, False)
+               for rows in (32768, 65536) for lens in (lognormal_lengths(rows, None, seed=s) for s in range(300))
+               for g, hkv in ((8, 2), (8, 4), (4, 2), (16, 1))]
+    for name, shapes in (("random shapes", grid), ("packed training batches", streams)):
+        for programs in (SMS, 78):
+            differ, compared = fluid_against_simulation(shapes, (programs,))
+            losses = sorted(loss for loss, _ in differ)
+            print(f"{name}, {programs} SMs: {compared} plans, {len(differ)} differ ({len(differ) / compared:.1%}); "
+                  f"simulated loss of the fluid pick: > 1% {sum(x > 0.01 for x in losses)}, > 2% "
+                  f"{sum(x > 0.02 for x in losses)}, max {max(losses, default=0):.1%}; fluid splits the simulation "
+                  f"rates < 1.0x: {sum(g < 1.0 for _, g in differ)} (min {min((g for _, g in differ), default=1):.3f})",
+                  flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(rule_table() if "--rule" in sys.argv else plan_cost() if "--plan-cost" in sys.argv else main())
+    sys.exit(rule_table() if "--rule" in sys.argv else plan_cost() if "--plan-cost" in sys.argv
+             else plan_agreement() if "--plan-agree" in sys.argv else main())

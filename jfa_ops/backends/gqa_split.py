@@ -17,10 +17,12 @@ length and the rest of equal length (the least total work a batch with that long
 longest item's share is the largest it can be); without a hint as equal lengths (then only the snake may pay). The
 cost model is ``tools/gqa_bwd_model.py``'s, calibrated on the H200 (2026-12-02: the MHA jagged T32768 causal row,
 417.5 TFLOP/s; it gave the GQA 16:2 row 306 against 310 measured, the split 1.34x measured vs 1.27-1.37x predicted).
-Pure Python, no torch, testable anywhere. Host cost (helper gqaplan, bench/NOTES.md "plan cost"): the simulation
-(0.1-1 ms) is memoized on the stand-in's lengths rounded to the 64 rows its tile runs read (exact), so a call whose
-T moved a few rows costs ~4-6 us; a new stand-in (jagged training: a new batch size or longest sequence) still
-simulates.
+Pure Python, no torch, testable anywhere. Host cost (helpers gqaplan, gqafluid; bench/NOTES.md "plan cost", "GQA
+split plan for new stand-ins"): the busiest programs come from a fluid model of the stand-in (``_fluid_busiest``: its
+tiles as closed-form ramps and atoms, sorted into a few linear pieces, each pick's reads per piece an arithmetic
+series plus the staircase's phase term; O(pieces), not O(tiles) or O(rounds): ~20-60 us for a new stand-in, against
+0.1-1 ms for ``simulated_makespans``' simulation of every round, which stays the oracle); it is memoized on the
+stand-in's lengths rounded to the 64 rows its tile runs read (exact), so a call whose T moved a few rows costs ~4 us.
 """
 from __future__ import annotations
 
@@ -203,61 +205,94 @@ def _length_pieces(n: int, nq: int, bounds: tuple, last: int):
 
 
 def _fluid_profile(ramps, atoms, sides):
-    """The stand-in's tiles sorted by cost as pieces [(first tile, end tile, cost at the first, cost per tile)], cost
-    linear in the tile position: a ramp's level v spread evenly over blocks v - 1 .. v + 1 (the staircase's line
-    through its steps' midpoints), ramps that overlap summed, atoms whole."""
+    """The stand-in's tiles sorted by cost as pieces (first tile, end tile, cost at the first, cost per tile, level
+    width in tiles, drop per level, tiles from the piece's first level boundary back to its start): cost linear in
+    the tile position (a ramp's level v spread evenly over blocks v - 1 .. v + 1: the staircase's line through its
+    steps' midpoints; ramps that overlap summed: their levels interleave where their parities differ), atoms whole
+    (width 0: no staircase)."""
     offset = (MASKED - 1) * sides  # a ramp tile's masked blocks (its few tiles under ``sides`` blocks: 0.3 x h over)
     if not ramps:  # atoms only (full masks, broadcast Q): steps
         pieces, t = [], 0
         for v in sorted(atoms, reverse=True):
-            pieces.append((t, t + atoms[v], v + (MASKED - 1) * min(v, sides), 0.0))
+            pieces.append((t, t + atoms[v], v + (MASKED - 1) * min(v, sides), 0.0, 0, 0, 0))
             t += atoms[v]
         return pieces
     edges = sorted({e for top, bottom, _ in ramps for e in (top + 1, bottom - 1)} | set(atoms), reverse=True)
     pieces, t = [], 0.0
     for upper, lower in zip(edges, edges[1:] + [None]):
         if upper in atoms:
-            pieces.append((t, t + atoms[upper], upper + (MASKED - 1) * min(upper, sides), 0.0))
+            pieces.append((t, t + atoms[upper], upper + (MASKED - 1) * min(upper, sides), 0.0, 0, 0, 0))
             t += atoms[upper]
-        if lower is not None:
-            density = sum(count for top, bottom, count in ramps if top >= upper - 1 and bottom <= lower + 1) / 2
-            if density:
-                pieces.append((t, t + density * (upper - lower), upper + offset, -1.0 / density))
-                t += density * (upper - lower)
+        if lower is None:
+            continue
+        by_parity = [0, 0]  # tiles per level of the ramps over (lower, upper), by their levels' parity
+        for top, bottom, count in ramps:
+            if top >= upper - 1 and bottom <= lower + 1:
+                by_parity[top % 2] += count
+        tiles = by_parity[0] + by_parity[1]
+        if not tiles:
+            continue
+        major = by_parity[1] > by_parity[0]
+        if by_parity[not major] * 4 <= by_parity[major]:  # one parity (or nearly): levels 2 blocks apart
+            width, drop, lead = tiles, 2, (upper - major - 1) % 2 * tiles / 2
+        else:  # both: a level every block (widths alternate; their mean), boundaries between
+            width, drop, lead = tiles / 2, 1, tiles / 4
+        pieces.append((t, t + tiles * (upper - lower) / 2, upper + offset, -2.0 / tiles, width, drop, lead))
+        t += tiles * (upper - lower) / 2
     return pieces
+
+
+def _frac_sum(phase: float, drift: float, n: float) -> float:
+    """sum of frac(phase + k x drift), k < n, as the integral of frac over the phases the reads sweep (the reads of
+    a staircase whose levels the rounds cross slowly keep one phase: the fluid line's systematic error)."""
+    drift -= round(drift)
+    if -1e-9 < n * drift < 1e-9:
+        return n * (phase % 1.0)
+    lo = phase - drift / 2
+    hi = lo + n * drift
+    return (hi // 1 - lo // 1 + (hi % 1.0) ** 2 - (lo % 1.0) ** 2) / (2 * drift)
+
+
+def _reads(t0, t1, c0, dc, width, drop, lead, units, programs, shift):
+    """(cost sum, reads) of a piece's items kP + shift, k even, and k odd (see ``_fluid_busiest``)."""
+    lo, hi = -((shift - t0 * units) // programs), -((shift - t1 * units) // programs)  # a <= kP + shift < b
+    if lo < 0.0:
+        lo = 0.0
+    if hi <= lo:
+        return 0.0, 0.0, 0.0, 0.0
+    step = programs / units
+    alpha, beta = c0 + dc * ((shift + 0.5) / units - t0), dc * step  # cost at round k: alpha + beta k
+    e_lo, e_hi = -(-lo // 2), -(-hi // 2)  # even rounds 2i, i in [e_lo, e_hi)
+    n, ne = hi - lo, e_hi - e_lo
+    even = ne * alpha + beta * (e_lo + e_hi - 1) * ne
+    odd = n * alpha + beta * (lo + hi - 1) * n / 2 - even
+    if width:  # the level each read lands in: phase (tiles from the boundary) / width; the line reads its middle
+        base, drift, bias = (shift / units - t0 + lead) / width, 2 * step / width, 0.5 - 0.5 / (units * width)
+        if ne:
+            even += drop * (_frac_sum(base + e_lo * drift, drift, ne) - ne * bias)
+        if n > ne:
+            odd += drop * (_frac_sum(base + (e_lo + (0.5 if lo % 2 == 0 else -0.5)) * drift, drift, n - ne)
+                           - (n - ne) * bias)
+    return even, odd, ne, n - ne
 
 
 def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
     """The busiest program's blocks (``busiest``'s) on the fluid profile, O(pieces): striding's program 0 (items
     0, P, 2P, ...), the snake's busier of programs 0 and P - 1 (rounds alternate: program 0 takes round k's first
     item when k is even, its last when odd; P - 1 the reverse). A piece's items are read at their centres on its
-    line; the rounds that read it are an interval, their items' costs an arithmetic series (its even rounds too)."""
+    line, the rounds that read it an interval (their costs an arithmetic series, its even rounds too), plus the
+    staircase's offset from the line at the reads' level phases (``_frac_sum``)."""
     fixed = PER_ITEM + (PER_PART if split else 0.0)
-    first_even = first_odd = last_even = last_odd = 0.0  # (cost, count) sums, per kind of read
-    n_first_even = n_first_odd = n_last_even = n_last_odd = 0.0
-    step = programs / units  # tiles between rounds
-    for t0, t1, c0, dc in pieces:
-        a, b = t0 * units, t1 * units
-        for shift in ((0.5, programs - 0.5) if snake else (0.5,)):  # the round's first item, its last
-            lo, hi = max(0.0, -((shift - a) // programs)), -((shift - b) // programs)  # rounds k: a <= kP + s < b
-            if hi <= lo:
-                continue
-            alpha, beta = c0 + dc * (shift / units - t0), dc * step  # cost at round k: alpha + beta k
-            n = hi - lo
-            total = n * alpha + beta * (lo + hi - 1) * n / 2
-            e_lo, e_hi = -(-lo // 2), -(-hi // 2)  # even rounds 2i, i in [e_lo, e_hi)
-            ne = e_hi - e_lo
-            even = ne * alpha + beta * (e_lo + e_hi - 1) * ne
-            if shift == 0.5:
-                first_even, first_odd, n_first_even, n_first_odd = (first_even + even, first_odd + total - even,
-                                                                     n_first_even + ne, n_first_odd + n - ne)
-            else:
-                last_even, last_odd, n_last_even, n_last_odd = (last_even + even, last_odd + total - even,
-                                                                n_last_even + ne, n_last_odd + n - ne)
-    if not snake:
-        return heads_per_item * (first_even + first_odd) + fixed * (n_first_even + n_first_odd)
-    return max(heads_per_item * (first_even + last_odd) + fixed * (n_first_even + n_last_odd),
-               heads_per_item * (last_even + first_odd) + fixed * (n_last_even + n_first_odd))
+    first_even = first_odd = last_even = last_odd = 0.0  # costs + fixed costs read at round starts / ends
+    for piece in pieces:
+        even, odd, ne, no = _reads(*piece, units, programs, 0.0)
+        first_even += heads_per_item * even + fixed * ne
+        first_odd += heads_per_item * odd + fixed * no
+        if snake:
+            even, odd, ne, no = _reads(*piece, units, programs, programs - 1.0)
+            last_even += heads_per_item * even + fixed * ne
+            last_odd += heads_per_item * odd + fixed * no
+    return max(first_even + last_odd, last_even + first_odd) if snake else first_even + first_odd
 
 
 @functools.lru_cache(maxsize=4096)  # ~0.6 KB an entry; packed T32768 training: ~1,300 stand-ins in 3,000 steps

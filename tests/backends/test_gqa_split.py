@@ -76,12 +76,12 @@ PLANS = [
 
 @pytest.mark.parametrize("name, args, expected", PLANS, ids=[p[0] for p in PLANS])
 def test_plan_takes_the_model_best(name, args, expected):
-    """The plan's (parts, snake) for each shape, and its predicted gain: >= MIN_GAIN where it leaves the default,
-    exactly 1.0 at the default; a split never predicted slower than the default."""
+    """The plan's (parts, snake) for each shape, and its predicted gain: >= MIN_GAIN (less the fluid margin) where it
+    leaves the default, exactly 1.0 at the default; the simulation of every round takes the same, its gain within 3%."""
     chosen = gs.plan(*args, SMS)
     assert (chosen.parts, chosen.snake) == expected, chosen
-    assert chosen.gain >= gs.MIN_GAIN if expected != (1, False) else chosen.gain == 1.0
-    assert chosen.parts == 1 or not chosen.snake or chosen.gain >= gs.MIN_GAIN
+    assert chosen.gain >= gs.MIN_GAIN - gs.FLUID_MARGIN if expected != (1, False) else chosen.gain == 1.0
+    assert chosen == gs.plan(*args, SMS, simulate=True)[:2] + (pytest.approx(chosen.gain, rel=0.03),)
 
 
 def simulated_plan(group, heads_kv, num_seqs, rows_q, rows_kv, max_seqlen_kv, head_dim, bounds, broadcast_q,
@@ -129,27 +129,83 @@ def shape_grid(seed: int, count: int):
         yield (group, heads_kv, seqs, rows_q, rows_kv, hint, rng.choice([64, 128]), bounds, broadcast)
 
 
+def simulated_seconds(args, programs, parts, snake):
+    """The oracle's time of one (parts, snake) on the stand-in of ``args`` (plan's arguments but programs)."""
+    group, heads_kv, num_seqs, rows_q, rows_kv, max_seqlen_kv, head_dim, bounds, broadcast_q = args
+    lengths = gs.model_lengths(num_seqs, rows_kv, max_seqlen_kv)
+    runs = (gs.tile_runs(lengths, bounds, broadcast_rows=rows_q) if broadcast_q
+            else gs.tile_runs(lengths, bounds, q_per_kv=rows_q / rows_kv))
+    fixed = gs.FIXED_S_PER_ROW * rows_q * head_dim / 128
+    t = (gs.busiest(runs, group // parts, heads_kv * parts, programs, snake, parts > 1)
+         * gs.BLOCK_S.get(head_dim, gs.BLOCK_S[128] * head_dim / 128) + fixed)
+    if parts > 1:
+        t += ((gs.SPLIT_PATH - 1) * (t - fixed) + gs.SPLIT_DRAM * 2 * rows_kv * heads_kv * head_dim * 4 / gs.HBM
+              + gs.SPLIT_LAUNCHES_S)
+    return t
+
+
+def fluid_against_simulation(shapes, programs_list=(SMS, 78)):
+    """[(the simulation's loss of the fluid plan against its own, the simulated gain of the fluid plan)] where the
+    two plans differ, and the number of plans compared."""
+    compared, differ = 0, []
+    for args in shapes:
+        for programs in programs_list:
+            expected, got = simulated_plan(*args, programs), gs.plan(*args, programs)
+            compared += 1
+            if (got.parts, got.snake) != (expected.parts, expected.snake):
+                base = simulated_seconds(args, programs, 1, False)
+                t_got = simulated_seconds(args, programs, got.parts, got.snake)
+                t_expected = simulated_seconds(args, programs, expected.parts, expected.snake)
+                differ.append((t_got / t_expected - 1, base / t_got))
+    return differ, compared
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_memoized_plan_is_the_simulation(seed):
-    """The memoized plan (the simulation keyed on the stand-in's rounded lengths, the per-call terms recomputed)
-    takes what the unmemoized simulation takes, with its gain, on random shapes and on each with T a few rows on."""
-    for args in list(shape_grid(seed, 60)) + [args for _, args, _ in PLANS] * (seed == 0):
+def test_fluid_plan_agrees_with_the_simulation(seed):
+    """The plan (the fluid model, helper gqafluid) against the simulation of every round (gqarule's plan) on random
+    shapes: where the picks differ the simulation rates the fluid pick within 4% of its own (2% but for near ties
+    at 78 SMs: bench/NOTES.md "GQA split plan for new stand-ins"), and never below 0.99x of the default; they differ
+    on < 10% of the shapes."""
+    differ, compared = fluid_against_simulation(list(shape_grid(seed, 60)) + [a for _, a, _ in PLANS] * (seed == 0))
+    assert len(differ) < 0.1 * compared, differ
+    assert all(loss < 0.04 and gain >= 0.99 for loss, gain in differ), differ
+
+
+def test_fluid_busiest_is_the_simulated_busiest_on_the_bench_stand_in():
+    """The fluid model reads the simulated busiest program within 1% on the bench row's stand-in (27 sequences,
+    longest 8192: a ramp of 64 tiles over 26 x 8), for striding and the snake at each part count, on 132 and 78."""
+    lengths = gs.model_lengths(27, 32768, 8192)
+    runs = gs.tile_runs(lengths, CAUSAL)
+    ramps, atoms, total, tiles, sides = gs._stand_in_tiles(lengths, 1, 1, CAUSAL, False)
+    assert tiles == sum(c for _, _, c in runs)
+    assert total == pytest.approx(sum((b + (gs.MASKED - 1) * m) * c for b, m, c in runs))
+    pieces = gs._fluid_profile(ramps, atoms, sides)
+    for programs in (SMS, 78):
+        for parts, snake in ((1, False), (1, True), (2, True), (4, True), (8, True)):
+            args = (runs, 8 // parts, 2 * parts, programs, snake, parts > 1)
+            fluid = gs._fluid_busiest(pieces, *args[1:])
+            assert fluid == pytest.approx(gs.busiest(*args), rel=0.01), (programs, parts, snake)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_memoized_plan_is_the_unmemoized_fluid_plan(seed):
+    """The memo on the stand-in's rounded lengths changes nothing: with T a few rows on, the memoized plan is the
+    fluid plan computed afresh (the memo cleared), gain and all."""
+    for args in shape_grid(seed, 40):
         for step in (0, 1, 37):
             rows = args[4] + step
             shifted = args[:3] + ((rows if args[3] == args[4] else args[3]), rows) + args[5:]
-            for programs in (SMS, 78):
-                expected = simulated_plan(*shifted, programs)
-                got = gs.plan(*shifted, programs)
-                assert (got.parts, got.snake) == (expected.parts, expected.snake), (shifted, programs)
-                assert got.gain == pytest.approx(expected.gain, rel=1e-12), (shifted, programs)
+            got = gs.plan(*shifted, SMS)
+            gs._makespans.cache_clear()
+            assert gs.plan(*shifted, SMS) == got, shifted
 
 
-def test_plan_with_a_new_rows_count_reuses_the_simulation(monkeypatch):
+def test_plan_with_a_new_rows_count_reuses_the_model(monkeypatch):
     """Jagged training: T changes every step. A T whose stand-in lengths round to the same 64-row blocks (the
-    bench's 27 sequences, longest 8192: the rest ~946 rows each) runs no simulation (``busiest``) again."""
+    bench's 27 sequences, longest 8192: the rest ~946 rows each) runs the model (``_fluid_busiest``) no more."""
     calls = []
-    real = gs.busiest
-    monkeypatch.setattr(gs, "busiest", lambda *a: calls.append(a) or real(*a))
+    real = gs._fluid_busiest
+    monkeypatch.setattr(gs, "_fluid_busiest", lambda *a: calls.append(a) or real(*a))
     gs._makespans.cache_clear()
     first = gs.plan(8, 2, 27, 32768, 32768, 8192, 128, CAUSAL, False, SMS)
     simulated = len(calls)
@@ -168,4 +224,4 @@ def test_plan_gains_or_keeps_the_default():
                 for hint in (longest, -1):
                     chosen = gs.plan(group, 2, seqs, rows, rows, hint, 128, bounds, False, SMS)
                     assert group % chosen.parts == 0
-                    assert chosen == (1, False, 1.0) or chosen.gain >= gs.MIN_GAIN
+                    assert chosen == (1, False, 1.0) or chosen.gain >= gs.MIN_GAIN - gs.FLUID_MARGIN
