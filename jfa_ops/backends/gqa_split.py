@@ -41,6 +41,7 @@ HBM = 3.4e12  # B/s the backward's passes pull
 SPLIT_DRAM = 4.0  # x the fp32 dK/dV buffer's bytes: zeroed, read and written back around the red adds, read by the
 # casts (+ half written), less the default's own bf16 dK/dV store
 SPLIT_LAUNCHES_S = 15e-6  # the zeroing pass and two casts: three more launches
+FOLD_TILES = 0.1  # ``_fluid_profile``: a last ramp piece of fewer tiles (a ramp's bottom levels) extends the one above
 SNAKE_EXACT_RUNS = 16  # ``busiest``: runs of equal items up to which every program where the load may change is read
 # the snake alone (ITEM_ORDER, no split) among the candidates: its modelled gain held on the GQA 16:2 row (1.19x
 # measured, 1.23x modelled) but not on MHA (1.00x measured, 1.05x modelled); False if the GPU says it does not pay
@@ -239,13 +240,17 @@ def _fluid_profile(ramps, atoms, sides):
             width, drop, lead = tiles / 2, 1, tiles / 4
         pieces.append((t, t + tiles * (upper - lower) / 2, upper + offset, -2.0 / tiles, width, drop, lead))
         t += tiles * (upper - lower) / 2
+    if len(pieces) > 2 and pieces[-1][4] and pieces[-2][4] and pieces[-1][1] - pieces[-1][0] < FOLD_TILES * t:
+        pieces[-2:] = [pieces[-2][:1] + pieces[-1][1:2] + pieces[-2][2:]]  # the cheapest tiles: one piece less
     return pieces
 
 
 def _frac_sum(phase: float, drift: float, n: float) -> float:
     """sum of frac(phase + k x drift), k < n, as the integral of frac over the phases the reads sweep (the reads of
     a staircase whose levels the rounds cross slowly keep one phase: the fluid line's systematic error)."""
-    drift -= round(drift)
+    drift %= 1.0
+    if drift > 0.5:
+        drift -= 1.0
     if -1e-9 < n * drift < 1e-9:
         return n * (phase % 1.0)
     lo = phase - drift / 2
@@ -253,62 +258,73 @@ def _frac_sum(phase: float, drift: float, n: float) -> float:
     return (hi // 1 - lo // 1 + (hi % 1.0) ** 2 - (lo % 1.0) ** 2) / (2 * drift)
 
 
-def _reads(t0, t1, c0, dc, width, drop, lead, units, programs, shift):
-    """(cost sum, reads) of a piece's items kP + shift, k even, and k odd (see ``_fluid_busiest``)."""
-    lo, hi = -((shift - t0 * units) // programs), -((shift - t1 * units) // programs)  # a <= kP + shift < b
-    if lo < 0.0:
-        lo = 0.0
-    if hi <= lo:
-        return 0.0, 0.0, 0.0, 0.0
-    step = programs / units
-    alpha, beta = c0 + dc * ((shift + 0.5) / units - t0), dc * step  # cost at round k: alpha + beta k
-    e_lo, e_hi = -(-lo // 2), -(-hi // 2)  # even rounds 2i, i in [e_lo, e_hi)
-    n, ne = hi - lo, e_hi - e_lo
-    even = ne * alpha + beta * (e_lo + e_hi - 1) * ne
-    odd = n * alpha + beta * (lo + hi - 1) * n / 2 - even
-    if width:  # the level each read lands in: phase (tiles from the boundary) / width; the line reads its middle
-        base, drift, bias = (shift / units - t0 + lead) / width, 2 * step / width, 0.5 - 0.5 / (units * width)
-        if ne:
-            even += drop * (_frac_sum(base + e_lo * drift, drift, ne) - ne * bias)
-        if n > ne:
-            odd += drop * (_frac_sum(base + (e_lo + (0.5 if lo % 2 == 0 else -0.5)) * drift, drift, n - ne)
-                           - (n - ne) * bias)
-    return even, odd, ne, n - ne
-
-
 def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
     """The busiest program's blocks (``busiest``'s) on the fluid profile, O(pieces): striding's program 0 (items
     0, P, 2P, ...), the snake's busier of programs 0 and P - 1 (rounds alternate: program 0 takes round k's first
     item when k is even, its last when odd; P - 1 the reverse). A piece's items are read at their centres on its
     line, the rounds that read it an interval (their costs an arithmetic series, its even rounds too), plus the
-    staircase's offset from the line at the reads' level phases (``_frac_sum``)."""
-    fixed = PER_ITEM + (PER_PART if split else 0.0)
-    first_even = first_odd = last_even = last_odd = 0.0  # costs + fixed costs read at round starts / ends
-    for piece in pieces:
-        even, odd, ne, no = _reads(*piece, units, programs, 0.0)
-        first_even += heads_per_item * even + fixed * ne
-        first_odd += heads_per_item * odd + fixed * no
-        if snake:
-            even, odd, ne, no = _reads(*piece, units, programs, programs - 1.0)
-            last_even += heads_per_item * even + fixed * ne
-            last_odd += heads_per_item * odd + fixed * no
-    return max(first_even + last_odd, last_even + first_odd) if snake else first_even + first_odd
+    staircase's offset from the line at the reads' level phases (``_frac_sum``), even and odd rounds apart (the
+    snake's stride 2P often nearly fits a level: then its reads keep one phase)."""
+    fixed = (PER_ITEM + (PER_PART if split else 0.0)) / heads_per_item
+    first_even = first_odd = last_even = last_odd = 0.0  # costs read at round starts, ends: in even, odd rounds
+    step = programs / units  # tiles between rounds
+    shifts = (0.0, programs - 1.0) if snake else (0.0,)  # the round's first item, its last
+    for t0, t1, c0, dc, width, drop, lead in pieces:
+        a, b, beta = t0 * units, t1 * units, dc * step  # a read at round k: alpha + beta k
+        if width:  # the level each read lands in: phase (tiles from the boundary) / width; the line reads its middle
+            drift, bias = 2 * step / width, 0.5 - 0.5 / (units * width)
+        for shift in shifts:
+            lo, hi = -((shift - a) // programs), -((shift - b) // programs)  # rounds k: a <= kP + shift < b
+            if lo < 0.0:
+                lo = 0.0
+            if hi <= lo:
+                continue
+            alpha = c0 + dc * ((shift + 0.5) / units - t0) + fixed
+            e_lo = -(-lo // 2)
+            n, ne = hi - lo, -(-hi // 2) - e_lo  # even rounds 2i, i in [e_lo, e_lo + ne)
+            even = ne * (alpha + beta * (2 * e_lo + ne - 1))
+            odd = n * (alpha + beta * (2 * lo + n - 1) / 2) - even
+            if width:
+                phase = (shift / units - t0 + lead) / width + e_lo * drift
+                if ne:
+                    even += drop * (_frac_sum(phase, drift, ne) - ne * bias)
+                if n > ne:
+                    odd += drop * (_frac_sum(phase + (drift / 2 if lo % 2 == 0 else -drift / 2), drift, n - ne)
+                                   - (n - ne) * bias)
+            if shift:
+                last_even, last_odd = last_even + even, last_odd + odd
+            else:
+                first_even, first_odd = first_even + even, first_odd + odd
+    if not snake:
+        return heads_per_item * (first_even + first_odd)
+    return heads_per_item * max(first_even + last_odd, last_even + first_odd)
 
 
 @functools.lru_cache(maxsize=4096)  # ~0.6 KB an entry; packed T32768 training: ~1,300 stand-ins in 3,000 steps
 def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q: int, rows_kv: int, bounds: tuple,
                broadcast_q: bool, pairs: tuple):
     """The busiest program's blocks of the default and of each (parts, snake) in ``pairs`` on the stand-in
-    ``lengths`` (``_fluid_busiest``: ~10 us), or None where no plan can gain (the longest item < 5% of an SM's
-    share). Memoized on ``_stand_in_key``'s rounded lengths: a repeat is a lookup."""
+    ``lengths`` (``_fluid_busiest``), or None where no plan can gain (the longest item < 5% of an SM's share).
+    A candidate whose lower bound (the mean per program, the longest item) is no less than a busiest already read
+    cannot be the fastest (the split's extra costs do not depend on its parts): it reads inf, unread. Memoized on
+    ``_stand_in_key``'s rounded lengths: a repeat is a lookup."""
     ramps, atoms, total, tiles, sides = _stand_in_tiles(lengths, rows_q, rows_kv, bounds, broadcast_q)
-    top = max([hi + (MASKED - 1) * min(hi, sides) for hi, _, _ in ramps] + [v + (MASKED - 1) * min(v, sides)
-                                                                            for v in atoms], default=None)
-    if top is None or group * top + PER_ITEM < (MIN_GAIN - 1) * heads_kv * (group * total + PER_ITEM * tiles) / programs:
+    top = max(max(atoms, default=0), max((hi for hi, _, _ in ramps), default=0))  # the longest tile's blocks
+    top += (MASKED - 1) * min(top, sides)
+    mean, per_item = heads_kv * group * total / programs, heads_kv * tiles / programs  # blocks per program
+    if not tiles or group * top + PER_ITEM < (MIN_GAIN - 1) * (mean + PER_ITEM * per_item):
         return None  # striding's busiest <= mean + the longest item: no gain
     pieces = _fluid_profile(ramps, atoms, sides)
-    return tuple(_fluid_busiest(pieces, group // parts, heads_kv * parts, programs, snake, parts > 1)
-                 for parts, snake in ((1, False),) + pairs)
+    least = _fluid_busiest(pieces, group, heads_kv, programs, False, False)
+    out = [least]
+    for parts, snake in pairs:
+        fixed = PER_ITEM + (PER_PART if parts > 1 else 0.0)
+        if parts > 1 and max(mean + fixed * per_item * parts, group // parts * top + fixed) >= least:
+            out.append(float("inf"))
+        else:
+            out.append(_fluid_busiest(pieces, group // parts, heads_kv * parts, programs, snake, parts > 1))
+            least = min(least, out[-1])
+    return tuple(out)
 
 
 def simulated_makespans(group: int, heads_kv: int, programs: int, lengths, rows_q: int, rows_kv: int, bounds: tuple,
