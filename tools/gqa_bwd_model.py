@@ -284,20 +284,27 @@ def plan_cost() -> int:
 
 
 def plan_agreement() -> int:
-    """The fluid plan against the simulation's (``--plan-agree``): tests/backends/test_gqa_split.py's random shapes
-    (20 seeds x 100) and packed training batches (300 lognormal per T32768 / T65536, four head shapes), 132 and 78
-    SMs; where the picks differ, the simulation's loss of the fluid pick against its own pick and its gain over the
-    default."""
+    """The fluid plan against the simulation's (``--plan-agree``, ~1 min): tests/backends/test_gqa_split.py's random
+    shapes (20 seeds x 100), 1,500 small calls (256-20,000 rows, 1-24 sequences) and packed training batches (300
+    lognormal per T32768 / T65536, four head shapes), 132 and 78 SMs; where the picks differ, the simulation's loss
+    of the fluid pick against its own pick and its gain over the default."""
+    import random
+
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "backends"))
     from bench.suites import lognormal_lengths
     from test_gqa_split import PLANS, fluid_against_simulation, shape_grid
 
     causal = (False, 0, True, 0)
     grid = [args for seed in range(20) for args in shape_grid(seed, 100)] + [a for _, a, _ in PLANS]
+    rng = random.Random(5)  # small calls (few rounds, few tile costs: the step path), as the tlx backend may take
+    small = [(rng.choice([2, 4, 8, 16]), rng.choice([1, 2, 4, 8]), seqs, rows, rows,
+              rng.choice([-1, rng.randint(rows // seqs, rows), 2048, 4096]), 128,
+              rng.choice([causal, (False, 0, False, 0), (True, 256, True, 0)]), False)
+             for rows, seqs in ((rng.randint(256, 20000), rng.randint(1, 24)) for _ in range(1500))]
     streams = [(g, hkv, len(lens), rows, rows, max(lens), 128, causal, False)
                for rows in (32768, 65536) for lens in (lognormal_lengths(rows, None, seed=s) for s in range(300))
                for g, hkv in ((8, 2), (8, 4), (4, 2), (16, 1))]
-    for name, shapes in (("random shapes", grid), ("packed training batches", streams)):
+    for name, shapes in (("random shapes", grid), ("small calls", small), ("packed training batches", streams)):
         for programs in (SMS, 78):
             differ, compared = fluid_against_simulation(shapes, (programs,))
             losses = sorted(loss for loss, _ in differ)

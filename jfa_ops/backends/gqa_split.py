@@ -42,6 +42,7 @@ SPLIT_DRAM = 4.0  # x the fp32 dK/dV buffer's bytes: zeroed, read and written ba
 # casts (+ half written), less the default's own bf16 dK/dV store
 SPLIT_LAUNCHES_S = 15e-6  # the zeroing pass and two casts: three more launches
 FOLD_TILES = 0.1  # ``_fluid_profile``: a last ramp piece of fewer tiles (a ramp's bottom levels) extends the one above
+STEP_LEVELS = 16  # ``_makespans``: a stand-in of up to this many tile costs takes ``_step_busiest`` (exact)
 SNAKE_EXACT_RUNS = 16  # ``busiest``: runs of equal items up to which every program where the load may change is read
 # the snake alone (ITEM_ORDER, no split) among the candidates: its modelled gain held on the GQA 16:2 row (1.19x
 # measured, 1.23x modelled) but not on MHA (1.00x measured, 1.05x modelled); False if the GPU says it does not pay
@@ -248,6 +249,8 @@ def _fluid_profile(ramps, atoms, sides):
 def _frac_sum(phase: float, drift: float, n: float) -> float:
     """sum of frac(phase + k x drift), k < n, as the integral of frac over the phases the reads sweep (the reads of
     a staircase whose levels the rounds cross slowly keep one phase: the fluid line's systematic error)."""
+    if n == 1:
+        return phase % 1.0
     drift %= 1.0
     if drift > 0.5:
         drift -= 1.0
@@ -258,22 +261,19 @@ def _frac_sum(phase: float, drift: float, n: float) -> float:
     return (hi // 1 - lo // 1 + (hi % 1.0) ** 2 - (lo % 1.0) ** 2) / (2 * drift)
 
 
-def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
-    """The busiest program's blocks (``busiest``'s) on the fluid profile, O(pieces): striding's program 0 (items
-    0, P, 2P, ...), the snake's busier of programs 0 and P - 1 (rounds alternate: program 0 takes round k's first
-    item when k is even, its last when odd; P - 1 the reverse). A piece's items are read at their centres on its
-    line, the rounds that read it an interval (their costs an arithmetic series, its even rounds too), plus the
-    staircase's offset from the line at the reads' level phases (``_frac_sum``), even and odd rounds apart (the
-    snake's stride 2P often nearly fits a level: then its reads keep one phase)."""
-    fixed = (PER_ITEM + (PER_PART if split else 0.0)) / heads_per_item
-    first_even = first_odd = last_even = last_odd = 0.0  # costs read at round starts, ends: in even, odd rounds
+def _fluid_reads(pieces, units: int, programs: int, fixed: float, shifts: tuple):
+    """[(cost read in even rounds, in odd rounds)] of the items kP + shift, per shift, on the fluid profile (cost per
+    head; ``fixed`` per head added per item). A piece's items are read at their centres on its line, the rounds that
+    read it an interval (their costs an arithmetic series, its even rounds too), plus the staircase's offset from the
+    line at the reads' level phases (``_frac_sum``), even and odd rounds apart (the snake's stride 2P often nearly
+    fits a level: then its reads keep one phase)."""
+    out = [[0.0, 0.0] for _ in shifts]
     step = programs / units  # tiles between rounds
-    shifts = (0.0, programs - 1.0) if snake else (0.0,)  # the round's first item, its last
     for t0, t1, c0, dc, width, drop, lead in pieces:
         a, b, beta = t0 * units, t1 * units, dc * step  # a read at round k: alpha + beta k
         if width:  # the level each read lands in: phase (tiles from the boundary) / width; the line reads its middle
             drift, bias = 2 * step / width, 0.5 - 0.5 / (units * width)
-        for shift in shifts:
+        for shift, sums in zip(shifts, out):
             lo, hi = -((shift - a) // programs), -((shift - b) // programs)  # rounds k: a <= kP + shift < b
             if lo < 0.0:
                 lo = 0.0
@@ -291,13 +291,48 @@ def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake
                 if n > ne:
                     odd += drop * (_frac_sum(phase + (drift / 2 if lo % 2 == 0 else -drift / 2), drift, n - ne)
                                    - (n - ne) * bias)
-            if shift:
-                last_even, last_odd = last_even + even, last_odd + odd
-            else:
-                first_even, first_odd = first_even + even, first_odd + odd
+            sums[0] += even
+            sums[1] += odd
+    return out
+
+
+def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
+    """The busiest program's blocks (``busiest``'s) on the fluid profile (``_fluid_reads``), O(pieces): striding's
+    program 0 (items 0, P, 2P, ...); under the snake (program p takes item kP + p when k is even, kP + P - 1 - p when
+    odd) the busier of programs 0 and P - 1 (on smooth profiles ``busiest`` reads the quartiles too: within ~1%)."""
+    fixed = (PER_ITEM + (PER_PART if split else 0.0)) / heads_per_item
     if not snake:
-        return heads_per_item * (first_even + first_odd)
+        ((even, odd),) = _fluid_reads(pieces, units, programs, fixed, (0.0,))
+        return heads_per_item * (even + odd)
+    (first_even, first_odd), (last_even, last_odd) = _fluid_reads(pieces, units, programs, fixed,
+                                                                  (0.0, programs - 1.0))
     return heads_per_item * max(first_even + last_odd, last_even + first_odd)
+
+
+def _step_busiest(levels, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
+    """``busiest`` (every program where its load may change: exact) on a profile of few levels [(tile cost, tiles)],
+    most first, in O(levels): item x costs sum_j drop_j over the level ends E_j > x (drop_j: the cost lost at E_j, the
+    last to 0), so a program's load is sum_j drop_j x its reads before E_j = qP + r: q, and in round q (even: items
+    qP + p, read where p < r; odd: qP + P - 1 - p, where p >= P - r) one more: striding's program 0 reads
+    ceil(E_j / P); the snake's load moves by -drop_j at p = r (q even) or +drop_j at p = P - r (q odd), swept in
+    order from program 0's."""
+    fixed = PER_ITEM + (PER_PART if split else 0.0)
+    end, load, moves = 0, 0.0, []
+    for j, (cost, tiles) in enumerate(levels):
+        end += tiles * units
+        drop = heads_per_item * (cost - levels[j + 1][0]) if j + 1 < len(levels) else heads_per_item * cost + fixed
+        rounds, part = divmod(end, programs)
+        if not snake:
+            load += drop * (rounds + (part > 0))
+            continue
+        load += drop * (rounds + (part > 0 and rounds % 2 == 0))
+        if part:
+            moves.append((part, -drop) if rounds % 2 == 0 else (programs - part, drop))
+    best = load
+    for _, move in sorted(moves):  # at one program the losses first: the gains' partial sums stay under the total
+        load += move
+        best = max(best, load)
+    return best
 
 
 @functools.lru_cache(maxsize=4096)  # ~0.6 KB an entry; packed T32768 training: ~1,300 stand-ins in 3,000 steps
@@ -314,15 +349,23 @@ def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q:
     mean, per_item = heads_kv * group * total / programs, heads_kv * tiles / programs  # blocks per program
     if not tiles or group * top + PER_ITEM < (MIN_GAIN - 1) * (mean + PER_ITEM * per_item):
         return None  # striding's busiest <= mean + the longest item: no gain
-    pieces = _fluid_profile(ramps, atoms, sides)
-    least = _fluid_busiest(pieces, group, heads_kv, programs, False, False)
+    if sum((hi - lo) // 2 + 1 for hi, lo, _ in ramps) + len(atoms) <= STEP_LEVELS:  # few levels: exact, O(levels)
+        levels = dict(atoms)
+        for hi, lo, count in ramps:
+            for v in range(lo, hi + 1, 2):
+                levels[v] = levels.get(v, 0) + count
+        pieces = sorted(((v + (MASKED - 1) * min(v, sides), c) for v, c in levels.items()), reverse=True)
+        busiest_of = _step_busiest
+    else:
+        pieces, busiest_of = _fluid_profile(ramps, atoms, sides), _fluid_busiest
+    least = busiest_of(pieces, group, heads_kv, programs, False, False)
     out = [least]
     for parts, snake in pairs:
         fixed = PER_ITEM + (PER_PART if parts > 1 else 0.0)
         if parts > 1 and max(mean + fixed * per_item * parts, group // parts * top + fixed) >= least:
             out.append(float("inf"))
         else:
-            out.append(_fluid_busiest(pieces, group // parts, heads_kv * parts, programs, snake, parts > 1))
+            out.append(busiest_of(pieces, group // parts, heads_kv * parts, programs, snake, parts > 1))
             least = min(least, out[-1])
     return tuple(out)
 
