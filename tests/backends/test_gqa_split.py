@@ -163,12 +163,12 @@ def fluid_against_simulation(shapes, programs_list=(SMS, 78)):
 @pytest.mark.parametrize("seed", range(4))
 def test_fluid_plan_agrees_with_the_simulation(seed):
     """The plan (the fluid model, helper gqafluid) against the simulation of every round (gqarule's plan) on random
-    shapes: where the picks differ the simulation rates the fluid pick within 4% of its own (2% but for near ties
-    at 78 SMs: bench/NOTES.md "GQA split plan for new stand-ins"), and never below 0.99x of the default; they differ
-    on < 10% of the shapes."""
+    shapes: where the picks differ the simulation rates the fluid pick within 3% of its own (1% but for near ties
+    at 78 SMs: bench/NOTES.md "GQA split plan for new stand-ins") and never below 0.99x of the default; they differ
+    on < 6% of the shapes."""
     differ, compared = fluid_against_simulation(list(shape_grid(seed, 60)) + [a for _, a, _ in PLANS] * (seed == 0))
-    assert len(differ) < 0.1 * compared, differ
-    assert all(loss < 0.04 and gain >= 0.99 for loss, gain in differ), differ
+    assert len(differ) < 0.06 * compared, differ
+    assert all(loss < 0.03 and gain >= 0.99 for loss, gain in differ), differ
 
 
 def test_fluid_busiest_is_the_simulated_busiest_on_the_bench_stand_in():
@@ -185,6 +185,21 @@ def test_fluid_busiest_is_the_simulated_busiest_on_the_bench_stand_in():
             args = (runs, 8 // parts, 2 * parts, programs, snake, parts > 1)
             fluid = gs._fluid_busiest(pieces, *args[1:])
             assert fluid == pytest.approx(gs.busiest(*args), rel=0.01), (programs, parts, snake)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_step_busiest_is_every_program_simulated(seed):
+    """Stand-ins of few tile costs (``STEP_LEVELS``) take ``_step_busiest``: exactly the busiest of every program
+    simulated, striding and the snake, on causal, full and window profiles of one or two lengths."""
+    rng = random.Random(seed)
+    lengths = [(rng.randint(1, 2000), rng.randint(1, 30)) for _ in range(rng.randint(1, 2))]
+    runs = gs.tile_runs(lengths, rng.choice([CAUSAL, FULL, (True, 256, True, 0)]))
+    levels = [(b + (gs.MASKED - 1) * m, c) for b, m, c in runs]
+    for units, heads, programs in ((2, 8, SMS), (8, 2, SMS), (4, 4, 8), (16, 1, 100), (3, 2, 7)):
+        for snake in (False, True):
+            exact = max(simulated(runs, heads, units, programs, snake, units > 2))
+            assert gs._step_busiest(levels, heads, units, programs, snake, units > 2) == pytest.approx(exact), \
+                (lengths, units, programs, snake)
 
 
 @pytest.mark.parametrize("seed", range(2))
