@@ -263,7 +263,10 @@ def plan_cost() -> int:
             "16:2 causal B63 T65536": (8, 2, 63, 65536, 8192, causal),
             "16:2 causal B300 longest 16384 T262144": (8, 2, 300, 262144, 16384, causal),
             "16:2 causal B27 T32768, no hint": (8, 2, 27, 32768, -1, causal),
-            "16:2 window(512,0) B27 T32768": (8, 2, 27, 32768, 8192, (True, 512, True, 0))}.items():
+            "16:2 window(512,0) B27 T32768": (8, 2, 27, 32768, 8192, (True, 512, True, 0)),
+            "16:2 causal B8 S4096 (one length)": (8, 2, 8, 32768, 4096, causal),
+            "16:2 causal B7 longest 2048 T4096 (small: the step path)": (8, 2, 7, 4096, 2048, causal),
+            "16:2 causal B1 S4096 (one wave)": (8, 2, 1, 4096, 4096, causal)}.items():
         drift = [(group, hkv, seqs, rows + d, rows + d, hint, 128, bounds, False, SMS)
                  for d in (rng.randint(-200, 200) for _ in range(400))]
         simulated, fresh = per_call(drift, simulate=True), per_call(drift, fresh=True)

@@ -247,14 +247,10 @@ def _fluid_profile(ramps, atoms, sides):
 
 
 def _frac_sum(phase: float, drift: float, n: float) -> float:
-    """sum of frac(phase + k x drift), k < n, as the integral of frac over the phases the reads sweep (the reads of
-    a staircase whose levels the rounds cross slowly keep one phase: the fluid line's systematic error)."""
-    if n == 1:
-        return phase % 1.0
-    drift %= 1.0
-    if drift > 0.5:
-        drift -= 1.0
-    if -1e-9 < n * drift < 1e-9:
+    """sum of frac(phase + k x drift), k < n (drift in (-1/2, 1/2]: the phases' drift per read, whole levels off), as
+    the integral of frac over the phases the reads sweep (the reads of a staircase whose levels the rounds cross
+    slowly keep one phase: the fluid line's systematic error)."""
+    if n == 1 or -1e-9 < n * drift < 1e-9:
         return n * (phase % 1.0)
     lo = phase - drift / 2
     hi = lo + n * drift
@@ -272,7 +268,10 @@ def _fluid_reads(pieces, units: int, programs: int, fixed: float, shifts: tuple)
     for t0, t1, c0, dc, width, drop, lead in pieces:
         a, b, beta = t0 * units, t1 * units, dc * step  # a read at round k: alpha + beta k
         if width:  # the level each read lands in: phase (tiles from the boundary) / width; the line reads its middle
-            drift, bias = 2 * step / width, 0.5 - 0.5 / (units * width)
+            one, bias = step / width, 0.5 - 0.5 / (units * width)
+            drift = 2 * one % 1.0  # per 2 rounds, whole levels off
+            if drift > 0.5:
+                drift -= 1.0
         for shift, sums in zip(shifts, out):
             lo, hi = -((shift - a) // programs), -((shift - b) // programs)  # rounds k: a <= kP + shift < b
             if lo < 0.0:
@@ -289,7 +288,7 @@ def _fluid_reads(pieces, units: int, programs: int, fixed: float, shifts: tuple)
                 if ne:
                     even += drop * (_frac_sum(phase, drift, ne) - ne * bias)
                 if n > ne:
-                    odd += drop * (_frac_sum(phase + (drift / 2 if lo % 2 == 0 else -drift / 2), drift, n - ne)
+                    odd += drop * (_frac_sum(phase + (one if lo % 2 == 0 else -one), drift, n - ne)
                                    - (n - ne) * bias)
             sums[0] += even
             sums[1] += odd
