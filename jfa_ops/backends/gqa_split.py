@@ -18,11 +18,12 @@ longest item's share is the largest it can be); without a hint as equal lengths 
 cost model is ``tools/gqa_bwd_model.py``'s, calibrated on the H200 (2026-12-02: the MHA jagged T32768 causal row,
 417.5 TFLOP/s; it gave the GQA 16:2 row 306 against 310 measured, the split 1.34x measured vs 1.27-1.37x predicted).
 Pure Python, no torch, testable anywhere. Host cost (helpers gqaplan, gqafluid; bench/NOTES.md "plan cost", "GQA
-split plan for new stand-ins"): the busiest programs come from a fluid model of the stand-in (``_fluid_busiest``: its
-tiles as closed-form ramps and atoms, sorted into a few linear pieces, each pick's reads per piece an arithmetic
-series plus the staircase's phase term; O(pieces), not O(tiles) or O(rounds): ~20-60 us for a new stand-in, against
-0.1-1 ms for ``simulated_makespans``' simulation of every round, which stays the oracle); it is memoized on the
-stand-in's lengths rounded to the 64 rows its tile runs read (exact), so a call whose T moved a few rows costs ~4 us.
+split plan for new stand-ins"): the stand-in's tiles are closed-form ramps and atoms (``_stand_in_tiles``); with
+few tile costs every program's load is swept exactly (``_step_busiest``), else a fluid model reads programs 0 and
+P - 1 on a few linear pieces, each read an arithmetic series plus the staircase's phase term (``_fluid_busiest``).
+Neither loops over tiles or rounds: 14-43 us for a new stand-in, against 0.1-1 ms for ``simulated_makespans``'
+simulation of every round, which stays the oracle. It is memoized on the stand-in's lengths rounded to the 64 rows
+its tile runs read (exact), so a call whose T moved a few rows costs ~4 us.
 """
 from __future__ import annotations
 
@@ -338,7 +339,8 @@ def _step_busiest(levels, heads_per_item: int, units: int, programs: int, snake:
 def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q: int, rows_kv: int, bounds: tuple,
                broadcast_q: bool, pairs: tuple):
     """The busiest program's blocks of the default and of each (parts, snake) in ``pairs`` on the stand-in
-    ``lengths`` (``_fluid_busiest``), or None where no plan can gain (the longest item < 5% of an SM's share).
+    ``lengths`` (``_step_busiest`` up to STEP_LEVELS tile costs, else ``_fluid_busiest``), or None where no plan
+    can gain (the longest item < 5% of an SM's share).
     A candidate whose lower bound (the mean per program, the longest item) is no less than a busiest already read
     cannot be the fastest (the split's extra costs do not depend on its parts): it reads inf, unread. Memoized on
     ``_stand_in_key``'s rounded lengths: a repeat is a lookup."""
@@ -372,7 +374,7 @@ def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q:
 def simulated_makespans(group: int, heads_kv: int, programs: int, lengths, rows_q: int, rows_kv: int, bounds: tuple,
                         broadcast_q: bool, pairs: tuple):
     """``_makespans`` with every round simulated (``tile_runs`` + ``busiest``: 0.1-1 ms; gqarule's plan): the oracle
-    the fluid model is checked against (tests/backends/test_gqa_split.py, tools/gqa_bwd_model.py --plan-cost)."""
+    the fluid model is checked against (tests/backends/test_gqa_split.py, tools/gqa_bwd_model.py --plan-agree)."""
     if broadcast_q:
         runs = tile_runs(lengths, bounds, broadcast_rows=rows_q)
     else:
@@ -391,7 +393,7 @@ def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, ma
     are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
     (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
     snake). The default unless a candidate gains ``MIN_GAIN`` (less ``FLUID_MARGIN``). The busiest programs come
-    from the fluid model (``_makespans``: ~10 us for a new stand-in, memoized on its rounded lengths); the per-call
+    from ``_makespans`` (14-43 us for a new stand-in, memoized on its rounded lengths); the per-call
     terms (the passes over the rows, the split's fp32 buffer) are a few multiplications. ``simulate``: every round
     simulated instead (``simulated_makespans``, unmemoized, 0.1-1 ms: the oracle, gqarule's plan, MIN_GAIN)."""
     default = Plan(1, False, 1.0)

@@ -187,6 +187,33 @@ def test_fluid_busiest_is_the_simulated_busiest_on_the_bench_stand_in():
             assert fluid == pytest.approx(gs.busiest(*args), rel=0.01), (programs, parts, snake)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_stand_in_tiles_are_tile_runs(seed):
+    """The closed-form ramps and atoms of ``_stand_in_tiles`` are ``tile_runs``' tiles (each cost, each count) and
+    their exact total, on one or two lengths under causal, full and window masks, self, cross and broadcast Q."""
+    rng = random.Random(seed)
+    lengths = [(rng.randint(1, 9000), rng.randint(1, 40)) for _ in range(rng.randint(1, 2))]
+    bounds = rng.choice([CAUSAL, FULL, (True, 512, True, 0), (True, 100, True, 37), (False, 0, True, 200),
+                         (True, 300, False, 0)])
+    rows_kv = sum(n * c for n, c in lengths)
+    broadcast = rng.random() < 0.2
+    rows_q = rng.choice([64, 200, 1000]) if broadcast else int(rows_kv * rng.choice([1, 1, 0.3, 1.7]))
+    runs = (gs.tile_runs(lengths, bounds, broadcast_rows=rows_q) if broadcast
+            else gs.tile_runs(lengths, bounds, q_per_kv=rows_q / rows_kv))
+    ramps, atoms, total, tiles, sides = gs._stand_in_tiles(lengths, rows_q, rows_kv, bounds, broadcast)
+    counts = dict(atoms)
+    for hi, lo, count in ramps:
+        for v in range(lo, hi + 1, 2):
+            counts[v] = counts.get(v, 0) + count
+    expected = {}
+    for b, m, c in runs:
+        expected[b] = expected.get(b, 0) + c
+        assert m == (0 if broadcast else min(b, sides))
+    assert {v: c for v, c in counts.items() if c} == expected, (lengths, bounds, rows_q, broadcast)
+    assert tiles == sum(expected.values())
+    assert total == pytest.approx(sum((b + (gs.MASKED - 1) * m) * c for b, m, c in runs))
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_step_busiest_is_every_program_simulated(seed):
     """Stand-ins of few tile costs (``STEP_LEVELS``) take ``_step_busiest``: exactly the busiest of every program
