@@ -21,7 +21,7 @@ Pure Python, no torch, testable anywhere. Host cost (helpers gqaplan, gqafluid; 
 split plan for new stand-ins"): the stand-in's tiles are closed-form ramps and atoms (``_stand_in_tiles``); with
 few tile costs every program's load is swept exactly (``_step_busiest``), else a fluid model reads programs 0 and
 P - 1 on a few linear pieces, each read an arithmetic series plus the staircase's phase term (``_fluid_busiest``).
-Neither loops over tiles or rounds: 14-43 us for a new stand-in, against 0.1-1 ms for ``simulated_makespans``'
+Neither loops over tiles or rounds: 14-41 us for a new stand-in, against 0.1-1 ms for ``simulated_makespans``'
 simulation of every round, which stays the oracle. It is memoized on the stand-in's lengths rounded to the 64 rows
 its tile runs read (exact), so a call whose T moved a few rows costs ~4 us.
 """
@@ -296,35 +296,32 @@ def _fluid_reads(pieces, units: int, programs: int, fixed: float, shifts: tuple)
     return out
 
 
-def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
-    """The busiest program's blocks (``busiest``'s) on the fluid profile (``_fluid_reads``), O(pieces): striding's
-    program 0 (items 0, P, 2P, ...); under the snake (program p takes item kP + p when k is even, kP + P - 1 - p when
-    odd) the busier of programs 0 and P - 1 (on smooth profiles ``busiest`` reads the quartiles too: within ~1%)."""
+def _fluid_busiest(pieces, heads_per_item: int, units: int, programs: int, split: bool):
+    """(striding's busiest program, the snake's) in blocks (``busiest``'s) on the fluid profile (``_fluid_reads``),
+    O(pieces): striding's program 0 (items 0, P, 2P, ...); under the snake (program p takes item kP + p when k is
+    even, kP + P - 1 - p when odd) the busier of programs 0 and P - 1 (on smooth profiles ``busiest`` reads the
+    quartiles too: within ~1%)."""
     fixed = (PER_ITEM + (PER_PART if split else 0.0)) / heads_per_item
-    if not snake:
-        ((even, odd),) = _fluid_reads(pieces, units, programs, fixed, (0.0,))
-        return heads_per_item * (even + odd)
     (first_even, first_odd), (last_even, last_odd) = _fluid_reads(pieces, units, programs, fixed,
                                                                   (0.0, programs - 1.0))
-    return heads_per_item * max(first_even + last_odd, last_even + first_odd)
+    return (heads_per_item * (first_even + first_odd),
+            heads_per_item * max(first_even + last_odd, last_even + first_odd))
 
 
-def _step_busiest(levels, heads_per_item: int, units: int, programs: int, snake: bool, split: bool) -> float:
-    """``busiest`` (every program where its load may change: exact) on a profile of few levels [(tile cost, tiles)],
-    most first, in O(levels): item x costs sum_j drop_j over the level ends E_j > x (drop_j: the cost lost at E_j, the
-    last to 0), so a program's load is sum_j drop_j x its reads before E_j = qP + r: q, and in round q (even: items
-    qP + p, read where p < r; odd: qP + P - 1 - p, where p >= P - r) one more: striding's program 0 reads
-    ceil(E_j / P); the snake's load moves by -drop_j at p = r (q even) or +drop_j at p = P - r (q odd), swept in
-    order from program 0's."""
+def _step_busiest(levels, heads_per_item: int, units: int, programs: int, split: bool):
+    """(striding's busiest program, the snake's): ``busiest`` (every program where its load may change: exact) on a
+    profile of few levels [(tile cost, tiles)], most first, in O(levels): item x costs sum_j drop_j over the level
+    ends E_j > x (drop_j: the cost lost at E_j, the last to 0), so a program's load is sum_j drop_j x its reads before
+    E_j = qP + r: q, and in round q (even: items qP + p, read where p < r; odd: qP + P - 1 - p, where p >= P - r) one
+    more: striding's program 0 reads ceil(E_j / P); the snake's load moves by -drop_j at p = r (q even) or +drop_j at
+    p = P - r (q odd), swept in order from program 0's."""
     fixed = PER_ITEM + (PER_PART if split else 0.0)
-    end, load, moves = 0, 0.0, []
+    end, striding, load, moves = 0, 0.0, 0.0, []
     for j, (cost, tiles) in enumerate(levels):
         end += tiles * units
         drop = heads_per_item * (cost - levels[j + 1][0]) if j + 1 < len(levels) else heads_per_item * cost + fixed
         rounds, part = divmod(end, programs)
-        if not snake:
-            load += drop * (rounds + (part > 0))
-            continue
+        striding += drop * (rounds + (part > 0))
         load += drop * (rounds + (part > 0 and rounds % 2 == 0))
         if part:
             moves.append((part, -drop) if rounds % 2 == 0 else (programs - part, drop))
@@ -332,7 +329,7 @@ def _step_busiest(levels, heads_per_item: int, units: int, programs: int, snake:
     for _, move in sorted(moves):  # at one program the losses first: the gains' partial sums stay under the total
         load += move
         best = max(best, load)
-    return best
+    return striding, best
 
 
 @functools.lru_cache(maxsize=4096)  # ~0.6 KB an entry; packed T32768 training: ~1,300 stand-ins in 3,000 steps
@@ -359,15 +356,17 @@ def _makespans(group: int, heads_kv: int, programs: int, lengths: tuple, rows_q:
         busiest_of = _step_busiest
     else:
         pieces, busiest_of = _fluid_profile(ramps, atoms, sides), _fluid_busiest
-    least = busiest_of(pieces, group, heads_kv, programs, False, False)
-    out = [least]
+    whole = busiest_of(pieces, group, heads_kv, programs, False)  # (striding, the snake): one part
+    least, out = whole[0], [whole[0]]
     for parts, snake in pairs:
         fixed = PER_ITEM + (PER_PART if parts > 1 else 0.0)
-        if parts > 1 and max(mean + fixed * per_item * parts, group // parts * top + fixed) >= least:
+        if parts == 1:
+            out.append(whole[snake])
+        elif max(mean + fixed * per_item * parts, group // parts * top + fixed) >= least:
             out.append(float("inf"))
         else:
-            out.append(busiest_of(pieces, group // parts, heads_kv * parts, programs, snake, parts > 1))
-            least = min(least, out[-1])
+            out.append(busiest_of(pieces, group // parts, heads_kv * parts, programs, True)[snake])
+        least = min(least, out[-1])
     return tuple(out)
 
 
@@ -393,7 +392,7 @@ def plan(group: int, heads_kv: int, num_seqs: int, rows_q: int, rows_kv: int, ma
     are rows_q / rows_kv of its keys, or broadcast Q's rows_q); ``candidates``: the
     (parts, snake) pairs to consider (None: the default, the snake alone, each divisor of the group > 1 with the
     snake). The default unless a candidate gains ``MIN_GAIN`` (less ``FLUID_MARGIN``). The busiest programs come
-    from ``_makespans`` (14-43 us for a new stand-in, memoized on its rounded lengths); the per-call
+    from ``_makespans`` (14-41 us for a new stand-in, memoized on its rounded lengths); the per-call
     terms (the passes over the rows, the split's fp32 buffer) are a few multiplications. ``simulate``: every round
     simulated instead (``simulated_makespans``, unmemoized, 0.1-1 ms: the oracle, gqarule's plan, MIN_GAIN)."""
     default = Plan(1, False, 1.0)

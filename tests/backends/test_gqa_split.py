@@ -182,9 +182,9 @@ def test_fluid_busiest_is_the_simulated_busiest_on_the_bench_stand_in():
     pieces = gs._fluid_profile(ramps, atoms, sides)
     for programs in (SMS, 78):
         for parts, snake in ((1, False), (1, True), (2, True), (4, True), (8, True)):
-            args = (runs, 8 // parts, 2 * parts, programs, snake, parts > 1)
-            fluid = gs._fluid_busiest(pieces, *args[1:])
-            assert fluid == pytest.approx(gs.busiest(*args), rel=0.01), (programs, parts, snake)
+            fluid = gs._fluid_busiest(pieces, 8 // parts, 2 * parts, programs, parts > 1)[snake]
+            assert fluid == pytest.approx(gs.busiest(runs, 8 // parts, 2 * parts, programs, snake, parts > 1),
+                                          rel=0.01), (programs, parts, snake)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -225,7 +225,7 @@ def test_step_busiest_is_every_program_simulated(seed):
     for units, heads, programs in ((2, 8, SMS), (8, 2, SMS), (4, 4, 8), (16, 1, 100), (3, 2, 7)):
         for snake in (False, True):
             exact = max(simulated(runs, heads, units, programs, snake, units > 2))
-            assert gs._step_busiest(levels, heads, units, programs, snake, units > 2) == pytest.approx(exact), \
+            assert gs._step_busiest(levels, heads, units, programs, units > 2)[snake] == pytest.approx(exact), \
                 (lengths, units, programs, snake)
 
 
