@@ -41,6 +41,7 @@ __all__ = [
     "check_backend_writes_every_row", "check_opcheck", "backward_op_args", "check_backend",
     "mx_shared_exponent_spec", "e4m3_round_spec", "mx_quantize_spec", "mx_dequantize_spec", "mx_round_trip_spec",
     "reference_mxfp8_attention", "reference_mxfp8_attention_backward", "fp8_mma_model",
+    "mx_rebased_row_blocks_spec", "mxfp8_attention_backward_model",
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1001,16 +1002,66 @@ def reference_mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tens
     round-tripped in 32 x 32 blocks over (query, key); dP = dO V^T; dS = P (dP - delta), delta = rowsum(dO * out)
     - grad_lse, round-tripped in 32 x 32 blocks; dQ = scale dS K; dK = scale dS^T Q.
     """
+    return _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, scale=scale,
+                                     causal=causal, window=window, broadcast_q=broadcast_q, rounding=rounding)
+
+
+def mx_rebased_row_blocks_spec(x: Tensor, offsets: Optional[Tensor], block: Sequence[int],
+                               rounding: str = "rceil") -> Tensor:
+    """float64 values of ``x``'s MXFP8 blocks re-based, per 32-row block (per sequence, from its first row) and head,
+    to the largest block scale among them: each element E4M3-rounded (nearest even) at that scale. The MX values
+    but for elements that fall to E4M3 subnormals there (re-basing's documented loss); NaN blocks stay NaN."""
+    data, scales = mx_quantize_spec(x, offsets, block, rounding)
+    values = mx_dequantize_spec(data, scales, offsets, block).cpu()
+    bits = scales.detach().cpu().view(torch.uint8).to(torch.int64)  # 255: NaN block
+    bits = torch.where(bits == 255, torch.zeros_like(bits), bits)
+    bounds = None if offsets is None else [int(o) for o in offsets.tolist()]
+    out = torch.empty_like(values)
+    for r0, n, srow in _row_blocks(values.shape[0], bounds, 32):
+        block_bits = bits[srow] if block[0] == 32 else bits[r0:r0 + n].amax(dim=0)  # [H, D / 32]
+        factor = torch.pow(2.0, (block_bits.amax(dim=-1) - 127).to(torch.float64))[None, :, None]  # [1, H, 1]
+        out[r0:r0 + n] = e4m3_round_spec(values[r0:r0 + n] / factor) * factor
+    return out.to(x.device)
+
+
+def mxfp8_attention_backward_model(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                                   out: Tensor, lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *,
+                                   scale: Optional[float] = None, causal: bool = False,
+                                   window: Sequence[int] = (-1, -1), broadcast_q: bool = False,
+                                   rounding: str = "rceil", rebased_s_dp: bool = True) -> Tuple[Tensor, Tensor, Tensor]:
+    """Float64 model of the MXFP8 backward bench/NOTES.md "MXFP8 backward on Hopper" proposes for the H200 (the
+    oracle's computation but for two choices a Hopper kernel makes): P enters dV at one fixed scale (P x 2**8 rounded
+    to E4M3: the oracle's 32 x 32 blocks wherever P >= 2**-14), and, with ``rebased_s_dp`` (FP8 S and dP), Q, K, dO
+    and V reach S = Q K^T and dP = dO V^T re-based per 32-row (32-key) block over head_dim
+    (``mx_rebased_row_blocks_spec``). dS in 32 x 32 blocks and dV, dK, dQ on the MX values (bf16 wgmma on values
+    exact in bf16) are the oracle's. (dq, dk, dv) float64."""
+    return _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, scale=scale,
+                                     causal=causal, window=window, broadcast_q=broadcast_q, rounding=rounding,
+                                     fixed_p_scale=True, rebased_s_dp=rebased_s_dp)
+
+
+def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *, scale, causal, window,
+                              broadcast_q, rounding, fixed_p_scale=False, rebased_s_dp=False):
+    """``reference_mxfp8_attention_backward`` (the defaults) and ``mxfp8_attention_backward_model``."""
     heads_q, heads_kv, head_dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads_q // heads_kv
     scale = head_dim ** -0.5 if scale is None else float(scale)
     kv_bounds = [int(x) for x in kv_offsets.tolist()]
     batch = len(kv_bounds) - 1
     out_offsets = (torch.arange(batch + 1) * q.shape[0]) if broadcast_q else q_offsets.cpu()
-    qd = mx_round_trip_spec(q, None if broadcast_q else q_offsets, (32, 32), rounding).cpu()
+    q_grid = None if broadcast_q else q_offsets
+    qd = mx_round_trip_spec(q, q_grid, (32, 32), rounding).cpu()
     kd = mx_round_trip_spec(k, kv_offsets, (32, 32), rounding).cpu()
     vd = mx_round_trip_spec(v, None, (1, 32), rounding).cpu()
     dod = mx_round_trip_spec(grad_out, out_offsets, (32, 32), rounding).cpu()
+    if rebased_s_dp:  # S's and dP's operands (dV, dK, dQ keep the MX values)
+        q_s, k_s = (mx_rebased_row_blocks_spec(x, o, (32, 32), rounding).cpu() for x, o in ((q, q_grid),
+                                                                                           (k, kv_offsets)))
+        do_s = mx_rebased_row_blocks_spec(grad_out, out_offsets, (32, 32), rounding).cpu()
+        v_s = mx_rebased_row_blocks_spec(v, kv_offsets, (1, 32), rounding).cpu()
+    else:
+        q_s, k_s, do_s, v_s = qd, kd, dod, vd
+    p_for_dv = (lambda p: e4m3_round_spec(p * 256.0) / 256.0) if fixed_p_scale else _mx_round_trip_square
     delta = torch.einsum("ihd,ihd->hi", grad_out.detach().cpu().double(), out.detach().cpu().double())
     if grad_lse is not None:
         delta = delta - grad_lse.detach().cpu().double()
@@ -1023,14 +1074,13 @@ def reference_mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tens
         if q1 == q0 or k1 == k0:
             continue
         ks = kd[k0:k1].repeat_interleave(group, dim=1)
-        vs = vd[k0:k1].repeat_interleave(group, dim=1)
         visible = visible_mask(q1 - q0, k1 - k0, causal, window)
         row_lse = lse64[:, o0:o1, None]
-        s = torch.einsum("ihd,jhd->hij", qd[q0:q1], ks) * scale
+        s = torch.einsum("ihd,jhd->hij", q_s[q0:q1], k_s[k0:k1].repeat_interleave(group, dim=1)) * scale
         p = torch.where(visible & (row_lse > -math.inf), torch.exp((s - row_lse.clamp(min=-1e300)).clamp(max=0)), 0.0)
         do = dod[o0:o1]
-        dv_h = torch.einsum("hij,ihd->jhd", _mx_round_trip_square(p), do)
-        dp = torch.einsum("ihd,jhd->hij", do, vs)
+        dv_h = torch.einsum("hij,ihd->jhd", p_for_dv(p), do)
+        dp = torch.einsum("ihd,jhd->hij", do_s[o0:o1], v_s[k0:k1].repeat_interleave(group, dim=1))
         ds = _mx_round_trip_square(p * (dp - delta[:, o0:o1, None]))
         dq[q0:q1] += scale * torch.einsum("hij,jhd->ihd", ds, ks)
         dk[k0:k1] += (scale * torch.einsum("hij,ihd->jhd", ds, qd[q0:q1])).unflatten(1, (heads_kv, group)).sum(2)

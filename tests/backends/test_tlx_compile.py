@@ -341,15 +341,25 @@ def test_backward_ablations_remove_only_their_stage():
     the ``compiled`` fixture skips them; helper bwdablate), dense D128: each compiles within the default's spill
     budget, and each consumer's block loop keeps S's and dP's wgmma (8 HGMMA each; a stage whose output nothing reads
     is dropped as dead code, which would time another kernel) and loses only the asked-for ones (dQ 8, dK 4, dV 4:
-    32 in the shipped loop; dqadd keeps dQ's) and, with exp2, the 32 MUFU per thread (~60 s)."""
-    rows = _compile_matching("bwd-d128-bf16-full-v2-dqshared-ablate", expect=11, timeout=1200)
+    32 in the shipped loop; dqadd keeps dQ's; sdphalf runs S and dP over half of head_dim: 4 k-steps each, not 8)
+    and, with exp2, the 32 MUFU per thread. The MXFP8 stand-ins (helper mxbwd): mxquant adds the rounding of P and
+    dS to MXFP8 values, 192-320 instructions on each consumer loop's path (sm_90 ptxas at stop 26: sdphalf's 511 /
+    494 -> 769 / 773 with mxquant; the shipped 535 / 516 -> 791 / 797), no spill instruction on it (~70 s)."""
+    rows = _compile_matching("bwd-d128-bf16-full-v2-dqshared-ablate", expect=14, timeout=1200)
+    by_stages = {}
     for r in rows:
         assert "error" not in r, r
         assert r["spill_stores"] + r["spill_loads"] <= MAX_SPILL_BYTES_BWD_V2[128], r
         stages = r["name"].split("-ablate-")[1].split("-")
-        hgmma = 32 - 8 * ("dq" in stages) - 4 * ("dk" in stages) - 4 * ("dv" in stages)
+        by_stages[tuple(stages)] = r
+        hgmma = (32 - 8 * ("dq" in stages) - 4 * ("dk" in stages) - 4 * ("dv" in stages)
+                 - 8 * ("sdphalf" in stages))
         assert r["block_loop_hgmma"] == [hgmma, hgmma], r
         assert r["block_loop_mufu"] == [0 if "exp2" in stages else 32] * 2, r
+    base, quantized = by_stages[("sdphalf",)], by_stages[("mxquant", "sdphalf")]
+    added = [q - b for q, b in zip(quantized["block_loop_path"], base["block_loop_path"])]
+    assert all(192 <= a <= 320 for a in added), (added, quantized, base)
+    assert by_stages[("mxquant",)]["block_loop_path_spill_ops"] == quantized["block_loop_path_spill_ops"] == [0, 0]
 
 
 def test_delta_early_loads_delta_before_the_s_wait():

@@ -44,6 +44,7 @@ from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, 
                              stage_block_start, stage_bounds, visible, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
+from ..triton.mxfp8_quantize import _shared_exponent
 from ..gqa_split import plan as gqa_split_plan
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
                                  slot_tile, tile_schedule, tiles_from_offsets)
@@ -69,6 +70,43 @@ ABLATE_DS: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["ds"])  # dS =
 ABLATE_DK: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dk"])  # no dK += dS^T Q wgmma
 ABLATE_DV: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dv"])  # no dV += P^T dO wgmma
 ABLATE_LOADS: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["loads"])  # Q/dO loaded for the first slots only
+# An added stage, not a removal: P and dS rounded to their MXFP8 values before their bf16 stores (the CUDA-core cost
+# of an MXFP8 backward on Hopper: bench/NOTES.md "MXFP8 backward on Hopper, helper mxbwd, stop 26").
+ABLATE_MX_QUANT: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["mxquant"])
+# S = Q K^T and dP = dO V^T over the first half of head_dim: the tensor time and shared-memory operand bytes of FP8
+# (E4M3) S and dP wgmma over all of it (a bf16 k-step of 16 reads what an E4M3 k-step of 32 reads, at the same rate)
+ABLATE_HALF_SDP: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["sdphalf"])
+
+
+@triton.jit
+def _columns(tile, n: tl.constexpr):
+    """The first ``n`` columns of a shared-memory tile."""
+    return tlx.local_slice(tile, [0, 0], [tile.shape[0], n])
+
+
+@triton.jit
+def _mx_fixed_scale_values(p):
+    """P in [0, 1] -> its MXFP8 values at the one scale 2**-8 (P x 2**8 to E4M3, round to nearest even, and back):
+    the 32 x 32 block's MX value wherever P >= 2**-14 (rceil never puts a block of P <= 1 above 2**-8, and E4M3's
+    relative rounding does not depend on the scale between normals: the forward's argument, bench/NOTES.md "TLX
+    MXFP8 forward v1"); smaller P round coarser than their block's scale would. fp32."""
+    return (p * 256.0).to(tl.float8e4nv).to(tl.float32) * (1.0 / 256.0)
+
+
+@triton.jit
+def _mx_square_values(x):
+    """fp32 [R, C] -> its MXFP8 values in 32 x 32 blocks ("rceil" E8M0 scales; the blocks of a consumer's 64-row
+    block and 64 keys start at multiples of 32 from the sequences' starts, as the reference's): block maxima,
+    scales, x / scale to E4M3 (round to nearest even) and back times the scale. fp32."""
+    R: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    x4 = tl.reshape(x, (R // 32, 32, C // 32, 32))
+    shared = _shared_exponent(tl.max(tl.max(tl.abs(x4), 3), 1), True)  # [R / 32, C / 32]
+    inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
+    scale = ((127 + shared) << 23).to(tl.float32, bitcast=True)  # 2**shared (0 for all-zero blocks: -127)
+    # rceil keeps |x| / scale <= 448, and sm_90's conversion saturates anyway (cvt.rn.satfinite): no clamp
+    y = (x4 * inv_scale[:, None, :, None]).to(tl.float8e4nv)
+    return tl.reshape(y.to(tl.float32) * scale[:, None, :, None], (R, C))
 
 
 @triton.jit
@@ -341,6 +379,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     NO_DS: tl.constexpr = (ABLATE & ABLATE_DS) != 0
     NO_DK: tl.constexpr = (ABLATE & ABLATE_DK) != 0
     NO_DV: tl.constexpr = (ABLATE & ABLATE_DV) != 0
+    MX_QUANT: tl.constexpr = (ABLATE & ABLATE_MX_QUANT) != 0
+    SDP_DIM: tl.constexpr = HEAD_DIM // 2 if (ABLATE & ABLATE_HALF_SDP) != 0 else HEAD_DIM  # S and dP's k extent
     # wgmma groups left in flight at dP's wait (dV behind it) and at dQ's / dV's (dK behind them)
     DP_PENDING: tl.constexpr = 0 if NO_DV else 1
     DQ_PENDING: tl.constexpr = 0 if NO_DK else 1
@@ -396,8 +436,12 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer issues
             lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
             _wait_turn(CID)
-        s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
-        dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
+        if SDP_DIM < HEAD_DIM:  # ablation: S and dP at the FP8 wgmma's tensor time (timing only)
+            s = tlx.async_dot(_columns(q_tile, SDP_DIM), tlx.local_trans(_columns(k_tile, SDP_DIM)))
+            dp = tlx.async_dot(_columns(do_tile, SDP_DIM), tlx.local_trans(_columns(v_tile, SDP_DIM)))
+        else:
+            s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
+            dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
         if ALTERNATE > 0:
             _pass_turn(CID)
         else:
@@ -417,7 +461,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
             ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT, HAS_RIGHT)
             p = tl.where(ok & rows_ok[:, None], p, 0.0)
-        tlx.local_store(p_tile, p.to(DTYPE))
+        if MX_QUANT:  # dV's P in MXFP8 (dS keeps the unrounded P, as the MXFP8 reference)
+            tlx.local_store(p_tile, _mx_fixed_scale_values(p).to(DTYPE))
+        else:
+            tlx.local_store(p_tile, p.to(DTYPE))
         tlx.fence_async_shared()
         tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
         if EVERY_TURN:
@@ -433,6 +480,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             ds = p * (dp - delta[:, None])
         if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
             ds = tl.where(p == 0.0, 0.0, ds)  # would reach the next sequence's dQ rows through the reduce-add
+        if MX_QUANT:
+            ds = _mx_square_values(ds)
         ds = ds.to(DTYPE)
         if DQ_LAG:
             if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)

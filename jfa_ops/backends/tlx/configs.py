@@ -295,8 +295,13 @@ MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "
 # P = S * scale - lse without the exp2 (the MUFU work; the FFMA kept); ds: dS = dP, no P (dP - delta) (its FADD /
 # FMUL, and delta's load); dk / dv: no dK += dS^T Q / dV += P^T dO wgmma; loads: the producer's Q/dO TMA loads only for the first
 # NUM_BUFFERS_Q blocks, then the ring's slots signalled full without loading (the consumers reuse stale tiles).
-# Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
-BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64}
+# Two stand-ins for an MXFP8 backward on Hopper (bench/NOTES.md "MXFP8 backward on Hopper, helper mxbwd, stop 26"):
+# mxquant, an added stage: P and dS rounded to their MXFP8 values in registers (P at one fixed scale, dS in 32 x 32
+# blocks) before their bf16 stores, the CUDA-core work MX adds; sdphalf: S and dP over half of head_dim, the tensor
+# time and operand bytes of E4M3 S and dP wgmma. Both: an MXFP8 backward with FP8 S/dP and bf16 dV/dK/dQ on MX
+# values (its extra Q/dO loads aside). Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
+BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64, "mxquant": 128,
+                      "sdphalf": 256}
 
 
 def backward_ablation_mask(names: str) -> int:
@@ -313,7 +318,7 @@ BACKWARD_ABLATE = backward_ablation_mask(os.environ.get("JFA_TLX_BWD_ABLATE", ""
 # What tools/tlx_check.py backward-ablation times (and tools/tlx_compile.py bwd-ablate compiles): one stage at a
 # time, then together: the CUDA-core math (exp2,ds), dQ and loads, down to the S/dP/dV/dK wgmma floor.
 BACKWARD_ABLATION_RUNS = ("none", "dq", "dqadd", "exp2", "ds", "dk", "dv", "loads", "exp2,ds", "dq,exp2,ds",
-                          "dq,exp2,ds,loads", "dq,dk,dv")
+                          "dq,exp2,ds,loads", "dq,dk,dv", "mxquant", "sdphalf", "mxquant,sdphalf")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
