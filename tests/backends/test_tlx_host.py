@@ -315,6 +315,42 @@ def test_forward_zigzag_launch(gpu, monkeypatch, zigzag):
 
 
 @needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
+    """``configs.SPARSE_FORWARD_ZIGZAG`` (helper sparsefwd): a block-sparse call whose items do not fit one wave
+    launches the forward with SPARSE, ZIGZAG, KV_MAJOR off and ``fwd_head_group``'s group (the dense forward's
+    order over the selected-blocks list); off, static striding as before (ZIGZAG False, head group 1, KV_MAJOR as
+    ``fwd_choices`` picks: kv-major unmasked, tile-major masked); one wave (no list) never zigzags."""
+    from jfa_ops.backends.base import BlockSparseParams
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ZIGZAG", zigzag)
+    names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
+    lengths = [640, 17, 300, 5]
+    q, k, v, offsets = _inputs(lengths)
+    n_blocks = -(-max(lengths) // 128)
+    index = torch.arange(n_blocks, dtype=torch.int32).expand(len(lengths), HEADS[1], n_blocks, n_blocks).contiguous()
+    count = torch.full((len(lengths), HEADS[1], n_blocks), 2, dtype=torch.int32)
+    params = BlockSparseParams(scale=HEAD_DIM ** -0.5, causal=causal)
+
+    def launched(sms):
+        monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", sms)
+        runs.clear()
+        attn_fwd.block_sparse_forward(q, k, v, offsets, offsets, index, count, params)
+        (grid, values), = [(g, v) for name, g, v, _ in runs if name == "attn_fwd_tlx_kernel"]  # after the list's
+        return grid, dict(zip(names, values))
+
+    grid, got = launched(3)  # 8 heads x 10+ tiles: many rounds of 3 programs
+    assert got["SPARSE"] and got["ZIGZAG"] is zigzag and not got["TILES_FROM_OFFSETS"]
+    want = tlx_configs.fwd_head_group(HEADS[1], HEADS[0] // HEADS[1], got["n_slots"], grid[0], False)
+    assert got["head_group"] == (want if zigzag else 1)
+    assert got["KV_MAJOR"] is (not zigzag and not causal)
+    _, got = launched(132)  # one wave: slots from the offsets, no list to order
+    assert got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
+
+
+@needs_tlx
 def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
     """``configs.FORWARD_ZIGZAG`` None (the default; bench/NOTES.md v16's H200 order-timing: every masked row and both
     unmasked jagged rows gained, one-length unmasked dense S2048 lost 0.93x): causal and jagged calls launch ZIGZAG,

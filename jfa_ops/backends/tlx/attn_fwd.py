@@ -761,6 +761,17 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
                   configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, fwd_config(q.shape[2]))
 
 
+def _zigzag_order(wanted: bool, cfg, schedule: dict, programs: int, num_heads: int, num_heads_kv: int,
+                  uniform: bool):
+    """(ZIGZAG, head group) of a launch that ``wanted`` the zigzag order (``configs.FORWARD_ZIGZAG``,
+    ``SPARSE_FORWARD_ZIGZAG``): not for one wave (no list: every item runs at once, the order cannot matter); D64/D128
+    only (the v4 configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4); the group from
+    ``configs.fwd_head_group`` (it follows the list's capacity, which a launch plan's key does not hold)."""
+    zigzag = wanted and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
+    return zigzag, configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
+                                          uniform) if zigzag else 1
+
+
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32): the triton backend's contract (``jfa_ops.backends.base``)."""
     key = _replay_key(q, k, v, q_offsets, kv_offsets, params)
@@ -797,13 +808,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     num_heads_kv = k.shape[1]
-    # ZIGZAG: not for one wave (no list: every item runs at once, the order cannot matter); D64/D128 only (the v4
-    # configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4)
     # masked or jagged calls by default: triangles, bands and unequal sequences are what static striding unbalances
-    wanted = configs.forward_zigzag(has_left or has_right, uniform)
-    zigzag = wanted and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
-    head_group = configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
-                                        uniform) if zigzag else 1
+    zigzag, head_group = _zigzag_order(configs.forward_zigzag(has_left or has_right, uniform), cfg, schedule,
+                                       programs, num_heads, num_heads_kv, uniform)
     if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked
         choices = (choices[0], False, choices[2])
     dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group)
@@ -830,8 +837,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     """(out, lse) of attention restricted to the selected KV blocks: the triton backend's ``block_sparse_forward``
     contract, on the TLX forward with SPARSE (each work item walks its Q block's selected tiles only); the work list
-    is the triton kernel's (longest first by selected blocks). ``configs.sparse_reason`` held for the block sizes;
-    ``configs.SPARSE_FORWARD_UNIFORM_WALK`` read per call."""
+    is the triton kernel's (longest first by selected blocks), taken by static striding, or with
+    ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
+    block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK`` and ``SPARSE_FORWARD_ZIGZAG`` read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -841,7 +849,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    q, k, v, cfg, bounds, (_, kv_major, _), _ = _call_setup(q, k, v, params, num_seqs, total_out)
+    q, k, v, cfg, bounds, (_, kv_major, _), uniform = _call_setup(q, k, v, params, num_seqs, total_out)
     has_left, window_left, has_right, right = bounds
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
@@ -851,9 +859,12 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
                               has_right, **selected_cost_args(count, params.block_q)),
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
+    zigzag, head_group = _zigzag_order(configs.SPARSE_FORWARD_ZIGZAG, cfg, schedule, programs, num_heads, k.shape[1],
+                                       uniform)
     launch(attn_fwd_tlx_kernel, (programs,), dict(
-        **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg),
-        **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major, True), schedule),
+        **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group),
+        **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major and not zigzag, True),
+                       schedule, zigzag),
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
         SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK), num_warps=NUM_WARPS, num_stages=1)

@@ -241,6 +241,10 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     for uniform_walk in (False, True):  # blocks of several tiles
         yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
+    # helper sparsefwd's order for the block-sparse forward (configs.SPARSE_FORWARD_ZIGZAG) on its default walk
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield fwd_specialization(head_dim, "bf16", causal, sparse=True, uniform_walk=True, zigzag=True)
     # helper tlxcausal's work order (configs.FORWARD_ZIGZAG: masked or jagged calls by default; D64/D128): the v4
     # consumers, and v3 for broadcast-Q
     # (GQA and the head group are runtime values: no kernel of their own)
