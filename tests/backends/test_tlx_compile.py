@@ -153,6 +153,23 @@ def test_sparse_zigzag_order_costs_the_block_loop_nothing(compiled):
         assert not any(r["block_loop_path_spill_ops"]), r["name"]
 
 
+def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
+    """configs.SPARSE_FORWARD_WALK_AHEAD (helper sparsefwd: the producer reads the next item's walk after the first
+    NUM_BUFFERS_KV tiles): a producer-only change, so the consumers' block loops are those of the same kernel
+    without it (paths and whole loops equal), two wgmma groups stay in flight and spills grow by at most 32 B per
+    thread (measured 0 at D64 and D128, full, causal, zigzag, fp16 causal + left window)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].endswith("-walkahead")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no walk ahead compiled"
+    for r in rows:
+        base = by_name[r["name"].removesuffix("-walkahead")]
+        extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
+        assert extra <= 32, f"{r['name']}: {extra} B more spills than {base['name']}"
+        assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
+        assert r["block_loop_path"] == base["block_loop_path"], (r["name"], r["block_loop_path"], base)
+        assert r["block_loop_instructions"] == base["block_loop_instructions"], r["name"]
+
+
 def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
     """The TLX MXFP8 forward (issue 12): S = Q K^T with A from shared memory and P V with A (the quantized P) from
     registers, both E4M3 x E4M3 wgmma in the SASS (``QGMMA...E4M3.E4M3``), at D64 and D128, spills bounded."""
@@ -188,7 +205,7 @@ def _uniform_walk_rows(compiled, prefix):
     rows = [r for r in compiled
             if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder)", "", r["name"])]) for r in rows]
+    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead)", "", r["name"])]) for r in rows]
 
 
 def test_block_sparse_backward_uniform_walk_spills_less(compiled):

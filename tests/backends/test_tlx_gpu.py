@@ -325,6 +325,18 @@ SPARSE_ZIGZAG_CASES = {
 }
 
 
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "window (300,0) causal",
+                                  "broadcast-Q", "fp16 D64 causal", *SPARSE_ZIGZAG_CASES])
+def test_block_sparse_forward_walk_ahead_is_bit_identical(name, monkeypatch):
+    """configs.SPARSE_FORWARD_WALK_AHEAD (helper sparsefwd) moves only when the producer reads the next item's walk
+    (the same tiles loaded in the same order): out and lse equal the default's bit for bit (random blocks: items that
+    load nothing; the jagged cases: more items than one wave)."""
+    case = SPARSE_CASES.get(name) or SPARSE_ZIGZAG_CASES[name]
+    (out, lse), (out_w, lse_w) = _sparse_outputs_with_switch(case, "SPARSE_FORWARD_WALK_AHEAD", (False, True),
+                                                             monkeypatch)
+    assert torch.equal(out, out_w) and torch.equal(lse, lse_w), name
+
+
 @pytest.mark.parametrize("name", list(SPARSE_ZIGZAG_CASES))
 def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
     """configs.SPARSE_FORWARD_ZIGZAG (helper sparsefwd) changes which program runs a work item and when, nothing

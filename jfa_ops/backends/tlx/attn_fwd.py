@@ -466,7 +466,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False):
+                        UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
+                        WALK_AHEAD: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -474,13 +475,16 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     Q block selected (BLOCK_INDEX [B, Hkv, n_q_blocks, W] ids of BLOCK_KV keys, ascending; BLOCK_COUNT [B, Hkv,
     n_q_blocks]; Q blocks of BLOCK_Q rows), with the v4 consumers; else the selection arguments are None/0.
     UNIFORM_WALK (with SPARSE): the walk's bounds in uniform registers (``_selected_item``,
-    ``configs.SPARSE_FORWARD_UNIFORM_WALK``). ZIGZAG (``configs.FORWARD_ZIGZAG``): the items in
+    ``configs.SPARSE_FORWARD_UNIFORM_WALK``). WALK_AHEAD (with SPARSE, ``configs.SPARSE_FORWARD_WALK_AHEAD``): the
+    producer reads item i + 1's work entry and walk after issuing item i's first NUM_BUFFERS_KV tiles instead of
+    after its last (the same loads in the same order; only when the producer's own dependent reads happen). ZIGZAG (``configs.FORWARD_ZIGZAG``): the items in
     ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake (``common.snake_work``),
     instead of static striding over ``work_item``'s."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
+    tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
@@ -508,39 +512,73 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
         with tlx.async_task("default"):  # producer: TMA loads only
             kv_count = 0
             q_count = 0
-            for i in range(0, my_items):
-                item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
-                                  num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left, right,
-                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
-                                  ZIGZAG)
-                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end, seq) = item
-                if SPARSE:
-                    sel_first, n_blocks = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks,
-                                                              stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
-                                                              BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
-                else:
-                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
-                        + _n_blocks(tail_begin, tail_end, BLOCK_N)
-                if real & (n_blocks > 0):
-                    q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
-                                         HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
-                    kv_col = (head // group) * HEAD_DIM
+            if WALK_AHEAD:  # SPARSE: item i + 1's walk read after item i's first tiles, while the ring is full
+                if my_items > 0:  # no list entry read without an item (as the consumers)
+                    item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)  # snake_work's i = 0
+                    sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
+                                         stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
+                    for i in range(0, my_items):
+                        (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin,
+                         bulk_end, tail_begin, tail_end, seq) = item
+                        sel_first, n_blocks = sel
+                        kv_col = (head // group) * HEAD_DIM
+                        # the tiles loaded before the next walk: as many as the ring holds (then the producer would
+                        # wait for a free slot anyway); none for an item that loads nothing
+                        lead = tl.where(real & (n_blocks > 0), tl.minimum(n_blocks, NUM_BUFFERS_KV), 0)
+                        if lead > 0:
+                            q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head,
+                                                 HALF_M, HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
+                            kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties,
+                                                         v_fulls, v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX,
+                                                         sel_first, lead, BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                        # the last one re-reads its own
+                        item = _work_tile(snake_work(pid, tl.minimum(i + 1, my_items - 1), programs, ZIGZAG), Q_OFF,
+                                          KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                          search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                          HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)
+                        sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
+                        if lead > 0:
+                            kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties,
+                                                         v_fulls, v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX,
+                                                         sel_first + lead, n_blocks - lead, BLOCK_N, BLOCK_KV,
+                                                         HEAD_DIM, NUM_BUFFERS_KV)
+            else:
+                for i in range(0, my_items):
+                    item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
+                                      n_tiles, num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left,
+                                      right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR,
+                                      head_group, ZIGZAG)
+                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                     tail_begin, tail_end, seq) = item
                     if SPARSE:
-                        kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                     v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX, sel_first,
-                                                     n_blocks,
-                                                     BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                        sel_first, n_blocks = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks,
+                                                             stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
+                                                             BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
                     else:
-                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                   v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end,
-                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
-                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                   v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end,
-                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
-                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                   v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end,
-                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
+                            + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                    if real & (n_blocks > 0):
+                        q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
+                                             HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
+                        kv_col = (head // group) * HEAD_DIM
+                        if SPARSE:
+                            kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                         v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX, sel_first,
+                                                         n_blocks,
+                                                         BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                        else:
+                            kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                       v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end,
+                                                       BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                            kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                       v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end,
+                                                       BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                            kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                       v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end,
+                                                       BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGISTERS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -696,7 +734,8 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
 NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
-                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False)
+                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False,
+                    WALK_AHEAD=False)
 
 
 def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule, zigzag=False) -> dict:
@@ -839,7 +878,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     contract, on the TLX forward with SPARSE (each work item walks its Q block's selected tiles only); the work list
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
-    block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK`` and ``SPARSE_FORWARD_ZIGZAG`` read per call."""
+    block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG`` and ``SPARSE_FORWARD_WALK_AHEAD``
+    read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -867,5 +907,6 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
                        schedule, zigzag),
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
         SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
-        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK), num_warps=NUM_WARPS, num_stages=1)
+        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.SPARSE_FORWARD_WALK_AHEAD),
+        num_warps=NUM_WARPS, num_stages=1)
     return out, lse

@@ -155,6 +155,14 @@ SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "1") 
 # item, same arithmetic: only which SM runs an item and when. Off until timed on the H200 (tools/tlx_check.py
 # sparse-timing's zigzag column); env JFA_TLX_SPARSE_FWD_ZIGZAG=1 turns it on (read per call).
 SPARSE_FORWARD_ZIGZAG = os.environ.get("JFA_TLX_SPARSE_FWD_ZIGZAG", "0") == "1"
+# The block-sparse forward's producer reads item i + 1's work entry and walk (``attn_fwd._selected_item``: ~3
+# dependent L2 round trips and two cross-warp sums) after issuing item i's first NUM_BUFFERS_KV tiles, when the K/V
+# ring is full and it would wait anyway, instead of after item i's last tile, when the consumers are ~1.5 blocks from
+# needing item i + 1's first (helper sparsefwd, bench/NOTES.md "TLX sparse forward vs FA4": our per-item cost fits
+# 3.25 us, ~2.7 above the dense forward's). Items of <= 2 tiles are unchanged. The same loads in the same order:
+# same results. Off until timed on the H200 (tools/tlx_check.py sparse-timing's walkahead column); env
+# JFA_TLX_SPARSE_FWD_WALK_AHEAD=1 turns it on (read per call).
+SPARSE_FORWARD_WALK_AHEAD = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "0") == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
