@@ -155,9 +155,10 @@ def test_sparse_zigzag_order_costs_the_block_loop_nothing(compiled):
 
 def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
     """configs.SPARSE_FORWARD_WALK_AHEAD (helper sparsefwd: the producer reads the next item's walk after the first
-    NUM_BUFFERS_KV tiles): a producer-only change, so the consumers' block loops are those of the same kernel
-    without it (paths and whole loops equal), two wgmma groups stay in flight and spills grow by at most 32 B per
-    thread (measured 0 at D64 and D128, full, causal, zigzag, fp16 causal + left window)."""
+    NUM_BUFFERS_KV tiles; every walk reads its row's first ids beside the count): per item only, so the consumers'
+    block loops are those of the same kernel without it (unmasked paths no longer, whole loops within 8
+    instructions: register choices move; measured paths equal or 4 shorter), two wgmma groups stay in flight and
+    spills grow by at most 32 B per thread (measured equal or fewer)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled if r["name"].endswith("-walkahead")]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no walk ahead compiled"
@@ -166,8 +167,10 @@ def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
         extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
         assert extra <= 32, f"{r['name']}: {extra} B more spills than {base['name']}"
         assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
-        assert r["block_loop_path"] == base["block_loop_path"], (r["name"], r["block_loop_path"], base)
-        assert r["block_loop_instructions"] == base["block_loop_instructions"], r["name"]
+        for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
+            assert got <= want, (r["name"], r["block_loop_path"], base)
+        for got, want in zip(r["block_loop_instructions"], base["block_loop_instructions"]):
+            assert abs(got - want) <= 8, (r["name"], r["block_loop_instructions"], base)
 
 
 def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):

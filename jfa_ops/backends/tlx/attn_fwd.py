@@ -126,7 +126,7 @@ def _warp_uniform(x):
 @triton.jit
 def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb,
                    stride_ch, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-                   UNIFORM_WALK: tl.constexpr):
+                   UNIFORM_WALK: tl.constexpr, ROW_WIDTH: tl.constexpr = False):
     """SPARSE: (first, n) of a work item (``_work_tile``'s tuple): it walks the tiles first .. first + n - 1 of
     BLOCK_INDEX seen as one list of BLOCK_N-key tiles (``selected_tile_start(BLOCK_INDEX, t)``), those of its Q
     block's selection row (its kv head's) that overlap the keys any of its rows sees (``selected_tile_range``).
@@ -137,11 +137,14 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     UNIFORM_WALK (``configs.SPARSE_FORWARD_UNIFORM_WALK``): (first, n) through ``_warp_uniform``, the backward's fix
     (helper sparsebwd2). Without it the consumers' block loop counter, K/V ring slot and tile position are per-lane,
     so every wgmma descriptor of the loop is built in vector registers and moved by R2UR (bench/NOTES.md "TLX
-    block-sparse forward: uniform walk")."""
+    block-sparse forward: uniform walk").
+
+    ROW_WIDTH (WALK_AHEAD): the row's first ids read beside its count (``selected_walk``; ``block_sparse_forward``
+    hands the kernel a contiguous index, so the row stride is the row's width)."""
     real, head, m0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
     first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
                              stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
-                             BLOCK_N)
+                             BLOCK_N, ROW_WIDTH)
     return _uniform_walk(first, n, UNIFORM_WALK)
 
 
@@ -477,15 +480,19 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     UNIFORM_WALK (with SPARSE): the walk's bounds in uniform registers (``_selected_item``,
     ``configs.SPARSE_FORWARD_UNIFORM_WALK``). WALK_AHEAD (with SPARSE, ``configs.SPARSE_FORWARD_WALK_AHEAD``): the
     producer reads item i + 1's work entry and walk after issuing item i's first NUM_BUFFERS_KV tiles instead of
-    after its last (the same loads in the same order; only when the producer's own dependent reads happen). ZIGZAG (``configs.FORWARD_ZIGZAG``): the items in
-    ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake (``common.snake_work``),
-    instead of static striding over ``work_item``'s."""
+    after its last, and every walk reads its row's first ids beside the count (``_selected_item``'s ROW_WIDTH): the
+    same tiles in the same order, only when the dependent reads happen. ZIGZAG (``configs.FORWARD_ZIGZAG``): the
+    items in ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake
+    (``common.snake_work``), instead of static striding over ``work_item``'s."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
+    # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
+    CONSUMER_ROW_WIDTH: tl.constexpr = WALK_AHEAD and not HAS_LEFT
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
         n_tiles = n_slots
@@ -518,7 +525,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                       search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
                                       HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)  # snake_work's i = 0
                     sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
-                                         stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
+                                         stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
+                                         WALK_AHEAD)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin,
                          bulk_end, tail_begin, tail_end, seq) = item
@@ -539,7 +547,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                           search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
                                           HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
-                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
+                                             WALK_AHEAD)
                         if lead > 0:
                             kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties,
                                                          v_fulls, v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX,
@@ -596,7 +605,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                       ZIGZAG)  # snake_work's i = 0
                     if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
-                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
+                                             CONSUMER_ROW_WIDTH)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
@@ -628,7 +638,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N, UNIFORM_WALK)
+                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH)
                             acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
@@ -641,7 +651,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N, UNIFORM_WALK)
+                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH)
                         if real:
                             _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
                                         Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)

@@ -155,12 +155,14 @@ SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "1") 
 # item, same arithmetic: only which SM runs an item and when. Off until timed on the H200 (tools/tlx_check.py
 # sparse-timing's zigzag column); env JFA_TLX_SPARSE_FWD_ZIGZAG=1 turns it on (read per call).
 SPARSE_FORWARD_ZIGZAG = os.environ.get("JFA_TLX_SPARSE_FWD_ZIGZAG", "0") == "1"
-# The block-sparse forward's producer reads item i + 1's work entry and walk (``attn_fwd._selected_item``: ~3
-# dependent L2 round trips and two cross-warp sums) after issuing item i's first NUM_BUFFERS_KV tiles, when the K/V
-# ring is full and it would wait anyway, instead of after item i's last tile, when the consumers are ~1.5 blocks from
-# needing item i + 1's first (helper sparsefwd, bench/NOTES.md "TLX sparse forward vs FA4": our per-item cost fits
-# 3.25 us, ~2.7 above the dense forward's). Items of <= 2 tiles are unchanged. The same loads in the same order:
-# same results. Off until timed on the H200 (tools/tlx_check.py sparse-timing's walkahead column); env
+# The block-sparse forward's walk reads, earlier (helper sparsefwd, bench/NOTES.md "TLX sparse forward vs FA4": our
+# per-item cost fits 3.25 us, and each item's walk, ``attn_fwd._selected_item``, is ~3 dependent L2 reads and two
+# cross-warp sums, in the producer and again in both consumers): (1) the producer reads item i + 1's work entry and
+# walk after issuing item i's first NUM_BUFFERS_KV tiles, when the K/V ring is full and it would wait anyway, instead
+# of after item i's last tile (items of <= 2 tiles unchanged); (2) every walk reads its row's first ids beside the
+# count instead of after it (``selected_tile_range``'s width): one dependent read less per item, for the producer
+# and the consumers (whose walk sits between their last PV and the next item's first QK^T). The same tiles in the
+# same order: same results. Off until timed on the H200 (tools/tlx_check.py sparse-timing's walkahead column); env
 # JFA_TLX_SPARSE_FWD_WALK_AHEAD=1 turns it on (read per call).
 SPARSE_FORWARD_WALK_AHEAD = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "0") == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
