@@ -25,8 +25,9 @@ Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
 selection's block mask (gradients through the triton backward); then forward timings on the bench's sparse batch
 (``bench.suites.sparse_cases``: T66944, 22 sequences up to 16k, H16, D128, keep 0.5/0.25, causal and not), the same
-selection for every column: tlx sparse (and with its walk's bounds uniform, ``configs.SPARSE_FORWARD_UNIFORM_WALK``,
-and in the other work order), triton sparse, tlx dense; then
+selection for every column: tlx sparse (and in the zigzag order, ``configs.SPARSE_FORWARD_ZIGZAG``, with the
+producer's walk one item ahead, ``SPARSE_FORWARD_WALK_AHEAD``, both, and in the other static striding), triton
+sparse, tlx dense; then
 FlexAttention with that selection as its BlockMask (``TLX_SPARSE_FLEX=0`` skips it: its compiles take a while).
 Dense-equivalent TFLOP/s (the dense pairs over the time) and ms.
 
@@ -630,8 +631,9 @@ def sparse_correctness() -> int:
     """The block-sparse forward (tlx; selection on triton) against the oracle: out, lse, dq/dk/dv."""
     from jfa_ops.backends.tlx import configs
 
-    print(f"block-sparse forward sweep, configs.SPARSE_FORWARD_UNIFORM_WALK={configs.SPARSE_FORWARD_UNIFORM_WALK}",
-          flush=True)
+    print(f"block-sparse forward sweep, configs.SPARSE_FORWARD_UNIFORM_WALK={configs.SPARSE_FORWARD_UNIFORM_WALK}, "
+          f"SPARSE_FORWARD_ZIGZAG={configs.SPARSE_FORWARD_ZIGZAG}, "
+          f"SPARSE_FORWARD_WALK_AHEAD={configs.SPARSE_FORWARD_WALK_AHEAD}", flush=True)
     failures, t0 = 0, time.time()
     for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
             int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
@@ -658,13 +660,17 @@ def sparse_timing() -> int:
     from jfa_ops.backends.tlx import configs
 
     cases = sparse_cases([128], "quick")
-    cols = ("tlx sparse", "uniform", "tlx alt order", "triton sparse", "tlx dense")
-    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'uniform': configs."
-          "SPARSE_FORWARD_UNIFORM_WALK on ('tlx sparse': off), 'tlx alt order': configs.KV_MAJOR flipped from what "
-          "fwd_choices picks", flush=True)
+    # helper sparsefwd's knobs per column (configs.<name>, off in every other column); each one's time over the
+    # default's is printed after the row
+    experiments = {"zigzag": ("SPARSE_FORWARD_ZIGZAG",), "walkahead": ("SPARSE_FORWARD_WALK_AHEAD",),
+                   "both": ("SPARSE_FORWARD_ZIGZAG", "SPARSE_FORWARD_WALK_AHEAD")}
+    knobs = sorted({k for names in experiments.values() for k in names})
+    cols = ("tlx sparse", *experiments, "tlx alt order", "triton sparse", "tlx dense")
+    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx sparse': the configs as set "
+          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off), 'zigzag', 'walkahead', 'both': those on (helper sparsefwd), "
+          "'tlx alt order': configs.KV_MAJOR flipped from what fwd_choices picks", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}"
-          + f" {'uniform/tlx':>11s}", flush=True)
-    uniform_default = configs.SPARSE_FORWARD_UNIFORM_WALK
+          + "".join(f" {e + '/tlx':>13s}" for e in experiments), flush=True)
     failures, kept = 0, []
     for case in cases:
         x = make_inputs(case, "cuda")
@@ -675,7 +681,7 @@ def sparse_timing() -> int:
         sparse = lambda backend: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, case.max_q, case.max_kv, block_q=case.block,
             block_kv=case.block, **{**kw, "backend": backend})
-        fns = {"tlx sparse": sparse("tlx"), "uniform": sparse("tlx"), "tlx alt order": sparse("tlx"),
+        fns = {**{c: sparse("tlx") for c in ("tlx sparse", *experiments, "tlx alt order")},
                "triton sparse": sparse("triton"),
                "tlx dense": lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                              case.max_kv, **{**kw, "backend": "tlx"})}
@@ -685,9 +691,12 @@ def sparse_timing() -> int:
             before = configs.KV_MAJOR
             if col == "tlx alt order":  # the order fwd_choices does not pick for this case
                 configs.KV_MAJOR = case.causal
-            configs.SPARSE_FORWARD_UNIFORM_WALK = col == "uniform"  # the other columns: the walk as before
+            for knob in knobs:  # the other columns: the default's striding and walk
+                setattr(configs, knob, knob in experiments.get(col, ()))
             t = median_ms(fns[col], f"{case.label} {col}")
-            configs.KV_MAJOR, configs.SPARSE_FORWARD_UNIFORM_WALK = before, uniform_default
+            configs.KV_MAJOR = before
+            for knob in knobs:
+                setattr(configs, knob, False)
             if t is None:
                 failures += 1
             else:
@@ -698,7 +707,7 @@ def sparse_timing() -> int:
         print(f"{case.label:34s} " + " ".join(f"{c:>18s}" for c in cells)
               + f" {ms.get('triton sparse', nan) / ms.get('tlx sparse', nan):10.2f}"
               + f" {ms.get('tlx dense', nan) / ms.get('tlx sparse', nan):9.2f}"
-              + f" {ms.get('tlx sparse', nan) / ms.get('uniform', nan):11.3f}", flush=True)
+              + "".join(f" {ms.get('tlx sparse', nan) / ms.get(e, nan):13.3f}" for e in experiments), flush=True)
         kept.append((case, x, ms.get("tlx sparse", nan)))
     if os.environ.get("TLX_SPARSE_FLEX", "1") != "1":
         return failures

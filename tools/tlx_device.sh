@@ -16,11 +16,13 @@
 # (not in `all`; carry .whl too): the whole GPU test suite with the automatic choice preferring tlx
 # (tools/device_tests.sh, $SUITE_SHARDS shards, 8).
 # `mxfp8-bench` (not in `all`): issue 12's bench run, every row in one process (its branch below says what).
-# `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle with the walk's bounds
-# uniform (JFA_TLX_SPARSE_FWD_UNIFORM=1, helper fwduniform's knob; SPARSE_FWD_UNIFORM=0: the default walk; 120 s),
-# then timings on the bench's sparse batch: the default walk, the uniform walk, the other work order, triton sparse,
-# tlx dense (100 s); FlexAttention given the same blocks with TLX_SPARSE_FLEX=1 (Inductor under triton 3.8 failed to
-# compile it in v12, after a while).
+# `sparse` (not in `all`): the block-sparse forward (SPARSE): its sweep vs the float64 oracle in the zigzag order with
+# the producer's walk one item ahead (JFA_TLX_SPARSE_FWD_ZIGZAG=1, JFA_TLX_SPARSE_FWD_WALK_AHEAD=1: helper
+# sparsefwd's knobs; SPARSE_FWD_ZIGZAG=0 / SPARSE_FWD_WALK_AHEAD=0: the default's; 120 s), then timings on the
+# bench's sparse batch: the default, each knob and both, the other static striding, triton sparse, tlx dense
+# (150 s); FlexAttention given the same blocks with TLX_SPARSE_FLEX=1 (Inductor under triton 3.8 failed to
+# compile it in v12, after a while). TLX_SPARSE_TESTS=1 (carry .whl): first the GPU tests that compare the zigzag
+# order, the walk ahead and the uniform walk with the default bit for bit (120 s).
 # `sparse-bwd` (not in `all`): the TLX block-sparse backward (JFA_TLX_SPARSE_BWD's switch set in-process): its sweep
 # vs the float64 oracle with helper sparsebwd2's experiments on (uniform walk, Q/dO first, item order; 130 s;
 # SPARSE_BWD_GROUP_ORDER=1: uniform walk and helper hgorder's group order instead), then backward timings on the
@@ -49,6 +51,10 @@ print('triton', triton.__version__, 'TLX')"
 rc=0
 # every step under a limit; SIGKILL 10 s after the SIGTERM (a process stuck in a kernel may not stop on SIGTERM)
 limit="timeout -k 10"
+gpu_tests() {  # tests/backends/test_tlx_gpu.py's GPU tests matching -k "$1" (120 s; carry .whl: expecttest)
+  $limit 120 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu',
+    '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py', '-k', '$1']))"
+}
 if [ "$part" = all ] || [ "$part" = correctness ]; then
   JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py correctness || rc=1
 fi
@@ -60,8 +66,7 @@ if [ "$part" = v4 ]; then  # the forward's v4 consumers (configs.ONE_LOOP): thei
 fi
 if [ "$part" = zigzag ]; then  # helper tlxcausal's work order: its sweep, then default / zigzag / triton timings
   if [ "${TLX_ZIGZAG_TESTS:-0}" = 1 ]; then  # carry .whl (expecttest): zigzag == default bit for bit (GPU tests)
-    $limit 120 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu',
-      '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py', '-k', 'zigzag']))" || rc=1
+    gpu_tests zigzag || rc=1
   fi
   JFA_TLX_FWD_ZIGZAG=1 JFA_LAUNCH_VERIFY=1 $limit 150 python3 tools/tlx_check.py correctness
   r=$?  # 1: a case failed or hung (then no timings); 124: out of its time (timed still)
@@ -101,9 +106,12 @@ if [ "$part" = all ] || [ "$part" = backward-timing ]; then  # TFLOP/s triton / 
   fi
 fi
 if [ "$part" = sparse ]; then
-  JFA_TLX_SPARSE_FWD_UNIFORM=${SPARSE_FWD_UNIFORM:-1} JFA_LAUNCH_VERIFY=1 $limit 120 \
-    python3 tools/tlx_check.py sparse-correctness || rc=1
-  TLX_SPARSE_FLEX=${TLX_SPARSE_FLEX:-0} $limit 100 python3 tools/tlx_check.py sparse-timing || rc=1
+  if [ "${TLX_SPARSE_TESTS:-0}" = 1 ]; then  # carry .whl: zigzag and uniform walk == the default bit for bit
+    gpu_tests "block_sparse_forward and (zigzag or uniform_walk or walk_ahead)" || rc=1
+  fi
+  JFA_TLX_SPARSE_FWD_ZIGZAG=${SPARSE_FWD_ZIGZAG:-1} JFA_TLX_SPARSE_FWD_WALK_AHEAD=${SPARSE_FWD_WALK_AHEAD:-1} \
+    JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py sparse-correctness || rc=1
+  TLX_SPARSE_FLEX=${TLX_SPARSE_FLEX:-0} $limit 150 python3 tools/tlx_check.py sparse-timing || rc=1
 fi
 if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experiments on (SPARSE_BWD_KNOBS=0: the
   # default kernel's), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS, or

@@ -5,7 +5,8 @@ list's (tile, kv head) pairs, each once, longest first by the item's own selecte
 forward's zigzag order (``configs.FORWARD_ZIGZAG``, helper tlxcausal: ``common.zigzag_item`` under the snake) gives
 every (tile, head) to one program, group by group in the zigzag's directions. The dense backward's causal order
 (``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal) is the tile list's
-items in sections of (sequence, kv head) streams."""
+items in sections of (sequence, kv head) streams. ``tools/sparse_fwd_model.py``'s modelled orders of the block-sparse
+forward each take every item once."""
 from __future__ import annotations
 
 import os
@@ -213,3 +214,31 @@ def test_uniform_causal_item_list_is_the_per_call_list(num_seqs, length, heads, 
     assert all(t.numel() == n_work and t.dtype == torch.int32 for t in made)
     assert [t[:n_work].tolist() for t in per_call] == [t.tolist() for t in made]
     assert made is uniform_causal_item_list(num_seqs, length, heads, 1, budget, 128, torch.device("cpu"))  # kept
+
+
+def test_sparse_forward_model_plans_take_every_item_once():
+    """``tools/sparse_fwd_model.py`` (helper sparsefwd: the balance and L2 numbers behind
+    ``configs.SPARSE_FORWARD_ZIGZAG``): every order it models gives each (sequence, head, Q block) with its walk to
+    exactly one program, the walks are the op's budget (``ceil(keep x visible)``, the local block included,
+    ascending), and the masked count is the first block plus the causal diagonal."""
+    import importlib.util
+    import math
+
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
+    spec = importlib.util.spec_from_file_location("sparse_fwd_model", os.path.join(tools, "sparse_fwd_model.py"))
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)  # it finds fwd_schedule_model beside itself
+    lens, heads = (640, 128, 1280, 256, 384), 4
+    for causal in (False, True):
+        sel = model.selection(lens, heads, 0.5, causal, seed=3)
+        want = {(s, h, i) for s, n in enumerate(lens) for h in range(heads) for i in range(n // 128)}
+        for s, per_head in enumerate(sel):
+            for rows in per_head:
+                for i, walk in enumerate(rows):
+                    visible = i + 1 if causal else len(rows)
+                    assert walk == sorted(set(walk)) and i in walk and len(walk) == math.ceil(0.5 * visible)
+                    assert max(walk) < visible and model.masked_blocks(walk, i, causal) == min(len(walk), 1 + causal)
+        for name, programs in model.orders(sel, heads, causal).items():
+            got = [(s, h, i) for mine in programs for s, h, i, _ in mine]
+            assert len(got) == len(want) and set(got) == want, name
+            assert all(w == sel[s][h][i] for mine in programs for s, h, i, w in mine), name

@@ -186,7 +186,7 @@ def test_sparse_walk_sees_exactly_the_visible_selected_keys(len_q, len_k, causal
 def _selected_walk_kernel(S_OFF, O_OFF, INDEX, COUNT, TILES, MASKED, N_WALK, n_rows, heads, n_tiles, stride_ib,
                           stride_ih, stride_in, stride_cb, stride_ch, lo_off, hi_off, max_walk, HAS_LO: tl.constexpr,
                           HAS_HI: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr, TILE_S: tl.constexpr,
-                          TILE_O: tl.constexpr):
+                          TILE_O: tl.constexpr, ROW_WIDTH: tl.constexpr):
     """test_selected_walk: what a TLX work item (its producer and consumers) walks: the tiles and their masked flag."""
     pid = tl.program_id(0)
     seq = pid // (heads * n_tiles)
@@ -197,7 +197,7 @@ def _selected_walk_kernel(S_OFF, O_OFF, INDEX, COUNT, TILES, MASKED, N_WALK, n_r
     lead_begin, _, bulk_begin, bulk_end, _, tail_end = stage_bounds(s0, len_s, len_o, lo_off, hi_off, HAS_LO, HAS_HI,
                                                                     TILE_S, TILE_O)
     first, n = selected_walk(INDEX, COUNT, s0 < len_s, seq, head, s0, n_rows, stride_ib, stride_ih, stride_in,
-                             stride_cb, stride_ch, lead_begin, tail_end, BLOCK_S, BLOCK_O, TILE_O)
+                             stride_cb, stride_ch, lead_begin, tail_end, BLOCK_S, BLOCK_O, TILE_O, ROW_WIDTH)
     for t in range(0, loop_bound(n)):
         o0 = selected_tile_start(INDEX, first + t, BLOCK_O, TILE_O)
         tl.store(TILES + pid * max_walk + t, o0)
@@ -205,15 +205,17 @@ def _selected_walk_kernel(S_OFF, O_OFF, INDEX, COUNT, TILES, MASKED, N_WALK, n_r
     tl.store(N_WALK + pid, n)
 
 
+@pytest.mark.parametrize("row_width", [False, True])
 @pytest.mark.parametrize("side", ["queries", "keys"])
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 7)), (True, (30, -1))])
-def test_selected_walk(side, causal, window):
+def test_selected_walk(side, causal, window, row_width):
     """``selected_walk``, the TLX kernels' work per item: query tiles over the selection (the block-sparse
     forward) and key tiles over its transpose (``transposed_selection``: the block-sparse backward) visit exactly
     the other side's tiles of the blocks their block selected that hold a visible (row, key) pair, in ascending
     order, each once: unselected blocks and blocks nobody in the tile sees never; a tile not marked masked lies
     inside the sequence and every pair of it with a stationary position inside is visible. Oracle: plain loops over
-    a random selection (jagged, cross lengths, empty, ids past a sequence)."""
+    a random selection (jagged, cross lengths, empty, ids past a sequence). ``row_width`` (the TLX forward's
+    WALK_AHEAD): the first ids read by the row's width instead of its count, the same walk."""
     from types import SimpleNamespace
 
     from jfa_ops.backends.triton.block_sparse_bwd import transposed_selection
@@ -251,7 +253,8 @@ def test_selected_walk(side, causal, window):
     tiles, masked = (torch.full((grid, max_walk), -1, dtype=torch.int32) for _ in range(2))
     n_walk = torch.empty(grid, dtype=torch.int32)
     sel = args["INDEX"], args["COUNT"]
-    _selected_walk_kernel[(grid,)](**args, TILES=tiles, MASKED=masked, N_WALK=n_walk, heads=heads,
+    assert sel[0].stride(2) == sel[0].shape[3], "ROW_WIDTH reads the row stride as the row's width"
+    _selected_walk_kernel[(grid,)](**args, ROW_WIDTH=row_width, TILES=tiles, MASKED=masked, N_WALK=n_walk, heads=heads,
                                    n_tiles=n_tiles, stride_ib=sel[0].stride(0), stride_ih=sel[0].stride(1),
                                    stride_in=sel[0].stride(2), stride_cb=sel[1].stride(0),
                                    stride_ch=sel[1].stride(1), max_walk=max_walk)
@@ -269,3 +272,35 @@ def test_selected_walk(side, causal, window):
         assert tiles[pid, :n].tolist() == [o0 for o0, _ in want], (side, b, h, s0)
         for (o0, all_seen), flag in zip(want, masked[pid, :n].tolist()):
             assert flag or all_seen, (side, b, h, s0, o0)  # unmasked: the whole tile inside, every pair visible
+
+
+@triton.jit
+def _tile_range_kernel(OUT, IDS, count, width, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr,
+                       WIDTH: tl.constexpr):
+    if WIDTH:
+        first, n = selected_tile_range(IDS, count, key_begin, key_end, BLOCK, TILE, width)
+    else:
+        first, n = selected_tile_range(IDS, count, key_begin, key_end, BLOCK, TILE)
+    tl.store(OUT, first)
+    tl.store(OUT + 1, n)
+
+
+@pytest.mark.parametrize("count", [0, 1, 63, 64, 65, 130, 150])
+def test_selected_tile_range_with_the_row_width(count):
+    """``selected_tile_range`` with ``width`` (its first IDS_CHUNK ids read by the row's width: the TLX forward's
+    WALK_AHEAD) gives the count-only form's (first, n), and both the plain loops' answer, for rows of several chunks
+    (ids ascending, some negative, padding past the count)."""
+    block, tile, width = 32, 16, 150
+    gen = torch.Generator().manual_seed(count)
+    picked = sorted(torch.randperm(200, generator=gen)[:count].tolist())
+    ids = torch.tensor([p - 8 for p in picked] + [10 ** 6] * (width - count), dtype=torch.int32)
+    for key_begin, key_end in ((0, 6400), (160, 3000), (4096, 4100), (64, 64)):
+        want_first = sum(min(max(key_begin - b * block, 0) // tile, block // tile) for b in ids[:count].tolist())
+        inside = [min(max(key_end + tile - 1 - b * block, 0) // tile, block // tile) for b in ids[:count].tolist()]
+        below = [min(max(key_begin - b * block, 0) // tile, block // tile) for b in ids[:count].tolist()]
+        want_n = sum(max(i - b, 0) for i, b in zip(inside, below))
+        for with_width in (False, True):
+            out = torch.full((2,), -1, dtype=torch.int32)
+            _tile_range_kernel[(1,)](out, ids, count, width, key_begin, key_end, BLOCK=block, TILE=tile,
+                                     WIDTH=with_width)
+            assert out.tolist() == [want_first, want_n], (count, key_begin, key_end, with_width)

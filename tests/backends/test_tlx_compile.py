@@ -134,6 +134,45 @@ def test_zigzag_order_costs_the_kernel_nothing_per_block(compiled):
         assert r["wgmma_overlap"] == base["wgmma_overlap"], r["name"]
 
 
+def test_sparse_zigzag_order_costs_the_block_loop_nothing(compiled):
+    """configs.SPARSE_FORWARD_ZIGZAG (helper sparsefwd: the block-sparse forward in the dense forward's ZIGZAG order,
+    on the uniform walk): its D64/D128 specializations compile, keep two wgmma groups in flight, the block loops'
+    unmasked paths within 8 instructions of the same kernel in its static striding with no spill there, and at most
+    64 B per thread more spills (per work item: measured D128 full +24, causal +44, D64 0; bench/NOTES.md "TLX
+    sparse forward vs FA4, helper sparsefwd, stop 26")."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].startswith("sparse-fwd-") and "-zigzag" in r["name"]]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no sparse zigzag compiled"
+    for r in rows:
+        base = by_name.get(r["name"].replace("-zigzag", "-tilemajor")) or by_name[r["name"].replace("-zigzag", "")]
+        extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
+        assert extra <= 64, f"{r['name']}: {extra} B more spills than {base['name']}"
+        assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
+        for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
+            assert abs(got - want) <= 8, f"{r['name']}: block loop paths {r['block_loop_path']} vs {base}"
+        assert not any(r["block_loop_path_spill_ops"]), r["name"]
+
+
+def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
+    """configs.SPARSE_FORWARD_WALK_AHEAD (helper sparsefwd: the producer reads the next item's walk after the first
+    NUM_BUFFERS_KV tiles; every walk reads its row's first ids beside the count): per item only, so the consumers'
+    block loops are those of the same kernel without it (unmasked paths no longer, whole loops within 8
+    instructions: register choices move; measured paths equal or 4 shorter), two wgmma groups stay in flight and
+    spills grow by at most 32 B per thread (measured equal or fewer)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].endswith("-walkahead")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no walk ahead compiled"
+    for r in rows:
+        base = by_name[r["name"].removesuffix("-walkahead")]
+        extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
+        assert extra <= 32, f"{r['name']}: {extra} B more spills than {base['name']}"
+        assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
+        for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
+            assert got <= want, (r["name"], r["block_loop_path"], base)
+        for got, want in zip(r["block_loop_instructions"], base["block_loop_instructions"]):
+            assert abs(got - want) <= 8, (r["name"], r["block_loop_instructions"], base)
+
+
 def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
     """The TLX MXFP8 forward (issue 12): S = Q K^T with A from shared memory and P V with A (the quantized P) from
     registers, both E4M3 x E4M3 wgmma in the SASS (``QGMMA...E4M3.E4M3``), at D64 and D128, spills bounded."""
@@ -163,11 +202,13 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
 
 
 def _uniform_walk_rows(compiled, prefix):
-    """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK."""
+    """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK (the
+    forward's zigzag order on it has its own test: no non-uniform twin)."""
     by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if r["name"].startswith(prefix) and "-uniform" in r["name"]]
+    rows = [r for r in compiled
+            if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder)", "", r["name"])]) for r in rows]
+    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead)", "", r["name"])]) for r in rows]
 
 
 def test_block_sparse_backward_uniform_walk_spills_less(compiled):

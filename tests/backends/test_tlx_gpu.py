@@ -283,28 +283,67 @@ def test_block_sparse_forward_matches_the_oracle(name):
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
 
 
-@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "window (300,0) causal",
-                                  "broadcast-Q", "fp16 D64 causal", "blocks 256x256 causal"])
-def test_block_sparse_forward_uniform_walk_is_bit_identical(name, monkeypatch):
-    """configs.SPARSE_FORWARD_UNIFORM_WALK (helper fwduniform) passes the same walk bounds through redux.sync: out
-    and lse equal the default walk's bit for bit."""
+def _sparse_outputs_with_switch(case, switch, values, monkeypatch):
+    """(out, lse) of the TLX block-sparse forward on ``case`` (its selection made once) with ``configs.<switch>`` set
+    to each of ``values`` in turn."""
     _require_tlx()
     from jfa_ops.backends.tlx import configs
 
-    case = SPARSE_CASES[name]
     _tlx_or_skip(case.case)
     x = case.case.make_inputs(1)
     index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
     kw = x.kwargs
     results = []
-    for uniform in (False, True):
-        monkeypatch.setattr(configs, "SPARSE_FORWARD_UNIFORM_WALK", uniform)
+    for value in values:
+        monkeypatch.setattr(configs, switch, value)
         results.append(jfa_ops.block_sparse_attention(
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
             block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
             window=kw["window"], broadcast_q=kw["broadcast_q"], return_lse=True, backend="tlx"))
-    (out, lse), (out_u, lse_u) = results
+    return results
+
+
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "window (300,0) causal",
+                                  "broadcast-Q", "fp16 D64 causal", "blocks 256x256 causal"])
+def test_block_sparse_forward_uniform_walk_is_bit_identical(name, monkeypatch):
+    """configs.SPARSE_FORWARD_UNIFORM_WALK (helper fwduniform) passes the same walk bounds through redux.sync: out
+    and lse equal the default walk's bit for bit."""
+    (out, lse), (out_u, lse_u) = _sparse_outputs_with_switch(SPARSE_CASES[name], "SPARSE_FORWARD_UNIFORM_WALK",
+                                                             (False, True), monkeypatch)
     assert torch.equal(out, out_u) and torch.equal(lse, lse_u), name
+
+
+# configs.SPARSE_FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order; the
+# SPARSE_CASES above fit one)
+SPARSE_ZIGZAG_CASES = {
+    "jagged H16 causal": _sparse_case(_JAG, _JAG, heads_q=16, heads_kv=16, causal=True),
+    "jagged H16 keep 0.25": _sparse_case(_JAG, _JAG, heads_q=16, heads_kv=16, keep_ratio=0.25),
+    "jagged GQA 8:4 random blocks causal": _sparse_case(_JAG, _JAG, heads_q=8, heads_kv=4, causal=True,
+                                                        keep_ratio=None),
+    "jagged H16 fp16 D64 causal": _sparse_case(_JAG, _JAG, heads_q=16, heads_kv=16, causal=True, head_dim=64,
+                                               dtype=torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "window (300,0) causal",
+                                  "broadcast-Q", "fp16 D64 causal", *SPARSE_ZIGZAG_CASES])
+def test_block_sparse_forward_walk_ahead_is_bit_identical(name, monkeypatch):
+    """configs.SPARSE_FORWARD_WALK_AHEAD (helper sparsefwd) moves only when the producer reads the next item's walk
+    (the same tiles loaded in the same order): out and lse equal the default's bit for bit (random blocks: items that
+    load nothing; the jagged cases: more items than one wave)."""
+    case = SPARSE_CASES.get(name) or SPARSE_ZIGZAG_CASES[name]
+    (out, lse), (out_w, lse_w) = _sparse_outputs_with_switch(case, "SPARSE_FORWARD_WALK_AHEAD", (False, True),
+                                                             monkeypatch)
+    assert torch.equal(out, out_w) and torch.equal(lse, lse_w), name
+
+
+@pytest.mark.parametrize("name", list(SPARSE_ZIGZAG_CASES))
+def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
+    """configs.SPARSE_FORWARD_ZIGZAG (helper sparsefwd) changes which program runs a work item and when, nothing
+    within an item (same tiles, same order, same arithmetic): out and lse equal the default order's bit for bit."""
+    (out, lse), (out_z, lse_z) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ZIGZAG",
+                                                             (False, True), monkeypatch)
+    assert torch.equal(out, out_z) and torch.equal(lse, lse_z), name
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -314,6 +314,60 @@ def test_forward_zigzag_launch(gpu, monkeypatch, zigzag):
     assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
 
 
+def _block_sparse_launch(runs, monkeypatch, causal, sms):
+    """(grid, arguments by name) of the TLX block-sparse forward's launch for a jagged call of 8 heads x 10+ Q tiles
+    (two blocks selected per Q block), on ``sms`` programs (3: many rounds, a sorted list; 132: one wave)."""
+    from jfa_ops.backends.base import BlockSparseParams
+
+    lengths = [640, 17, 300, 5]
+    q, k, v, offsets = _inputs(lengths)
+    n_blocks = -(-max(lengths) // 128)
+    index = torch.arange(n_blocks, dtype=torch.int32).expand(len(lengths), HEADS[1], n_blocks, n_blocks).contiguous()
+    count = torch.full((len(lengths), HEADS[1], n_blocks), 2, dtype=torch.int32)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", sms)
+    runs.clear()
+    attn_fwd.block_sparse_forward(q, k, v, offsets, offsets, index, count,
+                                  BlockSparseParams(scale=HEAD_DIM ** -0.5, causal=causal))
+    (grid, values), = [(g, v) for name, g, v, _ in runs if name == "attn_fwd_tlx_kernel"]  # after the list's
+    return grid, dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, values))
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
+    """``configs.SPARSE_FORWARD_ZIGZAG`` (helper sparsefwd): a block-sparse call whose items do not fit one wave
+    launches the forward with SPARSE, ZIGZAG, KV_MAJOR off and ``fwd_head_group``'s group (the dense forward's
+    order over the selected-blocks list); off, static striding as before (ZIGZAG False, head group 1, KV_MAJOR as
+    ``fwd_choices`` picks: kv-major unmasked, tile-major masked); one wave (no list) never zigzags."""
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ZIGZAG", zigzag)
+    grid, got = _block_sparse_launch(runs, monkeypatch, causal, 3)
+    assert got["SPARSE"] and got["ZIGZAG"] is zigzag and not got["TILES_FROM_OFFSETS"]
+    want = tlx_configs.fwd_head_group(HEADS[1], HEADS[0] // HEADS[1], got["n_slots"], grid[0], False)
+    assert got["head_group"] == (want if zigzag else 1)
+    assert got["KV_MAJOR"] is (not zigzag and not causal)
+    assert got["WALK_AHEAD"] is False
+    _, got = _block_sparse_launch(runs, monkeypatch, causal, 132)
+    assert got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
+
+
+@needs_tlx
+@pytest.mark.parametrize("walk_ahead", [False, True])
+def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
+    """``configs.SPARSE_FORWARD_WALK_AHEAD`` (helper sparsefwd) is the kernel's WALK_AHEAD, read per call, list or
+    one wave; the dense forward never takes it."""
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_WALK_AHEAD", walk_ahead)
+    for sms in (3, 132):
+        _, got = _block_sparse_launch(runs, monkeypatch, True, sms)
+        assert got["SPARSE"] and got["WALK_AHEAD"] is walk_ahead
+    runs.clear()
+    _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
+    got = dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, runs[-1][2]))
+    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["WALK_AHEAD"] is False
+
+
 @needs_tlx
 def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
     """``configs.FORWARD_ZIGZAG`` None (the default; bench/NOTES.md v16's H200 order-timing: every masked row and both

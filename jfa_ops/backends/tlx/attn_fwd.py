@@ -126,7 +126,7 @@ def _warp_uniform(x):
 @triton.jit
 def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb,
                    stride_ch, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-                   UNIFORM_WALK: tl.constexpr):
+                   UNIFORM_WALK: tl.constexpr, ROW_WIDTH: tl.constexpr = False):
     """SPARSE: (first, n) of a work item (``_work_tile``'s tuple): it walks the tiles first .. first + n - 1 of
     BLOCK_INDEX seen as one list of BLOCK_N-key tiles (``selected_tile_start(BLOCK_INDEX, t)``), those of its Q
     block's selection row (its kv head's) that overlap the keys any of its rows sees (``selected_tile_range``).
@@ -137,11 +137,14 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     UNIFORM_WALK (``configs.SPARSE_FORWARD_UNIFORM_WALK``): (first, n) through ``_warp_uniform``, the backward's fix
     (helper sparsebwd2). Without it the consumers' block loop counter, K/V ring slot and tile position are per-lane,
     so every wgmma descriptor of the loop is built in vector registers and moved by R2UR (bench/NOTES.md "TLX
-    block-sparse forward: uniform walk")."""
+    block-sparse forward: uniform walk").
+
+    ROW_WIDTH (WALK_AHEAD): the row's first ids read beside its count (``selected_walk``; ``block_sparse_forward``
+    hands the kernel a contiguous index, so the row stride is the row's width)."""
     real, head, m0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
     first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
                              stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
-                             BLOCK_N)
+                             BLOCK_N, ROW_WIDTH)
     return _uniform_walk(first, n, UNIFORM_WALK)
 
 
@@ -466,7 +469,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False):
+                        UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
+                        WALK_AHEAD: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -474,14 +478,21 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     Q block selected (BLOCK_INDEX [B, Hkv, n_q_blocks, W] ids of BLOCK_KV keys, ascending; BLOCK_COUNT [B, Hkv,
     n_q_blocks]; Q blocks of BLOCK_Q rows), with the v4 consumers; else the selection arguments are None/0.
     UNIFORM_WALK (with SPARSE): the walk's bounds in uniform registers (``_selected_item``,
-    ``configs.SPARSE_FORWARD_UNIFORM_WALK``). ZIGZAG (``configs.FORWARD_ZIGZAG``): the items in
-    ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake (``common.snake_work``),
-    instead of static striding over ``work_item``'s."""
+    ``configs.SPARSE_FORWARD_UNIFORM_WALK``). WALK_AHEAD (with SPARSE, ``configs.SPARSE_FORWARD_WALK_AHEAD``): the
+    producer reads item i + 1's work entry and walk after issuing item i's first NUM_BUFFERS_KV tiles instead of
+    after its last, and every walk reads its row's first ids beside the count (``_selected_item``'s ROW_WIDTH): the
+    same tiles in the same order, only when the dependent reads happen. ZIGZAG (``configs.FORWARD_ZIGZAG``): the
+    items in ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake
+    (``common.snake_work``), instead of static striding over ``work_item``'s."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
+    tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
+    # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
+    CONSUMER_ROW_WIDTH: tl.constexpr = WALK_AHEAD and not HAS_LEFT
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     if TILES_FROM_OFFSETS:
         n_tiles = n_slots
@@ -508,39 +519,75 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
         with tlx.async_task("default"):  # producer: TMA loads only
             kv_count = 0
             q_count = 0
-            for i in range(0, my_items):
-                item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
-                                  num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left, right,
-                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
-                                  ZIGZAG)
-                (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                 tail_begin, tail_end, seq) = item
-                if SPARSE:
-                    sel_first, n_blocks = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks,
-                                                              stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
-                                                              BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
-                else:
-                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
-                        + _n_blocks(tail_begin, tail_end, BLOCK_N)
-                if real & (n_blocks > 0):
-                    q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
-                                         HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
-                    kv_col = (head // group) * HEAD_DIM
+            if WALK_AHEAD:  # SPARSE: item i + 1's walk read after item i's first tiles, while the ring is full
+                if my_items > 0:  # no list entry read without an item (as the consumers)
+                    item = _work_tile(pid, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                      search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                      HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)  # snake_work's i = 0
+                    sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
+                                         stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
+                                         WALK_AHEAD)
+                    for i in range(0, my_items):
+                        (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin,
+                         bulk_end, tail_begin, tail_end, seq) = item
+                        sel_first, n_blocks = sel
+                        kv_col = (head // group) * HEAD_DIM
+                        # the tiles loaded before the next walk: as many as the ring holds (then the producer would
+                        # wait for a free slot anyway); none for an item that loads nothing
+                        lead = tl.where(real & (n_blocks > 0), tl.minimum(n_blocks, NUM_BUFFERS_KV), 0)
+                        if lead > 0:
+                            q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head,
+                                                 HALF_M, HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
+                            kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties,
+                                                         v_fulls, v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX,
+                                                         sel_first, lead, BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                        # the last one re-reads its own
+                        item = _work_tile(snake_work(pid, tl.minimum(i + 1, my_items - 1), programs, ZIGZAG), Q_OFF,
+                                          KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                          search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N,
+                                          HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)
+                        sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
+                                             WALK_AHEAD)
+                        if lead > 0:
+                            kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties,
+                                                         v_fulls, v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX,
+                                                         sel_first + lead, n_blocks - lead, BLOCK_N, BLOCK_KV,
+                                                         HEAD_DIM, NUM_BUFFERS_KV)
+            else:
+                for i in range(0, my_items):
+                    item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
+                                      n_tiles, num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left,
+                                      right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR,
+                                      head_group, ZIGZAG)
+                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                     tail_begin, tail_end, seq) = item
                     if SPARSE:
-                        kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                     v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX, sel_first,
-                                                     n_blocks,
-                                                     BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                        sel_first, n_blocks = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks,
+                                                             stride_ib, stride_ih, stride_in, stride_cb, stride_ch,
+                                                             BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
                     else:
-                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                   v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end,
-                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
-                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                   v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end,
-                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
-                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                                   v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end,
-                                                   BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
+                            + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                    if real & (n_blocks > 0):
+                        q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
+                                             HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q)
+                        kv_col = (head // group) * HEAD_DIM
+                        if SPARSE:
+                            kv_count = _produce_selected(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                         v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX, sel_first,
+                                                         n_blocks,
+                                                         BLOCK_N, BLOCK_KV, HEAD_DIM, NUM_BUFFERS_KV)
+                        else:
+                            kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                       v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end,
+                                                       BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                            kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                       v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end,
+                                                       BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
+                            kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                       v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end,
+                                                       BLOCK_N, HEAD_DIM, NUM_BUFFERS_KV)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGISTERS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -558,7 +605,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                       ZIGZAG)  # snake_work's i = 0
                     if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
-                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK)
+                                             stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
+                                             CONSUMER_ROW_WIDTH)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
@@ -590,7 +638,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N, UNIFORM_WALK)
+                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH)
                             acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
@@ -603,7 +651,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N, UNIFORM_WALK)
+                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH)
                         if real:
                             _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
                                         Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
@@ -696,7 +744,8 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
 NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
-                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False)
+                    stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False,
+                    WALK_AHEAD=False)
 
 
 def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule, zigzag=False) -> dict:
@@ -761,6 +810,17 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
                   configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, fwd_config(q.shape[2]))
 
 
+def _zigzag_order(wanted: bool, cfg, schedule: dict, programs: int, num_heads: int, num_heads_kv: int,
+                  uniform: bool):
+    """(ZIGZAG, head group) of a launch that ``wanted`` the zigzag order (``configs.FORWARD_ZIGZAG``,
+    ``SPARSE_FORWARD_ZIGZAG``): not for one wave (no list: every item runs at once, the order cannot matter); D64/D128
+    only (the v4 configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4); the group from
+    ``configs.fwd_head_group`` (it follows the list's capacity, which a launch plan's key does not hold)."""
+    zigzag = wanted and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
+    return zigzag, configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
+                                          uniform) if zigzag else 1
+
+
 def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32): the triton backend's contract (``jfa_ops.backends.base``)."""
     key = _replay_key(q, k, v, q_offsets, kv_offsets, params)
@@ -797,13 +857,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     num_heads_kv = k.shape[1]
-    # ZIGZAG: not for one wave (no list: every item runs at once, the order cannot matter); D64/D128 only (the v4
-    # configs: D256's v3 consumers spilled 40-68 B more per thread with it, the others 0-4)
     # masked or jagged calls by default: triangles, bands and unequal sequences are what static striding unbalances
-    wanted = configs.forward_zigzag(has_left or has_right, uniform)
-    zigzag = wanted and cfg.one_loop and not schedule["TILES_FROM_OFFSETS"]
-    head_group = configs.fwd_head_group(num_heads_kv, num_heads // num_heads_kv, schedule["n_slots"], programs,
-                                        uniform) if zigzag else 1
+    zigzag, head_group = _zigzag_order(configs.forward_zigzag(has_left or has_right, uniform), cfg, schedule,
+                                       programs, num_heads, num_heads_kv, uniform)
     if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked
         choices = (choices[0], False, choices[2])
     dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group)
@@ -830,8 +886,10 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     """(out, lse) of attention restricted to the selected KV blocks: the triton backend's ``block_sparse_forward``
     contract, on the TLX forward with SPARSE (each work item walks its Q block's selected tiles only); the work list
-    is the triton kernel's (longest first by selected blocks). ``configs.sparse_reason`` held for the block sizes;
-    ``configs.SPARSE_FORWARD_UNIFORM_WALK`` read per call."""
+    is the triton kernel's (longest first by selected blocks), taken by static striding, or with
+    ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
+    block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG`` and ``SPARSE_FORWARD_WALK_AHEAD``
+    read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -841,7 +899,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    q, k, v, cfg, bounds, (_, kv_major, _), _ = _call_setup(q, k, v, params, num_seqs, total_out)
+    q, k, v, cfg, bounds, (_, kv_major, _), uniform = _call_setup(q, k, v, params, num_seqs, total_out)
     has_left, window_left, has_right, right = bounds
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
@@ -851,10 +909,14 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
                               has_right, **selected_cost_args(count, params.block_q)),
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
+    zigzag, head_group = _zigzag_order(configs.SPARSE_FORWARD_ZIGZAG, cfg, schedule, programs, num_heads, k.shape[1],
+                                       uniform)
     launch(attn_fwd_tlx_kernel, (programs,), dict(
-        **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg),
-        **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major, True), schedule),
+        **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group),
+        **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major and not zigzag, True),
+                       schedule, zigzag),
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
         SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
-        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK), num_warps=NUM_WARPS, num_stages=1)
+        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.SPARSE_FORWARD_WALK_AHEAD),
+        num_warps=NUM_WARPS, num_stages=1)
     return out, lse

@@ -146,6 +146,25 @@ SPARSE_AUTO = os.environ.get("JFA_TLX_SPARSE", "1") != "0"
 # and timing (bench/NOTES.md v15: 1.006-1.041x the old walk on the bench's four sparse rows); env
 # JFA_TLX_SPARSE_FWD_UNIFORM=0 turns it off (read per call: tools/tlx_check.py times both in one process).
 SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "1") != "0"
+# The block-sparse forward in the dense forward's ZIGZAG order (FORWARD_ZIGZAG: ``common.zigzag_item`` over kv-head
+# groups of ``fwd_head_group``, by the snake) instead of static striding over the selected-blocks list, kv-major
+# unmasked and tile-major masked (helper sparsefwd, bench/NOTES.md "TLX sparse forward vs FA4, helper sparsefwd,
+# stop 26"). Why: tile-major puts all 16 heads' walks in flight at once; a selection's walks share little, so the
+# causal rows read ~44 of each 64 KiB K+V block from DRAM (tools/sparse_fwd_model.py --l2; ~4 with kv heads in groups
+# of 2, FA4's grid ~3), and striding leaves the busiest SM 2-5% over the mean (zigzag 0.7-1.9%). Same blocks per
+# item, same arithmetic: only which SM runs an item and when. Off until timed on the H200 (tools/tlx_check.py
+# sparse-timing's zigzag column); env JFA_TLX_SPARSE_FWD_ZIGZAG=1 turns it on (read per call).
+SPARSE_FORWARD_ZIGZAG = os.environ.get("JFA_TLX_SPARSE_FWD_ZIGZAG", "0") == "1"
+# The block-sparse forward's walk reads, earlier (helper sparsefwd, bench/NOTES.md "TLX sparse forward vs FA4": our
+# per-item cost fits 3.25 us, and each item's walk, ``attn_fwd._selected_item``, is ~3 dependent L2 reads and two
+# cross-warp sums, in the producer and again in both consumers): (1) the producer reads item i + 1's work entry and
+# walk after issuing item i's first NUM_BUFFERS_KV tiles, when the K/V ring is full and it would wait anyway, instead
+# of after item i's last tile (items of <= 2 tiles unchanged); (2) every walk reads its row's first ids beside the
+# count instead of after it (``selected_tile_range``'s width): one dependent read less per item, for the producer
+# and the consumers (whose walk sits between their last PV and the next item's first QK^T). The same tiles in the
+# same order: same results. Off until timed on the H200 (tools/tlx_check.py sparse-timing's walkahead column); env
+# JFA_TLX_SPARSE_FWD_WALK_AHEAD=1 turns it on (read per call).
+SPARSE_FORWARD_WALK_AHEAD = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "0") == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

@@ -41,11 +41,13 @@ class Specialization:
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
-                       block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False) -> Specialization:
+                       block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
+                       walk_ahead: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
-    (``configs.SPARSE_FORWARD_UNIFORM_WALK``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
+    (``configs.SPARSE_FORWARD_UNIFORM_WALK``), ``walk_ahead`` the producer's walk one item ahead
+    (``configs.SPARSE_FORWARD_WALK_AHEAD``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
     as ``attention_forward`` launches it)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
@@ -66,7 +68,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag)
     if sparse:
-        constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk)
+        constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
+                          WALK_AHEAD=walk_ahead)
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
@@ -79,6 +82,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
            f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
+           f"{'-walkahead' if walk_ahead else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -241,6 +245,15 @@ def _specializations() -> Iterator[Specialization]:
         yield fwd_specialization(128, "bf16", True, uniform=True, **variant)  # kv-major
     for uniform_walk in (False, True):  # blocks of several tiles
         yield fwd_specialization(128, "bf16", True, sparse=True, block_q=256, block_kv=256, uniform_walk=uniform_walk)
+    # helper sparsefwd's order for the block-sparse forward (configs.SPARSE_FORWARD_ZIGZAG) on its default walk, and
+    # the producer's walk one item ahead (configs.SPARSE_FORWARD_WALK_AHEAD) in either order
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield fwd_specialization(head_dim, "bf16", causal, sparse=True, uniform_walk=True, zigzag=True)
+            for zigzag in (False, True):
+                yield fwd_specialization(head_dim, "bf16", causal, sparse=True, uniform_walk=True, zigzag=zigzag,
+                                         walk_ahead=True)
+    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, walk_ahead=True)
     # helper tlxcausal's work order (configs.FORWARD_ZIGZAG: masked or jagged calls by default; D64/D128): the v4
     # consumers, and v3 for broadcast-Q
     # (GQA and the head group are runtime values: no kernel of their own)

@@ -90,22 +90,41 @@ def _tiles_below(limit, first, BLOCK: tl.constexpr, TILE: tl.constexpr):
 
 
 @triton.jit
-def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr):
+def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr, width=None):
     """(first, n): the TILE-row tiles of the ``count`` selected blocks of BLOCK rows listed at ``ids`` (tile t: the
     (t % per-block)-th TILE rows of block ids[t // per-block]) that overlap keys [key_begin, key_end) are tiles
     first .. first + n - 1. With ascending ids they are contiguous: negative ids and tiles below key_begin come
     before them, tiles at or past key_end after. key_begin a multiple of TILE (``stage_bounds``' lead_begin);
     key_end <= the sequence's keys (its hi_any), so every tile of the range starts inside the sequence and only the
-    last one may run past its end. One pass over the ids (the TLX forward's walk, ``tlx/attn_fwd.py``)."""
-    first = count * 0
-    n = count * 0
-    for j0 in range(0, loop_bound(count), IDS_CHUNK):
+    last one may run past its end. One pass over the ids (the TLX forward's walk, ``tlx/attn_fwd.py``).
+
+    ``width`` (the row's entries, all readable): the first IDS_CHUNK ids are read masked by it, not by the count, so
+    that read waits on nothing the count's does (the loop's trip count waits for the count): one dependent read less
+    where the count is loaded just before (the TLX forward's WALK_AHEAD). The same (first, n)."""
+    if width is None:
+        first = count * 0
+        n = count * 0
+        j_from = 0
+    else:
+        j = tl.arange(0, IDS_CHUNK)
+        start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+        first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
+        j_from = IDS_CHUNK
+    for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
         used, start = _ids_chunk(ids, j0, count, BLOCK)
-        below = _tiles_below(key_begin, start, BLOCK, TILE)  # this block's tiles below key_begin
-        inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)  # ... starting below key_end
-        first += tl.sum(tl.where(used, below, 0), 0)
-        n += tl.sum(tl.where(used, tl.maximum(inside - below, 0), 0), 0)
+        first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
+        first += first_part
+        n += n_part
     return first, n
+
+
+@triton.jit
+def _tile_range_part(used, start, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """``selected_tile_range``'s (first, n) over one chunk of ids (``used``: listed; ``start``: each block's first
+    key)."""
+    below = _tiles_below(key_begin, start, BLOCK, TILE)  # this block's tiles below key_begin
+    inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)  # ... starting below key_end
+    return tl.sum(tl.where(used, below, 0), 0), tl.sum(tl.where(used, tl.maximum(inside - below, 0), 0), 0)
 
 
 @triton.jit
@@ -123,7 +142,7 @@ def selected_tile_start(ids, t, BLOCK: tl.constexpr, TILE: tl.constexpr, valid=N
 @triton.jit
 def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, stride_ib, stride_ih, stride_in, stride_cb,
                   stride_ch, other_begin, other_end, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr,
-                  TILE_O: tl.constexpr):
+                  TILE_O: tl.constexpr, ROW_WIDTH: tl.constexpr = False):
     """(first, n): the walk of the stationary tile at s0 of (seq, head) over a selection whose rows belong to blocks
     of BLOCK_S stationary positions and list blocks of BLOCK_O other-side positions (the selection itself for the
     query-stationary forward, its transpose for the key-stationary backward): tiles first .. first + n - 1 of
@@ -131,12 +150,17 @@ def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, strid
     of row s0 // BLOCK_S that overlap [other_begin, other_end) (``selected_tile_range``: other_begin a multiple of
     TILE_O, other_end inside the sequence). Rows past n_blocks and padding items (not ``real``) walk nothing.
     ``first`` is one int32 for the row's position too (the TLX kernels keep it live across their block loop, where a
-    64-bit row pointer cost registers): the host checks the index has < 2^31 tiles."""
+    64-bit row pointer cost registers): the host checks the index has < 2^31 tiles. ROW_WIDTH: the rows are
+    contiguous, so stride_in is their width (``selected_tile_range``'s ``width``: the first ids read beside the
+    count)."""
     block = s0 // BLOCK_S
     count = tl.load(BLOCK_COUNT + seq * stride_cb + head * stride_ch + block, mask=real & (block < n_blocks),
                     other=0)  # a padding slot's s0 may be anything: it selects nothing
     row = seq * stride_ib + head * stride_ih + block * stride_in
-    first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
+    if ROW_WIDTH:
+        first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O, stride_in)
+    else:
+        first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
     return row * (BLOCK_O // TILE_O) + first, n
 
 
