@@ -177,13 +177,19 @@ def main(argv=None) -> int:
         print(f"{case.suite} {case.name}: {len(case.q_lens)} sequences, H{case.num_heads_q}:{case.num_heads_kv}, "
               f"{len(tiles(case.q_lens, case.causal))} tiles, default {'kv-major' if kv_major else 'tile-major'}",
               flush=True)
-        for name, programs in plans.items():
-            over, most = busiest(programs)
-            line = f"    {name:14s} busiest {over:.3f} x mean ({most:.0f} blocks)"
-            if l2:
-                line += f"; DRAM {l2_model(programs):.1f} KiB/block"
-            print(line, flush=True)
+        print_orders(plans, l2)
     return 0
+
+
+def print_orders(plans, l2, busiest=busiest, l2_model=l2_model, unit="blocks"):
+    """One line per work order: the busiest program over the mean and, with ``l2``, the DRAM bytes per block
+    (tools/sparse_fwd_model.py passes its own item-aware ``busiest`` and ``l2_model``)."""
+    for name, programs in plans.items():
+        over, most = busiest(programs)
+        line = f"    {name:14s} busiest {over:.3f} x mean ({most:.0f} {unit})"
+        if l2:
+            line += f"; DRAM {l2_model(programs):.1f} KiB/block"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -174,12 +174,7 @@ def main(argv=None) -> int:
               f"<= 2 / <= 4 blocks {np.mean(n <= 2):.0%} / {np.mean(n <= 4):.0%}; masked softmax {masked} blocks "
               f"({masked / n.sum():.1%}: first {len(walks) - (n == 0).sum()}, diagonal past the first {diagonal})",
               flush=True)
-        for name, programs in orders(sel, heads, case.causal).items():
-            over, most = busiest(programs)
-            line = f"    {name:14s} busiest {over:.3f} x mean ({most:.0f} blocks + items)"
-            if l2:
-                line += f"; DRAM {l2_model(programs):.1f} KiB/block"
-            print(line, flush=True)
+        fsm.print_orders(orders(sel, heads, case.causal), l2, busiest, l2_model, unit="blocks + items")
     return 0
 
 
