@@ -115,14 +115,18 @@ def busiest(programs):
     return loads.max() / loads.mean(), loads.max()
 
 
-def l2_model(programs, l2_mib=40):
-    """DRAM KiB per key block: LRU over 64 KiB K+V blocks, programs one block per step (PER_ITEM between items)."""
+def l2_model(programs, l2_mib=40, blocks_of=None, per_item=PER_ITEM):
+    """DRAM KiB per key block: LRU over 64 KiB K+V blocks, programs one block per step (``per_item`` steps between
+    items). ``blocks_of(item)``: the item's K+V block keys in visiting order (default: a dense item (seq, _, kv head,
+    blocks) visits blocks 0..blocks-1; tools/sparse_fwd_model.py passes its selected blocks)."""
+    if blocks_of is None:
+        blocks_of = lambda item: [(item[0], item[2], j) for j in range(item[3])]  # noqa: E731
+    walks = [[blocks_of(item) for item in mine] for mine in programs]
     cache, cap, misses, blocks = OrderedDict(), l2_mib * 1024 // 64, 0, 0
     heap = [(0.0, p, 0, 0) for p in range(SMS) if programs[p]]
     while heap:
         clock, p, i, j = heapq.heappop(heap)
-        s, _, kv_head, b = programs[p][i]
-        key = (s, kv_head, j)
+        key = walks[p][i][j]
         if key in cache:
             cache.move_to_end(key)
         else:
@@ -131,10 +135,10 @@ def l2_model(programs, l2_mib=40):
             if len(cache) > cap:
                 cache.popitem(last=False)
         blocks += 1
-        if j + 1 < b:
+        if j + 1 < len(walks[p][i]):
             heapq.heappush(heap, (clock + 1.0, p, i, j + 1))
         elif i + 1 < len(programs[p]):
-            heapq.heappush(heap, (clock + 1.0 + PER_ITEM, p, i + 1, 0))
+            heapq.heappush(heap, (clock + 1.0 + per_item, p, i + 1, 0))
     return 64 * misses / blocks
 
 

@@ -134,29 +134,10 @@ def busiest(programs):
 
 
 def l2_model(programs, l2_mib=40):
-    """DRAM KiB per key block: LRU over 64 KiB K+V blocks (seq, kv head, block), programs one block per step,
-    PER_ITEM steps between items."""
-    from collections import OrderedDict
-
-    cache, cap, misses, blocks = OrderedDict(), l2_mib * 1024 // 64, 0, 0
-    heap = [(0.0, p, 0, 0) for p in range(SMS) if programs[p]]
-    while heap:
-        clock, p, i, j = heapq.heappop(heap)
-        s, h, _, walk = programs[p][i]
-        key = (s, h, walk[j])
-        if key in cache:
-            cache.move_to_end(key)
-        else:
-            misses += 1
-            cache[key] = 1
-            if len(cache) > cap:
-                cache.popitem(last=False)
-        blocks += 1
-        if j + 1 < len(walk):
-            heapq.heappush(heap, (clock + 1.0, p, i, j + 1))
-        elif i + 1 < len(programs[p]):
-            heapq.heappush(heap, (clock + 1.0 + PER_ITEM, p, i + 1, 0))
-    return 64 * misses / blocks
+    """DRAM KiB per key block: ``fwd_schedule_model.l2_model``'s LRU over 64 KiB K+V blocks (seq, kv head, block),
+    each item visiting its selected blocks, PER_ITEM steps between items."""
+    return fsm.l2_model(programs, l2_mib, blocks_of=lambda item: [(item[0], item[1], b) for b in item[3]],
+                        per_item=PER_ITEM)
 
 
 def main(argv=None) -> int:
