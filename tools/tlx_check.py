@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit), then ``backward-timing``: TFLOP/s triton /
+all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff), then ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -265,7 +265,8 @@ def backward_cases():
 # (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
-_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
+# the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO)
+_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
@@ -281,7 +282,8 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16),
                 # helper gqarule: the parts (or the snake alone) gqa_split.plan's model picks from shapes
                 # (JFA_TLX_BWD_GQA_SPLIT=auto; bench/NOTES.md "GQA split rule")
-                "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1)}  # configs.GQA_SPLIT_AUTO
+                "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1),  # configs.GQA_SPLIT_AUTO (the default)
+                "gqaoff": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=0)}  # the default before stop 27
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT")
@@ -666,12 +668,14 @@ def sparse_timing() -> int:
                    "both": ("SPARSE_FORWARD_ZIGZAG", "SPARSE_FORWARD_WALK_AHEAD")}
     knobs = sorted({k for names in experiments.values() for k in names})
     cols = ("tlx sparse", *experiments, "tlx alt order", "triton sparse", "tlx dense")
-    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx sparse': the configs as set "
-          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off), 'zigzag', 'walkahead', 'both': those on (helper sparsefwd), "
+    print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx sparse': static striding "
+          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off; zigzag is the default since stop 27), 'zigzag', 'walkahead', "
+          "'both': those on (helper sparsefwd), "
           "'tlx alt order': configs.KV_MAJOR flipped from what fwd_choices picks", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}"
           + "".join(f" {e + '/tlx':>13s}" for e in experiments), flush=True)
     failures, kept = 0, []
+    defaults = {knob: getattr(configs, knob) for knob in knobs}
     for case in cases:
         x = make_inputs(case, "cuda")
         index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
@@ -695,8 +699,8 @@ def sparse_timing() -> int:
                 setattr(configs, knob, knob in experiments.get(col, ()))
             t = median_ms(fns[col], f"{case.label} {col}")
             configs.KV_MAJOR = before
-            for knob in knobs:
-                setattr(configs, knob, False)
+            for knob, value in defaults.items():
+                setattr(configs, knob, value)
             if t is None:
                 failures += 1
             else:

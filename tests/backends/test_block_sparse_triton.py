@@ -163,7 +163,9 @@ def test_work_schedules(name, knobs, monkeypatch):
 # select program (rows in registers, group slots found by the 64-ary search); fp32 scores with mul.rn products (plain
 # products under the interpreter: the GPU run is the test of mul.rn)
 SELECT_VARIANTS = {
-    "scratch": dict(sparse_select_rows=False, sparse_pool_fanout=False),
+    # the pre-v6 pool (sparse_pool_stream and _one_launch off): the pool variants' baseline
+    "scratch": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=False,
+                    sparse_pool_one_launch=False),
     "rows": dict(sparse_select_rows=True, sparse_pool_fanout=True),
     "v5": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
                sparse_select_visible=True),
@@ -175,19 +177,25 @@ SELECT_VARIANTS = {
     "fp32_rn_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
                             sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
     # selection pool v6: 4 kv heads per pooling program (either search), Q and K pooled in one launch
-    "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True),
+    "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True,
+                        sparse_pool_one_launch=False),
     "pool_one_launch": dict(sparse_select_rows=True, sparse_pool_fanout=True, sparse_pool_whole_block=True,
-                            sparse_pool_one_launch=True),
+                            sparse_pool_stream=False, sparse_pool_one_launch=True),
     "pool_stream_one_launch": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_stream=True,
                                    sparse_pool_one_launch=True),
 }
 POOL_VARIANTS = ("pool_stream", "pool_one_launch", "pool_stream_one_launch")
 
 
-def _set_select_variant(monkeypatch, variant):
+def _set_select_variant(monkeypatch, variant, **extra):
+    """The knobs of ``SELECT_VARIANTS[variant]`` (and ``extra``), every other knob a variant names at its default: a
+    test running several variants must not carry one's knobs into the next."""
     from jfa_ops.backends.triton import configs
 
-    for knob, value in SELECT_VARIANTS[variant].items():
+    defaults = configs.Knobs()
+    for knob in {k for v in SELECT_VARIANTS.values() for k in v}:
+        monkeypatch.setattr(configs.KNOBS, knob, getattr(defaults, knob))
+    for knob, value in {**SELECT_VARIANTS[variant], **extra}.items():
         monkeypatch.setattr(configs.KNOBS, knob, value)
 
 
@@ -309,17 +317,21 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
     opts = dict(block_q=block_q, block_kv=block_kv, keep_ratio=0.5, causal=not broadcast,
                 broadcast_q=bool(broadcast))
     dtypes = (torch.float16,) if device == "cpu" else (torch.bfloat16,)  # the GPU: the bench's dtype
+    # each variant against the pre-v6 pool with the same body: pool_one_launch runs the whole-block body
+    # (KNOBS.sparse_pool_whole_block), whose one [block, D] reduction sums in another order than the 32-row steps
+    whole_block = dict(sparse_pool_whole_block=True)
+    runs = [("scratch", {}), ("scratch", whole_block), *((v, {}) for v in POOL_VARIANTS)]
+    baseline = {"pool_stream": 0, "pool_one_launch": 1, "pool_stream_one_launch": 0}
     for dtype in dtypes:
-        for variant in ("scratch", *POOL_VARIANTS):
-            _set_select_variant(monkeypatch, variant)
+        for variant, extra in runs:
+            _set_select_variant(monkeypatch, variant, **extra)
             _assert_selection_equals_reference(q.to(device, dtype), k.to(device, dtype), q_off, kv_off,
                                                broadcast or max(q_lens), max(kv_lens), **opts)
-    runs = 1 + len(POOL_VARIANTS)
-    assert len(pooled) == len(dtypes) * runs
-    for dtype, first in zip(dtypes, range(0, len(pooled), runs)):
-        default, *variants = pooled[first:first + runs]
+    assert len(pooled) == len(dtypes) * len(runs)
+    for dtype, first in zip(dtypes, range(0, len(pooled), len(runs))):
+        bases, variants = pooled[first:first + 2], pooled[first + 2:first + len(runs)]
         for variant, got in zip(POOL_VARIANTS, variants):
-            for what, a, b in zip(("pooled_q", "pooled_k", "q_slot_seq"), default, got):
+            for what, a, b in zip(("pooled_q", "pooled_k", "q_slot_seq"), bases[baseline[variant]], got):
                 assert torch.equal(a, b), (dtype, variant, what)
 
 

@@ -118,10 +118,11 @@ BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
 # (GQA_SPLIT_AUTO; helper gqarule, bench/NOTES.md "GQA split rule"): ``jfa_ops.backends.gqa_split.plan`` predicts
 # from shapes the busiest SM of the default, the snake alone and each part count, with the split's costs, and takes
 # the fastest where it gains >= 5% (else the default). Either applies where CAUSAL_ORDER's list does not (its list
-# and GROUP_SPLIT do not combine; a one-wave call builds no list). Off (0) until timed on the H200
-# (tools/tlx_check.py's gqaauto column, TLX_BWD_TIMING_GQA=1).
+# and GROUP_SPLIT do not combine; a one-wave call builds no list). ``auto`` is the default since the H200 run of
+# 2026-12-03 (bench/NOTES.md v18: 1.07-2.08x on the GQA rows it splits, 0.99-1.01x where it keeps the default's
+# launch and on the MHA controls; its sweep passed); JFA_TLX_BWD_GQA_SPLIT=0 turns it off.
 GQA_SPLIT_AUTO = -1
-_GQA_SPLIT_ENV = os.environ.get("JFA_TLX_BWD_GQA_SPLIT", "0")
+_GQA_SPLIT_ENV = os.environ.get("JFA_TLX_BWD_GQA_SPLIT", "auto")
 BACKWARD_GQA_SPLIT = GQA_SPLIT_AUTO if _GQA_SPLIT_ENV == "auto" else int(_GQA_SPLIT_ENV)
 
 
@@ -152,9 +153,10 @@ SPARSE_FORWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_FWD_UNIFORM", "1") 
 # stop 26"). Why: tile-major puts all 16 heads' walks in flight at once; a selection's walks share little, so the
 # causal rows read ~44 of each 64 KiB K+V block from DRAM (tools/sparse_fwd_model.py --l2; ~4 with kv heads in groups
 # of 2, FA4's grid ~3), and striding leaves the busiest SM 2-5% over the mean (zigzag 0.7-1.9%). Same blocks per
-# item, same arithmetic: only which SM runs an item and when. Off until timed on the H200 (tools/tlx_check.py
-# sparse-timing's zigzag column); env JFA_TLX_SPARSE_FWD_ZIGZAG=1 turns it on (read per call).
-SPARSE_FORWARD_ZIGZAG = os.environ.get("JFA_TLX_SPARSE_FWD_ZIGZAG", "0") == "1"
+# item, same arithmetic: only which SM runs an item and when. On since the H200 run of 2026-12-03 (bench/NOTES.md
+# v18: 1.013-1.062x on the bench's four sparse rows, sweep and bit-for-bit tests passed); env
+# JFA_TLX_SPARSE_FWD_ZIGZAG=0 turns it off.
+SPARSE_FORWARD_ZIGZAG = os.environ.get("JFA_TLX_SPARSE_FWD_ZIGZAG", "1") != "0"
 # The block-sparse forward's walk reads, earlier (helper sparsefwd, bench/NOTES.md "TLX sparse forward vs FA4": our
 # per-item cost fits 3.25 us, and each item's walk, ``attn_fwd._selected_item``, is ~3 dependent L2 reads and two
 # cross-warp sums, in the producer and again in both consumers): (1) the producer reads item i + 1's work entry and

@@ -98,9 +98,10 @@ class Knobs:
     # Selection pool v6 (helper poolv6, bench/NOTES.md "selection pool v6"): a pooling program streams 4 kv heads of
     # its block (slot search and offsets once for 128 KB, not 32 KB), its loop pipelined by async copies with three
     # 32-row steps in flight (the v3/v4 pool keeps one ahead: 2.8 TB/s, latency-bound); Q's and K's pooling in one
-    # launch (one tail, not two). Same bits (each head's sum in the same order). Off until measured.
-    sparse_pool_stream: bool = False
-    sparse_pool_one_launch: bool = False
+    # launch (one tail, not two). Same bits (each head's sum in the same order). On since the H200 run of 2026-12-03
+    # (bench/NOTES.md v18: pools 194 -> 152-154 us, selection 369 -> 328 us a call on the bench's T66944 batch).
+    sparse_pool_stream: bool = True
+    sparse_pool_one_launch: bool = True
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->
