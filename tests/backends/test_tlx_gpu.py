@@ -60,8 +60,9 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly);
 # GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
 # so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
-# (JFA_TLX_BWD_GQA_SPLIT=auto: gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes).
-_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
+# (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
+# picks for each case's shapes; bwd-gqaoff: no split, the default before).
+_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1)  # the shipped default
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
                 "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
@@ -70,7 +71,7 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
-                "bwd-gqaauto": dict(_BWD, BACKWARD_GQA_SPLIT=-1)}  # configs.GQA_SPLIT_AUTO
+                "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0)}  # the default before 2026-12-03 (no split)
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
