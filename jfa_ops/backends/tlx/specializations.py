@@ -127,7 +127,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
-                       delta_early: bool = False, group_split: int = 1) -> Specialization:
+                       delta_early: bool = False, group_split: int = 1, dq_red: int = 0) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -137,7 +137,9 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
     ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's delta load held
     before S's wait (``configs.BACKWARD_DELTA_EARLY``); group_split: helper gqabwd's GQA groups in that many parts
-    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators)."""
+    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); dq_red: helper dqadd's
+    dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
+    accumulator's pointer)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -158,11 +160,15 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
-                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split)
+                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split, DQ_RED=dq_red)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
         constexprs["TILE_HEAD"] = None
+    if dq_red:
+        types["DQ_ACC"] = "*fp32"
+    else:
+        constexprs["DQ_ACC"] = None
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
         types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
@@ -181,6 +187,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
            f"{'-causalorder' if causal_order else ''}{'-deltaearly' if delta_early else ''}" \
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
+           f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
