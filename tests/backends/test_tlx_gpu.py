@@ -60,7 +60,9 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly);
 # GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
 # so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
-# (JFA_TLX_BWD_GQA_SPLIT=auto: gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes).
+# (JFA_TLX_BWD_GQA_SPLIT=auto: gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes);
+# dQ added from the consumers' registers instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an
+# L2 evict_last policy).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True)
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
@@ -70,7 +72,9 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
-                "bwd-gqaauto": dict(_BWD, BACKWARD_GQA_SPLIT=-1)}  # configs.GQA_SPLIT_AUTO
+                "bwd-gqaauto": dict(_BWD, BACKWARD_GQA_SPLIT=-1),  # configs.GQA_SPLIT_AUTO
+                "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
+                "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -100,7 +104,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT"):
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 

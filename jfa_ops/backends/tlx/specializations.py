@@ -334,6 +334,17 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], item_order=True, group_split=4)
     # helper gqarule's rule (JFA_TLX_BWD_GQA_SPLIT=auto) also splits D64 calls (the bench's GQA batch at D64: 4 parts)
     yield bwd_specialization(64, "bf16", True, **dense_v2[64], item_order=True, group_split=4)
+    # helper dqadd's dQ from registers (configs.BACKWARD_DQ_RED, dense): the default's kernels at D64/D128, the
+    # causal order's, two feature cases (fp16 causal + left window, broadcast-Q: dQ reduced over the batch), and the
+    # L2 evict_last form at D128
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], dq_red=1)
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, dq_red=1)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], dq_red=1)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], dq_red=1)
+    for causal in (False, True):
+        yield bwd_specialization(128, "bf16", causal, **dense_v2[128], dq_red=2)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
@@ -402,10 +413,17 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                    if "mxfp8" in spec.name else {}),
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
-                       "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name) else {}),
+                       "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name
+                       or "-dqred" in spec.name) else {}),
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
-                   else {}))
+                   else {}),
+                # DQ_RED's dQ adds from registers (PTX and SASS) and the TMA reduce-adds they replace
+                **({"red_v2_f32": len(re.findall(r"red\.[a-z.]*global\.add(?:\.L2::cache_hint)?\.v2\.f32", ptx)),
+                    "evict_last_policy": len(re.findall(r"createpolicy\.fractional\.L2::evict_last", ptx)),
+                    "tma_reduce": len(re.findall(r"cp\.reduce\.async\.bulk", ptx)),
+                    "sass_redg_f32x2": len(re.findall(r"REDG\.E\.ADD\.F32x2", sass_of(compiled.asm["cubin"])))}
+                   if "-dqred" in spec.name or (loop_counts and spec.name.startswith("bwd-")) else {}))
 
 
 def sass_of(cubin: bytes) -> str:
