@@ -1072,8 +1072,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
                v2 and delta_early, parts, dq_red)
     # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid) or DQ_RED (the accumulator's pointer)
-    key = None if selection is not None or parts > 1 or dq_red else _recipe_key(grad_out, grad_lse, q, k, v, out, params,
-                                                                        variant)
+    kept = selection is None and parts == 1 and not dq_red
+    key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
         grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
