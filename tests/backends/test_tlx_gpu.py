@@ -152,6 +152,35 @@ def test_causal_order_keeps_dk_dv_bit_for_bit(monkeypatch):
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dq_red", [1, 2])
+def test_dq_red_keeps_dk_dv_bit_for_bit(dq_red, monkeypatch):
+    """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; 2: with the L2 evict_last policy) changes only how dQ
+    reaches the fp32 accumulator (reductions from registers instead of a staged TMA reduce-add), so dK/dV equal the
+    default's bit for bit; dQ is the same fp32 terms added in another order (close, not equal). Jagged GQA causal,
+    more items than programs, and broadcast-Q (dQ reduced over the batch)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    cases = [AttentionCase((2048, 1000, 3000, 1, 129), (2048, 1000, 3000, 1, 129), heads_q=8, heads_kv=4,
+                           head_dim=128, dtype=torch.bfloat16, device="cuda", causal=True),
+             AttentionCase((128,), (300, 1, 77, 500, 0, 64), heads_q=4, heads_kv=4, head_dim=64,
+                           dtype=torch.float16, device="cuda", broadcast_q=True)]
+    for case in cases:
+        _tlx_or_skip(case)
+        x = case.make_inputs(0)
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        grads = []
+        for red in (0, dq_red):
+            monkeypatch.setattr(configs, "BACKWARD_DQ_RED", red)
+            out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda",
+                                                                                      dtype=out.dtype)
+            grads.append(torch.autograd.grad(out, (q, k, v), grad))
+        (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
 # configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the
 # uniform rule) and jagged (GQA, a window), D64 and D128
 _JAG = (700, 1500, 33, 2100, 129, 900, 0, 1)
@@ -192,13 +221,18 @@ def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     _assert_clean_sequences_match(x, *x.call("tlx"), causal)
 
 
+@pytest.mark.parametrize("dq_red", [0, 1])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal):
+def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal, dq_red, monkeypatch):
     """The TLX backward with sequence 1's keys +inf and values NaN: sequence 1's 64-row query block runs into
     sequence 2's rows (dO zeroed there, but dP = 0 x NaN values is NaN, and 0 x NaN again in dS): its dQ reduce-add
     must add exact zeros to sequence 2's rows. Gradients of the clean outputs match the oracle on sequences 0 and 2
-    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN)."""
+    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN). dq_red: dQ added from
+    registers (``configs.BACKWARD_DQ_RED``, helper dqadd), whose rows past an end add zeros to the block's first row."""
     x = _poisoned_neighbour_inputs(causal)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_DQ_RED", dq_red)
     q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
     keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
     keep_q[100:137] = False
