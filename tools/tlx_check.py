@@ -3,7 +3,8 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff), then ``backward-timing``: TFLOP/s triton /
+all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast), then
+``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
 backward, ``configs.SPARSE_BACKWARD`` set in-process: ``sparse-backward`` then ``sparse-backward-timing``; not in
@@ -283,10 +284,15 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # helper gqarule: the parts (or the snake alone) gqa_split.plan's model picks from shapes
                 # (JFA_TLX_BWD_GQA_SPLIT=auto; bench/NOTES.md "GQA split rule")
                 "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1),  # configs.GQA_SPLIT_AUTO (the default)
-                "gqaoff": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=0)}  # the default before stop 27
+                "gqaoff": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=0),  # the default before stop 27
+                # helper dqadd: dQ added from the consumers' registers (red.global.add.v2.f32), no staging / TMA
+                # reduce; dqredlast: the same with an L2 evict_last policy (bench/NOTES.md "TLX backward dQ reduce,
+                # helper dqadd, stop 27")
+                "dqred": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=1),
+                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT")
+              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)
@@ -1180,6 +1186,14 @@ def _kernel_ms(fn, name: str, reps: int = 20):
     return total_us / 1e3 / reps
 
 
+# backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
+# the configs flag and value it sets; helper dqadd's dQ from registers, and the causal order's list (on the jagged
+# case: does the L2 order take the dQ reduce's extra cost away? bench/NOTES.md "TLX backward dQ reduce, helper
+# dqadd, stop 27")
+ABLATION_KNOBS = {"dqred": ("BACKWARD_DQ_RED", 1), "dqredlast": ("BACKWARD_DQ_RED", 2),
+                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True)}
+
+
 def backward_ablation() -> int:
     """The TLX backward (the default: v2 consumers with the dQ split; through autograd, as ``backward_timing``) with
     each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY: those gradients are wrong and not checked): per run,
@@ -1198,7 +1212,8 @@ def backward_ablation() -> int:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     runs = tlx_configs.BACKWARD_ABLATION_RUNS
-    if os.environ.get("TLX_BWD_ABLATION_RUNS"):  # e.g. "none,exp2+ds": runs apart by commas, a run's stages by "+"
+    if os.environ.get("TLX_BWD_ABLATION_RUNS"):  # e.g. "none,exp2+ds": runs apart by commas, a run's stages by "+";
+        # ABLATION_KNOBS' names are variants (e.g. "dqred", "causalorder+dqadd")
         runs = [r.replace("+", ",") for r in os.environ["TLX_BWD_ABLATION_RUNS"].split(",") if r]
     keys = os.environ.get("TLX_BWD_ABLATION_CASES", "full,causal,jagged").split(",")
     print(f"TLX backward ablations (TIMING ONLY, wrong gradients), D128 bf16, {sms} SMs at {SM_CLOCK_HZ / 1e9} GHz; "
@@ -1216,7 +1231,12 @@ def backward_ablation() -> int:
         clk_none = float("nan")
         for names in runs:
             faulthandler.dump_traceback_later(HANG_S, exit=True)
-            fn = with_setting(tlx_configs, "BACKWARD_ABLATE", tlx_configs.backward_ablation_mask(names), grad)
+            stages = names.split(",")
+            knobs = [ABLATION_KNOBS[n] for n in stages if n in ABLATION_KNOBS]
+            fn = with_setting(tlx_configs, "BACKWARD_ABLATE", tlx_configs.backward_ablation_mask(
+                ",".join(n for n in stages if n not in ABLATION_KNOBS)), grad)
+            for knob, value in knobs:  # kernel variants timed beside the ablations (not ablations: right results)
+                fn = with_setting(tlx_configs, knob, value, fn)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # the TIMING ONLY warning of every call

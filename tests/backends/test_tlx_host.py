@@ -622,6 +622,34 @@ def test_delta_early_reaches_the_kernel(gpu, monkeypatch):
         assert launched == [on], launched
 
 
+@needs_tlx
+def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
+    """``configs.BACKWARD_DQ_RED`` (helper dqadd; 1, or 2 with the L2 evict_last policy) sets the TLX backward's
+    DQ_RED and hands the kernel the fp32 dQ accumulator itself (DQ_ACC: desc_dq's tensor; None when off), off by
+    default. A call with it keeps no recipe (``_Recipe`` launches the staged kernel's arguments): its repeat takes the
+    full path again, while the default's repeat is served by the recipe it kept."""
+    runs, answers = gpu
+    assert tlx_configs.BACKWARD_DQ_RED == 0  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5])
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    for on in (0, 1, 2):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", on)
+        attn_bwd._RECIPES.clear()
+        answers.clear()
+        for _ in range(2):  # a signature's first call, then its repeat
+            runs.clear()
+            _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
+            (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+            assert launched["DQ_RED"] == on
+            if on:
+                acc = launched["DQ_ACC"]
+                assert acc.dtype == torch.float32 and acc.shape == q.shape
+                assert acc.data_ptr() == launched["desc_dq"].base.data_ptr()
+            else:
+                assert launched["DQ_ACC"] is None
+        assert [kind for kind, _ in answers] == ([] if on else ["recipe"]), answers
+
+
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()

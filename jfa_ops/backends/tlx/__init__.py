@@ -172,7 +172,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
                                       causal_order=configs.BACKWARD_CAUSAL_ORDER,
                                       ablate=configs.BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                                       delta_early=configs.BACKWARD_DELTA_EARLY,
-                                      gqa_split=configs.BACKWARD_GQA_SPLIT)
+                                      gqa_split=configs.BACKWARD_GQA_SPLIT, dq_red=configs.BACKWARD_DQ_RED)
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

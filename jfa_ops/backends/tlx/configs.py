@@ -104,6 +104,19 @@ BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE"
 # consumers add delta * 0 to lse (exact for finite delta), so ptxas cannot sink one consumer's delta load past P's
 # exp2 to its use after dP's wait (an L2 round trip per block on the chain). Dense only; off until timed on the H200.
 BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
+# DQ_RED (JFA_TLX_BWD_DQ_RED=1, or =last; helper dqadd, bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop
+# 27"): each consumer adds its dQ half straight from the wgmma accumulator's registers into the fp32 accumulator by
+# sm_90's vector reductions (16 ``red.relaxed.gpu.global.add.v2.f32`` per thread and block, rows past the sequence
+# end predicated off) instead of staging it in shared memory for a TMA reduce-add: no staging store (16 KiB per
+# consumer and block written, then read back by the TMA unit: 64 of the ~416 KiB of shared-memory traffic per 64-row
+# block), no wait for the previous block's reduce to have read its staging buffer, no staging barriers, and 32 KiB of
+# shared memory freed (the staging ring is not allocated). "last": the reductions carry an L2 evict_last policy
+# (FA3's hint on its dQ bulk reduce), so dQ rows outlive Q/dO rows in the L2 (a dQ miss costs a DRAM read and a
+# write-back, a Q/dO miss a read). The same fp32 terms per dQ element; the order the L2 applies the reductions in
+# was never fixed (programs race), so dQ differs from the default's in fp32 rounding only. Dense calls of the default
+# consumers (v2 with the dQ split, no DQ_LAG / ALTERNATE / ablations); off (0) until timed on the H200
+# (tools/tlx_check.py's dqred / dqredlast columns).
+BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "0"), 0)
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
 # items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's
