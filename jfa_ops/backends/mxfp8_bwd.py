@@ -48,7 +48,7 @@ def _mx_values_kernel(DATA, SCALE, ROW_BLOCK, OUT, rows, COLS: tl.constexpr, SQU
         srow = r64
     data = tl.load(DATA + r64[:, None] * COLS + c[None, :], mask=ok, other=0.0)
     bits = tl.load(SCALE + srow[:, None] * (COLS // 32) + (c // 32)[None, :], mask=ok, other=127).to(tl.int32)
-    factor = tl.where(bits > 0, (bits << 23), 0x400000).to(tl.float32, bitcast=True)  # 2**(bits - 127), exact
+    factor = tl.where(bits > 0, tl.minimum(bits, 254) << 23, 0x400000).to(tl.float32, bitcast=True)  # 2**(bits - 127)
     y = tl.where(bits == 255, float("nan"), data.to(tl.float32) * factor)
     tl.store(OUT + r64[:, None] * COLS + c[None, :], y.to(OUT.dtype.element_ty), mask=ok)
 

@@ -1,0 +1,252 @@
+"""The TLX MXFP8 backward, design (D) (``tlx/mxfp8_attn_bwd.py``, env JFA_TLX_MXFP8_BWD=1; bench/NOTES.md "MXFP8
+backward design (D), helper mxbwdd, stop 27").
+
+CPU (the interpreter): the host side (``jfa_ops.backends.mxfp8_bwd``) makes the MX-valued bf16 operands bit for bit
+as the reference's quantize + dequantize, and with a float64 stand-in for the kernel (the kernel's arithmetic:
+``mxfp8_attention_backward_model`` fed the MX-valued operands it receives and the delta of the dO its pre-pass
+reads) it gives the model's gradients on every feature case: block shapes, sequence grids, broadcast Q's grids and
+the unquantized dO of delta are what the model says. The kernel's constexpr compiles for sm_90:
+``test_tlx_compile.py::test_mxfp8_backward_kernels_compile_within_the_ablation_budget``.
+
+GPU (``-m gpu``): the kernel itself against the model and the float64 MXFP8 oracle, the issue's bound, the routing of
+the knob and of what it declines.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import jfa_ops
+from jfa_ops.testing import (mx_round_trip_spec, mxfp8_attention_backward_model, reference_attention,
+                             reference_mxfp8_attention_backward)
+from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case
+
+pytest.importorskip("triton")
+
+from jfa_ops.backends import mxfp8_bwd  # noqa: E402
+from jfa_ops.backends.base import AttentionParams  # noqa: E402
+from jfa_ops.backends.reference import mxfp8 as reference  # noqa: E402
+
+
+def _same_bits(a, b):
+    return bool(((a.view(torch.int16) == b.view(torch.int16)) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mx_values_bit_exact_with_the_reference(dtype):
+    """``mx_values`` (triton quantize + the dequantize pass) == the reference's quantize + dequantize to bf16, bit
+    for bit: (1, 32) and (32, 32) blocks, per-sequence row blocks (empty and length-1 sequences), one sequence, a
+    NaN block, zero blocks, magnitudes over 2**+-12 (fp32: 2**+-60, bf16's range)."""
+    g = torch.Generator().manual_seed(1)
+    spread = 60 if dtype == torch.float32 else 12
+    x = torch.randn(150, 3, 64, generator=g) * torch.pow(2.0, torch.empty(150, 1, 64).uniform_(-spread, spread,
+                                                                                                generator=g))
+    x[5, 1, 3] = math.nan
+    x[64:96] = 0.0
+    x = x.to(dtype)
+    offsets = torch.tensor([0, 40, 40, 105, 106, 150])
+    for block, offs in (((1, 32), None), ((32, 32), offsets), ((32, 32), None)):
+        got = mxfp8_bwd.mx_values(x, offs, block, "rceil")
+        want = reference.dequantize(*reference.quantize(x, offs, block, "rceil"), offs, block, torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and _same_bits(got, want), (block, offs)
+        assert torch.equal(got.double().isnan(), mx_round_trip_spec(x, offs, block).isnan())
+
+
+def _params(q, opts, q_off, kv_off):
+    lengths = kv_off.diff().tolist()
+    q_lengths = [q.shape[0]] if opts["broadcast_q"] else q_off.diff().tolist()
+    left, right = opts["window"]
+    return AttentionParams(scale=opts.get("scale", q.shape[-1] ** -0.5), causal=opts["causal"], window_left=left,
+                           window_right=right, broadcast_q=opts["broadcast_q"], max_seqlen_q=max(q_lengths),
+                           max_seqlen_kv=max(lengths))
+
+
+def _stand_in(calls, opts):
+    """A float64 stand-in for the TLX kernel with MXFP8 (``attn_bwd.attention_backward(..., mxfp8=True,
+    delta_grad_out=...)``): the model fed the MX-valued operands it receives (their round trip is the identity in
+    the same blocks), with grad_lse shifted so that its delta is that of ``delta_grad_out`` (the pre-pass's), bf16
+    gradients as the kernel writes them."""
+    def run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, delta_grad_out):
+        calls.append(dict(grad_out=grad_out, q=q, k=k, v=v, delta_grad_out=delta_grad_out))
+        delta = torch.einsum("ihd,ihd->hi", delta_grad_out.double(), out.double())
+        if grad_lse is not None:
+            delta = delta - grad_lse.double()
+        shifted = torch.einsum("ihd,ihd->hi", grad_out.double(), out.double()) - delta
+        grads = mxfp8_attention_backward_model(grad_out, shifted, q, k, v, out, lse, q_offsets, kv_offsets,
+                                               rebased_s_dp=False, **_oracle_opts(opts))
+        return tuple(g.to(torch.bfloat16) for g in grads)
+    return run
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+@pytest.mark.parametrize("spread", [None, 12])
+def test_host_path_with_a_stand_in_kernel_gives_the_model(name, spread):
+    """``mxfp8_bwd.backward`` (what the tlx backend runs with JFA_TLX_MXFP8_BWD=1) with the float64 stand-in kernel:
+    the kernel receives Q, K, dO as their (32, 32) MX values (Q per q sequence or, broadcast, one sequence; dO per
+    output sequence; K per kv sequence) and V as its (1, 32) values, all bf16, and the caller's dO for delta; the
+    gradients equal ``mxfp8_attention_backward_model(rebased_s_dp=False)`` on the original inputs (up to the bf16
+    output rounding) in the inputs' dtype. bf16 inputs, N(0, 1) and 2**+-12 per row and column."""
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], seed=3, spread=spread, dtype=torch.bfloat16)
+    out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend="reference", **opts)
+    g = torch.Generator().manual_seed(4)
+    grad_out = torch.randn(out.shape, generator=g).to(torch.bfloat16)
+    grad_lse = torch.randn(lse.shape, generator=g)
+    calls = []
+    got = mxfp8_bwd.backward(_stand_in(calls, opts), grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off,
+                             _params(q, opts, q_off, kv_off), "rceil")
+    (seen,) = calls
+    out_grid = (torch.arange(len(kv_off)) * q.shape[0]) if opts["broadcast_q"] else q_off
+    for key, x, offs, block in (("q", q, None if opts["broadcast_q"] else q_off, (32, 32)),
+                                ("k", k, kv_off, (32, 32)), ("v", v, None, (1, 32)),
+                                ("grad_out", grad_out, out_grid, (32, 32))):
+        assert seen[key].dtype == torch.bfloat16
+        assert torch.equal(seen[key].double(), mx_round_trip_spec(x, offs, block)), key
+    assert seen["delta_grad_out"] is grad_out
+    want = mxfp8_attention_backward_model(grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off, rebased_s_dp=False,
+                                          **_oracle_opts(opts))
+    for name_, a, w in zip("qkv", got, want):
+        assert a.dtype == torch.bfloat16
+        assert _rel(a, w) <= 4e-3, f"d{name_}: {_rel(a, w)}"  # bf16 outputs: ~2e-3
+
+
+def test_host_path_fp16_inputs_and_no_grad_lse():
+    """fp16 inputs (their MX values are exact in bf16) and grad_lse None: gradients in fp16, the model's."""
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["causal_gqa"], seed=5, dtype=torch.float16)
+    out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend="reference", **opts)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(torch.float16)
+    got = mxfp8_bwd.backward(_stand_in([], opts), grad_out, None, q, k, v, out, lse, q_off, kv_off,
+                             _params(q, opts, q_off, kv_off), "rceil")
+    want = mxfp8_attention_backward_model(grad_out, None, q, k, v, out, lse, q_off, kv_off, rebased_s_dp=False,
+                                          **_oracle_opts(opts))
+    for a, w in zip(got, want):
+        assert a.dtype == torch.float16 and _rel(a, w) <= 4e-3, _rel(a, w)
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+# Cases at GPU tile sizes (64-row query blocks, 128-key tiles): the CPU cases (empty sequences, length 1, GQA,
+# windows, broadcast Q, fully masked rows) and longer jagged ones that reach the mask-free bulk.
+GPU_CASES = {**ATTENTION_CASES,
+             "long_jagged_causal": dict(q_lengths=(0, 1, 300, 513, 129), kv_lengths=(3, 1, 300, 513, 200),
+                                        heads_q=4, heads_kv=2, causal=True),
+             "long_window": dict(q_lengths=(700, 64), kv_lengths=(700, 90), window=(100, 30)),
+             "long_broadcast": dict(q_lengths=(200,), kv_lengths=(300, 0, 1, 129), broadcast_q=True, heads_q=4)}
+
+
+def _tlx_mxfp8_backward_or_skip(dim, dtype, heads_q, heads_kv):
+    from jfa_ops.backends import unavailable_reason
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    problem = jfa_ops.backends.Problem("cuda", dtype, dim, heads_q, heads_kv, False, -1, -1, False, False)
+    reason = unavailable_reason("tlx", problem, family="mxfp8_attention")
+    if reason is not None:
+        pytest.skip(f"tlx: {reason}")
+    from jfa_ops.backends.tlx import configs, mxfp8_attn_bwd
+
+    return configs, mxfp8_attn_bwd
+
+
+def _spy(monkeypatch, module, name):
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+def _gpu_grads(case, dtype, dim, seed=7):
+    """(inputs on CPU, the tlx op's gradients through out and lse, grad_out, grad_lse, out, lse) on the GPU."""
+    q, k, v, q_off, kv_off, opts = make_case(**{**case, "dim": dim}, dtype=dtype, seed=seed)
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    leaves = [t.requires_grad_() for t in dev[:3]]
+    out, lse = jfa_ops.mxfp8_attention(*leaves, dev[3], dev[4], return_lse=True, backend="tlx", **opts)
+    g = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, generator=g).to(dtype)
+    grad_lse = torch.randn(lse.shape, generator=g)
+    grads = torch.autograd.grad((out, lse), leaves, (grad_out.cuda(), grad_lse.cuda()))
+    return (q, k, v, q_off, kv_off, opts), [t.cpu() for t in grads], grad_out, grad_lse, out.detach().cpu(), \
+        lse.detach().cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_mxfp8_backward_matches_the_model(name, dim, monkeypatch):
+    """JFA_TLX_MXFP8_BWD on (configs.MXFP8_BACKWARD): the TLX MXFP8 backward runs (spied) and its dq, dk, dv equal
+    ``mxfp8_attention_backward_model(rebased_s_dp=False)`` on the tlx forward's out/lse to bf16 output rounding
+    (the model: the same products, exact in bf16 MMAs, summed in fp32; rare E4M3 rounding flips of P or dS from
+    fp32 scores), the float64 MXFP8 oracle to 2e-2, and float64 attention on the originals within issue 12's
+    backward bound (0.15, tests/ops/test_mxfp8.py); outputs from a NaN-poisoned allocator (every row written)."""
+    from jfa_ops.testing import _poison_allocator
+
+    case = GPU_CASES[name]
+    configs, module = _tlx_mxfp8_backward_or_skip(dim, torch.bfloat16, case.get("heads_q", 2),
+                                                  case.get("heads_kv", 2))
+    monkeypatch.setattr(configs, "MXFP8_BACKWARD", True)
+    calls = _spy(monkeypatch, module, "attention_backward")
+    _poison_allocator("cuda", 4 * 1024 * 1024)
+    (q, k, v, q_off, kv_off, opts), grads, grad_out, grad_lse, out, lse = _gpu_grads(case, torch.bfloat16, dim)
+    assert calls, "the TLX MXFP8 backward did not run"
+    args = (grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off)
+    model = mxfp8_attention_backward_model(*args, rebased_s_dp=False, **_oracle_opts(opts))
+    oracle = reference_mxfp8_attention_backward(*args, **_oracle_opts(opts))
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    exact = torch.autograd.grad(reference_attention(q64, k64, v64, q_off, kv_off, **_oracle_opts(opts)),
+                                (q64, k64, v64), (grad_out.double(), grad_lse.double()), allow_unused=True)
+    for n, got, m, o, e in zip("qkv", grads, model, oracle, exact):
+        assert got.dtype == torch.bfloat16 and torch.isfinite(got).all(), n
+        assert _rel(got, m) <= 1e-2, f"d{n} vs model {_rel(got, m):.2e}"
+        assert _rel(got, o) <= 2e-2, f"d{n} vs oracle {_rel(got, o):.2e}"
+        if e is not None and e.norm() > 0:
+            assert _rel(got, e) <= 0.15, f"d{n} vs float64 attention {_rel(got, e):.2e}"
+
+
+@pytest.mark.gpu
+def test_tlx_mxfp8_backward_fp16_inputs(monkeypatch):
+    """fp16 inputs: MX values in bf16 (exact), gradients cast to fp16, the model's."""
+    configs, module = _tlx_mxfp8_backward_or_skip(128, torch.float16, 4, 2)
+    monkeypatch.setattr(configs, "MXFP8_BACKWARD", True)
+    calls = _spy(monkeypatch, module, "attention_backward")
+    (q, k, v, q_off, kv_off, opts), grads, grad_out, grad_lse, out, lse = _gpu_grads(
+        GPU_CASES["long_jagged_causal"], torch.float16, 128)
+    assert calls
+    model = mxfp8_attention_backward_model(grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off, rebased_s_dp=False,
+                                           **_oracle_opts(opts))
+    for got, m in zip(grads, model):
+        assert got.dtype == torch.float16 and _rel(got, m) <= 1e-2, _rel(got, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knob, dtype, expect_tlx", [(False, torch.bfloat16, False), (True, torch.float32, False),
+                                                     (True, torch.bfloat16, True)])
+def test_tlx_mxfp8_backward_routing(knob, dtype, expect_tlx, monkeypatch):
+    """Off (the default): the triton MXFP8 backward; on: the TLX one for fp16/bf16, fp32 inputs still triton's
+    (``mxfp8_attn_bwd.backward_reason``); each within 2e-2 of the float64 MXFP8 oracle."""
+    configs, module = _tlx_mxfp8_backward_or_skip(128, dtype, 2, 2)
+    from jfa_ops.backends import triton as triton_backend
+
+    monkeypatch.setattr(configs, "MXFP8_BACKWARD", knob)
+    tlx_calls = _spy(monkeypatch, module, "attention_backward")
+    triton_calls = _spy(monkeypatch, triton_backend, "mxfp8_attention_backward")
+    (q, k, v, q_off, kv_off, opts), grads, grad_out, grad_lse, out, lse = _gpu_grads(GPU_CASES["jagged"], dtype, 128)
+    assert (bool(tlx_calls), bool(triton_calls)) == (expect_tlx, not expect_tlx)
+    want = reference_mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off,
+                                              **_oracle_opts(opts))
+    for got, w in zip(grads, want):
+        assert got.dtype == dtype and _rel(got, w) <= 2e-2, _rel(got, w)
+
+
+@pytest.mark.gpu
+def test_tlx_mxfp8_backward_no_nan_at_wide_range(monkeypatch):
+    """Issue 12's no-NaN case (empty sequences, fully masked rows, zero blocks, magnitudes over 2**+-30) at GPU
+    tile sizes through the TLX MXFP8 backward: finite gradients (P <= 1 by the clamp)."""
+    from tests.ops.test_mxfp8 import no_nan_case
+
+    configs, module = _tlx_mxfp8_backward_or_skip(128, torch.bfloat16, 2, 2)
+    monkeypatch.setattr(configs, "MXFP8_BACKWARD", True)
+    calls = _spy(monkeypatch, module, "attention_backward")
+    q, k, v, q_off, kv_off, opts = no_nan_case(dim=128, dtype=torch.bfloat16, scale_lengths=8)
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    out, lse = jfa_ops.mxfp8_attention(*leaves, q_off.cuda(), kv_off.cuda(), return_lse=True, backend="tlx", **opts)
+    grads = torch.autograd.grad(out.float().sum(), leaves)
+    assert calls and all(torch.isfinite(g).all() for g in grads)
