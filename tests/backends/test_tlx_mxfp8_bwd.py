@@ -124,6 +124,45 @@ def test_host_path_fp16_inputs_and_no_grad_lse():
         assert a.dtype == torch.float16 and _rel(a, w) <= 4e-3, _rel(a, w)
 
 
+_ROUTING_CODE = """
+import _utlx_autoregister, torch
+from jfa_ops.backends import tlx, triton as triton_backend
+from jfa_ops.backends.base import AttentionParams
+from jfa_ops.backends.tlx import configs, mxfp8_attn_bwd
+mxfp8_attn_bwd.attention_backward = lambda *a: 'tlx'
+triton_backend.mxfp8_attention_backward = lambda *a: 'triton'
+backward = tlx.BACKEND.family('mxfp8_attention').backward
+def route(knob, dtype=torch.bfloat16, dim=128, heads=(4, 2), **params):
+    configs.MXFP8_BACKWARD = knob
+    q, k = torch.zeros(8, heads[0], dim, dtype=dtype), torch.zeros(8, heads[1], dim, dtype=dtype)
+    return backward(None, None, q, k, k, None, None, None, None, AttentionParams(scale=1.0, **params), 'rceil')
+assert configs.MXFP8_BACKWARD is False  # off by default
+print(route(False), route(True), route(True, torch.float16), route(True, dim=64), route(True, torch.float32),
+      route(True, dim=256), route(True, deterministic=True))
+"""
+
+
+def test_knob_routes_the_tlx_mxfp8_backward():
+    """The tlx backend's MXFP8 family backward (CPU, TLX importable in a subprocess: ``JFA_TLX_SITE`` or ``.ci-tlx``,
+    as test_tlx_compile.py): off by default (configs.MXFP8_BACKWARD, env JFA_TLX_MXFP8_BWD unset) and then the
+    triton MXFP8 backward; on: the TLX MXFP8 backward for fp16/bf16 inputs at head_dim 64/128, triton's for fp32
+    inputs, head_dim 256 and deterministic=True (``mxfp8_attn_bwd.backward_reason``)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    site = os.environ.get("JFA_TLX_SITE") or os.path.join(root, ".ci-tlx")
+    if not os.path.isdir(os.path.join(site, "utlx_plugin")):
+        pytest.skip(f"no triton 3.8 + triton-utlx at {site} (set JFA_TLX_SITE)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "JFA_TLX_MXFP8_BWD")}
+    env["PYTHONPATH"] = os.pathsep.join([site, root])
+    proc = subprocess.run([sys.executable, "-c", _ROUTING_CODE], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["triton", "tlx", "tlx", "tlx", "triton", "triton", "triton"], proc.stdout
+
+
 # ------------------------------------------------------------------------------------------------------------ GPU
 # Cases at GPU tile sizes (64-row query blocks, 128-key tiles): the CPU cases (empty sequences, length 1, GQA,
 # windows, broadcast Q, fully masked rows) and longer jagged ones that reach the mask-free bulk.
