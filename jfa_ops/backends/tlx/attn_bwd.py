@@ -403,6 +403,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
         n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
     DS_BUFFERS: tl.constexpr = 3 if DQ_LAG else 2
+    HALF_N: tl.constexpr = k_tiles[0].shape[0]  # this consumer's keys
     if DQ_LAG:
         m0_prev = lead_begin * 0  # the previous block's first row
     for j in tl.range(0, n_all, num_stages=0):
@@ -412,6 +413,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
         else:
             masked = (j < n_lead) | (j >= n_unmasked)
+            if MXFP8:  # a key tile past its sequence's end takes every block masked: its keys there (K, V zeroed, not
+                # masked in the bulk) have dS = -P delta, which would enter their 32 x 32 blocks' maxima (the oracle
+                # pads zeros); the masked path zeroes P, so dS, there
+                masked = masked | (k0 + HALF_N > len_k)
             m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
         buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
         tlx.barrier_wait(q_fulls[buf], phase)
