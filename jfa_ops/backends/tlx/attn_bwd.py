@@ -1128,8 +1128,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts,
-                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static,
-                    **(dict(MXFP8=True) if mxfp8 else {}))
+                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
