@@ -25,7 +25,11 @@ from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from jfa_ops.backends import mxfp8_bwd  # noqa: E402
+from jfa_ops.backends.triton.common import stage_bounds  # noqa: E402
 from jfa_ops.backends.base import AttentionParams  # noqa: E402
 from jfa_ops.backends.reference import mxfp8 as reference  # noqa: E402
 
@@ -122,6 +126,138 @@ def test_host_path_fp16_inputs_and_no_grad_lse():
                                           **_oracle_opts(opts))
     for a, w in zip(got, want):
         assert a.dtype == torch.float16 and _rel(a, w) <= 4e-3, _rel(a, w)
+
+
+@triton.jit
+def _bounds_kernel(OUT, s0, len_s, len_o, lo_off, hi_off, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                   BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr):
+    """The TLX backward's ``common.stage_bounds`` (what its work items walk), its six values into OUT."""
+    a, b, c, d, e, f = stage_bounds(s0, len_s, len_o, lo_off, hi_off, HAS_LO, HAS_HI, BLOCK_S, BLOCK_O)
+    tl.store(OUT + 0, a)
+    tl.store(OUT + 1, b)
+    tl.store(OUT + 2, c)
+    tl.store(OUT + 3, d)
+    tl.store(OUT + 4, e)
+    tl.store(OUT + 5, f)
+
+
+def _stage_bounds(n0, len_k, len_q, causal, window, block_n=128, block_m=64):
+    """(lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end) of the key tile at n0, from
+    ``common.stage_bounds`` run in a one-program kernel (the interpreter), with the kernel's arguments
+    (``attn_bwd._bwd_item``: -right, window_left, HAS_RIGHT, HAS_LEFT)."""
+    from jfa_ops.backends.triton.common import window_bounds
+
+    has_left, window_left, has_right, right = window_bounds(causal, *window)
+    out = torch.zeros(6, dtype=torch.int32)
+    _bounds_kernel[(1,)](out, n0, len_k, len_q, -right, window_left, HAS_LO=has_right, HAS_HI=has_left,
+                         BLOCK_S=block_n, BLOCK_O=block_m)
+    return out.tolist()
+
+
+def _block_walk(q, k, v, grad_out, out, lse, grad_lse, causal, window, straddle_masked=True):
+    """A float64 port of the TLX backward's consumer loop with MXFP8 (``attn_bwd._consume_rows_v2``) for one sequence
+    and head: per key tile (128 keys from the sequence's start) and consumer (64 keys), the query blocks of 64 rows
+    ``stage_bounds`` gives, masked (lead, tail; with MXFP8 also every block of a consumer whose keys run past the
+    sequence's end: ``straddle_masked``) or not (the bulk); Q/dO rows past the end are a neighbour's (random) unless
+    a masked block zeroes them, K/V rows past the end are zero; P = exp2(min(S scale - lse, 0)), masked blocks zero P
+    outside the visible keys and rows and dS where P is 0; dV's P at the fixed scale, dS in 32 x 32 blocks of the
+    [64, 64] block; dK, dV stored for the sequence's keys, dQ for its rows. Operands: the host's MX values."""
+    from jfa_ops.testing import _mx_round_trip_square, e4m3_round_spec, visible_mask
+
+    lq, lk, dim = q.shape[0], k.shape[0], q.shape[-1]
+    scale = dim ** -0.5
+    offs_q, offs_k = torch.tensor([0, lq]), torch.tensor([0, lk])
+    g = torch.Generator().manual_seed(11)
+    neighbour = lambda: torch.randn(256, dim, generator=g, dtype=torch.float64) * 5  # noqa: E731
+    Q = torch.cat([mx_round_trip_spec(q, offs_q, (32, 32))[:, 0], neighbour()])
+    DO = torch.cat([mx_round_trip_spec(grad_out, offs_q, (32, 32))[:, 0], neighbour()])
+    zeros = torch.zeros(256, dim, dtype=torch.float64)
+    K = torch.cat([mx_round_trip_spec(k, offs_k, (32, 32))[:, 0], zeros])
+    V = torch.cat([mx_round_trip_spec(v, None, (1, 32))[:, 0], zeros])
+    delta = (grad_out.double() * out.double()).sum(-1)[:, 0] - grad_lse[0].double()
+    lse64 = lse[0].double()
+    visible = torch.zeros(lq + 64, lk + 128, dtype=torch.bool)
+    visible[:lq, :lk] = visible_mask(lq, lk, causal, window)
+    dq, dk, dv = (torch.zeros(n, dim, dtype=torch.float64) for n in (lq, lk, lk))
+    for n0 in range(0, lk, 128):
+        lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = _stage_bounds(n0, lk, lq, causal, window)
+        n_lead = max(0, -(-(lead_end - lead_begin) // 64))
+        n_unmasked = n_lead + max(0, -(-(bulk_end - bulk_begin) // 64))
+        n_all = n_unmasked + max(0, -(-(tail_end - tail_begin) // 64))
+        for k0 in (n0, n0 + 64):
+            for j in range(n_all):
+                masked = j < n_lead or j >= n_unmasked or (straddle_masked and k0 + 64 > lk)
+                m0 = (lead_begin + j * 64 if j < n_lead else bulk_begin + (j - n_lead) * 64 if j < n_unmasked
+                      else tail_begin + (j - n_unmasked) * 64)
+                assert m0 % 64 == 0 and k0 % 64 == 0  # the 32 x 32 blocks start at the sequence's starts
+                qb, dob = Q[m0:m0 + 64].clone(), DO[m0:m0 + 64].clone()
+                if masked and m0 + 64 > lq:
+                    qb[max(lq - m0, 0):] = 0.0
+                    dob[max(lq - m0, 0):] = 0.0
+                rows = slice(m0, m0 + 64)
+                lse2 = torch.zeros(64, dtype=torch.float64)
+                dl = torch.zeros(64, dtype=torch.float64)
+                n_rows = max(0, min(64, lq - m0))
+                lse2[:n_rows], dl[:n_rows] = lse64[m0:m0 + n_rows], delta[m0:m0 + n_rows]
+                lse2 = torch.where(lse2 == -math.inf, math.inf, lse2)
+                p = torch.exp(torch.clamp(qb @ K[k0:k0 + 64].T * scale - lse2[:, None], max=0.0))
+                if masked:
+                    p = torch.where(visible[rows, k0:k0 + 64], p, 0.0)
+                ds = p * (dob @ V[k0:k0 + 64].T - dl[:, None])
+                if masked:
+                    ds = torch.where(p == 0, 0.0, ds)
+                ds = _mx_round_trip_square(ds[None])[0]
+                n_keys = max(0, min(64, lk - k0))
+                dv[k0:k0 + n_keys] += ((e4m3_round_spec(p * 256.0) / 256.0).T @ dob)[:n_keys]
+                dk[k0:k0 + n_keys] += scale * (ds.T @ qb)[:n_keys]
+                dq[m0:m0 + n_rows] += scale * (ds @ K[k0:k0 + 64])[:n_rows]
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("lq, lk, causal, window", [(50, 50, False, (-1, -1)), (70, 100, False, (-1, -1)),
+                                                    (300, 200, False, (-1, -1)), (200, 300, True, (-1, -1)),
+                                                    (300, 300, True, (-1, -1)), (257, 190, False, (40, 10)),
+                                                    (129, 129, False, (-1, -1)), (64, 33, False, (-1, -1))])
+def test_kernel_block_walk_gives_the_model(lq, lk, causal, window):
+    """The TLX kernel's MXFP8 block walk (``_block_walk``: its work items' query blocks from ``stage_bounds``, the
+    masked and mask-free blocks, P, dS and their roundings per consumer block, neighbour rows past the sequence's end)
+    equals ``mxfp8_attention_backward_model(rebased_s_dp=False)`` exactly: every product is of MX values, so the
+    float64 sums are exact whatever their order, and any block the walk missed, any 32 x 32 block misaligned or any
+    value leaking into a block's maximum would show."""
+    g = torch.Generator().manual_seed(lq + lk)
+    q, k, v, grad_out = (torch.randn(n, 1, 64, generator=g) for n in (lq, lk, lk, lq))
+    out = torch.randn(lq, 1, 64, generator=g) * 0.3
+    s = (q[:, 0] @ k[:, 0].T).double() / 8
+    from jfa_ops.testing import visible_mask
+
+    lse = (torch.logsumexp(s.masked_fill(~visible_mask(lq, lk, causal, window), -math.inf), -1) + 0.05).float()[None]
+    grad_lse = torch.randn(1, lq, generator=g)
+    want = mxfp8_attention_backward_model(grad_out, grad_lse, q, k, v, out, lse, torch.tensor([0, lq]),
+                                          torch.tensor([0, lk]), causal=causal, window=window, rebased_s_dp=False)
+    got = _block_walk(q, k, v, grad_out, out, lse, grad_lse, causal, window)
+    for a, w in zip(got, want):
+        assert torch.equal(a, w[:, 0].double())
+
+
+def test_kernel_block_walk_needs_the_straddling_tiles_masked():
+    """Why MXFP8 masks every block of a consumer whose keys run past the sequence's end: in a mask-free block those
+    keys (K, V rows zero) get dS = -P delta, which enters the maximum of the 32 x 32 block they share with the
+    sequence's last keys. A case where it matters (the last keys' scores far below the others', so their dS is the
+    smaller): the walk without the rule leaves the model, with it equals it."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad_out = (torch.randn(n, 1, 64, generator=g) for n in (64, 33, 33, 64))
+    q[:, :, 0] = q[:, :, 0].abs() + 3.0
+    k[32:] = 0.0
+    k[32:, :, 0] = -20.0  # key 32 (alone in its 32-key block) scores far below the others
+    out = torch.randn(64, 1, 64, generator=g) * 5.0
+    lse = (torch.logsumexp((q[:, 0] @ k[:, 0].T).double() / 8, -1) + 0.05).float()[None]
+    grad_lse = torch.randn(1, 64, generator=g)
+    want = mxfp8_attention_backward_model(grad_out, grad_lse, q, k, v, out, lse, torch.tensor([0, 64]),
+                                          torch.tensor([0, 33]), rebased_s_dp=False)
+    with_rule = _block_walk(q, k, v, grad_out, out, lse, grad_lse, False, (-1, -1))
+    without = _block_walk(q, k, v, grad_out, out, lse, grad_lse, False, (-1, -1), straddle_masked=False)
+    assert all(torch.equal(a, w[:, 0].double()) for a, w in zip(with_rule, want))
+    assert not torch.equal(without[0], want[0][:, 0].double()) and not torch.equal(without[1], want[1][:, 0].double())
 
 
 _ROUTING_CODE = """
