@@ -33,17 +33,32 @@ VALUES_BLOCK_R = 32  # rows per program
 VALUES_BLOCK_C = 256  # columns (of heads x head_dim) per program
 
 
-@triton.jit
-def _mx_values_kernel(DATA, SCALE, ROW_BLOCK, OUT, rows, COLS: tl.constexpr, SQUARE: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+@triton.jit(do_not_specialize=["rows", "num_seqs", "search_steps"])
+def _mx_values_kernel(DATA, SCALE, OFFSETS, OUT, rows, num_seqs, search_steps, COLS: tl.constexpr,
+                      SQUARE: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """OUT [rows, COLS] = DATA (E4M3) x 2**(SCALE bits - 127) (NaN for bits 0xFF), in OUT's dtype. SCALE [.., COLS /
-    32]: (1, 32) blocks (SQUARE False: scale row = data row) or (32, 32) blocks (scale row ROW_BLOCK[row])."""
+    32]: (1, 32) blocks (SQUARE False: scale row = data row) or (32, 32) blocks: the scale row of data row r is
+    first // 32 + b + (r - first) // 32 for its sequence b (``meta_kernels.mxfp8``'s layout; b the last sequence
+    whose start OFFSETS[b] <= r, by a binary search of ``search_steps`` steps over the num_seqs starts; HAS_OFFSETS
+    False: one sequence, r // 32)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    ok = (r < rows)[:, None] & (c < COLS)[None, :]
+    r_ok = r < rows
+    ok = r_ok[:, None] & (c < COLS)[None, :]
     r64 = r.to(tl.int64)
     if SQUARE:
-        srow = tl.load(ROW_BLOCK + r, mask=r < rows, other=0).to(tl.int64)
+        if HAS_OFFSETS:
+            lo = tl.zeros_like(r)
+            hi = lo + (num_seqs - 1)
+            for _ in range(search_steps):  # the largest b in [0, num_seqs) with OFFSETS[b] <= r (OFFSETS[0] = 0)
+                mid = (lo + hi + 1) // 2
+                go = tl.load(OFFSETS + mid, mask=r_ok, other=0).to(tl.int64) <= r64
+                lo = tl.where(go, mid, lo)
+                hi = tl.where(go, hi, mid - 1)
+            first = tl.load(OFFSETS + lo, mask=r_ok, other=0).to(tl.int64)
+            srow = first // 32 + lo + (r64 - first) // 32
+        else:
+            srow = r64 // 32
     else:
         srow = r64
     data = tl.load(DATA + r64[:, None] * COLS + c[None, :], mask=ok, other=0.0)
@@ -51,17 +66,6 @@ def _mx_values_kernel(DATA, SCALE, ROW_BLOCK, OUT, rows, COLS: tl.constexpr, SQU
     factor = tl.where(bits > 0, tl.minimum(bits, 254) << 23, 0x400000).to(tl.float32, bitcast=True)  # 2**(bits - 127)
     y = tl.where(bits == 255, float("nan"), data.to(tl.float32) * factor)
     tl.store(OUT + r64[:, None] * COLS + c[None, :], y.to(OUT.dtype.element_ty), mask=ok)
-
-
-def _row_blocks(rows: int, offsets: Optional[torch.Tensor], device) -> torch.Tensor:
-    """[rows] int32: the (32, 32) scale row of every data row (``meta_kernels.mxfp8``'s layout), on the device."""
-    r = torch.arange(rows, device=device, dtype=torch.int64)
-    if offsets is None:
-        return (r // mx.MX_BLOCK).to(torch.int32)
-    starts = offsets.to(device=device, dtype=torch.int64)
-    seq = torch.searchsorted(starts[1:], r, right=True)
-    first = starts[seq]
-    return (first // mx.MX_BLOCK + seq + (r - first) // mx.MX_BLOCK).to(torch.int32)
 
 
 def mx_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block, rounding: str,
@@ -79,10 +83,12 @@ def mx_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block, rounding:
         return out
     square = block[0] == 32
     scale_bits = scale.view(torch.uint8)
-    row_block = _row_blocks(rows, offsets, x.device) if square else scale_bits  # unused pointer unless square
+    has_offsets = square and offsets is not None
+    num_seqs = offsets.shape[0] - 1 if has_offsets else 1
     cols = heads * dim
     grid = (triton.cdiv(rows, VALUES_BLOCK_R), triton.cdiv(cols, VALUES_BLOCK_C))
-    _mx_values_kernel[grid](data, scale_bits, row_block, out, rows, COLS=cols, SQUARE=square,
+    _mx_values_kernel[grid](data, scale_bits, offsets if has_offsets else scale_bits, out, rows, num_seqs,
+                            max(num_seqs - 1, 0).bit_length(), COLS=cols, SQUARE=square, HAS_OFFSETS=has_offsets,
                             BLOCK_R=VALUES_BLOCK_R, BLOCK_C=VALUES_BLOCK_C, num_warps=4)
     return out
 
