@@ -9,10 +9,10 @@ the kernel (``attn_bwd.py``'s MXFP8 constexpr):
   broadcast Q; dO's per output sequence; K's per kv sequence), V in (1, 32) blocks, by the triton quantize kernel
   (``triton.mxfp8_quantize``, bit-exact with the reference), then dequantized to bf16 (``mx_values``: one Triton
   pass, data x 2**(scale - 127) in fp32, rounded to bf16, NaN where the scale is NaN: the reference's
-  ``dequantize`` bit for bit). E4M3 x 2**e is exact in bf16 (3 significand bits, fp32's exponent range) but for
-  values past bf16's range: above 2**128 - 2**120 (inf; an input block within a few ulp of bf16's maximum can round
-  up to 2**128) or below 2**-133 (bf16's subnormals: E4M3 subnormals of blocks with scales below 2**-124 lose
-  bits). fp16 inputs' MX values are all exact in bf16. delta = rowsum(dO * out) - grad_lse from the caller's
+  ``dequantize`` bit for bit). E4M3 x 2**e is exact in bf16 (3 significand bits, fp32's exponent range) but below
+  2**-133 (bf16's subnormals: E4M3 subnormals of blocks with scales below 2**-124 lose bits; fp32 would keep them);
+  an input block within a few ulp of bf16's maximum rounds up to 2**128, inf in fp32 as well (the reference's).
+  fp16 inputs' MX values are all exact in bf16. delta = rowsum(dO * out) - grad_lse from the caller's
   UNQUANTIZED dO (the oracle's), passed to the kernel's delta pre-pass apart from the MX dO it walks.
 - the kernel: P = exp2(min(S scale - lse, 0)) on the MX values, dV += P^T dO with P at its fixed-scale MXFP8 value,
   dP = dO V^T, dS = P (dP - delta) rounded to 32 x 32 block MXFP8 values, dK += dS^T Q, dQ += dS K, fp32
