@@ -42,6 +42,14 @@ triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``m
 the same two shapes with each ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the
 key-block loop removed at a time), clk per key block (bench/NOTES.md "MXFP8 ceiling: ablations").
 
+``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
+backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
+D128 causal: triton-mxfp8 (today's: ``JFA_TLX_MXFP8_BWD`` off), tlx-mxfp8 (design (D), ``configs.MXFP8_BACKWARD``
+set in-process: its quantize passes included), its kernel alone (MX operands made once: delta, the TLX kernel, dQ
+finalize) and our bf16 TLX backward; the ratios, and the relative difference of (D)'s gradients to triton-mxfp8's
+(both the MXFP8 oracle's arithmetic: ~1e-2 of bf16 rounding; bench/NOTES.md "MXFP8 backward design (D), helper
+mxbwdd, stop 27").
+
 ``backward-ablation`` (not in ``all``): the TLX backward (default consumers) on dense B8 H16 S8192 D128, full and
 causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY, wrong
 results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
@@ -1143,6 +1151,75 @@ def mxfp8_ablation() -> int:
     return failures
 
 
+def mxfp8_backward_timing() -> int:
+    """The MXFP8 backward's TFLOP/s (module docstring, ``mxfp8-bwd-timing``): per row one TLX MXFP8 forward (bf16
+    inputs), then the backward alone through the retained graph with ``configs.MXFP8_BACKWARD`` off (triton's) and
+    on (design (D)), (D)'s kernel alone and the bf16 TLX backward; each column the median of ``do_bench``."""
+    import triton.testing
+
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+    from jfa_ops.backends import mxfp8_bwd
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.backends.tlx import configs as tlx_configs
+    from jfa_ops.backends.tlx import mxfp8_attn_bwd
+
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    cases = [Case("dense", "mxfp8 bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
+             Case("jagged", "mxfp8 bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True)]
+    cols = ("triton-mxfp8", "tlx-mxfp8 (D)", "(D) kernel", "bf16 tlx")
+    print("MXFP8 backward, bf16 in, D128, TFLOP/s (ms): triton-mxfp8 = today's (JFA_TLX_MXFP8_BWD off), tlx-mxfp8 "
+          "(D) = JFA_TLX_MXFP8_BWD=1 incl. its quantize passes, (D) kernel = MX operands made once", flush=True)
+    print(f"{'case':38s} " + " ".join(f"{c:>16s}" for c in cols)
+          + f" {'D/triton':>8s} {'D/bf16':>7s} {'kern/bf16':>9s} {'rel D-tri':>9s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+        hints = dict(max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens))
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        out, lse = jfa_ops.mxfp8_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, return_lse=True,
+                                           backend="tlx", **hints)
+        out16 = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, backend="tlx",
+                                         **hints)
+        grad_mx = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
+        params = AttentionParams(scale=case.head_dim ** -0.5, causal=case.causal, **hints)
+        operands = mxfp8_bwd.operands(x.grad_out, x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params, "rceil")
+        q_mx, k_mx, v_mx, do_mx = operands
+        fns = {"triton-mxfp8": with_setting(tlx_configs, "MXFP8_BACKWARD", False, grad_mx),
+               "tlx-mxfp8 (D)": with_setting(tlx_configs, "MXFP8_BACKWARD", True, grad_mx),
+               "(D) kernel": lambda: mxfp8_attn_bwd._kernel_backward(
+                   do_mx, None, q_mx, k_mx, v_mx, out.detach(), lse.detach(), x.q_offsets, x.kv_offsets, params,
+                   x.grad_out),
+               "bf16 tlx": lambda: torch.autograd.grad(out16, (q, k, v), x.grad_out, retain_graph=True)}
+        print(f"{case.label:38s}", end="", flush=True)
+        ms = {}
+        for col, fn in fns.items():
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
+            try:
+                ms[col] = triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median")
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"\n  {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        try:
+            want, got = fns["triton-mxfp8"](), fns["tlx-mxfp8 (D)"]()
+            rel = max(((g.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)).item()
+                      for g, w in zip(got, want))
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            rel = float("nan")
+            print(f"\n  compare: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        nan = float("nan")
+        cells = [f"{case.flops('bwd') / ms[c] / 1e9:6.1f} ({ms[c]:6.2f})" if c in ms else f"{'-':>16s}" for c in cols]
+        print(" " + " ".join(f"{cell:>16s}" for cell in cells)
+              + f" {ms.get('triton-mxfp8', nan) / ms.get('tlx-mxfp8 (D)', nan):8.2f}"
+              + f" {ms.get('bf16 tlx', nan) / ms.get('tlx-mxfp8 (D)', nan):7.2f}"
+              + f" {ms.get('bf16 tlx', nan) / ms.get('(D) kernel', nan):9.2f} {rel:9.2e}", flush=True)
+        failures += not rel <= 2e-2
+    return failures
+
+
 def _bwd_ablation_cases():
     """(key, Case, 128 x 128 (key, query) blocks the kernel visits) of ``backward_ablation``: the kernel walks 64-row
     query blocks per 128-key tile (``configs.bwd_config_v2``), from the tile's first row on when causal (equal
@@ -1286,6 +1363,8 @@ def main(argv) -> int:
         failed += mxfp8_timing()
     if part == "mxfp8-ablation":  # the TLX MXFP8 forward's stages, one removed at a time (timing only; not in "mxfp8")
         failed += mxfp8_ablation()
+    if part == "mxfp8-bwd-timing":  # the MXFP8 backward: triton's vs design (D) (JFA_TLX_MXFP8_BWD; not in "mxfp8")
+        failed += mxfp8_backward_timing()
     if part == "backward-ablation":  # the TLX backward's stages removed (timing only; not in "backward")
         failed += backward_ablation()
     return 1 if failed else 0

@@ -405,6 +405,43 @@ def test_backward_ablations_remove_only_their_stage():
     assert by_stages[("mxquant",)]["block_loop_path_spill_ops"] == quantized["block_loop_path_spill_ops"] == [0, 0]
 
 
+# The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; ``specializations.mxfp8_backward_specializations``,
+# off by default) against the ``mxquant`` ablation kernel of the same features, whose roundings they carry (sm_90
+# ptxas at stop 26-27): spill bytes, stores + loads (mxquant D128 full 204 + 268, causal 180 + 256; MXFP8 full 188 +
+# 244, causal 188 + 264: per work item, not on the block loops' straight path), and the block-loop path (mxquant
+# 791 / 797 full, 818 / 796 causal; MXFP8 + the clamp's 32 FMNMX per thread and the masked-tile test: 848 / 829,
+# 853 / 830).
+MXFP8_BWD_ABLATION_SPILLS = {"full": 204 + 268, "causal": 180 + 256}
+MXFP8_BWD_ABLATION_PATH = {"full": [791, 797], "causal": [818, 796]}
+
+
+def test_mxfp8_backward_kernels_compile_within_the_ablation_budget():
+    """The MXFP8 backward's kernels (the TLX backward with MXFP8: P clamped to <= 1, P and dS rounded to MXFP8
+    values; not shipped while ``configs.MXFP8_BACKWARD`` is off, so the ``compiled`` fixture skips them): each
+    compiles within sm_90's shared memory (the default's 213,384 B at D128), at the default's 168 registers, within
+    32 spill bytes per thread of the ``mxquant`` ablation kernel (D128 full / causal; D64 0), with no more spill
+    instructions on its block loops' straight path than the default kernel (D128 full 1 / 0, causal 2 / 0), the
+    default's wgmma and MUFU per loop, and at D128 the ablation's path + 24..64 instructions (the clamp's 32; ~60 s)."""
+    rows = {r["name"]: r for r in _compile_matching("-mxfp8", expect=5, timeout=1200)}
+    for name, r in rows.items():
+        assert "error" not in r, r
+        assert r["shared"] <= SM90_SHARED_MEMORY and r["registers"] == 168, r
+        assert r["block_loop_path_spill_ops"][0] <= 2 and r["block_loop_path_spill_ops"][1] == 0, r
+        assert r["block_loop_mufu"] == [32, 32], r
+        head_dim = int(re.search(r"-d(\d+)-", name).group(1))
+        assert r["block_loop_hgmma"] == [32 if head_dim == 128 else 24] * 2, r
+        spills = r["spill_stores"] + r["spill_loads"]
+        if head_dim == 64:
+            assert spills == 0, r
+            continue
+        kind = "full" if "-full" in name else "causal"
+        assert spills <= MXFP8_BWD_ABLATION_SPILLS[kind] + 32, r  # broadcast-Q: 196 + 264
+        if "-bcast" not in name:
+            added = [p - a for p, a in zip(r["block_loop_path"], MXFP8_BWD_ABLATION_PATH[kind])]
+            assert all(24 <= a <= 64 for a in added), (added, r)
+    assert {"bwd-d128-bf16-full-v2-dqshared-mxfp8", "bwd-d128-bf16-causal-v2-dqshared-causalorder-mxfp8"} <= set(rows)
+
+
 def test_delta_early_loads_delta_before_the_s_wait():
     """DELTA_EARLY (helper deltaearly, ``configs.BACKWARD_DELTA_EARLY``): in the default D128 kernels ptxas sinks
     delta's LDG past S's wgmma wait (full: one consumer, causal: both; bench/NOTES.md "TLX backward: delta early").

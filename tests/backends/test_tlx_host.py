@@ -823,3 +823,28 @@ def test_gqa_split_auto_launches_the_plan(gpu, monkeypatch, sms, hint, parts, sn
     assert launched["GROUP_SPLIT"] == parts and launched["SNAKE"] is snake
     assert launched["DK"].dtype == (torch.float32 if parts > 1 else torch.bfloat16)
     assert dk.dtype == dv.dtype == k.dtype
+
+
+@needs_tlx
+@pytest.mark.parametrize("mxfp8", [False, True])
+def test_mxfp8_backward_launches_with_delta_from_the_given_dout(gpu, mxfp8):
+    """The MXFP8 backward's host call (``attn_bwd.attention_backward(..., mxfp8=True, delta_grad_out=dO)``, helper
+    mxbwdd; ``tlx/mxfp8_attn_bwd.py``): the delta pre-pass reads the given dO (the caller's, unquantized) while the
+    TLX kernel's dO descriptor is over grad_out (the MX dO), the kernel launches with MXFP8 True, and no recipe is
+    kept (a recipe's delta would read the walked dO); without it the same call launches MXFP8 False, delta from
+    grad_out, and keeps its recipe."""
+    runs, _ = gpu
+    q, k, v, offsets = _inputs((300, 129))
+    g = torch.Generator().manual_seed(3)
+    do_mx, do = (torch.randn(q.shape, generator=g).to(q.dtype) for _ in range(2))
+    out, lse = torch.randn(q.shape, generator=g).to(q.dtype), torch.randn(q.shape[1], q.shape[0])
+    extra = dict(mxfp8=True, delta_grad_out=do) if mxfp8 else {}
+    attn_bwd.attention_backward(do_mx, None, q, k, v, out, lse, offsets, offsets, _params(causal=True), v2=True,
+                                dq_shared=True, **extra)
+    launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
+                for kernel in (attn_bwd.attn_bwd_tlx_kernel, triton_bwd.attn_bwd_delta_kernel)
+                if kernel.fn.__name__ == name}
+    assert launched["attn_bwd_delta_kernel"]["DOut"] is (do if mxfp8 else do_mx)
+    assert launched["attn_bwd_tlx_kernel"]["desc_do"].base is do_mx
+    assert launched["attn_bwd_tlx_kernel"]["MXFP8"] is mxfp8
+    assert bool(attn_bwd._RECIPES) is not mxfp8

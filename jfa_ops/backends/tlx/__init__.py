@@ -14,7 +14,9 @@ off (then by name only: ``backend="tlx"`` or ``JFA_BACKEND=tlx``), ``JFA_TLX_AUT
 
 MXFP8 attention (``jfa_ops.mxfp8_attention``, family ``mxfp8_attention``, issue 12): the forward in
 ``mxfp8_attn_fwd.py`` (E4M3 wgmma for both matmuls, head_dim 64/128), chosen automatically since its GPU check
-(``JFA_TLX_MXFP8=0``: off); bf16 inputs are quantized by the triton kernel, the backward is the triton MXFP8 backward.
+(``JFA_TLX_MXFP8=0``: off); bf16 inputs are quantized by the triton kernel, the backward is the triton MXFP8 backward
+unless ``JFA_TLX_MXFP8_BWD=1`` (``configs.MXFP8_BACKWARD``, off): then ``mxfp8_attn_bwd.py`` (the bf16 TLX backward
+with P and dS rounded to MXFP8 values, on MX-valued operands) for the calls its ``backward_reason`` takes.
 
 Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_sparse``): the same forward kernel with
 SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
@@ -219,6 +221,21 @@ def mxfp8_attention_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
         return attention_forward_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
 
 
+def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
+    """(dq, dk, dv) of ``jfa::mxfp8_attention``: the TLX MXFP8 backward (``mxfp8_attn_bwd.py``) where
+    ``configs.MXFP8_BACKWARD`` is on (env JFA_TLX_MXFP8_BWD=1) and it takes the call, else the triton MXFP8 backward."""
+    if configs.MXFP8_BACKWARD:
+        from . import mxfp8_attn_bwd
+
+        if mxfp8_attn_bwd.backward_reason(q, k, params) is None:
+            return mxfp8_attn_bwd.attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                                     params, rounding)
+    from .. import triton as triton_backend
+
+    return triton_backend.mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
+                                                   params, rounding)
+
+
 def _mxfp8_triton(name: str):
     """The triton backend's function ``name`` (its MXFP8 quantize kernel and backward serve this backend too)."""
     def run(*args):
@@ -295,9 +312,9 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                       # by name only: the automatic choice runs the selection on triton itself
                       "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5),
                       # MXFP8 (issue 12): the TLX forward, automatic since its GPU check unless JFA_TLX_MXFP8=0
-                      # (configs.MXFP8_AUTO); the quantize kernel (bf16 inputs) and the backward are triton's
-                      "mxfp8_attention": FamilyImpl(mxfp8_attention_forward,
-                                                    _mxfp8_triton("mxfp8_attention_backward"),
+                      # (configs.MXFP8_AUTO); the quantize kernel (bf16 inputs) is triton's, the backward too unless
+                      # JFA_TLX_MXFP8_BWD=1 (configs.MXFP8_BACKWARD: mxfp8_attn_bwd.py)
+                      "mxfp8_attention": FamilyImpl(mxfp8_attention_forward, _mxfp8_attention_backward,
                                                     supports=mxfp8_attention_supports,
                                                     priority=20 if configs.MXFP8_AUTO else 5),
                       # bf16 inputs of mxfp8_attention when this backend runs it: one fused quantize pass

@@ -322,7 +322,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                      ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
-                     DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0):
+                     DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -376,7 +376,13 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     the accumulator's registers into DQ_ACC (the fp32 accumulator's pointer, rows ``dq_stride`` elements apart) by
     vector reductions (``_red_add_dq``; 2: with an L2 evict_last policy) instead of ``_reduce_add_dq``'s staging
     buffer and TMA reduce-add: no staging store, staging barriers or wait for the previous block's bulk read (the
-    kernel allocates no staging buffers)."""
+    kernel allocates no staging buffers).
+
+    MXFP8 (``mxfp8_attn_bwd.py``: the MXFP8 backward, design (D) of bench/NOTES.md "MXFP8 backward on Hopper"; dense):
+    P = exp2(min(S * scale - lse, 0)) (the MXFP8 oracle's clamp: S from the backward's operands may exceed the
+    forward's lse), dV's P rounded to its MXFP8 value at the fixed scale 2**-8 (``_mx_fixed_scale_values``) and dS to
+    its 32 x 32 block MXFP8 values (``_mx_square_values``) before their stores: the arithmetic of the ``mxquant``
+    ablation, with results (the host feeds MX-valued Q, K, V, dO and delta from the unquantized dO)."""
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
                      "DQ_RED: the default dense consumers (dQ split, no DQ_LAG, no ablation)")
@@ -388,7 +394,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     NO_DS: tl.constexpr = (ABLATE & ABLATE_DS) != 0
     NO_DK: tl.constexpr = (ABLATE & ABLATE_DK) != 0
     NO_DV: tl.constexpr = (ABLATE & ABLATE_DV) != 0
-    MX_QUANT: tl.constexpr = (ABLATE & ABLATE_MX_QUANT) != 0
+    tl.static_assert(not (MXFP8 and SPARSE), "MXFP8: dense walks only")
+    MX_QUANT: tl.constexpr = MXFP8 or (ABLATE & ABLATE_MX_QUANT) != 0
     SDP_DIM: tl.constexpr = HEAD_DIM // 2 if (ABLATE & ABLATE_HALF_SDP) != 0 else HEAD_DIM  # S and dP's k extent
     # wgmma groups left in flight at dP's wait (dV behind it) and at dQ's / dV's (dK behind them)
     DP_PENDING: tl.constexpr = 0 if NO_DV else 1
@@ -404,6 +411,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
         n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
     DS_BUFFERS: tl.constexpr = 3 if DQ_LAG else 2
+    HALF_N: tl.constexpr = k_tiles[0].shape[0]  # this consumer's keys
     if DQ_LAG:
         m0_prev = lead_begin * 0  # the previous block's first row
     for j in tl.range(0, n_all, num_stages=0):
@@ -413,6 +421,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
             masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
         else:
             masked = (j < n_lead) | (j >= n_unmasked)
+            if MXFP8:  # a key tile past its sequence's end takes every block masked: its keys there (K, V zeroed, not
+                # masked in the bulk) have dS = -P delta, which would enter their 32 x 32 blocks' maxima (the oracle
+                # pads zeros); the masked path zeroes P, so dS, there
+                masked = masked | (k0 + HALF_N > len_k)
             m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
         buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
         tlx.barrier_wait(q_fulls[buf], phase)
@@ -465,6 +477,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         s = tlx.async_dot_wait(1, s)  # dP may still run
         if NO_EXP2:  # ablation: the exponent itself (no MUFU)
             p = s * qk_scale - lse2[:, None]
+        elif MXFP8:  # P <= 1 (the MXFP8 oracle's clamp)
+            p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0))
         else:
             p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
@@ -749,7 +763,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
                         DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
-                        DQ_RED: tl.constexpr = 0):
+                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -777,7 +791,10 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
     DQ_RED > 0 (``configs.BACKWARD_DQ_RED``; V2 with DQ_SHARED, dense, no DQ_LAG or ABLATE): DQ_ACC is the zeroed fp32
     dQ accumulator itself ([rows of q, Hq, D], desc_dq's tensor), which the consumers add to from registers
-    (``_red_add_dq``); no dQ staging buffers are allocated. Else DQ_ACC is None."""
+    (``_red_add_dq``); no dQ staging buffers are allocated. Else DQ_ACC is None.
+
+    MXFP8 (V2, dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``)."""
+    tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(DQ_RED == 0 or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
                      "DQ_RED: the default dense consumers (v2, dQ split, no DQ_LAG, no ablation)")
@@ -931,7 +948,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
                                 sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM)
+                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -1009,7 +1026,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
-                       delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0):
+                       delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
+                       delta_grad_out=None):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1037,7 +1055,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     none is built in one wave) or head groups. ``dq_red`` (``configs.BACKWARD_DQ_RED``: 0 off, 1 on, 2 with the L2
     evict_last policy; dense calls of the v2 consumers with the dQ split, no DQ_LAG / ALTERNATE / ablation, else
     ignored): dQ added from the consumers' registers (the kernel's DQ_RED); no recipe is kept for it (``_Recipe``
-    launches the staged kernel's arguments)."""
+    launches the staged kernel's arguments). ``mxfp8`` (``mxfp8_attn_bwd.py``; dense, v2): the kernel's MXFP8
+    constexpr (P and dS rounded to their MXFP8 values), fed MX-valued q, k, v, grad_out; ``delta_grad_out``: the dO
+    the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         dq_red = 0
@@ -1071,19 +1091,23 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
                v2 and delta_early, parts, dq_red)
-    # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid) or DQ_RED (the accumulator's pointer)
-    kept = selection is None and parts == 1 and not dq_red
+    # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid), DQ_RED (the accumulator's pointer) or the
+    # MXFP8 backward (delta from another dO)
+    kept = selection is None and parts == 1 and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
         grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
         if grads is not None:
             return grads
+    if mxfp8 and not (v2 and selection is None):
+        raise ValueError("the MXFP8 backward (mxfp8) runs on the dense v2 consumers only")
     return _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection,
-                          key)
+                          key, mxfp8, delta_grad_out)
 
 
-def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key):
+def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key,
+                   mxfp8=False, delta_grad_out=None):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
@@ -1114,7 +1138,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 
     # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel)
     delta = common.alloc_output((num_heads, total_out), torch.float32, device)
-    delta_key = launch_delta(out, grad_out, grad_lse, delta, dq_acc, total_out, q.shape[0], head_dim)
+    delta_key = launch_delta(out, grad_out if delta_grad_out is None else delta_grad_out, grad_lse, delta, dq_acc,
+                             total_out, q.shape[0], head_dim)
 
     # 2. dK, dV, and dQ reduce-added into dq_acc; block-sparse: over the transposed selection, key tiles longest
     # first by the Q blocks that selected them (the triton sparse backward's list)
@@ -1168,10 +1193,11 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
                     **({} if dq_red else dict(DQ_ACC=None)),
-                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static)
+                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
-                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items()))
+                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
+                    ("MXFP8",) if mxfp8 else ())
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
     if parts > 1:  # two tensors (views of one would alias the op's outputs)

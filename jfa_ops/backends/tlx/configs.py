@@ -282,6 +282,13 @@ MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "0") == "1"
 # the H200 measures it: the kernel meets issue 12's bound without it (bench/NOTES.md "MXFP8 fused re-basing + fp32
 # PV"). Env JFA_TLX_MXFP8_QK_CHUNKS=2.
 MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
+# The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
+# ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
+# values in registers, P clamped to <= 1), fed MX-valued bf16 Q, K, V, dO (the triton quantize kernel, then one
+# dequantize pass) and delta from the unquantized dO: ``mxfp8_attention_backward_model``'s arithmetic. Predicted
+# ~2.5x (dense) / ~2.2x (jagged causal) the triton MXFP8 backward end to end (H200, not measured yet): off until its
+# GPU check. Env JFA_TLX_MXFP8_BWD=1: on (fp16/bf16 inputs, head_dim 64/128; the rest keeps the triton one).
+MXFP8_BACKWARD = os.environ.get("JFA_TLX_MXFP8_BWD", "0") == "1"
 # ABLATIONS OF THE MXFP8 FORWARD: TIMING ONLY, THEIR RESULTS ARE WRONG. Each bit removes one stage of the consumers'
 # key-block loop (mxfp8_attn_fwd.py's ABLATE_*), every barrier, TMA load and ping-pong turn kept, so the H200 can say
 # what each stage costs (bench/NOTES.md "MXFP8 ceiling: ablations"; tools/tlx_check.py mxfp8-ablation):

@@ -127,7 +127,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
-                       delta_early: bool = False, group_split: int = 1, dq_red: int = 0) -> Specialization:
+                       delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
+                       mxfp8: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -139,7 +140,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     before S's wait (``configs.BACKWARD_DELTA_EARLY``); group_split: helper gqabwd's GQA groups in that many parts
     per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); dq_red: helper dqadd's
     dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
-    accumulator's pointer)."""
+    accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
+    and dS rounded to MXFP8 values)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -161,6 +163,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
                       ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split, DQ_RED=dq_red)
+    constexprs["MXFP8"] = mxfp8
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -189,7 +192,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
            f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
-           f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}"
+           f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
+           f"{'-mxfp8' if mxfp8 else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -225,6 +229,19 @@ def backward_ablation_specializations() -> Iterator[Specialization]:
         yield bwd_specialization(128, "bf16", False, ablate=mask, **default)
         yield bwd_specialization(128, "bf16", True, causal_order=True, ablate=mask, **default)
         yield bwd_specialization(128, "bf16", True, ablate=mask, **default)
+
+
+def mxfp8_backward_specializations() -> Iterator[Specialization]:
+    """The MXFP8 backward's kernels (``mxfp8_attn_bwd.py``, off by default: ``configs.MXFP8_BACKWARD``, env
+    JFA_TLX_MXFP8_BWD=1) as the default configs launch them: D128 dense full, dense causal (the causal order's list),
+    jagged causal (tile-major), broadcast-Q, fp16-free (the MX values are bf16); D64 causal (stats ahead). Not
+    shipped while off: ``tools/tlx_compile.py mxfp8`` (any argument naming "mxfp8") compiles them."""
+    default = dict(v2=True, dq_shared=True, mxfp8=True)
+    yield bwd_specialization(128, "bf16", False, **default)
+    yield bwd_specialization(128, "bf16", True, causal_order=True, **default)
+    yield bwd_specialization(128, "bf16", True, **default)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **default)
+    yield bwd_specialization(64, "bf16", True, stats_ahead=True, **default)
 
 
 def _specializations() -> Iterator[Specialization]:
@@ -414,7 +431,7 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
                        "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name
-                       or "-dqred" in spec.name) else {}),
+                       or "-dqred" in spec.name or "-mxfp8" in spec.name) else {}),
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
                    else {}),
@@ -506,19 +523,20 @@ def wgmma_overlap(ptx: str) -> bool:
     return False
 
 
-def _candidates(ablations: bool) -> list:
-    """The specializations ``main`` picks from: the shipped ones, and the ablations (MXFP8 forward, backward) when
-    asked for."""
+def _candidates(ablations: bool, mxfp8_bwd: bool = False) -> list:
+    """The specializations ``main`` picks from: the shipped ones, the ablations (MXFP8 forward, backward) and the
+    MXFP8 backward's kernels when asked for."""
     return list(shipped_specializations()) + (
-        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations()) if ablations else [])
+        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations()) if ablations else []) + (
+        list(mxfp8_backward_specializations()) if mxfp8_bwd else [])
 
 
-def _compile_index(index: int, ablations: bool = False) -> dict:
-    """Worker: compile ``_candidates(ablations)[index]`` in a fresh cache (so ptxas runs and logs)."""
+def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False) -> dict:
+    """Worker: compile ``_candidates(ablations, mxfp8_bwd)[index]`` in a fresh cache (so ptxas runs and logs)."""
     import triton
 
     triton.knobs.nvidia.dump_ptxas_log = True
-    spec = _candidates(ablations)[index]
+    spec = _candidates(ablations, mxfp8_bwd)[index]
     with tempfile.TemporaryDirectory() as cache:
         triton.knobs.cache.dir = cache
         try:
@@ -530,7 +548,8 @@ def _compile_index(index: int, ablations: bool = False) -> dict:
 def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
     to compile; one containing "ablate" adds the ablations, ``mxfp8_ablation_specializations`` and
-    ``backward_ablation_specializations``); exit 1 if any failed to compile (the error is in its line)."""
+    ``backward_ablation_specializations``, one containing "mxfp8" the MXFP8 backward's kernels,
+    ``mxfp8_backward_specializations``); exit 1 if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
@@ -541,11 +560,12 @@ def main(argv=None) -> int:
         jobs = int(args[i + 1])
         del args[i:i + 2]
     ablations = any("ablate" in a for a in args)
-    names = [s.name for s in _candidates(ablations)]
+    mxfp8_bwd = any("mxfp8" in a for a in args)
+    names = [s.name for s in _candidates(ablations, mxfp8_bwd)]
     indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
     failed = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for row in pool.map(functools.partial(_compile_index, ablations=ablations), indices):
+        for row in pool.map(functools.partial(_compile_index, ablations=ablations, mxfp8_bwd=mxfp8_bwd), indices):
             failed += "error" in row
             print(json.dumps(row), flush=True)
     return 1 if failed else 0
