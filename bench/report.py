@@ -311,7 +311,8 @@ def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = Non
                 share, gbps = q["gbps"] / HBM_SPEC_GBPS, f"{q['gbps']:.0f}" if q["gbps"] >= 10 else _fmt(q["gbps"])
                 out.append(f"{_verdict(share >= QUANTIZE_TARGET)} {name} quantize {peer}: {gbps} GB/s = "
                            f"{share:.0%} of the {HBM_SPEC_GBPS:.0f} GB/s HBM (target {QUANTIZE_TARGET:.0%}); "
-                           f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy")
+                           f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy"
+                           + (f"; eager calls {q['eager_gbps']:.0f} GB/s" if q.get("eager_gbps") else ""))
     if mx:
         fp8_seen = {r["peer"] for r in mx if r["peer"].startswith(FP8_PEER_PREFIXES)}
         missing = {n: why for n, why in (unavailable or {}).items() if n.startswith(FP8_PEER_PREFIXES)}
