@@ -556,7 +556,7 @@ def quant_direct(on: bool):
         KNOBS.mxfp8_quant_direct, mxfp8_ops.QUANTIZE_DIRECT = before
 
 
-# jagged edge cases: empty sequences (first, middle, last), length 1, tails of 1 / 31 / 33 / 38 rows past a multiple of 32
+# jagged edge cases: empty sequences (first, middle, last), length 1, tails of 1 / 5 / 6 / 31 rows past a multiple of 32
 DIRECT_LENGTHS = [[0, 1, 33, 0, 70, 31, 0], [64, 1], [5]]
 
 
