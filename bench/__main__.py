@@ -166,7 +166,7 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
         if mode != "fwd" and preps[0].no_backward:
             records.append(dict(base, mode=mode, skip=preps[0].no_backward))
             continue
-        call = None
+        call = timed = None
         try:
             call = timing.mode_callable(mode, preps)
             call()  # compile / autotune outside the memory measurement
@@ -192,7 +192,7 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
                     rec["tolerance"] = preps[0].tolerance
         except Exception as e:  # noqa: BLE001 - one failing mode does not stop the others
             rec = dict(base, mode=mode, skip=f"{mode} failed: {one_line(e)}")
-        call = None  # drops the retained graphs before the next mode
+        call = timed = None  # drops the retained graphs (autograd's, a CUDA graph's pool) before the next mode
         free_memory(device)
         records.append(rec)
     del preps
