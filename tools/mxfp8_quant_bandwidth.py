@@ -10,6 +10,7 @@ flushed), GB/s = the bench's bytes (``bench.peers._quantize_bytes``):
 - ``fwd x3``: the three calls the bf16-in forward makes (the backend's quantize function), off / on;
 - ``fwd x3 graph``: the same replayed from a CUDA graph (the kernels' time: what the fixed bench row reports);
 - ``q / k / v graph``: each kernel alone from a graph ((1, 32), (1, 32), (32, 1)), GB/s of its tensor's bytes;
+  then v with 2 warps per 128 columns and with every head in one program (the (32, 1) geometry A/B);
 - ``host us``: Python per three calls, enqueued behind a sleeping GPU (nothing waits: the host's time alone).
 Every row's data and scale bits are compared with the first's (``same``).
 """
@@ -25,6 +26,7 @@ import meta_kernels.mxfp8 as mx
 from bench import suites
 from bench.peers import _quantize_bytes
 from jfa_ops.backends import select_backend
+from jfa_ops.backends.triton import mxfp8_quantize as mq
 from jfa_ops.backends.triton.configs import KNOBS
 from jfa_ops.ops import mxfp8 as mxfp8_ops
 
@@ -132,6 +134,20 @@ def main() -> None:
                     if g is not None:
                         row(f"{n} {'(32, 1)' if n == 'v' else '(1, 32)'} graph", g, False, tensor_bytes[n],
                             check=False)
+                # (32, 1)'s geometry A/B (module constants read at launch, as tools/mxfp8_quant_probe.py sets them;
+                # bit-exact by construction: tests/backends/test_triton_mxfp8.py's head-group test): 2 warps per 128
+                # columns (v12's "cols2": 59% vs 48% of the copy on 16 heads), every head in one program (no head
+                # split: the 16-head grid reads 1 KB of each 4 KB row per split, bcast's 4 heads read whole rows)
+                v_want = [t.view(torch.uint8).clone() for t in calls["v"]()]
+                default = (dict(mq.QUANT_WARPS), mq.QUANT_GROUPS)
+                for label, warps, groups in (("v graph, 2 warps", {**default[0], "cols": 2}, default[1]),
+                                             ("v graph, no head split", default[0], 1 << 20)):
+                    mq.QUANT_WARPS, mq.QUANT_GROUPS = warps, groups
+                    same = all(map(torch.equal, [t.view(torch.uint8) for t in calls["v"]()], v_want))
+                    g = graph_of(calls["v"])
+                    if g is not None:
+                        row(label + ("" if same else " (BITS DIFFER)"), g, False, tensor_bytes["v"], check=False)
+                    mq.QUANT_WARPS, mq.QUANT_GROUPS = default
             else:
                 print(f"{name}: the three calls could not be captured in a CUDA graph", flush=True)
             for label, fn, on in (("host us: op x3", op3, False), ("host us: op x3, quant_direct", op3, True),

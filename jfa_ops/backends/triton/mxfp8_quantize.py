@@ -28,7 +28,7 @@ import triton.language as tl
 import meta_kernels.mxfp8 as mx
 from .common import row_strides
 from .attn_fwd import broadcast_offsets
-from .configs import KNOBS, Knobs, interpreting
+from .configs import KNOBS, interpreting
 from .launch import launch, launch_planned
 from .scheduling import fanout_search_steps, fanout_sequence
 
@@ -410,7 +410,7 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
     # them), the argument list bound once (launch_planned): the call's Python is the allocations and one launch
     key = (x.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
-           Knobs.generation, QUANT_STAGES, QUANT_GROUPS, tuple(QUANT_WARPS.values()), interpreting())
+           KNOBS.mxfp8_quant_pipelined, QUANT_STAGES, QUANT_GROUPS, tuple(QUANT_WARPS.values()), interpreting())
     geometry = _GEOMETRY.get(key)
     if geometry is None:
         if len(_GEOMETRY) >= _GEOMETRY_MAX:
