@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 import meta_kernels.mxfp8 as mx
+from ..base import tracing
 from .common import row_strides
 from .attn_fwd import broadcast_offsets
 from .configs import KNOBS, interpreting
@@ -400,7 +401,7 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs."""
     dynamic = dict(X=x.view(torch.int16) if x.dtype == torch.bfloat16 else x, DATA=data_bits, SCALE=scale_bits,
                    OFFSETS=offs, F=data_bits if factors is None else factors, rows=x.shape[0], num_seqs=num_seqs)
-    if not KNOBS.mxfp8_quant_direct:
+    if not KNOBS.mxfp8_quant_direct or tracing():  # a traced call's sizes may be symbolic: no memo key
         splits, static, options = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
                                                    block_r, stride_vtrow)
         launch(mxfp8_quantize_kernel, (programs, splits), {**dynamic, **static}, **options)
