@@ -1,6 +1,6 @@
 """MXFP8 quantize bandwidth on the bench's batches: what the GPU does vs what the host does (bench/NOTES.md "MXFP8
 quantize bandwidth, helper mxquantbw, stop 27"). `PYTHONPATH=$PWD python tools/mxfp8_quant_bandwidth.py` prints one
-table; `--smoke` runs tiny cases on the CPU (interpreter; no graph or host rows).
+line per row; `--smoke` runs tiny cases on the CPU (interpreter; no graph or host rows).
 
 Per case (the bench's mxfp8 suite, D128 bf16: bcast Lq128 H4 B512, B8 S4096, jagged T32768 n27; the window and
 causal cases quantize the same tensors as jagged / B8), each timed with ``triton.testing.do_bench`` (median, L2
@@ -80,7 +80,6 @@ def main() -> None:
     names = SMOKE_CASES if args.smoke else CASES
     cases = {c.label: c for c in suites.build_cases(["mxfp8"], [64 if args.smoke else 128],
                                                      "smoke" if args.smoke else "full")}
-    rows = []
     if device.type == "cuda":
         src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
@@ -113,8 +112,9 @@ def main() -> None:
             quant_direct(on)
             same = all(map(torch.equal, bits(fn()), want)) if check else None
             ms = median_ms(fn, device)
-            rows.append((name, label, ms * 1e3, nbytes / ms / 1e6, same))
-            print(f"{name:22} {label:28} {ms * 1e3:9.1f} us {nbytes / ms / 1e6:7.0f} GB/s  same={same}", flush=True)
+            gbps = nbytes / ms / 1e6
+            print(f"{name:22} {label:28} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s {gbps / HBM_SPEC_GBPS:5.0%} of 4.8 TB/s"
+                  f"{'' if same is None else f'  same={same}'}", flush=True)
 
         row("op x3", op3, False)
         row("op x3, quant_direct", op3, True)
@@ -159,9 +159,6 @@ def main() -> None:
         del inp
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(f"\n{'case':22} {'row':28} {'us':>9} {'GB/s':>7} {'of 4.8 TB/s':>11} same")
-    for name, label, us, gbps, same in rows:
-        print(f"{name:22} {label:28} {us:9.1f} {gbps:7.0f} {gbps / HBM_SPEC_GBPS:11.0%} {same}")
 
 
 if __name__ == "__main__":
