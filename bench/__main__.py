@@ -10,6 +10,7 @@ See bench/README.md for the device recipe (FA4 carried in two calls).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import os
@@ -165,15 +166,23 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
         if mode != "fwd" and preps[0].no_backward:
             records.append(dict(base, mode=mode, skip=preps[0].no_backward))
             continue
-        call = None
+        call = timed = None
         try:
             call = timing.mode_callable(mode, preps)
             call()  # compile / autotune outside the memory measurement
             rec["peak_mib"] = timing.peak_memory_mib(call, device)
-            ms = timing.median_ms(call, device, args.warmup_ms, args.rep_ms)
+            timed = call
+            if preps[0].graph and mode == "fwd" and device.type == "cuda":  # the GPU's time, not the host's
+                timed = timing.graph_replay(call) or call
+                rec["timer"] = "cuda graph replay" if timed is not call else "eager (graph capture failed)"
+            ms = timing.median_ms(timed, device, args.warmup_ms, args.rep_ms)
             rec["ms"] = ms
             if preps[0].bytes_moved:  # a memory-bound kernel (MXFP8 quantize): GB/s, no TFLOP/s
                 rec["gbps"] = preps[0].bytes_moved / (ms * 1e-3) / 1e9
+                if preps[0].eager_fn is not None and mode == "fwd":
+                    eager = timing.mode_callable("fwd", [dataclasses.replace(preps[0], fn=preps[0].eager_fn)])
+                    rec["eager_ms"] = timing.median_ms(eager, device, args.warmup_ms, args.rep_ms)
+                    rec["eager_gbps"] = preps[0].bytes_moved / (rec["eager_ms"] * 1e-3) / 1e9
             else:
                 rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12
             if mode == "fwd" and oracle is not None and preps[0].exact:
@@ -183,7 +192,7 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
                     rec["tolerance"] = preps[0].tolerance
         except Exception as e:  # noqa: BLE001 - one failing mode does not stop the others
             rec = dict(base, mode=mode, skip=f"{mode} failed: {one_line(e)}")
-        call = None  # drops the retained graphs before the next mode
+        call = timed = None  # drops the retained graphs (autograd's, a CUDA graph's pool) before the next mode
         free_memory(device)
         records.append(rec)
     del preps

@@ -41,6 +41,10 @@ class Prepared:
     no_backward: str = ""  # why the backward cannot run here ("" when it can)
     tolerance: Optional[float] = None  # output check tolerance when not the default (MXFP8: a lossy format)
     bytes_moved: int = 0  # > 0: a memory-bound kernel (quantize): the record gets GB/s instead of TFLOP/s
+    # fn timed as a CUDA graph replay (the GPU's time, not the host's: the quantize rows, whose ~0.2 ms of kernels
+    # on the 67M-element batches are less than the eager calls' Python); eager_fn also timed eagerly (eager_ms)
+    graph: bool = False
+    eager_fn: Optional[Callable[[], object]] = None
     # (attend, q): fn() is attend(q) up to the output's layout, and attend(x) takes a q-shaped x and returns its
     # output in q's layout, so calls chain as a model's layers do (the overhead suite's per-layer compiled columns)
     layer: Optional[Tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = None
@@ -228,7 +232,11 @@ class JfaMxfp8:
         return None
 
     def _quantize_fn(self, jfa_ops, inp: Inputs):
-        """(the quantize work of the bf16-in forward, a note)."""
+        """(the quantize work of the bf16-in forward, as the forward calls it; the same eagerly as a user calls it;
+        a note). Timed as a CUDA graph replay: the eager calls' host time exceeds the kernels' on the 67M-element
+        batches (three ``jfa_ops.mxfp8_quantize`` calls ~0.45-0.65 ms on the H200's host against ~0.2 ms of GPU
+        work: bench/NOTES.md "MXFP8 quantize bandwidth, helper mxquantbw, stop 27")."""
+        graphed = "replayed from a CUDA graph (the kernels' time; eager_gbps: "
         if self.backend.split("@")[0] == "tlx":
             from jfa_ops.backends.tlx import configs as tlx_configs
             if not tlx_configs.MXFP8_FUSED_QUANTIZE:
@@ -236,10 +244,22 @@ class JfaMxfp8:
                            "(the triton row)")
             from jfa_ops.backends.tlx.mxfp8_attn_fwd import quantize_operands
 
-            return (lambda: quantize_operands(inp.q, inp.k, inp.v, inp.kv_offsets, "rceil"),
-                    "GB/s of the fused quantize writing the TLX forward's re-based operands")
+            fused = lambda: quantize_operands(inp.q, inp.k, inp.v, inp.kv_offsets, "rceil")  # noqa: E731
+            return (fused, fused, "GB/s of the fused quantize writing the TLX forward's re-based operands, "
+                    + graphed + "the same eagerly)")
+        from jfa_ops.backends import select_backend
+        from jfa_ops.ops import mxfp8 as mxfp8_ops
+        import meta_kernels.mxfp8 as mx
 
-        return lambda: self._mx_pairs(jfa_ops, inp), "GB/s of the forward's three quantize calls"
+        # the function the bf16-in forward calls (ops.mxfp8._quantizer: the backend's, no op dispatch, no checks)
+        quantize = mxfp8_ops._quantizer(select_backend(self.backend, mxfp8_ops._x_problem(inp.q),
+                                                       family=mxfp8_ops.QUANTIZE))
+
+        def forward_calls():
+            return (quantize(inp.q, None, mx.Q_BLOCK, "rceil"), quantize(inp.k, None, mx.K_BLOCK, "rceil"),
+                    quantize(inp.v, inp.kv_offsets, mx.V_BLOCK, "rceil"))
+        return (forward_calls, lambda: self._mx_pairs(jfa_ops, inp), "GB/s of the forward's three quantize calls, "
+                + graphed + "three jfa_ops.mxfp8_quantize calls eagerly)")
 
     def _mx_pairs(self, jfa_ops, inp: Inputs):
         """The (data, scale) pairs of q, k ((1, 32) blocks) and v ((32, 1) blocks along each sequence): the three
@@ -263,11 +283,12 @@ class JfaMxfp8:
             return Prepared(self._with_variant(fn), [q, k, v], lambda o: o, tolerance=MXFP8_TOLERANCE,
                             no_backward=no_backward)
         if self.kind == "mxfp8-quantize":
-            quantize, note = self._quantize_fn(jfa_ops, inp)
+            quantize, eager, note = self._quantize_fn(jfa_ops, inp)
             outputs = [t for t in _flatten(quantize()) if isinstance(t, torch.Tensor)]  # sized once, untimed
             return Prepared(lambda: _flatten(quantize())[0], [], lambda o: o, exact=False,
                             bytes_moved=_quantize_bytes((inp.q, inp.k, inp.v), outputs),
-                            no_backward="a quantize kernel", note=note)
+                            no_backward="a quantize kernel", note=note, graph=True,
+                            eager_fn=lambda: _flatten(eager())[0])
         pairs = self._mx_pairs(jfa_ops, inp)
 
         def fn():

@@ -35,6 +35,10 @@ def _fmt(x: Optional[float]) -> str:
     return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
+def _gbps(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else _fmt(value)
+
+
 def _cell(r: Optional[dict]) -> str:
     if r is None or r.get("skip"):
         return "—"
@@ -308,10 +312,11 @@ def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = Non
         for peer in [p for p in measured if p.startswith("jfa:mxfp8-quantize")]:
             q = idx.get((name, peer, "fwd")) or {}
             if q.get("gbps"):
-                share, gbps = q["gbps"] / HBM_SPEC_GBPS, f"{q['gbps']:.0f}" if q["gbps"] >= 10 else _fmt(q["gbps"])
+                share, gbps = q["gbps"] / HBM_SPEC_GBPS, _gbps(q["gbps"])
                 out.append(f"{_verdict(share >= QUANTIZE_TARGET)} {name} quantize {peer}: {gbps} GB/s = "
                            f"{share:.0%} of the {HBM_SPEC_GBPS:.0f} GB/s HBM (target {QUANTIZE_TARGET:.0%}); "
-                           f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy")
+                           f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy"
+                           + (f"; eager calls {_gbps(q['eager_gbps'])} GB/s" if q.get("eager_gbps") else ""))
     if mx:
         fp8_seen = {r["peer"] for r in mx if r["peer"].startswith(FP8_PEER_PREFIXES)}
         missing = {n: why for n, why in (unavailable or {}).items() if n.startswith(FP8_PEER_PREFIXES)}

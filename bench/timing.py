@@ -318,6 +318,26 @@ def compiled_per_layer(prep: Prepared, device, backend: str, layers: int = LAYER
     return out
 
 
+def graph_replay(call: Callable[[], object]) -> Optional[Callable[[], None]]:
+    """``call`` captured in a CUDA graph (warmed up on a side stream first, as torch.cuda.graphs asks): its replay,
+    to time what the GPU does without the host's per-call work. None where capture fails."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph.replay
+    except Exception:  # noqa: BLE001 - not capturable: the caller times the eager call
+        torch.cuda.synchronize()
+        return None
+
+
 def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:
     """Wall time per replay of ``call`` captured in a CUDA graph (what `torch.compile(mode="reduce-overhead")` gives a
     host-bound caller: the eager host work is gone). None where capture fails (a peer that syncs, or allocates

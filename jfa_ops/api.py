@@ -11,6 +11,7 @@ import meta_kernels
 import meta_kernels.mxfp8
 from jfa_ops.ops.attention import (attention_direct, check_no_forward_ad, eager_direct, fast_call, fast_key,
                                    needs_grad)
+from jfa_ops.ops import mxfp8 as mxfp8_ops
 
 __all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
            "mxfp8_dequantize", "mxfp8_attention"]
@@ -384,6 +385,8 @@ def mxfp8_quantize(x: Tensor, offsets: Optional[Tensor] = None, *, block: Sequen
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
     block = meta_kernels.mxfp8.check_block(block)
+    if mxfp8_ops.QUANTIZE_DIRECT and eager_direct(x, offsets):  # eager, plain tensors: the body, no dispatcher
+        return mxfp8_ops.quantize_body(x, offsets, list(block), rounding, backend)
     return torch.ops.jfa.mxfp8_quantize(x, offsets, list(block), rounding, backend)
 
 

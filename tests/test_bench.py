@@ -288,7 +288,7 @@ def test_mxfp8_lines_verdicts_against_the_fastest_bf16_and_fa4():
          "tolerance": 0.1},
         {"case": bcast, "peer": "jfa:mxfp8:tlx", "mode": "fwd", "tflops": 200.0},
         {"case": bcast, "peer": "jfa:mxfp8-prequant:tlx", "mode": "fwd", "tflops": 250.0},
-        {"case": bcast, "peer": "jfa:mxfp8-quantize:triton", "mode": "fwd", "gbps": 4000.0},
+        {"case": bcast, "peer": "jfa:mxfp8-quantize:triton", "mode": "fwd", "gbps": 4000.0, "eager_gbps": 1200.0},
         {"case": bcast, "peer": "jfa:mxfp8-quantize:tlx", "mode": "fwd", "gbps": 3500.0},
         {"case": dense, "peer": "jfa:triton", "mode": "fwd", "tflops": 400.0},
         {"case": dense, "peer": "jfa:mxfp8:triton", "mode": "fwd", "tflops": 440.0, "rel_err": 0.2,
@@ -307,6 +307,7 @@ def test_mxfp8_lines_verdicts_against_the_fastest_bf16_and_fa4():
     assert lines[3] == ("PASS mxfp8 D128 bcast quantize jfa:mxfp8-quantize:tlx: 3500 GB/s = 73% of the 4800 GB/s "
                         "HBM (target 80%); 82% of the measured 4270 GB/s copy").replace("PASS", "FAIL")
     assert lines[4].startswith("PASS mxfp8 D128 bcast quantize jfa:mxfp8-quantize:triton: 4000 GB/s = 83%")
+    assert lines[4].endswith("copy; eager calls 1200 GB/s") and "eager" not in lines[3]
     # a missed target fails even where FA4 was not measured; the FP8 peer's row has no verdict
     assert lines[5] == ("FAIL compute-bound mxfp8 D128 B8 S4096 fwd jfa:mxfp8:triton: 440.0 TFLOP/s, 1.10x our bf16 "
                         "(jfa:triton 400.0; target 1.2x), FA4 bf16 not measured")
@@ -372,6 +373,68 @@ def test_mxfp8_quantize_row_counts_the_bytes_read_and_written():
         (inp.q, None, (1, 32)), (inp.k, None, (1, 32)), (inp.v, inp.kv_offsets, (32, 1))))  # one byte each
     assert prep.bytes_moved == 3 * elems + scales and prep.no_backward and not prep.exact
     assert prep.fn().dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_mxfp8_quantize_row_times_the_forwards_calls_from_a_graph(backend, monkeypatch):
+    """The quantize row times what the bf16-in forward runs (the backend's quantize function: no op dispatch, no
+    checks), replayed from a CUDA graph (``graph``: the GPU's time; the eager calls' Python exceeded the kernels'
+    ~0.2 ms on the H200, bench/NOTES.md "MXFP8 quantize bandwidth, helper mxquantbw, stop 27"), and the three public
+    op calls eagerly beside it (``eager_fn``): same bits either way."""
+    from bench.peers import JfaMxfp8
+
+    case = suites.build_cases(["mxfp8"], [64], "smoke")[0]
+    inp = suites.make_inputs(case, "cpu")
+    prep = JfaMxfp8(backend, "mxfp8-quantize").prepare(case, inp)
+    assert prep.graph and prep.eager_fn is not None and "CUDA graph" in prep.note
+    op_calls = []
+    real = torch.ops.jfa.mxfp8_quantize
+
+    class Counting:  # the op packet, its calls counted (torch's machinery looks up its overloads: forwarded)
+        def __call__(self, *args, **kwargs):
+            op_calls.append(1)
+            return real(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(torch.ops.jfa, "mxfp8_quantize", Counting())
+    timed = prep.fn()
+    assert op_calls == []
+    eager = prep.eager_fn()
+    assert len(op_calls) == 3 and torch.equal(timed.view(torch.uint8), eager.view(torch.uint8))
+
+
+def test_quantize_rows_replay_a_graph_on_cuda_only(monkeypatch):
+    """measure_peer: a ``graph`` row is timed through ``timing.graph_replay`` on CUDA (its record says so; the timer
+    and the device stubbed here) and eagerly on the CPU; ``eager_fn`` adds eager_ms / eager_gbps."""
+    import argparse
+    import types
+
+    import bench.__main__ as bench_main
+    from bench import timing
+    from bench.__main__ import measure_peer
+    from bench.peers import JfaMxfp8
+
+    case = suites.build_cases(["mxfp8"], [64], "smoke")[0]
+    inp = suites.make_inputs(case, "cpu")
+    args = argparse.Namespace(warmup_ms=1.0, rep_ms=5.0)
+    peer = JfaMxfp8("reference", "mxfp8-quantize")
+    recs = measure_peer(peer, case, [inp], torch.device("cpu"), ["fwd"], args, None)
+    assert recs[0]["gbps"] > 0 and recs[0]["eager_gbps"] > 0 and "timer" not in recs[0]
+    replays, timed = [], []
+
+    def replay(call):
+        replays.append(call)
+        return lambda: timed.append("graph") or "graph"
+
+    monkeypatch.setattr(timing, "graph_replay", replay)
+    monkeypatch.setattr(timing, "peak_memory_mib", lambda call, device: None)
+    monkeypatch.setattr(timing, "median_ms", lambda fn, device, warmup, rep: 2.0 if isinstance(fn(), str) else 4.0)
+    monkeypatch.setattr(bench_main, "free_memory", lambda device: None)
+    recs = measure_peer(peer, case, [inp], types.SimpleNamespace(type="cuda"), ["fwd"], args, None)
+    assert len(replays) == 1 and timed == ["graph"] and recs[0]["timer"] == "cuda graph replay"
+    assert recs[0]["ms"] == 2.0 and recs[0]["eager_ms"] == 4.0 and recs[0]["eager_gbps"] == recs[0]["gbps"] / 2
 
 
 class _FakeFa4Fp8:

@@ -8,6 +8,7 @@ Same order and rules as ``ops/attention.py``: op, fake, autograd, registration a
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -49,6 +50,19 @@ def _check_offsets(x: Tensor, offsets: Optional[Tensor]) -> None:
 def mxfp8_quantize(x: Tensor, offsets: Optional[Tensor] = None, block: List[int] = (1, 32), rounding: str = "rceil",
                    backend: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """(data float8_e4m3fn, scale float8_e8m0fnu) of ``x [T, H, D]``; see ``jfa_ops.mxfp8_quantize``."""
+    return quantize_body(x, offsets, block, rounding, backend)
+
+
+# JFA_MXFP8_QUANT_DIRECT=1 (read once, at import; off until measured): ``jfa_ops.mxfp8_quantize``'s eager calls of
+# plain tensors (``attention.eager_direct``) run ``quantize_body`` without torch's custom-op dispatch (~40 us of a
+# call's ~80 us of Python on a CPU count; the op has no autograd formula, so nothing else is skipped). Why: bench/
+# NOTES.md "MXFP8 quantize bandwidth, helper mxquantbw, stop 27" (the bench's quantize row is host-bound).
+QUANTIZE_DIRECT = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "0") == "1"
+
+
+def quantize_body(x: Tensor, offsets: Optional[Tensor], block, rounding: str,
+                  backend: Optional[str]) -> Tuple[Tensor, Tensor]:
+    """``jfa::mxfp8_quantize``'s body: the checks, the backend's choice and its quantize."""
     block = mx.check_quantize_args(x, offsets, block, rounding)
     impl = select_backend(backend, _x_problem(x), family=QUANTIZE)
     _check_offsets(x, offsets)

@@ -542,3 +542,131 @@ def test_quantize_subnormals_under_a_small_normal_maximum(rounding):
     x[0, 0, 1:9] = torch.tensor([2.0 ** -127, -(2.0 ** -127), 3 * 2.0 ** -128, 2.0 ** -126 - 2.0 ** -149, 2.0 ** -149,
                                  2.0 ** -128, 5 * 2.0 ** -130, -(2.0 ** -128)])
     assert_bit_exact(x.to(DEVICE), torch.tensor([0, 1]).to(DEVICE), (1, 32), rounding, "triton")
+
+
+@contextlib.contextmanager
+def quant_direct(on: bool):
+    """``configs.KNOBS.mxfp8_quant_direct`` and ``ops.mxfp8.QUANTIZE_DIRECT`` (one env var sets both) for the block."""
+    from jfa_ops.backends.triton.configs import KNOBS
+    from jfa_ops.ops import mxfp8 as mxfp8_ops
+
+    before = KNOBS.mxfp8_quant_direct, mxfp8_ops.QUANTIZE_DIRECT
+    KNOBS.mxfp8_quant_direct = mxfp8_ops.QUANTIZE_DIRECT = on
+    try:
+        yield
+    finally:
+        KNOBS.mxfp8_quant_direct, mxfp8_ops.QUANTIZE_DIRECT = before
+
+
+# jagged edge cases: empty sequences (first, middle, last), length 1, tails of 1 / 5 / 6 / 31 rows past a multiple of 32
+DIRECT_LENGTHS = [[0, 1, 33, 0, 70, 31, 0], [64, 1], [5]]
+
+
+@PIPELINED
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_direct_path_bit_exact(rounding, dtype, pipelined):
+    """``KNOBS.mxfp8_quant_direct`` (the launch planned once per signature, the op without the dispatcher): data and
+    scale bits equal the default path's and the spec's, for every block shape, on jagged batches with empty
+    sequences, length 1 and tails not a multiple of 32; the second and third calls of a signature take the plan
+    (another batch of the same shape signature in between), through the op and through the backend function the
+    MXFP8 forward calls."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+
+    g = torch.Generator().manual_seed(7)
+    with quant_pipelined(pipelined):
+        for lengths in DIRECT_LENGTHS:
+            offsets = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
+            x = (torch.randn(sum(lengths), 3, 64, generator=g) * torch.pow(
+                2.0, torch.empty(sum(lengths), 3, 64).uniform_(-30, 30, generator=g))).to(dtype).to(DEVICE)
+            for block in BLOCKS:
+                offs = offsets if block[0] > 1 else None
+                with quant_direct(False):
+                    want = [t.view(torch.uint8).clone() for t in jfa_ops.mxfp8_quantize(
+                        x, offs, block=block, rounding=rounding, backend="triton")]
+                with quant_direct(True):
+                    for _ in range(2):
+                        assert_bit_exact(x, offs, block, rounding, "triton")
+                        got = jfa_ops.mxfp8_quantize(x, offs, block=block, rounding=rounding, backend="triton")
+                        assert [torch.equal(t.view(torch.uint8), w) for t, w in zip(got, want)] == [True, True]
+                        got = mq.quantize(x, None if offs is None else offs.to(torch.int32), block, rounding)
+                        assert [torch.equal(t.view(torch.uint8), w) for t, w in zip(got, want)] == [True, True]
+
+
+def _quantize_launches(monkeypatch, direct: bool, calls):
+    """(grid, arguments by name, options) of every quantize kernel launch ``calls()`` makes with the direct knob
+    ``direct`` (``launch`` and ``launch_planned`` spied on, then run as usual)."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+
+    seen = []
+    real_launch, real_planned = mq.launch, mq.launch_planned
+
+    def spy_launch(kernel, grid, args, **options):
+        seen.append((grid, dict(args), options))
+        return real_launch(kernel, grid, args, **options)
+
+    def spy_planned(kernel, plan_key, grid, dynamic, static, **options):
+        seen.append((grid, {**static(), **dynamic}, options))
+        return real_planned(kernel, plan_key, grid, dynamic, static, **options)
+
+    monkeypatch.setattr(mq, "launch", spy_launch)
+    monkeypatch.setattr(mq, "launch_planned", spy_planned)
+    with quant_direct(direct):
+        calls()
+    monkeypatch.undo()
+    return seen
+
+
+def _argument_facts(args: dict) -> dict:
+    """A launch's arguments with each tensor as (shape, stride, dtype) (outputs are new per call) plus its address
+    for the inputs (X, OFFSETS: the caller's tensors)."""
+    return {n: (tuple(v.shape), v.stride(), v.dtype, v.data_ptr() if n in ("X", "OFFSETS") else None)
+            if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+
+
+def test_quantize_direct_path_launches_the_default_arguments(monkeypatch):
+    """The planned launch passes the kernel exactly the default path's grid, arguments and options, per block shape
+    and for two batches of one signature (the plan's rows and sequence count refilled, not kept)."""
+    xs = [torch.randn(rows, 5, 96).to(torch.bfloat16).to(DEVICE) for rows in (70, 200)]
+    offs = [torch.tensor(o, dtype=torch.int32).to(DEVICE) for o in ([0, 1, 1, 70], [0, 64, 100, 200])]
+
+    def calls():
+        for x, o in zip(xs, offs):
+            for block in BLOCKS:
+                jfa_ops.mxfp8_quantize(x, o if block[0] > 1 else None, block=block, backend="triton")
+
+    default = _quantize_launches(monkeypatch, False, calls)
+    planned = _quantize_launches(monkeypatch, True, calls)
+    assert len(default) == len(planned) == 6
+    for (grid_a, args_a, opt_a), (grid_b, args_b, opt_b) in zip(default, planned):
+        assert grid_a == grid_b and opt_a == opt_b
+        assert _argument_facts(args_a) == _argument_facts(args_b)
+
+
+def test_quantize_direct_path_skips_only_the_dispatcher(monkeypatch):
+    """With the knob, an eager call of plain tensors does not go through ``torch.ops.jfa.mxfp8_quantize``; under a
+    TorchDispatchMode (what torch.compile, FakeTensor and FlopCounterMode use) the op still runs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    op_calls = []
+    real = torch.ops.jfa.mxfp8_quantize
+
+    class Counting:  # the op packet, its calls counted (torch's machinery looks up its overloads: forwarded)
+        def __call__(self, *args, **kwargs):
+            op_calls.append(1)
+            return real(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(torch.ops.jfa, "mxfp8_quantize", Counting())
+    x = torch.randn(40, 2, 32).to(DEVICE)
+    with quant_direct(True):
+        jfa_ops.mxfp8_quantize(x, backend="triton")
+        assert op_calls == []
+        with FlopCounterMode(display=False):
+            jfa_ops.mxfp8_quantize(x, backend="triton")
+        assert op_calls == [1]
+    with quant_direct(False):
+        jfa_ops.mxfp8_quantize(x, backend="triton")
+        assert op_calls == [1, 1]

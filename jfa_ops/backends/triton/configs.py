@@ -125,6 +125,13 @@ class Knobs:
     # JFA_MXFP8_QUANT_PIPELINED=0 launches the same kernel with v3's geometry (one head per iteration, every head in
     # one program, 4 warps, no pipelining).
     mxfp8_quant_pipelined: bool = os.environ.get("JFA_MXFP8_QUANT_PIPELINED", "1") != "0"
+    # MXFP8 quantize, host side (bench/NOTES.md "MXFP8 quantize bandwidth, helper mxquantbw, stop 27"): a call's
+    # launch geometry, constexprs and bound argument list made once per signature (``launch.launch_planned``), and
+    # ``jfa_ops.mxfp8_quantize``'s eager calls of plain tensors without torch's custom-op dispatch
+    # (``ops.mxfp8.QUANTIZE_DIRECT``, the same env var). Why: the bench's quantize row on the 67M-element batches is
+    # host-bound (three op calls at ~150-200 us of Python each against ~215 us of GPU work). Same kernel, same
+    # arguments: bit-exact. Off until measured; JFA_MXFP8_QUANT_DIRECT=1 turns it on at import.
+    mxfp8_quant_direct: bool = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "0") == "1"
 
 
 def _count_knob_changes(self, name, value):

@@ -26,10 +26,11 @@ import triton
 import triton.language as tl
 
 import meta_kernels.mxfp8 as mx
+from ..base import tracing
 from .common import row_strides
 from .attn_fwd import broadcast_offsets
 from .configs import KNOBS, interpreting
-from .launch import launch
+from .launch import launch, launch_planned
 from .scheduling import fanout_search_steps, fanout_sequence
 
 QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
@@ -347,7 +348,7 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
     scale = torch.empty(mx.scale_shape(rows, heads, dim, offsets, block), dtype=torch.float8_e8m0fnu,
                         device=x.device)
     if block_rows == 1:
-        programs = triton.cdiv(rows, QUANT_BLOCK_R)
+        programs = -(-rows // QUANT_BLOCK_R)  # cdiv (triton.cdiv is a constexpr function: ~2 us from Python)
         offs, num_seqs = x, 1  # unused pointer
     else:
         programs = scale.shape[0]
@@ -398,22 +399,49 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
 def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
                      block_r=QUANT_BLOCK_R, stride_vtrow=0):
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs."""
+    dynamic = dict(X=x.view(torch.int16) if x.dtype == torch.bfloat16 else x, DATA=data_bits, SCALE=scale_bits,
+                   OFFSETS=offs, F=data_bits if factors is None else factors, rows=x.shape[0], num_seqs=num_seqs)
+    if not KNOBS.mxfp8_quant_direct or tracing():  # a traced call's sizes may be symbolic: no memo key
+        splits, static, options = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
+                                                   block_r, stride_vtrow)
+        launch(mxfp8_quantize_kernel, (programs, splits), {**dynamic, **static}, **options)
+        return
+    # configs.KNOBS.mxfp8_quant_direct: the geometry and constexprs once per signature (everything
+    # _launch_geometry reads is in the key, the module's tuning constants included: tools/mxfp8_quant_probe.py sets
+    # them), the argument list bound once (launch_planned): the call's Python is the allocations and one launch
+    key = (x.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
+           tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
+           KNOBS.mxfp8_quant_pipelined, QUANT_STAGES, QUANT_GROUPS, tuple(QUANT_WARPS.values()), interpreting())
+    geometry = _GEOMETRY.get(key)
+    if geometry is None:
+        if len(_GEOMETRY) >= _GEOMETRY_MAX:
+            _GEOMETRY.clear()
+        geometry = _GEOMETRY[key] = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
+                                                     block_r, stride_vtrow)
+    splits, static, options = geometry
+    launch_planned(mxfp8_quantize_kernel, key, (programs, splits), dynamic, lambda: static, **options)
+
+
+_GEOMETRY: dict = {}
+_GEOMETRY_MAX = 256  # a bound, not a tuning: the key holds no row counts
+
+
+def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase, block_r, stride_vtrow):
+    """(head splits (the grid's second axis), the kernel's arguments that are not per call: strides, heads,
+    constexprs, launch options) of a quantize launch; per call are the tensors, the rows and the sequence count."""
     rows, heads, dim = x.shape
     block_rows, block_cols = tuple(block)
-    bf16 = x.dtype == torch.bfloat16
     block_d = triton.next_power_of_2(dim)
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
         warps, stages, groups = quantize_warps(block, per_program * block_d, block_r), QUANT_STAGES, QUANT_GROUPS
     else:  # v3's geometry, the one run on the H200: one head per iteration, every head in one program
         per_program, warps, stages, groups = 1, 4 * block_r // QUANT_BLOCK_R, 1, V3_GROUPS
-    launch(mxfp8_quantize_kernel, (programs, triton.cdiv(triton.cdiv(heads, per_program), groups)), dict(
-        X=x.view(torch.int16) if bf16 else x, DATA=data_bits, SCALE=scale_bits, OFFSETS=offs,
-        F=data_bits if factors is None else factors, rows=rows, heads=heads, num_seqs=num_seqs,
-        **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
+    static = dict(
+        heads=heads, **row_strides("x", x), **row_strides("d", data_bits), **row_strides("s", scale_bits),
         stride_vtrow=stride_vtrow,
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
-        BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=bf16, HW_CVT=not interpreting(),
-        GROUPS=groups, STAGES=stages, REBASE=rebase.value),
-        num_warps=warps, num_stages=1)
+        BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=x.dtype == torch.bfloat16,
+        HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value)
+    return triton.cdiv(triton.cdiv(heads, per_program), groups), static, dict(num_warps=warps, num_stages=1)

@@ -1,0 +1,165 @@
+"""MXFP8 quantize bandwidth on the bench's batches: what the GPU does vs what the host does (bench/NOTES.md "MXFP8
+quantize bandwidth, helper mxquantbw, stop 27"). `PYTHONPATH=$PWD python tools/mxfp8_quant_bandwidth.py` prints one
+line per row; `--smoke` runs tiny cases on the CPU (interpreter; no graph or host rows).
+
+Per case (the bench's mxfp8 suite, D128 bf16: bcast Lq128 H4 B512, B8 S4096, jagged T32768 n27; the window and
+causal cases quantize the same tensors as jagged / B8), each timed with ``triton.testing.do_bench`` (median, L2
+flushed), GB/s = the bench's bytes (``bench.peers._quantize_bytes``):
+- ``op x3``: three ``jfa_ops.mxfp8_quantize`` calls eagerly (the bench row of 2026-12-03), ``KNOBS.mxfp8_quant_direct``
+  off / on;
+- ``fwd x3``: the three calls the bf16-in forward makes (the backend's quantize function), off / on;
+- ``fwd x3 graph``: the same replayed from a CUDA graph (the kernels' time: what the fixed bench row reports);
+- ``q / k / v graph``: each kernel alone from a graph ((1, 32), (1, 32), (32, 1)), GB/s of its tensor's bytes;
+  then v with 2 warps per 128 columns and with every head in one program (the (32, 1) geometry A/B);
+- ``host us``: Python per three calls, enqueued behind a sleeping GPU (nothing waits: the host's time alone).
+Every row's data and scale bits are compared with the first's (``same``).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import jfa_ops
+import meta_kernels.mxfp8 as mx
+from bench import suites
+from bench.peers import _quantize_bytes
+from jfa_ops.backends import select_backend
+from jfa_ops.backends.triton import mxfp8_quantize as mq
+from jfa_ops.backends.triton.configs import KNOBS
+from jfa_ops.ops import mxfp8 as mxfp8_ops
+
+HBM_SPEC_GBPS = 4800.0
+CASES = ("bcast Lq128 H4 B512", "B8 S4096", "jagged T32768 n27")
+SMOKE_CASES = ("bcast Lq16 H2 B3", "B2 S64")
+
+
+def quant_direct(on: bool) -> None:
+    """KNOBS.mxfp8_quant_direct and ops.mxfp8.QUANTIZE_DIRECT (env JFA_MXFP8_QUANT_DIRECT sets both at import)."""
+    KNOBS.mxfp8_quant_direct = mxfp8_ops.QUANTIZE_DIRECT = on
+
+
+def median_ms(fn, device) -> float:
+    if device.type != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def host_us(fn, calls: int = 30) -> float:
+    """Host time per ``fn()``: enqueued behind a ~0.2 s sleep kernel, so that no call waits for the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)  # cycles: ~0.2 s at the H200's clocks, longer than the calls' Python
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def graph_of(fn):
+    from bench.timing import graph_replay
+    return graph_replay(fn)
+
+
+def bits(pairs) -> list:
+    return [t.view(torch.uint8).clone() for pair in pairs for t in pair]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny cases on the CPU (interpreter)")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.smoke else "cuda")
+    names = SMOKE_CASES if args.smoke else CASES
+    cases = {c.label: c for c in suites.build_cases(["mxfp8"], [64 if args.smoke else 128],
+                                                     "smoke" if args.smoke else "full")}
+    if device.type == "cuda":
+        src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        copy_gbps = 2 * src.numel() / median_ms(lambda: dst.copy_(src), device) / 1e6
+        del src, dst
+        print(f"device copy {copy_gbps:.0f} GB/s; {torch.cuda.get_device_name()}", flush=True)
+    for name in names:
+        case = cases[name]
+        inp = suites.make_inputs(case, device)
+        quantize = mxfp8_ops._quantizer(select_backend("triton", mxfp8_ops._x_problem(inp.q),
+                                                       family=mxfp8_ops.QUANTIZE))
+        calls = {"q": lambda: quantize(inp.q, None, mx.Q_BLOCK, "rceil"),
+                 "k": lambda: quantize(inp.k, None, mx.K_BLOCK, "rceil"),
+                 "v": lambda: quantize(inp.v, inp.kv_offsets, mx.V_BLOCK, "rceil")}
+
+        def fwd3():
+            return calls["q"](), calls["k"](), calls["v"]()
+
+        def op3():
+            return (jfa_ops.mxfp8_quantize(inp.q, backend="triton"), jfa_ops.mxfp8_quantize(inp.k, backend="triton"),
+                    jfa_ops.mxfp8_quantize(inp.v, inp.kv_offsets, block=mx.V_BLOCK, backend="triton"))
+
+        quant_direct(False)
+        want = bits(fwd3())
+        moved = _quantize_bytes((inp.q, inp.k, inp.v), [t for pair in fwd3() for t in pair])
+        tensor_bytes = {n: _quantize_bytes((t,), list(calls[n]())) for n, t in (("q", inp.q), ("k", inp.k),
+                                                                                ("v", inp.v))}
+
+        def row(label, fn, on, nbytes=moved, check=True):
+            quant_direct(on)
+            same = all(map(torch.equal, bits(fn()), want)) if check else None
+            ms = median_ms(fn, device)
+            gbps = nbytes / ms / 1e6
+            print(f"{name:22} {label:28} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s {gbps / HBM_SPEC_GBPS:5.0%} of 4.8 TB/s"
+                  f"{'' if same is None else f'  same={same}'}", flush=True)
+
+        row("op x3", op3, False)
+        row("op x3, quant_direct", op3, True)
+        row("fwd x3", fwd3, False)
+        row("fwd x3, quant_direct", fwd3, True)
+        if device.type == "cuda":
+            quant_direct(False)
+            out = {}
+            replay = graph_of(lambda: out.update(r=fwd3()))
+            if replay is not None:
+                replay()
+                torch.cuda.synchronize()
+                quant_direct(False)
+                row("fwd x3 graph", lambda: (replay(), out["r"])[1], False)
+                for n in "qkv":
+                    g = graph_of(calls[n])
+                    if g is not None:
+                        row(f"{n} {'(32, 1)' if n == 'v' else '(1, 32)'} graph", g, False, tensor_bytes[n],
+                            check=False)
+                # (32, 1)'s geometry A/B (module constants read at launch, as tools/mxfp8_quant_probe.py sets them;
+                # bit-exact by construction: tests/backends/test_triton_mxfp8.py's head-group test): 2 warps per 128
+                # columns (v12's "cols2": 59% vs 48% of the copy on 16 heads), every head in one program (no head
+                # split: the 16-head grid reads 1 KB of each 4 KB row per split, bcast's 4 heads read whole rows)
+                v_want = [t.view(torch.uint8).clone() for t in calls["v"]()]
+                default = (dict(mq.QUANT_WARPS), mq.QUANT_GROUPS)
+                for label, warps, groups in (("v graph, 2 warps", {**default[0], "cols": 2}, default[1]),
+                                             ("v graph, no head split", default[0], 1 << 20)):
+                    mq.QUANT_WARPS, mq.QUANT_GROUPS = warps, groups
+                    same = all(map(torch.equal, [t.view(torch.uint8) for t in calls["v"]()], v_want))
+                    g = graph_of(calls["v"])
+                    if g is not None:
+                        row(label + ("" if same else " (BITS DIFFER)"), g, False, tensor_bytes["v"], check=False)
+                    mq.QUANT_WARPS, mq.QUANT_GROUPS = default
+            else:
+                print(f"{name}: the three calls could not be captured in a CUDA graph", flush=True)
+            for label, fn, on in (("host us: op x3", op3, False), ("host us: op x3, quant_direct", op3, True),
+                                  ("host us: fwd x3", fwd3, False), ("host us: fwd x3, quant_direct", fwd3, True)):
+                quant_direct(on)
+                us = host_us(fn)
+                print(f"{name:22} {label:28} {us:9.1f} us of host per three calls", flush=True)
+        quant_direct(False)
+        del inp
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
