@@ -342,25 +342,14 @@ def cuda_graph_us(call: Callable[[], object], calls: int) -> Optional[float]:
     """Wall time per replay of ``call`` captured in a CUDA graph (what `torch.compile(mode="reduce-overhead")` gives a
     host-bound caller: the eager host work is gone). None where capture fails (a peer that syncs, or allocates
     outside the graph pool)."""
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()  # warm-up on the side stream, as torch.cuda.graphs asks
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        graph.replay()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            graph.replay()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls * 1e6
-    except Exception:  # noqa: BLE001 - not capturable: reported as missing
-        torch.cuda.synchronize()
+    replay = graph_replay(call)
+    if replay is None:  # not capturable: reported as missing
         return None
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def profiled_device_us(call, device, calls: int) -> Tuple[Optional[float], Optional[float]]:

@@ -79,3 +79,21 @@ def comparable_launch_values(values, inputs) -> list:
                     getattr(x, "padding", None))
         return x
     return [norm(x) for x in values]
+
+
+def count_op_calls(monkeypatch, name: str) -> list:
+    """``torch.ops.jfa.<name>`` replaced by a wrapper that appends to the returned list on each call (torch's machinery
+    looks up the packet's overloads: forwarded to the real op)."""
+    calls = []
+    real = getattr(torch.ops.jfa, name)
+
+    class Counting:
+        def __call__(self, *args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+    monkeypatch.setattr(torch.ops.jfa, name, Counting())
+    return calls

@@ -11,6 +11,7 @@ import torch
 
 from bench import flops, suites
 from bench.peers import FlexAttention, oracle_output, rel_error
+from tests.common import count_op_calls
 
 
 def test_pairs_closed_form_matches_brute_force():
@@ -387,18 +388,7 @@ def test_mxfp8_quantize_row_times_the_forwards_calls_from_a_graph(backend, monke
     inp = suites.make_inputs(case, "cpu")
     prep = JfaMxfp8(backend, "mxfp8-quantize").prepare(case, inp)
     assert prep.graph and prep.eager_fn is not None and "CUDA graph" in prep.note
-    op_calls = []
-    real = torch.ops.jfa.mxfp8_quantize
-
-    class Counting:  # the op packet, its calls counted (torch's machinery looks up its overloads: forwarded)
-        def __call__(self, *args, **kwargs):
-            op_calls.append(1)
-            return real(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(torch.ops.jfa, "mxfp8_quantize", Counting())
+    op_calls = count_op_calls(monkeypatch, "mxfp8_quantize")
     timed = prep.fn()
     assert op_calls == []
     eager = prep.eager_fn()

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 
 import jfa_ops
 from jfa_ops.testing import fp8_mma_model, reference_mxfp8_attention
+from tests.common import count_op_calls
 from tests.ops.test_mxfp8 import (ATTENTION_CASES, BLOCKS, ROUNDINGS, SPECIAL, _oracle_opts, _rel, assert_bit_exact,
                                   check_mxfp8_attention_case, check_no_nan, fp8_mma_near_ties, issue_error_bound,
                                   make_case, mxfp8_attention_cases, no_nan_case, quantize_inputs)
@@ -648,18 +649,7 @@ def test_quantize_direct_path_skips_only_the_dispatcher(monkeypatch):
     TorchDispatchMode (what torch.compile, FakeTensor and FlopCounterMode use) the op still runs."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    op_calls = []
-    real = torch.ops.jfa.mxfp8_quantize
-
-    class Counting:  # the op packet, its calls counted (torch's machinery looks up its overloads: forwarded)
-        def __call__(self, *args, **kwargs):
-            op_calls.append(1)
-            return real(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(torch.ops.jfa, "mxfp8_quantize", Counting())
+    op_calls = count_op_calls(monkeypatch, "mxfp8_quantize")
     x = torch.randn(40, 2, 32).to(DEVICE)
     with quant_direct(True):
         jfa_ops.mxfp8_quantize(x, backend="triton")
