@@ -340,6 +340,7 @@ def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     """The selection launches one program per (real block slot, kv head): cdiv(T, block) + B slots per side, not
     B x cdiv(max_seqlen, block) (one long sequence beside many short ones made ~80% of the programs idle)."""
     from jfa_ops.backends.triton import block_sparse_select
+    from jfa_ops.backends.triton.configs import KNOBS
 
     grids = []
     real_launch = block_sparse_select.launch
@@ -351,7 +352,9 @@ def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     _assert_selection_equals_reference(q, q, off, off, 256, 256, block_q=16, block_kv=16, causal=True)
     slots = (sum(lengths) + 15) // 16 + len(lengths)  # 18 + 8
     programs = [math.prod(g) for g in grids]
-    assert len(grids) == 3 and max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
+    # the pools (Q's and K's in one launch with KNOBS.sparse_pool_one_launch, the default), then the select kernel
+    assert len(grids) == (2 if KNOBS.sparse_pool_one_launch else 3), grids
+    assert max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
 
 
 @pytest.mark.gpu
@@ -376,11 +379,12 @@ def test_selection_deferred_bad_offsets_gpu(monkeypatch):
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_selection_launch_counts(monkeypatch):
-    """A selection call (JFA_VALIDATE=async, counted on the host): the two pooling launches (Q with the offset
-    check, K) and the select kernel, plus the outputs' fills and the check's assert; the keep table is built once
-    per shape (the first call)."""
+    """A selection call (JFA_VALIDATE=async, counted on the host): the pooling (Q with the offset check, then K: one
+    launch with KNOBS.sparse_pool_one_launch, the default since 2026-12-03, else two) and the select kernel, plus
+    the outputs' fills and the check's assert; the keep table is built once per shape (the first call)."""
     from jfa_ops import validation
     from jfa_ops.backends.base import BlockSelectParams
+    from jfa_ops.backends.triton import configs
     from tests.backends.test_triton_kernels import _count_launches
 
     monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
@@ -389,8 +393,10 @@ def test_selection_launch_counts(monkeypatch):
     params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
                                max_seqlen_kv=40, check_offsets=True)
     tb.select_kv_blocks(q, q, off, off, params)  # builds the keep table
-    kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
-    assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1}, kernels
+    for one_launch, pools in ((True, {"block_pool_pair_kernel": 1}), (False, {"block_pool_kernel": 2})):
+        monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", one_launch)
+        kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
+        assert kernels == {**pools, "block_select_kernel": 1}, (one_launch, kernels)
     assert sorted(aten) == ["_assert_async.msg", "full.default", "zeros.default"], aten
 
 
