@@ -28,6 +28,8 @@ import triton.language as tl
 
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends.base import AttentionParams
+from jfa_ops.backends.triton.mxfp8_quantize import _e8m0_value, quantize
+from jfa_ops.backends.triton.scheduling import binary_search_steps
 
 VALUES_BLOCK_R = 32  # rows per program
 VALUES_BLOCK_C = 256  # columns (of heads x head_dim) per program
@@ -62,9 +64,8 @@ def _mx_values_kernel(DATA, SCALE, OFFSETS, OUT, rows, num_seqs, search_steps, C
     else:
         srow = r64
     data = tl.load(DATA + r64[:, None] * COLS + c[None, :], mask=ok, other=0.0)
-    bits = tl.load(SCALE + srow[:, None] * (COLS // 32) + (c // 32)[None, :], mask=ok, other=127).to(tl.int32)
-    factor = tl.where(bits > 0, tl.minimum(bits, 254) << 23, 0x400000).to(tl.float32, bitcast=True)  # 2**(bits - 127)
-    y = tl.where(bits == 255, float("nan"), data.to(tl.float32) * factor)
+    bits = tl.load(SCALE + srow[:, None] * (COLS // 32) + (c // 32)[None, :], mask=ok, other=127)
+    y = data.to(tl.float32) * _e8m0_value(bits)  # NaN where the scale is NaN (0xFF)
     tl.store(OUT + r64[:, None] * COLS + c[None, :], y.to(OUT.dtype.element_ty), mask=ok)
 
 
@@ -72,8 +73,6 @@ def mx_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block, rounding:
               dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``x [T, H, D]``'s MXFP8 values in ``dtype``: the triton quantize kernel's pair (block (1, 32) or (32, 32),
     row blocks per ``offsets``' sequences), dequantized by ``_mx_values_kernel``."""
-    from jfa_ops.backends.triton.mxfp8_quantize import quantize
-
     block = tuple(block)
     assert block in ((1, 32), (32, 32)), block
     data, scale = quantize(x, offsets, block, rounding)
@@ -88,7 +87,7 @@ def mx_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block, rounding:
     cols = heads * dim
     grid = (triton.cdiv(rows, VALUES_BLOCK_R), triton.cdiv(cols, VALUES_BLOCK_C))
     _mx_values_kernel[grid](data, scale_bits, offsets if has_offsets else scale_bits, out, rows, num_seqs,
-                            max(num_seqs - 1, 0).bit_length(), COLS=cols, SQUARE=square, HAS_OFFSETS=has_offsets,
+                            binary_search_steps(num_seqs), COLS=cols, SQUARE=square, HAS_OFFSETS=has_offsets,
                             BLOCK_R=VALUES_BLOCK_R, BLOCK_C=VALUES_BLOCK_C, num_warps=4)
     return out
 
