@@ -370,7 +370,8 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
 def mxfp8_specializations() -> Iterator[Specialization]:
     """The MXFP8 kernels as ``mxfp8_quantize.quantize``, ``mxfp8_attn_fwd.attention_forward`` and
     ``mxfp8_attn_bwd.attention_backward`` launch them (sm_89+: E4M3 operands): quantize per block shape (bf16 read as
-    int16 bits), the forward and both backward kernels per head dim, causal or not."""
+    int16 bits), the forward and both backward kernels per head dim, causal or not; the TLX forward's re-basing and
+    the TLX MXFP8 backward's dequantize to bf16 (``jfa_ops.backends.mxfp8_bwd``)."""
     from . import attn_fwd, mxfp8_attn_fwd, mxfp8_quantize
 
     fn = mxfp8_quantize.mxfp8_quantize_kernel
@@ -447,6 +448,13 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         yield _mxfp8_spec(f"mxfp8-rebase-v-tiles-d{head_dim}", mxfp8_rebase.rebase_v_tiles_kernel, mxfp8_rebase,
                           {"V": "*fp8e4nv", "VS": "*u8", "KV_OFF": "*i32", "VT": "*fp8e4nv", "VF": "*fp32"},
                           dict(HEAD_DIM=head_dim, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True))
+    from .. import mxfp8_bwd  # the tlx MXFP8 backward's operands: MX values in bf16 (mxfp8_bwd.mx_values)
+
+    for square in (False, True):  # (1, 32) blocks; (32, 32) blocks in per-sequence row blocks
+        yield _mxfp8_spec(f"mxfp8-values-{'32x32' if square else '1x32'}-bf16", mxfp8_bwd._mx_values_kernel,
+                          mxfp8_bwd, {"DATA": "*fp8e4nv", "SCALE": "*u8", "OFFSETS": "*i32", "OUT": "*bf16"},
+                          dict(COLS=16 * 128, SQUARE=square, HAS_OFFSETS=square, BLOCK_R=mxfp8_bwd.VALUES_BLOCK_R,
+                               BLOCK_C=mxfp8_bwd.VALUES_BLOCK_C))
 
 
 def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1,
