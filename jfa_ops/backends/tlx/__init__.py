@@ -165,16 +165,8 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
         from .attn_bwd import attention_backward
 
         with device_guard(q.device):
-            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=v2,
-                                      dq_shared=configs.BACKWARD_DQ_SHARED, dq_defer=configs.BACKWARD_DQ_DEFER,
-                                      stats_ahead=configs.stats_ahead(q.shape[-1]), dq_lag=configs.BACKWARD_DQ_LAG,
-                                      head_group=configs.head_group(k.shape[1]),
-                                      item_order=configs.BACKWARD_ITEM_ORDER,
-                                      alternate=configs.BACKWARD_ALTERNATE,
-                                      causal_order=configs.BACKWARD_CAUSAL_ORDER,
-                                      ablate=configs.BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
-                                      delta_early=configs.BACKWARD_DELTA_EARLY,
-                                      gqa_split=configs.BACKWARD_GQA_SPLIT, dq_red=configs.BACKWARD_DQ_RED)
+            return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
+                                      **configs.backward_options(q.shape[-1], k.shape[1]))
     from ..triton import backward as triton_backward
 
     return triton_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)

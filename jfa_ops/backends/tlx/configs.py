@@ -462,6 +462,16 @@ def stats_ahead(head_dim: int) -> bool:
     return head_dim <= 64 if BACKWARD_STATS_AHEAD is None else BACKWARD_STATS_AHEAD
 
 
+def backward_options(head_dim: int, heads_kv: int) -> dict:
+    """The dense TLX backward's switches as set here: ``attn_bwd.attention_backward``'s keywords (the default
+    backward and the MXFP8 one, ``mxfp8_attn_bwd.py``, take them from one place)."""
+    return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED, dq_defer=BACKWARD_DQ_DEFER,
+                stats_ahead=stats_ahead(head_dim), dq_lag=BACKWARD_DQ_LAG, head_group=head_group(heads_kv),
+                item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
+                ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
+                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED)
+
+
 def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:
     """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer``:
     ``BACKWARD_DQ_DEFER``), None where the triton backend's backward runs instead. Shared memory at D128 (bytes):

@@ -35,15 +35,12 @@ def backward_reason(q: torch.Tensor, k: torch.Tensor, params: AttentionParams) -
 
 
 def _kernel_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, delta_grad_out):
-    """The TLX backward with MXFP8 on, in the default configs' variant (``tlx.backward``'s arguments, v2)."""
+    """The TLX backward with MXFP8 on, in the default configs' variant (``tlx.backward``'s switches), with the v2
+    consumers (MXFP8's), no timing ablation and DQ_RED off (neither compiled with MXFP8)."""
     from .attn_bwd import attention_backward
 
-    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
-                              dq_shared=configs.BACKWARD_DQ_SHARED, dq_defer=configs.BACKWARD_DQ_DEFER,
-                              stats_ahead=configs.stats_ahead(q.shape[-1]), dq_lag=configs.BACKWARD_DQ_LAG,
-                              head_group=configs.head_group(k.shape[1]), item_order=configs.BACKWARD_ITEM_ORDER,
-                              alternate=configs.BACKWARD_ALTERNATE, causal_order=configs.BACKWARD_CAUSAL_ORDER,
-                              delta_early=configs.BACKWARD_DELTA_EARLY, gqa_split=configs.BACKWARD_GQA_SPLIT,
+    options = dict(configs.backward_options(q.shape[-1], k.shape[1]), v2=True, ablate=0, dq_red=0)
+    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, **options,
                               mxfp8=True, delta_grad_out=delta_grad_out)
 
 
