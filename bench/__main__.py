@@ -177,11 +177,12 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
                 rec["timer"] = "cuda graph replay" if timed is not call else "eager (graph capture failed)"
             ms = timing.median_ms(timed, device, args.warmup_ms, args.rep_ms)
             rec["ms"] = ms
+            if preps[0].eager_fn is not None and mode == "fwd":  # a graph-timed row's eager call too
+                eager = timing.mode_callable("fwd", [dataclasses.replace(preps[0], fn=preps[0].eager_fn)])
+                rec["eager_ms"] = timing.median_ms(eager, device, args.warmup_ms, args.rep_ms)
             if preps[0].bytes_moved:  # a memory-bound kernel (MXFP8 quantize): GB/s, no TFLOP/s
                 rec["gbps"] = preps[0].bytes_moved / (ms * 1e-3) / 1e9
-                if preps[0].eager_fn is not None and mode == "fwd":
-                    eager = timing.mode_callable("fwd", [dataclasses.replace(preps[0], fn=preps[0].eager_fn)])
-                    rec["eager_ms"] = timing.median_ms(eager, device, args.warmup_ms, args.rep_ms)
+                if "eager_ms" in rec:
                     rec["eager_gbps"] = preps[0].bytes_moved / (rec["eager_ms"] * 1e-3) / 1e9
             else:
                 rec["tflops"] = case.flops(mode) / (ms * 1e-3) / 1e12

@@ -148,8 +148,11 @@ class JfaBackend:
                 return jfa_ops.select_kv_blocks(q.detach(), k.detach(), inp.q_offsets, inp.kv_offsets, case.max_q,
                                                 case.max_kv, **sparse_kw(case), **kw)[0]
 
+            # timed as a CUDA graph replay (the GPU's time, as a sparse forward pays it behind the caller's queued
+            # work), and eagerly (eager_ms): alone, an eager call's host path (~0.3 ms of Python before the GPU
+            # gets its work: bench/NOTES.md "selection host path, helper selshare, stop 28") is the timed part
             return Prepared(select, [q, k, v], lambda o: o, exact=False, note="selection only",
-                            no_backward="the selection has no backward")
+                            no_backward="the selection has no backward", graph=True, eager_fn=select)
         if case.keep_ratio is not None and self.variant != "dense":
             def attend(x):
                 return _first(jfa_ops.sparse_attention(x, k, v, inp.q_offsets, inp.kv_offsets, case.max_q,

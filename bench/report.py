@@ -349,7 +349,10 @@ def sparse_lines(records: List[dict]) -> List[str]:
     for name in _case_names(sparse):
         keep = next(r["case"].get("keep_ratio") for r in sparse if r["case"]["name"] == name)
         for b in backends:
-            select_ms = (idx.get((name, f"{b} select", "fwd")) or {}).get("ms")
+            select = idx.get((name, f"{b} select", "fwd")) or {}
+            select_ms = select.get("ms")
+            # the row's timer: a graph replay (the GPU's time) since stop 28; its eager call's time beside it
+            select_how = f" GPU (eager call {select['eager_ms']:.3f} ms)" if select.get("eager_ms") else ""
             for mode in MODES:
                 ours = (idx.get((name, b, mode)) or {}).get("ms")
                 if not ours:
@@ -371,7 +374,7 @@ def sparse_lines(records: List[dict]) -> List[str]:
                     share = select_ms / ours
                     verdict = f" (target < {SELECT_SHARE_TARGET:.0%}: {_verdict(share < SELECT_SHARE_TARGET)})" \
                         if mode == "fwd" else ""
-                    parts.append(f"selection {select_ms:.3f} ms = {share:.0%}{verdict}")
+                    parts.append(f"selection {select_ms:.3f} ms{select_how} = {share:.0%}{verdict}")
                 out.append(f"{name} {mode} {b}: " + ", ".join(parts))
     return out
 

@@ -11,6 +11,7 @@ import meta_kernels
 import meta_kernels.mxfp8
 from jfa_ops.ops.attention import (attention_direct, check_no_forward_ad, eager_direct, fast_call, fast_key,
                                    needs_grad)
+from jfa_ops.ops import block_sparse as block_sparse_ops
 from jfa_ops.ops import mxfp8 as mxfp8_ops
 
 __all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
@@ -241,6 +242,10 @@ def select_kv_blocks(
     top_k = -1 if top_k is None else top_k
     meta_kernels.check_select_options(block_q, block_kv, keep_ratio, top_k, causal, window, broadcast_q, always_local,
                                       max_seqlen_q, max_seqlen_kv)
+    if eager_direct(q, k, q_offsets, kv_offsets):  # eager, plain tensors: the op's body without the dispatcher
+        return block_sparse_ops.select_body(q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, block_q,
+                                            block_kv, float(keep_ratio), top_k, causal, window[0], window[1],
+                                            broadcast_q, always_local, backend, memo=True)
     return torch.ops.jfa.select_kv_blocks(
         q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, block_q=block_q,
         block_kv=block_kv, keep_ratio=float(keep_ratio), top_k=top_k, causal=causal,

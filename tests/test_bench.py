@@ -427,6 +427,44 @@ def test_quantize_rows_replay_a_graph_on_cuda_only(monkeypatch):
     assert recs[0]["ms"] == 2.0 and recs[0]["eager_ms"] == 4.0 and recs[0]["eager_gbps"] == recs[0]["gbps"] / 2
 
 
+def test_select_row_times_a_graph_replay_and_the_eager_call(monkeypatch):
+    """The sparse suite's ``select`` row: timed as a CUDA graph replay (the GPU's time: alone, the eager call's
+    ~0.3 ms of Python is what do_bench saw, bench/NOTES.md "selection host path, helper selshare, stop 28") with the
+    eager call beside it (eager_ms, no GB/s: not a bandwidth row); the TFLOP/s stay the dense-equivalent ones."""
+    import argparse
+    import types
+
+    import bench.__main__ as bench_main
+    from bench import timing
+    from bench.__main__ import measure_peer
+    from bench.peers import JfaBackend
+
+    case = next(c for c in suites.build_cases(["sparse"], [64], "smoke") if c.keep_ratio is not None)
+    inp = suites.make_inputs(case, "cpu")
+    peer = JfaBackend("reference", "select")
+    prep = peer.prepare(case, inp)
+    assert prep.graph and prep.eager_fn is prep.fn and prep.no_backward
+    replays = []
+    monkeypatch.setattr(timing, "graph_replay", lambda call: replays.append(call) or (lambda: "graph"))
+    monkeypatch.setattr(timing, "peak_memory_mib", lambda call, device: None)
+    monkeypatch.setattr(timing, "median_ms", lambda fn, device, warmup, rep: 0.3 if fn() == "graph" else 0.5)
+    monkeypatch.setattr(bench_main, "free_memory", lambda device: None)
+    args = argparse.Namespace(warmup_ms=1.0, rep_ms=5.0)
+    recs = measure_peer(peer, case, [inp], types.SimpleNamespace(type="cuda"), ["fwd"], args, None)
+    assert len(replays) == 1 and recs[0]["timer"] == "cuda graph replay"
+    assert recs[0]["ms"] == 0.3 and recs[0]["eager_ms"] == 0.5 and "gbps" not in recs[0] and recs[0]["tflops"] > 0
+
+
+def test_sparse_lines_show_the_selections_eager_time():
+    """A select row timed from a graph reports its GPU time (the share's numerator) with its eager call beside it."""
+    from bench import report
+    case = {"suite": "sparse", "name": "sparse D128 keep0.5 causal", "keep_ratio": 0.5}
+    recs = [{"case": case, "peer": "jfa:tlx", "mode": "fwd", "ms": 3.0},
+            {"case": case, "peer": "jfa:tlx select", "mode": "fwd", "ms": 0.33, "eager_ms": 0.58}]
+    line, = report.sparse_lines(recs)
+    assert line.endswith("selection 0.330 ms GPU (eager call 0.580 ms) = 11% (target < 10%: FAIL)"), line
+
+
 class _FakeFa4Fp8:
     """FA4's interface as far as the FP8 peer uses it: ``_flash_attn_fwd`` records its arguments and computes the
     attention of the dequantized inputs with the float64 oracle (so the descales' meaning is checked too)."""

@@ -8,13 +8,16 @@ gradients through it are None, as for any integer output). ``block_sparse_attent
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 import meta_kernels
-from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, select_backend
+from jfa_ops import validation
+from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
+from jfa_ops.ops import attention as _attention
 from jfa_ops.ops.attention import OPTIONS_SCHEMA, _params as _attention_params, check_no_forward_ad
 from jfa_ops.validation import check_offset_values, validation_mode
 
@@ -56,11 +59,57 @@ def select_kv_blocks(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offse
                      *options) -> Tuple[Tensor, Tensor]:
     """Top-k KV blocks per (sequence, kv head, Q block): (kv_block_index [B, Hkv, NQB, NKB] int32,
     kv_block_count [B, Hkv, NQB] int32); see ``jfa_ops.select_kv_blocks``."""
+    return select_body(q, k, q_offsets, kv_offsets, *options)
+
+
+def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *options,
+                memo: bool = False) -> Tuple[Tensor, Tensor]:
+    """The op's body; ``jfa_ops.select_kv_blocks`` calls it directly where ``attention.eager_direct`` holds (no
+    dispatcher), with ``memo``: the checks, params and backend choice once per call signature (``_select_call``).
+    A call whose backend checked the offsets on the device covers them (async mode, ``validation.cover``), as the
+    attention op does: the next call with the same offsets, and the sparse forward after it, skip the check."""
+    if memo:
+        impl, params, checked = _select_call(q, k, q_offsets, kv_offsets, options)
+    else:
+        params, backend = _select_params(q, k, q_offsets, kv_offsets, *options)
+        impl = select_backend(backend, _select_problem(q, k, params), family=SELECT_FAMILY)
+        checked = None
+    if check_offset_values(q, k, q_offsets, kv_offsets, *options[:2], impl.checks_offsets):  # max_seqlen_* required
+        params = checked or dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
+    result = impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
+    if params.check_offsets and validation_mode(q.device) == "async":
+        validation.cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], *options[:2])
+    return result
+
+
+# Memo of the direct path's metadata work per call signature, as ``attention._CALLS``: (backend, params, params with
+# check_offsets). Why: the option and tensor checks, the params and the backend choice cost ~25 us of a selection's
+# host path (CPU, launches stubbed: bench/NOTES.md "selection host path, helper selshare, stop 28"), and depend only
+# on the key: each tensor's shape, dtype and device, the options with their types, $JFA_BACKEND and the registry.
+# A call that fails a check is never stored. JFA_CALL_CACHE=0 turns it off with the attention op's.
+_SELECT_CALLS: dict = {}
+
+
+def _select_call(q, k, q_offsets, kv_offsets, options: tuple):
+    key = None
+    if _attention.CALL_CACHE:
+        meta = _attention._metadata
+        key = (meta(q), meta(k), meta(q_offsets), meta(kv_offsets), options, tuple(map(type, options)),
+               os.environ.get("JFA_BACKEND"), registry_generation())
+        try:
+            hit = _SELECT_CALLS.get(key)
+        except TypeError:  # an unhashable option: the checks below say what is wrong with it
+            hit = key = None
+        if hit is not None:
+            return hit
     params, backend = _select_params(q, k, q_offsets, kv_offsets, *options)
     impl = select_backend(backend, _select_problem(q, k, params), family=SELECT_FAMILY)
-    if check_offset_values(q, k, q_offsets, kv_offsets, *options[:2], impl.checks_offsets):  # max_seqlen_* required
-        params = dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
-    return impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
+    call = impl, params, dataclasses.replace(params, check_offsets=True)
+    if key is not None:
+        if len(_SELECT_CALLS) >= _attention._CALLS_MAX:
+            _SELECT_CALLS.clear()
+        _SELECT_CALLS[key] = call
+    return call
 
 
 @select_kv_blocks.register_fake

@@ -17,6 +17,9 @@ Broadcast Q pools its one Q sequence once; select program t is then (sequence t 
 """
 from __future__ import annotations
 
+import itertools
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -25,8 +28,9 @@ import meta_kernels
 from ..base import BlockSelectParams
 from ... import validation
 from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
-from .configs import KNOBS, interpreting
-from .launch import launch
+from . import launch as launch_module
+from .configs import KNOBS, Knobs, interpreting
+from .launch import launch, launch_planned
 from .offset_checks import offsets_ok
 from .scheduling import (binary_search_steps, capacity_of, fanout_search_steps, shape_constant, slot_tile,
                          slot_tile_fanout)
@@ -468,42 +472,47 @@ def pool_whole_block(block: int, block_d: int) -> bool:
     return KNOBS.sparse_pool_whole_block and block * block_d <= POOL_WHOLE_BLOCK_MAX
 
 
-def _pool(q, k, q_off, kv_off, pooled_q, pooled_k, q_slot_seq, flag, q_seqs, num_seqs, max_q, params, heads_kv,
-          hd) -> None:
-    """pooled_q, pooled_k, q_slot_seq (and flag: the offsets check): ``block_pool_kernel`` once per side, or both
-    sides in one ``block_pool_pair_kernel`` launch (``KNOBS.sparse_pool_one_launch``); ``KNOBS.sparse_pool_stream``:
-    POOL_STREAM_HEADS kv heads per program."""
+def _pool_launches(q, k, pooled_q, pooled_k, check: bool, q_seqs, num_seqs, max_q, params, heads_kv, hd) -> list:
+    """The pooling's launches (``_Launch``): ``block_pool_kernel`` once per side, or both sides in one
+    ``block_pool_pair_kernel`` launch (``KNOBS.sparse_pool_one_launch``); ``KNOBS.sparse_pool_stream``:
+    POOL_STREAM_HEADS kv heads per program. Q's side writes q_slot_seq and (``check``) the offsets check's flag."""
     heads = POOL_STREAM_HEADS if KNOBS.sparse_pool_stream else 1
     sides = []
     for x, off, pooled, seqs, block, group, max_s in (
-            (q, q_off, pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, max_q),
-            (k, kv_off, pooled_k, num_seqs, params.block_kv, 1, params.max_seqlen_kv)):
+            (q, "q_off", pooled_q, q_seqs, params.block_q, q.shape[1] // heads_kv, max_q),
+            (k, "kv_off", pooled_k, num_seqs, params.block_kv, 1, params.max_seqlen_kv)):
         sides.append(dict(
-            X=x, OFF=off, Pooled=pooled, num_seqs=seqs, search_steps=binary_search_steps(seqs), rows=x.shape[0],
+            num_seqs=seqs, search_steps=binary_search_steps(seqs), rows=x.shape[0],
             max_s=max_s, group=group, stride_xt=x.stride(0), stride_xh=x.stride(1), stride_ps=pooled.stride(0),
             stride_ph=pooled.stride(1), BLOCK=block,
             SEARCH_STEPS=fanout_search_steps(seqs) if KNOBS.sparse_pool_fanout else 0,
             WHOLE_BLOCK=heads == 1 and pool_whole_block(block, hd["BLOCK_D"]),
             programs=pooled.shape[0] * -(-heads_kv // heads)))
-    common = dict(SLOT_SEQ=q_slot_seq, FLAG=q_slot_seq if flag is None else flag, heads=heads_kv,
-                  HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], ROWS=POOL_ROWS, CHECK=flag is not None,
+    common = dict(heads=heads_kv, HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"], ROWS=POOL_ROWS, CHECK=check,
                   HEADS=heads)
+    flag = "flag" if check else "q_slot_seq"
+    options = dict(num_warps=4, num_stages=1)
     q_side, k_side = sides
     if KNOBS.sparse_pool_one_launch:
         q_programs = q_side.pop("programs")
-        launch(block_pool_pair_kernel, (q_programs + k_side["programs"],), dict(
-            **q_side, XK=k_side["X"], KV_OFF=k_side["OFF"], PooledK=k_side["Pooled"],
-            kv_seqs=k_side["num_seqs"], kv_search_steps=k_side["search_steps"], kv_rows=k_side["rows"],
+        static = dict(
+            **q_side, kv_seqs=k_side["num_seqs"], kv_search_steps=k_side["search_steps"], kv_rows=k_side["rows"],
             max_o=k_side["max_s"], q_programs=q_programs, stride_kt=k_side["stride_xt"],
             stride_kh=k_side["stride_xh"], stride_pks=k_side["stride_ps"], stride_pkh=k_side["stride_ph"],
             BLOCK_KV=k_side["BLOCK"], KV_SEARCH_STEPS=k_side["SEARCH_STEPS"], KV_WHOLE_BLOCK=k_side["WHOLE_BLOCK"],
-            **common), num_warps=4, num_stages=1)
-        return
-    for side, first in ((q_side, True), (k_side, False)):
+            **common)
+        tensors = dict(X="q", OFF="q_off", Pooled="pooled_q", XK="k", KV_OFF="kv_off", PooledK="pooled_k",
+                       SLOT_SEQ="q_slot_seq", FLAG=flag)
+        return [_Launch(block_pool_pair_kernel, (q_programs + k_side["programs"],), static, tensors, options)]
+    out = []
+    for side, x, off, pooled, first in ((q_side, "q", "q_off", "pooled_q", True),
+                                        (k_side, "k", "kv_off", "pooled_k", False)):
         programs = side.pop("programs")
-        launch(block_pool_kernel, (programs,), dict(
-            **side, OTHER_OFF=kv_off, other_seqs=num_seqs, other_rows=k.shape[0], max_o=params.max_seqlen_kv,
-            WRITE_SEQ=first, **{**common, "CHECK": first and flag is not None}), num_warps=4, num_stages=1)
+        static = dict(**side, other_seqs=num_seqs, other_rows=k.shape[0], max_o=params.max_seqlen_kv,
+                      WRITE_SEQ=first, **{**common, "CHECK": first and check})
+        tensors = dict(X=x, OFF=off, Pooled=pooled, OTHER_OFF="kv_off", SLOT_SEQ="q_slot_seq", FLAG=flag)
+        out.append(_Launch(block_pool_kernel, (programs,), static, tensors, options))
+    return out
 
 
 @shape_constant
@@ -513,64 +522,160 @@ def _keep_table(n_kv_blocks: int, keep_ratio: float, top_k: int, device: torch.d
     return meta_kernels.keep_count(visible, keep_ratio, top_k).to(torch.int32)
 
 
+class _Strided:
+    """A contiguous tensor's ``shape`` and ``stride()`` without the tensor (sizes may be symbolic while traced)."""
+
+    def __init__(self, shape):
+        self.shape, strides = tuple(shape), [1]
+        for size in reversed(self.shape[1:]):
+            strides.insert(0, strides[0] * size)
+        self._strides = tuple(strides)
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+
+class _Launch(NamedTuple):
+    """One launch of a selection: its kernel, grid, the arguments its call signature fixes (``static``), the tensor
+    arguments by the name of the call's tensor they take (``tensors``: parameter -> ``_Layout.run`` name)."""
+    kernel: object
+    grid: tuple
+    static: dict
+    tensors: dict
+    options: dict
+
+
+class _Layout:
+    """What a selection's call signature fixes (``_layout_key``): the scratch tensors' shapes and every launch's
+    grid and non-tensor arguments. ``run`` allocates the outputs and scratch, launches, and asserts the check."""
+
+    __slots__ = ("key", "plan_id", "index_shape", "count_shape", "pooled_q_shape", "pooled_k_shape", "scores_shape",
+                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets")
+
+    def __init__(self, key, q, k, num_seqs: int, params: BlockSelectParams):
+        heads_kv, head_dim = k.shape[1], q.shape[2]
+        self.key, self.plan_id = key, next(_PLAN_IDS)
+        n_q, n_kv = params.n_q_blocks, params.n_kv_blocks
+        self.count_shape = (num_seqs, heads_kv, n_q)
+        self.index_shape = self.count_shape + (n_kv,)
+        # read-only tensors of the shape (``shape_constant``): kept, so that a call captured in a CUDA graph reads
+        # them instead of rebuilding them inside the graph (the keep table: ~5 small kernels)
+        self.keep = _keep_table(n_kv, params.keep_ratio, params.top_k, q.device)
+        self.check = params.check_offsets
+        # the one Q sequence [0, L_q] (an arange: no host copy)
+        self.broadcast_offsets = _broadcast_offsets(q.shape[0], q.device) if params.broadcast_q else None
+        q_seqs, max_q = (1, -1) if params.broadcast_q else (num_seqs, params.max_seqlen_q)
+        q_slots = capacity_of(q.shape[0], params.block_q, q_seqs)
+        kv_slots = capacity_of(k.shape[0], params.block_kv, num_seqs)
+        select_slots = num_seqs * n_q if params.broadcast_q else q_slots  # the select kernel's programs per head
+        self.pooled_q_shape = (q_slots, heads_kv, head_dim)
+        self.pooled_k_shape = (kv_slots, heads_kv, head_dim)
+        hd = head_dim_consts(head_dim)
+        pooled_q, pooled_k = _Strided(self.pooled_q_shape), _Strided(self.pooled_k_shape)  # shapes, strides only
+        self.launches = _pool_launches(q, k, pooled_q, pooled_k, self.check, q_seqs, num_seqs, max_q, params,
+                                       heads_kv, hd)
+        block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
+        # every row fits one register vector
+        in_registers = (KNOBS.sparse_select_rows or KNOBS.sparse_select_grouped) and n_kv <= block_c
+        group = SELECT_GROUP if KNOBS.sparse_select_grouped and in_registers else 1
+        if group > 1:  # programs per head: a group of Q blocks each (select_slots counts one Q block each)
+            select_slots = num_seqs * -(-n_q // group) if params.broadcast_q else capacity_of(
+                q.shape[0], params.block_q * group, q_seqs)
+        score_mode = score_kind()
+        self.scores_shape = None if in_registers else (select_slots, heads_kv, n_kv)
+        self.scores_dtype = torch.float64 if score_mode == SCORES_FP64.value else torch.float32
+        scores = pooled_q if in_registers else _Strided(self.scores_shape)
+        index_strides, count_strides = _Strided(self.index_shape).stride(), _Strided(self.count_shape).stride()
+        has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left,
+                                                                params.window_right)
+        static = dict(
+            n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0], heads=heads_kv,
+            num_seqs=q_seqs, rows_q=q.shape[0], stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1),
+            stride_pks=pooled_k.stride(0), stride_pkh=pooled_k.stride(1), stride_ss=scores.stride(0),
+            stride_sh=scores.stride(1), stride_ib=index_strides[0], stride_ih=index_strides[1],
+            stride_iq=index_strides[2], stride_cb=count_strides[0], stride_ch=count_strides[1],
+            window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"], BLOCK_D=hd["BLOCK_D"],
+            BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv, BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c,
+            HAS_LEFT=has_left, HAS_RIGHT=has_right, ALWAYS_LOCAL=params.always_local,
+            BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
+            BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
+            SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0,
+            SCORES=score_mode)
+        tensors = dict(PQ="pooled_q", PK="pooled_k", Q_OFF="q_off", KV_OFF="kv_off", Q_SLOT_SEQ="q_slot_seq",
+                       KEEP="keep", Scores="pooled_q" if in_registers else "scores", Index="index", Count="count")
+        self.launches.append(_Launch(block_select_kernel, (select_slots * heads_kv,), static, tensors,
+                                     dict(num_warps=4, num_stages=1)))
+
+    def run(self, q, k, q_offsets, kv_offsets):
+        """(index, count) of one call: allocations, the offsets as the kernels read them, the launches (through
+        their plans when the signature has a key), the check's assert."""
+        device = q.device
+        index = torch.full(self.index_shape, -1, dtype=meta_kernels.INDEX_DTYPE, device=device)
+        count = torch.zeros(self.count_shape, dtype=meta_kernels.INDEX_DTYPE, device=device)
+        kv_off = int32_offsets(kv_offsets)
+        if self.broadcast_offsets is not None:
+            q_off = self.broadcast_offsets
+        else:
+            q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off))
+        pooled_q = torch.empty(self.pooled_q_shape, dtype=torch.float32, device=device)
+        sources = dict(
+            q=q, k=k, q_off=q_off, kv_off=kv_off, pooled_q=pooled_q,
+            pooled_k=torch.empty(self.pooled_k_shape, dtype=torch.float32, device=device),
+            q_slot_seq=torch.empty((self.pooled_q_shape[0],), dtype=torch.int32, device=device),
+            flag=torch.empty((1,), dtype=torch.int32, device=device) if self.check else None,
+            keep=self.keep, index=index, count=count,
+            scores=None if self.scores_shape is None else torch.empty(self.scores_shape, dtype=self.scores_dtype,
+                                                                      device=device))
+        for n, (kernel, grid, static, tensors, options) in enumerate(self.launches):
+            dynamic = {name: sources[source] for name, source in tensors.items()}
+            if self.key is None:
+                launch(kernel, grid, {**static, **dynamic}, **options)
+            else:  # every static value follows from the layout (its id: hashing the key again cost ~2 us a launch)
+                launch_planned(kernel, (self.plan_id, n), grid, dynamic, lambda static=static: static, **options)
+            if n == len(self.launches) - 2 and self.check:  # the pooling holds the check: asserted before select
+                validation.device_flag(sources["flag"], validation.validation_mode(device))
+        return index, count
+
+
+# Layouts per call signature. Why: a selection's host path derived ~45 launch arguments, grids and shapes per call
+# (~50 of its ~85 us on CPU with launches stubbed: bench/NOTES.md "selection host path, helper selshare, stop 28"),
+# all fixed by the key: the params, q's and k's shapes and strides, the device, the offsets' dtypes and shapes
+# and whether both sides pass one tensor, the knobs' generation (configs.Knobs) and the interpreter switch. Kept
+# only where launches go through plans (``launch.replays_enabled``: not traced, not interpreted).
+_LAYOUTS: dict = {}
+_PLAN_IDS = itertools.count()  # a layout's launches' plan keys: (its id, launch number)
+_LAYOUTS_MAX = 256  # a bound, not a tuning (signatures hold row counts, which vary per batch)
+launch_module.CLEAR_HOOKS.append(_LAYOUTS.clear)
+
+
+def _layout_key(q, k, q_offsets, kv_offsets, params) -> Optional[tuple]:
+    if not launch_module.replays_enabled():
+        return None
+    return (params, q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, q.device,
+            None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,
+            q_offsets is kv_offsets, Knobs.generation)
+
+
 def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
-    device, num_seqs, heads_kv, head_dim = q.device, kv_offsets.shape[0] - 1, k.shape[1], q.shape[2]
-    n_q, n_kv = params.n_q_blocks, params.n_kv_blocks
-    index = torch.full((num_seqs, heads_kv, n_q, n_kv), -1, dtype=meta_kernels.INDEX_DTYPE, device=device)
-    count = torch.zeros((num_seqs, heads_kv, n_q), dtype=meta_kernels.INDEX_DTYPE, device=device)
-    mode = validation.validation_mode(device)
+    num_seqs, n_q, n_kv = kv_offsets.shape[0] - 1, params.n_q_blocks, params.n_kv_blocks
     if num_seqs == 0 or n_q == 0 or n_kv == 0 or q.shape[0] == 0 or k.shape[0] == 0:
+        index = torch.full((num_seqs, k.shape[1], n_q, n_kv), -1, dtype=meta_kernels.INDEX_DTYPE, device=q.device)
+        count = torch.zeros((num_seqs, k.shape[1], n_q), dtype=meta_kernels.INDEX_DTYPE, device=q.device)
         if params.check_offsets:  # no kernel runs to hold the check
             validation.device_check(None if params.broadcast_q else q_offsets, q.shape[0], params.max_seqlen_q,
-                                    kv_offsets, k.shape[0], params.max_seqlen_kv, mode)
+                                    kv_offsets, k.shape[0], params.max_seqlen_kv, validation.validation_mode(q.device))
         return index, count
+    key = _layout_key(q, k, q_offsets, kv_offsets, params)
+    layout = None if key is None else _LAYOUTS.get(key)
     q, k = packed_rows(q), packed_rows(k)
-    kv_off = int32_offsets(kv_offsets)
-    if params.broadcast_q:  # the one Q sequence [0, L_q]: pooled once, shared by every sequence
-        q_off = _broadcast_offsets(q.shape[0], device)
-        q_seqs, max_q = 1, -1
-    else:
-        q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off))
-        q_seqs, max_q = num_seqs, params.max_seqlen_q
-    q_slots = capacity_of(q.shape[0], params.block_q, q_seqs)
-    kv_slots = capacity_of(k.shape[0], params.block_kv, num_seqs)
-    select_slots = num_seqs * n_q if params.broadcast_q else q_slots  # the select kernel's programs per head
-    pooled_q = torch.empty((q_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
-    pooled_k = torch.empty((kv_slots, heads_kv, head_dim), dtype=torch.float32, device=device)
-    q_slot_seq = torch.empty((q_slots,), dtype=torch.int32, device=device)
-    flag = torch.empty((1,), dtype=torch.int32, device=device) if params.check_offsets else None
-    hd = head_dim_consts(head_dim)
-    _pool(q, k, q_off, kv_off, pooled_q, pooled_k, q_slot_seq, flag, q_seqs, num_seqs, max_q, params, heads_kv, hd)
-    if flag is not None:
-        validation.device_flag(flag, mode)
-    keep = _keep_table(n_kv, params.keep_ratio, params.top_k, device)
-    block_c = min(SELECT_BLOCK_C, triton.next_power_of_2(n_kv))
-    # every row fits one register vector
-    in_registers = (KNOBS.sparse_select_rows or KNOBS.sparse_select_grouped) and n_kv <= block_c
-    group = SELECT_GROUP if KNOBS.sparse_select_grouped and in_registers else 1
-    if group > 1:  # programs per head: a group of Q blocks each (select_slots counts one Q block each)
-        select_slots = num_seqs * -(-n_q // group) if params.broadcast_q else capacity_of(q.shape[0],
-                                                                                        params.block_q * group, q_seqs)
-    score_mode = score_kind()
-    scores = pooled_q if in_registers else torch.empty(
-        (select_slots, heads_kv, n_kv), dtype=torch.float64 if score_mode == SCORES_FP64.value else torch.float32,
-        device=device)
-    has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
-    launch(block_select_kernel, (select_slots * heads_kv,), dict(
-        PQ=pooled_q, PK=pooled_k, Q_OFF=q_off, KV_OFF=kv_off, Q_SLOT_SEQ=q_slot_seq, KEEP=keep, Scores=scores,
-        Index=index, Count=count, n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0],
-        heads=heads_kv, num_seqs=q_seqs, rows_q=q.shape[0], stride_pqs=pooled_q.stride(0),
-        stride_pqh=pooled_q.stride(1), stride_pks=pooled_k.stride(0),
-        stride_pkh=pooled_k.stride(1), stride_ss=scores.stride(0), stride_sh=scores.stride(1),
-        stride_ib=index.stride(0), stride_ih=index.stride(1), stride_iq=index.stride(2), stride_cb=count.stride(0),
-        stride_ch=count.stride(1), window_left=window_left, right=right, HEAD_DIM=hd["HEAD_DIM"],
-        BLOCK_D=hd["BLOCK_D"], BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
-        BLOCK_J=min(SELECT_BLOCK_J, block_c), BLOCK_C=block_c, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        ALWAYS_LOCAL=params.always_local, BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
-        BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
-        SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0, SCORES=score_mode),
-        num_warps=4, num_stages=1)
-    return index, count
+    if layout is None:
+        layout = _Layout(key, q, k, num_seqs, params)
+        # not kept when made inside a CUDA graph capture: its keep table then holds data only when the graph replays
+        if key is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if len(_LAYOUTS) >= _LAYOUTS_MAX:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = layout
+    return layout.run(q, k, q_offsets, kv_offsets)
 
 
 @shape_constant

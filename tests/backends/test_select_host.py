@@ -1,0 +1,160 @@
+"""The selection's host path (bench/NOTES.md "selection host path, helper selshare, stop 28"): the eager direct path
+of ``jfa_ops.select_kv_blocks`` (no dispatcher, a call memo, offsets covered after a checked call) and the triton
+backend's layouts per call signature (launches through plans). Results are checked against the float64 reference;
+the layouts' launches against the launches of the path without them (``launch.REPLAYS_ENABLED = False``)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+import jfa_ops  # noqa: E402
+from jfa_ops import validation  # noqa: E402
+from jfa_ops.backends.base import BlockSelectParams  # noqa: E402
+from jfa_ops.backends.triton import block_sparse_select, configs, launch  # noqa: E402
+from jfa_ops.ops import block_sparse as ops  # noqa: E402
+from tests.common import count_op_calls  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+LENGTHS = (40, 0, 17, 33)
+OFF = torch.tensor([0, 40, 40, 57, 90], dtype=torch.int32)
+OPTS = dict(block_q=16, block_kv=16, keep_ratio=0.5, causal=True)
+
+
+def _inputs(device="cpu"):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(90, 4, 16, generator=gen).half().to(device)
+    k = torch.randn(90, 2, 16, generator=gen).half().to(device)
+    return q, k, OFF.to(device)
+
+
+def _reference(q, k, off):
+    off = off.cpu().clone()  # (the reference's own check would cover the caller's offsets)
+    return jfa_ops.select_kv_blocks(q.cpu(), k.cpu(), off, off, 40, 40, backend="reference", **OPTS)
+
+
+def _coverable_on_cpu(monkeypatch):
+    """CPU offsets treated as CUDA ones for ``validation.cover`` (async mode, one stream)."""
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    monkeypatch.setattr(ops, "validation_mode", lambda device: "async")
+    monkeypatch.setattr(validation, "_on_cuda", lambda offsets: True)
+    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    monkeypatch.setattr(validation, "_COVERED", {})
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch):
+    """Plain tensors, eager: ``select_kv_blocks`` runs the op's body without ``torch.ops.jfa.select_kv_blocks`` and
+    equals the reference; the first call checks the offsets in the backend's kernel and covers them (async mode),
+    so the second call, and the sparse forward's op after it, check nothing; other offsets are checked again. Under
+    a dispatch mode the call goes through the op (a mode must see it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    _coverable_on_cpu(monkeypatch)
+    q, k, off = _inputs()
+    op_calls = count_op_calls(monkeypatch, "select_kv_blocks")
+    checks = []
+    real = block_sparse_select.select_kv_blocks
+    monkeypatch.setattr(block_sparse_select, "select_kv_blocks",
+                        lambda *a: checks.append(a[-1].check_offsets) or real(*a))
+    want = _reference(q, k, off)
+    for _ in range(2):
+        got = jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert op_calls == [] and checks == [True, False]
+    assert validation.covered(off, off, 90, 90, 40, 40)
+    other = off.clone()
+    jfa_ops.select_kv_blocks(q, k, other, other, 40, 40, backend="triton", **OPTS)
+    assert checks == [True, False, True]
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        got = jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
+    assert len(op_calls) == 1 and torch.equal(got[0], want[0])
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_eager_selection_memo_still_rejects_bad_calls(monkeypatch):
+    """The direct path's memo keeps only calls that passed the checks: a bad call after a good one with the same
+    tensors still raises (a wrong max_seqlen type, a bad keep ratio, another backend's refusal)."""
+    q, k, off = _inputs()
+    jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
+    with pytest.raises(ValueError, match="keep_ratio"):
+        jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **{**OPTS, "keep_ratio": 1.5})
+    with pytest.raises(TypeError, match="max_seqlen_kv"):
+        jfa_ops.select_kv_blocks(q, k, off, off, 40, 40.0, backend="triton", **OPTS)
+    with pytest.raises(ValueError, match="head_dim"):
+        jfa_ops.select_kv_blocks(q[..., :12], k[..., :12], off, off, 40, 40, backend="triton", **OPTS)
+
+
+def _spied_launches(monkeypatch):
+    """Every launch of the selection recorded as (kernel name, grid, plan key or None, {argument: value}) instead of
+    run; layouts kept as on CUDA (``launch.replays_enabled``), a fresh memo."""
+    seen = []
+    monkeypatch.setattr(block_sparse_select, "launch", lambda kernel, grid, args, **options: seen.append(
+        (kernel.fn.__name__, grid, None, args)))
+    monkeypatch.setattr(block_sparse_select, "launch_planned", lambda kernel, key, grid, dynamic, static, **o: seen.append(
+        (kernel.fn.__name__, grid, key, {**static(), **dynamic})))
+    monkeypatch.setattr(block_sparse_select, "_LAYOUTS", {})
+    monkeypatch.setattr(validation, "device_flag", lambda flag, mode: None)
+    return seen
+
+
+def _same(a, b) -> bool:
+    """Launch values equal: ints and constexprs by value, tensors by shape, strides and dtype (a call allocates its
+    own scratch)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.stride() == b.stride() and a.dtype == b.dtype)
+    return a == b
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("knobs", [{}, {"sparse_pool_one_launch": False},
+                                   {"sparse_select_rows": True, "sparse_pool_stream": False}])
+def test_selection_layout_launches_the_unkept_paths_arguments(monkeypatch, knobs, check):
+    """A call signature's layout is made once: its calls launch through plans (a plan key per layout and launch)
+    with the grids and the arguments of the path without layouts (``launch.replays_enabled()`` False: every
+    argument derived per call, as under the interpreter or while traced); a flipped knob makes a new layout
+    (``Knobs.generation`` in the key)."""
+    for name, value in knobs.items():
+        monkeypatch.setattr(configs.KNOBS, name, value)
+    seen = _spied_launches(monkeypatch)
+    q, k, off = _inputs()
+    params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
+                               max_seqlen_kv=40, check_offsets=check)
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)
+    unkept = list(seen)
+    assert unkept and all(key is None for _, _, key, _ in unkept) and not block_sparse_select._LAYOUTS
+    monkeypatch.setattr(launch, "replays_enabled", lambda: True)
+    made = []
+    real_init = block_sparse_select._Layout.__init__
+    monkeypatch.setattr(block_sparse_select._Layout, "__init__", lambda self, *a: made.append(1) or real_init(self, *a))
+    keys = []
+    for _ in range(2):
+        seen.clear()
+        block_sparse_select.select_kv_blocks(q, k, off, off, params)
+        assert [s[:2] for s in seen] == [u[:2] for u in unkept]
+        keys.append([s[2] for s in seen])
+        for (_, _, _, args), (_, _, _, want) in zip(seen, unkept):
+            assert args.keys() == want.keys() and all(_same(args[n], want[n]) for n in want), \
+                [n for n in want if not _same(args[n], want[n])]
+            assert args.get("X", q) is (q if args.get("WRITE_SEQ", True) else k)  # q, k read in place
+            assert args.get("XK", k) is k
+    assert made == [1] and keys[0] == keys[1] and None not in keys[0] and len(set(keys[0])) == len(keys[0])
+    monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", not configs.KNOBS.sparse_pool_one_launch)
+    seen.clear()
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)
+    assert made == [1, 1] and len(block_sparse_select._LAYOUTS) == 2 and len(seen) != len(unkept)
