@@ -242,7 +242,7 @@ def select_kv_blocks(
     top_k = -1 if top_k is None else top_k
     meta_kernels.check_select_options(block_q, block_kv, keep_ratio, top_k, causal, window, broadcast_q, always_local,
                                       max_seqlen_q, max_seqlen_kv)
-    if eager_direct(q, k, q_offsets, kv_offsets):  # eager, plain tensors: the op's body without the dispatcher
+    if block_sparse_ops.SELECT_DIRECT and eager_direct(q, k, q_offsets, kv_offsets):  # the body, no dispatcher
         return block_sparse_ops.select_body(q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, block_q,
                                             block_kv, float(keep_ratio), top_k, causal, window[0], window[1],
                                             broadcast_q, always_local, backend, memo=True)

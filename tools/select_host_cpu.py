@@ -8,8 +8,9 @@ work item on the H200's host). Case: the bench's sparse batch's structure (22 se
 D128, causal, keep 0.5) at small lengths (the host path does not depend on them; fp16: the interpreter guard
 refuses bf16 on CPU). Rows (bench/NOTES.md "selection host path, helper selshare, stop 28"):
 
-- the public call as shipped, then with its eager direct path off (``attention.EAGER_DIRECT = False``: through
-  ``torch.ops.jfa.select_kv_blocks``, as before stop 28) and with the layouts off (``launch.REPLAYS_ENABLED``);
+- the public call with JFA_SELECT_DIRECT's path (``ops.block_sparse.SELECT_DIRECT``: the op's body without the
+  dispatcher, a call memo; ``KNOBS.sparse_select_layouts``: the triton layouts), then with one of the two off, then
+  both off (the default: through ``torch.ops.jfa.select_kv_blocks``, every launch argument derived per call);
 - the triton backend's function alone, offsets checked and not;
 - the GPU work items of one backend call (Triton launches, and aten ops that launch a kernel on a GPU; a dispatch
   mode sends the public call through the op, so the backend is counted); on CUDA the public call's offsets are
@@ -71,8 +72,8 @@ def main():
     stub_gpu()
     import jfa_ops
     from jfa_ops import validation
-    from jfa_ops.backends.triton import block_sparse_select, launch
-    from jfa_ops.ops import attention, block_sparse
+    from jfa_ops.backends.triton import block_sparse_select, configs
+    from jfa_ops.ops import block_sparse
 
     validation.cover = lambda *a: None  # CPU offsets are never covered: the rows below time the checked path
     off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
@@ -85,20 +86,22 @@ def main():
 
     params, _ = block_sparse._select_params(q, k, off, off, mx, mx, 128, 128, 0.5, -1, True)
     checked = dataclasses.replace(params, check_offsets=True)
-    rows = [("public select_kv_blocks (offsets checked: CPU tensors are never covered)", public, ()),
-            ("  through torch.ops.jfa.select_kv_blocks (attention.EAGER_DIRECT = False)", public,
-             ((attention, "EAGER_DIRECT", False),)),
-            ("  without the layouts (launch.REPLAYS_ENABLED = False)", public, ((launch, "REPLAYS_ENABLED", False),)),
-            ("  both off (the path before stop 28)", public,
-             ((attention, "EAGER_DIRECT", False), (launch, "REPLAYS_ENABLED", False))),
-            ("triton backend select_kv_blocks, offsets checked", lambda: block_sparse_select.select_kv_blocks(
-                q, k, off, off, checked), ()),
-            ("triton backend select_kv_blocks, unchecked (covered offsets)", lambda: block_sparse_select.select_kv_blocks(
-                q, k, off, off, params), ())]
+    direct, layouts = (block_sparse, "SELECT_DIRECT"), (configs.KNOBS, "sparse_select_layouts")
+    rows = [("public select_kv_blocks, JFA_SELECT_DIRECT's path (offsets checked: CPU ones are never covered)",
+             public, ((direct, True), (layouts, True))),
+            ("  without the layouts (KNOBS.sparse_select_layouts off)", public, ((direct, True), (layouts, False))),
+            ("  through torch.ops.jfa.select_kv_blocks (SELECT_DIRECT off)", public, ((direct, False), (layouts, True))),
+            ("  both off (the default path)", public, ((direct, False), (layouts, False))),
+            ("triton backend select_kv_blocks with layouts, offsets checked", lambda: block_sparse_select.select_kv_blocks(
+                q, k, off, off, checked), ((layouts, True),)),
+            ("  unchecked (covered offsets)", lambda: block_sparse_select.select_kv_blocks(q, k, off, off, params),
+             ((layouts, True),)),
+            ("  without layouts, unchecked", lambda: block_sparse_select.select_kv_blocks(q, k, off, off, params),
+             ((layouts, False),))]
     print(f"torch {torch.__version__}; us of CPU time per call (launches stubbed), median of 5 x {args.calls}")
     for name, fn, switches in rows:
         with contextlib.ExitStack() as stack:
-            for module, attr, value in switches:
+            for (module, attr), value in switches:
                 stack.enter_context(switched(module, attr, value))
             print(f"{per_call_us(fn, args.calls):9.1f}  {name}", flush=True)
     for name, fn in (("checked: + the check's assert, stubbed here", lambda: block_sparse_select.select_kv_blocks(

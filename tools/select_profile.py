@@ -15,12 +15,22 @@ for selection pool v6's two: tools/sparse_profile.py's `_set_variant`). Prints, 
   pooling kernels' sum) and the rate it reads Q and K at (TB/s);
 - `same`: whether the variant chose exactly the blocks `default` chose (index and count equal).
 
+`--paths op,direct` (stop 28, helper selshare) times each variant on each host path: `op` the default (through
+`torch.ops.jfa.select_kv_blocks`, every launch argument derived per call, the offsets checked on every call), `direct`
+JFA_SELECT_DIRECT=1's (the op's body without the dispatcher, a call memo, covered offsets, the triton layouts); the
+GPU's work is the same.
+
 bench/NOTES.md "selection v5" and "selection pool v6" say what to expect.
 """
 from __future__ import annotations
 
+try:  # in a Triton 3.8 + TLX process (the bench's): the plugin registers before anything imports triton
+    import _utlx_autoregister  # noqa: F401
+except ImportError:
+    pass
 import argparse
 import collections
+import contextlib
 import statistics
 import time
 
@@ -31,6 +41,25 @@ import jfa_ops
 from bench.suites import make_inputs, sparse_cases
 from bench.timing import cuda_graph_us
 from sparse_profile import _set_variant  # tools/ is on the path of a script run from it
+
+
+@contextlib.contextmanager
+def _host_path(path: str):
+    """``op``: through ``torch.ops.jfa.select_kv_blocks``, no layouts (the default); ``direct``: JFA_SELECT_DIRECT's
+    path (the op's body without the dispatcher, the call memo, covered offsets, the triton layouts)."""
+    from jfa_ops import validation
+    from jfa_ops.backends.triton.configs import KNOBS
+    from jfa_ops.ops import block_sparse
+    if path not in ("op", "direct"):
+        raise ValueError(f"unknown host path {path!r} (op, direct)")
+    saved = block_sparse.SELECT_DIRECT, KNOBS.sparse_select_layouts
+    block_sparse.SELECT_DIRECT = KNOBS.sparse_select_layouts = path == "direct"
+    validation._COVERED.clear()
+    try:
+        yield
+    finally:
+        block_sparse.SELECT_DIRECT, KNOBS.sparse_select_layouts = saved
+        validation._COVERED.clear()
 
 
 def _profile(call, calls: int):
@@ -65,6 +94,8 @@ def main():
     parser.add_argument("--cases", default="0")
     parser.add_argument("--case", type=int, help="one case (the old flag; --cases takes a list)")
     parser.add_argument("--variants", default="default")
+    parser.add_argument("--paths", default="op", help="comma list of op (the default host path), direct "
+                        "(JFA_SELECT_DIRECT=1's)")
     args = parser.parse_args()
     cases = sparse_cases([128], "quick")
     rows = []
@@ -78,12 +109,14 @@ def main():
                                             causal=case.causal, backend="triton")
 
         chosen = None
-        for variant in args.variants.split(","):
+        for variant, path in ((v, p) for v in args.variants.split(",") for p in args.paths.split(",")):
             _set_variant(variant)
-            index_count = call()
-            same = chosen is None or all(torch.equal(a, b) for a, b in zip(chosen, index_count))
-            chosen = chosen or index_count
-            bench_us, host_us, gpu_us, kernels = _profile(call, args.calls)
+            with _host_path(path):
+                index_count = call()
+                same = chosen is None or all(torch.equal(a, b) for a, b in zip(chosen, index_count))
+                chosen = chosen or index_count
+                bench_us, host_us, gpu_us, kernels = _profile(call, args.calls)
+            variant = f"{variant} [{path}]"
             total = sum(v[0] for v in kernels.values())
             pool_us = sum(v[0] for name, v in kernels.items() if "pool" in name)
             rows.append((case.label, variant, bench_us, host_us, gpu_us, total, pool_us, same))

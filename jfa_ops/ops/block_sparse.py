@@ -62,12 +62,21 @@ def select_kv_blocks(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offse
     return select_body(q, k, q_offsets, kv_offsets, *options)
 
 
+# JFA_SELECT_DIRECT=1 (read once, at import; off until measured on the GPU): ``jfa_ops.select_kv_blocks``'s eager
+# calls of plain tensors run ``select_body`` without torch's dispatcher (~110 of the call's ~280 us of Python on a
+# CPU count: bench/NOTES.md "selection host path, helper selshare, stop 28"), with the call memo, and a selection
+# whose backend checked the offsets covers them; the triton backend keeps its layouts (``KNOBS.sparse_select_layouts``,
+# the same variable). Why: the bench's select rows timed this host path, not the GPU's work.
+SELECT_DIRECT = os.environ.get("JFA_SELECT_DIRECT", "0") == "1"
+
+
 def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *options,
                 memo: bool = False) -> Tuple[Tensor, Tensor]:
-    """The op's body; ``jfa_ops.select_kv_blocks`` calls it directly where ``attention.eager_direct`` holds (no
-    dispatcher), with ``memo``: the checks, params and backend choice once per call signature (``_select_call``).
-    A call whose backend checked the offsets on the device covers them (async mode, ``validation.cover``), as the
-    attention op does: the next call with the same offsets, and the sparse forward after it, skip the check."""
+    """The op's body; ``jfa_ops.select_kv_blocks`` calls it directly under ``SELECT_DIRECT`` where
+    ``attention.eager_direct`` holds (no dispatcher), with ``memo``: the checks, params and backend choice once per
+    call signature (``_select_call``). Under ``SELECT_DIRECT`` a call whose backend checked the offsets on the device
+    covers them (async mode, ``validation.cover``), as the attention op does: the next call with the same offsets,
+    and the sparse forward after it, skip the check."""
     if memo:
         impl, params, checked = _select_call(q, k, q_offsets, kv_offsets, options)
     else:
@@ -77,7 +86,7 @@ def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: T
     if check_offset_values(q, k, q_offsets, kv_offsets, *options[:2], impl.checks_offsets):  # max_seqlen_* required
         params = checked or dataclasses.replace(params, check_offsets=True)  # the backend checks them on the device
     result = impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
-    if params.check_offsets and validation_mode(q.device) == "async":
+    if SELECT_DIRECT and params.check_offsets and validation_mode(q.device) == "async":
         validation.cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], *options[:2])
     return result
 

@@ -1,7 +1,8 @@
-"""The selection's host path (bench/NOTES.md "selection host path, helper selshare, stop 28"): the eager direct path
-of ``jfa_ops.select_kv_blocks`` (no dispatcher, a call memo, offsets covered after a checked call) and the triton
-backend's layouts per call signature (launches through plans). Results are checked against the float64 reference;
-the layouts' launches against the launches of the path without them (``launch.REPLAYS_ENABLED = False``)."""
+"""The selection's host path under JFA_SELECT_DIRECT (bench/NOTES.md "selection host path, helper selshare, stop
+28"): the eager direct path of ``jfa_ops.select_kv_blocks`` (``ops.block_sparse.SELECT_DIRECT``: no dispatcher, a call
+memo, offsets covered after a checked call) and the triton backend's layouts per call signature
+(``KNOBS.sparse_select_layouts``: launches through plans). Results are checked against the float64 reference; the
+layouts' launches against the launches of the path without them."""
 from __future__ import annotations
 
 import os
@@ -59,6 +60,7 @@ def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _coverable_on_cpu(monkeypatch)
+    monkeypatch.setattr(ops, "SELECT_DIRECT", True)
     q, k, off = _inputs()
     op_calls = count_op_calls(monkeypatch, "select_kv_blocks")
     checks = []
@@ -85,9 +87,27 @@ def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_selection_default_path_is_the_op_and_checks_every_call(monkeypatch):
+    """Without JFA_SELECT_DIRECT (the default until measured): every call goes through the op, which checks the
+    offsets on the device each time and covers nothing."""
+    _coverable_on_cpu(monkeypatch)
+    monkeypatch.setattr(ops, "SELECT_DIRECT", False)
+    q, k, off = _inputs()
+    op_calls = count_op_calls(monkeypatch, "select_kv_blocks")
+    checks = []
+    real = block_sparse_select.select_kv_blocks
+    monkeypatch.setattr(block_sparse_select, "select_kv_blocks",
+                        lambda *a: checks.append(a[-1].check_offsets) or real(*a))
+    for _ in range(2):
+        jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
+    assert len(op_calls) == 2 and checks == [True, True] and not validation.covered(off, off, 90, 90, 40, 40)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_eager_selection_memo_still_rejects_bad_calls(monkeypatch):
     """The direct path's memo keeps only calls that passed the checks: a bad call after a good one with the same
     tensors still raises (a wrong max_seqlen type, a bad keep ratio, another backend's refusal)."""
+    monkeypatch.setattr(ops, "SELECT_DIRECT", True)
     q, k, off = _inputs()
     jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
     with pytest.raises(ValueError, match="keep_ratio"):
@@ -125,20 +145,25 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("knobs", [{}, {"sparse_pool_one_launch": False},
                                    {"sparse_select_rows": True, "sparse_pool_stream": False}])
 def test_selection_layout_launches_the_unkept_paths_arguments(monkeypatch, knobs, check):
-    """A call signature's layout is made once: its calls launch through plans (a plan key per layout and launch)
-    with the grids and the arguments of the path without layouts (``launch.replays_enabled()`` False: every
-    argument derived per call, as under the interpreter or while traced); a flipped knob makes a new layout
-    (``Knobs.generation`` in the key)."""
-    for name, value in knobs.items():
+    """Under ``KNOBS.sparse_select_layouts`` a call signature's layout is made once: its calls launch through plans
+    (a plan key per layout and launch) with the grids and the arguments of the path without layouts (the knob off,
+    or ``launch.replays_enabled()`` False: every argument derived per call, as under the interpreter or while
+    traced); a flipped knob makes a new layout (``Knobs.generation`` in the key)."""
+    for name, value in {"sparse_select_layouts": True, **knobs}.items():
         monkeypatch.setattr(configs.KNOBS, name, value)
     seen = _spied_launches(monkeypatch)
     q, k, off = _inputs()
     params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
                                max_seqlen_kv=40, check_offsets=check)
-    block_sparse_select.select_kv_blocks(q, k, off, off, params)
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)  # (interpreted: no layout)
     unkept = list(seen)
     assert unkept and all(key is None for _, _, key, _ in unkept) and not block_sparse_select._LAYOUTS
     monkeypatch.setattr(launch, "replays_enabled", lambda: True)
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", False)
+    seen.clear()
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)  # the knob off: no layout either
+    assert [s[2] for s in seen] == [None] * len(unkept) and not block_sparse_select._LAYOUTS
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", True)
     made = []
     real_init = block_sparse_select._Layout.__init__
     monkeypatch.setattr(block_sparse_select._Layout, "__init__", lambda self, *a: made.append(1) or real_init(self, *a))

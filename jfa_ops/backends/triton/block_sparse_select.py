@@ -641,7 +641,8 @@ class _Layout:
 # (~50 of its ~85 us on CPU with launches stubbed: bench/NOTES.md "selection host path, helper selshare, stop 28"),
 # all fixed by the key: the params, q's and k's shapes and strides, the device, the offsets' dtypes and shapes
 # and whether both sides pass one tensor, the knobs' generation (configs.Knobs) and the interpreter switch. Kept
-# only where launches go through plans (``launch.replays_enabled``: not traced, not interpreted).
+# only under ``KNOBS.sparse_select_layouts`` where launches go through plans (``launch.replays_enabled``: not traced,
+# not interpreted).
 _LAYOUTS: dict = {}
 _PLAN_IDS = itertools.count()  # a layout's launches' plan keys: (its id, launch number)
 _LAYOUTS_MAX = 256  # a bound, not a tuning (signatures hold row counts, which vary per batch)
@@ -649,7 +650,7 @@ launch_module.CLEAR_HOOKS.append(_LAYOUTS.clear)
 
 
 def _layout_key(q, k, q_offsets, kv_offsets, params) -> Optional[tuple]:
-    if not launch_module.replays_enabled():
+    if not (KNOBS.sparse_select_layouts and launch_module.replays_enabled()):
         return None
     return (params, q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, q.device,
             None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,

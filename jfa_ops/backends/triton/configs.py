@@ -102,6 +102,12 @@ class Knobs:
     # (bench/NOTES.md v18: pools 194 -> 152-154 us, selection 369 -> 328 us a call on the bench's T66944 batch).
     sparse_pool_stream: bool = True
     sparse_pool_one_launch: bool = True
+    # The selection's host path (helper selshare, bench/NOTES.md "selection host path, helper selshare, stop 28"):
+    # a layout per call signature (shapes, grids, launch arguments) and its launches through plans, instead of ~45
+    # arguments derived and bound per launch (~50 of the backend's ~100 us of Python, CPU count). The same
+    # launches with the same arguments. Off until measured; JFA_SELECT_DIRECT=1 turns it on at import (with the op
+    # layer's direct path, ``ops.block_sparse.SELECT_DIRECT``).
+    sparse_select_layouts: bool = os.environ.get("JFA_SELECT_DIRECT", "0") == "1"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->
