@@ -237,6 +237,12 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # (JFA_TLX_BWD_CAUSAL_ORDER=1): every masked call; False (=0): none.
 BACKWARD_CAUSAL_ORDER: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", ""))
 CAUSAL_ORDER_L2_BYTES = 40 << 20
+# CAUSAL_ORDER_JAGGED (JFA_TLX_BWD_CAUSAL_ORDER_JAGGED=1, off; helper jaggedorder, bench/NOTES.md "causal order list
+# on the device"): the per-call list built on the device (``block_sparse_bwd.causal_item_list_device``: two launches
+# and one allocation for the torch list's 59 ops, bit for bit its list), and with CAUSAL_ORDER unset (None) every
+# masked call takes a list, jagged ones too. Why: on the H200 the list made the jagged T32768 causal kernel 10% faster
+# (10768 -> 9726 clk per block) but its per-call ops cost ~0.18 ms of a 3.4 ms backward. Off until timed there.
+BACKWARD_CAUSAL_ORDER_JAGGED = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER_JAGGED", "0") == "1"
 # The list buys DRAM bytes, so it pays only where the default's causal loop is DRAM-bound (helper causalorder2,
 # bench/NOTES.md "TLX causal backward order v2"): a block reads 64 rows of Q + dO and reduce-adds 64 rows of fp32 dQ
 # (all misses in the default order: 12 x 64 x D bytes with the dQ write-back), while its softmax / dS work on the
@@ -468,6 +474,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
     return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED, dq_defer=BACKWARD_DQ_DEFER,
                 stats_ahead=stats_ahead(head_dim), dq_lag=BACKWARD_DQ_LAG, head_group=head_group(heads_kv),
                 item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
+                causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED)
 

@@ -155,6 +155,24 @@ def rank_specialization() -> Specialization:
     return Specialization("rank-tiles", "rank_tiles_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
+def causal_list_specializations() -> Iterator[Specialization]:
+    """The causal order's device-built list (``block_sparse_bwd.causal_item_list_device``, tlx
+    ``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) as it launches its two kernels (16 kv heads)."""
+    from . import block_sparse_bwd as bsb
+
+    for kernel, pointers, constexprs in (
+            ("causal_streams_kernel", ("Q_OFF", "SCRATCH"),
+             dict(BLOCK=bsb.CAUSAL_STREAMS_BLOCK, CHUNK=bsb.CAUSAL_STREAMS_CHUNK, HEADS=16)),
+            ("causal_items_kernel", ("TILE_SEQ", "TILE_START", "SCRATCH", "OUT"),
+             dict(BLOCK=bsb.CAUSAL_ITEMS_BLOCK, CHUNK=bsb.CAUSAL_ITEMS_CHUNK))):
+        fn = getattr(bsb, kernel)
+        sig = _sig(list(fn.arg_names), {n: "*i32" for n in pointers})
+        sig.update({c: "constexpr" for c in constexprs})
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+        yield Specialization(f"causal-list-{kernel.split('_')[1]}", kernel, bsb.__name__, sig, constexprs, attrs, 4,
+                             1)
+
+
 _BLOCK_SPARSE_KERNELS = {
     "bs_fwd": ("block_sparse_fwd", "block_sparse_fwd_kernel", "fwd"),
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
@@ -359,6 +377,7 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
     yield rank_specialization()
+    yield from causal_list_specializations()
     for kernel in ("fwd", "dkdv", "dq"):  # the one-wave schedule (no sorted list), the forward with its check
         yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
