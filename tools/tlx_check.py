@@ -3,7 +3,8 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast), then
+all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
+causaljagged: first ``causal_list_check``, the device-built causal list vs the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
@@ -297,10 +298,13 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # reduce; dqredlast: the same with an L2 evict_last policy (bench/NOTES.md "TLX backward dQ reduce,
                 # helper dqadd, stop 27")
                 "dqred": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=1),
-                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2)}
+                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2),
+                # helper jaggedorder: CAUSAL_ORDER's list for every masked call, jagged ones too, built on the device
+                # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
+                "causaljagged": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED")
+              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)
@@ -341,6 +345,72 @@ def backward_correctness(variant: str) -> int:
     print(f"backward correctness {variant}: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
+
+def _causal_list_layouts():
+    """(label, q lengths, kv lengths, kv heads, row bytes, L2 budget, kv_tiles' window) for ``causal_list_check``:
+    the bench's jagged batches at the backward's row bytes (H16 D128 bf16: 1 KiB) and 40 MiB, a long batch, 2000
+    short sequences, then seeded random layouts (empty sequences, length 1, tails off the blocks, cross lengths,
+    windows, GQA row bytes, budgets from one byte)."""
+    import random
+
+    from bench.suites import JAGGED_SEED, lognormal_lengths
+
+    causal = (0, 0, False, True)
+    out = [(f"bench jagged T{t}", lens, lens, 16, 1024, 40 << 20, causal)
+           for t in (32768, 16384, 262144) for lens in [lognormal_lengths(t, None, seed=JAGGED_SEED)]]
+    rng = random.Random(28)
+    short = [rng.randrange(1, 300) for _ in range(2000)]
+    out.append(("2000 short sequences", short, short, 8, 4096, 40 << 20, causal))
+    for i in range(40):
+        lens = [rng.choice([0, 1, 2, 127, 128, 129, rng.randrange(1, 3000)]) for _ in range(rng.choice([1, 3, 27, 90]))]
+        kv = [rng.choice([0, 1, 130, rng.randrange(0, 3000)]) for _ in lens] if i % 3 == 0 else lens
+        heads, row_bytes = rng.choice([1, 2, 8, 16]), rng.choice([1, 1024, 4096])
+        total = sum(lens) * heads * row_bytes
+        budget = max(1, rng.choice([1, total // 7 + 1, total + 5, 40 << 20]))
+        window = [causal, (rng.randrange(500), 0, True, True), (rng.randrange(500), rng.randrange(500), True, True)]
+        out.append((f"random {i}", lens, kv, heads, row_bytes, budget, window[i % 3]))
+    return out
+
+
+def causal_list_check() -> int:
+    """helper jaggedorder: ``block_sparse_bwd.causal_item_list_device`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``),
+    compiled for the GPU, against ``causal_item_list`` bit for bit on ``_causal_list_layouts``; then each builder's
+    cost per call on the bench's jagged T32768 and T16384 rows: host us (200 calls, no sync inside) and wall us
+    (the same calls to the end of their GPU work)."""
+    from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, causal_item_list_device
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    failures, lists = 0, {}
+    for label, q_lens, kv_lens, heads, row_bytes, budget, window in _causal_list_layouts():
+        q_off, kv_off = (torch.tensor([0] + list(n), device="cuda").cumsum(0).to(torch.int32)
+                         for n in (q_lens, kv_lens))
+        tiles = kv_tiles(q_off, kv_off, sum(q_lens), sum(kv_lens), 128, *window)
+        schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start)
+        torch_list = lambda: causal_item_list(schedule, heads, q_off, row_bytes, budget)  # noqa: E731
+        device_list = lambda: causal_item_list_device(schedule, heads, q_off, sum(q_lens), row_bytes,  # noqa: E731
+                                                      budget)
+        same = all(torch.equal(a, b) for a, b in zip(torch_list(), device_list()))
+        failures += not same
+        if not same or not label.startswith("random"):
+            print(f"causal list {label:24s} ({len(q_lens)} seqs, {schedule['TILE_SEQ'].numel() * heads} items): "
+                  f"{'same' if same else 'DIFFERENT'}", flush=True)
+        lists[label] = (torch_list, device_list)
+    print(f"causal list: {failures} of {len(lists)} layouts differ", flush=True)
+    for label in ("bench jagged T32768", "bench jagged T16384", "bench jagged T262144", "2000 short sequences"):
+        row = []
+        for fn in lists[label]:
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(200):
+                fn()
+            host = (time.perf_counter() - t0) / 200 * 1e6
+            torch.cuda.synchronize()
+            row.append((host, (time.perf_counter() - t0) / 200 * 1e6))
+        print(f"causal list {label:24s} us per call, host / wall: torch {row[0][0]:6.1f} / {row[0][1]:6.1f}, "
+              f"device {row[1][0]:6.1f} / {row[1][1]:6.1f}", flush=True)
+    return failures
 
 def graph_ms(fn) -> float:
     """Median ms of one call replayed from a CUDA graph (warmed up on a side stream first, as capture requires)."""
@@ -1268,7 +1338,8 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 # case: does the L2 order take the dQ reduce's extra cost away? bench/NOTES.md "TLX backward dQ reduce, helper
 # dqadd, stop 27")
 ABLATION_KNOBS = {"dqred": ("BACKWARD_DQ_RED", 1), "dqredlast": ("BACKWARD_DQ_RED", 2),
-                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True)}
+                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True),
+                  "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
 
 def backward_ablation() -> int:
@@ -1346,6 +1417,8 @@ def main(argv) -> int:
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):
+            if variant == "causaljagged":  # its list on the GPU first (bits, then cost per call)
+                failed += causal_list_check()
             failed += backward_correctness(variant)
     if part in ("backward", "backward-timing", "all"):  # backward-timing: the timings alone (own time limit)
         failed += backward_timing()

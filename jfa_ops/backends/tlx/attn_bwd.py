@@ -1113,7 +1113,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                    mxfp8=False, delta_grad_out=None, device_list=False):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
-    order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say)."""
+    order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
+    where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
      alternate, causal_order, ablate, delta_early, parts, dq_red) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
@@ -1171,7 +1172,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         if one_length_causal(q, k, kv_offsets, params):
             items = uniform_causal_item_list(num_seqs, params.max_seqlen_q, num_heads_kv, row_bytes,
                                              configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
-        elif device_list:
+        elif device_list and schedule["n_slots"] ** 2 * num_heads_kv <= configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS:
             items = causal_item_list_device(schedule, num_heads_kv, q_off, total_out, row_bytes,
                                             configs.CAUSAL_ORDER_L2_BYTES)
         else:

@@ -243,6 +243,9 @@ CAUSAL_ORDER_L2_BYTES = 40 << 20
 # masked call takes a list, jagged ones too. Why: on the H200 the list made the jagged T32768 causal kernel 10% faster
 # (10768 -> 9726 clk per block) but its per-call ops cost ~0.18 ms of a 3.4 ms backward. Off until timed there.
 BACKWARD_CAUSAL_ORDER_JAGGED = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER_JAGGED", "0") == "1"
+# Its items kernel counts over the tile list per item (items x tiles pairs, ~19 int ops each: ~40 us of the H200 at
+# 2**25); above that (e.g. T262144 H16: 83M) the torch list (its ~59 ops, a few sorts' GPU time) costs less.
+CAUSAL_ORDER_DEVICE_MAX_PAIRS = 1 << 25
 # The list buys DRAM bytes, so it pays only where the default's causal loop is DRAM-bound (helper causalorder2,
 # bench/NOTES.md "TLX causal backward order v2"): a block reads 64 rows of Q + dO and reduce-adds 64 rows of fp32 dQ
 # (all misses in the default order: 12 x 64 x D bytes with the dQ write-back), while its softmax / dS work on the
