@@ -217,14 +217,15 @@ CAUSAL_STREAMS_BLOCK, CAUSAL_STREAMS_CHUNK = 32, 128  # sequences per program x 
 CAUSAL_ITEMS_BLOCK, CAUSAL_ITEMS_CHUNK = 64, 128  # items placed per program x key tiles counted per step
 
 
-@triton.jit(do_not_specialize=["num_seqs", "n_g"])
-def causal_streams_kernel(Q_OFF, SCRATCH, num_seqs, heads, bytes_per_row, l2_bytes, n_g, BLOCK: tl.constexpr,
+@triton.jit(do_not_specialize=["n_items", "num_seqs", "n_g"])
+def causal_streams_kernel(Q_OFF, OUT, n_items, num_seqs, heads, bytes_per_row, l2_bytes, n_g, BLOCK: tl.constexpr,
                           CHUNK: tl.constexpr, HEADS: tl.constexpr):
     """Per sequence b (lengths clamped at 0): POS[b] = its place among the sequences longest first (stable); the
     section of its streams (b, h), SEC[b * heads + h] = (bytes of the streams before it) // l2_bytes, streams in that
     order (sequence by sequence, heads in order; a stream is length x bytes_per_row); G[s] = the streams in sections
     < s, written where an item reads it (s = a stream's section, and that + 1); LAST = the last stream's section.
-    SCRATCH = [POS: B][SEC: B x heads][LAST: 1][G: n_g] int32 (``causal_item_list_device``)."""
+    SCRATCH = OUT + 3 x n_items (past the list) = [POS: B][SEC: B x heads][LAST: 1][G: n_g] int32
+    (``causal_item_list_device``)."""
     b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = b < num_seqs
     length = tl.maximum(tl.load(Q_OFF + b + 1, mask=ok, other=0) - tl.load(Q_OFF + b, mask=ok, other=0), 0)
@@ -254,8 +255,8 @@ def causal_streams_kernel(Q_OFF, SCRATCH, num_seqs, heads, bytes_per_row, l2_byt
     before = tl.where(h[None, :] == 0, (first - shortest_ahead * row_bytes)[:, None], filled - stream[:, None])
     prev_sec = tl.where((h[None, :] == 0) & (pos[:, None] == 0), -1, before // l2)  # the stream before's section
     both = ok[:, None] & h_ok[None, :]
-    POS = SCRATCH
-    SEC = SCRATCH + num_seqs
+    POS = OUT + 3 * n_items.to(tl.int64)
+    SEC = POS + num_seqs
     LAST = SEC + num_seqs * heads
     G = LAST + 1
     tl.store(POS + b, pos, mask=ok)
@@ -270,7 +271,7 @@ def causal_streams_kernel(Q_OFF, SCRATCH, num_seqs, heads, bytes_per_row, l2_byt
 
 
 @triton.jit(do_not_specialize=["n_items", "num_seqs", "n_g"])
-def causal_items_kernel(TILE_SEQ, TILE_START, SCRATCH, OUT, n_items, heads, num_seqs, n_g, BLOCK: tl.constexpr,
+def causal_items_kernel(TILE_SEQ, TILE_START, OUT, n_items, heads, num_seqs, n_g, BLOCK: tl.constexpr,
                         CHUNK: tl.constexpr):
     """``causal_item_list``'s list from ``causal_streams_kernel``'s SCRATCH: item i = (tile i // heads, kv head
     i % heads) of the sorted key tile list goes to its place, OUT[0 / 1 / 2, place] = (seq, start, head) (OUT
@@ -287,8 +288,8 @@ def causal_items_kernel(TILE_SEQ, TILE_START, SCRATCH, OUT, n_items, heads, num_
     seq = tl.load(TILE_SEQ + r, mask=ok, other=-1)
     start = tl.load(TILE_START + r, mask=ok, other=0)
     real = ok & (seq >= 0)
-    POS = SCRATCH
-    SEC = SCRATCH + num_seqs
+    POS = OUT + 3 * n_items.to(tl.int64)  # causal_streams_kernel's SCRATCH
+    SEC = POS + num_seqs
     LAST = SEC + num_seqs * heads
     G = LAST + 1
     s = tl.minimum(tl.maximum(seq, 0), tl.maximum(num_seqs - 1, 0))
@@ -333,21 +334,21 @@ def causal_item_list_device(schedule: dict, heads_kv: int, q_offsets: torch.Tens
     n_items = n_tiles * heads_kv
     n_g = bytes_per_row * heads_kv * total_q // l2_bytes + 2  # sections + 1 (the last stream's section + 1 is read)
     out = torch.empty(3 * n_items + num_seqs * (heads_kv + 1) + 1 + n_g, dtype=torch.int32, device=device)
-    scratch = out[3 * n_items:]  # 16-byte aligned: the tile lists' capacity is a multiple of 4
     if num_seqs > 0:
         launch_planned(causal_streams_kernel, (heads_kv, bytes_per_row, l2_bytes),
                        (common.cdiv(num_seqs, CAUSAL_STREAMS_BLOCK),),
-                       dict(Q_OFF=q_offsets, SCRATCH=scratch, num_seqs=num_seqs, n_g=n_g),
+                       dict(Q_OFF=q_offsets, OUT=out, n_items=n_items, num_seqs=num_seqs, n_g=n_g),
                        lambda: dict(heads=heads_kv, bytes_per_row=bytes_per_row, l2_bytes=l2_bytes,
                                     BLOCK=CAUSAL_STREAMS_BLOCK, CHUNK=CAUSAL_STREAMS_CHUNK,
                                     HEADS=triton.next_power_of_2(heads_kv)), num_warps=4, num_stages=1)
     if n_items > 0:
         launch_planned(causal_items_kernel, (heads_kv,), (common.cdiv(n_items, CAUSAL_ITEMS_BLOCK),),
-                       dict(TILE_SEQ=seq, TILE_START=start, SCRATCH=scratch, OUT=out, n_items=n_items,
+                       dict(TILE_SEQ=seq, TILE_START=start, OUT=out, n_items=n_items,
                             num_seqs=num_seqs, n_g=n_g),
                        lambda: dict(heads=heads_kv, BLOCK=CAUSAL_ITEMS_BLOCK, CHUNK=CAUSAL_ITEMS_CHUNK),
                        num_warps=4, num_stages=1)
-    return out[:n_items], out[n_items:2 * n_items], out[2 * n_items:3 * n_items]
+    # three rows (16-byte aligned: the tile lists' capacity is a multiple of 4) in two aten ops
+    return out.as_strided((3, n_items), (n_items, 1)).unbind(0)
 
 
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:

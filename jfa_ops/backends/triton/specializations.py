@@ -161,9 +161,9 @@ def causal_list_specializations() -> Iterator[Specialization]:
     from . import block_sparse_bwd as bsb
 
     for kernel, pointers, constexprs in (
-            ("causal_streams_kernel", ("Q_OFF", "SCRATCH"),
+            ("causal_streams_kernel", ("Q_OFF", "OUT"),
              dict(BLOCK=bsb.CAUSAL_STREAMS_BLOCK, CHUNK=bsb.CAUSAL_STREAMS_CHUNK, HEADS=16)),
-            ("causal_items_kernel", ("TILE_SEQ", "TILE_START", "SCRATCH", "OUT"),
+            ("causal_items_kernel", ("TILE_SEQ", "TILE_START", "OUT"),
              dict(BLOCK=bsb.CAUSAL_ITEMS_BLOCK, CHUNK=bsb.CAUSAL_ITEMS_CHUNK))):
         fn = getattr(bsb, kernel)
         sig = _sig(list(fn.arg_names), {n: "*i32" for n in pointers})
