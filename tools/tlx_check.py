@@ -260,6 +260,10 @@ def backward_cases():
         # more items than programs (208 > 132: a sorted key tile list, not one wave), so CAUSAL_ORDER's list runs
         ("bwd jagged GQA 8:4 causal, a list", c((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4,
                                                 causal=True)),
+        # MHA jagged with a tail of 1 and an empty sequence (~55 key tiles x 8 kv heads > 132: a sorted list, no GQA
+        # split): causaljagged's list built on the device
+        ("bwd jagged H8 causal, a device list", c((2048, 1000, 3000, 1, 0, 129), (2048, 1000, 3000, 1, 0, 129),
+                                                  heads_q=8, heads_kv=8, causal=True)),
         # one length with the max_seqlen hints (160 items > 132): CAUSAL_ORDER's list made once per shape
         ("bwd dense B5 S1000 H8:4 causal, the kept list", c((1000,) * 5, (1000,) * 5, heads_q=8, heads_kv=4,
                                                              causal=True, pass_max_seqlen=True)),

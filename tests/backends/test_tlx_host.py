@@ -711,7 +711,8 @@ def test_causal_order_jagged_builds_the_list_on_the_device(gpu, monkeypatch):
     jagged causal call launches the list too, built by ``causal_streams_kernel`` then ``causal_items_kernel``
     (the torch list is not made): the kernel's TILE_SEQ / TILE_START / TILE_HEAD are the rows of the items kernel's
     output, and a repeat launches both through their launch plans (``launch.launch_planned``: no rebinding). A
-    one-length batch keeps its kept list; D64 takes none; a list of more items x tiles than
+    one-length batch keeps its kept list; D64 takes none, nor a GQA call where the split runs; a list of more
+    items x tiles than
     ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` is the torch one."""
     from jfa_ops.backends.triton.block_sparse_bwd import causal_items_kernel, uniform_causal_item_list
 
@@ -740,6 +741,15 @@ def test_causal_order_jagged_builds_the_list_on_the_device(gpu, monkeypatch):
                                                          torch.device("cpu"))[2]
     assert not any(name in lists for name, *_ in runs)
     assert not _causal_backward_launch(runs, monkeypatch, [300, 17, 700], head_dim=64, hints=True)["ITEM_LIST"]
+    # GQA where the split would run: _gqa_split's rule (a list to build: no split), asked as if none were
+    monkeypatch.setattr(attn_bwd, "_gqa_split", lambda *a: (1, False) if a[4] else (2, False))
+    monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", -1)
+    monkeypatch.setitem(globals(), "HEADS", (8, 4))
+    split = _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)
+    assert split["GROUP_SPLIT"] == 2 and not split["ITEM_LIST"]
+    monkeypatch.setattr(attn_bwd, "_gqa_split", lambda *a: (1, False))
+    assert _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)["ITEM_LIST"]
+    monkeypatch.setitem(globals(), "HEADS", (8, 8))
     made = []  # over configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS (items x tiles): the torch list
     monkeypatch.setattr(attn_bwd, "causal_item_list", lambda *a: made.append(a) or (a[0]["TILE_SEQ"],) * 3)
     pairs = attn_bwd.capacity_of(1017, 128, 3) ** 2 * HEADS[1]

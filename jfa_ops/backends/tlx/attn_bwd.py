@@ -1046,9 +1046,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
     made once per shape), with the snake; head_group and item_order yield to it there; head dims below
     ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
-    (``one_length_causal``), and with ``causal_jagged`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call;
-    ``causal_jagged`` also builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the
-    same list). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
+    (``one_length_causal``), and with ``causal_jagged`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call
+    where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
+    builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
     ONLY: the gradients are WRONG (a warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
     ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
     (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
@@ -1070,13 +1070,16 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         causal_order = False  # dense walks only
     else:
         qdo_first = uniform_walk = group_order = False  # block-sparse walks only
+    split_first = False  # a GQA split, where one runs, instead of the list (the knob's jagged calls)
     if causal_order is None:  # block-sparse: False above
-        causal_order = causal_jagged or one_length_causal(q, k, kv_offsets, params)
+        causal_order = one_length_causal(q, k, kv_offsets, params)
+        split_first = causal_jagged and not causal_order
+        causal_order = causal_order or causal_jagged
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     parts = 1  # GROUP_SPLIT
     if gqa_split and selection is None and v2 and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
-        parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order, gqa_split)
+        parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order and not split_first, gqa_split)
         item_order = item_order or snake_alone
         causal_order = causal_order and parts == 1  # moot where a split runs (no list was to be built)
     group_order = group_order and head_group > 0
