@@ -384,6 +384,8 @@ def causal_list_check() -> int:
     from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, causal_item_list_device
     from jfa_ops.backends.triton.scheduling import kv_tiles
 
+    from jfa_ops.backends.triton import launch as launcher
+
     failures, lists = 0, {}
     for label, q_lens, kv_lens, heads, row_bytes, budget, window in _causal_list_layouts():
         q_off, kv_off = (torch.tensor([0] + list(n), device="cuda").cumsum(0).to(torch.int32)
@@ -400,6 +402,7 @@ def causal_list_check() -> int:
                   f"{'same' if same else 'DIFFERENT'}", flush=True)
         lists[label] = (torch_list, device_list)
     print(f"causal list: {failures} of {len(lists)} layouts differ", flush=True)
+    verify, launcher.VERIFY = launcher.VERIFY, False  # JFA_LAUNCH_VERIFY's checks are no part of the cost
     for label in ("bench jagged T32768", "bench jagged T16384", "bench jagged T262144", "2000 short sequences"):
         row = []
         for fn in lists[label]:
@@ -414,6 +417,7 @@ def causal_list_check() -> int:
             row.append((host, (time.perf_counter() - t0) / 200 * 1e6))
         print(f"causal list {label:24s} us per call, host / wall: torch {row[0][0]:6.1f} / {row[0][1]:6.1f}, "
               f"device {row[1][0]:6.1f} / {row[1][1]:6.1f}", flush=True)
+    launcher.VERIFY = verify
     return failures
 
 def graph_ms(fn) -> float:
@@ -598,7 +602,9 @@ def backward_timing() -> int:
     causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
     bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
     bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
-    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto."""
+    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``:
+    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal (a control: one length, the
+    kept list in every column), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -611,6 +617,11 @@ def backward_timing() -> int:
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
     if gqa:
         cases = gqa_timing_cases(lens)
+    elif os.environ.get("TLX_BWD_TIMING_JAGGED", "0") == "1":  # helper jaggedorder's rows: the jagged causal calls
+        # (T32768, the short T16384, the bench's GQA 16:2, where a GQA split keeps its place) and a one-length control
+        short = lognormal_lengths(16384, None, seed=JAGGED_SEED)
+        cases = [cases[2], Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True),
+                 Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True), cases[1]]
     elif os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
