@@ -638,7 +638,7 @@ def backward_timing() -> int:
     if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
-    short = lambda n: ("percal" if n.endswith(PER_CALL)  # noqa: E731
+    short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
                        else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
     ratios = ([] if gqa else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
     ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
