@@ -270,8 +270,8 @@ def test_causal_item_list_device_random_layouts(seed):
 
 def test_causal_item_list_device_bench_batch_ops(monkeypatch):
     """The bench's jagged T32768 causal batch (27 lognormal sequences up to 8192, 16 kv heads, D128 bf16 rows, the
-    40 MiB budget): the same list, made with one allocation, two views and two launches (the torch list: 59 aten ops; counted
-    with the launches stubbed, since the interpreter's own tensor work would count too)."""
+    40 MiB budget): the same list, made with one allocation, two views and two launches (the torch list: 59 aten
+    ops; counted with the launches stubbed, since the interpreter's own tensor work would count too)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from bench.suites import JAGGED_SEED, lognormal_lengths

@@ -1048,8 +1048,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
     (``one_length_causal``), and with ``causal_jagged`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call
     where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
-    builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
-    ONLY: the gradients are WRONG (a warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
+    builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
+    (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
+    warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
     ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
     (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
     ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;

@@ -241,8 +241,9 @@ CAUSAL_ORDER_L2_BYTES = 40 << 20
 # on the device"): the per-call list built on the device (``block_sparse_bwd.causal_item_list_device``: two launches
 # and one allocation for the torch list's 59 ops, bit for bit its list), and with CAUSAL_ORDER unset (None) every
 # masked call takes a list, jagged ones too, except where a GQA split runs (GQA_SPLIT's plan: its balance at few kv
-# heads, untimed against the list; CAUSAL_ORDER=1's list still wins there). Why: on the H200 the list made the jagged T32768 causal kernel 10% faster
-# (10768 -> 9726 clk per block) but its per-call ops cost ~0.18 ms of a 3.4 ms backward. Off until timed there.
+# heads, untimed against the list; CAUSAL_ORDER=1's list still wins there). Why: on the H200 the list made the
+# jagged T32768 causal kernel 10% faster (10768 -> 9726 clk per block) but its per-call ops cost ~0.18 ms of a 3.4 ms
+# backward. Off until timed there.
 BACKWARD_CAUSAL_ORDER_JAGGED = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER_JAGGED", "0") == "1"
 # Its items kernel counts over the tile list per item (items x tiles pairs, ~19 int ops each: ~40 us of the H200 at
 # 2**25); above that (e.g. T262144 H16: 83M) the torch list (its ~59 ops, a few sorts' GPU time) costs less.
