@@ -405,19 +405,19 @@ def test_backward_ablations_remove_only_their_stage():
     assert by_stages[("mxquant",)]["block_loop_path_spill_ops"] == quantized["block_loop_path_spill_ops"] == [0, 0]
 
 
-# The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; ``specializations.mxfp8_backward_specializations``,
-# off by default) against the ``mxquant`` ablation kernel of the same features, whose roundings they carry (sm_90
-# ptxas at stop 26-27): spill bytes, stores + loads (mxquant D128 full 204 + 268, causal 180 + 256; MXFP8 full 188 +
-# 244, causal 188 + 264: per work item, not on the block loops' straight path), and the block-loop path (mxquant
-# 791 / 797 full, 818 / 796 causal; MXFP8 + the clamp's 32 FMNMX per thread and the masked-tile test: 848 / 829,
-# 853 / 830).
+# The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; on by default since stop 28;
+# ``specializations.mxfp8_backward_specializations``) against the ``mxquant`` ablation kernel of the same features,
+# whose roundings they carry (sm_90 ptxas at stop 26-27): spill bytes, stores + loads (mxquant D128 full 204 + 268,
+# causal 180 + 256; MXFP8 full 188 + 244, causal 188 + 264: per work item, not on the block loops' straight path),
+# and the block-loop path (mxquant 791 / 797 full, 818 / 796 causal; MXFP8 + the clamp's 32 FMNMX per thread and the
+# masked-tile test: 848 / 829, 853 / 830).
 MXFP8_BWD_ABLATION_SPILLS = {"full": 204 + 268, "causal": 180 + 256}
 MXFP8_BWD_ABLATION_PATH = {"full": [791, 797], "causal": [818, 796]}
 
 
 def test_mxfp8_backward_kernels_compile_within_the_ablation_budget():
     """The MXFP8 backward's kernels (the TLX backward with MXFP8: P clamped to <= 1, P and dS rounded to MXFP8
-    values; not shipped while ``configs.MXFP8_BACKWARD`` is off, so the ``compiled`` fixture skips them): each
+    values; on by default, compiled here rather than in the ``compiled`` fixture's shipped list, once): each
     compiles within sm_90's shared memory (the default's 213,384 B at D128), at the default's 168 registers, within
     32 spill bytes per thread of the ``mxquant`` ablation kernel (D128 full / causal; D64 0), with no more spill
     instructions on its block loops' straight path than the default kernel (D128 full 1 / 0, causal 2 / 0), the

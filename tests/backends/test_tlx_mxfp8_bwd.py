@@ -1,5 +1,5 @@
-"""The TLX MXFP8 backward, design (D) (``tlx/mxfp8_attn_bwd.py``, env JFA_TLX_MXFP8_BWD=1; bench/NOTES.md "MXFP8
-backward design (D), helper mxbwdd, stop 27").
+"""The TLX MXFP8 backward, design (D) (``tlx/mxfp8_attn_bwd.py``, on by default, env JFA_TLX_MXFP8_BWD=0: off;
+bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27" and v19).
 
 CPU (the interpreter): the host side (``jfa_ops.backends.mxfp8_bwd``) makes the MX-valued bf16 operands bit for bit
 as the reference's quantize + dequantize, and with a float64 stand-in for the kernel (the kernel's arithmetic:
@@ -272,7 +272,7 @@ def route(knob, dtype=torch.bfloat16, dim=128, heads=(4, 2), **params):
     configs.MXFP8_BACKWARD = knob
     q, k = torch.zeros(8, heads[0], dim, dtype=dtype), torch.zeros(8, heads[1], dim, dtype=dtype)
     return backward(None, None, q, k, k, None, None, None, None, AttentionParams(scale=1.0, **params), 'rceil')
-assert configs.MXFP8_BACKWARD is False  # off by default
+assert configs.MXFP8_BACKWARD is True  # on by default
 print(route(False), route(True), route(True, torch.float16), route(True, dim=64), route(True, torch.float32),
       route(True, dim=256), route(True, deterministic=True))
 """
@@ -280,7 +280,7 @@ print(route(False), route(True), route(True, torch.float16), route(True, dim=64)
 
 def test_knob_routes_the_tlx_mxfp8_backward():
     """The tlx backend's MXFP8 family backward (CPU, TLX importable in a subprocess: ``JFA_TLX_SITE`` or ``.ci-tlx``,
-    as test_tlx_compile.py): off by default (configs.MXFP8_BACKWARD, env JFA_TLX_MXFP8_BWD unset) and then the
+    as test_tlx_compile.py): on by default (configs.MXFP8_BACKWARD, env JFA_TLX_MXFP8_BWD unset); off: the
     triton MXFP8 backward; on: the TLX MXFP8 backward for fp16/bf16 inputs at head_dim 64/128, triton's for fp32
     inputs, head_dim 256 and deterministic=True (``mxfp8_attn_bwd.backward_reason``)."""
     import os
@@ -372,8 +372,10 @@ def test_tlx_mxfp8_backward_matches_the_model(name, dim, monkeypatch):
         assert got.dtype == torch.bfloat16 and torch.isfinite(got).all(), n
         assert _rel(got, m) <= 1e-2, f"d{n} vs model {_rel(got, m):.2e}"
         assert _rel(got, o) <= 2e-2, f"d{n} vs oracle {_rel(got, o):.2e}"
-        if e is not None and e.norm() > 0:
-            assert _rel(got, e) <= 0.15, f"d{n} vs float64 attention {_rel(got, e):.2e}"
+        if e is not None and e.norm() > 0:  # MXFP8's own error vs float64 attention (0.02-0.15 on these cases,
+            # measured on the H200): the kernel adds at most 10% of it (measured: <= 0.5%; stop 28)
+            assert _rel(got, e) <= 1.1 * _rel(o, e) + 1e-3, f"d{n} vs float64 attention {_rel(got, e):.2e}, the " \
+                f"oracle's {_rel(o, e):.2e}"
 
 
 @pytest.mark.gpu
