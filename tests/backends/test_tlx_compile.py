@@ -275,6 +275,17 @@ def test_backward_experiments_compile_as_intended(compiled):
             assert r["wgmma_register_a"] == 0, r  # v2: every wgmma A operand from shared memory
 
 
+def _check_per_switch(code: str, switch: str, expected) -> None:
+    """Run ``code`` in a TLX subprocess once per value of the env var ``switch`` (None: unset) and check the one word
+    it prints: ``expected`` = ((value, word), ...)."""
+    env = _tlx_env(switch)
+    for value, word in expected:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env if value is None else {**env, switch: value})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == [word], (value, proc.stdout)
+
+
 def test_block_sparse_routing_rules():
     """The block-sparse forward's rules (``configs.sparse_reason``) and its rank in the automatic choice:
     above triton (10) unless JFA_TLX_SPARSE=0 (the default since its GPU check). Needs TLX importable (the subprocess), not a GPU."""
@@ -286,12 +297,7 @@ def test_block_sparse_routing_rules():
         "assert 'multiples' in r(128, 64, 128) and 'multiples' in r(128, 128, 64)\n"
         "print(BACKEND.family_priority('block_sparse'))\n"
         "assert BACKEND.family_priority('mxfp8_attention') == (20 if configs.MXFP8_AUTO else 5)  # since its GPU run\n")
-    env = _tlx_env("JFA_TLX_SPARSE")
-    for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env=env if switch is None else {**env, "JFA_TLX_SPARSE": switch})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.split() == [rank], proc.stdout
+    _check_per_switch(code, "JFA_TLX_SPARSE", (("0", "5"), ("1", "20"), (None, "20")))
 
 
 def test_block_sparse_backward_rules_and_switch():
@@ -312,12 +318,7 @@ def test_block_sparse_backward_rules_and_switch():
         "assert configs.SPARSE_BACKWARD_UNIFORM_WALK  # on by default (bench/NOTES.md v14)\n"
         "assert configs.BACKWARD_GROUP_ORDER and configs.SPARSE_FORWARD_UNIFORM_WALK  # on since v15\n"
         "print(configs.SPARSE_BACKWARD)\n")
-    env = _tlx_env("JFA_TLX_SPARSE_BWD")
-    for switch, on in (("0", "False"), ("1", "True"), (None, "True")):
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env=env if switch is None else {**env, "JFA_TLX_SPARSE_BWD": switch})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.split() == [on], proc.stdout
+    _check_per_switch(code, "JFA_TLX_SPARSE_BWD", (("0", "False"), ("1", "True"), (None, "True")))
 
 
 def test_causal_order_kernels_spill_as_the_default(compiled):
