@@ -9,7 +9,8 @@ the kernel (``attn_bwd.py``'s MXFP8 constexpr):
   broadcast Q; dO's per output sequence; K's per kv sequence), V in (1, 32) blocks, by the triton quantize kernel
   (``triton.mxfp8_quantize``, bit-exact with the reference), then dequantized to bf16 (``mx_values``: one Triton
   pass, data x 2**(scale - 127) in fp32, rounded to bf16, NaN where the scale is NaN: the reference's
-  ``dequantize`` bit for bit). E4M3 x 2**e is exact in bf16 (3 significand bits, fp32's exponent range) but below
+  ``dequantize`` bit for bit; ``KNOBS.mxfp8_bwd_one_pass``: the same bits from one quantize pass per tensor that
+  writes the values, ``quantize_values``: 4 B moved an element instead of ~6.1). E4M3 x 2**e is exact in bf16 (3 significand bits, fp32's exponent range) but below
   2**-133 (bf16's subnormals: E4M3 subnormals of blocks with scales below 2**-124 lose bits; fp32 would keep them);
   an input block within a few ulp of bf16's maximum rounds up to 2**128, inf in fp32 as well (the reference's).
   fp16 inputs' MX values are all exact in bf16. delta = rowsum(dO * out) - grad_lse from the caller's

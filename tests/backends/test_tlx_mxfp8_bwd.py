@@ -9,7 +9,8 @@ the unquantized dO of delta are what the model says. The kernel's constexpr comp
 ``test_tlx_compile.py::test_mxfp8_backward_kernels_compile_within_the_ablation_budget``.
 
 GPU (``-m gpu``): the kernel itself against the model and the float64 MXFP8 oracle, the issue's bound, the routing of
-the knob and of what it declines.
+the knob and of what it declines; the one-pass operands (``KNOBS.mxfp8_bwd_one_pass``) bit for bit at size
+(``JFA_MXFP8_BWD_ONE_PASS=1`` runs the kernel tests through them).
 """
 from __future__ import annotations
 
@@ -105,6 +106,36 @@ def test_one_pass_mx_values_bit_exact_with_two_passes_and_the_reference(inputs):
     want = reference.dequantize(*reference.quantize(x, offsets, block, rounding), offsets, block, dtype)
     assert got.dtype == dtype and got.shape == x.shape
     assert _same_bits(got, two) and _same_bits(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_one_pass_mx_values_bit_exact_on_the_gpu_at_size(dtype, rounding):
+    """On the GPU (the hardware E4M3 conversion, pipelined loads): ``quantize_values`` == the two passes == the
+    reference's quantize + dequantize (on CPU), bit for bit, at 1M elements a tensor: (1, 32); (32, 32) per sequence
+    (an empty sequence, length 1, tails) and as one sequence; the dtype's range and the special values."""
+    from jfa_ops.backends.triton.mxfp8_quantize import quantize_values
+    from tests.ops.test_mxfp8 import SPECIAL
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [500, 0, 33, 1, 1023, 5, 486]
+    rows = sum(lengths)
+    low, high = (-24.0, 15.0) if dtype == torch.float16 else (-130.0, 120.0)
+    x = torch.randn(rows, 4, 128, generator=g) * torch.pow(2.0, torch.empty(rows, 4, 128).uniform_(low, high,
+                                                                                                     generator=g))
+    flat = x.view(-1)
+    for values, count in ((torch.tensor(SPECIAL), 5000), (torch.tensor([math.inf, -math.inf, math.nan]), 20)):
+        picks = torch.randint(0, flat.numel(), (count,), generator=g)
+        flat[picks] = values[torch.randint(0, len(values), (count,), generator=g)]
+    x = x.to(dtype)
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    for block, offs in (((1, 32), None), ((32, 32), offsets), ((32, 32), None)):
+        dev_offs = None if offs is None else offs.cuda()
+        got = quantize_values(x.cuda(), dev_offs, block, rounding).cpu()
+        two = mxfp8_bwd.mx_values(x.cuda(), dev_offs, block, rounding, one_pass=False).cpu()
+        want = reference.dequantize(*reference.quantize(x, offs, block, rounding), offs, block, torch.bfloat16)
+        assert _same_bits(got, two) and _same_bits(got, want), (block, offs is None)
 
 
 def test_one_pass_knob_skips_the_pair(monkeypatch):
