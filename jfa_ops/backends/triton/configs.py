@@ -136,7 +136,7 @@ class Knobs:
     # kernel writes the values itself (``mxfp8_quantize.quantize_values``, REBASE=MX_VALUES: read 2 B, write 2 B an
     # element) instead of the pair then the dequantize pass (~6.1 B: 0.47 ms of the 6.83 ms dense B8 H16 S4096 D128
     # backward on the H200). Same bits (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, stop
-    # 28": predicted -0.2 ms). Off until measured; JFA_MXFP8_BWD_ONE_PASS=1 turns it on at import.
+    # 28": predicted -0.11 to -0.16 ms). Off until measured; JFA_MXFP8_BWD_ONE_PASS=1 turns it on at import.
     mxfp8_bwd_one_pass: bool = os.environ.get("JFA_MXFP8_BWD_ONE_PASS", "0") == "1"
 
 
