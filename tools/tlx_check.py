@@ -46,10 +46,12 @@ key-block loop removed at a time), clk per key block (bench/NOTES.md "MXFP8 ceil
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
 D128 causal: triton-mxfp8 (today's: ``JFA_TLX_MXFP8_BWD`` off), tlx-mxfp8 (design (D), ``configs.MXFP8_BACKWARD``
-set in-process: its quantize passes included), its kernel alone (MX operands made once: delta, the TLX kernel, dQ
-finalize) and our bf16 TLX backward; the ratios, and the relative difference of (D)'s gradients to triton-mxfp8's
-(both the MXFP8 oracle's arithmetic: ~1e-2 of bf16 rounding; bench/NOTES.md "MXFP8 backward design (D), helper
-mxbwdd, stop 27").
+set in-process: its quantize passes included), the same with its operands in one pass each
+(``KNOBS.mxfp8_bwd_one_pass``), its kernel alone (MX operands made once: delta, the TLX kernel, dQ finalize) and our
+bf16 TLX backward; the ratios, the relative difference of (D)'s gradients to triton-mxfp8's (both the MXFP8 oracle's
+arithmetic: ~1e-2 of bf16 rounding; bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27") and of the
+one-pass path's to (D)'s (same operands); then the four operands alone, two passes vs one, and whether their bits
+agree (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, stop 28").
 
 ``backward-ablation`` (not in ``all``): the TLX backward (default consumers) on dense B8 H16 S8192 D128, full and
 causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY, wrong
@@ -1253,11 +1255,15 @@ def mxfp8_backward_timing() -> int:
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
     cases = [Case("dense", "mxfp8 bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("jagged", "mxfp8 bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True)]
-    cols = ("triton-mxfp8", "tlx-mxfp8 (D)", "(D) kernel", "bf16 tlx")
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    cols = ("triton-mxfp8", "tlx-mxfp8 (D)", "(D) one-pass", "(D) kernel", "bf16 tlx")
     print("MXFP8 backward, bf16 in, D128, TFLOP/s (ms): triton-mxfp8 = today's (JFA_TLX_MXFP8_BWD off), tlx-mxfp8 "
-          "(D) = JFA_TLX_MXFP8_BWD=1 incl. its quantize passes, (D) kernel = MX operands made once", flush=True)
+          "(D) = JFA_TLX_MXFP8_BWD=1 incl. its quantize passes, (D) one-pass = the same with "
+          "KNOBS.mxfp8_bwd_one_pass (JFA_MXFP8_BWD_ONE_PASS), (D) kernel = MX operands made once; then per case the "
+          "four operands alone, two passes vs one (TB/s at 6.1 / 4 B an element)", flush=True)
     print(f"{'case':38s} " + " ".join(f"{c:>16s}" for c in cols)
-          + f" {'D/triton':>8s} {'D/bf16':>7s} {'kern/bf16':>9s} {'rel D-tri':>9s}", flush=True)
+          + f" {'D/triton':>8s} {'D/bf16':>7s} {'kern/bf16':>9s} {'rel D-tri':>9s} {'rel 1p-D':>9s}", flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
@@ -1271,8 +1277,10 @@ def mxfp8_backward_timing() -> int:
         params = AttentionParams(scale=case.head_dim ** -0.5, causal=case.causal, **hints)
         operands = mxfp8_bwd.operands(x.grad_out, x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params, "rceil")
         q_mx, k_mx, v_mx, do_mx = operands
+        grad_d = with_setting(tlx_configs, "MXFP8_BACKWARD", True, grad_mx)
         fns = {"triton-mxfp8": with_setting(tlx_configs, "MXFP8_BACKWARD", False, grad_mx),
-               "tlx-mxfp8 (D)": with_setting(tlx_configs, "MXFP8_BACKWARD", True, grad_mx),
+               "tlx-mxfp8 (D)": with_setting(KNOBS, "mxfp8_bwd_one_pass", False, grad_d),
+               "(D) one-pass": with_setting(KNOBS, "mxfp8_bwd_one_pass", True, grad_d),
                "(D) kernel": lambda: mxfp8_attn_bwd._kernel_backward(
                    do_mx, None, q_mx, k_mx, v_mx, out.detach(), lse.detach(), x.q_offsets, x.kv_offsets, params,
                    x.grad_out),
@@ -1287,21 +1295,37 @@ def mxfp8_backward_timing() -> int:
                 failures += 1
                 print(f"\n  {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
         faulthandler.cancel_dump_traceback_later()
+        def rel_diff(got, want):
+            return max(((g.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)).item()
+                       for g, w in zip(got, want))
+
         try:
             want, got = fns["triton-mxfp8"](), fns["tlx-mxfp8 (D)"]()
-            rel = max(((g.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)).item()
-                      for g, w in zip(got, want))
+            rel = rel_diff(got, want)
+            rel_one = rel_diff(fns["(D) one-pass"](), got)  # same operands: dQ's reduce-add order only
         except Exception as e:  # noqa: BLE001
             failures += 1
-            rel = float("nan")
+            rel = rel_one = float("nan")
             print(f"\n  compare: {type(e).__name__}: {str(e)[:200]}", flush=True)
         nan = float("nan")
         cells = [f"{case.flops('bwd') / ms[c] / 1e9:6.1f} ({ms[c]:6.2f})" if c in ms else f"{'-':>16s}" for c in cols]
         print(" " + " ".join(f"{cell:>16s}" for cell in cells)
               + f" {ms.get('triton-mxfp8', nan) / ms.get('tlx-mxfp8 (D)', nan):8.2f}"
               + f" {ms.get('bf16 tlx', nan) / ms.get('tlx-mxfp8 (D)', nan):7.2f}"
-              + f" {ms.get('bf16 tlx', nan) / ms.get('(D) kernel', nan):9.2f} {rel:9.2e}", flush=True)
+              + f" {ms.get('bf16 tlx', nan) / ms.get('(D) kernel', nan):9.2f} {rel:9.2e} {rel_one:9.2e}", flush=True)
         failures += not rel <= 2e-2
+        failures += not rel_one <= 1e-3
+        # the four operands alone (mxfp8_bwd.operands): two passes (pair + dequantize) vs one; bit-identical
+        make = {one: (lambda one=one: with_setting(KNOBS, "mxfp8_bwd_one_pass", one, lambda: mxfp8_bwd.operands(
+            x.grad_out, x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params, "rceil"))()) for one in (False, True)}
+        same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(make[False](), make[True]()))
+        op_ms = {one: triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median") for one, fn in make.items()}
+        elems = sum(t.numel() for t in (x.grad_out, x.q, x.k, x.v))
+        print(f"  operands ({elems / 1e6:.0f}M elements): two passes {op_ms[False]:.3f} ms "
+              f"({elems * 6.1 / op_ms[False] / 1e9:.2f} TB/s), one pass {op_ms[True]:.3f} ms "
+              f"({elems * 4 / op_ms[True] / 1e9:.2f} TB/s), saved {op_ms[False] - op_ms[True]:.3f} ms, same bits "
+              f"{same}", flush=True)
+        failures += not same
     return failures
 
 

@@ -296,10 +296,11 @@ MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
 # values in registers, P clamped to <= 1), fed MX-valued bf16 Q, K, V, dO (the triton quantize kernel, then one
-# dequantize pass) and delta from the unquantized dO: ``mxfp8_attention_backward_model``'s arithmetic. Predicted
-# ~2.5x (dense) / ~2.2x (jagged causal) the triton MXFP8 backward end to end (H200, not measured yet): off until its
-# GPU check. Env JFA_TLX_MXFP8_BWD=1: on (fp16/bf16 inputs, head_dim 64/128; the rest keeps the triton one).
-MXFP8_BACKWARD = os.environ.get("JFA_TLX_MXFP8_BWD", "0") == "1"
+# dequantize pass) and delta from the unquantized dO: ``mxfp8_attention_backward_model``'s arithmetic. Measured on
+# the H200 (bench/NOTES.md v19): 2.50x (dense B8 S4096) / 2.23x (jagged T32768 causal) the triton MXFP8 backward end to
+# end, its gradients within 0.1% of the MXFP8 oracle's own error: on by default. JFA_TLX_MXFP8_BWD=0: the triton one
+# for every call (fp16/bf16 inputs at head_dim 64/128 take this one; the rest keeps the triton one).
+MXFP8_BACKWARD = os.environ.get("JFA_TLX_MXFP8_BWD", "1") != "0"
 # ABLATIONS OF THE MXFP8 FORWARD: TIMING ONLY, THEIR RESULTS ARE WRONG. Each bit removes one stage of the consumers'
 # key-block loop (mxfp8_attn_fwd.py's ABLATE_*), every barrier, TMA load and ping-pong turn kept, so the H200 can say
 # what each stage costs (bench/NOTES.md "MXFP8 ceiling: ablations"; tools/tlx_check.py mxfp8-ablation):
