@@ -1,6 +1,6 @@
 """Host cost of the opaque op path that a compiled graph calls, on CPU with the triton backend's launches stubbed.
 
-`PYTHONPATH=$PWD python tools/opaque_host_cpu.py [--calls 1000] [--backend triton|auto] [--no-compiled]`. Where
+`PYTHONPATH=$PWD python tools/opaque_host_cpu.py [--calls 1000] [--no-compiled]` (also on the GPU machine's host). Where
 torch pins another triton than the installed one (a TLX install: ``triton_pin_mismatch``), compiled graphs keep
 ``torch.ops.jfa.attention`` one opaque node: its forward graph calls the op with grad mode off, its backward graph
 ``torch.ops.jfa.attention_backward``, per layer and step, through the dispatcher (bench/NOTES.md "opaque op host
@@ -48,11 +48,10 @@ def _chain(layers: int, off: torch.Tensor, backend):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--backend", default="triton", help="triton, or auto (the automatic choice: backend=None)")
     parser.add_argument("--no-compiled", action="store_true")
     args = parser.parse_args()
     stub_gpu()
-    backend = None if args.backend == "auto" else args.backend
+    backend = "triton"  # named: on CPU tensors the automatic choice would take the reference backend
     off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
     q, k, v = (torch.randn(sum(LENS), HEADS, HEAD_DIM, dtype=torch.float16) for _ in range(3))
     options = (-1, -1, None, True, -1, -1, False, False, backend)
@@ -77,7 +76,7 @@ def main():
         ("  without the body memo", with_setting(ops, "CALL_CACHE", False, bwd_op)),
         ("  before: both off", _before(bwd_op)),
     ]
-    print(f"torch {torch.__version__}, backend {args.backend} ({impl.name}); us of CPU time per call (launches "
+    print(f"torch {torch.__version__}, backend {impl.name}; us of CPU time per call (launches "
           f"stubbed), median of 5 x {args.calls}")
     with torch.no_grad():
         for name, fn in rows:

@@ -19,7 +19,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
-from torch._C._dynamo.eval_frame import set_eval_frame
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.autograd import forward_ad
 from torch.utils.flop_counter import register_flop_formula
@@ -447,6 +446,8 @@ def _lean_autograd_kernel(op_def):
     compiled graph that keeps the op opaque (triton 3.8: ``triton_pin_mismatch``) calls it so per layer, forward
     and backward, with grad mode off. The body and its arguments are the same; the alias check is skipped (the
     bodies return fresh tensors)."""
+    from torch._C._dynamo.eval_frame import set_eval_frame
+
     generated = torch._library.autograd.make_autograd_impl(op_def._opoverload, op_def)
     below_view_keys = torch._C._after_ADInplaceOrView_keyset
     body = op_def._init_fn
@@ -465,10 +466,23 @@ def _lean_autograd_kernel(op_def):
     return kernel
 
 
-_LEAN_LIB = torch.library.Library("jfa", "IMPL")
-for _op_def in (attention, attention_backward):
-    for _key in ("AutogradCPU", "AutogradCUDA"):
-        _LEAN_LIB.impl(_op_def._name, _lean_autograd_kernel(_op_def), _key, with_keyset=True)
+def _register_lean_dispatch() -> Optional[torch.library.Library]:
+    """Register ``_lean_autograd_kernel`` for both ops; where this torch lacks a private API it uses, say so once and
+    leave the op on torch.library's path (slower, the same results)."""
+    try:
+        kernels = [(op_def, _lean_autograd_kernel(op_def)) for op_def in (attention, attention_backward)]
+    except (AttributeError, ImportError, TypeError) as e:
+        log.warning("jfa_ops: the op's lean dispatch is off under torch %s (%s: %s)", torch.__version__,
+                    type(e).__name__, e)
+        return None
+    lib = torch.library.Library("jfa", "IMPL")
+    for op_def, kernel in kernels:
+        for key in ("AutogradCPU", "AutogradCUDA"):
+            lib.impl(op_def._name, kernel, key, with_keyset=True)
+    return lib
+
+
+_LEAN_LIB = _register_lean_dispatch()
 
 def _autocast_kernel(device_type: str):
     """Under ``torch.autocast(device_type)``: floating q/k/v go to the autocast dtype (fp64 is left alone, as autocast
