@@ -20,6 +20,10 @@ tools/host_backend_cpu.py, so every line of Python a CUDA call runs on the host 
 """
 from __future__ import annotations
 
+try:  # under Triton 3.8 + TLX (/tmp/t38 first on PYTHONPATH): the TLX plugin registers before triton is imported
+    import _utlx_autoregister  # noqa: F401
+except ImportError:
+    pass
 import argparse
 
 import torch

@@ -10,6 +10,10 @@ argument names, or the error and where it was raised: where a torch/triton pair 
 """
 from __future__ import annotations
 
+try:  # under Triton 3.8 + TLX (/tmp/t38 first on PYTHONPATH): the TLX plugin registers before triton is imported
+    import _utlx_autoregister  # noqa: F401
+except ImportError:
+    pass
 import traceback
 
 import torch
