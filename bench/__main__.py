@@ -27,6 +27,7 @@ except ImportError:
 import torch
 
 from bench import model, report, suites, timing
+from bench import peers as bench_peers
 from bench.peers import (EXTRA_PEERS, MXFP8_KINDS, PEER_ORDER, FlashAttention4, JfaBackend, JfaMxfp8, Skip,
                          jfa_available_backends, mxfp8_variants, make_peers, one_line, oracle_output, rel_error)
 
@@ -234,14 +235,15 @@ def derive_backward(case, records: list) -> list:
 
 
 def mxfp8_peers(backends, all_variants: bool = False) -> list:
-    """The mxfp8 suite's MXFP8 rows for our GPU backends. The tlx backend's MXFP8 backward is the triton backend's
-    (tlx/__init__.py): where both run, tlx's bwd is not timed again."""
+    """The mxfp8 suite's MXFP8 rows for our GPU backends. With ``JFA_TLX_MXFP8_BWD=0`` the tlx backend's MXFP8
+    backward is the triton backend's (tlx/__init__.py): where both run, tlx's bwd is not timed again."""
     names = [b.split("@")[0] for b in backends]
     out = []
     for b in backends:
         if b in ("reference", "cpu"):
             continue
-        shares = b.split("@")[0] == "tlx" and "triton" in names and not all_variants  # (variant rows: no plain one)
+        shares = (b.split("@")[0] == "tlx" and "triton" in names and not bench_peers.tlx_mxfp8_backward()
+                  and not all_variants)  # (variant rows: no plain one)
         backward_row = f"jfa:mxfp8:{backends[names.index('triton')]}" if shares else ""
         out += [JfaMxfp8(b, kind, variant, backward_row=backward_row if kind == "mxfp8" else "")
                 for kind in MXFP8_KINDS for variant in mxfp8_variants(b, kind, all_variants)]

@@ -198,6 +198,16 @@ def _quantize_bytes(inputs, outputs) -> int:
         t.numel() * t.element_size() for t in outputs if t.dtype != torch.float8_e4m3fn)
 
 
+def tlx_mxfp8_backward() -> bool:
+    """Whether the tlx backend runs its own MXFP8 backward (``tlx.configs.MXFP8_BACKWARD``, default on; env
+    JFA_TLX_MXFP8_BWD=0: the triton backend's). Without TLX there are no tlx rows to time: False."""
+    try:
+        from jfa_ops.backends.tlx import configs
+    except ImportError:
+        return False
+    return configs.MXFP8_BACKWARD
+
+
 class JfaMxfp8:
     """``jfa_ops.mxfp8_attention`` on one backend, in the ``mxfp8`` suite only. kind "mxfp8": bf16 q/k/v in,
     quantization counted; "mxfp8-prequant": pre-quantized pairs in (forward only); "mxfp8-quantize": the quantize
@@ -205,8 +215,8 @@ class JfaMxfp8:
     writes the TLX forward's re-based operands (``tlx.mxfp8_attn_fwd.quantize_operands``). variant: the triton
     forward's way of using the MX operands (``mxfp8_attn_fwd.VARIANTS``, set through ``configs.KNOBS.mxfp8_variant``
     for this peer's calls), named in the peer as ``jfa:mxfp8[variant]:triton``; None: the default.
-    ``backward_row``: the peer whose backward this one's is (the tlx backend's MXFP8 backward is the triton
-    backend's): its bwd is not timed twice."""
+    ``backward_row``: the peer whose backward this one's is (with ``JFA_TLX_MXFP8_BWD=0`` the tlx backend's MXFP8
+    backward is the triton backend's): its bwd is not timed twice."""
 
     only_suite = "mxfp8"
 

@@ -324,9 +324,9 @@ def test_mxfp8_lines_verdicts_against_the_fastest_bf16_and_fa4():
     assert report.mxfp8_lines(lone)[-1].startswith("no FP8 peer in this run")
 
 
-def test_mxfp8_variant_rows_opt_in_and_tlx_backward_not_timed_twice():
-    """Per-variant triton rows only with --mxfp8-variants (each multiplies the suite's time); the tlx MXFP8 backward
-    is triton's, so with both backends its bwd is a skip naming the triton row; an MXFP8 peer on a sparse case is
+def test_mxfp8_variant_rows_opt_in_and_tlx_backward_not_timed_twice(monkeypatch):
+    """Per-variant triton rows only with --mxfp8-variants (each multiplies the suite's time); with the tlx MXFP8
+    backward off (JFA_TLX_MXFP8_BWD=0) it is triton's, so with both backends its bwd is a skip naming the triton row; an MXFP8 peer on a sparse case is
     skipped as mxfp8-only, not as "computes dense attention"."""
     from bench import report
     from bench.__main__ import measure_peer, mxfp8_peers, parse_args
@@ -338,6 +338,11 @@ def test_mxfp8_variant_rows_opt_in_and_tlx_backward_not_timed_twice():
     assert mxfp8_variants("triton", "mxfp8-quantize", True) == [None] and mxfp8_variants("tlx", "mxfp8", True) == [None]
     assert parse_args(["--mxfp8-variants"]).mxfp8_variants
     assert JfaMxfp8("triton", "mxfp8", "rebase").name == "jfa:mxfp8[rebase]:triton"
+    from bench import peers as bench_peers
+
+    monkeypatch.setattr(bench_peers, "tlx_mxfp8_backward", lambda: True)  # the default where TLX imports
+    assert not any(p.backward_row for p in mxfp8_peers(["tlx", "triton", "reference"]))  # both bwd rows timed
+    monkeypatch.setattr(bench_peers, "tlx_mxfp8_backward", lambda: False)  # JFA_TLX_MXFP8_BWD=0: tlx's is triton's
     peers = mxfp8_peers(["tlx", "triton", "reference"])
     assert [p.name for p in peers] == ["jfa:mxfp8:tlx", "jfa:mxfp8-prequant:tlx", "jfa:mxfp8-quantize:tlx",
                                        "jfa:mxfp8:triton", "jfa:mxfp8-prequant:triton", "jfa:mxfp8-quantize:triton"]
@@ -391,6 +396,13 @@ def test_mxfp8_quantize_row_times_the_forwards_calls_from_a_graph(backend, monke
     op_calls = count_op_calls(monkeypatch, "mxfp8_quantize")
     timed = prep.fn()
     assert op_calls == []
+    eager = prep.eager_fn()  # the shipped default: eager calls of plain tensors skip torch's dispatcher
+    assert op_calls == [] and torch.equal(timed.view(torch.uint8), eager.view(torch.uint8))
+    from jfa_ops.backends.triton.configs import KNOBS
+    from jfa_ops.ops import mxfp8 as mxfp8_ops
+
+    monkeypatch.setattr(KNOBS, "mxfp8_quant_direct", False)  # JFA_MXFP8_QUANT_DIRECT=0: through the op
+    monkeypatch.setattr(mxfp8_ops, "QUANTIZE_DIRECT", False)
     eager = prep.eager_fn()
     assert len(op_calls) == 3 and torch.equal(timed.view(torch.uint8), eager.view(torch.uint8))
 

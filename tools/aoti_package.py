@@ -9,7 +9,9 @@ which imports torch only (no jfa_ops, so no Python op named ``jfa::attention`` e
 ``torch._inductor.aoti_load_package``, runs both batches and compares. With ``--compile-path inductor`` (default) the
 package carries our Triton kernels and the child must succeed; with ``opaque`` the package calls the op back through
 Python and the child must fail for want of it. Prints one JSON line; exit status 0 when the outcome is the expected
-one.
+one. ``JFA_AOTI_LOG=FILE``: every stage (export, package, each child's load and run) appends a timestamped line to
+FILE as it starts and ends, so a run cut by a time limit says where it stood (the H200 runs of stops 27-28 ended
+with no output at 150 / 280 s).
 """
 from __future__ import annotations
 
@@ -19,12 +21,29 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
 HEADS, HEAD_DIM, EMBED = 4, 64, 256
 
-CHILD = r"""
+STAGE = r"""
+import os, time
+def stage(what):  # tools/aoti_package.py's stage(), for the child processes
+    if os.environ.get("JFA_AOTI_LOG"):
+        with open(os.environ["JFA_AOTI_LOG"], "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {what}\n")
+"""
+
+
+def stage(what: str) -> None:
+    """A timestamped line in ``JFA_AOTI_LOG``'s file (unset: nothing)."""
+    if os.environ.get("JFA_AOTI_LOG"):
+        with open(os.environ["JFA_AOTI_LOG"], "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} pid {os.getpid()} {what}\n")
+
+
+CHILD = STAGE + r"""
 import json, sys
 import torch
 package, cases = sys.argv[1], sys.argv[2]
@@ -35,10 +54,13 @@ try:
 except (AttributeError, RuntimeError):
     result["jfa_attention_registered"] = False
 try:
+    stage("child: aoti_load_package")
     model = torch._inductor.aoti_load_package(package)
+    stage("child: loaded")
     errors = []
     for inputs, expected in torch.load(cases):
         got = model(*[t.cuda() for t in inputs])
+        stage("child: ran a batch")
         got = got[0] if isinstance(got, (list, tuple)) else got
         err = ((got.double().cpu() - expected.double()).norm() / expected.double().norm()).item()
         errors.append(err)
@@ -82,9 +104,11 @@ def build_control(directory: str) -> str:
     return torch._inductor.aoti_compile_and_package(program, package_path=os.path.join(directory, "control.pt2"))
 
 
-CONTROL_CHILD = r"""
+CONTROL_CHILD = STAGE + r"""
 import sys, torch
+stage("control child: aoti_load_package")
 model = torch._inductor.aoti_load_package(sys.argv[1])
+stage("control child: loaded")
 x = torch.randn(777, device="cuda")
 y = model(x)
 y = y[0] if isinstance(y, (list, tuple)) else y
@@ -102,9 +126,12 @@ def build(directory: str, compile_path: str):
     example = _batch((11, 3, 7, 20, 5), seed=0)  # sizes pairwise different (no duck-sized symbols)
     rows, batch1 = torch.export.Dim("T", min=2), torch.export.Dim("B1", min=2)
     with torch.no_grad():
+        stage(f"export ({compile_path})")
         program = torch.export.export(model, example, dynamic_shapes=({0: rows}, {0: batch1}))
+        stage("aoti_compile_and_package")
         package = torch._inductor.aoti_compile_and_package(
             program, package_path=os.path.join(directory, f"jagged_block_{compile_path}.pt2"))
+        stage("packaged")
         cases = [(inputs, model(*inputs)) for inputs in (example, _batch((40, 1, 9), seed=1))]
     cases_path = os.path.join(directory, "cases.pt")
     torch.save([([t.cpu() for t in inputs], out.cpu()) for inputs, out in cases], cases_path)
@@ -146,8 +173,11 @@ def main() -> int:
         directory = args.dir or tmp
         package, cases = build(directory, args.compile_path)
         result = run_fresh(package, cases)
+        stage(f"child done: ok={result.get('ok')}")
         if not result.get("ok"):  # our package failed: does any package load here?
+            stage("control: export + package")
             environment = control_error(build_control(directory))
+            stage(f"control done: {environment is None}")
             if environment is not None:
                 result["environment"] = environment
     result.update(compile_path=args.compile_path, package=package)

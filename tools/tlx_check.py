@@ -3,7 +3,8 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast), then
+all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
+causaljagged: first ``causal_list_check``, the device-built causal list vs the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
@@ -45,10 +46,12 @@ key-block loop removed at a time), clk per key block (bench/NOTES.md "MXFP8 ceil
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
 D128 causal: triton-mxfp8 (today's: ``JFA_TLX_MXFP8_BWD`` off), tlx-mxfp8 (design (D), ``configs.MXFP8_BACKWARD``
-set in-process: its quantize passes included), its kernel alone (MX operands made once: delta, the TLX kernel, dQ
-finalize) and our bf16 TLX backward; the ratios, and the relative difference of (D)'s gradients to triton-mxfp8's
-(both the MXFP8 oracle's arithmetic: ~1e-2 of bf16 rounding; bench/NOTES.md "MXFP8 backward design (D), helper
-mxbwdd, stop 27").
+set in-process: its quantize passes included), the same with its operands in one pass each
+(``KNOBS.mxfp8_bwd_one_pass``), its kernel alone (MX operands made once: delta, the TLX kernel, dQ finalize) and our
+bf16 TLX backward; the ratios, the relative difference of (D)'s gradients to triton-mxfp8's (both the MXFP8 oracle's
+arithmetic: ~1e-2 of bf16 rounding; bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27") and of the
+one-pass path's to (D)'s (same operands); then the four operands alone, two passes vs one, and whether their bits
+agree (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, stop 28").
 
 ``backward-ablation`` (not in ``all``): the TLX backward (default consumers) on dense B8 H16 S8192 D128, full and
 causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY, wrong
@@ -259,6 +262,10 @@ def backward_cases():
         # more items than programs (208 > 132: a sorted key tile list, not one wave), so CAUSAL_ORDER's list runs
         ("bwd jagged GQA 8:4 causal, a list", c((2048, 1000, 3000), (2048, 1000, 3000), heads_q=8, heads_kv=4,
                                                 causal=True)),
+        # MHA jagged with a tail of 1 and an empty sequence (~55 key tiles x 8 kv heads > 132: a sorted list, no GQA
+        # split): causaljagged's list built on the device
+        ("bwd jagged H8 causal, a device list", c((2048, 1000, 3000, 1, 0, 129), (2048, 1000, 3000, 1, 0, 129),
+                                                  heads_q=8, heads_kv=8, causal=True)),
         # one length with the max_seqlen hints (160 items > 132): CAUSAL_ORDER's list made once per shape
         ("bwd dense B5 S1000 H8:4 causal, the kept list", c((1000,) * 5, (1000,) * 5, heads_q=8, heads_kv=4,
                                                              causal=True, pass_max_seqlen=True)),
@@ -297,10 +304,13 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # reduce; dqredlast: the same with an L2 evict_last policy (bench/NOTES.md "TLX backward dQ reduce,
                 # helper dqadd, stop 27")
                 "dqred": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=1),
-                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2)}
+                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2),
+                # helper jaggedorder: CAUSAL_ORDER's list for every masked call, jagged ones too, built on the device
+                # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
+                "causaljagged": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED")
+              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)
@@ -341,6 +351,76 @@ def backward_correctness(variant: str) -> int:
     print(f"backward correctness {variant}: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
+
+def _causal_list_layouts():
+    """(label, q lengths, kv lengths, kv heads, row bytes, L2 budget, kv_tiles' window) for ``causal_list_check``:
+    the bench's jagged batches at the backward's row bytes (H16 D128 bf16: 1 KiB) and 40 MiB, a long batch, 2000
+    short sequences, then seeded random layouts (empty sequences, length 1, tails off the blocks, cross lengths,
+    windows, GQA row bytes, budgets from one byte)."""
+    import random
+
+    from bench.suites import JAGGED_SEED, lognormal_lengths
+
+    causal = (0, 0, False, True)
+    out = [(f"bench jagged T{t}", lens, lens, 16, 1024, 40 << 20, causal)
+           for t in (32768, 16384, 262144) for lens in [lognormal_lengths(t, None, seed=JAGGED_SEED)]]
+    rng = random.Random(28)
+    short = [rng.randrange(1, 300) for _ in range(2000)]
+    out.append(("2000 short sequences", short, short, 8, 4096, 40 << 20, causal))
+    for i in range(40):
+        lens = [rng.choice([0, 1, 2, 127, 128, 129, rng.randrange(1, 3000)]) for _ in range(rng.choice([1, 3, 27, 90]))]
+        kv = [rng.choice([0, 1, 130, rng.randrange(0, 3000)]) for _ in lens] if i % 3 == 0 else lens
+        heads, row_bytes = rng.choice([1, 2, 8, 16]), rng.choice([1, 1024, 4096])
+        total = sum(lens) * heads * row_bytes
+        budget = max(1, rng.choice([1, total // 7 + 1, total + 5, 40 << 20]))
+        window = [causal, (rng.randrange(500), 0, True, True), (rng.randrange(500), rng.randrange(500), True, True)]
+        out.append((f"random {i}", lens, kv, heads, row_bytes, budget, window[i % 3]))
+    return out
+
+
+def causal_list_check() -> int:
+    """helper jaggedorder: ``block_sparse_bwd.causal_item_list_device`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``),
+    compiled for the GPU, against ``causal_item_list`` bit for bit on ``_causal_list_layouts``; then each builder's
+    cost per call on the bench's jagged T32768 and T16384 rows: host us (200 calls, no sync inside) and wall us
+    (the same calls to the end of their GPU work)."""
+    from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, causal_item_list_device
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    from jfa_ops.backends.triton import launch as launcher
+
+    failures, lists = 0, {}
+    for label, q_lens, kv_lens, heads, row_bytes, budget, window in _causal_list_layouts():
+        q_off, kv_off = (torch.tensor([0] + list(n), device="cuda").cumsum(0).to(torch.int32)
+                         for n in (q_lens, kv_lens))
+        tiles = kv_tiles(q_off, kv_off, sum(q_lens), sum(kv_lens), 128, *window)
+        schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start)
+        torch_list = lambda: causal_item_list(schedule, heads, q_off, row_bytes, budget)  # noqa: E731
+        device_list = lambda: causal_item_list_device(schedule, heads, q_off, sum(q_lens), row_bytes,  # noqa: E731
+                                                      budget)
+        same = all(torch.equal(a, b) for a, b in zip(torch_list(), device_list()))
+        failures += not same
+        if not same or not label.startswith("random"):
+            print(f"causal list {label:24s} ({len(q_lens)} seqs, {schedule['TILE_SEQ'].numel() * heads} items): "
+                  f"{'same' if same else 'DIFFERENT'}", flush=True)
+        lists[label] = (torch_list, device_list)
+    print(f"causal list: {failures} of {len(lists)} layouts differ", flush=True)
+    verify, launcher.VERIFY = launcher.VERIFY, False  # JFA_LAUNCH_VERIFY's checks are no part of the cost
+    for label in ("bench jagged T32768", "bench jagged T16384", "bench jagged T262144", "2000 short sequences"):
+        row = []
+        for fn in lists[label]:
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(200):
+                fn()
+            host = (time.perf_counter() - t0) / 200 * 1e6
+            torch.cuda.synchronize()
+            row.append((host, (time.perf_counter() - t0) / 200 * 1e6))
+        print(f"causal list {label:24s} us per call, host / wall: torch {row[0][0]:6.1f} / {row[0][1]:6.1f}, "
+              f"device {row[1][0]:6.1f} / {row[1][1]:6.1f}", flush=True)
+    launcher.VERIFY = verify
+    return failures
 
 def graph_ms(fn) -> float:
     """Median ms of one call replayed from a CUDA graph (warmed up on a side stream first, as capture requires)."""
@@ -524,7 +604,9 @@ def backward_timing() -> int:
     causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
     bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
     bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
-    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto."""
+    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``:
+    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal (a control: one length, the
+    kept list in every column), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -537,6 +619,11 @@ def backward_timing() -> int:
              Case("dense", "bwd B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True)]
     if gqa:
         cases = gqa_timing_cases(lens)
+    elif os.environ.get("TLX_BWD_TIMING_JAGGED", "0") == "1":  # helper jaggedorder's rows: the jagged causal calls
+        # (T32768, the short T16384, the bench's GQA 16:2, where a GQA split keeps its place) and a one-length control
+        short = lognormal_lengths(16384, None, seed=JAGGED_SEED)
+        cases = [cases[2], Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True),
+                 Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True), cases[1]]
     elif os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
@@ -553,7 +640,7 @@ def backward_timing() -> int:
     if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
-    short = lambda n: ("percal" if n.endswith(PER_CALL)  # noqa: E731
+    short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
                        else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
     ratios = ([] if gqa else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
     ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
@@ -1168,11 +1255,15 @@ def mxfp8_backward_timing() -> int:
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
     cases = [Case("dense", "mxfp8 bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("jagged", "mxfp8 bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True)]
-    cols = ("triton-mxfp8", "tlx-mxfp8 (D)", "(D) kernel", "bf16 tlx")
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    cols = ("triton-mxfp8", "tlx-mxfp8 (D)", "(D) one-pass", "(D) kernel", "bf16 tlx")
     print("MXFP8 backward, bf16 in, D128, TFLOP/s (ms): triton-mxfp8 = today's (JFA_TLX_MXFP8_BWD off), tlx-mxfp8 "
-          "(D) = JFA_TLX_MXFP8_BWD=1 incl. its quantize passes, (D) kernel = MX operands made once", flush=True)
+          "(D) = JFA_TLX_MXFP8_BWD=1 incl. its quantize passes, (D) one-pass = the same with "
+          "KNOBS.mxfp8_bwd_one_pass (JFA_MXFP8_BWD_ONE_PASS), (D) kernel = MX operands made once; then per case the "
+          "four operands alone, two passes vs one (TB/s at 6.1 / 4 B an element)", flush=True)
     print(f"{'case':38s} " + " ".join(f"{c:>16s}" for c in cols)
-          + f" {'D/triton':>8s} {'D/bf16':>7s} {'kern/bf16':>9s} {'rel D-tri':>9s}", flush=True)
+          + f" {'D/triton':>8s} {'D/bf16':>7s} {'kern/bf16':>9s} {'rel D-tri':>9s} {'rel 1p-D':>9s}", flush=True)
     failures = 0
     for case in cases:
         x = make_inputs(case, "cuda")
@@ -1186,8 +1277,10 @@ def mxfp8_backward_timing() -> int:
         params = AttentionParams(scale=case.head_dim ** -0.5, causal=case.causal, **hints)
         operands = mxfp8_bwd.operands(x.grad_out, x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params, "rceil")
         q_mx, k_mx, v_mx, do_mx = operands
+        grad_d = with_setting(tlx_configs, "MXFP8_BACKWARD", True, grad_mx)
         fns = {"triton-mxfp8": with_setting(tlx_configs, "MXFP8_BACKWARD", False, grad_mx),
-               "tlx-mxfp8 (D)": with_setting(tlx_configs, "MXFP8_BACKWARD", True, grad_mx),
+               "tlx-mxfp8 (D)": with_setting(KNOBS, "mxfp8_bwd_one_pass", False, grad_d),
+               "(D) one-pass": with_setting(KNOBS, "mxfp8_bwd_one_pass", True, grad_d),
                "(D) kernel": lambda: mxfp8_attn_bwd._kernel_backward(
                    do_mx, None, q_mx, k_mx, v_mx, out.detach(), lse.detach(), x.q_offsets, x.kv_offsets, params,
                    x.grad_out),
@@ -1202,21 +1295,37 @@ def mxfp8_backward_timing() -> int:
                 failures += 1
                 print(f"\n  {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
         faulthandler.cancel_dump_traceback_later()
+        def rel_diff(got, want):
+            return max(((g.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)).item()
+                       for g, w in zip(got, want))
+
         try:
             want, got = fns["triton-mxfp8"](), fns["tlx-mxfp8 (D)"]()
-            rel = max(((g.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30)).item()
-                      for g, w in zip(got, want))
+            rel = rel_diff(got, want)
+            rel_one = rel_diff(fns["(D) one-pass"](), got)  # same operands: dQ's reduce-add order only
         except Exception as e:  # noqa: BLE001
             failures += 1
-            rel = float("nan")
+            rel = rel_one = float("nan")
             print(f"\n  compare: {type(e).__name__}: {str(e)[:200]}", flush=True)
         nan = float("nan")
         cells = [f"{case.flops('bwd') / ms[c] / 1e9:6.1f} ({ms[c]:6.2f})" if c in ms else f"{'-':>16s}" for c in cols]
         print(" " + " ".join(f"{cell:>16s}" for cell in cells)
               + f" {ms.get('triton-mxfp8', nan) / ms.get('tlx-mxfp8 (D)', nan):8.2f}"
               + f" {ms.get('bf16 tlx', nan) / ms.get('tlx-mxfp8 (D)', nan):7.2f}"
-              + f" {ms.get('bf16 tlx', nan) / ms.get('(D) kernel', nan):9.2f} {rel:9.2e}", flush=True)
+              + f" {ms.get('bf16 tlx', nan) / ms.get('(D) kernel', nan):9.2f} {rel:9.2e} {rel_one:9.2e}", flush=True)
         failures += not rel <= 2e-2
+        failures += not rel_one <= 1e-3
+        # the four operands alone (mxfp8_bwd.operands): two passes (pair + dequantize) vs one; bit-identical
+        make = {one: (lambda one=one: with_setting(KNOBS, "mxfp8_bwd_one_pass", one, lambda: mxfp8_bwd.operands(
+            x.grad_out, x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params, "rceil"))()) for one in (False, True)}
+        same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(make[False](), make[True]()))
+        op_ms = {one: triton.testing.do_bench(fn, warmup=5, rep=50, return_mode="median") for one, fn in make.items()}
+        elems = sum(t.numel() for t in (x.grad_out, x.q, x.k, x.v))
+        print(f"  operands ({elems / 1e6:.0f}M elements): two passes {op_ms[False]:.3f} ms "
+              f"({elems * 6.1 / op_ms[False] / 1e9:.2f} TB/s), one pass {op_ms[True]:.3f} ms "
+              f"({elems * 4 / op_ms[True] / 1e9:.2f} TB/s), saved {op_ms[False] - op_ms[True]:.3f} ms, same bits "
+              f"{same}", flush=True)
+        failures += not same
     return failures
 
 
@@ -1268,7 +1377,8 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 # case: does the L2 order take the dQ reduce's extra cost away? bench/NOTES.md "TLX backward dQ reduce, helper
 # dqadd, stop 27")
 ABLATION_KNOBS = {"dqred": ("BACKWARD_DQ_RED", 1), "dqredlast": ("BACKWARD_DQ_RED", 2),
-                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True)}
+                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True),
+                  "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
 
 def backward_ablation() -> int:
@@ -1346,6 +1456,8 @@ def main(argv) -> int:
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):
+            if variant == "causaljagged":  # its list on the GPU first (bits, then cost per call)
+                failed += causal_list_check()
             failed += backward_correctness(variant)
     if part in ("backward", "backward-timing", "all"):  # backward-timing: the timings alone (own time limit)
         failed += backward_timing()

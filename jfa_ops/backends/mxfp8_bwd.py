@@ -9,7 +9,8 @@ the kernel (``attn_bwd.py``'s MXFP8 constexpr):
   broadcast Q; dO's per output sequence; K's per kv sequence), V in (1, 32) blocks, by the triton quantize kernel
   (``triton.mxfp8_quantize``, bit-exact with the reference), then dequantized to bf16 (``mx_values``: one Triton
   pass, data x 2**(scale - 127) in fp32, rounded to bf16, NaN where the scale is NaN: the reference's
-  ``dequantize`` bit for bit). E4M3 x 2**e is exact in bf16 (3 significand bits, fp32's exponent range) but below
+  ``dequantize`` bit for bit; ``KNOBS.mxfp8_bwd_one_pass``: the same bits from one quantize pass per tensor that
+  writes the values, ``quantize_values``: 4 B moved an element instead of ~6.1). E4M3 x 2**e is exact in bf16 (3 significand bits, fp32's exponent range) but below
   2**-133 (bf16's subnormals: E4M3 subnormals of blocks with scales below 2**-124 lose bits; fp32 would keep them);
   an input block within a few ulp of bf16's maximum rounds up to 2**128, inf in fp32 as well (the reference's).
   fp16 inputs' MX values are all exact in bf16. delta = rowsum(dO * out) - grad_lse from the caller's
@@ -28,7 +29,8 @@ import triton.language as tl
 
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends.base import AttentionParams
-from jfa_ops.backends.triton.mxfp8_quantize import _e8m0_value, quantize
+from jfa_ops.backends.triton.configs import KNOBS
+from jfa_ops.backends.triton.mxfp8_quantize import _e8m0_value, quantize, quantize_values
 from jfa_ops.backends.triton.scheduling import binary_search_steps
 
 VALUES_BLOCK_R = 32  # rows per program
@@ -70,11 +72,15 @@ def _mx_values_kernel(DATA, SCALE, OFFSETS, OUT, rows, num_seqs, search_steps, C
 
 
 def mx_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block, rounding: str,
-              dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+              dtype: torch.dtype = torch.bfloat16, one_pass: Optional[bool] = None) -> torch.Tensor:
     """``x [T, H, D]``'s MXFP8 values in ``dtype``: the triton quantize kernel's pair (block (1, 32) or (32, 32),
-    row blocks per ``offsets``' sequences), dequantized by ``_mx_values_kernel``."""
+    row blocks per ``offsets``' sequences), dequantized by ``_mx_values_kernel``; ``one_pass`` (None:
+    ``KNOBS.mxfp8_bwd_one_pass``): the same bits from one quantize pass that writes the values
+    (``quantize_values``)."""
     block = tuple(block)
     assert block in ((1, 32), (32, 32)), block
+    if KNOBS.mxfp8_bwd_one_pass if one_pass is None else one_pass:
+        return quantize_values(x, offsets, block, rounding, dtype)
     data, scale = quantize(x, offsets, block, rounding)
     rows, heads, dim = x.shape
     out = torch.empty(x.shape, dtype=dtype, device=x.device)

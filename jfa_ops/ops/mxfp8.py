@@ -53,11 +53,11 @@ def mxfp8_quantize(x: Tensor, offsets: Optional[Tensor] = None, block: List[int]
     return quantize_body(x, offsets, block, rounding, backend)
 
 
-# JFA_MXFP8_QUANT_DIRECT=1 (read once, at import; off until measured): ``jfa_ops.mxfp8_quantize``'s eager calls of
+# JFA_MXFP8_QUANT_DIRECT=0 turns it off (read once, at import; on since the H200 measured it, bench/NOTES.md v19): ``jfa_ops.mxfp8_quantize``'s eager calls of
 # plain tensors (``attention.eager_direct``) run ``quantize_body`` without torch's custom-op dispatch (~40 us of a
 # call's ~80 us of Python on a CPU count; the op has no autograd formula, so nothing else is skipped). Why: bench/
 # NOTES.md "MXFP8 quantize bandwidth, helper mxquantbw, stop 27" (the bench's quantize row is host-bound).
-QUANTIZE_DIRECT = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "0") == "1"
+QUANTIZE_DIRECT = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "1") != "0"
 
 
 def quantize_body(x: Tensor, offsets: Optional[Tensor], block, rounding: str,

@@ -98,7 +98,7 @@ def _cases():
 
 
 _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "rank_tiles_kernel",
-                "offsets_ok_kernel",
+                "offsets_ok_kernel", "causal_streams_kernel", "causal_items_kernel",
                 "block_pool_kernel", "block_pool_pair_kernel", "block_select_kernel", "transpose_selection_kernel",
                 "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel",
                 "_mx_values_kernel")  # the last three: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and

@@ -5,7 +5,8 @@ list's (tile, kv head) pairs, each once, longest first by the item's own selecte
 forward's zigzag order (``configs.FORWARD_ZIGZAG``, helper tlxcausal: ``common.zigzag_item`` under the snake) gives
 every (tile, head) to one program, group by group in the zigzag's directions. The dense backward's causal order
 (``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal) is the tile list's
-items in sections of (sequence, kv head) streams. ``tools/sparse_fwd_model.py``'s modelled orders of the block-sparse
+items in sections of (sequence, kv head) streams, and its device-built copy (``causal_item_list_device``) the same
+list bit for bit. ``tools/sparse_fwd_model.py``'s modelled orders of the block-sparse
 forward each take every item once."""
 from __future__ import annotations
 
@@ -215,6 +216,94 @@ def test_uniform_causal_item_list_is_the_per_call_list(num_seqs, length, heads, 
     assert [t[:n_work].tolist() for t in per_call] == [t.tolist() for t in made]
     assert made is uniform_causal_item_list(num_seqs, length, heads, 1, budget, 128, torch.device("cpu"))  # kept
 
+
+
+def _causal_lists(q_lens, kv_lens, heads, bytes_per_row, budget, window=(0, 0, False, True), block=128):
+    """``causal_item_list`` and ``causal_item_list_device`` over the sorted key tile list of a batch (window:
+    ``kv_tiles``' window_left, right, has_left, has_right)."""
+    from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list_device
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    q_off, kv_off = (torch.tensor((0,) + tuple(n)).cumsum(0).to(torch.int32) for n in (q_lens, kv_lens))
+    tiles = kv_tiles(q_off, kv_off, sum(q_lens), sum(kv_lens), block, *window)
+    schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start)
+    return (causal_item_list(schedule, heads, q_off, bytes_per_row, budget),
+            causal_item_list_device(schedule, heads, q_off, sum(q_lens), bytes_per_row, budget))
+
+
+def _random_layout(seed):
+    import random
+
+    rng = random.Random(seed)
+    lens = [rng.choice([0, 1, 2, 127, 128, 129, rng.randrange(1, 1000)]) for _ in range(rng.choice([1, 2, 5, 40]))]
+    kv = [rng.choice([0, 1, 130, rng.randrange(0, 900)]) for _ in lens] if seed % 3 == 0 else lens  # cross
+    heads, row_bytes = rng.choice([1, 3, 4, 8]), rng.choice([1, 3, 1024])
+    total = sum(lens) * heads * row_bytes
+    budget = max(1, rng.choice([1, 7, total // 5 + 1, total + 5, 40 << 20, max(lens) * row_bytes // 2 + 1]))
+    window = [(0, 0, False, True), (rng.randrange(300), 0, True, True),
+              (rng.randrange(300), rng.randrange(300), True, True)][seed % 3]
+    return lens, kv, heads, row_bytes, budget, window, rng.choice([64, 128])
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,heads,row_bytes,budget", [
+    ((300, 17, 700), (300, 17, 700), 2, 1, 700), ((0, 5, 5, 900), (0, 5, 5, 900), 3, 1, 1800),
+    ((40, 40), (40, 40), 1, 1, 39), ((9,), (9,), 2, 1, 100), ((1, 0, 1), (1, 0, 1), 4, 1024, 40 << 20),
+    ((0, 0), (0, 0), 2, 1, 10), ((0, 300), (500, 0), 2, 1, 10),  # empty sequences; a key tile of no query rows
+    ((5000, 17, 700, 3000), (5000, 17, 700, 3000), 8, 3, 2000)])  # a stream over many sections
+def test_causal_item_list_device_is_the_torch_list(q_lens, kv_lens, heads, row_bytes, budget):
+    """``causal_item_list_device`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``: two launches, no sort) gives
+    ``causal_item_list``'s three tensors bit for bit: the same items in the same places, padding included."""
+    want, got = _causal_lists(q_lens, kv_lens, heads, row_bytes, budget)
+    for a, b in zip(want, got):
+        assert b.dtype == torch.int32 and b.tolist() == a.tolist()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_causal_item_list_device_random_layouts(seed):
+    """The same on random jagged layouts: empty sequences, length 1, lengths off the blocks, cross attention, GQA
+    row bytes, causal and windows, budgets from one byte (a section per stream) to all of it."""
+    lens, kv, heads, row_bytes, budget, window, block = _random_layout(seed)
+    want, got = _causal_lists(lens, kv, heads, row_bytes, budget, window, block)
+    for a, b in zip(want, got):
+        assert b.tolist() == a.tolist(), (lens, kv, heads, row_bytes, budget, window, block)
+
+
+def test_causal_item_list_device_bench_batch_ops(monkeypatch):
+    """The bench's jagged T32768 causal batch (27 lognormal sequences up to 8192, 16 kv heads, D128 bf16 rows, the
+    40 MiB budget): the same list, made with one allocation, two views and two launches (the torch list: 59 aten
+    ops; counted with the launches stubbed, since the interpreter's own tensor work would count too)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bench.suites import JAGGED_SEED, lognormal_lengths
+    from jfa_ops.backends.triton import block_sparse_bwd
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    offsets = torch.tensor([0] + list(lens)).cumsum(0).to(torch.int32)
+    tiles = kv_tiles(offsets, offsets, 32768, 32768, 128, 0, 0, False, True)
+    schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start)
+    args = (schedule, 16, offsets, 1024, 40 << 20)
+    got = block_sparse_bwd.causal_item_list_device(schedule, 16, offsets, 32768, 1024, 40 << 20)
+    assert [b.tolist() for b in got] == [a.tolist() for a in causal_item_list(*args)]
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as before:
+        causal_item_list(*args)
+    launched = []
+    monkeypatch.setattr(block_sparse_bwd, "launch_planned", lambda kernel, *a, **k: launched.append(kernel.__name__))
+    with Ops() as after:
+        block_sparse_bwd.causal_item_list_device(schedule, 16, offsets, 32768, 1024, 40 << 20)
+    assert len(before.ops) == 59 and "aten.sort.stable" in before.ops  # what it replaces (a count, not a rule)
+    assert after.ops == ["aten.empty.memory_format", "aten.as_strided.default", "aten.unbind.int"]
+    assert launched == ["causal_streams_kernel", "causal_items_kernel"]
 
 def test_sparse_forward_model_plans_take_every_item_once():
     """``tools/sparse_fwd_model.py`` (helper sparsefwd: the balance and L2 numbers behind

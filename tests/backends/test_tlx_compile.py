@@ -275,6 +275,17 @@ def test_backward_experiments_compile_as_intended(compiled):
             assert r["wgmma_register_a"] == 0, r  # v2: every wgmma A operand from shared memory
 
 
+def _check_per_switch(code: str, switch: str, expected) -> None:
+    """Run ``code`` in a TLX subprocess once per value of the env var ``switch`` (None: unset) and check the one word
+    it prints: ``expected`` = ((value, word), ...)."""
+    env = _tlx_env(switch)
+    for value, word in expected:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env if value is None else {**env, switch: value})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == [word], (value, proc.stdout)
+
+
 def test_block_sparse_routing_rules():
     """The block-sparse forward's rules (``configs.sparse_reason``) and its rank in the automatic choice:
     above triton (10) unless JFA_TLX_SPARSE=0 (the default since its GPU check). Needs TLX importable (the subprocess), not a GPU."""
@@ -286,12 +297,7 @@ def test_block_sparse_routing_rules():
         "assert 'multiples' in r(128, 64, 128) and 'multiples' in r(128, 128, 64)\n"
         "print(BACKEND.family_priority('block_sparse'))\n"
         "assert BACKEND.family_priority('mxfp8_attention') == (20 if configs.MXFP8_AUTO else 5)  # since its GPU run\n")
-    env = _tlx_env("JFA_TLX_SPARSE")
-    for switch, rank in (("0", "5"), ("1", "20"), (None, "20")):
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env=env if switch is None else {**env, "JFA_TLX_SPARSE": switch})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.split() == [rank], proc.stdout
+    _check_per_switch(code, "JFA_TLX_SPARSE", (("0", "5"), ("1", "20"), (None, "20")))
 
 
 def test_block_sparse_backward_rules_and_switch():
@@ -312,12 +318,7 @@ def test_block_sparse_backward_rules_and_switch():
         "assert configs.SPARSE_BACKWARD_UNIFORM_WALK  # on by default (bench/NOTES.md v14)\n"
         "assert configs.BACKWARD_GROUP_ORDER and configs.SPARSE_FORWARD_UNIFORM_WALK  # on since v15\n"
         "print(configs.SPARSE_BACKWARD)\n")
-    env = _tlx_env("JFA_TLX_SPARSE_BWD")
-    for switch, on in (("0", "False"), ("1", "True"), (None, "True")):
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env=env if switch is None else {**env, "JFA_TLX_SPARSE_BWD": switch})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.split() == [on], proc.stdout
+    _check_per_switch(code, "JFA_TLX_SPARSE_BWD", (("0", "False"), ("1", "True"), (None, "True")))
 
 
 def test_causal_order_kernels_spill_as_the_default(compiled):
@@ -333,6 +334,26 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
         base = by_name[r["name"].replace("-causalorder", "")]
         assert (r["spill_stores"] + r["spill_loads"]
                 <= base["spill_stores"] + base["spill_loads"] + 16), (r, base)
+
+
+def _shipped_and_compiled(name_part: str, specs: str, unset: str, expect: int) -> tuple:
+    """In a TLX subprocess (env ``unset`` removed): the names of the shipped specializations containing
+    ``name_part``, and the sm_90 rows (``compile_sm90`` with loop counts, each in a fresh cache so ptxas runs) of
+    ``specs``, a Python expression over ``s`` (the specializations module) giving ``expect`` of them."""
+    code = ("import _utlx_autoregister, json, tempfile\n"
+            "import triton\n"
+            "from jfa_ops.backends.tlx import specializations as s\n"
+            "triton.knobs.nvidia.dump_ptxas_log = True\n"
+            f"print(json.dumps([sp.name for sp in s.shipped_specializations() if {name_part!r} in sp.name]))\n"
+            f"for sp in {specs}:\n"
+            "    with tempfile.TemporaryDirectory() as cache:\n"
+            "        triton.knobs.cache.dir = cache\n"
+            "        print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=_tlx_env(unset))
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 1 + expect, proc.stderr[-3000:]
+    return json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
 
 
 def _compile_matching(name_part: str, expect: int, timeout: int) -> list:
@@ -405,19 +426,19 @@ def test_backward_ablations_remove_only_their_stage():
     assert by_stages[("mxquant",)]["block_loop_path_spill_ops"] == quantized["block_loop_path_spill_ops"] == [0, 0]
 
 
-# The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; ``specializations.mxfp8_backward_specializations``,
-# off by default) against the ``mxquant`` ablation kernel of the same features, whose roundings they carry (sm_90
-# ptxas at stop 26-27): spill bytes, stores + loads (mxquant D128 full 204 + 268, causal 180 + 256; MXFP8 full 188 +
-# 244, causal 188 + 264: per work item, not on the block loops' straight path), and the block-loop path (mxquant
-# 791 / 797 full, 818 / 796 causal; MXFP8 + the clamp's 32 FMNMX per thread and the masked-tile test: 848 / 829,
-# 853 / 830).
+# The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; on by default since stop 28;
+# ``specializations.mxfp8_backward_specializations``) against the ``mxquant`` ablation kernel of the same features,
+# whose roundings they carry (sm_90 ptxas at stop 26-27): spill bytes, stores + loads (mxquant D128 full 204 + 268,
+# causal 180 + 256; MXFP8 full 188 + 244, causal 188 + 264: per work item, not on the block loops' straight path),
+# and the block-loop path (mxquant 791 / 797 full, 818 / 796 causal; MXFP8 + the clamp's 32 FMNMX per thread and the
+# masked-tile test: 848 / 829, 853 / 830).
 MXFP8_BWD_ABLATION_SPILLS = {"full": 204 + 268, "causal": 180 + 256}
 MXFP8_BWD_ABLATION_PATH = {"full": [791, 797], "causal": [818, 796]}
 
 
 def test_mxfp8_backward_kernels_compile_within_the_ablation_budget():
     """The MXFP8 backward's kernels (the TLX backward with MXFP8: P clamped to <= 1, P and dS rounded to MXFP8
-    values; not shipped while ``configs.MXFP8_BACKWARD`` is off, so the ``compiled`` fixture skips them): each
+    values; on by default, compiled here rather than in the ``compiled`` fixture's shipped list, once): each
     compiles within sm_90's shared memory (the default's 213,384 B at D128), at the default's 168 registers, within
     32 spill bytes per thread of the ``mxquant`` ablation kernel (D128 full / causal; D64 0), with no more spill
     instructions on its block loops' straight path than the default kernel (D128 full 1 / 0, causal 2 / 0), the
@@ -450,30 +471,13 @@ def test_delta_early_loads_delta_before_the_s_wait():
     one FFMA per row); the kernel spills within 96 B per thread of the default's (causal: +80, 11 STL + 11 LDL in the
     masked branch). Also: the shipped delta-early kernels (D64 with STATS_AHEAD, D128 full / causal / causal order)
     are listed. ~15 s."""
-    code = (
-        "import _utlx_autoregister, json, os, tempfile\n"
-        "import triton\n"
-        "from jfa_ops.backends.tlx import specializations as s\n"
-        "triton.knobs.nvidia.dump_ptxas_log = True\n"
-        "names = [sp.name for sp in s.shipped_specializations() if '-deltaearly' in sp.name]\n"
-        "print(json.dumps(names))\n"
-        "lab = dict(v2=True, dq_shared=True)\n"
-        "for causal in (False, True):\n"
-        "    for early in (False, True):\n"
-        "        with tempfile.TemporaryDirectory() as cache:\n"
-        "            triton.knobs.cache.dir = cache\n"
-        "            sp = s.bwd_specialization(128, 'bf16', causal, delta_early=early, **lab)\n"
-        "            print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
-    env = _tlx_env("JFA_TLX_BWD_DELTA_EARLY")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=env)
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and len(lines) == 5, proc.stderr[-3000:]
-    assert sorted(json.loads(lines[0])) == sorted([
+    names, rows = _shipped_and_compiled(
+        "-deltaearly", "[s.bwd_specialization(128, 'bf16', causal, delta_early=early, v2=True, dq_shared=True)"
+        " for causal in (False, True) for early in (False, True)]", "JFA_TLX_BWD_DELTA_EARLY", 4)
+    assert sorted(names) == sorted([
         "bwd-d64-bf16-full-v2-dqshared-statsahead-deltaearly", "bwd-d64-bf16-causal-v2-dqshared-statsahead-deltaearly",
         "bwd-d128-bf16-full-v2-dqshared-deltaearly", "bwd-d128-bf16-causal-v2-dqshared-deltaearly",
         "bwd-d128-bf16-causal-v2-dqshared-causalorder-deltaearly"])
-    rows = [json.loads(line) for line in lines[1:]]
     for base, early in (rows[0:2], rows[2:4]):
         assert "-deltaearly" in early["name"] and "-deltaearly" not in base["name"], (base, early)
         assert sum(base["block_loop_ldg_after_wait"]) > 0, f"ptxas no longer sinks delta's load: {base}"
@@ -493,25 +497,11 @@ def test_gqa_split_kernels_add_partials_from_registers():
     ``tl.atomic_add`` took 64 KiB of shared memory for a layout change, 278,600 B in all), and keeps the default's
     block loop (its HGMMA and MUFU; the path within 16 instructions of the default's: +7 / +10 at stop 25). The
     shipped split kernels are the snake's (D128, and D64 since helper gqarule's rule splits D64 calls). ~30 s."""
-    code = (
-        "import _utlx_autoregister, json, tempfile\n"
-        "import triton\n"
-        "from jfa_ops.backends.tlx import specializations as s\n"
-        "triton.knobs.nvidia.dump_ptxas_log = True\n"
-        "print(json.dumps(sorted(sp.name for sp in s.shipped_specializations() if '-split' in sp.name)))\n"
-        "lab = dict(v2=True, dq_shared=True)\n"
-        "for kw in (dict(), dict(group_split=4), dict(group_split=4, item_order=True)):\n"
-        "    with tempfile.TemporaryDirectory() as cache:\n"
-        "        triton.knobs.cache.dir = cache\n"
-        "        sp = s.bwd_specialization(128, 'bf16', True, **lab, **kw)\n"
-        "        print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env=_tlx_env("JFA_TLX_BWD_GQA_SPLIT"))
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and len(lines) == 4, proc.stderr[-3000:]
-    assert json.loads(lines[0]) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4",
-                                    "bwd-d64-bf16-causal-v2-dqshared-statsahead-itemorder-split4"]  # gqarule's D64
-    default, *split = [json.loads(line) for line in lines[1:]]
+    names, (default, *split) = _shipped_and_compiled(
+        "-split", "[s.bwd_specialization(128, 'bf16', True, v2=True, dq_shared=True, **kw)"
+        " for kw in (dict(), dict(group_split=4), dict(group_split=4, item_order=True))]", "JFA_TLX_BWD_GQA_SPLIT", 3)
+    assert sorted(names) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4",
+                             "bwd-d64-bf16-causal-v2-dqshared-statsahead-itemorder-split4"]  # gqarule's D64
     assert "red_f32" not in default
     for r in split:
         assert r["shared"] == default["shared"] <= SM90_SHARED_MEMORY, r
@@ -532,32 +522,16 @@ def test_dq_red_adds_dq_from_registers():
     stop 27: D128 full +4 / +8, causal +7 / +37), no spill instruction on it, and the kernel spills within 256 B per
     thread more (D128 full 152 / 200 -> 128 / 176 B, causal 184 / 260 -> 280 / 380; per work item). Also: the shipped
     DQ_RED kernels. ~60 s."""
-    code = (
-        "import _utlx_autoregister, json, tempfile\n"
-        "import triton\n"
-        "from jfa_ops.backends.tlx import specializations as s\n"
-        "triton.knobs.nvidia.dump_ptxas_log = True\n"
-        "print(json.dumps(sorted(sp.name for sp in s.shipped_specializations() if '-dqred' in sp.name)))\n"
-        "for head_dim, causal in ((128, False), (128, True), (64, True)):\n"
-        "    for red in (0, 1, 2):\n"
-        "        if red == 2 and head_dim == 64:\n"
-        "            continue\n"
-        "        with tempfile.TemporaryDirectory() as cache:\n"
-        "            triton.knobs.cache.dir = cache\n"
-        "            sp = s.bwd_specialization(head_dim, 'bf16', causal, v2=True, dq_shared=True,\n"
-        "                                      stats_ahead=head_dim <= 64, dq_red=red)\n"
-        "            print(json.dumps(s.compile_sm90(sp, loop_counts=True)))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env=_tlx_env("JFA_TLX_BWD_DQ_RED"))
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and len(lines) == 9, proc.stderr[-3000:]
-    assert json.loads(lines[0]) == sorted([
+    names, rows = _shipped_and_compiled(
+        "-dqred", "[s.bwd_specialization(d, 'bf16', c, v2=True, dq_shared=True, stats_ahead=d <= 64, dq_red=red)"
+        " for d, c in ((128, False), (128, True), (64, True)) for red in (0, 1, 2) if not (red == 2 and d == 64)]",
+        "JFA_TLX_BWD_DQ_RED", 8)
+    assert sorted(names) == sorted([
         "bwd-d64-bf16-full-v2-dqshared-statsahead-dqred", "bwd-d64-bf16-causal-v2-dqshared-statsahead-dqred",
         "bwd-d128-bf16-full-v2-dqshared-dqred", "bwd-d128-bf16-causal-v2-dqshared-dqred",
         "bwd-d128-bf16-causal-v2-dqshared-causalorder-dqred", "bwd-d128-fp16-causal-left-v2-dqshared-dqred",
         "bwd-d128-bf16-full-bcast-v2-dqshared-dqred", "bwd-d128-bf16-full-v2-dqshared-dqredlast",
         "bwd-d128-bf16-causal-v2-dqshared-dqredlast"])
-    rows = [json.loads(line) for line in lines[1:]]
     groups = [rows[0:3], rows[3:6], rows[6:8]]
     for default, *reds in groups:
         head_dim = int(re.search(r"-d(\d+)-", default["name"]).group(1))

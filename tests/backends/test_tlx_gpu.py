@@ -152,6 +152,40 @@ def test_causal_order_keeps_dk_dv_bit_for_bit(monkeypatch):
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("heads,lengths", [((8, 8), (2048, 1000, 3000, 1, 0, 129)), ((4, 4), (5000, 17, 700, 128))])
+def test_causal_order_jagged_device_list(heads, lengths, monkeypatch):
+    """``configs.BACKWARD_CAUSAL_ORDER_JAGGED`` (helper jaggedorder): compiled for the GPU, the device-built list
+    (``causal_item_list_device``) is ``causal_item_list``'s bit for bit over the call's own key tile list; a jagged
+    causal backward with the knob takes it (more items than programs, MHA: no GQA split) and matches the oracle,
+    its dK/dV bit for bit those of the torch list (CAUSAL_ORDER=1: the same list, so the same work per item)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, causal_item_list_device
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    case = AttentionCase(lengths, lengths, heads_q=heads[0], heads_kv=heads[1], head_dim=128, dtype=torch.bfloat16,
+                         device="cuda", causal=True)
+    _tlx_or_skip(case)
+    x = case.make_inputs(0)
+    offsets = x.q_offsets.to(torch.int32)
+    tiles = kv_tiles(offsets, offsets, sum(lengths), sum(lengths), 128, 0, 0, False, True)
+    schedule = dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start)
+    row_bytes = 128 * 8  # MHA D128 bf16: Q, dO, fp32 dQ
+    want = causal_item_list(schedule, heads[1], offsets, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
+    got = causal_item_list_device(schedule, heads[1], offsets, sum(lengths), row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    monkeypatch.setattr(configs, "BACKWARD_CAUSAL_ORDER_JAGGED", True)
+    check_attention_case(case, "tlx")
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=q.dtype)
+    grads = []
+    for on in (False, True):  # the torch list (CAUSAL_ORDER=1), then the device one
+        monkeypatch.setattr(configs, "BACKWARD_CAUSAL_ORDER", None if on else True)
+        monkeypatch.setattr(configs, "BACKWARD_CAUSAL_ORDER_JAGGED", on)
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, backend="tlx")
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
+
 @pytest.mark.parametrize("dq_red", [1, 2])
 def test_dq_red_keeps_dk_dv_bit_for_bit(dq_red, monkeypatch):
     """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; 2: with the L2 evict_last policy) changes only how dQ

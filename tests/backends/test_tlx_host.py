@@ -706,6 +706,60 @@ def test_causal_order_default_takes_one_length_causal_batches_only(gpu, monkeypa
 
 
 @needs_tlx
+def test_causal_order_jagged_builds_the_list_on_the_device(gpu, monkeypatch):
+    """``configs.BACKWARD_CAUSAL_ORDER_JAGGED`` (helper jaggedorder), off by default: on, with CAUSAL_ORDER unset, a
+    jagged causal call launches the list too, built by ``causal_streams_kernel`` then ``causal_items_kernel``
+    (the torch list is not made): the kernel's TILE_SEQ / TILE_START / TILE_HEAD are the rows of the items kernel's
+    output, and a repeat launches both through their launch plans (``launch.launch_planned``: no rebinding). A
+    one-length batch keeps its kept list; D64 takes none, nor a GQA call where the split runs; a list of more
+    items x tiles than
+    ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` is the torch one."""
+    from jfa_ops.backends.triton.block_sparse_bwd import causal_items_kernel, uniform_causal_item_list
+
+    assert not tlx_configs.BACKWARD_CAUSAL_ORDER_JAGGED  # off until timed on the H200
+    runs, _ = gpu
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the sorted tile list
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", None)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER_JAGGED", True)
+    monkeypatch.setattr(attn_bwd, "causal_item_list", lambda *a: pytest.fail("the torch list was made"))
+    lists = ("causal_streams_kernel", "causal_items_kernel")
+    for repeat in (False, True):
+        launched = _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)
+        made = [(name, values, options) for name, _, values, options in runs if name in lists]
+        assert [name for name, _, _ in made] == list(lists)
+        assert all((options is None) == repeat for _, _, options in made)  # None: launch._run of a plan
+        names = causal_items_kernel.arg_names
+        out = dict(zip(names, made[1][1]))["OUT"]
+        n_items = attn_bwd.capacity_of(1017, 128, 3) * HEADS[1]
+        assert launched["ITEM_LIST"] and launched["SNAKE"]
+        for row, name in enumerate(("TILE_SEQ", "TILE_START", "TILE_HEAD")):
+            got = launched[name]
+            assert got.numel() == n_items and got.data_ptr() == out.data_ptr() + row * n_items * 4
+    kept = _causal_backward_launch(runs, monkeypatch, [300, 300, 300], hints=True)
+    assert kept["TILE_HEAD"] is uniform_causal_item_list(3, 300, HEADS[1], (HEADS[0] // HEADS[1]) * HEAD_DIM * 8,
+                                                         tlx_configs.CAUSAL_ORDER_L2_BYTES, 128,
+                                                         torch.device("cpu"))[2]
+    assert not any(name in lists for name, *_ in runs)
+    assert not _causal_backward_launch(runs, monkeypatch, [300, 17, 700], head_dim=64, hints=True)["ITEM_LIST"]
+    # GQA where the split would run: _gqa_split's rule (a list to build: no split), asked as if none were
+    monkeypatch.setattr(attn_bwd, "_gqa_split", lambda *a: (1, False) if a[4] else (2, False))
+    monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", -1)
+    monkeypatch.setitem(globals(), "HEADS", (8, 4))
+    split = _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)
+    assert split["GROUP_SPLIT"] == 2 and not split["ITEM_LIST"]
+    monkeypatch.setattr(attn_bwd, "_gqa_split", lambda *a: (1, False))
+    assert _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)["ITEM_LIST"]
+    monkeypatch.setitem(globals(), "HEADS", (8, 8))
+    made = []  # over configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS (items x tiles): the torch list
+    monkeypatch.setattr(attn_bwd, "causal_item_list", lambda *a: made.append(a) or (a[0]["TILE_SEQ"],) * 3)
+    pairs = attn_bwd.capacity_of(1017, 128, 3) ** 2 * HEADS[1]
+    for limit, device in ((pairs, True), (pairs - 1, False)):
+        monkeypatch.setattr(tlx_configs, "CAUSAL_ORDER_DEVICE_MAX_PAIRS", limit)
+        made.clear()
+        assert _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)["ITEM_LIST"]
+        assert len(made) == (not device) and any(name in lists for name, *_ in runs) == device
+
+@needs_tlx
 def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     """``configs.BACKWARD_ABLATE`` (helper bwdablate: stages removed from the kernel, TIMING ONLY, wrong gradients)
     is 0 unless JFA_TLX_BWD_ABLATE names stages, and the default backward launches ABLATE=0 without a warning; set,

@@ -1,5 +1,5 @@
-"""The TLX MXFP8 backward, design (D) (``tlx/mxfp8_attn_bwd.py``, env JFA_TLX_MXFP8_BWD=1; bench/NOTES.md "MXFP8
-backward design (D), helper mxbwdd, stop 27").
+"""The TLX MXFP8 backward, design (D) (``tlx/mxfp8_attn_bwd.py``, on by default, env JFA_TLX_MXFP8_BWD=0: off;
+bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27" and v19).
 
 CPU (the interpreter): the host side (``jfa_ops.backends.mxfp8_bwd``) makes the MX-valued bf16 operands bit for bit
 as the reference's quantize + dequantize, and with a float64 stand-in for the kernel (the kernel's arithmetic:
@@ -9,19 +9,23 @@ the unquantized dO of delta are what the model says. The kernel's constexpr comp
 ``test_tlx_compile.py::test_mxfp8_backward_kernels_compile_within_the_ablation_budget``.
 
 GPU (``-m gpu``): the kernel itself against the model and the float64 MXFP8 oracle, the issue's bound, the routing of
-the knob and of what it declines.
+the knob and of what it declines; the one-pass operands (``KNOBS.mxfp8_bwd_one_pass``) bit for bit at size
+(``JFA_MXFP8_BWD_ONE_PASS=1`` runs the kernel tests through them).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jfa_ops
 from jfa_ops.testing import (mx_round_trip_spec, mxfp8_attention_backward_model, reference_attention,
                              reference_mxfp8_attention_backward)
-from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case
+from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case, quantize_inputs
 
 pytest.importorskip("triton")
 
@@ -32,19 +36,37 @@ from jfa_ops.backends import mxfp8_bwd  # noqa: E402
 from jfa_ops.backends.triton.common import stage_bounds  # noqa: E402
 from jfa_ops.backends.base import AttentionParams  # noqa: E402
 from jfa_ops.backends.reference import mxfp8 as reference  # noqa: E402
+from jfa_ops.backends.triton.configs import KNOBS  # noqa: E402
 
 
 def _same_bits(a, b):
     return bool(((a.view(torch.int16) == b.view(torch.int16)) | (a.isnan() & b.isnan())).all())
 
 
+ONE_PASS = pytest.mark.parametrize("one_pass", [False, True], ids=["two-pass", "one-pass"])
+
+
+@contextlib.contextmanager
+def one_pass_knob(on: bool):
+    """``KNOBS.mxfp8_bwd_one_pass`` set for the block (hypothesis tests take no function fixtures)."""
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    before, KNOBS.mxfp8_bwd_one_pass = KNOBS.mxfp8_bwd_one_pass, on
+    try:
+        yield
+    finally:
+        KNOBS.mxfp8_bwd_one_pass = before
+
+
+@ONE_PASS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_mx_values_bit_exact_with_the_reference(dtype):
-    """``mx_values`` (triton quantize + the dequantize pass) == the reference's quantize + dequantize to bf16, bit
-    for bit: (1, 32) and (32, 32) blocks, per-sequence row blocks (empty and length-1 sequences), one sequence, a
-    NaN block, zero blocks, magnitudes over 2**+-12 (fp32: 2**+-60, bf16's range)."""
+def test_mx_values_bit_exact_with_the_reference(dtype, one_pass):
+    """``mx_values`` (triton quantize + the dequantize pass; one-pass: ``quantize_values``, the quantize kernel
+    writing the values) == the reference's quantize + dequantize to bf16, bit for bit: (1, 32) and (32, 32) blocks,
+    per-sequence row blocks (empty and length-1 sequences), one sequence, a NaN block, zero blocks, magnitudes over
+    2**+-12 (bf16 and fp32: 2**+-60)."""
     g = torch.Generator().manual_seed(1)
-    spread = 60 if dtype == torch.float32 else 12
+    spread = 12 if dtype == torch.float16 else 60
     x = torch.randn(150, 3, 64, generator=g) * torch.pow(2.0, torch.empty(150, 1, 64).uniform_(-spread, spread,
                                                                                                 generator=g))
     x[5, 1, 3] = math.nan
@@ -52,10 +74,86 @@ def test_mx_values_bit_exact_with_the_reference(dtype):
     x = x.to(dtype)
     offsets = torch.tensor([0, 40, 40, 105, 106, 150])
     for block, offs in (((1, 32), None), ((32, 32), offsets), ((32, 32), None)):
-        got = mxfp8_bwd.mx_values(x, offs, block, "rceil")
+        with one_pass_knob(one_pass):
+            got = mxfp8_bwd.mx_values(x, offs, block, "rceil")
         want = reference.dequantize(*reference.quantize(x, offs, block, "rceil"), offs, block, torch.bfloat16)
         assert got.dtype == torch.bfloat16 and _same_bits(got, want), (block, offs)
         assert torch.equal(got.double().isnan(), mx_round_trip_spec(x, offs, block).isnan())
+
+
+@st.composite
+def _values_inputs(draw):
+    """``quantize_inputs``' tensors (jagged lengths with empty and short sequences, fp32/bf16/fp16, magnitudes up
+    to 2**+-140, specials, zero rows, both roundings) in the backward's block shapes: (32, 1) drawn as (1, 32) (V);
+    (32, 32) per sequence or, as broadcast Q, one sequence; values in bf16 or fp16."""
+    x, offsets, block, rounding = draw(quantize_inputs())
+    block = (1, 32) if block == (32, 1) else block
+    if block == (1, 32) or draw(st.booleans()):
+        offsets = None
+    return x, offsets, block, rounding, draw(st.sampled_from([torch.bfloat16, torch.float16]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(inputs=_values_inputs())
+def test_one_pass_mx_values_bit_exact_with_two_passes_and_the_reference(inputs):
+    """``quantize_values`` (one pass: x read once, the values written) == ``mx_values``' two passes (the pair, then
+    the dequantize pass) == the reference's quantize + dequantize (plain PyTorch), bit for bit."""
+    from jfa_ops.backends.triton.mxfp8_quantize import quantize_values
+
+    x, offsets, block, rounding, dtype = inputs
+    got = quantize_values(x, offsets, block, rounding, dtype)
+    two = mxfp8_bwd.mx_values(x, offsets, block, rounding, dtype, one_pass=False)
+    want = reference.dequantize(*reference.quantize(x, offsets, block, rounding), offsets, block, dtype)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert _same_bits(got, two) and _same_bits(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+def test_one_pass_mx_values_bit_exact_on_the_gpu_at_size(dtype, rounding):
+    """On the GPU (the hardware E4M3 conversion, pipelined loads): ``quantize_values`` == the two passes == the
+    reference's quantize + dequantize (on CPU), bit for bit, at 1M elements a tensor: (1, 32); (32, 32) per sequence
+    (an empty sequence, length 1, tails) and as one sequence; the dtype's range and the special values."""
+    from jfa_ops.backends.triton.mxfp8_quantize import quantize_values
+    from tests.ops.test_mxfp8 import SPECIAL
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [500, 0, 33, 1, 1023, 5, 486]
+    rows = sum(lengths)
+    low, high = (-24.0, 15.0) if dtype == torch.float16 else (-130.0, 120.0)
+    x = torch.randn(rows, 4, 128, generator=g) * torch.pow(2.0, torch.empty(rows, 4, 128).uniform_(low, high,
+                                                                                                     generator=g))
+    flat = x.view(-1)
+    for values, count in ((torch.tensor(SPECIAL), 5000), (torch.tensor([math.inf, -math.inf, math.nan]), 20)):
+        picks = torch.randint(0, flat.numel(), (count,), generator=g)
+        flat[picks] = values[torch.randint(0, len(values), (count,), generator=g)]
+    x = x.to(dtype)
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    for block, offs in (((1, 32), None), ((32, 32), offsets), ((32, 32), None)):
+        dev_offs = None if offs is None else offs.cuda()
+        got = quantize_values(x.cuda(), dev_offs, block, rounding).cpu()
+        two = mxfp8_bwd.mx_values(x.cuda(), dev_offs, block, rounding, one_pass=False).cpu()
+        want = reference.dequantize(*reference.quantize(x, offs, block, rounding), offs, block, torch.bfloat16)
+        assert _same_bits(got, two) and _same_bits(got, want), (block, offs is None)
+
+
+def test_one_pass_knob_skips_the_pair(monkeypatch):
+    """KNOBS.mxfp8_bwd_one_pass on: ``operands`` makes all four tensors without the pair (the quantize it would
+    call raises), bit for bit the two-pass operands."""
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["jagged"], seed=3, dtype=torch.bfloat16)
+    params = _params(q, opts, q_off, kv_off)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    with one_pass_knob(False):
+        want = mxfp8_bwd.operands(grad_out, q, k, v, q_off, kv_off, params, "rceil")
+
+    def no_pair(*args):
+        raise AssertionError("the pair was made")
+
+    monkeypatch.setattr(mxfp8_bwd, "quantize", no_pair)
+    with one_pass_knob(True):
+        got = mxfp8_bwd.operands(grad_out, q, k, v, q_off, kv_off, params, "rceil")
+    assert all(_same_bits(a, b) for a, b in zip(got, want))
 
 
 def _params(q, opts, q_off, kv_off):
@@ -84,9 +182,10 @@ def _stand_in(calls, opts):
     return run
 
 
+@ONE_PASS
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
 @pytest.mark.parametrize("spread", [None, 12])
-def test_host_path_with_a_stand_in_kernel_gives_the_model(name, spread):
+def test_host_path_with_a_stand_in_kernel_gives_the_model(name, spread, one_pass, monkeypatch):
     """``mxfp8_bwd.backward`` (what the tlx backend runs with JFA_TLX_MXFP8_BWD=1) with the float64 stand-in kernel:
     the kernel receives Q, K, dO as their (32, 32) MX values (Q per q sequence or, broadcast, one sequence; dO per
     output sequence; K per kv sequence) and V as its (1, 32) values, all bf16, and the caller's dO for delta; the
@@ -98,6 +197,7 @@ def test_host_path_with_a_stand_in_kernel_gives_the_model(name, spread):
     grad_out = torch.randn(out.shape, generator=g).to(torch.bfloat16)
     grad_lse = torch.randn(lse.shape, generator=g)
     calls = []
+    monkeypatch.setattr(KNOBS, "mxfp8_bwd_one_pass", one_pass)  # on: the operands in one pass each
     got = mxfp8_bwd.backward(_stand_in(calls, opts), grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off,
                              _params(q, opts, q_off, kv_off), "rceil")
     (seen,) = calls
@@ -115,8 +215,10 @@ def test_host_path_with_a_stand_in_kernel_gives_the_model(name, spread):
         assert _rel(a, w) <= 4e-3, f"d{name_}: {_rel(a, w)}"  # bf16 outputs: ~2e-3
 
 
-def test_host_path_fp16_inputs_and_no_grad_lse():
+@ONE_PASS
+def test_host_path_fp16_inputs_and_no_grad_lse(one_pass, monkeypatch):
     """fp16 inputs (their MX values are exact in bf16) and grad_lse None: gradients in fp16, the model's."""
+    monkeypatch.setattr(KNOBS, "mxfp8_bwd_one_pass", one_pass)
     q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["causal_gqa"], seed=5, dtype=torch.float16)
     out, lse = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, return_lse=True, backend="reference", **opts)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(torch.float16)
@@ -272,7 +374,7 @@ def route(knob, dtype=torch.bfloat16, dim=128, heads=(4, 2), **params):
     configs.MXFP8_BACKWARD = knob
     q, k = torch.zeros(8, heads[0], dim, dtype=dtype), torch.zeros(8, heads[1], dim, dtype=dtype)
     return backward(None, None, q, k, k, None, None, None, None, AttentionParams(scale=1.0, **params), 'rceil')
-assert configs.MXFP8_BACKWARD is False  # off by default
+assert configs.MXFP8_BACKWARD is True  # on by default
 print(route(False), route(True), route(True, torch.float16), route(True, dim=64), route(True, torch.float32),
       route(True, dim=256), route(True, deterministic=True))
 """
@@ -280,7 +382,7 @@ print(route(False), route(True), route(True, torch.float16), route(True, dim=64)
 
 def test_knob_routes_the_tlx_mxfp8_backward():
     """The tlx backend's MXFP8 family backward (CPU, TLX importable in a subprocess: ``JFA_TLX_SITE`` or ``.ci-tlx``,
-    as test_tlx_compile.py): off by default (configs.MXFP8_BACKWARD, env JFA_TLX_MXFP8_BWD unset) and then the
+    as test_tlx_compile.py): on by default (configs.MXFP8_BACKWARD, env JFA_TLX_MXFP8_BWD unset); off: the
     triton MXFP8 backward; on: the TLX MXFP8 backward for fp16/bf16 inputs at head_dim 64/128, triton's for fp32
     inputs, head_dim 256 and deterministic=True (``mxfp8_attn_bwd.backward_reason``)."""
     import os
@@ -372,8 +474,10 @@ def test_tlx_mxfp8_backward_matches_the_model(name, dim, monkeypatch):
         assert got.dtype == torch.bfloat16 and torch.isfinite(got).all(), n
         assert _rel(got, m) <= 1e-2, f"d{n} vs model {_rel(got, m):.2e}"
         assert _rel(got, o) <= 2e-2, f"d{n} vs oracle {_rel(got, o):.2e}"
-        if e is not None and e.norm() > 0:
-            assert _rel(got, e) <= 0.15, f"d{n} vs float64 attention {_rel(got, e):.2e}"
+        if e is not None and e.norm() > 0:  # MXFP8's own error vs float64 attention (0.02-0.15 on these cases,
+            # measured on the H200): the kernel adds at most 10% of it (measured: <= 0.5%; stop 28)
+            assert _rel(got, e) <= 1.1 * _rel(o, e) + 1e-3, f"d{n} vs float64 attention {_rel(got, e):.2e}, the " \
+                f"oracle's {_rel(o, e):.2e}"
 
 
 @pytest.mark.gpu

@@ -14,9 +14,10 @@ off (then by name only: ``backend="tlx"`` or ``JFA_BACKEND=tlx``), ``JFA_TLX_AUT
 
 MXFP8 attention (``jfa_ops.mxfp8_attention``, family ``mxfp8_attention``, issue 12): the forward in
 ``mxfp8_attn_fwd.py`` (E4M3 wgmma for both matmuls, head_dim 64/128), chosen automatically since its GPU check
-(``JFA_TLX_MXFP8=0``: off); bf16 inputs are quantized by the triton kernel, the backward is the triton MXFP8 backward
-unless ``JFA_TLX_MXFP8_BWD=1`` (``configs.MXFP8_BACKWARD``, off): then ``mxfp8_attn_bwd.py`` (the bf16 TLX backward
-with P and dS rounded to MXFP8 values, on MX-valued operands) for the calls its ``backward_reason`` takes.
+(``JFA_TLX_MXFP8=0``: off); bf16 inputs are quantized by the triton kernel; the backward is ``mxfp8_attn_bwd.py``
+(the bf16 TLX backward with P and dS rounded to MXFP8 values, on MX-valued operands) for the calls its
+``backward_reason`` takes (``configs.MXFP8_BACKWARD``, on since its GPU check; ``JFA_TLX_MXFP8_BWD=0``: off), else the
+triton MXFP8 backward.
 
 Block-sparse attention (``jfa_ops.block_sparse_attention``, family ``block_sparse``): the same forward kernel with
 SPARSE (each work item walks only its Q block's selected KV blocks), head_dim 64/128, block_q a multiple of 128 and
@@ -215,7 +216,7 @@ def mxfp8_attention_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
 
 def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
     """(dq, dk, dv) of ``jfa::mxfp8_attention``: the TLX MXFP8 backward (``mxfp8_attn_bwd.py``) where
-    ``configs.MXFP8_BACKWARD`` is on (env JFA_TLX_MXFP8_BWD=1) and it takes the call, else the triton MXFP8 backward."""
+    ``configs.MXFP8_BACKWARD`` is on (the default; env JFA_TLX_MXFP8_BWD=0: off) and it takes the call, else the triton MXFP8 backward."""
     if configs.MXFP8_BACKWARD:
         from . import mxfp8_attn_bwd
 
@@ -305,7 +306,7 @@ BACKEND = Backend(name="tlx", forward=forward, backward=backward, supports=suppo
                       "select_kv_blocks": FamilyImpl(_select_kv_blocks, supports=_select_supports, priority=5),
                       # MXFP8 (issue 12): the TLX forward, automatic since its GPU check unless JFA_TLX_MXFP8=0
                       # (configs.MXFP8_AUTO); the quantize kernel (bf16 inputs) is triton's, the backward too unless
-                      # JFA_TLX_MXFP8_BWD=1 (configs.MXFP8_BACKWARD: mxfp8_attn_bwd.py)
+                      # configs.MXFP8_BACKWARD (default on): mxfp8_attn_bwd.py
                       "mxfp8_attention": FamilyImpl(mxfp8_attention_forward, _mxfp8_attention_backward,
                                                     supports=mxfp8_attention_supports,
                                                     priority=20 if configs.MXFP8_AUTO else 5),

@@ -37,7 +37,8 @@ from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
                                attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
-from ..triton.block_sparse_bwd import causal_item_list, item_list, transposed_selection, uniform_causal_item_list
+from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device, item_list, transposed_selection,
+                                      uniform_causal_item_list)
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, seq_extent, snake_items, snake_work,
@@ -1027,7 +1028,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
                        delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
-                       delta_grad_out=None):
+                       delta_grad_out=None, causal_jagged: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1045,8 +1046,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
     made once per shape), with the snake; head_group and item_order yield to it there; head dims below
     ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
-    (``one_length_causal``). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING
-    ONLY: the gradients are WRONG (a warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
+    (``one_length_causal``), and with ``causal_jagged`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call
+    where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
+    builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
+    (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
+    warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
     ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
     (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
     ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
@@ -1067,13 +1071,16 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         causal_order = False  # dense walks only
     else:
         qdo_first = uniform_walk = group_order = False  # block-sparse walks only
-    if causal_order is None:
-        causal_order = one_length_causal(q, k, kv_offsets, params)  # block-sparse: False above
+    split_first = False  # a GQA split, where one runs, instead of the list (the knob's jagged calls)
+    if causal_order is None:  # block-sparse: False above
+        causal_order = one_length_causal(q, k, kv_offsets, params)
+        split_first = causal_jagged and not causal_order
+        causal_order = causal_order or causal_jagged
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     parts = 1  # GROUP_SPLIT
     if gqa_split and selection is None and v2 and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
-        parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order, gqa_split)
+        parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order and not split_first, gqa_split)
         item_order = item_order or snake_alone
         causal_order = causal_order and parts == 1  # moot where a split runs (no list was to be built)
     group_order = group_order and head_group > 0
@@ -1103,13 +1110,15 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     if mxfp8 and not (v2 and selection is None):
         raise ValueError("the MXFP8 backward (mxfp8) runs on the dense v2 consumers only")
     return _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection,
-                          key, mxfp8, delta_grad_out)
+                          key, mxfp8, delta_grad_out, causal_jagged)
 
 
 def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key,
-                   mxfp8=False, delta_grad_out=None):
+                   mxfp8=False, delta_grad_out=None, device_list=False):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
-    recipe for the next calls of that signature where ``_Recipe`` covers the call."""
+    recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
+    order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
+    where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
      alternate, causal_order, ablate, delta_early, parts, dq_red) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
@@ -1167,6 +1176,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         if one_length_causal(q, k, kv_offsets, params):
             items = uniform_causal_item_list(num_seqs, params.max_seqlen_q, num_heads_kv, row_bytes,
                                              configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
+        elif device_list and schedule["n_slots"] ** 2 * num_heads_kv <= configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS:
+            items = causal_item_list_device(schedule, num_heads_kv, q_off, total_out, row_bytes,
+                                            configs.CAUSAL_ORDER_L2_BYTES)
         else:
             items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
     snake = item_order or items is not None or parts > 1  # GROUP_SPLIT's parts under the snake (its balance)

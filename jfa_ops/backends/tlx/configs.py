@@ -237,6 +237,17 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # (JFA_TLX_BWD_CAUSAL_ORDER=1): every masked call; False (=0): none.
 BACKWARD_CAUSAL_ORDER: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", ""))
 CAUSAL_ORDER_L2_BYTES = 40 << 20
+# CAUSAL_ORDER_JAGGED (JFA_TLX_BWD_CAUSAL_ORDER_JAGGED=1, off; helper jaggedorder, bench/NOTES.md "causal order list
+# on the device"): the per-call list built on the device (``block_sparse_bwd.causal_item_list_device``: two launches
+# and one allocation for the torch list's 59 ops, bit for bit its list), and with CAUSAL_ORDER unset (None) every
+# masked call takes a list, jagged ones too, except where a GQA split runs (GQA_SPLIT's plan: its balance at few kv
+# heads, untimed against the list; CAUSAL_ORDER=1's list still wins there). Why: on the H200 the list made the
+# jagged T32768 causal kernel 10% faster (10768 -> 9726 clk per block) but its per-call ops cost ~0.18 ms of a 3.4 ms
+# backward. Off until timed there.
+BACKWARD_CAUSAL_ORDER_JAGGED = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER_JAGGED", "0") == "1"
+# Its items kernel counts over the tile list per item (items x tiles pairs, ~19 int ops each: ~40 us of the H200 at
+# 2**25); above that (e.g. T262144 H16: 83M) the torch list (its ~59 ops, a few sorts' GPU time) costs less.
+CAUSAL_ORDER_DEVICE_MAX_PAIRS = 1 << 25
 # The list buys DRAM bytes, so it pays only where the default's causal loop is DRAM-bound (helper causalorder2,
 # bench/NOTES.md "TLX causal backward order v2"): a block reads 64 rows of Q + dO and reduce-adds 64 rows of fp32 dQ
 # (all misses in the default order: 12 x 64 x D bytes with the dQ write-back), while its softmax / dS work on the
@@ -285,10 +296,11 @@ MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
 # values in registers, P clamped to <= 1), fed MX-valued bf16 Q, K, V, dO (the triton quantize kernel, then one
-# dequantize pass) and delta from the unquantized dO: ``mxfp8_attention_backward_model``'s arithmetic. Predicted
-# ~2.5x (dense) / ~2.2x (jagged causal) the triton MXFP8 backward end to end (H200, not measured yet): off until its
-# GPU check. Env JFA_TLX_MXFP8_BWD=1: on (fp16/bf16 inputs, head_dim 64/128; the rest keeps the triton one).
-MXFP8_BACKWARD = os.environ.get("JFA_TLX_MXFP8_BWD", "0") == "1"
+# dequantize pass) and delta from the unquantized dO: ``mxfp8_attention_backward_model``'s arithmetic. Measured on
+# the H200 (bench/NOTES.md v19): 2.50x (dense B8 S4096) / 2.23x (jagged T32768 causal) the triton MXFP8 backward end to
+# end, its gradients within 0.1% of the MXFP8 oracle's own error: on by default. JFA_TLX_MXFP8_BWD=0: the triton one
+# for every call (fp16/bf16 inputs at head_dim 64/128 take this one; the rest keeps the triton one).
+MXFP8_BACKWARD = os.environ.get("JFA_TLX_MXFP8_BWD", "1") != "0"
 # ABLATIONS OF THE MXFP8 FORWARD: TIMING ONLY, THEIR RESULTS ARE WRONG. Each bit removes one stage of the consumers'
 # key-block loop (mxfp8_attn_fwd.py's ABLATE_*), every barrier, TMA load and ping-pong turn kept, so the H200 can say
 # what each stage costs (bench/NOTES.md "MXFP8 ceiling: ablations"; tools/tlx_check.py mxfp8-ablation):
@@ -468,6 +480,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
     return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED, dq_defer=BACKWARD_DQ_DEFER,
                 stats_ahead=stats_ahead(head_dim), dq_lag=BACKWARD_DQ_LAG, head_group=head_group(heads_kv),
                 item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
+                causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED)
 

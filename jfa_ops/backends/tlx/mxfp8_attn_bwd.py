@@ -4,8 +4,8 @@ unquantized dO (``jfa_ops.backends.mxfp8_bwd``: the host side, portable and CPU-
 ``jfa_ops.testing.mxfp8_attention_backward_model(..., rebased_s_dp=False)``: the MXFP8 oracle's but for dV's P below
 2**-14 (P at one fixed scale), and the bf16 MMAs sum in fp32 products that are exact.
 
-Off by default (``configs.MXFP8_BACKWARD``, env JFA_TLX_MXFP8_BWD=1): ``backward_reason`` says which calls it runs;
-the others (and every call while off) take the triton MXFP8 backward.
+On by default since its GPU check (``configs.MXFP8_BACKWARD``; env JFA_TLX_MXFP8_BWD=0: off): ``backward_reason``
+says which calls it runs; the others (and every call while off) take the triton MXFP8 backward.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, sel
 from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound, next_work,
                      packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
-from .launch import launch
+from .launch import launch, launch_planned
 from .scheduling import (binary_search_steps, forward_tiles, kv_tiles, shape_constant, single_tiles, tile_schedule,
                          work_tile)
 
@@ -209,6 +209,146 @@ def uniform_causal_item_list(num_seqs: int, length: int, heads_kv: int, bytes_pe
     start = torch.arange(tiles, dtype=torch.int32, device=device).repeat_interleave(num_seqs) * block_n
     offsets = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * length
     return causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads_kv, offsets, bytes_per_row, l2_bytes)
+
+
+# The causal order's list built on the device (tlx ``configs.BACKWARD_CAUSAL_ORDER_JAGGED``): the same items in the
+# same places as ``causal_item_list``, in two launches and one allocation instead of ~59 small device ops.
+CAUSAL_STREAMS_BLOCK, CAUSAL_STREAMS_CHUNK = 32, 128  # sequences per program x sequences compared per step
+CAUSAL_ITEMS_BLOCK, CAUSAL_ITEMS_CHUNK = 64, 128  # items placed per program x key tiles counted per step
+
+
+@triton.jit(do_not_specialize=["n_items", "num_seqs", "n_g"])
+def causal_streams_kernel(Q_OFF, OUT, n_items, num_seqs, heads, bytes_per_row, l2_bytes, n_g, BLOCK: tl.constexpr,
+                          CHUNK: tl.constexpr, HEADS: tl.constexpr):
+    """Per sequence b (lengths clamped at 0): POS[b] = its place among the sequences longest first (stable); the
+    section of its streams (b, h), SEC[b * heads + h] = (bytes of the streams before it) // l2_bytes, streams in that
+    order (sequence by sequence, heads in order; a stream is length x bytes_per_row); G[s] = the streams in sections
+    < s, written where an item reads it (s = a stream's section, and that + 1); LAST = the last stream's section.
+    SCRATCH = OUT + 3 x n_items (past the list) = [POS: B][SEC: B x heads][LAST: 1][G: n_g] int32
+    (``causal_item_list_device``)."""
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = b < num_seqs
+    length = tl.maximum(tl.load(Q_OFF + b + 1, mask=ok, other=0) - tl.load(Q_OFF + b, mask=ok, other=0), 0)
+    length = length.to(tl.int64)
+    pos = tl.zeros([BLOCK], tl.int32)
+    rows_ahead = tl.zeros([BLOCK], tl.int64)
+    shortest_ahead = tl.full([BLOCK], 1 << 62, tl.int64)  # the length of the stream just before this one's first
+    for c0 in range(0, loop_bound(num_seqs), CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        c_ok = c < num_seqs
+        other = tl.maximum(tl.load(Q_OFF + c + 1, mask=c_ok, other=0) - tl.load(Q_OFF + c, mask=c_ok, other=0), 0)
+        other = other.to(tl.int64)
+        ahead = c_ok[None, :] & ((other[None, :] > length[:, None])
+                                 | ((other[None, :] == length[:, None]) & (c[None, :] < b[:, None])))
+        pos += tl.sum(ahead.to(tl.int32), 1)
+        rows_ahead += tl.sum(tl.where(ahead, other[None, :], 0), 1)
+        shortest_ahead = tl.minimum(shortest_ahead, tl.min(tl.where(ahead, other[None, :], 1 << 62), 1))
+    shortest_ahead = tl.where(pos == 0, 0, shortest_ahead)  # none ahead: the first stream (its section opens)
+    h = tl.arange(0, HEADS)
+    h_ok = h < heads
+    row_bytes = tl.cast(bytes_per_row, tl.int64)
+    l2 = tl.cast(l2_bytes, tl.int64)
+    first = rows_ahead * heads * row_bytes  # bytes of the streams before (b, 0)
+    stream = length * row_bytes
+    filled = first[:, None] + h[None, :].to(tl.int64) * stream[:, None]
+    sec = filled // l2
+    before = tl.where(h[None, :] == 0, (first - shortest_ahead * row_bytes)[:, None], filled - stream[:, None])
+    prev_sec = tl.where((h[None, :] == 0) & (pos[:, None] == 0), -1, before // l2)  # the stream before's section
+    both = ok[:, None] & h_ok[None, :]
+    POS = OUT + 3 * n_items.to(tl.int64)
+    SEC = POS + num_seqs
+    LAST = SEC + num_seqs * heads
+    G = LAST + 1
+    tl.store(POS + b, pos, mask=ok)
+    tl.store(SEC + b[:, None] * heads + h[None, :], sec.to(tl.int32), mask=both)
+    place = pos[:, None] * heads + h[None, :]
+    opens = both & (sec > prev_sec)  # the first stream of its section: G of that section and of those skipped
+    tl.store(G + tl.minimum(sec, n_g - 1), place, mask=opens & (sec < n_g))
+    tl.store(G + tl.minimum(prev_sec + 1, n_g - 1), place, mask=opens & (prev_sec + 1 < n_g))
+    last = both & (pos[:, None] == num_seqs - 1) & (h[None, :] == heads - 1)
+    tl.store(G + tl.minimum(sec + 1, n_g - 1), place + 1, mask=last & (sec + 1 < n_g))
+    tl.store(LAST + place * 0, sec.to(tl.int32), mask=last)
+
+
+@triton.jit(do_not_specialize=["n_items", "num_seqs", "n_g"])
+def causal_items_kernel(TILE_SEQ, TILE_START, OUT, n_items, heads, num_seqs, n_g, BLOCK: tl.constexpr,
+                        CHUNK: tl.constexpr):
+    """``causal_item_list``'s list from ``causal_streams_kernel``'s SCRATCH: item i = (tile i // heads, kv head
+    i % heads) of the sorted key tile list goes to its place, OUT[0 / 1 / 2, place] = (seq, start, head) (OUT
+    [3 x n_items] int32). A real item of section S (its stream's) lands after the items of the sections before
+    (for every real tile, its heads of a section < S: clamp(G[S] - POS[seq] x heads, 0, heads)), then after the
+    items of S whose tile is earlier in the list (S longest first: the last section and every other one before it)
+    or later (reversed), then after its tile's heads of S before its own; padding items (seq -1) go last, in
+    order. Every place is taken once: a permutation (no atomics, no sort)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_items
+    r = i // heads
+    h = i % heads
+    n_tiles = n_items // heads
+    seq = tl.load(TILE_SEQ + r, mask=ok, other=-1)
+    start = tl.load(TILE_START + r, mask=ok, other=0)
+    real = ok & (seq >= 0)
+    POS = OUT + 3 * n_items.to(tl.int64)  # causal_streams_kernel's SCRATCH
+    SEC = POS + num_seqs
+    LAST = SEC + num_seqs * heads
+    G = LAST + 1
+    s = tl.minimum(tl.maximum(seq, 0), tl.maximum(num_seqs - 1, 0))
+    sec = tl.load(SEC + s * heads + h, mask=real, other=0)
+    g_lo = tl.load(G + tl.minimum(sec, n_g - 1), mask=real, other=0)  # streams in sections < sec
+    g_hi = tl.load(G + tl.minimum(sec + 1, n_g - 1), mask=real, other=0)  # streams in sections <= sec
+    own = tl.load(POS + s, mask=real, other=0) * heads
+    forward = (tl.load(LAST, mask=num_seqs > 0, other=0) - sec) % 2 == 0  # the section longest first (the list's order)
+    before = tl.zeros([BLOCK], tl.int32)  # real items of the sections before
+    earlier = tl.zeros([BLOCK], tl.int32)  # items of this section on tiles taken before this one
+    real_tiles = tl.zeros([BLOCK], tl.int32)
+    padding_before = tl.zeros([BLOCK], tl.int32)
+    for c0 in range(0, loop_bound(n_tiles), CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        c_in = c < n_tiles
+        c_seq = tl.load(TILE_SEQ + c, mask=c_in, other=-1)
+        c_real = c_seq >= 0
+        c_first = tl.load(POS + tl.maximum(c_seq, 0), mask=c_real, other=0) * heads
+        lower = tl.minimum(tl.maximum(g_lo[:, None] - c_first[None, :], 0), heads)
+        upto = tl.minimum(tl.maximum(g_hi[:, None] - c_first[None, :], 0), heads)
+        before += tl.sum(tl.where(c_real[None, :], lower, 0), 1)
+        first = tl.where(forward[:, None], c[None, :] < r[:, None], c[None, :] > r[:, None])
+        earlier += tl.sum(tl.where(c_real[None, :] & first, upto - lower, 0), 1)
+        real_tiles += tl.sum(c_real.to(tl.int32), 0)
+        padding_before += tl.sum(((c_in & ~c_real)[None, :] & (c[None, :] < r[:, None])).to(tl.int32), 1)
+    within = h - tl.minimum(tl.maximum(g_lo - own, 0), heads)
+    place = tl.where(real, before + earlier + within, (real_tiles + padding_before) * heads + h)
+    tl.store(OUT + place, seq, mask=ok)
+    tl.store(OUT + n_items + place, start, mask=ok)
+    tl.store(OUT + 2 * n_items + place, h, mask=ok)
+
+
+def causal_item_list_device(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, total_q: int,
+                            bytes_per_row: int, l2_bytes: int):
+    """``causal_item_list`` (the same three int32 tensors, bit for bit, for offsets whose lengths sum to at most
+    ``total_q``, the query rows) built in two launches (``causal_streams_kernel``, ``causal_items_kernel``) and
+    one allocation: no sort, no host sync. Why: the torch list is ~59 small device ops, ~0.18 ms of a jagged causal
+    backward on the H200 (its kernel 10% faster with the list: bench/NOTES.md "causal order list on the device").
+    The items kernel counts over the tile list per item (items x tiles: 4.5k x 284 at T32768 H16)."""
+    seq, start = schedule["TILE_SEQ"], schedule["TILE_START"]
+    n_tiles, num_seqs, device = seq.numel(), q_offsets.numel() - 1, seq.device
+    n_items = n_tiles * heads_kv
+    n_g = bytes_per_row * heads_kv * total_q // l2_bytes + 2  # sections + 1 (the last stream's section + 1 is read)
+    out = torch.empty(3 * n_items + num_seqs * (heads_kv + 1) + 1 + n_g, dtype=torch.int32, device=device)
+    if num_seqs > 0:
+        launch_planned(causal_streams_kernel, (heads_kv, bytes_per_row, l2_bytes),
+                       (common.cdiv(num_seqs, CAUSAL_STREAMS_BLOCK),),
+                       dict(Q_OFF=q_offsets, OUT=out, n_items=n_items, num_seqs=num_seqs, n_g=n_g),
+                       lambda: dict(heads=heads_kv, bytes_per_row=bytes_per_row, l2_bytes=l2_bytes,
+                                    BLOCK=CAUSAL_STREAMS_BLOCK, CHUNK=CAUSAL_STREAMS_CHUNK,
+                                    HEADS=triton.next_power_of_2(heads_kv)), num_warps=4, num_stages=1)
+    if n_items > 0:
+        launch_planned(causal_items_kernel, (heads_kv,), (common.cdiv(n_items, CAUSAL_ITEMS_BLOCK),),
+                       dict(TILE_SEQ=seq, TILE_START=start, OUT=out, n_items=n_items,
+                            num_seqs=num_seqs, n_g=n_g),
+                       lambda: dict(heads=heads_kv, BLOCK=CAUSAL_ITEMS_BLOCK, CHUNK=CAUSAL_ITEMS_CHUNK),
+                       num_warps=4, num_stages=1)
+    # three rows (16-byte aligned: the tile lists' capacity is a multiple of 4) in two aten ops
+    return out.as_strided((3, n_items), (n_items, 1)).unbind(0)
 
 
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:

@@ -130,8 +130,15 @@ class Knobs:
     # ``jfa_ops.mxfp8_quantize``'s eager calls of plain tensors without torch's custom-op dispatch
     # (``ops.mxfp8.QUANTIZE_DIRECT``, the same env var). Why: the bench's quantize row on the 67M-element batches is
     # host-bound (three op calls at ~150-200 us of Python each against ~215 us of GPU work). Same kernel, same
-    # arguments: bit-exact. Off until measured; JFA_MXFP8_QUANT_DIRECT=1 turns it on at import.
-    mxfp8_quant_direct: bool = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "0") == "1"
+    # arguments: bit-exact. Measured (bench/NOTES.md v19): three eager calls 551 -> 301 us on B8 S4096, 589 -> 293 jagged,
+    # 743 -> 447 broadcast, every bit the same: on; JFA_MXFP8_QUANT_DIRECT=0 turns it off at import.
+    mxfp8_quant_direct: bool = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "1") != "0"
+    # The TLX MXFP8 backward's MX-valued bf16 operands (``mxfp8_bwd.mx_values``) in one pass per tensor: the quantize
+    # kernel writes the values itself (``mxfp8_quantize.quantize_values``, REBASE=MX_VALUES: read 2 B, write 2 B an
+    # element) instead of the pair then the dequantize pass (~6.1 B: 0.47 ms of the 6.83 ms dense B8 H16 S4096 D128
+    # backward on the H200). Same bits (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, stop
+    # 28": predicted -0.11 to -0.16 ms). Off until measured; JFA_MXFP8_BWD_ONE_PASS=1 turns it on at import.
+    mxfp8_bwd_one_pass: bool = os.environ.get("JFA_MXFP8_BWD_ONE_PASS", "0") == "1"
 
 
 def _count_knob_changes(self, name, value):

@@ -187,6 +187,7 @@ def _row_factor(e_max):
 PAIR: tl.constexpr = tl.constexpr(0)
 REBASED_ROWS: tl.constexpr = tl.constexpr(1)  # (1, 32) blocks -> data under each row's largest scale + row factors
 REBASED_V_TILES: tl.constexpr = tl.constexpr(2)  # (32, 1) blocks -> V^T per key tile under each column's largest
+MX_VALUES: tl.constexpr = tl.constexpr(3)  # (1, 32) / (32, 32) blocks -> their MX values in DATA's dtype, no scales
 P_SCALE_LOG2 = 8  # the TLX forward's P enters its FP8 dot as P * 2**8 (P <= 1: <= 256 < 448); V factors carry 2**-8
 # a kernel reads module globals only as constexprs (the interpreter allows plain ones; the GPU compiler does not)
 INV_P_SCALE: tl.constexpr = tl.constexpr(1.0 / (1 << P_SCALE_LOG2))
@@ -297,6 +298,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                          mask=col_ok)
         else:
             if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
+                tl.static_assert(REBASE != MX_VALUES)
                 amax = tl.max(a, 0)  # [HP * BLOCK_D]
                 bad = amax >= 0x7F800000
                 shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
@@ -315,8 +317,13 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                     data = tl.reshape(_encode(x3, shared[None, :, None], bad[None, :, None], HW_CVT),
                                       (BLOCK_R, HP * BLOCK_D))
                     scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
-                    tl.store(SCALE + tile.to(tl.int64) * stride_st + g_off,
-                             tl.where(owned, scale_bits, 0).to(tl.uint8), mask=g_ok)
+                    if REBASE == MX_VALUES:  # data x 2**(scale - 127) as the dequantize pass computes it
+                        values = tl.reshape(data.to(tl.float8e4nv, bitcast=True).to(tl.float32),
+                                            (BLOCK_R, HP * NC, 32)) * _e8m0_value(scale_bits)[None, :, None]
+                        data = tl.reshape(values, (BLOCK_R, HP * BLOCK_D)).to(DATA.dtype.element_ty)
+                    else:
+                        tl.store(SCALE + tile.to(tl.int64) * stride_st + g_off,
+                                 tl.where(owned, scale_bits, 0).to(tl.uint8), mask=g_ok)
                 else:
                     bad = amax >= 0x7F800000
                     shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
@@ -333,6 +340,9 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                         tl.store(F + f_head.to(tl.int64)[None, :] * rows + r64[:, None],
                                  tl.reshape(_row_factor(e_max), (BLOCK_R, HP)),
                                  mask=r_ok[:, None] & (f_head < heads)[None, :])
+                    elif REBASE == MX_VALUES:
+                        data = _values_rows(data.to(tl.float8e4nv, bitcast=True),
+                                            scale_bits).to(DATA.dtype.element_ty)
                     else:
                         tl.store(SCALE + r64[:, None] * stride_st + g_off[None, :], scale_bits,
                                  mask=r_ok[:, None] & g_ok[None, :])
@@ -364,6 +374,26 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
     _launch_quantize(x, data.view(torch.uint8), scale.view(torch.uint8), offs, num_seqs, programs, block, rounding,
                      PAIR)
     return data, scale
+
+
+def quantize_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int], rounding: str,
+                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``x [T, H, D]``'s MXFP8 values in ``dtype`` (bf16 / fp16), (1, 32) or (32, 32) blocks: bit for bit the
+    quantize pair dequantized (``mxfp8_bwd.mx_values``' two passes: E4M3 x 2**(scale - 127) in fp32, NaN for a NaN
+    scale, rounded to ``dtype``) in one pass over ``x``: read once, the values written once, no pair in memory."""
+    block = tuple(block)
+    assert block in ((1, 32), (32, 32)), block
+    rows, heads, dim = x.shape
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if block[0] == 1:
+        programs, offs, num_seqs = -(-rows // QUANT_BLOCK_R), x, 1
+    else:
+        offs = broadcast_offsets(1, rows, x.device) if offsets is None else offsets.to(torch.int32)
+        num_seqs = offs.shape[0] - 1
+        programs = rows // QUANT_BLOCK_R + num_seqs  # the pair's scale rows (mx.scale_shape)
+    if rows and heads and num_seqs:
+        _launch_quantize(x, out, out, offs, num_seqs, programs, block, rounding, MX_VALUES)
+    return out
 
 
 def quantize_rebased_rows(x: torch.Tensor, rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -398,7 +428,8 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
 
 def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
                      block_r=QUANT_BLOCK_R, stride_vtrow=0):
-    """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs."""
+    """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs (``MX_VALUES``:
+    ``data_bits`` the values tensor, ``scale_bits`` unused)."""
     dynamic = dict(X=x.view(torch.int16) if x.dtype == torch.bfloat16 else x, DATA=data_bits, SCALE=scale_bits,
                    OFFSETS=offs, F=data_bits if factors is None else factors, rows=x.shape[0], num_seqs=num_seqs)
     if not KNOBS.mxfp8_quant_direct or tracing():  # a traced call's sizes may be symbolic: no memo key
@@ -409,7 +440,7 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
     # configs.KNOBS.mxfp8_quant_direct: the geometry and constexprs once per signature (everything
     # _launch_geometry reads is in the key, the module's tuning constants included: tools/mxfp8_quant_probe.py sets
     # them), the argument list bound once (launch_planned): the call's Python is the allocations and one launch
-    key = (x.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
+    key = (x.dtype, data_bits.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
            KNOBS.mxfp8_quant_pipelined, QUANT_STAGES, QUANT_GROUPS, tuple(QUANT_WARPS.values()), interpreting())
     geometry = _GEOMETRY.get(key)

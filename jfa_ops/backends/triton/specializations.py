@@ -155,6 +155,24 @@ def rank_specialization() -> Specialization:
     return Specialization("rank-tiles", "rank_tiles_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
+def causal_list_specializations() -> Iterator[Specialization]:
+    """The causal order's device-built list (``block_sparse_bwd.causal_item_list_device``, tlx
+    ``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) as it launches its two kernels (16 kv heads)."""
+    from . import block_sparse_bwd as bsb
+
+    for kernel, pointers, constexprs in (
+            ("causal_streams_kernel", ("Q_OFF", "OUT"),
+             dict(BLOCK=bsb.CAUSAL_STREAMS_BLOCK, CHUNK=bsb.CAUSAL_STREAMS_CHUNK, HEADS=16)),
+            ("causal_items_kernel", ("TILE_SEQ", "TILE_START", "OUT"),
+             dict(BLOCK=bsb.CAUSAL_ITEMS_BLOCK, CHUNK=bsb.CAUSAL_ITEMS_CHUNK))):
+        fn = getattr(bsb, kernel)
+        sig = _sig(list(fn.arg_names), {n: "*i32" for n in pointers})
+        sig.update({c: "constexpr" for c in constexprs})
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+        yield Specialization(f"causal-list-{kernel.split('_')[1]}", kernel, bsb.__name__, sig, constexprs, attrs, 4,
+                             1)
+
+
 _BLOCK_SPARSE_KERNELS = {
     "bs_fwd": ("block_sparse_fwd", "block_sparse_fwd_kernel", "fwd"),
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
@@ -359,6 +377,7 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
         yield tile_specialization(128, has_lo, has_hi)
     yield tile_specialization(64, False, True)
     yield rank_specialization()
+    yield from causal_list_specializations()
     for kernel in ("fwd", "dkdv", "dq"):  # the one-wave schedule (no sorted list), the forward with its check
         yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
@@ -371,7 +390,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     """The MXFP8 kernels as ``mxfp8_quantize.quantize``, ``mxfp8_attn_fwd.attention_forward`` and
     ``mxfp8_attn_bwd.attention_backward`` launch them (sm_89+: E4M3 operands): quantize per block shape (bf16 read as
     int16 bits), the forward and both backward kernels per head dim, causal or not; the TLX forward's re-basing and
-    the TLX MXFP8 backward's dequantize to bf16 (``jfa_ops.backends.mxfp8_bwd``)."""
+    the TLX MXFP8 backward's dequantize to bf16 (``jfa_ops.backends.mxfp8_bwd``), or its one-pass MX values."""
     from . import attn_fwd, mxfp8_attn_fwd, mxfp8_quantize
 
     fn = mxfp8_quantize.mxfp8_quantize_kernel
@@ -405,6 +424,19 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
                               constexprs, mxfp8_quantize.quantize_warps(block, hp * head_dim, block_r),
                               odd_strides=("stride_sh",))
+    # the TLX MXFP8 backward's MX-valued operands written by the quantize kernel (quantize_values,
+    # KNOBS.mxfp8_bwd_one_pass): V's (1, 32), Q / K / dO's (32, 32) per sequence; bf16 or fp16 in, bf16 out
+    for block, dtype in (((1, 32), torch.bfloat16), ((32, 32), torch.bfloat16), ((32, 32), torch.float16)):
+        hp = mxfp8_quantize.heads_per_program(16, 128)
+        constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
+                          SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2,
+                          X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS,
+                          STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value)
+        x_type = "*i16" if dtype == torch.bfloat16 else "*fp16"
+        yield _mxfp8_spec(f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}-pipelined", fn,
+                          mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16", "OFFSETS": "*i32",
+                                           "F": "*bf16"},
+                          constexprs, mxfp8_quantize.quantize_warps(block, hp * 128), odd_strides=("stride_sh",))
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
     for variant in mxfp8_attn_fwd.VARIANTS:
         for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
