@@ -87,15 +87,24 @@ def _resolve(q: Tensor, max_seqlen_q=-1, max_seqlen_kv=-1, scale=None, causal=Fa
 def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
               *options) -> Tuple[Tensor, Tensor]:
     """Jagged attention. Returns (out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.jagged_attention``."""
-    params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
-    check_no_forward_ad(q, k, v)
-    impl = select_backend(backend, Problem.of(q, k, params))
-    return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+    key = _op_key(q, k, v, q_offsets, kv_offsets, options)
+    call = _recall(key)
+    if call is None:
+        params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
+        check_no_forward_ad(q, k, v)
+        impl = select_backend(backend, Problem.of(q, k, params))
+        call = impl, params, dataclasses.replace(params, check_offsets=True)
+        _remember(key, call)
+    else:
+        check_no_forward_ad(q, k, v)
+    impl, params, checked = call
+    return _forward(impl, q, k, v, q_offsets, kv_offsets, params, checked)
 
 
-def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams) -> Tuple[Tensor, Tensor]:
+def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams,
+             checked: Optional[AttentionParams] = None) -> Tuple[Tensor, Tensor]:
     """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
-    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params)
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
     result = impl.forward(q, k, v, q_offsets, kv_offsets, params)
     if params.check_offsets:
         _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
@@ -146,11 +155,18 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
                        lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
                        *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::attention``; ``grad_lse`` None means lse was not used."""
-    if _FROM_AUTOGRAD.__dict__.pop("call", None) == (id(grad_out), id(q)):  # checked by the forward: skip the checks
-        params, backend = _resolve(q, *options)
-    else:
-        params, backend = _backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options)
-    impl = select_backend(backend, Problem.of(q, k, params))
+    from_autograd = _FROM_AUTOGRAD.__dict__.pop("call", None) == (id(grad_out), id(q))
+    key = _op_key(q, k, v, q_offsets, kv_offsets, options, (grad_out, grad_lse, out, lse))
+    call = _recall(key)
+    if call is None:
+        if from_autograd:  # checked by the forward: skip the checks (and keep nothing: this call checked nothing)
+            params, backend = _resolve(q, *options)
+            key = None
+        else:
+            params, backend = _backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options)
+        call = select_backend(backend, Problem.of(q, k, params)), params
+        _remember(key, call)
+    impl, params = call
     return impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
@@ -408,6 +424,66 @@ attention.register_autograd(_backward, setup_context=_setup_context)
 attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
 
 
+
+# --------------------------------------------------------------- the op's lean dispatch
+# JFA_OP_DISPATCH (read once, at import): "lean" (default) runs a dispatched call that records no autograd straight
+# into the op's body (``_lean_autograd_kernel``); "custom_op" leaves every call on torch.library's own path (A/B).
+LEAN_DISPATCH = os.environ.get("JFA_OP_DISPATCH", "lean") != "custom_op"
+# A call's dispatch keys below ADInplaceOrView when nothing but the backend's kernel would run there
+_DENSE_KEYSETS = tuple(torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, d)) for d in ("CPU", "CUDA"))
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (
+    lambda *args: any(isinstance(a, Tensor) and a.requires_grad for a in args))
+
+
+def _lean_autograd_kernel(op_def):
+    """The op's kernel at the AutogradCPU/AutogradCUDA keys: a call that records no autograd (grad mode off, or no
+    input requiring grad) on plain dense tensors runs the op's body here; every other call (recording autograd, a
+    tensor subclass, a dispatch mode, functionalization, functorch, conj/neg bits: any key between autograd and the
+    backend) takes torch.library's generated autograd kernel, as the op always did.
+
+    Why: that kernel's path for such a call is the Python autograd kernel, a Python redispatch, then the backend
+    wrapper (``_dynamo.disable``, an output alias check): ~45 us of a small call on CPU, against ~5 us here. A
+    compiled graph that keeps the op opaque (triton 3.8: ``triton_pin_mismatch``) calls it so per layer, forward
+    and backward, with grad mode off. The body and its arguments are the same; the alias check is skipped (the
+    bodies return fresh tensors)."""
+    from torch._C._dynamo.eval_frame import set_eval_frame
+
+    generated = torch._library.autograd.make_autograd_impl(op_def._opoverload, op_def)
+    below_view_keys = torch._C._after_ADInplaceOrView_keyset
+    body = op_def._init_fn
+
+    def kernel(keyset, *args, **kwargs):
+        if (LEAN_DISPATCH and not kwargs and (keyset & below_view_keys) in _DENSE_KEYSETS
+                and not (torch.is_grad_enabled() and _any_requires_grad(*args))):
+            prior = set_eval_frame(None)  # as the backend wrapper's _dynamo.disable: Dynamo never traces the body
+            try:
+                with torch._C._AutoDispatchBelowAutograd():
+                    return body(*args)
+            finally:
+                set_eval_frame(prior)
+        return generated(keyset, *args, **kwargs)
+
+    return kernel
+
+
+def _register_lean_dispatch() -> Optional[torch.library.Library]:
+    """Register ``_lean_autograd_kernel`` for both ops; where this torch lacks a private API it uses, say so once and
+    leave the op on torch.library's path (slower, the same results)."""
+    try:
+        kernels = [(op_def, _lean_autograd_kernel(op_def)) for op_def in (attention, attention_backward)]
+    except (AttributeError, ImportError, TypeError) as e:
+        log.warning("jfa_ops: the op's lean dispatch is off under torch %s (%s: %s)", torch.__version__,
+                    type(e).__name__, e)
+        return None
+    lib = torch.library.Library("jfa", "IMPL")
+    for op_def, kernel in kernels:
+        for key in ("AutogradCPU", "AutogradCUDA"):
+            lib.impl(op_def._name, kernel, key, with_keyset=True)
+    return lib
+
+
+_LEAN_LIB = _register_lean_dispatch()
+
 def _autocast_kernel(device_type: str):
     """Under ``torch.autocast(device_type)``: floating q/k/v go to the autocast dtype (fp64 is left alone, as autocast
     does for SDPA), then the op runs with autocast off. ``torch.library.register_autocast`` casts to one fixed dtype;
@@ -502,6 +578,42 @@ _CALLS_MAX = 256  # a bound, not a tuning: the key holds the row counts, which v
 
 def _metadata(t: Optional[Tensor]):
     return None if t is None else (t.shape, t.dtype, t.device)
+
+
+def _op_key(q, k, v, q_offsets, kv_offsets, options: tuple, more: tuple = ()) -> Optional[tuple]:
+    """The memo key of an op body's call (the backward's: ``more`` = grad_out, grad_lse, out, lse), or None with
+    the memo off. Why: a compiled graph that keeps the op opaque runs the body per layer and step, and its checks
+    and backend choice (~50 us of a small call on CPU) read only what this key holds. As ``_direct_call``'s key,
+    plus what the op's own checks read there: each option's type (``causal=1`` is not ``causal=True``) and q's
+    tensor type (``Problem.traced``)."""
+    if not CALL_CACHE:
+        return None
+    backend = options[-1] if len(options) == NUM_OPTIONS else None  # the dispatcher may leave out trailing defaults
+    return ("op", type(q), _metadata(q), _metadata(k), _metadata(v), _metadata(q_offsets), _metadata(kv_offsets),
+            options, tuple(map(type, options)), torch.are_deterministic_algorithms_enabled(),
+            backend or os.environ.get("JFA_BACKEND"), registry_generation()) + tuple(map(_metadata, more))
+
+
+def _recall(key: Optional[tuple]):
+    """What ``_remember`` kept under ``key``, else None."""
+    if key is None:
+        return None
+    try:
+        return _CALLS.get(key)
+    except TypeError:  # an unhashable option (a SymInt, a list window): the full path checks it
+        return None
+
+
+def _remember(key: Optional[tuple], call: tuple) -> None:
+    """Keep ``call`` (made by a call that passed every check) under ``key``."""
+    if key is None:
+        return
+    if len(_CALLS) >= _CALLS_MAX:
+        _CALLS.clear()
+    try:
+        _CALLS[key] = call
+    except TypeError:
+        pass
 
 
 def _direct_call(q, k, v, q_offsets, kv_offsets, options):

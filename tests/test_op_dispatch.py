@@ -1,0 +1,186 @@
+"""The dispatched op path a compiled graph calls when it keeps the op opaque: the lean autograd-key kernel and the op
+bodies' memo (ops.attention ``LEAN_DISPATCH``, ``CALL_CACHE``) change host work only, never results or launches."""
+import os
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from jfa_ops.ops import attention as ops
+from jfa_ops.testing import AttentionCase, assert_attention_close, backward_op_args
+
+CASE = AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, dtype=torch.float32, causal=True)
+
+
+def _generated_kernel_on_stack() -> bool:
+    """torch.library's generated autograd kernel (torch/_library/autograd.py) is a caller of this frame."""
+    frame, suffix = sys._getframe(1), os.path.join("_library", "autograd.py")
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(suffix):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Backend "dispatch_spy": the reference backend, whose forward/backward append the params they got to
+    ``spy.params`` and whether torch.library's generated autograd kernel is a caller to ``spy.generated``."""
+    from jfa_ops.backends import Backend, get_backend, register_backend, unregister_backend
+    reference = get_backend("reference")
+
+    class Spy:
+        params, generated = [], []
+
+    def forward(q, k, v, q_offsets, kv_offsets, params):
+        Spy.params.append(params)
+        Spy.generated.append(_generated_kernel_on_stack())
+        return reference.forward(q, k, v, q_offsets, kv_offsets, params)
+
+    register_backend(Backend("dispatch_spy", forward=forward, backward=reference.backward,
+                             supports=reference.supports), replace=True)
+    yield Spy
+    unregister_backend("dispatch_spy")
+
+
+@pytest.fixture(params=["lean+memo", "custom_op"])
+def op_path(request, monkeypatch):
+    """The op path as now (lean dispatch, body memo) and as before (both off)."""
+    on = request.param == "lean+memo"
+    monkeypatch.setattr(ops, "LEAN_DISPATCH", on)
+    monkeypatch.setattr(ops, "CALL_CACHE", on)
+    monkeypatch.setattr(ops, "_CALLS", {})
+    return on
+
+
+def _forward_and_backward(x, backend="reference"):
+    """out, lse, dq, dk, dv through ``torch.ops.jfa.<op>.default`` under no_grad (as a compiled graph calls them)."""
+    with torch.no_grad():
+        out, lse = torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True,
+                                                   backend=backend)
+        grad_out = torch.randn_like(out)
+        grads = torch.ops.jfa.attention_backward.default(grad_out, None, x.q, x.k, x.v, out, lse, x.q_offsets,
+                                                         x.kv_offsets, causal=True, backend=backend)
+    return (out, lse, *grads), grad_out
+
+
+def test_both_paths_give_the_reference_and_each_other_bit_for_bit(monkeypatch):
+    """Same body, same arguments: the lean path's results equal the custom_op path's bit for bit, and both match
+    the float64 reference (``assert_attention_close`` against jfa_ops.testing's oracle)."""
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(ops, "LEAN_DISPATCH", on)
+        monkeypatch.setattr(ops, "CALL_CACHE", on)
+        torch.manual_seed(0)
+        results[on], grad_out = _forward_and_backward(CASE.make_inputs(0))
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)
+    x = CASE.make_inputs(0, requires_grad=True)
+    want_out, want_lse = x.oracle()
+    want_grads = torch.autograd.grad(want_out, (x.q, x.k, x.v), grad_out.to(torch.float64))
+    names = ("out", "lse", "dq", "dk", "dv")
+    kinds = ("forward", "lse", "grad", "grad", "grad")
+    for got, want, kind, name in zip(results[True], (want_out, want_lse, *want_grads), kinds, names):
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got)), name
+        assert_attention_close(got[finite], want[finite], dtype=CASE.dtype, kind=kind, name=name)
+
+
+def test_lean_path_skips_the_generated_kernel_only_where_nothing_else_must_run(op_path, spy):
+    """No autograd to record: the body runs from the lean kernel (torch's generated kernel is not on the stack);
+    inputs requiring grad under grad mode: the generated kernel records the node, and the gradient flows."""
+    x = CASE.make_inputs(0, requires_grad=True)
+    with torch.no_grad():
+        torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True,
+                                        backend="dispatch_spy")
+    out, _ = torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True,
+                                             backend="dispatch_spy")
+    assert spy.generated == [not op_path, True]
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert x.q.grad is not None and x.k.grad is not None
+
+
+def test_dispatch_modes_and_fake_tensors_still_see_the_op(op_path):
+    """A TorchDispatchMode (FlopCounterMode, SchemaCheckMode, ...) must see jfa.attention itself, and FakeTensors
+    take the fake: any key between autograd and the backend sends the call the generated kernel's way."""
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = CASE.make_inputs(0)
+    with torch.no_grad(), Record() as mode:
+        torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="reference")
+    assert mode.ops[0] == "jfa.attention.default", mode.ops[:3]
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    with FakeTensorMode() as fake, torch.no_grad():
+        q, k, v, q_off, kv_off = (fake.from_tensor(t) for t in (x.q, x.k, x.v, x.q_offsets, x.kv_offsets))
+        out, lse = torch.ops.jfa.attention.default(q, k, v, q_off, kv_off, causal=True, backend="reference")
+    assert isinstance(out, FakeTensor) and tuple(out.shape) == tuple(x.q.shape)
+
+
+def test_a_plain_cuda_tensor_call_takes_the_lean_path():
+    """The lean kernel's test on the keyset: what a plain CUDA tensor's call has below ADInplaceOrView (its keyset
+    as torch builds it: dense CUDA, ADInplaceOrView, AutogradCUDA, AutocastCUDA) is one of ``_DENSE_KEYSETS``;
+    with the Python key (a subclass or mode) it is not. On a GPU, a real tensor's keyset too."""
+    keys = torch._C.DispatchKey
+    below = torch._C._after_ADInplaceOrView_keyset
+    cuda = torch._C.DispatchKeySet(keys.CUDA)
+    for key in (keys.ADInplaceOrView, keys.AutogradCUDA, keys.AutocastCUDA):
+        cuda = cuda.add(key)
+    assert (cuda & below) in ops._DENSE_KEYSETS
+    assert (cuda.add(keys.Python) & below) not in ops._DENSE_KEYSETS
+    assert (torch._C._dispatch_keys(torch.ones(1)) & below) in ops._DENSE_KEYSETS
+    if torch.cuda.is_available():
+        assert (torch._C._dispatch_keys(torch.ones(1, device="cuda")) & below) in ops._DENSE_KEYSETS
+
+
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_op_body_memo_checks_once_per_signature_and_never_keeps_a_bad_call(op, monkeypatch):
+    """The op bodies check and choose once per signature (tensor metadata, options and their types): a repeat with
+    other values runs none of the checks; other metadata is checked; a call that fails a check is never kept, and a
+    good call's entry does not cover one that differs only in an option's type (causal=1 vs True)."""
+    monkeypatch.setattr(ops, "_CALLS", {})
+    x = CASE.make_inputs(0)
+    args, kwargs = backward_op_args(x, "reference")
+    if op == "forward":
+        body, check = ops.attention._init_fn, "_params"
+        positional = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets)
+    else:
+        body, check = ops.attention_backward._init_fn, "_backward_params"
+        positional = tuple(args[:9])
+    options = (-1, -1, None, True, -1, -1, False, False, "reference")
+    body(*positional, *options)
+    real = getattr(ops, check)
+
+    def no_checks(*a, **k):
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(ops, check, no_checks)
+    y = CASE.make_inputs(1)  # other values, same metadata
+    y_positional = ((y.q, y.k, y.v, y.q_offsets, y.kv_offsets) if op == "forward"
+                    else tuple(backward_op_args(y, "reference")[0][:9]))
+    body(*y_positional, *options)
+    with pytest.raises(AssertionError, match="checked again"):
+        body(*y_positional, -1, -1, 0.5, True, -1, -1, False, False, "reference")  # another scale: checked
+    monkeypatch.setattr(ops, check, real)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="causal must be a bool"):
+            body(*positional, -1, -1, None, 1, -1, -1, False, False, "reference")
+
+
+def test_op_body_memo_keeps_the_params_a_full_call_gets(spy, monkeypatch):
+    """A memo hit hands the backend the same params as a call without the memo."""
+    monkeypatch.setattr(ops, "_CALLS", {})
+    x = CASE.make_inputs(0)
+    for memo in (False, True, True):
+        monkeypatch.setattr(ops, "CALL_CACHE", memo)
+        ops.attention._init_fn(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, -1, -1, None, True, -1, -1, False, False,
+                               "dispatch_spy")
+    assert len(spy.params) == 3 and spy.params[0] == spy.params[1] == spy.params[2]
