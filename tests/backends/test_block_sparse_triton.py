@@ -208,13 +208,24 @@ def test_selection_ties_and_many_blocks(device, variant, monkeypatch):
     exactly, causal and not; with the scores in a scratch row or in registers (``KNOBS.sparse_select_rows``). Equal
     blocks sit at every position of a rank tile here (period 3 against tiles of 32): scores that depend on a block's
     position (fp32 FMA contraction, which the interpreter never does: test_arch_compile's
-    test_sm90_selection_scores_are_contraction_free) fail it on the GPU."""
+    test_sm90_selection_scores_are_contraction_free) fail it on the GPU.
+
+    On the CPU the data are small integers, q constant within each 16-row block: every pooled value and score is
+    exact in fp32, so no summation order can split a tie. Why: the interpreter's ``tl.dot`` is numpy's matmul, and
+    OpenBLAS on some x86 CPUs (measured on the 2-core box of 2026-12-03: a [16, 16] x [16, 32] product) rounds a
+    column differently by its position in the tile, which split these ties on randn data in every variant there."""
     _set_select_variant(monkeypatch, variant)
     gen = torch.Generator().manual_seed(0)
     lengths = (70 * 16 - 5, 40)
-    k_blocks = torch.randn(3, 16, 1, 16, generator=gen).repeat(24, 1, 1, 1).flatten(0, 1)  # [1152, 1, 16]
+    if device == "cpu":
+        k_blocks = torch.randint(-4, 5, (3, 16, 1, 16), generator=gen).float()
+        q = torch.randint(-4, 5, (sum(lengths) // 16 + 1, 1, 2, 16), generator=gen).float()
+        q = q.expand(-1, 16, -1, -1).flatten(0, 1)[:sum(lengths)].contiguous()
+    else:
+        k_blocks = torch.randn(3, 16, 1, 16, generator=gen)
+        q = torch.randn(sum(lengths), 2, 16, generator=gen).to(device)
+    k_blocks = k_blocks.repeat(24, 1, 1, 1).flatten(0, 1)  # [1152, 1, 16]
     k = torch.cat([k_blocks[:lengths[0]], k_blocks[:lengths[1]]]).to(device)
-    q = torch.randn(sum(lengths), 2, 16, generator=gen).to(device)
     off = torch.tensor([0, lengths[0], sum(lengths)], device=device)
     for causal in (False, True):
         for keep in (0.25, 0.5):
