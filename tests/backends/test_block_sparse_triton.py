@@ -305,18 +305,25 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
     empty sequences, length 1, partial tails, GQA, a partial group of heads and broadcast Q; the choices equal the
     reference's."""
     from jfa_ops.backends.triton import block_sparse_select
+    from jfa_ops.backends.triton.configs import KNOBS
 
-    pooled = []
-    real_pool = block_sparse_select._pool
+    pooled, outputs = [], {}
+    real_launch = block_sparse_select.launch
 
-    def pool(*args):  # outputs start as a sentinel: a variant writing any other element (or fewer) differs
-        outputs = args[4:7]  # pooled_q, pooled_k, q_slot_seq
-        for t in outputs:
-            t.fill_(-12345)
-        real_pool(*args)
-        pooled.append([t.clone() for t in outputs])
+    def spy(kernel, grid, args, **options):  # each pooling output starts as a sentinel before its first launch, so a
+        # variant writing any other element (or fewer) differs; read back when the select kernel launches
+        if kernel is block_sparse_select.block_select_kernel:
+            pooled.append([outputs.pop(what).clone() for what in ("pooled_q", "pooled_k", "q_slot_seq")])
+        else:
+            pair = "PooledK" in args
+            for what, name in (("pooled_q" if pair or args["WRITE_SEQ"] else "pooled_k", "Pooled"),
+                               ("pooled_k", "PooledK"), ("q_slot_seq", "SLOT_SEQ")):
+                if name in args and what not in outputs:
+                    outputs[what] = args[name].fill_(-12345)
+        return real_launch(kernel, grid, args, **options)
 
-    monkeypatch.setattr(block_sparse_select, "_pool", pool)
+    monkeypatch.setattr(block_sparse_select, "launch", spy)
+    monkeypatch.setattr(KNOBS, "sparse_select_layouts", False)  # every launch through ``launch`` (not plans)
     q_lens, kv_lens, broadcast, heads_q, heads_kv, block_q, block_kv = POOLING_CASES[name]
     gen = torch.Generator().manual_seed(5)
     q_lens = q_lens or kv_lens
