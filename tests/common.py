@@ -1,8 +1,10 @@
 """Parametrization shared by the suites: every (device, backend) pair the suites run on."""
+import contextlib
 from typing import List, Tuple
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from jfa_ops.backends import Problem, available_backends, get_backend
 
@@ -97,3 +99,28 @@ def count_op_calls(monkeypatch, name: str) -> list:
 
     monkeypatch.setattr(torch.ops.jfa, name, Counting())
     return calls
+
+
+@contextlib.contextmanager
+def knob_set(name: str, value):
+    """``configs.KNOBS.<name>`` set for the block (hypothesis tests take no function fixtures, so no monkeypatch)."""
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    before = getattr(KNOBS, name)
+    setattr(KNOBS, name, value)
+    try:
+        yield
+    finally:
+        setattr(KNOBS, name, before)
+
+
+class RecordOps(TorchDispatchMode):
+    """A dispatch mode that records the name of every op it sees (``.ops``) and runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

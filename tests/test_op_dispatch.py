@@ -5,10 +5,10 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from jfa_ops.ops import attention as ops
 from jfa_ops.testing import AttentionCase, assert_attention_close, backward_op_args
+from tests.common import RecordOps
 
 CASE = AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, dtype=torch.float32, causal=True)
 
@@ -105,17 +105,8 @@ def test_lean_path_skips_the_generated_kernel_only_where_nothing_else_must_run(o
 def test_dispatch_modes_and_fake_tensors_still_see_the_op(op_path):
     """A TorchDispatchMode (FlopCounterMode, SchemaCheckMode, ...) must see jfa.attention itself, and FakeTensors
     take the fake: any key between autograd and the backend sends the call the generated kernel's way."""
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x = CASE.make_inputs(0)
-    with torch.no_grad(), Record() as mode:
+    with torch.no_grad(), RecordOps() as mode:
         torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="reference")
     assert mode.ops[0] == "jfa.attention.default", mode.ops[:3]
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode

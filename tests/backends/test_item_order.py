@@ -272,7 +272,7 @@ def test_causal_item_list_device_bench_batch_ops(monkeypatch):
     """The bench's jagged T32768 causal batch (27 lognormal sequences up to 8192, 16 kv heads, D128 bf16 rows, the
     40 MiB budget): the same list, made with one allocation, two views and two launches (the torch list: 59 aten
     ops; counted with the launches stubbed, since the interpreter's own tensor work would count too)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from tests.common import RecordOps
 
     from bench.suites import JAGGED_SEED, lognormal_lengths
     from jfa_ops.backends.triton import block_sparse_bwd
@@ -286,20 +286,11 @@ def test_causal_item_list_device_bench_batch_ops(monkeypatch):
     got = block_sparse_bwd.causal_item_list_device(schedule, 16, offsets, 32768, 1024, 40 << 20)
     assert [b.tolist() for b in got] == [a.tolist() for a in causal_item_list(*args)]
 
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Ops() as before:
+    with RecordOps() as before:
         causal_item_list(*args)
     launched = []
     monkeypatch.setattr(block_sparse_bwd, "launch_planned", lambda kernel, *a, **k: launched.append(kernel.__name__))
-    with Ops() as after:
+    with RecordOps() as after:
         block_sparse_bwd.causal_item_list_device(schedule, 16, offsets, 32768, 1024, 40 << 20)
     assert len(before.ops) == 59 and "aten.sort.stable" in before.ops  # what it replaces (a count, not a rule)
     assert after.ops == ["aten.empty.memory_format", "aten.as_strided.default", "aten.unbind.int"]

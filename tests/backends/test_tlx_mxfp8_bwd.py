@@ -14,7 +14,6 @@ the knob and of what it declines; the one-pass operands (``KNOBS.mxfp8_bwd_one_p
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -25,6 +24,7 @@ from hypothesis import strategies as st
 import jfa_ops
 from jfa_ops.testing import (mx_round_trip_spec, mxfp8_attention_backward_model, reference_attention,
                              reference_mxfp8_attention_backward)
+from tests.common import knob_set
 from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case, quantize_inputs
 
 pytest.importorskip("triton")
@@ -46,16 +46,9 @@ def _same_bits(a, b):
 ONE_PASS = pytest.mark.parametrize("one_pass", [False, True], ids=["two-pass", "one-pass"])
 
 
-@contextlib.contextmanager
 def one_pass_knob(on: bool):
-    """``KNOBS.mxfp8_bwd_one_pass`` set for the block (hypothesis tests take no function fixtures)."""
-    from jfa_ops.backends.triton.configs import KNOBS
-
-    before, KNOBS.mxfp8_bwd_one_pass = KNOBS.mxfp8_bwd_one_pass, on
-    try:
-        yield
-    finally:
-        KNOBS.mxfp8_bwd_one_pass = before
+    """``KNOBS.mxfp8_bwd_one_pass`` set for the block."""
+    return knob_set("mxfp8_bwd_one_pass", on)
 
 
 @ONE_PASS

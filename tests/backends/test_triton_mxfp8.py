@@ -13,7 +13,7 @@ from hypothesis import given, settings
 
 import jfa_ops
 from jfa_ops.testing import fp8_mma_model, reference_mxfp8_attention
-from tests.common import count_op_calls
+from tests.common import count_op_calls, knob_set
 from tests.ops.test_mxfp8 import (ATTENTION_CASES, BLOCKS, ROUNDINGS, SPECIAL, _oracle_opts, _rel, assert_bit_exact,
                                   check_mxfp8_attention_case, check_no_nan, fp8_mma_near_ties, issue_error_bound,
                                   make_case, mxfp8_attention_cases, no_nan_case, quantize_inputs)
@@ -35,16 +35,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PIPELINED = pytest.mark.parametrize("pipelined", [False, True], ids=["v3-geometry", "pipelined"])
 
 
-@contextlib.contextmanager
 def quant_pipelined(on: bool):
-    """``configs.KNOBS.mxfp8_quant_pipelined`` set for the block (hypothesis tests take no function fixtures)."""
-    from jfa_ops.backends.triton.configs import KNOBS
-
-    before, KNOBS.mxfp8_quant_pipelined = KNOBS.mxfp8_quant_pipelined, on
-    try:
-        yield
-    finally:
-        KNOBS.mxfp8_quant_pipelined = before
+    """``configs.KNOBS.mxfp8_quant_pipelined`` set for the block."""
+    return knob_set("mxfp8_quant_pipelined", on)
 
 
 @PIPELINED
