@@ -62,12 +62,13 @@ def select_kv_blocks(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offse
     return select_body(q, k, q_offsets, kv_offsets, *options)
 
 
-# JFA_SELECT_DIRECT=1 (read once, at import; off until measured on the GPU): ``jfa_ops.select_kv_blocks``'s eager
+# JFA_SELECT_DIRECT (read once, at import; on since the H200 run of 2026-12-03, bench/NOTES.md v20; =0 turns it
+# off): ``jfa_ops.select_kv_blocks``'s eager
 # calls of plain tensors run ``select_body`` without torch's dispatcher (~110 of the call's ~280 us of Python on a
 # CPU count: bench/NOTES.md "selection host path, helper selshare, stop 28"), with the call memo, and a selection
 # whose backend checked the offsets covers them; the triton backend keeps its layouts (``KNOBS.sparse_select_layouts``,
 # the same variable). Why: the bench's select rows timed this host path, not the GPU's work.
-SELECT_DIRECT = os.environ.get("JFA_SELECT_DIRECT", "0") == "1"
+SELECT_DIRECT = os.environ.get("JFA_SELECT_DIRECT", "1") != "0"
 
 
 def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor, *options,

@@ -176,6 +176,8 @@ SELECT_VARIANTS = {
     "fp32_rn": dict(sparse_select_rows=False, sparse_select_fp32_rn=True),
     "fp32_rn_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
                             sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
+    # the default pool v6 with the two select-kernel knobs a flip would turn on together (bench/NOTES.md v20)
+    "v6_visible_fp32_rn": dict(sparse_select_visible=True, sparse_select_fp32_rn=True),
     # selection pool v6: 4 kv heads per pooling program (either search), Q and K pooled in one launch
     "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True,
                         sparse_pool_one_launch=False),

@@ -87,9 +87,9 @@ def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_selection_default_path_is_the_op_and_checks_every_call(monkeypatch):
-    """Without JFA_SELECT_DIRECT (the default until measured): every call goes through the op, which checks the
-    offsets on the device each time and covers nothing."""
+def test_selection_op_path_checks_every_call(monkeypatch):
+    """With JFA_SELECT_DIRECT=0 (the direct path is the default since the H200 run of 2026-12-03): every call goes
+    through the op, which checks the offsets on the device each time and covers nothing."""
     _coverable_on_cpu(monkeypatch)
     monkeypatch.setattr(ops, "SELECT_DIRECT", False)
     q, k, off = _inputs()

@@ -10,7 +10,8 @@ the unquantized dO of delta are what the model says. The kernel's constexpr comp
 
 GPU (``-m gpu``): the kernel itself against the model and the float64 MXFP8 oracle, the issue's bound, the routing of
 the knob and of what it declines; the one-pass operands (``KNOBS.mxfp8_bwd_one_pass``) bit for bit at size
-(``JFA_MXFP8_BWD_ONE_PASS=1`` runs the kernel tests through them).
+(the default since the H200 run of 2026-12-03; ``JFA_MXFP8_BWD_ONE_PASS=0`` runs the kernel tests through the two
+passes).
 """
 from __future__ import annotations
 

@@ -84,17 +84,20 @@ class Knobs:
     # Block selection v5 (helper selectfix, bench/NOTES.md "selection v5"): the pooling loads a block's whole
     # [block, D] tile per head at once (one round trip for its 32 KB instead of ~3 dependent 8 KB steps; the pools ran
     # at 2.8 TB/s, latency-bound); the select kernel scores and ranks only the KV blocks a row can see (causal and
-    # window rows: the rest are -inf and never kept, so the same choices) instead of the sequence's all. Off until
-    # measured.
+    # window rows: the rest are -inf and never kept, so the same choices) instead of the sequence's all. The pool
+    # stays off (v6's stream replaced it); the visible range is on since the H200 run of 2026-12-03 13:15 (bench/NOTES.md
+    # v20: causal selection 354 -> 299 us a call on the bench's T66944 batch, non-causal +1.7%, same choices).
     sparse_pool_whole_block: bool = False
-    sparse_select_visible: bool = False
+    sparse_select_visible: bool = True
     # ... and the select kernel ranks 4 Q blocks of one sequence per program (rows of <= 128 KV blocks, in
     # registers): the offsets and the head's pooled K fetched once per 4 rows, a 4x smaller grid.
     sparse_select_grouped: bool = False
     # Selection scores in fp32 with products by mul.rn (never fused into an FMA, PTX ISA: so equal blocks still score
     # equal bits wherever they sit) instead of fp64 sums of exact products: the fp64 scores cost registers (scratch
-    # select 83 -> 128 on sm_90: 6 -> 4 CTAs/SM) and ~80 M f32 -> f64 conversions a bench call. Off until measured.
-    sparse_select_fp32_rn: bool = False
+    # select 83 -> 128 on sm_90: 6 -> 4 CTAs/SM) and ~80 M f32 -> f64 conversions a bench call. On since the H200
+    # run of 2026-12-03 (v20: with the visible range, selection 348 -> 314 us non-causal, 354 -> 271 causal; the ties
+    # test passes on the GPU, where FMA contraction would split ties).
+    sparse_select_fp32_rn: bool = True
     # Selection pool v6 (helper poolv6, bench/NOTES.md "selection pool v6"): a pooling program streams 4 kv heads of
     # its block (slot search and offsets once for 128 KB, not 32 KB), its loop pipelined by async copies with three
     # 32-row steps in flight (the v3/v4 pool keeps one ahead: 2.8 TB/s, latency-bound); Q's and K's pooling in one
@@ -105,9 +108,10 @@ class Knobs:
     # The selection's host path (helper selshare, bench/NOTES.md "selection host path, helper selshare, stop 28"):
     # a layout per call signature (shapes, grids, launch arguments) and its launches through plans, instead of ~45
     # arguments derived and bound per launch (~50 of the backend's ~100 us of Python, CPU count). The same
-    # launches with the same arguments. Off until measured; JFA_SELECT_DIRECT=1 turns it on at import (with the op
+    # launches with the same arguments. On since the H200 run of 2026-12-03 (v20: the eager selection's host time
+    # 473-651 -> 204-245 us a call, GPU time the same); JFA_SELECT_DIRECT=0 turns it off at import (with the op
     # layer's direct path, ``ops.block_sparse.SELECT_DIRECT``).
-    sparse_select_layouts: bool = os.environ.get("JFA_SELECT_DIRECT", "0") == "1"
+    sparse_select_layouts: bool = os.environ.get("JFA_SELECT_DIRECT", "1") != "0"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->
@@ -143,8 +147,9 @@ class Knobs:
     # kernel writes the values itself (``mxfp8_quantize.quantize_values``, REBASE=MX_VALUES: read 2 B, write 2 B an
     # element) instead of the pair then the dequantize pass (~6.1 B: 0.47 ms of the 6.83 ms dense B8 H16 S4096 D128
     # backward on the H200). Same bits (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, stop
-    # 28": predicted -0.11 to -0.16 ms). Off until measured; JFA_MXFP8_BWD_ONE_PASS=1 turns it on at import.
-    mxfp8_bwd_one_pass: bool = os.environ.get("JFA_MXFP8_BWD_ONE_PASS", "0") == "1"
+    # 28"). On since the H200 run of 2026-12-03 (v20: operands 0.466 -> 0.291 ms dense, 0.564 -> 0.290 jagged, the
+    # same bits; backward 6.82 -> 6.67 ms, 4.54 -> 4.39); JFA_MXFP8_BWD_ONE_PASS=0 turns it off at import.
+    mxfp8_bwd_one_pass: bool = os.environ.get("JFA_MXFP8_BWD_ONE_PASS", "1") != "0"
 
 
 def _count_knob_changes(self, name, value):

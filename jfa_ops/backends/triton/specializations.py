@@ -318,6 +318,10 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=rows, fp32_rn=True)
     yield block_sparse_specialization("bs_select", 128, torch.bfloat16, True, select_rows=True, select_visible=True,
                                       select_grouped=True, fp32_rn=True)
+    # the default select kernel since 2026-12-03 (bench/NOTES.md v20): the visible range with fp32 mul.rn scores
+    for causal, bcast in ((False, False), (True, False), (False, True)):
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
+                                          select_visible=True, fp32_rn=True)
     # selection pool v6: KNOBS.sparse_pool_stream, KNOBS.sparse_pool_one_launch (alone and with the stream)
     yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True, pool_stream=True)
     for stream in (False, True):
