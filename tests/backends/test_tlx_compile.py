@@ -552,3 +552,47 @@ def test_dq_red_adds_dq_from_registers():
             assert r["block_loop_path_spill_ops"] == [0, 0], r
             assert (r["spill_stores"] + r["spill_loads"]
                     <= default["spill_stores"] + default["spill_loads"] + 256), (default, r)
+
+
+_LATE_IMPORT = r"""
+import json
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+@triton.jit
+def fill(X, N: tl.constexpr):
+    tl.store(X + tl.arange(0, N), tl.arange(0, N).to(tl.float32))
+
+
+def compiles(n):
+    try:
+        triton.compile(ASTSource(fn=fill, signature={"X": "*fp32", "N": "constexpr"}, constexprs={"N": n}),
+                       target=GPUTarget("cuda", 90, 32))
+        return "ok"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+before = compiles(16)
+from jfa_ops.backends import tlx
+print(json.dumps({"before": before, "reason": tlx._import_reason(), "after": compiles(32)}))
+"""
+
+
+def test_tlx_declined_not_imported_when_triton_loaded_first(tmp_path):
+    """A process that imported triton before the uTLX plugin registered (a ``pip install --target`` runs no .pth):
+    the tlx backend declines with the reason, and triton still compiles. Importing TLX there failed and left every
+    later triton compile raising (the H200's fresh-process model rows of 2026-12-03, bench/NOTES.md v20), the
+    triton backend's kernels included."""
+    script = tmp_path / "late_import.py"  # @triton.jit needs its source in a file
+    script.write_text(_LATE_IMPORT)
+    env = _tlx_env("TRITON_PLUGIN_PATHS", "UTLX_NO_AUTOREGISTER")
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["before"] == "ok" and result["after"] == "ok", result
+    assert "before triton was imported" in result["reason"], result

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 from typing import Optional
 
 import torch
@@ -71,12 +72,28 @@ def _import_reason() -> Optional[str]:
     """None when the TLX language imports (with the plugin registered before triton loads), else why not."""
     try:
         if importlib.util.find_spec("_utlx_autoregister") is not None:
+            reason = _plugin_too_late()
+            if reason is not None:
+                return reason
             import _utlx_autoregister  # noqa: F401 (pip --target installs skip the plugin's .pth file)
         import triton.language.extra.tlx  # noqa: F401
         from . import attn_fwd  # noqa: F401 (compiles nothing: kernels compile on first launch)
     except Exception as e:  # an incompatible triton raises more than ImportError
         return f"TLX does not import ({type(e).__name__}: {e})"
     return None
+
+
+def _plugin_too_late() -> Optional[str]:
+    """Why TLX must not be imported in this process, or None. Triton 3.8 loads the uTLX plugin only while triton
+    itself is imported (``TRITON_PLUGIN_PATHS``, set by the plugin's .pth at startup, which a ``pip --target`` install
+    never runs). Importing TLX after triton without it fails, and the failed import leaves triton's compiler asking
+    for the plugin's passes: every later triton compile in the process raises (``no attribute
+    'utlx_convert_triton_to_tritongpu'``), the triton backend's included (H200, 2026-12-03, bench/NOTES.md v20)."""
+    if "triton" not in sys.modules or "utlx" in os.environ.get("TRITON_PLUGIN_PATHS", ""):
+        return None
+    return ("the TLX plugin was not registered before triton was imported (a `pip install --target` skips its "
+            "utlx_plugin.pth): import _utlx_autoregister before triton, or set TRITON_PLUGIN_PATHS to "
+            "utlx_plugin/libutlx.so; importing TLX now would break every later triton compile in this process")
 
 
 @functools.lru_cache(maxsize=None)
