@@ -57,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--check", action="store_true", help="compare each forward with the float32 oracle (small cases)")
     p.add_argument("--no-flex-compile", action="store_true", help="run FlexAttention eagerly (debugging)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--model-kinds", default="small,large",
+                   help="model suite: comma list of its batch kinds, small (B8 lengths 1-64) and large (T32768)")
     p.add_argument("--mxfp8-variants", action="store_true",
                    help="mxfp8 suite: one row per triton MXFP8 forward variant (default: the default variant only)")
     return p.parse_args(argv)
@@ -265,6 +267,9 @@ def main(argv=None) -> int:
         if m not in report.MODES:
             raise SystemExit(f"unknown mode {m!r}; choose from {', '.join(report.MODES)}")
     budget = args.budget_s if args.budget_s is not None else {"smoke": 600, "quick": 210, "full": 450}[size]
+    for kind in args.model_kinds.split(","):
+        if kind and kind not in ("small", "large"):
+            raise SystemExit(f"unknown model kind {kind!r}; choose from small, large")
     check = args.check or args.smoke
 
     if args.backends:
@@ -321,7 +326,8 @@ def main(argv=None) -> int:
                 def save(new_records, done=records):
                     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
                     report.write_json(prefix + ".json", meta, done + new_records)
-                records += model.run(backends, peer_names, device, size, deadline=start + budget, progress=save)
+                records += model.run(backends, peer_names, device, size, deadline=start + budget, progress=save,
+                                     kinds=[k for k in args.model_kinds.split(",") if k])
                 continue
             if time.perf_counter() - start > budget:
                 records += [{"case": case.describe(), "peer": p.name, "mode": m,

@@ -12,18 +12,27 @@ implementation has run: the first step on a new total T pays per-shape costs out
 picking GEMM algorithms for the new M, the caching allocator growing), once per process, so whichever implementation
 ran first paid them for the others (bench/NOTES.md, "compiled path per call").
 
+The timed steps are interleaved: every model is built and warmed up on a kind first, then each round runs one step of
+every implementation on the same batch, the order rotating from round to round (``round_orders``). The small step is
+host-bound and the host drifts by ~20% over seconds (the H200: one implementation 5.8 and 7.2 ms in two processes),
+more than issue 9's margins, so implementations timed one after the other cannot be compared; our step over the
+peer's in the same round can (bench/NOTES.md, "interleaved model timing, helper interleave, stop 29").
+
 Records (one per batch kind and implementation, mode ``train``): ``step_ms`` (median over the timed steps),
 ``tokens_per_s`` (all timed tokens over all timed time), ``warmup_step_ms`` (median of the warm-up steps after the
 first, which compiles: each one this implementation's first step on its batch), ``compiles_warmup`` /
 ``compiles_timed`` (graphs Dynamo compiled during that kind's warm-up / timed steps; the timed count should be 0),
-``graph_breaks``, ``loss``.
+``graph_breaks``, ``loss``, ``timing`` (``interleaved``, or why sequential: the models would not fit side by side);
+our rows, timed interleaved with a jagged peer (varlen first): ``paired_peer``, ``paired_ratio`` (the median over
+rounds of our step / the peer's in the same round), ``paired_ratio_q1`` / ``_q3`` (its quartiles), ``paired_rounds``.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -31,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import suites
-from bench.peers import Skip, import_jfa_ops, one_line
+from bench.peers import Skip, import_jfa_ops, one_line, split_compile_path, use_compile_path
 
 PEERS = ("varlen", "fa4", "flex")  # the peers that run on packed jagged data
 
@@ -53,7 +62,8 @@ class BatchKind:
     lengths: Callable[[int], tuple]  # seed -> the lengths of one batch
     pool: int  # distinct batches, cycled through
     warmup: int  # steps before timing (compiles happen here), at least one per batch of the pool
-    steps: int  # timed steps
+    steps: int  # timed steps (rounds: one step of each implementation)
+    name: str  # small or large (--model-kinds)
 
 
 def warmup_order(kind: BatchKind) -> List[int]:
@@ -77,13 +87,13 @@ def lognormal_total(total: int, max_len: int, mu: float = suites.LOGNORMAL_MU) -
 
 def batch_kinds(size: str) -> List[BatchKind]:
     if size == "smoke":
-        return [BatchKind("B3 len 1-8", small_lengths(3, 8), pool=3, warmup=2, steps=3),
+        return [BatchKind("B3 len 1-8", small_lengths(3, 8), pool=3, warmup=2, steps=3, name="small"),
                 BatchKind("T64 lognormal<=32", lognormal_total(64, 32, mu=suites.SMOKE_MU), pool=2, warmup=1,
-                          steps=2)]
+                          steps=2, name="large")]
     steps = 20 if size == "quick" else 50
-    return [BatchKind("small B8 len 1-64", small_lengths(8, 64), pool=16, warmup=5, steps=steps),
+    return [BatchKind("small B8 len 1-64", small_lengths(8, 64), pool=16, warmup=5, steps=steps, name="small"),
             BatchKind(f"large T32768 lognormal<={suites.MAX_LEN}", lognormal_total(32768, suites.MAX_LEN), pool=8,
-                      warmup=3, steps=steps)]
+                      warmup=3, steps=steps, name="large")]
 
 
 def model_config(size: str) -> ModelConfig:
@@ -233,36 +243,29 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def train_one(name: str, kinds: List[BatchKind], cfg: ModelConfig, device, compile_backend: str,
-              deadline: float, size: str = "full") -> List[dict]:
-    """One compiled model with ``name``'s attention, trained on each batch kind in turn: a record per kind."""
-    base = {"peer": name, "mode": "train"}
-    describe = lambda kind: {"suite": "model", "label": kind.label, "name": f"model {kind.label}",  # noqa: E731
-                             "layers": cfg.layers, "embed_dim": cfg.embed_dim, "num_heads": cfg.num_heads,
-                             "head_dim": cfg.head_dim, "dtype": cfg.dtype, "compile_backend": compile_backend}
-    try:
-        attend = attention_for(name, cfg, device, size)
-    except Skip as e:
-        return [dict(base, case=describe(k), skip=str(e)) for k in kinds]
-    records = _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe)
-    first = records[0].get("skip", "")
-    if first.startswith("train failed") and name in ("varlen", "fa4"):
-        # a peer Dynamo cannot trace still runs for users, as a graph break around each call: measure that (not
-        # FlexAttention: uncompiled, it materializes every score)
-        note = f"attention called outside the graph (torch.compiler.disable); traced, it failed: {first[14:]}"
-        records = [dict(r, note=note) for r in _train(torch.compiler.disable(attend), kinds, cfg, device,
-                                                      compile_backend, deadline, base, describe)]
-    return records
+@dataclasses.dataclass
+class Trainer:
+    """One implementation's compiled model and optimizer. ``step(batch)`` runs a training step and returns the loss."""
+    name: str
+    attend: Optional[Callable] = None
+    step: Optional[Callable] = None
+    params: int = 0
+    compile_path: Optional[str] = None  # JFA_COMPILE_PATH its graphs are traced with (jfa rows only)
+    note: str = ""
+    graph_breaks: int = 0  # its own so far: Dynamo's counters are the process's, read around each of its steps
+    loss: float = float("nan")
+    failed: str = ""  # why it cannot run or stopped (a Skip's reason, a failed step): its records are skips
 
 
-def _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe) -> List[dict]:
-    torch._dynamo.reset()
-    from torch._dynamo.utils import counters
-    counters.clear()
-    torch.manual_seed(0)
-    model = JaggedTransformer(cfg, attend).to(device=device, dtype=getattr(torch, cfg.dtype))
-    fused = torch.device(device).type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
+def build(name: str, attend: Callable, cfg: ModelConfig, device, compile_backend: str) -> Trainer:
+    torch.manual_seed(0)  # every implementation starts from the same weights
+    # A class of its own per implementation: Dynamo keeps the compiled graphs on the forward's code object (shared by
+    # every instance) and guards `self` by type. With one class, two implementations whose attention closures the
+    # guards cannot tell apart (jfa:triton and jfa:triton@opaque: same code, same cell values) share the graph traced
+    # first, under one compile path.
+    cls = type("JaggedTransformer_" + re.sub(r"\W", "_", name), (JaggedTransformer,), {})
+    model = cls(cfg, attend).to(device=device, dtype=getattr(torch, cfg.dtype))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=torch.device(device).type == "cuda" or None)
     compiled = torch.compile(model, dynamic=True, backend=compile_backend)
 
     def step(batch):
@@ -273,39 +276,158 @@ def _train(attend, kinds, cfg, device, compile_backend, deadline, base, describe
         opt.zero_grad(set_to_none=True)
         return loss
 
-    def timed_step(batch):
-        t0 = time.perf_counter()
-        loss = step(batch)
-        sync(device)
-        return loss, time.perf_counter() - t0
+    path = split_compile_path(name[4:])[1] if name.startswith("jfa:") else None
+    return Trainer(name, attend, step, sum(p.numel() for p in model.parameters()), compile_path=path)
 
-    records = []
-    for kind in kinds:
-        rec = dict(base, case=describe(kind))
+
+def run_step(tr: Trainer, batch, device) -> Tuple[float, int]:
+    """One synchronized step of ``tr``: (seconds, graphs Dynamo compiled during it)."""
+    if tr.compile_path:  # read when a graph is traced: the path of the implementation stepping now
+        use_compile_path(tr.compile_path)
+    before = dynamo_counts()
+    t0 = time.perf_counter()
+    loss = tr.step(batch)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    after = dynamo_counts()
+    tr.loss = float(loss.detach())
+    tr.graph_breaks += after["graph_breaks"] - before["graph_breaks"]
+    return seconds, after["graphs"] - before["graphs"]
+
+
+def warm_up(tr: Trainer, kind: BatchKind, pool: list, device) -> dict:
+    times, graphs = [], 0
+    for i in warmup_order(kind):
+        seconds, new = run_step(tr, pool[i], device)
+        times.append(seconds)
+        graphs += new
+    # the first step compiles (on the first kind): left out of the median
+    return {"warmup_step_ms": statistics.median(times[1:] or times) * 1e3, "compiles_warmup": graphs}
+
+
+def warm_up_retrying(tr: Trainer, kind: BatchKind, pool: list, device, cfg: ModelConfig,
+                     compile_backend: str) -> Tuple[Trainer, Optional[dict]]:
+    """``warm_up``; where a peer's compiled training fails (varlen, fa4), the peer built again with its attention
+    called outside the graph, as it still runs for users (not Flex: uncompiled, it materializes every score; never
+    ours). Failing: (the trainer, its ``failed`` set; None)."""
+    try:
+        return tr, warm_up(tr, kind, pool, device)
+    except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others
+        why = one_line(e)
+    if tr.name not in ("varlen", "fa4") or tr.note:
+        tr.failed = f"train failed: {why}"
+        return tr, None
+    retry = build(tr.name, torch.compiler.disable(tr.attend), cfg, device, compile_backend)
+    retry.note = f"attention called outside the graph (torch.compiler.disable); traced, it failed: {why}"
+    return warm_up_retrying(retry, kind, pool, device, cfg, compile_backend)
+
+
+def round_orders(names: List[str], rounds: int) -> List[List[str]]:
+    """The order of each timing round: every implementation once, rotated by one place a round and reversed every
+    other n rounds, so that over 2n rounds each runs in every place and right after each other one equally often
+    (what a step leaves behind, caches and the allocator's state, falls on all alike)."""
+    n = len(names)
+    out = []
+    for r in range(rounds):
+        base = names if (r // n) % 2 == 0 else names[::-1]
+        out.append(base[r % n:] + base[:r % n])
+    return out
+
+
+def paired_ratio(ours: Dict[int, float], theirs: Dict[int, float]) -> Optional[dict]:
+    """Median and quartiles over rounds of our step / the peer's step in the same round: host drift between rounds
+    (seconds apart, ~20% on the H200) cancels in each ratio, which the ratio of the two medians does not."""
+    ratios = [ours[r] / theirs[r] for r in ours if r in theirs]
+    if not ratios:
+        return None
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+    return {"paired_ratio": float(med), "paired_ratio_q1": float(q1), "paired_ratio_q3": float(q3),
+            "paired_rounds": len(ratios)}
+
+
+# Bytes per token of one training step's activations: per layer the tensors autograd keeps (LayerNorm inputs and
+# outputs 4E, q/k/v and the attention output 4W, the MLP's two 4E), the head's logits in the parameters' dtype and
+# float32 with their softmax and gradient (~16 B x vocab); doubled for the backward's transients.
+def step_bytes(cfg: ModelConfig, tokens: int) -> int:
+    elem = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
+    per_layer = (12 * cfg.embed_dim + 4 * cfg.num_heads * cfg.head_dim) * elem
+    return 2 * tokens * (cfg.layers * per_layer + 16 * cfg.vocab)
+
+
+def state_bytes(model_params: int) -> int:
+    return 16 * model_params  # parameters, gradients and AdamW's two moments, float32 at most
+
+
+def interleave_fits(cfg: ModelConfig, tokens: int, trainers: List[Trainer], device) -> Optional[str]:
+    """None where the models can be stepped in turn on the device, else why not. Worst case: every model's state
+    plus a step's activations each (the allocator keeping each implementation's blocks apart; a step frees its own)."""
+    n = len(trainers)
+    if torch.device(device).type != "cuda" or n < 2:
+        return None
+    need = sum(state_bytes(tr.params) + step_bytes(cfg, tokens) for tr in trainers)
+    free = torch.cuda.mem_get_info(device)[0]
+    if need <= 0.8 * free:
+        return None
+    return f"sequential: {n} models need ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
+
+
+def time_kind(trainers: List[Trainer], kind: BatchKind, pool: list, device, deadline: float,
+              interleave: bool = True) -> Dict[str, Dict[int, tuple]]:
+    """The timed steps: {name: {round: (seconds, graphs compiled)}}. Interleaved, each round runs one step of every
+    implementation on the same pool batch (``round_orders``); sequential, each implementation's steps in a block.
+    Stops at the deadline (between rounds / blocks)."""
+    names = [tr.name for tr in trainers]
+    if not names:
+        return {}
+    by_name = {tr.name: tr for tr in trainers}
+    batches = timed_order(kind)
+    if interleave:
+        rounds = [[(name, r) for name in order] for r, order in enumerate(round_orders(names, len(batches)))]
+    else:
+        rounds = [[(name, r) for r in range(len(batches))] for name in names]
+    out: Dict[str, Dict[int, tuple]] = {name: {} for name in names}
+    for steps in rounds:
         if time.perf_counter() > deadline:
-            records.append(dict(rec, skip="time budget spent"))
+            break
+        for name, r in steps:
+            tr = by_name[name]
+            if tr.failed:
+                continue
+            try:
+                out[name][r] = run_step(tr, pool[batches[r]], device)
+            except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others
+                tr.failed = f"train failed: {one_line(e)}"
+        if not interleave and torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()  # one implementation's blocks at a time
+    return out
+
+
+def kind_records(trainers: List[Trainer], kind: BatchKind, pool: list, warm: Dict[str, dict],
+                 timed: Dict[str, Dict[int, tuple]], timing_note: str, describe: Callable) -> List[dict]:
+    """A record per implementation; our rows get the paired ratio against the first jagged peer timed (varlen)."""
+    peer = next((p for p in PEERS if timed.get(p)), None)
+    records = []
+    for tr in trainers:
+        rec = {"peer": tr.name, "mode": "train", "case": describe(kind)}
+        if tr.note:
+            rec["note"] = tr.note
+        steps = timed.get(tr.name) or {}
+        if tr.name not in warm or not steps:
+            records.append(dict(rec, skip=tr.failed or "time budget spent"))
             continue
-        pool = [make_batch(kind.lengths(i), cfg.vocab, device, seed=i) for i in range(kind.pool)]
-        try:
-            before = dynamo_counts()
-            warmup_times = [timed_step(pool[i])[1] for i in warmup_order(kind)]
-            warm = dynamo_counts()
-            times, tokens = [], 0
-            for i in timed_order(kind):
-                loss, seconds = timed_step(pool[i])
-                times.append(seconds)
-                tokens += pool[i][0].numel()
-            after = dynamo_counts()
-            rec.update(step_ms=statistics.median(times) * 1e3, tokens_per_s=tokens / sum(times),
-                       mean_tokens=tokens / len(times), steps=len(times), loss=float(loss.detach()),
-                       warmup_step_ms=statistics.median(warmup_times[1:] or warmup_times) * 1e3,
-                       compiles_warmup=warm["graphs"] - before["graphs"],
-                       compiles_timed=after["graphs"] - warm["graphs"], graph_breaks=after["graph_breaks"])
-        except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others
-            rec = dict(rec, skip=f"train failed: {one_line(e)}")
+        times = [seconds for seconds, _ in steps.values()]
+        tokens = sum(pool[timed_order(kind)[r]][0].numel() for r in steps)
+        rec.update(step_ms=statistics.median(times) * 1e3, tokens_per_s=tokens / sum(times),
+                   mean_tokens=tokens / len(times), steps=len(times), loss=tr.loss, **warm[tr.name],
+                   compiles_timed=sum(graphs for _, graphs in steps.values()), graph_breaks=tr.graph_breaks,
+                   timing=timing_note)
+        if tr.failed:
+            rec["note"] = (rec.get("note", "") + f"; stopped after {len(times)} steps: {tr.failed}").lstrip("; ")
+        if peer and tr.name.startswith("jfa:") and timing_note == "interleaved":
+            paired = paired_ratio({r: s for r, (s, _) in steps.items()}, {r: s for r, (s, _) in timed[peer].items()})
+            if paired:
+                rec.update(paired_peer=peer, **paired)
         records.append(rec)
-        del pool
-    del compiled, model, opt
     return records
 
 
@@ -319,27 +441,55 @@ def model_peer_names(backends: List[str], peers: List[str], device) -> List[str]
 
 
 def run(backends: List[str], peers: List[str], device, size: str, deadline: float,
-        compile_backend: Optional[str] = None, progress: Optional[Callable[[List[dict]], None]] = None) -> List[dict]:
-    """Every implementation on every batch kind. ``compile_backend``: inductor on CUDA, aot_eager on the CPU (the
-    smoke run checks the plumbing and the counters; compiling C++ kernels there would only cost test time).
-    ``progress(records so far)`` is called after each implementation (the CLI rewrites its JSON there)."""
+        compile_backend: Optional[str] = None, progress: Optional[Callable[[List[dict]], None]] = None,
+        kinds: Optional[List[str]] = None) -> List[dict]:
+    """Every implementation on every batch kind (``kinds``: their names, small / large; default all), timed
+    interleaved: all models are built first, each warms up on a kind's pool in turn, then the timed steps run in
+    rounds (``time_kind``). ``compile_backend``: inductor on CUDA, aot_eager on the CPU (the smoke run checks the
+    plumbing and the counters; compiling C++ kernels there would only cost test time). ``progress(records so far)``
+    is called after each kind (the CLI rewrites its JSON there)."""
     device = torch.device(device)
     if compile_backend is None:
         compile_backend = "inductor" if device.type == "cuda" else "aot_eager"
     import torch._dynamo.config as dynamo_config
-    for knob in ("recompile_limit", "cache_size_limit"):  # a recompile per step must show, not fall back to eager
+    # A recompile per step must show, not fall back to eager; every implementation's graph counts against the limit
+    # of the one forward code object they share (one entry each, their guards told apart by the model's class).
+    for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo_config, knob):
             setattr(dynamo_config, knob, max(64, getattr(dynamo_config, knob)))
-    cfg, kinds = model_config(size), batch_kinds(size)
-    records = []
+    cfg = model_config(size)
+    kind_list = [k for k in batch_kinds(size) if kinds is None or k.name in kinds]
+    describe = lambda kind: {"suite": "model", "label": kind.label, "name": f"model {kind.label}",  # noqa: E731
+                             "layers": cfg.layers, "embed_dim": cfg.embed_dim, "num_heads": cfg.num_heads,
+                             "head_dim": cfg.head_dim, "dtype": cfg.dtype, "compile_backend": compile_backend}
+    torch._dynamo.reset()  # once: every implementation's graphs stay alive to the end
+    from torch._dynamo.utils import counters
+    counters.clear()
+
+    trainers = []
     for name in model_peer_names(backends, peers, device):
-        if time.perf_counter() > deadline:
-            records += [{"case": {"suite": "model", "label": k.label, "name": f"model {k.label}"}, "peer": name,
-                         "mode": "train", "skip": "time budget spent"} for k in kinds]
-            continue
-        records += train_one(name, kinds, cfg, device, compile_backend, deadline, size)
+        try:
+            trainers.append(build(name, attention_for(name, cfg, device, size), cfg, device, compile_backend))
+        except Skip as e:
+            trainers.append(Trainer(name, failed=str(e)))
+
+    records = []
+    for kind in kind_list:
+        pool = [make_batch(kind.lengths(i), cfg.vocab, device, seed=i) for i in range(kind.pool)]
+        warm = {}
+        for i, tr in enumerate(trainers):
+            if not tr.failed and time.perf_counter() <= deadline:
+                trainers[i], result = warm_up_retrying(tr, kind, pool, device, cfg, compile_backend)
+                if result:
+                    warm[tr.name] = result
+        live = [tr for tr in trainers if tr.name in warm]
+        note = interleave_fits(cfg, max(b[0].numel() for b in pool), live, device) or "interleaved"
+        timed = time_kind(live, kind, pool, device, deadline, interleave=note == "interleaved")
+        records += kind_records(trainers, kind, pool, warm, timed, note, describe)
+        del pool
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if progress is not None:
             progress(records)
+    del trainers
     return records
