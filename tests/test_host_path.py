@@ -207,6 +207,22 @@ def test_call_memo_never_stores_a_bad_call(monkeypatch):
             jfa_ops.jagged_attention(x.q, x.k.double(), x.v.double(), x.q_offsets, x.kv_offsets, backend="reference")
 
 
+def test_call_memo_helpers_bound_and_unhashable_keys():
+    """``_recall`` / ``_remember``, the memos' one pair (``_CALLS``, ``_FAST``, ``block_sparse._SELECT_CALLS``): a
+    None key is the memo off; an unhashable key misses and is neither kept nor clears the table; a full table
+    (``_CALLS_MAX``) is cleared before the next entry."""
+    table, bound = {}, attention_ops._CALLS_MAX
+    attention_ops._remember(table, None, "off")
+    assert table == {} and attention_ops._recall(table, None) is None
+    for n in range(bound):
+        attention_ops._remember(table, (n,), n)
+    assert len(table) == bound and attention_ops._recall(table, (3,)) == 3
+    attention_ops._remember(table, ([1],), "unhashable")
+    assert len(table) == bound and attention_ops._recall(table, ([1],)) is None
+    attention_ops._remember(table, ("next",), "next")
+    assert table == {("next",): "next"}
+
+
 def test_call_memo_follows_the_registry_env_and_determinism(monkeypatch):
     """What the backend choice and the params read besides the tensors' metadata is in the key: registering a backend,
     $JFA_BACKEND and torch.use_deterministic_algorithms each change what a repeat of the same call gets."""

@@ -88,13 +88,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
               *options) -> Tuple[Tensor, Tensor]:
     """Jagged attention. Returns (out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.jagged_attention``."""
     key = _op_key(q, k, v, q_offsets, kv_offsets, options)
-    call = _recall(key)
+    call = _recall(_CALLS, key)
     if call is None:
         params, backend = _params(q, k, v, q_offsets, kv_offsets, *options)
         check_no_forward_ad(q, k, v)
         impl = select_backend(backend, Problem.of(q, k, params))
         call = impl, params, dataclasses.replace(params, check_offsets=True)
-        _remember(key, call)
+        _remember(_CALLS, key, call)
     else:
         check_no_forward_ad(q, k, v)
     impl, params, checked = call
@@ -157,7 +157,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
     """Gradients (dq, dk, dv) of ``jfa::attention``; ``grad_lse`` None means lse was not used."""
     from_autograd = _FROM_AUTOGRAD.__dict__.pop("call", None) == (id(grad_out), id(q))
     key = _op_key(q, k, v, q_offsets, kv_offsets, options, (grad_out, grad_lse, out, lse))
-    call = _recall(key)
+    call = _recall(_CALLS, key)
     if call is None:
         if from_autograd:  # checked by the forward: skip the checks (and keep nothing: this call checked nothing)
             params, backend = _resolve(q, *options)
@@ -165,7 +165,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
         else:
             params, backend = _backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options)
         call = select_backend(backend, Problem.of(q, k, params)), params
-        _remember(key, call)
+        _remember(_CALLS, key, call)
     impl, params = call
     return impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
@@ -546,12 +546,8 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
     mode = validation.validation_mode(q.device)
     if fast_key is not None:
         if mode == "off" or (mode in validation.DEVICE_MODES and impl.checks_offsets):  # no host-side check
-            if len(_FAST) >= _CALLS_MAX:
-                _FAST.clear()
-            try:
-                _FAST[fast_key] = impl, params, None if mode == "off" else checked, mode == "async", options
-            except TypeError:  # an unhashable argument (a list window): such calls always take the full path
-                pass
+            # an unhashable argument (a list window) is not kept: such calls always take the full path
+            _remember(_FAST, fast_key, (impl, params, None if mode == "off" else checked, mode == "async", options))
     params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
     result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
     _cover(q, k, q_offsets, kv_offsets, params, mode == "async")
@@ -594,26 +590,31 @@ def _op_key(q, k, v, q_offsets, kv_offsets, options: tuple, more: tuple = ()) ->
             backend or os.environ.get("JFA_BACKEND"), registry_generation()) + tuple(map(_metadata, more))
 
 
-def _recall(key: Optional[tuple]):
-    """What ``_remember`` kept under ``key``, else None."""
+# The call memos' two steps (``_CALLS``: the op bodies' and the direct path's; ``_FAST``; ``block_sparse``'s
+# ``_SELECT_CALLS``): a None key is the memo off; an unhashable key (a SymInt or list option, a list window) is a miss
+# and is never kept (the full path checks what is wrong with it); ``_CALLS_MAX`` entries at the most, the table
+# cleared when full.
+def _recall(table: dict, key: Optional[tuple]):
+    """What ``_remember`` kept in ``table`` under ``key``, else None."""
     if key is None:
         return None
     try:
-        return _CALLS.get(key)
-    except TypeError:  # an unhashable option (a SymInt, a list window): the full path checks it
+        return table.get(key)
+    except TypeError:  # unhashable
         return None
 
 
-def _remember(key: Optional[tuple], call: tuple) -> None:
-    """Keep ``call`` (made by a call that passed every check) under ``key``."""
+def _remember(table: dict, key: Optional[tuple], call: tuple) -> None:
+    """Keep ``call`` (made by a call that passed every check) in ``table`` under ``key``."""
     if key is None:
         return
-    if len(_CALLS) >= _CALLS_MAX:
-        _CALLS.clear()
     try:
-        _CALLS[key] = call
-    except TypeError:
-        pass
+        hash(key)
+    except TypeError:  # unhashable: not kept, and the table is not cleared for it
+        return
+    if len(table) >= _CALLS_MAX:
+        table.clear()
+    table[key] = call
 
 
 def _direct_call(q, k, v, q_offsets, kv_offsets, options):
@@ -622,19 +623,12 @@ def _direct_call(q, k, v, q_offsets, kv_offsets, options):
     if CALL_CACHE:
         key = (_metadata(q), _metadata(k), _metadata(v), _metadata(q_offsets), _metadata(kv_offsets), options,
                torch.are_deterministic_algorithms_enabled(), os.environ.get("JFA_BACKEND"), registry_generation())
-        try:
-            hit = _CALLS.get(key)
-        except TypeError:  # an unhashable option: the checks below say what is wrong with it
-            hit = key = None
-        if hit is not None:
-            return hit
-    params, backend = _check_tensors(q, k, v, q_offsets, kv_offsets, *options)
-    impl = select_backend(backend, Problem.of(q, k, params))
-    call = impl, params, dataclasses.replace(params, check_offsets=True)
-    if key is not None:
-        if len(_CALLS) >= _CALLS_MAX:
-            _CALLS.clear()
-        _CALLS[key] = call
+    call = _recall(_CALLS, key)
+    if call is None:
+        params, backend = _check_tensors(q, k, v, q_offsets, kv_offsets, *options)
+        impl = select_backend(backend, Problem.of(q, k, params))
+        call = impl, params, dataclasses.replace(params, check_offsets=True)
+        _remember(_CALLS, key, call)
     return call
 
 
@@ -665,10 +659,7 @@ def fast_key(q, k, v, q_offsets, kv_offsets, options: tuple) -> Optional[tuple]:
 
 def fast_call(key: tuple, q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor):
     """(out, lse) of a call whose ``fast_key`` an earlier call kept, else None (the caller takes the full path)."""
-    try:
-        hit = _FAST.get(key)
-    except TypeError:  # an unhashable argument (a list window, ...): the full path checks it
-        return None
+    hit = _recall(_FAST, key)  # an unhashable argument (a list window, ...): a miss, the full path checks it
     if hit is None:
         return None
     impl, params, checked, coverable, options = hit

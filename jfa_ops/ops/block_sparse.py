@@ -18,7 +18,8 @@ import meta_kernels
 from jfa_ops import validation
 from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
 from jfa_ops.ops import attention as _attention
-from jfa_ops.ops.attention import OPTIONS_SCHEMA, _params as _attention_params, check_no_forward_ad
+from jfa_ops.ops.attention import (OPTIONS_SCHEMA, _params as _attention_params, _recall, _remember,
+                                   check_no_forward_ad)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 SELECT_FAMILY = "select_kv_blocks"
@@ -106,19 +107,12 @@ def _select_call(q, k, q_offsets, kv_offsets, options: tuple):
         meta = _attention._metadata
         key = (meta(q), meta(k), meta(q_offsets), meta(kv_offsets), options, tuple(map(type, options)),
                os.environ.get("JFA_BACKEND"), registry_generation())
-        try:
-            hit = _SELECT_CALLS.get(key)
-        except TypeError:  # an unhashable option: the checks below say what is wrong with it
-            hit = key = None
-        if hit is not None:
-            return hit
-    params, backend = _select_params(q, k, q_offsets, kv_offsets, *options)
-    impl = select_backend(backend, _select_problem(q, k, params), family=SELECT_FAMILY)
-    call = impl, params, dataclasses.replace(params, check_offsets=True)
-    if key is not None:
-        if len(_SELECT_CALLS) >= _attention._CALLS_MAX:
-            _SELECT_CALLS.clear()
-        _SELECT_CALLS[key] = call
+    call = _recall(_SELECT_CALLS, key)  # an unhashable option: a miss, and the checks say what is wrong with it
+    if call is None:
+        params, backend = _select_params(q, k, q_offsets, kv_offsets, *options)
+        impl = select_backend(backend, _select_problem(q, k, params), family=SELECT_FAMILY)
+        call = impl, params, dataclasses.replace(params, check_offsets=True)
+        _remember(_SELECT_CALLS, key, call)
     return call
 
 

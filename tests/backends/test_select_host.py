@@ -21,7 +21,7 @@ from jfa_ops import validation  # noqa: E402
 from jfa_ops.backends.base import BlockSelectParams  # noqa: E402
 from jfa_ops.backends.triton import block_sparse_select, configs, launch  # noqa: E402
 from jfa_ops.ops import block_sparse as ops  # noqa: E402
-from tests.common import count_op_calls  # noqa: E402
+from tests.common import RecordOps, count_op_calls  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 LENGTHS = (40, 0, 17, 33)
@@ -41,32 +41,33 @@ def _reference(q, k, off):
     return jfa_ops.select_kv_blocks(q.cpu(), k.cpu(), off, off, 40, 40, backend="reference", **OPTS)
 
 
-def _coverable_on_cpu(monkeypatch):
-    """CPU offsets treated as CUDA ones for ``validation.cover`` (async mode, one stream)."""
+@pytest.fixture
+def spied_selection(monkeypatch):
+    """CPU offsets treated as CUDA ones for ``validation.cover`` (async mode, one stream); (the calls of
+    ``torch.ops.jfa.select_kv_blocks``, each triton selection's ``check_offsets``), recorded per call."""
     monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
     monkeypatch.setattr(ops, "validation_mode", lambda device: "async")
     monkeypatch.setattr(validation, "_on_cuda", lambda offsets: True)
     monkeypatch.setattr(validation, "_capturing", lambda: False)
     monkeypatch.setattr(validation, "_stream", lambda device: 0)
     monkeypatch.setattr(validation, "_COVERED", {})
-
-
-@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch):
-    """Plain tensors, eager: ``select_kv_blocks`` runs the op's body without ``torch.ops.jfa.select_kv_blocks`` and
-    equals the reference; the first call checks the offsets in the backend's kernel and covers them (async mode),
-    so the second call, and the sparse forward's op after it, check nothing; other offsets are checked again. Under
-    a dispatch mode the call goes through the op (a mode must see it)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    _coverable_on_cpu(monkeypatch)
-    monkeypatch.setattr(ops, "SELECT_DIRECT", True)
-    q, k, off = _inputs()
     op_calls = count_op_calls(monkeypatch, "select_kv_blocks")
     checks = []
     real = block_sparse_select.select_kv_blocks
     monkeypatch.setattr(block_sparse_select, "select_kv_blocks",
                         lambda *a: checks.append(a[-1].check_offsets) or real(*a))
+    return op_calls, checks
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch, spied_selection):
+    """Plain tensors, eager: ``select_kv_blocks`` runs the op's body without ``torch.ops.jfa.select_kv_blocks`` and
+    equals the reference; the first call checks the offsets in the backend's kernel and covers them (async mode),
+    so the second call, and the sparse forward's op after it, check nothing; other offsets are checked again. Under
+    a dispatch mode the call goes through the op (a mode must see it)."""
+    monkeypatch.setattr(ops, "SELECT_DIRECT", True)
+    q, k, off = _inputs()
+    op_calls, checks = spied_selection
     want = _reference(q, k, off)
     for _ in range(2):
         got = jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
@@ -76,28 +77,18 @@ def test_eager_selection_skips_the_dispatcher_and_covers_its_offsets(monkeypatch
     other = off.clone()
     jfa_ops.select_kv_blocks(q, k, other, other, 40, 40, backend="triton", **OPTS)
     assert checks == [True, False, True]
-
-    class Seen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
+    with RecordOps() as mode:
         got = jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
-    assert len(op_calls) == 1 and torch.equal(got[0], want[0])
+    assert len(op_calls) == 1 and torch.equal(got[0], want[0]) and mode.ops[0] == "jfa.select_kv_blocks.default"
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_selection_op_path_checks_every_call(monkeypatch):
+def test_selection_op_path_checks_every_call(monkeypatch, spied_selection):
     """With JFA_SELECT_DIRECT=0 (the direct path is the default since the H200 run of 2026-12-03): every call goes
     through the op, which checks the offsets on the device each time and covers nothing."""
-    _coverable_on_cpu(monkeypatch)
     monkeypatch.setattr(ops, "SELECT_DIRECT", False)
     q, k, off = _inputs()
-    op_calls = count_op_calls(monkeypatch, "select_kv_blocks")
-    checks = []
-    real = block_sparse_select.select_kv_blocks
-    monkeypatch.setattr(block_sparse_select, "select_kv_blocks",
-                        lambda *a: checks.append(a[-1].check_offsets) or real(*a))
+    op_calls, checks = spied_selection
     for _ in range(2):
         jfa_ops.select_kv_blocks(q, k, off, off, 40, 40, backend="triton", **OPTS)
     assert len(op_calls) == 2 and checks == [True, True] and not validation.covered(off, off, 90, 90, 40, 40)

@@ -26,7 +26,7 @@ import jfa_ops
 from jfa_ops.testing import (mx_round_trip_spec, mxfp8_attention_backward_model, reference_attention,
                              reference_mxfp8_attention_backward)
 from tests.common import knob_set
-from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case, quantize_inputs
+from tests.ops.test_mxfp8 import ATTENTION_CASES, _oracle_opts, _rel, make_case, quantize_inputs, wide_range_values
 
 pytest.importorskip("triton")
 
@@ -110,19 +110,9 @@ def test_one_pass_mx_values_bit_exact_on_the_gpu_at_size(dtype, rounding):
     reference's quantize + dequantize (on CPU), bit for bit, at 1M elements a tensor: (1, 32); (32, 32) per sequence
     (an empty sequence, length 1, tails) and as one sequence; the dtype's range and the special values."""
     from jfa_ops.backends.triton.mxfp8_quantize import quantize_values
-    from tests.ops.test_mxfp8 import SPECIAL
 
-    g = torch.Generator().manual_seed(0)
     lengths = [500, 0, 33, 1, 1023, 5, 486]
-    rows = sum(lengths)
-    low, high = (-24.0, 15.0) if dtype == torch.float16 else (-130.0, 120.0)
-    x = torch.randn(rows, 4, 128, generator=g) * torch.pow(2.0, torch.empty(rows, 4, 128).uniform_(low, high,
-                                                                                                     generator=g))
-    flat = x.view(-1)
-    for values, count in ((torch.tensor(SPECIAL), 5000), (torch.tensor([math.inf, -math.inf, math.nan]), 20)):
-        picks = torch.randint(0, flat.numel(), (count,), generator=g)
-        flat[picks] = values[torch.randint(0, len(values), (count,), generator=g)]
-    x = x.to(dtype)
+    x = wide_range_values(lengths, dtype).to(dtype)
     offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     for block, offs in (((1, 32), None), ((32, 32), offsets), ((32, 32), None)):
         dev_offs = None if offs is None else offs.cuda()

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 import jfa_ops
 from jfa_ops.testing import fp8_mma_model, reference_mxfp8_attention
 from tests.common import count_op_calls, knob_set
-from tests.ops.test_mxfp8 import (ATTENTION_CASES, BLOCKS, ROUNDINGS, SPECIAL, _oracle_opts, _rel, assert_bit_exact,
+from tests.ops.test_mxfp8 import (ATTENTION_CASES, BLOCKS, ROUNDINGS, _oracle_opts, _rel, assert_bit_exact,
                                   check_mxfp8_attention_case, check_no_nan, fp8_mma_near_ties, issue_error_bound,
-                                  make_case, mxfp8_attention_cases, no_nan_case, quantize_inputs)
+                                  make_case, mxfp8_attention_cases, no_nan_case, quantize_inputs, wide_range_values)
 
 pytest.importorskip("triton")
 
@@ -92,16 +92,8 @@ def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding, pi
     lengths), magnitudes over the dtype's range and the special values (zeros, subnormals, ties, the 448 / 1.75
     boundaries, the largest finite values; a few inf and NaN). The hypothesis test above runs on the GPU too, but
     only outside ``-m gpu``."""
-    g = torch.Generator().manual_seed(0)
     lengths = [500, 0, 33, 1023, 5, 512]
-    rows = sum(lengths)
-    low, high = (-24.0, 15.0) if dtype == torch.float16 else (-130.0, 120.0)
-    x = torch.randn(rows, 4, 128, generator=g) * torch.pow(2.0, torch.empty(rows, 4, 128).uniform_(low, high,
-                                                                                                     generator=g))
-    flat = x.view(-1)
-    for values, count in ((torch.tensor(SPECIAL), 5000), (torch.tensor([math.inf, -math.inf, math.nan]), 20)):
-        picks = torch.randint(0, flat.numel(), (count,), generator=g)
-        flat[picks] = values[torch.randint(0, len(values), (count,), generator=g)]
+    x = wide_range_values(lengths, dtype)
     offsets = torch.tensor([0] + lengths).cumsum(0)
     with quant_pipelined(pipelined):
         assert_bit_exact(x.to(dtype).cuda(), offsets.cuda(), block, rounding, "triton")

@@ -49,6 +49,21 @@ SPECIAL = [0.0, -0.0, 1e-45, -1e-40, 6e-8, 2.0 ** -133, 448.0, 449.0, 464.0, 480
            2.0 ** 126 * 1.9, 3.0e38, -3.3e38, 1.0625, 1.1875, 2.0 ** -9 * 1.5, 2.0 ** -10]
 
 
+def wide_range_values(lengths, dtype) -> torch.Tensor:
+    """The GPU tests' input at size: float32 [sum(lengths), 4, 128] with magnitudes over ``dtype``'s range, 5000
+    values of SPECIAL and 20 of inf / NaN (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    rows = sum(lengths)
+    low, high = (-24.0, 15.0) if dtype == torch.float16 else (-130.0, 120.0)
+    x = torch.randn(rows, 4, 128, generator=g) * torch.pow(2.0, torch.empty(rows, 4, 128).uniform_(low, high,
+                                                                                                     generator=g))
+    flat = x.view(-1)
+    for values, count in ((torch.tensor(SPECIAL), 5000), (torch.tensor([math.inf, -math.inf, math.nan]), 20)):
+        picks = torch.randint(0, flat.numel(), (count,), generator=g)
+        flat[picks] = values[torch.randint(0, len(values), (count,), generator=g)]
+    return x
+
+
 @st.composite
 def quantize_inputs(draw, *, specials=True):
     lengths = draw(jagged_lengths(max_batch=4, max_len=70, max_total=140))
