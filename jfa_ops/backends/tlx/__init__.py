@@ -89,7 +89,8 @@ def _plugin_too_late() -> Optional[str]:
     never runs). Importing TLX after triton without it fails, and the failed import leaves triton's compiler asking
     for the plugin's passes: every later triton compile in the process raises (``no attribute
     'utlx_convert_triton_to_tritongpu'``), the triton backend's included (H200, 2026-12-03, bench/NOTES.md v20)."""
-    if "triton" not in sys.modules or "utlx" in os.environ.get("TRITON_PLUGIN_PATHS", ""):
+    if ("triton" not in sys.modules or "utlx" in os.environ.get("TRITON_PLUGIN_PATHS", "")
+            or "utlx_plugin" in sys.modules):  # imported by the user: the plugin's documented alternative to its .pth
         return None
     return ("the TLX plugin was not registered before triton was imported (a `pip install --target` skips its "
             "utlx_plugin.pth): import _utlx_autoregister before triton, or set TRITON_PLUGIN_PATHS to "
