@@ -61,6 +61,7 @@ time a subset (a run's stages joined by "+").
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -561,6 +562,7 @@ def order_timing() -> int:
 
 
 PER_CALL = "-percall"  # backward-timing's column suffix: the variant without the max_seqlen hints
+NO_HINTS = " no hints"  # backward-timing's row suffix: every column's forward without the max_seqlen hints
 
 
 def gqa_timing_cases(lens):
@@ -596,7 +598,9 @@ def backward_timing() -> int:
     also over dqlag, the kernel they add turns to). One forward per row; the columns are timed in
     ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
     a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
-    row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other). Each row
+    row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other); every
+    other round runs the columns in reverse, so that no column always follows the same one (helper uniformorder:
+    v20's dense control read 0.96-0.98 in two columns that launch exactly the default's kernel and list). Each row
     is printed when measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the
     experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those (BWD_VARIANTS keys; a key + ``-percall``: without the
     max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's list per call as before helper causalorder2: the
@@ -605,8 +609,10 @@ def backward_timing() -> int:
     bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
     bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
     two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``:
-    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal (a control: one length, the
-    kept list in every column), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED."""
+    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal twice: with the hints (a
+    control: one length, the kept list in every column, so every ratio there is the harness's noise) and ``no
+    hints`` (a row whose forward gets none in any column: the default's tile-major order against the list built per
+    call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -623,7 +629,8 @@ def backward_timing() -> int:
         # (T32768, the short T16384, the bench's GQA 16:2, where a GQA split keeps its place) and a one-length control
         short = lognormal_lengths(16384, None, seed=JAGGED_SEED)
         cases = [cases[2], Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True),
-                 Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True), cases[1]]
+                 Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True), cases[1],
+                 dataclasses.replace(cases[1], label=cases[1].label + NO_HINTS)]
     elif os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
@@ -656,7 +663,8 @@ def backward_timing() -> int:
         outs = {}  # with the max_seqlen hints or without (-percall): one forward each
         try:
             for per_call in {label.endswith(PER_CALL) for label, _ in cols}:
-                hints = {} if per_call else dict(max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens))
+                hints = ({} if per_call or case.label.endswith(NO_HINTS)
+                         else dict(max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens)))
                 outs[per_call] = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal,
                                                           window=case.window, broadcast_q=case.broadcast_q,
                                                           backend="tlx", **hints)
@@ -665,8 +673,8 @@ def backward_timing() -> int:
             print(f"\n  {case.label} forward: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         times = {label: [] for label, _ in cols}
-        for _ in range(rounds):  # interleaved: a drift over the row hits every column alike
-            for label, variant in cols:
+        for round_ in range(rounds):  # interleaved: a drift over the row hits every column alike
+            for label, variant in (cols if round_ % 2 == 0 else cols[::-1]):  # no column always after the same one
                 if label not in times:
                     continue
                 _set_backward(variant)

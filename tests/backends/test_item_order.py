@@ -268,6 +268,44 @@ def test_causal_item_list_device_random_layouts(seed):
         assert b.tolist() == a.tolist(), (lens, kv, heads, row_bytes, budget, window, block)
 
 
+@pytest.mark.parametrize("num_seqs,length,heads,row_bytes,budget,block", [
+    (8, 4096, 16, 1024, 40 << 20, 128),  # the timing's dense B8 H16 S4096 D128 causal row (two sections)
+    (3, 300, 2, 1, 700, 128), (5, 64, 1, 1, 100, 64), (4, 1000, 4, 3, 1, 128),  # a budget of one byte
+    (2, 129, 3, 129, 1 << 30, 128),  # one section
+    (6, 257, 8, 1024, 300 * 1024 * 8, 128)])  # sections that split a sequence's heads
+def test_causal_item_list_device_one_length_is_the_hinted_default_order(num_seqs, length, heads, row_bytes, budget,
+                                                                        block):
+    """A one-length causal batch without the max_seqlen hints under ``configs.BACKWARD_CAUSAL_ORDER_JAGGED`` (helper
+    uniformorder): the device-built list from the key tile list the backward sorts for it (``kv_tiles``: no hints, so
+    padding slots) holds the items in the order the default visits the same batch given the hints (the kept list,
+    ``uniform_causal_item_list``, under the same snake), the padding after them. The oracle is written from the
+    tile list alone: equal streams (seq, kv head) in (seq, head) order, stream j in section j x length x row_bytes
+    // budget, each section's items by tile position (longest first in the last section, directions alternating
+    before it), a tile's heads in order. Not the order the default visits it without the hints (tile-major: the
+    sectioned order measured 1.33-1.40x over it at S4096, bench/NOTES.md v16)."""
+    from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list_device, uniform_causal_item_list
+    from jfa_ops.backends.triton.scheduling import capacity_of, kv_tiles
+
+    offsets = torch.arange(num_seqs + 1, dtype=torch.int32) * length
+    total = num_seqs * length
+    tiles = kv_tiles(offsets, offsets, total, total, block, 0, 0, False, True)  # what the backward sorts: causal
+    seq, start = tiles.seq.tolist(), tiles.start.tolist()
+    assert len(seq) == capacity_of(total, block, num_seqs) and seq.count(-1) > 0  # slots past the tiles: padding
+    section = [j * length * row_bytes // budget for j in range(num_seqs * heads)]
+    last = section[-1]
+    real = [(section[s * heads + h], p if (last - section[s * heads + h]) % 2 == 0 else -p, h, (s, st, h))
+            for p, (s, st) in enumerate(zip(seq, start)) if s >= 0 for h in range(heads)]
+    want = [item for *_, item in sorted(real)] + [(s, st, h) for s, st in zip(seq, start) if s < 0 for h in
+                                                  range(heads)]
+    got = causal_item_list_device(dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start), heads, offsets, total,
+                                  row_bytes, budget)
+    assert list(zip(*(t.tolist() for t in got))) == want
+    kept = uniform_causal_item_list(num_seqs, length, heads, row_bytes, budget, block, torch.device("cpu"))
+    n_work = kept[0].numel()
+    assert n_work == -(-length // block) * num_seqs * heads
+    assert [t[:n_work].tolist() for t in got] == [t.tolist() for t in kept]
+
+
 def test_causal_item_list_device_bench_batch_ops(monkeypatch):
     """The bench's jagged T32768 causal batch (27 lognormal sequences up to 8192, 16 kv heads, D128 bf16 rows, the
     40 MiB budget): the same list, made with one allocation, two views and two launches (the torch list: 59 aten

@@ -760,6 +760,42 @@ def test_causal_order_jagged_builds_the_list_on_the_device(gpu, monkeypatch):
         assert len(made) == (not device) and any(name in lists for name, *_ in runs) == device
 
 @needs_tlx
+def test_causal_order_timing_columns_on_one_length(gpu, monkeypatch):
+    """``tools/tlx_check.py backward-timing``'s JAGGED rows (helper uniformorder): its columns default (CAUSAL_ORDER
+    None), causalorder (True) and causaljagged (None with CAUSAL_ORDER_JAGGED) launch the same kernels with the same
+    arguments, the same kept list, on a one-length causal batch given the max_seqlen hints (the dense control row:
+    its ratios are the harness's noise, not an order's cost); without the hints (the ``no hints`` row) the default
+    launches the tile-major order (no list, no snake), causalorder the torch list and causaljagged the list built
+    on the device."""
+    runs, _ = gpu
+    made = []  # torch lists made
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the sorted tile list
+    monkeypatch.setattr(attn_bwd, "causal_item_list", lambda *a: made.append("torch") or (a[0]["TILE_SEQ"],) * 3)
+    columns = dict(default=(None, False), causalorder=(True, False), causaljagged=(None, True))
+    lists = ("causal_streams_kernel", "causal_items_kernel")
+
+    def column(name, hints):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", columns[name][0])
+        monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER_JAGGED", columns[name][1])
+        made.clear()
+        launched = _causal_backward_launch(runs, monkeypatch, [300, 300, 300], hints=hints)
+        return launched, [(n, tuple(grid), comparable_launch_values(v, ())) for n, grid, v, _ in runs], list(made)
+
+    hinted = {name: column(name, True) for name in columns}
+    first, launches, _ = hinted["default"]
+    assert first["ITEM_LIST"] and first["SNAKE"] and not any(n in lists for n, *_ in launches)
+    for launched, others, torch_list in hinted.values():
+        assert others == launches and not torch_list
+        assert all(launched[n] is first[n] for n in ("TILE_SEQ", "TILE_START", "TILE_HEAD"))  # the kept list
+    plain = {name: column(name, False) for name in columns}
+    assert not plain["default"][0]["ITEM_LIST"] and not plain["default"][0]["SNAKE"]  # tile-major
+    assert plain["causalorder"][0]["ITEM_LIST"] and plain["causalorder"][2] == ["torch"]
+    jagged, launches, torch_list = plain["causaljagged"]
+    assert jagged["ITEM_LIST"] and jagged["SNAKE"] and not torch_list
+    assert [n for n, *_ in launches if n in lists] == list(lists)
+
+
+@needs_tlx
 def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     """``configs.BACKWARD_ABLATE`` (helper bwdablate: stages removed from the kernel, TIMING ONLY, wrong gradients)
     is 0 unless JFA_TLX_BWD_ABLATE names stages, and the default backward launches ABLATE=0 without a warning; set,
