@@ -10,7 +10,8 @@ refuses bf16 on CPU). Rows (bench/NOTES.md "selection host path, helper selshare
 
 - the public call with JFA_SELECT_DIRECT's path (``ops.block_sparse.SELECT_DIRECT``: the op's body without the
   dispatcher, a call memo; ``KNOBS.sparse_select_layouts``: the triton layouts), then with one of the two off, then
-  both off (the default: through ``torch.ops.jfa.select_kv_blocks``, every launch argument derived per call);
+  both off (JFA_SELECT_DIRECT=0: through ``torch.ops.jfa.select_kv_blocks``, every launch argument derived per
+  call; the public call's path, both on, is the default since 2026-12-03);
 - the triton backend's function alone, offsets checked and not;
 - the GPU work items of one backend call (Triton launches, and aten ops that launch a kernel on a GPU; a dispatch
   mode sends the public call through the op, so the backend is counted); on CUDA the public call's offsets are
@@ -91,7 +92,7 @@ def main():
              public, ((direct, True), (layouts, True))),
             ("  without the layouts (KNOBS.sparse_select_layouts off)", public, ((direct, True), (layouts, False))),
             ("  through torch.ops.jfa.select_kv_blocks (SELECT_DIRECT off)", public, ((direct, False), (layouts, True))),
-            ("  both off (the default path)", public, ((direct, False), (layouts, False))),
+            ("  both off (JFA_SELECT_DIRECT=0)", public, ((direct, False), (layouts, False))),
             ("triton backend select_kv_blocks with layouts, offsets checked", lambda: block_sparse_select.select_kv_blocks(
                 q, k, off, off, checked), ((layouts, True),)),
             ("  unchecked (covered offsets)", lambda: block_sparse_select.select_kv_blocks(q, k, off, off, params),

@@ -15,9 +15,9 @@ for selection pool v6's two: tools/sparse_profile.py's `_set_variant`). Prints, 
   pooling kernels' sum) and the rate it reads Q and K at (TB/s);
 - `same`: whether the variant chose exactly the blocks `default` chose (index and count equal).
 
-`--paths op,direct` (stop 28, helper selshare) times each variant on each host path: `op` the default (through
+`--paths op,direct` (stop 28, helper selshare) times each variant on each host path: `op` (JFA_SELECT_DIRECT=0's: through
 `torch.ops.jfa.select_kv_blocks`, every launch argument derived per call, the offsets checked on every call), `direct`
-JFA_SELECT_DIRECT=1's (the op's body without the dispatcher, a call memo, covered offsets, the triton layouts); the
+the default since 2026-12-03 (the op's body without the dispatcher, a call memo, covered offsets, the triton layouts); the
 GPU's work is the same.
 
 bench/NOTES.md "selection v5" and "selection pool v6" say what to expect.
@@ -45,7 +45,7 @@ from sparse_profile import _set_variant  # tools/ is on the path of a script run
 
 @contextlib.contextmanager
 def _host_path(path: str):
-    """``op``: through ``torch.ops.jfa.select_kv_blocks``, no layouts (the default); ``direct``: JFA_SELECT_DIRECT's
+    """``op``: through ``torch.ops.jfa.select_kv_blocks``, no layouts (JFA_SELECT_DIRECT=0's); ``direct``: the default's
     path (the op's body without the dispatcher, the call memo, covered offsets, the triton layouts)."""
     from jfa_ops import validation
     from jfa_ops.backends.triton.configs import KNOBS
@@ -94,8 +94,8 @@ def main():
     parser.add_argument("--cases", default="0")
     parser.add_argument("--case", type=int, help="one case (the old flag; --cases takes a list)")
     parser.add_argument("--variants", default="default")
-    parser.add_argument("--paths", default="op", help="comma list of op (the default host path), direct "
-                        "(JFA_SELECT_DIRECT=1's)")
+    parser.add_argument("--paths", default="op", help="comma list of op (through the op, JFA_SELECT_DIRECT=0's), "
+                        "direct (the default host path)")
     args = parser.parse_args()
     cases = sparse_cases([128], "quick")
     rows = []
