@@ -94,7 +94,7 @@ def main():
     parser.add_argument("--cases", default="0")
     parser.add_argument("--case", type=int, help="one case (the old flag; --cases takes a list)")
     parser.add_argument("--variants", default="default")
-    parser.add_argument("--paths", default="op", help="comma list of op (through the op, JFA_SELECT_DIRECT=0's), "
+    parser.add_argument("--paths", default="direct", help="comma list of op (through the op, JFA_SELECT_DIRECT=0's), "
                         "direct (the default host path)")
     args = parser.parse_args()
     cases = sparse_cases([128], "quick")
