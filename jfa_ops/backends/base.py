@@ -253,5 +253,11 @@ def device_guard(device: torch.device):
     index differs, so the common case costs one device query and no context switch. Nothing while tracing (the
     compiled graph guards the device of its own launches)."""
     if device.type != "cuda" or device.index is None or tracing() or device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
+        return NO_SWITCH
     return torch.cuda.device(device.index)
+
+
+# What device_guard returns where it switches nothing: one shared context (a nullcontext is reusable and re-entrant),
+# so callers on a tiny call's host path can skip the ``with`` (backends/triton: ~0.5-1 us a call, bench/NOTES.md
+# "tiny-call backend host floor")
+NO_SWITCH = contextlib.nullcontext()

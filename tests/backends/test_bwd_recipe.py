@@ -282,6 +282,46 @@ def test_recipe_declines_calls_outside_its_path(gpu, monkeypatch, why):
         assert launch.LAUNCHES - before == {name: 1 for name in KERNELS}
 
 
+@pytest.mark.parametrize("repeat_ok", [False, True])
+def test_repeated_sizes_skip_only_what_they_fixed(gpu, monkeypatch, repeat_ok):
+    """A call whose sizes equal the recipe's last call's launches ``trusted`` (the ints derived from the sizes and
+    the fresh outputs are not specialized again): it launches what the full path launches, and an input that
+    specializes otherwise (a misaligned dO) still makes it decline before any launch. Only a launched call keeps
+    its sizes: after a declined one (``repeat_ok`` False) the full path re-plans for the misaligned tensor, its
+    recipe declines the next aligned call, and the recipe made then specializes everything once more."""
+    runs, answers = gpu
+    args, params, expected = _case([30, 5, 0, 29], causal=True)
+    _check(args, params, expected, torch.float16)  # makes the recipe
+    args, params, expected = _case([1, 40, 2], causal=True, seed=1)
+    grad_out = args[0]
+    shifted = torch.empty(grad_out.numel() + 1, dtype=grad_out.dtype)[1:].view(grad_out.shape)
+    shifted.copy_(grad_out)
+    misaligned = (shifted,) + args[1:]
+    trusted, launch_group = [], launch.PlanGroup.launch
+    monkeypatch.setattr(launch.PlanGroup, "launch",
+                        lambda self, *a, **k: trusted.append(k.get("trusted")) or launch_group(self, *a, **k))
+    answers.clear()
+    if not repeat_ok:
+        _check(misaligned, params, expected, torch.float16)
+    for _ in range(3):
+        _check(args, params, expected, torch.float16)
+    assert trusted == ([False, True, True] if repeat_ok else [False, False, False, True])
+    assert all(a is not None for a in answers[-2:])  # the last two served by the recipe
+    runs.clear()
+    _check(args, params, expected, torch.float16)
+    by_recipe = _launches(runs, args)
+    runs.clear()
+    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
+    _check(args, params, expected, torch.float16)
+    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", True)
+    assert _launches(runs, args) == by_recipe
+    answers.clear()
+    before = launch.LAUNCHES.copy()
+    _check(misaligned, params, expected, torch.float16)  # the memo's sizes: trusted, but dO is still specialized
+    assert answers == [None] and trusted[-1] is True
+    assert launch.LAUNCHES - before == {name: 1 for name in KERNELS}  # the full path's three, none of the recipe's
+
+
 @pytest.mark.parametrize("where", ["interpreter", "tracing", "plans off", "replays off", "switched off",
                                    "broadcast Q"])
 def test_no_recipe_where_the_full_path_must_run(gpu, monkeypatch, where):

@@ -27,6 +27,7 @@ from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, in
                      stage_bounds, store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, Knobs, get_config
 from .launch import launch, launch_planned
+from . import attn_fwd
 from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
 from .scheduling import (TileList, binary_search_steps, capacity_of, forward_tiles, kv_tiles, one_wave,
                          schedule_arguments, shape_constant, slot_tile, tile_schedule)
@@ -570,10 +571,11 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     if (key is not None and not fused and dkdv_one_wave and schedule["TILES_FROM_OFFSETS"]
             and key[-2:] == (qdo_tma, kv_tma) and all(_packed_any_rows(t) for t in given)):
         group = launcher.plan_group((
-            (attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
+            (attn_bwd_delta_kernel, delta_key, _delta_sources(grad_lse is not None), {}),
             (attn_bwd_dkdv_kernel, dkdv_key, _same_sources(_DKDV_SOURCES, qdo_tma, schedule["ATOMIC_WORK"]),
              dkdv_options),
-            (attn_bwd_dq_kernel, dq_key, _same_sources(_DQ_SOURCES, kv_tma, schedule["ATOMIC_WORK"]), dq_options)))
+            (attn_bwd_dq_kernel, dq_key, _same_sources(_DQ_SOURCES, kv_tma, schedule["ATOMIC_WORK"]), dq_options)),
+            order=_RECIPE_ORDER, trusted=_RECIPE_TRUSTED)
         if group is not None:
             if len(_RECIPES) >= _RECIPES_MAX:
                 _RECIPES.clear()
@@ -604,9 +606,15 @@ def _recipe_key(grad_out, grad_lse, q, k, v, out, params):
     plans or replays off). Under JFA_LAUNCH_VERIFY=1 recipes run and each launch is verified (``PlanGroup``)."""
     if not RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
         return None
-    pad_d = head_dim_consts(q.shape[2])["PAD_D"]
-    qdo_tma = KNOBS.bwd_tma and q.shape[0] > 0 and use_tma(pad_d, q, grad_out, k)  # as _full_backward decides
-    kv_tma = KNOBS.bwd_tma and use_tma(pad_d, k, v)
+    # As _full_backward decides; use_tma is False below TMA_MIN_ROWS rows of its first tensor whatever else holds,
+    # so tiny calls skip both calls (and head_dim_consts): ~2 us of a ~35 us call (bench/NOTES.md "tiny-call")
+    qdo_tma = kv_tma = False
+    if KNOBS.bwd_tma:
+        min_rows = attn_fwd.TMA_MIN_ROWS  # read per call: tests change it
+        if q.shape[0] >= min_rows or k.shape[0] >= min_rows:
+            pad_d = head_dim_consts(q.shape[2])["PAD_D"]
+            qdo_tma = q.shape[0] > 0 and use_tma(pad_d, q, grad_out, k)
+            kv_tma = use_tma(pad_d, k, v)
     return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
             None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
             v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
@@ -631,6 +639,20 @@ _DQ_SOURCES = dict(Q="q", K="k_rows", V="v_rows", DOut="grad_out", Lse="lse", De
                    KV_OFF="kv_off", TILE_SEQ="q_off", TILE_START="q_off", TILE_COUNT="q_off", WORK_COUNTER="q_work",
                    n_slots="q_slots", search_steps="steps", num_seqs="num_seqs", rows_s="total_out",
                    rows_o="rows_k", seqs_per_tile=1, total_out="total_out", stride_dq_chunk=0)
+
+
+# The order _Recipe.run passes the sources in (positionally: cheaper than ~25 keywords), and those it vouches for on
+# a call whose sizes equal the last call's (``PlanGroup`` ``trusted``): the ints, all derived from those sizes, were
+# specialized on that call; delta, dk, dv, dq are fresh allocations of dtypes the key fixes (allocators align them).
+_RECIPE_ORDER = ("out", "grad_out", "grad_lse", "delta", "q", "k", "v", "lse", "dk", "dv", "dq", "q_off", "kv_off",
+                 "q_rows", "do_rows", "k_rows", "v_rows", "kv_work", "q_work", "kv_slots", "q_slots", "steps",
+                 "num_seqs", "rows_k", "total_out")
+_RECIPE_TRUSTED = ("delta", "dk", "dv", "dq", "kv_slots", "q_slots", "steps", "num_seqs", "rows_k", "total_out")
+
+
+def _delta_sources(with_grad_lse: bool) -> dict:
+    """The delta launch's sources: without grad_lse the full path passes delta for GradLse (one source, not two)."""
+    return _DELTA_SOURCES if with_grad_lse else dict(_DELTA_SOURCES, GradLse="delta")
 
 
 def _same_sources(sources: dict, tma: bool, counter: bool) -> dict:
@@ -685,33 +707,41 @@ class _Recipe:
         num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
         # Why the memo: a model repeats the sizes of a step in every layer (and the bench in every call); the
         # derivation is ~5 us of host time. Keyed by the SM count too (one_wave and launch_schedule read it; tests
-        # change the interpreter's). Work counters are fresh zeros per call: never kept.
+        # change the interpreter's). Work counters are fresh zeros per call: never kept. A call whose sizes are the
+        # last call's launches ``trusted`` (PlanGroup): the ints derived from the sizes and the fresh allocations
+        # are not specialized again (the call that derived them specialized everything).
         sizes = (num_seqs, total_out, rows_k, num_sms(device))
         last = self.last
         if last is not None and last[0] == sizes:
-            sized = last[1]
+            sized, trusted = last[1], True
         else:
-            sized = self._sized(num_seqs, total_out, rows_k)
+            sized, trusted = self._sized(num_seqs, total_out, rows_k), False
             if sized is None:
                 return None
-            if not self.atomic_work:
-                self.last = sizes, sized  # one assignment: another thread sees the old pair or the new one
         kv_slots, q_slots, dkdv_programs, dkdv_counter, dq_programs, dq_counter, steps = sized
-        q_off = common.int32_offsets(q_offsets)
-        kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
-        lse = lse if lse.is_contiguous() else lse.contiguous()
+        q_off = q_offsets if q_offsets.dtype == torch.int32 else common.int32_offsets(q_offsets)
+        kv_off = q_off if kv_offsets is q_offsets else common.int32_offsets(kv_offsets)
+        if not lse.is_contiguous():
+            lse = lse.contiguous()
         dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
         delta = common.alloc_output((num_heads, total_out), torch.float32, device)
         dq = common.alloc_output(q.shape, q.dtype, device)
+        if self.qdo_tma:
+            q_rows, do_rows = rows_descriptor(q, dkdv_cfg.block_m), rows_descriptor(grad_out, dkdv_cfg.block_m)
+        else:
+            q_rows, do_rows = q, grad_out
+        if self.kv_tma:
+            k_rows, v_rows = rows_descriptor(k, dq_cfg.block_n), rows_descriptor(v, dq_cfg.block_n)
+        else:
+            k_rows, v_rows = k, v
         launched = self.group.launch(
             ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (dkdv_programs,), (dq_programs,)),
-            out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
-            delta=delta, q=q, k=k, v=v, lse=lse, dk=dk, dv=dv, dq=dq, q_off=q_off, kv_off=kv_off,
-            q_rows=rows_descriptor(q, dkdv_cfg.block_m) if self.qdo_tma else q,
-            do_rows=rows_descriptor(grad_out, dkdv_cfg.block_m) if self.qdo_tma else grad_out,
-            k_rows=rows_descriptor(k, dq_cfg.block_n) if self.kv_tma else k,
-            v_rows=rows_descriptor(v, dq_cfg.block_n) if self.kv_tma else v,
-            kv_work=kv_off if dkdv_counter is None else dkdv_counter,
-            q_work=q_off if dq_counter is None else dq_counter, kv_slots=kv_slots, q_slots=q_slots,
-            steps=steps, num_seqs=num_seqs, rows_k=rows_k, total_out=total_out)
-        return (dq, dk, dv) if launched else None
+            out, grad_out, None if grad_lse is None else grad_lse.to(torch.float32).contiguous(), delta, q, k, v,
+            lse, dk, dv, dq, q_off, kv_off, q_rows, do_rows, k_rows, v_rows,
+            kv_off if dkdv_counter is None else dkdv_counter, q_off if dq_counter is None else dq_counter,
+            kv_slots, q_slots, steps, num_seqs, rows_k, total_out, trusted=trusted)
+        if not launched:
+            return None
+        if not trusted and not self.atomic_work:
+            self.last = sizes, sized  # one assignment: another thread sees the old pair or the new one
+        return dq, dk, dv

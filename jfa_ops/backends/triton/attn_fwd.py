@@ -243,9 +243,12 @@ class _Replay:
 
     # the tensors (and descriptors) a replayed call launches with
     SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v")
+    # fresh allocations of the replay's own dtypes (allocators align them): specialized on a replay's first call
+    # only (launch.PlanGroup ``trusted``; bench/NOTES.md "tiny-call backend host floor")
+    TRUSTED = ("out", "lse", "flag")
 
     __slots__ = ("group", "grids", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
-                 "broadcast_offsets", "descriptors")
+                 "broadcast_offsets", "descriptors", "checked")
 
     def __init__(self, group, grid, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets,
                  descriptors=None):
@@ -255,15 +258,16 @@ class _Replay:
         self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
         self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
         self.descriptors = descriptors  # None, or the layouts of the q, k, v descriptors (descriptor_layout)
+        self.checked = False  # True once a run specialized every source as the plans'
 
     def run(self, q, k, v, q_offsets, kv_offsets):
         """(out, lse), or None when an input does not specialize as the replay's (the caller runs the full path)."""
-        descriptors = {}
+        desc_q = desc_k = desc_v = None
         if self.descriptors is not None:
             if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
                 return None  # TMA needs 16-byte aligned bases: the full path copies (row strides: in the key)
             q_layout, k_layout, v_layout = self.descriptors  # shapes and strides: in the key, as when it was made
-            descriptors = dict(desc_q=rebase(q_layout, q), desc_k=rebase(k_layout, k), desc_v=rebase(v_layout, v))
+            desc_q, desc_k, desc_v = rebase(q_layout, q), rebase(k_layout, k), rebase(v_layout, v)
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
@@ -272,9 +276,12 @@ class _Replay:
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
         flag = torch.empty(size=(1,), dtype=torch.int32, device=self.device) if self.check else None
-        if not self.group.launch(self.grids, q=q, k=k, v=v, out=out, lse=lse, q_off=q_off, kv_off=kv_off, flag=flag,
-                                 **descriptors):
+        checked = self.checked
+        if not self.group.launch(self.grids, q, k, v, out, lse, q_off, kv_off, flag, desc_q, desc_k, desc_v,
+                                 trusted=checked):
             return None
+        if not checked:
+            self.checked = True
         if self.check:
             validation.device_flag(flag, validation.validation_mode(self.device))
         return out, lse
@@ -293,9 +300,12 @@ launch.CLEAR_HOOKS.append(_REPLAYS.clear)
 def replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
     if not launch.replays_enabled():
         return None
+    if kv_offsets is q_offsets:  # one tensor for both sides (self-attention): its dtype and shape once
+        return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
+                (q_offsets.dtype, q_offsets.shape), None, None, True, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
     return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
             None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,
-            q_offsets is kv_offsets, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
+            False, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
 
 
 def replayed(replays: dict, key: Optional[tuple], q, k, v, q_offsets, kv_offsets):
@@ -400,7 +410,7 @@ def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, op
         if index is None:
             return
         names[name] = _Replay.SOURCES[index]
-    group = launch.plan_group([(kernel, plan_key, names, options)])
+    group = launch.plan_group([(kernel, plan_key, names, options)], order=_Replay.SOURCES, trusted=_Replay.TRUSTED)
     if group is None:
         return
     if len(replays) >= _REPLAYS_MAX:

@@ -261,11 +261,12 @@ CLEAR_HOOKS: list = []  # callers' memos built on plans (replays, recipes: PlanG
 # ------------------------------------------------- per call signature: plans launched together (replays, recipes)
 
 
-def plan_group(launches) -> "PlanGroup | None":
+def plan_group(launches, order=None, trusted=()) -> "PlanGroup | None":
     """The ``PlanGroup`` of launches a call just made through ``launch_planned`` on the current device:
-    ``(kernel, plan_key, sources, options)`` each, as those calls had them (``sources`` as ``PlanGroup`` takes
-    them). None where a launch kept no plan (Triton gave no ``CompiledKernel``) or its constants specialize
-    otherwise than its plan (a plan another call made): the caller keeps no reuse and takes its full path."""
+    ``(kernel, plan_key, sources, options)`` each, as those calls had them (``sources``, ``order`` and ``trusted`` as
+    ``PlanGroup`` takes them). None where a launch kept no plan (Triton gave no ``CompiledKernel``) or its constants
+    specialize otherwise than its plan (a plan another call made): the caller keeps no reuse and takes its full
+    path."""
     device, plans = torch.cuda.current_device(), []
     for kernel, plan_key, sources, options in launches:
         plan = _PLANS.get((id(kernel), device, plan_key, tuple(options.items())))
@@ -273,7 +274,7 @@ def plan_group(launches) -> "PlanGroup | None":
             return None
         plans.append((kernel, plan, sources, options))
     try:
-        return PlanGroup(plans)
+        return PlanGroup(plans, order, trusted)
     except ValueError:
         return None
 
@@ -286,20 +287,28 @@ class PlanGroup:
     ints per call). What a later call of the signature skips: everything its caller derives from the signature
     (configs, strides, schedules, argument dicts, plan keys) and binding the static arguments.
 
-    ``launch(grids, **sources)`` fills every plan's dynamic slots, specializes each source once and, when every
-    source specializes as when the plans were made (dtype, 16-byte alignment, int width: Triton's key), launches
-    the plans in order and returns True; else it launches nothing and returns False (the caller takes its full
-    path, whose ``launch_planned`` calls re-plan). ``launches``: ``(kernel, plan, {slot name: source name or
+    ``launch(grids, *values, **sources)`` fills every plan's dynamic slots, specializes each source once and, when
+    every source specializes as when the plans were made (dtype, 16-byte alignment, int width: Triton's key),
+    launches the plans in order and returns True; else it launches nothing and returns False (the caller takes its
+    full path, whose ``launch_planned`` calls re-plan). ``launches``: ``(kernel, plan, {slot name: source name or
     constant}, options)`` per kernel (``options``: the launch options the plan was made with), covering each plan's
     dynamic slots; a constant (not a str) is written into the plan's argument list once, here. A source specializes
     as each of its slots does (``do_not_specialize`` differs between kernels: one specialization per distinct way);
     ``launch`` ignores sources no slot names. Under ``JFA_LAUNCH_VERIFY=1`` each launch is checked against Triton's
-    own choice of binary. Generated code, as ``_Plan.refill``."""
+    own choice of binary. Generated code, as ``_Plan.refill``.
 
-    def __init__(self, launches):
+    ``order``: source names in the order ``launch`` takes them positionally (every source a slot names among them;
+    others are accepted and ignored): a positional call costs less than ~25 keywords (tiny calls, bench/NOTES.md
+    "tiny-call backend host floor"). ``trusted``: sources whose specialization the caller vouches for on a call made
+    with ``launch(..., trusted=True)`` (their slots are filled, not specialized): ints a caller derived from sizes it
+    checked with a full ``launch`` before, fresh allocations of a dtype the caller's key fixes (the allocators
+    align to >= 64 bytes). ``launch(..., trusted=False)`` (the default) specializes every source."""
+
+    def __init__(self, launches, order=None, trusted=()):
         self.launches = [(kernel, _info(kernel).name, plan, options) for kernel, plan, _, options in launches]
         self.plans = [plan for _, plan, _, _ in launches]
         self._values = [plan.values.copy() for plan in self.plans]
+        trusted = frozenset(trusted)
         sources, fills, specs, expected = [], [], {}, []
         for n, (kernel, plan, names, _) in enumerate(launches):
             if set(names) != set(plan.slots):
@@ -322,16 +331,34 @@ class PlanGroup:
                     expected.append(plan.spec[position])
                 elif expected[list(specs).index(way)] != plan.spec[position]:
                     raise ValueError(f"source {source} specialized two ways by plans of one signature")
+        if order is not None:
+            missing = [source for source in sources if source not in order]
+            if missing or len(set(order)) != len(order):
+                raise ValueError(f"order {order} must name each source once (missing {missing})")
+            sources = list(order)
         self.expected = tuple(expected)
+        ways = list(specs)
+        self.expected_untrusted = tuple(e for way, e in zip(ways, expected) if way[0] not in trusted)
         copies = "".join(f"    v{n} = templates[{n}].copy()\n" for n in range(len(launches)))
         params = "".join(f"{source}, " for source in sources)
-        self._fill = _generated(f"def fill(templates, {params}**unused):\n{copies}{''.join(fills)}"
-                                f"    return ({', '.join(f'v{n}' for n in range(len(launches)))},), "
-                                f"({', '.join(specs.values())}{',' if specs else ''})\n")["fill"]
+        body = f"{copies}{''.join(fills)}    return ({', '.join(f'v{n}' for n in range(len(launches)))},), "
 
-    def launch(self, grids, **sources) -> bool:
-        values, spec = self._fill(self._values, **sources)
-        if spec != self.expected:
+        def fill(name, ways_):
+            checks = [specs[way] for way in ways_]
+            return _generated(f"def {name}(templates, {params}**unused):\n{body}"
+                              f"({', '.join(checks)}{',' if checks else ''})\n")[name]
+
+        self._fill = fill("fill", ways)
+        self._fill_trusted = fill("fill_trusted", [way for way in ways if way[0] not in trusted])
+
+    def launch(self, grids, *values, trusted: bool = False, **sources) -> bool:
+        if trusted:
+            values, spec = self._fill_trusted(self._values, *values, **sources)
+            expected = self.expected_untrusted
+        else:
+            values, spec = self._fill(self._values, *values, **sources)
+            expected = self.expected
+        if spec != expected:
             return False
         device = torch.cuda.current_device()
         for (kernel, name, plan, options), grid, plan_values in zip(self.launches, grids, values):
