@@ -238,20 +238,33 @@ def test_recipe_derives_again_only_when_the_sizes_change(gpu, monkeypatch, sched
     order = (0, 1, 1)
     for n in order:
         args, params, expected = cases[n]
-        runs.clear()
-        _check(args, params, expected, torch.float16)
-        by_recipe = _launches(runs, args)
-        runs.clear()
-        monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
-        _check(args, params, expected, torch.float16)
-        monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", True)
-        assert _launches(runs, args) == by_recipe
+        _assert_recipe_launches_the_full_path(runs, monkeypatch, args, params, expected)
     assert len(answers) == len(order) and all(a is not None for a in answers)
     sizes = [(len(kv_lengths), sum(lengths), sum(kv_lengths)) for lengths, kv_lengths in batches]
     assert derived == [sizes[n] for n in (order if schedule == "atomic" else (0, 1))]
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # the same sizes no longer fit one wave
     _check(*cases[1], torch.float16)
     assert answers[-1] is None
+
+
+def _assert_recipe_launches_the_full_path(runs, monkeypatch, args, params, expected):
+    """The call launches through its recipe exactly what the full path (recipes off) launches for it."""
+    runs.clear()
+    _check(args, params, expected, torch.float16)
+    by_recipe = _launches(runs, args)
+    runs.clear()
+    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
+    _check(args, params, expected, torch.float16)
+    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", True)
+    assert _launches(runs, args) == by_recipe
+
+
+def _misaligned_grad_out(args):
+    """``args`` with grad_out copied to a pointer 2 bytes off 16-byte alignment (Triton specializes it otherwise)."""
+    grad_out = args[0]
+    shifted = torch.empty(grad_out.numel() + 1, dtype=grad_out.dtype)[1:].view(grad_out.shape)
+    shifted.copy_(grad_out)
+    return (shifted,) + args[1:]
 
 
 @pytest.mark.parametrize("why", ["not one wave", "misaligned tensor", "empty batch", "no rows"])
@@ -266,10 +279,7 @@ def test_recipe_declines_calls_outside_its_path(gpu, monkeypatch, why):
     if why == "not one wave":
         monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)
     elif why == "misaligned tensor":
-        grad_out = args[0]
-        shifted = torch.empty(grad_out.numel() + 1, dtype=grad_out.dtype)[1:].view(grad_out.shape)
-        shifted.copy_(grad_out)
-        args = (shifted,) + args[1:]
+        args = _misaligned_grad_out(args)
     elif why == "empty batch":
         args, params, expected = _case([], causal=True, seed=1)
     elif why == "no rows":
@@ -293,10 +303,7 @@ def test_repeated_sizes_skip_only_what_they_fixed(gpu, monkeypatch, repeat_ok):
     args, params, expected = _case([30, 5, 0, 29], causal=True)
     _check(args, params, expected, torch.float16)  # makes the recipe
     args, params, expected = _case([1, 40, 2], causal=True, seed=1)
-    grad_out = args[0]
-    shifted = torch.empty(grad_out.numel() + 1, dtype=grad_out.dtype)[1:].view(grad_out.shape)
-    shifted.copy_(grad_out)
-    misaligned = (shifted,) + args[1:]
+    misaligned = _misaligned_grad_out(args)
     trusted, launch_group = [], launch.PlanGroup.launch
     monkeypatch.setattr(launch.PlanGroup, "launch",
                         lambda self, *a, **k: trusted.append(k.get("trusted")) or launch_group(self, *a, **k))
@@ -307,14 +314,7 @@ def test_repeated_sizes_skip_only_what_they_fixed(gpu, monkeypatch, repeat_ok):
         _check(args, params, expected, torch.float16)
     assert trusted == ([False, True, True] if repeat_ok else [False, False, False, True])
     assert all(a is not None for a in answers[-2:])  # the last two served by the recipe
-    runs.clear()
-    _check(args, params, expected, torch.float16)
-    by_recipe = _launches(runs, args)
-    runs.clear()
-    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", False)
-    _check(args, params, expected, torch.float16)
-    monkeypatch.setattr(attn_bwd, "RECIPES_ENABLED", True)
-    assert _launches(runs, args) == by_recipe
+    _assert_recipe_launches_the_full_path(runs, monkeypatch, args, params, expected)
     answers.clear()
     before = launch.LAUNCHES.copy()
     _check(misaligned, params, expected, torch.float16)  # the memo's sizes: trusted, but dO is still specialized
