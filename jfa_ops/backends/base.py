@@ -258,6 +258,15 @@ def device_guard(device: torch.device):
 
 
 # What device_guard returns where it switches nothing: one shared context (a nullcontext is reusable and re-entrant),
-# so callers on a tiny call's host path can skip the ``with`` (backends/triton: ~0.5-1 us a call, bench/NOTES.md
-# "tiny-call backend host floor")
+# so ``on_device`` can skip the ``with`` on a tiny call's host path (~0.5-1 us a call, bench/NOTES.md "tiny-call
+# backend host floor")
 NO_SWITCH = contextlib.nullcontext()
+
+
+def on_device(device: torch.device, fn, *args):
+    """``fn(*args)`` with ``device`` current (``device_guard``'s rule), entering no context where nothing switches."""
+    guard = device_guard(device)
+    if guard is NO_SWITCH:
+        return fn(*args)
+    with guard:
+        return fn(*args)

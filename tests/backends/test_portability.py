@@ -95,7 +95,8 @@ def test_device_guard_switches_only_when_the_index_differs(monkeypatch):
 
 @pytest.fixture
 def guard_log(monkeypatch):
-    """Replace device_guard in the launch paths by one that records the device it was entered with."""
+    """Replace device_guard in the launch paths by one that records the device it was entered with (the backend's
+    own, and base's, which ``base.on_device`` calls for the attention entry points)."""
     log = []
 
     @contextlib.contextmanager
@@ -104,6 +105,7 @@ def guard_log(monkeypatch):
         yield
 
     monkeypatch.setattr(triton_backend, "device_guard", recording)
+    monkeypatch.setattr(base, "device_guard", recording)
     return log
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..base import NO_SWITCH, AttentionParams, Backend, FamilyImpl, Problem, device_guard
+from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard, on_device
 from . import configs
 
 __all__ = ["forward", "backward", "supports", "BACKEND"]
@@ -70,11 +70,8 @@ def _device_reason(device_index: int, head_dim: int, dtype: torch.dtype, causal:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
             kv_offsets: torch.Tensor, params: AttentionParams):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
-    guard = device_guard(q.device)  # Triton launches on the current device
-    if guard is NO_SWITCH:  # the common case: no context to enter
-        return _kernels("attn_fwd").attention_forward(q, k, v, q_offsets, kv_offsets, params)
-    with guard:
-        return _kernels("attn_fwd").attention_forward(q, k, v, q_offsets, kv_offsets, params)
+    # Triton launches on the current device
+    return on_device(q.device, _kernels("attn_fwd").attention_forward, q, k, v, q_offsets, kv_offsets, params)
 
 
 def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
@@ -82,13 +79,8 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
              kv_offsets: torch.Tensor, params: AttentionParams):
     """(dq, dk, dv); grad_lse may be None. Deterministic mode only changes broadcast-Q dQ (a fixed-order chunked sum;
     otherwise broadcast-Q dQ is fused into the dK/dV pass with fp32 atomics)."""
-    guard = device_guard(q.device)
-    if guard is NO_SWITCH:
-        return _kernels("attn_bwd").attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
-                                                       params)
-    with guard:
-        return _kernels("attn_bwd").attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
-                                                       params)
+    return on_device(q.device, _kernels("attn_bwd").attention_backward, grad_out, grad_lse, q, k, v, out, lse,
+                     q_offsets, kv_offsets, params)
 
 
 @functools.lru_cache(maxsize=None)
