@@ -1,6 +1,6 @@
 """Parametrization shared by the suites: every (device, backend) pair the suites run on."""
-import contextlib
 from typing import List, Tuple
+from unittest import mock
 
 import pytest
 import torch
@@ -101,17 +101,11 @@ def count_op_calls(monkeypatch, name: str) -> list:
     return calls
 
 
-@contextlib.contextmanager
 def knob_set(name: str, value):
     """``configs.KNOBS.<name>`` set for the block (hypothesis tests take no function fixtures, so no monkeypatch)."""
     from jfa_ops.backends.triton.configs import KNOBS
 
-    before = getattr(KNOBS, name)
-    setattr(KNOBS, name, value)
-    try:
-        yield
-    finally:
-        setattr(KNOBS, name, before)
+    return mock.patch.object(KNOBS, name, value)
 
 
 class RecordOps(TorchDispatchMode):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+from unittest import mock
 
 import torch
 from host_backend_cpu import stub_gpu  # this script's directory is on sys.path
@@ -31,16 +32,6 @@ from host_layers import per_call_us
 
 LENS = tuple(128 * ((7 * i) % 5 + 1) for i in range(22))
 HEADS, HEAD_DIM = 16, 128
-
-
-@contextlib.contextmanager
-def switched(module, name, value):
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 def work_items(fn) -> dict:
@@ -103,7 +94,7 @@ def main():
     for name, fn, switches in rows:
         with contextlib.ExitStack() as stack:
             for (module, attr), value in switches:
-                stack.enter_context(switched(module, attr, value))
+                stack.enter_context(mock.patch.object(module, attr, value))
             print(f"{per_call_us(fn, args.calls):9.1f}  {name}", flush=True)
     for name, fn in (("checked: + the check's assert, stubbed here", lambda: block_sparse_select.select_kv_blocks(
             q, k, off, off, checked)),
