@@ -282,8 +282,10 @@ def backward_cases():
 # (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
-# the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO)
-_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1)
+# the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
+# device since stop 30)
+_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+                    BACKWARD_CAUSAL_ORDER_JAGGED=True)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
@@ -308,7 +310,9 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2),
                 # helper jaggedorder: CAUSAL_ORDER's list for every masked call, jagged ones too, built on the device
                 # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
-                "causaljagged": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=True)}
+                # (the default since stop 30: causaljagged is the default's flags; causaljaggedoff the default before)
+                "causaljagged": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=True),
+                "causaljaggedoff": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED")

@@ -63,7 +63,8 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
 # picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
 # instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy).
-_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1)  # the shipped default
+_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+            BACKWARD_CAUSAL_ORDER_JAGGED=True)  # the shipped default
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
                 "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
@@ -74,7 +75,9 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
                 "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
-                "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2)}
+                "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
+                # the causal list built on the device is the default since stop 30; off: the default before
+                "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -104,7 +107,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED"):
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 

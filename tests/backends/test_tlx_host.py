@@ -693,13 +693,15 @@ def test_causal_order_rule_head_dim_and_uniform_batches(gpu, monkeypatch):
 
 
 @needs_tlx
-def test_causal_order_default_takes_one_length_causal_batches_only(gpu, monkeypatch):
-    """``configs.BACKWARD_CAUSAL_ORDER`` None (the default since stop 24's H200 timings, bench/NOTES.md v16): a
-    one-length causal batch launches the kept list; a jagged batch, or one without the hints, the default
-    (tile-major, no list: jagged rows measured 1.01-1.05x, a per-call list costs ~59 host ops)."""
+def test_causal_order_without_the_device_list_takes_one_length_causal_batches_only(gpu, monkeypatch):
+    """``configs.BACKWARD_CAUSAL_ORDER`` None (the default since stop 24's H200 timings, bench/NOTES.md v16) with
+    the device-built list switched off (JFA_TLX_BWD_CAUSAL_ORDER_JAGGED=0): a one-length causal batch launches the
+    kept list; a jagged batch, or one without the hints, the default (tile-major, no list: a per-call torch list
+    costs ~59 host ops). With the device list (on by default, v21) those take a list too: the next test."""
     runs, _ = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)
     monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", None)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER_JAGGED", False)
     assert _causal_backward_launch(runs, monkeypatch, [300, 300, 300], hints=True)["ITEM_LIST"]
     assert not _causal_backward_launch(runs, monkeypatch, [300, 17, 700], hints=True)["ITEM_LIST"]
     assert not _causal_backward_launch(runs, monkeypatch, [300, 300, 300])["ITEM_LIST"]
@@ -707,7 +709,7 @@ def test_causal_order_default_takes_one_length_causal_batches_only(gpu, monkeypa
 
 @needs_tlx
 def test_causal_order_jagged_builds_the_list_on_the_device(gpu, monkeypatch):
-    """``configs.BACKWARD_CAUSAL_ORDER_JAGGED`` (helper jaggedorder), off by default: on, with CAUSAL_ORDER unset, a
+    """``configs.BACKWARD_CAUSAL_ORDER_JAGGED`` (helper jaggedorder), on by default: with CAUSAL_ORDER unset, a
     jagged causal call launches the list too, built by ``causal_streams_kernel`` then ``causal_items_kernel``
     (the torch list is not made): the kernel's TILE_SEQ / TILE_START / TILE_HEAD are the rows of the items kernel's
     output, and a repeat launches both through their launch plans (``launch.launch_planned``: no rebinding). A
@@ -716,7 +718,7 @@ def test_causal_order_jagged_builds_the_list_on_the_device(gpu, monkeypatch):
     ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` is the torch one."""
     from jfa_ops.backends.triton.block_sparse_bwd import causal_items_kernel, uniform_causal_item_list
 
-    assert not tlx_configs.BACKWARD_CAUSAL_ORDER_JAGGED  # off until timed on the H200
+    assert tlx_configs.BACKWARD_CAUSAL_ORDER_JAGGED  # on since the H200 timing (bench/NOTES.md v21)
     runs, _ = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the sorted tile list
     monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER", None)
@@ -867,6 +869,8 @@ def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
     runs, answers = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 8)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", rounds)
+    # the split's own launch: without it a causal call takes the device-built causal list (tested on its own)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER_JAGGED", False)
     lengths = [300, 17, 700, 5]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), h, HEAD_DIM, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
@@ -900,6 +904,7 @@ def test_gqa_split_auto_launches_the_plan(gpu, monkeypatch, sms, hint, parts, sn
     runs, _ = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", sms)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", tlx_configs.GQA_SPLIT_AUTO)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_CAUSAL_ORDER_JAGGED", False)  # the plan's launch alone (see above)
     lengths = [300, 17, 700, 5]
     chosen = gqa_split.plan(4, 2, 4, sum(lengths), sum(lengths), hint, HEAD_DIM, (False, 0, True, 0), False, sms)
     assert (chosen.parts, chosen.snake) == (parts, snake)

@@ -237,14 +237,14 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # (JFA_TLX_BWD_CAUSAL_ORDER=1): every masked call; False (=0): none.
 BACKWARD_CAUSAL_ORDER: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER", ""))
 CAUSAL_ORDER_L2_BYTES = 40 << 20
-# CAUSAL_ORDER_JAGGED (JFA_TLX_BWD_CAUSAL_ORDER_JAGGED=1, off; helper jaggedorder, bench/NOTES.md "causal order list
-# on the device"): the per-call list built on the device (``block_sparse_bwd.causal_item_list_device``: two launches
-# and one allocation for the torch list's 59 ops, bit for bit its list), and with CAUSAL_ORDER unset (None) every
-# masked call takes a list, jagged ones too, except where a GQA split runs (GQA_SPLIT's plan: its balance at few kv
-# heads, untimed against the list; CAUSAL_ORDER=1's list still wins there). Why: on the H200 the list made the
-# jagged T32768 causal kernel 10% faster (10768 -> 9726 clk per block) but its per-call ops cost ~0.18 ms of a 3.4 ms
-# backward. Off until timed there.
-BACKWARD_CAUSAL_ORDER_JAGGED = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER_JAGGED", "0") == "1"
+# CAUSAL_ORDER_JAGGED (on; JFA_TLX_BWD_CAUSAL_ORDER_JAGGED=0 off; helper jaggedorder, bench/NOTES.md "causal order
+# list on the device"): the per-call list built on the device (``block_sparse_bwd.causal_item_list_device``: two
+# launches and one allocation for the torch list's 59 ops, bit for bit its list), and with CAUSAL_ORDER unset (None)
+# every masked call takes a list, jagged ones too, except where a GQA split runs (GQA_SPLIT's plan: its balance at
+# few kv heads; CAUSAL_ORDER=1's list still wins there). Measured on the H200 (bench/NOTES.md v21, helper
+# uniformorder's rule, columns in alternating order): jagged T32768 causal backward 1.11x, T16384 1.03x, a one-length
+# batch passed without max_seqlen hints 1.41x (the default there is tile-major); the A/A controls 0.98 / 1.01.
+BACKWARD_CAUSAL_ORDER_JAGGED = os.environ.get("JFA_TLX_BWD_CAUSAL_ORDER_JAGGED", "1") == "1"
 # Its items kernel counts over the tile list per item (items x tiles pairs, ~19 int ops each: ~40 us of the H200 at
 # 2**25); above that (e.g. T262144 H16: 83M) the torch list (its ~59 ops, a few sorts' GPU time) costs less.
 CAUSAL_ORDER_DEVICE_MAX_PAIRS = 1 << 25
