@@ -7,10 +7,13 @@ causal cases quantize the same tensors as jagged / B8), each timed with ``triton
 flushed), GB/s = the bench's bytes (``bench.peers._quantize_bytes``):
 - ``op x3``: three ``jfa_ops.mxfp8_quantize`` calls eagerly (the bench row of 2026-12-03), ``KNOBS.mxfp8_quant_direct``
   off / on;
-- ``fwd x3``: the three calls the bf16-in forward makes (the backend's quantize function), off / on;
-- ``fwd x3 graph``: the same replayed from a CUDA graph (the kernels' time: what the fixed bench row reports);
+- ``fwd x3``: the three calls the bf16-in forward makes (the backend's quantize function), off / on, then on with
+  ``KNOBS.mxfp8_quant_v_columns`` 64 (v's (32, 1) kernel in 64-column iterations);
+- ``fwd x3 graph``: the same replayed from a CUDA graph (the kernels' time: what the fixed bench row reports), then
+  with v in 64 columns;
 - ``q / k / v graph``: each kernel alone from a graph ((1, 32), (1, 32), (32, 1)), GB/s of its tensor's bytes;
-  then v with 2 warps per 128 columns and with every head in one program (the (32, 1) geometry A/B);
+  then v with 2 warps per 128 columns, with every head in one program and in 64 / 32-column iterations (the (32, 1)
+  geometry A/B; ``same``: v's bits vs the default's);
 - ``host us``: Python per three calls, enqueued behind a sleeping GPU (nothing waits: the host's time alone).
 Every row's data and scale bits are compared with the first's (``same``).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import torch
 
@@ -68,6 +72,23 @@ def graph_of(fn):
     return graph_replay(fn)
 
 
+def graph_row(row, label, fn) -> bool:
+    """``row(label, ...)`` of ``fn`` replayed from a CUDA graph (its outputs compared); False if not captured."""
+    out = {}
+    replay = graph_of(lambda: out.update(r=fn()))
+    if replay is None:
+        return False
+    replay()
+    torch.cuda.synchronize()
+    row(label, lambda: (replay(), out["r"])[1], False)
+    return True
+
+
+def v_columns(columns: int, fn):
+    """``fn`` run with ``KNOBS.mxfp8_quant_v_columns`` = ``columns`` (read at launch: a graph captures it)."""
+    return mock.patch.object(KNOBS, "mxfp8_quant_v_columns", columns)(fn)
+
+
 def bits(pairs) -> list:
     return [t.view(torch.uint8).clone() for pair in pairs for t in pair]
 
@@ -108,9 +129,10 @@ def main() -> None:
         tensor_bytes = {n: _quantize_bytes((t,), list(calls[n]())) for n, t in (("q", inp.q), ("k", inp.k),
                                                                                 ("v", inp.v))}
 
-        def row(label, fn, on, nbytes=moved, check=True):
+        def row(label, fn, on, nbytes=moved, check=True, same=None):
             quant_direct(on)
-            same = all(map(torch.equal, bits(fn()), want)) if check else None
+            if check:
+                same = all(map(torch.equal, bits(fn()), want))
             ms = median_ms(fn, device)
             gbps = nbytes / ms / 1e6
             print(f"{name:22} {label:28} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s {gbps / HBM_SPEC_GBPS:5.0%} of 4.8 TB/s"
@@ -120,34 +142,36 @@ def main() -> None:
         row("op x3, quant_direct", op3, True)
         row("fwd x3", fwd3, False)
         row("fwd x3, quant_direct", fwd3, True)
+        fwd3_v64 = v_columns(64, fwd3)
+        row("fwd x3, v 64 columns", fwd3_v64, True)
         if device.type == "cuda":
             quant_direct(False)
-            out = {}
-            replay = graph_of(lambda: out.update(r=fwd3()))
-            if replay is not None:
-                replay()
-                torch.cuda.synchronize()
-                quant_direct(False)
-                row("fwd x3 graph", lambda: (replay(), out["r"])[1], False)
+            if graph_row(row, "fwd x3 graph", fwd3):
+                graph_row(row, "fwd x3 graph, v 64 columns", fwd3_v64)
                 for n in "qkv":
                     g = graph_of(calls[n])
                     if g is not None:
                         row(f"{n} {'(32, 1)' if n == 'v' else '(1, 32)'} graph", g, False, tensor_bytes[n],
                             check=False)
-                # (32, 1)'s geometry A/B (module constants read at launch, as tools/mxfp8_quant_probe.py sets them;
-                # bit-exact by construction: tests/backends/test_triton_mxfp8.py's head-group test): 2 warps per 128
-                # columns (v12's "cols2": 59% vs 48% of the copy on 16 heads), every head in one program (no head
-                # split: the 16-head grid reads 1 KB of each 4 KB row per split, bcast's 4 heads read whole rows)
+                # (32, 1)'s geometry A/B (module constants and KNOBS.mxfp8_quant_v_columns, read at launch, as
+                # tools/mxfp8_quant_probe.py sets them; bit-exact by construction: tests/backends/test_triton_mxfp8.py's
+                # head-group and v-columns tests): 2 warps per 128 columns (v12's "cols2": 59% vs 48% of the copy on
+                # 16 heads), every head in one program (no head split: the 16-head grid reads 1 KB of each 4 KB row
+                # per split, bcast's 4 heads read whole rows), 64 / 32 columns per iteration (16 / 23 one-warp
+                # programs per SM instead of 9: bench/NOTES.md "MXFP8 (32, 1) quantize bandwidth, helper quant32")
                 v_want = [t.view(torch.uint8).clone() for t in calls["v"]()]
-                default = (dict(mq.QUANT_WARPS), mq.QUANT_GROUPS)
-                for label, warps, groups in (("v graph, 2 warps", {**default[0], "cols": 2}, default[1]),
-                                             ("v graph, no head split", default[0], 1 << 20)):
-                    mq.QUANT_WARPS, mq.QUANT_GROUPS = warps, groups
+                default = (dict(mq.QUANT_WARPS), mq.QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns)
+                for label, warps, groups, columns in (
+                        ("v graph, 2 warps", {**default[0], "cols": 2}, default[1], default[2]),
+                        ("v graph, no head split", default[0], 1 << 20, default[2]),
+                        ("v graph, 64 columns", default[0], default[1], 64),
+                        ("v graph, 32 columns", default[0], default[1], 32)):
+                    mq.QUANT_WARPS, mq.QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = warps, groups, columns
                     same = all(map(torch.equal, [t.view(torch.uint8) for t in calls["v"]()], v_want))
                     g = graph_of(calls["v"])
                     if g is not None:
-                        row(label + ("" if same else " (BITS DIFFER)"), g, False, tensor_bytes["v"], check=False)
-                    mq.QUANT_WARPS, mq.QUANT_GROUPS = default
+                        row(label, g, False, tensor_bytes["v"], check=False, same=same)
+                    mq.QUANT_WARPS, mq.QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = default
             else:
                 print(f"{name}: the three calls could not be captured in a CUDA graph", flush=True)
             for label, fn, on in (("host us: op x3", op3, False), ("host us: op x3, quant_direct", op3, True),

@@ -182,16 +182,16 @@ def test_compiles_with_inductor_float_arguments():
     assert not errors, errors
 
 
-_POOL_WORKER = r"""
-import importlib, json, re, subprocess, tempfile
+_PTXAS_WORKER = r"""
+import importlib, json, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
-from jfa_ops.backends.triton.specializations import block_sparse_specializations
+from jfa_ops.backends.triton import specializations
 
 out = []
-for s in block_sparse_specializations():
-    if not s.name.startswith("bs_pool"):
+for s in getattr(specializations, sys.argv[1])():
+    if not s.name.startswith(sys.argv[2]):
         continue
     fn = getattr(importlib.import_module(s.module), s.kernel)
     k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=s.signature, constexprs=s.constexprs,
@@ -210,18 +210,24 @@ print(json.dumps(out))
 """
 
 
+def _ptxas_stats(source: str, prefix: str) -> list:
+    """sm_90 compiles of ``specializations.<source>()``'s entries named ``prefix...``, each with ptxas -v's registers
+    and spill bytes, shared memory, warps and async copies (a subprocess without TRITON_INTERPRET)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _PTXAS_WORKER, source, prefix], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_sm90_pool_variants_keep_loads_in_flight():
     """Selection pool v6 (bench/NOTES.md "selection pool v6") on sm_90, ptxas -v: no spills, shared memory within the
     budget; ``KNOBS.sparse_pool_stream``'s loop pipelined by async copies (3 [32, D] steps in flight: >= 24 KB of
     shared memory) at <= 80 registers (>= 6 programs of 4 warps per SM: >= 144 KB in flight per SM, 3x the ~45 KB
     4 TB/s needs); every pooling kernel (the default, whole-block, both sides in one launch) <= 144 registers."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _POOL_WORKER], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _ptxas_stats("block_sparse_specializations", "bs_pool")
     streams = [r for r in results if r["name"].endswith("-stream")]
     assert len(results) >= 6 and len(streams) == 2, [r["name"] for r in results]
     for r in results:
@@ -229,3 +235,17 @@ def test_sm90_pool_variants_keep_loads_in_flight():
     for r in streams:
         assert r["async_copies"] > 0 and r["shared"] >= 3 * 32 * 128 * 2 and r["registers"] <= 80, r
         assert 65536 // (r["registers"] * 32 * r["warps"]) >= 6, r
+
+
+def test_sm90_mxfp8_quantize_v_columns_fit_twice_the_programs():
+    """``KNOBS.mxfp8_quant_v_columns`` 64 (bench/NOTES.md "MXFP8 (32, 1) quantize bandwidth, helper quant32") on
+    sm_90, ptxas -v: the (32, 1) kernel in 64-column iterations is one warp at <= 128 registers (>= 16 programs per
+    SM, the default's 213 fit 9) with its loads pipelined by async copies, no spills, shared memory within the
+    budget; the default (32, 1) kernels spill nothing either."""
+    results = {r["name"]: r for r in _ptxas_stats("mxfp8_specializations", "mxfp8-quantize-32x1-")}
+    assert len(results) == 3, sorted(results)
+    for r in results.values():
+        assert r["spills"] == 0 and r["shared"] <= SHARED_MEMORY_LIMITS[90], r
+    narrow = results["mxfp8-quantize-32x1-bf16-cols64-pipelined"]
+    assert narrow["warps"] == 1 and narrow["registers"] <= 128 and narrow["async_copies"] > 0, narrow
+    assert 65536 // (narrow["registers"] * 32) >= 16, narrow

@@ -99,6 +99,47 @@ def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding, pi
         assert_bit_exact(x.to(dtype).cuda(), offsets.cuda(), block, rounding, "triton")
 
 
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("heads, dim, columns", [(5, 128, 64), (3, 96, 32), (2, 128, 16), (5, 64, 32), (4, 32, 64)])
+def test_quantize_v_columns_bit_exact(heads, dim, columns, rounding):
+    """``KNOBS.mxfp8_quant_v_columns``: (32, 1) pairs in iterations of ``columns`` columns (chunks of a head at D128
+    and the padded D96, fewer heads per iteration at D64 / D32) give the default path's bits and the spec's, jagged
+    (empty sequences, length 1, tails of 1 / 5 / 6 / 31 rows), with heads that do not fill a program's split,
+    contiguous and as a view with head stride 2 * dim, with a few inf / NaN; the launch takes the narrow
+    iterations (one warp, as many columns per program), and the other blocks ignore the knob."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+
+    g = torch.Generator().manual_seed(heads * dim + columns)
+    for lengths in ([0, 1, 33, 0, 70, 31, 0], [5]):
+        offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(DEVICE)
+        rows = sum(lengths)
+        wide = torch.randn(rows, heads, 2 * dim, generator=g) * torch.pow(
+            2.0, torch.empty(rows, heads, 2 * dim).uniform_(-30, 30, generator=g))
+        wide.view(-1)[torch.randint(wide.numel(), (4,), generator=g)] = torch.tensor([float("inf"), float("nan"),
+                                                                                       -float("inf"), 0.0])
+        for x in (wide[..., :dim].contiguous(), wide[..., dim:]):
+            x = x.to(torch.bfloat16).to(DEVICE)
+            with knob_set("mxfp8_quant_v_columns", 0):
+                want = [t.view(torch.uint8).clone() for t in mq.quantize(x, offsets, (32, 1), rounding)]
+                default = {(block, rebase): mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
+                                                      mq.QUANT_BLOCK_R, 0)
+                           for block in BLOCKS for rebase in (mq.PAIR, mq.REBASED_V_TILES)}
+            with knob_set("mxfp8_quant_v_columns", columns):
+                got = mq.quantize(x, offsets, (32, 1), rounding)
+                assert [torch.equal(t.view(torch.uint8), w) for t, w in zip(got, want)] == [True, True]
+                assert_bit_exact(x, offsets, (32, 1), rounding, "triton")
+                for (block, rebase), geometry in default.items():
+                    splits, static, options = mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
+                                                                  mq.QUANT_BLOCK_R, 0)
+                    if block != (32, 1) or rebase != mq.PAIR:
+                        assert (splits, static, options) == geometry
+                        continue
+                    width = static["HEADS_PER_PROGRAM"] * static["BLOCK_D"] // static["HEAD_CHUNKS"]
+                    old = geometry[1]
+                    assert width == columns and options["num_warps"] == 1
+                    assert width * static["GROUPS"] == old["HEADS_PER_PROGRAM"] * old["BLOCK_D"] * old["GROUPS"]
+
+
 @pytest.mark.parametrize("num_seqs", [1, 5, 64, 65, 150])
 def test_fanout_sequence_matches_searchsorted(num_seqs):
     """The kernels' tile -> sequence search (64 candidates per step) against torch.searchsorted, with empty

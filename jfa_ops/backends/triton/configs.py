@@ -143,6 +143,14 @@ class Knobs:
     # arguments: bit-exact. Measured (bench/NOTES.md v19): three eager calls 551 -> 301 us on B8 S4096, 589 -> 293 jagged,
     # 743 -> 447 broadcast, every bit the same: on; JFA_MXFP8_QUANT_DIRECT=0 turns it off at import.
     mxfp8_quant_direct: bool = os.environ.get("JFA_MXFP8_QUANT_DIRECT", "1") != "0"
+    # MXFP8 quantize, (32, 1) pairs: columns per loop iteration (0: the head group, 128 at D128; a power of two
+    # >= 16 below it: that many columns of one head, the program's iterations multiplied to keep its columns).
+    # Why: the (32, 1) program is one warp holding 32 rows x 128 columns (213 registers: 9 programs, 9 warps per
+    # SM), latency-bound at ~0.2 instructions per clock a warp (v19: 3409 GB/s on broadcast-Q where the (1, 32)
+    # kernel, 32 warps per SM, reads the same bytes at 4094); 64 columns: 125 registers, 16 warps per SM, 16.4
+    # instead of 13.9 SASS per element (bench/NOTES.md "MXFP8 (32, 1) quantize bandwidth, helper quant32, stop
+    # 30"). Same bits (the columns are independent blocks). Off until measured: JFA_MXFP8_QUANT_V_COLUMNS=64.
+    mxfp8_quant_v_columns: int = int(os.environ.get("JFA_MXFP8_QUANT_V_COLUMNS", "0"))
     # The TLX MXFP8 backward's MX-valued bf16 operands (``mxfp8_bwd.mx_values``) in one pass per tensor: the quantize
     # kernel writes the values itself (``mxfp8_quantize.quantize_values``, REBASE=MX_VALUES: read 2 B, write 2 B an
     # element) instead of the pair then the dequantize pass (~6.1 B: 0.47 ms of the 6.83 ms dense B8 H16 S4096 D128

@@ -220,12 +220,13 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
                           HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr,
-                          REBASE: tl.constexpr):
+                          REBASE: tl.constexpr, HEAD_CHUNKS: tl.constexpr):
     """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one tile of BLOCK_R rows,
     each one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False:
     (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: the tile's rows of one sequence in the padded
     layout (sequence b's tiles from offsets[b] // BLOCK_R + b); SQUARE: (32, 32) blocks, else (32, 1). STAGES: the
-    head loop's pipelining depth.
+    head loop's pipelining depth. HEAD_CHUNKS > 1 ((32, 1) pairs, HP 1): an iteration takes BLOCK_D // HEAD_CHUNKS
+    columns of one head (``KNOBS.mxfp8_quant_v_columns``), GROUPS iterations per program.
     REBASE (``PAIR``: DATA, SCALE the pair's bits): ``REBASED_ROWS`` ((1, 32)): DATA the rows re-based, F the row
     factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
     stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
@@ -233,8 +234,10 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     tl.static_assert(BLOCK_D % 32 == 0)
     HP: tl.constexpr = HEADS_PER_PROGRAM
     NC: tl.constexpr = BLOCK_D // 32  # 32-column groups per head (padded)
+    tl.static_assert(HEAD_CHUNKS == 1 or (ROW_BLOCKS and not SQUARE and REBASE == PAIR and HP == 1))
+    COLS: tl.constexpr = HP * BLOCK_D // HEAD_CHUNKS  # columns per iteration
     tile = tl.program_id(0)
-    jj = tl.arange(0, HP * BLOCK_D)
+    jj = tl.arange(0, COLS)
     gg = tl.arange(0, HP * NC)  # (head, 32-column group) of the scale columns
     if ROW_BLOCKS:
         tl.static_assert(BLOCK_R == 32 or REBASE == REBASED_V_TILES)
@@ -254,10 +257,14 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     # Triton pipelines this loop's load (async copies into shared memory, STAGES - 1 head groups ahead): the bytes
     # in flight do not depend on where ptxas places register loads (it sank them behind the arithmetic: one tile in
     # flight per program, bench/NOTES.md "MXFP8 v4").
-    first_head = tl.program_id(1) * (GROUPS * HP)
-    for head0 in tl.range(first_head, tl.minimum(heads, first_head + GROUPS * HP), HP, num_stages=STAGES):
+    # the loop runs over heads (HEAD_CHUNKS 1) or over chunks of heads, HP per iteration
+    first = tl.program_id(1) * (GROUPS * HP)
+    for chunk0 in tl.range(first, tl.minimum(heads * HEAD_CHUNKS, first + GROUPS * HP), HP, num_stages=STAGES):
+        head0 = chunk0 // HEAD_CHUNKS
         head = head0 + jj // BLOCK_D
         d = jj % BLOCK_D
+        if HEAD_CHUNKS > 1:
+            d += chunk0 % HEAD_CHUNKS * COLS
         col_ok = (d < HEAD_DIM) & (head < heads)
         head64 = head.to(tl.int64)
         mask = r_ok[:, None] & col_ok[None, :]
@@ -299,7 +306,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         else:
             if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
                 tl.static_assert(REBASE != MX_VALUES)
-                amax = tl.max(a, 0)  # [HP * BLOCK_D]
+                amax = tl.max(a, 0)  # [COLS]
                 bad = amax >= 0x7F800000
                 shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
                 data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
@@ -442,7 +449,8 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
     # them), the argument list bound once (launch_planned): the call's Python is the allocations and one launch
     key = (x.dtype, data_bits.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
-           KNOBS.mxfp8_quant_pipelined, QUANT_STAGES, QUANT_GROUPS, tuple(QUANT_WARPS.values()), interpreting())
+           KNOBS.mxfp8_quant_pipelined, KNOBS.mxfp8_quant_v_columns, QUANT_STAGES, QUANT_GROUPS,
+           tuple(QUANT_WARPS.values()), interpreting())
     geometry = _GEOMETRY.get(key)
     if geometry is None:
         if len(_GEOMETRY) >= _GEOMETRY_MAX:
@@ -463,9 +471,18 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
     rows, heads, dim = x.shape
     block_rows, block_cols = tuple(block)
     block_d = triton.next_power_of_2(dim)
+    chunks = 1
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
-        warps, stages, groups = quantize_warps(block, per_program * block_d, block_r), QUANT_STAGES, QUANT_GROUPS
+        groups = QUANT_GROUPS
+        columns = KNOBS.mxfp8_quant_v_columns
+        if tuple(block) == (32, 1) and rebase == PAIR and 0 < columns < per_program * block_d:
+            # narrower iterations, as many columns per program: per_program * block_d // columns times the groups
+            assert columns >= 16 and columns & (columns - 1) == 0, f"mxfp8_quant_v_columns={columns}"
+            groups = QUANT_GROUPS * per_program * block_d // columns
+            per_program, chunks = max(1, columns // block_d), max(1, block_d // columns)
+        warps = quantize_warps(block, per_program * block_d // chunks, block_r)
+        stages = QUANT_STAGES
     else:  # v3's geometry, the one run on the H200: one head per iteration, every head in one program
         per_program, warps, stages, groups = 1, 4 * block_r // QUANT_BLOCK_R, 1, V3_GROUPS
     static = dict(
@@ -474,5 +491,5 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=x.dtype == torch.bfloat16,
-        HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value)
-    return triton.cdiv(triton.cdiv(heads, per_program), groups), static, dict(num_warps=warps, num_stages=1)
+        HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value, HEAD_CHUNKS=chunks)
+    return triton.cdiv(triton.cdiv(heads * chunks, per_program), groups), static, dict(num_warps=warps, num_stages=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Dict, Iterator, List
+from unittest import mock
 
 import torch
 
@@ -408,12 +409,23 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               SEARCH_STEPS=2, X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True,
                               GROUPS=mxfp8_quantize.QUANT_GROUPS if pipelined else mxfp8_quantize.V3_GROUPS,
                               STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1,
-                              REBASE=mxfp8_quantize.PAIR.value)
+                              REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1)
             warps = mxfp8_quantize.quantize_warps(block, 128) if pipelined else 4
             name = f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}{'-pipelined' if pipelined else ''}"
             yield _mxfp8_spec(name, fn, mxfp8_quantize,
                               {"X": x_type, "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*u8"},
                               constexprs, warps, odd_strides=() if block == (32, 1) else ("stride_sh",))
+    # configs.KNOBS.mxfp8_quant_v_columns 64: (32, 1) pairs in 64-column iterations, bf16 D128 as the bench's V; the
+    # constexprs and warps as the launch derives them (16 heads, 2 sequences)
+    x = torch.empty(64, 16, 128, dtype=torch.bfloat16)
+    bits = torch.empty(x.shape, dtype=torch.uint8)
+    with mock.patch.object(KNOBS, "mxfp8_quant_pipelined", True), mock.patch.object(KNOBS, "mxfp8_quant_v_columns", 64):
+        _, static, options = mxfp8_quantize._launch_geometry(
+            x, bits, bits, 2, (32, 1), "rceil", mxfp8_quantize.PAIR, mxfp8_quantize.QUANT_BLOCK_R, 0)
+    constexprs = {n: v for n, v in static.items() if n.isupper()}
+    yield _mxfp8_spec("mxfp8-quantize-32x1-bf16-cols64-pipelined", fn, mxfp8_quantize,
+                      {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*u8"},
+                      {**constexprs, "HW_CVT": True}, options["num_warps"])
     # the TLX MXFP8 forward's operands written by the quantize kernel itself (quantize_rebased_rows / _v_tiles)
     for rebase, block, block_r in ((mxfp8_quantize.REBASED_ROWS, (1, 32), mxfp8_quantize.QUANT_BLOCK_R),
                                    (mxfp8_quantize.REBASED_V_TILES, (32, 1), 128)):
@@ -422,7 +434,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
             constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
                               SQUARE=False, RCEIL=True, BLOCK_R=block_r, SEARCH_STEPS=2, X_BF16_BITS=True,
                               HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
-                              REBASE=rebase.value)
+                              REBASE=rebase.value, HEAD_CHUNKS=1)
             kind = "rows" if block == (1, 32) else "v-tiles"
             yield _mxfp8_spec(f"mxfp8-quantize-rebased-{kind}-d{head_dim}-bf16-pipelined", fn, mxfp8_quantize,
                               {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
@@ -435,7 +447,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
                           SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2,
                           X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS,
-                          STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value)
+                          STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value, HEAD_CHUNKS=1)
         x_type = "*i16" if dtype == torch.bfloat16 else "*fp16"
         yield _mxfp8_spec(f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}-pipelined", fn,
                           mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16", "OFFSETS": "*i32",
