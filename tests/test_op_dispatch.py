@@ -175,3 +175,34 @@ def test_op_body_memo_keeps_the_params_a_full_call_gets(spy, monkeypatch):
         ops.attention._init_fn(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, -1, -1, None, True, -1, -1, False, False,
                                "dispatch_spy")
     assert len(spy.params) == 3 and spy.params[0] == spy.params[1] == spy.params[2]
+
+
+def test_a_forward_reads_the_validation_mode_once(monkeypatch):
+    """The op's forward and the eager direct path read ``JFA_VALIDATE`` (``validation_mode``) once per call and hand
+    that answer to both the offset check and the coverage record: the backend still gets the checked params (async
+    mode, a backend that checks offsets on the device)."""
+    from jfa_ops import validation
+    from jfa_ops.backends import Backend, get_backend, register_backend, unregister_backend
+    reference, got, reads = get_backend("reference"), [], []
+
+    def forward(q, k, v, q_offsets, kv_offsets, params):
+        got.append(params.check_offsets)
+        return reference.forward(q, k, v, q_offsets, kv_offsets, params)
+
+    def async_mode(device):
+        reads.append(device)
+        return "async"
+
+    register_backend(Backend("mode_spy", forward=forward, backward=reference.backward, supports=reference.supports,
+                             checks_offsets=True), replace=True)
+    try:
+        monkeypatch.setattr(validation, "validation_mode", async_mode)
+        x = CASE.make_inputs(0)
+        options = (-1, -1, None, True, -1, -1, False, False, "mode_spy")
+        with torch.no_grad():
+            torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, *options)
+        assert (len(reads), got) == (1, [True])
+        ops.attention_direct(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, *options)
+        assert (len(reads), got) == (2, [True, True])
+    finally:
+        unregister_backend("mode_spy")

@@ -103,11 +103,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
 
 def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams,
              checked: Optional[AttentionParams] = None) -> Tuple[Tensor, Tensor]:
-    """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
-    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
+    """Offset-value checks (per JFA_VALIDATE, read once for both steps), then the backend's forward."""
+    mode = validation.validation_mode(q.device)
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked, mode)
     result = impl.forward(q, k, v, q_offsets, kv_offsets, params)
-    if params.check_offsets:
-        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    _cover(q, k, q_offsets, kv_offsets, params, mode == "async")
     return result
 
 
@@ -119,12 +119,12 @@ def _cover(q, k, q_offsets, kv_offsets, params: AttentionParams, coverable: bool
 
 
 def _offsets_checked(impl, q, k, q_offsets, kv_offsets, params: AttentionParams,
-                     checked: Optional[AttentionParams] = None) -> AttentionParams:
-    """Check offset values per JFA_VALIDATE; the params the backend's forward gets: ``params`` with
-    ``check_offsets=True`` (``checked``, when the caller has it already) where the backend checks them on the
-    device itself."""
+                     checked: Optional[AttentionParams] = None, mode: Optional[str] = None) -> AttentionParams:
+    """Check offset values per JFA_VALIDATE (``mode``: the caller's ``validation_mode`` read, if it made one); the
+    params the backend's forward gets: ``params`` with ``check_offsets=True`` (``checked``, when the caller has it
+    already) where the backend checks them on the device itself."""
     if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
-                           impl.checks_offsets):
+                           impl.checks_offsets, mode):
         return checked if checked is not None else dataclasses.replace(params, check_offsets=True)
     return params
 
@@ -548,7 +548,7 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
         if mode == "off" or (mode in validation.DEVICE_MODES and impl.checks_offsets):  # no host-side check
             # an unhashable argument (a list window) is not kept: such calls always take the full path
             _remember(_FAST, fast_key, (impl, params, None if mode == "off" else checked, mode == "async", options))
-    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked, mode)
     result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
     _cover(q, k, q_offsets, kv_offsets, params, mode == "async")
     return result
