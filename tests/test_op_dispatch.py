@@ -287,11 +287,18 @@ def test_direct_op_call_keeps_the_op_in_compiled_graphs(direct_call):
         return torch.ops.jfa.attention.default(q, k, v, q_off, kv_off, -1, -1, None, True, -1, -1, False, False,
                                                "reference")[0]
 
-    torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    targets = []
+
+    def record(gm, example_inputs):
+        targets.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
     args = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets)
-    with torch.no_grad():
-        assert torch.equal(compiled(*args), f(*args))
+    for backend in (record, "aot_eager"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            assert torch.equal(torch.compile(f, fullgraph=True, backend=backend)(*args), f(*args))
+    assert targets.count(torch.ops.jfa.attention.default) == 1
 
 
 @pytest.mark.parametrize("direct", [False, True])
