@@ -503,7 +503,7 @@ _LEAN_LIB = _register_lean_dispatch()
 
 # JFA_OP_CALL (read at import): "dispatcher" (default) leaves ``torch.ops.jfa.<op>.default(...)`` to torch's dispatcher;
 # "direct" gives both overloads a ``__call__`` that runs the op's body itself where the dispatcher would have reached
-# ``_lean_autograd_kernel``'s body anyway (``_direct_overload_call``). ``DIRECT_OP_CALL`` is read per call (A/B).
+# ``_lean_autograd_kernel``'s body anyway (``_DirectCallOverload``). ``DIRECT_OP_CALL`` is read per call (A/B).
 DIRECT_OP_CALL = os.environ.get("JFA_OP_CALL", "dispatcher") == "direct"
 # The exact Python types of the options a direct call passes through unchanged: the dispatcher's conversion of these
 # (schema order: SymInt, SymInt, float?, bool, SymInt, SymInt, bool, bool, str?) is the identity
@@ -520,7 +520,7 @@ class _DirectCallOverload(torch._ops.OpOverload):
     Python -> C++ -> Python round trip; every other call goes through ``self._op`` as before.
 
     Why: a compiled graph that keeps the op opaque (Triton 3.8 + TLX) calls both overloads per layer with grad
-    mode off, and the round trip is ~15-20 us of CPU per call on a 2-core box (bench/NOTES.md "Opaque op host cost,
+    mode off, and the round trip costs ~7-8 us of CPU per call on a 2-core box (bench/NOTES.md "Opaque op host cost,
     helper host9"). The direct path requires what makes the two equal: positional arguments only, every option of
     the exact type the dispatcher would hand the body (no SymInt, no int for the float scale), tensors of the
     plain class whose dispatch keys are exactly those of a dense CPU or CUDA tensor (so no subclass, functorch
@@ -583,6 +583,7 @@ def install_direct_call() -> None:
 
 if DIRECT_OP_CALL and _LEAN_LIB is not None:  # the same private APIs as the lean dispatch
     install_direct_call()
+
 
 def _autocast_kernel(device_type: str):
     """Under ``torch.autocast(device_type)``: floating q/k/v go to the autocast dtype (fp64 is left alone, as autocast
