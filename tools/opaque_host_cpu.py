@@ -12,8 +12,8 @@ path"). Rows, us of this thread's CPU time per call (median of 5 repeats), each 
   the overloads' direct call switched on (``ops.attention.DIRECT_OP_CALL``, JFA_OP_CALL=direct) (A/B);
 - unless ``--no-compiled``: a chain of 1 and 4 attention calls (each output the next q), compiled with
   ``torch.compile(dynamic=True)`` (aot_eager: the op is one node, and Inductor's wrapper adds no per-node work on
-  CPU, bench/NOTES.md "compiled per-layer cost"), forward + backward (q requires grad), per further layer ((W4 - W1) / 3), as now,
-  with the direct call and with both switched off.
+  CPU, bench/NOTES.md "compiled per-layer cost"), forward + backward (q requires grad), per further layer
+  ((W4 - W1) / 3), as now, with the direct call and with both switched off.
 
 The case: the bench's overhead case (B=4, lengths <= 64, H8, D128, causal), fp16 (the interpreter's bf16 dot is
 wrong, so the triton backend declines bf16 on CPU; the host path is the same). The launches are stubbed as in
