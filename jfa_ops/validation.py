@@ -93,10 +93,13 @@ def check_offset_values(
     max_seqlen_q: int,
     max_seqlen_kv: int,
     backend_checks: bool = False,
+    mode: Optional[str] = None,
 ) -> bool:
     """Check offset values per ``validation_mode``. Returns True when the backend must check them on the device
-    itself (``backend_checks`` and a device mode): nothing was checked here then."""
-    mode = validation_mode(q.device)
+    itself (``backend_checks`` and a device mode): nothing was checked here then. ``mode``: ``validation_mode``'s
+    answer for q's device when the caller has read it already (one environment read per call: ~1 us each)."""
+    if mode is None:
+        mode = validation_mode(q.device)
     if mode == "off":
         return False
     if mode == "sync":

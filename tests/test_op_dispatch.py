@@ -175,3 +175,154 @@ def test_op_body_memo_keeps_the_params_a_full_call_gets(spy, monkeypatch):
         ops.attention._init_fn(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, -1, -1, None, True, -1, -1, False, False,
                                "dispatch_spy")
     assert len(spy.params) == 3 and spy.params[0] == spy.params[1] == spy.params[2]
+
+
+def test_a_forward_reads_the_validation_mode_once(monkeypatch):
+    """The op's forward and the eager direct path read ``JFA_VALIDATE`` (``validation_mode``) once per call and hand
+    that answer to both the offset check and the coverage record: the backend still gets the checked params (async
+    mode, a backend that checks offsets on the device)."""
+    from jfa_ops import validation
+    from jfa_ops.backends import Backend, get_backend, register_backend, unregister_backend
+    reference, got, reads = get_backend("reference"), [], []
+
+    def forward(q, k, v, q_offsets, kv_offsets, params):
+        got.append(params.check_offsets)
+        return reference.forward(q, k, v, q_offsets, kv_offsets, params)
+
+    def async_mode(device):
+        reads.append(device)
+        return "async"
+
+    register_backend(Backend("mode_spy", forward=forward, backward=reference.backward, supports=reference.supports,
+                             checks_offsets=True), replace=True)
+    try:
+        monkeypatch.setattr(validation, "validation_mode", async_mode)
+        x = CASE.make_inputs(0)
+        options = (-1, -1, None, True, -1, -1, False, False, "mode_spy")
+        with torch.no_grad():
+            torch.ops.jfa.attention.default(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, *options)
+        assert (len(reads), got) == (1, [True])
+        ops.attention_direct(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, *options)
+        assert (len(reads), got) == (2, [True, True])
+    finally:
+        unregister_backend("mode_spy")
+
+
+@pytest.fixture
+def direct_call(monkeypatch, spy):
+    """JFA_OP_CALL=direct for this test (both overloads' class restored after; backend "dispatch_spy" unregistered
+    after, whatever the test registers under that name)."""
+    for op_def in (ops.attention, ops.attention_backward):
+        monkeypatch.setattr(op_def._opoverload, "__class__", op_def._opoverload.__class__)
+        monkeypatch.setattr(op_def._opoverload, "_jfa_direct", None, raising=False)
+    ops.install_direct_call()
+    monkeypatch.setattr(ops, "DIRECT_OP_CALL", True)
+    return spy
+
+
+def _dispatched() -> bool:
+    """``_lean_autograd_kernel``'s kernel (the dispatcher's way into the body) is a caller of this frame."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "kernel" and frame.f_code.co_filename == ops.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_direct_op_call_runs_the_body_only_where_the_dispatcher_would(direct_call, monkeypatch):
+    """JFA_OP_CALL=direct: a plain no-grad call runs the body from the overload's call, bit for bit what the
+    dispatcher's path gives (forward and backward); a call the dispatcher must see (keywords, grad mode on, an int
+    for the float scale, a dispatch mode, fake tensors, the profiler) goes through the dispatcher, with the same
+    results where it has results."""
+    from jfa_ops.backends import Backend, get_backend, register_backend
+    reference, direct = get_backend("reference"), []
+
+    def forward(q, k, v, q_offsets, kv_offsets, params):
+        direct.append(not _dispatched())
+        return reference.forward(q, k, v, q_offsets, kv_offsets, params)
+
+    register_backend(Backend("dispatch_spy", forward=forward, backward=reference.backward,
+                             supports=reference.supports), replace=True)
+    x = CASE.make_inputs(0)
+    positional = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets, -1, -1, None, True, -1, -1, False, False, "dispatch_spy")
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(ops, "DIRECT_OP_CALL", on)
+        with torch.no_grad():
+            out, lse = torch.ops.jfa.attention.default(*positional)
+            grad_out = torch.ones_like(out)
+            grads = torch.ops.jfa.attention_backward.default(grad_out, None, *positional[:3], out, lse,
+                                                             *positional[3:])
+        results[on] = (out, lse, *grads)
+    assert direct == [True, False]
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(ops, "DIRECT_OP_CALL", True)
+    scale_int = positional[:7] + (1,) + positional[8:]
+    with torch.no_grad():
+        torch.ops.jfa.attention.default(*positional[:5], causal=True, backend="dispatch_spy")  # keywords
+        got_int = torch.ops.jfa.attention.default(*scale_int)[0]
+        want_float = torch.ops.jfa.attention.default(*positional[:7], 1.0, *positional[8:])[0]
+        with RecordOps() as mode:
+            torch.ops.jfa.attention.default(*positional)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            torch.ops.jfa.attention.default(*positional)
+    torch.ops.jfa.attention.default(*positional)  # grad mode on
+    assert direct[2:] == [False, False, True, False, False, False]
+    assert torch.equal(got_int, want_float)
+    assert mode.ops[0] == "jfa.attention.default"
+    assert any(e.name == "jfa::attention" for e in prof.events())
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    with FakeTensorMode() as fake, torch.no_grad():
+        fakes = tuple(fake.from_tensor(t) for t in positional[:5])
+        assert isinstance(torch.ops.jfa.attention.default(*fakes, *positional[5:])[0], FakeTensor)
+
+
+def test_direct_op_call_keeps_the_op_in_compiled_graphs(direct_call):
+    """Dynamo still records the overload as the op (one node; same result as eager), with JFA_OP_CALL=direct."""
+    x = CASE.make_inputs(0)
+
+    def f(q, k, v, q_off, kv_off):
+        return torch.ops.jfa.attention.default(q, k, v, q_off, kv_off, -1, -1, None, True, -1, -1, False, False,
+                                               "reference")[0]
+
+    targets = []
+
+    def record(gm, example_inputs):
+        targets.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    args = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets)
+    for backend in (record, "aot_eager"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            assert torch.equal(torch.compile(f, fullgraph=True, backend=backend)(*args), f(*args))
+    assert targets.count(torch.ops.jfa.attention.default) == 1
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_body_runs_below_autograd_only_under_grad_mode(direct, monkeypatch, spy):
+    """A lean (or direct) call without grad mode runs the body with the autograd keys included (no op of it can
+    record: excluding them only cost host time); one under grad mode with no input requiring grad runs it below
+    autograd, as torch.library's backend wrapper does."""
+    if direct:
+        monkeypatch.setattr(ops.attention._opoverload, "__class__", ops.attention._opoverload.__class__)
+        ops.install_direct_call()
+        monkeypatch.setattr(ops, "DIRECT_OP_CALL", True)
+    excluded = []
+    from jfa_ops.backends import Backend, get_backend, register_backend
+    reference = get_backend("reference")
+
+    def forward(*args):
+        excluded.append(torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutogradFunctionality))
+        return reference.forward(*args)
+
+    register_backend(Backend("dispatch_spy", forward=forward, backward=reference.backward,
+                             supports=reference.supports), replace=True)
+    x = CASE.make_inputs(0)
+    positional = (x.q, x.k, x.v, x.q_offsets, x.kv_offsets, -1, -1, None, True, -1, -1, False, False, "dispatch_spy")
+    with torch.no_grad():
+        torch.ops.jfa.attention.default(*positional)
+    torch.ops.jfa.attention.default(*positional)
+    assert excluded == [False, True]

@@ -8,11 +8,12 @@ path"). Rows, us of this thread's CPU time per call (median of 5 repeats), each 
 
 - the backend's forward / backward alone (the floor: what the op body must run), the op body without dispatch, and
   ``torch.ops.jfa.<op>.default`` under no_grad (what the compiled graph calls) as it is now and with the lean
-  dispatch (``ops.attention.LEAN_DISPATCH``) and the body memo (``ops.attention.CALL_CACHE``) switched off (A/B);
+  dispatch (``ops.attention.LEAN_DISPATCH``) and the body memo (``ops.attention.CALL_CACHE``) switched off, and with
+  the overloads' direct call switched on (``ops.attention.DIRECT_OP_CALL``, JFA_OP_CALL=direct) (A/B);
 - unless ``--no-compiled``: a chain of 1 and 4 attention calls (each output the next q), compiled with
   ``torch.compile(dynamic=True)`` (aot_eager: the op is one node, and Inductor's wrapper adds no per-node work on
-  CPU, bench/NOTES.md "compiled per-layer cost"), forward + backward (q requires grad), per further layer ((W4 - W1) / 3), as now and
-  with both switched off.
+  CPU, bench/NOTES.md "compiled per-layer cost"), forward + backward (q requires grad), per further layer
+  ((W4 - W1) / 3), as now, with the direct call and with both switched off.
 
 The case: the bench's overhead case (B=4, lengths <= 64, H8, D128, causal), fp16 (the interpreter's bf16 dot is
 wrong, so the triton backend declines bf16 on CPU; the host path is the same). The launches are stubbed as in
@@ -40,6 +41,11 @@ def _before(fn):
     return with_setting(ops, "LEAN_DISPATCH", False, with_setting(ops, "CALL_CACHE", False, fn))
 
 
+def _direct(fn):
+    """fn with the overloads' direct call on (``ops.DIRECT_OP_CALL``, JFA_OP_CALL=direct)."""
+    return with_setting(ops, "DIRECT_OP_CALL", True, fn)
+
+
 def _chain(layers: int, off: torch.Tensor, backend):
     def step(q, k, v, grad):
         x = q
@@ -55,6 +61,7 @@ def main():
     parser.add_argument("--no-compiled", action="store_true")
     args = parser.parse_args()
     stub_gpu()
+    ops.install_direct_call()  # switched per row by ops.DIRECT_OP_CALL (off: the overloads call the dispatcher)
     backend = "triton"  # named: on CPU tensors the automatic choice would take the reference backend
     off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
     q, k, v = (torch.randn(sum(LENS), HEADS, HEAD_DIM, dtype=torch.float16) for _ in range(3))
@@ -70,12 +77,14 @@ def main():
         (f"{impl.name} forward alone (the floor)", lambda: impl.forward(q, k, v, off, off, params)),
         ("op body (attention._init_fn, no dispatch)", lambda: ops.attention._init_fn(q, k, v, off, off, *options)),
         ("torch.ops.jfa.attention.default (what the graph calls)", fwd_op),
+        ("  with JFA_OP_CALL=direct (no dispatcher round trip)", _direct(fwd_op)),
         ("  without the lean dispatch (LEAN_DISPATCH off)", with_setting(ops, "LEAN_DISPATCH", False, fwd_op)),
         ("  without the body memo (CALL_CACHE off)", with_setting(ops, "CALL_CACHE", False, fwd_op)),
         ("  before: both off", _before(fwd_op)),
         (f"{impl.name} backward alone (the floor)", lambda: impl.backward(*bwd_args[:9], params)),
         ("op body (attention_backward._init_fn)", lambda: ops.attention_backward._init_fn(*bwd_args)),
         ("torch.ops.jfa.attention_backward.default (what the graph calls)", bwd_op),
+        ("  with JFA_OP_CALL=direct", _direct(bwd_op)),
         ("  without the lean dispatch", with_setting(ops, "LEAN_DISPATCH", False, bwd_op)),
         ("  without the body memo", with_setting(ops, "CALL_CACHE", False, bwd_op)),
         ("  before: both off", _before(bwd_op)),
@@ -90,7 +99,7 @@ def main():
     qg = q.clone().requires_grad_()
     chains = {n: _chain(n, off, backend) for n in (1, 4)}
     calls = max(args.calls // 10, 20)
-    for name, wrap in (("now", lambda fn: fn), ("before (both off)", _before)):
+    for name, wrap in (("now", lambda fn: fn), ("with JFA_OP_CALL=direct", _direct), ("before (both off)", _before)):
         walls = {n: per_call_us(wrap(lambda c=c: c(qg, k, v, grad)), calls) for n, c in chains.items()}
         print(f"{(walls[4] - walls[1]) / 3:9.1f}  compiled fwd+bwd per further layer, {name} (1 call {walls[1]:.1f}, "
               f"4 calls {walls[4]:.1f})", flush=True)

@@ -103,11 +103,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor], kv_o
 
 def _forward(impl, q, k, v, q_offsets, kv_offsets, params: AttentionParams,
              checked: Optional[AttentionParams] = None) -> Tuple[Tensor, Tensor]:
-    """Offset-value checks (per JFA_VALIDATE), then the backend's forward."""
-    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
+    """Offset-value checks (per JFA_VALIDATE, read once for both steps), then the backend's forward."""
+    mode = validation.validation_mode(q.device)
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked, mode)
     result = impl.forward(q, k, v, q_offsets, kv_offsets, params)
-    if params.check_offsets:
-        _cover(q, k, q_offsets, kv_offsets, params, validation.validation_mode(q.device) == "async")
+    _cover(q, k, q_offsets, kv_offsets, params, mode == "async")
     return result
 
 
@@ -119,12 +119,12 @@ def _cover(q, k, q_offsets, kv_offsets, params: AttentionParams, coverable: bool
 
 
 def _offsets_checked(impl, q, k, q_offsets, kv_offsets, params: AttentionParams,
-                     checked: Optional[AttentionParams] = None) -> AttentionParams:
-    """Check offset values per JFA_VALIDATE; the params the backend's forward gets: ``params`` with
-    ``check_offsets=True`` (``checked``, when the caller has it already) where the backend checks them on the
-    device itself."""
+                     checked: Optional[AttentionParams] = None, mode: Optional[str] = None) -> AttentionParams:
+    """Check offset values per JFA_VALIDATE (``mode``: the caller's ``validation_mode`` read, if it made one); the
+    params the backend's forward gets: ``params`` with ``check_offsets=True`` (``checked``, when the caller has it
+    already) where the backend checks them on the device itself."""
     if check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv,
-                           impl.checks_offsets):
+                           impl.checks_offsets, mode):
         return checked if checked is not None else dataclasses.replace(params, check_offsets=True)
     return params
 
@@ -446,8 +446,8 @@ def _lean_autograd_kernel(op_def):
     compiled graph that keeps the op opaque (triton 3.8: ``triton_pin_mismatch``) calls it so per layer, forward
     and backward, with grad mode off. The body and its arguments are the same; the alias check is skipped (the
     bodies return fresh tensors)."""
-    from torch._C._dynamo.eval_frame import set_eval_frame
-
+    if _set_eval_frame is None:
+        raise ImportError("torch._C._dynamo.eval_frame.set_eval_frame")
     generated = torch._library.autograd.make_autograd_impl(op_def._opoverload, op_def)
     below_view_keys = torch._C._after_ADInplaceOrView_keyset
     body = op_def._init_fn
@@ -455,15 +455,31 @@ def _lean_autograd_kernel(op_def):
     def kernel(keyset, *args, **kwargs):
         if (LEAN_DISPATCH and not kwargs and (keyset & below_view_keys) in _DENSE_KEYSETS
                 and not (torch.is_grad_enabled() and _any_requires_grad(*args))):
-            prior = set_eval_frame(None)  # as the backend wrapper's _dynamo.disable: Dynamo never traces the body
-            try:
-                with torch._C._AutoDispatchBelowAutograd():
-                    return body(*args)
-            finally:
-                set_eval_frame(prior)
+            return _run_body(body, args)
         return generated(keyset, *args, **kwargs)
 
     return kernel
+
+
+try:  # imported once: an import statement costs ~1-2 us per call
+    from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
+except ImportError:  # a torch without it: _lean_autograd_kernel raises, and the lean dispatch stays off
+    _set_eval_frame = None
+
+
+def _run_body(body, args):
+    """An op body run as torch.library's backend wrapper runs it: with Dynamo's eval-frame callback off
+    (``_dynamo.disable``: Dynamo never traces the body) and, under grad mode, below autograd. Without grad mode no
+    op of the body can record autograd, and excluding the autograd keys made the body ~4 us slower a call on CPU
+    (bench/NOTES.md "Opaque op host cost, helper host9"): the compiled graph's calls (grad mode off) skip it."""
+    prior = _set_eval_frame(None)
+    try:
+        if not torch.is_grad_enabled():
+            return body(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return body(*args)
+    finally:
+        _set_eval_frame(prior)
 
 
 def _register_lean_dispatch() -> Optional[torch.library.Library]:
@@ -483,6 +499,91 @@ def _register_lean_dispatch() -> Optional[torch.library.Library]:
 
 
 _LEAN_LIB = _register_lean_dispatch()
+
+
+# JFA_OP_CALL (read at import): "dispatcher" (default) leaves ``torch.ops.jfa.<op>.default(...)`` to torch's dispatcher;
+# "direct" gives both overloads a ``__call__`` that runs the op's body itself where the dispatcher would have reached
+# ``_lean_autograd_kernel``'s body anyway (``_DirectCallOverload``). ``DIRECT_OP_CALL`` is read per call (A/B).
+DIRECT_OP_CALL = os.environ.get("JFA_OP_CALL", "dispatcher") == "direct"
+# The exact Python types of the options a direct call passes through unchanged: the dispatcher's conversion of these
+# (schema order: SymInt, SymInt, float?, bool, SymInt, SymInt, bool, bool, str?) is the identity
+_DIRECT_OPTION_TYPES = frozenset((int, int, scale, bool, int, int, bool, bool, backend)
+                                 for scale in (float, type(None)) for backend in (str, type(None)))
+# Dispatch state of a plain call made outside any mode, transform or guard (what this import ran under)
+_BASE_TLS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
+class _DirectCallOverload(torch._ops.OpOverload):
+    """``torch.ops.jfa.attention.default`` / ``attention_backward.default`` with ``JFA_OP_CALL=direct`` (their
+    ``__class__``; hash, schema, ``_op`` and every registration unchanged): a call that the dispatcher would send
+    straight into the op's body from ``_lean_autograd_kernel`` runs the body here, without the dispatcher's
+    Python -> C++ -> Python round trip; every other call goes through ``self._op`` as before.
+
+    Why: a compiled graph that keeps the op opaque (Triton 3.8 + TLX) calls both overloads per layer with grad
+    mode off, and the round trip costs ~7-8 us of CPU per call on a 2-core box (bench/NOTES.md "Opaque op host cost,
+    helper host9"). The direct path requires what makes the two equal: positional arguments only, every option of
+    the exact type the dispatcher would hand the body (no SymInt, no int for the float scale), tensors of the
+    plain class whose dispatch keys are exactly those of a dense CPU or CUDA tensor (so no subclass, functorch
+    wrapper, functionalization, conj/neg view, sparse or meta tensor, mixed devices), the dispatch TLS of a plain
+    call (no mode, transform, autocast region, inference mode, Python dispatcher), no TorchDispatchMode or
+    TorchFunctionMode, grad mode off, no profiler (it records the op from the dispatcher). Off by default: it takes
+    over a torch class's call, an internal API."""
+
+    def __call__(self, /, *args, **kwargs):
+        body, tensors, optional = self._jfa_direct
+        if (DIRECT_OP_CALL and not kwargs and len(args) == tensors + NUM_OPTIONS and not torch.is_grad_enabled()
+                and tuple(map(type, args[tensors:])) in _DIRECT_OPTION_TYPES and _dense_call(args[:tensors], optional)
+                and not torch._C._autograd._profiler_enabled() and torch._C._len_torch_dispatch_stack() == 0
+                and not torch._C._is_torch_function_mode_enabled()
+                and (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+                == _BASE_TLS):
+            return _run_body(body, args)
+        return self._op(*args, **kwargs)
+
+
+def _dense_call(tensors, optional) -> bool:
+    """Every tensor argument a plain tensor with the dispatch keys of a dense CPU or CUDA tensor, all on one device
+    type (None only in the schema's optional slots)."""
+    keys = None
+    for i, t in enumerate(tensors):
+        if t is None and i in optional:
+            continue
+        if type(t) is not Tensor:
+            return False
+        t_keys = torch._C._dispatch_keys(t)
+        if keys is None:
+            if t_keys not in _DENSE_TENSOR_KEYS:
+                return False
+            keys = t_keys
+        elif t_keys != keys:
+            return False
+    return keys is not None
+
+
+def _dense_tensor_keys(device_type: str) -> torch._C.DispatchKeySet:
+    """The dispatch keys torch gives a plain dense tensor of ``device_type`` (built, so no device is needed)."""
+    keys, name = torch._C.DispatchKey, device_type.upper()
+    keyset = torch._C.DispatchKeySet(getattr(keys, name))
+    for key in ("ADInplaceOrView", "Autograd" + name, "Autocast" + name):
+        keyset = keyset.add(getattr(keys, key))
+    return keyset
+
+
+_DENSE_TENSOR_KEYS = tuple(map(_dense_tensor_keys, ("cpu", "cuda")))
+
+
+def install_direct_call() -> None:
+    """Give both overloads ``_DirectCallOverload``'s call (done at import under ``JFA_OP_CALL=direct``; idempotent);
+    ``DIRECT_OP_CALL`` then switches it per call."""
+    for op_def, tensors, optional in ((attention, _NUM_TENSOR_INPUTS, (3,)), (attention_backward, 9, (1, 7))):
+        overload = op_def._opoverload
+        overload._jfa_direct = op_def._init_fn, tensors, optional
+        overload.__class__ = _DirectCallOverload
+
+
+if DIRECT_OP_CALL and _LEAN_LIB is not None:  # the same private APIs as the lean dispatch
+    install_direct_call()
+
 
 def _autocast_kernel(device_type: str):
     """Under ``torch.autocast(device_type)``: floating q/k/v go to the autocast dtype (fp64 is left alone, as autocast
@@ -548,7 +649,7 @@ def attention_direct(q: Tensor, k: Tensor, v: Tensor, q_offsets: Optional[Tensor
         if mode == "off" or (mode in validation.DEVICE_MODES and impl.checks_offsets):  # no host-side check
             # an unhashable argument (a list window) is not kept: such calls always take the full path
             _remember(_FAST, fast_key, (impl, params, None if mode == "off" else checked, mode == "async", options))
-    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked)
+    params = _offsets_checked(impl, q, k, q_offsets, kv_offsets, params, checked, mode)
     result = _direct_forward(impl, q, k, v, q_offsets, kv_offsets, params, options)
     _cover(q, k, q_offsets, kv_offsets, params, mode == "async")
     return result
