@@ -1,8 +1,8 @@
 """The select kernel's cost on the H200, modeled from sm_90 SASS counts (bench/NOTES.md "Select kernel cost, helper
 select30, stop 30"): `python tools/select_cost_model.py` (CPU; no GPU, no compile: the counts below are triton 3.9's).
 
-Per variant, SASS instructions a warp executes for one program (one Q block row of one kv head) as a function of the
-row's scored blocks n (the visible range where the variant takes it; ch = ceil(n / 32) steps of 32 blocks), the
+Per variant, SASS instructions a warp executes for one Q block row of one kv head as a function of the row's scored
+blocks n (the visible range where the variant takes it; ch = ceil(n / 32) steps of 32 blocks), the
 shuffles among them, the dependent global round trips, and the CTAs of 4 warps an SM holds (registers). Time:
 
     T = ((I - S) / IPC + S) / (132 SMs x 1.98 GHz) + L x RT / (132 x CTAs per SM)
@@ -27,13 +27,16 @@ def _chunks(n):
     return math.ceil(n / 32)
 
 
-# name: (instructions a warp, SHFL a warp, round trips) of a program ranking n blocks; CTAs per SM; visible range;
-# Q rows per program. Counts: `block_select_kernel` sm_90 SASS (loop bodies: score step 203-218, rank step 721).
+# name: (instructions a warp, SHFL a warp, dependent round trips) per Q block row and kv head, as a function of the
+# blocks n the row scores; CTAs per SM (registers); whether it takes the visible range. Counts: `block_select_kernel`'s
+# sm_90 SASS (loop bodies: score step 203-215, rank step 721; the grouped rows loop 5,124 a row + 333 a program of 4
+# rows; the radix kernel 1,033 a program of 4 kv heads + 43 a head + 212 a score step).
 VARIANTS = {
-    "default": (lambda n: (252 + (203 + 721) * _chunks(n), 29 * _chunks(n), 3 + 2 * _chunks(n)), 6, True, 1),
-    "sparse_select_rows": (lambda n: (4592, 1012, 4), 5, False, 1),
-    "rows+grouped": (lambda n: (5124 + 333 // 4, 1012, 2.5), 3, False, 4),
-    "sparse_select_radix": (lambda n: (1126 + 210 * _chunks(n), 26 + 24 * _chunks(n), 4 + _chunks(n)), 10, True, 1),
+    "default": (lambda n: (252 + (203 + 721) * _chunks(n), 29 * _chunks(n), 3 + 2 * _chunks(n)), 6, True),
+    "sparse_select_rows": (lambda n: (4592, 1012, 4), 5, False),
+    "rows+grouped": (lambda n: (5124 + 333 / 4, 1012, 2.5), 3, False),
+    "sparse_select_radix": (lambda n: ((1033 + 4 * 43) / 4 + 212 * _chunks(n), 3 + 24 * _chunks(n), 1 + _chunks(n)),
+                            9, True),
 }
 MEASURED = {("default", False): 150.0, ("default", True): 120.0, ("sparse_select_rows", False): 320.0}
 
@@ -47,7 +50,7 @@ def _row_lengths(case):
 
 
 def features(case, variant):
-    per_row, ctas, visible, rows_per_program = VARIANTS[variant]
+    per_row, ctas, visible = VARIANTS[variant]
     heads = case.num_heads_kv
     inst = shfl = trips = 0.0
     for n, causal_n in _row_lengths(case):
@@ -70,8 +73,9 @@ def main():
         for causal in (False, True):
             x, shfl_us = features(cases[causal], variant)
             issue, wait = x[0] * inv_ipc, x[1] * latency
+            measured = MEASURED.get((variant, causal), "-")
             print(f"{variant:20s} {'causal' if causal else 'full':6s} issue {issue:5.0f} + shfl {shfl_us:4.0f} + "
-                  f"latency {wait:3.0f} = {issue + shfl_us + wait:4.0f} us  (measured {MEASURED.get((variant, causal), '-')})")
+                  f"latency {wait:3.0f} = {issue + shfl_us + wait:4.0f} us  (measured {measured})")
 
 
 if __name__ == "__main__":

@@ -243,7 +243,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           SEARCH_STEPS=1 if select_grouped and not broadcast_q else 0,
                           SCORES=(block_sparse_select.SCORES_FP32_RN if fp32_rn
                                   else block_sparse_select.SCORES_FP64).value,
-                          RADIX_WIDTH=block_sparse_select.SELECT_BLOCK_C if select_radix else 0)
+                          RADIX_WIDTH=block_sparse_select.SELECT_BLOCK_C if select_radix else 0,
+                          HEADS=block_sparse_select.SELECT_RADIX_HEADS.value if select_radix else 1)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
