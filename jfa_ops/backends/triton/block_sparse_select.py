@@ -45,7 +45,7 @@ SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks
 SCORES_FP64, SCORES_FP32_RN, SCORES_FP32 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_grouped
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
-SELECT_RADIX_MAX = 512  # KNOBS.sparse_select_radix: the longest row (KV blocks) it keeps in registers, 4 per lane at 128
+SELECT_RADIX_MAX = 512  # KNOBS.sparse_select_radix: the longest row (KV blocks) it holds in registers
 SELECT_RADIX_HEADS = tl.constexpr(4)  # ... kv heads per select program, one per warp (num_warps): warp-local counts
 
 
@@ -438,9 +438,9 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
                         VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
                         SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr):
-    """Program t * cdiv(heads, HEADS) + head / HEADS (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
-    broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
-    in ascending order (the rest stays -1).
+    """Program t * cdiv(heads, HEADS) + head / HEADS (heads fastest, as the pooling): one Q block of one sequence
+    (its Q slot t; broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the
+    Count best blocks in ascending order (the rest stays -1).
 
     1. Scores of the sequence's own KV blocks into the program's row of Scores (scratch): pooled_q . pooled_k, -inf
        where the pair is not visible (``meta_kernels.block_visible``: max(d0, first key - right) <= min(d1, last
@@ -494,30 +494,31 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
     if GROUP == 1:
-        _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0, q_slot0, q_ok, len_q, len_k, kv_slot0,
-                        n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
-                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D,
-                        BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, ROW_IN_REGISTERS,
-                        BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
+        _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0, q_slot0, q_ok, len_q, len_k,
+                        kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
+                        stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM,
+                        BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
+                        ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
     else:
         for g in range(0, GROUP):  # a loop, not unrolled: unrolled, ptxas hoisted all rows' loads (248 registers)
-            _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0 + g, q_slot0, q_ok, len_q, len_k,
-                            kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
-                            stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
-                            HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
-                            ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
+            _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0 + g, q_slot0, q_ok, len_q,
+                            len_k, kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh,
+                            stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left,
+                            right, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT,
+                            ALWAYS_LOCAL, ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
 
 
 @triton.jit
-def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i, q_slot0, q_ok, len_q, len_k, kv_slot0,
-                    n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i, q_slot0, q_ok, len_q, len_k,
+                    kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
                     stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                     BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     ALWAYS_LOCAL: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
                     VISIBLE_RANGE: tl.constexpr, SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr):
     """Q block i of sequence seq (pooled Q at slot q_slot0 + i): its Count and Index row (``block_select_kernel``;
-    RADIX_WIDTH > 0: those of kv heads head .. head + SELECT_RADIX_HEADS - 1). Nothing when the block is not real (a length over max_seqlen_q, bad offsets, has no row in Index)."""
+    RADIX_WIDTH > 0: those of kv heads head .. head + SELECT_RADIX_HEADS - 1). Nothing when the block is not real
+    (a length over max_seqlen_q, bad offsets, has no row in Index)."""
     if q_ok & (i < n_q_blocks) & (i * BLOCK_Q < len_q):
         d0 = i * BLOCK_Q + len_k - len_q
         d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
