@@ -178,6 +178,9 @@ SELECT_VARIANTS = {
                             sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
     # the default pool v6 with the two select-kernel knobs a flip would turn on together (bench/NOTES.md v20)
     "v6_visible_fp32_rn": dict(sparse_select_visible=True, sparse_select_fp32_rn=True),
+    # the top-k by a radix select (helper select30) on the default kernel, and on fp64 scores (64-bit keys)
+    "radix": dict(sparse_select_radix=True),
+    "radix_fp64": dict(sparse_select_radix=True, sparse_select_fp32_rn=False),
     # selection pool v6: 4 kv heads per pooling program (either search), Q and K pooled in one launch
     "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True,
                         sparse_pool_one_launch=False),
@@ -284,6 +287,58 @@ def test_selection_edge_cases(device, name, variant, monkeypatch):
         _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max(kv_lens), block_q=block_q,
                                            block_kv=block_kv, keep_ratio=0.5, causal=causal, window=window,
                                            broadcast_q=bool(broadcast), always_local=always_local)
+
+
+@on_each_device
+def test_radix_select_equals_the_pairwise_rank(device, monkeypatch):
+    """``KNOBS.sparse_select_radix`` keeps exactly the blocks of the pairwise rank, the default (same index and
+    count rows), where a radix select could part from it: scores +0.0 and -0.0 (KV blocks of +0 and -0 keys: equal
+    for the compares, not for the bits) and other exact ties (repeated blocks), causal, GQA 2:1, rows of 1, 20 and
+    140 blocks (a 256-wide row); the finite batch also against the float64 reference, and a batch of 6 kv heads (4
+    a program: a partial group) with a window. With a NaN block and a +inf block in the batch (pooled NaN and +-inf
+    scores: NaN blocks are kept wherever visible), against the default only (the reference sorts NaN otherwise).
+    Rows over ``SELECT_RADIX_MAX`` blocks keep the pairwise rank. (fp64 scores' 64-bit keys: the ``radix_fp64``
+    variant of the selection tests.)"""
+    from jfa_ops.backends.triton import block_sparse_select
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    gen = torch.Generator().manual_seed(3)
+    lengths, block = (140 * 16 - 3, 20 * 16, 5), 16
+    blocks = torch.randint(-3, 4, (4, block, 1, 16), generator=gen).float()
+    blocks[0], blocks[1] = 0.0, -0.0  # scores +0 and -0 for a positive q
+    k = blocks[torch.arange(sum(lengths) // block + 1) % 4].flatten(0, 1)[:sum(lengths)]
+    q = torch.randint(1, 3, (sum(lengths) // block + 1, 1, 2, 16), generator=gen).float()
+    q = q.expand(-1, block, -1, -1).flatten(0, 1)[:sum(lengths)]
+    q[:block * 80] *= torch.randint(-1, 2, (1, 1, 16)).float()  # negative products in the long row's first rows
+    off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device)
+    q, k = q.contiguous().to(device), k.contiguous().to(device)
+    opts = dict(block_q=block, block_kv=block, keep_ratio=0.3)
+
+    def select(q, k, radix, causal, backend="triton"):
+        monkeypatch.setattr(KNOBS, "sparse_select_radix", radix)
+        return jfa_ops.select_kv_blocks(q, k, off, off, lengths[0], lengths[0], causal=causal, backend=backend,
+                                        **opts)
+
+    k_bad = k.clone()
+    k_bad[block * 7:block * 7 + 3] = float("nan")
+    k_bad[block * 9] = float("inf")
+    for causal in (False, True):
+        got, want = select(q, k, True, causal), select(q, k, False, causal)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), causal
+        ref = jfa_ops.select_kv_blocks(q.cpu(), k.cpu(), off.cpu(), off.cpu(), lengths[0], lengths[0], causal=causal,
+                                       backend="reference", **opts)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, ref)), causal
+    got, want = select(q, k_bad, True, False), select(q, k_bad, False, False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), "non-finite"
+    # 6 kv heads: a program's second group of 4 has 2 (the others' warps masked); GQA 2:1, a window, empty sequences
+    monkeypatch.setattr(KNOBS, "sparse_select_radix", True)
+    q6, k6 = (torch.randn(100, h, 16, generator=gen).half().to(device) for h in (12, 6))
+    off6 = torch.tensor([0, 50, 50, 83, 100], device=device)
+    for causal, window in ((False, (-1, -1)), (True, (20, 0))):
+        _assert_selection_equals_reference(q6, k6, off6, off6, 50, 50, block_q=16, block_kv=16, keep_ratio=0.4,
+                                           causal=causal, window=window)
+    assert block_sparse_select.select_radix_width(block_sparse_select.SELECT_RADIX_MAX) == 512
+    assert block_sparse_select.select_radix_width(block_sparse_select.SELECT_RADIX_MAX + 1) == 0
 
 
 # (q lengths or None: the kv lengths, kv lengths, broadcast L_q, q heads, kv heads, block_q, block_kv)

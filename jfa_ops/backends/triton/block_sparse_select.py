@@ -45,6 +45,8 @@ SELECT_BLOCK_C = 128  # KV blocks compared per rank step: a row of <= 128 blocks
 SCORES_FP64, SCORES_FP32_RN, SCORES_FP32 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_grouped
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
+SELECT_RADIX_MAX = 512  # KNOBS.sparse_select_radix: the longest row (KV blocks) it holds in registers
+SELECT_RADIX_HEADS = tl.constexpr(4)  # ... kv heads per select program, one per warp (num_warps): warp-local counts
 
 
 @triton.jit
@@ -313,13 +315,48 @@ def _select_row_in_registers(PK, PQ_ROW, KEEP, index_row, count_ptr, kv_slot0, h
 
 
 @triton.jit
-def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
-                        stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
-                        BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                        ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
-    """One row of any length (its blocks [lo, hi)): the scores into the program's scratch row, then the ranks read
-    back from it."""
+def _keep_top_radix(scores_rows, index_rows, rows_ok, count, lo, hi, WIDTH: tl.constexpr, ROWS: tl.constexpr,
+                    SCORES: tl.constexpr):
+    """``KNOBS.sparse_select_radix``: each of ROWS scratch rows (pointers [ROWS, 1], rows_ok: which are real; one Q
+    block's kv heads: the same count, lo, hi) gets in its Index row the blocks of rank < count, the ranks of the
+    pairwise rank (a higher score, or an equal one at a lower index, beats), found without comparing pairs. A row's
+    scores [lo, hi) are read back once as an order-preserving unsigned key (``-0.0`` made ``+0.0``: the compares
+    take them equal) into [ROWS, WIDTH], a row a warp, so each count below is a warp's reduction (no barrier); a
+    bitwise binary search (one count a key bit: 32 for fp32 scores) finds T, the count-th largest key; kept: keys
+    above T, then the first (count - #above) keys equal to T in index order. NaN scores (pooled inf or NaN) beat
+    nothing and nothing beats them in the pairwise rank: they are kept (count > 0: the caller's condition) and left
+    out of the search, as there."""
+    c = tl.arange(0, WIDTH)[None, :] + rows_ok.to(tl.int32) * 0
+    in_row = (c >= lo) & (c < hi) & rows_ok
+    s = tl.load(scores_rows + c, mask=in_row, other=0.0) + 0.0  # -0.0 + 0.0 = +0.0
+    if SCORES == SCORES_FP64:
+        bits = s.to(tl.uint64, bitcast=True)
+    else:
+        bits = s.to(tl.uint32, bitcast=True)
+    one = tl.full([ROWS, 1], 1, bits.dtype)
+    top = one << (bits.dtype.primitive_bitwidth - 1)
+    key = tl.where((bits & top) != 0, ~bits, bits | top)  # negative scores reversed below the positive ones
+    nan = s != s
+    valid = in_row & ~nan
+    threshold = tl.zeros([ROWS, 1], bits.dtype)
+    for b in tl.static_range(bits.dtype.primitive_bitwidth - 1, -1, -1):
+        candidate = threshold | (one << b)
+        at_least = tl.sum((valid & (key >= candidate)).to(tl.int32), 1)[:, None]
+        threshold = tl.where(at_least >= count, candidate, threshold)
+    above = valid & (key > threshold)
+    tie = valid & (key == threshold)
+    ties_before = tl.cumsum(tie.to(tl.int32), 1) - tie.to(tl.int32)
+    kept = above | (tie & (ties_before < count - tl.sum(above.to(tl.int32), 1)[:, None])) | (in_row & nan)
+    slot = tl.cumsum(kept.to(tl.int32), 1) - 1
+    tl.store(index_rows + slot, c, mask=kept)
+
+
+@triton.jit
+def _score_row(PK, PQ_ROW, scores_row, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1, local, len_k,
+               window_left, right, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr,
+               BLOCK_J: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
+    """The scores of a row's blocks [lo, hi) into its scratch row; returns how many are visible."""
     n_visible = tl.full([], 0, tl.int32)
     for j0 in range(loop_bound(lo), loop_bound(hi), BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
@@ -330,6 +367,20 @@ def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_s
                                  HAS_RIGHT, ALWAYS_LOCAL)
         n_visible += tl.sum(vis.to(tl.int32), 0)
         tl.store(scores_row + j, s, mask=j_ok)
+    return n_visible
+
+
+@triton.jit
+def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
+                        stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                        ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr):
+    """One row of any length (its blocks [lo, hi)): the scores into the program's scratch row, then the ranks read
+    back from it."""
+    n_visible = _score_row(PK, PQ_ROW, scores_row, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1, local,
+                           len_k, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_DC, HAS_LEFT,
+                           HAS_RIGHT, ALWAYS_LOCAL, SCORES)
     count = tl.load(KEEP + n_visible)
     tl.store(count_ptr, count)
     tl.debug_barrier()  # the row's scores, stored by all of this program's threads, are read back below
@@ -349,6 +400,33 @@ def _select_row_scratch(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_s
         slot0 += tl.sum(kept.to(tl.int32), 0)
 
 
+@triton.jit
+def _select_heads_radix(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_slot0, head, heads, lo, hi,
+                        stride_pks, stride_pkh, stride_pqh, stride_sh, stride_ih, stride_ch, d0, d1, local, len_k,
+                        window_left, right, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr,
+                        BLOCK_J: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_LEFT: tl.constexpr,
+                        HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr, SCORES: tl.constexpr,
+                        RADIX_WIDTH: tl.constexpr):
+    """``KNOBS.sparse_select_radix``: one Q block's rows of kv heads head .. head + SELECT_RADIX_HEADS - 1 (those
+    < heads; pointers at head's row, the others a head stride apart): each head's scores into its scratch row
+    (``_score_row``, the pairwise path's code: the same bits), the count once (it depends on the row's geometry
+    only), then the heads' choices together, a head a warp (``_keep_top_radix``)."""
+    n_visible = tl.full([], 0, tl.int32)
+    for h in range(0, SELECT_RADIX_HEADS):
+        if head + h < heads:
+            n_visible = _score_row(PK, PQ_ROW + h * stride_pqh, scores_row + h * stride_sh, kv_slot0, head + h, lo,
+                                   hi, stride_pks, stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM,
+                                   BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
+    count = tl.load(KEEP + n_visible)
+    h = tl.arange(0, SELECT_RADIX_HEADS)[:, None]
+    heads_ok = head + h < heads
+    tl.store(count_ptr + h * stride_ch, count + h * 0, mask=heads_ok)
+    tl.debug_barrier()  # the rows' scores, stored by all of this program's threads, are read back below
+    if count > 0:  # the pairwise rank's loop runs for count > 0 only (NaN scores are kept by both)
+        _keep_top_radix(scores_row + h * stride_sh, index_row + h * stride_ih, heads_ok, count, lo, hi, RADIX_WIDTH,
+                        SELECT_RADIX_HEADS, SCORES)
+
+
 @triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "heads", "window_left",
                                "right", "num_seqs", "rows_q"])
 def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
@@ -359,10 +437,10 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
                         VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-                        SCORES: tl.constexpr):
-    """Program t * heads + head (heads fastest, as the pooling): one Q block of one sequence (its Q slot t;
-    broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the Count best blocks
-    in ascending order (the rest stays -1).
+                        SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr):
+    """Program t * cdiv(heads, HEADS) + head / HEADS (heads fastest, as the pooling): one Q block of one sequence
+    (its Q slot t; broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the
+    Count best blocks in ascending order (the rest stays -1).
 
     1. Scores of the sequence's own KV blocks into the program's row of Scores (scratch): pooled_q . pooled_k, -inf
        where the pair is not visible (``meta_kernels.block_visible``: max(d0, first key - right) <= min(d1, last
@@ -376,11 +454,15 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     rows in registers only): program t * heads + head ranks GROUP consecutive Q blocks of one sequence (its group
     slot, found by ``scheduling.slot_tile_fanout``; broadcast Q: sequence t // cdiv(NQB, GROUP)), so the sequence's
     offsets and the head's pooled K row are fetched once per GROUP rows (the later rows' pooled K from L1) and the
-    grid is GROUP times smaller: fewer waves of the ~5 dependent round trips a program waits through. Padding slots,
+    grid is GROUP times smaller: fewer waves of the ~5 dependent round trips a program waits through. RADIX_WIDTH
+    > 0 (``KNOBS.sparse_select_radix``, scratch rows of <= RADIX_WIDTH blocks; HEADS = SELECT_RADIX_HEADS): a
+    program takes HEADS kv heads of its Q block, step 2's choice by a radix select, a head a warp
+    (``_select_heads_radix``): the same blocks without the pairwise compares. Else HEADS = 1. Padding slots,
     and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred), read and write
     nothing."""
-    t = tl.program_id(0) // heads
-    head = tl.program_id(0) % heads
+    head_groups = (heads + HEADS - 1) // HEADS
+    t = tl.program_id(0) // head_groups
+    head = tl.program_id(0) % head_groups * HEADS
     if BROADCAST_Q:  # the one Q sequence's blocks: Q block i at slot i
         n_groups = (n_q_blocks + GROUP - 1) // GROUP
         seq = t // n_groups
@@ -412,30 +494,31 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
     if GROUP == 1:
-        _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0, q_slot0, q_ok, len_q, len_k, kv_slot0,
-                        n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
-                        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D,
-                        BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, ROW_IN_REGISTERS,
-                        BLOCK_DC, VISIBLE_RANGE, SCORES)
+        _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0, q_slot0, q_ok, len_q, len_k,
+                        kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
+                        stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM,
+                        BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
+                        ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
     else:
         for g in range(0, GROUP):  # a loop, not unrolled: unrolled, ptxas hoisted all rows' loads (248 registers)
-            _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i0 + g, q_slot0, q_ok, len_q, len_k,
-                            kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
-                            stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
-                            HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL,
-                            ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES)
+            _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0 + g, q_slot0, q_ok, len_q,
+                            len_k, kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh,
+                            stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left,
+                            right, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT,
+                            ALWAYS_LOCAL, ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
 
 
 @triton.jit
-def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0, q_ok, len_q, len_k, kv_slot0,
-                    n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
+def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i, q_slot0, q_ok, len_q, len_k,
+                    kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh,
                     stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                     BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     ALWAYS_LOCAL: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
-                    VISIBLE_RANGE: tl.constexpr, SCORES: tl.constexpr):
-    """Q block i of sequence seq (pooled Q at slot q_slot0 + i): its Count and Index row (``block_select_kernel``).
-    Nothing when the block is not real (a length over max_seqlen_q, bad offsets, has no row in Index)."""
+                    VISIBLE_RANGE: tl.constexpr, SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr):
+    """Q block i of sequence seq (pooled Q at slot q_slot0 + i): its Count and Index row (``block_select_kernel``;
+    RADIX_WIDTH > 0: those of kv heads head .. head + SELECT_RADIX_HEADS - 1). Nothing when the block is not real
+    (a length over max_seqlen_q, bad offsets, has no row in Index)."""
     if q_ok & (i < n_q_blocks) & (i * BLOCK_Q < len_q):
         d0 = i * BLOCK_Q + len_k - len_q
         d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
@@ -452,6 +535,12 @@ def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, seq, i, q_slot0
             _select_row_in_registers(PK, pq_row, KEEP, index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks,
                                      stride_pkh, d0, d1, local, len_k, window_left, right, HEAD_DIM, BLOCK_D,
                                      BLOCK_KV, BLOCK_J, BLOCK_C, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
+        elif RADIX_WIDTH > 0:
+            _select_heads_radix(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh, index_row,
+                                count_ptr, kv_slot0, head, heads, lo, hi, stride_pks, stride_pkh, stride_pqh,
+                                stride_sh, stride_ih, stride_ch, d0, d1, local, len_k, window_left, right, HEAD_DIM,
+                                BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES,
+                                RADIX_WIDTH)
         else:
             _select_row_scratch(PK, pq_row, KEEP, Scores + t.to(tl.int64) * stride_ss + head * stride_sh,
                                 index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1,
@@ -465,6 +554,14 @@ def score_kind() -> int:
     if not KNOBS.sparse_select_fp32_rn:
         return SCORES_FP64.value
     return (SCORES_FP32 if interpreting() else SCORES_FP32_RN).value
+
+
+def select_radix_width(n_kv_blocks: int) -> int:
+    """The select kernel's RADIX_WIDTH: ``KNOBS.sparse_select_radix``'s row width (a power of two >= 16) where a row of
+    n_kv_blocks fits ``SELECT_RADIX_MAX``, else 0 (the pairwise rank)."""
+    if not KNOBS.sparse_select_radix or n_kv_blocks > SELECT_RADIX_MAX:
+        return 0
+    return max(16, triton.next_power_of_2(n_kv_blocks))
 
 
 def pool_whole_block(block: int, block_d: int) -> bool:
@@ -582,6 +679,8 @@ class _Layout:
             select_slots = num_seqs * -(-n_q // group) if params.broadcast_q else capacity_of(
                 q.shape[0], params.block_q * group, q_seqs)
         score_mode = score_kind()
+        radix_width = select_radix_width(n_kv) if not in_registers else 0
+        select_heads = SELECT_RADIX_HEADS.value if radix_width else 1  # kv heads per select program
         self.scores_shape = None if in_registers else (select_slots, heads_kv, n_kv)
         self.scores_dtype = torch.float64 if score_mode == SCORES_FP64.value else torch.float32
         scores = pooled_q if in_registers else _Strided(self.scores_shape)
@@ -600,11 +699,11 @@ class _Layout:
             BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
             BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
             SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0,
-            SCORES=score_mode)
+            SCORES=score_mode, RADIX_WIDTH=radix_width, HEADS=select_heads)
         tensors = dict(PQ="pooled_q", PK="pooled_k", Q_OFF="q_off", KV_OFF="kv_off", Q_SLOT_SEQ="q_slot_seq",
                        KEEP="keep", Scores="pooled_q" if in_registers else "scores", Index="index", Count="count")
-        self.launches.append(_Launch(block_select_kernel, (select_slots * heads_kv,), static, tensors,
-                                     dict(num_warps=4, num_stages=1)))
+        grid = (select_slots * -(-heads_kv // select_heads),)
+        self.launches.append(_Launch(block_select_kernel, grid, static, tensors, dict(num_warps=4, num_stages=1)))
 
     def run(self, q, k, q_offsets, kv_offsets):
         """(index, count) of one call: allocations, the offsets as the kernels read them, the launches (through

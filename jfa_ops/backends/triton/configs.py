@@ -98,6 +98,12 @@ class Knobs:
     # run of 2026-12-03 (v20: with the visible range, selection 348 -> 314 us non-causal, 354 -> 271 causal; the ties
     # test passes on the GPU, where FMA contraction would split ties).
     sparse_select_fp32_rn: bool = True
+    # Block selection (helper select30, bench/NOTES.md "Select kernel cost, helper select30, stop 30"): a select
+    # program takes 4 kv heads of its Q block, a head a warp, and keeps a row's (<= 512 blocks) top ``count`` by a
+    # radix select (a bitwise binary search for the count-th largest score: 32 warp-local counts) instead of every
+    # pair compared (the rank loop: ~2,900 SASS instructions a warp for a row of 128 blocks; the kernel is
+    # issue-bound). Same choices (ties toward the lower index). Off until measured (predicted 150 -> 50-75 us).
+    sparse_select_radix: bool = False
     # Selection pool v6 (helper poolv6, bench/NOTES.md "selection pool v6"): a pooling program streams 4 kv heads of
     # its block (slot search and offsets once for 128 KB, not 32 KB), its loop pipelined by async copies with three
     # 32-row steps in flight (the v3/v4 pool keeps one ahead: 2.8 TB/s, latency-bound); Q's and K's pooling in one

@@ -188,7 +188,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                                 broadcast_q: bool = False, block_q: int = 128, block_kv: int = 128,
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
                                 pool_fanout=False, one_pass=None, pool_whole_block=False, select_visible=False,
-                                select_grouped=False, fp32_rn=False, pool_stream=False,
+                                select_grouped=False, fp32_rn=False, pool_stream=False, select_radix=False,
                                 cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
@@ -202,7 +202,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     (``KNOBS.sparse_pool_stream``; kernel "bs_pool_pair": Q and K in one launch, ``KNOBS.sparse_pool_one_launch``);
     select_visible: the select kernel over a row's visible blocks only (``KNOBS.sparse_select_visible``);
     select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); fp32_rn:
-    fp32 scores with mul.rn products (``KNOBS.sparse_select_fp32_rn``); one_pass:
+    fp32 scores with mul.rn products (``KNOBS.sparse_select_fp32_rn``); select_radix: the top-k of a row of 128
+    blocks by a radix select (``KNOBS.sparse_select_radix``, scratch rows); one_pass:
     both stage split points in one pass over the ids (None: as ``KNOBS.sparse_one_pass_split`` says)."""
     import importlib
 
@@ -242,7 +243,9 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           GROUP=block_sparse_select.SELECT_GROUP if select_grouped else 1,
                           SEARCH_STEPS=1 if select_grouped and not broadcast_q else 0,
                           SCORES=(block_sparse_select.SCORES_FP32_RN if fp32_rn
-                                  else block_sparse_select.SCORES_FP64).value)
+                                  else block_sparse_select.SCORES_FP64).value,
+                          RADIX_WIDTH=block_sparse_select.SELECT_BLOCK_C if select_radix else 0,
+                          HEADS=block_sparse_select.SELECT_RADIX_HEADS.value if select_radix else 1)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -280,7 +283,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
            f"{'-stages3' if kernel == 'bs_dkdv' and stages == 3 else ''}{'-rows' if select_rows else ''}" \
            f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}" \
            f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}" \
-           f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}{'-stream' if pool_stream else ''}"
+           f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}{'-stream' if pool_stream else ''}" \
+           f"{'-radix' if select_radix else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -323,6 +327,10 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     for causal, bcast in ((False, False), (True, False), (False, True)):
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
                                           select_visible=True, fp32_rn=True)
+    # KNOBS.sparse_select_radix on the default select kernel (fp32 mul.rn scores, the visible range)
+    for causal, bcast in ((False, False), (True, False), (False, True)):
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
+                                          select_visible=True, fp32_rn=True, select_radix=True)
     # selection pool v6: KNOBS.sparse_pool_stream, KNOBS.sparse_pool_one_launch (alone and with the stream)
     yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True, pool_stream=True)
     for stream in (False, True):
