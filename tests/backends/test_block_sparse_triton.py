@@ -178,9 +178,9 @@ SELECT_VARIANTS = {
                             sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
     # the default pool v6 with the two select-kernel knobs a flip would turn on together (bench/NOTES.md v20)
     "v6_visible_fp32_rn": dict(sparse_select_visible=True, sparse_select_fp32_rn=True),
-    # the top-k by a radix select (helper select30) on the default kernel, and on fp64 scores (64-bit keys)
+    # the top-k by a radix select (helper select30) on the default kernel (fp64 scores' 64-bit keys: the GPU-only
+    # test_radix_select_equals_the_pairwise_rank; a variant here costs CI ~3 minutes under the interpreter)
     "radix": dict(sparse_select_radix=True),
-    "radix_fp64": dict(sparse_select_radix=True, sparse_select_fp32_rn=False),
     # selection pool v6: 4 kv heads per pooling program (either search), Q and K pooled in one launch
     "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True,
                         sparse_pool_one_launch=False),
@@ -289,19 +289,24 @@ def test_selection_edge_cases(device, name, variant, monkeypatch):
                                            broadcast_q=bool(broadcast), always_local=always_local)
 
 
-@on_each_device
-def test_radix_select_equals_the_pairwise_rank(device, monkeypatch):
+# GPU only: ~300 s under the interpreter (its 140-block rows), beyond CI's budget; the CPU covers the radix select
+# through the ``radix`` variant of the selection tests above. Runs on the GPU before the knob may flip.
+@pytest.mark.gpu
+@pytest.mark.parametrize("scores_fp32_rn", [True, False], ids=["fp32_rn", "fp64"])
+def test_radix_select_equals_the_pairwise_rank(scores_fp32_rn, monkeypatch):
     """``KNOBS.sparse_select_radix`` keeps exactly the blocks of the pairwise rank, the default (same index and
     count rows), where a radix select could part from it: scores +0.0 and -0.0 (KV blocks of +0 and -0 keys: equal
     for the compares, not for the bits) and other exact ties (repeated blocks), causal, GQA 2:1, rows of 1, 20 and
     140 blocks (a 256-wide row); the finite batch also against the float64 reference, and a batch of 6 kv heads (4
     a program: a partial group) with a window. With a NaN block and a +inf block in the batch (pooled NaN and +-inf
     scores: NaN blocks are kept wherever visible), against the default only (the reference sorts NaN otherwise).
-    Rows over ``SELECT_RADIX_MAX`` blocks keep the pairwise rank. (fp64 scores' 64-bit keys: the ``radix_fp64``
-    variant of the selection tests.)"""
+    Rows over ``SELECT_RADIX_MAX`` blocks keep the pairwise rank. With fp32 mul.rn scores (the default) and fp64
+    scores (the radix's 64-bit keys)."""
     from jfa_ops.backends.triton import block_sparse_select
     from jfa_ops.backends.triton.configs import KNOBS
 
+    device = "cuda"
+    monkeypatch.setattr(KNOBS, "sparse_select_fp32_rn", scores_fp32_rn)  # fp64 scores: the radix's 64-bit keys
     gen = torch.Generator().manual_seed(3)
     lengths, block = (140 * 16 - 3, 20 * 16, 5), 16
     blocks = torch.randint(-3, 4, (4, block, 1, 16), generator=gen).float()
