@@ -32,6 +32,7 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
 from ..base import tracing
+from . import ttir_compat
 from .configs import interpreting
 
 LAUNCHES: collections.Counter = collections.Counter()  # launches per kernel name through launch() (tests count them)
@@ -106,6 +107,7 @@ def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) ->
     if tracing():  # recorded as a graph node (torch.compile): Inductor compiles and launches the kernel itself
         from torch.library import wrap_triton
 
+        ttir_compat.install()  # torch 2.11 under Triton 3.8: its analysis of what the kernel writes needs it
         values, _ = info.bind(args, specialize=False)  # FakeTensors have no data pointers to specialize on
         wrap_triton(kernel)[grid](*values, **options)
         return
