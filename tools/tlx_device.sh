@@ -45,6 +45,8 @@ if [ ! -d /tmp/t38/triton/_C ]; then
   mkdir -p /tmp/t38 && tar xJf .t38/triton38.tar.xz -C /tmp/t38 &&
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/t38 .t38/triton_utlx-*.whl || exit 2
 fi
+# the plugin's .pth in every interpreter that has /tmp/t38 on its path, Inductor's compile workers too
+cp tools/t38_site/sitecustomize.py /tmp/t38/
 export PYTHONPATH=/tmp/t38:$PWD:${PYTHONPATH:-}
 timeout -k 10 120 python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx
 print('triton', triton.__version__, 'TLX')"

@@ -6,7 +6,9 @@ triton? `PYTHONPATH=[/tmp/t38:]$PWD python3 tools/ttir_probe.py` (CPU only: an s
 failed there on every one of our kernels ("Function argument index out of range", bench/NOTES.md), so compiled
 graphs keep the op opaque (``ops.attention.triton_pin_mismatch``). This prints, for a plain pointer kernel and one
 taking a host TensorDescriptor (TMA: torch counts the arguments a descriptor expands to), ``ok`` with the TTIR's
-argument names, or the error and where it was raised: where a torch/triton pair breaks, without a GPU.
+argument names, or the error and where it was raised: where a torch/triton pair breaks, without a GPU. With
+``backends.triton.ttir_compat`` installed (what the traced path does; ``--plain``: without it), torch 2.11 under
+triton 3.8 passes (bench/NOTES.md "Traced path under Triton 3.8").
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ try:  # under Triton 3.8 + TLX (/tmp/t38 first on PYTHONPATH): the TLX plugin re
     import _utlx_autoregister  # noqa: F401
 except ImportError:
     pass
+import sys
 import traceback
 
 import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+
+from jfa_ops.backends.triton import ttir_compat
 
 
 class _H100Driver:  # only the compile target is asked for
@@ -44,7 +49,8 @@ def main():
     from torch._higher_order_ops import triton_kernel_wrap as wrap
 
     triton.runtime.driver.set_active(_H100Driver())
-    print(f"torch {torch.__version__}, triton {triton.__version__}")
+    compat = "" if "--plain" in sys.argv else f", ttir_compat installed: {ttir_compat.install()}"
+    print(f"torch {torch.__version__}, triton {triton.__version__}{compat}")
     x, y = torch.empty(256, 16), torch.empty(256, 16)
     cases = [("pointer kernel", _copy_kernel, {"X": x, "Y": y, "N": 4096, "BLOCK": 64}, {})]
     try:

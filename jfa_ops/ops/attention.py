@@ -282,7 +282,9 @@ def triton_pin_mismatch() -> Optional[str]:
     compiler API. torch 2.11 (pinned to triton 3.6) under triton 3.8 (the TLX install) fails there ("Function
     argument index out of range") and Inductor then fails the whole graph (H200, 2026-12-02). So when triton's
     major.minor differs from the version torch's wheel pins, the default compile path keeps the op opaque (its body
-    runs at run time: correct, a little slower); ``JFA_COMPILE_PATH=inductor`` forces tracing anyway."""
+    runs at run time: correct, a little slower); ``JFA_COMPILE_PATH=inductor`` forces tracing anyway, and for torch
+    2.11 under triton 3.8 ``backends.triton.ttir_compat`` then fixes torch's analysis (compiles on CPU; the H200 run
+    that would make it the default there: bench/NOTES.md "Traced path under Triton 3.8")."""
     try:
         import importlib.metadata
         import triton

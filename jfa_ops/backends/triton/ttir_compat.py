@@ -24,6 +24,15 @@ import functools
 import inspect
 
 import torch
+import triton.compiler.compiler as compiler
+
+
+class ASTSourceWithoutConstantAttrs(compiler.ASTSource):
+    """``ASTSource`` that ignores the attrs of constants, as Triton <= 3.6's code generator did."""
+
+    def __init__(self, fn, signature, constexprs=None, attrs=None):
+        super().__init__(fn, signature, constexprs, attrs)
+        self.attrs = {path: a for path, a in self.attrs.items() if path not in self.constants}
 
 
 def needed() -> bool:
@@ -35,23 +44,9 @@ def needed() -> bool:
     return torch_version < (2, 12) and "constants" not in inspect.signature(ASTFunction.__init__).parameters
 
 
-@functools.lru_cache(maxsize=None)
-def install() -> bool:
-    """Wrap torch's ``generate_ttir`` where ``needed()`` (once per process); whether it did."""
-    if not needed():
-        return False
-    import triton.compiler.compiler as compiler
-    from torch._higher_order_ops import triton_kernel_wrap
-
-    class ASTSourceWithoutConstantAttrs(compiler.ASTSource):
-        def __init__(self, fn, signature, constexprs=None, attrs=None):
-            super().__init__(fn, signature, constexprs, attrs)
-            self.attrs = {path: a for path, a in self.attrs.items() if path not in self.constants}
-
-    generate_ttir = triton_kernel_wrap.generate_ttir
-
+def _generate_ttir_without_constant_attrs(generate_ttir):
     @functools.wraps(generate_ttir)
-    def generate_ttir_without_constant_attrs(*args, **kwargs):
+    def wrapper(*args, **kwargs):
         # generate_ttir imports ASTSource from this module when it runs; Triton's own JIT keeps its class
         ast_source, compiler.ASTSource = compiler.ASTSource, ASTSourceWithoutConstantAttrs
         try:
@@ -59,5 +54,16 @@ def install() -> bool:
         finally:
             compiler.ASTSource = ast_source
 
-    triton_kernel_wrap.generate_ttir = generate_ttir_without_constant_attrs  # identify_mutated_tensors' global
+    return wrapper
+
+
+@functools.lru_cache(maxsize=None)
+def install() -> bool:
+    """Wrap torch's ``generate_ttir`` where ``needed()`` (once per process); whether it did."""
+    if not needed():
+        return False
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    # identify_mutated_tensors calls it by this module global
+    triton_kernel_wrap.generate_ttir = _generate_ttir_without_constant_attrs(triton_kernel_wrap.generate_ttir)
     return True
