@@ -63,6 +63,7 @@ def install() -> bool:
     if not needed():
         return False
     from torch._higher_order_ops import triton_kernel_wrap
+    from torch._inductor.runtime import triton_compat  # noqa: F401 (binds Triton's ASTSource now, not the swapped one)
 
     # identify_mutated_tensors calls it by this module global
     triton_kernel_wrap.generate_ttir = _generate_ttir_without_constant_attrs(triton_kernel_wrap.generate_ttir)
