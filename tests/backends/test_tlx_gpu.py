@@ -269,7 +269,8 @@ DYNAMIC_CASES = {
 def test_dynamic_work_matches_the_oracle_and_the_default(name, monkeypatch):
     """configs.FORWARD_DYNAMIC (helper bcast31: items from an atomic counter, each handed from the producer to the
     consumers with its Q slot) changes which program runs an item and when, nothing within it: out and lse equal
-    the static order's bit for bit, and the call matches the float64 oracle."""
+    the static order's bit for bit (three calls: the items race for the counter differently each time), and the
+    forward matches the float64 oracle."""
     case = DYNAMIC_CASES[name]
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
@@ -283,7 +284,7 @@ def test_dynamic_work_matches_the_oracle_and_the_default(name, monkeypatch):
         got = x.call("tlx")
         for g, w, what in zip(got, want, ("out", "lse")):
             assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
-    check_attention_case(case, "tlx")
+    check_attention_case(case, "tlx", grads=())  # the forward only: the knob leaves the backward alone
 
 
 @pytest.mark.parametrize("causal", [False, True])
