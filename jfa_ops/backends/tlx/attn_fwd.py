@@ -12,7 +12,9 @@ Roles inside one program (12 warps):
 Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
 takes p, p + P, ... (static persistent striding); ``configs.FORWARD_ZIGZAG`` (masked or jagged calls by default):
-items in ``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``). The
+items in ``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``);
+ATOMIC_WORK (``configs.FORWARD_DYNAMIC``, the v3 consumers only): the producer takes each item, longest first, from
+an atomic counter and hands its index to the consumers with its Q slot (``_hand_work``, ``_read_work``). The
 producer and the consumers walk the same items and compute the same key-block ranges (``triton.common.stage_bounds``:
 masked lead, mask-free bulk, masked tail; blocks nobody sees are never loaded), so their barrier phases stay in step
 without talking.
@@ -955,16 +957,16 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
     # configs.FORWARD_DYNAMIC: the v3 consumers' items from an atomic counter, where a list is built (one wave: every
     # item runs at once, nothing to balance)
-    dynamic = configs.FORWARD_DYNAMIC and not choices[2] and not tiles_from_offsets(
+    atomic = configs.FORWARD_DYNAMIC and not choices[2] and not tiles_from_offsets(
         capacity_of(total_out, cfg.block_m, num_seqs) * num_heads, num_seqs, 1, device)
     programs, schedule = tile_schedule(
         lambda **check: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right,
                                       has_left, has_right, **check),
-        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "atomic" if dynamic else "static", 1, device,
+        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "atomic" if atomic else "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     num_heads_kv = k.shape[1]
     # masked or jagged calls by default: triangles, bands and unequal sequences are what static striding unbalances
-    zigzag, head_group = _zigzag_order(configs.forward_zigzag(has_left or has_right, uniform) and not dynamic, cfg,
+    zigzag, head_group = _zigzag_order(configs.forward_zigzag(has_left or has_right, uniform) and not atomic, cfg,
                                        schedule, programs, num_heads, num_heads_kv, uniform)
     if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked
         choices = (choices[0], False, choices[2])
