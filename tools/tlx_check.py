@@ -600,16 +600,19 @@ def dynamic_timing() -> int:
         dynamic = with_setting(configs, "FORWARD_DYNAMIC", True, tlx)
         fns = {"tlx": tlx, "dynamic": dynamic, "tlx'": tlx, "dynamic'": dynamic}
         if "not taken" not in case.label:
+            with_lse = lambda: jfa_ops.jagged_attention(  # noqa: E731 (_forward_call's call, lse too)
+                x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+                broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+                return_lse=True, backend="tlx")
+            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a handover that hangs ends the process here
             try:
                 with torch.no_grad():
+                    want = with_lse()
                     same = all(torch.equal(a, b) for a, b in zip(
-                        jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal,
-                                                 broadcast_q=case.broadcast_q, return_lse=True, backend="tlx"),
-                        with_setting(configs, "FORWARD_DYNAMIC", True, lambda: jfa_ops.jagged_attention(
-                            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal,
-                            broadcast_q=case.broadcast_q, return_lse=True, backend="tlx"))()))
+                        want, with_setting(configs, "FORWARD_DYNAMIC", True, with_lse)()))
             except Exception as e:  # noqa: BLE001
                 same = f"{type(e).__name__}: {str(e)[:200]}"
+            faulthandler.cancel_dump_traceback_later()
             print(f"  {case.label}: dynamic out/lse == default bit for bit: {same}", flush=True)
             failures += same is not True
         row, failed = _forward_tflops(case, fns)
