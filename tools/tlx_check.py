@@ -571,7 +571,8 @@ def dynamic_timing() -> int:
     """Forward TFLOP/s of static striding (the default) vs configs.FORWARD_DYNAMIC (helper bcast31, bench/NOTES.md
     "Broadcast-Q forward, helper bcast31, stop 31": the v3 consumers' items from an atomic counter, longest first),
     the same process and inputs, columns in alternating order (tlx, dynamic, tlx', dynamic': the primed pair is the
-    A/A gauge). Rows: the bench's broadcast-Q Lq128 H4 B512 (the target), the same with every KV length equal (no
+    A/A gauge), then hg4 (the static fallback: zigzag with all kv heads in one group, ``configs.FORWARD_HEAD_GROUP``
+    4; it changes the zigzag rows only). Rows: the bench's broadcast-Q Lq128 H4 B512 (the target), the same with every KV length equal (no
     tail to balance: the knob's cost alone), D256 jagged causal (v3 consumers: the knob applies), and two v4 rows
     where it does not (dense B8 S4096, jagged T32768: noise gauges). Where the knob applies, out/lse are compared bit
     for bit with the default's; the broadcast rows are also timed replayed from a CUDA graph (GPU time alone)."""
@@ -589,16 +590,19 @@ def dynamic_timing() -> int:
               False),
              (Case("dense", "B8 H16 S4096 D128 (v4: not taken)", (4096,) * 8, (4096,) * 8, 16, 16, 128), False),
              (Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 (v4: not taken)", lens, lens, 16, 16, 128), False)]
-    cols = ("tlx", "dynamic", "tlx'", "dynamic'")
+    cols = ("tlx", "dynamic", "tlx'", "dynamic'", "hg4")
     print("forward, bf16, TFLOP/s of useful work (do_bench median): static striding vs configs.FORWARD_DYNAMIC "
           "(bench/NOTES.md \"Broadcast-Q forward, helper bcast31, stop 31\")", flush=True)
-    print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'dyn/tlx':>8s} {'A/A':>6s}", flush=True)
+    print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'dyn/tlx':>8s} {'A/A':>6s} {'hg4/tlx':>8s}",
+          flush=True)
     failures = 0
     for case, graph in cases:
         x = make_inputs(case, "cuda")
         tlx = _forward_call(x, case, "tlx")
         dynamic = with_setting(configs, "FORWARD_DYNAMIC", True, tlx)
-        fns = {"tlx": tlx, "dynamic": dynamic, "tlx'": tlx, "dynamic'": dynamic}
+        # hg4: the static fallback, zigzag over all 4 heads at once (configs.FORWARD_HEAD_GROUP; the zigzag rows only)
+        fns = {"tlx": tlx, "dynamic": dynamic, "tlx'": tlx, "dynamic'": dynamic,
+               "hg4": with_setting(configs, "FORWARD_HEAD_GROUP", 4, tlx)}
         if "not taken" not in case.label:
             with_lse = lambda: jfa_ops.jagged_attention(  # noqa: E731 (_forward_call's call, lse too)
                 x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
@@ -619,7 +623,7 @@ def dynamic_timing() -> int:
         failures += failed
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.label:44s} " + " ".join(f"{t:9.1f}" for t in v)
-              + f" {(v[1] + v[3]) / (v[0] + v[2]):8.3f} {v[2] / v[0]:6.3f}", flush=True)
+              + f" {(v[1] + v[3]) / (v[0] + v[2]):8.3f} {v[2] / v[0]:6.3f} {2 * v[4] / (v[0] + v[2]):8.3f}", flush=True)
         if graph:
             ms = {c: median_ms(fns[c], f"{case.label} {c} graph", graph=True) for c in cols[:2]}
             if None in ms.values():
