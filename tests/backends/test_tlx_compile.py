@@ -140,10 +140,10 @@ def test_dynamic_work_costs_the_consumers_nothing(compiled):
     """configs.FORWARD_DYNAMIC (helper bcast31: the v3 consumers' items from an atomic counter, handed over with the
     Q slots): its specializations compile with at most 256 B more shared memory (an int32 per Q slot and the
     counter's broadcast; measured +28-124 B) and spill no more than the same features' static kernel (measured:
-    broadcast-Q 80 = 80, fp16 causal + left window 92 < 116, D64 0 = 0, D256 216 < 232 B per thread)."""
+    broadcast-Q 80 = 80, fp16 causal + left window 92 < 116, D256 216 < 232 B per thread; D64, not shipped: 0)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled if r["name"].endswith("-dynamic")]
-    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128, 256}, "no dynamic compiled"
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {128, 256}, "no dynamic compiled"
     for r in rows:
         base = by_name[r["name"].removesuffix("-dynamic")]
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
