@@ -22,6 +22,8 @@ Timing: ``triton.testing.do_bench`` medians, forward only, tlx (the v3 consumers
 triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` runs the correctness sweep on v4.
 ``order-timing`` (not in ``all``): the forward's default work order vs ``configs.FORWARD_ZIGZAG`` (helper tlxcausal)
 on the bench's quick dense/jagged rows and a few others; ``JFA_TLX_FWD_ZIGZAG=1`` runs the correctness sweep with it.
+``dynamic-timing`` (not in ``all``): static striding vs ``configs.FORWARD_DYNAMIC`` (helper bcast31) on broadcast-Q
+and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the correctness sweep with it.
 
 Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(..., backend="tlx")``): fixed cases
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
@@ -562,6 +564,74 @@ def order_timing() -> int:
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{t:12.1f}" for t in v) + f" {v[1] / v[0]:10.3f}",
               flush=True)
+    return failures
+
+
+def dynamic_timing() -> int:
+    """Forward TFLOP/s of static striding (the default) vs configs.FORWARD_DYNAMIC (helper bcast31, bench/NOTES.md
+    "Broadcast-Q forward, helper bcast31, stop 31": the v3 consumers' items from an atomic counter, longest first),
+    the same process and inputs, columns in alternating order (tlx, dynamic, tlx', dynamic': the primed pair is the
+    A/A gauge), then hg4 (the static fallback: zigzag with all kv heads in one group, ``configs.FORWARD_HEAD_GROUP``
+    4; it changes the zigzag rows only). Rows: the bench's broadcast-Q Lq128 H4 B512 (the target), the same with every KV length equal (no
+    tail to balance: the knob's cost alone), D256 jagged causal (v3 consumers: the knob applies), and two v4 rows
+    where it does not (dense B8 S4096, jagged T32768: noise gauges). Where the knob applies, out/lse are compared bit
+    for bit with the default's; the broadcast rows are also timed replayed from a CUDA graph (GPU time alone)."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+    from jfa_ops.backends.tlx import configs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    bq_kv = lognormal_lengths(None, 512, seed=512)
+    even = (round(sum(bq_kv) / len(bq_kv)),) * len(bq_kv)
+    cases = [(Case("broadcast", "broadcast-Q Lq128 H4 B512", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True), True),
+             (Case("broadcast", f"broadcast-Q Lq128 H4 B512 KV={even[0]}", (128,) * 512, even, 4, 4, 128,
+                   broadcast_q=True), True),
+             (Case("jagged", f"jagged T32768 n{len(lens)} H16 D256 causal", lens, lens, 16, 16, 256, causal=True),
+              False),
+             (Case("dense", "B8 H16 S4096 D128 (v4: not taken)", (4096,) * 8, (4096,) * 8, 16, 16, 128), False),
+             (Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 (v4: not taken)", lens, lens, 16, 16, 128), False)]
+    cols = ("tlx", "dynamic", "tlx'", "dynamic'", "hg4")
+    print("forward, bf16, TFLOP/s of useful work (do_bench median): static striding vs configs.FORWARD_DYNAMIC "
+          "(bench/NOTES.md \"Broadcast-Q forward, helper bcast31, stop 31\")", flush=True)
+    print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'dyn/tlx':>8s} {'A/A':>6s} {'hg4/tlx':>8s}",
+          flush=True)
+    failures = 0
+    for case, graph in cases:
+        x = make_inputs(case, "cuda")
+        tlx = _forward_call(x, case, "tlx")
+        dynamic = with_setting(configs, "FORWARD_DYNAMIC", True, tlx)
+        # hg4: the static fallback, zigzag over all 4 heads at once (configs.FORWARD_HEAD_GROUP; the zigzag rows only)
+        fns = {"tlx": tlx, "dynamic": dynamic, "tlx'": tlx, "dynamic'": dynamic,
+               "hg4": with_setting(configs, "FORWARD_HEAD_GROUP", 4, tlx)}
+        if "not taken" not in case.label:
+            with_lse = lambda: jfa_ops.jagged_attention(  # noqa: E731 (_forward_call's call, lse too)
+                x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+                broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+                return_lse=True, backend="tlx")
+            faulthandler.dump_traceback_later(HANG_S, exit=True)  # a handover that hangs ends the process here
+            try:
+                with torch.no_grad():
+                    want = with_lse()
+                    same = all(torch.equal(a, b) for a, b in zip(
+                        want, with_setting(configs, "FORWARD_DYNAMIC", True, with_lse)()))
+            except Exception as e:  # noqa: BLE001
+                same = f"{type(e).__name__}: {str(e)[:200]}"
+            faulthandler.cancel_dump_traceback_later()
+            print(f"  {case.label}: dynamic out/lse == default bit for bit: {same}", flush=True)
+            failures += same is not True
+        row, failed = _forward_tflops(case, fns)
+        failures += failed
+        v = [row.get(c, float("nan")) for c in cols]
+        print(f"{case.label:44s} " + " ".join(f"{t:9.1f}" for t in v)
+              + f" {(v[1] + v[3]) / (v[0] + v[2]):8.3f} {v[2] / v[0]:6.3f} {2 * v[4] / (v[0] + v[2]):8.3f}", flush=True)
+        if graph:
+            ms = {c: median_ms(fns[c], f"{case.label} {c} graph", graph=True) for c in cols[:2]}
+            if None in ms.values():
+                failures += 1
+                continue
+            print(f"{'  replayed from a CUDA graph':44s} " + " ".join(
+                f"{case.flops('fwd') / ms[c] / 1e9:9.1f}" for c in cols[:2]) + f" {ms['tlx'] / ms['dynamic']:8.3f} "
+                f"({ms['tlx'] * 1e3:.0f} / {ms['dynamic'] * 1e3:.0f} us)", flush=True)
     return failures
 
 
@@ -1465,6 +1535,8 @@ def main(argv) -> int:
         failed += timing()
     if part == "order-timing":  # the default work order vs configs.FORWARD_ZIGZAG (not in "all")
         failed += order_timing()
+    if part == "dynamic-timing":  # static striding vs configs.FORWARD_DYNAMIC (helper bcast31; not in "all")
+        failed += dynamic_timing()
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):

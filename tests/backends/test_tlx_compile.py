@@ -136,6 +136,20 @@ def test_zigzag_order_costs_the_kernel_nothing_per_block(compiled):
         assert r["wgmma_overlap"] == base["wgmma_overlap"], r["name"]
 
 
+def test_dynamic_work_costs_the_consumers_nothing(compiled):
+    """configs.FORWARD_DYNAMIC (helper bcast31: the v3 consumers' items from an atomic counter, handed over with the
+    Q slots): its specializations compile with at most 256 B more shared memory (an int32 per Q slot and the
+    counter's broadcast; measured +28-124 B) and spill no more than the same features' static kernel (measured:
+    broadcast-Q 80 = 80, fp16 causal + left window 92 < 116, D256 216 < 232 B per thread; D64, not shipped: 0)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].endswith("-dynamic")]
+    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {128, 256}, "no dynamic compiled"
+    for r in rows:
+        base = by_name[r["name"].removesuffix("-dynamic")]
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
+        assert r["shared"] <= min(base["shared"] + 256, SM90_SHARED_MEMORY), (r, base)
+
+
 def test_sparse_zigzag_order_costs_the_block_loop_nothing(compiled):
     """configs.SPARSE_FORWARD_ZIGZAG (helper sparsefwd: the block-sparse forward in the dense forward's ZIGZAG order,
     on the uniform walk): its D64/D128 specializations compile, keep two wgmma groups in flight, the block loops'

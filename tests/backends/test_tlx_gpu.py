@@ -250,6 +250,43 @@ def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
         assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
 
 
+# configs.FORWARD_DYNAMIC's cases (helper bcast31): calls on the v3 consumers with more items than one wave of
+# programs (else no list and no counter): broadcast-Q (the pipelined v2 consumers; empty and one-key sequences, whose
+# items hand their index over without a Q load), broadcast-Q causal over 3 query tiles, a jagged causal GQA call on
+# the unpipelined v3 (ONE_LOOP off), D256 (v3 by default)
+_BCAST_KV = tuple((i * 7919) % 1531 if i % 17 else i % 2 for i in range(200))
+DYNAMIC_CASES = {
+    "broadcast Lq100 H4 B200": AttentionCase((100,), _BCAST_KV, heads_q=4, heads_kv=4, broadcast_q=True, **_BF),
+    "broadcast Lq300 H2 B100 causal": AttentionCase((300,), _BCAST_KV[:100], heads_q=2, heads_kv=2, broadcast_q=True,
+                                                    causal=True, **_BF),
+    "jagged GQA 6:3 causal": AttentionCase(_JAG, _JAG, heads_q=6, heads_kv=3, causal=True, **_BF),
+    "jagged H8 causal D256": AttentionCase(_JAG, _JAG, heads_q=8, heads_kv=8, causal=True, head_dim=256,
+                                           dtype=torch.bfloat16, device="cuda"),
+}
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC_CASES))
+def test_dynamic_work_matches_the_oracle_and_the_default(name, monkeypatch):
+    """configs.FORWARD_DYNAMIC (helper bcast31: items from an atomic counter, each handed from the producer to the
+    consumers with its Q slot) changes which program runs an item and when, nothing within it: out and lse equal
+    the static order's bit for bit (three calls: the items race for the counter differently each time), and the
+    forward matches the float64 oracle."""
+    case = DYNAMIC_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "ONE_LOOP", False)  # the v3 consumers (broadcast-Q and D256 take them anyway)
+    x = case.make_inputs(0)
+    monkeypatch.setattr(configs, "FORWARD_DYNAMIC", False)
+    want = x.call("tlx")
+    monkeypatch.setattr(configs, "FORWARD_DYNAMIC", True)
+    for _ in range(3):  # the counter is zeroed per call; items race for it differently each time
+        got = x.call("tlx")
+        for g, w, what in zip(got, want, ("out", "lse")):
+            assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+    check_attention_case(case, "tlx", grads=())  # the forward only: the knob leaves the backward alone
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     """Sequence 1's keys are +inf and its values NaN; the 128-row TMA blocks of sequence 0 read them (the kernel

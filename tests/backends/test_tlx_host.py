@@ -251,6 +251,7 @@ FORWARD_CHANGES = {
     "ONE_LOOP": dict(switch=("ONE_LOOP", False)),
     "FORWARD_ZIGZAG": dict(switch=("FORWARD_ZIGZAG", True)),
     "FORWARD_HEAD_GROUP": dict(switch=("FORWARD_HEAD_GROUP", 2)),
+    "FORWARD_DYNAMIC": dict(switch=("FORWARD_DYNAMIC", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
 
@@ -391,6 +392,44 @@ def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
     assert zigzag([64, 17, 40, 5], causal=False, hints=True)  # jagged, unmasked
     assert zigzag([256] * 4, causal=False, hints=False)  # lengths unknown from shapes: treated as jagged
     assert not zigzag([256] * 4, causal=False, hints=True)  # one-length, unmasked: kv-major striding
+
+
+@needs_tlx
+def test_forward_dynamic_launch(gpu, monkeypatch):
+    """``configs.FORWARD_DYNAMIC`` (helper bcast31): a call on the v3 consumers (broadcast-Q; any call with ONE_LOOP
+    off) whose items do not fit one wave launches the forward with ATOMIC_WORK, a zeroed counter of its own, the
+    list's order (no ZIGZAG) and the static grid; off, the default's launch (static striding, ZIGZAG for jagged
+    calls); the v4 consumers and one wave (no list) never take it."""
+    runs, _ = gpu
+    names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
+
+    def launched(dynamic, sms, broadcast=True, **switches):
+        monkeypatch.setattr(tlx_configs, "FORWARD_DYNAMIC", dynamic)
+        monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", sms)
+        for name, value in switches.items():
+            monkeypatch.setattr(tlx_configs, name, value)
+        q, k, v, offsets = _inputs([640, 17, 300, 5])
+        runs.clear()
+        if broadcast:
+            _full(monkeypatch, lambda: tlx.forward(q[:128], k, v, None, offsets, _params(broadcast_q=True)))
+        else:
+            _full(monkeypatch, lambda: _forward(q, k, v, offsets, _params(causal=True)))
+        (grid, values), = [(g, v) for name, g, v, _ in runs if name == "attn_fwd_tlx_kernel"]
+        return grid, dict(zip(names, values))
+
+    grid, got = launched(True, 3)  # 4 tiles x 8 heads over 3 programs
+    assert got["ATOMIC_WORK"] and not got["ZIGZAG"] and got["head_group"] == 1 and not got["TILES_FROM_OFFSETS"]
+    assert not got["ONE_LOOP"] and got["PIPELINE"] and tuple(grid) == (3,)
+    counter = got["WORK_COUNTER"]
+    assert counter.dtype == torch.int32 and counter.tolist() == [0] and counter is not got["TILE_COUNT"]
+    _, got = launched(False, 3)
+    assert not got["ATOMIC_WORK"] and got["ZIGZAG"]  # the default: jagged KV lengths zigzag
+    _, got = launched(True, 132)  # one wave: every item at once
+    assert not got["ATOMIC_WORK"] and got["TILES_FROM_OFFSETS"]
+    _, got = launched(True, 3, broadcast=False)  # a jagged causal call: the v4 consumers
+    assert got["ONE_LOOP"] and not got["ATOMIC_WORK"] and got["ZIGZAG"]
+    _, got = launched(True, 3, broadcast=False, ONE_LOOP=False)  # the same on the v3 consumers
+    assert not got["ONE_LOOP"] and got["ATOMIC_WORK"] and not got["ZIGZAG"]
 
 
 @needs_tlx

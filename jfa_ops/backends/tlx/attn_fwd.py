@@ -12,7 +12,9 @@ Roles inside one program (12 warps):
 Work list: the triton backend's device-side tile list (``triton.scheduling.tile_schedule``: longest first, or the
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
 takes p, p + P, ... (static persistent striding); ``configs.FORWARD_ZIGZAG`` (masked or jagged calls by default):
-items in ``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``). The
+items in ``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``);
+ATOMIC_WORK (``configs.FORWARD_DYNAMIC``, the v3 consumers only): the producer takes each item, longest first, from
+an atomic counter and hands its index to the consumers with its Q slot (``_hand_work``, ``_read_work``). The
 producer and the consumers walk the same items and compute the same key-block ranges (``triton.common.stage_bounds``:
 masked lead, mask-free bulk, masked tail; blocks nobody sees are never loaded), so their barrier phases stay in step
 without talking.
@@ -46,7 +48,8 @@ from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, sn
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
                                         sparse_offsets)
 from ..triton.launch import launch, launch_planned
-from ..triton.scheduling import forward_tiles, schedule_arguments, slot_tile, tile_schedule
+from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile, tile_schedule,
+                                  tiles_from_offsets)
 from . import configs
 from .configs import NUM_WARPS, fwd_choices, fwd_config
 
@@ -71,20 +74,51 @@ def _n_blocks(begin, end, BLOCK_N: tl.constexpr):
 @triton.jit
 def _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M: tl.constexpr,
                HEAD_DIM: tl.constexpr, ELEMENT_BYTES: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-               BROADCAST_Q: tl.constexpr):
+               BROADCAST_Q: tl.constexpr, work_ids=None, work=0, HAND_WORK: tl.constexpr = False):
     """The producer's TMA loads of a work item's query half-tiles (one per consumer) into Q slot ``q_count``
-    (shared by the bf16 and the MXFP8 forward); returns the next slot count."""
+    (shared by the bf16 and the MXFP8 forward); returns the next slot count. HAND_WORK (ATOMIC_WORK): the item's
+    work index is written to the slot's ``work_ids`` entry once both consumers freed the slot, before the loads'
+    arrivals publish it (``_hand_work``)."""
     if BROADCAST_Q:
         q_row = m0  # every sequence reads the same dense Q
     else:
         q_row = (out_row0 + m0).to(tl.int32)
     q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+    if HAND_WORK:
+        for c in tl.static_range(NUM_CONSUMERS):
+            tlx.barrier_wait(q_empties[q_slot * NUM_CONSUMERS + c], q_phase ^ 1)
+        tlx.local_store(work_ids[q_slot], tl.full([1], work, tl.int32))
     for c in tl.static_range(NUM_CONSUMERS):
         qb = q_slot * NUM_CONSUMERS + c
-        tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
+        if not HAND_WORK:  # (HAND_WORK waited above)
+            tlx.barrier_wait(q_empties[qb], q_phase ^ 1)
         tlx.barrier_expect_bytes(q_fulls[qb], HALF_M * HEAD_DIM * ELEMENT_BYTES)
         tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row + c * HALF_M, head * HEAD_DIM], q_fulls[qb])
     return q_count + 1
+
+
+@triton.jit
+def _hand_work(work_ids, q_fulls, q_empties, q_count, work, NUM_BUFFERS_Q: tl.constexpr):
+    """ATOMIC_WORK, the producer: hand a work index to both consumers through Q slot ``q_count`` without loading Q
+    (an item without key blocks, or the end mark: an index >= the item count). Returns the next slot count.
+    The store is ordered before the arrivals (``barrier_arrive`` syncs the producer's warps, then arrives with
+    release semantics) and the consumers read it after their wait (acquire)."""
+    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+    for c in tl.static_range(NUM_CONSUMERS):
+        tlx.barrier_wait(q_empties[q_slot * NUM_CONSUMERS + c], q_phase ^ 1)
+    tlx.local_store(work_ids[q_slot], tl.full([1], work, tl.int32))
+    for c in tl.static_range(NUM_CONSUMERS):
+        tlx.barrier_arrive(q_fulls[q_slot * NUM_CONSUMERS + c], 1)
+    return q_count + 1
+
+
+@triton.jit
+def _read_work(work_ids, q_fulls, q_count, CID: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr):
+    """ATOMIC_WORK, a consumer: the work index the producer handed over in Q slot ``q_count`` (after the slot's
+    full barrier: its Q half-tile, if any, has landed too, so the item's own wait for it returns at once)."""
+    q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+    tlx.barrier_wait(q_fulls[q_slot * NUM_CONSUMERS + CID], q_phase)
+    return tl.max(tlx.local_load(work_ids[q_slot]), 0)
 
 
 @triton.jit
@@ -457,6 +491,88 @@ def _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot,
     tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
 
 
+@triton.jit
+def _consume_item_v3(item, kv_count, q_count, q_tiles, q_fulls, q_empties, k_tiles, k_fulls, k_empties, v_tiles,
+                     v_fulls, v_empties, Out, Lse, stride_ot, stride_oh, total_out, qk_scale, window_left, right,
+                     cid: tl.constexpr, HALF_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                     NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, HAS_LEFT: tl.constexpr,
+                     HAS_RIGHT: tl.constexpr, FMA_SOFTMAX: tl.constexpr, PIPELINE: tl.constexpr,
+                     dtype: tl.constexpr):
+    """One work item (``_work_tile``'s tuple) on the v3 consumers (v2: PIPELINE), this consumer's half: its key
+    blocks, then out/lse stored. Returns (kv_count, q_count): the Q slot is taken only by an item with blocks."""
+    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+     tail_begin, tail_end, seq) = item
+    if real:
+        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
+            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
+        rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
+        m_i = tl.full([HALF_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([HALF_M], tl.float32)
+        acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
+        if n_blocks > 0:
+            q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+            qb = q_slot * NUM_CONSUMERS + cid
+            tlx.barrier_wait(q_fulls[qb], q_phase)
+            q_tile = q_tiles[qb]
+            if PIPELINE:
+                n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
+                first_lead = n_lead > 0
+                first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
+                first_n0 = tl.where(first_lead, lead_begin,
+                                    tl.where(first_bulk, bulk_begin, tail_begin))
+                m_i, l_i, p, kv_count = _consume_first(
+                    m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
+                    -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
+                    HAS_RIGHT, FMA_SOFTMAX, dtype)
+                prev_n0 = first_n0
+                # the remaining blocks of each stage (the first one is done)
+                lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
+                bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
+                tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
+                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
+                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                    FMA_SOFTMAX, dtype)
+                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
+                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                    FMA_SOFTMAX, dtype)
+                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
+                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
+                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                    FMA_SOFTMAX, dtype)
+                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+                acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
+                                  BLOCK_N, NUM_BUFFERS_KV, True)
+                acc = tlx.async_dot_wait(0, acc)
+                last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+                tlx.barrier_arrive(v_empties[last_buf], 1)
+            else:
+                acc, m_i, l_i, kv_count = _consume_blocks(
+                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin,
+                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                    FMA_SOFTMAX, dtype)
+                acc, m_i, l_i, kv_count = _consume_blocks(
+                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin,
+                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
+                    FMA_SOFTMAX, dtype)
+                acc, m_i, l_i, kv_count = _consume_blocks(
+                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin,
+                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
+                    FMA_SOFTMAX, dtype)
+                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
+            q_count += 1
+        _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh,
+                    total_out, HEAD_DIM)
+    return kv_count, q_count
+
+
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",
                                "num_seqs", "rows_s", "rows_o", "n_q_blocks", "head_group"])
 def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE_COUNT,
@@ -484,7 +600,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     same tiles in the same order, only when the dependent reads happen. ZIGZAG (``configs.FORWARD_ZIGZAG``): the
     items in ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake
     (``common.snake_work``), instead of static striding over ``work_item``'s."""
-    tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
+    tl.static_assert(not ATOMIC_WORK or not (ONE_LOOP or ZIGZAG or WALK_AHEAD),
+                     "ATOMIC_WORK (configs.FORWARD_DYNAMIC): the v3 consumers, tile list order")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
@@ -514,6 +631,10 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    if ATOMIC_WORK:  # the work index of each Q slot's item, from the producer (which took it) to the consumers
+        work_ids = tlx.local_alloc((1,), tl.int32, NUM_BUFFERS_Q)
+    else:
+        work_ids = None
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads only
@@ -554,6 +675,36 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                                          v_fulls, v_empties, kv_count, kv_row0, kv_col, BLOCK_INDEX,
                                                          sel_first + lead, n_blocks - lead, BLOCK_N, BLOCK_KV,
                                                          HEAD_DIM, NUM_BUFFERS_KV)
+            elif ATOMIC_WORK:  # v3 consumers: each item taken from the counter, longest first
+                work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+                while work < n_work:
+                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
+                     tail_begin, tail_end, seq) = _work_tile(
+                        work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
+                        rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS,
+                        KV_MAJOR)
+                    n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) + _n_blocks(bulk_begin, bulk_end, BLOCK_N) \
+                        + _n_blocks(tail_begin, tail_end, BLOCK_N)
+                    if real & (n_blocks > 0):
+                        q_count = _produce_q(desc_q, q_tiles, q_fulls, q_empties, q_count, m0, out_row0, head, HALF_M,
+                                             HEAD_DIM, tlx.size_of(dtype), NUM_BUFFERS_Q, BROADCAST_Q, work_ids, work,
+                                             True)
+                        kv_col = (head // group) * HEAD_DIM
+                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                   v_empties, kv_count, kv_row0, kv_col, lead_begin, lead_end, BLOCK_N,
+                                                   HEAD_DIM, NUM_BUFFERS_KV)
+                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                   v_empties, kv_count, kv_row0, kv_col, bulk_begin, bulk_end, BLOCK_N,
+                                                   HEAD_DIM, NUM_BUFFERS_KV)
+                        kv_count = _produce_blocks(desc_k, desc_v, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                                   v_empties, kv_count, kv_row0, kv_col, tail_begin, tail_end, BLOCK_N,
+                                                   HEAD_DIM, NUM_BUFFERS_KV)
+                    else:  # the consumers still store it (zeros, lse -inf) and free the slot
+                        q_count = _hand_work(work_ids, q_fulls, q_empties, q_count, work, NUM_BUFFERS_Q)
+                    # the next item only once this one's loads are issued (the producer then runs NUM_BUFFERS_KV
+                    # blocks ahead of the consumers): greedy longest-first, committing no earlier than that
+                    work = tl.atomic_add(WORK_COUNTER, 1, sem="relaxed")
+                _hand_work(work_ids, q_fulls, q_empties, q_count, work, NUM_BUFFERS_Q)  # the end mark (>= n_work)
             else:
                 for i in range(0, my_items):
                     item = _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
@@ -655,81 +806,34 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         if real:
                             _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
                                         Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+            elif ATOMIC_WORK:  # v3, the items the producer took from the counter (handed over with the Q slots)
+                work = _read_work(work_ids, q_fulls, q_count, cid, NUM_BUFFERS_Q)
+                while work < n_work:
+                    took = q_count
+                    kv_count, q_count = _consume_item_v3(
+                        _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs,
+                                   search_steps, rows_s, rows_o, window_left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                   HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR),
+                        kv_count, q_count, q_tiles, q_fulls, q_empties, k_tiles, k_fulls, k_empties, v_tiles, v_fulls,
+                        v_empties, Out, Lse, stride_ot, stride_oh, total_out, qk_scale, window_left, right, cid, HALF_M,
+                        HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, NUM_BUFFERS_Q, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, PIPELINE,
+                        dtype)
+                    if q_count == took:  # an item without key blocks: its slot only carried the work index
+                        q_slot, _ = _slot_phase(q_count, NUM_BUFFERS_Q)
+                        tlx.barrier_arrive(q_empties[q_slot * NUM_CONSUMERS + cid], 1)
+                        q_count += 1
+                    work = _read_work(work_ids, q_fulls, q_count, cid, NUM_BUFFERS_Q)
             else:  # v3 (and v2: PIPELINE)
                 for i in range(0, my_items):
-                    (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
-                     tail_begin, tail_end, seq) = _work_tile(
-                        snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads,
-                        group, num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
-                        BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group, ZIGZAG)
-                    if real:
-                        n_blocks = _n_blocks(lead_begin, lead_end, BLOCK_N) \
-                            + _n_blocks(bulk_begin, bulk_end, BLOCK_N) + _n_blocks(tail_begin, tail_end, BLOCK_N)
-                        rows = m0 + cid * HALF_M + tl.arange(0, HALF_M)
-                        m_i = tl.full([HALF_M], float("-inf"), tl.float32)
-                        l_i = tl.zeros([HALF_M], tl.float32)
-                        acc = tl.zeros([HALF_M, HEAD_DIM], tl.float32)
-                        if n_blocks > 0:
-                            q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-                            qb = q_slot * NUM_CONSUMERS + cid
-                            tlx.barrier_wait(q_fulls[qb], q_phase)
-                            q_tile = q_tiles[qb]
-                            if PIPELINE:
-                                n_lead = _n_blocks(lead_begin, lead_end, BLOCK_N)
-                                first_lead = n_lead > 0
-                                first_bulk = (n_lead == 0) & (_n_blocks(bulk_begin, bulk_end, BLOCK_N) > 0)
-                                first_n0 = tl.where(first_lead, lead_begin,
-                                                    tl.where(first_bulk, bulk_begin, tail_begin))
-                                m_i, l_i, p, kv_count = _consume_first(
-                                    m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows, len_q, len_k,
-                                    -window_left, right, qk_scale, first_n0, cid, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                                    HAS_RIGHT, FMA_SOFTMAX, dtype)
-                                prev_n0 = first_n0
-                                # the remaining blocks of each stage (the first one is done)
-                                lead_from = lead_begin + tl.where(first_lead, BLOCK_N, 0)
-                                bulk_from = bulk_begin + tl.where(first_bulk, BLOCK_N, 0)
-                                tail_from = tail_begin + tl.where(first_lead | first_bulk, 0, BLOCK_N)
-                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_from,
-                                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                    FMA_SOFTMAX, dtype)
-                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_from,
-                                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
-                                    FMA_SOFTMAX, dtype)
-                                acc, m_i, l_i, p, prev_n0, kv_count = _consume_blocks_pipelined(
-                                    acc, m_i, l_i, p, prev_n0, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
-                                    v_fulls, v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_from,
-                                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                    FMA_SOFTMAX, dtype)
-                                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
-                                acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, cid, HEAD_DIM,
-                                                  BLOCK_N, NUM_BUFFERS_KV, True)
-                                acc = tlx.async_dot_wait(0, acc)
-                                last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-                                tlx.barrier_arrive(v_empties[last_buf], 1)
-                            else:
-                                acc, m_i, l_i, kv_count = _consume_blocks(
-                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, lead_begin,
-                                    lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                    FMA_SOFTMAX, dtype)
-                                acc, m_i, l_i, kv_count = _consume_blocks(
-                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, bulk_begin,
-                                    bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, False,
-                                    FMA_SOFTMAX, dtype)
-                                acc, m_i, l_i, kv_count = _consume_blocks(
-                                    acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                                    v_empties, rows, len_q, len_k, -window_left, right, qk_scale, tail_begin,
-                                    tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, True,
-                                    FMA_SOFTMAX, dtype)
-                                tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
-                            q_count += 1
-                        _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh,
-                                    total_out, HEAD_DIM)
+                    kv_count, q_count = _consume_item_v3(
+                        _work_tile(snake_work(pid, i, programs, ZIGZAG), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
+                                   num_heads, group, num_seqs, search_steps, rows_s, rows_o, window_left, right,
+                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
+                                   ZIGZAG),
+                        kv_count, q_count, q_tiles, q_fulls, q_empties, k_tiles, k_fulls, k_empties, v_tiles, v_fulls,
+                        v_empties, Out, Lse, stride_ot, stride_oh, total_out, qk_scale, window_left, right, cid, HALF_M,
+                        HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, NUM_BUFFERS_Q, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, PIPELINE,
+                        dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------- host side
@@ -807,7 +911,7 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
     if key is None:
         return None
     return key + (q.dtype, k.dtype, v.dtype, configs.PIPELINE, configs.KV_MAJOR, configs.ONE_LOOP,
-                  configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, fwd_config(q.shape[2]))
+                  configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, configs.FORWARD_DYNAMIC, fwd_config(q.shape[2]))
 
 
 def _zigzag_order(wanted: bool, cfg, schedule: dict, programs: int, num_heads: int, num_heads_kv: int,
@@ -851,15 +955,19 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     has_left, window_left, has_right, right = bounds
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
+    # configs.FORWARD_DYNAMIC: the v3 consumers' items from an atomic counter, where a list is built (one wave: every
+    # item runs at once, nothing to balance)
+    atomic = configs.FORWARD_DYNAMIC and not choices[2] and not tiles_from_offsets(
+        capacity_of(total_out, cfg.block_m, num_seqs) * num_heads, num_seqs, 1, device)
     programs, schedule = tile_schedule(
         lambda **check: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right,
                                       has_left, has_right, **check),
-        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device,
+        q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "atomic" if atomic else "static", 1, device,
         **({} if flag is None else dict(flag=flag, max_s=max_q, max_o=params.max_seqlen_kv)))
     num_heads_kv = k.shape[1]
     # masked or jagged calls by default: triangles, bands and unequal sequences are what static striding unbalances
-    zigzag, head_group = _zigzag_order(configs.forward_zigzag(has_left or has_right, uniform), cfg, schedule,
-                                       programs, num_heads, num_heads_kv, uniform)
+    zigzag, head_group = _zigzag_order(configs.forward_zigzag(has_left or has_right, uniform) and not atomic, cfg,
+                                       schedule, programs, num_heads, num_heads_kv, uniform)
     if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked
         choices = (choices[0], False, choices[2])
     dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group)

@@ -36,6 +36,14 @@ ONE_LOOP: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_F
 # balancing). So None, the default (``forward_zigzag``): masked calls (causal or a window) and jagged ones, not
 # one-length unmasked batches; True (JFA_TLX_FWD_ZIGZAG=1): every call; False (=0): none.
 FORWARD_ZIGZAG: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_ZIGZAG", ""))
+# FORWARD_DYNAMIC (JFA_TLX_FWD_DYNAMIC=1; helper bcast31, bench/NOTES.md "Broadcast-Q forward, helper bcast31, stop
+# 31"): forwards on the v3 consumers (broadcast-Q, D256, JFA_TLX_FWD_ONE_LOOP=0) that build a tile list take their
+# items from an atomic counter in the list's order (longest first; no zigzag), the producer handing each item's
+# index to the consumers with its Q slot (attn_fwd ATOMIC_WORK), instead of static striding / the snake. Why: the
+# bench's broadcast-Q case (2048 items of 1-64 key blocks, mean 8.6, over 132 SMs) is as compute- as memory-bound
+# (2.04 vs 2.03 us per 128-key block per SM), so the busiest SM sets the time, and the snake leaves it 1.19x the
+# mean (greedy: 1.01x; tools/bcast_fwd_model.py). Off until measured on the H200; read per call.
+FORWARD_DYNAMIC = os.environ.get("JFA_TLX_FWD_DYNAMIC", "0") == "1"
 
 
 def forward_zigzag(masked: bool, uniform: bool) -> bool:

@@ -42,13 +42,14 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
-                       walk_ahead: bool = False) -> Specialization:
+                       walk_ahead: bool = False, dynamic: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
     (``configs.SPARSE_FORWARD_UNIFORM_WALK``), ``walk_ahead`` the producer's walk one item ahead
     (``configs.SPARSE_FORWARD_WALK_AHEAD``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
-    as ``attention_forward`` launches it)."""
+    as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
+    (ATOMIC_WORK; the v3 consumers)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -65,7 +66,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=False,
+                      BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=dynamic,
                       TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag)
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
@@ -82,7 +83,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
            f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
-           f"{'-walkahead' if walk_ahead else ''}" \
+           f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -288,6 +289,12 @@ def _specializations() -> Iterator[Specialization]:
             yield fwd_specialization(head_dim, "bf16", causal, zigzag=True)
     yield fwd_specialization(128, "bf16", True, has_left=True, zigzag=True)
     yield fwd_specialization(128, "bf16", False, broadcast_q=True, zigzag=True)
+    # helper bcast31's items from an atomic counter (configs.FORWARD_DYNAMIC, off; the v3 consumers, tile list
+    # order): broadcast-Q (its pipelined v2 consumers), the unpipelined v3 with the masks (D128 fp16 causal + left
+    # window, JFA_TLX_FWD_ONE_LOOP=0) and D256 causal
+    yield fwd_specialization(128, "bf16", False, broadcast_q=True, dynamic=True)
+    yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=False, dynamic=True)
+    yield fwd_specialization(256, "bf16", True, dynamic=True)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
