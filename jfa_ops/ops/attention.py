@@ -256,7 +256,9 @@ def _attention_backward_flops(grad_out, grad_lse, q, k, v, out, lse, *args, out_
 
 
 # --------------------------------------------------------------- the compile path: kernels visible to Inductor
-COMPILE_PATHS = ("inductor", "opaque")
+COMPILE_PATHS = ("inductor", "opaque", "split")
+# Device types whose calls a traceable backend may be traced for (a test adds "cpu" for a CPU test backend)
+TRACE_DEVICES = ("cuda",)
 
 
 def compile_path() -> str:
@@ -265,7 +267,9 @@ def compile_path() -> str:
     into torch.compile graphs in place of the op (see ``_traced_backend``), so Inductor launches the kernels with its
     own launcher; ``opaque`` keeps the op one node whose body runs at run time, as for every other backend. Measured
     on the H200 (bench/NOTES.md v8): the 4-layer model's compiled step 10.5 ms (inductor) vs 12.5 (opaque) on small
-    batches, 15.9 vs 16.6 on T=32768; a compiled forward 422 vs 499 us per call."""
+    batches, 15.9 vs 16.6 on T=32768; a compiled forward 422 vs 499 us per call. ``split`` (off by default) chooses
+    in the graph by the call's size: the traced kernels below ``split_rows()`` rows, the opaque op (whose body
+    auto-dispatches, to tlx on large calls) from there (``_split``)."""
     path = os.environ.get("JFA_COMPILE_PATH")
     if path is None:
         return "opaque" if triton_pin_mismatch() else "inductor"
@@ -338,7 +342,7 @@ def _plain(types) -> bool:
 def _may_trace(types, q: Tensor) -> bool:
     """Whether a dispatch rule may trace a backend in place of the op: only tracing's own tensor types, CUDA tensors,
     and ``JFA_COMPILE_PATH=inductor`` (``_traced_backend`` then decides on the backend)."""
-    return _plain(types) and q.device.type == "cuda" and compile_path() == "inductor"
+    return _plain(types) and q.device.type in TRACE_DEVICES and compile_path() in ("inductor", "split")
 
 
 def _static_heads(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -357,7 +361,7 @@ def _static_heads(t: Optional[Tensor]) -> Optional[Tensor]:
 def _traced_attention(mode, op, types, args, kwargs):
     """jfa::attention under FunctionalTensorMode (AOTAutograd): trace the backend's code, or keep the op."""
     q, k, v, q_offsets, kv_offsets, *options = _schema_values(op, args, kwargs)
-    may_trace = _may_trace(types, q)
+    may_trace = _may_trace(types, q) and not getattr(_OPAQUE, "on", False)
     if may_trace:
         with mode:
             q, k, v = (_static_heads(t) for t in (q, k, v))
@@ -367,10 +371,110 @@ def _traced_attention(mode, op, types, args, kwargs):
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
         _params(q, k, v, q_offsets, kv_offsets, *options)
+    if compile_path() == "split":
+        with mode:
+            return _split(op, (q, k, v, q_offsets, kv_offsets), options, 0, functools.partial(_traced_forward, impl),
+                          mode)
     with mode, traced(mode):
-        if aot_compiling() or _checked_in_trace(q, k, q_offsets, kv_offsets, params):
-            return impl.forward(q, k, v, q_offsets, kv_offsets, params)
-        return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+        return _traced_forward(impl, q, k, v, q_offsets, kv_offsets, params=params)
+
+
+def _traced_forward(impl, q, k, v, q_offsets, kv_offsets, *options, params: Optional[AttentionParams] = None):
+    """The traceable backend's forward, recorded into the graph (inside ``traced()``); ``params`` None: from
+    ``options`` (already checked)."""
+    if params is None:
+        params, _ = _resolve(q, *options)
+    if aot_compiling() or _checked_in_trace(q, k, q_offsets, kv_offsets, params):
+        return impl.forward(q, k, v, q_offsets, kv_offsets, params)
+    return _forward(impl, q, k, v, q_offsets, kv_offsets, params)
+
+
+def _traced_backward(impl, *tensors_and_options):
+    """The traceable backend's backward (inside ``traced()``), its params from the (checked) options."""
+    tensors, options = tensors_and_options[:9], tensors_and_options[9:]
+    params, _ = _resolve(tensors[2], *options)
+    return impl.backward(*tensors, params)
+
+
+# --------------------------------------------------------------- the size-split compile path (JFA_COMPILE_PATH=split)
+_OPAQUE = threading.local()  # .on: the split path's large branch is tracing the op: it stays one opaque node
+
+
+class _BranchScope:
+    """The ``per_trace`` scope of one traced branch of ``_split`` (weak-referenceable, one per branch trace)."""
+
+
+def split_rows() -> int:
+    """Rows from which the split path keeps the op opaque: the eager automatic rule's threshold, the triton
+    backend's ``TMA_MIN_ROWS`` (the tlx backend from this many q or k rows, triton below:
+    ``backends.tlx.auto_min_rows`` reads the same attribute; tlx itself cannot be imported without its install),
+    read per trace (tests lower it)."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    return attn_fwd.TMA_MIN_ROWS
+
+
+def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
+    """``JFA_COMPILE_PATH=split``: ``torch.cond`` on the call's row counts, a host SymInt predicate (no device
+    sync, no guard: one graph for every length): ``small(*tensors, *options)`` traced (the kernels, Inductor
+    launches them) while ``max(rows_q, rows_kv) < split_rows()``, else ``op`` kept one opaque node, whose body
+    chooses the backend at run time from real sizes (tlx on large calls under the TLX install).
+
+    Called by both dispatch rules (forward and backward, under the trace's FunctionalTensorMode, below autograd),
+    so the backward takes the branch of its forward by the same predicate and the cond needs no autograd of its
+    own. ``tensors``: the op's tensor arguments (None where an optional one is absent); ``q_index``: q's place
+    among them; ``scope``: the trace's ``per_trace`` scope. Static sizes (no SymInt): the branch is chosen while
+    tracing (such graphs recompile per shape anyway). Each branch trace gets its own ``per_trace`` scope: values a branch derives live in its subgraph
+    only (no sharing of offset-derived lists across layers inside branches)."""
+    q, k = tensors[q_index], tensors[q_index + 1]
+    pred = torch.sym_max(q.shape[0], k.shape[0]) < split_rows()
+    if not isinstance(pred, torch.SymBool):
+        if pred:
+            with traced(scope):
+                return small(*tensors, *options)
+        return _opaque_call(op, tensors, options)
+    # operands: each tensor once (cond rejects aliased operands: q_offsets is kv_offsets in self-attention), then
+    # the symbolic options; ``slots``: each tensor argument's operand index (None: absent)
+    unique: list = []
+    slots = []
+    for t in tensors:
+        if t is None:
+            slots.append(None)
+            continue
+        same = [j for j, u in enumerate(unique) if u is t]
+        if not same:
+            unique.append(t)
+        slots.append(same[0] if same else len(unique) - 1)
+    symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
+
+    def unpack(flat):
+        ts = [None if j is None else flat[j] for j in slots]
+        opts = list(options)
+        for i, o in zip(symbolic, flat[len(unique):]):
+            opts[i] = o
+        return ts, opts
+
+    def small_branch(*flat):
+        ts, opts = unpack(flat)
+        with traced(_BranchScope()):  # contiguous: cond merges branch outputs of one layout (the op's)
+            return tuple(t.contiguous() for t in small(*ts, *opts))
+
+    def large_branch(*flat):
+        ts, opts = unpack(flat)
+        return tuple(_opaque_call(op, ts, opts))
+
+    operands = unique + [options[i] for i in symbolic]
+    return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))
+
+
+def _opaque_call(op, tensors, options):
+    """``op`` on these arguments, recorded as one node (the dispatch rules leave it to the trace)."""
+    before = getattr(_OPAQUE, "on", False)
+    _OPAQUE.on = True
+    try:
+        return op(*tensors, *options)
+    finally:
+        _OPAQUE.on = before
 
 
 def _checked_in_trace(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
@@ -405,7 +509,7 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
     """jfa::attention_backward under FunctionalTensorMode: as ``_traced_attention``."""
     values = _schema_values(op, args, kwargs)
     tensors, options = values[:9], values[9:]
-    may_trace = _may_trace(types, tensors[2])
+    may_trace = _may_trace(types, tensors[2]) and not getattr(_OPAQUE, "on", False)
     if may_trace:
         with mode:
             tensors = [_static_heads(t) for t in tensors[:7]] + tensors[7:]  # grad_out .. lse; not the offsets
@@ -416,6 +520,9 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():
         _backward_params(*tensors, options)
+    if compile_path() == "split":
+        with mode:
+            return _split(op, tuple(tensors), tuple(options), 2, functools.partial(_traced_backward, impl), mode)
     with mode, traced(mode):
         return impl.backward(*tensors, params)
 

@@ -151,11 +151,17 @@ def auto_supports(problem: Problem) -> Optional[str]:
                 "would stay an opaque op (backend='tlx' runs it so)")
     if problem.rows_q is None or problem.rows_kv is None:
         return "its row counts are not known (symbolic or not given): the size rule takes tlx from known sizes only"
-    min_rows = _triton_attn_fwd().TMA_MIN_ROWS
+    min_rows = auto_min_rows()
     if max(problem.rows_q, problem.rows_kv) < min_rows:
         return (f"a small call (q {problem.rows_q} and k {problem.rows_kv} rows, below the triton backend's "
                 f"TMA_MIN_ROWS {min_rows}): the host path decides its time, and triton's is shorter")
     return None
+
+
+def auto_min_rows() -> int:
+    """Rows (q or k) from which the automatic rule takes tlx: the triton backend's ``TMA_MIN_ROWS``. The compile
+    path ``split`` (``ops.attention._split``) keeps the op opaque from the same count."""
+    return _triton_attn_fwd().TMA_MIN_ROWS
 
 
 @functools.lru_cache(maxsize=None)
