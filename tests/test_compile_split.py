@@ -1,0 +1,270 @@
+"""The size-split compile path (``JFA_COMPILE_PATH=split``): one graph for every length, ``torch.cond`` on the row
+count between the traced kernels (small calls) and the opaque op (large calls, whose body auto-dispatches: tlx
+under the TLX install), forward and backward.
+
+CPU: a pure-torch traceable test backend (``tests/split_dense_backend.py``) stands in for the triton kernels, so the
+compiled graphs run (``aot_eager``-style: AOTAutograd, then the graphs eagerly) and are checked against the float64
+oracle on both sides of a threshold lowered to CPU sizes; the triton backend's own split graphs are traced with fake
+CUDA tensors in a subprocess (as tests/test_compile_inductor.py does).
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
+from torch._functorch.aot_autograd import aot_module_simplified
+
+import jfa_ops
+from jfa_ops import validation
+from jfa_ops.backends import register_backend, unregister_backend
+from jfa_ops.ops import attention as attention_module
+from jfa_ops.testing import assert_attention_close, reference_attention
+from tests import split_dense_backend as dense
+
+pytest.importorskip("triton")
+from jfa_ops.backends.triton import attn_fwd  # noqa: E402
+
+THRESHOLD = 40  # rows: the split point these tests set (attn_fwd.TMA_MIN_ROWS, the eager rule's)
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """The split path on CPU tensors with the test backend, a CPU-sized threshold, offsets unchecked (CPU
+    validation is host-side, which a traced call cannot do); Dynamo's caches cleared before and after."""
+    monkeypatch.setenv("JFA_COMPILE_PATH", "split")
+    monkeypatch.setattr(attention_module, "TRACE_DEVICES", ("cuda", "cpu"))
+    unchecked = lambda device: "off"  # noqa: E731
+    monkeypatch.setattr(validation, "validation_mode", unchecked)
+    monkeypatch.setattr(attention_module, "validation_mode", unchecked)
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", THRESHOLD)
+    register_backend(dense.BACKEND, replace=True)
+    dense.CALLS.update(forward=0, backward=0)
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    unregister_backend(dense.BACKEND.name)
+
+
+class Capture:
+    """A torch.compile backend: AOTAutograd with the forward and backward graphs kept (then run eagerly)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        def keep(kind):
+            def compiler(graph, inputs):
+                self.graphs.append((kind, graph))
+                return make_boxed_func(graph)
+            return compiler
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+    def calls(self, kind):
+        """[(top-level calls, [(true-branch calls, false-branch calls) per cond])] of each ``kind`` graph."""
+        return [_calls(g) for k, g in self.graphs if k == kind]
+
+
+def _targets(gm) -> list:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+
+
+def _calls(gm):
+    conds = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
+    return _targets(gm), [tuple(_targets(getattr(gm, n.args[i].target)) for i in (1, 2)) for n in conds]
+
+
+def _model(layers: int):
+    def model(q, k, v, offsets):
+        for _ in range(layers):  # each layer's output feeds the next (as q), offsets shared, as in a model
+            out, lse = torch.ops.jfa.attention(q, k, v, offsets, offsets, causal=True, backend=dense.BACKEND.name)
+            q = out + lse.transpose(0, 1).unsqueeze(-1)
+        return q
+    return model
+
+
+def _batch(lengths, seed, heads=(4, 2), head_dim=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    rows = sum(lengths)
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    q = torch.randn(rows, heads[0], head_dim, generator=g, dtype=dtype)
+    k, v = (torch.randn(rows, heads[1], head_dim, generator=g, dtype=dtype) for _ in range(2))
+    return q, k, v, offsets
+
+
+def _oracle(q, k, v, offsets, layers):
+    q = q.double()
+    for _ in range(layers):
+        out, lse = reference_attention(q, k, v, offsets, offsets, causal=True)
+        q = out + lse.transpose(0, 1).unsqueeze(-1)
+    return q
+
+
+# Lengths on both sides of THRESHOLD, back and forth: small, large, small, large (no 0/1-sized dims: Dynamo
+# specializes those)
+BATCHES = [[5, 7], [30, 31], [3, 4, 2], [20, 9, 15], [11, 12]]
+
+
+def test_one_graph_with_both_branches_forward_and_backward(split):
+    capture = Capture()
+    counted = CompileCounterWithBackend(capture)
+    compiled = torch.compile(_model(2), backend=counted, dynamic=True)
+    q, k, v, offsets = _batch(BATCHES[0], 0)
+    q.requires_grad_(True)
+    compiled(q, k, v, offsets).sum().backward()
+    assert counted.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    (fwd_top, fwd_conds), = capture.calls("forward")
+    (bwd_top, bwd_conds), = capture.calls("backward")
+    # one cond per layer, in each graph; no jfa op outside them
+    assert fwd_top.count("cond") == 2 and bwd_top.count("cond") == 2
+    assert not any(c.startswith("jfa.") for c in fwd_top + bwd_top)
+    for (small, large), op in [(c, "jfa.attention.default") for c in fwd_conds] + [
+            (c, "jfa.attention_backward.default") for c in bwd_conds]:
+        assert large == [op]  # the large branch: the op, opaque (its body chooses the backend at run time)
+        assert "aten.einsum.default" in small or "aten.bmm.default" in small, small  # traced: the backend's code
+        assert not any(c.startswith("jfa.") for c in small)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, layers):
+    """Every batch through one compiled graph (no recompile), results and gradients within the fp32 tolerances of
+    the float64 oracle; the large branch (the opaque op: its body runs at run time, counted by the test backend)
+    runs exactly for the batches of THRESHOLD rows or more."""
+    counted = CompileCounterWithBackend(Capture())
+    compiled = torch.compile(_model(layers), backend=counted, dynamic=True)
+    for seed, lengths in enumerate(BATCHES):
+        q, k, v, offsets = _batch(lengths, seed)
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        before = dict(dense.CALLS)
+        out = compiled(q, k, v, offsets)
+        grad = torch.randn_like(out)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+        large = sum(lengths) >= THRESHOLD
+        assert dense.CALLS == {"forward": before["forward"] + layers * large,
+                               "backward": before["backward"] + layers * large}, (lengths, before, dense.CALLS)
+        expected = _oracle(q, k, v, offsets, layers)
+        ref_grads = torch.autograd.grad(expected, (q, k, v), grad.double())
+        assert_attention_close(out, expected, dtype=torch.float32, kind="forward", name=f"out {lengths}")
+        for name, actual, ref in zip("qkv", (dq, dk, dv), ref_grads):
+            assert_attention_close(actual, ref, dtype=torch.float32, kind="grad", name=f"d{name} {lengths}")
+    assert counted.frame_count == 1, "lengths across the threshold recompiled"
+    assert not counters["graph_break"]
+
+
+def test_static_sizes_choose_the_branch_while_tracing(split):
+    """Without symbolic sizes (each shape compiles its own graph anyway) the branch is chosen when tracing: no
+    cond, the kernels below the threshold, the op from there."""
+    for lengths, expected in (([5, 7], "traced"), ([30, 31], "opaque")):
+        torch._dynamo.reset()
+        capture = Capture()
+        q, k, v, offsets = _batch(lengths, 0)
+        q.requires_grad_(True)
+        torch.compile(_model(1), backend=capture, dynamic=False)(q, k, v, offsets).sum().backward()
+        (top, conds), = capture.calls("forward")
+        assert not conds
+        assert ("jfa.attention.default" in top) == (expected == "opaque"), top
+
+
+def test_the_threshold_is_the_eager_rules(split):
+    """One source: the split point is the triton backend's TMA_MIN_ROWS, which the tlx automatic rule reads too
+    (``auto_min_rows``; the tlx module itself needs its install, so its source is checked)."""
+    import inspect
+    import pathlib
+
+    assert attention_module.split_rows() == THRESHOLD
+    source = (pathlib.Path(jfa_ops.__file__).parent / "backends" / "tlx" / "__init__.py").read_text()
+    assert "min_rows = auto_min_rows()" in source
+    assert "return _triton_attn_fwd().TMA_MIN_ROWS" in source
+    assert "attn_fwd.TMA_MIN_ROWS" in inspect.getsource(attention_module.split_rows)
+
+
+def test_other_paths_take_no_cond(split, monkeypatch):
+    """``inductor`` traces the backend for every size, ``opaque`` keeps the op: neither has a cond."""
+    for path, op_kept in (("inductor", False), ("opaque", True)):
+        monkeypatch.setenv("JFA_COMPILE_PATH", path)
+        torch._dynamo.reset()
+        capture = Capture()
+        q, k, v, offsets = _batch([30, 31], 0)
+        q.requires_grad_(True)
+        torch.compile(_model(1), backend=capture, dynamic=True)(q, k, v, offsets).sum().backward()
+        (top, conds), = capture.calls("forward")
+        assert not conds and ("jfa.attention.default" in top) == op_kept, (path, top)
+
+
+# The triton backend's split graphs, traced with fake CUDA tensors (no GPU, no interpreter) in a subprocess
+_SPLIT_TRACER = r"""
+from torch._functorch.aot_autograd import aot_function  # noqa: E402
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
+
+
+class Captured(Exception):
+    pass
+
+
+def calls(gm):
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if "triton_kernel_wrapper" in str(n.target):
+            kernel = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+            while not hasattr(kernel, "arg_names"):
+                kernel = kernel.fn
+            out.append("kernel:" + kernel.fn.__name__)
+        elif n.target is torch.ops.higher_order.cond:
+            out.append(["cond", str(n.args[0].meta.get("val")), calls(getattr(gm, n.args[1].target)),
+                        calls(getattr(gm, n.args[2].target))])
+        elif isinstance(n.target, torch._ops.OpOverload):
+            out.append(str(n.target))
+    return out
+
+
+result = {}
+for dynamic in (False, True):
+    shape_env, mode, forward_inputs, backward_inputs = fake_inputs(dynamic)
+    guards = len(shape_env.guards)
+    graphs = []
+
+    def capture(gm, inputs):
+        graphs.append(calls(gm))
+        raise Captured
+
+    with mode:
+        for fn, args in ((forward(None), forward_inputs), (backward(None), backward_inputs)):
+            try:
+                aot_function(fn, fw_compiler=capture)(*args)
+            except Captured:
+                pass
+    result["dynamic" if dynamic else "static"] = {
+        "forward": graphs[0], "backward": graphs[1], "guards": [str(g.expr) for g in shape_env.guards[guards:]]}
+print(json.dumps(result))
+"""
+
+
+def test_triton_split_graphs_hold_the_kernels_and_the_op():
+    """The triton backend under ``split`` (backend=None, the automatic choice; fake CUDA sizes T=29 < 4096):
+    dynamic sizes give one cond per op on ``T < 4096`` whose small branch holds the triton kernels and whose large
+    branch holds the op; no guard on the lengths (only heads and head_dim, as on the inductor path); static sizes
+    of a small call trace the kernels with no cond."""
+    from tests.test_compile_inductor import _FAKE_H100, _run
+
+    graphs = _run(_FAKE_H100 + _SPLIT_TRACER, JFA_COMPILE_PATH="split")
+    dynamic = graphs["dynamic"]
+    assert all(g.startswith("Eq(") and "T" not in g for g in dynamic["guards"]), dynamic["guards"]
+    for kind, op, last_kernel in (("forward", "jfa.attention.default", "kernel:attn_fwd_kernel"),
+                                  ("backward", "jfa.attention_backward.default", "kernel:attn_bwd_dq_kernel")):
+        conds = [c for c in dynamic[kind] if isinstance(c, list)]
+        assert len(conds) == 1 and not any(isinstance(c, str) and c.startswith("jfa.") for c in dynamic[kind])
+        _, pred, small, large = conds[0]
+        assert "4096" in pred, pred
+        assert large == [op]
+        kernels = [c for c in small if c.startswith("kernel:")]
+        assert kernels and kernels[-1] == last_kernel and not any(c.startswith("jfa.") for c in small), small
+    static = graphs["static"]
+    assert not any(isinstance(c, list) for c in static["forward"] + static["backward"])
+    assert "kernel:attn_fwd_kernel" in static["forward"] and "jfa.attention.default" not in static["forward"]
