@@ -44,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--head-dims", default=None, help="comma list (default 64,128,256; quick: 128; smoke: 64)")
     p.add_argument("--backends", default=None, help="jfa_ops backends (default: jfa_ops.available_backends()); "
                    "NAME@opaque keeps the op one opaque node in compiled graphs (JFA_COMPILE_PATH; default inductor), e.g. triton,triton@opaque; "
+                   "NAME@split: traced kernels below TMA_MIN_ROWS rows, the opaque op above, in one graph (torch.cond); "
                    "auto: the library's automatic choice (backend=None)")
     p.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list of {', '.join(PEER_ORDER + EXTRA_PEERS)}, "
                                                            "or none")

@@ -198,7 +198,9 @@ def test_other_paths_take_no_cond(split, monkeypatch):
 
 # The triton backend's split graphs, traced with fake CUDA tensors (no GPU, no interpreter) in a subprocess
 _SPLIT_TRACER = r"""
+import contextlib  # noqa: E402
 from torch._functorch.aot_autograd import aot_function  # noqa: E402
+from torch._inductor.virtualized import V  # noqa: E402
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
 
 
@@ -234,7 +236,8 @@ for dynamic in (False, True):
         graphs.append(calls(gm))
         raise Captured
 
-    with mode:
+    aot = V.set_aot_compilation(True) if os.environ.get("TRACE_AOT") == "1" else contextlib.nullcontext()
+    with mode, aot:
         for fn, args in ((forward(None), forward_inputs), (backward(None), backward_inputs)):
             try:
                 aot_function(fn, fw_compiler=capture)(*args)
@@ -268,3 +271,14 @@ def test_triton_split_graphs_hold_the_kernels_and_the_op():
     static = graphs["static"]
     assert not any(isinstance(c, list) for c in static["forward"] + static["backward"])
     assert "kernel:attn_fwd_kernel" in static["forward"] and "jfa.attention.default" not in static["forward"]
+
+
+def test_aot_packages_take_the_kernels_for_every_size():
+    """AOTInductor packages run without Python, so under ``split`` an AOT compile traces the kernels with no cond
+    (as ``inductor``): no opaque op to call back."""
+    from tests.test_compile_inductor import _FAKE_H100, _run
+
+    graphs = _run(_FAKE_H100 + _SPLIT_TRACER, JFA_COMPILE_PATH="split", TRACE_AOT="1")["dynamic"]
+    assert not any(isinstance(c, list) for c in graphs["forward"] + graphs["backward"])
+    assert "kernel:attn_fwd_kernel" in graphs["forward"] and "jfa.attention.default" not in graphs["forward"]
+    assert "kernel:attn_bwd_dq_kernel" in graphs["backward"]

@@ -28,7 +28,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, ".")
-os.environ["JFA_COMPILE_PATH"] = "inductor"
+# --path split: the size-split path's graphs (a cond per op: the kernels below the threshold, the op above)
+os.environ["JFA_COMPILE_PATH"] = sys.argv[sys.argv.index("--path") + 1] if "--path" in sys.argv else "inductor"
 os.environ.pop("TRITON_INTERPRET", None)
 
 from tests.test_compile_inductor import _WRAPPER  # noqa: E402  (the fake H100 and Inductor's CUDA stubs)
@@ -105,6 +106,8 @@ def compile_kernel(name: str, source: str, directory: str, in_worker: bool) -> s
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", action="store_true", help="also compile each kernel in a fresh interpreter")
+    parser.add_argument("--path", choices=("inductor", "split"), default="inductor",
+                        help="JFA_COMPILE_PATH of the traced graphs (split: cond on the row count)")
     args = parser.parse_args()
     ns: dict = {"__name__": "inductor_compile_cpu"}
     sys.argv[1:] = ["1", "none"]  # the stubs' script reads LAYERS, MAX_SEQLEN
@@ -142,6 +145,13 @@ def main() -> int:
                 continue
             kernels = {k: compile_kernel(k, src, directory, False) for k, src in KERNEL.findall(source)}
             report = {"graph": name, "analysis": sorted(set(analysis)), "kernels": kernels}
+            if args.path == "split":  # the wrapper's branch on the row count, and the opaque op in its large branch
+                report["split"] = {"branch": sorted(set(re.findall(r"^\s*if (.*4096.*):$", source, re.M))),
+                                   "opaque_op": sorted(set(re.findall(r"torch\.ops\.jfa\.\w+", source)))}
+                failed |= not (report["split"]["branch"] and report["split"]["opaque_op"])
+            if os.environ.get("JFA_DUMP_WRAPPER"):
+                with open(os.path.join(os.environ["JFA_DUMP_WRAPPER"], f"{name}.py"), "w") as f:
+                    f.write(source)
             if args.workers:
                 report["in_worker"] = {k: compile_kernel(k, src, directory, True) for k, src in KERNEL.findall(source)}
             failed |= any(v != "ok" for v in list(kernels.values()) + list(report.get("in_worker", {}).values()))

@@ -3,7 +3,8 @@
 Dynamo records each op as one node (a custom op, not ``triton_op``): the body dispatches to a backend chosen by
 name, and the reference backend reads offsets on the host, which tracing cannot follow. When AOTAutograd traces the
 graph, a traceable backend (triton on CUDA) is traced in place of the op, as ``triton_op`` would be, so Inductor sees
-and launches its kernels (the compile path, ``JFA_COMPILE_PATH``); every other backend stays opaque. Shape rules
+and launches its kernels (the compile path, ``JFA_COMPILE_PATH``; ``split``: a ``torch.cond`` on the row count
+between the traced kernels and the opaque op, ``_split``); every other backend stays opaque. Shape rules
 come from ``meta_kernels`` and are shared by the fakes and the eager checks.
 """
 from __future__ import annotations
@@ -371,7 +372,7 @@ def _traced_attention(mode, op, types, args, kwargs):
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
         _params(q, k, v, q_offsets, kv_offsets, *options)
-    if compile_path() == "split":
+    if compile_path() == "split" and not aot_compiling():  # a package runs without Python: the kernels, every size
         with mode:
             return _split(op, (q, k, v, q_offsets, kv_offsets), options, 0, functools.partial(_traced_forward, impl),
                           mode)
@@ -520,7 +521,7 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
         return mode.__torch_dispatch__(op, types, args, kwargs)
     with meta_kernels.deciding_checks():
         _backward_params(*tensors, options)
-    if compile_path() == "split":
+    if compile_path() == "split" and not aot_compiling():
         with mode:
             return _split(op, tuple(tensors), tuple(options), 2, functools.partial(_traced_backward, impl), mode)
     with mode, traced(mode):
