@@ -36,7 +36,7 @@ def forward(q, k, v, q_offsets, kv_offsets, params):
     p = torch.exp(s - lse[..., None])
     vr = v.repeat_interleave(group, dim=1).float()
     out = torch.einsum("hqk,khd->qhd", p, vr).to(q.dtype)
-    return out, lse.float()
+    return out.contiguous(), lse.float().contiguous()  # the op's layout (its fake's)
 
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params):
@@ -58,7 +58,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
     tk, hkv, d = k.shape
     dk = dk.reshape(tk, hkv, group, d).sum(2)
     dv = dv.reshape(tk, hkv, group, d).sum(2)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
 
 
 BACKEND = Backend(name="traced_dense", forward=forward, backward=backward, supports=lambda problem: None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import shutil
 
 import pytest
 import torch
@@ -154,6 +155,27 @@ def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, 
             assert_attention_close(actual, ref, dtype=torch.float32, kind="grad", name=f"d{name} {lengths}")
     assert counted.frame_count == 1, "lengths across the threshold recompiled"
     assert not counters["graph_break"]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="Inductor on CPU needs a C++ compiler")
+def test_inductor_lowers_and_runs_the_split_graphs_on_cpu(split):
+    """Inductor itself (CPU code, the op a fallback kernel in the large branch, the forward's predicate saved for the
+    backward): one graph over lengths crossing the threshold, both branches run, the oracle's results."""
+    counted = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_model(2), backend=counted, dynamic=True)
+    for seed, lengths in enumerate(BATCHES[:3]):
+        q, k, v, offsets = _batch(lengths, seed)
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        before = dense.CALLS["backward"]
+        out = compiled(q, k, v, offsets)
+        grad = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), grad)
+        assert dense.CALLS["backward"] - before == 2 * (sum(lengths) >= THRESHOLD)
+        expected = _oracle(q, k, v, offsets, 2)
+        assert_attention_close(out, expected, dtype=torch.float32, kind="forward", name=f"out {lengths}")
+        for name, actual, ref in zip("qkv", grads, torch.autograd.grad(expected, (q, k, v), grad.double())):
+            assert_attention_close(actual, ref, dtype=torch.float32, kind="grad", name=f"d{name} {lengths}")
+    assert counted.frame_count == 1 and not counters["graph_break"]
 
 
 def test_static_sizes_choose_the_branch_while_tracing(split):
