@@ -304,3 +304,33 @@ def test_aot_packages_take_the_kernels_for_every_size():
     assert not any(isinstance(c, list) for c in graphs["forward"] + graphs["backward"])
     assert "kernel:attn_fwd_kernel" in graphs["forward"] and "jfa.attention.default" not in graphs["forward"]
     assert "kernel:attn_bwd_dq_kernel" in graphs["backward"]
+
+
+@pytest.mark.gpu
+def test_split_on_the_gpu_one_graph_across_the_threshold(monkeypatch):
+    """The automatic choice under ``split`` on the GPU (triton traced below 4096 rows, the op above: tlx under the
+    TLX install): one Inductor graph over batches on both sides, forward and gradients within bf16 tolerances of the
+    float64 oracle."""
+    monkeypatch.setenv("JFA_COMPILE_PATH", "split")
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 4096)  # the library's (conftest lowers it for the other tests)
+    torch._dynamo.reset()
+    counters.clear()
+    counted = CompileCounterWithBackend("inductor")
+
+    def model(q, k, v, offsets):
+        out, lse = torch.ops.jfa.attention(q, k, v, offsets, offsets, causal=True)
+        return out
+
+    compiled = torch.compile(model, backend=counted, dynamic=True)
+    for seed, lengths in enumerate([[100, 300, 50], [3000, 2500], [7, 900], [4096]]):
+        q, k, v, offsets = (t.cuda() for t in _batch(lengths, seed, heads=(4, 2), head_dim=64, dtype=torch.bfloat16))
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        out = compiled(q, k, v, offsets)
+        grad = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), grad)
+        expected, _ = reference_attention(q, k, v, offsets, offsets, causal=True)
+        assert_attention_close(out, expected, dtype=torch.bfloat16, kind="forward", name=f"out {lengths}")
+        for name, actual, ref in zip("qkv", grads, torch.autograd.grad(expected, (q, k, v), grad.double())):
+            assert_attention_close(actual, ref, dtype=torch.bfloat16, kind="grad", name=f"d{name} {lengths}")
+    assert counted.frame_count == 1 and not counters["graph_break"], (counted.frame_count, counters["graph_break"])
+    torch._dynamo.reset()
