@@ -428,7 +428,14 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
     tracing (such graphs recompile per shape anyway). Each branch trace gets its own ``per_trace`` scope: values a branch derives live in its subgraph
     only (no sharing of offset-derived lists across layers inside branches)."""
     q, k = tensors[q_index], tensors[q_index + 1]
-    pred = torch.sym_max(q.shape[0], k.shape[0]) < split_rows()
+    rows = torch.sym_max(q.shape[0], k.shape[0])
+    # The same test, written differently in the backward (``<= limit - 1``): the trace records one node per
+    # expression, so an equal one would be the forward's SymBool saved for the backward, and torch 2.11's Inductor
+    # takes no SymBool graph input ("Unsupported inductor graph input type: StrictLessThan"); this way the backward
+    # computes its own from the sizes it gets anyway.
+    pred = rows < split_rows() if q_index == 0 else rows <= split_rows() - 1
+    if q_index != 0:
+        _recompute_in_backward(pred)
     if not isinstance(pred, torch.SymBool):
         if pred:
             with traced(scope):
@@ -466,6 +473,28 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
 
     operands = unique + [options[i] for i in symbolic]
     return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))
+
+
+def _recompute_in_backward(pred) -> None:
+    """Tag the backward's predicate node of the joint graph ``MUST_RECOMPUTE``, so the partitioner computes it in
+    the backward graph from the sizes instead of saving a SymBool from the forward: torch 2.11's Inductor takes no
+    SymBool graph input ("Unsupported inductor graph input type: LessThan"; 2.13's does). A torch whose private
+    tracing API differs leaves the node as it is (2.13 runs either way)."""
+    if not isinstance(pred, torch.SymBool):
+        return
+    try:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        proxy_mode = get_proxy_mode()
+        if proxy_mode is None:
+            return
+        proxy = get_proxy_slot(pred, proxy_mode.tracer, None)
+        proxy = proxy.force() if hasattr(proxy, "force") else proxy
+        if proxy is not None:
+            proxy.node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    except (ImportError, AttributeError, TypeError) as e:  # a private API changed
+        log.debug("jfa_ops: split predicate not tagged for recompute (%s: %s)", type(e).__name__, e)
 
 
 def _opaque_call(op, tensors, options):
