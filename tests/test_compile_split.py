@@ -85,9 +85,10 @@ def _calls(gm):
 
 
 def _model(layers: int):
-    def model(q, k, v, offsets):
+    def model(q, k, v, offsets, max_seqlen=-1):
         for _ in range(layers):  # each layer's output feeds the next (as q), offsets shared, as in a model
-            out, lse = torch.ops.jfa.attention(q, k, v, offsets, offsets, causal=True, backend=dense.BACKEND.name)
+            out, lse = torch.ops.jfa.attention(q, k, v, offsets, offsets, max_seqlen, max_seqlen, causal=True,
+                                               backend=dense.BACKEND.name)
             q = out + lse.transpose(0, 1).unsqueeze(-1)
         return q
     return model
@@ -140,18 +141,19 @@ def test_one_graph_with_both_branches_forward_and_backward(split):
         assert not any(c.startswith("jfa.") for c in small)
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, layers):
+@pytest.mark.parametrize("layers, max_seqlen", [(1, False), (2, True)])
+def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, layers, max_seqlen):
     """Every batch through one compiled graph (no recompile), results and gradients within the fp32 tolerances of
     the float64 oracle; the large branch (the opaque op: its body runs at run time, counted by the test backend)
-    runs exactly for the batches of THRESHOLD rows or more."""
+    runs exactly for the batches of THRESHOLD rows or more. ``max_seqlen``: passed as an int (a SymInt in the
+    graph: a cond operand of its own)."""
     counted = CompileCounterWithBackend(Capture())
     compiled = torch.compile(_model(layers), backend=counted, dynamic=True)
     for seed, lengths in enumerate(BATCHES):
         q, k, v, offsets = _batch(lengths, seed)
         q, k, v = (t.requires_grad_(True) for t in (q, k, v))
         before = dict(dense.CALLS)
-        out = compiled(q, k, v, offsets)
+        out = compiled(q, k, v, offsets, max(lengths)) if max_seqlen else compiled(q, k, v, offsets)
         grad = torch.randn_like(out)
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
         large = sum(lengths) >= THRESHOLD

@@ -146,7 +146,7 @@ def main() -> int:
             kernels = {k: compile_kernel(k, src, directory, False) for k, src in KERNEL.findall(source)}
             report = {"graph": name, "analysis": sorted(set(analysis)), "kernels": kernels}
             if args.path == "split":  # the wrapper's branch on the row count, and the opaque op in its large branch
-                report["split"] = {"branch": sorted(set(re.findall(r"^\s*if (.*4096.*):$", source, re.M))),
+                report["split"] = {"branch": sorted(set(re.findall(r"^\s*if (.*409[56].*):$", source, re.M))),
                                    "opaque_op": sorted(set(re.findall(r"torch\.ops\.jfa\.\w+", source)))}
                 failed |= not (report["split"]["branch"] and report["split"]["opaque_op"])
             if os.environ.get("JFA_DUMP_WRAPPER"):
