@@ -129,8 +129,8 @@ BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "
 # 31"): each consumer frees its K/V half-tile as soon as both consumers' last products with K/V have completed (the
 # epilogue's DS_BARRIER), before its dK/dV epilogue, and the epilogue's two [keys, D] tiles leave through its own
 # dQ staging buffer instead ([64, D/2] fp32: the same bytes, idle once the last dQ reduce-add has read it). So the
-# producer's next K/V loads (an HBM round trip plus 64 KiB) run under the epilogue instead of after it: ~1 us of a
-# ~4-6 us per-item gap, which short items pay per ~5 blocks (window (256, 0): 32.5 items per SM). Dense calls of
+# producer's next K/V loads (an HBM round trip plus 64 KiB) run under the epilogue instead of after it: ~0.7-1 us of
+# a ~6 us per-item gap, which short items pay per ~5 blocks (window (256, 0): 32.5 items per SM). Dense calls of
 # the default consumers (v2 with the dQ split, staged dQ: not DQ_RED, not GROUP_SPLIT); off until timed on the H200.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "0") == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
