@@ -314,10 +314,14 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
                 # (the default since stop 30: causaljagged is the default's flags; causaljaggedoff the default before)
                 "causaljagged": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=True),
-                "causaljaggedoff": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False)}
+                "causaljaggedoff": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
+                # helper window31: K/V freed before the dK/dV epilogue (bench/NOTES.md "Sliding-window backward,
+                # helper window31, stop 31"); "same": the default's flags again, an A/A column
+                "kvearly": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=True), "same": _DEFAULT_BWD}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED")
+              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED",
+              "BACKWARD_KV_EARLY")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)
@@ -686,13 +690,16 @@ def backward_timing() -> int:
     the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal twice: with the hints (a
     control: one length, the kept list in every column, so every ratio there is the harness's noise) and ``no
     hints`` (a row whose forward gets none in any column: the default's tile-major order against the list built per
-    call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED."""
+    call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED. ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row
+    (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0) causal, and the dense B8 S4096 and jagged T32768
+    causal controls (no triton column: fewer compiles), for the flip of JFA_TLX_BWD_KV_EARLY (helper window31)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
     gqa = os.environ.get("TLX_BWD_TIMING_GQA", "0") == "1"
+    window = not gqa and os.environ.get("TLX_BWD_TIMING_WINDOW", "0") == "1"
     cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
@@ -705,6 +712,11 @@ def backward_timing() -> int:
         cases = [cases[2], Case("jagged", "bwd jagged T16384 D128 causal", short, short, 16, 16, 128, causal=True),
                  Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True), cases[1],
                  dataclasses.replace(cases[1], label=cases[1].label + NO_HINTS)]
+    elif window:  # helper window31's rows: short items, then controls
+        cases = [Case("window", "bwd jagged T32768 win(256,0) causal", lens, lens, 16, 16, 128, causal=True,
+                      window=(256, 0)),
+                 Case("window", "bwd jagged T32768 win(1024,0) causal", lens, lens, 16, 16, 128, causal=True,
+                      window=(1024, 0)), cases[0], cases[2]]
     elif os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
@@ -713,7 +725,7 @@ def backward_timing() -> int:
         # the bench's GQA row (bench.suites.gqa_cases, quick: 4.1 items per SM, gqasplit's target), timed first
         cases.insert(0, Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True))
     # (column, BWD_VARIANTS key; None: the triton backward)
-    cols = ([] if gqa else [("triton", None)]) + [("default", "v2-dqshared")]
+    cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
     new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
@@ -723,7 +735,7 @@ def backward_timing() -> int:
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
                        else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
-    ratios = ([] if gqa else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
+    ratios = ([] if gqa or window else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
     ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     rounds = int(os.environ.get("TLX_BWD_TIMING_ROUNDS", "3"))
     print(f"{'backward, bf16, TFLOP/s (median of ' + str(rounds) + ' rounds)':44s} "

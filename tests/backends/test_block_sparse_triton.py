@@ -176,11 +176,11 @@ SELECT_VARIANTS = {
     "fp32_rn": dict(sparse_select_rows=False, sparse_select_fp32_rn=True),
     "fp32_rn_grouped": dict(sparse_select_rows=False, sparse_pool_fanout=True, sparse_pool_whole_block=True,
                             sparse_select_visible=True, sparse_select_grouped=True, sparse_select_fp32_rn=True),
-    # the default pool v6 with the two select-kernel knobs a flip would turn on together (bench/NOTES.md v20)
-    "v6_visible_fp32_rn": dict(sparse_select_visible=True, sparse_select_fp32_rn=True),
-    # the top-k by a radix select (helper select30) on the default kernel (fp64 scores' 64-bit keys: the GPU-only
-    # test_radix_select_equals_the_pairwise_rank; a variant here costs CI ~3 minutes under the interpreter)
-    "radix": dict(sparse_select_radix=True),
+    # the default since v22 (visible range, fp32 mul.rn scores, the top-k by a radix select: helper select30)
+    "v6_visible_fp32_rn_radix": dict(sparse_select_visible=True, sparse_select_fp32_rn=True, sparse_select_radix=True),
+    # the pairwise rank (the default before v22) on the same kernel; fp64 scores' 64-bit radix keys: the GPU-only
+    # test_radix_select_equals_the_pairwise_rank
+    "pairwise": dict(sparse_select_visible=True, sparse_select_fp32_rn=True, sparse_select_radix=False),
     # selection pool v6: 4 kv heads per pooling program (either search), Q and K pooled in one launch
     "pool_stream": dict(sparse_select_rows=False, sparse_pool_fanout=False, sparse_pool_stream=True,
                         sparse_pool_one_launch=False),

@@ -350,6 +350,21 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
                 <= base["spill_stores"] + base["spill_loads"] + 16), (r, base)
 
 
+def test_kv_early_kernels_spill_as_the_default(compiled):
+    """KV_EARLY (helper window31, ``configs.BACKWARD_KV_EARLY``) moves the K/V release before the dK/dV epilogue and
+    the epilogue's tiles into the dQ staging buffer: same shared memory, no new spills, the same block loops as the
+    kernel without it (sm_90 ptxas, stop 31: D128 full 152 / 200 B both, causal 184 / 260, fp16 causal + left window
+    under the causal order 244 / 320, broadcast-Q 140 / 184; D64 0)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].endswith("-kvearly")]
+    assert len(rows) == 8, [r["name"] for r in rows]
+    for r in rows:
+        name = r["name"].removesuffix("-kvearly")
+        base = by_name.get(name) or by_name[name.removesuffix("-statsahead")]  # D64's default compiles without it
+        assert r["shared"] == base["shared"], (r, base)
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
+
+
 def _shipped_and_compiled(name_part: str, specs: str, unset: str, expect: int) -> tuple:
     """In a TLX subprocess (env ``unset`` removed): the names of the shipped specializations containing
     ``name_part``, and the sm_90 rows (``compile_sm90`` with loop counts, each in a fresh cache so ptxas runs) of

@@ -62,7 +62,8 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
 # (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
 # picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
-# instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy).
+# instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
+# dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True)  # the shipped default
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
@@ -76,6 +77,7 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
                 "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
                 "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
+                "bwd-kvearly": dict(_BWD, BACKWARD_KV_EARLY=True),
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False)}
 
@@ -107,7 +109,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED"):
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -216,6 +218,48 @@ def test_dq_red_keeps_dk_dv_bit_for_bit(dq_red, monkeypatch):
         (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
         assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
         torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
+# KV_EARLY's cases (helper window31): many short items per program (the producer's next K/V loads land while the
+# epilogue still stores through the dQ staging buffer), windows (the bench's (256, 0) causal, two-sided), jagged with
+# empty and length-1 sequences, GQA, D64 and D128
+_SHORT = (700, 1500, 33, 2100, 129, 900, 0, 1, 4096, 1, 0, 257)
+_KV_BF = dict(head_dim=128, dtype=torch.bfloat16, device="cuda")
+KV_EARLY_CASES = {
+    "window (256,0) causal H8": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=8, causal=True, window=(256, 0),
+                                              **_KV_BF),
+    "window (128,64) GQA 8:2": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=2, window=(128, 64), **_KV_BF),
+    "causal GQA 6:3": AttentionCase(_SHORT, _SHORT, heads_q=6, heads_kv=3, causal=True, **_KV_BF),
+    "full H8 D64 fp16": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=8, head_dim=64, dtype=torch.float16,
+                                      device="cuda"),
+    "window (300,0) causal D64 fp16": AttentionCase(_SHORT, _SHORT, heads_q=4, heads_kv=4, causal=True,
+                                                    window=(300, 0), head_dim=64, dtype=torch.float16, device="cuda"),
+}
+
+
+@pytest.mark.parametrize("name", list(KV_EARLY_CASES))
+def test_kv_early_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
+    """KV_EARLY (``configs.BACKWARD_KV_EARLY``, helper window31) moves only when K/V are freed and which shared
+    buffer dK/dV leave through: gradients match the float64 oracle, and dK/dV equal the default's bit for bit (each
+    item computes its own); dQ is the same fp32 terms, reduce-added in another order (close, not equal)."""
+    case = KV_EARLY_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 0)  # a split's items add dK/dV from registers: no KV_EARLY
+    monkeypatch.setattr(configs, "BACKWARD_KV_EARLY", True)
+    check_attention_case(case, "tlx")
+    x = case.make_inputs(0)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "BACKWARD_KV_EARLY", on)
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
 # configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the

@@ -689,6 +689,43 @@ def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
         assert [kind for kind, _ in answers] == ([] if on else ["recipe"]), answers
 
 
+@needs_tlx
+def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_KV_EARLY`` (helper window31, env JFA_TLX_BWD_KV_EARLY) sets the TLX backward's KV_EARLY,
+    off by default, on a windowed jagged call and its repeat (served by the recipe it kept); ignored (False) where its
+    staging buffer is not there or not the epilogue's: DQ_RED, a GQA split (dK/dV added from registers)."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_KV_EARLY  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    window = _params(causal=True, window_left=256)
+    for on in (False, True, False):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_KV_EARLY", on)
+        attn_bwd._RECIPES.clear()
+        answers.clear()
+        for _ in range(2):  # a signature's first call, then its repeat
+            runs.clear()
+            _backward(q, k, v, offsets, window, torch.randn_like(q))
+            launched = [dict(zip(names, values))["KV_EARLY"] for name, _, values, _ in runs
+                        if name == "attn_bwd_tlx_kernel"]
+            assert launched == [on], launched
+        assert [kind for kind, _ in answers] == ["recipe"], answers
+    monkeypatch.setattr(tlx_configs, "BACKWARD_KV_EARLY", True)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 1)
+    runs.clear()
+    _backward(q, k, v, offsets, window, torch.randn_like(q))
+    assert [dict(zip(names, values))["KV_EARLY"] for name, _, values, _ in runs
+            if name == "attn_bwd_tlx_kernel"] == [False]
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 0)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", 16)
+    gq = torch.randn(q.shape[0], 8, HEAD_DIM).to(q.dtype)
+    gk, gv = k[:, :2].contiguous(), v[:, :2].contiguous()
+    runs.clear()
+    _backward(gq, gk, gv, offsets, _params(causal=True), torch.randn_like(gq))
+    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    assert launched["GROUP_SPLIT"] > 1 and launched["KV_EARLY"] is False
+
+
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()

@@ -764,7 +764,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
                         DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
-                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False):
+                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -794,7 +794,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     dQ accumulator itself ([rows of q, Hq, D], desc_dq's tensor), which the consumers add to from registers
     (``_red_add_dq``); no dQ staging buffers are allocated. Else DQ_ACC is None.
 
-    MXFP8 (V2, dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``)."""
+    MXFP8 (V2, dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``).
+
+    KV_EARLY (``configs.BACKWARD_KV_EARLY``; V2 with DQ_SHARED and staged dQ, one part per group): each consumer
+    frees its K/V tiles before its dK/dV epilogue and stores dK/dV through its dQ staging buffer, so the producer's
+    next K/V loads run under the epilogue."""
     tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(DQ_RED == 0 or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
@@ -803,6 +807,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                      "GROUP_SPLIT: the dense v2 backward with the dQ split, items mapped arithmetically")
     tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
+    tl.static_assert(not KV_EARLY or (V2 and DQ_SHARED and DQ_RED == 0 and GROUP_SPLIT == 1),
+                     "KV_EARLY: the v2 consumers with the dQ split, staged dQ, one part per group")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
@@ -962,6 +968,18 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                      HEAD_DIM)
                         _add_partial(dv, DV, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM, HEAD_DIM)
                         tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
+                    elif KV_EARLY:  # free K/V first, then dK/dV through this consumer's dQ staging buffer
+                        tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' last products with K/V are done
+                        tlx.fence_async_shared()  # the tiles' generic-proxy writes (row zeroing) before the next TMA
+                        tlx.barrier_arrive(kv_empties[cid], 1)  # the producer's next K/V loads run under the stores
+                        # [64, D/2] fp32 holds the bytes of [64, D] bf16; K's layout, as the default's stores use
+                        out_tile = tlx.local_reinterpret(dq_stage[cid * NUM_BUFFERS_DQ], k_tile.dtype,
+                                                         [HALF_N, HEAD_DIM], layout=k_tile.type.layout)
+                        tlx.async_descriptor_store_wait(0)  # the last dQ reduce-add has read the staging buffer
+                        _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                            stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                            kv_head * HEAD_DIM, cid, HEAD_DIM)
                     elif V2:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
@@ -971,7 +989,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                             kv_head * HEAD_DIM, cid, HEAD_DIM)
                         tlx.named_barrier_wait(OWN_BARRIER + cid, 128)  # every warp has read both tiles back
                         tlx.fence_async_shared()  # these generic-proxy accesses before the producer's next TMA loads
-                    tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
+                    if not KV_EARLY:
+                        tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
                     if not V2:
                         keys_ok = keys < len_k
@@ -1028,7 +1047,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
                        delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
-                       delta_grad_out=None, causal_jagged: bool = False):
+                       delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1061,7 +1080,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ignored): dQ added from the consumers' registers (the kernel's DQ_RED); no recipe is kept for it (``_Recipe``
     launches the staged kernel's arguments). ``mxfp8`` (``mxfp8_attn_bwd.py``; dense, v2): the kernel's MXFP8
     constexpr (P and dS rounded to their MXFP8 values), fed MX-valued q, k, v, grad_out; ``delta_grad_out``: the dO
-    the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either."""
+    the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
+    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split and staged dQ, one
+    part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
+    staging buffer (the kernel's KV_EARLY)."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         dq_red = 0
@@ -1089,6 +1111,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         head_group = 0
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
+    kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
     if ablate:
         if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1097,7 +1120,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red)
+               v2 and delta_early, parts, dq_red, kv_early)
     # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid), DQ_RED (the accumulator's pointer) or the
     # MXFP8 backward (delta from another dO)
     kept = selection is None and parts == 1 and not dq_red and not mxfp8 and delta_grad_out is None
@@ -1120,7 +1143,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red) = variant
+     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1205,7 +1228,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
                     **({} if dq_red else dict(DQ_ACC=None)),
-                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8)
+                    **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
+                    KV_EARLY=kv_early)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

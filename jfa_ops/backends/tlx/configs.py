@@ -125,6 +125,14 @@ BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
 # consumers (v2 with the dQ split, no DQ_LAG / ALTERNATE / ablations); off (0) until timed on the H200
 # (tools/tlx_check.py's dqred / dqredlast columns).
 BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "0"), 0)
+# KV_EARLY (JFA_TLX_BWD_KV_EARLY=1; helper window31, bench/NOTES.md "Sliding-window backward, helper window31, stop
+# 31"): each consumer frees its K/V half-tile as soon as both consumers' last products with K/V have completed (the
+# epilogue's DS_BARRIER), before its dK/dV epilogue, and the epilogue's two [keys, D] tiles leave through its own
+# dQ staging buffer instead ([64, D/2] fp32: the same bytes, idle once the last dQ reduce-add has read it). So the
+# producer's next K/V loads (an HBM round trip plus 64 KiB) run under the epilogue instead of after it: ~0.7-1 us of
+# a ~6 us per-item gap, which short items pay per ~5 blocks (window (256, 0): 32.5 items per SM). Dense calls of
+# the default consumers (v2 with the dQ split, staged dQ: not DQ_RED, not GROUP_SPLIT); off until timed on the H200.
+BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "0") == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
 # items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's
@@ -490,7 +498,8 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
-                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED)
+                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED,
+                kv_early=BACKWARD_KV_EARLY)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:

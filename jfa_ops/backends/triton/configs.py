@@ -102,8 +102,10 @@ class Knobs:
     # program takes 4 kv heads of its Q block, a head a warp, and keeps a row's (<= 512 blocks) top ``count`` by a
     # radix select (a bitwise binary search for the count-th largest score: 32 warp-local counts) instead of every
     # pair compared (the rank loop: ~2,900 SASS instructions a warp for a row of 128 blocks; the kernel is
-    # issue-bound). Same choices (ties toward the lower index). Off until measured (predicted 150 -> 50-75 us).
-    sparse_select_radix: bool = False
+    # issue-bound). Same choices (ties toward the lower index). On since the H200 run of 2026-12-03 (bench/NOTES.md
+    # v22: the select kernel 151 -> 63 us non-causal, 107 -> 40 causal on the bench's T66944 batch, same choices;
+    # its GPU tests passed under Triton 3.6 and 3.8); ``JFA_SELECT_RADIX=0``: the pairwise rank.
+    sparse_select_radix: bool = os.environ.get("JFA_SELECT_RADIX", "1") != "0"
     # Selection pool v6 (helper poolv6, bench/NOTES.md "selection pool v6"): a pooling program streams 4 kv heads of
     # its block (slot search and offsets once for 128 KB, not 32 KB), its loop pipelined by async copies with three
     # 32-row steps in flight (the v3/v4 pool keeps one ahead: 2.8 TB/s, latency-bound); Q's and K's pooling in one
