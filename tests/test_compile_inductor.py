@@ -84,7 +84,9 @@ def fake_inputs(dynamic):
     return shape_env, mode, (q, k, v, off), (grad_out, q, k, v, out, lse, off)
 """
 
-_TRACER = _FAKE_H100 + r"""
+# What the graph-tracing scripts share (this file's and test_compile_split's): ``calls``, a traced graph's kernels
+# by name, ops and conds with their branches; ``Captured`` stops a trace once its graph is captured
+_GRAPH_CALLS = r"""
 import contextlib, os  # noqa: E401, E402
 from torch._functorch.aot_autograd import aot_function  # noqa: E402
 from torch._inductor.virtualized import V  # noqa: E402
@@ -105,11 +107,16 @@ def calls(gm):
             while not hasattr(kernel, "arg_names"):  # wrap_triton puts launch options in an Autotuner
                 kernel = kernel.fn
             out.append("kernel:" + kernel.fn.__name__)
+        elif n.target is torch.ops.higher_order.cond:  # [cond, predicate, true branch's calls, false branch's]
+            out.append(["cond", str(n.args[0].meta.get("val")), calls(getattr(gm, n.args[1].target)),
+                        calls(getattr(gm, n.args[2].target))])
         elif isinstance(n.target, torch._ops.OpOverload):
             out.append(str(n.target))
     return out
 
+"""
 
+_TRACER = _FAKE_H100 + _GRAPH_CALLS + r"""
 def trace(backend, dynamic):
     shape_env, mode, forward_inputs, backward_inputs = fake_inputs(dynamic)
     graphs = []

@@ -230,35 +230,8 @@ def test_other_paths_take_no_cond(split, monkeypatch):
 
 
 # The triton backend's split graphs, traced with fake CUDA tensors (no GPU, no interpreter) in a subprocess
+# (after test_compile_inductor's _FAKE_H100 and _GRAPH_CALLS)
 _SPLIT_TRACER = r"""
-import contextlib  # noqa: E402
-from torch._functorch.aot_autograd import aot_function  # noqa: E402
-from torch._inductor.virtualized import V  # noqa: E402
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
-
-
-class Captured(Exception):
-    pass
-
-
-def calls(gm):
-    out = []
-    for n in gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        if "triton_kernel_wrapper" in str(n.target):
-            kernel = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
-            while not hasattr(kernel, "arg_names"):
-                kernel = kernel.fn
-            out.append("kernel:" + kernel.fn.__name__)
-        elif n.target is torch.ops.higher_order.cond:
-            out.append(["cond", str(n.args[0].meta.get("val")), calls(getattr(gm, n.args[1].target)),
-                        calls(getattr(gm, n.args[2].target))])
-        elif isinstance(n.target, torch._ops.OpOverload):
-            out.append(str(n.target))
-    return out
-
-
 result = {}
 for dynamic in (False, True):
     shape_env, mode, forward_inputs, backward_inputs = fake_inputs(dynamic)
@@ -287,9 +260,9 @@ def test_triton_split_graphs_hold_the_kernels_and_the_op():
     dynamic sizes give one cond per op on ``T < 4096`` whose small branch holds the triton kernels and whose large
     branch holds the op; no guard on the lengths (only heads and head_dim, as on the inductor path); static sizes
     of a small call trace the kernels with no cond."""
-    from tests.test_compile_inductor import _FAKE_H100, _run
+    from tests.test_compile_inductor import _FAKE_H100, _GRAPH_CALLS, _run
 
-    graphs = _run(_FAKE_H100 + _SPLIT_TRACER, JFA_COMPILE_PATH="split")
+    graphs = _run(_FAKE_H100 + _GRAPH_CALLS + _SPLIT_TRACER, JFA_COMPILE_PATH="split")
     dynamic = graphs["dynamic"]
     assert all(g.startswith("Eq(") and "T" not in g for g in dynamic["guards"]), dynamic["guards"]
     for kind, op, last_kernel in (("forward", "jfa.attention.default", "kernel:attn_fwd_kernel"),
@@ -309,9 +282,9 @@ def test_triton_split_graphs_hold_the_kernels_and_the_op():
 def test_aot_packages_take_the_kernels_for_every_size():
     """AOTInductor packages run without Python, so under ``split`` an AOT compile traces the kernels with no cond
     (as ``inductor``): no opaque op to call back."""
-    from tests.test_compile_inductor import _FAKE_H100, _run
+    from tests.test_compile_inductor import _FAKE_H100, _GRAPH_CALLS, _run
 
-    graphs = _run(_FAKE_H100 + _SPLIT_TRACER, JFA_COMPILE_PATH="split", TRACE_AOT="1")["dynamic"]
+    graphs = _run(_FAKE_H100 + _GRAPH_CALLS + _SPLIT_TRACER, JFA_COMPILE_PATH="split", TRACE_AOT="1")["dynamic"]
     assert not any(isinstance(c, list) for c in graphs["forward"] + graphs["backward"])
     assert "kernel:attn_fwd_kernel" in graphs["forward"] and "jfa.attention.default" not in graphs["forward"]
     assert "kernel:attn_bwd_dq_kernel" in graphs["backward"]
