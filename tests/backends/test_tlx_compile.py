@@ -342,7 +342,8 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
     window 244 / 320 both, D64 0); head dims below ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` (D64) never take it, so
     only D128 compiles it (helper causalorder2)."""
     by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if "-causalorder" in r["name"]]
+    # kvearly rows under the causal order compare with the causal-order kernel in the test below, not here
+    rows = [r for r in compiled if "-causalorder" in r["name"] and not r["name"].endswith("-kvearly")]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {128}, "no causal order compiled"
     for r in rows:
         base = by_name[r["name"].replace("-causalorder", "")]
