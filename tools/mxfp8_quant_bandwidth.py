@@ -148,6 +148,9 @@ def main() -> None:
             quant_direct(False)
             if graph_row(row, "fwd x3 graph", fwd3):
                 graph_row(row, "fwd x3 graph, v 64 columns", fwd3_v64)
+                # V's kernel without the head split, Q's and K's as they are (mq.V_QUANT_GROUPS: stop 31's rule)
+                graph_row(row, "fwd x3 graph, v no head split", mock.patch.object(mq, "V_QUANT_GROUPS", 1 << 20)(fwd3))
+                graph_row(row, "fwd x3 graph'", fwd3)  # the default again: the A/A gauge of the two rows above
                 for n in "qkv":
                     g = graph_of(calls[n])
                     if g is not None:

@@ -578,7 +578,7 @@ def dynamic_timing() -> int:
     A/A gauge), then hg4 (the static fallback: zigzag with all kv heads in one group, ``configs.FORWARD_HEAD_GROUP``
     4; it changes the zigzag rows only). Rows: the bench's broadcast-Q Lq128 H4 B512 (the target), the same with every KV length equal (no
     tail to balance: the knob's cost alone), D256 jagged causal (v3 consumers: the knob applies), and two v4 rows
-    where it does not (dense B8 S4096, jagged T32768: noise gauges). Where the knob applies, out/lse are compared bit
+    where it does not (dense B8 S4096, jagged T32768: noise gauges); D256 jagged non-causal (stop 31's rule). Where the knob applies, out/lse are compared bit
     for bit with the default's; the broadcast rows are also timed replayed from a CUDA graph (GPU time alone)."""
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
     from host_profile import with_setting  # tools/ is on the path of a script run from it
@@ -592,8 +592,12 @@ def dynamic_timing() -> int:
                    broadcast_q=True), True),
              (Case("jagged", f"jagged T32768 n{len(lens)} H16 D256 causal", lens, lens, 16, 16, 256, causal=True),
               False),
+             (Case("jagged", f"jagged T32768 n{len(lens)} H16 D256", lens, lens, 16, 16, 256), False),
              (Case("dense", "B8 H16 S4096 D128 (v4: not taken)", (4096,) * 8, (4096,) * 8, 16, 16, 128), False),
              (Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 (v4: not taken)", lens, lens, 16, 16, 128), False)]
+    # TLX_DYNAMIC_ROWS=D256,...: only the rows whose label holds one of these (stop 31's rule reruns the D256 rows)
+    wanted = [w for w in os.environ.get("TLX_DYNAMIC_ROWS", "").split(",") if w]
+    cases = [c for c in cases if not wanted or any(w in c[0].label for w in wanted)]
     cols = ("tlx", "dynamic", "tlx'", "dynamic'", "hg4")
     print("forward, bf16, TFLOP/s of useful work (do_bench median): static striding vs configs.FORWARD_DYNAMIC "
           "(bench/NOTES.md \"Broadcast-Q forward, helper bcast31, stop 31\")", flush=True)

@@ -19,6 +19,7 @@ sequence, the tile loaded as its four (32, 1) blocks and stored transposed).
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -43,6 +44,9 @@ QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) 
 QUANT_COLUMNS = 128
 QUANT_STAGES = 3
 QUANT_GROUPS = 4  # head groups per program: more programs where T is small and H large (dense T32768 H16: 4128)
+# V's (32, 1) kernel's head groups when set (None: QUANT_GROUPS). 1 << 20: every head in one program, no head split
+# (stop 31 on the H200: 1.01-1.05x V's kernel alone; bench/NOTES.md "Next GPU session (lead, stop 31)" has the rule)
+V_QUANT_GROUPS = int(os.environ.get("JFA_MXFP8_V_QUANT_GROUPS", "0")) or None  # read at launch
 QUANT_WARPS = {"rows": 4, "cols": 1, "v_tiles": 8}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1)
 # ("cols"), (32, 1) re-based per 128-key tile ("v_tiles": 128 rows, the column maxima across warps)
 V3_GROUPS = 1 << 20  # configs.KNOBS.mxfp8_quant_pipelined off: every head in one program
@@ -449,7 +453,7 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
     # them), the argument list bound once (launch_planned): the call's Python is the allocations and one launch
     key = (x.dtype, data_bits.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
-           KNOBS.mxfp8_quant_pipelined, KNOBS.mxfp8_quant_v_columns, QUANT_STAGES, QUANT_GROUPS,
+           KNOBS.mxfp8_quant_pipelined, KNOBS.mxfp8_quant_v_columns, QUANT_STAGES, QUANT_GROUPS, V_QUANT_GROUPS,
            tuple(QUANT_WARPS.values()), interpreting())
     geometry = _GEOMETRY.get(key)
     if geometry is None:
@@ -474,12 +478,12 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
     chunks = 1
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
-        groups = QUANT_GROUPS
+        groups = V_QUANT_GROUPS if tuple(block) == (32, 1) and V_QUANT_GROUPS else QUANT_GROUPS
         columns = KNOBS.mxfp8_quant_v_columns
         if tuple(block) == (32, 1) and rebase == PAIR and 0 < columns < per_program * block_d:
             # narrower iterations, as many columns per program: per_program * block_d // columns times the groups
             assert columns >= 16 and columns & (columns - 1) == 0, f"mxfp8_quant_v_columns={columns}"
-            groups = QUANT_GROUPS * per_program * block_d // columns
+            groups = groups * per_program * block_d // columns
             per_program, chunks = max(1, columns // block_d), max(1, block_d // columns)
         warps = quantize_warps(block, per_program * block_d // chunks, block_r)
         stages = QUANT_STAGES
