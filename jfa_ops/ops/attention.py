@@ -441,22 +441,33 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
             with traced(scope):
                 return small(*tensors, *options)
         return _opaque_call(op, tensors, options)
-    # operands: each tensor once (cond rejects aliased operands: q_offsets is kv_offsets in self-attention), then
-    # the symbolic options; ``slots``: each tensor argument's operand index (None: absent)
+    # operands: one tensor per storage (cond rejects operands that share one: q_offsets is kv_offsets in
+    # self-attention, q/k/v views of a model's fused qkv projection), then the symbolic options; ``slots``: each
+    # tensor argument's operand index (None: absent) and, for a view of another operand's storage, its
+    # (size, stride, storage offset), rebuilt in the branch with as_strided (storage offsets are absolute, in eager
+    # and in Inductor's lowering alike: the same elements, no copy)
     unique: list = []
+    storages: list = []
     slots = []
     for t in tensors:
         if t is None:
             slots.append(None)
             continue
-        same = [j for j, u in enumerate(unique) if u is t]
+        storage = _storage_of(t)
+        same = [j for j, u in enumerate(storages) if u == storage]
         if not same:
             unique.append(t)
-        slots.append(same[0] if same else len(unique) - 1)
+            storages.append(storage)
+            slots.append((len(unique) - 1, None))
+        elif unique[same[0]] is t:
+            slots.append((same[0], None))
+        else:
+            slots.append((same[0], (t.size(), t.stride(), t.storage_offset())))
     symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
 
     def unpack(flat):
-        ts = [None if j is None else flat[j] for j in slots]
+        ts = [None if slot is None else flat[slot[0]] if slot[1] is None else flat[slot[0]].as_strided(*slot[1])
+              for slot in slots]
         opts = list(options)
         for i, o in zip(symbolic, flat[len(unique):]):
             opts[i] = o
@@ -473,6 +484,16 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
 
     operands = unique + [options[i] for i in symbolic]
     return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))
+
+
+def _storage_of(t: torch.Tensor):
+    """What cond compares to find aliased operands: the storage of the tensor under the trace's functional wrapper."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if isinstance(t, FunctionalTensor):
+        t = torch._from_functional_tensor(t.elem)
+    return StorageWeakRef(t.untyped_storage())
 
 
 def _recompute_in_backward(pred) -> None:
