@@ -440,6 +440,16 @@ def model_peer_names(backends: List[str], peers: List[str], device) -> List[str]
     return ours + [p for p in PEERS if p in peers]
 
 
+def no_shared_autograd_cache() -> None:
+    """Turn off torch's AOTAutograd cache for this process. Its key is Dynamo's graph, in which our op is one node
+    whatever ``JFA_COMPILE_PATH`` is, so jfa:auto, jfa:auto@inductor and jfa:auto@split (same model, same call) would
+    get the graphs of whichever compiled first, in the process or on the machine's disk (H200, 2026-12-04: auto and
+    auto@split ran the same compiled graphs, `## Call CompiledFxGraph` keys equal). Inductor's own FX graph cache
+    keys on the traced graph: left on."""
+    import torch._functorch.config as functorch_config
+    functorch_config.enable_autograd_cache = False
+
+
 def run(backends: List[str], peers: List[str], device, size: str, deadline: float,
         compile_backend: Optional[str] = None, progress: Optional[Callable[[List[dict]], None]] = None,
         kinds: Optional[List[str]] = None) -> List[dict]:
@@ -457,6 +467,7 @@ def run(backends: List[str], peers: List[str], device, size: str, deadline: floa
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo_config, knob):
             setattr(dynamo_config, knob, max(64, getattr(dynamo_config, knob)))
+    no_shared_autograd_cache()
     cfg = model_config(size)
     kind_list = [k for k in batch_kinds(size) if kinds is None or k.name in kinds]
     describe = lambda kind: {"suite": "model", "label": kind.label, "name": f"model {kind.label}",  # noqa: E731

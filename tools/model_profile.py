@@ -42,6 +42,7 @@ def bound_sizes(pool: list) -> None:
 def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, compile_backend: str, steps: int,
                  top: int, host_top: int = 0, bounded: bool = False) -> None:
     torch._dynamo.reset()
+    bm.no_shared_autograd_cache()  # each implementation its own graphs (bench/model.py says why)
     torch.manual_seed(0)
     attend = bm.attention_for(name, cfg, device)
     model = bm.JaggedTransformer(cfg, attend).to(device=device, dtype=getattr(torch, cfg.dtype))
