@@ -148,8 +148,8 @@ def main() -> None:
             quant_direct(False)
             if graph_row(row, "fwd x3 graph", fwd3):
                 graph_row(row, "fwd x3 graph, v 64 columns", fwd3_v64)
-                # V's kernel without the head split, Q's and K's as they are (mq.V_QUANT_GROUPS: stop 31's rule)
-                graph_row(row, "fwd x3 graph, v no head split", mock.patch.object(mq, "V_QUANT_GROUPS", 1 << 20)(fwd3))
+                # V's kernel with the head split of Q's and K's (mq.V_QUANT_GROUPS None: the geometry before stop 33)
+                graph_row(row, "fwd x3 graph, v head split", mock.patch.object(mq, "V_QUANT_GROUPS", None)(fwd3))
                 graph_row(row, "fwd x3 graph'", fwd3)  # the default again: the A/A gauge of the two rows above
                 for n in "qkv":
                     g = graph_of(calls[n])
@@ -159,22 +159,22 @@ def main() -> None:
                 # (32, 1)'s geometry A/B (module constants and KNOBS.mxfp8_quant_v_columns, read at launch, as
                 # tools/mxfp8_quant_probe.py sets them; bit-exact by construction: tests/backends/test_triton_mxfp8.py's
                 # head-group and v-columns tests): 2 warps per 128 columns (v12's "cols2": 59% vs 48% of the copy on
-                # 16 heads), every head in one program (no head split: the 16-head grid reads 1 KB of each 4 KB row
-                # per split, bcast's 4 heads read whole rows), 64 / 32 columns per iteration (16 / 23 one-warp
+                # 16 heads), the head split of Q's and K's kernels (the default before stop 33: the 16-head grid reads
+                # 1 KB of each 4 KB row per split), 64 / 32 columns per iteration (16 / 23 one-warp
                 # programs per SM instead of 9: bench/NOTES.md "MXFP8 (32, 1) quantize bandwidth, helper quant32")
                 v_want = [t.view(torch.uint8).clone() for t in calls["v"]()]
-                default = (dict(mq.QUANT_WARPS), mq.QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns)
+                default = (dict(mq.QUANT_WARPS), mq.V_QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns)
                 for label, warps, groups, columns in (
                         ("v graph, 2 warps", {**default[0], "cols": 2}, default[1], default[2]),
-                        ("v graph, no head split", default[0], 1 << 20, default[2]),
+                        ("v graph, head split (old)", default[0], None, default[2]),
                         ("v graph, 64 columns", default[0], default[1], 64),
                         ("v graph, 32 columns", default[0], default[1], 32)):
-                    mq.QUANT_WARPS, mq.QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = warps, groups, columns
+                    mq.QUANT_WARPS, mq.V_QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = warps, groups, columns
                     same = all(map(torch.equal, [t.view(torch.uint8) for t in calls["v"]()], v_want))
                     g = graph_of(calls["v"])
                     if g is not None:
                         row(label, g, False, tensor_bytes["v"], check=False, same=same)
-                    mq.QUANT_WARPS, mq.QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = default
+                    mq.QUANT_WARPS, mq.V_QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = default
             else:
                 print(f"{name}: the three calls could not be captured in a CUDA graph", flush=True)
             for label, fn, on in (("host us: op x3", op3, False), ("host us: op x3, quant_direct", op3, True),

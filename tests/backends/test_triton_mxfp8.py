@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -69,7 +70,9 @@ def test_quantize_kernel_subnormals_and_signed_zeros(dtype, pipelined):
 def test_quantize_kernel_head_groups(heads, dim, pipelined):
     """Programs quantize several heads per iteration (``heads_per_program``: 128 columns) and split the heads over
     programs (QUANT_GROUPS iterations each): head counts that do not fill the last group or split, a padded head dim
-    (96 -> 128), and a strided view (head stride 2 * dim) stay bit-exact, jagged, for every block shape."""
+    (96 -> 128), and a strided view (head stride 2 * dim) stay bit-exact, jagged, for every block shape; V's (32, 1)
+    kernel both without the head split (``V_QUANT_GROUPS``, the default) and with Q's and K's split."""
+    from jfa_ops.backends.triton import mxfp8_quantize
     g = torch.Generator().manual_seed(heads * dim)
     lengths = [40, 0, 33, 7]
     offsets = torch.tensor([0] + lengths).cumsum(0)
@@ -78,7 +81,11 @@ def test_quantize_kernel_head_groups(heads, dim, pipelined):
     with quant_pipelined(pipelined):
         for x in (wide[..., :dim].contiguous(), wide[..., dim:]):  # contiguous, and a view with head stride 2 * dim
             for block in BLOCKS:
-                assert_bit_exact(x.to(torch.bfloat16).to(DEVICE), offsets.to(DEVICE), block, "rceil", "triton")
+                for v_groups in ((mxfp8_quantize.V_QUANT_GROUPS, None) if block == (32, 1) and pipelined
+                                 else (mxfp8_quantize.V_QUANT_GROUPS,)):
+                    with mock.patch.object(mxfp8_quantize, "V_QUANT_GROUPS", v_groups):
+                        assert_bit_exact(x.to(torch.bfloat16).to(DEVICE), offsets.to(DEVICE), block, "rceil",
+                                         "triton")
 
 
 @pytest.mark.gpu

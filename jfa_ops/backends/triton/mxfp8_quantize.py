@@ -44,9 +44,11 @@ QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) 
 QUANT_COLUMNS = 128
 QUANT_STAGES = 3
 QUANT_GROUPS = 4  # head groups per program: more programs where T is small and H large (dense T32768 H16: 4128)
-# V's (32, 1) kernel's head groups when set (None: QUANT_GROUPS). 1 << 20: every head in one program, no head split
-# (stop 31 on the H200: 1.01-1.05x V's kernel alone; bench/NOTES.md "Next GPU session (lead, stop 31)" has the rule)
-V_QUANT_GROUPS = int(os.environ.get("JFA_MXFP8_V_QUANT_GROUPS", "0")) or None  # read at launch
+# V's (32, 1) kernel (plain pairs, as the attention forwards quantize V): every head in one program, no head split
+# (1 << 20 groups). Default since 2026-12-04 (stop 33; bench/NOTES.md v23): V's kernel 1.005x / 1.053x / 1.058x on
+# the bench's bcast / B8 / jagged batches, the forward's three quantize calls 0.999x / 1.025x / 1.026x, same bits.
+# JFA_MXFP8_V_QUANT_GROUPS=0: QUANT_GROUPS as for Q and K (the old geometry); another value: that many groups.
+V_QUANT_GROUPS = int(os.environ.get("JFA_MXFP8_V_QUANT_GROUPS", str(1 << 20))) or None  # read at launch
 QUANT_WARPS = {"rows": 4, "cols": 1, "v_tiles": 8}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1)
 # ("cols"), (32, 1) re-based per 128-key tile ("v_tiles": 128 rows, the column maxima across warps)
 V3_GROUPS = 1 << 20  # configs.KNOBS.mxfp8_quant_pipelined off: every head in one program
@@ -478,7 +480,7 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
     chunks = 1
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
-        groups = V_QUANT_GROUPS if tuple(block) == (32, 1) and V_QUANT_GROUPS else QUANT_GROUPS
+        groups = V_QUANT_GROUPS if tuple(block) == (32, 1) and rebase == PAIR and V_QUANT_GROUPS else QUANT_GROUPS
         columns = KNOBS.mxfp8_quant_v_columns
         if tuple(block) == (32, 1) and rebase == PAIR and 0 < columns < per_program * block_d:
             # narrower iterations, as many columns per program: per_program * block_d // columns times the groups
