@@ -395,6 +395,17 @@ def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
 
 
 @needs_tlx
+def test_forward_dynamic_default_is_head_dim_256_only(monkeypatch):
+    """``configs.forward_dynamic``: unset (the default since the H200 timing of 2026-12-04), the atomic item counter
+    for D256 calls only; JFA_TLX_FWD_DYNAMIC=1 / =0 force it on / off for every head dim."""
+    monkeypatch.setattr(tlx_configs, "FORWARD_DYNAMIC", None)
+    assert [tlx_configs.forward_dynamic(d) for d in (64, 128, 256)] == [False, False, True]
+    for forced in (True, False):
+        monkeypatch.setattr(tlx_configs, "FORWARD_DYNAMIC", forced)
+        assert [tlx_configs.forward_dynamic(d) for d in (64, 128, 256)] == [forced] * 3
+
+
+@needs_tlx
 def test_forward_dynamic_launch(gpu, monkeypatch):
     """``configs.FORWARD_DYNAMIC`` (helper bcast31): a call on the v3 consumers (broadcast-Q; any call with ONE_LOOP
     off) whose items do not fit one wave launches the forward with ATOMIC_WORK, a zeroed counter of its own, the
@@ -692,10 +703,10 @@ def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
 @needs_tlx
 def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_KV_EARLY`` (helper window31, env JFA_TLX_BWD_KV_EARLY) sets the TLX backward's KV_EARLY,
-    off by default, on a windowed jagged call and its repeat (served by the recipe it kept); ignored (False) where its
+    on by default, on a windowed jagged call and its repeat (served by the recipe it kept); ignored (False) where its
     staging buffer is not there or not the epilogue's: DQ_RED, a GQA split (dK/dV added from registers)."""
     runs, answers = gpu
-    assert not tlx_configs.BACKWARD_KV_EARLY  # off until timed on the H200
+    assert tlx_configs.BACKWARD_KV_EARLY  # on by default since the H200 timing of 2026-12-04
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
     names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     window = _params(causal=True, window_left=256)

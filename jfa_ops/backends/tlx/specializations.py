@@ -291,12 +291,13 @@ def _specializations() -> Iterator[Specialization]:
             yield fwd_specialization(head_dim, "bf16", causal, zigzag=True)
     yield fwd_specialization(128, "bf16", True, has_left=True, zigzag=True)
     yield fwd_specialization(128, "bf16", False, broadcast_q=True, zigzag=True)
-    # helper bcast31's items from an atomic counter (configs.FORWARD_DYNAMIC, off; the v3 consumers, tile list
-    # order): broadcast-Q (its pipelined v2 consumers), the unpipelined v3 with the masks (D128 fp16 causal + left
-    # window, JFA_TLX_FWD_ONE_LOOP=0) and D256 causal
+    # helper bcast31's items from an atomic counter (configs.forward_dynamic: D256 by default since stop 33; the v3
+    # consumers, tile list order): broadcast-Q (its pipelined v2 consumers), the unpipelined v3 with the masks (D128
+    # fp16 causal + left window, JFA_TLX_FWD_ONE_LOOP=0), D256 causal and not
     yield fwd_specialization(128, "bf16", False, broadcast_q=True, dynamic=True)
     yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=False, dynamic=True)
     yield fwd_specialization(256, "bf16", True, dynamic=True)
+    yield fwd_specialization(256, "bf16", False, dynamic=True)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
