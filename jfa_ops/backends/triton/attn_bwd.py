@@ -23,8 +23,8 @@ import triton.language as tl
 
 from . import common, launch as launcher
 from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, int_max, int_min, launch_schedule,
-                     load_rows, loop_bound, next_work, num_sms, packed_rows, row_source, row_strides, seq_extent,
-                     stage_bounds, store_rows, visible, window_bounds, work_item)
+                     load_rows, load_tma_pair, loop_bound, next_work, num_sms, packed_rows, query_row0, row_source,
+                     row_strides, seq_extent, stage_bounds, store_rows, visible, window_bounds, work_item)
 from .configs import KNOBS, Knobs, get_config
 from .launch import launch, launch_planned
 from . import attn_fwd
@@ -112,11 +112,7 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
         rows = m0 + rows0
         rows_ok = rows < len_q
         if QDO_TMA:
-            q = q_ptrs.load([(q_row0 + m0).to(tl.int32), dq_col])
-            do = do_ptrs.load([(out_row0 + m0).to(tl.int32), dq_col])
-            if MASKED:  # rows past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
-                q = tl.where(rows_ok[:, None], q, tl.zeros_like(q))
-                do = tl.where(rows_ok[:, None], do, tl.zeros_like(do))
+            q, do = load_tma_pair(q_ptrs, do_ptrs, q_row0, out_row0, m0, dq_col, rows, len_q, MASKED)
         else:
             q = load_rows(q_ptrs, rows_ok, d_ok, MASKED, PAD_D)
             do = load_rows(do_ptrs, rows_ok, d_ok, MASKED, PAD_D)
@@ -146,6 +142,16 @@ def _dkdv_q_blocks(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, stride
 
 
 @triton.jit
+def store_dk_dv(DK, DV, dk, dv, scale, kv_row0, keys, kv_head, stride_dkvt, d, keys_ok, d_ok, HEAD_DIM: tl.constexpr,
+                PAD_D: tl.constexpr):
+    """Store dK (times ``scale``) and dV of keys ``kv_row0 + keys``, kv head ``kv_head``: DK, DV are fresh contiguous
+    [T_kv, Hkv, D] tensors (k, v may be strided slices of a fused projection)."""
+    dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
+    store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+
+
+@triton.jit
 def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv_head, total_out,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
                stride_dkvt, stride_dqt, stride_dqh, dq_slab, slab_rows, group, scale, qk_scale, window_left, right,
@@ -154,10 +160,7 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
                DOT_PRECISION: tl.constexpr, FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr, QDO_TMA: tl.constexpr):
     out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-    if BROADCAST_Q:
-        q_row0 = out_row0 * 0
-    else:
-        q_row0 = out_row0
+    q_row0 = query_row0(out_row0, BROADCAST_Q)
     keys = n0 + tl.arange(0, BLOCK_N)
     keys_ok = keys < len_k
     rows0 = tl.arange(0, BLOCK_M)
@@ -196,10 +199,7 @@ def _dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, seq, n0, kv
                                 rows0, d_ok, len_q, len_k, -right, window_left, qk_scale, tail_begin, tail_end,
                                 DQ, dq_ptrs, stride_dqt, dq_row, dq_col, q_row0, out_row0,
                                 BLOCK_M, HAS_RIGHT, HAS_LEFT, True, PAD_D, DOT_PRECISION, FUSE_DQ, DQ_TMA, QDO_TMA)
-    # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors (k, v may be strided slices of a fused projection)
-    dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
-    store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
-    store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    store_dk_dv(DK, DV, dk, dv, scale, kv_row0, keys, kv_head, stride_dkvt, d, keys_ok, d_ok, HEAD_DIM, PAD_D)
 
 
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "num_slabs", "slab_rows", "group", "window_left",
@@ -300,12 +300,7 @@ def _dq_kv_blocks(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, 
     for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
         keys = n0 + cols
         if KV_TMA:
-            k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            v = v_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            if MASKED:  # keys past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
-                keys_ok = (keys < len_k)[:, None]
-                k = tl.where(keys_ok, k, tl.zeros_like(k))
-                v = tl.where(keys_ok, v, tl.zeros_like(v))
+            k, v = load_tma_pair(k_ptrs, v_ptrs, kv_row0, kv_row0, n0, kv_col, keys, len_k, MASKED)
         else:
             k = load_rows(k_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
             v = load_rows(v_ptrs, keys < len_k, d_ok, MASKED, PAD_D)
@@ -331,10 +326,7 @@ def _dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, seq_lo, m0, head, num
     d_ok = d < HEAD_DIM
     # broadcast Q: every sequence has the same L_q
     first_row, len_q = seq_extent(tl.load(Q_OFF + seq_lo), tl.load(Q_OFF + seq_lo + 1))
-    if BROADCAST_Q:
-        q_row0 = first_row * 0
-    else:
-        q_row0 = first_row
+    q_row0 = query_row0(first_row, BROADCAST_Q)
     rows_ok = rows < len_q
     kv_head = head // group
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

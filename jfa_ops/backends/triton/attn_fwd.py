@@ -20,12 +20,60 @@ from ... import validation
 from ..base import tracing
 from . import common, launch
 from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_consts, load_rows, loop_bound,
-                     next_work, packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, visible,
-                     window_bounds, work_item)
+                     next_work, packed_rows, query_row0, row_source, row_strides, seq_extent, stage_bounds, store_rows,
+                     visible, window_bounds, work_item)
 from .configs import KNOBS, Knobs, get_config, nvidia
 from .launch import launch_planned
 from .offset_checks import offsets_ok
 from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_schedule
+
+
+@triton.jit
+def fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, n0, rows, cols, d_ok, len_q,
+             len_k, lo_off, hi_off, qk_scale, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr,
+             PAD_D: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
+             AT_N0: tl.constexpr):
+    """One key block [n0, n0 + BLOCK_N) of the forward's online softmax (scores, mask, softmax step, P V): returns
+    (acc, m_i, l_i). USE_TMA: k_src/v_src are tensor descriptors over [T_kv, Hkv*D] read at (kv_row0 + n0, kv_col)
+    (a block may run into the next sequence's rows: masked scores, zeroed V); else row pointers: of the sequence's
+    first key, read n0 rows on (AT_N0: the block-sparse walk), else of the block itself (the dense walk)."""
+    keys = n0 + cols
+    if USE_TMA:
+        k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+    elif AT_N0:
+        k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
+    else:
+        k = load_rows(k_src, keys < len_k, d_ok, MASKED, PAD_D)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if not FMA_SOFTMAX:
+        s = s * qk_scale
+    if MASKED:
+        s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI),
+                     s, float("-inf"))
+    p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
+    if USE_TMA:
+        v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
+        if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak
+            v = tl.where((keys < len_k)[:, None], v, tl.zeros_like(v))
+    elif AT_N0:
+        v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
+    else:
+        v = load_rows(v_src, keys < len_k, d_ok, MASKED, PAD_D)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def store_out_lse(Out, Lse, acc, m_i, l_i, out_row0, rows, head, total_out, stride_ot, stride_oh, d, rows_ok, d_ok,
+                  PAD_D: tl.constexpr):
+    """The forward's epilogue: out = acc / l and lse (natural log) of rows ``out_row0 + rows``, q head ``head``.
+    Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0)."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    store_rows(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
+               out.to(Out.dtype.element_ty), rows_ok, d_ok, PAD_D)
+    tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
 
 
 @triton.jit
@@ -42,28 +90,12 @@ def _fwd_kv_blocks(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0
         k_src += n_begin.to(tl.int64) * stride_kt
         v_src += n_begin.to(tl.int64) * stride_vt
     for n0 in range(loop_bound(n_begin), loop_bound(n_end), BLOCK_N):
-        keys = n0 + cols
-        if USE_TMA:
-            k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
-        else:
-            k = load_rows(k_src, keys < len_k, d_ok, MASKED, PAD_D)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if not FMA_SOFTMAX:
-            s = s * qk_scale
-        if MASKED:
-            s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI),
-                         s, float("-inf"))
-        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
-        if USE_TMA:
-            v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak
-                v = tl.where((keys < len_k)[:, None], v, tl.zeros_like(v))
-        else:
-            v = load_rows(v_src, keys < len_k, d_ok, MASKED, PAD_D)
+        acc, m_i, l_i = fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, n0, rows, cols,
+                                 d_ok, len_q, len_k, lo_off, hi_off, qk_scale, HAS_LO, HAS_HI, MASKED, PAD_D, USE_TMA,
+                                 DOT_PRECISION, FMA_SOFTMAX, False)
+        if not USE_TMA:
             k_src += BLOCK_N * stride_kt
             v_src += BLOCK_N * stride_vt
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
     return acc, m_i, l_i
 
 
@@ -77,10 +109,7 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
     """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
     out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-    if BROADCAST_Q:
-        q_row0 = out_row0 * 0  # every sequence reads the same dense Q
-    else:
-        q_row0 = out_row0
+    q_row0 = query_row0(out_row0, BROADCAST_Q)
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -112,13 +141,8 @@ def _fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, seq, m0, head, total_out,
                                    BLOCK_N, HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION,
                                    FMA_SOFTMAX)
 
-    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (never 0/0).
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    store_rows(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
-               out.to(Out.dtype.element_ty), rows_ok, d_ok, PAD_D)
-    tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
+    store_out_lse(Out, Lse, acc, m_i, l_i, out_row0, rows, head, total_out, stride_ot, stride_oh, d, rows_ok, d_ok,
+                  PAD_D)
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "group", "window_left", "right", "n_slots", "search_steps",

@@ -18,12 +18,13 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step
+from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step, store_dk_dv
 from .attn_fwd import rows_descriptor, use_tma
 from .block_sparse_fwd import (index_strides, longest_rows, selected_blocks, selected_cost_args, selected_tiles_split,
                                sparse_offsets, tile_sizes)
-from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, loop_bound, next_work,
-                     packed_rows, row_source, row_strides, seq_extent, stage_bounds, store_rows, window_bounds)
+from .common import (dot_precision, first_work, head_dim_consts, launch_schedule, load_rows, load_tma_pair,
+                     loop_bound, next_work, packed_rows, query_row0, row_source, row_strides, seq_extent, stage_bounds,
+                     store_rows, window_bounds)
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
 from .launch import launch, launch_planned
 from .scheduling import (binary_search_steps, forward_tiles, kv_tiles, shape_constant, single_tiles, tile_schedule,
@@ -380,11 +381,7 @@ def _dkdv_selected_tiles(dk, dv, k, v, q_ptrs, do_ptrs, Lse, Delta, stat_index, 
         rows = m0 + rows0
         rows_ok = rows < len_q
         if QDO_TMA:
-            q = q_ptrs.load([(q_row0 + m0).to(tl.int32), qdo_col])
-            do = do_ptrs.load([(out_row0 + m0).to(tl.int32), qdo_col])
-            if MASKED:
-                q = tl.where(rows_ok[:, None], q, tl.zeros_like(q))
-                do = tl.where(rows_ok[:, None], do, tl.zeros_like(do))
+            q, do = load_tma_pair(q_ptrs, do_ptrs, q_row0, out_row0, m0, qdo_col, rows, len_q, MASKED)
         else:
             q = load_rows(q_ptrs + m0.to(tl.int64) * stride_qt, rows_ok, d_ok, MASKED, PAD_D)
             do = load_rows(do_ptrs + m0.to(tl.int64) * stride_dot, rows_ok, d_ok, MASKED, PAD_D)
@@ -406,10 +403,7 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
     """Keys [n0, n0 + BLOCK_N) of one (sequence, kv head): dK, dV over the Q blocks that selected their KV block."""
     kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
     out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-    if BROADCAST_Q:
-        q_row0 = out_row0 * 0
-    else:
-        q_row0 = out_row0
+    q_row0 = query_row0(out_row0, BROADCAST_Q)
     keys = n0 + tl.arange(0, BLOCK_N)
     keys_ok = keys < len_k
     rows0 = tl.arange(0, BLOCK_M)
@@ -448,10 +442,7 @@ def _sparse_dkdv_tile(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q_BLOCK_
                                       window_left, qk_scale, bulk_stop,
                                       count * (BLOCK_Q // BLOCK_M), bulk_begin, bulk_end, BLOCK_M, BLOCK_Q, HAS_RIGHT,
                                       HAS_LEFT, True, PAD_D, QDO_TMA, DOT_PRECISION)
-    # dK, dV are fresh contiguous [T_kv, Hkv, D] tensors
-    dkv_offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
-    store_rows(DK + dkv_offsets, (dk * scale).to(DK.dtype.element_ty), keys_ok, d_ok, PAD_D)
-    store_rows(DV + dkv_offsets, dv.to(DV.dtype.element_ty), keys_ok, d_ok, PAD_D)
+    store_dk_dv(DK, DV, dk, dv, scale, kv_row0, keys, kv_head, stride_dkvt, d, keys_ok, d_ok, HEAD_DIM, PAD_D)
 
 
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "n_kv_blocks", "n_slots", "search_steps", "num_seqs",
@@ -508,12 +499,7 @@ def _dq_selected_tiles(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kt, stride
             n0 = tl.minimum(tl.maximum(n0, bulk_begin), bulk_end - BLOCK_N)  # unsorted ids stay in the sequence
         keys = n0 + cols
         if KV_TMA:
-            k = k_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            v = v_ptrs.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            if MASKED:  # keys past the sequence belong to the next one: zero them, or 0 * NaN/inf would leak here
-                keys_ok = (keys < len_k)[:, None]
-                k = tl.where(keys_ok, k, tl.zeros_like(k))
-                v = tl.where(keys_ok, v, tl.zeros_like(v))
+            k, v = load_tma_pair(k_ptrs, v_ptrs, kv_row0, kv_row0, n0, kv_col, keys, len_k, MASKED)
         else:
             k = load_rows(k_ptrs + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
             v = load_rows(v_ptrs + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
@@ -538,10 +524,7 @@ def _sparse_dq_tile(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_INDEX, B
         seq_end = seq_begin + 1
     # broadcast Q: every sequence has the same L_q
     first_row, len_q = seq_extent(tl.load(Q_OFF + seq_begin), tl.load(Q_OFF + seq_begin + 1))
-    if BROADCAST_Q:
-        q_row0 = first_row * 0
-    else:
-        q_row0 = first_row
+    q_row0 = query_row0(first_row, BROADCAST_Q)
     rows = m0 + tl.arange(0, BLOCK_M)
     rows_ok = rows < len_q
     cols = tl.arange(0, BLOCK_N)

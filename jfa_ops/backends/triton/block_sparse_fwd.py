@@ -1,6 +1,6 @@
 """Stage 2 forward on the device: each work item owns BLOCK_M query rows of one (sequence, q head) and runs the
-dense kernel's online-softmax step (``common.softmax_step``, masks by ``common.visible``) over the key tiles of the
-KV blocks its Q block selected, and nothing else: unselected blocks are never loaded.
+dense kernel's online-softmax step (``attn_fwd.fwd_step``: ``common.softmax_step``, masks by ``common.visible``)
+over the key tiles of the KV blocks its Q block selected, and nothing else: unselected blocks are never loaded.
 
 Work: the dense forward's work list (``scheduling.tile_schedule``: query tiles x q heads, longest first, built on
 the device), ordered here by the tile's selected-block count (``selected_cost_args``) instead of its visible
@@ -21,10 +21,9 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
-from .common import (LN2, dot_precision, first_work, head_dim_consts, load_rows, loop_bound, next_work, packed_rows,
-                     row_source, row_strides, seq_extent, softmax_step, stage_bounds, store_rows, visible,
-                     window_bounds)
+from .attn_fwd import broadcast_offsets, fwd_step, rows_descriptor, store_out_lse, use_tma
+from .common import (dot_precision, first_work, head_dim_consts, load_rows, loop_bound, next_work, packed_rows,
+                     query_row0, row_source, row_strides, seq_extent, stage_bounds, window_bounds)
 from .configs import KNOBS, get_config
 from .launch import launch
 from .scheduling import forward_tiles, tile_schedule, work_tile
@@ -183,26 +182,9 @@ def _fwd_selected_tiles(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv
             n0 = tl.where((block >= 0) & (n0 < len_k), n0, len_k)  # ids outside the sequence: a fully masked tile
         else:
             n0 = tl.minimum(tl.maximum(n0, bulk_begin), bulk_end - BLOCK_N)
-        keys = n0 + cols
-        if USE_TMA:
-            k = k_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
-        else:
-            k = load_rows(k_src + n0.to(tl.int64) * stride_kt, keys < len_k, d_ok, MASKED, PAD_D)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if not FMA_SOFTMAX:
-            s = s * qk_scale
-        if MASKED:
-            s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                         float("-inf"))
-        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
-        if USE_TMA:
-            v = v_src.load([(kv_row0 + n0).to(tl.int32), kv_col])
-            if MASKED:  # rows past the sequence belong to the next one: p = 0 there, but 0 * NaN/inf would leak
-                v = tl.where((keys < len_k)[:, None], v, tl.zeros_like(v))
-        else:
-            v = load_rows(v_src + n0.to(tl.int64) * stride_vt, keys < len_k, d_ok, MASKED, PAD_D)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = fwd_step(acc, m_i, l_i, q, k_src, v_src, stride_kt, stride_vt, kv_row0, kv_col, n0, rows, cols,
+                                 d_ok, len_q, len_k, lo_off, hi_off, qk_scale, HAS_LO, HAS_HI, MASKED, PAD_D, USE_TMA,
+                                 DOT_PRECISION, FMA_SOFTMAX, True)
     return acc, m_i, l_i
 
 
@@ -218,10 +200,7 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
     """One work item: query rows [m0, m0 + BLOCK_M) of sequence ``seq``, q head ``head``."""
     out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
     kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
-    if BROADCAST_Q:
-        q_row0 = out_row0 * 0  # every sequence reads the same dense Q
-    else:
-        q_row0 = out_row0
+    q_row0 = query_row0(out_row0, BROADCAST_Q)
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
@@ -253,13 +232,9 @@ def _sparse_fwd_tile(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK_COUNT,
                                         rows, cols, d_ok, len_q, len_k, -window_left, right, qk_scale, bulk_stop,
                                         count * (BLOCK_KV // BLOCK_N), bulk_begin, bulk_end, BLOCK_N, BLOCK_KV,
                                         HAS_LEFT, HAS_RIGHT, True, PAD_D, USE_TMA, DOT_PRECISION, FMA_SOFTMAX)
-    # Rows that saw no key: l = 0, acc = 0 -> out 0 and lse -inf (as the dense kernel).
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    store_rows(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :],
-               out.to(Out.dtype.element_ty), rows_ok, d_ok, PAD_D)
-    tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
+    # Rows that saw no key: out 0 and lse -inf (as the dense kernel).
+    store_out_lse(Out, Lse, acc, m_i, l_i, out_row0, rows, head, total_out, stride_ot, stride_oh, d, rows_ok, d_ok,
+                  PAD_D)
 
 
 @triton.jit(do_not_specialize=["num_heads", "total_out", "n_q_blocks", "n_slots", "search_steps", "num_seqs",

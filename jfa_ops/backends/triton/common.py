@@ -243,6 +243,30 @@ def store_rows(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
 
 
 @triton.jit
+def query_row0(out_row0, BROADCAST_Q: tl.constexpr):
+    """Q's first row for the sequence whose output rows start at ``out_row0``: 0 for a broadcast Q (every sequence
+    reads the same dense Q), else out_row0."""
+    if BROADCAST_Q:
+        return out_row0 * 0
+    else:
+        return out_row0
+
+
+@triton.jit
+def load_tma_pair(A, B, row_a, row_b, first, col, pos, limit, MASKED: tl.constexpr):
+    """Blocks of the tensor descriptors A and B at rows ``row_a + first`` / ``row_b + first`` and column ``col`` (Q
+    and dO, or K and V); MASKED: the rows whose position ``pos`` ([rows]) is not below ``limit`` zeroed: a block may
+    run into the next sequence's rows, and a masked score's 0 times their NaN/inf would leak."""
+    a = A.load([(row_a + first).to(tl.int32), col])
+    b = B.load([(row_b + first).to(tl.int32), col])
+    if MASKED:
+        ok = (pos < limit)[:, None]
+        a = tl.where(ok, a, tl.zeros_like(a))
+        b = tl.where(ok, b, tl.zeros_like(b))
+    return a, b
+
+
+@triton.jit
 def seq_extent(begin, end):
     """(first row as int64, length as int32) of the sequence between offsets ``begin`` and ``end``, which the caller
     loads: torch's analysis of what a kernel writes (torch.compile, ``wrap_triton``) counts a helper's result as

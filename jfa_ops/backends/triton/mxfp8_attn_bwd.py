@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 import meta_kernels.mxfp8 as mx
-from .attn_fwd import broadcast_offsets
+from .block_sparse_fwd import sparse_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
 from .configs import KNOBS, KernelConfig, interpreting
@@ -309,12 +309,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[2]
     total_out = out.shape[0]
-    kv_off = kv_offsets.to(torch.int32)
-    if params.broadcast_q:
-        out_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        q_off = out_off
-    else:
-        q_off = out_off = q_offsets.to(torch.int32)
+    q_off, kv_off, _ = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
+    out_off = q_off
     dq = torch.zeros(q.shape, dtype=torch.float32, device=device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=device)

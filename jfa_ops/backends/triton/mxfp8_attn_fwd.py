@@ -42,7 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
+from .attn_fwd import rows_descriptor, use_tma
+from .block_sparse_fwd import sparse_offsets
 from .common import LN2, alloc_output, loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .configs import KNOBS, KernelConfig, interpreting
 from .launch import launch
@@ -169,17 +170,28 @@ def _scores(x, factor, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _quantize_p(p, p_max, HW_CVT: tl.constexpr):
-    """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) with block maxima ``p_max [BLOCK_M, BLOCK_N / 32]`` in (1, 32) blocks
-    along the keys, "rceil" -> (E4M3 data, block exponents int32 [BLOCK_M, BLOCK_N / 32], the quantized values in
-    fp32, their row sums)."""
+def _p_blocks_scaled(p, p_max):
+    """P [BLOCK_M, BLOCK_N] in (1, 32) blocks along the keys, divided by its blocks' "rceil" scales from their
+    maxima ``p_max`` [BLOCK_M, BLOCK_N / 32]: (the scaled values [BLOCK_M, BLOCK_N / 32, 32] in fp32, the block
+    exponents int32 [BLOCK_M, BLOCK_N / 32])."""
     BLOCK_M: tl.constexpr = p.shape[0]
     BLOCK_N: tl.constexpr = p.shape[1]
     NB: tl.constexpr = BLOCK_N // 32
     p3 = tl.reshape(p, (BLOCK_M, NB, 32))
     shared = _shared_exponent(p_max, True)  # [BLOCK_M, NB]
     inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
-    data = _to_e4m3(tl.minimum(p3 * inv_scale[:, :, None], 448.0), HW_CVT)
+    return p3 * inv_scale[:, :, None], shared
+
+
+@triton.jit
+def _quantize_p(p, p_max, HW_CVT: tl.constexpr):
+    """P [BLOCK_M, BLOCK_N] (fp32 in [0, 1]) with block maxima ``p_max [BLOCK_M, BLOCK_N / 32]`` in (1, 32) blocks
+    along the keys, "rceil" -> (E4M3 data, block exponents int32 [BLOCK_M, BLOCK_N / 32], the quantized values in
+    fp32, their row sums)."""
+    BLOCK_M: tl.constexpr = p.shape[0]
+    BLOCK_N: tl.constexpr = p.shape[1]
+    y, shared = _p_blocks_scaled(p, p_max)
+    data = _to_e4m3(tl.minimum(y, 448.0), HW_CVT)
     scale = ((shared + 127) << 23).to(tl.float32, bitcast=True)  # 2**shared (shared >= -126 for p > 2**-118)
     values = data.to(tl.float32) * scale[:, :, None]
     return (tl.reshape(data, (BLOCK_M, BLOCK_N)), shared, tl.reshape(values, (BLOCK_M, BLOCK_N)),
@@ -193,11 +205,7 @@ def _quantize_p_f16(p, p_max, HW_CVT: tl.constexpr):
     E4M3 -> f16x2 and one fp16 multiply by 2**(e + 8) instead of fp32 values and a bf16 conversion."""
     BLOCK_M: tl.constexpr = p.shape[0]
     BLOCK_N: tl.constexpr = p.shape[1]
-    NB: tl.constexpr = BLOCK_N // 32
-    p3 = tl.reshape(p, (BLOCK_M, NB, 32))
-    shared = _shared_exponent(p_max, True)  # [BLOCK_M, NB]
-    inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
-    y = p3 * inv_scale[:, :, None]
+    y, shared = _p_blocks_scaled(p, p_max)
     if not HW_CVT:  # the GPU's conversion saturates by itself ("rceil" keeps y <= 448 but for rounding)
         y = tl.minimum(y, 448.0)
     shift = _pow2(tl.maximum(shared + 8, -30)).to(tl.float16)  # 2**(e + 8) <= 1
@@ -464,12 +472,8 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
     lse = alloc_output((heads_q, total_out), torch.float32, device)
     if total_out == 0 or num_seqs == 0:
         return out, lse
-    kv_off = kv_offsets.to(torch.int32)
-    if params.broadcast_q:
-        out_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        q_off = out_off
-    else:
-        q_off = out_off = q_offsets.to(torch.int32)
+    q_off, kv_off, _ = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
+    out_off = q_off
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)
     cfg = launch_config(variant, dim)
     tiles = total_out // cfg.block_m + num_seqs

@@ -34,6 +34,19 @@ def _sig(names: List[str], types: Dict[str, str]) -> Dict[str, str]:
     return {n: types.get(n, "i32") for n in names}
 
 
+def _signature(fn, types: Dict[str, str], constexprs: Dict[str, object], strides: bool = False, odd_strides=()):
+    """(signature, attrs) of kernel ``fn`` as a launch specializes it: each argument typed by ``types`` (i32 where it
+    is absent), the constexprs marked; pointers divisible by 16, and with ``strides`` the strides too, except
+    ``odd_strides``."""
+    names = list(fn.arg_names)
+    sig = _sig(names, types)
+    sig.update({c: "constexpr" for c in constexprs})
+    odd = set(odd_strides)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (strides and n.startswith("stride") and n not in odd)}
+    return sig, attrs
+
+
 def _attn_constexprs(head_dim, cfg: KernelConfig, has_left, has_right, broadcast_q, dtype):
     block_d = head_dim_bucket(head_dim)
     return dict(HEAD_DIM=head_dim, BLOCK_D=block_d, PAD_D=block_d != head_dim, BLOCK_M=cfg.block_m,
@@ -105,12 +118,7 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
             if constexprs["KV_TMA"]:
                 ptr["K"] = ptr["V"] = f"tensordesc<{dt}[{cfg.block_n},{head_dim}]>"
         warps, stages = cfg.num_warps, cfg.num_stages
-    names = list(fn.arg_names)
-    sig = _sig(names, ptr)
-    for c in constexprs:
-        sig[c] = "constexpr"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or n.startswith("stride")}
+    sig, attrs = _signature(fn, ptr, constexprs, strides=True)
     return Specialization(name, attr, module, sig, constexprs, attrs, warps, stages)
 
 
@@ -122,10 +130,8 @@ def tile_specialization(block: int, has_lo: bool, has_hi: bool, selected_block: 
     fn = scheduling.tile_slots_kernel
     constexprs = dict(BLOCK=block, HAS_LO=has_lo, HAS_HI=has_hi, CHECK=has_hi, CHUNK=scheduling.SLOT_CHUNK,
                       SEL_BLOCK=selected_block)
-    sig = _sig(list(fn.arg_names), {"OFF_S": "*i32", "OFF_O": "*i32", "SLOTS": "*i32", "COST": "*i64",
-                                    "TILE_COUNT": "*i32", "FLAG": "*i32", "SEL_COUNT": "*i32"})
-    sig.update({c: "constexpr" for c in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    sig, attrs = _signature(fn, {"OFF_S": "*i32", "OFF_O": "*i32", "SLOTS": "*i32", "COST": "*i64",
+                                 "TILE_COUNT": "*i32", "FLAG": "*i32", "SEL_COUNT": "*i32"}, constexprs)
     name = f"tiles-b{block}{'-lo' if has_lo else ''}{'-hi' if has_hi else ''}" \
            f"{f'-selected{selected_block}' if selected_block else ''}"
     return Specialization(name, "tile_slots_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
@@ -137,9 +143,7 @@ def transpose_specialization(width: int = 128) -> Specialization:
 
     fn = block_sparse_bwd.transpose_selection_kernel
     constexprs = dict(BLOCK_J=block_sparse_bwd.TRANSPOSE_BLOCK_J, BLOCK_W=width)
-    sig = _sig(list(fn.arg_names), {n: "*i32" for n in ("INDEX", "COUNT", "Q_INDEX", "Q_COUNT")})
-    sig.update({c: "constexpr" for c in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    sig, attrs = _signature(fn, {n: "*i32" for n in ("INDEX", "COUNT", "Q_INDEX", "Q_COUNT")}, constexprs)
     return Specialization(f"bs_transpose-w{width}", "transpose_selection_kernel", block_sparse_bwd.__name__, sig,
                           constexprs, attrs, 4, 1)
 
@@ -150,9 +154,7 @@ def rank_specialization() -> Specialization:
 
     fn = scheduling.rank_tiles_kernel
     constexprs = dict(BLOCK=scheduling.RANK_BLOCK, CHUNK=scheduling.RANK_CHUNK)
-    sig = _sig(list(fn.arg_names), {"SLOTS": "*i32", "COST": "*i64", "ORDERED": "*i32"})
-    sig.update({c: "constexpr" for c in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    sig, attrs = _signature(fn, {"SLOTS": "*i32", "COST": "*i64", "ORDERED": "*i32"}, constexprs)
     return Specialization("rank-tiles", "rank_tiles_kernel", scheduling.__name__, sig, constexprs, attrs, 4, 1)
 
 
@@ -167,9 +169,7 @@ def causal_list_specializations() -> Iterator[Specialization]:
             ("causal_items_kernel", ("TILE_SEQ", "TILE_START", "OUT"),
              dict(BLOCK=bsb.CAUSAL_ITEMS_BLOCK, CHUNK=bsb.CAUSAL_ITEMS_CHUNK))):
         fn = getattr(bsb, kernel)
-        sig = _sig(list(fn.arg_names), {n: "*i32" for n in pointers})
-        sig.update({c: "constexpr" for c in constexprs})
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+        sig, attrs = _signature(fn, {n: "*i32" for n in pointers}, constexprs)
         yield Specialization(f"causal-list-{kernel.split('_')[1]}", kernel, bsb.__name__, sig, constexprs, attrs, 4,
                              1)
 
@@ -271,12 +271,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         if ((KNOBS.sparse_dkdv_stages3 if stages3 is None else stages3) and kernel == "bs_dkdv"
                 and dtype != torch.float32 and bucket <= 128 and cc >= 90):
             stages = 3
-    names = list(fn.arg_names)
-    sig = _sig(names, ptr)
-    for c in constexprs:
-        sig[c] = "constexpr"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or n.startswith("stride")}
+    sig, attrs = _signature(fn, ptr, constexprs, strides=True)
     name = f"{kernel}-d{head_dim}-{dt}-{'causal' if causal else 'full'}{'-bcast' if broadcast_q else ''}" \
            f"-b{block_q}x{block_kv}{'-fromoffsets' if from_offsets else ''}{'-wide' if wide else ''}" \
            f"{'-tma' if constexprs.get('USE_TMA', constexprs.get('QDO_TMA', constexprs.get('KV_TMA'))) else ''}" \
@@ -517,14 +512,9 @@ def mxfp8_specializations() -> Iterator[Specialization]:
 
 def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1,
                 odd_strides=()) -> Specialization:
-    names = list(fn.arg_names)
-    sig = _sig(names, types)
-    sig.update({c: "constexpr" for c in constexprs})
     # as a real launch specializes them: pointers and strides divisible by 16, except ``odd_strides`` (the head
     # stride of (1, 32) and (32, 32) scales, D / 32 = 4 at D128); without this every load compiles unvectorized
-    odd = set(odd_strides)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or (n.startswith("stride") and n not in odd)}
+    sig, attrs = _signature(fn, types, constexprs, strides=True, odd_strides=odd_strides)
     return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, num_warps, num_stages)
 
 
