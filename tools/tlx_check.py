@@ -4,7 +4,8 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
 all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
-causaljagged: first ``causal_list_check``, the device-built causal list vs the torch one on the GPU), then
+causaljagged, kvearly, kvearlyoff; causaljagged: first ``causal_list_check``, the device-built causal list vs
+the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse
@@ -285,9 +286,9 @@ def backward_cases():
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
 # the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
-# device since stop 30)
+# device since stop 30; K/V freed before the dK/dV epilogue since stop 33)
 _DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
-                    BACKWARD_CAUSAL_ORDER_JAGGED=True)
+                    BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
@@ -316,8 +317,10 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "causaljagged": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=True),
                 "causaljaggedoff": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
                 # helper window31: K/V freed before the dK/dV epilogue (bench/NOTES.md "Sliding-window backward,
-                # helper window31, stop 31"); "same": the default's flags again, an A/A column
-                "kvearly": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=True), "same": _DEFAULT_BWD}
+                # helper window31, stop 31"; the default since stop 33: kvearly is the default's flags, kvearlyoff
+                # the default before); "same": the default's flags again, an A/A column
+                "kvearly": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=True),
+                "kvearlyoff": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=False), "same": _DEFAULT_BWD}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED",
@@ -572,14 +575,16 @@ def order_timing() -> int:
 
 
 def dynamic_timing() -> int:
-    """Forward TFLOP/s of static striding (the default) vs configs.FORWARD_DYNAMIC (helper bcast31, bench/NOTES.md
-    "Broadcast-Q forward, helper bcast31, stop 31": the v3 consumers' items from an atomic counter, longest first),
-    the same process and inputs, columns in alternating order (tlx, dynamic, tlx', dynamic': the primed pair is the
-    A/A gauge), then hg4 (the static fallback: zigzag with all kv heads in one group, ``configs.FORWARD_HEAD_GROUP``
-    4; it changes the zigzag rows only). Rows: the bench's broadcast-Q Lq128 H4 B512 (the target), the same with every KV length equal (no
-    tail to balance: the knob's cost alone), D256 jagged causal (v3 consumers: the knob applies), and two v4 rows
-    where it does not (dense B8 S4096, jagged T32768: noise gauges); D256 jagged non-causal (stop 31's rule). Where the knob applies, out/lse are compared bit
-    for bit with the default's; the broadcast rows are also timed replayed from a CUDA graph (GPU time alone)."""
+    """Forward TFLOP/s of static striding (FORWARD_DYNAMIC False: the default but at D256 since stop 33) vs
+    configs.FORWARD_DYNAMIC True (helper bcast31, bench/NOTES.md "Broadcast-Q forward, helper bcast31, stop 31": the
+    v3 consumers' items from an atomic counter, longest first), the same process and inputs, columns in alternating
+    order (tlx, dynamic, tlx', dynamic': the primed pair is the A/A gauge), then hg4 (the static fallback: zigzag
+    with all kv heads in one group, ``configs.FORWARD_HEAD_GROUP`` 4; it changes the zigzag rows only). Rows: the
+    bench's broadcast-Q Lq128 H4 B512 (the target), the same with every KV length equal (no tail to balance: the
+    knob's cost alone), D256 jagged causal (v3 consumers: the knob applies), and two v4 rows where it does not (dense
+    B8 S4096, jagged T32768: noise gauges); D256 jagged non-causal (stop 31's rule). Where the knob applies, out/lse
+    are compared bit for bit with static striding's; the broadcast rows are also timed replayed from a CUDA graph
+    (GPU time alone)."""
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
     from host_profile import with_setting  # tools/ is on the path of a script run from it
     from jfa_ops.backends.tlx import configs
@@ -606,8 +611,9 @@ def dynamic_timing() -> int:
     failures = 0
     for case, graph in cases:
         x = make_inputs(case, "cuda")
-        tlx = _forward_call(x, case, "tlx")
-        dynamic = with_setting(configs, "FORWARD_DYNAMIC", True, tlx)
+        default = _forward_call(x, case, "tlx")
+        tlx = with_setting(configs, "FORWARD_DYNAMIC", False, default)  # static striding (D256: the default before)
+        dynamic = with_setting(configs, "FORWARD_DYNAMIC", True, default)
         # hg4: the static fallback, zigzag over all 4 heads at once (configs.FORWARD_HEAD_GROUP; the zigzag rows only)
         fns = {"tlx": tlx, "dynamic": dynamic, "tlx'": tlx, "dynamic'": dynamic,
                "hg4": with_setting(configs, "FORWARD_HEAD_GROUP", 4, tlx)}
@@ -619,13 +625,13 @@ def dynamic_timing() -> int:
             faulthandler.dump_traceback_later(HANG_S, exit=True)  # a handover that hangs ends the process here
             try:
                 with torch.no_grad():
-                    want = with_lse()
+                    want = with_setting(configs, "FORWARD_DYNAMIC", False, with_lse)()
                     same = all(torch.equal(a, b) for a, b in zip(
                         want, with_setting(configs, "FORWARD_DYNAMIC", True, with_lse)()))
             except Exception as e:  # noqa: BLE001
                 same = f"{type(e).__name__}: {str(e)[:200]}"
             faulthandler.cancel_dump_traceback_later()
-            print(f"  {case.label}: dynamic out/lse == default bit for bit: {same}", flush=True)
+            print(f"  {case.label}: dynamic out/lse == static bit for bit: {same}", flush=True)
             failures += same is not True
         row, failed = _forward_tflops(case, fns)
         failures += failed
@@ -696,7 +702,8 @@ def backward_timing() -> int:
     hints`` (a row whose forward gets none in any column: the default's tile-major order against the list built per
     call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED. ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row
     (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0) causal, and the dense B8 S4096 and jagged T32768
-    causal controls (no triton column: fewer compiles), for the flip of JFA_TLX_BWD_KV_EARLY (helper window31)."""
+    causal controls (no triton column: fewer compiles), for the flip of JFA_TLX_BWD_KV_EARLY (helper window31; on
+    since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default before against the default)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs

@@ -63,9 +63,10 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
 # picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
 # instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
-# dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31).
+# dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
+# bwd-kvearlyoff: the default before).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
-            BACKWARD_CAUSAL_ORDER_JAGGED=True)  # the shipped default
+            BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
                 "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
                 "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
@@ -77,7 +78,7 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
                 "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
                 "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
-                "bwd-kvearly": dict(_BWD, BACKWARD_KV_EARLY=True),
+                "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False)}
 

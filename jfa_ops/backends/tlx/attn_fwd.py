@@ -13,11 +13,11 @@ Work list: the triton backend's device-side tile list (``triton.scheduling.tile_
 one-wave slot mapping), items (tile, q head) in kv-head-major order (``triton.common.work_item``), program p of P
 takes p, p + P, ... (static persistent striding); ``configs.FORWARD_ZIGZAG`` (masked or jagged calls by default):
 items in ``triton.common.zigzag_item``'s order over head groups, taken by the snake (``triton.common.snake_work``);
-ATOMIC_WORK (``configs.forward_dynamic``: D256 by default; the v3 consumers only): the producer takes each item, longest first, from
-an atomic counter and hands its index to the consumers with its Q slot (``_hand_work``, ``_read_work``). The
-producer and the consumers walk the same items and compute the same key-block ranges (``triton.common.stage_bounds``:
-masked lead, mask-free bulk, masked tail; blocks nobody sees are never loaded), so their barrier phases stay in step
-without talking.
+ATOMIC_WORK (``configs.forward_dynamic``: D256 calls by default; the v3 consumers only): the producer takes each
+item, longest first, from an atomic counter and hands its index to the consumers with its Q slot (``_hand_work``,
+``_read_work``). The producer and the consumers walk the same items and compute the same key-block ranges
+(``triton.common.stage_bounds``: masked lead, mask-free bulk, masked tail; blocks nobody sees are never loaded), so
+their barrier phases stay in step without talking.
 
 Jagged TMA: the descriptors cover the whole packed [T, H*D] tensors, so a block can run past its sequence's end into
 the next sequence. Keys there are masked (-inf) in the masked stages; the value rows there are zeroed in shared memory
@@ -955,8 +955,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     has_left, window_left, has_right, right = bounds
     flag = torch.empty((1,), dtype=torch.int32, device=device) if flag_mode is not None else None
     max_q = -1 if params.broadcast_q else params.max_seqlen_q
-    # configs.FORWARD_DYNAMIC: the v3 consumers' items from an atomic counter, where a list is built (one wave: every
-    # item runs at once, nothing to balance)
+    # configs.forward_dynamic (D256 by default; the env forces it either way): the v3 consumers' items from an atomic
+    # counter, where a list is built (one wave: every item runs at once, nothing to balance)
     atomic = configs.forward_dynamic(head_dim) and not choices[2] and not tiles_from_offsets(
         capacity_of(total_out, cfg.block_m, num_seqs) * num_heads, num_seqs, 1, device)
     programs, schedule = tile_schedule(

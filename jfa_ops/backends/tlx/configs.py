@@ -42,10 +42,10 @@ FORWARD_ZIGZAG: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA
 # index to the consumers with its Q slot (attn_fwd ATOMIC_WORK), instead of static striding / the snake. Why: the
 # bench's broadcast-Q case (2048 items of 1-64 key blocks, mean 8.6, over 132 SMs) is as compute- as memory-bound
 # (2.04 vs 2.03 us per 128-key block per SM), so the busiest SM sets the time, and the snake leaves it 1.19x the
-# mean (greedy: 1.01x; tools/bcast_fwd_model.py). None (the default, ``forward_dynamic``): head_dim 256 calls only,
-# measured on the H200 2026-12-04 (bench/NOTES.md v23): jagged T32768 D256 causal 1.070x, non-causal 1.156x, bits
-# equal; broadcast-Q stays static (1.033x, v22: under its bar). True (=1): every call it applies to; False (=0):
-# none. Read per call.
+# mean (greedy: 1.01x; tools/bcast_fwd_model.py). None (``forward_dynamic``; the default since 2026-12-04, stop 33):
+# head_dim 256 calls only, measured on the H200 (bench/NOTES.md v23): jagged T32768 D256 causal 1.070x, non-causal
+# 1.156x, bits equal; broadcast-Q stays static (1.033x, v22: under its bar). True (=1): every call it applies to;
+# False (=0): none. Read per call.
 FORWARD_DYNAMIC: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_DYNAMIC", ""))
 
 
@@ -140,8 +140,8 @@ BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "
 # producer's next K/V loads (an HBM round trip plus 64 KiB) run under the epilogue instead of after it: ~0.7-1 us of
 # a ~6 us per-item gap, which short items pay per ~5 blocks (window (256, 0): 32.5 items per SM). Dense calls of
 # the default consumers (v2 with the dQ split, staged dQ: not DQ_RED, not GROUP_SPLIT). On by default since
-# 2026-12-04 (bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and jagged
-# causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
+# 2026-12-04 (stop 33; bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and
+# jagged causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
