@@ -10,7 +10,8 @@ compare two such dumps.
 ``--root``: the checkout whose ``jfa_ops`` is compiled (e.g. ``git worktree add /tmp/base <commit>``), put first on
 the path. The specializations are that checkout's own (``specializations.shipped_specializations``; with
 ``--ablations`` also the MXFP8 forward's and the backward's ablations). ``dump`` skips names whose PTX is already in
-``--out`` (so a stopped dump resumes) and writes ``errors.json`` for compiles that failed. ``compare`` exits 1 unless
+``--out`` (so a stopped dump resumes), skips ptxas (the cubin stage: PTX comes before it) unless ``--cubin``, and
+writes ``errors.json`` for compiles that failed. ``compare`` exits 1 unless
 both dumps hold the same names with byte-identical PTX. Needs triton 3.8 + triton-utlx importable (``pip install
 --target .ci-tlx triton==3.8.0 triton-utlx==3.8.0.post16``); the plugin is registered before triton is imported.
 """
@@ -44,7 +45,7 @@ def _specs(ablations: bool) -> list:
 
 def _compile(args) -> tuple:
     """Worker: compile one specialization in a fresh cache; (name, ptx or None, error or None)."""
-    index, ablations, out = args
+    index, ablations, out, cubin = args
     import importlib
     import tempfile
 
@@ -52,6 +53,9 @@ def _compile(args) -> tuple:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if not cubin:  # PTX is all that is compared: skip ptxas (the cubin stage) to save time
+        from triton.backends.nvidia.compiler import CUDABackend
+        CUDABackend.make_cubin = lambda self, src, metadata, opt, capability: b""
     spec = _specs(ablations)[index]
     try:
         with tempfile.TemporaryDirectory() as cache:
@@ -68,7 +72,7 @@ def _compile(args) -> tuple:
         return spec.name, f"{type(e).__name__}: {str(e)[-2000:]}"
 
 
-def dump(root: str, out: str, jobs: int, ablations: bool, only: list) -> int:
+def dump(root: str, out: str, jobs: int, ablations: bool, only: list, cubin: bool = False) -> int:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -83,7 +87,7 @@ def dump(root: str, out: str, jobs: int, ablations: bool, only: list) -> int:
         json.dump(names, f, indent=0)
     errors = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        for k, (name, error) in enumerate(pool.map(_compile, [(i, ablations, out) for i in todo]), 1):
+        for k, (name, error) in enumerate(pool.map(_compile, [(i, ablations, out, cubin) for i in todo]), 1):
             if error:
                 errors[name] = error
             print(f"[{k}/{len(todo)}] {name}{' ERROR ' + error[:200] if error else ''}", flush=True)
@@ -119,6 +123,7 @@ def main(argv=None) -> int:
     d.add_argument("--out", required=True)
     d.add_argument("--jobs", type=int, default=2)
     d.add_argument("--ablations", action="store_true")
+    d.add_argument("--cubin", action="store_true", help="also run ptxas (the full compile; PTX is the same)")
     d.add_argument("only", nargs="*", help="substrings of the names to compile (default: all)")
     c = sub.add_parser("compare")
     c.add_argument("a")
@@ -128,7 +133,7 @@ def main(argv=None) -> int:
     n.add_argument("--ablations", action="store_true")
     args = p.parse_args(argv)
     if args.cmd == "dump":
-        return dump(args.root, args.out, args.jobs, args.ablations, args.only)
+        return dump(args.root, args.out, args.jobs, args.ablations, args.only, args.cubin)
     if args.cmd == "compare":
         return compare(args.a, args.b)
     _setup(args.root)
