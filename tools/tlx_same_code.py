@@ -9,10 +9,10 @@ compare two such dumps.
 
 ``--root``: the checkout whose ``jfa_ops`` is compiled (e.g. ``git worktree add /tmp/base <commit>``), put first on
 the path. The specializations are that checkout's own (``specializations.shipped_specializations``; with
-``--ablations`` also the MXFP8 forward's and the backward's ablations). ``dump`` skips names whose PTX is already in
-``--out`` (so a stopped dump resumes), skips ptxas (the cubin stage: PTX comes before it) unless ``--cubin``, and
-writes ``errors.json`` for compiles that failed. ``compare`` exits 1 unless
-both dumps hold the same names with byte-identical PTX. Needs triton 3.8 + triton-utlx importable (``pip install
+``--ablations`` also the MXFP8 forward's and the backward's ablations and the MXFP8 backward's kernels). ``dump``
+skips names whose PTX is already in ``--out`` (so a stopped dump resumes), skips ptxas (the cubin stage: PTX comes
+before it) unless ``--cubin``, and writes ``errors.json`` for compiles that failed. ``compare`` exits 1 unless both
+dumps hold the same names with byte-identical PTX. Needs triton 3.8 + triton-utlx importable (``pip install
 --target .ci-tlx triton==3.8.0 triton-utlx==3.8.0.post16``); the plugin is registered before triton is imported.
 """
 from __future__ import annotations
@@ -35,11 +35,14 @@ def _setup(root: str) -> None:
 
 
 def _specs(ablations: bool) -> list:
+    """The shipped specializations; with ``ablations`` also the ablations and the MXFP8 backward's kernels (not
+    shipped: ``specializations.main`` compiles them on request)."""
     from jfa_ops.backends.tlx import specializations as s
 
     specs = list(s.shipped_specializations())
     if ablations:
         specs += list(s.mxfp8_ablation_specializations()) + list(s.backward_ablation_specializations())
+        specs += list(getattr(s, "mxfp8_backward_specializations", lambda: [])())
     return specs
 
 
