@@ -41,17 +41,17 @@ from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device
                                       uniform_causal_item_list)
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
-from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, seq_extent, snake_items, snake_work,
+from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, snake_items, snake_work,
                              stage_block_start, stage_bounds, visible, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.mxfp8_quantize import _shared_exponent
 from ..gqa_split import plan as gqa_split_plan
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
-                                 slot_tile, tile_schedule, tiles_from_offsets)
+                                 tile_schedule, tiles_from_offsets)
 from . import configs
-from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tma_ready,
-                       _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
+from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tile_count,
+                       _tile_sequence, _tma_ready, _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
@@ -125,20 +125,26 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
         tile, kv_head = work_item(work, n_tiles, num_heads_kv, head_group, True)
     else:
         tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, False)
-    if TILES_FROM_OFFSETS:
-        seq, n0, real = slot_tile(KV_OFF, Q_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_N)
-    else:
-        seq = tl.load(TILE_SEQ + tile)
-        n0 = tl.load(TILE_START + tile)
-        real = seq >= 0
-    seq = tl.maximum(seq, 0)
-    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    seq, n0, real, out_row0, len_q, kv_row0, len_k = _tile_sequence(
+        tile, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, num_seqs, search_steps, rows_s, rows_o, BLOCK_N, TILES_FROM_OFFSETS,
+        True)
     # Keys stationary: key j is seen by rows i with -right <= i - j - (L_q - L_k) <= window_left.
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N, BLOCK_M)
     return (real, kv_head, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
             tail_begin, tail_end, seq)
+
+
+@triton.jit
+def _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_M: tl.constexpr):
+    """If query block m0 runs into the next sequence's rows: consumer 0 zeroes them in both tiles of slot buf (Q and
+    dO), then both consumers meet at VFIX_BARRIER."""
+    if m0 + BLOCK_M > len_q:
+        if CID == 0:
+            _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+            _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+        tlx.named_barrier_wait(VFIX_BARRIER, 256)
 
 
 @triton.jit
@@ -258,11 +264,7 @@ def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, 
         rows_left = len_q - m0
         rows_ok = rows < rows_left
         if masked:
-            if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
-                if CID == 0:
-                    _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                    _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+            _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
         q_tile = q_tiles[buf]
         do_tile = do_tiles[buf]
         s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
@@ -433,11 +435,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         rows_left = len_q - m0
         rows_ok = rows < rows_left
         if masked:
-            if m0 + BLOCK_M > len_q:  # the block runs into the next sequence's rows: zero them (both tiles)
-                if CID == 0:
-                    _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                    _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+            _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
         q_tile = q_tiles[buf]
         do_tile = do_tiles[buf]
         # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one 64-bit
@@ -814,10 +812,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)
+    n_tiles = _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     units = num_heads_kv  # per key tile: kv heads (GROUP_SPLIT: x parts of their group)
     if GROUP_SPLIT > 1:
         units = num_heads_kv * GROUP_SPLIT

@@ -122,6 +122,38 @@ def _read_work(work_ids, q_fulls, q_count, CID: tl.constexpr, NUM_BUFFERS_Q: tl.
 
 
 @triton.jit
+def _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS: tl.constexpr):
+    """The kernels' tile count: the slots (TILES_FROM_OFFSETS: each program finds its tiles in the offsets), else the
+    real count, read on the device (no host sync)."""
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
+    return n_tiles
+
+
+@triton.jit
+def _tile_sequence(tile, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, num_seqs, search_steps, rows_s, rows_o,
+                   BLOCK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, KEY_TILES: tl.constexpr):
+    """(seq, start, real, out_row0, len_q, kv_row0, len_k) of a tile: its sequence, first row (query rows, or key rows
+    with KEY_TILES: the backward's tiles), whether it is a real tile (not a padding slot) and the sequence's query and
+    key extents. TILES_FROM_OFFSETS: found in the offsets (``slot_tile``), else read from the host's schedule."""
+    if TILES_FROM_OFFSETS:
+        if KEY_TILES:
+            seq, start, real = slot_tile(KV_OFF, Q_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK)
+        else:
+            seq, start, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK)
+    else:
+        seq = tl.load(TILE_SEQ + tile)
+        start = tl.load(TILE_START + tile)
+        real = seq >= 0
+    seq = tl.maximum(seq, 0)  # padding slots: a harmless sequence to read (nothing runs for them)
+    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
+    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    return seq, start, real, out_row0, len_q, kv_row0, len_k
+
+
+@triton.jit
 def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group, num_seqs, search_steps,
                rows_s, rows_o, window_left, right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr,
@@ -132,15 +164,9 @@ def _work_tile(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, gr
         tile, head = zigzag_item(work, n_tiles, num_heads, group, head_group)
     else:
         tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
-    if TILES_FROM_OFFSETS:
-        seq, m0, real = slot_tile(Q_OFF, KV_OFF, tile, num_seqs, search_steps, rows_s, rows_o, BLOCK_M)
-    else:
-        seq = tl.load(TILE_SEQ + tile)
-        m0 = tl.load(TILE_START + tile)
-        real = seq >= 0
-    seq = tl.maximum(seq, 0)  # padding slots: a harmless sequence to read (nothing runs for them)
-    out_row0, len_q = seq_extent(tl.load(Q_OFF + seq), tl.load(Q_OFF + seq + 1))
-    kv_row0, len_k = seq_extent(tl.load(KV_OFF + seq), tl.load(KV_OFF + seq + 1))
+    seq, m0, real, out_row0, len_q, kv_row0, len_k = _tile_sequence(
+        tile, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, num_seqs, search_steps, rows_s, rows_o, BLOCK_M, TILES_FROM_OFFSETS,
+        False)
     lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end = stage_bounds(
         m0, len_q, len_k, -window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     return (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
@@ -245,6 +271,18 @@ def _zero_rows_past_end(v_tile, n0, len_k, BLOCK_N: tl.constexpr, HEAD_DIM: tl.c
 
 
 @triton.jit
+def _fix_values_past_end(v_tiles, v_fulls, buf, phase, n0, len_k, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    """If key block n0 runs into the next sequence: consumer 0 waits for its value tile (slot buf) and zeroes the
+    rows past len_k (the next sequence's), then both consumers meet at VFIX_BARRIER."""
+    if n0 + BLOCK_N > len_k:
+        if CID == 0:
+            tlx.barrier_wait(v_fulls[buf], phase)
+            _zero_rows_past_end(v_tiles[buf], n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
+        tlx.named_barrier_wait(VFIX_BARRIER, 256)
+
+
+@triton.jit
 def _wait_turn(CID: tl.constexpr):
     """Ping-pong: wait until it is this consumer's turn to issue wgmma (consumer 0 first, then 1, alternating)."""
     if CID == 0:
@@ -305,12 +343,8 @@ def _consume_blocks(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, 
     """Key blocks [n_begin, n_end), not pipelined: QK^T, softmax, PV, each waited before the next block."""
     for n0 in range(n_begin, n_end, BLOCK_N):
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-        if MASKED:
-            if n0 + BLOCK_N > len_k:  # the block runs into the next sequence (only ever in a masked stage)
-                if CID == 0:
-                    tlx.barrier_wait(v_fulls[buf], phase)
-                    _zero_rows_past_end(v_tiles[buf], n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
-                tlx.named_barrier_wait(VFIX_BARRIER, 256)
+        if MASKED:  # the block may run into the next sequence (only ever in a masked stage)
+            _fix_values_past_end(v_tiles, v_fulls, buf, phase, n0, len_k, CID, HEAD_DIM, BLOCK_N)
         tlx.barrier_wait(k_fulls[buf], phase)
         s = _qk(q_tile, k_tiles[buf], CID)
         s = tlx.async_dot_wait(0, s)
@@ -334,11 +368,7 @@ def _pv_pending(acc, p, prev_n0, prev_count, v_tiles, v_fulls, len_k, CID: tl.co
     follow either nothing or a lead block that did not reach the end)."""
     buf, phase = _slot_phase(prev_count, NUM_BUFFERS_KV)
     if CHECK_END:
-        if prev_n0 + BLOCK_N > len_k:  # the block ran into the next sequence
-            if CID == 0:
-                tlx.barrier_wait(v_fulls[buf], phase)
-                _zero_rows_past_end(v_tiles[buf], prev_n0, len_k, BLOCK_N, HEAD_DIM, VFIX_ROWS)
-            tlx.named_barrier_wait(VFIX_BARRIER, 256)
+        _fix_values_past_end(v_tiles, v_fulls, buf, phase, prev_n0, len_k, CID, HEAD_DIM, BLOCK_N)
     tlx.barrier_wait(v_fulls[buf], phase)
     return tlx.async_dot(p, v_tiles[buf], acc)
 
@@ -611,10 +641,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
     CONSUMER_ROW_WIDTH: tl.constexpr = WALK_AHEAD and not HAS_LEFT
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)  # the real count stays on the device: no host sync
+    n_tiles = _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)  # the real count stays on the device
     n_work = n_tiles * num_heads
     pid = tl.program_id(0)
     programs = tl.num_programs(0)

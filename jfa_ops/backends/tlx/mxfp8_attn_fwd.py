@@ -44,7 +44,8 @@ from ..triton.mxfp8_attn_fwd import _scores
 from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
 from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, tile_schedule
-from .attn_fwd import NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _wait_turn, _work_tile
+from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _tile_count,
+                       _wait_turn, _work_tile)
 from . import configs
 from .configs import NUM_WARPS, mxfp8_fwd_config
 
@@ -243,10 +244,7 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)
+    n_tiles = _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     n_work = n_tiles * num_heads
     pid = tl.program_id(0)
     programs = tl.num_programs(0)

@@ -38,6 +38,16 @@ class Specialization:
     num_stages: int
 
 
+def _signature_attrs(names, types: Dict[str, str], constexprs: Dict[str, object], no_divisibility=()) -> tuple:
+    """(signature, attrs) of a kernel with arguments ``names``: "constexpr" for those in ``constexprs``, else their
+    type in ``types`` ("i32" if absent); divisibility by 16 (as the JIT infers it at launch) for the pointers and the
+    strides, but for the strides named in ``no_divisibility``."""
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n].startswith("*") or (n.startswith("stride") and n not in no_divisibility)}
+    return signature, attrs
+
+
 def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
@@ -74,10 +84,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
-    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     # the selection's strides are its widths (n_kv_blocks, ...): no divisibility to assume
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or (n.startswith("stride") and n not in NO_SELECTION)}
+    signature, attrs = _signature_attrs(names, types, constexprs, NO_SELECTION)
     name = f"{'sparse-' if sparse else ''}" \
            f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
@@ -109,9 +117,7 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
                       HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
                       ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks, ABLATE=ablate)
-    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or n.startswith("stride")}
+    signature, attrs = _signature_attrs(names, types, constexprs)
     name = f"mxfp8-fwd-d{head_dim}-{out_dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}" \
@@ -180,10 +186,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # Q_BLOCK_INDEX=None, ..., SPARSE
-    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
     # the transposed selection's strides are its widths (n_q_blocks, ...): no divisibility to assume
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if signature[n].startswith("*") or (n.startswith("stride") and n not in NO_SELECTION)}
+    signature, attrs = _signature_attrs(names, types, constexprs, NO_SELECTION)
     name = f"{'sparse-' if sparse else ''}" \
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
