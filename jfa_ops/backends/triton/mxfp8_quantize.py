@@ -471,6 +471,13 @@ _GEOMETRY: dict = {}
 _GEOMETRY_MAX = 256  # a bound, not a tuning: the key holds no row counts
 
 
+def head_groups(block, rebase) -> int:
+    """Head groups per program of a pipelined quantize launch (before narrower V iterations multiply them):
+    ``V_QUANT_GROUPS`` for V's plain (32, 1) pairs when set, else ``QUANT_GROUPS``."""
+    plain_v = tuple(block) == (32, 1) and rebase == PAIR
+    return V_QUANT_GROUPS if plain_v and V_QUANT_GROUPS else QUANT_GROUPS
+
+
 def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase, block_r, stride_vtrow):
     """(head splits (the grid's second axis), the kernel's arguments that are not per call: strides, heads,
     constexprs, launch options) of a quantize launch; per call are the tensors, the rows and the sequence count."""
@@ -480,7 +487,7 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
     chunks = 1
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
-        groups = V_QUANT_GROUPS if tuple(block) == (32, 1) and rebase == PAIR and V_QUANT_GROUPS else QUANT_GROUPS
+        groups = head_groups(block, rebase)
         columns = KNOBS.mxfp8_quant_v_columns
         if tuple(block) == (32, 1) and rebase == PAIR and 0 < columns < per_program * block_d:
             # narrower iterations, as many columns per program: per_program * block_d // columns times the groups

@@ -410,9 +410,8 @@ def mxfp8_specializations() -> Iterator[Specialization]:
             constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
                               SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R,
                               SEARCH_STEPS=2, X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True,
-                              GROUPS=(mxfp8_quantize.V3_GROUPS if not pipelined else mxfp8_quantize.V_QUANT_GROUPS
-                                      if block == (32, 1) and mxfp8_quantize.V_QUANT_GROUPS
-                                      else mxfp8_quantize.QUANT_GROUPS),
+                              GROUPS=(mxfp8_quantize.head_groups(block, mxfp8_quantize.PAIR) if pipelined
+                                      else mxfp8_quantize.V3_GROUPS),
                               STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1,
                               REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1)
             warps = mxfp8_quantize.quantize_warps(block, 128) if pipelined else 4
