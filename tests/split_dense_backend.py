@@ -3,6 +3,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from jfa_ops.backends import Backend
+from jfa_ops.backends.base import per_trace
 
 CALLS = {"forward": 0, "backward": 0}  # eager (run-time) calls: the opaque branch ran
 
@@ -11,13 +12,18 @@ def _eager(t):
     return type(t) is torch.Tensor
 
 
+def _positions(offsets, rows):
+    """(sequence, position in it) of each row: derived from the offsets alone, so built once per graph
+    (``per_trace``), as the triton backend's tile lists are: the split path hoists it out of its cond."""
+    seg = torch.searchsorted(offsets, torch.arange(rows, device=offsets.device, dtype=offsets.dtype), right=True)
+    return seg, torch.arange(rows, device=offsets.device) - offsets[seg - 1]
+
+
 def _probs(q, k, q_offsets, kv_offsets, params):
     tq, tk = q.shape[0], k.shape[0]
     qo = kv_offsets if q_offsets is None else q_offsets
-    seg_q = torch.searchsorted(qo, torch.arange(tq, device=q.device, dtype=qo.dtype), right=True)
-    seg_k = torch.searchsorted(kv_offsets, torch.arange(tk, device=q.device, dtype=kv_offsets.dtype), right=True)
-    pos_q = torch.arange(tq, device=q.device) - qo[seg_q - 1]
-    pos_k = torch.arange(tk, device=q.device) - kv_offsets[seg_k - 1]
+    seg_q, pos_q = per_trace(_positions, qo, tq)
+    seg_k, pos_k = per_trace(_positions, kv_offsets, tk)
     mask = seg_q[:, None] == seg_k[None, :]
     if params.causal:
         mask = mask & (pos_k[None, :] <= pos_q[:, None])

@@ -355,3 +355,23 @@ def test_split_on_the_gpu_one_graph_across_the_threshold(monkeypatch):
             assert_attention_close(actual, ref, dtype=torch.bfloat16, kind="grad", name=f"d{name} {lengths}")
     assert counted.frame_count == 1 and not counters["graph_break"], (counted.frame_count, counters["graph_break"])
     torch._dynamo.reset()
+
+
+def test_offset_derived_values_are_built_once_before_the_conds(split):
+    """What the small branch derives from the offsets alone (here the test backend's row positions, a ``per_trace``
+    value as the triton backend's int32 copies, tile lists and offset check are) is built once in the graph, before
+    the conds, and reaches every layer's small branch as an operand: no branch builds it, and the dry run that found
+    it leaves no attention work behind in the graph."""
+    capture = Capture()
+    compiled = torch.compile(_model(3), backend=capture, dynamic=True)
+    q, k, v, offsets = _batch(BATCHES[0], 0)
+    q.requires_grad_(True)
+    compiled(q, k, v, offsets).sum().backward()
+    for kind, built in (("forward", 1), ("backward", 0)):  # the backward gets the forward's (saved or recomputed)
+        (top, conds), = capture.calls(kind)
+        assert len(conds) == 3 and top.count("aten.searchsorted.Tensor") <= built, (kind, top)
+        assert "aten.bmm.default" not in top, (kind, top)  # the dry run's attention ops are dead code, removed
+        for small, _ in conds:
+            assert "aten.bmm.default" in small and "aten.searchsorted.Tensor" not in small, (kind, small)
+    (top, _), = capture.calls("forward")
+    assert top.count("aten.searchsorted.Tensor") == 1 and top.index("aten.searchsorted.Tensor") < top.index("cond")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import weakref
 from typing import Callable, Mapping, Optional, Tuple
@@ -233,8 +234,119 @@ def per_trace(fn: Callable, *args, **unkeyed):
     key = (fn, tuple(map(_value_key, args)))
     hit = None if unkeyed else memo.get(key)
     if hit is None:
-        hit = memo[key] = (args, fn(*args, **unkeyed))
+        _TRACE.depth = getattr(_TRACE, "depth", 0) + 1  # launches in here are the value's own (see hoisting)
+        try:
+            hit = memo[key] = (args, fn(*args, **unkeyed))
+        finally:
+            _TRACE.depth -= 1
+    record = getattr(_TRACE, "record", None)
+    if record is not None:
+        record.append((fn, args, hit[1]))
     return hit[1]
+
+
+@contextlib.contextmanager
+def hoisting(scope: object):
+    """A dry run of a traceable backend's call in ``scope`` (``traced(scope)``) that keeps only what ``per_trace``
+    builds: yields the list of its ``(fn, args, result)`` calls in order, hits included; kernel launches outside a
+    ``per_trace`` function are dropped (``launch_dropped``), and the rest of the call's ops are left unused, for
+    the graph's dead-code pass. Why: the size-split compile path (``ops.attention._split``) builds the offset-derived
+    values (int32 copies, tile lists, the offset check) once per graph, before its cond, and hands them to the
+    branch that launches the kernels (``seeded_scope``): traced inside the branch they were built per layer."""
+    record: list = []
+    before = getattr(_TRACE, "record", None), getattr(_TRACE, "depth", 0)
+    with traced(scope):
+        _TRACE.record, _TRACE.depth = record, 0
+        try:
+            yield record
+        finally:
+            _TRACE.record, _TRACE.depth = before
+
+
+def launch_dropped() -> bool:
+    """Inside ``hoisting``'s dry run and not inside a ``per_trace`` function: a traced launch records nothing."""
+    return getattr(_TRACE, "record", None) is not None and getattr(_TRACE, "depth", 0) == 0
+
+
+def hoistable(record: list, inputs) -> Tuple[list, list]:
+    """``hoisting``'s record reduced to the calls a branch can be given: those whose tensor arguments are
+    ``inputs`` (the call's tensors) or results of earlier such calls (a value of a dropped launch is not: the branch
+    builds that one itself). Returns (calls, each once; their result tensors, each once)."""
+    known = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+    calls, tensors, seen = [], [], set()
+    for fn, args, result in record:
+        key = (fn, tuple(map(_value_key, args)))
+        if key in seen or not all(id(t) in known for t in _tensors_in(args)):
+            continue
+        seen.add(key)
+        calls.append((fn, args, result))
+        for t in _tensors_in(result):
+            if id(t) not in known:
+                known.add(id(t))
+                tensors.append(t)
+    return calls, tensors
+
+
+def seeded_scope(calls: list, to_branch: Mapping[int, torch.Tensor]) -> object:
+    """A new ``per_trace`` scope whose memo already holds ``calls`` (from ``hoistable``) with every tensor, in the
+    arguments and the results, replaced by ``to_branch[id(tensor)]`` (the branch's operand for it): in the branch,
+    ``per_trace`` returns the values built before the cond instead of building them again."""
+    scope = _Scope()
+    memo = _MEMOS.setdefault(scope, {})
+    swap = lambda t: to_branch[id(t)]  # noqa: E731
+    for fn, args, result in calls:
+        args = _map_tensors(args, swap)
+        result = _map_tensors(result, swap)
+        try:  # a size in the result (a list's capacity) as the branch's own: one of its tensors' sizes
+            result = _map_tensors(result, None, functools.partial(_size_of, _tensors_in(result)))
+        except KeyError:  # none: the branch builds this one itself
+            continue
+        memo[(fn, tuple(map(_value_key, args)))] = (args, result)
+    return scope
+
+
+def _size_of(tensors, size: torch.SymInt) -> torch.SymInt:
+    """The size of one of ``tensors`` (a branch's operands) that is ``size`` (an outer graph's SymInt): a branch
+    must not use the outer graph's SymInts (its tracer would rebuild them from their expressions, with calls that
+    Inductor's subgraph lowering does not take, e.g. ``_nary_sym_max``)."""
+    for t in tensors:
+        for d in t.shape:
+            if isinstance(d, torch.SymInt) and d.node.expr == size.node.expr:
+                return d
+    raise KeyError(size)
+
+
+class _Scope:
+    """A ``per_trace`` scope of its own (weak-referenceable)."""
+
+
+def _tensors_in(value) -> list:
+    found: list = []
+    _map_tensors(value, lambda t: found.append(t) or t)
+    return found
+
+
+def _map_tensors(value, fn, symint=None):
+    """``value`` with each tensor ``t`` in it (in tuples, lists, dicts and dataclasses, nested) replaced by
+    ``fn(t)`` (None: kept) and each SymInt ``s`` by ``symint(s)`` (None: kept); a value where nothing changes is
+    returned as it is (a list stays the same list)."""
+    if isinstance(value, torch.Tensor):
+        return value if fn is None else fn(value)
+    if isinstance(value, torch.SymInt):
+        return value if symint is None else symint(value)
+    if isinstance(value, (tuple, list)):
+        mapped = [_map_tensors(v, fn, symint) for v in value]
+        if all(m is v for m, v in zip(mapped, value)):
+            return value
+        return type(value)(*mapped) if hasattr(value, "_fields") else type(value)(mapped)
+    if isinstance(value, dict):
+        mapped = {k: _map_tensors(v, fn, symint) for k, v in value.items()}
+        return value if all(mapped[k] is v for k, v in value.items()) else mapped
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+        mapped = {k: _map_tensors(v, fn, symint) for k, v in fields.items()}
+        return value if all(mapped[k] is v for k, v in fields.items()) else dataclasses.replace(value, **mapped)
+    return value
 
 
 def _value_key(value):

@@ -27,7 +27,7 @@ from torch.utils.flop_counter import register_flop_formula
 import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
 from jfa_ops import validation
-from jfa_ops.backends.base import per_trace, traced
+from jfa_ops.backends.base import hoistable, hoisting, per_trace, seeded_scope, traced
 from jfa_ops.validation import check_offset_values, validation_mode
 
 log = logging.getLogger(__name__)
@@ -401,10 +401,6 @@ def _traced_backward(impl, *tensors_and_options):
 _OPAQUE = threading.local()  # .on: the split path's large branch is tracing the op: it stays one opaque node
 
 
-class _BranchScope:
-    """The ``per_trace`` scope of one traced branch of ``_split`` (weak-referenceable, one per branch trace)."""
-
-
 def split_rows() -> int:
     """Rows from which the split path keeps the op opaque: the eager automatic rule's threshold, the triton
     backend's ``TMA_MIN_ROWS`` (the tlx backend from this many q or k rows, triton below:
@@ -425,8 +421,8 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
     so the backward takes the branch of its forward by the same predicate and the cond needs no autograd of its
     own. ``tensors``: the op's tensor arguments (None where an optional one is absent); ``q_index``: q's place
     among them; ``scope``: the trace's ``per_trace`` scope. Static sizes (no SymInt): the branch is chosen while
-    tracing (such graphs recompile per shape anyway). Each branch trace gets its own ``per_trace`` scope: values a branch derives live in its subgraph
-    only (no sharing of offset-derived lists across layers inside branches)."""
+    tracing (such graphs recompile per shape anyway). The values ``small`` derives from the offsets alone are built
+    before the cond, once per graph (``base.hoisting``), and passed to the small branch as operands."""
     q, k = tensors[q_index], tensors[q_index + 1]
     rows = torch.sym_max(q.shape[0], k.shape[0])
     # The same test, written differently in the backward (``<= limit - 1``): the trace records one node per
@@ -441,20 +437,37 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
             with traced(scope):
                 return small(*tensors, *options)
         return _opaque_call(op, tensors, options)
+    # What the small branch derives from the offsets alone (int32 copies, tile lists, the offset check) is built
+    # here, once per graph (``per_trace`` in the trace's scope: every layer and the backward share it), by a dry
+    # run of ``small`` that drops its kernel launches; the branch gets those values as operands, its memo seeded
+    # with them, and launches only the kernels (traced in the branch, the values were built per layer and per
+    # step: ~25 launches of a 4-layer step, the small side's cost in v23).
+    with hoisting(scope) as record:
+        small(*tensors, *options)
+    calls, hoisted = hoistable(record, tensors)
+    n_args = len(tensors)
     # operands: one tensor per storage (cond rejects operands that share one: q_offsets is kv_offsets in
-    # self-attention, q/k/v views of a model's fused qkv projection), then the symbolic options; ``slots``: each
-    # tensor argument's operand index (None: absent) and, for a view of another operand's storage, its
-    # (size, stride, storage offset), rebuilt in the branch with as_strided (storage offsets are absolute, in eager
-    # and in Inductor's lowering alike: the same elements, no copy)
+    # self-attention, q/k/v views of a model's fused qkv projection, a tile list's two halves), then the symbolic
+    # options; ``slots``: each tensor's operand index (None: absent) and, for a view of another operand's storage,
+    # its (size, stride, storage offset), rebuilt in the branch with as_strided (storage offsets are absolute, in
+    # eager and in Inductor's lowering alike: the same elements, no copy)
+    everything = list(tensors) + hoisted
     unique: list = []
     storages: list = []
     slots = []
-    for t in tensors:
+    for i, t in enumerate(everything):
         if t is None:
             slots.append(None)
             continue
         storage = _storage_of(t)
         same = [j for j, u in enumerate(storages) if u == storage]
+        if same and i >= n_args and unique[same[0]] is not t:
+            # a built value sharing a storage (a tile list's two halves): a copy (Inductor folds it away: its
+            # wrapper hands the branch views of the list), since a view's symbolic storage offset
+            # (Max(1, capacity)) would be rebuilt in the branch with a call Inductor's subgraph lowering does not
+            # take (``_nary_sym_max``)
+            t = t.clone()
+            storage, same = _storage_of(t), []
         if not same:
             unique.append(t)
             storages.append(storage)
@@ -475,12 +488,13 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
 
     def small_branch(*flat):
         ts, opts = unpack(flat)
-        with traced(_BranchScope()):  # contiguous: cond merges branch outputs of one layout (the op's)
-            return tuple(t.contiguous() for t in small(*ts, *opts))
+        to_branch = {id(outer): inner for outer, inner in zip(everything, ts) if outer is not None}
+        with traced(seeded_scope(calls, to_branch)):  # contiguous: cond merges branch outputs of one layout
+            return tuple(t.contiguous() for t in small(*ts[:n_args], *opts))
 
     def large_branch(*flat):
         ts, opts = unpack(flat)
-        return tuple(_opaque_call(op, ts, opts))
+        return tuple(_opaque_call(op, ts[:n_args], opts))
 
     operands = unique + [options[i] for i in symbolic]
     return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))

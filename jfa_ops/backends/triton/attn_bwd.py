@@ -228,7 +228,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
         n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads_kv
     dq_slab = tl.program_id(0) % num_slabs
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:
         tile, kv_head = work_item(work, n_tiles, num_heads_kv, 1, KV_MAJOR)
         if TILES_FROM_OFFSETS:
@@ -242,7 +242,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
                        right,
                        HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, DOT_PRECISION,
                        FUSE_DQ, DQ_TMA, QDO_TMA)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
 
 
 def launch_delta(out, grad_out, grad_lse, delta, zeroed, total_out, zero_rows, head_dim: int) -> tuple:
@@ -383,7 +383,7 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
     else:
         n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:
         tile = work // num_heads
         if TILES_FROM_OFFSETS:
@@ -397,7 +397,7 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
                      stride_dqt, stride_dqh, stride_dq_chunk, group, scale, qk_scale, window_left, right,
                      HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, ATOMIC,
                      DOT_PRECISION, KV_TMA)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
 
 
 @shape_constant

@@ -173,7 +173,7 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
     else:
         n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     n_work = n_tiles * num_heads
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:
         tile, head = work_item(work, n_tiles, num_heads, group, KV_MAJOR)
         if TILES_FROM_OFFSETS:
@@ -185,7 +185,7 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
                       stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, group, qk_scale, window_left, right,
                       HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA,
                       DOT_PRECISION, FMA_SOFTMAX)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
 
 
 TMA_ENABLED = True  # K/V through the Hopper tensor-memory accelerator where possible (devcheck toggles it)

@@ -467,7 +467,7 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
         n_tiles = n_slots
     else:
         n_tiles = tl.load(TILE_COUNT)
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads_kv:
         seq, n0, kv_head, real = work_tile(work, n_tiles, num_heads_kv, 1, TILE_SEQ, TILE_START, KV_OFF, Q_OFF,
                                            num_seqs, search_steps, rows_s, rows_o, BLOCK_N, KV_MAJOR,
@@ -479,7 +479,7 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
                               stride_tcb, stride_tch, group, scale, qk_scale, window_left, right, HEAD_DIM, BLOCK_D,
                               PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
                               QDO_TMA, DOT_PRECISION, ONE_PASS_SPLIT)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
 
 
 @triton.jit
@@ -588,7 +588,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
         n_tiles = n_slots
     else:
         n_tiles = tl.load(TILE_COUNT)
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads:
         seq, m0, head, real = work_tile(work, n_tiles, num_heads, 1, TILE_SEQ, TILE_START, Q_OFF, KV_OFF, num_seqs,
                                         search_steps, rows_s, rows_o, BLOCK_M, False, TILES_FROM_OFFSETS)
@@ -599,7 +599,7 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
                             stride_in, stride_cb, stride_ch, group, scale, qk_scale, window_left, right, HEAD_DIM,
                             BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV, HAS_LEFT, HAS_RIGHT, BROADCAST_Q,
                             KV_TMA, DOT_PRECISION, ONE_PASS_SPLIT)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
 
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,

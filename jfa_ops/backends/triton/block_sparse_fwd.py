@@ -259,7 +259,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
         n_tiles = n_slots
     else:
         n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
-    work = first_work(WORK_COUNTER, ATOMIC_WORK)
+    work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads:
         seq, m0, head, real = work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, Q_OFF, KV_OFF,
                                         num_seqs, search_steps, rows_s, rows_o, BLOCK_M, KV_MAJOR,
@@ -270,7 +270,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
                              stride_oh, stride_ib, stride_ih, stride_in, stride_cb, stride_ch, group, qk_scale,
                              window_left, right, HEAD_DIM, BLOCK_D, PAD_D, BLOCK_M, BLOCK_N, BLOCK_Q, BLOCK_KV,
                              HAS_LEFT, HAS_RIGHT, BROADCAST_Q, USE_TMA, DOT_PRECISION, FMA_SOFTMAX, ONE_PASS_SPLIT)
-        work = next_work(work, WORK_COUNTER, ATOMIC_WORK)
+        work = next_work(work, WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
 
 
 def tile_sizes(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool, device, block_q: int, block_kv: int):

@@ -31,7 +31,7 @@ from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
-from ..base import tracing
+from ..base import launch_dropped, tracing
 from . import ttir_compat
 from .configs import interpreting
 
@@ -103,14 +103,17 @@ def launch(kernel, grid: Tuple[int, ...], args: Dict[str, object], **options) ->
     """Launch ``kernel`` (a ``triton.jit`` function) on ``grid`` with ``args`` by name and launch ``options``
     (num_warps, num_stages, ...), on the current CUDA device and stream."""
     info = _info(kernel)
-    LAUNCHES[info.name] += 1
     if tracing():  # recorded as a graph node (torch.compile): Inductor compiles and launches the kernel itself
+        if launch_dropped():  # the split path's dry run keeps only the offset-derived values (base.hoisting)
+            return
+        LAUNCHES[info.name] += 1
         from torch.library import wrap_triton
 
         ttir_compat.install()  # torch 2.11 under Triton 3.8: its analysis of what the kernel writes needs it
         values, _ = info.bind(args, specialize=False)  # FakeTensors have no data pointers to specialize on
         wrap_triton(kernel)[grid](*values, **options)
         return
+    LAUNCHES[info.name] += 1
     values, spec = info.bind(args)
     if interpreting():
         kernel[grid](*values, **options)
