@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.suites import Case, Inputs
-from jfa_ops.ops.attention import triton_pin_mismatch
+from jfa_ops.ops.attention import default_compile_path, triton_pin_mismatch
 from jfa_ops.testing import reference_attention
 
 REFERENCE_MAX_WORK = 1 << 20  # visible pairs x query heads above which the jfa reference backend is skipped
@@ -94,11 +94,11 @@ def jfa_available_backends(device) -> List[str]:
 
 
 def split_compile_path(backend: str) -> Tuple[str, str]:
-    """``triton@opaque`` -> (``triton``, ``opaque``); a plain name -> (name, the library's default: ``inductor``,
-    or ``opaque`` where the installed triton is not the one torch pins, e.g. the TLX install): the backend and the
-    compile path (``JFA_COMPILE_PATH``) its compiled graphs are traced with, so one run compares both paths."""
+    """``triton@opaque`` -> (``triton``, ``opaque``); a plain name -> (name, the library's default:
+    ``default_compile_path()``, ``inductor``, or ``split`` under the TLX install): the backend and the compile path
+    (``JFA_COMPILE_PATH``) its compiled graphs are traced with, so one run compares paths."""
     name, _, path = backend.partition("@")
-    return name, path or ("opaque" if triton_pin_mismatch() else "inductor")
+    return name, path or default_compile_path()
 
 
 AUTO = "auto"  # a backend name of the bench's: the library's automatic choice (backend=None), whatever it picks

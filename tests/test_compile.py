@@ -177,15 +177,19 @@ def test_aoti_compile_and_package_on_cpu():
             torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("pinned,installed,env,path", [
-    ("triton==3.6.0; platform_system == 'Linux'", "3.6.0", None, "inductor"),
-    ("triton==3.6.0; platform_system == 'Linux'", "3.8.0", None, "opaque"),  # torch 2.11 under the TLX install
-    ("pytorch-triton==3.6.0+git1234", "3.8.0", "inductor", "inductor"),  # forced
-    (None, "3.8.0", None, "inductor"),  # a torch wheel that pins no triton (CPU builds): nothing to compare
+@pytest.mark.parametrize("pinned,installed,torch_version,env,path", [
+    ("triton==3.6.0; platform_system == 'Linux'", "3.6.0", "2.11.0+cu130", None, "inductor"),
+    ("triton==3.6.0; platform_system == 'Linux'", "3.8.0", "2.11.0+cu130", None, "split"),  # the TLX install
+    ("triton==3.6.0; platform_system == 'Linux'", "3.7.1", "2.11.0+cu130", None, "opaque"),  # an untried pair
+    ("triton==3.7.0; platform_system == 'Linux'", "3.8.0", "2.12.0+cu130", None, "opaque"),  # an untried pair
+    ("pytorch-triton==3.6.0+git1234", "3.8.0", "2.11.0", "inductor", "inductor"),  # forced
+    (None, "3.8.0", "2.13.0+cpu", None, "inductor"),  # a torch wheel that pins no triton (CPU builds): nothing to compare
 ])
-def test_default_compile_path_is_opaque_under_a_triton_torch_does_not_pin(monkeypatch, pinned, installed, env, path):
-    """torch's kernel analysis (wrap_triton) fails under another triton minor (H200, 2026-12-02: torch 2.11 with
-    triton 3.8), so the default compile path keeps the op opaque there."""
+def test_default_compile_path_under_a_triton_torch_does_not_pin(monkeypatch, pinned, installed, torch_version, env,
+                                                                 path):
+    """torch's kernel analysis (wrap_triton) failed under another triton minor (H200, 2026-12-02: torch 2.11 with
+    triton 3.8) until ``ttir_compat``; the size-split path (traced kernels below the threshold) is the default for the
+    TLX install's pair, whose traced kernels ran on the H200 (v24), and any other mismatch keeps the op opaque."""
     import importlib.metadata
 
     import triton
@@ -196,12 +200,13 @@ def test_default_compile_path_is_opaque_under_a_triton_torch_does_not_pin(monkey
     monkeypatch.setattr(importlib.metadata, "requires",
                         lambda name: ([pinned] if pinned else []) if name == "torch" else requires(name))
     monkeypatch.setattr(triton, "__version__", installed)
+    monkeypatch.setattr(torch, "__version__", torch_version)
     monkeypatch.delenv("JFA_COMPILE_PATH", raising=False)
     if env:
         monkeypatch.setenv("JFA_COMPILE_PATH", env)
     attention.triton_pin_mismatch.cache_clear()
     try:
         assert attention.compile_path() == path
-        assert (attention.triton_pin_mismatch() is not None) == (pinned is not None and installed == "3.8.0")
+        assert (attention.triton_pin_mismatch() is not None) == (pinned is not None and installed != "3.6.0")
     finally:
         attention.triton_pin_mismatch.cache_clear()

@@ -268,15 +268,41 @@ def compile_path() -> str:
     into torch.compile graphs in place of the op (see ``_traced_backend``), so Inductor launches the kernels with its
     own launcher; ``opaque`` keeps the op one node whose body runs at run time, as for every other backend. Measured
     on the H200 (bench/NOTES.md v8): the 4-layer model's compiled step 10.5 ms (inductor) vs 12.5 (opaque) on small
-    batches, 15.9 vs 16.6 on T=32768; a compiled forward 422 vs 499 us per call. ``split`` (off by default) chooses
-    in the graph by the call's size: the traced kernels below ``split_rows()`` rows, the opaque op (whose body
-    auto-dispatches, to tlx on large calls) from there (``_split``)."""
+    batches, 15.9 vs 16.6 on T=32768; a compiled forward 422 vs 499 us per call. ``split`` chooses in the graph by
+    the call's size: the traced kernels below ``split_rows()`` rows, the opaque op (whose body auto-dispatches, to
+    tlx on large calls) from there (``_split``); the default under the TLX install (``SPLIT_BY_DEFAULT``)."""
     path = os.environ.get("JFA_COMPILE_PATH")
     if path is None:
-        return "opaque" if triton_pin_mismatch() else "inductor"
+        return default_compile_path()
     if path not in COMPILE_PATHS:
         raise ValueError(f"JFA_COMPILE_PATH must be one of {COMPILE_PATHS}, got {path!r}")
     return path
+
+
+# (torch, triton) major.minor pairs of a pin mismatch whose traced kernels have run on the GPU, with the size-split
+# path the default there: the TLX install (torch 2.11, Triton 3.8 + triton-utlx; backends.triton.ttir_compat fixes
+# torch's kernel analysis). H200, 2026-12-04 (bench/NOTES.md v24), paired with varlen_attn's step in the same rounds:
+# small batches split 0.923 vs opaque 1.038, large 1.125x vs 1.129x (the same within the rounds' spread). Another
+# mismatch keeps the op opaque: its kernel analysis is untested.
+SPLIT_BY_DEFAULT = {("2", "11", "3", "8")}
+
+
+def default_compile_path() -> str:
+    """``compile_path()`` without ``JFA_COMPILE_PATH``: ``inductor``, or under a ``triton_pin_mismatch`` ``split``
+    for the pairs of ``SPLIT_BY_DEFAULT`` and ``opaque`` for any other."""
+    if not triton_pin_mismatch():
+        return "inductor"
+    return "split" if _minor(torch.__version__) + _minor(_triton_version()) in SPLIT_BY_DEFAULT else "opaque"
+
+
+def _minor(version: str) -> tuple:
+    return tuple(version.split("+")[0].split(".")[:2])
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,11 +325,11 @@ def triton_pin_mismatch() -> Optional[str]:
         installed = triton.__version__
     except Exception:  # no triton, no torch metadata: nothing to compare (no tracing without triton anyway)
         return None
-    minor = lambda v: tuple(v.split("+")[0].split(".")[:2])  # noqa: E731
-    if not pins or minor(pins[0]) == minor(installed):
+    if not pins or _minor(pins[0]) == _minor(installed):
         return None
     why = (f"triton {installed} is installed but torch {torch.__version__} pins triton {pins[0]}: compiled graphs "
-           f"keep jfa ops opaque (JFA_COMPILE_PATH=inductor forces tracing the kernels)")
+           f"keep jfa ops opaque, or size-split for the TLX install's pair (JFA_COMPILE_PATH=inductor forces tracing "
+           f"the kernels)")
     log.warning("jfa_ops: %s", why)
     return why
 
