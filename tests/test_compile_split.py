@@ -378,3 +378,38 @@ def test_offset_derived_values_are_built_once_before_the_conds(split):
             assert "aten.bmm.default" in small and "aten.searchsorted.Tensor" not in small, (kind, small)
     (top, _), = capture.calls("forward")
     assert top.count("aten.searchsorted.Tensor") == 1 and top.index("aten.searchsorted.Tensor") < top.index("cond")
+
+
+class _Traced(Exception):
+    pass
+
+
+def test_broadcast_q_stays_opaque(split):
+    """Broadcast-Q outputs have B * L_q rows, whose symbolic strides (Max(1, B * L_q)) torch.cond rejects (opcheck's
+    dynamic AOT test on the H200, 2026-12-04): under ``split`` the op stays one opaque node, forward and backward,
+    no cond."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        def keep(kind):
+            def compiler(graph, inputs):
+                graphs.append((kind, _calls(graph)))
+                raise _Traced
+            return compiler
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+    def model(q, k, v, offsets):
+        out, _ = torch.ops.jfa.attention(q, k, v, None, offsets, causal=True, broadcast_q=True,
+                                         backend=dense.BACKEND.name)
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 4, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(21, 2, 16, generator=g) for _ in range(2))
+    offsets = torch.tensor([0, 5, 12, 21], dtype=torch.int32)
+    with pytest.raises(Exception) as raised:  # the capture stops at the traced forward graph
+        torch.compile(model, backend=capture, dynamic=True)(q, k, v, offsets)
+    assert isinstance(raised.value, _Traced) or isinstance(raised.value.__cause__, _Traced) or "_Traced" in str(
+        raised.value), raised.value
+    (kind, (top, conds)), = graphs
+    assert kind == "forward" and not conds and "jfa.attention.default" in top, top

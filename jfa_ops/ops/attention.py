@@ -279,12 +279,13 @@ def compile_path() -> str:
     return path
 
 
-# (torch, triton) major.minor pairs of a pin mismatch whose traced kernels have run on the GPU, with the size-split
-# path the default there: the TLX install (torch 2.11, Triton 3.8 + triton-utlx; backends.triton.ttir_compat fixes
-# torch's kernel analysis). H200, 2026-12-04 (bench/NOTES.md v24), paired with varlen_attn's step in the same rounds:
-# small batches split 0.923 vs opaque 1.038, large 1.125x vs 1.129x (the same within the rounds' spread). Another
-# mismatch keeps the op opaque: its kernel analysis is untested.
-SPLIT_BY_DEFAULT = {("2", "11", "3", "8")}
+# (torch, triton) major.minor pairs of a pin mismatch with the size-split path as the default, e.g. ("2", "11", "3",
+# "8") for the TLX install (torch 2.11, Triton 3.8 + triton-utlx; backends.triton.ttir_compat fixes torch's kernel
+# analysis). None yet: on the H200 (2026-12-04, bench/NOTES.md v24) split beat opaque on the model's small batches
+# (0.923 vs 1.038 of varlen_attn's step) and tied it on large ones (1.125x vs 1.129x), but the GPU suite under it
+# failed a compiled training step captured in a CUDA graph (test_gpu_nosync; a BooleanFalse graph input of the
+# backward). Any other mismatch keeps the op opaque: its kernel analysis is untested.
+SPLIT_BY_DEFAULT: frozenset = frozenset()
 
 
 def default_compile_path() -> str:
@@ -399,6 +400,8 @@ def _traced_attention(mode, op, types, args, kwargs):
     with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
         _params(q, k, v, q_offsets, kv_offsets, *options)
     if compile_path() == "split" and not aot_compiling():  # a package runs without Python: the kernels, every size
+        if params.broadcast_q:  # outputs of B * L_q rows: cond rejects their strides (Max(1, B * L_q)): opaque
+            return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
             return _split(op, (q, k, v, q_offsets, kv_offsets), options, 0, functools.partial(_traced_forward, impl),
                           mode)
@@ -468,9 +471,11 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
     # run of ``small`` that drops its kernel launches; the branch gets those values as operands, its memo seeded
     # with them, and launches only the kernels (traced in the branch, the values were built per layer and per
     # step: ~25 launches of a 4-layer step, the small side's cost in v23).
-    with hoisting(scope) as record:
-        small(*tensors, *options)
-    calls, hoisted = hoistable(record, tensors)
+    calls, hoisted = [], []
+    if os.environ.get("JFA_SPLIT_HOIST", "1") != "0":  # =0: each branch builds its own (A/B; read while tracing)
+        with hoisting(scope) as record:
+            small(*tensors, *options)
+        calls, hoisted = hoistable(record, tensors)
     n_args = len(tensors)
     # operands: one tensor per storage (cond rejects operands that share one: q_offsets is kv_offsets in
     # self-attention, q/k/v views of a model's fused qkv projection, a tile list's two halves), then the symbolic
@@ -612,6 +617,8 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
     with meta_kernels.deciding_checks():
         _backward_params(*tensors, options)
     if compile_path() == "split" and not aot_compiling():
+        if params.broadcast_q:  # as the forward: opaque
+            return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
             return _split(op, tuple(tensors), tuple(options), 2, functools.partial(_traced_backward, impl), mode)
     with mode, traced(mode):
