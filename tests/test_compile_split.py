@@ -413,3 +413,22 @@ def test_broadcast_q_stays_opaque(split):
         raised.value), raised.value
     (kind, (top, conds)), = graphs
     assert kind == "forward" and not conds and "jfa.attention.default" in top, top
+
+
+def test_a_predicate_known_from_the_size_ranges_takes_no_cond(split, monkeypatch):
+    """A threshold that every dynamic size is past (Dynamo's sizes are >= 2, so ``rows < 2`` is known False) chooses
+    while tracing, with no guard and no cond: a cond on a constant carried it as a graph input of the backward, which
+    torch 2.11's Inductor rejects ("Unsupported inductor graph input type: BooleanFalse", H200, 2026-12-04, a
+    compiled CUDA-graph training step with the test suite's lowered threshold)."""
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 2)
+    capture = Capture()
+    counted = CompileCounterWithBackend(capture)
+    compiled = torch.compile(_model(1), backend=counted, dynamic=True)
+    for seed, lengths in enumerate(BATCHES[:2]):
+        q, k, v, offsets = _batch(lengths, seed)
+        q.requires_grad_(True)
+        compiled(q, k, v, offsets).sum().backward()
+    assert counted.frame_count == 1
+    for kind in ("forward", "backward"):
+        for top, conds in capture.calls(kind):
+            assert not conds and any(c.startswith("jfa.") for c in top), (kind, top)

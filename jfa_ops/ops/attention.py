@@ -459,6 +459,15 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
     # takes no SymBool graph input ("Unsupported inductor graph input type: StrictLessThan"); this way the backward
     # computes its own from the sizes it gets anyway.
     pred = rows < split_rows() if q_index == 0 else rows <= split_rows() - 1
+    if isinstance(pred, torch.SymBool):  # known from the sizes' ranges alone (a threshold below Dynamo's minimum
+        # size of 2): a constant, which a cond would carry as a graph input (torch 2.11's Inductor takes no
+        # BooleanFalse: a compiled CUDA-graph training step failed so on the H200, v24)
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        if statically_known_true(pred):
+            pred = True
+        elif statically_known_true(torch.sym_not(pred)):
+            pred = False
     if q_index != 0:
         _recompute_in_backward(pred)
     if not isinstance(pred, torch.SymBool):
