@@ -179,8 +179,8 @@ def test_aoti_compile_and_package_on_cpu():
 
 @pytest.mark.parametrize("pinned,installed,torch_version,env,path", [
     ("triton==3.6.0; platform_system == 'Linux'", "3.6.0", "2.11.0+cu130", None, "inductor"),
-    ("triton==3.6.0; platform_system == 'Linux'", "3.8.0", "2.11.0+cu130", None, "opaque"),  # the TLX install
-    ("triton==3.6.0; platform_system == 'Linux'", "3.7.1", "2.11.0+cu130", None, "split"),  # a listed pair
+    ("triton==3.6.0; platform_system == 'Linux'", "3.8.0", "2.11.0+cu130", None, "split"),  # the TLX install
+    ("triton==3.6.0; platform_system == 'Linux'", "3.7.1", "2.11.0+cu130", None, "opaque"),  # an untried pair
     ("triton==3.7.0; platform_system == 'Linux'", "3.8.0", "2.12.0+cu130", None, "opaque"),  # an untried pair
     ("pytorch-triton==3.6.0+git1234", "3.8.0", "2.11.0", "inductor", "inductor"),  # forced
     (None, "3.8.0", "2.13.0+cpu", None, "inductor"),  # a torch wheel that pins no triton (CPU builds): nothing to compare
@@ -189,7 +189,7 @@ def test_default_compile_path_under_a_triton_torch_does_not_pin(monkeypatch, pin
                                                                  path):
     """torch's kernel analysis (wrap_triton) failed under another triton minor (H200, 2026-12-02: torch 2.11 with
     triton 3.8) until ``ttir_compat``; a mismatched pair keeps the op opaque unless ``SPLIT_BY_DEFAULT`` lists it
-    (none yet), where the size-split path is the default."""
+    (the TLX install's pair, H200 v24), where the size-split path is the default."""
     import importlib.metadata
 
     import triton
@@ -201,7 +201,6 @@ def test_default_compile_path_under_a_triton_torch_does_not_pin(monkeypatch, pin
                         lambda name: ([pinned] if pinned else []) if name == "torch" else requires(name))
     monkeypatch.setattr(triton, "__version__", installed)
     monkeypatch.setattr(torch, "__version__", torch_version)
-    monkeypatch.setattr(attention, "SPLIT_BY_DEFAULT", frozenset({("2", "11", "3", "7")}))  # the rule, not the list
     monkeypatch.delenv("JFA_COMPILE_PATH", raising=False)
     if env:
         monkeypatch.setenv("JFA_COMPILE_PATH", env)

@@ -279,13 +279,13 @@ def compile_path() -> str:
     return path
 
 
-# (torch, triton) major.minor pairs of a pin mismatch with the size-split path as the default, e.g. ("2", "11", "3",
-# "8") for the TLX install (torch 2.11, Triton 3.8 + triton-utlx; backends.triton.ttir_compat fixes torch's kernel
-# analysis). None yet: on the H200 (2026-12-04, bench/NOTES.md v24) split beat opaque on the model's small batches
-# (0.923 vs 1.038 of varlen_attn's step) and tied it on large ones (1.125x vs 1.129x), but the GPU suite under it
-# failed a compiled training step captured in a CUDA graph (test_gpu_nosync; a BooleanFalse graph input of the
-# backward). Any other mismatch keeps the op opaque: its kernel analysis is untested.
-SPLIT_BY_DEFAULT: frozenset = frozenset()
+# (torch, triton) major.minor pairs of a pin mismatch with the size-split path as the default: the TLX install (torch
+# 2.11, Triton 3.8 + triton-utlx; backends.triton.ttir_compat fixes torch's kernel analysis). H200, 2026-12-04
+# (bench/NOTES.md v24), the 4-layer model paired with varlen_attn's step in the same rounds: small batches split
+# 0.923 vs opaque 1.038, large 1.125x vs 1.129x (a tie within the rounds' spread); under mode="reduce-overhead"
+# split runs without CUDA graphs (Inductor skips graphs with a cond) where the opaque op failed ("tensors in the
+# cudagraph pool not tracked as outputs"). Any other mismatch keeps the op opaque: its kernel analysis is untested.
+SPLIT_BY_DEFAULT: frozenset = frozenset({("2", "11", "3", "8")})
 
 
 def default_compile_path() -> str:
