@@ -77,3 +77,30 @@ def test_cuda_graph_of_compiled_training_step(backend):
     assert_attention_close(loss.reshape(1), ref_loss.reshape(1), dtype=torch.bfloat16, kind="forward", name="loss")
     for name, t, want in zip(("dq", "dk", "dv"), leaves, ref_grads):
         assert_attention_close(t.grad, want, dtype=torch.bfloat16, kind="grad", name=name)
+
+
+@pytest.mark.parametrize("path", ["opaque", "split", "inductor"])
+def test_reduce_overhead_across_batches(monkeypatch, path):
+    """torch.compile(mode="reduce-overhead") (CUDA-graph trees: warm-up and recording in the graph's memory pool,
+    which must hold no live tensor that is not an output) over batches on both sides of the 4096-row automatic
+    threshold, three calls each (warm-up, record, replay), with each compile path: the float64 oracle's results. The
+    opaque op failed here on the H200 (2026-12-04, bench/NOTES.md v24: "tensors in the cudagraph pool not tracked as
+    outputs"): launch plans kept their first call's tensors."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    monkeypatch.setenv("JFA_COMPILE_PATH", path)
+    monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 4096)  # the library's (conftest lowers it)
+    torch._dynamo.reset()
+
+    def model(q, k, v, off):
+        return torch.ops.jfa.attention(q, k, v, off, off, causal=True)[0]
+
+    compiled = torch.compile(model, dynamic=True, mode="reduce-overhead")
+    for lengths in ([100, 300, 50, 20], [3000, 2500], [7, 900]):
+        q, k, v, off, _ = _batch(lengths, lengths, heads_q=4, heads_kv=2)
+        q, k, v = (t.detach() for t in (q, k, v))
+        want, _ = reference_attention(q, k, v, off, off, causal=True)
+        for _ in range(3):
+            got = compiled(q, k, v, off).clone()  # a replay's output is overwritten by the next replay
+            assert_attention_close(got, want, dtype=torch.bfloat16, kind="forward", name=f"{path} {lengths}")
+    torch._dynamo.reset()

@@ -202,7 +202,14 @@ def launch_planned(kernel, plan_key: tuple, grid: Tuple[int, ...], dynamic: Dict
         slots[name] = (index, not param.do_not_specialize, not param.do_not_specialize_on_alignment)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
-    _PLANS[key] = _Plan(compiled, list(values), slots, [spec[i] for i, _, _ in slots.values()])
+    # the template keeps no argument of this call (each call refills its dynamic slots): holding them kept the first
+    # batch's tensors alive for as long as the plan, and a plan made inside a CUDA-graph tree's warm-up or recording
+    # kept tensors of its memory pool that are no outputs (torch.compile mode="reduce-overhead" failed on the H200
+    # with the op opaque: "tensors in the cudagraph pool not tracked as outputs", bench/NOTES.md v24)
+    template = list(values)
+    for index, _, _ in slots.values():
+        template[index] = None
+    _PLANS[key] = _Plan(compiled, template, slots, [spec[i] for i, _, _ in slots.values()])
 
 
 REPLAYS_ENABLED = True  # False: no PlanGroup kept or used, callers take their full path (tools/host_profile.py's A/B)
