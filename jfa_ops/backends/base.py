@@ -231,7 +231,7 @@ def per_trace(fn: Callable, *args, **unkeyed):
     memo = getattr(_TRACE, "memo", None)
     if memo is None:
         return fn(*args, **unkeyed)
-    key = (fn, tuple(map(_value_key, args)))
+    key = _memo_key(fn, args)
     hit = None if unkeyed else memo.get(key)
     if hit is None:
         _TRACE.depth = getattr(_TRACE, "depth", 0) + 1  # launches in here are the value's own (see hoisting)
@@ -275,7 +275,7 @@ def hoistable(record: list, inputs) -> Tuple[list, list]:
     known = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
     calls, tensors, seen = [], [], set()
     for fn, args, result in record:
-        key = (fn, tuple(map(_value_key, args)))
+        key = _memo_key(fn, args)
         if key in seen or not all(id(t) in known for t in _tensors_in(args)):
             continue
         seen.add(key)
@@ -301,7 +301,7 @@ def seeded_scope(calls: list, to_branch: Mapping[int, torch.Tensor]) -> object:
             result = _map_tensors(result, None, functools.partial(_size_of, _tensors_in(result)))
         except KeyError:  # none: the branch builds this one itself
             continue
-        memo[(fn, tuple(map(_value_key, args)))] = (args, result)
+        memo[_memo_key(fn, args)] = (args, result)
     return scope
 
 
@@ -347,6 +347,11 @@ def _map_tensors(value, fn, symint=None):
         mapped = {k: _map_tensors(v, fn, symint) for k, v in fields.items()}
         return value if all(mapped[k] is v for k, v in fields.items()) else dataclasses.replace(value, **mapped)
     return value
+
+
+def _memo_key(fn, args) -> tuple:
+    """``per_trace``'s memo key of ``fn(*args)``."""
+    return fn, tuple(map(_value_key, args))
 
 
 def _value_key(value):

@@ -343,10 +343,14 @@ def _traced_backend(q: Tensor, k: Tensor, params: AttentionParams, backend: Opti
     reads them on the host, ``deferred`` keeps Python state per call), ``JFA_COMPILE_PATH=inductor``, and not while
     torch.export builds a program (it keeps the op, as for ``torch.library.triton_op``; AOTInductor traces it when
     it compiles the program). The graph then holds the kernels (``triton_kernel_wrapper`` nodes) and the aten ops
-    around them, and Inductor launches them with its own launcher (CUDA-graph trees capture them too)."""
+    around them, and Inductor launches them with its own launcher (CUDA-graph trees capture them too). Under
+    ``split`` broadcast-Q stays opaque: its outputs have B * L_q rows, whose strides (Max(1, B * L_q)) cond rejects
+    (an AOTInductor compile still traces it: ``_split`` is not used there)."""
     from torch.export._trace import custom_triton_ops_decomposition_disabled
 
     if custom_triton_ops_decomposition_disabled():
+        return None
+    if params.broadcast_q and compile_path() == "split" and not aot_compiling():
         return None
     try:
         if validation_mode(q.device) not in ("async", "off"):
@@ -400,8 +404,6 @@ def _traced_attention(mode, op, types, args, kwargs):
     with meta_kernels.deciding_checks():  # no body runs later: what the fake left open is decided now
         _params(q, k, v, q_offsets, kv_offsets, *options)
     if compile_path() == "split" and not aot_compiling():  # a package runs without Python: the kernels, every size
-        if params.broadcast_q:  # outputs of B * L_q rows: cond rejects their strides (Max(1, B * L_q)): opaque
-            return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
             return _split(op, (q, k, v, q_offsets, kv_offsets), options, 0, functools.partial(_traced_forward, impl),
                           mode)
@@ -626,8 +628,6 @@ def _traced_attention_backward(mode, op, types, args, kwargs):
     with meta_kernels.deciding_checks():
         _backward_params(*tensors, options)
     if compile_path() == "split" and not aot_compiling():
-        if params.broadcast_q:  # as the forward: opaque
-            return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
             return _split(op, tuple(tensors), tuple(options), 2, functools.partial(_traced_backward, impl), mode)
     with mode, traced(mode):
