@@ -509,3 +509,133 @@ def test_fast_path_repeat_with_a_named_backend_reads_no_environment(fast_path, m
         jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend=backend)
         assert reads == ([] if backend else ["JFA_BACKEND"]), backend
     assert len(fast_path) == 4
+
+
+# ------------------------------------------------------------------------------------------ eager reuse of lists
+@pytest.fixture
+def eager_reuse(monkeypatch):
+    """``base`` eager reuse on CPU tensors too (the default keeps it to CUDA), a clean memo before and after."""
+    from jfa_ops.backends import base
+
+    monkeypatch.setattr(base, "EAGER_REUSE", True)
+    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(base, "_EAGER_REUSABLE", set(base._EAGER_REUSABLE))
+    base.clear_eager_reuse()
+    yield base
+    base.clear_eager_reuse()
+
+
+def test_eager_reuse_only_for_the_same_live_tensor_at_its_version(eager_reuse, monkeypatch):
+    """``base.reusable_in_eager``: an eager ``per_trace`` call reuses a result only for the same live tensor at
+    the same version (not for an equal other tensor, not after an in-place write, not for a new tensor at a dead
+    one's id); a call with unkeyed arguments runs and serves the next; inference tensors, other devices, the switch
+    off and a full memo all build again. Fails if any of those reuses a stale value."""
+    base = eager_reuse
+    calls = []
+
+    def build(t, n, flag=None):
+        calls.append((n, flag))
+        return [n]
+
+    base.reusable_in_eager(build)
+    t = torch.zeros(3)
+    first = base.per_trace(build, t, 1)
+    assert base.per_trace(build, t, 1) is first and len(calls) == 1
+    assert base.per_trace(build, torch.zeros(3), 1) is not first  # equal values, another tensor
+    assert base.per_trace(build, t, 2) is not first
+    checked = base.per_trace(build, t, 3, flag="flag")  # its side effect must happen: runs, then serves
+    assert base.per_trace(build, t, 3) is checked and calls.count((3, "flag")) == 1
+    t.add_(0)  # in place: another value as far as anyone can tell
+    assert base.per_trace(build, t, 1) is not first
+    dead = torch.zeros(3)
+    kept = base.per_trace(build, dead, 4)
+    del dead
+    for _ in range(100):  # a new tensor, possibly at the dead one's id and version 0: never its value
+        assert base.per_trace(build, torch.zeros(3), 4) is not kept
+    with torch.inference_mode():
+        inf = torch.zeros(3)
+    assert base.per_trace(build, inf, 5) is not base.per_trace(build, inf, 5)
+    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cuda",))
+    assert base.per_trace(build, t, 6) is not base.per_trace(build, t, 6)
+    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cpu",))
+    monkeypatch.setattr(base, "EAGER_REUSE", False)
+    assert base.per_trace(build, t, 7) is not base.per_trace(build, t, 7)
+    monkeypatch.setattr(base, "EAGER_REUSE", True)
+    old = base.per_trace(build, t, 8)
+    for n in range(100, 100 + base.EAGER_REUSE_ENTRIES):  # the memo keeps the latest entries only
+        base.per_trace(build, t, n)
+    assert base.per_trace(build, t, 8) is not old
+    other = []
+    assert base.per_trace(lambda x: other.append(x) or x, t) is not None and other  # unmarked: always runs
+
+
+def _count_list_builds(monkeypatch) -> list:
+    from jfa_ops.backends.triton import scheduling
+
+    builds, launch = [], scheduling.launch
+
+    def counting(kernel, *args, **kwargs):
+        if kernel is scheduling.tile_slots_kernel:
+            builds.append(kernel)
+        return launch(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(scheduling, "launch", counting)
+    return builds
+
+
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is off with CUDA")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                      reason="needs a CUDA device")])])
+def test_eager_layers_share_one_tile_list_per_offsets_tensor(eager_reuse, monkeypatch, device):
+    """Three eager layers (triton backend, sorted lists forced) with one offsets tensor build the forward list
+    once and the backward's lists once (not per layer), and every output and gradient still matches the float64
+    oracle; a write into the offsets (new lengths) and a new tensor each build again, with the right numbers.
+    Fails if a reused list is stale (wrong rows: the oracle) or if lists are built per layer (the count)."""
+    from jfa_ops.backends.triton.configs import KNOBS
+    from jfa_ops.testing import reference_attention
+
+    monkeypatch.setattr(KNOBS, "one_wave_unsorted", False)  # lists even for these few tiles
+    builds = _count_list_builds(monkeypatch)
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16  # the interpreter's bf16 dot is wrong (README)
+    heads, dim = 2, 16
+
+    def offsets(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    def run(off, layers):
+        x0 = torch.randn(int(off[-1]), heads, dim, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn_like(x0) for _ in range(2))
+        x, got = x0, []
+        for _ in range(layers):
+            x = jfa_ops.jagged_attention(x, k, v, off, off, causal=True, backend="triton")
+            got.append(x)
+        grad = torch.autograd.grad(x.float().square().sum(), x0)[0]
+        ref = x0.detach().double().requires_grad_()
+        y = ref
+        for layer in range(layers):
+            y = reference_attention(y, k, v, off, off, causal=True)[0]
+            assert_attention_close(got[layer], y.detach(), dtype=dtype, kind="forward", name=f"layer {layer}")
+        want = torch.autograd.grad(y.square().sum(), ref)[0]
+        assert_attention_close(grad, want, dtype=dtype, kind="grad", name="dx0")
+
+    off = offsets([37, 0, 5, 70])
+    monkeypatch.setattr(eager_reuse, "EAGER_REUSE", False)
+    run(off, 3)
+    per_layer, rest = divmod(len(builds), 3)  # forward, dK/dV and dQ lists of each layer (3 on CPU)
+    assert per_layer >= 2 and rest == 0, builds
+    monkeypatch.setattr(eager_reuse, "EAGER_REUSE", True)
+    builds.clear()
+    run(off, 3)
+    reused = len(builds)  # one list per kind (the dQ list is the forward's: same arguments)
+    assert 1 <= reused < per_layer, (reused, per_layer)
+    builds.clear()
+    run(off, 3)  # the same offsets tensor again: every list already built
+    assert len(builds) == 0, builds
+    off.copy_(offsets([5, 70, 37, 0]))  # same tensor, new lengths: built again
+    builds.clear()
+    run(off, 2)
+    assert len(builds) == reused
+    builds.clear()
+    run(offsets([5, 70, 37, 0]), 2)  # equal values, another tensor: built again
+    assert len(builds) == reused

@@ -16,6 +16,7 @@ except ImportError:
     pass
 import argparse
 import cProfile
+import os
 import io
 import pstats
 
@@ -56,6 +57,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--case", default="overhead", choices=("overhead", "large"),
+                        help="tlx rows: large = the model suite's large batch (T32768 lognormal, H4; lists built)")
     parser.add_argument("--backend", default="triton", choices=("triton", "tlx"),
                         help="tlx: its forward and backward beside triton's (bf16; TLX on the path)")
     args = parser.parse_args()
@@ -133,8 +136,14 @@ def tlx_rows(args):
     from jfa_ops.backends import tlx
     from jfa_ops.backends.tlx import attn_fwd as tlx_fwd  # noqa: F401 (imports the TLX kernels)
 
-    off = torch.tensor((0,) + LENS).cumsum(0).to(torch.int32)
-    q, k, v = (torch.randn(sum(LENS), HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
+    lens, heads = LENS, HEADS
+    if args.case == "large":  # the model suite's large batch: many tiles a head, so the sorted lists are built
+        import sys
+        sys.path.insert(0, __file__.rsplit("/tools/", 1)[0])
+        from bench import model as bm
+        lens, heads = bm.batch_kinds("quick")[1].lengths(0), bm.ModelConfig().num_heads
+    off = torch.tensor((0,) + tuple(lens)).cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lens), heads, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
     params, _ = ops._params(q, k, v, off, off, causal=True)
     out, lse = attn_fwd.attention_forward(q, k, v, off, off, params)
     grad_out = torch.randn_like(q)
@@ -154,6 +163,19 @@ def tlx_rows(args):
     with torch.no_grad():
         for name, fn in rows:
             print(f"{per_call_us(fn, args.calls):9.1f}  {name}", flush=True)
+        if args.profile:
+            for name, fn in rows:
+                if name.startswith("  "):
+                    continue
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.calls):
+                    fn()
+                prof.disable()
+                buf = io.StringIO()
+                pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("ROWS", 18)))
+                print(f"\n=== {name}: own time, {args.calls} calls")
+                print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ def bound_sizes(pool: list) -> None:
 
 
 def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, compile_backend: str, steps: int,
-                 top: int, host_top: int = 0, bounded: bool = False) -> None:
+                 top: int, host_top: int = 0, bounded: bool = False, gaps: int = 0,
+                 cprofile: int = 0) -> None:
     torch._dynamo.reset()
     bm.no_shared_autograd_cache()  # each implementation its own graphs (bench/model.py says why)
     torch.manual_seed(0)
@@ -61,6 +62,33 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
     for i in bm.warmup_order(kind):  # the bench's warm-up: every batch of the pool once
         step(pool[i])
     bm.sync(device)
+    host, walls = [], []  # unprofiled: the host's time to enqueue a step (step() returning) vs the synced wall
+    for i in (bm.timed_order(kind) * steps)[:steps]:
+        t0 = time.perf_counter()
+        step(pool[i])
+        host.append(time.perf_counter() - t0)
+        bm.sync(device)
+        walls.append(time.perf_counter() - t0)
+    if cprofile:  # where the host's Python time goes (host-bound steps): cProfile over the steps, by own time
+        import cProfile
+        import pstats
+        prof_py = cProfile.Profile()
+        prof_py.enable()
+        for i in (bm.timed_order(kind) * steps)[:steps]:
+            step(pool[i])
+        bm.sync(device)
+        prof_py.disable()
+        print(f"\n== {name}, cProfile of {steps} steps (tottime, cumtime in ms per step):")
+        stats = pstats.Stats(prof_py)
+        by_own = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:cprofile]
+        by_cum = sorted(stats.stats.items(), key=lambda kv: -kv[1][3])[:2 * cprofile]
+        for label, rows in (("by own time", by_own), ("by cumulative time", by_cum)):
+            print(f"  {label}:")
+            for (file, line, fn), (_, calls, tottime, cumtime, _) in rows:
+                print(f"  {tottime * 1e3 / steps:7.2f} {cumtime * 1e3 / steps:7.2f} {calls / steps:6.0f}x  "
+                      f"{file.split('site-packages/')[-1][-60:]}:{line}({fn})")
+    print(f"\n== {name}, unprofiled: step {statistics.median(walls) * 1e3:.2f} ms wall, the host enqueues it in "
+          f"{statistics.median(host) * 1e3:.2f} ms (median of {steps}; host ~ wall: the step is host-bound)")
     walls = []
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
@@ -83,6 +111,18 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
     for kernel, t in per_kernel.most_common(top):
         mark = "*" if any(m in kernel.lower() for m in ATTENTION_MARKS) else " "
         print(f"  {mark} {t:9.1f} us  {kernel[:110]}")
+    if gaps:  # GPU idle time inside a step (profiled, so host-inflated): the largest gaps and their neighbours
+        kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                         key=lambda e: e.time_range.start)
+        idle = []
+        for a, b in zip(kernels, kernels[1:]):
+            gap = b.time_range.start - max(a.time_range.end, a.time_range.start)
+            if 0 < gap < 5000:  # under 5 ms: inside a step, not the sync between steps
+                idle.append((gap, a.name[:50], b.name[:50]))
+        print(f"  GPU idle gaps over 20 us: {sum(g for g, *_ in idle if g > 20) / steps:.0f} us/step in "
+              f"{sum(1 for g, *_ in idle if g > 20) / steps:.0f} gaps/step; largest:")
+        for gap, a, b in sorted(idle, reverse=True)[:gaps]:
+            print(f"    {gap:8.1f} us  after {a}  before {b}")
     if host_top:  # where the host's time goes (small batches are host-bound): CPU ops by self time, per step
         rows = sorted((e for e in prof.key_averages() if e.self_cpu_time_total > 0),
                       key=lambda e: -e.self_cpu_time_total)[:host_top]
@@ -97,6 +137,9 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--host-top", type=int, default=0, help="also list the CPU ops with the most self time")
+    parser.add_argument("--gaps", type=int, default=0, help="also list the N largest GPU idle gaps in a step")
+    parser.add_argument("--cprofile", type=int, default=0, help="also list the N Python functions with the most "
+                        "own time in a step (cProfile)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (aot_eager)")
     parser.add_argument("--bounded", action="store_true",
                         help="also profile each implementation with the pool's largest sizes declared as bounds "
@@ -111,7 +154,8 @@ def main():
             try:
                 with uncached() if bounded else contextlib.nullcontext():
                     profile_impl(name, kind, cfg, device, "aot_eager" if args.smoke else "inductor", args.steps,
-                                 args.top, args.host_top, bounded)
+                                 args.top, args.host_top, bounded, args.gaps,
+                                 args.cprofile)
             except Exception as e:  # noqa: BLE001 (one implementation failing does not stop the others)
                 print(f"\n== {name}{' (bounded sizes)' if bounded else ''}: failed: {type(e).__name__}: {str(e)[:300]}")
 

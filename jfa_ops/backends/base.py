@@ -16,9 +16,11 @@ backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params) -
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
+import os
 import threading
 import weakref
 from typing import Callable, Mapping, Optional, Tuple
@@ -215,7 +217,8 @@ def tracing() -> bool:
 
 def per_trace(fn: Callable, *args, **unkeyed):
     """``fn(*args, **unkeyed)``, once per graph trace for equal ``args``; outside a trace scope (eager, or
-    ``traced()`` without one) every call runs ``fn``.
+    ``traced()`` without one) every call runs ``fn``, except that eager calls of a ``reusable_in_eager`` function
+    reuse a recent result for the same live tensors (``_reused_in_eager``).
 
     Why: a model passes one offsets tensor to every layer, and each traced call derived the same values from it
     again (int32 copies, tile lists of two launches each, offset checks), per layer and again in the backward:
@@ -230,6 +233,8 @@ def per_trace(fn: Callable, *args, **unkeyed):
     result for the calls without."""
     memo = getattr(_TRACE, "memo", None)
     if memo is None:
+        if fn in _EAGER_REUSABLE and not tracing():
+            return _reused_in_eager(fn, args, unkeyed)
         return fn(*args, **unkeyed)
     key = _memo_key(fn, args)
     hit = None if unkeyed else memo.get(key)
@@ -243,6 +248,59 @@ def per_trace(fn: Callable, *args, **unkeyed):
     if record is not None:
         record.append((fn, args, hit[1]))
     return hit[1]
+
+
+# Eager reuse of ``per_trace`` values across calls (``reusable_in_eager``). Why: outside a trace every call built its
+# lists again, and a compiled graph that keeps the op opaque (the TLX install) calls it once per layer, forward and
+# backward, with one offsets tensor: on the model suite's large batch 8 list builds a step (2 launches and 4
+# allocations each) where 2 give the same values, and that step was host-bound on the H200 (bench/NOTES.md v25).
+# JFA_EAGER_REUSE=0 turns it off (A/B).
+EAGER_REUSE = os.environ.get("JFA_EAGER_REUSE", "1") != "0"
+EAGER_REUSE_DEVICES = ("cuda",)  # tests add "cpu" (the interpreter's tensors; numpy views could skip the version)
+EAGER_REUSE_ENTRIES = 16  # per thread: a step's few lists (forward, dK/dV, dQ) and the next batch's
+_EAGER_REUSABLE: set = set()
+_EAGER = threading.local()  # .memo: OrderedDict key -> (weak refs to the key's tensors, result); per thread, as the
+# autograd engine runs CUDA backwards on its own thread
+
+
+def reusable_in_eager(fn: Callable) -> Callable:
+    """Mark ``fn`` (a ``per_trace`` function) as reusable across eager calls too: a call with the same arguments
+    (tensors: the same live tensor at the same version) on the same device returns the kept result while it is
+    among the thread's last ``EAGER_REUSE_ENTRIES`` results. Only for values that kernels only read."""
+    _EAGER_REUSABLE.add(fn)
+    return fn
+
+
+def _reused_in_eager(fn, args, unkeyed):
+    tensors = _tensors_in(args)
+    if not (EAGER_REUSE and tensors) or tensors[0].device.type not in EAGER_REUSE_DEVICES or \
+            any(t.is_inference() for t in tensors):  # inference tensors keep no version: a write would not show
+        return fn(*args, **unkeyed)
+    device = tensors[0].device
+    if device.type == "cuda" and torch.cuda.current_stream(device) != torch.cuda.default_stream(device):
+        # Only on the default stream: CUDA-graph trees warm up and record on their own stream, into their pool,
+        # where a tensor kept past the call breaks the graph ("tensors in the cudagraph pool not tracked as
+        # outputs"); and a value made on one stream must not be read unsynchronised on another.
+        return fn(*args, **unkeyed)
+    memo = getattr(_EAGER, "memo", None)
+    if memo is None:
+        memo = _EAGER.memo = collections.OrderedDict()
+    key = (_memo_key(fn, args), device)
+    entry = None if unkeyed else memo.get(key)
+    if entry is not None and all(ref() is t for ref, t in zip(entry[0], tensors)):  # the same tensors, alive
+        memo.move_to_end(key)
+        return entry[1]
+    result = fn(*args, **unkeyed)
+    memo[key] = ([weakref.ref(t) for t in tensors], result)
+    memo.move_to_end(key)
+    while len(memo) > EAGER_REUSE_ENTRIES:
+        memo.popitem(last=False)
+    return result
+
+
+def clear_eager_reuse() -> None:
+    """Forget this thread's eager reuse entries (tests)."""
+    _EAGER.memo = None
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..base import per_trace, tracing
+from ..base import per_trace, reusable_in_eager, tracing
 from .common import cdiv, int_max, launch_schedule, loop_bound, num_sms, work_item
 from .configs import KNOBS
 from .launch import launch
@@ -306,6 +306,7 @@ def build_tiles(stationary_offsets: torch.Tensor, other_offsets: torch.Tensor, r
                         max_s, max_o, flag, cost_of, selected)
 
 
+@reusable_in_eager  # a model's layers pass one offsets tensor: one list a step, not one a call (base.per_trace)
 def _build_tiles(stationary_offsets, other_offsets, rows_s, rows_o, block, lo_off, hi_off, has_lo, has_hi,
                  max_s=-1, max_o=-1, flag=None, cost_of=None, selected=None) -> TileList:
     device = stationary_offsets.device
