@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..base import per_trace, reusable_in_eager
 from . import common
 from .attn_bwd import DELTA_BLOCK_T, _row_stats, attn_bwd_delta_kernel, dkdv_step, dq_step, store_dk_dv
 from .attn_fwd import rows_descriptor, use_tma
@@ -329,8 +330,14 @@ def causal_item_list_device(schedule: dict, heads_kv: int, q_offsets: torch.Tens
     ``total_q``, the query rows) built in two launches (``causal_streams_kernel``, ``causal_items_kernel``) and
     one allocation: no sort, no host sync. Why: the torch list is ~59 small device ops, ~0.18 ms of a jagged causal
     backward on the H200 (its kernel 10% faster with the list: bench/NOTES.md "causal order list on the device").
-    The items kernel counts over the tile list per item (items x tiles: 4.5k x 284 at T32768 H16)."""
-    seq, start = schedule["TILE_SEQ"], schedule["TILE_START"]
+    The items kernel counts over the tile list per item (items x tiles: 4.5k x 284 at T32768 H16). Eager calls
+    with the same tile list (one kept by ``base.reusable_in_eager``: a model's layers) and offsets reuse the list."""
+    return per_trace(_causal_item_list_device, schedule["TILE_SEQ"], schedule["TILE_START"], heads_kv, q_offsets,
+                     total_q, bytes_per_row, l2_bytes)
+
+
+@reusable_in_eager
+def _causal_item_list_device(seq, start, heads_kv, q_offsets, total_q, bytes_per_row, l2_bytes):
     n_tiles, num_seqs, device = seq.numel(), q_offsets.numel() - 1, seq.device
     n_items = n_tiles * heads_kv
     n_g = bytes_per_row * heads_kv * total_q // l2_bytes + 2  # sections + 1 (the last stream's section + 1 is read)
