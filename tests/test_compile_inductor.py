@@ -751,6 +751,41 @@ def test_inductor_wrapper_adds_one_launch_and_its_outputs_per_further_layer(tmp_
     assert per_layer["assert"] == 0, (one, four)
 
 
+def branch_lines(source: str) -> dict:
+    """{subgraph: {kind: occurrences}} of each cond branch the wrapper module defines (``true_graph_<i>``,
+    ``false_graph_<i>``: what runs on one side of a cond), counted as ``wrapper_lines`` counts ``call``."""
+    import re
+    bodies = re.findall(r"^def ((?:true|false)_graph_\d+)\(args\):\n(.*?)(?=^\S)", source, re.M | re.S)
+    return {name: {kind: len(re.findall(pattern, body)) for kind, pattern in WRAPPER_LINES.items()}
+            for name, body in bodies}
+
+
+@pytest.mark.parametrize("hoist", ["1", "cond"], ids=["hoist", "hoist-cond"])
+def test_split_wrapper_builds_the_lists_behind_the_predicate(tmp_path, hoist):
+    """``JFA_COMPILE_PATH=split``, 4 chained forward calls: by default the lists' launches and the offsets' check
+    (a device-assert kernel) run in the wrapper's ``call`` before the conds, on large batches too, which never read
+    them; under ``JFA_SPLIT_HOIST=cond`` they run only in a cond branch on the same predicate (the other branch
+    launches nothing and asserts nothing: at most its 2 unwritten outputs' allocations) and ``call`` itself launches
+    and allocates nothing; either way each layer's small branch launches its attention kernel only."""
+    source = open(_run(_WRAPPER, "4", "none", JFA_COMPILE_PATH="split", JFA_SPLIT_HOIST=hoist,
+                       TORCHINDUCTOR_CACHE_DIR=str(tmp_path))["path"]).read()
+    call, branches = wrapper_lines(source), branch_lines(source)
+    small = [b for b in branches.values() if b["attention launch"]]
+    assert len(small) == 4, branches
+    for b in small:
+        assert b["launch"] == b["attention launch"] == 1 and b["list launch"] == b["assert"] == 0, b
+        assert b["allocation"] <= 2, b
+    builds = {name: b for name, b in branches.items() if b["list launch"] or b["assert"]}
+    if hoist == "1":
+        assert call["list launch"] == 2 and call["assert"] == 1 and not builds, (call, builds)
+        return
+    assert call["launch"] == call["list launch"] == call["assert"] == call["allocation"] == 0, call
+    (name, build), = builds.items()
+    assert name.startswith("true_") and build["list launch"] == 2 and build["assert"] == 1, build
+    nothing = branches[name.replace("true_", "false_")]
+    assert nothing["launch"] == nothing["assert"] == 0 and nothing["allocation"] <= 2, nothing
+
+
 # ------------------------------------------------------------------------------------------------------- GPU
 def _model_inputs(seed, lengths=(11, 0, 7, 3, 8)):
     case = AttentionCase(lengths, lengths, heads_q=4, heads_kv=2, head_dim=64, device="cuda", dtype=torch.float16,

@@ -54,6 +54,20 @@ def split(monkeypatch):
     unregister_backend(dense.BACKEND.name)
 
 
+@pytest.fixture(params=["1", "cond"], ids=["hoist", "hoist-cond"])
+def hoist(request, monkeypatch):
+    """``JFA_SPLIT_HOIST``: the offset-derived values built before the conds unconditionally (``1``, the default) or
+    behind the split's predicate (``cond``: a cond of their own, whose false branch builds nothing)."""
+    monkeypatch.setenv("JFA_SPLIT_HOIST", request.param)
+    return request.param
+
+
+def _split_conds(conds, op):
+    """(the layers' conds: the large branch ``[op]``; the build conds: the rest, ``JFA_SPLIT_HOIST=cond``'s)."""
+    layer = [c for c in conds if c[1] == [op]]
+    return layer, [c for c in conds if c[1] != [op]]
+
+
 class Capture:
     """A torch.compile backend: AOTAutograd with the forward and backward graphs kept (then run eagerly)."""
 
@@ -116,7 +130,7 @@ def _oracle(q, k, v, offsets, layers):
 BATCHES = [[5, 7], [30, 31], [3, 4, 2], [20, 9, 15], [11, 12]]
 
 
-def test_one_graph_with_both_branches_forward_and_backward(split):
+def test_one_graph_with_both_branches_forward_and_backward(split, hoist):
     capture = Capture()
     counted = CompileCounterWithBackend(capture)
     compiled = torch.compile(_model(2), backend=counted, dynamic=True)
@@ -126,8 +140,15 @@ def test_one_graph_with_both_branches_forward_and_backward(split):
     assert counted.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
     (fwd_top, fwd_conds), = capture.calls("forward")
     (bwd_top, bwd_conds), = capture.calls("backward")
-    # one cond per layer, in each graph; no jfa op outside them
-    assert fwd_top.count("cond") == 2 and bwd_top.count("cond") == 2
+    # one cond per layer, in each graph, and under JFA_SPLIT_HOIST=cond one more in the forward that builds the
+    # offset-derived values (the backward gets them from the forward); no jfa op outside them
+    fwd_conds, fwd_builds = _split_conds(fwd_conds, "jfa.attention.default")
+    bwd_conds, bwd_builds = _split_conds(bwd_conds, "jfa.attention_backward.default")
+    assert len(fwd_conds) == 2 and len(bwd_conds) == 2
+    assert len(fwd_builds) == (hoist == "cond") and not bwd_builds, (fwd_builds, bwd_builds)
+    assert fwd_top.count("cond") == 2 + len(fwd_builds) and bwd_top.count("cond") == 2
+    for build in fwd_builds:  # both sides build the same values (the test backend's are pure torch: no launch)
+        assert all("aten.searchsorted.Tensor" in b and not any(c.startswith("jfa.") for c in b) for b in build)
     assert not any(c.startswith("jfa.") for c in fwd_top + bwd_top)
     # the backward computes its own predicate from the sizes: no SymBool saved for it (torch 2.11's Inductor takes
     # no SymBool graph input)
@@ -142,7 +163,7 @@ def test_one_graph_with_both_branches_forward_and_backward(split):
 
 
 @pytest.mark.parametrize("layers, max_seqlen", [(1, False), (2, True)])
-def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, layers, max_seqlen):
+def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, hoist, layers, max_seqlen):
     """Every batch through one compiled graph (no recompile), results and gradients within the fp32 tolerances of
     the float64 oracle; the large branch (the opaque op: its body runs at run time, counted by the test backend)
     runs exactly for the batches of THRESHOLD rows or more. ``max_seqlen``: passed as an int (a SymInt in the
@@ -169,7 +190,7 @@ def test_lengths_across_the_threshold_run_one_graph_and_match_the_oracle(split, 
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="Inductor on CPU needs a C++ compiler")
-def test_inductor_lowers_and_runs_the_split_graphs_on_cpu(split):
+def test_inductor_lowers_and_runs_the_split_graphs_on_cpu(split, hoist):
     """Inductor itself (CPU code, the op a fallback kernel in the large branch, the forward's predicate saved for the
     backward): one graph over lengths crossing the threshold, both branches run, the oracle's results."""
     counted = CompileCounterWithBackend("inductor")
@@ -190,7 +211,7 @@ def test_inductor_lowers_and_runs_the_split_graphs_on_cpu(split):
 
 
 @pytest.mark.parametrize("backend", ["aot", "inductor"])
-def test_q_k_v_views_of_one_projection(split, backend):
+def test_q_k_v_views_of_one_projection(split, hoist, backend):
     """q, k and v as views of one fused projection (what a model's qkv linear gives, and the bench's model): the
     cond operands share a storage, which cond rejects ("might be aliasing the input", the H200 model run of
     2026-12-04); one graph across the threshold, the oracle's results and gradients."""
@@ -289,25 +310,45 @@ print(json.dumps(result))
 """
 
 
-def test_triton_split_graphs_hold_the_kernels_and_the_op():
+@pytest.mark.parametrize("hoist", ["1", "cond"], ids=["hoist", "hoist-cond"])
+def test_triton_split_graphs_hold_the_kernels_and_the_op(hoist):
     """The triton backend under ``split`` (backend=None, the automatic choice; fake CUDA sizes T=29 < 4096):
     dynamic sizes give one cond per op on ``T < 4096`` whose small branch holds the triton kernels and whose large
     branch holds the op; no guard on the lengths (only heads and head_dim, as on the inductor path); static sizes
-    of a small call trace the kernels with no cond."""
+    of a small call trace the kernels with no cond. The tile lists' launches and the offset check (forward) are
+    outside the conds by default; under ``JFA_SPLIT_HOIST=cond`` in a cond of their own on the same predicate,
+    before the op's, whose true branch launches them and whose false branch launches nothing and asserts nothing
+    (its values unwritten: a large batch reads none), and nothing of them is left outside a cond."""
     from tests.test_compile_inductor import _FAKE_H100, _GRAPH_CALLS, _run
 
-    graphs = _run(_FAKE_H100 + _GRAPH_CALLS + _SPLIT_TRACER, JFA_COMPILE_PATH="split")
+    graphs = _run(_FAKE_H100 + _GRAPH_CALLS + _SPLIT_TRACER, JFA_COMPILE_PATH="split", JFA_SPLIT_HOIST=hoist)
     dynamic = graphs["dynamic"]
     assert all(g.startswith("Eq(") and "T" not in g for g in dynamic["guards"]), dynamic["guards"]
     for kind, op, last_kernel in (("forward", "jfa.attention.default", "kernel:attn_fwd_kernel"),
                                   ("backward", "jfa.attention_backward.default", "kernel:attn_bwd_dq_kernel")):
-        conds = [c for c in dynamic[kind] if isinstance(c, list)]
-        assert len(conds) == 1 and not any(isinstance(c, str) and c.startswith("jfa.") for c in dynamic[kind])
-        _, pred, small, large = conds[0]
-        assert pred.endswith(("< 4096", "<= 4095")), pred  # the backward writes it apart (see _split)
+        top = [c for c in dynamic[kind] if not isinstance(c, list)]
+        conds, builds = _split_conds([c[2:] for c in dynamic[kind] if isinstance(c, list)], op)
+        assert len(conds) == 1 and not any(c.startswith("jfa.") for c in top)
+        preds = [c[1] for c in dynamic[kind] if isinstance(c, list)]
+        assert all(p.endswith(("< 4096", "<= 4095")) for p in preds), preds  # the backward writes it apart
+        assert len(set(preds)) == 1  # the build's cond: the op's predicate
+        small, large = conds[0]
         assert large == [op]
         kernels = [c for c in small if c.startswith("kernel:")]
         assert kernels and kernels[-1] == last_kernel and not any(c.startswith("jfa.") for c in small), small
+        lists = ["kernel:tile_slots_kernel", "kernel:rank_tiles_kernel"]
+        assert not any(k in small for k in lists) and "aten._assert_async.msg" not in small, small
+        checked = kind == "forward"  # the forward checks the offsets (its list build's flag)
+        if hoist == "1":
+            assert not builds and all(k in top for k in lists), top
+            assert ("aten._assert_async.msg" in top) == checked, top
+            continue
+        (build, nothing), = builds
+        assert dynamic[kind].index(["cond", preds[0], build, nothing]) < dynamic[kind].index(
+            ["cond", preds[0], small, large])
+        assert not any(c.startswith("kernel:") or c == "aten._assert_async.msg" for c in top), top
+        assert all(k in build for k in lists) and ("aten._assert_async.msg" in build) == checked, build
+        assert not any(c.startswith(("kernel:", "jfa.")) or c == "aten._assert_async.msg" for c in nothing), nothing
     static = graphs["static"]
     assert not any(isinstance(c, list) for c in static["forward"] + static["backward"])
     assert "kernel:attn_fwd_kernel" in static["forward"] and "jfa.attention.default" not in static["forward"]
@@ -360,11 +401,12 @@ def test_split_on_the_gpu_one_graph_across_the_threshold(monkeypatch, mode):
     torch._dynamo.reset()
 
 
-def test_offset_derived_values_are_built_once_before_the_conds(split):
+def test_offset_derived_values_are_built_once_before_the_conds(split, hoist):
     """What the small branch derives from the offsets alone (here the test backend's row positions, a ``per_trace``
     value as the triton backend's int32 copies, tile lists and offset check are) is built once in the graph, before
     the conds, and reaches every layer's small branch as an operand: no branch builds it, and the dry run that found
-    it leaves no attention work behind in the graph."""
+    it leaves no attention work behind in the graph. Under ``JFA_SPLIT_HOIST=cond`` it is built by a cond of its
+    own, before the layers' (none outside it)."""
     capture = Capture()
     compiled = torch.compile(_model(3), backend=capture, dynamic=True)
     q, k, v, offsets = _batch(BATCHES[0], 0)
@@ -372,11 +414,20 @@ def test_offset_derived_values_are_built_once_before_the_conds(split):
     compiled(q, k, v, offsets).sum().backward()
     for kind, built in (("forward", 1), ("backward", 0)):  # the backward gets the forward's (saved or recomputed)
         (top, conds), = capture.calls(kind)
-        assert len(conds) == 3 and top.count("aten.searchsorted.Tensor") <= built, (kind, top)
+        conds, builds = _split_conds(conds, f"jfa.{'attention' if kind == 'forward' else 'attention_backward'}"
+                                            ".default")
+        assert len(builds) == (built if hoist == "cond" else 0), (kind, builds)
+        outside = 0 if hoist == "cond" else built
+        assert len(conds) == 3 and top.count("aten.searchsorted.Tensor") <= outside, (kind, top)
         assert "aten.bmm.default" not in top, (kind, top)  # the dry run's attention ops are dead code, removed
         for small, _ in conds:
             assert "aten.bmm.default" in small and "aten.searchsorted.Tensor" not in small, (kind, small)
+        for branch in (b for build in builds for b in build):  # the build's dry run: no attention work either
+            assert branch.count("aten.searchsorted.Tensor") == 1 and "aten.bmm.default" not in branch, branch
     (top, _), = capture.calls("forward")
+    if hoist == "cond":
+        assert "aten.searchsorted.Tensor" not in top and top.count("cond") == 4, top
+        return
     assert top.count("aten.searchsorted.Tensor") == 1 and top.index("aten.searchsorted.Tensor") < top.index("cond")
 
 

@@ -237,7 +237,18 @@ def per_trace(fn: Callable, *args, **unkeyed):
             return _reused_in_eager(fn, args, unkeyed)
         return fn(*args, **unkeyed)
     key = _memo_key(fn, args)
+    outside = getattr(_TRACE, "outside", None) if fn in _OUTSIDE_COND else None
     hit = None if unkeyed else memo.get(key)
+    if hit is None and outside is not None:  # built in the graph itself, not behind the cond (hoist_outside_cond)
+        hit = None if unkeyed else outside.get(key)
+        if hit is None:
+            before = _TRACE.drop_all
+            _TRACE.depth, _TRACE.drop_all = getattr(_TRACE, "depth", 0) + 1, False
+            try:
+                hit = outside[key] = (args, fn(*args, **unkeyed))
+            finally:
+                _TRACE.depth, _TRACE.drop_all = _TRACE.depth - 1, before
+        memo[key] = hit
     if hit is None:
         _TRACE.depth = getattr(_TRACE, "depth", 0) + 1  # launches in here are the value's own (see hoisting)
         try:
@@ -303,27 +314,54 @@ def clear_eager_reuse() -> None:
     _EAGER.memo = None
 
 
+_OUTSIDE_COND: set = set()
+
+
+def hoist_outside_cond(fn: Callable) -> Callable:
+    """Mark ``fn`` (a ``per_trace`` function) as built in the graph itself where the split path builds the rest
+    behind its predicate (``JFA_SPLIT_HOIST=cond``, ``hoisting``'s ``outside``): a value Inductor makes for free
+    there (a copy it folds away: the int32 offsets of int32 offsets), which a cond output, never an alias of an
+    input, would make a copy kernel and an allocation on both sides."""
+    _OUTSIDE_COND.add(fn)
+    return fn
+
+
 @contextlib.contextmanager
-def hoisting(scope: object):
+def hoisting(scope: object, drop_all: bool = False, outside: object = None):
     """A dry run of a traceable backend's call in ``scope`` (``traced(scope)``) that keeps only what ``per_trace``
     builds: yields the list of its ``(fn, args, result)`` calls in order, hits included; kernel launches outside a
     ``per_trace`` function are dropped (``launch_dropped``), and the rest of the call's ops are left unused, for
     the graph's dead-code pass. Why: the size-split compile path (``ops.attention._split``) builds the offset-derived
     values (int32 copies, tile lists, the offset check) once per graph, before its cond, and hands them to the
-    branch that launches the kernels (``seeded_scope``): traced inside the branch they were built per layer."""
+    branch that launches the kernels (``seeded_scope``): traced inside the branch they were built per layer.
+
+    ``drop_all``: every launch is dropped, inside ``per_trace`` functions too (``all_launches_dropped``): the values
+    keep their shapes, strides and dtypes, unwritten (``JFA_SPLIT_HOIST=cond``: the build's branch for large
+    batches, which never read them; and its probe for what is still to build). ``outside``: the graph's own scope,
+    where the probe builds the ``hoist_outside_cond`` functions' values, for real (launches kept)."""
     record: list = []
-    before = getattr(_TRACE, "record", None), getattr(_TRACE, "depth", 0)
+    before = (getattr(_TRACE, "record", None), getattr(_TRACE, "depth", 0), getattr(_TRACE, "drop_all", False),
+              getattr(_TRACE, "outside", None))
     with traced(scope):
-        _TRACE.record, _TRACE.depth = record, 0
+        _TRACE.record, _TRACE.depth, _TRACE.drop_all = record, 0, drop_all
+        _TRACE.outside = None if outside is None else _MEMOS.setdefault(outside, {})
         try:
             yield record
         finally:
-            _TRACE.record, _TRACE.depth = before
+            _TRACE.record, _TRACE.depth, _TRACE.drop_all, _TRACE.outside = before
 
 
 def launch_dropped() -> bool:
-    """Inside ``hoisting``'s dry run and not inside a ``per_trace`` function: a traced launch records nothing."""
-    return getattr(_TRACE, "record", None) is not None and getattr(_TRACE, "depth", 0) == 0
+    """Inside ``hoisting``'s dry run and not inside a ``per_trace`` function (or anywhere in a ``drop_all`` dry
+    run): a traced launch records nothing."""
+    return getattr(_TRACE, "record", None) is not None and (
+        getattr(_TRACE, "depth", 0) == 0 or getattr(_TRACE, "drop_all", False))
+
+
+def all_launches_dropped() -> bool:
+    """Inside a ``hoisting(..., drop_all=True)`` dry run: no launch is recorded, so a flag a check kernel would
+    write holds nothing (``validation.device_flag`` asserts none)."""
+    return getattr(_TRACE, "record", None) is not None and getattr(_TRACE, "drop_all", False)
 
 
 def hoistable(record: list, inputs) -> Tuple[list, list]:
@@ -376,6 +414,22 @@ def _size_of(tensors, size: torch.SymInt) -> torch.SymInt:
 
 class _Scope:
     """A ``per_trace`` scope of its own (weak-referenceable)."""
+
+
+def _memo_of(scope: object) -> dict:
+    """``scope``'s ``per_trace`` memo (made empty on first use)."""
+    return _MEMOS.setdefault(scope, {})
+
+
+def _unique_tensors(calls: list) -> list:
+    """The tensors in ``calls``' ``(fn, args, result)``, arguments and results, each once (by identity), in order."""
+    found, seen = [], set()
+    for _, args, result in calls:
+        for t in _tensors_in((args, result)):
+            if id(t) not in seen:
+                seen.add(id(t))
+                found.append(t)
+    return found
 
 
 def _tensors_in(value) -> list:

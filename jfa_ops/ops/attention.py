@@ -27,7 +27,8 @@ from torch.utils.flop_counter import register_flop_formula
 import meta_kernels
 from jfa_ops.backends import AttentionParams, Problem, registry_generation, select_backend
 from jfa_ops import validation
-from jfa_ops.backends.base import hoistable, hoisting, per_trace, seeded_scope, traced
+from jfa_ops.backends.base import (_map_tensors, _memo_key, _memo_of, _Scope, _size_of, _tensors_in,
+                                   _unique_tensors, hoistable, hoisting, per_trace, seeded_scope, traced)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 log = logging.getLogger(__name__)
@@ -483,17 +484,52 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
     # with them, and launches only the kernels (traced in the branch, the values were built per layer and per
     # step: ~25 launches of a 4-layer step, the small side's cost in v23).
     calls, hoisted = [], []
-    if os.environ.get("JFA_SPLIT_HOIST", "1") != "0":  # =0: each branch builds its own (A/B; read while tracing)
+    hoist = split_hoist()
+    if hoist != "0":  # =0: each branch builds its own (A/B)
+        if hoist == "cond":  # built behind the predicate: a large batch runs none of it (into the scope's memo)
+            _build_behind(pred, scope, tensors, options, small)
         with hoisting(scope) as record:
             small(*tensors, *options)
         calls, hoisted = hoistable(record, tensors)
     n_args = len(tensors)
-    # operands: one tensor per storage (cond rejects operands that share one: q_offsets is kv_offsets in
-    # self-attention, q/k/v views of a model's fused qkv projection, a tile list's two halves), then the symbolic
-    # options; ``slots``: each tensor's operand index (None: absent) and, for a view of another operand's storage,
-    # its (size, stride, storage offset), rebuilt in the branch with as_strided (storage offsets are absolute, in
-    # eager and in Inductor's lowering alike: the same elements, no copy)
     everything = list(tensors) + hoisted
+    unique, slots = _cond_operands(everything, n_args)
+    symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
+
+    def small_branch(*flat):
+        ts, opts = _unpack(flat, slots, options, symbolic, len(unique))
+        to_branch = {id(outer): inner for outer, inner in zip(everything, ts) if outer is not None}
+        with traced(seeded_scope(calls, to_branch)):  # contiguous: cond merges branch outputs of one layout
+            return tuple(t.contiguous() for t in small(*ts[:n_args], *opts))
+
+    def large_branch(*flat):
+        ts, opts = _unpack(flat, slots, options, symbolic, len(unique))
+        return tuple(_opaque_call(op, ts[:n_args], opts))
+
+    operands = unique + [options[i] for i in symbolic]
+    return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))
+
+
+SPLIT_HOISTS = ("1", "0", "cond")
+
+
+def split_hoist() -> str:
+    """``JFA_SPLIT_HOIST`` (read while tracing): ``1`` (default) the split path's offset-derived values are built
+    before its cond, unconditionally, once per graph; ``cond`` the same, behind the cond's predicate
+    (``_build_behind``: a large batch runs no list launch and no offset check); ``0`` each small branch builds its
+    own (A/B). Any other value: ``1``, as before ``cond`` existed."""
+    hoist = os.environ.get("JFA_SPLIT_HOIST", "1")
+    return hoist if hoist in SPLIT_HOISTS else "1"
+
+
+def _cond_operands(everything: list, n_args: int):
+    """(operands, slots) of the tensors ``everything`` (the op's ``n_args`` tensors, then built values) for a cond.
+
+    operands: one tensor per storage (cond rejects operands that share one: q_offsets is kv_offsets in
+    self-attention, q/k/v views of a model's fused qkv projection, a tile list's two halves), then the symbolic
+    options; ``slots``: each tensor's operand index (None: absent) and, for a view of another operand's storage,
+    its (size, stride, storage offset), rebuilt in the branch with as_strided (storage offsets are absolute, in
+    eager and in Inductor's lowering alike: the same elements, no copy)"""
     unique: list = []
     storages: list = []
     slots = []
@@ -518,29 +554,115 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
             slots.append((same[0], None))
         else:
             slots.append((same[0], (t.size(), t.stride(), t.storage_offset())))
+    return unique, slots
+
+
+def _unpack(flat, slots, options, symbolic, n_unique):
+    """A branch's (tensors, options) from its operands ``flat`` (``_cond_operands``' slots)."""
+    ts = [None if slot is None else flat[slot[0]] if slot[1] is None else flat[slot[0]].as_strided(*slot[1])
+          for slot in slots]
+    opts = list(options)
+    for i, o in zip(symbolic, flat[n_unique:]):
+        opts[i] = o
+    return ts, opts
+
+
+def _build_behind(pred, scope, tensors: tuple, options: tuple, small) -> None:
+    """``JFA_SPLIT_HOIST=cond``: what the small path still has to build from the offsets alone (``per_trace``
+    values no earlier call of the graph built: int32 copies, tile lists, the offset check) built as the outputs of
+    a cond on ``pred``, into ``scope``'s memo, so that ``_split``'s dry run then finds every value built.
+
+    Why: hoisted unconditionally, the builds (2 list launches, ~4 allocations, the check's assert kernel) ran on
+    every step, on large batches too, whose opaque branch never reads them (a host-bound step on the H200, v25).
+
+    The cond's true branch is the dry run (``hoisting``: the ``per_trace`` functions' launches kept, the offset
+    check's assert inside it); its false branch is the same dry run with every launch dropped
+    (``hoisting(drop_all=True)``): the same outputs, shapes, strides and dtypes by construction, values unwritten
+    (read by no one: a large batch takes the op's branch), and no assert (``validation.device_flag`` asserts
+    nothing there: the flag it would check was written by no kernel). Values built earlier in the graph (an
+    earlier layer, the forward for the backward) are the cond's operands and seed its branches' memo.
+    Outputs: one dense tensor per storage (cond takes no output that aliases another or an input, nor a slice):
+    a list's two halves as the [2, capacity] tensor they are rows of (``select`` after the cond: views, no copy),
+    anything else that is not its storage's dense whole a copy."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    memo = _memo_of(scope)
+    # the probe: which values are still to build (every launch dropped: it leaves only dead ops in the graph)
+    probe = _Scope()
+    _memo_of(probe).update(memo)
+    with hoisting(probe, drop_all=True, outside=scope) as record:
+        small(*tensors, *options)
+    probe_calls, _ = hoistable(record, tensors)
+    hits = [c for c in probe_calls if _memo_key(c[0], c[1]) in memo]
+    if len(hits) == len(probe_calls):
+        return
+    known = list(tensors) + [t for t in _unique_tensors(hits) if not any(t is u for u in tensors)]
+    n_args = len(tensors)
+    unique, slots = _cond_operands(known, n_args)
     symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
+    recipes = {}
 
-    def unpack(flat):
-        ts = [None if slot is None else flat[slot[0]] if slot[1] is None else flat[slot[0]].as_strided(*slot[1])
-              for slot in slots]
-        opts = list(options)
-        for i, o in zip(symbolic, flat[len(unique):]):
-            opts[i] = o
-        return ts, opts
-
-    def small_branch(*flat):
-        ts, opts = unpack(flat)
-        to_branch = {id(outer): inner for outer, inner in zip(everything, ts) if outer is not None}
-        with traced(seeded_scope(calls, to_branch)):  # contiguous: cond merges branch outputs of one layout
-            return tuple(t.contiguous() for t in small(*ts[:n_args], *opts))
-
-    def large_branch(*flat):
-        ts, opts = unpack(flat)
-        return tuple(_opaque_call(op, ts[:n_args], opts))
+    def build(drop_all, *flat):
+        ts, opts = _unpack(flat, slots, options, symbolic, len(unique))
+        to_branch = {id(outer): inner for outer, inner in zip(known, ts) if outer is not None}
+        seeded = seeded_scope(hits, to_branch)
+        seeded_keys = set(_memo_of(seeded))
+        with hoisting(seeded, drop_all=drop_all) as inner:
+            small(*ts[:n_args], *opts)
+        built, _ = hoistable(inner, [t for t in ts if t is not None])
+        built = [c for c in built if _memo_key(c[0], c[1]) not in seeded_keys]
+        # each built tensor: ("in", i) the branch's ts[i], or ("out", j, row) output j (row: its row j[row])
+        where = {id(t): ("in", i) for i, t in enumerate(ts) if t is not None}
+        outputs, layout = [], []
+        new = [t for t in _unique_tensors(built) if id(t) not in where]
+        groups: dict = {}
+        for t in new:
+            groups.setdefault(_storage_of(t), []).append(t)
+        for group in groups.values():
+            n = group[0].shape[0] if group[0].dim() == 1 else None
+            rows = len(group) > 1 and n is not None and all(
+                t.dim() == 1 and t.stride(0) == 1 and statically_known_true(t.shape[0] == n)
+                and statically_known_true(t.storage_offset() == r * n) for r, t in enumerate(group))
+            if rows:  # a list's halves: rows of one [k, n] tensor
+                outputs.append(group[0].as_strided((len(group), n), (n, 1), 0))
+                for r, t in enumerate(group):
+                    where[id(t)] = ("out", len(outputs) - 1, r)
+                layout.append(("rows", len(group)))
+                continue
+            for t in group:
+                whole = len(group) == 1 and t.is_contiguous() and statically_known_true(t.storage_offset() == 0) \
+                    and statically_known_true(t.untyped_storage().nbytes() == t.numel() * t.element_size())
+                outputs.append(t if whole else t.clone(memory_format=torch.contiguous_format))
+                where[id(t)] = ("out", len(outputs) - 1, None)
+                layout.append(("whole" if whole else "copy", 1))
+        recipes[drop_all] = (built, where, layout)
+        return tuple(outputs)
 
     operands = unique + [options[i] for i in symbolic]
-    return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))
+    outs = torch.ops.higher_order.cond(pred, functools.partial(build, False), functools.partial(build, True),
+                                       operands)
+    (built, where, layout), other = recipes[False], recipes[True][2]
+    if layout != other:
+        raise RuntimeError(f"jfa_ops: the split path's build branches differ ({layout} vs {other})")
 
+    def outer(t):
+        place = where[id(t)]
+        if place[0] == "in":
+            return known[place[1]]
+        return outs[place[1]] if place[2] is None else outs[place[1]].select(0, place[2])
+
+    for fn, args, result in built:
+        args, result = _map_tensors(args, outer), _map_tensors(result, outer)
+        result = _map_tensors(result, None, functools.partial(_size_or_self, _tensors_in(result)))
+        memo[_memo_key(fn, args)] = (args, result)
+
+
+def _size_or_self(tensors, size):
+    """``size`` as a size of one of ``tensors`` (the graph's own SymInt for it), else itself."""
+    try:
+        return _size_of(tensors, size)
+    except KeyError:
+        return size
 
 def _storage_of(t: torch.Tensor):
     """What cond compares to find aliased operands: the storage of the tensor under the trace's functional wrapper."""
