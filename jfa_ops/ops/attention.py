@@ -664,6 +664,7 @@ def _size_or_self(tensors, size):
     except KeyError:
         return size
 
+
 def _storage_of(t: torch.Tensor):
     """What cond compares to find aliased operands: the storage of the tensor under the trace's functional wrapper."""
     from torch._subclasses.functional_tensor import FunctionalTensor
