@@ -16,7 +16,6 @@ except ImportError:
     pass
 import argparse
 import cProfile
-import os
 import io
 import pstats
 
@@ -57,6 +56,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="tottime", help="--profile's pstats order (tottime, cumulative, ...)")
     parser.add_argument("--case", default="overhead", choices=("overhead", "large"),
                         help="tlx rows: large = the model suite's large batch (T32768 lognormal, H4; lists built)")
     parser.add_argument("--backend", default="triton", choices=("triton", "tlx"),
@@ -116,16 +116,8 @@ def main():
             print(f"{per_call_us(fn, calls):9.1f}  {name}")
     if args.profile:
         for name, fn, calls, mode in rows:
-            prof = cProfile.Profile()
             with mode():
-                prof.enable()
-                for _ in range(calls):
-                    fn()
-                prof.disable()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
-            print(f"\n=== {name}: own time, {calls} calls")
-            print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
+                print_profile(name, fn, calls, args.sort)
 
 
 def tlx_rows(args):
@@ -165,17 +157,21 @@ def tlx_rows(args):
             print(f"{per_call_us(fn, args.calls):9.1f}  {name}", flush=True)
         if args.profile:
             for name, fn in rows:
-                if name.startswith("  "):
-                    continue
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(args.calls):
-                    fn()
-                prof.disable()
-                buf = io.StringIO()
-                pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("ROWS", 18)))
-                print(f"\n=== {name}: own time, {args.calls} calls")
-                print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
+                if not name.startswith("  "):  # the A/B rows' switched-off variants: timed above, not profiled
+                    print_profile(name, fn, args.calls, args.sort)
+
+
+def print_profile(name: str, fn, calls: int, sort: str, lines: int = 22) -> None:
+    """cProfile of ``calls`` calls of ``fn``: the ``lines`` functions first by ``sort`` (pstats' key)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats(sort).print_stats(lines)
+    print(f"\n=== {name}: {sort}, {calls} calls")
+    print("\n".join(line for line in buf.getvalue().splitlines()[6:] if line.strip()))
 
 
 if __name__ == "__main__":

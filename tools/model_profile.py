@@ -62,8 +62,9 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
     for i in bm.warmup_order(kind):  # the bench's warm-up: every batch of the pool once
         step(pool[i])
     bm.sync(device)
+    order = (bm.timed_order(kind) * steps)[:steps]  # the timed batches, the same for every pass below
     host, walls = [], []  # unprofiled: the host's time to enqueue a step (step() returning) vs the synced wall
-    for i in (bm.timed_order(kind) * steps)[:steps]:
+    for i in order:
         t0 = time.perf_counter()
         step(pool[i])
         host.append(time.perf_counter() - t0)
@@ -74,7 +75,7 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
         import pstats
         prof_py = cProfile.Profile()
         prof_py.enable()
-        for i in (bm.timed_order(kind) * steps)[:steps]:
+        for i in order:
             step(pool[i])
         bm.sync(device)
         prof_py.disable()
@@ -94,7 +95,7 @@ def profile_impl(name: str, kind: bm.BatchKind, cfg: bm.ModelConfig, device, com
     if torch.device(device).type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        for i in (bm.timed_order(kind) * steps)[:steps]:
+        for i in order:
             t0 = time.perf_counter()
             step(pool[i])
             bm.sync(device)

@@ -204,7 +204,7 @@ def traced(scope: object = None):
     joint graph together); calls of one scope share ``per_trace``'s memo, None shares nothing."""
     before = getattr(_TRACE, "on", False), getattr(_TRACE, "memo", None)
     _TRACE.on = True
-    _TRACE.memo = None if scope is None else _MEMOS.setdefault(scope, {})
+    _TRACE.memo = None if scope is None else _memo_of(scope)
     try:
         yield
     finally:
@@ -344,7 +344,7 @@ def hoisting(scope: object, drop_all: bool = False, outside: object = None):
               getattr(_TRACE, "outside", None))
     with traced(scope):
         _TRACE.record, _TRACE.depth, _TRACE.drop_all = record, 0, drop_all
-        _TRACE.outside = None if outside is None else _MEMOS.setdefault(outside, {})
+        _TRACE.outside = None if outside is None else _memo_of(outside)
         try:
             yield record
         finally:
@@ -388,7 +388,7 @@ def seeded_scope(calls: list, to_branch: Mapping[int, torch.Tensor]) -> object:
     arguments and the results, replaced by ``to_branch[id(tensor)]`` (the branch's operand for it): in the branch,
     ``per_trace`` returns the values built before the cond instead of building them again."""
     scope = _Scope()
-    memo = _MEMOS.setdefault(scope, {})
+    memo = _memo_of(scope)
     swap = lambda t: to_branch[id(t)]  # noqa: E731
     for fn, args, result in calls:
         args = _map_tensors(args, swap)

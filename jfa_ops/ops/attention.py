@@ -492,21 +492,17 @@ def _split(op, tensors: tuple, options: tuple, q_index: int, small, scope):
             small(*tensors, *options)
         calls, hoisted = hoistable(record, tensors)
     n_args = len(tensors)
-    everything = list(tensors) + hoisted
-    unique, slots = _cond_operands(everything, n_args)
-    symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
+    operands, unpack = _cond_operands(list(tensors) + hoisted, n_args, options)
 
     def small_branch(*flat):
-        ts, opts = _unpack(flat, slots, options, symbolic, len(unique))
-        to_branch = {id(outer): inner for outer, inner in zip(everything, ts) if outer is not None}
+        ts, opts, to_branch = unpack(flat)
         with traced(seeded_scope(calls, to_branch)):  # contiguous: cond merges branch outputs of one layout
             return tuple(t.contiguous() for t in small(*ts[:n_args], *opts))
 
     def large_branch(*flat):
-        ts, opts = _unpack(flat, slots, options, symbolic, len(unique))
+        ts, opts, _ = unpack(flat)
         return tuple(_opaque_call(op, ts[:n_args], opts))
 
-    operands = unique + [options[i] for i in symbolic]
     return tuple(torch.ops.higher_order.cond(pred, small_branch, large_branch, operands))
 
 
@@ -522,8 +518,10 @@ def split_hoist() -> str:
     return hoist if hoist in SPLIT_HOISTS else "1"
 
 
-def _cond_operands(everything: list, n_args: int):
-    """(operands, slots) of the tensors ``everything`` (the op's ``n_args`` tensors, then built values) for a cond.
+def _cond_operands(everything: list, n_args: int, options: tuple):
+    """(operands, unpack) of the tensors ``everything`` (the op's ``n_args`` tensors, then built values) and the
+    op's ``options`` for a cond; ``unpack(flat)``: a branch's (tensors, options, {id(outer tensor): its branch
+    tensor}) from its operands ``flat``.
 
     operands: one tensor per storage (cond rejects operands that share one: q_offsets is kv_offsets in
     self-attention, q/k/v views of a model's fused qkv projection, a tile list's two halves), then the symbolic
@@ -554,17 +552,17 @@ def _cond_operands(everything: list, n_args: int):
             slots.append((same[0], None))
         else:
             slots.append((same[0], (t.size(), t.stride(), t.storage_offset())))
-    return unique, slots
+    symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
 
+    def unpack(flat):
+        ts = [None if slot is None else flat[slot[0]] if slot[1] is None else flat[slot[0]].as_strided(*slot[1])
+              for slot in slots]
+        opts = list(options)
+        for i, o in zip(symbolic, flat[len(unique):]):
+            opts[i] = o
+        return ts, opts, {id(outer): inner for outer, inner in zip(everything, ts) if outer is not None}
 
-def _unpack(flat, slots, options, symbolic, n_unique):
-    """A branch's (tensors, options) from its operands ``flat`` (``_cond_operands``' slots)."""
-    ts = [None if slot is None else flat[slot[0]] if slot[1] is None else flat[slot[0]].as_strided(*slot[1])
-          for slot in slots]
-    opts = list(options)
-    for i, o in zip(symbolic, flat[n_unique:]):
-        opts[i] = o
-    return ts, opts
+    return unique + [options[i] for i in symbolic], unpack
 
 
 def _build_behind(pred, scope, tensors: tuple, options: tuple, small) -> None:
@@ -598,13 +596,11 @@ def _build_behind(pred, scope, tensors: tuple, options: tuple, small) -> None:
         return
     known = list(tensors) + [t for t in _unique_tensors(hits) if not any(t is u for u in tensors)]
     n_args = len(tensors)
-    unique, slots = _cond_operands(known, n_args)
-    symbolic = [i for i, o in enumerate(options) if isinstance(o, torch.SymInt)]
+    operands, unpack = _cond_operands(known, n_args, options)
     recipes = {}
 
     def build(drop_all, *flat):
-        ts, opts = _unpack(flat, slots, options, symbolic, len(unique))
-        to_branch = {id(outer): inner for outer, inner in zip(known, ts) if outer is not None}
+        ts, opts, to_branch = unpack(flat)
         seeded = seeded_scope(hits, to_branch)
         seeded_keys = set(_memo_of(seeded))
         with hoisting(seeded, drop_all=drop_all) as inner:
@@ -638,7 +634,6 @@ def _build_behind(pred, scope, tensors: tuple, options: tuple, small) -> None:
         recipes[drop_all] = (built, where, layout)
         return tuple(outputs)
 
-    operands = unique + [options[i] for i in symbolic]
     outs = torch.ops.higher_order.cond(pred, functools.partial(build, False), functools.partial(build, True),
                                        operands)
     (built, where, layout), other = recipes[False], recipes[True][2]
