@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Nsight Compute counters of our TLX kernels beside FlashAttention-4's on the same bench cases (issue 10 asks why we
+# trail FA4 "from a profile"; until now only ablations said it). Run on the device from the repo root, after the TLX
+# install (tools/tlx_device.sh none) and the FA4 install (bench/device_run.sh does it); writes $OUT/ncu_*.csv (ncu's
+# details page: SpeedOfLight, compute and memory workload, scheduler, warp states, occupancy, launch) and
+# $OUT/ncu_summary.txt (a few lines per kernel). ncu reads counters on Firecracker machines only (KINDS.md); it
+# leaves the clocks alone here (--clock-control none, METHOD.md).
+#   NCU_CASES: ';'-separated "suite|case|mode" (default: dense B8 S4096 fwd and bwd); NCU_IMPLS: "jfa:tlx fa4".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/ncu}; mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+[ -d /tmp/fa4 ] && export PYTHONPATH=/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$ncu" ] || { echo "ncu: not found" | tee "$out/ncu_summary.txt"; exit 2; }
+"$ncu" --version | tail -1 | tee "$out/ncu_summary.txt"
+# Hopper's tensor-pipe counters by name where this ncu has them (an unknown --metrics name stops ncu).
+extra=$("$ncu" --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |
+        grep -E '^(sm__pipe_tensor_op_gmma_cycles_active|sm__inst_executed_pipe_tensor_op_gmma)$' |
+        sed 's/cycles_active$/cycles_active.avg.pct_of_peak_sustained_active/; s/gmma$/gmma.sum/' | paste -sd, -)
+echo "extra metrics: ${extra:-none}" >> "$out/ncu_summary.txt"
+IFS=';' read -ra cases <<< "${NCU_CASES:-dense|B8 S4096|fwd;dense|B8 S4096|bwd}"
+for spec in "${cases[@]}"; do
+  IFS='|' read -r suite case mode <<< "$spec"
+  for impl in ${NCU_IMPLS:-jfa:tlx fa4}; do
+    tag=$(echo "${impl}_${suite}_${case}_${mode}" | tr -c 'A-Za-z0-9_\n' '_')
+    timeout -k 10 "${NCU_TIMEOUT_S:-240}" "$ncu" --profile-from-start off --clock-control none --target-processes all \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      ${extra:+--metrics "$extra"} --csv --page details \
+      python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
+      > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
+    echo "== $impl $suite $case $mode: rc $?" >> "$out/ncu_summary.txt"
+    # one line per kernel and metric of interest (the CSV has one row per kernel x metric)
+    python3 - "$out/ncu_$tag.csv" >> "$out/ncu_summary.txt" <<'PY'
+import csv, sys
+keep = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "Registers Per Thread",
+        "Issue Slots Busy", "No Eligible", "Active Warps Per Scheduler", "Eligible Warps Per Scheduler",
+        "Warp Cycles Per Issued Instruction", "Executed Ipc Active", "L2 Hit Rate", "Achieved Occupancy",
+        "Dynamic Shared Memory Per Block", "gmma")
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    print("  (no counters: see the .err file)"); sys.exit()
+head, body = rows[0], rows[1:]
+col = {name: i for i, name in enumerate(head)}
+for r in body:
+    name, value = r[col["Metric Name"]], r[col["Metric Value"]]
+    if any(k in name for k in keep):
+        print(f"  {r[col['Kernel Name']][:60]:60s} {name[:44]:44s} {value} {r[col['Metric Unit']]}")
+PY
+  done
+done
+cat "$out/ncu_summary.txt"
