@@ -208,6 +208,149 @@ def test_backward_recipe_derives_again_only_when_the_sizes_change(gpu, monkeypat
     assert answers[-1] == ("recipe", None)
 
 
+BACKWARD_KERNELS = ("attn_bwd_delta_kernel", "attn_bwd_tlx_kernel", "attn_bwd_dq_finalize_kernel")
+LIST_ARGUMENTS = ("TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD")
+# batches past one wave on 132 SMs (2417 rows: 24 key tile slots x 8 kv heads = 192 items), the second written into
+# the first's offsets in place (same sizes: only the offsets' version tells the lists apart)
+WAVES_BATCHES = ([900, 300, 1200, 17], [1000, 1000, 400, 17], [17, 400, 1000, 1000])
+WAVES_CASES = {
+    "causal (device item list)": dict(),
+    "not causal (sorted tile list)": dict(causal=False),
+    "window": dict(causal=False, window_left=300, window_right=0),
+    "fp16": dict(dtype=torch.float16),
+    "grad_lse": dict(grad_lse=True),
+    "GQA": dict(heads=(8, 2), scale=4, switches=(("BACKWARD_GQA_SPLIT", 0),)),  # 2 kv heads: 4x the rows
+    "GQA snake": dict(heads=(8, 4), scale=2),  # the auto plan (the default): the snake alone, one part
+    "one length (kept item list)": dict(lengths=([600] * 4, [600] * 4, [600] * 4), hints=True),
+    "torch item list": dict(switches=(("BACKWARD_CAUSAL_ORDER", True), ("BACKWARD_CAUSAL_ORDER_JAGGED", False))),
+}
+
+
+def _list_tensors(runs) -> tuple:
+    """The TLX backward launch's list arguments (tile list, causal items) of ``runs``."""
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    return tuple(launched[name] for name in LIST_ARGUMENTS)
+
+
+@needs_tlx
+@pytest.mark.parametrize("case", list(WAVES_CASES))
+def test_backward_recipe_past_one_wave_launches_what_the_full_path_launches(gpu, monkeypatch, case):
+    """``configs.BACKWARD_RECIPE_WAVES`` (helper recipe36): a call past one wave is served by its signature's recipe,
+    which launches exactly what the full path launches for that call, its lists included: the very tensors the full
+    path launches (eager calls reuse the lists made for the same live offsets, ``base.reusable_in_eager``, so the
+    full path run after the recipe finds the recipe's), made again for another batch and for the same offsets
+    tensor written in place (its version), never the previous call's."""
+    from jfa_ops.backends import base
+
+    runs, answers = gpu
+    spec = dict(WAVES_CASES[case])
+    monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
+    for switch in spec.pop("switches", ()):
+        monkeypatch.setattr(tlx_configs, *switch)
+    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setitem(globals(), "HEADS", spec.pop("heads", HEADS))
+    base.clear_eager_reuse()
+    scale, dtype, hints = spec.pop("scale", 1), spec.pop("dtype", torch.bfloat16), spec.pop("hints", False)
+    with_grad_lse = spec.pop("grad_lse", False)
+    batches = [[n * scale for n in lengths] for lengths in spec.pop("lengths", WAVES_BATCHES)]
+    longest = dict(max_seqlen_q=max(batches[0]), max_seqlen_kv=max(batches[0])) if hints else {}
+    params = _params(**dict(dict(causal=True, **longest), **spec))
+    q, k, v, offsets = _inputs(batches[0], dtype=dtype)
+    grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
+    _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)  # the full path: makes the recipe
+    assert not answers and len(attn_bwd._RECIPES) == 1
+    before = None
+    for n, lengths in enumerate(batches[1:] + batches[:1]):
+        q, k, v, new = _inputs(lengths, dtype=dtype, seed=n + 1)
+        if n == 1:
+            offsets.copy_(new)  # the same offsets tensor, written in place
+        else:
+            offsets = new
+        grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
+        runs.clear()
+        args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)
+        assert answers[-1][0] == "recipe" and answers[-1][1] is not None
+        by_recipe, lists = [r for r in runs if r[0] in BACKWARD_KERNELS], _list_tensors(runs)
+        assert _list_tensors(runs)[0].shape != offsets.shape  # a list, not the one-wave path's offsets
+        runs.clear()
+        _full(monkeypatch, lambda: tlx.backward(*args, params))
+        full_lists = _list_tensors(runs)
+        if case == "torch item list":  # torch ops make it anew each call (from the reused tile list): by value
+            assert all(torch.equal(a, b) for a, b in zip(lists, full_lists))
+            full_lists = full_lists[2:4]
+        assert _launches(by_recipe, args + full_lists) == _launches(runs, args + full_lists)
+        fresh = lists[2:4] if case.startswith("one length") else lists  # its item list: one per shape, by design
+        assert before is None or all(a is not b for a, b in zip(fresh, before) if a is not None)
+        before = fresh
+    assert [kind for kind, _ in answers] == ["recipe"] * 3
+
+
+@needs_tlx
+def test_backward_recipe_serves_one_wave_and_past_it(gpu, monkeypatch):
+    """One signature's recipe keeps a plan group per schedule: calls alternating between one wave and past it are
+    served by it once each schedule's full path ran (the one-wave call's launch reads the offsets, the other the
+    lists), each launching what the full path launches; with ``configs.BACKWARD_RECIPE_WAVES`` off (its key) past
+    one wave takes the full path and keeps nothing for it."""
+    runs, answers = gpu
+    params = _params(causal=True)
+    for waves in (False, True):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", waves)
+        answers.clear()
+        for lengths in ([64, 17, 40, 5], WAVES_BATCHES[0]) * 2:
+            q, k, v, offsets = _inputs(lengths)
+            runs.clear()
+            args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
+            by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
+            runs.clear()
+            _full(monkeypatch, lambda: tlx.backward(*args, params))
+            assert _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args) == by_kept
+        (recipe,) = [r for key, r in attn_bwd._RECIPES.items() if key[-1] is waves]
+        assert sorted(recipe.groups) == ([True] if not waves else [False, True])
+        served = [result is not None for _, result in answers]
+        assert served == ([False, True, False] if not waves else [False, True, True])
+
+
+@needs_tlx
+@pytest.mark.parametrize("why", ["GQA split", "misaligned tensor", "list specializes otherwise"])
+def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
+    """Past one wave the recipe declines what it does not cover and the full path runs (and launches what it
+    would): a GQA call whose q-head groups run in parts (GROUP_SPLIT: no recipe is kept), a base TMA cannot read, a
+    list whose specialization differs from the kept plan's (``launch.PlanGroup`` launches nothing then)."""
+    runs, answers = gpu
+    monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
+    params = _params(causal=True)
+    lengths = WAVES_BATCHES[0]
+    if why == "GQA split":
+        monkeypatch.setitem(globals(), "HEADS", (8, 2))
+        monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", 16)
+        lengths = [4 * n for n in lengths]
+    q, k, v, offsets = _inputs(lengths)
+    _backward(q, k, v, offsets, params, torch.randn_like(q))
+    q, k, v, offsets = _inputs(WAVES_BATCHES[1] if why != "GQA split" else [4 * n for n in WAVES_BATCHES[1]], seed=1)
+    if why == "misaligned tensor":
+        shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # a 2-byte offset
+        shifted.copy_(q)
+        q = shifted
+    elif why == "list specializes otherwise":
+        from jfa_ops.backends.triton import block_sparse_bwd
+
+        made = block_sparse_bwd._causal_item_list_device
+        monkeypatch.setattr(block_sparse_bwd, "_causal_item_list_device", lambda *a: tuple(
+            torch.empty(t.numel() + 1, dtype=t.dtype)[1:] for t in made(*a)))  # 4-byte aligned rows
+    answers.clear()
+    runs.clear()
+    args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    assert answers == ([] if why == "GQA split" else [("recipe", None)])
+    assert launched["GROUP_SPLIT"] == (4 if why == "GQA split" else 1)
+    by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
+    runs.clear()
+    _full(monkeypatch, lambda: tlx.backward(*args, params))
+    assert _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args) == by_kept
+
+
 @needs_tlx
 @pytest.mark.parametrize("case", ["broadcast Q", "checked offsets", "one offsets tensor, int64"])
 def test_forward_replay_other_call_kinds(gpu, monkeypatch, case):
