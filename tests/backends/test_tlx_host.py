@@ -226,11 +226,11 @@ WAVES_CASES = {
 }
 
 
-def _list_tensors(runs) -> tuple:
-    """The TLX backward launch's list arguments (tile list, causal items) of ``runs``."""
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
-    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-    return tuple(launched[name] for name in LIST_ARGUMENTS)
+def _list_tensors(runs, kernel=None) -> tuple:
+    """The TLX backward (or ``kernel``'s) launch's list arguments (tile list, causal items) of ``runs``."""
+    kernel = kernel or attn_bwd.attn_bwd_tlx_kernel
+    (launched,) = [dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs if name == kernel.fn.__name__]
+    return tuple(launched.get(name) for name in LIST_ARGUMENTS)
 
 
 @needs_tlx
@@ -284,6 +284,84 @@ def test_backward_recipe_past_one_wave_launches_what_the_full_path_launches(gpu,
         assert before is None or all(a is not b for a, b in zip(fresh, before) if a is not None)
         before = fresh
     assert [kind for kind, _ in answers] == ["recipe"] * 3
+
+
+@needs_tlx
+@pytest.mark.parametrize("case", ["causal", "not causal", "window", "fp16", "GQA"])
+def test_forward_replay_past_one_wave_launches_what_the_full_path_launches(gpu, monkeypatch, case):
+    """``configs.FORWARD_REPLAY_WAVES``: a forward past one wave (2417 rows: 24 query tile slots x 8 heads on 132
+    SMs, the zigzag order's head group a constant of the shapes) is served by its replay, which launches what the
+    full path launches for the call, its sorted query tile list the very tensors the full path launches (eager
+    reuse, as the backward's test), made again for another batch and for the offsets written in place."""
+    from jfa_ops.backends import base
+
+    runs, answers = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_REPLAY_WAVES", True)
+    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cpu", "cuda"))
+    base.clear_eager_reuse()
+    spec = dict(causal=dict(), window=dict(causal=False, window_left=300, window_right=0)).get(case, {})
+    if case == "not causal":
+        spec = dict(causal=False)
+    dtype = torch.float16 if case == "fp16" else torch.bfloat16
+    if case == "GQA":
+        monkeypatch.setitem(globals(), "HEADS", (8, 2))
+    params = _params(**dict(dict(causal=True), **spec))
+    q, k, v, offsets = _inputs(WAVES_BATCHES[0], dtype=dtype)
+    _forward(q, k, v, offsets, params)  # the full path: makes the replay
+    assert not answers and len(attn_fwd._REPLAYS) == 1
+    before = None
+    for n, lengths in enumerate(WAVES_BATCHES[1:] + WAVES_BATCHES[:1]):
+        q, k, v, new = _inputs(lengths, dtype=dtype, seed=n + 1)
+        if n == 1:
+            offsets.copy_(new)  # the same offsets tensor, written in place
+        else:
+            offsets = new
+        runs.clear()
+        _forward(q, k, v, offsets, params)
+        assert answers[-1][0] == "replay" and answers[-1][1] is not None
+        by_replay = [r for r in runs if r[0] == "attn_fwd_tlx_kernel"]
+        lists = _list_tensors(runs, attn_fwd.attn_fwd_tlx_kernel)
+        assert lists[0].shape != offsets.shape and lists[4] is None  # a list, not the one-wave path's offsets
+        runs.clear()
+        _full(monkeypatch, lambda: _forward(q, k, v, offsets, params))
+        inputs = (q, k, v, offsets) + _list_tensors(runs, attn_fwd.attn_fwd_tlx_kernel)[:4]
+        assert _launches(by_replay, inputs) == _launches(runs, inputs)
+        assert before is None or all(a is not b for a, b in zip(lists[:4], before))
+        before = lists[:4]
+    assert [kind for kind, _ in answers] == ["replay"] * 3
+
+
+@needs_tlx
+@pytest.mark.parametrize("why", ["switch off", "atomic work counter", "checked offsets"])
+def test_forward_replay_past_one_wave_declines(gpu, monkeypatch, why):
+    """Past one wave no replay serves with ``configs.FORWARD_REPLAY_WAVES`` off (one kept while it was on included:
+    the key holds it), none is kept for the v3 consumers' atomic work counter (``configs.FORWARD_DYNAMIC``: a zeroed
+    counter per call) or checked offsets (the list's build checks them): each call launches what its full path
+    launches."""
+    runs, answers = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_REPLAY_WAVES", True)
+    if why == "switch off":
+        _forward(*_inputs(WAVES_BATCHES[0], seed=5), _params(causal=True))
+        assert len(attn_fwd._REPLAYS) == 1
+        monkeypatch.setattr(tlx_configs, "FORWARD_REPLAY_WAVES", False)
+    if why == "atomic work counter":
+        monkeypatch.setattr(tlx_configs, "ONE_LOOP", False)
+        monkeypatch.setattr(tlx_configs, "FORWARD_DYNAMIC", True)
+    params = _params(causal=True, check_offsets=why == "checked offsets")
+    monkeypatch.setattr(attn_fwd.validation, "device_flag", lambda flag, mode: None)
+    monkeypatch.setattr(attn_fwd.validation, "validation_mode", lambda device: "async")
+    for lengths in WAVES_BATCHES[:2]:
+        q, k, v, offsets = _inputs(lengths)
+        runs.clear()
+        _forward(q, k, v, offsets, params)
+        names = attn_fwd.attn_fwd_tlx_kernel.arg_names
+        (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_fwd_tlx_kernel"]
+        assert not launched["TILES_FROM_OFFSETS"] and launched["ATOMIC_WORK"] is (why == "atomic work counter")
+        by_kept = _launches(runs, (q, k, v, offsets))
+        runs.clear()
+        _full(monkeypatch, lambda: _forward(q, k, v, offsets, params))
+        assert _launches(runs, (q, k, v, offsets)) == by_kept
+    assert not answers and len(attn_fwd._REPLAYS) == (why == "switch off")
 
 
 @needs_tlx
