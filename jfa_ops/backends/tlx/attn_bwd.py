@@ -1309,6 +1309,7 @@ _TLX_SOURCES = dict(desc_q="desc_q", desc_k="desc_k", desc_v="desc_v", desc_do="
 # past one wave: the sorted key tile list (or the causal order's items, with their kv heads in TILE_HEAD)
 _LIST_SOURCES = dict(TILE_SEQ="tile_seq", TILE_START="tile_start", TILE_COUNT="tile_count", WORK_COUNTER="tile_count")
 _FINALIZE_SOURCES = dict(DQ_ACC="dq_acc", DQ="dq", n_elem="n_elem", slab_stride="n_elem")
+_NO_LISTS: dict = {}  # (never written) a one-wave call's: a keyword no slot names costs ~0.5-1 us in PlanGroup.launch
 
 
 class _Recipe:
@@ -1357,15 +1358,15 @@ class _Recipe:
             return None  # no call of this schedule kept its plans (or past one wave, recipes serve one wave only)
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
-        tile_seq = tile_start = tile_count = tile_head = None  # one wave: the kernel maps items from the offsets
+        lists = _NO_LISTS  # one wave: the kernel maps items from the offsets
         if not from_offsets:  # the full path's lists, made (or reused: base.reusable_in_eager) as it makes them
             has_left, window_left, has_right, right = self.bounds
             tiles = kv_tiles(q_off, kv_off, total_out, rows_k, self.cfg.block_n, window_left, right, has_left,
                              has_right)
-            tile_seq, tile_start, tile_count = tiles.seq, tiles.start, tiles.count
+            lists = dict(tile_seq=tiles.seq, tile_start=tiles.start, tile_count=tiles.count)
             if self.causal_order:
-                tile_seq, tile_start, tile_head = _causal_items(
-                    dict(TILE_SEQ=tile_seq, TILE_START=tile_start, n_slots=kv_slots), q, k, kv_offsets, params,
+                lists["tile_seq"], lists["tile_start"], lists["tile_head"] = _causal_items(
+                    dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, n_slots=kv_slots), q, k, kv_offsets, params,
                     q_off, total_out, self.cfg, device_list)
         lse = lse if lse.is_contiguous() else lse.contiguous()
         dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
@@ -1382,8 +1383,7 @@ class _Recipe:
             desc_v=rebase(v_layout, v, rows_k), desc_do=rebase(do_layout, grad_out, total_out),
             desc_dq=rebase(dq_layout, dq_acc, total_out), lse=lse, dk=dk, dv=dv,
             q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=steps, num_seqs=num_seqs,
-            rows_k=rows_k, dq=dq, n_elem=n_elem, tile_seq=tile_seq, tile_start=tile_start, tile_count=tile_count,
-            tile_head=tile_head)
+            rows_k=rows_k, dq=dq, n_elem=n_elem, **lists)
         return (dq, dk, dv) if launched else None
 
 
