@@ -220,6 +220,7 @@ WAVES_CASES = {
     "fp16": dict(dtype=torch.float16),
     "grad_lse": dict(grad_lse=True),
     "GQA": dict(heads=(8, 2), scale=4, switches=(("BACKWARD_GQA_SPLIT", 0),)),  # 2 kv heads: 4x the rows
+    "GQA split": dict(heads=(8, 2), scale=4, switches=(("BACKWARD_GQA_SPLIT", 16),)),  # 4 parts: fp32 dK/dV slabs
     "GQA snake": dict(heads=(8, 4), scale=2),  # the auto plan (the default): the snake alone, one part
     "one length (kept item list)": dict(lengths=([600] * 4, [600] * 4, [600] * 4), hints=True),
     "torch item list": dict(switches=(("BACKWARD_CAUSAL_ORDER", True), ("BACKWARD_CAUSAL_ORDER_JAGGED", False))),
@@ -269,9 +270,16 @@ def test_backward_recipe_past_one_wave_launches_what_the_full_path_launches(gpu,
             offsets = new
         grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
         runs.clear()
-        args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)
+        args, (dq, dk, dv) = _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)
         assert answers[-1][0] == "recipe" and answers[-1][1] is not None
+        assert dk.dtype == dv.dtype == k.dtype and dk.shape == dv.shape == k.shape
         by_recipe, lists = [r for r in runs if r[0] in BACKWARD_KERNELS], _list_tensors(runs)
+        names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+        (launched,) = [dict(zip(names, r[2])) for r in by_recipe if r[0] == "attn_bwd_tlx_kernel"]
+        if case == "GQA split":  # the parts' fp32 slabs of one zeroed accumulator, as the full path's
+            assert launched["GROUP_SPLIT"] == 4 and launched["DK"].dtype == torch.float32
+            assert launched["DV"].data_ptr() - launched["DK"].data_ptr() == k.numel() * 4
+            assert not launched["DK"].any() and not launched["DV"].any()
         assert _list_tensors(runs)[0].shape != offsets.shape  # a list, not the one-wave path's offsets
         runs.clear()
         _full(monkeypatch, lambda: tlx.backward(*args, params))
@@ -390,22 +398,18 @@ def test_backward_recipe_serves_one_wave_and_past_it(gpu, monkeypatch):
 
 
 @needs_tlx
-@pytest.mark.parametrize("why", ["GQA split", "misaligned tensor", "list specializes otherwise"])
+@pytest.mark.parametrize("why", ["dq_red", "misaligned tensor", "list specializes otherwise"])
 def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     """Past one wave the recipe declines what it does not cover and the full path runs (and launches what it
-    would): a GQA call whose q-head groups run in parts (GROUP_SPLIT: no recipe is kept), a base TMA cannot read, a
-    list whose specialization differs from the kept plan's (``launch.PlanGroup`` launches nothing then)."""
+    would): DQ_RED (no recipe is kept: the kernel reads the accumulator's pointer), a base TMA cannot read, a list
+    whose specialization differs from the kept plan's (``launch.PlanGroup`` launches nothing then)."""
     runs, answers = gpu
     monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 1 if why == "dq_red" else 0)
     params = _params(causal=True)
-    lengths = WAVES_BATCHES[0]
-    if why == "GQA split":
-        monkeypatch.setitem(globals(), "HEADS", (8, 2))
-        monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", 16)
-        lengths = [4 * n for n in lengths]
-    q, k, v, offsets = _inputs(lengths)
+    q, k, v, offsets = _inputs(WAVES_BATCHES[0])
     _backward(q, k, v, offsets, params, torch.randn_like(q))
-    q, k, v, offsets = _inputs(WAVES_BATCHES[1] if why != "GQA split" else [4 * n for n in WAVES_BATCHES[1]], seed=1)
+    q, k, v, offsets = _inputs(WAVES_BATCHES[1], seed=1)
     if why == "misaligned tensor":
         shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # a 2-byte offset
         shifted.copy_(q)
@@ -421,8 +425,8 @@ def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
     names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-    assert answers == ([] if why == "GQA split" else [("recipe", None)])
-    assert launched["GROUP_SPLIT"] == (4 if why == "GQA split" else 1)
+    assert answers == ([] if why == "dq_red" else [("recipe", None)])
+    assert launched["DQ_RED"] == (why == "dq_red") and bool(attn_bwd._RECIPES) == (why != "dq_red")
     by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
     runs.clear()
     _full(monkeypatch, lambda: tlx.backward(*args, params))
@@ -1172,8 +1176,8 @@ def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
     """``configs.BACKWARD_GQA_SPLIT`` (helper gqabwd): a GQA call (Hq8:Hkv2, 12 key tile slots: 24 items on 8 programs)
     launches GROUP_SPLIT = ``gqa_split_parts``' parts (4 rounds: 2; 16: the whole group of 4) under the snake with DK
     / DV the two slabs of one zeroed fp32 [2, T, Hkv, D] accumulator, and returns dk / dv in k's dtype; off (0), the
-    default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (no recipe serves a
-    split)."""
+    default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (past one wave a recipe
+    serves it only with ``configs.BACKWARD_RECIPE_WAVES``, off here)."""
     runs, answers = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 8)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", rounds)

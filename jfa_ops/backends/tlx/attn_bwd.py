@@ -1131,9 +1131,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
                v2 and delta_early, parts, dq_red, kv_early)
-    # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid), DQ_RED (the accumulator's pointer) or the
-    # MXFP8 backward (delta from another dO)
-    kept = selection is None and parts == 1 and not dq_red and not mxfp8 and delta_grad_out is None
+    # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
+    kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -1263,8 +1262,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
             if recipe is None:
                 if len(_RECIPES) >= _RECIPES_MAX:
                     _RECIPES.clear()
-                recipe = _RECIPES[key] = _Recipe(device, num_heads, num_heads_kv, cfg, bounds, causal_order, tuple(
-                    descriptor_layout(dynamic[name]) for name in ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
+                recipe = _RECIPES[key] = _Recipe(device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts,
+                                                 tuple(descriptor_layout(dynamic[name]) for name in (
+                                                     "desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
             recipe.groups[from_offsets] = group
     return dq, dk, dv
 
@@ -1320,12 +1320,14 @@ class _Recipe:
     has a group and whose tensors are TMA-ready in place (else None: the caller takes the full path); it launches
     the same kernels with the same arguments as the full path would (tests compare them), all three or none."""
 
-    __slots__ = ("groups", "device", "num_heads", "num_heads_kv", "cfg", "bounds", "causal_order", "layouts", "last")
+    __slots__ = ("groups", "device", "num_heads", "num_heads_kv", "cfg", "bounds", "causal_order", "parts",
+                 "layouts", "last")
 
-    def __init__(self, device, num_heads, num_heads_kv, cfg, bounds, causal_order, layouts):
+    def __init__(self, device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts, layouts):
         self.groups = {}  # TILES_FROM_OFFSETS -> launch.PlanGroup
         self.device, self.num_heads, self.num_heads_kv, self.cfg = device, num_heads, num_heads_kv, cfg
         self.bounds, self.causal_order = bounds, causal_order  # window_bounds; the variant's (a list past one wave)
+        self.parts = parts  # GROUP_SPLIT (the variant's): parts x kv heads of items, dK/dV added in fp32
         self.layouts = layouts  # of the q, k, v, dO and dQ-accumulator descriptors (rows per call: ``rebase``)
         self.last = None  # (sizes, what _sized derived from them) of the last call (as triton.attn_bwd._Recipe's)
 
@@ -1333,9 +1335,9 @@ class _Recipe:
         """(kv_slots, programs, search steps, TILES_FROM_OFFSETS) of a call's sizes on the recipe's device: the
         full path's schedule (``scheduling.tile_schedule``)."""
         kv_slots = capacity_of(rows_k, self.cfg.block_n, num_seqs)
-        programs, _ = launch_schedule("static", kv_slots * self.num_heads_kv, 1, self.device)
-        return (kv_slots, programs, binary_search_steps(num_seqs),
-                tiles_from_offsets(kv_slots * self.num_heads_kv, num_seqs, 1, self.device))
+        items = kv_slots * self.num_heads_kv * self.parts
+        programs, _ = launch_schedule("static", items, 1, self.device)
+        return kv_slots, programs, binary_search_steps(num_seqs), tiles_from_offsets(items, num_seqs, 1, self.device)
 
     def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, device_list):
         device, num_heads = self.device, self.num_heads
@@ -1369,7 +1371,11 @@ class _Recipe:
                     dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, n_slots=kv_slots), q, k, kv_offsets, params,
                     q_off, total_out, self.cfg, device_list)
         lse = lse if lse.is_contiguous() else lse.contiguous()
-        dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
+        if self.parts > 1:  # as the full path: the parts' dK (scaled) and dV added in fp32, cast after the kernel
+            dkv_acc = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=device)
+            dk, dv = dkv_acc[0], dkv_acc[1]
+        else:
+            dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)
         delta = common.alloc_output((num_heads, total_out), torch.float32, device)
         dq = common.alloc_output(q.shape, q.dtype, device)
@@ -1384,7 +1390,11 @@ class _Recipe:
             desc_dq=rebase(dq_layout, dq_acc, total_out), lse=lse, dk=dk, dv=dv,
             q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=steps, num_seqs=num_seqs,
             rows_k=rows_k, dq=dq, n_elem=n_elem, **lists)
-        return (dq, dk, dv) if launched else None
+        if not launched:
+            return None
+        if self.parts > 1:  # two tensors (views of one would alias the op's outputs)
+            dk, dv = dkv_acc[0].to(k.dtype), dkv_acc[1].to(v.dtype)
+        return dq, dk, dv
 
 
 def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
