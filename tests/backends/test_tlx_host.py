@@ -220,7 +220,8 @@ WAVES_CASES = {
     "fp16": dict(dtype=torch.float16),
     "grad_lse": dict(grad_lse=True),
     "GQA": dict(heads=(8, 2), scale=4, switches=(("BACKWARD_GQA_SPLIT", 0),)),  # 2 kv heads: 4x the rows
-    "GQA split": dict(heads=(8, 2), scale=4, switches=(("BACKWARD_GQA_SPLIT", 16),)),  # 4 parts: fp32 dK/dV slabs
+    # 4 parts (fp32 dK/dV slabs): 24 slots x 2 kv heads fit one wave, x 4 parts (192 items) do not
+    "GQA split": dict(heads=(8, 2), switches=(("BACKWARD_GQA_SPLIT", 16),)),
     "GQA snake": dict(heads=(8, 4), scale=2),  # the auto plan (the default): the snake alone, one part
     "one length (kept item list)": dict(lengths=([600] * 4, [600] * 4, [600] * 4), hints=True),
     "torch item list": dict(switches=(("BACKWARD_CAUSAL_ORDER", True), ("BACKWARD_CAUSAL_ORDER_JAGGED", False))),
