@@ -399,6 +399,31 @@ def test_backward_recipe_serves_one_wave_and_past_it(gpu, monkeypatch):
 
 
 @needs_tlx
+def test_backward_recipe_serves_a_gqa_split_in_one_wave(gpu, monkeypatch):
+    """A GQA split whose parts still fit one wave (8 key tile slots x 2 kv heads x 4 parts = 64 items on 132 SMs) is
+    served by the one-wave recipe (with the switch off), which launches what the full path launches: the parts'
+    grid and fp32 dK/dV slabs, dK/dV returned in k's dtype."""
+    runs, answers = gpu
+    monkeypatch.setitem(globals(), "HEADS", (8, 2))
+    monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", 16)
+    params = _params(causal=True)
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    for seed, lengths in enumerate(([64, 17, 40, 5], [30, 1, 64, 31])):
+        q, k, v, offsets = _inputs(lengths, seed=seed)
+        runs.clear()
+        args, (_, dk, dv) = _backward(q, k, v, offsets, params, torch.randn_like(q))
+        (launched,) = [dict(zip(names, r[2])) for r in runs if r[0] == "attn_bwd_tlx_kernel"]
+        assert launched["GROUP_SPLIT"] == 4 and launched["TILES_FROM_OFFSETS"] and runs[1][1] == (64,)
+        assert launched["DV"].data_ptr() - launched["DK"].data_ptr() == k.numel() * 4
+        assert dk.dtype == dv.dtype == k.dtype
+        by_kept = _launches(runs, args)
+        runs.clear()
+        _full(monkeypatch, lambda: tlx.backward(*args, params))
+        assert _launches(runs, args) == by_kept
+    assert [kind for kind, result in answers] == ["recipe"] and answers[0][1] is not None
+
+
+@needs_tlx
 @pytest.mark.parametrize("why", ["dq_red", "misaligned tensor", "list specializes otherwise"])
 def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     """Past one wave the recipe declines what it does not cover and the full path runs (and launches what it

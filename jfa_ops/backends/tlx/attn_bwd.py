@@ -1357,7 +1357,7 @@ class _Recipe:
         kv_slots, programs, steps, from_offsets = sized
         group = self.groups.get(from_offsets)
         if group is None:
-            return None  # no call of this schedule kept its plans (or past one wave, recipes serve one wave only)
+            return None  # no call of this schedule kept its plans (past one wave: none with the switch off)
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
         lists = _NO_LISTS  # one wave: the kernel maps items from the offsets
