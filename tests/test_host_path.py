@@ -545,8 +545,11 @@ def test_eager_reuse_only_for_the_same_live_tensor_at_its_version(eager_reuse, m
     assert base.per_trace(build, t, 2) is not first
     checked = base.per_trace(build, t, 3, flag="flag")  # its side effect must happen: runs, then serves
     assert base.per_trace(build, t, 3) is checked and calls.count((3, "flag")) == 1
+    nested = base.per_trace(build, (t, 2.5), 9)  # tensors inside a tuple (the general walk): the same rule
+    assert base.per_trace(build, (t, 2.5), 9) is nested
     t.add_(0)  # in place: another value as far as anyone can tell
     assert base.per_trace(build, t, 1) is not first
+    assert base.per_trace(build, (t, 2.5), 9) is not nested
     dead = torch.zeros(3)
     kept = base.per_trace(build, dead, 4)
     del dead

@@ -47,8 +47,8 @@ from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.mxfp8_quantize import _shared_exponent
 from ..gqa_split import plan as gqa_split_plan
-from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, one_wave, schedule_arguments,
-                                 tile_schedule, tiles_from_offsets)
+from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, schedule_arguments, tile_schedule,
+                                 tiles_from_offsets)
 from . import configs
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tile_count,
                        _tile_sequence, _tma_ready, _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
@@ -1027,6 +1027,21 @@ def _gqa_split(q, k, kv_offsets, params, causal_order: bool, gqa_split: int):
     return chosen.parts, chosen.snake and chosen.parts == 1
 
 
+def _causal_items(schedule, q, k, kv_offsets, params, q_off, total_out, cfg, device_list):
+    """The causal order's (seq, start, kv head) item list of a call whose key tile list ``schedule`` holds (sorted,
+    not one wave): made once per shape for a one-length causal batch, else per call on the device (eager calls with
+    the same tile list and offsets reuse it) or by torch ops: the full path's and the recipe's."""
+    num_heads_kv, device = k.shape[1], q.device
+    row_bytes = (q.shape[1] // num_heads_kv) * q.shape[2] * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
+    if one_length_causal(q, k, kv_offsets, params):
+        return uniform_causal_item_list(kv_offsets.numel() - 1, params.max_seqlen_q, num_heads_kv, row_bytes,
+                                        configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
+    if device_list and schedule["n_slots"] ** 2 * num_heads_kv <= configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS:
+        return causal_item_list_device(schedule, num_heads_kv, q_off, total_out, row_bytes,
+                                       configs.CAUSAL_ORDER_L2_BYTES)
+    return causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
+
+
 def one_length_causal(q, k, kv_offsets, params) -> bool:
     """A causal batch (no window, no broadcast Q) whose sequences all have one length, known from the max_seqlen
     hints without reading the offsets (``attn_fwd.uniform_lengths``): the causal order's list is then made once per
@@ -1116,13 +1131,12 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
                v2 and delta_early, parts, dq_red, kv_early)
-    # no recipe with GROUP_SPLIT (``_Recipe`` launches the one-part grid), DQ_RED (the accumulator's pointer) or the
-    # MXFP8 backward (delta from another dO)
-    kept = selection is None and parts == 1 and not dq_red and not mxfp8 and delta_grad_out is None
+    # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
+    kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
-        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
+        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, causal_jagged)
         if grads is not None:
             return grads
     if mxfp8 and not (v2 and selection is None):
@@ -1135,7 +1149,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                    mxfp8=False, delta_grad_out=None, device_list=False):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
-    order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
+    order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
      alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early) = variant
@@ -1190,15 +1204,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the sections are list data
     # (a causal batch of one length: the list made once per shape, no per-call host ops)
     if causal_order and not schedule["TILES_FROM_OFFSETS"]:
-        row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
-        if one_length_causal(q, k, kv_offsets, params):
-            items = uniform_causal_item_list(num_seqs, params.max_seqlen_q, num_heads_kv, row_bytes,
-                                             configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
-        elif device_list and schedule["n_slots"] ** 2 * num_heads_kv <= configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS:
-            items = causal_item_list_device(schedule, num_heads_kv, q_off, total_out, row_bytes,
-                                            configs.CAUSAL_ORDER_L2_BYTES)
-        else:
-            items = causal_item_list(schedule, num_heads_kv, q_off, row_bytes, configs.CAUSAL_ORDER_L2_BYTES)
+        items = _causal_items(schedule, q, k, kv_offsets, params, q_off, total_out, cfg, device_list)
     snake = item_order or items is not None or parts > 1  # GROUP_SPLIT's parts under the snake (its balance)
     kernel_group = 0 if snake else head_group
     if items is not None:
@@ -1240,17 +1246,26 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     launch_planned(attn_bwd_dq_finalize_kernel, finalize_key, (cdiv(q.numel(), FINALIZE_BLOCK),),
                    dict(DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), slab_stride=q.numel()),
                    lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK))
-    # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
-    if (key is not None and key not in _RECIPES and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
+    # What _Recipe covers (see there): then keep the plans just launched in this signature's recipe, one group per
+    # schedule (from the offsets in one wave, or a sorted list: configs.BACKWARD_RECIPE_WAVES)
+    from_offsets = schedule["TILES_FROM_OFFSETS"]
+    recipe = None if key is None else _RECIPES.get(key)
+    if (key is not None and (recipe is None or from_offsets not in recipe.groups) and not schedule["ATOMIC_WORK"]
+            and (from_offsets or configs.BACKWARD_RECIPE_WAVES)
             and all(a is b and _packed_any_rows(a) for a, b in zip((q, k, v, out, grad_out), given))):
+        sources = _TLX_SOURCES if from_offsets else dict(
+            _TLX_SOURCES, **_LIST_SOURCES, **({} if items is None else dict(TILE_HEAD="tile_head")))
         group = launcher.plan_group(((attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
-                                     (attn_bwd_tlx_kernel, plan_key, _TLX_SOURCES, options),
+                                     (attn_bwd_tlx_kernel, plan_key, sources, options),
                                      (attn_bwd_dq_finalize_kernel, finalize_key, _FINALIZE_SOURCES, {})))
         if group is not None:
-            if len(_RECIPES) >= _RECIPES_MAX:
-                _RECIPES.clear()
-            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, cfg, tuple(
-                descriptor_layout(dynamic[name]) for name in ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
+            if recipe is None:
+                if len(_RECIPES) >= _RECIPES_MAX:
+                    _RECIPES.clear()
+                recipe = _RECIPES[key] = _Recipe(device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts,
+                                                 tuple(descriptor_layout(dynamic[name]) for name in (
+                                                     "desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
+            recipe.groups[from_offsets] = group
     return dq, dk, dv
 
 
@@ -1259,7 +1274,10 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 # signature (configs, choices, plan keys, ~60 arguments bound). A recipe keeps the three launch plans of a signature
 # as one ``launch.PlanGroup``; a later call of the signature checks its sizes, allocates, builds its five descriptors
 # (each holds its tensor's address and rows) and launches. The triton backward's switches turn it off too
-# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``).
+# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``). Past one wave
+# (``configs.BACKWARD_RECIPE_WAVES``) a call also takes its tile and item lists, which are per-call values, from the
+# full path's functions (large calls: ~33 specializations, 5 descriptors and the decisions skipped; bench/NOTES.md
+# "kept launches past one wave").
 _RECIPES: dict = {}
 _RECIPES_MAX = 256  # a bound, not a tuning (keys hold no row counts)
 launcher.CLEAR_HOOKS.append(_RECIPES.clear)  # recipes hold plans: dropped with them
@@ -1269,15 +1287,15 @@ def _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant):
     """What the full path's decisions for a dense call follow from, except the sizes ``_Recipe.run`` checks per call:
     the device, the tensors' dtypes (TMA's row-stride rule is in bytes), head counts, head_dim, strides (packing, row
     strides), grad_lse's presence and dtype, the options the backward reads, the triton knobs' generation (the one-wave
-    rule) and the kernel variant (``configs.BACKWARD_*``). None where no recipe may serve the call: broadcast Q, and
-    wherever ``launch.replays_enabled()`` is false (the interpreter, tracing, plans or replays off) or the triton
-    backward's recipes are off."""
+    rule), the kernel variant (``configs.BACKWARD_*``) and whether recipes serve calls past one wave. None where no
+    recipe may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter,
+    tracing, plans or replays off) or the triton backward's recipes are off."""
     if not triton_bwd.RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
         return None
     return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
             None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
             v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
-            params.window_right, params.deterministic, Knobs.generation, variant)
+            params.window_right, params.deterministic, Knobs.generation, variant, configs.BACKWARD_RECIPE_WAVES)
 
 
 # Where each launch's per-call arguments come from (``launch.PlanGroup`` sources, each specialized once).
@@ -1288,34 +1306,40 @@ _TLX_SOURCES = dict(desc_q="desc_q", desc_k="desc_k", desc_v="desc_v", desc_do="
                     TILE_START="kv_off", TILE_COUNT="kv_off", WORK_COUNTER="kv_off", n_slots="kv_slots",
                     search_steps="steps", num_seqs="num_seqs", rows_s="rows_k", rows_o="total_out",
                     total_out="total_out")
+# past one wave: the sorted key tile list (or the causal order's items, with their kv heads in TILE_HEAD)
+_LIST_SOURCES = dict(TILE_SEQ="tile_seq", TILE_START="tile_start", TILE_COUNT="tile_count", WORK_COUNTER="tile_count")
 _FINALIZE_SOURCES = dict(DQ_ACC="dq_acc", DQ="dq", n_elem="n_elem", slab_stride="n_elem")
+_NO_LISTS: dict = {}  # (never written) a one-wave call's: a keyword no slot names costs ~0.5-1 us in PlanGroup.launch
 
 
 class _Recipe:
     """A dense backward signature's launches (delta, the TLX kernel, dQ finalize), made by ``_full_backward`` from
-    the plans it launched where its key tile list was mapped from the offsets in one wave. ``run`` serves a call of
-    the key's signature whose sizes keep to that path and whose tensors are TMA-ready in place (else None: the
-    caller takes the full path); it launches the same kernels with the same arguments as the full path would (tests
-    compare them), all three or none."""
+    the plans it launched: ``groups[True]`` where its key tile list was mapped from the offsets in one wave,
+    ``groups[False]`` where it was sorted (``configs.BACKWARD_RECIPE_WAVES``; the list, and the causal order's item
+    list, made per call by the full path's functions). ``run`` serves a call of the key's signature whose schedule
+    has a group and whose tensors are TMA-ready in place (else None: the caller takes the full path); it launches
+    the same kernels with the same arguments as the full path would (tests compare them), all three or none."""
 
-    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "cfg", "layouts", "last")
+    __slots__ = ("groups", "device", "num_heads", "num_heads_kv", "cfg", "bounds", "causal_order", "parts",
+                 "layouts", "last")
 
-    def __init__(self, group, device, num_heads, num_heads_kv, cfg, layouts):
-        self.group, self.device, self.num_heads, self.num_heads_kv, self.cfg = (group, device, num_heads,
-                                                                                num_heads_kv, cfg)
+    def __init__(self, device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts, layouts):
+        self.groups = {}  # TILES_FROM_OFFSETS -> launch.PlanGroup
+        self.device, self.num_heads, self.num_heads_kv, self.cfg = device, num_heads, num_heads_kv, cfg
+        self.bounds, self.causal_order = bounds, causal_order  # window_bounds; the variant's (a list past one wave)
+        self.parts = parts  # GROUP_SPLIT (the variant's): parts x kv heads of items, dK/dV added in fp32
         self.layouts = layouts  # of the q, k, v, dO and dQ-accumulator descriptors (rows per call: ``rebase``)
         self.last = None  # (sizes, what _sized derived from them) of the last call (as triton.attn_bwd._Recipe's)
 
     def _sized(self, num_seqs: int, rows_k: int):
-        """(kv_slots, programs, search steps) of a call's sizes on the recipe's device, or None where its key tile
-        list is not mapped from the offsets in one wave (the full path sorts one)."""
+        """(kv_slots, programs, search steps, TILES_FROM_OFFSETS) of a call's sizes on the recipe's device: the
+        full path's schedule (``scheduling.tile_schedule``)."""
         kv_slots = capacity_of(rows_k, self.cfg.block_n, num_seqs)
-        if not one_wave(kv_slots * self.num_heads_kv, 1, self.device):
-            return None
-        programs, _ = launch_schedule("static", kv_slots * self.num_heads_kv, 1, self.device)
-        return kv_slots, programs, binary_search_steps(num_seqs)
+        items = kv_slots * self.num_heads_kv * self.parts
+        programs, _ = launch_schedule("static", items, 1, self.device)
+        return kv_slots, programs, binary_search_steps(num_seqs), tiles_from_offsets(items, num_seqs, 1, self.device)
 
-    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets):
+    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, device_list):
         device, num_heads = self.device, self.num_heads
         num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
         if num_seqs <= 0 or total_out == 0 or rows_k == 0:
@@ -1329,20 +1353,35 @@ class _Recipe:
             sized = last[1]
         else:
             sized = self._sized(num_seqs, rows_k)
-            if sized is None:
-                return None  # a sorted tile list: the full path builds it
             self.last = sizes, sized  # one assignment: another thread sees the old pair or the new one
-        kv_slots, programs, steps = sized
+        kv_slots, programs, steps, from_offsets = sized
+        group = self.groups.get(from_offsets)
+        if group is None:
+            return None  # no call of this schedule kept its plans (past one wave: none with the switch off)
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+        lists = _NO_LISTS  # one wave: the kernel maps items from the offsets
+        if not from_offsets:  # the full path's lists, made (or reused: base.reusable_in_eager) as it makes them
+            has_left, window_left, has_right, right = self.bounds
+            tiles = kv_tiles(q_off, kv_off, total_out, rows_k, self.cfg.block_n, window_left, right, has_left,
+                             has_right)
+            lists = dict(tile_seq=tiles.seq, tile_start=tiles.start, tile_count=tiles.count)
+            if self.causal_order:
+                lists["tile_seq"], lists["tile_start"], lists["tile_head"] = _causal_items(
+                    dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, n_slots=kv_slots), q, k, kv_offsets, params,
+                    q_off, total_out, self.cfg, device_list)
         lse = lse if lse.is_contiguous() else lse.contiguous()
-        dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
+        if self.parts > 1:  # as the full path: the parts' dK (scaled) and dV added in fp32, cast after the kernel
+            dkv_acc = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=device)
+            dk, dv = dkv_acc[0], dkv_acc[1]
+        else:
+            dk, dv = common.alloc_output(k.shape, k.dtype, device), common.alloc_output(v.shape, v.dtype, device)
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)
         delta = common.alloc_output((num_heads, total_out), torch.float32, device)
         dq = common.alloc_output(q.shape, q.dtype, device)
         n_elem = q.numel()
         q_layout, k_layout, v_layout, do_layout, dq_layout = self.layouts
-        launched = self.group.launch(
+        launched = group.launch(
             ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (programs,), (cdiv(n_elem, FINALIZE_BLOCK),)),
             out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
             delta=delta, dq_acc=dq_acc, total_out=total_out,  # descriptors: bases checked above, the rest keyed
@@ -1350,8 +1389,12 @@ class _Recipe:
             desc_v=rebase(v_layout, v, rows_k), desc_do=rebase(do_layout, grad_out, total_out),
             desc_dq=rebase(dq_layout, dq_acc, total_out), lse=lse, dk=dk, dv=dv,
             q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=steps, num_seqs=num_seqs,
-            rows_k=rows_k, dq=dq, n_elem=n_elem)
-        return (dq, dk, dv) if launched else None
+            rows_k=rows_k, dq=dq, n_elem=n_elem, **lists)
+        if not launched:
+            return None
+        if self.parts > 1:  # two tensors (views of one would alias the op's outputs)
+            dk, dv = dkv_acc[0].to(k.dtype), dkv_acc[1].to(v.dtype)
+        return dq, dk, dv
 
 
 def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:

@@ -143,6 +143,16 @@ BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "
 # 2026-12-04 (stop 33; bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and
 # jagged causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
+# RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
+# backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
+# sorted key tile list and the causal order's item list through the full path's own functions and launches the
+# kept plans with them, instead of the full path's Python (~440-510 us a call of the model suite's large batch on
+# the CPU count; its step is host-bound on the H200, bench/NOTES.md v25). FORWARD_REPLAY_WAVES
+# (JFA_TLX_FWD_REPLAY_WAVES, unset: RECIPE_WAVES's env) likewise for the forward's replays (the sorted query tile
+# list). Off until the H200 measures them; read per call (the kept launches' keys hold them).
+BACKWARD_RECIPE_WAVES = os.environ.get("JFA_TLX_BWD_RECIPE_WAVES", "0") == "1"
+FORWARD_REPLAY_WAVES = os.environ.get("JFA_TLX_FWD_REPLAY_WAVES",
+                                      os.environ.get("JFA_TLX_BWD_RECIPE_WAVES", "0")) == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
 # items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's

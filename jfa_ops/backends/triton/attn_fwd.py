@@ -263,25 +263,30 @@ class _Replay:
     attention kernel from tensors the call has (or, for broadcast Q, the output offsets ``broadcast_offsets`` keeps
     per shape: read-only, so the replay keeps them too): one wave (no tile list), inputs used in place. Without
     ``descriptors`` no TMA descriptors; with them (the tlx forward: the layouts of its q, k, v descriptors), the
-    call's descriptors over q, k, v (``rebase``), built per call because each holds its tensor's address."""
+    call's descriptors over q, k, v (``rebase``), built per call because each holds its tensor's address. With
+    ``lists`` (the tlx forward past one wave, tlx ``configs.FORWARD_REPLAY_WAVES``): ``lists(q_off, kv_off)`` makes
+    the call's sorted tile list as the full path makes it (its own function: eager calls reuse it), which the launch
+    reads."""
 
-    # the tensors (and descriptors) a replayed call launches with
-    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v")
+    # the tensors (and descriptors, and the tile list past one wave) a replayed call launches with
+    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v", "tile_seq",
+               "tile_start", "tile_count")
     # fresh allocations of the replay's own dtypes (allocators align them): specialized on a replay's first call
     # only (launch.PlanGroup ``trusted``; bench/NOTES.md "tiny-call backend host floor")
     TRUSTED = ("out", "lse", "flag")
 
     __slots__ = ("group", "grids", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
-                 "broadcast_offsets", "descriptors", "checked")
+                 "broadcast_offsets", "descriptors", "lists", "checked")
 
     def __init__(self, group, grid, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets,
-                 descriptors=None):
+                 descriptors=None, lists=None):
         self.group, self.grids, self.out_shape, self.lse_shape = group, (grid,), out.shape, lse.shape
         self.dtype, self.device, self.check = out.dtype, out.device, check
         self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
         self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
         self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
         self.descriptors = descriptors  # None, or the layouts of the q, k, v descriptors (descriptor_layout)
+        self.lists = lists  # None (one wave: the kernel maps items from the offsets), or the tile list's maker
         self.checked = False  # True once a run specialized every source as the plans'
 
     def run(self, q, k, v, q_offsets, kv_offsets):
@@ -300,8 +305,10 @@ class _Replay:
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
         flag = torch.empty(size=(1,), dtype=torch.int32, device=self.device) if self.check else None
+        tiles = None if self.lists is None else self.lists(q_off, kv_off)
         checked = self.checked
         if not self.group.launch(self.grids, q, k, v, out, lse, q_off, kv_off, flag, desc_q, desc_k, desc_v,
+                                 *((None,) * 3 if tiles is None else (tiles.seq, tiles.start, tiles.count)),
                                  trusted=checked):
             return None
         if not checked:
@@ -414,11 +421,12 @@ _OWN_SOURCE.update(desc_q=8, desc_k=9, desc_v=10)  # the tlx forward's descripto
 
 
 def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets,
-                descriptors: bool = False) -> None:
+                descriptors: bool = False, lists=None) -> None:
     """Store in ``replays`` the replay of the launch of ``kernel`` just made, if every tensor argument is one of
-    ``sources`` (``_Replay.SOURCES`` in order, the descriptors last where there are any): its own (Q is q, even when
-    q is k) or else the first identical one (the tile list's offsets). ``descriptors``: the launch read q, k, v
-    through descriptors, ``sources``' last three (the replay keeps their layouts)."""
+    ``sources`` (``_Replay.SOURCES`` in order, the descriptors and the tile list last where there are any): its own
+    (Q is q, even when q is k) or else the first identical one (one wave: the tile list's offsets).
+    ``descriptors``: the launch read q, k, v through descriptors, ``sources``' [8:11] (the replay keeps their
+    layouts); ``lists``: the maker of the tile list, ``sources``' [11:14] (``_Replay``)."""
     if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
         return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
     names = {}
@@ -441,4 +449,4 @@ def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, op
         replays.clear()
     replays[key] = _Replay(group, grid, sources[3], sources[4], q_offsets, kv_offsets, sources[7] is not None,
                            sources[5] if q_offsets is None else None,
-                           tuple(map(descriptor_layout, sources[8:11])) if descriptors else None)
+                           tuple(map(descriptor_layout, sources[8:11])) if descriptors else None, lists)
