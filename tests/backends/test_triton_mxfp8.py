@@ -203,6 +203,18 @@ def test_quantize_v_column_layout_bit_exact(heads, dim, rounding, dtype):
                     assert options["num_warps"] == 1 and geometry[1]["COL_VEC"] == 0
 
 
+def test_quantize_v_column_layout_keeps_offsets_in_int32():
+    """The column layout's offsets within a tile are int32: strides past 2**31 / (32 + heads a program) take the
+    default layout."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+
+    with knob_set("mxfp8_quant_v_layout", "column"):
+        for row_stride, col_vec in ((65075200, mq.V_COLUMN_VEC), (65075264, 0)):  # 33 x stride + 128 vs 2**31
+            x = torch.empty_strided((64, 1, 128), (row_stride, 128, 1), dtype=torch.bfloat16, device="meta")
+            static = mq._launch_geometry(x, x, x, 2, (32, 1), "rceil", mq.PAIR, mq.QUANT_BLOCK_R, 0)[1]
+            assert static["COL_VEC"] == col_vec, row_stride
+
+
 @pytest.mark.parametrize("num_seqs", [1, 5, 64, 65, 150])
 def test_fanout_sequence_matches_searchsorted(num_seqs):
     """The kernels' tile -> sequence search (64 candidates per step) against torch.searchsorted, with empty

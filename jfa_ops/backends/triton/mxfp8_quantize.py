@@ -548,9 +548,10 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
             per_program, chunks = max(1, columns // block_d), max(1, block_d // columns)
         warps = quantize_warps(block, per_program * block_d // chunks, block_r)
         stages = QUANT_STAGES
-        if KNOBS.mxfp8_quant_v_layout == "column" and tuple(block) == (32, 1) and rebase == PAIR and max(
-                x.stride(0), x.stride(1), data_bits.stride(0), data_bits.stride(1)) < 2 ** 31 // block_r:
-            # whole columns a thread (the row offsets in int32: the strides bound above)
+        stride = max(x.stride(0), x.stride(1), data_bits.stride(0), data_bits.stride(1))
+        if KNOBS.mxfp8_quant_v_layout == "column" and tuple(block) == (32, 1) and rebase == PAIR and (
+                stride * (block_r + per_program) + block_d < 2 ** 31):
+            # whole columns a thread (its offsets within a tile in int32: rows x stride + heads x stride + column)
             col_vec, stages, groups = V_COLUMN_VEC, V_COLUMN_STAGES, V_COLUMN_GROUPS or groups
     else:  # v3's geometry, the one run on the H200: one head per iteration, every head in one program
         per_program, warps, stages, groups = 1, 4 * block_r // QUANT_BLOCK_R, 1, V3_GROUPS
