@@ -8,18 +8,21 @@ flushed), GB/s = the bench's bytes (``bench.peers._quantize_bytes``):
 - ``op x3``: three ``jfa_ops.mxfp8_quantize`` calls eagerly (the bench row of 2026-12-03), ``KNOBS.mxfp8_quant_direct``
   off / on;
 - ``fwd x3``: the three calls the bf16-in forward makes (the backend's quantize function), off / on, then on with
-  ``KNOBS.mxfp8_quant_v_columns`` 64 (v's (32, 1) kernel in 64-column iterations);
+  ``KNOBS.mxfp8_quant_v_columns`` 64 (v's (32, 1) kernel in 64-column iterations) and with
+  ``KNOBS.mxfp8_quant_v_layout`` "column" (whole columns a thread);
 - ``fwd x3 graph``: the same replayed from a CUDA graph (the kernels' time: what the fixed bench row reports), then
-  with v in 64 columns;
+  with v in 64 columns, in whole columns;
 - ``q / k / v graph``: each kernel alone from a graph ((1, 32), (1, 32), (32, 1)), GB/s of its tensor's bytes;
-  then v with 2 warps per 128 columns, with every head in one program and in 64 / 32-column iterations (the (32, 1)
-  geometry A/B; ``same``: v's bits vs the default's);
+  then v in whole columns (with 3 copy stages, with 8 heads a program), v with 2 warps per 128 columns, with the old
+  head split and in 64 / 32-column iterations (the (32, 1) A/B; ``same``: v's bits vs the default's); ``column
+  kernel``: registers, spills, shuffles and lanes of the whole-column kernels this Triton compiled;
 - ``host us``: Python per three calls, enqueued behind a sleeping GPU (nothing waits: the host's time alone).
 Every row's data and scale bits are compared with the first's (``same``).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from unittest import mock
 
@@ -89,6 +92,30 @@ def v_columns(columns: int, fn):
     return mock.patch.object(KNOBS, "mxfp8_quant_v_columns", columns)(fn)
 
 
+def v_layout(layout: str, fn):
+    """``fn`` run with ``KNOBS.mxfp8_quant_v_layout`` = ``layout`` (read at launch: a graph captures it)."""
+    return mock.patch.object(KNOBS, "mxfp8_quant_v_layout", layout)(fn)
+
+
+def column_kernels() -> list:
+    """(registers, spills, shuffles, lanes along the columns, shared bytes) of each whole-column quantize kernel in
+    Triton's cache (``_encode_packed``'s 0x7f7f7f7f in its PTX): what this Triton made of the layout (the sm_90
+    compile test checks triton 3.9's: 183 registers, no shuffles, [1, 32] lanes)."""
+    out = []
+    try:  # Triton's cache layout is internal: (kernel cache, ...) per device in 3.6 to 3.9
+        kernels = [k for entry in mq.mxfp8_quantize_kernel.device_caches.values() for k in list(entry[0].values())]
+    except (AttributeError, TypeError, IndexError) as e:
+        return [f"not read: {e!r}"]
+    for k in kernels:
+        asm = getattr(k, "asm", None) or {}
+        if "0x7f7f7f7f" in asm.get("ptx", ""):
+            out.append(dict(registers=getattr(k, "n_regs", None), spills=getattr(k, "n_spills", None),
+                            shfl=asm["ptx"].count("shfl.sync"),
+                            lanes_along_columns="threadsPerWarp = [1, 32]" in asm.get("ttgir", ""),
+                            shared=getattr(getattr(k, "metadata", None), "shared", None)))
+    return out
+
+
 def bits(pairs) -> list:
     return [t.view(torch.uint8).clone() for pair in pairs for t in pair]
 
@@ -144,10 +171,13 @@ def main() -> None:
         row("fwd x3, quant_direct", fwd3, True)
         fwd3_v64 = v_columns(64, fwd3)
         row("fwd x3, v 64 columns", fwd3_v64, True)
+        fwd3_vcol = v_layout("column", fwd3)
+        row("fwd x3, v column", fwd3_vcol, True)
         if device.type == "cuda":
             quant_direct(False)
             if graph_row(row, "fwd x3 graph", fwd3):
                 graph_row(row, "fwd x3 graph, v 64 columns", fwd3_v64)
+                graph_row(row, "fwd x3 graph, v column", fwd3_vcol)
                 # V's kernel with the head split of Q's and K's (mq.V_QUANT_GROUPS None: the geometry before stop 33)
                 graph_row(row, "fwd x3 graph, v head split", mock.patch.object(mq, "V_QUANT_GROUPS", None)(fwd3))
                 graph_row(row, "fwd x3 graph'", fwd3)  # the default again: the A/A gauge of the two rows above
@@ -156,25 +186,33 @@ def main() -> None:
                     if g is not None:
                         row(f"{n} {'(32, 1)' if n == 'v' else '(1, 32)'} graph", g, False, tensor_bytes[n],
                             check=False)
-                # (32, 1)'s geometry A/B (module constants and KNOBS.mxfp8_quant_v_columns, read at launch, as
-                # tools/mxfp8_quant_probe.py sets them; bit-exact by construction: tests/backends/test_triton_mxfp8.py's
-                # head-group and v-columns tests): 2 warps per 128 columns (v12's "cols2": 59% vs 48% of the copy on
+                # (32, 1)'s A/B (module constants and KNOBS, read at launch, as tools/mxfp8_quant_probe.py sets them;
+                # bit-exact by construction: tests/backends/test_triton_mxfp8.py's head-group, v-columns and
+                # column-layout tests): whole columns a thread (KNOBS.mxfp8_quant_v_layout; bench/NOTES.md "MXFP8
+                # (32, 1) quantize in whole columns, helper quantv36"), with the copy two groups ahead, with 8 heads
+                # a program (2 programs a row tile at H16); 2 warps per 128 columns (v12's "cols2": 59% vs 48% of the copy on
                 # 16 heads), the head split of Q's and K's kernels (the default before stop 33: the 16-head grid reads
                 # 1 KB of each 4 KB row per split), 64 / 32 columns per iteration (16 / 23 one-warp
                 # programs per SM instead of 9: bench/NOTES.md "MXFP8 (32, 1) quantize bandwidth, helper quant32")
                 v_want = [t.view(torch.uint8).clone() for t in calls["v"]()]
-                default = (dict(mq.QUANT_WARPS), mq.V_QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns)
-                for label, warps, groups, columns in (
-                        ("v graph, 2 warps", {**default[0], "cols": 2}, default[1], default[2]),
-                        ("v graph, head split (old)", default[0], None, default[2]),
-                        ("v graph, 64 columns", default[0], default[1], 64),
-                        ("v graph, 32 columns", default[0], default[1], 32)):
-                    mq.QUANT_WARPS, mq.V_QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = warps, groups, columns
-                    same = all(map(torch.equal, [t.view(torch.uint8) for t in calls["v"]()], v_want))
-                    g = graph_of(calls["v"])
-                    if g is not None:
-                        row(label, g, False, tensor_bytes["v"], check=False, same=same)
-                    mq.QUANT_WARPS, mq.V_QUANT_GROUPS, KNOBS.mxfp8_quant_v_columns = default
+                for label, patches in (
+                        ("v graph, column", {(KNOBS, "mxfp8_quant_v_layout"): "column"}),
+                        ("v graph, column, 3 stages", {(KNOBS, "mxfp8_quant_v_layout"): "column",
+                                                       (mq, "V_COLUMN_STAGES"): 3}),
+                        ("v graph, column, 8 heads", {(KNOBS, "mxfp8_quant_v_layout"): "column",
+                                                      (mq, "V_COLUMN_GROUPS"): 8}),
+                        ("v graph, 2 warps", {(mq, "QUANT_WARPS"): {**mq.QUANT_WARPS, "cols": 2}}),
+                        ("v graph, head split (old)", {(mq, "V_QUANT_GROUPS"): None}),
+                        ("v graph, 64 columns", {(KNOBS, "mxfp8_quant_v_columns"): 64}),
+                        ("v graph, 32 columns", {(KNOBS, "mxfp8_quant_v_columns"): 32})):
+                    with contextlib.ExitStack() as patched:
+                        for (owner, attr), value in patches.items():
+                            patched.enter_context(mock.patch.object(owner, attr, value))
+                        same = all(map(torch.equal, [t.view(torch.uint8) for t in calls["v"]()], v_want))
+                        g = graph_of(calls["v"])
+                        if g is not None:
+                            row(label, g, False, tensor_bytes["v"], check=False, same=same)
+                print(f"{name:22} column kernel {column_kernels()}", flush=True)
             else:
                 print(f"{name}: the three calls could not be captured in a CUDA graph", flush=True)
             for label, fn, on in (("host us: op x3", op3, False), ("host us: op x3, quant_direct", op3, True),

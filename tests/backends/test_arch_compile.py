@@ -205,21 +205,30 @@ for s in getattr(specializations, sys.argv[1])():
     out.append(dict(name=s.name, shared=k.metadata.shared, warps=s.num_warps,
                     registers=max(int(x) for x in re.findall(r"Used (\d+) registers", log)),
                     spills=max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)),
-                    async_copies=k.asm["ttgir"].count("async_copy_global_to_local")))
+                    async_copies=k.asm["ttgir"].count("async_copy_global_to_local"), shfl=k.asm["ptx"].count("shfl.sync"),
+                    lanes_along_columns="threadsPerWarp = [1, 32]" in k.asm["ttgir"],
+                    packed_encode=k.asm["ptx"].count("0x7f7f7f7f")))
 print(json.dumps(out))
 """
 
 
+_PTXAS_RESULTS = {}
+
+
 def _ptxas_stats(source: str, prefix: str) -> list:
     """sm_90 compiles of ``specializations.<source>()``'s entries named ``prefix...``, each with ptxas -v's registers
-    and spill bytes, shared memory, warps and async copies (a subprocess without TRITON_INTERPRET)."""
+    and spill bytes, shared memory, warps and async copies (a subprocess without TRITON_INTERPRET; once per
+    source and prefix)."""
+    if (source, prefix) in _PTXAS_RESULTS:
+        return _PTXAS_RESULTS[source, prefix]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", _PTXAS_WORKER, source, prefix], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    _PTXAS_RESULTS[source, prefix] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _PTXAS_RESULTS[source, prefix]
 
 
 def test_sm90_pool_variants_keep_loads_in_flight():
@@ -243,9 +252,24 @@ def test_sm90_mxfp8_quantize_v_columns_fit_twice_the_programs():
     SM, the default's 213 fit 9) with its loads pipelined by async copies, no spills, shared memory within the
     budget; the default (32, 1) kernels spill nothing either."""
     results = {r["name"]: r for r in _ptxas_stats("mxfp8_specializations", "mxfp8-quantize-32x1-")}
-    assert len(results) == 3, sorted(results)
+    assert len(results) == 4, sorted(results)  # with the column layout's (the test below)
     for r in results.values():
         assert r["spills"] == 0 and r["shared"] <= SHARED_MEMORY_LIMITS[90], r
     narrow = results["mxfp8-quantize-32x1-bf16-cols64-pipelined"]
     assert narrow["warps"] == 1 and narrow["registers"] <= 128 and narrow["async_copies"] > 0, narrow
     assert 65536 // (narrow["registers"] * 32) >= 16, narrow
+
+
+def test_sm90_mxfp8_quantize_v_column_layout():
+    """``KNOBS.mxfp8_quant_v_layout`` "column" (bench/NOTES.md "MXFP8 (32, 1) quantize in whole columns, helper
+    quantv36") on sm_90, ptxas -v: V's (32, 1) kernel with a thread's lanes along the columns ([1, 32]: all 32 rows
+    of 4 columns a thread) takes no shuffles (the default's column max does), encodes through the packed words
+    (``_encode_packed``), is one warp at <= 184 registers (>= 11 programs per SM; the default's 213 fit 9) with no
+    spills, and copies one head group ahead in 8 KB of shared memory (registers, not shared memory, bound it)."""
+    results = {r["name"]: r for r in _ptxas_stats("mxfp8_specializations", "mxfp8-quantize-32x1-")}
+    column, default = results["mxfp8-quantize-32x1-bf16-column-pipelined"], results["mxfp8-quantize-32x1-fp16-pipelined"]
+    assert column["lanes_along_columns"] and column["shfl"] == 0 and default["shfl"] > 0, (column, default)
+    assert column["packed_encode"] > 0 and default["packed_encode"] == 0, (column, default)
+    assert column["warps"] == 1 and column["spills"] == 0 and column["registers"] <= 184, column
+    assert 65536 // ((column["registers"] + 7) // 8 * 8 * 32) >= 11, column
+    assert column["async_copies"] > 0 and column["shared"] <= 8 * 1024, column

@@ -148,6 +148,73 @@ def test_quantize_v_columns_bit_exact(heads, dim, columns, rounding):
                     assert width * static["GROUPS"] == old["HEADS_PER_PROGRAM"] * old["BLOCK_D"] * old["GROUPS"]
 
 
+# one rounding per shape (both covered); bf16 as the attention forwards' V, fp32 and fp16 for the generic max
+@pytest.mark.parametrize("heads, dim, rounding, dtype", [(1, 128, "rceil", torch.bfloat16), (16, 128, "floor", torch.bfloat16),
+                                                         (5, 64, "rceil", torch.bfloat16), (3, 96, "floor", torch.bfloat16),
+                                                         (2, 32, "rceil", torch.float32), (4, 64, "floor", torch.float16)])
+def test_quantize_v_column_layout_bit_exact(heads, dim, rounding, dtype):
+    """``KNOBS.mxfp8_quant_v_layout`` "column" ((32, 1) pairs, whole columns a thread, int32 row offsets, the bf16
+    max on the input's bits): the default layout's bits and the spec's, jagged (empty sequences, length 1, tails of
+    1 / 5 / 31 rows), D32-D128, 1-16 heads, contiguous and as a view with odd strides and base, with inf / NaN, a
+    subnormal block, a block of zeros and one whose maximum is just above the subnormals; the launch takes the layout
+    (COL_VEC, its stages, one warp) and the other blocks ignore the knob. (The GPU's packed encode, ``_encode_packed``,
+    runs on the GPU only: the interpreter takes ``_encode``.)"""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+
+    g = torch.Generator().manual_seed(heads * dim)
+    for lengths in ([0, 1, 33, 0, 69, 31, 0], [5]):
+        offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(DEVICE)
+        rows = sum(lengths)
+        big = torch.randn(rows, heads, 2 * dim + 1, generator=g) * torch.pow(
+            2.0, torch.empty(rows, heads, 2 * dim + 1).uniform_(-30, 30, generator=g))
+        big[:, 0, 1:3] = torch.linspace(-1, 1, rows)[:, None] * 1e-40  # subnormal blocks (bf16 / fp32)
+        big[:, 0, 3] = 0.0
+        big[:, 0, 4] = torch.linspace(-1, 1, rows) * 1e-40
+        big[:1, 0, 4] = 2.0 ** -125  # a maximum just above the subnormals
+        big.view(-1)[torch.randint(big.numel(), (6,), generator=g)] = torch.tensor(
+            [float("inf"), float("nan"), -float("inf"), 0.0, -float("nan"), 448.0 * 2 ** 20])
+        big = big.to(dtype).to(DEVICE)
+        for x in (big[..., 1:dim + 1].contiguous(), big[..., 1:dim + 1]):  # and a view: strides 2 * dim + 1, base + 1
+            with knob_set("mxfp8_quant_v_layout", ""):
+                want = [t.view(torch.uint8).clone() for t in mq.quantize(x, offsets, (32, 1), rounding)]
+                default = {(block, rebase): mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
+                                                                mq.QUANT_BLOCK_R, 0)
+                           for block in BLOCKS for rebase in (mq.PAIR, mq.REBASED_V_TILES)}
+            with knob_set("mxfp8_quant_v_layout", "column"):
+                seen = []
+                real = mq.launch_planned
+
+                def spy(fn, key, grid, dynamic, static, **options):
+                    seen.append(static()["COL_VEC"])
+                    return real(fn, key, grid, dynamic, static, **options)
+
+                with mock.patch.object(mq, "launch_planned", spy):
+                    got = mq.quantize(x, offsets, (32, 1), rounding)
+                assert seen == [mq.V_COLUMN_VEC]
+                assert [torch.equal(t.view(torch.uint8), w) for t, w in zip(got, want)] == [True, True]
+                assert_bit_exact(x, offsets, (32, 1), rounding, "triton")
+                for (block, rebase), geometry in default.items():
+                    splits, static, options = mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
+                                                                  mq.QUANT_BLOCK_R, 0)
+                    if block != (32, 1) or rebase != mq.PAIR:
+                        assert (splits, static, options) == geometry
+                        continue
+                    assert static["COL_VEC"] == mq.V_COLUMN_VEC and static["STAGES"] == mq.V_COLUMN_STAGES
+                    assert options["num_warps"] == 1 and geometry[1]["COL_VEC"] == 0
+
+
+def test_quantize_v_column_layout_keeps_offsets_in_int32():
+    """The column layout's offsets within a tile are int32: strides past 2**31 / (32 + heads a program) take the
+    default layout."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+
+    with knob_set("mxfp8_quant_v_layout", "column"):
+        for row_stride, col_vec in ((65075200, mq.V_COLUMN_VEC), (65075264, 0)):  # 33 x stride + 128 vs 2**31
+            x = torch.empty_strided((64, 1, 128), (row_stride, 128, 1), dtype=torch.bfloat16, device="meta")
+            static = mq._launch_geometry(x, x, x, 2, (32, 1), "rceil", mq.PAIR, mq.QUANT_BLOCK_R, 0)[1]
+            assert static["COL_VEC"] == col_vec, row_stride
+
+
 @pytest.mark.parametrize("num_seqs", [1, 5, 64, 65, 150])
 def test_fanout_sequence_matches_searchsorted(num_seqs):
     """The kernels' tile -> sequence search (64 candidates per step) against torch.searchsorted, with empty

@@ -159,6 +159,14 @@ class Knobs:
     # instead of 13.9 SASS per element (bench/NOTES.md "MXFP8 (32, 1) quantize bandwidth, helper quant32, stop
     # 30"). Same bits (the columns are independent blocks). Off until measured: JFA_MXFP8_QUANT_V_COLUMNS=64.
     mxfp8_quant_v_columns: int = int(os.environ.get("JFA_MXFP8_QUANT_V_COLUMNS", "0"))
+    # MXFP8 quantize, (32, 1) pairs: the register layout of a tile. "" (default): Triton's, 16-byte vectors over
+    # [4, 8] lanes (a thread holds 8 rows of 16 columns; the column max takes 2 shuffle steps and every lane works out
+    # the exponents of its 16 columns). "column": 4-column vectors over [1, 32] lanes, so a thread holds all 32 rows
+    # of its 4 columns: the max in-thread (packed 16x2 bf16 maxima), each exponent worked out once, 32-bit row
+    # offsets, the encode as packed words; sm_90: 8.6 instead of 14.5 SASS per element (5.6 instead of 11.2 on the
+    # integer pipe, what bounds the default), 183 instead of 213 registers (bench/NOTES.md "MXFP8 (32, 1) quantize in
+    # whole columns, helper quantv36"). Same bits. Off until measured: JFA_MXFP8_QUANT_V_LAYOUT=column.
+    mxfp8_quant_v_layout: str = os.environ.get("JFA_MXFP8_QUANT_V_LAYOUT", "")
     # The TLX MXFP8 backward's MX-valued bf16 operands (``mxfp8_bwd.mx_values``) in one pass per tensor: the quantize
     # kernel writes the values itself (``mxfp8_quantize.quantize_values``, REBASE=MX_VALUES: read 2 B, write 2 B an
     # element) instead of the pair then the dequantize pass (~6.1 B: 0.47 ms of the 6.83 ms dense B8 H16 S4096 D128

@@ -52,6 +52,12 @@ V_QUANT_GROUPS = int(os.environ.get("JFA_MXFP8_V_QUANT_GROUPS", str(1 << 20))) o
 QUANT_WARPS = {"rows": 4, "cols": 1, "v_tiles": 8}  # per 128 columns: (1, 32) and (32, 32) ("rows"), (32, 1)
 # ("cols"), (32, 1) re-based per 128-key tile ("v_tiles": 128 rows, the column maxima across warps)
 V3_GROUPS = 1 << 20  # configs.KNOBS.mxfp8_quant_pipelined off: every head in one program
+# configs.KNOBS.mxfp8_quant_v_layout "column" ((32, 1) pairs, pipelined): 4-column vectors (COL_VEC: 128 columns
+# over the 32 lanes of the one warp), the copy one head group ahead (STAGES 2: 8 KB of shared memory, so that
+# registers, not shared memory, bound the programs per SM), V_QUANT_GROUPS' head split unless V_COLUMN_GROUPS is set
+V_COLUMN_VEC = 4
+V_COLUMN_STAGES = 2
+V_COLUMN_GROUPS = None
 
 
 def heads_per_program(heads: int, block_d: int) -> int:
@@ -102,6 +108,20 @@ def _encode(x, shared, bad, HW_CVT: tl.constexpr):
         y = tl.where((xb & 0x7F800000) == 0, tiny, x * inv_scale)
         data = _e4m3_bits(tl.minimum(tl.maximum(y, -448.0), 448.0))
     return tl.where(bad, 0x7F, data).to(tl.uint8)
+
+
+@triton.jit
+def _encode_packed(x, shared, bad):
+    """``_encode``'s HW_CVT bits, four elements a step (one 32-bit word: element k in byte k): two paired
+    conversions (``cvt`` d, a, b puts b in the low byte, as Triton's own pairs) and one ``lop3`` that lays 0x7F over
+    the bytes of non-finite blocks. ``tl.where`` on the bytes cost an unpack, a select and a repack per byte (3.2 SASS
+    an element on sm_90)."""
+    inv_scale = ((127 - shared) << 23).to(tl.float32, bitcast=True)
+    nan_bytes = tl.broadcast_to(tl.where(bad, 0xFF, 0).to(tl.uint8), x.shape)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 w, {lo, hi}; lop3.b32 $0, w, $5, 0x7f7f7f7f, 0xb8; }",
+        "=r,r,r,r,r,r", [x * inv_scale, nan_bytes], dtype=tl.uint8, is_pure=True, pack=4)  # 0xb8: (w & ~m) | (m & c)
 
 
 @triton.jit
@@ -226,13 +246,15 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
                           HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr,
-                          REBASE: tl.constexpr, HEAD_CHUNKS: tl.constexpr):
+                          REBASE: tl.constexpr, HEAD_CHUNKS: tl.constexpr, COL_VEC: tl.constexpr):
     """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one tile of BLOCK_R rows,
     each one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False:
     (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: the tile's rows of one sequence in the padded
     layout (sequence b's tiles from offsets[b] // BLOCK_R + b); SQUARE: (32, 32) blocks, else (32, 1). STAGES: the
     head loop's pipelining depth. HEAD_CHUNKS > 1 ((32, 1) pairs, HP 1): an iteration takes BLOCK_D // HEAD_CHUNKS
-    columns of one head (``KNOBS.mxfp8_quant_v_columns``), GROUPS iterations per program.
+    columns of one head (``KNOBS.mxfp8_quant_v_columns``), GROUPS iterations per program. COL_VEC > 0 ((32, 1)
+    pairs, ``KNOBS.mxfp8_quant_v_layout``): the tile's loads and stores in vectors of COL_VEC columns, so that a
+    warp's threads lie along the columns and each holds whole columns (the column max in-thread).
     REBASE (``PAIR``: DATA, SCALE the pair's bits): ``REBASED_ROWS`` ((1, 32)): DATA the rows re-based, F the row
     factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
     stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
@@ -241,6 +263,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     HP: tl.constexpr = HEADS_PER_PROGRAM
     NC: tl.constexpr = BLOCK_D // 32  # 32-column groups per head (padded)
     tl.static_assert(HEAD_CHUNKS == 1 or (ROW_BLOCKS and not SQUARE and REBASE == PAIR and HP == 1))
+    tl.static_assert(COL_VEC == 0 or (ROW_BLOCKS and not SQUARE and REBASE == PAIR))
     COLS: tl.constexpr = HP * BLOCK_D // HEAD_CHUNKS  # columns per iteration
     tile = tl.program_id(0)
     jj = tl.arange(0, COLS)
@@ -268,14 +291,29 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     for chunk0 in tl.range(first, tl.minimum(heads * HEAD_CHUNKS, first + GROUPS * HP), HP, num_stages=STAGES):
         head0 = chunk0 // HEAD_CHUNKS
         head = head0 + jj // BLOCK_D
-        d = jj % BLOCK_D
+        if COL_VEC > 0:
+            # jj % BLOCK_D, seen by Triton's axis analysis as runs of COL_VEC: its coalescing then gives a thread
+            # COL_VEC columns and spreads the lanes along the columns (128 / 4: [1, 32]) rather than 16-byte vectors
+            # over [4, 8] lanes, so that a thread holds all 32 rows of its columns (the column max without shuffles,
+            # each column's exponent worked out once, not in 4 lanes). (jj % BLOCK_D remapped lost the runs at D64.)
+            d = jj // COL_VEC % (BLOCK_D // COL_VEC) * COL_VEC + jj % COL_VEC
+        else:
+            d = jj % BLOCK_D
         if HEAD_CHUNKS > 1:
             d += chunk0 % HEAD_CHUNKS * COLS
         col_ok = (d < HEAD_DIM) & (head < heads)
         head64 = head.to(tl.int64)
         mask = r_ok[:, None] & col_ok[None, :]
-        x, a = _widened(tl.load(X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :], mask=mask,
-                                other=0), X_BF16_BITS)
+        if COL_VEC > 0:
+            # a scalar base and int32 offsets (loop-invariant at HEAD_CHUNKS 1): 32 rows of 64-bit pointers a thread
+            # for the copy ahead and as many for the store took all 255 registers and spilled
+            rr = tl.arange(0, BLOCK_R)[:, None]
+            x_ptrs = (X + (row0.to(tl.int64) * stride_xt + head0.to(tl.int64) * stride_xh)) + (
+                rr * stride_xt + (jj // BLOCK_D * stride_xh + d)[None, :])
+        else:
+            x_ptrs = X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :]
+        x_in = tl.load(x_ptrs, mask=mask, other=0)
+        x, a = _widened(x_in, X_BF16_BITS)
         g_head = head0 + gg // NC
         g_ok = (gg % NC < HEAD_DIM // 32) & (g_head < heads)
         g_off = g_head.to(tl.int64) * stride_sh + gg % NC
@@ -312,10 +350,19 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         else:
             if ROW_BLOCKS and not SQUARE:  # (32, 1): one block per column
                 tl.static_assert(REBASE != MX_VALUES)
-                amax = tl.max(a, 0)  # [COLS]
+                if COL_VEC > 0 and X_BF16_BITS:
+                    # the max of the bf16 magnitude bits (ordered as the fp32 ones), x widened after it: the packed
+                    # input (64 registers) lives across the max, not 128 fp32 values
+                    amax = tl.max(x_in & 0x7FFF, 0).to(tl.int32) << 16
+                    x, a = _widened(x_in, X_BF16_BITS)
+                else:
+                    amax = tl.max(a, 0)  # [COLS]
                 bad = amax >= 0x7F800000
                 shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
-                data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
+                if COL_VEC > 0 and HW_CVT:
+                    data = _encode_packed(x, shared[None, :], bad[None, :])
+                else:
+                    data = _encode(x, shared[None, :], bad[None, :], HW_CVT)
                 scale_bits = tl.where(bad, 255, shared + 127).to(tl.uint8)
                 s_ptr = SCALE + tile.to(tl.int64) * stride_st + head64 * stride_sh + d
                 tl.store(s_ptr, tl.where(owned, scale_bits, 0).to(tl.uint8), mask=col_ok)
@@ -359,7 +406,11 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                     else:
                         tl.store(SCALE + r64[:, None] * stride_st + g_off[None, :], scale_bits,
                                  mask=r_ok[:, None] & g_ok[None, :])
-            tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
+            if COL_VEC > 0:
+                tl.store((DATA + (row0.to(tl.int64) * stride_dt + head0.to(tl.int64) * stride_dh)) + (
+                    rr * stride_dt + (jj // BLOCK_D * stride_dh + d)[None, :]), data, mask=mask)
+            else:
+                tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
 
 
 def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int],
@@ -456,7 +507,8 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
     key = (x.dtype, data_bits.dtype, x.shape[1], x.shape[2], x.stride(), data_bits.stride(), scale_bits.stride(), stride_vtrow,
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
            KNOBS.mxfp8_quant_pipelined, KNOBS.mxfp8_quant_v_columns, QUANT_STAGES, QUANT_GROUPS, V_QUANT_GROUPS,
-           tuple(QUANT_WARPS.values()), interpreting())
+           tuple(QUANT_WARPS.values()), interpreting(), KNOBS.mxfp8_quant_v_layout, V_COLUMN_VEC, V_COLUMN_STAGES,
+           V_COLUMN_GROUPS)
     geometry = _GEOMETRY.get(key)
     if geometry is None:
         if len(_GEOMETRY) >= _GEOMETRY_MAX:
@@ -484,7 +536,7 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
     rows, heads, dim = x.shape
     block_rows, block_cols = tuple(block)
     block_d = triton.next_power_of_2(dim)
-    chunks = 1
+    chunks, col_vec = 1, 0
     if KNOBS.mxfp8_quant_pipelined:
         per_program = heads_per_program(heads, block_d)
         groups = head_groups(block, rebase)
@@ -496,6 +548,11 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
             per_program, chunks = max(1, columns // block_d), max(1, block_d // columns)
         warps = quantize_warps(block, per_program * block_d // chunks, block_r)
         stages = QUANT_STAGES
+        stride = max(x.stride(0), x.stride(1), data_bits.stride(0), data_bits.stride(1))
+        if KNOBS.mxfp8_quant_v_layout == "column" and tuple(block) == (32, 1) and rebase == PAIR and (
+                stride * (block_r + per_program) + block_d < 2 ** 31):
+            # whole columns a thread (its offsets within a tile in int32: rows x stride + heads x stride + column)
+            col_vec, stages, groups = V_COLUMN_VEC, V_COLUMN_STAGES, V_COLUMN_GROUPS or groups
     else:  # v3's geometry, the one run on the H200: one head per iteration, every head in one program
         per_program, warps, stages, groups = 1, 4 * block_r // QUANT_BLOCK_R, 1, V3_GROUPS
     static = dict(
@@ -504,5 +561,6 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
         HEAD_DIM=dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=per_program, ROW_BLOCKS=block_rows > 1,
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=x.dtype == torch.bfloat16,
-        HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value, HEAD_CHUNKS=chunks)
+        HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value, HEAD_CHUNKS=chunks,
+        COL_VEC=col_vec)
     return triton.cdiv(triton.cdiv(heads * chunks, per_program), groups), static, dict(num_warps=warps, num_stages=1)

@@ -413,7 +413,8 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               GROUPS=(mxfp8_quantize.head_groups(block, mxfp8_quantize.PAIR) if pipelined
                                       else mxfp8_quantize.V3_GROUPS),
                               STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1,
-                              REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1)
+                              REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1,
+                              COL_VEC=0)
             warps = mxfp8_quantize.quantize_warps(block, 128) if pipelined else 4
             name = f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}{'-pipelined' if pipelined else ''}"
             yield _mxfp8_spec(name, fn, mxfp8_quantize,
@@ -430,6 +431,14 @@ def mxfp8_specializations() -> Iterator[Specialization]:
     yield _mxfp8_spec("mxfp8-quantize-32x1-bf16-cols64-pipelined", fn, mxfp8_quantize,
                       {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*u8"},
                       {**constexprs, "HW_CVT": True}, options["num_warps"])
+    # configs.KNOBS.mxfp8_quant_v_layout "column": the same V with whole columns a thread
+    with mock.patch.object(KNOBS, "mxfp8_quant_pipelined", True), mock.patch.object(KNOBS, "mxfp8_quant_v_layout",
+                                                                                    "column"):
+        _, static, options = mxfp8_quantize._launch_geometry(
+            x, bits, bits, 2, (32, 1), "rceil", mxfp8_quantize.PAIR, mxfp8_quantize.QUANT_BLOCK_R, 0)
+    yield _mxfp8_spec("mxfp8-quantize-32x1-bf16-column-pipelined", fn, mxfp8_quantize,
+                      {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*u8"},
+                      {**{n: v for n, v in static.items() if n.isupper()}, "HW_CVT": True}, options["num_warps"])
     # the TLX MXFP8 forward's operands written by the quantize kernel itself (quantize_rebased_rows / _v_tiles)
     for rebase, block, block_r in ((mxfp8_quantize.REBASED_ROWS, (1, 32), mxfp8_quantize.QUANT_BLOCK_R),
                                    (mxfp8_quantize.REBASED_V_TILES, (32, 1), 128)):
@@ -438,7 +447,8 @@ def mxfp8_specializations() -> Iterator[Specialization]:
             constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
                               SQUARE=False, RCEIL=True, BLOCK_R=block_r, SEARCH_STEPS=2, X_BF16_BITS=True,
                               HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
-                              REBASE=rebase.value, HEAD_CHUNKS=1)
+                              REBASE=rebase.value, HEAD_CHUNKS=1,
+                              COL_VEC=0)
             kind = "rows" if block == (1, 32) else "v-tiles"
             yield _mxfp8_spec(f"mxfp8-quantize-rebased-{kind}-d{head_dim}-bf16-pipelined", fn, mxfp8_quantize,
                               {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
@@ -451,7 +461,8 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         constexprs = dict(HEAD_DIM=128, BLOCK_D=128, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=block[0] > 1,
                           SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2,
                           X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS,
-                          STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value, HEAD_CHUNKS=1)
+                          STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value, HEAD_CHUNKS=1,
+                          COL_VEC=0)
         x_type = "*i16" if dtype == torch.bfloat16 else "*fp16"
         yield _mxfp8_spec(f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}-pipelined", fn,
                           mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16", "OFFSETS": "*i32",
