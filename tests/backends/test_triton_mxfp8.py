@@ -696,3 +696,20 @@ def test_quantize_direct_path_skips_only_the_dispatcher(monkeypatch):
     with quant_direct(False):
         jfa_ops.mxfp8_quantize(x, backend="triton")
         assert op_calls == [1, 1]
+
+
+def test_strided_int32_offsets_are_read_by_value():
+    """Offsets that are a strided int32 view (a column of a [B+1, 2] tensor): the quantize kernel stays bit-exact
+    against the spec and MXFP8 attention equals the call with contiguous offsets. Fails if a kernel reads offsets[b]
+    at base + b (the quantize kernel wrote out of bounds: a heap corruption under the interpreter)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [40, 0, 33, 7]
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(DEVICE)
+    strided = torch.stack([offsets, torch.full_like(offsets, 10 ** 6)], dim=1)[:, 0]
+    x = torch.randn(sum(lengths), 2, 64, generator=g).to(torch.float16).to(DEVICE)
+    for block in BLOCKS:
+        assert_bit_exact(x, strided, block, "rceil", "triton")
+    q = torch.randn(sum(lengths), 4, 64, generator=g).to(torch.float16).to(DEVICE)
+    want = jfa_ops.mxfp8_attention(q, x, x, offsets, offsets, causal=True, backend="triton")
+    got = jfa_ops.mxfp8_attention(q, x, x, strided, strided, causal=True, backend="triton")
+    assert torch.equal(got, want)
