@@ -219,8 +219,10 @@ def mxfp8_attention_supports(problem: Problem) -> Optional[str]:
 def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
     """(out, lse) of MXFP8 attention from (data, scale) pairs: the TLX MXFP8 forward."""
     q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
+    from ..triton.common import packed_mx_pair
     from .mxfp8_attn_fwd import attention_forward
 
+    q_mx, k_mx, v_mx = packed_mx_pair(q_mx), packed_mx_pair(k_mx), packed_mx_pair(v_mx)  # pairs of any layout
     with device_guard(q_mx[0].device):
         return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
 

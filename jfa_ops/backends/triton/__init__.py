@@ -133,8 +133,10 @@ def quantize_mxfp8(x, offsets, block, rounding):  # not "mxfp8_quantize": that s
 
 
 def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
+    from .common import packed_mx_pair
     from .mxfp8_attn_fwd import attention_forward
 
+    q_mx, k_mx, v_mx = packed_mx_pair(q_mx), packed_mx_pair(k_mx), packed_mx_pair(v_mx)  # pairs of any layout
     with device_guard(q_mx[0].device):
         return attention_forward(q_mx, k_mx, v_mx, *unit_stride_pair(q_offsets, kv_offsets), params, out_dtype)
 
