@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard, on_device, unit_stride, unit_stride_pair
+from ..base import (AttentionParams, Backend, FamilyImpl, Problem, device_guard, on_device, unit_stride,
+                    unit_stride_pair)
 from . import configs
 
 __all__ = ["forward", "backward", "supports", "BACKEND"]
