@@ -97,6 +97,38 @@ def test_broadcast_q_with_njt_kv(device, backend):
     assert_attention_close(out.values(), ref, dtype=case.dtype, kind="forward", name="out")
 
 
+def _column(offsets):
+    """``offsets`` as a strided view (column 0 of a [B+1, 2] tensor whose other column is junk)."""
+    return torch.stack([offsets, torch.full_like(offsets, 10 ** 6)], dim=1)[:, 0]
+
+
+@pytest.mark.parametrize("device,backend", ALL)
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("broadcast_q", [False, True])
+def test_strided_offsets_are_read_by_value(device, backend, offsets_dtype, broadcast_q):
+    """Offsets that are a strided view (a column of a [B+1, 2] tensor) give the oracle's out, lse and gradients.
+    Fails if a kernel reads offsets[b] at base + b (the triton backend did for int32: NaN or other sequences' rows,
+    and the MXFP8 quantize kernel wrote out of bounds)."""
+    case = _case(device, backend, causal=True, window=(3, 1), offsets_dtype=offsets_dtype)
+    if broadcast_q:
+        case = case.replace(q_lengths=(4,), broadcast_q=True)
+    inputs = case.make_inputs(1, requires_grad=True)
+    strided = dataclasses.replace(inputs, q_offsets=None if broadcast_q else _column(inputs.q_offsets),
+                                  kv_offsets=_column(inputs.kv_offsets))
+    assert strided.kv_offsets.stride(0) == 2
+    out, lse = strided.call(backend)
+    ref_inputs = dataclasses.replace(inputs, **{n: getattr(inputs, n).detach().double().requires_grad_()
+                                                for n in "qkv"})
+    ref_out, ref_lse = ref_inputs.oracle()
+    assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name="out")
+    assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name="lse")
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (inputs.q, inputs.k, inputs.v), grad_out)
+    want = torch.autograd.grad(ref_out, (ref_inputs.q, ref_inputs.k, ref_inputs.v), grad_out.double())
+    for name, g, w in zip("qkv", got, want):
+        assert_attention_close(g, w, dtype=case.dtype, kind="grad", name=f"d{name}")
+
+
 @pytest.mark.parametrize("device,backend", FULL)
 def test_default_backend_choice_matches_named_backend(device, backend):
     """No backend argument: the automatic choice runs and agrees with the oracle."""

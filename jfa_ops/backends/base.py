@@ -495,6 +495,22 @@ def _value_key(value):
     return value
 
 
+def unit_stride(offsets: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``offsets`` with unit stride (a copy only where it has another; None stays None). Why: kernels read
+    ``offsets[b]`` at ``base + b``, so a strided view (a column of a [B + 1, 2] tensor) gave them other values:
+    garbage rows, and out-of-bounds writes in the MXFP8 quantize kernel. (int64 offsets were safe by luck: their
+    int32 copy is contiguous.)"""
+    if offsets is None or offsets.stride(0) == 1 or offsets.shape[0] <= 1:
+        return offsets
+    return offsets.contiguous()
+
+
+def unit_stride_pair(q_offsets: Optional[torch.Tensor], kv_offsets: torch.Tensor):
+    """``unit_stride`` of both sides, one tensor for both when the caller passed one (self-attention)."""
+    q = unit_stride(q_offsets)
+    return q, q if kv_offsets is q_offsets else unit_stride(kv_offsets)
+
+
 def device_guard(device: torch.device):
     """A context that makes ``device`` the current CUDA device: Triton launches on the current device, not on its
     arguments' (tensors on cuda:1 while cuda:0 is current would run on the wrong GPU). It switches only when the

@@ -716,3 +716,29 @@ def test_opcheck_every_op(device):
     torch.library.opcheck(torch.ops.jfa.block_sparse_attention_backward.default,
                           (torch.randn_like(out), torch.randn_like(lse), *plain[:3], out, lse, *plain[3:]),
                           dict(causal=True, backend="triton"))
+
+
+@on_each_device
+def test_strided_int32_offsets_are_read_by_value(device):
+    """Offsets that are a strided int32 view (a column of a [B+1, 2] tensor) give the selection, out and the
+    (deterministic) gradients of the call with contiguous offsets, bit for bit. Fails if a kernel reads offsets[b]
+    at base + b (it did: another selection and NaN rows)."""
+    case = FEATURES["cross_lq_gt_lk_causal"][0].replace(device=device, dtype=torch.float16,
+                                                         offsets_dtype=torch.int32)
+    inputs = case.make_inputs(5, requires_grad=True)
+
+    def column(offsets):
+        return torch.stack([offsets, torch.full_like(offsets, 10 ** 6)], dim=1)[:, 0]
+
+    results = []
+    plain = (inputs.q_offsets, inputs.kv_offsets)
+    for q_off, kv_off in (plain, tuple(map(column, plain))):
+        kw = dict(block_q=16, block_kv=16, causal=True, backend="triton")
+        selection = jfa_ops.select_kv_blocks(inputs.q.detach(), inputs.k.detach(), q_off, kv_off, 70, 40,
+                                             keep_ratio=0.5, **kw)
+        out = jfa_ops.block_sparse_attention(inputs.q, inputs.k, inputs.v, q_off, kv_off, *selection,
+                                             deterministic=True, **kw)
+        grads = torch.autograd.grad(out.float().square().sum(), (inputs.q, inputs.k, inputs.v))
+        results.append((*selection, out, *grads))
+    for name, want, got in zip(("index", "count", "out", "dq", "dk", "dv"), *results):
+        assert torch.equal(got, want), name

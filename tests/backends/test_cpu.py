@@ -182,3 +182,27 @@ def test_nonfinite_scores_take_the_exact_path(monkeypatch, poison):
         assert calls["_backward_chunk"] > 0
     else:
         assert torch.equal(got[0][0], torch.zeros_like(got[0][0])) and (got[1][:, 0] == -math.inf).all()
+
+
+@pytest.mark.parametrize("with_grad_lse", [False, True])
+def test_backward_op_takes_any_layout_of_grad_out(with_grad_lse):
+    """The public ``jfa::attention_backward`` op given grad_out/out/lse in other memory layouts (head_dim-major,
+    heads-major, lse [T, H]-major) returns the contiguous call's gradients. Fails if a chunk gather ``view``s rows
+    of a non-contiguous tensor (it raised for a head_dim-major grad_out on the exact path, taken with grad_lse)."""
+    case = AttentionCase((5, 0, 9), (7, 3, 8), heads_q=4, heads_kv=2, causal=True)
+    x = case.make_inputs(3)
+    out, lse = torch.ops.jfa.attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=True, backend="cpu")
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse) if with_grad_lse else None
+
+    def relaid(t, order):  # the same values in the memory order ``order``
+        return t.permute(order).contiguous().permute([order.index(i) for i in range(t.dim())])
+
+    def grads(grad_out, out, lse, grad_lse):
+        return torch.ops.jfa.attention_backward(grad_out, grad_lse, x.q, x.k, x.v, out, lse, x.q_offsets,
+                                                x.kv_offsets, causal=True, backend="cpu")
+
+    want = grads(grad_out, out, lse, grad_lse)
+    got = grads(relaid(grad_out, [2, 0, 1]), relaid(out, [1, 0, 2]), relaid(lse, [1, 0]),
+                None if grad_lse is None else relaid(grad_lse, [1, 0]))
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"d{name}")

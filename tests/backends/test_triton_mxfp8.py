@@ -763,3 +763,75 @@ def test_quantize_direct_path_skips_only_the_dispatcher(monkeypatch):
     with quant_direct(False):
         jfa_ops.mxfp8_quantize(x, backend="triton")
         assert op_calls == [1, 1]
+
+
+def test_strided_int32_offsets_are_read_by_value():
+    """Offsets that are a strided int32 view (a column of a [B+1, 2] tensor): the quantize kernel stays bit-exact
+    against the spec and MXFP8 attention equals the call with contiguous offsets. Fails if a kernel reads offsets[b]
+    at base + b (the quantize kernel wrote out of bounds: a heap corruption under the interpreter)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [40, 0, 33, 7]
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(DEVICE)
+    strided = torch.stack([offsets, torch.full_like(offsets, 10 ** 6)], dim=1)[:, 0]
+    x = torch.randn(sum(lengths), 2, 64, generator=g).to(torch.float16).to(DEVICE)
+    for block in BLOCKS:
+        assert_bit_exact(x, strided, block, "rceil", "triton")
+    q = torch.randn(sum(lengths), 4, 64, generator=g).to(torch.float16).to(DEVICE)
+    want = jfa_ops.mxfp8_attention(q, x, x, offsets, offsets, causal=True, backend="triton")
+    got = jfa_ops.mxfp8_attention(q, x, x, strided, strided, causal=True, backend="triton")
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_kernel_reads_a_strided_head_dim(dtype):
+    """x whose head_dim has stride 2 (every other element of a wider tensor): bit-exact against the spec for every
+    block shape, and MXFP8 attention on such views equals it on their contiguous copies. Fails if the kernel
+    indexes head_dim with unit stride (it did: other elements quantized, silently)."""
+    g = torch.Generator().manual_seed(7)
+    lengths = [40, 0, 33, 7]
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
+    wide = torch.randn(sum(lengths), 2, 64, 2, generator=g).to(dtype).to(DEVICE)
+    x = wide[..., 1]
+    assert x.stride(2) == 2
+    for block in BLOCKS:
+        assert_bit_exact(x, offsets, block, "rceil", "triton")
+    q = torch.randn(sum(lengths), 4, 64, 2, generator=g).to(dtype).to(DEVICE)[..., 0]
+    want = jfa_ops.mxfp8_attention(q.contiguous(), x.contiguous(), x.contiguous(), offsets, offsets, causal=True,
+                                   backend="triton")
+    assert torch.equal(jfa_ops.mxfp8_attention(q, x, x, offsets, offsets, causal=True, backend="triton"), want)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_prequantized_pairs_in_any_layout(tma, monkeypatch):
+    """Pre-quantized (data, scale) pairs laid out otherwise (head_dim-major data and scales, heads-major K data)
+    give the contiguous pairs' out, with and without TMA K/V (emulated under the interpreter). Fails if the kernel
+    reads data or scales with unit head_dim stride, or a descriptor views unpacked rows (it did: silently)."""
+    from jfa_ops.backends.triton import attn_fwd
+
+    if tma:
+        if DEVICE == "cpu":
+            monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
+        monkeypatch.setattr(attn_fwd, "TMA_MIN_ROWS", 0)
+    g = torch.Generator().manual_seed(11)
+    offsets = torch.tensor([0, 40, 40, 73]).to(DEVICE)
+    q, k, v = (torch.randn(73, heads, 64, generator=g).to(DEVICE) for heads in (4, 2, 2))
+    pq, pk = jfa_ops.mxfp8_quantize(q, backend="triton"), jfa_ops.mxfp8_quantize(k, backend="triton")
+    pv = jfa_ops.mxfp8_quantize(v, offsets, block=(32, 1), backend="triton")
+
+    def relaid(t, order):  # the same values (and dtype) in the memory order ``order``
+        bits = t.view(torch.uint8).permute(order).contiguous().permute([order.index(i) for i in range(t.dim())])
+        return bits.view(t.dtype)
+
+    def run(pq, pk, pv):
+        return jfa_ops.mxfp8_attention(pq, pk, pv, offsets, offsets, causal=True, out_dtype=torch.float32,
+                                       backend="triton")
+
+    want = run(pq, pk, pv)
+    for name, pairs in {
+        "q data head_dim-major": ((relaid(pq[0], [2, 0, 1]), pq[1]), pk, pv),
+        "k data heads-major": (pq, (relaid(pk[0], [1, 0, 2]), pk[1]), pv),
+        "k scale head_dim-major": (pq, (pk[0], relaid(pk[1], [2, 0, 1])), pv),
+        "v data head_dim-major": (pq, pk, (relaid(pv[0], [2, 0, 1]), pv[1])),
+        "v scale head_dim-major": (pq, pk, (pv[0], relaid(pv[1], [2, 0, 1]))),
+    }.items():
+        assert torch.equal(run(*pairs), want), name

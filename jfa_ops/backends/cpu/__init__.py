@@ -132,10 +132,11 @@ class _Operands:
         return rows.view(self.heads_kv * batch, pad_q * self.group, -1)
 
     def out_rows(self, x: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
-        """[Hkv * b, L * G, D] of an out-row tensor (dO)."""
+        """[Hkv * b, L * G, D] of an out-row tensor (dO). reshape, not view: the gather keeps x's layout, and the
+        public backward op takes a dO of any layout (a head_dim-major one cannot be viewed)."""
         batch, pad_q = chunk.valid_q.shape
-        return _heads_first(x, self.heads_kv)[:, chunk.out_index].to(self.dtype).view(self.heads_kv * batch,
-                                                                                       pad_q * self.group, -1)
+        return _heads_first(x, self.heads_kv)[:, chunk.out_index].to(self.dtype).reshape(self.heads_kv * batch,
+                                                                                          pad_q * self.group, -1)
 
     def kv_rows(self, x_hf: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
         """[Hkv * b, Lk, D] of k or v."""

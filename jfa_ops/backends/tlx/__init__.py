@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard
+from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard, unit_stride_pair
 from . import configs
 from .configs import fwd_config
 
@@ -175,6 +175,7 @@ def _triton_attn_fwd():
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
             kv_offsets: torch.Tensor, params: AttentionParams):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
     from .attn_fwd import attention_forward
 
     with device_guard(q.device):
@@ -185,6 +186,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
     """The TLX backward (``attn_bwd.py``: D64/D128) when ``configs.BACKWARD`` is on (the default; env
     ``JFA_TLX_BWD=0`` turns it off; v2 consumers with the dQ split by default, ``configs.BACKWARD_V2`` /
     ``BACKWARD_DQ_SHARED``), else the triton backend's, which reads the same (out, lse) the TLX forward writes."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
     v2 = configs.BACKWARD_V2
     if configs.BACKWARD and (configs.bwd_config_v2 if v2 else configs.bwd_config)(q.shape[-1]) is not None:
         from .attn_bwd import attention_backward
@@ -216,8 +218,11 @@ def mxfp8_attention_supports(problem: Problem) -> Optional[str]:
 
 def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
     """(out, lse) of MXFP8 attention from (data, scale) pairs: the TLX MXFP8 forward."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
+    from ..triton.common import packed_mx_pair
     from .mxfp8_attn_fwd import attention_forward
 
+    q_mx, k_mx, v_mx = packed_mx_pair(q_mx), packed_mx_pair(k_mx), packed_mx_pair(v_mx)  # pairs of any layout
     with device_guard(q_mx[0].device):
         return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
 
@@ -225,6 +230,7 @@ def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out
 def mxfp8_attention_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding):
     """(out, lse) of MXFP8 attention from high-precision q, k, v: the quantize kernel writes the TLX forward's
     re-based operands directly (``configs.MXFP8_FUSED_QUANTIZE``), else the MX pairs then the re-basing stage."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
     from .mxfp8_attn_fwd import attention_forward_quantizing
 
     if not configs.MXFP8_FUSED_QUANTIZE:
@@ -241,6 +247,7 @@ def mxfp8_attention_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
 def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
     """(dq, dk, dv) of ``jfa::mxfp8_attention``: the TLX MXFP8 backward (``mxfp8_attn_bwd.py``) where
     ``configs.MXFP8_BACKWARD`` is on (the default; env JFA_TLX_MXFP8_BWD=0: off) and it takes the call, else the triton MXFP8 backward."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
     if configs.MXFP8_BACKWARD:
         from . import mxfp8_attn_bwd
 
@@ -275,6 +282,7 @@ def block_sparse_supports(problem: Problem) -> Optional[str]:
 
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     """(out, lse) of ``jfa::block_sparse_attention``: the TLX forward walking the selected blocks only."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
     from .attn_fwd import block_sparse_forward as run
 
     with device_guard(q.device):
@@ -287,6 +295,7 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
     backward with SPARSE) when ``configs.SPARSE_BACKWARD`` is on (the default since its GPU check; env
     ``JFA_TLX_SPARSE_BWD=0``: off) and it runs the call (``attn_bwd.block_sparse_backward_reason``), else the triton backend's (it reads the
     same out/lse)."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
     args = (grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
     if configs.SPARSE_BACKWARD:
         from .attn_bwd import block_sparse_backward, block_sparse_backward_reason

@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ..base import AttentionParams, Backend, FamilyImpl, Problem, device_guard, on_device
+from ..base import (AttentionParams, Backend, FamilyImpl, Problem, device_guard, on_device, unit_stride,
+                    unit_stride_pair)
 from . import configs
 
 __all__ = ["forward", "backward", "supports", "BACKEND"]
@@ -70,7 +71,8 @@ def _device_reason(device_index: int, head_dim: int, dtype: torch.dtype, causal:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Optional[torch.Tensor],
             kv_offsets: torch.Tensor, params: AttentionParams):
     """(out [T_q, Hq, D], lse [Hq, T_q] float32); see ``jfa_ops.backends.base``."""
-    # Triton launches on the current device
+    # Triton launches on the current device; the kernels read offsets with unit stride
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)
     return on_device(q.device, _kernels("attn_fwd").attention_forward, q, k, v, q_offsets, kv_offsets, params)
 
 
@@ -79,6 +81,7 @@ def backward(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.
              kv_offsets: torch.Tensor, params: AttentionParams):
     """(dq, dk, dv); grad_lse may be None. Deterministic mode only changes broadcast-Q dQ (a fixed-order chunked sum;
     otherwise broadcast-Q dQ is fused into the dK/dV pass with fp32 atomics)."""
+    q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)
     return on_device(q.device, _kernels("attn_bwd").attention_backward, grad_out, grad_lse, q, k, v, out, lse,
                      q_offsets, kv_offsets, params)
 
@@ -127,21 +130,24 @@ def quantize_mxfp8(x, offsets, block, rounding):  # not "mxfp8_quantize": that s
     from .mxfp8_quantize import quantize
 
     with device_guard(x.device):
-        return quantize(x, offsets, block, rounding)
+        return quantize(x, unit_stride(offsets), block, rounding)
 
 
 def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype):
+    from .common import packed_mx_pair
     from .mxfp8_attn_fwd import attention_forward
 
+    q_mx, k_mx, v_mx = packed_mx_pair(q_mx), packed_mx_pair(k_mx), packed_mx_pair(v_mx)  # pairs of any layout
     with device_guard(q_mx[0].device):
-        return attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype)
+        return attention_forward(q_mx, k_mx, v_mx, *unit_stride_pair(q_offsets, kv_offsets), params, out_dtype)
 
 
 def mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
     from .mxfp8_attn_bwd import attention_backward
 
     with device_guard(q.device):
-        return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding)
+        return attention_backward(grad_out, grad_lse, q, k, v, out, lse, *unit_stride_pair(q_offsets, kv_offsets),
+                                  params, rounding)
 
 
 def _mxfp8_families():
@@ -169,14 +175,14 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params):
     from .block_sparse_select import select_kv_blocks as select
 
     with device_guard(q.device):
-        return select(q, k, q_offsets, kv_offsets, params)
+        return select(q, k, *unit_stride_pair(q_offsets, kv_offsets), params)
 
 
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     from .block_sparse_fwd import block_sparse_forward as run
 
     with device_guard(q.device):
-        return run(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
+        return run(q, k, v, *unit_stride_pair(q_offsets, kv_offsets), kv_block_index, kv_block_count, params)
 
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
@@ -184,8 +190,8 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
     from .block_sparse_bwd import block_sparse_backward as run
 
     with device_guard(q.device):
-        return run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
-                   params)
+        return run(grad_out, grad_lse, q, k, v, out, lse, *unit_stride_pair(q_offsets, kv_offsets), kv_block_index,
+                   kv_block_count, params)
 
 
 BACKEND = Backend(name="triton", forward=forward, backward=backward, supports=supports, priority=10,

@@ -312,6 +312,14 @@ def packed_rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def packed_mx_pair(pair):
+    """A pre-quantized (data, scale) pair as the MXFP8 kernels read it: data with packed rows (``packed_rows``: TMA
+    views rows as [T, H*D]) and scales with unit head_dim stride (their row and head strides are free). Why: a
+    pair in another layout (a permuted or sliced view) was read as if laid out so: silently wrong out."""
+    data, scale = pair
+    return packed_rows(data), scale if scale.stride(2) == 1 or scale.shape[2] <= 1 else scale.contiguous()
+
+
 def row_strides(name: str, t: torch.Tensor) -> dict:
     """The row and head strides of a [T, H, D] tensor as the kernels name them (``stride_<name>t``,
     ``stride_<name>h``): taken from the tensor together, so one tensor's strides cannot be swapped with another's."""

@@ -494,6 +494,8 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
                      block_r=QUANT_BLOCK_R, stride_vtrow=0):
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs (``MX_VALUES``:
     ``data_bits`` the values tensor, ``scale_bits`` unused)."""
+    if x.stride(2) != 1 and x.shape[2] > 1:  # the kernel indexes head_dim with unit stride (rows, heads: any)
+        x = x.contiguous()
     dynamic = dict(X=x.view(torch.int16) if x.dtype == torch.bfloat16 else x, DATA=data_bits, SCALE=scale_bits,
                    OFFSETS=offs, F=data_bits if factors is None else factors, rows=x.shape[0], num_seqs=num_seqs)
     if not KNOBS.mxfp8_quant_direct or tracing():  # a traced call's sizes may be symbolic: no memo key
