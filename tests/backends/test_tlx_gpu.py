@@ -374,6 +374,20 @@ def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal, dq_red
             assert err <= 2e-2, f"{name} of rows {q0}..{q1}: relative error {err:.3g}"
 
 
+def _spy_kept_launches(monkeypatch) -> list:
+    """What each kept launch answered (the forward replay's and the backward recipe's ``run``: None = declined)."""
+    from jfa_ops.backends.tlx import attn_bwd
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+
+    answers = []
+    for cls in (triton_fwd._Replay, attn_bwd._Recipe):
+        def spy(self, *args, run=cls.run):
+            answers.append(run(self, *args))
+            return answers[-1]
+        monkeypatch.setattr(cls, "run", spy)
+    return answers
+
+
 def _poisoned_neighbour_inputs(causal):
     """Three sequences (q 100/37/50, kv 90/37/77), sequence 1's keys +inf and values NaN."""
     case = AttentionCase((100, 37, 50), (90, 37, 77), heads_q=4, heads_kv=2, head_dim=128, dtype=torch.bfloat16,
@@ -612,17 +626,11 @@ def test_kept_launches_match_the_full_path(monkeypatch, dtype, head_dim, heads):
     _require_tlx()
     from jfa_ops.backends import Problem
     from jfa_ops.backends.base import AttentionParams
-    from jfa_ops.backends.tlx import attn_bwd, attn_fwd
-    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+    from jfa_ops.backends.tlx import attn_fwd  # noqa: F401 (the TLX kernels)
     from jfa_ops.backends.triton import launch
     from tests.backends.test_triton_kernels import make_inputs
 
-    answers = []
-    for cls in (triton_fwd._Replay, attn_bwd._Recipe):
-        def spy(self, *args, run=cls.run):
-            answers.append(run(self, *args))
-            return answers[-1]
-        monkeypatch.setattr(cls, "run", spy)
+    answers = _spy_kept_launches(monkeypatch)
     from jfa_ops.backends import tlx  # the backend module: forward/backward as the registry calls them
 
     params = AttentionParams(scale=head_dim ** -0.5, causal=True)
@@ -660,8 +668,6 @@ def test_kept_launches_past_one_wave_match_the_full_path(monkeypatch, case):
     from jfa_ops.backends import Problem, tlx
     from jfa_ops.backends.base import AttentionParams
     from jfa_ops.backends.tlx import configs
-    from jfa_ops.backends.tlx import attn_bwd
-    from jfa_ops.backends.triton import attn_fwd as triton_fwd
     from jfa_ops.backends.triton import launch
     from tests.backends.test_triton_kernels import make_inputs
 
@@ -670,12 +676,7 @@ def test_kept_launches_past_one_wave_match_the_full_path(monkeypatch, case):
     causal, heads = case != "not causal", ((8, 2) if case == "GQA split" else (8, 8))
     if case == "GQA split":
         monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 16)
-    answers = []
-    for cls in (triton_fwd._Replay, attn_bwd._Recipe):
-        def spy(self, *args, run=cls.run):
-            answers.append(run(self, *args))
-            return answers[-1]
-        monkeypatch.setattr(cls, "run", spy)
+    answers = _spy_kept_launches(monkeypatch)
     params = AttentionParams(scale=128 ** -0.5, causal=causal)
     batches = ([1000, 300, 1200, 17], [1100, 1000, 400, 17], [17, 400, 1000, 1100])
     for seed, lengths in enumerate(batches + batches[:1]):

@@ -235,6 +235,18 @@ def _list_tensors(runs, kernel=None) -> tuple:
     return tuple(launched.get(name) for name in LIST_ARGUMENTS)
 
 
+def _later_batches(batches, offsets, dtype):
+    """(q, k, v, offsets) of the calls after the first batch's: the second batch, the third written in place into
+    the same offsets tensor (a version bump, not a new tensor), then the first batch's lengths again."""
+    for n, lengths in enumerate(batches[1:] + batches[:1]):
+        q, k, v, new = _inputs(lengths, dtype=dtype, seed=n + 1)
+        if n == 1:
+            offsets.copy_(new)
+        else:
+            offsets = new
+        yield q, k, v, offsets
+
+
 @needs_tlx
 @pytest.mark.parametrize("case", list(WAVES_CASES))
 def test_backward_recipe_past_one_wave_launches_what_the_full_path_launches(gpu, monkeypatch, case):
@@ -263,12 +275,7 @@ def test_backward_recipe_past_one_wave_launches_what_the_full_path_launches(gpu,
     _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)  # the full path: makes the recipe
     assert not answers and len(attn_bwd._RECIPES) == 1
     before = None
-    for n, lengths in enumerate(batches[1:] + batches[:1]):
-        q, k, v, new = _inputs(lengths, dtype=dtype, seed=n + 1)
-        if n == 1:
-            offsets.copy_(new)  # the same offsets tensor, written in place
-        else:
-            offsets = new
+    for q, k, v, offsets in _later_batches(batches, offsets, dtype):
         grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
         runs.clear()
         args, (dq, dk, dv) = _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)
@@ -319,12 +326,7 @@ def test_forward_replay_past_one_wave_launches_what_the_full_path_launches(gpu, 
     _forward(q, k, v, offsets, params)  # the full path: makes the replay
     assert not answers and len(attn_fwd._REPLAYS) == 1
     before = None
-    for n, lengths in enumerate(WAVES_BATCHES[1:] + WAVES_BATCHES[:1]):
-        q, k, v, new = _inputs(lengths, dtype=dtype, seed=n + 1)
-        if n == 1:
-            offsets.copy_(new)  # the same offsets tensor, written in place
-        else:
-            offsets = new
+    for q, k, v, offsets in _later_batches(WAVES_BATCHES, offsets, dtype):
         runs.clear()
         _forward(q, k, v, offsets, params)
         assert answers[-1][0] == "replay" and answers[-1][1] is not None

@@ -106,6 +106,24 @@ def test_quantize_kernel_bit_exact_on_the_gpu_at_size(dtype, block, rounding, pi
         assert_bit_exact(x.to(dtype).cuda(), offsets.cuda(), block, rounding, "triton")
 
 
+def _quantize_geometries(x, num_seqs, rounding) -> dict:
+    """``_launch_geometry`` of every block shape and pairing (rebase) for ``x``, under the knobs as set."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+    return {(block, rebase): mq._launch_geometry(x, x, x, num_seqs, block, rounding, rebase, mq.QUANT_BLOCK_R, 0)
+            for block in BLOCKS for rebase in (mq.PAIR, mq.REBASED_V_TILES)}
+
+
+def _only_v_pairs_changed(x, num_seqs, rounding, default):
+    """(the (32, 1) pairs' geometry now, its static arguments in ``default``) after asserting every other block shape
+    and pairing launches as in ``default`` (a V experiment must leave Q's, K's and the V tiles' launches alone)."""
+    from jfa_ops.backends.triton import mxfp8_quantize as mq
+    now = _quantize_geometries(x, num_seqs, rounding)
+    for key, geometry in default.items():
+        if key != ((32, 1), mq.PAIR):
+            assert now[key] == geometry, key
+    return now[((32, 1), mq.PAIR)], default[((32, 1), mq.PAIR)][1]
+
+
 # one rounding per shape (both roundings covered): each case runs ~20 s under the interpreter, and CI's time is tight
 @pytest.mark.parametrize("heads, dim, columns, rounding", [(5, 128, 64, "rceil"), (3, 96, 32, "floor"),
                                                             (2, 128, 16, "floor"), (4, 32, 64, "rceil")])
@@ -129,23 +147,15 @@ def test_quantize_v_columns_bit_exact(heads, dim, columns, rounding):
             x = x.to(torch.bfloat16).to(DEVICE)
             with knob_set("mxfp8_quant_v_columns", 0):
                 want = [t.view(torch.uint8).clone() for t in mq.quantize(x, offsets, (32, 1), rounding)]
-                default = {(block, rebase): mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
-                                                      mq.QUANT_BLOCK_R, 0)
-                           for block in BLOCKS for rebase in (mq.PAIR, mq.REBASED_V_TILES)}
+                default = _quantize_geometries(x, len(lengths), rounding)
             with knob_set("mxfp8_quant_v_columns", columns):
                 got = mq.quantize(x, offsets, (32, 1), rounding)
                 assert [torch.equal(t.view(torch.uint8), w) for t, w in zip(got, want)] == [True, True]
                 assert_bit_exact(x, offsets, (32, 1), rounding, "triton")
-                for (block, rebase), geometry in default.items():
-                    splits, static, options = mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
-                                                                  mq.QUANT_BLOCK_R, 0)
-                    if block != (32, 1) or rebase != mq.PAIR:
-                        assert (splits, static, options) == geometry
-                        continue
-                    width = static["HEADS_PER_PROGRAM"] * static["BLOCK_D"] // static["HEAD_CHUNKS"]
-                    old = geometry[1]
-                    assert width == columns and options["num_warps"] == 1
-                    assert width * static["GROUPS"] == old["HEADS_PER_PROGRAM"] * old["BLOCK_D"] * old["GROUPS"]
+                (_, static, options), old = _only_v_pairs_changed(x, len(lengths), rounding, default)
+                width = static["HEADS_PER_PROGRAM"] * static["BLOCK_D"] // static["HEAD_CHUNKS"]
+                assert width == columns and options["num_warps"] == 1
+                assert width * static["GROUPS"] == old["HEADS_PER_PROGRAM"] * old["BLOCK_D"] * old["GROUPS"]
 
 
 # one rounding per shape (both covered); bf16 as the attention forwards' V, fp32 and fp16 for the generic max
@@ -177,9 +187,7 @@ def test_quantize_v_column_layout_bit_exact(heads, dim, rounding, dtype):
         for x in (big[..., 1:dim + 1].contiguous(), big[..., 1:dim + 1]):  # and a view: strides 2 * dim + 1, base + 1
             with knob_set("mxfp8_quant_v_layout", ""):
                 want = [t.view(torch.uint8).clone() for t in mq.quantize(x, offsets, (32, 1), rounding)]
-                default = {(block, rebase): mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
-                                                                mq.QUANT_BLOCK_R, 0)
-                           for block in BLOCKS for rebase in (mq.PAIR, mq.REBASED_V_TILES)}
+                default = _quantize_geometries(x, len(lengths), rounding)
             with knob_set("mxfp8_quant_v_layout", "column"):
                 seen = []
                 real = mq.launch_planned
@@ -193,14 +201,9 @@ def test_quantize_v_column_layout_bit_exact(heads, dim, rounding, dtype):
                 assert seen == [mq.V_COLUMN_VEC]
                 assert [torch.equal(t.view(torch.uint8), w) for t, w in zip(got, want)] == [True, True]
                 assert_bit_exact(x, offsets, (32, 1), rounding, "triton")
-                for (block, rebase), geometry in default.items():
-                    splits, static, options = mq._launch_geometry(x, x, x, len(lengths), block, rounding, rebase,
-                                                                  mq.QUANT_BLOCK_R, 0)
-                    if block != (32, 1) or rebase != mq.PAIR:
-                        assert (splits, static, options) == geometry
-                        continue
-                    assert static["COL_VEC"] == mq.V_COLUMN_VEC and static["STAGES"] == mq.V_COLUMN_STAGES
-                    assert options["num_warps"] == 1 and geometry[1]["COL_VEC"] == 0
+                (_, static, options), old = _only_v_pairs_changed(x, len(lengths), rounding, default)
+                assert static["COL_VEC"] == mq.V_COLUMN_VEC and static["STAGES"] == mq.V_COLUMN_STAGES
+                assert options["num_warps"] == 1 and old["COL_VEC"] == 0
 
 
 def test_quantize_v_column_layout_keeps_offsets_in_int32():
