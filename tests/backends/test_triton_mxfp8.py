@@ -904,6 +904,13 @@ def call(entry, offsets):
     good = torch.tensor([0] * (len(offsets) - 1) + [T], dtype=torch.int32)  # same count: the pairs' shapes
     if entry.startswith("quantize"):
         return jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], off, block=(32, int(entry.split("x")[1])), backend="triton")
+    if entry == "dequantize":  # the triton backend's is the reference's (torch indexing): and the reference quantize
+        outputs = []
+        for block in ((32, 1), (32, 32)):
+            pair = jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], good, block=block)
+            outputs += [jfa_ops.mxfp8_dequantize(*pair, off, block=block, backend="triton"),
+                        *jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], off, block=block, backend="reference")]
+        return outputs
     if entry == "attention":
         q, k, v = x[torch.bfloat16]
         return jfa_ops.mxfp8_attention(q, k, v, off, off, causal=True, backend="triton")
@@ -951,8 +958,8 @@ print("ok", len(guards))
 """
 
 
-@pytest.mark.parametrize("entry", ["quantize-32x1", "quantize-32x32", "attention", "prequantized", "backward",
-                                   "tlx-operands"])
+@pytest.mark.parametrize("entry", ["quantize-32x1", "quantize-32x32", "dequantize", "attention", "prequantized",
+                                   "backward", "tlx-operands"])
 def test_bad_offsets_stay_inside_the_tensors(entry):
     """Bad offsets (decreasing, negative, past the rows, not from 0, int32's largest) through each MXFP8 entry:
     the process survives, nothing around its tensors is written, a good batch after them gives the same bits, and
