@@ -61,6 +61,8 @@ def _mx_values_kernel(DATA, SCALE, OFFSETS, OUT, rows, num_seqs, search_steps, C
                 hi = tl.where(go, hi, mid - 1)
             first = tl.load(OFFSETS + lo, mask=r_ok, other=0).to(tl.int64)
             srow = first // 32 + lo + (r64 - first) // 32
+            # bad offsets (JFA_VALIDATE=deferred) may point past the scale rows (T // 32 + B): garbage, in bounds
+            srow = tl.minimum(tl.maximum(srow, 0), rows // 32 + num_seqs - 1)
         else:
             srow = r64 // 32
     else:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -838,3 +841,134 @@ def test_prequantized_pairs_in_any_layout(tma, monkeypatch):
         "v scale head_dim-major": (pq, pk, (pv[0], relaid(pv[1], [2, 0, 1]))),
     }.items():
         assert torch.equal(run(*pairs), want), name
+
+
+# JFA_VALIDATE=deferred lets bad offset values reach the kernels on CUDA (checked on the device, raised later by
+# check_pending): the call's outputs are garbage but no access may leave its tensors. Each entry runs in a subprocess
+# under the interpreter (an out-of-bounds write corrupts its heap: a crash), with CPU tensors reaching the kernels
+# as on CUDA (validation_mode patched to "deferred"), and every tensor jfa_ops allocates (torch.empty / zeros) placed
+# inside a poisoned buffer whose bytes around it must stay poison.
+_BAD_OFFSETS_SCRIPT = r"""
+import ctypes, mmap, sys
+import torch
+torch.set_num_threads(1)
+import jfa_ops
+from jfa_ops import validation
+from jfa_ops.backends import mxfp8_bwd
+from jfa_ops.backends.triton import mxfp8_quantize as mq, mxfp8_rebase
+
+validation.validation_mode = lambda device: "deferred"
+POISON, GUARD, FENCE = 0xA5, 4096, 1 << 20
+guards = []
+_empty, _zeros = torch.empty, torch.zeros
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def guarded(shape, dtype):
+    # a tensor after GUARD poisoned bytes (a write there is caught at the end), its end against a FENCE of
+    # inaccessible pages (a read or write past the end crashes), one more before
+    n = torch.Size(shape).numel() * dtype.itemsize
+    size = GUARD + n
+    body = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+    addr = libc.mmap(None, body + 2 * FENCE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                     -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    assert libc.mprotect(addr, FENCE, 0) == 0 and libc.mprotect(addr + FENCE + body, FENCE, 0) == 0
+    buf = torch.frombuffer((ctypes.c_uint8 * size).from_address(addr + FENCE + body - size), dtype=torch.uint8)
+    buf.fill_(POISON)
+    guards.append((buf, n))
+    return buf[GUARD:GUARD + n].view(dtype).view(shape)
+
+
+def fenced(t):
+    return guarded(t.shape, t.dtype).copy_(t)
+
+
+def guarded_empty(*args, size=None, dtype=None, device=None, **kw):
+    if kw or torch.device(device or "cpu").type != "cpu":
+        return _empty(*args, size=size, dtype=dtype, device=device, **kw) if size is not None else \
+            _empty(*args, dtype=dtype, device=device, **kw)
+    shape = size if size is not None else args[0] if len(args) == 1 and not isinstance(args[0], int) else args
+    return guarded(tuple(shape), dtype or torch.get_default_dtype())
+
+
+torch.empty = guarded_empty
+torch.zeros = lambda *args, **kw: guarded_empty(*args, **kw).zero_()
+T, H, D = 50, 2, 64
+g = torch.Generator().manual_seed(0)
+x = {dt: [fenced(t) for t in torch.randn(3, T, H, D, generator=g).to(dt)] for dt in (torch.bfloat16, torch.float16)}
+
+
+def call(entry, offsets):
+    off = torch.tensor(offsets, dtype=torch.int32)
+    good = torch.tensor([0] * (len(offsets) - 1) + [T], dtype=torch.int32)  # same count: the pairs' shapes
+    if entry.startswith("quantize"):
+        return jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], off, block=(32, int(entry.split("x")[1])), backend="triton")
+    if entry == "dequantize":  # the triton backend's is the reference's (torch indexing): and the reference quantize
+        outputs = []
+        for block in ((32, 1), (32, 32)):
+            pair = jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], good, block=block)
+            outputs += [jfa_ops.mxfp8_dequantize(*pair, off, block=block, backend="triton"),
+                        *jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], off, block=block, backend="reference")]
+        return outputs
+    if entry == "attention":
+        q, k, v = x[torch.bfloat16]
+        return jfa_ops.mxfp8_attention(q, k, v, off, off, causal=True, backend="triton")
+    if entry == "prequantized":
+        q, k, v = x[torch.bfloat16]
+        pairs = [tuple(fenced(t) for t in p) for p in (jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k),
+                                                       jfa_ops.mxfp8_quantize(v, good, block=(32, 1)))]
+        return jfa_ops.mxfp8_attention(*pairs, off, off, causal=True, backend="triton")
+    if entry == "backward":
+        q, k, v = x[torch.float16]
+        for t in (q, k, v):
+            t.requires_grad_().grad = None
+        out = jfa_ops.mxfp8_attention(q, k, v, off, off, causal=True, backend="triton")
+        out.float().sum().backward()
+        return out, q.grad, k.grad, v.grad
+    if entry == "tlx-operands":  # the TLX MXFP8 forward's V^T tiles (from bf16, re-based from a pair); the TLX
+        # MXFP8 backward's (32, 32) MX values (dequantized from the pair, or in one pass)
+        v = x[torch.bfloat16][2]
+        pair = [fenced(t) for t in mq.quantize(v, good, (32, 1), "rceil")]
+        return (*mq.quantize_rebased_v_tiles(v, off, 128, "rceil"), *mxfp8_rebase.rebase_v_tiles(*pair, off, 128),
+                *[mxfp8_bwd.mx_values(v, off, (32, 32), "rceil", one_pass=p) for p in (False, True)])
+    raise ValueError(entry)
+
+
+def bits(outputs):
+    return [t.detach().view(torch.uint8).clone() if t.element_size() == 1 else t.detach().clone() for t in outputs]
+
+
+entry = sys.argv[1]
+before = bits(call(entry, [0, 20, T]))
+validation.check_pending()
+for offsets in ([0, 300, T], [0, T, -200, T], [0, -1000, T], [0, -15, T], [0, 40, 10**6], [5, 20, T],
+                [0, 2**31 - 1, T]):
+    call(entry, offsets)
+    try:
+        validation.check_pending()
+        assert entry == "tlx-operands", f"no pending error for {offsets}"  # the backend functions check nothing
+    except ValueError:
+        pass
+after = bits(call(entry, [0, 20, T]))
+assert all(torch.equal(a, b) for a, b in zip(before, after)), "a good batch changed after the bad ones"
+for buf, n in guards:
+    assert bool((buf[:GUARD] == POISON).all()) and bool((buf[GUARD + n:] == POISON).all()), "a write out of bounds"
+print("ok", len(guards))
+"""
+
+
+@pytest.mark.parametrize("entry", ["quantize-32x1", "quantize-32x32", "dequantize", "attention", "prequantized",
+                                   "backward", "tlx-operands"])
+def test_bad_offsets_stay_inside_the_tensors(entry):
+    """Bad offsets (decreasing, negative, past the rows, not from 0, int32's largest) through each MXFP8 entry:
+    the process survives, nothing around its tensors is written, a good batch after them gives the same bits, and
+    the op's deferred check reports them."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", _BAD_OFFSETS_SCRIPT, entry], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), (done.returncode, done.stderr[-3000:])

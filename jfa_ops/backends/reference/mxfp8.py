@@ -48,7 +48,9 @@ def row_block_index(rows: int, offsets: Optional[Tensor], block_rows: int, devic
     starts = offsets.to(device=device, dtype=torch.int64)
     seq = torch.searchsorted(starts[1:], r, right=True)  # the sequence of row r
     first = starts[seq]
-    return first // mx.MX_BLOCK + seq + (r - first) // mx.MX_BLOCK
+    # clamped to the scale rows (T // 32 + B): bad offsets (JFA_VALIDATE=deferred) index garbage, not out of range
+    # (a CUDA device assert); a no-op on good offsets
+    return (first // mx.MX_BLOCK + seq + (r - first) // mx.MX_BLOCK).clamp_(0, rows // block_rows + starts.numel() - 2)
 
 
 def _column_blocks(t: Tensor, block_cols: int) -> Tensor:

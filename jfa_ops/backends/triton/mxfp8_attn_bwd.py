@@ -28,7 +28,7 @@ from .configs import KNOBS, KernelConfig, interpreting
 from .mxfp8_attn_fwd import (LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _scores, _to_e4m3, checked_variant,
                              mx_dot)
 from .mxfp8_quantize import _shared_exponent, quantize
-from .scheduling import fanout_search_steps, padded_tile
+from .scheduling import fanout_search_steps, padded_tile, rows_inside
 
 # Launch shapes, (q rows, kv rows, warps, stages) per kernel (sm_90 compile, Triton 3.6, D128, bf16smem; bench/NOTES.md
 # "MXFP8 v3"; the kernels are issue-bound, so the fewest instructions per (q, k) pair wins). dK/dV 64 x 64, 4 warps,
@@ -121,9 +121,9 @@ def _p_and_ds(q, q_rs, k, k_rs, v, v_rs, do, do_rs, lse2, delta, rows, keys, len
                           rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT, HW_CVT)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
+@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right", "rows_q", "rows_kv"])
 def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV, Q_OFF, OUT_OFF, KV_OFF,
-                               num_seqs, total_out, scale,
+                               num_seqs, total_out, rows_q, rows_kv, scale,
                                stride_qt, stride_qh, stride_qst, stride_qsh, stride_kt, stride_kh, stride_kst,
                                stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, stride_dot, stride_doh,
                                stride_dost, stride_dosh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
@@ -139,15 +139,18 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
     tile = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
     seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
-    if n0 < len_k:
-        out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
-        len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
-        if BROADCAST_Q:
-            q_row0 = out_row0 * 0
-            q_first = out_row0 * 0
-        else:
-            q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
-            q_first = q_row0 // 32 + seq
+    out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
+    len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0
+        q_first = out_row0 * 0
+    else:
+        q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
+        q_first = q_row0 // 32 + seq
+    # a sequence outside the tensors (bad offsets) is skipped: every access below stays in bounds
+    inside = (n0 >= 0) & rows_inside(kv_row0, len_k, rows_kv) & rows_inside(out_row0, len_q, total_out) \
+        & rows_inside(q_row0, len_q, rows_q)
+    if (n0 < len_k) & inside:
         out_first = out_row0 // 32 + seq
         keys = n0 + tl.arange(0, BLOCK_N)
         keys_ok = keys < len_k
@@ -219,9 +222,9 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
                  mask=keys_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
+@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right", "rows_q", "rows_kv"])
 def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF, OUT_OFF, KV_OFF,
-                             num_seqs, total_out, scale,
+                             num_seqs, total_out, rows_q, rows_kv, scale,
                              stride_qt, stride_qh, stride_qst, stride_qsh, stride_kt, stride_kh, stride_kst,
                              stride_ksh, stride_vt, stride_vh, stride_vst, stride_vsh, stride_dot, stride_doh,
                              stride_dost, stride_dosh, stride_dqt, stride_dqh,
@@ -237,15 +240,18 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq, out_row0, len_q, m0 = padded_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
-    if m0 < len_q:
-        if BROADCAST_Q:
-            q_row0 = out_row0 * 0
-            q_first = out_row0 * 0
-        else:
-            q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
-            q_first = q_row0 // 32 + seq
-        kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
-        len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0
+        q_first = out_row0 * 0
+    else:
+        q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
+        q_first = q_row0 // 32 + seq
+    kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
+    len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+    # as the dK/dV kernel: a sequence outside the tensors is skipped
+    inside = (m0 >= 0) & rows_inside(out_row0, len_q, total_out) & rows_inside(q_row0, len_q, rows_q) \
+        & rows_inside(kv_row0, len_k, rows_kv)
+    if (m0 < len_q) & inside:
         kv_head = head // group
         rows = m0 + tl.arange(0, BLOCK_M)
         rows_ok = rows < len_q
@@ -328,7 +334,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (q8, qs), (k8, ks), (v8, vs), (do8, dos) = ((d_, s.view(torch.uint8)) for d_, s in (qq, kq, vq, doq))
     common = dict(
         Q=q8, QS=qs, K=k8, KS=ks, V=v8, VS=vs, DO=do8, DOS=dos, LSE=lse, DELTA=delta, Q_OFF=q_off, OUT_OFF=out_off,
-        KV_OFF=kv_off, num_seqs=num_seqs, total_out=total_out, scale=params.scale,
+        KV_OFF=kv_off, num_seqs=num_seqs, total_out=total_out, rows_q=q.shape[0], rows_kv=k.shape[0],
+        scale=params.scale,
         **row_strides("q", q8), **row_strides("qs", qs), **row_strides("k", k8), **row_strides("ks", ks),
         **row_strides("v", v8), **row_strides("vs", vs), **row_strides("do", do8), **row_strides("dos", dos),
         group=heads_q // heads_kv, qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right,

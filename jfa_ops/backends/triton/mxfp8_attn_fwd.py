@@ -49,7 +49,7 @@ from .configs import KNOBS, KernelConfig, interpreting
 from .launch import launch
 from .mxfp8_quantize import (_e4m3_bits, _e8m0_value, _pow2, _rebase_cols, _rebase_rows,  # noqa: F401
                              _shared_exponent, _to_e4m3, _values_rows)
-from .scheduling import fanout_search_steps, padded_tile
+from .scheduling import fanout_search_steps, padded_tile, rows_inside
 
 LOG2E_F: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2
 VARIANTS = ("dot_scaled", "fp8dot", "rebase", "bf16smem", "f16row")
@@ -337,8 +337,8 @@ def _mx_kv_blocks(acc, m_i, l_i, lq_i, q, q_aux, K, KS, V, VS, kv_row0, kv_head,
     return acc, m_i, l_i, lq_i
 
 
-@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right"])
-def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF, num_seqs, total_out,
+@triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right", "rows_q", "rows_kv"])
+def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF, num_seqs, total_out, rows_q, rows_kv,
                           stride_qt, stride_qh, stride_qst, stride_qsh, stride_kt, stride_kh, stride_kst, stride_ksh,
                           stride_vt, stride_vh, stride_vst, stride_vsh, stride_ot, stride_oh,
                           group, qk_scale, window_left, right,
@@ -357,13 +357,16 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq, out_row0, len_q, m0 = padded_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
-    if m0 < len_q:
-        if BROADCAST_Q:
-            q_row0 = out_row0 * 0
-        else:
-            q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
-        kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
-        len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0
+    else:
+        q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
+    kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
+    len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
+    # a sequence outside the tensors (bad offsets) is skipped: every access below stays in bounds
+    inside = (m0 >= 0) & rows_inside(out_row0, len_q, total_out) & rows_inside(q_row0, len_q, rows_q) \
+        & rows_inside(kv_row0, len_k, rows_kv)
+    if (m0 < len_q) & inside:
         kv_head = (head // group).to(tl.int64)
         kv_col = (kv_head * HEAD_DIM).to(tl.int32)  # the head's first column in a [T, H * D] descriptor
         head64 = head.to(tl.int64)
@@ -482,7 +485,8 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
     q_scale_u8, k_scale_u8, v_scale_u8 = (s.view(torch.uint8) for s in (q_scale, k_scale, v_scale))
     launch(mxfp8_attn_fwd_kernel, (tiles, heads_q), dict(
         Q=q, QS=q_scale_u8, K=k_arg, KS=k_scale_u8, V=v_arg, VS=v_scale_u8, Out=out, Lse=lse, Q_OFF=q_off, OUT_OFF=out_off,
-        KV_OFF=kv_off, num_seqs=num_seqs, total_out=total_out, **row_strides("q", q), **row_strides("qs", q_scale_u8),
+        KV_OFF=kv_off, num_seqs=num_seqs, total_out=total_out, rows_q=q.shape[0], rows_kv=k.shape[0],
+        **row_strides("q", q), **row_strides("qs", q_scale_u8),
         **row_strides("k", k), **row_strides("ks", k_scale_u8), **row_strides("v", v),
         **row_strides("vs", v_scale_u8), **row_strides("o", out), group=heads_q // k.shape[1],
         qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right, HEAD_DIM=dim,

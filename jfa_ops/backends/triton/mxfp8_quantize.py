@@ -272,8 +272,12 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         tl.static_assert(BLOCK_R == 32 or REBASE == REBASED_V_TILES)
         seq = fanout_sequence(OFFSETS, tile, num_seqs, 0, BLOCK_R, SEARCH_STEPS)
         start = tl.load(OFFSETS + seq)
-        end = tl.load(OFFSETS + seq + 1)
         row0 = start + (tile - (start // BLOCK_R + seq)) * BLOCK_R
+        # the tile's rows [row0, end) kept inside [0, rows): bad offsets (JFA_VALIDATE=deferred lets them through)
+        # give garbage, never an access outside x or DATA; end = int32's least when row0 is outside (row0 + i may
+        # wrap: r < end is then false). A no-op on good offsets (0 <= start <= row0, end <= rows; a padding tile's
+        # row0 >= end either way). Scalar work: clamping row0 instead cost 12 SASS moves in the loop (sm_90, V's)
+        end = tl.where((row0 >= 0) & (row0 <= rows), tl.minimum(tl.load(OFFSETS + seq + 1), rows), -2147483648)
         owned = row0 < end  # else a scale row no sequence owns: scale 0, no data
         r = row0 + tl.arange(0, BLOCK_R)
         r_ok = r < end  # all False on an unowned row (row0 >= end)

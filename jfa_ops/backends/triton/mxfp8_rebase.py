@@ -32,7 +32,7 @@ from .configs import interpreting
 from .launch import launch
 from .mxfp8_quantize import (INV_P_SCALE, P_SCALE_LOG2, _rebase_cols, _rebase_rows, _row_factor,  # noqa: F401
                              _v_tile_factor, _values_rows, quantize_rebased_rows, quantize_rebased_v_tiles)
-from .scheduling import fanout_search_steps, padded_tile
+from .scheduling import fanout_search_steps, padded_tile, rows_inside
 
 ROWS = 32  # rows per program of rebase_rows
 
@@ -54,15 +54,16 @@ def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_s
     tl.store(F + head * T + rows, _row_factor(e_max), mask=ok)
 
 
-@triton.jit
-def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, stride_vtrow, stride_vt, stride_vh,
+@triton.jit(do_not_specialize=["rows"])
+def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, rows, stride_vtrow, stride_vt, stride_vh,
                           stride_st, stride_sh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                           SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
     """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring)."""
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
-    if n0 < len_k:  # padding tiles (past a sequence's last) are never read
+    # padding tiles (past a sequence's last) are never read; a sequence outside V (bad offsets) is skipped
+    if (n0 >= 0) & (n0 < len_k) & rows_inside(kv_row0, len_k, rows):
         keys = n0 + tl.arange(0, BLOCK_N)
         d = tl.arange(0, HEAD_DIM)
         data = tl.load(V + (kv_row0 + keys)[:, None] * stride_vt + head * stride_vh + d[None, :],
@@ -106,7 +107,7 @@ def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Te
     if rows and heads and num_seqs:
         bits = scale.view(torch.uint8)
         launch(rebase_v_tiles_kernel, (tiles, heads), dict(
-            V=data, VS=bits, KV_OFF=kv_offsets, VT=vt, VF=factors, num_seqs=num_seqs, num_heads=heads,
+            V=data, VS=bits, KV_OFF=kv_offsets, VT=vt, VF=factors, num_seqs=num_seqs, num_heads=heads, rows=rows,
             stride_vtrow=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
             stride_st=bits.stride(0), stride_sh=bits.stride(1), HEAD_DIM=dim, BLOCK_N=block_n,
             SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting()), num_warps=4, num_stages=1)

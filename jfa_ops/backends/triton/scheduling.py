@@ -121,6 +121,14 @@ def padded_tile(OFFSETS, tile, num_seqs, BLOCK: tl.constexpr, SEARCH_STEPS: tl.c
 
 
 @triton.jit
+def rows_inside(row0, length, rows):
+    """Whether a sequence's rows [row0, row0 + length) lie in [0, rows) (row0 int64). The MXFP8 kernels' padded
+    tiles skip a sequence that fails it: bad offsets (JFA_VALIDATE=deferred lets them reach the kernels) give garbage
+    outputs, never an access outside the tensors. Scalar work once per program."""
+    return (row0 >= 0) & (length >= 0) & (row0 + length <= rows)
+
+
+@triton.jit
 def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
     """``slot_tile`` with the sequence found by ``fanout_sequence``: a batch of <= 64 sequences costs one dependent
     load before the extents, not ceil(log2 B)."""
