@@ -121,6 +121,19 @@ def _p_and_ds(q, q_rs, k, k_rs, v, v_rs, do, do_rs, lse2, delta, rows, keys, len
                           rows, keys, len_q, len_k, qk_scale, window_left, right, HAS_LEFT, HAS_RIGHT, HW_CVT)
 
 
+@triton.jit
+def _q_rows(Q_OFF, seq, out_row0, BROADCAST_Q: tl.constexpr):
+    """(first row of Q, first (32, 32) scale row of Q) of sequence ``seq``: 0 and 0 for a broadcast Q (one shared
+    sequence), else from Q's offsets (the padded scale layout: one scale row per 32 rows plus one per sequence)."""
+    if BROADCAST_Q:
+        q_row0 = out_row0 * 0
+        q_first = out_row0 * 0
+    else:
+        q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
+        q_first = q_row0 // 32 + seq
+    return q_row0, q_first
+
+
 @triton.jit(do_not_specialize=["num_seqs", "group", "window_left", "right", "rows_q", "rows_kv"])
 def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV, Q_OFF, OUT_OFF, KV_OFF,
                                num_seqs, total_out, rows_q, rows_kv, scale,
@@ -141,12 +154,7 @@ def mxfp8_attn_bwd_dkdv_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DK, DV,
     seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
     out_row0 = tl.load(OUT_OFF + seq).to(tl.int64)
     len_q = (tl.load(OUT_OFF + seq + 1) - out_row0).to(tl.int32)
-    if BROADCAST_Q:
-        q_row0 = out_row0 * 0
-        q_first = out_row0 * 0
-    else:
-        q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
-        q_first = q_row0 // 32 + seq
+    q_row0, q_first = _q_rows(Q_OFF, seq, out_row0, BROADCAST_Q)
     # a sequence outside the tensors (bad offsets) is skipped: every access below stays in bounds
     inside = (n0 >= 0) & rows_inside(kv_row0, len_k, rows_kv) & rows_inside(out_row0, len_q, total_out) \
         & rows_inside(q_row0, len_q, rows_q)
@@ -240,12 +248,7 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq, out_row0, len_q, m0 = padded_tile(OUT_OFF, tile, num_seqs, BLOCK_M, SEARCH_STEPS)
-    if BROADCAST_Q:
-        q_row0 = out_row0 * 0
-        q_first = out_row0 * 0
-    else:
-        q_row0 = tl.load(Q_OFF + seq).to(tl.int64)
-        q_first = q_row0 // 32 + seq
+    q_row0, q_first = _q_rows(Q_OFF, seq, out_row0, BROADCAST_Q)
     kv_row0 = tl.load(KV_OFF + seq).to(tl.int64)
     len_k = (tl.load(KV_OFF + seq + 1) - kv_row0).to(tl.int32)
     # as the dK/dV kernel: a sequence outside the tensors is skipped
