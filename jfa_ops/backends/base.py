@@ -283,9 +283,7 @@ def reusable_in_eager(fn: Callable) -> Callable:
 
 
 def _reused_in_eager(fn, args, unkeyed):
-    tensors = _flat_tensors(args)
-    if tensors is None:
-        tensors = _tensors_in(args)
+    tensors = _tensors_in(args)
     if not (EAGER_REUSE and tensors) or tensors[0].device.type not in EAGER_REUSE_DEVICES or \
             any(t.is_inference() for t in tensors):  # inference tensors keep no version: a write would not show
         return fn(*args, **unkeyed)
@@ -309,23 +307,6 @@ def _reused_in_eager(fn, args, unkeyed):
     while len(memo) > EAGER_REUSE_ENTRIES:
         memo.popitem(last=False)
     return result
-
-
-def _flat_tensors(args) -> Optional[list]:
-    """``_tensors_in(args)`` where every argument is a tensor or a plain scalar (the reusable functions' arguments:
-    offsets, lists and ints), else None (the general walk). Why: the walk's per-argument type tests were ~1/3 of a
-    large call's kept launch on the CPU count (tools/host_backend_cpu.py; bench/NOTES.md "kept launches past one
-    wave")."""
-    found = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif type(a) not in _SCALARS:
-            return None
-    return found
-
-
-_SCALARS = frozenset((int, float, bool, str, type(None)))
 
 
 def clear_eager_reuse() -> None:
@@ -452,9 +433,25 @@ def _unique_tensors(calls: list) -> list:
 
 
 def _tensors_in(value) -> list:
-    found: list = []
+    """The tensors in ``value`` (``_map_tensors``' walk, in order). A flat tuple or list of tensors and plain
+    scalars (the reusable functions' arguments: offsets, lists and ints) is read without the walk: its per-argument
+    type tests were ~1/3 of a large call's kept launch on the CPU count (tools/host_backend_cpu.py; bench/NOTES.md
+    "kept launches past one wave")."""
+    if type(value) in (tuple, list):
+        found = []
+        for a in value:
+            if isinstance(a, torch.Tensor):
+                found.append(a)
+            elif type(a) not in _SCALARS:
+                break
+        else:
+            return found
+    found = []
     _map_tensors(value, lambda t: found.append(t) or t)
     return found
+
+
+_SCALARS = frozenset((int, float, bool, str, type(None)))
 
 
 def _map_tensors(value, fn, symint=None):
