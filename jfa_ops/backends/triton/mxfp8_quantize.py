@@ -273,14 +273,25 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         seq = fanout_sequence(OFFSETS, tile, num_seqs, 0, BLOCK_R, SEARCH_STEPS)
         start = tl.load(OFFSETS + seq)
         row0 = start + (tile - (start // BLOCK_R + seq)) * BLOCK_R
-        # the tile's rows [row0, end) kept inside [0, rows): bad offsets (JFA_VALIDATE=deferred lets them through)
-        # give garbage, never an access outside x or DATA; end = int32's least when row0 is outside (row0 + i may
-        # wrap: r < end is then false). A no-op on good offsets (0 <= start <= row0, end <= rows; a padding tile's
-        # row0 >= end either way). Scalar work: clamping row0 instead cost 12 SASS moves in the loop (sm_90, V's)
-        end = tl.where((row0 >= 0) & (row0 <= rows), tl.minimum(tl.load(OFFSETS + seq + 1), rows), -2147483648)
-        owned = row0 < end  # else a scale row no sequence owns: scale 0, no data
-        r = row0 + tl.arange(0, BLOCK_R)
-        r_ok = r < end  # all False on an unowned row (row0 >= end)
+        # the tile's rows [row0, row0 + n) kept inside [0, rows): bad offsets (JFA_VALIDATE=deferred lets them
+        # through) give garbage, never an access outside x or DATA; a no-op on good offsets (0 <= start <= row0,
+        # end <= rows; a padding tile's row0 >= end: n <= 0). Two forms, each the cheaper on sm_90 for its kernels
+        # (ptxas is sensitive to it, bench/NOTES.md "Stop 37"): a clamped row0 cost the default kernels 12 SASS moves
+        # per iteration of V's loop, the count form cost the column layout 5 registers (188 > 184) and end = int32's
+        # least when row0 is outside cost it 34
+        end = tl.load(OFFSETS + seq + 1)
+        r = tl.arange(0, BLOCK_R)
+        if COL_VEC > 0:
+            end = tl.minimum(end, rows)
+            row0 = tl.minimum(tl.maximum(row0, 0), rows)
+            n = end - row0
+            r += row0
+            r_ok = r < end
+        else:  # the max before the difference: no int32 wrap
+            n = tl.where((row0 >= 0) & (row0 <= rows), tl.maximum(tl.minimum(end, rows), row0) - row0, 0)
+            r_ok = r < n
+            r += row0
+        owned = n > 0  # else a scale row no sequence owns: scale 0, no data; r_ok all False then
     else:
         tl.static_assert(REBASE != REBASED_V_TILES)
         r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -329,14 +340,14 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
             C: tl.constexpr = HP * BLOCK_D
             key3 = tl.arange(0, 32)[:, None, None] + tl.arange(0, NB)[None, :, None] * 32  # [32, NB, 1]
             x3 = tl.load(X + (row0 + key3).to(tl.int64) * stride_xt + (head64 * stride_xh + d)[None, None, :],
-                         mask=(row0 + key3 < end) & col_ok[None, None, :], other=0)
+                         mask=(key3 < n) & col_ok[None, None, :], other=0)
             xb, ab = _widened(tl.reshape(x3, (32, NB * C)), X_BF16_BITS)
             jb = tl.arange(0, NB * C)
             b_head = head0 + jb % C // BLOCK_D
             b_d = jb % BLOCK_D
             b_col_ok = (b_d < HEAD_DIM) & (b_head < heads)
             key = (jb // C * 32)[None, :] + tl.arange(0, 32)[:, None]  # [32, NB * C]: the key within the tile
-            key_ok = row0 + key < end
+            key_ok = key < n
             amax = tl.max(ab, 0)  # [NB * C]
             bad = amax >= 0x7F800000
             shared = _shared_exponent(amax.to(tl.float32, bitcast=True), RCEIL)
