@@ -18,26 +18,36 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 extra=$("$ncu" --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |
         grep -E '^(sm__pipe_tensor_op_gmma_cycles_active|sm__inst_executed_pipe_tensor_op_gmma)$' |
         sed 's/cycles_active$/cycles_active.avg.pct_of_peak_sustained_active/; s/gmma$/gmma.sum/' | paste -sd, -)
-echo "extra metrics: ${extra:-none}" >> "$out/ncu_summary.txt"
+# NCU_METRICS: more names (e.g. instruction counts by pipe, regex:...stall reasons); if ncu refuses them, the case
+# runs again without them
+extra_more=${extra:+$extra}${NCU_METRICS:+${extra:+,}$NCU_METRICS}
+echo "extra metrics: ${extra_more:-none}" >> "$out/ncu_summary.txt"
 IFS=';' read -ra cases <<< "${NCU_CASES:-dense|B8 S4096|fwd;dense|B8 S4096|bwd}"
 for spec in "${cases[@]}"; do
   IFS='|' read -r suite case mode <<< "$spec"
   for impl in ${NCU_IMPLS:-jfa:tlx fa4}; do
     tag=$(echo "${impl}_${suite}_${case}_${mode}" | tr -c 'A-Za-z0-9_\n' '_')
-    timeout -k 10 "${NCU_TIMEOUT_S:-240}" "$ncu" --profile-from-start off --clock-control none --target-processes all \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
-      ${extra:+--metrics "$extra"} --csv --page details \
-      python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
-      > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
-    echo "== $impl $suite $case $mode: rc $?" >> "$out/ncu_summary.txt"
+    profile() {
+      timeout -k 10 "${NCU_TIMEOUT_S:-240}" "$ncu" --profile-from-start off --clock-control none --target-processes all \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+        ${1:+--metrics "$1"} --csv --page details \
+        python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
+        > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
+    }
+    profile "$extra_more"; rc=$?
+    if [ $rc -ne 0 ] && [ -n "${NCU_METRICS:-}" ]; then
+      echo "== $impl $suite $case $mode: rc $rc with NCU_METRICS; again without" >> "$out/ncu_summary.txt"
+      profile "$extra"; rc=$?
+    fi
+    echo "== $impl $suite $case $mode: rc $rc" >> "$out/ncu_summary.txt"
     # one line per kernel and metric of interest (the CSV has one row per kernel x metric)
     python3 - "$out/ncu_$tag.csv" >> "$out/ncu_summary.txt" <<'PY'
 import csv, sys
 keep = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "Registers Per Thread",
         "Issue Slots Busy", "No Eligible", "Active Warps Per Scheduler", "Eligible Warps Per Scheduler",
         "Warp Cycles Per Issued Instruction", "Executed Ipc Active", "L2 Hit Rate", "Achieved Occupancy",
-        "Dynamic Shared Memory Per Block", "gmma")
+        "Dynamic Shared Memory Per Block", "gmma", "inst_executed", "stalled", "SM Frequency", "Elapsed Cycles")
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows:
     print("  (no counters: see the .err file)"); sys.exit()
