@@ -135,7 +135,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
                        delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
-                       mxfp8: bool = False, kv_early: bool = False) -> Specialization:
+                       mxfp8: bool = False, kv_early: bool = False, peel: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -149,7 +149,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
     accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
-    (``configs.BACKWARD_KV_EARLY``)."""
+    (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled into one loop per stage, the mask-free
+    bulk's without mask code (``configs.BACKWARD_PEEL``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -173,6 +174,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split, DQ_RED=dq_red)
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
+    constexprs["PEEL"] = peel
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -200,7 +202,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
-           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}"
+           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
