@@ -1119,7 +1119,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
                        delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
-                       delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False):
+                       delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
+                       peel: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1155,7 +1156,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
     ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split and staged dQ, one
     part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY)."""
+    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
+    MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
+    PEEL)."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         dq_red = 0
@@ -1184,6 +1187,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
     kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
+    peel = bool(peel and v2 and selection is None and not mxfp8)
     if ablate:
         if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1192,7 +1196,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red, kv_early)
+               v2 and delta_early, parts, dq_red, kv_early, peel)
     # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
     kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1214,7 +1218,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early) = variant
+     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1292,7 +1296,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
                     **({} if dq_red else dict(DQ_ACC=None)),
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early)
+                    KV_EARLY=kv_early, PEEL=peel)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

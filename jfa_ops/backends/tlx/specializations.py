@@ -390,6 +390,14 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True)
+    # helper peel37's block loop peeled per stage (configs.BACKWARD_PEEL, dense): the default's kernels (KV_EARLY on)
+    # at D64/D128, the causal order's and its feature case with a left window (masked lead and tail blocks)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, peel=True)
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, peel=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
+                             peel=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
@@ -491,8 +499,9 @@ def block_loop_counts(sass: str) -> dict:
     (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
     whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
-    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions. The
-    branches after the last EXIT (out-of-line waits jumping back) are no loops."""
+    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions; FSEL
+    of the straight path (the masked blocks' dS guard, if-converted, issues there: helper peel37). The branches after
+    the last EXIT (out-of-line waits jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
         m = re.match(r"(\.L_x_\d+):", line)
@@ -512,7 +521,8 @@ def block_loop_counts(sass: str) -> dict:
     loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
     loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
-                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[])
+                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[],
+                  block_loop_path_fsel=[])
     for a, b in loops:
         skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
                    for j in range(i + 1, target(i))}
@@ -527,6 +537,7 @@ def block_loop_counts(sass: str) -> dict:
         first_wait = next((i for i, op in enumerate(path) if op.startswith("WARPGROUP.DEPBAR")), len(path))
         counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
         counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
+        counts["block_loop_path_fsel"].append(sum(op.startswith("FSEL") for op in path))
     return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
 
 
