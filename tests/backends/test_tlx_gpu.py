@@ -64,7 +64,8 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
 # instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
 # dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
-# bwd-kvearlyoff: the default before).
+# bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
+# masked blocks' dS guard (PEEL, helper peel37: off by default).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
@@ -80,7 +81,8 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
                 "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
-                "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False)}
+                "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
+                "bwd-peel": dict(_BWD, BACKWARD_PEEL=True)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -110,7 +112,8 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY"):
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
+                 "BACKWARD_PEEL"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -261,6 +264,55 @@ def test_kv_early_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
     (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
+# PEEL's cases (helper peel37): masked lead blocks (causal, windows), masked tails (lengths not multiples of 64),
+# mask-free bulks (dense S1024, long jagged rows), key tiles past a sequence's end, empty and length-1 sequences, GQA,
+# D64 and D128; "short": every sequence within one key tile (<= 128 keys), so each dQ element gets one reduce-add
+# and dQ is deterministic too
+PEEL_CASES = {
+    "causal H8": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=8, causal=True, **_KV_BF),
+    "window (256,0) causal H8": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=8, causal=True, window=(256, 0),
+                                              **_KV_BF),
+    "window (128,64) GQA 8:2": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=2, window=(128, 64), **_KV_BF),
+    "full H8": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=8, **_KV_BF),
+    "dense B2 S1024 full": AttentionCase((1024, 1024), (1024, 1024), heads_q=4, heads_kv=4, pass_max_seqlen=True,
+                                         **_KV_BF),
+    "dense B2 S1024 causal": AttentionCase((1024, 1024), (1024, 1024), heads_q=4, heads_kv=4, causal=True,
+                                           pass_max_seqlen=True, **_KV_BF),
+    "causal D64 fp16": AttentionCase(_SHORT, _SHORT, heads_q=4, heads_kv=4, causal=True, head_dim=64,
+                                     dtype=torch.float16, device="cuda"),
+    "short causal": AttentionCase((100, 128, 1, 0, 77, 128, 65, 3), (100, 128, 1, 0, 77, 128, 65, 3), heads_q=8,
+                                  heads_kv=8, causal=True, **_KV_BF),
+}
+
+
+@pytest.mark.parametrize("name", list(PEEL_CASES))
+def test_peel_matches_the_oracle_and_the_default_bit_for_bit(name, monkeypatch):
+    """PEEL (``configs.BACKWARD_PEEL``, helper peel37) runs the same blocks in the same order with the same arithmetic
+    per block (a mask-free block never took the default's masked branch; a masked one runs the same mask code):
+    gradients match the float64 oracle, and dK/dV equal the default's bit for bit; dQ is the same fp32 terms,
+    reduce-added by programs in a racy order, so close (and equal where each dQ element gets one add: "short")."""
+    case = PEEL_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_PEEL", True)
+    check_attention_case(case, "tlx")
+    x = case.make_inputs(0)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "BACKWARD_PEEL", on)
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    if name == "short causal":
+        assert torch.equal(dq0, dq1)
+    else:
+        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
 # configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the

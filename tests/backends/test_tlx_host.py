@@ -990,6 +990,33 @@ def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     assert launched["GROUP_SPLIT"] > 1 and launched["KV_EARLY"] is False
 
 
+@needs_tlx
+def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_PEEL`` (helper peel37, env JFA_TLX_BWD_PEEL) sets the TLX backward's PEEL, off by default,
+    on a causal jagged call and its repeat (each setting its own recipe: the variant); the kernel's other switches as
+    without it."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_PEEL  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    launches = {}
+    for on in (False, True, False):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_PEEL", on)
+        attn_bwd._RECIPES.clear()
+        answers.clear()
+        for _ in range(2):  # a signature's first call, then its repeat
+            runs.clear()
+            _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
+            (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+            assert launched["PEEL"] is on, launched["PEEL"]
+            launches[on] = launched
+        assert [kind for kind, _ in answers] == ["recipe"], answers
+    constexprs = [n for n in names if n.isupper() and n not in ("PEEL", "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START",
+                                                                  "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD", "DK",
+                                                                  "DV", "DQ_ACC", "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    assert {n: launches[True][n] for n in constexprs} == {n: launches[False][n] for n in constexprs}
+
+
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()

@@ -325,7 +325,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                      ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
-                     DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False):
+                     DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False,
+                     PEEL: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -385,7 +386,14 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     P = exp2(min(S * scale - lse, 0)) (the MXFP8 oracle's clamp: S from the backward's operands may exceed the
     forward's lse), dV's P rounded to its MXFP8 value at the fixed scale 2**-8 (``_mx_fixed_scale_values``) and dS to
     its 32 x 32 block MXFP8 values (``_mx_square_values``) before their stores: the arithmetic of the ``mxquant``
-    ablation, with results (the host feeds MX-valued Q, K, V, dO and delta from the unquantized dO)."""
+    ablation, with results (the host feeds MX-valued Q, K, V, dO and delta from the unquantized dO).
+
+    PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the block loop peeled into the three stages, one loop each
+    (masked lead, mask-free bulk, masked tail: the producer's order and count), ``masked`` a constexpr per loop, so
+    the bulk loop has no mask code: the default's one loop runs the mask under a runtime branch that ptxas
+    if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
+    block; bench/NOTES_peel37.md). The same arithmetic per block (a mask-free block never took the branch)."""
+    tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
                      "DQ_RED: the default dense consumers (dQ split, no DQ_LAG, no ablation)")
@@ -417,172 +425,221 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     HALF_N: tl.constexpr = k_tiles[0].shape[0]  # this consumer's keys
     if DQ_LAG:
         m0_prev = lead_begin * 0  # the previous block's first row
-    for j in tl.range(0, n_all, num_stages=0):
-        if SPARSE:  # the next tile's id is read a block ahead (at the top, its latency was on every block's path)
-            m0 = m0_next
-            m0_next = selected_tile_start(ids, sel_first + j + 1, BLOCK_Q, BLOCK_M, j + 1 < n_all)
-            masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
-        else:
-            masked = (j < n_lead) | (j >= n_unmasked)
-            if MXFP8:  # a key tile past its sequence's end takes every block masked: its keys there (K, V zeroed, not
-                # masked in the bulk) have dS = -P delta, which would enter their 32 x 32 blocks' maxima (the oracle
-                # pads zeros); the masked path zeroes P, so dS, there
-                masked = masked | (k0 + HALF_N > len_k)
-            m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
-        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-        tlx.barrier_wait(q_fulls[buf], phase)
-        rows = tl.arange(0, BLOCK_M)  # block-relative (v1's lesson: absolute positions cost 64-bit hoisted bounds)
-        rows_left = len_q - m0
-        rows_ok = rows < rows_left
-        if masked:
-            _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
-        q_tile = q_tiles[buf]
-        do_tile = do_tiles[buf]
-        # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one 64-bit
-        # value per 16-wide k-step: ~32 of them) out of the loop and ptxas spills them
-        own = CID + _opaque_zero(j)
-        k_tile = k_tiles[own]
-        v_tile = v_tiles[own]
-        p_tile = p_tiles[own]
-        if DQ_SHARED:
-            par = q_count & 1  # both consumers count the same blocks
-            if DQ_LAG:
-                ds_tile = ds_tiles[own * DS_BUFFERS + q_count % DS_BUFFERS]
+    # PEEL: one loop per stage, j counting on across them (the producer's blocks), masked a constexpr per loop.
+    # Without a lower key bound on the rows (HAS_RIGHT: causal, a right window) the lead is empty (``stage_bounds``:
+    # n_lead = 0, its loop folds away): the bulk's loop, then the tail's. With one: two rounds of (masked loop, bulk
+    # loop), the lead and the bulk, then the tail and nothing, so the masked body is compiled once (three loops, one
+    # per stage, spilled 300 B more per thread than the default at D128 causal: bench/NOTES_peel37.md). Else one loop.
+    LEAD: tl.constexpr = 0
+    BULK: tl.constexpr = 1
+    TAIL: tl.constexpr = 2
+    LEAD_OR_TAIL: tl.constexpr = 3
+    ROUNDS: tl.constexpr = 2 if PEEL and HAS_RIGHT else 1
+    LOOPS: tl.constexpr = (2 if HAS_RIGHT else 3) if PEEL else 1
+    for rnd in tl.range(0, ROUNDS):
+        for part in tl.static_range(LOOPS):
+            kind = (LEAD_OR_TAIL if part == 0 else BULK) if HAS_RIGHT else part  # a constexpr
+            if not PEEL:
+                j_begin = 0
+                j_end = n_all
+            elif kind == LEAD_OR_TAIL:  # round 0: the lead, round 1: the tail
+                j_begin = tl.where(rnd == 0, 0, n_unmasked)
+                j_end = tl.where(rnd == 0, n_lead, n_all)
+            elif kind == BULK:
+                j_begin = n_lead
+                j_end = tl.where(rnd == 0, n_unmasked, n_lead)
             else:
-                ds_tile = ds_tiles[own * 2 + par]
-        else:
-            ds_tile = ds_tiles[own]
-        keys = tl.arange(0, k_tile.shape[0])
-        if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer issues
-            lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-            _wait_turn(CID)
-        if SDP_DIM < HEAD_DIM:  # ablation: S and dP at the FP8 wgmma's tensor time (timing only)
-            s = tlx.async_dot(_columns(q_tile, SDP_DIM), tlx.local_trans(_columns(k_tile, SDP_DIM)))
-            dp = tlx.async_dot(_columns(do_tile, SDP_DIM), tlx.local_trans(_columns(v_tile, SDP_DIM)))
-        else:
-            s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
-            dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
-        if ALTERNATE > 0:
-            _pass_turn(CID)
-        else:
-            lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-            if DELTA_EARLY:  # lse2 + (+-0): the same bits for finite delta; exp2 now waits for delta's load too
-                lse2 = lse2 + delta * 0.0
-        if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
-            m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
-            next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
-            _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
-            _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
-        s = tlx.async_dot_wait(1, s)  # dP may still run
-        if NO_EXP2:  # ablation: the exponent itself (no MUFU)
-            p = s * qk_scale - lse2[:, None]
-        elif MXFP8:  # P <= 1 (the MXFP8 oracle's clamp)
-            p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0))
-        else:
-            p = tl.math.exp2(s * qk_scale - lse2[:, None])
-        if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
-            ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT, HAS_RIGHT)
-            p = tl.where(ok & rows_ok[:, None], p, 0.0)
-        if MX_QUANT:  # dV's P in MXFP8 (dS keeps the unrounded P, as the MXFP8 reference)
-            tlx.local_store(p_tile, _mx_fixed_scale_values(p).to(DTYPE))
-        else:
-            tlx.local_store(p_tile, p.to(DTYPE))
-        tlx.fence_async_shared()
-        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
-        if EVERY_TURN:
-            _wait_turn(CID)
-        if not NO_DV:
-            dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
-        if EVERY_TURN:
-            _pass_turn(CID)
-        dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
-        if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a removal)
-            ds = dp
-        else:
-            ds = p * (dp - delta[:, None])
-        if masked:  # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN
-            ds = tl.where(p == 0.0, 0.0, ds)  # would reach the next sequence's dQ rows through the reduce-add
-        if MX_QUANT:
-            ds = _mx_square_values(ds)
-        ds = ds.to(DTYPE)
-        if DQ_LAG:
-            if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
-                _ds_ready_sync(q_count - 1, 1 - CID)
-        tlx.local_store(ds_tile, ds)
-        tlx.fence_async_shared()
-        if DQ_SHARED and DQ_LAG:
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory (dK reads it)
-            _ds_ready_arrive(q_count, CID)
-            half_lag: tl.constexpr = HEAD_DIM // 2
-            prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
-            zero_lag = _opaque_zero(j)
-            if EVERY_TURN:
-                _wait_turn(CID)
-            dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
-                               tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag], [k_tile.shape[0], half_lag]))
-            dq = tlx.async_dot(ds_tiles[(zero_lag + 1) * DS_BUFFERS + prev],
-                               tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
-                                               [k_tile.shape[0], half_lag]), dq)
-            dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-            if EVERY_TURN:
-                _pass_turn(CID)
-            dq = tlx.async_dot_wait(1, dq)
-            dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-            dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
-            stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-            tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)  # the staging buffer's previous store has read it
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            tlx.local_store(stage, dq)
-            tlx.fence_async_shared()
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-            if j > 0:  # block 0's product came from a stale buffer: no reduce-add
-                tlx.async_descriptor_store(desc_dq, stage, [(dq_row0 + m0_prev).to(tl.int32), col + CID * half_lag],
-                                           store_reduce="add")
-                dq_count += 1
-        elif DQ_SHARED:
-            tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
-            half: tl.constexpr = HEAD_DIM // 2
-            if not NO_DQ:
-                zero = _opaque_zero(j)
-                dq = tlx.async_dot(ds_tiles[zero * 2 + par],
-                                   tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
-                dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
-                                   tlx.local_slice(k_tiles[zero + 1], [0, CID * half], [k_tile.shape[0], half]), dq)
-            if not NO_DK:
-                dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-            if not NO_DQ:
-                dq = tlx.async_dot_wait(DQ_PENDING, dq)
-            if not NO_DV:
-                dv = tlx.async_dot_wait(DQ_PENDING, dv)  # issued before dQ: already done (without dQ: done here)
-            if not NO_DQ:
-                if NO_DQ_ADD:  # ablation: the dQ wgmma kept, no staging store or reduce-add
-                    _keep_alive(dq, dq_stage[CID * NUM_BUFFERS_DQ], j, tl.float32)
-                elif DQ_RED > 0:  # from the registers: no staging buffer, no bulk-read wait
-                    _red_add_dq(dq, DQ_ACC, dq_row0 + m0, rows_left, dq_stride, col + CID * half, DQ_RED == 2)
+                j_begin = 0 if kind == LEAD else n_unmasked
+                j_end = n_lead if kind == LEAD else n_all
+            for j in tl.range(j_begin, j_end, num_stages=0):
+                if SPARSE:  # the next tile's id is read a block ahead (at the top, its latency was on every
+                    # block's path)
+                    m0 = m0_next
+                    m0_next = selected_tile_start(ids, sel_first + j + 1, BLOCK_Q, BLOCK_M, j + 1 < n_all)
+                    masked = (m0 < bulk_begin) | (m0 + BLOCK_M > bulk_end)
+                elif PEEL:  # the stage's own loop: masked is a constexpr, the bulk's has no mask code
+                    masked = kind != BULK
+                    if kind == LEAD:
+                        m0 = lead_begin + j * BLOCK_M
+                    elif kind == BULK:
+                        m0 = bulk_begin + (j - n_lead) * BLOCK_M
+                    elif kind == TAIL:
+                        m0 = tail_begin + (j - n_unmasked) * BLOCK_M
+                    else:  # the lead in round 0, the tail in round 1
+                        m0 = tl.where(j < n_lead, lead_begin + j * BLOCK_M, tail_begin + (j - n_unmasked) * BLOCK_M)
                 else:
+                    masked = (j < n_lead) | (j >= n_unmasked)
+                    if MXFP8:  # a key tile past its sequence's end takes every block masked: its keys there (K, V
+                        # zeroed, not masked in the bulk) have dS = -P delta, which would enter their 32 x 32 blocks'
+                        # maxima (the oracle pads zeros); the masked path zeroes P, so dS, there
+                        masked = masked | (k0 + HALF_N > len_k)
+                    m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+                buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
+                tlx.barrier_wait(q_fulls[buf], phase)
+                # block-relative (v1's lesson: absolute positions cost 64-bit hoisted bounds)
+                rows = tl.arange(0, BLOCK_M)
+                rows_left = len_q - m0
+                rows_ok = rows < rows_left
+                if masked:
+                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
+                q_tile = q_tiles[buf]
+                do_tile = do_tiles[buf]
+                # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one
+                # 64-bit value per 16-wide k-step: ~32 of them) out of the loop and ptxas spills them
+                own = CID + _opaque_zero(j)
+                k_tile = k_tiles[own]
+                v_tile = v_tiles[own]
+                p_tile = p_tiles[own]
+                if DQ_SHARED:
+                    par = q_count & 1  # both consumers count the same blocks
+                    if DQ_LAG:
+                        ds_tile = ds_tiles[own * DS_BUFFERS + q_count % DS_BUFFERS]
+                    else:
+                        ds_tile = ds_tiles[own * 2 + par]
+                else:
+                    ds_tile = ds_tiles[own]
+                keys = tl.arange(0, k_tile.shape[0])
+                if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer
+                    # issues
+                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+                    _wait_turn(CID)
+                if SDP_DIM < HEAD_DIM:  # ablation: S and dP at the FP8 wgmma's tensor time (timing only)
+                    s = tlx.async_dot(_columns(q_tile, SDP_DIM), tlx.local_trans(_columns(k_tile, SDP_DIM)))
+                    dp = tlx.async_dot(_columns(do_tile, SDP_DIM), tlx.local_trans(_columns(v_tile, SDP_DIM)))
+                else:
+                    s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
+                    dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
+                if ALTERNATE > 0:
+                    _pass_turn(CID)
+                else:
+                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+                    if DELTA_EARLY:  # lse2 + (+-0): the same bits for finite delta; exp2 now waits for delta's load too
+                        lse2 = lse2 + delta * 0.0
+                if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
+                    m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+                    next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
+                    _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
+                    _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
+                s = tlx.async_dot_wait(1, s)  # dP may still run
+                if NO_EXP2:  # ablation: the exponent itself (no MUFU)
+                    p = s * qk_scale - lse2[:, None]
+                elif MXFP8:  # P <= 1 (the MXFP8 oracle's clamp)
+                    p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0))
+                else:
+                    p = tl.math.exp2(s * qk_scale - lse2[:, None])
+                if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
+                    ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT, HAS_RIGHT)
+                    p = tl.where(ok & rows_ok[:, None], p, 0.0)
+                if MX_QUANT:  # dV's P in MXFP8 (dS keeps the unrounded P, as the MXFP8 reference)
+                    tlx.local_store(p_tile, _mx_fixed_scale_values(p).to(DTYPE))
+                else:
+                    tlx.local_store(p_tile, p.to(DTYPE))
+                tlx.fence_async_shared()
+                tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
+                if EVERY_TURN:
+                    _wait_turn(CID)
+                if not NO_DV:
+                    dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
+                if EVERY_TURN:
+                    _pass_turn(CID)
+                dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
+                if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a
+                    # removal)
+                    ds = dp
+                else:
+                    ds = p * (dp - delta[:, None])
+                # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN would
+                # reach the next sequence's dQ rows through the reduce-add
+                if masked:
+                    ds = tl.where(p == 0.0, 0.0, ds)
+                if MX_QUANT:
+                    ds = _mx_square_values(ds)
+                ds = ds.to(DTYPE)
+                if DQ_LAG:
+                    if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
+                        _ds_ready_sync(q_count - 1, 1 - CID)
+                tlx.local_store(ds_tile, ds)
+                tlx.fence_async_shared()
+                if DQ_SHARED and DQ_LAG:
+                    # every thread's dS is in shared memory (dK reads it)
+                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+                    _ds_ready_arrive(q_count, CID)
+                    half_lag: tl.constexpr = HEAD_DIM // 2
+                    prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
+                    zero_lag = _opaque_zero(j)
+                    if EVERY_TURN:
+                        _wait_turn(CID)
+                    dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
+                                       tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag],
+                                                       [k_tile.shape[0], half_lag]))
+                    dq = tlx.async_dot(ds_tiles[(zero_lag + 1) * DS_BUFFERS + prev],
+                                       tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
+                                                       [k_tile.shape[0], half_lag]), dq)
+                    dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+                    if EVERY_TURN:
+                        _pass_turn(CID)
+                    dq = tlx.async_dot_wait(1, dq)
+                    dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+                    dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
+                    stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
+                    # the staging buffer's previous store has read it
+                    tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)
+                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+                    tlx.local_store(stage, dq)
+                    tlx.fence_async_shared()
+                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
+                    if j > 0:  # block 0's product came from a stale buffer: no reduce-add
+                        tlx.async_descriptor_store(desc_dq, stage,
+                                                   [(dq_row0 + m0_prev).to(tl.int32), col + CID * half_lag],
+                                                   store_reduce="add")
+                        dq_count += 1
+                elif DQ_SHARED:
+                    tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
+                    half: tl.constexpr = HEAD_DIM // 2
+                    if not NO_DQ:
+                        zero = _opaque_zero(j)
+                        dq = tlx.async_dot(ds_tiles[zero * 2 + par],
+                                           tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
+                        dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
+                                           tlx.local_slice(k_tiles[zero + 1], [0, CID * half],
+                                                           [k_tile.shape[0], half]), dq)
+                    if not NO_DK:
+                        dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+                    if not NO_DQ:
+                        dq = tlx.async_dot_wait(DQ_PENDING, dq)
+                    if not NO_DV:
+                        # issued before dQ: already done (without dQ: done here)
+                        dv = tlx.async_dot_wait(DQ_PENDING, dv)
+                    if not NO_DQ:
+                        if NO_DQ_ADD:  # ablation: the dQ wgmma kept, no staging store or reduce-add
+                            _keep_alive(dq, dq_stage[CID * NUM_BUFFERS_DQ], j, tl.float32)
+                        elif DQ_RED > 0:  # from the registers: no staging buffer, no bulk-read wait
+                            _red_add_dq(dq, DQ_ACC, dq_row0 + m0, rows_left, dq_stride, col + CID * half, DQ_RED == 2)
+                        else:
+                            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
+                                                      col + CID * half, rows_left, CID, NUM_BUFFERS_DQ)
+                else:
+                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
+                # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
+                # staging buffer by TMA. The first slice is issued before dK += dS^T Q, so dK runs during its staging.
+                for c in tl.static_range(0 if DQ_SHARED else DQ_SPLIT):
+                    k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)],
+                                             [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
+                    dq = tlx.async_dot(ds, k_cols)
+                    if c == 0:
+                        dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+                        dq = tlx.async_dot_wait(1, dq)
+                        dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
+                    else:
+                        dq = tlx.async_dot_wait(0, dq)
                     dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                              col + CID * half, rows_left, CID, NUM_BUFFERS_DQ)
-        else:
-            tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS is in shared memory
-        # dQ_block = dS K (unscaled), DQ_SPLIT column slices, each reduce-added into the fp32 accumulator from a
-        # staging buffer by TMA. The first slice is issued before dK += dS^T Q, so dK runs during its staging.
-        for c in tl.static_range(0 if DQ_SHARED else DQ_SPLIT):
-            k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
-            dq = tlx.async_dot(ds, k_cols)
-            if c == 0:
-                dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-                dq = tlx.async_dot_wait(1, dq)
-                dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-            else:
-                dq = tlx.async_dot_wait(0, dq)
-            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
-        if not NO_DK:
-            dk = tlx.async_dot_wait(0, dk)
-        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
-        q_count += 1
-        if DQ_LAG:
-            m0_prev = m0
+                                              col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
+                if not NO_DK:
+                    dk = tlx.async_dot_wait(0, dk)
+                tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
+                q_count += 1
+                if DQ_LAG:
+                    m0_prev = m0
     if DQ_SHARED and DQ_LAG:
         if n_all > 0:
             dq_count = _dq_lagged(q_count - 1, m0_prev, len_q - m0_prev, dq_count, k_tiles, ds_tiles, dq_stage,
@@ -762,7 +819,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
                         DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
-                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False):
+                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
+                        PEEL: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -796,7 +854,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
     KV_EARLY (``configs.BACKWARD_KV_EARLY``; V2 with DQ_SHARED and staged dQ, one part per group): each consumer
     frees its K/V tiles before its dK/dV epilogue and stores dK/dV through its dQ staging buffer, so the producer's
-    next K/V loads run under the epilogue."""
+    next K/V loads run under the epilogue.
+
+    PEEL (``configs.BACKWARD_PEEL``; V2, dense, not MXFP8): the consumers' block loop peeled into one loop per stage
+    (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without."""
+    tl.static_assert(not PEEL or (V2 and not SPARSE and not MXFP8), "PEEL: the dense v2 consumers, not MXFP8")
     tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(DQ_RED == 0 or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
@@ -950,7 +1012,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
                                 sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8)
+                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -1057,7 +1119,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
                        delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
-                       delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False):
+                       delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
+                       peel: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1093,7 +1156,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
     ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split and staged dQ, one
     part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY)."""
+    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
+    MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
+    PEEL)."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         dq_red = 0
@@ -1122,6 +1187,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
     kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
+    peel = bool(peel and v2 and selection is None and not mxfp8)
     if ablate:
         if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1130,7 +1196,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red, kv_early)
+               v2 and delta_early, parts, dq_red, kv_early, peel)
     # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
     kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1152,7 +1218,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early) = variant
+     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1230,7 +1296,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
                     **({} if dq_red else dict(DQ_ACC=None)),
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early)
+                    KV_EARLY=kv_early, PEEL=peel)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

@@ -143,6 +143,14 @@ BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "
 # 2026-12-04 (stop 33; bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and
 # jagged causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
+# PEEL (JFA_TLX_BWD_PEEL=1; helper peel37, bench/NOTES_peel37.md): the v2 consumers' block loop peeled into one loop
+# per stage (masked lead, mask-free bulk, masked tail; the producer's order), the bulk's without mask code: the
+# default's one loop keeps the mask under a runtime branch that ptxas if-converts, so the dS guard of masked blocks
+# (34 FSETP + 34 predicated FSEL per thread) issues in every block. sm_90 D128 full: bulk path 535 / 516 -> 458 / 425
+# instructions per consumer warp and block, spills 352 -> 444 B per thread (per work item, none in the bulk loop).
+# The same arithmetic per block, so the same gradients. Dense calls of the v2 consumers, not MXFP8; off (0) until
+# timed on the H200.
+BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
 # RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
 # backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
 # sorted key tile list and the causal order's item list through the full path's own functions and launches the
@@ -519,7 +527,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED,
-                kv_early=BACKWARD_KV_EARLY)
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:

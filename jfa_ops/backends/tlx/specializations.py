@@ -135,7 +135,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
                        delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
-                       mxfp8: bool = False, kv_early: bool = False) -> Specialization:
+                       mxfp8: bool = False, kv_early: bool = False, peel: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -149,7 +149,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
     accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
-    (``configs.BACKWARD_KV_EARLY``)."""
+    (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled into one loop per stage, the mask-free
+    bulk's without mask code (``configs.BACKWARD_PEEL``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -173,6 +174,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split, DQ_RED=dq_red)
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
+    constexprs["PEEL"] = peel
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -200,7 +202,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
-           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}"
+           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -388,6 +390,14 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True)
+    # helper peel37's block loop peeled per stage (configs.BACKWARD_PEEL, dense): the default's kernels (KV_EARLY on)
+    # at D64/D128, the causal order's and its feature case with a left window (masked lead and tail blocks)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, peel=True)
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, peel=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
+                             peel=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
@@ -489,8 +499,9 @@ def block_loop_counts(sass: str) -> dict:
     (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
     whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
-    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions. The
-    branches after the last EXIT (out-of-line waits jumping back) are no loops."""
+    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions; FSEL
+    of the straight path (the masked blocks' dS guard, if-converted, issues there: helper peel37). The branches after
+    the last EXIT (out-of-line waits jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
         m = re.match(r"(\.L_x_\d+):", line)
@@ -510,7 +521,8 @@ def block_loop_counts(sass: str) -> dict:
     loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
     loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
-                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[])
+                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[],
+                  block_loop_path_fsel=[])
     for a, b in loops:
         skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
                    for j in range(i + 1, target(i))}
@@ -525,6 +537,7 @@ def block_loop_counts(sass: str) -> dict:
         first_wait = next((i for i, op in enumerate(path) if op.startswith("WARPGROUP.DEPBAR")), len(path))
         counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
         counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
+        counts["block_loop_path_fsel"].append(sum(op.startswith("FSEL") for op in path))
     return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
 
 
