@@ -392,7 +392,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     (masked lead, mask-free bulk, masked tail: the producer's order and count), ``masked`` a constexpr per loop, so
     the bulk loop has no mask code: the default's one loop runs the mask under a runtime branch that ptxas
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
-    block; bench/NOTES_peel37.md). The same arithmetic per block (a mask-free block never took the branch)."""
+    block; bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk"). The same arithmetic per block (a mask-free block never took the branch)."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
@@ -429,7 +429,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     # Without a lower key bound on the rows (HAS_RIGHT: causal, a right window) the lead is empty (``stage_bounds``:
     # n_lead = 0, its loop folds away): the bulk's loop, then the tail's. With one: two rounds of (masked loop, bulk
     # loop), the lead and the bulk, then the tail and nothing, so the masked body is compiled once (three loops, one
-    # per stage, spilled 300 B more per thread than the default at D128 causal: bench/NOTES_peel37.md). Else one loop.
+    # per stage, spilled 300 B more per thread than the default at D128 causal: bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk"). Else one loop.
     LEAD: tl.constexpr = 0
     BULK: tl.constexpr = 1
     TAIL: tl.constexpr = 2
