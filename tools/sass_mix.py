@@ -1,5 +1,5 @@
 """Per-iteration SASS instruction mix of the TLX kernels the bench's dense D128 bf16 non-causal case runs on sm_90
-(helper ncu37, bench/NOTES_ncu37.md): compiles them without a GPU and prints, for every innermost loop that issues
+(helper ncu37, bench/NOTES.md "Issue 10 from the profile, helper ncu37"): compiles them without a GPU and prints, for every innermost loop that issues
 wgmma or TMA (the producer's and each consumer warpgroup's block loop), its straight path (what a forward branch
 inside the loop jumps over, the masked branch, left out) by instruction class and its HGMMA shapes.
 
