@@ -1,7 +1,8 @@
 """Per-iteration SASS instruction mix of the TLX kernels the bench's dense D128 bf16 non-causal case runs on sm_90
 (bench/NOTES.md "Issue 10 from the profile, helper ncu37"): compiles them without a GPU and prints, for every
-innermost loop that issues wgmma or TMA (the producer's and each consumer warpgroup's block loop), its straight path (what a forward branch
-inside the loop jumps over, the masked branch, left out) by instruction class and its HGMMA shapes.
+innermost loop that issues wgmma or TMA (the producer's and each consumer warpgroup's block loop), its straight
+path (what a forward branch inside the loop jumps over, the masked branch, left out) by instruction class and its
+HGMMA shapes.
 
     TRITON_INTERPRET=0 PYTHONPATH=.ci-tlx:. python -c "import _utlx_autoregister, runpy; \
         runpy.run_path('tools/sass_mix.py', run_name='__main__')" [fwd|bwd ...] [--dump DIR]
