@@ -37,28 +37,10 @@ def classify(op: str) -> str:
 def loop_mix(sass: str) -> list:
     """[(first, last, path length, whole length, Counter of classes, Counter of HGMMA shapes)] per innermost loop with
     wgmma or TMA, in code order (as specializations.block_loop_counts finds loops)."""
-    labels, insts = {}, []
-    for line in sass.splitlines():
-        m = re.match(r"(\.L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(insts)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(\S+)(.*?);", line)
-        if m:
-            insts.append((m.group(1), m.group(2)))
-    last_exit = max((i for i, (op, _) in enumerate(insts) if op == "EXIT"), default=len(insts))
-
-    def target(i):
-        m = re.search(r"`\((\.L_x_\d+)\)", insts[i][1]) if insts[i][0].startswith("BRA") else None
-        return labels.get(m.group(1)) if m else None
-
-    loops = [(target(i), i) for i in range(last_exit) if target(i) is not None and target(i) <= i]
-    loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "UTMA")) for op, _ in insts[a:b])]
-    loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
+    from jfa_ops.backends.tlx.specializations import innermost_loops
+    insts, loops = innermost_loops(sass, ("HGMMA", "UTMA"))
     out = []
-    for a, b in loops:
-        skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
-                   for j in range(i + 1, target(i))}
+    for a, b, skipped in loops:
         path = [insts[j] for j in range(a, b + 1) if j not in skipped]
         shapes = collections.Counter(
             re.match(r"HGMMA\.(\d+x\d+x\d+)", op).group(1) + (" A=reg" if re.match(r"\s*R\d+, R\d+", rest) else " A=smem")

@@ -493,15 +493,11 @@ def sass_of(cubin: bytes) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-def block_loop_counts(sass: str) -> dict:
-    """The consumers' block loops in the SASS: the innermost loops (a backward branch to a label above it) that
-    hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
-    (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
-    to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
-    whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
-    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions; FSEL
-    of the straight path (the masked blocks' dS guard, if-converted, issues there: helper peel37). The branches after
-    the last EXIT (out-of-line waits jumping back) are no loops."""
+def innermost_loops(sass: str, loop_ops: tuple) -> tuple:
+    """``(insts, loops)``: the SASS's instructions ``[(opcode, operands)]`` and its innermost loops (a backward branch
+    to a label above it) holding an opcode that starts with one of ``loop_ops``, in code order, each ``(first, last,
+    skipped)``: ``skipped`` the indices a forward branch inside the loop jumps over (the masked branch), so the rest
+    is the loop's straight path. The branches after the last EXIT (out-of-line waits jumping back) are no loops."""
     labels, insts = {}, []  # label -> index of the next instruction; (opcode, text)
     for line in sass.splitlines():
         m = re.match(r"(\.L_x_\d+):", line)
@@ -518,14 +514,26 @@ def block_loop_counts(sass: str) -> dict:
         return labels.get(m.group(1)) if m else None
 
     loops = [(target(i), i) for i in range(last_exit) if target(i) is not None and target(i) <= i]
-    loops = [(a, b) for a, b in loops if any(op.startswith(("HGMMA", "QGMMA")) for op, _ in insts[a:b])]
+    loops = [(a, b) for a, b in loops if any(op.startswith(loop_ops) for op, _ in insts[a:b])]
     loops = sorted((a, b) for a, b in loops if not any(a <= a2 and b2 <= b and (a2, b2) != (a, b) for a2, b2 in loops))
+    return insts, [(a, b, {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
+                           for j in range(i + 1, target(i))}) for a, b in loops]
+
+
+def block_loop_counts(sass: str) -> dict:
+    """The consumers' block loops in the SASS: the innermost loops (a backward branch to a label above it) that
+    hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
+    (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
+    to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
+    whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
+    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions; FSEL
+    of the straight path (the masked blocks' dS guard, if-converted, issues there: helper peel37). The branches after
+    the last EXIT (out-of-line waits jumping back) are no loops."""
+    insts, loops = innermost_loops(sass, ("HGMMA", "QGMMA"))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
                   block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[],
                   block_loop_path_fsel=[])
-    for a, b in loops:
-        skipped = {j for i in range(a, b) if target(i) is not None and i < target(i) <= b
-                   for j in range(i + 1, target(i))}
+    for a, b, skipped in loops:
         body = insts[a:b + 1]
         counts["block_loop_instructions"].append(len(body))
         counts["block_loop_path"].append(b + 1 - a - len(skipped))
