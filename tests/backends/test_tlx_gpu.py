@@ -241,6 +241,21 @@ KV_EARLY_CASES = {
 }
 
 
+def _grads_with_knob_off_and_on(case, monkeypatch, knob: str):
+    """dQ, dK, dV of one input with ``tlx.configs.<knob>`` False, then True (the same upstream gradient)."""
+    from jfa_ops.backends.tlx import configs
+
+    x = case.make_inputs(0)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, knob, on)
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    return grads
+
+
 @pytest.mark.parametrize("name", list(KV_EARLY_CASES))
 def test_kv_early_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
     """KV_EARLY (``configs.BACKWARD_KV_EARLY``, helper window31) moves only when K/V are freed and which shared
@@ -253,15 +268,7 @@ def test_kv_early_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
     monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 0)  # a split's items add dK/dV from registers: no KV_EARLY
     monkeypatch.setattr(configs, "BACKWARD_KV_EARLY", True)
     check_attention_case(case, "tlx")
-    x = case.make_inputs(0)
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    grads = []
-    for on in (False, True):
-        monkeypatch.setattr(configs, "BACKWARD_KV_EARLY", on)
-        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
-        grads.append(torch.autograd.grad(out, (q, k, v), grad))
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_KV_EARLY")
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
@@ -299,15 +306,7 @@ def test_peel_matches_the_oracle_and_the_default_bit_for_bit(name, monkeypatch):
 
     monkeypatch.setattr(configs, "BACKWARD_PEEL", True)
     check_attention_case(case, "tlx")
-    x = case.make_inputs(0)
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    grads = []
-    for on in (False, True):
-        monkeypatch.setattr(configs, "BACKWARD_PEEL", on)
-        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
-        grads.append(torch.autograd.grad(out, (q, k, v), grad))
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_PEEL")
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
     if name == "short causal":
         assert torch.equal(dq0, dq1)
