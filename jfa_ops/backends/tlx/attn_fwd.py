@@ -958,7 +958,8 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
         ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-        ZIGZAG=zigzag, ROWSUM_ONCE=configs.FORWARD_ROWSUM_ONCE, PACK_P=configs.FORWARD_PACK_P)
+        ZIGZAG=zigzag, ROWSUM_ONCE=configs.FORWARD_ROWSUM_ONCE and one_loop,
+        PACK_P=configs.FORWARD_PACK_P and one_loop)  # (the v4 consumers' only: no v3 kernel compiled again for them)
 
 
 def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1) -> dict:
