@@ -297,8 +297,7 @@ def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
 
 # helper fwdsum37's per-block cuts of the v4 forward consumers (bench/NOTES_fwdsum37.md), off by default: each alone
 # and both (the whole file with both on: JFA_TLX_FWD_ROWSUM_ONCE=1 JFA_TLX_FWD_PACK_P=1 pytest <this file>)
-FWD_KNOBS = {"rowsumonce": ("FORWARD_ROWSUM_ONCE",), "packp": ("FORWARD_PACK_P",),
-             "both": ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P")}
+FWD_KNOBS = ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P")
 
 
 def _forward_with_knobs(x, knobs, monkeypatch):
@@ -306,7 +305,7 @@ def _forward_with_knobs(x, knobs, monkeypatch):
     False."""
     from jfa_ops.backends.tlx import configs
 
-    for knob in ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P"):
+    for knob in FWD_KNOBS:
         monkeypatch.setattr(configs, knob, knob in knobs)
     return x.call("tlx")
 
@@ -320,7 +319,7 @@ def test_forward_knobs_match_the_oracle(name, head_dim, dtype, monkeypatch):
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    for knob in FWD_KNOBS["both"]:
+    for knob in FWD_KNOBS:
         monkeypatch.setattr(configs, knob, True)
     check_attention_case(case, "tlx")
 
