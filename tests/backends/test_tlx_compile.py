@@ -219,12 +219,14 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
 
 def _uniform_walk_rows(compiled, prefix):
     """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK (the
-    forward's zigzag order on it has its own test: no non-uniform twin)."""
+    forward's zigzag order on it has its own test: no non-uniform twin; helper fwdsum37's knobs, "-rowsumonce-packp",
+    are compared with the default kernel without them)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled
             if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead)", "", r["name"])]) for r in rows]
+    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead|rowsumonce|packp)", "", r["name"])])
+            for r in rows]
 
 
 def test_block_sparse_backward_uniform_walk_spills_less(compiled):
