@@ -25,6 +25,9 @@ triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` run
 on the bench's quick dense/jagged rows and a few others; ``JFA_TLX_FWD_ZIGZAG=1`` runs the correctness sweep with it.
 ``dynamic-timing`` (not in ``all``): static striding vs ``configs.FORWARD_DYNAMIC`` (helper bcast31) on broadcast-Q
 and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the correctness sweep with it.
+``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
+(helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
+JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
 
 Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(..., backend="tlx")``): fixed cases
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
@@ -574,6 +577,67 @@ def order_timing() -> int:
         v = [row.get(c, float("nan")) for c in cols]
         print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{t:12.1f}" for t in v) + f" {v[1] / v[0]:10.3f}",
               flush=True)
+    return failures
+
+
+def rowsum_timing() -> int:
+    """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
+    configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
+    pairs at the PV: no PRMT in consumer 0) and both, the same process and inputs, columns in the order tlx, once,
+    packp, both, tlx', both' (the primed pair: the A/A gauge). Rows: the bench's dense B8 H16 S4096 D128 (issue 10's
+    target: ~0.89-0.92x FA4) and jagged T32768 D128, causal and not, and dense D64. First, per row: PACK_P's out/lse
+    == the default's bit for bit, and ROWSUM_ONCE's largest lse difference (fp32 rounding of l: ~1e-6 or less)."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+    from jfa_ops.backends.tlx import configs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
+             Case("dense", "B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
+             Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64)]
+
+    def knobs(once, packed, fn):
+        return with_setting(configs, "FORWARD_ROWSUM_ONCE", once, with_setting(configs, "FORWARD_PACK_P", packed, fn))
+
+    cols = ("tlx", "once", "packp", "both", "tlx'", "both'")
+    print("forward, bf16, TFLOP/s of useful work (do_bench median): the default vs configs.FORWARD_ROWSUM_ONCE / "
+          "FORWARD_PACK_P (bench/NOTES.md "fwdsum37")", flush=True)
+    print(f"{'case':40s} " + " ".join(f"{c:>8s}" for c in cols)
+          + f" {'once/tlx':>8s} {'packp/tlx':>9s} {'both/tlx':>8s} {'A/A':>6s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+        default = _forward_call(x, case, "tlx")
+        fns = {"tlx": knobs(False, False, default), "once": knobs(True, False, default),
+               "packp": knobs(False, True, default), "both": knobs(True, True, default)}
+        fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
+        with_lse = lambda: jfa_ops.jagged_attention(  # noqa: E731 (_forward_call's call, lse too)
+            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+            broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
+            return_lse=True, backend="tlx")
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        try:
+            with torch.no_grad():
+                want, packed, once = (knobs(o, p, with_lse)()
+                                      for o, p in ((False, False), (False, True), (True, False)))
+            same = all(torch.equal(a, b) for a, b in zip(want, packed))
+            lse_diff = (once[1] - want[1]).abs().nan_to_num(0.0).max().item()
+            out_diff = (once[0].float() - want[0].float()).abs().max().item()
+            print(f"  {case.label}: packp out/lse == default bit for bit: {same}; once: max |lse diff| "
+                  f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
+            failures += (same is not True) + (lse_diff > 1e-5)
+        except Exception as e:  # noqa: BLE001
+            print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            failures += 1
+        faulthandler.cancel_dump_traceback_later()
+        row, failed = _forward_tflops(case, fns)
+        failures += failed
+        v = {c: row.get(c, float("nan")) for c in cols}
+        base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
+        print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{v[c]:8.1f}" for c in cols)
+              + f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}", flush=True)
     return failures
 
 
@@ -1563,6 +1627,8 @@ def main(argv) -> int:
         failed += order_timing()
     if part == "dynamic-timing":  # static striding vs configs.FORWARD_DYNAMIC (helper bcast31; not in "all")
         failed += dynamic_timing()
+    if part == "rowsum-timing":  # the default vs FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (helper fwdsum37; not in "all")
+        failed += rowsum_timing()
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):

@@ -219,12 +219,14 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
 
 def _uniform_walk_rows(compiled, prefix):
     """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK (the
-    forward's zigzag order on it has its own test: no non-uniform twin)."""
+    forward's zigzag order on it has its own test: no non-uniform twin; helper fwdsum37's knobs, "-rowsumonce-packp",
+    are compared with the default kernel without them)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled
             if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead)", "", r["name"])]) for r in rows]
+    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead|rowsumonce|packp)", "", r["name"])])
+            for r in rows]
 
 
 def test_block_sparse_backward_uniform_walk_spills_less(compiled):
@@ -529,7 +531,8 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
     windowed: the lead and the tail in one loop taken twice), the bulk's path >= 40 instructions shorter than the
     default loop's, with its wgmma and MUFU and no more spill instructions; the same shared memory, spills within
     320 B per thread of the default's (sm_90 ptxas at stop 37: full 352 -> 444, causal 444 -> 608, fp16 causal +
-    left window 564 -> 660: per work item; bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk"). Also: the shipped peel kernels are listed. ~60 s."""
+    left window 564 -> 660: per work item; bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk").
+    Also: the shipped peel kernels are listed. ~60 s."""
     kinds = "(dict(), dict(causal=True), dict(causal=True, has_left=True, dtype='fp16'))"
     names, rows = _shipped_and_compiled(
         "-peel", "[s.bwd_specialization(128, kw.pop('dtype', 'bf16'), kw.pop('causal', False), v2=True, "
@@ -556,6 +559,38 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
             for key in ("block_loop_hgmma", "block_loop_mufu"):
                 assert peel[key][bulk] == base[key][c], (key, c, base, peel)
             assert peel["block_loop_path_spill_ops"][bulk] <= base["block_loop_path_spill_ops"][c], (c, base, peel)
+
+
+def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
+    """configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P (helper fwdsum37, bench/NOTES.md "fwdsum37"), each and both, on
+    the bench's dense D128 bf16 kernel (kv-major) and the masked D128 one (tile-major), against the default: the
+    consumers' block loops keep their HGMMA, MUFU and two wgmma groups in flight with no spill instruction on their
+    straight path; ROWSUM_ONCE halves the SHFL (8 -> 4 per consumer warp and block: the row max's only), PACK_P
+    removes consumer 0's 32 PRMT, and each shortens both paths (sm_90 ptxas at stop 37, dense: default [498, 470],
+    rowsumonce [490, 462], packp [468, 467], both [460, 459]); the kernel spills no more than the default (dense 80
+    -> 0-16 B per thread, causal 76 -> 28-52). The shipped list holds the both-on variants only (with both off the
+    62 forward kernels' SASS was the default's byte for byte at stop 37: bench/NOTES.md "fwdsum37"). ~60 s."""
+    names, rows = _shipped_and_compiled(
+        "-rowsumonce", "[s.fwd_specialization(128, 'bf16', c, uniform=not c, **kw) for c in (False, True)"
+        " for kw in (dict(), dict(rowsum_once=True), dict(pack_p=True), dict(rowsum_once=True, pack_p=True))]",
+        "JFA_TLX_FWD_ROWSUM_ONCE", 8)
+    assert sorted(names) == sorted([
+        "fwd-d128-bf16-full-oneloop-rowsumonce-packp", "fwd-d64-bf16-full-oneloop-rowsumonce-packp",
+        "fwd-d128-bf16-causal-oneloop-tilemajor-rowsumonce-packp",
+        "fwd-d128-fp16-causal-left-oneloop-tilemajor-rowsumonce-packp",
+        "sparse-fwd-d128-bf16-causal-oneloop-tilemajor-uniform-rowsumonce-packp"])
+    for base, *variants in (rows[0:4], rows[4:8]):
+        assert base["block_loop_shfl"] == [8, 8] and base["block_loop_prmt"] == [32, 0], base
+        for r, once, packed in zip(variants, (True, False, True), (False, True, True)):
+            assert r["name"] == base["name"] + "-rowsumonce" * once + "-packp" * packed, (base["name"], r["name"])
+            assert r["wgmma_overlap"], r["name"]
+            for key in ("block_loop_hgmma", "block_loop_mufu"):
+                assert r[key] == base[key], (key, base, r)
+            assert r["block_loop_path_spill_ops"] == [0, 0], r
+            assert r["block_loop_shfl"] == ([4, 4] if once else [8, 8]), r
+            assert r["block_loop_prmt"] == ([0, 0] if packed else [32, 0]), r
+            assert all(p < b for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
+            assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
 
 
 def test_gqa_split_kernels_add_partials_from_registers():

@@ -60,6 +60,7 @@ VFIX_BARRIER: tl.constexpr = tl.constexpr(11)  # both consumers: the value rows 
 NUM_CONSUMERS: tl.constexpr = tl.constexpr(2)
 CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
 VFIX_ROWS: tl.constexpr = tl.constexpr(32)  # rows zeroed per step (bounds the registers the fix-up needs)
+ROW_PART: tl.constexpr = tl.constexpr(8)  # ROWSUM_ONCE: keys per row part (a quad's, in the wgmma layout)
 
 
 @triton.jit
@@ -420,12 +421,56 @@ def _consume_first(m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows
 
 
 @triton.jit
+def _lane_row_sums(p, GROUP: tl.constexpr):
+    """ROWSUM_ONCE: p [rows, keys] summed over key groups of GROUP, as [rows, GROUP] partial row sums. In the wgmma
+    accumulator layout (m64nNk16) each group of 8 keys of a row lies on one quad of lanes, 2 keys per lane: the
+    reshape to [rows, keys / GROUP, GROUP] puts what a thread holds of a row on axis 1, and [rows, GROUP] is the
+    accumulator layout again, so the sum stays inside each thread and the partials need no layout conversion (no
+    shuffle); ``tl.sum(parts, 1)`` finishes the row (FA4 keeps its row sums so and reduces them once per item). Any
+    other layout gives the same sums, with shuffles."""
+    ROWS: tl.constexpr = p.shape[0]
+    KEYS: tl.constexpr = p.shape[1]
+    return tl.sum(tl.reshape(p, [ROWS, KEYS // GROUP, GROUP]), 1)
+
+
+@triton.jit
+def _p_carried(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
+    """A block's probabilities as the loop carries them to the next iteration's PV: converted to DTYPE, or with PACK_P
+    as they are (fp32; ``_p_operand`` converts them where the PV wgmma takes them)."""
+    if PACK_P:
+        return p
+    else:
+        return p.to(DTYPE)
+
+
+@triton.jit
+def _p_operand(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
+    """The PV wgmma's register operand from ``_p_carried``'s P: with PACK_P one ``cvt.rn.{bf16,f16}x2.f32`` per pair,
+    the rounding of ``p.to(DTYPE)`` (the same bits). Why (bench/NOTES.md "fwdsum37"): without it LLVM folds the two
+    conversions of the loop-carried P (first block, loop body) across the loop header's phi into one scalar
+    ``cvt.rn.bf16.f32`` per element there, packed by ``mov.b32 {lo, hi}``; ptxas pairs those into F2FP.PACK_AB with
+    the halves swapped plus one PRMT per register in consumer 0 (32 per block; consumer 1, the same PTX, gets none).
+    Converting at the use in packed pairs (an inline asm result, which no fold moves) leaves ptxas nothing to swap.
+    Converting at the loop's end instead kept the PRMT away too but spilled one register per block in consumer 0."""
+    if PACK_P:
+        if DTYPE == tl.bfloat16:  # d, a, b: a to the upper half, b to the lower; pack=2: elements 2i ($1), 2i + 1 ($2)
+            return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p], dtype=tl.bfloat16,
+                                             is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [p], dtype=tl.float16,
+                                             is_pure=True, pack=2)
+    else:
+        return p
+
+
+@triton.jit
 def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                            q_empty, row0, len_q, len_k, lo_off, hi_off, qk_scale, lead_begin, lead_end, bulk_begin,
                            bulk_end, tail_begin, tail_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
-                           sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0):
+                           sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0,
+                           ROWSUM_ONCE: tl.constexpr = False, PACK_P: tl.constexpr = False):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
     block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
     has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
@@ -443,7 +488,13 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     (``selected_tile_start``; ascending, all starting inside the sequence, so again only the last one may run past
     its end); a tile is masked when it is the first or lies outside the mask-free bulk [bulk_begin, bulk_end). Each
     tile's id is read at the top of its iteration, before the wait for its key block (reading it one iteration
-    ahead spilled more: bench/NOTES.md "TLX block-sparse forward v1")."""
+    ahead spilled more: bench/NOTES.md "TLX block-sparse forward v1").
+
+    ROWSUM_ONCE (``configs.FORWARD_ROWSUM_ONCE``): the row sums kept per lane (``_lane_row_sums``), rescaled by alpha
+    like acc, and reduced across the quad once, after the last block (FA4's), instead of every block (4 SHFL + 4 FADD
+    per warp and block); the incoming l_i enters as part 0. PACK_P (``configs.FORWARD_PACK_P``): P carried in fp32
+    and converted in packed pairs where the PV wgmma takes it (``_p_operand``: no PRMT in consumer 0, the same bits).
+    Both off by default (bench/NOTES.md "fwdsum37")."""
     if SPARSE:
         n_all = sel_count
         n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
@@ -461,9 +512,14 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     s = _qk(q_tile, k_tiles[buf], CID)
     s = tlx.async_dot_wait(0, s)
     tlx.barrier_arrive(k_empties[buf], 1)
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
-                                  HAS_LO, HAS_HI, True, FMA_SOFTMAX)
-    p = p.to(DTYPE)
+    p, m_i, l_new, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
+                                    HAS_LO, HAS_HI, True, FMA_SOFTMAX)
+    if ROWSUM_ONCE:
+        parts = tl.arange(0, ROW_PART)
+        l_parts = tl.where(parts[None, :] == 0, (l_i * alpha)[:, None], 0.0) + _lane_row_sums(p, ROW_PART)
+    else:
+        l_i = l_new
+    p = _p_carried(p, DTYPE, PACK_P)
     prev_n0 = n0
     kv_count += 1
     for j in tl.range(1, n_all, num_stages=0):
@@ -481,8 +537,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
         # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
         # and the fix-up's barrier with the other consumer must not sit inside a turn
-        acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
-                          NUM_BUFFERS_KV, False)
+        acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
+                          HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
         _pass_turn(CID)
         s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
         tlx.barrier_arrive(k_empties[buf], 1)
@@ -492,17 +548,23 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
             s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
                          float("-inf"))
         # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
-        p_new, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+        p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+        if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
+            l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
+        else:
+            l_i = l_new
         acc = tlx.async_dot_wait(0, acc)
         prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
         tlx.barrier_arrive(v_empties[prev_buf], 1)
         acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
-        p = p_new.to(DTYPE)
+        p = _p_carried(p_new, DTYPE, PACK_P)
         prev_n0 = n0
         kv_count += 1
+    if ROWSUM_ONCE:
+        l_i = tl.sum(l_parts, 1)
     tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
-    acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N,
-                      NUM_BUFFERS_KV, True)
+    acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
+                      HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, True)
     return acc, m_i, l_i, kv_count
 
 
@@ -617,7 +679,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
                         UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
-                        WALK_AHEAD: tl.constexpr = False):
+                        WALK_AHEAD: tl.constexpr = False, ROWSUM_ONCE: tl.constexpr = False,
+                        PACK_P: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -809,7 +872,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
-                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV)
+                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -884,7 +947,8 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
     """``attn_fwd_tlx_kernel``'s arguments that follow from a call's signature (a launch plan's static part; the
     block-sparse ones aside): everything but the descriptors, out/lse, the offsets, the schedule's sizes and the
     head group. The output's strides are those of a fresh [T, Hq, D] tensor (``common.alloc_output``). ``zigzag``:
-    ``configs.FORWARD_ZIGZAG``'s order."""
+    ``configs.FORWARD_ZIGZAG``'s order. ``configs.FORWARD_ROWSUM_ONCE`` and ``FORWARD_PACK_P`` read here (the launch
+    plan's and the replay's keys hold them)."""
     has_left, window_left, has_right, right = bounds
     pipeline, kv_major, one_loop = choices
     return dict(
@@ -894,7 +958,8 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
         ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-        ZIGZAG=zigzag)
+        ZIGZAG=zigzag, ROWSUM_ONCE=configs.FORWARD_ROWSUM_ONCE and one_loop,
+        PACK_P=configs.FORWARD_PACK_P and one_loop)  # (the v4 consumers' only: no v3 kernel compiled again for them)
 
 
 def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1) -> dict:
@@ -929,8 +994,9 @@ def uniform_lengths(params, num_seqs: int, total_q: int, total_kv: int) -> bool:
 # path"), nearly all of it derivation that the signature fixes (configs, choices, schedule, ~60 arguments bound and
 # specialized). The key is the triton forward's (params, shapes, strides, device, offsets, knobs' generation) plus
 # what only this path reads: the dtypes (TMA's row-stride rule is in bytes), this backend's overrides (configs.
-# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP) and the head dim's config. Past one wave
-# (``configs.FORWARD_REPLAY_WAVES``, in the key) a replay also makes the call's sorted query tile list.
+# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_ROWSUM_ONCE, FORWARD_PACK_P) and the
+# head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a replay also makes the call's
+# sorted query tile list.
 _REPLAYS: dict = {}
 launcher.CLEAR_HOOKS.append(_REPLAYS.clear)
 
@@ -941,7 +1007,7 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
         return None
     return key + (q.dtype, k.dtype, v.dtype, configs.PIPELINE, configs.KV_MAJOR, configs.ONE_LOOP,
                   configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, configs.FORWARD_DYNAMIC, fwd_config(q.shape[2]),
-                  configs.FORWARD_REPLAY_WAVES)
+                  configs.FORWARD_REPLAY_WAVES, configs.FORWARD_ROWSUM_ONCE, configs.FORWARD_PACK_P)
 
 
 def _zigzag_order(wanted: bool, cfg, schedule: dict, programs: int, num_heads: int, num_heads_kv: int,
@@ -1002,7 +1068,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         choices = (choices[0], False, choices[2])
     dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group)
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, params.broadcast_q, bounds, choices, cfg,
-                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], zigzag)  # what _static_args follow from
+                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], zigzag, configs.FORWARD_ROWSUM_ONCE,
+                configs.FORWARD_PACK_P)  # what _static_args follow from
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_fwd_tlx_kernel, plan_key, (programs,), dynamic,
                    lambda: dict(_static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices,

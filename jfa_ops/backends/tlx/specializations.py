@@ -52,14 +52,16 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
-                       walk_ahead: bool = False, dynamic: bool = False) -> Specialization:
+                       walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
+                       pack_p: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
     (``configs.SPARSE_FORWARD_UNIFORM_WALK``), ``walk_ahead`` the producer's walk one item ahead
     (``configs.SPARSE_FORWARD_WALK_AHEAD``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
-    (ATOMIC_WORK; the v3 consumers)."""
+    (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
+    ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -77,7 +79,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=dynamic,
-                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag)
+                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag, ROWSUM_ONCE=rowsum_once,
+                      PACK_P=pack_p)
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
                           WALK_AHEAD=walk_ahead)
@@ -92,6 +95,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
            f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
+           f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -304,6 +308,15 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=False, dynamic=True)
     yield fwd_specialization(256, "bf16", True, dynamic=True)
     yield fwd_specialization(256, "bf16", False, dynamic=True)
+    # helper fwdsum37's per-block cuts on the v4 consumers (configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P, off by
+    # default), both on: the bench's dense D128 kernel, D64, masked tile-major, fp16 (PACK_P's f16x2) with a left
+    # window, the block-sparse forward
+    for knobs in (dict(rowsum_once=True, pack_p=True),):
+        yield fwd_specialization(128, "bf16", False, uniform=True, **knobs)
+        yield fwd_specialization(64, "bf16", False, **knobs)
+        yield fwd_specialization(128, "bf16", True, **knobs)
+        yield fwd_specialization(128, "fp16", True, has_left=True, **knobs)
+        yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, **knobs)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
@@ -525,14 +538,15 @@ def block_loop_counts(sass: str) -> dict:
     hold wgmma, one per consumer warpgroup, in code order. Per loop: its instructions, those of its straight path
     (skipping what a forward branch inside the loop jumps over: the masked branch), R2UR (a value moved from a vector
     to a uniform register: a wgmma descriptor built per lane) and spill instructions (STL/LDL); and R2UR in the
-    whole kernel; wgmma (HGMMA) and MUFU of the straight path; global loads (LDG: lse, delta) of the straight path
-    after its first wgmma wait (S's), whose latency then lands on the block's path, and its spill instructions; FSEL
-    of the straight path (the masked blocks' dS guard, if-converted, issues there: helper peel37). The branches after
-    the last EXIT (out-of-line waits jumping back) are no loops."""
+    whole kernel; wgmma (HGMMA), MUFU, SHFL (cross-lane row reductions) and PRMT (byte permutes) of the straight
+    path; global loads (LDG: lse, delta) of the straight path after its first wgmma wait (S's), whose latency then
+    lands on the block's path, and its spill instructions; FSEL of the straight path (the masked blocks' dS guard,
+    if-converted, issues there: helper peel37). The branches after the last EXIT (out-of-line waits jumping back)
+    are no loops."""
     insts, loops = innermost_loops(sass, ("HGMMA", "QGMMA"))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
-                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[],
-                  block_loop_path_fsel=[])
+                  block_loop_hgmma=[], block_loop_mufu=[], block_loop_shfl=[], block_loop_prmt=[],
+                  block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[], block_loop_path_fsel=[])
     for a, b, skipped in loops:
         body = insts[a:b + 1]
         counts["block_loop_instructions"].append(len(body))
@@ -542,6 +556,8 @@ def block_loop_counts(sass: str) -> dict:
         path = [op for j, (op, _) in enumerate(body, a) if j not in skipped]
         counts["block_loop_hgmma"].append(sum(op.startswith("HGMMA") for op in path))
         counts["block_loop_mufu"].append(sum(op.startswith("MUFU") for op in path))
+        counts["block_loop_shfl"].append(sum(op.startswith("SHFL") for op in path))
+        counts["block_loop_prmt"].append(sum(op.startswith("PRMT") for op in path))
         first_wait = next((i for i, op in enumerate(path) if op.startswith("WARPGROUP.DEPBAR")), len(path))
         counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
         counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
