@@ -925,6 +925,22 @@ def test_delta_early_reaches_the_kernel(gpu, monkeypatch):
         assert launched == [on], launched
 
 
+def _causal_call_and_repeat(runs, answers, monkeypatch, knob: str, value, q, k, v, offsets) -> list:
+    """The TLX backward kernel's arguments of a causal call and of its repeat with ``tlx_configs.<knob>`` = value
+    (recipes and answers cleared first: the repeat shows whether the first call kept a recipe)."""
+    monkeypatch.setattr(tlx_configs, knob, value)
+    attn_bwd._RECIPES.clear()
+    answers.clear()
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    launches = []
+    for _ in range(2):  # a signature's first call, then its repeat
+        runs.clear()
+        _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
+        (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+        launches.append(launched)
+    return launches
+
+
 @needs_tlx
 def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
     """``configs.BACKWARD_DQ_RED`` (helper dqadd; 1, or 2 with the L2 evict_last policy) sets the TLX backward's
@@ -934,15 +950,8 @@ def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
     runs, answers = gpu
     assert tlx_configs.BACKWARD_DQ_RED == 0  # off until timed on the H200
     q, k, v, offsets = _inputs([300, 17, 700, 5])
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     for on in (0, 1, 2):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", on)
-        attn_bwd._RECIPES.clear()
-        answers.clear()
-        for _ in range(2):  # a signature's first call, then its repeat
-            runs.clear()
-            _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
-            (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+        for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_DQ_RED", on, q, k, v, offsets):
             assert launched["DQ_RED"] == on
             if on:
                 acc = launched["DQ_ACC"]
@@ -1001,13 +1010,7 @@ def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     launches = {}
     for on in (False, True, False):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_PEEL", on)
-        attn_bwd._RECIPES.clear()
-        answers.clear()
-        for _ in range(2):  # a signature's first call, then its repeat
-            runs.clear()
-            _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
-            (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+        for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_PEEL", on, q, k, v, offsets):
             assert launched["PEEL"] is on, launched["PEEL"]
             launches[on] = launched
         assert [kind for kind, _ in answers] == ["recipe"], answers
