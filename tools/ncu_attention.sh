@@ -20,21 +20,22 @@ extra=$("$ncu" --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |
         sed 's/cycles_active$/cycles_active.avg.pct_of_peak_sustained_active/; s/gmma$/gmma.sum/' | paste -sd, -)
 # NCU_METRICS: more names (e.g. instruction counts by pipe, regex:...stall reasons); if ncu refuses them, the case
 # runs again without them
-extra_more=${extra:+$extra}${NCU_METRICS:+${extra:+,}$NCU_METRICS}
+extra_more=$extra${NCU_METRICS:+${extra:+,}$NCU_METRICS}
 echo "extra metrics: ${extra_more:-none}" >> "$out/ncu_summary.txt"
+# one case under ncu with the metrics list $1 (the loop's impl, suite, case, mode and tag)
+profile() {
+  timeout -k 10 "${NCU_TIMEOUT_S:-240}" "$ncu" --profile-from-start off --clock-control none --target-processes all \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+    ${1:+--metrics "$1"} --csv --page details \
+    python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
+    > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
+}
 IFS=';' read -ra cases <<< "${NCU_CASES:-dense|B8 S4096|fwd;dense|B8 S4096|bwd}"
 for spec in "${cases[@]}"; do
   IFS='|' read -r suite case mode <<< "$spec"
   for impl in ${NCU_IMPLS:-jfa:tlx fa4}; do
     tag=$(echo "${impl}_${suite}_${case}_${mode}" | tr -c 'A-Za-z0-9_\n' '_')
-    profile() {
-      timeout -k 10 "${NCU_TIMEOUT_S:-240}" "$ncu" --profile-from-start off --clock-control none --target-processes all \
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-        --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
-        ${1:+--metrics "$1"} --csv --page details \
-        python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
-        > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
-    }
     profile "$extra_more"; rc=$?
     if [ $rc -ne 0 ] && [ -n "${NCU_METRICS:-}" ]; then
       echo "== $impl $suite $case $mode: rc $rc with NCU_METRICS; again without" >> "$out/ncu_summary.txt"

@@ -325,7 +325,7 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "kvearly": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=True),
                 "kvearlyoff": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=False), "same": _DEFAULT_BWD,
                 # helper peel37: the consumers' block loop peeled per stage, the mask-free bulk's without the masked
-                # blocks' dS guard (bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk")
+                # blocks' dS guard (bench/NOTES.md "helper peel37")
                 "peel": dict(_DEFAULT_BWD, BACKWARD_PEEL=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",

@@ -531,7 +531,7 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
     windowed: the lead and the tail in one loop taken twice), the bulk's path >= 40 instructions shorter than the
     default loop's, with its wgmma and MUFU and no more spill instructions; the same shared memory, spills within
     320 B per thread of the default's (sm_90 ptxas at stop 37: full 352 -> 444, causal 444 -> 608, fp16 causal +
-    left window 564 -> 660: per work item; bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk").
+    left window 564 -> 660: per work item; bench/NOTES.md "helper peel37").
     Also: the shipped peel kernels are listed. ~60 s."""
     kinds = "(dict(), dict(causal=True), dict(causal=True, has_left=True, dtype='fp16'))"
     names, rows = _shipped_and_compiled(

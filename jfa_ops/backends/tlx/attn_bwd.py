@@ -388,11 +388,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     its 32 x 32 block MXFP8 values (``_mx_square_values``) before their stores: the arithmetic of the ``mxquant``
     ablation, with results (the host feeds MX-valued Q, K, V, dO and delta from the unquantized dO).
 
-    PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the block loop peeled into the three stages, one loop each
-    (masked lead, mask-free bulk, masked tail: the producer's order and count), ``masked`` a constexpr per loop, so
+    PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the block loop peeled by stage (masked lead, mask-free bulk,
+    masked tail: the producer's order and count; the loops' shape below), ``masked`` a constexpr per loop, so
     the bulk loop has no mask code: the default's one loop runs the mask under a runtime branch that ptxas
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
-    block; bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk"). The same arithmetic per block (a mask-free block never took the branch)."""
+    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
@@ -425,11 +425,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     HALF_N: tl.constexpr = k_tiles[0].shape[0]  # this consumer's keys
     if DQ_LAG:
         m0_prev = lead_begin * 0  # the previous block's first row
-    # PEEL: one loop per stage, j counting on across them (the producer's blocks), masked a constexpr per loop.
-    # Without a lower key bound on the rows (HAS_RIGHT: causal, a right window) the lead is empty (``stage_bounds``:
+    # PEEL: loops by stage, j counting on across them (the producer's blocks), masked a constexpr per loop.
+    # Without HAS_RIGHT (neither causal nor a right window) the lead is always empty (``stage_bounds``:
     # n_lead = 0, its loop folds away): the bulk's loop, then the tail's. With one: two rounds of (masked loop, bulk
     # loop), the lead and the bulk, then the tail and nothing, so the masked body is compiled once (three loops, one
-    # per stage, spilled 300 B more per thread than the default at D128 causal: bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk"). Else one loop.
+    # per stage, spilled 300 B a thread more at D128 causal: bench/NOTES.md "helper peel37"). Without PEEL: one loop.
     LEAD: tl.constexpr = 0
     BULK: tl.constexpr = 1
     TAIL: tl.constexpr = 2
@@ -856,7 +856,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     frees its K/V tiles before its dK/dV epilogue and stores dK/dV through its dQ staging buffer, so the producer's
     next K/V loads run under the epilogue.
 
-    PEEL (``configs.BACKWARD_PEEL``; V2, dense, not MXFP8): the consumers' block loop peeled into one loop per stage
+    PEEL (``configs.BACKWARD_PEEL``; V2, dense, not MXFP8): the consumers' block loop peeled by stage
     (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without."""
     tl.static_assert(not PEEL or (V2 and not SPARSE and not MXFP8), "PEEL: the dense v2 consumers, not MXFP8")
     tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")

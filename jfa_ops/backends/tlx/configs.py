@@ -154,8 +154,8 @@ BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "
 # 2026-12-04 (stop 33; bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and
 # jagged causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
-# PEEL (JFA_TLX_BWD_PEEL=1; helper peel37, bench/NOTES.md "the masked blocks' dS guard out of the mask-free bulk"): the v2 consumers' block loop peeled into one loop
-# per stage (masked lead, mask-free bulk, masked tail; the producer's order), the bulk's without mask code: the
+# PEEL (JFA_TLX_BWD_PEEL=1; bench/NOTES.md "helper peel37"): the v2 consumers' block loop peeled by stage (masked
+# lead, mask-free bulk, masked tail; the producer's order), the bulk's loop without mask code: the
 # default's one loop keeps the mask under a runtime branch that ptxas if-converts, so the dS guard of masked blocks
 # (34 FSETP + 34 predicated FSEL per thread) issues in every block. sm_90 D128 full: bulk path 535 / 516 -> 458 / 425
 # instructions per consumer warp and block, spills 352 -> 444 B per thread (per work item, none in the bulk loop).

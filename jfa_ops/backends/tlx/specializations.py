@@ -153,8 +153,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
     accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
-    (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled into one loop per stage, the mask-free
-    bulk's without mask code (``configs.BACKWARD_PEEL``)."""
+    (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
+    without mask code (``configs.BACKWARD_PEEL``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
