@@ -471,12 +471,13 @@ def median_ms(fn, what: str, graph: bool = False):
         return None
 
 
-def _forward_call(x, case, backend):
-    """The case's forward on ``backend`` (inputs ``x`` from bench.suites.make_inputs) as a no-argument callable."""
+def _forward_call(x, case, backend, return_lse=False):
+    """The case's forward on ``backend`` (inputs ``x`` from bench.suites.make_inputs) as a no-argument callable
+    (``return_lse``: (out, lse))."""
     return lambda: jfa_ops.jagged_attention(
         x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
         broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-        backend=backend)
+        return_lse=return_lse, backend=backend)
 
 
 def _medians(label, fns):
@@ -603,7 +604,7 @@ def rowsum_timing() -> int:
 
     cols = ("tlx", "once", "packp", "both", "tlx'", "both'")
     print("forward, bf16, TFLOP/s of useful work (do_bench median): the default vs configs.FORWARD_ROWSUM_ONCE / "
-          "FORWARD_PACK_P (bench/NOTES.md "fwdsum37")", flush=True)
+          "FORWARD_PACK_P (bench/NOTES.md \"fwdsum37\")", flush=True)
     print(f"{'case':40s} " + " ".join(f"{c:>8s}" for c in cols)
           + f" {'once/tlx':>8s} {'packp/tlx':>9s} {'both/tlx':>8s} {'A/A':>6s}", flush=True)
     failures = 0
@@ -613,10 +614,7 @@ def rowsum_timing() -> int:
         fns = {"tlx": knobs(False, False, default), "once": knobs(True, False, default),
                "packp": knobs(False, True, default), "both": knobs(True, True, default)}
         fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
-        with_lse = lambda: jfa_ops.jagged_attention(  # noqa: E731 (_forward_call's call, lse too)
-            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
-            broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-            return_lse=True, backend="tlx")
+        with_lse = _forward_call(x, case, "tlx", return_lse=True)
         faulthandler.dump_traceback_later(HANG_S, exit=True)
         try:
             with torch.no_grad():
@@ -685,10 +683,7 @@ def dynamic_timing() -> int:
         fns = {"tlx": tlx, "dynamic": dynamic, "tlx'": tlx, "dynamic'": dynamic,
                "hg4": with_setting(configs, "FORWARD_HEAD_GROUP", 4, tlx)}
         if "not taken" not in case.label:
-            with_lse = lambda: jfa_ops.jagged_attention(  # noqa: E731 (_forward_call's call, lse too)
-                x.q, x.k, x.v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
-                broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens),
-                return_lse=True, backend="tlx")
+            with_lse = _forward_call(x, case, "tlx", return_lse=True)
             faulthandler.dump_traceback_later(HANG_S, exit=True)  # a handover that hangs ends the process here
             try:
                 with torch.no_grad():
