@@ -16,7 +16,13 @@ flushed), GB/s = the bench's bytes (``bench.peers._quantize_bytes``):
   then v in whole columns (with 3 copy stages, with 8 heads a program), v with 2 warps per 128 columns, with the old
   head split and in 64 / 32-column iterations (the (32, 1) A/B; ``same``: v's bits vs the default's); ``column
   kernel``: registers, spills, shuffles and lanes of the whole-column kernels this Triton compiled;
-- ``host us``: Python per three calls, enqueued behind a sleeping GPU (nothing waits: the host's time alone).
+- ``host us``: Python per three calls, enqueued behind a sleeping GPU (nothing waits: the host's time alone);
+- ``same-bytes copy``: after each ``q / k / v graph`` row, a copy moving the same bytes (half read, half written)
+  replayed from a graph in the same harness: the denominator that pays the same per-call cost (bench/NOTES.md "The
+  16-head quantize loss (issue 12), helper quant16h37");
+- ``--fit``: only K's (1, 32) and V's (32, 1) kernels and their same-bytes copies on synthetic sizes (203 MB and
+  ~820 MB at 4 and 16 heads), each row with quant16h37's prediction t = bytes / 4370 GB/s + 13.6 us (its
+  falsification run).
 Every row's data and scale bits are compared with the first's (``same``).
 """
 from __future__ import annotations
@@ -116,6 +122,42 @@ def column_kernels() -> list:
     return out
 
 
+def same_bytes_copy_ms(nbytes: int, device) -> float | None:
+    """A copy moving ``nbytes`` (half read, half written) replayed from a CUDA graph, timed like the kernels' rows."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    g = graph_of(lambda: dst.copy_(src))
+    return None if g is None else median_ms(g, device)
+
+
+# quant16h37's fit (bench/NOTES.md): every graph row at t = bytes / 4370 GB/s + 13.6 us
+FIT_GBPS, FIT_CALL_US = 4370.0, 13.6
+FIT_SHAPES = (("H4 131072 rows (203 MB)", 131072, 4, 512), ("H16 B8 S4096 (203 MB)", 32768, 16, 4096),
+              ("H16 B32 S4096 (814 MB)", 131072, 16, 4096), ("H4 533504 rows (828 MB)", 533504, 4, 512))
+
+
+def fit_rows(device) -> None:
+    """K's and V's kernels on synthetic sizes against the same-bytes copy and the fit's prediction."""
+    for label, rows, heads, seq in FIT_SHAPES:
+        x = torch.randn(rows, heads, 128, device=device, dtype=torch.bfloat16)
+        offsets = torch.arange(0, rows + 1, seq, device=device, dtype=torch.int32)
+        quantize = mxfp8_ops._quantizer(select_backend("triton", mxfp8_ops._x_problem(x), family=mxfp8_ops.QUANTIZE))
+        for n, block, offs in (("k", mx.K_BLOCK, None), ("v", mx.V_BLOCK, offsets)):
+            nbytes = _quantize_bytes((x,), list(quantize(x, offs, block, "rceil")))
+            g = graph_of(lambda: quantize(x, offs, block, "rceil"))
+            copy_ms = same_bytes_copy_ms(nbytes, device)
+            if g is None or copy_ms is None:
+                print(f"{label:26} {n}: not captured", flush=True)
+                continue
+            ms = median_ms(g, device)
+            predicted_us = nbytes / FIT_GBPS / 1e3 + FIT_CALL_US
+            print(f"{label:26} {n} {nbytes / 1e6:6.1f} MB {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s | predicted "
+                  f"{predicted_us:7.1f} us {nbytes / predicted_us / 1e3:6.0f} GB/s | same-bytes copy {copy_ms * 1e3:8.1f} us "
+                  f"{nbytes / copy_ms / 1e6:6.0f} GB/s | kernel / copy {copy_ms / ms:5.1%}", flush=True)
+        del x
+        torch.cuda.empty_cache()
+
+
 def bits(pairs) -> list:
     return [t.view(torch.uint8).clone() for pair in pairs for t in pair]
 
@@ -123,8 +165,12 @@ def bits(pairs) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny cases on the CPU (interpreter)")
+    parser.add_argument("--fit", action="store_true", help="only quant16h37's falsification rows (GPU)")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
+    if args.fit:
+        fit_rows(device)
+        return
     names = SMOKE_CASES if args.smoke else CASES
     cases = {c.label: c for c in suites.build_cases(["mxfp8"], [64 if args.smoke else 128],
                                                      "smoke" if args.smoke else "full")}
@@ -164,6 +210,7 @@ def main() -> None:
             gbps = nbytes / ms / 1e6
             print(f"{name:22} {label:28} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s {gbps / HBM_SPEC_GBPS:5.0%} of 4.8 TB/s"
                   f"{'' if same is None else f'  same={same}'}", flush=True)
+            return ms
 
         row("op x3", op3, False)
         row("op x3, quant_direct", op3, True)
@@ -184,8 +231,13 @@ def main() -> None:
                 for n in "qkv":
                     g = graph_of(calls[n])
                     if g is not None:
-                        row(f"{n} {'(32, 1)' if n == 'v' else '(1, 32)'} graph", g, False, tensor_bytes[n],
-                            check=False)
+                        ms = row(f"{n} {'(32, 1)' if n == 'v' else '(1, 32)'} graph", g, False, tensor_bytes[n],
+                                 check=False)
+                        copy_ms = same_bytes_copy_ms(tensor_bytes[n], device)
+                        if copy_ms is not None:
+                            print(f"{name:22} {n} same-bytes copy graph    {copy_ms * 1e3:9.1f} us "
+                                  f"{tensor_bytes[n] / copy_ms / 1e6:7.0f} GB/s  kernel / copy {copy_ms / ms:5.1%}",
+                                  flush=True)
                 # (32, 1)'s A/B (module constants and KNOBS, read at launch, as tools/mxfp8_quant_probe.py sets them;
                 # bit-exact by construction: tests/backends/test_triton_mxfp8.py's head-group, v-columns and
                 # column-layout tests): whole columns a thread (KNOBS.mxfp8_quant_v_layout; bench/NOTES.md "MXFP8
