@@ -593,3 +593,24 @@ def test_wrapped_int64_offsets_fail_the_mxfp8_checks(monkeypatch, mode):
         with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
             jfa_ops.check_pending()
     validation._pending.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [7, 4000])  # one wave (check in the forward kernel), sorted lists (tile kernel)
+def test_cuda_wrapped_int64_offsets(monkeypatch, rows):
+    """On the GPU (the saturating copy's clamp with device-tensor bounds): wrapped int64 offsets raise at
+    check_pending under deferred; good int64 offsets give the reference's out (their copy unchanged)."""
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    q, k, v = (torch.randn(rows, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    good = torch.tensor([0, rows // 2, rows], device="cuda")
+    for bad in (good + torch.tensor([0, _WRAP, 0], device="cuda"), good - torch.tensor([_WRAP, 0, 0], device="cuda")):
+        jfa_ops.jagged_attention(q, k, v, bad, bad, causal=True, backend="triton")
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    out = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="triton")
+    ref = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="reference")
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+    jfa_ops.check_pending()
