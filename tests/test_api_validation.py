@@ -485,3 +485,132 @@ def test_coverage_off_while_capturing_and_outside_async(coverage, monkeypatch):
     for _ in range(2):
         validation.check_offset_values(q, k, q_off, fresh, -1, -1)  # no backend check: the aten check, once
     assert len(checks) == 1
+
+
+# int64 offsets past int32's range whose low 32 bits look valid (e.g. 2**32 + 3 is 3 in int32) -----------------
+# The backends that check offsets inside their own kernels (triton, tlx) read the int32 copy: a plain conversion
+# wraps such values into a valid-looking batch, and the call ran silently on other rows (and, in async mode,
+# covered the offsets for later calls). Every mode must treat them as the bad offsets they are.
+_WRAP = 2 ** 32
+WRAPPED = {  # name -> (q_offsets, kv_offsets) of the base call (q 7 rows, k/v 9 rows); None: one tensor for both
+    "q_inner": (_t(0, 3 + _WRAP, 7), _t(0, 5, 9)),
+    "kv_inner_negative": (_t(0, 3, 7), _t(0, 5 - _WRAP, 9)),
+    "q_last": (_t(0, 3, 7 + _WRAP), _t(0, 5, 9)),
+    "kv_first": (_t(0, 3, 7), _t(_WRAP, 5, 9)),
+    "shared": (_t(0, 4 + 3 * _WRAP, 9), None),
+}
+
+
+def _wrapped_call(name, **extra):
+    a = {k: v.half() if v.is_floating_point() else v for k, v in _base().items()}
+    q_off, kv_off = WRAPPED[name]
+    if kv_off is None:  # self-attention over k's rows, one offsets tensor
+        a.update(q=a["k"].repeat(1, 2, 1), q_offsets=q_off, kv_offsets=q_off)
+    else:
+        a.update(q_offsets=q_off, kv_offsets=kv_off)
+    a.update({"backend": "triton", **extra})
+    return a
+
+
+@pytest.mark.parametrize("name", WRAPPED)
+def test_wrapped_int64_offsets_fail_the_sync_check_by_name(name):
+    """Host checks read the int64 values: a ValueError naming the argument (CPU tensors are always checked so)."""
+    a = _wrapped_call(name, backend="reference")
+    with pytest.raises(ValueError, match=r"^(q|kv)_offsets"):
+        _call_api(a)
+
+
+@pytest.mark.parametrize("path", ["direct", "op", "compiled"])
+@pytest.mark.parametrize("name", WRAPPED)
+def test_wrapped_int64_offsets_fail_the_deferred_device_check(deferred, monkeypatch, name, path):
+    """JFA_VALIDATE=deferred, the triton backend (its check folded into its kernels): check_pending raises."""
+    pytest.importorskip("triton")
+    from jfa_ops.ops import attention as attention_ops
+
+    monkeypatch.setattr(attention_ops, "EAGER_DIRECT", path == "direct")
+    a = _wrapped_call(name)
+    if path == "compiled":
+        torch._dynamo.reset()
+        torch.compile(lambda a: _call_api(a), fullgraph=True, backend="aot_eager")(a)
+    else:
+        _call_api(a)
+    with pytest.raises(ValueError, match="bad kv_offsets or q_offsets.*JFA_VALIDATE=deferred"):
+        jfa_ops.check_pending()
+
+
+@pytest.mark.parametrize("name", WRAPPED)
+def test_wrapped_int64_offsets_fail_the_async_device_check(monkeypatch, name):
+    """JFA_VALIDATE=async on CPU tensors (torch._assert_async raises at once): the first call asserts, and nothing is
+    covered for a second call."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    a = _wrapped_call(name)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="bad kv_offsets or q_offsets"):
+            _call_api(dict(a))
+
+
+@pytest.mark.parametrize("mode", ["deferred", "async"])
+def test_wrapped_int64_offsets_fail_the_selection_check(monkeypatch, mode):
+    """The triton selection folds the check into its pooling kernel (which reads the int32 copy); in async mode an
+    unnoticed wrap also covered the offsets for the sparse attention after it."""
+    pytest.importorskip("triton")
+    from jfa_ops.ops import block_sparse as sparse_ops
+
+    for module in (validation, sparse_ops):  # the sparse op's index checks read the mode too (sync only)
+        monkeypatch.setattr(module, "validation_mode", lambda device: mode)
+    validation._pending.clear()
+    q = torch.randn(40, 2, 16).half()
+    for bad in (_t(0, 17 + _WRAP, 40), _t(0, 17, 40 - _WRAP), _t(-_WRAP, 17, 40)):
+        if mode == "async":
+            with pytest.raises(RuntimeError, match="bad kv_offsets or q_offsets"):
+                jfa_ops.select_kv_blocks(q, q, bad, bad, 23, 23, block_q=16, block_kv=16, backend="triton")
+            continue
+        index, count = jfa_ops.select_kv_blocks(q, q, bad, bad, 23, 23, block_q=16, block_kv=16, backend="triton")
+        jfa_ops.block_sparse_attention(q, q, q, bad, bad, index, count, 23, 23, block_q=16, block_kv=16,
+                                       backend="triton")
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    validation._pending.clear()
+
+
+@pytest.mark.parametrize("mode", ["deferred", "async"])
+def test_wrapped_int64_offsets_fail_the_mxfp8_checks(monkeypatch, mode):
+    """MXFP8 quantize and attention (triton) check the offsets with aten ops on the int64 values."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(validation, "validation_mode", lambda device: mode)
+    validation._pending.clear()
+    x = torch.randn(40, 2, 32).half()
+    bad = _t(0, 17 + _WRAP, 40)
+    calls = (lambda: jfa_ops.mxfp8_quantize(x, bad, backend="triton"),
+             lambda: jfa_ops.mxfp8_attention(x, x, x, bad, bad, backend="triton"))
+    for call in calls:
+        if mode == "async":
+            with pytest.raises(RuntimeError, match="bad kv_offsets or q_offsets"):
+                call()
+            continue
+        call()
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    validation._pending.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [7, 4000])  # one wave (check in the forward kernel), sorted lists (tile kernel)
+def test_cuda_wrapped_int64_offsets(monkeypatch, rows):
+    """On the GPU (the saturating copy's clamp with device-tensor bounds): wrapped int64 offsets raise at
+    check_pending under deferred; good int64 offsets give the reference's out (their copy unchanged)."""
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    q, k, v = (torch.randn(rows, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    good = torch.tensor([0, rows // 2, rows], device="cuda")
+    for bad in (good + torch.tensor([0, _WRAP, 0], device="cuda"), good - torch.tensor([_WRAP, 0, 0], device="cuda")):
+        jfa_ops.jagged_attention(q, k, v, bad, bad, causal=True, backend="triton")
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    out = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="triton")
+    ref = jfa_ops.jagged_attention(q, k, v, good, good, causal=True, backend="reference")
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+    jfa_ops.check_pending()

@@ -78,7 +78,7 @@ def fake_inputs(dynamic):
         heads_q, heads_kv, head_dim = size("HQ", 4), size("HKV", 2), size("D", 16)
         q, k, v = (torch.empty(rows, h, head_dim, device="cuda", dtype=torch.float16)
                    for h in (heads_q, heads_kv, heads_kv))
-        off = torch.empty(batch1, device="cuda", dtype=torch.int32)
+        off = torch.empty(batch1, device="cuda", dtype=getattr(torch, os.environ.get("TRACE_OFFSETS", "int32")))
         out, lse = torch.empty_like(q), torch.empty(heads_q, rows, device="cuda")
         grad_out = torch.empty_like(out)
     return shape_env, mode, (q, k, v, off), (grad_out, q, k, v, out, lse, off)
@@ -276,6 +276,18 @@ def test_triton_kernels_are_graph_nodes(default_graphs, shapes):
     assert "aten._assert_async.msg" in graphs["forward"]  # JFA_VALIDATE=async: the device check is in the graph
     if shapes == "static":  # one wave known from shapes: no tile list, no sort
         assert fwd == ["kernel:attn_fwd_kernel"] and "aten.sort.stable" not in graphs["forward"]
+
+
+def test_int64_offsets_saturate_before_the_graphs_check():
+    """int64 offsets: the int32 copy the kernels and the graph's offset check read is saturated (a clamp before the
+    conversion, which Inductor fuses into one kernel), so 2**32 + 3 cannot pass the check as a valid-looking 3
+    (bench/NOTES.md "Hardening, helper wrap38"); every conversion of the offsets goes through it."""
+    graphs = _trace("triton", JFA_COMPILE_PATH="inductor", TRACE_OFFSETS="int64")
+    for shapes in ("static", "dynamic"):
+        forward = graphs[f"triton-{shapes}"]["forward"]
+        assert "aten._assert_async.msg" in forward
+        conversions = [n for n, call in enumerate(forward) if call.startswith("aten._to_copy")]
+        assert conversions and all(forward[n - 1].startswith("aten.clamp") for n in conversions), forward
 
 
 @pytest.mark.parametrize("shapes", ["static", "dynamic"])

@@ -496,7 +496,11 @@ def unit_stride(offsets: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """``offsets`` with unit stride (a copy only where it has another; None stays None). Why: kernels read
     ``offsets[b]`` at ``base + b``, so a strided view (a column of a [B + 1, 2] tensor) gave them other values:
     garbage rows, and out-of-bounds writes in the MXFP8 quantize kernel. (int64 offsets were safe by luck: their
-    int32 copy is contiguous.)"""
+    int32 copy is contiguous.) Called at each entry of the kernel backends (triton 8, tlx 7), not once: the registry
+    could wrap every family's functions with a table of where their offsets are, but that wrapper is one more
+    Python frame a call (+0.3 us on CPU, on the kernel backends' host path), and the op layer has no single entry
+    either (op bodies, the eager direct, fast and select/quantize direct paths, traced graphs); nor does the int32
+    conversion (int32 offsets reach several launches as given). bench/NOTES.md "Hardening, helper wrap38"."""
     if offsets is None or offsets.stride(0) == 1 or offsets.shape[0] <= 1:
         return offsets
     return offsets.contiguous()

@@ -399,6 +399,22 @@ def test_forward_replay_launches_what_the_full_path_launches(monkeypatch, case):
         assert full and _same_launch(got, want, call, call)
 
 
+def test_forward_replay_saturates_checked_int64_offsets(monkeypatch):
+    """A checked call's int64 offsets reach the kernel (whose offset check reads them) saturated to int32, on the
+    full path and on its replays alike: 2**32 + 1 must not wrap to a valid-looking 1 (bench/NOTES.md "Hardening,
+    helper wrap38"); an unchecked call converts plainly (nothing reads the values as a check)."""
+    for check, want in ((True, 2 ** 31 - 1), (False, 1)):
+        calls = [_call([1, 2, 3], offsets_dtype=torch.int64, one_offsets=False, check_offsets=check)
+                 for _ in range(3)]
+        for call in calls:
+            call[3][1] += 2 ** 32  # q_offsets [0, 1 + 2**32, 3, 6]
+        replayed = _forward_launches(monkeypatch, calls)
+        assert [full for _, full in replayed] == [True, False, False]
+        for values, _ in replayed:
+            offsets = [t for t in values if isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.shape == (4,)]
+            assert [t.tolist() for t in offsets[:2]] == [[0, want, 3, 6], [0, 1, 3, 6]], (check, offsets)
+
+
 def test_forward_replay_key_changes_take_the_full_path(monkeypatch):
     """What the replay's key holds: a call that differs in strides, offsets dtype, one-or-two offsets tensors,
     params, a flipped knob, or an input's alignment (checked per call) takes the full path; the same signature

@@ -858,6 +858,7 @@ from jfa_ops.backends import mxfp8_bwd
 from jfa_ops.backends.triton import mxfp8_quantize as mq, mxfp8_rebase
 
 validation.validation_mode = lambda device: "deferred"
+jfa_ops.ops.block_sparse.validation_mode = validation.validation_mode  # its index checks (sync only) read it too
 POISON, GUARD, FENCE = 0xA5, 4096, 1 << 20
 guards = []
 _empty, _zeros = torch.empty, torch.zeros
@@ -903,7 +904,8 @@ x = {dt: [fenced(t) for t in torch.randn(3, T, H, D, generator=g).to(dt)] for dt
 
 
 def call(entry, offsets):
-    off = torch.tensor(offsets, dtype=torch.int32)
+    # int64 where a value is past int32's range (their int32 copies saturate where the kernels check them)
+    off = torch.tensor(offsets, dtype=torch.int64 if max(map(abs, offsets)) >= 2**31 else torch.int32)
     good = torch.tensor([0] * (len(offsets) - 1) + [T], dtype=torch.int32)  # same count: the pairs' shapes
     if entry.startswith("quantize"):
         return jfa_ops.mxfp8_quantize(x[torch.bfloat16][0], off, block=(32, int(entry.split("x")[1])), backend="triton")
@@ -929,6 +931,19 @@ def call(entry, offsets):
         out = jfa_ops.mxfp8_attention(q, k, v, off, off, causal=True, backend="triton")
         out.float().sum().backward()
         return out, q.grad, k.grad, v.grad
+    if entry == "jagged":  # the triton attention forward (its offset check in its kernels) and backward
+        q, k, v = x[torch.float16]
+        for t in (q, k, v):
+            t.requires_grad_().grad = None
+        out = jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton")
+        out.float().sum().backward()
+        return out, q.grad, k.grad, v.grad
+    if entry == "sparse":  # the triton selection (its offset check in its pooling kernel), then the sparse forward
+        q, k, v = x[torch.float16]
+        index, count = jfa_ops.select_kv_blocks(q, k, off, off, T, T, block_q=16, block_kv=16, causal=True,
+                                                backend="triton")
+        return index, count, jfa_ops.block_sparse_attention(q, k, v, off, off, index, count, T, T, block_q=16,
+                                                            block_kv=16, causal=True, backend="triton")
     if entry == "tlx-operands":  # the TLX MXFP8 forward's V^T tiles (from bf16, re-based from a pair); the TLX
         # MXFP8 backward's (32, 32) MX values (dequantized from the pair, or in one pass)
         v = x[torch.bfloat16][2]
@@ -946,7 +961,7 @@ entry = sys.argv[1]
 before = bits(call(entry, [0, 20, T]))
 validation.check_pending()
 for offsets in ([0, 300, T], [0, T, -200, T], [0, -1000, T], [0, -15, T], [0, 40, 10**6], [5, 20, T],
-                [0, 2**31 - 1, T]):
+                [0, 2**31 - 1, T], [0, 2**32 + 20, T], [0, 20 - 2**32, T], [0, 20, T + 2**32]):
     call(entry, offsets)
     try:
         validation.check_pending()
@@ -962,9 +977,11 @@ print("ok", len(guards))
 
 
 @pytest.mark.parametrize("entry", ["quantize-32x1", "quantize-32x32", "dequantize", "attention", "prequantized",
-                                   "backward", "tlx-operands"])
+                                   "backward", "tlx-operands", "jagged", "sparse"])
 def test_bad_offsets_stay_inside_the_tensors(entry):
-    """Bad offsets (decreasing, negative, past the rows, not from 0, int32's largest) through each MXFP8 entry:
+    """Bad offsets (decreasing, negative, past the rows, not from 0, int32's largest, int64 values past int32's
+    range whose low 32 bits look valid) through each MXFP8 entry, and the triton attention and selection + sparse
+    attention (whose checks read the offsets' int32 copy: bench/NOTES.md "Hardening, helper wrap38"):
     the process survives, nothing around its tensors is written, a good batch after them gives the same bits, and
     the op's deferred check reports them."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,6 +7,7 @@ over length buckets and uses ``forward_into``/``backward_into`` for sequences to
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator, Optional, Tuple
 
 import torch
@@ -14,6 +15,28 @@ import torch
 from jfa_ops.backends.base import AttentionParams, Backend, FamilyImpl, Problem
 
 SCORE_BLOCK_BYTES = 64 * 2**20
+
+
+_AUTOCAST_KEYS = functools.reduce(
+    lambda keys, name: keys.add(getattr(torch._C.DispatchKey, name)),
+    [name for name in dir(torch._C.DispatchKey) if name.startswith("Autocast")],
+    torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))  # every device's autocast key
+
+
+def exact(fn):
+    """``fn`` run with autocast's dispatch keys excluded (as ``jfa::attention``'s autocast kernel runs the op), so
+    that its ops compute in the dtypes it chose. Why: ops without an autocast kernel of their own (block-sparse,
+    MXFP8, the backward ops) run their bodies inside the caller's ``torch.autocast`` region, where every fp32
+    einsum here ran in bf16/fp16: ~2e-2 relative error against the float64 oracle, silently, where the reference
+    promises fp32 accumulation (bench/NOTES.md "Hardening, helper wrap38"). Free outside a region (one check)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not torch._C._is_any_autocast_enabled():
+            return fn(*args, **kwargs)
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -101,6 +124,7 @@ def _restrict(visible, b, r0, r1, block_mask):
     return mask if visible is None else mask & visible
 
 
+@exact
 def forward_into(out, lse, q, k, v, sequences, params: AttentionParams, block_mask=None) -> None:
     """Write out/lse rows of ``sequences`` (tuples as ``_sequences`` yields); rows of the others are left alone.
     ``block_mask``: see ``_restrict`` (the block-sparse family)."""
@@ -133,6 +157,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, param
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+@exact
 def backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, sequences, params: AttentionParams,
                   block_mask=None) -> None:
     """Add the gradients of ``sequences`` into dq/dk/dv (compute dtype: float32, float64 for float64 inputs).

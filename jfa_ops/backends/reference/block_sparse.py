@@ -7,7 +7,7 @@ import torch
 
 import meta_kernels
 from jfa_ops.backends.base import BlockSelectParams, BlockSparseParams, FamilyImpl
-from jfa_ops.backends.reference import _sequences, backward_into, forward_into
+from jfa_ops.backends.reference import _sequences, backward_into, exact, forward_into
 
 
 def _pool(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -54,6 +54,7 @@ def top_blocks(scores: torch.Tensor, kept: torch.Tensor, n_kv_blocks: int) -> to
     return padded
 
 
+@exact
 def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     num_seqs, heads_kv = kv_offsets.shape[0] - 1, k.shape[1]
     index = torch.full((num_seqs, heads_kv, params.n_q_blocks, params.n_kv_blocks), -1,

@@ -27,6 +27,7 @@ from torch import Tensor
 
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends.base import AttentionParams
+from jfa_ops.backends.reference import exact  # defined before this module is imported at the package's end
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -58,6 +59,7 @@ def _column_blocks(t: Tensor, block_cols: int) -> Tensor:
     return t.unflatten(2, (t.shape[2] // block_cols, block_cols))
 
 
+@exact
 def quantize(x: Tensor, offsets: Optional[Tensor], block: Sequence[int], rounding: str) -> Tuple[Tensor, Tensor]:
     """(data float8_e4m3fn [T, H, D], scale float8_e8m0fnu): see ``meta_kernels.mxfp8`` and ``jfa_ops.testing``."""
     block_rows, block_cols = block
@@ -93,6 +95,7 @@ def quantize(x: Tensor, offsets: Optional[Tensor], block: Sequence[int], roundin
     return data_bits.view(torch.float8_e4m3fn), scale_bits.view(torch.float8_e8m0fnu)
 
 
+@exact
 def dequantize(data: Tensor, scale: Tensor, offsets: Optional[Tensor], block: Sequence[int],
                dtype: torch.dtype) -> Tensor:
     """data * 2**(scale bits - 127) in ``dtype`` (computed in fp32, fp64 for fp64); NaN where the scale is NaN."""
@@ -151,6 +154,7 @@ def _scores_log2(q: Tensor, k: Tensor, group: int, visible: Tensor, scale: float
     return s.masked_fill(~visible, -math.inf)
 
 
+@exact
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params: AttentionParams, out_dtype: torch.dtype):
     """Forward over quantized (data, scale) pairs (q, k (1, 32); v (32, 1)): (out [T_out, Hq, D], lse fp32)."""
     q_data, k_data = q_mx[0], k_mx[0]
@@ -182,6 +186,7 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params: Attention
     return out, lse
 
 
+@exact
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams,
                        rounding: str):
     """(dq, dk, dv) in the inputs' dtypes: the MXFP8 backward of the module docstring, per sequence in fp32."""

@@ -1034,9 +1034,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off = broadcast_offsets(num_seqs, q.shape[0], device)
         total_out = num_seqs * q.shape[0]
     else:
-        q_off = common.int32_offsets(q_offsets)
+        q_off = common.int32_offsets(q_offsets, checked=params.check_offsets)
         total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=params.check_offsets)
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     flag_mode = validation.validation_mode(device) if params.check_offsets else None

@@ -289,6 +289,10 @@ class _Replay:
         self.lists = lists  # None (one wave: the kernel maps items from the offsets), or the tile list's maker
         self.checked = False  # True once a run specialized every source as the plans'
 
+    def int32(self, offsets):
+        """int64 offsets as the full path converts them (``common.int32_offsets``: saturated where checked)."""
+        return common.saturated_int32(offsets) if self.check else offsets.to(torch.int32)
+
     def run(self, q, k, v, q_offsets, kv_offsets):
         """(out, lse), or None when an input does not specialize as the replay's (the caller runs the full path)."""
         desc_q = desc_k = desc_v = None
@@ -300,8 +304,8 @@ class _Replay:
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
-            q_off = q_offsets.to(torch.int32) if self.convert_q else q_offsets
-        kv_off = q_off if kv_offsets is q_offsets else kv_offsets.to(torch.int32) if self.convert_kv else kv_offsets
+            q_off = self.int32(q_offsets) if self.convert_q else q_offsets
+        kv_off = q_off if kv_offsets is q_offsets else self.int32(kv_offsets) if self.convert_kv else kv_offsets
         out = common.alloc_output(self.out_shape, self.dtype, self.device)
         lse = common.alloc_output(self.lse_shape, torch.float32, self.device)
         flag = torch.empty(size=(1,), dtype=torch.int32, device=self.device) if self.check else None
@@ -359,9 +363,9 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         q_off = broadcast_offsets(num_seqs, q.shape[0], device)
         total_out = num_seqs * q.shape[0]
     else:
-        q_off = common.int32_offsets(q_offsets)
+        q_off = common.int32_offsets(q_offsets, checked=params.check_offsets)
         total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=params.check_offsets)
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     if total_out == 0 or num_seqs == 0:

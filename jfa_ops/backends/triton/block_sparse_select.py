@@ -711,11 +711,11 @@ class _Layout:
         device = q.device
         index = torch.full(self.index_shape, -1, dtype=meta_kernels.INDEX_DTYPE, device=device)
         count = torch.zeros(self.count_shape, dtype=meta_kernels.INDEX_DTYPE, device=device)
-        kv_off = int32_offsets(kv_offsets)
+        kv_off = int32_offsets(kv_offsets, checked=self.check)
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
-            q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off))
+            q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off), checked=self.check)
         pooled_q = torch.empty(self.pooled_q_shape, dtype=torch.float32, device=device)
         sources = dict(
             q=q, k=k, q_off=q_off, kv_off=kv_off, pooled_q=pooled_q,

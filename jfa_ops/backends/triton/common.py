@@ -283,23 +283,49 @@ def alloc_output(shape, dtype, device) -> torch.Tensor:
     return torch.empty(size=shape, dtype=dtype, device=device)
 
 
-def int32_offsets(offsets: torch.Tensor, same_as=None) -> torch.Tensor:
+def int32_offsets(offsets: torch.Tensor, same_as=None, checked: bool = False) -> torch.Tensor:
     """``offsets`` as the kernels read them (int32); ``same_as``: (offsets, converted) of the other side, reused when
-    both sides pass one tensor. While traced into a graph, a copy even when already int32: torch's analysis of what
-    a user kernel writes counts the offsets as written when a helper given them (``scheduling.slot_tile``) returns a
-    value that feeds a store address, and a written graph input would cost a copy back after each call and keep CUDA
-    graphs (``reduce-overhead``) off; one copy per offsets tensor and graph (``base.per_trace``), which every layer
-    and the backward read."""
+    both sides pass one tensor. ``checked``: the call checks the offset values on the device from this copy
+    (``AttentionParams.check_offsets``, the check folded into a kernel): int64 values outside int32's range then
+    saturate (``saturated_int32``) instead of wrapping, so that a bad batch stays bad (2**32 + 3 wrapped to a
+    valid-looking 3). While traced into a graph, a copy even when already int32 (saturated when int64: Inductor
+    fuses the clamp into the conversion's kernel): torch's analysis of what a user kernel writes counts the offsets
+    as written when a helper given them (``scheduling.slot_tile``) returns a value that feeds a store address, and a
+    written graph input would cost a copy back after each call and keep CUDA graphs (``reduce-overhead``) off; one
+    copy per offsets tensor and graph (``base.per_trace``), which every layer and the backward read."""
     if same_as is not None and same_as[0] is offsets:
         return same_as[1]
     if tracing():
         return per_trace(_int32_copy, offsets)
-    return offsets if offsets.dtype == torch.int32 else offsets.to(torch.int32)  # .to(copy=False): ~8 us on CPU
+    if offsets.dtype == torch.int32:
+        return offsets
+    return saturated_int32(offsets) if checked else offsets.to(torch.int32)  # .to(copy=False): ~8 us on CPU
 
 
 @hoist_outside_cond  # Inductor folds the copy of int32 offsets away in the graph, not as a cond's output
 def _int32_copy(offsets: torch.Tensor) -> torch.Tensor:
+    if offsets.dtype != torch.int32:  # the graph's offset check reads this copy (int32_offsets)
+        offsets = offsets.clamp(INT32_MIN, INT32_MAX)
     return offsets.to(torch.int32, copy=True)
+
+
+INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
+_INT32_BOUNDS: dict = {}  # device -> (INT32_MIN, INT32_MAX) as 0-dim int64 tensors there (clamp's Tensor bounds)
+
+
+def saturated_int32(offsets: torch.Tensor) -> torch.Tensor:
+    """int64 ``offsets`` in int32, values outside its range saturated: one launch (clamp with Tensor bounds writes
+    an int32 output; its Scalar overload cannot, and clamp then ``.to`` is two). Host: ~1.6 us over ``.to`` on CPU
+    (bench/NOTES.md "Hardening, helper wrap38"), only in calls that check int64 offsets on the device. Why: a
+    device check that reads a wrapped copy passes values such as 2**32 + 3 (3 in int32) as valid."""
+    device = offsets.device
+    bounds = _INT32_BOUNDS.get(device)
+    if bounds is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # made there: data only on replay
+            return offsets.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
+        bounds = _INT32_BOUNDS[device] = (torch.tensor(INT32_MIN, dtype=torch.int64, device=device),
+                                          torch.tensor(INT32_MAX, dtype=torch.int64, device=device))
+    return torch.clamp(offsets, *bounds, out=torch.empty_like(offsets, dtype=torch.int32))
 
 
 def packed_rows(t: torch.Tensor) -> torch.Tensor:
