@@ -415,6 +415,14 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, peel=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
                              peel=True)
+    # helper swapab38's S^T / dP^T with swapped operands, dV / dK from registers (configs.BACKWARD_SWAP_AB, dense):
+    # the same kernels as peel's
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, swap_ab=True)
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, swap_ab=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
+                             swap_ab=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
