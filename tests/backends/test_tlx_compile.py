@@ -61,7 +61,7 @@ MAX_SPILL_BYTES_SPARSE_BWD = {64: 96, 128: 1152}
 # loaded before the turn; the block loops as dqlag's, bench/NOTES.md "TLX backward: consumer alternation").
 MAX_SPILL_BYTES_BWD_EXPERIMENTS = {64: 192, 128: 1024}
 # SWAP_AB ("-swapab": configs.BACKWARD_SWAP_AB, helper swapab38), stores + loads: D64 0 (full), 36 (causal); D128 full
-# 548, causal 1012, fp16 causal + left window under the causal order ~1030 (per work item; causal's consumer 0 also
+# 548, causal 1012, causal order 1068, fp16 causal + left window 1028 (per work item; causal's consumer 0 also
 # ~28 STL/LDL per block: bench/NOTES.md "helper swapab38").
 MAX_SPILL_BYTES_BWD_SWAP_AB = {64: 96, 128: 1152}
 
