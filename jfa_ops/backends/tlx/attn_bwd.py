@@ -323,9 +323,10 @@ def _swapped_p_dv_ds(s_t, dp_t, dv, do_tile, stat_tiles, rows, keys, rows_left, 
     P^T = exp2(S^T * scale - lse) (lse per column, ``_stats_by_column``), masked as v2's P (``visible``: this
     consumer's keys on the rows, rows past the end); dP^T waited for; dS^T = P^T (dP^T - delta) with v2's guard in
     masked blocks (no 0 x NaN from a neighbour's values); then dV += P^T dO issued with P^T (DTYPE) as the register A
-    operand (left in flight). FA4's order: issued before dP's wait (v2's, which overlaps dV with the dS arithmetic),
-    P^T's 16 registers stay live through dS and ptxas spilled in consumer 0's loop (10 STL/LDL on its path, 20 in
-    the loop; 304 / 388 B per thread vs 236 / 312 B at D128 full, sm_90). Returns (P^T, dV, dP^T, dS^T in DTYPE)."""
+    operand (left in flight): FA4's order. Issued before dP's wait instead (v2's order, which overlaps dV with the dS
+    arithmetic), P^T's 16 registers stayed live through dS and ptxas spilled in consumer 0's loop (D128 full, sm_90:
+    10 STL/LDL on its path, 20 in the loop; 304 / 388 B per thread instead of 236 / 312). Returns (P^T, dV, dP^T,
+    dS^T in DTYPE)."""
     lse2 = tlx.local_load(stat_tiles[2 * CID])  # per column (``_stats_by_column``)
     p = tl.math.exp2(s_t * qk_scale - lse2[None, :])
     if masked:  # key - row - diag in [-window_left, right] (the forward's convention), rows and keys in the sequence
@@ -439,8 +440,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     so P^T and dS^T come out in the wgmma accumulator's layout of a [keys, rows] tile, which is the register A operand
     layout of dV += P^T dO and dK += dS^T Q (``mma_dkv_is_rs``): no P tile, no P store or its barrier; dS^T is still
     stored (a [keys, rows] tile) for dQ, which reads it transposed. lse and delta lie along N (per column: 16 each per
-    thread at 64 rows, v2's 2). bench/NOTES.md "helper swapab38"; helper tlxbwd3's V3 (the same layout, dV issued
-    after dS) measured 0.73-0.87x the default in stop 21."""
+    thread at 64 rows, v2's 2: ``_stats_by_column``); ``_swapped_p_dv_ds``. bench/NOTES.md "helper swapab38"; helper
+    tlxbwd3's V3 (the same layout, lse and delta loaded per column from global memory: loop paths ~900 instructions
+    instead of ~530) measured 0.73-0.87x the default in stop 21."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not SWAP_AB or (DQ_SHARED and not DQ_LAG and not SPARSE and not MXFP8 and ABLATE == 0),
                      "SWAP_AB: the dense consumers with the dQ split (no DQ_LAG, MXFP8 or ablation)")
@@ -971,7 +973,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
         ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS * 2)
         stat_tiles = tlx.local_alloc((BLOCK_M,), tl.float32, NUM_CONSUMERS * 2)  # lse, delta per consumer
     elif V2:
-
         p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
         ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype,
                                    NUM_CONSUMERS * ((3 if DQ_LAG else 2) if DQ_SHARED else 1))
