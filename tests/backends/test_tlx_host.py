@@ -1020,6 +1020,31 @@ def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     assert {n: launches[True][n] for n in constexprs} == {n: launches[False][n] for n in constexprs}
 
 
+@needs_tlx
+def test_swap_ab_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_SWAP_AB`` (helper swapab38, env JFA_TLX_BWD_SWAPAB) sets the TLX backward's SWAP_AB, off by
+    default, on a causal jagged call and its repeat (each setting its own recipe: the variant), the kernel's other
+    switches as without it; ignored (False) where the swapped consumers do not run: DQ_LAG (its lagged dQ reads dS
+    un-transposed)."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_SWAP_AB  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    launches = {}
+    for on in (False, True, False):
+        for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_SWAP_AB", on, q, k, v, offsets):
+            assert launched["SWAP_AB"] is on, launched["SWAP_AB"]
+            launches[on] = launched
+        assert [kind for kind, _ in answers] == ["recipe"], answers
+    constexprs = [n for n in names if n.isupper() and n not in ("SWAP_AB", "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START",
+                                                                  "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD", "DK",
+                                                                  "DV", "DQ_ACC", "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    assert {n: launches[True][n] for n in constexprs} == {n: launches[False][n] for n in constexprs}
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAG", True)
+    for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_SWAP_AB", True, q, k, v, offsets):
+        assert launched["SWAP_AB"] is False and launched["DQ_LAG"] is True, launched
+
+
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()
