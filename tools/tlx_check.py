@@ -37,7 +37,9 @@ selection for every column: tlx sparse (and in the zigzag order, ``configs.SPARS
 producer's walk one item ahead, ``SPARSE_FORWARD_WALK_AHEAD``, both, and in the other static striding), triton
 sparse, tlx dense; then
 FlexAttention with that selection as its BlockMask (``TLX_SPARSE_FLEX=0`` skips it: its compiles take a while).
-Dense-equivalent TFLOP/s (the dense pairs over the time) and ms.
+Dense-equivalent TFLOP/s (the dense pairs over the time) and ms. ``sparse-ablation`` (not in ``sparse``; helper
+sparse38): the same rows with the walk ahead off/on, the masked branch never taken and the lowest blocks selected
+(TIMING ONLY), interleaved rounds, and the causal rows' time over a per-SM model fitted to the unmasked ones.
 
 MXFP8 (``mxfp8``: ``mxfp8-correctness`` then ``mxfp8-timing``; the TLX MXFP8 forward, ``mxfp8_attention(...,
 backend="tlx")``, issue 12): fixed cases (jagged edge lengths, causal, windows, cross lengths, GQA, broadcast-Q,
@@ -940,7 +942,8 @@ def sparse_timing() -> int:
     knobs = sorted({k for names in experiments.values() for k in names})
     cols = ("tlx sparse", *experiments, "tlx alt order", "triton sparse", "tlx dense")
     print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx sparse': static striding "
-          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off; zigzag is the default since stop 27), 'zigzag', 'walkahead', "
+          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off; zigzag is the default since stop 27, the walk ahead off by default "
+          "(stop 38)), 'zigzag', 'walkahead', "
           "'both': those on (helper sparsefwd), "
           "'tlx alt order': configs.KV_MAJOR flipped from what fwd_choices picks", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}"
@@ -1003,6 +1006,97 @@ def sparse_timing() -> int:
         print(f"{case.label:34s} {case.flops('fwd') / flex_ms / 1e9:7.1f} ({flex_ms:6.3f}) {flex_ms / ours:9.2f}",
               flush=True)
     faulthandler.cancel_dump_traceback_later()
+    return failures
+
+
+def lowest_selection(index: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """TIMING ONLY (helper sparse38's ``sparse-ablation``): a selection with ``count``'s number of blocks per row but
+    the lowest ones: blocks 0 .. count - 2 and the row's own (local) block, ascending, -1 after (self-attention with
+    whole blocks, as the bench's sparse batch: Q block i's local key block is i, and every block below it is visible).
+    The same blocks per item as ``index``, laid out as the dense causal walk reads them: items of a head share their
+    low blocks (the L2 locality of the dense forward) instead of random ones."""
+    width = index.shape[3]
+    j = torch.arange(width, device=index.device, dtype=index.dtype)
+    i = torch.arange(index.shape[2], device=index.device, dtype=index.dtype)[None, None, :, None]
+    c = count[..., None].to(index.dtype)
+    last = torch.maximum(i, c - 1)  # Q block i's own block, or c - 1 when 0 .. c - 1 already holds it
+    return torch.where(j < c - 1, j, torch.where(j == c - 1, last, torch.full_like(j, -1))).contiguous()
+
+
+def sparse_ablation() -> int:
+    """Where the causal rows' time goes (helper sparse38, bench/NOTES.md "Issue 11: ... helper sparse38"): the TLX
+    block-sparse forward on the bench's four sparse rows, the same selection for every column, rounds of the columns
+    interleaved (TLX_SPARSE_ABLATION_ROUNDS, 3), medians: ``default`` (today's: zigzag, the walk ahead as
+    configs.SPARSE_FORWARD_WALK_AHEAD says: off since stop 38), ``walk off`` / ``walk on`` (configs.SPARSE_FORWARD_WALK_AHEAD False / True), ``nomask``
+    (configs.SPARSE_FORWARD_ABLATE = 1: the loop's masked branch never taken, so the causal diagonal runs as an
+    unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
+    locality as dense), ``lowsel+nomask``, and tlx dense. Then the per-SM model: b (us per selected block) and a (us
+    per work item) solved from the two unmasked rows' default times, and for the causal rows the time over that
+    model ("excess") beside what nomask and lowsel remove from it."""
+    from bench.suites import make_inputs, sparse_cases
+    from jfa_ops.backends.tlx import configs
+
+    rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "tlx dense")
+    print(f"block-sparse forward ablation, bf16 D128, ms (median of {rounds} interleaved rounds); nomask and lowsel "
+          f"are TIMING ONLY", flush=True)
+    print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
+          + " ".join(f"{c:>13s}" for c in cols[1:6]), flush=True)
+    failures, rows = 0, []
+    saved = (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE)
+    for case in sparse_cases([128], "quick"):
+        x = make_inputs(case, "cuda")
+        index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
+                                                keep_ratio=case.keep_ratio, block_q=case.block,
+                                                block_kv=case.block, causal=case.causal, backend="triton")
+        low = lowest_selection(index, count)
+        sparse = lambda idx: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
+            x.q, x.k, x.v, x.q_offsets, x.kv_offsets, idx, count, case.max_q, case.max_kv, block_q=case.block,
+            block_kv=case.block, causal=case.causal, backend="tlx")
+        fns = {"default": (sparse(index), saved[0], 0), "walk off": (sparse(index), False, 0),
+               "walk on": (sparse(index), True, 0), "nomask": (sparse(index), saved[0], 1),
+               "lowsel": (sparse(low), saved[0], 0), "lowsel+nomask": (sparse(low), saved[0], 1),
+               "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
+                                                              case.max_kv, causal=case.causal, backend="tlx"),
+                             saved[0], 0)}
+        times = {c: [] for c in cols}
+        for _ in range(rounds):
+            for col in cols:
+                fn, walk, ablate = fns[col]
+                configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE = walk, ablate
+                faulthandler.dump_traceback_later(HANG_S, exit=True)
+                t = median_ms(fn, f"{case.label} {col}")
+                configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE = saved
+                if t is None:
+                    failures += 1
+                else:
+                    times[col].append(t)
+        faulthandler.cancel_dump_traceback_later()
+        ms = {c: sorted(v)[len(v) // 2] for c, v in times.items() if v}
+        nan = float("nan")
+        print(f"{case.label:34s} " + " ".join(f"{ms.get(c, nan):13.3f}" for c in cols) + "   "
+              + " ".join(f"{(ms.get(c, nan) - ms.get('default', nan)) * 1e3:13.1f}" for c in cols[1:6]), flush=True)
+        blocks = float(count.sum()) * (case.num_heads_q // case.num_heads_kv) / sms  # selected 128-key tiles a SM
+        items = sum(-(-n // case.block) for n in case.q_lens) * case.num_heads_q / sms
+        rows.append((case, blocks, items, ms))
+    # b, a from the unmasked rows' default times (2 equations), then each masked row against them
+    full = [(bl, it, ms["default"] * 1e3) for case, bl, it, ms in rows if not case.causal and "default" in ms]
+    if len(full) == 2:
+        (b1, i1, t1), (b2, i2, t2) = full
+        b = (t1 * i2 - t2 * i1) / (b1 * i2 - b2 * i1)
+        a = (t1 - b * b1) / i1
+        print(f"per SM: b = {b:.3f} us a selected block, a = {a:.2f} us a work item (from the unmasked rows)",
+              flush=True)
+        for case, bl, it, ms in rows:
+            if not case.causal or "default" not in ms:
+                continue
+            model = bl * b + it * a
+            excess = ms["default"] * 1e3 - model
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask") if c in ms}
+            print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
+                  f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
+                  + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
     return failures
 
 
@@ -1639,6 +1733,8 @@ def main(argv) -> int:
         failed += sparse_correctness()
     if part in ("sparse", "sparse-timing"):
         failed += sparse_timing()
+    if part == "sparse-ablation":  # where the causal rows' time goes (helper sparse38; timing only; not in "sparse")
+        failed += sparse_ablation()
     if part in ("sparse-bwd", "sparse-backward"):  # the TLX block-sparse backward (not in "all")
         failed += sparse_backward_correctness()
     if part in ("sparse-bwd", "sparse-backward-timing"):

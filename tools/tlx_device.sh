@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-bwd|mxfp8|mxfp8-qk2|
-# host|bench|mxfp8-bench|suite]`
+# `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
+# mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
 # (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
 # with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
 # dQ split) / dqdefer / statsahead / dqlag / alternate1 / alternate3, <= 4 min; TLX_BWD_TIMING_COLS=a,b: those
@@ -23,6 +23,9 @@
 # (150 s); FlexAttention given the same blocks with TLX_SPARSE_FLEX=1 (Inductor under triton 3.8 failed to
 # compile it in v12, after a while). TLX_SPARSE_TESTS=1 (carry .whl): first the GPU tests that compare the zigzag
 # order, the walk ahead and the uniform walk with the default bit for bit (120 s).
+# `sparse-ablation` (not in `all`; helper sparse38): tools/tlx_check.py sparse-ablation, where the bench's causal
+# sparse rows lose time (the walk ahead off / on, the masked branch never taken, the lowest blocks selected: TIMING
+# ONLY; interleaved rounds; SPARSE_ABLATION_S, 300 s).
 # `sparse-bwd` (not in `all`): the TLX block-sparse backward (JFA_TLX_SPARSE_BWD's switch set in-process): its sweep
 # vs the float64 oracle with helper sparsebwd2's experiments on (uniform walk, Q/dO first, item order; 130 s;
 # SPARSE_BWD_GROUP_ORDER=1: uniform walk and helper hgorder's group order instead), then backward timings on the
@@ -114,6 +117,9 @@ if [ "$part" = sparse ]; then
   JFA_TLX_SPARSE_FWD_ZIGZAG=${SPARSE_FWD_ZIGZAG:-1} JFA_TLX_SPARSE_FWD_WALK_AHEAD=${SPARSE_FWD_WALK_AHEAD:-1} \
     JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py sparse-correctness || rc=1
   TLX_SPARSE_FLEX=${TLX_SPARSE_FLEX:-0} $limit 150 python3 tools/tlx_check.py sparse-timing || rc=1
+fi
+if [ "$part" = sparse-ablation ]; then  # helper sparse38: where the causal rows' time goes (timing only)
+  $limit "${SPARSE_ABLATION_S:-300}" python3 tools/tlx_check.py sparse-ablation || rc=1
 fi
 if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experiments on (SPARSE_BWD_KNOBS=0: the
   # default kernel's), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS, or

@@ -423,16 +423,19 @@ def test_mxfp8_ablations_remove_only_their_stage():
 
 def test_shipped_kernels_carry_no_ablation():
     """No shipped specialization (what CI compiles and the backend launches) removes a stage: ABLATE 0 in every
-    backward and MXFP8 forward kernel, no "-ablate" name; the ablations are listed apart
-    (``backward_ablation_specializations``, ``mxfp8_ablation_specializations``). Needs TLX importable (the
+    backward and MXFP8 forward kernel, SPARSE_ABLATE 0 in every block-sparse forward, no "-ablate" name; the
+    ablations are listed apart (``backward_ablation_specializations``, ``mxfp8_ablation_specializations``,
+    ``sparse_ablation_specializations``). Needs TLX importable (the
     subprocess), not a GPU."""
     code = (
         "import _utlx_autoregister\n"
         "from jfa_ops.backends.tlx import specializations as s\n"
         "shipped = list(s.shipped_specializations())\n"
-        "assert all(sp.constexprs.get('ABLATE', 0) == 0 and '-ablate' not in sp.name for sp in shipped)\n"
+        "assert all(sp.constexprs.get('ABLATE', 0) == 0 and sp.constexprs.get('SPARSE_ABLATE', 0) == 0\n"
+        "           and '-ablate' not in sp.name for sp in shipped)\n"
         "assert sum(sp.kernel == 'attn_bwd_tlx_kernel' for sp in shipped) > 0\n"
         "assert all(sp.constexprs['ABLATE'] for sp in s.backward_ablation_specializations())\n"
+        "assert all(sp.constexprs['SPARSE_ABLATE'] == 1 for sp in s.sparse_ablation_specializations())\n"
         "print('ok')\n")
     env = _tlx_env("JFA_TLX_BWD_ABLATE", "JFA_TLX_MXFP8_ABLATE")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,

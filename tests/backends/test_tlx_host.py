@@ -601,25 +601,87 @@ def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
     want = tlx_configs.fwd_head_group(HEADS[1], HEADS[0] // HEADS[1], got["n_slots"], grid[0], False)
     assert got["head_group"] == (want if zigzag else 1)
     assert got["KV_MAJOR"] is (not zigzag and not causal)
-    assert got["WALK_AHEAD"] is False
+    assert got["WALK_AHEAD"] is False  # configs.SPARSE_FORWARD_WALK_AHEAD's default (off: stop 38's measurement)
     _, got = _block_sparse_launch(runs, monkeypatch, causal, 132)
     assert got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
 
 
 @needs_tlx
-@pytest.mark.parametrize("walk_ahead", [False, True])
+@pytest.mark.parametrize("walk_ahead", [False, True, "masked"])
 def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
     """``configs.SPARSE_FORWARD_WALK_AHEAD`` (helper sparsefwd) is the kernel's WALK_AHEAD, read per call, list or
-    one wave; the dense forward never takes it."""
+    one wave: True / False (the default) for every call, "masked" (helper sparse38) for causal calls only
+    (``configs.sparse_walk_ahead``); the dense forward never takes it; SPARSE_ABLATE stays 0 (timing only)."""
     runs, _ = gpu
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_WALK_AHEAD", walk_ahead)
     for sms in (3, 132):
-        _, got = _block_sparse_launch(runs, monkeypatch, True, sms)
-        assert got["SPARSE"] and got["WALK_AHEAD"] is walk_ahead
+        for causal in (False, True):
+            _, got = _block_sparse_launch(runs, monkeypatch, causal, sms)
+            want = walk_ahead is True or (walk_ahead == "masked" and causal)
+            assert got["SPARSE"] and got["WALK_AHEAD"] is want and got["SPARSE_ABLATE"] == 0
     runs.clear()
     _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
     got = dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, runs[-1][2]))
     assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["WALK_AHEAD"] is False
+
+
+@needs_tlx
+def test_sparse_walk_ahead_env(monkeypatch):
+    """The env's values (helper sparse38): "masked" -> "masked" (masked calls only), "1" -> True, unset or "0" ->
+    False (the default: stop 38's H200 ablation); ``sparse_walk_ahead`` follows them."""
+    import importlib
+
+    from jfa_ops.backends.tlx import configs as c
+
+    before = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD")
+    try:
+        for env, want in ((None, False), ("masked", "masked"), ("1", True), ("0", False)):
+            if env is None:
+                monkeypatch.delenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", raising=False)
+            else:
+                monkeypatch.setenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", env)
+            importlib.reload(c)
+            assert c.SPARSE_FORWARD_WALK_AHEAD == want and type(c.SPARSE_FORWARD_WALK_AHEAD) is type(want)
+            assert [c.sparse_walk_ahead(m) for m in (False, True)] == {"masked": [False, True], True: [True, True],
+                                                                      False: [False, False]}[want]
+            assert c.SPARSE_FORWARD_ABLATE == 0
+    finally:  # the module as the process's environment made it
+        if before is None:
+            monkeypatch.delenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", raising=False)
+        else:
+            monkeypatch.setenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", before)
+        importlib.reload(c)
+
+
+@needs_tlx
+def test_block_sparse_forward_ablation_launch(gpu, monkeypatch):
+    """``configs.SPARSE_FORWARD_ABLATE`` (helper sparse38's timing-only ablation) reaches the kernel's SPARSE_ABLATE
+    per call; the dense forward passes 0."""
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 1)
+    _, got = _block_sparse_launch(runs, monkeypatch, True, 3)
+    assert got["SPARSE"] and got["SPARSE_ABLATE"] == 1
+    runs.clear()
+    _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
+    got = dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, runs[-1][2]))
+    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["SPARSE_ABLATE"] == 0
+
+
+def test_lowest_selection_keeps_counts_and_the_local_block():
+    """``tools/tlx_check.py``'s ``lowest_selection`` (helper sparse38's ablation input): each row keeps its count,
+    holds blocks 0 .. count - 2 and its own block (or 0 .. count - 1), ascending, -1 after."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tlx_check_tool", os.path.join(ROOT, "tools", "tlx_check.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    count = torch.tensor([[[1, 1, 2, 2, 3, 3, 4, 0, 9], [1, 2, 1, 3, 2, 4, 1, 0, 5]]], dtype=torch.int32)
+    low = tool.lowest_selection(torch.zeros((1, 2, 9, 9), dtype=torch.int32), count)
+    for h in range(2):
+        for i in range(9):
+            c = int(count[0, h, i])
+            want = list(range(c)) if i < c else list(range(c - 1)) + [i] if c else []
+            assert low[0, h, i, :c].tolist() == want and (low[0, h, i, c:] == -1).all()
 
 
 @needs_tlx

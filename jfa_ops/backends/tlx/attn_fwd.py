@@ -470,7 +470,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                            BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
                            sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0,
-                           ROWSUM_ONCE: tl.constexpr = False, PACK_P: tl.constexpr = False):
+                           ROWSUM_ONCE: tl.constexpr = False, PACK_P: tl.constexpr = False,
+                           SPARSE_ABLATE: tl.constexpr = 0):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
     block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
     has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
@@ -494,7 +495,11 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     like acc, and reduced across the quad once, after the last block (FA4's), instead of every block (4 SHFL + 4 FADD
     per warp and block); the incoming l_i enters as part 0. PACK_P (``configs.FORWARD_PACK_P``): P carried in fp32
     and converted in packed pairs where the PV wgmma takes it (``_p_operand``: no PRMT in consumer 0, the same bits).
-    Both off by default (bench/NOTES.md "fwdsum37")."""
+    Both off by default (bench/NOTES.md "fwdsum37").
+
+    SPARSE_ABLATE (``configs.SPARSE_FORWARD_ABLATE``, timing only: wrong results; bench/NOTES.md "helper sparse38"):
+    1 never takes the loop's masked branch (a runtime test that is always false, so the loop compiles as the
+    default's: what the masked blocks after the first, the causal diagonal, cost over unmasked ones)."""
     if SPARSE:
         n_all = sel_count
         n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
@@ -525,7 +530,10 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     for j in tl.range(1, n_all, num_stages=0):
         if SPARSE:
             n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
-            masked = (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end)
+            if SPARSE_ABLATE == 1:  # never (selected tiles start at key 0 or later), unknown to the compiler
+                masked = n0 < -BLOCK_N
+            else:
+                masked = (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end)
         else:
             n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
             masked = (j < n_lead) | (j >= n_unmasked)
@@ -680,7 +688,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
                         UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
                         WALK_AHEAD: tl.constexpr = False, ROWSUM_ONCE: tl.constexpr = False,
-                        PACK_P: tl.constexpr = False):
+                        PACK_P: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -700,6 +708,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                      "the block-sparse walk runs on the v4 consumers, with whole tiles per selected block")
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
+    tl.static_assert(SPARSE_ABLATE == 0 or SPARSE, "SPARSE_ABLATE: block-sparse only")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
     # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
@@ -872,7 +881,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
-                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P)
+                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P,
+                                SPARSE_ABLATE)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -940,7 +950,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
 NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
                     stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False,
-                    WALK_AHEAD=False)
+                    WALK_AHEAD=False, SPARSE_ABLATE=0)
 
 
 def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule, zigzag=False) -> dict:
@@ -1100,8 +1110,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     contract, on the TLX forward with SPARSE (each work item walks its Q block's selected tiles only); the work list
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
-    block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG`` and ``SPARSE_FORWARD_WALK_AHEAD``
-    read per call."""
+    block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG``, ``SPARSE_FORWARD_WALK_AHEAD``
+    (``configs.sparse_walk_ahead``: masked calls by default) and ``SPARSE_FORWARD_ABLATE`` read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -1129,6 +1139,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
                        schedule, zigzag),
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
         SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
-        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.SPARSE_FORWARD_WALK_AHEAD),
+        UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.sparse_walk_ahead(has_left or has_right),
+        SPARSE_ABLATE=configs.SPARSE_FORWARD_ABLATE),
         num_warps=NUM_WARPS, num_stages=1)
     return out, lse

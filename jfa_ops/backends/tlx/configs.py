@@ -242,9 +242,27 @@ SPARSE_FORWARD_ZIGZAG = os.environ.get("JFA_TLX_SPARSE_FWD_ZIGZAG", "1") != "0"
 # of after item i's last tile (items of <= 2 tiles unchanged); (2) every walk reads its row's first ids beside the
 # count instead of after it (``selected_tile_range``'s width): one dependent read less per item, for the producer
 # and the consumers (whose walk sits between their last PV and the next item's first QK^T). The same tiles in the
-# same order: same results. Off until timed on the H200 (tools/tlx_check.py sparse-timing's walkahead column); env
-# JFA_TLX_SPARSE_FWD_WALK_AHEAD=1 turns it on (read per call).
-SPARSE_FORWARD_WALK_AHEAD = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "0") == "1"
+# same order: same results (GPU bit-for-bit tests passed, v18). Timed on the H200 (v18, sparse-timing, one round,
+# both/zigzag): keep 0.5 1.003, keep 0.25 0.991, causal keep 0.5 1.008, causal keep 0.25 1.028: the masked rows, whose
+# items are short (16% / 29% of 1-2 blocks, where the producer's walk has no tiles to hide behind), gained. Since
+# helper sparse38 (bench/NOTES.md "Issue 11: ... helper sparse38") also "masked": on for masked calls (causal or a
+# window) only (``sparse_walk_ahead``). Off by default: stop 38's H200 ablation (three interleaved rounds) had the
+# causal rows 0.3% / 1.5% faster with it off (its flip rule: revert if either is below 0.99). Env
+# JFA_TLX_SPARSE_FWD_WALK_AHEAD=1 every call, =masked masked calls, =0 none (read per call; True / False / "masked").
+_WALK_AHEAD_ENV = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "0")
+SPARSE_FORWARD_WALK_AHEAD = "masked" if _WALK_AHEAD_ENV == "masked" else _WALK_AHEAD_ENV == "1"
+
+
+def sparse_walk_ahead(masked: bool) -> bool:
+    """The block-sparse forward's WALK_AHEAD for a call (``masked``: causal or a window) under
+    ``SPARSE_FORWARD_WALK_AHEAD`` (True, False or "masked")."""
+    return SPARSE_FORWARD_WALK_AHEAD is True or (SPARSE_FORWARD_WALK_AHEAD == "masked" and masked)
+
+
+# Timing-only ablation of the block-sparse forward (helper sparse38; wrong results: never in a real call): 1 never takes
+# the block loop's masked branch (the causal diagonal runs as an unmasked block), the kernel's SPARSE_ABLATE; env
+# JFA_TLX_SPARSE_FWD_ABLATE=1 (read per call). tools/tlx_check.py sparse-ablation sets it per column.
+SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

@@ -53,7 +53,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
-                       pack_p: bool = False) -> Specialization:
+                       pack_p: bool = False, sparse_ablate: int = 0) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -61,7 +61,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     (``configs.SPARSE_FORWARD_WALK_AHEAD``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
     (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
-    ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P)."""
+    ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
+    (timing only)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -83,7 +84,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       PACK_P=pack_p)
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
-                          WALK_AHEAD=walk_ahead)
+                          WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate)
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
@@ -96,6 +97,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
+           f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -248,6 +250,16 @@ def backward_ablation_specializations() -> Iterator[Specialization]:
         yield bwd_specialization(128, "bf16", True, ablate=mask, **default)
 
 
+def sparse_ablation_specializations() -> Iterator[Specialization]:
+    """The block-sparse forward's ablation (``configs.SPARSE_FORWARD_ABLATE`` = 1: the masked branch never taken;
+    TIMING ONLY, wrong results) on the kernels tools/tlx_check.py sparse-ablation times (D128 bf16, the default walk
+    and zigzag order; causal with the default walk ahead, full without). Not shipped: ``tools/tlx_compile.py ablate``
+    compiles them."""
+    yield fwd_specialization(128, "bf16", False, sparse=True, uniform_walk=True, zigzag=True, sparse_ablate=1)
+    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, walk_ahead=True,
+                             sparse_ablate=1)
+
+
 def mxfp8_backward_specializations() -> Iterator[Specialization]:
     """The MXFP8 backward's kernels (``mxfp8_attn_bwd.py``, on by default since stop 28: ``configs.MXFP8_BACKWARD``,
     env JFA_TLX_MXFP8_BWD=0 for off) as the default configs launch them: D128 dense full, dense causal (the causal
@@ -297,6 +309,11 @@ def _specializations() -> Iterator[Specialization]:
                 yield fwd_specialization(head_dim, "bf16", causal, sparse=True, uniform_walk=True, zigzag=zigzag,
                                          walk_ahead=True)
     yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, walk_ahead=True)
+    # masked calls take the walk ahead by default (configs.sparse_walk_ahead, helper sparse38): their zigzag order
+    # with a left window too (and without the walk ahead, the kernel it is compared with)
+    for walk_ahead in (False, True):
+        yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
+                                 walk_ahead=walk_ahead)
     # helper tlxcausal's work order (configs.FORWARD_ZIGZAG: masked or jagged calls by default; D64/D128): the v4
     # consumers, and v3 for broadcast-Q
     # (GQA and the head group are runtime values: no kernel of their own)
@@ -602,7 +619,8 @@ def _candidates(ablations: bool, mxfp8_bwd: bool = False) -> list:
     """The specializations ``main`` picks from: the shipped ones, the ablations (MXFP8 forward, backward) and the
     MXFP8 backward's kernels when asked for."""
     return list(shipped_specializations()) + (
-        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations()) if ablations else []) + (
+        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations())
+        + list(sparse_ablation_specializations()) if ablations else []) + (
         list(mxfp8_backward_specializations()) if mxfp8_bwd else [])
 
 
