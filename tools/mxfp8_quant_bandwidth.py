@@ -22,7 +22,8 @@ flushed), GB/s = the bench's bytes (``bench.peers._quantize_bytes``):
   16-head quantize loss (issue 12), helper quant16h37");
 - ``--fit``: only K's (1, 32) and V's (32, 1) kernels and their same-bytes copies on synthetic sizes (203 MB and
   ~820 MB at 4 and 16 heads), each row with quant16h37's prediction t = bytes / 4370 GB/s + 13.6 us (its
-  falsification run).
+  falsification run); K again with ``QUANT_GROUPS`` (head groups a program) whole rows / 2 / 8 instead of 4 (a
+  graph captures the geometry: read at launch).
 Every row's data and scale bits are compared with the first's (``same``).
 """
 from __future__ import annotations
@@ -154,6 +155,17 @@ def fit_rows(device) -> None:
             print(f"{label:26} {n} {nbytes / 1e6:6.1f} MB {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s | predicted "
                   f"{predicted_us:7.1f} us {nbytes / predicted_us / 1e3:6.0f} GB/s | same-bytes copy {copy_ms * 1e3:8.1f} us "
                   f"{nbytes / copy_ms / 1e6:6.0f} GB/s | kernel / copy {copy_ms / ms:5.1%}", flush=True)
+            if n == "k":  # the head split's A/B: a program reads 1 KB of each 4 KB row at 16 heads (QUANT_GROUPS 4)
+                want = [t.view(torch.uint8).clone() for t in quantize(x, offs, block, "rceil")]
+                for groups in (1 << 20, 2, 8):
+                    with mock.patch.object(mq, "QUANT_GROUPS", groups):
+                        same = all(map(torch.equal, [t.view(torch.uint8) for t in quantize(x, offs, block, "rceil")],
+                                       want))
+                        g = graph_of(lambda: quantize(x, offs, block, "rceil"))
+                    if g is not None:
+                        ms = median_ms(g, device)
+                        print(f"{label:26} {n} QUANT_GROUPS {groups:<8} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s"
+                              f" | kernel / copy {copy_ms / ms:5.1%}  same={same}", flush=True)
         del x
         torch.cuda.empty_cache()
 
