@@ -60,10 +60,6 @@ MAX_SPILL_BYTES_SPARSE_BWD = {64: 96, 128: 1152}
 # configs.BACKWARD_ALTERNATE): D64 0 (full), 112 (causal), D128 728-916 (dqlag's +0-8 B per work item: lse/delta
 # loaded before the turn; the block loops as dqlag's, bench/NOTES.md "TLX backward: consumer alternation").
 MAX_SPILL_BYTES_BWD_EXPERIMENTS = {64: 192, 128: 1024}
-# SWAP_AB ("-swapab": configs.BACKWARD_SWAP_AB, helper swapab38), stores + loads: D64 0 (full), 36 (causal); D128 full
-# 548, causal 1012, causal order 1068, fp16 causal + left window 1028 (per work item; causal's consumer 0 also
-# ~28 STL/LDL per block: bench/NOTES.md "helper swapab38").
-MAX_SPILL_BYTES_BWD_SWAP_AB = {64: 96, 128: 1152}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
                                 reason=f"no triton 3.8 + triton-utlx at {SITE} (set JFA_TLX_SITE)")
@@ -217,7 +213,6 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
         head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
         experiment = any(f"-{x}" in r["name"] for x in ("dqdefer", "statsahead", "dqlag", "alternate"))
         bound = (MAX_SPILL_BYTES_SPARSE_BWD if r["name"].startswith("sparse") else
-                 MAX_SPILL_BYTES_BWD_SWAP_AB if "-swapab" in r["name"] else
                  MAX_SPILL_BYTES_BWD_EXPERIMENTS if experiment else MAX_SPILL_BYTES_BWD_V2)[head_dim]
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
 
@@ -350,10 +345,8 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
     only D128 compiles it (helper causalorder2)."""
     by_name = {r["name"]: r for r in compiled}
     # kvearly rows under the causal order compare with the causal-order kernel in the test below, not here
-    # (and peel37's "-kvearly-peel" rows: test_peel_drops_the_ds_guard_from_the_bulk_loop; swapab38's "-swapab":
-    # test_swap_ab_moves_dv_dk_to_register_operands)
-    rows = [r for r in compiled
-            if "-causalorder" in r["name"] and not r["name"].endswith(("-kvearly", "-peel", "-swapab"))]
+    # (and peel37's "-kvearly-peel" rows: test_peel_drops_the_ds_guard_from_the_bulk_loop)
+    rows = [r for r in compiled if "-causalorder" in r["name"] and not r["name"].endswith(("-kvearly", "-peel"))]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {128}, "no causal order compiled"
     for r in rows:
         base = by_name[r["name"].replace("-causalorder", "")]
@@ -569,44 +562,6 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
             for key in ("block_loop_hgmma", "block_loop_mufu"):
                 assert peel[key][bulk] == base[key][c], (key, c, base, peel)
             assert peel["block_loop_path_spill_ops"][bulk] <= base["block_loop_path_spill_ops"][c], (c, base, peel)
-
-
-def test_swap_ab_moves_dv_dk_to_register_operands():
-    """SWAP_AB (helper swapab38, ``configs.BACKWARD_SWAP_AB``): S^T = K Q^T and dP^T = V dO^T, dV += P^T dO and
-    dK += dS^T Q with P^T / dS^T from registers. Against the default kernels (KV_EARLY, as shipped) at D128 full and
-    causal and D64 causal: no P tiles (shared memory -16 KiB at D128, -15 KiB at D64, the two 256 B lse / delta vectors
-    per consumer added), the same HGMMA and MUFU per block loop with dV / dK's 8 HGMMA per consumer now register-A
-    (16 register-A wgmma in the PTX, none in the default), loop paths within 30 instructions of the default's
-    (sm_90 ptxas at stop 38: full [535, 516] -> [532, 502], causal [535, 518] -> [557, 504], D64 causal [513, 506] ->
-    [491, 482]), spill instructions in the consumers' loops: none at D128 full and D64, consumer 0's at D128 causal
-    within 64 (59), spills within 640 B per thread of the default's (full 352 -> 548, causal 444 -> 1012, D64 causal
-    0 -> 36: per work item; bench/NOTES.md "helper swapab38"). Also: the shipped swapab kernels are listed. ~60 s."""
-    kinds = "((128, False), (128, True), (64, True))"
-    names, rows = _shipped_and_compiled(
-        "-swapab", "[s.bwd_specialization(d, 'bf16', causal, v2=True, dq_shared=True, stats_ahead=d == 64, "
-        "kv_early=True, swap_ab=swap) for d, causal in " + kinds + " for swap in (False, True)]",
-        "JFA_TLX_BWD_SWAPAB", 6)
-    assert sorted(names) == sorted([
-        "bwd-d64-bf16-full-v2-dqshared-statsahead-kvearly-swapab",
-        "bwd-d64-bf16-causal-v2-dqshared-statsahead-kvearly-swapab",
-        "bwd-d128-bf16-full-v2-dqshared-kvearly-swapab", "bwd-d128-bf16-causal-v2-dqshared-kvearly-swapab",
-        "bwd-d128-bf16-causal-v2-dqshared-causalorder-kvearly-swapab",
-        "bwd-d128-fp16-causal-left-v2-dqshared-causalorder-kvearly-swapab"])
-    for base, swap in zip(rows[0::2], rows[1::2]):
-        assert swap["name"] == base["name"] + "-swapab", (base["name"], swap["name"])
-        head_dim = int(re.search(r"-d(\d+)-", base["name"]).group(1))
-        assert swap["shared"] == base["shared"] - 2 * 64 * 64 * 2 + 2 * 2 * 64 * 4, (base, swap)
-        assert base["wgmma_register_a"] == 0 and swap["wgmma_register_a"] >= 16, (base, swap)
-        assert swap["wgmma_overlap"], swap
-        assert len(swap["block_loop_path"]) == len(base["block_loop_path"]) == 2, (base, swap)
-        for key in ("block_loop_hgmma", "block_loop_mufu"):
-            assert swap[key] == base[key], (key, base, swap)
-        for c in range(2):
-            assert swap["block_loop_path"][c] <= base["block_loop_path"][c] + 30, (c, base, swap)
-        causal128 = head_dim == 128 and "-causal" in base["name"]
-        assert max(swap["block_loop_spill_ops"]) <= (64 if causal128 else 0), swap
-        assert (swap["spill_stores"] + swap["spill_loads"]
-                <= base["spill_stores"] + base["spill_loads"] + 640), (base, swap)
 
 
 def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():

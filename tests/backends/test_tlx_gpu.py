@@ -65,8 +65,7 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
 # dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
 # bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
-# masked blocks' dS guard (PEEL, helper peel37: off by default); S^T / dP^T with swapped operands, dV and dK from
-# registers (SWAP_AB, helper swapab38: off by default).
+# masked blocks' dS guard (PEEL, helper peel37: off by default).
 _BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
 BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
@@ -83,8 +82,7 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
-                "bwd-peel": dict(_BWD, BACKWARD_PEEL=True),
-                "bwd-swapab": dict(_BWD, BACKWARD_SWAP_AB=True)}
+                "bwd-peel": dict(_BWD, BACKWARD_PEEL=True)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -115,7 +113,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
-                 "BACKWARD_PEEL", "BACKWARD_SWAP_AB"):
+                 "BACKWARD_PEEL"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -314,27 +312,6 @@ def test_peel_matches_the_oracle_and_the_default_bit_for_bit(name, monkeypatch):
         assert torch.equal(dq0, dq1)
     else:
         torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("name", list(PEEL_CASES))
-def test_swap_ab_matches_the_oracle_and_the_default(name, monkeypatch):
-    """SWAP_AB (``configs.BACKWARD_SWAP_AB``, helper swapab38) computes S^T and dP^T with swapped operands and dV, dK
-    with P^T, dS^T as register A operands, lse / delta per column through shared memory, the mask as a row interval
-    per key: on PEEL's cases (masked lead blocks, masked tails, key tiles past a sequence's end, empty and length-1
-    sequences, GQA, D64 fp16 and D128 bf16) gradients match the float64 oracle and the default's (the same P and dS
-    values up to the wgmma's summation order of each S / dP element, which the swap may change: close, not asserted
-    equal; the differences are printed for the notes)."""
-    case = PEEL_CASES[name]
-    _tlx_or_skip(case)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "BACKWARD_SWAP_AB", True)
-    check_attention_case(case, "tlx")
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_SWAP_AB")
-    for what, a, b in (("dq", dq0, dq1), ("dk", dk0, dk1), ("dv", dv0, dv1)):
-        print(f"swapab {name} {what}: equal {torch.equal(a, b)}, max |diff| {(a.float() - b.float()).abs().max()}")
-        assert torch.isfinite(b).all(), what
-        torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
 
 
 # configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the

@@ -1088,21 +1088,6 @@ def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     _knob_changes_one_constexpr(runs, answers, monkeypatch, "BACKWARD_PEEL", "PEEL", *_inputs([300, 17, 700, 5, 0, 1]))
 
 
-@needs_tlx
-def test_swap_ab_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
-    """``configs.BACKWARD_SWAP_AB`` (helper swapab38, env JFA_TLX_BWD_SWAPAB) sets the TLX backward's SWAP_AB, off by
-    default, on a causal jagged call and its repeat (each setting its own recipe: the variant), the kernel's other
-    switches as without it; ignored (False) where the swapped consumers do not run: DQ_LAG (its lagged dQ reads dS
-    un-transposed)."""
-    runs, answers = gpu
-    assert not tlx_configs.BACKWARD_SWAP_AB  # off: 0.84-0.97x on the H200 (stop 38)
-    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
-    _knob_changes_one_constexpr(runs, answers, monkeypatch, "BACKWARD_SWAP_AB", "SWAP_AB", q, k, v, offsets)
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAG", True)
-    for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_SWAP_AB", True, q, k, v, offsets):
-        assert launched["SWAP_AB"] is False and launched["DQ_LAG"] is True, launched
-
-
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()

@@ -316,47 +316,6 @@ def _keep_alive(x, tile, j, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _swapped_p_dv_ds(s_t, dp_t, dv, do_tile, stat_tiles, rows, keys, rows_left, keys_left, qk_scale, right,
-                     window_left, masked, CID: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     DTYPE: tl.constexpr):
-    """SWAP_AB's middle of a block (``_consume_rows_v2``): from S^T (waited for) and dP^T (in flight), [keys, rows],
-    P^T = exp2(S^T * scale - lse) (lse per column, ``_stats_by_column``), masked as v2's P (``visible``: this
-    consumer's keys on the rows, rows past the end); dP^T waited for; dS^T = P^T (dP^T - delta) with v2's guard in
-    masked blocks (no 0 x NaN from a neighbour's values); then dV += P^T dO issued with P^T (DTYPE) as the register A
-    operand (left in flight): FA4's order. Issued before dP's wait instead (v2's order, which overlaps dV with the dS
-    arithmetic), P^T's 16 registers stayed live through dS and ptxas spilled in consumer 0's loop (D128 full, sm_90:
-    10 STL/LDL on its path, 20 in the loop; 304 / 388 B per thread instead of 236 / 312). Returns (P^T, dV, dP^T,
-    dS^T in DTYPE)."""
-    lse2 = tlx.local_load(stat_tiles[2 * CID])  # per column (``_stats_by_column``)
-    p = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-    if masked:  # key - row - diag in [-window_left, right] (the forward's convention), rows and keys in the sequence
-        # (``visible`` per element; a row interval per key, ``key_interval_mask``'s transpose, spilled more: D128 full
-        # 16 / 6 STL/LDL in the consumers' loops instead of 0 / 0, causal 60 / 18 instead of 59 / 22, sm_90)
-        ok = visible(keys[:, None], rows[None, :], keys_left, rows_left, -right, window_left, HAS_RIGHT, HAS_LEFT)
-        p = tl.where(ok, p, 0.0)
-    dp_t = tlx.async_dot_wait(0, dp_t)
-    delta = tlx.local_load(stat_tiles[2 * CID + 1])  # read here: not live across the waits
-    ds = p * (dp_t - delta[None, :])
-    if masked:
-        ds = tl.where(p == 0.0, 0.0, ds)
-    dv = tlx.async_dot(p.to(DTYPE), do_tile, dv)  # [keys, D] += P^T dO, A from registers
-    return p, dv, dp_t, ds.to(DTYPE)
-
-
-@triton.jit
-def _stats_by_column(lse2, delta, stat_tiles, CID: tl.constexpr):
-    """SWAP_AB: a block's lse (log2 units, guarded) and delta, loaded as 1-D vectors (one value per thread), through
-    this consumer's two shared-memory vectors into the layout along the accumulator's N axis (16 values per thread
-    each, 8-byte pairs): per column, the loads' addresses, masks, the -inf guard and the LOG2E product cost ~200
-    instructions per block (sm_90 SASS, 32 scalar LDG). One buffer each: the next block's store comes after this
-    block's DS_BARRIER, which every thread of the consumer reaches after its reads. The reads are the users'
-    (``_swapped_p_dv_ds``: lse after S's wait, delta after dP's), so the 32 values are not live across the waits."""
-    tlx.local_store(stat_tiles[2 * CID], lse2)
-    tlx.local_store(stat_tiles[2 * CID + 1], delta)
-    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-
-
-@triton.jit
 def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties, p_tiles,
                      ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale,
                      right, window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end,
@@ -367,7 +326,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                      ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
                      DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False,
-                     PEEL: tl.constexpr = False, SWAP_AB: tl.constexpr = False, stat_tiles=None):
+                     PEEL: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -433,19 +392,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     masked tail: the producer's order and count; the loops' shape below), ``masked`` a constexpr per loop, so
     the bulk loop has no mask code: the default's one loop runs the mask under a runtime branch that ptxas
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
-    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it).
-
-    SWAP_AB (``configs.BACKWARD_SWAP_AB``; dense, DQ_SHARED without DQ_LAG, not MXFP8, no ablation): S^T = K Q^T and
-    dP^T = V dO^T with the operands swapped (M = this consumer's keys, N = the block's rows: FA3/FA4's ``SdP_swapAB``),
-    so P^T and dS^T come out in the wgmma accumulator's layout of a [keys, rows] tile, which is the register A operand
-    layout of dV += P^T dO and dK += dS^T Q (``mma_dkv_is_rs``): no P tile, no P store or its barrier; dS^T is still
-    stored (a [keys, rows] tile) for dQ, which reads it transposed. lse and delta lie along N (per column: 16 each per
-    thread at 64 rows, v2's 2: ``_stats_by_column``); ``_swapped_p_dv_ds``. bench/NOTES.md "helper swapab38"; helper
-    tlxbwd3's V3 (the same layout, lse and delta loaded per column from global memory: loop paths ~900 instructions
-    instead of ~530) measured 0.73-0.87x the default in stop 21."""
+    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
-    tl.static_assert(not SWAP_AB or (DQ_SHARED and not DQ_LAG and not SPARSE and not MXFP8 and ABLATE == 0),
-                     "SWAP_AB: the dense consumers with the dQ split (no DQ_LAG, MXFP8 or ablation)")
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
     tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
                      "DQ_RED: the default dense consumers (dQ split, no DQ_LAG, no ablation)")
@@ -541,8 +489,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 own = CID + _opaque_zero(j)
                 k_tile = k_tiles[own]
                 v_tile = v_tiles[own]
-                if not SWAP_AB:
-                    p_tile = p_tiles[own]
+                p_tile = p_tiles[own]
                 if DQ_SHARED:
                     par = q_count & 1  # both consumers count the same blocks
                     if DQ_LAG:
@@ -559,9 +506,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 if SDP_DIM < HEAD_DIM:  # ablation: S and dP at the FP8 wgmma's tensor time (timing only)
                     s = tlx.async_dot(_columns(q_tile, SDP_DIM), tlx.local_trans(_columns(k_tile, SDP_DIM)))
                     dp = tlx.async_dot(_columns(do_tile, SDP_DIM), tlx.local_trans(_columns(v_tile, SDP_DIM)))
-                elif SWAP_AB:  # S^T, dP^T: [keys, rows]
-                    s = tlx.async_dot(k_tile, tlx.local_trans(q_tile))
-                    dp = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
                 else:
                     s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
                     dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
@@ -571,55 +515,46 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
                     if DELTA_EARLY:  # lse2 + (+-0): the same bits for finite delta; exp2 now waits for delta's load too
                         lse2 = lse2 + delta * 0.0
-                    if SWAP_AB:  # per column of [keys, rows]: through shared memory
-                        _stats_by_column(lse2, delta, stat_tiles, CID)
                 if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
                     m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                     next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
                     _prefetch_l1(Lse + (stat_index + m0_next) + rows, next_ok)
                     _prefetch_l1(Delta + (stat_index + m0_next) + rows, next_ok)
                 s = tlx.async_dot_wait(1, s)  # dP may still run
-                if SWAP_AB:  # P^T, dV += P^T dO from registers, dS^T; then as below from dS's store
-                    p, dv, dp, ds = _swapped_p_dv_ds(s, dp, dv, do_tile, stat_tiles, rows, keys, rows_left,
-                                                     len_k - k0, qk_scale, right, window_left, masked, CID, HAS_LEFT,
-                                                     HAS_RIGHT, DTYPE)
-                elif NO_EXP2:  # ablation: the exponent itself (no MUFU)
+                if NO_EXP2:  # ablation: the exponent itself (no MUFU)
                     p = s * qk_scale - lse2[:, None]
                 elif MXFP8:  # P <= 1 (the MXFP8 oracle's clamp)
                     p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0))
                 else:
                     p = tl.math.exp2(s * qk_scale - lse2[:, None])
-                if not SWAP_AB:
-                    if masked:  # the key interval of each row (forward's convention: key - row - diag in
-                        # [-left, right])
-                        ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT,
-                                               HAS_RIGHT)
-                        p = tl.where(ok & rows_ok[:, None], p, 0.0)
-                    if MX_QUANT:  # dV's P in MXFP8 (dS keeps the unrounded P, as the MXFP8 reference)
-                        tlx.local_store(p_tile, _mx_fixed_scale_values(p).to(DTYPE))
-                    else:
-                        tlx.local_store(p_tile, p.to(DTYPE))
-                    tlx.fence_async_shared()
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
-                    if EVERY_TURN:
-                        _wait_turn(CID)
-                    if not NO_DV:
-                        dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
-                    if EVERY_TURN:
-                        _pass_turn(CID)
-                    dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
-                    if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a
-                        # removal)
-                        ds = dp
-                    else:
-                        ds = p * (dp - delta[:, None])
-                    # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN would
-                    # reach the next sequence's dQ rows through the reduce-add
-                    if masked:
-                        ds = tl.where(p == 0.0, 0.0, ds)
-                    if MX_QUANT:
-                        ds = _mx_square_values(ds)
-                    ds = ds.to(DTYPE)
+                if masked:  # the key interval of each row (forward's convention: key - row - diag in [-left, right])
+                    ok = key_interval_mask(rows, keys, rows_left, len_k - k0, -window_left, right, HAS_LEFT, HAS_RIGHT)
+                    p = tl.where(ok & rows_ok[:, None], p, 0.0)
+                if MX_QUANT:  # dV's P in MXFP8 (dS keeps the unrounded P, as the MXFP8 reference)
+                    tlx.local_store(p_tile, _mx_fixed_scale_values(p).to(DTYPE))
+                else:
+                    tlx.local_store(p_tile, p.to(DTYPE))
+                tlx.fence_async_shared()
+                tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
+                if EVERY_TURN:
+                    _wait_turn(CID)
+                if not NO_DV:
+                    dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
+                if EVERY_TURN:
+                    _pass_turn(CID)
+                dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
+                if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a
+                    # removal)
+                    ds = dp
+                else:
+                    ds = p * (dp - delta[:, None])
+                # rows past the end (dO zeroed) against a neighbour's NaN values: dP is NaN there, and 0 x NaN would
+                # reach the next sequence's dQ rows through the reduce-add
+                if masked:
+                    ds = tl.where(p == 0.0, 0.0, ds)
+                if MX_QUANT:
+                    ds = _mx_square_values(ds)
+                ds = ds.to(DTYPE)
                 if DQ_LAG:
                     if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
                         _ds_ready_sync(q_count - 1, 1 - CID)
@@ -661,23 +596,14 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 elif DQ_SHARED:
                     tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
                     half: tl.constexpr = HEAD_DIM // 2
-                    if SWAP_AB:  # dS = (dS^T)^T: the A operand's transposed view
-                        zero = _opaque_zero(j)
-                        dq = tlx.async_dot(tlx.local_trans(ds_tiles[zero * 2 + par]),
-                                           tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
-                        dq = tlx.async_dot(tlx.local_trans(ds_tiles[zero * 2 + 2 + par]),
-                                           tlx.local_slice(k_tiles[zero + 1], [0, CID * half],
-                                                           [k_tile.shape[0], half]), dq)
-                    elif not NO_DQ:
+                    if not NO_DQ:
                         zero = _opaque_zero(j)
                         dq = tlx.async_dot(ds_tiles[zero * 2 + par],
                                            tlx.local_slice(k_tiles[zero], [0, CID * half], [k_tile.shape[0], half]))
                         dq = tlx.async_dot(ds_tiles[zero * 2 + 2 + par],
                                            tlx.local_slice(k_tiles[zero + 1], [0, CID * half],
                                                            [k_tile.shape[0], half]), dq)
-                    if SWAP_AB:  # [keys, D] += dS^T Q, dS^T from registers
-                        dk = tlx.async_dot(ds, q_tile, dk)
-                    elif not NO_DK:
+                    if not NO_DK:
                         dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
                     if not NO_DQ:
                         dq = tlx.async_dot_wait(DQ_PENDING, dq)
@@ -894,7 +820,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
                         DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
                         DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-                        PEEL: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
+                        PEEL: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -931,14 +857,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     next K/V loads run under the epilogue.
 
     PEEL (``configs.BACKWARD_PEEL``; V2, dense, not MXFP8): the consumers' block loop peeled by stage
-    (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without.
-
-    SWAP_AB (``configs.BACKWARD_SWAP_AB``; V2 with DQ_SHARED, dense, no DQ_LAG, MXFP8 or ABLATE): S^T and dP^T with
-    swapped operands, dV and dK from registers (``_consume_rows_v2``); no P tiles are allocated, the dS tiles hold
-    dS^T."""
+    (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without."""
     tl.static_assert(not PEEL or (V2 and not SPARSE and not MXFP8), "PEEL: the dense v2 consumers, not MXFP8")
-    tl.static_assert(not SWAP_AB or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and not MXFP8 and ABLATE == 0),
-                     "SWAP_AB: the dense v2 consumers with the dQ split (no DQ_LAG, MXFP8 or ablation)")
     tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(DQ_RED == 0 or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
@@ -967,12 +887,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
-    stat_tiles = None
-    if V2 and SWAP_AB:  # P^T stays in registers; dS^T [keys, rows], double-buffered by block parity
-        p_tiles = None
-        ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS * 2)
-        stat_tiles = tlx.local_alloc((BLOCK_M,), tl.float32, NUM_CONSUMERS * 2)  # lse, delta per consumer
-    elif V2:
+    if V2:
         p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
         ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype,
                                    NUM_CONSUMERS * ((3 if DQ_LAG else 2) if DQ_SHARED else 1))
@@ -1097,9 +1012,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
                                 sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL, SWAP_AB,
-                                stat_tiles)
-
+                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -1207,7 +1120,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
                        delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False, swap_ab: bool = False):
+                       peel: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1245,9 +1158,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
     MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
-    PEEL). ``swap_ab`` (``configs.BACKWARD_SWAP_AB``; dense calls of the v2 consumers with the dQ split, no DQ_LAG /
-    ALTERNATE, not MXFP8, no ablation; else ignored): S^T and dP^T with swapped operands, dV and dK from registers
-    (the kernel's SWAP_AB)."""
+    PEEL)."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         dq_red = 0
@@ -1277,8 +1188,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
     kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and v2 and selection is None and not mxfp8)
-    swap_ab = bool(swap_ab and v2 and dq_shared and not dq_lag and alternate == 0 and selection is None and not mxfp8
-                   and not ablate)
     if ablate:
         if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1287,7 +1196,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red, kv_early, peel, swap_ab)
+               v2 and delta_early, parts, dq_red, kv_early, peel)
     # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
     kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1309,7 +1218,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel, swap_ab) = variant
+     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1387,7 +1296,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
                     **({} if dq_red else dict(DQ_ACC=None)),
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early, PEEL=peel, SWAP_AB=swap_ab)
+                    KV_EARLY=kv_early, PEEL=peel)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

@@ -162,16 +162,6 @@ BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
 # The same arithmetic per block, so the same gradients. Dense calls of the v2 consumers, not MXFP8; off (0) until
 # timed on the H200.
 BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
-# SWAP_AB (JFA_TLX_BWD_SWAPAB=1; bench/NOTES.md "helper swapab38"): the v2 consumers compute S^T = K Q^T and
-# dP^T = V dO^T (M = a consumer's 64 keys, N = the block's 64 rows: FA4's SdP_swapAB at BLOCK_M 64), so P^T and dS^T
-# are the register A operands of dV += P^T dO and dK += dS^T Q (FA4's mma_dkv_is_rs): no P tile, store or barrier;
-# dS^T still goes to shared memory for dQ; lse / delta reach the per-column layout through two 256 B shared vectors.
-# Shared-memory bytes per 64 q rows x 128 keys 416 -> 368 KiB (predicted), HGMMA count unchanged. sm_90 D128 full:
-# loop path 535 / 516 -> 532 / 502 per consumer warp and block, no spill instruction in either loop, 352 -> 548 B
-# of spills per thread (per work item). Dense calls of the v2 consumers with the dQ split (not DQ_LAG / ALTERNATE,
-# MXFP8, ablations: ignored there); off (0) until timed on the H200 (helper tlxbwd3's V3, the same layout with
-# per-column global loads, measured 0.73-0.87x in stop 21).
-BACKWARD_SWAP_AB = os.environ.get("JFA_TLX_BWD_SWAPAB", "0") == "1"
 # RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
 # backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
 # sorted key tile list and the causal order's item list through the full path's own functions and launches the
@@ -566,7 +556,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED,
-                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, swap_ab=BACKWARD_SWAP_AB)
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:

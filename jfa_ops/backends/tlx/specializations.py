@@ -141,8 +141,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
                        delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
-                       mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
-                       swap_ab: bool = False) -> Specialization:
+                       mxfp8: bool = False, kv_early: bool = False, peel: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -157,8 +156,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
     (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
-    without mask code (``configs.BACKWARD_PEEL``); swap_ab: helper swapab38's S^T / dP^T with swapped operands, dV
-    and dK from registers (``configs.BACKWARD_SWAP_AB``)."""
+    without mask code (``configs.BACKWARD_PEEL``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -183,7 +181,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
-    constexprs["SWAP_AB"] = swap_ab
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -211,8 +208,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
-           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
-           f"{'-swapab' if swap_ab else ''}"
+           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -253,11 +249,10 @@ def backward_ablation_specializations() -> Iterator[Specialization]:
 def sparse_ablation_specializations() -> Iterator[Specialization]:
     """The block-sparse forward's ablation (``configs.SPARSE_FORWARD_ABLATE`` = 1: the masked branch never taken;
     TIMING ONLY, wrong results) on the kernels tools/tlx_check.py sparse-ablation times (D128 bf16, the default walk
-    and zigzag order; causal with the default walk ahead, full without). Not shipped: ``tools/tlx_compile.py ablate``
+    and zigzag order, no walk ahead: the default since stop 38). Not shipped: ``tools/tlx_compile.py ablate``
     compiles them."""
-    yield fwd_specialization(128, "bf16", False, sparse=True, uniform_walk=True, zigzag=True, sparse_ablate=1)
-    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, walk_ahead=True,
-                             sparse_ablate=1)
+    for causal in (False, True):
+        yield fwd_specialization(128, "bf16", causal, sparse=True, uniform_walk=True, zigzag=True, sparse_ablate=1)
 
 
 def mxfp8_backward_specializations() -> Iterator[Specialization]:
@@ -309,8 +304,8 @@ def _specializations() -> Iterator[Specialization]:
                 yield fwd_specialization(head_dim, "bf16", causal, sparse=True, uniform_walk=True, zigzag=zigzag,
                                          walk_ahead=True)
     yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, walk_ahead=True)
-    # masked calls take the walk ahead by default (configs.sparse_walk_ahead, helper sparse38): their zigzag order
-    # with a left window too (and without the walk ahead, the kernel it is compared with)
+    # the default zigzag order with a left window, without and with the walk ahead (configs.sparse_walk_ahead's
+    # "masked", helper sparse38; off by default since stop 38's H200 ablation)
     for walk_ahead in (False, True):
         yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
                                  walk_ahead=walk_ahead)
@@ -432,14 +427,6 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, peel=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
                              peel=True)
-    # helper swapab38's S^T / dP^T with swapped operands, dV / dK from registers (configs.BACKWARD_SWAP_AB, dense):
-    # the same kernels as peel's
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, swap_ab=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, swap_ab=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
-                             swap_ab=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
