@@ -67,7 +67,7 @@ def main(argv) -> int:
              "bwd": lambda: S.bwd_specialization(128, "bf16", False, v2=o["v2"], dq_shared=o["dq_shared"],
                                                  stats_ahead=o["stats_ahead"], kv_early=o["kv_early"],
                                                  dq_red=o["dq_red"], delta_early=o["delta_early"], peel=o["peel"],
-                                                 swap_ab=o["swap_ab"])}
+                                                 swap_ab=o["swap_ab"], zero_store=o["zero_store"])}
     for which in argv or list(specs):
         spec = specs[which]()
         kernel = getattr(importlib.import_module(spec.module), spec.kernel)

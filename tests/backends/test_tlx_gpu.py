@@ -84,7 +84,9 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
                 "bwd-peel": dict(_BWD, BACKWARD_PEEL=True),
-                "bwd-swapab": dict(_BWD, BACKWARD_SWAP_AB=True)}
+                "bwd-swapab": dict(_BWD, BACKWARD_SWAP_AB=True),
+                # helper desc38: rows past the end zeroed by 8-row stores (ZERO_STORE: off by default)
+                "bwd-zerostore": dict(_BWD, BACKWARD_ZERO_STORE=True)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -115,7 +117,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
-                 "BACKWARD_PEEL", "BACKWARD_SWAP_AB"):
+                 "BACKWARD_PEEL", "BACKWARD_SWAP_AB", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -335,6 +337,26 @@ def test_swap_ab_matches_the_oracle_and_the_default(name, monkeypatch):
         print(f"swapab {name} {what}: equal {torch.equal(a, b)}, max |diff| {(a.float() - b.float()).abs().max()}")
         assert torch.isfinite(b).all(), what
         torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", list(PEEL_CASES))
+def test_zero_store_matches_the_oracle_and_the_default_bit_for_bit(name, monkeypatch):
+    """ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38) zeroes the same Q / dO rows past a sequence's end
+    (8-row stores instead of 32-row load / select / store chunks) and changes nothing else: on PEEL's cases (masked
+    tails, key tiles past a sequence's end, empty and length-1 sequences, GQA, D64 fp16 and D128 bf16) gradients
+    match the float64 oracle, and dK, dV (and dQ where deterministic: "short causal") the default's bit for bit."""
+    case = PEEL_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_ZERO_STORE", True)
+    check_attention_case(case, "tlx")
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_ZERO_STORE")
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
+    if name == "short causal":
+        assert torch.equal(dq0, dq1)
+    else:
+        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
 # configs.FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order), dense (the
