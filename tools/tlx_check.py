@@ -4,7 +4,8 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
 all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
-causaljagged, kvearly, kvearlyoff, peel; causaljagged: first ``causal_list_check``, the device-built causal list vs
+causaljagged, kvearly, kvearlyoff, peel, zerostore,
+peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
@@ -328,11 +329,15 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "kvearlyoff": dict(_DEFAULT_BWD, BACKWARD_KV_EARLY=False), "same": _DEFAULT_BWD,
                 # helper peel37: the consumers' block loop peeled per stage, the mask-free bulk's without the masked
                 # blocks' dS guard (bench/NOTES.md "helper peel37")
-                "peel": dict(_DEFAULT_BWD, BACKWARD_PEEL=True)}
+                "peel": dict(_DEFAULT_BWD, BACKWARD_PEEL=True),
+                # helper desc38: Q / dO rows past the end zeroed by 8-row stores, consumer 0's wgmma descriptors in
+                # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
+                "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
+                "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED",
-              "BACKWARD_KV_EARLY", "BACKWARD_PEEL")
+              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)

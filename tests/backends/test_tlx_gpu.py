@@ -82,7 +82,9 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
-                "bwd-peel": dict(_BWD, BACKWARD_PEEL=True)}
+                "bwd-peel": dict(_BWD, BACKWARD_PEEL=True),
+                # helper desc38: rows past the end zeroed by 8-row stores (ZERO_STORE: off by default)
+                "bwd-zerostore": dict(_BWD, BACKWARD_ZERO_STORE=True)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -113,7 +115,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
-                 "BACKWARD_PEEL"):
+                 "BACKWARD_PEEL", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -294,20 +296,25 @@ PEEL_CASES = {
 }
 
 
+@pytest.mark.parametrize("knob", ["BACKWARD_PEEL", "BACKWARD_ZERO_STORE"])
 @pytest.mark.parametrize("name", list(PEEL_CASES))
-def test_peel_matches_the_oracle_and_the_default_bit_for_bit(name, monkeypatch):
-    """PEEL (``configs.BACKWARD_PEEL``, helper peel37) runs the same blocks in the same order with the same arithmetic
-    per block (a mask-free block never took the default's masked branch; a masked one runs the same mask code):
-    gradients match the float64 oracle, and dK/dV equal the default's bit for bit; dQ is the same fp32 terms,
-    reduce-added by programs in a racy order, so close (and equal where each dQ element gets one add: "short")."""
+def test_same_blocks_knob_matches_the_oracle_and_the_default_bit_for_bit(name, knob, monkeypatch):
+    """Knobs that run the same blocks in the same order with the same arithmetic per block: PEEL
+    (``configs.BACKWARD_PEEL``, helper peel37: a mask-free block never took the default's masked branch; a masked one
+    runs the same mask code) and ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38: the same Q / dO rows
+    past a sequence's end zeroed, by 8-row stores instead of 32-row load / select / store chunks). On PEEL's cases
+    (masked lead blocks and tails, key tiles past a sequence's end, empty and length-1 sequences, GQA, D64 fp16 and
+    D128 bf16) gradients match the float64 oracle, and dK/dV equal the default's bit for bit; dQ is the same fp32
+    terms, reduce-added by programs in a racy order, so close (and equal where each dQ element gets one add:
+    "short")."""
     case = PEEL_CASES[name]
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    monkeypatch.setattr(configs, "BACKWARD_PEEL", True)
+    monkeypatch.setattr(configs, knob, True)
     check_attention_case(case, "tlx")
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_PEEL")
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, knob)
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), (name, knob)
     if name == "short causal":
         assert torch.equal(dq0, dq1)
     else:

@@ -137,14 +137,38 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
 
 @triton.jit
 def _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr):
+                       BLOCK_M: tl.constexpr, ZERO_STORE: tl.constexpr = False):
     """If query block m0 runs into the next sequence's rows: consumer 0 zeroes them in both tiles of slot buf (Q and
-    dO), then both consumers meet at VFIX_BARRIER."""
+    dO), then both consumers meet at VFIX_BARRIER. ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38): by
+    ``_store_zero_rows`` (8-row groups) instead of ``_zero_rows_past_end``'s 32-row load/select/store chunks."""
     if m0 + BLOCK_M > len_q:
         if CID == 0:
-            _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-            _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+            if ZERO_STORE:
+                _store_zero_rows(q_tiles[buf], len_q - m0, BLOCK_M, HEAD_DIM, 8)
+                _store_zero_rows(do_tiles[buf], len_q - m0, BLOCK_M, HEAD_DIM, 8)
+                tlx.fence_async_shared()  # the wgmma (async proxy) must see these generic-proxy writes
+            else:
+                _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+                _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
         tlx.named_barrier_wait(VFIX_BARRIER, 256)
+
+
+@triton.jit
+def _store_zero_rows(tile, first, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr):
+    """Rows ``first``.. of a [BLOCK, HEAD_DIM] tile zeroed in groups of GROUP rows (8: the swizzle's period, the
+    smallest slice TLX allows): a group wholly past ``first`` by a store of zeros (no load), the one group across it
+    by load / select / store (GROUP / 8 values per thread). Why (helper desc38, bench/NOTES.md "Issue 10: consumer 0's
+    descriptors"): ``_zero_rows_past_end``'s 32-row chunks in consumer 0's block loop (32 values and 32 row predicates
+    per thread) made ptxas keep that consumer's loop counters, slot and tile addresses in vector registers, and build
+    every wgmma descriptor per lane (27 R2UR, ~80 more integer ALU per block on the mask-free path)."""
+    for r in tl.static_range(0, BLOCK, GROUP):
+        if first <= r:
+            tlx.local_store(tlx.local_slice(tile, [r, 0], [GROUP, HEAD_DIM]), tl.zeros([GROUP, HEAD_DIM], tile.dtype))
+        elif first < r + GROUP:
+            part = tlx.local_slice(tile, [r, 0], [GROUP, HEAD_DIM])
+            v = tlx.local_load(part)
+            keep = tl.arange(0, GROUP) < first - r
+            tlx.local_store(part, tl.where(keep[:, None], v, tl.zeros_like(v)))
 
 
 @triton.jit
@@ -326,7 +350,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                      ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
                      DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False,
-                     PEEL: tl.constexpr = False):
+                     PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -481,7 +505,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 rows_left = len_q - m0
                 rows_ok = rows < rows_left
                 if masked:
-                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
+                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M, ZERO_STORE)
                 q_tile = q_tiles[buf]
                 do_tile = do_tiles[buf]
                 # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one
@@ -820,7 +844,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
                         DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
                         DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-                        PEEL: tl.constexpr = False):
+                        PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -1012,7 +1036,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
                                 sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL)
+                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL, ZERO_STORE)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -1120,7 +1144,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
                        delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False):
+                       peel: bool = False, zero_store: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
@@ -1158,7 +1182,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
     MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
-    PEEL)."""
+    PEEL). ``zero_store`` (``configs.BACKWARD_ZERO_STORE``; calls of the v2 consumers, else
+    ignored): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
+    ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
         dq_red = 0
@@ -1188,6 +1214,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
     kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and v2 and selection is None and not mxfp8)
+    zero_store = bool(zero_store and v2)
     if ablate:
         if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1196,7 +1223,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red, kv_early, peel)
+               v2 and delta_early, parts, dq_red, kv_early, peel, zero_store)
     # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
     kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1218,7 +1245,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel) = variant
+     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1296,7 +1323,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
                     **({} if dq_red else dict(DQ_ACC=None)),
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early, PEEL=peel)
+                    KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store)
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

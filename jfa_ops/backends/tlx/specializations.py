@@ -141,7 +141,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
                        delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
-                       mxfp8: bool = False, kv_early: bool = False, peel: bool = False) -> Specialization:
+                       mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
+                       zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
@@ -156,7 +157,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
     (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
-    without mask code (``configs.BACKWARD_PEEL``)."""
+    without mask code (``configs.BACKWARD_PEEL``); zero_store: helper desc38's rows past the end zeroed by
+    8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
@@ -181,6 +183,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
+    constexprs["ZERO_STORE"] = zero_store
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -208,7 +211,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
-           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}"
+           f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
+           f"{'-zerostore' if zero_store else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -557,12 +561,13 @@ def block_loop_counts(sass: str) -> dict:
     whole kernel; wgmma (HGMMA), MUFU, SHFL (cross-lane row reductions) and PRMT (byte permutes) of the straight
     path; global loads (LDG: lse, delta) of the straight path after its first wgmma wait (S's), whose latency then
     lands on the block's path, and its spill instructions; FSEL of the straight path (the masked blocks' dS guard,
-    if-converted, issues there: helper peel37). The branches after the last EXIT (out-of-line waits jumping back)
-    are no loops."""
+    if-converted, issues there: helper peel37) and its integer ALU instructions (helper desc38). The branches after
+    the last EXIT (out-of-line waits jumping back) are no loops."""
     insts, loops = innermost_loops(sass, ("HGMMA", "QGMMA"))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
                   block_loop_hgmma=[], block_loop_mufu=[], block_loop_shfl=[], block_loop_prmt=[],
-                  block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[], block_loop_path_fsel=[])
+                  block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[], block_loop_path_fsel=[],
+                  block_loop_path_int_alu=[])
     for a, b, skipped in loops:
         body = insts[a:b + 1]
         counts["block_loop_instructions"].append(len(body))
@@ -578,6 +583,9 @@ def block_loop_counts(sass: str) -> dict:
         counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
         counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
         counts["block_loop_path_fsel"].append(sum(op.startswith("FSEL") for op in path))
+        # integer ALU on the vector datapath (tools/sass_mix.py's class): descriptors built per lane land here
+        counts["block_loop_path_int_alu"].append(sum(bool(re.match(
+            r"IMAD|IADD|LEA|LOP|SHF|IMNMX|SEL|MOV|IABS|VIADD|VIMNMX|SGXT|BMSK", op)) for op in path))
     return dict(counts, sass_r2ur=sum(op.startswith("R2UR") for op, _ in insts))
 
 
