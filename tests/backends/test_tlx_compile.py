@@ -196,11 +196,11 @@ def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
 def test_sparse_peel_compiles_a_mask_free_loop(compiled):
     """configs.SPARSE_FORWARD_PEEL (helper peeldiag38; off by default, so its kernels are not shipped: compiled here,
     ~40 s on one core): each consumer walks its tiles in two loops, one mask-free (on its path only the softmax's
-    two per-row guards, FSEL: no key mask) without spill instructions or PRMT (P carried packed), one masked (the
-    key mask's FSEL); two wgmma groups stay in flight, registers stay at the consumers' 168; against the same kernel
-    without the peel (shipped), each consumer's mask-free loop is no longer than its one loop's unmasked path
-    (measured 468 / 468 vs 507 / 481 causal and full, 475 / 476 vs 507 / 480 fp16 left window) and spills grow by
-    at most 32 B (stores + loads; measured spill stores equal, the left window's 12 B fewer)."""
+    two per-row guards, FSEL: no key mask; P carried packed: no PRMT), one masked (the key mask's FSEL), neither
+    with a spill instruction; two wgmma groups stay in flight, registers stay at the consumers' 168; against the
+    same kernel without the peel (shipped), each consumer's mask-free loop is no longer than its one loop's unmasked
+    path (measured 468 / 468 vs 507 / 481 causal, 468 / 469 vs 507 / 478 full, 475 / 477 vs 507 / 480 fp16 left
+    window) and spills do not grow (measured stores 156 -> 116, 32 -> 20, 168 -> 152 B)."""
     env = _tlx_env()
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1",
                            "zigzag-uniform-peel", "zigzag-uniform-walkahead-peel"], env=env, cwd=ROOT,
@@ -217,11 +217,11 @@ def test_sparse_peel_compiles_a_mask_free_loop(compiled):
         for consumer in (fsel[:2], fsel[2:]):
             assert sorted(f > 8 for f in consumer) == [False, True], r  # one mask-free, one masked
         free = [i for i, f in enumerate(fsel) if f <= 8]
-        assert not any(r["block_loop_spill_ops"][i] or r["block_loop_prmt"][i] for i in free), r
+        assert not any(r["block_loop_prmt"][i] for i in free) and not any(r["block_loop_spill_ops"]), r
         base = by_name.get(r["name"].removesuffix("-peel"))
         if base is not None:  # the shipped kernel it peels (all four are shipped today)
             extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
-            assert extra <= 32, f"{r['name']}: {extra} B more spills (stores + loads) than {base['name']}"
+            assert extra <= 0, f"{r['name']}: {extra} B more spills (stores + loads) than {base['name']}"
             for i, want in zip(free, base["block_loop_path"]):
                 assert r["block_loop_path"][i] <= want, (r["name"], r["block_loop_path"], base["block_loop_path"])
 

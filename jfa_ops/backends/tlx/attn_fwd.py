@@ -561,8 +561,12 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     (the one loop's runtime ``if masked`` is if-converted by ptxas: the mask's instructions issued in every block).
     Without a left window there is no masked lead: the bulk's loop, then the masked tail's (causal diagonal, window
     end, the sequence's last partial tile). With one: two rounds of (masked loop, bulk loop), the lead and the bulk,
-    then the tail and nothing, so the masked body is compiled once (the backward's PEEL, helper peel37). The same
-    blocks in the same order with the same arithmetic: the same bits as the one loop."""
+    then the tail and nothing, so the masked body is compiled once (the backward's PEEL, helper peel37). The
+    mask-free loops carry P packed (``_p_operand``'s conversion at the PV), the masked ones as PACK_P says; P crosses
+    between loops in DTYPE. sm_90 D128 bf16 causal: mask-free loop paths 468 / 468 per consumer warp and block
+    (one loop: 507 / 481), masked 691 / 607, no STL/LDL in any loop (one loop: 28 in consumer 0's masked branch),
+    spills 156 -> 116 B. The same blocks in the same order with the same arithmetic and roundings: the same bits as
+    the one loop."""
     tl.static_assert(not PEEL or (SPARSE and SPARSE_ABLATE == 0), "PEEL: the block-sparse walk, not the ablation")
     if SPARSE:
         n_all = sel_count
@@ -596,29 +600,38 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
             l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
         lead1 = tl.maximum(sel_lead, 1)  # walk tile 0 is done
         unmasked1 = tl.maximum(sel_unmasked, 1)
+        # P between the loops in DTYPE (rounded as the PV would round it: the same bits either way); the mask-free
+        # loops carry it packed (PACK_P's form: in fp32 form across their header phi, LLVM's fold of the conversion
+        # puts 32 PRMT per block into both consumers' loops), the masked loops as PACK_P says (packed, consumer 0's
+        # masked loop spilled 26 STL/LDL a block; unpacked, none: sm_90 D128 bf16 causal)
+        p = p.to(DTYPE)
         if HAS_LO:
             for rnd in tl.range(0, 2):  # round 0: the masked lead, the bulk; round 1: the masked tail, nothing
                 acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, l_parts, p, prev_n0, kv_count, tl.where(rnd == 0, 1, unmasked1),
-                    tl.where(rnd == 0, lead1, n_all), True, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
-                    v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first, CID, HEAD_DIM,
-                    BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+                    acc, m_i, l_i, l_parts, _p_carried(p, DTYPE, PACK_P), prev_n0, kv_count,
+                    tl.where(rnd == 0, 1, unmasked1), tl.where(rnd == 0, lead1, n_all), True, q_tile, k_tiles,
+                    v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
+                    qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
+                    FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
                 acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, l_parts, p, prev_n0, kv_count, lead1, tl.where(rnd == 0, unmasked1, lead1), False,
-                    q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k,
-                    lo_off, hi_off, qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV,
-                    HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+                    acc, m_i, l_i, l_parts, p.to(tl.float32), prev_n0, kv_count, lead1,
+                    tl.where(rnd == 0, unmasked1, lead1), False, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                    v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first, CID,
+                    HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE,
+                    True)
+                p = p.to(DTYPE)
         else:  # no masked lead (bulk_begin is the walk's first key): the bulk, then the masked tail
             acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                acc, m_i, l_i, l_parts, p, prev_n0, kv_count, 1, unmasked1, False, q_tile, k_tiles, v_tiles, k_fulls,
-                k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first,
-                CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE,
-                PACK_P)
+                acc, m_i, l_i, l_parts, p.to(tl.float32), prev_n0, kv_count, 1, unmasked1, False, q_tile, k_tiles,
+                v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
+                qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
+                FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, True)
             acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                acc, m_i, l_i, l_parts, p, prev_n0, kv_count, unmasked1, n_all, True, q_tile, k_tiles, v_tiles,
-                k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids,
-                sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE,
-                ROWSUM_ONCE, PACK_P)
+                acc, m_i, l_i, l_parts, _p_carried(p.to(DTYPE), DTYPE, PACK_P), prev_n0, kv_count, unmasked1, n_all,
+                True, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k,
+                lo_off, hi_off, qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO,
+                HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+        p = _p_carried(p.to(DTYPE), DTYPE, PACK_P)  # (as the one loop leaves it for the last PV)
     else:
         for j in tl.range(1, n_all, num_stages=0):
             if SPARSE:
@@ -810,10 +823,6 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
     # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
     CONSUMER_ROW_WIDTH: tl.constexpr = WALK_AHEAD and not HAS_LEFT
-    # SPARSE_PEEL carries P packed (PACK_P's conversion, the same bits): with P converted in the loops, the peeled
-    # loops' header phis let LLVM fold the conversion into scalar cvt + mov pairs that ptxas un-swaps with 32 PRMT per
-    # block in both consumers' mask-free loops (paths 500 / 504 instead of 468 / 468, sm_90 D128 bf16 causal)
-    CONSUMER_PACK_P: tl.constexpr = PACK_P or SPARSE_PEEL
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     n_tiles = _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)  # the real count stays on the device
     n_work = n_tiles * num_heads
@@ -986,7 +995,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
-                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, CONSUMER_PACK_P,
+                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P,
                                 SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,

@@ -107,36 +107,43 @@ def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TIL
     split_begin (a masked lead), tiles n_lead .. n_unmasked - 1 lie inside [split_begin, split_end) (mask-free) and
     the rest end past split_end (a masked tail): with ascending ids, exactly the tiles a per-tile test ``(n0 <
     split_begin) | (n0 + TILE > split_end)`` masks. 0 <= n_lead <= n_unmasked <= n."""
-    if width is None:
-        first = count * 0
-        n = count * 0
-        j_from = 0
-    else:
-        j = tl.arange(0, IDS_CHUNK)
-        start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
-        first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
-        j_from = IDS_CHUNK
     if split_begin is None:
+        if width is None:
+            first = count * 0
+            n = count * 0
+            j_from = 0
+        else:
+            j = tl.arange(0, IDS_CHUNK)
+            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+            first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
+            j_from = IDS_CHUNK
         for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
             used, start = _ids_chunk(ids, j0, count, BLOCK)
             first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
             first += first_part
             n += n_part
         return first, n
-    else:
+    else:  # the four sums of a chunk in one reduction (one cross-warp exchange, not four)
         if width is None:
+            first = count * 0
+            n = count * 0
             lead = count * 0
             unmasked = count * 0
+            j_from = 0
         else:
-            lead = tl.sum(tl.where(j < count, _tiles_below(split_begin, start, BLOCK, TILE), 0), 0)
-            unmasked = tl.sum(tl.where(j < count, _tiles_below(split_end, start, BLOCK, TILE), 0), 0)
+            j = tl.arange(0, IDS_CHUNK)
+            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+            first, n, lead, unmasked = _tile_split_part(j < count, start, key_begin, key_end, split_begin, split_end,
+                                                        BLOCK, TILE)
+            j_from = IDS_CHUNK
         for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
             used, start = _ids_chunk(ids, j0, count, BLOCK)
-            first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
+            first_part, n_part, lead_part, unmasked_part = _tile_split_part(used, start, key_begin, key_end,
+                                                                            split_begin, split_end, BLOCK, TILE)
             first += first_part
             n += n_part
-            lead += tl.sum(tl.where(used, _tiles_below(split_begin, start, BLOCK, TILE), 0), 0)
-            unmasked += tl.sum(tl.where(used, _tiles_below(split_end, start, BLOCK, TILE), 0), 0)
+            lead += lead_part
+            unmasked += unmasked_part
         # row-relative counts (tiles ending at or below each limit) to walk-relative ones; tiles below split_begin
         # but at or past key_end (a band narrower than a tile) are no part of the walk: the clamps
         n_lead = tl.minimum(tl.maximum(lead - first, 0), n)
@@ -151,6 +158,23 @@ def _tile_range_part(used, start, key_begin, key_end, BLOCK: tl.constexpr, TILE:
     below = _tiles_below(key_begin, start, BLOCK, TILE)  # this block's tiles below key_begin
     inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)  # ... starting below key_end
     return tl.sum(tl.where(used, below, 0), 0), tl.sum(tl.where(used, tl.maximum(inside - below, 0), 0), 0)
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _tile_split_part(used, start, key_begin, key_end, split_begin, split_end, BLOCK: tl.constexpr,
+                     TILE: tl.constexpr):
+    """``selected_tile_range``'s split form over one chunk of ids: (first, n) as ``_tile_range_part`` and the tiles
+    ending at or below split_begin / split_end, summed in one multi-operand reduction."""
+    below = _tiles_below(key_begin, start, BLOCK, TILE)
+    inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)
+    return tl.reduce((tl.where(used, below, 0), tl.where(used, tl.maximum(inside - below, 0), 0),
+                      tl.where(used, _tiles_below(split_begin, start, BLOCK, TILE), 0),
+                      tl.where(used, _tiles_below(split_end, start, BLOCK, TILE), 0)), 0, _add4)
 
 
 @triton.jit
