@@ -476,6 +476,16 @@ def _p_operand(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
 
 
 @triton.jit
+def _p_form(p, DTYPE: tl.constexpr, PACKED: tl.constexpr):
+    """PEEL: P, already rounded to DTYPE, in a loop's carried form (``_p_carried``'s): fp32 when PACKED (exact, so
+    ``_p_operand`` rounds it back to the same bits), else DTYPE."""
+    if PACKED:
+        return p.to(tl.float32)
+    else:
+        return p.to(DTYPE)
+
+
+@triton.jit
 def _one_loop_blocks(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, j_begin, j_end, MASKED: tl.constexpr, q_tile,
                      k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off,
                      hi_off, qk_scale, ids, sel_first, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -558,7 +568,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     PEEL (SPARSE, ``configs.SPARSE_FORWARD_PEEL``; bench/NOTES.md "helper peeldiag38"): the walk's blocks after the
     first in loops of their own, split where ``_selected_item`` found the mask-free bulk (walk tiles sel_lead ..
     sel_unmasked - 1): the mask a constexpr per loop (``_one_loop_blocks``), so the bulk's loop carries no mask code
-    (the one loop's runtime ``if masked`` is if-converted by ptxas: the mask's instructions issued in every block).
+    (the one loop's runtime ``if masked`` is a real branch, but its test, branch and consumer 0's PRMT sit on every
+    block's path, and its masked branch spilled: 28 STL/LDL per block in consumer 0).
     Without a left window there is no masked lead: the bulk's loop, then the masked tail's (causal diagonal, window
     end, the sequence's last partial tile). With one: two rounds of (masked loop, bulk loop), the lead and the bulk,
     then the tail and nothing, so the masked body is compiled once (the backward's PEEL, helper peel37). The
@@ -608,13 +619,13 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         if HAS_LO:
             for rnd in tl.range(0, 2):  # round 0: the masked lead, the bulk; round 1: the masked tail, nothing
                 acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, l_parts, _p_carried(p, DTYPE, PACK_P), prev_n0, kv_count,
+                    acc, m_i, l_i, l_parts, _p_form(p, DTYPE, PACK_P), prev_n0, kv_count,
                     tl.where(rnd == 0, 1, unmasked1), tl.where(rnd == 0, lead1, n_all), True, q_tile, k_tiles,
                     v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
                     qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
                     FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
                 acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, l_parts, p.to(tl.float32), prev_n0, kv_count, lead1,
+                    acc, m_i, l_i, l_parts, _p_form(p.to(DTYPE), DTYPE, True), prev_n0, kv_count, lead1,
                     tl.where(rnd == 0, unmasked1, lead1), False, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
                     v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first, CID,
                     HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE,
@@ -622,16 +633,16 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                 p = p.to(DTYPE)
         else:  # no masked lead (bulk_begin is the walk's first key): the bulk, then the masked tail
             acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                acc, m_i, l_i, l_parts, p.to(tl.float32), prev_n0, kv_count, 1, unmasked1, False, q_tile, k_tiles,
-                v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
+                acc, m_i, l_i, l_parts, _p_form(p, DTYPE, True), prev_n0, kv_count, 1, unmasked1, False, q_tile,
+                k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
                 qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
                 FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, True)
             acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                acc, m_i, l_i, l_parts, _p_carried(p.to(DTYPE), DTYPE, PACK_P), prev_n0, kv_count, unmasked1, n_all,
+                acc, m_i, l_i, l_parts, _p_form(p.to(DTYPE), DTYPE, PACK_P), prev_n0, kv_count, unmasked1, n_all,
                 True, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k,
                 lo_off, hi_off, qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO,
                 HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
-        p = _p_carried(p.to(DTYPE), DTYPE, PACK_P)  # (as the one loop leaves it for the last PV)
+        p = _p_form(p.to(DTYPE), DTYPE, PACK_P)  # (the one loop's carried form, for the last PV)
     else:
         for j in tl.range(1, n_all, num_stages=0):
             if SPARSE:
