@@ -1036,21 +1036,29 @@ def sparse_ablation() -> int:
     configs.SPARSE_FORWARD_WALK_AHEAD says: off since stop 38), ``walk off`` / ``walk on`` (configs.SPARSE_FORWARD_WALK_AHEAD False / True), ``nomask``
     (configs.SPARSE_FORWARD_ABLATE = 1: the loop's masked branch never taken, so the causal diagonal runs as an
     unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
-    locality as dense), ``lowsel+nomask``, and tlx dense. Then the per-SM model: b (us per selected block) and a (us
-    per work item) solved from the two unmasked rows' default times, and for the causal rows the time over that
-    model ("excess") beside what nomask and lowsel remove from it."""
+    locality as dense), ``lowsel+nomask``, ``peel`` (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free
+    loop and masked loops, helper peeldiag38, P carried packed as with PACK_P; the same bits), ``packp``
+    (configs.FORWARD_PACK_P alone: peel's control), and tlx dense. Then the per-SM model: b (us per selected block)
+    and a (us per work item) solved from the two unmasked rows' default times, and for the causal rows the time over
+    that model ("excess") beside what nomask, lowsel, peel and packp remove from it. TLX_SPARSE_ABLATION_COLS (a
+    comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "tlx dense")
+    wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
+    if wanted:
+        cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
+    deltas = [c for c in cols if c not in ("default", "tlx dense")]  # the columns against default
     print(f"block-sparse forward ablation, bf16 D128, ms (median of {rounds} interleaved rounds); nomask and lowsel "
           f"are TIMING ONLY", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
-          + " ".join(f"{c:>13s}" for c in cols[1:6]), flush=True)
+          + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    saved = (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE)
+    saved = (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
+             configs.FORWARD_PACK_P)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
         index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
@@ -1060,20 +1068,28 @@ def sparse_ablation() -> int:
         sparse = lambda idx: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, idx, count, case.max_q, case.max_kv, block_q=case.block,
             block_kv=case.block, causal=case.causal, backend="tlx")
-        fns = {"default": (sparse(index), saved[0], 0), "walk off": (sparse(index), False, 0),
-               "walk on": (sparse(index), True, 0), "nomask": (sparse(index), saved[0], 1),
-               "lowsel": (sparse(low), saved[0], 0), "lowsel+nomask": (sparse(low), saved[0], 1),
+        # column: (fn, walk ahead, ablate, peel, pack_p)
+        fns = {"default": (sparse(index), saved[0], 0, saved[2], saved[3]),
+               "walk off": (sparse(index), False, 0, saved[2], saved[3]),
+               "walk on": (sparse(index), True, 0, saved[2], saved[3]),
+               "nomask": (sparse(index), saved[0], 1, False, saved[3]),
+               "lowsel": (sparse(low), saved[0], 0, saved[2], saved[3]),
+               "lowsel+nomask": (sparse(low), saved[0], 1, False, saved[3]),
+               "peel": (sparse(index), saved[0], 0, True, saved[3]),
+               "packp": (sparse(index), saved[0], 0, saved[2], True),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"),
-                             saved[0], 0)}
+                             saved[0], 0, saved[2], saved[3])}
         times = {c: [] for c in cols}
         for _ in range(rounds):
             for col in cols:
-                fn, walk, ablate = fns[col]
-                configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE = walk, ablate
+                fn, walk, ablate, peel, pack_p = fns[col]
+                (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
+                 configs.FORWARD_PACK_P) = walk, ablate, peel, pack_p
                 faulthandler.dump_traceback_later(HANG_S, exit=True)
                 t = median_ms(fn, f"{case.label} {col}")
-                configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE = saved
+                (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
+                 configs.FORWARD_PACK_P) = saved
                 if t is None:
                     failures += 1
                 else:
@@ -1082,7 +1098,7 @@ def sparse_ablation() -> int:
         ms = {c: sorted(v)[len(v) // 2] for c, v in times.items() if v}
         nan = float("nan")
         print(f"{case.label:34s} " + " ".join(f"{ms.get(c, nan):13.3f}" for c in cols) + "   "
-              + " ".join(f"{(ms.get(c, nan) - ms.get('default', nan)) * 1e3:13.1f}" for c in cols[1:6]), flush=True)
+              + " ".join(f"{(ms.get(c, nan) - ms.get('default', nan)) * 1e3:13.1f}" for c in deltas), flush=True)
         blocks = float(count.sum()) * (case.num_heads_q // case.num_heads_kv) / sms  # selected 128-key tiles a SM
         items = sum(-(-n // case.block) for n in case.q_lens) * case.num_heads_q / sms
         rows.append((case, blocks, items, ms))
@@ -1099,7 +1115,8 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask") if c in ms}
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp")
+                    if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)

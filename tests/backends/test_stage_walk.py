@@ -186,8 +186,9 @@ def test_sparse_walk_sees_exactly_the_visible_selected_keys(len_q, len_k, causal
 def _selected_walk_kernel(S_OFF, O_OFF, INDEX, COUNT, TILES, MASKED, N_WALK, n_rows, heads, n_tiles, stride_ib,
                           stride_ih, stride_in, stride_cb, stride_ch, lo_off, hi_off, max_walk, HAS_LO: tl.constexpr,
                           HAS_HI: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr, TILE_S: tl.constexpr,
-                          TILE_O: tl.constexpr, ROW_WIDTH: tl.constexpr):
-    """test_selected_walk: what a TLX work item (its producer and consumers) walks: the tiles and their masked flag."""
+                          TILE_O: tl.constexpr, ROW_WIDTH: tl.constexpr, PEEL: tl.constexpr = False):
+    """test_selected_walk: what a TLX work item (its producer and consumers) walks: the tiles and their masked flag.
+    PEEL (the TLX forward's SPARSE_PEEL): the flag from the walk's split instead, (t < n_lead) | (t >= n_unmasked)."""
     pid = tl.program_id(0)
     seq = pid // (heads * n_tiles)
     head = (pid // n_tiles) % heads
@@ -196,12 +197,20 @@ def _selected_walk_kernel(S_OFF, O_OFF, INDEX, COUNT, TILES, MASKED, N_WALK, n_r
     len_o = tl.load(O_OFF + seq + 1) - tl.load(O_OFF + seq)
     lead_begin, _, bulk_begin, bulk_end, _, tail_end = stage_bounds(s0, len_s, len_o, lo_off, hi_off, HAS_LO, HAS_HI,
                                                                     TILE_S, TILE_O)
-    first, n = selected_walk(INDEX, COUNT, s0 < len_s, seq, head, s0, n_rows, stride_ib, stride_ih, stride_in,
-                             stride_cb, stride_ch, lead_begin, tail_end, BLOCK_S, BLOCK_O, TILE_O, ROW_WIDTH)
+    if PEEL:
+        first, n, n_lead, n_unmasked = selected_walk(INDEX, COUNT, s0 < len_s, seq, head, s0, n_rows, stride_ib,
+                                                     stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end,
+                                                     BLOCK_S, BLOCK_O, TILE_O, ROW_WIDTH, bulk_begin, bulk_end)
+    else:
+        first, n = selected_walk(INDEX, COUNT, s0 < len_s, seq, head, s0, n_rows, stride_ib, stride_ih, stride_in,
+                                 stride_cb, stride_ch, lead_begin, tail_end, BLOCK_S, BLOCK_O, TILE_O, ROW_WIDTH)
     for t in range(0, loop_bound(n)):
         o0 = selected_tile_start(INDEX, first + t, BLOCK_O, TILE_O)
         tl.store(TILES + pid * max_walk + t, o0)
-        tl.store(MASKED + pid * max_walk + t, ((o0 < bulk_begin) | (o0 + TILE_O > bulk_end)).to(tl.int32))
+        if PEEL:
+            tl.store(MASKED + pid * max_walk + t, ((t < n_lead) | (t >= n_unmasked)).to(tl.int32))
+        else:
+            tl.store(MASKED + pid * max_walk + t, ((o0 < bulk_begin) | (o0 + TILE_O > bulk_end)).to(tl.int32))
     tl.store(N_WALK + pid, n)
 
 
@@ -215,7 +224,9 @@ def test_selected_walk(side, causal, window, row_width):
     order, each once: unselected blocks and blocks nobody in the tile sees never; a tile not marked masked lies
     inside the sequence and every pair of it with a stationary position inside is visible. Oracle: plain loops over
     a random selection (jagged, cross lengths, empty, ids past a sequence). ``row_width`` (the TLX forward's
-    WALK_AHEAD): the first ids read by the row's width instead of its count, the same walk."""
+    WALK_AHEAD): the first ids read by the row's width instead of its count, the same walk. Query side: the walk's
+    split at the mask-free bulk (``selected_walk``'s split_begin / split_end, the TLX forward's SPARSE_PEEL, helper
+    peeldiag38) marks exactly the tiles the per-tile test masks, and walks the same tiles."""
     from types import SimpleNamespace
 
     from jfa_ops.backends.triton.block_sparse_bwd import transposed_selection
@@ -258,6 +269,15 @@ def test_selected_walk(side, causal, window, row_width):
                                    n_tiles=n_tiles, stride_ib=sel[0].stride(0), stride_ih=sel[0].stride(1),
                                    stride_in=sel[0].stride(2), stride_cb=sel[1].stride(0),
                                    stride_ch=sel[1].stride(1), max_walk=max_walk)
+    if side == "queries":  # the peeled forward's split (first, n the same; flags from the split)
+        tiles_p, masked_p = (torch.full((grid, max_walk), -1, dtype=torch.int32) for _ in range(2))
+        n_walk_p = torch.empty(grid, dtype=torch.int32)
+        _selected_walk_kernel[(grid,)](**args, ROW_WIDTH=row_width, PEEL=True, TILES=tiles_p, MASKED=masked_p,
+                                       N_WALK=n_walk_p, heads=heads, n_tiles=n_tiles, stride_ib=sel[0].stride(0),
+                                       stride_ih=sel[0].stride(1), stride_in=sel[0].stride(2),
+                                       stride_cb=sel[1].stride(0), stride_ch=sel[1].stride(1), max_walk=max_walk)
+        assert torch.equal(n_walk_p, n_walk) and torch.equal(tiles_p, tiles)
+        assert torch.equal(masked_p, masked), "the split masks other tiles than the per-tile test"
     for pid in range(grid):
         b, h, s0 = pid // (heads * n_tiles), (pid // n_tiles) % heads, (pid % n_tiles) * tile_s
         want = []

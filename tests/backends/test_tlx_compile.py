@@ -189,6 +189,39 @@ def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
             assert abs(got - want) <= 8, (r["name"], r["block_loop_instructions"], base)
 
 
+def test_sparse_peel_compiles_a_mask_free_loop(compiled):
+    """configs.SPARSE_FORWARD_PEEL (helper peeldiag38; off by default, so its kernels are not shipped: compiled here,
+    ~40 s on one core): each consumer walks its tiles in two loops, one mask-free (on its path only the softmax's
+    two per-row guards, FSEL: no key mask; P carried packed: no PRMT), one masked (the key mask's FSEL), neither
+    with a spill instruction; two wgmma groups stay in flight, registers stay at the consumers' 168; against the
+    same kernel without the peel (shipped), each consumer's mask-free loop is no longer than its one loop's unmasked
+    path (measured 468 / 468 vs 507 / 481 causal, 468 / 469 vs 507 / 478 full, 475 / 477 vs 507 / 480 fp16 left
+    window) and spills do not grow (measured stores 156 -> 116, 32 -> 20, 168 -> 152 B)."""
+    env = _tlx_env()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "1",
+                           "zigzag-uniform-peel", "zigzag-uniform-walkahead-peel"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 4, f"exit {proc.returncode}: {[r['name'] for r in rows]}\n{proc.stderr[-3000:]}"
+    by_name = {r["name"]: r for r in compiled}
+    for r in rows:
+        assert "error" not in r, r
+        assert r["name"].startswith("sparse-fwd-") and r["name"].endswith("-peel"), r["name"]
+        assert r["wgmma_overlap"] and r["registers"] == 168, r
+        fsel = r["block_loop_path_fsel"]
+        assert len(fsel) == 4 and all(h == 16 for h in r["block_loop_hgmma"]), r  # two loops per consumer
+        for consumer in (fsel[:2], fsel[2:]):
+            assert sorted(f > 8 for f in consumer) == [False, True], r  # one mask-free, one masked
+        free = [i for i, f in enumerate(fsel) if f <= 8]
+        assert not any(r["block_loop_prmt"][i] for i in free) and not any(r["block_loop_spill_ops"]), r
+        base = by_name.get(r["name"].removesuffix("-peel"))
+        if base is not None:  # the shipped kernel it peels (all four are shipped today)
+            extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
+            assert extra <= 0, f"{r['name']}: {extra} B more spills (stores + loads) than {base['name']}"
+            for i, want in zip(free, base["block_loop_path"]):
+                assert r["block_loop_path"][i] <= want, (r["name"], r["block_loop_path"], base["block_loop_path"])
+
+
 def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
     """The TLX MXFP8 forward (issue 12): S = Q K^T with A from shared memory and P V with A (the quantized P) from
     registers, both E4M3 x E4M3 wgmma in the SASS (``QGMMA...E4M3.E4M3``), at D64 and D128, spills bounded."""
@@ -429,6 +462,7 @@ def test_shipped_kernels_carry_no_ablation():
         "assert sum(sp.kernel == 'attn_bwd_tlx_kernel' for sp in shipped) > 0\n"
         "assert all(sp.constexprs['ABLATE'] for sp in s.backward_ablation_specializations())\n"
         "assert all(sp.constexprs['SPARSE_ABLATE'] == 1 for sp in s.sparse_ablation_specializations())\n"
+        "assert not any(sp.constexprs.get('SPARSE_PEEL', False) for sp in shipped)\n"
         "print('ok')\n")
     env = _tlx_env("JFA_TLX_BWD_ABLATE", "JFA_TLX_MXFP8_ABLATE")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,

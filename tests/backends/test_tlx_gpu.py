@@ -641,6 +641,45 @@ def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
     assert torch.equal(out, out_z) and torch.equal(lse, lse_z), name
 
 
+# configs.SPARSE_FORWARD_PEEL's cases (helper peeldiag38): lengths off multiples of 128 (the sequences' partial last
+# tiles: a masked tail without causality), causal diagonals, a left window (the masked lead: two rounds), blocks of
+# two tiles (the split inside a block), random selections (items with no block, blocks wholly masked), broadcast-Q,
+# fp16 D64, and the jagged cases of more items than one wave (zigzag order)
+SPARSE_PEEL_CASES = ["edge lengths", "edge causal keep 0.25", "random blocks", "random blocks causal GQA 4:2",
+                     "window (300,0) causal", "cross lengths causal", "broadcast-Q", "fp16 D64 causal",
+                     "blocks 256x256 causal", *SPARSE_ZIGZAG_CASES]
+
+
+@pytest.mark.parametrize("name,walk_ahead", [(name, False) for name in SPARSE_PEEL_CASES] + [
+    (name, True) for name in ("random blocks causal GQA 4:2", "window (300,0) causal", "jagged H16 causal")])
+def test_block_sparse_forward_peel_is_bit_identical(name, walk_ahead, monkeypatch):
+    """configs.SPARSE_FORWARD_PEEL (helper peeldiag38) splits the consumers' walk into a mask-free loop and masked
+    loops: the same tiles in the same order with the same arithmetic, so out and lse equal the one loop's bit for
+    bit, with the walk ahead off (the default) and, on three masked cases, on (its consumers read the row's first ids
+    beside the count, but not under a left window)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_FORWARD_WALK_AHEAD", walk_ahead)
+    case = SPARSE_CASES.get(name) or SPARSE_ZIGZAG_CASES[name]
+    (out, lse), (out_p, lse_p) = _sparse_outputs_with_switch(case, "SPARSE_FORWARD_PEEL", (False, True), monkeypatch)
+    assert torch.equal(out, out_p) and torch.equal(lse, lse_p), name
+
+
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "window (300,0) causal",
+                                  "cross lengths causal", "blocks 256x256 causal"])
+def test_block_sparse_forward_peel_matches_the_oracle(name, monkeypatch):
+    """With configs.SPARSE_FORWARD_PEEL on, out/lse (and the triton backward's grads) == the float64 oracle with the
+    selection's block mask (non-causal, causal, a left window, two tiles per block; lengths off multiples of 128)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_FORWARD_PEEL", True)
+    case = SPARSE_CASES[name]
+    _tlx_or_skip(case.case)
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_sparse_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     """As the dense test: sequence 0's one selected block (all its keys) reads sequence 1's NaN/inf rows through

@@ -188,7 +188,7 @@ def _warp_uniform(x):
 @triton.jit
 def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih, stride_in, stride_cb,
                    stride_ch, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_N: tl.constexpr,
-                   UNIFORM_WALK: tl.constexpr, ROW_WIDTH: tl.constexpr = False):
+                   UNIFORM_WALK: tl.constexpr, ROW_WIDTH: tl.constexpr = False, PEEL: tl.constexpr = False):
     """SPARSE: (first, n) of a work item (``_work_tile``'s tuple): it walks the tiles first .. first + n - 1 of
     BLOCK_INDEX seen as one list of BLOCK_N-key tiles (``selected_tile_start(BLOCK_INDEX, t)``), those of its Q
     block's selection row (its kv head's) that overlap the keys any of its rows sees (``selected_tile_range``).
@@ -202,12 +202,24 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     block-sparse forward: uniform walk").
 
     ROW_WIDTH (WALK_AHEAD): the row's first ids read beside its count (``selected_walk``; ``block_sparse_forward``
-    hands the kernel a contiguous index, so the row stride is the row's width)."""
-    real, head, m0, _, _, _, _, lead_begin, _, _, _, _, tail_end, seq = item
-    first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
-                             stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
-                             BLOCK_N, ROW_WIDTH)
-    return _uniform_walk(first, n, UNIFORM_WALK)
+    hands the kernel a contiguous index, so the row stride is the row's width).
+
+    PEEL (the consumers' walk with ``configs.SPARSE_FORWARD_PEEL``): (first, n, n_lead, n_unmasked), the walk split
+    at the item's mask-free bulk in the same pass over the ids (``selected_tile_range``'s split: tiles 0 .. n_lead - 1
+    masked, n_lead .. n_unmasked - 1 mask-free, the rest masked), for ``_consume_tile_one_loop``'s peeled loops."""
+    real, head, m0, _, _, _, _, lead_begin, _, bulk_begin, bulk_end, _, tail_end, seq = item
+    if PEEL:
+        first, n, n_lead, n_unmasked = selected_walk(
+            BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih, stride_in,
+            stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N, ROW_WIDTH, bulk_begin, bulk_end)
+        first, n = _uniform_walk(first, n, UNIFORM_WALK)
+        n_lead, n_unmasked = _uniform_walk(n_lead, n_unmasked, UNIFORM_WALK)
+        return first, n, n_lead, n_unmasked
+    else:
+        first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
+                                 stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
+                                 BLOCK_N, ROW_WIDTH)
+        return _uniform_walk(first, n, UNIFORM_WALK)
 
 
 @triton.jit
@@ -464,6 +476,58 @@ def _p_operand(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
 
 
 @triton.jit
+def _p_form(p, DTYPE: tl.constexpr, PACKED: tl.constexpr):
+    """PEEL: P, already rounded to DTYPE, in a loop's carried form (``_p_carried``'s): fp32 when PACKED (exact, so
+    ``_p_operand`` rounds it back to the same bits), else DTYPE."""
+    if PACKED:
+        return p.to(tl.float32)
+    else:
+        return p.to(DTYPE)
+
+
+@triton.jit
+def _one_loop_blocks(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, j_begin, j_end, MASKED: tl.constexpr, q_tile,
+                     k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off,
+                     hi_off, qk_scale, ids, sel_first, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+                     HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
+                     ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
+    """PEEL: walk tiles j_begin .. j_end - 1 of ``_consume_tile_one_loop``'s block-sparse walk, its loop body with
+    the mask a constexpr (MASKED: every block masked; else none). ``l_parts``: ROWSUM_ONCE's per-lane row sums (else
+    carried unchanged; l_i the row sum). Returns (acc, m_i, l_i, l_parts, p, prev_n0, kv_count)."""
+    for j in tl.range(j_begin, j_end, num_stages=0):
+        n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
+        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+        tlx.barrier_wait(k_fulls[buf], phase)
+        _wait_turn(CID)
+        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+        acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
+                          HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
+        _pass_turn(CID)
+        s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
+        tlx.barrier_arrive(k_empties[buf], 1)
+        if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
+            s = s * qk_scale
+        if MASKED:
+            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                         float("-inf"))
+        # the masked form on every block, as the one loop (the same bits)
+        p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+        if ROWSUM_ONCE:
+            l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
+        else:
+            l_i = l_new
+        acc = tlx.async_dot_wait(0, acc)
+        prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+        tlx.barrier_arrive(v_empties[prev_buf], 1)
+        acc = acc * alpha[:, None]
+        p = _p_carried(p_new, DTYPE, PACK_P)
+        prev_n0 = n0
+        kv_count += 1
+    return acc, m_i, l_i, l_parts, p, prev_n0, kv_count
+
+
+@triton.jit
 def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                            q_empty, row0, len_q, len_k, lo_off, hi_off, qk_scale, lead_begin, lead_end, bulk_begin,
                            bulk_end, tail_begin, tail_end, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -471,7 +535,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
                            sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0,
                            ROWSUM_ONCE: tl.constexpr = False, PACK_P: tl.constexpr = False,
-                           SPARSE_ABLATE: tl.constexpr = 0):
+                           SPARSE_ABLATE: tl.constexpr = 0, sel_lead=0, sel_unmasked=0, PEEL: tl.constexpr = False):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
     block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
     has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
@@ -499,7 +563,22 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
 
     SPARSE_ABLATE (``configs.SPARSE_FORWARD_ABLATE``, timing only: wrong results; bench/NOTES.md "helper sparse38"):
     1 never takes the loop's masked branch (a runtime test that is always false, so the loop compiles as the
-    default's: what the masked blocks after the first, the causal diagonal, cost over unmasked ones)."""
+    default's: what the masked blocks after the first, the causal diagonal, cost over unmasked ones).
+
+    PEEL (SPARSE, ``configs.SPARSE_FORWARD_PEEL``; bench/NOTES.md "helper peeldiag38"): the walk's blocks after the
+    first in loops of their own, split where ``_selected_item`` found the mask-free bulk (walk tiles sel_lead ..
+    sel_unmasked - 1): the mask a constexpr per loop (``_one_loop_blocks``), so the bulk's loop carries no mask code
+    (the one loop's runtime ``if masked`` is a real branch, but its test, branch and consumer 0's PRMT sit on every
+    block's path, and its masked branch spilled: 28 STL/LDL per block in consumer 0).
+    Without a left window there is no masked lead: the bulk's loop, then the masked tail's (causal diagonal, window
+    end, the sequence's last partial tile). With one: two rounds of (masked loop, bulk loop), the lead and the bulk,
+    then the tail and nothing, so the masked body is compiled once (the backward's PEEL, helper peel37). The
+    mask-free loops carry P packed (``_p_operand``'s conversion at the PV), the masked ones as PACK_P says; P crosses
+    between loops in DTYPE. sm_90 D128 bf16 causal: mask-free loop paths 468 / 468 per consumer warp and block
+    (one loop: 507 / 481), masked 691 / 607, no STL/LDL in any loop (one loop: 28 in consumer 0's masked branch),
+    spills 156 -> 116 B. The same blocks in the same order with the same arithmetic and roundings: the same bits as
+    the one loop."""
+    tl.static_assert(not PEEL or (SPARSE and SPARSE_ABLATE == 0), "PEEL: the block-sparse walk, not the ablation")
     if SPARSE:
         n_all = sel_count
         n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
@@ -527,47 +606,85 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     p = _p_carried(p, DTYPE, PACK_P)
     prev_n0 = n0
     kv_count += 1
-    for j in tl.range(1, n_all, num_stages=0):
-        if SPARSE:
-            n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
-            if SPARSE_ABLATE == 1:  # never (selected tiles start at key 0 or later), unknown to the compiler
-                masked = n0 < -BLOCK_N
+    if PEEL:
+        if not ROWSUM_ONCE:
+            l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
+        lead1 = tl.maximum(sel_lead, 1)  # walk tile 0 is done
+        unmasked1 = tl.maximum(sel_unmasked, 1)
+        # P between the loops in DTYPE (rounded as the PV would round it: the same bits either way); the mask-free
+        # loops carry it packed (PACK_P's form: in fp32 form across their header phi, LLVM's fold of the conversion
+        # puts 32 PRMT per block into both consumers' loops), the masked loops as PACK_P says (packed, consumer 0's
+        # masked loop spilled 26 STL/LDL a block; unpacked, none: sm_90 D128 bf16 causal)
+        p = p.to(DTYPE)
+        if HAS_LO:
+            for rnd in tl.range(0, 2):  # round 0: the masked lead, the bulk; round 1: the masked tail, nothing
+                acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
+                    acc, m_i, l_i, l_parts, _p_form(p, DTYPE, PACK_P), prev_n0, kv_count,
+                    tl.where(rnd == 0, 1, unmasked1), tl.where(rnd == 0, lead1, n_all), True, q_tile, k_tiles,
+                    v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
+                    qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
+                    FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+                acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
+                    acc, m_i, l_i, l_parts, _p_form(p.to(DTYPE), DTYPE, True), prev_n0, kv_count, lead1,
+                    tl.where(rnd == 0, unmasked1, lead1), False, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+                    v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first, CID,
+                    HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE,
+                    True)
+                p = p.to(DTYPE)
+        else:  # no masked lead (bulk_begin is the walk's first key): the bulk, then the masked tail
+            acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
+                acc, m_i, l_i, l_parts, _p_form(p, DTYPE, True), prev_n0, kv_count, 1, unmasked1, False, q_tile,
+                k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
+                qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
+                FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, True)
+            acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
+                acc, m_i, l_i, l_parts, _p_form(p.to(DTYPE), DTYPE, PACK_P), prev_n0, kv_count, unmasked1, n_all,
+                True, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k,
+                lo_off, hi_off, qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO,
+                HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+        p = _p_form(p.to(DTYPE), DTYPE, PACK_P)  # (the one loop's carried form, for the last PV)
+    else:
+        for j in tl.range(1, n_all, num_stages=0):
+            if SPARSE:
+                n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
+                if SPARSE_ABLATE == 1:  # never (selected tiles start at key 0 or later), unknown to the compiler
+                    masked = n0 < -BLOCK_N
+                else:
+                    masked = (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end)
             else:
-                masked = (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end)
-        else:
-            n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
-            masked = (j < n_lead) | (j >= n_unmasked)
-        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-        tlx.barrier_wait(k_fulls[buf], phase)
-        # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
-        # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
-        _wait_turn(CID)
-        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-        # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
-        # and the fix-up's barrier with the other consumer must not sit inside a turn
-        acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
-                          HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
-        _pass_turn(CID)
-        s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
-        tlx.barrier_arrive(k_empties[buf], 1)
-        if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
-            s = s * qk_scale
-        if masked:
-            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                         float("-inf"))
-        # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
-        p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-        if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
-            l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
-        else:
-            l_i = l_new
-        acc = tlx.async_dot_wait(0, acc)
-        prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-        tlx.barrier_arrive(v_empties[prev_buf], 1)
-        acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
-        p = _p_carried(p_new, DTYPE, PACK_P)
-        prev_n0 = n0
-        kv_count += 1
+                n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
+                masked = (j < n_lead) | (j >= n_unmasked)
+            buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+            tlx.barrier_wait(k_fulls[buf], phase)
+            # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
+            # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
+            _wait_turn(CID)
+            s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+            # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
+            # and the fix-up's barrier with the other consumer must not sit inside a turn
+            acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
+                              HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
+            _pass_turn(CID)
+            s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
+            tlx.barrier_arrive(k_empties[buf], 1)
+            if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
+                s = s * qk_scale
+            if masked:
+                s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                             float("-inf"))
+            # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
+            p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+            if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
+                l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
+            else:
+                l_i = l_new
+            acc = tlx.async_dot_wait(0, acc)
+            prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+            tlx.barrier_arrive(v_empties[prev_buf], 1)
+            acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
+            p = _p_carried(p_new, DTYPE, PACK_P)
+            prev_n0 = n0
+            kv_count += 1
     if ROWSUM_ONCE:
         l_i = tl.sum(l_parts, 1)
     tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
@@ -688,7 +805,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
                         UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
                         WALK_AHEAD: tl.constexpr = False, ROWSUM_ONCE: tl.constexpr = False,
-                        PACK_P: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0):
+                        PACK_P: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0,
+                        SPARSE_PEEL: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -701,7 +819,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     after its last, and every walk reads its row's first ids beside the count (``_selected_item``'s ROW_WIDTH): the
     same tiles in the same order, only when the dependent reads happen. ZIGZAG (``configs.FORWARD_ZIGZAG``): the
     items in ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake
-    (``common.snake_work``), instead of static striding over ``work_item``'s."""
+    (``common.snake_work``), instead of static striding over ``work_item``'s. SPARSE_PEEL (with SPARSE,
+    ``configs.SPARSE_FORWARD_PEEL``): the consumers' walk split at the mask-free bulk, its masked and mask-free blocks
+    in loops of their own (``_consume_tile_one_loop``'s PEEL; the producer's walk unchanged)."""
     tl.static_assert(not ATOMIC_WORK or not (ONE_LOOP or ZIGZAG or WALK_AHEAD),
                      "ATOMIC_WORK (configs.FORWARD_DYNAMIC): the v3 consumers, tile list order")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
@@ -709,6 +829,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
     tl.static_assert(SPARSE_ABLATE == 0 or SPARSE, "SPARSE_ABLATE: block-sparse only")
+    tl.static_assert(not SPARSE_PEEL or (SPARSE and SPARSE_ABLATE == 0), "SPARSE_PEEL: block-sparse, no ablation")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
     # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
@@ -857,13 +978,17 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                     if SPARSE:  # the selection's walk of the next item is read with it, while the last PV runs
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
                                              stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
-                                             CONSUMER_ROW_WIDTH)
+                                             CONSUMER_ROW_WIDTH, SPARSE_PEEL)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
                         # the last one re-reads its own
                         next_work = snake_work(pid, tl.minimum(i + 1, my_items - 1), programs, ZIGZAG)
-                        if SPARSE:
+                        sel_lead = 0
+                        sel_unmasked = 0
+                        if SPARSE_PEEL:
+                            sel_first, n_blocks, sel_lead, sel_unmasked = sel
+                        elif SPARSE:
                             sel_first, n_blocks = sel
                         else:
                             sel_first = 0
@@ -882,7 +1007,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
                                 BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P,
-                                SPARSE_ABLATE)
+                                SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -890,7 +1015,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH)
+                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH, SPARSE_PEEL)
                             acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
@@ -903,7 +1028,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             if SPARSE:
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
-                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH)
+                                                     BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH, SPARSE_PEEL)
                         if real:
                             _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
                                         Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
@@ -950,7 +1075,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
 NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
                     stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False,
-                    WALK_AHEAD=False, SPARSE_ABLATE=0)
+                    WALK_AHEAD=False, SPARSE_ABLATE=0, SPARSE_PEEL=False)
 
 
 def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule, zigzag=False) -> dict:
@@ -1111,7 +1236,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
     block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG``, ``SPARSE_FORWARD_WALK_AHEAD``
-    (``configs.sparse_walk_ahead``: off by default) and ``SPARSE_FORWARD_ABLATE`` read per call."""
+    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE`` and ``SPARSE_FORWARD_PEEL``
+    read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -1140,6 +1266,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),
         SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.sparse_walk_ahead(has_left or has_right),
-        SPARSE_ABLATE=configs.SPARSE_FORWARD_ABLATE),
+        SPARSE_ABLATE=configs.SPARSE_FORWARD_ABLATE,
+        SPARSE_PEEL=configs.SPARSE_FORWARD_PEEL and not configs.SPARSE_FORWARD_ABLATE),
         num_warps=NUM_WARPS, num_stages=1)
     return out, lse

@@ -262,6 +262,16 @@ def sparse_walk_ahead(masked: bool) -> bool:
 # the block loop's masked branch (the causal diagonal runs as an unmasked block), the kernel's SPARSE_ABLATE; env
 # JFA_TLX_SPARSE_FWD_ABLATE=1 (read per call). tools/tlx_check.py sparse-ablation sets it per column.
 SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
+# PEEL (JFA_TLX_SPARSE_FWD_PEEL=1; bench/NOTES.md "helper peeldiag38"): the block-sparse forward's consumers walk
+# their selected tiles in a mask-free loop and masked loops (the kernel's SPARSE_PEEL), split where the walk leaves
+# the mask-free bulk (found in the same pass over the row's ids as the walk itself): the one loop's runtime
+# ``if masked`` costs the mask-free blocks a test and branch and consumer 0 32 PRMT, and its masked branch spilled
+# (28 STL/LDL a block in consumer 0: helper sparse38's causal diagonal, nomask -64 / -71 us per SM). sm_90 D128 bf16
+# causal: mask-free loop 468 / 468 instructions per consumer warp and block (one loop 507 / 481; dense 498 / 470),
+# masked loop 691 / 607, no STL/LDL in any loop, spills 156 -> 116 B. The same blocks, order and arithmetic: the
+# same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
+# bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
+SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

@@ -53,7 +53,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
-                       pack_p: bool = False, sparse_ablate: int = 0) -> Specialization:
+                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -62,7 +62,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
     (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
     ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
-    (timing only)."""
+    (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -84,7 +84,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       PACK_P=pack_p)
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
-                          WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate)
+                          WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel)
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
@@ -97,7 +97,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
-           f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}" \
+           f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -257,6 +257,19 @@ def sparse_ablation_specializations() -> Iterator[Specialization]:
     compiles them."""
     for causal in (False, True):
         yield fwd_specialization(128, "bf16", causal, sparse=True, uniform_walk=True, zigzag=True, sparse_ablate=1)
+
+
+def sparse_peel_specializations() -> Iterator[Specialization]:
+    """The block-sparse forward with its consumers' walk peeled (``configs.SPARSE_FORWARD_PEEL``, helper
+    peeldiag38), beside the kernels tools/tlx_check.py sparse-ablation times (D128 bf16, the default walk and zigzag
+    order; causal with and without the walk ahead, full without) and a left window (fp16, the two-round peel). Off by
+    default, so not shipped: ``test_tlx_compile.py`` compiles them once."""
+    yield fwd_specialization(128, "bf16", False, sparse=True, uniform_walk=True, zigzag=True, sparse_peel=True)
+    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, sparse_peel=True)
+    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, walk_ahead=True,
+                             sparse_peel=True)
+    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
+                             sparse_peel=True)
 
 
 def mxfp8_backward_specializations() -> Iterator[Specialization]:
@@ -610,21 +623,23 @@ def wgmma_overlap(ptx: str) -> bool:
     return False
 
 
-def _candidates(ablations: bool, mxfp8_bwd: bool = False) -> list:
-    """The specializations ``main`` picks from: the shipped ones, the ablations (MXFP8 forward, backward) and the
-    MXFP8 backward's kernels when asked for."""
+def _candidates(ablations: bool, mxfp8_bwd: bool = False, peel: bool = False) -> list:
+    """The specializations ``main`` picks from: the shipped ones, the ablations (MXFP8 forward, backward), the
+    MXFP8 backward's kernels and the peeled block-sparse forwards (``sparse_peel_specializations``) when asked for."""
     return list(shipped_specializations()) + (
         list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations())
         + list(sparse_ablation_specializations()) if ablations else []) + (
-        list(mxfp8_backward_specializations()) if mxfp8_bwd else [])
+        list(mxfp8_backward_specializations()) if mxfp8_bwd else []) + (
+        list(sparse_peel_specializations()) if peel else [])
 
 
-def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False) -> dict:
-    """Worker: compile ``_candidates(ablations, mxfp8_bwd)[index]`` in a fresh cache (so ptxas runs and logs)."""
+def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False, peel: bool = False) -> dict:
+    """Worker: compile ``_candidates(ablations, mxfp8_bwd, peel)[index]`` in a fresh cache (so ptxas runs and
+    logs)."""
     import triton
 
     triton.knobs.nvidia.dump_ptxas_log = True
-    spec = _candidates(ablations, mxfp8_bwd)[index]
+    spec = _candidates(ablations, mxfp8_bwd, peel)[index]
     with tempfile.TemporaryDirectory() as cache:
         triton.knobs.cache.dir = cache
         try:
@@ -637,7 +652,8 @@ def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
     to compile; one containing "ablate" adds the ablations, ``mxfp8_ablation_specializations`` and
     ``backward_ablation_specializations``, one containing "mxfp8" the MXFP8 backward's kernels,
-    ``mxfp8_backward_specializations``); exit 1 if any failed to compile (the error is in its line)."""
+    ``mxfp8_backward_specializations``, one containing "peel" the peeled block-sparse forwards,
+    ``sparse_peel_specializations``); exit 1 if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
@@ -649,11 +665,13 @@ def main(argv=None) -> int:
         del args[i:i + 2]
     ablations = any("ablate" in a for a in args)
     mxfp8_bwd = any("mxfp8" in a for a in args)
-    names = [s.name for s in _candidates(ablations, mxfp8_bwd)]
+    peel = any("peel" in a for a in args)
+    names = [s.name for s in _candidates(ablations, mxfp8_bwd, peel)]
     indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
     failed = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for row in pool.map(functools.partial(_compile_index, ablations=ablations, mxfp8_bwd=mxfp8_bwd), indices):
+        for row in pool.map(functools.partial(_compile_index, ablations=ablations, mxfp8_bwd=mxfp8_bwd, peel=peel),
+                            indices):
             failed += "error" in row
             print(json.dumps(row), flush=True)
     return 1 if failed else 0

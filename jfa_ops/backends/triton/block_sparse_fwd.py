@@ -89,7 +89,8 @@ def _tiles_below(limit, first, BLOCK: tl.constexpr, TILE: tl.constexpr):
 
 
 @triton.jit
-def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr, width=None):
+def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TILE: tl.constexpr, width=None,
+                        split_begin=None, split_end=None):
     """(first, n): the TILE-row tiles of the ``count`` selected blocks of BLOCK rows listed at ``ids`` (tile t: the
     (t % per-block)-th TILE rows of block ids[t // per-block]) that overlap keys [key_begin, key_end) are tiles
     first .. first + n - 1. With ascending ids they are contiguous: negative ids and tiles below key_begin come
@@ -99,22 +100,55 @@ def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TIL
 
     ``width`` (the row's entries, all readable): the first IDS_CHUNK ids are read masked by it, not by the count, so
     that read waits on nothing the count's does (the loop's trip count waits for the count): one dependent read less
-    where the count is loaded just before (the TLX forward's WALK_AHEAD). The same (first, n)."""
-    if width is None:
-        first = count * 0
-        n = count * 0
-        j_from = 0
-    else:
-        j = tl.arange(0, IDS_CHUNK)
-        start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
-        first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
-        j_from = IDS_CHUNK
-    for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
-        used, start = _ids_chunk(ids, j0, count, BLOCK)
-        first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
-        first += first_part
-        n += n_part
-    return first, n
+    where the count is loaded just before (the TLX forward's WALK_AHEAD). The same (first, n).
+
+    ``split_begin`` / ``split_end`` (the mask-free bulk [bulk_begin, bulk_end), multiples of TILE; the TLX forward's
+    PEEL): (first, n, n_lead, n_unmasked) from the same pass: of the walk's tiles, the first n_lead start below
+    split_begin (a masked lead), tiles n_lead .. n_unmasked - 1 lie inside [split_begin, split_end) (mask-free) and
+    the rest end past split_end (a masked tail): with ascending ids, exactly the tiles a per-tile test ``(n0 <
+    split_begin) | (n0 + TILE > split_end)`` masks. 0 <= n_lead <= n_unmasked <= n."""
+    if split_begin is None:
+        if width is None:
+            first = count * 0
+            n = count * 0
+            j_from = 0
+        else:
+            j = tl.arange(0, IDS_CHUNK)
+            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+            first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
+            j_from = IDS_CHUNK
+        for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
+            used, start = _ids_chunk(ids, j0, count, BLOCK)
+            first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
+            first += first_part
+            n += n_part
+        return first, n
+    else:  # the four sums of a chunk in one reduction (one cross-warp exchange, not four)
+        if width is None:
+            first = count * 0
+            n = count * 0
+            lead = count * 0
+            unmasked = count * 0
+            j_from = 0
+        else:
+            j = tl.arange(0, IDS_CHUNK)
+            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+            first, n, lead, unmasked = _tile_split_part(j < count, start, key_begin, key_end, split_begin, split_end,
+                                                        BLOCK, TILE)
+            j_from = IDS_CHUNK
+        for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
+            used, start = _ids_chunk(ids, j0, count, BLOCK)
+            first_part, n_part, lead_part, unmasked_part = _tile_split_part(used, start, key_begin, key_end,
+                                                                            split_begin, split_end, BLOCK, TILE)
+            first += first_part
+            n += n_part
+            lead += lead_part
+            unmasked += unmasked_part
+        # row-relative counts (tiles ending at or below each limit) to walk-relative ones; tiles below split_begin
+        # but at or past key_end (a band narrower than a tile) are no part of the walk: the clamps
+        n_lead = tl.minimum(tl.maximum(lead - first, 0), n)
+        n_unmasked = tl.minimum(tl.maximum(unmasked - first, n_lead), n)
+        return first, n, n_lead, n_unmasked
 
 
 @triton.jit
@@ -124,6 +158,23 @@ def _tile_range_part(used, start, key_begin, key_end, BLOCK: tl.constexpr, TILE:
     below = _tiles_below(key_begin, start, BLOCK, TILE)  # this block's tiles below key_begin
     inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)  # ... starting below key_end
     return tl.sum(tl.where(used, below, 0), 0), tl.sum(tl.where(used, tl.maximum(inside - below, 0), 0), 0)
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _tile_split_part(used, start, key_begin, key_end, split_begin, split_end, BLOCK: tl.constexpr,
+                     TILE: tl.constexpr):
+    """``selected_tile_range``'s split form over one chunk of ids: (first, n) as ``_tile_range_part`` and the tiles
+    ending at or below split_begin / split_end, summed in one multi-operand reduction."""
+    below = _tiles_below(key_begin, start, BLOCK, TILE)
+    inside = _tiles_below(key_end + TILE - 1, start, BLOCK, TILE)
+    return tl.reduce((tl.where(used, below, 0), tl.where(used, tl.maximum(inside - below, 0), 0),
+                      tl.where(used, _tiles_below(split_begin, start, BLOCK, TILE), 0),
+                      tl.where(used, _tiles_below(split_end, start, BLOCK, TILE), 0)), 0, _add4)
 
 
 @triton.jit
@@ -141,7 +192,7 @@ def selected_tile_start(ids, t, BLOCK: tl.constexpr, TILE: tl.constexpr, valid=N
 @triton.jit
 def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, stride_ib, stride_ih, stride_in, stride_cb,
                   stride_ch, other_begin, other_end, BLOCK_S: tl.constexpr, BLOCK_O: tl.constexpr,
-                  TILE_O: tl.constexpr, ROW_WIDTH: tl.constexpr = False):
+                  TILE_O: tl.constexpr, ROW_WIDTH: tl.constexpr = False, split_begin=None, split_end=None):
     """(first, n): the walk of the stationary tile at s0 of (seq, head) over a selection whose rows belong to blocks
     of BLOCK_S stationary positions and list blocks of BLOCK_O other-side positions (the selection itself for the
     query-stationary forward, its transpose for the key-stationary backward): tiles first .. first + n - 1 of
@@ -151,16 +202,27 @@ def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, strid
     ``first`` is one int32 for the row's position too (the TLX kernels keep it live across their block loop, where a
     64-bit row pointer cost registers): the host checks the index has < 2^31 tiles. ROW_WIDTH: the rows are
     contiguous, so stride_in is their width (``selected_tile_range``'s ``width``: the first ids read beside the
-    count)."""
+    count). ``split_begin`` / ``split_end`` given: (first, n, n_lead, n_unmasked), ``selected_tile_range``'s split of
+    the walk at the mask-free bulk (the TLX forward's PEEL)."""
     block = s0 // BLOCK_S
     count = tl.load(BLOCK_COUNT + seq * stride_cb + head * stride_ch + block, mask=real & (block < n_blocks),
                     other=0)  # a padding slot's s0 may be anything: it selects nothing
     row = seq * stride_ib + head * stride_ih + block * stride_in
-    if ROW_WIDTH:
-        first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O, stride_in)
+    if split_begin is None:
+        if ROW_WIDTH:
+            first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O,
+                                           stride_in)
+        else:
+            first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
+        return row * (BLOCK_O // TILE_O) + first, n
     else:
-        first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
-    return row * (BLOCK_O // TILE_O) + first, n
+        if ROW_WIDTH:
+            first, n, n_lead, n_unmasked = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end,
+                                                               BLOCK_O, TILE_O, stride_in, split_begin, split_end)
+        else:
+            first, n, n_lead, n_unmasked = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end,
+                                                               BLOCK_O, TILE_O, None, split_begin, split_end)
+        return row * (BLOCK_O // TILE_O) + first, n, n_lead, n_unmasked
 
 
 @triton.jit
