@@ -152,9 +152,10 @@ def fit_rows(device) -> None:
                 continue
             ms = median_ms(g, device)
             predicted_us = nbytes / FIT_GBPS / 1e3 + FIT_CALL_US
-            print(f"{label:26} {n} {nbytes / 1e6:6.1f} MB {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s | predicted "
-                  f"{predicted_us:7.1f} us {nbytes / predicted_us / 1e3:6.0f} GB/s | same-bytes copy {copy_ms * 1e3:8.1f} us "
-                  f"{nbytes / copy_ms / 1e6:6.0f} GB/s | kernel / copy {copy_ms / ms:5.1%}", flush=True)
+            print(f"{label:26} {n} {nbytes / 1e6:6.1f} MB {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s | "
+                  f"predicted {predicted_us:7.1f} us {nbytes / predicted_us / 1e3:6.0f} GB/s | same-bytes copy "
+                  f"{copy_ms * 1e3:8.1f} us {nbytes / copy_ms / 1e6:6.0f} GB/s | kernel / copy {copy_ms / ms:5.1%}",
+                  flush=True)
             if n == "k":  # the head split's A/B: a program reads 1 KB of each 4 KB row at 16 heads (QUANT_GROUPS 4)
                 want = [t.view(torch.uint8).clone() for t in quantize(x, offs, block, "rceil")]
                 for groups in (1 << 20, 2, 8):
@@ -164,8 +165,9 @@ def fit_rows(device) -> None:
                         g = graph_of(lambda: quantize(x, offs, block, "rceil"))
                     if g is not None:
                         ms = median_ms(g, device)
-                        print(f"{label:26} {n} QUANT_GROUPS {groups:<8} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s"
-                              f" | kernel / copy {copy_ms / ms:5.1%}  same={same}", flush=True)
+                        print(f"{label:26} {n} QUANT_GROUPS {groups:<8} {ms * 1e3:8.1f} us "
+                              f"{nbytes / ms / 1e6:6.0f} GB/s | kernel / copy {copy_ms / ms:5.1%}  same={same}",
+                              flush=True)
         del x
         torch.cuda.empty_cache()
 

@@ -948,8 +948,8 @@ def sparse_timing() -> int:
     knobs = sorted({k for names in experiments.values() for k in names})
     cols = ("tlx sparse", *experiments, "tlx alt order", "triton sparse", "tlx dense")
     print("block-sparse forward, bf16 D128, dense-equivalent TFLOP/s (ms); 'tlx sparse': static striding "
-          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off; zigzag is the default since stop 27, the walk ahead off by default "
-          "(stop 38)), 'zigzag', 'walkahead', "
+          "(SPARSE_FORWARD_ZIGZAG and _WALK_AHEAD off; zigzag is the default since stop 27, the walk ahead off by "
+          "default (stop 38)), 'zigzag', 'walkahead', "
           "'both': those on (helper sparsefwd), "
           "'tlx alt order': configs.KV_MAJOR flipped from what fwd_choices picks", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>18s}" for c in cols) + f" {'tlx/triton':>10s} {'tlx/dense':>9s}"
@@ -1033,7 +1033,8 @@ def sparse_ablation() -> int:
     """Where the causal rows' time goes (helper sparse38, bench/NOTES.md "Issue 11: ... helper sparse38"): the TLX
     block-sparse forward on the bench's four sparse rows, the same selection for every column, rounds of the columns
     interleaved (TLX_SPARSE_ABLATION_ROUNDS, 3), medians: ``default`` (today's: zigzag, the walk ahead as
-    configs.SPARSE_FORWARD_WALK_AHEAD says: off since stop 38), ``walk off`` / ``walk on`` (configs.SPARSE_FORWARD_WALK_AHEAD False / True), ``nomask``
+    configs.SPARSE_FORWARD_WALK_AHEAD says: off since stop 38), ``walk off`` / ``walk on``
+    (configs.SPARSE_FORWARD_WALK_AHEAD False / True), ``nomask``
     (configs.SPARSE_FORWARD_ABLATE = 1: the loop's masked branch never taken, so the causal diagonal runs as an
     unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
     locality as dense), ``lowsel+nomask``, ``peel`` (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free
