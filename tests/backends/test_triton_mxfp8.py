@@ -924,18 +924,12 @@ def call(entry, offsets):
         pairs = [tuple(fenced(t) for t in p) for p in (jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k),
                                                        jfa_ops.mxfp8_quantize(v, good, block=(32, 1)))]
         return jfa_ops.mxfp8_attention(*pairs, off, off, causal=True, backend="triton")
-    if entry == "backward":
+    if entry in ("backward", "jagged"):  # jagged: the triton attention (its offset check in its kernels), fwd + bwd
+        attention = jfa_ops.mxfp8_attention if entry == "backward" else jfa_ops.jagged_attention
         q, k, v = x[torch.float16]
         for t in (q, k, v):
             t.requires_grad_().grad = None
-        out = jfa_ops.mxfp8_attention(q, k, v, off, off, causal=True, backend="triton")
-        out.float().sum().backward()
-        return out, q.grad, k.grad, v.grad
-    if entry == "jagged":  # the triton attention forward (its offset check in its kernels) and backward
-        q, k, v = x[torch.float16]
-        for t in (q, k, v):
-            t.requires_grad_().grad = None
-        out = jfa_ops.jagged_attention(q, k, v, off, off, causal=True, backend="triton")
+        out = attention(q, k, v, off, off, causal=True, backend="triton")
         out.float().sum().backward()
         return out, q.grad, k.grad, v.grad
     if entry == "sparse":  # the triton selection (its offset check in its pooling kernel), then the sparse forward
