@@ -393,6 +393,70 @@ def test_backward_op_accepts_its_forward_outputs():
     torch.ops.jfa.attention_backward(*{**a, "grad_lse": None}.values())
 
 
+# The three public backward ops check offset values (and the block-sparse one its index) like their forwards: called
+# directly, with offsets their forward never saw, they computed gradients from bad offsets (reference: garbage rows,
+# triton: NaN from reads past the sequences). Only autograd's own calls skip it (their forward checked the same,
+# unmodified tensors).
+def _sparse_backward_call(a, index_change=None):
+    """block_q 2, block_kv 4: every Q block keeps every visible KV block (sequence 0's Q block 1: ids [0, 1])."""
+    index, count = jfa_ops.select_kv_blocks(a["q"], a["k"], a["q_offsets"], a["kv_offsets"], 4, 5, block_q=2,
+                                            block_kv=4, keep_ratio=1.0)
+    options = dict(max_seqlen_q=a.pop("max_seqlen_q", -1), max_seqlen_kv=a.pop("max_seqlen_kv", -1))
+    out, lse = torch.ops.jfa.block_sparse_attention(a["q"], a["k"], a["v"], a["q_offsets"], a["kv_offsets"], index,
+                                                     count, 2, 4)
+    if index_change is not None:
+        index_change(index, count)
+    return torch.ops.jfa.block_sparse_attention_backward(torch.ones_like(out), None, a["q"], a["k"], a["v"], out,
+                                                         lse, a.pop("bad_q_offsets", a["q_offsets"]),
+                                                         a.pop("bad_kv_offsets", a["kv_offsets"]), index, count, 2, 4,
+                                                         **options)
+
+
+def _dense_backward_call(op, a):
+    options = dict(max_seqlen_q=a.pop("max_seqlen_q", -1), max_seqlen_kv=a.pop("max_seqlen_kv", -1))
+    forward = {"attention_backward": torch.ops.jfa.attention,
+               "mxfp8_attention_backward": torch.ops.jfa.mxfp8_attention}[op]
+    if op == "mxfp8_attention_backward":
+        a.update({n: torch.randn(a[n].shape[0], a[n].shape[1], 32) for n in ("q", "k", "v")})
+    out, lse = forward(a["q"], a["k"], a["v"], a["q_offsets"], a["kv_offsets"])
+    return getattr(torch.ops.jfa, op)(torch.ones_like(out), None, a["q"], a["k"], a["v"], out, lse,
+                                      a.pop("bad_q_offsets", a["q_offsets"]), a.pop("bad_kv_offsets", a["kv_offsets"]),
+                                      **options)
+
+
+BACKWARD_OPS = {"attention_backward": lambda a: _dense_backward_call("attention_backward", a),
+                "mxfp8_attention_backward": lambda a: _dense_backward_call("mxfp8_attention_backward", a),
+                "block_sparse_attention_backward": _sparse_backward_call}
+BACKWARD_VALUE_CASES = {
+    "q_offsets_decreasing": (dict(bad_q_offsets=_t(0, 8, 7)), r"^q_offsets must be non-decreasing, got \[0, 8, 7\]"),
+    "q_offsets_last": (dict(bad_q_offsets=_t(0, 3, 6)), r"^q_offsets\[-1\] must equal the number of rows \(7\)"),
+    "kv_offsets_first": (dict(bad_kv_offsets=_t(1, 5, 9)), r"^kv_offsets\[0\] must be 0, got 1"),
+    "max_seqlen_q_too_small": (dict(max_seqlen_q=3), r"^max_seqlen for q_offsets is 3, smaller than the longest "
+                                                     r"sequence 4"),
+}
+
+
+@pytest.mark.parametrize("case", BACKWARD_VALUE_CASES)
+@pytest.mark.parametrize("op", BACKWARD_OPS)
+def test_backward_ops_check_offset_values(op, case):
+    change, pattern = BACKWARD_VALUE_CASES[case]
+    with pytest.raises(ValueError, match=pattern):
+        BACKWARD_OPS[op](dict(_base(), **change))
+    dq, dk, dv = BACKWARD_OPS[op](_base())  # the same call with its forward's offsets passes
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (lambda index, count: index.__setitem__((0, 0, 1, 1), 5), r"^kv_block_index\[0, 0, 1, 1\] = 5 is not a KV block"),
+    (lambda index, count: count.__setitem__((1, 1, 0), 3), r"^kv_block_count must be in \[0, 2\]"),
+    (lambda index, count: index.__setitem__((0, 0, 1, 1), 0), r"^kv_block_index\[0, 0, 1\] must list its used ids "
+                                                               r"in ascending order"),
+])
+def test_block_sparse_backward_op_checks_the_index(change, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        _sparse_backward_call(_base(), change)
+
+
 def test_wrapper_and_op_accept_the_same_max_seqlen_values():
     """-1 means "not given" in both (the wrapper also takes None); anything below -1 is an error in both."""
     a = _base()

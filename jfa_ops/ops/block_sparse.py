@@ -19,7 +19,7 @@ from jfa_ops import validation
 from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
 from jfa_ops.ops import attention as _attention
 from jfa_ops.ops.attention import (OPTIONS_SCHEMA, _params as _attention_params, _recall, _remember,
-                                   check_no_forward_ad)
+                                   autograd_backward_call, called_by_autograd, check_no_forward_ad)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 SELECT_FAMILY = "select_kv_blocks"
@@ -210,9 +210,13 @@ def block_sparse_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor]
                                     kv_block_index: Tensor, kv_block_count: Tensor, block_q: int, block_kv: int,
                                     *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::block_sparse_attention``; ``grad_lse`` None means lse was not used."""
+    from_autograd = called_by_autograd(grad_out, q)
     params, backend = _sparse_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                               kv_block_index, kv_block_count, block_q, block_kv, options)
     impl = select_backend(backend, Problem.of(q, k, params), family=SPARSE_FAMILY)
+    if not from_autograd:  # offsets and an index its forward may never have seen: checked as the forward does
+        check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+        _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
     return impl.family(SPARSE_FAMILY).backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                                kv_block_index, kv_block_count, params)
 
@@ -245,11 +249,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count = ctx.saved_tensors
-    if grad_out is None:  # only lse was used
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.jfa.block_sparse_attention_backward(
-        grad_out.contiguous(), grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
-        *ctx.options)
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()  # None: only lse was used
+    with autograd_backward_call(grad_out, q):
+        dq, dk, dv = torch.ops.jfa.block_sparse_attention_backward(
+            grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
+            *ctx.options)
     return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
 
 
