@@ -41,14 +41,14 @@ def validation_mode(device: torch.device) -> str:
     return mode
 
 
-def device_flag(ok: torch.Tensor, mode: str) -> None:
+def device_flag(ok: torch.Tensor, mode: str, message: str = MESSAGE) -> None:
     """The result of a device-side check (a 1-element tensor, nonzero when valid): a device assert (``async``) or a
     pending error for ``check_pending`` (``deferred``). Nothing in a dry run that drops every launch
     (``backends.base.all_launches_dropped``): no kernel wrote ``ok``."""
     if all_launches_dropped():
         return
     if mode == "async":
-        torch._assert_async(ok.reshape(()), MESSAGE)  # any dtype: nonzero passes
+        torch._assert_async(ok.reshape(()), message)  # any dtype: nonzero passes
         return
     _pending.append(ok.reshape(1))
     if len(_pending) >= _FOLD_PENDING_AT:
@@ -78,6 +78,26 @@ def _check_sync(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) ->
         raise ValueError(f"{name} must be non-decreasing, got {values}")
     if max_seqlen >= 0 and lengths and max(lengths) > max_seqlen:
         raise ValueError(f"max_seqlen for {name} is {max_seqlen}, smaller than the longest sequence {max(lengths)}")
+
+
+def check_same_offsets(name: str, offsets: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    """``name``'s offsets must equal ``other_name``'s (v's NJT offsets and k's: one kv batch). The same tensor passes
+    free; otherwise the values are compared per ``validation_mode`` (``sync``: on the host; device modes, and any
+    traced call: on the device, as ``device_flag``)."""
+    if offsets is other:
+        return
+    if offsets.shape != other.shape:
+        raise ValueError(f"{name}'s offsets must equal {other_name}'s (the same kv sequences), got shape "
+                         f"{tuple(offsets.shape)} and {tuple(other.shape)}")
+    mode = validation_mode(offsets.device)
+    if mode == "off":
+        return
+    message = f"{name}'s offsets must equal {other_name}'s (the same kv sequences)"
+    if mode == "sync" and not torch.compiler.is_compiling():
+        if not torch.equal(offsets, other):
+            raise ValueError(f"{message}, got {offsets.tolist()} and {other.tolist()}")
+        return
+    device_flag((offsets == other).all(), "async" if mode == "sync" else mode, f"jfa_ops: {message}")
 
 
 def _device_ok(offsets: torch.Tensor, rows: int, max_seqlen: int) -> torch.Tensor:

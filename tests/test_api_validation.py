@@ -142,6 +142,15 @@ API_ONLY = {
                                                   v=_njt(a["v"], a["kv_offsets"]), q_offsets=None, kv_offsets=None,
                                                   broadcast_q=True),
                                TypeError, r"^q must be a dense \[L_q, Hq, D\] tensor with broadcast_q=True"),
+    # v's own offsets were ignored (k's used for both): attention over the wrong value rows
+    "njt_v_other_offsets": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                               v=_njt(a["v"], _t(0, 4, 9)), q_offsets=None, kv_offsets=None),
+                            ValueError, r"^v's offsets must equal k's \(the same kv sequences\), got \[0, 4, 9\] and "
+                                        r"\[0, 5, 9\]"),
+    "njt_v_other_batch": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                             v=_njt(a["v"], _t(0, 2, 5, 9)), q_offsets=None, kv_offsets=None),
+                          ValueError, r"^v's offsets must equal k's \(the same kv sequences\), got shape \(4,\) "
+                                      r"and \(3,\)"),
     "njt_with_holes": (lambda a: a.update(q=_with_holes(4, (3, 4)), k=_with_holes(2, (5, 4)),
                                           v=_with_holes(2, (5, 4)), q_offsets=None, kv_offsets=None),
                        ValueError, r"^q is a nested jagged tensor with holes .* call q.contiguous\(\) first"),
@@ -498,6 +507,19 @@ def test_compiled_call_raises_the_eager_error(name):
     compiled = torch.compile(lambda a: _call_api(a), fullgraph=True, dynamic=True, backend="aot_eager")
     with pytest.raises(exc, match=pattern):
         compiled(args)
+
+
+def test_njt_v_offsets_checked_under_compile():
+    """v's NJT offsets against k's in a compiled graph: equal values (a ragged dim of its own) pass, other values
+    fail on the device (a traced call cannot read them on the host)."""
+    a = _base()
+    q, k = _njt(a["q"], a["q_offsets"]), _njt(a["k"], a["kv_offsets"])
+    v_same, v_bad = _njt(a["v"], a["kv_offsets"].clone()), _njt(a["v"], _t(0, 4, 9))
+    torch._dynamo.reset()
+    compiled = torch.compile(jfa_ops.jagged_attention, fullgraph=True, dynamic=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v_same).values(), _call_api(dict(a)))
+    with pytest.raises(RuntimeError, match=r"v's offsets must equal k's"):
+        compiled(q, k, v_bad)
 
 
 @pytest.fixture
