@@ -119,17 +119,19 @@ def check_offset_values(
     max_seqlen_kv: int,
     backend_checks: bool = False,
     mode: Optional[str] = None,
+    kv_name: str = "kv_offsets",
 ) -> bool:
     """Check offset values per ``validation_mode``. Returns True when the backend must check them on the device
     itself (``backend_checks`` and a device mode): nothing was checked here then. ``mode``: ``validation_mode``'s
-    answer for q's device when the caller has read it already (one environment read per call: ~1 us each)."""
+    answer for q's device when the caller has read it already (one environment read per call: ~1 us each).
+    ``kv_name``: the name of ``kv_offsets`` in errors (the MXFP8 quantize ops' ``offsets``)."""
     if mode is None:
         mode = validation_mode(q.device)
     if mode == "off":
         return False
     if mode == "sync":
         check_pending()  # this call syncs anyway: report a deferred error first
-        _check_sync("kv_offsets", kv_offsets, k.shape[0], max_seqlen_kv)
+        _check_sync(kv_name, kv_offsets, k.shape[0], max_seqlen_kv)
         if q_offsets is not None:
             _check_sync("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
         elif max_seqlen_q >= 0 and q.shape[0] > max_seqlen_q:

@@ -39,7 +39,7 @@ def _x_problem(x: Tensor) -> Problem:
 
 def _check_offsets(x: Tensor, offsets: Optional[Tensor]) -> None:
     if offsets is not None:  # the rows the offsets describe must be x's rows (JFA_VALIDATE rules)
-        check_offset_values(x, x, None, offsets, -1, -1)
+        check_offset_values(x, x, None, offsets, -1, -1, kv_name="offsets")
 
 
 # ------------------------------------------------------------------------------------------------ quantize
