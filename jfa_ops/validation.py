@@ -67,7 +67,9 @@ def check_pending() -> None:
         raise ValueError(f"{MESSAGE}: detected by JFA_VALIDATE=deferred in a call since the last check")
 
 
-def _check_sync(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) -> None:
+def check_on_host(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int = -1) -> None:
+    """``name``'s values (a sync on CUDA): first 0, last ``rows``, non-decreasing, no length above ``max_seqlen``
+    (-1: no bound); a ``ValueError`` naming it otherwise."""
     values = offsets.tolist()
     if values[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {values[0]}")
@@ -131,9 +133,9 @@ def check_offset_values(
         return False
     if mode == "sync":
         check_pending()  # this call syncs anyway: report a deferred error first
-        _check_sync(kv_name, kv_offsets, k.shape[0], max_seqlen_kv)
+        check_on_host(kv_name, kv_offsets, k.shape[0], max_seqlen_kv)
         if q_offsets is not None:
-            _check_sync("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
+            check_on_host("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
         elif max_seqlen_q >= 0 and q.shape[0] > max_seqlen_q:
             raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is smaller than broadcast q's rows ({q.shape[0]})")
         return False

@@ -140,28 +140,37 @@ def _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_coun
 
 
 def _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params: BlockSparseParams):
-    """Sync validation only (it reads values): every Q block has a row of the index, counts fit, used ids name a
-    block of their sequence. On the device the kernels skip what is out of range instead."""
+    """Sync validation only (it reads values): ``check_index_values``. On the device the kernels skip what is out of
+    range instead."""
     if validation_mode(q.device) != "sync":
         return
-    q_lengths = (torch.tensor([q.shape[0]]) if params.broadcast_q else q_offsets.diff()).cpu()
-    needed = int(meta_kernels.num_blocks(q_lengths.max(), params.block_q)) if q_lengths.numel() else 0
+    q_lengths = torch.tensor([q.shape[0]]) if params.broadcast_q else q_offsets.diff()
+    check_index_values(q_lengths, kv_offsets.diff(), kv_block_index, kv_block_count, params.block_q, params.block_kv)
+
+
+def check_index_values(q_lengths: Tensor, kv_lengths: Tensor, kv_block_index: Tensor, kv_block_count: Tensor,
+                       block_q: int, block_kv: int) -> None:
+    """The selection's values on the host (a sync on CUDA): every Q block has a row of the index, counts fit, used
+    ids name a block of their sequence, in ascending order. ``q_lengths``/``kv_lengths``: [B] (a broadcast q: its
+    row count, once)."""
+    q_lengths = q_lengths.cpu()
+    needed = int(meta_kernels.num_blocks(q_lengths.max(), block_q)) if q_lengths.numel() else 0
     n_q_blocks, width = kv_block_index.shape[2], kv_block_index.shape[3]
     if needed > n_q_blocks:
         raise ValueError(f"kv_block_index has {n_q_blocks} Q blocks per sequence, but the longest q sequence needs "
-                         f"{needed} of block_q={params.block_q}")
+                         f"{needed} of block_q={block_q}")
     count = kv_block_count.cpu()
     if ((count < 0) | (count > width)).any():
         raise ValueError(f"kv_block_count must be in [0, {width}] (kv_block_index's last dim), got "
                          f"{count.min().item()}..{count.max().item()}")
-    kv_blocks = meta_kernels.num_blocks(kv_offsets.diff().cpu(), params.block_kv)  # [B]
+    kv_blocks = meta_kernels.num_blocks(kv_lengths.cpu(), block_kv)  # [B]
     index = kv_block_index.cpu()
     used = torch.arange(width) < count[..., None]
     bad = used & ((index < 0) | (index >= kv_blocks[:, None, None, None]))
     if bad.any():
         b, h, i, t = bad.nonzero()[0].tolist()
         raise ValueError(f"kv_block_index[{b}, {h}, {i}, {t}] = {index[b, h, i, t].item()} is not a KV block of "
-                         f"sequence {b} (it has {kv_blocks[b].item()} of block_kv={params.block_kv})")
+                         f"sequence {b} (it has {kv_blocks[b].item()} of block_kv={block_kv})")
     # The GPU kernels find each row's masked and mask-free blocks by their order (block_sparse_fwd.py).
     unsorted = used[..., 1:] & (index[..., 1:] <= index[..., :-1])
     if unsorted.any():
