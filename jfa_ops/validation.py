@@ -64,7 +64,8 @@ def check_pending() -> None:
     flags = list(_pending)
     _pending.clear()
     if not all(bool(f.to(torch.bool).all()) for f in flags):  # one sync per device (flags are tiny)
-        raise ValueError(f"{MESSAGE}: detected by JFA_VALIDATE=deferred in a call since the last check")
+        raise ValueError(f"{MESSAGE}, or a bad selection (block_sparse_attention: a kv_block_count past its width, "
+                         f"used ids not ascending): detected by JFA_VALIDATE=deferred in a call since the last check")
 
 
 def check_on_host(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int = -1) -> None:

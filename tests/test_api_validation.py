@@ -509,6 +509,47 @@ def test_compiled_call_raises_the_eager_error(name):
         compiled(args)
 
 
+# block_sparse_attention's index under the device modes: the triton kernels walk a row's ids by its count and
+# rely on their order (a count past the width read the next row's ids, or past the tensor's end; unsorted ids gave
+# 15% error in the interpreter). Checked on the device unless the pair is select_kv_blocks' own output, unmodified.
+def _selection_call(change=None):
+    a = _base()
+    index, count = jfa_ops.select_kv_blocks(a["q"], a["k"], a["q_offsets"], a["kv_offsets"], 4, 5, block_q=2,
+                                            block_kv=4, keep_ratio=1.0)
+    if change is not None:
+        change(index, count)
+    return jfa_ops.block_sparse_attention(a["q"], a["k"], a["v"], a["q_offsets"], a["kv_offsets"], index, count,
+                                          block_q=2, block_kv=4)
+
+
+SELECTION_CHANGES = {
+    "count_past_width": lambda index, count: count.__setitem__((0, 0, 1), 3),
+    "count_negative": lambda index, count: count.__setitem__((0, 0, 1), -1),
+    "ids_descending": lambda index, count: index[0, 0, 1].copy_(torch.tensor([1, 0])),
+}
+
+
+@pytest.mark.parametrize("change", SELECTION_CHANGES)
+def test_selection_checked_on_the_device_in_deferred_mode(deferred, change):
+    _selection_call()  # select_kv_blocks' own output: no index check (the offsets' flags only)
+    flags = len(validation._pending)
+    validation._pending.clear()
+    _selection_call(lambda index, count: index.add_(0))  # modified in place (same values): checked, and passes
+    assert len(validation._pending) == flags + 1
+    jfa_ops.check_pending()
+    _selection_call(SELECTION_CHANGES[change])  # no error here: the flag waits on the device
+    with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+        jfa_ops.check_pending()
+
+
+@pytest.mark.parametrize("change", SELECTION_CHANGES)
+def test_selection_checked_on_the_device_in_async_mode(monkeypatch, change):
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    _selection_call()
+    with pytest.raises(RuntimeError, match=r"kv_block_count past kv_block_index's width|used ids not ascending"):
+        _selection_call(SELECTION_CHANGES[change])  # a CPU tensor's assert raises at once
+
+
 def test_njt_v_offsets_checked_under_compile():
     """v's NJT offsets against k's in a compiled graph: equal values (a ragged dim of its own) pass, other values
     fail on the device (a traced call cannot read them on the host)."""

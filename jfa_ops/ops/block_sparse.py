@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -90,7 +91,39 @@ def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: T
     result = impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
     if SELECT_DIRECT and params.check_offsets and validation_mode(q.device) == "async":
         validation.cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], *options[:2])
+    _remember_selection(*result)
     return result
+
+
+# Selections (kv_block_index, kv_block_count) select_kv_blocks returned, while unmodified (their version counters):
+# counts within the width and used ids ascending by construction, so block_sparse_attention's device check of those
+# two (``_check_index_on_device``) skips them (sparse_attention passes every selection straight on). Bounded as
+# ``validation._COVERED``; tensor subclasses (FakeTensors) and inference tensors (no version counter) never count.
+_SELECTIONS: dict = {}
+_SELECTIONS_MAX = 16
+
+
+def _selection_key(index: Tensor, count: Tensor) -> Optional[tuple]:
+    if type(index) is not Tensor or type(count) is not Tensor or index.is_inference() or count.is_inference():
+        return None
+    return id(index), id(count)
+
+
+def _remember_selection(index: Tensor, count: Tensor) -> None:
+    key = _selection_key(index, count)
+    if key is None:
+        return
+    if len(_SELECTIONS) >= _SELECTIONS_MAX:
+        _SELECTIONS.clear()
+    _SELECTIONS[key] = (weakref.ref(index), weakref.ref(count), (index._version, count._version))
+
+
+def _is_selection(index: Tensor, count: Tensor) -> bool:
+    """Whether (index, count) is an unmodified select_kv_blocks output."""
+    key = _selection_key(index, count)
+    entry = None if key is None else _SELECTIONS.get(key)
+    return (entry is not None and entry[0]() is index and entry[1]() is count
+            and entry[2] == (index._version, count._version))
 
 
 # Memo of the direct path's metadata work per call signature, as ``attention._CALLS``: (backend, params, params with
@@ -139,13 +172,34 @@ def _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_coun
     return BlockSparseParams(**fields, block_q=block_q, block_kv=block_kv), backend
 
 
+INDEX_MESSAGE = ("jfa.block_sparse_attention: bad kv_block_count (past kv_block_index's width, or negative) or "
+                 "kv_block_index (used ids not ascending)")
+
+
 def _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params: BlockSparseParams):
-    """Sync validation only (it reads values): ``check_index_values``. On the device the kernels skip what is out of
-    range instead."""
-    if validation_mode(q.device) != "sync":
+    """Per JFA_VALIDATE: ``sync`` reads the values (``check_index_values``); the device modes check what the kernels
+    rely on (``_check_index_on_device``; ids out of their sequence's range the kernels skip)."""
+    mode = validation.validation_mode(q.device)
+    if mode in validation.DEVICE_MODES:
+        if not _is_selection(kv_block_index, kv_block_count):
+            _check_index_on_device(kv_block_index, kv_block_count, mode)
+        return
+    if mode != "sync":
         return
     q_lengths = torch.tensor([q.shape[0]]) if params.broadcast_q else q_offsets.diff()
     check_index_values(q_lengths, kv_offsets.diff(), kv_block_index, kv_block_count, params.block_q, params.block_kv)
+
+
+def _check_index_on_device(kv_block_index: Tensor, kv_block_count: Tensor, mode: str) -> None:
+    """What the kernels walk a row by, checked with aten ops (no sync; ~8 launches): every count in [0, width] (a
+    larger one read the next row's ids, or past the tensor), each row's used ids strictly ascending (the kernels find
+    the masked blocks by the order)."""
+    width = kv_block_index.shape[-1]
+    ok = ((kv_block_count >= 0) & (kv_block_count <= width)).all()
+    if width > 1:
+        used = torch.arange(1, width, device=kv_block_index.device) < kv_block_count[..., None]
+        ok = ok & ~(used & (kv_block_index[..., 1:] <= kv_block_index[..., :-1])).any()
+    validation.device_flag(ok, mode, INDEX_MESSAGE)
 
 
 def check_index_values(q_lengths: Tensor, kv_lengths: Tensor, kv_block_index: Tensor, kv_block_count: Tensor,
