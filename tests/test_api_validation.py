@@ -105,6 +105,9 @@ CASES = {
     # scale
     "scale_nan": (lambda a: a.update(scale=float("nan")), ValueError, r"^scale must be finite, got nan"),
     "scale_inf": (lambda a: a.update(scale=float("-inf")), ValueError, r"^scale must be finite, got -inf"),
+    # finite in Python, inf in the kernels' float32: NaN out (reference, triton) or an overflow RuntimeError (cpu)
+    "scale_past_float32": (lambda a: a.update(scale=1e300), ValueError,
+                           r"^scale must be finite, got 1e\+300 \(past float32's range"),
     # window
     "window_below_minus_1": (lambda a: a.update(window=(-2, 0)), ValueError, r"^window entries must be >= 0, or -1"),
     # broadcast_q
