@@ -553,6 +553,33 @@ def test_selection_checked_on_the_device_in_async_mode(monkeypatch, change):
         _selection_call(SELECTION_CHANGES[change])  # a CPU tensor's assert raises at once
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_deferred_selection_check(monkeypatch):
+    """On the GPU (triton kernels): a count past the index's width and unsorted ids are flagged for check_pending
+    (no illegal address: the kernels run on the bad index before the flag is read); select_kv_blocks' own output
+    adds no index flag and matches the reference backend."""
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(300, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    offsets = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    index, count = jfa_ops.select_kv_blocks(q, k, offsets, offsets, 200, 200, block_q=64, block_kv=64, causal=True)
+    args = (q, k, v, offsets, offsets)
+    out = jfa_ops.block_sparse_attention(*args, index, count, 200, 200, block_q=64, block_kv=64, causal=True)
+    ref = jfa_ops.block_sparse_attention(*args, index, count, 200, 200, block_q=64, block_kv=64, causal=True,
+                                         backend="reference")
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+    jfa_ops.check_pending()
+    for change in (lambda i, c: c.fill_(index.shape[-1] + 5), lambda i, c: i.copy_(i.flip(-1))):
+        bad_index, bad_count = index.clone(), count.clone()
+        change(bad_index, bad_count)
+        jfa_ops.block_sparse_attention(*args, bad_index, bad_count, 200, 200, block_q=64, block_kv=64, causal=True)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+
+
 def test_njt_v_offsets_checked_under_compile():
     """v's NJT offsets against k's in a compiled graph: equal values (a ragged dim of its own) pass, other values
     fail on the device (a traced call cannot read them on the host)."""
