@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
+all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
@@ -312,11 +312,6 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # (JFA_TLX_BWD_GQA_SPLIT=auto; bench/NOTES.md "GQA split rule")
                 "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1),  # configs.GQA_SPLIT_AUTO (the default)
                 "gqaoff": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=0),  # the default before stop 27
-                # helper dqadd: dQ added from the consumers' registers (red.global.add.v2.f32), no staging / TMA
-                # reduce; dqredlast: the same with an L2 evict_last policy (bench/NOTES.md "TLX backward dQ reduce,
-                # helper dqadd, stop 27")
-                "dqred": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=1),
-                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2),
                 # helper jaggedorder: CAUSAL_ORDER's list for every masked call, jagged ones too, built on the device
                 # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
                 # (the default since stop 30: causaljagged is the default's flags; causaljaggedoff the default before)
@@ -336,7 +331,7 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED",
+              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
 
 
@@ -1661,11 +1656,9 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 
 
 # backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
-# the configs flag and value it sets; helper dqadd's dQ from registers, and the causal order's list (on the jagged
-# case: does the L2 order take the dQ reduce's extra cost away? bench/NOTES.md "TLX backward dQ reduce, helper
-# dqadd, stop 27")
-ABLATION_KNOBS = {"dqred": ("BACKWARD_DQ_RED", 1), "dqredlast": ("BACKWARD_DQ_RED", 2),
-                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True),
+# the configs flag and value it sets: the causal order's list (on the jagged case: does the L2 order take the dQ
+# reduce's cost away? bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop 27")
+ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True),
                   "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
 
@@ -1688,7 +1681,7 @@ def backward_ablation() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     runs = tlx_configs.BACKWARD_ABLATION_RUNS
     if os.environ.get("TLX_BWD_ABLATION_RUNS"):  # e.g. "none,exp2+ds": runs apart by commas, a run's stages by "+";
-        # ABLATION_KNOBS' names are variants (e.g. "dqred", "causalorder+dqadd")
+        # ABLATION_KNOBS' names are variants (e.g. "causalorder", "causalorder+dqadd")
         runs = [r.replace("+", ",") for r in os.environ["TLX_BWD_ABLATION_RUNS"].split(",") if r]
     keys = os.environ.get("TLX_BWD_ABLATION_CASES", "full,causal,jagged").split(",")
     print(f"TLX backward ablations (TIMING ONLY, wrong gradients), D128 bf16, {sms} SMs at {SM_CLOCK_HZ / 1e9} GHz; "

@@ -43,9 +43,7 @@ MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
 # broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
 # prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;
 # bench/NOTES.md "TLX backward v2"). v1: 1464-1636. v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
-# D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692). With dQ
-# added from registers ("-dqred", helper dqadd): D64 0, D128 304-772 (full 304, broadcast-Q 304, causal 660, causal
-# order 668, fp16 causal + left window 772).
+# D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692).
 MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 # The block-sparse backward ("sparse-bwd-*": SPARSE on the v2 consumers), stores + loads: D64 56-68 (68 since the dQ
 # rows past a sequence's end are zeroed); D128 688-960 (full
@@ -650,48 +648,6 @@ def test_gqa_split_kernels_add_partials_from_registers():
         for key in ("block_loop_hgmma", "block_loop_mufu"):
             assert r[key] == default[key], (key, default, r)
         assert all(p - b <= 16 for b, p in zip(default["block_loop_path"], r["block_loop_path"])), (default, r)
-
-
-def test_dq_red_adds_dq_from_registers():
-    """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop
-    27"): each consumer adds its dQ half from the wgmma accumulator's registers, BLOCK_M x D/2 / 128 / 2 vector
-    reductions per thread (``red...v2.f32``, one ``REDG.E.ADD.F32x2`` each in the SASS; with "last" each under an
-    L2 evict_last ``createpolicy``) and no TMA reduce-add, and drops the staging buffers (D128 32 KiB, D64 16 KiB of
-    shared memory); the default's kernels keep their TMA reduce-adds and no register reductions. Against the default:
-    the block loops keep their HGMMA and MUFU, gain at most 48 instructions on their straight path (sm_90 ptxas at
-    stop 27: D128 full +4 / +8, causal +7 / +37), no spill instruction on it, and the kernel spills within 256 B per
-    thread more (D128 full 152 / 200 -> 128 / 176 B, causal 184 / 260 -> 280 / 380; per work item). Also: the shipped
-    DQ_RED kernels. ~60 s."""
-    names, rows = _shipped_and_compiled(
-        "-dqred", "[s.bwd_specialization(d, 'bf16', c, v2=True, dq_shared=True, stats_ahead=d <= 64, dq_red=red)"
-        " for d, c in ((128, False), (128, True), (64, True)) for red in (0, 1, 2) if not (red == 2 and d == 64)]",
-        "JFA_TLX_BWD_DQ_RED", 8)
-    assert sorted(names) == sorted([
-        "bwd-d64-bf16-full-v2-dqshared-statsahead-dqred", "bwd-d64-bf16-causal-v2-dqshared-statsahead-dqred",
-        "bwd-d128-bf16-full-v2-dqshared-dqred", "bwd-d128-bf16-causal-v2-dqshared-dqred",
-        "bwd-d128-bf16-causal-v2-dqshared-causalorder-dqred", "bwd-d128-fp16-causal-left-v2-dqshared-dqred",
-        "bwd-d128-bf16-full-bcast-v2-dqshared-dqred", "bwd-d128-bf16-full-v2-dqshared-dqredlast",
-        "bwd-d128-bf16-causal-v2-dqshared-dqredlast"])
-    groups = [rows[0:3], rows[3:6], rows[6:8]]
-    for default, *reds in groups:
-        head_dim = int(re.search(r"-d(\d+)-", default["name"]).group(1))
-        assert default["red_v2_f32"] == default["sass_redg_f32x2"] == 0 and default["tma_reduce"] > 0, default
-        per_thread = 64 * (head_dim // 2) // 128 // 2  # [BLOCK_M, D/2] over 128 threads, two values a reduction
-        for r in reds:
-            assert "error" not in r, r
-            last = r["name"].endswith("-dqredlast")
-            assert r["red_v2_f32"] == r["sass_redg_f32x2"] == 2 * per_thread, r  # both consumers
-            assert r["evict_last_policy"] == (2 * per_thread if last else 0), r
-            assert r["tma_reduce"] == 0, r
-            staging = 2 * 64 * (head_dim // 2) * 4  # one [64, D/2] fp32 buffer per consumer (+ its alignment)
-            assert staging <= default["shared"] - r["shared"] <= staging + 64, (default, r)
-            assert r["shared"] <= SM90_SHARED_MEMORY, r
-            for key in ("block_loop_hgmma", "block_loop_mufu"):
-                assert r[key] == default[key], (key, default, r)
-            assert all(p - b <= 48 for b, p in zip(default["block_loop_path"], r["block_loop_path"])), (default, r)
-            assert r["block_loop_path_spill_ops"] == [0, 0], r
-            assert (r["spill_stores"] + r["spill_loads"]
-                    <= default["spill_stores"] + default["spill_loads"] + 256), (default, r)
 
 
 _LATE_IMPORT = r"""

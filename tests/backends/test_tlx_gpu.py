@@ -61,8 +61,7 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
 # so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
 # (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
-# picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
-# instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
+# picks for each case's shapes; bwd-gqaoff: no split, the default before); K/V freed before the
 # dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
 # bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
 # masked blocks' dS guard (PEEL, helper peel37: off by default).
@@ -77,8 +76,6 @@ BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BAC
                 "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
-                "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
-                "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
                 "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
@@ -114,7 +111,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
                  "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
                  "BACKWARD_PEEL", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
@@ -196,35 +193,6 @@ def test_causal_order_jagged_device_list(heads, lengths, monkeypatch):
         out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, backend="tlx")
         grads.append(torch.autograd.grad(out, (q, k, v), grad))
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
-
-@pytest.mark.parametrize("dq_red", [1, 2])
-def test_dq_red_keeps_dk_dv_bit_for_bit(dq_red, monkeypatch):
-    """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; 2: with the L2 evict_last policy) changes only how dQ
-    reaches the fp32 accumulator (reductions from registers instead of a staged TMA reduce-add), so dK/dV equal the
-    default's bit for bit; dQ is the same fp32 terms added in another order (close, not equal). Jagged GQA causal,
-    more items than programs, and broadcast-Q (dQ reduced over the batch)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    cases = [AttentionCase((2048, 1000, 3000, 1, 129), (2048, 1000, 3000, 1, 129), heads_q=8, heads_kv=4,
-                           head_dim=128, dtype=torch.bfloat16, device="cuda", causal=True),
-             AttentionCase((128,), (300, 1, 77, 500, 0, 64), heads_q=4, heads_kv=4, head_dim=64,
-                           dtype=torch.float16, device="cuda", broadcast_q=True)]
-    for case in cases:
-        _tlx_or_skip(case)
-        x = case.make_inputs(0)
-        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        grads = []
-        for red in (0, dq_red):
-            monkeypatch.setattr(configs, "BACKWARD_DQ_RED", red)
-            out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda",
-                                                                                      dtype=out.dtype)
-            grads.append(torch.autograd.grad(out, (q, k, v), grad))
-        (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
-        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
-        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
-
 
 # KV_EARLY's cases (helper window31): many short items per program (the producer's next K/V loads land while the
 # epilogue still stores through the dQ staging buffer), windows (the bench's (256, 0) causal, two-sided), jagged with
@@ -446,18 +414,13 @@ def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     _assert_clean_sequences_match(x, *x.call("tlx"), causal)
 
 
-@pytest.mark.parametrize("dq_red", [0, 1])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal, dq_red, monkeypatch):
+def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal):
     """The TLX backward with sequence 1's keys +inf and values NaN: sequence 1's 64-row query block runs into
     sequence 2's rows (dO zeroed there, but dP = 0 x NaN values is NaN, and 0 x NaN again in dS): its dQ reduce-add
     must add exact zeros to sequence 2's rows. Gradients of the clean outputs match the oracle on sequences 0 and 2
-    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN). dq_red: dQ added from
-    registers (``configs.BACKWARD_DQ_RED``, helper dqadd), whose rows past an end add zeros to the block's first row."""
+    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN)."""
     x = _poisoned_neighbour_inputs(causal)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "BACKWARD_DQ_RED", dq_red)
     q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
     keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
     keep_q[100:137] = False

@@ -426,14 +426,13 @@ def test_backward_recipe_serves_a_gqa_split_in_one_wave(gpu, monkeypatch):
 
 
 @needs_tlx
-@pytest.mark.parametrize("why", ["dq_red", "misaligned tensor", "list specializes otherwise"])
+@pytest.mark.parametrize("why", ["misaligned tensor", "list specializes otherwise"])
 def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     """Past one wave the recipe declines what it does not cover and the full path runs (and launches what it
-    would): DQ_RED (no recipe is kept: the kernel reads the accumulator's pointer), a base TMA cannot read, a list
+    would): a base TMA cannot read, a list
     whose specialization differs from the kept plan's (``launch.PlanGroup`` launches nothing then)."""
     runs, answers = gpu
     monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 1 if why == "dq_red" else 0)
     params = _params(causal=True)
     q, k, v, offsets = _inputs(WAVES_BATCHES[0])
     _backward(q, k, v, offsets, params, torch.randn_like(q))
@@ -453,8 +452,7 @@ def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
     names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-    assert answers == ([] if why == "dq_red" else [("recipe", None)])
-    assert launched["DQ_RED"] == (why == "dq_red") and bool(attn_bwd._RECIPES) == (why != "dq_red")
+    assert answers == [("recipe", None)] and attn_bwd._RECIPES
     by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
     runs.clear()
     _full(monkeypatch, lambda: tlx.backward(*args, params))
@@ -1038,37 +1036,16 @@ def _knob_changes_one_constexpr(runs, answers, monkeypatch, knob: str, constexpr
         assert [kind for kind, _ in answers] == ["recipe"], answers
     constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names
                   if n.isupper() and n not in (constexpr, "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT",
-                                               "WORK_COUNTER", "TILE_HEAD", "DK", "DV", "DQ_ACC", "Q_BLOCK_INDEX",
+                                               "WORK_COUNTER", "TILE_HEAD", "DK", "DV", "Q_BLOCK_INDEX",
                                                "Q_BLOCK_COUNT")]
     assert {n: launches[True][n] for n in constexprs} == {n: launches[False][n] for n in constexprs}
-
-
-@needs_tlx
-def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
-    """``configs.BACKWARD_DQ_RED`` (helper dqadd; 1, or 2 with the L2 evict_last policy) sets the TLX backward's
-    DQ_RED and hands the kernel the fp32 dQ accumulator itself (DQ_ACC: desc_dq's tensor; None when off), off by
-    default. A call with it keeps no recipe (``_Recipe`` launches the staged kernel's arguments): its repeat takes the
-    full path again, while the default's repeat is served by the recipe it kept."""
-    runs, answers = gpu
-    assert tlx_configs.BACKWARD_DQ_RED == 0  # off until timed on the H200
-    q, k, v, offsets = _inputs([300, 17, 700, 5])
-    for on in (0, 1, 2):
-        for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_DQ_RED", on, q, k, v, offsets):
-            assert launched["DQ_RED"] == on
-            if on:
-                acc = launched["DQ_ACC"]
-                assert acc.dtype == torch.float32 and acc.shape == q.shape
-                assert acc.data_ptr() == launched["desc_dq"].base.data_ptr()
-            else:
-                assert launched["DQ_ACC"] is None
-        assert [kind for kind, _ in answers] == ([] if on else ["recipe"]), answers
 
 
 @needs_tlx
 def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_KV_EARLY`` (helper window31, env JFA_TLX_BWD_KV_EARLY) sets the TLX backward's KV_EARLY,
     on by default, on a windowed jagged call and its repeat (served by the recipe it kept); ignored (False) where its
-    staging buffer is not there or not the epilogue's: DQ_RED, a GQA split (dK/dV added from registers)."""
+    staging buffer is not the epilogue's: a GQA split (dK/dV added from registers)."""
     runs, answers = gpu
     assert tlx_configs.BACKWARD_KV_EARLY  # on by default since the H200 timing of 2026-12-04
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
@@ -1086,12 +1063,6 @@ def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
             assert launched == [on], launched
         assert [kind for kind, _ in answers] == ["recipe"], answers
     monkeypatch.setattr(tlx_configs, "BACKWARD_KV_EARLY", True)
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 1)
-    runs.clear()
-    _backward(q, k, v, offsets, window, torch.randn_like(q))
-    assert [dict(zip(names, values))["KV_EARLY"] for name, _, values, _ in runs
-            if name == "attn_bwd_tlx_kernel"] == [False]
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 0)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", 16)
     gq = torch.randn(q.shape[0], 8, HEAD_DIM).to(q.dtype)
     gk, gv = k[:, :2].contiguous(), v[:, :2].contiguous()

@@ -349,7 +349,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
                      ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
-                     DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False,
+                     MXFP8: tl.constexpr = False,
                      PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
@@ -400,12 +400,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     at dP - delta after dP's wgmma is done; used by lse2, the load must land before the exp2 (bench/NOTES.md "TLX
     backward: delta early (helper deltaearly)").
 
-    DQ_RED (``configs.BACKWARD_DQ_RED``; with DQ_SHARED, no DQ_LAG, dense, ABLATE 0): the dQ half added straight from
-    the accumulator's registers into DQ_ACC (the fp32 accumulator's pointer, rows ``dq_stride`` elements apart) by
-    vector reductions (``_red_add_dq``; 2: with an L2 evict_last policy) instead of ``_reduce_add_dq``'s staging
-    buffer and TMA reduce-add: no staging store, staging barriers or wait for the previous block's bulk read (the
-    kernel allocates no staging buffers).
-
     MXFP8 (``mxfp8_attn_bwd.py``: the MXFP8 backward, design (D) of bench/NOTES.md "MXFP8 backward on Hopper"; dense):
     P = exp2(min(S * scale - lse, 0)) (the MXFP8 oracle's clamp: S from the backward's operands may exceed the
     forward's lse), dV's P rounded to its MXFP8 value at the fixed scale 2**-8 (``_mx_fixed_scale_values``) and dS to
@@ -419,8 +413,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
-    tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
-                     "DQ_RED: the default dense consumers (dQ split, no DQ_LAG, no ablation)")
     tl.static_assert(ABLATE == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE),
                      "the backward ablations remove stages of the default consumers (dQ split, no DQ_LAG, dense)")
     NO_DQ: tl.constexpr = (ABLATE & ABLATE_DQ) != 0
@@ -637,8 +629,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     if not NO_DQ:
                         if NO_DQ_ADD:  # ablation: the dQ wgmma kept, no staging store or reduce-add
                             _keep_alive(dq, dq_stage[CID * NUM_BUFFERS_DQ], j, tl.float32)
-                        elif DQ_RED > 0:  # from the registers: no staging buffer, no bulk-read wait
-                            _red_add_dq(dq, DQ_ACC, dq_row0 + m0, rows_left, dq_stride, col + CID * half, DQ_RED == 2)
                         else:
                             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
                                                       col + CID * half, rows_left, CID, NUM_BUFFERS_DQ)
@@ -731,43 +721,6 @@ def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl
 
 
 @triton.jit
-def _red_add_dq(dq, Ptr, row0, rows_left, stride, col, EVICT_LAST: tl.constexpr):
-    """DQ_RED: a consumer's dQ slice ([BLOCK_M, n] fp32, the wgmma accumulator's layout) added to the fp32
-    accumulator at Ptr's rows row0 + i (``stride`` elements apart), columns col.., straight from the registers: one
-    ``red.relaxed.gpu.global.add.v2.f32`` per pair of adjacent columns a thread holds (pack=2 takes a thread's values
-    two at a time in register order: the accumulator's column pairs, 8-byte aligned), 16 per thread for [64, 64].
-    The address is made in the asm (``mad.wide``) from a pointer to the row and the thread's lane part of the
-    column (below 8) and the element's register part (a multiple of 8, a constant per element, which ptxas folds
-    into the address immediate): passed as one 64-bit pointer per element, the column offsets were 14
-    loop-invariant 64-bit registers (LLVM builds the layout's columns by bit operations), which spilled; the
-    columns as a register operand cost ~4 integer instructions per reduction. Rows at or
-    past ``rows_left`` (the next sequence's, or past the accumulator's end) add their zeros (``_zero_dq_rows_past_end``,
-    a branch only such blocks take) to the block's first row instead: no predicate (a predicated ``red`` in the asm
-    made ptxas branch around each one). EVICT_LAST: with an L2 evict_last cache policy (``createpolicy``), FA3's hint
-    on its dQ reduce."""
-    dq = _zero_dq_rows_past_end(dq, rows_left)
-    rows = tl.arange(0, dq.shape[0])
-    rows = tl.where(rows < rows_left, rows, 0)
-    row_ptrs = Ptr + (row0.to(tl.int64) + rows) * stride + col  # [BLOCK_M]: one pointer per row
-    d = tl.arange(0, dq.shape[1])[None, :]
-    # a thread's columns are a lane part below 8 and a register part, a multiple of 8 constant per element: the
-    # pointer takes the lane part (two per thread, rows r and r + 8), the asm the constant (an address immediate)
-    ptrs = (row_ptrs[:, None] + (d & 7)).to(tl.int64)
-    d = tl.broadcast_to(d & -8, dq.shape)
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("{ .reg .b64 a, pol; mad.wide.s32 a, $4, 4, $2; "
-                                  "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-                                  "red.relaxed.gpu.global.add.L2::cache_hint.v2.f32 [a], {$6, $7}, pol; "
-                                  "mov.u32 $0, 0; mov.u32 $1, 0; }", "=r,=r,l,l,r,r,f,f", [ptrs, d, dq],
-                                  dtype=tl.int32, is_pure=False, pack=2)
-    else:
-        tl.inline_asm_elementwise("{ .reg .b64 a; mad.wide.s32 a, $4, 4, $2; "
-                                  "red.relaxed.gpu.global.add.v2.f32 [a], {$6, $7}; "
-                                  "mov.u32 $0, 0; mov.u32 $1, 0; }", "=r,=r,l,l,r,r,f,f", [ptrs, d, dq],
-                                  dtype=tl.int32, is_pure=False, pack=2)
-
-
-@triton.jit
 def _dq_lagged(block, m0, rows_left, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
                HEAD_DIM: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DS_BUFFERS: tl.constexpr):
     """DQ_LAG, after a call's last block: that block's dQ (this consumer's column half over both key halves),
@@ -831,7 +784,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         TILE_START, TILE_COUNT, WORK_COUNTER, num_heads_kv, total_out, n_slots, search_steps,
                         num_seqs, rows_s, rows_o, stride_dkvt, group, scale, qk_scale, window_left, right,
                         Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, stride_tih, stride_tin, stride_tcb,
-                        stride_tch, head_group, TILE_HEAD, DQ_ACC,
+                        stride_tch, head_group, TILE_HEAD,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
@@ -843,7 +796,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
                         DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
-                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
+                        MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
@@ -870,13 +823,9 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     per (key tile, kv head, part) (``_group_part``); DK / DV are then zeroed fp32 accumulators [T_kv, Hkv, D] that
     each item's partial dK (scaled) / dV is atomically added to (``_add_partial``; the host casts them).
 
-    DQ_RED > 0 (``configs.BACKWARD_DQ_RED``; V2 with DQ_SHARED, dense, no DQ_LAG or ABLATE): DQ_ACC is the zeroed fp32
-    dQ accumulator itself ([rows of q, Hq, D], desc_dq's tensor), which the consumers add to from registers
-    (``_red_add_dq``); no dQ staging buffers are allocated. Else DQ_ACC is None.
-
     MXFP8 (V2, dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``).
 
-    KV_EARLY (``configs.BACKWARD_KV_EARLY``; V2 with DQ_SHARED and staged dQ, one part per group): each consumer
+    KV_EARLY (``configs.BACKWARD_KV_EARLY``; V2 with DQ_SHARED, one part per group): each consumer
     frees its K/V tiles before its dK/dV epilogue and stores dK/dV through its dQ staging buffer, so the producer's
     next K/V loads run under the epilogue.
 
@@ -885,14 +834,12 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     tl.static_assert(not PEEL or (V2 and not SPARSE and not MXFP8), "PEEL: the dense v2 consumers, not MXFP8")
     tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
-    tl.static_assert(DQ_RED == 0 or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
-                     "DQ_RED: the default dense consumers (v2, dQ split, no DQ_LAG, no ablation)")
     tl.static_assert(GROUP_SPLIT == 1 or (V2 and DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
                      "GROUP_SPLIT: the dense v2 backward with the dQ split, items mapped arithmetically")
     tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
-    tl.static_assert(not KV_EARLY or (V2 and DQ_SHARED and DQ_RED == 0 and GROUP_SPLIT == 1),
-                     "KV_EARLY: the v2 consumers with the dQ split, staged dQ, one part per group")
+    tl.static_assert(not KV_EARLY or (V2 and DQ_SHARED and GROUP_SPLIT == 1),
+                     "KV_EARLY: the v2 consumers with the dQ split, one part per group")
     tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
@@ -918,10 +865,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     else:
         p_tiles = None
         ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
-    if DQ_RED > 0:  # the consumers add dQ from registers: no staging
-        dq_stage = None
-    else:
-        dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
+    dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
     kv_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q, arrive_count=1)
@@ -1036,7 +980,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
                                 sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL, ZERO_STORE)
+                                DELTA_EARLY, MXFP8, PEEL, ZERO_STORE)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -1142,7 +1086,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
-                       delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
+                       delta_early: bool = False, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
@@ -1172,13 +1116,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
     the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
     calls of the v2 consumers with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
-    none is built in one wave) or head groups. ``dq_red`` (``configs.BACKWARD_DQ_RED``: 0 off, 1 on, 2 with the L2
-    evict_last policy; dense calls of the v2 consumers with the dQ split, no DQ_LAG / ALTERNATE / ablation, else
-    ignored): dQ added from the consumers' registers (the kernel's DQ_RED); no recipe is kept for it (``_Recipe``
-    launches the staged kernel's arguments). ``mxfp8`` (``mxfp8_attn_bwd.py``; dense, v2): the kernel's MXFP8
+    none is built in one wave) or head groups. ``mxfp8`` (``mxfp8_attn_bwd.py``; dense, v2): the kernel's MXFP8
     constexpr (P and dS rounded to their MXFP8 values), fed MX-valued q, k, v, grad_out; ``delta_grad_out``: the dO
     the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
-    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split and staged dQ, one
+    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split, one
     part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
     MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
@@ -1187,7 +1128,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
         dq_defer = stats_ahead = dq_lag = delta_early = False
-        dq_red = 0
         alternate = 0
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order, group_order = 0, False, False, False
@@ -1211,8 +1151,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
     alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
-    dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
-    kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
+    kv_early = bool(kv_early and v2 and dq_shared and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and v2 and selection is None and not mxfp8)
     zero_store = bool(zero_store and v2)
     if ablate:
@@ -1223,9 +1162,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red, kv_early, peel, zero_store)
-    # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
-    kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
+               v2 and delta_early, parts, kv_early, peel, zero_store)
+    # no recipe for the MXFP8 backward (delta from another dO)
+    kept = selection is None and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -1245,7 +1184,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel, zero_store) = variant
+     alternate, causal_order, ablate, delta_early, parts, kv_early, peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1307,8 +1246,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
-        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
-        **(dict(DQ_ACC=dq_acc) if dq_red else {}))
+        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic)
 
     def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
         return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
@@ -1320,8 +1258,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-                    ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
-                    **({} if dq_red else dict(DQ_ACC=None)),
+                    ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store)
 

@@ -131,26 +131,13 @@ BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE"
 # consumers add delta * 0 to lse (exact for finite delta), so ptxas cannot sink one consumer's delta load past P's
 # exp2 to its use after dP's wait (an L2 round trip per block on the chain). Dense only; off until timed on the H200.
 BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
-# DQ_RED (JFA_TLX_BWD_DQ_RED=1, or =last; helper dqadd, bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop
-# 27"): each consumer adds its dQ half straight from the wgmma accumulator's registers into the fp32 accumulator by
-# sm_90's vector reductions (16 ``red.relaxed.gpu.global.add.v2.f32`` per thread and block, rows past the sequence
-# end predicated off) instead of staging it in shared memory for a TMA reduce-add: no staging store (16 KiB per
-# consumer and block written, then read back by the TMA unit: 64 of the ~416 KiB of shared-memory traffic per 64-row
-# block), no wait for the previous block's reduce to have read its staging buffer, no staging barriers, and 32 KiB of
-# shared memory freed (the staging ring is not allocated). "last": the reductions carry an L2 evict_last policy
-# (FA3's hint on its dQ bulk reduce), so dQ rows outlive Q/dO rows in the L2 (a dQ miss costs a DRAM read and a
-# write-back, a Q/dO miss a read). The same fp32 terms per dQ element; the order the L2 applies the reductions in
-# was never fixed (programs race), so dQ differs from the default's in fp32 rounding only. Dense calls of the default
-# consumers (v2 with the dQ split, no DQ_LAG / ALTERNATE / ablations); off (0) until timed on the H200
-# (tools/tlx_check.py's dqred / dqredlast columns).
-BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "0"), 0)
 # KV_EARLY (JFA_TLX_BWD_KV_EARLY=1; helper window31, bench/NOTES.md "Sliding-window backward, helper window31, stop
 # 31"): each consumer frees its K/V half-tile as soon as both consumers' last products with K/V have completed (the
 # epilogue's DS_BARRIER), before its dK/dV epilogue, and the epilogue's two [keys, D] tiles leave through its own
 # dQ staging buffer instead ([64, D/2] fp32: the same bytes, idle once the last dQ reduce-add has read it). So the
 # producer's next K/V loads (an HBM round trip plus 64 KiB) run under the epilogue instead of after it: ~0.7-1 us of
 # a ~6 us per-item gap, which short items pay per ~5 blocks (window (256, 0): 32.5 items per SM). Dense calls of
-# the default consumers (v2 with the dQ split, staged dQ: not DQ_RED, not GROUP_SPLIT). On by default since
+# the default consumers (v2 with the dQ split, not GROUP_SPLIT). On by default since
 # 2026-12-04 (stop 33; bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and
 # jagged causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
@@ -574,7 +561,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
-                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED,
+                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT,
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE)
 
 

@@ -140,7 +140,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
-                       delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
+                       delta_early: bool = False, group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
@@ -152,9 +152,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
     ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's delta load held
     before S's wait (``configs.BACKWARD_DELTA_EARLY``); group_split: helper gqabwd's GQA groups in that many parts
-    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); dq_red: helper dqadd's
-    dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
-    accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
+    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
     (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
     without mask code (``configs.BACKWARD_PEEL``); zero_store: helper desc38's rows past the end zeroed by
@@ -179,7 +177,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
-                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split, DQ_RED=dq_red)
+                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split)
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
@@ -188,10 +186,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types["TILE_HEAD"] = "*i32"
     else:
         constexprs["TILE_HEAD"] = None
-    if dq_red:
-        types["DQ_ACC"] = "*fp32"
-    else:
-        constexprs["DQ_ACC"] = None
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
         types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
@@ -208,7 +202,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
            f"{'-causalorder' if causal_order else ''}{'-deltaearly' if delta_early else ''}" \
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
-           f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
@@ -415,17 +408,6 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], item_order=True, group_split=4)
     # helper gqarule's rule (JFA_TLX_BWD_GQA_SPLIT=auto) also splits D64 calls (the bench's GQA batch at D64: 4 parts)
     yield bwd_specialization(64, "bf16", True, **dense_v2[64], item_order=True, group_split=4)
-    # helper dqadd's dQ from registers (configs.BACKWARD_DQ_RED, dense): the default's kernels at D64/D128, the
-    # causal order's, two feature cases (fp16 causal + left window, broadcast-Q: dQ reduced over the batch), and the
-    # L2 evict_last form at D128
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], dq_red=1)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, dq_red=1)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], dq_red=1)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], dq_red=1)
-    for causal in (False, True):
-        yield bwd_specialization(128, "bf16", causal, **dense_v2[128], dq_red=2)
     # helper window31's K/V freed before the dK/dV epilogue (configs.BACKWARD_KV_EARLY, dense): the default's kernels
     # at D64/D128, the causal order's, its feature case with a left window (the bench's window row), broadcast-Q,
     # from offsets
@@ -513,16 +495,10 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
                        "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name
-                       or "-dqred" in spec.name or "-mxfp8" in spec.name) else {}),
+                       or "-mxfp8" in spec.name) else {}),
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
-                   else {}),
-                # DQ_RED's dQ adds from registers (PTX and SASS) and the TMA reduce-adds they replace
-                **({"red_v2_f32": len(re.findall(r"red\.[a-z.]*global\.add(?:\.L2::cache_hint)?\.v2\.f32", ptx)),
-                    "evict_last_policy": len(re.findall(r"createpolicy\.fractional\.L2::evict_last", ptx)),
-                    "tma_reduce": len(re.findall(r"cp\.reduce\.async\.bulk", ptx)),
-                    "sass_redg_f32x2": len(re.findall(r"REDG\.E\.ADD\.F32x2", sass_of(compiled.asm["cubin"])))}
-                   if "-dqred" in spec.name or (loop_counts and spec.name.startswith("bwd-")) else {}))
+                   else {}))
 
 
 def sass_of(cubin: bytes) -> str:
