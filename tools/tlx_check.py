@@ -3,7 +3,7 @@
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff,
+all3, alternate1, alternate3, causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
@@ -304,7 +304,6 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
-                "deltaearly": dict(_DEFAULT_BWD, BACKWARD_DELTA_EARLY=True),
                 # helper gqabwd: GQA groups in parts (under the snake) until the items fill 16 rounds of the SMs
                 # (bench/NOTES.md "TLX GQA backward balance"): the sweep's GQA cases take 2-4 parts, MHA none
                 "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16),
@@ -331,7 +330,7 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
               "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
+              "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
 
 

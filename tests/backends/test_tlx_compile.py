@@ -531,33 +531,6 @@ def test_mxfp8_backward_kernels_compile_within_the_ablation_budget():
     assert {"bwd-d128-bf16-full-v2-dqshared-mxfp8", "bwd-d128-bf16-causal-v2-dqshared-causalorder-mxfp8"} <= set(rows)
 
 
-def test_delta_early_loads_delta_before_the_s_wait():
-    """DELTA_EARLY (helper deltaearly, ``configs.BACKWARD_DELTA_EARLY``): in the default D128 kernels ptxas sinks
-    delta's LDG past S's wgmma wait (full: one consumer, causal: both; bench/NOTES.md "TLX backward: delta early").
-    With it, no LDG of either consumer's straight path comes after that wait; the path keeps the default's wgmma and
-    MUFU, spills no more on it (STL/LDL: full 1 vs 1, causal 1 vs 2) and grows by at most 4 instructions (full: 2,
-    one FFMA per row); the kernel spills within 96 B per thread of the default's (causal: +80, 11 STL + 11 LDL in the
-    masked branch). Also: the shipped delta-early kernels (D64 with STATS_AHEAD, D128 full / causal / causal order)
-    are listed. ~15 s."""
-    names, rows = _shipped_and_compiled(
-        "-deltaearly", "[s.bwd_specialization(128, 'bf16', causal, delta_early=early, v2=True, dq_shared=True)"
-        " for causal in (False, True) for early in (False, True)]", "JFA_TLX_BWD_DELTA_EARLY", 4)
-    assert sorted(names) == sorted([
-        "bwd-d64-bf16-full-v2-dqshared-statsahead-deltaearly", "bwd-d64-bf16-causal-v2-dqshared-statsahead-deltaearly",
-        "bwd-d128-bf16-full-v2-dqshared-deltaearly", "bwd-d128-bf16-causal-v2-dqshared-deltaearly",
-        "bwd-d128-bf16-causal-v2-dqshared-causalorder-deltaearly"])
-    for base, early in (rows[0:2], rows[2:4]):
-        assert "-deltaearly" in early["name"] and "-deltaearly" not in base["name"], (base, early)
-        assert sum(base["block_loop_ldg_after_wait"]) > 0, f"ptxas no longer sinks delta's load: {base}"
-        assert early["block_loop_ldg_after_wait"] == [0, 0], early
-        for key in ("block_loop_hgmma", "block_loop_mufu"):
-            assert early[key] == base[key], (key, base, early)
-        for key, more in (("block_loop_path_spill_ops", 0), ("block_loop_path", 4)):
-            assert all(e - b <= more for b, e in zip(base[key], early[key])), (key, base, early)
-        assert (early["spill_stores"] + early["spill_loads"]
-                <= base["spill_stores"] + base["spill_loads"] + 96), (base, early)
-
-
 def test_peel_drops_the_ds_guard_from_the_bulk_loop():
     """PEEL (helper peel37, ``configs.BACKWARD_PEEL``): the v2 consumers' block loop peeled per stage. The default
     D128 kernels (KV_EARLY, as shipped) have one block loop per consumer whose straight path issues the masked

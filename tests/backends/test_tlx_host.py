@@ -991,23 +991,6 @@ def test_causal_order_launches_the_streams_item_list(gpu, monkeypatch, causal):
     assert [launched[n].numel() for n in ("TILE_SEQ", "TILE_START", "TILE_HEAD")] == [capacity * HEADS[1]] * 3
 
 
-@needs_tlx
-def test_delta_early_reaches_the_kernel(gpu, monkeypatch):
-    """``configs.BACKWARD_DELTA_EARLY`` (helper deltaearly) sets the TLX backward's DELTA_EARLY, off by default;
-    each setting is its own recipe (the variant), so a repeat of the signature after a toggle launches its own."""
-    runs, _ = gpu
-    assert not tlx_configs.BACKWARD_DELTA_EARLY  # off until timed on the H200
-    q, k, v, offsets = _inputs([300, 17, 700, 5])
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
-    for on in (False, True, False):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_DELTA_EARLY", on)
-        runs.clear()
-        _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
-        launched = [dict(zip(names, values))["DELTA_EARLY"] for name, _, values, _ in runs
-                    if name == "attn_bwd_tlx_kernel"]
-        assert launched == [on], launched
-
-
 def _causal_call_and_repeat(runs, answers, monkeypatch, knob: str, value, q, k, v, offsets) -> list:
     """The TLX backward kernel's arguments of a causal call and of its repeat with ``tlx_configs.<knob>`` = value
     (recipes and answers cleared first: the repeat shows whether the first call kept a recipe)."""

@@ -348,8 +348,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                     ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
-                     MXFP8: tl.constexpr = False,
+                     ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
                      PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
@@ -393,12 +392,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     ABLATE (``configs.BACKWARD_ABLATE``; dense, DQ_SHARED without DQ_LAG): 0, or TIMING ONLY with WRONG RESULTS (the
     ABLATE_* bits: stages of the block loop removed; the dQ wgmma without its reduce-add is kept by ``_keep_alive``,
     and the wgmma waits count the groups left in flight).
-
-    DELTA_EARLY (``configs.BACKWARD_DELTA_EARLY``): lse2 + delta * 0 (exact for finite delta; a non-finite delta
-    also makes that row's P NaN): the PTX already loads delta beside lse, before S's wait, but ptxas sinks one
-    consumer's delta LDG past P's exp2 and store to save its registers, so that consumer waits an L2 round trip
-    at dP - delta after dP's wgmma is done; used by lse2, the load must land before the exp2 (bench/NOTES.md "TLX
-    backward: delta early (helper deltaearly)").
 
     MXFP8 (``mxfp8_attn_bwd.py``: the MXFP8 backward, design (D) of bench/NOTES.md "MXFP8 backward on Hopper"; dense):
     P = exp2(min(S * scale - lse, 0)) (the MXFP8 oracle's clamp: S from the backward's operands may exceed the
@@ -529,8 +522,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     _pass_turn(CID)
                 else:
                     lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-                    if DELTA_EARLY:  # lse2 + (+-0): the same bits for finite delta; exp2 now waits for delta's load too
-                        lse2 = lse2 + delta * 0.0
                 if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
                     m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                     next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
@@ -795,16 +786,15 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
-                        DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
+                        GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
     DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
-    V2), DQ_LAG (with DQ_SHARED), ALTERNATE (with DQ_LAG), DELTA_EARLY (with V2): ``_consume_rows_v2``'s experiments
-    (``configs.BACKWARD_STATS_AHEAD``, ``configs.BACKWARD_DQ_LAG``, ``configs.BACKWARD_ALTERNATE``,
-    ``configs.BACKWARD_DELTA_EARLY``).
+    V2), DQ_LAG (with DQ_SHARED), ALTERNATE (with DQ_LAG): ``_consume_rows_v2``'s experiments
+    (``configs.BACKWARD_STATS_AHEAD``, ``configs.BACKWARD_DQ_LAG``, ``configs.BACKWARD_ALTERNATE``).
 
     SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
@@ -980,7 +970,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
                                 sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, MXFP8, PEEL, ZERO_STORE)
+                                MXFP8, PEEL, ZERO_STORE)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
                                 dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
@@ -1086,7 +1076,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
                        alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
-                       delta_early: bool = False, gqa_split: int = 0, mxfp8: bool = False,
+                       gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
@@ -1111,8 +1101,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
     (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
     warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
-    ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
-    (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
+    ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
     ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
     the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
     calls of the v2 consumers with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
@@ -1127,7 +1116,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ignored): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
     ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = dq_lag = delta_early = False
+        dq_defer = stats_ahead = dq_lag = False
         alternate = 0
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order, group_order = 0, False, False, False
@@ -1162,7 +1151,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
                head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, kv_early, peel, zero_store)
+               parts, kv_early, peel, zero_store)
     # no recipe for the MXFP8 backward (delta from another dO)
     kept = selection is None and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1184,7 +1173,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, kv_early, peel, zero_store) = variant
+     alternate, causal_order, ablate, parts, kv_early, peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1258,7 +1247,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-                    ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts,
+                    ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store)
 

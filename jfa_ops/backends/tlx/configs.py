@@ -127,10 +127,6 @@ BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
 # only (the forward's one turn per block), 3: S/dP, dV and dQ/dK each in strict order (helper tlxalt, bench/NOTES.md
 # "TLX backward: consumer alternation"). 0 (off) until measured on the H200.
 BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE", "0"), 0)
-# DELTA_EARLY (JFA_TLX_BWD_DELTA_EARLY=1; helper deltaearly, bench/NOTES.md "TLX backward: delta early"): the v2
-# consumers add delta * 0 to lse (exact for finite delta), so ptxas cannot sink one consumer's delta load past P's
-# exp2 to its use after dP's wait (an L2 round trip per block on the chain). Dense only; off until timed on the H200.
-BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
 # KV_EARLY (JFA_TLX_BWD_KV_EARLY=1; helper window31, bench/NOTES.md "Sliding-window backward, helper window31, stop
 # 31"): each consumer frees its K/V half-tile as soon as both consumers' last products with K/V have completed (the
 # epilogue's DS_BARRIER), before its dK/dV epilogue, and the epilogue's two [keys, D] tiles leave through its own
@@ -561,7 +557,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
-                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT,
+                gqa_split=BACKWARD_GQA_SPLIT,
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE)
 
 

@@ -140,7 +140,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        alternate: int = 0, causal_order: bool = False, ablate: int = 0,
-                       delta_early: bool = False, group_split: int = 1,
+                       group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
@@ -150,8 +150,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
     (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
-    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's delta load held
-    before S's wait (``configs.BACKWARD_DELTA_EARLY``); group_split: helper gqabwd's GQA groups in that many parts
+    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); group_split: helper gqabwd's GQA groups in that many parts
     per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
     and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
     (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
@@ -177,7 +176,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
-                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split)
+                      ABLATE=ablate, GROUP_SPLIT=group_split)
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
@@ -200,7 +199,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-dqlag' if dq_lag else ''}{'-headgroup' if head_grouped else ''}" \
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
-           f"{'-causalorder' if causal_order else ''}{'-deltaearly' if delta_early else ''}" \
+           f"{'-causalorder' if causal_order else ''}" \
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
@@ -397,12 +396,6 @@ def _specializations() -> Iterator[Specialization]:
         if head_dim >= CAUSAL_ORDER_MIN_HEAD_DIM:
             yield bwd_specialization(head_dim, "bf16", True, **dense_v2[head_dim], causal_order=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True)
-    # helper deltaearly's delta load held before S's wait (configs.BACKWARD_DELTA_EARLY, dense): the default's
-    # kernels at D64/D128 (and D128's causal order)
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], delta_early=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, delta_early=True)
     # helper gqabwd's GQA groups in parts (configs.BACKWARD_GQA_SPLIT, under the snake): the bench's Hq16:Hkv2 causal
     # row takes 4 parts
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], item_order=True, group_split=4)
@@ -494,7 +487,7 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                    if "mxfp8" in spec.name else {}),
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
-                       "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name
+                       "-ablate-" in spec.name or "-split" in spec.name
                        or "-mxfp8" in spec.name) else {}),
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
