@@ -2,8 +2,8 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
-BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, gqasplit, gqaauto, gqaoff,
+BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead,
+causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
@@ -286,8 +286,7 @@ def backward_cases():
 
 
 # The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
-# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together;
-# helper tlxalt's consumer turns on DQ_LAG (ALTERNATE); helper tlxbwdcausal's per-item list of masked dense calls
+# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD; helper tlxbwdcausal's per-item list of masked dense calls
 # (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
@@ -298,10 +297,6 @@ _DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BA
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
                 "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
-                "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
-                "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
-                "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
                 # helper gqabwd: GQA groups in parts (under the snake) until the items fill 16 rounds of the SMs
@@ -329,7 +324,7 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
-              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
+              "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
 
@@ -749,8 +744,7 @@ def gqa_timing_cases(lens):
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (the
     shipped configs: v2 with dQ split, CAUSAL_ORDER's rule, "default") and the experiments on it (BWD_VARIANTS
-    dqdefer / statsahead / dqlag / alternate1 / alternate3; dqdefer is the default's kernel at D128; the alternates
-    also over dqlag, the kernel they add turns to). One forward per row; the columns are timed in
+    dqdefer / statsahead / causalorder; dqdefer is the default's kernel at D128). One forward per row; the columns are timed in
     ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
     a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
     row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other); every
@@ -806,15 +800,14 @@ def backward_timing() -> int:
     cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
+    new = (["dqdefer", "statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
-    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
-                       else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
+                       else n[:6])
     ratios = ([] if gqa or window else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
-    ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     rounds = int(os.environ.get("TLX_BWD_TIMING_ROUNDS", "3"))
     print(f"{'backward, bf16, TFLOP/s (median of ' + str(rounds) + ' rounds)':44s} "
           + " ".join(f"{c:>10s}" for c, _ in cols) + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)

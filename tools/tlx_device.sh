@@ -2,10 +2,9 @@
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
 # mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
-# (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
-# with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
-# dQ split) / dqdefer / statsahead / dqlag / alternate1 / alternate3, <= 4 min; TLX_BWD_TIMING_COLS=a,b: those
-# experiments only)
+# (`backward`: the TLX backward's sweep vs the oracle, the default (v1, v2 too with BWD_BASELINES=1), <= 4 min;
+# `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / dqdefer / statsahead / causalorder,
+# <= 4 min; TLX_BWD_TIMING_COLS=a,b: those experiments only)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton), backward (the TLX backward's sweeps, see above) and its timings,
@@ -83,17 +82,13 @@ fi
 if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
   TLX_TIMING_V4=$v4_ok $limit 100 python3 tools/tlx_check.py timing || rc=1
 fi
-if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v1 (the old consumers), v2, v2
-  # with dQ split between the consumers (BWD_BASELINES=1; all three passed on 2026-12-02), then the experiments on
-  # the default (helper tlxbwd3): all3 = DQ_LAG + DQ_DEFER + STATS_AHEAD (DQ_LAG's new barriers; at D128 its kernels
-  # are dqlag's own, DQ_DEFER changing only D64) and dqlag alone, <= 4 min in all
+if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v1 (the old consumers) and v2
+  # (BWD_BASELINES=1; both passed on 2026-12-02), then v2 with dQ split between the consumers (the default), <= 4 min
   if [ "${BWD_BASELINES:-0}" = 1 ]; then
     $limit 100 python3 tools/tlx_check.py backward-v1 || rc=1
     $limit 130 python3 tools/tlx_check.py backward-v2 || rc=1
-    $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
   fi
-  $limit 115 python3 tools/tlx_check.py backward-all3 || rc=1
-  $limit 115 python3 tools/tlx_check.py backward-dqlag || rc=1
+  $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
 fi
 if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test under the default automatic choice
   # (JFA_TLX_AUTO=1: its size rule follows TMA_MIN_ROWS, which tests/conftest.py lowers to 0, so every eager call tlx

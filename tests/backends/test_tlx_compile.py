@@ -51,12 +51,9 @@ MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 # split 784): per work item (the selection walk, the prologue and epilogue); in the block loop 3-6 STL/LDL per
 # consumer, about the dense v2's (bench/NOTES.md "TLX block-sparse backward v1").
 MAX_SPILL_BYTES_SPARSE_BWD = {64: 96, 128: 1152}
-# The experiments on the default backward ("-dqdefer", "-statsahead", "-dqlag": configs.BACKWARD_DQ_DEFER /
-# _STATS_AHEAD / _DQ_LAG), stores + loads: D64 0 (dqdefer, statsahead), 72 (dqlag), 132 (all three); D128 statsahead
-# 388-756 (full, causal), dqlag 644-848, all three 820 causal (per work item and in the masked blocks;
-# bench/NOTES.md "TLX backward v3 knobs"). The consumer turns on DQ_LAG ("-alternate1" / "-alternate3":
-# configs.BACKWARD_ALTERNATE): D64 0 (full), 112 (causal), D128 728-916 (dqlag's +0-8 B per work item: lse/delta
-# loaded before the turn; the block loops as dqlag's, bench/NOTES.md "TLX backward: consumer alternation").
+# The experiments on the default backward ("-dqdefer", "-statsahead": configs.BACKWARD_DQ_DEFER / _STATS_AHEAD),
+# stores + loads: D64 0 (dqdefer, statsahead); D128 statsahead 388-756 (full, causal) (per work item and in the
+# masked blocks; bench/NOTES.md "TLX backward v3 knobs").
 MAX_SPILL_BYTES_BWD_EXPERIMENTS = {64: 192, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
@@ -242,7 +239,7 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
     for r in rows:
         assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
         head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
-        experiment = any(f"-{x}" in r["name"] for x in ("dqdefer", "statsahead", "dqlag", "alternate"))
+        experiment = any(f"-{x}" in r["name"] for x in ("dqdefer", "statsahead"))
         bound = (MAX_SPILL_BYTES_SPARSE_BWD if r["name"].startswith("sparse") else
                  MAX_SPILL_BYTES_BWD_EXPERIMENTS if experiment else MAX_SPILL_BYTES_BWD_V2)[head_dim]
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
@@ -285,34 +282,12 @@ def test_block_sparse_uniform_walk_keeps_the_block_loop_uniform(compiled):
 
 
 def test_backward_experiments_compile_as_intended(compiled):
-    """The experiments on the default backward (helper tlxbwd3): DQ_LAG signals dS through named-barrier arrives
-    (one per consumer; the default has none) and fits its third dS buffer per consumer in shared memory; DQ_DEFER
-    adds a second dQ staging buffer per consumer at D64 (+16 KiB) and leaves D128 alone (no room); ALTERNATE (helper
-    tlxalt) adds its turns' arrives to DQ_LAG's kernel and nothing else."""
+    """The experiments on the default backward (helper tlxbwd3): DQ_DEFER adds a second dQ staging buffer per
+    consumer at D64 (+16 KiB) and leaves D128 alone (no room); the default signals no named-barrier arrives."""
     by_name = {r["name"]: r for r in compiled}
-    lag = [r for r in compiled if "-dqlag" in r["name"]]
-    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in lag} == {64, 128}, "no DQ_LAG backward compiled"
-    for r in lag:
-        assert r["named_barrier_arrives"] == 2, r
-        assert r["shared"] <= SM90_SHARED_MEMORY, r
     for r in compiled:
         if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
             assert r["named_barrier_arrives"] == 0, r
-    # ALTERNATE (helper tlxalt): DQ_LAG's kernel plus the turns: per consumer one dS arrive and a turn pass per turn
-    # (1: S/dP; 3: S/dP, dV, dQ/dK), and consumer 1's bootstrap arrive; the same shared memory, spills within 16 B of
-    # DQ_LAG's
-    alternate = [r for r in compiled if re.search(r"-alternate[13]$", r["name"])]
-    assert {(int(re.search(r"-d(\d+)-", r["name"]).group(1)), r["name"][-1]) for r in alternate} == {
-        (64, "1"), (128, "1"), (64, "3"), (128, "3")}, "no ALTERNATE compiled"
-    twins = 0
-    for r in alternate:
-        assert r["named_barrier_arrives"] == 2 * (1 + int(r["name"][-1])) + 1, r
-        lag = by_name.get(re.sub(r"-alternate[13]$", "-dqlag", r["name"]))
-        if lag is not None:
-            twins += 1
-            assert r["shared"] == lag["shared"], (r, lag)
-            assert r["spill_stores"] + r["spill_loads"] <= lag["spill_stores"] + lag["spill_loads"] + 16, (r, lag)
-    assert twins >= 5, "ALTERNATE's D128 kernels have DQ_LAG twins"
     for causal in ("full", "causal"):
         default = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared"]
         defer = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared-dqdefer"]

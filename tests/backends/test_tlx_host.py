@@ -805,8 +805,6 @@ BACKWARD_CHANGES = {
     "grad_lse": dict(grad_lse=True),
     "dQ split off": dict(switch=("BACKWARD_DQ_SHARED", False)),
     "v1 consumers": dict(switch=("BACKWARD_V2", False)),
-    "dq_lag": dict(switch=("BACKWARD_DQ_LAG", True)),
-    "alternate": dict(switch=("BACKWARD_ALTERNATE", 1)),
     "stats_ahead": dict(switch=("BACKWARD_STATS_AHEAD", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
@@ -966,7 +964,7 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     seen = []
     monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
-    head_group, _, uniform_walk, item_order, group_order = seen[0][5:10]  # [10]: alternate
+    head_group, _, uniform_walk, item_order, group_order = seen[0][4:9]  # [9]: causal_order
     assert (head_group, item_order, group_order) == want
 
 
@@ -1217,7 +1215,7 @@ def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     """``configs.BACKWARD_ABLATE`` (helper bwdablate: stages removed from the kernel, TIMING ONLY, wrong gradients)
     is 0 unless JFA_TLX_BWD_ABLATE names stages, and the default backward launches ABLATE=0 without a warning; set,
     the launch carries its bits under a warning (plans apart: the variant keeps it), and a kernel variant the
-    ablations do not cover (DQ_LAG) refuses it."""
+    ablations do not cover (the dQ split off) refuses it."""
     import warnings
 
     assert os.environ.get("JFA_TLX_BWD_ABLATE") or tlx_configs.BACKWARD_ABLATE == 0
@@ -1243,7 +1241,7 @@ def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     monkeypatch.setattr(tlx_configs, "BACKWARD_ABLATE", mask)
     with pytest.warns(UserWarning, match="TIMING ONLY"):
         assert ablate_launched() == mask
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAG", True)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_SHARED", False)
     with pytest.raises(ValueError, match="ablations"):
         ablate_launched()
 

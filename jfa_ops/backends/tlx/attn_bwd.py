@@ -50,18 +50,13 @@ from ..gqa_split import plan as gqa_split_plan
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, schedule_arguments, tile_schedule,
                                  tiles_from_offsets)
 from . import configs
-from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tile_count,
-                       _tile_sequence, _tma_ready, _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
+from .attn_fwd import (NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tile_count, _tile_sequence, _tma_ready,
+                       _uniform_walk, _zero_rows_past_end, uniform_lengths)
 from .configs import NUM_WARPS, bwd_config, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
 DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are in shared memory (or: done with K)
-# DQ_LAG: + 2 * consumer + block parity: that consumer's dS of the block is in shared memory (its 128 threads arrive,
-# the other consumer's 128 sync; two ids per consumer so an arrive never lands on the phase the other has not synced)
-DS_READY: tl.constexpr = tl.constexpr(4)
-# ALTERNATE: the consumers take turns issuing their wgmma groups through the forward's ping-pong barriers
-# (attn_fwd.PINGPONG_A / _B, ids 9 and 10: free in this kernel; ``_wait_turn`` / ``_pass_turn``)
-# ABLATE bits (``configs.BACKWARD_ABLATE``; the v2 consumers with the dQ split, not DQ_LAG, dense): TIMING ONLY, THE
+# ABLATE bits (``configs.BACKWARD_ABLATE``; the v2 consumers with the dQ split, dense): TIMING ONLY, THE
 # RESULTS ARE WRONG when any is set. Each removes one stage of the query-block loop so the H200 can time what it
 # costs (bench/NOTES.md "TLX backward ablations (helper bwdablate)"); every barrier and the work order stay.
 ABLATE_DQ: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dq"])  # no dQ wgmma, no reduce-add
@@ -347,8 +342,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
-                     STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                     ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
+                     STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
                      PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
@@ -369,27 +363,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     issue of every block (the row-zeroing branch needs m0 first); ahead it costs 1-2 LDL per block (sm_90 SASS).
 
     STATS_AHEAD: lse and delta of block j + 1 prefetched into L1 during block j (their loads, issued beside S and
-    waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block).
-    DQ_LAG (with DQ_SHARED): block j computes dQ of block j - 1 (the last block's after the loop, ``_dq_lagged``),
-    from dS triple-buffered by block count; each consumer arrives at DS_READY once its dS is stored and syncs on the
-    other's previous dS before storing its own (so neither overwrites a dS the other may still read: a buffer is
-    rewritten three blocks later, after the other has stored the block in between). The consumers then run up to a
-    block apart instead of meeting at a 256-thread barrier every block. Block 0 of each call computes a discarded dQ
-    from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head). Neither with
-    SPARSE (dense walks only).
+    waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block). Not
+    with SPARSE (dense walks only).
 
-    ALTERNATE (with DQ_LAG; turns per block): the consumers take turns issuing, consumer 0 first (the forward's
-    ping-pong barriers, ``_wait_turn`` / ``_pass_turn``). 1: the S/dP group only (C0 S/dP, C1 S/dP, C0 S/dP of the
-    next block, ...: the forward's one turn per block; dV and dQ/dK issue as they come). 3: every group in strict
-    order (C0 S/dP, C1 S/dP, C0 dV, C1 dV, C0 dQ/dK, C1 dQ/dK, ...). So one consumer's exp2, dS and dQ staging run
-    under the other's matmuls instead of both queueing theirs at once. A turn holds no wait (issue only; lse and
-    delta are loaded before the S/dP turn): every wait of the loop (Q/dO slot, VFIX_BARRIER, DS_READY, own
-    barriers, wgmma waits) lies between turns, and both consumers take the same turns (same blocks; no
-    consumer-dependent branch around a turn), so the token cannot deadlock (bench/NOTES.md "TLX backward: consumer
-    alternation"). Issue order only: the same arithmetic, the same results. ``_dq_lagged`` (after the loop) issues
-    outside the turns.
-
-    ABLATE (``configs.BACKWARD_ABLATE``; dense, DQ_SHARED without DQ_LAG): 0, or TIMING ONLY with WRONG RESULTS (the
+    ABLATE (``configs.BACKWARD_ABLATE``; dense, DQ_SHARED): 0, or TIMING ONLY with WRONG RESULTS (the
     ABLATE_* bits: stages of the block loop removed; the dQ wgmma without its reduce-add is kept by ``_keep_alive``,
     and the wgmma waits count the groups left in flight).
 
@@ -405,9 +382,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
     block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
-    tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
-    tl.static_assert(ABLATE == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE),
-                     "the backward ablations remove stages of the default consumers (dQ split, no DQ_LAG, dense)")
+    tl.static_assert(not (SPARSE and STATS_AHEAD), "STATS_AHEAD walks dense blocks only")
+    tl.static_assert(ABLATE == 0 or (DQ_SHARED and not SPARSE),
+                     "the backward ablations remove stages of the default consumers (dQ split, dense)")
     NO_DQ: tl.constexpr = (ABLATE & ABLATE_DQ) != 0
     NO_DQ_ADD: tl.constexpr = (ABLATE & ABLATE_DQ_ADD) != 0
     NO_EXP2: tl.constexpr = (ABLATE & ABLATE_EXP2) != 0
@@ -420,9 +397,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     # wgmma groups left in flight at dP's wait (dV behind it) and at dQ's / dV's (dK behind them)
     DP_PENDING: tl.constexpr = 0 if NO_DV else 1
     DQ_PENDING: tl.constexpr = 0 if NO_DK else 1
-    tl.static_assert(ALTERNATE == 0 or (DQ_SHARED and DQ_LAG and (ALTERNATE == 1 or ALTERNATE == 3)),
-                     "ALTERNATE (1 or 3 turns per block) rides on DQ_LAG")
-    EVERY_TURN: tl.constexpr = ALTERNATE == 3  # dV and dQ/dK take turns too
     if SPARSE:
         n_all = sel_count
         m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
@@ -430,10 +404,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
         n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
-    DS_BUFFERS: tl.constexpr = 3 if DQ_LAG else 2
     HALF_N: tl.constexpr = k_tiles[0].shape[0]  # this consumer's keys
-    if DQ_LAG:
-        m0_prev = lead_begin * 0  # the previous block's first row
     # PEEL: loops by stage, j counting on across them (the producer's blocks), masked a constexpr per loop.
     # Without HAS_RIGHT (neither causal nor a right window) the lead is always empty (``stage_bounds``:
     # n_lead = 0, its loop folds away): the bulk's loop, then the tail's. With one: two rounds of (masked loop, bulk
@@ -501,27 +472,17 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 p_tile = p_tiles[own]
                 if DQ_SHARED:
                     par = q_count & 1  # both consumers count the same blocks
-                    if DQ_LAG:
-                        ds_tile = ds_tiles[own * DS_BUFFERS + q_count % DS_BUFFERS]
-                    else:
-                        ds_tile = ds_tiles[own * 2 + par]
+                    ds_tile = ds_tiles[own * 2 + par]
                 else:
                     ds_tile = ds_tiles[own]
                 keys = tl.arange(0, k_tile.shape[0])
-                if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer
-                    # issues
-                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-                    _wait_turn(CID)
                 if SDP_DIM < HEAD_DIM:  # ablation: S and dP at the FP8 wgmma's tensor time (timing only)
                     s = tlx.async_dot(_columns(q_tile, SDP_DIM), tlx.local_trans(_columns(k_tile, SDP_DIM)))
                     dp = tlx.async_dot(_columns(do_tile, SDP_DIM), tlx.local_trans(_columns(v_tile, SDP_DIM)))
                 else:
                     s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
                     dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
-                if ALTERNATE > 0:
-                    _pass_turn(CID)
-                else:
-                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+                lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
                 if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
                     m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                     next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
@@ -543,12 +504,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     tlx.local_store(p_tile, p.to(DTYPE))
                 tlx.fence_async_shared()
                 tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
-                if EVERY_TURN:
-                    _wait_turn(CID)
                 if not NO_DV:
                     dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
-                if EVERY_TURN:
-                    _pass_turn(CID)
                 dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
                 if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a
                     # removal)
@@ -562,45 +519,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 if MX_QUANT:
                     ds = _mx_square_values(ds)
                 ds = ds.to(DTYPE)
-                if DQ_LAG:
-                    if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
-                        _ds_ready_sync(q_count - 1, 1 - CID)
                 tlx.local_store(ds_tile, ds)
                 tlx.fence_async_shared()
-                if DQ_SHARED and DQ_LAG:
-                    # every thread's dS is in shared memory (dK reads it)
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-                    _ds_ready_arrive(q_count, CID)
-                    half_lag: tl.constexpr = HEAD_DIM // 2
-                    prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
-                    zero_lag = _opaque_zero(j)
-                    if EVERY_TURN:
-                        _wait_turn(CID)
-                    dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
-                                       tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag],
-                                                       [k_tile.shape[0], half_lag]))
-                    dq = tlx.async_dot(ds_tiles[(zero_lag + 1) * DS_BUFFERS + prev],
-                                       tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
-                                                       [k_tile.shape[0], half_lag]), dq)
-                    dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-                    if EVERY_TURN:
-                        _pass_turn(CID)
-                    dq = tlx.async_dot_wait(1, dq)
-                    dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-                    dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
-                    stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-                    # the staging buffer's previous store has read it
-                    tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-                    tlx.local_store(stage, dq)
-                    tlx.fence_async_shared()
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-                    if j > 0:  # block 0's product came from a stale buffer: no reduce-add
-                        tlx.async_descriptor_store(desc_dq, stage,
-                                                   [(dq_row0 + m0_prev).to(tl.int32), col + CID * half_lag],
-                                                   store_reduce="add")
-                        dq_count += 1
-                elif DQ_SHARED:
+                if DQ_SHARED:
                     tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
                     half: tl.constexpr = HEAD_DIM // 2
                     if not NO_DQ:
@@ -643,12 +564,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     dk = tlx.async_dot_wait(0, dk)
                 tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
                 q_count += 1
-                if DQ_LAG:
-                    m0_prev = m0
-    if DQ_SHARED and DQ_LAG:
-        if n_all > 0:
-            dq_count = _dq_lagged(q_count - 1, m0_prev, len_q - m0_prev, dq_count, k_tiles, ds_tiles, dq_stage,
-                                  desc_dq, dq_row0, col, CID, HEAD_DIM, NUM_BUFFERS_DQ, DS_BUFFERS)
     return dk, dv, q_count, dq_count
 
 
@@ -660,27 +575,9 @@ def _prefetch_l1(ptrs, mask):
 
 
 @triton.jit
-def _ds_ready_arrive(block, CID: tl.constexpr):
-    """DQ_LAG: this consumer's dS of ``block`` (a block count) is in shared memory; the other consumer syncs on it."""
-    if (block & 1) == 0:
-        tlx.named_barrier_arrive(DS_READY + 2 * CID, 256)
-    else:
-        tlx.named_barrier_arrive(DS_READY + 2 * CID + 1, 256)
-
-
-@triton.jit
-def _ds_ready_sync(block, WHO: tl.constexpr):
-    """DQ_LAG: wait until consumer WHO has arrived for its dS of ``block``."""
-    if (block & 1) == 0:
-        tlx.named_barrier_wait(DS_READY + 2 * WHO, 256)
-    else:
-        tlx.named_barrier_wait(DS_READY + 2 * WHO + 1, 256)
-
-
-@triton.jit
 def _zero_dq_rows_past_end(dq, rows_left):
     """dQ rows at or past ``rows_left`` (the next sequence's) as zeros, in a branch only a block that runs past its
-    sequence's end takes (``_reduce_add_dq``; DQ_LAG's conditional store)."""
+    sequence's end takes (``_reduce_add_dq``)."""
     if rows_left < dq.shape[0]:
         dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
     return dq
@@ -709,22 +606,6 @@ def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
     tlx.async_descriptor_store(desc_dq, stage, [row, col], store_reduce="add")
     return dq_count + 1
-
-
-@triton.jit
-def _dq_lagged(block, m0, rows_left, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
-               HEAD_DIM: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DS_BUFFERS: tl.constexpr):
-    """DQ_LAG, after a call's last block: that block's dQ (this consumer's column half over both key halves),
-    reduce-added at rows m0."""
-    half: tl.constexpr = HEAD_DIM // 2
-    keys: tl.constexpr = k_tiles[0].shape[0]
-    _ds_ready_sync(block, 1 - CID)
-    slot = block % DS_BUFFERS
-    dq = tlx.async_dot(ds_tiles[slot], tlx.local_slice(k_tiles[0], [0, CID * half], [keys, half]))
-    dq = tlx.async_dot(ds_tiles[DS_BUFFERS + slot], tlx.local_slice(k_tiles[1], [0, CID * half], [keys, half]), dq)
-    dq = tlx.async_dot_wait(0, dq)
-    return _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, rows_left,
-                          CID, NUM_BUFFERS_DQ)
 
 
 @triton.jit
@@ -782,10 +663,9 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                         TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                        HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
+                        STATS_AHEAD: tl.constexpr = False, HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
-                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
+                        SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0,
                         GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
@@ -793,8 +673,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
     DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
-    V2), DQ_LAG (with DQ_SHARED), ALTERNATE (with DQ_LAG): ``_consume_rows_v2``'s experiments
-    (``configs.BACKWARD_STATS_AHEAD``, ``configs.BACKWARD_DQ_LAG``, ``configs.BACKWARD_ALTERNATE``).
+    V2): ``_consume_rows_v2``'s lse/delta prefetch (``configs.BACKWARD_STATS_AHEAD``).
 
     SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
@@ -850,8 +729,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     if V2:
         p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
-        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype,
-                                   NUM_CONSUMERS * ((3 if DQ_LAG else 2) if DQ_SHARED else 1))
+        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
     else:
         p_tiles = None
         ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
@@ -922,9 +800,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            if ALTERNATE > 0:
-                if cid == 1:  # consumer 0 takes the first turn (the forward's bootstrap)
-                    tlx.named_barrier_arrive(PINGPONG_A, 256)
             q_count = 0
             kv_count = 0
             dq_count = 0
@@ -969,7 +844,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                 len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
                                 bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
                                 NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
-                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
+                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, ABLATE,
                                 MXFP8, PEEL, ZERO_STORE)
                         else:
                             dk, dv, q_count, dq_count = _consume_rows(
@@ -1073,18 +948,17 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
-                       uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
-                       alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
+                       head_group: int = 0, qdo_first: bool = False, uniform_walk: bool = False,
+                       item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
+                       ablate: int = 0,
                        gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
-    (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared) / ``_ALTERNATE`` (``alternate``: turns per block, 0, 1 or 3; with dq_shared,
-    and it turns DQ_LAG on): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
+    (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2):
+    dense only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
     that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
     (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
     item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
@@ -1100,7 +974,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
     builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
     (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
-    warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
+    warning says so); dense calls of the v2 consumers with the dQ split.
     ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
     ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
     the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
@@ -1116,8 +990,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ignored): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
     ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = dq_lag = False
-        alternate = 0
+        dq_defer = stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order, group_order = 0, False, False, False
         causal_order = False  # dense walks only
@@ -1139,19 +1012,17 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
     kv_early = bool(kv_early and v2 and dq_shared and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and v2 and selection is None and not mxfp8)
     zero_store = bool(zero_store and v2)
     if ablate:
-        if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
+        if not (v2 and dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
-                             "(v2 consumers with the dQ split, no DQ_LAG / ALTERNATE)")
+                             "(v2 consumers with the dQ split)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
-               head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               parts, kv_early, peel, zero_store)
+    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, head_group, qdo_first, uniform_walk, item_order,
+               group_order, causal_order, ablate, parts, kv_early, peel, zero_store)
     # no recipe for the MXFP8 backward (delta from another dO)
     kept = selection is None and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1172,8 +1043,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
-    (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, parts, kv_early, peel, zero_store) = variant
+    (v2, dq_shared, dq_defer, stats_ahead, head_group, qdo_first, uniform_walk, item_order, group_order, causal_order,
+     ablate, parts, kv_early, peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1243,9 +1114,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
                     HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
-                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=kernel_group,
+                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, head_group=kernel_group,
                     HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
-                    ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
+                    ITEM_LIST=items is not None, SNAKE=snake,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,

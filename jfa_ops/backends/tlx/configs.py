@@ -114,19 +114,10 @@ BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
 #   bench/NOTES.md v13.)
 # - STATS_AHEAD (JFA_TLX_BWD_STATS_AHEAD=1): lse and delta of the next query block prefetched into L1 while this one
 #   computes (global loads otherwise issued beside S and waited for right after it; FA3 has them in shared memory).
-# - DQ_LAG (JFA_TLX_BWD_DQ_LAG=1): dQ of block j computed in block j + 1, from dS triple-buffered in shared memory,
-#   the consumers signalling each other's dS with named-barrier arrive/sync pairs instead of one 256-thread barrier
-#   per block: they no longer run in lockstep (the prerequisite of a ping-pong), and the dQ wait stops pacing both.
 BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
 # STATS_AHEAD is on at D64 since its H200 timings: 1.09x the default on B8 H16 S4096 D64 causal in two runs (stops 21
 # and 22); at D128 0.86-1.03x (off). JFA_TLX_BWD_STATS_AHEAD=1/0 forces it on/off at every head_dim.
 BACKWARD_STATS_AHEAD: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_STATS_AHEAD", ""))
-BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
-# ALTERNATE (JFA_TLX_BWD_ALTERNATE=1 or 3; turns DQ_LAG on): the two consumers take turns issuing their wgmma groups
-# (the forward's ping-pong barriers), so one's exp2 / dS / dQ staging runs under the other's matmuls; 1: the S/dP group
-# only (the forward's one turn per block), 3: S/dP, dV and dQ/dK each in strict order (helper tlxalt, bench/NOTES.md
-# "TLX backward: consumer alternation"). 0 (off) until measured on the H200.
-BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE", "0"), 0)
 # KV_EARLY (JFA_TLX_BWD_KV_EARLY=1; helper window31, bench/NOTES.md "Sliding-window backward, helper window31, stop
 # 31"): each consumer frees its K/V half-tile as soon as both consumers' last products with K/V have completed (the
 # epilogue's DS_BARRIER), before its dK/dV epilogue, and the epilogue's two [keys, D] tiles leave through its own
@@ -553,8 +544,8 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
     """The dense TLX backward's switches as set here: ``attn_bwd.attention_backward``'s keywords (the default
     backward and the MXFP8 one, ``mxfp8_attn_bwd.py``, take them from one place)."""
     return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED, dq_defer=BACKWARD_DQ_DEFER,
-                stats_ahead=stats_ahead(head_dim), dq_lag=BACKWARD_DQ_LAG, head_group=head_group(heads_kv),
-                item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
+                stats_ahead=stats_ahead(head_dim), head_group=head_group(heads_kv),
+                item_order=BACKWARD_ITEM_ORDER, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
@@ -564,7 +555,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
 def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:
     """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer``:
     ``BACKWARD_DQ_DEFER``), None where the triton backend's backward runs instead. Shared memory at D128 (bytes):
-    dq_shared 213,384 (DQ_LAG's third dS buffer per consumer: +16 KiB = 229,768); dq_defer's second staging buffer
+    dq_shared 213,384; dq_defer's second staging buffer
     per consumer would be +32 KiB (246,152: over), so D128 ignores dq_defer."""
     cfg = (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
     if cfg is None or not dq_shared:

@@ -137,18 +137,17 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
+                       head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
-                       alternate: int = 0, causal_order: bool = False, ablate: int = 0,
+                       causal_order: bool = False, ablate: int = 0,
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
-    selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
+    selection of block_q x block_kv blocks; dq_defer, stats_ahead: the experiments on the dense default
     (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
     (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
-    ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
-    (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
+    ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
     ``configs.BACKWARD_ABLATE`` (timing only: wrong results); group_split: helper gqabwd's GQA groups in that many parts
     per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
@@ -172,8 +171,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
-                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag or alternate > 0,
-                      ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
+                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, HEAD_GROUPED=head_grouped,
                       QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
                       ABLATE=ablate, GROUP_SPLIT=group_split)
@@ -196,9 +194,9 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
            f"{'-dqshared' if dq_shared else ''}{'-dqdefer' if dq_defer else ''}{'-statsahead' if stats_ahead else ''}" \
-           f"{'-dqlag' if dq_lag else ''}{'-headgroup' if head_grouped else ''}" \
+           f"{'-headgroup' if head_grouped else ''}" \
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
-           f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
+           f"{'-itemorder' if item_order else ''}" \
            f"{'-causalorder' if causal_order else ''}" \
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
@@ -427,30 +425,13 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **every)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **every)
     yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, **every)
-    # the experiments on the default (v2 + dQ split; configs.BACKWARD_DQ_DEFER / _STATS_AHEAD / _DQ_LAG), alone and
-    # together (DQ_DEFER changes the config at D64 only: D128's shared memory has no room for it)
+    # the experiments on the default (v2 + dQ split; configs.BACKWARD_DQ_DEFER / _STATS_AHEAD) (DQ_DEFER changes the
+    # config at D64 only: D128's shared memory has no room for it)
     lab = dict(v2=True, dq_shared=True)
     for causal in (False, True):
         yield bwd_specialization(64, "bf16", causal, dq_defer=True, **lab)
         yield bwd_specialization(128, "bf16", causal, stats_ahead=True, **lab)
-        yield bwd_specialization(128, "bf16", causal, dq_lag=True, **lab)
     yield bwd_specialization(64, "bf16", True, stats_ahead=True, **lab)
-    yield bwd_specialization(64, "bf16", True, dq_lag=True, **lab)
-    yield bwd_specialization(128, "fp16", True, has_left=True, dq_lag=True, **lab)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, dq_lag=True, **lab)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, dq_lag=True, **lab)
-    for head_dim in (64, 128):
-        yield bwd_specialization(head_dim, "bf16", True, dq_defer=True, stats_ahead=True, dq_lag=True, **lab)
-    # helper tlxalt's consumer turns on DQ_LAG (configs.BACKWARD_ALTERNATE 1 and 3; STATS_AHEAD at D64 as
-    # configs.stats_ahead launches it): D64/D128, causal/full; the feature cases with 3 turns (a superset of 1's
-    # code; GQA is a runtime group: no kernel of its own)
-    for turns in (1, 3):
-        for head_dim in (64, 128):
-            for causal in (False, True):
-                yield bwd_specialization(head_dim, "bf16", causal, alternate=turns, **dense_v2[head_dim])
-    yield bwd_specialization(128, "fp16", True, has_left=True, alternate=3, **lab)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, alternate=3, **lab)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, alternate=3, **lab)
 
 
 def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
