@@ -2,7 +2,7 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
-BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead,
+BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
@@ -286,8 +286,8 @@ def backward_cases():
 
 
 # The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
-# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD; helper tlxbwdcausal's per-item list of masked dense calls
-# (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
+# default), and the experiments on the default (helper tlxbwd3): STATS_AHEAD; helper tlxbwdcausal's per-item list
+# of masked dense calls (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
 # the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
@@ -295,7 +295,6 @@ def backward_cases():
 _DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
                     BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)
 BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
-                "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
@@ -323,7 +322,7 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
                 "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
-_BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
+_BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
@@ -744,8 +743,7 @@ def gqa_timing_cases(lens):
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (the
     shipped configs: v2 with dQ split, CAUSAL_ORDER's rule, "default") and the experiments on it (BWD_VARIANTS
-    dqdefer / statsahead / causalorder; dqdefer is the default's kernel at D128). One forward per row; the columns are timed in
-    ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
+    statsahead / causalorder). One forward per row; the columns are timed in ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
     a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
     row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other); every
     other round runs the columns in reverse, so that no column always follows the same one (helper uniformorder:
@@ -800,7 +798,7 @@ def backward_timing() -> int:
     cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "causalorder"]
+    new = (["statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
     if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]

@@ -3,7 +3,7 @@
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
 # mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
 # (`backward`: the TLX backward's sweep vs the oracle, the default (v1, v2 too with BWD_BASELINES=1), <= 4 min;
-# `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / dqdefer / statsahead / causalorder,
+# `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / statsahead / causalorder,
 # <= 4 min; TLX_BWD_TIMING_COLS=a,b: those experiments only)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the

@@ -51,9 +51,8 @@ MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 # split 784): per work item (the selection walk, the prologue and epilogue); in the block loop 3-6 STL/LDL per
 # consumer, about the dense v2's (bench/NOTES.md "TLX block-sparse backward v1").
 MAX_SPILL_BYTES_SPARSE_BWD = {64: 96, 128: 1152}
-# The experiments on the default backward ("-dqdefer", "-statsahead": configs.BACKWARD_DQ_DEFER / _STATS_AHEAD),
-# stores + loads: D64 0 (dqdefer, statsahead); D128 statsahead 388-756 (full, causal) (per work item and in the
-# masked blocks; bench/NOTES.md "TLX backward v3 knobs").
+# STATS_AHEAD forced at D128 ("-statsahead": configs.BACKWARD_STATS_AHEAD), stores + loads: D64 0; D128 388-756 (full,
+# causal) (per work item and in the masked blocks; bench/NOTES.md "TLX backward v3 knobs").
 MAX_SPILL_BYTES_BWD_EXPERIMENTS = {64: 192, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
@@ -239,7 +238,7 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
     for r in rows:
         assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
         head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
-        experiment = any(f"-{x}" in r["name"] for x in ("dqdefer", "statsahead"))
+        experiment = "-statsahead" in r["name"]
         bound = (MAX_SPILL_BYTES_SPARSE_BWD if r["name"].startswith("sparse") else
                  MAX_SPILL_BYTES_BWD_EXPERIMENTS if experiment else MAX_SPILL_BYTES_BWD_V2)[head_dim]
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
@@ -281,20 +280,13 @@ def test_block_sparse_uniform_walk_keeps_the_block_loop_uniform(compiled):
             assert all(a < b for a, b in zip(r["block_loop_path"], base["block_loop_path"])), (r, base)
 
 
-def test_backward_experiments_compile_as_intended(compiled):
-    """The experiments on the default backward (helper tlxbwd3): DQ_DEFER adds a second dQ staging buffer per
-    consumer at D64 (+16 KiB) and leaves D128 alone (no room); the default signals no named-barrier arrives."""
-    by_name = {r["name"]: r for r in compiled}
+def test_backward_v2_takes_its_operands_from_shared_memory(compiled):
+    """The default backward kernels (v2 with the dQ split): every wgmma A operand from shared memory, and no
+    named-barrier arrives (the consumers meet at full barriers)."""
     for r in compiled:
         if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
+            assert r["wgmma_register_a"] == 0, r
             assert r["named_barrier_arrives"] == 0, r
-    for causal in ("full", "causal"):
-        default = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared"]
-        defer = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared-dqdefer"]
-        assert defer["shared"] == default["shared"] + 2 * 64 * 32 * 4, (default["shared"], defer["shared"])
-    for r in compiled:
-        if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
-            assert r["wgmma_register_a"] == 0, r  # v2: every wgmma A operand from shared memory
 
 
 def _check_per_switch(code: str, switch: str, expected) -> None:

@@ -102,8 +102,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER",
-                 "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
+    for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
                  "BACKWARD_PEEL", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))

@@ -947,7 +947,7 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
-                       dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
+                       dq_shared: bool = False, selection=None, stats_ahead: bool = False,
                        head_group: int = 0, qdo_first: bool = False, uniform_walk: bool = False,
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0,
@@ -957,8 +957,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
     (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
-    (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2):
-    dense only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
+    (``block_sparse_backward``; with v2). ``stats_ahead`` (``configs.stats_ahead``; with v2): dense
+    only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
     that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
     (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
     item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
@@ -990,7 +990,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ignored): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
     ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = False
+        stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
             head_group, qdo_first, item_order, group_order = 0, False, False, False
         causal_order = False  # dense walks only
@@ -1021,7 +1021,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                              "(v2 consumers with the dQ split)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, head_group, qdo_first, uniform_walk, item_order,
+    variant = (v2, v2 and dq_shared, v2 and stats_ahead, head_group, qdo_first, uniform_walk, item_order,
                group_order, causal_order, ablate, parts, kv_early, peel, zero_store)
     # no recipe for the MXFP8 backward (delta from another dO)
     kept = selection is None and not mxfp8 and delta_grad_out is None
@@ -1043,7 +1043,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
-    (v2, dq_shared, dq_defer, stats_ahead, head_group, qdo_first, uniform_walk, item_order, group_order, causal_order,
+    (v2, dq_shared, stats_ahead, head_group, qdo_first, uniform_walk, item_order, group_order, causal_order,
      ablate, parts, kv_early, peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
@@ -1059,7 +1059,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     given = (q, k, v, out, grad_out)
     q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
     if parts > 1:  # GROUP_SPLIT: the parts' dK (scaled) and dV added in fp32, cast after the kernel

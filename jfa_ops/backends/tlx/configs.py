@@ -105,16 +105,9 @@ BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "1") != "0"
 # one more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
 # JFA_TLX_BWD_DQ_SHARED=0: off.
 BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
-# Experiments on the default backward (v2 + dQ split; helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"), off
-# until measured on the H200; each is a kernel constexpr, so tools/tlx_check.py A/Bs them in one process:
-# - DQ_DEFER (JFA_TLX_BWD_DQ_DEFER=1): two dQ staging buffers per consumer, so a staging buffer's bulk-read wait lands
-#   two blocks after its reduce-add was issued instead of one. Only where shared memory allows it (D64: +16 KiB); at
-#   D128 two more [64, 64] fp32 buffers would need 246,152 B of sm_90's 232,448, so D128 keeps one. (A V3 layout,
-#   FA3's own at D128 with P^T and dS^T from registers, measured 0.73-0.87x this default on the H200 and was deleted:
-#   bench/NOTES.md v13.)
-# - STATS_AHEAD (JFA_TLX_BWD_STATS_AHEAD=1): lse and delta of the next query block prefetched into L1 while this one
-#   computes (global loads otherwise issued beside S and waited for right after it; FA3 has them in shared memory).
-BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
+# STATS_AHEAD (helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"; a kernel constexpr): lse and delta of the next
+# query block prefetched into L1 while this one computes (global loads otherwise issued beside S and waited for right
+# after it; FA3 has them in shared memory).
 # STATS_AHEAD is on at D64 since its H200 timings: 1.09x the default on B8 H16 S4096 D64 causal in two runs (stops 21
 # and 22); at D128 0.86-1.03x (off). JFA_TLX_BWD_STATS_AHEAD=1/0 forces it on/off at every head_dim.
 BACKWARD_STATS_AHEAD: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_STATS_AHEAD", ""))
@@ -543,7 +536,7 @@ def stats_ahead(head_dim: int) -> bool:
 def backward_options(head_dim: int, heads_kv: int) -> dict:
     """The dense TLX backward's switches as set here: ``attn_bwd.attention_backward``'s keywords (the default
     backward and the MXFP8 one, ``mxfp8_attn_bwd.py``, take them from one place)."""
-    return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED, dq_defer=BACKWARD_DQ_DEFER,
+    return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED,
                 stats_ahead=stats_ahead(head_dim), head_group=head_group(heads_kv),
                 item_order=BACKWARD_ITEM_ORDER, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
@@ -552,17 +545,10 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE)
 
 
-def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:
-    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer``:
-    ``BACKWARD_DQ_DEFER``), None where the triton backend's backward runs instead. Shared memory at D128 (bytes):
-    dq_shared 213,384; dq_defer's second staging buffer
-    per consumer would be +32 KiB (246,152: over), so D128 ignores dq_defer."""
-    cfg = (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
-    if cfg is None or not dq_shared:
-        return cfg
-    if dq_defer and head_dim <= 64:
-        cfg = dataclasses.replace(cfg, num_buffers_dq=2)
-    return cfg
+def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
+    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
+    backend's backward runs instead. Shared memory at D128 (bytes): dq_shared 213,384."""
+    return (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
 
 
 def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:

@@ -136,7 +136,7 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
                        broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
-                       block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
+                       block_kv: int = 128, stats_ahead: bool = False,
                        head_grouped: bool = False, qdo_first: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        causal_order: bool = False, ablate: int = 0,
@@ -144,8 +144,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
-    selection of block_q x block_kv blocks; dq_defer, stats_ahead: the experiments on the dense default
-    (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
+    selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
+    (``configs.stats_ahead``); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
     (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
@@ -157,7 +157,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
-    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
     names = list(attn_bwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
              "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
@@ -193,7 +193,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     name = f"{'sparse-' if sparse else ''}" \
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
-           f"{'-dqshared' if dq_shared else ''}{'-dqdefer' if dq_defer else ''}{'-statsahead' if stats_ahead else ''}" \
+           f"{'-dqshared' if dq_shared else ''}{'-statsahead' if stats_ahead else ''}" \
            f"{'-headgroup' if head_grouped else ''}" \
            f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}" \
@@ -425,11 +425,9 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **every)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **every)
     yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, **every)
-    # the experiments on the default (v2 + dQ split; configs.BACKWARD_DQ_DEFER / _STATS_AHEAD) (DQ_DEFER changes the
-    # config at D64 only: D128's shared memory has no room for it)
+    # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
     lab = dict(v2=True, dq_shared=True)
     for causal in (False, True):
-        yield bwd_specialization(64, "bf16", causal, dq_defer=True, **lab)
         yield bwd_specialization(128, "bf16", causal, stats_ahead=True, **lab)
     yield bwd_specialization(64, "bf16", True, stats_ahead=True, **lab)
 
