@@ -1159,29 +1159,27 @@ def sparse_backward_correctness() -> int:
     return failures
 
 
-# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP, SPARSE_BACKWARD_QDO_FIRST,
+# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP,
 # SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER, BACKWARD_GROUP_ORDER) (helper sparsebwd2's experiments,
 # bench/NOTES.md "TLX block-sparse backward v2"; the group order: helper hgorder's, "ordered head groups"); "triton
 # sparse": the triton sparse backward. TLX_SPARSE_BWD_COLS (comma-separated labels) picks others than
 # SPARSE_BWD_DEFAULT_COLUMNS (each column is a kernel to compile: the device command's 5 minutes; "uniform
-# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups, qdofirst and the item order
-# apply with the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
+# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups and the item order apply with
+# the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
 # order orders them.
-SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False, False),
-                      ("uniform", "sparse", 0, False, True, False, False),
-                      ("uniform order", "sparse", 0, False, True, True, False),
-                      ("uniform order qdofirst", "sparse", 0, True, True, True, False),
-                      ("uniform hg4", "sparse", 4, False, True, False, False),
-                      ("uniform grouporder", "sparse", 4, False, True, False, True),
-                      ("grouporder hg2", "sparse", 2, False, True, False, True),
-                      ("uniform hg2", "sparse", 2, False, True, False, False),
-                      ("uniform qdofirst", "sparse", 0, True, True, False, False),
-                      ("triton sparse", "sparse", 0, False, False, False, False),
-                      ("tlx dense", "dense", 0, False, False, False, False),
-                      ("dense order", "dense", 0, False, False, True, False),
-                      ("dense hg4", "dense", 4, False, False, False, False))
-SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform order qdofirst", "uniform hg4",
-                              "uniform grouporder", "tlx dense", "dense order")
+SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False),
+                      ("uniform", "sparse", 0, True, False, False),
+                      ("uniform order", "sparse", 0, True, True, False),
+                      ("uniform hg4", "sparse", 4, True, False, False),
+                      ("uniform grouporder", "sparse", 4, True, False, True),
+                      ("grouporder hg2", "sparse", 2, True, False, True),
+                      ("uniform hg2", "sparse", 2, True, False, False),
+                      ("triton sparse", "sparse", 0, False, False, False),
+                      ("tlx dense", "dense", 0, False, False, False),
+                      ("dense order", "dense", 0, False, True, False),
+                      ("dense hg4", "dense", 4, False, False, False))
+SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform hg4", "uniform grouporder",
+                              "tlx dense", "dense order")
 
 
 def sparse_backward_timing() -> int:
@@ -1199,7 +1197,7 @@ def sparse_backward_timing() -> int:
     wanted = wanted.split(",") if wanted else SPARSE_BWD_DEFAULT_COLUMNS
     cols = [c for c in SPARSE_BWD_COLUMNS if c[0] in wanted]
     print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms); hgN: configs.BACKWARD_HEAD_GROUP = N, "
-          "qdofirst: configs.SPARSE_BACKWARD_QDO_FIRST, uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
+          "uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
           "configs.BACKWARD_ITEM_ORDER, grouporder: configs.BACKWARD_GROUP_ORDER; x first: the first column's ms "
           "over this one's", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
@@ -1212,9 +1210,9 @@ def sparse_backward_timing() -> int:
                                                 block_kv=case.block, causal=case.causal, backend="triton")
         outs = {}
         ms = {}
-        for label, kind, group, qdo_first, uniform, order, group_order in cols:
+        for label, kind, group, uniform, order, group_order in cols:
             _sparse_backward(label != "triton sparse")
-            configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = group, qdo_first
+            configs.BACKWARD_HEAD_GROUP = group
             configs.SPARSE_BACKWARD_UNIFORM_WALK, configs.BACKWARD_ITEM_ORDER = uniform, order
             configs.BACKWARD_GROUP_ORDER = group_order
             faulthandler.dump_traceback_later(HANG_S, exit=True)
@@ -1234,7 +1232,7 @@ def sparse_backward_timing() -> int:
                 failures += 1
                 print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             finally:
-                configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = 0, False
+                configs.BACKWARD_HEAD_GROUP = 0
                 configs.SPARSE_BACKWARD_UNIFORM_WALK = configs.BACKWARD_ITEM_ORDER = False
                 configs.BACKWARD_GROUP_ORDER = False
         faulthandler.cancel_dump_traceback_later()

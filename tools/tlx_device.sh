@@ -119,24 +119,21 @@ fi
 if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experiments on (SPARSE_BWD_KNOBS=0: the
   # default kernel's), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS, or
   # TLX_SPARSE_BWD_COLS) (SPARSE_BWD_HEAD_GROUP=1: head groups of 1 instead of the item order, which overrides them;
-  # SPARSE_BWD_GROUP_ORDER=1: the default's head groups of 4 in helper hgorder's group order instead of Q/dO first
-  # and the item order). SPARSE_BWD_SWEEP_S / SPARSE_BWD_TIMING_S: the two limits (130 / 170 s).
+  # SPARSE_BWD_GROUP_ORDER=1: the default's head groups of 4 in helper hgorder's group order instead of the item
+  # order). SPARSE_BWD_SWEEP_S / SPARSE_BWD_TIMING_S: the two limits (130 / 170 s).
   if [ "${SPARSE_BWD_KNOBS:-1}" = 1 ]; then
     export JFA_TLX_SPARSE_BWD_UNIFORM=1
     if [ "${SPARSE_BWD_GROUP_ORDER:-0}" = 1 ]; then
       export JFA_TLX_BWD_GROUP_ORDER=1
+    elif [ "${SPARSE_BWD_HEAD_GROUP:-0}" = 1 ]; then
+      export JFA_TLX_BWD_HEAD_GROUP=1
     else
-      export JFA_TLX_SPARSE_BWD_QDO_FIRST=1
-      if [ "${SPARSE_BWD_HEAD_GROUP:-0}" = 1 ]; then
-        export JFA_TLX_BWD_HEAD_GROUP=1
-      else
-        export JFA_TLX_BWD_ITEM_ORDER=1
-      fi
+      export JFA_TLX_BWD_ITEM_ORDER=1
     fi
   fi
   TLX_SPARSE_RANDOM=${TLX_SPARSE_RANDOM:-2} JFA_LAUNCH_VERIFY=1 $limit "${SPARSE_BWD_SWEEP_S:-130}" \
     python3 tools/tlx_check.py sparse-backward || rc=1
-  unset JFA_TLX_SPARSE_BWD_UNIFORM JFA_TLX_SPARSE_BWD_QDO_FIRST JFA_TLX_BWD_HEAD_GROUP JFA_TLX_BWD_ITEM_ORDER \
+  unset JFA_TLX_SPARSE_BWD_UNIFORM JFA_TLX_BWD_HEAD_GROUP JFA_TLX_BWD_ITEM_ORDER \
     JFA_TLX_BWD_GROUP_ORDER
   $limit "${SPARSE_BWD_TIMING_S:-170}" python3 tools/tlx_check.py sparse-backward-timing || rc=1
 fi

@@ -304,7 +304,6 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
             with device_guard(q.device):
                 return block_sparse_backward(*args, dq_shared=configs.BACKWARD_DQ_SHARED,
                                              head_group=configs.head_group(k.shape[1], sparse=True),
-                                             qdo_first=configs.SPARSE_BACKWARD_QDO_FIRST,
                                              uniform_walk=configs.SPARSE_BACKWARD_UNIFORM_WALK,
                                              item_order=configs.BACKWARD_ITEM_ORDER,
                                              group_order=configs.BACKWARD_GROUP_ORDER)

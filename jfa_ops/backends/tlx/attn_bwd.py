@@ -663,10 +663,9 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                         TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        STATS_AHEAD: tl.constexpr = False, HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
+                        STATS_AHEAD: tl.constexpr = False, HEAD_GROUPED: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
-                        SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0,
-                        GROUP_SPLIT: tl.constexpr = 1,
+                        SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
@@ -681,8 +680,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     head of the group; a key tile lies in one KV block of BLOCK_KV keys.
 
     HEAD_GROUPED: items in groups of head_group kv heads (``configs.BACKWARD_HEAD_GROUP``; else tile-major);
-    QDO_FIRST (with SPARSE): the producer issues an item's first NUM_BUFFERS_Q Q/dO blocks before it waits for K/V
-    to be free (``configs.SPARSE_BACKWARD_QDO_FIRST``); UNIFORM_WALK (with SPARSE): the walk's bounds in uniform
+    UNIFORM_WALK (with SPARSE): the walk's bounds in uniform
     registers (``_selected_rows``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``); ITEM_LIST: the work list is per item
     (TILE_SEQ, TILE_START, TILE_HEAD: ``block_sparse_bwd.item_list``); SNAKE: every other round of items in reverse
     (``common.snake_work``; ``configs.BACKWARD_ITEM_ORDER``). ABLATE (``configs.BACKWARD_ABLATE``): 0, or TIMING ONLY
@@ -705,7 +703,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
     tl.static_assert(GROUP_SPLIT == 1 or (V2 and DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
                      "GROUP_SPLIT: the dense v2 backward with the dQ split, items mapped arithmetically")
-    tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
+    tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
     tl.static_assert(not KV_EARLY or (V2 and DQ_SHARED and GROUP_SPLIT == 1),
                      "KV_EARLY: the v2 consumers with the dQ split, one part per group")
@@ -752,15 +750,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                  tail_begin, tail_end, _) = item
                 kv_head, g_begin, g_end = _group_part(unit, group, GROUP_SPLIT)
                 if real:
-                    if QDO_FIRST:  # the walk's first blocks (the group's first head) before the wait for K/V
-                        sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
-                                                              stride_tib, stride_tih, stride_tin, stride_tcb,
-                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
-                        n_ahead = tl.minimum(sel_count, NUM_BUFFERS_Q)
-                        q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
-                                                         q_count, _q_rows(out_row0, BROADCAST_Q), out_row0,
-                                                         kv_head * group * HEAD_DIM, Q_BLOCK_INDEX, sel_first,
-                                                         n_ahead, BLOCK_M, BLOCK_Q, HEAD_DIM, NUM_BUFFERS_Q)
                     kv_phase = kv_count & 1
                     for c in tl.static_range(NUM_CONSUMERS):
                         tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
@@ -770,19 +759,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, kv_head * HEAD_DIM], kv_fulls[c])
                     kv_count += 1
                     q_row0 = _q_rows(out_row0, BROADCAST_Q)
-                    if SPARSE and not QDO_FIRST:  # read while the K/V loads are in flight
+                    if SPARSE:  # read while the K/V loads are in flight
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
                                                               stride_tib, stride_tih, stride_tin, stride_tcb,
                                                               stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
                     for g in range(g_begin, g_end):
                         col = (kv_head * group + g) * HEAD_DIM
-                        if QDO_FIRST:
-                            done = tl.where(g == 0, n_ahead, 0)  # issued before the K/V loads
-                            q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
-                                                             q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
-                                                             sel_first + done, sel_count - done, BLOCK_M, BLOCK_Q,
-                                                             HEAD_DIM, NUM_BUFFERS_Q)
-                        elif SPARSE:
+                        if SPARSE:
                             q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
                                                              q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
                                                              sel_first, sel_count, BLOCK_M, BLOCK_Q, HEAD_DIM,
@@ -948,7 +931,7 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
                        dq_shared: bool = False, selection=None, stats_ahead: bool = False,
-                       head_group: int = 0, qdo_first: bool = False, uniform_walk: bool = False,
+                       head_group: int = 0, uniform_walk: bool = False,
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0,
                        gqa_split: int = 0, mxfp8: bool = False,
@@ -959,9 +942,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
     (``block_sparse_backward``; with v2). ``stats_ahead`` (``configs.stats_ahead``; with v2): dense
     only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
-    that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
-    (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
-    item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
+    that many kv heads, 0 tile-major), ``uniform_walk``
+    (``configs.SPARSE_BACKWARD_UNIFORM_WALK``; block-sparse only; there, head_group and item_order only with
+    uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
     block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless
     ``group_order``), ``group_order`` (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order
     over a list in head_group's groups, ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier
@@ -992,10 +975,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
-            head_group, qdo_first, item_order, group_order = 0, False, False, False
+            head_group, item_order, group_order = 0, False, False
         causal_order = False  # dense walks only
     else:
-        qdo_first = uniform_walk = group_order = False  # block-sparse walks only
+        uniform_walk = group_order = False  # block-sparse walks only
     split_first = False  # a GQA split, where one runs, instead of the list (the knob's jagged calls)
     if causal_order is None:  # block-sparse: False above
         causal_order = one_length_causal(q, k, kv_offsets, params)
@@ -1021,8 +1004,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                              "(v2 consumers with the dQ split)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    variant = (v2, v2 and dq_shared, v2 and stats_ahead, head_group, qdo_first, uniform_walk, item_order,
-               group_order, causal_order, ablate, parts, kv_early, peel, zero_store)
+    variant = (v2, v2 and dq_shared, v2 and stats_ahead, head_group, uniform_walk, item_order, group_order,
+               causal_order, ablate, parts, kv_early, peel, zero_store)
     # no recipe for the MXFP8 backward (delta from another dO)
     kept = selection is None and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1043,8 +1026,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
-    (v2, dq_shared, stats_ahead, head_group, qdo_first, uniform_walk, item_order, group_order, causal_order,
-     ablate, parts, kv_early, peel, zero_store) = variant
+    (v2, dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts,
+     kv_early, peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1115,7 +1098,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
                     HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
                     DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, head_group=kernel_group,
-                    HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
+                    HEAD_GROUPED=kernel_group > 0, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=snake,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, GROUP_SPLIT=parts,
@@ -1304,13 +1287,12 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
-                          qdo_first: bool = False, uniform_walk: bool = False, item_order: bool = False,
+                          uniform_walk: bool = False, item_order: bool = False,
                           group_order: bool = False):
     """(dq, dk, dv) of ``jfa::block_sparse_attention``: the v2 backward with SPARSE (each key tile walks the query
     tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
-    backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``qdo_first``, ``uniform_walk``,
+    backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``,
     ``item_order``, ``group_order``: the experiments (``attention_backward``)."""
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
-                              qdo_first=qdo_first, uniform_walk=uniform_walk, item_order=item_order,
-                              group_order=group_order)
+                              uniform_walk=uniform_walk, item_order=item_order, group_order=group_order)

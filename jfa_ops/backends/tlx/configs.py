@@ -251,14 +251,11 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 #   of G heads instead of all (tile-major, 0: the default): more L2 reuse where walks diverge (block-sparse,
 #   causal). The host takes the largest divisor of the kv heads <= G; one that is all of them is tile-major. Dense
 #   and block-sparse; a runtime argument (no new specialization beyond HEAD_GROUPED's one).
-# - SPARSE_QDO_FIRST (JFA_TLX_SPARSE_BWD_QDO_FIRST=1): the block-sparse producer reads the next item's selection and
-#   issues its first NUM_BUFFERS_Q Q/dO blocks before waiting for the consumers to free K/V (they free it after the
-#   dK/dV epilogue), so only the K/V load is left between two items instead of K/V, the selection's reads and Q/dO.
 # - ITEM_ORDER (JFA_TLX_BWD_ITEM_ORDER=1): items taken in a snake (every other round of ~132 in reverse) over the
 #   list sorted longest first, and for block-sparse a list of the items themselves sorted by each one's own blocks
 #   (the tile list sums the heads, whose walks differ): the busiest SM 0.4-0.7% over the mean instead of 4-8% on the
 #   bench's sparse batch; dense 1.2% / 0.2% (causal) instead of 2.0% / 2.5%. Overrides HEAD_GROUP.
-#   Block-sparse: HEAD_GROUP, QDO_FIRST and ITEM_ORDER apply with SPARSE_UNIFORM_WALK only (alone they spilled 12-28 B
+#   Block-sparse: HEAD_GROUP and ITEM_ORDER apply with SPARSE_UNIFORM_WALK only (alone they spilled 12-28 B
 #   more).
 # - GROUP_ORDER (JFA_TLX_BWD_GROUP_ORDER=1; helper hgorder, bench/NOTES.md "ordered head groups"): block-sparse with
 #   head groups (HEAD_GROUP / SPARSE_HEAD_GROUP) and the uniform walk: ITEM_ORDER's snake over a per-item list that
@@ -279,7 +276,6 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 _HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
 BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
 SPARSE_HEAD_GROUP = 2
-SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls

@@ -137,7 +137,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, stats_ahead: bool = False,
-                       head_grouped: bool = False, qdo_first: bool = False,
+                       head_grouped: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
                        causal_order: bool = False, ablate: int = 0,
                        group_split: int = 1,
@@ -145,8 +145,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
-    (``configs.stats_ahead``); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
-    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
+    (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
+    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``,
     ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); causal_order: helper
     tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
     ``configs.BACKWARD_ABLATE`` (timing only: wrong results); group_split: helper gqabwd's GQA groups in that many parts
@@ -172,7 +172,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
                       DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, HEAD_GROUPED=head_grouped,
-                      QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
+                      UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
                       ABLATE=ablate, GROUP_SPLIT=group_split)
     constexprs["MXFP8"] = mxfp8
@@ -195,7 +195,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
            f"{'-dqshared' if dq_shared else ''}{'-statsahead' if stats_ahead else ''}" \
            f"{'-headgroup' if head_grouped else ''}" \
-           f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
+           f"{'-uniform' if uniform_walk else ''}" \
            f"{'-itemorder' if item_order else ''}" \
            f"{'-causalorder' if causal_order else ''}" \
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
@@ -371,23 +371,19 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, v2=True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
     yield bwd_specialization(128, "bf16", True, v2=True, sparse=True)
     # helper sparsebwd2's experiments on the default (v2 + dQ split): configs.BACKWARD_HEAD_GROUP (dense and
-    # block-sparse), SPARSE_BACKWARD_QDO_FIRST and _UNIFORM_WALK (block-sparse; the other two ride on the uniform
-    # walk there: attention_backward)
+    # block-sparse) and SPARSE_BACKWARD_UNIFORM_WALK (block-sparse; head groups ride on the uniform walk there:
+    # attention_backward)
     sparse_v2 = dict(v2=True, dq_shared=True, sparse=True)
-    every = dict(head_grouped=True, qdo_first=True, uniform_walk=True)
     dense_v2 = {d: dict(v2=True, dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], head_grouped=True)
-            for knobs in (dict(uniform_walk=True), dict(head_grouped=True, uniform_walk=True),
-                          dict(qdo_first=True, uniform_walk=True), every):
+            for knobs in (dict(uniform_walk=True), dict(head_grouped=True, uniform_walk=True)):
                 yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, **knobs)
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
-            yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
-                                     item_order=True)
     # helper tlxbwdcausal's dense per-item list (configs.BACKWARD_CAUSAL_ORDER: masked dense calls of head dims >=
     # CAUSAL_ORDER_MIN_HEAD_DIM)
     for head_dim in (64, 128):
@@ -421,10 +417,9 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **default)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **every)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **every)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **every)
-    yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, **every)
+    # the block-sparse default's kernel (the group order's: the uniform walk under the item order) on 256 blocks
+    yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, uniform_walk=True,
+                             item_order=True)
     # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
     lab = dict(v2=True, dq_shared=True)
     for causal in (False, True):
