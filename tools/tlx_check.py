@@ -2,7 +2,7 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
-BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, statsahead,
+BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
@@ -285,16 +285,16 @@ def backward_cases():
     ]
 
 
-# The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
+# The TLX backward's variants: name -> the configs flags it sets (the others off): v2, v2 with dQ split (the
 # default), and the experiments on the default (helper tlxbwd3): STATS_AHEAD; helper tlxbwdcausal's per-item list
 # of masked dense calls (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
 # the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
 # device since stop 30; K/V freed before the dK/dV epilogue since stop 33)
-_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
                     BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)
-BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
+BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
@@ -322,7 +322,7 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
                 "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
-_BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
+_BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
@@ -751,7 +751,7 @@ def backward_timing() -> int:
     is printed when measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the
     experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those (BWD_VARIANTS keys; a key + ``-percall``: without the
     max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's list per call as before helper causalorder2: the
-    host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense
+    host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v2 (without the dQ split); ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense
     causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
     bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
     bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
@@ -797,7 +797,7 @@ def backward_timing() -> int:
     # (column, BWD_VARIANTS key; None: the triton backward)
     cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
-        cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
+        cols += [("tlx-v2", "v2")]
     new = (["statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
     if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only

@@ -2,7 +2,8 @@
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
 # mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
-# (`backward`: the TLX backward's sweep vs the oracle, the default (v1, v2 too with BWD_BASELINES=1), <= 4 min;
+# (`backward`: the TLX backward's sweep vs the oracle, the default (v2 without the dQ split too with
+# BWD_BASELINES=1), <= 4 min;
 # `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / statsahead / causalorder,
 # <= 4 min; TLX_BWD_TIMING_COLS=a,b: those experiments only)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
@@ -82,10 +83,9 @@ fi
 if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
   TLX_TIMING_V4=$v4_ok $limit 100 python3 tools/tlx_check.py timing || rc=1
 fi
-if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v1 (the old consumers) and v2
-  # (BWD_BASELINES=1; both passed on 2026-12-02), then v2 with dQ split between the consumers (the default), <= 4 min
+if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v2 without the dQ split
+  # (BWD_BASELINES=1; passed on 2026-12-02), then v2 with dQ split between the consumers (the default), <= 4 min
   if [ "${BWD_BASELINES:-0}" = 1 ]; then
-    $limit 100 python3 tools/tlx_check.py backward-v1 || rc=1
     $limit 130 python3 tools/tlx_check.py backward-v2 || rc=1
   fi
   $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1

@@ -39,10 +39,10 @@ MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
 # The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 400 (the key
 # interval mask; ``visible`` spilled 800 there).
 MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
-# The backward's v2 consumers ("bwd-*-v2": configs.BACKWARD_V2), stores + loads: D64 0; D128 320-904 (full 320,
+# The backward's v2 consumers ("bwd-*-v2"), stores + loads: D64 0; D128 320-904 (full 320,
 # broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
 # prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;
-# bench/NOTES.md "TLX backward v2"). v1: 1464-1636. v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
+# bench/NOTES.md "TLX backward v2"). v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
 # D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692).
 MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 # The block-sparse backward ("sparse-bwd-*": SPARSE on the v2 consumers), stores + loads: D64 56-68 (68 since the dQ
@@ -231,7 +231,7 @@ def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
 
 def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
     """The v2 backward consumer (``attn_bwd._consume_rows_v2``) overlaps S with dP, dV with dS, dK with dQ's staging:
-    wgmma groups in flight (its loop has num_stages=0), and its spills stay far below v1's."""
+    wgmma groups in flight (its loop has num_stages=0), and its spills stay within their budget."""
     rows = [r for r in compiled if r["name"].startswith(("bwd-", "sparse-bwd-")) and "-v2" in r["name"]]  # also
     # "-v2-dqshared" and the block-sparse backward (SPARSE on the v2 consumers)
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no v2 backward compiled"
@@ -510,7 +510,7 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
     Also: the shipped peel kernels are listed. ~60 s."""
     kinds = "(dict(), dict(causal=True), dict(causal=True, has_left=True, dtype='fp16'))"
     names, rows = _shipped_and_compiled(
-        "-peel", "[s.bwd_specialization(128, kw.pop('dtype', 'bf16'), kw.pop('causal', False), v2=True, "
+        "-peel", "[s.bwd_specialization(128, kw.pop('dtype', 'bf16'), kw.pop('causal', False), "
         "dq_shared=True, kv_early=True, peel=peel, **kw) for kw0 in " + kinds + " for peel in (False, True) "
         "for kw in [dict(kw0)]]", "JFA_TLX_BWD_PEEL", 6)
     assert sorted(names) == sorted([
@@ -576,7 +576,7 @@ def test_gqa_split_kernels_add_partials_from_registers():
     block loop (its HGMMA and MUFU; the path within 16 instructions of the default's: +7 / +10 at stop 25). The
     shipped split kernels are the snake's (D128, and D64 since helper gqarule's rule splits D64 calls). ~30 s."""
     names, (default, *split) = _shipped_and_compiled(
-        "-split", "[s.bwd_specialization(128, 'bf16', True, v2=True, dq_shared=True, **kw)"
+        "-split", "[s.bwd_specialization(128, 'bf16', True, dq_shared=True, **kw)"
         " for kw in (dict(), dict(group_split=4), dict(group_split=4, item_order=True))]", "JFA_TLX_BWD_GQA_SPLIT", 3)
     assert sorted(names) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4",
                              "bwd-d64-bf16-causal-v2-dqshared-statsahead-itemorder-split4"]  # gqarule's D64
@@ -645,7 +645,7 @@ def test_zero_store_keeps_consumer_0s_descriptors_uniform():
     (sm_90 ptxas at stop 38: full 352 -> 508, causal 444 -> 732: per work item; bench/NOTES.md "Issue 10: consumer
     0's descriptors, helper desc38"). D128 full and causal. ~60 s."""
     names, rows = _shipped_and_compiled(
-        "-zerostore", "[s.bwd_specialization(128, 'bf16', causal, v2=True, dq_shared=True, kv_early=True, "
+        "-zerostore", "[s.bwd_specialization(128, 'bf16', causal, dq_shared=True, kv_early=True, "
         "zero_store=z) for causal in (False, True) for z in (False, True)]", "JFA_TLX_BWD_ZERO_STORE", 4)
     assert names == []  # not shipped: off until timed on the H200
     for base, fixed in zip(rows[0::2], rows[1::2]):

@@ -64,9 +64,9 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
 # dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
 # bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
 # masked blocks' dS guard (PEEL, helper peel37: off by default).
-_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+_BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
-BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
+BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
@@ -94,15 +94,14 @@ def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
 @pytest.mark.parametrize("variant", list(BWD_VARIANTS))
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeypatch):
-    """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
-    with dQ split between them (BACKWARD_DQ_SHARED, the default), and the experiments on it: every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced
-    over the batch, empty
-    sequences, length 1), gradients against the float64 oracle."""
+    """The TLX backward (configs.BACKWARD, on by default) without and with dQ split between its consumers
+    (BACKWARD_DQ_SHARED, the default), and the experiments on it: every feature case (jagged, causal, window, GQA,
+    broadcast-Q with dQ reduced over the batch, empty sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
+    for flag in ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
                  "BACKWARD_PEEL", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))

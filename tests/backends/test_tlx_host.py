@@ -804,7 +804,6 @@ BACKWARD_CHANGES = {
     "scale": dict(scale=0.3),
     "grad_lse": dict(grad_lse=True),
     "dQ split off": dict(switch=("BACKWARD_DQ_SHARED", False)),
-    "v1 consumers": dict(switch=("BACKWARD_V2", False)),
     "stats_ahead": dict(switch=("BACKWARD_STATS_AHEAD", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
@@ -964,7 +963,7 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     seen = []
     monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
-    head_group, uniform_walk, item_order, group_order = seen[0][3:7]  # [7]: causal_order
+    head_group, uniform_walk, item_order, group_order = seen[0][2:6]  # [6]: causal_order
     assert (head_group, item_order, group_order) == want
 
 
@@ -1347,7 +1346,7 @@ def test_mxfp8_backward_launches_with_delta_from_the_given_dout(gpu, mxfp8):
     do_mx, do = (torch.randn(q.shape, generator=g).to(q.dtype) for _ in range(2))
     out, lse = torch.randn(q.shape, generator=g).to(q.dtype), torch.randn(q.shape[1], q.shape[0])
     extra = dict(mxfp8=True, delta_grad_out=do) if mxfp8 else {}
-    attn_bwd.attention_backward(do_mx, None, q, k, v, out, lse, offsets, offsets, _params(causal=True), v2=True,
+    attn_bwd.attention_backward(do_mx, None, q, k, v, out, lse, offsets, offsets, _params(causal=True),
                                 dq_shared=True, **extra)
     launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
                 for kernel in (attn_bwd.attn_bwd_tlx_kernel, triton_bwd.attn_bwd_delta_kernel)

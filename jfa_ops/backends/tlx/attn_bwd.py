@@ -4,10 +4,12 @@ One persistent program per SM, 12 warps:
 - the producer (4 warps) loads, per work item (key tile of BLOCK_N keys, kv head), the K and V tiles once, then for
   every q head of the kv head's group the query blocks (Q and dO, BLOCK_M rows each) the keys can see, through a
   double-buffered ring (full/empty mbarriers);
-- two consumer warpgroups each own BLOCK_N / 2 keys: per query block they recompute P^T = exp2(K Q^T * scale - lse),
-  dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q, and dQ_block = dS K (through dS^T in shared
-  memory), which goes to an fp32 accumulator by a TMA bulk reduce-add (so the two consumers, every key tile and, for
-  broadcast Q, every sequence add into it without atomics in registers). dK, dV stay in registers over the group.
+- two consumer warpgroups each own BLOCK_N / 2 keys (``_consume_rows_v2``: FA3's order, wgmma overlapped;
+  bench/NOTES.md "TLX backward v2"): per query block they recompute P = exp2(Q K^T * scale - lse), dV += P^T dO,
+  dP = dO V^T, dS = P (dP - delta), dK += dS^T Q, and dQ_block = dS K, which goes to an fp32 accumulator by a TMA
+  bulk reduce-add (so the two consumers, every key tile and, for broadcast Q, every sequence add into it without
+  atomics in registers); with DQ_SHARED (the default) each consumer computes one column half of dQ over both
+  consumers' keys. dK, dV stay in registers over the group.
 
 Work items and block ranges come from the triton backend's key tile lists (``scheduling.kv_tiles``) and
 ``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail; the producer loads them in
@@ -16,10 +18,8 @@ within 240 at D128). Jagged TMA, as in the forward:
 key/value rows of the tile past the sequence end are zeroed in shared memory by their consumer (a zero key adds
 nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
 barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
-dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels.
-
-V2 (``configs.BACKWARD_V2``): the consumers of ``_consume_rows_v2`` (FA3's order, wgmma overlapped; bench/NOTES.md
-"TLX backward v2"); producer, work list and zeroing as above.
+dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels. (The first consumers, v1: S^T
+and dS^T transposed, 0.65-0.84x the triton backward, were removed; their code is in git history, e.g. 05f76bf.)
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, sch
 from . import configs
 from .attn_fwd import (NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tile_count, _tile_sequence, _tma_ready,
                        _uniform_walk, _zero_rows_past_end, uniform_lengths)
-from .configs import NUM_WARPS, bwd_config, bwd_config_v2
+from .configs import NUM_WARPS, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
 DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are in shared memory (or: done with K)
@@ -253,73 +253,6 @@ def _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_emptie
 
 
 @triton.jit
-def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties, ds_tile,
-                  dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale, right,
-                  window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, CID: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                  NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
-                  HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr):
-    """dK, dV of this consumer's keys over the query blocks of one q head (the producer's order: masked lead,
-    mask-free bulk, masked tail); dQ reduce-added.
-
-    One loop over the three stages, the mask under a runtime branch: three instances of the body (one per stage)
-    each had their own loop-invariant values (wgmma descriptors, shared-memory addresses) hoisted and live across
-    all three loops, which ptxas spilled."""
-    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
-    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
-    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
-    for j in range(0, n_all):
-        masked = (j < n_lead) | (j >= n_unmasked)
-        m0 = tl.where(j < n_lead, lead_begin + j * BLOCK_M,
-                      tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK_M,
-                               tail_begin + (j - n_unmasked) * BLOCK_M))
-        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-        tlx.barrier_wait(q_fulls[buf], phase)
-        # Positions relative to the block (m0) and to this consumer's first key (k0), lengths shifted to match: the
-        # same masks, but the per-element constants stay small 32-bit iotas (absolute positions let LLVM widen the
-        # loop counter to 64 bits and hoist one 64-bit bound per element out of the loop: registers, then spills).
-        rows = tl.arange(0, BLOCK_M)
-        keys = tl.arange(0, k_tile.shape[0])
-        rows_left = len_q - m0
-        rows_ok = rows < rows_left
-        if masked:
-            _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
-        q_tile = q_tiles[buf]
-        do_tile = do_tiles[buf]
-        s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
-        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-        s_t = tlx.async_dot_wait(0, s_t)
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-        if masked:
-            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
-                                   HAS_LEFT), p_t, 0.0)
-        dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
-        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
-        dp_t = tlx.async_dot_wait(1, dp_t)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
-            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
-        ds_t = ds_t.to(DTYPE)
-        dk = tlx.async_dot(ds_t, q_tile, dk)
-        tlx.local_store(ds_tile, ds_t)
-        tlx.fence_async_shared()
-        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS^T is in shared memory
-        dk = tlx.async_dot_wait(0, dk)
-        dv = tlx.async_dot_wait(0, dv)
-        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO are no longer read (dQ reads dS^T and K only)
-        # dQ_block = dS K (unscaled), DQ_SPLIT column slices at a time (fewer live registers), each reduce-added
-        # into the fp32 accumulator from a staging buffer by TMA.
-        for c in tl.static_range(DQ_SPLIT):
-            k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
-            dq = tlx.async_dot(tlx.local_trans(ds_tile), k_cols)
-            dq = tlx.async_dot_wait(0, dq)
-            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
-        q_count += 1
-    return dk, dv, q_count, dq_count
-
-
-@triton.jit
 def _opaque_zero(j):
     """0 for j >= 0, which neither LLVM nor ptxas can see (so values computed from it stay inside j's loop)."""
     return tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $1, 0; selp.u32 $0, 1, 0, p; }", "=r,r", [j],
@@ -345,7 +278,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
                      PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
-    registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
+    registers per thread (S^T: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
     pipeliner waits for every wgmma right after issuing it), so: S with dP; dV with dS's arithmetic; dK with dQ
     slice 0's staging store. K, V, P, dS are this consumer's buffers (index CID).
@@ -456,7 +389,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                 buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
                 tlx.barrier_wait(q_fulls[buf], phase)
-                # block-relative (v1's lesson: absolute positions cost 64-bit hoisted bounds)
+                # block-relative (absolute positions cost 64-bit hoisted bounds)
                 rows = tl.arange(0, BLOCK_M)
                 rows_left = len_q - m0
                 rows_ok = rows < rows_left
@@ -590,8 +523,8 @@ def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl
     fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next
     sequence's) are zeroed first, in a branch only blocks that run past the end take: their dS is 0, but 0 x an
     infinite key of this sequence is NaN. Where: on the registers (ZERO_IN_SHARED False: the dQ split between the
-    consumers, whose spills it leaves about as they were), or on the staged rows (ZERO_IN_SHARED: v1 and v2's
-    per-consumer column slices, where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
+    consumers, whose spills it leaves about as they were), or on the staged rows (ZERO_IN_SHARED: the
+    per-consumer column slices without the split, where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
     if not ZERO_IN_SHARED:
         dq = _zero_dq_rows_past_end(dq, rows_left)
     stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
@@ -661,7 +594,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                        TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
+                        TILES_FROM_OFFSETS: tl.constexpr, DQ_SHARED: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
                         STATS_AHEAD: tl.constexpr = False, HEAD_GROUPED: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
@@ -670,11 +603,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
-    V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
-    DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
-    V2): ``_consume_rows_v2``'s lse/delta prefetch (``configs.BACKWARD_STATS_AHEAD``).
+    The consumers are ``_consume_rows_v2``'s (un-transposed S, P and dS through shared memory, wgmma overlapped);
+    DQ_SHARED: their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD:
+    ``_consume_rows_v2``'s lse/delta prefetch (``configs.BACKWARD_STATS_AHEAD``).
 
-    SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
+    SPARSE (block-sparse attention, ``block_sparse_backward``): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
     selection, ascending ids of BLOCK_Q rows; Q_BLOCK_COUNT [B, Hkv, n_kv_blocks]; ``_selected_rows``), for every q
     head of the group; a key tile lies in one KV block of BLOCK_KV keys.
@@ -690,25 +623,25 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     per (key tile, kv head, part) (``_group_part``); DK / DV are then zeroed fp32 accumulators [T_kv, Hkv, D] that
     each item's partial dK (scaled) / dV is atomically added to (``_add_partial``; the host casts them).
 
-    MXFP8 (V2, dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``).
+    MXFP8 (dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``).
 
-    KV_EARLY (``configs.BACKWARD_KV_EARLY``; V2 with DQ_SHARED, one part per group): each consumer
+    KV_EARLY (``configs.BACKWARD_KV_EARLY``; with DQ_SHARED, one part per group): each consumer
     frees its K/V tiles before its dK/dV epilogue and stores dK/dV through its dQ staging buffer, so the producer's
     next K/V loads run under the epilogue.
 
-    PEEL (``configs.BACKWARD_PEEL``; V2, dense, not MXFP8): the consumers' block loop peeled by stage
+    PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the consumers' block loop peeled by stage
     (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without."""
-    tl.static_assert(not PEEL or (V2 and not SPARSE and not MXFP8), "PEEL: the dense v2 consumers, not MXFP8")
-    tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
+    tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
+    tl.static_assert(not MXFP8 or not SPARSE, "MXFP8: the dense walks")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
-    tl.static_assert(GROUP_SPLIT == 1 or (V2 and DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
-                     "GROUP_SPLIT: the dense v2 backward with the dQ split, items mapped arithmetically")
+    tl.static_assert(GROUP_SPLIT == 1 or (DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
+                     "GROUP_SPLIT: the dense backward with the dQ split, items mapped arithmetically")
     tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
-    tl.static_assert(not KV_EARLY or (V2 and DQ_SHARED and GROUP_SPLIT == 1),
-                     "KV_EARLY: the v2 consumers with the dQ split, one part per group")
-    tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
-                     "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
+    tl.static_assert(not KV_EARLY or (DQ_SHARED and GROUP_SPLIT == 1),
+                     "KV_EARLY: the consumers with the dQ split, one part per group")
+    tl.static_assert(not SPARSE or (BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
+                     "the block-sparse walk takes whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -725,12 +658,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
-    if V2:
-        p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
-        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
-    else:
-        p_tiles = None
-        ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
+    p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
+    ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
     dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
     kv_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
@@ -786,7 +715,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
             q_count = 0
             kv_count = 0
             dq_count = 0
-            d = tl.arange(0, HEAD_DIM)
             for i in range(0, my_items):
                 item = _bwd_item(snake_work(pid, i, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
                                  units, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
@@ -804,7 +732,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         sel_first = 0
                         sel_count = 0
                     k0 = n0 + cid * HALF_N  # this consumer's first key
-                    keys = k0 + tl.arange(0, HALF_N)
                     tlx.barrier_wait(kv_fulls[cid], kv_count & 1)
                     if k0 + HALF_N > len_k:  # keys past the sequence end: zero rows (a zero key adds 0 to dQ)
                         _zero_rows_past_end(k_tiles[cid], k0, len_k, HALF_N, HEAD_DIM, 32)
@@ -812,7 +739,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         tlx.named_barrier_wait(OWN_BARRIER + cid, 128)
                     k_tile = k_tiles[cid]
                     v_tile = v_tiles[cid]
-                    ds_tile = ds_tiles[cid]
                     dk = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dq_row0 = _q_rows(out_row0, BROADCAST_Q)
@@ -820,22 +746,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         head = kv_head * group + g
                         col = head * HEAD_DIM
                         stat_index = head.to(tl.int64) * total_out + out_row0
-                        if V2:
-                            dk, dv, q_count, dq_count = _consume_rows_v2(
-                                dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
-                                p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
-                                len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
-                                bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
-                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
-                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, ABLATE,
-                                MXFP8, PEEL, ZERO_STORE)
-                        else:
-                            dk, dv, q_count, dq_count = _consume_rows(
-                                dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
-                                ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
-                                qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
-                                tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ,
-                                DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype)
+                        dk, dv, q_count, dq_count = _consume_rows_v2(
+                            dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
+                            p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q,
+                            len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
+                            tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
+                            HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
+                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, ZERO_STORE)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -853,7 +770,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                             stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
                         _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
                                             kv_head * HEAD_DIM, cid, HEAD_DIM)
-                    elif V2:  # through this consumer's K and V tiles, then free them
+                    else:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
                         _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
@@ -865,11 +782,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                     if not KV_EARLY:
                         tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
-                    if not V2:
-                        keys_ok = keys < len_k
-                        offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
-                        tl.store(DK + offsets, (dk * scale).to(DK.dtype.element_ty), mask=keys_ok[:, None])
-                        tl.store(DV + offsets, dv.to(DV.dtype.element_ty), mask=keys_ok[:, None])
             tlx.async_descriptor_store_wait(0, read_only=False)  # every dQ reduce-add has landed
 
 
@@ -929,7 +841,7 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
             and uniform_lengths(params, kv_offsets.numel() - 1, q.shape[0], k.shape[0]))
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                        dq_shared: bool = False, selection=None, stats_ahead: bool = False,
                        head_group: int = 0, uniform_walk: bool = False,
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
@@ -937,10 +849,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False):
-    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
-    (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
-    (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
-    (``block_sparse_backward``; with v2). ``stats_ahead`` (``configs.stats_ahead``; with v2): dense
+    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ
+    split between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
+    (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense
     only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
     that many kv heads, 0 tile-major), ``uniform_walk``
     (``configs.SPARSE_BACKWARD_UNIFORM_WALK``; block-sparse only; there, head_group and item_order only with
@@ -957,20 +868,19 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
     builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
     (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
-    warning says so); dense calls of the v2 consumers with the dQ split.
+    warning says so); dense calls with the dQ split.
     ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
     ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
     the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
-    calls of the v2 consumers with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
-    none is built in one wave) or head groups. ``mxfp8`` (``mxfp8_attn_bwd.py``; dense, v2): the kernel's MXFP8
+    calls with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
+    none is built in one wave) or head groups. ``mxfp8`` (``mxfp8_attn_bwd.py``; dense): the kernel's MXFP8
     constexpr (P and dS rounded to their MXFP8 values), fed MX-valued q, k, v, grad_out; ``delta_grad_out``: the dO
     the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
-    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split, one
+    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split, one
     part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
+    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not
     MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
-    PEEL). ``zero_store`` (``configs.BACKWARD_ZERO_STORE``; calls of the v2 consumers, else
-    ignored): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
+    PEEL). ``zero_store`` (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
     ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
@@ -987,7 +897,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     parts = 1  # GROUP_SPLIT
-    if gqa_split and selection is None and v2 and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
+    if gqa_split and selection is None and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
         parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order and not split_first, gqa_split)
         item_order = item_order or snake_alone
         causal_order = causal_order and parts == 1  # moot where a split runs (no list was to be built)
@@ -995,17 +905,17 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    kv_early = bool(kv_early and v2 and dq_shared and parts == 1 and selection is None and not mxfp8)
-    peel = bool(peel and v2 and selection is None and not mxfp8)
-    zero_store = bool(zero_store and v2)
+    kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
+    peel = bool(peel and selection is None and not mxfp8)
+    zero_store = bool(zero_store)
     if ablate:
-        if not (v2 and dq_shared and selection is None):
+        if not (dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
-                             "(v2 consumers with the dQ split)")
+                             "(the consumers with the dQ split)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    variant = (v2, v2 and dq_shared, v2 and stats_ahead, head_group, uniform_walk, item_order, group_order,
-               causal_order, ablate, parts, kv_early, peel, zero_store)
+    variant = (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts,
+               kv_early, peel, zero_store)
     # no recipe for the MXFP8 backward (delta from another dO)
     kept = selection is None and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
@@ -1014,8 +924,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, causal_jagged)
         if grads is not None:
             return grads
-    if mxfp8 and not (v2 and selection is None):
-        raise ValueError("the MXFP8 backward (mxfp8) runs on the dense v2 consumers only")
+    if mxfp8 and selection is not None:
+        raise ValueError("the MXFP8 backward (mxfp8) runs on dense attention only")
     return _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection,
                           key, mxfp8, delta_grad_out, causal_jagged)
 
@@ -1026,8 +936,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
-    (v2, dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts,
-     kv_early, peel, zero_store) = variant
+    (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
+     peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1042,7 +952,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     given = (q, k, v, out, grad_out)
     q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
     if parts > 1:  # GROUP_SPLIT: the parts' dK (scaled) and dV added in fp32, cast after the kernel
@@ -1096,7 +1006,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     scale=params.scale, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
                     right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
-                    HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
+                    HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q,
                     DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, head_group=kernel_group,
                     HEAD_GROUPED=kernel_group > 0, UNIFORM_WALK=uniform_walk,
                     ITEM_LIST=items is not None, SNAKE=snake,
@@ -1289,10 +1199,10 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
                           uniform_walk: bool = False, item_order: bool = False,
                           group_order: bool = False):
-    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the v2 backward with SPARSE (each key tile walks the query
+    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the backward with SPARSE (each key tile walks the query
     tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
     backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``,
     ``item_order``, ``group_order``: the experiments (``attention_backward``)."""
-    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
+    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
                               uniform_walk=uniform_walk, item_order=item_order, group_order=group_order)

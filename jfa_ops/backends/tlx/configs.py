@@ -97,12 +97,10 @@ def fwd_head_group(heads_kv: int, group: int, slots: int, programs: int, uniform
 # (H200, 2026-12-02: sweeps and the GPU tests passed; v2 with the dQ split 1.22-1.51x the triton backward, bench/NOTES.md
 # v12). Env JFA_TLX_BWD=0: the triton backward.
 BACKWARD = os.environ.get("JFA_TLX_BWD", "1") != "0"
-# With BACKWARD on: the v2 consumers (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared
-# memory, wgmma overlapped; bench/NOTES.md "TLX backward v2") instead of v1's (0.65-0.84x the triton backward). On
-# by default; env JFA_TLX_BWD_V2=0: v1.
-BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "1") != "0"
-# With BACKWARD_V2: dQ split by columns between the two consumers over all 128 keys (FA3's; half the dQ reduce-adds,
-# one more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
+# Its consumers are v2's (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared memory, wgmma
+# overlapped; bench/NOTES.md "TLX backward v2"; v1's, 0.65-0.84x the triton backward, were removed: git history,
+# 05f76bf). Their dQ split by columns between the two consumers over all 128 keys (FA3's; half the dQ reduce-adds, one
+# more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
 # JFA_TLX_BWD_DQ_SHARED=0: off.
 BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
 # STATS_AHEAD (helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"; a kernel constexpr): lse and delta of the next
@@ -501,18 +499,7 @@ class BwdConfig:
 
 
 # dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
-# it). ptxas spills (stores / loads, bytes per thread): D128 656-736 / 808-900, D64 80-108 / 104-136, nearly all per
-# work item, not per query block (bench/NOTES.md "TLX backward: register budget": DQ_SPLIT 1 does not fit in shared
-# memory, 4 spills more; one dQ staging buffer spills the same).
-_BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
-
-
-def bwd_config(head_dim: int) -> Optional[BwdConfig]:
-    """The TLX backward's config, None where the triton backend's backward runs instead."""
-    return _BWD.get(head_dim)
-
-
-# v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB + dQ
+# it). v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB + dQ
 # staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
 # take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas
 # spilled 400 / 500 B per thread (full) instead of 140 / 180.
@@ -532,7 +519,7 @@ def stats_ahead(head_dim: int) -> bool:
 def backward_options(head_dim: int, heads_kv: int) -> dict:
     """The dense TLX backward's switches as set here: ``attn_bwd.attention_backward``'s keywords (the default
     backward and the MXFP8 one, ``mxfp8_attn_bwd.py``, take them from one place)."""
-    return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED,
+    return dict(dq_shared=BACKWARD_DQ_SHARED,
                 stats_ahead=stats_ahead(head_dim), head_group=head_group(heads_kv),
                 item_order=BACKWARD_ITEM_ORDER, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
@@ -542,7 +529,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
-    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
+    """The backward's config (``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
     backend's backward runs instead. Shared memory at D128 (bytes): dq_shared 213,384."""
     return (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
 

@@ -19,7 +19,7 @@ from typing import Dict, Iterator
 
 from ..triton.specializations import exp2_of_fma_count
 from .configs import (BACKWARD_ABLATION_RUNS, CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS,
-                      backward_ablation_mask, backward_ablation_names, bwd_config, bwd_config_v2, fwd_choices,
+                      backward_ablation_mask, backward_ablation_names, bwd_config_v2, fwd_choices,
                       fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
@@ -134,7 +134,7 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
 
 
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
-                       broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
+                       broadcast_q: bool = False, from_offsets: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, stats_ahead: bool = False,
                        head_grouped: bool = False,
@@ -157,7 +157,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
-    cfg = bwd_config_v2(head_dim, dq_shared) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared)
     names = list(attn_bwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
              "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
@@ -170,7 +170,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "WORK_COUNTER": "*i32", "scale": "fp32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
+                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets,
                       DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, HEAD_GROUPED=head_grouped,
                       UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
@@ -192,7 +192,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     signature, attrs = _signature_attrs(names, types, constexprs, NO_SELECTION)
     name = f"{'sparse-' if sparse else ''}" \
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
-           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}-v2" \
            f"{'-dqshared' if dq_shared else ''}{'-statsahead' if stats_ahead else ''}" \
            f"{'-headgroup' if head_grouped else ''}" \
            f"{'-uniform' if uniform_walk else ''}" \
@@ -232,7 +232,7 @@ def backward_ablation_specializations() -> Iterator[Specialization]:
     tools/tlx_check.py backward-ablation times (D128 bf16, the default consumers): dense full, dense causal (the
     causal order's list) and jagged causal (tile-major). Not shipped: ``tools/tlx_compile.py bwd-ablate`` compiles
     them."""
-    default = dict(v2=True, dq_shared=True)
+    default = dict(dq_shared=True)
     for names in BACKWARD_ABLATION_RUNS[1:]:
         mask = backward_ablation_mask(names)
         yield bwd_specialization(128, "bf16", False, ablate=mask, **default)
@@ -269,7 +269,7 @@ def mxfp8_backward_specializations() -> Iterator[Specialization]:
     ahead). Kept out of ``shipped_specializations`` so CI compiles them once, in
     ``test_tlx_compile.py::test_mxfp8_backward_kernels_compile_within_the_ablation_budget`` (with their spill and
     instruction budgets); ``tools/tlx_compile.py mxfp8`` (any argument naming "mxfp8") compiles them."""
-    default = dict(v2=True, dq_shared=True, mxfp8=True)
+    default = dict(dq_shared=True, mxfp8=True)
     yield bwd_specialization(128, "bf16", False, **default)
     yield bwd_specialization(128, "bf16", True, causal_order=True, **default)
     yield bwd_specialization(128, "bf16", True, **default)
@@ -352,8 +352,8 @@ def _specializations() -> Iterator[Specialization]:
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2)
     yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2)
-    # the backward's v1 and v2 consumers (configs.BACKWARD_V2), v2 with dQ split between them (BACKWARD_DQ_SHARED)
-    for variant in (dict(), dict(v2=True), dict(v2=True, dq_shared=True)):
+    # the backward (its v2 consumers: "-v2"), and with dQ split between them (configs.BACKWARD_DQ_SHARED)
+    for variant in (dict(), dict(dq_shared=True)):
         for head_dim in (64, 128):
             for causal in (False, True):
                 yield bwd_specialization(head_dim, "bf16", causal, **variant)
@@ -364,17 +364,17 @@ def _specializations() -> Iterator[Specialization]:
     # one without), 128 x 128 blocks (select_kv_blocks' default) and blocks of several tiles
     for head_dim in (64, 128):
         for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "bf16", True, v2=True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
-    yield bwd_specialization(128, "bf16", True, v2=True, sparse=True)
+            yield bwd_specialization(head_dim, "bf16", causal, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
+    yield bwd_specialization(128, "bf16", True, sparse=True)
     # helper sparsebwd2's experiments on the default (v2 + dQ split): configs.BACKWARD_HEAD_GROUP (dense and
     # block-sparse) and SPARSE_BACKWARD_UNIFORM_WALK (block-sparse; head groups ride on the uniform walk there:
     # attention_backward)
-    sparse_v2 = dict(v2=True, dq_shared=True, sparse=True)
-    dense_v2 = {d: dict(v2=True, dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
+    sparse_v2 = dict(dq_shared=True, sparse=True)
+    dense_v2 = {d: dict(dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], head_grouped=True)
@@ -421,7 +421,7 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, uniform_walk=True,
                              item_order=True)
     # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
-    lab = dict(v2=True, dq_shared=True)
+    lab = dict(dq_shared=True)
     for causal in (False, True):
         yield bwd_specialization(128, "bf16", causal, stats_ahead=True, **lab)
     yield bwd_specialization(64, "bf16", True, stats_ahead=True, **lab)
