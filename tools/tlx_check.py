@@ -285,9 +285,9 @@ def backward_cases():
     ]
 
 
-# The TLX backward's variants: name -> the configs flags it sets (the others off): v2, v2 with dQ split (the
-# default), and the experiments on the default (helper tlxbwd3): STATS_AHEAD; helper tlxbwdcausal's per-item list
-# of masked dense calls (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
+# The TLX backward's variants: name -> the configs flags it sets (the others off): v2, v2 with dQ split (the default),
+# and the experiments on the default (helper tlxbwd3): STATS_AHEAD; helper tlxbwdcausal's per-item list of masked dense
+# calls (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
 # the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
@@ -743,26 +743,27 @@ def gqa_timing_cases(lens):
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (the
     shipped configs: v2 with dQ split, CAUSAL_ORDER's rule, "default") and the experiments on it (BWD_VARIANTS
-    statsahead / causalorder). One forward per row; the columns are timed in ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
-    a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
-    row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other); every
-    other round runs the columns in reverse, so that no column always follows the same one (helper uniformorder:
-    v20's dense control read 0.96-0.98 in two columns that launch exactly the default's kernel and list). Each row
-    is printed when measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the
-    experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those (BWD_VARIANTS keys; a key + ``-percall``: without the
-    max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's list per call as before helper causalorder2: the
-    host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v2 (without the dQ split); ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense
-    causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
-    bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
-    bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
-    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``:
-    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal twice: with the hints (a
-    control: one length, the kept list in every column, so every ratio there is the harness's noise) and ``no
-    hints`` (a row whose forward gets none in any column: the default's tile-major order against the list built per
-    call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED. ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row
-    (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0) causal, and the dense B8 S4096 and jagged T32768
-    causal controls (no triton column: fewer compiles), for the flip of JFA_TLX_BWD_KV_EARLY (helper window31; on
-    since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default before against the default)."""
+    statsahead / causalorder). One forward per row; the columns are timed in ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved
+    rounds of do_bench and each value is the median of its rounds, so that a drift of the host or the GPU over a row
+    hits every column alike (helper gqarule: stop 25's dense S2048 causal row read 0.90x in two columns that ran the
+    default's kernel and launches, timed one after the other); every other round runs the columns in reverse, so that no
+    column always follows the same one (helper uniformorder: v20's dense control read 0.96-0.98 in two columns that
+    launch exactly the default's kernel and list). Each row is printed when measured (a hung kernel ends the run there:
+    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
+    (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's
+    list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v2 (without
+    the dQ split); ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
+    TLX backward trails FA4 most: causalorder's target), the bench's jagged T16384 causal (short, jagged: where
+    causalorder's per-call list would show its host time) and the bench's GQA 16:2 causal (gqasplit's target).
+    ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and two MHA controls; no triton column), for the
+    flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``: the jagged causal rows T32768, T16384 and GQA 16:2
+    T32768, and dense B8 S4096 causal twice: with the hints (a control: one length, the kept list in every column, so
+    every ratio there is the harness's noise) and ``no hints`` (a row whose forward gets none in any column: the
+    default's tile-major order against the list built per call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED.
+    ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0)
+    causal, and the dense B8 S4096 and jagged T32768 causal controls (no triton column: fewer compiles), for the flip of
+    JFA_TLX_BWD_KV_EARLY (helper window31; on since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default
+    before against the default)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs

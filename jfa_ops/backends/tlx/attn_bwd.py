@@ -19,7 +19,7 @@ key/value rows of the tile past the sequence end are zeroed in shared memory by 
 nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
 barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
 dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels. (The first consumers, v1: S^T
-and dS^T transposed, 0.65-0.84x the triton backward, were removed; their code is in git history, e.g. 05f76bf.)
+and dS^T transposed, 0.64-0.84x the triton backward, were removed; their code is in git history, e.g. 05f76bf.)
 """
 from __future__ import annotations
 
@@ -278,7 +278,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
                      PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
-    registers per thread (S^T: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
+    registers per thread (transposed: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
     pipeliner waits for every wgmma right after issuing it), so: S with dP; dV with dS's arithmetic; dK with dQ
     slice 0's staging store. K, V, P, dS are this consumer's buffers (index CID).
@@ -520,11 +520,11 @@ def _zero_dq_rows_past_end(dq, rows_left):
 def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl.constexpr,
                    NUM_BUFFERS_DQ: tl.constexpr, ZERO_IN_SHARED: tl.constexpr = False):
     """A consumer's dQ slice staged in shared memory (buffer ``dq_count`` of its ring) and TMA reduce-added into the
-    fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next
-    sequence's) are zeroed first, in a branch only blocks that run past the end take: their dS is 0, but 0 x an
-    infinite key of this sequence is NaN. Where: on the registers (ZERO_IN_SHARED False: the dQ split between the
-    consumers, whose spills it leaves about as they were), or on the staged rows (ZERO_IN_SHARED: the
-    per-consumer column slices without the split, where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
+    fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next sequence's)
+    are zeroed first, in a branch only blocks that run past the end take: their dS is 0, but 0 x an infinite key of this
+    sequence is NaN. Where: on the registers (ZERO_IN_SHARED False: the dQ split between the consumers, whose spills it
+    leaves about as they were), or on the staged rows (ZERO_IN_SHARED: the per-consumer column slices without the split,
+    where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
     if not ZERO_IN_SHARED:
         dq = _zero_dq_rows_past_end(dq, rows_left)
     stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
@@ -841,47 +841,42 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
             and uniform_lengths(params, kv_offsets.numel() - 1, q.shape[0], k.shape[0]))
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
-                       dq_shared: bool = False, selection=None, stats_ahead: bool = False,
-                       head_group: int = 0, uniform_walk: bool = False,
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, dq_shared: bool = False,
+                       selection=None, stats_ahead: bool = False, head_group: int = 0, uniform_walk: bool = False,
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
-                       ablate: int = 0,
-                       gqa_split: int = 0, mxfp8: bool = False,
+                       ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False):
-    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ
-    split between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
-    (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense
-    only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
-    that many kv heads, 0 tile-major), ``uniform_walk``
+    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
+    between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
+    attention (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense only. The schedule's:
+    ``head_group`` (``configs.head_group``: items in groups of that many kv heads, 0 tile-major), ``uniform_walk``
     (``configs.SPARSE_BACKWARD_UNIFORM_WALK``; block-sparse only; there, head_group and item_order only with
-    uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
-    block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless
-    ``group_order``), ``group_order`` (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order
-    over a list in head_group's groups, ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier
-    call made a recipe for (``_Recipe``) launches through it. ``causal_order`` (``configs.BACKWARD_CAUSAL_ORDER``;
-    dense calls with a mask, where the key tile list is sorted, not one wave): the items in L2-sized sections of
-    (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
-    made once per shape), with the snake; head_group and item_order yield to it there; head dims below
-    ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
-    (``one_length_causal``), and with ``causal_jagged`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call
-    where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
-    builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
-    (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
-    warning says so); dense calls with the dQ split.
-    ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
-    ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
-    the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
-    calls with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
-    none is built in one wave) or head groups. ``mxfp8`` (``mxfp8_attn_bwd.py``; dense): the kernel's MXFP8
-    constexpr (P and dS rounded to their MXFP8 values), fed MX-valued q, k, v, grad_out; ``delta_grad_out``: the dO
-    the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
-    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split, one
-    part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not
-    MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
-    PEEL). ``zero_store`` (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
-    ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
+    uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and block-sparse items sorted by
+    their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless ``group_order``), ``group_order``
+    (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order over a list in head_group's groups,
+    ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier call made a recipe for (``_Recipe``)
+    launches through it. ``causal_order`` (``configs.BACKWARD_CAUSAL_ORDER``; dense calls with a mask, where the key
+    tile list is sorted, not one wave): the items in L2-sized sections of (sequence, kv head) streams
+    (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list made once per shape), with the
+    snake; head_group and item_order yield to it there; head dims below ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the
+    default; None: one-length causal batches only (``one_length_causal``), and with ``causal_jagged``
+    (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call where no GQA split runs (the split's balance at few kv
+    heads; untimed against the list); ``causal_jagged`` also builds a per-call list on the device
+    (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or
+    stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a warning says so); dense calls with the dQ
+    split. ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off, ``configs.GQA_SPLIT_AUTO`` the model's plan): a
+    GQA call's q-head groups in parts per kv head (``_gqa_split``; the kernel's GROUP_SPLIT, partial dK/dV added in
+    fp32), taken by the snake (auto: or the snake alone); dense calls with the dQ split, without an item list
+    (CAUSAL_ORDER's yields where a split runs: none is built in one wave) or head groups. ``mxfp8``
+    (``mxfp8_attn_bwd.py``; dense): the kernel's MXFP8 constexpr (P and dS rounded to their MXFP8 values), fed MX-valued
+    q, k, v, grad_out; ``delta_grad_out``: the dO the delta pre-pass reads instead of grad_out (the MXFP8 backward's
+    unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split,
+    one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
+    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
+    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL). ``zero_store``
+    (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of
+    zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
@@ -1197,12 +1192,11 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
-                          uniform_walk: bool = False, item_order: bool = False,
-                          group_order: bool = False):
-    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the backward with SPARSE (each key tile walks the query
-    tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
-    backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``,
-    ``item_order``, ``group_order``: the experiments (``attention_backward``)."""
+                          uniform_walk: bool = False, item_order: bool = False, group_order: bool = False):
+    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the backward with SPARSE (each key tile walks the query tiles of
+    the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse backward's
+    contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``, ``item_order``, ``group_order``:
+    the experiments (``attention_backward``)."""
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
                               uniform_walk=uniform_walk, item_order=item_order, group_order=group_order)

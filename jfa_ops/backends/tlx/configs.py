@@ -499,10 +499,10 @@ class BwdConfig:
 
 
 # dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
-# it). v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB + dQ
-# staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
-# take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas
-# spilled 400 / 500 B per thread (full) instead of 140 / 180.
+# it). v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB +
+# dQ staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
+# take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas spilled
+# 400 / 500 B per thread (full) instead of 140 / 180.
 _BWD_V2 = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 
 

@@ -146,15 +146,14 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
     (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
-    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``,
-    ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); causal_order: helper
-    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
-    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); group_split: helper gqabwd's GQA groups in that many parts
-    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
-    and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
-    (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
-    without mask code (``configs.BACKWARD_PEEL``); zero_store: helper desc38's rows past the end zeroed by
-    8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
+    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``, ``BACKWARD_ITEM_ORDER``: SNAKE, and
+    ITEM_LIST when sparse); causal_order: helper tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``:
+    ITEM_LIST and SNAKE); ablate: ``configs.BACKWARD_ABLATE`` (timing only: wrong results); group_split: helper gqabwd's
+    GQA groups in that many parts per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators);
+    mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P and dS rounded to MXFP8
+    values); kv_early: helper window31's K/V freed before the dK/dV epilogue (``configs.BACKWARD_KV_EARLY``); peel:
+    helper peel37's block loop peeled by stage, the mask-free bulk's loop without mask code (``configs.BACKWARD_PEEL``);
+    zero_store: helper desc38's rows past the end zeroed by 8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared)
