@@ -42,7 +42,7 @@ from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, snake_items, snake_work,
-                             stage_block_start, stage_bounds, visible, window_bounds, work_item)
+                             stage_block_start, stage_bounds, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.mxfp8_quantize import _shared_exponent
