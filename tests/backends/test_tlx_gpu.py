@@ -53,17 +53,15 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
     check_attention_case(case, "tlx")
 
 
-# The backward's variants: configs flags (the others off). v1, v2, v2 + dQ split (the default), and the experiments on
-# the default: the masked
-# dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where the key tile list is sorted, see
-# test_causal_order_list_matches_the_oracle);
-# GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
-# so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
-# (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
-# picks for each case's shapes; bwd-gqaoff: no split, the default before); K/V freed before the
-# dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
-# bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
-# masked blocks' dS guard (PEEL, helper peel37: off by default).
+# The backward's variants: configs flags (the others off). v2 (without the dQ split), v2 + dQ split (the default), and
+# the experiments on the default: the masked dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where
+# the key tile list is sorted, see test_causal_order_list_matches_the_oracle); GQA groups in parts with dK/dV added in
+# fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small, so every part count is the whole group; MHA
+# cases keep the default); the split rule of helper gqarule (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03:
+# gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes; bwd-gqaoff: no split, the
+# default before); K/V freed before the dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper
+# window31: the default since 2026-12-04; bwd-kvearlyoff: the default before); the consumers' block loop peeled per
+# stage, the mask-free bulk's without the masked blocks' dS guard (PEEL, helper peel37: off by default).
 _BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
 BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
