@@ -25,7 +25,7 @@ streaming), ``C`` MiB, optionally as two halves each fed by half the programs (`
 partitions each caching what their SMs read). Programs advance in time (an event per block, a missed block taking
 b + c), so the interleaving of their reads is the kernel's, not one block per step.
 
-``python tools/sparse_order_model.py [--fit] [--orders] [--predict]`` (~1-3 min per part on one core).
+``python tools/sparse_order_model.py [--fit] [--orders] [--predict] [--tlb]`` (~1-3 min per part on one core).
 """
 from __future__ import annotations
 
@@ -310,6 +310,53 @@ def predict(candidate="streams alt G2", caps=(25, 40, 50)):
               + "\n    ".join(cells), flush=True)
 
 
+def tlb(programs, index, count, lens, entries, per_sm=True, rows_per_page=512):
+    """Page misses per SM of an LRU TLB of ``entries`` 2 MiB pages, one per program (``per_sm``) or one for the GPU:
+    a K/V block's page is its first row's (K and V rows are [T, H, D] bf16 H16 D128: 4 KiB, 512 rows a page, every
+    head of a row in it), one block per 1.84 us and 3.70 per item as ``simulate``'s programs."""
+    off = np.concatenate([[0], np.cumsum(lens)])
+    caches = [OrderedDict() for _ in range(SMS if per_sm else 1)]
+    misses = 0
+    walks = [[index[s, h, i, :count[s, h, i]] for s, h, i in mine] for mine in programs]
+    heap = [(0.0, p, 0, 0) for p in range(SMS) if programs[p]]
+    heapq.heapify(heap)
+    while heap:
+        clock, p, it, j = heapq.heappop(heap)
+        s = programs[p][it][0]
+        walk = walks[p][it]
+        if len(walk):
+            page = (off[s] + int(walk[j]) * BLOCK) // rows_per_page
+            cache = caches[p if per_sm else 0]
+            if page in cache:
+                cache.move_to_end(page)
+            else:
+                misses += 1
+                cache[page] = 1
+                if len(cache) > entries:
+                    cache.popitem(last=False)
+        clock += B_US + (A_US if j == 0 else 0.0)
+        if j + 1 < len(walk):
+            heapq.heappush(heap, (clock, p, it, j + 1))
+        elif it + 1 < len(programs[p]):
+            heapq.heappush(heap, (clock, p, it + 1, 0))
+    return misses / SMS
+
+
+def tlb_table():
+    """Per row: TLB misses per SM of zigzag G2 / lowsel / streams alt G2, per-SM TLBs of 8-32 pages and GPU-wide
+    ones of 64-128 (the check that a TLB's reach, not the L2, is not what lowsel's causal saving follows)."""
+    for case in cases():
+        index, count = selection(case)
+        low = lowest(index, count)
+        progs = orders(case, count, ("zigzag G2", "streams alt G2"))
+        cells = []
+        for per_sm, entries in ((True, 8), (True, 16), (True, 32), (False, 64), (False, 128)):
+            got = [tlb(p, i, count, case.kv_lens, entries, per_sm) for p, i in (
+                (progs["zigzag G2"], index), (progs["zigzag G2"], low), (progs["streams alt G2"], index))]
+            cells.append(f"{'SM' if per_sm else 'GPU'} {entries}: " + " / ".join(f"{g:.0f}" for g in got))
+        print(f"{row_key(case):16s} " + " | ".join(cells), flush=True)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     best = (None, 25, 1, 1.0)
@@ -319,6 +366,8 @@ def main(argv=None) -> int:
         compare(best[1], best[2], best[3])
     if "--predict" in argv:
         predict()
+    if "--tlb" in argv:
+        tlb_table()
     return 0
 
 
