@@ -25,7 +25,8 @@ streaming), ``C`` MiB, optionally as two halves each fed by half the programs (`
 partitions each caching what their SMs read). Programs advance in time (an event per block, a missed block taking
 b + c), so the interleaving of their reads is the kernel's, not one block per step.
 
-``python tools/sparse_order_model.py [--fit] [--orders] [--predict] [--tlb]`` (~1-3 min per part on one core).
+``python tools/sparse_order_model.py [--fit] [--orders] [--predict] [--tlb] [--queue]`` (~1-5 min per part on one
+core).
 """
 from __future__ import annotations
 
@@ -310,6 +311,75 @@ def predict(candidate="streams alt G2", caps=(25, 40, 50)):
               + "\n    ".join(cells), flush=True)
 
 
+def queue_run(programs, index, count, cap_mib=40, bw_tbs=3.0, latency_us=0.8, depth=2, b_us=B_US, a_us=A_US):
+    """(busiest program's us, K/V misses per SM) with DRAM as one FIFO server instead of a cost per miss: a block
+    missed in the L2 (``simulate``'s LRU) takes 64 KiB / ``bw_tbs`` of the server (a Q tile 32 KiB) and lands
+    ``latency_us`` after; a block read again while its fill is in flight waits for that fill; the producer issues a
+    block's load when its ring slot frees (``depth`` blocks ahead, the kernel's NUM_BUFFERS_KV at D128); the consumer
+    starts a block at the later of its clock and the block's arrival. Misses cost only where the queue backs up past
+    the ring's lead."""
+    us_per_kib = 1024 / (bw_tbs * 1e6)
+    cap = cap_mib * 1024 / 64
+    cache, used, pending, dram_free = OrderedDict(), [0.0], {}, [0.0]
+
+    def access(key, units, t):
+        if key in cache:
+            cache.move_to_end(key)
+            arrival = pending.get(key)
+            return (arrival if arrival is not None and arrival > t else t), False
+        dram_free[0] = max(t, dram_free[0]) + 64 * units * us_per_kib
+        pending[key] = dram_free[0] + latency_us
+        cache[key] = units
+        used[0] += units
+        while used[0] > cap:
+            old, u = cache.popitem(last=False)
+            used[0] -= u
+            pending.pop(old, None)
+        return pending[key], True
+
+    walks = [[index[s, h, i, :count[s, h, i]] for s, h, i in mine] for mine in programs]
+    flat = [[(it, j) for it, w in enumerate(ws) for j in range(len(w))] for ws in walks]
+    clock, starts, finish, misses = [0.0] * SMS, [[] for _ in range(SMS)], np.zeros(SMS), 0
+    heap = [(0.0, p, 0) for p in range(SMS) if flat[p]]
+    heapq.heapify(heap)
+    while heap:
+        issued, p, k = heapq.heappop(heap)
+        it, j = flat[p][k]
+        s, h, i = programs[p][it]
+        if j == 0:
+            access(("q", s, h, i), ITEM_UNITS, issued)
+        ready, missed = access((s, h, int(walks[p][it][j])), 1.0, issued)
+        misses += missed
+        start = max(clock[p] + (a_us if j == 0 else 0.0), ready)
+        clock[p] = start + b_us
+        starts[p].append(start)
+        if k + 1 < len(flat[p]):
+            freed = starts[p][k + 1 - depth] + b_us if k + 1 >= depth else 0.0
+            heapq.heappush(heap, (max(freed, issued), p, k + 1))
+        else:
+            finish[p] = clock[p]
+    return float(finish.max()), misses / SMS
+
+
+def queue_table(caps=(25, 40), bandwidths=(2.0, 2.5, 3.0)):
+    """Measured / modelled saving (us) of lowsel and of zigzag G2 over the v18 default, and the candidate's, under
+    ``queue_run``."""
+    rows = []
+    for case in cases():
+        index, count = selection(case)
+        rows.append((case, index, count, lowest(index, count),
+                     orders(case, count, ("zigzag G2", "v18 default", "streams alt G2"))))
+    for cap in caps:
+        for bw in bandwidths:
+            cells = []
+            for case, index, count, low, progs in rows:
+                zz, lo, v18, cand = (queue_run(progs[o], i, count, cap, bw)[0] for o, i in (
+                    ("zigzag G2", index), ("zigzag G2", low), ("v18 default", index), ("streams alt G2", index)))
+                m_low, m_zz = measured_deltas(case)
+                cells.append(f"{m_low:4.0f}/{zz - lo:4.0f} {m_zz:4.0f}/{v18 - zz:5.0f} streams {zz - cand:4.0f}")
+            print(f"{cap} MiB {bw} TB/s | " + " | ".join(cells), flush=True)
+
+
 def tlb(programs, index, count, lens, entries, per_sm=True, rows_per_page=512):
     """Page misses per SM of an LRU TLB of ``entries`` 2 MiB pages, one per program (``per_sm``) or one for the GPU:
     a K/V block's page is its first row's (K and V rows are [T, H, D] bf16 H16 D128: 4 KiB, 512 rows a page, every
@@ -368,6 +438,8 @@ def main(argv=None) -> int:
         predict()
     if "--tlb" in argv:
         tlb_table()
+    if "--queue" in argv:
+        queue_table()
     return 0
 
 
