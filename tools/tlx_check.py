@@ -1039,16 +1039,18 @@ def sparse_ablation() -> int:
     unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
     locality as dense), ``lowsel+nomask``, ``peel`` (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free
     loop and masked loops, helper peeldiag38, P carried packed as with PACK_P; the same bits), ``packp``
-    (configs.FORWARD_PACK_P alone: peel's control), and tlx dense. Then the per-SM model: b (us per selected block)
-    and a (us per work item) solved from the two unmasked rows' default times, and for the causal rows the time over
-    that model ("excess") beside what nomask, lowsel, peel and packp remove from it. TLX_SPARSE_ABLATION_COLS (a
-    comma list): those columns only, default always."""
+    (configs.FORWARD_PACK_P alone: peel's control), ``streams`` (configs.SPARSE_FORWARD_ORDER "streams": the work
+    list sequence-major, helper order39; the same bits), ``streams+peel``, and tlx dense. Then the per-SM model: b
+    (us per selected block) and a (us per work item) solved from the two unmasked rows' default times, and for the
+    causal rows the time over that model ("excess") beside what nomask, lowsel, peel, packp and streams remove from
+    it. TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "streams",
+            "streams+peel", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1059,7 +1061,7 @@ def sparse_ablation() -> int:
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
     saved = (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-             configs.FORWARD_PACK_P)
+             configs.FORWARD_PACK_P, configs.SPARSE_FORWARD_ORDER)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
         index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
@@ -1069,28 +1071,31 @@ def sparse_ablation() -> int:
         sparse = lambda idx: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, idx, count, case.max_q, case.max_kv, block_q=case.block,
             block_kv=case.block, causal=case.causal, backend="tlx")
-        # column: (fn, walk ahead, ablate, peel, pack_p)
-        fns = {"default": (sparse(index), saved[0], 0, saved[2], saved[3]),
-               "walk off": (sparse(index), False, 0, saved[2], saved[3]),
-               "walk on": (sparse(index), True, 0, saved[2], saved[3]),
-               "nomask": (sparse(index), saved[0], 1, False, saved[3]),
-               "lowsel": (sparse(low), saved[0], 0, saved[2], saved[3]),
-               "lowsel+nomask": (sparse(low), saved[0], 1, False, saved[3]),
-               "peel": (sparse(index), saved[0], 0, True, saved[3]),
-               "packp": (sparse(index), saved[0], 0, saved[2], True),
+        walk, _, peel, pack_p, order = saved
+        # column: (fn, walk ahead, ablate, peel, pack_p, list order)
+        fns = {"default": (sparse(index), walk, 0, peel, pack_p, order),
+               "walk off": (sparse(index), False, 0, peel, pack_p, order),
+               "walk on": (sparse(index), True, 0, peel, pack_p, order),
+               "nomask": (sparse(index), walk, 1, False, pack_p, order),
+               "lowsel": (sparse(low), walk, 0, peel, pack_p, order),
+               "lowsel+nomask": (sparse(low), walk, 1, False, pack_p, order),
+               "peel": (sparse(index), walk, 0, True, pack_p, order),
+               "packp": (sparse(index), walk, 0, peel, True, order),
+               "streams": (sparse(index), walk, 0, peel, pack_p, "streams"),
+               "streams+peel": (sparse(index), walk, 0, True, pack_p, "streams"),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"),
-                             saved[0], 0, saved[2], saved[3])}
+                             *saved[:1], 0, *saved[2:])}
         times = {c: [] for c in cols}
         for _ in range(rounds):
             for col in cols:
-                fn, walk, ablate, peel, pack_p = fns[col]
+                fn, *knobs = fns[col]
                 (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-                 configs.FORWARD_PACK_P) = walk, ablate, peel, pack_p
+                 configs.FORWARD_PACK_P, configs.SPARSE_FORWARD_ORDER) = knobs
                 faulthandler.dump_traceback_later(HANG_S, exit=True)
                 t = median_ms(fn, f"{case.label} {col}")
                 (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-                 configs.FORWARD_PACK_P) = saved
+                 configs.FORWARD_PACK_P, configs.SPARSE_FORWARD_ORDER) = saved
                 if t is None:
                     failures += 1
                 else:
@@ -1116,8 +1121,8 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp")
-                    if c in ms}
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp",
+                                                                 "streams", "streams+peel") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
