@@ -1026,8 +1026,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
                                              stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
                                              CONSUMER_ROW_WIDTH, SPARSE_PEEL)
+                    staged = -1  # STORE_TMA: the Q slot whose out a TMA store may still be reading (-1: none)
                     if STORE_TMA:
-                        staged = tl.cast(-1, tl.int32)  # the Q slot a TMA store may still read (-1: none)
+                        staged = tl.cast(-1, tl.int32)  # (a tensor: the loop carries it)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
