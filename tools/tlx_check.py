@@ -593,6 +593,28 @@ def order_timing() -> int:
     return failures
 
 
+def _guarded_check(case, check) -> int:
+    """The failures ``check()`` counts (a row's bit-for-bit check, printing its line), without autograd; an exception
+    is printed and counts one; a hung kernel ends the process with the rows so far printed."""
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    try:
+        with torch.no_grad():
+            return check()
+    except Exception as e:  # noqa: BLE001
+        print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return 1
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _checked_tflops_row(case, check, fns, rounds: int, cols) -> tuple:
+    """({column: forward TFLOP/s, nan where it failed} over ``cols``, failures) of a row: ``check`` first
+    (``_guarded_check``), then the columns timed (``_forward_tflops``)."""
+    failures = _guarded_check(case, check)
+    row, failed = _forward_tflops(case, fns, rounds)
+    return {c: row.get(c, float("nan")) for c in cols}, failures + failed
+
+
 def rowsum_timing() -> int:
     """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
     configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
@@ -629,24 +651,18 @@ def rowsum_timing() -> int:
                "packp": knobs(False, True, default), "both": knobs(True, True, default)}
         fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
         with_lse = _forward_call(x, case, "tlx", return_lse=True)
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        try:
-            with torch.no_grad():
-                want, packed, once = (knobs(o, p, with_lse)()
-                                      for o, p in ((False, False), (False, True), (True, False)))
+
+        def check():
+            want, packed, once = (knobs(o, p, with_lse)() for o, p in ((False, False), (False, True), (True, False)))
             same = all(torch.equal(a, b) for a, b in zip(want, packed))
             lse_diff = (once[1] - want[1]).abs().nan_to_num(0.0).max().item()
             out_diff = (once[0].float() - want[0].float()).abs().max().item()
             print(f"  {case.label}: packp out/lse == default bit for bit: {same}; once: max |lse diff| "
                   f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
-            failures += (same is not True) + (lse_diff > 1e-5)
-        except Exception as e:  # noqa: BLE001
-            print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            failures += 1
-        faulthandler.cancel_dump_traceback_later()
-        row, failed = _forward_tflops(case, fns, rounds)
+            return (same is not True) + (lse_diff > 1e-5)
+
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
         failures += failed
-        v = {c: row.get(c, float("nan")) for c in cols}
         base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
         print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{v[c]:8.1f}" for c in cols)
               + f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}", flush=True)
@@ -693,20 +709,14 @@ def store_timing() -> int:
         fns = {"tlx": v4(default, False), "storetma": v4(default, True)}
         fns.update({"tlx'": fns["tlx"], "storetma'": fns["storetma"]})
         with_lse = _forward_call(x, case, "tlx", return_lse=True)
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        try:
-            with torch.no_grad():
-                want, got = v4(with_lse, False)(), v4(with_lse, True)()
-            same = all(torch.equal(a, b) for a, b in zip(want, got))
+
+        def check():
+            same = all(torch.equal(a, b) for a, b in zip(v4(with_lse, False)(), v4(with_lse, True)()))
             print(f"  {case.label}: storetma out/lse == default bit for bit: {same}", flush=True)
-            failures += same is not True
-        except Exception as e:  # noqa: BLE001
-            print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            failures += 1
-        faulthandler.cancel_dump_traceback_later()
-        row, failed = _forward_tflops(case, fns, rounds)
+            return int(same is not True)
+
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
         failures += failed
-        v = {c: row.get(c, float("nan")) for c in cols}
         base, tma, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["storetma"] + v["storetma'"]) / 2, v["tlx'"] / v["tlx"]
         print(f"{case.suite + ' ' + case.label:44s} " + " ".join(f"{v[c]:9.1f}" for c in cols)
               + f" {tma / base:8.3f} {a_a:6.3f}", flush=True)

@@ -340,17 +340,22 @@ ZIGZAG_CASES = {
 def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
     """configs.FORWARD_ZIGZAG (helper tlxcausal) changes which program runs a work item and when, nothing within an
     item (same blocks, same order, same arithmetic): out and lse equal the default order's bit for bit."""
-    case = ZIGZAG_CASES[name]
+    _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_ZIGZAG", monkeypatch)
+
+
+def _assert_switch_keeps_the_bits(case, switch, monkeypatch, calls: int = 1):
+    """The tlx forward's out and lse on ``case`` with ``configs.<switch>`` True (``calls`` times) == with it False,
+    bit for bit."""
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
     x = case.make_inputs(0)
-    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", False)
+    monkeypatch.setattr(configs, switch, False)
     want = x.call("tlx")
-    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", True)
-    got = x.call("tlx")
-    for g, w, what in zip(got, want, ("out", "lse")):
-        assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+    monkeypatch.setattr(configs, switch, True)
+    for _ in range(calls):
+        for g, w, what in zip(x.call("tlx"), want, ("out", "lse")):
+            assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
 
 
 # helper fwdsum37's per-block cuts of the v4 forward consumers (bench/NOTES.md "fwdsum37"), off by default: each alone
@@ -420,19 +425,9 @@ def test_store_tma_matches_the_oracle(name, head_dim, dtype, monkeypatch):
 def test_store_tma_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
     """STORE_TMA changes only where out is written from (the Q slot by TMA instead of registers by pointer stores),
     not the division or the rounding: out and lse equal the default's bit for bit, on calls with many items a
-    program (the Q slots reused across items: a slot released before its TMA store read it would show here)."""
-    case = ZIGZAG_CASES[name]
-    _tlx_or_skip(case)
-    from jfa_ops.backends.tlx import configs
-
-    x = case.make_inputs(0)
-    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", False)
-    want = x.call("tlx")
-    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", True)
-    for _ in range(3):  # (a race on the slot would not show every time)
-        got = x.call("tlx")
-        for g, w, what in zip(got, want, ("out", "lse")):
-            assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+    program (the Q slots reused across items: a slot released before its TMA store read it would show here; three
+    calls, as such a race would not show every time)."""
+    _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_STORE_TMA", monkeypatch, calls=3)
 
 
 # configs.FORWARD_DYNAMIC's cases (helper bcast31): calls on the v3 consumers with more items than one wave of
