@@ -544,8 +544,9 @@ def test_forward_replay_is_not_used_when_its_key_changes(gpu, monkeypatch, chang
 def test_forward_store_tma_launch(gpu, monkeypatch, store_tma):
     """``configs.FORWARD_STORE_TMA`` (helper item39): a forward on the v4 consumers launches with STORE_TMA and
     desc_o, a descriptor over out's [T, H*D] rows with the Q half-tile's block; off, or on the v3 consumers (ONE_LOOP
-    off), the default's launch (STORE_TMA False, desc_o None: its code unchanged). With it on, no replay is kept (a
-    replay rebuilds only q, k, v's descriptors), so the next call runs the full path again."""
+    off), the default's launch (STORE_TMA False, desc_o None: its code unchanged); the block-sparse forward as the
+    dense v4. With it on, no replay is kept (a replay rebuilds only q, k, v's descriptors), so the next call runs the
+    full path again."""
     runs, answers = gpu
     monkeypatch.setattr(tlx_configs, "FORWARD_STORE_TMA", store_tma)
     names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
@@ -569,6 +570,9 @@ def test_forward_store_tma_launch(gpu, monkeypatch, store_tma):
             else:
                 assert all(g["STORE_TMA"] is False and g["desc_o"] is None for g in got)
             attn_fwd._REPLAYS.clear()  # (one_loop's other value: its own first call)
+    for sms in (3, 132):  # the block-sparse forward (the same v4 consumers): list and one wave
+        _, got = _block_sparse_launch(runs, monkeypatch, True, sms)
+        assert got["SPARSE"] and got["STORE_TMA"] is store_tma and (got["desc_o"] is not None) is store_tma
 
 
 @needs_tlx
