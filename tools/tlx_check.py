@@ -26,6 +26,9 @@ triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` run
 on the bench's quick dense/jagged rows and a few others; ``JFA_TLX_FWD_ZIGZAG=1`` runs the correctness sweep with it.
 ``dynamic-timing`` (not in ``all``): static striding vs ``configs.FORWARD_DYNAMIC`` (helper bcast31) on broadcast-Q
 and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the correctness sweep with it.
+``store-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_STORE_TMA`` (helper item39) on dense,
+jagged, short causal and broadcast-Q (v4 forced) rows, with a bit-for-bit check; ``JFA_TLX_FWD_STORE_TMA=1`` runs the
+correctness sweep with it.
 ``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
 (helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
 JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
@@ -578,6 +581,28 @@ def order_timing() -> int:
     return failures
 
 
+def _guarded_check(case, check) -> int:
+    """The failures ``check()`` counts (a row's bit-for-bit check, printing its line), without autograd; an exception
+    is printed and counts one; a hung kernel ends the process with the rows so far printed."""
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    try:
+        with torch.no_grad():
+            return check()
+    except Exception as e:  # noqa: BLE001
+        print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return 1
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _checked_tflops_row(case, check, fns, rounds: int, cols) -> tuple:
+    """({column: forward TFLOP/s, nan where it failed} over ``cols``, failures) of a row: ``check`` first
+    (``_guarded_check``), then the columns timed (``_forward_tflops``)."""
+    failures = _guarded_check(case, check)
+    row, failed = _forward_tflops(case, fns, rounds)
+    return {c: row.get(c, float("nan")) for c in cols}, failures + failed
+
+
 def rowsum_timing() -> int:
     """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
     configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
@@ -614,27 +639,75 @@ def rowsum_timing() -> int:
                "packp": knobs(False, True, default), "both": knobs(True, True, default)}
         fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
         with_lse = _forward_call(x, case, "tlx", return_lse=True)
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        try:
-            with torch.no_grad():
-                want, packed, once = (knobs(o, p, with_lse)()
-                                      for o, p in ((False, False), (False, True), (True, False)))
+
+        def check():
+            want, packed, once = (knobs(o, p, with_lse)() for o, p in ((False, False), (False, True), (True, False)))
             same = all(torch.equal(a, b) for a, b in zip(want, packed))
             lse_diff = (once[1] - want[1]).abs().nan_to_num(0.0).max().item()
             out_diff = (once[0].float() - want[0].float()).abs().max().item()
             print(f"  {case.label}: packp out/lse == default bit for bit: {same}; once: max |lse diff| "
                   f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
-            failures += (same is not True) + (lse_diff > 1e-5)
-        except Exception as e:  # noqa: BLE001
-            print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            failures += 1
-        faulthandler.cancel_dump_traceback_later()
-        row, failed = _forward_tflops(case, fns, rounds)
+            return (same is not True) + (lse_diff > 1e-5)
+
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
         failures += failed
-        v = {c: row.get(c, float("nan")) for c in cols}
         base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
         print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{v[c]:8.1f}" for c in cols)
               + f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}", flush=True)
+    return failures
+
+
+def store_timing() -> int:
+    """Forward TFLOP/s of the default v4 consumers vs configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md
+    "item39": out through each consumer's Q slot and one TMA store per full half-tile, no layout conversion at the
+    item's end), the same process and inputs, columns tlx, storetma, tlx', storetma' (the primed pair: the A/A
+    gauge), rounds interleaved (TLX_STORE_ROUNDS, 3), medians. Rows: the bench's dense B8 H16 S4096 D128 (32 blocks
+    an item), jagged T32768 D128 causal and not (partial half-tiles take the pointer stores), dense S1024 D128 causal
+    (4.5 blocks an item: the per-item share largest), D64 causal, and broadcast-Q Lq128 H4 B512 on the v4 consumers
+    (``configs.ONE_LOOP`` forced in both columns: broadcast-Q's default is v3, which the knob does not reach).
+    First, per row: out/lse == the default's bit for bit (the same division; only where out is written from)."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+    from jfa_ops.backends.tlx import configs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    bq_kv = lognormal_lengths(None, 512, seed=512)
+    cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
+             Case("dense", "B32 H16 S1024 D128 causal", (1024,) * 32, (1024,) * 32, 16, 16, 128, causal=True),
+             Case("dense", "B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True),
+             Case("broadcast", "broadcast-Q Lq128 H4 B512 (v4)", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True)]
+    wanted = [w for w in os.environ.get("TLX_STORE_ROWS", "").split(",") if w]  # rows whose label holds one of these
+    cases = [c for c in cases if not wanted or any(w in c.label for w in wanted)]
+    cols = ("tlx", "storetma", "tlx'", "storetma'")
+    rounds = int(os.environ.get("TLX_STORE_ROUNDS", "3"))
+    print(f"forward, bf16, TFLOP/s of useful work (do_bench median, then the median of {rounds} interleaved rounds): "
+          "the default vs configs.FORWARD_STORE_TMA (bench/NOTES.md \"item39\")", flush=True)
+    print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'tma/tlx':>8s} {'A/A':>6s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+
+        def v4(fn, on):  # broadcast-Q on the v4 consumers in both columns
+            fn = with_setting(configs, "FORWARD_STORE_TMA", on, fn)
+            return with_setting(configs, "ONE_LOOP", True, fn) if case.broadcast_q else fn
+
+        default = _forward_call(x, case, "tlx")
+        fns = {"tlx": v4(default, False), "storetma": v4(default, True)}
+        fns.update({"tlx'": fns["tlx"], "storetma'": fns["storetma"]})
+        with_lse = _forward_call(x, case, "tlx", return_lse=True)
+
+        def check():
+            same = all(torch.equal(a, b) for a, b in zip(v4(with_lse, False)(), v4(with_lse, True)()))
+            print(f"  {case.label}: storetma out/lse == default bit for bit: {same}", flush=True)
+            return int(same is not True)
+
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
+        failures += failed
+        base, tma, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["storetma"] + v["storetma'"]) / 2, v["tlx'"] / v["tlx"]
+        print(f"{case.suite + ' ' + case.label:44s} " + " ".join(f"{v[c]:9.1f}" for c in cols)
+              + f" {tma / base:8.3f} {a_a:6.3f}", flush=True)
     return failures
 
 
@@ -1025,16 +1098,19 @@ def sparse_ablation() -> int:
     unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
     locality as dense), ``lowsel+nomask``, ``peel`` (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free
     loop and masked loops, helper peeldiag38, P carried packed as with PACK_P; the same bits), ``packp``
-    (configs.FORWARD_PACK_P alone: peel's control), and tlx dense. Then the per-SM model: b (us per selected block)
-    and a (us per work item) solved from the two unmasked rows' default times, and for the causal rows the time over
-    that model ("excess") beside what nomask, lowsel, peel and packp remove from it. TLX_SPARSE_ABLATION_COLS (a
-    comma list): those columns only, default always."""
+    (configs.FORWARD_PACK_P alone: peel's control), ``streams`` (configs.SPARSE_FORWARD_ORDER "streams": the work
+    list sequence-major, helper order39; the same bits), ``streams+peel``, ``storetma`` (configs.FORWARD_STORE_TMA:
+    out through the Q slot and a TMA store, helper item39; the same bits), and tlx dense. Then the per-SM model: b
+    (us per selected block) and a (us per work item) solved from the two unmasked rows' default times, and for the
+    causal rows the time over that model ("excess") beside what nomask, lowsel, peel, packp, streams and storetma
+    remove from it. TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "streams",
+            "streams+peel", "storetma", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1044,8 +1120,9 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    saved = (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-             configs.FORWARD_PACK_P)
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_PACK_P",
+             "SPARSE_FORWARD_ORDER", "FORWARD_STORE_TMA")
+    saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
         index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
@@ -1055,28 +1132,30 @@ def sparse_ablation() -> int:
         sparse = lambda idx: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, idx, count, case.max_q, case.max_kv, block_q=case.block,
             block_kv=case.block, causal=case.causal, backend="tlx")
-        # column: (fn, walk ahead, ablate, peel, pack_p)
-        fns = {"default": (sparse(index), saved[0], 0, saved[2], saved[3]),
-               "walk off": (sparse(index), False, 0, saved[2], saved[3]),
-               "walk on": (sparse(index), True, 0, saved[2], saved[3]),
-               "nomask": (sparse(index), saved[0], 1, False, saved[3]),
-               "lowsel": (sparse(low), saved[0], 0, saved[2], saved[3]),
-               "lowsel+nomask": (sparse(low), saved[0], 1, False, saved[3]),
-               "peel": (sparse(index), saved[0], 0, True, saved[3]),
-               "packp": (sparse(index), saved[0], 0, saved[2], True),
+        # column: (fn, {knob: value} over the saved ones)
+        fns = {"default": (sparse(index), {}),
+               "walk off": (sparse(index), {"SPARSE_FORWARD_WALK_AHEAD": False}),
+               "walk on": (sparse(index), {"SPARSE_FORWARD_WALK_AHEAD": True}),
+               "nomask": (sparse(index), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
+               "lowsel": (sparse(low), {}),
+               "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
+               "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
+               "packp": (sparse(index), {"FORWARD_PACK_P": True}),
+               "streams": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams"}),
+               "streams+peel": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams", "SPARSE_FORWARD_PEEL": True}),
+               "storetma": (sparse(index), {"FORWARD_STORE_TMA": True}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
-                                                              case.max_kv, causal=case.causal, backend="tlx"),
-                             saved[0], 0, saved[2], saved[3])}
+                                                              case.max_kv, causal=case.causal, backend="tlx"), {})}
         times = {c: [] for c in cols}
         for _ in range(rounds):
             for col in cols:
-                fn, walk, ablate, peel, pack_p = fns[col]
-                (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-                 configs.FORWARD_PACK_P) = walk, ablate, peel, pack_p
+                fn, settings = fns[col]
+                for k, value in zip(knobs, saved):  # (the ablation only where a column asks for it)
+                    setattr(configs, k, settings.get(k, 0 if k == "SPARSE_FORWARD_ABLATE" else value))
                 faulthandler.dump_traceback_later(HANG_S, exit=True)
                 t = median_ms(fn, f"{case.label} {col}")
-                (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-                 configs.FORWARD_PACK_P) = saved
+                for k, value in zip(knobs, saved):
+                    setattr(configs, k, value)
                 if t is None:
                     failures += 1
                 else:
@@ -1102,8 +1181,8 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp")
-                    if c in ms}
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp",
+                                                                 "streams", "streams+peel", "storetma") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
@@ -1739,6 +1818,8 @@ def main(argv) -> int:
         failed += sparse_correctness()
     if part in ("sparse", "sparse-timing"):
         failed += sparse_timing()
+    if part == "store-timing":  # the default vs FORWARD_STORE_TMA (helper item39; not in "all")
+        failed += store_timing()
     if part == "sparse-ablation":  # where the causal rows' time goes (helper sparse38; timing only; not in "sparse")
         failed += sparse_ablation()
     if part in ("sparse-bwd", "sparse-backward"):  # the TLX block-sparse backward (not in "all")

@@ -568,6 +568,35 @@ def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
             assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
 
 
+def test_forward_store_tma_drops_the_epilogue_conversion():
+    """configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"; off, not shipped): out through the consumer's
+    Q slot and one TMA store. On the bench's dense D128 kernel, D128 causal (tile-major), D64 causal (zigzag) and the
+    block-sparse causal kernel, against the default: the compiler's layout-conversion scratch goes (shared memory
+    -15,872 B at D128: 213,128 -> 197,256; -15,872 at D64: 147,648 -> 131,776), the consumers' block loops keep their
+    HGMMA, MUFU and wgmma overlap with no spill instruction on their straight path and the path within 3 of the
+    default's (sm_90 at stop 39: [497, 470] vs [498, 470]); spills no more than the default's on the unmasked and the
+    block-sparse kernels (D128 40 -> 16/28 B stores/loads, sparse causal 156/180 -> 92/112), and within 80 B more on
+    the masked dense ones (D128 causal 32/44 -> 52/96: consumer 0's masked branch, 6 spill instructions per masked
+    block; D64 none). ~3 min."""
+    names, rows = _shipped_and_compiled(
+        "-storetma", "[s.fwd_specialization(**kw, store_tma=t) for kw in (dict(head_dim=128, dtype='bf16',"
+        " causal=False, uniform=True), dict(head_dim=128, dtype='bf16', causal=True), dict(head_dim=64,"
+        " dtype='bf16', causal=True, zigzag=True), dict(head_dim=128, dtype='bf16', causal=True, sparse=True,"
+        " zigzag=True, uniform_walk=True)) for t in (False, True)]", "JFA_TLX_FWD_STORE_TMA", 8)
+    assert names == []
+    for base, r in zip(rows[0::2], rows[1::2]):
+        assert r["name"] == base["name"] + "-storetma", (base["name"], r["name"])
+        assert r["shared"] <= base["shared"] - 15 * 1024 and r["shared"] <= SM90_SHARED_MEMORY, (base, r)
+        assert r["wgmma_overlap"], r["name"]
+        for key in ("block_loop_hgmma", "block_loop_mufu"):
+            assert r[key] == base[key], (key, base, r)
+        assert r["block_loop_path_spill_ops"] == [0, 0], r
+        assert all(p - b <= 3 for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
+        spills, base_spills = r["spill_stores"] + r["spill_loads"], base["spill_stores"] + base["spill_loads"]
+        masked_dense = "-causal-" in r["name"] and not r["name"].startswith("sparse-")
+        assert spills <= base_spills + (80 if masked_dense else 0), (base, r)
+
+
 def test_gqa_split_kernels_add_partials_from_registers():
     """GROUP_SPLIT (helper gqabwd, ``configs.BACKWARD_GQA_SPLIT``): the D128 causal kernel with the q-head groups in
     4 parts (with the snake, as the backend launches it; and without) fits the default's shared memory and spills (the partial

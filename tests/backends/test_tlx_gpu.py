@@ -297,17 +297,22 @@ ZIGZAG_CASES = {
 def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
     """configs.FORWARD_ZIGZAG (helper tlxcausal) changes which program runs a work item and when, nothing within an
     item (same blocks, same order, same arithmetic): out and lse equal the default order's bit for bit."""
-    case = ZIGZAG_CASES[name]
+    _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_ZIGZAG", monkeypatch)
+
+
+def _assert_switch_keeps_the_bits(case, switch, monkeypatch, calls: int = 1):
+    """The tlx forward's out and lse on ``case`` with ``configs.<switch>`` True (``calls`` times) == with it False,
+    bit for bit."""
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
     x = case.make_inputs(0)
-    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", False)
+    monkeypatch.setattr(configs, switch, False)
     want = x.call("tlx")
-    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", True)
-    got = x.call("tlx")
-    for g, w, what in zip(got, want, ("out", "lse")):
-        assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+    monkeypatch.setattr(configs, switch, True)
+    for _ in range(calls):
+        for g, w, what in zip(x.call("tlx"), want, ("out", "lse")):
+            assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
 
 
 # helper fwdsum37's per-block cuts of the v4 forward consumers (bench/NOTES.md "fwdsum37"), off by default: each alone
@@ -356,6 +361,30 @@ def test_forward_knobs_against_the_default(name, monkeypatch):
         out_r, lse_r = _forward_with_knobs(x, knobs, monkeypatch)
         torch.testing.assert_close(lse_r, lse, rtol=0, atol=1e-5)
         torch.testing.assert_close(out_r.float(), out.float(), rtol=ulp, atol=1e-6)
+
+
+# configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"), off by default: out through each consumer's Q
+# slot and one TMA store per full half-tile (the v4 consumers); the same division, so the default's bits
+@pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
+def test_store_tma_matches_the_oracle(name, head_dim, dtype, monkeypatch):
+    """configs.FORWARD_STORE_TMA on: out/lse (and the gradients from them) == the float64 oracle on every feature
+    case at D64 and D128 (jagged lengths give partial half-tiles, which keep the pointer stores; empty sequences give
+    items without blocks)."""
+    case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", True)
+    check_attention_case(case, "tlx")
+
+
+@pytest.mark.parametrize("name", list(ZIGZAG_CASES))
+def test_store_tma_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
+    """STORE_TMA changes only where out is written from (the Q slot by TMA instead of registers by pointer stores),
+    not the division or the rounding: out and lse equal the default's bit for bit, on calls with many items a
+    program (the Q slots reused across items: a slot released before its TMA store read it would show here; three
+    calls, as such a race would not show every time)."""
+    _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_STORE_TMA", monkeypatch, calls=3)
 
 
 # configs.FORWARD_DYNAMIC's cases (helper bcast31): calls on the v3 consumers with more items than one wave of
@@ -560,6 +589,16 @@ def test_block_sparse_forward_knobs_against_the_default(name, monkeypatch):
     torch.testing.assert_close(out_r.float(), out.float(), rtol=torch.finfo(out.dtype).eps, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "broadcast-Q", "fp16 D64 causal"])
+def test_block_sparse_forward_store_tma_is_bit_identical(name, monkeypatch):
+    """The block-sparse forward runs the same v4 consumers and epilogue: with configs.FORWARD_STORE_TMA out and lse
+    equal the default's bit for bit (helper item39)."""
+    _require_tlx()
+    (out, lse), (out_t, lse_t) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_STORE_TMA", (False, True),
+                                                             monkeypatch)
+    assert torch.equal(out, out_t) and torch.equal(lse, lse_t), name
+
+
 # configs.SPARSE_FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order; the
 # SPARSE_CASES above fit one)
 SPARSE_ZIGZAG_CASES = {
@@ -591,6 +630,20 @@ def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
     (out, lse), (out_z, lse_z) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ZIGZAG",
                                                              (False, True), monkeypatch)
     assert torch.equal(out, out_z) and torch.equal(lse, lse_z), name
+
+
+@pytest.mark.parametrize("name,peel", [(name, False) for name in SPARSE_ZIGZAG_CASES] + [("jagged H16 causal", True)])
+def test_block_sparse_forward_stream_order_is_bit_identical(name, peel, monkeypatch):
+    """configs.SPARSE_FORWARD_ORDER "streams" (helper order39) re-sorts the work list sequence-major: which program
+    runs an item and when, nothing within an item, so out and lse equal the default list's bit for bit (the jagged
+    cases: more items than one wave, so a list is built; with SPARSE_FORWARD_PEEL on too on one)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_FORWARD_PEEL", peel)
+    (out, lse), (out_s, lse_s) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ORDER",
+                                                             ("cost", "streams"), monkeypatch)
+    assert torch.equal(out, out_s) and torch.equal(lse, lse_s), name
 
 
 # configs.SPARSE_FORWARD_PEEL's cases (helper peeldiag38): lengths off multiples of 128 (the sequences' partial last

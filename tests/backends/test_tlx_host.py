@@ -503,6 +503,7 @@ FORWARD_CHANGES = {
     "FORWARD_ZIGZAG": dict(switch=("FORWARD_ZIGZAG", True)),
     "FORWARD_HEAD_GROUP": dict(switch=("FORWARD_HEAD_GROUP", 2)),
     "FORWARD_DYNAMIC": dict(switch=("FORWARD_DYNAMIC", True)),
+    "FORWARD_STORE_TMA": dict(switch=("FORWARD_STORE_TMA", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
 
@@ -534,6 +535,42 @@ def test_forward_replay_is_not_used_when_its_key_changes(gpu, monkeypatch, chang
     runs.clear()
     _full(monkeypatch, lambda: _forward(*inputs, params))
     assert _launches(runs, inputs) == by_kept
+
+
+@needs_tlx
+@pytest.mark.parametrize("store_tma", [False, True])
+def test_forward_store_tma_launch(gpu, monkeypatch, store_tma):
+    """``configs.FORWARD_STORE_TMA`` (helper item39): a forward on the v4 consumers launches with STORE_TMA and
+    desc_o, a descriptor over out's [T, H*D] rows with the Q half-tile's block; off, or on the v3 consumers (ONE_LOOP
+    off), the default's launch (STORE_TMA False, desc_o None: its code unchanged); the block-sparse forward as the
+    dense v4. With it on, no replay is kept (a replay rebuilds only q, k, v's descriptors), so the next call runs the
+    full path again."""
+    runs, answers = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_STORE_TMA", store_tma)
+    names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
+    lengths = [64, 17, 40, 5]
+    for one_loop in (True, False):
+        monkeypatch.setattr(tlx_configs, "ONE_LOOP", one_loop)
+        q, k, v, offsets = _inputs(lengths)
+        for _ in range(2):  # the second: a replay if one was kept
+            runs.clear()
+            answers.clear()
+            _forward(q, k, v, offsets, _params(causal=True))
+            got = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_fwd_tlx_kernel"]
+            on = store_tma and one_loop
+            if on:
+                assert not answers and len(got) == 1
+                assert got[0]["STORE_TMA"] is True
+                desc = got[0]["desc_o"]
+                assert list(desc.shape) == [sum(lengths), HEADS[0] * HEAD_DIM]
+                assert list(desc.block_shape) == [tlx_configs.fwd_config(HEAD_DIM).block_m // 2, HEAD_DIM]
+                assert desc.base.data_ptr() == got[0]["Out"].data_ptr()
+            else:
+                assert all(g["STORE_TMA"] is False and g["desc_o"] is None for g in got)
+            attn_fwd._REPLAYS.clear()  # (one_loop's other value: its own first call)
+    for sms in (3, 132):  # the block-sparse forward (the same v4 consumers): list and one wave
+        _, got = _block_sparse_launch(runs, monkeypatch, True, sms)
+        assert got["SPARSE"] and got["STORE_TMA"] is store_tma and (got["desc_o"] is not None) is store_tma
 
 
 @needs_tlx
@@ -602,6 +639,47 @@ def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
     assert got["WALK_AHEAD"] is False  # configs.SPARSE_FORWARD_WALK_AHEAD's default (off: stop 38's measurement)
     _, got = _block_sparse_launch(runs, monkeypatch, causal, 132)
     assert got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_forward_stream_order_launch(gpu, monkeypatch, causal):
+    """``configs.SPARSE_FORWARD_ORDER`` (helper order39), read per call: "streams" builds the work list with
+    ``stream_major_cost``'s keys, "cost" (the default) with ``selected_cost_args`` as before; the kernel's launch
+    is otherwise the same (every constexpr and the head group: the same specialization, only the list's order
+    differs), list or one wave."""
+    from jfa_ops.backends.triton import block_sparse_fwd
+
+    seen = []
+    real = attn_fwd.forward_tiles
+
+    def spy(*args, **kwargs):  # the list's kernels are stubbed: its slots hold garbage, so no cost is computed
+        seen.append(kwargs)
+        return real(*args)
+
+    monkeypatch.setattr(attn_fwd, "forward_tiles", spy)
+    launches = {}
+    for order in ("cost", "streams"):
+        monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ORDER", order)
+        seen.clear()
+        launches[order] = _block_sparse_launch(runs=gpu[0], monkeypatch=monkeypatch, causal=causal, sms=3)
+        (kwargs,) = seen
+        if order == "cost":
+            assert kwargs.keys() == block_sparse_fwd.selected_cost_args(torch.zeros(1, 1, 1), 128).keys()
+        else:
+            seq = torch.tensor([0, 0, 1, 2, 3, -1], dtype=torch.int32)
+            start = torch.tensor([0, 128, 0, 256, 0, 0], dtype=torch.int32)
+            count = torch.full((4, HEADS[1], 5), 2, dtype=torch.int32)  # _block_sparse_launch's selection
+            assert torch.equal(kwargs["cost_of"](seq, start),
+                               block_sparse_fwd.stream_major_cost(count, 128)(seq, start))
+    (grid_a, got_a), (grid_b, got_b) = launches.values()
+    assert grid_a == grid_b
+    plain = (bool, int, float, str, type(None))  # the constexprs and scalars (tensors, descriptors: per call)
+    assert {k: v for k, v in got_a.items() if isinstance(v, plain)} == \
+        {k: v for k, v in got_b.items() if isinstance(v, plain)}
+    assert got_b["ZIGZAG"] and not got_b["TILES_FROM_OFFSETS"]
+    _, got = _block_sparse_launch(gpu[0], monkeypatch, causal, 132)  # one wave: no list to order
+    assert got["TILES_FROM_OFFSETS"]
 
 
 @needs_tlx

@@ -58,6 +58,13 @@ FORWARD_DYNAMIC: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JF
 # Off (0) until timed on the H200.
 FORWARD_ROWSUM_ONCE = os.environ.get("JFA_TLX_FWD_ROWSUM_ONCE", "0") == "1"
 FORWARD_PACK_P = os.environ.get("JFA_TLX_FWD_PACK_P", "0") == "1"
+# Issue 10/11's fixed cost per work item (helper item39, bench/NOTES.md "item39"): STORE_TMA (JFA_TLX_FWD_STORE_TMA=1;
+# the v4 consumers, dense and block-sparse) writes a consumer's out half-tile through its own Q slot (free once the
+# item's last QK^T has completed) and one TMA store, when all 64 rows lie inside the sequence; a partial half-tile
+# keeps the masked pointer stores. Why: the pointer stores' layout conversion goes through shared memory in 4 rounds
+# of fp32 plus 3 of m/l, 14 warpgroup barriers per item (sm_90 D128 bf16); the staged path has one. The same bits
+# (the same division, only where the bf16 values are written from). Off (0) until timed on the H200.
+FORWARD_STORE_TMA = os.environ.get("JFA_TLX_FWD_STORE_TMA", "0") == "1"
 
 
 def forward_dynamic(head_dim: int) -> bool:
@@ -237,6 +244,17 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
+# The block-sparse forward's work list order (helper order39, bench/NOTES.md "Issue 11: the causal work order, helper
+# order39"): "cost" (the default) sorts the query tiles by their selected blocks, longest first, so a causal list runs
+# level by level across the sequences and the ~132 items in flight read every sequence's blocks at once; "streams"
+# (JFA_TLX_SPARSE_FWD_ORDER=streams) sorts them sequence-major (the sequence with the most selected blocks first),
+# cost-sorted within each sequence, every other sequence's tiles ascending (each sequence a monotone run whose turns
+# are all-long or all-short, as the zigzag's groups), so the items in flight hold a few (sequence, head) streams'
+# walks (``block_sparse_fwd.stream_major_cost``; unmasked lists are sequence-major already). Host side only: the
+# list's sort key; the same kernels, the same items, the same bits. Why: stop 38's ablation, lowsel (the lowest blocks
+# selected: the dense walk's locality) -41 / -109 us on the causal rows, ~0 unmasked. Off until timed on the H200
+# (tools/tlx_check.py sparse-ablation's "streams" column; prediction and flip rule in bench/NOTES.md); read per call.
+SPARSE_FORWARD_ORDER = "streams" if os.environ.get("JFA_TLX_SPARSE_FWD_ORDER", "cost") == "streams" else "cost"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

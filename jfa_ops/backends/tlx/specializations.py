@@ -53,7 +53,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
-                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False) -> Specialization:
+                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False,
+                       store_tma: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -62,7 +63,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
     (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
     ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
-    (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL)."""
+    (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
+    ``store_tma``: ``configs.FORWARD_STORE_TMA`` (out through the Q slot and a TMA store: STORE_TMA, desc_o)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -75,13 +77,14 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
              "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
              "Out": f"*{dtype}", "Lse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32", "TILE_SEQ": "*i32",
-             "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32"}
+             "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32",
+             "desc_o": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=dynamic,
                       TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag, ROWSUM_ONCE=rowsum_once,
-                      PACK_P=pack_p)
+                      PACK_P=pack_p, STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
                           WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel)
@@ -98,6 +101,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
            f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
+           f"{'-storetma' if store_tma else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
