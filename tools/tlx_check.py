@@ -2,8 +2,8 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
-BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
+BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
+causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
@@ -288,26 +288,19 @@ def backward_cases():
     ]
 
 
-# The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
-# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together;
-# helper tlxalt's consumer turns on DQ_LAG (ALTERNATE); helper tlxbwdcausal's per-item list of masked dense calls
-# (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
+# The TLX backward's variants: name -> the configs flags it sets (the others off): v2, v2 with dQ split (the default),
+# and the experiments on the default (helper tlxbwd3): STATS_AHEAD; helper tlxbwdcausal's per-item list of masked dense
+# calls (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
 # the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
 # device since stop 30; K/V freed before the dK/dV epilogue since stop 33)
-_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
                     BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)
-BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
-                "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
+BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
-                "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
-                "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
-                "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
-                "deltaearly": dict(_DEFAULT_BWD, BACKWARD_DELTA_EARLY=True),
                 # helper gqabwd: GQA groups in parts (under the snake) until the items fill 16 rounds of the SMs
                 # (bench/NOTES.md "TLX GQA backward balance"): the sweep's GQA cases take 2-4 parts, MHA none
                 "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16),
@@ -315,11 +308,6 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # (JFA_TLX_BWD_GQA_SPLIT=auto; bench/NOTES.md "GQA split rule")
                 "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1),  # configs.GQA_SPLIT_AUTO (the default)
                 "gqaoff": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=0),  # the default before stop 27
-                # helper dqadd: dQ added from the consumers' registers (red.global.add.v2.f32), no staging / TMA
-                # reduce; dqredlast: the same with an L2 evict_last policy (bench/NOTES.md "TLX backward dQ reduce,
-                # helper dqadd, stop 27")
-                "dqred": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=1),
-                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2),
                 # helper jaggedorder: CAUSAL_ORDER's list for every masked call, jagged ones too, built on the device
                 # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
                 # (the default since stop 30: causaljagged is the default's flags; causaljaggedoff the default before)
@@ -337,9 +325,9 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
                 "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
-_BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
-              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED",
+_BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
+              "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
+              "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
 
 
@@ -828,28 +816,27 @@ def gqa_timing_cases(lens):
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (the
     shipped configs: v2 with dQ split, CAUSAL_ORDER's rule, "default") and the experiments on it (BWD_VARIANTS
-    dqdefer / statsahead / dqlag / alternate1 / alternate3; dqdefer is the default's kernel at D128; the alternates
-    also over dqlag, the kernel they add turns to). One forward per row; the columns are timed in
-    ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
-    a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
-    row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other); every
-    other round runs the columns in reverse, so that no column always follows the same one (helper uniformorder:
-    v20's dense control read 0.96-0.98 in two columns that launch exactly the default's kernel and list). Each row
-    is printed when measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the
-    experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those (BWD_VARIANTS keys; a key + ``-percall``: without the
-    max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's list per call as before helper causalorder2: the
-    host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense
-    causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
-    bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
-    bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
-    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``:
-    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal twice: with the hints (a
-    control: one length, the kept list in every column, so every ratio there is the harness's noise) and ``no
-    hints`` (a row whose forward gets none in any column: the default's tile-major order against the list built per
-    call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED. ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row
-    (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0) causal, and the dense B8 S4096 and jagged T32768
-    causal controls (no triton column: fewer compiles), for the flip of JFA_TLX_BWD_KV_EARLY (helper window31; on
-    since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default before against the default)."""
+    statsahead / causalorder). One forward per row; the columns are timed in ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved
+    rounds of do_bench and each value is the median of its rounds, so that a drift of the host or the GPU over a row
+    hits every column alike (helper gqarule: stop 25's dense S2048 causal row read 0.90x in two columns that ran the
+    default's kernel and launches, timed one after the other); every other round runs the columns in reverse, so that no
+    column always follows the same one (helper uniformorder: v20's dense control read 0.96-0.98 in two columns that
+    launch exactly the default's kernel and list). Each row is printed when measured (a hung kernel ends the run there:
+    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
+    (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's
+    list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v2 (without
+    the dQ split); ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
+    TLX backward trails FA4 most: causalorder's target), the bench's jagged T16384 causal (short, jagged: where
+    causalorder's per-call list would show its host time) and the bench's GQA 16:2 causal (gqasplit's target).
+    ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and two MHA controls; no triton column), for the
+    flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``: the jagged causal rows T32768, T16384 and GQA 16:2
+    T32768, and dense B8 S4096 causal twice: with the hints (a control: one length, the kept list in every column, so
+    every ratio there is the harness's noise) and ``no hints`` (a row whose forward gets none in any column: the
+    default's tile-major order against the list built per call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED.
+    ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0)
+    causal, and the dense B8 S4096 and jagged T32768 causal controls (no triton column: fewer compiles), for the flip of
+    JFA_TLX_BWD_KV_EARLY (helper window31; on since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default
+    before against the default)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -884,16 +871,15 @@ def backward_timing() -> int:
     # (column, BWD_VARIANTS key; None: the triton backward)
     cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
-        cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
+        cols += [("tlx-v2", "v2")]
+    new = (["statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
-    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
-                       else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
+                       else n[:6])
     ratios = ([] if gqa or window else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
-    ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     rounds = int(os.environ.get("TLX_BWD_TIMING_ROUNDS", "3"))
     print(f"{'backward, bf16, TFLOP/s (median of ' + str(rounds) + ' rounds)':44s} "
           + " ".join(f"{c:>10s}" for c, _ in cols) + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
@@ -1253,29 +1239,27 @@ def sparse_backward_correctness() -> int:
     return failures
 
 
-# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP, SPARSE_BACKWARD_QDO_FIRST,
+# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP,
 # SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER, BACKWARD_GROUP_ORDER) (helper sparsebwd2's experiments,
 # bench/NOTES.md "TLX block-sparse backward v2"; the group order: helper hgorder's, "ordered head groups"); "triton
 # sparse": the triton sparse backward. TLX_SPARSE_BWD_COLS (comma-separated labels) picks others than
 # SPARSE_BWD_DEFAULT_COLUMNS (each column is a kernel to compile: the device command's 5 minutes; "uniform
-# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups, qdofirst and the item order
-# apply with the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
+# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups and the item order apply with
+# the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
 # order orders them.
-SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False, False),
-                      ("uniform", "sparse", 0, False, True, False, False),
-                      ("uniform order", "sparse", 0, False, True, True, False),
-                      ("uniform order qdofirst", "sparse", 0, True, True, True, False),
-                      ("uniform hg4", "sparse", 4, False, True, False, False),
-                      ("uniform grouporder", "sparse", 4, False, True, False, True),
-                      ("grouporder hg2", "sparse", 2, False, True, False, True),
-                      ("uniform hg2", "sparse", 2, False, True, False, False),
-                      ("uniform qdofirst", "sparse", 0, True, True, False, False),
-                      ("triton sparse", "sparse", 0, False, False, False, False),
-                      ("tlx dense", "dense", 0, False, False, False, False),
-                      ("dense order", "dense", 0, False, False, True, False),
-                      ("dense hg4", "dense", 4, False, False, False, False))
-SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform order qdofirst", "uniform hg4",
-                              "uniform grouporder", "tlx dense", "dense order")
+SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False),
+                      ("uniform", "sparse", 0, True, False, False),
+                      ("uniform order", "sparse", 0, True, True, False),
+                      ("uniform hg4", "sparse", 4, True, False, False),
+                      ("uniform grouporder", "sparse", 4, True, False, True),
+                      ("grouporder hg2", "sparse", 2, True, False, True),
+                      ("uniform hg2", "sparse", 2, True, False, False),
+                      ("triton sparse", "sparse", 0, False, False, False),
+                      ("tlx dense", "dense", 0, False, False, False),
+                      ("dense order", "dense", 0, False, True, False),
+                      ("dense hg4", "dense", 4, False, False, False))
+SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform hg4", "uniform grouporder",
+                              "tlx dense", "dense order")
 
 
 def sparse_backward_timing() -> int:
@@ -1293,7 +1277,7 @@ def sparse_backward_timing() -> int:
     wanted = wanted.split(",") if wanted else SPARSE_BWD_DEFAULT_COLUMNS
     cols = [c for c in SPARSE_BWD_COLUMNS if c[0] in wanted]
     print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms); hgN: configs.BACKWARD_HEAD_GROUP = N, "
-          "qdofirst: configs.SPARSE_BACKWARD_QDO_FIRST, uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
+          "uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
           "configs.BACKWARD_ITEM_ORDER, grouporder: configs.BACKWARD_GROUP_ORDER; x first: the first column's ms "
           "over this one's", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
@@ -1306,9 +1290,9 @@ def sparse_backward_timing() -> int:
                                                 block_kv=case.block, causal=case.causal, backend="triton")
         outs = {}
         ms = {}
-        for label, kind, group, qdo_first, uniform, order, group_order in cols:
+        for label, kind, group, uniform, order, group_order in cols:
             _sparse_backward(label != "triton sparse")
-            configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = group, qdo_first
+            configs.BACKWARD_HEAD_GROUP = group
             configs.SPARSE_BACKWARD_UNIFORM_WALK, configs.BACKWARD_ITEM_ORDER = uniform, order
             configs.BACKWARD_GROUP_ORDER = group_order
             faulthandler.dump_traceback_later(HANG_S, exit=True)
@@ -1328,7 +1312,7 @@ def sparse_backward_timing() -> int:
                 failures += 1
                 print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             finally:
-                configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = 0, False
+                configs.BACKWARD_HEAD_GROUP = 0
                 configs.SPARSE_BACKWARD_UNIFORM_WALK = configs.BACKWARD_ITEM_ORDER = False
                 configs.BACKWARD_GROUP_ORDER = False
         faulthandler.cancel_dump_traceback_later()
@@ -1740,11 +1724,9 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 
 
 # backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
-# the configs flag and value it sets; helper dqadd's dQ from registers, and the causal order's list (on the jagged
-# case: does the L2 order take the dQ reduce's extra cost away? bench/NOTES.md "TLX backward dQ reduce, helper
-# dqadd, stop 27")
-ABLATION_KNOBS = {"dqred": ("BACKWARD_DQ_RED", 1), "dqredlast": ("BACKWARD_DQ_RED", 2),
-                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True),
+# the configs flag and value it sets: the causal order's list (on the jagged case: does the L2 order take the dQ
+# reduce's cost away? bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop 27")
+ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True),
                   "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
 
@@ -1767,7 +1749,7 @@ def backward_ablation() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     runs = tlx_configs.BACKWARD_ABLATION_RUNS
     if os.environ.get("TLX_BWD_ABLATION_RUNS"):  # e.g. "none,exp2+ds": runs apart by commas, a run's stages by "+";
-        # ABLATION_KNOBS' names are variants (e.g. "dqred", "causalorder+dqadd")
+        # ABLATION_KNOBS' names are variants (e.g. "causalorder", "causalorder+dqadd")
         runs = [r.replace("+", ",") for r in os.environ["TLX_BWD_ABLATION_RUNS"].split(",") if r]
     keys = os.environ.get("TLX_BWD_ABLATION_CASES", "full,causal,jagged").split(",")
     print(f"TLX backward ablations (TIMING ONLY, wrong gradients), D128 bf16, {sms} SMs at {SM_CLOCK_HZ / 1e9} GHz; "

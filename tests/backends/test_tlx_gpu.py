@@ -53,32 +53,21 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
     check_attention_case(case, "tlx")
 
 
-# The backward's variants: configs flags (the others off). v1, v2, v2 + dQ split (the default), and the experiments on
-# the default: DQ_LAG alone, and together where they combine: DQ_LAG + DQ_DEFER + STATS_AHEAD (every code path they
-# add; bench/NOTES.md "TLX backward v3 knobs"); the consumer turns on DQ_LAG (ALTERNATE, helper tlxalt); the masked
-# dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where the key tile list is sorted, see
-# test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly);
-# GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
-# so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
-# (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
-# picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
-# instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
-# dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
-# bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
-# masked blocks' dS guard (PEEL, helper peel37: off by default).
-_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+# The backward's variants: configs flags (the others off). v2 (without the dQ split), v2 + dQ split (the default), and
+# the experiments on the default: the masked dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where
+# the key tile list is sorted, see test_causal_order_list_matches_the_oracle); GQA groups in parts with dK/dV added in
+# fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small, so every part count is the whole group; MHA
+# cases keep the default); the split rule of helper gqarule (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03:
+# gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes; bwd-gqaoff: no split, the
+# default before); K/V freed before the dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper
+# window31: the default since 2026-12-04; bwd-kvearlyoff: the default before); the consumers' block loop peeled per
+# stage, the mask-free bulk's without the masked blocks' dS guard (PEEL, helper peel37: off by default).
+_BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
-BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
-                "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
-                "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
-                "bwd-alternate1": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
+BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
-                "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
-                "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
-                "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
                 "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
@@ -103,18 +92,15 @@ def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
 @pytest.mark.parametrize("variant", list(BWD_VARIANTS))
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeypatch):
-    """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
-    with dQ split between them (BACKWARD_DQ_SHARED, the default), and the experiments on it (DQ_LAG, DQ_DEFER,
-    STATS_AHEAD, ALTERNATE 1 and 3): every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced
-    over the batch, empty
-    sequences, length 1), gradients against the float64 oracle."""
+    """The TLX backward (configs.BACKWARD, on by default) without and with dQ split between its consumers
+    (BACKWARD_DQ_SHARED, the default), and the experiments on it: every feature case (jagged, causal, window, GQA,
+    broadcast-Q with dQ reduced over the batch, empty sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
-                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
+    for flag in ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
                  "BACKWARD_PEEL", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
@@ -196,35 +182,6 @@ def test_causal_order_jagged_device_list(heads, lengths, monkeypatch):
         out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, backend="tlx")
         grads.append(torch.autograd.grad(out, (q, k, v), grad))
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
-
-@pytest.mark.parametrize("dq_red", [1, 2])
-def test_dq_red_keeps_dk_dv_bit_for_bit(dq_red, monkeypatch):
-    """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; 2: with the L2 evict_last policy) changes only how dQ
-    reaches the fp32 accumulator (reductions from registers instead of a staged TMA reduce-add), so dK/dV equal the
-    default's bit for bit; dQ is the same fp32 terms added in another order (close, not equal). Jagged GQA causal,
-    more items than programs, and broadcast-Q (dQ reduced over the batch)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    cases = [AttentionCase((2048, 1000, 3000, 1, 129), (2048, 1000, 3000, 1, 129), heads_q=8, heads_kv=4,
-                           head_dim=128, dtype=torch.bfloat16, device="cuda", causal=True),
-             AttentionCase((128,), (300, 1, 77, 500, 0, 64), heads_q=4, heads_kv=4, head_dim=64,
-                           dtype=torch.float16, device="cuda", broadcast_q=True)]
-    for case in cases:
-        _tlx_or_skip(case)
-        x = case.make_inputs(0)
-        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        grads = []
-        for red in (0, dq_red):
-            monkeypatch.setattr(configs, "BACKWARD_DQ_RED", red)
-            out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda",
-                                                                                      dtype=out.dtype)
-            grads.append(torch.autograd.grad(out, (q, k, v), grad))
-        (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
-        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
-        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
-
 
 # KV_EARLY's cases (helper window31): many short items per program (the producer's next K/V loads land while the
 # epilogue still stores through the dQ staging buffer), windows (the bench's (256, 0) causal, two-sided), jagged with
@@ -475,18 +432,13 @@ def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     _assert_clean_sequences_match(x, *x.call("tlx"), causal)
 
 
-@pytest.mark.parametrize("dq_red", [0, 1])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal, dq_red, monkeypatch):
+def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal):
     """The TLX backward with sequence 1's keys +inf and values NaN: sequence 1's 64-row query block runs into
     sequence 2's rows (dO zeroed there, but dP = 0 x NaN values is NaN, and 0 x NaN again in dS): its dQ reduce-add
     must add exact zeros to sequence 2's rows. Gradients of the clean outputs match the oracle on sequences 0 and 2
-    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN). dq_red: dQ added from
-    registers (``configs.BACKWARD_DQ_RED``, helper dqadd), whose rows past an end add zeros to the block's first row."""
+    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN)."""
     x = _poisoned_neighbour_inputs(causal)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "BACKWARD_DQ_RED", dq_red)
     q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
     keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
     keep_q[100:137] = False
