@@ -64,9 +64,9 @@ def main(argv) -> int:
         del argv[i:i + 2]
     o = backward_options(128, 16)
     specs = {"fwd": lambda: S.fwd_specialization(128, "bf16", False, uniform=True),
-             "bwd": lambda: S.bwd_specialization(128, "bf16", False, v2=o["v2"], dq_shared=o["dq_shared"],
+             "bwd": lambda: S.bwd_specialization(128, "bf16", False, dq_shared=o["dq_shared"],
                                                  stats_ahead=o["stats_ahead"], kv_early=o["kv_early"],
-                                                 dq_red=o["dq_red"], delta_early=o["delta_early"], peel=o["peel"],
+                                                 peel=o["peel"],
                                                  zero_store=o["zero_store"])}
     for which in argv or list(specs):
         spec = specs[which]()

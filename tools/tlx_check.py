@@ -2,8 +2,8 @@
 
 Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx on the path). Parts:
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
-BWD_VARIANTS, ``backward-<variant>`` one alone (v1, v2, v2-dqshared = the default, dqdefer, statsahead, dqlag,
-all3, alternate1, alternate3, causalorder, itemorder, deltaearly, gqasplit, gqaauto, gqaoff, dqred, dqredlast,
+BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
+causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
 peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
@@ -26,6 +26,9 @@ triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` run
 on the bench's quick dense/jagged rows and a few others; ``JFA_TLX_FWD_ZIGZAG=1`` runs the correctness sweep with it.
 ``dynamic-timing`` (not in ``all``): static striding vs ``configs.FORWARD_DYNAMIC`` (helper bcast31) on broadcast-Q
 and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the correctness sweep with it.
+``store-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_STORE_TMA`` (helper item39) on dense,
+jagged, short causal and broadcast-Q (v4 forced) rows, with a bit-for-bit check; ``JFA_TLX_FWD_STORE_TMA=1`` runs the
+correctness sweep with it.
 ``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
 (helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
 JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
@@ -285,26 +288,19 @@ def backward_cases():
     ]
 
 
-# The TLX backward's variants: name -> the configs flags it sets (the others off): v1, v2, v2 with dQ split (the
-# default), and the experiments on the default (helper tlxbwd3): DQ_DEFER, STATS_AHEAD, DQ_LAG alone and together;
-# helper tlxalt's consumer turns on DQ_LAG (ALTERNATE); helper tlxbwdcausal's per-item list of masked dense calls
-# (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
+# The TLX backward's variants: name -> the configs flags it sets (the others off): v2, v2 with dQ split (the default),
+# and the experiments on the default (helper tlxbwd3): STATS_AHEAD; helper tlxbwdcausal's per-item list of masked dense
+# calls (CAUSAL_ORDER: L2-sized sections of (sequence, kv head) streams) and, to compare on jagged batches, sparsebwd2's
 # snake over the dense tile list (ITEM_ORDER: better balance there, less L2 reuse: bench/NOTES.md "TLX backward:
 # causal").
 # the shipped default (GQA_SPLIT auto since stop 27: its -1 is configs.GQA_SPLIT_AUTO; the causal list built on the
 # device since stop 30; K/V freed before the dK/dV epilogue since stop 33)
-_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+_DEFAULT_BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
                     BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)
-BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2=True), "v2-dqshared": _DEFAULT_BWD,
-                "dqdefer": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True),
+BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 "statsahead": dict(_DEFAULT_BWD, BACKWARD_STATS_AHEAD=True),
-                "dqlag": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True),
-                "all3": dict(_DEFAULT_BWD, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True, BACKWARD_DQ_LAG=True),
-                "alternate1": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "alternate3": dict(_DEFAULT_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
                 "causalorder": dict(_DEFAULT_BWD, BACKWARD_CAUSAL_ORDER=True),
                 "itemorder": dict(_DEFAULT_BWD, BACKWARD_ITEM_ORDER=True),
-                "deltaearly": dict(_DEFAULT_BWD, BACKWARD_DELTA_EARLY=True),
                 # helper gqabwd: GQA groups in parts (under the snake) until the items fill 16 rounds of the SMs
                 # (bench/NOTES.md "TLX GQA backward balance"): the sweep's GQA cases take 2-4 parts, MHA none
                 "gqasplit": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=16),
@@ -312,11 +308,6 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # (JFA_TLX_BWD_GQA_SPLIT=auto; bench/NOTES.md "GQA split rule")
                 "gqaauto": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=-1),  # configs.GQA_SPLIT_AUTO (the default)
                 "gqaoff": dict(_DEFAULT_BWD, BACKWARD_GQA_SPLIT=0),  # the default before stop 27
-                # helper dqadd: dQ added from the consumers' registers (red.global.add.v2.f32), no staging / TMA
-                # reduce; dqredlast: the same with an L2 evict_last policy (bench/NOTES.md "TLX backward dQ reduce,
-                # helper dqadd, stop 27")
-                "dqred": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=1),
-                "dqredlast": dict(_DEFAULT_BWD, BACKWARD_DQ_RED=2),
                 # helper jaggedorder: CAUSAL_ORDER's list for every masked call, jagged ones too, built on the device
                 # (bench/NOTES.md "causal order list on the device, helper jaggedorder, stop 28")
                 # (the default since stop 30: causaljagged is the default's flags; causaljaggedoff the default before)
@@ -334,9 +325,9 @@ BWD_VARIANTS = {"v1": dict(BACKWARD=True), "v2": dict(BACKWARD=True, BACKWARD_V2
                 # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
                 "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
-_BWD_FLAGS = ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_DEFER", "BACKWARD_STATS_AHEAD",
-              "BACKWARD_DQ_LAG", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
-              "BACKWARD_DELTA_EARLY", "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED",
+_BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
+              "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
+              "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
               "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
 
 
@@ -590,6 +581,28 @@ def order_timing() -> int:
     return failures
 
 
+def _guarded_check(case, check) -> int:
+    """The failures ``check()`` counts (a row's bit-for-bit check, printing its line), without autograd; an exception
+    is printed and counts one; a hung kernel ends the process with the rows so far printed."""
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    try:
+        with torch.no_grad():
+            return check()
+    except Exception as e:  # noqa: BLE001
+        print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return 1
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _checked_tflops_row(case, check, fns, rounds: int, cols) -> tuple:
+    """({column: forward TFLOP/s, nan where it failed} over ``cols``, failures) of a row: ``check`` first
+    (``_guarded_check``), then the columns timed (``_forward_tflops``)."""
+    failures = _guarded_check(case, check)
+    row, failed = _forward_tflops(case, fns, rounds)
+    return {c: row.get(c, float("nan")) for c in cols}, failures + failed
+
+
 def rowsum_timing() -> int:
     """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
     configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
@@ -626,27 +639,75 @@ def rowsum_timing() -> int:
                "packp": knobs(False, True, default), "both": knobs(True, True, default)}
         fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
         with_lse = _forward_call(x, case, "tlx", return_lse=True)
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        try:
-            with torch.no_grad():
-                want, packed, once = (knobs(o, p, with_lse)()
-                                      for o, p in ((False, False), (False, True), (True, False)))
+
+        def check():
+            want, packed, once = (knobs(o, p, with_lse)() for o, p in ((False, False), (False, True), (True, False)))
             same = all(torch.equal(a, b) for a, b in zip(want, packed))
             lse_diff = (once[1] - want[1]).abs().nan_to_num(0.0).max().item()
             out_diff = (once[0].float() - want[0].float()).abs().max().item()
             print(f"  {case.label}: packp out/lse == default bit for bit: {same}; once: max |lse diff| "
                   f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
-            failures += (same is not True) + (lse_diff > 1e-5)
-        except Exception as e:  # noqa: BLE001
-            print(f"  {case.label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            failures += 1
-        faulthandler.cancel_dump_traceback_later()
-        row, failed = _forward_tflops(case, fns, rounds)
+            return (same is not True) + (lse_diff > 1e-5)
+
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
         failures += failed
-        v = {c: row.get(c, float("nan")) for c in cols}
         base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
         print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{v[c]:8.1f}" for c in cols)
               + f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}", flush=True)
+    return failures
+
+
+def store_timing() -> int:
+    """Forward TFLOP/s of the default v4 consumers vs configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md
+    "item39": out through each consumer's Q slot and one TMA store per full half-tile, no layout conversion at the
+    item's end), the same process and inputs, columns tlx, storetma, tlx', storetma' (the primed pair: the A/A
+    gauge), rounds interleaved (TLX_STORE_ROUNDS, 3), medians. Rows: the bench's dense B8 H16 S4096 D128 (32 blocks
+    an item), jagged T32768 D128 causal and not (partial half-tiles take the pointer stores), dense S1024 D128 causal
+    (4.5 blocks an item: the per-item share largest), D64 causal, and broadcast-Q Lq128 H4 B512 on the v4 consumers
+    (``configs.ONE_LOOP`` forced in both columns: broadcast-Q's default is v3, which the knob does not reach).
+    First, per row: out/lse == the default's bit for bit (the same division; only where out is written from)."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+    from jfa_ops.backends.tlx import configs
+
+    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
+    bq_kv = lognormal_lengths(None, 512, seed=512)
+    cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
+             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
+             Case("dense", "B32 H16 S1024 D128 causal", (1024,) * 32, (1024,) * 32, 16, 16, 128, causal=True),
+             Case("dense", "B8 H16 S4096 D64 causal", (4096,) * 8, (4096,) * 8, 16, 16, 64, causal=True),
+             Case("broadcast", "broadcast-Q Lq128 H4 B512 (v4)", (128,) * 512, bq_kv, 4, 4, 128, broadcast_q=True)]
+    wanted = [w for w in os.environ.get("TLX_STORE_ROWS", "").split(",") if w]  # rows whose label holds one of these
+    cases = [c for c in cases if not wanted or any(w in c.label for w in wanted)]
+    cols = ("tlx", "storetma", "tlx'", "storetma'")
+    rounds = int(os.environ.get("TLX_STORE_ROUNDS", "3"))
+    print(f"forward, bf16, TFLOP/s of useful work (do_bench median, then the median of {rounds} interleaved rounds): "
+          "the default vs configs.FORWARD_STORE_TMA (bench/NOTES.md \"item39\")", flush=True)
+    print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'tma/tlx':>8s} {'A/A':>6s}", flush=True)
+    failures = 0
+    for case in cases:
+        x = make_inputs(case, "cuda")
+
+        def v4(fn, on):  # broadcast-Q on the v4 consumers in both columns
+            fn = with_setting(configs, "FORWARD_STORE_TMA", on, fn)
+            return with_setting(configs, "ONE_LOOP", True, fn) if case.broadcast_q else fn
+
+        default = _forward_call(x, case, "tlx")
+        fns = {"tlx": v4(default, False), "storetma": v4(default, True)}
+        fns.update({"tlx'": fns["tlx"], "storetma'": fns["storetma"]})
+        with_lse = _forward_call(x, case, "tlx", return_lse=True)
+
+        def check():
+            same = all(torch.equal(a, b) for a, b in zip(v4(with_lse, False)(), v4(with_lse, True)()))
+            print(f"  {case.label}: storetma out/lse == default bit for bit: {same}", flush=True)
+            return int(same is not True)
+
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
+        failures += failed
+        base, tma, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["storetma"] + v["storetma'"]) / 2, v["tlx'"] / v["tlx"]
+        print(f"{case.suite + ' ' + case.label:44s} " + " ".join(f"{v[c]:9.1f}" for c in cols)
+              + f" {tma / base:8.3f} {a_a:6.3f}", flush=True)
     return failures
 
 
@@ -755,28 +816,27 @@ def gqa_timing_cases(lens):
 def backward_timing() -> int:
     """Backward alone (through a retained graph), TFLOP/s of useful work: the triton backend's, the TLX default (the
     shipped configs: v2 with dQ split, CAUSAL_ORDER's rule, "default") and the experiments on it (BWD_VARIANTS
-    dqdefer / statsahead / dqlag / alternate1 / alternate3; dqdefer is the default's kernel at D128; the alternates
-    also over dqlag, the kernel they add turns to). One forward per row; the columns are timed in
-    ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved rounds of do_bench and each value is the median of its rounds, so that
-    a drift of the host or the GPU over a row hits every column alike (helper gqarule: stop 25's dense S2048 causal
-    row read 0.90x in two columns that ran the default's kernel and launches, timed one after the other); every
-    other round runs the columns in reverse, so that no column always follows the same one (helper uniformorder:
-    v20's dense control read 0.96-0.98 in two columns that launch exactly the default's kernel and list). Each row
-    is printed when measured (a hung kernel ends the run there: faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the
-    experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those (BWD_VARIANTS keys; a key + ``-percall``: without the
-    max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's list per call as before helper causalorder2: the
-    host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v1 / v2; ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense
-    causal rows (B8 H16 S8192 and S2048 D128, where the TLX backward trails FA4 most: causalorder's target), the
-    bench's jagged T16384 causal (short, jagged: where causalorder's per-call list would show its host time) and the
-    bench's GQA 16:2 causal (gqasplit's target). ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and
-    two MHA controls; no triton column), for the flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``:
-    the jagged causal rows T32768, T16384 and GQA 16:2 T32768, and dense B8 S4096 causal twice: with the hints (a
-    control: one length, the kept list in every column, so every ratio there is the harness's noise) and ``no
-    hints`` (a row whose forward gets none in any column: the default's tile-major order against the list built per
-    call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED. ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row
-    (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0) causal, and the dense B8 S4096 and jagged T32768
-    causal controls (no triton column: fewer compiles), for the flip of JFA_TLX_BWD_KV_EARLY (helper window31; on
-    since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default before against the default)."""
+    statsahead / causalorder). One forward per row; the columns are timed in ``TLX_BWD_TIMING_ROUNDS`` (3) interleaved
+    rounds of do_bench and each value is the median of its rounds, so that a drift of the host or the GPU over a row
+    hits every column alike (helper gqarule: stop 25's dense S2048 causal row read 0.90x in two columns that ran the
+    default's kernel and launches, timed one after the other); every other round runs the columns in reverse, so that no
+    column always follows the same one (helper uniformorder: v20's dense control read 0.96-0.98 in two columns that
+    launch exactly the default's kernel and list). Each row is printed when measured (a hung kernel ends the run there:
+    faulthandler); ``TLX_BWD_TIMING_NEW=0`` leaves the experiments out, ``TLX_BWD_TIMING_COLS=a,b`` times those
+    (BWD_VARIANTS keys; a key + ``-percall``: without the max_seqlen hints, so CAUSAL_ORDER builds a one-length batch's
+    list per call as before helper causalorder2: the host cost alone) only; ``TLX_BWD_TIMING_OLD=1`` adds v2 (without
+    the dQ split); ``TLX_BWD_TIMING_BENCH=1`` adds the bench's dense causal rows (B8 H16 S8192 and S2048 D128, where the
+    TLX backward trails FA4 most: causalorder's target), the bench's jagged T16384 causal (short, jagged: where
+    causalorder's per-call list would show its host time) and the bench's GQA 16:2 causal (gqasplit's target).
+    ``TLX_BWD_TIMING_GQA=1``: ``gqa_timing_cases`` instead (GQA rows and two MHA controls; no triton column), for the
+    flip of JFA_TLX_BWD_GQA_SPLIT=auto. ``TLX_BWD_TIMING_JAGGED=1``: the jagged causal rows T32768, T16384 and GQA 16:2
+    T32768, and dense B8 S4096 causal twice: with the hints (a control: one length, the kept list in every column, so
+    every ratio there is the harness's noise) and ``no hints`` (a row whose forward gets none in any column: the
+    default's tile-major order against the list built per call), for the flip of JFA_TLX_BWD_CAUSAL_ORDER_JAGGED.
+    ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0)
+    causal, and the dense B8 S4096 and jagged T32768 causal controls (no triton column: fewer compiles), for the flip of
+    JFA_TLX_BWD_KV_EARLY (helper window31; on since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default
+    before against the default)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -811,16 +871,15 @@ def backward_timing() -> int:
     # (column, BWD_VARIANTS key; None: the triton backward)
     cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
-        cols += [("tlx-v1", "v1"), ("tlx-v2", "v2")]
-    new = (["dqdefer", "statsahead", "dqlag", "alternate1", "alternate3", "causalorder"]
+        cols += [("tlx-v2", "v2")]
+    new = (["statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
-    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "dqlag,alternate1,alternate3": these experiments only
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
-                       else n[:6] if not n.startswith("alternate") else f"alt{n[-1]}")
+                       else n[:6])
     ratios = ([] if gqa or window else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
-    ratios += [(f"{short(n)}/lag", n, "dqlag") for n in new if n.startswith("alternate")]
     rounds = int(os.environ.get("TLX_BWD_TIMING_ROUNDS", "3"))
     print(f"{'backward, bf16, TFLOP/s (median of ' + str(rounds) + ' rounds)':44s} "
           + " ".join(f"{c:>10s}" for c, _ in cols) + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
@@ -1039,16 +1098,19 @@ def sparse_ablation() -> int:
     unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
     locality as dense), ``lowsel+nomask``, ``peel`` (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free
     loop and masked loops, helper peeldiag38, P carried packed as with PACK_P; the same bits), ``packp``
-    (configs.FORWARD_PACK_P alone: peel's control), and tlx dense. Then the per-SM model: b (us per selected block)
-    and a (us per work item) solved from the two unmasked rows' default times, and for the causal rows the time over
-    that model ("excess") beside what nomask, lowsel, peel and packp remove from it. TLX_SPARSE_ABLATION_COLS (a
-    comma list): those columns only, default always."""
+    (configs.FORWARD_PACK_P alone: peel's control), ``streams`` (configs.SPARSE_FORWARD_ORDER "streams": the work
+    list sequence-major, helper order39; the same bits), ``streams+peel``, ``storetma`` (configs.FORWARD_STORE_TMA:
+    out through the Q slot and a TMA store, helper item39; the same bits), and tlx dense. Then the per-SM model: b
+    (us per selected block) and a (us per work item) solved from the two unmasked rows' default times, and for the
+    causal rows the time over that model ("excess") beside what nomask, lowsel, peel, packp, streams and storetma
+    remove from it. TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "streams",
+            "streams+peel", "storetma", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1058,8 +1120,9 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    saved = (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-             configs.FORWARD_PACK_P)
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_PACK_P",
+             "SPARSE_FORWARD_ORDER", "FORWARD_STORE_TMA")
+    saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
         index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
@@ -1069,28 +1132,30 @@ def sparse_ablation() -> int:
         sparse = lambda idx: lambda: jfa_ops.block_sparse_attention(  # noqa: E731
             x.q, x.k, x.v, x.q_offsets, x.kv_offsets, idx, count, case.max_q, case.max_kv, block_q=case.block,
             block_kv=case.block, causal=case.causal, backend="tlx")
-        # column: (fn, walk ahead, ablate, peel, pack_p)
-        fns = {"default": (sparse(index), saved[0], 0, saved[2], saved[3]),
-               "walk off": (sparse(index), False, 0, saved[2], saved[3]),
-               "walk on": (sparse(index), True, 0, saved[2], saved[3]),
-               "nomask": (sparse(index), saved[0], 1, False, saved[3]),
-               "lowsel": (sparse(low), saved[0], 0, saved[2], saved[3]),
-               "lowsel+nomask": (sparse(low), saved[0], 1, False, saved[3]),
-               "peel": (sparse(index), saved[0], 0, True, saved[3]),
-               "packp": (sparse(index), saved[0], 0, saved[2], True),
+        # column: (fn, {knob: value} over the saved ones)
+        fns = {"default": (sparse(index), {}),
+               "walk off": (sparse(index), {"SPARSE_FORWARD_WALK_AHEAD": False}),
+               "walk on": (sparse(index), {"SPARSE_FORWARD_WALK_AHEAD": True}),
+               "nomask": (sparse(index), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
+               "lowsel": (sparse(low), {}),
+               "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
+               "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
+               "packp": (sparse(index), {"FORWARD_PACK_P": True}),
+               "streams": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams"}),
+               "streams+peel": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams", "SPARSE_FORWARD_PEEL": True}),
+               "storetma": (sparse(index), {"FORWARD_STORE_TMA": True}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
-                                                              case.max_kv, causal=case.causal, backend="tlx"),
-                             saved[0], 0, saved[2], saved[3])}
+                                                              case.max_kv, causal=case.causal, backend="tlx"), {})}
         times = {c: [] for c in cols}
         for _ in range(rounds):
             for col in cols:
-                fn, walk, ablate, peel, pack_p = fns[col]
-                (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-                 configs.FORWARD_PACK_P) = walk, ablate, peel, pack_p
+                fn, settings = fns[col]
+                for k, value in zip(knobs, saved):  # (the ablation only where a column asks for it)
+                    setattr(configs, k, settings.get(k, 0 if k == "SPARSE_FORWARD_ABLATE" else value))
                 faulthandler.dump_traceback_later(HANG_S, exit=True)
                 t = median_ms(fn, f"{case.label} {col}")
-                (configs.SPARSE_FORWARD_WALK_AHEAD, configs.SPARSE_FORWARD_ABLATE, configs.SPARSE_FORWARD_PEEL,
-                 configs.FORWARD_PACK_P) = saved
+                for k, value in zip(knobs, saved):
+                    setattr(configs, k, value)
                 if t is None:
                     failures += 1
                 else:
@@ -1116,8 +1181,8 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp")
-                    if c in ms}
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp",
+                                                                 "streams", "streams+peel", "storetma") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
@@ -1174,29 +1239,27 @@ def sparse_backward_correctness() -> int:
     return failures
 
 
-# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP, SPARSE_BACKWARD_QDO_FIRST,
+# sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP,
 # SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER, BACKWARD_GROUP_ORDER) (helper sparsebwd2's experiments,
 # bench/NOTES.md "TLX block-sparse backward v2"; the group order: helper hgorder's, "ordered head groups"); "triton
 # sparse": the triton sparse backward. TLX_SPARSE_BWD_COLS (comma-separated labels) picks others than
 # SPARSE_BWD_DEFAULT_COLUMNS (each column is a kernel to compile: the device command's 5 minutes; "uniform
-# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups, qdofirst and the item order
-# apply with the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
+# grouporder" (head groups of 4) is "uniform order"'s kernel). Block-sparse head groups and the item order apply with
+# the uniform walk only (attn_bwd.attention_backward); the item order overrides head groups, the group
 # order orders them.
-SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False, False),
-                      ("uniform", "sparse", 0, False, True, False, False),
-                      ("uniform order", "sparse", 0, False, True, True, False),
-                      ("uniform order qdofirst", "sparse", 0, True, True, True, False),
-                      ("uniform hg4", "sparse", 4, False, True, False, False),
-                      ("uniform grouporder", "sparse", 4, False, True, False, True),
-                      ("grouporder hg2", "sparse", 2, False, True, False, True),
-                      ("uniform hg2", "sparse", 2, False, True, False, False),
-                      ("uniform qdofirst", "sparse", 0, True, True, False, False),
-                      ("triton sparse", "sparse", 0, False, False, False, False),
-                      ("tlx dense", "dense", 0, False, False, False, False),
-                      ("dense order", "dense", 0, False, False, True, False),
-                      ("dense hg4", "dense", 4, False, False, False, False))
-SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform order qdofirst", "uniform hg4",
-                              "uniform grouporder", "tlx dense", "dense order")
+SPARSE_BWD_COLUMNS = (("tlx sparse", "sparse", 0, False, False, False),
+                      ("uniform", "sparse", 0, True, False, False),
+                      ("uniform order", "sparse", 0, True, True, False),
+                      ("uniform hg4", "sparse", 4, True, False, False),
+                      ("uniform grouporder", "sparse", 4, True, False, True),
+                      ("grouporder hg2", "sparse", 2, True, False, True),
+                      ("uniform hg2", "sparse", 2, True, False, False),
+                      ("triton sparse", "sparse", 0, False, False, False),
+                      ("tlx dense", "dense", 0, False, False, False),
+                      ("dense order", "dense", 0, False, True, False),
+                      ("dense hg4", "dense", 4, False, False, False))
+SPARSE_BWD_DEFAULT_COLUMNS = ("tlx sparse", "uniform", "uniform order", "uniform hg4", "uniform grouporder",
+                              "tlx dense", "dense order")
 
 
 def sparse_backward_timing() -> int:
@@ -1214,7 +1277,7 @@ def sparse_backward_timing() -> int:
     wanted = wanted.split(",") if wanted else SPARSE_BWD_DEFAULT_COLUMNS
     cols = [c for c in SPARSE_BWD_COLUMNS if c[0] in wanted]
     print("block-sparse backward, bf16 D128, dense-equivalent TFLOP/s (ms); hgN: configs.BACKWARD_HEAD_GROUP = N, "
-          "qdofirst: configs.SPARSE_BACKWARD_QDO_FIRST, uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
+          "uniform: configs.SPARSE_BACKWARD_UNIFORM_WALK, order: "
           "configs.BACKWARD_ITEM_ORDER, grouporder: configs.BACKWARD_GROUP_ORDER; x first: the first column's ms "
           "over this one's", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
@@ -1227,9 +1290,9 @@ def sparse_backward_timing() -> int:
                                                 block_kv=case.block, causal=case.causal, backend="triton")
         outs = {}
         ms = {}
-        for label, kind, group, qdo_first, uniform, order, group_order in cols:
+        for label, kind, group, uniform, order, group_order in cols:
             _sparse_backward(label != "triton sparse")
-            configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = group, qdo_first
+            configs.BACKWARD_HEAD_GROUP = group
             configs.SPARSE_BACKWARD_UNIFORM_WALK, configs.BACKWARD_ITEM_ORDER = uniform, order
             configs.BACKWARD_GROUP_ORDER = group_order
             faulthandler.dump_traceback_later(HANG_S, exit=True)
@@ -1249,7 +1312,7 @@ def sparse_backward_timing() -> int:
                 failures += 1
                 print(f"  {case.label} {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             finally:
-                configs.BACKWARD_HEAD_GROUP, configs.SPARSE_BACKWARD_QDO_FIRST = 0, False
+                configs.BACKWARD_HEAD_GROUP = 0
                 configs.SPARSE_BACKWARD_UNIFORM_WALK = configs.BACKWARD_ITEM_ORDER = False
                 configs.BACKWARD_GROUP_ORDER = False
         faulthandler.cancel_dump_traceback_later()
@@ -1661,11 +1724,9 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 
 
 # backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
-# the configs flag and value it sets; helper dqadd's dQ from registers, and the causal order's list (on the jagged
-# case: does the L2 order take the dQ reduce's extra cost away? bench/NOTES.md "TLX backward dQ reduce, helper
-# dqadd, stop 27")
-ABLATION_KNOBS = {"dqred": ("BACKWARD_DQ_RED", 1), "dqredlast": ("BACKWARD_DQ_RED", 2),
-                  "causalorder": ("BACKWARD_CAUSAL_ORDER", True),
+# the configs flag and value it sets: the causal order's list (on the jagged case: does the L2 order take the dQ
+# reduce's cost away? bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop 27")
+ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True),
                   "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
 
@@ -1688,7 +1749,7 @@ def backward_ablation() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     runs = tlx_configs.BACKWARD_ABLATION_RUNS
     if os.environ.get("TLX_BWD_ABLATION_RUNS"):  # e.g. "none,exp2+ds": runs apart by commas, a run's stages by "+";
-        # ABLATION_KNOBS' names are variants (e.g. "dqred", "causalorder+dqadd")
+        # ABLATION_KNOBS' names are variants (e.g. "causalorder", "causalorder+dqadd")
         runs = [r.replace("+", ",") for r in os.environ["TLX_BWD_ABLATION_RUNS"].split(",") if r]
     keys = os.environ.get("TLX_BWD_ABLATION_CASES", "full,causal,jagged").split(",")
     print(f"TLX backward ablations (TIMING ONLY, wrong gradients), D128 bf16, {sms} SMs at {SM_CLOCK_HZ / 1e9} GHz; "
@@ -1757,6 +1818,8 @@ def main(argv) -> int:
         failed += sparse_correctness()
     if part in ("sparse", "sparse-timing"):
         failed += sparse_timing()
+    if part == "store-timing":  # the default vs FORWARD_STORE_TMA (helper item39; not in "all")
+        failed += store_timing()
     if part == "sparse-ablation":  # where the causal rows' time goes (helper sparse38; timing only; not in "sparse")
         failed += sparse_ablation()
     if part in ("sparse-bwd", "sparse-backward"):  # the TLX block-sparse backward (not in "all")

@@ -2,10 +2,10 @@
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
 # mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
-# (`backward`: the TLX backward's sweeps vs the oracle, the experiments all3 and dqlag on the default (v1, v2, v2
-# with dQ split too with BWD_BASELINES=1), <= 4 min; `backward-timing`: its TFLOP/s, columns triton / default (v2 +
-# dQ split) / dqdefer / statsahead / dqlag / alternate1 / alternate3, <= 4 min; TLX_BWD_TIMING_COLS=a,b: those
-# experiments only)
+# (`backward`: the TLX backward's sweep vs the oracle, the default (v2 without the dQ split too with
+# BWD_BASELINES=1), <= 4 min;
+# `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / statsahead / causalorder,
+# <= 4 min; TLX_BWD_TIMING_COLS=a,b: those experiments only)
 # from the repo root, carrying .t38 (built by ../shared/device/tlx-triton38.sh: Triton 3.8 + triton-utlx; ~52 MB).
 # Unpacks it into /tmp/t38 once per warm machine, then runs tools/tlx_check.py: `all` = correctness (sweep vs the
 # float64 oracle), timing (forward, tlx vs triton), backward (the TLX backward's sweeps, see above) and its timings,
@@ -83,17 +83,12 @@ fi
 if [ "$part" = all ] || [ "$part" = timing ] || [ "$part" = v4 ]; then
   TLX_TIMING_V4=$v4_ok $limit 100 python3 tools/tlx_check.py timing || rc=1
 fi
-if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v1 (the old consumers), v2, v2
-  # with dQ split between the consumers (BWD_BASELINES=1; all three passed on 2026-12-02), then the experiments on
-  # the default (helper tlxbwd3): all3 = DQ_LAG + DQ_DEFER + STATS_AHEAD (DQ_LAG's new barriers; at D128 its kernels
-  # are dqlag's own, DQ_DEFER changing only D64) and dqlag alone, <= 4 min in all
+if [ "$part" = all ] || [ "$part" = backward ]; then  # the TLX backward's sweeps: v2 without the dQ split
+  # (BWD_BASELINES=1; passed on 2026-12-02), then v2 with dQ split between the consumers (the default), <= 4 min
   if [ "${BWD_BASELINES:-0}" = 1 ]; then
-    $limit 100 python3 tools/tlx_check.py backward-v1 || rc=1
     $limit 130 python3 tools/tlx_check.py backward-v2 || rc=1
-    $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
   fi
-  $limit 115 python3 tools/tlx_check.py backward-all3 || rc=1
-  $limit 115 python3 tools/tlx_check.py backward-dqlag || rc=1
+  $limit 130 python3 tools/tlx_check.py backward-v2-dqshared || rc=1
 fi
 if [ "$part" = suite ]; then  # issue 10's full GPU suite with tlx: every GPU test under the default automatic choice
   # (JFA_TLX_AUTO=1: its size rule follows TMA_MIN_ROWS, which tests/conftest.py lowers to 0, so every eager call tlx
@@ -124,24 +119,21 @@ fi
 if [ "$part" = sparse-bwd ]; then  # the sweep with helper sparsebwd2's experiments on (SPARSE_BWD_KNOBS=0: the
   # default kernel's), then the timings' columns (tools/tlx_check.py SPARSE_BWD_DEFAULT_COLUMNS, or
   # TLX_SPARSE_BWD_COLS) (SPARSE_BWD_HEAD_GROUP=1: head groups of 1 instead of the item order, which overrides them;
-  # SPARSE_BWD_GROUP_ORDER=1: the default's head groups of 4 in helper hgorder's group order instead of Q/dO first
-  # and the item order). SPARSE_BWD_SWEEP_S / SPARSE_BWD_TIMING_S: the two limits (130 / 170 s).
+  # SPARSE_BWD_GROUP_ORDER=1: the default's head groups of 4 in helper hgorder's group order instead of the item
+  # order). SPARSE_BWD_SWEEP_S / SPARSE_BWD_TIMING_S: the two limits (130 / 170 s).
   if [ "${SPARSE_BWD_KNOBS:-1}" = 1 ]; then
     export JFA_TLX_SPARSE_BWD_UNIFORM=1
     if [ "${SPARSE_BWD_GROUP_ORDER:-0}" = 1 ]; then
       export JFA_TLX_BWD_GROUP_ORDER=1
+    elif [ "${SPARSE_BWD_HEAD_GROUP:-0}" = 1 ]; then
+      export JFA_TLX_BWD_HEAD_GROUP=1
     else
-      export JFA_TLX_SPARSE_BWD_QDO_FIRST=1
-      if [ "${SPARSE_BWD_HEAD_GROUP:-0}" = 1 ]; then
-        export JFA_TLX_BWD_HEAD_GROUP=1
-      else
-        export JFA_TLX_BWD_ITEM_ORDER=1
-      fi
+      export JFA_TLX_BWD_ITEM_ORDER=1
     fi
   fi
   TLX_SPARSE_RANDOM=${TLX_SPARSE_RANDOM:-2} JFA_LAUNCH_VERIFY=1 $limit "${SPARSE_BWD_SWEEP_S:-130}" \
     python3 tools/tlx_check.py sparse-backward || rc=1
-  unset JFA_TLX_SPARSE_BWD_UNIFORM JFA_TLX_SPARSE_BWD_QDO_FIRST JFA_TLX_BWD_HEAD_GROUP JFA_TLX_BWD_ITEM_ORDER \
+  unset JFA_TLX_SPARSE_BWD_UNIFORM JFA_TLX_BWD_HEAD_GROUP JFA_TLX_BWD_ITEM_ORDER \
     JFA_TLX_BWD_GROUP_ORDER
   $limit "${SPARSE_BWD_TIMING_S:-170}" python3 tools/tlx_check.py sparse-backward-timing || rc=1
 fi

@@ -39,13 +39,11 @@ MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
 # The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 400 (the key
 # interval mask; ``visible`` spilled 800 there).
 MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
-# The backward's v2 consumers ("bwd-*-v2": configs.BACKWARD_V2), stores + loads: D64 0; D128 320-904 (full 320,
+# The backward's v2 consumers ("bwd-*-v2"), stores + loads: D64 0; D128 320-904 (full 320,
 # broadcast-Q 380, causal 724, fp16 causal + left window 760, from offsets 904: per work item, in the consumer
 # prologue, the row zeroing at a sequence's end and the dK/dV epilogue; at most 4 STL/LDL per query block;
-# bench/NOTES.md "TLX backward v2"). v1: 1464-1636. v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
-# D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692). With dQ
-# added from registers ("-dqred", helper dqadd): D64 0, D128 304-772 (full 304, broadcast-Q 304, causal 660, causal
-# order 668, fp16 causal + left window 772).
+# bench/NOTES.md "TLX backward v2"). v2 with dQ split between the consumers ("-v2-dqshared"): D64 0,
+# D128 300-692 (full 328, broadcast-Q 300, causal 500, fp16 causal + left window 612, from offsets 692).
 MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 # The block-sparse backward ("sparse-bwd-*": SPARSE on the v2 consumers), stores + loads: D64 56-68 (68 since the dQ
 # rows past a sequence's end are zeroed); D128 688-960 (full
@@ -53,12 +51,8 @@ MAX_SPILL_BYTES_BWD_V2 = {64: 0, 128: 1024}
 # split 784): per work item (the selection walk, the prologue and epilogue); in the block loop 3-6 STL/LDL per
 # consumer, about the dense v2's (bench/NOTES.md "TLX block-sparse backward v1").
 MAX_SPILL_BYTES_SPARSE_BWD = {64: 96, 128: 1152}
-# The experiments on the default backward ("-dqdefer", "-statsahead", "-dqlag": configs.BACKWARD_DQ_DEFER /
-# _STATS_AHEAD / _DQ_LAG), stores + loads: D64 0 (dqdefer, statsahead), 72 (dqlag), 132 (all three); D128 statsahead
-# 388-756 (full, causal), dqlag 644-848, all three 820 causal (per work item and in the masked blocks;
-# bench/NOTES.md "TLX backward v3 knobs"). The consumer turns on DQ_LAG ("-alternate1" / "-alternate3":
-# configs.BACKWARD_ALTERNATE): D64 0 (full), 112 (causal), D128 728-916 (dqlag's +0-8 B per work item: lse/delta
-# loaded before the turn; the block loops as dqlag's, bench/NOTES.md "TLX backward: consumer alternation").
+# STATS_AHEAD forced at D128 ("-statsahead": configs.BACKWARD_STATS_AHEAD), stores + loads: D64 0; D128 388-756 (full,
+# causal) (per work item and in the masked blocks; bench/NOTES.md "TLX backward v3 knobs").
 MAX_SPILL_BYTES_BWD_EXPERIMENTS = {64: 192, 128: 1024}
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "utlx_plugin")),
@@ -237,14 +231,14 @@ def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
 
 def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
     """The v2 backward consumer (``attn_bwd._consume_rows_v2``) overlaps S with dP, dV with dS, dK with dQ's staging:
-    wgmma groups in flight (its loop has num_stages=0), and its spills stay far below v1's."""
+    wgmma groups in flight (its loop has num_stages=0), and its spills stay within their budget."""
     rows = [r for r in compiled if r["name"].startswith(("bwd-", "sparse-bwd-")) and "-v2" in r["name"]]  # also
     # "-v2-dqshared" and the block-sparse backward (SPARSE on the v2 consumers)
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no v2 backward compiled"
     for r in rows:
         assert r["wgmma_overlap"], f"{r['name']}: every wgmma waited for before the next is issued"
         head_dim = int(re.search(r"-d(\d+)-", r["name"]).group(1))
-        experiment = any(f"-{x}" in r["name"] for x in ("dqdefer", "statsahead", "dqlag", "alternate"))
+        experiment = "-statsahead" in r["name"]
         bound = (MAX_SPILL_BYTES_SPARSE_BWD if r["name"].startswith("sparse") else
                  MAX_SPILL_BYTES_BWD_EXPERIMENTS if experiment else MAX_SPILL_BYTES_BWD_V2)[head_dim]
         assert r["spill_stores"] + r["spill_loads"] <= bound, f"{r['name']}: spills {r}"
@@ -258,7 +252,7 @@ def _uniform_walk_rows(compiled, prefix):
     rows = [r for r in compiled
             if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|qdofirst|uniform|itemorder|walkahead|rowsumonce|packp)", "", r["name"])])
+    return [(r, by_name[re.sub(r"-(headgroup|uniform|itemorder|walkahead|rowsumonce|packp)", "", r["name"])])
             for r in rows]
 
 
@@ -286,42 +280,13 @@ def test_block_sparse_uniform_walk_keeps_the_block_loop_uniform(compiled):
             assert all(a < b for a, b in zip(r["block_loop_path"], base["block_loop_path"])), (r, base)
 
 
-def test_backward_experiments_compile_as_intended(compiled):
-    """The experiments on the default backward (helper tlxbwd3): DQ_LAG signals dS through named-barrier arrives
-    (one per consumer; the default has none) and fits its third dS buffer per consumer in shared memory; DQ_DEFER
-    adds a second dQ staging buffer per consumer at D64 (+16 KiB) and leaves D128 alone (no room); ALTERNATE (helper
-    tlxalt) adds its turns' arrives to DQ_LAG's kernel and nothing else."""
-    by_name = {r["name"]: r for r in compiled}
-    lag = [r for r in compiled if "-dqlag" in r["name"]]
-    assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in lag} == {64, 128}, "no DQ_LAG backward compiled"
-    for r in lag:
-        assert r["named_barrier_arrives"] == 2, r
-        assert r["shared"] <= SM90_SHARED_MEMORY, r
+def test_backward_v2_takes_its_operands_from_shared_memory(compiled):
+    """The default backward kernels (v2 with the dQ split): every wgmma A operand from shared memory, and no
+    named-barrier arrives (the consumers meet at full barriers)."""
     for r in compiled:
         if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
+            assert r["wgmma_register_a"] == 0, r
             assert r["named_barrier_arrives"] == 0, r
-    # ALTERNATE (helper tlxalt): DQ_LAG's kernel plus the turns: per consumer one dS arrive and a turn pass per turn
-    # (1: S/dP; 3: S/dP, dV, dQ/dK), and consumer 1's bootstrap arrive; the same shared memory, spills within 16 B of
-    # DQ_LAG's
-    alternate = [r for r in compiled if re.search(r"-alternate[13]$", r["name"])]
-    assert {(int(re.search(r"-d(\d+)-", r["name"]).group(1)), r["name"][-1]) for r in alternate} == {
-        (64, "1"), (128, "1"), (64, "3"), (128, "3")}, "no ALTERNATE compiled"
-    twins = 0
-    for r in alternate:
-        assert r["named_barrier_arrives"] == 2 * (1 + int(r["name"][-1])) + 1, r
-        lag = by_name.get(re.sub(r"-alternate[13]$", "-dqlag", r["name"]))
-        if lag is not None:
-            twins += 1
-            assert r["shared"] == lag["shared"], (r, lag)
-            assert r["spill_stores"] + r["spill_loads"] <= lag["spill_stores"] + lag["spill_loads"] + 16, (r, lag)
-    assert twins >= 5, "ALTERNATE's D128 kernels have DQ_LAG twins"
-    for causal in ("full", "causal"):
-        default = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared"]
-        defer = by_name[f"bwd-d64-bf16-{causal}-v2-dqshared-dqdefer"]
-        assert defer["shared"] == default["shared"] + 2 * 64 * 32 * 4, (default["shared"], defer["shared"])
-    for r in compiled:
-        if r["name"].startswith("bwd-") and r["name"].endswith("-v2-dqshared"):
-            assert r["wgmma_register_a"] == 0, r  # v2: every wgmma A operand from shared memory
 
 
 def _check_per_switch(code: str, switch: str, expected) -> None:
@@ -533,33 +498,6 @@ def test_mxfp8_backward_kernels_compile_within_the_ablation_budget():
     assert {"bwd-d128-bf16-full-v2-dqshared-mxfp8", "bwd-d128-bf16-causal-v2-dqshared-causalorder-mxfp8"} <= set(rows)
 
 
-def test_delta_early_loads_delta_before_the_s_wait():
-    """DELTA_EARLY (helper deltaearly, ``configs.BACKWARD_DELTA_EARLY``): in the default D128 kernels ptxas sinks
-    delta's LDG past S's wgmma wait (full: one consumer, causal: both; bench/NOTES.md "TLX backward: delta early").
-    With it, no LDG of either consumer's straight path comes after that wait; the path keeps the default's wgmma and
-    MUFU, spills no more on it (STL/LDL: full 1 vs 1, causal 1 vs 2) and grows by at most 4 instructions (full: 2,
-    one FFMA per row); the kernel spills within 96 B per thread of the default's (causal: +80, 11 STL + 11 LDL in the
-    masked branch). Also: the shipped delta-early kernels (D64 with STATS_AHEAD, D128 full / causal / causal order)
-    are listed. ~15 s."""
-    names, rows = _shipped_and_compiled(
-        "-deltaearly", "[s.bwd_specialization(128, 'bf16', causal, delta_early=early, v2=True, dq_shared=True)"
-        " for causal in (False, True) for early in (False, True)]", "JFA_TLX_BWD_DELTA_EARLY", 4)
-    assert sorted(names) == sorted([
-        "bwd-d64-bf16-full-v2-dqshared-statsahead-deltaearly", "bwd-d64-bf16-causal-v2-dqshared-statsahead-deltaearly",
-        "bwd-d128-bf16-full-v2-dqshared-deltaearly", "bwd-d128-bf16-causal-v2-dqshared-deltaearly",
-        "bwd-d128-bf16-causal-v2-dqshared-causalorder-deltaearly"])
-    for base, early in (rows[0:2], rows[2:4]):
-        assert "-deltaearly" in early["name"] and "-deltaearly" not in base["name"], (base, early)
-        assert sum(base["block_loop_ldg_after_wait"]) > 0, f"ptxas no longer sinks delta's load: {base}"
-        assert early["block_loop_ldg_after_wait"] == [0, 0], early
-        for key in ("block_loop_hgmma", "block_loop_mufu"):
-            assert early[key] == base[key], (key, base, early)
-        for key, more in (("block_loop_path_spill_ops", 0), ("block_loop_path", 4)):
-            assert all(e - b <= more for b, e in zip(base[key], early[key])), (key, base, early)
-        assert (early["spill_stores"] + early["spill_loads"]
-                <= base["spill_stores"] + base["spill_loads"] + 96), (base, early)
-
-
 def test_peel_drops_the_ds_guard_from_the_bulk_loop():
     """PEEL (helper peel37, ``configs.BACKWARD_PEEL``): the v2 consumers' block loop peeled per stage. The default
     D128 kernels (KV_EARLY, as shipped) have one block loop per consumer whose straight path issues the masked
@@ -572,7 +510,7 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
     Also: the shipped peel kernels are listed. ~60 s."""
     kinds = "(dict(), dict(causal=True), dict(causal=True, has_left=True, dtype='fp16'))"
     names, rows = _shipped_and_compiled(
-        "-peel", "[s.bwd_specialization(128, kw.pop('dtype', 'bf16'), kw.pop('causal', False), v2=True, "
+        "-peel", "[s.bwd_specialization(128, kw.pop('dtype', 'bf16'), kw.pop('causal', False), "
         "dq_shared=True, kv_early=True, peel=peel, **kw) for kw0 in " + kinds + " for peel in (False, True) "
         "for kw in [dict(kw0)]]", "JFA_TLX_BWD_PEEL", 6)
     assert sorted(names) == sorted([
@@ -630,6 +568,35 @@ def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
             assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
 
 
+def test_forward_store_tma_drops_the_epilogue_conversion():
+    """configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"; off, not shipped): out through the consumer's
+    Q slot and one TMA store. On the bench's dense D128 kernel, D128 causal (tile-major), D64 causal (zigzag) and the
+    block-sparse causal kernel, against the default: the compiler's layout-conversion scratch goes (shared memory
+    -15,872 B at D128: 213,128 -> 197,256; -15,872 at D64: 147,648 -> 131,776), the consumers' block loops keep their
+    HGMMA, MUFU and wgmma overlap with no spill instruction on their straight path and the path within 3 of the
+    default's (sm_90 at stop 39: [497, 470] vs [498, 470]); spills no more than the default's on the unmasked and the
+    block-sparse kernels (D128 40 -> 16/28 B stores/loads, sparse causal 156/180 -> 92/112), and within 80 B more on
+    the masked dense ones (D128 causal 32/44 -> 52/96: consumer 0's masked branch, 6 spill instructions per masked
+    block; D64 none). ~3 min."""
+    names, rows = _shipped_and_compiled(
+        "-storetma", "[s.fwd_specialization(**kw, store_tma=t) for kw in (dict(head_dim=128, dtype='bf16',"
+        " causal=False, uniform=True), dict(head_dim=128, dtype='bf16', causal=True), dict(head_dim=64,"
+        " dtype='bf16', causal=True, zigzag=True), dict(head_dim=128, dtype='bf16', causal=True, sparse=True,"
+        " zigzag=True, uniform_walk=True)) for t in (False, True)]", "JFA_TLX_FWD_STORE_TMA", 8)
+    assert names == []
+    for base, r in zip(rows[0::2], rows[1::2]):
+        assert r["name"] == base["name"] + "-storetma", (base["name"], r["name"])
+        assert r["shared"] <= base["shared"] - 15 * 1024 and r["shared"] <= SM90_SHARED_MEMORY, (base, r)
+        assert r["wgmma_overlap"], r["name"]
+        for key in ("block_loop_hgmma", "block_loop_mufu"):
+            assert r[key] == base[key], (key, base, r)
+        assert r["block_loop_path_spill_ops"] == [0, 0], r
+        assert all(p - b <= 3 for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
+        spills, base_spills = r["spill_stores"] + r["spill_loads"], base["spill_stores"] + base["spill_loads"]
+        masked_dense = "-causal-" in r["name"] and not r["name"].startswith("sparse-")
+        assert spills <= base_spills + (80 if masked_dense else 0), (base, r)
+
+
 def test_gqa_split_kernels_add_partials_from_registers():
     """GROUP_SPLIT (helper gqabwd, ``configs.BACKWARD_GQA_SPLIT``): the D128 causal kernel with the q-head groups in
     4 parts (with the snake, as the backend launches it; and without) fits the default's shared memory and spills (the partial
@@ -638,7 +605,7 @@ def test_gqa_split_kernels_add_partials_from_registers():
     block loop (its HGMMA and MUFU; the path within 16 instructions of the default's: +7 / +10 at stop 25). The
     shipped split kernels are the snake's (D128, and D64 since helper gqarule's rule splits D64 calls). ~30 s."""
     names, (default, *split) = _shipped_and_compiled(
-        "-split", "[s.bwd_specialization(128, 'bf16', True, v2=True, dq_shared=True, **kw)"
+        "-split", "[s.bwd_specialization(128, 'bf16', True, dq_shared=True, **kw)"
         " for kw in (dict(), dict(group_split=4), dict(group_split=4, item_order=True))]", "JFA_TLX_BWD_GQA_SPLIT", 3)
     assert sorted(names) == ["bwd-d128-bf16-causal-v2-dqshared-itemorder-split4",
                              "bwd-d64-bf16-causal-v2-dqshared-statsahead-itemorder-split4"]  # gqarule's D64
@@ -650,48 +617,6 @@ def test_gqa_split_kernels_add_partials_from_registers():
         for key in ("block_loop_hgmma", "block_loop_mufu"):
             assert r[key] == default[key], (key, default, r)
         assert all(p - b <= 16 for b, p in zip(default["block_loop_path"], r["block_loop_path"])), (default, r)
-
-
-def test_dq_red_adds_dq_from_registers():
-    """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop
-    27"): each consumer adds its dQ half from the wgmma accumulator's registers, BLOCK_M x D/2 / 128 / 2 vector
-    reductions per thread (``red...v2.f32``, one ``REDG.E.ADD.F32x2`` each in the SASS; with "last" each under an
-    L2 evict_last ``createpolicy``) and no TMA reduce-add, and drops the staging buffers (D128 32 KiB, D64 16 KiB of
-    shared memory); the default's kernels keep their TMA reduce-adds and no register reductions. Against the default:
-    the block loops keep their HGMMA and MUFU, gain at most 48 instructions on their straight path (sm_90 ptxas at
-    stop 27: D128 full +4 / +8, causal +7 / +37), no spill instruction on it, and the kernel spills within 256 B per
-    thread more (D128 full 152 / 200 -> 128 / 176 B, causal 184 / 260 -> 280 / 380; per work item). Also: the shipped
-    DQ_RED kernels. ~60 s."""
-    names, rows = _shipped_and_compiled(
-        "-dqred", "[s.bwd_specialization(d, 'bf16', c, v2=True, dq_shared=True, stats_ahead=d <= 64, dq_red=red)"
-        " for d, c in ((128, False), (128, True), (64, True)) for red in (0, 1, 2) if not (red == 2 and d == 64)]",
-        "JFA_TLX_BWD_DQ_RED", 8)
-    assert sorted(names) == sorted([
-        "bwd-d64-bf16-full-v2-dqshared-statsahead-dqred", "bwd-d64-bf16-causal-v2-dqshared-statsahead-dqred",
-        "bwd-d128-bf16-full-v2-dqshared-dqred", "bwd-d128-bf16-causal-v2-dqshared-dqred",
-        "bwd-d128-bf16-causal-v2-dqshared-causalorder-dqred", "bwd-d128-fp16-causal-left-v2-dqshared-dqred",
-        "bwd-d128-bf16-full-bcast-v2-dqshared-dqred", "bwd-d128-bf16-full-v2-dqshared-dqredlast",
-        "bwd-d128-bf16-causal-v2-dqshared-dqredlast"])
-    groups = [rows[0:3], rows[3:6], rows[6:8]]
-    for default, *reds in groups:
-        head_dim = int(re.search(r"-d(\d+)-", default["name"]).group(1))
-        assert default["red_v2_f32"] == default["sass_redg_f32x2"] == 0 and default["tma_reduce"] > 0, default
-        per_thread = 64 * (head_dim // 2) // 128 // 2  # [BLOCK_M, D/2] over 128 threads, two values a reduction
-        for r in reds:
-            assert "error" not in r, r
-            last = r["name"].endswith("-dqredlast")
-            assert r["red_v2_f32"] == r["sass_redg_f32x2"] == 2 * per_thread, r  # both consumers
-            assert r["evict_last_policy"] == (2 * per_thread if last else 0), r
-            assert r["tma_reduce"] == 0, r
-            staging = 2 * 64 * (head_dim // 2) * 4  # one [64, D/2] fp32 buffer per consumer (+ its alignment)
-            assert staging <= default["shared"] - r["shared"] <= staging + 64, (default, r)
-            assert r["shared"] <= SM90_SHARED_MEMORY, r
-            for key in ("block_loop_hgmma", "block_loop_mufu"):
-                assert r[key] == default[key], (key, default, r)
-            assert all(p - b <= 48 for b, p in zip(default["block_loop_path"], r["block_loop_path"])), (default, r)
-            assert r["block_loop_path_spill_ops"] == [0, 0], r
-            assert (r["spill_stores"] + r["spill_loads"]
-                    <= default["spill_stores"] + default["spill_loads"] + 256), (default, r)
 
 
 _LATE_IMPORT = r"""
@@ -749,7 +674,7 @@ def test_zero_store_keeps_consumer_0s_descriptors_uniform():
     (sm_90 ptxas at stop 38: full 352 -> 508, causal 444 -> 732: per work item; bench/NOTES.md "Issue 10: consumer
     0's descriptors, helper desc38"). D128 full and causal. ~60 s."""
     names, rows = _shipped_and_compiled(
-        "-zerostore", "[s.bwd_specialization(128, 'bf16', causal, v2=True, dq_shared=True, kv_early=True, "
+        "-zerostore", "[s.bwd_specialization(128, 'bf16', causal, dq_shared=True, kv_early=True, "
         "zero_store=z) for causal in (False, True) for z in (False, True)]", "JFA_TLX_BWD_ZERO_STORE", 4)
     assert names == []  # not shipped: off until timed on the H200
     for base, fixed in zip(rows[0::2], rows[1::2]):

@@ -53,32 +53,21 @@ def test_forward_and_gradients_match_the_oracle(name, head_dim, dtype):
     check_attention_case(case, "tlx")
 
 
-# The backward's variants: configs flags (the others off). v1, v2, v2 + dQ split (the default), and the experiments on
-# the default: DQ_LAG alone, and together where they combine: DQ_LAG + DQ_DEFER + STATS_AHEAD (every code path they
-# add; bench/NOTES.md "TLX backward v3 knobs"); the consumer turns on DQ_LAG (ALTERNATE, helper tlxalt); the masked
-# dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where the key tile list is sorted, see
-# test_causal_order_list_matches_the_oracle); delta's load held before S's wait (DELTA_EARLY, helper deltaearly);
-# GQA groups in parts with dK/dV added in fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small,
-# so every part count is the whole group; MHA cases keep the default); the split rule of helper gqarule
-# (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03: gqa_split.plan's parts or the snake alone, as its model
-# picks for each case's shapes; bwd-gqaoff: no split, the default before); dQ added from the consumers' registers
-# instead of a staged TMA reduce-add (DQ_RED, helper dqadd; "last": with an L2 evict_last policy); K/V freed before the
-# dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper window31: the default since 2026-12-04;
-# bwd-kvearlyoff: the default before); the consumers' block loop peeled per stage, the mask-free bulk's without the
-# masked blocks' dS guard (PEEL, helper peel37: off by default).
-_BWD = dict(BACKWARD=True, BACKWARD_V2=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
+# The backward's variants: configs flags (the others off). v2 (without the dQ split), v2 + dQ split (the default), and
+# the experiments on the default: the masked dense calls' per-item list (CAUSAL_ORDER, helper tlxbwdcausal: runs where
+# the key tile list is sorted, see test_causal_order_list_matches_the_oracle); GQA groups in parts with dK/dV added in
+# fp32 (GQA_SPLIT, helper gqabwd: the feature matrix's GQA cases are small, so every part count is the whole group; MHA
+# cases keep the default); the split rule of helper gqarule (JFA_TLX_BWD_GQA_SPLIT=auto, the default since 2026-12-03:
+# gqa_split.plan's parts or the snake alone, as its model picks for each case's shapes; bwd-gqaoff: no split, the
+# default before); K/V freed before the dK/dV epilogue, which stores through the dQ staging buffer (KV_EARLY, helper
+# window31: the default since 2026-12-04; bwd-kvearlyoff: the default before); the consumers' block loop peeled per
+# stage, the mask-free bulk's without the masked blocks' dS guard (PEEL, helper peel37: off by default).
+_BWD = dict(BACKWARD=True, BACKWARD_DQ_SHARED=True, BACKWARD_GQA_SPLIT=-1,
             BACKWARD_CAUSAL_ORDER_JAGGED=True, BACKWARD_KV_EARLY=True)  # the shipped default
-BWD_VARIANTS = {"bwd-v1": dict(BACKWARD=True), "bwd-v2": dict(BACKWARD=True, BACKWARD_V2=True), "bwd-v2-dqshared": _BWD,
-                "bwd-all3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_DQ_DEFER=True, BACKWARD_STATS_AHEAD=True),
-                "bwd-dqlag": dict(_BWD, BACKWARD_DQ_LAG=True),
-                "bwd-alternate1": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=1),
-                "bwd-alternate3": dict(_BWD, BACKWARD_DQ_LAG=True, BACKWARD_ALTERNATE=3),
+BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 "bwd-causalorder": dict(_BWD, BACKWARD_CAUSAL_ORDER=True),
-                "bwd-deltaearly": dict(_BWD, BACKWARD_DELTA_EARLY=True),
                 "bwd-gqasplit": dict(_BWD, BACKWARD_GQA_SPLIT=16),
                 "bwd-gqaoff": dict(_BWD, BACKWARD_GQA_SPLIT=0),  # the default before 2026-12-03 (no split)
-                "bwd-dqred": dict(_BWD, BACKWARD_DQ_RED=1),
-                "bwd-dqredlast": dict(_BWD, BACKWARD_DQ_RED=2),
                 "bwd-kvearlyoff": dict(_BWD, BACKWARD_KV_EARLY=False),  # the default before 2026-12-04
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
@@ -103,18 +92,15 @@ def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
 @pytest.mark.parametrize("variant", list(BWD_VARIANTS))
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
 def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeypatch):
-    """The TLX backward (configs.BACKWARD, on by default) with its v1 and v2 consumers (configs.BACKWARD_V2), v2
-    with dQ split between them (BACKWARD_DQ_SHARED, the default), and the experiments on it (DQ_LAG, DQ_DEFER,
-    STATS_AHEAD, ALTERNATE 1 and 3): every feature case (jagged, causal, window, GQA, broadcast-Q with dQ reduced
-    over the batch, empty
-    sequences, length 1), gradients against the float64 oracle."""
+    """The TLX backward (configs.BACKWARD, on by default) without and with dQ split between its consumers
+    (BACKWARD_DQ_SHARED, the default), and the experiments on it: every feature case (jagged, causal, window, GQA,
+    broadcast-Q with dQ reduced over the batch, empty sequences, length 1), gradients against the float64 oracle."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    for flag in ("BACKWARD", "BACKWARD_V2", "BACKWARD_DQ_SHARED", "BACKWARD_DQ_LAG", "BACKWARD_DQ_DEFER",
-                 "BACKWARD_STATS_AHEAD", "BACKWARD_ALTERNATE", "BACKWARD_CAUSAL_ORDER", "BACKWARD_DELTA_EARLY",
-                 "BACKWARD_GQA_SPLIT", "BACKWARD_DQ_RED", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
+    for flag in ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
+                 "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
                  "BACKWARD_PEEL", "BACKWARD_ZERO_STORE"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
@@ -196,35 +182,6 @@ def test_causal_order_jagged_device_list(heads, lengths, monkeypatch):
         out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True, backend="tlx")
         grads.append(torch.autograd.grad(out, (q, k, v), grad))
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
-
-@pytest.mark.parametrize("dq_red", [1, 2])
-def test_dq_red_keeps_dk_dv_bit_for_bit(dq_red, monkeypatch):
-    """DQ_RED (helper dqadd, ``configs.BACKWARD_DQ_RED``; 2: with the L2 evict_last policy) changes only how dQ
-    reaches the fp32 accumulator (reductions from registers instead of a staged TMA reduce-add), so dK/dV equal the
-    default's bit for bit; dQ is the same fp32 terms added in another order (close, not equal). Jagged GQA causal,
-    more items than programs, and broadcast-Q (dQ reduced over the batch)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    cases = [AttentionCase((2048, 1000, 3000, 1, 129), (2048, 1000, 3000, 1, 129), heads_q=8, heads_kv=4,
-                           head_dim=128, dtype=torch.bfloat16, device="cuda", causal=True),
-             AttentionCase((128,), (300, 1, 77, 500, 0, 64), heads_q=4, heads_kv=4, head_dim=64,
-                           dtype=torch.float16, device="cuda", broadcast_q=True)]
-    for case in cases:
-        _tlx_or_skip(case)
-        x = case.make_inputs(0)
-        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        grads = []
-        for red in (0, dq_red):
-            monkeypatch.setattr(configs, "BACKWARD_DQ_RED", red)
-            out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda",
-                                                                                      dtype=out.dtype)
-            grads.append(torch.autograd.grad(out, (q, k, v), grad))
-        (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
-        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
-        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
-
 
 # KV_EARLY's cases (helper window31): many short items per program (the producer's next K/V loads land while the
 # epilogue still stores through the dQ staging buffer), windows (the bench's (256, 0) causal, two-sided), jagged with
@@ -340,17 +297,22 @@ ZIGZAG_CASES = {
 def test_zigzag_order_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
     """configs.FORWARD_ZIGZAG (helper tlxcausal) changes which program runs a work item and when, nothing within an
     item (same blocks, same order, same arithmetic): out and lse equal the default order's bit for bit."""
-    case = ZIGZAG_CASES[name]
+    _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_ZIGZAG", monkeypatch)
+
+
+def _assert_switch_keeps_the_bits(case, switch, monkeypatch, calls: int = 1):
+    """The tlx forward's out and lse on ``case`` with ``configs.<switch>`` True (``calls`` times) == with it False,
+    bit for bit."""
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
     x = case.make_inputs(0)
-    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", False)
+    monkeypatch.setattr(configs, switch, False)
     want = x.call("tlx")
-    monkeypatch.setattr(configs, "FORWARD_ZIGZAG", True)
-    got = x.call("tlx")
-    for g, w, what in zip(got, want, ("out", "lse")):
-        assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
+    monkeypatch.setattr(configs, switch, True)
+    for _ in range(calls):
+        for g, w, what in zip(x.call("tlx"), want, ("out", "lse")):
+            assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
 
 
 # helper fwdsum37's per-block cuts of the v4 forward consumers (bench/NOTES.md "fwdsum37"), off by default: each alone
@@ -401,6 +363,30 @@ def test_forward_knobs_against_the_default(name, monkeypatch):
         torch.testing.assert_close(out_r.float(), out.float(), rtol=ulp, atol=1e-6)
 
 
+# configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"), off by default: out through each consumer's Q
+# slot and one TMA store per full half-tile (the v4 consumers); the same division, so the default's bits
+@pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
+def test_store_tma_matches_the_oracle(name, head_dim, dtype, monkeypatch):
+    """configs.FORWARD_STORE_TMA on: out/lse (and the gradients from them) == the float64 oracle on every feature
+    case at D64 and D128 (jagged lengths give partial half-tiles, which keep the pointer stores; empty sequences give
+    items without blocks)."""
+    case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", True)
+    check_attention_case(case, "tlx")
+
+
+@pytest.mark.parametrize("name", list(ZIGZAG_CASES))
+def test_store_tma_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
+    """STORE_TMA changes only where out is written from (the Q slot by TMA instead of registers by pointer stores),
+    not the division or the rounding: out and lse equal the default's bit for bit, on calls with many items a
+    program (the Q slots reused across items: a slot released before its TMA store read it would show here; three
+    calls, as such a race would not show every time)."""
+    _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_STORE_TMA", monkeypatch, calls=3)
+
+
 # configs.FORWARD_DYNAMIC's cases (helper bcast31): calls on the v3 consumers with more items than one wave of
 # programs (else no list and no counter): broadcast-Q (the pipelined v2 consumers; empty and one-key sequences, whose
 # items hand their index over without a Q load), broadcast-Q causal over 3 query tiles, a jagged causal GQA call on
@@ -446,18 +432,13 @@ def test_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     _assert_clean_sequences_match(x, *x.call("tlx"), causal)
 
 
-@pytest.mark.parametrize("dq_red", [0, 1])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal, dq_red, monkeypatch):
+def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal):
     """The TLX backward with sequence 1's keys +inf and values NaN: sequence 1's 64-row query block runs into
     sequence 2's rows (dO zeroed there, but dP = 0 x NaN values is NaN, and 0 x NaN again in dS): its dQ reduce-add
     must add exact zeros to sequence 2's rows. Gradients of the clean outputs match the oracle on sequences 0 and 2
-    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN). dq_red: dQ added from
-    registers (``configs.BACKWARD_DQ_RED``, helper dqadd), whose rows past an end add zeros to the block's first row."""
+    (found by helper tlxsparsebwd: before the fix sequence 2's first dQ rows were NaN)."""
     x = _poisoned_neighbour_inputs(causal)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "BACKWARD_DQ_RED", dq_red)
     q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
     keep_q = torch.ones(187, dtype=torch.bool, device="cuda")
     keep_q[100:137] = False
@@ -608,6 +589,16 @@ def test_block_sparse_forward_knobs_against_the_default(name, monkeypatch):
     torch.testing.assert_close(out_r.float(), out.float(), rtol=torch.finfo(out.dtype).eps, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "broadcast-Q", "fp16 D64 causal"])
+def test_block_sparse_forward_store_tma_is_bit_identical(name, monkeypatch):
+    """The block-sparse forward runs the same v4 consumers and epilogue: with configs.FORWARD_STORE_TMA out and lse
+    equal the default's bit for bit (helper item39)."""
+    _require_tlx()
+    (out, lse), (out_t, lse_t) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_STORE_TMA", (False, True),
+                                                             monkeypatch)
+    assert torch.equal(out, out_t) and torch.equal(lse, lse_t), name
+
+
 # configs.SPARSE_FORWARD_ZIGZAG's cases: more items than one wave of programs (else no list and no order; the
 # SPARSE_CASES above fit one)
 SPARSE_ZIGZAG_CASES = {
@@ -639,6 +630,20 @@ def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
     (out, lse), (out_z, lse_z) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ZIGZAG",
                                                              (False, True), monkeypatch)
     assert torch.equal(out, out_z) and torch.equal(lse, lse_z), name
+
+
+@pytest.mark.parametrize("name,peel", [(name, False) for name in SPARSE_ZIGZAG_CASES] + [("jagged H16 causal", True)])
+def test_block_sparse_forward_stream_order_is_bit_identical(name, peel, monkeypatch):
+    """configs.SPARSE_FORWARD_ORDER "streams" (helper order39) re-sorts the work list sequence-major: which program
+    runs an item and when, nothing within an item, so out and lse equal the default list's bit for bit (the jagged
+    cases: more items than one wave, so a list is built; with SPARSE_FORWARD_PEEL on too on one)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_FORWARD_PEEL", peel)
+    (out, lse), (out_s, lse_s) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ORDER",
+                                                             ("cost", "streams"), monkeypatch)
+    assert torch.equal(out, out_s) and torch.equal(lse, lse_s), name
 
 
 # configs.SPARSE_FORWARD_PEEL's cases (helper peeldiag38): lengths off multiples of 128 (the sequences' partial last

@@ -426,14 +426,13 @@ def test_backward_recipe_serves_a_gqa_split_in_one_wave(gpu, monkeypatch):
 
 
 @needs_tlx
-@pytest.mark.parametrize("why", ["dq_red", "misaligned tensor", "list specializes otherwise"])
+@pytest.mark.parametrize("why", ["misaligned tensor", "list specializes otherwise"])
 def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     """Past one wave the recipe declines what it does not cover and the full path runs (and launches what it
-    would): DQ_RED (no recipe is kept: the kernel reads the accumulator's pointer), a base TMA cannot read, a list
+    would): a base TMA cannot read, a list
     whose specialization differs from the kept plan's (``launch.PlanGroup`` launches nothing then)."""
     runs, answers = gpu
     monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 1 if why == "dq_red" else 0)
     params = _params(causal=True)
     q, k, v, offsets = _inputs(WAVES_BATCHES[0])
     _backward(q, k, v, offsets, params, torch.randn_like(q))
@@ -453,8 +452,7 @@ def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
     args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
     names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-    assert answers == ([] if why == "dq_red" else [("recipe", None)])
-    assert launched["DQ_RED"] == (why == "dq_red") and bool(attn_bwd._RECIPES) == (why != "dq_red")
+    assert answers == [("recipe", None)] and attn_bwd._RECIPES
     by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
     runs.clear()
     _full(monkeypatch, lambda: tlx.backward(*args, params))
@@ -505,6 +503,7 @@ FORWARD_CHANGES = {
     "FORWARD_ZIGZAG": dict(switch=("FORWARD_ZIGZAG", True)),
     "FORWARD_HEAD_GROUP": dict(switch=("FORWARD_HEAD_GROUP", 2)),
     "FORWARD_DYNAMIC": dict(switch=("FORWARD_DYNAMIC", True)),
+    "FORWARD_STORE_TMA": dict(switch=("FORWARD_STORE_TMA", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
 
@@ -536,6 +535,42 @@ def test_forward_replay_is_not_used_when_its_key_changes(gpu, monkeypatch, chang
     runs.clear()
     _full(monkeypatch, lambda: _forward(*inputs, params))
     assert _launches(runs, inputs) == by_kept
+
+
+@needs_tlx
+@pytest.mark.parametrize("store_tma", [False, True])
+def test_forward_store_tma_launch(gpu, monkeypatch, store_tma):
+    """``configs.FORWARD_STORE_TMA`` (helper item39): a forward on the v4 consumers launches with STORE_TMA and
+    desc_o, a descriptor over out's [T, H*D] rows with the Q half-tile's block; off, or on the v3 consumers (ONE_LOOP
+    off), the default's launch (STORE_TMA False, desc_o None: its code unchanged); the block-sparse forward as the
+    dense v4. With it on, no replay is kept (a replay rebuilds only q, k, v's descriptors), so the next call runs the
+    full path again."""
+    runs, answers = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_STORE_TMA", store_tma)
+    names = list(attn_fwd.attn_fwd_tlx_kernel.arg_names)
+    lengths = [64, 17, 40, 5]
+    for one_loop in (True, False):
+        monkeypatch.setattr(tlx_configs, "ONE_LOOP", one_loop)
+        q, k, v, offsets = _inputs(lengths)
+        for _ in range(2):  # the second: a replay if one was kept
+            runs.clear()
+            answers.clear()
+            _forward(q, k, v, offsets, _params(causal=True))
+            got = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_fwd_tlx_kernel"]
+            on = store_tma and one_loop
+            if on:
+                assert not answers and len(got) == 1
+                assert got[0]["STORE_TMA"] is True
+                desc = got[0]["desc_o"]
+                assert list(desc.shape) == [sum(lengths), HEADS[0] * HEAD_DIM]
+                assert list(desc.block_shape) == [tlx_configs.fwd_config(HEAD_DIM).block_m // 2, HEAD_DIM]
+                assert desc.base.data_ptr() == got[0]["Out"].data_ptr()
+            else:
+                assert all(g["STORE_TMA"] is False and g["desc_o"] is None for g in got)
+            attn_fwd._REPLAYS.clear()  # (one_loop's other value: its own first call)
+    for sms in (3, 132):  # the block-sparse forward (the same v4 consumers): list and one wave
+        _, got = _block_sparse_launch(runs, monkeypatch, True, sms)
+        assert got["SPARSE"] and got["STORE_TMA"] is store_tma and (got["desc_o"] is not None) is store_tma
 
 
 @needs_tlx
@@ -604,6 +639,47 @@ def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
     assert got["WALK_AHEAD"] is False  # configs.SPARSE_FORWARD_WALK_AHEAD's default (off: stop 38's measurement)
     _, got = _block_sparse_launch(runs, monkeypatch, causal, 132)
     assert got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_forward_stream_order_launch(gpu, monkeypatch, causal):
+    """``configs.SPARSE_FORWARD_ORDER`` (helper order39), read per call: "streams" builds the work list with
+    ``stream_major_cost``'s keys, "cost" (the default) with ``selected_cost_args`` as before; the kernel's launch
+    is otherwise the same (every constexpr and the head group: the same specialization, only the list's order
+    differs), list or one wave."""
+    from jfa_ops.backends.triton import block_sparse_fwd
+
+    seen = []
+    real = attn_fwd.forward_tiles
+
+    def spy(*args, **kwargs):  # the list's kernels are stubbed: its slots hold garbage, so no cost is computed
+        seen.append(kwargs)
+        return real(*args)
+
+    monkeypatch.setattr(attn_fwd, "forward_tiles", spy)
+    launches = {}
+    for order in ("cost", "streams"):
+        monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ORDER", order)
+        seen.clear()
+        launches[order] = _block_sparse_launch(runs=gpu[0], monkeypatch=monkeypatch, causal=causal, sms=3)
+        (kwargs,) = seen
+        if order == "cost":
+            assert kwargs.keys() == block_sparse_fwd.selected_cost_args(torch.zeros(1, 1, 1), 128).keys()
+        else:
+            seq = torch.tensor([0, 0, 1, 2, 3, -1], dtype=torch.int32)
+            start = torch.tensor([0, 128, 0, 256, 0, 0], dtype=torch.int32)
+            count = torch.full((4, HEADS[1], 5), 2, dtype=torch.int32)  # _block_sparse_launch's selection
+            assert torch.equal(kwargs["cost_of"](seq, start),
+                               block_sparse_fwd.stream_major_cost(count, 128)(seq, start))
+    (grid_a, got_a), (grid_b, got_b) = launches.values()
+    assert grid_a == grid_b
+    plain = (bool, int, float, str, type(None))  # the constexprs and scalars (tensors, descriptors: per call)
+    assert {k: v for k, v in got_a.items() if isinstance(v, plain)} == \
+        {k: v for k, v in got_b.items() if isinstance(v, plain)}
+    assert got_b["ZIGZAG"] and not got_b["TILES_FROM_OFFSETS"]
+    _, got = _block_sparse_launch(gpu[0], monkeypatch, causal, 132)  # one wave: no list to order
+    assert got["TILES_FROM_OFFSETS"]
 
 
 @needs_tlx
@@ -806,9 +882,6 @@ BACKWARD_CHANGES = {
     "scale": dict(scale=0.3),
     "grad_lse": dict(grad_lse=True),
     "dQ split off": dict(switch=("BACKWARD_DQ_SHARED", False)),
-    "v1 consumers": dict(switch=("BACKWARD_V2", False)),
-    "dq_lag": dict(switch=("BACKWARD_DQ_LAG", True)),
-    "alternate": dict(switch=("BACKWARD_ALTERNATE", 1)),
     "stats_ahead": dict(switch=("BACKWARD_STATS_AHEAD", True)),
     "knob one_wave_unsorted": dict(knob=("one_wave_unsorted", False)),
 }
@@ -968,7 +1041,7 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     seen = []
     monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
-    head_group, _, uniform_walk, item_order, group_order = seen[0][5:10]  # [10]: alternate
+    head_group, uniform_walk, item_order, group_order = seen[0][2:6]  # [6]: causal_order
     assert (head_group, item_order, group_order) == want
 
 
@@ -991,23 +1064,6 @@ def test_causal_order_launches_the_streams_item_list(gpu, monkeypatch, causal):
     # the tile list's kernels are stubbed here (its contents are test_item_order.py's): one entry per (slot, kv head)
     capacity = attn_bwd.capacity_of(q.shape[0], 128, len(offsets) - 1)
     assert [launched[n].numel() for n in ("TILE_SEQ", "TILE_START", "TILE_HEAD")] == [capacity * HEADS[1]] * 3
-
-
-@needs_tlx
-def test_delta_early_reaches_the_kernel(gpu, monkeypatch):
-    """``configs.BACKWARD_DELTA_EARLY`` (helper deltaearly) sets the TLX backward's DELTA_EARLY, off by default;
-    each setting is its own recipe (the variant), so a repeat of the signature after a toggle launches its own."""
-    runs, _ = gpu
-    assert not tlx_configs.BACKWARD_DELTA_EARLY  # off until timed on the H200
-    q, k, v, offsets = _inputs([300, 17, 700, 5])
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
-    for on in (False, True, False):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_DELTA_EARLY", on)
-        runs.clear()
-        _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))
-        launched = [dict(zip(names, values))["DELTA_EARLY"] for name, _, values, _ in runs
-                    if name == "attn_bwd_tlx_kernel"]
-        assert launched == [on], launched
 
 
 def _causal_call_and_repeat(runs, answers, monkeypatch, knob: str, value, q, k, v, offsets) -> list:
@@ -1038,37 +1094,16 @@ def _knob_changes_one_constexpr(runs, answers, monkeypatch, knob: str, constexpr
         assert [kind for kind, _ in answers] == ["recipe"], answers
     constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names
                   if n.isupper() and n not in (constexpr, "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT",
-                                               "WORK_COUNTER", "TILE_HEAD", "DK", "DV", "DQ_ACC", "Q_BLOCK_INDEX",
+                                               "WORK_COUNTER", "TILE_HEAD", "DK", "DV", "Q_BLOCK_INDEX",
                                                "Q_BLOCK_COUNT")]
     assert {n: launches[True][n] for n in constexprs} == {n: launches[False][n] for n in constexprs}
-
-
-@needs_tlx
-def test_dq_red_reaches_the_kernel(gpu, monkeypatch):
-    """``configs.BACKWARD_DQ_RED`` (helper dqadd; 1, or 2 with the L2 evict_last policy) sets the TLX backward's
-    DQ_RED and hands the kernel the fp32 dQ accumulator itself (DQ_ACC: desc_dq's tensor; None when off), off by
-    default. A call with it keeps no recipe (``_Recipe`` launches the staged kernel's arguments): its repeat takes the
-    full path again, while the default's repeat is served by the recipe it kept."""
-    runs, answers = gpu
-    assert tlx_configs.BACKWARD_DQ_RED == 0  # off until timed on the H200
-    q, k, v, offsets = _inputs([300, 17, 700, 5])
-    for on in (0, 1, 2):
-        for launched in _causal_call_and_repeat(runs, answers, monkeypatch, "BACKWARD_DQ_RED", on, q, k, v, offsets):
-            assert launched["DQ_RED"] == on
-            if on:
-                acc = launched["DQ_ACC"]
-                assert acc.dtype == torch.float32 and acc.shape == q.shape
-                assert acc.data_ptr() == launched["desc_dq"].base.data_ptr()
-            else:
-                assert launched["DQ_ACC"] is None
-        assert [kind for kind, _ in answers] == ([] if on else ["recipe"]), answers
 
 
 @needs_tlx
 def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_KV_EARLY`` (helper window31, env JFA_TLX_BWD_KV_EARLY) sets the TLX backward's KV_EARLY,
     on by default, on a windowed jagged call and its repeat (served by the recipe it kept); ignored (False) where its
-    staging buffer is not there or not the epilogue's: DQ_RED, a GQA split (dK/dV added from registers)."""
+    staging buffer is not the epilogue's: a GQA split (dK/dV added from registers)."""
     runs, answers = gpu
     assert tlx_configs.BACKWARD_KV_EARLY  # on by default since the H200 timing of 2026-12-04
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
@@ -1086,12 +1121,6 @@ def test_kv_early_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
             assert launched == [on], launched
         assert [kind for kind, _ in answers] == ["recipe"], answers
     monkeypatch.setattr(tlx_configs, "BACKWARD_KV_EARLY", True)
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 1)
-    runs.clear()
-    _backward(q, k, v, offsets, window, torch.randn_like(q))
-    assert [dict(zip(names, values))["KV_EARLY"] for name, _, values, _ in runs
-            if name == "attn_bwd_tlx_kernel"] == [False]
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_RED", 0)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", 16)
     gq = torch.randn(q.shape[0], 8, HEAD_DIM).to(q.dtype)
     gk, gv = k[:, :2].contiguous(), v[:, :2].contiguous()
@@ -1263,7 +1292,7 @@ def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     """``configs.BACKWARD_ABLATE`` (helper bwdablate: stages removed from the kernel, TIMING ONLY, wrong gradients)
     is 0 unless JFA_TLX_BWD_ABLATE names stages, and the default backward launches ABLATE=0 without a warning; set,
     the launch carries its bits under a warning (plans apart: the variant keeps it), and a kernel variant the
-    ablations do not cover (DQ_LAG) refuses it."""
+    ablations do not cover (the dQ split off) refuses it."""
     import warnings
 
     assert os.environ.get("JFA_TLX_BWD_ABLATE") or tlx_configs.BACKWARD_ABLATE == 0
@@ -1289,7 +1318,7 @@ def test_backward_ablations_are_off_unless_asked_for(gpu, monkeypatch):
     monkeypatch.setattr(tlx_configs, "BACKWARD_ABLATE", mask)
     with pytest.warns(UserWarning, match="TIMING ONLY"):
         assert ablate_launched() == mask
-    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAG", True)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_SHARED", False)
     with pytest.raises(ValueError, match="ablations"):
         ablate_launched()
 
@@ -1395,7 +1424,7 @@ def test_mxfp8_backward_launches_with_delta_from_the_given_dout(gpu, mxfp8):
     do_mx, do = (torch.randn(q.shape, generator=g).to(q.dtype) for _ in range(2))
     out, lse = torch.randn(q.shape, generator=g).to(q.dtype), torch.randn(q.shape[1], q.shape[0])
     extra = dict(mxfp8=True, delta_grad_out=do) if mxfp8 else {}
-    attn_bwd.attention_backward(do_mx, None, q, k, v, out, lse, offsets, offsets, _params(causal=True), v2=True,
+    attn_bwd.attention_backward(do_mx, None, q, k, v, out, lse, offsets, offsets, _params(causal=True),
                                 dq_shared=True, **extra)
     launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
                 for kernel in (attn_bwd.attn_bwd_tlx_kernel, triton_bwd.attn_bwd_delta_kernel)

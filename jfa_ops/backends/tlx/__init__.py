@@ -184,11 +184,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: Option
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams):
     """The TLX backward (``attn_bwd.py``: D64/D128) when ``configs.BACKWARD`` is on (the default; env
-    ``JFA_TLX_BWD=0`` turns it off; v2 consumers with the dQ split by default, ``configs.BACKWARD_V2`` /
-    ``BACKWARD_DQ_SHARED``), else the triton backend's, which reads the same (out, lse) the TLX forward writes."""
+    ``JFA_TLX_BWD=0`` turns it off; the consumers' dQ split by default, ``configs.BACKWARD_DQ_SHARED``), else the
+    triton backend's, which reads the same (out, lse) the TLX forward writes."""
     q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
-    v2 = configs.BACKWARD_V2
-    if configs.BACKWARD and (configs.bwd_config_v2 if v2 else configs.bwd_config)(q.shape[-1]) is not None:
+    if configs.BACKWARD and configs.bwd_config_v2(q.shape[-1]) is not None:
         from .attn_bwd import attention_backward
 
         with device_guard(q.device):
@@ -304,7 +303,6 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
             with device_guard(q.device):
                 return block_sparse_backward(*args, dq_shared=configs.BACKWARD_DQ_SHARED,
                                              head_group=configs.head_group(k.shape[1], sparse=True),
-                                             qdo_first=configs.SPARSE_BACKWARD_QDO_FIRST,
                                              uniform_walk=configs.SPARSE_BACKWARD_UNIFORM_WALK,
                                              item_order=configs.BACKWARD_ITEM_ORDER,
                                              group_order=configs.BACKWARD_GROUP_ORDER)

@@ -4,10 +4,12 @@ One persistent program per SM, 12 warps:
 - the producer (4 warps) loads, per work item (key tile of BLOCK_N keys, kv head), the K and V tiles once, then for
   every q head of the kv head's group the query blocks (Q and dO, BLOCK_M rows each) the keys can see, through a
   double-buffered ring (full/empty mbarriers);
-- two consumer warpgroups each own BLOCK_N / 2 keys: per query block they recompute P^T = exp2(K Q^T * scale - lse),
-  dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q, and dQ_block = dS K (through dS^T in shared
-  memory), which goes to an fp32 accumulator by a TMA bulk reduce-add (so the two consumers, every key tile and, for
-  broadcast Q, every sequence add into it without atomics in registers). dK, dV stay in registers over the group.
+- two consumer warpgroups each own BLOCK_N / 2 keys (``_consume_rows_v2``: FA3's order, wgmma overlapped;
+  bench/NOTES.md "TLX backward v2"): per query block they recompute P = exp2(Q K^T * scale - lse), dV += P^T dO,
+  dP = dO V^T, dS = P (dP - delta), dK += dS^T Q, and dQ_block = dS K, which goes to an fp32 accumulator by a TMA
+  bulk reduce-add (so the two consumers, every key tile and, for broadcast Q, every sequence add into it without
+  atomics in registers); with DQ_SHARED (the default) each consumer computes one column half of dQ over both
+  consumers' keys. dK, dV stay in registers over the group.
 
 Work items and block ranges come from the triton backend's key tile lists (``scheduling.kv_tiles``) and
 ``common.stage_bounds`` (keys stationary: masked lead, mask-free bulk, masked tail; the producer loads them in
@@ -16,10 +18,8 @@ within 240 at D128). Jagged TMA, as in the forward:
 key/value rows of the tile past the sequence end are zeroed in shared memory by their consumer (a zero key adds
 nothing to dQ); query/dO rows of a masked block past the end are zeroed by consumer 0 before both use them (named
 barrier 11), so 0 * NaN never reaches dK/dV and dQ gets exact zeros there. The delta pre-pass (which also zeroes the
-dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels.
-
-V2 (``configs.BACKWARD_V2``): the consumers of ``_consume_rows_v2`` (FA3's order, wgmma overlapped; bench/NOTES.md
-"TLX backward v2"); producer, work list and zeroing as above.
+dQ accumulator) and the dQ finalize (scale, cast) are the triton backend's kernels. (The first consumers, v1: S^T
+and dS^T transposed, 0.64-0.84x the triton backward, were removed; their code is in git history, e.g. 05f76bf.)
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, snake_items, snake_work,
-                             stage_block_start, stage_bounds, visible, window_bounds, work_item)
+                             stage_block_start, stage_bounds, window_bounds, work_item)
 from ..triton.configs import Knobs
 from ..triton.launch import launch_planned
 from ..triton.mxfp8_quantize import _shared_exponent
@@ -50,18 +50,13 @@ from ..gqa_split import plan as gqa_split_plan
 from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, schedule_arguments, tile_schedule,
                                  tiles_from_offsets)
 from . import configs
-from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, VFIX_BARRIER, _n_blocks, _pass_turn, _slot_phase, _tile_count,
-                       _tile_sequence, _tma_ready, _uniform_walk, _wait_turn, _zero_rows_past_end, uniform_lengths)
-from .configs import NUM_WARPS, bwd_config, bwd_config_v2
+from .attn_fwd import (NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tile_count, _tile_sequence, _tma_ready,
+                       _uniform_walk, _zero_rows_past_end, uniform_lengths)
+from .configs import NUM_WARPS, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
 DS_BARRIER: tl.constexpr = tl.constexpr(14)  # DQ_SHARED: both consumers' dS are in shared memory (or: done with K)
-# DQ_LAG: + 2 * consumer + block parity: that consumer's dS of the block is in shared memory (its 128 threads arrive,
-# the other consumer's 128 sync; two ids per consumer so an arrive never lands on the phase the other has not synced)
-DS_READY: tl.constexpr = tl.constexpr(4)
-# ALTERNATE: the consumers take turns issuing their wgmma groups through the forward's ping-pong barriers
-# (attn_fwd.PINGPONG_A / _B, ids 9 and 10: free in this kernel; ``_wait_turn`` / ``_pass_turn``)
-# ABLATE bits (``configs.BACKWARD_ABLATE``; the v2 consumers with the dQ split, not DQ_LAG, dense): TIMING ONLY, THE
+# ABLATE bits (``configs.BACKWARD_ABLATE``; the v2 consumers with the dQ split, dense): TIMING ONLY, THE
 # RESULTS ARE WRONG when any is set. Each removes one stage of the query-block loop so the H200 can time what it
 # costs (bench/NOTES.md "TLX backward ablations (helper bwdablate)"); every barrier and the work order stay.
 ABLATE_DQ: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dq"])  # no dQ wgmma, no reduce-add
@@ -258,73 +253,6 @@ def _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_emptie
 
 
 @triton.jit
-def _consume_rows(dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties, ds_tile,
-                  dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k, qk_scale, right,
-                  window_left, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, CID: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                  NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
-                  HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr):
-    """dK, dV of this consumer's keys over the query blocks of one q head (the producer's order: masked lead,
-    mask-free bulk, masked tail); dQ reduce-added.
-
-    One loop over the three stages, the mask under a runtime branch: three instances of the body (one per stage)
-    each had their own loop-invariant values (wgmma descriptors, shared-memory addresses) hoisted and live across
-    all three loops, which ptxas spilled."""
-    n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
-    n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
-    n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
-    for j in range(0, n_all):
-        masked = (j < n_lead) | (j >= n_unmasked)
-        m0 = tl.where(j < n_lead, lead_begin + j * BLOCK_M,
-                      tl.where(j < n_unmasked, bulk_begin + (j - n_lead) * BLOCK_M,
-                               tail_begin + (j - n_unmasked) * BLOCK_M))
-        buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
-        tlx.barrier_wait(q_fulls[buf], phase)
-        # Positions relative to the block (m0) and to this consumer's first key (k0), lengths shifted to match: the
-        # same masks, but the per-element constants stay small 32-bit iotas (absolute positions let LLVM widen the
-        # loop counter to 64 bits and hoist one 64-bit bound per element out of the loop: registers, then spills).
-        rows = tl.arange(0, BLOCK_M)
-        keys = tl.arange(0, k_tile.shape[0])
-        rows_left = len_q - m0
-        rows_ok = rows < rows_left
-        if masked:
-            _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
-        q_tile = q_tiles[buf]
-        do_tile = do_tiles[buf]
-        s_t = tlx.async_dot(k_tile, tlx.local_trans(q_tile))  # [keys, rows]
-        lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-        s_t = tlx.async_dot_wait(0, s_t)
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
-        if masked:
-            p_t = tl.where(visible(keys[:, None], rows[None, :], len_k - k0, rows_left, -right, window_left, HAS_RIGHT,
-                                   HAS_LEFT), p_t, 0.0)
-        dp_t = tlx.async_dot(v_tile, tlx.local_trans(do_tile))
-        dv = tlx.async_dot(p_t.to(DTYPE), do_tile, dv)
-        dp_t = tlx.async_dot_wait(1, dp_t)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if masked:  # as _consume_rows_v2: no 0 x NaN from a neighbour's values into the next sequence's dQ rows
-            ds_t = tl.where(p_t == 0.0, 0.0, ds_t)
-        ds_t = ds_t.to(DTYPE)
-        dk = tlx.async_dot(ds_t, q_tile, dk)
-        tlx.local_store(ds_tile, ds_t)
-        tlx.fence_async_shared()
-        tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's dS^T is in shared memory
-        dk = tlx.async_dot_wait(0, dk)
-        dv = tlx.async_dot_wait(0, dv)
-        tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO are no longer read (dQ reads dS^T and K only)
-        # dQ_block = dS K (unscaled), DQ_SPLIT column slices at a time (fewer live registers), each reduce-added
-        # into the fp32 accumulator from a staging buffer by TMA.
-        for c in tl.static_range(DQ_SPLIT):
-            k_cols = tlx.local_slice(k_tile, [0, c * (HEAD_DIM // DQ_SPLIT)], [k_tile.shape[0], HEAD_DIM // DQ_SPLIT])
-            dq = tlx.async_dot(tlx.local_trans(ds_tile), k_cols)
-            dq = tlx.async_dot_wait(0, dq)
-            dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
-                                      col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
-        q_count += 1
-    return dk, dv, q_count, dq_count
-
-
-@triton.jit
 def _opaque_zero(j):
     """0 for j >= 0, which neither LLVM nor ptxas can see (so values computed from it stay inside j's loop)."""
     return tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $1, 0; selp.u32 $0, 1, 0, p; }", "=r,r", [j],
@@ -347,12 +275,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr,
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
-                     STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                     ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0, DELTA_EARLY: tl.constexpr = False,
-                     DQ_RED: tl.constexpr = 0, DQ_ACC=None, dq_stride=0, MXFP8: tl.constexpr = False,
+                     STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
                      PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
-    registers per thread (v1: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
+    registers per thread (transposed: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
     pipeliner waits for every wgmma right after issuing it), so: S with dP; dV with dS's arithmetic; dK with dQ
     slice 0's staging store. K, V, P, dS are this consumer's buffers (index CID).
@@ -370,41 +296,12 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     issue of every block (the row-zeroing branch needs m0 first); ahead it costs 1-2 LDL per block (sm_90 SASS).
 
     STATS_AHEAD: lse and delta of block j + 1 prefetched into L1 during block j (their loads, issued beside S and
-    waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block).
-    DQ_LAG (with DQ_SHARED): block j computes dQ of block j - 1 (the last block's after the loop, ``_dq_lagged``),
-    from dS triple-buffered by block count; each consumer arrives at DS_READY once its dS is stored and syncs on the
-    other's previous dS before storing its own (so neither overwrites a dS the other may still read: a buffer is
-    rewritten three blocks later, after the other has stored the block in between). The consumers then run up to a
-    block apart instead of meeting at a 256-thread barrier every block. Block 0 of each call computes a discarded dQ
-    from a stale buffer (its reduce-add is skipped): one wasted dQ product per (work item, q head). Neither with
-    SPARSE (dense walks only).
+    waited for right after it, then hit L1; carrying the values instead cost ~12 spill instructions per block). Not
+    with SPARSE (dense walks only).
 
-    ALTERNATE (with DQ_LAG; turns per block): the consumers take turns issuing, consumer 0 first (the forward's
-    ping-pong barriers, ``_wait_turn`` / ``_pass_turn``). 1: the S/dP group only (C0 S/dP, C1 S/dP, C0 S/dP of the
-    next block, ...: the forward's one turn per block; dV and dQ/dK issue as they come). 3: every group in strict
-    order (C0 S/dP, C1 S/dP, C0 dV, C1 dV, C0 dQ/dK, C1 dQ/dK, ...). So one consumer's exp2, dS and dQ staging run
-    under the other's matmuls instead of both queueing theirs at once. A turn holds no wait (issue only; lse and
-    delta are loaded before the S/dP turn): every wait of the loop (Q/dO slot, VFIX_BARRIER, DS_READY, own
-    barriers, wgmma waits) lies between turns, and both consumers take the same turns (same blocks; no
-    consumer-dependent branch around a turn), so the token cannot deadlock (bench/NOTES.md "TLX backward: consumer
-    alternation"). Issue order only: the same arithmetic, the same results. ``_dq_lagged`` (after the loop) issues
-    outside the turns.
-
-    ABLATE (``configs.BACKWARD_ABLATE``; dense, DQ_SHARED without DQ_LAG): 0, or TIMING ONLY with WRONG RESULTS (the
+    ABLATE (``configs.BACKWARD_ABLATE``; dense, DQ_SHARED): 0, or TIMING ONLY with WRONG RESULTS (the
     ABLATE_* bits: stages of the block loop removed; the dQ wgmma without its reduce-add is kept by ``_keep_alive``,
     and the wgmma waits count the groups left in flight).
-
-    DELTA_EARLY (``configs.BACKWARD_DELTA_EARLY``): lse2 + delta * 0 (exact for finite delta; a non-finite delta
-    also makes that row's P NaN): the PTX already loads delta beside lse, before S's wait, but ptxas sinks one
-    consumer's delta LDG past P's exp2 and store to save its registers, so that consumer waits an L2 round trip
-    at dP - delta after dP's wgmma is done; used by lse2, the load must land before the exp2 (bench/NOTES.md "TLX
-    backward: delta early (helper deltaearly)").
-
-    DQ_RED (``configs.BACKWARD_DQ_RED``; with DQ_SHARED, no DQ_LAG, dense, ABLATE 0): the dQ half added straight from
-    the accumulator's registers into DQ_ACC (the fp32 accumulator's pointer, rows ``dq_stride`` elements apart) by
-    vector reductions (``_red_add_dq``; 2: with an L2 evict_last policy) instead of ``_reduce_add_dq``'s staging
-    buffer and TMA reduce-add: no staging store, staging barriers or wait for the previous block's bulk read (the
-    kernel allocates no staging buffers).
 
     MXFP8 (``mxfp8_attn_bwd.py``: the MXFP8 backward, design (D) of bench/NOTES.md "MXFP8 backward on Hopper"; dense):
     P = exp2(min(S * scale - lse, 0)) (the MXFP8 oracle's clamp: S from the backward's operands may exceed the
@@ -418,11 +315,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
     block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
-    tl.static_assert(not (SPARSE and (STATS_AHEAD or DQ_LAG)), "STATS_AHEAD and DQ_LAG walk dense blocks only")
-    tl.static_assert(DQ_RED == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
-                     "DQ_RED: the default dense consumers (dQ split, no DQ_LAG, no ablation)")
-    tl.static_assert(ABLATE == 0 or (DQ_SHARED and not DQ_LAG and not SPARSE),
-                     "the backward ablations remove stages of the default consumers (dQ split, no DQ_LAG, dense)")
+    tl.static_assert(not (SPARSE and STATS_AHEAD), "STATS_AHEAD walks dense blocks only")
+    tl.static_assert(ABLATE == 0 or (DQ_SHARED and not SPARSE),
+                     "the backward ablations remove stages of the default consumers (dQ split, dense)")
     NO_DQ: tl.constexpr = (ABLATE & ABLATE_DQ) != 0
     NO_DQ_ADD: tl.constexpr = (ABLATE & ABLATE_DQ_ADD) != 0
     NO_EXP2: tl.constexpr = (ABLATE & ABLATE_EXP2) != 0
@@ -435,9 +330,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     # wgmma groups left in flight at dP's wait (dV behind it) and at dQ's / dV's (dK behind them)
     DP_PENDING: tl.constexpr = 0 if NO_DV else 1
     DQ_PENDING: tl.constexpr = 0 if NO_DK else 1
-    tl.static_assert(ALTERNATE == 0 or (DQ_SHARED and DQ_LAG and (ALTERNATE == 1 or ALTERNATE == 3)),
-                     "ALTERNATE (1 or 3 turns per block) rides on DQ_LAG")
-    EVERY_TURN: tl.constexpr = ALTERNATE == 3  # dV and dQ/dK take turns too
     if SPARSE:
         n_all = sel_count
         m0_next = selected_tile_start(ids, sel_first, BLOCK_Q, BLOCK_M, n_all > 0)
@@ -445,10 +337,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
         n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
         n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
         n_all = n_unmasked + _n_blocks(tail_begin, tail_end, BLOCK_M)
-    DS_BUFFERS: tl.constexpr = 3 if DQ_LAG else 2
     HALF_N: tl.constexpr = k_tiles[0].shape[0]  # this consumer's keys
-    if DQ_LAG:
-        m0_prev = lead_begin * 0  # the previous block's first row
     # PEEL: loops by stage, j counting on across them (the producer's blocks), masked a constexpr per loop.
     # Without HAS_RIGHT (neither causal nor a right window) the lead is always empty (``stage_bounds``:
     # n_lead = 0, its loop folds away): the bulk's loop, then the tail's. With one: two rounds of (masked loop, bulk
@@ -500,7 +389,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     m0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                 buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
                 tlx.barrier_wait(q_fulls[buf], phase)
-                # block-relative (v1's lesson: absolute positions cost 64-bit hoisted bounds)
+                # block-relative (absolute positions cost 64-bit hoisted bounds)
                 rows = tl.arange(0, BLOCK_M)
                 rows_left = len_q - m0
                 rows_ok = rows < rows_left
@@ -516,29 +405,17 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 p_tile = p_tiles[own]
                 if DQ_SHARED:
                     par = q_count & 1  # both consumers count the same blocks
-                    if DQ_LAG:
-                        ds_tile = ds_tiles[own * DS_BUFFERS + q_count % DS_BUFFERS]
-                    else:
-                        ds_tile = ds_tiles[own * 2 + par]
+                    ds_tile = ds_tiles[own * 2 + par]
                 else:
                     ds_tile = ds_tiles[own]
                 keys = tl.arange(0, k_tile.shape[0])
-                if ALTERNATE > 0:  # lse, delta loaded before the turn: their latency runs while the other consumer
-                    # issues
-                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-                    _wait_turn(CID)
                 if SDP_DIM < HEAD_DIM:  # ablation: S and dP at the FP8 wgmma's tensor time (timing only)
                     s = tlx.async_dot(_columns(q_tile, SDP_DIM), tlx.local_trans(_columns(k_tile, SDP_DIM)))
                     dp = tlx.async_dot(_columns(do_tile, SDP_DIM), tlx.local_trans(_columns(v_tile, SDP_DIM)))
                 else:
                     s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
                     dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
-                if ALTERNATE > 0:
-                    _pass_turn(CID)
-                else:
-                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
-                    if DELTA_EARLY:  # lse2 + (+-0): the same bits for finite delta; exp2 now waits for delta's load too
-                        lse2 = lse2 + delta * 0.0
+                lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
                 if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
                     m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                     next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
@@ -560,12 +437,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     tlx.local_store(p_tile, p.to(DTYPE))
                 tlx.fence_async_shared()
                 tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
-                if EVERY_TURN:
-                    _wait_turn(CID)
                 if not NO_DV:
                     dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
-                if EVERY_TURN:
-                    _pass_turn(CID)
                 dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
                 if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a
                     # removal)
@@ -579,45 +452,9 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 if MX_QUANT:
                     ds = _mx_square_values(ds)
                 ds = ds.to(DTYPE)
-                if DQ_LAG:
-                    if j > 0:  # the other's dS of the previous block is stored (and it is past reading our dS of j - 2)
-                        _ds_ready_sync(q_count - 1, 1 - CID)
                 tlx.local_store(ds_tile, ds)
                 tlx.fence_async_shared()
-                if DQ_SHARED and DQ_LAG:
-                    # every thread's dS is in shared memory (dK reads it)
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-                    _ds_ready_arrive(q_count, CID)
-                    half_lag: tl.constexpr = HEAD_DIM // 2
-                    prev = (q_count + DS_BUFFERS - 1) % DS_BUFFERS
-                    zero_lag = _opaque_zero(j)
-                    if EVERY_TURN:
-                        _wait_turn(CID)
-                    dq = tlx.async_dot(ds_tiles[zero_lag * DS_BUFFERS + prev],
-                                       tlx.local_slice(k_tiles[zero_lag], [0, CID * half_lag],
-                                                       [k_tile.shape[0], half_lag]))
-                    dq = tlx.async_dot(ds_tiles[(zero_lag + 1) * DS_BUFFERS + prev],
-                                       tlx.local_slice(k_tiles[zero_lag + 1], [0, CID * half_lag],
-                                                       [k_tile.shape[0], half_lag]), dq)
-                    dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
-                    if EVERY_TURN:
-                        _pass_turn(CID)
-                    dq = tlx.async_dot_wait(1, dq)
-                    dv = tlx.async_dot_wait(1, dv)  # issued before dQ: already done
-                    dq = _zero_dq_rows_past_end(dq, len_q - m0_prev)
-                    stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
-                    # the staging buffer's previous store has read it
-                    tlx.async_descriptor_store_wait(NUM_BUFFERS_DQ - 1)
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-                    tlx.local_store(stage, dq)
-                    tlx.fence_async_shared()
-                    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-                    if j > 0:  # block 0's product came from a stale buffer: no reduce-add
-                        tlx.async_descriptor_store(desc_dq, stage,
-                                                   [(dq_row0 + m0_prev).to(tl.int32), col + CID * half_lag],
-                                                   store_reduce="add")
-                        dq_count += 1
-                elif DQ_SHARED:
+                if DQ_SHARED:
                     tlx.named_barrier_wait(DS_BARRIER, 256)  # both consumers' dS are in shared memory
                     half: tl.constexpr = HEAD_DIM // 2
                     if not NO_DQ:
@@ -637,8 +474,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     if not NO_DQ:
                         if NO_DQ_ADD:  # ablation: the dQ wgmma kept, no staging store or reduce-add
                             _keep_alive(dq, dq_stage[CID * NUM_BUFFERS_DQ], j, tl.float32)
-                        elif DQ_RED > 0:  # from the registers: no staging buffer, no bulk-read wait
-                            _red_add_dq(dq, DQ_ACC, dq_row0 + m0, rows_left, dq_stride, col + CID * half, DQ_RED == 2)
                         else:
                             dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
                                                       col + CID * half, rows_left, CID, NUM_BUFFERS_DQ)
@@ -662,12 +497,6 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     dk = tlx.async_dot_wait(0, dk)
                 tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
                 q_count += 1
-                if DQ_LAG:
-                    m0_prev = m0
-    if DQ_SHARED and DQ_LAG:
-        if n_all > 0:
-            dq_count = _dq_lagged(q_count - 1, m0_prev, len_q - m0_prev, dq_count, k_tiles, ds_tiles, dq_stage,
-                                  desc_dq, dq_row0, col, CID, HEAD_DIM, NUM_BUFFERS_DQ, DS_BUFFERS)
     return dk, dv, q_count, dq_count
 
 
@@ -679,27 +508,9 @@ def _prefetch_l1(ptrs, mask):
 
 
 @triton.jit
-def _ds_ready_arrive(block, CID: tl.constexpr):
-    """DQ_LAG: this consumer's dS of ``block`` (a block count) is in shared memory; the other consumer syncs on it."""
-    if (block & 1) == 0:
-        tlx.named_barrier_arrive(DS_READY + 2 * CID, 256)
-    else:
-        tlx.named_barrier_arrive(DS_READY + 2 * CID + 1, 256)
-
-
-@triton.jit
-def _ds_ready_sync(block, WHO: tl.constexpr):
-    """DQ_LAG: wait until consumer WHO has arrived for its dS of ``block``."""
-    if (block & 1) == 0:
-        tlx.named_barrier_wait(DS_READY + 2 * WHO, 256)
-    else:
-        tlx.named_barrier_wait(DS_READY + 2 * WHO + 1, 256)
-
-
-@triton.jit
 def _zero_dq_rows_past_end(dq, rows_left):
     """dQ rows at or past ``rows_left`` (the next sequence's) as zeros, in a branch only a block that runs past its
-    sequence's end takes (``_reduce_add_dq``; DQ_LAG's conditional store)."""
+    sequence's end takes (``_reduce_add_dq``)."""
     if rows_left < dq.shape[0]:
         dq = tl.where((tl.arange(0, dq.shape[0]) < rows_left)[:, None], dq, 0.0)
     return dq
@@ -709,11 +520,11 @@ def _zero_dq_rows_past_end(dq, rows_left):
 def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl.constexpr,
                    NUM_BUFFERS_DQ: tl.constexpr, ZERO_IN_SHARED: tl.constexpr = False):
     """A consumer's dQ slice staged in shared memory (buffer ``dq_count`` of its ring) and TMA reduce-added into the
-    fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next
-    sequence's) are zeroed first, in a branch only blocks that run past the end take: their dS is 0, but 0 x an
-    infinite key of this sequence is NaN. Where: on the registers (ZERO_IN_SHARED False: the dQ split between the
-    consumers, whose spills it leaves about as they were), or on the staged rows (ZERO_IN_SHARED: v1 and v2's
-    per-consumer column slices, where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
+    fp32 accumulator at (row, col); returns the next staging count. Rows at or past ``rows_left`` (the next sequence's)
+    are zeroed first, in a branch only blocks that run past the end take: their dS is 0, but 0 x an infinite key of this
+    sequence is NaN. Where: on the registers (ZERO_IN_SHARED False: the dQ split between the consumers, whose spills it
+    leaves about as they were), or on the staged rows (ZERO_IN_SHARED: the per-consumer column slices without the split,
+    where the register select ~doubled the spills; sm_90 ptxas, bench/NOTES.md v14)."""
     if not ZERO_IN_SHARED:
         dq = _zero_dq_rows_past_end(dq, rows_left)
     stage = dq_stage[CID * NUM_BUFFERS_DQ + dq_count % NUM_BUFFERS_DQ]
@@ -728,59 +539,6 @@ def _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, row, col, rows_left, CID: tl
             tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
     tlx.async_descriptor_store(desc_dq, stage, [row, col], store_reduce="add")
     return dq_count + 1
-
-
-@triton.jit
-def _red_add_dq(dq, Ptr, row0, rows_left, stride, col, EVICT_LAST: tl.constexpr):
-    """DQ_RED: a consumer's dQ slice ([BLOCK_M, n] fp32, the wgmma accumulator's layout) added to the fp32
-    accumulator at Ptr's rows row0 + i (``stride`` elements apart), columns col.., straight from the registers: one
-    ``red.relaxed.gpu.global.add.v2.f32`` per pair of adjacent columns a thread holds (pack=2 takes a thread's values
-    two at a time in register order: the accumulator's column pairs, 8-byte aligned), 16 per thread for [64, 64].
-    The address is made in the asm (``mad.wide``) from a pointer to the row and the thread's lane part of the
-    column (below 8) and the element's register part (a multiple of 8, a constant per element, which ptxas folds
-    into the address immediate): passed as one 64-bit pointer per element, the column offsets were 14
-    loop-invariant 64-bit registers (LLVM builds the layout's columns by bit operations), which spilled; the
-    columns as a register operand cost ~4 integer instructions per reduction. Rows at or
-    past ``rows_left`` (the next sequence's, or past the accumulator's end) add their zeros (``_zero_dq_rows_past_end``,
-    a branch only such blocks take) to the block's first row instead: no predicate (a predicated ``red`` in the asm
-    made ptxas branch around each one). EVICT_LAST: with an L2 evict_last cache policy (``createpolicy``), FA3's hint
-    on its dQ reduce."""
-    dq = _zero_dq_rows_past_end(dq, rows_left)
-    rows = tl.arange(0, dq.shape[0])
-    rows = tl.where(rows < rows_left, rows, 0)
-    row_ptrs = Ptr + (row0.to(tl.int64) + rows) * stride + col  # [BLOCK_M]: one pointer per row
-    d = tl.arange(0, dq.shape[1])[None, :]
-    # a thread's columns are a lane part below 8 and a register part, a multiple of 8 constant per element: the
-    # pointer takes the lane part (two per thread, rows r and r + 8), the asm the constant (an address immediate)
-    ptrs = (row_ptrs[:, None] + (d & 7)).to(tl.int64)
-    d = tl.broadcast_to(d & -8, dq.shape)
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("{ .reg .b64 a, pol; mad.wide.s32 a, $4, 4, $2; "
-                                  "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-                                  "red.relaxed.gpu.global.add.L2::cache_hint.v2.f32 [a], {$6, $7}, pol; "
-                                  "mov.u32 $0, 0; mov.u32 $1, 0; }", "=r,=r,l,l,r,r,f,f", [ptrs, d, dq],
-                                  dtype=tl.int32, is_pure=False, pack=2)
-    else:
-        tl.inline_asm_elementwise("{ .reg .b64 a; mad.wide.s32 a, $4, 4, $2; "
-                                  "red.relaxed.gpu.global.add.v2.f32 [a], {$6, $7}; "
-                                  "mov.u32 $0, 0; mov.u32 $1, 0; }", "=r,=r,l,l,r,r,f,f", [ptrs, d, dq],
-                                  dtype=tl.int32, is_pure=False, pack=2)
-
-
-@triton.jit
-def _dq_lagged(block, m0, rows_left, dq_count, k_tiles, ds_tiles, dq_stage, desc_dq, dq_row0, col, CID: tl.constexpr,
-               HEAD_DIM: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DS_BUFFERS: tl.constexpr):
-    """DQ_LAG, after a call's last block: that block's dQ (this consumer's column half over both key halves),
-    reduce-added at rows m0."""
-    half: tl.constexpr = HEAD_DIM // 2
-    keys: tl.constexpr = k_tiles[0].shape[0]
-    _ds_ready_sync(block, 1 - CID)
-    slot = block % DS_BUFFERS
-    dq = tlx.async_dot(ds_tiles[slot], tlx.local_slice(k_tiles[0], [0, CID * half], [keys, half]))
-    dq = tlx.async_dot(ds_tiles[DS_BUFFERS + slot], tlx.local_slice(k_tiles[1], [0, CID * half], [keys, half]), dq)
-    dq = tlx.async_dot_wait(0, dq)
-    return _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32), col + CID * half, rows_left,
-                          CID, NUM_BUFFERS_DQ)
 
 
 @triton.jit
@@ -831,36 +589,31 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         TILE_START, TILE_COUNT, WORK_COUNTER, num_heads_kv, total_out, n_slots, search_steps,
                         num_seqs, rows_s, rows_o, stride_dkvt, group, scale, qk_scale, window_left, right,
                         Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks, stride_tib, stride_tih, stride_tin, stride_tcb,
-                        stride_tch, head_group, TILE_HEAD, DQ_ACC,
+                        stride_tch, head_group, TILE_HEAD,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_DQ: tl.constexpr, DQ_SPLIT: tl.constexpr,
                         HAS_LEFT: tl.constexpr,
                         HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                        TILES_FROM_OFFSETS: tl.constexpr, V2: tl.constexpr = False, DQ_SHARED: tl.constexpr = False,
+                        TILES_FROM_OFFSETS: tl.constexpr, DQ_SHARED: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
-                        STATS_AHEAD: tl.constexpr = False, DQ_LAG: tl.constexpr = False,
-                        HEAD_GROUPED: tl.constexpr = False, QDO_FIRST: tl.constexpr = False,
+                        STATS_AHEAD: tl.constexpr = False, HEAD_GROUPED: tl.constexpr = False,
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
-                        SNAKE: tl.constexpr = False, ALTERNATE: tl.constexpr = 0, ABLATE: tl.constexpr = 0,
-                        DELTA_EARLY: tl.constexpr = False, GROUP_SPLIT: tl.constexpr = 1,
-                        DQ_RED: tl.constexpr = 0, MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
+                        SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
+                        MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
-    V2: the consumers of ``_consume_rows_v2`` (un-transposed S, P and dS through shared memory, wgmma overlapped);
-    DQ_SHARED (with V2): their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD (with
-    V2), DQ_LAG (with DQ_SHARED), ALTERNATE (with DQ_LAG), DELTA_EARLY (with V2): ``_consume_rows_v2``'s experiments
-    (``configs.BACKWARD_STATS_AHEAD``, ``configs.BACKWARD_DQ_LAG``, ``configs.BACKWARD_ALTERNATE``,
-    ``configs.BACKWARD_DELTA_EARLY``).
+    The consumers are ``_consume_rows_v2``'s (un-transposed S, P and dS through shared memory, wgmma overlapped);
+    DQ_SHARED: their dQ split by columns between the consumers (``_consume_rows_v2``); STATS_AHEAD:
+    ``_consume_rows_v2``'s lse/delta prefetch (``configs.BACKWARD_STATS_AHEAD``).
 
-    SPARSE (block-sparse attention, ``block_sparse_backward``; on the v2 consumers): each item walks only the query
+    SPARSE (block-sparse attention, ``block_sparse_backward``): each item walks only the query
     tiles of the Q blocks that selected its KV block (Q_BLOCK_INDEX [B, Hkv, n_kv_blocks, NQB]: the transposed
     selection, ascending ids of BLOCK_Q rows; Q_BLOCK_COUNT [B, Hkv, n_kv_blocks]; ``_selected_rows``), for every q
     head of the group; a key tile lies in one KV block of BLOCK_KV keys.
 
     HEAD_GROUPED: items in groups of head_group kv heads (``configs.BACKWARD_HEAD_GROUP``; else tile-major);
-    QDO_FIRST (with SPARSE): the producer issues an item's first NUM_BUFFERS_Q Q/dO blocks before it waits for K/V
-    to be free (``configs.SPARSE_BACKWARD_QDO_FIRST``); UNIFORM_WALK (with SPARSE): the walk's bounds in uniform
+    UNIFORM_WALK (with SPARSE): the walk's bounds in uniform
     registers (``_selected_rows``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``); ITEM_LIST: the work list is per item
     (TILE_SEQ, TILE_START, TILE_HEAD: ``block_sparse_bwd.item_list``); SNAKE: every other round of items in reverse
     (``common.snake_work``; ``configs.BACKWARD_ITEM_ORDER``). ABLATE (``configs.BACKWARD_ABLATE``): 0, or TIMING ONLY
@@ -870,31 +623,25 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     per (key tile, kv head, part) (``_group_part``); DK / DV are then zeroed fp32 accumulators [T_kv, Hkv, D] that
     each item's partial dK (scaled) / dV is atomically added to (``_add_partial``; the host casts them).
 
-    DQ_RED > 0 (``configs.BACKWARD_DQ_RED``; V2 with DQ_SHARED, dense, no DQ_LAG or ABLATE): DQ_ACC is the zeroed fp32
-    dQ accumulator itself ([rows of q, Hq, D], desc_dq's tensor), which the consumers add to from registers
-    (``_red_add_dq``); no dQ staging buffers are allocated. Else DQ_ACC is None.
+    MXFP8 (dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``).
 
-    MXFP8 (V2, dense; ``mxfp8_attn_bwd.py``): P and dS rounded to their MXFP8 values (``_consume_rows_v2``).
-
-    KV_EARLY (``configs.BACKWARD_KV_EARLY``; V2 with DQ_SHARED and staged dQ, one part per group): each consumer
+    KV_EARLY (``configs.BACKWARD_KV_EARLY``; with DQ_SHARED, one part per group): each consumer
     frees its K/V tiles before its dK/dV epilogue and stores dK/dV through its dQ staging buffer, so the producer's
     next K/V loads run under the epilogue.
 
-    PEEL (``configs.BACKWARD_PEEL``; V2, dense, not MXFP8): the consumers' block loop peeled by stage
+    PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the consumers' block loop peeled by stage
     (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without."""
-    tl.static_assert(not PEEL or (V2 and not SPARSE and not MXFP8), "PEEL: the dense v2 consumers, not MXFP8")
-    tl.static_assert(not MXFP8 or (V2 and not SPARSE), "MXFP8: the dense v2 consumers")
+    tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
+    tl.static_assert(not MXFP8 or not SPARSE, "MXFP8: the dense walks")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
-    tl.static_assert(DQ_RED == 0 or (V2 and DQ_SHARED and not DQ_LAG and not SPARSE and ABLATE == 0),
-                     "DQ_RED: the default dense consumers (v2, dQ split, no DQ_LAG, no ablation)")
-    tl.static_assert(GROUP_SPLIT == 1 or (V2 and DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
-                     "GROUP_SPLIT: the dense v2 backward with the dQ split, items mapped arithmetically")
-    tl.static_assert(not (QDO_FIRST or UNIFORM_WALK) or SPARSE, "QDO_FIRST and UNIFORM_WALK: block-sparse only")
+    tl.static_assert(GROUP_SPLIT == 1 or (DQ_SHARED and not SPARSE and not ITEM_LIST and not HEAD_GROUPED),
+                     "GROUP_SPLIT: the dense backward with the dQ split, items mapped arithmetically")
+    tl.static_assert(not UNIFORM_WALK or SPARSE, "UNIFORM_WALK: block-sparse only")
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
-    tl.static_assert(not KV_EARLY or (V2 and DQ_SHARED and DQ_RED == 0 and GROUP_SPLIT == 1),
-                     "KV_EARLY: the v2 consumers with the dQ split, staged dQ, one part per group")
-    tl.static_assert(not SPARSE or (V2 and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
-                     "the block-sparse walk runs on the v2 consumers, with whole tiles per selected block")
+    tl.static_assert(not KV_EARLY or (DQ_SHARED and GROUP_SPLIT == 1),
+                     "KV_EARLY: the consumers with the dQ split, one part per group")
+    tl.static_assert(not SPARSE or (BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
+                     "the block-sparse walk takes whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -911,17 +658,9 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     v_tiles = tlx.local_alloc((HALF_N, HEAD_DIM), dtype, NUM_CONSUMERS)
     q_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
     do_tiles = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, NUM_BUFFERS_Q)
-    if V2:
-        p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
-        ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype,
-                                   NUM_CONSUMERS * ((3 if DQ_LAG else 2) if DQ_SHARED else 1))
-    else:
-        p_tiles = None
-        ds_tiles = tlx.local_alloc((HALF_N, BLOCK_M), dtype, NUM_CONSUMERS)
-    if DQ_RED > 0:  # the consumers add dQ from registers: no staging
-        dq_stage = None
-    else:
-        dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
+    p_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS)
+    ds_tiles = tlx.local_alloc((BLOCK_M, HALF_N), dtype, NUM_CONSUMERS * (2 if DQ_SHARED else 1))
+    dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM // DQ_SPLIT), tl.float32, NUM_CONSUMERS * NUM_BUFFERS_DQ)
     kv_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     kv_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q, arrive_count=1)
@@ -940,15 +679,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                  tail_begin, tail_end, _) = item
                 kv_head, g_begin, g_end = _group_part(unit, group, GROUP_SPLIT)
                 if real:
-                    if QDO_FIRST:  # the walk's first blocks (the group's first head) before the wait for K/V
-                        sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
-                                                              stride_tib, stride_tih, stride_tin, stride_tcb,
-                                                              stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
-                        n_ahead = tl.minimum(sel_count, NUM_BUFFERS_Q)
-                        q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
-                                                         q_count, _q_rows(out_row0, BROADCAST_Q), out_row0,
-                                                         kv_head * group * HEAD_DIM, Q_BLOCK_INDEX, sel_first,
-                                                         n_ahead, BLOCK_M, BLOCK_Q, HEAD_DIM, NUM_BUFFERS_Q)
                     kv_phase = kv_count & 1
                     for c in tl.static_range(NUM_CONSUMERS):
                         tlx.barrier_wait(kv_empties[c], kv_phase ^ 1)
@@ -958,19 +688,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         tlx.async_descriptor_load(desc_v, v_tiles[c], [row, kv_head * HEAD_DIM], kv_fulls[c])
                     kv_count += 1
                     q_row0 = _q_rows(out_row0, BROADCAST_Q)
-                    if SPARSE and not QDO_FIRST:  # read while the K/V loads are in flight
+                    if SPARSE:  # read while the K/V loads are in flight
                         sel_first, sel_count = _selected_rows(item, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n_kv_blocks,
                                                               stride_tib, stride_tih, stride_tin, stride_tcb,
                                                               stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
                     for g in range(g_begin, g_end):
                         col = (kv_head * group + g) * HEAD_DIM
-                        if QDO_FIRST:
-                            done = tl.where(g == 0, n_ahead, 0)  # issued before the K/V loads
-                            q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
-                                                             q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
-                                                             sel_first + done, sel_count - done, BLOCK_M, BLOCK_Q,
-                                                             HEAD_DIM, NUM_BUFFERS_Q)
-                        elif SPARSE:
+                        if SPARSE:
                             q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
                                                              q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
                                                              sel_first, sel_count, BLOCK_M, BLOCK_Q, HEAD_DIM,
@@ -988,13 +712,9 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            if ALTERNATE > 0:
-                if cid == 1:  # consumer 0 takes the first turn (the forward's bootstrap)
-                    tlx.named_barrier_arrive(PINGPONG_A, 256)
             q_count = 0
             kv_count = 0
             dq_count = 0
-            d = tl.arange(0, HEAD_DIM)
             for i in range(0, my_items):
                 item = _bwd_item(snake_work(pid, i, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles,
                                  units, num_seqs, search_steps, rows_s, rows_o, window_left, right, head_group,
@@ -1012,7 +732,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         sel_first = 0
                         sel_count = 0
                     k0 = n0 + cid * HALF_N  # this consumer's first key
-                    keys = k0 + tl.arange(0, HALF_N)
                     tlx.barrier_wait(kv_fulls[cid], kv_count & 1)
                     if k0 + HALF_N > len_k:  # keys past the sequence end: zero rows (a zero key adds 0 to dQ)
                         _zero_rows_past_end(k_tiles[cid], k0, len_k, HALF_N, HEAD_DIM, 32)
@@ -1020,7 +739,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         tlx.named_barrier_wait(OWN_BARRIER + cid, 128)
                     k_tile = k_tiles[cid]
                     v_tile = v_tiles[cid]
-                    ds_tile = ds_tiles[cid]
                     dk = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dv = tl.zeros([HALF_N, HEAD_DIM], tl.float32)
                     dq_row0 = _q_rows(out_row0, BROADCAST_Q)
@@ -1028,22 +746,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         head = kv_head * group + g
                         col = head * HEAD_DIM
                         stat_index = head.to(tl.int64) * total_out + out_row0
-                        if V2:
-                            dk, dv, q_count, dq_count = _consume_rows_v2(
-                                dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
-                                p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0,
-                                len_q, len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin,
-                                bulk_end, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q,
-                                NUM_BUFFERS_DQ, DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX,
-                                sel_first, sel_count, SPARSE, BLOCK_Q, STATS_AHEAD, DQ_LAG, ALTERNATE, ABLATE,
-                                DELTA_EARLY, DQ_RED, DQ_ACC, num_heads_kv * group * HEAD_DIM, MXFP8, PEEL, ZERO_STORE)
-                        else:
-                            dk, dv, q_count, dq_count = _consume_rows(
-                                dk, dv, q_count, dq_count, k_tile, v_tile, q_tiles, do_tiles, q_fulls, q_empties,
-                                ds_tile, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q, len_k,
-                                qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
-                                tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ,
-                                DQ_SPLIT, HAS_LEFT, HAS_RIGHT, dtype)
+                        dk, dv, q_count, dq_count = _consume_rows_v2(
+                            dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_tiles, q_fulls, q_empties,
+                            p_tiles, ds_tiles, dq_stage, desc_dq, Lse, Delta, stat_index, dq_row0, col, k0, len_q,
+                            len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
+                            tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
+                            HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
+                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, ZERO_STORE)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -1061,7 +770,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                             stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
                         _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
                                             kv_head * HEAD_DIM, cid, HEAD_DIM)
-                    elif V2:  # through this consumer's K and V tiles, then free them
+                    else:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
                         _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
@@ -1073,11 +782,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                     if not KV_EARLY:
                         tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
-                    if not V2:
-                        keys_ok = keys < len_k
-                        offsets = (kv_row0 + keys)[:, None] * stride_dkvt + kv_head * HEAD_DIM + d[None, :]
-                        tl.store(DK + offsets, (dk * scale).to(DK.dtype.element_ty), mask=keys_ok[:, None])
-                        tl.store(DV + offsets, dv.to(DV.dtype.element_ty), mask=keys_ok[:, None])
             tlx.async_descriptor_store_wait(0, read_only=False)  # every dQ reduce-add has landed
 
 
@@ -1137,63 +841,49 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
             and uniform_lengths(params, kv_offsets.numel() - 1, q.shape[0], k.shape[0]))
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2: bool = False,
-                       dq_shared: bool = False, selection=None, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False, head_group: int = 0, qdo_first: bool = False,
-                       uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
-                       alternate: int = 0, causal_order: Optional[bool] = False, ablate: int = 0,
-                       delta_early: bool = False, gqa_split: int = 0, dq_red: int = 0, mxfp8: bool = False,
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, dq_shared: bool = False,
+                       selection=None, stats_ahead: bool = False, head_group: int = 0, uniform_walk: bool = False,
+                       item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
+                       ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False):
-    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``v2``: the v2 consumers
-    (``configs.BACKWARD_V2``), ``dq_shared``: with their dQ split between the consumers
-    (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse attention
-    (``block_sparse_backward``; with v2). The experiments ``configs.BACKWARD_DQ_DEFER`` / ``_STATS_AHEAD`` (with v2)
-    / ``_DQ_LAG`` (with dq_shared) / ``_ALTERNATE`` (``alternate``: turns per block, 0, 1 or 3; with dq_shared,
-    and it turns DQ_LAG on): dense only. The schedule's: ``head_group`` (``configs.head_group``: items in groups of
-    that many kv heads, 0 tile-major), ``qdo_first`` and ``uniform_walk``
-    (``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``; block-sparse only; there, head_group, qdo_first and
-    item_order only with uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and
-    block-sparse items sorted by their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless
-    ``group_order``), ``group_order`` (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order
-    over a list in head_group's groups, ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier
-    call made a recipe for (``_Recipe``) launches through it. ``causal_order`` (``configs.BACKWARD_CAUSAL_ORDER``;
-    dense calls with a mask, where the key tile list is sorted, not one wave): the items in L2-sized sections of
-    (sequence, kv head) streams (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list
-    made once per shape), with the snake; head_group and item_order yield to it there; head dims below
-    ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the default; None: one-length causal batches only
-    (``one_length_causal``), and with ``causal_jagged`` (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call
-    where no GQA split runs (the split's balance at few kv heads; untimed against the list); ``causal_jagged`` also
-    builds a per-call list on the device (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate``
-    (``configs.BACKWARD_ABLATE``): 0, or stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a
-    warning says so); dense calls of the v2 consumers with the dQ split, no DQ_LAG.
-    ``delta_early`` (``configs.BACKWARD_DELTA_EARLY``; dense, v2): delta's load held before S's wait
-    (``_consume_rows_v2``'s DELTA_EARLY). ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off,
-    ``configs.GQA_SPLIT_AUTO`` the model's plan): a GQA call's q-head groups in parts per kv head (``_gqa_split``;
-    the kernel's GROUP_SPLIT, partial dK/dV added in fp32), taken by the snake (auto: or the snake alone); dense
-    calls of the v2 consumers with the dQ split, without an item list (CAUSAL_ORDER's yields where a split runs:
-    none is built in one wave) or head groups. ``dq_red`` (``configs.BACKWARD_DQ_RED``: 0 off, 1 on, 2 with the L2
-    evict_last policy; dense calls of the v2 consumers with the dQ split, no DQ_LAG / ALTERNATE / ablation, else
-    ignored): dQ added from the consumers' registers (the kernel's DQ_RED); no recipe is kept for it (``_Recipe``
-    launches the staged kernel's arguments). ``mxfp8`` (``mxfp8_attn_bwd.py``; dense, v2): the kernel's MXFP8
-    constexpr (P and dS rounded to their MXFP8 values), fed MX-valued q, k, v, grad_out; ``delta_grad_out``: the dO
-    the delta pre-pass reads instead of grad_out (the MXFP8 backward's unquantized dO); no recipe for either.
-    ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls of the v2 consumers with the dQ split and staged dQ, one
-    part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls of the v2 consumers, not
-    MXFP8; else ignored): the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's
-    PEEL). ``zero_store`` (``configs.BACKWARD_ZERO_STORE``; calls of the v2 consumers, else
-    ignored): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of zeros (the kernel's
-    ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
+    """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
+    between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
+    attention (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense only. The schedule's:
+    ``head_group`` (``configs.head_group``: items in groups of that many kv heads, 0 tile-major), ``uniform_walk``
+    (``configs.SPARSE_BACKWARD_UNIFORM_WALK``; block-sparse only; there, head_group and item_order only with
+    uniform_walk), ``item_order`` (``configs.BACKWARD_ITEM_ORDER``: snake striding, and block-sparse items sorted by
+    their own blocks, ``block_sparse_bwd.item_list``; head_group ignored unless ``group_order``), ``group_order``
+    (``configs.BACKWARD_GROUP_ORDER``; block-sparse with head_group: the item order over a list in head_group's groups,
+    ``block_sparse_bwd.zigzag_groups``). A dense call whose signature an earlier call made a recipe for (``_Recipe``)
+    launches through it. ``causal_order`` (``configs.BACKWARD_CAUSAL_ORDER``; dense calls with a mask, where the key
+    tile list is sorted, not one wave): the items in L2-sized sections of (sequence, kv head) streams
+    (``block_sparse_bwd.causal_item_list``; a causal batch of one length: the same list made once per shape), with the
+    snake; head_group and item_order yield to it there; head dims below ``configs.CAUSAL_ORDER_MIN_HEAD_DIM`` keep the
+    default; None: one-length causal batches only (``one_length_causal``), and with ``causal_jagged``
+    (``configs.BACKWARD_CAUSAL_ORDER_JAGGED``) every masked call where no GQA split runs (the split's balance at few kv
+    heads; untimed against the list); ``causal_jagged`` also builds a per-call list on the device
+    (``block_sparse_bwd.causal_item_list_device``, the same list). ``ablate`` (``configs.BACKWARD_ABLATE``): 0, or
+    stages removed from the kernel, TIMING ONLY: the gradients are WRONG (a warning says so); dense calls with the dQ
+    split. ``gqa_split`` (``configs.BACKWARD_GQA_SPLIT``: rounds, 0 off, ``configs.GQA_SPLIT_AUTO`` the model's plan): a
+    GQA call's q-head groups in parts per kv head (``_gqa_split``; the kernel's GROUP_SPLIT, partial dK/dV added in
+    fp32), taken by the snake (auto: or the snake alone); dense calls with the dQ split, without an item list
+    (CAUSAL_ORDER's yields where a split runs: none is built in one wave) or head groups. ``mxfp8``
+    (``mxfp8_attn_bwd.py``; dense): the kernel's MXFP8 constexpr (P and dS rounded to their MXFP8 values), fed MX-valued
+    q, k, v, grad_out; ``delta_grad_out``: the dO the delta pre-pass reads instead of grad_out (the MXFP8 backward's
+    unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split,
+    one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
+    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
+    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL). ``zero_store``
+    (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of
+    zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
     if selection is not None:  # the experiments walk dense blocks only
-        dq_defer = stats_ahead = dq_lag = delta_early = False
-        dq_red = 0
-        alternate = 0
+        stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
-            head_group, qdo_first, item_order, group_order = 0, False, False, False
+            head_group, item_order, group_order = 0, False, False
         causal_order = False  # dense walks only
     else:
-        qdo_first = uniform_walk = group_order = False  # block-sparse walks only
+        uniform_walk = group_order = False  # block-sparse walks only
     split_first = False  # a GQA split, where one runs, instead of the list (the knob's jagged calls)
     if causal_order is None:  # block-sparse: False above
         causal_order = one_length_causal(q, k, kv_offsets, params)
@@ -1202,7 +892,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     causal_order = (causal_order and (params.causal or params.window_left >= 0 or params.window_right >= 0)
                     and q.shape[2] >= configs.CAUSAL_ORDER_MIN_HEAD_DIM)
     parts = 1  # GROUP_SPLIT
-    if gqa_split and selection is None and v2 and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
+    if gqa_split and selection is None and dq_shared and head_group == 0 and q.shape[1] > k.shape[1]:
         parts, snake_alone = _gqa_split(q, k, kv_offsets, params, causal_order and not split_first, gqa_split)
         item_order = item_order or snake_alone
         causal_order = causal_order and parts == 1  # moot where a split runs (no list was to be built)
@@ -1210,30 +900,27 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    alternate = int(alternate) if v2 and dq_shared else 0  # the consumers' turns ride on DQ_LAG
-    dq_red = int(dq_red) if v2 and dq_shared and not dq_lag and alternate == 0 and not ablate else 0
-    kv_early = bool(kv_early and v2 and dq_shared and not dq_red and parts == 1 and selection is None and not mxfp8)
-    peel = bool(peel and v2 and selection is None and not mxfp8)
-    zero_store = bool(zero_store and v2)
+    kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
+    peel = bool(peel and selection is None and not mxfp8)
+    zero_store = bool(zero_store)
     if ablate:
-        if not (v2 and dq_shared and not dq_lag and alternate == 0 and selection is None):
+        if not (dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
-                             "(v2 consumers with the dQ split, no DQ_LAG / ALTERNATE)")
+                             "(the consumers with the dQ split)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    variant = (v2, v2 and dq_shared, dq_defer, v2 and stats_ahead, v2 and dq_shared and (dq_lag or alternate > 0),
-               head_group, qdo_first, uniform_walk, item_order, group_order, alternate, causal_order, ablate,
-               v2 and delta_early, parts, dq_red, kv_early, peel, zero_store)
-    # no recipe with DQ_RED (the accumulator's pointer) or the MXFP8 backward (delta from another dO)
-    kept = selection is None and not dq_red and not mxfp8 and delta_grad_out is None
+    variant = (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts,
+               kv_early, peel, zero_store)
+    # no recipe for the MXFP8 backward (delta from another dO)
+    kept = selection is None and not mxfp8 and delta_grad_out is None
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
         grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, causal_jagged)
         if grads is not None:
             return grads
-    if mxfp8 and not (v2 and selection is None):
-        raise ValueError("the MXFP8 backward (mxfp8) runs on the dense v2 consumers only")
+    if mxfp8 and selection is not None:
+        raise ValueError("the MXFP8 backward (mxfp8) runs on dense attention only")
     return _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection,
                           key, mxfp8, delta_grad_out, causal_jagged)
 
@@ -1244,8 +931,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
-    (v2, dq_shared, dq_defer, stats_ahead, dq_lag, head_group, qdo_first, uniform_walk, item_order, group_order,
-     alternate, causal_order, ablate, delta_early, parts, dq_red, kv_early, peel, zero_store) = variant
+    (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
+     peel, zero_store) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1260,7 +947,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     given = (q, k, v, out, grad_out)
     q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
     if parts > 1:  # GROUP_SPLIT: the parts' dK (scaled) and dV added in fp32, cast after the kernel
@@ -1307,21 +994,19 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
-        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
-        **(dict(DQ_ACC=dq_acc) if dq_red else {}))
+        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic)
 
     def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
         return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
                     scale=params.scale, qk_scale=params.scale * 1.4426950408889634, window_left=window_left,
                     right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                     NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split,
-                    HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, V2=v2,
-                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag, head_group=kernel_group,
-                    HEAD_GROUPED=kernel_group > 0, QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
-                    ITEM_LIST=items is not None, SNAKE=snake, ALTERNATE=alternate,
+                    HAS_LEFT=has_left, HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q,
+                    DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, head_group=kernel_group,
+                    HEAD_GROUPED=kernel_group > 0, UNIFORM_WALK=uniform_walk,
+                    ITEM_LIST=items is not None, SNAKE=snake,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-                    ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=parts, DQ_RED=dq_red,
-                    **({} if dq_red else dict(DQ_ACC=None)),
+                    ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store)
 
@@ -1507,13 +1192,11 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
-                          qdo_first: bool = False, uniform_walk: bool = False, item_order: bool = False,
-                          group_order: bool = False):
-    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the v2 backward with SPARSE (each key tile walks the query
-    tiles of the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse
-    backward's contract. ``block_sparse_backward_reason`` held. ``head_group``, ``qdo_first``, ``uniform_walk``,
-    ``item_order``, ``group_order``: the experiments (``attention_backward``)."""
-    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, v2=True,
+                          uniform_walk: bool = False, item_order: bool = False, group_order: bool = False):
+    """(dq, dk, dv) of ``jfa::block_sparse_attention``: the backward with SPARSE (each key tile walks the query tiles of
+    the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse backward's
+    contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``, ``item_order``, ``group_order``:
+    the experiments (``attention_backward``)."""
+    return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
-                              qdo_first=qdo_first, uniform_walk=uniform_walk, item_order=item_order,
-                              group_order=group_order)
+                              uniform_walk=uniform_walk, item_order=item_order, group_order=group_order)

@@ -47,7 +47,7 @@ from ..triton.attn_fwd import broadcast_offsets, keep_replay, replayed, rows_des
 from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, snake_work, softmax_step,
                              stage_block_start, stage_bounds, visible, window_bounds, work_item, zigzag_item)
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
-                                        sparse_offsets)
+                                        sparse_offsets, stream_major_cost)
 from ..triton.launch import launch, launch_planned
 from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile, tile_schedule,
                                   tiles_from_offsets)
@@ -535,7 +535,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
                            sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0,
                            ROWSUM_ONCE: tl.constexpr = False, PACK_P: tl.constexpr = False,
-                           SPARSE_ABLATE: tl.constexpr = 0, sel_lead=0, sel_unmasked=0, PEEL: tl.constexpr = False):
+                           SPARSE_ABLATE: tl.constexpr = 0, sel_lead=0, sel_unmasked=0, PEEL: tl.constexpr = False,
+                           STORE_TMA: tl.constexpr = False, q_empties=None, staged_slot=-1):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
     block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
     has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
@@ -594,6 +595,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[buf], phase)
     s = _qk(q_tile, k_tiles[buf], CID)
+    if STORE_TMA:  # the previous item's out has had its TMA store's read since; its Q slot goes back to the producer
+        _release_staged(q_empties, staged_slot)
     s = tlx.async_dot_wait(0, s)
     tlx.barrier_arrive(k_empties[buf], 1)
     p, m_i, l_new, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
@@ -687,7 +690,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
             kv_count += 1
     if ROWSUM_ONCE:
         l_i = tl.sum(l_parts, 1)
-    tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
+    if not STORE_TMA:  # (STORE_TMA: the caller's epilogue stages out in the slot, then releases it)
+        tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
     acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
                       HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, True)
     return acc, m_i, l_i, kv_count
@@ -707,6 +711,48 @@ def _store_tile(acc, m_i, l_i, rows, len_q, out_row0, head, Out, Lse, stride_ot,
     tl.store(Out + out_rows[:, None] * stride_ot + head * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
              mask=rows_ok[:, None])
     tl.store(Lse + head.to(tl.int64) * total_out + out_rows, lse, mask=rows_ok)
+
+
+@triton.jit
+def _store_tile_staged(acc, m_i, l_i, row0, len_q, out_row0, head, Out, Lse, stride_ot, stride_oh, total_out, q_tiles,
+                       q_empties, qb, desc_o, HALF_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """STORE_TMA: ``_store_tile`` of one consumer's half-tile (rows row0 .. row0 + HALF_M - 1 of its sequence) through
+    its Q slot ``qb`` (every QK^T that read it has completed), called inside the item's branch, so acc, m and l never
+    cross the item loop's join (where the default's epilogue converts their layout through shared memory: 4 rounds of
+    fp32 acc and 3 of m/l, 14 warpgroup barriers, sm_90 D128). out (the same division, rounded to the Q dtype) goes
+    into the slot by stmatrix; a half-tile inside the sequence leaves by one TMA store, whose read of the slot is
+    waited for only when the slot is released (``_release_staged``, under the next item's first QK^T); a partial one
+    (rows past the sequence must not be written, which a TMA box cannot mask) is read back for masked pointer stores
+    and its slot released at once. lse by pointer stores. Returns the slot still to release (-1: none)."""
+    o_tile = q_tiles[qb]
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    tlx.local_store(o_tile, out.to(tlx.dtype_of(desc_o)))
+    tlx.fence_async_shared()  # the TMA store (async proxy) must see these generic-proxy writes
+    rows = row0 + tl.arange(0, HALF_M)
+    rows_ok = rows < len_q
+    whole = row0 + HALF_M <= len_q
+    if whole:
+        tlx.async_descriptor_store(desc_o, o_tile, [(out_row0 + row0).to(tl.int32), head * HEAD_DIM])
+    else:  # read back in the pointer stores' layout (one pass through the slot: no scratch round trips)
+        d = tl.arange(0, HEAD_DIM)
+        tl.store(Out + (out_row0 + rows)[:, None] * stride_ot + head * stride_oh + d[None, :], tlx.local_load(o_tile),
+                 mask=rows_ok[:, None])
+    tl.store(Lse + head.to(tl.int64) * total_out + out_row0 + rows, lse, mask=rows_ok)
+    pending = tl.where(whole, qb, -1)
+    if not whole:
+        tlx.barrier_arrive(q_empties[qb], 1)
+    return pending
+
+
+@triton.jit
+def _release_staged(q_empties, slot):
+    """STORE_TMA: release Q slot ``slot`` (>= 0) once this thread's TMA stores have read it (``_store_tile_staged``'s
+    pending slot; the producer loads the item after next into it)."""
+    if slot >= 0:
+        tlx.async_descriptor_store_wait(0)
+        tlx.barrier_arrive(q_empties[slot], 1)
 
 
 @triton.jit
@@ -806,7 +852,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
                         WALK_AHEAD: tl.constexpr = False, ROWSUM_ONCE: tl.constexpr = False,
                         PACK_P: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0,
-                        SPARSE_PEEL: tl.constexpr = False):
+                        SPARSE_PEEL: tl.constexpr = False, desc_o=None, STORE_TMA: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -830,6 +876,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
     tl.static_assert(SPARSE_ABLATE == 0 or SPARSE, "SPARSE_ABLATE: block-sparse only")
     tl.static_assert(not SPARSE_PEEL or (SPARSE and SPARSE_ABLATE == 0), "SPARSE_PEEL: block-sparse, no ablation")
+    tl.static_assert(not STORE_TMA or ONE_LOOP, "STORE_TMA: the v4 consumers")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
     # there ptxas spilled 48 B more per thread and 8 more STL/LDL in consumer 0's masked branch (sm_90 D128 fp16)
@@ -979,6 +1026,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib, stride_ih,
                                              stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV, BLOCK_N, UNIFORM_WALK,
                                              CONSUMER_ROW_WIDTH, SPARSE_PEEL)
+                    staged = -1  # STORE_TMA: the Q slot whose out a TMA store may still be reading (-1: none)
+                    if STORE_TMA:
+                        staged = tl.cast(-1, tl.int32)  # (a tensor: the loop carries it)
                     for i in range(0, my_items):
                         (real, head, m0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end,
                          tail_begin, tail_end, seq) = item
@@ -1007,7 +1057,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
                                 BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P,
-                                SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL)
+                                SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -1019,6 +1069,10 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                             acc = tlx.async_dot_wait(0, acc)  # the last PV
                             last_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
                             tlx.barrier_arrive(v_empties[last_buf], 1)
+                            if STORE_TMA:
+                                staged = _store_tile_staged(acc, m_i, l_i, m0 + cid * HALF_M, len_q, out_row0, head,
+                                                            Out, Lse, stride_ot, stride_oh, total_out, q_tiles,
+                                                            q_empties, qb, desc_o, HALF_M, HEAD_DIM)
                             q_count += 1
                         else:
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
@@ -1029,9 +1083,18 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 sel = _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
                                                      stride_ih, stride_in, stride_cb, stride_ch, BLOCK_Q, BLOCK_KV,
                                                      BLOCK_N, UNIFORM_WALK, CONSUMER_ROW_WIDTH, SPARSE_PEEL)
-                        if real:
-                            _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0, head,
-                                        Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+                            if STORE_TMA:  # an item without blocks: zeros and lse -inf, inside the branch too
+                                _release_staged(q_empties, staged)
+                                staged = tl.cast(-1, tl.int32)
+                                if real:
+                                    _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q,
+                                                out_row0, head, Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+                        if not STORE_TMA:  # (STORE_TMA stored it inside the branch: acc, m, l cross no join)
+                            if real:
+                                _store_tile(acc, m_i, l_i, m0 + cid * HALF_M + tl.arange(0, HALF_M), len_q, out_row0,
+                                            head, Out, Lse, stride_ot, stride_oh, total_out, HEAD_DIM)
+                    if STORE_TMA:  # the last TMA store has read its slot before the program ends
+                        _release_staged(q_empties, staged)
             elif ATOMIC_WORK:  # v3, the items the producer took from the counter (handed over with the Q slots)
                 work = _read_work(work_ids, q_fulls, q_count, cid, NUM_BUFFERS_Q)
                 while work < n_work:
@@ -1094,16 +1157,23 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
         ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
         ZIGZAG=zigzag, ROWSUM_ONCE=configs.FORWARD_ROWSUM_ONCE and one_loop,
-        PACK_P=configs.FORWARD_PACK_P and one_loop)  # (the v4 consumers' only: no v3 kernel compiled again for them)
+        PACK_P=configs.FORWARD_PACK_P and one_loop,  # (the v4 consumers' only: no v3 kernel compiled again for them)
+        STORE_TMA=store_tma(one_loop), **({} if store_tma(one_loop) else {"desc_o": None}))  # (else per call)
 
 
-def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1) -> dict:
+def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1, one_loop=False) -> dict:
     """``attn_fwd_tlx_kernel``'s per-call arguments (q, k, v TMA-ready; out/lse allocated): the descriptors over
     q, k, v (each holds its tensor's address and rows), out/lse, the offsets, the schedule's sizes and ZIGZAG's
     head group (``configs.fwd_head_group``: it follows the list's capacity, which the plan key does not hold)."""
     return dict(desc_q=rows_descriptor(q, cfg.block_m // 2), desc_k=rows_descriptor(k, cfg.block_n),
                 desc_v=rows_descriptor(v, cfg.block_n), Out=out, Lse=lse, Q_OFF=q_off, KV_OFF=kv_off,
-                **schedule_arguments(schedule), total_out=out.shape[0], head_group=head_group)
+                **schedule_arguments(schedule), total_out=out.shape[0], head_group=head_group,
+                **({"desc_o": rows_descriptor(out, cfg.block_m // 2)} if store_tma(one_loop) else {}))
+
+
+def store_tma(one_loop: bool) -> bool:
+    """Whether a launch on the v4 consumers (``one_loop``) writes out through TMA (``configs.FORWARD_STORE_TMA``)."""
+    return configs.FORWARD_STORE_TMA and one_loop
 
 
 def _call_setup(q, k, v, params, num_seqs: int, total_out: int):
@@ -1142,7 +1212,8 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
         return None
     return key + (q.dtype, k.dtype, v.dtype, configs.PIPELINE, configs.KV_MAJOR, configs.ONE_LOOP,
                   configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, configs.FORWARD_DYNAMIC, fwd_config(q.shape[2]),
-                  configs.FORWARD_REPLAY_WAVES, configs.FORWARD_ROWSUM_ONCE, configs.FORWARD_PACK_P)
+                  configs.FORWARD_REPLAY_WAVES, configs.FORWARD_ROWSUM_ONCE, configs.FORWARD_PACK_P,
+                  configs.FORWARD_STORE_TMA)
 
 
 def _zigzag_order(wanted: bool, cfg, schedule: dict, programs: int, num_heads: int, num_heads_kv: int,
@@ -1201,10 +1272,10 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                                        schedule, programs, num_heads, num_heads_kv, uniform)
     if zigzag:  # its own order: KV_MAJOR unread, one specialization whatever the call would have picked
         choices = (choices[0], False, choices[2])
-    dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group)
+    dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group, choices[2])
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, params.broadcast_q, bounds, choices, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], zigzag, configs.FORWARD_ROWSUM_ONCE,
-                configs.FORWARD_PACK_P)  # what _static_args follow from
+                configs.FORWARD_PACK_P, configs.FORWARD_STORE_TMA)  # what _static_args follow from
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_fwd_tlx_kernel, plan_key, (programs,), dynamic,
                    lambda: dict(_static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices,
@@ -1215,7 +1286,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         else:
             validation.device_flag(flag, flag_mode)
-    elif (key is not None and key not in _REPLAYS and not schedule["ATOMIC_WORK"]
+    elif (key is not None and key not in _REPLAYS and not schedule["ATOMIC_WORK"] and "desc_o" not in dynamic
           and (schedule["TILES_FROM_OFFSETS"] or configs.FORWARD_REPLAY_WAVES)
           and all(a is b for a, b in zip((q, k, v), inputs))):  # one launch from the call's own tensors: a replay
         # past one wave the replay makes the call's sorted list as the full path does (every int it follows from is
@@ -1236,8 +1307,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
     block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG``, ``SPARSE_FORWARD_WALK_AHEAD``
-    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE`` and ``SPARSE_FORWARD_PEEL``
-    read per call."""
+    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE``, ``SPARSE_FORWARD_PEEL`` and
+    ``SPARSE_FORWARD_ORDER`` (the list's order: host side only) read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -1253,14 +1324,17 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
         raise ValueError(f"kv_block_index has {index.numel()} entries: too many for the tlx block-sparse forward "
                          f"(backend='triton' runs it)")
+    # the list's order (configs.SPARSE_FORWARD_ORDER): longest first by selected blocks, or sequence-major
+    cost = (dict(cost_of=stream_major_cost(count, params.block_q)) if configs.SPARSE_FORWARD_ORDER == "streams"
+            else selected_cost_args(count, params.block_q))
     programs, schedule = tile_schedule(
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
-                              has_right, **selected_cost_args(count, params.block_q)),
+                              has_right, **cost),
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
     zigzag, head_group = _zigzag_order(configs.SPARSE_FORWARD_ZIGZAG, cfg, schedule, programs, num_heads, k.shape[1],
                                        uniform)
     launch(attn_fwd_tlx_kernel, (programs,), dict(
-        **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group),
+        **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group, True),
         **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major and not zigzag, True),
                        schedule, zigzag),
         BLOCK_INDEX=index, BLOCK_COUNT=count, n_q_blocks=index.shape[2], **index_strides("i", "c", index, count),

@@ -58,6 +58,13 @@ FORWARD_DYNAMIC: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JF
 # Off (0) until timed on the H200.
 FORWARD_ROWSUM_ONCE = os.environ.get("JFA_TLX_FWD_ROWSUM_ONCE", "0") == "1"
 FORWARD_PACK_P = os.environ.get("JFA_TLX_FWD_PACK_P", "0") == "1"
+# Issue 10/11's fixed cost per work item (helper item39, bench/NOTES.md "item39"): STORE_TMA (JFA_TLX_FWD_STORE_TMA=1;
+# the v4 consumers, dense and block-sparse) writes a consumer's out half-tile through its own Q slot (free once the
+# item's last QK^T has completed) and one TMA store, when all 64 rows lie inside the sequence; a partial half-tile
+# keeps the masked pointer stores. Why: the pointer stores' layout conversion goes through shared memory in 4 rounds
+# of fp32 plus 3 of m/l, 14 warpgroup barriers per item (sm_90 D128 bf16); the staged path has one. The same bits
+# (the same division, only where the bf16 values are written from). Off (0) until timed on the H200.
+FORWARD_STORE_TMA = os.environ.get("JFA_TLX_FWD_STORE_TMA", "0") == "1"
 
 
 def forward_dynamic(head_dim: int) -> bool:
@@ -97,60 +104,25 @@ def fwd_head_group(heads_kv: int, group: int, slots: int, programs: int, uniform
 # (H200, 2026-12-02: sweeps and the GPU tests passed; v2 with the dQ split 1.22-1.51x the triton backward, bench/NOTES.md
 # v12). Env JFA_TLX_BWD=0: the triton backward.
 BACKWARD = os.environ.get("JFA_TLX_BWD", "1") != "0"
-# With BACKWARD on: the v2 consumers (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared
-# memory, wgmma overlapped; bench/NOTES.md "TLX backward v2") instead of v1's (0.65-0.84x the triton backward). On
-# by default; env JFA_TLX_BWD_V2=0: v1.
-BACKWARD_V2 = os.environ.get("JFA_TLX_BWD_V2", "1") != "0"
-# With BACKWARD_V2: dQ split by columns between the two consumers over all 128 keys (FA3's; half the dQ reduce-adds,
-# one more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
+# Its consumers are v2's (attn_bwd._consume_rows_v2: FA3's un-transposed S, P and dS through shared memory, wgmma
+# overlapped; bench/NOTES.md "TLX backward v2"; v1's, 0.65-0.84x the triton backward, were removed: git history,
+# 05f76bf). Their dQ split by columns between the two consumers over all 128 keys (FA3's; half the dQ reduce-adds, one
+# more barrier between the consumers per block): 1.07-1.33x v2 without it on the H200. On by default; env
 # JFA_TLX_BWD_DQ_SHARED=0: off.
 BACKWARD_DQ_SHARED = os.environ.get("JFA_TLX_BWD_DQ_SHARED", "1") != "0"
-# Experiments on the default backward (v2 + dQ split; helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"), off
-# until measured on the H200; each is a kernel constexpr, so tools/tlx_check.py A/Bs them in one process:
-# - DQ_DEFER (JFA_TLX_BWD_DQ_DEFER=1): two dQ staging buffers per consumer, so a staging buffer's bulk-read wait lands
-#   two blocks after its reduce-add was issued instead of one. Only where shared memory allows it (D64: +16 KiB); at
-#   D128 two more [64, 64] fp32 buffers would need 246,152 B of sm_90's 232,448, so D128 keeps one. (A V3 layout,
-#   FA3's own at D128 with P^T and dS^T from registers, measured 0.73-0.87x this default on the H200 and was deleted:
-#   bench/NOTES.md v13.)
-# - STATS_AHEAD (JFA_TLX_BWD_STATS_AHEAD=1): lse and delta of the next query block prefetched into L1 while this one
-#   computes (global loads otherwise issued beside S and waited for right after it; FA3 has them in shared memory).
-# - DQ_LAG (JFA_TLX_BWD_DQ_LAG=1): dQ of block j computed in block j + 1, from dS triple-buffered in shared memory,
-#   the consumers signalling each other's dS with named-barrier arrive/sync pairs instead of one 256-thread barrier
-#   per block: they no longer run in lockstep (the prerequisite of a ping-pong), and the dQ wait stops pacing both.
-BACKWARD_DQ_DEFER = os.environ.get("JFA_TLX_BWD_DQ_DEFER", "0") == "1"
+# STATS_AHEAD (helper tlxbwd3, bench/NOTES.md "TLX backward v3 knobs"; a kernel constexpr): lse and delta of the next
+# query block prefetched into L1 while this one computes (global loads otherwise issued beside S and waited for right
+# after it; FA3 has them in shared memory).
 # STATS_AHEAD is on at D64 since its H200 timings: 1.09x the default on B8 H16 S4096 D64 causal in two runs (stops 21
 # and 22); at D128 0.86-1.03x (off). JFA_TLX_BWD_STATS_AHEAD=1/0 forces it on/off at every head_dim.
 BACKWARD_STATS_AHEAD: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_BWD_STATS_AHEAD", ""))
-BACKWARD_DQ_LAG = os.environ.get("JFA_TLX_BWD_DQ_LAG", "0") == "1"
-# ALTERNATE (JFA_TLX_BWD_ALTERNATE=1 or 3; turns DQ_LAG on): the two consumers take turns issuing their wgmma groups
-# (the forward's ping-pong barriers), so one's exp2 / dS / dQ staging runs under the other's matmuls; 1: the S/dP group
-# only (the forward's one turn per block), 3: S/dP, dV and dQ/dK each in strict order (helper tlxalt, bench/NOTES.md
-# "TLX backward: consumer alternation"). 0 (off) until measured on the H200.
-BACKWARD_ALTERNATE = {"1": 1, "3": 3}.get(os.environ.get("JFA_TLX_BWD_ALTERNATE", "0"), 0)
-# DELTA_EARLY (JFA_TLX_BWD_DELTA_EARLY=1; helper deltaearly, bench/NOTES.md "TLX backward: delta early"): the v2
-# consumers add delta * 0 to lse (exact for finite delta), so ptxas cannot sink one consumer's delta load past P's
-# exp2 to its use after dP's wait (an L2 round trip per block on the chain). Dense only; off until timed on the H200.
-BACKWARD_DELTA_EARLY = os.environ.get("JFA_TLX_BWD_DELTA_EARLY", "0") == "1"
-# DQ_RED (JFA_TLX_BWD_DQ_RED=1, or =last; helper dqadd, bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop
-# 27"): each consumer adds its dQ half straight from the wgmma accumulator's registers into the fp32 accumulator by
-# sm_90's vector reductions (16 ``red.relaxed.gpu.global.add.v2.f32`` per thread and block, rows past the sequence
-# end predicated off) instead of staging it in shared memory for a TMA reduce-add: no staging store (16 KiB per
-# consumer and block written, then read back by the TMA unit: 64 of the ~416 KiB of shared-memory traffic per 64-row
-# block), no wait for the previous block's reduce to have read its staging buffer, no staging barriers, and 32 KiB of
-# shared memory freed (the staging ring is not allocated). "last": the reductions carry an L2 evict_last policy
-# (FA3's hint on its dQ bulk reduce), so dQ rows outlive Q/dO rows in the L2 (a dQ miss costs a DRAM read and a
-# write-back, a Q/dO miss a read). The same fp32 terms per dQ element; the order the L2 applies the reductions in
-# was never fixed (programs race), so dQ differs from the default's in fp32 rounding only. Dense calls of the default
-# consumers (v2 with the dQ split, no DQ_LAG / ALTERNATE / ablations); off (0) until timed on the H200
-# (tools/tlx_check.py's dqred / dqredlast columns).
-BACKWARD_DQ_RED = {"1": 1, "last": 2}.get(os.environ.get("JFA_TLX_BWD_DQ_RED", "0"), 0)
 # KV_EARLY (JFA_TLX_BWD_KV_EARLY=1; helper window31, bench/NOTES.md "Sliding-window backward, helper window31, stop
 # 31"): each consumer frees its K/V half-tile as soon as both consumers' last products with K/V have completed (the
 # epilogue's DS_BARRIER), before its dK/dV epilogue, and the epilogue's two [keys, D] tiles leave through its own
 # dQ staging buffer instead ([64, D/2] fp32: the same bytes, idle once the last dQ reduce-add has read it). So the
 # producer's next K/V loads (an HBM round trip plus 64 KiB) run under the epilogue instead of after it: ~0.7-1 us of
 # a ~6 us per-item gap, which short items pay per ~5 blocks (window (256, 0): 32.5 items per SM). Dense calls of
-# the default consumers (v2 with the dQ split, staged dQ: not DQ_RED, not GROUP_SPLIT). On by default since
+# the default consumers (v2 with the dQ split, not GROUP_SPLIT). On by default since
 # 2026-12-04 (stop 33; bench/NOTES.md v23, H200): window (256, 0) causal 1.021x, window (1024, 0), dense S4096 and
 # jagged causal 1.01x, A/A 1.00; JFA_TLX_BWD_KV_EARLY=0 turns it off.
 BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
@@ -272,6 +244,17 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
+# The block-sparse forward's work list order (helper order39, bench/NOTES.md "Issue 11: the causal work order, helper
+# order39"): "cost" (the default) sorts the query tiles by their selected blocks, longest first, so a causal list runs
+# level by level across the sequences and the ~132 items in flight read every sequence's blocks at once; "streams"
+# (JFA_TLX_SPARSE_FWD_ORDER=streams) sorts them sequence-major (the sequence with the most selected blocks first),
+# cost-sorted within each sequence, every other sequence's tiles ascending (each sequence a monotone run whose turns
+# are all-long or all-short, as the zigzag's groups), so the items in flight hold a few (sequence, head) streams'
+# walks (``block_sparse_fwd.stream_major_cost``; unmasked lists are sequence-major already). Host side only: the
+# list's sort key; the same kernels, the same items, the same bits. Why: stop 38's ablation, lowsel (the lowest blocks
+# selected: the dense walk's locality) -41 / -109 us on the causal rows, ~0 unmasked. Off until timed on the H200
+# (tools/tlx_check.py sparse-ablation's "streams" column; prediction and flip rule in bench/NOTES.md); read per call.
+SPARSE_FORWARD_ORDER = "streams" if os.environ.get("JFA_TLX_SPARSE_FWD_ORDER", "cost") == "streams" else "cost"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
@@ -284,14 +267,11 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 #   of G heads instead of all (tile-major, 0: the default): more L2 reuse where walks diverge (block-sparse,
 #   causal). The host takes the largest divisor of the kv heads <= G; one that is all of them is tile-major. Dense
 #   and block-sparse; a runtime argument (no new specialization beyond HEAD_GROUPED's one).
-# - SPARSE_QDO_FIRST (JFA_TLX_SPARSE_BWD_QDO_FIRST=1): the block-sparse producer reads the next item's selection and
-#   issues its first NUM_BUFFERS_Q Q/dO blocks before waiting for the consumers to free K/V (they free it after the
-#   dK/dV epilogue), so only the K/V load is left between two items instead of K/V, the selection's reads and Q/dO.
 # - ITEM_ORDER (JFA_TLX_BWD_ITEM_ORDER=1): items taken in a snake (every other round of ~132 in reverse) over the
 #   list sorted longest first, and for block-sparse a list of the items themselves sorted by each one's own blocks
 #   (the tile list sums the heads, whose walks differ): the busiest SM 0.4-0.7% over the mean instead of 4-8% on the
 #   bench's sparse batch; dense 1.2% / 0.2% (causal) instead of 2.0% / 2.5%. Overrides HEAD_GROUP.
-#   Block-sparse: HEAD_GROUP, QDO_FIRST and ITEM_ORDER apply with SPARSE_UNIFORM_WALK only (alone they spilled 12-28 B
+#   Block-sparse: HEAD_GROUP and ITEM_ORDER apply with SPARSE_UNIFORM_WALK only (alone they spilled 12-28 B
 #   more).
 # - GROUP_ORDER (JFA_TLX_BWD_GROUP_ORDER=1; helper hgorder, bench/NOTES.md "ordered head groups"): block-sparse with
 #   head groups (HEAD_GROUP / SPARSE_HEAD_GROUP) and the uniform walk: ITEM_ORDER's snake over a per-item list that
@@ -312,7 +292,6 @@ SPARSE_BACKWARD = os.environ.get("JFA_TLX_SPARSE_BWD", "1") != "0"
 _HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
 BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
 SPARSE_HEAD_GROUP = 2
-SPARSE_BACKWARD_QDO_FIRST = os.environ.get("JFA_TLX_SPARSE_BWD_QDO_FIRST", "0") == "1"
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
@@ -538,21 +517,10 @@ class BwdConfig:
 
 
 # dK and dV of 64 keys stay in a consumer's registers (2 x [64, D] fp32): D256 does not fit (the triton backward runs
-# it). ptxas spills (stores / loads, bytes per thread): D128 656-736 / 808-900, D64 80-108 / 104-136, nearly all per
-# work item, not per query block (bench/NOTES.md "TLX backward: register budget": DQ_SPLIT 1 does not fit in shared
-# memory, 4 spills more; one dQ staging buffer spills the same).
-_BWD = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
-
-
-def bwd_config(head_dim: int) -> Optional[BwdConfig]:
-    """The TLX backward's config, None where the triton backend's backward runs instead."""
-    return _BWD.get(head_dim)
-
-
-# v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB + dQ
-# staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
-# take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas
-# spilled 400 / 500 B per thread (full) instead of 140 / 180.
+# it). v2 (bench/NOTES.md "TLX backward v2"): shared memory at D128: K, V 64 KiB + 2 x (Q + dO) 64 KiB + P, dS 32 KiB +
+# dQ staging 2 x 2 x [64, 64] fp32 64 KiB = 224 KiB (dK/dV leave through the K/V tiles: a register layout change would
+# take 16 KiB more). dQ in two column slices at D128: in one piece (32 more registers live at its wait) ptxas spilled
+# 400 / 500 B per thread (full) instead of 140 / 180.
 _BWD_V2 = {64: BwdConfig(64, 128, 2, 2), 128: BwdConfig(64, 128, 2, 2, dq_split=2)}
 
 
@@ -569,26 +537,19 @@ def stats_ahead(head_dim: int) -> bool:
 def backward_options(head_dim: int, heads_kv: int) -> dict:
     """The dense TLX backward's switches as set here: ``attn_bwd.attention_backward``'s keywords (the default
     backward and the MXFP8 one, ``mxfp8_attn_bwd.py``, take them from one place)."""
-    return dict(v2=BACKWARD_V2, dq_shared=BACKWARD_DQ_SHARED, dq_defer=BACKWARD_DQ_DEFER,
-                stats_ahead=stats_ahead(head_dim), dq_lag=BACKWARD_DQ_LAG, head_group=head_group(heads_kv),
-                item_order=BACKWARD_ITEM_ORDER, alternate=BACKWARD_ALTERNATE, causal_order=BACKWARD_CAUSAL_ORDER,
+    return dict(dq_shared=BACKWARD_DQ_SHARED,
+                stats_ahead=stats_ahead(head_dim), head_group=head_group(heads_kv),
+                item_order=BACKWARD_ITEM_ORDER, causal_order=BACKWARD_CAUSAL_ORDER,
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
-                delta_early=BACKWARD_DELTA_EARLY, gqa_split=BACKWARD_GQA_SPLIT, dq_red=BACKWARD_DQ_RED,
+                gqa_split=BACKWARD_GQA_SPLIT,
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE)
 
 
-def bwd_config_v2(head_dim: int, dq_shared: bool = False, dq_defer: bool = False) -> Optional[BwdConfig]:
-    """The v2 backward's config (``BACKWARD_V2``; ``dq_shared``: ``BACKWARD_DQ_SHARED``; with it, ``dq_defer``:
-    ``BACKWARD_DQ_DEFER``), None where the triton backend's backward runs instead. Shared memory at D128 (bytes):
-    dq_shared 213,384 (DQ_LAG's third dS buffer per consumer: +16 KiB = 229,768); dq_defer's second staging buffer
-    per consumer would be +32 KiB (246,152: over), so D128 ignores dq_defer."""
-    cfg = (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
-    if cfg is None or not dq_shared:
-        return cfg
-    if dq_defer and head_dim <= 64:
-        cfg = dataclasses.replace(cfg, num_buffers_dq=2)
-    return cfg
+def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
+    """The backward's config (``dq_shared``: ``BACKWARD_DQ_SHARED``), None where the triton
+    backend's backward runs instead. Shared memory at D128 (bytes): dq_shared 213,384."""
+    return (_BWD_V2_DQ_SHARED if dq_shared else _BWD_V2).get(head_dim)
 
 
 def sparse_reason(head_dim: int, block_q: int, block_kv: int) -> Optional[str]:

@@ -19,7 +19,7 @@ from typing import Dict, Iterator
 
 from ..triton.specializations import exp2_of_fma_count
 from .configs import (BACKWARD_ABLATION_RUNS, CAUSAL_ORDER_MIN_HEAD_DIM, MXFP8_ABLATION_RUNS, NUM_WARPS,
-                      backward_ablation_mask, backward_ablation_names, bwd_config, bwd_config_v2, fwd_choices,
+                      backward_ablation_mask, backward_ablation_names, bwd_config_v2, fwd_choices,
                       fwd_config, mxfp8_ablation_mask, mxfp8_ablation_names, mxfp8_fwd_config)
 
 SM90_SHARED_MEMORY = 232448
@@ -53,7 +53,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
-                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False) -> Specialization:
+                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False,
+                       store_tma: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -62,7 +63,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
     (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
     ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
-    (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL)."""
+    (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
+    ``store_tma``: ``configs.FORWARD_STORE_TMA`` (out through the Q slot and a TMA store: STORE_TMA, desc_o)."""
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
 
     cfg = fwd_config(head_dim)
@@ -75,13 +77,14 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
              "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
              "Out": f"*{dtype}", "Lse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32", "TILE_SEQ": "*i32",
-             "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32"}
+             "TILE_START": "*i32", "TILE_COUNT": "*i32", "WORK_COUNTER": "*i32", "qk_scale": "fp32",
+             "desc_o": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=dynamic,
                       TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag, ROWSUM_ONCE=rowsum_once,
-                      PACK_P=pack_p)
+                      PACK_P=pack_p, STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
                           WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel)
@@ -98,6 +101,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
            f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
+           f"{'-storetma' if store_tma else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -134,34 +138,29 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
 
 
 def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool = False,
-                       broadcast_q: bool = False, from_offsets: bool = False, v2: bool = False,
+                       broadcast_q: bool = False, from_offsets: bool = False,
                        dq_shared: bool = False, sparse: bool = False, block_q: int = 128,
-                       block_kv: int = 128, dq_defer: bool = False, stats_ahead: bool = False,
-                       dq_lag: bool = False, head_grouped: bool = False, qdo_first: bool = False,
+                       block_kv: int = 128, stats_ahead: bool = False,
+                       head_grouped: bool = False,
                        uniform_walk: bool = False, item_order: bool = False,
-                       alternate: int = 0, causal_order: bool = False, ablate: int = 0,
-                       delta_early: bool = False, group_split: int = 1, dq_red: int = 0,
+                       causal_order: bool = False, ablate: int = 0,
+                       group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
-    selection of block_q x block_kv blocks; dq_defer, stats_ahead, dq_lag: the experiments on the dense default
-    (``configs.BACKWARD_DQ_DEFER`` ...); head_grouped, qdo_first, uniform_walk, item_order: helper sparsebwd2's
-    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_QDO_FIRST``, ``_UNIFORM_WALK``,
-    ``BACKWARD_ITEM_ORDER``: SNAKE, and ITEM_LIST when sparse); alternate: helper tlxalt's consumer turns per block
-    (``configs.BACKWARD_ALTERNATE``: 1 or 3, on DQ_LAG as the backend launches it); causal_order: helper
-    tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``: ITEM_LIST and SNAKE); ablate:
-    ``configs.BACKWARD_ABLATE`` (timing only: wrong results); delta_early: helper deltaearly's delta load held
-    before S's wait (``configs.BACKWARD_DELTA_EARLY``); group_split: helper gqabwd's GQA groups in that many parts
-    per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators); dq_red: helper dqadd's
-    dQ added from registers (``configs.BACKWARD_DQ_RED``: 1, or 2 with the L2 evict_last policy; DQ_ACC the fp32
-    accumulator's pointer); mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P
-    and dS rounded to MXFP8 values); kv_early: helper window31's K/V freed before the dK/dV epilogue
-    (``configs.BACKWARD_KV_EARLY``); peel: helper peel37's block loop peeled by stage, the mask-free bulk's loop
-    without mask code (``configs.BACKWARD_PEEL``); zero_store: helper desc38's rows past the end zeroed by
-    8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
+    selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
+    (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
+    (``configs.BACKWARD_HEAD_GROUP``, ``configs.SPARSE_BACKWARD_UNIFORM_WALK``, ``BACKWARD_ITEM_ORDER``: SNAKE, and
+    ITEM_LIST when sparse); causal_order: helper tlxbwdcausal's dense per-item list (``configs.BACKWARD_CAUSAL_ORDER``:
+    ITEM_LIST and SNAKE); ablate: ``configs.BACKWARD_ABLATE`` (timing only: wrong results); group_split: helper gqabwd's
+    GQA groups in that many parts per kv head (``configs.BACKWARD_GQA_SPLIT``: GROUP_SPLIT, dK/dV as fp32 accumulators);
+    mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P and dS rounded to MXFP8
+    values); kv_early: helper window31's K/V freed before the dK/dV epilogue (``configs.BACKWARD_KV_EARLY``); peel:
+    helper peel37's block loop peeled by stage, the mask-free bulk's loop without mask code (``configs.BACKWARD_PEEL``);
+    zero_store: helper desc38's rows past the end zeroed by 8-row stores (``configs.BACKWARD_ZERO_STORE``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
-    cfg = bwd_config_v2(head_dim, dq_shared, dq_defer) if v2 else bwd_config(head_dim)
+    cfg = bwd_config_v2(head_dim, dq_shared)
     names = list(attn_bwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
              "desc_do": f"tensordesc<{dtype}[{cfg.block_m},{head_dim}]>",
@@ -174,12 +173,11 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
              "WORK_COUNTER": "*i32", "scale": "fp32", "qk_scale": "fp32"}
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                       NUM_BUFFERS_DQ=cfg.num_buffers_dq, DQ_SPLIT=cfg.dq_split, HAS_LEFT=has_left, HAS_RIGHT=causal,
-                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets, V2=v2,
-                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, DQ_LAG=dq_lag or alternate > 0,
-                      ALTERNATE=alternate, HEAD_GROUPED=head_grouped,
-                      QDO_FIRST=qdo_first, UNIFORM_WALK=uniform_walk,
+                      BROADCAST_Q=broadcast_q, ATOMIC_WORK=False, TILES_FROM_OFFSETS=from_offsets,
+                      DQ_SHARED=dq_shared, STATS_AHEAD=stats_ahead, HEAD_GROUPED=head_grouped,
+                      UNIFORM_WALK=uniform_walk,
                       ITEM_LIST=(item_order and sparse) or causal_order, SNAKE=item_order or causal_order,
-                      ABLATE=ablate, DELTA_EARLY=delta_early, GROUP_SPLIT=group_split, DQ_RED=dq_red)
+                      ABLATE=ablate, GROUP_SPLIT=group_split)
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
@@ -188,10 +186,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types["TILE_HEAD"] = "*i32"
     else:
         constexprs["TILE_HEAD"] = None
-    if dq_red:
-        types["DQ_ACC"] = "*fp32"
-    else:
-        constexprs["DQ_ACC"] = None
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv)
         types.update(Q_BLOCK_INDEX="*i32", Q_BLOCK_COUNT="*i32")
@@ -201,14 +195,13 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     signature, attrs = _signature_attrs(names, types, constexprs, NO_SELECTION)
     name = f"{'sparse-' if sparse else ''}" \
            f"bwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
-           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}{'-v2' if v2 else ''}" \
-           f"{'-dqshared' if dq_shared else ''}{'-dqdefer' if dq_defer else ''}{'-statsahead' if stats_ahead else ''}" \
-           f"{'-dqlag' if dq_lag else ''}{'-headgroup' if head_grouped else ''}" \
-           f"{'-qdofirst' if qdo_first else ''}{'-uniform' if uniform_walk else ''}" \
-           f"{'-itemorder' if item_order else ''}{f'-alternate{alternate}' if alternate else ''}" \
-           f"{'-causalorder' if causal_order else ''}{'-deltaearly' if delta_early else ''}" \
+           f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}-v2" \
+           f"{'-dqshared' if dq_shared else ''}{'-statsahead' if stats_ahead else ''}" \
+           f"{'-headgroup' if head_grouped else ''}" \
+           f"{'-uniform' if uniform_walk else ''}" \
+           f"{'-itemorder' if item_order else ''}" \
+           f"{'-causalorder' if causal_order else ''}" \
            f"{f'-split{group_split}' if group_split > 1 else ''}" \
-           f"{'-dqred' if dq_red == 1 else '-dqredlast' if dq_red == 2 else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
@@ -242,7 +235,7 @@ def backward_ablation_specializations() -> Iterator[Specialization]:
     tools/tlx_check.py backward-ablation times (D128 bf16, the default consumers): dense full, dense causal (the
     causal order's list) and jagged causal (tile-major). Not shipped: ``tools/tlx_compile.py bwd-ablate`` compiles
     them."""
-    default = dict(v2=True, dq_shared=True)
+    default = dict(dq_shared=True)
     for names in BACKWARD_ABLATION_RUNS[1:]:
         mask = backward_ablation_mask(names)
         yield bwd_specialization(128, "bf16", False, ablate=mask, **default)
@@ -279,7 +272,7 @@ def mxfp8_backward_specializations() -> Iterator[Specialization]:
     ahead). Kept out of ``shipped_specializations`` so CI compiles them once, in
     ``test_tlx_compile.py::test_mxfp8_backward_kernels_compile_within_the_ablation_budget`` (with their spill and
     instruction budgets); ``tools/tlx_compile.py mxfp8`` (any argument naming "mxfp8") compiles them."""
-    default = dict(v2=True, dq_shared=True, mxfp8=True)
+    default = dict(dq_shared=True, mxfp8=True)
     yield bwd_specialization(128, "bf16", False, **default)
     yield bwd_specialization(128, "bf16", True, causal_order=True, **default)
     yield bwd_specialization(128, "bf16", True, **default)
@@ -362,8 +355,8 @@ def _specializations() -> Iterator[Specialization]:
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2)
     yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2)
-    # the backward's v1 and v2 consumers (configs.BACKWARD_V2), v2 with dQ split between them (BACKWARD_DQ_SHARED)
-    for variant in (dict(), dict(v2=True), dict(v2=True, dq_shared=True)):
+    # the backward (its v2 consumers: "-v2"), and with dQ split between them (configs.BACKWARD_DQ_SHARED)
+    for variant in (dict(), dict(dq_shared=True)):
         for head_dim in (64, 128):
             for causal in (False, True):
                 yield bwd_specialization(head_dim, "bf16", causal, **variant)
@@ -374,58 +367,37 @@ def _specializations() -> Iterator[Specialization]:
     # one without), 128 x 128 blocks (select_kv_blocks' default) and blocks of several tiles
     for head_dim in (64, 128):
         for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, v2=True, dq_shared=True, sparse=True)
-    yield bwd_specialization(128, "bf16", True, v2=True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
-    yield bwd_specialization(128, "bf16", True, v2=True, sparse=True)
+            yield bwd_specialization(head_dim, "bf16", causal, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, dq_shared=True, sparse=True)
+    yield bwd_specialization(128, "bf16", True, dq_shared=True, sparse=True, block_q=256, block_kv=256)
+    yield bwd_specialization(128, "bf16", True, sparse=True)
     # helper sparsebwd2's experiments on the default (v2 + dQ split): configs.BACKWARD_HEAD_GROUP (dense and
-    # block-sparse), SPARSE_BACKWARD_QDO_FIRST and _UNIFORM_WALK (block-sparse; the other two ride on the uniform
-    # walk there: attention_backward)
-    sparse_v2 = dict(v2=True, dq_shared=True, sparse=True)
-    every = dict(head_grouped=True, qdo_first=True, uniform_walk=True)
-    dense_v2 = {d: dict(v2=True, dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
+    # block-sparse) and SPARSE_BACKWARD_UNIFORM_WALK (block-sparse; head groups ride on the uniform walk there:
+    # attention_backward)
+    sparse_v2 = dict(dq_shared=True, sparse=True)
+    dense_v2 = {d: dict(dq_shared=True, stats_ahead=d <= 64) for d in (64, 128)}  # configs.stats_ahead
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], head_grouped=True)
-            for knobs in (dict(uniform_walk=True), dict(head_grouped=True, uniform_walk=True),
-                          dict(qdo_first=True, uniform_walk=True), every):
+            for knobs in (dict(uniform_walk=True), dict(head_grouped=True, uniform_walk=True)):
                 yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, **knobs)
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], item_order=True)
             yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True)
-            yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, qdo_first=True,
-                                     item_order=True)
     # helper tlxbwdcausal's dense per-item list (configs.BACKWARD_CAUSAL_ORDER: masked dense calls of head dims >=
     # CAUSAL_ORDER_MIN_HEAD_DIM)
     for head_dim in (64, 128):
         if head_dim >= CAUSAL_ORDER_MIN_HEAD_DIM:
             yield bwd_specialization(head_dim, "bf16", True, **dense_v2[head_dim], causal_order=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True)
-    # helper deltaearly's delta load held before S's wait (configs.BACKWARD_DELTA_EARLY, dense): the default's
-    # kernels at D64/D128 (and D128's causal order)
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], delta_early=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, delta_early=True)
     # helper gqabwd's GQA groups in parts (configs.BACKWARD_GQA_SPLIT, under the snake): the bench's Hq16:Hkv2 causal
     # row takes 4 parts
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], item_order=True, group_split=4)
     # helper gqarule's rule (JFA_TLX_BWD_GQA_SPLIT=auto) also splits D64 calls (the bench's GQA batch at D64: 4 parts)
     yield bwd_specialization(64, "bf16", True, **dense_v2[64], item_order=True, group_split=4)
-    # helper dqadd's dQ from registers (configs.BACKWARD_DQ_RED, dense): the default's kernels at D64/D128, the
-    # causal order's, two feature cases (fp16 causal + left window, broadcast-Q: dQ reduced over the batch), and the
-    # L2 evict_last form at D128
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], dq_red=1)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, dq_red=1)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], dq_red=1)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], dq_red=1)
-    for causal in (False, True):
-        yield bwd_specialization(128, "bf16", causal, **dense_v2[128], dq_red=2)
     # helper window31's K/V freed before the dK/dV epilogue (configs.BACKWARD_KV_EARLY, dense): the default's kernels
     # at D64/D128, the causal order's, its feature case with a left window (the bench's window row), broadcast-Q,
     # from offsets
@@ -448,34 +420,14 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **default)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **every)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **every)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, **every)
-    yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, **every)
-    # the experiments on the default (v2 + dQ split; configs.BACKWARD_DQ_DEFER / _STATS_AHEAD / _DQ_LAG), alone and
-    # together (DQ_DEFER changes the config at D64 only: D128's shared memory has no room for it)
-    lab = dict(v2=True, dq_shared=True)
+    # the block-sparse default's kernel (the group order's: the uniform walk under the item order) on 256 blocks
+    yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, uniform_walk=True,
+                             item_order=True)
+    # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
+    lab = dict(dq_shared=True)
     for causal in (False, True):
-        yield bwd_specialization(64, "bf16", causal, dq_defer=True, **lab)
         yield bwd_specialization(128, "bf16", causal, stats_ahead=True, **lab)
-        yield bwd_specialization(128, "bf16", causal, dq_lag=True, **lab)
     yield bwd_specialization(64, "bf16", True, stats_ahead=True, **lab)
-    yield bwd_specialization(64, "bf16", True, dq_lag=True, **lab)
-    yield bwd_specialization(128, "fp16", True, has_left=True, dq_lag=True, **lab)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, dq_lag=True, **lab)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, dq_lag=True, **lab)
-    for head_dim in (64, 128):
-        yield bwd_specialization(head_dim, "bf16", True, dq_defer=True, stats_ahead=True, dq_lag=True, **lab)
-    # helper tlxalt's consumer turns on DQ_LAG (configs.BACKWARD_ALTERNATE 1 and 3; STATS_AHEAD at D64 as
-    # configs.stats_ahead launches it): D64/D128, causal/full; the feature cases with 3 turns (a superset of 1's
-    # code; GQA is a runtime group: no kernel of its own)
-    for turns in (1, 3):
-        for head_dim in (64, 128):
-            for causal in (False, True):
-                yield bwd_specialization(head_dim, "bf16", causal, alternate=turns, **dense_v2[head_dim])
-    yield bwd_specialization(128, "fp16", True, has_left=True, alternate=3, **lab)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, alternate=3, **lab)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, alternate=3, **lab)
 
 
 def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
@@ -512,17 +464,11 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                    if "mxfp8" in spec.name else {}),
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
-                       "-ablate-" in spec.name or "-deltaearly" in spec.name or "-split" in spec.name
-                       or "-dqred" in spec.name or "-mxfp8" in spec.name) else {}),
+                       "-ablate-" in spec.name or "-split" in spec.name
+                       or "-mxfp8" in spec.name) else {}),
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
-                   else {}),
-                # DQ_RED's dQ adds from registers (PTX and SASS) and the TMA reduce-adds they replace
-                **({"red_v2_f32": len(re.findall(r"red\.[a-z.]*global\.add(?:\.L2::cache_hint)?\.v2\.f32", ptx)),
-                    "evict_last_policy": len(re.findall(r"createpolicy\.fractional\.L2::evict_last", ptx)),
-                    "tma_reduce": len(re.findall(r"cp\.reduce\.async\.bulk", ptx)),
-                    "sass_redg_f32x2": len(re.findall(r"REDG\.E\.ADD\.F32x2", sass_of(compiled.asm["cubin"])))}
-                   if "-dqred" in spec.name or (loop_counts and spec.name.startswith("bwd-")) else {}))
+                   else {}))
 
 
 def sass_of(cubin: bytes) -> str:
