@@ -13,6 +13,7 @@ from jfa_ops.ops.attention import (attention_direct, check_no_forward_ad, eager_
                                    needs_grad)
 from jfa_ops.ops import block_sparse as block_sparse_ops
 from jfa_ops.ops import mxfp8 as mxfp8_ops
+from jfa_ops import validation
 
 __all__ = ["jagged_attention", "select_kv_blocks", "block_sparse_attention", "sparse_attention", "mxfp8_quantize",
            "mxfp8_dequantize", "mxfp8_attention"]
@@ -146,6 +147,8 @@ def _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if _is_njt(t):
             check_njt_layout(name, t)
+    if v.shape[1] != k.shape[1] and v.device == k.device:  # one ragged dim (nested int): one offsets tensor
+        validation.check_same_offsets("v", v.offsets(), "k", k.offsets())  # (another device: the op's check)
     if broadcast_q:
         if q.is_nested:
             raise TypeError("q must be a dense [L_q, Hq, D] tensor with broadcast_q=True")
@@ -281,8 +284,9 @@ def block_sparse_attention(
     causal/window mask lets it (q head h reads kv head ``h // (Hq // Hkv)``). Everything else is the contract of
     ``jagged_attention`` (shapes, broadcast-Q, GQA, lse, rows that see nothing: out 0 / lse -inf, deterministic,
     NJT in and out); ``block_q``/``block_kv`` must be the selection's, and each row's used ids ascending, as
-    ``select_kv_blocks`` returns them (the GPU kernels rely on the order to skip masks; ``JFA_VALIDATE=sync`` checks
-    it). Differentiable in q, k, v.
+    ``select_kv_blocks`` returns them (the GPU kernels rely on the order to skip masks). ``JFA_VALIDATE=sync`` checks
+    the index's values; the device modes check counts within its width and the order on the device, except for an
+    unmodified ``select_kv_blocks`` output (ids past a sequence's blocks are then skipped). Differentiable in q, k, v.
     """
     if not torch.compiler.is_compiling():
         check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))

@@ -12,6 +12,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+import meta_kernels
+from jfa_ops import validation
+from jfa_ops.ops.block_sparse import check_index_values
+
 __all__ = ["selection_mask_mod", "to_flex_block_mask", "flex_packed_attention"]
 
 
@@ -71,12 +75,36 @@ def to_flex_block_mask(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets
     a compiled ``create_block_mask`` (needed on the GPU at long lengths)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    q_rows, kv_rows = int(q_offsets[-1]), int(kv_offsets[-1])  # the packed lengths (one host read, setup time)
+    q_rows, kv_rows = _check_selection(kv_block_index, kv_block_count, q_offsets, kv_offsets, num_heads_q, block_q,
+                                       block_kv)
     mask_mod = selection_mask_mod(kv_block_index, kv_block_count, q_offsets, kv_offsets, q_rows=q_rows,
                                   kv_rows=kv_rows, num_heads_q=num_heads_q, block_q=block_q, block_kv=block_kv,
                                   causal=causal, window=window)
     return create_block_mask(mask_mod, 1, num_heads_q, q_rows, kv_rows, device=kv_block_index.device,
                              BLOCK_SIZE=flex_block_size or (block_q, block_kv), _compile=_compile)
+
+
+def _check_selection(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
+                     num_heads_q: int, block_q: int, block_kv: int):
+    """``block_sparse_attention``'s rules for a selection and its offsets, on the host (the mask is built there
+    anyway): a selection the mask cannot describe (too few Q blocks, ids past a sequence, bad offsets) would be
+    dropped from it silently. Returns the packed lengths (q_rows, kv_rows)."""
+    for name, offsets in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        meta_kernels.attention._check_offsets(name, offsets, kv_block_index.device)
+    if q_offsets.shape[0] != kv_offsets.shape[0]:
+        raise ValueError(f"q_offsets and kv_offsets must both be [B+1], got {q_offsets.shape[0]} and "
+                         f"{kv_offsets.shape[0]}")
+    k_like = kv_block_index.new_empty((0, kv_block_index.shape[1], 0))  # what check_block_index reads of k
+    meta_kernels.check_block_index(kv_block_index, kv_block_count, k_like, kv_offsets, block_q, block_kv)
+    heads_kv = kv_block_index.shape[1]
+    if not isinstance(num_heads_q, int) or num_heads_q < 1 or heads_kv < 1 or num_heads_q % heads_kv != 0:
+        raise ValueError(f"num_heads_q ({num_heads_q}) must be a positive multiple of kv_block_index's kv heads "
+                         f"({heads_kv})")
+    q_rows, kv_rows = int(q_offsets[-1]), int(kv_offsets[-1])  # the packed lengths (one host read, setup time)
+    validation.check_on_host("q_offsets", q_offsets, q_rows)
+    validation.check_on_host("kv_offsets", kv_offsets, kv_rows)
+    check_index_values(q_offsets.diff(), kv_offsets.diff(), kv_block_index, kv_block_count, block_q, block_kv)
+    return q_rows, kv_rows
 
 
 def flex_packed_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, *, scale=None, flex=None) -> Tensor:

@@ -41,14 +41,14 @@ def validation_mode(device: torch.device) -> str:
     return mode
 
 
-def device_flag(ok: torch.Tensor, mode: str) -> None:
+def device_flag(ok: torch.Tensor, mode: str, message: str = MESSAGE) -> None:
     """The result of a device-side check (a 1-element tensor, nonzero when valid): a device assert (``async``) or a
     pending error for ``check_pending`` (``deferred``). Nothing in a dry run that drops every launch
     (``backends.base.all_launches_dropped``): no kernel wrote ``ok``."""
     if all_launches_dropped():
         return
     if mode == "async":
-        torch._assert_async(ok.reshape(()), MESSAGE)  # any dtype: nonzero passes
+        torch._assert_async(ok.reshape(()), message)  # any dtype: nonzero passes
         return
     _pending.append(ok.reshape(1))
     if len(_pending) >= _FOLD_PENDING_AT:
@@ -64,10 +64,13 @@ def check_pending() -> None:
     flags = list(_pending)
     _pending.clear()
     if not all(bool(f.to(torch.bool).all()) for f in flags):  # one sync per device (flags are tiny)
-        raise ValueError(f"{MESSAGE}: detected by JFA_VALIDATE=deferred in a call since the last check")
+        raise ValueError(f"{MESSAGE}, or a bad selection (block_sparse_attention: a kv_block_count past its width, "
+                         f"used ids not ascending): detected by JFA_VALIDATE=deferred in a call since the last check")
 
 
-def _check_sync(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) -> None:
+def check_on_host(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int = -1) -> None:
+    """``name``'s values (a sync on CUDA): first 0, last ``rows``, non-decreasing, no length above ``max_seqlen``
+    (-1: no bound); a ``ValueError`` naming it otherwise."""
     values = offsets.tolist()
     if values[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {values[0]}")
@@ -78,6 +81,26 @@ def _check_sync(name: str, offsets: torch.Tensor, rows: int, max_seqlen: int) ->
         raise ValueError(f"{name} must be non-decreasing, got {values}")
     if max_seqlen >= 0 and lengths and max(lengths) > max_seqlen:
         raise ValueError(f"max_seqlen for {name} is {max_seqlen}, smaller than the longest sequence {max(lengths)}")
+
+
+def check_same_offsets(name: str, offsets: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    """``name``'s offsets must equal ``other_name``'s (v's NJT offsets and k's: one kv batch). The same tensor passes
+    free; otherwise the values are compared per ``validation_mode`` (``sync``: on the host; device modes, and any
+    traced call: on the device, as ``device_flag``)."""
+    if offsets is other:
+        return
+    if offsets.shape != other.shape:
+        raise ValueError(f"{name}'s offsets must equal {other_name}'s (the same kv sequences), got shape "
+                         f"{tuple(offsets.shape)} and {tuple(other.shape)}")
+    mode = validation_mode(offsets.device)
+    if mode == "off":
+        return
+    message = f"{name}'s offsets must equal {other_name}'s (the same kv sequences)"
+    if mode == "sync" and not torch.compiler.is_compiling():
+        if not torch.equal(offsets, other):
+            raise ValueError(f"{message}, got {offsets.tolist()} and {other.tolist()}")
+        return
+    device_flag((offsets == other).all(), "async" if mode == "sync" else mode, f"jfa_ops: {message}")
 
 
 def _device_ok(offsets: torch.Tensor, rows: int, max_seqlen: int) -> torch.Tensor:
@@ -99,19 +122,21 @@ def check_offset_values(
     max_seqlen_kv: int,
     backend_checks: bool = False,
     mode: Optional[str] = None,
+    kv_name: str = "kv_offsets",
 ) -> bool:
     """Check offset values per ``validation_mode``. Returns True when the backend must check them on the device
     itself (``backend_checks`` and a device mode): nothing was checked here then. ``mode``: ``validation_mode``'s
-    answer for q's device when the caller has read it already (one environment read per call: ~1 us each)."""
+    answer for q's device when the caller has read it already (one environment read per call: ~1 us each).
+    ``kv_name``: the name of ``kv_offsets`` in errors (the MXFP8 quantize ops' ``offsets``)."""
     if mode is None:
         mode = validation_mode(q.device)
     if mode == "off":
         return False
     if mode == "sync":
         check_pending()  # this call syncs anyway: report a deferred error first
-        _check_sync("kv_offsets", kv_offsets, k.shape[0], max_seqlen_kv)
+        check_on_host(kv_name, kv_offsets, k.shape[0], max_seqlen_kv)
         if q_offsets is not None:
-            _check_sync("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
+            check_on_host("q_offsets", q_offsets, q.shape[0], max_seqlen_q)
         elif max_seqlen_q >= 0 and q.shape[0] > max_seqlen_q:
             raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is smaller than broadcast q's rows ({q.shape[0]})")
         return False

@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 SUPPORTED_HEAD_DIMS = tuple(range(8, 257, 8))
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OFFSET_DTYPES = (torch.int32, torch.int64)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 _DECIDE = threading.local()  # .on: symbolic checks are decided with a guard (see deciding_checks)
@@ -147,6 +148,8 @@ def check_options(scale, causal, window: Sequence[int], broadcast_q, determinist
             raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
         if not math.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
+        if abs(scale) > FLOAT32_MAX:  # every backend scales float32 scores: inf there, NaN out
+            raise ValueError(f"scale must be finite, got {scale} (past float32's range, in which scores are scaled)")
     check_window(window)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
         if not _is_int(value):

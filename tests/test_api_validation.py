@@ -105,6 +105,9 @@ CASES = {
     # scale
     "scale_nan": (lambda a: a.update(scale=float("nan")), ValueError, r"^scale must be finite, got nan"),
     "scale_inf": (lambda a: a.update(scale=float("-inf")), ValueError, r"^scale must be finite, got -inf"),
+    # finite in Python, inf in the kernels' float32: NaN out (reference, triton) or an overflow RuntimeError (cpu)
+    "scale_past_float32": (lambda a: a.update(scale=1e300), ValueError,
+                           r"^scale must be finite, got 1e\+300 \(past float32's range"),
     # window
     "window_below_minus_1": (lambda a: a.update(window=(-2, 0)), ValueError, r"^window entries must be >= 0, or -1"),
     # broadcast_q
@@ -142,6 +145,15 @@ API_ONLY = {
                                                   v=_njt(a["v"], a["kv_offsets"]), q_offsets=None, kv_offsets=None,
                                                   broadcast_q=True),
                                TypeError, r"^q must be a dense \[L_q, Hq, D\] tensor with broadcast_q=True"),
+    # v's own offsets were ignored (k's used for both): attention over the wrong value rows
+    "njt_v_other_offsets": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                               v=_njt(a["v"], _t(0, 4, 9)), q_offsets=None, kv_offsets=None),
+                            ValueError, r"^v's offsets must equal k's \(the same kv sequences\), got \[0, 4, 9\] and "
+                                        r"\[0, 5, 9\]"),
+    "njt_v_other_batch": (lambda a: a.update(q=_njt(a["q"], a["q_offsets"]), k=_njt(a["k"], a["kv_offsets"]),
+                                             v=_njt(a["v"], _t(0, 2, 5, 9)), q_offsets=None, kv_offsets=None),
+                          ValueError, r"^v's offsets must equal k's \(the same kv sequences\), got shape \(4,\) "
+                                      r"and \(3,\)"),
     "njt_with_holes": (lambda a: a.update(q=_with_holes(4, (3, 4)), k=_with_holes(2, (5, 4)),
                                           v=_with_holes(2, (5, 4)), q_offsets=None, kv_offsets=None),
                        ValueError, r"^q is a nested jagged tensor with holes .* call q.contiguous\(\) first"),
@@ -393,6 +405,70 @@ def test_backward_op_accepts_its_forward_outputs():
     torch.ops.jfa.attention_backward(*{**a, "grad_lse": None}.values())
 
 
+# The three public backward ops check offset values (and the block-sparse one its index) like their forwards: called
+# directly, with offsets their forward never saw, they computed gradients from bad offsets (reference: garbage rows,
+# triton: NaN from reads past the sequences). Only autograd's own calls skip it (their forward checked the same,
+# unmodified tensors).
+def _sparse_backward_call(a, index_change=None):
+    """block_q 2, block_kv 4: every Q block keeps every visible KV block (sequence 0's Q block 1: ids [0, 1])."""
+    index, count = jfa_ops.select_kv_blocks(a["q"], a["k"], a["q_offsets"], a["kv_offsets"], 4, 5, block_q=2,
+                                            block_kv=4, keep_ratio=1.0)
+    options = dict(max_seqlen_q=a.pop("max_seqlen_q", -1), max_seqlen_kv=a.pop("max_seqlen_kv", -1))
+    out, lse = torch.ops.jfa.block_sparse_attention(a["q"], a["k"], a["v"], a["q_offsets"], a["kv_offsets"], index,
+                                                     count, 2, 4)
+    if index_change is not None:
+        index_change(index, count)
+    return torch.ops.jfa.block_sparse_attention_backward(torch.ones_like(out), None, a["q"], a["k"], a["v"], out,
+                                                         lse, a.pop("bad_q_offsets", a["q_offsets"]),
+                                                         a.pop("bad_kv_offsets", a["kv_offsets"]), index, count, 2, 4,
+                                                         **options)
+
+
+def _dense_backward_call(op, a):
+    options = dict(max_seqlen_q=a.pop("max_seqlen_q", -1), max_seqlen_kv=a.pop("max_seqlen_kv", -1))
+    forward = {"attention_backward": torch.ops.jfa.attention,
+               "mxfp8_attention_backward": torch.ops.jfa.mxfp8_attention}[op]
+    if op == "mxfp8_attention_backward":
+        a.update({n: torch.randn(a[n].shape[0], a[n].shape[1], 32) for n in ("q", "k", "v")})
+    out, lse = forward(a["q"], a["k"], a["v"], a["q_offsets"], a["kv_offsets"])
+    return getattr(torch.ops.jfa, op)(torch.ones_like(out), None, a["q"], a["k"], a["v"], out, lse,
+                                      a.pop("bad_q_offsets", a["q_offsets"]), a.pop("bad_kv_offsets", a["kv_offsets"]),
+                                      **options)
+
+
+BACKWARD_OPS = {"attention_backward": lambda a: _dense_backward_call("attention_backward", a),
+                "mxfp8_attention_backward": lambda a: _dense_backward_call("mxfp8_attention_backward", a),
+                "block_sparse_attention_backward": _sparse_backward_call}
+BACKWARD_VALUE_CASES = {
+    "q_offsets_decreasing": (dict(bad_q_offsets=_t(0, 8, 7)), r"^q_offsets must be non-decreasing, got \[0, 8, 7\]"),
+    "q_offsets_last": (dict(bad_q_offsets=_t(0, 3, 6)), r"^q_offsets\[-1\] must equal the number of rows \(7\)"),
+    "kv_offsets_first": (dict(bad_kv_offsets=_t(1, 5, 9)), r"^kv_offsets\[0\] must be 0, got 1"),
+    "max_seqlen_q_too_small": (dict(max_seqlen_q=3), r"^max_seqlen for q_offsets is 3, smaller than the longest "
+                                                     r"sequence 4"),
+}
+
+
+@pytest.mark.parametrize("case", BACKWARD_VALUE_CASES)
+@pytest.mark.parametrize("op", BACKWARD_OPS)
+def test_backward_ops_check_offset_values(op, case):
+    change, pattern = BACKWARD_VALUE_CASES[case]
+    with pytest.raises(ValueError, match=pattern):
+        BACKWARD_OPS[op](dict(_base(), **change))
+    dq, dk, dv = BACKWARD_OPS[op](_base())  # the same call with its forward's offsets passes
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (lambda index, count: index.__setitem__((0, 0, 1, 1), 5), r"^kv_block_index\[0, 0, 1, 1\] = 5 is not a KV block"),
+    (lambda index, count: count.__setitem__((1, 1, 0), 3), r"^kv_block_count must be in \[0, 2\]"),
+    (lambda index, count: index.__setitem__((0, 0, 1, 1), 0), r"^kv_block_index\[0, 0, 1\] must list its used ids "
+                                                               r"in ascending order"),
+])
+def test_block_sparse_backward_op_checks_the_index(change, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        _sparse_backward_call(_base(), change)
+
+
 def test_wrapper_and_op_accept_the_same_max_seqlen_values():
     """-1 means "not given" in both (the wrapper also takes None); anything below -1 is an error in both."""
     a = _base()
@@ -434,6 +510,87 @@ def test_compiled_call_raises_the_eager_error(name):
     compiled = torch.compile(lambda a: _call_api(a), fullgraph=True, dynamic=True, backend="aot_eager")
     with pytest.raises(exc, match=pattern):
         compiled(args)
+
+
+# block_sparse_attention's index under the device modes: the triton kernels walk a row's ids by its count and
+# rely on their order (a count past the width read the next row's ids, or past the tensor's end; unsorted ids gave
+# 15% error in the interpreter). Checked on the device unless the pair is select_kv_blocks' own output, unmodified.
+def _selection_call(change=None):
+    a = _base()
+    index, count = jfa_ops.select_kv_blocks(a["q"], a["k"], a["q_offsets"], a["kv_offsets"], 4, 5, block_q=2,
+                                            block_kv=4, keep_ratio=1.0)
+    if change is not None:
+        change(index, count)
+    return jfa_ops.block_sparse_attention(a["q"], a["k"], a["v"], a["q_offsets"], a["kv_offsets"], index, count,
+                                          block_q=2, block_kv=4)
+
+
+SELECTION_CHANGES = {
+    "count_past_width": lambda index, count: count.__setitem__((0, 0, 1), 3),
+    "count_negative": lambda index, count: count.__setitem__((0, 0, 1), -1),
+    "ids_descending": lambda index, count: index[0, 0, 1].copy_(torch.tensor([1, 0])),
+}
+
+
+@pytest.mark.parametrize("change", SELECTION_CHANGES)
+def test_selection_checked_on_the_device_in_deferred_mode(deferred, change):
+    _selection_call()  # select_kv_blocks' own output: no index check (the offsets' flags only)
+    flags = len(validation._pending)
+    validation._pending.clear()
+    _selection_call(lambda index, count: index.add_(0))  # modified in place (same values): checked, and passes
+    assert len(validation._pending) == flags + 1
+    jfa_ops.check_pending()
+    _selection_call(SELECTION_CHANGES[change])  # no error here: the flag waits on the device
+    with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+        jfa_ops.check_pending()
+
+
+@pytest.mark.parametrize("change", SELECTION_CHANGES)
+def test_selection_checked_on_the_device_in_async_mode(monkeypatch, change):
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
+    _selection_call()
+    with pytest.raises(RuntimeError, match=r"kv_block_count past kv_block_index's width|used ids not ascending"):
+        _selection_call(SELECTION_CHANGES[change])  # a CPU tensor's assert raises at once
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_deferred_selection_check(monkeypatch):
+    """On the GPU (triton kernels): a count past the index's width and unsorted ids are flagged for check_pending
+    (no illegal address: the kernels run on the bad index before the flag is read); select_kv_blocks' own output
+    adds no index flag and matches the reference backend."""
+    monkeypatch.setenv("JFA_VALIDATE", "deferred")
+    validation._pending.clear()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(300, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    offsets = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    index, count = jfa_ops.select_kv_blocks(q, k, offsets, offsets, 200, 200, block_q=64, block_kv=64, causal=True)
+    args = (q, k, v, offsets, offsets)
+    out = jfa_ops.block_sparse_attention(*args, index, count, 200, 200, block_q=64, block_kv=64, causal=True)
+    ref = jfa_ops.block_sparse_attention(*args, index, count, 200, 200, block_q=64, block_kv=64, causal=True,
+                                         backend="reference")
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
+    jfa_ops.check_pending()
+    for change in (lambda i, c: c.fill_(index.shape[-1] + 5), lambda i, c: i.copy_(i.flip(-1))):
+        bad_index, bad_count = index.clone(), count.clone()
+        change(bad_index, bad_count)
+        jfa_ops.block_sparse_attention(*args, bad_index, bad_count, 200, 200, block_q=64, block_kv=64, causal=True)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+
+
+def test_njt_v_offsets_checked_under_compile():
+    """v's NJT offsets against k's in a compiled graph: equal values (a ragged dim of its own) pass, other values
+    fail on the device (a traced call cannot read them on the host)."""
+    a = _base()
+    q, k = _njt(a["q"], a["q_offsets"]), _njt(a["k"], a["kv_offsets"])
+    v_same, v_bad = _njt(a["v"], a["kv_offsets"].clone()), _njt(a["v"], _t(0, 4, 9))
+    torch._dynamo.reset()
+    compiled = torch.compile(jfa_ops.jagged_attention, fullgraph=True, dynamic=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v_same).values(), _call_api(dict(a)))
+    with pytest.raises(RuntimeError, match=r"v's offsets must equal k's"):
+        compiled(q, k, v_bad)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ come from ``meta_kernels`` and are shared by the fakes and the eager checks.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -157,7 +158,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
                        lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
                        *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::attention``; ``grad_lse`` None means lse was not used."""
-    from_autograd = _FROM_AUTOGRAD.__dict__.pop("call", None) == (id(grad_out), id(q))
+    from_autograd = called_by_autograd(grad_out, q)
     key = _op_key(q, k, v, q_offsets, kv_offsets, options, (grad_out, grad_lse, out, lse))
     call = _recall(_CALLS, key)
     if call is None:
@@ -169,6 +170,8 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
         call = select_backend(backend, Problem.of(q, k, params)), params
         _remember(_CALLS, key, call)
     impl, params = call
+    if not from_autograd:  # offsets its forward may never have seen: checked as the forward checks them
+        check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
     return impl.backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params)
 
 
@@ -189,7 +192,25 @@ def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, q_offsets, k
 
 
 _NUM_TENSOR_INPUTS = 5  # q, k, v, q_offsets, kv_offsets: the forward's inputs before its options
-_FROM_AUTOGRAD = threading.local()  # .call: (id(grad_out), id(q)) of the backward call _backward is making
+_FROM_AUTOGRAD = threading.local()  # .call: (id(grad_out), id(q)) of the backward op call autograd is making
+
+
+@contextlib.contextmanager
+def autograd_backward_call(grad_out: Tensor, q: Tensor):
+    """Inside: the backward op call on (``grad_out``, ``q``) is an autograd formula's (``_backward``): its forward
+    checked the same inputs, and autograd's saved-tensor version check guarantees they are unmodified, so the op's
+    body skips its checks (``called_by_autograd``). Traced calls check anyway (a compiled backward calls the op
+    itself)."""
+    _FROM_AUTOGRAD.call = (id(grad_out), id(q))
+    try:
+        yield
+    finally:
+        _FROM_AUTOGRAD.__dict__.pop("call", None)
+
+
+def called_by_autograd(grad_out: Tensor, q: Tensor) -> bool:
+    """In a backward op's body: whether ``autograd_backward_call`` marked this call (the mark is used up)."""
+    return _FROM_AUTOGRAD.__dict__.pop("call", None) == (id(grad_out), id(q))
 
 
 def _setup_context(ctx, inputs, output):
@@ -210,15 +231,11 @@ def _backward_inputs(ctx, grad_out, grad_lse):
 
 def _backward(ctx, grad_out, grad_lse):
     grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets = _backward_inputs(ctx, grad_out, grad_lse)
-    # The forward checked these inputs and autograd gives grad_out/grad_lse the outputs' shapes and dtypes: tell the
-    # op body (by the identity of its arguments) so that it skips the public op's checks. Traced calls check anyway.
-    _FROM_AUTOGRAD.call = (id(grad_out), id(q))
-    try:
+    # autograd gives grad_out/grad_lse the outputs' shapes and dtypes: the public op's checks are skipped
+    with autograd_backward_call(grad_out, q):
         dq, dk, dv = torch.ops.jfa.attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options
         )
-    finally:
-        _FROM_AUTOGRAD.__dict__.pop("call", None)
     return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
 
 

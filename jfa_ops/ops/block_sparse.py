@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -19,7 +20,7 @@ from jfa_ops import validation
 from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
 from jfa_ops.ops import attention as _attention
 from jfa_ops.ops.attention import (OPTIONS_SCHEMA, _params as _attention_params, _recall, _remember,
-                                   check_no_forward_ad)
+                                   autograd_backward_call, called_by_autograd, check_no_forward_ad)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 SELECT_FAMILY = "select_kv_blocks"
@@ -90,7 +91,39 @@ def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: T
     result = impl.family(SELECT_FAMILY).forward(q, k, q_offsets, kv_offsets, params)
     if SELECT_DIRECT and params.check_offsets and validation_mode(q.device) == "async":
         validation.cover(q_offsets, kv_offsets, q.shape[0], k.shape[0], *options[:2])
+    _remember_selection(*result)
     return result
+
+
+# Selections (kv_block_index, kv_block_count) select_kv_blocks returned, while unmodified (their version counters):
+# counts within the width and used ids ascending by construction, so block_sparse_attention's device check of those
+# two (``_check_index_on_device``) skips them (sparse_attention passes every selection straight on). Bounded as
+# ``validation._COVERED``; tensor subclasses (FakeTensors) and inference tensors (no version counter) never count.
+_SELECTIONS: dict = {}
+_SELECTIONS_MAX = 16
+
+
+def _selection_key(index: Tensor, count: Tensor) -> Optional[tuple]:
+    if type(index) is not Tensor or type(count) is not Tensor or index.is_inference() or count.is_inference():
+        return None
+    return id(index), id(count)
+
+
+def _remember_selection(index: Tensor, count: Tensor) -> None:
+    key = _selection_key(index, count)
+    if key is None:
+        return
+    if len(_SELECTIONS) >= _SELECTIONS_MAX:
+        _SELECTIONS.clear()
+    _SELECTIONS[key] = (weakref.ref(index), weakref.ref(count), (index._version, count._version))
+
+
+def _is_selection(index: Tensor, count: Tensor) -> bool:
+    """Whether (index, count) is an unmodified select_kv_blocks output."""
+    key = _selection_key(index, count)
+    entry = None if key is None else _SELECTIONS.get(key)
+    return (entry is not None and entry[0]() is index and entry[1]() is count
+            and entry[2] == (index._version, count._version))
 
 
 # Memo of the direct path's metadata work per call signature, as ``attention._CALLS``: (backend, params, params with
@@ -139,29 +172,59 @@ def _sparse_params(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_coun
     return BlockSparseParams(**fields, block_q=block_q, block_kv=block_kv), backend
 
 
+INDEX_MESSAGE = ("jfa.block_sparse_attention: bad kv_block_count (past kv_block_index's width, or negative) or "
+                 "kv_block_index (used ids not ascending)")
+
+
 def _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params: BlockSparseParams):
-    """Sync validation only (it reads values): every Q block has a row of the index, counts fit, used ids name a
-    block of their sequence. On the device the kernels skip what is out of range instead."""
-    if validation_mode(q.device) != "sync":
+    """Per JFA_VALIDATE: ``sync`` reads the values (``check_index_values``); the device modes check what the kernels
+    rely on (``_check_index_on_device``; ids out of their sequence's range the kernels skip)."""
+    mode = validation.validation_mode(q.device)
+    if mode in validation.DEVICE_MODES:
+        if not _is_selection(kv_block_index, kv_block_count):
+            _check_index_on_device(kv_block_index, kv_block_count, mode)
         return
-    q_lengths = (torch.tensor([q.shape[0]]) if params.broadcast_q else q_offsets.diff()).cpu()
-    needed = int(meta_kernels.num_blocks(q_lengths.max(), params.block_q)) if q_lengths.numel() else 0
+    if mode != "sync":
+        return
+    q_lengths = torch.tensor([q.shape[0]]) if params.broadcast_q else q_offsets.diff()
+    check_index_values(q_lengths, kv_offsets.diff(), kv_block_index, kv_block_count, params.block_q, params.block_kv)
+
+
+def _check_index_on_device(kv_block_index: Tensor, kv_block_count: Tensor, mode: str) -> None:
+    """What the kernels walk a row by, checked with aten ops (no sync; ~8 launches): every count in [0, width] (a
+    larger one read the next row's ids, or past the tensor), each row's used ids strictly ascending (the kernels find
+    the masked blocks by the order)."""
+    width = kv_block_index.shape[-1]
+    ok = ((kv_block_count >= 0) & (kv_block_count <= width)).all()
+    if width > 1:
+        used = torch.arange(1, width, device=kv_block_index.device) < kv_block_count[..., None]
+        ok = ok & ~(used & (kv_block_index[..., 1:] <= kv_block_index[..., :-1])).any()
+    validation.device_flag(ok, mode, INDEX_MESSAGE)
+
+
+def check_index_values(q_lengths: Tensor, kv_lengths: Tensor, kv_block_index: Tensor, kv_block_count: Tensor,
+                       block_q: int, block_kv: int) -> None:
+    """The selection's values on the host (a sync on CUDA): every Q block has a row of the index, counts fit, used
+    ids name a block of their sequence, in ascending order. ``q_lengths``/``kv_lengths``: [B] (a broadcast q: its
+    row count, once)."""
+    q_lengths = q_lengths.cpu()
+    needed = int(meta_kernels.num_blocks(q_lengths.max(), block_q)) if q_lengths.numel() else 0
     n_q_blocks, width = kv_block_index.shape[2], kv_block_index.shape[3]
     if needed > n_q_blocks:
         raise ValueError(f"kv_block_index has {n_q_blocks} Q blocks per sequence, but the longest q sequence needs "
-                         f"{needed} of block_q={params.block_q}")
+                         f"{needed} of block_q={block_q}")
     count = kv_block_count.cpu()
     if ((count < 0) | (count > width)).any():
         raise ValueError(f"kv_block_count must be in [0, {width}] (kv_block_index's last dim), got "
                          f"{count.min().item()}..{count.max().item()}")
-    kv_blocks = meta_kernels.num_blocks(kv_offsets.diff().cpu(), params.block_kv)  # [B]
+    kv_blocks = meta_kernels.num_blocks(kv_lengths.cpu(), block_kv)  # [B]
     index = kv_block_index.cpu()
     used = torch.arange(width) < count[..., None]
     bad = used & ((index < 0) | (index >= kv_blocks[:, None, None, None]))
     if bad.any():
         b, h, i, t = bad.nonzero()[0].tolist()
         raise ValueError(f"kv_block_index[{b}, {h}, {i}, {t}] = {index[b, h, i, t].item()} is not a KV block of "
-                         f"sequence {b} (it has {kv_blocks[b].item()} of block_kv={params.block_kv})")
+                         f"sequence {b} (it has {kv_blocks[b].item()} of block_kv={block_kv})")
     # The GPU kernels find each row's masked and mask-free blocks by their order (block_sparse_fwd.py).
     unsorted = used[..., 1:] & (index[..., 1:] <= index[..., :-1])
     if unsorted.any():
@@ -210,9 +273,13 @@ def block_sparse_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor]
                                     kv_block_index: Tensor, kv_block_count: Tensor, block_q: int, block_kv: int,
                                     *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::block_sparse_attention``; ``grad_lse`` None means lse was not used."""
+    from_autograd = called_by_autograd(grad_out, q)
     params, backend = _sparse_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                               kv_block_index, kv_block_count, block_q, block_kv, options)
     impl = select_backend(backend, Problem.of(q, k, params), family=SPARSE_FAMILY)
+    if not from_autograd:  # offsets and an index its forward may never have seen: checked as the forward does
+        check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+        _check_index_values(q, q_offsets, kv_offsets, kv_block_index, kv_block_count, params)
     return impl.family(SPARSE_FAMILY).backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                                kv_block_index, kv_block_count, params)
 
@@ -245,11 +312,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count = ctx.saved_tensors
-    if grad_out is None:  # only lse was used
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.jfa.block_sparse_attention_backward(
-        grad_out.contiguous(), grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
-        *ctx.options)
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()  # None: only lse was used
+    with autograd_backward_call(grad_out, q):
+        dq, dk, dv = torch.ops.jfa.block_sparse_attention_backward(
+            grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,
+            *ctx.options)
     return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
 
 

@@ -18,7 +18,8 @@ from torch.utils.flop_counter import register_flop_formula
 import meta_kernels
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends import Problem, select_backend
-from jfa_ops.ops.attention import NUM_OPTIONS, OPTIONS_SCHEMA, _attention_flops, _params, check_no_forward_ad
+from jfa_ops.ops.attention import (NUM_OPTIONS, OPTIONS_SCHEMA, _attention_flops, _params, autograd_backward_call,
+                                   called_by_autograd, check_no_forward_ad)
 from jfa_ops.validation import check_offset_values
 
 QUANTIZE = "mxfp8_quantize"
@@ -38,7 +39,7 @@ def _x_problem(x: Tensor) -> Problem:
 
 def _check_offsets(x: Tensor, offsets: Optional[Tensor]) -> None:
     if offsets is not None:  # the rows the offsets describe must be x's rows (JFA_VALIDATE rules)
-        check_offset_values(x, x, None, offsets, -1, -1)
+        check_offset_values(x, x, None, offsets, -1, -1, kv_name="offsets")
 
 
 # ------------------------------------------------------------------------------------------------ quantize
@@ -161,9 +162,12 @@ def mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Te
                              out: Tensor, lse: Tensor, q_offsets: Optional[Tensor], kv_offsets: Tensor,
                              *options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of ``jfa::mxfp8_attention``: the MXFP8 backward, straight through the quantization."""
+    from_autograd = called_by_autograd(grad_out, q)
     params, backend, rounding = _mx_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                                                     options)
     impl = select_backend(backend, Problem.of(q, k, params), family=ATTENTION)
+    if not from_autograd:  # offsets its forward may never have seen: checked as the forward checks them
+        check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
     return impl.family(ATTENTION).backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                                            rounding)
 
@@ -195,10 +199,10 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
-    if grad_out is None:  # only lse was used
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.jfa.mxfp8_attention_backward(
-        grad_out.contiguous(), grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options)
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()  # None: only lse was used
+    with autograd_backward_call(grad_out, q):
+        dq, dk, dv = torch.ops.jfa.mxfp8_attention_backward(
+            grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options)
     return (dq, dk, dv) + (None,) * (_NUM_TENSOR_INPUTS - 3 + len(ctx.options))
 
 

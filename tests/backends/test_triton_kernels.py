@@ -578,7 +578,7 @@ def test_folded_offset_check_flag_and_no_out_of_bounds(case, wave, monkeypatch, 
              ([0, 5, 3, 7], 7, -1), ([0, 3, 7], 7, 3), ([0, 9, 7], 7, -1), ([0, -4, 7], 7, -1)]
     offsets, rows, max_seqlen = cases[case]
     try:
-        validation._check_sync("kv_offsets", torch.tensor(offsets), rows, max_seqlen)
+        validation.check_on_host("kv_offsets", torch.tensor(offsets), rows, max_seqlen)
         expected = True
     except ValueError:
         expected = False

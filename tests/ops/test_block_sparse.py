@@ -291,6 +291,50 @@ def test_flex_block_mask_is_a_second_oracle():
     assert_attention_close(flex, ours, dtype=torch.float32, kind="forward", name="flex vs ours")
 
 
+def _flex_selection():
+    q, k = torch.randn(53, 4, 16), torch.randn(35, 2, 16)
+    q_offsets, kv_offsets = torch.tensor([0, 20, 20, 53]), torch.tensor([0, 25, 32, 35])
+    index, count = jfa_ops.select_kv_blocks(q, k, q_offsets, kv_offsets, 33, 25, block_q=16, block_kv=16,
+                                            causal=True, keep_ratio=0.5)
+    return dict(kv_block_index=index, kv_block_count=count, q_offsets=q_offsets, kv_offsets=kv_offsets,
+                num_heads_q=4, block_q=16, block_kv=16, causal=True)
+
+
+# A selection the mask cannot describe was dropped silently (Q blocks past the index: no key; ids past a sequence:
+# clamped away; bad offsets: rows of another sequence): the block-sparse op's rules, raised by name.
+FLEX_CASES = {
+    "too_few_q_blocks": (lambda a: a.update(kv_block_index=a["kv_block_index"][:, :, :1],
+                                            kv_block_count=a["kv_block_count"][:, :, :1]), ValueError,
+                         r"^kv_block_index has 1 Q blocks per sequence, but the longest q sequence needs 3"),
+    "id_past_the_sequence": (lambda a: a["kv_block_index"].__setitem__((0, 0, 0, 0), 7), ValueError,
+                             r"^kv_block_index\[0, 0, 0, 0\] = 7 is not a KV block of sequence 0"),
+    "count_past_the_width": (lambda a: a["kv_block_count"].__setitem__((0, 0, 1), 9), ValueError,
+                             r"^kv_block_count must be in \[0, 2\]"),
+    "other_batch": (lambda a: a.update(kv_block_index=a["kv_block_index"][:2], kv_block_count=a["kv_block_count"][:2]),
+                    ValueError, r"^kv_block_index must be \[B, Hkv, NQB, NKB\] with B, Hkv = \(3, 2\)"),
+    "heads_not_a_multiple": (lambda a: a.update(num_heads_q=3), ValueError,
+                             r"^num_heads_q \(3\) must be a positive multiple of kv_block_index's kv heads \(2\)"),
+    "q_offsets_decreasing": (lambda a: a.update(q_offsets=torch.tensor([0, 30, 20, 53])), ValueError,
+                             r"^q_offsets must be non-decreasing"),
+    "kv_offsets_other_batch": (lambda a: a.update(kv_offsets=torch.tensor([0, 35])), ValueError,
+                               r"^q_offsets and kv_offsets must both be \[B\+1\]"),
+    "block_q_zero": (lambda a: a.update(block_q=0), ValueError, r"^block_q must be >= 1"),
+}
+
+
+@pytest.mark.parametrize("name", FLEX_CASES)
+def test_flex_block_mask_rejects_what_it_cannot_describe(name):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from jfa_ops.interop import to_flex_block_mask
+
+    change, exc, pattern = FLEX_CASES[name]
+    args = _flex_selection()
+    to_flex_block_mask(**args)  # the selection as made passes
+    change(args)
+    with pytest.raises(exc, match=pattern):
+        to_flex_block_mask(**args)
+
+
 @pytest.mark.parametrize("device,backend", device_backend_params(smoke=True))
 def test_deterministic_gradients_are_bitwise_reproducible(device, backend):
     """``deterministic=True`` (issue 11: ``jagged_attention``'s contract): three runs give bit-equal out, lse and

@@ -169,7 +169,11 @@ def test_quantize_njt_and_dequantize_round_trip(block):
     (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32).double()), TypeError, "x must be float16"),
     (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 32)), ValueError, "x must be 3-D"),
     (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0.0, 4.0])), TypeError, "offsets must be"),
-    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0, 3])), ValueError, "offsets"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0, 3])), ValueError,
+     r"^offsets\[-1\] must equal the number of rows \(4\), got 3"),  # named offsets, not kv_offsets
+    (lambda: jfa_ops.mxfp8_dequantize(*jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0, 1, 4]),
+                                                              block=(32, 1)), torch.tensor([0, 5, 4]), block=(32, 1)),
+     ValueError, r"^offsets must be non-decreasing"),
     (lambda: jfa_ops.mxfp8_dequantize(*jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32)), block=(32, 32)), ValueError,
      "x_scale must have shape"),
     (lambda: jfa_ops.mxfp8_dequantize(torch.randn(4, 2, 32), torch.randn(4, 2, 1)), TypeError, "x_data must be"),
