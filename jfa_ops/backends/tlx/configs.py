@@ -136,6 +136,14 @@ BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
 # work item, none in either loop). The same gradients (the same rows zeroed). Calls of the v2 consumers; off (0)
 # until timed on the H200.
 BACKWARD_ZERO_STORE = os.environ.get("JFA_TLX_BWD_ZERO_STORE", "0") == "1"
+# KV_PREFETCH (JFA_TLX_BWD_KV_PREFETCH=1; helper bcastbwd39, bench/NOTES.md "Issue 10: broadcast-Q backward, helper
+# bcastbwd39"): once the producer has issued an item's K/V loads it looks up the next item and prefetches that
+# item's K, V and first two dO blocks into the L2 by TMA (cp.async.bulk.prefetch.tensor: no shared memory, no
+# registers held, no barrier; the consumers unchanged). K/V are single-buffered, so an item's K/V load is issued only
+# when the previous item frees them: short items (broadcast-Q Lq128: 2 blocks an item, ~3.9 us of a ~9.2 us item
+# outside its blocks) pay its HBM round trip per item; from the L2 it lands sooner. Dense walks; off (0) until timed
+# on the H200.
+BACKWARD_KV_PREFETCH = os.environ.get("JFA_TLX_BWD_KV_PREFETCH", "0") == "1"
 # RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
 # backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
 # sorted key tile list and the causal order's item list through the full path's own functions and launches the
@@ -525,7 +533,8 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
-                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE)
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE,
+                kv_prefetch=BACKWARD_KV_PREFETCH)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
