@@ -67,7 +67,8 @@ causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLAT
 results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
 backward ablations (helper bwdablate)"); ``TLX_BWD_ABLATION_CASES=full,causal,jagged`` / ``TLX_BWD_ABLATION_RUNS=none,dq``
 time a subset (a run's stages joined by "+"); case ``bcast`` (not in the default): the bench's broadcast-Q row
-(``bcast_case``), where run ``kvprefetch`` is helper bcastbwd39's knob (right gradients, as ``causalorder``).
+(``bcast_case``), where run ``kvprefetch`` is helper bcastbwd39's knob (right gradients, as ``causalorder``) and
+``dkvstore`` its ablation of the item's dK/dV stores.
 """
 from __future__ import annotations
 

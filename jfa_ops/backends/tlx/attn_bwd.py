@@ -72,6 +72,9 @@ ABLATE_MX_QUANT: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["mxquant
 # S = Q K^T and dP = dO V^T over the first half of head_dim: the tensor time and shared-memory operand bytes of FP8
 # (E4M3) S and dP wgmma over all of it (a bf16 k-step of 16 reads what an E4M3 k-step of 32 reads, at the same rate)
 ABLATE_HALF_SDP: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["sdphalf"])
+# Not a block-loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive): what the epilogue costs an
+# item (helper bcastbwd39: broadcast-Q's items are 2 blocks, ~42% of their time outside the blocks)
+ABLATE_DKV_STORE: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dkvstore"])
 
 
 @triton.jit
@@ -691,6 +694,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                      "the block-sparse walk takes whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
+    NO_DKV_STORE: tl.constexpr = (ABLATE & ABLATE_DKV_STORE) != 0
+    tl.static_assert(not NO_DKV_STORE or GROUP_SPLIT == 1, "the dkvstore ablation: one part per group")
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     n_tiles = _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     units = num_heads_kv  # per key tile: kv heads (GROUP_SPLIT: x parts of their group)
@@ -822,17 +827,25 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         out_tile = tlx.local_reinterpret(dq_stage[cid * NUM_BUFFERS_DQ], k_tile.dtype,
                                                          [HALF_N, HEAD_DIM], layout=k_tile.type.layout)
                         tlx.async_descriptor_store_wait(0)  # the last dQ reduce-add has read the staging buffer
-                        _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
-                                            stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
-                        _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
-                                            kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
+                            _keep_alive(dk, out_tile, kv_count, dtype)
+                            _keep_alive(dv, out_tile, kv_count, dtype)
+                        else:
+                            _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                                stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                            _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                                kv_head * HEAD_DIM, cid, HEAD_DIM)
                     else:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
-                        _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
-                                            stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
-                        _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
-                                            kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
+                            _keep_alive(dk, k_tile, kv_count, dtype)
+                            _keep_alive(dv, v_tile, kv_count, dtype)
+                        else:
+                            _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                                stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                            _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                                kv_head * HEAD_DIM, cid, HEAD_DIM)
                         tlx.named_barrier_wait(OWN_BARRIER + cid, 128)  # every warp has read both tiles back
                         tlx.fence_async_shared()  # these generic-proxy accesses before the producer's next TMA loads
                     if not KV_EARLY:

@@ -414,8 +414,10 @@ MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "
 # blocks) before their bf16 stores, the CUDA-core work MX adds; sdphalf: S and dP over half of head_dim, the tensor
 # time and operand bytes of E4M3 S and dP wgmma. Both: an MXFP8 backward with FP8 S/dP and bf16 dV/dK/dQ on MX
 # values (its extra Q/dO loads aside). Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
+# dkvstore (helper bcastbwd39), not a loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive), what
+# the epilogue costs an item (broadcast-Q: 2 blocks an item).
 BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64, "mxquant": 128,
-                      "sdphalf": 256}
+                      "sdphalf": 256, "dkvstore": 512}
 
 
 def backward_ablation_mask(names: str) -> int:
@@ -432,7 +434,7 @@ BACKWARD_ABLATE = backward_ablation_mask(os.environ.get("JFA_TLX_BWD_ABLATE", ""
 # What tools/tlx_check.py backward-ablation times (and tools/tlx_compile.py bwd-ablate compiles): one stage at a
 # time, then together: the CUDA-core math (exp2,ds), dQ and loads, down to the S/dP/dV/dK wgmma floor.
 BACKWARD_ABLATION_RUNS = ("none", "dq", "dqadd", "exp2", "ds", "dk", "dv", "loads", "exp2,ds", "dq,exp2,ds",
-                          "dq,exp2,ds,loads", "dq,dk,dv", "mxquant", "sdphalf", "mxquant,sdphalf")
+                          "dq,exp2,ds,loads", "dq,dk,dv", "mxquant", "sdphalf", "mxquant,sdphalf", "dkvstore")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
