@@ -599,20 +599,6 @@ def _store_through_tile(tile, x, Ptr, row0, rows_left, stride, col, CID: tl.cons
 
 
 @triton.jit
-def _store_dk_dv(k_out, v_out, dk, dv, scale, DK, DV, row0, rows_left, stride, col, j, CID: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr, NO_STORE: tl.constexpr):
-    """The item's epilogue: dK (scaled) and dV to DK / DV through the shared tiles k_out / v_out
-    (``_store_through_tile``); NO_STORE (the ``dkvstore`` ablation, TIMING ONLY): no stores, dK and dV kept alive
-    (``_keep_alive``, item count j) so their wgmma stay."""
-    if NO_STORE:
-        _keep_alive(dk, k_out, j, DTYPE)
-        _keep_alive(dv, v_out, j, DTYPE)
-    else:
-        _store_through_tile(k_out, (dk * scale).to(DTYPE), DK, row0, rows_left, stride, col, CID, HEAD_DIM)
-        _store_through_tile(v_out, dv.to(DTYPE), DV, row0, rows_left, stride, col, CID, HEAD_DIM)
-
-
-@triton.jit
 def _group_part(unit, group, GROUP_SPLIT: tl.constexpr):
     """(kv head, first q head, one past the last) of a work item's ``unit``: its kv head, walking the whole group;
     GROUP_SPLIT > 1: unit = kv head x GROUP_SPLIT + part, walking the part's group / GROUP_SPLIT q heads (heads
@@ -841,13 +827,25 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         out_tile = tlx.local_reinterpret(dq_stage[cid * NUM_BUFFERS_DQ], k_tile.dtype,
                                                          [HALF_N, HEAD_DIM], layout=k_tile.type.layout)
                         tlx.async_descriptor_store_wait(0)  # the last dQ reduce-add has read the staging buffer
-                        _store_dk_dv(out_tile, out_tile, dk, dv, scale, DK, DV, kv_row0 + k0, len_k - k0, stride_dkvt,
-                                     kv_head * HEAD_DIM, kv_count, cid, HEAD_DIM, dtype, NO_DKV_STORE)
+                        if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
+                            _keep_alive(dk, out_tile, kv_count, dtype)
+                            _keep_alive(dv, out_tile, kv_count, dtype)
+                        else:
+                            _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                                stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                            _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                                kv_head * HEAD_DIM, cid, HEAD_DIM)
                     else:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
-                        _store_dk_dv(k_tile, v_tile, dk, dv, scale, DK, DV, kv_row0 + k0, len_k - k0, stride_dkvt,
-                                     kv_head * HEAD_DIM, kv_count, cid, HEAD_DIM, dtype, NO_DKV_STORE)
+                        if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
+                            _keep_alive(dk, k_tile, kv_count, dtype)
+                            _keep_alive(dv, v_tile, kv_count, dtype)
+                        else:
+                            _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                                stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                            _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                                kv_head * HEAD_DIM, cid, HEAD_DIM)
                         tlx.named_barrier_wait(OWN_BARRIER + cid, 128)  # every warp has read both tiles back
                         tlx.fence_async_shared()  # these generic-proxy accesses before the producer's next TMA loads
                     if not KV_EARLY:
