@@ -5,7 +5,7 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
-peelzerostore; causaljagged: first ``causal_list_check``, the device-built causal list vs
+peelzerostore, kvprefetch; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
@@ -69,7 +69,9 @@ agree (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, sto
 causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY, wrong
 results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
 backward ablations (helper bwdablate)"); ``TLX_BWD_ABLATION_CASES=full,causal,jagged`` / ``TLX_BWD_ABLATION_RUNS=none,dq``
-time a subset (a run's stages joined by "+").
+time a subset (a run's stages joined by "+"); case ``bcast`` (not in the default): the bench's broadcast-Q row
+(``bcast_case``), where run ``kvprefetch`` is helper bcastbwd39's knob (right gradients, as ``causalorder``) and
+``dkvstore`` its ablation of the item's dK/dV stores.
 """
 from __future__ import annotations
 
@@ -324,11 +326,14 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 # helper desc38: Q / dO rows past the end zeroed by 8-row stores, consumer 0's wgmma descriptors in
                 # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
                 "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
-                "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True)}
+                "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True),
+                # helper bcastbwd39: the next item's K/V and first dO blocks prefetched into the L2 by the producer
+                # (bench/NOTES.md "Issue 10: broadcast-Q backward, helper bcastbwd39")
+                "kvprefetch": dict(_DEFAULT_BWD, BACKWARD_KV_PREFETCH=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
-              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE")
+              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)
@@ -836,7 +841,9 @@ def backward_timing() -> int:
     ``TLX_BWD_TIMING_WINDOW=1``: the bench's window row (jagged T32768 H16 (256, 0) causal), a wider window (1024, 0)
     causal, and the dense B8 S4096 and jagged T32768 causal controls (no triton column: fewer compiles), for the flip of
     JFA_TLX_BWD_KV_EARLY (helper window31; on since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default
-    before against the default)."""
+    before against the default). ``TLX_BWD_TIMING_BCAST=1``: the bench's broadcast-Q row (``bcast_case``), the window
+    row and the dense B8 S4096 D128 control (no triton column), for JFA_TLX_BWD_KV_PREFETCH (helper bcastbwd39:
+    ``TLX_BWD_TIMING_COLS=kvprefetch,same``)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -844,6 +851,7 @@ def backward_timing() -> int:
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
     gqa = os.environ.get("TLX_BWD_TIMING_GQA", "0") == "1"
     window = not gqa and os.environ.get("TLX_BWD_TIMING_WINDOW", "0") == "1"
+    bcast = not (gqa or window) and os.environ.get("TLX_BWD_TIMING_BCAST", "0") == "1"
     cases = [Case("dense", "bwd B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
              Case("dense", "bwd B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
              Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True),
@@ -861,6 +869,10 @@ def backward_timing() -> int:
                       window=(256, 0)),
                  Case("window", "bwd jagged T32768 win(1024,0) causal", lens, lens, 16, 16, 128, causal=True,
                       window=(1024, 0)), cases[0], cases[2]]
+    elif bcast:  # helper bcastbwd39's rows: the bench's broadcast row (2 blocks an item), the window row (5.3), and
+        # the dense control (64 blocks an item)
+        cases = [bcast_case(), Case("window", "bwd jagged T32768 win(256,0) causal", lens, lens, 16, 16, 128,
+                                    causal=True, window=(256, 0)), cases[0]]
     elif os.environ.get("TLX_BWD_TIMING_BENCH", "0") == "1":
         cases += [Case("dense", f"bwd B8 H16 S{n} D128 causal", (n,) * 8, (n,) * 8, 16, 16, 128, causal=True)
                   for n in (8192, 2048)]
@@ -869,7 +881,7 @@ def backward_timing() -> int:
         # the bench's GQA row (bench.suites.gqa_cases, quick: 4.1 items per SM, gqasplit's target), timed first
         cases.insert(0, Case("gqa", "bwd jagged GQA 16:2 T32768 causal", lens, lens, 16, 2, 128, causal=True))
     # (column, BWD_VARIANTS key; None: the triton backward)
-    cols = ([] if gqa or window else [("triton", None)]) + [("default", "v2-dqshared")]
+    cols = ([] if gqa or window or bcast else [("triton", None)]) + [("default", "v2-dqshared")]
     if os.environ.get("TLX_BWD_TIMING_OLD", "0") == "1":
         cols += [("tlx-v2", "v2")]
     new = (["statsahead", "causalorder"]
@@ -879,7 +891,7 @@ def backward_timing() -> int:
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
                        else n[:6])
-    ratios = ([] if gqa or window else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
+    ratios = ([] if gqa or window or bcast else [("def/triton", "default", "triton")]) + [(f"{short(n)}/def", n, "default") for n in new]
     rounds = int(os.environ.get("TLX_BWD_TIMING_ROUNDS", "3"))
     print(f"{'backward, bf16, TFLOP/s (median of ' + str(rounds) + ' rounds)':44s} "
           + " ".join(f"{c:>10s}" for c, _ in cols) + " ".join(f" {r:>10s}" for r, _, _ in ratios), flush=True)
@@ -1680,6 +1692,15 @@ def mxfp8_backward_timing() -> int:
     return failures
 
 
+def bcast_case():
+    """The bench's broadcast-Q row (``bench.suites.broadcast_cases``, quick): one Q of 128 rows shared by 512
+    sequences of lognormal KV lengths (seed 512: mean 1042, max 8192), H4, D128 bf16."""
+    from bench.suites import Case, lognormal_lengths
+
+    kv = lognormal_lengths(None, 512, seed=512)
+    return Case("broadcast", "bwd broadcast Lq128 H4 B512 D128", (128,) * 512, kv, 4, 4, 128, broadcast_q=True)
+
+
 def _bwd_ablation_cases():
     """(key, Case, 128 x 128 (key, query) blocks the kernel visits) of ``backward_ablation``: the kernel walks 64-row
     query blocks per 128-key tile (``configs.bwd_config_v2``), from the tile's first row on when causal (equal
@@ -1688,13 +1709,14 @@ def _bwd_ablation_cases():
 
     def blocks(case):
         rows = 0
-        for length in case.kv_lens:
-            n_row_blocks = -(-length // 64)
+        for length_q, length in zip(case.q_lens, case.kv_lens):
+            n_row_blocks = -(-length_q // 64)
             rows += sum(n_row_blocks - (n0 // 64 if case.causal else 0) for n0 in range(0, length, 128))
         return case.num_heads_q * rows / 2
 
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    cases = [("full", Case("dense", "bwd B8 H16 S8192 D128", (8192,) * 8, (8192,) * 8, 16, 16, 128)),
+    cases = [("bcast", bcast_case()),  # not in the default keys
+             ("full", Case("dense", "bwd B8 H16 S8192 D128", (8192,) * 8, (8192,) * 8, 16, 16, 128)),
              ("causal", Case("dense", "bwd B8 H16 S8192 D128 causal", (8192,) * 8, (8192,) * 8, 16, 16, 128,
                              causal=True)),
              ("jagged", Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True))]
@@ -1726,7 +1748,7 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 # backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
 # the configs flag and value it sets: the causal order's list (on the jagged case: does the L2 order take the dQ
 # reduce's cost away? bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop 27")
-ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True),
+ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True), "kvprefetch": ("BACKWARD_KV_PREFETCH", True),
                   "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
 
@@ -1761,7 +1783,8 @@ def backward_ablation() -> int:
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
         out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, backend="tlx",
-                                       max_seqlen_q=max(case.q_lens), max_seqlen_kv=max(case.kv_lens))
+                                       broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens),
+                                       max_seqlen_kv=max(case.kv_lens))
         grad = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
         print(f"{case.label} ({n_blocks:.0f} blocks of 128 x 128, {n_blocks / sms:.1f} per SM)", flush=True)
         clk_none = float("nan")

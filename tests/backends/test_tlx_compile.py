@@ -367,6 +367,19 @@ def test_kv_early_kernels_spill_as_the_default(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
 
 
+def test_kv_prefetch_kernels_spill_as_the_default(compiled):
+    """KV_PREFETCH (helper bcastbwd39, ``configs.BACKWARD_KV_PREFETCH``) adds the next item's lookup and three L2
+    prefetches to the producer, nothing to the consumers: same shared memory, spills within 8 B a thread of the kernel
+    without it (sm_90 ptxas, stop 39: broadcast-Q D128 140 / 184 B both, D128 full 152 / 204 vs 152 / 200, D64 0)."""
+    by_name = {r["name"]: r for r in compiled}
+    rows = [r for r in compiled if r["name"].endswith("-kvprefetch")]
+    assert len(rows) == 3, [r["name"] for r in rows]
+    for r in rows:
+        base = by_name[r["name"].removesuffix("-kvprefetch")]
+        assert r["shared"] == base["shared"], (r, base)
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 8, (r, base)
+
+
 def _shipped_and_compiled(name_part: str, specs: str, unset: str, expect: int) -> tuple:
     """In a TLX subprocess (env ``unset`` removed): the names of the shipped specializations containing
     ``name_part``, and the sm_90 rows (``compile_sm90`` with loop counts, each in a fresh cache so ptxas runs) of
@@ -443,8 +456,9 @@ def test_backward_ablations_remove_only_their_stage():
     32 in the shipped loop; dqadd keeps dQ's; sdphalf runs S and dP over half of head_dim: 4 k-steps each, not 8)
     and, with exp2, the 32 MUFU per thread. The MXFP8 stand-ins (helper mxbwd): mxquant adds the rounding of P and
     dS to MXFP8 values, 192-320 instructions on each consumer loop's path (sm_90 ptxas at stop 26: sdphalf's 511 /
-    494 -> 769 / 773 with mxquant; the shipped 535 / 516 -> 791 / 797), no spill instruction on it (~70 s)."""
-    rows = _compile_matching("bwd-d128-bf16-full-v2-dqshared-ablate", expect=14, timeout=1200)
+    494 -> 769 / 773 with mxquant; the shipped 535 / 516 -> 791 / 797), no spill instruction on it; dkvstore (helper
+    bcastbwd39: the item's dK/dV stores skipped) keeps every loop's wgmma: dK and dV are kept alive (~75 s)."""
+    rows = _compile_matching("bwd-d128-bf16-full-v2-dqshared-ablate", expect=15, timeout=1200)
     by_stages = {}
     for r in rows:
         assert "error" not in r, r

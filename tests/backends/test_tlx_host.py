@@ -1140,6 +1140,45 @@ def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     _knob_changes_one_constexpr(runs, answers, monkeypatch, "BACKWARD_PEEL", "PEEL", *_inputs([300, 17, 700, 5, 0, 1]))
 
 
+@needs_tlx
+def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_KV_PREFETCH`` (helper bcastbwd39, env JFA_TLX_BWD_KV_PREFETCH), off by default, sets the
+    TLX backward's KV_PREFETCH and passes k, v, dO as the prefetch's row pointers on a broadcast-Q call (the target)
+    and a causal jagged call, whose signature keeps no recipe with it (the pointers are no recipe source); off with
+    it off (K_ROWS None: the default's launch), and where a row of K, V or dO is not packed (fused q, k, v slices:
+    the prefetch's addresses assume rows H * D apart)."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_KV_PREFETCH  # off until timed on the H200
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+
+    def launched(call) -> dict:
+        runs.clear()
+        call()
+        (values,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+        return values
+
+    lq = 40
+    bq, bout = q[:lq], torch.randn(lq * (offsets.numel() - 1), q.shape[1], HEAD_DIM).to(q.dtype)
+    broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout,  # noqa: E731
+                                     torch.randn(q.shape[1], bout.shape[0]), None, offsets,
+                                     _params(broadcast_q=True))
+    causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
+    for on in (False, True):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_KV_PREFETCH", on)
+        for call in (broadcast, causal):
+            attn_bwd._RECIPES.clear()
+            answers.clear()
+            got = launched(call)
+            assert got["KV_PREFETCH"] is on and got["KV_EARLY"] is True
+            assert (got["K_ROWS"] is k and got["V_ROWS"] is v) if on else got["K_ROWS"] is None
+            launched(call)  # the repeat: a recipe serves the causal signature only with the knob off
+            assert [kind for kind, _ in answers] == (["recipe"] if call is causal and not on else [])
+    fq, fk, fv, _ = _inputs([300, 17, 700, 5, 0, 1], fused=True)
+    got = launched(lambda: _backward(fq, fk, fv, offsets, _params(causal=True), torch.randn_like(fq)))
+    assert got["KV_PREFETCH"] is False and got["K_ROWS"] is None
+
+
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()

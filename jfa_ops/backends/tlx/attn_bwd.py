@@ -72,6 +72,9 @@ ABLATE_MX_QUANT: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["mxquant
 # S = Q K^T and dP = dO V^T over the first half of head_dim: the tensor time and shared-memory operand bytes of FP8
 # (E4M3) S and dP wgmma over all of it (a bf16 k-step of 16 reads what an E4M3 k-step of 32 reads, at the same rate)
 ABLATE_HALF_SDP: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["sdphalf"])
+# Not a block-loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive): what the epilogue costs an
+# item (helper bcastbwd39: broadcast-Q's items are 2 blocks, ~42% of their time outside the blocks)
+ABLATE_DKV_STORE: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dkvstore"])
 
 
 @triton.jit
@@ -250,6 +253,46 @@ def _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_emptie
         q_count = _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0 + m0,
                                      out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q)
     return q_count
+
+
+@triton.jit
+def _prefetch_rows_l2(Ptr, row0, n_rows, stride, col, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows row0 .. row0 + min(n_rows, ROWS) - 1 of one head (HEAD_DIM elements from column ``col``; 2-byte
+    elements) into the L2: one ``cp.async.bulk.prefetch.L2.global`` of the row's bytes per thread (a hint: no
+    shared memory, no barrier, nothing to wait for). TLX's TMA tensor prefetch is not in this Triton build."""
+    rows = tl.arange(0, ROWS)
+    ptrs = (Ptr + (row0 + rows).to(tl.int64) * stride + col).to(tl.int64)
+    ok = (rows < n_rows).to(tl.int32)
+    if HEAD_DIM == 128:
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+                                  "@p cp.async.bulk.prefetch.L2.global [$1], 256; mov.u32 $0, 0; }",
+                                  "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.static_assert(HEAD_DIM == 64, "KV_PREFETCH: head_dim 64 or 128")
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+                                  "@p cp.async.bulk.prefetch.L2.global [$1], 128; mov.u32 $0, 0; }",
+                                  "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_item(item, K, V, DO, stride_kv, unit, group, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, GROUP_SPLIT: tl.constexpr):
+    """KV_PREFETCH: a work item's K and V tile and its first two dO blocks (first q head of its part) into the L2
+    (``_prefetch_rows_l2``: the producer's 128 threads a row each), so that the item's TMA loads, issued once the
+    previous item frees K/V, hit the L2 instead of HBM (helper bcastbwd39: broadcast-Q's items are 2 blocks, and
+    the K/V wait is paid once per item). K, V, DO: packed rows (K/V rows ``stride_kv`` apart, dO rows group times
+    that: the host checks it)."""
+    (real, _, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, _,
+     _) = item
+    kv_head, g_begin, _ = _group_part(unit, group, GROUP_SPLIT)
+    if real:
+        _prefetch_rows_l2(K, kv_row0 + n0, len_k - n0, stride_kv, kv_head * HEAD_DIM, BLOCK_N, HEAD_DIM)
+        _prefetch_rows_l2(V, kv_row0 + n0, len_k - n0, stride_kv, kv_head * HEAD_DIM, BLOCK_N, HEAD_DIM)
+        n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
+        n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
+        m_first = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
+        _prefetch_rows_l2(DO, out_row0 + m_first, len_q - m_first, stride_kv * group,
+                          (kv_head * group + g_begin) * HEAD_DIM, 2 * BLOCK_M, HEAD_DIM)
 
 
 @triton.jit
@@ -600,7 +643,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-                        PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
+                        PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False,
+                        KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     The consumers are ``_consume_rows_v2``'s (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -630,7 +674,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     next K/V loads run under the epilogue.
 
     PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the consumers' block loop peeled by stage
-    (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without."""
+    (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without.
+
+    KV_PREFETCH (``configs.BACKWARD_KV_PREFETCH``; dense walks): once the producer has issued an item's loads,
+    it looks up its next item and prefetches that item's K, V and first two dO blocks into the L2
+    (``_prefetch_item``; K_ROWS, V_ROWS, DO_ROWS: k, v, dO as pointers, packed rows), an item ahead of their loads;
+    the consumers are unchanged."""
+    tl.static_assert(not KV_PREFETCH or not SPARSE, "KV_PREFETCH: the dense walks")
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
     tl.static_assert(not MXFP8 or not SPARSE, "MXFP8: the dense walks")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
@@ -644,6 +694,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                      "the block-sparse walk takes whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
+    NO_DKV_STORE: tl.constexpr = (ABLATE & ABLATE_DKV_STORE) != 0
+    tl.static_assert(not NO_DKV_STORE or GROUP_SPLIT == 1, "the dkvstore ablation: one part per group")
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     n_tiles = _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     units = num_heads_kv  # per key tile: kv heads (GROUP_SPLIT: x parts of their group)
@@ -709,6 +761,15 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
                                                     NUM_BUFFERS_Q, NO_LOADS)
+                if KV_PREFETCH:  # once this item's loads are issued (its Q/dO first: they are on its path), the next
+                    # item's K/V and first dO blocks into the L2, to land while this item computes
+                    if i + 1 < my_items:
+                        ahead = _bwd_item(snake_work(pid, i + 1, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
+                                          n_tiles, units, num_seqs, search_steps, rows_s, rows_o, window_left, right,
+                                          head_group, TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                          TILES_FROM_OFFSETS, HEAD_GROUPED, ITEM_LIST)
+                        _prefetch_item(ahead, K_ROWS, V_ROWS, DO_ROWS, stride_dkvt, ahead[1], group, HEAD_DIM, BLOCK_M,
+                                       BLOCK_N, GROUP_SPLIT)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -766,17 +827,25 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         out_tile = tlx.local_reinterpret(dq_stage[cid * NUM_BUFFERS_DQ], k_tile.dtype,
                                                          [HALF_N, HEAD_DIM], layout=k_tile.type.layout)
                         tlx.async_descriptor_store_wait(0)  # the last dQ reduce-add has read the staging buffer
-                        _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
-                                            stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
-                        _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
-                                            kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
+                            _keep_alive(dk, out_tile, kv_count, dtype)
+                            _keep_alive(dv, out_tile, kv_count, dtype)
+                        else:
+                            _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                                stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                            _store_through_tile(out_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                                kv_head * HEAD_DIM, cid, HEAD_DIM)
                     else:  # through this consumer's K and V tiles, then free them
                         if DQ_SHARED:
                             tlx.named_barrier_wait(DS_BARRIER, 256)  # the other consumer is done with this K tile
-                        _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
-                                            stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
-                        _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
-                                            kv_head * HEAD_DIM, cid, HEAD_DIM)
+                        if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
+                            _keep_alive(dk, k_tile, kv_count, dtype)
+                            _keep_alive(dv, v_tile, kv_count, dtype)
+                        else:
+                            _store_through_tile(k_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
+                                                stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
+                            _store_through_tile(v_tile, dv.to(dtype), DV, kv_row0 + k0, len_k - k0, stride_dkvt,
+                                                kv_head * HEAD_DIM, cid, HEAD_DIM)
                         tlx.named_barrier_wait(OWN_BARRIER + cid, 128)  # every warp has read both tiles back
                         tlx.fence_async_shared()  # these generic-proxy accesses before the producer's next TMA loads
                     if not KV_EARLY:
@@ -846,7 +915,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False, zero_store: bool = False):
+                       peel: bool = False, zero_store: bool = False, kv_prefetch: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
     attention (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense only. The schedule's:
@@ -876,7 +945,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
     the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL). ``zero_store``
     (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of
-    zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers."""
+    zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers.
+    ``kv_prefetch`` (``configs.BACKWARD_KV_PREFETCH``; dense calls, else ignored): the producer prefetches the next
+    item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH)."""
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
@@ -903,6 +974,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and selection is None and not mxfp8)
     zero_store = bool(zero_store)
+    kv_prefetch = bool(kv_prefetch and selection is None)
     if ablate:
         if not (dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -910,9 +982,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts,
-               kv_early, peel, zero_store)
-    # no recipe for the MXFP8 backward (delta from another dO)
-    kept = selection is None and not mxfp8 and delta_grad_out is None
+               kv_early, peel, zero_store, kv_prefetch)
+    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source)
+    kept = selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -932,7 +1004,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, zero_store) = variant
+     peel, zero_store, kv_prefetch) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -947,6 +1019,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     given = (q, k, v, out, grad_out)
     q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
+    # KV_PREFETCH addresses K, V and dO rows as packed [T, H, D] (rows H * D apart: DK's stride, stride_dkvt)
+    kv_prefetch = kv_prefetch and all(t.stride(0) == t.shape[1] * head_dim for t in (k, v, grad_out))
     cfg = bwd_config_v2(head_dim, dq_shared)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
@@ -994,7 +1068,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         desc_q=rows_descriptor(q, cfg.block_m), desc_k=rows_descriptor(k, cfg.block_n // 2),
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
-        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic)
+        Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
+        **(dict(K_ROWS=k, V_ROWS=v, DO_ROWS=grad_out) if kv_prefetch else {}))
 
     def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
         return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
@@ -1008,11 +1083,12 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store)
+                    KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store,
+                    KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
-                    ("MXFP8",) if mxfp8 else ())
+                    ("MXFP8",) if mxfp8 else ()) + (("KV_PREFETCH",) if kv_prefetch else ())
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
     if parts > 1:  # two tensors (views of one would alias the op's outputs)

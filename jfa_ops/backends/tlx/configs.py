@@ -143,6 +143,14 @@ BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
 # work item, none in either loop). The same gradients (the same rows zeroed). Calls of the v2 consumers; off (0)
 # until timed on the H200.
 BACKWARD_ZERO_STORE = os.environ.get("JFA_TLX_BWD_ZERO_STORE", "0") == "1"
+# KV_PREFETCH (JFA_TLX_BWD_KV_PREFETCH=1; helper bcastbwd39, bench/NOTES.md "Issue 10: broadcast-Q backward, helper
+# bcastbwd39"): once the producer has issued an item's K/V loads it looks up the next item and prefetches that
+# item's K, V and first two dO blocks into the L2 by TMA (cp.async.bulk.prefetch.tensor: no shared memory, no
+# registers held, no barrier; the consumers unchanged). K/V are single-buffered, so an item's K/V load is issued only
+# when the previous item frees them: short items (broadcast-Q Lq128: 2 blocks an item, ~3.9 us of a ~9.2 us item
+# outside its blocks) pay its HBM round trip per item; from the L2 it lands sooner. Dense walks; off (0) until timed
+# on the H200.
+BACKWARD_KV_PREFETCH = os.environ.get("JFA_TLX_BWD_KV_PREFETCH", "0") == "1"
 # RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
 # backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
 # sorted key tile list and the causal order's item list through the full path's own functions and launches the
@@ -424,8 +432,10 @@ MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "
 # blocks) before their bf16 stores, the CUDA-core work MX adds; sdphalf: S and dP over half of head_dim, the tensor
 # time and operand bytes of E4M3 S and dP wgmma. Both: an MXFP8 backward with FP8 S/dP and bf16 dV/dK/dQ on MX
 # values (its extra Q/dO loads aside). Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
+# dkvstore (helper bcastbwd39), not a loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive), what
+# the epilogue costs an item (broadcast-Q: 2 blocks an item).
 BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64, "mxquant": 128,
-                      "sdphalf": 256}
+                      "sdphalf": 256, "dkvstore": 512}
 
 
 def backward_ablation_mask(names: str) -> int:
@@ -442,7 +452,7 @@ BACKWARD_ABLATE = backward_ablation_mask(os.environ.get("JFA_TLX_BWD_ABLATE", ""
 # What tools/tlx_check.py backward-ablation times (and tools/tlx_compile.py bwd-ablate compiles): one stage at a
 # time, then together: the CUDA-core math (exp2,ds), dQ and loads, down to the S/dP/dV/dK wgmma floor.
 BACKWARD_ABLATION_RUNS = ("none", "dq", "dqadd", "exp2", "ds", "dk", "dv", "loads", "exp2,ds", "dq,exp2,ds",
-                          "dq,exp2,ds,loads", "dq,dk,dv", "mxquant", "sdphalf", "mxquant,sdphalf")
+                          "dq,exp2,ds,loads", "dq,dk,dv", "mxquant", "sdphalf", "mxquant,sdphalf", "dkvstore")
 NUM_WARPS = 4  # the producer (default task); each consumer warpgroup adds 4 (async_task num_warps)
 
 
@@ -543,7 +553,8 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
-                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE)
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE,
+                kv_prefetch=BACKWARD_KV_PREFETCH)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:
