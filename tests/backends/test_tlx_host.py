@@ -1041,8 +1041,7 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     seen = []
     monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
-    head_group, uniform_walk, item_order, group_order = seen[0][2:6]  # [6]: causal_order
-    assert (head_group, item_order, group_order) == want
+    assert (seen[0].head_group, seen[0].item_order, seen[0].group_order) == want
 
 
 @needs_tlx

@@ -24,7 +24,7 @@ and dS^T transposed, 0.64-0.84x the triton backward, were removed; their code is
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -910,6 +910,24 @@ def one_length_causal(q, k, kv_offsets, params) -> bool:
             and uniform_lengths(params, kv_offsets.numel() - 1, q.shape[0], k.shape[0]))
 
 
+class BackwardVariant(NamedTuple):
+    """The kernel variant ``attention_backward`` settles on for a call (part of the plan and recipe keys; equal to
+    the plain tuple of its fields)."""
+    dq_shared: bool
+    stats_ahead: bool
+    head_group: int
+    uniform_walk: bool
+    item_order: bool
+    group_order: bool
+    causal_order: bool
+    ablate: int
+    parts: int
+    kv_early: bool
+    peel: bool
+    zero_store: bool
+    kv_prefetch: bool
+
+
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, dq_shared: bool = False,
                        selection=None, stats_ahead: bool = False, head_group: int = 0, uniform_walk: bool = False,
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
@@ -981,8 +999,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                              "(the consumers with the dQ split)")
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
-    variant = (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts,
-               kv_early, peel, zero_store, kv_prefetch)
+    variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
+                              ablate, parts, kv_early, peel, zero_store, kv_prefetch)
     # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source)
     kept = selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
