@@ -115,6 +115,17 @@ def busiest(programs):
     return loads.max() / loads.mean(), loads.max()
 
 
+def lru_miss(cache: OrderedDict, key, cap: int) -> bool:
+    """One access to an LRU of ``cap`` entries (``cache``, updated): whether ``key`` missed."""
+    if key in cache:
+        cache.move_to_end(key)
+        return False
+    cache[key] = 1
+    if len(cache) > cap:
+        cache.popitem(last=False)
+    return True
+
+
 def l2_model(programs, l2_mib=40, blocks_of=None, per_item=PER_ITEM):
     """DRAM KiB per key block: LRU over 64 KiB K+V blocks, programs one block per step (``per_item`` steps between
     items). ``blocks_of(item)``: the item's K+V block keys in visiting order (default: a dense item (seq, _, kv head,
@@ -126,14 +137,7 @@ def l2_model(programs, l2_mib=40, blocks_of=None, per_item=PER_ITEM):
     heap = [(0.0, p, 0, 0) for p in range(SMS) if programs[p]]
     while heap:
         clock, p, i, j = heapq.heappop(heap)
-        key = walks[p][i][j]
-        if key in cache:
-            cache.move_to_end(key)
-        else:
-            misses += 1
-            cache[key] = 1
-            if len(cache) > cap:
-                cache.popitem(last=False)
+        misses += lru_miss(cache, walks[p][i][j], cap)
         blocks += 1
         if j + 1 < len(walks[p][i]):
             heapq.heappush(heap, (clock + 1.0, p, i, j + 1))

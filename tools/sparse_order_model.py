@@ -396,14 +396,7 @@ def tlb(programs, index, count, lens, entries, per_sm=True, rows_per_page=512):
         walk = walks[p][it]
         if len(walk):
             page = (off[s] + int(walk[j]) * BLOCK) // rows_per_page
-            cache = caches[p if per_sm else 0]
-            if page in cache:
-                cache.move_to_end(page)
-            else:
-                misses += 1
-                cache[page] = 1
-                if len(cache) > entries:
-                    cache.popitem(last=False)
+            misses += fsm.lru_miss(caches[p if per_sm else 0], page, entries)
         clock += B_US + (A_US if j == 0 else 0.0)
         if j + 1 < len(walk):
             heapq.heappush(heap, (clock, p, it, j + 1))
