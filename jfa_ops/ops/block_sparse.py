@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -97,8 +96,9 @@ def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: T
 
 # Selections (kv_block_index, kv_block_count) select_kv_blocks returned, while unmodified (their version counters):
 # counts within the width and used ids ascending by construction, so block_sparse_attention's device check of those
-# two (``_check_index_on_device``) skips them (sparse_attention passes every selection straight on). Bounded as
-# ``validation._COVERED``; tensor subclasses (FakeTensors) and inference tensors (no version counter) never count.
+# two (``_check_index_on_device``) skips them (sparse_attention passes every selection straight on). A table of
+# ``validation.remember_unmodified``, as ``validation._COVERED``; tensor subclasses (FakeTensors) and inference tensors
+# (no version counter) never count.
 _SELECTIONS: dict = {}
 _SELECTIONS_MAX = 16
 
@@ -111,19 +111,14 @@ def _selection_key(index: Tensor, count: Tensor) -> Optional[tuple]:
 
 def _remember_selection(index: Tensor, count: Tensor) -> None:
     key = _selection_key(index, count)
-    if key is None:
-        return
-    if len(_SELECTIONS) >= _SELECTIONS_MAX:
-        _SELECTIONS.clear()
-    _SELECTIONS[key] = (weakref.ref(index), weakref.ref(count), (index._version, count._version))
+    if key is not None:
+        validation.remember_unmodified(_SELECTIONS, _SELECTIONS_MAX, key, index, count)
 
 
 def _is_selection(index: Tensor, count: Tensor) -> bool:
     """Whether (index, count) is an unmodified select_kv_blocks output."""
     key = _selection_key(index, count)
-    entry = None if key is None else _SELECTIONS.get(key)
-    return (entry is not None and entry[0]() is index and entry[1]() is count
-            and entry[2] == (index._version, count._version))
+    return key is not None and validation.is_unmodified(_SELECTIONS, key, index, count)
 
 
 # Memo of the direct path's metadata work per call signature, as ``attention._CALLS``: (backend, params, params with
