@@ -19,7 +19,8 @@ from jfa_ops import validation
 from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
 from jfa_ops.ops import attention as _attention
 from jfa_ops.ops.attention import (OPTIONS_SCHEMA, _params as _attention_params, _recall, _remember,
-                                   autograd_backward_call, called_by_autograd, check_no_forward_ad)
+                                   autograd_backward_call, called_by_autograd, check_no_forward_ad,
+                                   register_autocast)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 SELECT_FAMILY = "select_kv_blocks"
@@ -325,3 +326,8 @@ def _setup_backward_context(ctx, inputs, output):
 
 block_sparse_attention.register_autograd(_backward, setup_context=_setup_context)
 block_sparse_attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
+# Under torch.autocast both stages see q/k (and v) in the region's dtype, as jfa::attention does: the selection scores
+# the very inputs the sparse attention then attends over, so one region gives the selection and attention of a caller
+# who cast first (sparse_attention included), and the GPU's selection reads half the bytes.
+register_autocast("select_kv_blocks", num_inputs=2)
+register_autocast("block_sparse_attention")
