@@ -284,10 +284,11 @@ def block_sparse_attention(
     first ``kv_block_count[b, h_kv, r // block_q]`` ids of ``kv_block_index[b, h_kv, r // block_q]`` *and* the
     causal/window mask lets it (q head h reads kv head ``h // (Hq // Hkv)``). Everything else is the contract of
     ``jagged_attention`` (shapes, broadcast-Q, GQA, lse, rows that see nothing: out 0 / lse -inf, deterministic,
-    NJT in and out, fp32 q/k/v in the region's dtype under ``torch.autocast``); ``block_q``/``block_kv`` must be the selection's, and each row's used ids ascending, as
-    ``select_kv_blocks`` returns them (the GPU kernels rely on the order to skip masks). ``JFA_VALIDATE=sync`` checks
-    the index's values; the device modes check counts within its width and the order on the device, except for an
-    unmodified ``select_kv_blocks`` output (ids past a sequence's blocks are then skipped). Differentiable in q, k, v.
+    NJT in and out, fp32 q/k/v in the region's dtype under ``torch.autocast``); ``block_q``/``block_kv`` must be the
+    selection's, and each row's used ids ascending, as ``select_kv_blocks`` returns them (the GPU kernels rely on the
+    order to skip masks). ``JFA_VALIDATE=sync`` checks the index's values; the device modes check counts within its
+    width and the order on the device, except for an unmodified ``select_kv_blocks`` output (ids past a sequence's
+    blocks are then skipped). Differentiable in q, k, v.
     """
     if not torch.compiler.is_compiling():
         check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))

@@ -28,7 +28,8 @@ def exact(fn):
     that its ops compute in the dtypes it chose. Why: ops without an autocast kernel of their own (the backward ops,
     the MXFP8 quantize ops, pre-quantized MXFP8 attention) run their bodies inside the caller's ``torch.autocast``
     region, where every fp32 einsum here ran in bf16/fp16: ~2e-2 relative error against the float64 oracle,
-    silently, where the reference promises fp32 accumulation (bench/NOTES.md "Hardening, helper wrap38"). Free outside a region (one check)."""
+    silently, where the reference promises fp32 accumulation (bench/NOTES.md "Hardening, helper wrap38"). Free
+    outside a region (one check)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         if not torch._C._is_any_autocast_enabled():
