@@ -6,6 +6,10 @@
 # $OUT/ncu_summary.txt (a few lines per kernel). ncu reads counters on Firecracker machines only (KINDS.md); it
 # leaves the clocks alone here (--clock-control none, METHOD.md).
 #   NCU_CASES: ';'-separated "suite|case|mode" (default: dense B8 S4096 fwd and bwd); NCU_IMPLS: "jfa:tlx fa4".
+#   NCU_MODE=source: per SASS line instead (issue 10's long-scoreboard stalls, bench/NOTES.md "helper lsedelta40"):
+#   one launch of the kernels named by NCU_KERNEL (a regex; default the TLX backward's) with the source counters and
+#   warp states (PC sampling), saved as $OUT/ncu_src_*.ncu-rep, its source page as $OUT/ncu_src_*.csv, and the lines
+#   the warps stalled at most (tools/ncu_source_top.py: NCU_REASON, default long scoreboard) in ncu_summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/ncu}; mkdir -p "$out"
@@ -31,11 +35,28 @@ profile() {
     python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
     > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
 }
+# NCU_MODE=source: one launch of NCU_KERNEL's kernels with per-instruction counters, then its source page (SASS)
+profile_source() {
+  timeout -k 10 "${NCU_TIMEOUT_S:-240}" "$ncu" --profile-from-start off --clock-control none --target-processes all \
+    --kernel-name "regex:${NCU_KERNEL:-attn_bwd_tlx}" --launch-count 1 --import-source yes \
+    --section SourceCounters --section WarpStateStats -f -o "$out/ncu_src_$tag" \
+    python3 tools/ncu_attention.py --impl "$impl" --suite "$suite" --case "$case" --mode "$mode" \
+    > "$out/ncu_src_$tag.log" 2>&1 || return $?
+  "$ncu" --import "$out/ncu_src_$tag.ncu-rep" --page source --csv --print-source sass > "$out/ncu_src_$tag.csv" \
+    2>> "$out/ncu_src_$tag.log"
+}
 IFS=';' read -ra cases <<< "${NCU_CASES:-dense|B8 S4096|fwd;dense|B8 S4096|bwd}"
 for spec in "${cases[@]}"; do
   IFS='|' read -r suite case mode <<< "$spec"
   for impl in ${NCU_IMPLS:-jfa:tlx fa4}; do
     tag=$(echo "${impl}_${suite}_${case}_${mode}" | tr -c 'A-Za-z0-9_\n' '_')
+    if [ "${NCU_MODE:-}" = source ]; then
+      profile_source; rc=$?
+      echo "== $impl $suite $case $mode (source): rc $rc" >> "$out/ncu_summary.txt"
+      python3 tools/ncu_source_top.py "$out/ncu_src_$tag.csv" --reason "${NCU_REASON:-long}" \
+        --top "${NCU_TOP:-40}" >> "$out/ncu_summary.txt" 2>&1
+      continue
+    fi
     profile "$extra_more"; rc=$?
     if [ $rc -ne 0 ] && [ -n "${NCU_METRICS:-}" ]; then
       echo "== $impl $suite $case $mode: rc $rc with NCU_METRICS; again without" >> "$out/ncu_summary.txt"

@@ -1163,7 +1163,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store,
                     KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)),
-                    **(dict(STATS_SMEM=True) if stats_smem else {}))
+                    STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

@@ -548,13 +548,14 @@ def block_loop_counts(sass: str) -> dict:
     whole kernel; wgmma (HGMMA), MUFU, SHFL (cross-lane row reductions) and PRMT (byte permutes) of the straight
     path; global loads (LDG: lse, delta) of the straight path after its first wgmma wait (S's), whose latency then
     lands on the block's path, and its spill instructions; FSEL of the straight path (the masked blocks' dS guard,
-    if-converted, issues there: helper peel37) and its integer ALU instructions (helper desc38). The branches after
+    if-converted, issues there: helper peel37), its integer ALU instructions (helper desc38) and its global or
+    generic loads (LDG, LD: lse and delta in the default backward; helper lsedelta40). The branches after
     the last EXIT (out-of-line waits jumping back) are no loops."""
     insts, loops = innermost_loops(sass, ("HGMMA", "QGMMA"))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
                   block_loop_hgmma=[], block_loop_mufu=[], block_loop_shfl=[], block_loop_prmt=[],
                   block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[], block_loop_path_fsel=[],
-                  block_loop_path_int_alu=[])
+                  block_loop_path_int_alu=[], block_loop_path_ldg=[])
     for a, b, skipped in loops:
         body = insts[a:b + 1]
         counts["block_loop_instructions"].append(len(body))
@@ -569,6 +570,9 @@ def block_loop_counts(sass: str) -> dict:
         first_wait = next((i for i, op in enumerate(path) if op.startswith("WARPGROUP.DEPBAR")), len(path))
         counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
         counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
+        # global and generic loads (long-scoreboard waits: helper lsedelta40, tools/sass_loads.py)
+        counts["block_loop_path_ldg"].append(sum(op.startswith("LDG") or op == "LD" or op.startswith("LD.")
+                                                 for op in path))
         counts["block_loop_path_fsel"].append(sum(op.startswith("FSEL") for op in path))
         # integer ALU on the vector datapath (tools/sass_mix.py's class): descriptors built per lane land here
         counts["block_loop_path_int_alu"].append(sum(bool(re.match(
