@@ -1173,3 +1173,9 @@ def test_ncu_attention_source_mode(tmp_path):
     assert "--import-source yes" in profile[0] and "--section WarpStateStats" in profile[0]
     summary = (out / "ncu_summary.txt").read_text()
     assert "(source): rc 0" in summary and "0x0c80" in summary and "mbarrier (SYNCS try-wait)" in summary
+    # a second run into the same $OUT (a knob set: NCU_TAG) keeps the first's files
+    proc = subprocess.run(["bash", os.path.join(root, "tools", "ncu_attention.sh")], env=dict(env, NCU_TAG="knob"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / f"ncu_src_{tag}_knob.csv").exists() and (out / "ncu_summary_knob.txt").exists()
+    assert (out / "ncu_summary.txt").read_text() == summary

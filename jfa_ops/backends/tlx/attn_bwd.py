@@ -376,7 +376,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     masked tail: the producer's order and count; the loops' shape below), ``masked`` a constexpr per loop, so
     the bulk loop has no mask code: the default's one loop runs the mask under a runtime branch that ptxas
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
-    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
+    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it).
+
+    STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense): lse and delta read from ``stat_tiles`` (the producer's TMA
+    copies in the block's ring slot) instead of 4 LDG per block, whose L2 round trips ptxas waits for inside dP's
+    wgmma issue (lse) and after P's store (delta) (bench/NOTES.md "helper lsedelta40")."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not (SPARSE and STATS_AHEAD), "STATS_AHEAD walks dense blocks only")
     tl.static_assert(ABLATE == 0 or (DQ_SHARED and not SPARSE),
@@ -705,7 +709,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     KV_PREFETCH (``configs.BACKWARD_KV_PREFETCH``; dense walks): once the producer has issued an item's loads,
     it looks up its next item and prefetches that item's K, V and first two dO blocks into the L2
     (``_prefetch_item``; K_ROWS, V_ROWS, DO_ROWS: k, v, dO as pointers, packed rows), an item ahead of their loads;
-    the consumers are unchanged."""
+    the consumers are unchanged.
+
+    STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense, not MXFP8, not with STATS_AHEAD): the producer loads each
+    block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s rows) into its ring slot with Q and dO, on
+    the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``)."""
     tl.static_assert(not KV_PREFETCH or not SPARSE, "KV_PREFETCH: the dense walks")
     tl.static_assert(not STATS_SMEM or not (SPARSE or MXFP8 or STATS_AHEAD),
                      "STATS_SMEM: the dense walks, not MXFP8, instead of STATS_AHEAD's prefetch")
