@@ -1053,8 +1053,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     zero_store = bool(zero_store)
     kv_prefetch = bool(kv_prefetch and selection is None)
     # STATS_SMEM's TMA coordinates are int32 rows of the flat [Hq * rows] lse / delta
-    stat_rows = q.shape[1] * ((kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0])
-    stats_smem = bool(stats_smem and selection is None and not mxfp8 and stat_rows < 2 ** 31 - 2 ** 16)
+    stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
+        (kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0]) < 2 ** 31 - 2 ** 16)
     stats_ahead = stats_ahead and not stats_smem  # the lse / delta prefetch has nothing left to prefetch
     if ablate:
         if not (dq_shared and selection is None):
