@@ -14,6 +14,7 @@ with ``JFA_TLX_SITE`` (or ``.ci-tlx``) first on the path, as ``test_tlx_compile.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -1139,6 +1140,15 @@ def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     _knob_changes_one_constexpr(runs, answers, monkeypatch, "BACKWARD_PEEL", "PEEL", *_inputs([300, 17, 700, 5, 0, 1]))
 
 
+def _backward_launch(runs, call) -> dict:
+    """The TLX backward kernel's arguments by name of the one launch ``call`` makes (``gpu``'s records)."""
+    runs.clear()
+    call()
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (values,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    return values
+
+
 @needs_tlx
 def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_KV_PREFETCH`` (helper bcastbwd39, env JFA_TLX_BWD_KV_PREFETCH), off by default, sets the
@@ -1148,14 +1158,8 @@ def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     the prefetch's addresses assume rows H * D apart)."""
     runs, answers = gpu
     assert not tlx_configs.BACKWARD_KV_PREFETCH  # off until timed on the H200
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
-
-    def launched(call) -> dict:
-        runs.clear()
-        call()
-        (values,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-        return values
+    launched = functools.partial(_backward_launch, runs)
 
     lq = 40
     bq, bout = q[:lq], torch.randn(lq * (offsets.numel() - 1), q.shape[1], HEAD_DIM).to(q.dtype)
@@ -1188,14 +1192,8 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     first; the MXFP8 backward ignores the knob."""
     runs, answers = gpu
     assert not tlx_configs.BACKWARD_STATS_SMEM  # off until timed on the H200
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
-
-    def launched(call) -> dict:
-        runs.clear()
-        call()
-        (values,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-        return values
+    launched = functools.partial(_backward_launch, runs)
 
     lq, seqs = 40, offsets.numel() - 1
     bq, bout = q[:lq], torch.randn(lq * seqs, q.shape[1], HEAD_DIM).to(q.dtype)
