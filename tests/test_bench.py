@@ -1179,3 +1179,37 @@ def test_ncu_attention_source_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (out / f"ncu_src_{tag}_knob.csv").exists() and (out / "ncu_summary_knob.txt").exists()
     assert (out / "ncu_summary.txt").read_text() == summary
+
+
+_SASS_HEX = """\
+        /*0000*/                   S2UR UR4, SR_CgaCtaId ;                  /* 0x00000000000479c3 */
+                                                                             /* 0x000ea20000008800 */
+.L_x_1:
+        /*0010*/              @!P1 LDG.E R20, desc[UR38][R22.64] ;         /* 0x0000002616149981 */
+                                                                             /* 0x000ea2000c1e1900 */
+        /*0020*/                   R2UR UR20, R219 ;                       /* 0x00000000db1472ca */
+                                                                             /* 0x000fe400000e0000 */
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR20], RZ, !UPT ; /* 0x0000000000000000 */
+                                                                             /* 0x000fe20000000000 */
+        /*0040*/                   FMUL R21, R20.reuse, 1.4426950216293334961 ; /* 0x3fb8aa3b14157820 */
+                                                                             /* 0x044fe20000400000 */
+        /*0050*/                   BRA `(.L_x_1) ;                          /* 0x0000000000000000 */
+                                                                             /* 0x000fe20000000000 */
+"""
+
+
+def test_sass_loads_decodes_the_scoreboards():
+    """tools/sass_loads.py (helper lsedelta40) reads each instruction's control bits from nvdisasm's high encoding
+    word (stall, write / read scoreboard, wait mask) and finds where a load is waited for: the real encodings of the
+    D128 backward's lse LDG (writes scoreboard 2) and of the FMUL that first reads it (waits on 2), two instructions
+    and an HGMMA apart; S2UR's scoreboard is also 2, its first waiter the LDG's own successor line is not."""
+    tool = _load_tool("sass_loads")
+    insts, labels = tool.parse(_SASS_HEX)
+    assert [i.op for i in insts] == ["S2UR", "LDG.E", "R2UR", "HGMMA.64x64x16.F32.BF16", "FMUL", "BRA"]
+    assert labels == {".L_x_1": 1} and insts[1].pred == "@!P1"
+    assert (insts[1].write_sb, insts[1].wait_mask, insts[4].write_sb, insts[4].wait_mask) == (2, 0, 7, 1 << 2)
+    assert tool.control(0x000ea20000008800) == (1, 2, 7, 0)  # S2UR: stall 1, writes SB2
+    wait, path = tool.first_wait(insts, labels, [], 1, insts[1].write_sb)
+    assert wait == 4 and path == [2, 3, 4]
+    assert tool.LOAD.match("LDG.E") and tool.LOAD.match("LDL") and tool.LOAD.match("LD.E") and not tool.LOAD.match(
+        "LDS")

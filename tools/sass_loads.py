@@ -20,21 +20,20 @@ the warp stalls if it has not landed. ``--all``: every variable-latency instruct
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 LOAD = re.compile(r"^(LDG|LDL|LD)(\.|$)")  # global, local, generic: the long-scoreboard (L1TEX) loads
 WGMMA_WAIT = re.compile(r"^WARPGROUP\.DEPBAR")
 MAX_WALK = 20000  # instructions walked from a load before giving up
 
 
-@dataclasses.dataclass
-class Inst:
+class Inst(NamedTuple):
     index: int
     addr: int
     pred: str
@@ -44,7 +43,7 @@ class Inst:
     write_sb: int  # 7: none
     read_sb: int
     wait_mask: int
-    where: tuple  # ((file, line), ...) innermost first, the kernel's own line last
+    where: tuple  # ((file path, line), ...) innermost first, the kernel's own line last
 
 
 def control(hi: int) -> tuple:
@@ -62,7 +61,7 @@ def parse(text: str) -> tuple:
         line = lines[k]
         m = re.match(r'\s*//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?', line)
         if m:
-            pending_where.append((os.path.basename(m.group(1)), int(m.group(2))))
+            pending_where.append((m.group(1), int(m.group(2))))
             k += 1
             continue
         if pending_where:
@@ -110,18 +109,25 @@ def _functions(path: str) -> list:
     return [(n.lineno, n.end_lineno, n.name) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
 
 
+def _same_file(path: str, source: str) -> bool:
+    """Whether a line-info path names ``source`` (its last two path parts: tlx/ and triton/ both hold attn_bwd.py)."""
+    return os.path.normpath(path).split(os.sep)[-2:] == os.path.normpath(source).split(os.sep)[-2:]
+
+
 def function_at(where: tuple, roots: list) -> str:
-    """The innermost function of an instruction's source position (file basename + line)."""
+    """The innermost function of an instruction's source position: the line-info path's file if it exists, else the
+    file of that name and folder under ``roots`` (a cubin compiled elsewhere). Line numbers are the compile's: read a
+    cubin against the source it was compiled from."""
     if not where:
         return "?"
-    name, line = where[0]
-    for root in roots:
-        path = os.path.join(root, name)
-        if os.path.exists(path):
-            best = [f for f in _functions(path) if f[0] <= line <= f[1]]
+    path, line = where[0]
+    candidates = [path] + [os.path.join(root, os.path.basename(path)) for root in roots]
+    for candidate in candidates:
+        if os.path.exists(candidate) and _same_file(candidate, path):
+            best = [f for f in _functions(candidate) if f[0] <= line <= f[1]]
             if best:
                 return f"{min(best, key=lambda f: f[1] - f[0])[2]}:{line}"
-    return f"{name}:{line}"
+    return f"{os.path.basename(path)}:{line}"
 
 
 def task_lines(source: str, kernel: str) -> dict:
@@ -137,14 +143,14 @@ def task_lines(source: str, kernel: str) -> dict:
     return out
 
 
-def roles(insts: list, source_name: str, tasks: dict) -> list:
+def roles(insts: list, source: str, tasks: dict) -> list:
     """Per instruction: "producer", "consumer N" (N counts the consumers' USETMAXREG.TRY_ALLOC regions) or "other"."""
     allocs = [i.index for i in insts if i.op.startswith("USETMAXREG.TRY_ALLOC")]
     consumer_count = insts[allocs[-1]].operands.split(",")[-1].strip() if allocs else None
     starts = [a for a in allocs if insts[a].operands.split(",")[-1].strip() == consumer_count]
     out = []
     for i in insts:
-        line = next((ln for f, ln in reversed(i.where) if f == source_name), None)
+        line = next((ln for f, ln in reversed(i.where) if _same_file(f, source)), None)
         role = "other"
         for name, (a, b) in tasks.items():
             if line is not None and a <= line <= b:
@@ -198,7 +204,7 @@ def report(sass_hex: str, source: str, kernel: str, roots: list, all_var: bool =
     """One dict per load (``all_var``: per variable-latency instruction with a write scoreboard)."""
     insts, labels = parse(sass_hex)
     loops = loops_of(insts, labels)
-    role = roles(insts, os.path.basename(source), task_lines(source, kernel))
+    role = roles(insts, source, task_lines(source, kernel))
     rows = []
     for i in insts:
         if not (LOAD.match(i.op) or (all_var and i.write_sb != 7)):
