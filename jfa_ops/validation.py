@@ -227,4 +227,3 @@ def device_check(q_offsets: Optional[torch.Tensor], q_rows: int, max_seqlen_q: i
     if q_offsets is not None:
         ok = ok & _device_ok(q_offsets, q_rows, max_seqlen_q)
     device_flag(ok, mode)
-
