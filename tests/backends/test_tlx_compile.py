@@ -557,17 +557,17 @@ def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
     straight path; ROWSUM_ONCE halves the SHFL (8 -> 4 per consumer warp and block: the row max's only), PACK_P
     removes consumer 0's 32 PRMT, and each shortens both paths (sm_90 ptxas at stop 37, dense: default [498, 470],
     rowsumonce [490, 462], packp [468, 467], both [460, 459]); the kernel spills no more than the default (dense 80
-    -> 0-16 B per thread, causal 76 -> 28-52). The shipped list holds the both-on variants only (with both off the
+    -> 0-16 B per thread, causal 76 -> 28-52). The shipped list holds the both-on variants only (STORE_TMA on, as launched since stop 40; with both off the
     62 forward kernels' SASS was the default's byte for byte at stop 37: bench/NOTES.md "fwdsum37"). ~60 s."""
     names, rows = _shipped_and_compiled(
         "-rowsumonce", "[s.fwd_specialization(128, 'bf16', c, uniform=not c, **kw) for c in (False, True)"
         " for kw in (dict(), dict(rowsum_once=True), dict(pack_p=True), dict(rowsum_once=True, pack_p=True))]",
         "JFA_TLX_FWD_ROWSUM_ONCE", 8)
     assert sorted(names) == sorted([
-        "fwd-d128-bf16-full-oneloop-rowsumonce-packp", "fwd-d64-bf16-full-oneloop-rowsumonce-packp",
-        "fwd-d128-bf16-causal-oneloop-tilemajor-rowsumonce-packp",
-        "fwd-d128-fp16-causal-left-oneloop-tilemajor-rowsumonce-packp",
-        "sparse-fwd-d128-bf16-causal-oneloop-tilemajor-uniform-rowsumonce-packp"])
+        "fwd-d128-bf16-full-oneloop-storetma-rowsumonce-packp", "fwd-d64-bf16-full-oneloop-storetma-rowsumonce-packp",
+        "fwd-d128-bf16-causal-oneloop-storetma-tilemajor-rowsumonce-packp",
+        "fwd-d128-fp16-causal-left-oneloop-storetma-tilemajor-rowsumonce-packp",
+        "sparse-fwd-d128-bf16-causal-oneloop-storetma-tilemajor-uniform-rowsumonce-packp"])
     for base, *variants in (rows[0:4], rows[4:8]):
         assert base["block_loop_shfl"] == [8, 8] and base["block_loop_prmt"] == [32, 0], base
         for r, once, packed in zip(variants, (True, False, True), (False, True, True)):
@@ -583,23 +583,22 @@ def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
 
 
 def test_forward_store_tma_drops_the_epilogue_conversion():
-    """configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"; off, not shipped): out through the consumer's
-    Q slot and one TMA store. On the bench's dense D128 kernel, D128 causal (tile-major), D64 causal (zigzag) and the
-    block-sparse causal kernel, against the default: the compiler's layout-conversion scratch goes (shared memory
-    -15,872 B at D128: 213,128 -> 197,256; -15,872 at D64: 147,648 -> 131,776), the consumers' block loops keep their
-    HGMMA, MUFU and wgmma overlap with no spill instruction on their straight path and the path within 3 of the
-    default's (sm_90 at stop 39: [497, 470] vs [498, 470]); spills no more than the default's on the unmasked and the
-    block-sparse kernels (D128 40 -> 16/28 B stores/loads, sparse causal 156/180 -> 92/112), and within 80 B more on
-    the masked dense ones (D128 causal 32/44 -> 52/96: consumer 0's masked branch, 6 spill instructions per masked
-    block; D64 none). ~3 min."""
+    """configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"; on by default since stop 40): out through
+    the consumer's Q slot and one TMA store. The off switch's kernels (``store_tma_off_specializations``: the bench's
+    dense D128 kernel, D128 causal (tile-major), D64 causal (zigzag) and the block-sparse causal kernel; not shipped,
+    so compiled here) against their shipped "-storetma" twins: the compiler's layout-conversion scratch goes (shared
+    memory -15,872 B at D128: 213,128 -> 197,256; -15,872 at D64: 147,648 -> 131,776), the consumers' block loops keep
+    their HGMMA, MUFU and wgmma overlap with no spill instruction on their straight path and the path within 3 of the
+    off kernel's (sm_90 at stop 39: [497, 470] vs [498, 470]); spills no more than the off kernel's on the unmasked
+    and the block-sparse kernels (D128 40 -> 16/28 B stores/loads, sparse causal 156/180 -> 92/112), and within 80 B
+    more on the masked dense ones (D128 causal 32/44 -> 52/96: consumer 0's masked branch, 6 spill instructions per
+    masked block; D64 none). ~3 min."""
     names, rows = _shipped_and_compiled(
-        "-storetma", "[s.fwd_specialization(**kw, store_tma=t) for kw in (dict(head_dim=128, dtype='bf16',"
-        " causal=False, uniform=True), dict(head_dim=128, dtype='bf16', causal=True), dict(head_dim=64,"
-        " dtype='bf16', causal=True, zigzag=True), dict(head_dim=128, dtype='bf16', causal=True, sparse=True,"
-        " zigzag=True, uniform_walk=True)) for t in (False, True)]", "JFA_TLX_FWD_STORE_TMA", 8)
-    assert names == []
+        "-storetma", "[sp for pair in zip(s.store_tma_off_specializations(), (s.fwd_specialization(**kw) for kw in"
+        " s.STORE_TMA_OFF_CASES)) for sp in pair]", "JFA_TLX_FWD_STORE_TMA", 8)  # (off, as launched by default)
     for base, r in zip(rows[0::2], rows[1::2]):
-        assert r["name"] == base["name"] + "-storetma", (base["name"], r["name"])
+        assert "-storetma" not in base["name"] and base["name"] not in names, base["name"]  # the off kernel
+        assert r["name"] == base["name"].replace("-oneloop", "-oneloop-storetma") and r["name"] in names, r["name"]
         assert r["shared"] <= base["shared"] - 15 * 1024 and r["shared"] <= SM90_SHARED_MEMORY, (base, r)
         assert r["wgmma_overlap"], r["name"]
         for key in ("block_loop_hgmma", "block_loop_mufu"):
@@ -609,6 +608,19 @@ def test_forward_store_tma_drops_the_epilogue_conversion():
         spills, base_spills = r["spill_stores"] + r["spill_loads"], base["spill_stores"] + base["spill_loads"]
         masked_dense = "-causal-" in r["name"] and not r["name"].startswith("sparse-")
         assert spills <= base_spills + (80 if masked_dense else 0), (base, r)
+
+
+def test_forward_store_tma_switch():
+    """configs.FORWARD_STORE_TMA: on unless JFA_TLX_FWD_STORE_TMA=0 (since its H200 timing, stop 40), and the shipped
+    list follows it (the v4 kernels "-storetma" only while on; v3 never). Needs TLX importable, not a GPU."""
+    code = (
+        "import _utlx_autoregister\nfrom jfa_ops.backends.tlx import configs, specializations as s\n"
+        "names = [sp.name for sp in s.shipped_specializations() if 'fwd-' in sp.name and 'mxfp8' not in sp.name]\n"
+        "v4 = [n for n in names if '-oneloop' in n]\n"
+        "assert v4 and all(('-storetma' in n) == configs.FORWARD_STORE_TMA for n in v4), v4\n"
+        "assert not any('-storetma' in n for n in names if n not in v4), names\n"
+        "print(configs.FORWARD_STORE_TMA)\n")
+    _check_per_switch(code, "JFA_TLX_FWD_STORE_TMA", (("0", "False"), ("1", "True"), (None, "True")))
 
 
 def test_gqa_split_kernels_add_partials_from_registers():
