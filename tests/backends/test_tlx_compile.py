@@ -27,15 +27,19 @@ SM90_SHARED_MEMORY = 232448
 # 184-244. Before its consumers ran one loop over the three stages: 1964 (full) to 6140 (causal).
 MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
 # The v4 forward consumers (configs.ONE_LOOP, D64/D128), stores + loads: D64 0; D128 56-192 (full 80, causal 56-76,
-# windowed 72, broadcast-Q 80, from offsets 192; per work item: none in the block loops).
-MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 256}
+# windowed 72, broadcast-Q 80, from offsets 192; per work item: none in the block loops). With STORE_TMA (the default
+# since stop 40; sm_90 ptxas, helper flip40, 2026-12-05): D64 0; D128 44-228 (full 44, causal 116-164, windowed
+# 136-228, from offsets 176), and 276 with ROWSUM_ONCE + PACK_P (off by default) at fp16 causal + left window.
+MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 276}
 # The block-sparse forward ("sparse-fwd-*": SPARSE on the v4 consumers), stores + loads: D64 0; D128 full 24,
 # broadcast-Q 24, causal 112, blocks 256 160 (per work item, around its first block: none in the block loop), from
 # offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
 # branch; bench/NOTES.md "TLX block-sparse forward v1"). With the uniform walk ("-uniform", off by default): D64 0,
 # D128 full 64, broadcast-Q 64, causal 292-312, blocks 256 232, from offsets without FMA 276, fp16 causal + left
-# window 300 (bench/NOTES.md "TLX block-sparse forward: uniform walk").
-MAX_SPILL_BYTES_SPARSE = {64: 0, 128: 448}
+# window 300 (bench/NOTES.md "TLX block-sparse forward: uniform walk"). With STORE_TMA (the default since stop 40;
+# sm_90 ptxas, helper flip40, 2026-12-05): D64 20 without the uniform walk (full and causal 8 + 12: the epilogue in
+# the item's branch; 0 with it, the default walk), D128 20-420 (fp16 causal + left window 420, uniform walk 64-236).
+MAX_SPILL_BYTES_SPARSE = {64: 20, 128: 448}
 # The MXFP8 forward ("mxfp8-fwd-*", v3 consumers), stores + loads: 0 but D128 with a left window 400 (the key
 # interval mask; ``visible`` spilled 800 there).
 MAX_SPILL_BYTES_MXFP8 = {64: 0, 128: 448}
@@ -166,9 +170,11 @@ def test_sparse_zigzag_order_costs_the_block_loop_nothing(compiled):
 def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
     """configs.SPARSE_FORWARD_WALK_AHEAD (helper sparsefwd: the producer reads the next item's walk after the first
     NUM_BUFFERS_KV tiles; every walk reads its row's first ids beside the count): per item only, so the consumers'
-    block loops are those of the same kernel without it (unmasked paths no longer, whole loops within 8
-    instructions: register choices move; measured paths equal or 4 shorter), two wgmma groups stay in flight and
-    spills grow by at most 32 B per thread (measured equal or fewer)."""
+    block loops are those of the same kernel without it (unmasked paths within 2, whole loops within 10
+    instructions: register choices move; measured paths equal or 4 shorter before STORE_TMA; with it, the default
+    since stop 40, sm_90 2026-12-05: D128 causal zigzag consumer 0's path 506 vs 504 and its loop 709 vs 699, the
+    others' paths equal or shorter and loops within 6), two wgmma groups stay in flight and spills grow by at most
+    32 B per thread (measured equal or fewer)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled if r["name"].endswith("-walkahead")]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no walk ahead compiled"
@@ -178,9 +184,9 @@ def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
         assert extra <= 32, f"{r['name']}: {extra} B more spills than {base['name']}"
         assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
         for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
-            assert got <= want, (r["name"], r["block_loop_path"], base)
+            assert got <= want + 2, (r["name"], r["block_loop_path"], base)
         for got, want in zip(r["block_loop_instructions"], base["block_loop_instructions"]):
-            assert abs(got - want) <= 8, (r["name"], r["block_loop_instructions"], base)
+            assert abs(got - want) <= 10, (r["name"], r["block_loop_instructions"], base)
 
 
 def test_sparse_peel_compiles_a_mask_free_loop(compiled):
