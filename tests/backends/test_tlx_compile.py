@@ -566,8 +566,9 @@ def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
     straight path; ROWSUM_ONCE halves the SHFL (8 -> 4 per consumer warp and block: the row max's only), PACK_P
     removes consumer 0's 32 PRMT, and each shortens both paths (sm_90 ptxas at stop 37, dense: default [498, 470],
     rowsumonce [490, 462], packp [468, 467], both [460, 459]); the kernel spills no more than the default (dense 80
-    -> 0-16 B per thread, causal 76 -> 28-52) before STORE_TMA; with it, within 52 B (below). The shipped list holds the both-on variants only (STORE_TMA on, as launched since stop 40; with both off the
-    62 forward kernels' SASS was the default's byte for byte at stop 37: bench/NOTES.md "fwdsum37"). ~60 s."""
+    -> 0-16 B per thread, causal 76 -> 28-52) before STORE_TMA; with it, within 52 B (below). The shipped list
+    holds the both-on variants only (STORE_TMA on, as launched since stop 40; with both off the 62 forward kernels'
+    SASS was the default's byte for byte at stop 37: bench/NOTES.md "fwdsum37"). ~60 s."""
     names, rows = _shipped_and_compiled(
         "-rowsumonce", "[s.fwd_specialization(128, 'bf16', c, uniform=not c, **kw) for c in (False, True)"
         " for kw in (dict(), dict(rowsum_once=True), dict(pack_p=True), dict(rowsum_once=True, pack_p=True))]",

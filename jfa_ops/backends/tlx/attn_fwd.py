@@ -1201,8 +1201,8 @@ def uniform_lengths(params, num_seqs: int, total_q: int, total_kv: int) -> bool:
 # specialized). The key is the triton forward's (params, shapes, strides, device, offsets, knobs' generation) plus
 # what only this path reads: the dtypes (TMA's row-stride rule is in bytes), this backend's overrides (configs.
 # PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_ROWSUM_ONCE, FORWARD_PACK_P,
-# FORWARD_STORE_TMA) and the head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a replay also makes the call's
-# sorted query tile list.
+# FORWARD_STORE_TMA) and the head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a
+# replay also makes the call's sorted query tile list.
 _REPLAYS: dict = {}
 launcher.CLEAR_HOOKS.append(_REPLAYS.clear)
 
