@@ -26,9 +26,9 @@ triton, TFLOP/s of useful work (``bench.flops``). ``JFA_TLX_FWD_ONE_LOOP=1`` run
 on the bench's quick dense/jagged rows and a few others; ``JFA_TLX_FWD_ZIGZAG=1`` runs the correctness sweep with it.
 ``dynamic-timing`` (not in ``all``): static striding vs ``configs.FORWARD_DYNAMIC`` (helper bcast31) on broadcast-Q
 and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the correctness sweep with it.
-``store-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_STORE_TMA`` (helper item39) on dense,
-jagged, short causal and broadcast-Q (v4 forced) rows, with a bit-for-bit check; ``JFA_TLX_FWD_STORE_TMA=1`` runs the
-correctness sweep with it.
+``store-timing`` (not in ``all``): the forward with ``configs.FORWARD_STORE_TMA`` off vs on (helper item39; on, the
+default, since stop 40) on dense, jagged, short causal and broadcast-Q (v4 forced) rows, with a bit-for-bit check;
+``JFA_TLX_FWD_STORE_TMA=0`` runs the correctness sweep without it.
 ``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
 (helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
 JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
@@ -667,14 +667,15 @@ def rowsum_timing() -> int:
 
 
 def store_timing() -> int:
-    """Forward TFLOP/s of the default v4 consumers vs configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md
+    """Forward TFLOP/s of the v4 consumers with configs.FORWARD_STORE_TMA off vs on (helper item39, bench/NOTES.md
     "item39": out through each consumer's Q slot and one TMA store per full half-tile, no layout conversion at the
-    item's end), the same process and inputs, columns tlx, storetma, tlx', storetma' (the primed pair: the A/A
-    gauge), rounds interleaved (TLX_STORE_ROUNDS, 3), medians. Rows: the bench's dense B8 H16 S4096 D128 (32 blocks
-    an item), jagged T32768 D128 causal and not (partial half-tiles take the pointer stores), dense S1024 D128 causal
-    (4.5 blocks an item: the per-item share largest), D64 causal, and broadcast-Q Lq128 H4 B512 on the v4 consumers
-    (``configs.ONE_LOOP`` forced in both columns: broadcast-Q's default is v3, which the knob does not reach).
-    First, per row: out/lse == the default's bit for bit (the same division; only where out is written from)."""
+    item's end; on by default since stop 40, so both columns set it), the same process and inputs, columns tlx (off),
+    storetma (on), tlx', storetma' (the primed pair: the A/A gauge), rounds interleaved (TLX_STORE_ROUNDS, 3), medians.
+    Rows: the bench's dense B8 H16 S4096 D128 (32 blocks an item), jagged T32768 D128 causal and not (partial half-tiles
+    take the pointer stores), dense S1024 D128 causal (4.5 blocks an item: the per-item share largest), D64 causal, and
+    broadcast-Q Lq128 H4 B512 on the v4 consumers (``configs.ONE_LOOP`` forced in both columns: broadcast-Q's default is
+    v3, which the knob does not reach). First, per row: out/lse with it on == off bit for bit (the same division; only
+    where out is written from)."""
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
     from host_profile import with_setting  # tools/ is on the path of a script run from it
     from jfa_ops.backends.tlx import configs
@@ -692,7 +693,7 @@ def store_timing() -> int:
     cols = ("tlx", "storetma", "tlx'", "storetma'")
     rounds = int(os.environ.get("TLX_STORE_ROUNDS", "3"))
     print(f"forward, bf16, TFLOP/s of useful work (do_bench median, then the median of {rounds} interleaved rounds): "
-          "the default vs configs.FORWARD_STORE_TMA (bench/NOTES.md \"item39\")", flush=True)
+          "configs.FORWARD_STORE_TMA off (tlx) vs on (storetma; bench/NOTES.md \"item39\")", flush=True)
     print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'tma/tlx':>8s} {'A/A':>6s}", flush=True)
     failures = 0
     for case in cases:
@@ -709,7 +710,7 @@ def store_timing() -> int:
 
         def check():
             same = all(torch.equal(a, b) for a, b in zip(v4(with_lse, False)(), v4(with_lse, True)()))
-            print(f"  {case.label}: storetma out/lse == default bit for bit: {same}", flush=True)
+            print(f"  {case.label}: storetma out/lse == off's bit for bit: {same}", flush=True)
             return int(same is not True)
 
         v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
@@ -1109,24 +1110,25 @@ def sparse_ablation() -> int:
     block-sparse forward on the bench's four sparse rows, the same selection for every column, rounds of the columns
     interleaved (TLX_SPARSE_ABLATION_ROUNDS, 3), medians: ``default`` (today's: zigzag, the walk ahead as
     configs.SPARSE_FORWARD_WALK_AHEAD says: off since stop 38), ``walk off`` / ``walk on``
-    (configs.SPARSE_FORWARD_WALK_AHEAD False / True), ``nomask``
-    (configs.SPARSE_FORWARD_ABLATE = 1: the loop's masked branch never taken, so the causal diagonal runs as an
-    unmasked block; TIMING ONLY), ``lowsel`` (``lowest_selection``: the same blocks per item, the lowest ones: L2
-    locality as dense), ``lowsel+nomask``, ``peel`` (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free
-    loop and masked loops, helper peeldiag38, P carried packed as with PACK_P; the same bits), ``packp``
-    (configs.FORWARD_PACK_P alone: peel's control), ``streams`` (configs.SPARSE_FORWARD_ORDER "streams": the work
-    list sequence-major, helper order39; the same bits), ``streams+peel``, ``storetma`` (configs.FORWARD_STORE_TMA:
-    out through the Q slot and a TMA store, helper item39; the same bits), and tlx dense. Then the per-SM model: b
-    (us per selected block) and a (us per work item) solved from the two unmasked rows' default times, and for the
-    causal rows the time over that model ("excess") beside what nomask, lowsel, peel, packp, streams and storetma
-    remove from it. TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
+    (configs.SPARSE_FORWARD_WALK_AHEAD False / True), ``nomask`` (configs.SPARSE_FORWARD_ABLATE = 1: the loop's masked
+    branch never taken, so the causal diagonal runs as an unmasked block; TIMING ONLY), ``lowsel``
+    (``lowest_selection``: the same blocks per item, the lowest ones: L2 locality as dense), ``lowsel+nomask``, ``peel``
+    (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
+    packed as with PACK_P; the same bits), ``packp`` (configs.FORWARD_PACK_P alone: peel's control), ``streams``
+    (configs.SPARSE_FORWARD_ORDER "streams": the work list sequence-major, helper order39; the same bits),
+    ``streams+peel``, ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer stores, as before stop 40;
+    the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
+    saves, > 0), and tlx dense. Then the per-SM model: b (us per selected block) and a (us per work item) solved from
+    the two unmasked rows' default times, and for the causal rows the time over that model ("excess") beside what
+    nomask, lowsel, peel, packp and streams remove from it (and storetma off: < 0, what STORE_TMA removes).
+    TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "streams",
-            "streams+peel", "storetma", "tlx dense")
+            "streams+peel", "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1159,7 +1161,7 @@ def sparse_ablation() -> int:
                "packp": (sparse(index), {"FORWARD_PACK_P": True}),
                "streams": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams"}),
                "streams+peel": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams", "SPARSE_FORWARD_PEEL": True}),
-               "storetma": (sparse(index), {"FORWARD_STORE_TMA": True}),
+               "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
         times = {c: [] for c in cols}
@@ -1198,7 +1200,7 @@ def sparse_ablation() -> int:
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
             gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp",
-                                                                 "streams", "streams+peel", "storetma") if c in ms}
+                                                                 "streams", "streams+peel", "storetma off") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
@@ -1845,7 +1847,7 @@ def main(argv) -> int:
         failed += sparse_correctness()
     if part in ("sparse", "sparse-timing"):
         failed += sparse_timing()
-    if part == "store-timing":  # the default vs FORWARD_STORE_TMA (helper item39; not in "all")
+    if part == "store-timing":  # FORWARD_STORE_TMA off vs on (helper item39; not in "all")
         failed += store_timing()
     if part == "sparse-ablation":  # where the causal rows' time goes (helper sparse38; timing only; not in "sparse")
         failed += sparse_ablation()

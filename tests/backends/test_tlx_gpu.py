@@ -370,25 +370,25 @@ def test_forward_knobs_against_the_default(name, monkeypatch):
         torch.testing.assert_close(out_r.float(), out.float(), rtol=ulp, atol=1e-6)
 
 
-# configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"), off by default: out through each consumer's Q
-# slot and one TMA store per full half-tile (the v4 consumers); the same division, so the default's bits
+# configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"), on by default since stop 40: out through each
+# consumer's Q slot and one TMA store per full half-tile (the v4 consumers); the same division, so the same bits as
+# with it off (JFA_TLX_FWD_STORE_TMA=0: the pointer-store epilogue)
 @pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
-def test_store_tma_matches_the_oracle(name, head_dim, dtype, monkeypatch):
-    """configs.FORWARD_STORE_TMA on: out/lse (and the gradients from them) == the float64 oracle on every feature
-    case at D64 and D128 (jagged lengths give partial half-tiles, which keep the pointer stores; empty sequences give
-    items without blocks)."""
+def test_store_tma_off_matches_the_oracle(name, head_dim, dtype, monkeypatch):
+    """configs.FORWARD_STORE_TMA off (the rest of this file runs it on, the default): out/lse (and the gradients
+    from them) == the float64 oracle on every feature case at D64 and D128, so the off switch's kernels stay right."""
     case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
-    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", True)
+    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", False)
     check_attention_case(case, "tlx")
 
 
 @pytest.mark.parametrize("name", list(ZIGZAG_CASES))
 def test_store_tma_gives_the_default_outputs_bit_for_bit(name, monkeypatch):
     """STORE_TMA changes only where out is written from (the Q slot by TMA instead of registers by pointer stores),
-    not the division or the rounding: out and lse equal the default's bit for bit, on calls with many items a
+    not the division or the rounding: out and lse equal those with it off bit for bit, on calls with many items a
     program (the Q slots reused across items: a slot released before its TMA store read it would show here; three
     calls, as such a race would not show every time)."""
     _assert_switch_keeps_the_bits(ZIGZAG_CASES[name], "FORWARD_STORE_TMA", monkeypatch, calls=3)
@@ -598,8 +598,8 @@ def test_block_sparse_forward_knobs_against_the_default(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "broadcast-Q", "fp16 D64 causal"])
 def test_block_sparse_forward_store_tma_is_bit_identical(name, monkeypatch):
-    """The block-sparse forward runs the same v4 consumers and epilogue: with configs.FORWARD_STORE_TMA out and lse
-    equal the default's bit for bit (helper item39)."""
+    """The block-sparse forward runs the same v4 consumers and epilogue: with configs.FORWARD_STORE_TMA (the default)
+    out and lse equal those with it off bit for bit (helper item39)."""
     _require_tlx()
     (out, lse), (out_t, lse_t) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_STORE_TMA", (False, True),
                                                              monkeypatch)

@@ -1194,14 +1194,15 @@ def uniform_lengths(params, num_seqs: int, total_q: int, total_kv: int) -> bool:
         params.broadcast_q or (params.max_seqlen_q > 0 and params.max_seqlen_q * num_seqs == total_q))
 
 
-# Replays per call signature (``triton.attn_fwd._Replay`` with the q, k, v descriptors built per call): why: a small
+# Replays per call signature (``triton.attn_fwd._Replay`` with the q, k, v descriptors built per call, and out's with
+# STORE_TMA): why: a small
 # call's host time was ~4x the triton forward's (tools/host_backend_cpu.py --backend tlx; bench/NOTES.md "tlx host
 # path"), nearly all of it derivation that the signature fixes (configs, choices, schedule, ~60 arguments bound and
 # specialized). The key is the triton forward's (params, shapes, strides, device, offsets, knobs' generation) plus
 # what only this path reads: the dtypes (TMA's row-stride rule is in bytes), this backend's overrides (configs.
-# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_ROWSUM_ONCE, FORWARD_PACK_P) and the
-# head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a replay also makes the call's
-# sorted query tile list.
+# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_ROWSUM_ONCE, FORWARD_PACK_P,
+# FORWARD_STORE_TMA) and the head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a
+# replay also makes the call's sorted query tile list.
 _REPLAYS: dict = {}
 launcher.CLEAR_HOOKS.append(_REPLAYS.clear)
 
@@ -1286,7 +1287,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         else:
             validation.device_flag(flag, flag_mode)
-    elif (key is not None and key not in _REPLAYS and not schedule["ATOMIC_WORK"] and "desc_o" not in dynamic
+    elif (key is not None and key not in _REPLAYS and not schedule["ATOMIC_WORK"]
           and (schedule["TILES_FROM_OFFSETS"] or configs.FORWARD_REPLAY_WAVES)
           and all(a is b for a, b in zip((q, k, v), inputs))):  # one launch from the call's own tensors: a replay
         # past one wave the replay makes the call's sorted list as the full path does (every int it follows from is
@@ -1296,7 +1297,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
             right=right, has_left=has_left, has_right=has_right)
         keep_replay(_REPLAYS, attn_fwd_tlx_kernel, key, plan_key, (programs,), dynamic,
                     (q, k, v, out, lse, q_off, kv_off, None, dynamic["desc_q"], dynamic["desc_k"], dynamic["desc_v"],
-                     schedule["TILE_SEQ"], schedule["TILE_START"], schedule["TILE_COUNT"]),
+                     schedule["TILE_SEQ"], schedule["TILE_START"], schedule["TILE_COUNT"], dynamic.get("desc_o")),
                     options, q_offsets, kv_offsets, descriptors=True, lists=lists)
     return out, lse
 

@@ -58,13 +58,17 @@ FORWARD_DYNAMIC: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JF
 # Off (0) until timed on the H200.
 FORWARD_ROWSUM_ONCE = os.environ.get("JFA_TLX_FWD_ROWSUM_ONCE", "0") == "1"
 FORWARD_PACK_P = os.environ.get("JFA_TLX_FWD_PACK_P", "0") == "1"
-# Issue 10/11's fixed cost per work item (helper item39, bench/NOTES.md "item39"): STORE_TMA (JFA_TLX_FWD_STORE_TMA=1;
-# the v4 consumers, dense and block-sparse) writes a consumer's out half-tile through its own Q slot (free once the
-# item's last QK^T has completed) and one TMA store, when all 64 rows lie inside the sequence; a partial half-tile
-# keeps the masked pointer stores. Why: the pointer stores' layout conversion goes through shared memory in 4 rounds
-# of fp32 plus 3 of m/l, 14 warpgroup barriers per item (sm_90 D128 bf16); the staged path has one. The same bits
-# (the same division, only where the bf16 values are written from). Off (0) until timed on the H200.
-FORWARD_STORE_TMA = os.environ.get("JFA_TLX_FWD_STORE_TMA", "0") == "1"
+# Issue 10/11's fixed cost per work item (helper item39, bench/NOTES.md "item39"): STORE_TMA (the v4 consumers, dense
+# and block-sparse) writes a consumer's out half-tile through its own Q slot (free once the item's last QK^T has
+# completed) and one TMA store, when all 64 rows lie inside the sequence; a partial half-tile keeps the masked pointer
+# stores. Why: the pointer stores' layout conversion goes through shared memory in 4 rounds of fp32 plus 3 of m/l, 14
+# warpgroup barriers per item (sm_90 D128 bf16); the staged path has one. The same bits (the same division, only
+# where the bf16 values are written from).
+# On by default since its H200 timing (2026-12-05, stop 40; bench/NOTES.md "STORE_TMA on by default"): tma/tlx dense
+# S4096 1.015, jagged 1.015, jagged causal 1.015, B32 S1024 causal 1.037, D64 causal 1.008, broadcast-Q on v4 1.013
+# (A/A 0.973-1.009), every row bit for bit the default's; block-sparse -72.7 / -16.4 / -195.8 / -121.0 us (keep 0.5,
+# 0.25, causal 0.5, causal 0.25). Env JFA_TLX_FWD_STORE_TMA=0: off (the pointer-store epilogue).
+FORWARD_STORE_TMA = os.environ.get("JFA_TLX_FWD_STORE_TMA", "1") != "0"
 
 
 def forward_dynamic(head_dim: int) -> bool:

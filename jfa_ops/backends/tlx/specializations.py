@@ -54,7 +54,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
                        pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False,
-                       store_tma: bool = False) -> Specialization:
+                       store_tma=None) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -64,14 +64,17 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
     ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
     (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
-    ``store_tma``: ``configs.FORWARD_STORE_TMA`` (out through the Q slot and a TMA store: STORE_TMA, desc_o)."""
-    from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel
+    ``store_tma``: out through the Q slot and a TMA store (STORE_TMA, desc_o); None: as the launch picks
+    (``attn_fwd.store_tma``: ``configs.FORWARD_STORE_TMA`` on the v4 consumers), False: the pointer-store epilogue
+    (``JFA_TLX_FWD_STORE_TMA=0``, ``store_tma_off_specializations``)."""
+    from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel, store_tma as launch_store_tma
 
     cfg = fwd_config(head_dim)
     chosen = fwd_choices(cfg, causal or has_left, broadcast_q, uniform)
     pipeline = chosen[0] if pipeline is None else pipeline
     kv_major = False if zigzag else chosen[1] if kv_major is None else kv_major
     one_loop = True if sparse else chosen[2] if one_loop is None else one_loop
+    store_tma = launch_store_tma(one_loop) if store_tma is None else store_tma
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
@@ -97,11 +100,11 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"fwd-d{head_dim}-{dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'-oneloop' if one_loop else '-pipelined' if pipeline else '-simple'}" \
-           f"{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}{'-uniform' if uniform_walk else ''}" \
+           f"{'-storetma' if store_tma else ''}{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}" \
+           f"{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
            f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
-           f"{'-storetma' if store_tma else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -278,6 +281,22 @@ def sparse_peel_specializations() -> Iterator[Specialization]:
                              sparse_peel=True)
     yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
                              sparse_peel=True)
+
+
+# The v4 kernels with STORE_TMA off (JFA_TLX_FWD_STORE_TMA=0, the default before stop 40): the bench's dense D128
+# kernel, D128 causal (tile-major), D64 causal (zigzag) and the block-sparse causal kernel (zigzag, uniform walk).
+STORE_TMA_OFF_CASES = (dict(head_dim=128, dtype="bf16", causal=False, uniform=True),
+                       dict(head_dim=128, dtype="bf16", causal=True),
+                       dict(head_dim=64, dtype="bf16", causal=True, zigzag=True),
+                       dict(head_dim=128, dtype="bf16", causal=True, sparse=True, zigzag=True, uniform_walk=True))
+
+
+def store_tma_off_specializations() -> Iterator[Specialization]:
+    """The off switch's kernels (``configs.FORWARD_STORE_TMA`` False, ``STORE_TMA_OFF_CASES``): not shipped (the
+    default launches their "-storetma" twins), so ``test_tlx_compile.py`` compiles them once beside those, and they
+    cannot rot."""
+    for case in STORE_TMA_OFF_CASES:
+        yield fwd_specialization(**case, store_tma=False)
 
 
 def mxfp8_backward_specializations() -> Iterator[Specialization]:
