@@ -486,44 +486,66 @@ def _p_form(p, DTYPE: tl.constexpr, PACKED: tl.constexpr):
 
 
 @triton.jit
+def _one_loop_block(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
+                    k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale,
+                    CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+                    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
+                    ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
+    """One block (keys from n0) of ``_consume_tile_one_loop``'s loop after the first: its QK^T, the previous block's
+    PV (at prev_n0), its softmax. ``masked``: a runtime test (the one loop) or a constexpr (PEEL's loops: no mask
+    code in the mask-free one). ``l_parts``: ROWSUM_ONCE's per-lane row sums (else carried unchanged; l_i the row
+    sum). Returns (acc, m_i, l_i, l_parts, p, kv_count)."""
+    buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_fulls[buf], phase)
+    # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
+    # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
+    _wait_turn(CID)
+    s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+    # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
+    # and the fix-up's barrier with the other consumer must not sit inside a turn
+    acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
+                      HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
+    _pass_turn(CID)
+    s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
+    tlx.barrier_arrive(k_empties[buf], 1)
+    if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
+        s = s * qk_scale
+    if masked:
+        s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                     float("-inf"))
+    # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread (and
+    # PEEL's loops give the one loop's bits)
+    p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+    if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
+        l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
+    else:
+        l_i = l_new
+    acc = tlx.async_dot_wait(0, acc)
+    prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+    tlx.barrier_arrive(v_empties[prev_buf], 1)
+    acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
+    p = _p_carried(p_new, DTYPE, PACK_P)
+    kv_count += 1
+    return acc, m_i, l_i, l_parts, p, kv_count
+
+
+@triton.jit
 def _one_loop_blocks(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, j_begin, j_end, MASKED: tl.constexpr, q_tile,
                      k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off,
                      hi_off, qk_scale, ids, sel_first, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
                      HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
                      ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
-    """PEEL: walk tiles j_begin .. j_end - 1 of ``_consume_tile_one_loop``'s block-sparse walk, its loop body with
-    the mask a constexpr (MASKED: every block masked; else none). ``l_parts``: ROWSUM_ONCE's per-lane row sums (else
-    carried unchanged; l_i the row sum). Returns (acc, m_i, l_i, l_parts, p, prev_n0, kv_count)."""
+    """PEEL: walk tiles j_begin .. j_end - 1 of ``_consume_tile_one_loop``'s block-sparse walk, its loop body
+    (``_one_loop_block``) with the mask a constexpr (MASKED: every block masked; else none). Returns (acc, m_i, l_i,
+    l_parts, p, prev_n0, kv_count)."""
     for j in tl.range(j_begin, j_end, num_stages=0):
         n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
-        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-        tlx.barrier_wait(k_fulls[buf], phase)
-        _wait_turn(CID)
-        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-        acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
-                          HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
-        _pass_turn(CID)
-        s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
-        tlx.barrier_arrive(k_empties[buf], 1)
-        if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
-            s = s * qk_scale
-        if MASKED:
-            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                         float("-inf"))
-        # the masked form on every block, as the one loop (the same bits)
-        p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-        if ROWSUM_ONCE:
-            l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
-        else:
-            l_i = l_new
-        acc = tlx.async_dot_wait(0, acc)
-        prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-        tlx.barrier_arrive(v_empties[prev_buf], 1)
-        acc = acc * alpha[:, None]
-        p = _p_carried(p_new, DTYPE, PACK_P)
+        acc, m_i, l_i, l_parts, p, kv_count = _one_loop_block(
+            acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, MASKED, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+            v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, CID, HEAD_DIM, BLOCK_N,
+            NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
         prev_n0 = n0
-        kv_count += 1
     return acc, m_i, l_i, l_parts, p, prev_n0, kv_count
 
 
@@ -609,9 +631,9 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     p = _p_carried(p, DTYPE, PACK_P)
     prev_n0 = n0
     kv_count += 1
+    if not ROWSUM_ONCE:
+        l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
     if PEEL:
-        if not ROWSUM_ONCE:
-            l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
         lead1 = tl.maximum(sel_lead, 1)  # walk tile 0 is done
         unmasked1 = tl.maximum(sel_unmasked, 1)
         # P between the loops in DTYPE (rounded as the PV would round it: the same bits either way); the mask-free
@@ -657,37 +679,11 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
             else:
                 n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
                 masked = (j < n_lead) | (j >= n_unmasked)
-            buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-            tlx.barrier_wait(k_fulls[buf], phase)
-            # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
-            # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
-            _wait_turn(CID)
-            s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-            # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
-            # and the fix-up's barrier with the other consumer must not sit inside a turn
-            acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
-                              HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
-            _pass_turn(CID)
-            s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
-            tlx.barrier_arrive(k_empties[buf], 1)
-            if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
-                s = s * qk_scale
-            if masked:
-                s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                             float("-inf"))
-            # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
-            p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-            if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
-                l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
-            else:
-                l_i = l_new
-            acc = tlx.async_dot_wait(0, acc)
-            prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-            tlx.barrier_arrive(v_empties[prev_buf], 1)
-            acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
-            p = _p_carried(p_new, DTYPE, PACK_P)
+            acc, m_i, l_i, l_parts, p, kv_count = _one_loop_block(
+                acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
+                k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, CID, HEAD_DIM,
+                BLOCK_N, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
             prev_n0 = n0
-            kv_count += 1
     if ROWSUM_ONCE:
         l_i = tl.sum(l_parts, 1)
     if not STORE_TMA:  # (STORE_TMA: the caller's epilogue stages out in the slot, then releases it)
