@@ -107,48 +107,45 @@ def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TIL
     split_begin (a masked lead), tiles n_lead .. n_unmasked - 1 lie inside [split_begin, split_end) (mask-free) and
     the rest end past split_end (a masked tail): with ascending ids, exactly the tiles a per-tile test ``(n0 <
     split_begin) | (n0 + TILE > split_end)`` masks. 0 <= n_lead <= n_unmasked <= n."""
+    if width is None:
+        sums = (count * 0,) * (2 if split_begin is None else 4)
+        j_from = 0
+    else:
+        j = tl.arange(0, IDS_CHUNK)
+        start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+        sums = _tile_sums(j < count, start, key_begin, key_end, split_begin, split_end, BLOCK, TILE)
+        j_from = IDS_CHUNK
+    for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
+        used, start = _ids_chunk(ids, j0, count, BLOCK)
+        sums = _add_sums(sums, _tile_sums(used, start, key_begin, key_end, split_begin, split_end, BLOCK, TILE))
     if split_begin is None:
-        if width is None:
-            first = count * 0
-            n = count * 0
-            j_from = 0
-        else:
-            j = tl.arange(0, IDS_CHUNK)
-            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
-            first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
-            j_from = IDS_CHUNK
-        for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
-            used, start = _ids_chunk(ids, j0, count, BLOCK)
-            first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
-            first += first_part
-            n += n_part
-        return first, n
-    else:  # the four sums of a chunk in one reduction (one cross-warp exchange, not four)
-        if width is None:
-            first = count * 0
-            n = count * 0
-            lead = count * 0
-            unmasked = count * 0
-            j_from = 0
-        else:
-            j = tl.arange(0, IDS_CHUNK)
-            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
-            first, n, lead, unmasked = _tile_split_part(j < count, start, key_begin, key_end, split_begin, split_end,
-                                                        BLOCK, TILE)
-            j_from = IDS_CHUNK
-        for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
-            used, start = _ids_chunk(ids, j0, count, BLOCK)
-            first_part, n_part, lead_part, unmasked_part = _tile_split_part(used, start, key_begin, key_end,
-                                                                            split_begin, split_end, BLOCK, TILE)
-            first += first_part
-            n += n_part
-            lead += lead_part
-            unmasked += unmasked_part
+        return sums
+    else:
+        first, n, lead, unmasked = sums
         # row-relative counts (tiles ending at or below each limit) to walk-relative ones; tiles below split_begin
         # but at or past key_end (a band narrower than a tile) are no part of the walk: the clamps
         n_lead = tl.minimum(tl.maximum(lead - first, 0), n)
         n_unmasked = tl.minimum(tl.maximum(unmasked - first, n_lead), n)
         return first, n, n_lead, n_unmasked
+
+
+@triton.jit
+def _tile_sums(used, start, key_begin, key_end, split_begin, split_end, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """``selected_tile_range``'s sums over one chunk of ids: (first, n), with ``split_begin`` also the tiles ending
+    at or below split_begin / split_end (``_tile_split_part``)."""
+    if split_begin is None:
+        return _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
+    else:
+        return _tile_split_part(used, start, key_begin, key_end, split_begin, split_end, BLOCK, TILE)
+
+
+@triton.jit
+def _add_sums(a, b):
+    """Two chunks' ``_tile_sums`` added, element by element (2 or 4 of them)."""
+    if len(a) == 2:
+        return a[0] + b[0], a[1] + b[1]
+    else:
+        return _add4(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3])
 
 
 @triton.jit
