@@ -208,18 +208,15 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     at the item's mask-free bulk in the same pass over the ids (``selected_tile_range``'s split: tiles 0 .. n_lead - 1
     masked, n_lead .. n_unmasked - 1 mask-free, the rest masked), for ``_consume_tile_one_loop``'s peeled loops."""
     real, head, m0, _, _, _, _, lead_begin, _, bulk_begin, bulk_end, _, tail_end, seq = item
+    walk = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih,
+                         stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N, ROW_WIDTH,
+                         bulk_begin if PEEL else None, bulk_end if PEEL else None)
+    first, n = _uniform_walk(walk[0], walk[1], UNIFORM_WALK)
     if PEEL:
-        first, n, n_lead, n_unmasked = selected_walk(
-            BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih, stride_in,
-            stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N, ROW_WIDTH, bulk_begin, bulk_end)
-        first, n = _uniform_walk(first, n, UNIFORM_WALK)
-        n_lead, n_unmasked = _uniform_walk(n_lead, n_unmasked, UNIFORM_WALK)
+        n_lead, n_unmasked = _uniform_walk(walk[2], walk[3], UNIFORM_WALK)
         return first, n, n_lead, n_unmasked
     else:
-        first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
-                                 stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
-                                 BLOCK_N, ROW_WIDTH)
-        return _uniform_walk(first, n, UNIFORM_WALK)
+        return first, n
 
 
 @triton.jit

@@ -205,21 +205,9 @@ def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, strid
     count = tl.load(BLOCK_COUNT + seq * stride_cb + head * stride_ch + block, mask=real & (block < n_blocks),
                     other=0)  # a padding slot's s0 may be anything: it selects nothing
     row = seq * stride_ib + head * stride_ih + block * stride_in
-    if split_begin is None:
-        if ROW_WIDTH:
-            first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O,
-                                           stride_in)
-        else:
-            first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
-        return row * (BLOCK_O // TILE_O) + first, n
-    else:
-        if ROW_WIDTH:
-            first, n, n_lead, n_unmasked = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end,
-                                                               BLOCK_O, TILE_O, stride_in, split_begin, split_end)
-        else:
-            first, n, n_lead, n_unmasked = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end,
-                                                               BLOCK_O, TILE_O, None, split_begin, split_end)
-        return row * (BLOCK_O // TILE_O) + first, n, n_lead, n_unmasked
+    walk = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O,
+                               stride_in if ROW_WIDTH else None, split_begin, split_end)
+    return (row * (BLOCK_O // TILE_O) + walk[0],) + walk[1:]  # first: the row's position added
 
 
 @triton.jit
