@@ -323,27 +323,16 @@ def _qk(q_tile, k_tile, CID: tl.constexpr):
 @triton.jit
 def _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
-    """Online-softmax step on raw scores s of key block n0 (log2 domain): (p, new m, new l, alpha)."""
+    """Online-softmax step on raw scores s of key block n0 (log2 domain): (p, new m, new l, alpha), the mask applied
+    first (``common.softmax_step`` the step)."""
     if not FMA_SOFTMAX:
         s = s * qk_scale
     if MASKED:
         keys = n0 + tl.arange(0, BLOCK_N)
         s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
                      float("-inf"))
-    if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MASKED:  # a row with no visible key so far keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
-    if FMA_SOFTMAX:
-        p = tl.math.exp2(s * qk_scale - m_ref[:, None])
-    else:
-        p = tl.math.exp2(s - m_ref[:, None])
-    alpha = tl.math.exp2(m_i - m_ref)
-    return p, m_new, l_i * alpha + tl.sum(p, 1), alpha
+    p, alpha, m_new, l_new = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
+    return p, m_new, l_new, alpha
 
 
 @triton.jit
