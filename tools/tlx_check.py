@@ -996,6 +996,26 @@ def sparse_random_cases(n: int, seed: int = 5):
         yield f"sparse {name}", BlockSparseCase(case, block, block, keep_ratio=keep)
 
 
+def _sparse_case_rows(prefix: str, run) -> int:
+    """The block-sparse sweeps' rows (sparse-correctness, sparse-backward-correctness): ``sparse_fixed_cases`` and
+    TLX_SPARSE_RANDOM (4) random cases, each ``run(case)`` (the check; it returns what passed), a PASS or FAIL line
+    named ``prefix`` + the case's name. Returns the failures."""
+    failures = 0
+    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
+            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        print(f"{prefix + name:44s} ...", end="\r", flush=True)
+        try:
+            status, detail = "PASS", f"{run(case)}  [{case}]"[:200]
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
+        print(f"{prefix + name:44s} {status:6s} {detail}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    return failures
+
+
 def sparse_correctness() -> int:
     """The block-sparse forward (tlx; selection on triton) against the oracle: out, lse, dq/dk/dv."""
     from jfa_ops.backends.tlx import configs
@@ -1003,20 +1023,13 @@ def sparse_correctness() -> int:
     print(f"block-sparse forward sweep, configs.SPARSE_FORWARD_UNIFORM_WALK={configs.SPARSE_FORWARD_UNIFORM_WALK}, "
           f"SPARSE_FORWARD_ZIGZAG={configs.SPARSE_FORWARD_ZIGZAG}, "
           f"SPARSE_FORWARD_WALK_AHEAD={configs.SPARSE_FORWARD_WALK_AHEAD}", flush=True)
-    failures, t0 = 0, time.time()
-    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
-            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        print(f"{name:44s} ...", end="\r", flush=True)
-        try:
-            check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
-            status, detail = "PASS", f"out/lse/dq/dk/dv  [{case}]"[:200]
-        except Exception as e:  # noqa: BLE001
-            failures += 1
-            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
-            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
-        print(f"{name:44s} {status:6s} {detail}", flush=True)
-    faulthandler.cancel_dump_traceback_later()
+    t0 = time.time()
+
+    def run(case):
+        check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+        return "out/lse/dq/dk/dv"
+
+    failures = _sparse_case_rows("", run)
     print(f"sparse correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
@@ -1247,22 +1260,14 @@ def sparse_backward_correctness() -> int:
     against the float64 oracle with the selection's block mask, over the sparse forward's cases and random sweep."""
     _sparse_backward(True)
     calls = _count_tlx_sparse_backward()
-    failures, t0 = 0, time.time()
-    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
-            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        print(f"bwd {name:40s} ...", end="\r", flush=True)
+    t0 = time.time()
+
+    def run(case):
         before = len(calls)
-        try:
-            check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
-            ran = "tlx" if len(calls) > before else "triton (declined)"
-            status, detail = "PASS", f"dq/dk/dv on {ran}  [{case}]"[:200]
-        except Exception as e:  # noqa: BLE001
-            failures += 1
-            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
-            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
-        print(f"bwd {name:40s} {status:6s} {detail}", flush=True)
-    faulthandler.cancel_dump_traceback_later()
+        check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+        return f"dq/dk/dv on {'tlx' if len(calls) > before else 'triton (declined)'}"
+
+    failures = _sparse_case_rows("bwd ", run)
     _sparse_backward(False)
     print(f"sparse backward correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
