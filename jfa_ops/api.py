@@ -225,7 +225,8 @@ def select_kv_blocks(
     ``torch.compile(dynamic=True)``: changing them never recompiles; an NJT input supplies them itself). They are
     checked against the offsets like ``jagged_attention``'s hints. No host sync on CUDA.
 
-    Not differentiable: the outputs are integer ids (no gradient flows through the choice of blocks).
+    Not differentiable: the outputs are integer ids (no gradient flows through the choice of blocks). Under
+    ``torch.autocast``, fp32 q/k are scored in the region's dtype, as ``block_sparse_attention`` then attends over them.
 
     Example::
 
@@ -283,10 +284,11 @@ def block_sparse_attention(
     first ``kv_block_count[b, h_kv, r // block_q]`` ids of ``kv_block_index[b, h_kv, r // block_q]`` *and* the
     causal/window mask lets it (q head h reads kv head ``h // (Hq // Hkv)``). Everything else is the contract of
     ``jagged_attention`` (shapes, broadcast-Q, GQA, lse, rows that see nothing: out 0 / lse -inf, deterministic,
-    NJT in and out); ``block_q``/``block_kv`` must be the selection's, and each row's used ids ascending, as
-    ``select_kv_blocks`` returns them (the GPU kernels rely on the order to skip masks). ``JFA_VALIDATE=sync`` checks
-    the index's values; the device modes check counts within its width and the order on the device, except for an
-    unmodified ``select_kv_blocks`` output (ids past a sequence's blocks are then skipped). Differentiable in q, k, v.
+    NJT in and out, fp32 q/k/v in the region's dtype under ``torch.autocast``); ``block_q``/``block_kv`` must be the
+    selection's, and each row's used ids ascending, as ``select_kv_blocks`` returns them (the GPU kernels rely on the
+    order to skip masks). ``JFA_VALIDATE=sync`` checks the index's values; the device modes check counts within its
+    width and the order on the device, except for an unmodified ``select_kv_blocks`` output (ids past a sequence's
+    blocks are then skipped). Differentiable in q, k, v.
     """
     if not torch.compiler.is_compiling():
         check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))
@@ -438,6 +440,8 @@ def mxfp8_attention(
     backward) or pre-quantized ``(data, scale)`` pairs from ``mxfp8_quantize`` with those blocks (V with
     ``kv_offsets``), then ``out`` is ``out_dtype`` (default bfloat16) and there are no gradients. P is quantized
     along the keys in (1, 32) blocks; docs/architecture.md ("MXFP8 attention") says exactly what is quantized.
+    Under ``torch.autocast``, fp32 q/k/v are cast to the region's dtype before they are quantized (out in that dtype,
+    as ``jagged_attention``'s); pre-quantized pairs are left as they are.
 
     Example::
 

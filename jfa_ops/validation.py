@@ -150,6 +150,26 @@ def check_offset_values(
     return False
 
 
+# A table of tensors seen unmodified (``_COVERED`` here, ``ops.block_sparse._SELECTIONS``): under a key, weak
+# references to one tensor and an optional second one with their version counters. ``is_unmodified`` holds while the
+# same tensors (not new ones at a reused id) are unchanged since ``remember_unmodified``; a full table is cleared
+# (its bound is a handful of entries: the tensors a step passes). The caller's key decides what counts (the rows,
+# hints and stream of a check; None: never kept) and must exclude tensors without a version counter (inference
+# tensors). On the launch path: one dict lookup and a few compares, no loop.
+def remember_unmodified(table: dict, max_entries: int, key: tuple, first: torch.Tensor,
+                        second: Optional[torch.Tensor] = None) -> None:
+    if len(table) >= max_entries:
+        table.clear()
+    table[key] = (weakref.ref(first), None if second is None else weakref.ref(second), first._version,
+                  None if second is None else second._version)
+
+
+def is_unmodified(table: dict, key: tuple, first: torch.Tensor, second: Optional[torch.Tensor] = None) -> bool:
+    entry = table.get(key)
+    return (entry is not None and entry[0]() is first and entry[2] == first._version
+            and (second is None or (entry[1]() is second and entry[3] == second._version)))
+
+
 # Offsets an async device check has covered (``cover`` records, ``covered`` asks). Why: a model passes one offsets
 # tensor to every layer's attention, and a check's outcome is a function of the values, the row counts and the max_seqlen hints, so a repeat with the same
 # tensors, unmodified (their version counters), against the same rows and hints, on the same stream, needs no second
@@ -165,9 +185,7 @@ def covered(q_offsets: Optional[torch.Tensor], kv_offsets: torch.Tensor, q_rows:
             max_seqlen_kv: int) -> bool:
     """True when an earlier async device check (``cover``) covers these offsets for these rows and hints."""
     key = _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seqlen_kv)
-    entry = None if key is None else _COVERED.get(key)
-    return (entry is not None and entry[0]() is kv_offsets and (q_offsets is None or entry[1]() is q_offsets)
-            and entry[2] == (kv_offsets._version, None if q_offsets is None else q_offsets._version))
+    return key is not None and is_unmodified(_COVERED, key, kv_offsets, q_offsets)
 
 
 def cover(q_offsets: Optional[torch.Tensor], kv_offsets: torch.Tensor, q_rows: int, kv_rows: int, max_seqlen_q: int,
@@ -175,12 +193,8 @@ def cover(q_offsets: Optional[torch.Tensor], kv_offsets: torch.Tensor, q_rows: i
     """Record that an async device check of these offsets, rows and hints is now enqueued on the current stream
     (call it only once the check's launches are: a call that fails before them must leave nothing covered)."""
     key = _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seqlen_kv)
-    if key is None:
-        return
-    if len(_COVERED) >= _COVERED_MAX:
-        _COVERED.clear()
-    _COVERED[key] = (weakref.ref(kv_offsets), None if q_offsets is None else weakref.ref(q_offsets),
-                     (kv_offsets._version, None if q_offsets is None else q_offsets._version))
+    if key is not None:
+        remember_unmodified(_COVERED, _COVERED_MAX, key, kv_offsets, q_offsets)
 
 
 def _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seqlen_kv) -> Optional[tuple]:

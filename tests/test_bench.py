@@ -1081,3 +1081,135 @@ def test_host_heap_probe_runs_every_phase(capsys):
     assert "(frozen 0.00 M)" not in phases[3] and "gc off" in phases[4] and "reference" in phases[0]
     assert out.count("  jfa:reference fwd ") == 5 and out.count("  sdpa_math   fwd ") == 5
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+_NCU_SOURCE_ROWS = [  # (address, SASS, long-scoreboard samples, all samples): the TLX backward's layout, fabricated
+    ("0x0100", "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x100", 0, 1),
+    ("0x0810", "USETMAXREG.DEALLOC.CTAPOOL 0x18", 0, 0),
+    ("0x0c70", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34020], R0", 5, 9),
+    ("0x0c80", "@!P0 BRA `(.L_x_40)", 4000, 4100),
+    ("0x19c0", "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", 0, 0),
+    ("0x8c70", "@!P1 LDG.E R20, desc[UR38][R22.64]", 3, 10),
+    ("0x8da0", "FMUL R21, R20.reuse, 1.4426950216293334961", 900, 950),
+    ("0x9cf0", "FADD R14, R182, -R21.reuse", 600, 640),
+    ("0xd240", "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", 0, 0),
+    ("0x11540", "FMUL R17, R16.reuse, 1.4426950216293334961", 700, 730),
+    ("0x11600", "WARPGROUP.DEPBAR.LE gsb0, 0x1", 20, 3000)]
+
+
+def _ncu_source_csv(path, style):
+    """A source page as ``ncu --page source --csv --print-source sass`` writes it, in one of two column namings (the
+    per-reason columns differ between ncu versions), with a profiler line above the table in style 1."""
+    import csv
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        if style == 0:
+            w.writerow(["# Address", "Source", "Warp Stall Sampling (All Samples)",
+                        "Warp Stall Sampling (Not-issued Samples)", "stall_barrier", "stall_long_sb", "stall_wait"])
+            for a, s, lsb, every in _NCU_SOURCE_ROWS:
+                w.writerow([a, s, f"{every:,}", str(max(every - 1, 0)), "0", f"{lsb:,}", "1"])
+        else:
+            w.writerow(["==PROF== Connected to process"])
+            w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)",
+                        "smsp__pcsamp_warps_issue_stalled_long_scoreboard_not_issued",
+                        "smsp__pcsamp_warps_issue_stalled_long_scoreboard"])
+            for a, s, lsb, every in _NCU_SOURCE_ROWS:
+                w.writerow([a, s, every, max(lsb - 1, 0), lsb])
+
+
+@pytest.mark.parametrize("style", [0, 1])
+def test_ncu_source_top_ranks_the_stalled_lines(tmp_path, style, capsys):
+    """tools/ncu_source_top.py (helper lsedelta40) on a fabricated source page: the long-scoreboard column found in
+    either naming (not its not-issued twin, not the all-samples column), lines ranked by it with their warp role
+    from the USETMAXREG regions, and the samples summed by what the line waits on (the producer's mbarrier wait:
+    the try-wait and its branch)."""
+    tool = _load_tool("ncu_source_top")
+    path = tmp_path / "src.csv"
+    _ncu_source_csv(path, style)
+    assert tool.main([str(path), "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "6228 samples" in lines[0] and "long" in lines[0]
+    top = [line.split() for line in lines[2:5]]
+    assert [(t[0], t[1], t[3:5]) for t in top] == [("0x0c80", "4000", ["producer", "@!P0"]),
+                                                   ("0x8da0", "900", ["consumer", "0"]),
+                                                   ("0x11540", "700", ["consumer", "1"])]
+    summary = lines[lines.index("by warp role and what the line waits on:") + 1:]
+    assert summary[0].split()[:3] == ["producer", "mbarrier", "(SYNCS"] and "4005" in summary[0]
+    assert tool.main([str(path), "--reason", "all", "--top", "1"]) == 0
+    assert "9440 samples" in capsys.readouterr().out
+
+
+def test_ncu_attention_source_mode(tmp_path):
+    """tools/ncu_attention.sh NCU_MODE=source with a stand-in ncu (records its arguments, writes the report and, on
+    --import, the fabricated source page): one launch of the TLX backward kernel with the source counters, the
+    source page as CSV beside the report, and the ranked lines in ncu_summary.txt."""
+    import subprocess
+    import textwrap
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    _ncu_source_csv(tmp_path / "page.csv", 0)
+    fake = bin_dir / "ncu"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        echo "$@" >> {tmp_path}/calls
+        case "$1" in
+          --version) echo "NVIDIA (R) Nsight Compute Command Line Profiler (stand-in)";;
+          --query-metrics) ;;
+          --import) cat {tmp_path}/page.csv;;
+          *) while [ $# -gt 0 ]; do [ "$1" = -o ] && touch "$2.ncu-rep"; shift; done;;
+        esac
+        """))
+    fake.chmod(0o755)
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), NCU_MODE="source",
+               NCU_CASES="dense|B8 S4096|bwd", NCU_IMPLS="jfa:tlx")
+    proc = subprocess.run(["bash", os.path.join(root, "tools", "ncu_attention.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    tag = "jfa_tlx_dense_B8_S4096_bwd"
+    assert (out / f"ncu_src_{tag}.ncu-rep").exists() and (out / f"ncu_src_{tag}.csv").exists()
+    profile = [c for c in (tmp_path / "calls").read_text().splitlines() if "--section SourceCounters" in c]
+    assert len(profile) == 1 and "--kernel-name regex:attn_bwd_tlx --launch-count 1" in profile[0]
+    assert "--import-source yes" in profile[0] and "--section WarpStateStats" in profile[0]
+    summary = (out / "ncu_summary.txt").read_text()
+    assert "(source): rc 0" in summary and "0x0c80" in summary and "mbarrier (SYNCS try-wait)" in summary
+    # a second run into the same $OUT (a knob set: NCU_TAG) keeps the first's files
+    proc = subprocess.run(["bash", os.path.join(root, "tools", "ncu_attention.sh")], env=dict(env, NCU_TAG="knob"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / f"ncu_src_{tag}_knob.csv").exists() and (out / "ncu_summary_knob.txt").exists()
+    assert (out / "ncu_summary.txt").read_text() == summary
+
+
+_SASS_HEX = """\
+        /*0000*/                   S2UR UR4, SR_CgaCtaId ;                  /* 0x00000000000479c3 */
+                                                                             /* 0x000ea20000008800 */
+.L_x_1:
+        /*0010*/              @!P1 LDG.E R20, desc[UR38][R22.64] ;         /* 0x0000002616149981 */
+                                                                             /* 0x000ea2000c1e1900 */
+        /*0020*/                   R2UR UR20, R219 ;                       /* 0x00000000db1472ca */
+                                                                             /* 0x000fe400000e0000 */
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR20], RZ, !UPT ; /* 0x0000000000000000 */
+                                                                             /* 0x000fe20000000000 */
+        /*0040*/                   FMUL R21, R20.reuse, 1.4426950216293334961 ; /* 0x3fb8aa3b14157820 */
+                                                                             /* 0x044fe20000400000 */
+        /*0050*/                   BRA `(.L_x_1) ;                          /* 0x0000000000000000 */
+                                                                             /* 0x000fe20000000000 */
+"""
+
+
+def test_sass_loads_decodes_the_scoreboards():
+    """tools/sass_loads.py (helper lsedelta40) reads each instruction's control bits from nvdisasm's high encoding
+    word (stall, write / read scoreboard, wait mask) and finds where a load is waited for: the real encodings of the
+    D128 backward's lse LDG (writes scoreboard 2) and of the FMUL that first reads it (waits on 2), two instructions
+    and an HGMMA apart; S2UR's scoreboard is also 2, its first waiter the LDG's own successor line is not."""
+    tool = _load_tool("sass_loads")
+    insts, labels = tool.parse(_SASS_HEX)
+    assert [i.op for i in insts] == ["S2UR", "LDG.E", "R2UR", "HGMMA.64x64x16.F32.BF16", "FMUL", "BRA"]
+    assert labels == {".L_x_1": 1} and insts[1].pred == "@!P1"
+    assert (insts[1].write_sb, insts[1].wait_mask, insts[4].write_sb, insts[4].wait_mask) == (2, 0, 7, 1 << 2)
+    assert tool.control(0x000ea20000008800) == (1, 2, 7, 0)  # S2UR: stall 1, writes SB2
+    wait, path = tool.first_wait(insts, labels, [], 1, insts[1].write_sb)
+    assert wait == 4 and path == [2, 3, 4]
+    assert tool.LOAD.match("LDG.E") and tool.LOAD.match("LDL") and tool.LOAD.match("LD.E") and not tool.LOAD.match(
+        "LDS")

@@ -5,7 +5,7 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
-peelzerostore, kvprefetch; causaljagged: first ``causal_list_check``, the device-built causal list vs
+peelzerostore, kvprefetch, statssmem; causaljagged: first ``causal_list_check``, the device-built causal list vs
 the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
@@ -329,11 +329,15 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True),
                 # helper bcastbwd39: the next item's K/V and first dO blocks prefetched into the L2 by the producer
                 # (bench/NOTES.md "Issue 10: broadcast-Q backward, helper bcastbwd39")
-                "kvprefetch": dict(_DEFAULT_BWD, BACKWARD_KV_PREFETCH=True)}
+                "kvprefetch": dict(_DEFAULT_BWD, BACKWARD_KV_PREFETCH=True),
+                # helper lsedelta40: lse / delta loaded into shared memory with each Q / dO block by the producer
+                # (bench/NOTES.md "Issue 10: the backward's long-scoreboard stalls, helper lsedelta40")
+                "statssmem": dict(_DEFAULT_BWD, BACKWARD_STATS_SMEM=True)}
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
-              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH")
+              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH",
+              "BACKWARD_STATS_SMEM")
 
 
 _BWD_SHIPPED_NONE = ("BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER")  # flags whose shipped default is None (a rule)

@@ -936,26 +936,38 @@ if DIRECT_OP_CALL and _LEAN_LIB is not None:  # the same private APIs as the lea
     install_direct_call()
 
 
-def _autocast_kernel(device_type: str):
-    """Under ``torch.autocast(device_type)``: floating q/k/v go to the autocast dtype (fp64 is left alone, as autocast
-    does for SDPA), then the op runs with autocast off. ``torch.library.register_autocast`` casts to one fixed dtype;
-    this follows the region's dtype (bf16 or fp16) like SDPA."""
+def _autocast_kernel(op: torch._ops.OpOverload, device_type: str, num_inputs: int):
+    """Under ``torch.autocast(device_type)``: the op's first ``num_inputs`` arguments (q, k, v), where floating, go to
+    the autocast dtype (fp64 is left alone, as autocast does for SDPA), then the op runs with autocast off.
+    ``torch.library.register_autocast`` casts to one fixed dtype; this follows the region's dtype (bf16 or fp16) like
+    SDPA."""
     autocast_key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
 
-    def kernel(keyset, q, k, v, *rest):
+    def kernel(keyset, *args, **kwargs):
         dtype = torch.get_autocast_dtype(device_type)
         cast = [t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == device_type
-                else t for t in (q, k, v)]
+                else t for t in args[:num_inputs]]
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(autocast_key)):
-            return torch.ops.jfa.attention.default(*cast, *rest)
+            return op(*cast, *args[num_inputs:], **kwargs)
 
     return kernel
 
 
 _AUTOCAST_LIB = torch.library.Library("jfa", "IMPL")
-for _device_type in ("cpu", "cuda"):
-    _AUTOCAST_LIB.impl("attention", _autocast_kernel(_device_type),
-                       "Autocast" + torch._C._dispatch_key_for_device(_device_type), with_keyset=True)
+
+
+def register_autocast(name: str, num_inputs: int = 3) -> None:
+    """Give ``jfa::name`` the autocast kernel (``_autocast_kernel``) of every device type: the attention ops
+    (``attention``, ``block_sparse_attention``, ``mxfp8_attention``: q, k, v) and the selection (q, k) cast alike,
+    so one region gives them the same inputs as a caller who cast first. Only forward ops: their autograd records
+    the casts, and the backward ops get the tensors the forward saved."""
+    op = getattr(torch.ops.jfa, name).default
+    for device_type in ("cpu", "cuda"):
+        _AUTOCAST_LIB.impl(name, _autocast_kernel(op, device_type, num_inputs),
+                           "Autocast" + torch._C._dispatch_key_for_device(device_type), with_keyset=True)
+
+
+register_autocast("attention")
 
 
 # --------------------------------------------------------------- the eager direct path

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -20,7 +19,8 @@ from jfa_ops import validation
 from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
 from jfa_ops.ops import attention as _attention
 from jfa_ops.ops.attention import (OPTIONS_SCHEMA, _params as _attention_params, _recall, _remember,
-                                   autograd_backward_call, called_by_autograd, check_no_forward_ad)
+                                   autograd_backward_call, called_by_autograd, check_no_forward_ad,
+                                   register_autocast)
 from jfa_ops.validation import check_offset_values, validation_mode
 
 SELECT_FAMILY = "select_kv_blocks"
@@ -97,8 +97,9 @@ def select_body(q: Tensor, k: Tensor, q_offsets: Optional[Tensor], kv_offsets: T
 
 # Selections (kv_block_index, kv_block_count) select_kv_blocks returned, while unmodified (their version counters):
 # counts within the width and used ids ascending by construction, so block_sparse_attention's device check of those
-# two (``_check_index_on_device``) skips them (sparse_attention passes every selection straight on). Bounded as
-# ``validation._COVERED``; tensor subclasses (FakeTensors) and inference tensors (no version counter) never count.
+# two (``_check_index_on_device``) skips them (sparse_attention passes every selection straight on). A table of
+# ``validation.remember_unmodified``, as ``validation._COVERED``; tensor subclasses (FakeTensors) and inference tensors
+# (no version counter) never count.
 _SELECTIONS: dict = {}
 _SELECTIONS_MAX = 16
 
@@ -111,19 +112,14 @@ def _selection_key(index: Tensor, count: Tensor) -> Optional[tuple]:
 
 def _remember_selection(index: Tensor, count: Tensor) -> None:
     key = _selection_key(index, count)
-    if key is None:
-        return
-    if len(_SELECTIONS) >= _SELECTIONS_MAX:
-        _SELECTIONS.clear()
-    _SELECTIONS[key] = (weakref.ref(index), weakref.ref(count), (index._version, count._version))
+    if key is not None:
+        validation.remember_unmodified(_SELECTIONS, _SELECTIONS_MAX, key, index, count)
 
 
 def _is_selection(index: Tensor, count: Tensor) -> bool:
     """Whether (index, count) is an unmodified select_kv_blocks output."""
     key = _selection_key(index, count)
-    entry = None if key is None else _SELECTIONS.get(key)
-    return (entry is not None and entry[0]() is index and entry[1]() is count
-            and entry[2] == (index._version, count._version))
+    return key is not None and validation.is_unmodified(_SELECTIONS, key, index, count)
 
 
 # Memo of the direct path's metadata work per call signature, as ``attention._CALLS``: (backend, params, params with
@@ -330,3 +326,8 @@ def _setup_backward_context(ctx, inputs, output):
 
 block_sparse_attention.register_autograd(_backward, setup_context=_setup_context)
 block_sparse_attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
+# Under torch.autocast both stages see q/k (and v) in the region's dtype, as jfa::attention does: the selection scores
+# the very inputs the sparse attention then attends over, so one region gives the selection and attention of a caller
+# who cast first (sparse_attention included), and the GPU's selection reads half the bytes.
+register_autocast("select_kv_blocks", num_inputs=2)
+register_autocast("block_sparse_attention")

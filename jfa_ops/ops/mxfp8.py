@@ -19,7 +19,7 @@ import meta_kernels
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends import Problem, select_backend
 from jfa_ops.ops.attention import (NUM_OPTIONS, OPTIONS_SCHEMA, _attention_flops, _params, autograd_backward_call,
-                                   called_by_autograd, check_no_forward_ad)
+                                   called_by_autograd, check_no_forward_ad, register_autocast)
 from jfa_ops.validation import check_offset_values
 
 QUANTIZE = "mxfp8_quantize"
@@ -275,3 +275,8 @@ def _mxfp8_attention_backward_flops(grad_out, grad_lse, q, k, v, out, lse, q_off
 
 mxfp8_attention.register_autograd(_backward, setup_context=_setup_context)
 mxfp8_attention_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
+# Under torch.autocast, fp32 q/k/v go to the region's dtype before quantization, as jfa::attention's do: out is in the
+# region's dtype (like jagged_attention's and SDPA's), the quantizer and backward see what a bf16/fp16 model feeds them,
+# and the result is that of a caller who cast first. The pre-quantized op has nothing to cast (float8 in, out_dtype
+# explicit): no kernel.
+register_autocast("mxfp8_attention")

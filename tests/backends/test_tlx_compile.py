@@ -344,7 +344,9 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
     by_name = {r["name"]: r for r in compiled}
     # kvearly rows under the causal order compare with the causal-order kernel in the test below, not here
     # (and peel37's "-kvearly-peel" rows: test_peel_drops_the_ds_guard_from_the_bulk_loop)
-    rows = [r for r in compiled if "-causalorder" in r["name"] and not r["name"].endswith(("-kvearly", "-peel"))]
+    # (and lsedelta40's "-statssmem" rows: test_stats_smem_takes_the_global_loads_off_the_block_loops)
+    rows = [r for r in compiled if "-causalorder" in r["name"]
+            and not r["name"].endswith(("-kvearly", "-peel", "-statssmem"))]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {128}, "no causal order compiled"
     for r in rows:
         base = by_name[r["name"].replace("-causalorder", "")]
@@ -378,6 +380,34 @@ def test_kv_prefetch_kernels_spill_as_the_default(compiled):
         base = by_name[r["name"].removesuffix("-kvprefetch")]
         assert r["shared"] == base["shared"], (r, base)
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 8, (r, base)
+
+
+def test_stats_smem_takes_the_global_loads_off_the_block_loops():
+    """STATS_SMEM (helper lsedelta40, ``configs.BACKWARD_STATS_SMEM``): the producer loads each block's lse and delta
+    into shared memory by TMA with its Q / dO, so the consumers' block loops issue no global loads (the default: 4
+    LDG per block and consumer, lse's waited for inside dP's wgmma issue; D64's with STATS_AHEAD's prefetch), shared
+    memory + 1 KiB (lse and delta, 256 B each, per ring slot), the same HGMMA, MUFU and dS guard, straight paths no
+    longer, no spill instruction added to a loop path, per-item spills within + 160 B a thread (sm_90 ptxas, stop 40,
+    stores / loads: D128 full paths 535 / 516 -> 519 / 507, spills 152 / 200 -> 144 / 184; causal 535 / 518 -> 521 /
+    511, 184 / 260 -> 244 / 336, the loop's 3 spill instructions gone; D64 causal 513 / 506 -> 472 / 467, 0)."""
+    names, rows = _shipped_and_compiled(
+        "-statssmem", "[s.bwd_specialization(d, 'bf16', c, dq_shared=True, kv_early=True, stats_ahead=d <= 64 and not"
+        " on, stats_smem=on) for d, c in ((128, False), (128, True), (64, True)) for on in (False, True)]",
+        "JFA_TLX_BWD_STATS_SMEM", 6)
+    assert sorted(names) == sorted([
+        "bwd-d64-bf16-full-v2-dqshared-kvearly-statssmem", "bwd-d64-bf16-causal-v2-dqshared-kvearly-statssmem",
+        "bwd-d128-bf16-full-v2-dqshared-kvearly-statssmem", "bwd-d128-bf16-causal-v2-dqshared-kvearly-statssmem",
+        "bwd-d128-bf16-causal-v2-dqshared-causalorder-kvearly-statssmem",
+        "bwd-d128-fp16-causal-left-v2-dqshared-causalorder-kvearly-statssmem"])
+    for base, r in zip(rows[0::2], rows[1::2]):
+        assert r["name"] == base["name"].replace("-statsahead", "") + "-statssmem", (base["name"], r["name"])
+        assert base["block_loop_path_ldg"] == [4, 4] and r["block_loop_path_ldg"] == [0, 0], (base, r)
+        assert r["shared"] == base["shared"] + 1024 <= SM90_SHARED_MEMORY, (base, r)
+        for key in ("block_loop_hgmma", "block_loop_mufu", "block_loop_path_fsel"):
+            assert r[key] == base[key], (key, base, r)
+        assert all(p <= q for p, q in zip(r["block_loop_path"], base["block_loop_path"])), (base, r)
+        assert all(p <= q for p, q in zip(r["block_loop_path_spill_ops"], base["block_loop_path_spill_ops"])), r
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 160, (base, r)
 
 
 def _shipped_and_compiled(name_part: str, specs: str, unset: str, expect: int) -> tuple:

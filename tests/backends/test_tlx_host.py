@@ -14,6 +14,7 @@ with ``JFA_TLX_SITE`` (or ``.ci-tlx``) first on the path, as ``test_tlx_compile.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -1139,6 +1140,15 @@ def test_peel_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     _knob_changes_one_constexpr(runs, answers, monkeypatch, "BACKWARD_PEEL", "PEEL", *_inputs([300, 17, 700, 5, 0, 1]))
 
 
+def _backward_launch(runs, call) -> dict:
+    """The TLX backward kernel's arguments by name of the one launch ``call`` makes (``gpu``'s records)."""
+    runs.clear()
+    call()
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (values,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    return values
+
+
 @needs_tlx
 def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_KV_PREFETCH`` (helper bcastbwd39, env JFA_TLX_BWD_KV_PREFETCH), off by default, sets the
@@ -1148,14 +1158,8 @@ def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     the prefetch's addresses assume rows H * D apart)."""
     runs, answers = gpu
     assert not tlx_configs.BACKWARD_KV_PREFETCH  # off until timed on the H200
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
-
-    def launched(call) -> dict:
-        runs.clear()
-        call()
-        (values,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-        return values
+    launched = functools.partial(_backward_launch, runs)
 
     lq = 40
     bq, bout = q[:lq], torch.randn(lq * (offsets.numel() - 1), q.shape[1], HEAD_DIM).to(q.dtype)
@@ -1176,6 +1180,58 @@ def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     fq, fk, fv, _ = _inputs([300, 17, 700, 5, 0, 1], fused=True)
     got = launched(lambda: _backward(fq, fk, fv, offsets, _params(causal=True), torch.randn_like(fq)))
     assert got["KV_PREFETCH"] is False and got["K_ROWS"] is None
+
+
+@needs_tlx
+def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_STATS_SMEM`` (helper lsedelta40, env JFA_TLX_BWD_STATS_SMEM), off by default, sets the TLX
+    backward's STATS_SMEM with two descriptors over lse and delta as one row each ([1, Hq x rows], blocks [1, 64],
+    the never-stepped row stride a multiple of 4 elements: TMA's 16 bytes) on a causal jagged call and a broadcast-Q
+    call (rows = sequences x Lq), STATS_AHEAD off beside it, no recipe kept (the repeat takes the full path); off, the
+    default's launch (STATS_SMEM False, no descriptors) and its recipe. An lse view off 16-byte alignment is copied
+    first; the MXFP8 backward ignores the knob."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_STATS_SMEM  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+    launched = functools.partial(_backward_launch, runs)
+
+    lq, seqs = 40, offsets.numel() - 1
+    bq, bout = q[:lq], torch.randn(lq * seqs, q.shape[1], HEAD_DIM).to(q.dtype)
+    blse = torch.randn(q.shape[1], bout.shape[0])
+    broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout, blse, None,  # noqa: E731
+                                     offsets, _params(broadcast_q=True))
+    causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
+    for on in (False, True):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_STATS_SMEM", on)
+        for call, rows in ((broadcast, lq * seqs), (causal, q.shape[0])):
+            attn_bwd._RECIPES.clear()
+            answers.clear()
+            got = launched(call)
+            assert got["STATS_SMEM"] is on and got["STATS_AHEAD"] is False and got["KV_EARLY"] is True
+            if on:
+                for name, given in (("desc_lse", None), ("desc_delta", got["Delta"])):
+                    desc = got[name]
+                    assert desc.shape == [1, q.shape[1] * rows] and desc.block_shape == [1, 64], name
+                    assert desc.strides[1] == 1 and desc.strides[0] % 4 == 0 and desc.strides[0] >= desc.shape[1]
+                    assert desc.base.data_ptr() % 16 == 0 and (given is None or desc.base is given)
+            else:
+                assert got["desc_lse"] is None and got["desc_delta"] is None
+            launched(call)  # the repeat: a recipe serves the causal signature only with the knob off
+            assert [kind for kind, _ in answers] == (["recipe"] if call is causal and not on else [])
+    # with it on: STATS_AHEAD's prefetch yields; an lse view 4 bytes off alignment is copied (same values)
+    out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    lse_storage = torch.randn(q.shape[1] * q.shape[0] + 1)
+    lse = lse_storage[1:].view(q.shape[1], q.shape[0])
+    assert lse.data_ptr() % 16 == 4
+    got = launched(lambda: attn_bwd.attention_backward(torch.randn_like(q), None, q, k, v, out, lse, offsets, offsets,
+                                                       _params(causal=True), dq_shared=True, stats_ahead=True,
+                                                       stats_smem=True))
+    assert got["STATS_SMEM"] is True and got["STATS_AHEAD"] is False
+    assert got["desc_lse"].base.data_ptr() % 16 == 0 and torch.equal(got["desc_lse"].base, lse)
+    got = launched(lambda: attn_bwd.attention_backward(torch.randn_like(q), None, q, k, v, out, lse, offsets, offsets,
+                                                       _params(causal=True), dq_shared=True, stats_smem=True,
+                                                       mxfp8=True, delta_grad_out=torch.randn_like(q)))
+    assert got["STATS_SMEM"] is False and got["desc_lse"] is None
 
 
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:

@@ -25,10 +25,11 @@ _AUTOCAST_KEYS = functools.reduce(
 
 def exact(fn):
     """``fn`` run with autocast's dispatch keys excluded (as ``jfa::attention``'s autocast kernel runs the op), so
-    that its ops compute in the dtypes it chose. Why: ops without an autocast kernel of their own (block-sparse,
-    MXFP8, the backward ops) run their bodies inside the caller's ``torch.autocast`` region, where every fp32
-    einsum here ran in bf16/fp16: ~2e-2 relative error against the float64 oracle, silently, where the reference
-    promises fp32 accumulation (bench/NOTES.md "Hardening, helper wrap38"). Free outside a region (one check)."""
+    that its ops compute in the dtypes it chose. Why: ops without an autocast kernel of their own (the backward ops,
+    the MXFP8 quantize ops, pre-quantized MXFP8 attention) run their bodies inside the caller's ``torch.autocast``
+    region, where every fp32 einsum here ran in bf16/fp16: ~2e-2 relative error against the float64 oracle,
+    silently, where the reference promises fp32 accumulation (bench/NOTES.md "Hardening, helper wrap38"). Free
+    outside a region (one check)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         if not torch._C._is_any_autocast_enabled():

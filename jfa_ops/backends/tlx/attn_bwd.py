@@ -34,8 +34,8 @@ import triton.language.extra.tlx as tlx
 from ..triton import attn_bwd as triton_bwd
 from ..triton import common
 from ..triton import launch as launcher
-from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _packed_any_rows, _row_stats, attn_bwd_delta_kernel,
-                               attn_bwd_dq_finalize_kernel, launch_delta)
+from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _log2_lse, _packed_any_rows, _row_stats,
+                               attn_bwd_delta_kernel, attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
 from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device, item_list, transposed_selection,
                                       uniform_causal_item_list)
@@ -203,42 +203,61 @@ def _q_rows(out_row0, BROADCAST_Q: tl.constexpr):
 
 @triton.jit
 def _load_row_block(desc_q, desc_do, q_tile, do_tile, q_full, q_row, out_row, col, BLOCK_M: tl.constexpr,
-                    HEAD_DIM: tl.constexpr):
-    """TMA loads of the Q and dO block at packed rows q_row / out_row into one ring slot (q_full counts the bytes)."""
+                    HEAD_DIM: tl.constexpr, desc_lse=None, desc_delta=None, lse_tile=None, delta_tile=None,
+                    stat_row=0, STATS_SMEM: tl.constexpr = False):
+    """TMA loads of the Q and dO block at packed rows q_row / out_row into one ring slot (q_full counts the bytes).
+    STATS_SMEM: also the block's lse and delta (BLOCK_M fp32 each from row ``stat_row`` of the flat [Hq * rows]
+    vectors; past their end TMA reads zeros) into the slot's ``lse_tile`` / ``delta_tile``."""
     block_bytes: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
-    tlx.barrier_expect_bytes(q_full, 2 * block_bytes)
+    if STATS_SMEM:
+        tlx.barrier_expect_bytes(q_full, 2 * block_bytes + 2 * BLOCK_M * 4)
+    else:
+        tlx.barrier_expect_bytes(q_full, 2 * block_bytes)
     tlx.async_descriptor_load(desc_q, q_tile, [q_row.to(tl.int32), col], q_full)
     tlx.async_descriptor_load(desc_do, do_tile, [out_row.to(tl.int32), col], q_full)
+    if STATS_SMEM:
+        tlx.async_descriptor_load(desc_lse, lse_tile, [0, stat_row.to(tl.int32)], q_full)
+        tlx.async_descriptor_load(desc_delta, delta_tile, [0, stat_row.to(tl.int32)], q_full)
 
 
 @triton.jit
 def _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row, out_row, col,
                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                       NO_LOADS: tl.constexpr = False):
+                       NO_LOADS: tl.constexpr = False, desc_lse=None, desc_delta=None, stat_tiles=None, stat_row=0,
+                       STATS_SMEM: tl.constexpr = False):
     """TMA loads of the Q and dO block at packed rows q_row / out_row into the next ring slot; returns q_count + 1.
     NO_LOADS (the "loads" ablation: TIMING ONLY): only the first NUM_BUFFERS_Q blocks load; later slots are signalled
-    full without a load (the consumers read the stale tiles)."""
+    full without a load (the consumers read the stale tiles). STATS_SMEM: with the block's lse and delta
+    (``_load_row_block``; stat_tiles: lse of slot i at i, delta at NUM_BUFFERS_Q + i)."""
     buf, phase = _slot_phase(q_count, NUM_BUFFERS_Q)
     tlx.barrier_wait(q_empties[buf], phase ^ 1)
+    if STATS_SMEM:
+        lse_tile = stat_tiles[buf]
+        delta_tile = stat_tiles[NUM_BUFFERS_Q + buf]
+    else:
+        lse_tile = None
+        delta_tile = None
     if NO_LOADS:
         if q_count < NUM_BUFFERS_Q:
             _load_row_block(desc_q, desc_do, q_tiles[buf], do_tiles[buf], q_fulls[buf], q_row, out_row, col, BLOCK_M,
-                            HEAD_DIM)
+                            HEAD_DIM, desc_lse, desc_delta, lse_tile, delta_tile, stat_row, STATS_SMEM)
         else:
             tlx.barrier_arrive(q_fulls[buf], 1)
     else:
         _load_row_block(desc_q, desc_do, q_tiles[buf], do_tiles[buf], q_fulls[buf], q_row, out_row, col, BLOCK_M,
-                        HEAD_DIM)
+                        HEAD_DIM, desc_lse, desc_delta, lse_tile, delta_tile, stat_row, STATS_SMEM)
     return q_count + 1
 
 
 @triton.jit
 def _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0, out_row0, col, m_begin,
                   m_end, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
-                  NO_LOADS: tl.constexpr = False):
+                  NO_LOADS: tl.constexpr = False, desc_lse=None, desc_delta=None, stat_tiles=None, stat_row0=0,
+                  STATS_SMEM: tl.constexpr = False):
     for m0 in range(m_begin, m_end, BLOCK_M):
         q_count = _produce_row_block(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count, q_row0 + m0,
-                                     out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q, NO_LOADS)
+                                     out_row0 + m0, col, BLOCK_M, HEAD_DIM, NUM_BUFFERS_Q, NO_LOADS, desc_lse,
+                                     desc_delta, stat_tiles, stat_row0 + m0, STATS_SMEM)
     return q_count
 
 
@@ -319,7 +338,8 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
-                     PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False):
+                     PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False, stat_tiles=None,
+                     STATS_SMEM: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (transposed: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -356,7 +376,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     masked tail: the producer's order and count; the loops' shape below), ``masked`` a constexpr per loop, so
     the bulk loop has no mask code: the default's one loop runs the mask under a runtime branch that ptxas
     if-converts (the dS guard ``where(p == 0, 0, dS)``: 34 FSETP + 34 predicated FSEL per thread, issued in every
-    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it)."""
+    block; bench/NOTES.md "helper peel37"). The same arithmetic per block (a mask-free block never took it).
+
+    STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense): lse and delta read from ``stat_tiles`` (the producer's TMA
+    copies in the block's ring slot) instead of 4 LDG per block, whose L2 round trips ptxas waits for inside dP's
+    wgmma issue (lse) and after P's store (delta) (bench/NOTES.md "helper lsedelta40")."""
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walk's three stages (not MXFP8)")
     tl.static_assert(not (SPARSE and STATS_AHEAD), "STATS_AHEAD walks dense blocks only")
     tl.static_assert(ABLATE == 0 or (DQ_SHARED and not SPARSE),
@@ -458,7 +482,12 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 else:
                     s = tlx.async_dot(q_tile, tlx.local_trans(k_tile))  # [rows, keys]
                     dp = tlx.async_dot(do_tile, tlx.local_trans(v_tile))
-                lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
+                if STATS_SMEM:  # the producer's copies in this slot (rows past the sequence end: another row's
+                    # values or TMA's zeros, where masked blocks zero P and dS anyway)
+                    lse2 = _log2_lse(tl.reshape(tlx.local_load(stat_tiles[buf]), (BLOCK_M,)))
+                    delta = tl.reshape(tlx.local_load(stat_tiles[NUM_BUFFERS_Q + buf]), (BLOCK_M,))
+                else:
+                    lse2, delta = _row_stats(Lse + (stat_index + m0), Delta + (stat_index + m0), rows, rows_ok, True)
                 if STATS_AHEAD:  # the next block's lse and delta into L1 (no registers carried: a prefetch)
                     m0_next = stage_block_start(j + 1, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
                     next_ok = (rows < len_q - m0_next) & (j + 1 < n_all)
@@ -644,7 +673,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False,
-                        KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None):
+                        KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None,
+                        STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     The consumers are ``_consume_rows_v2``'s (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -679,8 +709,14 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     KV_PREFETCH (``configs.BACKWARD_KV_PREFETCH``; dense walks): once the producer has issued an item's loads,
     it looks up its next item and prefetches that item's K, V and first two dO blocks into the L2
     (``_prefetch_item``; K_ROWS, V_ROWS, DO_ROWS: k, v, dO as pointers, packed rows), an item ahead of their loads;
-    the consumers are unchanged."""
+    the consumers are unchanged.
+
+    STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense, not MXFP8, not with STATS_AHEAD): the producer loads each
+    block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s rows) into its ring slot with Q and dO, on
+    the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``)."""
     tl.static_assert(not KV_PREFETCH or not SPARSE, "KV_PREFETCH: the dense walks")
+    tl.static_assert(not STATS_SMEM or not (SPARSE or MXFP8 or STATS_AHEAD),
+                     "STATS_SMEM: the dense walks, not MXFP8, instead of STATS_AHEAD's prefetch")
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
     tl.static_assert(not MXFP8 or not SPARSE, "MXFP8: the dense walks")
     tl.static_assert(not ATOMIC_WORK, "the TLX backward uses static persistent striding")
@@ -717,6 +753,10 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     kv_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q, arrive_count=NUM_CONSUMERS)
+    if STATS_SMEM:  # per ring slot the block's lse (slot i) and delta (NUM_BUFFERS_Q + i), loaded with its Q and dO
+        stat_tiles = tlx.local_alloc((1, BLOCK_M), tl.float32, 2 * NUM_BUFFERS_Q)
+    else:
+        stat_tiles = None
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer
@@ -746,6 +786,10 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                                               stride_tch, BLOCK_M, BLOCK_Q, BLOCK_KV, UNIFORM_WALK)
                     for g in range(g_begin, g_end):
                         col = (kv_head * group + g) * HEAD_DIM
+                        if STATS_SMEM:  # the head's first row in the flat lse / delta (the host keeps it in int32)
+                            stat_row0 = (kv_head * group + g) * total_out + out_row0
+                        else:
+                            stat_row0 = 0
                         if SPARSE:
                             q_count = _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties,
                                                              q_count, q_row0, out_row0, col, Q_BLOCK_INDEX,
@@ -754,13 +798,16 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         else:
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, lead_begin, lead_end, BLOCK_M, HEAD_DIM,
-                                                    NUM_BUFFERS_Q, NO_LOADS)
+                                                    NUM_BUFFERS_Q, NO_LOADS, desc_lse, desc_delta, stat_tiles,
+                                                    stat_row0, STATS_SMEM)
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, bulk_begin, bulk_end, BLOCK_M, HEAD_DIM,
-                                                    NUM_BUFFERS_Q, NO_LOADS)
+                                                    NUM_BUFFERS_Q, NO_LOADS, desc_lse, desc_delta, stat_tiles,
+                                                    stat_row0, STATS_SMEM)
                             q_count = _produce_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_empties, q_count,
                                                     q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
-                                                    NUM_BUFFERS_Q, NO_LOADS)
+                                                    NUM_BUFFERS_Q, NO_LOADS, desc_lse, desc_delta, stat_tiles,
+                                                    stat_row0, STATS_SMEM)
                 if KV_PREFETCH:  # once this item's loads are issued (its Q/dO first: they are on its path), the next
                     # item's K/V and first dO blocks into the L2, to land while this item computes
                     if i + 1 < my_items:
@@ -813,7 +860,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                             len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
                             tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
                             HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
-                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, ZERO_STORE)
+                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, ZERO_STORE, stat_tiles, STATS_SMEM)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -861,6 +908,14 @@ def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
     rows, heads, dim = dq_acc.shape
     return TensorDescriptor(dq_acc, shape=[rows, heads * dim], strides=[heads * dim, 1],
                             block_shape=[block_rows, block_cols])
+
+
+def _stats_descriptor(stats: torch.Tensor, block_rows: int):
+    """STATS_SMEM: the fp32 [Hq, rows] lse or delta (contiguous, 16-byte aligned) as one row [1, Hq * rows], blocks [1,
+    block_rows]: a block's values from any (head, row), whatever the row's alignment (a plain bulk copy needs 16
+    bytes); past the end TMA reads zeros. The row stride is never stepped (one row) but must be a multiple of 16 B."""
+    n = stats.numel()
+    return TensorDescriptor(stats, shape=[1, n], strides=[cdiv(n, 4) * 4, 1], block_shape=[1, block_rows])
 
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
@@ -926,6 +981,7 @@ class BackwardVariant(NamedTuple):
     peel: bool
     zero_store: bool
     kv_prefetch: bool
+    stats_smem: bool = False
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, dq_shared: bool = False,
@@ -933,7 +989,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False, zero_store: bool = False, kv_prefetch: bool = False):
+                       peel: bool = False, zero_store: bool = False, kv_prefetch: bool = False,
+                       stats_smem: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
     attention (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense only. The schedule's:
@@ -965,7 +1022,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of
     zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers.
     ``kv_prefetch`` (``configs.BACKWARD_KV_PREFETCH``; dense calls, else ignored): the producer prefetches the next
-    item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH)."""
+    item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH). ``stats_smem``
+    (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
+    loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe."""
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
@@ -993,6 +1052,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     peel = bool(peel and selection is None and not mxfp8)
     zero_store = bool(zero_store)
     kv_prefetch = bool(kv_prefetch and selection is None)
+    # STATS_SMEM's TMA coordinates are int32 rows of the flat [Hq * rows] lse / delta
+    stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
+        (kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0]) < 2 ** 31 - 2 ** 16)
+    stats_ahead = stats_ahead and not stats_smem  # the lse / delta prefetch has nothing left to prefetch
     if ablate:
         if not (dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1000,9 +1063,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
-                              ablate, parts, kv_early, peel, zero_store, kv_prefetch)
-    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source)
-    kept = selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch
+                              ablate, parts, kv_early, peel, zero_store, kv_prefetch, stats_smem)
+    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source) or
+    # STATS_SMEM (its two descriptors are not among the recipe's)
+    kept = selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch and not stats_smem
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -1022,7 +1086,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, zero_store, kv_prefetch) = variant
+     peel, zero_store, kv_prefetch, stats_smem) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1037,6 +1101,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     given = (q, k, v, out, grad_out)
     q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
+    if stats_smem and lse.data_ptr() % 16:  # a TMA source starts 16-byte aligned (a view's offset: copy it)
+        lse = lse.clone()
     # KV_PREFETCH addresses K, V and dO rows as packed [T, H, D] (rows H * D apart: DK's stride, stride_dkvt)
     kv_prefetch = kv_prefetch and all(t.stride(0) == t.shape[1] * head_dim for t in (k, v, grad_out))
     cfg = bwd_config_v2(head_dim, dq_shared)
@@ -1087,7 +1153,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
         Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
-        **(dict(K_ROWS=k, V_ROWS=v, DO_ROWS=grad_out) if kv_prefetch else {}))
+        **(dict(K_ROWS=k, V_ROWS=v, DO_ROWS=grad_out) if kv_prefetch else {}),
+        **(dict(desc_lse=_stats_descriptor(lse, cfg.block_m), desc_delta=_stats_descriptor(delta, cfg.block_m))
+           if stats_smem else {}))
 
     def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
         return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
@@ -1102,7 +1170,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store,
-                    KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)))
+                    KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)),
+                    STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

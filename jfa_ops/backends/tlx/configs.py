@@ -151,6 +151,14 @@ BACKWARD_ZERO_STORE = os.environ.get("JFA_TLX_BWD_ZERO_STORE", "0") == "1"
 # outside its blocks) pay its HBM round trip per item; from the L2 it lands sooner. Dense walks; off (0) until timed
 # on the H200.
 BACKWARD_KV_PREFETCH = os.environ.get("JFA_TLX_BWD_KV_PREFETCH", "0") == "1"
+# STATS_SMEM (JFA_TLX_BWD_STATS_SMEM=1; helper lsedelta40, bench/NOTES.md "Issue 10: the backward's long-scoreboard
+# stalls, helper lsedelta40"): the producer loads each query block's lse and delta (64 fp32 each) into shared memory
+# by TMA with its Q and dO (the same ring slot and mbarrier: +1 KiB), and the consumers read them from there (4 LDS)
+# instead of 4 LDG per block, whose L2 round trips ptxas waits for inside dP's wgmma issue (lse) and after P's store
+# (delta): the only global or local loads left on the consumers' block path (sm_90 D128 full: paths 535 / 516 -> 519 /
+# 507, the loop's spill reload gone). FA3/FA4 keep them in shared memory the same way. Dense calls, not MXFP8;
+# replaces STATS_AHEAD's prefetch (D64) where on; no recipe (its descriptors). Off (0) until timed on the H200.
+BACKWARD_STATS_SMEM = os.environ.get("JFA_TLX_BWD_STATS_SMEM", "0") == "1"
 # RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
 # backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
 # sorted key tile list and the causal order's item list through the full path's own functions and launches the
@@ -554,7 +562,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE,
-                kv_prefetch=BACKWARD_KV_PREFETCH)
+                kv_prefetch=BACKWARD_KV_PREFETCH, stats_smem=BACKWARD_STATS_SMEM)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:

@@ -146,7 +146,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        causal_order: bool = False, ablate: int = 0,
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
-                       zero_store: bool = False, kv_prefetch: bool = False) -> Specialization:
+                       zero_store: bool = False, kv_prefetch: bool = False,
+                       stats_smem: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
     (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
@@ -158,7 +159,9 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     values); kv_early: helper window31's K/V freed before the dK/dV epilogue (``configs.BACKWARD_KV_EARLY``); peel:
     helper peel37's block loop peeled by stage, the mask-free bulk's loop without mask code (``configs.BACKWARD_PEEL``);
     zero_store: helper desc38's rows past the end zeroed by 8-row stores (``configs.BACKWARD_ZERO_STORE``);
-    kv_prefetch: helper bcastbwd39's L2 prefetch of the next item's K/V and dO (``configs.BACKWARD_KV_PREFETCH``)."""
+    kv_prefetch: helper bcastbwd39's L2 prefetch of the next item's K/V and dO (``configs.BACKWARD_KV_PREFETCH``);
+    stats_smem: helper lsedelta40's lse and delta loaded by the producer into shared memory with each Q/dO block
+    (``configs.BACKWARD_STATS_SMEM``)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared)
@@ -188,6 +191,11 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types.update(K_ROWS=f"*{dtype}", V_ROWS=f"*{dtype}", DO_ROWS=f"*{dtype}")
     else:
         constexprs.update(K_ROWS=None, V_ROWS=None, DO_ROWS=None)
+    constexprs["STATS_SMEM"] = stats_smem
+    if stats_smem:
+        types.update(desc_lse=f"tensordesc<fp32[1,{cfg.block_m}]>", desc_delta=f"tensordesc<fp32[1,{cfg.block_m}]>")
+    else:
+        constexprs.update(desc_lse=None, desc_delta=None)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -211,7 +219,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
-           f"{'-zerostore' if zero_store else ''}{'-kvprefetch' if kv_prefetch else ''}"
+           f"{'-zerostore' if zero_store else ''}{'-kvprefetch' if kv_prefetch else ''}" \
+           f"{'-statssmem' if stats_smem else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -427,6 +436,14 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, kv_prefetch=True)
     for head_dim in (64, 128):
         yield bwd_specialization(head_dim, "bf16", False, **dense_v2[head_dim], kv_early=True, kv_prefetch=True)
+    # helper lsedelta40's lse / delta through shared memory (configs.BACKWARD_STATS_SMEM, dense; instead of STATS_AHEAD):
+    # the default's kernels (KV_EARLY on) at D64/D128, the causal order's and its feature case with a left window
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, dq_shared=True, kv_early=True, stats_smem=True)
+    yield bwd_specialization(128, "bf16", True, dq_shared=True, causal_order=True, kv_early=True, stats_smem=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, dq_shared=True, causal_order=True, kv_early=True,
+                             stats_smem=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
@@ -531,13 +548,14 @@ def block_loop_counts(sass: str) -> dict:
     whole kernel; wgmma (HGMMA), MUFU, SHFL (cross-lane row reductions) and PRMT (byte permutes) of the straight
     path; global loads (LDG: lse, delta) of the straight path after its first wgmma wait (S's), whose latency then
     lands on the block's path, and its spill instructions; FSEL of the straight path (the masked blocks' dS guard,
-    if-converted, issues there: helper peel37) and its integer ALU instructions (helper desc38). The branches after
+    if-converted, issues there: helper peel37), its integer ALU instructions (helper desc38) and its global or
+    generic loads (LDG, LD: lse and delta in the default backward; helper lsedelta40). The branches after
     the last EXIT (out-of-line waits jumping back) are no loops."""
     insts, loops = innermost_loops(sass, ("HGMMA", "QGMMA"))
     counts = dict(block_loop_instructions=[], block_loop_path=[], block_loop_r2ur=[], block_loop_spill_ops=[],
                   block_loop_hgmma=[], block_loop_mufu=[], block_loop_shfl=[], block_loop_prmt=[],
                   block_loop_ldg_after_wait=[], block_loop_path_spill_ops=[], block_loop_path_fsel=[],
-                  block_loop_path_int_alu=[])
+                  block_loop_path_int_alu=[], block_loop_path_ldg=[])
     for a, b, skipped in loops:
         body = insts[a:b + 1]
         counts["block_loop_instructions"].append(len(body))
@@ -552,6 +570,9 @@ def block_loop_counts(sass: str) -> dict:
         first_wait = next((i for i, op in enumerate(path) if op.startswith("WARPGROUP.DEPBAR")), len(path))
         counts["block_loop_ldg_after_wait"].append(sum(op.startswith("LDG") for op in path[first_wait:]))
         counts["block_loop_path_spill_ops"].append(sum(op.startswith(("STL", "LDL")) for op in path))
+        # global and generic loads (long-scoreboard waits: helper lsedelta40, tools/sass_loads.py)
+        counts["block_loop_path_ldg"].append(sum(op.startswith("LDG") or op == "LD" or op.startswith("LD.")
+                                                 for op in path))
         counts["block_loop_path_fsel"].append(sum(op.startswith("FSEL") for op in path))
         # integer ALU on the vector datapath (tools/sass_mix.py's class): descriptors built per lane land here
         counts["block_loop_path_int_alu"].append(sum(bool(re.match(

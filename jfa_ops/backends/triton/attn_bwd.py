@@ -61,15 +61,21 @@ def attn_bwd_delta_kernel(Out, DOut, GradLse, Delta, ZEROED, total_out, zero_row
 
 
 @triton.jit
+def _log2_lse(lse):
+    """lse in log2 units, +inf for rows that saw no key (so that exp2(s - lse) = 0)."""
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+
+
+@triton.jit
 def _row_stats(Lse, Delta, index, rows_ok, CHECK_ROWS: tl.constexpr):
-    """lse in log2 units (+inf for rows that saw no key, so that exp2(s - lse) = 0) and delta of some rows."""
+    """lse in log2 units (``_log2_lse``) and delta of some rows."""
     if CHECK_ROWS:
         lse = tl.load(Lse + index, mask=rows_ok, other=0.0)
         delta = tl.load(Delta + index, mask=rows_ok, other=0.0)
     else:
         lse = tl.load(Lse + index)
         delta = tl.load(Delta + index)
-    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E), delta
+    return _log2_lse(lse), delta
 
 
 # --------------------------------------------------------------------------------------------------------- dK, dV
