@@ -364,30 +364,15 @@ def main(argv=None) -> int:
     for suite, recs in report.by_suite(records).items():
         print(report.suite_section(suite, recs, with_skips=False))
     skips = [f"{n}: {r} (everywhere)" for n, r in meta["unavailable"].items()] + report.skip_lines(records)
-    if skips:
-        print("skipped:")
-        for line in skips:
-            print("  " + line)
-    summary = report.summary_lines(records)
-    if summary:
-        print("summary (geometric mean over a suite's cases):")
-        for line in summary:
-            print("  " + line)
-    targets = report.target_lines(records)
-    if targets:
-        print("issue 9 targets:")
-        for line in targets:
-            print("  " + line)
-    sparse = report.sparse_lines(records)
-    if sparse:
-        print("issue 11 (block-sparse):")
-        for line in sparse:
-            print("  " + line)
-    mxfp8 = report.mxfp8_lines(records, meta["unavailable"])
-    if mxfp8:
-        print("issue 12 (MXFP8):")
-        for line in mxfp8:
-            print("  " + line)
+    for header, lines in (("skipped:", skips),
+                          ("summary (geometric mean over a suite's cases):", report.summary_lines(records)),
+                          ("issue 9 targets:", report.target_lines(records)),
+                          ("issue 11 (block-sparse):", report.sparse_lines(records)),
+                          ("issue 12 (MXFP8):", report.mxfp8_lines(records, meta["unavailable"]))):
+        if lines:
+            print(header)
+            for line in lines:
+                print("  " + line)
     checks = report.check_lines(records)
     wrong = [c for c in checks if c.endswith("WRONG")]
     if checks:

@@ -612,6 +612,25 @@ def _checked_tflops_row(case, check, fns, rounds: int, cols) -> tuple:
     return {c: row.get(c, float("nan")) for c in cols}, failures + failed
 
 
+def _knob_rows(knob: str, cases, cols, rounds: int, width: int, row_setup, ratios_header: str, ratios) -> int:
+    """A forward knob's table (rowsum-timing, store-timing): the header, then a row per case: ``row_setup(case)``'s
+    (fns by column, check) through ``_checked_tflops_row``, TFLOP/s per column, then ``ratios(v)`` (the knob over
+    the default, the A/A gauge: the text after the columns). ``knob``: what the columns compare. Returns the
+    failures."""
+    col_width = max(8, *(len(c) for c in cols))
+    print(f"forward, bf16, TFLOP/s of useful work (do_bench median, then the median of {rounds} interleaved rounds): "
+          f"{knob}", flush=True)
+    print(f"{'case':{width}s} " + " ".join(f"{c:>{col_width}s}" for c in cols) + ratios_header, flush=True)
+    failures = 0
+    for case in cases:
+        fns, check = row_setup(case)
+        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
+        failures += failed
+        print(f"{case.suite + ' ' + case.label:{width}s} " + " ".join(f"{v[c]:{col_width}.1f}" for c in cols)
+              + ratios(v), flush=True)
+    return failures
+
+
 def rowsum_timing() -> int:
     """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
     configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
@@ -636,12 +655,8 @@ def rowsum_timing() -> int:
     cols = ("tlx", "once", "packp", "both", "tlx'", "both'")
     # stop 38's single round read an A/A of 0.904 on the dense row: interleaved rounds, medians (TLX_ROWSUM_ROUNDS)
     rounds = int(os.environ.get("TLX_ROWSUM_ROUNDS", "3"))
-    print(f"forward, bf16, TFLOP/s of useful work (do_bench median, then the median of {rounds} interleaved rounds): "
-          "the default vs configs.FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (bench/NOTES.md \"fwdsum37\")", flush=True)
-    print(f"{'case':40s} " + " ".join(f"{c:>8s}" for c in cols)
-          + f" {'once/tlx':>8s} {'packp/tlx':>9s} {'both/tlx':>8s} {'A/A':>6s}", flush=True)
-    failures = 0
-    for case in cases:
+
+    def row_setup(case):
         x = make_inputs(case, "cuda")
         default = _forward_call(x, case, "tlx")
         fns = {"tlx": knobs(False, False, default), "once": knobs(True, False, default),
@@ -658,12 +673,15 @@ def rowsum_timing() -> int:
                   f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
             return (same is not True) + (lse_diff > 1e-5)
 
-        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
-        failures += failed
+        return fns, check
+
+    def ratios(v):
         base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
-        print(f"{case.suite + ' ' + case.label:40s} " + " ".join(f"{v[c]:8.1f}" for c in cols)
-              + f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}", flush=True)
-    return failures
+        return f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}"
+
+    return _knob_rows("the default vs configs.FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (bench/NOTES.md \"fwdsum37\")",
+                      cases, cols, rounds, 40, row_setup,
+                      f" {'once/tlx':>8s} {'packp/tlx':>9s} {'both/tlx':>8s} {'A/A':>6s}", ratios)
 
 
 def store_timing() -> int:
@@ -692,11 +710,8 @@ def store_timing() -> int:
     cases = [c for c in cases if not wanted or any(w in c.label for w in wanted)]
     cols = ("tlx", "storetma", "tlx'", "storetma'")
     rounds = int(os.environ.get("TLX_STORE_ROUNDS", "3"))
-    print(f"forward, bf16, TFLOP/s of useful work (do_bench median, then the median of {rounds} interleaved rounds): "
-          "configs.FORWARD_STORE_TMA off (tlx) vs on (storetma; bench/NOTES.md \"item39\")", flush=True)
-    print(f"{'case':44s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'tma/tlx':>8s} {'A/A':>6s}", flush=True)
-    failures = 0
-    for case in cases:
+
+    def row_setup(case):
         x = make_inputs(case, "cuda")
 
         def v4(fn, on):  # broadcast-Q on the v4 consumers in both columns
@@ -713,12 +728,14 @@ def store_timing() -> int:
             print(f"  {case.label}: storetma out/lse == off's bit for bit: {same}", flush=True)
             return int(same is not True)
 
-        v, failed = _checked_tflops_row(case, check, fns, rounds, cols)
-        failures += failed
+        return fns, check
+
+    def ratios(v):
         base, tma, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["storetma"] + v["storetma'"]) / 2, v["tlx'"] / v["tlx"]
-        print(f"{case.suite + ' ' + case.label:44s} " + " ".join(f"{v[c]:9.1f}" for c in cols)
-              + f" {tma / base:8.3f} {a_a:6.3f}", flush=True)
-    return failures
+        return f" {tma / base:8.3f} {a_a:6.3f}"
+
+    return _knob_rows("configs.FORWARD_STORE_TMA off (tlx) vs on (storetma; bench/NOTES.md \"item39\")", cases, cols,
+                      rounds, 44, row_setup, f" {'tma/tlx':>8s} {'A/A':>6s}", ratios)
 
 
 def dynamic_timing() -> int:
@@ -984,6 +1001,26 @@ def sparse_random_cases(n: int, seed: int = 5):
         yield f"sparse {name}", BlockSparseCase(case, block, block, keep_ratio=keep)
 
 
+def _sparse_case_rows(prefix: str, run) -> int:
+    """The block-sparse sweeps' rows (sparse-correctness, sparse-backward-correctness): ``sparse_fixed_cases`` and
+    TLX_SPARSE_RANDOM (4) random cases, each ``run(case)`` (the check; it returns what passed), a PASS or FAIL line
+    named ``prefix`` + the case's name. Returns the failures."""
+    failures = 0
+    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
+            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        print(f"{prefix + name:44s} ...", end="\r", flush=True)
+        try:
+            status, detail = "PASS", f"{run(case)}  [{case}]"[:200]
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
+            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
+        print(f"{prefix + name:44s} {status:6s} {detail}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    return failures
+
+
 def sparse_correctness() -> int:
     """The block-sparse forward (tlx; selection on triton) against the oracle: out, lse, dq/dk/dv."""
     from jfa_ops.backends.tlx import configs
@@ -991,20 +1028,13 @@ def sparse_correctness() -> int:
     print(f"block-sparse forward sweep, configs.SPARSE_FORWARD_UNIFORM_WALK={configs.SPARSE_FORWARD_UNIFORM_WALK}, "
           f"SPARSE_FORWARD_ZIGZAG={configs.SPARSE_FORWARD_ZIGZAG}, "
           f"SPARSE_FORWARD_WALK_AHEAD={configs.SPARSE_FORWARD_WALK_AHEAD}", flush=True)
-    failures, t0 = 0, time.time()
-    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
-            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        print(f"{name:44s} ...", end="\r", flush=True)
-        try:
-            check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
-            status, detail = "PASS", f"out/lse/dq/dk/dv  [{case}]"[:200]
-        except Exception as e:  # noqa: BLE001
-            failures += 1
-            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
-            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
-        print(f"{name:44s} {status:6s} {detail}", flush=True)
-    faulthandler.cancel_dump_traceback_later()
+    t0 = time.time()
+
+    def run(case):
+        check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+        return "out/lse/dq/dk/dv"
+
+    failures = _sparse_case_rows("", run)
     print(f"sparse correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures
 
@@ -1236,22 +1266,14 @@ def sparse_backward_correctness() -> int:
     against the float64 oracle with the selection's block mask, over the sparse forward's cases and random sweep."""
     _sparse_backward(True)
     calls = _count_tlx_sparse_backward()
-    failures, t0 = 0, time.time()
-    for name, case in list(sparse_fixed_cases()) + list(sparse_random_cases(
-            int(os.environ.get("TLX_SPARSE_RANDOM", "4")))):
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
-        print(f"bwd {name:40s} ...", end="\r", flush=True)
+    t0 = time.time()
+
+    def run(case):
         before = len(calls)
-        try:
-            check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
-            ran = "tlx" if len(calls) > before else "triton (declined)"
-            status, detail = "PASS", f"dq/dk/dv on {ran}  [{case}]"[:200]
-        except Exception as e:  # noqa: BLE001
-            failures += 1
-            lines = traceback.format_exception_only(type(e), e)[-1].strip().splitlines()
-            status, detail = "FAIL", " | ".join(lines)[:300] + f"  [{case}]"[:200]
-        print(f"bwd {name:40s} {status:6s} {detail}", flush=True)
-    faulthandler.cancel_dump_traceback_later()
+        check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+        return f"dq/dk/dv on {'tlx' if len(calls) > before else 'triton (declined)'}"
+
+    failures = _sparse_case_rows("bwd ", run)
     _sparse_backward(False)
     print(f"sparse backward correctness: {failures} failed, {time.time() - t0:.0f} s", flush=True)
     return failures

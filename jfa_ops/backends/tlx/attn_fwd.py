@@ -43,12 +43,13 @@ from ... import validation
 from ..triton import common
 from ..triton import launch as launcher
 from ..triton.attn_fwd import replay_key as triton_replay_key
-from ..triton.attn_fwd import broadcast_offsets, keep_replay, replayed, rows_descriptor
+from ..triton.attn_fwd import kernel_offsets, keep_replay, replayed, rows_descriptor
 from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, snake_work, softmax_step,
                              stage_block_start, stage_bounds, visible, window_bounds, work_item, zigzag_item)
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
                                         sparse_offsets, stream_major_cost)
 from ..triton.launch import launch, launch_planned
+from ..triton.scheduling import tile_count as _tile_count  # (attn_bwd, mxfp8_attn_fwd import it from here)
 from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile, tile_schedule,
                                   tiles_from_offsets)
 from . import configs
@@ -121,17 +122,6 @@ def _read_work(work_ids, q_fulls, q_count, CID: tl.constexpr, NUM_BUFFERS_Q: tl.
     q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
     tlx.barrier_wait(q_fulls[q_slot * NUM_CONSUMERS + CID], q_phase)
     return tl.max(tlx.local_load(work_ids[q_slot]), 0)
-
-
-@triton.jit
-def _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS: tl.constexpr):
-    """The kernels' tile count: the slots (TILES_FROM_OFFSETS: each program finds its tiles in the offsets), else the
-    real count, read on the device (no host sync)."""
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)
-    return n_tiles
 
 
 @triton.jit
@@ -208,18 +198,15 @@ def _selected_item(item, BLOCK_INDEX, BLOCK_COUNT, group, n_q_blocks, stride_ib,
     at the item's mask-free bulk in the same pass over the ids (``selected_tile_range``'s split: tiles 0 .. n_lead - 1
     masked, n_lead .. n_unmasked - 1 mask-free, the rest masked), for ``_consume_tile_one_loop``'s peeled loops."""
     real, head, m0, _, _, _, _, lead_begin, _, bulk_begin, bulk_end, _, tail_end, seq = item
+    walk = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih,
+                         stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N, ROW_WIDTH,
+                         bulk_begin if PEEL else None, bulk_end if PEEL else None)
+    first, n = _uniform_walk(walk[0], walk[1], UNIFORM_WALK)
     if PEEL:
-        first, n, n_lead, n_unmasked = selected_walk(
-            BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib, stride_ih, stride_in,
-            stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV, BLOCK_N, ROW_WIDTH, bulk_begin, bulk_end)
-        first, n = _uniform_walk(first, n, UNIFORM_WALK)
-        n_lead, n_unmasked = _uniform_walk(n_lead, n_unmasked, UNIFORM_WALK)
+        n_lead, n_unmasked = _uniform_walk(walk[2], walk[3], UNIFORM_WALK)
         return first, n, n_lead, n_unmasked
     else:
-        first, n = selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head // group, m0, n_q_blocks, stride_ib,
-                                 stride_ih, stride_in, stride_cb, stride_ch, lead_begin, tail_end, BLOCK_Q, BLOCK_KV,
-                                 BLOCK_N, ROW_WIDTH)
-        return _uniform_walk(first, n, UNIFORM_WALK)
+        return first, n
 
 
 @triton.jit
@@ -326,27 +313,16 @@ def _qk(q_tile, k_tile, CID: tl.constexpr):
 @triton.jit
 def _softmax(s, m_i, l_i, rows, n0, len_q, len_k, lo_off, hi_off, qk_scale, BLOCK_N: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr):
-    """Online-softmax step on raw scores s of key block n0 (log2 domain): (p, new m, new l, alpha)."""
+    """Online-softmax step on raw scores s of key block n0 (log2 domain): (p, new m, new l, alpha), the mask applied
+    first (``common.softmax_step`` the step)."""
     if not FMA_SOFTMAX:
         s = s * qk_scale
     if MASKED:
         keys = n0 + tl.arange(0, BLOCK_N)
         s = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), s,
                      float("-inf"))
-    if FMA_SOFTMAX:  # qk_scale > 0: max of the raw scores, then one FMA per score
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MASKED:  # a row with no visible key so far keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
-    if FMA_SOFTMAX:
-        p = tl.math.exp2(s * qk_scale - m_ref[:, None])
-    else:
-        p = tl.math.exp2(s - m_ref[:, None])
-    alpha = tl.math.exp2(m_i - m_ref)
-    return p, m_new, l_i * alpha + tl.sum(p, 1), alpha
+    p, alpha, m_new, l_new = softmax_step(s, m_i, l_i, qk_scale, MASKED, FMA_SOFTMAX)
+    return p, m_new, l_new, alpha
 
 
 @triton.jit
@@ -486,44 +462,66 @@ def _p_form(p, DTYPE: tl.constexpr, PACKED: tl.constexpr):
 
 
 @triton.jit
+def _one_loop_block(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
+                    k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale,
+                    CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+                    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
+                    ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
+    """One block (keys from n0) of ``_consume_tile_one_loop``'s loop after the first: its QK^T, the previous block's
+    PV (at prev_n0), its softmax. ``masked``: a runtime test (the one loop) or a constexpr (PEEL's loops: no mask
+    code in the mask-free one). ``l_parts``: ROWSUM_ONCE's per-lane row sums (else carried unchanged; l_i the row
+    sum). Returns (acc, m_i, l_i, l_parts, p, kv_count)."""
+    buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_fulls[buf], phase)
+    # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
+    # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
+    _wait_turn(CID)
+    s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
+    # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
+    # and the fix-up's barrier with the other consumer must not sit inside a turn
+    acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
+                      HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
+    _pass_turn(CID)
+    s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
+    tlx.barrier_arrive(k_empties[buf], 1)
+    if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
+        s = s * qk_scale
+    if masked:
+        s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                     float("-inf"))
+    # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread (and
+    # PEEL's loops give the one loop's bits)
+    p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+    if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
+        l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
+    else:
+        l_i = l_new
+    acc = tlx.async_dot_wait(0, acc)
+    prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
+    tlx.barrier_arrive(v_empties[prev_buf], 1)
+    acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
+    p = _p_carried(p_new, DTYPE, PACK_P)
+    kv_count += 1
+    return acc, m_i, l_i, l_parts, p, kv_count
+
+
+@triton.jit
 def _one_loop_blocks(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, j_begin, j_end, MASKED: tl.constexpr, q_tile,
                      k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off,
                      hi_off, qk_scale, ids, sel_first, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
                      HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
                      ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
-    """PEEL: walk tiles j_begin .. j_end - 1 of ``_consume_tile_one_loop``'s block-sparse walk, its loop body with
-    the mask a constexpr (MASKED: every block masked; else none). ``l_parts``: ROWSUM_ONCE's per-lane row sums (else
-    carried unchanged; l_i the row sum). Returns (acc, m_i, l_i, l_parts, p, prev_n0, kv_count)."""
+    """PEEL: walk tiles j_begin .. j_end - 1 of ``_consume_tile_one_loop``'s block-sparse walk, its loop body
+    (``_one_loop_block``) with the mask a constexpr (MASKED: every block masked; else none). Returns (acc, m_i, l_i,
+    l_parts, p, prev_n0, kv_count)."""
     for j in tl.range(j_begin, j_end, num_stages=0):
         n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
-        buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-        tlx.barrier_wait(k_fulls[buf], phase)
-        _wait_turn(CID)
-        s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-        acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
-                          HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
-        _pass_turn(CID)
-        s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
-        tlx.barrier_arrive(k_empties[buf], 1)
-        if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
-            s = s * qk_scale
-        if MASKED:
-            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                         float("-inf"))
-        # the masked form on every block, as the one loop (the same bits)
-        p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-        if ROWSUM_ONCE:
-            l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
-        else:
-            l_i = l_new
-        acc = tlx.async_dot_wait(0, acc)
-        prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-        tlx.barrier_arrive(v_empties[prev_buf], 1)
-        acc = acc * alpha[:, None]
-        p = _p_carried(p_new, DTYPE, PACK_P)
+        acc, m_i, l_i, l_parts, p, kv_count = _one_loop_block(
+            acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, MASKED, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+            v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, CID, HEAD_DIM, BLOCK_N,
+            NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
         prev_n0 = n0
-        kv_count += 1
     return acc, m_i, l_i, l_parts, p, prev_n0, kv_count
 
 
@@ -609,9 +607,9 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     p = _p_carried(p, DTYPE, PACK_P)
     prev_n0 = n0
     kv_count += 1
+    if not ROWSUM_ONCE:
+        l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
     if PEEL:
-        if not ROWSUM_ONCE:
-            l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
         lead1 = tl.maximum(sel_lead, 1)  # walk tile 0 is done
         unmasked1 = tl.maximum(sel_unmasked, 1)
         # P between the loops in DTYPE (rounded as the PV would round it: the same bits either way); the mask-free
@@ -657,37 +655,11 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
             else:
                 n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
                 masked = (j < n_lead) | (j >= n_unmasked)
-            buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
-            tlx.barrier_wait(k_fulls[buf], phase)
-            # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
-            # passes, so this softmax overlaps the other consumer's two matmuls as well as this PV.
-            _wait_turn(CID)
-            s = tlx.async_dot(q_tile, tlx.local_trans(k_tiles[buf]))
-            # CHECK_END False: only a tile's last block can run past the sequence end (blocks are contiguous, in order),
-            # and the fix-up's barrier with the other consumer must not sit inside a turn
-            acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
-                              HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, False)
-            _pass_turn(CID)
-            s = tlx.async_dot_wait(1, s)  # QK^T done; the PV may still run
-            tlx.barrier_arrive(k_empties[buf], 1)
-            if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
-                s = s * qk_scale
-            if masked:
-                s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
-                             float("-inf"))
-            # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread
-            p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-            if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
-                l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
-            else:
-                l_i = l_new
-            acc = tlx.async_dot_wait(0, acc)
-            prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
-            tlx.barrier_arrive(v_empties[prev_buf], 1)
-            acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
-            p = _p_carried(p_new, DTYPE, PACK_P)
+            acc, m_i, l_i, l_parts, p, kv_count = _one_loop_block(
+                acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
+                k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, CID, HEAD_DIM,
+                BLOCK_N, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
             prev_n0 = n0
-            kv_count += 1
     if ROWSUM_ONCE:
         l_i = tl.sum(l_parts, 1)
     if not STORE_TMA:  # (STORE_TMA: the caller's epilogue stages out in the slot, then releases it)
@@ -1237,13 +1209,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     inputs = q, k, v
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
-    if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        total_out = num_seqs * q.shape[0]
-    else:
-        q_off = common.int32_offsets(q_offsets, checked=params.check_offsets)
-        total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=params.check_offsets)
+    q_off, kv_off, total_out = kernel_offsets(q, q_offsets, kv_offsets, params.broadcast_q, params.check_offsets)
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     flag_mode = validation.validation_mode(device) if params.check_offsets else None

@@ -28,9 +28,9 @@ from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, in
 from .configs import KNOBS, Knobs, get_config
 from .launch import launch, launch_planned
 from . import attn_fwd
-from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
+from .attn_fwd import kernel_offsets, rows_descriptor, use_tma
 from .scheduling import (TileList, binary_search_steps, capacity_of, forward_tiles, kv_tiles, one_wave,
-                         schedule_arguments, shape_constant, slot_tile, tile_schedule)
+                         schedule_arguments, shape_constant, slot_tile, tile_count, tile_schedule)
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
@@ -228,10 +228,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
     TILES_FROM_OFFSETS: items are unsorted key-tile slots mapped here (``scheduling.slot_tile``)."""
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)
+    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     n_work = n_tiles * num_heads_kv
     dq_slab = tl.program_id(0) % num_slabs
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
@@ -384,10 +381,7 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
     TILES_FROM_OFFSETS: items are unsorted slots mapped here (``scheduling.slot_tile``; one sequence per tile)."""
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)
+    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     n_work = n_tiles * num_heads
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:
@@ -441,13 +435,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     group = num_heads // num_heads_kv
     len_q = q.shape[0]
-    if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, len_q, device)
-        total_out = num_seqs * len_q
-    else:
-        q_off = common.int32_offsets(q_offsets)
-        total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+    q_off, kv_off, total_out = kernel_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     if num_seqs == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

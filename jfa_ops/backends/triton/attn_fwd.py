@@ -25,7 +25,7 @@ from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_cons
 from .configs import KNOBS, Knobs, get_config, nvidia
 from .launch import launch_planned
 from .offset_checks import offsets_ok
-from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_schedule
+from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_count, tile_schedule
 
 
 @triton.jit
@@ -168,10 +168,7 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
             valid = offsets_ok(Q_OFF, num_seqs, rows_s, max_q, 1024) & offsets_ok(KV_OFF, num_seqs, rows_o, max_kv,
                                                                                   1024)
             tl.store(FLAG, valid.to(tl.int32))
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
+    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     n_work = n_tiles * num_heads
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:
@@ -254,6 +251,19 @@ def rebase(layout: dict, t: torch.Tensor, rows: Optional[int] = None):
 def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.Tensor:
     """Output-row offsets of a broadcast Q: sequence b owns rows [b*L_q, (b+1)*L_q) (cached per shape: read-only)."""
     return torch.arange(num_seqs + 1, device=device, dtype=torch.int32) * len_q
+
+
+def kernel_offsets(q, q_offsets, kv_offsets, broadcast_q: bool, checked: bool = False):
+    """(q_off, kv_off, total_out): the offsets as the kernels read them (``common.int32_offsets``, ``checked`` as
+    there; a broadcast Q's output rows b * L_q + i, ``broadcast_offsets``) and the output's rows."""
+    num_seqs = kv_offsets.numel() - 1
+    if broadcast_q:
+        q_off = broadcast_offsets(num_seqs, q.shape[0], q.device)
+        total_out = num_seqs * q.shape[0]
+    else:
+        q_off = common.int32_offsets(q_offsets, checked=checked)
+        total_out = q.shape[0]
+    return q_off, common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=checked), total_out
 
 
 class _Replay:
@@ -362,13 +372,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)  # slices of a fused projection: no copy
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
-    if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        total_out = num_seqs * q.shape[0]
-    else:
-        q_off = common.int32_offsets(q_offsets, checked=params.check_offsets)
-        total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=params.check_offsets)
+    q_off, kv_off, total_out = kernel_offsets(q, q_offsets, kv_offsets, params.broadcast_q, params.check_offsets)
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     if total_out == 0 or num_seqs == 0:

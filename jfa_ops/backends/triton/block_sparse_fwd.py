@@ -26,7 +26,7 @@ from .common import (dot_precision, first_work, head_dim_consts, load_rows, loop
                      query_row0, row_source, row_strides, seq_extent, stage_bounds, window_bounds)
 from .configs import KNOBS, get_config
 from .launch import launch
-from .scheduling import forward_tiles, tile_schedule, work_tile
+from .scheduling import forward_tiles, tile_count, tile_schedule, work_tile
 
 IDS_CHUNK: tl.constexpr = tl.constexpr(64)  # selected ids read per step of selected_tiles_below
 
@@ -107,48 +107,45 @@ def selected_tile_range(ids, count, key_begin, key_end, BLOCK: tl.constexpr, TIL
     split_begin (a masked lead), tiles n_lead .. n_unmasked - 1 lie inside [split_begin, split_end) (mask-free) and
     the rest end past split_end (a masked tail): with ascending ids, exactly the tiles a per-tile test ``(n0 <
     split_begin) | (n0 + TILE > split_end)`` masks. 0 <= n_lead <= n_unmasked <= n."""
+    if width is None:
+        sums = (count * 0,) * (2 if split_begin is None else 4)
+        j_from = 0
+    else:
+        j = tl.arange(0, IDS_CHUNK)
+        start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
+        sums = _tile_sums(j < count, start, key_begin, key_end, split_begin, split_end, BLOCK, TILE)
+        j_from = IDS_CHUNK
+    for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
+        used, start = _ids_chunk(ids, j0, count, BLOCK)
+        sums = _add_sums(sums, _tile_sums(used, start, key_begin, key_end, split_begin, split_end, BLOCK, TILE))
     if split_begin is None:
-        if width is None:
-            first = count * 0
-            n = count * 0
-            j_from = 0
-        else:
-            j = tl.arange(0, IDS_CHUNK)
-            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
-            first, n = _tile_range_part(j < count, start, key_begin, key_end, BLOCK, TILE)
-            j_from = IDS_CHUNK
-        for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
-            used, start = _ids_chunk(ids, j0, count, BLOCK)
-            first_part, n_part = _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
-            first += first_part
-            n += n_part
-        return first, n
-    else:  # the four sums of a chunk in one reduction (one cross-warp exchange, not four)
-        if width is None:
-            first = count * 0
-            n = count * 0
-            lead = count * 0
-            unmasked = count * 0
-            j_from = 0
-        else:
-            j = tl.arange(0, IDS_CHUNK)
-            start = tl.load(ids + j, mask=j < width, other=0) * BLOCK
-            first, n, lead, unmasked = _tile_split_part(j < count, start, key_begin, key_end, split_begin, split_end,
-                                                        BLOCK, TILE)
-            j_from = IDS_CHUNK
-        for j0 in range(j_from, loop_bound(count), IDS_CHUNK):
-            used, start = _ids_chunk(ids, j0, count, BLOCK)
-            first_part, n_part, lead_part, unmasked_part = _tile_split_part(used, start, key_begin, key_end,
-                                                                            split_begin, split_end, BLOCK, TILE)
-            first += first_part
-            n += n_part
-            lead += lead_part
-            unmasked += unmasked_part
+        return sums
+    else:
+        first, n, lead, unmasked = sums
         # row-relative counts (tiles ending at or below each limit) to walk-relative ones; tiles below split_begin
         # but at or past key_end (a band narrower than a tile) are no part of the walk: the clamps
         n_lead = tl.minimum(tl.maximum(lead - first, 0), n)
         n_unmasked = tl.minimum(tl.maximum(unmasked - first, n_lead), n)
         return first, n, n_lead, n_unmasked
+
+
+@triton.jit
+def _tile_sums(used, start, key_begin, key_end, split_begin, split_end, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """``selected_tile_range``'s sums over one chunk of ids: (first, n), with ``split_begin`` also the tiles ending
+    at or below split_begin / split_end (``_tile_split_part``)."""
+    if split_begin is None:
+        return _tile_range_part(used, start, key_begin, key_end, BLOCK, TILE)
+    else:
+        return _tile_split_part(used, start, key_begin, key_end, split_begin, split_end, BLOCK, TILE)
+
+
+@triton.jit
+def _add_sums(a, b):
+    """Two chunks' ``_tile_sums`` added, element by element (2 or 4 of them)."""
+    if len(a) == 2:
+        return a[0] + b[0], a[1] + b[1]
+    else:
+        return _add4(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3])
 
 
 @triton.jit
@@ -208,21 +205,9 @@ def selected_walk(BLOCK_INDEX, BLOCK_COUNT, real, seq, head, s0, n_blocks, strid
     count = tl.load(BLOCK_COUNT + seq * stride_cb + head * stride_ch + block, mask=real & (block < n_blocks),
                     other=0)  # a padding slot's s0 may be anything: it selects nothing
     row = seq * stride_ib + head * stride_ih + block * stride_in
-    if split_begin is None:
-        if ROW_WIDTH:
-            first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O,
-                                           stride_in)
-        else:
-            first, n = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O)
-        return row * (BLOCK_O // TILE_O) + first, n
-    else:
-        if ROW_WIDTH:
-            first, n, n_lead, n_unmasked = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end,
-                                                               BLOCK_O, TILE_O, stride_in, split_begin, split_end)
-        else:
-            first, n, n_lead, n_unmasked = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end,
-                                                               BLOCK_O, TILE_O, None, split_begin, split_end)
-        return row * (BLOCK_O // TILE_O) + first, n, n_lead, n_unmasked
+    walk = selected_tile_range(BLOCK_INDEX + row, count, other_begin, other_end, BLOCK_O, TILE_O,
+                               stride_in if ROW_WIDTH else None, split_begin, split_end)
+    return (row * (BLOCK_O // TILE_O) + walk[0],) + walk[1:]  # first: the row's position added
 
 
 @triton.jit
@@ -317,10 +302,7 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
     qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
+    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads:
         seq, m0, head, real = work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, Q_OFF, KV_OFF,
