@@ -147,7 +147,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False, kv_prefetch: bool = False,
-                       stats_smem: bool = False) -> Specialization:
+                       stats_smem: bool = False, store_tma: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
     (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
@@ -161,7 +161,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     zero_store: helper desc38's rows past the end zeroed by 8-row stores (``configs.BACKWARD_ZERO_STORE``);
     kv_prefetch: helper bcastbwd39's L2 prefetch of the next item's K/V and dO (``configs.BACKWARD_KV_PREFETCH``);
     stats_smem: helper lsedelta40's lse and delta loaded by the producer into shared memory with each Q/dO block
-    (``configs.BACKWARD_STATS_SMEM``)."""
+    (``configs.BACKWARD_STATS_SMEM``); store_tma: helper dkvtma40's dK/dV half-tiles by TMA stores
+    (``configs.BACKWARD_STORE_TMA``, with kv_early)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared)
@@ -196,6 +197,12 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types.update(desc_lse=f"tensordesc<fp32[1,{cfg.block_m}]>", desc_delta=f"tensordesc<fp32[1,{cfg.block_m}]>")
     else:
         constexprs.update(desc_lse=None, desc_delta=None)
+    constexprs["STORE_TMA"] = store_tma
+    if store_tma:
+        types.update(desc_dk=f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>",
+                     desc_dv=f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>")
+    else:
+        constexprs.update(desc_dk=None, desc_dv=None)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -220,7 +227,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
            f"{'-zerostore' if zero_store else ''}{'-kvprefetch' if kv_prefetch else ''}" \
-           f"{'-statssmem' if stats_smem else ''}"
+           f"{'-statssmem' if stats_smem else ''}{'-storetma' if store_tma else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -444,6 +451,17 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, dq_shared=True, causal_order=True, kv_early=True, stats_smem=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, dq_shared=True, causal_order=True, kv_early=True,
                              stats_smem=True)
+    # helper dkvtma40's dK/dV half-tiles by TMA stores (configs.BACKWARD_STORE_TMA, with KV_EARLY): the default's
+    # kernels at D64/D128, the causal order's, its feature case with a left window (the bench's window row),
+    # broadcast-Q (the target) and from offsets
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, store_tma=True)
+    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, store_tma=True)
+    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
+                             store_tma=True)
+    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, store_tma=True)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True, store_tma=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
