@@ -1234,6 +1234,50 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     assert got["STATS_SMEM"] is False and got["desc_lse"] is None
 
 
+@needs_tlx
+def test_store_tma_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_STORE_TMA`` (helper dkvtma40, env JFA_TLX_BWD_STORE_TMA), off by default, sets the TLX
+    backward's STORE_TMA with two row descriptors over the dK / dV outputs ([T_kv, Hkv x D], blocks [64, D]: a
+    consumer's half-tile of keys) on a broadcast-Q call (the target) and a causal jagged call, no recipe kept (the
+    repeat takes the full path); off, the default's launch (no descriptors) and its recipe. Where KV_EARLY does not
+    run (the knob off, MXFP8) STORE_TMA stays off: it rides on KV_EARLY's staging buffer."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_STORE_TMA  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+    launched = functools.partial(_backward_launch, runs)
+
+    lq, seqs = 40, offsets.numel() - 1
+    bq, bout = q[:lq], torch.randn(lq * seqs, q.shape[1], HEAD_DIM).to(q.dtype)
+    broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout,  # noqa: E731
+                                     torch.randn(q.shape[1], bout.shape[0]), None, offsets,
+                                     _params(broadcast_q=True))
+    causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
+    for on in (False, True):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_STORE_TMA", on)
+        for call in (broadcast, causal):
+            attn_bwd._RECIPES.clear()
+            answers.clear()
+            got = launched(call)
+            assert got["STORE_TMA"] is on and got["KV_EARLY"] is True
+            if on:
+                for name, out in (("desc_dk", got["DK"]), ("desc_dv", got["DV"])):
+                    desc = got[name]
+                    assert desc.base is out and out.shape == k.shape, name
+                    assert desc.shape == [k.shape[0], k.shape[1] * HEAD_DIM] and desc.block_shape == [64, HEAD_DIM]
+                    assert desc.strides == [k.shape[1] * HEAD_DIM, 1]
+            else:
+                assert got["desc_dk"] is None and got["desc_dv"] is None
+            launched(call)  # the repeat: a recipe serves the causal signature only with the knob off
+            assert [kind for kind, _ in answers] == (["recipe"] if call is causal and not on else [])
+    out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    lse = torch.randn(q.shape[1], q.shape[0])
+    for off in (dict(kv_early=False), dict(kv_early=True, mxfp8=True, delta_grad_out=torch.randn_like(q))):
+        got = launched(lambda: attn_bwd.attention_backward(torch.randn_like(q), None, q, k, v, out, lse, offsets,
+                                                           offsets, _params(causal=True), dq_shared=True,
+                                                           store_tma=True, **off))
+        assert got["STORE_TMA"] is False and got["desc_dk"] is None and got["KV_EARLY"] is False, off
+
+
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:
     """The TLX backward kernel's arguments for a causal bf16 batch of ``lengths`` (``hints``: max_seqlen given)."""
     runs.clear()

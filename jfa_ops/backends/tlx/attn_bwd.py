@@ -901,7 +901,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
                             _keep_alive(dk, out_tile, kv_count, dtype)
                             _keep_alive(dv, out_tile, kv_count, dtype)
-                        elif STORE_TMA and k0 + HALF_N <= len_k:  # a whole half-tile: one TMA store each
+                        elif STORE_TMA and len_k - k0 >= HALF_N:  # a whole half-tile: one TMA store each
                             _store_staged(out_tile, (dk * scale).to(dtype), desc_dk, kv_row0 + k0,
                                           kv_head * HEAD_DIM)
                             tlx.async_descriptor_store_wait(0)  # dK's store has read the buffer
