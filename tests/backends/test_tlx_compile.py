@@ -435,8 +435,11 @@ def test_store_tma_leaves_the_block_loops_as_they_were():
     for base, r in zip(rows[0::2], rows[1::2]):
         assert r["name"] == base["name"] + "-storetma", (base["name"], r["name"])
         assert base["shared"] <= r["shared"] <= base["shared"] + 16 <= SM90_SHARED_MEMORY, (base, r)
-        for key in ("block_loop_path", "block_loop_hgmma", "block_loop_mufu", "block_loop_path_spill_ops"):
+        for key in ("block_loop_hgmma", "block_loop_mufu", "block_loop_path_fsel"):
             assert r[key] == base[key], (key, base, r)
+        for key in ("block_loop_path", "block_loop_path_spill_ops"):  # no longer (the epilogue's test as written
+            # ``k0 + HALF_N <= len_k`` made ptxas build the causal mask by 36 PLOP3: consumer 1's path 518 -> 554)
+            assert all(p <= q for p, q in zip(r[key], base[key])), (key, base, r)
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + SPILL_SLACK, r
 
 
