@@ -422,14 +422,17 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(64, "bf16", True, **dense_v2[64], item_order=True, group_split=4)
     # helper window31's K/V freed before the dK/dV epilogue (configs.BACKWARD_KV_EARLY, dense): the default's kernels
     # at D64/D128, the causal order's, its feature case with a left window (the bench's window row), broadcast-Q,
-    # from offsets
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True)
+    # from offsets; the same set again with helper dkvtma40's dK/dV half-tiles by TMA stores (configs.
+    # BACKWARD_STORE_TMA, on KV_EARLY's epilogue; broadcast-Q its target)
+    for tma in (dict(), dict(store_tma=True)):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, **tma)
+        yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, **tma)
+        yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
+                                 **tma)
+        yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, **tma)
+        yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True, **tma)
     # helper peel37's block loop peeled per stage (configs.BACKWARD_PEEL, dense): the default's kernels (KV_EARLY on)
     # at D64/D128, the causal order's and its feature case with a left window (masked lead and tail blocks)
     for head_dim in (64, 128):
@@ -451,17 +454,6 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, dq_shared=True, causal_order=True, kv_early=True, stats_smem=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, dq_shared=True, causal_order=True, kv_early=True,
                              stats_smem=True)
-    # helper dkvtma40's dK/dV half-tiles by TMA stores (configs.BACKWARD_STORE_TMA, with KV_EARLY): the default's
-    # kernels at D64/D128, the causal order's, its feature case with a left window (the bench's window row),
-    # broadcast-Q (the target) and from offsets
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, store_tma=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, store_tma=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
-                             store_tma=True)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, store_tma=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True, store_tma=True)
     default = dict(head_grouped=True, uniform_walk=True)  # the block-sparse default (configs): the feature cases
     yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, **default)
     yield bwd_specialization(128, "bf16", False, broadcast_q=True, **sparse_v2, **default)
