@@ -5,8 +5,8 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
 causaljagged, kvearly, kvearlyoff, peel, zerostore,
-peelzerostore, kvprefetch, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal list vs
-the torch one on the GPU), then
+peelzerostore, kvprefetch, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
+list vs the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
 forward: ``sparse-correctness`` then ``sparse-timing``; not in ``all``) / ``sparse-bwd`` (the TLX block-sparse

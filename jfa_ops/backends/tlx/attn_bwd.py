@@ -634,7 +634,7 @@ def _store_staged(tile, x, desc, row0, col):
     buffer): no read back, no pointer stores. The caller has waited for the buffer's previous TMA read; the store's
     own read is waited for only where the buffer is next written. No named barriers of its own: the compiler's
     shared-memory barriers (one per warpgroup after the read's wait, one between the stores and the TMA store, as for
-    the forward's ``_store_tile_staged``) order the warpgroup's threads; explicit ones only doubled them (sm_90 SASS)."""
+    the forward's ``_store_tile_staged``) order the warpgroup's threads; explicit ones only doubled them (sm_90)."""
     tlx.local_store(tile, x)
     tlx.fence_async_shared()  # the TMA store (async proxy) must see these generic-proxy writes
     tlx.async_descriptor_store(desc, tile, [row0.to(tl.int32), col])
