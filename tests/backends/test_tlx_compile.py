@@ -411,15 +411,15 @@ def test_stats_smem_takes_the_global_loads_off_the_block_loops():
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 160, (base, r)
 
 
-SPILL_SLACK = 176  # STORE_TMA's per-item spill bytes a thread over the default's (164 at most, stop 40)
+SPILL_SLACK = 96  # STORE_TMA's per-item spill bytes a thread over the default's (+68 at most here, stop 40)
 
 
 def test_store_tma_leaves_the_block_loops_as_they_were():
     """STORE_TMA (helper dkvtma40, ``configs.BACKWARD_STORE_TMA``) changes KV_EARLY's dK/dV epilogue only (whole
     half-tiles by one TMA store each from the dQ staging buffer): the consumers' block loops as the default's (same
     straight paths, wgmma, MUFU, spill instructions), shared memory within 16 B, per-item spills within SPILL_SLACK
-    bytes a thread (sm_90 ptxas, stop 40, stores / loads: broadcast-Q D128 140 / 184 -> 176 / 212, full 152 / 200 ->
-    184 / 212, causal 184 / 260 -> 268 / 340: + 164, the most; D64 0 / 0 both; bench/NOTES.md "helper dkvtma40")."""
+    bytes a thread (sm_90 ptxas, stop 40, stores / loads: broadcast-Q D128 140 / 184 -> 176 / 216, the most; causal
+    184 / 260 -> 208 / 276; D64 0 / 0 both; bench/NOTES.md "helper dkvtma40" has every kernel's)."""
     names, rows = _shipped_and_compiled(
         "-storetma", "[s.bwd_specialization(d, 'bf16', c, broadcast_q=b, dq_shared=True, kv_early=True,"
         " stats_ahead=d <= 64, store_tma=on) for d, c, b in ((128, False, True), (128, True, False), (64, True, False))"
