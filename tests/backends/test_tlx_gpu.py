@@ -77,7 +77,9 @@ BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 # helper bcastbwd39: the next item's K/V and dO prefetched into the L2 (KV_PREFETCH: off by default)
                 "bwd-kvprefetch": dict(_BWD, BACKWARD_KV_PREFETCH=True),
                 # helper lsedelta40: lse / delta loaded into shared memory with Q / dO (STATS_SMEM: off by default)
-                "bwd-statssmem": dict(_BWD, BACKWARD_STATS_SMEM=True)}
+                "bwd-statssmem": dict(_BWD, BACKWARD_STATS_SMEM=True),
+                # helper dkvtma40: whole dK/dV half-tiles written by TMA stores (STORE_TMA: off by default)
+                "bwd-storetma": dict(_BWD, BACKWARD_STORE_TMA=True)}
 
 
 def test_stats_ahead_is_the_default_at_head_dim_64_only(monkeypatch):
@@ -913,5 +915,42 @@ def test_kv_prefetch_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
     monkeypatch.setattr(configs, "BACKWARD_KV_PREFETCH", True)
     check_attention_case(case, "tlx")
     (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_KV_PREFETCH")
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
+# configs.BACKWARD_STORE_TMA's cases (helper dkvtma40), each with the config overrides that make the epilogue run
+# (STORE_TMA rides on KV_EARLY, which a GQA split turns off): broadcast-Q (the target; empty and one-key sequences,
+# whose half-tiles are partial or past the end: the pointer stores), jagged causal GQA past one wave (the split off,
+# so that KV_EARLY runs; lengths not multiples of 64: whole and partial half-tiles in one call), dense D64 (1000 keys:
+# the last tile's second half partial) and D128 (whole tiles only), and the split's own path unchanged
+STORE_TMA_CASES = {
+    "broadcast Lq128 H4 B200": (AttentionCase((128,), _BCAST_KV, heads_q=4, heads_kv=4, broadcast_q=True, **_BF), {}),
+    "jagged causal GQA 8:2 past one wave": (AttentionCase(_SHORT * 4, _SHORT * 4, heads_q=8, heads_kv=2, causal=True,
+                                                          **_BF), dict(BACKWARD_GQA_SPLIT=0)),
+    "jagged causal GQA 8:2 split": (AttentionCase(_SHORT * 4, _SHORT * 4, heads_q=8, heads_kv=2, causal=True, **_BF),
+                                    dict(BACKWARD_GQA_SPLIT=16)),
+    "dense B3 S1000 H4 D64 causal": (AttentionCase((1000,) * 3, (1000,) * 3, heads_q=4, heads_kv=4, causal=True,
+                                                   head_dim=64, dtype=torch.bfloat16, device="cuda"), {}),
+    "dense B2 S2048 H4 D128 fp16": (AttentionCase((2048,) * 2, (2048,) * 2, heads_q=4, heads_kv=4, head_dim=128,
+                                                  dtype=torch.float16, device="cuda"), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(STORE_TMA_CASES))
+def test_store_tma_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
+    """STORE_TMA (``configs.BACKWARD_STORE_TMA``, helper dkvtma40) changes only how whole dK/dV half-tiles are
+    written (one TMA store each from the staging buffer instead of a read back and masked pointer stores): gradients
+    match the float64 oracle with it on, and dK/dV equal the default's bit for bit (the same conversion, the same
+    rows); dQ is the same fp32 terms, reduce-added by programs in a racy order (close)."""
+    case, overrides = STORE_TMA_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    for knob, value in overrides.items():
+        monkeypatch.setattr(configs, knob, value)
+    monkeypatch.setattr(configs, "BACKWARD_STORE_TMA", True)
+    check_attention_case(case, "tlx")
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_STORE_TMA")
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)

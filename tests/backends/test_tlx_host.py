@@ -1147,6 +1147,31 @@ def _backward_launch(runs, call) -> dict:
     return values
 
 
+def _broadcast_and_causal_calls(q, k, v, offsets, lq: int = 40) -> tuple:
+    """Two backward calls of the knob tests: broadcast-Q (the first ``lq`` rows of q as the shared queries, one output
+    block per sequence) and causal jagged on q, k, v."""
+    bq, bout = q[:lq], torch.randn(lq * (offsets.numel() - 1), q.shape[1], q.shape[2]).to(q.dtype)
+    broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout,  # noqa: E731
+                                     torch.randn(q.shape[1], bout.shape[0]), None, offsets,
+                                     _params(broadcast_q=True))
+    causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
+    return broadcast, causal
+
+
+def _launches_with_knob(monkeypatch, knob: str, calls: tuple, launched, answers):
+    """(on, call, the kernel's arguments) of each of ``calls`` (broadcast, causal: ``_broadcast_and_causal_calls``)
+    with ``configs.<knob>`` off, then on, each from an empty recipe table; after each, the repeat: a recipe serves the
+    causal signature only with the knob off (none of these knobs has recipe support)."""
+    for on in (False, True):
+        monkeypatch.setattr(tlx_configs, knob, on)
+        for call in calls:
+            attn_bwd._RECIPES.clear()
+            answers.clear()
+            yield on, call, launched(call)
+            launched(call)
+            assert [kind for kind, _ in answers] == (["recipe"] if call is calls[-1] and not on else []), (knob, on)
+
+
 @needs_tlx
 def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_KV_PREFETCH`` (helper bcastbwd39, env JFA_TLX_BWD_KV_PREFETCH), off by default, sets the
@@ -1159,22 +1184,10 @@ def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
     launched = functools.partial(_backward_launch, runs)
 
-    lq = 40
-    bq, bout = q[:lq], torch.randn(lq * (offsets.numel() - 1), q.shape[1], HEAD_DIM).to(q.dtype)
-    broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout,  # noqa: E731
-                                     torch.randn(q.shape[1], bout.shape[0]), None, offsets,
-                                     _params(broadcast_q=True))
-    causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
-    for on in (False, True):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_KV_PREFETCH", on)
-        for call in (broadcast, causal):
-            attn_bwd._RECIPES.clear()
-            answers.clear()
-            got = launched(call)
-            assert got["KV_PREFETCH"] is on and got["KV_EARLY"] is True
-            assert (got["K_ROWS"] is k and got["V_ROWS"] is v) if on else got["K_ROWS"] is None
-            launched(call)  # the repeat: a recipe serves the causal signature only with the knob off
-            assert [kind for kind, _ in answers] == (["recipe"] if call is causal and not on else [])
+    broadcast, causal = _broadcast_and_causal_calls(q, k, v, offsets)
+    for on, _, got in _launches_with_knob(monkeypatch, "BACKWARD_KV_PREFETCH", (broadcast, causal), launched, answers):
+        assert got["KV_PREFETCH"] is on and got["KV_EARLY"] is True
+        assert (got["K_ROWS"] is k and got["V_ROWS"] is v) if on else got["K_ROWS"] is None
     fq, fk, fv, _ = _inputs([300, 17, 700, 5, 0, 1], fused=True)
     got = launched(lambda: _backward(fq, fk, fv, offsets, _params(causal=True), torch.randn_like(fq)))
     assert got["KV_PREFETCH"] is False and got["K_ROWS"] is None
@@ -1199,23 +1212,18 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout, blse, None,  # noqa: E731
                                      offsets, _params(broadcast_q=True))
     causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
-    for on in (False, True):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_STATS_SMEM", on)
-        for call, rows in ((broadcast, lq * seqs), (causal, q.shape[0])):
-            attn_bwd._RECIPES.clear()
-            answers.clear()
-            got = launched(call)
-            assert got["STATS_SMEM"] is on and got["STATS_AHEAD"] is False and got["KV_EARLY"] is True
-            if on:
-                for name, given in (("desc_lse", None), ("desc_delta", got["Delta"])):
-                    desc = got[name]
-                    assert desc.shape == [1, q.shape[1] * rows] and desc.block_shape == [1, 64], name
-                    assert desc.strides[1] == 1 and desc.strides[0] % 4 == 0 and desc.strides[0] >= desc.shape[1]
-                    assert desc.base.data_ptr() % 16 == 0 and (given is None or desc.base is given)
-            else:
-                assert got["desc_lse"] is None and got["desc_delta"] is None
-            launched(call)  # the repeat: a recipe serves the causal signature only with the knob off
-            assert [kind for kind, _ in answers] == (["recipe"] if call is causal and not on else [])
+    for on, call, got in _launches_with_knob(monkeypatch, "BACKWARD_STATS_SMEM", (broadcast, causal), launched,
+                                             answers):
+        rows = 40 * (offsets.numel() - 1) if call is broadcast else q.shape[0]  # broadcast: sequences x Lq
+        assert got["STATS_SMEM"] is on and got["STATS_AHEAD"] is False and got["KV_EARLY"] is True
+        if on:
+            for name, given in (("desc_lse", None), ("desc_delta", got["Delta"])):
+                desc = got[name]
+                assert desc.shape == [1, q.shape[1] * rows] and desc.block_shape == [1, 64], name
+                assert desc.strides[1] == 1 and desc.strides[0] % 4 == 0 and desc.strides[0] >= desc.shape[1]
+                assert desc.base.data_ptr() % 16 == 0 and (given is None or desc.base is given)
+        else:
+            assert got["desc_lse"] is None and got["desc_delta"] is None
     # with it on: STATS_AHEAD's prefetch yields; an lse view 4 bytes off alignment is copied (same values)
     out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
     lse_storage = torch.randn(q.shape[1] * q.shape[0] + 1)
@@ -1230,6 +1238,38 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
                                                        _params(causal=True), dq_shared=True, stats_smem=True,
                                                        mxfp8=True, delta_grad_out=torch.randn_like(q)))
     assert got["STATS_SMEM"] is False and got["desc_lse"] is None
+
+
+@needs_tlx
+def test_store_tma_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_STORE_TMA`` (helper dkvtma40, env JFA_TLX_BWD_STORE_TMA), off by default, sets the TLX
+    backward's STORE_TMA with two row descriptors over the dK / dV outputs ([T_kv, Hkv x D], blocks [64, D]: a
+    consumer's half-tile of keys) on a broadcast-Q call (the target) and a causal jagged call, no recipe kept (the
+    repeat takes the full path); off, the default's launch (no descriptors) and its recipe. Where KV_EARLY does not
+    run (the knob off, MXFP8) STORE_TMA stays off: it rides on KV_EARLY's staging buffer."""
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_STORE_TMA  # off until timed on the H200
+    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
+    launched = functools.partial(_backward_launch, runs)
+
+    broadcast, causal = _broadcast_and_causal_calls(q, k, v, offsets)
+    for on, _, got in _launches_with_knob(monkeypatch, "BACKWARD_STORE_TMA", (broadcast, causal), launched, answers):
+        assert got["STORE_TMA"] is on and got["KV_EARLY"] is True
+        if on:
+            for name, out in (("desc_dk", got["DK"]), ("desc_dv", got["DV"])):
+                desc = got[name]
+                assert desc.base is out and out.shape == k.shape, name
+                assert desc.shape == [k.shape[0], k.shape[1] * HEAD_DIM] and desc.block_shape == [64, HEAD_DIM]
+                assert desc.strides == [k.shape[1] * HEAD_DIM, 1]
+        else:
+            assert got["desc_dk"] is None and got["desc_dv"] is None
+    out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    lse = torch.randn(q.shape[1], q.shape[0])
+    for off in (dict(kv_early=False), dict(kv_early=True, mxfp8=True, delta_grad_out=torch.randn_like(q))):
+        got = launched(lambda: attn_bwd.attention_backward(torch.randn_like(q), None, q, k, v, out, lse, offsets,
+                                                           offsets, _params(causal=True), dq_shared=True,
+                                                           store_tma=True, **off))
+        assert got["STORE_TMA"] is False and got["desc_dk"] is None and got["KV_EARLY"] is False, off
 
 
 def _causal_backward_launch(runs, monkeypatch, lengths, head_dim=HEAD_DIM, hints=False) -> dict:

@@ -628,6 +628,19 @@ def _store_through_tile(tile, x, Ptr, row0, rows_left, stride, col, CID: tl.cons
 
 
 @triton.jit
+def _store_staged(tile, x, desc, row0, col):
+    """STORE_TMA: x ([rows of ``tile``, D], wgmma accumulator layout, already in the output dtype) written to rows
+    row0.. of ``desc`` (DK's or DV's [T_kv, Hkv*D] rows) by one TMA store through ``tile`` (this consumer's dQ staging
+    buffer): no read back, no pointer stores. The caller has waited for the buffer's previous TMA read; the store's
+    own read is waited for only where the buffer is next written. No named barriers of its own: the compiler's
+    shared-memory barriers (one per warpgroup after the read's wait, one between the stores and the TMA store, as for
+    the forward's ``_store_tile_staged``) order the warpgroup's threads; explicit ones only doubled them (sm_90)."""
+    tlx.local_store(tile, x)
+    tlx.fence_async_shared()  # the TMA store (async proxy) must see these generic-proxy writes
+    tlx.async_descriptor_store(desc, tile, [row0.to(tl.int32), col])
+
+
+@triton.jit
 def _group_part(unit, group, GROUP_SPLIT: tl.constexpr):
     """(kv head, first q head, one past the last) of a work item's ``unit``: its kv head, walking the whole group;
     GROUP_SPLIT > 1: unit = kv head x GROUP_SPLIT + part, walking the part's group / GROUP_SPLIT q heads (heads
@@ -674,7 +687,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False,
                         KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None,
-                        STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None):
+                        STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None,
+                        STORE_TMA: tl.constexpr = False, desc_dk=None, desc_dv=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     The consumers are ``_consume_rows_v2``'s (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -713,7 +727,13 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
 
     STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense, not MXFP8, not with STATS_AHEAD): the producer loads each
     block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s rows) into its ring slot with Q and dO, on
-    the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``)."""
+    the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``).
+
+    STORE_TMA (``configs.BACKWARD_STORE_TMA``; with KV_EARLY): a consumer's dK / dV half-tile that lies wholly inside
+    the sequence leaves its dQ staging buffer by one TMA store each (desc_dk / desc_dv: DK's / DV's [T_kv, Hkv*D] rows,
+    blocks [HALF_N, D]; ``_store_staged``) instead of being read back for masked pointer stores; dV's store waits for
+    dK's read of the buffer, and dV's read is waited for where the buffer is next written (the next dQ reduce-add's
+    staging, or the next epilogue). A partial half-tile keeps the pointer stores. The same bits."""
     tl.static_assert(not KV_PREFETCH or not SPARSE, "KV_PREFETCH: the dense walks")
     tl.static_assert(not STATS_SMEM or not (SPARSE or MXFP8 or STATS_AHEAD),
                      "STATS_SMEM: the dense walks, not MXFP8, instead of STATS_AHEAD's prefetch")
@@ -726,6 +746,10 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     tl.static_assert(not ITEM_LIST or not TILES_FROM_OFFSETS, "an item list is a list")
     tl.static_assert(not KV_EARLY or (DQ_SHARED and GROUP_SPLIT == 1),
                      "KV_EARLY: the consumers with the dQ split, one part per group")
+    # STORE_TMA's last store reads the staging buffer past the epilogue: the dQ staging's wait (NUM_BUFFERS_DQ - 1
+    # pending groups) covers it only with one buffer per consumer
+    tl.static_assert(not STORE_TMA or (KV_EARLY and NUM_BUFFERS_DQ == 1 and not MXFP8),
+                     "STORE_TMA: KV_EARLY's epilogue, one dQ staging buffer per consumer, not MXFP8")
     tl.static_assert(not SPARSE or (BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk takes whole tiles per selected block")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
@@ -877,6 +901,11 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         if NO_DKV_STORE:  # ablation (TIMING ONLY): no stores; dK, dV kept alive
                             _keep_alive(dk, out_tile, kv_count, dtype)
                             _keep_alive(dv, out_tile, kv_count, dtype)
+                        elif STORE_TMA and len_k - k0 >= HALF_N:  # a whole half-tile: one TMA store each
+                            _store_staged(out_tile, (dk * scale).to(dtype), desc_dk, kv_row0 + k0,
+                                          kv_head * HEAD_DIM)
+                            tlx.async_descriptor_store_wait(0)  # dK's store has read the buffer
+                            _store_staged(out_tile, dv.to(dtype), desc_dv, kv_row0 + k0, kv_head * HEAD_DIM)
                         else:
                             _store_through_tile(out_tile, (dk * scale).to(dtype), DK, kv_row0 + k0, len_k - k0,
                                                 stride_dkvt, kv_head * HEAD_DIM, cid, HEAD_DIM)
@@ -982,6 +1011,7 @@ class BackwardVariant(NamedTuple):
     zero_store: bool
     kv_prefetch: bool
     stats_smem: bool = False
+    store_tma: bool = False
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, dq_shared: bool = False,
@@ -990,7 +1020,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False, zero_store: bool = False, kv_prefetch: bool = False,
-                       stats_smem: bool = False):
+                       stats_smem: bool = False, store_tma: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
     attention (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense only. The schedule's:
@@ -1024,7 +1054,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     ``kv_prefetch`` (``configs.BACKWARD_KV_PREFETCH``; dense calls, else ignored): the producer prefetches the next
     item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH). ``stats_smem``
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
-    loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe."""
+    loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe.
+    ``store_tma`` (``configs.BACKWARD_STORE_TMA``; where ``kv_early`` runs, else ignored): whole dK/dV half-tiles leave
+    the staging buffer by TMA stores (the kernel's STORE_TMA); no recipe."""
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
@@ -1056,6 +1088,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
         (kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0]) < 2 ** 31 - 2 ** 16)
     stats_ahead = stats_ahead and not stats_smem  # the lse / delta prefetch has nothing left to prefetch
+    store_tma = bool(store_tma and kv_early)  # KV_EARLY's epilogue (its staging buffer)
     if ablate:
         if not (dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1063,10 +1096,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
-                              ablate, parts, kv_early, peel, zero_store, kv_prefetch, stats_smem)
-    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source) or
-    # STATS_SMEM (its two descriptors are not among the recipe's)
-    kept = selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch and not stats_smem
+                              ablate, parts, kv_early, peel, zero_store, kv_prefetch, stats_smem, store_tma)
+    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source),
+    # STATS_SMEM or STORE_TMA (their two descriptors are not among the recipe's)
+    kept = (selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch and not stats_smem
+            and not store_tma)
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -1086,7 +1120,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, zero_store, kv_prefetch, stats_smem) = variant
+     peel, zero_store, kv_prefetch, stats_smem, store_tma) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1155,7 +1189,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
         **(dict(K_ROWS=k, V_ROWS=v, DO_ROWS=grad_out) if kv_prefetch else {}),
         **(dict(desc_lse=_stats_descriptor(lse, cfg.block_m), desc_delta=_stats_descriptor(delta, cfg.block_m))
-           if stats_smem else {}))
+           if stats_smem else {}),
+        **(dict(desc_dk=rows_descriptor(dk, cfg.block_n // 2), desc_dv=rows_descriptor(dv, cfg.block_n // 2))
+           if store_tma else {}))
 
     def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
         return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
@@ -1171,7 +1207,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store,
                     KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)),
-                    STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)))
+                    STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)),
+                    STORE_TMA=store_tma, **({} if store_tma else dict(desc_dk=None, desc_dv=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (

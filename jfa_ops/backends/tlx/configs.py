@@ -163,6 +163,16 @@ BACKWARD_KV_PREFETCH = os.environ.get("JFA_TLX_BWD_KV_PREFETCH", "0") == "1"
 # 507, the loop's spill reload gone). FA3/FA4 keep them in shared memory the same way. Dense calls, not MXFP8;
 # replaces STATS_AHEAD's prefetch (D64) where on; no recipe (its descriptors). Off (0) until timed on the H200.
 BACKWARD_STATS_SMEM = os.environ.get("JFA_TLX_BWD_STATS_SMEM", "0") == "1"
+# STORE_TMA (JFA_TLX_BWD_STORE_TMA=1; helper dkvtma40, bench/NOTES.md "Issue 10: the backward's dK/dV epilogue through
+# TMA, helper dkvtma40"): KV_EARLY's epilogue writes a consumer's dK (scaled) and dV half-tiles, where all 64 keys lie
+# inside the sequence, by one TMA store each from its dQ staging buffer (stmatrix in, no read back), instead of
+# local_load + masked pointer stores; dV's store waits for dK's read of the buffer, and dV's read is waited for only
+# where the buffer is next written (the next dQ staging or epilogue). Why: the stop-40 dkvstore ablation put 2,274 of
+# the broadcast-Q backward's 5,513 clk per item (Lq128: 2 blocks an item) in this epilogue (bench/NOTES.md "Stop 40
+# on the H200"); the forward's STORE_TMA measured 8x its prediction. Partial half-tiles keep the pointer stores. The
+# same bits; where KV_EARLY runs (dense, the dQ split, one part per group, not MXFP8); no recipe (its descriptors).
+# Off (0) until timed on the H200.
+BACKWARD_STORE_TMA = os.environ.get("JFA_TLX_BWD_STORE_TMA", "0") == "1"
 # RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
 # backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
 # sorted key tile list and the causal order's item list through the full path's own functions and launches the
@@ -566,7 +576,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE,
-                kv_prefetch=BACKWARD_KV_PREFETCH, stats_smem=BACKWARD_STATS_SMEM)
+                kv_prefetch=BACKWARD_KV_PREFETCH, stats_smem=BACKWARD_STATS_SMEM, store_tma=BACKWARD_STORE_TMA)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:

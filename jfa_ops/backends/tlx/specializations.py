@@ -150,7 +150,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
                        zero_store: bool = False, kv_prefetch: bool = False,
-                       stats_smem: bool = False) -> Specialization:
+                       stats_smem: bool = False, store_tma: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
     (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
@@ -164,7 +164,8 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     zero_store: helper desc38's rows past the end zeroed by 8-row stores (``configs.BACKWARD_ZERO_STORE``);
     kv_prefetch: helper bcastbwd39's L2 prefetch of the next item's K/V and dO (``configs.BACKWARD_KV_PREFETCH``);
     stats_smem: helper lsedelta40's lse and delta loaded by the producer into shared memory with each Q/dO block
-    (``configs.BACKWARD_STATS_SMEM``)."""
+    (``configs.BACKWARD_STATS_SMEM``); store_tma: helper dkvtma40's dK/dV half-tiles by TMA stores
+    (``configs.BACKWARD_STORE_TMA``, with kv_early)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared)
@@ -199,6 +200,12 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
         types.update(desc_lse=f"tensordesc<fp32[1,{cfg.block_m}]>", desc_delta=f"tensordesc<fp32[1,{cfg.block_m}]>")
     else:
         constexprs.update(desc_lse=None, desc_delta=None)
+    constexprs["STORE_TMA"] = store_tma
+    if store_tma:
+        types.update(desc_dk=f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>",
+                     desc_dv=f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>")
+    else:
+        constexprs.update(desc_dk=None, desc_dv=None)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -223,7 +230,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
            f"{'-zerostore' if zero_store else ''}{'-kvprefetch' if kv_prefetch else ''}" \
-           f"{'-statssmem' if stats_smem else ''}"
+           f"{'-statssmem' if stats_smem else ''}{'-storetma' if store_tma else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -434,14 +441,17 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(64, "bf16", True, **dense_v2[64], item_order=True, group_split=4)
     # helper window31's K/V freed before the dK/dV epilogue (configs.BACKWARD_KV_EARLY, dense): the default's kernels
     # at D64/D128, the causal order's, its feature case with a left window (the bench's window row), broadcast-Q,
-    # from offsets
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True)
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True)
+    # from offsets; the same set again with helper dkvtma40's dK/dV half-tiles by TMA stores (configs.
+    # BACKWARD_STORE_TMA, on KV_EARLY's epilogue; broadcast-Q its target)
+    for tma in (dict(), dict(store_tma=True)):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, **tma)
+        yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, **tma)
+        yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
+                                 **tma)
+        yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, **tma)
+        yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True, **tma)
     # helper peel37's block loop peeled per stage (configs.BACKWARD_PEEL, dense): the default's kernels (KV_EARLY on)
     # at D64/D128, the causal order's and its feature case with a left window (masked lead and tail blocks)
     for head_dim in (64, 128):
