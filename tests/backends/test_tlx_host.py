@@ -1206,15 +1206,11 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
     launched = functools.partial(_backward_launch, runs)
 
-    lq, seqs = 40, offsets.numel() - 1
-    bq, bout = q[:lq], torch.randn(lq * seqs, q.shape[1], HEAD_DIM).to(q.dtype)
-    blse = torch.randn(q.shape[1], bout.shape[0])
-    broadcast = lambda: tlx.backward(torch.randn_like(bout), None, bq, k, v, bout, blse, None,  # noqa: E731
-                                     offsets, _params(broadcast_q=True))
-    causal = lambda: _backward(q, k, v, offsets, _params(causal=True), torch.randn_like(q))  # noqa: E731
+    lq = 40
+    broadcast, causal = _broadcast_and_causal_calls(q, k, v, offsets, lq)
     for on, call, got in _launches_with_knob(monkeypatch, "BACKWARD_STATS_SMEM", (broadcast, causal), launched,
                                              answers):
-        rows = 40 * (offsets.numel() - 1) if call is broadcast else q.shape[0]  # broadcast: sequences x Lq
+        rows = lq * (offsets.numel() - 1) if call is broadcast else q.shape[0]  # broadcast: sequences x Lq
         assert got["STATS_SMEM"] is on and got["STATS_AHEAD"] is False and got["KV_EARLY"] is True
         if on:
             for name, given in (("desc_lse", None), ("desc_delta", got["Delta"])):
