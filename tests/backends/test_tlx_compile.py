@@ -433,6 +433,7 @@ def test_store_tma_leaves_the_block_loops_as_they_were():
         "-storetma", "[s.bwd_specialization(d, 'bf16', c, broadcast_q=b, dq_shared=True, kv_early=True,"
         " stats_ahead=d <= 64, store_tma=on) for d, c, b in ((128, False, True), (128, True, False), (64, True, False))"
         " for on in (False, True)]", "JFA_TLX_BWD_STORE_TMA", 6)
+    names = [n for n in names if n.startswith("bwd-")]  # (the forward's v4 kernels are -storetma too: flip40)
     assert sorted(names) == sorted([
         "bwd-d64-bf16-full-v2-dqshared-statsahead-kvearly-storetma",
         "bwd-d64-bf16-causal-v2-dqshared-statsahead-kvearly-storetma",
