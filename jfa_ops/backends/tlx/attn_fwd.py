@@ -43,7 +43,7 @@ from ... import validation
 from ..triton import common
 from ..triton import launch as launcher
 from ..triton.attn_fwd import replay_key as triton_replay_key
-from ..triton.attn_fwd import broadcast_offsets, keep_replay, replayed, rows_descriptor
+from ..triton.attn_fwd import kernel_offsets, keep_replay, replayed, rows_descriptor
 from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, snake_work, softmax_step,
                              stage_block_start, stage_bounds, visible, window_bounds, work_item, zigzag_item)
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
@@ -1209,13 +1209,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     inputs = q, k, v
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
-    if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        total_out = num_seqs * q.shape[0]
-    else:
-        q_off = common.int32_offsets(q_offsets, checked=params.check_offsets)
-        total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=params.check_offsets)
+    q_off, kv_off, total_out = kernel_offsets(q, q_offsets, kv_offsets, params.broadcast_q, params.check_offsets)
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     flag_mode = validation.validation_mode(device) if params.check_offsets else None

@@ -28,7 +28,7 @@ from .common import (LOG2E, cdiv, dot_precision, first_work, head_dim_consts, in
 from .configs import KNOBS, Knobs, get_config
 from .launch import launch, launch_planned
 from . import attn_fwd
-from .attn_fwd import broadcast_offsets, rows_descriptor, use_tma
+from .attn_fwd import kernel_offsets, rows_descriptor, use_tma
 from .scheduling import (TileList, binary_search_steps, capacity_of, forward_tiles, kv_tiles, one_wave,
                          schedule_arguments, shape_constant, slot_tile, tile_count, tile_schedule)
 
@@ -435,13 +435,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     group = num_heads // num_heads_kv
     len_q = q.shape[0]
-    if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, len_q, device)
-        total_out = num_seqs * len_q
-    else:
-        q_off = common.int32_offsets(q_offsets)
-        total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
+    q_off, kv_off, total_out = kernel_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
     dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     if num_seqs == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

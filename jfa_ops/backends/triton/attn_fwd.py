@@ -253,6 +253,19 @@ def broadcast_offsets(num_seqs: int, len_q: int, device: torch.device) -> torch.
     return torch.arange(num_seqs + 1, device=device, dtype=torch.int32) * len_q
 
 
+def kernel_offsets(q, q_offsets, kv_offsets, broadcast_q: bool, checked: bool = False):
+    """(q_off, kv_off, total_out): the offsets as the kernels read them (``common.int32_offsets``, ``checked`` as
+    there; a broadcast Q's output rows b * L_q + i, ``broadcast_offsets``) and the output's rows."""
+    num_seqs = kv_offsets.numel() - 1
+    if broadcast_q:
+        q_off = broadcast_offsets(num_seqs, q.shape[0], q.device)
+        total_out = num_seqs * q.shape[0]
+    else:
+        q_off = common.int32_offsets(q_offsets, checked=checked)
+        total_out = q.shape[0]
+    return q_off, common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=checked), total_out
+
+
 class _Replay:
     """A small call's forward fixed for its signature (``replay_key``): allocate out/lse (and the check flag),
     convert the offsets as the full path does, launch its one-launch ``launch.PlanGroup`` (every int a constant of
@@ -359,13 +372,7 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     q, k, v = packed_rows(q), packed_rows(k), packed_rows(v)  # slices of a fused projection: no copy
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
-    if params.broadcast_q:
-        q_off = broadcast_offsets(num_seqs, q.shape[0], device)
-        total_out = num_seqs * q.shape[0]
-    else:
-        q_off = common.int32_offsets(q_offsets, checked=params.check_offsets)
-        total_out = q.shape[0]
-    kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off), checked=params.check_offsets)
+    q_off, kv_off, total_out = kernel_offsets(q, q_offsets, kv_offsets, params.broadcast_q, params.check_offsets)
     out = common.alloc_output((total_out, num_heads, head_dim), q.dtype, device)
     lse = common.alloc_output((num_heads, total_out), torch.float32, device)
     if total_out == 0 or num_seqs == 0:
