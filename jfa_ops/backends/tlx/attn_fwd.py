@@ -49,7 +49,6 @@ from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, sn
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
                                         sparse_offsets, stream_major_cost)
 from ..triton.launch import launch, launch_planned
-from ..triton.scheduling import tile_count as _tile_count  # (attn_bwd, mxfp8_attn_fwd import it from here)
 from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile, tile_schedule,
                                   tiles_from_offsets)
 from . import configs
@@ -122,6 +121,17 @@ def _read_work(work_ids, q_fulls, q_count, CID: tl.constexpr, NUM_BUFFERS_Q: tl.
     q_slot, q_phase = _slot_phase(q_count, NUM_BUFFERS_Q)
     tlx.barrier_wait(q_fulls[q_slot * NUM_CONSUMERS + CID], q_phase)
     return tl.max(tlx.local_load(work_ids[q_slot]), 0)
+
+
+@triton.jit
+def _tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS: tl.constexpr):
+    """The kernels' tile count: the slots (TILES_FROM_OFFSETS: each program finds its tiles in the offsets), else the
+    real count, read on the device (no host sync)."""
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
+    return n_tiles
 
 
 @triton.jit
