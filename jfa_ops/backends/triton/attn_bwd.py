@@ -30,7 +30,7 @@ from .launch import launch, launch_planned
 from . import attn_fwd
 from .attn_fwd import kernel_offsets, rows_descriptor, use_tma
 from .scheduling import (TileList, binary_search_steps, capacity_of, forward_tiles, kv_tiles, one_wave,
-                         schedule_arguments, shape_constant, slot_tile, tile_count, tile_schedule)
+                         schedule_arguments, shape_constant, slot_tile, tile_schedule)
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
@@ -228,7 +228,10 @@ def attn_bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, Q_OFF, KV_OFF, T
     TILES_FROM_OFFSETS: items are unsorted key-tile slots mapped here (``scheduling.slot_tile``)."""
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads_kv
     dq_slab = tl.program_id(0) % num_slabs
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
@@ -381,7 +384,10 @@ def attn_bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, TILE_SEQ, T
     TILES_FROM_OFFSETS: items are unsorted slots mapped here (``scheduling.slot_tile``; one sequence per tile)."""
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_D >= HEAD_DIM)
-    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
     n_work = n_tiles * num_heads
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:

@@ -25,7 +25,7 @@ from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_cons
 from .configs import KNOBS, Knobs, get_config, nvidia
 from .launch import launch_planned
 from .offset_checks import offsets_ok
-from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_count, tile_schedule
+from .scheduling import forward_tiles, schedule_arguments, shape_constant, slot_tile, tile_schedule
 
 
 @triton.jit
@@ -168,7 +168,10 @@ def attn_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, TILE
             valid = offsets_ok(Q_OFF, num_seqs, rows_s, max_q, 1024) & offsets_ok(KV_OFF, num_seqs, rows_o, max_kv,
                                                                                   1024)
             tl.store(FLAG, valid.to(tl.int32))
-    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     n_work = n_tiles * num_heads
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_work:

@@ -29,7 +29,7 @@ from .common import (dot_precision, first_work, head_dim_consts, launch_schedule
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
 from .launch import launch, launch_planned
 from .scheduling import (binary_search_steps, forward_tiles, kv_tiles, shape_constant, single_tiles, tile_schedule,
-                         tile_count, work_tile)
+                         work_tile)
 
 
 TRANSPOSE_BLOCK_J = 32  # KV blocks per program of transpose_selection_kernel
@@ -470,7 +470,10 @@ def block_sparse_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, Q_OFF, KV_OFF, Q
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
-    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads_kv:
         seq, n0, kv_head, real = work_tile(work, n_tiles, num_heads_kv, 1, TILE_SEQ, TILE_START, KV_OFF, Q_OFF,
@@ -588,7 +591,10 @@ def block_sparse_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, Q_OFF, KV_OFF, BLOCK_I
     scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)  # Inductor passes fp64
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
-    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads:
         seq, m0, head, real = work_tile(work, n_tiles, num_heads, 1, TILE_SEQ, TILE_START, Q_OFF, KV_OFF, num_seqs,

@@ -26,7 +26,7 @@ from .common import (dot_precision, first_work, head_dim_consts, load_rows, loop
                      query_row0, row_source, row_strides, seq_extent, stage_bounds, window_bounds)
 from .configs import KNOBS, get_config
 from .launch import launch
-from .scheduling import forward_tiles, tile_count, tile_schedule, work_tile
+from .scheduling import forward_tiles, tile_schedule, work_tile
 
 IDS_CHUNK: tl.constexpr = tl.constexpr(64)  # selected ids read per step of selected_tiles_below
 
@@ -302,7 +302,10 @@ def block_sparse_fwd_kernel(Q, K, V, Out, Lse, Q_OFF, KV_OFF, BLOCK_INDEX, BLOCK
     qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     tl.static_assert(BLOCK_Q % BLOCK_M == 0)
     tl.static_assert(BLOCK_KV % BLOCK_N == 0)
-    n_tiles = tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS)
+    if TILES_FROM_OFFSETS:
+        n_tiles = n_slots
+    else:
+        n_tiles = tl.load(TILE_COUNT)  # real tile count lives on the device: no host sync
     work = first_work(WORK_COUNTER if ATOMIC_WORK else None, ATOMIC_WORK)
     while work < n_tiles * num_heads:
         seq, m0, head, real = work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, Q_OFF, KV_OFF,

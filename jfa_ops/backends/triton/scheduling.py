@@ -138,17 +138,6 @@ def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.conste
 
 
 @triton.jit
-def tile_count(TILE_COUNT, n_slots, TILES_FROM_OFFSETS: tl.constexpr):
-    """The kernels' tile count: the slots (TILES_FROM_OFFSETS: each program finds its tiles in the offsets), else the
-    real count, read on the device (no host sync)."""
-    if TILES_FROM_OFFSETS:
-        n_tiles = n_slots
-    else:
-        n_tiles = tl.load(TILE_COUNT)
-    return n_tiles
-
-
-@triton.jit
 def work_tile(work, n_tiles, num_heads, group, TILE_SEQ, TILE_START, OFF_S, OFF_O, num_seqs, search_steps, rows_s,
               rows_o, BLOCK: tl.constexpr, KV_MAJOR: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr):
     """(sequence, first stationary row, head, real) of work item ``work`` of a work-list kernel: its (tile, head) by
