@@ -49,13 +49,14 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 
 # Relative error norm ||actual - expected|| / ||expected|| allowed, per input dtype: (out, gradients).
-# fp32 gradients get 5e-5: where a row sees one key, dS = P * (dP - delta) is a difference of equal terms
-# (delta = rowsum(dO * O)) and dq/dk are rounding noise plus the lse term; measured up to 1.3e-5 at D=256.
+# fp32 gradients get 1e-4: where a row sees one key, dS = P * (dP - delta) is a difference of equal terms
+# (delta = rowsum(dO * O)) and dq/dk are rounding noise plus the lse term; measured up to 1.3e-5 at D=256, and
+# 7.7e-5 by a hypothesis draw of one query and one key at D=8 (stop 40's CI: cpu backend, a tiny dq): 1e-4.
 # Measured worst cases of the reference backend over 400 random cases (std <= 2 logits): fp16 2.4e-4 / 1e-3,
 # bf16 1.9e-3 / 5.3e-3, fp32 6e-7 / 1.3e-5.
 TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
     torch.float64: (1e-10, 1e-10),
-    torch.float32: (1e-5, 5e-5),
+    torch.float32: (1e-5, 1e-4),
     torch.float16: (2e-3, 5e-3),
     torch.bfloat16: (1e-2, 2e-2),
 }

@@ -95,7 +95,7 @@ def test_row_visibility_broadcast_q():
 # ---- the comparison --------------------------------------------------------------------------------------------
 
 def test_tolerance_table():
-    assert TOLERANCES == {torch.float64: (1e-10, 1e-10), torch.float32: (1e-5, 5e-5),
+    assert TOLERANCES == {torch.float64: (1e-10, 1e-10), torch.float32: (1e-5, 1e-4),
                           torch.float16: (2e-3, 5e-3), torch.bfloat16: (1e-2, 2e-2)}
     assert tolerance(torch.bfloat16, "grad") == 2e-2
     with pytest.raises(ValueError, match="kind must be"):
