@@ -47,6 +47,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _patchable_state() -> dict:
+    """What tests patch for a block and must restore: every module-level function and class of the loaded jfa_ops
+    modules, the interpreter builder's methods and the triton backend's knob values (by identity/value)."""
+    import sys
+
+    state = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("jfa_ops") and module is not None:
+            for attr, value in list(vars(module).items()):
+                if callable(value) and not attr.startswith("__"):
+                    state[name, attr] = id(value)
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    if interpreter is not None:
+        for attr, value in vars(interpreter.InterpreterBuilder).items():
+            state["InterpreterBuilder", attr] = id(value)
+    configs = sys.modules.get("jfa_ops.backends.triton.configs")
+    if configs is not None:
+        for attr, value in vars(configs.KNOBS).items():
+            state["KNOBS", attr] = value
+    return state
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_patched():
+    """A test must leave no function, interpreter method or knob patched. Why: two patch scopes of one attribute
+    that close out of order (the ``monkeypatch`` fixture, set up first by ``tma_at_test_sizes``, and a test's own
+    patching context closed before it) restore the inner patch for good, and a later test on the same pytest worker
+    then runs patched code: stop 40's landing CI computed bf16 dots as raw bits that way. Declared before every
+    other autouse fixture and requesting none, it is torn down after all of them."""
+    before = _patchable_state()
+    yield
+    after = _patchable_state()
+    left = sorted(str(key) for key in before.keys() & after.keys() if before[key] != after[key])
+    assert not left, f"left patched by this test: {left}"
+
+
 @pytest.fixture(autouse=True)
 def tma_at_test_sizes(monkeypatch):
     """Tests use small batches: let them reach the TMA paths (on sm_90, or where a test emulates it) as large calls

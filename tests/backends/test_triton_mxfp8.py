@@ -502,15 +502,17 @@ def test_forward_kernel_tma_path(name, variant, monkeypatch):
         monkeypatch.setattr(attn_fwd, "_tma_device", lambda t: True)
     launched = []
     real_launch = mxfp8_attn_fwd.launch
-    monkeypatch.setattr(mxfp8_attn_fwd, "launch",
-                        lambda kernel, grid, args, **kw: (launched.append(args["USE_TMA"]),
-                                                          real_launch(kernel, grid, args, **kw))[1])
     q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], dtype=torch.float16)
     first = int(kv_off[1])  # sequence 0's blocks run into sequence 1's rows: large keys, a NaN value block
     k[first:] = k[first:] * 1e4
     v[first] = math.inf
     args = [t.to(DEVICE) for t in (q, k, v, q_off, kv_off)]
-    out = jfa_ops.mxfp8_attention(*args, backend="triton", **opts)
+    # a context inside the variant's (which patches launch too), not the monkeypatch fixture: the fixture outlives
+    # the variant fixture and would restore its patched launch for good (conftest.nothing_left_patched)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mxfp8_attn_fwd, "launch", lambda kernel, grid, args, **kw: (launched.append(args["USE_TMA"]),
+                                                                                real_launch(kernel, grid, args, **kw))[1])
+        out = jfa_ops.mxfp8_attention(*args, backend="triton", **opts)
     ref = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, backend="reference", **opts)
     rows = int(q_off[1])  # sequence 0's output
     assert launched == [True] and not out[:rows].isnan().any() and _rel(out[:rows], ref[:rows]) <= 2e-3
