@@ -818,6 +818,111 @@ PER_CALL = "-percall"  # backward-timing's column suffix: the variant without th
 NO_HINTS = " no hints"  # backward-timing's row suffix: every column's forward without the max_seqlen hints
 
 
+# bcast-items' ladder (helper bcastfwd41): uniform broadcast-Q batches of Lq 128, H4, D128 with (blocks a SM, blocks an
+# item) such that every SM gets the same items (B = 33 x blocks a SM / blocks an item: 4B items, a multiple of 132)
+BCAST_LADDER = tuple((128, n) for n in (1, 2, 4, 8, 16, 32, 64)) + ((64, 4), (64, 16))
+
+
+def fit_item_cost(points):
+    """Least squares t = a + b x blocks + c x items over ``points`` [(blocks a SM, items a SM, us)]: (a us, b us a
+    block, c us an item, the largest |residual| us). The ladder keeps blocks a SM at two values and varies items, so b
+    and c separate (``bcast_items_timing``)."""
+    x = np.array([[1.0, blocks, items] for blocks, items, _ in points])
+    t = np.array([us for *_, us in points])
+    coef, *_ = np.linalg.lstsq(x, t, rcond=None)
+    return float(coef[0]), float(coef[1]), float(coef[2]), float(np.abs(x @ coef - t).max())
+
+
+def bcast_items_timing() -> int:
+    """Issue 10's broadcast-Q forward (helper bcastfwd41, bench/NOTES.md "Broadcast-Q forward on v4, helper
+    bcastfwd41"): the per-item and per-block costs measured apart. Uniform broadcast-Q batches (Lq 128, H4, D128 bf16,
+    BCAST_LADDER: 128 key blocks a SM at 1-64 blocks an item, and 64 a SM at 4 and 16), each with KV = 128n ("whole":
+    no masked block, no value fix-up) and 128n - 64 ("half": the last block half past the sequence, masked, its value
+    rows zeroed, as nearly every bench item's last block), timed from a CUDA graph (GPU time alone; the tile list's
+    kernels included), v3 (broadcast-Q's default consumers) and v4 (``configs.ONE_LOOP``; STORE_TMA on), rounds
+    interleaved (TLX_BCAST_ROUNDS, 2: the primed columns are the A/A gauge). No max_seqlen hint: the bench row's
+    kernel (zigzag, tile-major), not the dense one. Then per consumer version and variant the fit t = a + b x blocks
+    a SM + c x items a SM (``fit_item_cost``): b against the HBM share of a 64 KiB block (2.03 us at 4.27 TB/s) and c
+    in us and clk (at 1.98 GHz); last, the bench row itself against the half fit's prediction (its 133.8 blocks and
+    15.5 items a SM): above it, the order's tail or the lengths' mix cost something the ladder has not."""
+    from bench.suites import Case
+    from host_profile import with_setting  # tools/ is on the path of a script run from it
+    from jfa_ops.backends.tlx import attn_fwd, configs
+
+    rounds = int(os.environ.get("TLX_BCAST_ROUNDS", "2"))
+    heads, dim, lq = 4, 128, 128
+    cols = ("v3", "v4")
+    timed = [c for _ in range(rounds) for c in cols]
+    print("broadcast-Q Lq128 H4 D128 bf16 forward, us from a CUDA graph (median of do_bench medians over "
+          f"{rounds} interleaved rounds), per-item vs per-block cost (bench/NOTES.md \"helper bcastfwd41\")", flush=True)
+    print(f"{'case':34s} {'blk/SM':>6s} {'it/SM':>6s} " + " ".join(f"{c:>8s}" for c in cols)
+          + f" {'A/A v3':>7s} {'A/A v4':>7s}", flush=True)
+    failures = 0
+    points = {(col, var): [] for col in cols for var in ("whole", "half")}
+
+    def row(label, kv_lens, blocks_sm, items_sm):
+        nonlocal failures
+        case = Case("broadcast", label, (lq,) * len(kv_lens), tuple(kv_lens), heads, heads, dim, broadcast_q=True)
+        g = torch.Generator(device="cuda").manual_seed(len(kv_lens))
+        q = torch.randn(lq, heads, dim, generator=g, device="cuda").to(torch.bfloat16)
+        k = torch.randn(case.total_kv, heads, dim, generator=g, device="cuda").to(torch.bfloat16)
+        v = torch.randn(case.total_kv, heads, dim, generator=g, device="cuda").to(torch.bfloat16)
+        kv_off = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32, device="cuda")
+
+        def call():
+            return jfa_ops.jagged_attention(q, k, v, None, kv_off, broadcast_q=True, backend="tlx")
+
+        fns = {col: with_setting(configs, "ONE_LOOP", col == "v4", call) for col in cols}
+        with torch.no_grad():  # every row written and finite (a timing of a kernel that skipped work is no timing)
+            for col, fn in fns.items():
+                out = fn()
+                if not bool(torch.isfinite(out).all()):
+                    print(f"  {label} {col}: non-finite out", flush=True)
+                    failures += 1
+        us = {col: [] for col in cols}
+        for col in timed:
+            faulthandler.dump_traceback_later(HANG_S, exit=True)
+            ms = median_ms(fns[col], f"{label} {col}", graph=True)
+            faulthandler.cancel_dump_traceback_later()
+            if ms is None:
+                failures += 1
+            else:
+                us[col].append(ms * 1e3)
+        med = {col: statistics.median(t) if t else float("nan") for col, t in us.items()}
+        a_a = {col: (t[1] / t[0] if len(t) > 1 else float("nan")) for col, t in us.items()}
+        print(f"{label:34s} {blocks_sm:6.1f} {items_sm:6.1f} " + " ".join(f"{med[c]:8.1f}" for c in cols)
+              + f" {a_a['v3']:7.3f} {a_a['v4']:7.3f}", flush=True)
+        attn_fwd._REPLAYS.clear()  # the replays hold the row's tensors (1.1-1.7 GB a row)
+        return med
+
+    for blocks_sm, n in BCAST_LADDER:
+        batch = 33 * blocks_sm // n  # 4 x batch items = 132 x blocks_sm / n
+        for var, kv in (("whole", 128 * n), ("half", 128 * n - 64)):
+            med = row(f"B{batch} KV{kv} ({n} blk/item, {var})", [kv] * batch, blocks_sm, blocks_sm / n)
+            for col in cols:
+                if med[col] == med[col]:  # (not nan)
+                    points[(col, var)].append((blocks_sm, blocks_sm / n, med[col]))
+    from bench.suites import lognormal_lengths
+    bench_kv = lognormal_lengths(None, 512, seed=512)  # bench.suites.broadcast_cases' headline
+    bench_blocks = sum(-(-x // 128) for x in bench_kv) * heads / 132
+    bench = row("bench B512 lognormal seed 512", bench_kv, bench_blocks, 512 * heads / 132)
+    print("fit t = a + b x blocks a SM + c x items a SM (us; b as the HBM rate its 64 KiB blocks on 132 SMs make):",
+          flush=True)
+    for (col, var), pts in points.items():
+        if len(pts) < 4:
+            print(f"  {col} {var}: too few points ({len(pts)})", flush=True)
+            failures += 1
+            continue
+        a, b, c, worst = fit_item_cost(pts)
+        line = (f"  {col} {var:5s}: a {a:6.1f} us, b {b:5.3f} us a block ({65536 * 132 / b / 1e6:5.2f} TB/s), c "
+                f"{c:5.2f} us an item ({c * 1.98e3:5.0f} clk at 1.98 GHz), largest residual {worst:4.1f} us")
+        if var == "half":
+            pred = a + b * bench_blocks + c * 512 * heads / 132
+            line += f"; bench row predicted {pred:.1f} us, measured {bench[col]:.1f} ({bench[col] / pred:.3f}x)"
+        print(line, flush=True)
+    return failures
+
+
 def gqa_timing_cases(lens):
     """``TLX_BWD_TIMING_GQA=1``'s rows (helper gqarule, bench/NOTES.md "GQA split rule"): GQA shapes the tlx backend
     takes, those where JFA_TLX_BWD_GQA_SPLIT=auto changes the launch first (its plan in brackets:
@@ -1860,6 +1965,8 @@ def main(argv) -> int:
         failed += order_timing()
     if part == "dynamic-timing":  # static striding vs configs.FORWARD_DYNAMIC (helper bcast31; not in "all")
         failed += dynamic_timing()
+    if part == "bcast-items":  # broadcast-Q per-item vs per-block cost, v3 and v4 (helper bcastfwd41; not in "all")
+        failed += bcast_items_timing()
     if part == "rowsum-timing":  # the default vs FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (helper fwdsum37; not in "all")
         failed += rowsum_timing()
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)

@@ -768,11 +768,7 @@ def test_block_sparse_forward_peel_launch(gpu, monkeypatch, peel):
 def test_lowest_selection_keeps_counts_and_the_local_block():
     """``tools/tlx_check.py``'s ``lowest_selection`` (helper sparse38's ablation input): each row keeps its count,
     holds blocks 0 .. count - 2 and its own block (or 0 .. count - 1), ascending, -1 after."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tlx_check_tool", os.path.join(ROOT, "tools", "tlx_check.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _tlx_check_tool()
     count = torch.tensor([[[1, 1, 2, 2, 3, 3, 4, 0, 9], [1, 2, 1, 3, 2, 4, 1, 0, 5]]], dtype=torch.int32)
     low = tool.lowest_selection(torch.zeros((1, 2, 9, 9), dtype=torch.int32), count)
     for h in range(2):
@@ -780,6 +776,33 @@ def test_lowest_selection_keeps_counts_and_the_local_block():
             c = int(count[0, h, i])
             want = list(range(c)) if i < c else list(range(c - 1)) + [i] if c else []
             assert low[0, h, i, :c].tolist() == want and (low[0, h, i, c:] == -1).all()
+
+
+def _tlx_check_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tlx_check_tool", os.path.join(ROOT, "tools", "tlx_check.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_bcast_items_ladder_splits_item_and_block_costs():
+    """``tools/tlx_check.py bcast-items`` (helper bcastfwd41): every ladder row gives each of 132 SMs the same items
+    (4 heads x B items, B = 33 x blocks a SM / blocks an item) and its blocks a SM, and ``fit_item_cost`` recovers a
+    known (a, b, c) from the ladder's points, with timing noise of 0.5 us, to within the noise's reach (swapped or
+    collinear columns would not)."""
+    tool = _tlx_check_tool()
+    for blocks_sm, n in tool.BCAST_LADDER:
+        batch = 33 * blocks_sm // n
+        assert 4 * batch * n == 132 * blocks_sm and (4 * batch) % 132 == 0
+    assert len({blocks_sm for blocks_sm, _ in tool.BCAST_LADDER}) == 2  # a second total: a apart from b
+    rng = torch.Generator().manual_seed(41)
+    a, b, c = 9.0, 2.3, 3.1
+    points = [(s, s / n, a + b * s + c * s / n + 0.5 * (2 * torch.rand((), generator=rng).item() - 1))
+              for s, n in tool.BCAST_LADDER]
+    got_a, got_b, got_c, worst = tool.fit_item_cost(points)
+    assert abs(got_b - b) < 0.05 and abs(got_c - c) < 0.05 and abs(got_a - a) < 5.0 and worst <= 1.0
 
 
 @needs_tlx
