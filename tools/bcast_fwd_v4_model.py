@@ -128,6 +128,8 @@ def main() -> int:
             (0.4 * per_sm_items, 0.9 * per_sm_items),
         "last block clipped to the sequence (device-made descriptor: no fix-up, no padded bytes; 60-100% of the "
         "padding's HBM time)": (0.4 * per_sm_items + 0.6 * pad_us, 0.9 * per_sm_items + pad_us),
+        "consumers' pipeline across items (item i+1's first QK^T with item i's last PV: 0.7-1.0 us an item)":
+            (0.7 * per_sm_items, 1.0 * per_sm_items),
         "producer prefetching the next item's first blocks (it already does: the ring is full, not the producer)":
             (0.0, 0.0),
         "Q resident across items of a head (Q comes from the L2 into the other slot, off the path)": (0.0, 0.0),
