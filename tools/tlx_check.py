@@ -29,6 +29,9 @@ and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the corre
 ``store-timing`` (not in ``all``): the forward with ``configs.FORWARD_STORE_TMA`` off vs on (helper item39; on, the
 default, since stop 40) on dense, jagged, short causal and broadcast-Q (v4 forced) rows, with a bit-for-bit check;
 ``JFA_TLX_FWD_STORE_TMA=0`` runs the correctness sweep without it.
+``bcast-items`` (not in ``all``): the broadcast-Q forward's per-item and per-block costs apart (helper bcastfwd41):
+uniform Lq128 H4 D128 batches at 1-64 key blocks an item, whole and half last blocks, v3 and v4, from CUDA graphs,
+then the fit t = a + b x blocks a SM + c x items a SM and the bench row against it (``bcast_items_timing``).
 ``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
 (helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
 JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
