@@ -69,13 +69,17 @@ def deterministic_reason(device: str, backend: str, dtype, head_dim: int):
 
 def comparable_launch_values(values, inputs) -> list:
     """Launch arguments comparable across calls (a kept launch against the full path's): the call's inputs by
-    identity, fresh buffers by shape/strides/dtype, TMA descriptors by their base and layout."""
+    identity, fresh buffers by shape/strides/dtype and which of the launch's fresh buffers they are (numbered as
+    the launch first passes them: a descriptor over out must be over this launch's Out, not over another buffer of
+    out's shape), TMA descriptors by their base and layout."""
+    fresh = {}
+
     def norm(x):
         for n, t in enumerate(inputs):
             if x is t:
                 return ("input", n)
         if isinstance(x, torch.Tensor):
-            return (x.shape, x.stride(), x.dtype)
+            return (x.shape, x.stride(), x.dtype, fresh.setdefault(id(x), len(fresh)))
         if hasattr(x, "block_shape"):  # a TensorDescriptor
             return ("descriptor", norm(x.base), list(x.shape), list(x.strides), list(x.block_shape),
                     getattr(x, "padding", None))

@@ -572,6 +572,102 @@ def test_forward_store_tma_launch(gpu, monkeypatch, store_tma):
         assert got["SPARSE"] and got["STORE_TMA"] is store_tma and (got["desc_o"] is not None) is store_tma
 
 
+# Per call of one case, (q lengths, kv lengths): a signature's first call (the full path keeps its replay), a batch of
+# the same rows split otherwise (its replay), other rows (a new signature: the full path), their replay, the first
+# rows again (the first replay, after another signature's calls). Broadcast-Q: q lengths (L_q,), out rows B * L_q.
+STORE_TMA_BATCHES = (([64, 17, 40, 5],) * 2, ([5, 40, 17, 64],) * 2, ([30, 1, 64, 3],) * 2, ([3, 64, 1, 30],) * 2,
+                     ([17, 64, 5, 40],) * 2)
+STORE_TMA_REPLAY_CASES = {
+    "jagged causal": dict(),
+    "GQA 8:2": dict(heads=(8, 2)),
+    "fused projection (q row stride (Hq + 2 Hkv) D)": dict(fused=True),
+    "past one wave (sorted list per replay)": dict(sms=3, switches=(("FORWARD_REPLAY_WAVES", True),)),
+    "broadcast-Q on the v4 consumers": dict(broadcast=True, switches=(("ONE_LOOP", True),)),
+}
+
+
+def _store_tma_inputs(q_lengths, kv_lengths, heads, fused, seed):
+    g = torch.Generator().manual_seed(seed)
+    (hq, hkv), rows_q, rows_kv = heads, sum(q_lengths), sum(kv_lengths)
+    if fused:
+        q, k, v = torch.randn(rows_q, hq + 2 * hkv, HEAD_DIM, generator=g).bfloat16().split([hq, hkv, hkv], dim=1)
+    else:
+        q, k, v = (torch.randn(rows, h, HEAD_DIM, generator=g).bfloat16()
+                   for rows, h in ((rows_q, hq), (rows_kv, hkv), (rows_kv, hkv)))
+    return q, k, v, torch.tensor([0] + list(kv_lengths)).cumsum(0).to(torch.int32)
+
+
+def _check_out_descriptor(launched, q, k, v, out, lse):
+    """The launch of one call writes the call's own fresh out through a descriptor over exactly its rows: base the
+    returned out (not an earlier call's), global shape [out rows, Hq*D] (a stale smaller one clips stores, a larger
+    one lets a store pass the end), strides out's, the Q half-tile's block; q, k, v read through descriptors over
+    this call's tensors; Out, Lse, total_out this call's."""
+    assert launched["STORE_TMA"] is True and launched["Out"] is out and launched["Lse"] is lse
+    assert launched["total_out"] == out.shape[0] and out.is_contiguous()
+    desc = launched["desc_o"]
+    assert desc.base is out
+    assert list(desc.shape) == [out.shape[0], out.shape[1] * HEAD_DIM]
+    assert list(desc.strides) == [out.stride(0), 1]
+    assert list(desc.block_shape) == [tlx_configs.fwd_config(HEAD_DIM).block_m // 2, HEAD_DIM]
+    for name, t in (("desc_q", q), ("desc_k", k), ("desc_v", v)):
+        got = launched[name]
+        assert got.base is t and list(got.shape) == [t.shape[0], t.shape[1] * HEAD_DIM], name
+        assert list(got.strides) == [t.stride(0), 1], name
+
+
+@needs_tlx
+@pytest.mark.parametrize("case", list(STORE_TMA_REPLAY_CASES))
+def test_forward_store_tma_descriptor_follows_each_calls_out(gpu, monkeypatch, case):
+    """STORE_TMA on (the default since stop 40; helper review41): every call's launch, full path or replay, writes
+    its own out through desc_o (``_check_out_descriptor``), for batches of one signature and of another row count,
+    with every earlier out still alive (a descriptor kept from an earlier call, or built over its rows, fails here);
+    the replays served the repeats (the second, fourth and fifth calls)."""
+    runs, answers = gpu
+    spec = STORE_TMA_REPLAY_CASES[case]
+    monkeypatch.setattr(tlx_configs, "FORWARD_STORE_TMA", True)
+    for switch in spec.get("switches", ()):
+        monkeypatch.setattr(tlx_configs, *switch)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", spec.get("sms", 132))
+    heads, broadcast = spec.get("heads", HEADS), spec.get("broadcast", False)
+    names, kept = list(attn_fwd.attn_fwd_tlx_kernel.arg_names), []
+    for seed, (q_lengths, kv_lengths) in enumerate(STORE_TMA_BATCHES):
+        if broadcast:  # L_q rows of shared queries (40, then 24 from the third call: other out rows B * L_q)
+            q_lengths = [40 if seed < 2 or seed == 4 else 24]
+        q, k, v, offsets = _store_tma_inputs(q_lengths, kv_lengths, heads, spec.get("fused", False), seed)
+        runs.clear()
+        out, lse = tlx.forward(q, k, v, None if broadcast else offsets, offsets,
+                               _params(causal=not broadcast, broadcast_q=broadcast))
+        (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_fwd_tlx_kernel"]
+        assert out.shape[0] == (q_lengths[0] * len(kv_lengths) if broadcast else q.shape[0])
+        _check_out_descriptor(launched, q, k, v, out, lse)
+        kept.append(out)
+    assert [kind for kind, _ in answers] == ["replay"] * 3 and all(result is not None for _, result in answers)
+
+
+@needs_tlx
+def test_block_sparse_forward_store_tma_descriptor_follows_each_calls_out(gpu, monkeypatch):
+    """The block-sparse forward keeps no replay (every call takes its full path) and builds desc_o per call over its
+    own out: two calls of other row counts, the first out still alive (helper review41)."""
+    from jfa_ops.backends.base import BlockSparseParams
+
+    runs, answers = gpu
+    monkeypatch.setattr(tlx_configs, "FORWARD_STORE_TMA", True)
+    names, kept = list(attn_fwd.attn_fwd_tlx_kernel.arg_names), []
+    for seed, lengths in enumerate(([640, 17, 300, 5], [200, 129, 5, 400], [640, 17, 300, 5])):
+        q, k, v, offsets = _inputs(lengths, seed=seed)
+        n_blocks = -(-max(lengths) // 128)
+        index = torch.arange(n_blocks, dtype=torch.int32).expand(4, HEADS[1], n_blocks, n_blocks).contiguous()
+        count = torch.full((4, HEADS[1], n_blocks), 2, dtype=torch.int32)
+        runs.clear()
+        out, lse = attn_fwd.block_sparse_forward(q, k, v, offsets, offsets, index, count,
+                                                 BlockSparseParams(scale=HEAD_DIM ** -0.5, causal=True))
+        (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_fwd_tlx_kernel"]
+        assert launched["SPARSE"]
+        _check_out_descriptor(launched, q, k, v, out, lse)
+        kept.append(out)
+    assert not answers
+
+
 @needs_tlx
 @pytest.mark.parametrize("zigzag", [False, True])
 def test_forward_zigzag_launch(gpu, monkeypatch, zigzag):
@@ -703,29 +799,25 @@ def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
 @needs_tlx
 def test_sparse_walk_ahead_env(monkeypatch):
     """The env's values (helper sparse38): "masked" -> "masked" (masked calls only), "1" -> True, unset or "0" ->
-    False (the default: stop 38's H200 ablation); ``sparse_walk_ahead`` follows them."""
-    import importlib
+    False (the default: stop 38's H200 ablation); ``sparse_walk_ahead`` follows them. Each value on a fresh copy of
+    the module (not in sys.modules): reloading the loaded one replaced its functions, which conftest's
+    ``nothing_left_patched`` failed (stop 41)."""
+    import importlib.util
 
     from jfa_ops.backends.tlx import configs as c
 
-    before = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD")
-    try:
-        for env, want in ((None, False), ("masked", "masked"), ("1", True), ("0", False)):
-            if env is None:
-                monkeypatch.delenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", raising=False)
-            else:
-                monkeypatch.setenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", env)
-            importlib.reload(c)
-            assert c.SPARSE_FORWARD_WALK_AHEAD == want and type(c.SPARSE_FORWARD_WALK_AHEAD) is type(want)
-            assert [c.sparse_walk_ahead(m) for m in (False, True)] == {"masked": [False, True], True: [True, True],
-                                                                      False: [False, False]}[want]
-            assert c.SPARSE_FORWARD_ABLATE == 0
-    finally:  # the module as the process's environment made it
-        if before is None:
+    for env, want in ((None, False), ("masked", "masked"), ("1", True), ("0", False)):
+        if env is None:
             monkeypatch.delenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", raising=False)
         else:
-            monkeypatch.setenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", before)
-        importlib.reload(c)
+            monkeypatch.setenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", env)
+        spec = importlib.util.spec_from_file_location(c.__name__, c.__file__)
+        fresh = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fresh)
+        assert fresh.SPARSE_FORWARD_WALK_AHEAD == want and type(fresh.SPARSE_FORWARD_WALK_AHEAD) is type(want)
+        assert [fresh.sparse_walk_ahead(m) for m in (False, True)] == {"masked": [False, True], True: [True, True],
+                                                                      False: [False, False]}[want]
+        assert fresh.SPARSE_FORWARD_ABLATE == 0
 
 
 @needs_tlx
