@@ -886,6 +886,87 @@ def test_kept_launches_past_one_wave_match_the_full_path(monkeypatch, case):
     assert len(answers) == 6 and all(a is not None for a in answers), [a is None for a in answers]
 
 
+# STORE_TMA's replays (on by default since stop 40; helper review41): five calls per case, (q lengths, kv lengths)
+# each: a signature's first call (the full path keeps its replay), the same rows split otherwise (its replay), other
+# rows (a new signature: the full path), their replay, the first rows again (the first replay, after the other
+# signature's); lengths with whole half-tiles (TMA stores) and partial ones (pointer stores) at nonzero out rows
+STORE_TMA_REPLAY_BATCHES = ((64, 17, 40, 5, 300), (5, 40, 300, 17, 64), (30, 1, 64, 3, 129), (3, 129, 1, 30, 64),
+                            (300, 64, 17, 40, 5))
+STORE_TMA_REPLAY_CASES = {
+    "jagged causal H8 D128 bf16": dict(heads=(8, 8), head_dim=128, dtype=torch.bfloat16, causal=True),
+    "GQA 4:2 D64 fp16": dict(heads=(4, 2), head_dim=64, dtype=torch.float16),
+    "past one wave causal H8 D128 bf16 (sorted list per replay)": dict(heads=(8, 8), head_dim=128,
+                                                                       dtype=torch.bfloat16, causal=True, scale=8,
+                                                                       switches=(("FORWARD_REPLAY_WAVES", True),)),
+    "broadcast-Q on the v4 consumers H4 D128 bf16": dict(heads=(4, 4), head_dim=128, dtype=torch.bfloat16,
+                                                        broadcast=True, switches=(("ONE_LOOP", True),)),
+}
+
+
+@pytest.fixture
+def nan_outputs(monkeypatch):
+    """Every output buffer starts as NaN (``common.alloc_output``, which the full path and the replays allocate
+    from): a row a launch does not write, or writes through a descriptor over another buffer, fails."""
+    from jfa_ops.backends.triton import common
+
+    monkeypatch.setattr(common, "alloc_output", lambda shape, dtype, device: torch.full(
+        shape, math.nan, dtype=dtype, device=device))
+
+
+@pytest.mark.parametrize("name", list(STORE_TMA_REPLAY_CASES))
+def test_store_tma_replays_write_each_calls_own_out(name, monkeypatch, nan_outputs):
+    """The forward with STORE_TMA (desc_o rebuilt over each replay's fresh out: helper flip40) serves the repeats of
+    a signature by its replay, and every call's out/lse, from NaN buffers, == the float64 oracle, across two row
+    counts; every earlier call's out and lse stay as they were (kept alive: a store through a descriptor over an
+    earlier out would change it). tests/backends/test_tlx_host.py's ``test_forward_store_tma_descriptor_follows_
+    each_calls_out`` checks the same launches' arguments on CPU."""
+    _require_tlx()
+    from jfa_ops.backends import tlx
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import assert_attention_close
+
+    spec = STORE_TMA_REPLAY_CASES[name]
+    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", True)
+    for switch in spec.get("switches", ()):
+        monkeypatch.setattr(configs, *switch)
+    answers = _spy_kept_launches(monkeypatch)
+    (hq, hkv), broadcast, scale = spec["heads"], spec.get("broadcast", False), spec.get("scale", 1)
+    kept = []
+    for seed, lengths in enumerate(STORE_TMA_REPLAY_BATCHES):
+        lengths = tuple(n * scale for n in lengths)
+        q_lengths = ((200 if seed < 2 or seed == 4 else 72),) if broadcast else lengths
+        case = AttentionCase(q_lengths, lengths, heads_q=hq, heads_kv=hkv, head_dim=spec["head_dim"],
+                             dtype=spec["dtype"], device="cuda", causal=spec.get("causal", False),
+                             broadcast_q=broadcast)
+        _tlx_or_skip(case)
+        x = case.make_inputs(seed)
+        params = AttentionParams(scale=case.head_dim ** -0.5, causal=case.causal, broadcast_q=broadcast)
+        out, lse = tlx.forward(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params)
+        ref_out, ref_lse = x.oracle()
+        assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name=f"{name} call {seed} out",
+                               zero_rows=~x.visibility()[0])
+        assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name=f"{name} call {seed} lse")
+        kept.append((out, out.clone(), lse, lse.clone()))
+    for n, (out, was, lse, lse_was) in enumerate(kept):
+        assert torch.equal(out, was) and torch.equal(lse, lse_was), f"call {n}'s out/lse changed by a later call"
+    assert len(answers) == 3 and all(a is not None for a in answers), [a is None for a in answers]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_store_tma_writes_each_calls_own_out(causal, monkeypatch, nan_outputs):
+    """The block-sparse forward (no replay: desc_o built per call over its out) from NaN buffers, three calls of two
+    row counts in a row, == the float64 oracle with the selection's block mask (helper review41)."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "FORWARD_STORE_TMA", True)
+    for seed, lengths in enumerate(((640, 17, 300, 5), (200, 129, 5, 400, 64), (640, 17, 300, 5))):
+        case = _sparse_case(lengths, lengths, causal=causal)
+        _tlx_or_skip(case.case)
+        check_block_sparse_case(case, "tlx", seed=seed, select_backend="triton")
+
+
 # configs.BACKWARD_KV_PREFETCH's cases (helper bcastbwd39): more items than one wave of programs, so that a program's
 # producer prefetches a next item: broadcast-Q (empty and one-key sequences, whose items have no keys or one), a D64
 # fp16 broadcast-Q GQA call, broadcast-Q causal over 3 query blocks, a jagged window GQA call (the host rule, packed
