@@ -269,6 +269,32 @@ def test_fp64_left_alone_by_every_op():
                                                      causal=True, backend="reference"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_refused_inside_a_region_as_outside(dtype):
+    """float8 q/k/v (e.g. a pre-quantized pair's data without its scale) are refused with the same TypeError inside a
+    region as outside, by every op the autocast kernel serves: the region casts only fp32/fp16/bf16 (casting float8
+    to bf16 ran MXFP8 attention on unscaled data, silently; helper review41)."""
+    case = BlockSparseCase(AttentionCase((9, 5), (11, 6), heads_q=2, heads_kv=1, head_dim=32, causal=True),
+                           block_q=4, block_kv=4)
+    x = case.case.make_inputs(0)
+    q, k, v = (t.to(dtype) for t in (x.q, x.k, x.v))
+    calls = {
+        "jagged_attention": lambda: jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True,
+                                                             backend="reference"),
+        "sparse_attention": lambda: jfa_ops.sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, *case.max_seqlens(),
+                                                             block_q=4, block_kv=4, causal=True,
+                                                             backend="reference"),
+        "mxfp8_attention": lambda: jfa_ops.mxfp8_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=True,
+                                                           backend="reference"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match="float16") as outside:
+            call()
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="float16") as inside:
+            call()
+        assert str(inside.value) == str(outside.value), name
+
+
 def test_compiled_autocast_region_of_every_op():
     """fullgraph (no graph break) under an autocast region: select + sparse attention and MXFP8 attention in the
     region's dtype, equal to eager, gradients to the fp32 leaves."""

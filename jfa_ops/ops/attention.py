@@ -936,17 +936,22 @@ if DIRECT_OP_CALL and _LEAN_LIB is not None:  # the same private APIs as the lea
     install_direct_call()
 
 
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes an autocast region casts (the ops' own)
+
+
 def _autocast_kernel(op: torch._ops.OpOverload, device_type: str, num_inputs: int):
-    """Under ``torch.autocast(device_type)``: the op's first ``num_inputs`` arguments (q, k, v), where floating, go to
-    the autocast dtype (fp64 is left alone, as autocast does for SDPA), then the op runs with autocast off.
-    ``torch.library.register_autocast`` casts to one fixed dtype; this follows the region's dtype (bf16 or fp16) like
-    SDPA."""
+    """Under ``torch.autocast(device_type)``: the op's first ``num_inputs`` arguments (q, k, v), where fp32, fp16 or
+    bf16, go to the autocast dtype (fp64 is left alone, as autocast does for SDPA), then the op runs with autocast
+    off. ``torch.library.register_autocast`` casts to one fixed dtype; this follows the region's dtype (bf16 or fp16)
+    like SDPA. Any other dtype reaches the op as given, which refuses it as outside a region. Why not torch's rule
+    (every floating dtype but fp64): it cast float8 tensors too, so a pre-quantized pair's data passed without its
+    scale to ``mxfp8_attention`` ran as bf16 values, its block scales silently dropped (helper review41)."""
     autocast_key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
 
     def kernel(keyset, *args, **kwargs):
         dtype = torch.get_autocast_dtype(device_type)
-        cast = [t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == device_type
-                else t for t in args[:num_inputs]]
+        cast = [t.to(dtype) if t.dtype in _AUTOCAST_CASTS and t.device.type == device_type else t
+                for t in args[:num_inputs]]
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(autocast_key)):
             return op(*cast, *args[num_inputs:], **kwargs)
 
