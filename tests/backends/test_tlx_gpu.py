@@ -641,20 +641,6 @@ def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
     assert torch.equal(out, out_z) and torch.equal(lse, lse_z), name
 
 
-@pytest.mark.parametrize("name,peel", [(name, False) for name in SPARSE_ZIGZAG_CASES] + [("jagged H16 causal", True)])
-def test_block_sparse_forward_stream_order_is_bit_identical(name, peel, monkeypatch):
-    """configs.SPARSE_FORWARD_ORDER "streams" (helper order39) re-sorts the work list sequence-major: which program
-    runs an item and when, nothing within an item, so out and lse equal the default list's bit for bit (the jagged
-    cases: more items than one wave, so a list is built; with SPARSE_FORWARD_PEEL on too on one)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "SPARSE_FORWARD_PEEL", peel)
-    (out, lse), (out_s, lse_s) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ORDER",
-                                                             ("cost", "streams"), monkeypatch)
-    assert torch.equal(out, out_s) and torch.equal(lse, lse_s), name
-
-
 # configs.SPARSE_FORWARD_PEEL's cases (helper peeldiag38): lengths off multiples of 128 (the sequences' partial last
 # tiles: a masked tail without causality), causal diagonals, a left window (the masked lead: two rounds), blocks of
 # two tiles (the split inside a block), random selections (items with no block, blocks wholly masked), broadcast-Q,

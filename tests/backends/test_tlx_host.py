@@ -641,47 +641,6 @@ def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
 
 
 @needs_tlx
-@pytest.mark.parametrize("causal", [False, True])
-def test_block_sparse_forward_stream_order_launch(gpu, monkeypatch, causal):
-    """``configs.SPARSE_FORWARD_ORDER`` (helper order39), read per call: "streams" builds the work list with
-    ``stream_major_cost``'s keys, "cost" (the default) with ``selected_cost_args`` as before; the kernel's launch
-    is otherwise the same (every constexpr and the head group: the same specialization, only the list's order
-    differs), list or one wave."""
-    from jfa_ops.backends.triton import block_sparse_fwd
-
-    seen = []
-    real = attn_fwd.forward_tiles
-
-    def spy(*args, **kwargs):  # the list's kernels are stubbed: its slots hold garbage, so no cost is computed
-        seen.append(kwargs)
-        return real(*args)
-
-    monkeypatch.setattr(attn_fwd, "forward_tiles", spy)
-    launches = {}
-    for order in ("cost", "streams"):
-        monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ORDER", order)
-        seen.clear()
-        launches[order] = _block_sparse_launch(runs=gpu[0], monkeypatch=monkeypatch, causal=causal, sms=3)
-        (kwargs,) = seen
-        if order == "cost":
-            assert kwargs.keys() == block_sparse_fwd.selected_cost_args(torch.zeros(1, 1, 1), 128).keys()
-        else:
-            seq = torch.tensor([0, 0, 1, 2, 3, -1], dtype=torch.int32)
-            start = torch.tensor([0, 128, 0, 256, 0, 0], dtype=torch.int32)
-            count = torch.full((4, HEADS[1], 5), 2, dtype=torch.int32)  # _block_sparse_launch's selection
-            assert torch.equal(kwargs["cost_of"](seq, start),
-                               block_sparse_fwd.stream_major_cost(count, 128)(seq, start))
-    (grid_a, got_a), (grid_b, got_b) = launches.values()
-    assert grid_a == grid_b
-    plain = (bool, int, float, str, type(None))  # the constexprs and scalars (tensors, descriptors: per call)
-    assert {k: v for k, v in got_a.items() if isinstance(v, plain)} == \
-        {k: v for k, v in got_b.items() if isinstance(v, plain)}
-    assert got_b["ZIGZAG"] and not got_b["TILES_FROM_OFFSETS"]
-    _, got = _block_sparse_launch(gpu[0], monkeypatch, causal, 132)  # one wave: no list to order
-    assert got["TILES_FROM_OFFSETS"]
-
-
-@needs_tlx
 @pytest.mark.parametrize("walk_ahead", [False, True, "masked"])
 def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
     """``configs.SPARSE_FORWARD_WALK_AHEAD`` (helper sparsefwd) is the kernel's WALK_AHEAD, read per call, list or

@@ -47,7 +47,7 @@ from ..triton.attn_fwd import kernel_offsets, keep_replay, replayed, rows_descri
 from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, snake_work, softmax_step,
                              stage_block_start, stage_bounds, visible, window_bounds, work_item, zigzag_item)
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
-                                        sparse_offsets, stream_major_cost)
+                                        sparse_offsets)
 from ..triton.launch import launch, launch_planned
 from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile, tile_schedule,
                                   tiles_from_offsets)
@@ -1284,8 +1284,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
     block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG``, ``SPARSE_FORWARD_WALK_AHEAD``
-    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE``, ``SPARSE_FORWARD_PEEL`` and
-    ``SPARSE_FORWARD_ORDER`` (the list's order: host side only) read per call."""
+    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE`` and ``SPARSE_FORWARD_PEEL``
+    read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -1301,9 +1301,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
         raise ValueError(f"kv_block_index has {index.numel()} entries: too many for the tlx block-sparse forward "
                          f"(backend='triton' runs it)")
-    # the list's order (configs.SPARSE_FORWARD_ORDER): longest first by selected blocks, or sequence-major
-    cost = (dict(cost_of=stream_major_cost(count, params.block_q)) if configs.SPARSE_FORWARD_ORDER == "streams"
-            else selected_cost_args(count, params.block_q))
+    cost = selected_cost_args(count, params.block_q)  # the list's order: longest first by selected blocks
     programs, schedule = tile_schedule(
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
                               has_right, **cost),

@@ -274,17 +274,6 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
-# The block-sparse forward's work list order (helper order39, bench/NOTES.md "Issue 11: the causal work order, helper
-# order39"): "cost" (the default) sorts the query tiles by their selected blocks, longest first, so a causal list runs
-# level by level across the sequences and the ~132 items in flight read every sequence's blocks at once; "streams"
-# (JFA_TLX_SPARSE_FWD_ORDER=streams) sorts them sequence-major (the sequence with the most selected blocks first),
-# cost-sorted within each sequence, every other sequence's tiles ascending (each sequence a monotone run whose turns
-# are all-long or all-short, as the zigzag's groups), so the items in flight hold a few (sequence, head) streams'
-# walks (``block_sparse_fwd.stream_major_cost``; unmasked lists are sequence-major already). Host side only: the
-# list's sort key; the same kernels, the same items, the same bits. Why: stop 38's ablation, lowsel (the lowest blocks
-# selected: the dense walk's locality) -41 / -109 us on the causal rows, ~0 unmasked. Off until timed on the H200
-# (tools/tlx_check.py sparse-ablation's "streams" column; prediction and flip rule in bench/NOTES.md); read per call.
-SPARSE_FORWARD_ORDER = "streams" if os.environ.get("JFA_TLX_SPARSE_FWD_ORDER", "cost") == "streams" else "cost"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
