@@ -4,8 +4,7 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
-causaljagged, kvearly, kvearlyoff, peel, zerostore,
-peelzerostore, kvprefetch, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
+causaljagged, kvearly, kvearlyoff, peel, kvprefetch, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
 list vs the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
@@ -324,10 +323,6 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 # helper peel37: the consumers' block loop peeled per stage, the mask-free bulk's without the masked
                 # blocks' dS guard (bench/NOTES.md "helper peel37")
                 "peel": dict(_DEFAULT_BWD, BACKWARD_PEEL=True),
-                # helper desc38: Q / dO rows past the end zeroed by 8-row stores, consumer 0's wgmma descriptors in
-                # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
-                "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
-                "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True),
                 # helper bcastbwd39: the next item's K/V and first dO blocks prefetched into the L2 by the producer
                 # (bench/NOTES.md "Issue 10: broadcast-Q backward, helper bcastbwd39")
                 "kvprefetch": dict(_DEFAULT_BWD, BACKWARD_KV_PREFETCH=True),
@@ -340,7 +335,7 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
-              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH",
+              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_KV_PREFETCH",
               "BACKWARD_STATS_SMEM", "BACKWARD_STORE_TMA")
 
 
@@ -912,7 +907,7 @@ def backward_timing() -> int:
         cols += [("tlx-v2", "v2")]
     new = (["statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
-    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,statssmem": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731

@@ -72,8 +72,6 @@ BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
                 "bwd-peel": dict(_BWD, BACKWARD_PEEL=True),
-                # helper desc38: rows past the end zeroed by 8-row stores (ZERO_STORE: off by default)
-                "bwd-zerostore": dict(_BWD, BACKWARD_ZERO_STORE=True),
                 # helper bcastbwd39: the next item's K/V and dO prefetched into the L2 (KV_PREFETCH: off by default)
                 "bwd-kvprefetch": dict(_BWD, BACKWARD_KV_PREFETCH=True),
                 # helper lsedelta40: lse / delta loaded into shared memory with Q / dO (STATS_SMEM: off by default)
@@ -107,7 +105,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
-                 "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH", "BACKWARD_STATS_SMEM"):
+                 "BACKWARD_PEEL", "BACKWARD_KV_PREFETCH", "BACKWARD_STATS_SMEM"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -259,13 +257,12 @@ PEEL_CASES = {
 }
 
 
-@pytest.mark.parametrize("knob", ["BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_STATS_SMEM"])
+@pytest.mark.parametrize("knob", ["BACKWARD_PEEL", "BACKWARD_STATS_SMEM"])
 @pytest.mark.parametrize("name", list(PEEL_CASES))
 def test_same_blocks_knob_matches_the_oracle_and_the_default_bit_for_bit(name, knob, monkeypatch):
     """Knobs that run the same blocks in the same order with the same arithmetic per block: PEEL
     (``configs.BACKWARD_PEEL``, helper peel37: a mask-free block never took the default's masked branch; a masked one
-    runs the same mask code), ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38: the same Q / dO rows
-    past a sequence's end zeroed, by 8-row stores instead of 32-row load / select / store chunks) and STATS_SMEM
+    runs the same mask code) and STATS_SMEM
     (``configs.BACKWARD_STATS_SMEM``, helper lsedelta40: the same lse and delta values, through shared memory; a row
     past its sequence's end reads another row's or TMA's zeros instead of the masked load's zeros, and the masked
     block zeroes its P and dS; "short causal"'s last block reads past the end of lse). On PEEL's cases

@@ -135,38 +135,14 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
 
 @triton.jit
 def _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, ZERO_STORE: tl.constexpr = False):
+                       BLOCK_M: tl.constexpr):
     """If query block m0 runs into the next sequence's rows: consumer 0 zeroes them in both tiles of slot buf (Q and
-    dO), then both consumers meet at VFIX_BARRIER. ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38): by
-    ``_store_zero_rows`` (8-row groups) instead of ``_zero_rows_past_end``'s 32-row load/select/store chunks."""
+    dO), then both consumers meet at VFIX_BARRIER."""
     if m0 + BLOCK_M > len_q:
         if CID == 0:
-            if ZERO_STORE:
-                _store_zero_rows(q_tiles[buf], len_q - m0, BLOCK_M, HEAD_DIM, 8)
-                _store_zero_rows(do_tiles[buf], len_q - m0, BLOCK_M, HEAD_DIM, 8)
-                tlx.fence_async_shared()  # the wgmma (async proxy) must see these generic-proxy writes
-            else:
-                _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+            _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+            _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
         tlx.named_barrier_wait(VFIX_BARRIER, 256)
-
-
-@triton.jit
-def _store_zero_rows(tile, first, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr):
-    """Rows ``first``.. of a [BLOCK, HEAD_DIM] tile zeroed in groups of GROUP rows (8: the swizzle's period, the
-    smallest slice TLX allows): a group wholly past ``first`` by a store of zeros (no load), the one group across it
-    by load / select / store (GROUP / 8 values per thread). Why (helper desc38, bench/NOTES.md "Issue 10: consumer 0's
-    descriptors"): ``_zero_rows_past_end``'s 32-row chunks in consumer 0's block loop (32 values and 32 row predicates
-    per thread) made ptxas keep that consumer's loop counters, slot and tile addresses in vector registers, and build
-    every wgmma descriptor per lane (27 R2UR, ~80 more integer ALU per block on the mask-free path)."""
-    for r in tl.static_range(0, BLOCK, GROUP):
-        if first <= r:
-            tlx.local_store(tlx.local_slice(tile, [r, 0], [GROUP, HEAD_DIM]), tl.zeros([GROUP, HEAD_DIM], tile.dtype))
-        elif first < r + GROUP:
-            part = tlx.local_slice(tile, [r, 0], [GROUP, HEAD_DIM])
-            v = tlx.local_load(part)
-            keep = tl.arange(0, GROUP) < first - r
-            tlx.local_store(part, tl.where(keep[:, None], v, tl.zeros_like(v)))
 
 
 @triton.jit
@@ -338,8 +314,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
-                     PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False, stat_tiles=None,
-                     STATS_SMEM: tl.constexpr = False):
+                     PEEL: tl.constexpr = False, stat_tiles=None, STATS_SMEM: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (transposed: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -461,7 +436,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 rows_left = len_q - m0
                 rows_ok = rows < rows_left
                 if masked:
-                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M, ZERO_STORE)
+                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
                 q_tile = q_tiles[buf]
                 do_tile = do_tiles[buf]
                 # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one
@@ -685,8 +660,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-                        PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False,
-                        KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None,
+                        PEEL: tl.constexpr = False, KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None,
                         STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None,
                         STORE_TMA: tl.constexpr = False, desc_dk=None, desc_dv=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
@@ -884,7 +858,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                             len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
                             tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
                             HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
-                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, ZERO_STORE, stat_tiles, STATS_SMEM)
+                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, stat_tiles, STATS_SMEM)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -1008,7 +982,6 @@ class BackwardVariant(NamedTuple):
     parts: int
     kv_early: bool
     peel: bool
-    zero_store: bool
     kv_prefetch: bool
     stats_smem: bool = False
     store_tma: bool = False
@@ -1019,7 +992,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False, zero_store: bool = False, kv_prefetch: bool = False,
+                       peel: bool = False, kv_prefetch: bool = False,
                        stats_smem: bool = False, store_tma: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
@@ -1048,9 +1021,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split,
     one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
-    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL). ``zero_store``
-    (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of
-    zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers.
+    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL).
     ``kv_prefetch`` (``configs.BACKWARD_KV_PREFETCH``; dense calls, else ignored): the producer prefetches the next
     item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH). ``stats_smem``
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
@@ -1082,7 +1053,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         head_group = 0
     kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and selection is None and not mxfp8)
-    zero_store = bool(zero_store)
     kv_prefetch = bool(kv_prefetch and selection is None)
     # STATS_SMEM's TMA coordinates are int32 rows of the flat [Hq * rows] lse / delta
     stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
@@ -1096,7 +1066,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
-                              ablate, parts, kv_early, peel, zero_store, kv_prefetch, stats_smem, store_tma)
+                              ablate, parts, kv_early, peel, kv_prefetch, stats_smem, store_tma)
     # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source),
     # STATS_SMEM or STORE_TMA (their two descriptors are not among the recipe's)
     kept = (selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch and not stats_smem
@@ -1120,7 +1090,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, zero_store, kv_prefetch, stats_smem, store_tma) = variant
+     peel, kv_prefetch, stats_smem, store_tma) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1205,7 +1175,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store,
+                    KV_EARLY=kv_early, PEEL=peel,
                     KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)),
                     STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)),
                     STORE_TMA=store_tma, **({} if store_tma else dict(desc_dk=None, desc_dv=None)))

@@ -138,15 +138,6 @@ BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
 # The same arithmetic per block, so the same gradients. Dense calls of the v2 consumers, not MXFP8; off (0) until
 # timed on the H200.
 BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
-# ZERO_STORE (JFA_TLX_BWD_ZERO_STORE=1; bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38"): consumer
-# 0 zeroes a masked block's Q / dO rows past the sequence end by 8-row stores of zeros (one 8-row load / select /
-# store across the end) instead of 32-row load / select / store chunks. Those chunks (32 values and 32 row
-# predicates per thread) made ptxas keep consumer 0's loop counters and tile addresses in vector registers and build
-# its wgmma descriptors per lane. sm_90 D128 full: consumer 0's path 535 -> 524 (integer ALU 104 -> 30, R2UR 28 -> 0,
-# 1 -> 0 spill instructions in its loop), consumer 1 516 -> 515; spills 152 / 200 -> 224 / 284 B per thread (per
-# work item, none in either loop). The same gradients (the same rows zeroed). Calls of the v2 consumers; off (0)
-# until timed on the H200.
-BACKWARD_ZERO_STORE = os.environ.get("JFA_TLX_BWD_ZERO_STORE", "0") == "1"
 # KV_PREFETCH (JFA_TLX_BWD_KV_PREFETCH=1; helper bcastbwd39, bench/NOTES.md "Issue 10: broadcast-Q backward, helper
 # bcastbwd39"): once the producer has issued an item's K/V loads it looks up the next item and prefetches that
 # item's K, V and first two dO blocks into the L2 by TMA (cp.async.bulk.prefetch.tensor: no shared memory, no
@@ -564,7 +555,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
-                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE,
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL,
                 kv_prefetch=BACKWARD_KV_PREFETCH, stats_smem=BACKWARD_STATS_SMEM, store_tma=BACKWARD_STORE_TMA)
 
 
