@@ -300,7 +300,7 @@ def _extra_options(o: dict) -> dict:
     params = inspect.signature(S.bwd_specialization).parameters
     return {k: v for k, v in o.items() if k in params and k not in (
         "dq_shared", "stats_ahead", "kv_early", "peel", "head_group", "causal_order", "item_order",
-        "ablate", "gqa_split", "kv_prefetch")}
+        "ablate", "gqa_split")}
 
 
 def main(argv) -> int:

@@ -4,7 +4,7 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
-causaljagged, kvearly, kvearlyoff, peel, kvprefetch, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
+causaljagged, kvearly, kvearlyoff, peel, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
 list vs the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
@@ -69,8 +69,7 @@ causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLAT
 results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
 backward ablations (helper bwdablate)"); ``TLX_BWD_ABLATION_CASES=full,causal,jagged`` / ``TLX_BWD_ABLATION_RUNS=none,dq``
 time a subset (a run's stages joined by "+"); case ``bcast`` (not in the default): the bench's broadcast-Q row
-(``bcast_case``), where run ``kvprefetch`` is helper bcastbwd39's knob (right gradients, as ``causalorder``) and
-``dkvstore`` its ablation of the item's dK/dV stores, ``storetma`` helper dkvtma40's knob (those stores by TMA:
+(``bcast_case``), where run ``dkvstore`` is helper bcastbwd39's ablation of the item's dK/dV stores, ``storetma`` helper dkvtma40's knob (those stores by TMA:
 right gradients; what of dkvstore's saving it keeps).
 """
 from __future__ import annotations
@@ -323,9 +322,6 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 # helper peel37: the consumers' block loop peeled per stage, the mask-free bulk's without the masked
                 # blocks' dS guard (bench/NOTES.md "helper peel37")
                 "peel": dict(_DEFAULT_BWD, BACKWARD_PEEL=True),
-                # helper bcastbwd39: the next item's K/V and first dO blocks prefetched into the L2 by the producer
-                # (bench/NOTES.md "Issue 10: broadcast-Q backward, helper bcastbwd39")
-                "kvprefetch": dict(_DEFAULT_BWD, BACKWARD_KV_PREFETCH=True),
                 # helper lsedelta40: lse / delta loaded into shared memory with each Q / dO block by the producer
                 # (bench/NOTES.md "Issue 10: the backward's long-scoreboard stalls, helper lsedelta40")
                 "statssmem": dict(_DEFAULT_BWD, BACKWARD_STATS_SMEM=True),
@@ -335,7 +331,7 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
-              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_KV_PREFETCH",
+              "BACKWARD_KV_EARLY", "BACKWARD_PEEL",
               "BACKWARD_STATS_SMEM", "BACKWARD_STORE_TMA")
 
 
@@ -863,8 +859,8 @@ def backward_timing() -> int:
     causal, and the dense B8 S4096 and jagged T32768 causal controls (no triton column: fewer compiles), for the flip of
     JFA_TLX_BWD_KV_EARLY (helper window31; on since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default
     before against the default). ``TLX_BWD_TIMING_BCAST=1``: the bench's broadcast-Q row (``bcast_case``), the window
-    row and the dense B8 S4096 D128 control (no triton column), for JFA_TLX_BWD_KV_PREFETCH (helper bcastbwd39:
-    ``TLX_BWD_TIMING_COLS=kvprefetch,same``) and JFA_TLX_BWD_STORE_TMA (helper dkvtma40: ``storetma,same``)."""
+    row and the dense B8 S4096 D128 control (no triton column), for the broadcast backward's per-item levers, e.g.
+    JFA_TLX_BWD_STORE_TMA (helper dkvtma40: ``TLX_BWD_TIMING_COLS=storetma,same``)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -1771,7 +1767,7 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 # backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
 # the configs flag and value it sets: the causal order's list (on the jagged case: does the L2 order take the dQ
 # reduce's cost away? bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop 27")
-ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True), "kvprefetch": ("BACKWARD_KV_PREFETCH", True),
+ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True),
                   "storetma": ("BACKWARD_STORE_TMA", True),  # helper dkvtma40: beside dkvstore (its ceiling)
                   "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 

@@ -381,19 +381,6 @@ def test_kv_early_kernels_spill_as_the_default(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
 
 
-def test_kv_prefetch_kernels_spill_as_the_default(compiled):
-    """KV_PREFETCH (helper bcastbwd39, ``configs.BACKWARD_KV_PREFETCH``) adds the next item's lookup and three L2
-    prefetches to the producer, nothing to the consumers: same shared memory, spills within 8 B a thread of the kernel
-    without it (sm_90 ptxas, stop 39: broadcast-Q D128 140 / 184 B both, D128 full 152 / 204 vs 152 / 200, D64 0)."""
-    by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if r["name"].endswith("-kvprefetch")]
-    assert len(rows) == 3, [r["name"] for r in rows]
-    for r in rows:
-        base = by_name[r["name"].removesuffix("-kvprefetch")]
-        assert r["shared"] == base["shared"], (r, base)
-        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 8, (r, base)
-
-
 def test_stats_smem_takes_the_global_loads_off_the_block_loops():
     """STATS_SMEM (helper lsedelta40, ``configs.BACKWARD_STATS_SMEM``): the producer loads each block's lse and delta
     into shared memory by TMA with its Q / dO, so the consumers' block loops issue no global loads (the default: 4

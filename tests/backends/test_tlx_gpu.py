@@ -72,8 +72,6 @@ BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
                 "bwd-peel": dict(_BWD, BACKWARD_PEEL=True),
-                # helper bcastbwd39: the next item's K/V and dO prefetched into the L2 (KV_PREFETCH: off by default)
-                "bwd-kvprefetch": dict(_BWD, BACKWARD_KV_PREFETCH=True),
                 # helper lsedelta40: lse / delta loaded into shared memory with Q / dO (STATS_SMEM: off by default)
                 "bwd-statssmem": dict(_BWD, BACKWARD_STATS_SMEM=True),
                 # helper dkvtma40: whole dK/dV half-tiles written by TMA stores (STORE_TMA: off by default)
@@ -105,7 +103,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
-                 "BACKWARD_PEEL", "BACKWARD_KV_PREFETCH", "BACKWARD_STATS_SMEM"):
+                 "BACKWARD_PEEL", "BACKWARD_STATS_SMEM"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -867,39 +865,6 @@ def test_kept_launches_past_one_wave_match_the_full_path(monkeypatch, case):
         torch.testing.assert_close(out.float(), ref[0].float(), atol=3e-2, rtol=3e-2)
     # the first batch's calls took the full paths (and kept both); every later forward and backward was served
     assert len(answers) == 6 and all(a is not None for a in answers), [a is None for a in answers]
-
-
-# configs.BACKWARD_KV_PREFETCH's cases (helper bcastbwd39): more items than one wave of programs, so that a program's
-# producer prefetches a next item: broadcast-Q (empty and one-key sequences, whose items have no keys or one), a D64
-# fp16 broadcast-Q GQA call, broadcast-Q causal over 3 query blocks, a jagged window GQA call (the host rule, packed
-# rows only, is tests/backends/test_tlx_host.py's)
-KV_PREFETCH_CASES = {
-    "broadcast Lq128 H4 B200": AttentionCase((128,), _BCAST_KV, heads_q=4, heads_kv=4, broadcast_q=True, **_BF),
-    "broadcast Lq100 Hq4:Hkv2 B200 D64 fp16": AttentionCase((100,), _BCAST_KV, heads_q=4, heads_kv=2,
-                                                            broadcast_q=True, head_dim=64, dtype=torch.float16,
-                                                            device="cuda"),
-    "broadcast Lq300 H2 B100 causal": AttentionCase((300,), _BCAST_KV[:100], heads_q=2, heads_kv=2, broadcast_q=True,
-                                                    causal=True, **_BF),
-    "jagged window (200,0) causal GQA 8:2": AttentionCase(_SHORT * 4, _SHORT * 4, heads_q=8, heads_kv=2, causal=True,
-                                                          window=(200, 0), **_BF),
-}
-
-
-@pytest.mark.parametrize("name", list(KV_PREFETCH_CASES))
-def test_kv_prefetch_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
-    """KV_PREFETCH (``configs.BACKWARD_KV_PREFETCH``, helper bcastbwd39) adds L2 prefetches in the producer and
-    nothing else (same items, blocks and arithmetic): gradients match the float64 oracle with it on, and dK/dV equal
-    the default's bit for bit (each item computes its own); dQ is the same fp32 terms, reduce-added by programs in a
-    racy order (close)."""
-    case = KV_PREFETCH_CASES[name]
-    _tlx_or_skip(case)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "BACKWARD_KV_PREFETCH", True)
-    check_attention_case(case, "tlx")
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_KV_PREFETCH")
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
-    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
 # configs.BACKWARD_STORE_TMA's cases (helper dkvtma40), each with the config overrides that make the epilogue run

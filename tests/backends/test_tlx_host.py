@@ -1132,27 +1132,6 @@ def _launches_with_knob(monkeypatch, knob: str, calls: tuple, launched, answers)
 
 
 @needs_tlx
-def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
-    """``configs.BACKWARD_KV_PREFETCH`` (helper bcastbwd39, env JFA_TLX_BWD_KV_PREFETCH), off by default, sets the
-    TLX backward's KV_PREFETCH and passes k, v, dO as the prefetch's row pointers on a broadcast-Q call (the target)
-    and a causal jagged call, whose signature keeps no recipe with it (the pointers are no recipe source); off with
-    it off (K_ROWS None: the default's launch), and where a row of K, V or dO is not packed (fused q, k, v slices:
-    the prefetch's addresses assume rows H * D apart)."""
-    runs, answers = gpu
-    assert not tlx_configs.BACKWARD_KV_PREFETCH  # off until timed on the H200
-    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
-    launched = functools.partial(_backward_launch, runs)
-
-    broadcast, causal = _broadcast_and_causal_calls(q, k, v, offsets)
-    for on, _, got in _launches_with_knob(monkeypatch, "BACKWARD_KV_PREFETCH", (broadcast, causal), launched, answers):
-        assert got["KV_PREFETCH"] is on and got["KV_EARLY"] is True
-        assert (got["K_ROWS"] is k and got["V_ROWS"] is v) if on else got["K_ROWS"] is None
-    fq, fk, fv, _ = _inputs([300, 17, 700, 5, 0, 1], fused=True)
-    got = launched(lambda: _backward(fq, fk, fv, offsets, _params(causal=True), torch.randn_like(fq)))
-    assert got["KV_PREFETCH"] is False and got["K_ROWS"] is None
-
-
-@needs_tlx
 def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_STATS_SMEM`` (helper lsedelta40, env JFA_TLX_BWD_STATS_SMEM), off by default, sets the TLX
     backward's STATS_SMEM with two descriptors over lse and delta as one row each ([1, Hq x rows], blocks [1, 64],

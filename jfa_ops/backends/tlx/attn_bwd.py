@@ -251,46 +251,6 @@ def _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_emptie
 
 
 @triton.jit
-def _prefetch_rows_l2(Ptr, row0, n_rows, stride, col, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rows row0 .. row0 + min(n_rows, ROWS) - 1 of one head (HEAD_DIM elements from column ``col``; 2-byte
-    elements) into the L2: one ``cp.async.bulk.prefetch.L2.global`` of the row's bytes per thread (a hint: no
-    shared memory, no barrier, nothing to wait for). TLX's TMA tensor prefetch is not in this Triton build."""
-    rows = tl.arange(0, ROWS)
-    ptrs = (Ptr + (row0 + rows).to(tl.int64) * stride + col).to(tl.int64)
-    ok = (rows < n_rows).to(tl.int32)
-    if HEAD_DIM == 128:
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-                                  "@p cp.async.bulk.prefetch.L2.global [$1], 256; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.static_assert(HEAD_DIM == 64, "KV_PREFETCH: head_dim 64 or 128")
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-                                  "@p cp.async.bulk.prefetch.L2.global [$1], 128; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_item(item, K, V, DO, stride_kv, unit, group, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, GROUP_SPLIT: tl.constexpr):
-    """KV_PREFETCH: a work item's K and V tile and its first two dO blocks (first q head of its part) into the L2
-    (``_prefetch_rows_l2``: the producer's 128 threads a row each), so that the item's TMA loads, issued once the
-    previous item frees K/V, hit the L2 instead of HBM (helper bcastbwd39: broadcast-Q's items are 2 blocks, and
-    the K/V wait is paid once per item). K, V, DO: packed rows (K/V rows ``stride_kv`` apart, dO rows group times
-    that: the host checks it)."""
-    (real, _, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, _,
-     _) = item
-    kv_head, g_begin, _ = _group_part(unit, group, GROUP_SPLIT)
-    if real:
-        _prefetch_rows_l2(K, kv_row0 + n0, len_k - n0, stride_kv, kv_head * HEAD_DIM, BLOCK_N, HEAD_DIM)
-        _prefetch_rows_l2(V, kv_row0 + n0, len_k - n0, stride_kv, kv_head * HEAD_DIM, BLOCK_N, HEAD_DIM)
-        n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
-        n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
-        m_first = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
-        _prefetch_rows_l2(DO, out_row0 + m_first, len_q - m_first, stride_kv * group,
-                          (kv_head * group + g_begin) * HEAD_DIM, 2 * BLOCK_M, HEAD_DIM)
-
-
-@triton.jit
 def _opaque_zero(j):
     """0 for j >= 0, which neither LLVM nor ptxas can see (so values computed from it stay inside j's loop)."""
     return tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $1, 0; selp.u32 $0, 1, 0, p; }", "=r,r", [j],
@@ -660,7 +620,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-                        PEEL: tl.constexpr = False, KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None,
+                        PEEL: tl.constexpr = False,
                         STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None,
                         STORE_TMA: tl.constexpr = False, desc_dk=None, desc_dv=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
@@ -694,11 +654,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the consumers' block loop peeled by stage
     (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without.
 
-    KV_PREFETCH (``configs.BACKWARD_KV_PREFETCH``; dense walks): once the producer has issued an item's loads,
-    it looks up its next item and prefetches that item's K, V and first two dO blocks into the L2
-    (``_prefetch_item``; K_ROWS, V_ROWS, DO_ROWS: k, v, dO as pointers, packed rows), an item ahead of their loads;
-    the consumers are unchanged.
-
     STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense, not MXFP8, not with STATS_AHEAD): the producer loads each
     block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s rows) into its ring slot with Q and dO, on
     the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``).
@@ -708,7 +663,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     blocks [HALF_N, D]; ``_store_staged``) instead of being read back for masked pointer stores; dV's store waits for
     dK's read of the buffer, and dV's read is waited for where the buffer is next written (the next dQ reduce-add's
     staging, or the next epilogue). A partial half-tile keeps the pointer stores. The same bits."""
-    tl.static_assert(not KV_PREFETCH or not SPARSE, "KV_PREFETCH: the dense walks")
     tl.static_assert(not STATS_SMEM or not (SPARSE or MXFP8 or STATS_AHEAD),
                      "STATS_SMEM: the dense walks, not MXFP8, instead of STATS_AHEAD's prefetch")
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
@@ -806,15 +760,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                                     q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
                                                     NUM_BUFFERS_Q, NO_LOADS, desc_lse, desc_delta, stat_tiles,
                                                     stat_row0, STATS_SMEM)
-                if KV_PREFETCH:  # once this item's loads are issued (its Q/dO first: they are on its path), the next
-                    # item's K/V and first dO blocks into the L2, to land while this item computes
-                    if i + 1 < my_items:
-                        ahead = _bwd_item(snake_work(pid, i + 1, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
-                                          n_tiles, units, num_seqs, search_steps, rows_s, rows_o, window_left, right,
-                                          head_group, TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                          TILES_FROM_OFFSETS, HEAD_GROUPED, ITEM_LIST)
-                        _prefetch_item(ahead, K_ROWS, V_ROWS, DO_ROWS, stride_dkvt, ahead[1], group, HEAD_DIM, BLOCK_M,
-                                       BLOCK_N, GROUP_SPLIT)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -982,7 +927,6 @@ class BackwardVariant(NamedTuple):
     parts: int
     kv_early: bool
     peel: bool
-    kv_prefetch: bool
     stats_smem: bool = False
     store_tma: bool = False
 
@@ -992,7 +936,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False, kv_prefetch: bool = False,
+                       peel: bool = False,
                        stats_smem: bool = False, store_tma: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
@@ -1022,8 +966,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
     the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL).
-    ``kv_prefetch`` (``configs.BACKWARD_KV_PREFETCH``; dense calls, else ignored): the producer prefetches the next
-    item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH). ``stats_smem``
+    ``stats_smem``
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
     loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe.
     ``store_tma`` (``configs.BACKWARD_STORE_TMA``; where ``kv_early`` runs, else ignored): whole dK/dV half-tiles leave
@@ -1053,7 +996,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         head_group = 0
     kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and selection is None and not mxfp8)
-    kv_prefetch = bool(kv_prefetch and selection is None)
     # STATS_SMEM's TMA coordinates are int32 rows of the flat [Hq * rows] lse / delta
     stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
         (kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0]) < 2 ** 31 - 2 ** 16)
@@ -1066,11 +1008,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
-                              ablate, parts, kv_early, peel, kv_prefetch, stats_smem, store_tma)
-    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source),
-    # STATS_SMEM or STORE_TMA (their two descriptors are not among the recipe's)
-    kept = (selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch and not stats_smem
-            and not store_tma)
+                              ablate, parts, kv_early, peel, stats_smem, store_tma)
+    # no recipe for the MXFP8 backward (delta from another dO), nor with STATS_SMEM or STORE_TMA (their two
+    # descriptors are not among the recipe's)
+    kept = selection is None and not mxfp8 and delta_grad_out is None and not stats_smem and not store_tma
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -1090,7 +1031,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, kv_prefetch, stats_smem, store_tma) = variant
+     peel, stats_smem, store_tma) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1107,8 +1048,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     lse = lse if lse.is_contiguous() else lse.contiguous()
     if stats_smem and lse.data_ptr() % 16:  # a TMA source starts 16-byte aligned (a view's offset: copy it)
         lse = lse.clone()
-    # KV_PREFETCH addresses K, V and dO rows as packed [T, H, D] (rows H * D apart: DK's stride, stride_dkvt)
-    kv_prefetch = kv_prefetch and all(t.stride(0) == t.shape[1] * head_dim for t in (k, v, grad_out))
     cfg = bwd_config_v2(head_dim, dq_shared)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
@@ -1157,7 +1096,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
         Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
-        **(dict(K_ROWS=k, V_ROWS=v, DO_ROWS=grad_out) if kv_prefetch else {}),
         **(dict(desc_lse=_stats_descriptor(lse, cfg.block_m), desc_delta=_stats_descriptor(delta, cfg.block_m))
            if stats_smem else {}),
         **(dict(desc_dk=rows_descriptor(dk, cfg.block_n // 2), desc_dv=rows_descriptor(dv, cfg.block_n // 2))
@@ -1176,13 +1114,12 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel,
-                    KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)),
                     STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)),
                     STORE_TMA=store_tma, **({} if store_tma else dict(desc_dk=None, desc_dv=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
-                    ("MXFP8",) if mxfp8 else ()) + (("KV_PREFETCH",) if kv_prefetch else ())
+                    ("MXFP8",) if mxfp8 else ())
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
     if parts > 1:  # two tensors (views of one would alias the op's outputs)

@@ -138,14 +138,6 @@ BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
 # The same arithmetic per block, so the same gradients. Dense calls of the v2 consumers, not MXFP8; off (0) until
 # timed on the H200.
 BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
-# KV_PREFETCH (JFA_TLX_BWD_KV_PREFETCH=1; helper bcastbwd39, bench/NOTES.md "Issue 10: broadcast-Q backward, helper
-# bcastbwd39"): once the producer has issued an item's K/V loads it looks up the next item and prefetches that
-# item's K, V and first two dO blocks into the L2 by TMA (cp.async.bulk.prefetch.tensor: no shared memory, no
-# registers held, no barrier; the consumers unchanged). K/V are single-buffered, so an item's K/V load is issued only
-# when the previous item frees them: short items (broadcast-Q Lq128: 2 blocks an item, ~3.9 us of a ~9.2 us item
-# outside its blocks) pay its HBM round trip per item; from the L2 it lands sooner. Dense walks; off (0) until timed
-# on the H200.
-BACKWARD_KV_PREFETCH = os.environ.get("JFA_TLX_BWD_KV_PREFETCH", "0") == "1"
 # STATS_SMEM (JFA_TLX_BWD_STATS_SMEM=1; helper lsedelta40, bench/NOTES.md "Issue 10: the backward's long-scoreboard
 # stalls, helper lsedelta40"): the producer loads each query block's lse and delta (64 fp32 each) into shared memory
 # by TMA with its Q and dO (the same ring slot and mbarrier: +1 KiB), and the consumers read them from there (4 LDS)
@@ -555,8 +547,8 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
-                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL,
-                kv_prefetch=BACKWARD_KV_PREFETCH, stats_smem=BACKWARD_STATS_SMEM, store_tma=BACKWARD_STORE_TMA)
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, stats_smem=BACKWARD_STATS_SMEM,
+                store_tma=BACKWARD_STORE_TMA)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:

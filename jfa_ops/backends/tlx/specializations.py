@@ -149,7 +149,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        causal_order: bool = False, ablate: int = 0,
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
-                       kv_prefetch: bool = False, stats_smem: bool = False, store_tma: bool = False) -> Specialization:
+                       stats_smem: bool = False, store_tma: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
     (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
@@ -160,7 +160,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P and dS rounded to MXFP8
     values); kv_early: helper window31's K/V freed before the dK/dV epilogue (``configs.BACKWARD_KV_EARLY``); peel:
     helper peel37's block loop peeled by stage, the mask-free bulk's loop without mask code (``configs.BACKWARD_PEEL``);
-    kv_prefetch: helper bcastbwd39's L2 prefetch of the next item's K/V and dO (``configs.BACKWARD_KV_PREFETCH``);
     stats_smem: helper lsedelta40's lse and delta loaded by the producer into shared memory with each Q/dO block
     (``configs.BACKWARD_STATS_SMEM``); store_tma: helper dkvtma40's dK/dV half-tiles by TMA stores
     (``configs.BACKWARD_STORE_TMA``, with kv_early)."""
@@ -187,11 +186,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
-    constexprs["KV_PREFETCH"] = kv_prefetch
-    if kv_prefetch:
-        types.update(K_ROWS=f"*{dtype}", V_ROWS=f"*{dtype}", DO_ROWS=f"*{dtype}")
-    else:
-        constexprs.update(K_ROWS=None, V_ROWS=None, DO_ROWS=None)
     constexprs["STATS_SMEM"] = stats_smem
     if stats_smem:
         types.update(desc_lse=f"tensordesc<fp32[1,{cfg.block_m}]>", desc_delta=f"tensordesc<fp32[1,{cfg.block_m}]>")
@@ -226,7 +220,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
-           f"{'-kvprefetch' if kv_prefetch else ''}" \
            f"{'-statssmem' if stats_smem else ''}{'-storetma' if store_tma else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -457,11 +450,6 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, peel=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
                              peel=True)
-    # helper bcastbwd39's L2 prefetch of the next item's K/V and dO (configs.BACKWARD_KV_PREFETCH, dense): the
-    # default's kernels (KV_EARLY on) for broadcast-Q (the target) and the dense controls at D64/D128
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, kv_prefetch=True)
-    for head_dim in (64, 128):
-        yield bwd_specialization(head_dim, "bf16", False, **dense_v2[head_dim], kv_early=True, kv_prefetch=True)
     # helper lsedelta40's lse / delta through shared memory (configs.BACKWARD_STATS_SMEM, dense; instead of STATS_AHEAD):
     # the default's kernels (KV_EARLY on) at D64/D128, the causal order's and its feature case with a left window
     for head_dim in (64, 128):
