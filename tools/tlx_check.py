@@ -28,9 +28,6 @@ and controls, with a bit-for-bit check; ``JFA_TLX_FWD_DYNAMIC=1`` runs the corre
 ``store-timing`` (not in ``all``): the forward with ``configs.FORWARD_STORE_TMA`` off vs on (helper item39; on, the
 default, since stop 40) on dense, jagged, short causal and broadcast-Q (v4 forced) rows, with a bit-for-bit check;
 ``JFA_TLX_FWD_STORE_TMA=0`` runs the correctness sweep without it.
-``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
-(helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
-JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
 
 Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(..., backend="tlx")``): fixed cases
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
@@ -608,7 +605,7 @@ def _checked_tflops_row(case, check, fns, rounds: int, cols) -> tuple:
 
 
 def _knob_rows(knob: str, cases, cols, rounds: int, width: int, row_setup, ratios_header: str, ratios) -> int:
-    """A forward knob's table (rowsum-timing, store-timing): the header, then a row per case: ``row_setup(case)``'s
+    """A forward knob's table (store-timing): the header, then a row per case: ``row_setup(case)``'s
     (fns by column, check) through ``_checked_tflops_row``, TFLOP/s per column, then ``ratios(v)`` (the knob over
     the default, the A/A gauge: the text after the columns). ``knob``: what the columns compare. Returns the
     failures."""
@@ -624,59 +621,6 @@ def _knob_rows(knob: str, cases, cols, rounds: int, width: int, row_setup, ratio
         print(f"{case.suite + ' ' + case.label:{width}s} " + " ".join(f"{v[c]:{col_width}.1f}" for c in cols)
               + ratios(v), flush=True)
     return failures
-
-
-def rowsum_timing() -> int:
-    """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
-    configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
-    pairs at the PV: no PRMT in consumer 0) and both, the same process and inputs, columns in the order tlx, once,
-    packp, both, tlx', both' (the primed pair: the A/A gauge). Rows: the bench's dense B8 H16 S4096 D128 (issue 10's
-    target: ~0.89-0.92x FA4) and jagged T32768 D128, causal and not, and dense D64. First, per row: PACK_P's out/lse
-    == the default's bit for bit, and ROWSUM_ONCE's largest lse difference (fp32 rounding of l: ~1e-6 or less)."""
-    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
-    from host_profile import with_setting  # tools/ is on the path of a script run from it
-    from jfa_ops.backends.tlx import configs
-
-    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
-             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
-             Case("dense", "B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
-             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
-             Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64)]
-
-    def knobs(once, packed, fn):
-        return with_setting(configs, "FORWARD_ROWSUM_ONCE", once, with_setting(configs, "FORWARD_PACK_P", packed, fn))
-
-    cols = ("tlx", "once", "packp", "both", "tlx'", "both'")
-    # stop 38's single round read an A/A of 0.904 on the dense row: interleaved rounds, medians (TLX_ROWSUM_ROUNDS)
-    rounds = int(os.environ.get("TLX_ROWSUM_ROUNDS", "3"))
-
-    def row_setup(case):
-        x = make_inputs(case, "cuda")
-        default = _forward_call(x, case, "tlx")
-        fns = {"tlx": knobs(False, False, default), "once": knobs(True, False, default),
-               "packp": knobs(False, True, default), "both": knobs(True, True, default)}
-        fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
-        with_lse = _forward_call(x, case, "tlx", return_lse=True)
-
-        def check():
-            want, packed, once = (knobs(o, p, with_lse)() for o, p in ((False, False), (False, True), (True, False)))
-            same = all(torch.equal(a, b) for a, b in zip(want, packed))
-            lse_diff = (once[1] - want[1]).abs().nan_to_num(0.0).max().item()
-            out_diff = (once[0].float() - want[0].float()).abs().max().item()
-            print(f"  {case.label}: packp out/lse == default bit for bit: {same}; once: max |lse diff| "
-                  f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
-            return (same is not True) + (lse_diff > 1e-5)
-
-        return fns, check
-
-    def ratios(v):
-        base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
-        return f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}"
-
-    return _knob_rows("the default vs configs.FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (bench/NOTES.md \"fwdsum37\")",
-                      cases, cols, rounds, 40, row_setup,
-                      f" {'once/tlx':>8s} {'packp/tlx':>9s} {'both/tlx':>8s} {'A/A':>6s}", ratios)
 
 
 def store_timing() -> int:
@@ -1139,19 +1083,18 @@ def sparse_ablation() -> int:
     branch never taken, so the causal diagonal runs as an unmasked block; TIMING ONLY), ``lowsel``
     (``lowest_selection``: the same blocks per item, the lowest ones: L2 locality as dense), ``lowsel+nomask``, ``peel``
     (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
-    packed as with PACK_P; the same bits), ``packp`` (configs.FORWARD_PACK_P alone: peel's control), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer stores, as before stop 40;
-    the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
+    packed in the mask-free ones; the same bits), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
+    stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
     saves, > 0), and tlx dense. Then the per-SM model: b (us per selected block) and a (us per work item) solved from
     the two unmasked rows' default times, and for the causal rows the time over that model ("excess") beside what
-    nomask, lowsel, peel and packp remove from it (and storetma off: < 0, what STORE_TMA removes).
+    nomask, lowsel and peel remove from it (and storetma off: < 0, what STORE_TMA removes).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "storetma off",
-            "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1161,8 +1104,7 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_PACK_P",
-             "FORWARD_STORE_TMA")
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA")
     saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
@@ -1181,7 +1123,6 @@ def sparse_ablation() -> int:
                "lowsel": (sparse(low), {}),
                "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
-               "packp": (sparse(index), {"FORWARD_PACK_P": True}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
@@ -1220,7 +1161,7 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp",
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel",
                                                                  "storetma off") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
@@ -1847,8 +1788,6 @@ def main(argv) -> int:
         failed += order_timing()
     if part == "dynamic-timing":  # static striding vs configs.FORWARD_DYNAMIC (helper bcast31; not in "all")
         failed += dynamic_timing()
-    if part == "rowsum-timing":  # the default vs FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (helper fwdsum37; not in "all")
-        failed += rowsum_timing()
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):

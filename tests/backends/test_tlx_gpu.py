@@ -319,54 +319,6 @@ def _assert_switch_keeps_the_bits(case, switch, monkeypatch, calls: int = 1):
             assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
 
 
-# helper fwdsum37's per-block cuts of the v4 forward consumers (bench/NOTES.md "fwdsum37"), off by default: each alone
-# and both (the whole file with both on: JFA_TLX_FWD_ROWSUM_ONCE=1 JFA_TLX_FWD_PACK_P=1 pytest <this file>)
-FWD_KNOBS = ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P")
-
-
-def _forward_with_knobs(x, knobs, monkeypatch):
-    """(out, lse) of the tlx forward on inputs ``x`` with ``configs.<knob>`` True for each of ``knobs``, the others
-    False."""
-    from jfa_ops.backends.tlx import configs
-
-    for knob in FWD_KNOBS:
-        monkeypatch.setattr(configs, knob, knob in knobs)
-    return x.call("tlx")
-
-
-@pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
-def test_forward_knobs_match_the_oracle(name, head_dim, dtype, monkeypatch):
-    """configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P both on: out/lse (and the gradients from them) == the float64
-    oracle on every feature case at D64 (fp16: PACK_P's f16x2) and D128, as the default. (Both at once: each alone is
-    compared with the default below; every combination here would compile ~40 kernels on the device.)"""
-    case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
-    _tlx_or_skip(case)
-    from jfa_ops.backends.tlx import configs
-
-    for knob in FWD_KNOBS:
-        monkeypatch.setattr(configs, knob, True)
-    check_attention_case(case, "tlx")
-
-
-@pytest.mark.parametrize("name", list(ZIGZAG_CASES))
-def test_forward_knobs_against_the_default(name, monkeypatch):
-    """PACK_P converts P with the same rounding elsewhere: out and lse equal the default's bit for bit. ROWSUM_ONCE
-    adds each row's sum in another order (8 partial sums per row, reduced once): lse within 1e-5 of the default's
-    (fp32 rounding of l: ~1e-7 relative, tools/rowsum_order_model.py), out within one unit in the last place of its
-    dtype (acc / l rounded again)."""
-    case = ZIGZAG_CASES[name]
-    _tlx_or_skip(case)
-    x = case.make_inputs(0)
-    out, lse = _forward_with_knobs(x, (), monkeypatch)
-    out_p, lse_p = _forward_with_knobs(x, ("FORWARD_PACK_P",), monkeypatch)
-    assert torch.equal(out, out_p) and torch.equal(lse, lse_p), name
-    ulp = torch.finfo(out.dtype).eps
-    for knobs in (("FORWARD_ROWSUM_ONCE",), ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P")):
-        out_r, lse_r = _forward_with_knobs(x, knobs, monkeypatch)
-        torch.testing.assert_close(lse_r, lse, rtol=0, atol=1e-5)
-        torch.testing.assert_close(out_r.float(), out.float(), rtol=ulp, atol=1e-6)
-
-
 # configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"), on by default since stop 40: out through each
 # consumer's Q slot and one TMA store per full half-tile (the v4 consumers); the same division, so the same bits as
 # with it off (JFA_TLX_FWD_STORE_TMA=0: the pointer-store epilogue)
@@ -573,24 +525,6 @@ def test_block_sparse_forward_uniform_walk_is_bit_identical(name, monkeypatch):
     (out, lse), (out_u, lse_u) = _sparse_outputs_with_switch(SPARSE_CASES[name], "SPARSE_FORWARD_UNIFORM_WALK",
                                                              (False, True), monkeypatch)
     assert torch.equal(out, out_u) and torch.equal(lse, lse_u), name
-
-
-@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "fp16 D64 causal"])
-def test_block_sparse_forward_knobs_against_the_default(name, monkeypatch):
-    """The block-sparse forward runs the same v4 consumers: with configs.FORWARD_PACK_P out and lse equal the
-    default's bit for bit; with FORWARD_ROWSUM_ONCE lse within 1e-5, out within one unit in the last place (as
-    ``test_forward_knobs_against_the_default``)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "FORWARD_ROWSUM_ONCE", False)
-    (out, lse), (out_p, lse_p) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_PACK_P", (False, True),
-                                                             monkeypatch)
-    assert torch.equal(out, out_p) and torch.equal(lse, lse_p), name
-    monkeypatch.setattr(configs, "FORWARD_PACK_P", False)
-    ((out_r, lse_r),) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_ROWSUM_ONCE", (True,), monkeypatch)
-    torch.testing.assert_close(lse_r, lse, rtol=0, atol=1e-5)
-    torch.testing.assert_close(out_r.float(), out.float(), rtol=torch.finfo(out.dtype).eps, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "broadcast-Q", "fp16 D64 causal"])

@@ -47,17 +47,6 @@ FORWARD_ZIGZAG: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA
 # 1.156x, bits equal; broadcast-Q stays static (1.033x, v22: under its bar). True (=1): every call it applies to;
 # False (=0): none. Read per call.
 FORWARD_DYNAMIC: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_DYNAMIC", ""))
-# Issue 10's forward per-block instructions (helper fwdsum37, bench/NOTES.md "fwdsum37"; the v4 consumers, dense and
-# block-sparse), kernel constexprs (in the compile key; read per call):
-# - ROWSUM_ONCE (JFA_TLX_FWD_ROWSUM_ONCE=1): the softmax row sums kept as 8 partial sums per row (each thread's own
-#   keys; attn_fwd._lane_row_sums), rescaled by alpha like the accumulator and reduced across lanes once per item
-#   (FA4's) instead of every block: sm_90 D128 bf16 -4 SHFL, -6 FADD, +2 FFMA per warp and block. The row sums round
-#   in another order: out and lse differ from the default's in fp32 rounding (lse ~1e-7 relative).
-# - PACK_P (JFA_TLX_FWD_PACK_P=1): P carried in fp32 and converted in packed pairs where the PV wgmma takes it
-#   (attn_fwd._p_operand): the 32 PRMT per block in consumer 0 go (the same bits), and ptxas spills nothing.
-# Off (0) until timed on the H200.
-FORWARD_ROWSUM_ONCE = os.environ.get("JFA_TLX_FWD_ROWSUM_ONCE", "0") == "1"
-FORWARD_PACK_P = os.environ.get("JFA_TLX_FWD_PACK_P", "0") == "1"
 # Issue 10/11's fixed cost per work item (helper item39, bench/NOTES.md "item39"): STORE_TMA (the v4 consumers, dense
 # and block-sparse) writes a consumer's out half-tile through its own Q slot (free once the item's last QK^T has
 # completed) and one TMA store, when all 64 rows lie inside the sequence; a partial half-tile keeps the masked pointer

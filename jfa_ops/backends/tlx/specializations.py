@@ -52,8 +52,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
-                       walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
-                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False,
+                       walk_ahead: bool = False, dynamic: bool = False, sparse_ablate: int = 0,
+                       sparse_peel: bool = False,
                        store_tma=None) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
@@ -61,8 +61,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     (``configs.SPARSE_FORWARD_UNIFORM_WALK``), ``walk_ahead`` the producer's walk one item ahead
     (``configs.SPARSE_FORWARD_WALK_AHEAD``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
-    (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
-    ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
+    (ATOMIC_WORK; the v3 consumers). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
     (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
     ``store_tma``: out through the Q slot and a TMA store (STORE_TMA, desc_o); None: as the launch picks
     (``attn_fwd.store_tma``: ``configs.FORWARD_STORE_TMA`` on the v4 consumers), False: the pointer-store epilogue
@@ -86,8 +85,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=dynamic,
-                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag, ROWSUM_ONCE=rowsum_once,
-                      PACK_P=pack_p, STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
+                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag,
+                      STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
                           WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel)
@@ -103,7 +102,6 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-storetma' if store_tma else ''}{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}" \
            f"{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
-           f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
            f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
@@ -365,15 +363,6 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=False, dynamic=True)
     yield fwd_specialization(256, "bf16", True, dynamic=True)
     yield fwd_specialization(256, "bf16", False, dynamic=True)
-    # helper fwdsum37's per-block cuts on the v4 consumers (configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P, off by
-    # default), both on: the bench's dense D128 kernel, D64, masked tile-major, fp16 (PACK_P's f16x2) with a left
-    # window, the block-sparse forward
-    for knobs in (dict(rowsum_once=True, pack_p=True),):
-        yield fwd_specialization(128, "bf16", False, uniform=True, **knobs)
-        yield fwd_specialization(64, "bf16", False, **knobs)
-        yield fwd_specialization(128, "bf16", True, **knobs)
-        yield fwd_specialization(128, "fp16", True, has_left=True, **knobs)
-        yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, **knobs)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
