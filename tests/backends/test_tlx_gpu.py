@@ -748,59 +748,6 @@ def test_kept_launches_match_the_full_path(monkeypatch, dtype, head_dim, heads):
     assert len(answers) == 4 + 3 and all(a is not None for a in answers), [a is None for a in answers]
 
 
-@pytest.mark.parametrize("case", ["not causal", "causal", "GQA split"])
-def test_kept_launches_past_one_wave_match_the_full_path(monkeypatch, case):
-    """With ``configs.BACKWARD_RECIPE_WAVES`` and ``FORWARD_REPLAY_WAVES`` (helper recipe36): calls past one wave
-    (Hq8 Hkv8 D128 bf16, 2517 rows: 24 key tile slots x 8 heads > 132 SMs; GQA Hkv2 in 4 parts) are served by the
-    replay and the recipe, which make the sorted lists (and the causal order's items) per call, for two batches in a
-    row and for the offsets written in place; out, lse, dK and dV equal the full path's bit for bit (each item owns
-    its rows; a GQA split's parts add in fp32 in any order: within rounding), dQ within rounding (its reduce-adds
-    from several key tiles land in any order), and the output matches the oracle."""
-    _require_tlx()
-    from jfa_ops.backends import Problem, tlx
-    from jfa_ops.backends.base import AttentionParams
-    from jfa_ops.backends.tlx import configs
-    from jfa_ops.backends.triton import launch
-    from tests.backends.test_triton_kernels import make_inputs
-
-    monkeypatch.setattr(configs, "BACKWARD_RECIPE_WAVES", True)
-    monkeypatch.setattr(configs, "FORWARD_REPLAY_WAVES", True)
-    causal, heads = case != "not causal", ((8, 2) if case == "GQA split" else (8, 8))
-    if case == "GQA split":
-        monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 16)
-    answers = _spy_kept_launches(monkeypatch)
-    params = AttentionParams(scale=128 ** -0.5, causal=causal)
-    batches = ([1000, 300, 1200, 17], [1100, 1000, 400, 17], [17, 400, 1000, 1100])
-    for seed, lengths in enumerate(batches + batches[:1]):
-        q, k, v, q_off, kv_off = make_inputs(lengths, lengths, *heads, 128, torch.bfloat16, "cuda", seed=seed)
-        if seed == 0:
-            reason = unavailable_reason("tlx", Problem.of(q, k, params))
-            if reason is not None:
-                pytest.skip(f"tlx: {reason}")
-        if seed == 2:  # the previous batch's offsets tensors, written in place (their version changes)
-            kept_q.copy_(q_off)
-            kept_kv.copy_(kv_off)
-            q_off, kv_off = kept_q, kept_kv
-        kept_q, kept_kv = q_off, kv_off
-        out, lse = tlx.forward(q, k, v, q_off, kv_off, params)
-        grad_out = torch.randn_like(out)
-        grads = tlx.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
-        monkeypatch.setattr(launch, "REPLAYS_ENABLED", False)
-        full_out, full_lse = tlx.forward(q, k, v, q_off, kv_off, params)
-        full = tlx.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
-        monkeypatch.setattr(launch, "REPLAYS_ENABLED", True)
-        assert torch.equal(out, full_out) and torch.equal(lse, full_lse)
-        for got, want in zip(grads, full):  # dQ (and a split's dK, dV): reduce-adds in any order
-            if case == "GQA split" or got is grads[0]:
-                torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
-            else:
-                assert torch.equal(got, want)
-        ref = reference_attention(q, k, v, q_off, kv_off, causal=causal, scale=params.scale)
-        torch.testing.assert_close(out.float(), ref[0].float(), atol=3e-2, rtol=3e-2)
-    # the first batch's calls took the full paths (and kept both); every later forward and backward was served
-    assert len(answers) == 6 and all(a is not None for a in answers), [a is None for a in answers]
-
-
 # configs.BACKWARD_STORE_TMA's cases (helper dkvtma40), each with the config overrides that make the epilogue run
 # (STORE_TMA rides on KV_EARLY, which a GQA split turns off): broadcast-Q (the target; empty and one-key sequences,
 # whose half-tiles are partial or past the end: the pointer stores), jagged causal GQA past one wave (the split off,

@@ -892,7 +892,7 @@ def _gqa_split(q, k, kv_offsets, params, causal_order: bool, gqa_split: int):
 def _causal_items(schedule, q, k, kv_offsets, params, q_off, total_out, cfg, device_list):
     """The causal order's (seq, start, kv head) item list of a call whose key tile list ``schedule`` holds (sorted,
     not one wave): made once per shape for a one-length causal batch, else per call on the device (eager calls with
-    the same tile list and offsets reuse it) or by torch ops: the full path's and the recipe's."""
+    the same tile list and offsets reuse it) or by torch ops."""
     num_heads_kv, device = k.shape[1], q.device
     row_bytes = (q.shape[1] // num_heads_kv) * q.shape[2] * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
     if one_length_causal(q, k, kv_offsets, params):
@@ -1015,7 +1015,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
-        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, causal_jagged)
+        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
         if grads is not None:
             return grads
     if mxfp8 and selection is not None:
@@ -1028,7 +1028,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                    mxfp8=False, delta_grad_out=None, device_list=False):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
-    order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
+    order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
      peel, stats_smem, store_tma) = variant
@@ -1131,26 +1131,17 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     launch_planned(attn_bwd_dq_finalize_kernel, finalize_key, (cdiv(q.numel(), FINALIZE_BLOCK),),
                    dict(DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), slab_stride=q.numel()),
                    lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK))
-    # What _Recipe covers (see there): then keep the plans just launched in this signature's recipe, one group per
-    # schedule (from the offsets in one wave, or a sorted list: configs.BACKWARD_RECIPE_WAVES)
-    from_offsets = schedule["TILES_FROM_OFFSETS"]
-    recipe = None if key is None else _RECIPES.get(key)
-    if (key is not None and (recipe is None or from_offsets not in recipe.groups) and not schedule["ATOMIC_WORK"]
-            and (from_offsets or configs.BACKWARD_RECIPE_WAVES)
+    # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
+    if (key is not None and key not in _RECIPES and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
             and all(a is b and _packed_any_rows(a) for a, b in zip((q, k, v, out, grad_out), given))):
-        sources = _TLX_SOURCES if from_offsets else dict(
-            _TLX_SOURCES, **_LIST_SOURCES, **({} if items is None else dict(TILE_HEAD="tile_head")))
         group = launcher.plan_group(((attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
-                                     (attn_bwd_tlx_kernel, plan_key, sources, options),
+                                     (attn_bwd_tlx_kernel, plan_key, _TLX_SOURCES, options),
                                      (attn_bwd_dq_finalize_kernel, finalize_key, _FINALIZE_SOURCES, {})))
         if group is not None:
-            if recipe is None:
-                if len(_RECIPES) >= _RECIPES_MAX:
-                    _RECIPES.clear()
-                recipe = _RECIPES[key] = _Recipe(device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts,
-                                                 tuple(descriptor_layout(dynamic[name]) for name in (
-                                                     "desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
-            recipe.groups[from_offsets] = group
+            if len(_RECIPES) >= _RECIPES_MAX:
+                _RECIPES.clear()
+            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, cfg, parts, tuple(
+                descriptor_layout(dynamic[name]) for name in ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
     return dq, dk, dv
 
 
@@ -1159,10 +1150,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 # signature (configs, choices, plan keys, ~60 arguments bound). A recipe keeps the three launch plans of a signature
 # as one ``launch.PlanGroup``; a later call of the signature checks its sizes, allocates, builds its five descriptors
 # (each holds its tensor's address and rows) and launches. The triton backward's switches turn it off too
-# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``). Past one wave
-# (``configs.BACKWARD_RECIPE_WAVES``) a call also takes its tile and item lists, which are per-call values, from the
-# full path's functions (large calls: ~33 specializations, 5 descriptors and the decisions skipped; bench/NOTES.md
-# "kept launches past one wave").
+# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``). Recipes serve calls of
+# one wave only (serving larger calls with their lists made per call measured slower on the H200's model step, stop
+# 37: bench/NOTES.md "kept launches past one wave").
 _RECIPES: dict = {}
 _RECIPES_MAX = 256  # a bound, not a tuning (keys hold no row counts)
 launcher.CLEAR_HOOKS.append(_RECIPES.clear)  # recipes hold plans: dropped with them
@@ -1172,15 +1162,14 @@ def _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant):
     """What the full path's decisions for a dense call follow from, except the sizes ``_Recipe.run`` checks per call:
     the device, the tensors' dtypes (TMA's row-stride rule is in bytes), head counts, head_dim, strides (packing, row
     strides), grad_lse's presence and dtype, the options the backward reads, the triton knobs' generation (the one-wave
-    rule), the kernel variant (``configs.BACKWARD_*``) and whether recipes serve calls past one wave. None where no
-    recipe may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter,
+    rule) and the kernel variant (``configs.BACKWARD_*``). None where no recipe may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter,
     tracing, plans or replays off) or the triton backward's recipes are off."""
     if not triton_bwd.RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
         return None
     return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
             None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
             v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
-            params.window_right, params.deterministic, Knobs.generation, variant, configs.BACKWARD_RECIPE_WAVES)
+            params.window_right, params.deterministic, Knobs.generation, variant)
 
 
 # Where each launch's per-call arguments come from (``launch.PlanGroup`` sources, each specialized once).
@@ -1191,40 +1180,37 @@ _TLX_SOURCES = dict(desc_q="desc_q", desc_k="desc_k", desc_v="desc_v", desc_do="
                     TILE_START="kv_off", TILE_COUNT="kv_off", WORK_COUNTER="kv_off", n_slots="kv_slots",
                     search_steps="steps", num_seqs="num_seqs", rows_s="rows_k", rows_o="total_out",
                     total_out="total_out")
-# past one wave: the sorted key tile list (or the causal order's items, with their kv heads in TILE_HEAD)
-_LIST_SOURCES = dict(TILE_SEQ="tile_seq", TILE_START="tile_start", TILE_COUNT="tile_count", WORK_COUNTER="tile_count")
 _FINALIZE_SOURCES = dict(DQ_ACC="dq_acc", DQ="dq", n_elem="n_elem", slab_stride="n_elem")
-_NO_LISTS: dict = {}  # (never written) a one-wave call's: a keyword no slot names costs ~0.5-1 us in PlanGroup.launch
 
 
 class _Recipe:
     """A dense backward signature's launches (delta, the TLX kernel, dQ finalize), made by ``_full_backward`` from
-    the plans it launched: ``groups[True]`` where its key tile list was mapped from the offsets in one wave,
-    ``groups[False]`` where it was sorted (``configs.BACKWARD_RECIPE_WAVES``; the list, and the causal order's item
-    list, made per call by the full path's functions). ``run`` serves a call of the key's signature whose schedule
-    has a group and whose tensors are TMA-ready in place (else None: the caller takes the full path); it launches
-    the same kernels with the same arguments as the full path would (tests compare them), all three or none."""
+    the plans it launched where its key tile list was mapped from the offsets in one wave. ``run`` serves a call of
+    the key's signature whose sizes keep to that path and whose tensors are TMA-ready in place (else None: the
+    caller takes the full path); it launches the same kernels with the same arguments as the full path would (tests
+    compare them), all three or none."""
 
-    __slots__ = ("groups", "device", "num_heads", "num_heads_kv", "cfg", "bounds", "causal_order", "parts",
-                 "layouts", "last")
+    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "cfg", "parts", "layouts", "last")
 
-    def __init__(self, device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts, layouts):
-        self.groups = {}  # TILES_FROM_OFFSETS -> launch.PlanGroup
-        self.device, self.num_heads, self.num_heads_kv, self.cfg = device, num_heads, num_heads_kv, cfg
-        self.bounds, self.causal_order = bounds, causal_order  # window_bounds; the variant's (a list past one wave)
+    def __init__(self, group, device, num_heads, num_heads_kv, cfg, parts, layouts):
+        self.group, self.device, self.num_heads, self.num_heads_kv, self.cfg = (group, device, num_heads,
+                                                                                num_heads_kv, cfg)
         self.parts = parts  # GROUP_SPLIT (the variant's): parts x kv heads of items, dK/dV added in fp32
         self.layouts = layouts  # of the q, k, v, dO and dQ-accumulator descriptors (rows per call: ``rebase``)
         self.last = None  # (sizes, what _sized derived from them) of the last call (as triton.attn_bwd._Recipe's)
 
     def _sized(self, num_seqs: int, rows_k: int):
-        """(kv_slots, programs, search steps, TILES_FROM_OFFSETS) of a call's sizes on the recipe's device: the
-        full path's schedule (``scheduling.tile_schedule``)."""
+        """(kv_slots, programs, search steps) of a call's sizes on the recipe's device, or None where its key tile
+        list is not mapped from the offsets in one wave (the full path's schedule, ``scheduling.tile_schedule``,
+        sorts one)."""
         kv_slots = capacity_of(rows_k, self.cfg.block_n, num_seqs)
         items = kv_slots * self.num_heads_kv * self.parts
+        if not tiles_from_offsets(items, num_seqs, 1, self.device):
+            return None
         programs, _ = launch_schedule("static", items, 1, self.device)
-        return kv_slots, programs, binary_search_steps(num_seqs), tiles_from_offsets(items, num_seqs, 1, self.device)
+        return kv_slots, programs, binary_search_steps(num_seqs)
 
-    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, device_list):
+    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets):
         device, num_heads = self.device, self.num_heads
         num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
         if num_seqs <= 0 or total_out == 0 or rows_k == 0:
@@ -1238,23 +1224,12 @@ class _Recipe:
             sized = last[1]
         else:
             sized = self._sized(num_seqs, rows_k)
+            if sized is None:
+                return None  # a sorted tile list: the full path builds it
             self.last = sizes, sized  # one assignment: another thread sees the old pair or the new one
-        kv_slots, programs, steps, from_offsets = sized
-        group = self.groups.get(from_offsets)
-        if group is None:
-            return None  # no call of this schedule kept its plans (past one wave: none with the switch off)
+        kv_slots, programs, steps = sized
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
-        lists = _NO_LISTS  # one wave: the kernel maps items from the offsets
-        if not from_offsets:  # the full path's lists, made (or reused: base.reusable_in_eager) as it makes them
-            has_left, window_left, has_right, right = self.bounds
-            tiles = kv_tiles(q_off, kv_off, total_out, rows_k, self.cfg.block_n, window_left, right, has_left,
-                             has_right)
-            lists = dict(tile_seq=tiles.seq, tile_start=tiles.start, tile_count=tiles.count)
-            if self.causal_order:
-                lists["tile_seq"], lists["tile_start"], lists["tile_head"] = _causal_items(
-                    dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, n_slots=kv_slots), q, k, kv_offsets, params,
-                    q_off, total_out, self.cfg, device_list)
         lse = lse if lse.is_contiguous() else lse.contiguous()
         if self.parts > 1:  # as the full path: the parts' dK (scaled) and dV added in fp32, cast after the kernel
             dkv_acc = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=device)
@@ -1266,7 +1241,7 @@ class _Recipe:
         dq = common.alloc_output(q.shape, q.dtype, device)
         n_elem = q.numel()
         q_layout, k_layout, v_layout, do_layout, dq_layout = self.layouts
-        launched = group.launch(
+        launched = self.group.launch(
             ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (programs,), (cdiv(n_elem, FINALIZE_BLOCK),)),
             out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
             delta=delta, dq_acc=dq_acc, total_out=total_out,  # descriptors: bases checked above, the rest keyed
@@ -1274,7 +1249,7 @@ class _Recipe:
             desc_v=rebase(v_layout, v, rows_k), desc_do=rebase(do_layout, grad_out, total_out),
             desc_dq=rebase(dq_layout, dq_acc, total_out), lse=lse, dk=dk, dv=dv,
             q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=steps, num_seqs=num_seqs,
-            rows_k=rows_k, dq=dq, n_elem=n_elem, **lists)
+            rows_k=rows_k, dq=dq, n_elem=n_elem)
         if not launched:
             return None
         if self.parts > 1:  # two tensors (views of one would alias the op's outputs)

@@ -31,7 +31,6 @@ contiguous range of tiles, all starting inside the sequence; the producer TMA-lo
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -1143,8 +1142,7 @@ def uniform_lengths(params, num_seqs: int, total_q: int, total_kv: int) -> bool:
 # path"), nearly all of it derivation that the signature fixes (configs, choices, schedule, ~60 arguments bound and
 # specialized). The key is the triton forward's (params, shapes, strides, device, offsets, knobs' generation) plus
 # what only this path reads: the dtypes (TMA's row-stride rule is in bytes), this backend's overrides (configs.
-# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_STORE_TMA) and the head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a
-# replay also makes the call's sorted query tile list.
+# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_STORE_TMA) and the head dim's config.
 _REPLAYS: dict = {}
 launcher.CLEAR_HOOKS.append(_REPLAYS.clear)
 
@@ -1155,7 +1153,7 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
         return None
     return key + (q.dtype, k.dtype, v.dtype, configs.PIPELINE, configs.KV_MAJOR, configs.ONE_LOOP,
                   configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, configs.FORWARD_DYNAMIC, fwd_config(q.shape[2]),
-                  configs.FORWARD_REPLAY_WAVES, configs.FORWARD_STORE_TMA)
+                  configs.FORWARD_STORE_TMA)
 
 
 def _zigzag_order(wanted: bool, cfg, schedule: dict, programs: int, num_heads: int, num_heads_kv: int,
@@ -1222,18 +1220,12 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         else:
             validation.device_flag(flag, flag_mode)
-    elif (key is not None and key not in _REPLAYS and not schedule["ATOMIC_WORK"]
-          and (schedule["TILES_FROM_OFFSETS"] or configs.FORWARD_REPLAY_WAVES)
+    elif (key is not None and key not in _REPLAYS and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
           and all(a is b for a, b in zip((q, k, v), inputs))):  # one launch from the call's own tensors: a replay
-        # past one wave the replay makes the call's sorted list as the full path does (every int it follows from is
-        # a constant of the key, which holds the shapes; the maker holds no tensor)
-        lists = None if schedule["TILES_FROM_OFFSETS"] else functools.partial(
-            forward_tiles, total_q=total_out, total_kv=k.shape[0], block_m=cfg.block_m, window_left=window_left,
-            right=right, has_left=has_left, has_right=has_right)
         keep_replay(_REPLAYS, attn_fwd_tlx_kernel, key, plan_key, (programs,), dynamic,
                     (q, k, v, out, lse, q_off, kv_off, None, dynamic["desc_q"], dynamic["desc_k"], dynamic["desc_v"],
-                     schedule["TILE_SEQ"], schedule["TILE_START"], schedule["TILE_COUNT"], dynamic.get("desc_o")),
-                    options, q_offsets, kv_offsets, descriptors=True, lists=lists)
+                     dynamic.get("desc_o")),
+                    options, q_offsets, kv_offsets, descriptors=True)
     return out, lse
 
 

@@ -145,16 +145,6 @@ BACKWARD_STATS_SMEM = os.environ.get("JFA_TLX_BWD_STATS_SMEM", "0") == "1"
 # same bits; where KV_EARLY runs (dense, the dQ split, one part per group, not MXFP8); no recipe (its descriptors).
 # Off (0) until timed on the H200.
 BACKWARD_STORE_TMA = os.environ.get("JFA_TLX_BWD_STORE_TMA", "0") == "1"
-# RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
-# backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
-# sorted key tile list and the causal order's item list through the full path's own functions and launches the
-# kept plans with them, instead of the full path's Python (~440-510 us a call of the model suite's large batch on
-# the CPU count; its step is host-bound on the H200, bench/NOTES.md v25). FORWARD_REPLAY_WAVES
-# (JFA_TLX_FWD_REPLAY_WAVES, unset: RECIPE_WAVES's env) likewise for the forward's replays (the sorted query tile
-# list). Off until the H200 measures them; read per call (the kept launches' keys hold them).
-BACKWARD_RECIPE_WAVES = os.environ.get("JFA_TLX_BWD_RECIPE_WAVES", "0") == "1"
-FORWARD_REPLAY_WAVES = os.environ.get("JFA_TLX_FWD_REPLAY_WAVES",
-                                      os.environ.get("JFA_TLX_BWD_RECIPE_WAVES", "0")) == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
 # items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's
