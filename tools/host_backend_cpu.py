@@ -21,7 +21,7 @@ import pstats
 
 import torch
 from host_layers import per_call_us  # this script's directory is on sys.path
-from host_profile import _NoopAttention, _switched_off, with_setting
+from host_profile import _NoopAttention, _switched_off
 
 import jfa_ops
 from jfa_ops import validation
@@ -122,9 +122,8 @@ def main():
 
 def tlx_rows(args):
     """The tlx backend's forward and backward beside the triton backend's (bf16, unchecked offsets: the steady state
-    of a model's layers once ``validation.covered``), each with its kept launches (replays, recipes) on and off, and
-    the tlx ones past one wave (``configs.FORWARD_REPLAY_WAVES`` / ``BACKWARD_RECIPE_WAVES``: the large case).
-    What this leaves out on the GPU: the launcher's work per TMA descriptor (``make_tensordesc_arg``: a
+    of a model's layers once ``validation.covered``), each with its kept launches (replays, recipes) on and off (the
+    large case: past one wave, where the full path runs either way). What this leaves out on the GPU: the launcher's work per TMA descriptor (``make_tensordesc_arg``: a
     ``cuTensorMapEncodeTiled`` each; 3 per tlx forward, 5 per tlx backward, none on triton's small-call path)."""
     from jfa_ops.backends import tlx
     from jfa_ops.backends.tlx import attn_fwd as tlx_fwd  # noqa: F401 (imports the TLX kernels)
@@ -152,11 +151,6 @@ def tlx_rows(args):
 
         rows += [(f"{name} forward (replay)", forward), ("  the same without replays", no_replays(forward)),
                  (f"{name} backward (recipe)", backward), ("  the same without recipes", no_replays(backward))]
-    from jfa_ops.backends.tlx import configs as tlx_configs  # kept launches past one wave (the large case's calls)
-    rows += [("  tlx forward, replays past one wave (FORWARD_REPLAY_WAVES)",
-              with_setting(tlx_configs, "FORWARD_REPLAY_WAVES", True, rows[-4][1])),
-             ("  tlx backward, recipes past one wave (BACKWARD_RECIPE_WAVES)",
-              with_setting(tlx_configs, "BACKWARD_RECIPE_WAVES", True, rows[-2][1]))]
     print(f"torch {torch.__version__}; us of CPU time per call (launches stubbed), median of 5 x {args.calls}")
     with torch.no_grad():
         for name, fn in rows:

@@ -283,7 +283,7 @@ def compile_cubin(which: str) -> tuple:
         o = backward_options(head_dim, 16)
         spec = S.bwd_specialization(head_dim, "bf16", "causal" in which, dq_shared=o["dq_shared"],
                                     stats_ahead=o["stats_ahead"], kv_early=o["kv_early"], peel=o["peel"],
-                                    zero_store=o["zero_store"], **_extra_options(o))
+                                    **_extra_options(o))
     kernel = getattr(importlib.import_module(spec.module), spec.kernel)
     compiled = triton.compile(ASTSource(fn=kernel, signature=spec.signature, constexprs=spec.constexprs,
                                         attrs=spec.attrs), target=GPUTarget("cuda", 90, 32),
@@ -299,8 +299,8 @@ def _extra_options(o: dict) -> dict:
 
     params = inspect.signature(S.bwd_specialization).parameters
     return {k: v for k, v in o.items() if k in params and k not in (
-        "dq_shared", "stats_ahead", "kv_early", "peel", "zero_store", "head_group", "causal_order", "item_order",
-        "ablate", "gqa_split", "kv_prefetch")}
+        "dq_shared", "stats_ahead", "kv_early", "peel", "head_group", "causal_order", "item_order",
+        "ablate", "gqa_split")}
 
 
 def main(argv) -> int:

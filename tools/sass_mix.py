@@ -66,8 +66,7 @@ def main(argv) -> int:
     specs = {"fwd": lambda: S.fwd_specialization(128, "bf16", False, uniform=True),
              "bwd": lambda: S.bwd_specialization(128, "bf16", False, dq_shared=o["dq_shared"],
                                                  stats_ahead=o["stats_ahead"], kv_early=o["kv_early"],
-                                                 peel=o["peel"],
-                                                 zero_store=o["zero_store"])}
+                                                 peel=o["peel"])}
     for which in argv or list(specs):
         spec = specs[which]()
         kernel = getattr(importlib.import_module(spec.module), spec.kernel)

@@ -4,8 +4,7 @@ Run on the GPU machine through ``tools/tlx_device.sh`` (Triton 3.8 + triton-utlx
 ``python tools/tlx_check.py correctness`` / ``timing`` / ``backward`` (the TLX backward: the sweep of every variant in
 BWD_VARIANTS, ``backward-<variant>`` one alone (v2 (without the dQ split), v2-dqshared = the default, statsahead,
 causalorder, itemorder, gqasplit, gqaauto, gqaoff,
-causaljagged, kvearly, kvearlyoff, peel, zerostore,
-peelzerostore, kvprefetch, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
+causaljagged, kvearly, kvearlyoff, peel, statssmem, storetma; causaljagged: first ``causal_list_check``, the device-built causal
 list vs the torch one on the GPU), then
 ``backward-timing``: TFLOP/s triton /
 default / the experiments; it runs last, so a hang there cannot hide the forward's results) / ``all`` (default) / ``sparse`` (the block-sparse
@@ -32,9 +31,6 @@ default, since stop 40) on dense, jagged, short causal and broadcast-Q (v4 force
 ``bcast-items`` (not in ``all``): the broadcast-Q forward's per-item and per-block costs apart (helper bcastfwd41):
 uniform Lq128 H4 D128 batches at 1-64 key blocks an item, whole and half last blocks, v3 and v4, from CUDA graphs,
 then the fit t = a + b x blocks a SM + c x items a SM and the bench row against it (``bcast_items_timing``).
-``rowsum-timing`` (not in ``all``): the default forward vs ``configs.FORWARD_ROWSUM_ONCE`` / ``FORWARD_PACK_P``
-(helper fwdsum37) on dense and jagged D128 (and D64), with PACK_P's bit-for-bit check; ``JFA_TLX_FWD_ROWSUM_ONCE=1
-JFA_TLX_FWD_PACK_P=1`` runs the correctness sweep with them.
 
 Block-sparse (``sparse``: the TLX forward with SPARSE, ``block_sparse_attention(..., backend="tlx")``): fixed cases
 and a seeded random sweep (random selections, visible or not, included) against the float64 oracle with the
@@ -73,8 +69,7 @@ causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLAT
 results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
 backward ablations (helper bwdablate)"); ``TLX_BWD_ABLATION_CASES=full,causal,jagged`` / ``TLX_BWD_ABLATION_RUNS=none,dq``
 time a subset (a run's stages joined by "+"); case ``bcast`` (not in the default): the bench's broadcast-Q row
-(``bcast_case``), where run ``kvprefetch`` is helper bcastbwd39's knob (right gradients, as ``causalorder``) and
-``dkvstore`` its ablation of the item's dK/dV stores, ``storetma`` helper dkvtma40's knob (those stores by TMA:
+(``bcast_case``), where run ``dkvstore`` is helper bcastbwd39's ablation of the item's dK/dV stores, ``storetma`` helper dkvtma40's knob (those stores by TMA:
 right gradients; what of dkvstore's saving it keeps).
 """
 from __future__ import annotations
@@ -327,13 +322,6 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
                 # helper peel37: the consumers' block loop peeled per stage, the mask-free bulk's without the masked
                 # blocks' dS guard (bench/NOTES.md "helper peel37")
                 "peel": dict(_DEFAULT_BWD, BACKWARD_PEEL=True),
-                # helper desc38: Q / dO rows past the end zeroed by 8-row stores, consumer 0's wgmma descriptors in
-                # uniform registers (bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38")
-                "zerostore": dict(_DEFAULT_BWD, BACKWARD_ZERO_STORE=True),
-                "peelzerostore": dict(_DEFAULT_BWD, BACKWARD_PEEL=True, BACKWARD_ZERO_STORE=True),
-                # helper bcastbwd39: the next item's K/V and first dO blocks prefetched into the L2 by the producer
-                # (bench/NOTES.md "Issue 10: broadcast-Q backward, helper bcastbwd39")
-                "kvprefetch": dict(_DEFAULT_BWD, BACKWARD_KV_PREFETCH=True),
                 # helper lsedelta40: lse / delta loaded into shared memory with each Q / dO block by the producer
                 # (bench/NOTES.md "Issue 10: the backward's long-scoreboard stalls, helper lsedelta40")
                 "statssmem": dict(_DEFAULT_BWD, BACKWARD_STATS_SMEM=True),
@@ -343,7 +331,7 @@ BWD_VARIANTS = {"v2": dict(BACKWARD=True), "v2-dqshared": _DEFAULT_BWD,
 _BWD_FLAGS = ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD",
               "BACKWARD_CAUSAL_ORDER", "BACKWARD_ITEM_ORDER",
               "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED",
-              "BACKWARD_KV_EARLY", "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH",
+              "BACKWARD_KV_EARLY", "BACKWARD_PEEL",
               "BACKWARD_STATS_SMEM", "BACKWARD_STORE_TMA")
 
 
@@ -620,7 +608,7 @@ def _checked_tflops_row(case, check, fns, rounds: int, cols) -> tuple:
 
 
 def _knob_rows(knob: str, cases, cols, rounds: int, width: int, row_setup, ratios_header: str, ratios) -> int:
-    """A forward knob's table (rowsum-timing, store-timing): the header, then a row per case: ``row_setup(case)``'s
+    """A forward knob's table (store-timing): the header, then a row per case: ``row_setup(case)``'s
     (fns by column, check) through ``_checked_tflops_row``, TFLOP/s per column, then ``ratios(v)`` (the knob over
     the default, the A/A gauge: the text after the columns). ``knob``: what the columns compare. Returns the
     failures."""
@@ -636,59 +624,6 @@ def _knob_rows(knob: str, cases, cols, rounds: int, width: int, row_setup, ratio
         print(f"{case.suite + ' ' + case.label:{width}s} " + " ".join(f"{v[c]:{col_width}.1f}" for c in cols)
               + ratios(v), flush=True)
     return failures
-
-
-def rowsum_timing() -> int:
-    """Forward TFLOP/s of the default v4 consumers vs helper fwdsum37's per-block cuts (bench/NOTES.md "fwdsum37"):
-    configs.FORWARD_ROWSUM_ONCE (row sums per lane, reduced once per item), FORWARD_PACK_P (P converted in packed
-    pairs at the PV: no PRMT in consumer 0) and both, the same process and inputs, columns in the order tlx, once,
-    packp, both, tlx', both' (the primed pair: the A/A gauge). Rows: the bench's dense B8 H16 S4096 D128 (issue 10's
-    target: ~0.89-0.92x FA4) and jagged T32768 D128, causal and not, and dense D64. First, per row: PACK_P's out/lse
-    == the default's bit for bit, and ROWSUM_ONCE's largest lse difference (fp32 rounding of l: ~1e-6 or less)."""
-    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
-    from host_profile import with_setting  # tools/ is on the path of a script run from it
-    from jfa_ops.backends.tlx import configs
-
-    lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    cases = [Case("dense", "B8 H16 S4096 D128", (4096,) * 8, (4096,) * 8, 16, 16, 128),
-             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128", lens, lens, 16, 16, 128),
-             Case("dense", "B8 H16 S4096 D128 causal", (4096,) * 8, (4096,) * 8, 16, 16, 128, causal=True),
-             Case("jagged", f"jagged T32768 n{len(lens)} H16 D128 causal", lens, lens, 16, 16, 128, causal=True),
-             Case("dense", "B8 H16 S4096 D64", (4096,) * 8, (4096,) * 8, 16, 16, 64)]
-
-    def knobs(once, packed, fn):
-        return with_setting(configs, "FORWARD_ROWSUM_ONCE", once, with_setting(configs, "FORWARD_PACK_P", packed, fn))
-
-    cols = ("tlx", "once", "packp", "both", "tlx'", "both'")
-    # stop 38's single round read an A/A of 0.904 on the dense row: interleaved rounds, medians (TLX_ROWSUM_ROUNDS)
-    rounds = int(os.environ.get("TLX_ROWSUM_ROUNDS", "3"))
-
-    def row_setup(case):
-        x = make_inputs(case, "cuda")
-        default = _forward_call(x, case, "tlx")
-        fns = {"tlx": knobs(False, False, default), "once": knobs(True, False, default),
-               "packp": knobs(False, True, default), "both": knobs(True, True, default)}
-        fns.update({"tlx'": fns["tlx"], "both'": fns["both"]})
-        with_lse = _forward_call(x, case, "tlx", return_lse=True)
-
-        def check():
-            want, packed, once = (knobs(o, p, with_lse)() for o, p in ((False, False), (False, True), (True, False)))
-            same = all(torch.equal(a, b) for a, b in zip(want, packed))
-            lse_diff = (once[1] - want[1]).abs().nan_to_num(0.0).max().item()
-            out_diff = (once[0].float() - want[0].float()).abs().max().item()
-            print(f"  {case.label}: packp out/lse == default bit for bit: {same}; once: max |lse diff| "
-                  f"{lse_diff:.2e}, max |out diff| {out_diff:.2e}", flush=True)
-            return (same is not True) + (lse_diff > 1e-5)
-
-        return fns, check
-
-    def ratios(v):
-        base, both, a_a = (v["tlx"] + v["tlx'"]) / 2, (v["both"] + v["both'"]) / 2, v["tlx'"] / v["tlx"]
-        return f" {v['once'] / base:8.3f} {v['packp'] / base:9.3f} {both / base:8.3f} {a_a:6.3f}"
-
-    return _knob_rows("the default vs configs.FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (bench/NOTES.md \"fwdsum37\")",
-                      cases, cols, rounds, 40, row_setup,
-                      f" {'once/tlx':>8s} {'packp/tlx':>9s} {'both/tlx':>8s} {'A/A':>6s}", ratios)
 
 
 def store_timing() -> int:
@@ -976,8 +911,8 @@ def backward_timing() -> int:
     causal, and the dense B8 S4096 and jagged T32768 causal controls (no triton column: fewer compiles), for the flip of
     JFA_TLX_BWD_KV_EARLY (helper window31; on since stop 33: ``TLX_BWD_TIMING_COLS=kvearlyoff,same`` times the default
     before against the default). ``TLX_BWD_TIMING_BCAST=1``: the bench's broadcast-Q row (``bcast_case``), the window
-    row and the dense B8 S4096 D128 control (no triton column), for JFA_TLX_BWD_KV_PREFETCH (helper bcastbwd39:
-    ``TLX_BWD_TIMING_COLS=kvprefetch,same``) and JFA_TLX_BWD_STORE_TMA (helper dkvtma40: ``storetma,same``)."""
+    row and the dense B8 S4096 D128 control (no triton column), for the broadcast backward's per-item levers, e.g.
+    JFA_TLX_BWD_STORE_TMA (helper dkvtma40: ``TLX_BWD_TIMING_COLS=storetma,same``)."""
     import triton.testing
 
     from bench.suites import JAGGED_SEED, Case, lognormal_lengths, make_inputs
@@ -1020,7 +955,7 @@ def backward_timing() -> int:
         cols += [("tlx-v2", "v2")]
     new = (["statsahead", "causalorder"]
            if os.environ.get("TLX_BWD_TIMING_NEW", "1") == "1" else [])
-    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,zerostore": these experiments only
+    if os.environ.get("TLX_BWD_TIMING_COLS"):  # e.g. "peel,statssmem": these experiments only
         new = [n for n in os.environ["TLX_BWD_TIMING_COLS"].split(",") if n.removesuffix(PER_CALL) in BWD_VARIANTS]
     cols += [(n, n.removesuffix(PER_CALL)) for n in new]
     short = lambda n: ("percal" if n.endswith(PER_CALL) else "cjag" if n == "causaljagged"  # noqa: E731
@@ -1256,21 +1191,18 @@ def sparse_ablation() -> int:
     branch never taken, so the causal diagonal runs as an unmasked block; TIMING ONLY), ``lowsel``
     (``lowest_selection``: the same blocks per item, the lowest ones: L2 locality as dense), ``lowsel+nomask``, ``peel``
     (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
-    packed as with PACK_P; the same bits), ``packp`` (configs.FORWARD_PACK_P alone: peel's control), ``streams``
-    (configs.SPARSE_FORWARD_ORDER "streams": the work list sequence-major, helper order39; the same bits),
-    ``streams+peel``, ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer stores, as before stop 40;
-    the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
+    packed in the mask-free ones; the same bits), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
+    stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
     saves, > 0), and tlx dense. Then the per-SM model: b (us per selected block) and a (us per work item) solved from
     the two unmasked rows' default times, and for the causal rows the time over that model ("excess") beside what
-    nomask, lowsel, peel, packp and streams remove from it (and storetma off: < 0, what STORE_TMA removes).
+    nomask, lowsel and peel remove from it (and storetma off: < 0, what STORE_TMA removes).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "packp", "streams",
-            "streams+peel", "storetma off", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1280,8 +1212,7 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_PACK_P",
-             "SPARSE_FORWARD_ORDER", "FORWARD_STORE_TMA")
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA")
     saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
@@ -1300,9 +1231,6 @@ def sparse_ablation() -> int:
                "lowsel": (sparse(low), {}),
                "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
-               "packp": (sparse(index), {"FORWARD_PACK_P": True}),
-               "streams": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams"}),
-               "streams+peel": (sparse(index), {"SPARSE_FORWARD_ORDER": "streams", "SPARSE_FORWARD_PEEL": True}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
@@ -1341,8 +1269,8 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel", "packp",
-                                                                 "streams", "streams+peel", "storetma off") if c in ms}
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel",
+                                                                 "storetma off") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
@@ -1888,7 +1816,7 @@ def _kernel_ms(fn, name: str, reps: int = 20):
 # backward-ablation's runs that are kernel variants, not ablations (their gradients are right): a run's stage ->
 # the configs flag and value it sets: the causal order's list (on the jagged case: does the L2 order take the dQ
 # reduce's cost away? bench/NOTES.md "TLX backward dQ reduce, helper dqadd, stop 27")
-ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True), "kvprefetch": ("BACKWARD_KV_PREFETCH", True),
+ABLATION_KNOBS = {"causalorder": ("BACKWARD_CAUSAL_ORDER", True),
                   "storetma": ("BACKWARD_STORE_TMA", True),  # helper dkvtma40: beside dkvstore (its ceiling)
                   "causaljagged": ("BACKWARD_CAUSAL_ORDER_JAGGED", True)}  # the list built on the device
 
@@ -1970,8 +1898,6 @@ def main(argv) -> int:
         failed += dynamic_timing()
     if part == "bcast-items":  # broadcast-Q per-item vs per-block cost, v3 and v4 (helper bcastfwd41; not in "all")
         failed += bcast_items_timing()
-    if part == "rowsum-timing":  # the default vs FORWARD_ROWSUM_ONCE / FORWARD_PACK_P (helper fwdsum37; not in "all")
-        failed += rowsum_timing()
     # the TLX backward: backward-<variant>: one variant's sweep (tlx_device.sh gives each its own limit)
     for variant in BWD_VARIANTS:
         if part in ("backward", f"backward-{variant}", "all"):

@@ -592,38 +592,6 @@ def test_work_list_is_longest_first(in_kernel):
     assert got == sorted(cost, key=lambda tile: -cost[tile])  # sorted() is stable: ties keep (seq, row) order
 
 
-def test_work_list_stream_major():
-    """``stream_major_cost`` (the TLX forward's ``SPARSE_FORWARD_ORDER`` "streams", helper order39): the list holds
-    the same real query tiles as the longest-first one, each once (a permutation: same work items), sequence-major:
-    sequences by their selected blocks summed over heads and Q blocks, most first (ties: lower index), within one
-    the tiles by their cost, descending in the 1st, 3rd, ... sequence and ascending in the 2nd, 4th, ... (ties keep
-    row order). Tiles past the selection's Q blocks cost 0; the empty sequence has no tile but a rank."""
-    from jfa_ops.backends.triton.block_sparse_fwd import selected_cost, stream_major_cost
-    from jfa_ops.backends.triton.scheduling import forward_tiles
-
-    lengths = (40, 0, 1, 70, 33, 48)
-    q_off = torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
-    g = torch.Generator().manual_seed(5)
-    count = torch.randint(0, 4, (len(lengths), 2, 5), generator=g, dtype=torch.int32)  # [B, Hkv, NQB], block_q 16
-    count[1] = 0
-    count[5] = count[4]  # sequences 4 and 5 tie on their totals: the lower index first
-    view = count[..., :4]  # 70 rows = 5 blocks, the index holds 4: the fifth tile costs 0
-    total = int(q_off[-1])
-    tiles = forward_tiles(q_off, q_off, total, total, 16, 0, 0, False, False, cost_of=stream_major_cost(view, 16))
-    n = int(tiles.count)
-    got = list(zip(tiles.seq[:n].tolist(), tiles.start[:n].tolist()))
-    cost = {(b, 16 * i): int(view[b, :, i].sum()) if i < 4 else 0 for b, length in enumerate(lengths)
-            for i in range(-(-length // 16))}
-    default = forward_tiles(q_off, q_off, total, total, 16, 0, 0, False, False, cost_of=selected_cost(view, 16))
-    assert sorted(got) == sorted(cost) == sorted(zip(default.seq[:n].tolist(), default.start[:n].tolist()))
-    assert len(set(got)) == n
-    totals = [int(view[b].sum()) for b in range(len(lengths))]
-    rank = {b: r for r, b in enumerate(sorted(range(len(lengths)), key=lambda b: (-totals[b], b)))}
-    assert rank[4] < rank[5] and totals[4] == totals[5]
-    want = sorted(cost, key=lambda t: (rank[t[0]], cost[t] if rank[t[0]] % 2 else -cost[t]))  # stable: row order
-    assert got == want
-
-
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 @pytest.mark.parametrize("one_pass", [False, True])
 def test_stage_split_points(one_pass):

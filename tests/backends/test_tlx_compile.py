@@ -29,8 +29,9 @@ MAX_SPILL_BYTES = {"fwd": 512, "bwd": 1800}
 # The v4 forward consumers (configs.ONE_LOOP, D64/D128), stores + loads: D64 0; D128 56-192 (full 80, causal 56-76,
 # windowed 72, broadcast-Q 80, from offsets 192; per work item: none in the block loops). With STORE_TMA (the default
 # since stop 40; sm_90 ptxas, helper flip40, 2026-12-05): D64 0; D128 44-228 (full 44, causal 116-164, windowed
-# 136-228, from offsets 176), and 276 with ROWSUM_ONCE + PACK_P (off by default) at fp16 causal + left window.
-MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 276}
+# 136-228, from offsets 176; the bound was 276 for ROWSUM_ONCE + PACK_P's fp16 causal + left window kernel until
+# they were culled in stop 41).
+MAX_SPILL_BYTES_ONE_LOOP = {64: 0, 128: 228}
 # The block-sparse forward ("sparse-fwd-*": SPARSE on the v4 consumers), stores + loads: D64 0; D128 full 24,
 # broadcast-Q 24, causal 112, blocks 256 160 (per work item, around its first block: none in the block loop), from
 # offsets without FMA 352, fp16 causal + left window 420 (11-14 registers spilled inside the block loop's masked
@@ -257,13 +258,12 @@ def test_backward_v2_keeps_wgmma_in_flight_within_its_spill_budget(compiled):
 
 def _uniform_walk_rows(compiled, prefix):
     """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK (the
-    forward's zigzag order on it has its own test: no non-uniform twin; helper fwdsum37's knobs, "-rowsumonce-packp",
-    are compared with the default kernel without them)."""
+    forward's zigzag order on it has its own test: no non-uniform twin)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled
             if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|uniform|itemorder|walkahead|rowsumonce|packp)", "", r["name"])])
+    return [(r, by_name[re.sub(r"-(headgroup|uniform|itemorder|walkahead)", "", r["name"])])
             for r in rows]
 
 
@@ -379,19 +379,6 @@ def test_kv_early_kernels_spill_as_the_default(compiled):
         base = by_name.get(name) or by_name[name.removesuffix("-statsahead")]  # D64's default compiles without it
         assert r["shared"] == base["shared"], (r, base)
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (r, base)
-
-
-def test_kv_prefetch_kernels_spill_as_the_default(compiled):
-    """KV_PREFETCH (helper bcastbwd39, ``configs.BACKWARD_KV_PREFETCH``) adds the next item's lookup and three L2
-    prefetches to the producer, nothing to the consumers: same shared memory, spills within 8 B a thread of the kernel
-    without it (sm_90 ptxas, stop 39: broadcast-Q D128 140 / 184 B both, D128 full 152 / 204 vs 152 / 200, D64 0)."""
-    by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if r["name"].endswith("-kvprefetch")]
-    assert len(rows) == 3, [r["name"] for r in rows]
-    for r in rows:
-        base = by_name[r["name"].removesuffix("-kvprefetch")]
-        assert r["shared"] == base["shared"], (r, base)
-        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 8, (r, base)
 
 
 def test_stats_smem_takes_the_global_loads_off_the_block_loops():
@@ -625,43 +612,6 @@ def test_peel_drops_the_ds_guard_from_the_bulk_loop():
             assert peel["block_loop_path_spill_ops"][bulk] <= base["block_loop_path_spill_ops"][c], (c, base, peel)
 
 
-def test_forward_rowsum_once_and_pack_p_cut_the_block_loop():
-    """configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P (helper fwdsum37, bench/NOTES.md "fwdsum37"), each and both, on
-    the bench's dense D128 bf16 kernel (kv-major) and the masked D128 one (tile-major), against the default: the
-    consumers' block loops keep their HGMMA, MUFU and two wgmma groups in flight with no spill instruction on their
-    straight path; ROWSUM_ONCE halves the SHFL (8 -> 4 per consumer warp and block: the row max's only), PACK_P
-    removes consumer 0's 32 PRMT, and each shortens both paths (sm_90 ptxas at stop 37, dense: default [498, 470],
-    rowsumonce [490, 462], packp [468, 467], both [460, 459]); the kernel spills no more than the default (dense 80
-    -> 0-16 B per thread, causal 76 -> 28-52) before STORE_TMA; with it, within 52 B (below). The shipped list
-    holds the both-on variants only (STORE_TMA on, as launched since stop 40; with both off the 62 forward kernels'
-    SASS was the default's byte for byte at stop 37: bench/NOTES.md "fwdsum37"). ~60 s."""
-    names, rows = _shipped_and_compiled(
-        "-rowsumonce", "[s.fwd_specialization(128, 'bf16', c, uniform=not c, **kw) for c in (False, True)"
-        " for kw in (dict(), dict(rowsum_once=True), dict(pack_p=True), dict(rowsum_once=True, pack_p=True))]",
-        "JFA_TLX_FWD_ROWSUM_ONCE", 8)
-    assert sorted(names) == sorted([
-        "fwd-d128-bf16-full-oneloop-storetma-rowsumonce-packp", "fwd-d64-bf16-full-oneloop-storetma-rowsumonce-packp",
-        "fwd-d128-bf16-causal-oneloop-storetma-tilemajor-rowsumonce-packp",
-        "fwd-d128-fp16-causal-left-oneloop-storetma-tilemajor-rowsumonce-packp",
-        "sparse-fwd-d128-bf16-causal-oneloop-storetma-tilemajor-uniform-rowsumonce-packp"])
-    for base, *variants in (rows[0:4], rows[4:8]):
-        assert base["block_loop_shfl"] == [8, 8] and base["block_loop_prmt"] == [32, 0], base
-        for r, once, packed in zip(variants, (True, False, True), (False, True, True)):
-            assert r["name"] == base["name"] + "-rowsumonce" * once + "-packp" * packed, (base["name"], r["name"])
-            assert r["wgmma_overlap"], r["name"]
-            for key in ("block_loop_hgmma", "block_loop_mufu"):
-                assert r[key] == base[key], (key, base, r)
-            assert r["block_loop_path_spill_ops"] == [0, 0], r
-            assert r["block_loop_shfl"] == ([4, 4] if once else [8, 8]), r
-            assert r["block_loop_prmt"] == ([0, 0] if packed else [32, 0]), r
-            # (with STORE_TMA, the default since stop 40, sm_90 2026-12-05: causal PACK_P alone leaves consumer 1's
-            # path at 470, and the kernels spill up to 52 B more than the default: full packp 96 vs 44, causal
-            # rowsumonce / packp / both 156 / 176 / 188 vs 148; both at full 16)
-            assert all(p <= b for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
-            assert any(p < b for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
-            assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 52, (base, r)
-
-
 def test_forward_store_tma_drops_the_epilogue_conversion():
     """configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"; on by default since stop 40): out through
     the consumer's Q slot and one TMA store. The off switch's kernels (``store_tma_off_specializations``: the bench's
@@ -767,34 +717,3 @@ def test_tlx_declined_not_imported_when_triton_loaded_first(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["before"] == "ok" and result["after"] == "ok", result
     assert "before triton was imported" in result["reason"], result
-
-
-def test_zero_store_keeps_consumer_0s_descriptors_uniform():
-    """ZERO_STORE (helper desc38, ``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a masked block's Q / dO rows
-    past the sequence end by 8-row stores of zeros instead of 32-row load / select / store chunks. With the chunks
-    (the default), sm_90 ptxas keeps consumer 0's loop counters and tile addresses in vector registers and builds its
-    wgmma descriptors per lane: its block loop holds >= 20 R2UR and its straight path >= 80 integer ALU instructions
-    (consumer 1, the same source without the zeroing: 0-1 R2UR, 22-36). With ZERO_STORE consumer 0's loop is like
-    consumer 1's: <= 2 R2UR, <= 40 integer ALU, a path >= 5 instructions shorter, no spill instruction in either
-    loop, the same wgmma, MUFU and FSEL, the same shared memory, spills within 320 B per thread of the default's
-    (sm_90 ptxas at stop 38: full 352 -> 508, causal 444 -> 732: per work item; bench/NOTES.md "Issue 10: consumer
-    0's descriptors, helper desc38"). D128 full and causal. ~60 s."""
-    names, rows = _shipped_and_compiled(
-        "-zerostore", "[s.bwd_specialization(128, 'bf16', causal, dq_shared=True, kv_early=True, "
-        "zero_store=z) for causal in (False, True) for z in (False, True)]", "JFA_TLX_BWD_ZERO_STORE", 4)
-    assert names == []  # not shipped: off until timed on the H200
-    for base, fixed in zip(rows[0::2], rows[1::2]):
-        assert fixed["name"] == base["name"] + "-zerostore", (base["name"], fixed["name"])
-        assert len(base["block_loop_path"]) == 2 and len(fixed["block_loop_path"]) == 2, (base, fixed)
-        # the default: consumer 0 builds its descriptors per lane (the finding; if this fails, ptxas changed)
-        assert base["block_loop_r2ur"][0] >= 20 and base["block_loop_path_int_alu"][0] >= 80, base
-        assert base["block_loop_r2ur"][1] <= 2 and base["block_loop_path_int_alu"][1] <= 40, base
-        for c in range(2):
-            assert fixed["block_loop_r2ur"][c] <= 2 and fixed["block_loop_path_int_alu"][c] <= 40, (c, fixed)
-            assert fixed["block_loop_spill_ops"][c] == 0, (c, fixed)
-            for key in ("block_loop_hgmma", "block_loop_mufu", "block_loop_path_fsel"):
-                assert fixed[key][c] == base[key][c], (key, c, base, fixed)
-        assert fixed["block_loop_path"][0] <= base["block_loop_path"][0] - 5, (base, fixed)
-        assert fixed["shared"] == base["shared"], (base, fixed)
-        assert (fixed["spill_stores"] + fixed["spill_loads"]
-                <= base["spill_stores"] + base["spill_loads"] + 320), (base, fixed)

@@ -72,10 +72,6 @@ BWD_VARIANTS = {"bwd-v2": dict(BACKWARD=True), "bwd-v2-dqshared": _BWD,
                 # the causal list built on the device is the default since stop 30; off: the default before
                 "bwd-causaljaggedoff": dict(_BWD, BACKWARD_CAUSAL_ORDER_JAGGED=False),
                 "bwd-peel": dict(_BWD, BACKWARD_PEEL=True),
-                # helper desc38: rows past the end zeroed by 8-row stores (ZERO_STORE: off by default)
-                "bwd-zerostore": dict(_BWD, BACKWARD_ZERO_STORE=True),
-                # helper bcastbwd39: the next item's K/V and dO prefetched into the L2 (KV_PREFETCH: off by default)
-                "bwd-kvprefetch": dict(_BWD, BACKWARD_KV_PREFETCH=True),
                 # helper lsedelta40: lse / delta loaded into shared memory with Q / dO (STATS_SMEM: off by default)
                 "bwd-statssmem": dict(_BWD, BACKWARD_STATS_SMEM=True),
                 # helper dkvtma40: whole dK/dV half-tiles written by TMA stores (STORE_TMA: off by default)
@@ -107,7 +103,7 @@ def test_tlx_backward_matches_the_oracle(name, head_dim, dtype, variant, monkeyp
 
     for flag in ("BACKWARD", "BACKWARD_DQ_SHARED", "BACKWARD_STATS_AHEAD", "BACKWARD_CAUSAL_ORDER",
                  "BACKWARD_GQA_SPLIT", "BACKWARD_CAUSAL_ORDER_JAGGED", "BACKWARD_KV_EARLY",
-                 "BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_KV_PREFETCH", "BACKWARD_STATS_SMEM"):
+                 "BACKWARD_PEEL", "BACKWARD_STATS_SMEM"):
         monkeypatch.setattr(configs, flag, BWD_VARIANTS[variant].get(flag, False))
     check_attention_case(case, "tlx")
 
@@ -259,13 +255,12 @@ PEEL_CASES = {
 }
 
 
-@pytest.mark.parametrize("knob", ["BACKWARD_PEEL", "BACKWARD_ZERO_STORE", "BACKWARD_STATS_SMEM"])
+@pytest.mark.parametrize("knob", ["BACKWARD_PEEL", "BACKWARD_STATS_SMEM"])
 @pytest.mark.parametrize("name", list(PEEL_CASES))
 def test_same_blocks_knob_matches_the_oracle_and_the_default_bit_for_bit(name, knob, monkeypatch):
     """Knobs that run the same blocks in the same order with the same arithmetic per block: PEEL
     (``configs.BACKWARD_PEEL``, helper peel37: a mask-free block never took the default's masked branch; a masked one
-    runs the same mask code), ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38: the same Q / dO rows
-    past a sequence's end zeroed, by 8-row stores instead of 32-row load / select / store chunks) and STATS_SMEM
+    runs the same mask code) and STATS_SMEM
     (``configs.BACKWARD_STATS_SMEM``, helper lsedelta40: the same lse and delta values, through shared memory; a row
     past its sequence's end reads another row's or TMA's zeros instead of the masked load's zeros, and the masked
     block zeroes its P and dS; "short causal"'s last block reads past the end of lse). On PEEL's cases
@@ -322,54 +317,6 @@ def _assert_switch_keeps_the_bits(case, switch, monkeypatch, calls: int = 1):
     for _ in range(calls):
         for g, w, what in zip(x.call("tlx"), want, ("out", "lse")):
             assert torch.equal(g, w), f"{what}: {(g.float() - w.float()).abs().max().item()} max difference"
-
-
-# helper fwdsum37's per-block cuts of the v4 forward consumers (bench/NOTES.md "fwdsum37"), off by default: each alone
-# and both (the whole file with both on: JFA_TLX_FWD_ROWSUM_ONCE=1 JFA_TLX_FWD_PACK_P=1 pytest <this file>)
-FWD_KNOBS = ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P")
-
-
-def _forward_with_knobs(x, knobs, monkeypatch):
-    """(out, lse) of the tlx forward on inputs ``x`` with ``configs.<knob>`` True for each of ``knobs``, the others
-    False."""
-    from jfa_ops.backends.tlx import configs
-
-    for knob in FWD_KNOBS:
-        monkeypatch.setattr(configs, knob, knob in knobs)
-    return x.call("tlx")
-
-
-@pytest.mark.parametrize("name,head_dim,dtype", [c for c in CASES if c.values[1] in (64, 128)])
-def test_forward_knobs_match_the_oracle(name, head_dim, dtype, monkeypatch):
-    """configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P both on: out/lse (and the gradients from them) == the float64
-    oracle on every feature case at D64 (fp16: PACK_P's f16x2) and D128, as the default. (Both at once: each alone is
-    compared with the default below; every combination here would compile ~40 kernels on the device.)"""
-    case = FEATURE_MATRIX[name].replace(device="cuda", dtype=dtype, head_dim=head_dim)
-    _tlx_or_skip(case)
-    from jfa_ops.backends.tlx import configs
-
-    for knob in FWD_KNOBS:
-        monkeypatch.setattr(configs, knob, True)
-    check_attention_case(case, "tlx")
-
-
-@pytest.mark.parametrize("name", list(ZIGZAG_CASES))
-def test_forward_knobs_against_the_default(name, monkeypatch):
-    """PACK_P converts P with the same rounding elsewhere: out and lse equal the default's bit for bit. ROWSUM_ONCE
-    adds each row's sum in another order (8 partial sums per row, reduced once): lse within 1e-5 of the default's
-    (fp32 rounding of l: ~1e-7 relative, tools/rowsum_order_model.py), out within one unit in the last place of its
-    dtype (acc / l rounded again)."""
-    case = ZIGZAG_CASES[name]
-    _tlx_or_skip(case)
-    x = case.make_inputs(0)
-    out, lse = _forward_with_knobs(x, (), monkeypatch)
-    out_p, lse_p = _forward_with_knobs(x, ("FORWARD_PACK_P",), monkeypatch)
-    assert torch.equal(out, out_p) and torch.equal(lse, lse_p), name
-    ulp = torch.finfo(out.dtype).eps
-    for knobs in (("FORWARD_ROWSUM_ONCE",), ("FORWARD_ROWSUM_ONCE", "FORWARD_PACK_P")):
-        out_r, lse_r = _forward_with_knobs(x, knobs, monkeypatch)
-        torch.testing.assert_close(lse_r, lse, rtol=0, atol=1e-5)
-        torch.testing.assert_close(out_r.float(), out.float(), rtol=ulp, atol=1e-6)
 
 
 # configs.FORWARD_STORE_TMA (helper item39, bench/NOTES.md "item39"), on by default since stop 40: out through each
@@ -580,24 +527,6 @@ def test_block_sparse_forward_uniform_walk_is_bit_identical(name, monkeypatch):
     assert torch.equal(out, out_u) and torch.equal(lse, lse_u), name
 
 
-@pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "fp16 D64 causal"])
-def test_block_sparse_forward_knobs_against_the_default(name, monkeypatch):
-    """The block-sparse forward runs the same v4 consumers: with configs.FORWARD_PACK_P out and lse equal the
-    default's bit for bit; with FORWARD_ROWSUM_ONCE lse within 1e-5, out within one unit in the last place (as
-    ``test_forward_knobs_against_the_default``)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "FORWARD_ROWSUM_ONCE", False)
-    (out, lse), (out_p, lse_p) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_PACK_P", (False, True),
-                                                             monkeypatch)
-    assert torch.equal(out, out_p) and torch.equal(lse, lse_p), name
-    monkeypatch.setattr(configs, "FORWARD_PACK_P", False)
-    ((out_r, lse_r),) = _sparse_outputs_with_switch(SPARSE_CASES[name], "FORWARD_ROWSUM_ONCE", (True,), monkeypatch)
-    torch.testing.assert_close(lse_r, lse, rtol=0, atol=1e-5)
-    torch.testing.assert_close(out_r.float(), out.float(), rtol=torch.finfo(out.dtype).eps, atol=1e-6)
-
-
 @pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "broadcast-Q", "fp16 D64 causal"])
 def test_block_sparse_forward_store_tma_is_bit_identical(name, monkeypatch):
     """The block-sparse forward runs the same v4 consumers and epilogue: with configs.FORWARD_STORE_TMA (the default)
@@ -639,20 +568,6 @@ def test_block_sparse_forward_zigzag_order_is_bit_identical(name, monkeypatch):
     (out, lse), (out_z, lse_z) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ZIGZAG",
                                                              (False, True), monkeypatch)
     assert torch.equal(out, out_z) and torch.equal(lse, lse_z), name
-
-
-@pytest.mark.parametrize("name,peel", [(name, False) for name in SPARSE_ZIGZAG_CASES] + [("jagged H16 causal", True)])
-def test_block_sparse_forward_stream_order_is_bit_identical(name, peel, monkeypatch):
-    """configs.SPARSE_FORWARD_ORDER "streams" (helper order39) re-sorts the work list sequence-major: which program
-    runs an item and when, nothing within an item, so out and lse equal the default list's bit for bit (the jagged
-    cases: more items than one wave, so a list is built; with SPARSE_FORWARD_PEEL on too on one)."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "SPARSE_FORWARD_PEEL", peel)
-    (out, lse), (out_s, lse_s) = _sparse_outputs_with_switch(SPARSE_ZIGZAG_CASES[name], "SPARSE_FORWARD_ORDER",
-                                                             ("cost", "streams"), monkeypatch)
-    assert torch.equal(out, out_s) and torch.equal(lse, lse_s), name
 
 
 # configs.SPARSE_FORWARD_PEEL's cases (helper peeldiag38): lengths off multiples of 128 (the sequences' partial last
@@ -833,59 +748,6 @@ def test_kept_launches_match_the_full_path(monkeypatch, dtype, head_dim, heads):
     assert len(answers) == 4 + 3 and all(a is not None for a in answers), [a is None for a in answers]
 
 
-@pytest.mark.parametrize("case", ["not causal", "causal", "GQA split"])
-def test_kept_launches_past_one_wave_match_the_full_path(monkeypatch, case):
-    """With ``configs.BACKWARD_RECIPE_WAVES`` and ``FORWARD_REPLAY_WAVES`` (helper recipe36): calls past one wave
-    (Hq8 Hkv8 D128 bf16, 2517 rows: 24 key tile slots x 8 heads > 132 SMs; GQA Hkv2 in 4 parts) are served by the
-    replay and the recipe, which make the sorted lists (and the causal order's items) per call, for two batches in a
-    row and for the offsets written in place; out, lse, dK and dV equal the full path's bit for bit (each item owns
-    its rows; a GQA split's parts add in fp32 in any order: within rounding), dQ within rounding (its reduce-adds
-    from several key tiles land in any order), and the output matches the oracle."""
-    _require_tlx()
-    from jfa_ops.backends import Problem, tlx
-    from jfa_ops.backends.base import AttentionParams
-    from jfa_ops.backends.tlx import configs
-    from jfa_ops.backends.triton import launch
-    from tests.backends.test_triton_kernels import make_inputs
-
-    monkeypatch.setattr(configs, "BACKWARD_RECIPE_WAVES", True)
-    monkeypatch.setattr(configs, "FORWARD_REPLAY_WAVES", True)
-    causal, heads = case != "not causal", ((8, 2) if case == "GQA split" else (8, 8))
-    if case == "GQA split":
-        monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 16)
-    answers = _spy_kept_launches(monkeypatch)
-    params = AttentionParams(scale=128 ** -0.5, causal=causal)
-    batches = ([1000, 300, 1200, 17], [1100, 1000, 400, 17], [17, 400, 1000, 1100])
-    for seed, lengths in enumerate(batches + batches[:1]):
-        q, k, v, q_off, kv_off = make_inputs(lengths, lengths, *heads, 128, torch.bfloat16, "cuda", seed=seed)
-        if seed == 0:
-            reason = unavailable_reason("tlx", Problem.of(q, k, params))
-            if reason is not None:
-                pytest.skip(f"tlx: {reason}")
-        if seed == 2:  # the previous batch's offsets tensors, written in place (their version changes)
-            kept_q.copy_(q_off)
-            kept_kv.copy_(kv_off)
-            q_off, kv_off = kept_q, kept_kv
-        kept_q, kept_kv = q_off, kv_off
-        out, lse = tlx.forward(q, k, v, q_off, kv_off, params)
-        grad_out = torch.randn_like(out)
-        grads = tlx.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
-        monkeypatch.setattr(launch, "REPLAYS_ENABLED", False)
-        full_out, full_lse = tlx.forward(q, k, v, q_off, kv_off, params)
-        full = tlx.backward(grad_out, None, q, k, v, out, lse, q_off, kv_off, params)
-        monkeypatch.setattr(launch, "REPLAYS_ENABLED", True)
-        assert torch.equal(out, full_out) and torch.equal(lse, full_lse)
-        for got, want in zip(grads, full):  # dQ (and a split's dK, dV): reduce-adds in any order
-            if case == "GQA split" or got is grads[0]:
-                torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
-            else:
-                assert torch.equal(got, want)
-        ref = reference_attention(q, k, v, q_off, kv_off, causal=causal, scale=params.scale)
-        torch.testing.assert_close(out.float(), ref[0].float(), atol=3e-2, rtol=3e-2)
-    # the first batch's calls took the full paths (and kept both); every later forward and backward was served
-    assert len(answers) == 6 and all(a is not None for a in answers), [a is None for a in answers]
-
-
 # STORE_TMA's replays (on by default since stop 40; helper review41): five calls per case, (q lengths, kv lengths)
 # each: a signature's first call (the full path keeps its replay), the same rows split otherwise (its replay), other
 # rows (a new signature: the full path), their replay, the first rows again (the first replay, after the other
@@ -895,9 +757,6 @@ STORE_TMA_REPLAY_BATCHES = ((64, 17, 40, 5, 300), (5, 40, 300, 17, 64), (30, 1, 
 STORE_TMA_REPLAY_CASES = {
     "jagged causal H8 D128 bf16": dict(heads=(8, 8), head_dim=128, dtype=torch.bfloat16, causal=True),
     "GQA 4:2 D64 fp16": dict(heads=(4, 2), head_dim=64, dtype=torch.float16),
-    "past one wave causal H8 D128 bf16 (sorted list per replay)": dict(heads=(8, 8), head_dim=128,
-                                                                       dtype=torch.bfloat16, causal=True, scale=8,
-                                                                       switches=(("FORWARD_REPLAY_WAVES", True),)),
     "broadcast-Q on the v4 consumers H4 D128 bf16": dict(heads=(4, 4), head_dim=128, dtype=torch.bfloat16,
                                                         broadcast=True, switches=(("ONE_LOOP", True),)),
 }
@@ -931,10 +790,9 @@ def test_store_tma_replays_write_each_calls_own_out(name, monkeypatch, nan_outpu
     for switch in spec.get("switches", ()):
         monkeypatch.setattr(configs, *switch)
     answers = _spy_kept_launches(monkeypatch)
-    (hq, hkv), broadcast, scale = spec["heads"], spec.get("broadcast", False), spec.get("scale", 1)
+    (hq, hkv), broadcast = spec["heads"], spec.get("broadcast", False)
     kept = []
     for seed, lengths in enumerate(STORE_TMA_REPLAY_BATCHES):
-        lengths = tuple(n * scale for n in lengths)
         q_lengths = ((200 if seed < 2 or seed == 4 else 72),) if broadcast else lengths
         case = AttentionCase(q_lengths, lengths, heads_q=hq, heads_kv=hkv, head_dim=spec["head_dim"],
                              dtype=spec["dtype"], device="cuda", causal=spec.get("causal", False),

@@ -209,202 +209,10 @@ def test_backward_recipe_derives_again_only_when_the_sizes_change(gpu, monkeypat
     assert answers[-1] == ("recipe", None)
 
 
-BACKWARD_KERNELS = ("attn_bwd_delta_kernel", "attn_bwd_tlx_kernel", "attn_bwd_dq_finalize_kernel")
-LIST_ARGUMENTS = ("TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD")
-# batches past one wave on 132 SMs (2417 rows: 24 key tile slots x 8 kv heads = 192 items), the second written into
-# the first's offsets in place (same sizes: only the offsets' version tells the lists apart)
-WAVES_BATCHES = ([900, 300, 1200, 17], [1000, 1000, 400, 17], [17, 400, 1000, 1000])
-WAVES_CASES = {
-    "causal (device item list)": dict(),
-    "not causal (sorted tile list)": dict(causal=False),
-    "window": dict(causal=False, window_left=300, window_right=0),
-    "fp16": dict(dtype=torch.float16),
-    "grad_lse": dict(grad_lse=True),
-    "GQA": dict(heads=(8, 2), scale=4, switches=(("BACKWARD_GQA_SPLIT", 0),)),  # 2 kv heads: 4x the rows
-    # 4 parts (fp32 dK/dV slabs): 24 slots x 2 kv heads fit one wave, x 4 parts (192 items) do not
-    "GQA split": dict(heads=(8, 2), switches=(("BACKWARD_GQA_SPLIT", 16),)),
-    "GQA snake": dict(heads=(8, 4), scale=2),  # the auto plan (the default): the snake alone, one part
-    "one length (kept item list)": dict(lengths=([600] * 4, [600] * 4, [600] * 4), hints=True),
-    "torch item list": dict(switches=(("BACKWARD_CAUSAL_ORDER", True), ("BACKWARD_CAUSAL_ORDER_JAGGED", False))),
-}
-
-
-def _list_tensors(runs, kernel=None) -> tuple:
-    """The TLX backward (or ``kernel``'s) launch's list arguments (tile list, causal items) of ``runs``."""
-    kernel = kernel or attn_bwd.attn_bwd_tlx_kernel
-    (launched,) = [dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs if name == kernel.fn.__name__]
-    return tuple(launched.get(name) for name in LIST_ARGUMENTS)
-
-
-def _later_batches(batches, offsets, dtype):
-    """(q, k, v, offsets) of the calls after the first batch's: the second batch, the third written in place into
-    the same offsets tensor (a version bump, not a new tensor), then the first batch's lengths again."""
-    for n, lengths in enumerate(batches[1:] + batches[:1]):
-        q, k, v, new = _inputs(lengths, dtype=dtype, seed=n + 1)
-        if n == 1:
-            offsets.copy_(new)
-        else:
-            offsets = new
-        yield q, k, v, offsets
-
-
-@needs_tlx
-@pytest.mark.parametrize("case", list(WAVES_CASES))
-def test_backward_recipe_past_one_wave_launches_what_the_full_path_launches(gpu, monkeypatch, case):
-    """``configs.BACKWARD_RECIPE_WAVES`` (helper recipe36): a call past one wave is served by its signature's recipe,
-    which launches exactly what the full path launches for that call, its lists included: the very tensors the full
-    path launches (eager calls reuse the lists made for the same live offsets, ``base.reusable_in_eager``, so the
-    full path run after the recipe finds the recipe's), made again for another batch and for the same offsets
-    tensor written in place (its version), never the previous call's."""
-    from jfa_ops.backends import base
-
-    runs, answers = gpu
-    spec = dict(WAVES_CASES[case])
-    monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
-    for switch in spec.pop("switches", ()):
-        monkeypatch.setattr(tlx_configs, *switch)
-    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cpu", "cuda"))
-    monkeypatch.setitem(globals(), "HEADS", spec.pop("heads", HEADS))
-    base.clear_eager_reuse()
-    scale, dtype, hints = spec.pop("scale", 1), spec.pop("dtype", torch.bfloat16), spec.pop("hints", False)
-    with_grad_lse = spec.pop("grad_lse", False)
-    batches = [[n * scale for n in lengths] for lengths in spec.pop("lengths", WAVES_BATCHES)]
-    longest = dict(max_seqlen_q=max(batches[0]), max_seqlen_kv=max(batches[0])) if hints else {}
-    params = _params(**dict(dict(causal=True, **longest), **spec))
-    q, k, v, offsets = _inputs(batches[0], dtype=dtype)
-    grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
-    _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)  # the full path: makes the recipe
-    assert not answers and len(attn_bwd._RECIPES) == 1
-    before = None
-    for q, k, v, offsets in _later_batches(batches, offsets, dtype):
-        grad_lse = torch.randn(q.shape[1], q.shape[0]) if with_grad_lse else None
-        runs.clear()
-        args, (dq, dk, dv) = _backward(q, k, v, offsets, params, torch.randn_like(q), grad_lse)
-        assert answers[-1][0] == "recipe" and answers[-1][1] is not None
-        assert dk.dtype == dv.dtype == k.dtype and dk.shape == dv.shape == k.shape
-        by_recipe, lists = [r for r in runs if r[0] in BACKWARD_KERNELS], _list_tensors(runs)
-        names = attn_bwd.attn_bwd_tlx_kernel.arg_names
-        (launched,) = [dict(zip(names, r[2])) for r in by_recipe if r[0] == "attn_bwd_tlx_kernel"]
-        if case == "GQA split":  # the parts' fp32 slabs of one zeroed accumulator, as the full path's
-            assert launched["GROUP_SPLIT"] == 4 and launched["DK"].dtype == torch.float32
-            assert launched["DV"].data_ptr() - launched["DK"].data_ptr() == k.numel() * 4
-            assert not launched["DK"].any() and not launched["DV"].any()
-        assert _list_tensors(runs)[0].shape != offsets.shape  # a list, not the one-wave path's offsets
-        runs.clear()
-        _full(monkeypatch, lambda: tlx.backward(*args, params))
-        full_lists = _list_tensors(runs)
-        if case == "torch item list":  # torch ops make it anew each call (from the reused tile list): by value
-            assert all(torch.equal(a, b) for a, b in zip(lists, full_lists))
-            full_lists = full_lists[2:4]
-        assert _launches(by_recipe, args + full_lists) == _launches(runs, args + full_lists)
-        fresh = lists[2:4] if case.startswith("one length") else lists  # its item list: one per shape, by design
-        assert before is None or all(a is not b for a, b in zip(fresh, before) if a is not None)
-        before = fresh
-    assert [kind for kind, _ in answers] == ["recipe"] * 3
-
-
-@needs_tlx
-@pytest.mark.parametrize("case", ["causal", "not causal", "window", "fp16", "GQA"])
-def test_forward_replay_past_one_wave_launches_what_the_full_path_launches(gpu, monkeypatch, case):
-    """``configs.FORWARD_REPLAY_WAVES``: a forward past one wave (2417 rows: 24 query tile slots x 8 heads on 132
-    SMs, the zigzag order's head group a constant of the shapes) is served by its replay, which launches what the
-    full path launches for the call, its sorted query tile list the very tensors the full path launches (eager
-    reuse, as the backward's test), made again for another batch and for the offsets written in place."""
-    from jfa_ops.backends import base
-
-    runs, answers = gpu
-    monkeypatch.setattr(tlx_configs, "FORWARD_REPLAY_WAVES", True)
-    monkeypatch.setattr(base, "EAGER_REUSE_DEVICES", ("cpu", "cuda"))
-    base.clear_eager_reuse()
-    spec = dict(causal=dict(), window=dict(causal=False, window_left=300, window_right=0)).get(case, {})
-    if case == "not causal":
-        spec = dict(causal=False)
-    dtype = torch.float16 if case == "fp16" else torch.bfloat16
-    if case == "GQA":
-        monkeypatch.setitem(globals(), "HEADS", (8, 2))
-    params = _params(**dict(dict(causal=True), **spec))
-    q, k, v, offsets = _inputs(WAVES_BATCHES[0], dtype=dtype)
-    _forward(q, k, v, offsets, params)  # the full path: makes the replay
-    assert not answers and len(attn_fwd._REPLAYS) == 1
-    before = None
-    for q, k, v, offsets in _later_batches(WAVES_BATCHES, offsets, dtype):
-        runs.clear()
-        _forward(q, k, v, offsets, params)
-        assert answers[-1][0] == "replay" and answers[-1][1] is not None
-        by_replay = [r for r in runs if r[0] == "attn_fwd_tlx_kernel"]
-        lists = _list_tensors(runs, attn_fwd.attn_fwd_tlx_kernel)
-        assert lists[0].shape != offsets.shape and lists[4] is None  # a list, not the one-wave path's offsets
-        runs.clear()
-        _full(monkeypatch, lambda: _forward(q, k, v, offsets, params))
-        inputs = (q, k, v, offsets) + _list_tensors(runs, attn_fwd.attn_fwd_tlx_kernel)[:4]
-        assert _launches(by_replay, inputs) == _launches(runs, inputs)
-        assert before is None or all(a is not b for a, b in zip(lists[:4], before))
-        before = lists[:4]
-    assert [kind for kind, _ in answers] == ["replay"] * 3
-
-
-@needs_tlx
-@pytest.mark.parametrize("why", ["switch off", "atomic work counter", "checked offsets"])
-def test_forward_replay_past_one_wave_declines(gpu, monkeypatch, why):
-    """Past one wave no replay serves with ``configs.FORWARD_REPLAY_WAVES`` off (one kept while it was on included:
-    the key holds it), none is kept for the v3 consumers' atomic work counter (``configs.FORWARD_DYNAMIC``: a zeroed
-    counter per call) or checked offsets (the list's build checks them): each call launches what its full path
-    launches."""
-    runs, answers = gpu
-    monkeypatch.setattr(tlx_configs, "FORWARD_REPLAY_WAVES", True)
-    if why == "switch off":
-        _forward(*_inputs(WAVES_BATCHES[0], seed=5), _params(causal=True))
-        assert len(attn_fwd._REPLAYS) == 1
-        monkeypatch.setattr(tlx_configs, "FORWARD_REPLAY_WAVES", False)
-    if why == "atomic work counter":
-        monkeypatch.setattr(tlx_configs, "ONE_LOOP", False)
-        monkeypatch.setattr(tlx_configs, "FORWARD_DYNAMIC", True)
-    params = _params(causal=True, check_offsets=why == "checked offsets")
-    monkeypatch.setattr(attn_fwd.validation, "device_flag", lambda flag, mode: None)
-    monkeypatch.setattr(attn_fwd.validation, "validation_mode", lambda device: "async")
-    for lengths in WAVES_BATCHES[:2]:
-        q, k, v, offsets = _inputs(lengths)
-        runs.clear()
-        _forward(q, k, v, offsets, params)
-        names = attn_fwd.attn_fwd_tlx_kernel.arg_names
-        (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_fwd_tlx_kernel"]
-        assert not launched["TILES_FROM_OFFSETS"] and launched["ATOMIC_WORK"] is (why == "atomic work counter")
-        by_kept = _launches(runs, (q, k, v, offsets))
-        runs.clear()
-        _full(monkeypatch, lambda: _forward(q, k, v, offsets, params))
-        assert _launches(runs, (q, k, v, offsets)) == by_kept
-    assert not answers and len(attn_fwd._REPLAYS) == (why == "switch off")
-
-
-@needs_tlx
-def test_backward_recipe_serves_one_wave_and_past_it(gpu, monkeypatch):
-    """One signature's recipe keeps a plan group per schedule: calls alternating between one wave and past it are
-    served by it once each schedule's full path ran (the one-wave call's launch reads the offsets, the other the
-    lists), each launching what the full path launches; with ``configs.BACKWARD_RECIPE_WAVES`` off (its key) past
-    one wave takes the full path and keeps nothing for it."""
-    runs, answers = gpu
-    params = _params(causal=True)
-    for waves in (False, True):
-        monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", waves)
-        answers.clear()
-        for lengths in ([64, 17, 40, 5], WAVES_BATCHES[0]) * 2:
-            q, k, v, offsets = _inputs(lengths)
-            runs.clear()
-            args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
-            by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
-            runs.clear()
-            _full(monkeypatch, lambda: tlx.backward(*args, params))
-            assert _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args) == by_kept
-        (recipe,) = [r for key, r in attn_bwd._RECIPES.items() if key[-1] is waves]
-        assert sorted(recipe.groups) == ([True] if not waves else [False, True])
-        served = [result is not None for _, result in answers]
-        assert served == ([False, True, False] if not waves else [False, True, True])
-
-
 @needs_tlx
 def test_backward_recipe_serves_a_gqa_split_in_one_wave(gpu, monkeypatch):
     """A GQA split whose parts still fit one wave (8 key tile slots x 2 kv heads x 4 parts = 64 items on 132 SMs) is
-    served by the one-wave recipe (with the switch off), which launches what the full path launches: the parts'
+    served by the one-wave recipe, which launches what the full path launches: the parts'
     grid and fp32 dK/dV slabs, dK/dV returned in k's dtype."""
     runs, answers = gpu
     monkeypatch.setitem(globals(), "HEADS", (8, 2))
@@ -424,40 +232,6 @@ def test_backward_recipe_serves_a_gqa_split_in_one_wave(gpu, monkeypatch):
         _full(monkeypatch, lambda: tlx.backward(*args, params))
         assert _launches(runs, args) == by_kept
     assert [kind for kind, result in answers] == ["recipe"] and answers[0][1] is not None
-
-
-@needs_tlx
-@pytest.mark.parametrize("why", ["misaligned tensor", "list specializes otherwise"])
-def test_backward_recipe_past_one_wave_declines(gpu, monkeypatch, why):
-    """Past one wave the recipe declines what it does not cover and the full path runs (and launches what it
-    would): a base TMA cannot read, a list
-    whose specialization differs from the kept plan's (``launch.PlanGroup`` launches nothing then)."""
-    runs, answers = gpu
-    monkeypatch.setattr(tlx_configs, "BACKWARD_RECIPE_WAVES", True)
-    params = _params(causal=True)
-    q, k, v, offsets = _inputs(WAVES_BATCHES[0])
-    _backward(q, k, v, offsets, params, torch.randn_like(q))
-    q, k, v, offsets = _inputs(WAVES_BATCHES[1], seed=1)
-    if why == "misaligned tensor":
-        shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # a 2-byte offset
-        shifted.copy_(q)
-        q = shifted
-    elif why == "list specializes otherwise":
-        from jfa_ops.backends.triton import block_sparse_bwd
-
-        made = block_sparse_bwd._causal_item_list_device
-        monkeypatch.setattr(block_sparse_bwd, "_causal_item_list_device", lambda *a: tuple(
-            torch.empty(t.numel() + 1, dtype=t.dtype)[1:] for t in made(*a)))  # 4-byte aligned rows
-    answers.clear()
-    runs.clear()
-    args, _ = _backward(q, k, v, offsets, params, torch.randn_like(q))
-    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
-    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
-    assert answers == [("recipe", None)] and attn_bwd._RECIPES
-    by_kept = _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args)
-    runs.clear()
-    _full(monkeypatch, lambda: tlx.backward(*args, params))
-    assert _launches([r for r in runs if r[0] in BACKWARD_KERNELS], args) == by_kept
 
 
 @needs_tlx
@@ -581,7 +355,6 @@ STORE_TMA_REPLAY_CASES = {
     "jagged causal": dict(),
     "GQA 8:2": dict(heads=(8, 2)),
     "fused projection (q row stride (Hq + 2 Hkv) D)": dict(fused=True),
-    "past one wave (sorted list per replay)": dict(sms=3, switches=(("FORWARD_REPLAY_WAVES", True),)),
     "broadcast-Q on the v4 consumers": dict(broadcast=True, switches=(("ONE_LOOP", True),)),
 }
 
@@ -734,47 +507,6 @@ def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
     assert got["WALK_AHEAD"] is False  # configs.SPARSE_FORWARD_WALK_AHEAD's default (off: stop 38's measurement)
     _, got = _block_sparse_launch(runs, monkeypatch, causal, 132)
     assert got["TILES_FROM_OFFSETS"] and got["ZIGZAG"] is False and got["head_group"] == 1
-
-
-@needs_tlx
-@pytest.mark.parametrize("causal", [False, True])
-def test_block_sparse_forward_stream_order_launch(gpu, monkeypatch, causal):
-    """``configs.SPARSE_FORWARD_ORDER`` (helper order39), read per call: "streams" builds the work list with
-    ``stream_major_cost``'s keys, "cost" (the default) with ``selected_cost_args`` as before; the kernel's launch
-    is otherwise the same (every constexpr and the head group: the same specialization, only the list's order
-    differs), list or one wave."""
-    from jfa_ops.backends.triton import block_sparse_fwd
-
-    seen = []
-    real = attn_fwd.forward_tiles
-
-    def spy(*args, **kwargs):  # the list's kernels are stubbed: its slots hold garbage, so no cost is computed
-        seen.append(kwargs)
-        return real(*args)
-
-    monkeypatch.setattr(attn_fwd, "forward_tiles", spy)
-    launches = {}
-    for order in ("cost", "streams"):
-        monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ORDER", order)
-        seen.clear()
-        launches[order] = _block_sparse_launch(runs=gpu[0], monkeypatch=monkeypatch, causal=causal, sms=3)
-        (kwargs,) = seen
-        if order == "cost":
-            assert kwargs.keys() == block_sparse_fwd.selected_cost_args(torch.zeros(1, 1, 1), 128).keys()
-        else:
-            seq = torch.tensor([0, 0, 1, 2, 3, -1], dtype=torch.int32)
-            start = torch.tensor([0, 128, 0, 256, 0, 0], dtype=torch.int32)
-            count = torch.full((4, HEADS[1], 5), 2, dtype=torch.int32)  # _block_sparse_launch's selection
-            assert torch.equal(kwargs["cost_of"](seq, start),
-                               block_sparse_fwd.stream_major_cost(count, 128)(seq, start))
-    (grid_a, got_a), (grid_b, got_b) = launches.values()
-    assert grid_a == grid_b
-    plain = (bool, int, float, str, type(None))  # the constexprs and scalars (tensors, descriptors: per call)
-    assert {k: v for k, v in got_a.items() if isinstance(v, plain)} == \
-        {k: v for k, v in got_b.items() if isinstance(v, plain)}
-    assert got_b["ZIGZAG"] and not got_b["TILES_FROM_OFFSETS"]
-    _, got = _block_sparse_launch(gpu[0], monkeypatch, causal, 132)  # one wave: no list to order
-    assert got["TILES_FROM_OFFSETS"]
 
 
 @needs_tlx
@@ -1288,27 +1020,6 @@ def _launches_with_knob(monkeypatch, knob: str, calls: tuple, launched, answers)
 
 
 @needs_tlx
-def test_kv_prefetch_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
-    """``configs.BACKWARD_KV_PREFETCH`` (helper bcastbwd39, env JFA_TLX_BWD_KV_PREFETCH), off by default, sets the
-    TLX backward's KV_PREFETCH and passes k, v, dO as the prefetch's row pointers on a broadcast-Q call (the target)
-    and a causal jagged call, whose signature keeps no recipe with it (the pointers are no recipe source); off with
-    it off (K_ROWS None: the default's launch), and where a row of K, V or dO is not packed (fused q, k, v slices:
-    the prefetch's addresses assume rows H * D apart)."""
-    runs, answers = gpu
-    assert not tlx_configs.BACKWARD_KV_PREFETCH  # off until timed on the H200
-    q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
-    launched = functools.partial(_backward_launch, runs)
-
-    broadcast, causal = _broadcast_and_causal_calls(q, k, v, offsets)
-    for on, _, got in _launches_with_knob(monkeypatch, "BACKWARD_KV_PREFETCH", (broadcast, causal), launched, answers):
-        assert got["KV_PREFETCH"] is on and got["KV_EARLY"] is True
-        assert (got["K_ROWS"] is k and got["V_ROWS"] is v) if on else got["K_ROWS"] is None
-    fq, fk, fv, _ = _inputs([300, 17, 700, 5, 0, 1], fused=True)
-    got = launched(lambda: _backward(fq, fk, fv, offsets, _params(causal=True), torch.randn_like(fq)))
-    assert got["KV_PREFETCH"] is False and got["K_ROWS"] is None
-
-
-@needs_tlx
 def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_STATS_SMEM`` (helper lsedelta40, env JFA_TLX_BWD_STATS_SMEM), off by default, sets the TLX
     backward's STATS_SMEM with two descriptors over lse and delta as one row each ([1, Hq x rows], blocks [1, 64],
@@ -1597,8 +1308,8 @@ def test_gqa_split_launches_group_parts(gpu, monkeypatch, rounds, parts):
     """``configs.BACKWARD_GQA_SPLIT`` (helper gqabwd): a GQA call (Hq8:Hkv2, 12 key tile slots: 24 items on 8 programs)
     launches GROUP_SPLIT = ``gqa_split_parts``' parts (4 rounds: 2; 16: the whole group of 4) under the snake with DK
     / DV the two slabs of one zeroed fp32 [2, T, Hkv, D] accumulator, and returns dk / dv in k's dtype; off (0), the
-    default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (past one wave a recipe
-    serves it only with ``configs.BACKWARD_RECIPE_WAVES``, off here)."""
+    default launch (GROUP_SPLIT 1, striding, DK / DV in k's dtype). A repeat launches the same (past one wave no
+    recipe serves it)."""
     runs, answers = gpu
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 8)
     monkeypatch.setattr(tlx_configs, "BACKWARD_GQA_SPLIT", rounds)

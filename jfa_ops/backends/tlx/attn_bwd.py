@@ -135,38 +135,14 @@ def _bwd_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads_kv, 
 
 @triton.jit
 def _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, ZERO_STORE: tl.constexpr = False):
+                       BLOCK_M: tl.constexpr):
     """If query block m0 runs into the next sequence's rows: consumer 0 zeroes them in both tiles of slot buf (Q and
-    dO), then both consumers meet at VFIX_BARRIER. ZERO_STORE (``configs.BACKWARD_ZERO_STORE``, helper desc38): by
-    ``_store_zero_rows`` (8-row groups) instead of ``_zero_rows_past_end``'s 32-row load/select/store chunks."""
+    dO), then both consumers meet at VFIX_BARRIER."""
     if m0 + BLOCK_M > len_q:
         if CID == 0:
-            if ZERO_STORE:
-                _store_zero_rows(q_tiles[buf], len_q - m0, BLOCK_M, HEAD_DIM, 8)
-                _store_zero_rows(do_tiles[buf], len_q - m0, BLOCK_M, HEAD_DIM, 8)
-                tlx.fence_async_shared()  # the wgmma (async proxy) must see these generic-proxy writes
-            else:
-                _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
-                _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+            _zero_rows_past_end(q_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
+            _zero_rows_past_end(do_tiles[buf], m0, len_q, BLOCK_M, HEAD_DIM, 32)
         tlx.named_barrier_wait(VFIX_BARRIER, 256)
-
-
-@triton.jit
-def _store_zero_rows(tile, first, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr):
-    """Rows ``first``.. of a [BLOCK, HEAD_DIM] tile zeroed in groups of GROUP rows (8: the swizzle's period, the
-    smallest slice TLX allows): a group wholly past ``first`` by a store of zeros (no load), the one group across it
-    by load / select / store (GROUP / 8 values per thread). Why (helper desc38, bench/NOTES.md "Issue 10: consumer 0's
-    descriptors"): ``_zero_rows_past_end``'s 32-row chunks in consumer 0's block loop (32 values and 32 row predicates
-    per thread) made ptxas keep that consumer's loop counters, slot and tile addresses in vector registers, and build
-    every wgmma descriptor per lane (27 R2UR, ~80 more integer ALU per block on the mask-free path)."""
-    for r in tl.static_range(0, BLOCK, GROUP):
-        if first <= r:
-            tlx.local_store(tlx.local_slice(tile, [r, 0], [GROUP, HEAD_DIM]), tl.zeros([GROUP, HEAD_DIM], tile.dtype))
-        elif first < r + GROUP:
-            part = tlx.local_slice(tile, [r, 0], [GROUP, HEAD_DIM])
-            v = tlx.local_load(part)
-            keep = tl.arange(0, GROUP) < first - r
-            tlx.local_store(part, tl.where(keep[:, None], v, tl.zeros_like(v)))
 
 
 @triton.jit
@@ -275,46 +251,6 @@ def _produce_selected_rows(desc_q, desc_do, q_tiles, do_tiles, q_fulls, q_emptie
 
 
 @triton.jit
-def _prefetch_rows_l2(Ptr, row0, n_rows, stride, col, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rows row0 .. row0 + min(n_rows, ROWS) - 1 of one head (HEAD_DIM elements from column ``col``; 2-byte
-    elements) into the L2: one ``cp.async.bulk.prefetch.L2.global`` of the row's bytes per thread (a hint: no
-    shared memory, no barrier, nothing to wait for). TLX's TMA tensor prefetch is not in this Triton build."""
-    rows = tl.arange(0, ROWS)
-    ptrs = (Ptr + (row0 + rows).to(tl.int64) * stride + col).to(tl.int64)
-    ok = (rows < n_rows).to(tl.int32)
-    if HEAD_DIM == 128:
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-                                  "@p cp.async.bulk.prefetch.L2.global [$1], 256; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.static_assert(HEAD_DIM == 64, "KV_PREFETCH: head_dim 64 or 128")
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-                                  "@p cp.async.bulk.prefetch.L2.global [$1], 128; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_item(item, K, V, DO, stride_kv, unit, group, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, GROUP_SPLIT: tl.constexpr):
-    """KV_PREFETCH: a work item's K and V tile and its first two dO blocks (first q head of its part) into the L2
-    (``_prefetch_rows_l2``: the producer's 128 threads a row each), so that the item's TMA loads, issued once the
-    previous item frees K/V, hit the L2 instead of HBM (helper bcastbwd39: broadcast-Q's items are 2 blocks, and
-    the K/V wait is paid once per item). K, V, DO: packed rows (K/V rows ``stride_kv`` apart, dO rows group times
-    that: the host checks it)."""
-    (real, _, n0, out_row0, len_q, kv_row0, len_k, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, _,
-     _) = item
-    kv_head, g_begin, _ = _group_part(unit, group, GROUP_SPLIT)
-    if real:
-        _prefetch_rows_l2(K, kv_row0 + n0, len_k - n0, stride_kv, kv_head * HEAD_DIM, BLOCK_N, HEAD_DIM)
-        _prefetch_rows_l2(V, kv_row0 + n0, len_k - n0, stride_kv, kv_head * HEAD_DIM, BLOCK_N, HEAD_DIM)
-        n_lead = _n_blocks(lead_begin, lead_end, BLOCK_M)
-        n_unmasked = n_lead + _n_blocks(bulk_begin, bulk_end, BLOCK_M)
-        m_first = stage_block_start(0, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_M)
-        _prefetch_rows_l2(DO, out_row0 + m_first, len_q - m_first, stride_kv * group,
-                          (kv_head * group + g_begin) * HEAD_DIM, 2 * BLOCK_M, HEAD_DIM)
-
-
-@triton.jit
 def _opaque_zero(j):
     """0 for j >= 0, which neither LLVM nor ptxas can see (so values computed from it stay inside j's loop)."""
     return tl.inline_asm_elementwise("{ .reg .pred p; setp.lt.s32 p, $1, 0; selp.u32 $0, 1, 0, p; }", "=r,r", [j],
@@ -338,8 +274,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                      HAS_RIGHT: tl.constexpr, DTYPE: tl.constexpr, DQ_SHARED: tl.constexpr, ids=None,
                      sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0,
                      STATS_AHEAD: tl.constexpr = False, ABLATE: tl.constexpr = 0, MXFP8: tl.constexpr = False,
-                     PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False, stat_tiles=None,
-                     STATS_SMEM: tl.constexpr = False):
+                     PEEL: tl.constexpr = False, stat_tiles=None, STATS_SMEM: tl.constexpr = False):
     """v2 (FA3's Hopper order): S = Q K^T and dP = dO V^T un-transposed, [rows, keys], so lse and delta are 2
     registers per thread (transposed: 16 each); P and dS go through shared memory as the A operands of dV += P^T dO and
     dK += dS^T Q; dQ = dS K (DQ_SPLIT column slices) from dS in registers. The loop has num_stages=0 (else Triton's
@@ -461,7 +396,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 rows_left = len_q - m0
                 rows_ok = rows < rows_left
                 if masked:
-                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M, ZERO_STORE)
+                    _fix_rows_past_end(q_tiles, do_tiles, buf, m0, len_q, CID, HEAD_DIM, BLOCK_M)
                 q_tile = q_tiles[buf]
                 do_tile = do_tiles[buf]
                 # This consumer's tiles, indexed through an opaque zero: else LLVM hoists their wgmma descriptors (one
@@ -685,8 +620,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         UNIFORM_WALK: tl.constexpr = False, ITEM_LIST: tl.constexpr = False,
                         SNAKE: tl.constexpr = False, ABLATE: tl.constexpr = 0, GROUP_SPLIT: tl.constexpr = 1,
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-                        PEEL: tl.constexpr = False, ZERO_STORE: tl.constexpr = False,
-                        KV_PREFETCH: tl.constexpr = False, K_ROWS=None, V_ROWS=None, DO_ROWS=None,
+                        PEEL: tl.constexpr = False,
                         STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None,
                         STORE_TMA: tl.constexpr = False, desc_dk=None, desc_dv=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
@@ -720,11 +654,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     PEEL (``configs.BACKWARD_PEEL``; dense, not MXFP8): the consumers' block loop peeled by stage
     (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without.
 
-    KV_PREFETCH (``configs.BACKWARD_KV_PREFETCH``; dense walks): once the producer has issued an item's loads,
-    it looks up its next item and prefetches that item's K, V and first two dO blocks into the L2
-    (``_prefetch_item``; K_ROWS, V_ROWS, DO_ROWS: k, v, dO as pointers, packed rows), an item ahead of their loads;
-    the consumers are unchanged.
-
     STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense, not MXFP8, not with STATS_AHEAD): the producer loads each
     block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s rows) into its ring slot with Q and dO, on
     the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``).
@@ -734,7 +663,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     blocks [HALF_N, D]; ``_store_staged``) instead of being read back for masked pointer stores; dV's store waits for
     dK's read of the buffer, and dV's read is waited for where the buffer is next written (the next dQ reduce-add's
     staging, or the next epilogue). A partial half-tile keeps the pointer stores. The same bits."""
-    tl.static_assert(not KV_PREFETCH or not SPARSE, "KV_PREFETCH: the dense walks")
     tl.static_assert(not STATS_SMEM or not (SPARSE or MXFP8 or STATS_AHEAD),
                      "STATS_SMEM: the dense walks, not MXFP8, instead of STATS_AHEAD's prefetch")
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
@@ -832,15 +760,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                                                     q_row0, out_row0, col, tail_begin, tail_end, BLOCK_M, HEAD_DIM,
                                                     NUM_BUFFERS_Q, NO_LOADS, desc_lse, desc_delta, stat_tiles,
                                                     stat_row0, STATS_SMEM)
-                if KV_PREFETCH:  # once this item's loads are issued (its Q/dO first: they are on its path), the next
-                    # item's K/V and first dO blocks into the L2, to land while this item computes
-                    if i + 1 < my_items:
-                        ahead = _bwd_item(snake_work(pid, i + 1, programs, SNAKE), Q_OFF, KV_OFF, TILE_SEQ, TILE_START,
-                                          n_tiles, units, num_seqs, search_steps, rows_s, rows_o, window_left, right,
-                                          head_group, TILE_HEAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                                          TILES_FROM_OFFSETS, HEAD_GROUPED, ITEM_LIST)
-                        _prefetch_item(ahead, K_ROWS, V_ROWS, DO_ROWS, stride_dkvt, ahead[1], group, HEAD_DIM, BLOCK_M,
-                                       BLOCK_N, GROUP_SPLIT)
 
         with tlx.async_task(num_warps=4, registers=240, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -884,7 +803,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                             len_k, qk_scale, right, window_left, lead_begin, lead_end, bulk_begin, bulk_end,
                             tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
                             HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
-                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, ZERO_STORE, stat_tiles, STATS_SMEM)
+                            BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, stat_tiles, STATS_SMEM)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -973,7 +892,7 @@ def _gqa_split(q, k, kv_offsets, params, causal_order: bool, gqa_split: int):
 def _causal_items(schedule, q, k, kv_offsets, params, q_off, total_out, cfg, device_list):
     """The causal order's (seq, start, kv head) item list of a call whose key tile list ``schedule`` holds (sorted,
     not one wave): made once per shape for a one-length causal batch, else per call on the device (eager calls with
-    the same tile list and offsets reuse it) or by torch ops: the full path's and the recipe's."""
+    the same tile list and offsets reuse it) or by torch ops."""
     num_heads_kv, device = k.shape[1], q.device
     row_bytes = (q.shape[1] // num_heads_kv) * q.shape[2] * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
     if one_length_causal(q, k, kv_offsets, params):
@@ -1008,8 +927,6 @@ class BackwardVariant(NamedTuple):
     parts: int
     kv_early: bool
     peel: bool
-    zero_store: bool
-    kv_prefetch: bool
     stats_smem: bool = False
     store_tma: bool = False
 
@@ -1019,7 +936,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        item_order: bool = False, group_order: bool = False, causal_order: Optional[bool] = False,
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
-                       peel: bool = False, zero_store: bool = False, kv_prefetch: bool = False,
+                       peel: bool = False,
                        stats_smem: bool = False, store_tma: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
@@ -1048,11 +965,8 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split,
     one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
     staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
-    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL). ``zero_store``
-    (``configs.BACKWARD_ZERO_STORE``): consumer 0 zeroes a block's Q / dO rows past the sequence end by 8-row stores of
-    zeros (the kernel's ZERO_STORE), which keeps its block loop's wgmma descriptors in uniform registers.
-    ``kv_prefetch`` (``configs.BACKWARD_KV_PREFETCH``; dense calls, else ignored): the producer prefetches the next
-    item's K/V and first dO blocks into the L2 (the kernel's KV_PREFETCH). ``stats_smem``
+    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL).
+    ``stats_smem``
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
     loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe.
     ``store_tma`` (``configs.BACKWARD_STORE_TMA``; where ``kv_early`` runs, else ignored): whole dK/dV half-tiles leave
@@ -1082,8 +996,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         head_group = 0
     kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
     peel = bool(peel and selection is None and not mxfp8)
-    zero_store = bool(zero_store)
-    kv_prefetch = bool(kv_prefetch and selection is None)
     # STATS_SMEM's TMA coordinates are int32 rows of the flat [Hq * rows] lse / delta
     stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
         (kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0]) < 2 ** 31 - 2 ** 16)
@@ -1096,15 +1008,14 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
-                              ablate, parts, kv_early, peel, zero_store, kv_prefetch, stats_smem, store_tma)
-    # no recipe for the MXFP8 backward (delta from another dO), nor with KV_PREFETCH (its pointers are no source),
-    # STATS_SMEM or STORE_TMA (their two descriptors are not among the recipe's)
-    kept = (selection is None and not mxfp8 and delta_grad_out is None and not kv_prefetch and not stats_smem
-            and not store_tma)
+                              ablate, parts, kv_early, peel, stats_smem, store_tma)
+    # no recipe for the MXFP8 backward (delta from another dO), nor with STATS_SMEM or STORE_TMA (their two
+    # descriptors are not among the recipe's)
+    kept = selection is None and not mxfp8 and delta_grad_out is None and not stats_smem and not store_tma
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
-        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, causal_jagged)
+        grads = recipe.run(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets)
         if grads is not None:
             return grads
     if mxfp8 and selection is not None:
@@ -1117,10 +1028,10 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                    mxfp8=False, delta_grad_out=None, device_list=False):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
     recipe for the next calls of that signature where ``_Recipe`` covers the call. ``device_list``: the causal
-    order's per-call list built on the device (the same list; a recipe makes its lists per call, told it too),
+    order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, zero_store, kv_prefetch, stats_smem, store_tma) = variant
+     peel, stats_smem, store_tma) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1137,8 +1048,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     lse = lse if lse.is_contiguous() else lse.contiguous()
     if stats_smem and lse.data_ptr() % 16:  # a TMA source starts 16-byte aligned (a view's offset: copy it)
         lse = lse.clone()
-    # KV_PREFETCH addresses K, V and dO rows as packed [T, H, D] (rows H * D apart: DK's stride, stride_dkvt)
-    kv_prefetch = kv_prefetch and all(t.stride(0) == t.shape[1] * head_dim for t in (k, v, grad_out))
     cfg = bwd_config_v2(head_dim, dq_shared)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
@@ -1187,7 +1096,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         desc_v=rows_descriptor(v, cfg.block_n // 2), desc_do=rows_descriptor(grad_out, cfg.block_m),
         desc_dq=_dq_descriptor(dq_acc, cfg.block_m, head_dim // cfg.dq_split), Lse=lse, Delta=delta, DK=dk, DV=dv,
         Q_OFF=q_off, KV_OFF=kv_off, **schedule_arguments(schedule), total_out=total_out, **sparse_dynamic,
-        **(dict(K_ROWS=k, V_ROWS=v, DO_ROWS=grad_out) if kv_prefetch else {}),
         **(dict(desc_lse=_stats_descriptor(lse, cfg.block_m), desc_delta=_stats_descriptor(delta, cfg.block_m))
            if stats_smem else {}),
         **(dict(desc_dk=rows_descriptor(dk, cfg.block_n // 2), desc_dv=rows_descriptor(dv, cfg.block_n // 2))
@@ -1205,14 +1113,13 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
                     ABLATE=ablate, GROUP_SPLIT=parts,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
-                    KV_EARLY=kv_early, PEEL=peel, ZERO_STORE=zero_store,
-                    KV_PREFETCH=kv_prefetch, **({} if kv_prefetch else dict(K_ROWS=None, V_ROWS=None, DO_ROWS=None)),
+                    KV_EARLY=kv_early, PEEL=peel,
                     STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)),
                     STORE_TMA=store_tma, **({} if store_tma else dict(desc_dk=None, desc_dv=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
-                    ("MXFP8",) if mxfp8 else ()) + (("KV_PREFETCH",) if kv_prefetch else ())
+                    ("MXFP8",) if mxfp8 else ())
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
     if parts > 1:  # two tensors (views of one would alias the op's outputs)
@@ -1224,26 +1131,17 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     launch_planned(attn_bwd_dq_finalize_kernel, finalize_key, (cdiv(q.numel(), FINALIZE_BLOCK),),
                    dict(DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), slab_stride=q.numel()),
                    lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK))
-    # What _Recipe covers (see there): then keep the plans just launched in this signature's recipe, one group per
-    # schedule (from the offsets in one wave, or a sorted list: configs.BACKWARD_RECIPE_WAVES)
-    from_offsets = schedule["TILES_FROM_OFFSETS"]
-    recipe = None if key is None else _RECIPES.get(key)
-    if (key is not None and (recipe is None or from_offsets not in recipe.groups) and not schedule["ATOMIC_WORK"]
-            and (from_offsets or configs.BACKWARD_RECIPE_WAVES)
+    # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
+    if (key is not None and key not in _RECIPES and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
             and all(a is b and _packed_any_rows(a) for a, b in zip((q, k, v, out, grad_out), given))):
-        sources = _TLX_SOURCES if from_offsets else dict(
-            _TLX_SOURCES, **_LIST_SOURCES, **({} if items is None else dict(TILE_HEAD="tile_head")))
         group = launcher.plan_group(((attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
-                                     (attn_bwd_tlx_kernel, plan_key, sources, options),
+                                     (attn_bwd_tlx_kernel, plan_key, _TLX_SOURCES, options),
                                      (attn_bwd_dq_finalize_kernel, finalize_key, _FINALIZE_SOURCES, {})))
         if group is not None:
-            if recipe is None:
-                if len(_RECIPES) >= _RECIPES_MAX:
-                    _RECIPES.clear()
-                recipe = _RECIPES[key] = _Recipe(device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts,
-                                                 tuple(descriptor_layout(dynamic[name]) for name in (
-                                                     "desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
-            recipe.groups[from_offsets] = group
+            if len(_RECIPES) >= _RECIPES_MAX:
+                _RECIPES.clear()
+            _RECIPES[key] = _Recipe(group, device, num_heads, num_heads_kv, cfg, parts, tuple(
+                descriptor_layout(dynamic[name]) for name in ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dq")))
     return dq, dk, dv
 
 
@@ -1252,10 +1150,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
 # signature (configs, choices, plan keys, ~60 arguments bound). A recipe keeps the three launch plans of a signature
 # as one ``launch.PlanGroup``; a later call of the signature checks its sizes, allocates, builds its five descriptors
 # (each holds its tensor's address and rows) and launches. The triton backward's switches turn it off too
-# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``). Past one wave
-# (``configs.BACKWARD_RECIPE_WAVES``) a call also takes its tile and item lists, which are per-call values, from the
-# full path's functions (large calls: ~33 specializations, 5 descriptors and the decisions skipped; bench/NOTES.md
-# "kept launches past one wave").
+# (``JFA_BWD_RECIPES=0`` / ``triton.attn_bwd.RECIPES_ENABLED``, ``launch.REPLAYS_ENABLED``). Recipes serve calls of
+# one wave only (serving larger calls with their lists made per call measured slower on the H200's model step, stop
+# 37: bench/NOTES.md "kept launches past one wave").
 _RECIPES: dict = {}
 _RECIPES_MAX = 256  # a bound, not a tuning (keys hold no row counts)
 launcher.CLEAR_HOOKS.append(_RECIPES.clear)  # recipes hold plans: dropped with them
@@ -1265,15 +1162,14 @@ def _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant):
     """What the full path's decisions for a dense call follow from, except the sizes ``_Recipe.run`` checks per call:
     the device, the tensors' dtypes (TMA's row-stride rule is in bytes), head counts, head_dim, strides (packing, row
     strides), grad_lse's presence and dtype, the options the backward reads, the triton knobs' generation (the one-wave
-    rule), the kernel variant (``configs.BACKWARD_*``) and whether recipes serve calls past one wave. None where no
-    recipe may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter,
+    rule) and the kernel variant (``configs.BACKWARD_*``). None where no recipe may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter,
     tracing, plans or replays off) or the triton backward's recipes are off."""
     if not triton_bwd.RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
         return None
     return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,
             None if grad_lse is None else grad_lse.dtype, q.shape[1], q.shape[2], k.shape[1], q.stride(), k.stride(),
             v.stride(), out.stride(), grad_out.stride(), params.scale, params.causal, params.window_left,
-            params.window_right, params.deterministic, Knobs.generation, variant, configs.BACKWARD_RECIPE_WAVES)
+            params.window_right, params.deterministic, Knobs.generation, variant)
 
 
 # Where each launch's per-call arguments come from (``launch.PlanGroup`` sources, each specialized once).
@@ -1284,40 +1180,37 @@ _TLX_SOURCES = dict(desc_q="desc_q", desc_k="desc_k", desc_v="desc_v", desc_do="
                     TILE_START="kv_off", TILE_COUNT="kv_off", WORK_COUNTER="kv_off", n_slots="kv_slots",
                     search_steps="steps", num_seqs="num_seqs", rows_s="rows_k", rows_o="total_out",
                     total_out="total_out")
-# past one wave: the sorted key tile list (or the causal order's items, with their kv heads in TILE_HEAD)
-_LIST_SOURCES = dict(TILE_SEQ="tile_seq", TILE_START="tile_start", TILE_COUNT="tile_count", WORK_COUNTER="tile_count")
 _FINALIZE_SOURCES = dict(DQ_ACC="dq_acc", DQ="dq", n_elem="n_elem", slab_stride="n_elem")
-_NO_LISTS: dict = {}  # (never written) a one-wave call's: a keyword no slot names costs ~0.5-1 us in PlanGroup.launch
 
 
 class _Recipe:
     """A dense backward signature's launches (delta, the TLX kernel, dQ finalize), made by ``_full_backward`` from
-    the plans it launched: ``groups[True]`` where its key tile list was mapped from the offsets in one wave,
-    ``groups[False]`` where it was sorted (``configs.BACKWARD_RECIPE_WAVES``; the list, and the causal order's item
-    list, made per call by the full path's functions). ``run`` serves a call of the key's signature whose schedule
-    has a group and whose tensors are TMA-ready in place (else None: the caller takes the full path); it launches
-    the same kernels with the same arguments as the full path would (tests compare them), all three or none."""
+    the plans it launched where its key tile list was mapped from the offsets in one wave. ``run`` serves a call of
+    the key's signature whose sizes keep to that path and whose tensors are TMA-ready in place (else None: the
+    caller takes the full path); it launches the same kernels with the same arguments as the full path would (tests
+    compare them), all three or none."""
 
-    __slots__ = ("groups", "device", "num_heads", "num_heads_kv", "cfg", "bounds", "causal_order", "parts",
-                 "layouts", "last")
+    __slots__ = ("group", "device", "num_heads", "num_heads_kv", "cfg", "parts", "layouts", "last")
 
-    def __init__(self, device, num_heads, num_heads_kv, cfg, bounds, causal_order, parts, layouts):
-        self.groups = {}  # TILES_FROM_OFFSETS -> launch.PlanGroup
-        self.device, self.num_heads, self.num_heads_kv, self.cfg = device, num_heads, num_heads_kv, cfg
-        self.bounds, self.causal_order = bounds, causal_order  # window_bounds; the variant's (a list past one wave)
+    def __init__(self, group, device, num_heads, num_heads_kv, cfg, parts, layouts):
+        self.group, self.device, self.num_heads, self.num_heads_kv, self.cfg = (group, device, num_heads,
+                                                                                num_heads_kv, cfg)
         self.parts = parts  # GROUP_SPLIT (the variant's): parts x kv heads of items, dK/dV added in fp32
         self.layouts = layouts  # of the q, k, v, dO and dQ-accumulator descriptors (rows per call: ``rebase``)
         self.last = None  # (sizes, what _sized derived from them) of the last call (as triton.attn_bwd._Recipe's)
 
     def _sized(self, num_seqs: int, rows_k: int):
-        """(kv_slots, programs, search steps, TILES_FROM_OFFSETS) of a call's sizes on the recipe's device: the
-        full path's schedule (``scheduling.tile_schedule``)."""
+        """(kv_slots, programs, search steps) of a call's sizes on the recipe's device, or None where its key tile
+        list is not mapped from the offsets in one wave (the full path's schedule, ``scheduling.tile_schedule``,
+        sorts one)."""
         kv_slots = capacity_of(rows_k, self.cfg.block_n, num_seqs)
         items = kv_slots * self.num_heads_kv * self.parts
+        if not tiles_from_offsets(items, num_seqs, 1, self.device):
+            return None
         programs, _ = launch_schedule("static", items, 1, self.device)
-        return kv_slots, programs, binary_search_steps(num_seqs), tiles_from_offsets(items, num_seqs, 1, self.device)
+        return kv_slots, programs, binary_search_steps(num_seqs)
 
-    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, device_list):
+    def run(self, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets):
         device, num_heads = self.device, self.num_heads
         num_seqs, total_out, rows_k = kv_offsets.numel() - 1, q.shape[0], k.shape[0]
         if num_seqs <= 0 or total_out == 0 or rows_k == 0:
@@ -1331,23 +1224,12 @@ class _Recipe:
             sized = last[1]
         else:
             sized = self._sized(num_seqs, rows_k)
+            if sized is None:
+                return None  # a sorted tile list: the full path builds it
             self.last = sizes, sized  # one assignment: another thread sees the old pair or the new one
-        kv_slots, programs, steps, from_offsets = sized
-        group = self.groups.get(from_offsets)
-        if group is None:
-            return None  # no call of this schedule kept its plans (past one wave: none with the switch off)
+        kv_slots, programs, steps = sized
         q_off = common.int32_offsets(q_offsets)
         kv_off = common.int32_offsets(kv_offsets, same_as=(q_offsets, q_off))
-        lists = _NO_LISTS  # one wave: the kernel maps items from the offsets
-        if not from_offsets:  # the full path's lists, made (or reused: base.reusable_in_eager) as it makes them
-            has_left, window_left, has_right, right = self.bounds
-            tiles = kv_tiles(q_off, kv_off, total_out, rows_k, self.cfg.block_n, window_left, right, has_left,
-                             has_right)
-            lists = dict(tile_seq=tiles.seq, tile_start=tiles.start, tile_count=tiles.count)
-            if self.causal_order:
-                lists["tile_seq"], lists["tile_start"], lists["tile_head"] = _causal_items(
-                    dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start, n_slots=kv_slots), q, k, kv_offsets, params,
-                    q_off, total_out, self.cfg, device_list)
         lse = lse if lse.is_contiguous() else lse.contiguous()
         if self.parts > 1:  # as the full path: the parts' dK (scaled) and dV added in fp32, cast after the kernel
             dkv_acc = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=device)
@@ -1359,7 +1241,7 @@ class _Recipe:
         dq = common.alloc_output(q.shape, q.dtype, device)
         n_elem = q.numel()
         q_layout, k_layout, v_layout, do_layout, dq_layout = self.layouts
-        launched = group.launch(
+        launched = self.group.launch(
             ((cdiv(total_out, DELTA_BLOCK_T), num_heads), (programs,), (cdiv(n_elem, FINALIZE_BLOCK),)),
             out=out, grad_out=grad_out, grad_lse=delta if grad_lse is None else grad_lse.to(torch.float32).contiguous(),
             delta=delta, dq_acc=dq_acc, total_out=total_out,  # descriptors: bases checked above, the rest keyed
@@ -1367,7 +1249,7 @@ class _Recipe:
             desc_v=rebase(v_layout, v, rows_k), desc_do=rebase(do_layout, grad_out, total_out),
             desc_dq=rebase(dq_layout, dq_acc, total_out), lse=lse, dk=dk, dv=dv,
             q_off=q_off, kv_off=kv_off, kv_slots=kv_slots, steps=steps, num_seqs=num_seqs,
-            rows_k=rows_k, dq=dq, n_elem=n_elem, **lists)
+            rows_k=rows_k, dq=dq, n_elem=n_elem)
         if not launched:
             return None
         if self.parts > 1:  # two tensors (views of one would alias the op's outputs)

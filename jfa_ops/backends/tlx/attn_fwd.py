@@ -31,7 +31,6 @@ contiguous range of tiles, all starting inside the sequence; the producer TMA-lo
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -47,7 +46,7 @@ from ..triton.attn_fwd import kernel_offsets, keep_replay, replayed, rows_descri
 from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, snake_work, softmax_step,
                              stage_block_start, stage_bounds, visible, window_bounds, work_item, zigzag_item)
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
-                                        sparse_offsets, stream_major_cost)
+                                        sparse_offsets)
 from ..triton.launch import launch, launch_planned
 from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile, tile_schedule,
                                   tiles_from_offsets)
@@ -60,7 +59,6 @@ VFIX_BARRIER: tl.constexpr = tl.constexpr(11)  # both consumers: the value rows 
 NUM_CONSUMERS: tl.constexpr = tl.constexpr(2)
 CONSUMER_REGISTERS: tl.constexpr = tl.constexpr(232)
 VFIX_ROWS: tl.constexpr = tl.constexpr(32)  # rows zeroed per step (bounds the registers the fix-up needs)
-ROW_PART: tl.constexpr = tl.constexpr(8)  # ROWSUM_ONCE: keys per row part (a quad's, in the wgmma layout)
 
 
 @triton.jit
@@ -419,22 +417,9 @@ def _consume_first(m_i, l_i, kv_count, q_tile, k_tiles, k_fulls, k_empties, rows
 
 
 @triton.jit
-def _lane_row_sums(p, GROUP: tl.constexpr):
-    """ROWSUM_ONCE: p [rows, keys] summed over key groups of GROUP, as [rows, GROUP] partial row sums. In the wgmma
-    accumulator layout (m64nNk16) each group of 8 keys of a row lies on one quad of lanes, 2 keys per lane: the
-    reshape to [rows, keys / GROUP, GROUP] puts what a thread holds of a row on axis 1, and [rows, GROUP] is the
-    accumulator layout again, so the sum stays inside each thread and the partials need no layout conversion (no
-    shuffle); ``tl.sum(parts, 1)`` finishes the row (FA4 keeps its row sums so and reduces them once per item). Any
-    other layout gives the same sums, with shuffles."""
-    ROWS: tl.constexpr = p.shape[0]
-    KEYS: tl.constexpr = p.shape[1]
-    return tl.sum(tl.reshape(p, [ROWS, KEYS // GROUP, GROUP]), 1)
-
-
-@triton.jit
 def _p_carried(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
     """A block's probabilities as the loop carries them to the next iteration's PV: converted to DTYPE, or with PACK_P
-    as they are (fp32; ``_p_operand`` converts them where the PV wgmma takes them)."""
+    (PEEL's mask-free loops) as they are (fp32; ``_p_operand`` converts them where the PV wgmma takes them)."""
     if PACK_P:
         return p
     else:
@@ -444,7 +429,8 @@ def _p_carried(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
 @triton.jit
 def _p_operand(p, DTYPE: tl.constexpr, PACK_P: tl.constexpr):
     """The PV wgmma's register operand from ``_p_carried``'s P: with PACK_P one ``cvt.rn.{bf16,f16}x2.f32`` per pair,
-    the rounding of ``p.to(DTYPE)`` (the same bits). Why (bench/NOTES.md "fwdsum37"): without it LLVM folds the two
+    the rounding of ``p.to(DTYPE)`` (the same bits). Why (bench/NOTES.md "fwdsum37", "peeldiag38"): without it LLVM
+    folds the two
     conversions of the loop-carried P (first block, loop body) across the loop header's phi into one scalar
     ``cvt.rn.bf16.f32`` per element there, packed by ``mov.b32 {lo, hi}``; ptxas pairs those into F2FP.PACK_AB with
     the halves swapped plus one PRMT per register in consumer 0 (32 per block; consumer 1, the same PTX, gets none).
@@ -472,15 +458,15 @@ def _p_form(p, DTYPE: tl.constexpr, PACKED: tl.constexpr):
 
 
 @triton.jit
-def _one_loop_block(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
+def _one_loop_block(acc, m_i, l_i, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
                     k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale,
                     CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
                     HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
-                    ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
+                    PACK_P: tl.constexpr):
     """One block (keys from n0) of ``_consume_tile_one_loop``'s loop after the first: its QK^T, the previous block's
     PV (at prev_n0), its softmax. ``masked``: a runtime test (the one loop) or a constexpr (PEEL's loops: no mask
-    code in the mask-free one). ``l_parts``: ROWSUM_ONCE's per-lane row sums (else carried unchanged; l_i the row
-    sum). Returns (acc, m_i, l_i, l_parts, p, kv_count)."""
+    code in the mask-free one). PACK_P: P carried in fp32 (PEEL's mask-free loops: ``_p_carried``). Returns (acc,
+    m_i, l_i, p, kv_count)."""
     buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[buf], phase)
     # FA3's turn: both matmuls issued back to back (QK^T of this block, PV of the previous one), then the turn
@@ -501,38 +487,34 @@ def _one_loop_block(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_
                      float("-inf"))
     # the masked form (rows that saw no key keep m = -inf) on every block: its guard is per row, 2 per thread (and
     # PEEL's loops give the one loop's bits)
-    p_new, alpha, m_i, l_new = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
-    if ROWSUM_ONCE:  # (l_new unused: its cross-lane sum is not emitted)
-        l_parts = l_parts * alpha[:, None] + _lane_row_sums(p_new, ROW_PART)
-    else:
-        l_i = l_new
+    p_new, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
     acc = tlx.async_dot_wait(0, acc)
     prev_buf, _ = _slot_phase(kv_count - 1, NUM_BUFFERS_KV)
     tlx.barrier_arrive(v_empties[prev_buf], 1)
     acc = acc * alpha[:, None]  # acc (previous block's scale, its PV included) to the new maximum
     p = _p_carried(p_new, DTYPE, PACK_P)
     kv_count += 1
-    return acc, m_i, l_i, l_parts, p, kv_count
+    return acc, m_i, l_i, p, kv_count
 
 
 @triton.jit
-def _one_loop_blocks(acc, m_i, l_i, l_parts, p, prev_n0, kv_count, j_begin, j_end, MASKED: tl.constexpr, q_tile,
+def _one_loop_blocks(acc, m_i, l_i, p, prev_n0, kv_count, j_begin, j_end, MASKED: tl.constexpr, q_tile,
                      k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off,
                      hi_off, qk_scale, ids, sel_first, CID: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_KV: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
                      HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr,
-                     ROWSUM_ONCE: tl.constexpr, PACK_P: tl.constexpr):
+                     PACK_P: tl.constexpr):
     """PEEL: walk tiles j_begin .. j_end - 1 of ``_consume_tile_one_loop``'s block-sparse walk, its loop body
     (``_one_loop_block``) with the mask a constexpr (MASKED: every block masked; else none). Returns (acc, m_i, l_i,
-    l_parts, p, prev_n0, kv_count)."""
+    p, prev_n0, kv_count)."""
     for j in tl.range(j_begin, j_end, num_stages=0):
         n0 = selected_tile_start(ids, sel_first + j, BLOCK_KV, BLOCK_N)
-        acc, m_i, l_i, l_parts, p, kv_count = _one_loop_block(
-            acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, MASKED, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
+        acc, m_i, l_i, p, kv_count = _one_loop_block(
+            acc, m_i, l_i, p, prev_n0, kv_count, n0, MASKED, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
             v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, CID, HEAD_DIM, BLOCK_N,
-            NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+            NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, PACK_P)
         prev_n0 = n0
-    return acc, m_i, l_i, l_parts, p, prev_n0, kv_count
+    return acc, m_i, l_i, p, prev_n0, kv_count
 
 
 @triton.jit
@@ -542,7 +524,6 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                            BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, HAS_LO: tl.constexpr,
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
                            sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0,
-                           ROWSUM_ONCE: tl.constexpr = False, PACK_P: tl.constexpr = False,
                            SPARSE_ABLATE: tl.constexpr = 0, sel_lead=0, sel_unmasked=0, PEEL: tl.constexpr = False,
                            STORE_TMA: tl.constexpr = False, q_empties=None, staged_slot=-1):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
@@ -564,12 +545,6 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     tile's id is read at the top of its iteration, before the wait for its key block (reading it one iteration
     ahead spilled more: bench/NOTES.md "TLX block-sparse forward v1").
 
-    ROWSUM_ONCE (``configs.FORWARD_ROWSUM_ONCE``): the row sums kept per lane (``_lane_row_sums``), rescaled by alpha
-    like acc, and reduced across the quad once, after the last block (FA4's), instead of every block (4 SHFL + 4 FADD
-    per warp and block); the incoming l_i enters as part 0. PACK_P (``configs.FORWARD_PACK_P``): P carried in fp32
-    and converted in packed pairs where the PV wgmma takes it (``_p_operand``: no PRMT in consumer 0, the same bits).
-    Both off by default (bench/NOTES.md "fwdsum37").
-
     SPARSE_ABLATE (``configs.SPARSE_FORWARD_ABLATE``, timing only: wrong results; bench/NOTES.md "helper sparse38"):
     1 never takes the loop's masked branch (a runtime test that is always false, so the loop compiles as the
     default's: what the masked blocks after the first, the causal diagonal, cost over unmasked ones).
@@ -582,7 +557,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     Without a left window there is no masked lead: the bulk's loop, then the masked tail's (causal diagonal, window
     end, the sequence's last partial tile). With one: two rounds of (masked loop, bulk loop), the lead and the bulk,
     then the tail and nothing, so the masked body is compiled once (the backward's PEEL, helper peel37). The
-    mask-free loops carry P packed (``_p_operand``'s conversion at the PV), the masked ones as PACK_P says; P crosses
+    mask-free loops carry P packed (``_p_operand``'s conversion at the PV), the masked ones in DTYPE; P crosses
     between loops in DTYPE. sm_90 D128 bf16 causal: mask-free loop paths 468 / 468 per consumer warp and block
     (one loop: 507 / 481), masked 691 / 607, no STL/LDL in any loop (one loop: 28 in consumer 0's masked branch),
     spills 156 -> 116 B. The same blocks in the same order with the same arithmetic and roundings: the same bits as
@@ -607,53 +582,45 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         _release_staged(q_empties, staged_slot)
     s = tlx.async_dot_wait(0, s)
     tlx.barrier_arrive(k_empties[buf], 1)
-    p, m_i, l_new, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
-                                    HAS_LO, HAS_HI, True, FMA_SOFTMAX)
-    if ROWSUM_ONCE:
-        parts = tl.arange(0, ROW_PART)
-        l_parts = tl.where(parts[None, :] == 0, (l_i * alpha)[:, None], 0.0) + _lane_row_sums(p, ROW_PART)
-    else:
-        l_i = l_new
-    p = _p_carried(p, DTYPE, PACK_P)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
+                                  HAS_LO, HAS_HI, True, FMA_SOFTMAX)
+    p = p.to(DTYPE)
     prev_n0 = n0
     kv_count += 1
-    if not ROWSUM_ONCE:
-        l_parts = l_i  # carried unchanged (the loops' l_i is the row sum)
     if PEEL:
         lead1 = tl.maximum(sel_lead, 1)  # walk tile 0 is done
         unmasked1 = tl.maximum(sel_unmasked, 1)
         # P between the loops in DTYPE (rounded as the PV would round it: the same bits either way); the mask-free
-        # loops carry it packed (PACK_P's form: in fp32 form across their header phi, LLVM's fold of the conversion
-        # puts 32 PRMT per block into both consumers' loops), the masked loops as PACK_P says (packed, consumer 0's
-        # masked loop spilled 26 STL/LDL a block; unpacked, none: sm_90 D128 bf16 causal)
+        # loops carry it packed (``_p_carried``'s PACK_P form: in fp32 form across their header phi, LLVM's fold of
+        # the conversion puts 32 PRMT per block into both consumers' loops), the masked loops unpacked (packed,
+        # consumer 0's masked loop spilled 26 STL/LDL a block; unpacked, none: sm_90 D128 bf16 causal)
         p = p.to(DTYPE)
         if HAS_LO:
             for rnd in tl.range(0, 2):  # round 0: the masked lead, the bulk; round 1: the masked tail, nothing
-                acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, l_parts, _p_form(p, DTYPE, PACK_P), prev_n0, kv_count,
+                acc, m_i, l_i, p, prev_n0, kv_count = _one_loop_blocks(
+                    acc, m_i, l_i, p, prev_n0, kv_count,
                     tl.where(rnd == 0, 1, unmasked1), tl.where(rnd == 0, lead1, n_all), True, q_tile, k_tiles,
                     v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
                     qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
-                    FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
-                acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, l_parts, _p_form(p.to(DTYPE), DTYPE, True), prev_n0, kv_count, lead1,
+                    FMA_SOFTMAX, DTYPE, False)
+                acc, m_i, l_i, p, prev_n0, kv_count = _one_loop_blocks(
+                    acc, m_i, l_i, _p_form(p.to(DTYPE), DTYPE, True), prev_n0, kv_count, lead1,
                     tl.where(rnd == 0, unmasked1, lead1), False, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
                     v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first, CID,
-                    HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE,
-                    True)
+                    HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, True)
                 p = p.to(DTYPE)
         else:  # no masked lead (bulk_begin is the walk's first key): the bulk, then the masked tail
-            acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                acc, m_i, l_i, l_parts, _p_form(p, DTYPE, True), prev_n0, kv_count, 1, unmasked1, False, q_tile,
+            acc, m_i, l_i, p, prev_n0, kv_count = _one_loop_blocks(
+                acc, m_i, l_i, _p_form(p, DTYPE, True), prev_n0, kv_count, 1, unmasked1, False, q_tile,
                 k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off,
                 qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
-                FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, True)
-            acc, m_i, l_i, l_parts, p, prev_n0, kv_count = _one_loop_blocks(
-                acc, m_i, l_i, l_parts, _p_form(p.to(DTYPE), DTYPE, PACK_P), prev_n0, kv_count, unmasked1, n_all,
+                FMA_SOFTMAX, DTYPE, True)
+            acc, m_i, l_i, p, prev_n0, kv_count = _one_loop_blocks(
+                acc, m_i, l_i, p.to(DTYPE), prev_n0, kv_count, unmasked1, n_all,
                 True, q_tile, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k,
                 lo_off, hi_off, qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO,
-                HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
-        p = _p_form(p.to(DTYPE), DTYPE, PACK_P)  # (the one loop's carried form, for the last PV)
+                HAS_HI, FMA_SOFTMAX, DTYPE, False)
+        p = p.to(DTYPE)  # (the one loop's carried form, for the last PV)
     else:
         for j in tl.range(1, n_all, num_stages=0):
             if SPARSE:
@@ -665,17 +632,15 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
             else:
                 n0 = stage_block_start(j, n_lead, n_unmasked, lead_begin, bulk_begin, tail_begin, BLOCK_N)
                 masked = (j < n_lead) | (j >= n_unmasked)
-            acc, m_i, l_i, l_parts, p, kv_count = _one_loop_block(
-                acc, m_i, l_i, l_parts, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
+            acc, m_i, l_i, p, kv_count = _one_loop_block(
+                acc, m_i, l_i, p, prev_n0, kv_count, n0, masked, q_tile, k_tiles, v_tiles, k_fulls,
                 k_empties, v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, CID, HEAD_DIM,
-                BLOCK_N, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, ROWSUM_ONCE, PACK_P)
+                BLOCK_N, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, False)
             prev_n0 = n0
-    if ROWSUM_ONCE:
-        l_i = tl.sum(l_parts, 1)
     if not STORE_TMA:  # (STORE_TMA: the caller's epilogue stages out in the slot, then releases it)
         tlx.barrier_arrive(q_empty, 1)  # every QK^T of this tile has completed
-    acc = _pv_pending(acc, _p_operand(p, DTYPE, PACK_P), prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID,
-                      HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, True)
+    acc = _pv_pending(acc, p, prev_n0, kv_count - 1, v_tiles, v_fulls, len_k, CID, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV,
+                      True)
     return acc, m_i, l_i, kv_count
 
 
@@ -832,8 +797,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         ATOMIC_WORK: tl.constexpr, TILES_FROM_OFFSETS: tl.constexpr, ONE_LOOP: tl.constexpr = False,
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
                         UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
-                        WALK_AHEAD: tl.constexpr = False, ROWSUM_ONCE: tl.constexpr = False,
-                        PACK_P: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0,
+                        WALK_AHEAD: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0,
                         SPARSE_PEEL: tl.constexpr = False, desc_o=None, STORE_TMA: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
@@ -1038,8 +1002,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
-                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, ROWSUM_ONCE, PACK_P,
-                                SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged)
+                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -1127,8 +1090,7 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
     """``attn_fwd_tlx_kernel``'s arguments that follow from a call's signature (a launch plan's static part; the
     block-sparse ones aside): everything but the descriptors, out/lse, the offsets, the schedule's sizes and the
     head group. The output's strides are those of a fresh [T, Hq, D] tensor (``common.alloc_output``). ``zigzag``:
-    ``configs.FORWARD_ZIGZAG``'s order. ``configs.FORWARD_ROWSUM_ONCE`` and ``FORWARD_PACK_P`` read here (the launch
-    plan's and the replay's keys hold them)."""
+    ``configs.FORWARD_ZIGZAG``'s order."""
     has_left, window_left, has_right, right = bounds
     pipeline, kv_major, one_loop = choices
     return dict(
@@ -1138,9 +1100,7 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
         ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-        ZIGZAG=zigzag, ROWSUM_ONCE=configs.FORWARD_ROWSUM_ONCE and one_loop,
-        PACK_P=configs.FORWARD_PACK_P and one_loop,  # (the v4 consumers' only: no v3 kernel compiled again for them)
-        STORE_TMA=store_tma(one_loop), **({} if store_tma(one_loop) else {"desc_o": None}))  # (else per call)
+        ZIGZAG=zigzag, STORE_TMA=store_tma(one_loop), **({} if store_tma(one_loop) else {"desc_o": None}))  # (else per call)
 
 
 def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1, one_loop=False) -> dict:
@@ -1182,9 +1142,7 @@ def uniform_lengths(params, num_seqs: int, total_q: int, total_kv: int) -> bool:
 # path"), nearly all of it derivation that the signature fixes (configs, choices, schedule, ~60 arguments bound and
 # specialized). The key is the triton forward's (params, shapes, strides, device, offsets, knobs' generation) plus
 # what only this path reads: the dtypes (TMA's row-stride rule is in bytes), this backend's overrides (configs.
-# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_ROWSUM_ONCE, FORWARD_PACK_P,
-# FORWARD_STORE_TMA) and the head dim's config. Past one wave (``configs.FORWARD_REPLAY_WAVES``, in the key) a
-# replay also makes the call's sorted query tile list.
+# PIPELINE, KV_MAJOR, ONE_LOOP, FORWARD_ZIGZAG, FORWARD_HEAD_GROUP, FORWARD_STORE_TMA) and the head dim's config.
 _REPLAYS: dict = {}
 launcher.CLEAR_HOOKS.append(_REPLAYS.clear)
 
@@ -1195,7 +1153,6 @@ def _replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
         return None
     return key + (q.dtype, k.dtype, v.dtype, configs.PIPELINE, configs.KV_MAJOR, configs.ONE_LOOP,
                   configs.FORWARD_ZIGZAG, configs.FORWARD_HEAD_GROUP, configs.FORWARD_DYNAMIC, fwd_config(q.shape[2]),
-                  configs.FORWARD_REPLAY_WAVES, configs.FORWARD_ROWSUM_ONCE, configs.FORWARD_PACK_P,
                   configs.FORWARD_STORE_TMA)
 
 
@@ -1251,8 +1208,8 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
         choices = (choices[0], False, choices[2])
     dynamic = _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group, choices[2])
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, params.broadcast_q, bounds, choices, cfg,
-                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], zigzag, configs.FORWARD_ROWSUM_ONCE,
-                configs.FORWARD_PACK_P, configs.FORWARD_STORE_TMA)  # what _static_args follow from
+                schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], zigzag,
+                configs.FORWARD_STORE_TMA)  # what _static_args follow from
     options = dict(num_warps=NUM_WARPS, num_stages=1)
     launch_planned(attn_fwd_tlx_kernel, plan_key, (programs,), dynamic,
                    lambda: dict(_static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices,
@@ -1263,18 +1220,12 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
                                     kv_offsets, k.shape[0], params.max_seqlen_kv, flag_mode)
         else:
             validation.device_flag(flag, flag_mode)
-    elif (key is not None and key not in _REPLAYS and not schedule["ATOMIC_WORK"]
-          and (schedule["TILES_FROM_OFFSETS"] or configs.FORWARD_REPLAY_WAVES)
+    elif (key is not None and key not in _REPLAYS and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
           and all(a is b for a, b in zip((q, k, v), inputs))):  # one launch from the call's own tensors: a replay
-        # past one wave the replay makes the call's sorted list as the full path does (every int it follows from is
-        # a constant of the key, which holds the shapes; the maker holds no tensor)
-        lists = None if schedule["TILES_FROM_OFFSETS"] else functools.partial(
-            forward_tiles, total_q=total_out, total_kv=k.shape[0], block_m=cfg.block_m, window_left=window_left,
-            right=right, has_left=has_left, has_right=has_right)
         keep_replay(_REPLAYS, attn_fwd_tlx_kernel, key, plan_key, (programs,), dynamic,
                     (q, k, v, out, lse, q_off, kv_off, None, dynamic["desc_q"], dynamic["desc_k"], dynamic["desc_v"],
-                     schedule["TILE_SEQ"], schedule["TILE_START"], schedule["TILE_COUNT"], dynamic.get("desc_o")),
-                    options, q_offsets, kv_offsets, descriptors=True, lists=lists)
+                     dynamic.get("desc_o")),
+                    options, q_offsets, kv_offsets, descriptors=True)
     return out, lse
 
 
@@ -1284,8 +1235,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
     block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG``, ``SPARSE_FORWARD_WALK_AHEAD``
-    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE``, ``SPARSE_FORWARD_PEEL`` and
-    ``SPARSE_FORWARD_ORDER`` (the list's order: host side only) read per call."""
+    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE`` and ``SPARSE_FORWARD_PEEL``
+    read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -1301,9 +1252,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
         raise ValueError(f"kv_block_index has {index.numel()} entries: too many for the tlx block-sparse forward "
                          f"(backend='triton' runs it)")
-    # the list's order (configs.SPARSE_FORWARD_ORDER): longest first by selected blocks, or sequence-major
-    cost = (dict(cost_of=stream_major_cost(count, params.block_q)) if configs.SPARSE_FORWARD_ORDER == "streams"
-            else selected_cost_args(count, params.block_q))
+    cost = selected_cost_args(count, params.block_q)  # the list's order: longest first by selected blocks
     programs, schedule = tile_schedule(
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
                               has_right, **cost),

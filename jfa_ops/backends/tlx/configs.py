@@ -47,17 +47,6 @@ FORWARD_ZIGZAG: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA
 # 1.156x, bits equal; broadcast-Q stays static (1.033x, v22: under its bar). True (=1): every call it applies to;
 # False (=0): none. Read per call.
 FORWARD_DYNAMIC: Optional[bool] = {"1": True, "0": False}.get(os.environ.get("JFA_TLX_FWD_DYNAMIC", ""))
-# Issue 10's forward per-block instructions (helper fwdsum37, bench/NOTES.md "fwdsum37"; the v4 consumers, dense and
-# block-sparse), kernel constexprs (in the compile key; read per call):
-# - ROWSUM_ONCE (JFA_TLX_FWD_ROWSUM_ONCE=1): the softmax row sums kept as 8 partial sums per row (each thread's own
-#   keys; attn_fwd._lane_row_sums), rescaled by alpha like the accumulator and reduced across lanes once per item
-#   (FA4's) instead of every block: sm_90 D128 bf16 -4 SHFL, -6 FADD, +2 FFMA per warp and block. The row sums round
-#   in another order: out and lse differ from the default's in fp32 rounding (lse ~1e-7 relative).
-# - PACK_P (JFA_TLX_FWD_PACK_P=1): P carried in fp32 and converted in packed pairs where the PV wgmma takes it
-#   (attn_fwd._p_operand): the 32 PRMT per block in consumer 0 go (the same bits), and ptxas spills nothing.
-# Off (0) until timed on the H200.
-FORWARD_ROWSUM_ONCE = os.environ.get("JFA_TLX_FWD_ROWSUM_ONCE", "0") == "1"
-FORWARD_PACK_P = os.environ.get("JFA_TLX_FWD_PACK_P", "0") == "1"
 # Issue 10/11's fixed cost per work item (helper item39, bench/NOTES.md "item39"): STORE_TMA (the v4 consumers, dense
 # and block-sparse) writes a consumer's out half-tile through its own Q slot (free once the item's last QK^T has
 # completed) and one TMA store, when all 64 rows lie inside the sequence; a partial half-tile keeps the masked pointer
@@ -138,23 +127,6 @@ BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_BWD_KV_EARLY", "1") == "1"
 # The same arithmetic per block, so the same gradients. Dense calls of the v2 consumers, not MXFP8; off (0) until
 # timed on the H200.
 BACKWARD_PEEL = os.environ.get("JFA_TLX_BWD_PEEL", "0") == "1"
-# ZERO_STORE (JFA_TLX_BWD_ZERO_STORE=1; bench/NOTES.md "Issue 10: consumer 0's descriptors, helper desc38"): consumer
-# 0 zeroes a masked block's Q / dO rows past the sequence end by 8-row stores of zeros (one 8-row load / select /
-# store across the end) instead of 32-row load / select / store chunks. Those chunks (32 values and 32 row
-# predicates per thread) made ptxas keep consumer 0's loop counters and tile addresses in vector registers and build
-# its wgmma descriptors per lane. sm_90 D128 full: consumer 0's path 535 -> 524 (integer ALU 104 -> 30, R2UR 28 -> 0,
-# 1 -> 0 spill instructions in its loop), consumer 1 516 -> 515; spills 152 / 200 -> 224 / 284 B per thread (per
-# work item, none in either loop). The same gradients (the same rows zeroed). Calls of the v2 consumers; off (0)
-# until timed on the H200.
-BACKWARD_ZERO_STORE = os.environ.get("JFA_TLX_BWD_ZERO_STORE", "0") == "1"
-# KV_PREFETCH (JFA_TLX_BWD_KV_PREFETCH=1; helper bcastbwd39, bench/NOTES.md "Issue 10: broadcast-Q backward, helper
-# bcastbwd39"): once the producer has issued an item's K/V loads it looks up the next item and prefetches that
-# item's K, V and first two dO blocks into the L2 by TMA (cp.async.bulk.prefetch.tensor: no shared memory, no
-# registers held, no barrier; the consumers unchanged). K/V are single-buffered, so an item's K/V load is issued only
-# when the previous item frees them: short items (broadcast-Q Lq128: 2 blocks an item, ~3.9 us of a ~9.2 us item
-# outside its blocks) pay its HBM round trip per item; from the L2 it lands sooner. Dense walks; off (0) until timed
-# on the H200.
-BACKWARD_KV_PREFETCH = os.environ.get("JFA_TLX_BWD_KV_PREFETCH", "0") == "1"
 # STATS_SMEM (JFA_TLX_BWD_STATS_SMEM=1; helper lsedelta40, bench/NOTES.md "Issue 10: the backward's long-scoreboard
 # stalls, helper lsedelta40"): the producer loads each query block's lse and delta (64 fp32 each) into shared memory
 # by TMA with its Q and dO (the same ring slot and mbarrier: +1 KiB), and the consumers read them from there (4 LDS)
@@ -173,16 +145,6 @@ BACKWARD_STATS_SMEM = os.environ.get("JFA_TLX_BWD_STATS_SMEM", "0") == "1"
 # same bits; where KV_EARLY runs (dense, the dQ split, one part per group, not MXFP8); no recipe (its descriptors).
 # Off (0) until timed on the H200.
 BACKWARD_STORE_TMA = os.environ.get("JFA_TLX_BWD_STORE_TMA", "0") == "1"
-# RECIPE_WAVES (JFA_TLX_BWD_RECIPE_WAVES=1; helper recipe36, bench/NOTES.md "kept launches past one wave"): the
-# backward's recipe (attn_bwd._Recipe) also serves calls past one wave: per call it builds (or, eager, reuses) the
-# sorted key tile list and the causal order's item list through the full path's own functions and launches the
-# kept plans with them, instead of the full path's Python (~440-510 us a call of the model suite's large batch on
-# the CPU count; its step is host-bound on the H200, bench/NOTES.md v25). FORWARD_REPLAY_WAVES
-# (JFA_TLX_FWD_REPLAY_WAVES, unset: RECIPE_WAVES's env) likewise for the forward's replays (the sorted query tile
-# list). Off until the H200 measures them; read per call (the kept launches' keys hold them).
-BACKWARD_RECIPE_WAVES = os.environ.get("JFA_TLX_BWD_RECIPE_WAVES", "0") == "1"
-FORWARD_REPLAY_WAVES = os.environ.get("JFA_TLX_FWD_REPLAY_WAVES",
-                                      os.environ.get("JFA_TLX_BWD_RECIPE_WAVES", "0")) == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
 # items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's
@@ -274,17 +236,6 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
-# The block-sparse forward's work list order (helper order39, bench/NOTES.md "Issue 11: the causal work order, helper
-# order39"): "cost" (the default) sorts the query tiles by their selected blocks, longest first, so a causal list runs
-# level by level across the sequences and the ~132 items in flight read every sequence's blocks at once; "streams"
-# (JFA_TLX_SPARSE_FWD_ORDER=streams) sorts them sequence-major (the sequence with the most selected blocks first),
-# cost-sorted within each sequence, every other sequence's tiles ascending (each sequence a monotone run whose turns
-# are all-long or all-short, as the zigzag's groups), so the items in flight hold a few (sequence, head) streams'
-# walks (``block_sparse_fwd.stream_major_cost``; unmasked lists are sequence-major already). Host side only: the
-# list's sort key; the same kernels, the same items, the same bits. Why: stop 38's ablation, lowsel (the lowest blocks
-# selected: the dense walk's locality) -41 / -109 us on the causal rows, ~0 unmasked. Off until timed on the H200
-# (tools/tlx_check.py sparse-ablation's "streams" column; prediction and flip rule in bench/NOTES.md); read per call.
-SPARSE_FORWARD_ORDER = "streams" if os.environ.get("JFA_TLX_SPARSE_FWD_ORDER", "cost") == "streams" else "cost"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
@@ -575,8 +526,8 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 causal_jagged=BACKWARD_CAUSAL_ORDER_JAGGED,
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
-                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, zero_store=BACKWARD_ZERO_STORE,
-                kv_prefetch=BACKWARD_KV_PREFETCH, stats_smem=BACKWARD_STATS_SMEM, store_tma=BACKWARD_STORE_TMA)
+                kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, stats_smem=BACKWARD_STATS_SMEM,
+                store_tma=BACKWARD_STORE_TMA)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:

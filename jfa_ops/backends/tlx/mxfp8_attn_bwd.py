@@ -36,11 +36,11 @@ def backward_reason(q: torch.Tensor, k: torch.Tensor, params: AttentionParams) -
 
 def _kernel_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, delta_grad_out):
     """The TLX backward with MXFP8 on, in the default configs' variant (``tlx.backward``'s switches), with no
-    timing ablation, KV_EARLY, PEEL, ZERO_STORE, KV_PREFETCH and STORE_TMA off (none compiled with MXFP8)."""
+    timing ablation, KV_EARLY, PEEL and STORE_TMA off (none compiled with MXFP8)."""
     from .attn_bwd import attention_backward
 
     options = dict(configs.backward_options(q.shape[-1], k.shape[1]), ablate=0, kv_early=False,
-                   peel=False, zero_store=False, kv_prefetch=False, store_tma=False)
+                   peel=False, store_tma=False)
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, **options,
                               mxfp8=True, delta_grad_out=delta_grad_out)
 

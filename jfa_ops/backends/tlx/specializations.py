@@ -52,8 +52,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        from_offsets: bool = False, fma_softmax: bool = True, pipeline=None, kv_major=None,
                        uniform: bool = False, one_loop=None, sparse: bool = False, block_q: int = 128,
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
-                       walk_ahead: bool = False, dynamic: bool = False, rowsum_once: bool = False,
-                       pack_p: bool = False, sparse_ablate: int = 0, sparse_peel: bool = False,
+                       walk_ahead: bool = False, dynamic: bool = False, sparse_ablate: int = 0,
+                       sparse_peel: bool = False,
                        store_tma=None) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
@@ -61,8 +61,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     (``configs.SPARSE_FORWARD_UNIFORM_WALK``), ``walk_ahead`` the producer's walk one item ahead
     (``configs.SPARSE_FORWARD_WALK_AHEAD``). ``zigzag``: ``configs.FORWARD_ZIGZAG``'s work order (KV_MAJOR False,
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
-    (ATOMIC_WORK; the v3 consumers). ``rowsum_once`` / ``pack_p``: ``configs.FORWARD_ROWSUM_ONCE`` /
-    ``FORWARD_PACK_P`` (the v4 consumers' ROWSUM_ONCE / PACK_P). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
+    (ATOMIC_WORK; the v3 consumers). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
     (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
     ``store_tma``: out through the Q slot and a TMA store (STORE_TMA, desc_o); None: as the launch picks
     (``attn_fwd.store_tma``: ``configs.FORWARD_STORE_TMA`` on the v4 consumers), False: the pointer-store epilogue
@@ -86,8 +85,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major,
                       HAS_LEFT=has_left, HAS_RIGHT=causal,
                       BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax, PIPELINE=pipeline, ATOMIC_WORK=dynamic,
-                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag, ROWSUM_ONCE=rowsum_once,
-                      PACK_P=pack_p, STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
+                      TILES_FROM_OFFSETS=from_offsets, ONE_LOOP=one_loop, ZIGZAG=zigzag,
+                      STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
                           WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel)
@@ -103,7 +102,6 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-storetma' if store_tma else ''}{'-zigzag' if zigzag else '' if kv_major else '-tilemajor'}" \
            f"{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
-           f"{'-rowsumonce' if rowsum_once else ''}{'-packp' if pack_p else ''}" \
            f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
@@ -149,7 +147,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        causal_order: bool = False, ablate: int = 0,
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
-                       zero_store: bool = False, kv_prefetch: bool = False,
                        stats_smem: bool = False, store_tma: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
@@ -161,8 +158,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     mxfp8: the MXFP8 backward's kernel (``mxfp8_attn_bwd.py``, ``configs.MXFP8_BACKWARD``: P and dS rounded to MXFP8
     values); kv_early: helper window31's K/V freed before the dK/dV epilogue (``configs.BACKWARD_KV_EARLY``); peel:
     helper peel37's block loop peeled by stage, the mask-free bulk's loop without mask code (``configs.BACKWARD_PEEL``);
-    zero_store: helper desc38's rows past the end zeroed by 8-row stores (``configs.BACKWARD_ZERO_STORE``);
-    kv_prefetch: helper bcastbwd39's L2 prefetch of the next item's K/V and dO (``configs.BACKWARD_KV_PREFETCH``);
     stats_smem: helper lsedelta40's lse and delta loaded by the producer into shared memory with each Q/dO block
     (``configs.BACKWARD_STATS_SMEM``); store_tma: helper dkvtma40's dK/dV half-tiles by TMA stores
     (``configs.BACKWARD_STORE_TMA``, with kv_early)."""
@@ -189,12 +184,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     constexprs["MXFP8"] = mxfp8
     constexprs["KV_EARLY"] = kv_early
     constexprs["PEEL"] = peel
-    constexprs["ZERO_STORE"] = zero_store
-    constexprs["KV_PREFETCH"] = kv_prefetch
-    if kv_prefetch:
-        types.update(K_ROWS=f"*{dtype}", V_ROWS=f"*{dtype}", DO_ROWS=f"*{dtype}")
-    else:
-        constexprs.update(K_ROWS=None, V_ROWS=None, DO_ROWS=None)
     constexprs["STATS_SMEM"] = stats_smem
     if stats_smem:
         types.update(desc_lse=f"tensordesc<fp32[1,{cfg.block_m}]>", desc_delta=f"tensordesc<fp32[1,{cfg.block_m}]>")
@@ -229,7 +218,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
-           f"{'-zerostore' if zero_store else ''}{'-kvprefetch' if kv_prefetch else ''}" \
            f"{'-statssmem' if stats_smem else ''}{'-storetma' if store_tma else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -375,15 +363,6 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=False, dynamic=True)
     yield fwd_specialization(256, "bf16", True, dynamic=True)
     yield fwd_specialization(256, "bf16", False, dynamic=True)
-    # helper fwdsum37's per-block cuts on the v4 consumers (configs.FORWARD_ROWSUM_ONCE and FORWARD_PACK_P, off by
-    # default), both on: the bench's dense D128 kernel, D64, masked tile-major, fp16 (PACK_P's f16x2) with a left
-    # window, the block-sparse forward
-    for knobs in (dict(rowsum_once=True, pack_p=True),):
-        yield fwd_specialization(128, "bf16", False, uniform=True, **knobs)
-        yield fwd_specialization(64, "bf16", False, **knobs)
-        yield fwd_specialization(128, "bf16", True, **knobs)
-        yield fwd_specialization(128, "fp16", True, has_left=True, **knobs)
-        yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, **knobs)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False)
@@ -460,11 +439,6 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, peel=True)
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
                              peel=True)
-    # helper bcastbwd39's L2 prefetch of the next item's K/V and dO (configs.BACKWARD_KV_PREFETCH, dense): the
-    # default's kernels (KV_EARLY on) for broadcast-Q (the target) and the dense controls at D64/D128
-    yield bwd_specialization(128, "bf16", False, broadcast_q=True, **dense_v2[128], kv_early=True, kv_prefetch=True)
-    for head_dim in (64, 128):
-        yield bwd_specialization(head_dim, "bf16", False, **dense_v2[head_dim], kv_early=True, kv_prefetch=True)
     # helper lsedelta40's lse / delta through shared memory (configs.BACKWARD_STATS_SMEM, dense; instead of STATS_AHEAD):
     # the default's kernels (KV_EARLY on) at D64/D128, the causal order's and its feature case with a left window
     for head_dim in (64, 128):

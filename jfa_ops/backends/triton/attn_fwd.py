@@ -277,30 +277,25 @@ class _Replay:
     per shape: read-only, so the replay keeps them too): one wave (no tile list), inputs used in place. Without
     ``descriptors`` no TMA descriptors; with them (the tlx forward: the layouts of its q, k, v descriptors), the
     call's descriptors over q, k, v (``rebase``), built per call because each holds its tensor's address, and over
-    out where the launch took one (the tlx forward's STORE_TMA: a fourth layout, over the replay's fresh out). With
-    ``lists`` (the tlx forward past one wave, tlx ``configs.FORWARD_REPLAY_WAVES``): ``lists(q_off, kv_off)`` makes
-    the call's sorted tile list as the full path makes it (its own function: eager calls reuse it), which the launch
-    reads."""
+    out where the launch took one (the tlx forward's STORE_TMA: a fourth layout, over the replay's fresh out)."""
 
-    # the tensors (and descriptors, and the tile list past one wave) a replayed call launches with
-    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v", "tile_seq",
-               "tile_start", "tile_count", "desc_o")
+    # the tensors (and descriptors) a replayed call launches with
+    SOURCES = ("q", "k", "v", "out", "lse", "q_off", "kv_off", "flag", "desc_q", "desc_k", "desc_v", "desc_o")
     # fresh allocations of the replay's own dtypes (allocators align them): specialized on a replay's first call
     # only (launch.PlanGroup ``trusted``; bench/NOTES.md "tiny-call backend host floor")
     TRUSTED = ("out", "lse", "flag")
 
     __slots__ = ("group", "grids", "out_shape", "lse_shape", "dtype", "device", "convert_q", "convert_kv", "check",
-                 "broadcast_offsets", "descriptors", "lists", "checked")
+                 "broadcast_offsets", "descriptors", "checked")
 
     def __init__(self, group, grid, out, lse, q_offsets, kv_offsets, check: bool, broadcast_offsets,
-                 descriptors=None, lists=None):
+                 descriptors=None):
         self.group, self.grids, self.out_shape, self.lse_shape = group, (grid,), out.shape, lse.shape
         self.dtype, self.device, self.check = out.dtype, out.device, check
         self.broadcast_offsets = broadcast_offsets  # None unless broadcast Q
         self.convert_q = q_offsets is not None and q_offsets.dtype != torch.int32
         self.convert_kv = kv_offsets is not q_offsets and kv_offsets.dtype != torch.int32
         self.descriptors = descriptors  # None, or the layouts of the q, k, v (and out) descriptors (descriptor_layout)
-        self.lists = lists  # None (one wave: the kernel maps items from the offsets), or the tile list's maker
         self.checked = False  # True once a run specialized every source as the plans'
 
     def int32(self, offsets):
@@ -325,10 +320,8 @@ class _Replay:
         flag = torch.empty(size=(1,), dtype=torch.int32, device=self.device) if self.check else None
         if self.descriptors is not None and len(self.descriptors) == 4:
             desc_o = rebase(self.descriptors[3], out)  # a fresh allocation: aligned
-        tiles = None if self.lists is None else self.lists(q_off, kv_off)
         checked = self.checked
-        if not self.group.launch(self.grids, q, k, v, out, lse, q_off, kv_off, flag, desc_q, desc_k, desc_v,
-                                 *((None,) * 3 if tiles is None else (tiles.seq, tiles.start, tiles.count)), desc_o,
+        if not self.group.launch(self.grids, q, k, v, out, lse, q_off, kv_off, flag, desc_q, desc_k, desc_v, desc_o,
                                  trusted=checked):
             return None
         if not checked:
@@ -431,17 +424,16 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
 
 
 _OWN_SOURCE = {name: n for n, name in enumerate(("Q", "K", "V", "Out", "Lse", "Q_OFF", "KV_OFF", "FLAG"))}
-_OWN_SOURCE.update(desc_q=8, desc_k=9, desc_v=10, desc_o=14)  # the tlx forward's descriptor arguments
+_OWN_SOURCE.update(desc_q=8, desc_k=9, desc_v=10, desc_o=11)  # the tlx forward's descriptor arguments
 
 
 def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, options, q_offsets, kv_offsets,
-                descriptors: bool = False, lists=None) -> None:
+                descriptors: bool = False) -> None:
     """Store in ``replays`` the replay of the launch of ``kernel`` just made, if every tensor argument is one of
-    ``sources`` (``_Replay.SOURCES`` in order, the descriptors and the tile list last where there are any): its own
-    (Q is q, even when q is k) or else the first identical one (one wave: the tile list's offsets).
-    ``descriptors``: the launch read q, k, v through descriptors, ``sources``' [8:11], and wrote out through
-    ``sources``' [14] where that is not None (the replay keeps their layouts); ``lists``: the maker of the tile list,
-    ``sources``' [11:14] (``_Replay``)."""
+    ``sources`` (``_Replay.SOURCES`` in order, the descriptors last where there are any): its own (Q is q, even when
+    q is k) or else the first identical one (the tile list's offsets). ``descriptors``: the launch read q, k, v
+    through descriptors, ``sources``' [8:11], and wrote out through ``sources``' [11] where that is not None (the
+    replay keeps their layouts)."""
     if q_offsets is None and sources[5].is_cuda and torch.cuda.is_current_stream_capturing():
         return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
     names = {}
@@ -464,5 +456,5 @@ def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, op
         replays.clear()
     replays[key] = _Replay(group, grid, sources[3], sources[4], q_offsets, kv_offsets, sources[7] is not None,
                            sources[5] if q_offsets is None else None,
-                           tuple(descriptor_layout(d) for d in sources[8:11] + sources[14:15] if d is not None)
-                           if descriptors else None, lists)
+                           tuple(descriptor_layout(d) for d in sources[8:12] if d is not None)
+                           if descriptors else None)

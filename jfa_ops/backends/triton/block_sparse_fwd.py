@@ -360,32 +360,6 @@ def selected_cost(count: torch.Tensor, block: int):
     return cost_of
 
 
-# stream_major_cost's key: the sequence's place above bit 32, the tile's (at most heads x blocks) selected blocks below
-STREAM_SHIFT = 32
-STREAM_FLIP = (1 << 31) - 1
-
-
-def stream_major_cost(count: torch.Tensor, block: int):
-    """``build_tiles``' cost_of for a sequence-major list (the TLX forward's ``configs.SPARSE_FORWARD_ORDER``
-    "streams"): the sequences by their selected blocks (summed over heads and Q blocks), most first, ties to the
-    lower index; within a sequence the tiles by ``selected_cost``'s cost, descending in the first, ascending in the
-    second, and so on (ties in row order), so consecutive sequences meet long to long or short to short. One int64
-    key per slot, device ops only (no sync): (B - 1 - rank) << 32 plus the cost or 2^31 - 1 - cost. Padding slots
-    keep ``build_tiles``' -1 (last)."""
-    per_block = torch.nn.functional.pad(count.sum(1), (0, 1))  # [B, N + 1] int64
-    num_seqs = count.shape[0]
-    order = torch.sort(per_block.sum(1), descending=True, stable=True).indices  # most selected first
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(num_seqs, device=count.device))
-    seq_key = (num_seqs - 1 - rank) << STREAM_SHIFT
-    ascending = (rank % 2) == 1
-
-    def cost_of(seq: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        s = seq.clamp(min=0).long()
-        cost = per_block[s, (start // block).clamp(max=count.shape[2]).long()]
-        return seq_key[s] + torch.where(ascending[s], STREAM_FLIP - cost, cost)
-    return cost_of
-
-
 def selected_cost_args(count: torch.Tensor, block: int) -> dict:
     """``build_tiles``' block-sparse cost: read in its kernel (``KNOBS.sparse_list_cost_in_kernel``) or by the
     torch ops of ``selected_cost``; the same numbers."""
