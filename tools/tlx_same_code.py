@@ -9,7 +9,8 @@ compare two such dumps.
 
 ``--root``: the checkout whose ``jfa_ops`` is compiled (e.g. ``git worktree add /tmp/base <commit>``), put first on
 the path. The specializations are that checkout's own (``specializations.shipped_specializations``; with
-``--ablations`` also the MXFP8 forward's and the backward's ablations and the MXFP8 backward's kernels). ``dump``
+``--ablations`` also every off-by-default set: the MXFP8 forward's, the backward's and the block-sparse forward's
+ablations, the MXFP8 backward's kernels, the sparse PEEL's and STORE_TMA off's). ``dump``
 skips names whose PTX is already in ``--out`` (so a stopped dump resumes), skips ptxas (the cubin stage: PTX comes
 before it) unless ``--cubin``, and writes ``errors.json`` for compiles that failed. ``compare`` exits 1 unless both
 dumps hold the same names with byte-identical PTX. Needs triton 3.8 + triton-utlx importable (``pip install
@@ -40,9 +41,11 @@ def _specs(ablations: bool) -> list:
     from jfa_ops.backends.tlx import specializations as s
 
     specs = list(s.shipped_specializations())
-    if ablations:
-        specs += list(s.mxfp8_ablation_specializations()) + list(s.backward_ablation_specializations())
-        specs += list(getattr(s, "mxfp8_backward_specializations", lambda: [])())
+    if ablations:  # every off-by-default set specializations.py lists (getattr: a base checkout may predate one)
+        for name in ("mxfp8_ablation_specializations", "backward_ablation_specializations",
+                     "mxfp8_backward_specializations", "sparse_ablation_specializations",
+                     "sparse_peel_specializations", "store_tma_off_specializations"):
+            specs += list(getattr(s, name, lambda: [])())
     return specs
 
 
