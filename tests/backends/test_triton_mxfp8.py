@@ -510,8 +510,9 @@ def test_forward_kernel_tma_path(name, variant, monkeypatch):
     # a context inside the variant's (which patches launch too), not the monkeypatch fixture: the fixture outlives
     # the variant fixture and would restore its patched launch for good (conftest.nothing_left_patched)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mxfp8_attn_fwd, "launch", lambda kernel, grid, args, **kw: (launched.append(args["USE_TMA"]),
-                                                                                real_launch(kernel, grid, args, **kw))[1])
+        mp.setattr(mxfp8_attn_fwd, "launch",
+                   lambda kernel, grid, args, **kw: (launched.append(args["USE_TMA"]),
+                                                     real_launch(kernel, grid, args, **kw))[1])
         out = jfa_ops.mxfp8_attention(*args, backend="triton", **opts)
     ref = jfa_ops.mxfp8_attention(q, k, v, q_off, kv_off, backend="reference", **opts)
     rows = int(q_off[1])  # sequence 0's output

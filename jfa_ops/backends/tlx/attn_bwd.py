@@ -1162,8 +1162,9 @@ def _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant):
     """What the full path's decisions for a dense call follow from, except the sizes ``_Recipe.run`` checks per call:
     the device, the tensors' dtypes (TMA's row-stride rule is in bytes), head counts, head_dim, strides (packing, row
     strides), grad_lse's presence and dtype, the options the backward reads, the triton knobs' generation (the one-wave
-    rule) and the kernel variant (``configs.BACKWARD_*``). None where no recipe may serve the call: broadcast Q, and wherever ``launch.replays_enabled()`` is false (the interpreter,
-    tracing, plans or replays off) or the triton backward's recipes are off."""
+    rule) and the kernel variant (``configs.BACKWARD_*``). None where no recipe may serve the call: broadcast Q, and
+    wherever ``launch.replays_enabled()`` is false (the interpreter, tracing, plans or replays off) or the triton
+    backward's recipes are off."""
     if not triton_bwd.RECIPES_ENABLED or params.broadcast_q or not launcher.replays_enabled():
         return None
     return (q.device, q.dtype, k.dtype, v.dtype, out.dtype, grad_out.dtype,

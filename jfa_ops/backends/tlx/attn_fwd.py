@@ -594,7 +594,6 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         # loops carry it packed (``_p_carried``'s PACK_P form: in fp32 form across their header phi, LLVM's fold of
         # the conversion puts 32 PRMT per block into both consumers' loops), the masked loops unpacked (packed,
         # consumer 0's masked loop spilled 26 STL/LDL a block; unpacked, none: sm_90 D128 bf16 causal)
-        p = p.to(DTYPE)
         if HAS_LO:
             for rnd in tl.range(0, 2):  # round 0: the masked lead, the bulk; round 1: the masked tail, nothing
                 acc, m_i, l_i, p, prev_n0, kv_count = _one_loop_blocks(
@@ -604,7 +603,7 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                     qk_scale, ids, sel_first, CID, HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI,
                     FMA_SOFTMAX, DTYPE, False)
                 acc, m_i, l_i, p, prev_n0, kv_count = _one_loop_blocks(
-                    acc, m_i, l_i, _p_form(p.to(DTYPE), DTYPE, True), prev_n0, kv_count, lead1,
+                    acc, m_i, l_i, _p_form(p, DTYPE, True), prev_n0, kv_count, lead1,
                     tl.where(rnd == 0, unmasked1, lead1), False, q_tile, k_tiles, v_tiles, k_fulls, k_empties,
                     v_fulls, v_empties, rows, keys, rows_left, len_k, lo_off, hi_off, qk_scale, ids, sel_first, CID,
                     HEAD_DIM, BLOCK_N, BLOCK_KV, NUM_BUFFERS_KV, HAS_LO, HAS_HI, FMA_SOFTMAX, DTYPE, True)
@@ -1002,7 +1001,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 v_empties, q_empties[qb], m0 + cid * HALF_M, len_q, len_k, -window_left, right,
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
-                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, SPARSE_ABLATE, sel_lead, sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged)
+                                BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, SPARSE_ABLATE, sel_lead,
+                                sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -1100,7 +1100,8 @@ def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, KV_MAJOR=kv_major, HAS_LEFT=has_left,
         HAS_RIGHT=has_right, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0, PIPELINE=pipeline,
         ONE_LOOP=one_loop, ATOMIC_WORK=schedule["ATOMIC_WORK"], TILES_FROM_OFFSETS=schedule["TILES_FROM_OFFSETS"],
-        ZIGZAG=zigzag, STORE_TMA=store_tma(one_loop), **({} if store_tma(one_loop) else {"desc_o": None}))  # (else per call)
+        ZIGZAG=zigzag, STORE_TMA=store_tma(one_loop),
+        **({} if store_tma(one_loop) else {"desc_o": None}))  # (else desc_o per call)
 
 
 def _dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group=1, one_loop=False) -> dict:
