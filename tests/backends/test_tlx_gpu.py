@@ -418,9 +418,14 @@ def test_backward_keeps_a_poisoned_neighbour_out_of_the_gradients(causal):
 
 
 def _spy_kept_launches(monkeypatch) -> list:
-    """What each kept launch answered (the forward replay's and the backward recipe's ``run``: None = declined)."""
+    """What each kept launch answered (the forward replay's and the backward recipe's ``run``: None = declined),
+    from no kept launch: they are keyed on static facts (lengths travel in the offsets), so one an earlier test kept
+    would serve the caller's first call (seen on the H100, stop 42: 8 answers where 7 were counted)."""
     from jfa_ops.backends.tlx import attn_bwd
     from jfa_ops.backends.triton import attn_fwd as triton_fwd
+    from jfa_ops.backends.triton import launch
+
+    launch.clear_cache()
 
     answers = []
     for cls in (triton_fwd._Replay, attn_bwd._Recipe):
@@ -891,5 +896,11 @@ def test_store_tma_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
     monkeypatch.setattr(configs, "BACKWARD_STORE_TMA", True)
     check_attention_case(case, "tlx")
     (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_STORE_TMA")
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
+    if overrides.get("BACKWARD_GQA_SPLIT", 0) > 0:
+        # the split's parts atomically add their dK/dV in fp32 (GROUP_SPLIT): a racy order, so two runs differ by
+        # roundings even with the knob off (the H100, stop 42: not equal); the epilogue it changes does not run here
+        torch.testing.assert_close(dk1.float(), dk0.float(), rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(dv1.float(), dv0.float(), rtol=1e-2, atol=1e-3)
+    else:
+        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
