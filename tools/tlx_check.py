@@ -53,8 +53,8 @@ D128 and broadcast-Q Lq128 H4 B512: tlx-mxfp8 (with and without its re-basing st
 triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``mxfp8``): the TLX kernel alone on
 the mxfp8 bench's six D128 rows (``MX_CASES``: dense, bcast, window, jagged, jagged-causal, dense-causal) with each
 ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the key-block loop removed at a
-time), clk per key block walked, and our bf16 TLX forward on the same inputs (bench/NOTES.md "MXFP8 ceiling:
-ablations"). ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast).
+time), clk per key block walked, the shipped MXFP8 call from bf16 inputs and our bf16 TLX forward on the same inputs
+(bench/NOTES.md "MXFP8 ceiling: ablations"). ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast).
 
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
@@ -1702,9 +1702,10 @@ def mxfp8_ablation() -> int:
     (TIMING ONLY: those results are wrong and not checked) on the headline shapes (``MX_CASES``, all unless
     TLX_MX_CASES picks some): ms, TFLOP/s of the full problem's useful work (the bench's: visible pairs), and clk
     per 128 x 128 key block per SM (ms x SMs x 1.83 GHz / the blocks the kernel walks: both consumers' 64-row halves
-    of one block) with the clk each saves against "none" (the shipped kernel); then our bf16 TLX forward
-    (``jagged_attention(..., backend="tlx")``) on the same inputs in the same run, and the ratio of each row's
-    time to it (> 1: that kernel faster than our bf16). Masked rows (causal, window): every ablation keeps the
+    of one block) with the clk each saves against "none" (the shipped kernel); then the shipped MXFP8 call from
+    the bf16 inputs (``mxfp8_attention(..., backend="tlx")``, quantize included) and our bf16 TLX forward
+    (``jagged_attention(..., backend="tlx")``) on the same inputs in the same run, and the ratio of our bf16's time
+    to each row's (> 1: that row faster than our bf16). Masked rows (causal, window): every ablation keeps the
     key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it."""
     from jfa_ops.backends.tlx import configs as tlx_configs
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
@@ -1723,6 +1724,8 @@ def mxfp8_ablation() -> int:
                 *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=c["rebased"]))
 
         fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in tlx_configs.MXFP8_ABLATION_RUNS}
+        fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
+            q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         ms, failed = _medians(c["label"], fns)
@@ -1731,7 +1734,7 @@ def mxfp8_ablation() -> int:
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
               "TFLOP)", flush=True)
         nan = float("nan")
-        for col in (*tlx_configs.MXFP8_ABLATION_RUNS, BF16_TLX):
+        for col in (*tlx_configs.MXFP8_ABLATION_RUNS, MX_BF16_IN, BF16_TLX):
             if col in ms:
                 print(f"  {col:24s} {ms[col]:7.3f} ms {c['flops'] / ms[col] / 1e9:7.1f} TFLOP/s {clk[col]:7.0f} clk"
                       f" {clk.get('none', nan) - clk[col]:+7.0f} {ms.get(BF16_TLX, nan) / ms[col]:5.2f}x bf16 tlx",
@@ -1739,7 +1742,9 @@ def mxfp8_ablation() -> int:
     return failures
 
 
-BF16_TLX = "bf16 tlx (ours)"  # mxfp8-ablation's last row: the bf16 TLX forward, the ratios' denominator
+# mxfp8-ablation's last rows: the shipped MXFP8 call from bf16 inputs (its quantize counted: with "none" it prices the
+# bf16-in stages in the same run) and our bf16 TLX forward (the ratios' denominator)
+MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
 
 
 def mxfp8_backward_timing() -> int:
