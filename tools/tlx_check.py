@@ -51,8 +51,10 @@ against the float64 MXFP8 oracle (out, lse), the issue's error bound against flo
 the kernel's float64 model where small, bf16 inputs through the op with gradients; then TFLOP/s on dense B8 S4096
 D128 and broadcast-Q Lq128 H4 B512: tlx-mxfp8 (with and without its re-basing stage, and from bf16 inputs),
 triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``mxfp8``): the TLX kernel alone on
-the same two shapes with each ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the
-key-block loop removed at a time), clk per key block (bench/NOTES.md "MXFP8 ceiling: ablations").
+the mxfp8 bench's six D128 rows (``MX_CASES``: dense, bcast, window, jagged, jagged-causal, dense-causal) with each
+ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the key-block loop removed at a
+time), clk per key block walked, the shipped MXFP8 call from bf16 inputs and our bf16 TLX forward on the same inputs
+(bench/NOTES.md "MXFP8 ceiling: ablations"). ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast).
 
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
@@ -74,6 +76,7 @@ right gradients; what of dkvstore's saving it keeps).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import statistics
@@ -1555,29 +1558,88 @@ def mxfp8_correctness() -> int:
     return failures
 
 
-def _mx_headline_cases():
-    """Issue 12's headline shapes at D128 on the GPU, one dict each: label, lengths, heads, bcast, the bf16 inputs
-    (q, k, v, q_off, kv_off), the MX pairs, flops (useful work), AttentionParams, the kernel's re-based operands
-    (``rebased``: to time the TLX kernel alone) and n_blocks (the 128 x 128 key blocks the TLX kernel walks, all
-    heads)."""
-    from bench.suites import lognormal_lengths
+# Issue 12's MXFP8 headline rows (bench.suites.mxfp8_cases "full", D128): key -> (the bench's label, the printed one).
+# ``mxfp8-ablation`` runs every key by default, ``mxfp8-timing`` dense and bcast (its columns take ~8 compiles a row);
+# TLX_MX_CASES=key,key,... picks others (either part).
+MX_CASES = {"dense": ("B8 S4096", "dense B8 S4096 H16 D128"),
+            "bcast": ("bcast Lq128 H4 B512", "broadcast-Q Lq128 H4 B512"),
+            "window": ("T32768 win(256,0) causal", "window (256,0) causal T32768"),
+            "jagged": ("jagged T32768 n27", "jagged T32768 n27 H16"),
+            "jagged-causal": ("jagged T32768 n27 causal", "jagged T32768 n27 H16 causal"),
+            "dense-causal": ("B8 S4096 causal", "dense B8 S4096 H16 causal")}
+MX_TIMING_CASES = ("dense", "bcast")
+
+
+def mx_case_keys(default) -> list:
+    """The MX_CASES keys of TLX_MX_CASES (comma-separated; unset: ``default``), ValueError naming an unknown one."""
+    keys = [k.strip() for k in os.environ.get("TLX_MX_CASES", ",".join(default)).split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MX_CASES]
+    if unknown:
+        raise ValueError(f"TLX_MX_CASES: unknown case(s) {unknown}; known: {','.join(MX_CASES)}")
+    return keys
+
+
+def mx_walked_blocks(q_lens, kv_lens, heads, causal, window, block_m: int = 128, block_n: int = 128) -> int:
+    """Key blocks the TLX MXFP8 forward walks, all heads: per query tile of ``block_m`` rows, the three stages of
+    ``triton.common.stage_bounds`` (masked lead, mask-free bulk, masked tail; the kernel's ``_n_blocks`` rounds each
+    up to whole ``block_n`` blocks) with the kernel's ``window_bounds``. Broadcast-Q: pass Lq once per sequence."""
+    from jfa_ops.backends.triton.common import window_bounds
+
+    has_lo, left, has_hi, hi_off = window_bounds(causal, *window)
+    lo_off = -left
+    n = lambda begin, end: -(-max(end - begin, 0) // block_n)  # noqa: E731
+    total = 0
+    for (len_s, len_o), count in collections.Counter(zip(q_lens, kv_lens)).items():
+        diag = len_o - len_s
+        for s0 in range(0, len_s, block_m):
+            s_last = min(s0 + block_m, len_s) - 1
+            lo_any = max(s0 + lo_off + diag, 0) if has_lo else 0
+            lo_all = max(s_last + lo_off + diag, 0) if has_lo else 0
+            hi_any = min(s_last + hi_off + diag + 1, len_o) if has_hi else len_o
+            hi_all = max(min(s0 + hi_off + diag + 1, len_o), 0) if has_hi else len_o
+            lead_begin = lo_any // block_n * block_n
+            bulk_begin = max(-(-lo_all // block_n) * block_n, lead_begin)
+            bulk_end = max(hi_all // block_n * block_n, bulk_begin)
+            lead_end = min(bulk_begin, hi_any)
+            tail_begin = max(bulk_end, lead_end)
+            total += count * (n(lead_begin, lead_end) + n(bulk_begin, bulk_end) + n(tail_begin, hi_any))
+    return heads * total
+
+
+def mx_case_specs(keys) -> list:
+    """Host part of ``_mx_headline_cases`` (no device): per key a dict of key, label, case (the bench's
+    ``bench.suites.Case``: lengths, heads, mask), flops (the bench's useful forward FLOPs: visible pairs),
+    AttentionParams and n_blocks (``mx_walked_blocks``)."""
+    from bench.suites import mxfp8_cases
     from jfa_ops.backends import AttentionParams
+
+    by_label = {c.label: c for c in mxfp8_cases((128,), "full")}
+    specs = []
+    for key in keys:
+        bench_label, label = MX_CASES[key]
+        c = by_label[bench_label]
+        specs.append(dict(key=key, label=label, case=c, flops=c.flops("fwd"),
+                          params=AttentionParams(scale=c.head_dim ** -0.5, causal=c.causal, window_left=c.window[0],
+                                                 window_right=c.window[1], broadcast_q=c.broadcast_q,
+                                                 max_seqlen_q=c.max_q, max_seqlen_kv=c.max_kv),
+                          n_blocks=mx_walked_blocks(c.q_lens, c.kv_lens, c.num_heads_q, c.causal, c.window)))
+    return specs
+
+
+def _mx_headline_cases(keys):
+    """Issue 12's headline shapes at D128 on the GPU (``mx_case_specs``' dicts), each with the bf16 inputs
+    (``inputs``: q, k, v, q_off, kv_off), the MX ``pairs``, the kernel's re-based operands (``rebased``: to time the
+    TLX kernel alone), ``opts`` (the op's mask keywords) and max_q / max_kv."""
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
 
-    for label, q_lengths, kv_lengths, heads, bcast in (
-            ("dense B8 S4096 H16 D128", (4096,) * 8, (4096,) * 8, 16, False),
-            ("broadcast-Q Lq128 H4 B512", (128,), tuple(lognormal_lengths(None, 512, seed=512)), 4, True)):
-        q, k, v, q_off, kv_off = (None if t is None else t.cuda() for t in
-                                  _mx_inputs(q_lengths, kv_lengths, heads, heads, 128, bcast, None, 3))
+    for spec in mx_case_specs(keys):
+        c = spec["case"]
+        q, k, v, q_off, kv_off = (None if t is None else t.cuda() for t in _mx_inputs(
+            c.q_lens, c.kv_lens, c.num_heads_q, c.num_heads_kv, c.head_dim, c.broadcast_q, None, 3))
         pairs = (jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k), jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1)))
-        pairs_per_q = sum(128 * n for n in kv_lengths) if bcast else sum(n * n for n in kv_lengths)
-        q_tiles = [1] * len(kv_lengths) if bcast else [-(-n // 128) for n in q_lengths]
-        yield dict(label=label, q_lengths=q_lengths, kv_lengths=kv_lengths, heads=heads, bcast=bcast,
-                   inputs=(q, k, v, q_off, kv_off), pairs=pairs, flops=4.0 * pairs_per_q * heads * 128,
-                   params=AttentionParams(scale=128 ** -0.5, broadcast_q=bcast, max_seqlen_q=max(q_lengths),
-                                          max_seqlen_kv=max(kv_lengths)),
-                   rebased=mxfp8_attn_fwd.rebase_operands(*pairs, kv_off),
-                   n_blocks=heads * sum(t * -(-n // 128) for t, n in zip(q_tiles, kv_lengths)))
+        yield dict(spec, inputs=(q, k, v, q_off, kv_off), pairs=pairs, max_q=c.max_q, max_kv=c.max_kv,
+                   opts=dict(causal=c.causal, window=c.window, broadcast_q=c.broadcast_q),
+                   rebased=mxfp8_attn_fwd.rebase_operands(*pairs, kv_off))
 
 
 def mxfp8_timing() -> int:
@@ -1603,11 +1665,10 @@ def mxfp8_timing() -> int:
     print(f"{'case':26s} " + " ".join(f"{c:>16s}" for c in cols) + f" {'/bf16 tlx':>9s} {'/bf16 triton':>12s}"
           f" {'kernel/bf16 tlx':>15s}", flush=True)
     failures = 0
-    for c in _mx_headline_cases():
+    for c in _mx_headline_cases(mx_case_keys(MX_TIMING_CASES)):
         q, k, v, q_off, kv_off = c["inputs"]
         pairs, params, rebased, flops = c["pairs"], c["params"], c["rebased"], c["flops"]
-        max_q, max_kv = max(c["q_lengths"]), max(c["kv_lengths"])
-        kw = dict(broadcast_q=c["bcast"])
+        max_q, max_kv, kw = c["max_q"], c["max_kv"], c["opts"]
         fns = {"tlx-mxfp8": lambda: jfa_ops.mxfp8_attention(*pairs, q_off, kv_off, max_q, max_kv, backend="tlx",
                                                             **kw),
                "kernel alone": lambda: mxfp8_attn_fwd.attention_forward(*pairs, q_off, kv_off, params, torch.bfloat16,
@@ -1638,9 +1699,14 @@ SM_CLOCK_HZ = 1.83e9  # the H200's sustained SM clock under the attention kernel
 
 def mxfp8_ablation() -> int:
     """The TLX MXFP8 forward alone (re-based operands made once) with each ablation of ``configs.MXFP8_ABLATE``
-    (TIMING ONLY: those results are wrong and not checked) on the headline shapes: ms, TFLOP/s of the full
-    problem's useful work, and clk per 128 x 128 key block per SM (ms x SMs x 1.83 GHz / blocks: both consumers'
-    64-row halves of one block) with the clk each saves against "none" (the shipped kernel)."""
+    (TIMING ONLY: those results are wrong and not checked) on the headline shapes (``MX_CASES``, all unless
+    TLX_MX_CASES picks some): ms, TFLOP/s of the full problem's useful work (the bench's: visible pairs), and clk
+    per 128 x 128 key block per SM (ms x SMs x 1.83 GHz / the blocks the kernel walks: both consumers' 64-row halves
+    of one block) with the clk each saves against "none" (the shipped kernel); then the shipped MXFP8 call from
+    the bf16 inputs (``mxfp8_attention(..., backend="tlx")``, quantize included) and our bf16 TLX forward
+    (``jagged_attention(..., backend="tlx")``) on the same inputs in the same run, and the ratio of our bf16's time
+    to each row's (> 1: that row faster than our bf16). Masked rows (causal, window): every ablation keeps the
+    key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it."""
     from jfa_ops.backends.tlx import configs as tlx_configs
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
 
@@ -1650,23 +1716,35 @@ def mxfp8_ablation() -> int:
     print(f"MXFP8 ablations (TIMING ONLY, wrong results), TLX kernel alone, D128, {sms} SMs at {SM_CLOCK_HZ / 1e9} "
           "GHz; per column: ms, TFLOP/s, clk per key block, clk saved vs none", flush=True)
     failures = 0
-    for c in _mx_headline_cases():
-        q_off, kv_off = c["inputs"][3:]
+    for c in _mx_headline_cases(mx_case_keys(MX_CASES)):
+        q, k, v, q_off, kv_off = c["inputs"]
 
         def kernel_alone(mask, c=c, q_off=q_off, kv_off=kv_off):
             return with_setting(tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
                 *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=c["rebased"]))
 
         fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in tlx_configs.MXFP8_ABLATION_RUNS}
+        fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
+            q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
+        fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
+            q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         ms, failed = _medians(c["label"], fns)
         failures += failed
         clk = {col: t * 1e-3 * sms * SM_CLOCK_HZ / c["n_blocks"] for col, t in ms.items()}
-        print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM)", flush=True)
-        for col in tlx_configs.MXFP8_ABLATION_RUNS:
+        print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
+              "TFLOP)", flush=True)
+        nan = float("nan")
+        for col in (*tlx_configs.MXFP8_ABLATION_RUNS, MX_BF16_IN, BF16_TLX):
             if col in ms:
                 print(f"  {col:24s} {ms[col]:7.3f} ms {c['flops'] / ms[col] / 1e9:7.1f} TFLOP/s {clk[col]:7.0f} clk"
-                      f" {clk.get('none', float('nan')) - clk[col]:+7.0f}", flush=True)
+                      f" {clk.get('none', nan) - clk[col]:+7.0f} {ms.get(BF16_TLX, nan) / ms[col]:5.2f}x bf16 tlx",
+                      flush=True)
     return failures
+
+
+# mxfp8-ablation's last rows: the shipped MXFP8 call from bf16 inputs (its quantize counted: with "none" it prices the
+# bf16-in stages in the same run) and our bf16 TLX forward (the ratios' denominator)
+MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
 
 
 def mxfp8_backward_timing() -> int:

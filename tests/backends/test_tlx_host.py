@@ -629,6 +629,71 @@ def test_bcast_items_ladder_splits_item_and_block_costs():
     assert abs(got_b - b) < 0.05 and abs(got_c - c) < 0.05 and abs(got_a - a) < 5.0 and worst <= 1.0
 
 
+def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypatch):
+    """``tools/tlx_check.py``'s ``mx_case_specs`` (mxfp8-ablation's rows, helper mxabl42): each key the mxfp8
+    bench's D128 row (lengths, heads, causal, window, broadcast-Q), its flops 4 D Hq x the pairs each query row sees
+    (counted here per row from the documented mask), its n_blocks the (128-row, 128-key) blocks holding a visible
+    pair (``meta_kernels.block_sparse.block_visible``, not the kernel's stage bounds) x heads; ``mx_walked_blocks``
+    equals a brute count on ``visible_mask`` over small random shapes; TLX_MX_CASES picks keys, an unknown one is a
+    ValueError naming it."""
+    import numpy as np
+
+    from bench.suites import mxfp8_cases
+    from jfa_ops.testing import visible_mask
+    from meta_kernels.block_sparse import block_visible
+
+    tool = _tlx_check_tool()
+
+    def row_pairs(lq, lk, causal, window):  # row i, d = i + lk - lq: keys max(0, d - left) .. min(lk - 1, d, d + right)
+        d = np.arange(lq) + lk - lq
+        left, right = window
+        hi = np.full(lq, lk - 1)
+        if causal:
+            hi = np.minimum(hi, d)
+        if right >= 0:
+            hi = np.minimum(hi, d + right)
+        lo = np.maximum(d - left, 0) if left >= 0 else np.zeros(lq, dtype=np.int64)
+        return int(np.maximum(hi - lo + 1, 0).sum())
+
+    def visible_blocks(lq, lk, causal, window):
+        i = torch.arange(-(-lq // 128))[:, None]
+        j = torch.arange(-(-lk // 128))[None, :]
+        return int(block_visible(lq, lk, 128, 128, causal, window[0], window[1], i, j).sum())
+
+    bench = {(c.label, c.causal, c.window, c.broadcast_q): c for c in mxfp8_cases((128,), "full")}
+    specs = tool.mx_case_specs(list(tool.MX_CASES))
+    assert [s["key"] for s in specs] == list(tool.MX_CASES) and len(bench) == len(specs) == 6
+    for s in specs:
+        c, p = s["case"], s["params"]
+        assert (c.label, c.causal, c.window, c.broadcast_q) in bench and c.head_dim == 128
+        assert (p.causal, (p.window_left, p.window_right), p.broadcast_q) == (c.causal, c.window, c.broadcast_q)
+        assert (p.max_seqlen_q, p.max_seqlen_kv) == (max(c.q_lens), max(c.kv_lens))
+        pairs = sum(row_pairs(lq, lk, c.causal, c.window) for lq, lk in zip(c.q_lens, c.kv_lens))
+        assert s["flops"] == 4 * 128 * c.num_heads_q * pairs, s["key"]
+        blocks = sum(visible_blocks(lq, lk, c.causal, c.window) for lq, lk in zip(c.q_lens, c.kv_lens))
+        assert s["n_blocks"] == c.num_heads_q * blocks, s["key"]
+    by_key = {s["key"]: s for s in specs}
+    assert by_key["dense"]["n_blocks"] == 16 * 8 * 32 * 32 and by_key["dense-causal"]["n_blocks"] == 16 * 8 * 528
+    assert by_key["window"]["case"].window == (256, 0) and by_key["window"]["case"].causal
+
+    rng = np.random.default_rng(42)
+    for _ in range(60):
+        lq, lk = (int(x) for x in rng.integers(1, 600, size=2))
+        causal = bool(rng.integers(0, 2))
+        window = tuple(int(x) if x >= 0 else -1 for x in rng.integers(-1, 300, size=2))
+        mask = torch.nn.functional.pad(visible_mask(lq, lk, causal, window), (0, -lk % 128, 0, -lq % 128))
+        want = int(mask.view(-(-lq // 128), 128, -(-lk // 128), 128).any(3).any(1).sum())
+        assert tool.mx_walked_blocks((lq,), (lk,), 1, causal, window) == want, (lq, lk, causal, window)
+
+    monkeypatch.delenv("TLX_MX_CASES", raising=False)
+    assert tool.mx_case_keys(tool.MX_TIMING_CASES) == ["dense", "bcast"]
+    monkeypatch.setenv("TLX_MX_CASES", "window, jagged-causal")
+    assert tool.mx_case_keys(tool.MX_CASES) == ["window", "jagged-causal"]
+    monkeypatch.setenv("TLX_MX_CASES", "window,windows")
+    with pytest.raises(ValueError, match="TLX_MX_CASES.*windows"):
+        tool.mx_case_keys(tool.MX_CASES)
+
+
 @needs_tlx
 def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
     """``configs.FORWARD_ZIGZAG`` None (the default; bench/NOTES.md v16's H200 order-timing: every masked row and both

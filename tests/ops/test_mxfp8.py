@@ -264,7 +264,7 @@ def test_attention_error_within_the_issue_bound(name, spread, backend="reference
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out)
     assert err <= bound, (err, bound)
     if spread is None:
-        assert err <= 0.1  # measured 0.045-0.06 on N(0, 1) inputs (README)
+        assert err <= 0.1  # measured 0.033-0.049 (seed 1; 0.028-0.054 over seeds 1-3, README) on N(0, 1) inputs
 
 
 @st.composite
