@@ -1084,14 +1084,31 @@ def _launches_with_knob(monkeypatch, knob: str, calls: tuple, launched, answers)
             assert [kind for kind, _ in answers] == (["recipe"] if call is calls[-1] and not on else []), (knob, on)
 
 
+def _assert_reads_every_row_block(desc, stats, block_rows: int = 64):
+    """STATS_SMEM's descriptor over ``stats`` (fp32 [Hq, rows]) meets TMA's rules (base and row stride 16-byte
+    aligned, the box [1, block_rows] with 16-byte rows) and a box at (r % 4, r - r % 4), an inner start a multiple of
+    4 fp32, holds flat rows r .. r + block_rows - 1 of ``stats`` for every r, zeros past the end (TMA reads zeros
+    past the descriptor's shape: emulated by padding)."""
+    base, flat = desc.base, stats.reshape(-1).cpu()
+    assert desc.block_shape == [1, block_rows] and desc.shape == list(base.shape) and desc.shape[0] == 4
+    assert desc.strides[1] == 1 and desc.strides[0] * 4 % 16 == 0 and base.data_ptr() % 16 == 0
+    assert base.dtype == torch.float32 and desc.shape[1] >= flat.numel()
+    tile = torch.nn.functional.pad(base.cpu(), (0, block_rows))  # the box past the shape: zeros
+    want = torch.nn.functional.pad(flat, (0, block_rows))
+    for r in range(flat.numel()):
+        column = r - r % 4
+        assert torch.equal(tile[r % 4, column:column + block_rows], want[r:r + block_rows]), r
+
+
 @needs_tlx
 def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_STATS_SMEM`` (helper lsedelta40, env JFA_TLX_BWD_STATS_SMEM), off by default, sets the TLX
-    backward's STATS_SMEM with two descriptors over lse and delta as one row each ([1, Hq x rows], blocks [1, 64],
-    the never-stepped row stride a multiple of 4 elements: TMA's 16 bytes) on a causal jagged call and a broadcast-Q
-    call (rows = sequences x Lq), STATS_AHEAD off beside it, no recipe kept (the repeat takes the full path); off, the
-    default's launch (STATS_SMEM False, no descriptors) and its recipe. An lse view off 16-byte alignment is copied
-    first; the MXFP8 backward ignores the knob."""
+    backward's STATS_SMEM with two descriptors over lse and delta, each 4 shifted copies of the flat vector (helper
+    statssmem42: a TMA box's inner start must be 16-byte aligned), from which a box [1, 64] at (r % 4, r - r % 4)
+    reads flat rows r .. r + 63 for every r (zeros past the end), on a causal jagged call and a broadcast-Q call (rows
+    = sequences x Lq), STATS_AHEAD off beside it, no recipe kept (the repeat takes the full path); off, the default's
+    launch (STATS_SMEM False, no descriptors) and its recipe. An lse view off 16-byte alignment reads the same; the
+    MXFP8 backward ignores the knob."""
     runs, answers = gpu
     assert not tlx_configs.BACKWARD_STATS_SMEM  # off until timed on the H200
     q, k, v, offsets = _inputs([300, 17, 700, 5, 0, 1])
@@ -1104,11 +1121,9 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
         rows = lq * (offsets.numel() - 1) if call is broadcast else q.shape[0]  # broadcast: sequences x Lq
         assert got["STATS_SMEM"] is on and got["STATS_AHEAD"] is False and got["KV_EARLY"] is True
         if on:
-            for name, given in (("desc_lse", None), ("desc_delta", got["Delta"])):
-                desc = got[name]
-                assert desc.shape == [1, q.shape[1] * rows] and desc.block_shape == [1, 64], name
-                assert desc.strides[1] == 1 and desc.strides[0] % 4 == 0 and desc.strides[0] >= desc.shape[1]
-                assert desc.base.data_ptr() % 16 == 0 and (given is None or desc.base is given)
+            for name, stats in (("desc_lse", got["Lse"]), ("desc_delta", got["Delta"])):
+                assert stats.numel() == q.shape[1] * rows, name
+                _assert_reads_every_row_block(got[name], stats)
         else:
             assert got["desc_lse"] is None and got["desc_delta"] is None
     # with it on: STATS_AHEAD's prefetch yields; an lse view 4 bytes off alignment is copied (same values)
@@ -1120,7 +1135,7 @@ def test_stats_smem_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
                                                        _params(causal=True), dq_shared=True, stats_ahead=True,
                                                        stats_smem=True))
     assert got["STATS_SMEM"] is True and got["STATS_AHEAD"] is False
-    assert got["desc_lse"].base.data_ptr() % 16 == 0 and torch.equal(got["desc_lse"].base, lse)
+    _assert_reads_every_row_block(got["desc_lse"], lse)
     got = launched(lambda: attn_bwd.attention_backward(torch.randn_like(q), None, q, k, v, out, lse, offsets, offsets,
                                                        _params(causal=True), dq_shared=True, stats_smem=True,
                                                        mxfp8=True, delta_grad_out=torch.randn_like(q)))

@@ -183,7 +183,9 @@ def _load_row_block(desc_q, desc_do, q_tile, do_tile, q_full, q_row, out_row, co
                     stat_row=0, STATS_SMEM: tl.constexpr = False):
     """TMA loads of the Q and dO block at packed rows q_row / out_row into one ring slot (q_full counts the bytes).
     STATS_SMEM: also the block's lse and delta (BLOCK_M fp32 each from row ``stat_row`` of the flat [Hq * rows]
-    vectors; past their end TMA reads zeros) into the slot's ``lse_tile`` / ``delta_tile``."""
+    vectors; past their end zeros) into the slot's ``lse_tile`` / ``delta_tile``, from the shifted copy
+    ``stat_row % 4`` at the column ``stat_row`` rounded down to 4 (``_stats_descriptor``: a TMA box's inner start must
+    be 16-byte aligned, else the load is an illegal instruction)."""
     block_bytes: tl.constexpr = BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
     if STATS_SMEM:
         tlx.barrier_expect_bytes(q_full, 2 * block_bytes + 2 * BLOCK_M * 4)
@@ -192,8 +194,10 @@ def _load_row_block(desc_q, desc_do, q_tile, do_tile, q_full, q_row, out_row, co
     tlx.async_descriptor_load(desc_q, q_tile, [q_row.to(tl.int32), col], q_full)
     tlx.async_descriptor_load(desc_do, do_tile, [out_row.to(tl.int32), col], q_full)
     if STATS_SMEM:
-        tlx.async_descriptor_load(desc_lse, lse_tile, [0, stat_row.to(tl.int32)], q_full)
-        tlx.async_descriptor_load(desc_delta, delta_tile, [0, stat_row.to(tl.int32)], q_full)
+        shift = stat_row.to(tl.int32) & 3
+        column = stat_row.to(tl.int32) - shift
+        tlx.async_descriptor_load(desc_lse, lse_tile, [shift, column], q_full)
+        tlx.async_descriptor_load(desc_delta, delta_tile, [shift, column], q_full)
 
 
 @triton.jit
@@ -655,8 +659,8 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     (``_consume_rows_v2``), the mask-free bulk's without mask code; the producer's loops and barriers as without.
 
     STATS_SMEM (``configs.BACKWARD_STATS_SMEM``; dense, not MXFP8, not with STATS_AHEAD): the producer loads each
-    block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s rows) into its ring slot with Q and dO, on
-    the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``).
+    block's lse and delta (desc_lse / desc_delta: ``_stats_descriptor``'s shifted copies) into its ring slot with Q
+    and dO, on the same full barrier; the consumers read them from shared memory (``_consume_rows_v2``).
 
     STORE_TMA (``configs.BACKWARD_STORE_TMA``; with KV_EARLY): a consumer's dK / dV half-tile that lies wholly inside
     the sequence leaves its dQ staging buffer by one TMA store each (desc_dk / desc_dv: DK's / DV's [T_kv, Hkv*D] rows,
@@ -859,11 +863,18 @@ def _dq_descriptor(dq_acc: torch.Tensor, block_rows: int, block_cols: int):
 
 
 def _stats_descriptor(stats: torch.Tensor, block_rows: int):
-    """STATS_SMEM: the fp32 [Hq, rows] lse or delta (contiguous, 16-byte aligned) as one row [1, Hq * rows], blocks [1,
-    block_rows]: a block's values from any (head, row), whatever the row's alignment (a plain bulk copy needs 16
-    bytes); past the end TMA reads zeros. The row stride is never stepped (one row) but must be a multiple of 16 B."""
-    n = stats.numel()
-    return TensorDescriptor(stats, shape=[1, n], strides=[cdiv(n, 4) * 4, 1], block_shape=[1, block_rows])
+    """STATS_SMEM: the contiguous fp32 [Hq, rows] lse or delta, flat (n values), as 4 shifted copies [4, width]
+    (copy s at column c holds value c + s, zeros past the end; width: n rounded up to 4, rows 16-byte strided),
+    blocks [1, block_rows]: the kernel reads a block from any flat row r as copy r % 4 at column r - r % 4. A TMA
+    box's inner start must be 16-byte aligned (4 fp32; at a jagged sequence's or a head's row off that, the load
+    faults with an illegal instruction: stop 42's GPU run), and a descriptor's base too, so shifting the base will
+    not do. Two copy kernels; 4x the vector's bytes."""
+    flat = stats.reshape(-1)
+    n = flat.numel()
+    width = cdiv(n, 4) * 4
+    padded = torch.nn.functional.pad(flat, (0, width + 3 - n))  # zeros past the end, for every copy
+    shifted = padded.as_strided((4, width), (1, 1)).contiguous()
+    return TensorDescriptor(shifted, shape=[4, width], strides=[width, 1], block_shape=[1, block_rows])
 
 
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
@@ -1046,8 +1057,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     given = (q, k, v, out, grad_out)
     q, k, v, out, grad_out = (_tma_ready(t) for t in given)
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    if stats_smem and lse.data_ptr() % 16:  # a TMA source starts 16-byte aligned (a view's offset: copy it)
-        lse = lse.clone()
     cfg = bwd_config_v2(head_dim, dq_shared)
     bounds = window_bounds(params.causal, params.window_left, params.window_right)
     has_left, window_left, has_right, right = bounds
