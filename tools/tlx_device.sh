@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
-# `bash tools/tlx_device.sh [all|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
+# `bash tools/tlx_device.sh [all|tests|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
 # mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
 # (`backward`: the TLX backward's sweep vs the oracle, the default (v2 without the dQ split too with
 # BWD_BASELINES=1), <= 4 min;
@@ -60,6 +60,26 @@ gpu_tests() {  # tests/backends/test_tlx_gpu.py's GPU tests matching -k "$1" (12
   $limit 120 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(['-q', '-m', 'gpu',
     '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py', '-k', '$1']))"
 }
+if [ "$part" = tests ]; then  # GPU test groups, each in a process of its own (carry .whl too): a crash (a sticky CUDA
+  # error) or a hang then costs its group only (stop 42 lost a call to one knob's illegal instruction failing 99 tests
+  # after it). TLX_TEST_GROUPS: pytest -k expressions separated by ';'; TLX_TEST_FILES: the files (default the TLX GPU
+  # tests and test_autocast.py); TLX_TEST_S: each group's limit (150 s: first-use compiles are most of it). Each
+  # group's log goes to $OUT/tests_<n>.log with -rfE's failure list, so a group cut short still names what ran.
+  n=0
+  IFS=';' read -r -a groups <<< "${TLX_TEST_GROUPS:?set TLX_TEST_GROUPS to -k expressions separated by ;}"
+  for group in "${groups[@]}"; do
+    n=$((n + 1))
+    log="${OUT:-/tmp}/tests_$n.log"
+    # shellcheck disable=SC2086
+    JFA_LAUNCH_VERIFY=1 $limit "${TLX_TEST_S:-150}" python3 -c "import _utlx_autoregister, sys, pytest
+sys.exit(pytest.main(['-v', '-m', 'gpu', '-p', 'no:cacheprovider', '--tb=short', '-rfE', *sys.argv[2].split(),
+                      '-k', sys.argv[1]]))" "$group" "${TLX_TEST_FILES:-tests/backends/test_tlx_gpu.py tests/test_autocast.py}" > "$log" 2>&1
+    r=$?
+    [ $r -eq 0 ] || rc=1
+    echo "tests group $n (rc $r): $group :: $(grep -cE ' PASSED' "$log") passed, $(grep -cE ' FAILED| ERROR' "$log") failed/errors, $(grep -cE ' SKIPPED' "$log") skipped"
+    grep -E '^(FAILED|ERROR) ' "$log" | head -20
+  done
+fi
 if [ "$part" = all ] || [ "$part" = correctness ]; then
   JFA_LAUNCH_VERIFY=1 $limit 120 python3 tools/tlx_check.py correctness || rc=1
 fi
