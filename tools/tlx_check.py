@@ -70,8 +70,8 @@ agree (bench/NOTES.md "MXFP8 backward operands in one pass, helper mxvalues, sto
 causal, and jagged T32768 D128 causal, with each run of ``configs.BACKWARD_ABLATION_RUNS`` (TIMING ONLY, wrong
 results: stages of the query-block loop removed), clk per 128-key x 128-query block per SM (bench/NOTES.md "TLX
 backward ablations (helper bwdablate)"); ``TLX_BWD_ABLATION_CASES=full,causal,jagged`` / ``TLX_BWD_ABLATION_RUNS=none,dq``
-time a subset (a run's stages joined by "+"); case ``bcast`` (not in the default): the bench's broadcast-Q row
-(``bcast_case``), where run ``dkvstore`` is helper bcastbwd39's ablation of the item's dK/dV stores, ``storetma`` helper dkvtma40's knob (those stores by TMA:
+time a subset (a run's stages joined by "+"); cases ``bcast`` and ``window`` (not in the default): the bench's
+broadcast-Q row (``bcast_case``) and the mxfp8 suite's window row (issue 12's memory-bound rows), where run ``dkvstore`` is helper bcastbwd39's ablation of the item's dK/dV stores, ``storetma`` helper dkvtma40's knob (those stores by TMA:
 right gradients; what of dkvstore's saving it keeps).
 """
 from __future__ import annotations
@@ -1579,31 +1579,46 @@ def mx_case_keys(default) -> list:
     return keys
 
 
-def mx_walked_blocks(q_lens, kv_lens, heads, causal, window, block_m: int = 128, block_n: int = 128) -> int:
-    """Key blocks the TLX MXFP8 forward walks, all heads: per query tile of ``block_m`` rows, the three stages of
-    ``triton.common.stage_bounds`` (masked lead, mask-free bulk, masked tail; the kernel's ``_n_blocks`` rounds each
-    up to whole ``block_n`` blocks) with the kernel's ``window_bounds``. Broadcast-Q: pass Lq once per sequence."""
-    from jfa_ops.backends.triton.common import window_bounds
-
-    has_lo, left, has_hi, hi_off = window_bounds(causal, *window)
-    lo_off = -left
-    n = lambda begin, end: -(-max(end - begin, 0) // block_n)  # noqa: E731
+def walked_blocks(stationary_lens, other_lens, heads, has_lo, lo_off, has_hi, hi_off, block_s: int,
+                  block_o: int) -> int:
+    """Other-side blocks a TLX kernel walks, all heads: per stationary tile of ``block_s`` positions, the three stages
+    of ``triton.common.stage_bounds`` (masked lead, mask-free bulk, masked tail, each rounded up to whole ``block_o``
+    blocks, as the kernels' loops step them), the host copy of its arithmetic."""
+    n = lambda begin, end: -(-max(end - begin, 0) // block_o)  # noqa: E731
     total = 0
-    for (len_s, len_o), count in collections.Counter(zip(q_lens, kv_lens)).items():
+    for (len_s, len_o), count in collections.Counter(zip(stationary_lens, other_lens)).items():
         diag = len_o - len_s
-        for s0 in range(0, len_s, block_m):
-            s_last = min(s0 + block_m, len_s) - 1
+        for s0 in range(0, len_s, block_s):
+            s_last = min(s0 + block_s, len_s) - 1
             lo_any = max(s0 + lo_off + diag, 0) if has_lo else 0
             lo_all = max(s_last + lo_off + diag, 0) if has_lo else 0
             hi_any = min(s_last + hi_off + diag + 1, len_o) if has_hi else len_o
             hi_all = max(min(s0 + hi_off + diag + 1, len_o), 0) if has_hi else len_o
-            lead_begin = lo_any // block_n * block_n
-            bulk_begin = max(-(-lo_all // block_n) * block_n, lead_begin)
-            bulk_end = max(hi_all // block_n * block_n, bulk_begin)
+            lead_begin = lo_any // block_o * block_o
+            bulk_begin = max(-(-lo_all // block_o) * block_o, lead_begin)
+            bulk_end = max(hi_all // block_o * block_o, bulk_begin)
             lead_end = min(bulk_begin, hi_any)
             tail_begin = max(bulk_end, lead_end)
             total += count * (n(lead_begin, lead_end) + n(bulk_begin, bulk_end) + n(tail_begin, hi_any))
     return heads * total
+
+
+def mx_walked_blocks(q_lens, kv_lens, heads, causal, window, block_m: int = 128, block_n: int = 128) -> int:
+    """Key blocks the TLX MXFP8 forward walks, all heads (``walked_blocks``: query tiles of ``block_m`` rows
+    stationary, key blocks of ``block_n``, the kernel's ``window_bounds``). Broadcast-Q: pass Lq once per sequence."""
+    from jfa_ops.backends.triton.common import window_bounds
+
+    has_lo, left, has_hi, right = window_bounds(causal, *window)
+    return walked_blocks(q_lens, kv_lens, heads, has_lo, -left, has_hi, right, block_m, block_n)
+
+
+def bwd_walked_blocks(case) -> float:
+    """128 x 128 (key, query) blocks the TLX backward walks, all query heads: per 128-key tile the 64-row query blocks
+    of ``attn_bwd._bwd_item``'s stage_bounds (keys stationary: rows -right .. +left of a key), halved."""
+    from jfa_ops.backends.triton.common import window_bounds
+
+    has_left, left, has_right, right = window_bounds(case.causal, *case.window)
+    return walked_blocks(case.kv_lens, case.q_lens, case.num_heads_q, has_right, -right, has_left, left, 128, 64) / 2
 
 
 def mx_case_specs(keys) -> list:
@@ -1848,25 +1863,21 @@ def bcast_case():
 
 
 def _bwd_ablation_cases():
-    """(key, Case, 128 x 128 (key, query) blocks the kernel visits) of ``backward_ablation``: the kernel walks 64-row
-    query blocks per 128-key tile (``configs.bwd_config_v2``), from the tile's first row on when causal (equal
-    lengths), so a tile of a sequence of length L sees cdiv(L, 64) - n0 / 64 of them (all cdiv(L, 64) unmasked)."""
-    from bench.suites import JAGGED_SEED, Case, lognormal_lengths
+    """(key, Case, 128 x 128 (key, query) blocks the kernel visits: ``bwd_walked_blocks``) of ``backward_ablation``;
+    ``bcast`` and ``window`` (issue 12's memory-bound rows: the bench's broadcast-Q row and the mxfp8 suite's
+    window row, T32768 win(256, 0) causal H16) are not in the default keys."""
+    from bench.suites import JAGGED_SEED, Case, lognormal_lengths, mxfp8_cases
 
-    def blocks(case):
-        rows = 0
-        for length_q, length in zip(case.q_lens, case.kv_lens):
-            n_row_blocks = -(-length_q // 64)
-            rows += sum(n_row_blocks - (n0 // 64 if case.causal else 0) for n0 in range(0, length, 128))
-        return case.num_heads_q * rows / 2
-
+    window = next(c for c in mxfp8_cases((128,), "full") if c.window == (256, 0))
     lens = lognormal_lengths(32768, None, seed=JAGGED_SEED)
-    cases = [("bcast", bcast_case()),  # not in the default keys
+    cases = [("bcast", bcast_case()),
+             ("window", Case("window", "bwd T32768 win(256,0) causal H16 D128", window.q_lens, window.kv_lens, 16, 16,
+                             128, causal=True, window=(256, 0))),
              ("full", Case("dense", "bwd B8 H16 S8192 D128", (8192,) * 8, (8192,) * 8, 16, 16, 128)),
              ("causal", Case("dense", "bwd B8 H16 S8192 D128 causal", (8192,) * 8, (8192,) * 8, 16, 16, 128,
                              causal=True)),
              ("jagged", Case("jagged", "bwd jagged T32768 D128 causal", lens, lens, 16, 16, 128, causal=True))]
-    return [(key, case, blocks(case)) for key, case in cases]
+    return [(key, case, bwd_walked_blocks(case)) for key, case in cases]
 
 
 def _kernel_ms(fn, name: str, reps: int = 20):
@@ -1929,8 +1940,8 @@ def backward_ablation() -> int:
             continue
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, backend="tlx",
-                                       broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens),
+        out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, causal=case.causal, window=case.window,
+                                       backend="tlx", broadcast_q=case.broadcast_q, max_seqlen_q=max(case.q_lens),
                                        max_seqlen_kv=max(case.kv_lens))
         grad = lambda: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True)  # noqa: E731
         print(f"{case.label} ({n_blocks:.0f} blocks of 128 x 128, {n_blocks / sms:.1f} per SM)", flush=True)

@@ -18,6 +18,7 @@ import functools
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -693,6 +694,41 @@ def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypat
     with pytest.raises(ValueError, match="TLX_MX_CASES.*windows"):
         tool.mx_case_keys(tool.MX_CASES)
 
+
+
+def test_bwd_ablation_cases_count_the_blocks_the_backward_walks():
+    """``tools/tlx_check.py``'s ``bwd_walked_blocks`` (backward-ablation's clk-per-block divisor, stop 42: one host
+    copy of the stage walk for every case, the window row new): the dense, causal and broadcast-Q counts equal the
+    closed forms the tool used before (a tile of length L sees cdiv(Lq, 64) 64-row blocks, less n0 / 64 when causal),
+    and on random shapes, the window row's mask included, the (64-row, 128-key) blocks holding a visible pair
+    (``visible_mask``, not the walk), halved."""
+    import numpy as np
+
+    from jfa_ops.testing import visible_mask
+
+    tool = _tlx_check_tool()
+    cases = {key: (case, n) for key, case, n in tool._bwd_ablation_cases()}
+    assert list(cases) == ["bcast", "window", "full", "causal", "jagged"]
+    for key in ("bcast", "full", "causal", "jagged"):
+        case, n = cases[key]
+        rows = sum(-(-lq // 64) - (n0 // 64 if case.causal else 0)
+                   for lq, lk in zip(case.q_lens, case.kv_lens) for n0 in range(0, lk, 128))
+        assert n == case.num_heads_q * rows / 2, key
+    window, n = cases["window"]
+    assert (window.causal, window.window, window.num_heads_q, sum(window.q_lens)) == (True, (256, 0), 16, 32768)
+
+    def visible_blocks(lq, lk, causal, win):
+        mask = torch.nn.functional.pad(visible_mask(lq, lk, causal, win), (0, -lk % 128, 0, -lq % 64))
+        return int(mask.view(-(-lq // 64), 64, -(-lk // 128), 128).any(3).any(1).sum())
+
+    assert n == 16 * sum(visible_blocks(lq, lk, True, (256, 0)) for lq, lk in zip(window.q_lens, window.kv_lens)) / 2
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        lq, lk = (int(x) for x in rng.integers(1, 600, size=2))
+        causal = bool(rng.integers(0, 2))
+        win = tuple(int(x) if x >= 0 else -1 for x in rng.integers(-1, 300, size=2))
+        case = types.SimpleNamespace(q_lens=(lq,), kv_lens=(lk,), num_heads_q=1, causal=causal, window=win)
+        assert tool.bwd_walked_blocks(case) == visible_blocks(lq, lk, causal, win) / 2, (lq, lk, causal, win)
 
 @needs_tlx
 def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
