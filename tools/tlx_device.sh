@@ -44,6 +44,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
+# helper tcache42: Triton's file cache at a fixed path (its group files name their entries by absolute path), filled
+# first from a carried .tcache/tcache.tar.xz that tools/triton_cache_pack.py built on CPU from earlier calls'
+# $OUT/triton_manifest.jsonl (every kernel the JIT compiles is appended there: tools/t38_site/sitecustomize.py).
+# `tcache`: only that unpack, for a call of its own (.tcache with .t38 is over one call's 64 MiB carry).
+export TRITON_CACHE_DIR=/tmp/tcache
+mkdir -p /tmp/tcache
+if [ -f .tcache/tcache.tar.xz ]; then
+  tar xJf .tcache/tcache.tar.xz -C /tmp/tcache && ls /tmp/tcache > /tmp/tcache.carried &&
+    echo "tcache: $(wc -l < /tmp/tcache.carried) entries unpacked into /tmp/tcache"
+fi
+[ "$part" = tcache ] && exit 0
+export JFA_TRITON_MANIFEST=${JFA_TRITON_MANIFEST:-${OUT:+$OUT/triton_manifest.jsonl}}
 if [ ! -d /tmp/t38/triton/_C ]; then
   mkdir -p /tmp/t38 && tar xJf .t38/triton38.tar.xz -C /tmp/t38 &&
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/t38 .t38/triton_utlx-*.whl || exit 2
@@ -193,5 +205,8 @@ fi
 if [ "${TLX_GPU_TESTS:-0}" = 1 ]; then
   JFA_TLX_AUTO=1 $limit 300 python3 -c "import _utlx_autoregister, sys, pytest; sys.exit(pytest.main(
     ['-q', '-m', 'gpu', '-x', '-p', 'no:cacheprovider', 'tests/backends/test_tlx_gpu.py']))" || rc=1
+fi
+if [ -f /tmp/tcache.carried ] && [ -f "${JFA_TRITON_MANIFEST:-}" ]; then  # how many compiles the carried cache saved
+  python3 tools/triton_cache_pack.py report "$JFA_TRITON_MANIFEST" --carried /tmp/tcache.carried
 fi
 exit $rc
