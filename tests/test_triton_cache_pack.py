@@ -103,3 +103,17 @@ def test_selfcheck_round_trip_hits(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "= the device's" in out.stdout
     assert out.stdout.count("cache_hit=[False]") == 1 and out.stdout.count("cache_hit=[True]") == 1, out.stdout
+
+
+def test_recorder_waits_for_the_scripts_own_triton_import(tmp_path):
+    """sitecustomize's hook imports no triton at start-up (a script may set TRITON_INTERPRET first); the recorder
+    is in place once the script imports triton."""
+    manifest = str(tmp_path / "m.jsonl")
+    code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'tools')!r}); import triton_cache_pack as T\n"
+            f"T.record_after_triton_import({manifest!r}); print('before', 'triton' in sys.modules)\n"
+            "import triton; from triton import knobs\n"
+            "print('after', getattr(knobs.runtime.jit_post_compile_hook, 'jfa_manifest', None))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["before False", f"after {manifest}"]

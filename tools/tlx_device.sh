@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|tests|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
-# mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite]`
+# mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite|tcache]`
 # (`backward`: the TLX backward's sweep vs the oracle, the default (v2 without the dQ split too with
 # BWD_BASELINES=1), <= 4 min;
 # `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / statsahead / causalorder,
@@ -47,8 +47,10 @@ part=${1:-all}
 # helper tcache42: Triton's file cache at a fixed path (its group files name their entries by absolute path), filled
 # first from a carried .tcache/tcache.tar.xz that tools/triton_cache_pack.py built on CPU from earlier calls'
 # $OUT/triton_manifest.jsonl (every kernel the JIT compiles is appended there: tools/t38_site/sitecustomize.py).
-# `tcache`: only that unpack, for a call of its own (.tcache with .t38 is over one call's 64 MiB carry).
+# `tcache`: only that unpack, for a call of its own (.tcache with .t38 is over one call's 64 MiB carry);
+# TCACHE_FRESH=1: the cache emptied first (a hit test on a warm machine, whose earlier calls filled it).
 export TRITON_CACHE_DIR=/tmp/tcache
+[ "${TCACHE_FRESH:-0}" = 1 ] && rm -rf /tmp/tcache /tmp/tcache.carried
 mkdir -p /tmp/tcache
 if [ -f .tcache/tcache.tar.xz ]; then
   tar xJf .tcache/tcache.tar.xz -C /tmp/tcache && ls /tmp/tcache > /tmp/tcache.carried &&

@@ -75,6 +75,41 @@ def install_recorder(path: str) -> None:
     knobs.runtime.jit_post_compile_hook = record
 
 
+class _AfterTritonImport(importlib.abc.MetaPathFinder):
+    """Runs ``install_recorder`` right after ``import triton`` completes, so interpreter start-up (sitecustomize)
+    imports no triton: a script may still set TRITON_INTERPRET before its own import."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "triton":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, manifest = spec.loader.exec_module, self.path
+
+        def exec_then_record(module):
+            exec_module(module)
+            try:
+                install_recorder(manifest)
+            except Exception as e:  # never stop a run for its manifest
+                print(f"triton_cache_pack: no manifest ({type(e).__name__}: {e})", file=sys.stderr)
+
+        spec.loader.exec_module = exec_then_record
+        return spec
+
+
+def record_after_triton_import(path: str) -> None:
+    """``install_recorder(path)`` once triton is imported (now, if it is)."""
+    if "triton" in sys.modules:
+        install_recorder(path)
+    elif not any(isinstance(f, _AfterTritonImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTritonImport(path))
+
+
 def _knob_env() -> dict:
     """The env vars that may change a kernel's source-level constants (read at import) or Triton's key."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("JFA_", "TRITON_"))}

@@ -20,12 +20,13 @@ except ImportError:
 
 # JFA_TRITON_MANIFEST (tools/tlx_device.sh sets it to $OUT/triton_manifest.jsonl): every kernel the JIT compiles in
 # this process is appended there (tools/triton_cache_pack.py's record step; its build step replays them on CPU into
-# the file cache that a later call carries as .tcache/). The repo root is on PYTHONPATH: tools is a namespace package.
+# the file cache that a later call carries as .tcache/), hooked in when the process imports triton (none imported
+# here). The repo root is on PYTHONPATH: tools is a namespace package.
 if os.environ.get("JFA_TRITON_MANIFEST"):
     try:
-        from tools.triton_cache_pack import install_recorder
+        from tools.triton_cache_pack import record_after_triton_import
 
-        install_recorder(os.environ["JFA_TRITON_MANIFEST"])
+        record_after_triton_import(os.environ["JFA_TRITON_MANIFEST"])
     except Exception as e:  # never stop a run for its manifest
         print(f"sitecustomize: no Triton manifest ({type(e).__name__}: {e})", file=sys.stderr)
 
