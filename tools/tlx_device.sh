@@ -84,13 +84,14 @@ if [ "$part" = tests ]; then  # GPU test groups, each in a process of its own (c
   for group in "${groups[@]}"; do
     n=$((n + 1))
     log="${OUT:-/tmp}/tests_$n.log"
+    group_start=$SECONDS
     # shellcheck disable=SC2086
     JFA_LAUNCH_VERIFY=1 $limit "${TLX_TEST_S:-150}" python3 -c "import _utlx_autoregister, sys, pytest
 sys.exit(pytest.main(['-v', '-m', 'gpu', '-p', 'no:cacheprovider', '--tb=short', '-rfE', *sys.argv[2].split(),
                       '-k', sys.argv[1]]))" "$group" "${TLX_TEST_FILES:-tests/backends/test_tlx_gpu.py tests/test_autocast.py}" > "$log" 2>&1
     r=$?
     [ $r -eq 0 ] || rc=1
-    echo "tests group $n (rc $r): $group :: $(grep -cE ' PASSED' "$log") passed, $(grep -cE ' FAILED| ERROR' "$log") failed/errors, $(grep -cE ' SKIPPED' "$log") skipped"
+    echo "tests group $n (rc $r): $group :: $(grep -cE ' PASSED' "$log") passed, $(grep -cE ' FAILED| ERROR' "$log") failed/errors, $(grep -cE ' SKIPPED' "$log") skipped, $((SECONDS - group_start)) s"
     grep -E '^(FAILED|ERROR) ' "$log" | head -20
   done
 fi
