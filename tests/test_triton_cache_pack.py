@@ -117,3 +117,18 @@ def test_recorder_waits_for_the_scripts_own_triton_import(tmp_path):
                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["before False", f"after {manifest}"]
+
+
+def test_pack_takes_only_the_given_keys_entries(tmp_path, monkeypatch):
+    tool = _tool()
+    keys = [hashlib.sha256(f"kernel {i}".encode()).hexdigest() for i in range(2)]
+    for key in keys:
+        entry = tmp_path / "cache" / base64.b32encode(bytes.fromhex(key)).decode().rstrip("=")
+        entry.mkdir(parents=True)
+        (entry / "k.cubin").write_bytes(b"x")
+        (entry / "__grp__k.json").write_text(json.dumps({"child_paths": {"k.cubin": str(entry / "k.cubin")}}))
+    monkeypatch.setattr(tool, "CACHE_DIR", str(tmp_path / "cache"))
+    with tarfile.open(tool.pack(str(tmp_path / "out"), (".cubin",), {keys[1]})) as tar:
+        names = tar.getnames()
+    kept = base64.b32encode(bytes.fromhex(keys[1])).decode().rstrip("=")
+    assert sorted(names) == [f"{kept}/__grp__k.json", f"{kept}/k.cubin"]

@@ -305,9 +305,9 @@ def _triton_for_device() -> None:
     use_sm90_driver()
 
 
-def _compile_lines(lines) -> int:
-    """Compile each line into CACHE_DIR (this process's env is the lines' recorded one); 0 when every key matched
-    the device's recorded hash."""
+def _compile_lines(lines, keys_out=None) -> int:
+    """Compile each line into CACHE_DIR (this process's env is the lines' recorded one), appending each key to
+    ``keys_out``; 0 unless a line failed."""
     _triton_for_device()
     bad = 0
     for n, line in enumerate(lines, 1):
@@ -320,6 +320,9 @@ def _compile_lines(lines) -> int:
         try:
             key = cache_key_of(kernel, line["data"])
             kernel.preload(json.dumps(line["data"]))
+            if keys_out:
+                with open(keys_out, "a") as f:
+                    f.write(key + "\n")
         except Exception as e:  # the kernel's source changed since the record and no longer takes these arguments
             bad += 1
             print(f"[{n}/{len(lines)}] {line['fn']} FAILED: {type(e).__name__}: {e}", flush=True)
@@ -341,15 +344,18 @@ def _groups_by_env(lines) -> list:
     return [(json.loads(env), group) for env, group in groups.items()]
 
 
-def pack(out: str, stages=KEEP_SUFFIXES) -> str:
-    """CACHE_DIR's entries into OUT/tcache.tar.xz, each keeping its metadata and the ``stages`` files (the group
-    file rewritten to list those only: a hit reads every child it lists)."""
+def pack(out: str, stages=KEEP_SUFFIXES, keys=None) -> str:
+    """CACHE_DIR's entries (those of ``keys``, the key hashes, when given: not older builds' left there) into
+    OUT/tcache.tar.xz, each keeping its metadata and the ``stages`` files (the group file rewritten to list those
+    only: a hit reads every child it lists)."""
+    import base64
     import io
 
     os.makedirs(out, exist_ok=True)
     archive = os.path.join(out, "tcache.tar.xz")
     with tarfile.open(archive, "w:xz") as tar:
-        for entry in sorted(os.listdir(CACHE_DIR)):
+        wanted = None if keys is None else {base64.b32encode(bytes.fromhex(k)).decode().rstrip("=") for k in keys}
+        for entry in sorted(e for e in os.listdir(CACHE_DIR) if wanted is None or e in wanted):
             directory = os.path.join(CACHE_DIR, entry)
             for group_name in sorted(n for n in os.listdir(directory) if n.startswith("__grp__")):
                 with open(os.path.join(directory, group_name)) as f:
@@ -371,16 +377,21 @@ def build(manifests, out: str, stages) -> int:
     import tempfile
 
     rc = 0
+    keys_out = tempfile.NamedTemporaryFile(suffix=".keys", delete=False).name
     for env, lines in _groups_by_env(read_manifests(manifests)):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write("".join(json.dumps(line) + "\n" for line in lines))
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("JFA_")}
         child_env["TRITON_CACHE_DIR"] = CACHE_DIR
         print(f"{len(lines)} kernels with {env or 'no JFA_ vars'}", flush=True)
-        rc |= subprocess.call([sys.executable, os.path.abspath(__file__), "compile", f.name], env={**child_env, **env})
+        rc |= subprocess.call([sys.executable, os.path.abspath(__file__), "compile", f.name, "--keys-out", keys_out],
+                              env={**child_env, **env})
         os.unlink(f.name)
-    archive = pack(out, tuple(f".{s}" for s in stages))
-    print(f"{archive}: {os.path.getsize(archive) / 2**20:.2f} MiB, {len(os.listdir(CACHE_DIR))} entries in {CACHE_DIR}")
+    with open(keys_out) as f:
+        keys = set(f.read().split())
+    os.unlink(keys_out)
+    archive = pack(out, tuple(f".{s}" for s in stages), keys)
+    print(f"{archive}: {os.path.getsize(archive) / 2**20:.2f} MiB, {len(keys)} kernels")
     return rc
 
 
@@ -528,6 +539,7 @@ def main(argv=None) -> int:
                    help="files kept per kernel (json and cubin are what a launch needs; device tools read ptx/ttgir)")
     c = sub.add_parser("compile", help="(build's worker) compile a manifest's lines into the cache, no packing")
     c.add_argument("manifests", nargs="+")
+    c.add_argument("--keys-out", help="append each compiled line's key hash to this file")
     k = sub.add_parser("keys")
     k.add_argument("manifests", nargs="+")
     sc = sub.add_parser("selfcheck", help="the whole round trip on CPU for one shipped kernel (see selfcheck)")
@@ -549,7 +561,7 @@ def main(argv=None) -> int:
     if args.cmd == "build":
         return build(args.manifests, args.out, args.stages.split(","))
     if args.cmd == "compile":
-        return _compile_lines(read_manifests(args.manifests))
+        return _compile_lines(read_manifests(args.manifests), args.keys_out)
     return keys(args.manifests)
 
 
