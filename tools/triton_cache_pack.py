@@ -62,12 +62,15 @@ def install_recorder(path: str) -> None:
         return  # sitecustomize installed it already
 
     def record(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 (Triton's names)
-        jit = fn.jit_function
-        compiled = jit.device_caches[compile["device"]][0].get(key)  # stored just before this hook runs
-        line = dict(fn=f"{jit.module}:{jit.fn.__qualname__}", hash=getattr(compiled, "hash", None), pid=os.getpid(),
-                    data=json.loads(compile["specialization_data"]), env=_knob_env())
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        try:  # never stop a compile for its manifest line (Inductor's workers, another Triton's hook layout)
+            jit = fn.jit_function
+            compiled = jit.device_caches[compile["device"]][0].get(key)  # stored just before this hook runs
+            line = dict(fn=f"{jit.module}:{jit.fn.__qualname__}", hash=getattr(compiled, "hash", None),
+                        pid=os.getpid(), data=json.loads(compile["specialization_data"]), env=_knob_env())
+            with open(path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except Exception as e:  # noqa: BLE001
+            print(f"triton_cache_pack: no manifest line ({type(e).__name__}: {e})", file=sys.stderr)
         return previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
                         already_compiled=already_compiled) if previous else None
 
