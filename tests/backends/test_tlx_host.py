@@ -903,6 +903,110 @@ def test_kept_launches_decline_calls_outside_their_path(gpu, monkeypatch, why):
     assert _launches(runs, args) == by_kept
 
 
+def _at_offset(t, rows: int = 3, misalign: bool = False):
+    """``t``'s values in a view ``rows`` rows into a larger buffer (same shape and strides, another storage offset:
+    16-byte aligned), or ``misalign``: one element in (a 2-byte offset, which TMA cannot read)."""
+    if misalign:
+        view = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    else:
+        view = torch.empty((t.shape[0] + rows,) + tuple(t.shape[1:]), dtype=t.dtype)[rows:]
+    assert view.stride() == t.stride()
+    return view.copy_(t)
+
+
+def _served_and_same_as_full(runs, answers, monkeypatch, call, inputs, kind: str, served: bool):
+    """Run ``call`` once (kept launches on) and once by its full path: the kept launch of ``kind`` answered as
+    ``served`` says (True: it launched; False: it declined; None: it was not asked) and both runs launched the same
+    kernels with the same arguments, this call's own tensors in their places."""
+    runs.clear()
+    answers.clear()
+    call()
+    by_kept = _launches(runs, inputs)
+    expected = [] if served is None else [(kind, served)]
+    assert [(k, result is not None) for k, result in answers] == expected
+    runs.clear()
+    _full(monkeypatch, call)
+    assert _launches(runs, inputs) == by_kept
+
+
+@needs_tlx
+def test_forward_replay_follows_each_call_of_its_signature(gpu, monkeypatch):
+    """A replay's key holds shapes, strides, dtypes of its inputs but not where they live: calls of its key with the
+    rows split otherwise, q, k, v passed as one tensor, views at an aligned offset into larger buffers are served
+    and launch what their own full path launches (their own tensors); a misaligned v declines; offsets of equal
+    values in two tensors (another key) do not ask it (helper replay42)."""
+    runs, answers = gpu
+    params = _params(causal=True)
+    q, k, v, offsets = _inputs([64, 17, 40, 5])
+    _forward(q, k, v, offsets, params)  # makes the replay
+    q, k, v, offsets = _inputs([5, 40, 17, 64], seed=1)
+    views = tuple(_at_offset(t) for t in (q, k, v))
+    steps = [((q, k, v, offsets, offsets), True),
+             ((q, q, q, offsets, offsets), True),  # one tensor for q, k and v (MHA, equal rows)
+             (views + (offsets, offsets), True),
+             ((q, k, _at_offset(v, misalign=True), offsets, offsets), False),
+             ((q, k, v, offsets, offsets.clone()), None)]
+    for inputs, served in steps:
+        _served_and_same_as_full(runs, answers, monkeypatch, lambda: tlx.forward(*inputs, params), inputs, "replay",
+                                 served)
+
+
+@needs_tlx
+def test_backward_recipe_follows_each_call_of_its_signature(gpu, monkeypatch):
+    """One recipe key (no sizes in it) serves calls whose batch size, rows and max_seqlen hints change (each call's
+    sizes derived again), q, k, v passed as one tensor, out and dO views at an aligned offset into larger buffers,
+    and two backwards of one forward with other dO (retain_graph): each launches what its own full path launches,
+    from its own tensors; a misaligned dO declines (helper replay42)."""
+    runs, answers = gpu
+    base = _params(causal=True)
+    steps = []
+    for seed, (lengths, how) in enumerate((([64, 17, 40, 5], "first"), ([30, 1, 64], "rows"),
+                                           ([32, 32, 32, 32], "hints"), ([3, 0, 70, 1, 9], "views"),
+                                           ([64, 17, 40, 5], "one tensor"), ([64, 17, 40, 5], "misaligned dO"))):
+        q, k, v, offsets = _inputs(lengths, seed=seed)
+        if how == "one tensor":
+            k = v = q
+        params = dataclasses.replace(base, max_seqlen_q=32, max_seqlen_kv=32) if how == "hints" else base
+        g = torch.Generator().manual_seed(100 + seed)
+        out = torch.randn(q.shape, generator=g).to(q.dtype)
+        lse = torch.randn(q.shape[1], q.shape[0], generator=g)
+        grad_outs = [torch.randn(q.shape, generator=g).to(q.dtype) for _ in range(2 if how == "rows" else 1)]
+        if how == "views":
+            out, grad_outs = _at_offset(out), [_at_offset(grad_outs[0])]
+        if how == "misaligned dO":
+            grad_outs = [_at_offset(grad_outs[0], misalign=True)]
+        for grad_out in grad_outs:  # "rows": a second backward of the same forward with another dO
+            steps.append(((grad_out, None, q, k, v, out, lse, offsets, offsets), params,
+                          None if how == "first" else how != "misaligned dO"))
+    for args, params, served in steps:
+        _served_and_same_as_full(runs, answers, monkeypatch, lambda: tlx.backward(*args, params), args, "recipe",
+                                 served)
+
+
+@needs_tlx
+def test_kept_launch_keys_hold_the_device_and_none_while_traced(gpu):
+    """The forward replay's and both backwards' recipe keys hold the device (one signature on two devices: two keys;
+    ``device_guard`` makes it the current device, whose stream each launch takes), and are None while a backend is
+    traced into a torch.compile graph (nothing kept or served there: ``launch.replays_enabled``)."""
+    from jfa_ops.backends.base import traced
+
+    q, k, v, offsets = _inputs([64, 17, 40, 5])
+    params = _params(causal=True)
+    variant = ("the variant",)  # whatever attention_backward settled on: part of the key
+
+    def keys(q, k, v, offsets):
+        return (attn_fwd._replay_key(q, k, v, offsets, offsets, params),
+                attn_bwd._recipe_key(q, None, q, k, v, q, params, variant),
+                triton_bwd._recipe_key(q, None, q, k, v, q, params))
+
+    here, meta = keys(q, k, v, offsets), keys(*(t.to("meta") for t in (q, k, v, offsets)))
+    assert all(key is not None for key in here + meta)
+    assert all(a != b for a, b in zip(here, meta))
+    with traced():
+        assert not launch.replays_enabled()
+        assert keys(q, k, v, offsets) == (None, None, None)
+
+
 @needs_tlx
 def test_kept_launches_are_verified_under_launch_verify(gpu, monkeypatch):
     """JFA_LAUNCH_VERIFY=1 (the GPU suite runs with it): the replay and the recipe still serve, and each of their
