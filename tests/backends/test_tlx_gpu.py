@@ -904,3 +904,191 @@ def test_store_tma_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
     else:
         assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), name
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
+# Kept launches under random calls (helper replay42): per fixed static signature, calls of random sizes drawn from a
+# few shape classes (B, q rows (broadcast-Q: L_q), kv rows) so that shapes repeat (a forward replay's key holds them)
+# while lengths, hints, grad_lse, layouts and dO change (a backward recipe's key holds none of those), the last class
+# past one wave (kept launches decline there: the full path's sorted lists). Layouts: "views" (q, k, v in views at an
+# aligned offset into larger buffers: same key, other addresses), "misaligned k" (a 2-byte offset: declined, the full
+# path copies), "one tensor" (k is v, one offsets tensor for both sides: MHA, equal lengths). Every output from NaN
+# buffers, against the float64 oracle; a quarter of the calls run two backwards of one forward with other dO
+# (retain_graph). Served counts on 132 SMs (tests/backends/test_tlx_host.py's stubbed launches, helper replay42):
+# tlx forward 9 / 7 / 4, backward 18 / 0 / 17; triton forward 9 / 7 / 7, backward 16 / 0 / 17.
+KEPT_PROPERTY_SIGNATURES = {
+    "jagged causal GQA 8:2 D128 bf16": dict(
+        heads=(8, 2), head_dim=128, dtype=torch.bfloat16, causal=True,
+        classes=((4, 300, 300), (1, 77, 130), (6, 520, 400), (3, 3000, 2500)),
+        layouts=("contiguous", "contiguous", "views", "misaligned k")),
+    "broadcast-Q H4 D128 bf16": dict(
+        heads=(4, 4), head_dim=128, dtype=torch.bfloat16, broadcast=True,
+        classes=((3, 40, 200), (5, 129, 700), (1, 1, 64), (40, 100, 3000)),
+        layouts=("contiguous", "contiguous", "views", "misaligned k")),
+    "window (50,10) H4 D64 fp16 int64 offsets": dict(
+        heads=(4, 4), head_dim=64, dtype=torch.float16, window=(50, 10), offsets_dtype=torch.int64,
+        classes=((2, 150, 150), (5, 333, 333), (3, 200, 90), (4, 5000, 5000)),
+        layouts=("contiguous", "views", "misaligned k", "one tensor")),
+}
+KEPT_PROPERTY_REPEATS = 3  # calls of each (shape class, hints or not): 24 a signature
+
+
+def _random_lengths(rng, total: int, count: int) -> tuple:
+    """``count`` lengths summing to ``total``: random cuts, then (often) one sequence made empty and one of length 1
+    (their rows moved to another sequence)."""
+    cuts = sorted(rng.randrange(total + 1) for _ in range(count - 1))
+    lengths = [hi - lo for lo, hi in zip([0] + cuts, cuts + [total])]
+    for special in (0, 1):
+        if count > 1 and rng.random() < 0.5:
+            i, j = rng.sample(range(count), 2)
+            if lengths[i] >= special:
+                lengths[j] += lengths[i] - special
+                lengths[i] = special
+    return tuple(lengths)
+
+
+def _placed(t: torch.Tensor, layout: str, rng) -> torch.Tensor:
+    """``t``'s values where ``layout`` puts them: a view some rows into a larger buffer (same shape and strides), or a
+    2-byte misaligned view."""
+    if layout == "misaligned":
+        view = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
+    else:
+        extra = rng.randrange(1, 6)
+        view = torch.empty((t.shape[0] + extra,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)[extra:]
+    return view.copy_(t)
+
+
+def _oracle_grads(ref_out, ref_lse, leaves, grad_out, grad_lse):
+    """(dq, dk, dv) of the float64 oracle for cotangents (grad_out, grad_lse or zeros); zeros where an output does not
+    depend on a leaf."""
+    pairs = [(o, c) for o, c in ((ref_out, grad_out.double()),
+                                 (ref_lse, torch.zeros_like(ref_lse) if grad_lse is None else grad_lse.double()))
+             if o.requires_grad]
+    if not pairs:
+        return tuple(torch.zeros_like(leaf) for leaf in leaves)
+    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [c for _, c in pairs], retain_graph=True,
+                                allow_unused=True)
+    return tuple(torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves))
+
+
+def _kept_launch_property(name: str, backend, answers: dict, runs_case=_tlx_or_skip, seed: int = 0,
+                          device: str = "cuda") -> dict:
+    """Run random calls of signature ``name`` (``KEPT_PROPERTY_REPEATS`` of each shape class with and without hints)
+    through ``backend``'s forward and backward (module functions, as the registry calls them), each out, lse, dq,
+    dk, dv checked against the float64 oracle; ``answers``: {"forward": [...], "backward": [...]}, the lists the kept
+    launches' spies append their answers to; ``runs_case(case)``: skips a case the backend does not run. Returns how
+    many calls each kind served (answered not None)."""
+    import random
+
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.testing import assert_attention_close
+
+    spec = KEPT_PROPERTY_SIGNATURES[name]
+    rng = random.Random(f"{name} {seed}")
+    (hq, hkv), broadcast, head_dim, dtype = spec["heads"], spec.get("broadcast", False), spec["head_dim"], spec["dtype"]
+    served = {"forward": 0, "backward": 0}
+    # each shape class without hints and with its rows as hints (upper bounds of every length: one key a class;
+    # B = 1 makes them exact: a uniform batch), KEPT_PROPERTY_REPEATS times, in random order
+    draws = [(shape, hints) for shape in spec["classes"] for hints in (False, True)] * KEPT_PROPERTY_REPEATS
+    rng.shuffle(draws)
+    for n, ((batch, rows_q, rows_kv), hints) in enumerate(draws):
+        layout = rng.choice(spec["layouts"])
+        kv_lengths = _random_lengths(rng, rows_kv, batch)
+        q_lengths = (rows_q,) if broadcast else kv_lengths if layout == "one tensor" else _random_lengths(
+            rng, rows_q, batch)
+        case = AttentionCase(q_lengths, kv_lengths, heads_q=hq, heads_kv=hkv, head_dim=head_dim, dtype=dtype,
+                             device=device, causal=spec.get("causal", False), window=spec.get("window", (-1, -1)),
+                             broadcast_q=broadcast, offsets_dtype=spec.get("offsets_dtype", torch.int32))
+        runs_case(case)
+        x = case.make_inputs(rng.randrange(2 ** 31))
+        q, k, v, q_off, kv_off = x.q, x.k, x.v, x.q_offsets, x.kv_offsets
+        if layout == "views":
+            q, k, v = (_placed(t, "views", rng) for t in (q, k, v))
+        elif layout == "misaligned k":
+            k = _placed(k, "misaligned", rng)
+        elif layout == "one tensor":  # k is v, one offsets tensor for both sides (the oracle reads x.k twice)
+            v, kv_off = k, q_off
+        values = (x.q, x.k, x.k) if layout == "one tensor" else (x.q, x.k, x.v)
+        params = AttentionParams(scale=head_dim ** -0.5, causal=case.causal, window_left=case.window[0],
+                                 window_right=case.window[1], broadcast_q=broadcast,
+                                 max_seqlen_q=rows_q if hints else -1, max_seqlen_kv=rows_kv if hints else -1)
+        label = f"{name} call {n} ({case}, {layout})"
+        before = len(answers["forward"])
+        out, lse = backend.forward(q, k, v, q_off, kv_off, params)
+        served["forward"] += sum(a is not None for a in answers["forward"][before:])
+        leaves = tuple(t.detach().double().requires_grad_() for t in values)
+        ref_out, ref_lse = reference_attention(*leaves, x.q_offsets, x.kv_offsets, scale=params.scale,
+                                               causal=case.causal, window=case.window, broadcast_q=broadcast)
+        out_sees, q_sees, kv_seen = x.visibility()
+        assert_attention_close(out, ref_out, dtype=dtype, kind="forward", name=f"{label} out", zero_rows=~out_sees)
+        assert_attention_close(lse, ref_lse, dtype=dtype, kind="lse", name=f"{label} lse")
+        for backward_call in range(2 if rng.random() < 0.25 else 1):
+            grad_out = torch.randn_like(out)
+            grad_lse = torch.randn_like(lse) if rng.random() < 0.5 else None
+            before = len(answers["backward"])
+            grads = backend.backward(grad_out, grad_lse, q, k, v, out, lse, q_off, kv_off, params)
+            served["backward"] += sum(a is not None for a in answers["backward"][before:])
+            want = _oracle_grads(ref_out, ref_lse, leaves, grad_out, grad_lse)
+            for var, got, w, zero in zip("qkv", grads, want, (~q_sees, ~kv_seen, ~kv_seen)):
+                assert_attention_close(got, w, dtype=dtype, kind="grad", name=f"{label} d{var} ({backward_call})",
+                                       zero_rows=zero)
+    return served
+
+
+def _spy_runs(monkeypatch, **classes) -> dict:
+    """{kind: answers} of each class's ``run`` (None = declined), from no kept launch (``launch.clear_cache``: one an
+    earlier test kept would serve the first call)."""
+    from jfa_ops.backends.triton import launch
+
+    launch.clear_cache()
+    answers = {kind: [] for kind in classes}
+    for kind, cls in classes.items():
+        def spy(self, *args, run=cls.run, kept=answers[kind]):
+            kept.append(run(self, *args))
+            return kept[-1]
+        monkeypatch.setattr(cls, "run", spy)
+    return answers
+
+
+@pytest.mark.parametrize("name", list(KEPT_PROPERTY_SIGNATURES))
+def test_kept_launches_serve_random_calls_correctly(name, monkeypatch, nan_outputs):
+    """The tlx forward's replays and backward's recipes under 24 random calls of one static
+    signature (``_kept_launch_property``): every out, lse, dq, dk, dv from NaN buffers == the float64 oracle, and
+    the kept launches served calls (at least 3 forwards; the backward: at least 8 calls, none for broadcast-Q, whose
+    backward keeps no recipe). Fails where a kept launch serves a call it does not fit (a stale size, descriptor,
+    buffer or schedule: wrong or NaN rows)."""
+    _require_tlx()
+    from jfa_ops.backends import tlx
+    from jfa_ops.backends.tlx import attn_bwd
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+
+    answers = _spy_runs(monkeypatch, forward=triton_fwd._Replay, backward=attn_bwd._Recipe)
+    served = _kept_launch_property(name, tlx, answers)
+    assert served["forward"] >= 3, served
+    if KEPT_PROPERTY_SIGNATURES[name].get("broadcast"):
+        assert not answers["backward"], "a broadcast-Q backward asked a recipe"
+    else:
+        assert served["backward"] >= 8, served
+
+
+@pytest.mark.parametrize("name", list(KEPT_PROPERTY_SIGNATURES))
+def test_triton_kept_launches_serve_random_calls_correctly(name, monkeypatch, nan_outputs):
+    """``test_kept_launches_serve_random_calls_correctly`` on the triton backend (its forward replays and backward
+    recipes, ``triton.attn_bwd._Recipe``; no TLX needed)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from jfa_ops.backends import triton as triton_backend
+    from jfa_ops.backends.triton import attn_bwd as triton_bwd
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+
+    def runs_case(case):
+        reason = unavailable_reason("triton", case.problem())
+        if reason is not None:
+            pytest.skip(f"triton: {reason}")
+
+    answers = _spy_runs(monkeypatch, forward=triton_fwd._Replay, backward=triton_bwd._Recipe)
+    served = _kept_launch_property(name, triton_backend, answers, runs_case)
+    assert served["forward"] >= 3, served
+    if KEPT_PROPERTY_SIGNATURES[name].get("broadcast"):
+        assert not answers["backward"], "a broadcast-Q backward asked a recipe"
+    else:
+        assert served["backward"] >= 8, served
