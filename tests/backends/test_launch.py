@@ -450,6 +450,23 @@ def test_forward_replay_key_changes_take_the_full_path(monkeypatch):
     assert [full for _, full in replayed] == [full for _, full in steps]
 
 
+def test_broadcast_replay_declines_inside_a_cuda_graph_capture(monkeypatch):
+    """Inside a CUDA graph capture a broadcast-Q replay takes the full path (whose output offsets are made in the
+    graph's pool): its kept offsets would be read by every replay of the graph, also after they are freed (helper
+    replay42); a replay that keeps no tensor still serves. Fails without the capture check in ``_Replay.run``."""
+    broadcast = _call([30, 5, 29], broadcast_rows=16)
+    jagged = _call([30, 5, 29], causal=True)
+
+    def capture(call):
+        def start():
+            monkeypatch.setattr(attn_fwd, "_capturing", lambda t: True)
+            return call
+        return start
+
+    replayed = _forward_launches(monkeypatch, [broadcast, jagged, broadcast, capture(broadcast), jagged])
+    assert [full for _, full in replayed] == [True, True, False, True, False]
+
+
 def test_forward_replay_outputs_fresh_and_unshared(monkeypatch):
     """Each replayed call gets its own output buffers (never a previous call's) from ``common.alloc_output``."""
     calls = [_call([9, 40], causal=True) for _ in range(3)]

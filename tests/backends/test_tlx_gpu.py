@@ -1092,3 +1092,58 @@ def test_triton_kept_launches_serve_random_calls_correctly(name, monkeypatch, na
         assert not answers["backward"], "a broadcast-Q backward asked a recipe"
     else:
         assert served["backward"] >= 8, served
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "tlx"])
+def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
+    """A broadcast-Q forward captured into a CUDA graph after its signature's replay was kept: the graph's replays
+    stay right after the kept launches and the per-shape caches are dropped and their memory handed to other tensors
+    (helper replay42: the replay used to serve the capture with its kept output offsets, whose memory the graph then
+    read after they were freed: other data, silently wrong rows or an illegal address; now it declines there and
+    the full path makes the offsets in the graph's pool)."""
+    import gc
+
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+    from jfa_ops.backends.triton import launch
+    from jfa_ops.testing import assert_attention_close
+
+    case = AttentionCase((40,), (64, 17, 40, 5), heads_q=4, heads_kv=4, head_dim=128, dtype=torch.bfloat16,
+                         device="cuda", broadcast_q=True)
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    if backend_name == "tlx":
+        _tlx_or_skip(case)
+        from jfa_ops.backends import tlx as backend
+    else:
+        reason = unavailable_reason("triton", case.problem())
+        if reason is not None:
+            pytest.skip(f"triton: {reason}")
+        from jfa_ops.backends import triton as backend
+    launch.clear_cache()
+    x = case.make_inputs(0)
+    params = AttentionParams(scale=case.head_dim ** -0.5, broadcast_q=True)
+
+    def forward():
+        return backend.forward(x.q, x.k, x.v, None, x.kv_offsets, params)
+
+    forward()  # the full path, which keeps the replay
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it (the replay serves it)
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = forward()
+    launch.clear_cache()  # drops the replay ...
+    triton_fwd.broadcast_offsets.cache_clear()  # ... and the per-shape cache: the kept offsets are freed
+    gc.collect()
+    junk = [torch.full((5,), 1 << 20, dtype=torch.int32, device="cuda") for _ in range(512)]  # their blocks, reused
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = x.oracle()
+    assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name="captured out",
+                           zero_rows=~x.visibility()[0])
+    assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name="captured lse")
+    del junk

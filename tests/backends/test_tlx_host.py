@@ -1008,6 +1008,26 @@ def test_kept_launch_keys_hold_the_device_and_none_while_traced(gpu):
 
 
 @needs_tlx
+def test_broadcast_replay_declines_inside_a_cuda_graph_capture(gpu, monkeypatch):
+    """A broadcast-Q replay launches with the output offsets it keeps (made outside any capture): inside a CUDA graph
+    capture it declines (the full path makes offsets in the graph's pool), since a captured graph would read their
+    memory on every replay after the replay and the per-shape cache let go of them (``launch.clear_cache``, the
+    replay table's bound, the cache's 64 shapes): silently another tensor's data. A replay holding no tensor (jagged
+    Q) still serves a capture (helper replay42)."""
+    runs, answers = gpu
+    q, k, v, offsets = _inputs([64, 17, 40, 5])
+    calls = {"broadcast Q": lambda: tlx.forward(q[:40], k, v, None, offsets, _params(broadcast_q=True)),
+             "jagged Q": lambda: tlx.forward(q, k, v, offsets, offsets, _params(causal=True))}
+    for call in calls.values():
+        call()  # makes its replay (outside a capture)
+    monkeypatch.setattr(triton_fwd, "_capturing", lambda t: True)
+    for name, call in calls.items():
+        answers.clear()
+        call()
+        assert [(kind, result is not None) for kind, result in answers] == [("replay", name == "jagged Q")], name
+
+
+@needs_tlx
 def test_kept_launches_are_verified_under_launch_verify(gpu, monkeypatch):
     """JFA_LAUNCH_VERIFY=1 (the GPU suite runs with it): the replay and the recipe still serve, and each of their
     launches is checked against Triton's own choice of binary (``launch._verify``, a stand-in here) with the values
