@@ -1095,6 +1095,23 @@ def test_triton_kept_launches_serve_random_calls_correctly(name, monkeypatch, na
         assert served["backward"] >= 8, served
 
 
+def _backend_or_skip(name: str, case: AttentionCase):
+    """The backend module ``name`` ("tlx" or "triton"), skipping where it does not run ``case``."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    if name == "tlx":
+        _tlx_or_skip(case)
+        from jfa_ops.backends import tlx
+
+        return tlx
+    reason = unavailable_reason("triton", case.problem())
+    if reason is not None:
+        pytest.skip(f"triton: {reason}")
+    from jfa_ops.backends import triton
+
+    return triton
+
+
 @pytest.mark.parametrize("backend_name", ["triton", "tlx"])
 def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
     """A broadcast-Q forward captured into a CUDA graph after its signature's replay was kept: the graph's replays
@@ -1111,16 +1128,7 @@ def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
 
     case = AttentionCase((40,), (64, 17, 40, 5), heads_q=4, heads_kv=4, head_dim=128, dtype=torch.bfloat16,
                          device="cuda", broadcast_q=True)
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    if backend_name == "tlx":
-        _tlx_or_skip(case)
-        from jfa_ops.backends import tlx as backend
-    else:
-        reason = unavailable_reason("triton", case.problem())
-        if reason is not None:
-            pytest.skip(f"triton: {reason}")
-        from jfa_ops.backends import triton as backend
+    backend = _backend_or_skip(backend_name, case)
     launch.clear_cache()
     x = case.make_inputs(0)
     params = AttentionParams(scale=case.head_dim ** -0.5, broadcast_q=True)
@@ -1148,3 +1156,39 @@ def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
                            zero_rows=~x.visibility()[0])
     assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name="captured lse")
     del junk
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "tlx"])
+def test_per_shape_tensors_are_safe_on_another_stream(backend_name, nan_outputs):
+    """A broadcast-Q shape's first call on a busy stream, then at once a call of that shape on another stream (inputs
+    ready there): the second call's out == the float64 oracle. Probe of a cross-stream hazard (helper replay42, not
+    fixed): ``scheduling.shape_constant`` keeps the output offsets made on the first call's stream, behind its queued
+    work, and the second stream's launch (full path or replay) reads them without waiting on that stream: before
+    they are written, it reads what the allocator's block held (poisoned here)."""
+    from jfa_ops.backends.base import AttentionParams
+    from jfa_ops.backends.triton import attn_fwd as triton_fwd
+    from jfa_ops.backends.triton import launch
+    from jfa_ops.testing import assert_attention_close
+
+    case = AttentionCase((40,), (64, 17, 40, 5), heads_q=4, heads_kv=4, head_dim=128, dtype=torch.bfloat16,
+                         device="cuda", broadcast_q=True)
+    backend = _backend_or_skip(backend_name, case)
+    x = case.make_inputs(0)
+    params = AttentionParams(scale=case.head_dim ** -0.5, broadcast_q=True)
+    backend.forward(x.q, x.k, x.v, None, x.kv_offsets, params)  # compiles (its offsets then dropped below)
+    launch.clear_cache()
+    triton_fwd.broadcast_offsets.cache_clear()
+    torch.cuda.synchronize()
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        poison = [torch.full((5,), -(1 << 20), dtype=torch.int32, device="cuda") for _ in range(64)]
+        del poison  # the next small blocks of this stream hold it (the allocator's free blocks are per stream)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of queued work before the offsets are made
+        backend.forward(x.q, x.k, x.v, None, x.kv_offsets, params)
+    with torch.cuda.stream(other):
+        out, lse = backend.forward(x.q, x.k, x.v, None, x.kv_offsets, params)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = x.oracle()
+    assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name="other stream's out",
+                           zero_rows=~x.visibility()[0])
+    assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name="other stream's lse")
