@@ -215,6 +215,16 @@ def tracing() -> bool:
     return getattr(_TRACE, "on", False)
 
 
+def stream_key(device: torch.device):
+    """The current CUDA stream of ``device`` as a cache key (None off CUDA). Device values kept across calls
+    (``scheduling.shape_constant``'s, a forward replay's) are keyed by it: a stream orders the work that made them
+    only before its own later work, so another stream could read them before they are written (helper replay42:
+    a shape's first call on a busy stream, then the same shape on another stream)."""
+    if device.type != "cuda":
+        return None
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def per_trace(fn: Callable, *args, **unkeyed):
     """``fn(*args, **unkeyed)``, once per graph trace for equal ``args``; outside a trace scope (eager, or
     ``traced()`` without one) every call runs ``fn``, except that eager calls of a ``reusable_in_eager`` function

@@ -467,6 +467,22 @@ def test_broadcast_replay_declines_inside_a_cuda_graph_capture(monkeypatch):
     assert [full for _, full in replayed] == [True, True, False, True, False]
 
 
+def test_forward_replays_are_kept_per_stream(monkeypatch):
+    """A replay serves only calls on the stream it was kept on (``base.stream_key`` in ``replay_key``): a broadcast-Q
+    replay keeps output offsets made on its first call's stream, which another stream could read before they are
+    written (helper replay42's probe). Fails when the stream is dropped from the key."""
+    broadcast = _call([30, 5, 29], broadcast_rows=16)
+
+    def on_stream(name):
+        def start():
+            monkeypatch.setattr(attn_fwd, "stream_key", lambda device: name)
+            return broadcast
+        return start
+
+    replayed = _forward_launches(monkeypatch, [on_stream("a"), broadcast, on_stream("b"), broadcast, on_stream("a")])
+    assert [full for _, full in replayed] == [True, False, True, False, False]
+
+
 def test_forward_replay_outputs_fresh_and_unshared(monkeypatch):
     """Each replayed call gets its own output buffers (never a previous call's) from ``common.alloc_output``."""
     calls = [_call([9, 40], causal=True) for _ in range(3)]

@@ -1161,10 +1161,10 @@ def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
 @pytest.mark.parametrize("backend_name", ["triton", "tlx"])
 def test_per_shape_tensors_are_safe_on_another_stream(backend_name, nan_outputs):
     """A broadcast-Q shape's first call on a busy stream, then at once a call of that shape on another stream (inputs
-    ready there): the second call's out == the float64 oracle. Probe of a cross-stream hazard (helper replay42, not
-    fixed): ``scheduling.shape_constant`` keeps the output offsets made on the first call's stream, behind its queued
-    work, and the second stream's launch (full path or replay) reads them without waiting on that stream: before
-    they are written, it reads what the allocator's block held (poisoned here)."""
+    ready there): the second call's out == the float64 oracle. Probe of a cross-stream hazard (helper replay42; fixed
+    by the lead, stop 42): ``scheduling.shape_constant`` kept the output offsets made on the first call's stream,
+    behind its queued work, and the second stream's launch (full path or replay) read them without waiting on that
+    stream: before they are written, what the allocator's block held (poisoned here). Now kept per stream."""
     from jfa_ops.backends.base import AttentionParams
     from jfa_ops.backends.triton import attn_fwd as triton_fwd
     from jfa_ops.backends.triton import launch

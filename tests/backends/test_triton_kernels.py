@@ -413,6 +413,17 @@ def test_shape_constant_lists_are_cached(device):
     assert a is b and a.start.tolist() == [0, 16, 32, 48, 64] and int(a.count) == 5
 
 
+def test_shape_constants_are_kept_per_stream(monkeypatch):
+    """``scheduling.shape_constant`` keys its entries by the current stream (``base.stream_key``): made on one
+    stream, a list is ordered before that stream's reads only (helper replay42). Fails when the stream is dropped."""
+    monkeypatch.setattr(scheduling, "stream_key", lambda device: "a")
+    a = scheduling.single_tiles(7, 16, torch.device("cpu"))
+    assert scheduling.single_tiles(7, 16, torch.device("cpu")) is a
+    monkeypatch.setattr(scheduling, "stream_key", lambda device: "b")
+    b = scheduling.single_tiles(7, 16, torch.device("cpu"))
+    assert b is not a and torch.equal(b.start, a.start)
+
+
 @on_each_device
 def test_supports_reasons(device):
     base = dict(device_type=device, dtype=torch.float16, head_dim=64, num_heads_q=4, num_heads_kv=2, causal=False,

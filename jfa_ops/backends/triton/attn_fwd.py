@@ -17,7 +17,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import validation
-from ..base import tracing
+from ..base import stream_key, tracing
 from . import common, launch
 from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_consts, load_rows, loop_bound,
                      next_work, packed_rows, query_row0, row_source, row_strides, seq_extent, stage_bounds, store_rows,
@@ -349,12 +349,14 @@ launch.CLEAR_HOOKS.append(_REPLAYS.clear)
 def replay_key(q, k, v, q_offsets, kv_offsets, params) -> Optional[tuple]:
     if not launch.replays_enabled():
         return None
+    # the stream: a broadcast-Q replay keeps output offsets made on its first call's stream (base.stream_key)
     if kv_offsets is q_offsets:  # one tensor for both sides (self-attention): its dtype and shape once
         return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
-                (q_offsets.dtype, q_offsets.shape), None, None, True, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
+                (q_offsets.dtype, q_offsets.shape), None, None, True, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS,
+                stream_key(q.device))
     return (params, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.device,
             None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,
-            False, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS)
+            False, Knobs.generation, TMA_ENABLED, TMA_MIN_ROWS, stream_key(q.device))
 
 
 def replayed(replays: dict, key: Optional[tuple], q, k, v, q_offsets, kv_offsets):

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..base import per_trace, reusable_in_eager, tracing
+from ..base import per_trace, reusable_in_eager, stream_key, tracing
 from .common import cdiv, int_max, launch_schedule, loop_bound, num_sms, work_item
 from .configs import KNOBS
 from .launch import launch
@@ -405,10 +405,14 @@ def schedule_arguments(schedule: dict) -> dict:
 def shape_constant(fn):
     """Memoize a pure function of host ints and a trailing ``device`` that builds read-only device tensors (tile
     lists of broadcast Q, arange offsets): one set of small launches per shape instead of per call. Never use it for
-    anything that reads device data. Bypassed during CUDA graph capture (a tensor made there holds garbage until the
-    graph replays); while tracing, once per graph instead (the tensors are the graph's, and sizes may be
+    anything that reads device data. Kept per CUDA stream (``base.stream_key``: made on one stream, they are ordered
+    before that stream's reads only). Bypassed during CUDA graph capture (a tensor made there holds garbage until
+    the graph replays); while tracing, once per graph instead (the tensors are the graph's, and sizes may be
     symbolic)."""
-    cached = functools.lru_cache(maxsize=64)(fn)
+
+    @functools.lru_cache(maxsize=64)
+    def cached(*args_and_stream):  # the stream keys the entry only
+        return fn(*args_and_stream[:-1])
 
     @functools.wraps(fn)
     def wrapper(*args):
@@ -417,7 +421,7 @@ def shape_constant(fn):
             return per_trace(fn, *args)
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return fn(*args)
-        return cached(*args[:-1], device)
+        return cached(*args[:-1], device, stream_key(device))
 
     wrapper.cache_clear = cached.cache_clear
     return wrapper
