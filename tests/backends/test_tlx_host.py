@@ -640,7 +640,6 @@ def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypat
     import numpy as np
 
     from bench.suites import mxfp8_cases
-    from jfa_ops.testing import visible_mask
     from meta_kernels.block_sparse import block_visible
 
     tool = _tlx_check_tool()
@@ -677,13 +676,8 @@ def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypat
     assert by_key["dense"]["n_blocks"] == 16 * 8 * 32 * 32 and by_key["dense-causal"]["n_blocks"] == 16 * 8 * 528
     assert by_key["window"]["case"].window == (256, 0) and by_key["window"]["case"].causal
 
-    rng = np.random.default_rng(42)
-    for _ in range(60):
-        lq, lk = (int(x) for x in rng.integers(1, 600, size=2))
-        causal = bool(rng.integers(0, 2))
-        window = tuple(int(x) if x >= 0 else -1 for x in rng.integers(-1, 300, size=2))
-        mask = torch.nn.functional.pad(visible_mask(lq, lk, causal, window), (0, -lk % 128, 0, -lq % 128))
-        want = int(mask.view(-(-lq // 128), 128, -(-lk // 128), 128).any(3).any(1).sum())
+    for lq, lk, causal, window in _random_masked_shapes(seed=42):
+        want = _visible_block_count(lq, lk, causal, window, 128, 128)
         assert tool.mx_walked_blocks((lq,), (lk,), 1, causal, window) == want, (lq, lk, causal, window)
 
     monkeypatch.delenv("TLX_MX_CASES", raising=False)
@@ -695,6 +689,24 @@ def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypat
         tool.mx_case_keys(tool.MX_CASES)
 
 
+def _visible_block_count(lq: int, lk: int, causal: bool, window: tuple, block_q: int, block_k: int) -> int:
+    """Brute count of the (``block_q``-row, ``block_k``-key) blocks holding a visible pair (``visible_mask``)."""
+    from jfa_ops.testing import visible_mask
+
+    mask = torch.nn.functional.pad(visible_mask(lq, lk, causal, window), (0, -lk % block_k, 0, -lq % block_q))
+    return int(mask.view(-(-lq // block_q), block_q, -(-lk // block_k), block_k).any(3).any(1).sum())
+
+
+def _random_masked_shapes(seed: int, count: int = 60):
+    """(lq, lk, causal, window) of ``count`` small shapes, lengths 1..599, each window side off (-1) or 0..299."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        lq, lk = (int(x) for x in rng.integers(1, 600, size=2))
+        causal = bool(rng.integers(0, 2))
+        yield lq, lk, causal, tuple(int(x) if x >= 0 else -1 for x in rng.integers(-1, 300, size=2))
+
 
 def test_bwd_ablation_cases_count_the_blocks_the_backward_walks():
     """``tools/tlx_check.py``'s ``bwd_walked_blocks`` (backward-ablation's clk-per-block divisor, stop 42: one host
@@ -702,10 +714,6 @@ def test_bwd_ablation_cases_count_the_blocks_the_backward_walks():
     closed forms the tool used before (a tile of length L sees cdiv(Lq, 64) 64-row blocks, less n0 / 64 when causal),
     and on random shapes, the window row's mask included, the (64-row, 128-key) blocks holding a visible pair
     (``visible_mask``, not the walk), halved."""
-    import numpy as np
-
-    from jfa_ops.testing import visible_mask
-
     tool = _tlx_check_tool()
     cases = {key: (case, n) for key, case, n in tool._bwd_ablation_cases()}
     assert list(cases) == ["bcast", "window", "full", "causal", "jagged"]
@@ -717,18 +725,13 @@ def test_bwd_ablation_cases_count_the_blocks_the_backward_walks():
     window, n = cases["window"]
     assert (window.causal, window.window, window.num_heads_q, sum(window.q_lens)) == (True, (256, 0), 16, 32768)
 
-    def visible_blocks(lq, lk, causal, win):
-        mask = torch.nn.functional.pad(visible_mask(lq, lk, causal, win), (0, -lk % 128, 0, -lq % 64))
-        return int(mask.view(-(-lq // 64), 64, -(-lk // 128), 128).any(3).any(1).sum())
-
-    assert n == 16 * sum(visible_blocks(lq, lk, True, (256, 0)) for lq, lk in zip(window.q_lens, window.kv_lens)) / 2
-    rng = np.random.default_rng(7)
-    for _ in range(60):
-        lq, lk = (int(x) for x in rng.integers(1, 600, size=2))
-        causal = bool(rng.integers(0, 2))
-        win = tuple(int(x) if x >= 0 else -1 for x in rng.integers(-1, 300, size=2))
+    assert n == 16 * sum(_visible_block_count(lq, lk, True, (256, 0), 64, 128)
+                         for lq, lk in zip(window.q_lens, window.kv_lens)) / 2
+    for lq, lk, causal, win in _random_masked_shapes(seed=7):
         case = types.SimpleNamespace(q_lens=(lq,), kv_lens=(lk,), num_heads_q=1, causal=causal, window=win)
-        assert tool.bwd_walked_blocks(case) == visible_blocks(lq, lk, causal, win) / 2, (lq, lk, causal, win)
+        assert tool.bwd_walked_blocks(case) == _visible_block_count(lq, lk, causal, win, 64, 128) / 2, \
+            (lq, lk, causal, win)
+
 
 @needs_tlx
 def test_forward_zigzag_default_takes_masked_and_jagged_calls(gpu, monkeypatch):
