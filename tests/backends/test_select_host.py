@@ -174,3 +174,23 @@ def test_selection_layout_launches_the_unkept_paths_arguments(monkeypatch, knobs
     seen.clear()
     block_sparse_select.select_kv_blocks(q, k, off, off, params)
     assert made == [1, 1] and len(block_sparse_select._LAYOUTS) == 2 and len(seen) != len(unkept)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_selection_layouts_are_kept_per_stream(monkeypatch):
+    """A selection layout serves only calls on the stream it was made on (``base.stream_key`` in ``_layout_key``): it
+    keeps shape constants (the keep table) made on that stream, which another stream could read before they are
+    written (the hazard helper replay42 found for the forward replays). Fails when the stream is dropped."""
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", True)
+    _spied_launches(monkeypatch)
+    monkeypatch.setattr(launch, "replays_enabled", lambda: True)
+    q, k, off = _inputs()
+    params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
+                               max_seqlen_kv=40)
+    made = []
+    real_init = block_sparse_select._Layout.__init__
+    monkeypatch.setattr(block_sparse_select._Layout, "__init__", lambda self, *a: made.append(1) or real_init(self, *a))
+    for stream in ("a", "a", "b", "a", "b"):
+        monkeypatch.setattr(block_sparse_select, "stream_key", lambda device, stream=stream: stream)
+        block_sparse_select.select_kv_blocks(q, k, off, off, params)
+    assert made == [1, 1] and len(block_sparse_select._LAYOUTS) == 2

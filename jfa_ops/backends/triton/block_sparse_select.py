@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import meta_kernels
-from ..base import BlockSelectParams
+from ..base import BlockSelectParams, stream_key
 from ... import validation
 from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
 from . import launch as launch_module
@@ -751,9 +751,10 @@ launch_module.CLEAR_HOOKS.append(_LAYOUTS.clear)
 def _layout_key(q, k, q_offsets, kv_offsets, params) -> Optional[tuple]:
     if not (KNOBS.sparse_select_layouts and launch_module.replays_enabled()):
         return None
+    # the stream: a layout keeps shape constants (keep table, broadcast offsets) made on its first call's stream
     return (params, q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, q.device,
             None if q_offsets is None else (q_offsets.dtype, q_offsets.shape), kv_offsets.dtype, kv_offsets.shape,
-            q_offsets is kv_offsets, Knobs.generation)
+            q_offsets is kv_offsets, Knobs.generation, stream_key(q.device))
 
 
 def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
