@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import torch
 
-from jfa_ops.backends.base import all_launches_dropped
+from jfa_ops.backends.base import all_launches_dropped, stream_key
 
 MODES = ("sync", "async", "deferred", "off")
 DEVICE_MODES = ("async", "deferred")  # checked on the device
@@ -204,7 +204,7 @@ def _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seql
             or (q_offsets is not None and (type(q_offsets) is not torch.Tensor or q_offsets.is_inference()))
             or _capturing()):
         return None
-    return (id(kv_offsets), id(q_offsets), q_rows, kv_rows, max_seqlen_q, max_seqlen_kv, _stream(kv_offsets.device))
+    return (id(kv_offsets), id(q_offsets), q_rows, kv_rows, max_seqlen_q, max_seqlen_kv, stream_key(kv_offsets.device))
 
 
 def _on_cuda(offsets: torch.Tensor) -> bool:
@@ -213,10 +213,6 @@ def _on_cuda(offsets: torch.Tensor) -> bool:
 
 def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
-
-
-def _stream(device: torch.device) -> int:
-    return torch._C._cuda_getCurrentRawStream(device.index)
 
 
 def device_check(q_offsets: Optional[torch.Tensor], q_rows: int, max_seqlen_q: int, kv_offsets: torch.Tensor,

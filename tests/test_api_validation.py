@@ -599,7 +599,7 @@ def coverage(monkeypatch):
     monkeypatch.setattr(validation, "_COVERED", {})
     monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
     monkeypatch.setattr(validation, "_capturing", lambda: False)
-    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
 
 
 def test_a_device_check_covers_only_the_same_unmodified_offsets(coverage):

@@ -374,7 +374,7 @@ def test_fast_path_checks_new_offsets_and_covers_repeats(fast_path, monkeypatch)
     monkeypatch.setattr(validation, "_COVERED", {})
     monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
     monkeypatch.setattr(validation, "_capturing", lambda: False)
-    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
     x = CASE.make_inputs(0)
 
     def checks(q_offsets, kv_offsets, calls=1):
@@ -438,7 +438,7 @@ def test_a_failed_call_covers_nothing(fast_path, monkeypatch):
     monkeypatch.setattr(validation, "_COVERED", {})
     monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
     monkeypatch.setattr(validation, "_capturing", lambda: False)
-    monkeypatch.setattr(validation, "_stream", lambda device: 0)
+    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
     x = CASE.make_inputs(0)
     for expect_failure in (True, False):  # the full path, then the fast path
         _FAIL_NEXT.append("out of memory")

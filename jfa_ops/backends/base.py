@@ -217,9 +217,10 @@ def tracing() -> bool:
 
 def stream_key(device: torch.device):
     """The current CUDA stream of ``device`` as a cache key (None off CUDA). Device values kept across calls
-    (``scheduling.shape_constant``'s, a forward replay's) are keyed by it: a stream orders the work that made them
-    only before its own later work, so another stream could read them before they are written (helper replay42:
-    a shape's first call on a busy stream, then the same shape on another stream)."""
+    (``scheduling.shape_constant``'s, a forward replay's, a selection layout's) are keyed by it: a stream orders the
+    work that made them only before its own later work, so another stream could read them before they are written
+    (helper replay42: a shape's first call on a busy stream, then the same shape on another stream); so is
+    ``validation``'s memo of offsets checked on the device (a check on one stream covers that stream's calls)."""
     if device.type != "cuda":
         return None
     return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if device.index is None else device.index)
