@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import torch
 
-from jfa_ops.backends.base import all_launches_dropped, stream_key
+from jfa_ops.backends.base import all_launches_dropped, capturing, stream_key
 
 MODES = ("sync", "async", "deferred", "off")
 DEVICE_MODES = ("async", "deferred")  # checked on the device
@@ -202,17 +202,13 @@ def _coverage_key(q_offsets, kv_offsets, q_rows, kv_rows, max_seqlen_q, max_seql
     inference tensors (no version counter), CPU tensors, a CUDA graph capture."""
     if (type(kv_offsets) is not torch.Tensor or not _on_cuda(kv_offsets) or kv_offsets.is_inference()
             or (q_offsets is not None and (type(q_offsets) is not torch.Tensor or q_offsets.is_inference()))
-            or _capturing()):
+            or capturing(kv_offsets.device)):
         return None
     return (id(kv_offsets), id(q_offsets), q_rows, kv_rows, max_seqlen_q, max_seqlen_kv, stream_key(kv_offsets.device))
 
 
 def _on_cuda(offsets: torch.Tensor) -> bool:
     return offsets.device.type == "cuda"
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_current_stream_capturing()
 
 
 def device_check(q_offsets: Optional[torch.Tensor], q_rows: int, max_seqlen_q: int, kv_offsets: torch.Tensor,

@@ -598,7 +598,7 @@ def coverage(monkeypatch):
     """validation.covered on CPU tensors (as if CUDA, one stream, not capturing), from an empty record."""
     monkeypatch.setattr(validation, "_COVERED", {})
     monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "capturing", lambda device: False)
     monkeypatch.setattr(validation, "stream_key", lambda device: 0)
 
 
@@ -631,9 +631,9 @@ def test_coverage_off_while_capturing_and_outside_async(coverage, monkeypatch):
     check (a backend that does not check offsets itself) records it once enqueued."""
     q_off, kv_off = _t(0, 3, 8, dtype=torch.int32), _t(0, 5, 9, dtype=torch.int32)
     validation.cover(q_off, kv_off, 8, 9, -1, -1)
-    monkeypatch.setattr(validation, "_capturing", lambda: True)
+    monkeypatch.setattr(validation, "capturing", lambda device: True)
     assert not validation.covered(q_off, kv_off, 8, 9, -1, -1)
-    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "capturing", lambda device: False)
     monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
     q = torch.zeros(8, 1, 8)
     k = torch.zeros(9, 1, 8)

@@ -373,7 +373,7 @@ def test_fast_path_checks_new_offsets_and_covers_repeats(fast_path, monkeypatch)
 
     monkeypatch.setattr(validation, "_COVERED", {})
     monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "capturing", lambda device: False)
     monkeypatch.setattr(validation, "stream_key", lambda device: 0)
     x = CASE.make_inputs(0)
 
@@ -437,7 +437,7 @@ def test_a_failed_call_covers_nothing(fast_path, monkeypatch):
 
     monkeypatch.setattr(validation, "_COVERED", {})
     monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "capturing", lambda device: False)
     monkeypatch.setattr(validation, "stream_key", lambda device: 0)
     x = CASE.make_inputs(0)
     for expect_failure in (True, False):  # the full path, then the fast path

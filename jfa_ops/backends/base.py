@@ -215,6 +215,13 @@ def tracing() -> bool:
     return getattr(_TRACE, "on", False)
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph capture is recording ``device``'s current stream. Device values made now hold data only
+    when the graph replays, so they must not be kept for later calls; values kept from earlier calls must not enter
+    the graph, whose every replay would read their memory, also after the caches let go of it."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def stream_key(device: torch.device):
     """The current CUDA stream of ``device`` as a cache key (None off CUDA). Device values kept across calls
     (``scheduling.shape_constant``'s, a forward replay's, a selection layout's) are keyed by it: a stream orders the

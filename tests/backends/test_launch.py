@@ -459,7 +459,7 @@ def test_broadcast_replay_declines_inside_a_cuda_graph_capture(monkeypatch):
 
     def capture(call):
         def start():
-            monkeypatch.setattr(attn_fwd, "_capturing", lambda t: True)
+            monkeypatch.setattr(attn_fwd, "capturing", lambda device: True)
             return call
         return start
 

@@ -48,7 +48,7 @@ def spied_selection(monkeypatch):
     monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
     monkeypatch.setattr(ops, "validation_mode", lambda device: "async")
     monkeypatch.setattr(validation, "_on_cuda", lambda offsets: True)
-    monkeypatch.setattr(validation, "_capturing", lambda: False)
+    monkeypatch.setattr(validation, "capturing", lambda device: False)
     monkeypatch.setattr(validation, "stream_key", lambda device: 0)
     monkeypatch.setattr(validation, "_COVERED", {})
     op_calls = count_op_calls(monkeypatch, "select_kv_blocks")

@@ -17,7 +17,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import validation
-from ..base import stream_key, tracing
+from ..base import capturing, stream_key, tracing
 from . import common, launch
 from .common import (LN2, dot_precision, softmax_step, first_work, head_dim_consts, load_rows, loop_bound,
                      next_work, packed_rows, query_row0, row_source, row_strides, seq_extent, stage_bounds, store_rows,
@@ -311,7 +311,7 @@ class _Replay:
             q_layout, k_layout, v_layout = self.descriptors[:3]  # shapes and strides: in the key, as when it was made
             desc_q, desc_k, desc_v = rebase(q_layout, q), rebase(k_layout, k), rebase(v_layout, v)
         if self.broadcast_offsets is not None:
-            if _capturing(self.broadcast_offsets):
+            if capturing(self.broadcast_offsets.device):
                 # a captured graph would read the kept offsets' memory on every replay, also after this replay and
                 # the per-shape cache let go of them (clear_cache, the bounds of both): another tensor's data then.
                 # The full path makes its own in the graph's pool (shape_constant is bypassed while capturing).
@@ -430,11 +430,6 @@ def attention_forward(q, k, v, q_offsets, kv_offsets, params):
     return out, lse
 
 
-def _capturing(t: torch.Tensor) -> bool:
-    """A CUDA graph capture runs on the current stream (``t``: a tensor of the call, CUDA or not)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 _OWN_SOURCE = {name: n for n, name in enumerate(("Q", "K", "V", "Out", "Lse", "Q_OFF", "KV_OFF", "FLAG"))}
 _OWN_SOURCE.update(desc_q=8, desc_k=9, desc_v=10, desc_o=11)  # the tlx forward's descriptor arguments
 
@@ -446,7 +441,7 @@ def keep_replay(replays: dict, kernel, key, plan_key, grid, dynamic, sources, op
     q is k) or else the first identical one (the tile list's offsets). ``descriptors``: the launch read q, k, v
     through descriptors, ``sources``' [8:11], and wrote out through ``sources``' [11] where that is not None (the
     replay keeps their layouts)."""
-    if q_offsets is None and _capturing(sources[5]):
+    if q_offsets is None and capturing(sources[5].device):
         return  # broadcast offsets made inside a CUDA graph capture hold data only when the graph replays
     names = {}
     for name, value in dynamic.items():

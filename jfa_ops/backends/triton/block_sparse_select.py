@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 import meta_kernels
-from ..base import BlockSelectParams, stream_key
+from ..base import BlockSelectParams, capturing, stream_key
 from ... import validation
 from .common import head_dim_consts, int32_offsets, loop_bound, packed_rows, window_bounds
 from . import launch as launch_module
@@ -772,7 +772,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     if layout is None:
         layout = _Layout(key, q, k, num_seqs, params)
         # not kept when made inside a CUDA graph capture: its keep table then holds data only when the graph replays
-        if key is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if key is not None and not capturing(q.device):
             if len(_LAYOUTS) >= _LAYOUTS_MAX:
                 _LAYOUTS.clear()
             _LAYOUTS[key] = layout

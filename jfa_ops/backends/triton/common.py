@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..base import hoist_outside_cond, per_trace, tracing
+from ..base import capturing, hoist_outside_cond, per_trace, tracing
 from . import configs
 from .configs import interpreting
 
@@ -321,7 +321,7 @@ def saturated_int32(offsets: torch.Tensor) -> torch.Tensor:
     device = offsets.device
     bounds = _INT32_BOUNDS.get(device)
     if bounds is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # made there: data only on replay
+        if capturing(device):  # made there: data only on replay
             return offsets.clamp(INT32_MIN, INT32_MAX).to(torch.int32)
         bounds = _INT32_BOUNDS[device] = (torch.tensor(INT32_MIN, dtype=torch.int64, device=device),
                                           torch.tensor(INT32_MAX, dtype=torch.int64, device=device))

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..base import per_trace, reusable_in_eager, stream_key, tracing
+from ..base import capturing, per_trace, reusable_in_eager, stream_key, tracing
 from .common import cdiv, int_max, launch_schedule, loop_bound, num_sms, work_item
 from .configs import KNOBS
 from .launch import launch
@@ -419,7 +419,7 @@ def shape_constant(fn):
         device = torch.device(args[-1])
         if tracing():  # sizes may be symbolic, and the tensors are the graph's: once per graph (base.per_trace)
             return per_trace(fn, *args)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(device):
             return fn(*args)
         return cached(*args[:-1], device, stream_key(device))
 
