@@ -5,7 +5,9 @@ memo, offsets covered after a checked call) and the triton backend's layouts per
 layouts' launches against the launches of the path without them."""
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import torch
 
@@ -194,3 +196,37 @@ def test_selection_layouts_are_kept_per_stream(monkeypatch):
         monkeypatch.setattr(block_sparse_select, "stream_key", lambda device, stream=stream: stream)
         block_sparse_select.select_kv_blocks(q, k, off, off, params)
     assert made == [1, 1] and len(block_sparse_select._LAYOUTS) == 2
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_a_layout_read_by_a_graph_capture_outlives_the_caches(monkeypatch):
+    """A kept layout used inside a CUDA graph capture gives the graph its keep table (and broadcast offsets) to read
+    on every replay: they must stay allocated once ``launch.clear_cache()`` and the per-shape cache drop them (else
+    the replays read freed memory: the class of bug helper replay42 fixed in the broadcast-Q forward replay). A layout
+    made inside the capture is not kept (its tensors live in the graph's pool). Fails when the capture's layouts are
+    not held."""
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", True)
+    seen = _spied_launches(monkeypatch)
+    monkeypatch.setattr(launch, "replays_enabled", lambda: True)
+    monkeypatch.setattr(block_sparse_select, "_READ_BY_GRAPHS", {})
+    q, k, off = _inputs()
+    params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
+                               max_seqlen_kv=40, broadcast_q=False)
+    capture = [False]
+    monkeypatch.setattr(block_sparse_select, "capturing", lambda device: capture[0])
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)  # eager: the layout is kept
+    (layout,) = block_sparse_select._LAYOUTS.values()
+    keep = weakref.ref(layout.keep)
+    capture[0] = True
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)  # captured: reads the kept layout
+    capture[0] = False
+    del layout
+    seen.clear()  # (the spy's record holds the launches' arguments)
+    launch.clear_cache()
+    block_sparse_select._LAYOUTS.clear()  # (the spy's memo: clear_cache's hook holds the module's own)
+    block_sparse_select._keep_table.cache_clear()
+    gc.collect()
+    assert keep() is not None and not block_sparse_select._LAYOUTS
+    capture[0] = True  # a layout made inside a capture: neither in the memo nor held
+    block_sparse_select.select_kv_blocks(q, k, off, off, params)
+    assert not block_sparse_select._LAYOUTS and len(block_sparse_select._READ_BY_GRAPHS) == 1

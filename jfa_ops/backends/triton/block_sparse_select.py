@@ -656,7 +656,7 @@ class _Layout:
         self.count_shape = (num_seqs, heads_kv, n_q)
         self.index_shape = self.count_shape + (n_kv,)
         # read-only tensors of the shape (``shape_constant``): kept, so that a call captured in a CUDA graph reads
-        # them instead of rebuilding them inside the graph (the keep table: ~5 small kernels)
+        # them instead of rebuilding them inside the graph (the keep table: ~5 small kernels; ``_READ_BY_GRAPHS``)
         self.keep = _keep_table(n_kv, params.keep_ratio, params.top_k, q.device)
         self.check = params.check_offsets
         # the one Q sequence [0, L_q] (an arange: no host copy)
@@ -746,6 +746,11 @@ _LAYOUTS: dict = {}
 _PLAN_IDS = itertools.count()  # a layout's launches' plan keys: (its id, launch number)
 _LAYOUTS_MAX = 256  # a bound, not a tuning (signatures hold row counts, which vary per batch)
 launch_module.CLEAR_HOOKS.append(_LAYOUTS.clear)
+# Layouts a CUDA graph capture read (id -> layout), never dropped: the graph reads their keep table and broadcast
+# offsets on every replay (rather than ~5 small kernels of its own), also after ``_LAYOUTS`` and the per-shape cache
+# let go of them (then freed memory, soon another tensor's data); a graph's life is not visible here. A few hundred
+# bytes each, one per signature captured.
+_READ_BY_GRAPHS: dict = {}
 
 
 def _layout_key(q, k, q_offsets, kv_offsets, params) -> Optional[tuple]:
@@ -776,6 +781,8 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
             if len(_LAYOUTS) >= _LAYOUTS_MAX:
                 _LAYOUTS.clear()
             _LAYOUTS[key] = layout
+    elif capturing(q.device):
+        _READ_BY_GRAPHS[id(layout)] = layout
     return layout.run(q, k, q_offsets, kv_offsets)
 
 
