@@ -461,6 +461,54 @@ def test_selection_deferred_bad_offsets_gpu(monkeypatch):
     jfa_ops.check_pending()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("broadcast_q", [False, True], ids=["jagged", "broadcast_q"])
+def test_captured_selection_outlives_the_kept_layout(broadcast_q):
+    """A selection captured into a CUDA graph after its signature's layout was kept (an eager call first): the graph
+    reads the layout's keep table (and broadcast offsets) on every replay. After ``launch.clear_cache()`` and the
+    per-shape caches drop them and their blocks go to other tensors, a replay still equals the reference selection
+    (stop 43: the layout used to be freed under the graph; its keep counts then read another tensor's data)."""
+    import gc
+
+    from jfa_ops.backends.triton import block_sparse_select, launch
+
+    launch.clear_cache()
+    lengths = torch.tensor([0, 700, 0, 1, 300, 1500, 64])
+    kv_off = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
+    rows_q = 200 if broadcast_q else int(lengths.sum())
+    q = torch.randn(rows_q, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(int(lengths.sum()), 4, 64, device="cuda", dtype=torch.bfloat16)
+    q_off = None if broadcast_q else kv_off
+    max_q = rows_q if broadcast_q else 1500
+    opts = dict(block_q=64, block_kv=64, keep_ratio=0.25, causal=not broadcast_q, broadcast_q=broadcast_q)
+
+    def select():
+        return jfa_ops.select_kv_blocks(q, k, q_off, kv_off, max_q, 1500, backend="triton", **opts)
+
+    select()  # eager: keeps the signature's layout
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it
+        select()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        index, count = select()
+    launch.clear_cache()
+    block_sparse_select._keep_table.cache_clear()
+    block_sparse_select._broadcast_offsets.cache_clear()
+    gc.collect()
+    junk = [torch.full((64,), 1 << 20, dtype=torch.int32, device="cuda") for _ in range(512)]  # their blocks, reused
+    index.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = jfa_ops.select_kv_blocks(q.cpu(), k.cpu(), None if q_off is None else q_off.cpu(), kv_off.cpu(), max_q,
+                                    1500, backend="reference", **opts)
+    assert torch.equal(count.cpu(), want[1]) and torch.equal(index.cpu(), want[0])
+    del junk
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_selection_launch_counts(monkeypatch):
     """A selection call (JFA_VALIDATE=async, counted on the host): the pooling (Q with the offset check, then K: one
