@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the tlx backend on the lent H200:
 # `bash tools/tlx_device.sh [all|tests|correctness|timing|v4|zigzag|backward|backward-timing|sparse|sparse-ablation|sparse-bwd|
-# mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite|tcache]`
+# mxfp8|mxfp8-qk2|host|bench|mxfp8-bench|suite|tcache|env]`
 # (`backward`: the TLX backward's sweep vs the oracle, the default (v2 without the dQ split too with
 # BWD_BASELINES=1), <= 4 min;
 # `backward-timing`: its TFLOP/s, columns triton / default (v2 + dQ split) / statsahead / causalorder,
@@ -41,9 +41,13 @@
 # bench's quick dense/jagged rows, GQA, broadcast-Q, a window, D64 (330 s; none when a sweep case failed).
 # TLX_ZIGZAG_TESTS=1 (carry .whl): first the GPU tests that compare zigzag with the default bit for bit (120 s).
 # Optional: TLX_GPU_TESTS=1 also runs the GPU test files that cover tlx (pytest -m gpu).
+# `env`: only the setup, then the exports a later command of the same call needs, on stdout (the rest on stderr):
+# `eval "$(bash tools/tlx_device.sh env)"; python3 tools/tlx_check.py ...` (Triton 3.8 + TLX on the path, the file
+# cache at /tmp/tcache, the compile manifest under $OUT: what every part below gets).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
+if [ "$part" = env ]; then exec 3>&1 1>&2; fi
 # helper tcache42: Triton's file cache at a fixed path (its group files name their entries by absolute path), filled
 # first from a carried .tcache/tcache.tar.xz that tools/triton_cache_pack.py built on CPU from earlier calls'
 # $OUT/triton_manifest.jsonl (every kernel the JIT compiles is appended there: tools/t38_site/sitecustomize.py).
@@ -67,6 +71,11 @@ cp tools/t38_site/sitecustomize.py /tmp/t38/
 export PYTHONPATH=/tmp/t38:$PWD:${PYTHONPATH:-}
 timeout -k 10 120 python3 -c "import _utlx_autoregister, triton, triton.language.extra.tlx
 print('triton', triton.__version__, 'TLX')"
+if [ "$part" = env ]; then
+  printf 'export PYTHONPATH=%q TRITON_CACHE_DIR=%q JFA_TRITON_MANIFEST=%q\n' "$PYTHONPATH" "$TRITON_CACHE_DIR" \
+    "${JFA_TRITON_MANIFEST:-}" >&3
+  exit 0
+fi
 rc=0
 # every step under a limit; SIGKILL 10 s after the SIGTERM (a process stuck in a kernel may not stop on SIGTERM)
 limit="timeout -k 10"
