@@ -3,7 +3,9 @@
 # root, carrying .whl (expecttest, absent there; see README "Testing on a GPU"). Runs SHARDS pytest processes side by
 # side (JFA_TEST_SHARD, tests/conftest.py) since kernel compiles, one CPU core each, dominate the wall time; prints
 # each shard's summary and the slowest tests. Each shard stops after SHARD_TIMEOUT_S (default 240) seconds. Exit
-# status: nonzero if any shard failed or timed out (its log is copied to $OUT).
+# status: nonzero if any shard failed or timed out (its log is copied to $OUT). Memory: each shard hands its cached
+# GPU blocks back after a test once it caches > 2 GiB (tests/conftest.py); stop 43's H100 (78 GiB) still ran 16 and 8
+# shards out of memory before that fixture (4 passed, 280 s warm); untested with it: prefer 8 there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
