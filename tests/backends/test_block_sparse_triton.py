@@ -489,12 +489,16 @@ def test_captured_selection_outlives_the_kept_layout(broadcast_q):
     select()  # eager: keeps the signature's layout
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it
+    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it (keeps this stream's layout)
         select()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    held = set(block_sparse_select._READ_BY_GRAPHS)
+    # captured on the warm-up's stream (as CUDA graph trees do), where the warm-up's layout is kept: layouts are kept
+    # per stream, and torch.cuda.graph's own capture stream would make a fresh one
+    with torch.cuda.graph(graph, stream=side):
         index, count = select()
+    assert set(block_sparse_select._READ_BY_GRAPHS) - held, "the capture did not read a kept layout"
     launch.clear_cache()
     block_sparse_select._keep_table.cache_clear()
     block_sparse_select._broadcast_offsets.cache_clear()

@@ -1109,11 +1109,13 @@ def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
     forward()  # the full path, which keeps the replay
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it (the replay serves it)
+    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it (keeps this stream's replay)
         forward()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # captured on the warm-up's stream (as CUDA graph trees do), whose replay is kept: replays are kept per stream,
+    # and torch.cuda.graph's own capture stream would never have met one
+    with torch.cuda.graph(graph, stream=side):
         out, lse = forward()
     launch.clear_cache()  # drops the replay ...
     triton_fwd.broadcast_offsets.cache_clear()  # ... and the per-shape cache: the kept offsets are freed
