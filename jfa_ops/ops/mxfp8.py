@@ -7,7 +7,6 @@ Same order and rules as ``ops/attention.py``: op, fake, autograd, registration a
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import List, Optional, Tuple
 

@@ -23,7 +23,7 @@ visible, NaN propagation, gradient through lse, broadcast-Q dq summed over the b
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 

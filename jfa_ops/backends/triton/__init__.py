@@ -11,7 +11,6 @@ no autotuning),
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.util
 import os

@@ -24,8 +24,8 @@ import meta_kernels.mxfp8 as mx
 from .block_sparse_fwd import sparse_offsets
 from .common import loop_bound, row_strides, stage_bounds, visible, window_bounds
 from .launch import launch
-from .configs import KNOBS, KernelConfig, interpreting
-from .mxfp8_attn_fwd import (LOG2E_F, VARIANTS, _dequantize_rows, _e8m0_value, _scores, _to_e4m3, checked_variant,
+from .configs import KernelConfig, interpreting
+from .mxfp8_attn_fwd import (LOG2E_F, _dequantize_rows, _e8m0_value, _scores, _to_e4m3, checked_variant,
                              mx_dot)
 from .mxfp8_quantize import _shared_exponent, quantize
 from .scheduling import fanout_search_steps, padded_tile, rows_inside

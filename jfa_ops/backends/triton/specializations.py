@@ -67,7 +67,6 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
     from . import attn_bwd, attn_fwd
 
     dt = _TRITON_DTYPE[dtype]
-    itemsize = torch.empty((), dtype=dtype).element_size()
     bucket = head_dim_bucket(head_dim)
     ptr = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "DOut": f"*{dt}", "DK": f"*{dt}",
            "DV": f"*{dt}", "Lse": "*fp32", "Delta": "*fp32", "GradLse": "*fp32", "Q_OFF": "*i32", "KV_OFF": "*i32",
