@@ -23,6 +23,25 @@ def _is_njt(t) -> bool:
     return isinstance(t, Tensor) and t.is_nested and t.layout == torch.jagged
 
 
+def _check_tensors(*named, optional: Tuple[str, ...] = ()) -> None:
+    """A TypeError naming the first (name, value) pair whose value is not a tensor (None allowed for the names in
+    ``optional``): the dispatcher's own schema error is a RuntimeError."""
+    for name, t in named:
+        if not isinstance(t, Tensor) and not (t is None and name in optional):
+            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in optional else ''}, got "
+                            f"{type(t).__name__}")
+
+
+def _check_backend(backend) -> None:
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+
+
+def _check_dtype(name: str, dtype, optional: bool = False) -> None:
+    if not isinstance(dtype, torch.dtype) and not (optional and dtype is None):
+        raise TypeError(f"{name} must be a torch.dtype{' or None' if optional else ''}, got {type(dtype).__name__}")
+
+
 def jagged_attention(
     q: Tensor,
     k: Tensor,
@@ -93,16 +112,14 @@ def jagged_attention(
     njt_offsets = None
     if _is_njt(q) or _is_njt(k) or _is_njt(v):
         q, k, v, q_offsets, kv_offsets, njt_offsets = _unpack_njt(q, k, v, q_offsets, kv_offsets, broadcast_q)
-    for name, t in (("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        if not isinstance(t, Tensor) and not (name == "q_offsets" and t is None):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _check_tensors(("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets),
+                   optional=("q_offsets",))
     # None -> -1 ("not given"), the op's default; the op checks every option (meta_kernels.check_options) and all
     # tensor metadata, so eager and compiled calls raise the same errors.
     max_seqlen_q = -1 if max_seqlen_q is None else max_seqlen_q
     max_seqlen_kv = -1 if max_seqlen_kv is None else max_seqlen_kv
     meta_kernels.check_options(scale, causal, window, broadcast_q, deterministic, max_seqlen_q, max_seqlen_kv)
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    _check_backend(backend)
     args = (q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv)
     options = dict(scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
                    window_right=window[1], broadcast_q=broadcast_q, deterministic=deterministic, backend=backend)
@@ -238,11 +255,8 @@ def select_kv_blocks(
     max_seqlen_q = -1 if broadcast_q and max_seqlen_q is None else _sizing_max_seqlen("max_seqlen_q", max_seqlen_q, q)
     max_seqlen_kv = _sizing_max_seqlen("max_seqlen_kv", max_seqlen_kv, k)
     q, k, _, q_offsets, kv_offsets, _ = _unpack_njt_sparse(q, k, None, q_offsets, kv_offsets, broadcast_q)
-    for name, t in (("q", q), ("k", k), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        if not isinstance(t, Tensor) and not (name == "q_offsets" and t is None):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    _check_tensors(("q", q), ("k", k), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets), optional=("q_offsets",))
+    _check_backend(backend)
     top_k = -1 if top_k is None else top_k
     meta_kernels.check_select_options(block_q, block_kv, keep_ratio, top_k, causal, window, broadcast_q, always_local,
                                       max_seqlen_q, max_seqlen_kv)
@@ -293,15 +307,13 @@ def block_sparse_attention(
     if not torch.compiler.is_compiling():
         check_no_forward_ad(*(t for t in (q, k, v) if isinstance(t, Tensor)))
     q, k, v, q_offsets, kv_offsets, njt_offsets = _unpack_njt_sparse(q, k, v, q_offsets, kv_offsets, broadcast_q)
-    for name, t in (("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        if not isinstance(t, Tensor) and not (name == "q_offsets" and t is None):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _check_tensors(("q", q), ("k", k), ("v", v), ("q_offsets", q_offsets), ("kv_offsets", kv_offsets),
+                   ("kv_block_index", kv_block_index), ("kv_block_count", kv_block_count), optional=("q_offsets",))
     max_seqlen_q = -1 if max_seqlen_q is None else max_seqlen_q
     max_seqlen_kv = -1 if max_seqlen_kv is None else max_seqlen_kv
     meta_kernels.check_options(scale, causal, window, broadcast_q, deterministic, max_seqlen_q, max_seqlen_kv)
     meta_kernels.check_block_sizes(block_q, block_kv)
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    _check_backend(backend)
     out, lse = torch.ops.jfa.block_sparse_attention(
         q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, block_q, block_kv, max_seqlen_q,
         max_seqlen_kv, scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
@@ -393,8 +405,8 @@ def mxfp8_quantize(x: Tensor, offsets: Optional[Tensor] = None, *, block: Sequen
             raise ValueError("offsets must be None when x is a nested (NJT) tensor")
         check_njt_layout("x", x)
         x, offsets = x.values(), x.offsets()
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    _check_tensors(("x", x), ("offsets", offsets), optional=("offsets",))
+    _check_backend(backend)
     block = meta_kernels.mxfp8.check_block(block)
     if mxfp8_ops.QUANTIZE_DIRECT and eager_direct(x, offsets):  # eager, plain tensors: the body, no dispatcher
         return mxfp8_ops.quantize_body(x, offsets, list(block), rounding, backend)
@@ -406,6 +418,9 @@ def mxfp8_dequantize(data: Tensor, scale: Tensor, offsets: Optional[Tensor] = No
                      backend: Optional[str] = None) -> Tensor:
     """``data * scale`` in ``dtype`` (NaN where the scale is NaN): the inverse of ``mxfp8_quantize`` up to its
     rounding. ``offsets`` and ``block`` as given to ``mxfp8_quantize``."""
+    _check_tensors(("data", data), ("scale", scale), ("offsets", offsets), optional=("offsets",))
+    _check_dtype("dtype", dtype)
+    _check_backend(backend)
     block = meta_kernels.mxfp8.check_block(block)
     return torch.ops.jfa.mxfp8_dequantize(data, scale, offsets, list(block), dtype, backend)
 
@@ -438,7 +453,8 @@ def mxfp8_attention(
     q, k, v are either fp16/bf16/fp32 tensors (quantized inside: Q, K in (1, 32) blocks, V in (32, 1) blocks per kv
     sequence, with ``rounding``; differentiable, gradients straight through the quantization, computed by the MXFP8
     backward) or pre-quantized ``(data, scale)`` pairs from ``mxfp8_quantize`` with those blocks (V with
-    ``kv_offsets``), then ``out`` is ``out_dtype`` (default bfloat16) and there are no gradients. P is quantized
+    ``kv_offsets``), then ``out`` is ``out_dtype`` (default bfloat16), there are no gradients and ``rounding`` stays at
+    its default (the pairs were rounded by ``mxfp8_quantize``). P is quantized
     along the keys in (1, 32) blocks; docs/architecture.md ("MXFP8 attention") says exactly what is quantized.
     Under ``torch.autocast``, fp32 q/k/v are cast to the region's dtype before they are quantized (out in that dtype,
     as ``jagged_attention``'s); pre-quantized pairs are left as they are.
@@ -461,18 +477,25 @@ def mxfp8_attention(
     max_seqlen_q = -1 if max_seqlen_q is None else max_seqlen_q
     max_seqlen_kv = -1 if max_seqlen_kv is None else max_seqlen_kv
     meta_kernels.check_options(scale, causal, window, broadcast_q, deterministic, max_seqlen_q, max_seqlen_kv)
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    _check_backend(backend)
+    meta_kernels.mxfp8.check_rounding(rounding)
+    _check_tensors(("q_offsets", q_offsets), ("kv_offsets", kv_offsets), optional=("q_offsets",))
     options = dict(scale=None if scale is None else float(scale), causal=causal, window_left=window[0],
                    window_right=window[1], broadcast_q=broadcast_q, deterministic=deterministic, backend=backend)
     if any(quantized):
         for name, pair in (("q", q), ("k", k), ("v", v)):
             if len(pair) != 2:
                 raise TypeError(f"{name} must be a (data, scale) pair, got {len(pair)} items")
+            _check_tensors((f"{name}_data", pair[0]), (f"{name}_scale", pair[1]))
+        _check_dtype("out_dtype", out_dtype, optional=True)
+        if rounding != "rceil":  # the default: a pair's rounding was mxfp8_quantize's, this one would be ignored
+            raise ValueError(f"rounding is only for q/k/v tensors quantized inside (pre-quantized pairs were "
+                             f"rounded by mxfp8_quantize), got {rounding!r}")
         out, lse = torch.ops.jfa.mxfp8_attention_quantized(
             q[0], q[1], k[0], k[1], v[0], v[1], q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, **options,
             out_dtype=out_dtype)
     else:
+        _check_tensors(("q", q), ("k", k), ("v", v))
         if out_dtype is not None:
             raise ValueError("out_dtype is only for pre-quantized inputs (out has q's dtype otherwise)")
         out, lse = torch.ops.jfa.mxfp8_attention(q, k, v, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv,

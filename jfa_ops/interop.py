@@ -71,12 +71,13 @@ def to_flex_block_mask(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets
                        window: Sequence[int] = (-1, -1), flex_block_size=None, _compile: bool = False):
     """The selection as a FlexAttention ``BlockMask`` over the packed batch (B=1, H=num_heads_q, Q_LEN=T_q,
     KV_LEN=T_kv), with Flex blocks of ``flex_block_size`` (default: (block_q, block_kv)). Broadcast Q is not
-    expressible as one packed sequence: pass ``q`` repeated per sequence instead. ``_compile``: build the mask with
+    expressible as one packed sequence: pass ``q`` repeated per sequence instead; nor is a batch without q or kv
+    rows (a ``ValueError``). ``_compile``: build the mask with
     a compiled ``create_block_mask`` (needed on the GPU at long lengths)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     q_rows, kv_rows = _check_selection(kv_block_index, kv_block_count, q_offsets, kv_offsets, num_heads_q, block_q,
-                                       block_kv)
+                                       block_kv, causal, window)
     mask_mod = selection_mask_mod(kv_block_index, kv_block_count, q_offsets, kv_offsets, q_rows=q_rows,
                                   kv_rows=kv_rows, num_heads_q=num_heads_q, block_q=block_q, block_kv=block_kv,
                                   causal=causal, window=window)
@@ -85,24 +86,35 @@ def to_flex_block_mask(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets
 
 
 def _check_selection(kv_block_index: Tensor, kv_block_count: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
-                     num_heads_q: int, block_q: int, block_kv: int):
-    """``block_sparse_attention``'s rules for a selection and its offsets, on the host (the mask is built there
-    anyway): a selection the mask cannot describe (too few Q blocks, ids past a sequence, bad offsets) would be
-    dropped from it silently. Returns the packed lengths (q_rows, kv_rows)."""
+                     num_heads_q: int, block_q: int, block_kv: int, causal: bool, window: Sequence[int]):
+    """``block_sparse_attention``'s rules for a selection, its offsets and the mask options, on the host (the mask
+    is built there anyway): a selection the mask cannot describe (too few Q blocks, ids past a sequence, bad
+    offsets) would be dropped from it silently, a window below -1 would make a mask of no meaning. Returns the
+    packed lengths (q_rows, kv_rows)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    meta_kernels.check_window(window)
+    if not isinstance(kv_block_index, Tensor):
+        raise TypeError(f"kv_block_index must be a torch.Tensor, got {type(kv_block_index).__name__}")
     for name, offsets in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        meta_kernels.attention._check_offsets(name, offsets, kv_block_index.device)
+        meta_kernels.attention._check_offsets(name, offsets, kv_block_index.device, "kv_block_index")
     if q_offsets.shape[0] != kv_offsets.shape[0]:
         raise ValueError(f"q_offsets and kv_offsets must both be [B+1], got {q_offsets.shape[0]} and "
                          f"{kv_offsets.shape[0]}")
     k_like = kv_block_index.new_empty((0, kv_block_index.shape[1], 0))  # what check_block_index reads of k
     meta_kernels.check_block_index(kv_block_index, kv_block_count, k_like, kv_offsets, block_q, block_kv)
     heads_kv = kv_block_index.shape[1]
-    if not isinstance(num_heads_q, int) or num_heads_q < 1 or heads_kv < 1 or num_heads_q % heads_kv != 0:
+    if not isinstance(num_heads_q, int) or isinstance(num_heads_q, bool):
+        raise TypeError(f"num_heads_q must be an int, got {type(num_heads_q).__name__}")
+    if num_heads_q < 1 or heads_kv < 1 or num_heads_q % heads_kv != 0:
         raise ValueError(f"num_heads_q ({num_heads_q}) must be a positive multiple of kv_block_index's kv heads "
                          f"({heads_kv})")
     q_rows, kv_rows = int(q_offsets[-1]), int(kv_offsets[-1])  # the packed lengths (one host read, setup time)
     validation.check_on_host("q_offsets", q_offsets, q_rows)
     validation.check_on_host("kv_offsets", kv_offsets, kv_rows)
+    if q_rows < 1 or kv_rows < 1:  # create_block_mask indexes row 0 of each (an IndexError from inside it)
+        raise ValueError(f"to_flex_block_mask needs at least one q row and one kv row (FlexAttention masks a "
+                         f"non-empty packed sequence), got q_offsets[-1]={q_rows}, kv_offsets[-1]={kv_rows}")
     check_index_values(q_offsets.diff(), kv_offsets.diff(), kv_block_index, kv_block_count, block_q, block_kv)
     return q_rows, kv_rows
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 import meta_kernels
-from jfa_ops.api import _is_njt, check_njt_layout, jagged_attention, sparse_attention
+from jfa_ops.api import _check_backend, _is_njt, check_njt_layout, jagged_attention, sparse_attention
 
 __all__ = ["JaggedSelfAttention", "SeedPooling"]
 
@@ -24,11 +24,6 @@ def _check_positive_int(name: str, value) -> None:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _check_backend(backend) -> None:
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
 
 
 def _head_shapes(embed_dim: int, num_heads: int, num_kv_heads: Optional[int], head_dim: Optional[int]):
@@ -50,6 +45,16 @@ def _head_shapes(embed_dim: int, num_heads: int, num_kv_heads: Optional[int], he
         raise ValueError(f"head_dim (embed_dim // num_heads unless given) must be a multiple of 8 from 8 to 256, "
                          f"got {head_dim}")
     return num_heads, num_kv_heads, head_dim
+
+
+def _check_rows(x, embed_dim: int) -> None:
+    """x (an NJT's values) must be [T, embed_dim]: the projections would split another shape into q/k/v of the
+    wrong shape (an error about q or k), or fail in a matmul."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != embed_dim:
+        raise ValueError(f"x must be [T, embed_dim={embed_dim}] (or an NJT [B, j, embed_dim]), got shape "
+                         f"{tuple(x.shape)}")
 
 
 def _unpack_njt_rows(x: Tensor, offsets: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -119,6 +124,7 @@ class JaggedSelfAttention(nn.Module):
             njt_offsets = offsets
         elif offsets is None:
             raise ValueError("offsets is required when x is a dense [T, E] tensor")
+        _check_rows(x, self.embed_dim)
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
         q = q.unflatten(-1, (self.num_heads, self.head_dim))
@@ -181,6 +187,7 @@ class SeedPooling(nn.Module):
             x, offsets = _unpack_njt_rows(x, offsets)
         elif offsets is None:
             raise ValueError("offsets is required when x is a dense [T, E] tensor")
+        _check_rows(x, self.embed_dim)
         k, v = self.kv_proj(x).unflatten(-1, (2 * self.num_kv_heads, self.head_dim)).chunk(2, dim=1)
         seeds = self.seeds.to(k.dtype)
         out = jagged_attention(seeds, k, v, None, offsets, self.num_seeds, max_seqlen,

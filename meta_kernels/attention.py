@@ -58,7 +58,8 @@ def _fails(bad) -> bool:
     return bool(bad)
 
 
-def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device) -> None:
+def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device, owner: str = "q") -> None:
+    """``owner``: the tensor whose device the offsets must share, as errors name it."""
     if not isinstance(offsets, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(offsets).__name__}")
     if offsets.dtype not in OFFSET_DTYPES:
@@ -68,7 +69,7 @@ def _check_offsets(name: str, offsets: torch.Tensor, device: torch.device) -> No
     if _fails(offsets.shape[0] < 1):
         raise ValueError(f"{name} must have at least one element (B+1 >= 1), got shape {tuple(offsets.shape)}")
     if offsets.device != device:
-        raise ValueError(f"{name} must be on q's device {device}, got {offsets.device}")
+        raise ValueError(f"{name} must be on {owner}'s device {device}, got {offsets.device}")
 
 
 def check_attention_args(

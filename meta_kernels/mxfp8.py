@@ -84,7 +84,7 @@ def check_quantize_args(x: torch.Tensor, offsets: Optional[torch.Tensor], block,
     block = check_block(block)
     check_rounding(rounding)
     if offsets is not None:
-        _check_offsets("offsets", offsets, x.device)
+        _check_offsets("offsets", offsets, x.device, "x")
     return block
 
 
@@ -95,9 +95,10 @@ def quantize_shapes(x: torch.Tensor, offsets: Optional[torch.Tensor], block) -> 
 
 def check_mx_pair(name: str, data: torch.Tensor, scale: torch.Tensor, offsets: Optional[torch.Tensor],
                   block: Sequence[int]) -> None:
-    """A quantized (data, scale) pair: dtypes, ranks, device and the scale's shape for ``block``."""
-    for what, t, dtype in ((f"{name}_data", data, torch.float8_e4m3fn), (f"{name}_scale", scale,
-                                                                         torch.float8_e8m0fnu)):
+    """A quantized (data, scale) pair: dtypes, ranks, device and the scale's shape for ``block``. Errors name
+    ``{name}_data``/``{name}_scale`` (``name`` empty: ``data``/``scale``, ``mxfp8_dequantize``'s arguments)."""
+    data_name, scale_name = (f"{name}_data", f"{name}_scale") if name else ("data", "scale")
+    for what, t, dtype in ((data_name, data, torch.float8_e4m3fn), (scale_name, scale, torch.float8_e8m0fnu)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != dtype:
@@ -105,19 +106,19 @@ def check_mx_pair(name: str, data: torch.Tensor, scale: torch.Tensor, offsets: O
         if t.dim() != 3:
             raise ValueError(f"{what} must be 3-D, got shape {tuple(t.shape)}")
     if scale.device != data.device:
-        raise ValueError(f"{name}_scale must be on {name}_data's device {data.device}, got {scale.device}")
-    _check_head_dim(f"{name}_data", data)
+        raise ValueError(f"{scale_name} must be on {data_name}'s device {data.device}, got {scale.device}")
+    _check_head_dim(data_name, data)
     expected = scale_shape(data.shape[0], data.shape[1], data.shape[2], offsets, block)
     if any(_fails(a != b) for a, b in zip(scale.shape, expected)):
-        raise ValueError(f"{name}_scale must have shape {tuple(expected)} for {name}_data {tuple(data.shape)} and "
+        raise ValueError(f"{scale_name} must have shape {tuple(expected)} for {data_name} {tuple(data.shape)} and "
                          f"block {tuple(block)}, got {tuple(scale.shape)}")
 
 
 def check_dequantize_args(data, scale, offsets, block, dtype) -> Tuple[int, int]:
     block = check_block(block)
     if offsets is not None:
-        _check_offsets("offsets", offsets, data.device if isinstance(data, torch.Tensor) else None)
-    check_mx_pair("x", data, scale, offsets, block)
+        _check_offsets("offsets", offsets, data.device if isinstance(data, torch.Tensor) else None, "data")
+    check_mx_pair("", data, scale, offsets, block)
     if dtype not in DEQUANTIZE_DTYPES:
         raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
     return block

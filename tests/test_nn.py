@@ -139,6 +139,20 @@ def test_argument_errors():
         layer(njt, torch.tensor([0, 1, 4]))
 
 
+@pytest.mark.parametrize("layer", [JaggedSelfAttention(E, 4), JaggedSelfAttention(E, 4, keep_ratio=0.5, block_size=4),
+                                   SeedPooling(E, 4, num_seeds=2)], ids=["dense", "sparse", "seeds"])
+@pytest.mark.parametrize("x, pattern", [
+    (torch.randn(1, 4, E), r"^x must be \[T, embed_dim=32\] \(or an NJT \[B, j, embed_dim\]\), got shape \(1, 4, 32\)"),
+    (torch.randn(4, E // 2), r"^x must be \[T, embed_dim=32\] .*got shape \(4, 16\)"),
+    (torch.randn(4 * E), r"^x must be \[T, embed_dim=32\] .*got shape \(128,\)"),
+], ids=["3d", "other_embed_dim", "1d"])
+def test_x_shape_is_named(layer, x, pattern):
+    """A dense x that is not [T, E] was split by the projections into q/k/v of another shape: an error about q or k
+    (or a matmul's), not x."""
+    with pytest.raises(ValueError, match=pattern):
+        layer(x, torch.tensor([0, 4]), max_seqlen=4)
+
+
 CONSTRUCTOR_ERRORS = [
     (JaggedSelfAttention, (E, 0), {}, ValueError, r"^num_heads must be >= 1, got 0"),
     (JaggedSelfAttention, (E, 4.0), {}, TypeError, r"^num_heads must be an int, got float"),

@@ -225,6 +225,8 @@ def test_block_sparse_validation_names_the_argument():
         return jfa_ops.block_sparse_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, **kw)
     with pytest.raises(TypeError, match="kv_block_index must be int32"):
         call(index=index.long())
+    with pytest.raises(TypeError, match=r"^kv_block_index must be a torch.Tensor, got list"):  # not the dispatcher's
+        call(index=index.tolist())
     with pytest.raises(ValueError, match=r"kv_block_count must be kv_block_index's \[B, Hkv, NQB\]"):
         call(count=count[:, :, :1])
     with pytest.raises(ValueError, match=r"kv_block_index must be \[B, Hkv, NQB, NKB\]"):
@@ -319,6 +321,18 @@ FLEX_CASES = {
     "kv_offsets_other_batch": (lambda a: a.update(kv_offsets=torch.tensor([0, 35])), ValueError,
                                r"^q_offsets and kv_offsets must both be \[B\+1\]"),
     "block_q_zero": (lambda a: a.update(block_q=0), ValueError, r"^block_q must be >= 1"),
+    # the mask's own options: a window below -1 made a nonsense mask silently, a bad pair failed to unpack
+    "window_below_minus_1": (lambda a: a.update(window=(-2, 0)), ValueError, r"^window entries must be >= 0, or -1"),
+    "window_not_a_pair": (lambda a: a.update(window=5), TypeError, r"^window must be a pair of ints"),
+    "causal_str": (lambda a: a.update(causal="False"), TypeError, r"^causal must be a bool, got str"),
+    "num_heads_q_float": (lambda a: a.update(num_heads_q=4.0), TypeError, r"^num_heads_q must be an int, got float"),
+    "offsets_other_device": (lambda a: a.update(kv_offsets=a["kv_offsets"].to("meta")), ValueError,
+                             r"^kv_offsets must be on kv_block_index's device cpu, got meta"),
+    # FlexAttention cannot mask an empty packed sequence (an IndexError from inside create_block_mask before)
+    "no_q_rows": (lambda a: a.update(q_offsets=torch.tensor([0, 0, 0, 0])), ValueError,
+                  r"^to_flex_block_mask needs at least one q row and one kv row"),
+    "no_kv_rows": (lambda a: a.update(kv_offsets=torch.tensor([0, 0, 0, 0])), ValueError,
+                   r"^to_flex_block_mask needs at least one q row and one kv row"),
 }
 
 

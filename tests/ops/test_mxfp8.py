@@ -160,6 +160,23 @@ def test_quantize_njt_and_dequantize_round_trip(block):
     assert err < 0.04, err  # E4M3 keeps 3 mantissa bits: relative rounding error <= 2**-4 per element
 
 
+
+_OFFSETS = (torch.tensor([0, 3]), torch.tensor([0, 3]))
+
+
+def _quantized():
+    return jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32))
+
+
+def _attention_inputs():
+    return (torch.randn(3, 2, 32), torch.randn(3, 2, 32), torch.randn(3, 2, 32)) + _OFFSETS
+
+
+def _pairs():
+    q, k, v = _attention_inputs()[:3]
+    return jfa_ops.mxfp8_quantize(q), jfa_ops.mxfp8_quantize(k), jfa_ops.mxfp8_quantize(v, _OFFSETS[1], block=(32, 1))
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 48)), ValueError, "x's head_dim must be a positive multiple"),
     (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 16)), ValueError, "x's head_dim"),
@@ -175,8 +192,9 @@ def test_quantize_njt_and_dequantize_round_trip(block):
                                                               block=(32, 1)), torch.tensor([0, 5, 4]), block=(32, 1)),
      ValueError, r"^offsets must be non-decreasing"),
     (lambda: jfa_ops.mxfp8_dequantize(*jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32)), block=(32, 32)), ValueError,
-     "x_scale must have shape"),
-    (lambda: jfa_ops.mxfp8_dequantize(torch.randn(4, 2, 32), torch.randn(4, 2, 1)), TypeError, "x_data must be"),
+     r"^scale must have shape \(1, 2, 1\) for data \(4, 2, 32\)"),  # named as the wrapper names them, not x_*
+    (lambda: jfa_ops.mxfp8_dequantize(torch.randn(4, 2, 32), torch.randn(4, 2, 1)), TypeError,
+     r"^data must be torch.float8_e4m3fn"),
     (lambda: jfa_ops.mxfp8_attention(torch.randn(3, 2, 48), torch.randn(3, 2, 48), torch.randn(3, 2, 48),
                                      torch.tensor([0, 3]), torch.tensor([0, 3])), ValueError, "q's head_dim"),
     (lambda: jfa_ops.mxfp8_attention(torch.randn(3, 2, 32), torch.randn(3, 2, 32), torch.randn(3, 2, 32),
@@ -184,6 +202,31 @@ def test_quantize_njt_and_dequantize_round_trip(block):
      "rounding"),
     (lambda: jfa_ops.mxfp8_attention(torch.randn(3, 3, 32), torch.randn(3, 2, 32), torch.randn(3, 2, 32),
                                      torch.tensor([0, 3]), torch.tensor([0, 3])), ValueError, "multiple of k/v heads"),
+    # non-tensors, dtypes and option types: a TypeError naming the argument (was the dispatcher's RuntimeError)
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32).tolist()), TypeError, r"^x must be a torch.Tensor, got list"),
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), [0, 4], block=(32, 1)), TypeError,
+     r"^offsets must be a torch.Tensor or None, got list"),
+    (lambda: jfa_ops.mxfp8_dequantize(torch.zeros(4, 2, 32).tolist(), torch.zeros(4, 2, 1)), TypeError,
+     r"^data must be a torch.Tensor, got list"),
+    (lambda: jfa_ops.mxfp8_dequantize(*_quantized(), dtype="float32"), TypeError,
+     r"^dtype must be a torch.dtype, got str"),
+    (lambda: jfa_ops.mxfp8_dequantize(*_quantized(), backend=3), TypeError, r"^backend must be a str or None, got int"),
+    (lambda: jfa_ops.mxfp8_attention(*_attention_inputs()[:4], [0, 3]), TypeError,
+     r"^kv_offsets must be a torch.Tensor, got list"),
+    (lambda: jfa_ops.mxfp8_attention(*_attention_inputs(), rounding=3), TypeError, r"^rounding must be a str"),
+    (lambda: jfa_ops.mxfp8_attention((_quantized()[0].tolist(), _quantized()[1]), *_pairs()[1:], *_OFFSETS),
+     TypeError, r"^q_data must be a torch.Tensor, got list"),
+    (lambda: jfa_ops.mxfp8_attention(*_pairs(), *_OFFSETS, out_dtype="bfloat16"), TypeError,
+     r"^out_dtype must be a torch.dtype or None, got str"),
+    # rounding is applied by mxfp8_quantize to pre-quantized pairs: ignored silently before
+    (lambda: jfa_ops.mxfp8_attention(*_pairs(), *_OFFSETS, rounding="floor"), ValueError,
+     r"^rounding is only for q/k/v tensors quantized inside"),
+    (lambda: jfa_ops.mxfp8_attention(*_pairs(), *_OFFSETS, rounding="up"), ValueError, r"^rounding must be one of"),
+    # the offsets' device is x's (data's) device: there is no q
+    (lambda: jfa_ops.mxfp8_quantize(torch.randn(4, 2, 32), torch.tensor([0, 4], device="meta"), block=(32, 1)),
+     ValueError, r"^offsets must be on x's device cpu, got meta"),
+    (lambda: jfa_ops.mxfp8_dequantize(*_quantized(), torch.tensor([0, 4], device="meta")), ValueError,
+     r"^offsets must be on data's device cpu, got meta"),
 ])
 def test_validation_names_the_argument(call, error, match):
     with pytest.raises(error, match=match):
