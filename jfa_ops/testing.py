@@ -222,7 +222,8 @@ def reference_block_selection(q: Tensor, k: Tensor, q_offsets: Optional[Tensor],
                     if visible[rows, cols].any():
                         scores[j] = float(pooled_q @ ks[cols, h].mean(dim=0))
                 n = len(scores)
-                keep = min(top_k, n) if top_k is not None else min(n, math.ceil(keep_ratio * n - 1e-9))
+                # ceil(keep_ratio * n) with a margin for float64 rounding (0.3 * 10), which must not drop it to 0
+                keep = min(top_k, n) if top_k is not None else min(n, max(1, math.ceil(keep_ratio * n - 1e-9)))
                 ranked = sorted(scores, key=lambda j: (not (always_local and j == diagonal // block_kv), -scores[j],
                                                        j))
                 chosen = sorted(ranked[:keep])

@@ -31,6 +31,8 @@ def check_block_sizes(block_q, block_kv) -> None:
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+        if value >= 2**31:
+            raise ValueError(f"{name} must be < 2**31 (the kernels' int32), got {value}")
 
 
 def check_select_args(q, k, q_offsets, kv_offsets, block_q, block_kv, keep_ratio, top_k, causal, window,
@@ -135,8 +137,9 @@ KEEP_EPS = 1e-9  # float64 rounding of keep_ratio * n (0.3 * 10 = 3.000000000000
 
 def keep_count(visible_blocks: torch.Tensor, keep_ratio: float, top_k: int) -> torch.Tensor:
     """How many blocks a Q block keeps out of ``visible_blocks`` (an integer tensor): ``min(top_k, n)`` when
-    top_k > 0, else ``ceil(keep_ratio * n - KEEP_EPS)`` in float64 (>= 1 for n >= 1, since keep_ratio > 0)."""
-    if top_k > 0:
-        return torch.clamp(visible_blocks, max=top_k)
+    top_k > 0, else ``ceil(keep_ratio * n - KEEP_EPS)`` in float64, at least 1 for n >= 1 (ceil(keep_ratio * n) is,
+    since keep_ratio > 0: the margin alone would keep none for keep_ratio <= KEEP_EPS)."""
+    if top_k > 0:  # a top_k past the count's dtype keeps them all (clamp converts its bound to that dtype)
+        return torch.clamp(visible_blocks, max=min(top_k, torch.iinfo(visible_blocks.dtype).max))
     kept = torch.ceil(visible_blocks.to(torch.float64) * keep_ratio - KEEP_EPS).to(visible_blocks.dtype)
-    return torch.minimum(kept, visible_blocks)
+    return torch.minimum(kept.clamp(min=1), visible_blocks)

@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import jfa_ops
 from jfa_ops.backends import Problem, get_backend
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,
-                             check_block_sparse_case)
+                             check_block_sparse_case, reference_block_selection)
 from tests.common import device_backend_params, dtypes_for, head_dims_for
 
 seeds = st.integers(0, 2**31 - 1)
@@ -59,6 +59,40 @@ def test_keep_ratio_rounding_is_exact_in_decimal():
     index, count = jfa_ops.select_kv_blocks(inputs.q, inputs.k, inputs.q_offsets, inputs.kv_offsets, 10, 10,
                                             block_q=1, block_kv=1, keep_ratio=0.3)
     assert count.unique().tolist() == [3]
+
+
+@pytest.mark.parametrize("device,backend", device_backend_params(smoke=True))
+@pytest.mark.parametrize("always_local", [False, True])
+def test_a_tiny_keep_ratio_keeps_one_block(device, backend, always_local):
+    """keep_ratio in (0, 1e-9]: ceil(keep_ratio * n) is 1 for every n >= 1, but the float64 rounding margin made it 0,
+    so every Q block kept nothing and its rows attended to no key (out 0), silently."""
+    if not get_backend(backend).implements("select_kv_blocks"):
+        pytest.skip(f"{backend} has no selection")
+    dtype = dtypes_for(device, backend)[0]
+    x = AttentionCase((40, 17, 0), (40, 33, 5), heads_q=2, heads_kv=1, causal=True, dtype=dtype,
+                      device=device).make_inputs(0)
+    index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 40, 40, block_q=16, block_kv=16,
+                                            causal=True, keep_ratio=1e-12, always_local=always_local,
+                                            backend=backend)
+    want_index, want_count = reference_block_selection(
+        x.q.cpu(), x.k.cpu(), x.q_offsets.cpu(), x.kv_offsets.cpu(), block_q=16, block_kv=16, n_q_blocks=3,
+        n_kv_blocks=3, keep_ratio=1e-12, causal=True, always_local=always_local)
+    assert torch.equal(count.cpu(), want_count) and torch.equal(index.cpu(), want_index)
+    # Q blocks 0-2 of sequence 0, 0-1 of sequence 1 (17 rows), none of sequence 2 (no q rows): one block each
+    assert count[:, 0].tolist() == [[1, 1, 1], [1, 1, 0], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("device,backend", device_backend_params(smoke=True))
+def test_a_top_k_past_int32_keeps_every_visible_block(device, backend):
+    """min(top_k, n) is n: a top_k past int32 failed to convert in the keep table (the triton backend's), or not."""
+    if not get_backend(backend).implements("select_kv_blocks"):
+        pytest.skip(f"{backend} has no selection")
+    x = AttentionCase((40, 17), (40, 33), heads_q=2, heads_kv=1, causal=True, dtype=dtypes_for(device, backend)[0],
+                      device=device).make_inputs(0)
+    select = lambda **kw: jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 40, 40,  # noqa: E731
+                                                  block_q=16, block_kv=16, causal=True, backend=backend, **kw)
+    for got, want in zip(select(top_k=2**40), select(keep_ratio=1.0)):
+        assert torch.equal(got, want)
 
 
 def test_selection_picks_the_best_scored_blocks_and_breaks_ties_low():
@@ -214,6 +248,8 @@ def test_select_validation_names_the_argument():
         call(9, 12, block_q=4.0)
     with pytest.raises(ValueError, match="block_kv must be >= 1"):
         call(9, 12, block_kv=0)
+    with pytest.raises(ValueError, match=r"^block_kv must be < 2\*\*31 \(the kernels' int32\), got 2147483648"):
+        call(9, 12, block_kv=2**31)  # was an allocation of 512 GiB (reference) or the interpreter's int32 error
     with pytest.raises(ValueError, match="max_seqlen for kv_offsets is 5, smaller than the longest sequence 12"):
         call(9, 5)
 
