@@ -971,7 +971,7 @@ def reference_mxfp8_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Option
         s2 = torch.einsum("ihd,jhd->hij", qs, ks) * (scale / math.log(2))
         s2 = s2.masked_fill(~visible, -math.inf)
         row_max = s2.amax(dim=-1, keepdim=True) if s2.shape[-1] else s2.new_full((*s2.shape[:-1], 1), -math.inf)
-        has_mass = row_max > -math.inf
+        has_mass = (row_max > -math.inf) | row_max.isnan()  # a NaN score: NaN out and lse (README "Semantics")
         m = torch.where(has_mass, torch.ceil(row_max), torch.zeros_like(row_max))
         p = torch.where(visible & has_mass, torch.exp2(s2 - m), torch.zeros_like(s2))
         pq = _mx_round_trip_last_axis(p)

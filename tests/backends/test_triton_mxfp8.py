@@ -18,9 +18,10 @@ from hypothesis import given, settings
 import jfa_ops
 from jfa_ops.testing import fp8_mma_model, reference_mxfp8_attention
 from tests.common import count_op_calls, knob_set
-from tests.ops.test_mxfp8 import (ATTENTION_CASES, BLOCKS, ROUNDINGS, _oracle_opts, _rel, assert_bit_exact,
-                                  check_mxfp8_attention_case, check_no_nan, fp8_mma_near_ties, issue_error_bound,
-                                  make_case, mxfp8_attention_cases, no_nan_case, quantize_inputs, wide_range_values)
+from tests.ops.test_mxfp8 import (ATTENTION_CASES, BLOCKS, NONFINITE, ROUNDINGS, _oracle_opts, _rel, assert_bit_exact,
+                                  check_mxfp8_attention_case, check_no_nan, check_nonfinite, fp8_mma_near_ties,
+                                  issue_error_bound, make_case, mxfp8_attention_cases, no_nan_case, quantize_inputs,
+                                  wide_range_values)
 
 pytest.importorskip("triton")
 
@@ -358,6 +359,20 @@ def test_bf16_dots_as_on_the_gpu_computes_bf16_dots():
     with bf16_dots_as_on_the_gpu():
         dot_kernel[(1,)](a, b, c, 16)
     assert torch.allclose(c, want, rtol=1e-6)
+
+
+# A NaN key block (inf/NaN in k): the forward kernel gives a finite out (lse NaN), where the README, the reference and
+# the oracle give NaN out: a kernel change, left to the lead (bench/NOTES.md "Bad input on the other public entry
+# points"). Strict: a kernel that starts giving NaN fails here, to drop the mark.
+KERNEL_DROPS_NAN_KEYS = pytest.mark.xfail(strict=True, reason="the triton MXFP8 forward gives a finite out for a "
+                                                               "row whose scores include NaN (a NaN key block)")
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=KERNEL_DROPS_NAN_KEYS) if NONFINITE[k][0] == "k" else k
+                                  for k in NONFINITE])
+def test_kernels_nonfinite_inputs_propagate_as_documented(kind):
+    """The reference's contract (tests/ops/test_mxfp8.py's test), the default variant; fp16 out rounding: 4.9e-4."""
+    check_nonfinite(kind, "triton", dtype=torch.float16, out_atol=1e-3 if DEVICE == "cpu" else 1e-2, device=DEVICE)
 
 
 # Every variant with its GPU operand dtypes (bf16_dots_as_on_the_gpu); fp8dot and f16row too: they run here.

@@ -414,6 +414,45 @@ def test_attention_no_nan_on_empty_masked_zero_and_wide_range(backend):
     check_no_nan(no_nan_case(), backend)
 
 
+# Non-finite inputs (README "Semantics": a row whose visible scores include NaN or +inf gives NaN out and NaN lse; inf
+# in v, NaN out where it is read; other sequences never affected). MXFP8 adds: inf/NaN anywhere in a 32-element block
+# makes the whole block NaN (its scale is NaN), so an inf or -inf in k is a NaN score for every row that sees its block.
+# Sequence 1 of three (rows 17..39 of q and k/v) holds the poisoned element; q heads 0, 1 read kv head 0.
+NONFINITE = {"nan_q": ("q", math.nan), "nan_k": ("k", math.nan), "inf_k": ("k", math.inf),
+             "neg_inf_k": ("k", -math.inf), "inf_v": ("v", math.inf)}
+
+
+def check_nonfinite(kind: str, backend: str, dtype=torch.float32, out_atol=1e-6, device="cpu"):
+    """Elsewhere out (within ``out_atol``) and lse (1e-6) match the float64 oracle (reference: 3e-7 for both)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(rows, heads, 64, generator=gen).to(dtype) for rows, heads in ((40, 4), (40, 2), (40, 2)))
+    name, value = NONFINITE[kind]
+    {"q": q, "k": k, "v": v}[name][20, 0, 5] = value
+    offsets = torch.tensor([0, 17, 40])
+    out, lse = jfa_ops.mxfp8_attention(q.to(device), k.to(device), v.to(device), offsets.to(device),
+                                       offsets.to(device), return_lse=True, backend=backend)
+    out, lse = out.cpu(), lse.cpu()
+    want_out, want_lse = reference_mxfp8_attention(q, k, v, offsets, offsets)
+    poisoned = torch.zeros(40, 4, dtype=torch.bool)  # (row, q head) pairs the README says turn NaN
+    if name == "q":
+        poisoned[20, 0] = True
+    else:
+        poisoned[17:, :2] = True
+    for what, got in (("oracle", want_out), (backend, out)):
+        assert torch.equal(got.isnan().any(-1), poisoned), f"{what}: out NaN at other (row, head) pairs"
+    for what, got in (("oracle", want_lse), (backend, lse)):
+        assert torch.equal(got.isnan().T, poisoned & (name != "v")), f"{what}: lse NaN at other (row, head) pairs"
+    clean = ~poisoned
+    torch.testing.assert_close(out[clean].double(), want_out[clean], rtol=0, atol=out_atol)
+    torch.testing.assert_close(lse.T[clean].double(), want_lse.T[clean], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", NONFINITE)
+def test_attention_nonfinite_inputs_propagate_as_documented(kind, backend="reference"):
+    """The reference gave lse -inf (a row that sees no key) for a NaN row, and the float64 oracle out 0 and lse -inf."""
+    check_nonfinite(kind, backend)
+
+
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
 def test_attention_backward_matches_the_mxfp8_oracle(name, backend="reference"):
     q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES[name], seed=3)

@@ -180,7 +180,8 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params: Attention
         o = torch.einsum("hij,jhd->ihd", pq / torch.where(total_q > 0, total_q, 1.0),
                          vd[k0:k0 + lk].repeat_interleave(group, dim=1))
         total = p.sum(-1, keepdim=True)
-        row_lse = torch.where(total > 0, (m + torch.log2(total)) * math.log(2.0), -math.inf)
+        # -inf only for a row without mass: a NaN total (a NaN score) keeps lse NaN, as jfa::attention's
+        row_lse = torch.where((total > 0) | total.isnan(), (m + torch.log2(total)) * math.log(2.0), -math.inf)
         out[o0:o0 + lq] = o.to(out_dtype)
         lse[:, o0:o0 + lq] = row_lse.squeeze(-1)
     return out, lse
