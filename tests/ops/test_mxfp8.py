@@ -545,7 +545,6 @@ def test_compile_no_graph_breaks_no_recompiles(device):
 
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
-    g = torch.Generator().manual_seed(0)
     for i, (q_lengths, kv_lengths) in enumerate([((11, 0, 7, 3, 8), (5, 13, 0, 2, 6)), ((2, 9, 40), (33, 4, 3)),
                                                  ((4, 5), (9, 70)), ((3, 3, 3, 5, 6, 7), (2, 2, 9, 9, 9, 2))]):
         q, k, v, q_off, kv_off, _ = make_case(q_lengths, kv_lengths, heads_q=4, seed=i)
