@@ -122,3 +122,18 @@ class RecordOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def captured_after_warm_up(call):
+    """``call()`` eagerly on a side stream, then captured into a CUDA graph on that same stream (as CUDA graph trees
+    warm up and record on one stream): what the warm-up kept per stream (replays, layouts) is what the capture
+    meets; on ``torch.cuda.graph``'s own capture stream it would meet nothing. Returns (graph, the captured result)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up torch.cuda.graph wants
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        result = call()
+    return graph, result

@@ -29,6 +29,7 @@ from jfa_ops.backends import Problem, available_backends, get_backend, select_ba
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,  # noqa: E402
                              check_block_sparse_case)
+from tests.common import captured_after_warm_up  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
@@ -487,17 +488,8 @@ def test_captured_selection_outlives_the_kept_layout(broadcast_q):
         return jfa_ops.select_kv_blocks(q, k, q_off, kv_off, max_q, 1500, backend="triton", **opts)
 
     select()  # eager: keeps the signature's layout
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it (keeps this stream's layout)
-        select()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     held = set(block_sparse_select._READ_BY_GRAPHS)
-    # captured on the warm-up's stream (as CUDA graph trees do), where the warm-up's layout is kept: layouts are kept
-    # per stream, and torch.cuda.graph's own capture stream would make a fresh one
-    with torch.cuda.graph(graph, stream=side):
-        index, count = select()
+    graph, (index, count) = captured_after_warm_up(select)  # the capture meets the warm-up's kept layout
     assert set(block_sparse_select._READ_BY_GRAPHS) - held, "the capture did not read a kept layout"
     launch.clear_cache()
     block_sparse_select._keep_table.cache_clear()

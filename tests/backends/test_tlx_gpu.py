@@ -16,6 +16,7 @@ import jfa_ops
 from jfa_ops.backends import select_backend, unavailable_reason
 from jfa_ops.testing import (FEATURE_MATRIX, AttentionCase, BlockSparseCase, check_attention_case,
                              check_backend_writes_every_row, check_block_sparse_case, reference_attention)
+from tests.common import captured_after_warm_up
 
 pytestmark = pytest.mark.gpu
 
@@ -1107,16 +1108,7 @@ def test_captured_broadcast_forward_outlives_the_kept_launches(backend_name):
         return backend.forward(x.q, x.k, x.v, None, x.kv_offsets, params)
 
     forward()  # the full path, which keeps the replay
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up as torch.cuda.graph wants it (keeps this stream's replay)
-        forward()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    # captured on the warm-up's stream (as CUDA graph trees do), whose replay is kept: replays are kept per stream,
-    # and torch.cuda.graph's own capture stream would never have met one
-    with torch.cuda.graph(graph, stream=side):
-        out, lse = forward()
+    graph, (out, lse) = captured_after_warm_up(forward)  # the capture meets the warm-up's kept replay
     launch.clear_cache()  # drops the replay ...
     triton_fwd.broadcast_offsets.cache_clear()  # ... and the per-shape cache: the kept offsets are freed
     gc.collect()
