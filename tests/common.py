@@ -137,3 +137,14 @@ def captured_after_warm_up(call):
     with torch.cuda.graph(graph, stream=side):
         result = call()
     return graph, result
+
+
+def coverage_as_on_one_cuda_stream(monkeypatch) -> None:
+    """``validation``'s memo of offsets checked on the device, from empty, treating CPU offsets as CUDA ones on one
+    stream outside any capture (the memo is CUDA-only: CPU tests of what it covers)."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(validation, "_COVERED", {})
+    monkeypatch.setattr(validation, "_on_cuda", lambda offsets: True)
+    monkeypatch.setattr(validation, "capturing", lambda device: False)
+    monkeypatch.setattr(validation, "stream_key", lambda device: 0)

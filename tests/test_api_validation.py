@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jfa_ops
 from jfa_ops import validation
+from tests.common import coverage_as_on_one_cuda_stream
 
 
 def _base():
@@ -596,10 +597,7 @@ def test_njt_v_offsets_checked_under_compile():
 @pytest.fixture
 def coverage(monkeypatch):
     """validation.covered on CPU tensors (as if CUDA, one stream, not capturing), from an empty record."""
-    monkeypatch.setattr(validation, "_COVERED", {})
-    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(validation, "capturing", lambda device: False)
-    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
+    coverage_as_on_one_cuda_stream(monkeypatch)
 
 
 def test_a_device_check_covers_only_the_same_unmodified_offsets(coverage):

@@ -10,6 +10,7 @@ import meta_kernels
 from jfa_ops.ops import attention as attention_ops
 from jfa_ops.backends import Backend, get_backend, register_backend, unregister_backend
 from jfa_ops.testing import AttentionCase, assert_attention_close, backward_op_args
+from tests.common import coverage_as_on_one_cuda_stream
 
 CASE = AttentionCase((3, 0, 5), (4, 2, 6), heads_q=4, heads_kv=2, dtype=torch.float32, causal=True)
 
@@ -371,10 +372,7 @@ def test_fast_path_checks_new_offsets_and_covers_repeats(fast_path, monkeypatch)
     mode checks every call."""
     from jfa_ops import validation
 
-    monkeypatch.setattr(validation, "_COVERED", {})
-    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(validation, "capturing", lambda device: False)
-    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
+    coverage_as_on_one_cuda_stream(monkeypatch)
     x = CASE.make_inputs(0)
 
     def checks(q_offsets, kv_offsets, calls=1):
@@ -435,10 +433,7 @@ def test_a_failed_call_covers_nothing(fast_path, monkeypatch):
     """A call whose backend fails before enqueueing its check leaves its offsets uncovered: the next call checks."""
     from jfa_ops import validation
 
-    monkeypatch.setattr(validation, "_COVERED", {})
-    monkeypatch.setattr(validation, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(validation, "capturing", lambda device: False)
-    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
+    coverage_as_on_one_cuda_stream(monkeypatch)
     x = CASE.make_inputs(0)
     for expect_failure in (True, False):  # the full path, then the fast path
         _FAIL_NEXT.append("out of memory")

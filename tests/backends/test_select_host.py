@@ -23,7 +23,7 @@ from jfa_ops import validation  # noqa: E402
 from jfa_ops.backends.base import BlockSelectParams  # noqa: E402
 from jfa_ops.backends.triton import block_sparse_select, configs, launch  # noqa: E402
 from jfa_ops.ops import block_sparse as ops  # noqa: E402
-from tests.common import RecordOps, count_op_calls  # noqa: E402
+from tests.common import RecordOps, count_op_calls, coverage_as_on_one_cuda_stream  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 LENGTHS = (40, 0, 17, 33)
@@ -49,10 +49,7 @@ def spied_selection(monkeypatch):
     ``torch.ops.jfa.select_kv_blocks``, each triton selection's ``check_offsets``), recorded per call."""
     monkeypatch.setattr(validation, "validation_mode", lambda device: "async")
     monkeypatch.setattr(ops, "validation_mode", lambda device: "async")
-    monkeypatch.setattr(validation, "_on_cuda", lambda offsets: True)
-    monkeypatch.setattr(validation, "capturing", lambda device: False)
-    monkeypatch.setattr(validation, "stream_key", lambda device: 0)
-    monkeypatch.setattr(validation, "_COVERED", {})
+    coverage_as_on_one_cuda_stream(monkeypatch)
     op_calls = count_op_calls(monkeypatch, "select_kv_blocks")
     checks = []
     real = block_sparse_select.select_kv_blocks
