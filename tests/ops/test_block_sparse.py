@@ -68,8 +68,8 @@ def test_a_tiny_keep_ratio_keeps_one_block(device, backend, always_local):
     so every Q block kept nothing and its rows attended to no key (out 0), silently."""
     if not get_backend(backend).implements("select_kv_blocks"):
         pytest.skip(f"{backend} has no selection")
-    dtype = dtypes_for(device, backend)[0]
-    x = AttentionCase((40, 17, 0), (40, 33, 5), heads_q=2, heads_kv=1, causal=True, dtype=dtype,
+    dtype, head_dim = dtypes_for(device, backend)[0], head_dims_for(device, backend)[0]
+    x = AttentionCase((40, 17, 0), (40, 33, 5), heads_q=2, heads_kv=1, causal=True, dtype=dtype, head_dim=head_dim,
                       device=device).make_inputs(0)
     index, count = jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 40, 40, block_q=16, block_kv=16,
                                             causal=True, keep_ratio=1e-12, always_local=always_local,
@@ -88,7 +88,7 @@ def test_a_top_k_past_int32_keeps_every_visible_block(device, backend):
     if not get_backend(backend).implements("select_kv_blocks"):
         pytest.skip(f"{backend} has no selection")
     x = AttentionCase((40, 17), (40, 33), heads_q=2, heads_kv=1, causal=True, dtype=dtypes_for(device, backend)[0],
-                      device=device).make_inputs(0)
+                      head_dim=head_dims_for(device, backend)[0], device=device).make_inputs(0)
     select = lambda **kw: jfa_ops.select_kv_blocks(x.q, x.k, x.q_offsets, x.kv_offsets, 40, 40,  # noqa: E731
                                                   block_q=16, block_kv=16, causal=True, backend=backend, **kw)
     for got, want in zip(select(top_k=2**40), select(keep_ratio=1.0)):
