@@ -28,6 +28,12 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 SUPPORTED_HEAD_DIMS = tuple(range(8, 257, 8))
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    """"float16, bfloat16 or float32": the allowed dtypes as an error message lists them."""
+    names = [str(d).replace("torch.", "") for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 OFFSET_DTYPES = (torch.int32, torch.int64)
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
@@ -88,8 +94,7 @@ def check_attention_args(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in dtypes:
-            allowed = "float16, bfloat16, float32 or float64" if dtypes == FLOAT_DTYPES else ", ".join(map(str, dtypes))
-            raise TypeError(f"{name} must be {allowed}, got {t.dtype}")
+            raise TypeError(f"{name} must be {dtype_names(dtypes)}, got {t.dtype}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [rows, heads, head_dim], got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):

@@ -110,7 +110,8 @@ def _last_option(options, default):
 def _mx_params(q, k, v, q_offsets, kv_offsets, options):
     """The options of ``jfa::attention`` (checked the same way) plus ``rounding`` (the last option)."""
     attention_options, rounding = options[:NUM_OPTIONS], _last_option(options, "rceil")
-    params, backend = _params(q, k, v, q_offsets, kv_offsets, *attention_options)
+    # MXFP8's narrower dtypes in the first check, so a float64 or float8 q is not told float64 is allowed
+    params, backend = _params(q, k, v, q_offsets, kv_offsets, *attention_options, dtypes=mx.QUANTIZE_DTYPES)
     mx.check_mxfp8_attention_args(q, k, v, rounding)
     return params, backend, rounding
 

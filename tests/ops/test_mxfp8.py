@@ -218,6 +218,11 @@ def _pairs():
      TypeError, r"^q_data must be a torch.Tensor, got list"),
     (lambda: jfa_ops.mxfp8_attention(*_pairs(), *_OFFSETS, out_dtype="bfloat16"), TypeError,
      r"^out_dtype must be a torch.dtype or None, got str"),
+    # MXFP8 attention's own dtypes in the first message (it listed float64, which the next check refused)
+    (lambda: jfa_ops.mxfp8_attention(*(t.to(torch.float8_e4m3fn) for t in _attention_inputs()[:3]), *_OFFSETS),
+     TypeError, r"^q must be float16, bfloat16 or float32, got torch.float8_e4m3fn"),
+    (lambda: jfa_ops.mxfp8_attention(*(t.double() for t in _attention_inputs()[:3]), *_OFFSETS), TypeError,
+     r"^q must be float16, bfloat16 or float32, got torch.float64"),
     # rounding is applied by mxfp8_quantize to pre-quantized pairs: ignored silently before
     (lambda: jfa_ops.mxfp8_attention(*_pairs(), *_OFFSETS, rounding="floor"), ValueError,
      r"^rounding is only for q/k/v tensors quantized inside"),
