@@ -14,6 +14,8 @@ torch.set_num_threads(1)
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from tests import device_record  # noqa: E402
+
 # "ci": few examples, no deadline (first calls compile/warm up). "dev": many more. Pick with HYPOTHESIS_PROFILE.
 settings.register_profile("ci", max_examples=40, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -21,23 +23,70 @@ settings.register_profile("dev", max_examples=300, deadline=None, print_blob=Tru
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+_RECORDER = device_record.Recorder(os.environ["JFA_TEST_RECORD"]) if os.environ.get("JFA_TEST_RECORD") else None
+_SHARDING = {}  # what resuming and balancing did, for the terminal summary
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say what a resumed or balanced shard left out and why (the device script prints these lines per shard)."""
+    if "record" in _SHARDING:
+        terminalreporter.write_line(f"resume: {_SHARDING['deselected']} of {_SHARDING['selected']} selected tests "
+                                    f"deselected as already passed in {_SHARDING['record']}")
+    if "balanced_by" in _SHARDING:
+        weights = (f"the durations in {_SHARDING['balanced_by']} ({_SHARDING['known']} of this call's tests "
+                   "recorded, the rest at their median)" if _SHARDING["balanced_by"] else "count (no record)")
+        terminalreporter.write_line(f"shards: test functions' cases balanced by {weights}")
+
 
 def pytest_runtest_logreport(report):
     """JFA_TEST_LOG_FAILURES=1 (the device script sets it): name each failing test the moment it fails, so a shard
-    cut by its time limit (no summary printed) still says which tests failed and why, in one line each."""
+    cut by its time limit (no summary printed) still says which tests failed and why, in one line each.
+    JFA_TEST_RECORD=path: one line per finished test appended to that record (tests/device_record.py)."""
     if report.failed and os.environ.get("JFA_TEST_LOG_FAILURES") == "1":
         why = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message or "")
         print(f"\nFAILED-NOW {report.nodeid} ({report.when}): {why.splitlines()[0][:200] if why else ''}", flush=True)
+    if _RECORDER is not None:
+        _RECORDER.add(report)
 
 
+def _read_record(variable: str, path: str) -> dict:
+    try:
+        return device_record.read(path)
+    except ValueError as error:
+        raise pytest.UsageError(f"{variable}: {error}") from None
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselected theirs: shards split what is left to run
 def pytest_collection_modifyitems(config, items):
-    # JFA_TEST_SHARD=i/n keeps every n-th test from the i-th: the device script runs n pytest processes side by side
-    # (kernel compiles dominate the GPU suites and use one CPU core each).
+    # JFA_TEST_RESUME=record: deselect what passed there (an earlier device call's; tests/device_record.py).
+    # JFA_TEST_SHARD=i/n: the i-th of n shards (the device script runs n pytest processes side by side: kernel
+    # compiles dominate the GPU suites and use one CPU core each). JFA_TEST_SHARD_BY=functions (the default when
+    # a record gives durations: JFA_TEST_DURATIONS, else the resumed one) balances test functions' cases by those
+    # durations (device_record.balance); modulo (the default without a record) keeps every n-th test from the i-th.
+    resume = os.environ.get("JFA_TEST_RESUME")
+    durations_from = os.environ.get("JFA_TEST_DURATIONS") or resume
+    if resume:
+        passed = device_record.done(_read_record("JFA_TEST_RESUME", resume))
+        skip_passed = [item for item in items if item.nodeid in passed]
+        _SHARDING.update(record=resume, selected=len(items), deselected=len(skip_passed))
+        if skip_passed:
+            config.hook.pytest_deselected(items=skip_passed)
+            items[:] = [item for item in items if item.nodeid not in passed]
     shard = os.environ.get("JFA_TEST_SHARD")
     if shard:
         index, count = map(int, shard.split("/"))
-        keep = [item for n, item in enumerate(items) if n % count == index]
-        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        by = os.environ.get("JFA_TEST_SHARD_BY") or ("functions" if durations_from else "modulo")
+        if by == "functions":
+            where = "JFA_TEST_DURATIONS" if os.environ.get("JFA_TEST_DURATIONS") else "JFA_TEST_RESUME"
+            seconds = device_record.durations(_read_record(where, durations_from)) if durations_from else {}
+            shard_of = device_record.balance([item.nodeid for item in items], count, seconds)
+            _SHARDING.update(balanced_by=durations_from, known=sum(item.nodeid in seconds for item in items))
+        elif by == "modulo":
+            shard_of = [n % count for n in range(len(items))]
+        else:
+            raise pytest.UsageError(f"JFA_TEST_SHARD_BY must be 'functions' or 'modulo', got {by!r}")
+        keep = [item for item, of in zip(items, shard_of) if of == index]
+        config.hook.pytest_deselected(items=[item for item, of in zip(items, shard_of) if of != index])
         items[:] = keep
     if torch.cuda.is_available():
         return
