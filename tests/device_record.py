@@ -10,6 +10,7 @@ process compiles its kernels).
 ``python3 tests/device_record.py summary RECORD`` prints the record's counts per outcome (the device script does).
 Plain Python: no torch, no pytest.
 """
+import collections
 import json
 import os
 import statistics
@@ -124,13 +125,12 @@ def balance(nodeids: list, shards: int, seconds: dict) -> list:
 
 
 def summary(path: str) -> str:
+    """The record's counts per outcome, for the device script's last line."""
     lines = read(path)
-    counts = {}
-    for line in lines.values():
-        counts[line.get("outcome")] = counts.get(line.get("outcome"), 0) + 1
-    listed = ", ".join(f"{count} {name}" for name, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-    return (f"record {path}: {len(lines)} tests ({listed}); {len(done(lines))} need not run again "
-            f"(RESUME={path})")
+    counts = collections.Counter(str(line.get("outcome")) for line in lines.values())
+    by_count = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    listed = ", ".join(f"{count} {name}" for name, count in by_count)
+    return f"record {path}: {len(lines)} tests ({listed}); {len(done(lines))} need not run again (RESUME={path})"
 
 
 if __name__ == "__main__":

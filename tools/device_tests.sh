@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU test suites on the lent machine: `bash tools/device_tests.sh [SHARDS] [pytest args...]` from the repo
-# root, carrying .whl (expecttest, absent there; see README "Testing on a GPU"). Runs SHARDS pytest processes side by
-# side (JFA_TEST_SHARD, tests/conftest.py) since kernel compiles, one CPU core each, dominate the wall time; prints
-# each shard's summary and the slowest tests. Each shard stops after SHARD_TIMEOUT_S (default 240) seconds. Exit
-# status: nonzero if any shard failed or timed out (its log goes into $OUT/failed_shards.tgz). Memory: each shard hands its cached
-# GPU blocks back after a test once it caches > 2 GiB (tests/conftest.py); stop 43's H100 (78 GiB) still ran 16 and 8
-# shards out of memory before that fixture (4 passed, 280 s warm); untested with it: prefer 8 there.
-# Across calls (no call finishes the whole suite; tests/device_record.py): every shard appends one line per finished
-# test to $RECORD (default $OUT/gpu_record.jsonl, one file for all shards); RESUME=<an earlier call's record, carried
-# in the checkout> deselects what passed there, balances the rest by its durations (SHARD_BY=modulo: every n-th test
-# as without a record; DURATIONS=<record>: other durations) and starts $RECORD with its lines, so the new record
-# covers both calls.
+# root, carrying .whl (expecttest, absent there; see bench/README.md). Runs SHARDS pytest processes side by side
+# (JFA_TEST_SHARD, tests/conftest.py) since kernel compiles, one CPU core each, dominate the wall time; prints each
+# shard's summary and the slowest tests. Each shard stops after SHARD_TIMEOUT_S (default 240) seconds. Exit status:
+# nonzero if any shard failed or timed out (its log goes into $OUT/failed_shards.tgz). Memory: each shard hands its
+# cached GPU blocks back after a test once it caches > 2 GiB (tests/conftest.py); stop 43's H100 (78 GiB) still ran
+# 16 and 8 shards out of memory before that fixture (4 passed, 280 s warm); untested with it: prefer 8 there.
+# Across calls (no call finishes the whole suite; tests/device_record.py, bench/README.md "The whole GPU suite across
+# calls"): every shard appends one line per finished test to $RECORD (default $OUT/gpu_record.jsonl, one file for
+# all shards); RESUME=<an earlier call's record, carried in the checkout> deselects what passed there, balances the
+# rest by its durations (SHARD_BY=modulo: every n-th test, as without a record; DURATIONS=<record>: another
+# record's durations) and starts $RECORD with its lines, so the new record covers both calls.
 set -uo pipefail
 for name in RESUME DURATIONS RECORD; do  # paths as given from the caller's directory
   [[ -z "${!name:-}" || "${!name}" == /* ]] || printf -v "$name" '%s' "$PWD/${!name}"
@@ -47,7 +47,8 @@ for ((i = 0; i < shards; i++)); do
     rc=1
     failed+=("shard$i.log")
   fi
-  echo "== shard $i/$shards (exit $status)"; grep -E "passed|failed|error|FAILED|ERROR|^shards:" "$log/shard$i.log" | grep -v "^FAILED-NOW" | tail -15
+  echo "== shard $i/$shards (exit $status)"  # 124: cut by SHARD_TIMEOUT_S
+  grep -E "passed|failed|skipped|error|FAILED|ERROR|^shards:" "$log/shard$i.log" | grep -v "^FAILED-NOW" | tail -15
   grep "^FAILED-NOW" "$log/shard$i.log" | cut -c1-300 | head -20  # failures named as they happened (a cut shard too)
 done
 [ -f "$record" ] && python3 tests/device_record.py summary "$record"
