@@ -56,6 +56,13 @@ def _read_record(variable: str, path: str) -> dict:
         raise pytest.UsageError(f"{variable}: {error}") from None
 
 
+def _parse_shard(text: str) -> tuple:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise pytest.UsageError(f"JFA_TEST_SHARD must be i/n with 0 <= i < n, got {text!r}")
+    return int(index), int(count)
+
+
 @pytest.hookimpl(trylast=True)  # after -m/-k deselected theirs: shards split what is left to run
 def pytest_collection_modifyitems(config, items):
     # JFA_TEST_RESUME=record: deselect what passed there (an earlier device call's; tests/device_record.py).
@@ -74,7 +81,7 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if item.nodeid not in passed]
     shard = os.environ.get("JFA_TEST_SHARD")
     if shard:
-        index, count = map(int, shard.split("/"))
+        index, count = _parse_shard(shard)
         by = os.environ.get("JFA_TEST_SHARD_BY") or ("functions" if durations_from else "modulo")
         if by == "functions":
             where = "JFA_TEST_DURATIONS" if os.environ.get("JFA_TEST_DURATIONS") else "JFA_TEST_RESUME"

@@ -103,6 +103,17 @@ def test_balance_without_durations_keeps_a_functions_cases_together_by_count():
         device_record.balance(wide, 0, {})
 
 
+def test_conftest_names_the_variable_of_a_bad_shard_or_record(tmp_path):
+    from tests import conftest
+
+    assert conftest._parse_shard("2/6") == (2, 6)
+    for bad in ("6/6", "3", "-1/4", "a/b", "1/0"):
+        with pytest.raises(pytest.UsageError, match="JFA_TEST_SHARD must be i/n with 0 <= i < n"):
+            conftest._parse_shard(bad)
+    with pytest.raises(pytest.UsageError, match="JFA_TEST_RESUME: record .* no such file"):
+        conftest._read_record("JFA_TEST_RESUME", str(tmp_path / "nowhere.jsonl"))
+
+
 FAKE_TESTS = '''
 import os
 import signal

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
+import types
 
 import pytest
 
@@ -48,10 +50,11 @@ def test_groups_by_env_split_on_knobs_not_on_the_manifest_or_cache_path():
     lines = [_line(key="A", env={"JFA_TRITON_MANIFEST": "/out/1.jsonl", "TRITON_CACHE_DIR": "/x", "HOME": "/r"}),
              _line(key="B", env={"JFA_TRITON_MANIFEST": "/out/2.jsonl"}),
              _line(key="C", env={"JFA_TLX_FWD_ZIGZAG": "1"}),
-             _line(key="D", env={"TRITON_PLUGIN_PATHS": "/tmp/t38/utlx_plugin/libutlx.so"})]
+             _line(key="D", env={"TRITON_PLUGIN_PATHS": "/tmp/t38/utlx_plugin/libutlx.so"}),
+             _line(key="E", env={"JFA_TEST_SHARD": "3/6", "JFA_TEST_RESUME": "/r.jsonl"})]
     groups = {json.dumps(env, sort_keys=True): [line["data"]["key"] for line in group]
               for env, group in tool._groups_by_env(lines)}
-    assert groups == {"{}": ["A", "B"], '{"JFA_TLX_FWD_ZIGZAG": "1"}': ["C"],
+    assert groups == {"{}": ["A", "B", "E"], '{"JFA_TLX_FWD_ZIGZAG": "1"}': ["C"],
                       '{"TRITON_PLUGIN_PATHS": "/tmp/t38/utlx_plugin/libutlx.so"}': ["D"]}
 
 
@@ -132,3 +135,24 @@ def test_pack_takes_only_the_given_keys_entries(tmp_path, monkeypatch):
         names = tar.getnames()
     kept = base64.b32encode(bytes.fromhex(keys[1])).decode().rstrip("=")
     assert sorted(names) == [f"{kept}/__grp__k.json", f"{kept}/k.cubin"]
+
+
+def test_recorder_names_the_test_that_first_used_each_kernel(tmp_path, monkeypatch):
+    """A manifest line says which test's first use compiled (or loaded) the kernel, and when: the GPU suite's
+    shardings can then be priced in kernels per shard (tests/device_record.py)."""
+    from triton import knobs
+
+    tool = _tool()
+    manifest = str(tmp_path / "m.jsonl")
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    tool.install_recorder(manifest)
+    jit = types.SimpleNamespace(module="jfa_ops.k", fn=types.SimpleNamespace(__qualname__="kernel"),
+                                device_caches={0: [{"KEY": types.SimpleNamespace(hash="ab12")}]})
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/t.py::test_a[bf16] (call)")
+    knobs.runtime.jit_post_compile_hook(key="KEY", repr="", fn=types.SimpleNamespace(jit_function=jit),
+                                        compile={"device": 0, "specialization_data": "{}"},
+                                        is_manual_warmup=False, already_compiled=False)
+    with open(manifest) as f:
+        (line,) = [json.loads(text) for text in f]
+    assert (line["fn"], line["hash"], line["test"]) == ("jfa_ops.k:kernel", "ab12", "tests/t.py::test_a[bf16] (call)")
+    assert abs(line["t"] - time.time()) < 60

@@ -65,8 +65,11 @@ def install_recorder(path: str) -> None:
         try:  # never stop a compile for its manifest line (Inductor's workers, another Triton's hook layout)
             jit = fn.jit_function
             compiled = jit.device_caches[compile["device"]][0].get(key)  # stored just before this hook runs
+            # test, t: which test first used the kernel in this process, and when (the GPU suite's shards: which
+            # kernels each test function needs, so a sharding can be priced in compiles; tests/device_record.py)
             line = dict(fn=f"{jit.module}:{jit.fn.__qualname__}", hash=getattr(compiled, "hash", None),
-                        pid=os.getpid(), data=json.loads(compile["specialization_data"]), env=_knob_env())
+                        pid=os.getpid(), data=json.loads(compile["specialization_data"]), env=_knob_env(),
+                        test=os.environ.get("PYTEST_CURRENT_TEST"), t=round(time.time(), 3))
             with open(path, "a") as f:
                 f.write(json.dumps(line) + "\n")
         except Exception as e:  # noqa: BLE001
@@ -340,9 +343,10 @@ def _compile_lines(lines, keys_out=None) -> int:
 def _groups_by_env(lines) -> list:
     groups = {}
     for line in lines:
-        # JFA_ knobs (read at import: module constants the key may hash) and TRITON_ vars (some are in the key)
-        env = {k: v for k, v in line.get("env", {}).items()
-               if k.startswith(("JFA_", "TRITON_")) and k not in (MANIFEST_ENV, "TRITON_CACHE_DIR")}
+        # JFA_ knobs (read at import: module constants the key may hash) and TRITON_ vars (some are in the key);
+        # not the test harness's JFA_TEST_ vars (a shard's index, records: no kernel reads them)
+        env = {k: v for k, v in line.get("env", {}).items() if k.startswith(("JFA_", "TRITON_"))
+               and not k.startswith("JFA_TEST_") and k not in (MANIFEST_ENV, "TRITON_CACHE_DIR")}
         groups.setdefault(json.dumps(env, sort_keys=True), []).append(line)
     return [(json.loads(env), group) for env, group in groups.items()]
 
