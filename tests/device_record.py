@@ -7,7 +7,8 @@ resumes from that record: the tests that passed there are deselected, and the re
 the durations recorded (longest first into the least-loaded shard, one test function's cases together so that one
 process compiles its kernels).
 
-``python3 tests/device_record.py summary RECORD`` prints the record's counts per outcome (the device script does).
+``python3 tests/device_record.py summary RECORD`` prints the record's counts per outcome (the device script does);
+``kernel-repeats MANIFEST`` counts the kernels several shards first-used (the price of splitting a function).
 Plain Python: no torch, no pytest.
 """
 import collections
@@ -133,7 +134,33 @@ def summary(path: str) -> str:
     return f"record {path}: {len(lines)} tests ({listed}); {len(done(lines))} need not run again (RESUME={path})"
 
 
+def kernel_repeats(manifest: str) -> str:
+    """How many of a sharded call's kernel first uses (tools/triton_cache_pack.py's manifest: one line per kernel a
+    process compiled or loaded from the disk cache) repeat a kernel another process also used, and how many of
+    those repeats are of kernels one test function alone first used (its lines' ``test``, since stop 44): the
+    repeats that keeping each function's cases in one shard removes (when the function is not cut). An upper
+    bound: a function that used a kernel after another had loaded it in the same process goes unnamed."""
+    processes, functions = {}, {}
+    with open(manifest) as lines:
+        for text in lines:
+            line = json.loads(text)
+            processes.setdefault(line["hash"], set()).add(line["pid"])
+            test = line.get("test")  # "tests/x.py::test_f[case] (call)"; None outside a test
+            functions.setdefault(line["hash"], set()).add(function_of(test.rsplit(" (", 1)[0]) if test else None)
+    first_uses = sum(len(pids) for pids in processes.values())
+    repeats = first_uses - len(processes)
+    local = sum(len(processes[kernel]) - 1 for kernel, names in functions.items()
+                if len(names) == 1 and None not in names)
+    named = any(names != {None} for names in functions.values())
+    return (f"manifest {manifest}: {first_uses} kernel first uses in {len(set().union(*processes.values()))} "
+            f"processes, {len(processes)} kernels, {repeats} repeats of a kernel another process used"
+            + (f": {local} of kernels one test function alone used (one shard per function saves them), "
+               f"{repeats - local} of kernels several functions (or no test) used" if named else
+               " (no test names in this manifest: written before stop 44)"))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "summary":
-        sys.exit("usage: python3 tests/device_record.py summary RECORD")
-    print(summary(sys.argv[2]))
+    commands = {"summary": summary, "kernel-repeats": kernel_repeats}
+    if len(sys.argv) != 3 or sys.argv[1] not in commands:
+        sys.exit("usage: python3 tests/device_record.py summary RECORD | kernel-repeats MANIFEST")
+    print(commands[sys.argv[1]](sys.argv[2]))

@@ -114,6 +114,25 @@ def test_conftest_names_the_variable_of_a_bad_shard_or_record(tmp_path):
         conftest._read_record("JFA_TEST_RESUME", str(tmp_path / "nowhere.jsonl"))
 
 
+def test_kernel_repeats_counts_the_kernels_several_processes_used_by_who_used_them(tmp_path):
+    manifest = tmp_path / "triton_manifest.jsonl"
+    uses = [("k1", 1, "tests/a.py::test_f[0] (call)"), ("k1", 2, "tests/a.py::test_f[1] (call)"),
+            ("k1", 3, "tests/a.py::test_f[7] (setup)"),  # one function in 3 processes: 2 repeats a grouping saves
+            ("k2", 1, "tests/a.py::test_f[0] (call)"), ("k2", 2, "tests/b.py::test_g (call)"),  # 1 shared repeat
+            ("k3", 2, None), ("k3", 3, None),  # outside any test: 1 shared repeat
+            ("k4", 3, "tests/b.py::test_g (call)")]  # one process: no repeat
+    manifest.write_text("".join(json.dumps({"fn": "m:k", "hash": kernel, "pid": pid, "test": test}) + "\n"
+                                for kernel, pid, test in uses))
+    assert device_record.kernel_repeats(str(manifest)) == (
+        f"manifest {manifest}: 8 kernel first uses in 3 processes, 4 kernels, 4 repeats of a kernel another process "
+        "used: 2 of kernels one test function alone used (one shard per function saves them), 2 of kernels several "
+        "functions (or no test) used")
+    manifest.write_text(json.dumps({"hash": "k1", "pid": 1}) + "\n" + json.dumps({"hash": "k1", "pid": 2}) + "\n")
+    assert device_record.kernel_repeats(str(manifest)).endswith(
+        "1 kernels, 1 repeats of a kernel another process used (no test names in this manifest: written before "
+        "stop 44)")
+
+
 FAKE_TESTS = '''
 import os
 import signal
