@@ -221,11 +221,23 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # grad_lse stays None when lse is unused: the backward skips that term
 
 
-def _backward_inputs(ctx, grad_out, grad_lse):
-    """(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets) for the backward: grad_out contiguous, zeros
-    when only lse was used."""
-    q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+def backward_grads(out: Tensor, lse: Tensor, grad_out: Optional[Tensor],
+                   grad_lse: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """(grad_out, grad_lse) as an autograd formula hands them to a backward op: grad_out contiguous (autograd may hand
+    a stride-0 or transposed one), zeros when only lse was used; grad_lse 0 where lse is -inf. Why: the lse of a row
+    that sees no key is a constant, so its gradient must reach no input, but the backward's delta = rowsum(dO * O) -
+    grad_lse carries a NaN there into P * (dP - delta) = 0 * NaN, NaN dq and dk (a masked z-loss,
+    ``where(isfinite(lse), lse ** 2, 0)``, hands 0 * -inf = NaN). One [Hq, T_q] pass, only when lse was used."""
     grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    if grad_lse is not None:
+        grad_lse = grad_lse.masked_fill(torch.isneginf(lse), 0)
+    return grad_out, grad_lse
+
+
+def _backward_inputs(ctx, grad_out, grad_lse):
+    """(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets) for the backward (``backward_grads``)."""
+    q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+    grad_out, grad_lse = backward_grads(out, lse, grad_out, grad_lse)
     return grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets
 
 

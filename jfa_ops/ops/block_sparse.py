@@ -19,7 +19,7 @@ from jfa_ops import validation
 from jfa_ops.backends import BlockSelectParams, BlockSparseParams, Problem, registry_generation, select_backend
 from jfa_ops.ops import attention as _attention
 from jfa_ops.ops.attention import (OPTIONS_SCHEMA, _params as _attention_params, _recall, _remember,
-                                   autograd_backward_call, called_by_autograd, check_no_forward_ad,
+                                   autograd_backward_call, backward_grads, called_by_autograd, check_no_forward_ad,
                                    register_autocast)
 from jfa_ops.validation import check_offset_values, validation_mode
 
@@ -308,7 +308,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count = ctx.saved_tensors
-    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()  # None: only lse was used
+    grad_out, grad_lse = backward_grads(out, lse, grad_out, grad_lse)
     with autograd_backward_call(grad_out, q):
         dq, dk, dv = torch.ops.jfa.block_sparse_attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index, kv_block_count,

@@ -18,7 +18,7 @@ import meta_kernels
 import meta_kernels.mxfp8 as mx
 from jfa_ops.backends import Problem, select_backend
 from jfa_ops.ops.attention import (NUM_OPTIONS, OPTIONS_SCHEMA, _attention_flops, _params, autograd_backward_call,
-                                   called_by_autograd, check_no_forward_ad, register_autocast)
+                                   backward_grads, called_by_autograd, check_no_forward_ad, register_autocast)
 from jfa_ops.validation import check_offset_values
 
 QUANTIZE = "mxfp8_quantize"
@@ -199,7 +199,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
-    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()  # None: only lse was used
+    grad_out, grad_lse = backward_grads(out, lse, grad_out, grad_lse)
     with autograd_backward_call(grad_out, q):
         dq, dk, dv = torch.ops.jfa.mxfp8_attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options)
