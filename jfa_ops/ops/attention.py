@@ -230,7 +230,7 @@ def backward_grads(out: Tensor, lse: Tensor, grad_out: Optional[Tensor],
     ``where(isfinite(lse), lse ** 2, 0)``, hands 0 * -inf = NaN). One [Hq, T_q] pass, only when lse was used."""
     grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
     if grad_lse is not None:
-        grad_lse = grad_lse.masked_fill(torch.isneginf(lse), 0)
+        grad_lse = torch.where(torch.isneginf(lse), 0.0, grad_lse)
     return grad_out, grad_lse
 
 
