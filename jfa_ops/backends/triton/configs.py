@@ -174,6 +174,11 @@ class Knobs:
     # 28"). On since the H200 run of 2026-12-03 (v20: operands 0.466 -> 0.291 ms dense, 0.564 -> 0.290 jagged, the
     # same bits; backward 6.82 -> 6.67 ms, 4.54 -> 4.39); JFA_MXFP8_BWD_ONE_PASS=0 turns it off at import.
     mxfp8_bwd_one_pass: bool = os.environ.get("JFA_MXFP8_BWD_ONE_PASS", "1") != "0"
+    # The triton MXFP8 forward's NaN rows (JFA_MXFP8_NAN_ROWS=1): a row whose visible scores include NaN/+inf (a
+    # NaN/inf block of k) gets NaN out, as the README and the reference give; off, P's E4M3 rounding saturates the
+    # NaN P to 448 (min(NaN, 448) = 448) and out stays finite. One select per row in the epilogue; off by default
+    # until a GPU run shows no cost (bench/NOTES.md "Autograd edges ..., helper grad44").
+    mxfp8_nan_rows: bool = os.environ.get("JFA_MXFP8_NAN_ROWS", "0") != "0"
 
 
 def _count_knob_changes(self, name, value):

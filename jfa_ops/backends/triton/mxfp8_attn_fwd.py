@@ -345,11 +345,12 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BROADCAST_Q: tl.constexpr,
                           SEARCH_STEPS: tl.constexpr, VARIANT: tl.constexpr, HW_CVT: tl.constexpr,
-                          DOT_FP16: tl.constexpr, USE_TMA: tl.constexpr):
+                          DOT_FP16: tl.constexpr, USE_TMA: tl.constexpr, NAN_ROWS: tl.constexpr = False):
     """Program (tile, head): query rows [m0, m0 + BLOCK_M) of the sequence owning ``tile``, q head ``head``.
     qk_scale: softmax scale / ln 2 (scores in the log2 domain). VARIANT: one of ``VARIANTS`` (module docstring);
     HW_CVT: fp32 -> E4M3 by the GPU's instruction; DOT_FP16: bf16smem dequantizes to fp16 (interpreter); USE_TMA:
-    K and V are tensor descriptors over [T_kv, Hkv * D] with blocks [BLOCK_N, D], else pointers."""
+    K and V are tensor descriptors over [T_kv, Hkv * D] with blocks [BLOCK_N, D], else pointers. NAN_ROWS
+    (``configs.KNOBS.mxfp8_nan_rows``): a row whose visible scores include NaN/+inf gets NaN out, not a finite one."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when Inductor launches it (a Python float): keep fp32 math
     tl.static_assert(BLOCK_N % 32 == 0)
     tl.static_assert(HEAD_DIM % 32 == 0)
@@ -419,6 +420,8 @@ def mxfp8_attn_fwd_kernel(Q, QS, K, KS, V, VS, Out, Lse, Q_OFF, OUT_OFF, KV_OFF,
             DOT_FP16, USE_TMA)
 
         empty = l_i == 0.0  # no visible key: out 0, lse -inf
+        if NAN_ROWS:  # a NaN/+inf visible score made l_i NaN; P's E4M3 rounding saturated it (min(NaN, 448) = 448)
+            lq_i = tl.where(l_i == l_i, lq_i, l_i)  # so out is NaN as the README says, not finite
         out = acc / tl.where(empty, 1.0, lq_i)[:, None]
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
         out_rows = (out_row0 + rows)[:, None]
@@ -492,5 +495,6 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype
         qk_scale=params.scale * 1.4426950408889634, window_left=window_left, right=right, HEAD_DIM=dim,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         BROADCAST_Q=params.broadcast_q, SEARCH_STEPS=fanout_search_steps(num_seqs), VARIANT=variant,
-        HW_CVT=not interpreting(), DOT_FP16=interpreting(), USE_TMA=tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HW_CVT=not interpreting(), DOT_FP16=interpreting(), USE_TMA=tma, NAN_ROWS=KNOBS.mxfp8_nan_rows),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
