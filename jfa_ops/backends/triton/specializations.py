@@ -475,7 +475,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
             tma = head_dim <= attn_fwd.TMA_MAX_HEAD_DIM  # as attention_forward decides on sm_90 (use_tma)
             constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=False,
                               HAS_RIGHT=causal, BROADCAST_Q=broadcast_q, SEARCH_STEPS=5, VARIANT=variant,
-                              HW_CVT=True, DOT_FP16=False, USE_TMA=tma)
+                              HW_CVT=True, DOT_FP16=False, USE_TMA=tma, NAN_ROWS=KNOBS.mxfp8_nan_rows)
             kv = f"tensordesc<fp8e4nv[{cfg.block_n},{head_dim}]>" if tma else "*fp8e4nv"
             types = {"Q": "*fp8e4nv", "K": kv, "V": kv, "QS": "*u8", "KS": "*u8", "VS": "*u8",
                      "Out": "*bf16", "Lse": "*fp32", "Q_OFF": "*i32", "OUT_OFF": "*i32", "KV_OFF": "*i32",
