@@ -28,14 +28,14 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 SUPPORTED_HEAD_DIMS = tuple(range(8, 257, 8))
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+OFFSET_DTYPES = (torch.int32, torch.int64)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def dtype_names(dtypes: Sequence[torch.dtype]) -> str:
     """"float16, bfloat16 or float32": the allowed dtypes as an error message lists them."""
     names = [str(d).replace("torch.", "") for d in dtypes]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-OFFSET_DTYPES = (torch.int32, torch.int64)
-FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 _DECIDE = threading.local()  # .on: symbolic checks are decided with a guard (see deciding_checks)

@@ -23,7 +23,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from meta_kernels.attention import _check_offsets, _fails
+from meta_kernels.attention import _check_offsets, _fails, dtype_names
 
 MX_BLOCK = 32  # elements per scale block (OCP MX)
 BLOCKS = ((1, 32), (32, 1), (32, 32))
@@ -77,7 +77,7 @@ def check_quantize_args(x: torch.Tensor, offsets: Optional[torch.Tensor], block,
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in QUANTIZE_DTYPES:
-        raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+        raise TypeError(f"x must be {dtype_names(QUANTIZE_DTYPES)}, got {x.dtype}")
     if x.dim() != 3:
         raise ValueError(f"x must be 3-D [rows, heads, head_dim], got shape {tuple(x.shape)}")
     _check_head_dim("x", x)
@@ -120,7 +120,7 @@ def check_dequantize_args(data, scale, offsets, block, dtype) -> Tuple[int, int]
         _check_offsets("offsets", offsets, data.device if isinstance(data, torch.Tensor) else None, "data")
     check_mx_pair("", data, scale, offsets, block)
     if dtype not in DEQUANTIZE_DTYPES:
-        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
+        raise TypeError(f"dtype must be {dtype_names(DEQUANTIZE_DTYPES)}, got {dtype}")
     return block
 
 

@@ -71,9 +71,10 @@ def pytest_collection_modifyitems(config, items):
     # a record gives durations: JFA_TEST_DURATIONS, else the resumed one) balances test functions' cases by those
     # durations (device_record.balance); modulo (the default without a record) keeps every n-th test from the i-th.
     resume = os.environ.get("JFA_TEST_RESUME")
+    resumed = _read_record("JFA_TEST_RESUME", resume) if resume else None
     durations_from = os.environ.get("JFA_TEST_DURATIONS") or resume
     if resume:
-        passed = device_record.done(_read_record("JFA_TEST_RESUME", resume))
+        passed = device_record.done(resumed)
         skip_passed = [item for item in items if item.nodeid in passed]
         _SHARDING.update(record=resume, selected=len(items), deselected=len(skip_passed))
         if skip_passed:
@@ -84,8 +85,9 @@ def pytest_collection_modifyitems(config, items):
         index, count = _parse_shard(shard)
         by = os.environ.get("JFA_TEST_SHARD_BY") or ("functions" if durations_from else "modulo")
         if by == "functions":
-            where = "JFA_TEST_DURATIONS" if os.environ.get("JFA_TEST_DURATIONS") else "JFA_TEST_RESUME"
-            seconds = device_record.durations(_read_record(where, durations_from)) if durations_from else {}
+            timed = (_read_record("JFA_TEST_DURATIONS", durations_from) if os.environ.get("JFA_TEST_DURATIONS")
+                     else resumed)  # the resumed record, already read (None: no record)
+            seconds = device_record.durations(timed) if timed else {}
             shard_of = device_record.balance([item.nodeid for item in items], count, seconds)
             _SHARDING.update(balanced_by=durations_from, known=sum(item.nodeid in seconds for item in items))
         elif by == "modulo":

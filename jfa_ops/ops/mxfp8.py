@@ -246,7 +246,7 @@ def _quantized_params(q_data, q_scale, k_data, k_scale, v_data, v_scale, q_offse
         mx.check_mx_pair(name, data, scale, offsets, block)
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in mx.QUANTIZE_DTYPES:
-        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+        raise TypeError(f"out_dtype must be {mx.dtype_names(mx.QUANTIZE_DTYPES)}, got {out_dtype}")
     return params, backend, out_dtype
 
 
