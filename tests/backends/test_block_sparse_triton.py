@@ -420,6 +420,90 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
                 assert torch.equal(a, b), (dtype, variant, what)
 
 
+class _JunkEmpty:
+    """``torch`` for block_sparse_select with ``empty`` int32 tensors full of junk (12345: no id, no count), so that
+    an element ``KNOBS.sparse_select_fill`` leaves unwritten shows (fresh memory often reads 0, the padding's
+    count)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*shape, dtype=None, **kwargs):
+        if dtype == torch.int32:
+            return torch.full(*shape, 12345, dtype=dtype, **kwargs)
+        return torch.empty(*shape, dtype=dtype, **kwargs)
+
+
+# (edge case of SELECTION_EDGES, the select kernel's path as a SELECT_VARIANTS name)
+FILL_CASES = [("many_sequences", "v6_visible_fp32_rn_radix"), ("many_sequences", "v5_grouped"),
+              ("pooling_steps_and_tails", "pairwise"), ("broadcast_q_many_sequences", "v6_visible_fp32_rn_radix"),
+              ("broadcast_q_many_sequences", "fp32_rn_grouped")]
+
+
+@on_each_device
+@pytest.mark.parametrize("name,variant", FILL_CASES, ids=[f"{n}-{v}" for n, v in FILL_CASES])
+def test_select_fill_equals_the_fills_bit_for_bit(device, name, variant, monkeypatch):
+    """``KNOBS.sparse_select_fill``: the select launch writes every element of index and count itself (its rows'
+    -1 before their kept ids, one program per (sequence, kv head) for the rows past the sequence's end) instead of
+    torch.full / torch.zeros first: the same index and count bit for bit as with the fills, and the float64
+    reference's, from outputs that start as junk; on jagged batches with empty sequences, length 1, lengths off the
+    block, GQA 2:1, causal, a two-sided window, broadcast Q; the radix, pairwise and grouped select paths."""
+    from jfa_ops.backends.triton import block_sparse_select, configs
+
+    _set_select_variant(monkeypatch, variant)
+    monkeypatch.setattr(block_sparse_select, "torch", _JunkEmpty())
+    q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
+    gen = torch.Generator().manual_seed(len(kv_lens))
+    q_lens = q_lens or kv_lens
+    q = torch.randn(broadcast or sum(q_lens), 4, 24, generator=gen).half().to(device)
+    k = torch.randn(sum(kv_lens), 2, 24, generator=gen).half().to(device)
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], device=device)
+    # max_seqlen_q above the longest sequence: whole index rows past every sequence's end (jagged)
+    max_q = broadcast or max(q_lens) + 2 * block_q
+    for causal, always_local, window in ((False, True, (-1, -1)), (True, False, (-1, -1)), (False, True, (40, 5))):
+        opts = dict(block_q=block_q, block_kv=block_kv, keep_ratio=0.5, causal=causal, window=window,
+                    broadcast_q=bool(broadcast), always_local=always_local)
+        chosen = []
+        for fill in (False, True):
+            monkeypatch.setattr(configs.KNOBS, "sparse_select_fill", fill)
+            chosen.append(_assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max(kv_lens), **opts))
+        assert all(torch.equal(a, b) for a, b in zip(*chosen)), opts
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_select_fill_bad_offsets_deferred(monkeypatch):
+    """``KNOBS.sparse_select_fill`` under JFA_VALIDATE=deferred: bad offsets (a sequence past the rows, a length
+    over max_seqlen, lengths that do not add up) still leave every count in [0, NKB] and every id in [-1, NKB)
+    (a later block_sparse_attention reads count ids of a row: junk there reads past it), check_pending raises; the
+    pooling's check reaches the select kernel through the slot map's extra element."""
+    from jfa_ops import validation
+    from jfa_ops.backends.triton import block_sparse_select, configs
+
+    monkeypatch.setattr(block_sparse_select, "torch", _JunkEmpty())
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_fill", True)
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    validation._pending.clear()
+    q = torch.randn(40, 2, 16).half()
+    good = torch.tensor([0, 17, 40], dtype=torch.int32)
+    # then good Q offsets beside a KV sequence past the rows (its rows: -1 and 0 from the select programs); the last:
+    # offsets that fall back (sequence 2's slots overlap sequence 0's: the slot search maps its block 0 to no
+    # program, so only the check's flag gets that row written)
+    for q_off, kv_off, max_len in ((torch.tensor([0, 57, 40], dtype=torch.int32), None, 60), (good, None, 10),
+                                   (torch.tensor([0, 30, 20], dtype=torch.int32), None, 30),
+                                   (good, torch.tensor([0, 50, 40], dtype=torch.int32), 50),
+                                   (torch.tensor([0, 40, 10, 40], dtype=torch.int32), None, 40)):
+        kv_off = q_off if kv_off is None else kv_off
+        index, count = jfa_ops.select_kv_blocks(q, q, q_off, kv_off, max_len, max_len, block_q=16, block_kv=16,
+                                                backend="triton")
+        width = index.shape[-1]
+        assert ((count >= 0) & (count <= width)).all() and ((index >= -1) & (index < width)).all(), (kv_off, count)
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    validation._pending.clear()
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     """The selection launches one program per (real block slot, kv head): cdiv(T, block) + B slots per side, not
@@ -526,6 +610,10 @@ def test_selection_launch_counts(monkeypatch):
         kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
         assert kernels == {**pools, "block_select_kernel": 1}, (one_launch, kernels)
     assert sorted(aten) == ["_assert_async.msg", "full.default", "zeros.default"], aten
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_fill", True)  # the select launch writes the outputs: no fills
+    kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
+    assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1} and aten == ["_assert_async.msg"], \
+        (kernels, aten)
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")

@@ -47,6 +47,10 @@ SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_groupe
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
 SELECT_RADIX_MAX = 512  # KNOBS.sparse_select_radix: the longest row (KV blocks) it holds in registers
 SELECT_RADIX_HEADS = tl.constexpr(4)  # ... kv heads per select program, one per warp (num_warps): warp-local counts
+# KNOBS.sparse_select_fill: int32s per step of a past-the-end program's -1 (2 KB: 16-byte stores, 4 a thread) and of a
+# select program's row fill (a [HEADS, 128] tile: 4 a thread; 512 columns cost 16 registers more, sm_90)
+FILL_BLOCK = tl.constexpr(512)
+FILL_ROW_BLOCK = tl.constexpr(128)
 
 
 @triton.jit
@@ -427,6 +431,58 @@ def _select_heads_radix(PK, PQ_ROW, KEEP, scores_row, index_row, count_ptr, kv_s
                         SELECT_RADIX_HEADS, SCORES)
 
 
+@triton.jit
+def _capacity(total_rows, BLOCK: tl.constexpr, num_seqs):
+    """``scheduling.capacity_of`` on the device: the select kernel's slots (its grid's select programs per head
+    group), so that the past-the-end programs after them need no launch argument of their own."""
+    return ((total_rows + BLOCK - 1) // BLOCK + num_seqs + 3) // 4 * 4
+
+
+@triton.jit
+def _fill_row(Index, Count, seq, head, heads, i, slot_real, q_ok, len_q, n_q_blocks, n_kv_blocks, stride_ib,
+              stride_ih, stride_iq, stride_cb, stride_ch, BLOCK_Q: tl.constexpr, HEADS: tl.constexpr):
+    """``KNOBS.sparse_select_fill``: -1 over the whole Index row of Q block i (kv heads head .. + HEADS - 1, those
+    < heads) before ``_select_q_block`` writes its kept ids over the front (a barrier between: other threads of the
+    program write them), and Count 0 where that writes none (a KV side with bad offsets). Nothing for a padding
+    slot or a block past the sequence's end or NQB: ``_fill_past_end`` owns those rows."""
+    if slot_real & (i < n_q_blocks) & (i * BLOCK_Q < len_q):
+        h = tl.arange(0, HEADS)[:, None]
+        heads_ok = head + h < heads
+        seq64 = seq.to(tl.int64)
+        row = Index + seq64 * stride_ib + (head + h) * stride_ih + i * stride_iq
+        for c0 in range(0, loop_bound(n_kv_blocks), FILL_ROW_BLOCK):
+            c = c0 + tl.arange(0, FILL_ROW_BLOCK)[None, :]
+            tl.store(row + c, tl.full([HEADS, FILL_ROW_BLOCK], -1, tl.int32), mask=heads_ok & (c < n_kv_blocks))
+        none = q_ok.to(tl.int32) + h * 0 == 0  # no kept ids follow (q_ok false)
+        tl.store(Count + seq64 * stride_cb + (head + h) * stride_ch + i, h * 0, mask=heads_ok & none)
+    tl.debug_barrier()  # the -1s land before any thread of the program stores a kept id over them
+
+
+@triton.jit
+def _fill_past_end(Q_OFF, Q_SLOT_SEQ, Index, Count, seq, head, n_q_blocks, n_kv_blocks, rows_q, num_seqs, stride_ib,
+                   stride_ih, stride_cb, stride_ch, BLOCK_Q: tl.constexpr, FILL: tl.constexpr):
+    """``KNOBS.sparse_select_fill``: Index -1 and Count 0 over sequence seq's rows of kv head ``head`` that no select
+    program writes: Q blocks from the sequence's last (its length's cdiv) to NQB, one contiguous run of Index. All
+    its rows when its own offsets are bad, or (FILL 2: the call checks its offsets) when the pooling's check,
+    stored at Q_SLOT_SEQ[capacity], failed: under JFA_VALIDATE=deferred, bad offsets may leave rows that no select
+    program maps to, and their counts must still be in range (a later block_sparse_attention reads that many ids)."""
+    begin_q = tl.load(Q_OFF + seq)
+    len_q = tl.load(Q_OFF + seq + 1) - begin_q
+    bad = (begin_q < 0) | (len_q < 0) | (begin_q + len_q > rows_q)
+    if FILL == 2:
+        bad = bad | (tl.load(Q_SLOT_SEQ + _capacity(rows_q, BLOCK_Q, num_seqs)) == 0)
+    first = tl.where(bad, 0, tl.minimum((tl.maximum(len_q, 0) + BLOCK_Q - 1) // BLOCK_Q, n_q_blocks))
+    seq64 = seq.to(tl.int64)
+    rows = Index + seq64 * stride_ib + head * stride_ih  # contiguous: Q block i's row at rows + i * n_kv_blocks
+    for e in range(first * n_kv_blocks, loop_bound(n_q_blocks * n_kv_blocks), FILL_BLOCK):
+        c = e + tl.arange(0, FILL_BLOCK)
+        tl.store(rows + c, tl.full([FILL_BLOCK], -1, tl.int32), mask=c < n_q_blocks * n_kv_blocks)
+    counts = Count + seq64 * stride_cb + head * stride_ch
+    for i0 in range(first, loop_bound(n_q_blocks), FILL_BLOCK):
+        i = i0 + tl.arange(0, FILL_BLOCK)
+        tl.store(counts + i, tl.zeros([FILL_BLOCK], tl.int32), mask=i < n_q_blocks)
+
+
 @triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "kv_slots", "rows_kv", "heads", "window_left",
                                "right", "num_seqs", "rows_q"])
 def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
@@ -437,7 +493,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
                         BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
                         VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-                        SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr):
+                        SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr,
+                        FILL: tl.constexpr):
     """Program t * cdiv(heads, HEADS) + head / HEADS (heads fastest, as the pooling): one Q block of one sequence
     (its Q slot t; broadcast Q: sequence t // NQB, Q block t % NQB). Count = KEEP[visible blocks], Index = the
     Count best blocks in ascending order (the rest stays -1).
@@ -459,8 +516,16 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     program takes HEADS kv heads of its Q block, step 2's choice by a radix select, a head a warp
     (``_select_heads_radix``): the same blocks without the pairwise compares. Else HEADS = 1. Padding slots,
     and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred), read and write
-    nothing."""
+    nothing. FILL > 0 (``KNOBS.sparse_select_fill``): Index and Count come uninitialized and this launch writes all
+    of them (``_fill_row``, ``_fill_past_end``)."""
     head_groups = (heads + HEADS - 1) // HEADS
+    if FILL > 0 and not BROADCAST_Q:
+        tail = tl.program_id(0) - _capacity(rows_q, BLOCK_Q * GROUP, num_seqs) * head_groups
+        if tail >= 0:  # a past-the-end program (sequence tail // heads, kv head tail % heads); its slot t below is
+            # past the slots: not real, so the rest writes nothing. (sm_90 registers: 56, the shipped kernel 48; an
+            # early return here 64 and a spill; these programs first in the grid 62)
+            _fill_past_end(Q_OFF, Q_SLOT_SEQ, Index, Count, tail // heads, tail % heads, n_q_blocks, n_kv_blocks,
+                           rows_q, num_seqs, stride_ib, stride_ih, stride_cb, stride_ch, BLOCK_Q, FILL)
     t = tl.program_id(0) // head_groups
     head = tl.program_id(0) % head_groups * HEADS
     if BROADCAST_Q:  # the one Q sequence's blocks: Q block i at slot i
@@ -471,7 +536,10 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
         len_q = tl.load(Q_OFF + 1) - tl.load(Q_OFF)
         q_ok = i0 * BLOCK_Q < len_q
     elif GROUP == 1:
-        seq = tl.load(Q_SLOT_SEQ + t)
+        if FILL > 0:  # past-the-end programs read no slot (fill 2's flag sits at the first slot past them)
+            seq = tl.load(Q_SLOT_SEQ + t, mask=t < _capacity(rows_q, BLOCK_Q, num_seqs), other=-1)
+        else:
+            seq = tl.load(Q_SLOT_SEQ + t)
         q_ok = seq >= 0
         seq = tl.maximum(seq, 0)
         begin_q = tl.load(Q_OFF + seq)
@@ -485,6 +553,7 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
         len_q = tl.load(Q_OFF + seq + 1) - begin_q
         q_slot0 = begin_q // BLOCK_Q - tl.load(Q_OFF) // BLOCK_Q + seq  # the pooling's Q slot of block 0
         i0 = start // BLOCK_Q
+    slot_real = q_ok  # the slot is one of the batch's Q blocks (the KV side's checks follow)
     begin_k = tl.load(KV_OFF + seq)
     end_k = tl.load(KV_OFF + seq + 1)
     len_k = end_k - begin_k
@@ -494,6 +563,9 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
     if GROUP == 1:
+        if FILL > 0:
+            _fill_row(Index, Count, seq, head, heads, i0, slot_real, q_ok, len_q, n_q_blocks, n_kv_blocks, stride_ib,
+                      stride_ih, stride_iq, stride_cb, stride_ch, BLOCK_Q, HEADS)
         _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0, q_slot0, q_ok, len_q, len_k,
                         kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh, stride_ss,
                         stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM,
@@ -501,6 +573,9 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                         ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, SCORES, RADIX_WIDTH)
     else:
         for g in range(0, GROUP):  # a loop, not unrolled: unrolled, ptxas hoisted all rows' loads (248 registers)
+            if FILL > 0:
+                _fill_row(Index, Count, seq, head, heads, i0 + g, slot_real, q_ok, len_q, n_q_blocks, n_kv_blocks,
+                          stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, BLOCK_Q, HEADS)
             _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i0 + g, q_slot0, q_ok, len_q,
                             len_k, kv_slot0, n_own, n_q_blocks, stride_pqs, stride_pqh, stride_pks, stride_pkh,
                             stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left,
@@ -647,7 +722,7 @@ class _Layout:
     grid and non-tensor arguments. ``run`` allocates the outputs and scratch, launches, and asserts the check."""
 
     __slots__ = ("key", "plan_id", "index_shape", "count_shape", "pooled_q_shape", "pooled_k_shape", "scores_shape",
-                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets")
+                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets", "fill")
 
     def __init__(self, key, q, k, num_seqs: int, params: BlockSelectParams):
         heads_kv, head_dim = k.shape[1], q.shape[2]
@@ -687,6 +762,8 @@ class _Layout:
         index_strides, count_strides = _Strided(self.index_shape).stride(), _Strided(self.count_shape).stride()
         has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left,
                                                                 params.window_right)
+        # KNOBS.sparse_select_fill: the select launch writes the whole outputs (no fills); 2: it reads the check's flag
+        self.fill = 0 if not KNOBS.sparse_select_fill else 2 if self.check and not params.broadcast_q else 1
         static = dict(
             n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0], heads=heads_kv,
             num_seqs=q_seqs, rows_q=q.shape[0], stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1),
@@ -699,29 +776,40 @@ class _Layout:
             BROADCAST_Q=params.broadcast_q, ROW_IN_REGISTERS=in_registers,
             BLOCK_DC=min(SELECT_BLOCK_DC, hd["BLOCK_D"]), VISIBLE_RANGE=KNOBS.sparse_select_visible, GROUP=group,
             SEARCH_STEPS=fanout_search_steps(q_seqs) if group > 1 and not params.broadcast_q else 0,
-            SCORES=score_mode, RADIX_WIDTH=radix_width, HEADS=select_heads)
+            SCORES=score_mode, RADIX_WIDTH=radix_width, HEADS=select_heads, FILL=self.fill)
         tensors = dict(PQ="pooled_q", PK="pooled_k", Q_OFF="q_off", KV_OFF="kv_off", Q_SLOT_SEQ="q_slot_seq",
                        KEEP="keep", Scores="pooled_q" if in_registers else "scores", Index="index", Count="count")
         grid = (select_slots * -(-heads_kv // select_heads),)
+        if self.fill and not params.broadcast_q:  # then one program per (sequence, kv head): rows past its end
+            grid = (grid[0] + num_seqs * heads_kv,)
         self.launches.append(_Launch(block_select_kernel, grid, static, tensors, dict(num_warps=4, num_stages=1)))
 
     def run(self, q, k, q_offsets, kv_offsets):
         """(index, count) of one call: allocations, the offsets as the kernels read them, the launches (through
         their plans when the signature has a key), the check's assert."""
         device = q.device
-        index = torch.full(self.index_shape, -1, dtype=meta_kernels.INDEX_DTYPE, device=device)
-        count = torch.zeros(self.count_shape, dtype=meta_kernels.INDEX_DTYPE, device=device)
+        if self.fill:  # the select launch writes every element
+            index = torch.empty(self.index_shape, dtype=meta_kernels.INDEX_DTYPE, device=device)
+            count = torch.empty(self.count_shape, dtype=meta_kernels.INDEX_DTYPE, device=device)
+        else:
+            index = torch.full(self.index_shape, -1, dtype=meta_kernels.INDEX_DTYPE, device=device)
+            count = torch.zeros(self.count_shape, dtype=meta_kernels.INDEX_DTYPE, device=device)
         kv_off = int32_offsets(kv_offsets, checked=self.check)
         if self.broadcast_offsets is not None:
             q_off = self.broadcast_offsets
         else:
             q_off = int32_offsets(q_offsets, same_as=(kv_offsets, kv_off), checked=self.check)
         pooled_q = torch.empty(self.pooled_q_shape, dtype=torch.float32, device=device)
+        q_slots = self.pooled_q_shape[0]
+        # fill 2: the check's flag after the slots' sequences, where the select kernel finds it (no argument more)
+        q_slot_seq = torch.empty((q_slots + (self.fill == 2),), dtype=torch.int32, device=device)
+        flag = None
+        if self.check:
+            flag = q_slot_seq[q_slots:] if self.fill == 2 else torch.empty((1,), dtype=torch.int32, device=device)
         sources = dict(
             q=q, k=k, q_off=q_off, kv_off=kv_off, pooled_q=pooled_q,
             pooled_k=torch.empty(self.pooled_k_shape, dtype=torch.float32, device=device),
-            q_slot_seq=torch.empty((self.pooled_q_shape[0],), dtype=torch.int32, device=device),
-            flag=torch.empty((1,), dtype=torch.int32, device=device) if self.check else None,
+            q_slot_seq=q_slot_seq, flag=flag,
             keep=self.keep, index=index, count=count,
             scores=None if self.scores_shape is None else torch.empty(self.scores_shape, dtype=self.scores_dtype,
                                                                       device=device))

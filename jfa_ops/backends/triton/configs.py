@@ -120,6 +120,13 @@ class Knobs:
     # 473-651 -> 204-245 us a call, GPU time the same); JFA_SELECT_DIRECT=0 turns it off at import (with the op
     # layer's direct path, ``ops.block_sparse.SELECT_DIRECT``).
     sparse_select_layouts: bool = os.environ.get("JFA_SELECT_DIRECT", "1") != "0"
+    # Selection outputs written by the select launch alone (helper pool45, bench/NOTES.md "selection fill, helper
+    # pool45, stop 45"): each select program writes its rows' -1 before their kept ids, and one program more per
+    # (sequence, kv head) writes -1 / 0 over the rows past the sequence's end (81% of the bench's index: the output
+    # is -1-padded everywhere by contract), instead of torch.full + torch.zeros over the whole [B, Hkv, NQB, NKB]
+    # index and counts before the pools (two launches, 23 MB written on the bench's T66944 batch, ~7 us + gaps).
+    # Same bits (tests). Off until measured; JFA_SELECT_FILL=1 turns it on at import.
+    sparse_select_fill: bool = os.environ.get("JFA_SELECT_FILL", "0") == "1"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

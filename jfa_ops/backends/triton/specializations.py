@@ -188,7 +188,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                                 from_offsets: bool = False, tma=None, wide=None, stages3=None, select_rows=False,
                                 pool_fanout=False, one_pass=None, pool_whole_block=False, select_visible=False,
                                 select_grouped=False, fp32_rn=False, pool_stream=False, select_radix=False,
-                                cc: int = 90) -> Specialization:
+                                select_fill: int = 0, cc: int = 90) -> Specialization:
     """A block-sparse kernel (``_BLOCK_SPARSE_KERNELS``) as its launch site in block_sparse_*.py launches it: the
     dense kernel's config for the attention kernels, tiles clamped to the blocks, the work schedule of
     ``configs.KNOBS``; from_offsets: the one-wave schedule (no sorted list); tma: TMA where it applies (None: as
@@ -203,7 +203,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     select_grouped: 4 Q blocks per select program (``KNOBS.sparse_select_grouped``, with select_rows); fp32_rn:
     fp32 scores with mul.rn products (``KNOBS.sparse_select_fp32_rn``); select_radix: the top-k of a row of 128
     blocks by a radix select (``KNOBS.sparse_select_radix``, scratch rows); one_pass:
-    both stage split points in one pass over the ids (None: as ``KNOBS.sparse_one_pass_split`` says)."""
+    both stage split points in one pass over the ids (None: as ``KNOBS.sparse_one_pass_split`` says); select_fill:
+    the select kernel's FILL (``KNOBS.sparse_select_fill``: 1, 2 with the offsets check's flag)."""
     import importlib
 
     from . import block_sparse_select
@@ -244,7 +245,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                           SCORES=(block_sparse_select.SCORES_FP32_RN if fp32_rn
                                   else block_sparse_select.SCORES_FP64).value,
                           RADIX_WIDTH=block_sparse_select.SELECT_BLOCK_C if select_radix else 0,
-                          HEADS=block_sparse_select.SELECT_RADIX_HEADS.value if select_radix else 1)
+                          HEADS=block_sparse_select.SELECT_RADIX_HEADS.value if select_radix else 1,
+                          FILL=select_fill)
     else:
         wide = (KNOBS.sparse_causal_fwd_wide if wide is None else wide) and kernel == "bs_fwd" and causal
         cfg = table_config(config_kernel, head_dim, dtype, causal and not wide, SHARED_MEMORY_LIMITS[cc])
@@ -278,7 +280,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
            f"{'-fanout' if pool_fanout else ''}{'-onepass' if constexprs.get('ONE_PASS_SPLIT') else ''}" \
            f"{'-whole' if pool_whole_block else ''}{'-visible' if select_visible else ''}" \
            f"{'-grouped' if select_grouped else ''}{'-fp32rn' if fp32_rn else ''}{'-stream' if pool_stream else ''}" \
-           f"{'-radix' if select_radix else ''}"
+           f"{'-radix' if select_radix else ''}{f'-fill{select_fill}' if select_fill else ''}"
     return Specialization(name, attr, module.__name__, sig, constexprs, attrs, warps, stages)
 
 
@@ -325,6 +327,10 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     for causal, bcast in ((False, False), (True, False), (False, True)):
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
                                           select_visible=True, fp32_rn=True, select_radix=True)
+    # KNOBS.sparse_select_fill on the default select kernel: 2 where the call checks its offsets (jagged)
+    for causal, bcast, fill in ((True, False, 1), (True, False, 2), (False, True, 1)):
+        yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
+                                          select_visible=True, fp32_rn=True, select_radix=True, select_fill=fill)
     # selection pool v6: KNOBS.sparse_pool_stream, KNOBS.sparse_pool_one_launch (alone and with the stream)
     yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True, pool_stream=True)
     for stream in (False, True):
