@@ -472,6 +472,53 @@ def test_select_fill_equals_the_fills_bit_for_bit(device, name, variant, monkeyp
         assert all(torch.equal(a, b) for a, b in zip(*chosen)), opts
 
 
+# (q lengths or None for the kv lengths, kv lengths, block_q, block_kv): rows that keep all, only the local block,
+# none (a causal Q longer than its K: rows before the first key) and rows that rank, side by side
+SKIP_CASES = {
+    "jagged_causal_rows": (None, (0, 1, 15, 16, 17, 33, 0, 64, 100, 5, 130), 16, 16),
+    "cross_lengths": ((70, 5, 0, 40, 96), (20, 40, 9, 0, 130), 16, 32),
+}
+
+
+@on_each_device
+@pytest.mark.parametrize("name", list(SKIP_CASES))
+def test_pool_skip_equals_the_full_pooling_bit_for_bit(device, name, monkeypatch):
+    """``KNOBS.sparse_pool_skip``: Q blocks whose row ranks nothing by score (keeps all its visible blocks, only the
+    local one, or none) are not pooled (their pooled rows 0): the same index and count bit for bit as the full
+    pooling, and the float64 reference's; causal (keep 0.25 and 0.5), a two-sided window, always_local off,
+    top_k, GQA 2:1, empty sequences, length 1, lengths off the block, Q longer and shorter than K; and it skips
+    some block in every case (else the test would prove nothing)."""
+    from jfa_ops.backends.triton import block_sparse_select, configs
+
+    _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", False)  # every launch through ``launch``
+    zero_rows = []
+    real_launch = block_sparse_select.launch
+
+    def spy(kernel, grid, args, **options):  # the pooled Q rows the pooling left 0 (randn Q: none by chance)
+        if kernel is block_sparse_select.block_select_kernel and configs.KNOBS.sparse_pool_skip:
+            zero_rows.append(int((args["PQ"] == 0).all(-1).all(-1).sum()))
+        return real_launch(kernel, grid, args, **options)
+
+    monkeypatch.setattr(block_sparse_select, "launch", spy)
+    q_lens, kv_lens, block_q, block_kv = SKIP_CASES[name]
+    gen = torch.Generator().manual_seed(len(kv_lens))
+    q_lens = q_lens or kv_lens
+    q = torch.randn(sum(q_lens), 4, 24, generator=gen).half().to(device)
+    k = torch.randn(sum(kv_lens), 2, 24, generator=gen).half().to(device)
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q_off = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    for opts in (dict(causal=True, keep_ratio=0.25), dict(causal=True, keep_ratio=0.5, always_local=False),
+                 dict(window=(40, 5), keep_ratio=0.25), dict(causal=True, top_k=2)):
+        opts = dict(block_q=block_q, block_kv=block_kv, **opts)
+        chosen = []
+        for skip in (False, True):
+            monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
+            chosen.append(_assert_selection_equals_reference(q, k, q_off, kv_off, max(q_lens), max(kv_lens), **opts))
+        assert all(torch.equal(a, b) for a, b in zip(*chosen)), opts
+        assert zero_rows and zero_rows[-1] > 0, (opts, zero_rows)
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_select_fill_bad_offsets_deferred(monkeypatch):
     """``KNOBS.sparse_select_fill`` under JFA_VALIDATE=deferred: bad offsets (a sequence past the rows, a length

@@ -49,6 +49,7 @@ SELECT_RADIX_MAX = 512  # KNOBS.sparse_select_radix: the longest row (KV blocks)
 SELECT_RADIX_HEADS = tl.constexpr(4)  # ... kv heads per select program, one per warp (num_warps): warp-local counts
 # KNOBS.sparse_select_fill: int32s per step of a past-the-end program's -1 (2 KB: 16-byte stores, 4 a thread) and of a
 # select program's row fill (a [HEADS, 128] tile: 4 a thread; 512 columns cost 16 registers more, sm_90)
+SKIP_BLOCK_J = tl.constexpr(128)  # KV blocks per step of KNOBS.sparse_pool_skip's visible count (the bench: one step)
 FILL_BLOCK = tl.constexpr(512)
 FILL_ROW_BLOCK = tl.constexpr(128)
 
@@ -213,6 +214,80 @@ def block_pool_pair_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, FLAG, 
         _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, pid, num_seqs, kv_seqs, search_steps, rows, kv_rows,
                       max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM, BLOCK_D,
                       BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
+    else:
+        _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, pid - q_programs, kv_seqs, kv_seqs,
+                      kv_search_steps, kv_rows, kv_rows, max_o, max_o, heads, 1, stride_kt, stride_kh, stride_pks,
+                      stride_pkh, HEAD_DIM, BLOCK_D, BLOCK_KV, ROWS, False, False, KV_SEARCH_STEPS, KV_WHOLE_BLOCK,
+                      HEADS)
+
+
+@triton.jit
+def _block_ranks(KEEP, i, len_q, len_k, n_kv_blocks, window_left, right, BLOCK_Q: tl.constexpr,
+                 BLOCK_KV: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """Whether Q block i's row ranks blocks by score (``KNOBS.sparse_pool_skip``): it keeps some but not all of its
+    visible blocks, and not only the local one (ALWAYS_LOCAL: +inf, beaten by no finite score). Geometry only, as
+    ``_select_q_block`` derives it (the same diagonals, visible range, visibility and keep table)."""
+    d0 = i * BLOCK_Q + len_k - len_q
+    d1 = tl.minimum((i + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
+    local = tl.minimum(tl.maximum(d1, 0), tl.maximum(len_k - 1, 0)) // BLOCK_KV
+    n_own = tl.minimum((len_k + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
+    lo, hi = _visible_range(d0, d1, n_own, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT)
+    n_visible = tl.full([], 0, tl.int32)
+    local_visible = tl.full([], 0, tl.int32)
+    for j0 in range(loop_bound(lo), loop_bound(hi), SKIP_BLOCK_J):
+        j = j0 + tl.arange(0, SKIP_BLOCK_J)
+        _, vis = _visible_scores(tl.zeros([SKIP_BLOCK_J], tl.float32), j, j < hi, d0, d1, local, len_k, window_left,
+                                 right, BLOCK_KV, HAS_LEFT, HAS_RIGHT, False)
+        n_visible += tl.sum(vis.to(tl.int32), 0)
+        local_visible += tl.sum((vis & (j == local)).to(tl.int32), 0)
+    count = tl.load(KEEP + n_visible)
+    ranks = (count > 0) & (count < n_visible)
+    if ALWAYS_LOCAL:
+        ranks = ranks & ((count > 1) | (local_visible == 0))
+    return ranks
+
+
+@triton.jit(do_not_specialize=["num_seqs", "kv_seqs", "search_steps", "kv_search_steps", "rows", "kv_rows", "max_s",
+                               "max_o", "heads", "group", "q_programs", "n_kv_blocks", "window_left", "right"])
+def block_pool_pair_skip_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, FLAG, KEEP, num_seqs, kv_seqs,
+                                search_steps, kv_search_steps, rows, kv_rows, max_s, max_o, heads, group, q_programs,
+                                n_kv_blocks, window_left, right, stride_xt, stride_xh, stride_ps, stride_ph,
+                                stride_kt, stride_kh, stride_pks, stride_pkh, HEAD_DIM: tl.constexpr,
+                                BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_KV: tl.constexpr,
+                                ROWS: tl.constexpr, CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                                KV_SEARCH_STEPS: tl.constexpr, WHOLE_BLOCK: tl.constexpr,
+                                KV_WHOLE_BLOCK: tl.constexpr, HEADS: tl.constexpr, HAS_LEFT: tl.constexpr,
+                                HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """``block_pool_pair_kernel`` with ``KNOBS.sparse_pool_skip``: a Q block whose row ranks nothing by score
+    (``_block_ranks``: it keeps all its visible blocks, only its local one, or none) is not read: its pooled rows
+    are written 0 instead (the select kernel still scores them: 0, finite, so a row keeps every visible block or the
+    local one alone as before; 32 KB a kv head read -> 512 B written). The rest is ``_pool_program``'s (its slot
+    search once more first: a dependent load or two)."""
+    pid = tl.program_id(0)
+    if pid < q_programs:
+        head_groups = (heads + HEADS - 1) // HEADS
+        t = pid // head_groups
+        head = (pid % head_groups) * HEADS
+        seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
+        ranks = _block_ranks(KEEP, start // BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq),
+                             tl.load(KV_OFF + seq + 1) - tl.load(KV_OFF + seq), n_kv_blocks, window_left, right, BLOCK,
+                             BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+        if real & (ranks == 0):
+            h = tl.arange(0, HEADS)[:, None]
+            d = tl.arange(0, BLOCK_D)[None, :]
+            tl.store(Pooled + t.to(tl.int64) * stride_ps + (head + h) * stride_ph + d,
+                     tl.zeros([HEADS, BLOCK_D], tl.float32), mask=(head + h < heads) & (d < HEAD_DIM))
+            if head == 0:
+                tl.store(SLOT_SEQ + t, seq)
+            if CHECK:  # _pool_program's (slot 0 may be skipped)
+                if (t == 0) & (head == 0):
+                    valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(KV_OFF, kv_seqs, kv_rows,
+                                                                                    max_o, 1024)
+                    tl.store(FLAG, valid.to(tl.int32))
+        else:
+            _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, pid, num_seqs, kv_seqs, search_steps, rows,
+                          kv_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM,
+                          BLOCK_D, BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
     else:
         _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, pid - q_programs, kv_seqs, kv_seqs,
                       kv_search_steps, kv_rows, kv_rows, max_o, max_o, heads, 1, stride_kt, stride_kh, stride_pks,
@@ -675,7 +750,17 @@ def _pool_launches(q, k, pooled_q, pooled_k, check: bool, q_seqs, num_seqs, max_
             **common)
         tensors = dict(X="q", OFF="q_off", Pooled="pooled_q", XK="k", KV_OFF="kv_off", PooledK="pooled_k",
                        SLOT_SEQ="q_slot_seq", FLAG=flag)
-        return [_Launch(block_pool_pair_kernel, (q_programs + k_side["programs"],), static, tensors, options)]
+        kernel = block_pool_pair_kernel
+        # KNOBS.sparse_pool_skip: on the streaming one-launch pooling (the default's), not for a broadcast Q (its
+        # blocks serve every sequence's rows)
+        if KNOBS.sparse_pool_skip and heads > 1 and not params.broadcast_q:
+            has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left,
+                                                                    params.window_right)
+            kernel = block_pool_pair_skip_kernel
+            static.update(n_kv_blocks=params.n_kv_blocks, window_left=window_left, right=right, HAS_LEFT=has_left,
+                          HAS_RIGHT=has_right, ALWAYS_LOCAL=params.always_local)
+            tensors["KEEP"] = "keep"
+        return [_Launch(kernel, (q_programs + k_side["programs"],), static, tensors, options)]
     out = []
     for side, x, off, pooled, first in ((q_side, "q", "q_off", "pooled_q", True),
                                         (k_side, "k", "kv_off", "pooled_k", False)):

@@ -127,6 +127,13 @@ class Knobs:
     # index and counts before the pools (two launches, 23 MB written on the bench's T66944 batch, ~7 us + gaps).
     # Same bits (tests). Off until measured; JFA_SELECT_FILL=1 turns it on at import.
     sparse_select_fill: bool = os.environ.get("JFA_SELECT_FILL", "0") == "1"
+    # ... and the pooling skips the Q blocks whose row ranks nothing by score (it keeps all its visible blocks, only
+    # its local one, or none: geometry and the keep table decide, no score does): their pooled rows are written 0,
+    # not read (the bench's causal keep 0.5 / 0.25: 43 / 83 of 523 Q blocks, 23 / 44 MB of its 548 MB). The
+    # streaming one-launch pooling only (the default), not broadcast Q. Same bits for finite inputs (tests); a
+    # skipped row's scores are 0 instead of q . k, which only non-finite inputs (inf * 0) could turn NaN, where the
+    # select kernel keeps NaN-scored blocks. Off until measured; JFA_POOL_SKIP=1 turns it on at import.
+    sparse_pool_skip: bool = os.environ.get("JFA_POOL_SKIP", "0") == "1"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

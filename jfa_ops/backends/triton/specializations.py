@@ -179,6 +179,7 @@ _BLOCK_SPARSE_KERNELS = {
     "bs_dq": ("block_sparse_bwd", "block_sparse_dq_kernel", "dq"),
     "bs_pool": ("block_sparse_select", "block_pool_kernel", None),
     "bs_pool_pair": ("block_sparse_select", "block_pool_pair_kernel", None),
+    "bs_pool_pair_skip": ("block_sparse_select", "block_pool_pair_skip_kernel", None),
     "bs_select": ("block_sparse_select", "block_select_kernel", None),
 }
 
@@ -223,7 +224,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
     ptr.update({n: "*fp32" for n in ("Lse", "Delta", "Pooled", "PooledK", "PQ", "PK", "Scores")})
     ptr.update(qk_scale="fp32", scale="fp32")
     warps, stages = 4, 1
-    if kernel in ("bs_pool", "bs_pool_pair"):
+    if kernel in ("bs_pool", "bs_pool_pair", "bs_pool_pair_skip"):
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, BLOCK=block_q, ROWS=block_sparse_select.POOL_ROWS,
                           CHECK=True, SEARCH_STEPS=1 if pool_fanout else 0, WHOLE_BLOCK=pool_whole_block,
                           HEADS=block_sparse_select.POOL_STREAM_HEADS if pool_stream else 1)
@@ -232,6 +233,8 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         else:
             constexprs.update(BLOCK_KV=block_kv, KV_SEARCH_STEPS=constexprs["SEARCH_STEPS"],
                               KV_WHOLE_BLOCK=pool_whole_block)
+        if kernel == "bs_pool_pair_skip":  # KNOBS.sparse_pool_skip: the select kernel's geometry
+            constexprs.update(HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True)
     elif kernel == "bs_select":
         if not (select_rows or fp32_rn):  # fp64 scores in the scratch row (rows in registers: pooled_q, untouched)
             ptr["Scores"] = "*fp64"
@@ -336,6 +339,9 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     for stream in (False, True):
         yield block_sparse_specialization("bs_pool_pair", 128, torch.bfloat16, True, pool_fanout=True,
                                           pool_stream=stream)
+    for causal in (False, True):  # KNOBS.sparse_pool_skip (on the streaming one-launch pooling)
+        yield block_sparse_specialization("bs_pool_pair_skip", 128, torch.bfloat16, causal, pool_fanout=True,
+                                          pool_stream=True)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
