@@ -331,7 +331,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
                                           select_visible=True, fp32_rn=True, select_radix=True)
     # KNOBS.sparse_select_fill on the default select kernel: 2 where the call checks its offsets (jagged)
-    for causal, bcast, fill in ((True, False, 1), (True, False, 2), (False, True, 1)):
+    for causal, bcast, fill in ((True, False, 1), (True, False, 2), (False, False, 1), (False, True, 1)):
         yield block_sparse_specialization("bs_select", 128, torch.bfloat16, causal, broadcast_q=bcast,
                                           select_visible=True, fp32_rn=True, select_radix=True, select_fill=fill)
     # selection pool v6: KNOBS.sparse_pool_stream, KNOBS.sparse_pool_one_launch (alone and with the stream)
