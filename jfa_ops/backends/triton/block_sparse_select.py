@@ -47,9 +47,9 @@ SELECT_GROUP = 4  # Q blocks per select program under KNOBS.sparse_select_groupe
 SELECT_BLOCK_DC = 32  # head-dim columns per load of a row's pooled K ([BLOCK_C, 32] fp32) when the row fits a register
 SELECT_RADIX_MAX = 512  # KNOBS.sparse_select_radix: the longest row (KV blocks) it holds in registers
 SELECT_RADIX_HEADS = tl.constexpr(4)  # ... kv heads per select program, one per warp (num_warps): warp-local counts
-# KNOBS.sparse_select_fill: int32s per step of a past-the-end program's -1 (2 KB: 16-byte stores, 4 a thread) and of a
-# select program's row fill (a [HEADS, 128] tile: 4 a thread; 512 columns cost 16 registers more, sm_90)
 SKIP_BLOCK_J = tl.constexpr(128)  # KV blocks per step of KNOBS.sparse_pool_skip's visible count (the bench: one step)
+# KNOBS.sparse_select_fill: int32s per step of a past-the-end program's -1 (2 KB: 16-byte stores, 4 a thread) and of a
+# select program's row fill (a [HEADS, 128] tile: 4 a thread)
 FILL_BLOCK = tl.constexpr(512)
 FILL_ROW_BLOCK = tl.constexpr(128)
 
