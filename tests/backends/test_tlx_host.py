@@ -603,6 +603,25 @@ def test_lowest_selection_keeps_counts_and_the_local_block():
             assert low[0, h, i, :c].tolist() == want and (low[0, h, i, c:] == -1).all()
 
 
+def test_sparse_bwd_ablation_counts_and_fit():
+    """``tools/tlx_check.py sparse-bwd-ablation``'s model inputs (helper sparsebwd45): ``dense_tiles`` equals a
+    brute-force count of the (key tile, 64-row query tile) pairs with a visible (query, key) pair (causal: key <=
+    query), and ``two_row_fit`` recovers a planted (b, a) with the items equal (the sparse backward's rows) or not."""
+    tool = _tlx_check_tool()
+    lens = [128, 384, 1024, 256]
+    for causal in (False, True):
+        want = 0
+        for length in lens:
+            for k0 in range(0, length, 128):
+                for m0 in range(0, length, 64):
+                    want += any(not causal or key <= row for row in range(m0, m0 + 64)
+                                for key in range(k0, k0 + 128, 127))
+        assert tool.dense_tiles(lens, 128, 64, causal) == want, causal
+    for rows in (((4800.0, 63.4), (2400.0, 63.4)), ((4800.0, 63.4), (2400.0, 40.0))):
+        b, a = tool.two_row_fit(*((bl, it, bl * 2.44 + it * 28.8) for bl, it in rows))
+        assert abs(b - 2.44) < 1e-9 and abs(a - 28.8) < 1e-9
+
+
 def _tlx_check_tool():
     import importlib.util
 
