@@ -1482,13 +1482,13 @@ def sparse_bwd_ablation() -> int:
         grads = {kind: (lambda out=out: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True))
                  for kind, out in outs.items()}
         times = {c: [] for c in cols}
-        faulthandler.dump_traceback_later(HANG_S, exit=True)
         for r in range(rounds):
             for col in (cols if r % 2 == 0 else cols[::-1]):
                 settings, kind = SPARSE_BWD_ABLATION[col]
                 for name, value in saved.items():
                     setattr(configs, name, settings.get(name, value))
                 configs.SPARSE_BACKWARD = True
+                faulthandler.dump_traceback_later(HANG_S, exit=True)
                 try:
                     times[col].append(triton.testing.do_bench(grads[kind], warmup=10, rep=50, return_mode="median"))
                 except Exception as e:  # noqa: BLE001
@@ -1498,6 +1498,7 @@ def sparse_bwd_ablation() -> int:
                     for name, value in saved.items():
                         setattr(configs, name, value)
         configs.SPARSE_BACKWARD = True
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
         kernels = {kind: _kernels(grads[kind], calls=5) for kind in grads}
         faulthandler.cancel_dump_traceback_later()
         for name, value in saved.items():
