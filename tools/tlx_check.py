@@ -1335,6 +1335,20 @@ def sparse_backward_correctness() -> int:
     return failures
 
 
+def _sparse_backward_rows():
+    """The bench's four quick sparse rows (``bench.suites.sparse_cases``), each as (case, inputs, q, k, v leaves with
+    gradients, the triton selection of q and k)."""
+    from bench.suites import make_inputs, sparse_cases
+
+    for case in sparse_cases([128], "quick"):
+        x = make_inputs(case, "cuda")
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
+                                                case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
+                                                block_kv=case.block, causal=case.causal, backend="triton")
+        yield case, x, q, k, v, index, count
+
+
 # sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP,
 # SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER, BACKWARD_GROUP_ORDER) (helper sparsebwd2's experiments,
 # bench/NOTES.md "TLX block-sparse backward v2"; the group order: helper hgorder's, "ordered head groups"); "triton
@@ -1366,7 +1380,6 @@ def sparse_backward_timing() -> int:
     dense."""
     import triton.testing
 
-    from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     wanted = os.environ.get("TLX_SPARSE_BWD_COLS")
@@ -1378,12 +1391,7 @@ def sparse_backward_timing() -> int:
           "over this one's", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
     failures = 0
-    for case in sparse_cases([128], "quick"):
-        x = make_inputs(case, "cuda")
-        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
-                                                case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
-                                                block_kv=case.block, causal=case.causal, backend="triton")
+    for case, x, q, k, v, index, count in _sparse_backward_rows():
         outs = {}
         ms = {}
         for label, kind, group, uniform, order, group_order in cols:
@@ -1453,7 +1461,6 @@ def sparse_bwd_ablation() -> int:
     for the kernel alone, and what 3x our dense needs."""
     import triton.testing
 
-    from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
     from sparse_profile import _kernels
 
@@ -1467,12 +1474,7 @@ def sparse_bwd_ablation() -> int:
           flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>16s}" for c in cols) + "   default / column", flush=True)
     failures, rows = 0, []
-    for case in sparse_cases([128], "quick"):
-        x = make_inputs(case, "cuda")
-        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
-                                                case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
-                                                block_kv=case.block, causal=case.causal, backend="triton")
+    for case, x, q, k, v, index, count in _sparse_backward_rows():
         configs.SPARSE_BACKWARD = True
         outs = {"sparse": jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count,
                                                          case.max_q, case.max_kv, block_q=case.block,
@@ -2129,7 +2131,7 @@ def main(argv) -> int:
         failed += sparse_backward_correctness()
     if part in ("sparse-bwd", "sparse-backward-timing"):
         failed += sparse_backward_timing()
-    if part == "sparse-bwd-ablation":  # the sparse backward's time, per kernel and knob (helper sparsebwd45; timing only)
+    if part == "sparse-bwd-ablation":  # the sparse backward per kernel and knob (helper sparsebwd45; timing only)
         failed += sparse_bwd_ablation()
     if part in ("mxfp8", "mxfp8-correctness"):  # the TLX MXFP8 forward (issue 12; not in "all")
         failed += mxfp8_correctness()

@@ -371,8 +371,8 @@ def test_kv_early_kernels_spill_as_the_default(compiled):
     the epilogue's tiles into the dQ staging buffer: same shared memory, no new spills, the same block loops as the
     kernel without it (sm_90 ptxas, stop 31: D128 full 152 / 200 B both, causal 184 / 260, fp16 causal + left window
     under the causal order 244 / 320, broadcast-Q 140 / 184; D64 0). The block-sparse default's with it (helper
-    sparsebwd45, ``configs.SPARSE_BACKWARD_KV_EARLY``): the same shared memory and block loops, spills (stores + loads) within
-    + 64 B a thread (stop 45, D128: full 188 / 256 -> 196 / 264, causal 224 / 312 both)."""
+    sparsebwd45, ``configs.SPARSE_BACKWARD_KV_EARLY``): the same shared memory and block loops, spills (stores +
+    loads) within + 64 B a thread (stop 45, D128: full 188 / 256 -> 196 / 264, causal 224 / 312 both)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled if r["name"].endswith("-kvearly")]
     assert len([r for r in rows if not r["name"].startswith("sparse-")]) == 8, [r["name"] for r in rows]

@@ -974,9 +974,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``mxfp8_attn_bwd.py``; dense): the kernel's MXFP8 constexpr (P and dS rounded to their MXFP8 values), fed MX-valued
     q, k, v, grad_out; ``delta_grad_out``: the dO the delta pre-pass reads instead of grad_out (the MXFP8 backward's
     unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``, block-sparse
-    ``configs.SPARSE_BACKWARD_KV_EARLY``; calls with the dQ split, one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
-    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL).
+    ``configs.SPARSE_BACKWARD_KV_EARLY``; calls with the dQ split, one part per group, not MXFP8; else ignored): K/V
+    freed before the dK/dV epilogue, which stores through the dQ staging buffer (the kernel's KV_EARLY). ``peel``
+    (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored): the consumers' block loop peeled per stage, the
+    bulk's without mask code (the kernel's PEEL).
     ``stats_smem``
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
     loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe.
