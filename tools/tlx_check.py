@@ -1433,9 +1433,12 @@ def sparse_backward_timing() -> int:
 
 
 # sparse-bwd-ablation's columns: (configs settings over the defaults, forward kind). "same": the default again (the
-# A/A); "kvearly": configs.SPARSE_BACKWARD_KV_EARLY (helper sparsebwd45), "+storetma" with BACKWARD_STORE_TMA on it.
+# A/A); "kvearly": configs.SPARSE_BACKWARD_KV_EARLY (helper sparsebwd45), "+storetma" with BACKWARD_STORE_TMA on it;
+# "hg1" / "hg4": kv heads in groups of 1 / 4 instead of SPARSE_HEAD_GROUP's 2 (the default's kernel, another list:
+# how much of a row's time follows the L2 reuse of the items in flight).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
+                       "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
 
 
@@ -1468,7 +1471,7 @@ def sparse_bwd_ablation() -> int:
     wanted = os.environ.get("TLX_SPARSE_BWD_ABLATION_COLS")
     cols = tuple(c for c in SPARSE_BWD_ABLATION if not wanted or c == "default" or c in wanted.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA")
+    knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP")
     saved = {k: getattr(configs, k) for k in knobs}
     print(f"block-sparse backward ablation, bf16 D128, backward alone, ms (median of {rounds} interleaved rounds)",
           flush=True)
