@@ -45,8 +45,7 @@ sparse38): the same rows with the walk ahead off/on, the masked branch never tak
 (TIMING ONLY), interleaved rounds, and the causal rows' time over a per-SM model fitted to the unmasked ones.
 ``sparse-bwd-ablation`` (not in ``sparse-bwd``; helper sparsebwd45): the TLX block-sparse backward on those rows,
 default / SPARSE_BACKWARD_KV_EARLY (+ STORE_TMA) / kv heads in groups of 1 / 4 / the default again / tlx dense in
-interleaved rounds, each
-backward's kernels' GPU times, and the same per-SM model for the backward.
+interleaved rounds, each backward's kernels' GPU times, and the same per-SM model for the backward.
 
 MXFP8 (``mxfp8``: ``mxfp8-correctness`` then ``mxfp8-timing``; the TLX MXFP8 forward, ``mxfp8_attention(...,
 backend="tlx")``, issue 12): fixed cases (jagged edge lengths, causal, windows, cross lengths, GQA, broadcast-Q,
