@@ -263,7 +263,7 @@ def _uniform_walk_rows(compiled, prefix):
     rows = [r for r in compiled
             if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
-    return [(r, by_name[re.sub(r"-(headgroup|uniform|itemorder|walkahead|kvearly|storetma)", "", r["name"])])
+    return [(r, by_name[re.sub(r"-(headgroup|uniform|itemorder|walkahead)|-kvearly(-storetma)?", "", r["name"])])
             for r in rows]
 
 
