@@ -43,6 +43,9 @@ FlexAttention with that selection as its BlockMask (``TLX_SPARSE_FLEX=0`` skips 
 Dense-equivalent TFLOP/s (the dense pairs over the time) and ms. ``sparse-ablation`` (not in ``sparse``; helper
 sparse38): the same rows with the walk ahead off/on, the masked branch never taken and the lowest blocks selected
 (TIMING ONLY), interleaved rounds, and the causal rows' time over a per-SM model fitted to the unmasked ones.
+``sparse-bwd-ablation`` (not in ``sparse-bwd``; helper sparsebwd45): the TLX block-sparse backward on those rows,
+default / SPARSE_BACKWARD_KV_EARLY (+ STORE_TMA) / kv heads in groups of 1 / 4 / the default again / tlx dense in
+interleaved rounds, each backward's kernels' GPU times, and the same per-SM model for the backward.
 
 MXFP8 (``mxfp8``: ``mxfp8-correctness`` then ``mxfp8-timing``; the TLX MXFP8 forward, ``mxfp8_attention(...,
 backend="tlx")``, issue 12): fixed cases (jagged edge lengths, causal, windows, cross lengths, GQA, broadcast-Q,
@@ -1185,6 +1188,18 @@ def lowest_selection(index: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return torch.where(j < c - 1, j, torch.where(j == c - 1, last, torch.full_like(j, -1))).contiguous()
 
 
+def two_row_fit(row1, row2):
+    """(b, a) of time = blocks x b + items x a through two rows (blocks, items, time) (helper sparse38's per-SM
+    model). Rows with the same items (every block-sparse backward row of the bench's batch) still solve: a x items
+    is then the part of the time that no keep ratio moves (the passes, the lists, the items)."""
+    (b1, i1, t1), (b2, i2, t2) = row1, row2
+    if i1 == i2:
+        b = (t1 - t2) / (b1 - b2)
+    else:
+        b = (t1 * i2 - t2 * i1) / (b1 * i2 - b2 * i1)
+    return b, (t1 - b * b1) / i1
+
+
 def sparse_ablation() -> int:
     """Where the causal rows' time goes (helper sparse38, bench/NOTES.md "Issue 11: ... helper sparse38"): the TLX
     block-sparse forward on the bench's four sparse rows, the same selection for every column, rounds of the columns
@@ -1262,9 +1277,7 @@ def sparse_ablation() -> int:
     # b, a from the unmasked rows' default times (2 equations), then each masked row against them
     full = [(bl, it, ms["default"] * 1e3) for case, bl, it, ms in rows if not case.causal and "default" in ms]
     if len(full) == 2:
-        (b1, i1, t1), (b2, i2, t2) = full
-        b = (t1 * i2 - t2 * i1) / (b1 * i2 - b2 * i1)
-        a = (t1 - b * b1) / i1
+        b, a = two_row_fit(*full)
         print(f"per SM: b = {b:.3f} us a selected block, a = {a:.2f} us a work item (from the unmasked rows)",
               flush=True)
         for case, bl, it, ms in rows:
@@ -1322,6 +1335,20 @@ def sparse_backward_correctness() -> int:
     return failures
 
 
+def _sparse_backward_rows():
+    """The bench's four quick sparse rows (``bench.suites.sparse_cases``), each as (case, inputs, q, k, v leaves with
+    gradients, the triton selection of q and k)."""
+    from bench.suites import make_inputs, sparse_cases
+
+    for case in sparse_cases([128], "quick"):
+        x = make_inputs(case, "cuda")
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
+                                                case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
+                                                block_kv=case.block, causal=case.causal, backend="triton")
+        yield case, x, q, k, v, index, count
+
+
 # sparse-backward-timing's columns: (label, sparse or dense, configs.BACKWARD_HEAD_GROUP,
 # SPARSE_BACKWARD_UNIFORM_WALK, BACKWARD_ITEM_ORDER, BACKWARD_GROUP_ORDER) (helper sparsebwd2's experiments,
 # bench/NOTES.md "TLX block-sparse backward v2"; the group order: helper hgorder's, "ordered head groups"); "triton
@@ -1353,7 +1380,6 @@ def sparse_backward_timing() -> int:
     dense."""
     import triton.testing
 
-    from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     wanted = os.environ.get("TLX_SPARSE_BWD_COLS")
@@ -1365,12 +1391,7 @@ def sparse_backward_timing() -> int:
           "over this one's", flush=True)
     print(f"{'case':34s} " + " ".join(f"{c[0]:>18s}" for c in cols), flush=True)
     failures = 0
-    for case in sparse_cases([128], "quick"):
-        x = make_inputs(case, "cuda")
-        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-        index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
-                                                case.max_kv, keep_ratio=case.keep_ratio, block_q=case.block,
-                                                block_kv=case.block, causal=case.causal, backend="triton")
+    for case, x, q, k, v, index, count in _sparse_backward_rows():
         outs = {}
         ms = {}
         for label, kind, group, uniform, order, group_order in cols:
@@ -1408,6 +1429,112 @@ def sparse_backward_timing() -> int:
         print(f"{'  x first':34s} " + " ".join(f"{r:>18s}" for r in ratios)
               + (f"   best sparse / dense {dense / min(t for c, t in ms.items() if 'dense' not in c):.2f}"
                  if dense else ""), flush=True)
+    return failures
+
+
+# sparse-bwd-ablation's columns: (configs settings over the defaults, forward kind). "same": the default again (the
+# A/A); "kvearly": configs.SPARSE_BACKWARD_KV_EARLY (helper sparsebwd45), "+storetma" with BACKWARD_STORE_TMA on it;
+# "hg1" / "hg4": kv heads in groups of 1 / 4 instead of SPARSE_HEAD_GROUP's 2 (the default's kernel, another list:
+# how much of a row's time follows the L2 reuse of the items in flight).
+SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
+                       "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
+                       "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
+                       "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
+
+
+def dense_tiles(lens, block_n: int, block_m: int, causal: bool) -> int:
+    """(key tile, BLOCK_M-row query tile) pairs the dense backward walks per kv head on self-attention sequences of
+    ``lens`` rows (whole key tiles; causal: the query tiles at or below each key tile's first row)."""
+    total = 0
+    for length in lens:
+        n_q = -(-length // block_m)
+        for start in range(0, length, block_n):
+            total += n_q - start // block_m if causal else n_q
+    return total
+
+
+def sparse_bwd_ablation() -> int:
+    """Where the block-sparse backward's time goes on the bench's four sparse rows (helper sparsebwd45, bench/NOTES.md
+    "Issue 11: the sparse backward's causal keep 0.25"): the backward alone (a retained graph), the same selection for
+    every column, TLX_SPARSE_BWD_ABLATION_ROUNDS (3) rounds of the columns, every other one in reverse, medians (ms):
+    SPARSE_BWD_ABLATION's columns (TLX_SPARSE_BWD_ABLATION_COLS: a comma list, default always). Then per row the GPU
+    time of each kernel of one default sparse backward and one dense (torch.profiler, 5 calls): the delta pre-pass,
+    the dQ finalize, the transposed selection and lists, the TLX kernel; and the per-SM model (``two_row_fit`` on the
+    unmasked rows, blocks = 64-row query tiles walked): each causal row's time over it, for the whole backward and
+    for the kernel alone, and what 3x our dense needs."""
+    import triton.testing
+
+    from jfa_ops.backends.tlx import configs
+    from sparse_profile import _kernels
+
+    rounds = int(os.environ.get("TLX_SPARSE_BWD_ABLATION_ROUNDS", "3"))
+    wanted = os.environ.get("TLX_SPARSE_BWD_ABLATION_COLS")
+    cols = tuple(c for c in SPARSE_BWD_ABLATION if not wanted or c == "default" or c in wanted.split(","))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP")
+    saved = {k: getattr(configs, k) for k in knobs}
+    print(f"block-sparse backward ablation, bf16 D128, backward alone, ms (median of {rounds} interleaved rounds)",
+          flush=True)
+    print(f"{'case':34s} " + " ".join(f"{c:>16s}" for c in cols) + "   default / column", flush=True)
+    failures, rows = 0, []
+    for case, x, q, k, v, index, count in _sparse_backward_rows():
+        configs.SPARSE_BACKWARD = True
+        outs = {"sparse": jfa_ops.block_sparse_attention(q, k, v, x.q_offsets, x.kv_offsets, index, count,
+                                                         case.max_q, case.max_kv, block_q=case.block,
+                                                         block_kv=case.block, causal=case.causal, backend="tlx"),
+                "dense": jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
+                                                  causal=case.causal, backend="tlx")}
+        grads = {kind: (lambda out=out: torch.autograd.grad(out, (q, k, v), x.grad_out, retain_graph=True))
+                 for kind, out in outs.items()}
+        times = {c: [] for c in cols}
+        for r in range(rounds):
+            for col in (cols if r % 2 == 0 else cols[::-1]):
+                settings, kind = SPARSE_BWD_ABLATION[col]
+                for name, value in saved.items():
+                    setattr(configs, name, settings.get(name, value))
+                configs.SPARSE_BACKWARD = True
+                faulthandler.dump_traceback_later(HANG_S, exit=True)
+                try:
+                    times[col].append(triton.testing.do_bench(grads[kind], warmup=10, rep=50, return_mode="median"))
+                except Exception as e:  # noqa: BLE001
+                    failures += 1
+                    print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                finally:
+                    for name, value in saved.items():
+                        setattr(configs, name, value)
+        configs.SPARSE_BACKWARD = True
+        faulthandler.dump_traceback_later(HANG_S, exit=True)
+        kernels = {kind: _kernels(grads[kind], calls=5) for kind in grads}
+        faulthandler.cancel_dump_traceback_later()
+        for name, value in saved.items():
+            setattr(configs, name, value)
+        ms = {c: sorted(v)[len(v) // 2] for c, v in times.items() if v}
+        nan = float("nan")
+        print(f"{case.label:34s} " + " ".join(f"{ms.get(c, nan):16.3f}" for c in cols) + "   "
+              + " ".join(f"{c} {ms.get('default', nan) / ms[c]:.3f}" for c in cols if c in ms and c != "default"),
+              flush=True)
+        for kind, listed in kernels.items():
+            print(f"  {kind} kernels, us per call: " + "; ".join(f"{n} {t:.1f}" for n, t in listed[:8]), flush=True)
+        heads = case.num_heads_kv
+        blocks = float(count.sum()) * (case.block // 64) * (case.num_heads_q // heads) / sms
+        items = sum(-(-n // 128) for n in case.kv_lens) * heads / sms
+        dense_blocks = dense_tiles(case.kv_lens, 128, 64, case.causal) * case.num_heads_q / sms
+        kernel_us = {kind: sum(t for n, t in listed if n.startswith("attn_bwd_tlx_kernel"))
+                     for kind, listed in kernels.items()}
+        rows.append((case, blocks, items, dense_blocks, ms, kernel_us))
+    full = [r for r in rows if not r[0].causal and "default" in r[4]]
+    if len(full) == 2:
+        for what, time_of in (("backward", lambda r: r[4]["default"] * 1e3), ("kernel", lambda r: r[5]["sparse"])):
+            b, a = two_row_fit(*((r[1], r[2], time_of(r)) for r in full))
+            print(f"per SM ({what}): b = {b:.3f} us a 64-row block, fixed {a * full[0][2]:.0f} us "
+                  f"({a:.2f} us x {full[0][2]:.1f} items)", flush=True)
+            for r in rows:
+                case, bl, it, dense_bl, ms, kernel_us = r
+                model = bl * b + it * a
+                dense = ms.get("tlx dense", nan) * 1e3 if what == "backward" else kernel_us["dense"]
+                print(f"  {case.label:32s} blocks {bl:7.1f} (dense {dense_bl:7.1f}) model {model:8.1f} us, measured "
+                      f"{time_of(r):8.1f}, over the model {time_of(r) - model:7.1f}; dense {dense:8.1f} "
+                      f"({dense / time_of(r):.2f}x; 3x needs {dense / 3:8.1f})", flush=True)
     return failures
 
 
@@ -2007,6 +2134,8 @@ def main(argv) -> int:
         failed += sparse_backward_correctness()
     if part in ("sparse-bwd", "sparse-backward-timing"):
         failed += sparse_backward_timing()
+    if part == "sparse-bwd-ablation":  # the sparse backward per kernel and knob (helper sparsebwd45; timing only)
+        failed += sparse_bwd_ablation()
     if part in ("mxfp8", "mxfp8-correctness"):  # the TLX MXFP8 forward (issue 12; not in "all")
         failed += mxfp8_correctness()
     if part in ("mxfp8", "mxfp8-timing"):

@@ -687,6 +687,49 @@ def test_tlx_block_sparse_backward_off_runs_the_triton_one(monkeypatch):
     assert not calls
 
 
+# helper sparsebwd45's KV_EARLY on the block-sparse backward (configs.SPARSE_BACKWARD_KV_EARLY; STORE_TMA rides on it):
+# edge lengths (key tiles past a sequence's end: the partial half-tiles keep the pointer stores), causal keep 0.25
+# (items of few blocks), GQA, windows, broadcast-Q, D64 fp16, 300 short sequences (many items a program)
+SPARSE_KV_EARLY_CASES = ("edge lengths", "edge causal keep 0.25", "random blocks causal GQA 4:2",
+                         "window (300,0) causal", "broadcast-Q", "fp16 D64 causal", "300 short seqs GQA",
+                         "one long S4096 causal keep 0.25")
+
+
+@pytest.mark.parametrize("store_tma", [False, True], ids=["kvearly", "kvearly-storetma"])
+@pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
+def test_tlx_block_sparse_backward_kv_early_matches_the_oracle_and_keeps_dk_dv(name, store_tma, monkeypatch):
+    """configs.SPARSE_BACKWARD_KV_EARLY (env JFA_TLX_SPARSE_BWD_KV_EARLY=1) moves only when K/V are freed and which
+    shared buffer dK/dV leave through (with BACKWARD_STORE_TMA: by TMA stores where a half-tile is whole): dq/dk/dv
+    match the float64 oracle with the selection's block mask, and dK/dV equal the knob-off backward's bit for bit
+    (each item computes its own); dQ is the same fp32 terms reduce-added in another timing (close)."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "BACKWARD_STORE_TMA", store_tma)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD_KV_EARLY", True)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    assert calls, "the TLX block-sparse backward did not run"
+    x = case.case.make_inputs(1)
+    index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    kw = x.kwargs
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SPARSE_BACKWARD_KV_EARLY", on)
+        out = jfa_ops.block_sparse_attention(
+            q, k, v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
+            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+            window=kw["window"], broadcast_q=kw["broadcast_q"], backend="tlx")
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_tlx_block_sparse_backward_neighbour_poison_stays_out(causal, monkeypatch):
     """Sequence 0's one selected block reads sequence 1's NaN/inf key/value rows through TMA (its key tile and query

@@ -603,6 +603,25 @@ def test_lowest_selection_keeps_counts_and_the_local_block():
             assert low[0, h, i, :c].tolist() == want and (low[0, h, i, c:] == -1).all()
 
 
+def test_sparse_bwd_ablation_counts_and_fit():
+    """``tools/tlx_check.py sparse-bwd-ablation``'s model inputs (helper sparsebwd45): ``dense_tiles`` equals a
+    brute-force count of the (key tile, 64-row query tile) pairs with a visible (query, key) pair (causal: key <=
+    query), and ``two_row_fit`` recovers a planted (b, a) with the items equal (the sparse backward's rows) or not."""
+    tool = _tlx_check_tool()
+    lens = [128, 384, 1024, 256]
+    for causal in (False, True):
+        want = 0
+        for length in lens:
+            for k0 in range(0, length, 128):
+                for m0 in range(0, length, 64):
+                    want += any(not causal or key <= row for row in range(m0, m0 + 64)
+                                for key in range(k0, k0 + 128, 127))
+        assert tool.dense_tiles(lens, 128, 64, causal) == want, causal
+    for rows in (((4800.0, 63.4), (2400.0, 63.4)), ((4800.0, 63.4), (2400.0, 40.0))):
+        b, a = tool.two_row_fit(*((bl, it, bl * 2.44 + it * 28.8) for bl, it in rows))
+        assert abs(b - 2.44) < 1e-9 and abs(a - 28.8) < 1e-9
+
+
 def _tlx_check_tool():
     import importlib.util
 
@@ -1116,6 +1135,62 @@ def test_block_sparse_group_order_variant(monkeypatch, knobs, want):
     monkeypatch.setattr(attn_bwd, "_full_backward", lambda *args: seen.append(args[10]))
     attn_bwd.block_sparse_backward(*(None,) * 11, _params(), **knobs)
     assert (seen[0].head_group, seen[0].item_order, seen[0].group_order) == want
+
+
+def _block_sparse_backward_launch(runs, causal):
+    """The TLX block-sparse backward kernel's arguments by name for a jagged call (tlx's ``_block_sparse_backward``,
+    with configs as set): 8 kv heads, two KV blocks selected per Q block, one wave (the list's host ops would index
+    with the stubbed list kernels' empty tensors)."""
+    from jfa_ops.backends.base import BlockSparseParams
+
+    lengths = [640, 17, 300, 5]
+    q, k, v, offsets = _inputs(lengths)
+    n_blocks = -(-max(lengths) // 128)
+    index = torch.arange(n_blocks, dtype=torch.int32).expand(len(lengths), HEADS[1], n_blocks, n_blocks).contiguous()
+    count = torch.full((len(lengths), HEADS[1], n_blocks), 2, dtype=torch.int32)
+    out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    lse = torch.randn(q.shape[1], q.shape[0])
+    runs.clear()
+    tlx._block_sparse_backward(torch.randn_like(q), None, q, k, v, out, lse, offsets, offsets, index, count,
+                               BlockSparseParams(scale=HEAD_DIM ** -0.5, causal=causal))
+    names = attn_bwd.attn_bwd_tlx_kernel.arg_names
+    (launched,) = [dict(zip(names, values)) for name, _, values, _ in runs if name == "attn_bwd_tlx_kernel"]
+    return launched
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_sparse_kv_early_reaches_the_block_sparse_kernel_only(gpu, monkeypatch, causal):
+    """``configs.SPARSE_BACKWARD_KV_EARLY`` (helper sparsebwd45, env JFA_TLX_SPARSE_BWD_KV_EARLY; off by default) sets
+    the block-sparse backward's KV_EARLY, and STORE_TMA with it where ``configs.BACKWARD_STORE_TMA`` is on (never
+    without it); every other constexpr as without the knob (SPARSE, the uniform walk under the group order's list).
+    The dense backward's KV_EARLY stays ``configs.BACKWARD_KV_EARLY``'s."""
+    runs, _ = gpu
+    assert not tlx_configs.SPARSE_BACKWARD_KV_EARLY and tlx_configs.SPARSE_BACKWARD
+    launches = {}
+    for on, tma in ((False, False), (True, False), (True, True), (False, True)):
+        monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_KV_EARLY", on)
+        monkeypatch.setattr(tlx_configs, "BACKWARD_STORE_TMA", tma)
+        got = _block_sparse_backward_launch(runs, causal)
+        assert got["SPARSE"] is True and got["UNIFORM_WALK"] is True
+        assert got["KV_EARLY"] is on and got["STORE_TMA"] is (on and tma), (on, tma)
+        assert (got["desc_dk"] is None) is not (on and tma)
+        launches[on, tma] = got
+    constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names
+                  if n.isupper() and n not in ("KV_EARLY", "STORE_TMA", "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START",
+                                               "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD", "DK", "DV",
+                                               "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    assert all({n: got[n] for n in constexprs} == {n: launches[False, False][n] for n in constexprs}
+               for got in launches.values())
+    # the dense backward ignores the sparse knob (its own: BACKWARD_KV_EARLY)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_KV_EARLY", True)
+    monkeypatch.setattr(tlx_configs, "BACKWARD_KV_EARLY", False)
+    q, k, v, offsets = _inputs([300, 17, 700, 5])
+    runs.clear()
+    _backward(q, k, v, offsets, _params(causal=causal), torch.randn_like(q))
+    (dense,) = [dict(zip(attn_bwd.attn_bwd_tlx_kernel.arg_names, values)) for name, _, values, _ in runs
+                if name == "attn_bwd_tlx_kernel"]
+    assert dense["SPARSE"] is False and dense["KV_EARLY"] is False
 
 
 @needs_tlx

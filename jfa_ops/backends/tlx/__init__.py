@@ -305,7 +305,9 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
                                              head_group=configs.head_group(k.shape[1], sparse=True),
                                              uniform_walk=configs.SPARSE_BACKWARD_UNIFORM_WALK,
                                              item_order=configs.BACKWARD_ITEM_ORDER,
-                                             group_order=configs.BACKWARD_GROUP_ORDER)
+                                             group_order=configs.BACKWARD_GROUP_ORDER,
+                                             kv_early=configs.SPARSE_BACKWARD_KV_EARLY,
+                                             store_tma=configs.BACKWARD_STORE_TMA)
     from ..triton import block_sparse_backward as triton_backward
 
     return triton_backward(*args)

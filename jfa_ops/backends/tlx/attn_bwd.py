@@ -973,10 +973,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (CAUSAL_ORDER's yields where a split runs: none is built in one wave) or head groups. ``mxfp8``
     (``mxfp8_attn_bwd.py``; dense): the kernel's MXFP8 constexpr (P and dS rounded to their MXFP8 values), fed MX-valued
     q, k, v, grad_out; ``delta_grad_out``: the dO the delta pre-pass reads instead of grad_out (the MXFP8 backward's
-    unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``; dense calls with the dQ split,
-    one part per group, not MXFP8; else ignored): K/V freed before the dK/dV epilogue, which stores through the dQ
-    staging buffer (the kernel's KV_EARLY). ``peel`` (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored):
-    the consumers' block loop peeled per stage, the bulk's without mask code (the kernel's PEEL).
+    unquantized dO); no recipe for either. ``kv_early`` (``configs.BACKWARD_KV_EARLY``, block-sparse
+    ``configs.SPARSE_BACKWARD_KV_EARLY``; calls with the dQ split, one part per group, not MXFP8; else ignored): K/V
+    freed before the dK/dV epilogue, which stores through the dQ staging buffer (the kernel's KV_EARLY). ``peel``
+    (``configs.BACKWARD_PEEL``; dense calls, not MXFP8; else ignored): the consumers' block loop peeled per stage, the
+    bulk's without mask code (the kernel's PEEL).
     ``stats_smem``
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
     loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe.
@@ -1005,7 +1006,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     item_order = item_order or group_order  # the same kernel: a snake over an item list, here in head groups
     if item_order and not group_order:  # a snake over a list sorted longest first; head groups would break that order
         head_group = 0
-    kv_early = bool(kv_early and dq_shared and parts == 1 and selection is None and not mxfp8)
+    kv_early = bool(kv_early and dq_shared and parts == 1 and not mxfp8)  # block-sparse: its own knob's value
     peel = bool(peel and selection is None and not mxfp8)
     # STATS_SMEM's TMA coordinates are int32 rows of the flat [Hq * rows] lse / delta
     stats_smem = bool(stats_smem and selection is None and not mxfp8 and q.shape[1] * (
@@ -1284,11 +1285,14 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
-                          uniform_walk: bool = False, item_order: bool = False, group_order: bool = False):
+                          uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
+                          kv_early: bool = False, store_tma: bool = False):
     """(dq, dk, dv) of ``jfa::block_sparse_attention``: the backward with SPARSE (each key tile walks the query tiles of
     the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse backward's
     contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``, ``item_order``, ``group_order``:
-    the experiments (``attention_backward``)."""
+    the experiments (``attention_backward``); ``kv_early`` (``configs.SPARSE_BACKWARD_KV_EARLY``) and ``store_tma``
+    (with it): the dense default's epilogue (``attention_backward``)."""
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
-                              uniform_walk=uniform_walk, item_order=item_order, group_order=group_order)
+                              uniform_walk=uniform_walk, item_order=item_order, group_order=group_order,
+                              kv_early=kv_early, store_tma=store_tma)

@@ -274,6 +274,14 @@ _HEAD_GROUP_ENV = os.environ.get("JFA_TLX_BWD_HEAD_GROUP", "")
 BACKWARD_HEAD_GROUP: Optional[int] = int(_HEAD_GROUP_ENV) if _HEAD_GROUP_ENV else None
 SPARSE_HEAD_GROUP = 2
 SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1") != "0"
+# SPARSE_KV_EARLY (JFA_TLX_SPARSE_BWD_KV_EARLY=1; helper sparsebwd45, bench/NOTES.md "Issue 11: the sparse backward's
+# causal keep 0.25, helper sparsebwd45"): the block-sparse backward with the dense default's KV_EARLY (K/V freed before
+# the dK/dV epilogue, which stores through the dQ staging buffer; BACKWARD_STORE_TMA rides on it as on the dense
+# path). Every sparse item ends in that epilogue, and the next item's walk adds two dependent index reads
+# (``_selected_rows``) before its first Q/dO load, which KV_EARLY lets the producer issue under the epilogue. The
+# same epilogue code as the dense default's (no jit source changed; the SPARSE + KV_EARLY specializations are new):
+# the same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-bwd-ablation); read per call.
+SPARSE_BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_SPARSE_BWD_KV_EARLY", "0") == "1"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
 # with a mask (causal, windows: key tiles of unequal cost, so the key tile list is sorted across sequences) and more

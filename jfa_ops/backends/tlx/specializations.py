@@ -454,6 +454,13 @@ def _specializations() -> Iterator[Specialization]:
     # the block-sparse default's kernel (the group order's: the uniform walk under the item order) on 256 blocks
     yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, uniform_walk=True,
                              item_order=True)
+    # helper sparsebwd45's KV_EARLY on the block-sparse default's kernel (configs.SPARSE_BACKWARD_KV_EARLY; STORE_TMA
+    # rides on it as on the dense path)
+    for tma in (dict(), dict(store_tma=True)):
+        for head_dim in (64, 128):
+            for causal in (False, True):
+                yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True,
+                                         kv_early=True, **tma)
     # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
     lab = dict(dq_shared=True)
     for causal in (False, True):
