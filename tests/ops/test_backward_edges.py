@@ -120,17 +120,27 @@ def test_masked_lse_loss_reaches_no_input_through_rows_that_see_no_key(device, b
 # bench/NOTES.md "Autograd edges ..., helper grad44". Strict: a backend that starts zeroing them fails here.
 NAN_GRAD_OUT_REACHES_DQ_DK = pytest.mark.xfail(strict=True, reason="NaN grad_out on a row that sees no key gives "
                                                                     "NaN dq/dk (the oracle: zero)")
+# Except the tlx dense/sparse backward: it zeroes dS where P is 0 in its masked blocks (tlx/attn_bwd.py, eb3f633: for
+# rows past a sequence's end), and a row that sees no key is only ever in masked blocks (an unmasked block has every
+# row see every key), so dq and dk get exact zeros from it. Found on the H100, stop 46 (its strict xfail XPASSed).
+ZEROES_DS_WHERE_P_IS_ZERO = {("attention", "tlx"), ("block_sparse", "tlx")}
+NAN_GRAD_OUT_CASES = [
+    pytest.param(*case.values, id=case.id, marks=[*case.marks, *(
+        [] if (case.values[0], case.values[2]) in ZEROES_DS_WHERE_P_IS_ZERO else [NAN_GRAD_OUT_REACHES_DQ_DK])])
+    for case in CASES]
 
 
-@NAN_GRAD_OUT_REACHES_DQ_DK
-@pytest.mark.parametrize("op,device,backend", CASES)
+@pytest.mark.parametrize("op,device,backend", NAN_GRAD_OUT_CASES)
 def test_nan_grad_out_on_rows_that_see_no_key(device, backend, op):
-    dtype, head_dim, _, _, call, _ = _setup(op, device, backend)
+    dtype, head_dim, _, _, call, oracle = _setup(op, device, backend)
     leaves = [t.requires_grad_() for t in _inputs(dtype, head_dim, device)]
     out, lse = call(*leaves)
     grad_out = torch.where(torch.isneginf(lse).T[..., None], math.nan, torch.ones_like(out))
     dq, dk, _ = torch.autograd.grad(out, leaves, grad_out)
     assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    want_dq, want_dk, _ = oracle(*leaves, grad_out, torch.zeros(lse.shape, dtype=torch.float64))
+    for name, got, want in (("q", dq, want_dq), ("k", dk, want_dk)):
+        assert _rel(got, want) < _tolerance(dtype), f"d{name}: {_rel(got, want):.2e}"
 
 
 @pytest.mark.parametrize("op,device,backend", CASES)
