@@ -391,6 +391,8 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
 
     monkeypatch.setattr(block_sparse_select, "launch", spy)
     monkeypatch.setattr(KNOBS, "sparse_select_layouts", False)  # every launch through ``launch`` (not plans)
+    # the pooling's sums, every row pooled: KNOBS.sparse_pool_skip leaves rows 0 (its own test below)
+    monkeypatch.setattr(KNOBS, "sparse_pool_skip", False)
     q_lens, kv_lens, broadcast, heads_q, heads_kv, block_q, block_kv = POOLING_CASES[name]
     gen = torch.Generator().manual_seed(5)
     q_lens = q_lens or kv_lens
@@ -652,10 +654,14 @@ def test_selection_launch_counts(monkeypatch):
     params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
                                max_seqlen_kv=40, check_offsets=True)
     tb.select_kv_blocks(q, q, off, off, params)  # builds the keep table
-    for one_launch, pools in ((True, {"block_pool_pair_kernel": 1}), (False, {"block_pool_kernel": 2})):
+    # KNOBS.sparse_pool_skip (on since stop 46) has its own pair kernel, on the one-launch pooling only
+    for one_launch, skip, pools in ((True, True, {"block_pool_pair_skip_kernel": 1}),
+                                    (True, False, {"block_pool_pair_kernel": 1}),
+                                    (False, True, {"block_pool_kernel": 2})):
         monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", one_launch)
+        monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
         kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
-        assert kernels == {**pools, "block_select_kernel": 1}, (one_launch, kernels)
+        assert kernels == {**pools, "block_select_kernel": 1}, (one_launch, skip, kernels)
     assert sorted(aten) == ["_assert_async.msg", "full.default", "zeros.default"], aten
     monkeypatch.setattr(configs.KNOBS, "sparse_select_fill", True)  # the select launch writes the outputs: no fills
     kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))

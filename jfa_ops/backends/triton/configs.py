@@ -132,8 +132,10 @@ class Knobs:
     # not read (the bench's causal keep 0.5 / 0.25: 43 / 83 of 523 Q blocks, 23 / 44 MB of its 548 MB). The
     # streaming one-launch pooling only (the default), not broadcast Q. Same bits for finite inputs (tests); a
     # skipped row's scores are 0 instead of q . k, which only non-finite inputs (inf * 0) could turn NaN, where the
-    # select kernel keeps NaN-scored blocks. Off until measured; JFA_POOL_SKIP=1 turns it on at import.
-    sparse_pool_skip: bool = os.environ.get("JFA_POOL_SKIP", "0") == "1"
+    # select kernel keeps NaN-scored blocks. On since stop 46 (H100, tools/select_profile.py, graph replay: causal
+    # keep 0.25 265.8 -> 251.5 us a selection with the fill, non-causal within +0.2 us; bench/NOTES.md "Stop 46");
+    # JFA_POOL_SKIP=0 turns it off at import.
+    sparse_pool_skip: bool = os.environ.get("JFA_POOL_SKIP", "1") != "0"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->
