@@ -54,6 +54,7 @@ FILL_BLOCK = tl.constexpr(512)
 FILL_ROW_BLOCK = tl.constexpr(128)
 # KNOBS.sparse_select_overlap: done-counters read per step of a select item's wait (a row of <= 128 K blocks: one)
 WAIT_BLOCK = tl.constexpr(128)
+LAG_BLOCK = tl.constexpr(1024)  # ... sequences per step of the lag's search (one step up to 1024 sequences)
 
 
 @triton.jit
@@ -779,13 +780,42 @@ def _items_before(p, qs, ks, ss, lag, hgp, hgs):
     return hgp * (tl.minimum(p, qs) + tl.minimum(p, ks)) + hgs * tl.minimum(tl.maximum(p - lag, 0), ss)
 
 
+@triton.jit
+def _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: tl.constexpr,
+              BLOCK_KV: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """The smallest lag (in positions) that puts every select item after the pool items it reads: Q slot t of
+    sequence b (t >= g_q(b); broadcast Q: select slot b * NQB + i reads Q slot i <= it) reads K slots g_k(b) ..
+    g_k(b) + n_own(b) - 1, so lag >= g_k(b) + n_own(b) - g_q(b) over the sequences with Q rows, and >= 1 (its own Q
+    slot). Clamped to [1, limit] (limit = max(Q slots, K slots): every pool item first): bad offsets get some lag,
+    and the waits' position bound keeps any lag deadlock-free."""
+    lag = tl.full([], 1, tl.int32)
+    q_base = tl.load(Q_OFF) // BLOCK_Q
+    kv_base = tl.load(KV_OFF) // BLOCK_KV
+    for b0 in range(0, loop_bound(kv_seqs), LAG_BLOCK):
+        b = b0 + tl.arange(0, LAG_BLOCK)
+        ok = b < kv_seqs
+        k0 = tl.load(KV_OFF + b, mask=ok, other=0)
+        len_k = tl.load(KV_OFF + b + 1, mask=ok, other=0) - k0
+        n_own = tl.minimum((len_k + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
+        g_k = k0 // BLOCK_KV - kv_base + b
+        if BROADCAST_Q:
+            g_q = b * n_q_blocks
+            has_q = ok & (tl.load(Q_OFF + 1) > tl.load(Q_OFF))
+        else:
+            q0 = tl.load(Q_OFF + b, mask=ok, other=0)
+            g_q = q0 // BLOCK_Q - q_base + b
+            has_q = ok & (tl.load(Q_OFF + b + 1, mask=ok, other=0) > q0)
+        lag = tl.maximum(lag, tl.max(tl.where(has_q, g_k + n_own - g_q, 1), 0))
+    return tl.minimum(lag, limit)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "kv_seqs", "search_steps", "kv_search_steps", "rows", "kv_rows", "max_s",
                                "max_o", "heads", "group", "q_programs", "n_kv_blocks", "window_left", "right",
-                               "n_q_blocks", "kv_slots", "rows_kv", "rows_q", "lag", "select_slots", "fills"])
+                               "n_q_blocks", "kv_slots", "rows_kv", "rows_q", "select_slots", "fills"])
 def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, FLAG, KEEP, PQ, PK, Q_OFF, Q_SLOT_SEQ,
                                 Scores, Index, Count, STATE, FLAGS, num_seqs, kv_seqs, search_steps,
                                 kv_search_steps, rows, kv_rows, max_s, max_o, heads, group, q_programs, n_kv_blocks,
-                                window_left, right, n_q_blocks, kv_slots, rows_kv, rows_q, lag, select_slots, fills,
+                                window_left, right, n_q_blocks, kv_slots, rows_kv, rows_q, select_slots, fills,
                                 stride_xt, stride_xh, stride_ps, stride_ph, stride_kt, stride_kh, stride_pks,
                                 stride_pkh, stride_pqs, stride_pqh, stride_ss, stride_sh, stride_ib, stride_ih,
                                 stride_iq, stride_cb, stride_ch, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -800,15 +830,16 @@ def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, F
                                 FILL: tl.constexpr, SKIP: tl.constexpr):
     """``KNOBS.sparse_select_overlap``: the pooling (``block_pool_pair_kernel``, SKIP: ``..._skip_kernel``) and the
     select (``block_select_kernel``, FILL > 0, GROUP 1) in one launch. A program takes its work item by ticket
-    (STATE: int64, generation << 32 | next ticket; the last ticket's taker moves it to (generation + 1, 0): no reset
-    launch), not by program id, so an item waits only on items with earlier tickets, which running programs hold: no
-    deadlock whatever order the hardware starts programs in. Ticket order: Q slot 0's pool items, the past-the-end
+    (STATE[0]: int64, generation << 32 | next ticket; the last ticket's taker moves it to (generation + 1, 0): no
+    reset launch), not by program id, so an item waits only on items with earlier tickets, which running programs
+    hold: no deadlock whatever order the hardware starts programs in. Ticket order: Q slot 0's pool items, the past-the-end
     fill items (``fills``; FILL 2 reads the check's flag that Q slot 0's pooling stores), then positions p = 0, 1,
     ... (``_items_before``): slot p's Q and K pool items, then Q slot p - lag's select items. Each pool item adds 1 to
     its slot's counter in FLAGS (Q slots, then K slots from FLAGS + q slots) after its stores (``_signal_slot``); a
     select item waits (``_await_slots``) until its Q slot's and its sequence's K slots' counters read
-    (generation + 1) x pool items per slot. The host picks lag so that those slots sit at earlier positions (q and kv
-    offsets one tensor, equal blocks: lag = NKB; else every pool item first: lag = max(Q slots, K slots))."""
+    (generation + 1) x pool items per slot. lag: the smallest that puts those slots at earlier positions
+    (``_safe_lag``, from the offsets: the bench's batch NKB), found by ticket 0's program and published in STATE[1]
+    ((generation + 1) << 32 | lag, release); the others read it (acquire) before they map their tickets."""
     hgp = (heads + HEADS - 1) // HEADS  # pool items per slot
     hgs = (heads + SEL_HEADS - 1) // SEL_HEADS  # select items per Q slot
     qs = q_programs // hgp
@@ -820,7 +851,19 @@ def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, F
     if ticket == total - 1:  # every ticket is taken: the next launch starts at (generation + 1, 0)
         tl.atomic_add(STATE, tl.full([], 1 << 32, tl.int64) - total.to(tl.int64), sem="relaxed")
     FLAGS_K = FLAGS + qs
-    if (ticket >= hgp) & (ticket < hgp + fills):  # a past-the-end fill item (the select kernel's grid's last ones)
+    gen_next = (claimed >> 32) + 1
+    is_fill = (ticket >= hgp) & (ticket < hgp + fills)
+    lag = ticket * 0
+    if ticket == 0:
+        lag = _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, tl.maximum(qs, ks), BLOCK_Q, BLOCK_KV,
+                        BROADCAST_Q)
+        tl.atomic_xchg(STATE + 1, (gen_next << 32) | lag.to(tl.int64), sem="release")
+    elif not is_fill:  # ticket 0 was taken first: its program runs, and publishes without waiting on anything
+        published = tl.atomic_add(STATE + 1, tl.zeros([], tl.int64), sem="acquire")
+        while (published >> 32) != gen_next:
+            published = tl.atomic_add(STATE + 1, tl.zeros([], tl.int64), sem="acquire")
+        lag = (published & 0xFFFFFFFF).to(tl.int32)
+    if is_fill:  # a past-the-end fill item (the select kernel's grid's last ones)
         _select_program(select_slots * hgs + ticket - hgp, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
                         Count, n_q_blocks, n_kv_blocks, kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs,
                         stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh, stride_ib, stride_ih, stride_iq,
@@ -944,12 +987,10 @@ def _pool_launches(q, k, pooled_q, pooled_k, check: bool, q_seqs, num_seqs, max_
     return out
 
 
-def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int, lag_by_blocks: bool, n_kv: int) -> "_Launch":
+def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int) -> "_Launch":
     """``KNOBS.sparse_select_overlap``: the pair pooling's launch (``block_pool_pair_kernel`` or its skip kernel) and
     the select's (FILL > 0, GROUP 1) as one ``block_select_overlap_kernel`` launch: their arguments merged (the
-    select's SEARCH_STEPS and HEADS renamed: the pooling has its own), one program per work item of both grids.
-    lag_by_blocks (q and kv offsets one tensor, equal blocks): Q slot t's select items at position t + NKB, after
-    the pooling of every K slot of its sequence (slots g(b) .. g(b) + NKB - 1, t >= g(b)); else after every pool item."""
+    select's SEARCH_STEPS and HEADS renamed: the pooling has its own), one program per work item of both grids."""
     static = dict(pool.static)
     for name, value in select.static.items():
         name = {"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}.get(name, name)
@@ -958,12 +999,8 @@ def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int, lag_by_block
     for name, source in select.tensors.items():
         assert tensors.setdefault(name, source) == source, name
     tensors.update(STATE="overlap_state", FLAGS="overlap_flags")
-    heads = static["heads"]
-    hgp, hgs = -(-heads // static["HEADS"]), -(-heads // static["SEL_HEADS"])
-    q_slots, kv_slots = static["q_programs"] // hgp, static["kv_slots"]
-    select_slots = (select.grid[0] - fills) // hgs
-    static.update(lag=n_kv if lag_by_blocks else max(q_slots, kv_slots), select_slots=select_slots, fills=fills,
-                  SKIP=pool.kernel is block_pool_pair_skip_kernel)
+    select_slots = (select.grid[0] - fills) // -(-static["heads"] // static["SEL_HEADS"])  # per select item
+    static.update(select_slots=select_slots, fills=fills, SKIP=pool.kernel is block_pool_pair_skip_kernel)
     return _Launch(block_select_overlap_kernel, (pool.grid[0] + select.grid[0],), static, tensors, pool.options)
 
 
@@ -1005,7 +1042,7 @@ class _Layout:
                  "scores_dtype", "check", "launches", "keep", "broadcast_offsets", "fill", "overlap_flags",
                  "overlap_state")
 
-    def __init__(self, key, q, k, num_seqs: int, params: BlockSelectParams, same_offsets: bool = False):
+    def __init__(self, key, q, k, num_seqs: int, params: BlockSelectParams):
         heads_kv, head_dim = k.shape[1], q.shape[2]
         self.key, self.plan_id = key, next(_PLAN_IDS)
         n_q, n_kv = params.n_q_blocks, params.n_kv_blocks
@@ -1071,8 +1108,7 @@ class _Layout:
         self.overlap_flags, self.overlap_state = 0, None
         if overlap:  # the done-counters: one per Q slot, then one per K slot
             fills = num_seqs * heads_kv if self.fill and not params.broadcast_q else 0
-            self.launches = [_overlap_launch(*self.launches, fills, same_offsets and not params.broadcast_q
-                                             and params.block_q == params.block_kv, n_kv)]
+            self.launches = [_overlap_launch(*self.launches, fills)]
             self.overlap_flags = q_slots + kv_slots
 
     def run(self, q, k, q_offsets, kv_offsets):
@@ -1100,7 +1136,7 @@ class _Layout:
         state = flags = None
         if self.overlap_flags:  # the ticket and done-counters, zero once per layout (kept), then self-resetting
             if self.overlap_state is None:
-                state = (torch.zeros((1,), dtype=torch.int64, device=device),
+                state = (torch.zeros((2,), dtype=torch.int64, device=device),
                          torch.zeros((self.overlap_flags,), dtype=torch.int32, device=device))
                 # not kept when made inside a CUDA graph capture: its memory is the graph's (zeroed on each replay)
                 if self.key is not None and not capturing(device):
@@ -1164,7 +1200,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params: BlockSelectParams):
     layout = None if key is None else _LAYOUTS.get(key)
     q, k = packed_rows(q), packed_rows(k)
     if layout is None:
-        layout = _Layout(key, q, k, num_seqs, params, same_offsets=q_offsets is kv_offsets)
+        layout = _Layout(key, q, k, num_seqs, params)
         # not kept when made inside a CUDA graph capture: its keep table then holds data only when the graph replays
         if key is not None and not capturing(q.device):
             if len(_LAYOUTS) >= _LAYOUTS_MAX:
