@@ -619,6 +619,16 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
 
 
 @triton.jit
+def _pid(pid, WAIT: tl.constexpr):
+    """The select program's number: ``pid`` in the overlap kernel (WAIT), else the grid's, read where the shipped
+    kernel read it (the same PTX)."""
+    if WAIT:
+        return pid
+    else:
+        return tl.program_id(0)
+
+
+@triton.jit
 def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
                     kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs, stride_pqh, stride_pks, stride_pkh,
                     stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
@@ -630,13 +640,13 @@ def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
                     SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr,
                     FILL: tl.constexpr,
                     WAIT: tl.constexpr, FLAGS_Q, FLAGS_K, target, limit):
-    """``block_select_kernel``'s program ``pid``. WAIT (``KNOBS.sparse_select_overlap``, in
+    """``block_select_kernel``'s program ``pid`` (WAIT; else the grid's). WAIT (``KNOBS.sparse_select_overlap``, in
     ``block_select_overlap_kernel``): before reading what the pooling wrote, wait until the slots' done-counters
     (FLAGS_Q / FLAGS_K: Q / K slots) reach ``target`` (``_await_slots``; slots at or past ``limit``, the item's own
     position, are not waited on: their items may not be taken yet)."""
     head_groups = (heads + HEADS - 1) // HEADS
     if FILL > 0 and not BROADCAST_Q:
-        tail = pid - _capacity(rows_q, BLOCK_Q * GROUP, num_seqs) * head_groups
+        tail = _pid(pid, WAIT) - _capacity(rows_q, BLOCK_Q * GROUP, num_seqs) * head_groups
         if tail >= 0:  # a past-the-end program (sequence tail // heads, kv head tail % heads); its slot t below is
             # past the slots: not real, so the rest writes nothing. (sm_90 registers: 56, the shipped kernel 48; an
             # early return here 64 and a spill; these programs first in the grid 62)
@@ -644,8 +654,8 @@ def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
                 _await_slots(FLAGS_Q, 0, 1, target, limit)
             _fill_past_end(Q_OFF, Q_SLOT_SEQ, Index, Count, tail // heads, tail % heads, n_q_blocks, n_kv_blocks,
                            rows_q, num_seqs, stride_ib, stride_ih, stride_cb, stride_ch, BLOCK_Q, FILL)
-    t = pid // head_groups
-    head = pid % head_groups * HEADS
+    t = _pid(pid, WAIT) // head_groups
+    head = _pid(pid, WAIT) % head_groups * HEADS
     if BROADCAST_Q:  # the one Q sequence's blocks: Q block i at slot i
         n_groups = (n_q_blocks + GROUP - 1) // GROUP
         seq = t // n_groups
