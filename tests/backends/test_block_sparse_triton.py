@@ -594,6 +594,47 @@ def test_select_overlap_equals_the_default_bit_for_bit(device, name, variant, sk
         assert all(torch.equal(a, b) for got in chosen[1:] for a, b in zip(chosen[0], got)), opts
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_select_overlap_many_calls_gpu(causal, monkeypatch):
+    """``KNOBS.sparse_select_overlap`` on the GPU, where programs run at once and in any order: 200 calls (eager,
+    layouts kept: the launch's own reset between calls) and 50 replays of a captured call, each bit for bit the
+    default's selection on a bench-like bf16 batch (jagged lengths up to 16 blocks of 128, an empty sequence, H 8,
+    GQA 2:1, D 128, offsets as two tensors: the lag from the device), with and without the pool skip. A select item
+    reading a pooled row before its pool item stored it (a missing wait, a release or acquire too weak) changes
+    some choice in some call."""
+    from jfa_ops.backends.triton import configs
+    from tests.common import captured_after_warm_up
+
+    gen = torch.Generator().manual_seed(46)
+    lens = torch.randint(1, 16 * 128, (40,), generator=gen)
+    lens[3] = 0
+    lens[7] = 16 * 128
+    q = torch.randn(int(lens.sum()), 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(int(lens.sum()), 4, 128, generator=gen).to("cuda", torch.bfloat16)
+    q_off = torch.nn.functional.pad(lens.cumsum(0), (1, 0)).to(torch.int32).cuda()
+    kv_off = q_off.clone()
+    opts = dict(block_q=128, block_kv=128, keep_ratio=0.25, causal=causal)
+
+    def select():
+        return jfa_ops.select_kv_blocks(q, k, q_off, kv_off, 16 * 128, 16 * 128, backend="triton", **opts)
+
+    want = select()
+    for skip in (False, True):
+        monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
+        monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+        for call in range(200):
+            got = select()
+            assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (skip, call)
+        graph, got = captured_after_warm_up(select)
+        for replay in range(50):
+            got[0].fill_(-7)
+            graph.replay()
+            assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (skip, replay)
+        monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", False)
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_select_overlap_state_resets_itself(monkeypatch):
     """``KNOBS.sparse_select_overlap``'s ticket and counters are zeroed once per kept layout, then reset by the
@@ -805,6 +846,13 @@ def test_selection_launch_counts(monkeypatch):
     kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
     assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1} and aten == ["_assert_async.msg"], \
         (kernels, aten)
+    # KNOBS.sparse_select_overlap (on the one-launch pooling): one launch in all; its ticket and counters zeroed
+    # here per call (the interpreter keeps no layout; a kept layout zeroes them once: test_select_overlap_state_...)
+    monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", True)
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+    kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
+    assert kernels == {"block_select_overlap_kernel": 1}, kernels
+    assert sorted(aten) == ["_assert_async.msg", "zeros.default", "zeros.default"], aten
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
