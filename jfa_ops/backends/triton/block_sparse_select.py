@@ -695,7 +695,13 @@ def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
     if WAIT:  # the pooled rows the select reads (bad offsets, q_ok false: none)
         if BROADCAST_Q:
             _await_slots(FLAGS_Q, i0, q_ok.to(tl.int32), target, limit)
-        _await_slots(FLAGS_K, kv_slot0, tl.where(q_ok, n_own, 0), target, limit)
+        wait_lo = n_own * 0
+        wait_hi = tl.where(q_ok, n_own, 0)
+        if VISIBLE_RANGE:  # the K blocks _select_q_block reads (causal: those up to the diagonal, long pooled)
+            d0 = i0 * BLOCK_Q + len_k - len_q
+            d1 = tl.minimum((i0 + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
+            wait_lo, wait_hi = _visible_range(d0, d1, wait_hi, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT)
+        _await_slots(FLAGS_K, kv_slot0 + wait_lo, wait_hi - wait_lo, target, limit)
     if GROUP == 1:
         if FILL > 0:
             _fill_row(Index, Count, seq, head, heads, i0, slot_real, q_ok, len_q, n_q_blocks, n_kv_blocks, stride_ib,
