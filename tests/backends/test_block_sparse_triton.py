@@ -705,7 +705,8 @@ def test_select_overlap_lag_covers_every_dependency(broadcast):
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_select_fill_bad_offsets_deferred(monkeypatch):
+@pytest.mark.parametrize("knob", ["sparse_select_fill", "sparse_select_overlap"])
+def test_select_fill_bad_offsets_deferred(knob, monkeypatch):
     """``KNOBS.sparse_select_fill`` under JFA_VALIDATE=deferred: bad offsets (a sequence past the rows, a length
     over max_seqlen, lengths that do not add up) still leave every count in [0, NKB] and every id in [-1, NKB)
     (a later block_sparse_attention reads count ids of a row: junk there reads past it), check_pending raises; the
@@ -714,7 +715,7 @@ def test_select_fill_bad_offsets_deferred(monkeypatch):
     from jfa_ops.backends.triton import block_sparse_select, configs
 
     monkeypatch.setattr(block_sparse_select, "torch", _JunkEmpty())
-    monkeypatch.setattr(configs.KNOBS, "sparse_select_fill", True)
+    monkeypatch.setattr(configs.KNOBS, knob, True)  # the overlap implies the fill (its lag from bad offsets too)
     monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
     validation._pending.clear()
     q = torch.randn(40, 2, 16).half()
