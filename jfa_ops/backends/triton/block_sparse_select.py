@@ -14,6 +14,8 @@ cover the batch's rows, not B x max_seqlen (the bench batch: 548 Q-block slots i
 
 The outputs start as -1 (index) and 0 (count); the select kernel writes the real rows' count and kept ids only.
 Broadcast Q pools its one Q sequence once; select program t is then (sequence t // NQB, Q block t % NQB).
+``KNOBS.sparse_select_overlap``: both stages in one launch (``block_select_overlap_kernel``: work items by ticket, the
+select items waiting on the pools' per-slot done-counters).
 """
 from __future__ import annotations
 
