@@ -12,7 +12,8 @@ for selection pool v6's two: tools/sparse_profile.py's `_set_variant`). Prints, 
 - `host_us`: wall time per call with no sync, the queue never full (the host path alone when it is the slower side);
 - `gpu_us`: wall time per replay of the call captured in a CUDA graph (GPU work without host gaps);
 - per kernel (torch.profiler, `calls` calls): mean GPU time and launches per call, sorted by time; `pool_us` (the
-  pooling kernels' sum) and the rate it reads Q and K at (TB/s);
+  pooling kernels' sum; with `sparse_select_overlap` its one kernel, select included) and the rate it reads Q and K
+  at (TB/s);
 - `same`: whether the variant chose exactly the blocks `default` chose (index and count equal).
 
 `--paths op,direct` (stop 28, helper selshare) times each variant on each host path: `op` (JFA_SELECT_DIRECT=0's: through
@@ -118,7 +119,8 @@ def main():
                 bench_us, host_us, gpu_us, kernels = _profile(call, args.calls)
             variant = f"{variant} [{path}]"
             total = sum(v[0] for v in kernels.values())
-            pool_us = sum(v[0] for name, v in kernels.items() if "pool" in name)
+            # the pools' kernels (KNOBS.sparse_select_overlap: its one kernel, pools and select together)
+            pool_us = sum(v[0] for name, v in kernels.items() if "pool" in name or "overlap" in name)
             rows.append((case.label, variant, bench_us, host_us, gpu_us, total, pool_us, same))
             print(f"{case.label} [{variant}]: bench_us {bench_us:.1f}  host_us {host_us:.1f}  gpu_us "
                   f"{'-' if gpu_us is None else f'{gpu_us:.1f}'}  (sum of kernels {total:.1f})  pool_us "

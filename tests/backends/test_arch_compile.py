@@ -100,6 +100,7 @@ def _cases():
 _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "rank_tiles_kernel",
                 "offsets_ok_kernel", "causal_streams_kernel", "causal_items_kernel",
                 "block_pool_kernel", "block_pool_pair_kernel", "block_pool_pair_skip_kernel", "block_select_kernel",
+                "block_select_overlap_kernel",
                 "transpose_selection_kernel",
                 "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel",
                 "_mx_values_kernel")  # the last three: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and
@@ -152,7 +153,8 @@ def test_sm90_selection_scores_are_contraction_free():
     index (H200, triton 3.8, ``test_selection_ties_and_many_blocks[rows-cuda]``; the CPU interpreter never
     contracts, so only the compiled code shows it). Scores are fp64 sums of exact fp32 x fp32 products
     (``block_sparse_select._exact_dot``): an fp64 FMA there rounds as the add alone."""
-    for r in _compiled_named("bs_select-", at_least=4):  # scratch and rows, causal or not, broadcast Q
+    # scratch and rows, causal or not, broadcast Q; KNOBS.sparse_select_overlap's one launch
+    for r in _compiled_named("bs_select-", at_least=4) + _compiled_named("bs_select_overlap", at_least=5):
         assert r["fma_f32"] == 0, f"{r['name']}: {r['fma_f32']} fp32 FMAs (position-dependent scores)"
 
 
@@ -246,6 +248,19 @@ def test_sm90_pool_variants_keep_loads_in_flight():
     for r in streams:
         assert r["async_copies"] > 0 and r["shared"] >= 3 * 32 * 128 * 2 and r["registers"] <= 80, r
         assert 65536 // (r["registers"] * 32 * r["warps"]) >= 6, r
+
+
+def test_sm90_select_overlap_keeps_the_pools_occupancy():
+    """``KNOBS.sparse_select_overlap`` (bench/NOTES.md "Selection overlap, helper selover46") on sm_90, ptxas -v: the
+    one launch of pools and select (causal and not, with the pool skip, broadcast Q) keeps the streaming pool's
+    async-copy loop and fits 7 programs of 4 warps per SM as the shipped pooling (<= 72 registers: its pool items
+    must not lose bandwidth to the select's code), shared memory within the budget; spills only the select path's
+    few bytes (16 at most: ptxas 12.x/13.x, 2026-12-06)."""
+    results = _ptxas_stats("select_overlap_specializations", "bs_select_overlap")
+    assert len(results) == 5, [r["name"] for r in results]
+    for r in results:
+        assert r["async_copies"] > 0 and r["shared"] <= SHARED_MEMORY_LIMITS[90] and r["spills"] <= 16, r
+        assert 65536 // (r["registers"] * 32 * r["warps"]) >= 7, r
 
 
 def test_sm90_mxfp8_quantize_v_columns_fit_twice_the_programs():

@@ -25,6 +25,7 @@ import triton.language as tl  # noqa: E402
 
 import jfa_ops  # noqa: E402
 from jfa_ops.backends.triton.block_sparse_fwd import selected_tiles_split  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_select import _safe_lag  # noqa: E402
 from jfa_ops.backends import Problem, available_backends, get_backend, select_backend  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,  # noqa: E402
@@ -521,8 +522,193 @@ def test_pool_skip_equals_the_full_pooling_bit_for_bit(device, name, monkeypatch
         assert zero_rows and zero_rows[-1] > 0, (opts, zero_rows)
 
 
+# KNOBS.sparse_select_overlap: (a batch of SELECTION_EDGES or SKIP_CASES, the select path as a SELECT_VARIANTS name,
+# KNOBS.sparse_pool_skip)
+OVERLAP_CASES = [("many_sequences", "v6_visible_fp32_rn_radix", False), ("many_sequences", "pairwise", False),
+                 ("pooling_steps_and_tails", "v6_visible_fp32_rn_radix", False),
+                 ("broadcast_q_many_sequences", "v6_visible_fp32_rn_radix", False),
+                 ("jagged_causal_rows", "v6_visible_fp32_rn_radix", True),
+                 ("cross_lengths", "v6_visible_fp32_rn_radix", True)]
+
+
+def _overlap_batch(name, device):
+    """(q, k, q_offsets, kv_offsets, max_seqlen_q, max_seqlen_kv, block_q, block_kv, broadcast L_q or None) of an
+    OVERLAP_CASES batch: fp16, GQA 2:1, offsets as two tensors (the bench's way) even where their values are equal."""
+    if name in SKIP_CASES:
+        q_lens, kv_lens, block_q, block_kv = SKIP_CASES[name]
+        broadcast = None
+    else:
+        q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
+    gen = torch.Generator().manual_seed(len(kv_lens) + 7)
+    q_lens = q_lens or kv_lens
+    q = torch.randn(broadcast or sum(q_lens), 4, 24, generator=gen).half().to(device)
+    k = torch.randn(sum(kv_lens), 2, 24, generator=gen).half().to(device)
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q_off = None if broadcast else torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                                                device=device)
+    max_q = broadcast or max(q_lens) + 2 * block_q  # whole index rows past every sequence's end
+    return q, k, q_off, kv_off, max_q, max(kv_lens), block_q, block_kv, broadcast
+
+
+def _overlap_options(broadcast):
+    """Causal keep 0.25 and 0.5 (always_local off), a two-sided window, causal top_k, non-causal (broadcast Q: the
+    non-causal ones)."""
+    opts = [dict(window=(40, 5), keep_ratio=0.25), dict(keep_ratio=0.5)]
+    if not broadcast:
+        opts += [dict(causal=True, keep_ratio=0.25), dict(causal=True, keep_ratio=0.5, always_local=False),
+                 dict(causal=True, top_k=2)]
+    return opts
+
+
+@on_each_device
+@pytest.mark.parametrize("name,variant,skip", OVERLAP_CASES, ids=[f"{n}-{v}-{'skip' if s else 'full'}"
+                                                                  for n, v, s in OVERLAP_CASES])
+def test_select_overlap_equals_the_default_bit_for_bit(device, name, variant, skip, monkeypatch):
+    """``KNOBS.sparse_select_overlap``: the pools and the select in one launch, work items by ticket, the select
+    items waiting on the pools' done-counters: the same index and count bit for bit as the default's two launches and
+    fills, and the float64 reference's, from outputs that start as junk (every element written by the one launch);
+    jagged batches with empty sequences, length 1, lengths off the block, max_seqlen_q past every sequence, Q longer
+    and shorter than K, 64-row blocks, broadcast Q; causal, window, top_k, always_local off; the radix and pairwise
+    select paths, with and without ``KNOBS.sparse_pool_skip``; offsets as two tensors and as one. On the CPU the
+    interpreter runs programs in order (ticket = program id): this tests the items' choices and coverage (a missing
+    item leaves junk, a doubled pool item a counter past its target: a wait that never ends), not the waits."""
+    from jfa_ops.backends.triton import block_sparse_select, configs
+
+    _set_select_variant(monkeypatch, variant)
+    monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
+    monkeypatch.setattr(block_sparse_select, "torch", _JunkEmpty())
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", False)  # every launch through ``launch``
+    kernels = []
+    real_launch = block_sparse_select.launch
+    monkeypatch.setattr(block_sparse_select, "launch",
+                        lambda kernel, grid, args, **o: kernels.append(kernel) or real_launch(kernel, grid, args, **o))
+    q, k, q_off, kv_off, max_q, max_kv, block_q, block_kv, broadcast = _overlap_batch(name, device)
+    same_lengths = q_off is not None and torch.equal(q_off, kv_off)
+    for opts in _overlap_options(broadcast):
+        opts = dict(block_q=block_q, block_kv=block_kv, broadcast_q=bool(broadcast), **opts)
+        chosen = []
+        for overlap, offsets in ((False, q_off), (True, q_off), *(((True, kv_off),) if same_lengths else ())):
+            monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", overlap)
+            kernels.clear()
+            chosen.append(_assert_selection_equals_reference(q, k, offsets, kv_off, max_q, max_kv, **opts))
+            want = [block_sparse_select.block_select_overlap_kernel] if overlap else None
+            assert want is None or kernels == want, (opts, kernels)
+        assert all(torch.equal(a, b) for got in chosen[1:] for a, b in zip(chosen[0], got)), opts
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_select_overlap_many_calls_gpu(causal, monkeypatch):
+    """``KNOBS.sparse_select_overlap`` on the GPU, where programs run at once and in any order: 200 calls (eager,
+    layouts kept: the launch's own reset between calls) and 50 replays of a captured call, each bit for bit the
+    default's selection on a bench-like bf16 batch (jagged lengths up to 16 blocks of 128, an empty sequence, H 8,
+    GQA 2:1, D 128, offsets as two tensors: the lag from the device), with and without the pool skip. A select item
+    reading a pooled row before its pool item stored it (a missing wait, a release or acquire too weak) changes
+    some choice in some call."""
+    from jfa_ops.backends.triton import configs
+    from tests.common import captured_after_warm_up
+
+    gen = torch.Generator().manual_seed(46)
+    lens = torch.randint(1, 16 * 128, (40,), generator=gen)
+    lens[3] = 0
+    lens[7] = 16 * 128
+    q = torch.randn(int(lens.sum()), 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(int(lens.sum()), 4, 128, generator=gen).to("cuda", torch.bfloat16)
+    q_off = torch.nn.functional.pad(lens.cumsum(0), (1, 0)).to(torch.int32).cuda()
+    kv_off = q_off.clone()
+    opts = dict(block_q=128, block_kv=128, keep_ratio=0.25, causal=causal)
+
+    def select():
+        return jfa_ops.select_kv_blocks(q, k, q_off, kv_off, 16 * 128, 16 * 128, backend="triton", **opts)
+
+    want = select()
+    for skip in (False, True):
+        monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
+        monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+        for call in range(200):
+            got = select()
+            assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (skip, call)
+        graph, got = captured_after_warm_up(select)
+        for replay in range(50):
+            got[0].fill_(-7)
+            graph.replay()
+            assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (skip, replay)
+        monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", False)
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_select_fill_bad_offsets_deferred(monkeypatch):
+def test_select_overlap_state_resets_itself(monkeypatch):
+    """``KNOBS.sparse_select_overlap``'s ticket and counters are zeroed once per kept layout, then reset by the
+    launch itself (no launch of its own): after n calls the ticket is 0 with generation n, the published lag word
+    says generation n, and every slot's done-counter reads n x pool items per slot; each call equals the reference
+    (a ticket left past 0 would map the next call's items wrong)."""
+    from jfa_ops.backends.triton import block_sparse_select, configs
+
+    _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+    monkeypatch.setattr(block_sparse_select, "_layout_key", lambda *args: ("test_select_overlap_state",))
+    block_sparse_select._LAYOUTS.clear()
+    q, k, q_off, kv_off, max_q, max_kv, block_q, block_kv, _ = _overlap_batch("jagged_causal_rows", "cpu")
+    try:
+        for n in range(1, 4):
+            _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max_kv, block_q=block_q,
+                                               block_kv=block_kv, causal=True, keep_ratio=0.25)
+            (layout,) = block_sparse_select._LAYOUTS.values()
+            state, flags = layout.overlap_state
+            assert state[0].item() == n << 32 and state[1].item() >> 32 == n, (n, state)
+            assert flags.numel() == layout.overlap_flags and (flags == n).all(), (n, flags)  # 2 kv heads: 1 item
+    finally:
+        block_sparse_select._LAYOUTS.clear()
+
+
+@triton.jit
+def _safe_lag_kernel(Q_OFF, KV_OFF, OUT, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: tl.constexpr,
+                     BLOCK_KV: tl.constexpr, BROADCAST_Q: tl.constexpr):  # test_select_overlap_lag_...
+    tl.store(OUT, _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q, BLOCK_KV, BROADCAST_Q))
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+@pytest.mark.parametrize("broadcast", [False, True], ids=["jagged", "broadcast_q"])
+def test_select_overlap_lag_covers_every_dependency(broadcast):
+    """``KNOBS.sparse_select_overlap``'s lag (``_safe_lag``, on the device from the offsets) puts every select item
+    after the pool items it reads, and no later than needed: counted item by item here (select slot t at position
+    t + lag; its Q slot and its sequence's K slots at their slot's position), on random jagged batches with Q
+    longer, shorter and as long as K, empty sequences, unequal blocks, max_seqlen under the longest (NKB clamps).
+    A lag too small makes the kernel skip a wait (its position bound keeps it deadlock-free) and read unfinished
+    pools, which the interpreter's in-order programs never show: this is the test of it."""
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(40):
+        num_seqs = int(torch.randint(1, 30, (), generator=gen))
+        kv_lens = torch.randint(0, 300, (num_seqs,), generator=gen) * (torch.rand(num_seqs, generator=gen) > 0.15)
+        q_lens = kv_lens if trial % 3 == 0 else torch.randint(0, 300, (num_seqs,), generator=gen)
+        block_q, block_kv = ((16, 16), (16, 32), (64, 16))[trial % 3]
+        len_bq = int(torch.randint(1, 300, (), generator=gen)) if broadcast else None
+        q_lens = torch.tensor([len_bq]) if broadcast else q_lens
+        n_q = -(-int(q_lens.max()) // block_q) if trial % 4 else max(1, -(-int(q_lens.max()) // block_q) - 2)
+        n_kv = max(1, -(-int(kv_lens.max()) // block_kv) - (trial % 5 == 0))
+        q_off = torch.nn.functional.pad(q_lens.cumsum(0), (1, 0)).to(torch.int32)
+        kv_off = torch.nn.functional.pad(kv_lens.cumsum(0), (1, 0)).to(torch.int32)
+        q_slots = -(-int(q_off[-1]) // block_q) + len(q_lens)
+        kv_slots = -(-int(kv_off[-1]) // block_kv) + num_seqs
+        need = 1
+        for b in range(num_seqs):
+            len_q = int(q_lens[0] if broadcast else q_lens[b])
+            g_k = int(kv_off[b]) // block_kv + b
+            k_slots = range(g_k, g_k + min(-(-int(kv_lens[b]) // block_kv), n_kv))
+            for i in range(min(-(-len_q // block_q), n_q)):  # the real select items of sequence b
+                t = b * n_q + i if broadcast else int(q_off[b]) // block_q + b + i
+                for slot in (i if broadcast else t, *k_slots):
+                    need = max(need, slot - t + 1)  # slot's position < t + lag
+        out = torch.zeros(1, dtype=torch.int32)
+        _safe_lag_kernel[(1,)](q_off, kv_off, out, num_seqs, n_q, n_kv, max(q_slots, kv_slots), block_q, block_kv,
+                               broadcast)
+        assert int(out) == need, (trial, int(out), need)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+@pytest.mark.parametrize("knob", ["sparse_select_fill", "sparse_select_overlap"])
+def test_select_fill_bad_offsets_deferred(knob, monkeypatch):
     """``KNOBS.sparse_select_fill`` under JFA_VALIDATE=deferred: bad offsets (a sequence past the rows, a length
     over max_seqlen, lengths that do not add up) still leave every count in [0, NKB] and every id in [-1, NKB)
     (a later block_sparse_attention reads count ids of a row: junk there reads past it), check_pending raises; the
@@ -531,7 +717,7 @@ def test_select_fill_bad_offsets_deferred(monkeypatch):
     from jfa_ops.backends.triton import block_sparse_select, configs
 
     monkeypatch.setattr(block_sparse_select, "torch", _JunkEmpty())
-    monkeypatch.setattr(configs.KNOBS, "sparse_select_fill", True)
+    monkeypatch.setattr(configs.KNOBS, knob, True)  # the overlap implies the fill (its lag from bad offsets too)
     monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
     validation._pending.clear()
     q = torch.randn(40, 2, 16).half()
@@ -667,6 +853,13 @@ def test_selection_launch_counts(monkeypatch):
     kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
     assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1} and aten == ["_assert_async.msg"], \
         (kernels, aten)
+    # KNOBS.sparse_select_overlap (on the one-launch pooling): one launch in all; its ticket and counters zeroed
+    # here per call (the interpreter keeps no layout; a kept layout zeroes them once: test_select_overlap_state_...)
+    monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", True)
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+    kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
+    assert kernels == {"block_select_overlap_kernel": 1}, kernels
+    assert sorted(aten) == ["_assert_async.msg", "zeros.default", "zeros.default"], aten
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")

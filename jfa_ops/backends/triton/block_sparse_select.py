@@ -14,6 +14,8 @@ cover the batch's rows, not B x max_seqlen (the bench batch: 548 Q-block slots i
 
 The outputs start as -1 (index) and 0 (count); the select kernel writes the real rows' count and kept ids only.
 Broadcast Q pools its one Q sequence once; select program t is then (sequence t // NQB, Q block t % NQB).
+``KNOBS.sparse_select_overlap``: both stages in one launch (``block_select_overlap_kernel``: work items by ticket, the
+select items waiting on the pools' per-slot done-counters).
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ SKIP_BLOCK_J = tl.constexpr(128)  # KV blocks per step of KNOBS.sparse_pool_skip
 # select program's row fill (a [HEADS, 128] tile: 4 a thread)
 FILL_BLOCK = tl.constexpr(512)
 FILL_ROW_BLOCK = tl.constexpr(128)
+# KNOBS.sparse_select_overlap: done-counters read per step of a select item's wait (a row of <= 128 K blocks: one)
+WAIT_BLOCK = tl.constexpr(128)
+LAG_BLOCK = tl.constexpr(1024)  # ... sequences per step of the lag's search (one step up to 1024 sequences)
 
 
 @triton.jit
@@ -247,6 +252,39 @@ def _block_ranks(KEEP, i, len_q, len_k, n_kv_blocks, window_left, right, BLOCK_Q
     return ranks
 
 
+@triton.jit
+def _pool_skip_q_program(X, OFF, Pooled, KV_OFF, SLOT_SEQ, FLAG, KEEP, pid, num_seqs, kv_seqs, search_steps, rows,
+                         kv_rows, max_s, max_o, heads, group, n_kv_blocks, window_left, right, stride_xt, stride_xh,
+                         stride_ps, stride_ph, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                         BLOCK_KV: tl.constexpr, ROWS: tl.constexpr, CHECK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                         WHOLE_BLOCK: tl.constexpr, HEADS: tl.constexpr, HAS_LEFT: tl.constexpr,
+                         HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr):
+    """``block_pool_pair_skip_kernel``'s Q program ``pid`` (pid < q_programs)."""
+    head_groups = (heads + HEADS - 1) // HEADS
+    t = pid // head_groups
+    head = (pid % head_groups) * HEADS
+    seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
+    ranks = _block_ranks(KEEP, start // BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq),
+                         tl.load(KV_OFF + seq + 1) - tl.load(KV_OFF + seq), n_kv_blocks, window_left, right, BLOCK,
+                         BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+    if real & (ranks == 0):
+        h = tl.arange(0, HEADS)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        tl.store(Pooled + t.to(tl.int64) * stride_ps + (head + h) * stride_ph + d,
+                 tl.zeros([HEADS, BLOCK_D], tl.float32), mask=(head + h < heads) & (d < HEAD_DIM))
+        if head == 0:
+            tl.store(SLOT_SEQ + t, seq)
+        if CHECK:  # _pool_program's (slot 0 may be skipped)
+            if (t == 0) & (head == 0):
+                valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(KV_OFF, kv_seqs, kv_rows,
+                                                                                max_o, 1024)
+                tl.store(FLAG, valid.to(tl.int32))
+    else:
+        _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, pid, num_seqs, kv_seqs, search_steps, rows,
+                      kv_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM,
+                      BLOCK_D, BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "kv_seqs", "search_steps", "kv_search_steps", "rows", "kv_rows", "max_s",
                                "max_o", "heads", "group", "q_programs", "n_kv_blocks", "window_left", "right"])
 def block_pool_pair_skip_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, FLAG, KEEP, num_seqs, kv_seqs,
@@ -265,29 +303,10 @@ def block_pool_pair_skip_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, F
     search once more first: a dependent load or two)."""
     pid = tl.program_id(0)
     if pid < q_programs:
-        head_groups = (heads + HEADS - 1) // HEADS
-        t = pid // head_groups
-        head = (pid % head_groups) * HEADS
-        seq, start, real = _pool_slot_search(OFF, t, num_seqs, search_steps, rows, BLOCK, SEARCH_STEPS)
-        ranks = _block_ranks(KEEP, start // BLOCK, tl.load(OFF + seq + 1) - tl.load(OFF + seq),
-                             tl.load(KV_OFF + seq + 1) - tl.load(KV_OFF + seq), n_kv_blocks, window_left, right, BLOCK,
-                             BLOCK_KV, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
-        if real & (ranks == 0):
-            h = tl.arange(0, HEADS)[:, None]
-            d = tl.arange(0, BLOCK_D)[None, :]
-            tl.store(Pooled + t.to(tl.int64) * stride_ps + (head + h) * stride_ph + d,
-                     tl.zeros([HEADS, BLOCK_D], tl.float32), mask=(head + h < heads) & (d < HEAD_DIM))
-            if head == 0:
-                tl.store(SLOT_SEQ + t, seq)
-            if CHECK:  # _pool_program's (slot 0 may be skipped)
-                if (t == 0) & (head == 0):
-                    valid = offsets_ok(OFF, num_seqs, rows, max_s, 1024) & offsets_ok(KV_OFF, kv_seqs, kv_rows,
-                                                                                    max_o, 1024)
-                    tl.store(FLAG, valid.to(tl.int32))
-        else:
-            _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, pid, num_seqs, kv_seqs, search_steps, rows,
-                          kv_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM,
-                          BLOCK_D, BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
+        _pool_skip_q_program(X, OFF, Pooled, KV_OFF, SLOT_SEQ, FLAG, KEEP, pid, num_seqs, kv_seqs, search_steps,
+                             rows, kv_rows, max_s, max_o, heads, group, n_kv_blocks, window_left, right, stride_xt,
+                             stride_xh, stride_ps, stride_ph, HEAD_DIM, BLOCK_D, BLOCK, BLOCK_KV, ROWS, CHECK,
+                             SEARCH_STEPS, WHOLE_BLOCK, HEADS, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
     else:
         _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, pid - q_programs, kv_seqs, kv_seqs,
                       kv_search_steps, kv_rows, kv_rows, max_o, max_o, heads, 1, stride_kt, stride_kh, stride_pks,
@@ -593,16 +612,52 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     and sequences whose offsets point outside the tensors (bad offsets under JFA_VALIDATE=deferred), read and write
     nothing. FILL > 0 (``KNOBS.sparse_select_fill``): Index and Count come uninitialized and this launch writes all
     of them (``_fill_row``, ``_fill_past_end``)."""
+    _select_program(tl.program_id(0), PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks,
+                    n_kv_blocks, kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs, stride_pqh, stride_pks,
+                    stride_pkh, stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch,
+                    window_left, right, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT,
+                    ALWAYS_LOCAL, BROADCAST_Q, ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, GROUP, SEARCH_STEPS, SCORES,
+                    RADIX_WIDTH, HEADS, FILL, False, Q_SLOT_SEQ, Q_SLOT_SEQ, 0, 0)
+
+
+@triton.jit
+def _pid(pid, WAIT: tl.constexpr):
+    """The select program's number: ``pid`` in the overlap kernel (WAIT), else the grid's, read where the shipped
+    kernel read it (the same PTX)."""
+    if WAIT:
+        return pid
+    else:
+        return tl.program_id(0)
+
+
+@triton.jit
+def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count, n_q_blocks, n_kv_blocks,
+                    kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs, stride_pqh, stride_pks, stride_pkh,
+                    stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, window_left, right,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+                    BLOCK_KV: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
+                    BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
+                    VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                    SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr,
+                    FILL: tl.constexpr,
+                    WAIT: tl.constexpr, FLAGS_Q, FLAGS_K, target, limit):
+    """``block_select_kernel``'s program ``pid`` (WAIT; else the grid's). WAIT (``KNOBS.sparse_select_overlap``, in
+    ``block_select_overlap_kernel``): before reading what the pooling wrote, wait until the slots' done-counters
+    (FLAGS_Q / FLAGS_K: Q / K slots) reach ``target`` (``_await_slots``; slots at or past ``limit``, the item's own
+    position, are not waited on: their items may not be taken yet)."""
     head_groups = (heads + HEADS - 1) // HEADS
     if FILL > 0 and not BROADCAST_Q:
-        tail = tl.program_id(0) - _capacity(rows_q, BLOCK_Q * GROUP, num_seqs) * head_groups
+        tail = _pid(pid, WAIT) - _capacity(rows_q, BLOCK_Q * GROUP, num_seqs) * head_groups
         if tail >= 0:  # a past-the-end program (sequence tail // heads, kv head tail % heads); its slot t below is
             # past the slots: not real, so the rest writes nothing. (sm_90 registers: 56, the shipped kernel 48; an
             # early return here 64 and a spill; these programs first in the grid 62)
+            if WAIT and FILL == 2:  # the check's flag: stored by Q slot 0's pooling
+                _await_slots(FLAGS_Q, 0, 1, target, limit)
             _fill_past_end(Q_OFF, Q_SLOT_SEQ, Index, Count, tail // heads, tail % heads, n_q_blocks, n_kv_blocks,
                            rows_q, num_seqs, stride_ib, stride_ih, stride_cb, stride_ch, BLOCK_Q, FILL)
-    t = tl.program_id(0) // head_groups
-    head = tl.program_id(0) % head_groups * HEADS
+    t = _pid(pid, WAIT) // head_groups
+    head = _pid(pid, WAIT) % head_groups * HEADS
     if BROADCAST_Q:  # the one Q sequence's blocks: Q block i at slot i
         n_groups = (n_q_blocks + GROUP - 1) // GROUP
         seq = t // n_groups
@@ -611,6 +666,8 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
         len_q = tl.load(Q_OFF + 1) - tl.load(Q_OFF)
         q_ok = i0 * BLOCK_Q < len_q
     elif GROUP == 1:
+        if WAIT:  # Q slot t's pooling (its slot map entry, its pooled Q)
+            _await_slots(FLAGS_Q, t, 1, target, limit)
         if FILL > 0:  # past-the-end programs read no slot (fill 2's flag sits at the first slot past them)
             seq = tl.load(Q_SLOT_SEQ + t, mask=t < _capacity(rows_q, BLOCK_Q, num_seqs), other=-1)
         else:
@@ -637,6 +694,16 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
     # KV blocks outside the KV slots (bad offsets) are never read
     q_ok = q_ok & (begin_k >= 0) & (len_k >= 0) & (end_k <= rows_kv) & (kv_slot0 >= 0) \
         & (kv_slot0 + n_own <= kv_slots)
+    if WAIT:  # the pooled rows the select reads (bad offsets, q_ok false: none)
+        if BROADCAST_Q:
+            _await_slots(FLAGS_Q, i0, q_ok.to(tl.int32), target, limit)
+        wait_lo = n_own * 0
+        wait_hi = tl.where(q_ok, n_own, 0)
+        if VISIBLE_RANGE:  # the K blocks _select_q_block reads (causal: those up to the diagonal, long pooled)
+            d0 = i0 * BLOCK_Q + len_k - len_q
+            d1 = tl.minimum((i0 + 1) * BLOCK_Q, len_q) - 1 + len_k - len_q
+            wait_lo, wait_hi = _visible_range(d0, d1, wait_hi, window_left, right, BLOCK_KV, HAS_LEFT, HAS_RIGHT)
+        _await_slots(FLAGS_K, kv_slot0 + wait_lo, wait_hi - wait_lo, target, limit)
     if GROUP == 1:
         if FILL > 0:
             _fill_row(Index, Count, seq, head, heads, i0, slot_real, q_ok, len_q, n_q_blocks, n_kv_blocks, stride_ib,
@@ -696,6 +763,172 @@ def _select_q_block(PQ, PK, KEEP, Scores, Index, Count, t, head, heads, seq, i, 
                                 index_row, count_ptr, kv_slot0, head, lo, hi, stride_pks, stride_pkh, d0, d1,
                                 local, len_k, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_KV, BLOCK_J, BLOCK_C,
                                 BLOCK_DC, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, SCORES)
+
+
+@triton.jit
+def _await_slots(FLAGS, first, n, target, limit):
+    """``KNOBS.sparse_select_overlap``: spin until the done-counters FLAGS[first .. first + n - 1] equal ``target``
+    (acquire loads: the pooled rows their items stored are visible after), slots at or past ``limit`` (the waiting
+    item's position: their items may not be taken yet) left out; then a barrier, so that every thread of the program
+    reads after the waits of all (an acquire orders only its own thread's later loads)."""
+    for c0 in range(0, loop_bound(n), WAIT_BLOCK):
+        c = first + c0 + tl.arange(0, WAIT_BLOCK)
+        pending = (c < first + n) & (c < limit)
+        left = tl.sum(pending.to(tl.int32), 0)
+        while left > 0:
+            done = tl.atomic_add(FLAGS + c, tl.zeros([WAIT_BLOCK], tl.int32), mask=pending, sem="acquire")
+            pending = pending & (done != target)
+            left = tl.sum(pending.to(tl.int32), 0)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _signal_slot(FLAG):
+    """``KNOBS.sparse_select_overlap``: a pool item's done (its slot's counter + 1, release), after a barrier: every
+    thread's pooled stores come before the one thread's release (the barrier orders them within the program, the
+    release makes them visible device-wide to an acquiring reader)."""
+    tl.debug_barrier()
+    tl.atomic_add(FLAG, 1, sem="release")
+
+
+@triton.jit
+def _items_before(p, qs, ks, ss, lag, hgp, hgs):
+    """Work items at positions < p of ``block_select_overlap_kernel``'s order: position p holds slot p's Q pool items
+    (hgp, p < qs), its K pool items (hgp, p < ks), then Q slot p - lag's select items (hgs, 0 <= p - lag < ss)."""
+    return hgp * (tl.minimum(p, qs) + tl.minimum(p, ks)) + hgs * tl.minimum(tl.maximum(p - lag, 0), ss)
+
+
+@triton.jit
+def _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: tl.constexpr,
+              BLOCK_KV: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """The smallest lag (in positions) that puts every select item after the pool items it reads: Q slot t of
+    sequence b (t >= g_q(b); broadcast Q: select slot b * NQB + i reads Q slot i <= it) reads K slots g_k(b) ..
+    g_k(b) + n_own(b) - 1, so lag >= g_k(b) + n_own(b) - g_q(b) over the sequences with Q rows, and >= 1 (its own Q
+    slot). Clamped to [1, limit] (limit = max(Q slots, K slots): every pool item first): bad offsets get some lag,
+    and the waits' position bound keeps any lag deadlock-free."""
+    lag = tl.full([], 1, tl.int32)
+    q_base = tl.load(Q_OFF) // BLOCK_Q
+    kv_base = tl.load(KV_OFF) // BLOCK_KV
+    for b0 in range(0, loop_bound(kv_seqs), LAG_BLOCK):
+        b = b0 + tl.arange(0, LAG_BLOCK)
+        ok = b < kv_seqs
+        k0 = tl.load(KV_OFF + b, mask=ok, other=0)
+        len_k = tl.load(KV_OFF + b + 1, mask=ok, other=0) - k0
+        n_own = tl.minimum((len_k + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
+        g_k = k0 // BLOCK_KV - kv_base + b
+        if BROADCAST_Q:
+            g_q = b * n_q_blocks
+            has_q = ok & (tl.load(Q_OFF + 1) > tl.load(Q_OFF))
+        else:
+            q0 = tl.load(Q_OFF + b, mask=ok, other=0)
+            g_q = q0 // BLOCK_Q - q_base + b
+            has_q = ok & (tl.load(Q_OFF + b + 1, mask=ok, other=0) > q0)
+        lag = tl.maximum(lag, tl.max(tl.where(has_q, g_k + n_own - g_q, 1), 0))
+    return tl.minimum(lag, limit)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "kv_seqs", "search_steps", "kv_search_steps", "rows", "kv_rows", "max_s",
+                               "max_o", "heads", "group", "q_programs", "n_kv_blocks", "window_left", "right",
+                               "n_q_blocks", "kv_slots", "rows_kv", "rows_q", "select_slots", "fills"])
+def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, FLAG, KEEP, PQ, PK, Q_OFF, Q_SLOT_SEQ,
+                                Scores, Index, Count, STATE, FLAGS, num_seqs, kv_seqs, search_steps,
+                                kv_search_steps, rows, kv_rows, max_s, max_o, heads, group, q_programs, n_kv_blocks,
+                                window_left, right, n_q_blocks, kv_slots, rows_kv, rows_q, select_slots, fills,
+                                stride_xt, stride_xh, stride_ps, stride_ph, stride_kt, stride_kh, stride_pks,
+                                stride_pkh, stride_pqs, stride_pqh, stride_ss, stride_sh, stride_ib, stride_ih,
+                                stride_iq, stride_cb, stride_ch, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                BLOCK: tl.constexpr, BLOCK_KV: tl.constexpr, ROWS: tl.constexpr, CHECK: tl.constexpr,
+                                SEARCH_STEPS: tl.constexpr, KV_SEARCH_STEPS: tl.constexpr,
+                                WHOLE_BLOCK: tl.constexpr, KV_WHOLE_BLOCK: tl.constexpr, HEADS: tl.constexpr,
+                                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, ALWAYS_LOCAL: tl.constexpr,
+                                BLOCK_Q: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_C: tl.constexpr,
+                                BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
+                                VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEL_SEARCH_STEPS: tl.constexpr,
+                                SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, SEL_HEADS: tl.constexpr,
+                                FILL: tl.constexpr, SKIP: tl.constexpr):
+    """``KNOBS.sparse_select_overlap``: the pooling (``block_pool_pair_kernel``, SKIP: ``..._skip_kernel``) and the
+    select (``block_select_kernel``, FILL > 0, GROUP 1) in one launch. A program takes its work item by ticket
+    (STATE[0]: int64, generation << 32 | next ticket; the last ticket's taker moves it to (generation + 1, 0): no
+    reset launch), not by program id, so an item waits only on items with earlier tickets, which running programs
+    hold: no deadlock whatever order the hardware starts programs in. Ticket order: Q slot 0's pool items, the past-the-end
+    fill items (``fills``; FILL 2 reads the check's flag that Q slot 0's pooling stores), then positions p = 0, 1,
+    ... (``_items_before``): slot p's Q and K pool items, then Q slot p - lag's select items. Each pool item adds 1 to
+    its slot's counter in FLAGS (Q slots, then K slots from FLAGS + q slots) after its stores (``_signal_slot``); a
+    select item waits (``_await_slots``) until its Q slot's and its sequence's K slots' counters read
+    (generation + 1) x pool items per slot. lag: the smallest that puts those slots at earlier positions
+    (``_safe_lag``, from the offsets: the bench's batch NKB), found by ticket 0's program and published in STATE[1]
+    ((generation + 1) << 32 | lag, release); the others read it (acquire) before they map their tickets."""
+    hgp = (heads + HEADS - 1) // HEADS  # pool items per slot
+    hgs = (heads + SEL_HEADS - 1) // SEL_HEADS  # select items per Q slot
+    qs = q_programs // hgp
+    ks = kv_slots
+    total = hgp * (qs + ks) + hgs * select_slots + fills
+    claimed = tl.atomic_add(STATE, 1, sem="acq_rel")
+    ticket = (claimed & 0xFFFFFFFF).to(tl.int32)
+    target = ((claimed >> 32) + 1).to(tl.int32) * hgp  # wraps with the counters (int32): compared by equality
+    if ticket == total - 1:  # every ticket is taken: the next launch starts at (generation + 1, 0)
+        tl.atomic_add(STATE, tl.full([], 1 << 32, tl.int64) - total.to(tl.int64), sem="relaxed")
+    FLAGS_K = FLAGS + qs
+    gen_next = (claimed >> 32) + 1
+    is_fill = (ticket >= hgp) & (ticket < hgp + fills)
+    lag = ticket * 0
+    if ticket == 0:
+        lag = _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, tl.maximum(qs, ks), BLOCK_Q, BLOCK_KV,
+                        BROADCAST_Q)
+        tl.atomic_xchg(STATE + 1, (gen_next << 32) | lag.to(tl.int64), sem="release")
+    elif not is_fill:  # ticket 0 was taken first: its program runs, and publishes without waiting on anything
+        published = tl.atomic_add(STATE + 1, tl.zeros([], tl.int64), sem="acquire")
+        while (published >> 32) != gen_next:
+            published = tl.atomic_add(STATE + 1, tl.zeros([], tl.int64), sem="acquire")
+        lag = (published & 0xFFFFFFFF).to(tl.int32)
+    if is_fill:  # a past-the-end fill item (the select kernel's grid's last ones)
+        _select_program(select_slots * hgs + ticket - hgp, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
+                        Count, n_q_blocks, n_kv_blocks, kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs,
+                        stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh, stride_ib, stride_ih, stride_iq,
+                        stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J,
+                        BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, BROADCAST_Q, ROW_IN_REGISTERS, BLOCK_DC,
+                        VISIBLE_RANGE, GROUP, SEL_SEARCH_STEPS, SCORES, RADIX_WIDTH, SEL_HEADS, FILL, True, FLAGS,
+                        FLAGS_K, target, 1)
+    else:
+        item = tl.where(ticket < hgp, ticket, ticket - fills)
+        lo = item * 0  # the item's position: the last p with _items_before(p) <= item (a search, no loads)
+        hi = tl.maximum(tl.maximum(qs, ks), lag + select_slots)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            below = _items_before(mid, qs, ks, select_slots, lag, hgp, hgs) <= item
+            lo = tl.where(below, mid, lo)
+            hi = tl.where(below, hi, mid)
+        p = lo
+        r = item - _items_before(p, qs, ks, select_slots, lag, hgp, hgs)
+        if (p < qs) & (r < hgp):  # Q slot p's pooling, kv heads from r * HEADS
+            if SKIP:
+                _pool_skip_q_program(X, OFF, Pooled, KV_OFF, SLOT_SEQ, FLAG, KEEP, p * hgp + r, num_seqs, kv_seqs,
+                                     search_steps, rows, kv_rows, max_s, max_o, heads, group, n_kv_blocks,
+                                     window_left, right, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM,
+                                     BLOCK_D, BLOCK, BLOCK_KV, ROWS, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS,
+                                     HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
+            else:
+                _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, p * hgp + r, num_seqs, kv_seqs, search_steps,
+                              rows, kv_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph,
+                              HEAD_DIM, BLOCK_D, BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
+            _signal_slot(FLAGS + p)
+        else:
+            r -= tl.where(p < qs, hgp, 0)
+            if (p < ks) & (r < hgp):  # K slot p's pooling
+                _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, p * hgp + r, kv_seqs, kv_seqs,
+                              kv_search_steps, kv_rows, kv_rows, max_o, max_o, heads, 1, stride_kt, stride_kh,
+                              stride_pks, stride_pkh, HEAD_DIM, BLOCK_D, BLOCK_KV, ROWS, False, False,
+                              KV_SEARCH_STEPS, KV_WHOLE_BLOCK, HEADS)
+                _signal_slot(FLAGS_K + p)
+            else:  # Q slot p - lag's select, kv heads from (r - its pool items) * SEL_HEADS
+                r -= tl.where(p < ks, hgp, 0)
+                _select_program((p - lag) * hgs + r, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count,
+                                n_q_blocks, n_kv_blocks, kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs,
+                                stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh, stride_ib, stride_ih,
+                                stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_Q,
+                                BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, BROADCAST_Q,
+                                ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, GROUP, SEL_SEARCH_STEPS, SCORES,
+                                RADIX_WIDTH, SEL_HEADS, FILL, True, FLAGS, FLAGS_K, target, p)
 
 
 def score_kind() -> int:
@@ -772,6 +1005,23 @@ def _pool_launches(q, k, pooled_q, pooled_k, check: bool, q_seqs, num_seqs, max_
     return out
 
 
+def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int) -> "_Launch":
+    """``KNOBS.sparse_select_overlap``: the pair pooling's launch (``block_pool_pair_kernel`` or its skip kernel) and
+    the select's (FILL > 0, GROUP 1) as one ``block_select_overlap_kernel`` launch: their arguments merged (the
+    select's SEARCH_STEPS and HEADS renamed: the pooling has its own), one program per work item of both grids."""
+    static = dict(pool.static)
+    for name, value in select.static.items():
+        name = {"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}.get(name, name)
+        assert static.setdefault(name, value) == value, name  # shared names mean the same value
+    tensors = dict(pool.tensors)
+    for name, source in select.tensors.items():
+        assert tensors.setdefault(name, source) == source, name
+    tensors.update(STATE="overlap_state", FLAGS="overlap_flags")
+    select_slots = (select.grid[0] - fills) // -(-static["heads"] // static["SEL_HEADS"])  # per select item
+    static.update(select_slots=select_slots, fills=fills, SKIP=pool.kernel is block_pool_pair_skip_kernel)
+    return _Launch(block_select_overlap_kernel, (pool.grid[0] + select.grid[0],), static, tensors, pool.options)
+
+
 @shape_constant
 def _keep_table(n_kv_blocks: int, keep_ratio: float, top_k: int, device: torch.device) -> torch.Tensor:
     """keep[n] for n visible blocks (the float64 rule of ``meta_kernels.keep_count``), once per shape."""
@@ -807,7 +1057,8 @@ class _Layout:
     grid and non-tensor arguments. ``run`` allocates the outputs and scratch, launches, and asserts the check."""
 
     __slots__ = ("key", "plan_id", "index_shape", "count_shape", "pooled_q_shape", "pooled_k_shape", "scores_shape",
-                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets", "fill")
+                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets", "fill", "overlap_flags",
+                 "overlap_state")
 
     def __init__(self, key, q, k, num_seqs: int, params: BlockSelectParams):
         heads_kv, head_dim = k.shape[1], q.shape[2]
@@ -847,8 +1098,12 @@ class _Layout:
         index_strides, count_strides = _Strided(self.index_shape).stride(), _Strided(self.count_shape).stride()
         has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left,
                                                                 params.window_right)
-        # KNOBS.sparse_select_fill: the select launch writes the whole outputs (no fills); 2: it reads the check's flag
-        self.fill = 0 if not KNOBS.sparse_select_fill else 2 if self.check and not params.broadcast_q else 1
+        # KNOBS.sparse_select_overlap: the pooling and the select in one launch (the pair pooling, ungrouped select)
+        overlap = KNOBS.sparse_select_overlap and KNOBS.sparse_pool_one_launch and group == 1
+        # KNOBS.sparse_select_fill (or the overlap): the select launch writes the whole outputs (no fills); 2: it
+        # reads the check's flag
+        fill = KNOBS.sparse_select_fill or overlap
+        self.fill = 0 if not fill else 2 if self.check and not params.broadcast_q else 1
         static = dict(
             n_q_blocks=n_q, n_kv_blocks=n_kv, kv_slots=kv_slots, rows_kv=k.shape[0], heads=heads_kv,
             num_seqs=q_seqs, rows_q=q.shape[0], stride_pqs=pooled_q.stride(0), stride_pqh=pooled_q.stride(1),
@@ -868,6 +1123,11 @@ class _Layout:
         if self.fill and not params.broadcast_q:  # then one program per (sequence, kv head): rows past its end
             grid = (grid[0] + num_seqs * heads_kv,)
         self.launches.append(_Launch(block_select_kernel, grid, static, tensors, dict(num_warps=4, num_stages=1)))
+        self.overlap_flags, self.overlap_state = 0, None
+        if overlap:  # the done-counters: one per Q slot, then one per K slot
+            fills = num_seqs * heads_kv if self.fill and not params.broadcast_q else 0
+            self.launches = [_overlap_launch(*self.launches, fills)]
+            self.overlap_flags = q_slots + kv_slots
 
     def run(self, q, k, q_offsets, kv_offsets):
         """(index, count) of one call: allocations, the offsets as the kernels read them, the launches (through
@@ -891,8 +1151,17 @@ class _Layout:
         flag = None
         if self.check:
             flag = q_slot_seq[q_slots:] if self.fill == 2 else torch.empty((1,), dtype=torch.int32, device=device)
+        state = flags = None
+        if self.overlap_flags:  # the ticket and done-counters, zero once per layout (kept), then self-resetting
+            if self.overlap_state is None:
+                state = (torch.zeros((2,), dtype=torch.int64, device=device),
+                         torch.zeros((self.overlap_flags,), dtype=torch.int32, device=device))
+                # not kept when made inside a CUDA graph capture: its memory is the graph's (zeroed on each replay)
+                if self.key is not None and not capturing(device):
+                    self.overlap_state = state
+            state, flags = self.overlap_state or state
         sources = dict(
-            q=q, k=k, q_off=q_off, kv_off=kv_off, pooled_q=pooled_q,
+            q=q, k=k, q_off=q_off, kv_off=kv_off, pooled_q=pooled_q, overlap_state=state, overlap_flags=flags,
             pooled_k=torch.empty(self.pooled_k_shape, dtype=torch.float32, device=device),
             q_slot_seq=q_slot_seq, flag=flag,
             keep=self.keep, index=index, count=count,
@@ -904,7 +1173,8 @@ class _Layout:
                 launch(kernel, grid, {**static, **dynamic}, **options)
             else:  # every static value follows from the layout (its id: hashing the key again cost ~2 us a launch)
                 launch_planned(kernel, (self.plan_id, n), grid, dynamic, lambda static=static: static, **options)
-            if n == len(self.launches) - 2 and self.check:  # the pooling holds the check: asserted before select
+            # the pooling holds the check: asserted before select (after the one launch of the overlap)
+            if n == max(len(self.launches) - 2, 0) and self.check:
                 validation.device_flag(sources["flag"], validation.validation_mode(device))
         return index, count
 

@@ -136,6 +136,14 @@ class Knobs:
     # keep 0.25 265.8 -> 251.5 us a selection with the fill, non-causal within +0.2 us; bench/NOTES.md "Stop 46");
     # JFA_POOL_SKIP=0 turns it off at import.
     sparse_pool_skip: bool = os.environ.get("JFA_POOL_SKIP", "1") != "0"
+    # ... and the pools and the select in ONE launch (helper selover46, bench/NOTES.md "Selection overlap, helper
+    # selover46"): programs take work items by an atomic ticket (Q/K pools of slot p, the select items of Q slot
+    # p - lag: a wave or so later), each pool item bumps its slot's done-counter (release), a select item waits on its
+    # Q slot's and its sequence's K slots' counters (acquire): the latency-bound select runs beside the pools' reads
+    # instead of after them. Implies sparse_select_fill (the launch writes the whole outputs); composes with
+    # sparse_pool_skip; the streaming one-launch pooling and ungrouped select only (else the two launches). Same
+    # bits (tests). Off until measured; JFA_SELECT_OVERLAP=1 turns it on at import.
+    sparse_select_overlap: bool = os.environ.get("JFA_SELECT_OVERLAP", "0") == "1"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

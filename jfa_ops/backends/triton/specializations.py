@@ -181,6 +181,8 @@ _BLOCK_SPARSE_KERNELS = {
     "bs_pool_pair": ("block_sparse_select", "block_pool_pair_kernel", None),
     "bs_pool_pair_skip": ("block_sparse_select", "block_pool_pair_skip_kernel", None),
     "bs_select": ("block_sparse_select", "block_select_kernel", None),
+    "bs_select_overlap": ("block_sparse_select", "block_select_overlap_kernel", None),
+    "bs_select_overlap_skip": ("block_sparse_select", "block_select_overlap_kernel", None),
 }
 
 
@@ -235,6 +237,19 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                               KV_WHOLE_BLOCK=pool_whole_block)
         if kernel == "bs_pool_pair_skip":  # KNOBS.sparse_pool_skip: the select kernel's geometry
             constexprs.update(HAS_LEFT=False, HAS_RIGHT=causal, ALWAYS_LOCAL=True)
+    elif kernel in ("bs_select_overlap", "bs_select_overlap_skip"):  # KNOBS.sparse_select_overlap (SKIP: pool skip)
+        pool = block_sparse_specialization("bs_pool_pair", head_dim, dtype, causal, broadcast_q, block_q, block_kv,
+                                           pool_fanout=pool_fanout, pool_stream=pool_stream, cc=cc)
+        select = block_sparse_specialization("bs_select", head_dim, dtype, causal, broadcast_q, block_q, block_kv,
+                                             select_visible=select_visible, fp32_rn=fp32_rn,
+                                             select_radix=select_radix, select_fill=select_fill, cc=cc)
+        constexprs = dict(pool.constexprs)
+        for name, value in select.constexprs.items():  # the overlap kernel's names for the select's own
+            constexprs[{"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}.get(name, name)] = value
+        constexprs["SKIP"] = kernel.endswith("_skip")
+        ptr.update(STATE="*i64", FLAGS="*i32")
+        if select.signature["Scores"] == "*fp64":
+            ptr["Scores"] = "*fp64"
     elif kernel == "bs_select":
         if not (select_rows or fp32_rn):  # fp64 scores in the scratch row (rows in registers: pooled_q, untouched)
             ptr["Scores"] = "*fp64"
@@ -342,6 +357,18 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     for causal in (False, True):  # KNOBS.sparse_pool_skip (on the streaming one-launch pooling)
         yield block_sparse_specialization("bs_pool_pair_skip", 128, torch.bfloat16, causal, pool_fanout=True,
                                           pool_stream=True)
+    yield from select_overlap_specializations()
+
+
+def select_overlap_specializations(cc: int = 90) -> Iterator[Specialization]:
+    """KNOBS.sparse_select_overlap's one launch (pools and select) on the default pooling and select kernels: causal
+    and not, with the pool skip, FILL 2 (jagged, the offsets checked), broadcast Q (FILL 1)."""
+    for kernel, causal, bcast in (("bs_select_overlap", True, False), ("bs_select_overlap", False, False),
+                                  ("bs_select_overlap_skip", True, False), ("bs_select_overlap_skip", False, False),
+                                  ("bs_select_overlap", False, True)):
+        yield block_sparse_specialization(kernel, 128, torch.bfloat16, causal, broadcast_q=bcast, pool_fanout=True,
+                                          pool_stream=True, select_visible=True, fp32_rn=True, select_radix=True,
+                                          select_fill=1 if bcast else 2, cc=cc)
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
