@@ -80,6 +80,86 @@ def transpose_selection_kernel(INDEX, COUNT, Q_INDEX, Q_COUNT, n_q_blocks, n_kv_
     tl.store(Q_COUNT + bh * n_kv_blocks + j, pos, mask=j_ok)
 
 
+# The scatter transpose (``KNOBS.sparse_transpose_scatter``): rows per program of the mark pass x ids per step, and
+# KV blocks per program of the list pass x Q blocks per step.
+SCATTER_ROWS, SCATTER_W = 16, 128
+LISTS_J, LISTS_CHUNK = 16, 128
+
+
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "width"])
+def transpose_mark_kernel(INDEX, COUNT, MARK, n_q_blocks, n_kv_blocks, width, ROWS: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+    """Program (b * H + h, chunk of ROWS Q blocks i): MARK[b, h, j, i] = 1 for every id j in [0, n_kv_blocks) among
+    row i's first min(count, width) ids (MARK [B, H, n_kv_blocks, NQB] int8, zeroed before). Only the used ids are
+    read (rows past a sequence's end have count 0: no id read, one step of nothing); duplicates store 1 twice.
+    Every writer of an entry writes the same 1, so the order of the stores does not matter."""
+    bh = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    i_ok = i < n_q_blocks
+    count = tl.minimum(tl.load(COUNT + bh * n_q_blocks + i, mask=i_ok, other=0), width)
+    rows = INDEX + (bh * n_q_blocks + i.to(tl.int64)) * width
+    marks = MARK + bh * n_kv_blocks * n_q_blocks + i
+    w = tl.arange(0, BLOCK_W)
+    for w0 in range(0, loop_bound(tl.max(count, 0)), BLOCK_W):
+        used = (w0 + w)[None, :] < count[:, None]
+        ids = tl.load(rows[:, None] + (w0 + w)[None, :], mask=used, other=-1)
+        ok = used & (ids >= 0) & (ids < n_kv_blocks)
+        tl.store(marks[:, None] + ids.to(tl.int64) * n_q_blocks, tl.full([ROWS, BLOCK_W], 1, tl.int8), mask=ok)
+
+
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks"])
+def transpose_lists_kernel(MARK, Q_INDEX, Q_COUNT, n_q_blocks, n_kv_blocks, BLOCK_J: tl.constexpr,
+                           CHUNK: tl.constexpr):
+    """Program (b * H + h, chunk of BLOCK_J KV blocks j): j's list = the Q blocks i with MARK[b, h, j, i] set,
+    ascending (each at its rank: the marks before it, a running prefix sum), then n_q_blocks up to NQB; its count.
+    Writes every entry of its Q_INDEX rows (no fill before) and its Q_COUNT."""
+    bh = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j_ok = j < n_kv_blocks
+    row = (bh * n_kv_blocks + j.to(tl.int64)) * n_q_blocks
+    c = tl.arange(0, CHUNK)
+    pos = tl.zeros([BLOCK_J], tl.int32)
+    for i0 in range(0, n_q_blocks, CHUNK):
+        i = i0 + c
+        ok = j_ok[:, None] & (i < n_q_blocks)[None, :]
+        mark = tl.load(MARK + row[:, None] + i[None, :], mask=ok, other=0).to(tl.int32)
+        rank = pos[:, None] + tl.cumsum(mark, 1) - 1
+        tl.store(Q_INDEX + row[:, None] + rank, i[None, :] + tl.zeros([BLOCK_J, CHUNK], tl.int32),
+                 mask=ok & (mark != 0))
+        pos += tl.sum(mark, 1)
+    for p0 in range(0, n_q_blocks, CHUNK):
+        p = p0 + c
+        tail = j_ok[:, None] & (p < n_q_blocks)[None, :] & (p[None, :] >= pos[:, None])
+        tl.store(Q_INDEX + row[:, None] + p[None, :], tl.full([BLOCK_J, CHUNK], 0, tl.int32) + n_q_blocks,
+                 mask=tail)
+    tl.store(Q_COUNT + bh * n_kv_blocks + j, pos, mask=j_ok)
+
+
+def transpose_selection_scatter(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
+    """``transpose_selection``'s outputs, bit for bit, in three launches whose work follows the used ids, not
+    NQB x n_kv_blocks compares per (sequence, head): a zeroed int8 mark matrix [B, H, n_kv_blocks, NQB], the mark
+    pass (``transpose_mark_kernel``: reads only each row's used ids, stores a 1 per id) and the list pass
+    (``transpose_lists_kernel``: per KV block a running prefix sum over its marks places each Q block at its rank,
+    then the NQB padding; no torch.full before). Why: transpose_selection_kernel's [32 KV blocks x width] compare
+    per row of every padded Q block was 595 us a backward call on the bench's T66944 batch (H100 profile,
+    bench/NOTES.md "Transposed selection, helper transpose46"), this is ~35 MB of traffic. Any width."""
+    batch, heads, n_q_blocks, width = kv_block_index.shape
+    device = kv_block_index.device
+    q_index = torch.empty((batch, heads, n_kv_blocks, n_q_blocks), dtype=torch.int32, device=device)
+    q_count = torch.empty((batch, heads, n_kv_blocks), dtype=torch.int32, device=device)
+    if not q_count.numel():
+        return q_index, q_count
+    mark = torch.zeros((batch, heads, n_kv_blocks, n_q_blocks), dtype=torch.int8, device=device)
+    if mark.numel() and width:
+        launch(transpose_mark_kernel, (batch * heads, triton.cdiv(n_q_blocks, SCATTER_ROWS)), dict(
+            INDEX=kv_block_index.contiguous(), COUNT=kv_block_count.contiguous(), MARK=mark, n_q_blocks=n_q_blocks,
+            n_kv_blocks=n_kv_blocks, width=width, ROWS=SCATTER_ROWS, BLOCK_W=SCATTER_W), num_warps=4, num_stages=1)
+    launch(transpose_lists_kernel, (batch * heads, triton.cdiv(n_kv_blocks, LISTS_J)), dict(
+        MARK=mark, Q_INDEX=q_index, Q_COUNT=q_count, n_q_blocks=n_q_blocks, n_kv_blocks=n_kv_blocks,
+        BLOCK_J=LISTS_J, CHUNK=LISTS_CHUNK), num_warps=4, num_stages=1)
+    return q_index, q_count
+
+
 def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
     """(q_block_index [B, H, n_kv_blocks, NQB] int32: per KV block the Q blocks that selected it, ascending, then
     NQB; q_block_count [B, H, n_kv_blocks] int32). Ids outside [0, n_kv_blocks) and entries past a row's count are
@@ -88,6 +168,8 @@ def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tens
     [B, H, NQB, n_kv_blocks + 1] (a segmented sort among them)."""
     batch, heads, n_q_blocks, width = kv_block_index.shape
     device = kv_block_index.device
+    if KNOBS.sparse_transpose_scatter:
+        return transpose_selection_scatter(kv_block_index, kv_block_count, n_kv_blocks)
     if KNOBS.sparse_transpose_kernel and width <= TRANSPOSE_MAX_WIDTH:
         q_index = torch.full((batch, heads, n_kv_blocks, n_q_blocks), n_q_blocks, dtype=torch.int32, device=device)
         q_count = torch.empty((batch, heads, n_kv_blocks), dtype=torch.int32, device=device)
