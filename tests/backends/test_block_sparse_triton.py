@@ -907,13 +907,14 @@ def test_transpose_scatter_equals_the_other_paths(device, name, monkeypatch):
 @on_each_device
 def test_transpose_scatter_wide_and_degenerate(device, monkeypatch):
     """Rows wider than the one-launch kernel takes (TRANSPOSE_MAX_WIDTH: the others fall back to the torch ops; the
-    scatter path takes any width, in several id steps), counts past the width or negative, and shapes with no Q
-    blocks, no KV blocks or no ids."""
+    scatter path takes any width, in several id steps), lists longer than one step of the list pass (LISTS_CHUNK),
+    counts past the width or negative, and shapes with no Q blocks, no KV blocks or no ids."""
     from jfa_ops.backends.triton import block_sparse_bwd
 
     gen = torch.Generator().manual_seed(3)
     wide = block_sparse_bwd.TRANSPOSE_MAX_WIDTH + 44
-    for batch, heads, n_q, width, n_kv in ((1, 2, 21, wide, wide - 5), (2, 1, 19, 7, 300), (2, 2, 0, 4, 5),
+    for batch, heads, n_q, width, n_kv in ((1, 2, 21, wide, wide - 5), (2, 1, 19, 7, 300), (1, 1, 300, 9, 6),
+                                           (2, 2, 0, 4, 5),
                                            (2, 1, 5, 3, 0), (1, 1, 6, 0, 4)):
         index = torch.randint(-2, n_kv + 3, (batch, heads, n_q, width), generator=gen, dtype=torch.int32)
         count = torch.randint(-3, width + 5, (batch, heads, n_q), generator=gen, dtype=torch.int32)
