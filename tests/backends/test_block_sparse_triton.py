@@ -891,13 +891,14 @@ def test_transpose_scatter_equals_the_other_paths(device, name, monkeypatch):
     assert count.sum() > 0
     q_index, q_count = _assert_transposes_equal(index, count, n_kv, monkeypatch)
     # independent: per KV block, the Q blocks whose used ids name it, ascending, then n_q
-    want = torch.full_like(q_index, n_q)
-    for b, h, i in torch.nonzero(torch.ones_like(count)).tolist():
-        for j in sorted(set(index[b, h, i, :count[b, h, i]].tolist())):
+    want = torch.full(q_index.shape, n_q, dtype=torch.int32)
+    index_cpu, count_cpu = index.cpu(), count.cpu()
+    for b, h, i in torch.nonzero(torch.ones_like(count_cpu)).tolist():
+        for j in sorted(set(index_cpu[b, h, i, :count_cpu[b, h, i]].tolist())):
             if 0 <= j < n_kv:
                 want[b, h, j, int((want[b, h, j] < n_q).sum())] = i
-    assert torch.equal(q_index.cpu(), want.cpu())
-    assert torch.equal(q_count, (want < n_q).sum(-1, dtype=torch.int32).to(device))
+    assert torch.equal(q_index.cpu(), want)
+    assert torch.equal(q_count.cpu(), (want < n_q).sum(-1, dtype=torch.int32))
     junk = torch.randint(-3, n_kv + 4, index.shape, generator=gen, dtype=torch.int32).to(device)
     past = torch.arange(index.shape[-1], device=device) >= count[..., None]
     got = _assert_transposes_equal(torch.where(past, junk, index), count, n_kv, monkeypatch)
