@@ -1436,10 +1436,14 @@ def sparse_backward_timing() -> int:
 # A/A); "kvearly": configs.SPARSE_BACKWARD_KV_EARLY (helper sparsebwd45), "+storetma" with BACKWARD_STORE_TMA on it;
 # "hg1" / "hg4": kv heads in groups of 1 / 4 instead of SPARSE_HEAD_GROUP's 2 (the default's kernel, another list:
 # how much of a row's time follows the L2 reuse of the items in flight). "KNOBS.<name>": the triton backend's
-# KNOBS.<name> (read per call): "scatter" = KNOBS.sparse_transpose_scatter (helper transpose46, the transposed
-# selection as marks then lists; its kernels are profiled too, as "sparse scatter").
+# KNOBS.<name> (read per call; such a column's kernels are profiled too, as "sparse <column>"): "scatter" =
+# KNOBS.sparse_transpose_scatter (helper transpose46: the transposed selection as marks then lists), "onesort" =
+# KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both.
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
+                       "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
+                       "scatter+onesort": ({"KNOBS.sparse_transpose_scatter": True,
+                                            "KNOBS.sparse_item_one_sort": True}, "sparse"),
                        "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
                        "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
@@ -1515,13 +1519,14 @@ def sparse_bwd_ablation() -> int:
         configs.SPARSE_BACKWARD = True
         faulthandler.dump_traceback_later(HANG_S, exit=True)
         kernels = {kind: _kernels(grads[kind], calls=5) for kind in grads}
-        if "scatter" in cols:
-            apply(SPARSE_BWD_ABLATION["scatter"][0])
-            configs.SPARSE_BACKWARD = True
-            try:
-                kernels["sparse scatter"] = _kernels(grads["sparse"], calls=5)
-            finally:
-                apply({})
+        for col in cols:
+            if any(k.startswith("KNOBS.") for k in SPARSE_BWD_ABLATION[col][0]):
+                apply(SPARSE_BWD_ABLATION[col][0])
+                configs.SPARSE_BACKWARD = True
+                try:
+                    kernels[f"sparse {col}"] = _kernels(grads["sparse"], calls=5)
+                finally:
+                    apply({})
         faulthandler.cancel_dump_traceback_later()
         apply({})
         ms = {c: sorted(v)[len(v) // 2] for c, v in times.items() if v}
@@ -1530,7 +1535,8 @@ def sparse_bwd_ablation() -> int:
               + " ".join(f"{c} {ms.get('default', nan) / ms[c]:.3f}" for c in cols if c in ms and c != "default"),
               flush=True)
         for kind, listed in kernels.items():
-            shown = listed[:8] + [(n, t) for n, t in listed[8:] if n.startswith("transpose_")]  # the scatter's
+            shown = listed[:8] + [(n, t) for n, t in listed[8:] if n.startswith("transpose_")  # the scatter's
+                                  or "RadixSort" in n]  # the item list's sorts
             print(f"  {kind} kernels, us per call: " + "; ".join(f"{n} {t:.1f}" for n, t in shown), flush=True)
         heads = case.num_heads_kv
         blocks = float(count.sum()) * (case.block // 64) * (case.num_heads_q // heads) / sms

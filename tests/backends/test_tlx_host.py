@@ -628,6 +628,7 @@ def test_sparse_bwd_ablation_counts_and_fit():
         for name in settings:
             assert hasattr(KNOBS, name[len("KNOBS."):]) if name.startswith("KNOBS.") else hasattr(configs, name), col
     assert tool.SPARSE_BWD_ABLATION["scatter"] == ({"KNOBS.sparse_transpose_scatter": True}, "sparse")
+    assert tool.SPARSE_BWD_ABLATION["onesort"] == ({"KNOBS.sparse_item_one_sort": True}, "sparse")
 
 
 def _tlx_check_tool():

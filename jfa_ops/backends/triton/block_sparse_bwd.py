@@ -207,14 +207,21 @@ def _tile_items(schedule: dict, heads_kv: int):
     return seq, start, head
 
 
-def _grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor):
+def _grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor, groups: int = 0, bound: int = 0):
     """The stable permutation (new position -> old) that takes the items group after group (int64 ``group``,
-    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last."""
-    key = torch.where(real, group * (1 << 32) + within, 1 << 62)
+    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last.
+    ``groups`` > group and ``bound`` >= |within| of the real items, when given, make the keys int32 where they fit
+    (the same order: (group, within) -> group * (2 bound + 1) + within + bound is monotone, padding above them all);
+    a radix sort's passes go by the key's bits."""
+    if groups > 0 and bound > 0 and groups * (2 * bound + 1) < (1 << 31) - 1:
+        key = torch.where(real, group * (2 * bound + 1) + within + bound, (1 << 31) - 1).to(torch.int32)
+    else:
+        key = torch.where(real, group * (1 << 32) + within, 1 << 62)
     return torch.sort(key, stable=True).indices
 
 
-def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0):
+def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0,
+              max_count: int = 0):
     """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
     Q blocks of its kv head that selected its KV block: ``q_count``, the transposed selection's counts [B, Hkv,
     n_kv_blocks]); the key tile list (``schedule``, sorted by the blocks summed over the heads) is tile-major, where
@@ -223,17 +230,30 @@ def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: in
     (seq -1) go last; the kernel's item count (tiles x heads) is unchanged. Device ops only: no sync.
 
     ``head_group`` > 0 (``configs.BACKWARD_GROUP_ORDER``): group-major (kv heads head // head_group), each group's
-    items by their own walk, the last group longest first and the others alternating (``zigzag_groups``)."""
+    items by their own walk, the last group longest first and the others alternating (``zigzag_groups``).
+
+    ``KNOBS.sparse_item_one_sort`` (helper transpose46): the same permutation from one stable sort of 32-bit keys
+    where the counts' bound ``max_count`` (the transposed selection's NQB: no list is longer) lets them fit, else
+    of the 64-bit keys, instead of two 64-bit sorts (cub's radix sort passes go by the key's bits: ~107 us for the
+    two on the bench's 8,720 items, H100 profile). Same order: the longest-first sort is stable, so its ties (equal
+    cost) stay in list order, and the group sort keeps the ties of (group, +-cost), which equal cost within a
+    group: sorting the list once by (group, +-cost) keeps the same ties in the same order."""
     seq, start, head = _tile_items(schedule, heads_kv)
     block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
     cost = torch.where(seq >= 0, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+    if KNOBS.sparse_item_one_sort:
+        if head_group > 0:
+            order = zigzag_groups(cost, head, head_group, heads_kv, max_count)
+        else:  # -1 (padding) .. q_count: int32
+            order = torch.sort(cost.to(torch.int32), descending=True, stable=True).indices
+        return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
     order = torch.sort(cost, descending=True, stable=True).indices
     if head_group > 0:
         order = order[zigzag_groups(cost[order], head[order], head_group, heads_kv)]
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
 
 
-def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads_kv: int):
+def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads_kv: int, max_count: int = 0):
     """The stable order (a permutation: new position -> old) of a work list sorted longest first by ``cost`` (-1:
     padding, kept last) that takes its kv heads' groups (head // head_group) one after the other, the last group
     longest first, the one before it shortest first, and so on. Why: the ~132 items in flight are then of one
@@ -241,11 +261,12 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     length (similar costs side by side); the snake (SNAKE) balances each monotone run, the turns between groups are
     either all short or all long items, and the partial last round is the list's shortest items (a group-major list
     sorted longest first in every group left the busiest SM 5-12% over the mean, this 0.4-1.1%: bench/NOTES.md
-    "ordered head groups"). Device ops only: no sync."""
+    "ordered head groups"). Device ops only: no sync. ``max_count`` > 0: no cost exceeds it, which lets the sort's
+    keys be 32-bit where they fit (``_grouped_order``)."""
     group = head.long() // head_group
     last = common.cdiv(heads_kv, head_group) - 1
     within = torch.where((last - group) % 2 == 0, -cost, cost)  # ascending key: longest first in the last group
-    return _grouped_order(cost >= 0, group, within)
+    return _grouped_order(cost >= 0, group, within, last + 1, max_count)
 
 
 def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
