@@ -1435,8 +1435,15 @@ def sparse_backward_timing() -> int:
 # sparse-bwd-ablation's columns: (configs settings over the defaults, forward kind). "same": the default again (the
 # A/A); "kvearly": configs.SPARSE_BACKWARD_KV_EARLY (helper sparsebwd45), "+storetma" with BACKWARD_STORE_TMA on it;
 # "hg1" / "hg4": kv heads in groups of 1 / 4 instead of SPARSE_HEAD_GROUP's 2 (the default's kernel, another list:
-# how much of a row's time follows the L2 reuse of the items in flight).
+# how much of a row's time follows the L2 reuse of the items in flight). "KNOBS.<name>": the triton backend's
+# KNOBS.<name> (read per call; such a column's kernels are profiled too, as "sparse <column>"): "scatter" =
+# KNOBS.sparse_transpose_scatter (helper transpose46: the transposed selection as marks then lists), "onesort" =
+# KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both.
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
+                       "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
+                       "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
+                       "scatter+onesort": ({"KNOBS.sparse_transpose_scatter": True,
+                                            "KNOBS.sparse_item_one_sort": True}, "sparse"),
                        "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
                        "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
@@ -1465,6 +1472,7 @@ def sparse_bwd_ablation() -> int:
     import triton.testing
 
     from jfa_ops.backends.tlx import configs
+    from jfa_ops.backends.triton.configs import KNOBS
     from sparse_profile import _kernels
 
     rounds = int(os.environ.get("TLX_SPARSE_BWD_ABLATION_ROUNDS", "3"))
@@ -1473,6 +1481,14 @@ def sparse_bwd_ablation() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP")
     saved = {k: getattr(configs, k) for k in knobs}
+    triton_knobs = sorted({k[len("KNOBS."):] for c in cols for k in SPARSE_BWD_ABLATION[c][0] if k.startswith("KNOBS.")})
+    saved_knobs = {k: getattr(KNOBS, k) for k in triton_knobs}
+
+    def apply(settings):  # a column's settings over the saved defaults (an empty dict: the defaults back)
+        for name, value in saved.items():
+            setattr(configs, name, settings.get(name, value))
+        for name, value in saved_knobs.items():
+            setattr(KNOBS, name, settings.get("KNOBS." + name, value))
     print(f"block-sparse backward ablation, bf16 D128, backward alone, ms (median of {rounds} interleaved rounds)",
           flush=True)
     print(f"{'case':34s} " + " ".join(f"{c:>16s}" for c in cols) + "   default / column", flush=True)
@@ -1490,8 +1506,7 @@ def sparse_bwd_ablation() -> int:
         for r in range(rounds):
             for col in (cols if r % 2 == 0 else cols[::-1]):
                 settings, kind = SPARSE_BWD_ABLATION[col]
-                for name, value in saved.items():
-                    setattr(configs, name, settings.get(name, value))
+                apply(settings)
                 configs.SPARSE_BACKWARD = True
                 faulthandler.dump_traceback_later(HANG_S, exit=True)
                 try:
@@ -1500,21 +1515,29 @@ def sparse_bwd_ablation() -> int:
                     failures += 1
                     print(f"  {case.label} {col}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 finally:
-                    for name, value in saved.items():
-                        setattr(configs, name, value)
+                    apply({})
         configs.SPARSE_BACKWARD = True
         faulthandler.dump_traceback_later(HANG_S, exit=True)
         kernels = {kind: _kernels(grads[kind], calls=5) for kind in grads}
+        for col in cols:
+            if any(k.startswith("KNOBS.") for k in SPARSE_BWD_ABLATION[col][0]):
+                apply(SPARSE_BWD_ABLATION[col][0])
+                configs.SPARSE_BACKWARD = True
+                try:
+                    kernels[f"sparse {col}"] = _kernels(grads["sparse"], calls=5)
+                finally:
+                    apply({})
         faulthandler.cancel_dump_traceback_later()
-        for name, value in saved.items():
-            setattr(configs, name, value)
+        apply({})
         ms = {c: sorted(v)[len(v) // 2] for c, v in times.items() if v}
         nan = float("nan")
         print(f"{case.label:34s} " + " ".join(f"{ms.get(c, nan):16.3f}" for c in cols) + "   "
               + " ".join(f"{c} {ms.get('default', nan) / ms[c]:.3f}" for c in cols if c in ms and c != "default"),
               flush=True)
         for kind, listed in kernels.items():
-            print(f"  {kind} kernels, us per call: " + "; ".join(f"{n} {t:.1f}" for n, t in listed[:8]), flush=True)
+            shown = listed[:8] + [(n, t) for n, t in listed[8:] if n.startswith("transpose_")  # the scatter's
+                                  or "RadixSort" in n]  # the item list's sorts
+            print(f"  {kind} kernels, us per call: " + "; ".join(f"{n} {t:.1f}" for n, t in shown), flush=True)
         heads = case.num_heads_kv
         blocks = float(count.sum()) * (case.block // 64) * (case.num_heads_q // heads) / sms
         items = sum(-(-n // 128) for n in case.kv_lens) * heads / sms

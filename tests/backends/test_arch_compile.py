@@ -101,7 +101,7 @@ _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_sl
                 "offsets_ok_kernel", "causal_streams_kernel", "causal_items_kernel",
                 "block_pool_kernel", "block_pool_pair_kernel", "block_pool_pair_skip_kernel", "block_select_kernel",
                 "block_select_overlap_kernel",
-                "transpose_selection_kernel",
+                "transpose_selection_kernel", "transpose_mark_kernel", "transpose_lists_kernel",
                 "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel",
                 "_mx_values_kernel")  # the last three: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and
 # its backward's dequantize (mxfp8_bwd.py): per-row/-tile scaling, no matmul
@@ -193,18 +193,19 @@ from triton.backends.nvidia.compiler import get_ptxas
 from jfa_ops.backends.triton import specializations
 
 out = []
+cc = int(sys.argv[3]) if len(sys.argv) > 3 else 90
 for s in getattr(specializations, sys.argv[1])():
     if not s.name.startswith(sys.argv[2]):
         continue
     fn = getattr(importlib.import_module(s.module), s.kernel)
     k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=s.signature, constexprs=s.constexprs,
                                                  attrs=s.attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": s.num_warps, "num_stages": s.num_stages})
+                       target=GPUTarget("cuda", cc, 32), options={"num_warps": s.num_warps, "num_stages": s.num_stages})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(k.asm["ptx"])
         f.flush()
-        log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
-                             capture_output=True, text=True).stderr
+        log = subprocess.run([get_ptxas(cc).path, f"-arch=sm_{cc}{'a' if cc == 90 else ''}", "-v", f.name, "-o",
+                              "/dev/null"], capture_output=True, text=True).stderr
     out.append(dict(name=s.name, shared=k.metadata.shared, warps=s.num_warps,
                     registers=max(int(x) for x in re.findall(r"Used (\d+) registers", log)),
                     spills=max(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)),
@@ -218,20 +219,32 @@ print(json.dumps(out))
 _PTXAS_RESULTS = {}
 
 
-def _ptxas_stats(source: str, prefix: str) -> list:
-    """sm_90 compiles of ``specializations.<source>()``'s entries named ``prefix...``, each with ptxas -v's registers
-    and spill bytes, shared memory, warps and async copies (a subprocess without TRITON_INTERPRET; once per
-    source and prefix)."""
-    if (source, prefix) in _PTXAS_RESULTS:
-        return _PTXAS_RESULTS[source, prefix]
+def _ptxas_stats(source: str, prefix: str, cc: int = 90) -> list:
+    """sm_``cc`` (90 unless told) compiles of ``specializations.<source>()``'s entries named ``prefix...``, each with
+    ptxas -v's registers and spill bytes, shared memory, warps and async copies (a subprocess without
+    TRITON_INTERPRET; once per source, prefix and architecture)."""
+    if (source, prefix, cc) in _PTXAS_RESULTS:
+        return _PTXAS_RESULTS[source, prefix, cc]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _PTXAS_WORKER, source, prefix], env=env, cwd=root,
+    proc = subprocess.run([sys.executable, "-c", _PTXAS_WORKER, source, prefix, str(cc)], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _PTXAS_RESULTS[source, prefix] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return _PTXAS_RESULTS[source, prefix]
+    _PTXAS_RESULTS[source, prefix, cc] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _PTXAS_RESULTS[source, prefix, cc]
+
+
+@pytest.mark.parametrize("cc", [80, 90])
+def test_transpose_scatter_kernels_fit(cc):
+    """``KNOBS.sparse_transpose_scatter``'s mark and list kernels (bench/NOTES.md "Transposed selection, helper
+    transpose46") on sm_80 and sm_90, ptxas -v: no spills, no shared memory beyond the list pass's prefix sum, and
+    registers for >= 8 programs of 4 warps per SM (<= 64; 32 at the shipped tile sizes: 16 programs)."""
+    results = {r["name"]: r for r in _ptxas_stats("transpose_scatter_specializations", "bs_transpose-scatter", cc)}
+    assert sorted(results) == ["bs_transpose-scatter-lists", "bs_transpose-scatter-mark"], sorted(results)
+    print(cc, {n: (r["registers"], r["shared"]) for n, r in results.items()})
+    for r in results.values():
+        assert r["spills"] == 0 and r["shared"] <= 16384 and r["registers"] <= 64, r
 
 
 def test_sm90_pool_variants_keep_loads_in_flight():

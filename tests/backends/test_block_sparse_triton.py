@@ -997,13 +997,15 @@ def test_transposed_selection():
     assert q_index.tolist() == [[[[0, 3, 3], [1, 3, 3], [0, 3, 3]]]]
 
 
-@pytest.mark.parametrize("path", ["kernel", "torch"])
+@pytest.mark.parametrize("path", ["kernel", "torch", "scatter"])
 def test_transposed_selection_random(path, monkeypatch):
     """Random selections (ids out of range, duplicates, entries past the count, empty rows) against a plain loop:
-    the one-launch kernel and the torch ops for rows wider than it takes."""
+    the one-launch kernel, the torch ops for rows wider than it takes, and the marks-then-lists launches
+    (``KNOBS.sparse_transpose_scatter``)."""
     from jfa_ops.backends.triton import block_sparse_bwd, configs
 
     monkeypatch.setattr(configs.KNOBS, "sparse_transpose_kernel", path == "kernel")
+    monkeypatch.setattr(configs.KNOBS, "sparse_transpose_scatter", path == "scatter")
     launched = []
     real_launch = block_sparse_bwd.launch
     monkeypatch.setattr(block_sparse_bwd, "launch", lambda kernel, *a, **o: launched.append(kernel) or real_launch(
@@ -1025,7 +1027,135 @@ def test_transposed_selection_random(path, monkeypatch):
                         want_count[b, h, j] += 1
     assert torch.equal(q_count, want_count)
     assert torch.equal(q_index, want_index)
-    assert launched == ([block_sparse_bwd.transpose_selection_kernel] if path == "kernel" else [])
+    assert launched == {"kernel": [block_sparse_bwd.transpose_selection_kernel], "torch": [],
+                        "scatter": [block_sparse_bwd.transpose_mark_kernel,
+                                    block_sparse_bwd.transpose_lists_kernel]}[path]
+
+
+TRANSPOSE_PATHS = {"torch": dict(sparse_transpose_kernel=False, sparse_transpose_scatter=False),
+                   "kernel": dict(sparse_transpose_kernel=True, sparse_transpose_scatter=False),
+                   "scatter": dict(sparse_transpose_kernel=True, sparse_transpose_scatter=True)}
+
+
+def _transposes(index, count, n_kv, monkeypatch):
+    """{path: (q_index, q_count)} of ``transpose_selection`` by each of TRANSPOSE_PATHS."""
+    from jfa_ops.backends.triton import block_sparse_bwd, configs
+
+    out = {}
+    for path, knobs in TRANSPOSE_PATHS.items():
+        for knob, value in knobs.items():
+            monkeypatch.setattr(configs.KNOBS, knob, value)
+        out[path] = block_sparse_bwd.transpose_selection(index, count, n_kv)
+    return out
+
+
+def _assert_transposes_equal(index, count, n_kv, monkeypatch):
+    """The three paths give the same bits; returns the scatter path's (q_index, q_count)."""
+    out = _transposes(index, count, n_kv, monkeypatch)
+    for path in ("kernel", "scatter"):
+        assert torch.equal(out[path][1], out["torch"][1]), path
+        assert torch.equal(out[path][0], out["torch"][0]), path
+    return out["scatter"]
+
+
+# (q lengths, kv lengths, block_q, block_kv, selection options): jagged batches with empty, length-1 and off-block
+# sequences, Lq != Lk, broadcast Q (one Q sequence against every KV sequence)
+TRANSPOSE_SELECTIONS = {
+    "jagged_causal": ((40, 0, 1, 70, 33), (50, 0, 1, 70, 17), 16, 16, dict(keep_ratio=0.5, causal=True)),
+    "jagged_causal_keep_quarter": ((97, 1, 0, 130), (97, 1, 5, 130), 16, 16, dict(keep_ratio=0.25, causal=True)),
+    "window": ((40, 3, 70), (50, 9, 70), 16, 32, dict(keep_ratio=0.5, window=(20, 5))),
+    "top_k_cross": ((70, 5, 0), (20, 40, 3), 32, 16, dict(top_k=2)),
+    "lq_gt_lk_causal": ((70, 5), (20, 40), 16, 16, dict(keep_ratio=0.25, causal=True)),
+    "broadcast_q": ((20,), (50, 0, 1, 70), 16, 32, dict(keep_ratio=0.5, broadcast_q=True)),
+}
+
+
+@on_each_device
+@pytest.mark.parametrize("name", list(TRANSPOSE_SELECTIONS))
+def test_transpose_scatter_equals_the_other_paths(device, name, monkeypatch):
+    """``KNOBS.sparse_transpose_scatter`` on real selections: the same bits as the torch ops and the one-launch
+    kernel, with and without junk past each row's count (ids in and out of range: ignored), every list ascending
+    and NQB-padded, its count what the selection's rows name."""
+    q_lens, kv_lens, block_q, block_kv, opts = TRANSPOSE_SELECTIONS[name]
+    gen = torch.Generator().manual_seed(len(name))
+    q = torch.randn(sum(q_lens), 2, 16, generator=gen).half().to(device)
+    k = torch.randn(sum(kv_lens), 2, 16, generator=gen).half().to(device)
+    q_off = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    if opts.get("broadcast_q"):
+        q_off = None
+    index, count = jfa_ops.select_kv_blocks(q, k, q_off, kv_off, max(q_lens), max(kv_lens), block_q=block_q,
+                                            block_kv=block_kv, backend="triton", **opts)
+    n_q, n_kv = index.shape[2], -(-max(kv_lens) // block_kv)
+    assert count.sum() > 0
+    q_index, q_count = _assert_transposes_equal(index, count, n_kv, monkeypatch)
+    # independent: per KV block, the Q blocks whose used ids name it, ascending, then n_q
+    want = torch.full(q_index.shape, n_q, dtype=torch.int32)
+    index_cpu, count_cpu = index.cpu(), count.cpu()
+    for b, h, i in torch.nonzero(torch.ones_like(count_cpu)).tolist():
+        for j in sorted(set(index_cpu[b, h, i, :count_cpu[b, h, i]].tolist())):
+            if 0 <= j < n_kv:
+                want[b, h, j, int((want[b, h, j] < n_q).sum())] = i
+    assert torch.equal(q_index.cpu(), want)
+    assert torch.equal(q_count.cpu(), (want < n_q).sum(-1, dtype=torch.int32))
+    junk = torch.randint(-3, n_kv + 4, index.shape, generator=gen, dtype=torch.int32).to(device)
+    past = torch.arange(index.shape[-1], device=device) >= count[..., None]
+    got = _assert_transposes_equal(torch.where(past, junk, index), count, n_kv, monkeypatch)
+    assert torch.equal(got[0], q_index) and torch.equal(got[1], q_count)
+
+
+@on_each_device
+def test_transpose_scatter_wide_and_degenerate(device, monkeypatch):
+    """Rows wider than the one-launch kernel takes (TRANSPOSE_MAX_WIDTH: the others fall back to the torch ops; the
+    scatter path takes any width, in several id steps), lists longer than one step of the list pass (LISTS_CHUNK),
+    counts past the width or negative, and shapes with no Q blocks, no KV blocks or no ids."""
+    from jfa_ops.backends.triton import block_sparse_bwd
+
+    gen = torch.Generator().manual_seed(3)
+    wide = block_sparse_bwd.TRANSPOSE_MAX_WIDTH + 44
+    for batch, heads, n_q, width, n_kv in ((1, 2, 21, wide, wide - 5), (2, 1, 19, 7, 300), (1, 1, 300, 9, 6),
+                                           (2, 2, 0, 4, 5),
+                                           (2, 1, 5, 3, 0), (1, 1, 6, 0, 4)):
+        index = torch.randint(-2, n_kv + 3, (batch, heads, n_q, width), generator=gen, dtype=torch.int32)
+        count = torch.randint(-3, width + 5, (batch, heads, n_q), generator=gen, dtype=torch.int32)
+        q_index, q_count = _assert_transposes_equal(index.to(device), count.to(device), n_kv, monkeypatch)
+        assert q_index.shape == (batch, heads, n_kv, n_q) and q_count.shape == (batch, heads, n_kv)
+        if n_q and n_kv and width:
+            assert 0 < int(q_count.sum()) < batch * heads * n_q * n_kv
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_transpose_scatter_bad_offsets_deferred(monkeypatch):
+    """Under JFA_VALIDATE=deferred a selection of bad offsets (a sequence past the rows, a length over max_seqlen,
+    lengths that do not add up) still transposes safely (the scatter path reads no offsets: only each row's used
+    ids, in range or dropped) to the same bits as the other paths; check_pending raises."""
+    from jfa_ops import validation
+
+    monkeypatch.setattr(validation, "validation_mode", lambda device: "deferred")
+    validation._pending.clear()
+    q = torch.randn(40, 2, 16).half()
+    good = torch.tensor([0, 17, 40], dtype=torch.int32)
+    for q_off, max_len in ((torch.tensor([0, 57, 40], dtype=torch.int32), 60), (good, 10),
+                           (torch.tensor([0, 30, 20], dtype=torch.int32), 30)):
+        index, count = jfa_ops.select_kv_blocks(q, q, q_off, q_off, max_len, max_len, block_q=16, block_kv=16,
+                                                causal=True, backend="triton")
+        _assert_transposes_equal(index, count, -(-max_len // 16), monkeypatch)
+        with pytest.raises(ValueError, match="JFA_VALIDATE=deferred"):
+            jfa_ops.check_pending()
+    validation._pending.clear()
+
+
+@on_each_device
+@pytest.mark.parametrize("name", ["jagged_empty_len1_gqa_causal", "broadcast_q_window", "cross_lq_gt_lk_causal"])
+def test_transpose_scatter_end_to_end(device, name, monkeypatch):
+    """``KNOBS.sparse_transpose_scatter`` on: the block-sparse backward (its dK/dV walks read the transposed
+    selection) equals the oracle."""
+    from jfa_ops.backends.triton import configs
+
+    monkeypatch.setattr(configs.KNOBS, "sparse_transpose_scatter", True)
+    case, block_q, block_kv, keep_ratio, top_k = FEATURES[name]
+    check_block_sparse_case(BlockSparseCase(case.replace(device=device, dtype=_dtypes(device)[0]), block_q, block_kv,
+                                            keep_ratio, top_k), "triton", seed=23)
 
 
 def test_supports_block_sizes():

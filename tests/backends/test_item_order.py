@@ -102,6 +102,33 @@ def test_group_order_list_zigzags_over_head_groups(heads, group):
                 assert rank[x] < rank[y]
 
 
+@pytest.mark.parametrize("heads,group", [(4, 0), (4, 2), (8, 4), (6, 2), (6, 3), (4, 1), (16, 2)])
+@pytest.mark.parametrize("max_count", [0, 3, 1 << 30], ids=["no-bound", "bound", "bound-too-wide"])
+def test_item_list_one_sort_is_the_same_permutation(heads, group, max_count, monkeypatch):
+    """``KNOBS.sparse_item_one_sort``: the per-item list from one stable sort (32-bit keys where the counts' bound
+    lets them fit, else 64-bit) equals the two sorts' list item for item, ties (many: counts 0..3, the bound) and
+    padding included."""
+    from jfa_ops.backends.triton import block_sparse_bwd, configs
+
+    gen = torch.Generator().manual_seed(heads * 10 + group)
+    block_kv, n_kv_blocks = 128, 5
+    seq = torch.randint(-1, 3, (40,), generator=gen, dtype=torch.int32)
+    start = torch.randint(0, 5 * block_kv, (40,), generator=gen, dtype=torch.int32)
+    q_count = torch.randint(0, 4, (3, heads, n_kv_blocks), generator=gen, dtype=torch.int32)  # <= the bound 3
+    schedule = dict(TILE_SEQ=seq, TILE_START=start)
+    sorts = []
+    real_sort = torch.sort
+    monkeypatch.setattr(block_sparse_bwd.torch, "sort", lambda x, **kw: sorts.append(x.dtype) or real_sort(x, **kw))
+    lists = []
+    for one_sort in (False, True):
+        monkeypatch.setattr(configs.KNOBS, "sparse_item_one_sort", one_sort)
+        lists.append([t.tolist() for t in item_list(schedule, q_count, heads, block_kv, group, max_count)])
+    assert lists[0] == lists[1]
+    two = [torch.int64] * (2 if group else 1)
+    one = [torch.int32 if not group or max_count == 3 else torch.int64]
+    assert sorts == two + one, sorts
+
+
 @pytest.mark.parametrize("heads,lengths,budget", [(2, (300, 17, 700), 1 << 30), (4, (300, 17, 700), 700),
                                                   (3, (0, 5, 5, 900), 1800), (1, (40, 40), 39), (2, (9,), 100)])
 def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget):

@@ -620,6 +620,15 @@ def test_sparse_bwd_ablation_counts_and_fit():
     for rows in (((4800.0, 63.4), (2400.0, 63.4)), ((4800.0, 63.4), (2400.0, 40.0))):
         b, a = tool.two_row_fit(*((bl, it, bl * 2.44 + it * 28.8) for bl, it in rows))
         assert abs(b - 2.44) < 1e-9 and abs(a - 28.8) < 1e-9
+    # every column's settings name a real knob: "KNOBS.<name>" the triton backend's KNOBS, else a tlx configs name
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    for col, (settings, kind) in tool.SPARSE_BWD_ABLATION.items():
+        for name in settings:
+            assert hasattr(KNOBS, name[len("KNOBS."):]) if name.startswith("KNOBS.") else hasattr(configs, name), col
+    assert tool.SPARSE_BWD_ABLATION["scatter"] == ({"KNOBS.sparse_transpose_scatter": True}, "sparse")
+    assert tool.SPARSE_BWD_ABLATION["onesort"] == ({"KNOBS.sparse_item_one_sort": True}, "sparse")
 
 
 def _tlx_check_tool():

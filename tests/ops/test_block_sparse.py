@@ -194,14 +194,21 @@ def _offsets(lengths):
     return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
 
 
-@pytest.mark.parametrize("device,backend,block", [
-    pytest.param("cpu", "reference", 4, id="cpu-reference"),
-    pytest.param("cuda", "triton", 16, id="cuda-triton", marks=[
+@pytest.mark.parametrize("device,backend,block,scatter", [
+    pytest.param("cpu", "reference", 4, False, id="cpu-reference"),
+    pytest.param("cuda", "triton", 16, False, id="cuda-triton", marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+    pytest.param("cuda", "triton", 16, True, id="cuda-triton-transpose-scatter", marks=[
         pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
 ])
-def test_compile_once_over_varying_jagged_batches(device, backend, block):
+def test_compile_once_over_varying_jagged_batches(device, backend, block, scatter, monkeypatch):
     """fullgraph, dynamic: both stages and the backward in one graph, no recompile as B, totals and max lengths
-    change (first batch's sizes pairwise distinct and >= 2; see tests/test_compile.py)."""
+    change (first batch's sizes pairwise distinct and >= 2; see tests/test_compile.py). ``scatter``: the triton
+    backward's transposed selection by ``KNOBS.sparse_transpose_scatter`` (three launches traced, not one)."""
+    if scatter:
+        from jfa_ops.backends.triton import configs
+
+        monkeypatch.setattr(configs.KNOBS, "sparse_transpose_scatter", True)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
 

@@ -1089,7 +1089,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv * parts, "static", 1, device)
     # block-sparse with item_order: the items themselves, sorted by their own blocks (plan_key implies whether), with
     # group_order in head_group's groups; the kernel reads the list (head_group and HEAD_GROUPED: its own mapping)
-    items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0)
+    items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0,
+                       q_index.shape[3])
              if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
     # dense with causal_order (a mask, the list sorted): the items in L2-sized sections of (sequence, kv head)
     # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the sections are list data

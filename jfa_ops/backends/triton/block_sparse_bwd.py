@@ -80,6 +80,87 @@ def transpose_selection_kernel(INDEX, COUNT, Q_INDEX, Q_COUNT, n_q_blocks, n_kv_
     tl.store(Q_COUNT + bh * n_kv_blocks + j, pos, mask=j_ok)
 
 
+# The scatter transpose (``KNOBS.sparse_transpose_scatter``): rows per program of the mark pass x ids per step, and
+# KV blocks per program of the list pass x Q blocks per step. 8 elements a thread: 32 registers on sm_90 and sm_80
+# (16 rows or KV blocks: 96 / 80; 16 programs of 4 warps per SM instead of 5 / 6: ptxas -v, test_arch_compile).
+SCATTER_ROWS, SCATTER_W = 8, 128
+LISTS_J, LISTS_CHUNK = 4, 128
+
+
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks", "width"])
+def transpose_mark_kernel(INDEX, COUNT, MARK, n_q_blocks, n_kv_blocks, width, ROWS: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+    """Program (b * H + h, chunk of ROWS Q blocks i): MARK[b, h, j, i] = 1 for every id j in [0, n_kv_blocks) among
+    row i's first min(count, width) ids (MARK [B, H, n_kv_blocks, NQB] int8, zeroed before). Only the used ids are
+    read (rows past a sequence's end have count 0: no id read, one step of nothing); duplicates store 1 twice.
+    Every writer of an entry writes the same 1, so the order of the stores does not matter."""
+    bh = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    i_ok = i < n_q_blocks
+    count = tl.minimum(tl.load(COUNT + bh * n_q_blocks + i, mask=i_ok, other=0), width)
+    rows = INDEX + (bh * n_q_blocks + i.to(tl.int64)) * width
+    marks = MARK + bh * n_kv_blocks * n_q_blocks + i
+    w = tl.arange(0, BLOCK_W)
+    for w0 in range(0, loop_bound(tl.max(count, 0)), BLOCK_W):
+        used = (w0 + w)[None, :] < count[:, None]
+        ids = tl.load(rows[:, None] + (w0 + w)[None, :], mask=used, other=-1)
+        ok = used & (ids >= 0) & (ids < n_kv_blocks)
+        tl.store(marks[:, None] + ids.to(tl.int64) * n_q_blocks, tl.full([ROWS, BLOCK_W], 1, tl.int8), mask=ok)
+
+
+@triton.jit(do_not_specialize=["n_q_blocks", "n_kv_blocks"])
+def transpose_lists_kernel(MARK, Q_INDEX, Q_COUNT, n_q_blocks, n_kv_blocks, BLOCK_J: tl.constexpr,
+                           CHUNK: tl.constexpr):
+    """Program (b * H + h, chunk of BLOCK_J KV blocks j): j's list = the Q blocks i with MARK[b, h, j, i] set,
+    ascending (each at its rank: the marks before it, a running prefix sum), then n_q_blocks up to NQB; its count.
+    Writes every entry of its Q_INDEX rows (no fill before) and its Q_COUNT."""
+    bh = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j_ok = j < n_kv_blocks
+    row = (bh * n_kv_blocks + j.to(tl.int64)) * n_q_blocks
+    c = tl.arange(0, CHUNK)
+    pos = tl.zeros([BLOCK_J], tl.int32)
+    for i0 in range(0, n_q_blocks, CHUNK):
+        i = i0 + c
+        ok = j_ok[:, None] & (i < n_q_blocks)[None, :]
+        mark = tl.load(MARK + row[:, None] + i[None, :], mask=ok, other=0).to(tl.int32)
+        rank = pos[:, None] + tl.cumsum(mark, 1) - 1
+        tl.store(Q_INDEX + row[:, None] + rank, i[None, :] + tl.zeros([BLOCK_J, CHUNK], tl.int32),
+                 mask=ok & (mark != 0))
+        pos += tl.sum(mark, 1)
+    for p0 in range(0, n_q_blocks, CHUNK):
+        p = p0 + c
+        tail = j_ok[:, None] & (p < n_q_blocks)[None, :] & (p[None, :] >= pos[:, None])
+        tl.store(Q_INDEX + row[:, None] + p[None, :], tl.full([BLOCK_J, CHUNK], 0, tl.int32) + n_q_blocks,
+                 mask=tail)
+    tl.store(Q_COUNT + bh * n_kv_blocks + j, pos, mask=j_ok)
+
+
+def transpose_selection_scatter(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
+    """``transpose_selection``'s outputs, bit for bit, in three launches whose work follows the used ids, not
+    NQB x n_kv_blocks compares per (sequence, head): a zeroed int8 mark matrix [B, H, n_kv_blocks, NQB], the mark
+    pass (``transpose_mark_kernel``: reads only each row's used ids, stores a 1 per id) and the list pass
+    (``transpose_lists_kernel``: per KV block a running prefix sum over its marks places each Q block at its rank,
+    then the NQB padding; no torch.full before). Why: transpose_selection_kernel's [32 KV blocks x width] compare
+    per row of every padded Q block was 595 us a backward call on the bench's T66944 batch (H100 profile,
+    bench/NOTES.md "Transposed selection, helper transpose46"), this is ~35 MB of traffic. Any width."""
+    batch, heads, n_q_blocks, width = kv_block_index.shape
+    device = kv_block_index.device
+    q_index = torch.empty((batch, heads, n_kv_blocks, n_q_blocks), dtype=torch.int32, device=device)
+    q_count = torch.empty((batch, heads, n_kv_blocks), dtype=torch.int32, device=device)
+    if not q_count.numel():
+        return q_index, q_count
+    mark = torch.zeros((batch, heads, n_kv_blocks, n_q_blocks), dtype=torch.int8, device=device)
+    if mark.numel() and width:
+        launch(transpose_mark_kernel, (batch * heads, triton.cdiv(n_q_blocks, SCATTER_ROWS)), dict(
+            INDEX=kv_block_index.contiguous(), COUNT=kv_block_count.contiguous(), MARK=mark, n_q_blocks=n_q_blocks,
+            n_kv_blocks=n_kv_blocks, width=width, ROWS=SCATTER_ROWS, BLOCK_W=SCATTER_W), num_warps=4, num_stages=1)
+    launch(transpose_lists_kernel, (batch * heads, triton.cdiv(n_kv_blocks, LISTS_J)), dict(
+        MARK=mark, Q_INDEX=q_index, Q_COUNT=q_count, n_q_blocks=n_q_blocks, n_kv_blocks=n_kv_blocks,
+        BLOCK_J=LISTS_J, CHUNK=LISTS_CHUNK), num_warps=4, num_stages=1)
+    return q_index, q_count
+
+
 def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tensor, n_kv_blocks: int):
     """(q_block_index [B, H, n_kv_blocks, NQB] int32: per KV block the Q blocks that selected it, ascending, then
     NQB; q_block_count [B, H, n_kv_blocks] int32). Ids outside [0, n_kv_blocks) and entries past a row's count are
@@ -88,6 +169,8 @@ def transpose_selection(kv_block_index: torch.Tensor, kv_block_count: torch.Tens
     [B, H, NQB, n_kv_blocks + 1] (a segmented sort among them)."""
     batch, heads, n_q_blocks, width = kv_block_index.shape
     device = kv_block_index.device
+    if KNOBS.sparse_transpose_scatter:
+        return transpose_selection_scatter(kv_block_index, kv_block_count, n_kv_blocks)
     if KNOBS.sparse_transpose_kernel and width <= TRANSPOSE_MAX_WIDTH:
         q_index = torch.full((batch, heads, n_kv_blocks, n_q_blocks), n_q_blocks, dtype=torch.int32, device=device)
         q_count = torch.empty((batch, heads, n_kv_blocks), dtype=torch.int32, device=device)
@@ -124,14 +207,21 @@ def _tile_items(schedule: dict, heads_kv: int):
     return seq, start, head
 
 
-def _grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor):
+def _grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor, groups: int = 0, bound: int = 0):
     """The stable permutation (new position -> old) that takes the items group after group (int64 ``group``,
-    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last."""
-    key = torch.where(real, group * (1 << 32) + within, 1 << 62)
+    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last.
+    ``groups`` > group and ``bound`` >= |within| of the real items, when given, make the keys int32 where they fit
+    (the same order: (group, within) -> group * (2 bound + 1) + within + bound is monotone, padding above them all);
+    a radix sort's passes go by the key's bits."""
+    if groups > 0 and bound > 0 and groups * (2 * bound + 1) < (1 << 31) - 1:
+        key = torch.where(real, group * (2 * bound + 1) + within + bound, (1 << 31) - 1).to(torch.int32)
+    else:
+        key = torch.where(real, group * (1 << 32) + within, 1 << 62)
     return torch.sort(key, stable=True).indices
 
 
-def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0):
+def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0,
+              max_count: int = 0):
     """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
     Q blocks of its kv head that selected its KV block: ``q_count``, the transposed selection's counts [B, Hkv,
     n_kv_blocks]); the key tile list (``schedule``, sorted by the blocks summed over the heads) is tile-major, where
@@ -140,17 +230,30 @@ def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: in
     (seq -1) go last; the kernel's item count (tiles x heads) is unchanged. Device ops only: no sync.
 
     ``head_group`` > 0 (``configs.BACKWARD_GROUP_ORDER``): group-major (kv heads head // head_group), each group's
-    items by their own walk, the last group longest first and the others alternating (``zigzag_groups``)."""
+    items by their own walk, the last group longest first and the others alternating (``zigzag_groups``).
+
+    ``KNOBS.sparse_item_one_sort`` (helper transpose46): the same permutation from one stable sort of 32-bit keys
+    where the counts' bound ``max_count`` (the transposed selection's NQB: no list is longer) lets them fit, else
+    of the 64-bit keys, instead of two 64-bit sorts (cub's radix sort passes go by the key's bits: ~107 us for the
+    two on the bench's 8,720 items, H100 profile). Same order: the longest-first sort is stable, so its ties (equal
+    cost) stay in list order, and the group sort keeps the ties of (group, +-cost), which equal cost within a
+    group: sorting the list once by (group, +-cost) keeps the same ties in the same order."""
     seq, start, head = _tile_items(schedule, heads_kv)
     block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
     cost = torch.where(seq >= 0, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+    if KNOBS.sparse_item_one_sort:
+        if head_group > 0:
+            order = zigzag_groups(cost, head, head_group, heads_kv, max_count)
+        else:  # -1 (padding) .. q_count: int32
+            order = torch.sort(cost.to(torch.int32), descending=True, stable=True).indices
+        return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
     order = torch.sort(cost, descending=True, stable=True).indices
     if head_group > 0:
         order = order[zigzag_groups(cost[order], head[order], head_group, heads_kv)]
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
 
 
-def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads_kv: int):
+def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads_kv: int, max_count: int = 0):
     """The stable order (a permutation: new position -> old) of a work list sorted longest first by ``cost`` (-1:
     padding, kept last) that takes its kv heads' groups (head // head_group) one after the other, the last group
     longest first, the one before it shortest first, and so on. Why: the ~132 items in flight are then of one
@@ -158,11 +261,12 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     length (similar costs side by side); the snake (SNAKE) balances each monotone run, the turns between groups are
     either all short or all long items, and the partial last round is the list's shortest items (a group-major list
     sorted longest first in every group left the busiest SM 5-12% over the mean, this 0.4-1.1%: bench/NOTES.md
-    "ordered head groups"). Device ops only: no sync."""
+    "ordered head groups"). Device ops only: no sync. ``max_count`` > 0: no cost exceeds it, which lets the sort's
+    keys be 32-bit where they fit (``_grouped_order``)."""
     group = head.long() // head_group
     last = common.cdiv(heads_kv, head_group) - 1
     within = torch.where((last - group) % 2 == 0, -cost, cost)  # ascending key: longest first in the last group
-    return _grouped_order(cost >= 0, group, within)
+    return _grouped_order(cost >= 0, group, within, last + 1, max_count)
 
 
 def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):

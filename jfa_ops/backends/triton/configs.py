@@ -154,6 +154,18 @@ class Knobs:
     sparse_one_pass_split: bool = True
     sparse_pool_fanout: bool = True
     sparse_transpose_kernel: bool = True
+    # The backward's transposed selection as marks then lists (helper transpose46, bench/NOTES.md "Transposed
+    # selection, helper transpose46"): an int8 mark per (KV block, Q block) stored from each row's used ids, then per
+    # KV block a prefix sum over its marks places the Q blocks (``block_sparse_bwd.transpose_selection_scatter``),
+    # instead of transpose_selection_kernel's [32 x width] compare per padded Q block row (595 us a call on the
+    # bench's T66944 batch, H100 profile; ~35 MB of traffic instead). Same bits for any input (tests), any width.
+    # Off until measured; JFA_TRANSPOSE_SCATTER=1 turns it on at import.
+    sparse_transpose_scatter: bool = os.environ.get("JFA_TRANSPOSE_SCATTER", "0") == "1"
+    # ... and the backward's per-item list (``block_sparse_bwd.item_list``) from one stable sort of 32-bit keys (the
+    # group order's (group, +-cost) packed by the counts' bound NQB), not a 64-bit longest-first sort then a 64-bit
+    # group sort (~107 us of cub radix sort passes on the bench's 8,720 items, H100 profile). Same permutation
+    # (tests). Off until measured; JFA_ITEM_ONE_SORT=1 turns it on at import.
+    sparse_item_one_sort: bool = os.environ.get("JFA_ITEM_ONE_SORT", "0") == "1"
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).

@@ -147,6 +147,23 @@ def transpose_specialization(width: int = 128) -> Specialization:
                           constexprs, attrs, 4, 1)
 
 
+def transpose_scatter_specializations() -> Iterator[Specialization]:
+    """The scatter transpose's two kernels (``KNOBS.sparse_transpose_scatter``: block_sparse_bwd.transpose_mark_kernel
+    and transpose_lists_kernel) as transpose_selection_scatter launches them; no dots, any architecture."""
+    from . import block_sparse_bwd as bwd
+
+    constexprs = dict(ROWS=bwd.SCATTER_ROWS, BLOCK_W=bwd.SCATTER_W)
+    sig, attrs = _signature(bwd.transpose_mark_kernel, {n: "*i32" for n in ("INDEX", "COUNT")} | {"MARK": "*i8"},
+                            constexprs)
+    yield Specialization("bs_transpose-scatter-mark", "transpose_mark_kernel", bwd.__name__, sig, constexprs, attrs,
+                         4, 1)
+    constexprs = dict(BLOCK_J=bwd.LISTS_J, CHUNK=bwd.LISTS_CHUNK)
+    sig, attrs = _signature(bwd.transpose_lists_kernel, {"MARK": "*i8", "Q_INDEX": "*i32", "Q_COUNT": "*i32"},
+                            constexprs)
+    yield Specialization("bs_transpose-scatter-lists", "transpose_lists_kernel", bwd.__name__, sig, constexprs, attrs,
+                         4, 1)
+
+
 def rank_specialization() -> Specialization:
     """The list-ordering kernel (scheduling.rank_tiles_kernel) as build_tiles launches it."""
     from . import scheduling
@@ -320,6 +337,7 @@ def block_sparse_specializations() -> Iterator[Specialization]:
     yield tile_specialization(128, False, True, selected_block=128)  # the block-sparse lists' cost
     yield transpose_specialization(128)
     yield transpose_specialization(256)
+    yield from transpose_scatter_specializations()  # KNOBS.sparse_transpose_scatter
     for kernel in ("bs_pool", "bs_select"):
         yield block_sparse_specialization(kernel, 128, torch.bfloat16, True)
     yield block_sparse_specialization("bs_pool", 128, torch.bfloat16, True, pool_fanout=True)
@@ -394,6 +412,7 @@ def arch_specializations(cc: int) -> Iterator[Specialization]:
             yield specialization(kernel, d, torch.bfloat16, False, broadcast_q=True, atomic=kernel == "dq", cc=cc)
         if cc == 86:
             yield specialization(kernel, 128, torch.float32, False, cc=cc)
+    yield from transpose_scatter_specializations()  # no dots: the same code on every architecture
 
 
 def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
