@@ -114,16 +114,17 @@ def test_masked_lse_loss_reaches_no_input_through_rows_that_see_no_key(device, b
         assert _rel(got, want) < _tolerance(dtype), f"d{name}: {_rel(got, want):.2e}"
 
 
-# grad_out NaN/inf on a row that sees no key (its out is 0: e.g. sqrt(sum(out ** 2)) there) reaches dk and dq of the
-# row's sequence as NaN (0 * NaN in P^T dO and P (dP - delta)); plain autograd through the float64 oracle gives NaN
-# dv there too, but zero dq and dk. Zeroing those rows of dO costs a pass over dO (or a kernel change): left open,
-# bench/NOTES.md "Autograd edges ..., helper grad44". Strict: a backend that starts zeroing them fails here.
+# grad_out NaN/inf on a row that sees no key (its out is 0: e.g. sqrt(sum(out ** 2)) there): plain autograd through
+# the float64 oracle gives NaN dv there but zero dq and dk. Found by helper grad44 (every backend: NaN dq and dk of the
+# row's sequence, 0 x NaN in P^T dO and P (dP - delta)). Fixed in the dense/sparse backwards by dS = 0 where P = 0 in
+# their masked blocks (a row that sees no key is only ever in masked blocks: an unmasked block has every row see every
+# key), so dq and dk get exact zeros from it: tlx first (found on the H100, stop 46), then reference, cpu and triton
+# (helper nanrows46; bench/NOTES.md "NaN grad_out on rows that see no key"). Strict both ways: a pair listed here
+# must pass, the others must still fail.
 NAN_GRAD_OUT_REACHES_DQ_DK = pytest.mark.xfail(strict=True, reason="NaN grad_out on a row that sees no key gives "
                                                                     "NaN dq/dk (the oracle: zero)")
-# Except the tlx dense/sparse backward: it zeroes dS where P is 0 in its masked blocks (tlx/attn_bwd.py, eb3f633: for
-# rows past a sequence's end), and a row that sees no key is only ever in masked blocks (an unmasked block has every
-# row see every key), so dq and dk get exact zeros from it. Found on the H100, stop 46 (its strict xfail XPASSed).
-ZEROES_DS_WHERE_P_IS_ZERO = {("attention", "tlx"), ("block_sparse", "tlx")}
+ZEROES_DS_WHERE_P_IS_ZERO = {(op, backend) for op in ("attention", "block_sparse")
+                             for backend in ("reference", "cpu", "triton", "tlx")}
 NAN_GRAD_OUT_CASES = [
     pytest.param(*case.values, id=case.id, marks=[*case.marks, *(
         [] if (case.values[0], case.values[2]) in ZEROES_DS_WHERE_P_IS_ZERO else [NAN_GRAD_OUT_REACHES_DQ_DK])])
