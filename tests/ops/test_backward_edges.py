@@ -143,7 +143,7 @@ def _check_nan_grad_out_on_rows_that_see_no_key(device, backend, op):
     grad_out = torch.where(torch.isneginf(lse).T[..., None], bad.to(out.dtype), torch.ones_like(out))
     dq, dk, _ = torch.autograd.grad(out, leaves, grad_out)
     assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
-    if op == "mxfp8":  # the op's autograd takes such rows' NaN/inf dO as 0; the MXFP8 oracle takes dO as given
+    if op == "mxfp8":  # the op's autograd (knob on) takes such rows' NaN/inf dO as 0; the oracle takes dO as given
         grad_out = torch.where(torch.isneginf(lse).T[..., None], 0.0, grad_out)
     want_dq, want_dk, _ = oracle(*leaves, grad_out, torch.zeros(lse.shape, dtype=torch.float64))
     for name, got, want in (("q", dq, want_dq), ("k", dk, want_dk)):
