@@ -2,6 +2,7 @@
 
     delta[h, t] = rowsum(dO * O)[t, h] - grad_lse[h, t]       (grad_lse adds d lse / d s = P to the softmax grad)
     P  = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  dK = scale dS^T Q,  dQ = scale dS K
+    (dS = 0 where P = 0 in masked blocks, whatever dO: ``_zero_ds_where_p_is_zero``)
 
 dK/dV: one work item = (key tile, kv head); the program loops over the q heads of its GQA group, so dK/dV are
 summed in registers and written once (no atomics, deterministic). dQ, two ways:
