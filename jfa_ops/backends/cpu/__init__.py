@@ -314,6 +314,8 @@ def _backward_chunk(ops: _Operands, chunk: _Chunk, grad_out, delta_hf, empty_hf,
     p.masked_fill_(empty.view(heads_kv * batch, pad_q * group, 1), 0)
     dv_pad = torch.bmm(p.transpose(1, 2), do_pad)  # [Hkv * b, Lk, D], summed over the group
     ds = torch.bmm(do_pad, v_pad.transpose(1, 2)).sub_(delta).mul_(p)  # scale: in the two matmuls below
+    # dS 0 where P is 0, even for a NaN/inf dO or delta there (a row that sees no key): the reference's rule
+    ds.masked_fill_(p == 0, 0)
     zero = ds.new_zeros(())
     dq_pad = torch.baddbmm(zero, ds, k_pad, beta=0, alpha=params.scale).view(heads_kv, batch, pad_q, group, -1)
     dk_pad = torch.baddbmm(zero, ds.transpose(1, 2), q_pad, beta=0, alpha=params.scale)

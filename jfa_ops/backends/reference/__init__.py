@@ -190,6 +190,9 @@ def backward_into(dq, dk, dv, grad_out, grad_lse, q, k, v, out, lse, sequences, 
             dv[kv_rows_slice] += torch.einsum("hgrk,rhgd->khd", p, do_chunk)
             dp = torch.einsum("rhgd,khd->hgrk", do_chunk, v_seq)
             ds = p * (dp - delta[..., None]) * params.scale
+            # where P is 0 (a key the row does not see; every key of a row that sees none) dS is 0 even for a NaN/inf
+            # dO or delta there: 0 x NaN would reach dq and the sequence's dk (autograd's masked softmax gives 0)
+            ds = torch.where(p == 0, 0.0, ds)
             dq[q_rows_slice] += torch.einsum("hgrk,khd->rhgd", ds, k_seq).flatten(1, 2)
             dk[kv_rows_slice] += torch.einsum("hgrk,rhgd->khd", ds, q_chunk)
 

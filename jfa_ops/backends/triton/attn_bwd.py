@@ -2,6 +2,7 @@
 
     delta[h, t] = rowsum(dO * O)[t, h] - grad_lse[h, t]       (grad_lse adds d lse / d s = P to the softmax grad)
     P  = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  dK = scale dS^T Q,  dQ = scale dS K
+    (dS = 0 where P = 0 in masked blocks, whatever dO: ``_zero_ds_where_p_is_zero``)
 
 dK/dV: one work item = (key tile, kv head); the program loops over the q heads of its GQA group, so dK/dV are
 summed in registers and written once (no atomics, deterministic). dQ, two ways:
@@ -78,6 +79,15 @@ def _row_stats(Lse, Delta, index, rows_ok, CHECK_ROWS: tl.constexpr):
     return _log2_lse(lse), delta
 
 
+@triton.jit
+def _zero_ds_where_p_is_zero(p, ds):
+    """dS = 0 where P = 0, even for a NaN/inf dO or delta there (a row that sees no key: out 0, lse -inf, any dO):
+    0 x NaN would reach dq and the dk of the row's sequence, where autograd's masked softmax gives 0. Masked blocks
+    only: a row that sees no key is never in a mask-free block (there every row sees every key), so the bulk loops
+    keep their instructions (the tlx backward does the same: ``tlx/attn_bwd.py``)."""
+    return tl.where(p == 0.0, 0.0, ds)
+
+
 # --------------------------------------------------------------------------------------------------------- dK, dV
 @triton.jit
 def dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, lo_off, hi_off, qk_scale,
@@ -89,7 +99,10 @@ def dkdv_step(dk, dv, k, v, q, do, lse2, delta, keys, rows, len_q, len_k, lo_off
                        p_t, 0.0)
     dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+    ds_t = p_t * (dp_t - delta[None, :])
+    if MASKED:  # ``_zero_ds_where_p_is_zero``
+        ds_t = _zero_ds_where_p_is_zero(p_t, ds_t)
+    ds_t = ds_t.to(q.dtype)
     dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
     return dk, dv, ds_t
 
@@ -290,6 +303,8 @@ def dq_step(dq, q, do, lse2, delta, k, v, rows, keys, len_q, len_k, lo_off, hi_o
         p = tl.where(visible(rows[:, None], keys[None, :], len_q, len_k, lo_off, hi_off, HAS_LO, HAS_HI), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     ds = p * (dp - delta[:, None])
+    if MASKED:  # ``_zero_ds_where_p_is_zero``
+        ds = _zero_ds_where_p_is_zero(p, ds)
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
 
 
