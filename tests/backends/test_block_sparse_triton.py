@@ -392,8 +392,10 @@ def test_pool_variants_equal_the_default_bit_for_bit(device, name, monkeypatch):
 
     monkeypatch.setattr(block_sparse_select, "launch", spy)
     monkeypatch.setattr(KNOBS, "sparse_select_layouts", False)  # every launch through ``launch`` (not plans)
-    # the pooling's sums, every row pooled: KNOBS.sparse_pool_skip leaves rows 0 (its own test below)
+    # the pooling's sums, every row pooled: KNOBS.sparse_pool_skip leaves rows 0 (its own test below), and the
+    # pooling and select launches apart (KNOBS.sparse_select_overlap's one launch: its own tests)
     monkeypatch.setattr(KNOBS, "sparse_pool_skip", False)
+    monkeypatch.setattr(KNOBS, "sparse_select_overlap", False)
     q_lens, kv_lens, broadcast, heads_q, heads_kv, block_q, block_kv = POOLING_CASES[name]
     gen = torch.Generator().manual_seed(5)
     q_lens = q_lens or kv_lens
@@ -495,6 +497,7 @@ def test_pool_skip_equals_the_full_pooling_bit_for_bit(device, name, monkeypatch
 
     _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
     monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", False)  # every launch through ``launch``
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", False)  # the pooling's own launch (spied on below)
     zero_rows = []
     real_launch = block_sparse_select.launch
 
@@ -639,27 +642,33 @@ def test_select_overlap_many_calls_gpu(causal, monkeypatch):
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
 def test_select_overlap_state_resets_itself(monkeypatch):
-    """``KNOBS.sparse_select_overlap``'s ticket and counters are zeroed once per kept layout, then reset by the
-    launch itself (no launch of its own): after n calls the ticket is 0 with generation n, the published lag word
-    says generation n, and every slot's done-counter reads n x pool items per slot; each call equals the reference
-    (a ticket left past 0 would map the next call's items wrong)."""
+    """``KNOBS.sparse_select_overlap``'s ticket and counters: zeroed for each call (never shared between launches,
+    stop 46), and the launch leaves them in its own end state: ticket 0 of generation 1, the published lag word
+    generation 1, every slot's done-counter at its pool items (1 here); each call equals the reference."""
     from jfa_ops.backends.triton import block_sparse_select, configs
 
     _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
     monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
-    monkeypatch.setattr(block_sparse_select, "_layout_key", lambda *args: ("test_select_overlap_state",))
-    block_sparse_select._LAYOUTS.clear()
+    monkeypatch.setattr(block_sparse_select, "_layout_key", lambda *args: None)  # every launch through ``launch``
+    seen = []
+    real_launch = block_sparse_select.launch
+
+    def spy(kernel, grid, args, **options):
+        out = real_launch(kernel, grid, args, **options)
+        if "STATE" in args:
+            seen.append((args["STATE"], args["FLAGS"]))
+        return out
+
+    monkeypatch.setattr(block_sparse_select, "launch", spy)
     q, k, q_off, kv_off, max_q, max_kv, block_q, block_kv, _ = _overlap_batch("jagged_causal_rows", "cpu")
-    try:
-        for n in range(1, 4):
-            _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max_kv, block_q=block_q,
-                                               block_kv=block_kv, causal=True, keep_ratio=0.25)
-            (layout,) = block_sparse_select._LAYOUTS.values()
-            state, flags = layout.overlap_state
-            assert state[0].item() == n << 32 and state[1].item() >> 32 == n, (n, state)
-            assert flags.numel() == layout.overlap_flags and (flags == n).all(), (n, flags)  # 2 kv heads: 1 item
-    finally:
-        block_sparse_select._LAYOUTS.clear()
+    for n in range(1, 4):
+        _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max_kv, block_q=block_q, block_kv=block_kv,
+                                           causal=True, keep_ratio=0.25)
+        assert len(seen) == n
+        state, flags = seen[-1]
+        assert state[0].item() == 1 << 32 and state[1].item() >> 32 == 1, (n, state)
+        assert (flags == 1).all(), (n, flags)  # 2 kv heads: 1 item a slot
+    assert len({id(state) for state, _ in seen}) == 3  # a fresh state each call
 
 
 @triton.jit
@@ -753,12 +762,19 @@ def test_selection_grids_follow_the_rows_not_max_seqlen(monkeypatch):
     lengths = (256, 1, 2, 3, 4, 5, 6, 7)  # max_seqlen 256: 16 blocks x 8 sequences = 128 rows of the output
     off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(sum(lengths), 2, 16).half()
-    _assert_selection_equals_reference(q, q, off, off, 256, 256, block_q=16, block_kv=16, causal=True)
     slots = (sum(lengths) + 15) // 16 + len(lengths)  # 18 + 8
-    programs = [math.prod(g) for g in grids]
-    # the pools (Q's and K's in one launch with KNOBS.sparse_pool_one_launch, the default), then the select kernel
-    assert len(grids) == (2 if KNOBS.sparse_pool_one_launch else 3), grids
-    assert max(programs) <= -(-slots // 4) * 4 * 2, grids  # 2 kv heads; vs 16 * 8 * 2 = 256
+    bound = -(-slots // 4) * 4 * 2  # 2 kv heads; vs 16 * 8 * 2 = 256
+    for overlap in (False, True):
+        monkeypatch.setattr(KNOBS, "sparse_select_overlap", overlap)
+        grids.clear()
+        _assert_selection_equals_reference(q, q, off, off, 256, 256, block_q=16, block_kv=16, causal=True)
+        programs = [math.prod(g) for g in grids]
+        if overlap:  # one launch: the pools' programs, the select's and one fill program per (sequence, kv head)
+            assert len(grids) == 1 and programs[0] <= 2 * bound + len(lengths) * 2, grids
+            continue
+        # the pools (Q's and K's in one launch with KNOBS.sparse_pool_one_launch, the default), then the select
+        assert len(grids) == (2 if KNOBS.sparse_pool_one_launch else 3), grids
+        assert max(programs) <= bound, grids
 
 
 @pytest.mark.gpu
@@ -840,6 +856,8 @@ def test_selection_launch_counts(monkeypatch):
     params = BlockSelectParams(block_q=16, block_kv=16, n_q_blocks=3, n_kv_blocks=3, causal=True, max_seqlen_q=40,
                                max_seqlen_kv=40, check_offsets=True)
     tb.select_kv_blocks(q, q, off, off, params)  # builds the keep table
+    # the launches apart first (KNOBS.sparse_select_overlap, on since stop 46: one launch, the end of this test)
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", False)
     # KNOBS.sparse_pool_skip (on since stop 46) has its own pair kernel, on the one-launch pooling only
     for one_launch, skip, pools in ((True, True, {"block_pool_pair_skip_kernel": 1}),
                                     (True, False, {"block_pool_pair_kernel": 1}),
@@ -854,7 +872,7 @@ def test_selection_launch_counts(monkeypatch):
     assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1} and aten == ["_assert_async.msg"], \
         (kernels, aten)
     # KNOBS.sparse_select_overlap (on the one-launch pooling): one launch in all; its ticket and counters zeroed
-    # here per call (the interpreter keeps no layout; a kept layout zeroes them once: test_select_overlap_state_...)
+    # per call (test_select_overlap_state_resets_itself)
     monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", True)
     monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
     kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))

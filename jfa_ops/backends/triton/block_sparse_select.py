@@ -1123,7 +1123,7 @@ class _Layout:
         if self.fill and not params.broadcast_q:  # then one program per (sequence, kv head): rows past its end
             grid = (grid[0] + num_seqs * heads_kv,)
         self.launches.append(_Launch(block_select_kernel, grid, static, tensors, dict(num_warps=4, num_stages=1)))
-        self.overlap_flags, self.overlap_state = 0, None
+        self.overlap_flags = 0
         if overlap:  # the done-counters: one per Q slot, then one per K slot
             fills = num_seqs * heads_kv if self.fill and not params.broadcast_q else 0
             self.launches = [_overlap_launch(*self.launches, fills)]
@@ -1152,14 +1152,12 @@ class _Layout:
         if self.check:
             flag = q_slot_seq[q_slots:] if self.fill == 2 else torch.empty((1,), dtype=torch.int32, device=device)
         state = flags = None
-        if self.overlap_flags:  # the ticket and done-counters, zero once per layout (kept), then self-resetting
-            if self.overlap_state is None:
-                state = (torch.zeros((2,), dtype=torch.int64, device=device),
-                         torch.zeros((self.overlap_flags,), dtype=torch.int32, device=device))
-                # not kept when made inside a CUDA graph capture: its memory is the graph's (zeroed on each replay)
-                if self.key is not None and not capturing(device):
-                    self.overlap_state = state
-            state, flags = self.overlap_state or state
+        if self.overlap_flags:  # the ticket and done-counters, zeroed per call (stream-ordered like every output):
+            # a kept, self-resetting copy per layout saved the two memsets (~4 us) but let two launches share it (a
+            # graph replayed on one stream while its layout runs eagerly on another), where spinning programs could
+            # wait on another launch's tickets (lead, stop 46)
+            state, flags = (torch.zeros((2,), dtype=torch.int64, device=device),
+                            torch.zeros((self.overlap_flags,), dtype=torch.int32, device=device))
         sources = dict(
             q=q, k=k, q_off=q_off, kv_off=kv_off, pooled_q=pooled_q, overlap_state=state, overlap_flags=flags,
             pooled_k=torch.empty(self.pooled_k_shape, dtype=torch.float32, device=device),

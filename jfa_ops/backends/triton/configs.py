@@ -142,8 +142,10 @@ class Knobs:
     # Q slot's and its sequence's K slots' counters (acquire): the latency-bound select runs beside the pools' reads
     # instead of after them. Implies sparse_select_fill (the launch writes the whole outputs); composes with
     # sparse_pool_skip; the streaming one-launch pooling and ungrouped select only (else the two launches). Same
-    # bits (tests). Off until measured; JFA_SELECT_OVERLAP=1 turns it on at import.
-    sparse_select_overlap: bool = os.environ.get("JFA_SELECT_OVERLAP", "0") == "1"
+    # bits (tests). On since stop 46 (H100, tools/select_profile.py: a selection 252.0 -> 233.1 us causal keep 0.25,
+    # 279.7 -> 267.3 non-causal, against the fill alone; the ticket and counters zeroed per call since then, two
+    # memsets); JFA_SELECT_OVERLAP=0 turns it off at import.
+    sparse_select_overlap: bool = os.environ.get("JFA_SELECT_OVERLAP", "1") != "0"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->
@@ -159,13 +161,16 @@ class Knobs:
     # KV block a prefix sum over its marks places the Q blocks (``block_sparse_bwd.transpose_selection_scatter``),
     # instead of transpose_selection_kernel's [32 x width] compare per padded Q block row (595 us a call on the
     # bench's T66944 batch, H100 profile; ~35 MB of traffic instead). Same bits for any input (tests), any width.
-    # Off until measured; JFA_TRANSPOSE_SCATTER=1 turns it on at import.
-    sparse_transpose_scatter: bool = os.environ.get("JFA_TRANSPOSE_SCATTER", "0") == "1"
+    # On since stop 46 (H100, `tlx_check.py sparse-bwd-ablation`: the transpose 591-651 -> 27-36 us a call, the
+    # backward 1.030 / 1.064 / 1.069 / 1.104x at keep 0.5 / 0.25 / causal 0.5 / causal 0.25); JFA_TRANSPOSE_SCATTER=0
+    # turns it off at import.
+    sparse_transpose_scatter: bool = os.environ.get("JFA_TRANSPOSE_SCATTER", "1") != "0"
     # ... and the backward's per-item list (``block_sparse_bwd.item_list``) from one stable sort of 32-bit keys (the
     # group order's (group, +-cost) packed by the counts' bound NQB), not a 64-bit longest-first sort then a 64-bit
     # group sort (~107 us of cub radix sort passes on the bench's 8,720 items, H100 profile). Same permutation
-    # (tests). Off until measured; JFA_ITEM_ONE_SORT=1 turns it on at import.
-    sparse_item_one_sort: bool = os.environ.get("JFA_ITEM_ONE_SORT", "0") == "1"
+    # (tests). On since stop 46 (H100: the radix sorts 106-116 -> 30-32 us a call on every row; the backward with
+    # scatter 1.009-1.019x over scatter alone); JFA_ITEM_ONE_SORT=0 turns it off at import.
+    sparse_item_one_sort: bool = os.environ.get("JFA_ITEM_ONE_SORT", "1") != "0"
     bwd_kv_major: bool = False  # dK/dV work order kv head -> key tile (neutral: dense +2%, jagged -2%), else tile-major
     # MXFP8 forward and backward: how their dots use the MX operands (mxfp8_attn_fwd.VARIANTS: dot_scaled, fp8dot,
     # rebase, bf16smem).
