@@ -1057,8 +1057,7 @@ class _Layout:
     grid and non-tensor arguments. ``run`` allocates the outputs and scratch, launches, and asserts the check."""
 
     __slots__ = ("key", "plan_id", "index_shape", "count_shape", "pooled_q_shape", "pooled_k_shape", "scores_shape",
-                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets", "fill", "overlap_flags",
-                 "overlap_state")
+                 "scores_dtype", "check", "launches", "keep", "broadcast_offsets", "fill", "overlap_flags")
 
     def __init__(self, key, q, k, num_seqs: int, params: BlockSelectParams):
         heads_kv, head_dim = k.shape[1], q.shape[2]
