@@ -621,12 +621,19 @@ def test_sparse_bwd_ablation_counts_and_fit():
         b, a = tool.two_row_fit(*((bl, it, bl * 2.44 + it * 28.8) for bl, it in rows))
         assert abs(b - 2.44) < 1e-9 and abs(a - 28.8) < 1e-9
     # every column's settings name a real knob: "KNOBS.<name>" the triton backend's KNOBS, else a tlx configs name
-    from jfa_ops.backends.tlx import configs
+    # (those where TLX imports: CI's venv has none, its TLX compile test runs in .ci-tlx)
     from jfa_ops.backends.triton.configs import KNOBS
 
+    try:
+        from jfa_ops.backends.tlx import configs
+    except ImportError:
+        configs = None
     for col, (settings, kind) in tool.SPARSE_BWD_ABLATION.items():
         for name in settings:
-            assert hasattr(KNOBS, name[len("KNOBS."):]) if name.startswith("KNOBS.") else hasattr(configs, name), col
+            if name.startswith("KNOBS."):
+                assert hasattr(KNOBS, name[len("KNOBS."):]), col
+            elif configs is not None:
+                assert hasattr(configs, name), col
     assert tool.SPARSE_BWD_ABLATION["scatter"] == ({"KNOBS.sparse_transpose_scatter": True}, "sparse")
     assert tool.SPARSE_BWD_ABLATION["onesort"] == ({"KNOBS.sparse_item_one_sort": True}, "sparse")
 
