@@ -1005,13 +1005,17 @@ def _pool_launches(q, k, pooled_q, pooled_k, check: bool, q_seqs, num_seqs, max_
     return out
 
 
+# block_select_overlap_kernel's names for the select's constexprs that the pooling has too (its own values)
+OVERLAP_SELECT_RENAMES = {"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}
+
+
 def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int) -> "_Launch":
     """``KNOBS.sparse_select_overlap``: the pair pooling's launch (``block_pool_pair_kernel`` or its skip kernel) and
     the select's (FILL > 0, GROUP 1) as one ``block_select_overlap_kernel`` launch: their arguments merged (the
     select's SEARCH_STEPS and HEADS renamed: the pooling has its own), one program per work item of both grids."""
     static = dict(pool.static)
     for name, value in select.static.items():
-        name = {"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}.get(name, name)
+        name = OVERLAP_SELECT_RENAMES.get(name, name)
         assert static.setdefault(name, value) == value, name  # shared names mean the same value
     tensors = dict(pool.tensors)
     for name, source in select.tensors.items():

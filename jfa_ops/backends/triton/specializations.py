@@ -261,8 +261,10 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
                                              select_visible=select_visible, fp32_rn=fp32_rn,
                                              select_radix=select_radix, select_fill=select_fill, cc=cc)
         constexprs = dict(pool.constexprs)
+        from .block_sparse_select import OVERLAP_SELECT_RENAMES
+
         for name, value in select.constexprs.items():  # the overlap kernel's names for the select's own
-            constexprs[{"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}.get(name, name)] = value
+            constexprs[OVERLAP_SELECT_RENAMES.get(name, name)] = value
         constexprs["SKIP"] = kernel.endswith("_skip")
         ptr.update(STATE="*i64", FLAGS="*i32")
         if select.signature["Scores"] == "*fp64":
