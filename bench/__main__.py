@@ -15,6 +15,7 @@ import datetime
 import gc
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -254,6 +255,14 @@ def mxfp8_peers(backends, all_variants: bool = False) -> list:
     return out
 
 
+
+def device_tag(name: str) -> str:
+    """The file-name tag of a GPU: its model ("NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200"), not the
+    last word, which named memory ("hbm3") on the H100."""
+    words = name.split()
+    model = next((w for w in words if re.fullmatch(r"[A-Z]+\d+[A-Za-z]*", w) and w not in ("NVIDIA",)), words[-1])
+    return model.lower()
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -303,7 +312,7 @@ def main(argv=None) -> int:
     meta = run_meta(device, args)
     os.makedirs(args.out, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    dev_tag = "cpu" if device.type == "cpu" else meta["device"].split()[-1].lower()
+    dev_tag = "cpu" if device.type == "cpu" else device_tag(meta["device"])
     prefix = os.path.join(args.out, f"bench_{stamp}_{dev_tag}")
     print(f"bench: {len(cases)} cases x {len(peers)} implementations ({', '.join(p.name for p in peers)}), "
           f"modes {','.join(modes)}, device {meta['device']}, budget {budget:.0f} s", flush=True)

@@ -1213,3 +1213,11 @@ def test_sass_loads_decodes_the_scoreboards():
     assert wait == 4 and path == [2, 3, 4]
     assert tool.LOAD.match("LDG.E") and tool.LOAD.match("LDL") and tool.LOAD.match("LD.E") and not tool.LOAD.match(
         "LDS")
+
+
+def test_result_files_are_tagged_with_the_gpu_model_not_its_memory():
+    from bench.__main__ import device_tag
+
+    assert device_tag("NVIDIA H100 80GB HBM3") == "h100"  # the last word ("HBM3") named the files until 2026-12-06
+    assert device_tag("NVIDIA H200") == "h200"
+    assert device_tag("NVIDIA B200") == "b200"
