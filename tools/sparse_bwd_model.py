@@ -7,8 +7,9 @@ groups, and two combinations that lost); ``--l2`` adds a coarse L2 model per sch
 32 KiB of Q+dO and 32 KiB of fp32 dQ) and the rows the items in flight walk.
 
 The selection is a random top-k of the op's budget (``ceil(keep x visible)`` with the local block first), which is
-how the bench's random inputs select. ``python tools/sparse_bwd_model.py [--schedules] [--l2]`` (--l2: ~2 min); ``--groups`` (helper sparsehg47): the
-head-group terms (``group_terms``) on a grid of shapes against ``configs.sparse_auto_head_group``'s choice.
+how the bench's random inputs select. ``python tools/sparse_bwd_model.py [--schedules] [--l2]`` (--l2: ~2 min);
+``--groups`` (helper sparsehg47; TLX must import, for the tlx configs): the head-group terms (``group_terms``) on a
+grid of shapes against ``configs.sparse_auto_head_group``'s choice (~4 min).
 """
 from __future__ import annotations
 

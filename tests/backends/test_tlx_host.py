@@ -1827,3 +1827,17 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
         "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
     assert {n: auto[n] for n in constexprs} == {n: default[n] for n in constexprs} == {n: small[n] for n in constexprs}
     assert auto["ITEM_LIST"] is True and auto["TILE_HEAD"] is not None
+
+
+@needs_tlx
+def test_sparse_bwd_ablation_auto_column_names_the_rule_group():
+    """``tools/tlx_check.py sparse-bwd-ablation``'s "auto" column turns SPARSE_BACKWARD_AUTO_GROUP on, and the group it
+    prints per row is the rule's: on the bench's four sparse rows (H100 and H200: 132 SMs, 50 MiB L2) groups of 1
+    unmasked, the default's 2 causal (the device command's prediction in bench/NOTES.md rests on it)."""
+    from bench.suites import sparse_cases
+
+    tool = _tlx_check_tool()
+    assert tool.SPARSE_BWD_ABLATION["auto"] == ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse")
+    rows = {(c.keep_ratio, c.causal): c for c in sparse_cases([128], "quick")}
+    assert {key: tool._auto_head_group(case, 132, 50 << 20) for key, case in rows.items()} == {
+        (0.5, False): 1, (0.25, False): 1, (0.5, True): 2, (0.25, True): 2}
