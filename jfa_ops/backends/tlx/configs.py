@@ -348,7 +348,7 @@ def sparse_auto_head_group(heads_kv: int, q_per_kv: int, head_dim: int, q_rows: 
 
     - L2: the ~SM-count items in flight walk the Q, dO and fp32 dQ rows of their group's kv heads (8 x q_per_kv x
       head_dim bytes a row). Where one head's rows overflow the L2, groups of 2 evict each other's rows before the
-      next key tile reads them (modelled 1.4-3.5x the DRAM a block of groups of 1); where they fit, both hit
+      next key tile reads them (modelled 1.2-3.5x the DRAM a block of groups of 1); where they fit, both hit
       (D64 and 22 x 1k on the model: ties).
     - Balance: a group of one head is 1 / heads_kv of the items, and the snake balances a group only where its
       longest item is small against an SM's share of the group. Bounded from shapes (no lengths, no sync): longest
