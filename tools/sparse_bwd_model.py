@@ -7,7 +7,9 @@ groups, and two combinations that lost); ``--l2`` adds a coarse L2 model per sch
 32 KiB of Q+dO and 32 KiB of fp32 dQ) and the rows the items in flight walk.
 
 The selection is a random top-k of the op's budget (``ceil(keep x visible)`` with the local block first), which is
-how the bench's random inputs select. ``python tools/sparse_bwd_model.py [--schedules] [--l2]`` (--l2: ~2 min).
+how the bench's random inputs select. ``python tools/sparse_bwd_model.py [--schedules] [--l2]`` (--l2: ~2 min);
+``--groups`` (helper sparsehg47; TLX must import, for the tlx configs): the head-group terms (``group_terms``) on a
+grid of shapes against ``configs.sparse_auto_head_group``'s choice (~4 min).
 """
 from __future__ import annotations
 
@@ -161,12 +163,102 @@ def l2_model(mine, l2_mb=50, sample_every=25.0):
     return (32 * misses[0] + 64 * misses[1]) / blocks, np.mean(pairs) * 64 / 1024, np.mean(heads_seen)
 
 
+# Helper sparsehg47's head-group terms (bench/NOTES.md "Sparse backward head groups by rule"): a block's time is
+# b + BETA x its DRAM KiB (a miss's bytes at one SM's share of HBM: 3.35 TB/s / 132 SMs = 25.4 KB/us on the H100,
+# i.e. no overlap of misses with the block's math), the busiest SM's load (``imbalance``) scaling the lot.
+BLOCK_US = 2.44  # per 64-row block of D128 at one q head per kv head (sparsebwd45's fit, bench/NOTES.md)
+BETA_US_PER_KIB = 1024 / (3.35e12 / SMS) * 1e6
+
+
+def group_terms(lens, heads_kv, keep, causal, groups, head_dim=128, q_per_kv=1, l2_mb=50, seed=0):
+    """{G: (imbalance, DRAM KiB per block, modelled us per block incl. imbalance)} of the shipped sparse order
+    (``item_list`` with ``zigzag_groups`` in groups of G kv heads, the snake) on a random top-k selection of
+    ``lens``. A record is a 64-row tile of one kv head's Q + dO (bf16) or fp32 dQ over its ``q_per_kv`` q heads:
+    32 KiB at D128 and one q head, so the L2 holds ``l2_mb`` x 128 / D / q_per_kv records of the model's 32 KiB."""
+    tiles = items(lens, heads_kv, keep, causal, seed)
+    scale = head_dim / 128 * q_per_kv  # real bytes per model record over 32 KiB
+    out = {}
+    for g in groups:
+        mine = group_order(tiles, g)
+        kib, _, _ = l2_model(mine, l2_mb=l2_mb / scale)
+        imb = imbalance(mine)
+        out[g] = (imb, kib * scale, imb * (BLOCK_US * scale + BETA_US_PER_KIB * kib * scale))
+    return out
+
+
+def group_order(tiles, group):
+    """Each program's walks under the shipped block-sparse order (``orders``' "hgG zigzag"; group 0: the item order
+    without head groups)."""
+    import torch
+
+    from jfa_ops.backends.triton.block_sparse_bwd import item_list
+
+    n, heads = len(tiles), len(tiles[0][2])
+    q_count = torch.zeros((max(t[0] for t in tiles) + 1, heads, max(t[1] for t in tiles) + 1), dtype=torch.int32)
+    for s, j, walks in tiles:
+        for h in range(heads):
+            q_count[s, h, j] = len(walks[h]) // 2
+    schedule = dict(TILE_SEQ=torch.tensor([t[0] for t in tiles], dtype=torch.int32),
+                    TILE_START=torch.tensor([t[1] * BLOCK for t in tiles], dtype=torch.int32),
+                    TILE_COUNT=torch.tensor([n], dtype=torch.int32))
+    index = {(t[0], t[1]): i for i, t in enumerate(tiles)}
+    seq, start, head = item_list(schedule, q_count, heads, BLOCK, group)
+    work = [tiles[index[(s, b // BLOCK)]][2][h] for s, b, h in zip(seq.tolist(), start.tolist(), head.tolist())]
+    return per_program(work, True)
+
+
+def group_grid():
+    """(label, lens, heads_kv, head_dim, q_per_kv, keep, causal) of ``--groups``: the bench's lengths (and doubled),
+    22 x 1k (one head's rows fit the L2), uniform long ones, jagged short ones, a few long among short; keeps 0.1-0.75,
+    causal and not; D64 and GQA on the bench's lengths and on long ones."""
+    bench = sparse_cases([128], "quick")[0].kv_lens
+    shapes = {"bench": bench, "22 x 1k": (1024,) * 22, "4 x 16k": (16384,) * 4,
+              "64 jagged": tuple(128 * (1 + (i * 37) % 24) for i in range(64)), "32 x 4k": (4096,) * 32,
+              "bench x2": tuple(2 * n for n in bench), "3 x 16k + 8 x 2k": (16384,) * 3 + (2048,) * 8,
+              "2 x 32k + 16 x 1k": (32768,) * 2 + (1024,) * 16}
+    grid = [(name, lens, 16, 128, 1, keep, causal) for name, lens in shapes.items() for causal in (False, True)
+            for keep in (0.1, 0.25, 0.5, 0.75)]
+    for keep in (0.25, 0.5):
+        for causal in (False, True):
+            grid += [("bench D64", bench, 16, 64, 1, keep, causal), ("bench GQA 2:1", bench, 8, 128, 2, keep, causal),
+                     ("bench GQA 4:1", bench, 4, 128, 4, keep, causal),
+                     ("4 x 7.5k GQA 2:1", (7680,) * 4, 8, 128, 2, keep, causal),
+                     ("4 x 32k D64", (32768,) * 4, 16, 64, 1, keep, causal)]
+    return grid
+
+
+def rule_group(lens, heads_kv, head_dim, q_per_kv, causal, l2_bytes=50 << 20):
+    """``configs.sparse_auto_head_group`` on a self-attention batch of ``lens`` (this model's SMs)."""
+    from jfa_ops.backends.tlx.configs import head_group, sparse_auto_head_group
+
+    g = sparse_auto_head_group(heads_kv, q_per_kv, head_dim, sum(lens), sum(lens), len(lens), max(lens), causal, SMS,
+                               l2_bytes)
+    return head_group(heads_kv, g, sparse=True)
+
+
+def print_group_grid() -> None:
+    """``--groups``: per grid case the model's terms for groups of 1, 2, 4 (t2/t: the shipped group 2's modelled time
+    over this one's), the model's best group and the rule's (``rule_group``)."""
+    for name, lens, hkv, d, gq, keep, causal in group_grid():
+        groups = [g for g in (1, 2, 4) if hkv % g == 0 and g < hkv]
+        terms = group_terms(lens, hkv, keep, causal, groups, head_dim=d, q_per_kv=gq)
+        best = min(terms, key=lambda g: terms[g][2])
+        rule = rule_group(lens, hkv, d, gq, causal)
+        print(f"{name:18s} Hkv{hkv:<2d} D{d:<3d} keep {keep:<4} {'causal' if causal else 'full  '} " + "  ".join(
+            f"hg{g} imb {terms[g][0]:.3f} DRAM {terms[g][1]:5.1f} t2/t {terms[2][2] / terms[g][2]:.3f}"
+            for g in groups) + f"  model hg{best}, rule hg{rule} (t2/t {terms[2][2] / terms[rule][2]:.3f})",
+            flush=True)
+
+
 CASES = ((1.0, False), (0.5, False), (0.25, False), (1.0, True), (0.5, True), (0.25, True))
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     l2, schedules = "--l2" in argv, "--schedules" in argv
+    if "--groups" in argv:  # helper sparsehg47: the head-group rule against the model (~2 min)
+        print_group_grid()
+        return 0
     case = sparse_cases([128], "quick")[0]
     lens, heads = case.kv_lens, case.num_heads_kv
     print(f"T{sum(lens)}, {len(lens)} sequences, H{heads}; items (key tile, kv head), blocks = 64-row query tiles")

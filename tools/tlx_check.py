@@ -1438,7 +1438,9 @@ def sparse_backward_timing() -> int:
 # how much of a row's time follows the L2 reuse of the items in flight). "KNOBS.<name>": the triton backend's
 # KNOBS.<name> (read per call; such a column's kernels are profiled too, as "sparse <column>"): "scatter" =
 # KNOBS.sparse_transpose_scatter (helper transpose46: the transposed selection as marks then lists), "onesort" =
-# KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both.
+# KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both. "auto":
+# configs.SPARSE_BACKWARD_AUTO_GROUP (helper sparsehg47: the head group by configs.sparse_auto_head_group's rule; the
+# row's line "auto head group" says which it chose).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
                        "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
@@ -1446,6 +1448,7 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                                             "KNOBS.sparse_item_one_sort": True}, "sparse"),
                        "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
                        "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
+                       "auto": ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse"),
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
 
 
@@ -1458,6 +1461,20 @@ def dense_tiles(lens, block_n: int, block_m: int, causal: bool) -> int:
         for start in range(0, length, block_n):
             total += n_q - start // block_m if causal else n_q
     return total
+
+
+def _auto_head_group(case, sms: int, l2_bytes: Optional[int] = None) -> int:
+    """The group ``configs.sparse_auto_head_group`` chooses for a self-attention sparse bench case (the column "auto"
+    of sparse-bwd-ablation; l2_bytes None: the current GPU's L2)."""
+    from jfa_ops.backends.tlx import configs
+
+    if l2_bytes is None:
+        l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = sum(case.kv_lens)
+    group = configs.sparse_auto_head_group(case.num_heads_kv, case.num_heads_q // case.num_heads_kv, case.head_dim,
+                                           sum(case.q_lens), rows, len(case.kv_lens), max(case.kv_lens), case.causal,
+                                           sms, l2_bytes)
+    return configs.head_group(case.num_heads_kv, group, sparse=True)
 
 
 def sparse_bwd_ablation() -> int:
@@ -1479,7 +1496,8 @@ def sparse_bwd_ablation() -> int:
     wanted = os.environ.get("TLX_SPARSE_BWD_ABLATION_COLS")
     cols = tuple(c for c in SPARSE_BWD_ABLATION if not wanted or c == "default" or c in wanted.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP")
+    knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP",
+             "SPARSE_BACKWARD_AUTO_GROUP")
     saved = {k: getattr(configs, k) for k in knobs}
     triton_knobs = sorted({k[len("KNOBS."):] for c in cols for k in SPARSE_BWD_ABLATION[c][0] if k.startswith("KNOBS.")})
     saved_knobs = {k: getattr(KNOBS, k) for k in triton_knobs}
@@ -1534,6 +1552,9 @@ def sparse_bwd_ablation() -> int:
         print(f"{case.label:34s} " + " ".join(f"{ms.get(c, nan):16.3f}" for c in cols) + "   "
               + " ".join(f"{c} {ms.get('default', nan) / ms[c]:.3f}" for c in cols if c in ms and c != "default"),
               flush=True)
+        if "auto" in cols:
+            print(f"  auto head group: {_auto_head_group(case, sms)} (default "
+                  f"{configs.head_group(case.num_heads_kv, sparse=True)})", flush=True)
         for kind, listed in kernels.items():
             shown = listed[:8] + [(n, t) for n, t in listed[8:] if n.startswith("transpose_")  # the scatter's
                                   or "RadixSort" in n]  # the item list's sorts

@@ -730,6 +730,46 @@ def test_tlx_block_sparse_backward_kv_early_matches_the_oracle_and_keeps_dk_dv(n
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
+def test_tlx_block_sparse_backward_auto_group_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
+    """configs.SPARSE_BACKWARD_AUTO_GROUP (helper sparsehg47, env JFA_TLX_SPARSE_BWD_AUTO_GROUP=1) with the rule's
+    bounds opened (an L2 of 1 byte, no skew bound), so that it gives groups of 1 kv head on these small cases: the
+    backward got that group, dq/dk/dv match the float64 oracle with the selection's block mask, and dK/dV equal the
+    knob-off backward's bit for bit (another item order; each item computes its own dK/dV); dQ is the same fp32 terms
+    reduce-added in another order (close)."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import attn_bwd, configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "BACKWARD_HEAD_GROUP", None)
+    monkeypatch.setattr(configs, "AUTO_GROUP_L2_BYTES", 1)
+    monkeypatch.setattr(configs, "AUTO_GROUP_MAX_SKEW", float("inf"))
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD_AUTO_GROUP", True)
+    groups, real = [], attn_bwd.block_sparse_backward
+    monkeypatch.setattr(attn_bwd, "block_sparse_backward",
+                        lambda *a, **k: groups.append(k["head_group"]) or real(*a, **k))
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    heads_kv = case.case.heads_kv
+    assert groups and set(groups) == {configs.head_group(heads_kv, 1, sparse=True)}, groups
+    x = case.case.make_inputs(1)
+    index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    kw = x.kwargs
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SPARSE_BACKWARD_AUTO_GROUP", on)
+        out = jfa_ops.block_sparse_attention(
+            q, k, v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
+            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+            window=kw["window"], broadcast_q=kw["broadcast_q"], backend="tlx")
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_tlx_block_sparse_backward_neighbour_poison_stays_out(causal, monkeypatch):
     """Sequence 0's one selected block reads sequence 1's NaN/inf key/value rows through TMA (its key tile and query

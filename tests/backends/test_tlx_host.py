@@ -1722,3 +1722,122 @@ def test_mxfp8_backward_launches_with_delta_from_the_given_dout(gpu, mxfp8):
     assert launched["attn_bwd_tlx_kernel"]["desc_do"].base is do_mx
     assert launched["attn_bwd_tlx_kernel"]["MXFP8"] is mxfp8
     assert bool(attn_bwd._RECIPES) is not mxfp8
+
+
+# helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB
+# L2 (the H100's and H200's): (label, kv heads, q heads per kv head, head dim, lengths, causal, the group it gives
+# after head_group's divisor rule). tools/sparse_bwd_model.py --groups holds the model's choice beside each kind.
+_BENCH_LENS = (16384, 128, 2688, 896, 1024, 1280, 256, 1280, 640, 16384, 2048, 1024, 1152, 768, 512, 1024, 2816, 1280,
+               4992, 1280, 1664, 7424)
+AUTO_GROUP_CASES = (
+    ("bench", 16, 1, 128, _BENCH_LENS, False, 1),  # one head's rows 1.3 L2s; skew 1.36
+    ("bench causal", 16, 1, 128, _BENCH_LENS, True, 2),  # skew 2.72: one head's items balance badly
+    ("bench x2 causal", 16, 1, 128, tuple(2 * n for n in _BENCH_LENS), True, 1),  # twice the items a head: 1.36
+    ("4 x 16k causal", 16, 1, 128, (16384,) * 4, True, 1),  # even lengths: 0.52
+    ("3 x 16k + 8 x 2k causal", 16, 1, 128, (16384,) * 3 + (2048,) * 8, True, 1),  # 1.42
+    ("2 x 32k + 16 x 1k causal", 16, 1, 128, (32768,) * 2 + (1024,) * 16, True, 2),  # 2.97
+    ("2 x 32k + 16 x 1k", 16, 1, 128, (32768,) * 2 + (1024,) * 16, False, 1),  # 1.48
+    ("22 x 1k", 16, 1, 128, (1024,) * 22, False, 2),  # one head's rows fit the L2: groups of 2 hit already
+    ("bench D64", 16, 1, 64, _BENCH_LENS, False, 2),  # the same, at half the bytes a row
+    ("4 x 32k D64", 16, 1, 64, (32768,) * 4, False, 1),
+    ("bench GQA 2:1", 8, 2, 128, _BENCH_LENS, False, 2),  # skew x2: 2.72
+    ("bench GQA 4:1", 4, 4, 128, _BENCH_LENS, False, 2),
+    ("4 x 7.5k GQA 2:1", 8, 2, 128, (7680,) * 4, False, 1),  # 1.10
+    ("4 x 7.5k GQA 2:1 causal", 8, 2, 128, (7680,) * 4, True, 2),  # 2.20
+    ("bench 2 kv heads", 2, 1, 128, _BENCH_LENS, False, 1),  # groups of 1 (the default's 2 is all: tile-major, 0)
+    ("bench 2 kv heads causal", 2, 1, 128, _BENCH_LENS, True, 0),
+    ("bench 1 kv head", 1, 1, 128, _BENCH_LENS, False, 0),
+)
+
+
+@needs_tlx
+def test_sparse_auto_head_group_rule_table():
+    """``configs.sparse_auto_head_group`` (helper sparsehg47, JFA_TLX_SPARSE_BWD_AUTO_GROUP) through ``head_group``'s
+    divisor rule: groups of 1 where one kv head's query-side rows overflow the L2 and a group of one head's skew
+    (longest item over an SM's share, bounded from shapes) is at most AUTO_GROUP_MAX_SKEW; else the default's
+    SPARSE_HEAD_GROUP. The table's comments give each case's term; a GPU of twice the SMs halves a head's share."""
+    assert tlx_configs.SPARSE_HEAD_GROUP == 2 and not tlx_configs.SPARSE_BACKWARD_AUTO_GROUP
+    for label, hkv, per_kv, dim, lens, causal, want in AUTO_GROUP_CASES:
+        group = tlx_configs.sparse_auto_head_group(hkv, per_kv, dim, sum(lens), sum(lens), len(lens), max(lens),
+                                                   causal, 132, 50 << 20)
+        assert tlx_configs.head_group(hkv, group, sparse=True) == want, label
+    bench = (16, 1, 128, sum(_BENCH_LENS), sum(_BENCH_LENS), len(_BENCH_LENS), max(_BENCH_LENS), False)
+    assert tlx_configs.sparse_auto_head_group(*bench, 264, 50 << 20) == 2  # 2.72 on twice the SMs
+    assert tlx_configs.sparse_auto_head_group(*bench, 132, 80 << 20) == 2  # the rows fit an 80 MiB L2
+    # degenerate calls keep the default
+    for args in ((16, 1, 128, 0, 0, 0, 0), (16, 1, 128, 66944, 66944, 22, -1)):
+        assert tlx_configs.sparse_auto_head_group(*args, False, 132, 50 << 20) == tlx_configs.SPARSE_HEAD_GROUP
+
+
+@needs_tlx
+def test_sparse_auto_head_group_reaches_the_call(monkeypatch):
+    """tlx's ``_sparse_head_group`` (the block-sparse backward's group): the default's without the knob, the rule's
+    with it from the call's shapes alone (expanded tensors: no data read, no sync), the longest sequence from
+    max_seqlen_kv or else the selection's key-block extent; an explicit JFA_TLX_BWD_HEAD_GROUP wins."""
+    from jfa_ops.backends.base import BlockSparseParams
+
+    props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    lens = _BENCH_LENS
+    offsets = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    rows = sum(lens)
+    q = torch.empty(1, 1, 1, dtype=torch.bfloat16).expand(rows, 16, 128)
+    k = torch.empty(1, 1, 1, dtype=torch.bfloat16).expand(rows, 16, 128)
+    index = torch.empty(1, 1, 1, 1, dtype=torch.int32).expand(len(lens), 16, 128, 128)  # 128 key blocks: 16384
+    for causal, max_kv, want in ((False, -1, 1), (True, -1, 2), (False, 16384, 1), (True, 16384, 2),
+                                 (True, 2048, 1)):  # a (wrong) short max_seqlen_kv: the rule reads the hint
+        params = BlockSparseParams(scale=0.1, causal=causal, max_seqlen_kv=max_kv)
+        monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", False)
+        assert tlx._sparse_head_group(q, k, offsets, index, params) == 2
+        monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", True)
+        assert tlx._sparse_head_group(q, k, offsets, index, params) == want, (causal, max_kv)
+        monkeypatch.setattr(tlx_configs, "BACKWARD_HEAD_GROUP", 4)
+        assert tlx._sparse_head_group(q, k, offsets, index, params) == 4
+        monkeypatch.setattr(tlx_configs, "BACKWARD_HEAD_GROUP", None)
+    monkeypatch.setattr(tlx_configs, "AUTO_GROUP_L2_BYTES", rows * 8 * 128 + 1)  # one head's rows fit: the default
+    assert tlx._sparse_head_group(q, k, offsets, index, BlockSparseParams(scale=0.1)) == 2
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(gpu, monkeypatch, causal):
+    """With the knob on, the block-sparse backward launches the default's kernel (every constexpr equal: no new
+    specialization); the head group reaches ``item_list`` (the list the kernel reads where it takes one): the
+    default's 2 on a small call, 1 once the rule's bounds let it (the L2 shrunk, the skew bound opened)."""
+    runs, _ = gpu
+    groups = []
+
+    def item_list(schedule, q_count, heads_kv, block_kv, head_group, *rest):  # the group; a list of the right size
+        groups.append(head_group)  # (the stubbed selection kernels leave the counts the real list indexes unset)
+        n = schedule["TILE_SEQ"].numel() * heads_kv
+        return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
+    monkeypatch.setattr(attn_bwd, "item_list", item_list)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
+    props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    default = _block_sparse_backward_launch(runs, causal)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", True)
+    small = _block_sparse_backward_launch(runs, causal)
+    monkeypatch.setattr(tlx_configs, "AUTO_GROUP_L2_BYTES", 1)
+    monkeypatch.setattr(tlx_configs, "AUTO_GROUP_MAX_SKEW", float("inf"))
+    auto = _block_sparse_backward_launch(runs, causal)
+    assert groups == [2, 2, 1], groups
+    constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names if n.isupper() and n not in (
+        "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD", "DK", "DV",
+        "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    assert {n: auto[n] for n in constexprs} == {n: default[n] for n in constexprs} == {n: small[n] for n in constexprs}
+    assert auto["ITEM_LIST"] is True and auto["TILE_HEAD"] is not None
+
+
+@needs_tlx
+def test_sparse_bwd_ablation_auto_column_names_the_rule_group():
+    """``tools/tlx_check.py sparse-bwd-ablation``'s "auto" column turns SPARSE_BACKWARD_AUTO_GROUP on, and the group it
+    prints per row is the rule's: on the bench's four sparse rows (H100 and H200: 132 SMs, 50 MiB L2) groups of 1
+    unmasked, the default's 2 causal (the device command's prediction in bench/NOTES.md rests on it)."""
+    from bench.suites import sparse_cases
+
+    tool = _tlx_check_tool()
+    assert tool.SPARSE_BWD_ABLATION["auto"] == ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse")
+    rows = {(c.keep_ratio, c.causal): c for c in sparse_cases([128], "quick")}
+    assert {key: tool._auto_head_group(case, 132, 50 << 20) for key, case in rows.items()} == {
+        (0.5, False): 1, (0.25, False): 1, (0.5, True): 2, (0.25, True): 2}

@@ -302,7 +302,8 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
         if block_sparse_backward_reason(q, k, kv_block_index, params) is None:
             with device_guard(q.device):
                 return block_sparse_backward(*args, dq_shared=configs.BACKWARD_DQ_SHARED,
-                                             head_group=configs.head_group(k.shape[1], sparse=True),
+                                             head_group=_sparse_head_group(q, k, kv_offsets, kv_block_index,
+                                                                           params),
                                              uniform_walk=configs.SPARSE_BACKWARD_UNIFORM_WALK,
                                              item_order=configs.BACKWARD_ITEM_ORDER,
                                              group_order=configs.BACKWARD_GROUP_ORDER,
@@ -311,6 +312,24 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
     from ..triton import block_sparse_backward as triton_backward
 
     return triton_backward(*args)
+
+
+def _sparse_head_group(q, k, kv_offsets, kv_block_index, params) -> int:
+    """The block-sparse backward's head group: ``configs.head_group``'s (JFA_TLX_BWD_HEAD_GROUP, else
+    SPARSE_HEAD_GROUP), or with ``configs.SPARSE_BACKWARD_AUTO_GROUP`` and no explicit group the shape rule's
+    (``configs.sparse_auto_head_group``: host values only, no sync; the longest sequence from max_seqlen_kv or, not
+    given, the selection's key-block extent, which follows from it)."""
+    heads_kv = k.shape[1]
+    if not configs.SPARSE_BACKWARD_AUTO_GROUP or configs.BACKWARD_HEAD_GROUP is not None:
+        return configs.head_group(heads_kv, sparse=True)
+    props = torch.cuda.get_device_properties(q.device)
+    max_kv = params.max_seqlen_kv if params.max_seqlen_kv >= 0 else kv_block_index.shape[3] * params.block_kv
+    num_seqs = kv_offsets.numel() - 1
+    q_rows = q.shape[0] * num_seqs if params.broadcast_q else q.shape[0]
+    group = configs.sparse_auto_head_group(heads_kv, q.shape[1] // heads_kv, q.shape[2], q_rows, k.shape[0], num_seqs,
+                                           max_kv, params.causal, props.multi_processor_count,
+                                           configs.AUTO_GROUP_L2_BYTES or getattr(props, "L2_cache_size", 50 << 20))
+    return configs.head_group(heads_kv, group, sparse=True)
 
 
 def _select_kv_blocks(*args):

@@ -328,6 +328,43 @@ def head_group(heads_kv: int, group: int = None, sparse: bool = False) -> int:
     return 0 if g in (0, heads_kv) else g
 
 
+# SPARSE_AUTO_GROUP (JFA_TLX_SPARSE_BWD_AUTO_GROUP=1; helper sparsehg47, bench/NOTES.md "Sparse backward head groups
+# by rule"): the block-sparse backward's head group per call (``sparse_auto_head_group``) instead of SPARSE_HEAD_GROUP:
+# groups of 1 kv head where tools/sparse_bwd_model.py's LRU and balance terms say one head's rows reuse the L2 better
+# and its items alone still balance, else SPARSE_HEAD_GROUP (groups of 4 lost on every modelled shape). Shapes only
+# (no sync); an explicit JFA_TLX_BWD_HEAD_GROUP wins. The same kernel (the group is list data). Off until timed
+# (tools/tlx_check.py sparse-bwd-ablation's "auto" column); read per call.
+SPARSE_BACKWARD_AUTO_GROUP = os.environ.get("JFA_TLX_SPARSE_BWD_AUTO_GROUP", "0") == "1"
+# The rule's bound (``sparse_auto_head_group``; from tools/sparse_bwd_model.py --groups, bench/NOTES.md sparsehg47):
+AUTO_GROUP_MAX_SKEW = 2.0  # a group of one kv head: its longest item over an SM's share of the group, bounded
+AUTO_GROUP_L2_BYTES: Optional[int] = None  # None: the device's L2 (torch's L2_cache_size; tests set a small one)
+
+
+def sparse_auto_head_group(heads_kv: int, q_per_kv: int, head_dim: int, q_rows: int, kv_rows: int, num_seqs: int,
+                           max_seqlen_kv: int, causal: bool, sms: int, l2_bytes: int, block_n: int = 128) -> int:
+    """The block-sparse backward's head group from shapes (before ``head_group``'s divisor rule): 1 where both terms
+    hold, else ``SPARSE_HEAD_GROUP``. Why (tools/sparse_bwd_model.py ``group_terms``: an LRU of the L2 and the
+    busiest SM's load under the shipped order; bench/NOTES.md "Sparse backward head groups by rule"):
+
+    - L2: the ~SM-count items in flight walk the Q, dO and fp32 dQ rows of their group's kv heads (8 x q_per_kv x
+      head_dim bytes a row). Where one head's rows overflow the L2, groups of 2 evict each other's rows before the
+      next key tile reads them (modelled 1.2-3.5x the DRAM a block of groups of 1); where they fit, both hit
+      (D64 and 22 x 1k on the model: ties).
+    - Balance: a group of one head is 1 / heads_kv of the items, and the snake balances a group only where its
+      longest item is small against an SM's share of the group. Bounded from shapes (no lengths, no sync): longest
+      item over mean item <= num_seqs x max_seqlen / kv_rows (x2 causal: the costs fall along a sequence), an SM's
+      share = kv_rows / block_n / sms items; x q_per_kv (GQA: the model's jagged GQA rows lost at a skew where MHA
+      won). Over ``AUTO_GROUP_MAX_SKEW`` (2.0, between the model's wins at 1.36-1.42 and its loss at the bench's
+      causal 2.72) the default's groups of 2 (twice the share) balance better than one head's rows save."""
+    fallback = SPARSE_HEAD_GROUP
+    if heads_kv < 2 or num_seqs <= 0 or kv_rows <= 0 or max_seqlen_kv <= 0 or sms <= 0:
+        return fallback
+    if 8 * q_per_kv * head_dim * q_rows <= l2_bytes:  # bf16 Q and dO, fp32 dQ of one kv head's q heads fit
+        return fallback
+    skew = (2 if causal else 1) * q_per_kv * num_seqs * max_seqlen_kv * block_n * sms / kv_rows ** 2
+    return 1 if skew <= AUTO_GROUP_MAX_SKEW else fallback
+
+
 # The MXFP8 forward (mxfp8_attn_fwd.py) in the automatic choice for mxfp8_attention: on since its GPU check (H200,
 # 2026-12-02: every sweep case passed issue 12's bound; 2.06x the triton MXFP8 forward dense, 1.25x broadcast-Q; its
 # FP8 accumulation differs from the bf16smem variant by ~3e-3 relative); env JFA_TLX_MXFP8=0 turns it off.
