@@ -266,6 +266,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         for name, value in select.constexprs.items():  # the overlap kernel's names for the select's own
             constexprs[OVERLAP_SELECT_RENAMES.get(name, name)] = value
         constexprs["SKIP"] = kernel.endswith("_skip")
+        constexprs["ORDER"] = False  # KNOBS.sparse_select_overlap_tail, off
         ptr.update(STATE="*i64", FLAGS="*i32")
         if select.signature["Scores"] == "*fp64":
             ptr["Scores"] = "*fp64"
