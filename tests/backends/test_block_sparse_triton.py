@@ -440,6 +440,17 @@ class _JunkEmpty:
         return torch.empty(*shape, dtype=dtype, **kwargs)
 
 
+class _JunkPools(_JunkEmpty):
+    """``_JunkEmpty`` with fp32 ``empty`` tensors (the pooled rows) full of NaN: a pooled row read before its pool
+    item stored it shows (fresh memory often holds the previous call's pooled rows: the right values)."""
+
+    @staticmethod
+    def empty(*shape, dtype=None, **kwargs):
+        if dtype == torch.float32:
+            return torch.full(*shape, float("nan"), dtype=dtype, **kwargs)
+        return _JunkEmpty.empty(*shape, dtype=dtype, **kwargs)
+
+
 # (edge case of SELECTION_EDGES, the select kernel's path as a SELECT_VARIANTS name)
 FILL_CASES = [("many_sequences", "v6_visible_fp32_rn_radix"), ("many_sequences", "v5_grouped"),
               ("pooling_steps_and_tails", "pairwise"), ("broadcast_q_many_sequences", "v6_visible_fp32_rn_radix"),
@@ -787,7 +798,9 @@ TAIL_CASES = ["many_sequences", "pooling_steps_and_tails", "jagged_causal_rows",
 def test_select_overlap_tail_equals_the_default_bit_for_bit(device, name, monkeypatch):
     """``KNOBS.sparse_select_overlap_tail``: the overlap's positions in longest-first order give the same index and
     count bit for bit as the slot order's (the default) and the float64 reference's, from outputs and pooled rows
-    that start as junk (a select item that read a pooled row before its pool item stored it would read junk);
+    that start as junk (``_JunkPools``: a select item that read a pooled row before its pool item ran reads NaN;
+    the interpreter runs items in ticket order, so this catches an order that puts a read after its item, not a
+    skipped wait on an earlier one: ``test_select_overlap_tail_order_covers_every_dependency`` pins the lag);
     jagged batches with empty sequences (sequence 0 empty), length 1, lengths off the block, Q longer and shorter
     than K, 64-row blocks, GQA 2:1; causal, window, top_k, always_local off, the pool skip on the SKIP_CASES
     batches; the published order bit says the order was used (70 sequences: the slot order), and the order is not
@@ -796,7 +809,7 @@ def test_select_overlap_tail_equals_the_default_bit_for_bit(device, name, monkey
 
     _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
     monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", name in SKIP_CASES)
-    monkeypatch.setattr(block_sparse_select, "torch", _JunkEmpty())
+    monkeypatch.setattr(block_sparse_select, "torch", _JunkPools())
     monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", False)  # every launch through ``launch``
     monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
     states = []
