@@ -612,14 +612,16 @@ def test_select_overlap_equals_the_default_bit_for_bit(device, name, variant, sk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("tail", [False, True], ids=["slot_order", "longest_first"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_select_overlap_many_calls_gpu(causal, monkeypatch):
+def test_select_overlap_many_calls_gpu(causal, tail, monkeypatch):
     """``KNOBS.sparse_select_overlap`` on the GPU, where programs run at once and in any order: 200 calls (eager,
-    layouts kept: the launch's own reset between calls) and 50 replays of a captured call, each bit for bit the
-    default's selection on a bench-like bf16 batch (jagged lengths up to 16 blocks of 128, an empty sequence, H 8,
-    GQA 2:1, D 128, offsets as two tensors: the lag from the device), with and without the pool skip. A select item
-    reading a pooled row before its pool item stored it (a missing wait, a release or acquire too weak) changes
-    some choice in some call."""
+    layouts kept, the state zeroed per call) and 50 replays of a captured call, each bit for bit the default's
+    selection on a bench-like bf16 batch (jagged lengths up to 16 blocks of 128, an empty sequence, H 8, GQA 2:1,
+    D 128, offsets as two tensors: the lag from the device), with and without the pool skip; in slot order and in
+    ``KNOBS.sparse_select_overlap_tail``'s longest-first order (40 sequences: ordered). A select item reading a
+    pooled row before its pool item stored it (a missing wait, a release or acquire too weak, a K limit off)
+    changes some choice in some call."""
     from jfa_ops.backends.triton import configs
     from tests.common import captured_after_warm_up
 
@@ -637,6 +639,7 @@ def test_select_overlap_many_calls_gpu(causal, monkeypatch):
         return jfa_ops.select_kv_blocks(q, k, q_off, kv_off, 16 * 128, 16 * 128, backend="triton", **opts)
 
     want = select()
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap_tail", tail)
     for skip in (False, True):
         monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
         monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)

@@ -61,6 +61,7 @@ LAG_BLOCK = tl.constexpr(1024)  # ... sequences per step of the lag's search (on
 # one [64, 64] compare ranks them), and a table position no item reaches
 ORDER_BLOCK = tl.constexpr(64)
 ORDER_NEVER = tl.constexpr(2**30)
+ORDER_STEP = tl.constexpr(8)  # ... sequences compared per step of its ranking
 
 
 @triton.jit
@@ -864,12 +865,24 @@ def _order_table(Q_OFF, KV_OFF, TABLE, kv_seqs, qs, ks, n_kv_blocks, limit, BLOC
     end_k = tl.sum(tl.where(b == kv_seqs, g_k, 0), 0)
     ordered = (tl.min(tl.where(ok, tl.minimum(c_q, c_k), 1), 0) >= 1) & (tl.max(few.to(tl.int32), 0) != 0) \
         & (end_q <= qs) & (end_k <= ks)
-    beats = ((b[None, :] != 0) & ok[None, :] & ((c_k[None, :] > c_k[:, None]) | (
-        (c_k[None, :] == c_k[:, None]) & (b[None, :] < b[:, None])))).to(tl.int32)
-    rank = tl.where(b == 0, 0, 1 + tl.sum(beats, 1))
-    before = (rank[None, :] < rank[:, None]) & ok[None, :]
-    p_q = tl.sum(tl.where(before, c_q[None, :], 0), 1)
-    p_k = tl.sum(tl.where(before, c_k[None, :], 0), 1)
+    # the ranks and positions by [64, ORDER_STEP] tiles in a loop, the step's entries picked out of the registers
+    # (one [64, 64] compare held 128 registers a thread on sm_90: the kernel's 7 programs per SM down to 4)
+    rank = tl.zeros([ORDER_BLOCK], tl.int32)
+    for c0 in range(0, ORDER_BLOCK, ORDER_STEP):
+        c = c0 + tl.arange(0, ORDER_STEP)
+        key_c = tl.sum(tl.where(b[:, None] == c[None, :], c_k[:, None], 0), 0)
+        beats = ((c != 0) & (c < kv_seqs))[None, :] & ((key_c[None, :] > c_k[:, None]) | (
+            (key_c[None, :] == c_k[:, None]) & (c[None, :] < b[:, None])))
+        rank += tl.sum(beats.to(tl.int32), 1)
+    rank = tl.where(b == 0, 0, 1 + rank)
+    p_q = tl.zeros([ORDER_BLOCK], tl.int32)  # the slots of the sequences ranked before (c_q, c_k: 0 past B)
+    p_k = tl.zeros([ORDER_BLOCK], tl.int32)
+    for c0 in range(0, ORDER_BLOCK, ORDER_STEP):
+        c = c0 + tl.arange(0, ORDER_STEP)
+        pick = b[:, None] == c[None, :]
+        before = tl.sum(tl.where(pick, rank[:, None], 0), 0)[None, :] < rank[:, None]
+        p_q += tl.sum(tl.where(before, tl.sum(tl.where(pick, c_q[:, None], 0), 0)[None, :], 0), 1)
+        p_k += tl.sum(tl.where(before, tl.sum(tl.where(pick, c_k[:, None], 0), 0)[None, :], 0), 1)
     n_own = tl.minimum((k1 - k0 + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
     has_q = ok & (q1 > q0)
     need = tl.where(n_own > 0, p_k + n_own - p_q, 1)  # no K slot read: only its own Q slot (lag 1)
