@@ -1054,7 +1054,7 @@ def test_selection_launch_counts(monkeypatch):
     assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1} and aten == ["_assert_async.msg"], \
         (kernels, aten)
     # KNOBS.sparse_select_overlap (on the one-launch pooling): one launch in all; its ticket and counters zeroed
-    # per call (test_select_overlap_state_resets_itself)
+    # per call (test_select_overlap_state_is_zeroed_per_call)
     monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", True)
     monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
     kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))
