@@ -57,8 +57,8 @@ FILL_ROW_BLOCK = tl.constexpr(128)
 # KNOBS.sparse_select_overlap: done-counters read per step of a select item's wait (a row of <= 128 K blocks: one)
 WAIT_BLOCK = tl.constexpr(128)
 LAG_BLOCK = tl.constexpr(1024)  # ... sequences per step of the lag's search (one step up to 1024 sequences)
-# KNOBS.sparse_select_overlap_tail: sequences the longest-first order's table holds (fewer than this are ordered;
-# one [64, 64] compare ranks them), and a table position no item reaches
+# KNOBS.sparse_select_overlap_tail: sequences the longest-first order's table holds (fewer than this are ordered,
+# ranked in [64, ORDER_STEP] steps by ticket 0's program), and a table position no item reaches
 ORDER_BLOCK = tl.constexpr(64)
 ORDER_NEVER = tl.constexpr(2**30)
 ORDER_STEP = tl.constexpr(8)  # ... sequences compared per step of its ranking
