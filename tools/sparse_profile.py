@@ -37,7 +37,8 @@ POOL6 = ("sparse_pool_stream", "sparse_pool_one_launch")
 # every knob a variant may turn on must be here: _set_variant resets these to SHIPPED before each variant
 SPARSE_KNOBS = ("sparse_tma", "sparse_causal_fwd_wide", "sparse_dkdv_stages3", "sparse_select_rows",
                 "sparse_select_grouped", "sparse_select_fp32_rn", "sparse_select_radix",
-                "sparse_select_fill", "sparse_pool_skip", "sparse_select_overlap") + V4 + V5 + POOL6
+                "sparse_select_fill", "sparse_pool_skip", "sparse_select_overlap",
+                "sparse_select_overlap_tail") + V4 + V5 + POOL6
 GROUPS = {"v4": V4, "v5": V5, "pool6": POOL6}
 SHIPPED = {name: getattr(configs.KNOBS, name) for name in SPARSE_KNOBS}  # as imported (JFA_* settings included)
 

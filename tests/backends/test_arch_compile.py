@@ -270,7 +270,8 @@ def test_sm90_select_overlap_keeps_the_pools_occupancy():
     must not lose bandwidth to the select's code), shared memory within the budget; spills only the select path's
     few bytes (16 at most: ptxas 12.x/13.x, 2026-12-06)."""
     results = _ptxas_stats("select_overlap_specializations", "bs_select_overlap")
-    assert len(results) == 5, [r["name"] for r in results]
+    # + KNOBS.sparse_select_overlap_tail's order on the skip kernels (helper seltail47): the same bounds
+    assert len(results) == 7 and sum(r["name"].endswith("-order") for r in results) == 2, [r["name"] for r in results]
     for r in results:
         assert r["async_copies"] > 0 and r["shared"] <= SHARED_MEMORY_LIMITS[90] and r["spills"] <= 16, r
         assert 65536 // (r["registers"] * 32 * r["warps"]) >= 7, r

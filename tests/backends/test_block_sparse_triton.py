@@ -25,7 +25,7 @@ import triton.language as tl  # noqa: E402
 
 import jfa_ops  # noqa: E402
 from jfa_ops.backends.triton.block_sparse_fwd import selected_tiles_split  # noqa: E402
-from jfa_ops.backends.triton.block_sparse_select import _safe_lag  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_select import _order_table, _safe_lag, _slot_at  # noqa: E402
 from jfa_ops.backends import Problem, available_backends, get_backend, select_backend  # noqa: E402
 from jfa_ops.backends import triton as tb  # noqa: E402
 from jfa_ops.testing import (AttentionCase, BlockSparseCase, assert_attention_close, attention_cases,  # noqa: E402
@@ -440,6 +440,17 @@ class _JunkEmpty:
         return torch.empty(*shape, dtype=dtype, **kwargs)
 
 
+class _JunkPools(_JunkEmpty):
+    """``_JunkEmpty`` with fp32 ``empty`` tensors (the pooled rows) full of NaN: a pooled row read before its pool
+    item stored it shows (fresh memory often holds the previous call's pooled rows: the right values)."""
+
+    @staticmethod
+    def empty(*shape, dtype=None, **kwargs):
+        if dtype == torch.float32:
+            return torch.full(*shape, float("nan"), dtype=dtype, **kwargs)
+        return _JunkEmpty.empty(*shape, dtype=dtype, **kwargs)
+
+
 # (edge case of SELECTION_EDGES, the select kernel's path as a SELECT_VARIANTS name)
 FILL_CASES = [("many_sequences", "v6_visible_fp32_rn_radix"), ("many_sequences", "v5_grouped"),
               ("pooling_steps_and_tails", "pairwise"), ("broadcast_q_many_sequences", "v6_visible_fp32_rn_radix"),
@@ -601,14 +612,16 @@ def test_select_overlap_equals_the_default_bit_for_bit(device, name, variant, sk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("tail", [False, True], ids=["slot_order", "longest_first"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_select_overlap_many_calls_gpu(causal, monkeypatch):
+def test_select_overlap_many_calls_gpu(causal, tail, monkeypatch):
     """``KNOBS.sparse_select_overlap`` on the GPU, where programs run at once and in any order: 200 calls (eager,
-    layouts kept: the launch's own reset between calls) and 50 replays of a captured call, each bit for bit the
-    default's selection on a bench-like bf16 batch (jagged lengths up to 16 blocks of 128, an empty sequence, H 8,
-    GQA 2:1, D 128, offsets as two tensors: the lag from the device), with and without the pool skip. A select item
-    reading a pooled row before its pool item stored it (a missing wait, a release or acquire too weak) changes
-    some choice in some call."""
+    layouts kept, the state zeroed per call) and 50 replays of a captured call, each bit for bit the default's
+    selection on a bench-like bf16 batch (jagged lengths up to 16 blocks of 128, an empty sequence, H 8, GQA 2:1,
+    D 128, offsets as two tensors: the lag from the device), with and without the pool skip; in slot order and in
+    ``KNOBS.sparse_select_overlap_tail``'s longest-first order (40 sequences: ordered). A select item reading a
+    pooled row before its pool item stored it (a missing wait, a release or acquire too weak, a K limit off)
+    changes some choice in some call."""
     from jfa_ops.backends.triton import configs
     from tests.common import captured_after_warm_up
 
@@ -626,6 +639,7 @@ def test_select_overlap_many_calls_gpu(causal, monkeypatch):
         return jfa_ops.select_kv_blocks(q, k, q_off, kv_off, 16 * 128, 16 * 128, backend="triton", **opts)
 
     want = select()
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap_tail", tail)
     for skip in (False, True):
         monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", skip)
         monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
@@ -641,22 +655,28 @@ def test_select_overlap_many_calls_gpu(causal, monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
-def test_select_overlap_state_resets_itself(monkeypatch):
-    """``KNOBS.sparse_select_overlap``'s ticket and counters: zeroed for each call (never shared between launches,
-    stop 46), and the launch leaves them in its own end state: ticket 0 of generation 1, the published lag word
-    generation 1, every slot's done-counter at its pool items (1 here); each call equals the reference."""
+@pytest.mark.parametrize("tail", [False, True], ids=["slot_order", "longest_first"])
+def test_select_overlap_state_is_zeroed_per_call(tail, monkeypatch):
+    """``KNOBS.sparse_select_overlap``'s ticket, lag word and counters: a fresh zeroed state for each call (never
+    shared between launches, stop 46; the kernel counts tickets from 0 and reads a lag word of 0 as not yet
+    published: no generation since stop 47), and what the launch leaves in it: every ticket taken, the lag word
+    published (lag >= 1; the order bit set under ``KNOBS.sparse_select_overlap_tail``), every slot's done-counter at
+    its pool items (1 here); each call equals the reference."""
     from jfa_ops.backends.triton import block_sparse_select, configs
 
     _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
     monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap_tail", tail)
     monkeypatch.setattr(block_sparse_select, "_layout_key", lambda *args: None)  # every launch through ``launch``
     seen = []
     real_launch = block_sparse_select.launch
 
     def spy(kernel, grid, args, **options):
+        if "STATE" in args:  # zeroed before the launch
+            assert not args["STATE"].any() and not args["FLAGS"].any()
         out = real_launch(kernel, grid, args, **options)
         if "STATE" in args:
-            seen.append((args["STATE"], args["FLAGS"]))
+            seen.append((args["STATE"].clone(), args["FLAGS"].clone(), grid[0], id(args["STATE"]), args["q_programs"]))
         return out
 
     monkeypatch.setattr(block_sparse_select, "launch", spy)
@@ -665,10 +685,172 @@ def test_select_overlap_state_resets_itself(monkeypatch):
         _assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max_kv, block_q=block_q, block_kv=block_kv,
                                            causal=True, keep_ratio=0.25)
         assert len(seen) == n
-        state, flags = seen[-1]
-        assert state[0].item() == 1 << 32 and state[1].item() >> 32 == 1, (n, state)
-        assert (flags == 1).all(), (n, flags)  # 2 kv heads: 1 item a slot
-    assert len({id(state) for state, _ in seen}) == 3  # a fresh state each call
+        state, flags, programs, _, q_programs = seen[-1]
+        lag, ordered = state[1].item() & 0xFFFFFFFF, state[1].item() >> 32
+        assert state[0].item() == programs and lag >= 1 and ordered == int(tail), (n, state)
+        counters = q_programs + int(-(-int(kv_off[-1]) // block_kv) + len(kv_off) - 1 + 3) // 4 * 4
+        assert (flags[:counters] == 1).all(), (n, flags)  # 2 kv heads: 1 item a slot
+        assert len(flags) == counters + (256 if tail else 0), len(flags)
+    assert len({ident for *_, ident, _ in seen}) == 3  # a fresh state each call
+
+
+@triton.jit
+def _order_kernel(Q_OFF, KV_OFF, TABLE, OUT, kv_seqs, qs, ks, n_kv_blocks, limit, BLOCK_Q: tl.constexpr,
+                  BLOCK_KV: tl.constexpr, MAP: tl.constexpr):  # test_select_overlap_tail_order_...
+    """OUT[0, 1]: _order_table's (lag, ordered); then MAP positions' (Q slot, Q rank) and (K slot, K rank)."""
+    lag, ordered = _order_table(Q_OFF, KV_OFF, TABLE, kv_seqs, qs, ks, n_kv_blocks, limit, BLOCK_Q, BLOCK_KV)
+    tl.store(OUT, lag)
+    tl.store(OUT + 1, ordered)
+    tl.debug_barrier()
+    if ordered != 0:
+        for p in range(0, MAP):
+            t, at = _slot_at(TABLE, p)
+            tl.store(OUT + 2 + 4 * p, t)
+            tl.store(OUT + 3 + 4 * p, at)
+            t, at = _slot_at(TABLE + 2 * 64, p)
+            tl.store(OUT + 4 + 4 * p, t)
+            tl.store(OUT + 5 + 4 * p, at)
+
+
+def _overlap_order_oracle(q_lens, kv_lens, block_q, block_kv, n_kv):
+    """The longest-first order by hand: sequence 0, then the others by K slots (blocks + 1) descending, ties by
+    index; (the position of each Q slot, of each K slot, the lag that puts every real select item after the Q slot
+    and K slots it reads, the slot counts)."""
+    g_q = [sum(q_lens[:b]) // block_q + b for b in range(len(q_lens) + 1)]  # scheduling.slot_tile's layout
+    g_k = [sum(kv_lens[:b]) // block_kv + b for b in range(len(kv_lens) + 1)]
+    order = [0] + sorted(range(1, len(kv_lens)), key=lambda b: (-(g_k[b + 1] - g_k[b]), b))
+    q_pos, k_pos, pq, pk = {}, {}, 0, 0
+    for b in order:
+        for j in range(g_q[b + 1] - g_q[b]):
+            q_pos[g_q[b] + j] = pq + j
+        for j in range(g_k[b + 1] - g_k[b]):
+            k_pos[g_k[b] + j] = pk + j
+        pq, pk = pq + g_q[b + 1] - g_q[b], pk + g_k[b + 1] - g_k[b]
+    lag = 1
+    for b, (len_q, len_k) in enumerate(zip(q_lens, kv_lens)):
+        for i in range(-(-len_q // block_q)):  # Q slot g_q(b) + i's select reads it and the sequence's K slots
+            reads = [k_pos[g_k[b] + j] for j in range(min(-(-len_k // block_kv), n_kv))]
+            lag = max(lag, *(r - q_pos[g_q[b] + i] + 1 for r in reads), 1)
+    return q_pos, k_pos, lag, g_q[-1], g_k[-1]
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter is off with CUDA")
+def test_select_overlap_tail_order_covers_every_dependency():
+    """``KNOBS.sparse_select_overlap_tail``'s order (``_order_table`` by ticket 0's program, ``_slot_at`` by every
+    item), against the order built by hand (``_overlap_order_oracle``) on random jagged batches (empty sequences,
+    sequence 0 empty, length 1, Q longer / shorter / as long as K, unequal blocks, max_seqlen under the longest):
+    each side's positions map one to one onto its slots (padding slots past the batch at their own place), position
+    0 is slot 0 (the fills wait on it), each sequence's slots in order, the order longest first; the lag is the
+    oracle's: every select item at position (its Q slot's) + lag comes after its Q slot and every K slot it reads,
+    and no later. A lag one short, or a K slot mapped elsewhere, would make an item skip a wait (its position bound
+    keeps it deadlock-free) and read a pooled row before its done-counter: this is the test of that. 64 sequences
+    or more, or a sequence with no slot (bad offsets): ordered 0, the slot order (table untouched)."""
+    gen = torch.Generator().manual_seed(47)
+    for trial in range(40):
+        num_seqs = int(torch.randint(1, 30, (), generator=gen)) if trial % 10 else 64 + trial % 3
+        kv_lens = torch.randint(0, 300, (num_seqs,), generator=gen) * (torch.rand(num_seqs, generator=gen) > 0.15)
+        q_lens = kv_lens if trial % 3 == 0 else torch.randint(0, 300, (num_seqs,), generator=gen)
+        if trial % 7 == 0:
+            kv_lens[0] = q_lens[0] = 0
+        block_q, block_kv = ((16, 16), (16, 32), (64, 16))[trial % 3]
+        n_kv = max(1, -(-int(kv_lens.max()) // block_kv) - (trial % 5 == 0))
+        q_off = torch.nn.functional.pad(q_lens.cumsum(0), (1, 0)).to(torch.int32)
+        kv_off = torch.nn.functional.pad(kv_lens.cumsum(0), (1, 0)).to(torch.int32)
+        qs = (-(-int(q_off[-1]) // block_q) + num_seqs + 3) // 4 * 4
+        ks = (-(-int(kv_off[-1]) // block_kv) + num_seqs + 3) // 4 * 4
+        table = torch.full((4 * 64,), -5, dtype=torch.int32)
+        out = torch.zeros(2 + 4 * max(qs, ks), dtype=torch.int32)
+        _order_kernel[(1,)](q_off, kv_off, table, out, num_seqs, qs, ks, n_kv, max(qs, ks), block_q, block_kv,
+                            max(qs, ks))
+        if num_seqs >= 64:
+            assert int(out[1]) == 0 and (table == -5).all(), trial
+            continue
+        q_pos, k_pos, lag, end_q, end_k = _overlap_order_oracle(q_lens.tolist(), kv_lens.tolist(), block_q,
+                                                                block_kv, n_kv)
+        assert int(out[1]) == 1 and int(out[0]) == lag, (trial, out[:2].tolist(), lag)
+        got = out[2:].view(-1, 4)
+        for side, (pos, slots, end) in enumerate(((q_pos, qs, end_q), (k_pos, ks, end_k))):
+            mapped = got[:slots, 2 * side].tolist()
+            want = [next(t for t, at in pos.items() if at == p) if p < end else p for p in range(slots)]
+            assert mapped == want, (trial, side)
+            assert sorted(mapped) == list(range(slots)) and mapped[0] == 0, (trial, side)
+        # the Q and K ranks of a position agree for the select's K limit: a sequence's rank on both sides
+        ranks_q = {int(got[p, 0]): int(got[p, 1]) for p in range(end_q)}
+        ranks_k = {int(got[p, 2]): int(got[p, 3]) for p in range(end_k)}
+        g_q = [int(q_off[b]) // block_q + b for b in range(num_seqs)]
+        g_k = [int(kv_off[b]) // block_kv + b for b in range(num_seqs)]
+        assert all(ranks_q[g_q[b]] == ranks_k[g_k[b]] for b in range(num_seqs)), trial
+        counts = [g_k[b + 1] - g_k[b] if b + 1 < num_seqs else end_k - g_k[b] for b in range(num_seqs)]
+        by_rank = sorted(range(1, num_seqs), key=lambda b: ranks_k[g_k[b]])
+        assert all(counts[a] >= counts[b] for a, b in zip(by_rank, by_rank[1:])), trial  # longest first
+    # bad offsets (a sequence's end before its start: a slot count < 1): the slot order
+    q_off = torch.tensor([0, 40, 10, 50], dtype=torch.int32)
+    table = torch.full((4 * 64,), -5, dtype=torch.int32)
+    out = torch.zeros(2 + 4 * 8, dtype=torch.int32)
+    _order_kernel[(1,)](q_off, q_off, table, out, 3, 8, 8, 4, 8, 16, 16, 8)
+    assert int(out[1]) == 0 and (table == -5).all()
+
+
+# KNOBS.sparse_select_overlap_tail: batches of OVERLAP_CASES (names) that it orders, and one past its 64 sequences
+TAIL_CASES = ["many_sequences", "pooling_steps_and_tails", "jagged_causal_rows", "cross_lengths",
+              "more_than_64_sequences"]
+
+
+@on_each_device
+@pytest.mark.parametrize("name", TAIL_CASES)
+def test_select_overlap_tail_equals_the_default_bit_for_bit(device, name, monkeypatch):
+    """``KNOBS.sparse_select_overlap_tail``: the overlap's positions in longest-first order give the same index and
+    count bit for bit as the slot order's (the default) and the float64 reference's, from outputs and pooled rows
+    that start as junk (``_JunkPools``: a select item that read a pooled row before its pool item ran reads NaN;
+    the interpreter runs items in ticket order, so this catches an order that puts a read after its item, not a
+    skipped wait on an earlier one: ``test_select_overlap_tail_order_covers_every_dependency`` pins the lag);
+    jagged batches with empty sequences (sequence 0 empty), length 1, lengths off the block, Q longer and shorter
+    than K, 64-row blocks, GQA 2:1; causal, window, top_k, always_local off, the pool skip on the SKIP_CASES
+    batches; the published order bit says the order was used (70 sequences: the slot order), and the order is not
+    the identity (else the test would prove nothing)."""
+    from jfa_ops.backends.triton import block_sparse_select, configs
+
+    _set_select_variant(monkeypatch, "v6_visible_fp32_rn_radix")
+    monkeypatch.setattr(configs.KNOBS, "sparse_pool_skip", name in SKIP_CASES)
+    monkeypatch.setattr(block_sparse_select, "torch", _JunkPools())
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_layouts", False)  # every launch through ``launch``
+    monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
+    states = []
+    real_launch = block_sparse_select.launch
+
+    def spy(kernel, grid, args, **options):
+        out = real_launch(kernel, grid, args, **options)
+        if "STATE" in args:
+            states.append((int(args["STATE"][1]) >> 32, args["FLAGS"][-3 * 64:-2 * 64].clone()))
+        return out
+
+    monkeypatch.setattr(block_sparse_select, "launch", spy)
+    if name in SKIP_CASES:
+        q, k, q_off, kv_off, max_q, max_kv, block_q, block_kv, broadcast = _overlap_batch(name, device)
+    else:
+        q_lens, kv_lens, broadcast, block_q, block_kv = SELECTION_EDGES[name]
+        gen = torch.Generator().manual_seed(len(kv_lens) + 7)
+        q_lens = q_lens or kv_lens
+        q = torch.randn(sum(q_lens), 4, 24, generator=gen).half().to(device)
+        k = torch.randn(sum(kv_lens), 2, 24, generator=gen).half().to(device)
+        kv_off = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        q_off = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        max_q, max_kv = max(q_lens) + 2 * block_q, max(kv_lens)
+    ordered = len(kv_off) - 1 < 64
+    options = _overlap_options(False) if name != "more_than_64_sequences" else [dict(causal=True, keep_ratio=0.25)]
+    for opts in options:
+        opts = dict(block_q=block_q, block_kv=block_kv, **opts)
+        chosen = []
+        for tail in (False, True):
+            monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap_tail", tail)
+            states.clear()
+            chosen.append(_assert_selection_equals_reference(q, k, q_off, kv_off, max_q, max_kv, **opts))
+            assert len(states) == 1 and states[0][0] == int(tail and ordered), (opts, states)
+        assert all(torch.equal(a, b) for a, b in zip(*chosen)), opts
+        if ordered:  # the Q table's first slots by rank: not in slot order
+            firsts = states[0][1].cpu()
+            firsts = firsts[:len(kv_off) - 1]
+            assert not torch.equal(firsts, firsts.sort().values), firsts
 
 
 @triton.jit
@@ -872,7 +1054,7 @@ def test_selection_launch_counts(monkeypatch):
     assert kernels == {"block_pool_kernel": 2, "block_select_kernel": 1} and aten == ["_assert_async.msg"], \
         (kernels, aten)
     # KNOBS.sparse_select_overlap (on the one-launch pooling): one launch in all; its ticket and counters zeroed
-    # per call (test_select_overlap_state_resets_itself)
+    # per call (test_select_overlap_state_is_zeroed_per_call)
     monkeypatch.setattr(configs.KNOBS, "sparse_pool_one_launch", True)
     monkeypatch.setattr(configs.KNOBS, "sparse_select_overlap", True)
     kernels, aten = _count_launches(lambda: tb.select_kv_blocks(q, q, off, off, params))

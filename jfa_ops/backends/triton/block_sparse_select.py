@@ -57,6 +57,11 @@ FILL_ROW_BLOCK = tl.constexpr(128)
 # KNOBS.sparse_select_overlap: done-counters read per step of a select item's wait (a row of <= 128 K blocks: one)
 WAIT_BLOCK = tl.constexpr(128)
 LAG_BLOCK = tl.constexpr(1024)  # ... sequences per step of the lag's search (one step up to 1024 sequences)
+# KNOBS.sparse_select_overlap_tail: sequences the longest-first order's table holds (fewer than this are ordered,
+# ranked in [64, ORDER_STEP] steps by ticket 0's program), and a table position no item reaches
+ORDER_BLOCK = tl.constexpr(64)
+ORDER_NEVER = tl.constexpr(2**30)
+ORDER_STEP = tl.constexpr(8)  # ... sequences compared per step of its ranking
 
 
 @triton.jit
@@ -617,7 +622,7 @@ def block_select_kernel(PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, 
                     stride_pkh, stride_ss, stride_sh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch,
                     window_left, right, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT,
                     ALWAYS_LOCAL, BROADCAST_Q, ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, GROUP, SEARCH_STEPS, SCORES,
-                    RADIX_WIDTH, HEADS, FILL, False, Q_SLOT_SEQ, Q_SLOT_SEQ, 0, 0)
+                    RADIX_WIDTH, HEADS, FILL, False, Q_SLOT_SEQ, Q_SLOT_SEQ, 0, 0, 0)
 
 
 @triton.jit
@@ -641,11 +646,12 @@ def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
                     VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEARCH_STEPS: tl.constexpr,
                     SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, HEADS: tl.constexpr,
                     FILL: tl.constexpr,
-                    WAIT: tl.constexpr, FLAGS_Q, FLAGS_K, target, limit):
+                    WAIT: tl.constexpr, FLAGS_Q, FLAGS_K, target, limit, q_limit):
     """``block_select_kernel``'s program ``pid`` (WAIT; else the grid's). WAIT (``KNOBS.sparse_select_overlap``, in
     ``block_select_overlap_kernel``): before reading what the pooling wrote, wait until the slots' done-counters
-    (FLAGS_Q / FLAGS_K: Q / K slots) reach ``target`` (``_await_slots``; slots at or past ``limit``, the item's own
-    position, are not waited on: their items may not be taken yet)."""
+    (FLAGS_Q / FLAGS_K: Q / K slots) reach ``target`` (``_await_slots``; K slots at or past ``limit``, Q slots at or
+    past ``q_limit``, are not waited on: they sit at or past the item's own position, their items may not be taken
+    yet; in slot order both are the position)."""
     head_groups = (heads + HEADS - 1) // HEADS
     if FILL > 0 and not BROADCAST_Q:
         tail = _pid(pid, WAIT) - _capacity(rows_q, BLOCK_Q * GROUP, num_seqs) * head_groups
@@ -667,7 +673,7 @@ def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
         q_ok = i0 * BLOCK_Q < len_q
     elif GROUP == 1:
         if WAIT:  # Q slot t's pooling (its slot map entry, its pooled Q)
-            _await_slots(FLAGS_Q, t, 1, target, limit)
+            _await_slots(FLAGS_Q, t, 1, target, q_limit)
         if FILL > 0:  # past-the-end programs read no slot (fill 2's flag sits at the first slot past them)
             seq = tl.load(Q_SLOT_SEQ + t, mask=t < _capacity(rows_q, BLOCK_Q, num_seqs), other=-1)
         else:
@@ -696,7 +702,7 @@ def _select_program(pid, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
         & (kv_slot0 + n_own <= kv_slots)
     if WAIT:  # the pooled rows the select reads (bad offsets, q_ok false: none)
         if BROADCAST_Q:
-            _await_slots(FLAGS_Q, i0, q_ok.to(tl.int32), target, limit)
+            _await_slots(FLAGS_Q, i0, q_ok.to(tl.int32), target, q_limit)
         wait_lo = n_own * 0
         wait_hi = tl.where(q_ok, n_own, 0)
         if VISIBLE_RANGE:  # the K blocks _select_q_block reads (causal: those up to the diagonal, long pooled)
@@ -827,6 +833,85 @@ def _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: t
     return tl.minimum(lag, limit)
 
 
+@triton.jit
+def _order_table(Q_OFF, KV_OFF, TABLE, kv_seqs, qs, ks, n_kv_blocks, limit, BLOCK_Q: tl.constexpr,
+                 BLOCK_KV: tl.constexpr):
+    """``KNOBS.sparse_select_overlap_tail``: (lag, ordered) of the longest-first order, computed by ticket 0's
+    program. Positions take sequences in rank order: sequence 0 first (its Q slot 0 holds the check's flag, which
+    the fill items, tickets right after slot 0's pool items, wait on), then the others by K slots (its blocks + the
+    padding slot) descending, ties by index; within a sequence its slots in order, Q and K sides each packed from
+    position 0 (P_q(b), P_k(b): the slot counts of the sequences ranked before b), the slots past the last
+    sequence at their own position. TABLE (int32 [4, ORDER_BLOCK]) by rank: P_q, the first Q slot, P_k, the first
+    K slot; rank B holds the end (slot g(B) at position g(B)), ranks past it a position no item reaches. lag: the
+    smallest that puts every select item after its reads (Q slot t of b at position P_q(b) + i reads K positions
+    P_k(b) .. P_k(b) + n_own(b) - 1: lag >= P_k(b) + n_own(b) - P_q(b)), >= 1, <= limit. ordered is 0 (TABLE
+    unwritten, the slot order kept) for B >= ORDER_BLOCK or when a sequence's slot count is < 1 or the slots overrun
+    the capacity (bad offsets): with counts >= 1 the ranks' slot ranges tile [0, g(B)), so every position maps to
+    one slot and each slot's pooling finds the sequence the table names (the K limit's premise)."""
+    b = tl.arange(0, ORDER_BLOCK)
+    few = b * 0 + kv_seqs < ORDER_BLOCK
+    ok = (b < kv_seqs) & few
+    q0 = tl.load(Q_OFF + b, mask=b <= kv_seqs, other=0)
+    k0 = tl.load(KV_OFF + b, mask=b <= kv_seqs, other=0)
+    q1 = tl.load(Q_OFF + b + 1, mask=ok, other=0)
+    k1 = tl.load(KV_OFF + b + 1, mask=ok, other=0)
+    q_base = tl.load(Q_OFF) // BLOCK_Q
+    kv_base = tl.load(KV_OFF) // BLOCK_KV
+    g_q = q0 // BLOCK_Q - q_base + b  # b = B: the first slot past the batch
+    g_k = k0 // BLOCK_KV - kv_base + b
+    c_q = tl.where(ok, q1 // BLOCK_Q - q_base + b + 1 - g_q, 0)
+    c_k = tl.where(ok, k1 // BLOCK_KV - kv_base + b + 1 - g_k, 0)
+    end_q = tl.sum(tl.where(b == kv_seqs, g_q, 0), 0)
+    end_k = tl.sum(tl.where(b == kv_seqs, g_k, 0), 0)
+    ordered = (tl.min(tl.where(ok, tl.minimum(c_q, c_k), 1), 0) >= 1) & (tl.max(few.to(tl.int32), 0) != 0) \
+        & (end_q <= qs) & (end_k <= ks)
+    # the ranks and positions by [64, ORDER_STEP] tiles in a loop, the step's entries picked out of the registers
+    # (one [64, 64] compare held 128 registers a thread on sm_90: the kernel's 7 programs per SM down to 4)
+    rank = tl.zeros([ORDER_BLOCK], tl.int32)
+    for c0 in range(0, ORDER_BLOCK, ORDER_STEP):
+        c = c0 + tl.arange(0, ORDER_STEP)
+        key_c = tl.sum(tl.where(b[:, None] == c[None, :], c_k[:, None], 0), 0)
+        beats = ((c != 0) & (c < kv_seqs))[None, :] & ((key_c[None, :] > c_k[:, None]) | (
+            (key_c[None, :] == c_k[:, None]) & (c[None, :] < b[:, None])))
+        rank += tl.sum(beats.to(tl.int32), 1)
+    rank = tl.where(b == 0, 0, 1 + rank)
+    p_q = tl.zeros([ORDER_BLOCK], tl.int32)  # the slots of the sequences ranked before (c_q, c_k: 0 past B)
+    p_k = tl.zeros([ORDER_BLOCK], tl.int32)
+    for c0 in range(0, ORDER_BLOCK, ORDER_STEP):
+        c = c0 + tl.arange(0, ORDER_STEP)
+        pick = b[:, None] == c[None, :]
+        before = tl.sum(tl.where(pick, rank[:, None], 0), 0)[None, :] < rank[:, None]
+        p_q += tl.sum(tl.where(before, tl.sum(tl.where(pick, c_q[:, None], 0), 0)[None, :], 0), 1)
+        p_k += tl.sum(tl.where(before, tl.sum(tl.where(pick, c_k[:, None], 0), 0)[None, :], 0), 1)
+    n_own = tl.minimum((k1 - k0 + BLOCK_KV - 1) // BLOCK_KV, n_kv_blocks)
+    has_q = ok & (q1 > q0)
+    need = tl.where(n_own > 0, p_k + n_own - p_q, 1)  # no K slot read: only its own Q slot (lag 1)
+    lag = tl.minimum(tl.maximum(tl.max(tl.where(has_q, need, 1), 0), 1), limit)
+    if ordered:
+        tl.store(TABLE + rank, p_q, mask=ok)
+        tl.store(TABLE + ORDER_BLOCK + rank, g_q, mask=ok)
+        tl.store(TABLE + 2 * ORDER_BLOCK + rank, p_k, mask=ok)
+        tl.store(TABLE + 3 * ORDER_BLOCK + rank, g_k, mask=ok)
+        past = b >= kv_seqs
+        tl.store(TABLE + b, tl.where(b == kv_seqs, end_q, ORDER_NEVER), mask=past)
+        tl.store(TABLE + ORDER_BLOCK + b, end_q + b * 0, mask=past)
+        tl.store(TABLE + 2 * ORDER_BLOCK + b, tl.where(b == kv_seqs, end_k, ORDER_NEVER), mask=past)
+        tl.store(TABLE + 3 * ORDER_BLOCK + b, end_k + b * 0, mask=past)
+    return lag, ordered.to(tl.int32)
+
+
+@triton.jit
+def _slot_at(TABLE, p):
+    """``KNOBS.sparse_select_overlap_tail``: (the slot at position p of one side's order, its rank) from the side's
+    TABLE rows (positions, first slots): one load of each row, a count and two picks."""
+    r = tl.arange(0, ORDER_BLOCK)
+    first = tl.load(TABLE + r)
+    at = tl.sum((first <= p).to(tl.int32), 0) - 1  # positions rise with the rank: the last one <= p
+    start = tl.sum(tl.where(r == at, first, 0), 0)
+    slot0 = tl.sum(tl.where(r == at, tl.load(TABLE + ORDER_BLOCK + r), 0), 0)
+    return slot0 + p - start, at
+
+
 @triton.jit(do_not_specialize=["num_seqs", "kv_seqs", "search_steps", "kv_search_steps", "rows", "kv_rows", "max_s",
                                "max_o", "heads", "group", "q_programs", "n_kv_blocks", "window_left", "right",
                                "n_q_blocks", "kv_slots", "rows_kv", "rows_q", "select_slots", "fills"])
@@ -845,42 +930,49 @@ def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, F
                                 BROADCAST_Q: tl.constexpr, ROW_IN_REGISTERS: tl.constexpr, BLOCK_DC: tl.constexpr,
                                 VISIBLE_RANGE: tl.constexpr, GROUP: tl.constexpr, SEL_SEARCH_STEPS: tl.constexpr,
                                 SCORES: tl.constexpr, RADIX_WIDTH: tl.constexpr, SEL_HEADS: tl.constexpr,
-                                FILL: tl.constexpr, SKIP: tl.constexpr):
+                                FILL: tl.constexpr, SKIP: tl.constexpr, ORDER: tl.constexpr):
     """``KNOBS.sparse_select_overlap``: the pooling (``block_pool_pair_kernel``, SKIP: ``..._skip_kernel``) and the
     select (``block_select_kernel``, FILL > 0, GROUP 1) in one launch. A program takes its work item by ticket
-    (STATE[0]: int64, generation << 32 | next ticket; the last ticket's taker moves it to (generation + 1, 0): no
-    reset launch), not by program id, so an item waits only on items with earlier tickets, which running programs
-    hold: no deadlock whatever order the hardware starts programs in. Ticket order: Q slot 0's pool items, the past-the-end
-    fill items (``fills``; FILL 2 reads the check's flag that Q slot 0's pooling stores), then positions p = 0, 1,
-    ... (``_items_before``): slot p's Q and K pool items, then Q slot p - lag's select items. Each pool item adds 1 to
-    its slot's counter in FLAGS (Q slots, then K slots from FLAGS + q slots) after its stores (``_signal_slot``); a
-    select item waits (``_await_slots``) until its Q slot's and its sequence's K slots' counters read
-    (generation + 1) x pool items per slot. lag: the smallest that puts those slots at earlier positions
-    (``_safe_lag``, from the offsets: the bench's batch NKB), found by ticket 0's program and published in STATE[1]
-    ((generation + 1) << 32 | lag, release); the others read it (acquire) before they map their tickets."""
+    (STATE[0], zeroed per call like the counters), not by program id, so an item waits only on items with earlier
+    tickets, which running programs hold: no deadlock whatever order the hardware starts programs in. Ticket order:
+    Q slot 0's pool items, the past-the-end fill items (``fills``; FILL 2 reads the check's flag that Q slot 0's
+    pooling stores), then positions p = 0, 1, ... (``_items_before``): position p's Q and K pool items, then the
+    select items of the Q slot at position p - lag. Each pool item adds 1 to its slot's counter in FLAGS (Q slots,
+    then K slots from FLAGS + q slots) after its stores (``_signal_slot``); a select item waits (``_await_slots``)
+    until its Q slot's and its sequence's K slots' counters read the pool items per slot, slots at or past its own
+    position left out. Positions are slots (ORDER 0, or no valid table) or ``_order_table``'s longest-first order
+    (ORDER: ``KNOBS.sparse_select_overlap_tail``; the table after the counters in FLAGS). lag: the smallest that
+    puts the slots a select item reads at earlier positions (``_safe_lag`` / ``_order_table``, from the offsets:
+    the bench's batch NKB), found by ticket 0's program and published in STATE[1] (ordered << 32 | lag, release;
+    lag >= 1, so 0 means not yet); the others read it (acquire) before they map their tickets."""
     hgp = (heads + HEADS - 1) // HEADS  # pool items per slot
     hgs = (heads + SEL_HEADS - 1) // SEL_HEADS  # select items per Q slot
     qs = q_programs // hgp
     ks = kv_slots
-    total = hgp * (qs + ks) + hgs * select_slots + fills
-    claimed = tl.atomic_add(STATE, 1, sem="acq_rel")
-    ticket = (claimed & 0xFFFFFFFF).to(tl.int32)
-    target = ((claimed >> 32) + 1).to(tl.int32) * hgp  # wraps with the counters (int32): compared by equality
-    if ticket == total - 1:  # every ticket is taken: the next launch starts at (generation + 1, 0)
-        tl.atomic_add(STATE, tl.full([], 1 << 32, tl.int64) - total.to(tl.int64), sem="relaxed")
+    ticket = tl.atomic_add(STATE, 1, sem="acq_rel").to(tl.int32)
+    target = hgp  # a slot's counter once its pool items are done
     FLAGS_K = FLAGS + qs
-    gen_next = (claimed >> 32) + 1
+    TABLE = FLAGS + qs + ks  # ORDER: _order_table's rows (Q positions, Q slots, K positions, K slots)
     is_fill = (ticket >= hgp) & (ticket < hgp + fills)
     lag = ticket * 0
+    ordered = ticket * 0
     if ticket == 0:
         lag = _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, tl.maximum(qs, ks), BLOCK_Q, BLOCK_KV,
                         BROADCAST_Q)
-        tl.atomic_xchg(STATE + 1, (gen_next << 32) | lag.to(tl.int64), sem="release")
+        if ORDER:
+            order_lag, ordered = _order_table(Q_OFF, KV_OFF, TABLE, kv_seqs, qs, ks, n_kv_blocks,
+                                              tl.maximum(qs, ks), BLOCK_Q, BLOCK_KV)
+            lag = tl.where(ordered != 0, order_lag, lag)
+            tl.debug_barrier()  # every thread's table stores before the one thread's release below
+        tl.atomic_xchg(STATE + 1, (ordered.to(tl.int64) << 32) | lag.to(tl.int64), sem="release")
     elif not is_fill:  # ticket 0 was taken first: its program runs, and publishes without waiting on anything
         published = tl.atomic_add(STATE + 1, tl.zeros([], tl.int64), sem="acquire")
-        while (published >> 32) != gen_next:
+        while published == 0:
             published = tl.atomic_add(STATE + 1, tl.zeros([], tl.int64), sem="acquire")
         lag = (published & 0xFFFFFFFF).to(tl.int32)
+        ordered = (published >> 32).to(tl.int32)
+        if ORDER:
+            tl.debug_barrier()  # the table is read by every thread after the one thread's acquire
     if is_fill:  # a past-the-end fill item (the select kernel's grid's last ones)
         _select_program(select_slots * hgs + ticket - hgp, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index,
                         Count, n_q_blocks, n_kv_blocks, kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs,
@@ -888,7 +980,7 @@ def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, F
                         stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_KV, BLOCK_J,
                         BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, BROADCAST_Q, ROW_IN_REGISTERS, BLOCK_DC,
                         VISIBLE_RANGE, GROUP, SEL_SEARCH_STEPS, SCORES, RADIX_WIDTH, SEL_HEADS, FILL, True, FLAGS,
-                        FLAGS_K, target, 1)
+                        FLAGS_K, target, 1, 1)
     else:
         item = tl.where(ticket < hgp, ticket, ticket - fills)
         lo = item * 0  # the item's position: the last p with _items_before(p) <= item (a search, no loads)
@@ -900,35 +992,51 @@ def block_select_overlap_kernel(X, OFF, Pooled, XK, KV_OFF, PooledK, SLOT_SEQ, F
             hi = tl.where(below, hi, mid)
         p = lo
         r = item - _items_before(p, qs, ks, select_slots, lag, hgp, hgs)
-        if (p < qs) & (r < hgp):  # Q slot p's pooling, kv heads from r * HEADS
+        if (p < qs) & (r < hgp):  # position p's Q slot's pooling, kv heads from r * HEADS
+            t = p
+            if ORDER:
+                if ordered != 0:
+                    t = _slot_at(TABLE, p)[0]
             if SKIP:
-                _pool_skip_q_program(X, OFF, Pooled, KV_OFF, SLOT_SEQ, FLAG, KEEP, p * hgp + r, num_seqs, kv_seqs,
+                _pool_skip_q_program(X, OFF, Pooled, KV_OFF, SLOT_SEQ, FLAG, KEEP, t * hgp + r, num_seqs, kv_seqs,
                                      search_steps, rows, kv_rows, max_s, max_o, heads, group, n_kv_blocks,
                                      window_left, right, stride_xt, stride_xh, stride_ps, stride_ph, HEAD_DIM,
                                      BLOCK_D, BLOCK, BLOCK_KV, ROWS, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS,
                                      HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL)
             else:
-                _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, p * hgp + r, num_seqs, kv_seqs, search_steps,
+                _pool_program(X, OFF, KV_OFF, Pooled, SLOT_SEQ, FLAG, t * hgp + r, num_seqs, kv_seqs, search_steps,
                               rows, kv_rows, max_s, max_o, heads, group, stride_xt, stride_xh, stride_ps, stride_ph,
                               HEAD_DIM, BLOCK_D, BLOCK, ROWS, True, CHECK, SEARCH_STEPS, WHOLE_BLOCK, HEADS)
-            _signal_slot(FLAGS + p)
+            _signal_slot(FLAGS + t)
         else:
             r -= tl.where(p < qs, hgp, 0)
-            if (p < ks) & (r < hgp):  # K slot p's pooling
-                _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, p * hgp + r, kv_seqs, kv_seqs,
+            if (p < ks) & (r < hgp):  # position p's K slot's pooling
+                t = p
+                if ORDER:
+                    if ordered != 0:
+                        t = _slot_at(TABLE + 2 * ORDER_BLOCK, p)[0]
+                _pool_program(XK, KV_OFF, KV_OFF, PooledK, SLOT_SEQ, FLAG, t * hgp + r, kv_seqs, kv_seqs,
                               kv_search_steps, kv_rows, kv_rows, max_o, max_o, heads, 1, stride_kt, stride_kh,
                               stride_pks, stride_pkh, HEAD_DIM, BLOCK_D, BLOCK_KV, ROWS, False, False,
                               KV_SEARCH_STEPS, KV_WHOLE_BLOCK, HEADS)
-                _signal_slot(FLAGS_K + p)
-            else:  # Q slot p - lag's select, kv heads from (r - its pool items) * SEL_HEADS
+                _signal_slot(FLAGS_K + t)
+            else:  # the select of position p - lag's Q slot, kv heads from (r - its pool items) * SEL_HEADS
                 r -= tl.where(p < ks, hgp, 0)
-                _select_program((p - lag) * hgs + r, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count,
+                t = p - lag
+                limit = p  # in slot order a slot's position is its number
+                q_limit = p
+                if ORDER:
+                    if ordered != 0:  # Q slot t: at p - lag < p; its sequence's K slots: those at positions < p
+                        t, at = _slot_at(TABLE, p - lag)
+                        q_limit = t + 1
+                        limit = tl.load(TABLE + 3 * ORDER_BLOCK + at) + p - tl.load(TABLE + 2 * ORDER_BLOCK + at)
+                _select_program(t * hgs + r, PQ, PK, Q_OFF, KV_OFF, Q_SLOT_SEQ, KEEP, Scores, Index, Count,
                                 n_q_blocks, n_kv_blocks, kv_slots, rows_kv, heads, num_seqs, rows_q, stride_pqs,
                                 stride_pqh, stride_pks, stride_pkh, stride_ss, stride_sh, stride_ib, stride_ih,
                                 stride_iq, stride_cb, stride_ch, window_left, right, HEAD_DIM, BLOCK_D, BLOCK_Q,
                                 BLOCK_KV, BLOCK_J, BLOCK_C, HAS_LEFT, HAS_RIGHT, ALWAYS_LOCAL, BROADCAST_Q,
                                 ROW_IN_REGISTERS, BLOCK_DC, VISIBLE_RANGE, GROUP, SEL_SEARCH_STEPS, SCORES,
-                                RADIX_WIDTH, SEL_HEADS, FILL, True, FLAGS, FLAGS_K, target, p)
+                                RADIX_WIDTH, SEL_HEADS, FILL, True, FLAGS, FLAGS_K, target, limit, q_limit)
 
 
 def score_kind() -> int:
@@ -1009,10 +1117,11 @@ def _pool_launches(q, k, pooled_q, pooled_k, check: bool, q_seqs, num_seqs, max_
 OVERLAP_SELECT_RENAMES = {"SEARCH_STEPS": "SEL_SEARCH_STEPS", "HEADS": "SEL_HEADS"}
 
 
-def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int) -> "_Launch":
+def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int, order: bool = False) -> "_Launch":
     """``KNOBS.sparse_select_overlap``: the pair pooling's launch (``block_pool_pair_kernel`` or its skip kernel) and
     the select's (FILL > 0, GROUP 1) as one ``block_select_overlap_kernel`` launch: their arguments merged (the
-    select's SEARCH_STEPS and HEADS renamed: the pooling has its own), one program per work item of both grids."""
+    select's SEARCH_STEPS and HEADS renamed: the pooling has its own), one program per work item of both grids.
+    order: ``KNOBS.sparse_select_overlap_tail``'s longest-first order (ORDER)."""
     static = dict(pool.static)
     for name, value in select.static.items():
         name = OVERLAP_SELECT_RENAMES.get(name, name)
@@ -1022,7 +1131,8 @@ def _overlap_launch(pool: "_Launch", select: "_Launch", fills: int) -> "_Launch"
         assert tensors.setdefault(name, source) == source, name
     tensors.update(STATE="overlap_state", FLAGS="overlap_flags")
     select_slots = (select.grid[0] - fills) // -(-static["heads"] // static["SEL_HEADS"])  # per select item
-    static.update(select_slots=select_slots, fills=fills, SKIP=pool.kernel is block_pool_pair_skip_kernel)
+    static.update(select_slots=select_slots, fills=fills, SKIP=pool.kernel is block_pool_pair_skip_kernel,
+                  ORDER=order)
     return _Launch(block_select_overlap_kernel, (pool.grid[0] + select.grid[0],), static, tensors, pool.options)
 
 
@@ -1129,8 +1239,11 @@ class _Layout:
         self.overlap_flags = 0
         if overlap:  # the done-counters: one per Q slot, then one per K slot
             fills = num_seqs * heads_kv if self.fill and not params.broadcast_q else 0
-            self.launches = [_overlap_launch(*self.launches, fills)]
-            self.overlap_flags = q_slots + kv_slots
+            # KNOBS.sparse_select_overlap_tail: the longest-first order (not broadcast Q: its select slots are not
+            # its Q slots), its table after the counters
+            order = KNOBS.sparse_select_overlap_tail and not params.broadcast_q
+            self.launches = [_overlap_launch(*self.launches, fills, order)]
+            self.overlap_flags = q_slots + kv_slots + (4 * ORDER_BLOCK.value if order else 0)
 
     def run(self, q, k, q_offsets, kv_offsets):
         """(index, count) of one call: allocations, the offsets as the kernels read them, the launches (through
@@ -1155,10 +1268,11 @@ class _Layout:
         if self.check:
             flag = q_slot_seq[q_slots:] if self.fill == 2 else torch.empty((1,), dtype=torch.int32, device=device)
         state = flags = None
-        if self.overlap_flags:  # the ticket and done-counters, zeroed per call (stream-ordered like every output):
-            # a kept, self-resetting copy per layout saved the two memsets (~4 us) but let two launches share it (a
-            # graph replayed on one stream while its layout runs eagerly on another), where spinning programs could
-            # wait on another launch's tickets (lead, stop 46)
+        if self.overlap_flags:  # the ticket, lag word and done-counters, zeroed per call (stream-ordered like every
+            # output; the kernel relies on it: tickets from 0, lag word 0 until published, counters from 0): a kept,
+            # self-resetting copy per layout saved the two memsets (~4 us) but let two launches share it (a graph
+            # replayed on one stream while its layout runs eagerly on another), where spinning programs could wait
+            # on another launch's tickets (lead, stop 46)
             state, flags = (torch.zeros((2,), dtype=torch.int64, device=device),
                             torch.zeros((self.overlap_flags,), dtype=torch.int32, device=device))
         sources = dict(

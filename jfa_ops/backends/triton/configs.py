@@ -146,6 +146,12 @@ class Knobs:
     # 279.7 -> 267.3 non-causal, against the fill alone; the ticket and counters zeroed per call since then, two
     # memsets); JFA_SELECT_OVERLAP=0 turns it off at import.
     sparse_select_overlap: bool = os.environ.get("JFA_SELECT_OVERLAP", "1") != "0"
+    # ... with its positions in longest-first order (helper seltail47, bench/NOTES.md "Selection overlap tail"):
+    # sequence 0 first, then the others by K slots descending (batches of < 64 sequences; else the slot order), so
+    # the pools that land last belong to short sequences, whose select items (short rows) are the ones left after
+    # the pools: a shorter tail than the slot order's, which ends on whatever sequence the batch ends with (the
+    # bench's: 58 blocks). Same bits (tests). Off until measured; JFA_SELECT_OVERLAP_TAIL=1 turns it on at import.
+    sparse_select_overlap_tail: bool = os.environ.get("JFA_SELECT_OVERLAP_TAIL", "0") == "1"
     # Block-sparse changes of helper sparse4 that return the same results with fewer launches or dependent loads
     # (bench/NOTES.md "sparse v4"): the work lists' selected-block cost read inside tile_slots_kernel (not ~8 torch
     # ops per list); both stage split points of a work item in one pass over its ids (not two); the pooling's slot ->

@@ -266,6 +266,7 @@ def block_sparse_specialization(kernel: str, head_dim: int, dtype: torch.dtype, 
         for name, value in select.constexprs.items():  # the overlap kernel's names for the select's own
             constexprs[OVERLAP_SELECT_RENAMES.get(name, name)] = value
         constexprs["SKIP"] = kernel.endswith("_skip")
+        constexprs["ORDER"] = False  # KNOBS.sparse_select_overlap_tail, off
         ptr.update(STATE="*i64", FLAGS="*i32")
         if select.signature["Scores"] == "*fp64":
             ptr["Scores"] = "*fp64"
@@ -386,9 +387,12 @@ def select_overlap_specializations(cc: int = 90) -> Iterator[Specialization]:
     for kernel, causal, bcast in (("bs_select_overlap", True, False), ("bs_select_overlap", False, False),
                                   ("bs_select_overlap_skip", True, False), ("bs_select_overlap_skip", False, False),
                                   ("bs_select_overlap", False, True)):
-        yield block_sparse_specialization(kernel, 128, torch.bfloat16, causal, broadcast_q=bcast, pool_fanout=True,
-                                          pool_stream=True, select_visible=True, fp32_rn=True, select_radix=True,
-                                          select_fill=1 if bcast else 2, cc=cc)
+        spec = block_sparse_specialization(kernel, 128, torch.bfloat16, causal, broadcast_q=bcast, pool_fanout=True,
+                                           pool_stream=True, select_visible=True, fp32_rn=True, select_radix=True,
+                                           select_fill=1 if bcast else 2, cc=cc)
+        yield spec
+        if kernel.endswith("_skip"):  # KNOBS.sparse_select_overlap_tail's longest-first order (off)
+            yield dataclasses.replace(spec, name=spec.name + "-order", constexprs={**spec.constexprs, "ORDER": True})
 
 
 def arch_specializations(cc: int) -> Iterator[Specialization]:
