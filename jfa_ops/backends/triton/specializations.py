@@ -533,15 +533,18 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               {**constexprs, "EMPTY_ROWS": True}, mxfp8_quantize.quantize_warps(block, hp * 128),
                               odd_strides=("stride_sh",))
     # the triton MXFP8 backward's dO pair (mxfp8_attn_bwd: quantize(..., empty_rows_lse=lse)), bf16 D128 and D64
-    # (two heads an iteration: lse loaded per element)
-    for head_dim in (128, 64):
+    # (two heads an iteration: lse loaded per element), and without EMPTY_ROWS (JFA_MXFP8_BWD_EMPTY_ROWS=0) for a
+    # count against it
+    for head_dim, empty_rows in ((128, False), (128, True), (64, False), (64, True)):
         hp = mxfp8_quantize.heads_per_program(16, head_dim)
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=True, SQUARE=True,
                           RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2, X_BF16_BITS=True,
                           HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
-                          REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1, COL_VEC=0, EMPTY_ROWS=True)
-        yield _mxfp8_spec(f"mxfp8-quantize-32x32-bf16-d{head_dim}-pipelined-empty-rows", fn, mxfp8_quantize,
-                          {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
+                          REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1, COL_VEC=0, EMPTY_ROWS=empty_rows)
+        yield _mxfp8_spec(f"mxfp8-quantize-32x32-bf16-d{head_dim}-pipelined{'-empty-rows' if empty_rows else ''}",
+                          fn, mxfp8_quantize,
+                          {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32",
+                           "F": "*fp32" if empty_rows else "*u8"},
                           constexprs, mxfp8_quantize.quantize_warps((32, 32), hp * head_dim),
                           odd_strides=("stride_sh",))
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
