@@ -199,7 +199,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-# JFA_MXFP8_BWD_EMPTY_ROWS (on; =0 turns it off, read at each backward call): the backward reads the NaN/inf
+# JFA_MXFP8_BWD_EMPTY_ROWS (on; =0 turns it off; read at import, the flag at each call): the backward reads the NaN/inf
 # elements of grad_out on rows that see no key (lse -inf) as 0, finite ones as given. Why: such a row's out is the
 # constant 0, so its dO must reach no dq/dk (the dense backwards: dS = 0 where P = 0), but MXFP8 quantizes dO in
 # 32 x 32 blocks, where one NaN/inf element gives the block a NaN scale: NaN dO on the block's other rows, which see

@@ -533,7 +533,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               {**constexprs, "EMPTY_ROWS": True}, mxfp8_quantize.quantize_warps(block, hp * 128),
                               odd_strides=("stride_sh",))
     # the triton MXFP8 backward's dO pair (mxfp8_attn_bwd: quantize(..., empty_rows_lse=lse)), bf16 D128 and D64
-    # (two heads an iteration: lse loaded per element), and without EMPTY_ROWS (JFA_MXFP8_BWD_EMPTY_ROWS=0) for a
+    # (two heads an iteration), and without EMPTY_ROWS (JFA_MXFP8_BWD_EMPTY_ROWS=0) for a
     # count against it
     for head_dim, empty_rows in ((128, False), (128, True), (64, False), (64, True)):
         hp = mxfp8_quantize.heads_per_program(16, head_dim)
