@@ -523,12 +523,12 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                           STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value, HEAD_CHUNKS=1,
                           COL_VEC=0, EMPTY_ROWS=False)
         x_type = "*i16" if dtype == torch.bfloat16 else "*fp16"
-        name = f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}-pipelined"
-        yield _mxfp8_spec(name, fn, mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16",
+        name = f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}"
+        yield _mxfp8_spec(f"{name}-pipelined", fn, mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16",
                                                      "OFFSETS": "*i32", "F": "*bf16"},
                           constexprs, mxfp8_quantize.quantize_warps(block, hp * 128), odd_strides=("stride_sh",))
         if block == (32, 32):  # dO's: NaN/inf on rows that see no key read as 0, F the forward's lse (EMPTY_ROWS)
-            yield _mxfp8_spec(f"{name}-empty-rows", fn, mxfp8_quantize,
+            yield _mxfp8_spec(f"{name}-empty-rows-pipelined", fn, mxfp8_quantize,
                               {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16", "OFFSETS": "*i32", "F": "*fp32"},
                               {**constexprs, "EMPTY_ROWS": True}, mxfp8_quantize.quantize_warps(block, hp * 128),
                               odd_strides=("stride_sh",))
@@ -541,7 +541,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                           RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2, X_BF16_BITS=True,
                           HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
                           REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1, COL_VEC=0, EMPTY_ROWS=empty_rows)
-        yield _mxfp8_spec(f"mxfp8-quantize-32x32-bf16-d{head_dim}-pipelined{'-empty-rows' if empty_rows else ''}",
+        yield _mxfp8_spec(f"mxfp8-quantize-32x32-bf16-d{head_dim}{'-empty-rows' if empty_rows else ''}-pipelined",
                           fn, mxfp8_quantize,
                           {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32",
                            "F": "*fp32" if empty_rows else "*u8"},
