@@ -1,8 +1,9 @@
-"""Cost of ``JFA_MXFP8_BWD_EMPTY_ROWS`` (``jfa_ops.ops.mxfp8.MXFP8_BWD_EMPTY_ROWS``: the MXFP8 autograd formula
-sets NaN/inf grad_out on rows that see no key to 0 before the backward quantizes dO; bench/NOTES.md "NaN grad_out
-on rows that see no key, helper nanrows46"): the mxfp8_attention backward (autograd, finite grad_out) with the knob
-off and on in one process, interleaved, and the knob's elementwise op alone; checks that the gradients are the same
-bits both ways.
+"""Cost of ``JFA_MXFP8_BWD_EMPTY_ROWS`` (``jfa_ops.ops.mxfp8.MXFP8_BWD_EMPTY_ROWS``, on: dO's quantize pass reads
+NaN/inf grad_out on rows that see no key as 0, lse loaded per row; bench/NOTES.md "NaN grad_out on rows that see no
+key, helper nanrows46" (then an eager op) and "MXFP8 empty rows in dO's quantize pass, helper mxempty47"): the
+mxfp8_attention backward (autograd, finite grad_out) with the knob off and on in one process, interleaved, and dO's
+operand pass alone off and on (tlx: ``mxfp8_bwd.mx_values``; triton: ``mxfp8_quantize.quantize``); checks that the
+gradients are the same bits both ways (beside an A/A pair: the tlx backward's dQ atomics differ run to run).
 
     python tools/mxfp8_bwd_empty_rows_probe.py [backend]   # backend: the op's choice when left out (tlx, triton)
 
@@ -11,6 +12,7 @@ case on the reference backend.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -44,13 +46,27 @@ def _time_ms(fn, dev) -> float:
     return statistics.median(times)
 
 
+def _do_pass_ms(grad_out, lse, out_offsets, dev):
+    """dO's operand pass alone, (off, on): the one-pass MX values (the tlx backward's, KNOBS.mxfp8_bwd_one_pass),
+    interleaved three times, medians."""
+    import meta_kernels.mxfp8 as mx
+    from jfa_ops.backends import mxfp8_bwd
+
+    off_on = ([], [])
+    for _ in range(3):
+        for i, lse_arg in enumerate((None, lse)):
+            off_on[i].append(_time_ms(lambda: mxfp8_bwd.mx_values(grad_out, out_offsets.int(), mx.GRAD_BLOCK, "rceil",
+                                                                  empty_rows_lse=lse_arg), dev))
+    return statistics.median(off_on[0]), statistics.median(off_on[1])
+
+
 def main(backend=None) -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator(device=dev).manual_seed(0)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     backend = backend or (None if dev.type == "cuda" else "reference")
     knob = mxfp8_ops.MXFP8_BWD_EMPTY_ROWS
-    print(f"{'case':26} {'off ms':>8} {'on ms':>8} {'on/off':>7} {'op ms':>7}  same bits (off vs off)")
+    print(f"{'case':26} {'off ms':>8} {'on ms':>8} {'on/off':>7} {'dO pass off/on ms':>18}  same bits (off vs off)")
     for name, q_lens, kv_lens, heads, dim in _cases(dev, g):
         kv_lens = q_lens if kv_lens is None else kv_lens
         q_off = torch.cat([q_lens.new_zeros(1), q_lens.cumsum(0)])
@@ -73,9 +89,10 @@ def main(backend=None) -> None:
         for _ in range(3):  # interleaved: drift hits both
             off.append(_time_ms(lambda: grads(False), dev))
             on.append(_time_ms(lambda: grads(True), dev))
-        op = _time_ms(lambda: mxfp8_ops.finite_grad_out_of_rows_without_keys(grad_out, lse), dev)
         off_ms, on_ms = statistics.median(off), statistics.median(on)
-        print(f"{name:26} {off_ms:8.3f} {on_ms:8.3f} {on_ms / off_ms:7.3f} {op:7.3f}  {same} ({same_aa})")
+        passes = _do_pass_ms(grad_out, lse, q_off, dev) if dev.type == "cuda" else (math.nan, math.nan)
+        print(f"{name:26} {off_ms:8.3f} {on_ms:8.3f} {on_ms / off_ms:7.3f} {passes[0]:8.4f} / {passes[1]:7.4f}  "
+              f"{same} ({same_aa})")
     mxfp8_ops.MXFP8_BWD_EMPTY_ROWS = knob
 
 

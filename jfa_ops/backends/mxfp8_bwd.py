@@ -74,16 +74,17 @@ def _mx_values_kernel(DATA, SCALE, OFFSETS, OUT, rows, num_seqs, search_steps, C
 
 
 def mx_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block, rounding: str,
-              dtype: torch.dtype = torch.bfloat16, one_pass: Optional[bool] = None) -> torch.Tensor:
+              dtype: torch.dtype = torch.bfloat16, one_pass: Optional[bool] = None,
+              empty_rows_lse: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x [T, H, D]``'s MXFP8 values in ``dtype``: the triton quantize kernel's pair (block (1, 32) or (32, 32),
     row blocks per ``offsets``' sequences), dequantized by ``_mx_values_kernel``; ``one_pass`` (None:
     ``KNOBS.mxfp8_bwd_one_pass``): the same bits from one quantize pass that writes the values
-    (``quantize_values``)."""
+    (``quantize_values``). ``empty_rows_lse``: the quantize's (dO: NaN/inf on rows whose lse is -inf read as 0)."""
     block = tuple(block)
     assert block in ((1, 32), (32, 32)), block
     if KNOBS.mxfp8_bwd_one_pass if one_pass is None else one_pass:
-        return quantize_values(x, offsets, block, rounding, dtype)
-    data, scale = quantize(x, offsets, block, rounding)
+        return quantize_values(x, offsets, block, rounding, dtype, empty_rows_lse=empty_rows_lse)
+    data, scale = quantize(x, offsets, block, rounding, empty_rows_lse=empty_rows_lse)
     rows, heads, dim = x.shape
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     if out.numel() == 0:
@@ -105,23 +106,28 @@ def broadcast_out_offsets(kv_offsets: torch.Tensor, len_q: int) -> torch.Tensor:
     return torch.arange(kv_offsets.shape[0], device=kv_offsets.device, dtype=torch.int32) * len_q
 
 
-def operands(grad_out, q, k, v, q_offsets, kv_offsets, params: AttentionParams, rounding: str):
+def operands(grad_out, q, k, v, q_offsets, kv_offsets, params: AttentionParams, rounding: str,
+             empty_rows_lse: Optional[torch.Tensor] = None):
     """(q, k, v, dO) MX-valued in bf16 as the MXFP8 backward reads them: Q, K, dO in (32, 32) blocks (Q per q
-    sequence, or one sequence when broadcast; dO per output sequence; K per kv sequence), V in (1, 32) blocks."""
+    sequence, or one sequence when broadcast; dO per output sequence; K per kv sequence), V in (1, 32) blocks.
+    ``empty_rows_lse`` (the forward's lse): dO's NaN/inf on rows that see no key read as 0, in dO's own pass."""
     out_offsets = broadcast_out_offsets(kv_offsets, q.shape[0]) if params.broadcast_q else q_offsets
     return (mx_values(q, None if params.broadcast_q else q_offsets, mx.GRAD_BLOCK, rounding),
             mx_values(k, kv_offsets, mx.GRAD_BLOCK, rounding),
             mx_values(v, None, mx.K_BLOCK, rounding),
-            mx_values(grad_out, out_offsets, mx.GRAD_BLOCK, rounding))
+            mx_values(grad_out, out_offsets, mx.GRAD_BLOCK, rounding, empty_rows_lse=empty_rows_lse))
 
 
 def backward(kernel_backward: Callable, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
-             params: AttentionParams, rounding: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             params: AttentionParams, rounding: str,
+             empty_rows: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of ``jfa::mxfp8_attention`` in the inputs' dtypes: the MX-valued operands (``operands``) through
     ``kernel_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, delta_grad_out=...)``
     (the TLX backward with its MXFP8 constexpr; a stand-in on CPU), whose delta pre-pass reads ``delta_grad_out``
-    (the caller's unquantized dO) while its kernel walks the MX dO."""
-    q_mx, k_mx, v_mx, do_mx = operands(grad_out, q, k, v, q_offsets, kv_offsets, params, rounding)
+    (the caller's unquantized dO) while its kernel walks the MX dO. ``empty_rows``: dO's NaN/inf on rows that see
+    no key read as 0 (``ops.mxfp8.MXFP8_BWD_EMPTY_ROWS``)."""
+    q_mx, k_mx, v_mx, do_mx = operands(grad_out, q, k, v, q_offsets, kv_offsets, params, rounding,
+                                       empty_rows_lse=lse if empty_rows else None)
     dq, dk, dv = kernel_backward(do_mx, grad_lse, q_mx, k_mx, v_mx, out, lse, q_offsets, kv_offsets, params,
                                  delta_grad_out=grad_out)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

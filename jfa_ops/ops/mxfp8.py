@@ -168,8 +168,10 @@ def mxfp8_attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Te
     impl = select_backend(backend, Problem.of(q, k, params), family=ATTENTION)
     if not from_autograd:  # offsets its forward may never have seen: checked as the forward checks them
         check_offset_values(q, k, q_offsets, kv_offsets, params.max_seqlen_q, params.max_seqlen_kv)
+    # the knob's off switch as a keyword only when off: a backend registered with the plain signature still runs
+    off = {} if MXFP8_BWD_EMPTY_ROWS else {"empty_rows": False}
     return impl.family(ATTENTION).backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
-                                           rounding)
+                                           rounding, **off)
 
 
 def _mx_backward_params(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, options):
@@ -197,29 +199,22 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-# JFA_MXFP8_BWD_EMPTY_ROWS=1 (read at import; off until a GPU run times it): the autograd formula sets the NaN/inf
-# elements of grad_out on rows that see no key to 0 (``finite_grad_out_of_rows_without_keys``). Why: such a row's out
-# is the constant 0, so its dO must reach no dq/dk (the dense backwards: dS = 0 where P = 0), but MXFP8 quantizes
-# dO in 32 x 32 blocks, where one NaN/inf element gives the block a NaN scale: NaN dO on the block's other rows,
-# which see keys, then NaN dq/dk for them and their sequence's keys (every MXFP8 backend and the MXFP8 oracle
-# alike). Cost: a few elementwise passes over dO (~10 B an element, eager), ~0.2 ms of the H200's 6.7 ms dense
-# B8 H16 S4096 D128 TLX MXFP8 backward (predicted, bench/NOTES.md "NaN grad_out on rows that see no key, helper
-# nanrows46").
-MXFP8_BWD_EMPTY_ROWS = os.environ.get("JFA_MXFP8_BWD_EMPTY_ROWS", "0") != "0"
-
-
-def finite_grad_out_of_rows_without_keys(grad_out: Tensor, lse: Tensor) -> Tensor:
-    """``grad_out`` with its NaN/inf elements on rows that see no key (lse -inf) set to 0; finite elements and rows
-    that see keys as given, so finite inputs quantize bit for bit as without it (a large finite dO there still sets
-    its block's scale). See ``MXFP8_BWD_EMPTY_ROWS``."""
-    return torch.where(torch.isneginf(lse).T[..., None] & ~torch.isfinite(grad_out), 0.0, grad_out)
+# JFA_MXFP8_BWD_EMPTY_ROWS=1 (off until its GPU run: the lead merged it off in stop 47, no device time left; read at
+# import, the flag at each call): the backward reads the NaN/inf
+# elements of grad_out on rows that see no key (lse -inf) as 0, finite ones as given. Why: such a row's out is the
+# constant 0, so its dO must reach no dq/dk (the dense backwards: dS = 0 where P = 0), but MXFP8 quantizes dO in
+# 32 x 32 blocks, where one NaN/inf element gives the block a NaN scale: NaN dO on the block's other rows, which see
+# keys, then NaN dq/dk for them and their sequence's keys (every MXFP8 backend and the MXFP8 oracle alike). Where:
+# in dO's own quantize pass (triton/tlx: ``mxfp8_quantize`` EMPTY_ROWS, lse read once per row and head; reference:
+# ``finite_grad_out_of_rows_without_keys``), so no extra pass over dO; the eager op that did it first cost 0.79 ms
+# and 1.17-1.20x of the tlx backward on the H100 (bench/NOTES.md "Stop 47, call 8", "MXFP8 empty rows in dO's
+# quantize pass, helper mxempty47").
+MXFP8_BWD_EMPTY_ROWS = os.environ.get("JFA_MXFP8_BWD_EMPTY_ROWS", "0") == "1"
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
     grad_out, grad_lse = backward_grads(out, lse, grad_out, grad_lse)
-    if MXFP8_BWD_EMPTY_ROWS:
-        grad_out = finite_grad_out_of_rows_without_keys(grad_out, lse)
     with autograd_backward_call(grad_out, q):
         dq, dk, dv = torch.ops.jfa.mxfp8_attention_backward(
             grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.options)

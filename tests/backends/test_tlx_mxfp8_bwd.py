@@ -140,6 +140,27 @@ def test_one_pass_knob_skips_the_pair(monkeypatch):
     assert all(_same_bits(a, b) for a, b in zip(got, want))
 
 
+@ONE_PASS
+def test_operands_read_nonfinite_dO_on_rows_without_keys_as_zero(one_pass):
+    """``operands(..., empty_rows_lse=lse)`` (the tlx MXFP8 backward's host side, ``ops.mxfp8.MXFP8_BWD_EMPTY_ROWS``
+    on): dO's MX values bit for bit those of dO with its NaN/inf elements on rows whose lse is -inf set to 0, in
+    dO's own pass (one or two); q, k, v untouched; without it, the NaN spreads over those rows' 32 x 32 blocks."""
+    q, k, v, q_off, kv_off, opts = make_case(**ATTENTION_CASES["jagged"], seed=3, dtype=torch.bfloat16)
+    params = _params(q, opts, q_off, kv_off)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    lse = torch.randn(q.shape[1], q.shape[0])
+    lse[:, 3:9] = -math.inf
+    grad_out[3:9, :, 1] = math.nan
+    grad_out[5, 0, 2] = 1e4  # finite on a row without keys: kept
+    zeroed = reference.finite_grad_out_of_rows_without_keys(grad_out, lse)
+    with one_pass_knob(one_pass):
+        want = mxfp8_bwd.operands(zeroed, q, k, v, q_off, kv_off, params, "rceil")
+        got = mxfp8_bwd.operands(grad_out, q, k, v, q_off, kv_off, params, "rceil", empty_rows_lse=lse)
+        plain = mxfp8_bwd.operands(grad_out, q, k, v, q_off, kv_off, params, "rceil")
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
+    assert got[3].isfinite().all() and plain[3].isnan().any()
+
+
 def _params(q, opts, q_off, kv_off):
     lengths = kv_off.diff().tolist()
     q_lengths = [q.shape[0]] if opts["broadcast_q"] else q_off.diff().tolist()
@@ -351,8 +372,8 @@ import _utlx_autoregister, torch
 from jfa_ops.backends import tlx, triton as triton_backend
 from jfa_ops.backends.base import AttentionParams
 from jfa_ops.backends.tlx import configs, mxfp8_attn_bwd
-mxfp8_attn_bwd.attention_backward = lambda *a: 'tlx'
-triton_backend.mxfp8_attention_backward = lambda *a: 'triton'
+mxfp8_attn_bwd.attention_backward = lambda *a, **kw: 'tlx'
+triton_backend.mxfp8_attention_backward = lambda *a, **kw: 'triton'
 backward = tlx.BACKEND.family('mxfp8_attention').backward
 def route(knob, dtype=torch.bfloat16, dim=128, heads=(4, 2), **params):
     configs.MXFP8_BACKWARD = knob

@@ -92,6 +92,47 @@ def test_quantize_kernel_head_groups(heads, dim, pipelined):
                                          "triton")
 
 
+@PIPELINED
+@pytest.mark.parametrize("heads, dim, dtype", [(3, 128, torch.bfloat16), (5, 32, torch.float16),
+                                               (2, 64, torch.float32)])
+def test_quantize_empty_rows_reads_nonfinite_on_rows_without_keys_as_zero(heads, dim, dtype, pipelined):
+    """``EMPTY_ROWS`` (dO's quantize in the MXFP8 backward, ``empty_rows_lse``): the pair and the one-pass MX values
+    bit for bit those of the input with its NaN/inf elements on rows whose lse is -inf set to 0 (the reference's
+    ``finite_grad_out_of_rows_without_keys``), per (row, head); finite values there (large: they set their blocks'
+    scales) and NaN/inf on rows that see keys kept. Heads per iteration 1 (D128, the v3 geometry) and 2-4 (lse
+    loaded per element)."""
+    from jfa_ops.backends.reference.mxfp8 import finite_grad_out_of_rows_without_keys, quantize as ref_quantize
+    from jfa_ops.backends.triton.mxfp8_quantize import quantize, quantize_values
+
+    g = torch.Generator().manual_seed(heads * dim)
+    lengths = [40, 0, 37]
+    offsets = torch.tensor([0] + lengths).cumsum(0).to(DEVICE)
+    rows = sum(lengths)
+    x = torch.randn(rows, heads, dim, generator=g)
+    lse = torch.randn(heads, rows, generator=g)
+    lse[:, :10] = -math.inf  # sequence 0's first rows (causal, fewer keys), every head
+    lse[heads - 1, 50:60] = -math.inf  # one head's rows only
+    bad = torch.tensor([math.nan, math.inf, -math.inf]).repeat(dim)[:dim]
+    x[:10, 0] = bad  # whole rows of NaN/inf on rows without keys
+    x[50:60, heads - 1, 3] = math.nan
+    x[:10, heads - 1, 5] = 1e4  # finite and large on a row without keys: kept, it sets its block's scale
+    x[45, 0, 7] = math.inf  # a row that sees keys: its block stays NaN
+    x[55, 0, 2] = math.nan  # row 55 sees keys on head 0 (empty on the last head only)
+    x, lse = x.to(dtype).to(DEVICE), lse.to(DEVICE)
+    zeroed = finite_grad_out_of_rows_without_keys(x, lse)
+    assert zeroed.isfinite().sum() > x.isfinite().sum() and not zeroed.isfinite().all()
+    with quant_pipelined(pipelined):
+        pair = quantize(x, offsets, (32, 32), "rceil", empty_rows_lse=lse)
+        for got, want in zip(pair, ref_quantize(zeroed, offsets, (32, 32), "rceil")):
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        nan_scales = (pair[1].view(torch.uint8) == 255).sum()
+        assert 0 < nan_scales < (quantize(x, offsets, (32, 32), "rceil")[1].view(torch.uint8) == 255).sum()
+        if dtype != torch.float32:  # the one-pass values take bf16/fp16
+            got = quantize_values(x, offsets, (32, 32), "rceil", empty_rows_lse=lse)
+            want = quantize_values(zeroed, offsets, (32, 32), "rceil")
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.gpu
 @PIPELINED
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -122,11 +122,11 @@ def test_masked_lse_loss_reaches_no_input_through_rows_that_see_no_key(device, b
 # get exact zeros from it: tlx first (stop 46, on the H100), then reference, cpu and triton (helper nanrows46;
 # bench/NOTES.md "NaN grad_out on rows that see no key"). MXFP8 quantizes dO in 32 x 32 blocks: the NaN gives its
 # block a NaN scale, so the block's rows that see keys get NaN dO, and NaN dq/dk (the MXFP8 oracle's too), whatever
-# dS does; the op's autograd zeroes such dO first only with ``MXFP8_BWD_EMPTY_ROWS`` (JFA_MXFP8_BWD_EMPTY_ROWS=1, off
-# until timed). Strict: the MXFP8 cases follow the knob.
+# dS does; dO's quantize pass reads such elements as 0 (``MXFP8_BWD_EMPTY_ROWS``, helper mxempty47, off until its GPU run;
+# before it an eager op behind the knob). Strict: the MXFP8 cases follow the knob (off: xfail).
 NAN_GRAD_OUT_SPREADS_IN_MX_BLOCKS = pytest.mark.xfail(
     strict=True, reason="MXFP8: a NaN grad_out element gives its 32 x 32 dO block a NaN scale (NaN dq/dk for the "
-                        "block's rows that see keys) unless JFA_MXFP8_BWD_EMPTY_ROWS=1")
+                        "block's rows that see keys) with JFA_MXFP8_BWD_EMPTY_ROWS=0")
 NAN_GRAD_OUT_CASES = [
     pytest.param(*case.values, id=case.id, marks=[*case.marks, *(
         [NAN_GRAD_OUT_SPREADS_IN_MX_BLOCKS] if case.values[0] == "mxfp8" and not mxfp8_ops.MXFP8_BWD_EMPTY_ROWS
@@ -143,7 +143,7 @@ def _check_nan_grad_out_on_rows_that_see_no_key(device, backend, op):
     grad_out = torch.where(torch.isneginf(lse).T[..., None], bad.to(out.dtype), torch.ones_like(out))
     dq, dk, _ = torch.autograd.grad(out, leaves, grad_out)
     assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
-    if op == "mxfp8":  # the op's autograd (knob on) takes such rows' NaN/inf dO as 0; the oracle takes dO as given
+    if op == "mxfp8":  # the backward (knob on) takes such rows' NaN/inf dO as 0; the oracle takes dO as given
         grad_out = torch.where(torch.isneginf(lse).T[..., None], 0.0, grad_out)
     want_dq, want_dk, _ = oracle(*leaves, grad_out, torch.zeros(lse.shape, dtype=torch.float64))
     for name, got, want in (("q", dq, want_dq), ("k", dk, want_dk)):
@@ -163,14 +163,25 @@ def test_mxfp8_empty_rows_knob_keeps_nan_grad_out_from_dq_dk(device, backend, op
 
 
 @pytest.mark.parametrize("op,device,backend", MXFP8_CASES)
+def test_mxfp8_empty_rows_knob_off_lets_nan_grad_out_spread(device, backend, op, monkeypatch):
+    """JFA_MXFP8_BWD_EMPTY_ROWS=0 is the old behaviour: the NaN/inf dO of a row that sees no key gives its 32 x 32
+    block a NaN scale, so NaN dq for the block's rows that see keys (sequence 0's rows 10-31), as the MXFP8 oracle."""
+    monkeypatch.setattr(mxfp8_ops, "MXFP8_BWD_EMPTY_ROWS", False)
+    with pytest.raises(AssertionError):
+        _check_nan_grad_out_on_rows_that_see_no_key(device, backend, op)
+
+
+@pytest.mark.parametrize("op,device,backend", MXFP8_CASES)
 def test_mxfp8_empty_rows_knob_changes_no_finite_gradient(device, backend, op, monkeypatch):
-    """The knob touches only non-finite dO: finite grad_out (rows that see no key included) gives the same bits."""
+    """The knob touches only non-finite dO: finite grad_out (rows that see no key included) gives the same bits
+    with it off and on."""
     dtype, head_dim, _, _, call, _ = _setup(op, device, backend)
     leaves = [t.requires_grad_() for t in _inputs(dtype, head_dim, device)]
     out, lse = call(*leaves)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device, out.dtype)
     # large on the rows that see no key: they set their 32 x 32 blocks' scales (zeroing them would change the rest)
     grad_out = torch.where(torch.isneginf(lse).T[..., None], 1000 * grad_out, grad_out)
+    monkeypatch.setattr(mxfp8_ops, "MXFP8_BWD_EMPTY_ROWS", False)
     off = torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
     monkeypatch.setattr(mxfp8_ops, "MXFP8_BWD_EMPTY_ROWS", True)
     for a, b in zip(off, torch.autograd.grad(out, leaves, grad_out)):

@@ -188,9 +188,20 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params: Attention
 
 
 @exact
+def finite_grad_out_of_rows_without_keys(grad_out: Tensor, lse: Tensor) -> Tensor:
+    """``grad_out`` with its NaN/inf elements on rows that see no key (lse -inf) set to 0; finite elements and rows
+    that see keys as given, so finite inputs quantize bit for bit as without it (a large finite dO there still sets
+    its block's scale). What the triton quantize kernel's ``EMPTY_ROWS`` does in dO's pass."""
+    return torch.where(torch.isneginf(lse).T[..., None] & ~torch.isfinite(grad_out), 0.0, grad_out)
+
+
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams,
-                       rounding: str):
-    """(dq, dk, dv) in the inputs' dtypes: the MXFP8 backward of the module docstring, per sequence in fp32."""
+                       rounding: str, empty_rows: bool = True):
+    """(dq, dk, dv) in the inputs' dtypes: the MXFP8 backward of the module docstring, per sequence in fp32.
+    empty_rows: NaN/inf dO on rows that see no key read as 0 (``ops.mxfp8.MXFP8_BWD_EMPTY_ROWS``): such a row's out
+    is the constant 0, but one NaN/inf element would give its 32 x 32 dO block a NaN scale."""
+    if empty_rows:  # delta too: rowsum(NaN x 0) would be NaN, and P (dP - delta) with P = 0 NaN
+        grad_out = finite_grad_out_of_rows_without_keys(grad_out, lse)
     q_grid = None if params.broadcast_q else q_offsets  # broadcast Q: one sequence of L_q rows
     out_grid = q_offsets if not params.broadcast_q else _broadcast_offsets(kv_offsets, q.shape[0])
     qd = round_trip(q, q_grid, mx.GRAD_BLOCK, rounding)

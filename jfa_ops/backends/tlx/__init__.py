@@ -243,7 +243,8 @@ def mxfp8_attention_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
         return attention_forward_quantizing(q, k, v, q_offsets, kv_offsets, params, rounding)
 
 
-def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
+def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding,
+                              empty_rows=True):
     """(dq, dk, dv) of ``jfa::mxfp8_attention``: the TLX MXFP8 backward (``mxfp8_attn_bwd.py``) where
     ``configs.MXFP8_BACKWARD`` is on (the default; env JFA_TLX_MXFP8_BWD=0: off) and it takes the call, else the triton MXFP8 backward."""
     q_offsets, kv_offsets = unit_stride_pair(q_offsets, kv_offsets)  # the kernels read them with unit stride
@@ -252,11 +253,11 @@ def _mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, 
 
         if mxfp8_attn_bwd.backward_reason(q, k, params) is None:
             return mxfp8_attn_bwd.attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
-                                                     params, rounding)
+                                                     params, rounding, empty_rows=empty_rows)
     from .. import triton as triton_backend
 
     return triton_backend.mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
-                                                   params, rounding)
+                                                   params, rounding, empty_rows=empty_rows)
 
 
 def _mxfp8_triton(name: str):

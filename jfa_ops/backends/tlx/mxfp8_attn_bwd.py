@@ -46,10 +46,10 @@ def _kernel_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offset
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams,
-                       rounding: str):
+                       rounding: str, empty_rows: bool = True):
     """(dq, dk, dv) of ``jfa::mxfp8_attention`` in the inputs' dtypes (``backward_reason`` held)."""
     from .. import mxfp8_bwd
 
     with device_guard(q.device):
         return mxfp8_bwd.backward(_kernel_backward, grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
-                                  params, rounding)
+                                  params, rounding, empty_rows=empty_rows)

@@ -141,12 +141,13 @@ def mxfp8_attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out
         return attention_forward(q_mx, k_mx, v_mx, *unit_stride_pair(q_offsets, kv_offsets), params, out_dtype)
 
 
-def mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding):
+def mxfp8_attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding,
+                             empty_rows=True):
     from .mxfp8_attn_bwd import attention_backward
 
     with device_guard(q.device):
         return attention_backward(grad_out, grad_lse, q, k, v, out, lse, *unit_stride_pair(q_offsets, kv_offsets),
-                                  params, rounding)
+                                  params, rounding, empty_rows=empty_rows)
 
 
 def _mxfp8_families():

@@ -309,9 +309,10 @@ def mxfp8_attn_bwd_dq_kernel(Q, QS, K, KS, V, VS, DO, DOS, LSE, DELTA, DQ, Q_OFF
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, rounding,
-                       variant=None):
+                       variant=None, empty_rows=True):
     """(dq, dk, dv) in the inputs' dtypes: the reference's MXFP8 backward, in two Triton kernels. variant: how the
-    dots use the MX operands (``mxfp8_attn_fwd.VARIANTS``); None takes ``configs.KNOBS.mxfp8_variant``."""
+    dots use the MX operands (``mxfp8_attn_fwd.VARIANTS``); None takes ``configs.KNOBS.mxfp8_variant``.
+    empty_rows: dO's quantize reads NaN/inf on rows that see no key as 0 (``ops.mxfp8.MXFP8_BWD_EMPTY_ROWS``)."""
     variant = checked_variant(variant, q.device)
     if variant == "f16row":  # a forward-only variant: its backward is bf16smem's
         variant = "bf16smem"
@@ -328,9 +329,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     qq = quantize(q, None if params.broadcast_q else q_off, mx.GRAD_BLOCK, rounding)
     kq = quantize(k, kv_off, mx.GRAD_BLOCK, rounding)
     vq = quantize(v, None, mx.K_BLOCK, rounding)
-    doq = quantize(grad_out, out_off, mx.GRAD_BLOCK, rounding)
+    doq = quantize(grad_out, out_off, mx.GRAD_BLOCK, rounding, empty_rows_lse=lse if empty_rows else None)
     lse = lse.contiguous()
     delta = (grad_out.float() * out.float()).sum(-1).T.contiguous()  # [Hq, T_out]
+    if empty_rows:  # rows that see no key: out 0, so delta 0, not rowsum(NaN x 0) (P (dP - delta) with P = 0)
+        delta.masked_fill_(torch.isneginf(lse), 0.0)
     if grad_lse is not None:
         delta = delta - grad_lse
     has_left, window_left, has_right, right = window_bounds(params.causal, params.window_left, params.window_right)

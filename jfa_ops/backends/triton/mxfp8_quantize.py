@@ -234,6 +234,19 @@ def _widened(x, X_BF16_BITS: tl.constexpr):
 
 
 @triton.jit
+def _empty_rows(LSE, r64, r_ok, head0, rows, heads, HP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The magnitude bits above which an element of a [BLOCK_R, HP * BLOCK_D] tile (rows ``r64``, heads from
+    ``head0``) is dropped: inf's bits - 1 on rows whose ``LSE [heads, rows]`` is -inf (their NaN/inf elements, and
+    only those: every finite input keeps its bits), the largest int32 elsewhere (nothing). lse loaded once per row
+    and head ([BLOCK_R, HP]), broadcast over each head's columns."""
+    h = head0 + tl.arange(0, HP)
+    lse = tl.load(LSE + h.to(tl.int64)[None, :] * rows + r64[:, None], mask=r_ok[:, None] & (h < heads)[None, :],
+                  other=0.0)
+    lim = tl.where(lse == float("-inf"), 0x7F7FFFFF, 0x7FFFFFFF)
+    return tl.reshape(tl.broadcast_to(lim[:, :, None], (lim.shape[0], HP, BLOCK_D)), (lim.shape[0], HP * BLOCK_D))
+
+
+@triton.jit
 def _v_tile_factor(e_max):
     """fp32 column factor of a re-based V tile with column exponents ``e_max``, over P's fixed scale 2**8."""
     return _e8m0_value((e_max + 127).to(tl.uint8)) * INV_P_SCALE
@@ -246,7 +259,8 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                           ROW_BLOCKS: tl.constexpr, SQUARE: tl.constexpr, RCEIL: tl.constexpr,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
                           HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr,
-                          REBASE: tl.constexpr, HEAD_CHUNKS: tl.constexpr, COL_VEC: tl.constexpr):
+                          REBASE: tl.constexpr, HEAD_CHUNKS: tl.constexpr, COL_VEC: tl.constexpr,
+                          EMPTY_ROWS: tl.constexpr):
     """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one tile of BLOCK_R rows,
     each one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False:
     (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: the tile's rows of one sequence in the padded
@@ -257,7 +271,9 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     warp's threads lie along the columns and each holds whole columns (the column max in-thread).
     REBASE (``PAIR``: DATA, SCALE the pair's bits): ``REBASED_ROWS`` ((1, 32)): DATA the rows re-based, F the row
     factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
-    stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing."""
+    stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing.
+    EMPTY_ROWS ((32, 32) blocks, PAIR or MX_VALUES: the MXFP8 backward's dO): F is lse [heads, rows] (fp32,
+    contiguous); NaN/inf elements of rows whose lse is -inf (rows that see no key) are read as 0 (``_empty_rows``)."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
     HP: tl.constexpr = HEADS_PER_PROGRAM
@@ -329,6 +345,14 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
             x_ptrs = X + r64[:, None] * stride_xt + (head64 * stride_xh + d)[None, :]
         x_in = tl.load(x_ptrs, mask=mask, other=0)
         x, a = _widened(x_in, X_BF16_BITS)
+        if EMPTY_ROWS:
+            tl.static_assert(SQUARE and HEAD_CHUNKS == 1 and COL_VEC == 0)
+            # a row that sees no key has the constant out 0: its dO reaches no gradient, but one NaN/inf element
+            # would give its 32 x 32 block a NaN scale (NaN dO for the block's rows that see keys)
+            # (sm_90 SASS: ISETP, FSEL, LOP3 an element. Selecting a as well kept the mask live: 80 -> 112 registers
+            # in the values kernel; the magnitude recomputed from x keeps 79)
+            x = tl.where(a > _empty_rows(F, r64, r_ok, head0, rows, heads, HP, BLOCK_D), 0.0, x)
+            a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         g_head = head0 + gg // NC
         g_ok = (gg % NC < HEAD_DIM // 32) & (g_head < heads)
         g_off = g_head.to(tl.int64) * stride_sh + gg % NC
@@ -428,9 +452,11 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                 tl.store(DATA + r64[:, None] * stride_dt + (head64 * stride_dh + d)[None, :], data, mask=mask)
 
 
-def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int],
-             rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(data float8_e4m3fn, scale float8_e8m0fnu) of ``x [T, H, D]``; see ``meta_kernels.mxfp8``."""
+def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int], rounding: str,
+             empty_rows_lse: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(data float8_e4m3fn, scale float8_e8m0fnu) of ``x [T, H, D]``; see ``meta_kernels.mxfp8``.
+    ``empty_rows_lse`` ([H, T] fp32, (32, 32) blocks: the MXFP8 backward's dO and its forward's lse): NaN/inf
+    elements of the rows whose lse is -inf quantized as 0 (``EMPTY_ROWS``)."""
     rows, heads, dim = x.shape
     block_rows, block_cols = tuple(block)
     data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
@@ -451,15 +477,17 @@ def quantize(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[i
             scale.view(torch.uint8).zero_()  # no sequence: every scale row unowned
         return data, scale
     _launch_quantize(x, data.view(torch.uint8), scale.view(torch.uint8), offs, num_seqs, programs, block, rounding,
-                     PAIR)
+                     PAIR, empty_rows_lse=empty_rows_lse)
     return data, scale
 
 
 def quantize_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Sequence[int], rounding: str,
-                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                    dtype: torch.dtype = torch.bfloat16,
+                    empty_rows_lse: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x [T, H, D]``'s MXFP8 values in ``dtype`` (bf16 / fp16), (1, 32) or (32, 32) blocks: bit for bit the
     quantize pair dequantized (``mxfp8_bwd.mx_values``' two passes: E4M3 x 2**(scale - 127) in fp32, NaN for a NaN
-    scale, rounded to ``dtype``) in one pass over ``x``: read once, the values written once, no pair in memory."""
+    scale, rounded to ``dtype``) in one pass over ``x``: read once, the values written once, no pair in memory.
+    ``empty_rows_lse``: as ``quantize``'s."""
     block = tuple(block)
     assert block in ((1, 32), (32, 32)), block
     rows, heads, dim = x.shape
@@ -471,7 +499,8 @@ def quantize_values(x: torch.Tensor, offsets: Optional[torch.Tensor], block: Seq
         num_seqs = offs.shape[0] - 1
         programs = rows // QUANT_BLOCK_R + num_seqs  # the pair's scale rows (mx.scale_shape)
     if rows and heads and num_seqs:
-        _launch_quantize(x, out, out, offs, num_seqs, programs, block, rounding, MX_VALUES)
+        _launch_quantize(x, out, out, offs, num_seqs, programs, block, rounding, MX_VALUES,
+                         empty_rows_lse=empty_rows_lse)
     return out
 
 
@@ -506,16 +535,20 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
 
 
 def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
-                     block_r=QUANT_BLOCK_R, stride_vtrow=0):
+                     block_r=QUANT_BLOCK_R, stride_vtrow=0, empty_rows_lse=None):
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs (``MX_VALUES``:
-    ``data_bits`` the values tensor, ``scale_bits`` unused)."""
+    ``data_bits`` the values tensor, ``scale_bits`` unused); ``empty_rows_lse``: read through F (``EMPTY_ROWS``)."""
     if x.stride(2) != 1 and x.shape[2] > 1:  # the kernel indexes head_dim with unit stride (rows, heads: any)
         x = x.contiguous()
+    empty_rows = empty_rows_lse is not None
+    if empty_rows:
+        assert factors is None and tuple(block) == (32, 32) and empty_rows_lse.shape == (x.shape[1], x.shape[0])
+        factors = empty_rows_lse.float().contiguous()  # F: the kernel reads it as [heads, rows]
     dynamic = dict(X=x.view(torch.int16) if x.dtype == torch.bfloat16 else x, DATA=data_bits, SCALE=scale_bits,
                    OFFSETS=offs, F=data_bits if factors is None else factors, rows=x.shape[0], num_seqs=num_seqs)
     if not KNOBS.mxfp8_quant_direct or tracing():  # a traced call's sizes may be symbolic: no memo key
         splits, static, options = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
-                                                   block_r, stride_vtrow)
+                                                   block_r, stride_vtrow, empty_rows)
         launch(mxfp8_quantize_kernel, (programs, splits), {**dynamic, **static}, **options)
         return
     # configs.KNOBS.mxfp8_quant_direct: the geometry and constexprs once per signature (everything
@@ -525,13 +558,13 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
            KNOBS.mxfp8_quant_pipelined, KNOBS.mxfp8_quant_v_columns, QUANT_STAGES, QUANT_GROUPS, V_QUANT_GROUPS,
            tuple(QUANT_WARPS.values()), interpreting(), KNOBS.mxfp8_quant_v_layout, V_COLUMN_VEC, V_COLUMN_STAGES,
-           V_COLUMN_GROUPS)
+           V_COLUMN_GROUPS, empty_rows)
     geometry = _GEOMETRY.get(key)
     if geometry is None:
         if len(_GEOMETRY) >= _GEOMETRY_MAX:
             _GEOMETRY.clear()
         geometry = _GEOMETRY[key] = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
-                                                     block_r, stride_vtrow)
+                                                     block_r, stride_vtrow, empty_rows)
     splits, static, options = geometry
     launch_planned(mxfp8_quantize_kernel, key, (programs, splits), dynamic, lambda: static, **options)
 
@@ -547,7 +580,8 @@ def head_groups(block, rebase) -> int:
     return V_QUANT_GROUPS if plain_v and V_QUANT_GROUPS else QUANT_GROUPS
 
 
-def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase, block_r, stride_vtrow):
+def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase, block_r, stride_vtrow,
+                     empty_rows=False):
     """(head splits (the grid's second axis), the kernel's arguments that are not per call: strides, heads,
     constexprs, launch options) of a quantize launch; per call are the tensors, the rows and the sequence count."""
     rows, heads, dim = x.shape
@@ -579,5 +613,5 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=x.dtype == torch.bfloat16,
         HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value, HEAD_CHUNKS=chunks,
-        COL_VEC=col_vec)
+        COL_VEC=col_vec, EMPTY_ROWS=empty_rows)
     return triton.cdiv(triton.cdiv(heads * chunks, per_program), groups), static, dict(num_warps=warps, num_stages=1)

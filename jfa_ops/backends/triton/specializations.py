@@ -477,7 +477,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                                       else mxfp8_quantize.V3_GROUPS),
                               STAGES=mxfp8_quantize.QUANT_STAGES if pipelined else 1,
                               REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1,
-                              COL_VEC=0)
+                              COL_VEC=0, EMPTY_ROWS=False)
             warps = mxfp8_quantize.quantize_warps(block, 128) if pipelined else 4
             name = f"mxfp8-quantize-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}{'-pipelined' if pipelined else ''}"
             yield _mxfp8_spec(name, fn, mxfp8_quantize,
@@ -511,7 +511,7 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               SQUARE=False, RCEIL=True, BLOCK_R=block_r, SEARCH_STEPS=2, X_BF16_BITS=True,
                               HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
                               REBASE=rebase.value, HEAD_CHUNKS=1,
-                              COL_VEC=0)
+                              COL_VEC=0, EMPTY_ROWS=False)
             kind = "rows" if block == (1, 32) else "v-tiles"
             yield _mxfp8_spec(f"mxfp8-quantize-rebased-{kind}-d{head_dim}-bf16-pipelined", fn, mxfp8_quantize,
                               {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
@@ -525,12 +525,32 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                           SQUARE=block == (32, 32), RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2,
                           X_BF16_BITS=dtype == torch.bfloat16, HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS,
                           STAGES=mxfp8_quantize.QUANT_STAGES, REBASE=mxfp8_quantize.MX_VALUES.value, HEAD_CHUNKS=1,
-                          COL_VEC=0)
+                          COL_VEC=0, EMPTY_ROWS=False)
         x_type = "*i16" if dtype == torch.bfloat16 else "*fp16"
-        yield _mxfp8_spec(f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}-pipelined", fn,
-                          mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16", "OFFSETS": "*i32",
-                                           "F": "*bf16"},
+        name = f"mxfp8-quantize-values-{block[0]}x{block[1]}-{_TRITON_DTYPE[dtype]}"
+        yield _mxfp8_spec(f"{name}-pipelined", fn, mxfp8_quantize, {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16",
+                                                     "OFFSETS": "*i32", "F": "*bf16"},
                           constexprs, mxfp8_quantize.quantize_warps(block, hp * 128), odd_strides=("stride_sh",))
+        if block == (32, 32):  # dO's: NaN/inf on rows that see no key read as 0, F the forward's lse (EMPTY_ROWS)
+            yield _mxfp8_spec(f"{name}-empty-rows-pipelined", fn, mxfp8_quantize,
+                              {"X": x_type, "DATA": "*bf16", "SCALE": "*bf16", "OFFSETS": "*i32", "F": "*fp32"},
+                              {**constexprs, "EMPTY_ROWS": True}, mxfp8_quantize.quantize_warps(block, hp * 128),
+                              odd_strides=("stride_sh",))
+    # the triton MXFP8 backward's dO pair (mxfp8_attn_bwd: quantize(..., empty_rows_lse=lse)), bf16 D128 and D64
+    # (two heads an iteration), and without EMPTY_ROWS (JFA_MXFP8_BWD_EMPTY_ROWS=0) for a
+    # count against it
+    for head_dim, empty_rows in ((128, False), (128, True), (64, False), (64, True)):
+        hp = mxfp8_quantize.heads_per_program(16, head_dim)
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, HEADS_PER_PROGRAM=hp, ROW_BLOCKS=True, SQUARE=True,
+                          RCEIL=True, BLOCK_R=mxfp8_quantize.QUANT_BLOCK_R, SEARCH_STEPS=2, X_BF16_BITS=True,
+                          HW_CVT=True, GROUPS=mxfp8_quantize.QUANT_GROUPS, STAGES=mxfp8_quantize.QUANT_STAGES,
+                          REBASE=mxfp8_quantize.PAIR.value, HEAD_CHUNKS=1, COL_VEC=0, EMPTY_ROWS=empty_rows)
+        yield _mxfp8_spec(f"mxfp8-quantize-32x32-bf16-d{head_dim}{'-empty-rows' if empty_rows else ''}-pipelined",
+                          fn, mxfp8_quantize,
+                          {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32",
+                           "F": "*fp32" if empty_rows else "*u8"},
+                          constexprs, mxfp8_quantize.quantize_warps((32, 32), hp * head_dim),
+                          odd_strides=("stride_sh",))
     fn = mxfp8_attn_fwd.mxfp8_attn_fwd_kernel
     for variant in mxfp8_attn_fwd.VARIANTS:
         for head_dim, causal, broadcast_q in ((32, True, False), (64, False, False), (128, False, False),
