@@ -67,31 +67,16 @@ def per_program(work, snake):
 
 def orders(tiles, group=4):
     """Name -> each program's items (walks), as the kernel takes them under each schedule. The item-list orders are
-    built by the code itself (``block_sparse_bwd.item_list`` on CPU tensors of this selection)."""
-    import torch
-
-    from jfa_ops.backends.triton.block_sparse_bwd import item_list
-
+    built by the code itself (``listed_items``)."""
     n, heads = len(tiles), len(tiles[0][2])
     tile_major = [(t, h) for t in range(n) for h in range(heads)]
     grouped = [(rest % n, (rest // n) * group + w % group) for w, rest in
                ((w, w // group) for w in range(n * heads))]  # common.work_item(KV_MAJOR)
     walk = lambda t, h: tiles[t][2][h]  # noqa: E731
     cost = lambda t, h: len(walk(t, h))  # noqa: E731
-    n_seqs = max(t[0] for t in tiles) + 1
-    n_kv_blocks = max(t[1] for t in tiles) + 1
-    q_count = torch.zeros((n_seqs, heads, n_kv_blocks), dtype=torch.int32)
-    for t, (s, j, walks) in enumerate(tiles):
-        for h in range(heads):
-            q_count[s, h, j] = len(walks[h]) // 2
-    schedule = dict(TILE_SEQ=torch.tensor([t[0] for t in tiles], dtype=torch.int32),
-                    TILE_START=torch.tensor([t[1] * BLOCK for t in tiles], dtype=torch.int32),
-                    TILE_COUNT=torch.tensor([n], dtype=torch.int32))
-    index = {(t[0], t[1]): i for i, t in enumerate(tiles)}
 
     def listed(g):
-        seq, start, head = item_list(schedule, q_count, heads, BLOCK, g)
-        return [(index[(s, b // BLOCK)], h) for s, b, h in zip(seq.tolist(), start.tolist(), head.tolist())]
+        return [(t, h) for t, h, _ in listed_items(tiles, g)]
 
     by_cost = sorted(tile_major, key=lambda th: -cost(*th))  # stable: item_list's order
     first_down = sorted(tile_major, key=lambda th: (th[1] // group, cost(*th) * (1 if th[1] // group % 2 else -1)))
@@ -189,6 +174,12 @@ def group_terms(lens, heads_kv, keep, causal, groups, head_dim=128, q_per_kv=1, 
 def group_order(tiles, group):
     """Each program's walks under the shipped block-sparse order (``orders``' "hgG zigzag"; group 0: the item order
     without head groups)."""
+    return per_program([walk for _, _, walk in listed_items(tiles, group)], True)
+
+
+def listed_items(tiles, group):
+    """(tile, kv head, walk) of every item in the order the code itself lists them (``block_sparse_bwd.item_list``
+    on CPU tensors of this selection, head groups of ``group``; 0: none)."""
     import torch
 
     from jfa_ops.backends.triton.block_sparse_bwd import item_list
@@ -203,8 +194,8 @@ def group_order(tiles, group):
                     TILE_COUNT=torch.tensor([n], dtype=torch.int32))
     index = {(t[0], t[1]): i for i, t in enumerate(tiles)}
     seq, start, head = item_list(schedule, q_count, heads, BLOCK, group)
-    work = [tiles[index[(s, b // BLOCK)]][2][h] for s, b, h in zip(seq.tolist(), start.tolist(), head.tolist())]
-    return per_program(work, True)
+    return [(index[(s, b // BLOCK)], h, tiles[index[(s, b // BLOCK)]][2][h])
+            for s, b, h in zip(seq.tolist(), start.tolist(), head.tolist())]
 
 
 def group_grid():

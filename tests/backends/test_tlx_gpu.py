@@ -695,6 +695,27 @@ SPARSE_KV_EARLY_CASES = ("edge lengths", "edge causal keep 0.25", "random blocks
                          "one long S4096 causal keep 0.25")
 
 
+def _assert_knob_keeps_dk_dv(case, monkeypatch, configs, knob: str):
+    """The TLX block-sparse backward with ``configs.<knob>`` off, then on: dK/dV bit for bit (each item computes its
+    own), dQ close (the same fp32 terms reduce-added in another order)."""
+    x = case.case.make_inputs(1)
+    index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    kw = x.kwargs
+    grads = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, knob, on)
+        out = jfa_ops.block_sparse_attention(
+            q, k, v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
+            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+            window=kw["window"], broadcast_q=kw["broadcast_q"], backend="tlx")
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad))
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("store_tma", [False, True], ids=["kvearly", "kvearly-storetma"])
 @pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
 def test_tlx_block_sparse_backward_kv_early_matches_the_oracle_and_keeps_dk_dv(name, store_tma, monkeypatch):
@@ -712,22 +733,7 @@ def test_tlx_block_sparse_backward_kv_early_matches_the_oracle_and_keeps_dk_dv(n
     calls = _spy_tlx_sparse_backward(monkeypatch)
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
     assert calls, "the TLX block-sparse backward did not run"
-    x = case.case.make_inputs(1)
-    index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    kw = x.kwargs
-    grads = []
-    for on in (False, True):
-        monkeypatch.setattr(configs, "SPARSE_BACKWARD_KV_EARLY", on)
-        out = jfa_ops.block_sparse_attention(
-            q, k, v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
-            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
-            window=kw["window"], broadcast_q=kw["broadcast_q"], backend="tlx")
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
-        grads.append(torch.autograd.grad(out, (q, k, v), grad))
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
-    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+    _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_KV_EARLY")
 
 
 @pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
@@ -752,22 +758,7 @@ def test_tlx_block_sparse_backward_auto_group_matches_the_oracle_and_keeps_dk_dv
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
     heads_kv = case.case.heads_kv
     assert groups and set(groups) == {configs.head_group(heads_kv, 1, sparse=True)}, groups
-    x = case.case.make_inputs(1)
-    index, count = case.random_selection(x, 1) if case.keep_ratio is None else case.select(x, "triton")
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    kw = x.kwargs
-    grads = []
-    for on in (False, True):
-        monkeypatch.setattr(configs, "SPARSE_BACKWARD_AUTO_GROUP", on)
-        out = jfa_ops.block_sparse_attention(
-            q, k, v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
-            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
-            window=kw["window"], broadcast_q=kw["broadcast_q"], backend="tlx")
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
-        grads.append(torch.autograd.grad(out, (q, k, v), grad))
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = grads
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
-    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+    _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_AUTO_GROUP")
 
 
 @pytest.mark.parametrize("causal", [False, True])
