@@ -38,8 +38,9 @@ def _row_offset_kernel(BLOCK_INDEX, BLOCK_COUNT, OUT, seq, head, block, stride_i
     "review47: selected_blocks (and the select kernel's _select_q_block / _fill_row / _fill_past_end) form "
     "head * stride_ih in int32: a selection whose (Hkv - 1) * NQB * NKB >= 2**31 (e.g. Hkv 8, 1.2M rows at block 64: "
     "NQB = NKB = 18750, an 11 GB index, or the transposed one of the backward) reads and writes the wrong rows. The "
-    "tlx forward and backward refuse such shapes and defer to backend='triton', which has no guard. Fix: head in "
-    "int64 there (a PTX change of shipped kernels: the lead's call), or refuse the shape on the host"))
+    "tlx forward and backward refuse such shapes and defer to backend='triton'. Since stop 47 the triton backend "
+    "refuses them on the host too (test_triton_refuses_an_index_past_int32_offsets); head in int64 in the kernels "
+    "(a PTX change of shipped kernels) would lift the limit"))
 def test_selected_row_offset_of_a_large_index_does_not_wrap():
     """The row pointer of (sequence 0, kv head 7, Q block 0) in an index [1, 8, NQB, NKB] with NQB = NKB = 18750
     lies 7 * NQB * NKB int32 elements past the index (its head stride fits int32, the product does not). Only the
@@ -166,3 +167,33 @@ def test_select_overlap_on_two_streams_at_once_gpu(skip, monkeypatch):
         _wait_or_fail([side_done, main_done], 30.0, f"round {round_}")
         for name, got in (("eager", got_eager), ("graph", got_graph)):
             assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (name, round_)
+
+
+def test_triton_refuses_an_index_past_int32_offsets(monkeypatch):
+    """What keeps users off the int32 wrap above: the triton backend's select, forward and backward refuse a
+    per-sequence index of more than 2**31 - 1 entries with a ValueError naming kv_block_index, before any kernel
+    (lead, stop 47). The bound is checked exactly here; the public calls run with it lowered to this case's size
+    (2 kv heads x 2 x 2 blocks = 8 entries a sequence), so no 11 GB index is needed."""
+    from jfa_ops.backends import triton as triton_backend
+
+    limit = triton_backend._INDEX_ENTRIES_LIMIT
+    triton_backend._check_index_entries(1, 1, limit, "kv_block_index")  # at the bound: accepted
+    with pytest.raises(ValueError, match="kv_block_index"):
+        triton_backend._check_index_entries(1, 1, limit + 1, "kv_block_index")
+    offsets = torch.tensor([0, 30, 64], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(64, 4, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(64, 2, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(64, 2, 16, device=DEVICE, requires_grad=True)
+    index, count = jfa_ops.select_kv_blocks(q, k, offsets, offsets, 34, 34, block_q=16, block_kv=16, keep_ratio=0.5,
+                                            backend="triton")  # [2, 2, 3, 3]: 18 entries a sequence
+    out = jfa_ops.block_sparse_attention(q, k, v, offsets, offsets, index, count, 34, 34, block_q=16, block_kv=16,
+                                         backend="triton")
+    monkeypatch.setattr(triton_backend, "_INDEX_ENTRIES_LIMIT", 17)
+    with pytest.raises(ValueError, match="select_kv_blocks' kv_block_index"):
+        jfa_ops.select_kv_blocks(q, k, offsets, offsets, 34, 34, block_q=16, block_kv=16, keep_ratio=0.5,
+                                 backend="triton")
+    with pytest.raises(ValueError, match="kv_block_index"):
+        jfa_ops.block_sparse_attention(q, k, v, offsets, offsets, index, count, 34, 34, block_q=16, block_kv=16,
+                                       backend="triton")
+    with pytest.raises(ValueError, match="kv_block_index"):  # the backward of a forward run under the old bound
+        out.sum().backward()

@@ -170,10 +170,25 @@ def block_sparse_supports(problem: Problem) -> Optional[str]:
     return supports(problem)
 
 
+# The block-sparse kernels address one sequence's index rows as kv head x head stride in int32 (``selected_blocks``,
+# the select's fill): a sequence's index past 2**31 - 1 entries would wrap (helper review47, stop 47). Refused here,
+# before any kernel, as the tlx kernels refuse theirs.
+_INDEX_ENTRIES_LIMIT = 2 ** 31 - 1
+
+
+def _check_index_entries(heads_kv: int, n_q_blocks: int, n_kv_blocks: int, name: str) -> None:
+    entries = heads_kv * n_q_blocks * n_kv_blocks
+    if entries > _INDEX_ENTRIES_LIMIT:
+        raise ValueError(f"{name}: {heads_kv} kv heads x {n_q_blocks} x {n_kv_blocks} blocks = {entries} entries a "
+                         f"sequence, past the triton block-sparse kernels' int32 offsets ({_INDEX_ENTRIES_LIMIT}); "
+                         f"use larger blocks or backend='reference'")
+
+
 def select_kv_blocks(q, k, q_offsets, kv_offsets, params):
     """Stage 1 (block pooling, then scores and the top-k by rank, in Triton: no sort); no host sync."""
     from .block_sparse_select import select_kv_blocks as select
 
+    _check_index_entries(k.shape[1], params.n_q_blocks, params.n_kv_blocks, "select_kv_blocks' kv_block_index")
     with device_guard(q.device):
         return select(q, k, *unit_stride_pair(q_offsets, kv_offsets), params)
 
@@ -181,6 +196,7 @@ def select_kv_blocks(q, k, q_offsets, kv_offsets, params):
 def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_block_count, params):
     from .block_sparse_fwd import block_sparse_forward as run
 
+    _check_index_entries(*kv_block_index.shape[1:], "kv_block_index")
     with device_guard(q.device):
         return run(q, k, v, *unit_stride_pair(q_offsets, kv_offsets), kv_block_index, kv_block_count, params)
 
@@ -189,6 +205,7 @@ def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_o
                           kv_block_count, params):
     from .block_sparse_bwd import block_sparse_backward as run
 
+    _check_index_entries(*kv_block_index.shape[1:], "kv_block_index")
     with device_guard(q.device):
         return run(grad_out, grad_lse, q, k, v, out, lse, *unit_stride_pair(q_offsets, kv_offsets), kv_block_index,
                    kv_block_count, params)
