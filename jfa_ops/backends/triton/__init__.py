@@ -177,6 +177,8 @@ _INDEX_ENTRIES_LIMIT = 2 ** 31 - 1
 
 
 def _check_index_entries(heads_kv: int, n_q_blocks: int, n_kv_blocks: int, name: str) -> None:
+    if not all(type(n) is int for n in (heads_kv, n_q_blocks, n_kv_blocks)):
+        return  # symbolic sizes (traced with dynamic shapes): a comparison would add a guard; eager calls check
     entries = heads_kv * n_q_blocks * n_kv_blocks
     if entries > _INDEX_ENTRIES_LIMIT:
         raise ValueError(f"{name}: {heads_kv} kv heads x {n_q_blocks} x {n_kv_blocks} blocks = {entries} entries a "
