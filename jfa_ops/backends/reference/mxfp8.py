@@ -187,7 +187,6 @@ def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params: Attention
     return out, lse
 
 
-@exact
 def finite_grad_out_of_rows_without_keys(grad_out: Tensor, lse: Tensor) -> Tensor:
     """``grad_out`` with its NaN/inf elements on rows that see no key (lse -inf) set to 0; finite elements and rows
     that see keys as given, so finite inputs quantize bit for bit as without it (a large finite dO there still sets
@@ -195,6 +194,7 @@ def finite_grad_out_of_rows_without_keys(grad_out: Tensor, lse: Tensor) -> Tenso
     return torch.where(torch.isneginf(lse).T[..., None] & ~torch.isfinite(grad_out), 0.0, grad_out)
 
 
+@exact
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params: AttentionParams,
                        rounding: str, empty_rows: bool = True):
     """(dq, dk, dv) in the inputs' dtypes: the MXFP8 backward of the module docstring, per sequence in fp32.
