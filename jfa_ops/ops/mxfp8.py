@@ -199,8 +199,8 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-# JFA_MXFP8_BWD_EMPTY_ROWS=1 (off until its GPU run: the lead merged it off in stop 47, no device time left; read at
-# import, the flag at each call): the backward reads the NaN/inf
+# JFA_MXFP8_BWD_EMPTY_ROWS (on since stop 48: its GPU tests passed on the H100, 48 of test_backward_edges.py, and its
+# probe read on/off 0.997 / 1.008; =0 turns it off; read at import, the flag at each call): the backward reads the NaN/inf
 # elements of grad_out on rows that see no key (lse -inf) as 0, finite ones as given. Why: such a row's out is the
 # constant 0, so its dO must reach no dq/dk (the dense backwards: dS = 0 where P = 0), but MXFP8 quantizes dO in
 # 32 x 32 blocks, where one NaN/inf element gives the block a NaN scale: NaN dO on the block's other rows, which see
@@ -209,7 +209,7 @@ def _setup_context(ctx, inputs, output):
 # ``finite_grad_out_of_rows_without_keys``), so no extra pass over dO; the eager op that did it first cost 0.79 ms
 # and 1.17-1.20x of the tlx backward on the H100 (bench/NOTES.md "Stop 47, call 8", "MXFP8 empty rows in dO's
 # quantize pass, helper mxempty47").
-MXFP8_BWD_EMPTY_ROWS = os.environ.get("JFA_MXFP8_BWD_EMPTY_ROWS", "0") == "1"
+MXFP8_BWD_EMPTY_ROWS = os.environ.get("JFA_MXFP8_BWD_EMPTY_ROWS", "1") != "0"
 
 
 def _backward(ctx, grad_out, grad_lse):

@@ -1756,7 +1756,7 @@ def test_sparse_auto_head_group_rule_table():
     divisor rule: groups of 1 where one kv head's query-side rows overflow the L2 and a group of one head's skew
     (longest item over an SM's share, bounded from shapes) is at most AUTO_GROUP_MAX_SKEW; else the default's
     SPARSE_HEAD_GROUP. The table's comments give each case's term; a GPU of twice the SMs halves a head's share."""
-    assert tlx_configs.SPARSE_HEAD_GROUP == 2 and not tlx_configs.SPARSE_BACKWARD_AUTO_GROUP
+    assert tlx_configs.SPARSE_HEAD_GROUP == 2
     for label, hkv, per_kv, dim, lens, causal, want in AUTO_GROUP_CASES:
         group = tlx_configs.sparse_auto_head_group(hkv, per_kv, dim, sum(lens), sum(lens), len(lens), max(lens),
                                                    causal, 132, 50 << 20)
@@ -1776,8 +1776,7 @@ def test_sparse_auto_head_group_reaches_the_call(monkeypatch):
     max_seqlen_kv or else the selection's key-block extent; an explicit JFA_TLX_BWD_HEAD_GROUP wins."""
     from jfa_ops.backends.base import BlockSparseParams
 
-    props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 132)  # CPU tensors: the interpreter's SMs, a 50 MiB L2
     lens = _BENCH_LENS
     offsets = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
     rows = sum(lens)
@@ -1813,8 +1812,7 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
         return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
     monkeypatch.setattr(attn_bwd, "item_list", item_list)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
-    props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", False)  # the rule off (on by default since stop 48)
     default = _block_sparse_backward_launch(runs, causal)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", True)
     small = _block_sparse_backward_launch(runs, causal)

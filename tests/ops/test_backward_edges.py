@@ -122,8 +122,8 @@ def test_masked_lse_loss_reaches_no_input_through_rows_that_see_no_key(device, b
 # get exact zeros from it: tlx first (stop 46, on the H100), then reference, cpu and triton (helper nanrows46;
 # bench/NOTES.md "NaN grad_out on rows that see no key"). MXFP8 quantizes dO in 32 x 32 blocks: the NaN gives its
 # block a NaN scale, so the block's rows that see keys get NaN dO, and NaN dq/dk (the MXFP8 oracle's too), whatever
-# dS does; dO's quantize pass reads such elements as 0 (``MXFP8_BWD_EMPTY_ROWS``, helper mxempty47, off until its GPU run;
-# before it an eager op behind the knob). Strict: the MXFP8 cases follow the knob (off: xfail).
+# dS does; dO's quantize pass reads such elements as 0 (``MXFP8_BWD_EMPTY_ROWS``, helper mxempty47, on since its GPU
+# run in stop 48; before it an eager op behind the knob). Strict: the MXFP8 cases follow the knob (off: xfail).
 NAN_GRAD_OUT_SPREADS_IN_MX_BLOCKS = pytest.mark.xfail(
     strict=True, reason="MXFP8: a NaN grad_out element gives its 32 x 32 dO block a NaN scale (NaN dq/dk for the "
                         "block's rows that see keys) with JFA_MXFP8_BWD_EMPTY_ROWS=0")

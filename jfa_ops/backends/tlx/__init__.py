@@ -320,16 +320,17 @@ def _sparse_head_group(q, k, kv_offsets, kv_block_index, params) -> int:
     SPARSE_HEAD_GROUP), or with ``configs.SPARSE_BACKWARD_AUTO_GROUP`` and no explicit group the shape rule's
     (``configs.sparse_auto_head_group``: host values only, no sync; the longest sequence from max_seqlen_kv or, not
     given, the selection's key-block extent, which follows from it)."""
+    from ..triton import common
+
     heads_kv = k.shape[1]
     if not configs.SPARSE_BACKWARD_AUTO_GROUP or configs.BACKWARD_HEAD_GROUP is not None:
         return configs.head_group(heads_kv, sparse=True)
-    props = torch.cuda.get_device_properties(q.device)
     max_kv = params.max_seqlen_kv if params.max_seqlen_kv >= 0 else kv_block_index.shape[3] * params.block_kv
     num_seqs = kv_offsets.numel() - 1
     q_rows = q.shape[0] * num_seqs if params.broadcast_q else q.shape[0]
     group = configs.sparse_auto_head_group(heads_kv, q.shape[1] // heads_kv, q.shape[2], q_rows, k.shape[0], num_seqs,
-                                           max_kv, params.causal, props.multi_processor_count,
-                                           configs.AUTO_GROUP_L2_BYTES or getattr(props, "L2_cache_size", 50 << 20))
+                                           max_kv, params.causal, common.num_sms(q.device),
+                                           configs.AUTO_GROUP_L2_BYTES or common.l2_bytes(q.device))
     return configs.head_group(heads_kv, group, sparse=True)
 
 

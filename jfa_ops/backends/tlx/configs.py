@@ -332,9 +332,9 @@ def head_group(heads_kv: int, group: int = None, sparse: bool = False) -> int:
 # by rule"): the block-sparse backward's head group per call (``sparse_auto_head_group``) instead of SPARSE_HEAD_GROUP:
 # groups of 1 kv head where tools/sparse_bwd_model.py's LRU and balance terms say one head's rows reuse the L2 better
 # and its items alone still balance, else SPARSE_HEAD_GROUP (groups of 4 lost on every modelled shape). Shapes only
-# (no sync); an explicit JFA_TLX_BWD_HEAD_GROUP wins. The same kernel (the group is list data). Off until timed
-# (tools/tlx_check.py sparse-bwd-ablation's "auto" column); read per call.
-SPARSE_BACKWARD_AUTO_GROUP = os.environ.get("JFA_TLX_SPARSE_BWD_AUTO_GROUP", "0") == "1"
+# (no sync); an explicit JFA_TLX_BWD_HEAD_GROUP wins. The same kernel (the group is list data). On since stop 48
+# (H100: keep 0.25 backward 1.063x, the other rows 1.000-1.003x; its 8 GPU twins passed); =0 turns it off; read per call.
+SPARSE_BACKWARD_AUTO_GROUP = os.environ.get("JFA_TLX_SPARSE_BWD_AUTO_GROUP", "1") != "0"
 # The rule's bound (``sparse_auto_head_group``; from tools/sparse_bwd_model.py --groups, bench/NOTES.md sparsehg47):
 AUTO_GROUP_MAX_SKEW = 2.0  # a group of one kv head: its longest item over an SM's share of the group, bounded
 AUTO_GROUP_L2_BYTES: Optional[int] = None  # None: the device's L2 (torch's L2_cache_size; tests set a small one)

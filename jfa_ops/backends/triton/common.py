@@ -371,6 +371,21 @@ def num_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+INTERPRETER_L2_BYTES = 50 << 20  # an H100's / H200's L2, for host rules run on CPU tensors
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: int) -> int:
+    return getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", INTERPRETER_L2_BYTES)
+
+
+def l2_bytes(device: torch.device) -> int:
+    """The device's L2 in bytes (cached per device, as ``num_sms``); CPU tensors: ``INTERPRETER_L2_BYTES``."""
+    if device.type != "cuda":
+        return INTERPRETER_L2_BYTES
+    return _l2_bytes(device.index if device.index is not None else torch.cuda.current_device())
+
+
 SCHEDULES = ("grid", "static", "atomic")
 
 
