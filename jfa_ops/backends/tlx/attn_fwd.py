@@ -1252,7 +1252,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     index, count = kv_block_index.contiguous(), kv_block_count.contiguous()
     if index.numel() * (params.block_kv // cfg.block_n) >= 2 ** 31:  # _selected_item's int32 tile positions
         raise ValueError(f"kv_block_index has {index.numel()} entries: too many for the tlx block-sparse forward "
-                         f"(backend='triton' runs it)")
+                         f"(backend='triton' runs it while each sequence's kv heads x Q blocks x KV blocks stay under 2**31; "
+                         f"backend='reference' past that)")
     cost = selected_cost_args(count, params.block_q)  # the list's order: longest first by selected blocks
     programs, schedule = tile_schedule(
         lambda: forward_tiles(q_off, kv_off, total_out, k.shape[0], cfg.block_m, window_left, right, has_left,
