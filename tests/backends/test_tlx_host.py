@@ -1724,6 +1724,56 @@ def test_mxfp8_backward_launches_with_delta_from_the_given_dout(gpu, mxfp8):
     assert bool(attn_bwd._RECIPES) is not mxfp8
 
 
+@needs_tlx
+@pytest.mark.parametrize("tma", [False, True])
+def test_mxfp8_forward_factors_tma_launch(gpu, monkeypatch, tma):
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48) in the MXFP8 forward's host call: on, K's factors go
+    through ``key_factor_tiles`` (its kernel given the [Hkv, T] factors) and the kernel gets FACTORS_TMA True with
+    fp32 descriptors over the tiled K factors as [tiles x Hkv, 128] and V's column factors as [tiles x Hkv, D],
+    boxes [1, 128] / [1, D] (rows the producer's coordinates tile x Hkv + head pick); factors given already tiled
+    (tools/tlx_check.py's kernel-alone column) are not tiled again; off: no tiling launch, the descriptors None and
+    FACTORS_TMA False (the shipped kernel's arguments)."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+    from jfa_ops.backends.triton import mxfp8_rebase
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "MXFP8_FACTORS_TMA", tma)
+    lengths = (300, 129, 5)
+    kv_off = torch.tensor([0, 300, 429, 434], dtype=torch.int32)
+    hkv, dim, tiles = 2, 128, mxfp8_rebase.v_tiles(434, 3, 128)
+    g = torch.Generator().manual_seed(5)
+    q_mx = (torch.randn(434, 4, dim, generator=g).to(torch.float8_e4m3fn),
+            torch.zeros(434, 4, dim // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    k_mx = (torch.randn(434, hkv, dim, generator=g).to(torch.float8_e4m3fn), q_mx[1][:, :hkv])
+    v_mx = k_mx
+    operands = (torch.empty(434, 4, dim, dtype=torch.float8_e4m3fn), torch.ones(4, 434),
+                torch.empty(434, hkv, dim, dtype=torch.float8_e4m3fn), torch.rand(hkv, 434, generator=g),
+                torch.empty(hkv * dim, tiles * 128, dtype=torch.float8_e4m3fn), torch.rand(tiles, hkv, dim))
+    params = _params(causal=True, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    for rebased in (operands, (*operands[:3], torch.rand(tiles, hkv, 128), *operands[4:])):
+        runs.clear()
+        mxfp8_attn_fwd.attention_forward(q_mx, k_mx, v_mx, kv_off, kv_off, params, torch.bfloat16, rebased=rebased)
+        launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
+                    for kernel in (mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel, mxfp8_rebase.key_factor_tiles_kernel)
+                    if kernel.fn.__name__ == name}
+        kernel = launched["mxfp8_attn_fwd_tlx_kernel"]
+        assert kernel["FACTORS_TMA"] is tma
+        tiled_given = rebased[3].dim() == 3
+        assert ("key_factor_tiles_kernel" in launched) is (tma and not tiled_given)
+        if not tma:
+            assert kernel["desc_kf"] is None and kernel["desc_vf"] is None
+            continue
+        if not tiled_given:
+            assert launched["key_factor_tiles_kernel"]["KF"] is rebased[3]
+        kf, vf = kernel["desc_kf"], kernel["desc_vf"]
+        assert list(kf.block_shape) == [1, 128] and list(vf.block_shape) == [1, dim]
+        assert tuple(kf.base.shape) == (tiles * hkv, 128) and tuple(vf.base.shape) == (tiles * hkv, dim)
+        assert vf.base.data_ptr() == rebased[5].data_ptr()
+        if tiled_given:
+            assert kf.base.data_ptr() == rebased[3].data_ptr()
+        assert kf.base.stride(0) * 4 % 16 == 0 and vf.base.stride(0) * 4 % 16 == 0
+
+
 # helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB
 # L2 (the H100's and H200's): (label, kv heads, q heads per kv head, head dim, lengths, causal, the group it gives
 # after head_group's divisor rule). tools/sparse_bwd_model.py --groups holds the model's choice beside each kind.
