@@ -57,7 +57,10 @@ triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``m
 the mxfp8 bench's six D128 rows (``MX_CASES``: dense, bcast, window, jagged, jagged-causal, dense-causal) with each
 ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the key-block loop removed at a
 time), clk per key block walked, the shipped MXFP8 call from bf16 inputs and our bf16 TLX forward on the same inputs
-(bench/NOTES.md "MXFP8 ceiling: ablations"). ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast).
+(bench/NOTES.md "MXFP8 ceiling: ablations"), the kernel alone with ``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48) and
+FlashAttention-4's bf16 forward where ``flash_attn.cute`` imports (each column also as x FA4, same process).
+``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast);
+``TLX_MX_RUNS="none;pquant,factors"`` picks ablation runs (";" between runs).
 
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
@@ -1892,7 +1895,10 @@ def mxfp8_ablation() -> int:
     the bf16 inputs (``mxfp8_attention(..., backend="tlx")``, quantize included) and our bf16 TLX forward
     (``jagged_attention(..., backend="tlx")``) on the same inputs in the same run, and the ratio of our bf16's time
     to each row's (> 1: that row faster than our bf16). Masked rows (causal, window): every ablation keeps the
-    key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it."""
+    key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it. Also per row:
+    the kernel alone with ``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48; same results, so timed like "none") and
+    FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
+    not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
 
@@ -1905,14 +1911,17 @@ def mxfp8_ablation() -> int:
     for c in _mx_headline_cases(mx_case_keys(MX_CASES)):
         q, k, v, q_off, kv_off = c["inputs"]
 
-        def kernel_alone(mask, c=c, q_off=q_off, kv_off=kv_off):
+        def kernel_alone(mask, rebased=c["rebased"], c=c, q_off=q_off, kv_off=kv_off):
             return with_setting(tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
-                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=c["rebased"]))
+                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased))
 
         runs = mx_ablation_runs(tlx_configs.MXFP8_ABLATION_RUNS)
         fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in runs}
-        # helper mxbcast48's knob (configs.MXFP8_FACTORS_TMA): the shipped kernel's arithmetic, the factors by TMA
-        fns[MX_FACTORS_TMA] = with_setting(tlx_configs, "MXFP8_FACTORS_TMA", True, kernel_alone(0))
+        # helper mxbcast48's knob (configs.MXFP8_FACTORS_TMA): the shipped kernel's arithmetic, the factors by TMA;
+        # K's factors tiled once here, as the other operands are re-based once (the kernel alone)
+        rebased_tma = (*c["rebased"][:3], mxfp8_attn_fwd.tiled_key_factors(
+            c["rebased"][3], kv_off, tlx_configs.mxfp8_fwd_config(128).block_n), *c["rebased"][4:])
+        fns[MX_FACTORS_TMA] = with_setting(tlx_configs, "MXFP8_FACTORS_TMA", True, kernel_alone(0, rebased_tma))
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(

@@ -724,6 +724,88 @@ def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypat
         tool.mx_case_keys(tool.MX_CASES)
 
 
+def test_mxfp8_ablation_times_fa4_beside_each_row(monkeypatch):
+    """``tools/tlx_check.py mxfp8-ablation``'s FA4 column (helper mxbcast48): ``fa4_forward`` calls FlashAttention-4
+    as the bench does, here a stub ``flash_attn.cute.interface``: dense rows as [B, S, H, D] through
+    flash_attn_func, jagged and broadcast-Q rows through flash_attn_varlen_func with int32 cu_seqlens (broadcast Q
+    materialized per sequence: B x Lq rows, offsets b x Lq), the row's causal flag and window, under no_grad; with
+    ``flash_attn.cute`` not importable it returns (None, a reason naming it). ``ablation_lines`` prints "x fa4" as
+    FA4's time over the column's (and nothing of FA4 when it did not run); TLX_MX_RUNS picks runs by ";"."""
+    import sys
+    import types
+
+    import bench.peers as peers
+    from bench.suites import Case
+
+    tool = _tlx_check_tool()
+    calls = []
+
+    def record(kind):
+        def call(q, k, v, **kw):
+            calls.append((kind, q.shape, k.shape, kw, torch.is_grad_enabled()))
+            return torch.zeros_like(q), None
+        return call
+
+    interface = types.SimpleNamespace(
+        flash_attn_func=lambda q, k, v, softmax_scale=None, causal=False, window_size=None: record("dense")(
+            q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size),
+        flash_attn_varlen_func=lambda q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+        max_seqlen_k=None, softmax_scale=None, causal=False, window_size=None: record("varlen")(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_size=window_size))
+    cute = types.ModuleType("flash_attn.cute")
+    cute.interface = interface
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", interface)
+    monkeypatch.setattr(peers, "_need_cuda", lambda device: None)  # CPU tensors stand in for the GPU's
+
+    def inputs(c):
+        g = torch.Generator().manual_seed(1)
+        rows_q = c.q_lens[0] if c.broadcast_q else sum(c.q_lens)
+        offsets = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])  # noqa: E731 (int64)
+        return (torch.randn(rows_q, c.num_heads_q, 16, generator=g), torch.randn(sum(c.kv_lens), 2, 16, generator=g),
+                torch.randn(sum(c.kv_lens), 2, 16, generator=g), None if c.broadcast_q else offsets(c.q_lens),
+                offsets(c.kv_lens))
+
+    dense = Case("mxfp8", "dense", (64,) * 3, (64,) * 3, 4, 2, 16, causal=True, dense=True)
+    bcast = Case("mxfp8", "bcast", (8,) * 3, (40, 7, 19), 4, 2, 16, broadcast_q=True)
+    window = Case("mxfp8", "window", (30, 50), (30, 50), 4, 2, 16, causal=True, window=(8, 0))
+    with torch.enable_grad():
+        for c in (dense, bcast, window):
+            fn, why = tool.fa4_forward(c, inputs(c))
+            assert why is None
+            fn()
+    (k1, q1, kv1, kw1, grad1), (k2, q2, kv2, kw2, grad2), (k3, q3, kv3, kw3, grad3) = calls
+    assert (k1, tuple(q1), tuple(kv1), kw1["causal"], grad1) == ("dense", (3, 64, 4, 16), (3, 64, 2, 16), True, False)
+    assert (k2, tuple(q2), kw2["causal"], grad2) == ("varlen", (24, 4, 16), False, False)
+    assert kw2["cu_seqlens_q"].dtype == kw2["cu_seqlens_k"].dtype == torch.int32
+    assert kw2["cu_seqlens_q"].tolist() == [0, 8, 16, 24] and kw2["cu_seqlens_k"].tolist() == [0, 40, 47, 66]
+    assert (k3, kw3["window_size"], kw3["causal"], grad3) == ("varlen", (8, 0), True, False)
+    assert kw3["cu_seqlens_q"].tolist() == [0, 30, 80]
+
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # import fails: the column skips with the reason
+    fn, why = tool.fa4_forward(dense, inputs(dense))
+    assert fn is None and "flash_attn.cute not importable" in why
+
+    ms = {"none": 1.0, "pquant,factors": 0.5, tool.BF16_TLX: 1.5, tool.FA4_BF16: 2.0}
+    lines = tool.ablation_lines(ms, ("none", "pquant,factors", tool.MX_FACTORS_TMA, tool.BF16_TLX, tool.FA4_BF16),
+                                1e12, 1000, 132)
+    assert len(lines) == 4 and lines[0].split()[0] == "none" and "1.50x bf16 tlx  2.00x fa4" in lines[0]
+    assert "3.00x bf16 tlx  4.00x fa4" in lines[1] and lines[3].endswith("1.00x fa4")
+    del ms[tool.FA4_BF16]
+    assert not any("fa4" in line for line in tool.ablation_lines(ms, ("none", tool.BF16_TLX), 1e12, 1000, 132))
+
+    runs = ("none", "pquant", "pquant,factors")
+    monkeypatch.delenv("TLX_MX_RUNS", raising=False)
+    assert tool.mx_ablation_runs(runs) == list(runs)
+    monkeypatch.setenv("TLX_MX_RUNS", "none; pquant,factors")
+    assert tool.mx_ablation_runs(runs) == ["none", "pquant,factors"]
+    monkeypatch.setenv("TLX_MX_RUNS", "none;factors")
+    with pytest.raises(ValueError, match="TLX_MX_RUNS.*factors"):
+        tool.mx_ablation_runs(runs)
+
+
 def _visible_block_count(lq: int, lk: int, causal: bool, window: tuple, block_q: int, block_k: int) -> int:
     """Brute count of the (``block_q``-row, ``block_k``-key) blocks holding a visible pair (``visible_mask``)."""
     from jfa_ops.testing import visible_mask
