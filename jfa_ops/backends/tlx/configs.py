@@ -459,9 +459,11 @@ MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "
 # time and operand bytes of E4M3 S and dP wgmma. Both: an MXFP8 backward with FP8 S/dP and bf16 dV/dK/dQ on MX
 # values (its extra Q/dO loads aside). Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
 # dkvstore (helper bcastbwd39), not a loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive), what
-# the epilogue costs an item (broadcast-Q: 2 blocks an item).
+# the epilogue costs an item (broadcast-Q: 2 blocks an item). promote (helper mxbcast48; not in the runs below: a
+# compile stand-in for the MXFP8 backward's design (A)): dV and dK each into a fresh wgmma accumulator per query block,
+# folded into dV / dK by an FFMA (FP8 dV / dK's promotion of the MX scale products: its registers).
 BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64, "mxquant": 128,
-                      "sdphalf": 256, "dkvstore": 512}
+                      "sdphalf": 256, "dkvstore": 512, "promote": 1024}
 
 
 def backward_ablation_mask(names: str) -> int:
