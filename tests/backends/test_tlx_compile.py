@@ -571,6 +571,24 @@ def test_backward_ablations_remove_only_their_stage():
     assert by_stages[("mxquant",)]["block_loop_path_spill_ops"] == quantized["block_loop_path_spill_ops"] == [0, 0]
 
 
+def test_design_a_promotion_does_not_fit_the_registers():
+    """The MXFP8 backward's design (A) (all five GEMMs FP8), its register stand-in (helper mxbcast48: the ``promote``
+    ablation bit on ``mxquant,sdphalf``, dV and dK each into a fresh accumulator per query block folded by an FFMA,
+    the promotion FP8 dV/dK need): it compiles with the same wgmma as (B)'s stand-in, and ptxas spills it: > 1.5 KB
+    a thread and >= 100 local-memory instructions on each consumer loop's straight path, where (B) has none (sm_90
+    ptxas, stop 48: 1,928 + 2,008 B, 162 / 158 against 172 + 228 B, 0 / 0). (A) is excluded by this compile, not
+    only by bench/NOTES.md's count (276 > 240 registers)."""
+    names, rows = _shipped_and_compiled(
+        "-ablate-", "[s.bwd_specialization(128, 'bf16', False, dq_shared=True, ablate=s.backward_ablation_mask(n))"
+        " for n in ('mxquant,sdphalf', 'mxquant,sdphalf,promote')]", "JFA_TLX_BWD_ABLATE", 2)
+    assert not names  # ablations are never shipped
+    b, a = rows
+    assert a["name"].endswith("-ablate-mxquant-sdphalf-promote") and a["block_loop_hgmma"] == b["block_loop_hgmma"]
+    assert b["block_loop_path_spill_ops"] == [0, 0], b
+    assert all(n >= 100 for n in a["block_loop_path_spill_ops"]), a
+    assert a["spill_stores"] > 1500 and a["spill_stores"] > 4 * b["spill_stores"], (a, b)
+
+
 # The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; on by default since stop 28;
 # ``specializations.mxfp8_backward_specializations``) against the ``mxquant`` ablation kernel of the same features,
 # whose roundings they carry (sm_90 ptxas at stop 26-27): spill bytes, stores + loads (mxquant D128 full 204 + 268,
