@@ -167,11 +167,14 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
             k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
             v_factor = tl.load(vf_ptr)
         tlx.barrier_wait(k_fulls[buf], phase)
-        if FACTORS_TMA and not NO_FACTORS:  # read before the slot is released; the shared load's latency hides
-            # behind the turn's wait
+        if FACTORS_TMA and not NO_FACTORS and QK_CHUNKS == 1:  # read before the slot is released; the shared
+            # load's latency hides behind the turn's wait
             k_factor = tl.reshape(tlx.local_load(kf_tiles[buf]), (BLOCK_N,))
         _wait_turn(CID)
         s = _qk(q_tile, k_tiles[buf], CID, QK_CHUNKS)
+        if FACTORS_TMA and not NO_FACTORS and QK_CHUNKS > 1:  # after S's extra accumulators (read early: 416 / 288
+            # B of spills at D128 instead of 28 / 56)
+            k_factor = tl.reshape(tlx.local_load(kf_tiles[buf]), (BLOCK_N,))
         tlx.barrier_arrive(k_empties[buf], 1)
         if QK_CHUNKS > 1 and not NO_FACTORS and not FACTORS_TMA:  # their registers are S's extra accumulators'
             # until here (spills)
