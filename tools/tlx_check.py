@@ -57,7 +57,10 @@ triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``m
 the mxfp8 bench's six D128 rows (``MX_CASES``: dense, bcast, window, jagged, jagged-causal, dense-causal) with each
 ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the key-block loop removed at a
 time), clk per key block walked, the shipped MXFP8 call from bf16 inputs and our bf16 TLX forward on the same inputs
-(bench/NOTES.md "MXFP8 ceiling: ablations"). ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast).
+(bench/NOTES.md "MXFP8 ceiling: ablations"), the kernel alone with ``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48) and
+FlashAttention-4's bf16 forward where ``flash_attn.cute`` imports (each column also as x FA4, same process).
+``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast);
+``TLX_MX_RUNS="none;pquant,factors"`` picks ablation runs (";" between runs).
 
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
@@ -1892,7 +1895,10 @@ def mxfp8_ablation() -> int:
     the bf16 inputs (``mxfp8_attention(..., backend="tlx")``, quantize included) and our bf16 TLX forward
     (``jagged_attention(..., backend="tlx")``) on the same inputs in the same run, and the ratio of our bf16's time
     to each row's (> 1: that row faster than our bf16). Masked rows (causal, window): every ablation keeps the
-    key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it."""
+    key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it. Also per row:
+    the kernel alone with ``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48; same results, so timed like "none") and
+    FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
+    not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
 
@@ -1905,32 +1911,96 @@ def mxfp8_ablation() -> int:
     for c in _mx_headline_cases(mx_case_keys(MX_CASES)):
         q, k, v, q_off, kv_off = c["inputs"]
 
-        def kernel_alone(mask, c=c, q_off=q_off, kv_off=kv_off):
+        def kernel_alone(mask, rebased=c["rebased"], c=c, q_off=q_off, kv_off=kv_off):
             return with_setting(tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
-                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=c["rebased"]))
+                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased))
 
-        fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in tlx_configs.MXFP8_ABLATION_RUNS}
+        runs = mx_ablation_runs(tlx_configs.MXFP8_ABLATION_RUNS)
+        fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in runs}
+        # helper mxbcast48's knob (configs.MXFP8_FACTORS_TMA): the shipped kernel's arithmetic, the factors by TMA;
+        # K's factors tiled once here, as the other operands are re-based once (the kernel alone)
+        rebased_tma = (*c["rebased"][:3], mxfp8_attn_fwd.tiled_key_factors(
+            c["rebased"][3], kv_off, tlx_configs.mxfp8_fwd_config(128).block_n), *c["rebased"][4:])
+        fns[MX_FACTORS_TMA] = with_setting(tlx_configs, "MXFP8_FACTORS_TMA", True, kernel_alone(0, rebased_tma))
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
+        fa4, fa4_why = fa4_forward(c["case"], c["inputs"])
+        if fa4 is not None:
+            fns[FA4_BF16] = fa4
         ms, failed = _medians(c["label"], fns)
         failures += failed
-        clk = {col: t * 1e-3 * sms * SM_CLOCK_HZ / c["n_blocks"] for col, t in ms.items()}
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
-              "TFLOP)", flush=True)
-        nan = float("nan")
-        for col in (*tlx_configs.MXFP8_ABLATION_RUNS, MX_BF16_IN, BF16_TLX):
-            if col in ms:
-                print(f"  {col:24s} {ms[col]:7.3f} ms {c['flops'] / ms[col] / 1e9:7.1f} TFLOP/s {clk[col]:7.0f} clk"
-                      f" {clk.get('none', nan) - clk[col]:+7.0f} {ms.get(BF16_TLX, nan) / ms[col]:5.2f}x bf16 tlx",
-                      flush=True)
+              "TFLOP)" + (f"; {FA4_BF16}: {fa4_why}" if fa4 is None else ""), flush=True)
+        for line in ablation_lines(ms, (*runs, MX_FACTORS_TMA, MX_BF16_IN, BF16_TLX, FA4_BF16), c["flops"],
+                                   c["n_blocks"], sms):
+            print(line, flush=True)
     return failures
+
+
+def mx_ablation_runs(default) -> list:
+    """The ``configs.MXFP8_ABLATION_RUNS`` entries that TLX_MX_RUNS picks (";"-separated, each a run as the tuple
+    spells it, e.g. ``none;pquant,factors``; unset: ``default``), ValueError naming an unknown one."""
+    picked = os.environ.get("TLX_MX_RUNS")
+    if picked is None:
+        return list(default)
+    runs = [r.strip() for r in picked.split(";") if r.strip()]
+    unknown = [r for r in runs if r not in default]
+    if unknown:
+        raise ValueError(f"TLX_MX_RUNS: unknown run(s) {unknown}; known: {';'.join(default)}")
+    return runs
+
+
+def ablation_lines(ms: dict, cols, flops: float, n_blocks: int, sms: int) -> list:
+    """mxfp8-ablation's lines for one row: per timed column of ``cols`` its ms, TFLOP/s, clk per key block, clk
+    saved vs "none", and our bf16 TLX's time / its time ("x bf16 tlx") and FlashAttention-4 bf16's time / its time
+    ("x fa4", when FA4 ran in this process: the ratio the issue's FA4 targets read, same run, same GPU)."""
+    nan = float("nan")
+    clk = {col: t * 1e-3 * sms * SM_CLOCK_HZ / n_blocks for col, t in ms.items()}
+    lines = []
+    for col in cols:
+        if col in ms:
+            fa4 = f" {ms[FA4_BF16] / ms[col]:5.2f}x fa4" if FA4_BF16 in ms else ""
+            lines.append(f"  {col:24s} {ms[col]:7.3f} ms {flops / ms[col] / 1e9:7.1f} TFLOP/s {clk[col]:7.0f} clk"
+                         f" {clk.get('none', nan) - clk[col]:+7.0f} {ms.get(BF16_TLX, nan) / ms[col]:5.2f}x bf16 tlx"
+                         + fa4)
+    return lines
+
+
+def fa4_forward(case, inputs):
+    """(callable, None): FlashAttention-4's bf16 forward on this row's inputs as the bench calls it
+    (``bench.peers.FlashAttention4``: dense rows as [B, S, H, D] through ``flash_attn_func``, the rest varlen, Q of a
+    broadcast row materialized per sequence), under no_grad; or (None, why) when ``flash_attn.cute`` does not import
+    (FA4 is on the path only where an earlier call on the same warm machine installed it into /tmp/fa4:
+    bench/device_run.sh, bench/README.md) or FA4 declines the row."""
+    from bench.peers import FlashAttention4, Skip
+    from bench.suites import Inputs, offsets_of
+
+    q, k, v, q_off, kv_off = inputs
+    peer = FlashAttention4()
+    why = peer.unavailable(q.device)
+    if why:
+        return None, f"skipped: {why}"
+    as_int32 = lambda t: None if t is None else t.to(torch.int32)  # noqa: E731 (FA4's cu_seqlens)
+    inp = Inputs(q=q, k=k, v=v, q_offsets=as_int32(q_off), kv_offsets=as_int32(kv_off),
+                 q_offsets_materialized=offsets_of(case.q_lens, q.device), grad_out=None)
+    try:
+        fn = peer.prepare(case, inp).fn
+    except Skip as e:
+        return None, f"skipped: {e}"
+
+    def forward():
+        with torch.no_grad():
+            return fn()
+    return forward, None
 
 
 # mxfp8-ablation's last rows: the shipped MXFP8 call from bf16 inputs (its quantize counted: with "none" it prices the
 # bf16-in stages in the same run) and our bf16 TLX forward (the ratios' denominator)
 MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
+# the shipped kernel alone with configs.MXFP8_FACTORS_TMA (helper mxbcast48); FlashAttention-4 bf16 where it imports
+MX_FACTORS_TMA, FA4_BF16 = "none, factors by TMA", "fa4 bf16"
 
 
 def mxfp8_backward_timing() -> int:

@@ -416,6 +416,33 @@ def test_stats_smem_takes_the_global_loads_off_the_block_loops():
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"] + 160, (base, r)
 
 
+def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48): the producer loads each key block's key and column factors
+    by TMA with its K and V^T tiles, so the MXFP8 forward's consumer block loops issue no global loads (shipped: 2
+    LDG a block, the key factors' waited for before the K tile's barrier) and no layout conversion through shared
+    memory (shipped: 2 STS + 3 BAR.SYNC a block; the factors now read by 32 LDS.64 in the accumulator's layout);
+    shared memory + 3 KiB ((128 + D) x 4 B per ring slot, 3 slots), the same QGMMA and MUFU, straight paths no longer,
+    no spill added (sm_90 ptxas, stop 48: broadcast-Q D128 consumer paths 771 / 960 -> 767 / 959, 168 registers,
+    0 spills)."""
+    names, rows = _shipped_and_compiled(
+        "-factorstma", "[s.mxfp8_fwd_specialization(128, c, broadcast_q=b, kv_major=km, factors_tma=on) for c, b, km"
+        " in ((False, False, True), (False, True, False), (True, False, False)) for on in (False, True)]",
+        "JFA_TLX_MXFP8_FACTORS_TMA", 6)
+    assert sorted(names) == sorted([
+        "mxfp8-fwd-d64-bf16-full-factorstma", "mxfp8-fwd-d128-bf16-full-factorstma",
+        "mxfp8-fwd-d128-bf16-causal-tilemajor-factorstma", "mxfp8-fwd-d128-fp16-causal-left-tilemajor-factorstma",
+        "mxfp8-fwd-d128-bf16-full-bcast-tilemajor-factorstma"])
+    for base, r in zip(rows[0::2], rows[1::2]):
+        assert r["name"] == base["name"] + "-factorstma", (base["name"], r["name"])
+        assert all(n == 2 for n in base["block_loop_path_ldg"]) and base["block_loop_path_ldg"], base
+        assert r["block_loop_path_ldg"] == [0] * len(base["block_loop_path_ldg"]), r
+        assert r["shared"] == base["shared"] + 3 * (128 + 128) * 4 <= SM90_SHARED_MEMORY, (base, r)
+        for key in ("qgmma_e4m3_smem_a", "qgmma_e4m3_reg_a", "block_loop_mufu", "block_loop_path_spill_ops"):
+            assert r[key] == base[key], (key, base, r)
+        assert all(p <= q for p, q in zip(r["block_loop_path"], base["block_loop_path"])), (base, r)
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
+
+
 SPILL_SLACK = 96  # STORE_TMA's per-item spill bytes a thread over the default's (+68 at most here, stop 40)
 
 
@@ -542,6 +569,24 @@ def test_backward_ablations_remove_only_their_stage():
     added = [q - b for q, b in zip(quantized["block_loop_path"], base["block_loop_path"])]
     assert all(192 <= a <= 320 for a in added), (added, quantized, base)
     assert by_stages[("mxquant",)]["block_loop_path_spill_ops"] == quantized["block_loop_path_spill_ops"] == [0, 0]
+
+
+def test_design_a_promotion_does_not_fit_the_registers():
+    """The MXFP8 backward's design (A) (all five GEMMs FP8), its register stand-in (helper mxbcast48: the ``promote``
+    ablation bit on ``mxquant,sdphalf``, dV and dK each into a fresh accumulator per query block folded by an FFMA,
+    the promotion FP8 dV/dK need): it compiles with the same wgmma as (B)'s stand-in, and ptxas spills it: > 1.5 KB
+    a thread and >= 100 local-memory instructions on each consumer loop's straight path, where (B) has none (sm_90
+    ptxas, stop 48: 1,928 + 2,008 B, 162 / 158 against 172 + 228 B, 0 / 0). (A) is excluded by this compile, not
+    only by bench/NOTES.md's count (276 > 240 registers)."""
+    names, rows = _shipped_and_compiled(
+        "-ablate-", "[s.bwd_specialization(128, 'bf16', False, dq_shared=True, ablate=s.backward_ablation_mask(n))"
+        " for n in ('mxquant,sdphalf', 'mxquant,sdphalf,promote')]", "JFA_TLX_BWD_ABLATE", 2)
+    assert not names  # ablations are never shipped
+    b, a = rows
+    assert a["name"].endswith("-ablate-mxquant-sdphalf-promote") and a["block_loop_hgmma"] == b["block_loop_hgmma"]
+    assert b["block_loop_path_spill_ops"] == [0, 0], b
+    assert all(n >= 100 for n in a["block_loop_path_spill_ops"]), a
+    assert a["spill_stores"] > 1500 and a["spill_stores"] > 4 * b["spill_stores"], (a, b)
 
 
 # The MXFP8 backward's kernels (design (D), helper mxbwdd, stop 27; on by default since stop 28;

@@ -724,6 +724,88 @@ def test_mx_headline_cases_are_the_bench_rows_with_their_walked_blocks(monkeypat
         tool.mx_case_keys(tool.MX_CASES)
 
 
+def test_mxfp8_ablation_times_fa4_beside_each_row(monkeypatch):
+    """``tools/tlx_check.py mxfp8-ablation``'s FA4 column (helper mxbcast48): ``fa4_forward`` calls FlashAttention-4
+    as the bench does, here a stub ``flash_attn.cute.interface``: dense rows as [B, S, H, D] through
+    flash_attn_func, jagged and broadcast-Q rows through flash_attn_varlen_func with int32 cu_seqlens (broadcast Q
+    materialized per sequence: B x Lq rows, offsets b x Lq), the row's causal flag and window, under no_grad; with
+    ``flash_attn.cute`` not importable it returns (None, a reason naming it). ``ablation_lines`` prints "x fa4" as
+    FA4's time over the column's (and nothing of FA4 when it did not run); TLX_MX_RUNS picks runs by ";"."""
+    import sys
+    import types
+
+    import bench.peers as peers
+    from bench.suites import Case
+
+    tool = _tlx_check_tool()
+    calls = []
+
+    def record(kind):
+        def call(q, k, v, **kw):
+            calls.append((kind, q.shape, k.shape, kw, torch.is_grad_enabled()))
+            return torch.zeros_like(q), None
+        return call
+
+    interface = types.SimpleNamespace(
+        flash_attn_func=lambda q, k, v, softmax_scale=None, causal=False, window_size=None: record("dense")(
+            q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size),
+        flash_attn_varlen_func=lambda q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+        max_seqlen_k=None, softmax_scale=None, causal=False, window_size=None: record("varlen")(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_size=window_size))
+    cute = types.ModuleType("flash_attn.cute")
+    cute.interface = interface
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", interface)
+    monkeypatch.setattr(peers, "_need_cuda", lambda device: None)  # CPU tensors stand in for the GPU's
+
+    def inputs(c):
+        g = torch.Generator().manual_seed(1)
+        rows_q = c.q_lens[0] if c.broadcast_q else sum(c.q_lens)
+        offsets = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])  # noqa: E731 (int64)
+        return (torch.randn(rows_q, c.num_heads_q, 16, generator=g), torch.randn(sum(c.kv_lens), 2, 16, generator=g),
+                torch.randn(sum(c.kv_lens), 2, 16, generator=g), None if c.broadcast_q else offsets(c.q_lens),
+                offsets(c.kv_lens))
+
+    dense = Case("mxfp8", "dense", (64,) * 3, (64,) * 3, 4, 2, 16, causal=True, dense=True)
+    bcast = Case("mxfp8", "bcast", (8,) * 3, (40, 7, 19), 4, 2, 16, broadcast_q=True)
+    window = Case("mxfp8", "window", (30, 50), (30, 50), 4, 2, 16, causal=True, window=(8, 0))
+    with torch.enable_grad():
+        for c in (dense, bcast, window):
+            fn, why = tool.fa4_forward(c, inputs(c))
+            assert why is None
+            fn()
+    (k1, q1, kv1, kw1, grad1), (k2, q2, kv2, kw2, grad2), (k3, q3, kv3, kw3, grad3) = calls
+    assert (k1, tuple(q1), tuple(kv1), kw1["causal"], grad1) == ("dense", (3, 64, 4, 16), (3, 64, 2, 16), True, False)
+    assert (k2, tuple(q2), kw2["causal"], grad2) == ("varlen", (24, 4, 16), False, False)
+    assert kw2["cu_seqlens_q"].dtype == kw2["cu_seqlens_k"].dtype == torch.int32
+    assert kw2["cu_seqlens_q"].tolist() == [0, 8, 16, 24] and kw2["cu_seqlens_k"].tolist() == [0, 40, 47, 66]
+    assert (k3, kw3["window_size"], kw3["causal"], grad3) == ("varlen", (8, 0), True, False)
+    assert kw3["cu_seqlens_q"].tolist() == [0, 30, 80]
+
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # import fails: the column skips with the reason
+    fn, why = tool.fa4_forward(dense, inputs(dense))
+    assert fn is None and "flash_attn.cute not importable" in why
+
+    ms = {"none": 1.0, "pquant,factors": 0.5, tool.BF16_TLX: 1.5, tool.FA4_BF16: 2.0}
+    lines = tool.ablation_lines(ms, ("none", "pquant,factors", tool.MX_FACTORS_TMA, tool.BF16_TLX, tool.FA4_BF16),
+                                1e12, 1000, 132)
+    assert len(lines) == 4 and lines[0].split()[0] == "none" and "1.50x bf16 tlx  2.00x fa4" in lines[0]
+    assert "3.00x bf16 tlx  4.00x fa4" in lines[1] and lines[3].endswith("1.00x fa4")
+    del ms[tool.FA4_BF16]
+    assert not any("fa4" in line for line in tool.ablation_lines(ms, ("none", tool.BF16_TLX), 1e12, 1000, 132))
+
+    runs = ("none", "pquant", "pquant,factors")
+    monkeypatch.delenv("TLX_MX_RUNS", raising=False)
+    assert tool.mx_ablation_runs(runs) == list(runs)
+    monkeypatch.setenv("TLX_MX_RUNS", "none; pquant,factors")
+    assert tool.mx_ablation_runs(runs) == ["none", "pquant,factors"]
+    monkeypatch.setenv("TLX_MX_RUNS", "none;factors")
+    with pytest.raises(ValueError, match="TLX_MX_RUNS.*factors"):
+        tool.mx_ablation_runs(runs)
+
+
 def _visible_block_count(lq: int, lk: int, causal: bool, window: tuple, block_q: int, block_k: int) -> int:
     """Brute count of the (``block_q``-row, ``block_k``-key) blocks holding a visible pair (``visible_mask``)."""
     from jfa_ops.testing import visible_mask
@@ -1722,6 +1804,56 @@ def test_mxfp8_backward_launches_with_delta_from_the_given_dout(gpu, mxfp8):
     assert launched["attn_bwd_tlx_kernel"]["desc_do"].base is do_mx
     assert launched["attn_bwd_tlx_kernel"]["MXFP8"] is mxfp8
     assert bool(attn_bwd._RECIPES) is not mxfp8
+
+
+@needs_tlx
+@pytest.mark.parametrize("tma", [False, True])
+def test_mxfp8_forward_factors_tma_launch(gpu, monkeypatch, tma):
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48) in the MXFP8 forward's host call: on, K's factors go
+    through ``key_factor_tiles`` (its kernel given the [Hkv, T] factors) and the kernel gets FACTORS_TMA True with
+    fp32 descriptors over the tiled K factors as [tiles x Hkv, 128] and V's column factors as [tiles x Hkv, D],
+    boxes [1, 128] / [1, D] (rows the producer's coordinates tile x Hkv + head pick); factors given already tiled
+    (tools/tlx_check.py's kernel-alone column) are not tiled again; off: no tiling launch, the descriptors None and
+    FACTORS_TMA False (the shipped kernel's arguments)."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+    from jfa_ops.backends.triton import mxfp8_rebase
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "MXFP8_FACTORS_TMA", tma)
+    lengths = (300, 129, 5)
+    kv_off = torch.tensor([0, 300, 429, 434], dtype=torch.int32)
+    hkv, dim, tiles = 2, 128, mxfp8_rebase.v_tiles(434, 3, 128)
+    g = torch.Generator().manual_seed(5)
+    q_mx = (torch.randn(434, 4, dim, generator=g).to(torch.float8_e4m3fn),
+            torch.zeros(434, 4, dim // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    k_mx = (torch.randn(434, hkv, dim, generator=g).to(torch.float8_e4m3fn), q_mx[1][:, :hkv])
+    v_mx = k_mx
+    operands = (torch.empty(434, 4, dim, dtype=torch.float8_e4m3fn), torch.ones(4, 434),
+                torch.empty(434, hkv, dim, dtype=torch.float8_e4m3fn), torch.rand(hkv, 434, generator=g),
+                torch.empty(hkv * dim, tiles * 128, dtype=torch.float8_e4m3fn), torch.rand(tiles, hkv, dim))
+    params = _params(causal=True, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    for rebased in (operands, (*operands[:3], torch.rand(tiles, hkv, 128), *operands[4:])):
+        runs.clear()
+        mxfp8_attn_fwd.attention_forward(q_mx, k_mx, v_mx, kv_off, kv_off, params, torch.bfloat16, rebased=rebased)
+        launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
+                    for kernel in (mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel, mxfp8_rebase.key_factor_tiles_kernel)
+                    if kernel.fn.__name__ == name}
+        kernel = launched["mxfp8_attn_fwd_tlx_kernel"]
+        assert kernel["FACTORS_TMA"] is tma
+        tiled_given = rebased[3].dim() == 3
+        assert ("key_factor_tiles_kernel" in launched) is (tma and not tiled_given)
+        if not tma:
+            assert kernel["desc_kf"] is None and kernel["desc_vf"] is None
+            continue
+        if not tiled_given:
+            assert launched["key_factor_tiles_kernel"]["KF"] is rebased[3]
+        kf, vf = kernel["desc_kf"], kernel["desc_vf"]
+        assert list(kf.block_shape) == [1, 128] and list(vf.block_shape) == [1, dim]
+        assert tuple(kf.base.shape) == (tiles * hkv, 128) and tuple(vf.base.shape) == (tiles * hkv, dim)
+        assert vf.base.data_ptr() == rebased[5].data_ptr()
+        if tiled_given:
+            assert kf.base.data_ptr() == rebased[3].data_ptr()
+        assert kf.base.stride(0) * 4 % 16 == 0 and vf.base.stride(0) * 4 % 16 == 0
 
 
 # helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB

@@ -28,7 +28,7 @@ from tests.ops.test_mxfp8 import (ATTENTION_CASES, _oracle_opts, _rel, check_no_
 pytest.importorskip("triton")
 
 from jfa_ops.backends.triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles  # noqa: E402,E501
-from jfa_ops.backends.triton.mxfp8_rebase import rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
+from jfa_ops.backends.triton.mxfp8_rebase import key_factor_tiles, rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
 
 BLOCK_N = 128
 
@@ -86,6 +86,34 @@ def test_rebase_v_tiles_transposed_and_exact(spread):
             expect = want[k0 + n0:k0 + n0 + n]
             assert ((got[:n] - expect).abs() <= factors[tile].double()[None] * 256 * 2.0 ** -10).all()
             assert (got[:n] != expect).double().mean() <= (1e-3 if spread is None else 0.25)  # measured ~0 / 0.11
+
+
+@pytest.mark.parametrize("block_n", [128, 64])
+def test_key_factor_tiles_in_v_tile_layout(block_n):
+    """``key_factor_tiles`` (configs.MXFP8_FACTORS_TMA's K factors): tile kv_offsets[b] // block_n + b + i of head h
+    holds K's factors [h, k0 + i * block_n ...] of sequence b, zeros past its end and in the padding tiles (what the
+    shipped kernel's masked load gives), and row tile x Hkv + h of the [tiles x Hkv, block_n] view the producer's
+    TMA box reads is that tile (each row 16-byte aligned); ``tiled_key_factors``-style tiling of sequences at
+    offsets that are no multiple of 4 (a [Hkv, T] box there would fault). Brute force per sequence here."""
+    lengths = (0, 1, 127, 128, 129, 300, 3, 0, 257)
+    heads = 3
+    kv_off = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    total = int(kv_off[-1])
+    factors = torch.pow(2.0, torch.randint(-20, 20, (heads, total), generator=torch.Generator().manual_seed(4)))
+    tiles = key_factor_tiles(factors, kv_off, block_n)
+    assert tiles.shape == (v_tiles(total, len(lengths), block_n), heads, block_n) and tiles.is_contiguous()
+    want = torch.zeros_like(tiles)
+    for b, length in enumerate(lengths):
+        k0 = int(kv_off[b])
+        for i, n0 in enumerate(range(0, length, block_n)):
+            n = min(block_n, length - n0)
+            want[k0 // block_n + b + i, :, :n] = factors[:, k0 + n0:k0 + n0 + n]
+    assert torch.equal(tiles, want)
+    rows = tiles.view(-1, block_n)
+    assert rows.stride(0) * 4 % 16 == 0
+    for tile in range(tiles.shape[0]):
+        for h in range(heads):
+            assert torch.equal(rows[tile * heads + h], tiles[tile, h])
 
 
 def _special_inputs(rows, heads, dim, dtype, seed):
@@ -253,6 +281,57 @@ def test_tlx_kernel_on_the_gpu(name, dim):
     assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
     finite = want_lse > -math.inf
     # FP8 wgmma accumulates with reduced precision on Hopper: looser than the CPU model's agreement
+    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
+    assert err <= bound, (err, bound)
+
+
+# broadcast-Q as the bench's row has it, smaller: many sequences whose first keys sit at offsets no multiple of 4 (a
+# TMA box of K's factors in their [Hkv, T] layout would start off 16 bytes there and fault)
+FACTORS_TMA_CASES = {**ATTENTION_CASES,
+                     "broadcast_q_many": dict(q_lengths=(128,), kv_lengths=tuple(1 + (i * 97) % 613 for i in range(40)),
+                                              broadcast_q=True, heads_q=4, heads_kv=4)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_factors_tma_equals_the_shipped_kernel(name, dim):
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48: the key and column factors by the producer's TMA): out and
+    lse equal the shipped kernel's bit for bit (the same factor values, the same arithmetic), on pre-quantized pairs
+    and on bf16 inputs (the fused quantize), and so within 1e-2 / 1e-4 of the float64 MXFP8 oracle and the issue's
+    bound (as ``test_tlx_kernel_on_the_gpu``); outputs from a NaN-filled allocator."""
+    from jfa_ops.backends import unavailable_reason
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import _poison_allocator
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    q, k, v, q_off, kv_off, opts = make_case(**{**FACTORS_TMA_CASES[name], "dim": dim}, dtype=torch.bfloat16,
+                                             seed=11)
+    problem = jfa_ops.backends.Problem("cuda", torch.float8_e4m3fn, dim, q.shape[1], k.shape[1], False, -1, -1,
+                                       False, False)
+    reason = unavailable_reason("tlx", problem, family="mxfp8_attention")
+    if reason is not None:
+        pytest.skip(f"tlx: {reason}")
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    pairs = _pairs(*dev[:3], dev[4])
+    results, before = {}, configs.MXFP8_FACTORS_TMA
+    for on in (False, True):
+        configs.MXFP8_FACTORS_TMA = on
+        _poison_allocator("cuda", 16 * 1024 * 1024)  # each setting's outputs from NaN-filled memory
+        try:
+            results[on] = (jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32, return_lse=True,
+                                                   backend="tlx", **opts),
+                           jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+        finally:
+            configs.MXFP8_FACTORS_TMA = before
+    for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pre-quantized, bf16 in
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    out, lse = results[True][0]
+    want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
+    finite = want_lse > -math.inf
     assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
     assert err <= bound, (err, bound)

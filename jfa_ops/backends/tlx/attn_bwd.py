@@ -75,6 +75,10 @@ ABLATE_HALF_SDP: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["sdphalf
 # Not a block-loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive): what the epilogue costs an
 # item (helper bcastbwd39: broadcast-Q's items are 2 blocks, ~42% of their time outside the blocks)
 ABLATE_DKV_STORE: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["dkvstore"])
+# Design (A)'s register stand-in (helper mxbcast48; an added stage): dV += P^T dO and dK += dS^T Q each into a fresh
+# wgmma accumulator per query block, folded into dV / dK by an FFMA with a runtime factor (an FP8 dV / dK's promotion
+# of its MX scale products, bench/NOTES.md "MXFP8 backward on Hopper": 276 registers counted, never compiled)
+ABLATE_PROMOTE: tl.constexpr = tl.constexpr(configs.BACKWARD_ABLATIONS["promote"])
 
 
 @triton.jit
@@ -330,6 +334,7 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
     NO_DS: tl.constexpr = (ABLATE & ABLATE_DS) != 0
     NO_DK: tl.constexpr = (ABLATE & ABLATE_DK) != 0
     NO_DV: tl.constexpr = (ABLATE & ABLATE_DV) != 0
+    PROMOTE: tl.constexpr = (ABLATE & ABLATE_PROMOTE) != 0
     tl.static_assert(not (MXFP8 and SPARSE), "MXFP8: dense walks only")
     MX_QUANT: tl.constexpr = MXFP8 or (ABLATE & ABLATE_MX_QUANT) != 0
     SDP_DIM: tl.constexpr = HEAD_DIM // 2 if (ABLATE & ABLATE_HALF_SDP) != 0 else HEAD_DIM  # S and dP's k extent
@@ -449,7 +454,10 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                 tlx.fence_async_shared()
                 tlx.named_barrier_wait(OWN_BARRIER + CID, 128)  # every thread's P is in shared memory
                 if not NO_DV:
-                    dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
+                    if PROMOTE:  # stand-in (timing/compile only): a fresh accumulator, folded below
+                        dv_part = tlx.async_dot(tlx.local_trans(p_tile), do_tile)
+                    else:
+                        dv = tlx.async_dot(tlx.local_trans(p_tile), do_tile, dv)  # [keys, D] += P^T dO
                 dp = tlx.async_dot_wait(DP_PENDING, dp)  # dV may still run
                 if NO_DS:  # ablation: dS = dP (dS = P would share P's bf16 registers: repacking and spills, not a
                     # removal)
@@ -476,12 +484,23 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                                            tlx.local_slice(k_tiles[zero + 1], [0, CID * half],
                                                            [k_tile.shape[0], half]), dq)
                     if not NO_DK:
-                        dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
+                        if PROMOTE:
+                            if not NO_DV:  # dV's part folded first: one fresh product live at a time (the count)
+                                dv_part = tlx.async_dot_wait(0 if NO_DQ else 1, dv_part)
+                                dv = dv + dv_part * qk_scale
+                            dk_part = tlx.async_dot(tlx.local_trans(ds_tile), q_tile)
+                        else:
+                            dk = tlx.async_dot(tlx.local_trans(ds_tile), q_tile, dk)  # [keys, D] += dS^T Q
                     if not NO_DQ:
                         dq = tlx.async_dot_wait(DQ_PENDING, dq)
                     if not NO_DV:
                         # issued before dQ: already done (without dQ: done here)
-                        dv = tlx.async_dot_wait(DQ_PENDING, dv)
+                        if PROMOTE:
+                            if NO_DK:  # else folded before dK's part was issued
+                                dv_part = tlx.async_dot_wait(0, dv_part)
+                                dv = dv + dv_part * qk_scale
+                        else:
+                            dv = tlx.async_dot_wait(DQ_PENDING, dv)
                     if not NO_DQ:
                         if NO_DQ_ADD:  # ablation: the dQ wgmma kept, no staging store or reduce-add
                             _keep_alive(dq, dq_stage[CID * NUM_BUFFERS_DQ], j, tl.float32)
@@ -505,7 +524,11 @@ def _consume_rows_v2(dk, dv, q_count, dq_count, k_tiles, v_tiles, q_tiles, do_ti
                     dq_count = _reduce_add_dq(dq, dq_stage, dq_count, desc_dq, (dq_row0 + m0).to(tl.int32),
                                               col + c * (HEAD_DIM // DQ_SPLIT), rows_left, CID, NUM_BUFFERS_DQ, True)
                 if not NO_DK:
-                    dk = tlx.async_dot_wait(0, dk)
+                    if PROMOTE:
+                        dk_part = tlx.async_dot_wait(0, dk_part)
+                        dk = dk + dk_part * qk_scale
+                    else:
+                        dk = tlx.async_dot_wait(0, dk)
                 tlx.barrier_arrive(q_empties[buf], 1)  # Q and dO (and this consumer's P, dS) are no longer read
                 q_count += 1
     return dk, dv, q_count, dq_count

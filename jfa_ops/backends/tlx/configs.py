@@ -390,6 +390,14 @@ MXFP8_FUSED_V = os.environ.get("JFA_TLX_MXFP8_FUSED_V", "0") == "1"
 # the H200 measures it: the kernel meets issue 12's bound without it (bench/NOTES.md "MXFP8 fused re-basing + fp32
 # PV"). Env JFA_TLX_MXFP8_QK_CHUNKS=2.
 MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
+# The MXFP8 forward's key and column factors loaded by the producer's TMA with each key block's K and V^T tiles into
+# the ring's slots (K's factors first put in V's tile layout, ``mxfp8_rebase.key_factor_tiles``: a TMA box must
+# start 16-byte aligned), read by the consumers from shared memory, instead of two global loads per block whose
+# vectors pass through a shared-memory layout conversion (3 BAR.SYNC) and whose latency the consumer waits out when
+# K is already resident (broadcast-Q: the factors come from HBM, 2,000 of 6,900 clk a block in stop 47's ablation).
+# The same values, so the same results bit for bit. Off (helper mxbcast48, not yet timed; bench/NOTES.md "Issue 12:
+# the broadcast-Q forward's MX factors by TMA"). Env JFA_TLX_MXFP8_FACTORS_TMA=1.
+MXFP8_FACTORS_TMA = os.environ.get("JFA_TLX_MXFP8_FACTORS_TMA", "0") == "1"
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
 # values in registers, P clamped to <= 1), fed MX-valued bf16 Q, K, V, dO (the triton quantize kernel, then one
@@ -451,9 +459,11 @@ MXFP8_ABLATION_RUNS = ("none", "pquant", "softmax", "factors", "pv", "rowsum", "
 # time and operand bytes of E4M3 S and dP wgmma. Both: an MXFP8 backward with FP8 S/dP and bf16 dV/dK/dQ on MX
 # values (its extra Q/dO loads aside). Env JFA_TLX_BWD_ABLATE=dq,exp2,... (default none: 0).
 # dkvstore (helper bcastbwd39), not a loop stage: the item's dK/dV epilogue stores skipped (dK, dV kept alive), what
-# the epilogue costs an item (broadcast-Q: 2 blocks an item).
+# the epilogue costs an item (broadcast-Q: 2 blocks an item). promote (helper mxbcast48; not in the runs below: a
+# compile stand-in for the MXFP8 backward's design (A)): dV and dK each into a fresh wgmma accumulator per query block,
+# folded into dV / dK by an FFMA (FP8 dV / dK's promotion of the MX scale products: its registers).
 BACKWARD_ABLATIONS = {"dq": 1, "dqadd": 2, "exp2": 4, "ds": 8, "dk": 16, "dv": 32, "loads": 64, "mxquant": 128,
-                      "sdphalf": 256, "dkvstore": 512}
+                      "sdphalf": 256, "dkvstore": 512, "promote": 1024}
 
 
 def backward_ablation_mask(names: str) -> int:

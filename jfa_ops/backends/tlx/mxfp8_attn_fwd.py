@@ -42,7 +42,7 @@ from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
 from ..triton.mxfp8_attn_fwd import _scores
 from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
-from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, rebase_rows, rebase_v_tiles
+from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, key_factor_tiles, rebase_rows, rebase_v_tiles
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _tile_count,
                        _wait_turn, _work_tile)
@@ -79,17 +79,33 @@ def _mx_item(work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, grou
 @triton.jit
 def _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_count, kv_row0, kv_col,
              vt_row, vtile0, n_begin, n_end, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-             NUM_BUFFERS_KV: tl.constexpr):
-    """TMA loads of key blocks [n_begin, n_end): K rows [BLOCK_N, D] and V^T [D, BLOCK_N] of the same keys."""
+             NUM_BUFFERS_KV: tl.constexpr, desc_kf=None, desc_vf=None, kf_tiles=None, vf_tiles=None, kv_head=0,
+             kv_heads=0, FACTORS_TMA: tl.constexpr = False):
+    """TMA loads of key blocks [n_begin, n_end): K rows [BLOCK_N, D] and V^T [D, BLOCK_N] of the same keys.
+    FACTORS_TMA: with K's the block's key factors, with V^T's its column factors (row tile x kv_heads + kv_head of
+    the [tiles x Hkv, BLOCK_N] / [tiles x Hkv, D] factor tiles), each barrier counting both loads' bytes."""
     block_bytes: tl.constexpr = BLOCK_N * HEAD_DIM  # E4M3: one byte per element
     for n0 in range(n_begin, n_end, BLOCK_N):
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
-        tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
+        if FACTORS_TMA:
+            factor_row = ((vtile0 + n0 // BLOCK_N) * kv_heads + kv_head).to(tl.int32)
+            tlx.barrier_expect_bytes(k_fulls[buf], block_bytes + BLOCK_N * 4)
+            tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
+            tlx.async_descriptor_load(desc_kf, kf_tiles[buf], [factor_row, 0], k_fulls[buf])
+        else:
+            tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
+            tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
         tlx.barrier_wait(v_empties[buf], phase ^ 1)
-        tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
-        tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N], v_fulls[buf])
+        if FACTORS_TMA:
+            tlx.barrier_expect_bytes(v_fulls[buf], block_bytes + HEAD_DIM * 4)
+            tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N],
+                                      v_fulls[buf])
+            tlx.async_descriptor_load(desc_vf, vf_tiles[buf], [factor_row, 0], v_fulls[buf])
+        else:
+            tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
+            tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N],
+                                      v_fulls[buf])
         kv_count += 1
     return kv_count
 
@@ -123,12 +139,15 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
              v_fulls, v_empties, KF_HEAD, VF_HEAD, vtile0, kv_heads, row0, len_q, len_k, lo_off, hi_off, n_begin, n_end,
              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
-             QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr):
+             QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr, kf_tiles=None, vf_tiles=None,
+             FACTORS_TMA: tl.constexpr = False):
     """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
     running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
     of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key
     factors at the sequence's first key; VF_HEAD: its column factors of tile 0 (tile t at + t * kv_heads * D).
-    ABLATE != 0: TIMING ONLY, WRONG RESULTS (the ABLATE_* bits above)."""
+    ABLATE != 0: TIMING ONLY, WRONG RESULTS (the ABLATE_* bits above). FACTORS_TMA (``configs.MXFP8_FACTORS_TMA``):
+    the key and column factors from the ring slot's ``kf_tiles`` / ``vf_tiles`` (the producer's TMA loads, landed
+    with K and V^T) instead of global loads: the same values, so the same results bit for bit."""
     NO_P_QUANT: tl.constexpr = (ABLATE & ABLATE_P_QUANT) != 0
     NO_SOFTMAX: tl.constexpr = (ABLATE & ABLATE_SOFTMAX) != 0
     NO_FACTORS: tl.constexpr = (ABLATE & ABLATE_FACTORS) != 0
@@ -144,14 +163,21 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
         # the factors' loads are issued before the wait for K: their latency hides behind it
         kf_ptr = KF_HEAD + n0 + keys
         vf_ptr = VF_HEAD + (vtile0 + n0 // BLOCK_N).to(tl.int64) * kv_heads * HEAD_DIM + d
-        if QK_CHUNKS == 1 and not NO_FACTORS:
+        if QK_CHUNKS == 1 and not NO_FACTORS and not FACTORS_TMA:
             k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
             v_factor = tl.load(vf_ptr)
         tlx.barrier_wait(k_fulls[buf], phase)
+        if FACTORS_TMA and not NO_FACTORS and QK_CHUNKS == 1:  # read before the slot is released; the shared
+            # load's latency hides behind the turn's wait
+            k_factor = tl.reshape(tlx.local_load(kf_tiles[buf]), (BLOCK_N,))
         _wait_turn(CID)
         s = _qk(q_tile, k_tiles[buf], CID, QK_CHUNKS)
+        if FACTORS_TMA and not NO_FACTORS and QK_CHUNKS > 1:  # after S's extra accumulators (read early: 416 / 288
+            # B of spills at D128 instead of 28 / 56)
+            k_factor = tl.reshape(tlx.local_load(kf_tiles[buf]), (BLOCK_N,))
         tlx.barrier_arrive(k_empties[buf], 1)
-        if QK_CHUNKS > 1 and not NO_FACTORS:  # their registers are S's extra accumulators' until here (spills)
+        if QK_CHUNKS > 1 and not NO_FACTORS and not FACTORS_TMA:  # their registers are S's extra accumulators'
+            # until here (spills)
             k_factor = tl.load(kf_ptr, mask=n0 + keys < len_k, other=0.0)
             v_factor = tl.load(vf_ptr)
         if not NO_FACTORS:
@@ -190,6 +216,8 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
         else:
             p8 = p.to(tl.float8e4nv)  # round to nearest even
         tlx.barrier_wait(v_fulls[buf], phase)
+        if FACTORS_TMA and not NO_FACTORS:  # live from here only (the global load's were live all iteration)
+            v_factor = tl.reshape(tlx.local_load(vf_tiles[buf]), (HEAD_DIM,))
         if NO_PV:  # ablation: no P V wgmma
             pv = tl.zeros([q_tile.shape[0], HEAD_DIM], tl.float32)
         else:
@@ -235,12 +263,16 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                               BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                               BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
-                              TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr = 0):
+                              TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr = 0,
+                              desc_kf=None, desc_vf=None, FACTORS_TMA: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head), as ``attn_fwd_tlx_kernel``. desc_q: re-based Q [T_q (or
     L_q), Hq*D] E4M3, block [BLOCK_M/2, D]; desc_k: re-based K [T_kv, Hkv*D], block [BLOCK_N, D]; desc_vt: V^T
     [Hkv*D, tiles*BLOCK_N], block [D, BLOCK_N]; QF [Hq, q_rows], KF [Hkv, k_rows] row factors; VF [tiles, Hkv, D]
     column factors / 2**8 (``mxfp8_rebase``). qk_scale: softmax scale / ln 2. ABLATE (``configs.MXFP8_ABLATE``):
-    0, or TIMING ONLY with WRONG RESULTS (the ABLATE_* bits: one stage of the key-block loop removed each)."""
+    0, or TIMING ONLY with WRONG RESULTS (the ABLATE_* bits: one stage of the key-block loop removed each).
+    FACTORS_TMA (``configs.MXFP8_FACTORS_TMA``): desc_kf over K's factors in V's tile layout [tiles x Hkv, BLOCK_N]
+    (``mxfp8_rebase.key_factor_tiles``), desc_vf over VF as [tiles x Hkv, D], each block [1, *]: the producer
+    loads a key block's factors with its K and V^T tiles; KF and VF are not read."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -253,6 +285,12 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
     q_tiles = tlx.local_alloc((HALF_M, HEAD_DIM), dtype, NUM_CONSUMERS * NUM_BUFFERS_Q)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
     v_tiles = tlx.local_alloc((HEAD_DIM, BLOCK_N), dtype, NUM_BUFFERS_KV)  # V^T: keys contiguous
+    if FACTORS_TMA:  # per ring slot the key block's key factors and column factors (fp32)
+        kf_tiles = tlx.local_alloc((1, BLOCK_N), tl.float32, NUM_BUFFERS_KV)
+        vf_tiles = tlx.local_alloc((1, HEAD_DIM), tl.float32, NUM_BUFFERS_KV)
+    else:
+        kf_tiles = None
+        vf_tiles = None
     # [32, BLOCK_N] ones: P times it gives the row sums of the rounded P (out's denominator) from the tensor cores;
     # written by every thread before the tasks split (the warp-specialized region starts with a CTA barrier)
     ones_tile = tlx.local_alloc((32, BLOCK_N), dtype, 1)[0]
@@ -284,13 +322,16 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                     kv_col = kv_head * HEAD_DIM
                     kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                                         kv_count, kv_row0, kv_col, kv_col, vtile0, lead_begin, lead_end, BLOCK_N,
-                                        HEAD_DIM, NUM_BUFFERS_KV)
+                                        HEAD_DIM, NUM_BUFFERS_KV, desc_kf, desc_vf, kf_tiles, vf_tiles, kv_head,
+                                        kv_heads, FACTORS_TMA)
                     kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                                         kv_count, kv_row0, kv_col, kv_col, vtile0, bulk_begin, bulk_end, BLOCK_N,
-                                        HEAD_DIM, NUM_BUFFERS_KV)
+                                        HEAD_DIM, NUM_BUFFERS_KV, desc_kf, desc_vf, kf_tiles, vf_tiles, kv_head,
+                                        kv_heads, FACTORS_TMA)
                     kv_count = _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
                                         kv_count, kv_row0, kv_col, kv_col, vtile0, tail_begin, tail_end, BLOCK_N,
-                                        HEAD_DIM, NUM_BUFFERS_KV)
+                                        HEAD_DIM, NUM_BUFFERS_KV, desc_kf, desc_vf, kf_tiles, vf_tiles, kv_head,
+                                        kv_heads, FACTORS_TMA)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGISTERS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -333,17 +374,17 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS, ABLATE)
+                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA)
                         tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
                     # out = Pq V / sum(Pq) (lq in units of 2**-8, acc's V factors carry the 2**-8), lse from the
@@ -373,6 +414,15 @@ def rebase_operands(q_mx, k_mx, v_mx, kv_offsets):
     cfg = mxfp8_fwd_config(q_mx[0].shape[2])
     return (*rebase_rows(*q_mx), *rebase_rows(*k_mx),
             *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n))
+
+
+def tiled_key_factors(k_factors: torch.Tensor, kv_offsets: torch.Tensor, block_n: int) -> torch.Tensor:
+    """K's factors as ``configs.MXFP8_FACTORS_TMA``'s kernel loads them: [Hkv, T] (``rebase_rows``) to V's tile
+    layout [tiles, Hkv, block_n] (``key_factor_tiles``); already tiled (3-d): as given (tools/tlx_check.py tiles
+    them once to time the kernel alone)."""
+    if k_factors.dim() == 3:
+        return k_factors
+    return key_factor_tiles(k_factors, kv_offsets.to(torch.int32), block_n)
 
 
 def quantize_operands(q, k, v, kv_offsets, rounding):
@@ -423,6 +473,14 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         lse.fill_(float("-inf"))
         return out, lse
     qr, q_factors, kr, k_factors, vt, v_factors = operands(kv_off)
+    factors_tma = configs.MXFP8_FACTORS_TMA
+    if factors_tma:  # K's factors in V's tile layout (TMA boxes start 16-byte aligned), made here unless given so
+        k_factors = tiled_key_factors(k_factors, kv_off, cfg.block_n)
+        tma_factors = dict(
+            desc_kf=_descriptor(k_factors.view(-1, cfg.block_n), (1, cfg.block_n)),
+            desc_vf=_descriptor(v_factors.view(-1, head_dim), (1, head_dim)), FACTORS_TMA=True)
+    else:  # launch binds every parameter by name, the defaults too
+        tma_factors = dict(desc_kf=None, desc_vf=None, FACTORS_TMA=False)
     ablate = configs.MXFP8_ABLATE
     if ablate:
         warnings.warn(f"tlx MXFP8 forward with ablations {configs.mxfp8_ablation_names(ablate)} "
@@ -446,6 +504,6 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0,
-        QK_CHUNKS=configs.MXFP8_QK_CHUNKS, ABLATE=ablate), num_warps=NUM_WARPS,
+        QK_CHUNKS=configs.MXFP8_QK_CHUNKS, ABLATE=ablate, **tma_factors), num_warps=NUM_WARPS,
         num_stages=1)
     return out, lse

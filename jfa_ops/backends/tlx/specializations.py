@@ -110,9 +110,11 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 
 def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                              from_offsets: bool = False, kv_major: bool = True, out_dtype: str = "bf16",
-                             fma_softmax: bool = True, qk_chunks: int = 1, ablate: int = 0) -> Specialization:
+                             fma_softmax: bool = True, qk_chunks: int = 1, ablate: int = 0,
+                             factors_tma: bool = False) -> Specialization:
     """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors; ``qk_chunks``:
-    ``configs.MXFP8_QK_CHUNKS``; ``ablate``: ``configs.MXFP8_ABLATE`` (timing only: wrong results)."""
+    ``configs.MXFP8_QK_CHUNKS``; ``ablate``: ``configs.MXFP8_ABLATE`` (timing only: wrong results);
+    ``factors_tma``: ``configs.MXFP8_FACTORS_TMA`` (the factors by the producer's TMA: fp32 descriptors)."""
     from .mxfp8_attn_fwd import mxfp8_attn_fwd_tlx_kernel
 
     cfg = mxfp8_fwd_config(head_dim)
@@ -127,13 +129,19 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
                       NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left,
                       HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
                       ATOMIC_WORK=False,
-                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks, ABLATE=ablate)
+                      TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks, ABLATE=ablate,
+                      FACTORS_TMA=factors_tma)
+    if factors_tma:
+        types.update(desc_kf=f"tensordesc<fp32[1,{cfg.block_n}]>", desc_vf=f"tensordesc<fp32[1,{head_dim}]>")
+    else:
+        constexprs.update(desc_kf=None, desc_vf=None)
     signature, attrs = _signature_attrs(names, types, constexprs)
     name = f"mxfp8-fwd-d{head_dim}-{out_dtype}-{'causal' if causal else 'full'}{'-left' if has_left else ''}" \
            f"{'-bcast' if broadcast_q else ''}{'-fromoffsets' if from_offsets else ''}" \
            f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}" \
            f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}" \
-           f"{'-ablate-' + mxfp8_ablation_names(ablate).replace(',', '-') if ablate else ''}"
+           f"{'-ablate-' + mxfp8_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
+           f"{'-factorstma' if factors_tma else ''}"
     return Specialization(name, "mxfp8_attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.mxfp8_attn_fwd", signature,
                           constexprs, attrs, NUM_WARPS, 1)
 
@@ -375,6 +383,12 @@ def _specializations() -> Iterator[Specialization]:
     for head_dim in (64, 128):
         yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2)
     yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2)
+    # configs.MXFP8_FACTORS_TMA (helper mxbcast48; off): the factors by the producer's TMA
+    for head_dim in (64, 128):
+        yield mxfp8_fwd_specialization(head_dim, False, factors_tma=True)
+    yield mxfp8_fwd_specialization(128, True, kv_major=False, factors_tma=True)
+    yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16", factors_tma=True)
+    yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, factors_tma=True)
     # the backward (its v2 consumers: "-v2"), and with dQ split between them (configs.BACKWARD_DQ_SHARED)
     for variant in (dict(), dict(dq_shared=True)):
         for head_dim in (64, 128):

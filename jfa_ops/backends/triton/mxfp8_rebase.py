@@ -77,6 +77,37 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, rows, stri
         tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, _v_tile_factor(e_max))
 
 
+@triton.jit(do_not_specialize=["rows"])
+def key_factor_tiles_kernel(KF, KV_OFF, KFT, num_seqs, num_heads, rows, BLOCK_N: tl.constexpr,
+                            SEARCH_STEPS: tl.constexpr):
+    """Program (tile, kv head): the tile's key factors (``key_factor_tiles``), zeros past the sequence's end."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
+    keys = n0 + tl.arange(0, BLOCK_N)
+    # a sequence outside K (bad offsets) reads nothing: its tiles zero
+    end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
+    factors = tl.load(KF + head * rows + kv_row0 + keys, mask=keys < end, other=0.0)
+    tl.store(KFT + (tile * num_heads + head) * BLOCK_N + tl.arange(0, BLOCK_N), factors)
+
+
+def key_factor_tiles(factors: torch.Tensor, kv_offsets: torch.Tensor, block_n: int) -> torch.Tensor:
+    """K's row factors [Hkv, T] (``rebase_rows``) in V's padded tile layout (``rebase_v_tiles``): fp32 [tiles, Hkv,
+    block_n], sequence b's tile i at ``kv_offsets[b] // block_n + b + i``, zeros past the sequence's end (what the
+    kernel's masked load of the [Hkv, T] layout gives) and in padding tiles. Every tile's row of a head starts on a
+    block_n x 4-byte boundary: a TMA box can load it (a box's inner start must be 16-byte aligned; a sequence's
+    first key in [Hkv, T] need not be). ``kv_offsets`` int32 on the factors' device."""
+    heads, rows = factors.shape
+    num_seqs = kv_offsets.shape[0] - 1
+    tiles = v_tiles(rows, num_seqs, block_n)
+    out = torch.empty((tiles, heads, block_n), dtype=torch.float32, device=factors.device)
+    if tiles and heads:
+        launch(key_factor_tiles_kernel, (tiles, heads), dict(
+            KF=factors, KV_OFF=kv_offsets, KFT=out, num_seqs=num_seqs, num_heads=heads, rows=rows, BLOCK_N=block_n,
+            SEARCH_STEPS=fanout_search_steps(num_seqs)), num_warps=1, num_stages=1)
+    return out
+
+
 def rebase_rows(data: torch.Tensor, scale: torch.Tensor):
     """(E4M3 data [T, H, D], fp32 row factors [H, T]) of a (1, 32) pair (module docstring)."""
     rows, heads, dim = data.shape
