@@ -34,24 +34,27 @@ def dq_slots(total_rows: int, num_seqs: int, block_m: int) -> int:
 @triton.jit
 def _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
            BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """How many of the key tiles at n0 (a vector) walk the query tile at m0: the TLX backward's bounds
+    """Whether each key tile at n0 (a tensor) walks the query tile at m0: the TLX backward's bounds
     (``stage_bounds`` with its arguments: keys stationary), tiles inside the sequence."""
     lead_begin, _, _, _, _, hi_any = stage_bounds(n0, len_k, len_q, -right, window_left, HAS_RIGHT, HAS_LEFT, BLOCK_N,
                                                   BLOCK_M)
-    return tl.sum(((n0 < len_k) & (lead_begin <= m0) & (m0 < hi_any)).to(tl.int32), 0)
+    return (n0 < len_k) & (lead_begin <= m0) & (m0 < hi_any)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_heads", "group", "n_kv_blocks", "window_left",
-                               "right", "stride_tib", "stride_tih", "stride_tin", "stride_tcb", "stride_tch"])
+                               "right", "stride_tib", "stride_tih", "stride_tin", "stride_tcb", "stride_tch",
+                               "row_steps"])
 def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, num_seqs, search_steps, num_heads,
                        group, n_kv_blocks, window_left, right, stride_tib, stride_tih, stride_tin, stride_tcb,
-                       stride_tch, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       stride_tch, row_steps, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                        BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, GROUP_P2: tl.constexpr,
                        CHUNK: tl.constexpr):
     """Program (slot, kv head group): the counters of the slot's query tile for q heads kv_head * group ..
     + group - 1 (dense: one program per slot, group = Hq), both column halves; dQ zeroed there when no key tile
-    walks the tile. Slots past a sequence's tiles are left alone (no walk reaches them)."""
+    walks the tile. Slots past a sequence's tiles are left alone (no walk reaches them). Block-sparse: whether a KV
+    block's transposed row lists the tile's Q block by a binary search (the rows ascend; ``row_steps`` halvings of
+    its NQB entries), CHUNK KV blocks at a time: a few dependent loads a program (a scan was one per KV block)."""
     slot = tl.program_id(0)
     kv_head = tl.program_id(1)
     lo = 0  # the last sequence whose first slot is <= slot (first slots strictly increase)
@@ -77,20 +80,28 @@ def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n
             n_blocks = tl.minimum(tl.cdiv(len_k, BLOCK_KV), n_kv_blocks)  # the walk reads rows < n_kv_blocks only
             rows = Q_BLOCK_INDEX + seq.to(tl.int64) * stride_tib + kv_head * stride_tih
             counts = Q_BLOCK_COUNT + seq.to(tl.int64) * stride_tcb + kv_head * stride_tch
-            for b in range(0, loop_bound(n_blocks)):
-                listed = tl.load(counts + b)
-                found = 0  # the row lists each Q block at most once; counted anyway, as the walk would walk it
-                for w0 in range(0, loop_bound(listed), CHUNK):
-                    w = w0 + tl.arange(0, CHUNK)
-                    ids = tl.load(rows + b * stride_tin + w, mask=w < listed, other=-1)
-                    found += tl.sum((ids == q_block).to(tl.int32), 0)
-                n0 = b * BLOCK_KV + tl.arange(0, TILES) * BLOCK_N
-                count += found * _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N,
-                                        BLOCK_M)
+            for b0 in range(0, loop_bound(n_blocks), CHUNK):
+                b = b0 + tl.arange(0, CHUNK)
+                listed = tl.load(counts + b, mask=b < n_blocks, other=0)
+                row = rows + b.to(tl.int64) * stride_tin
+                lo = tl.zeros([CHUNK], tl.int32)  # the first entry >= q_block among the row's listed ones
+                hi = listed
+                for _ in range(row_steps):
+                    open_ = lo < hi
+                    mid = (lo + hi) // 2
+                    below = tl.load(row + mid, mask=open_, other=0) < q_block
+                    lo = tl.where(open_ & below, mid + 1, lo)
+                    hi = tl.where(open_ & ~below, mid, hi)
+                # each Q block at most once in a row (the transpose keeps one)
+                found = (lo < listed) & (tl.load(row + lo, mask=lo < listed, other=-1) == q_block)
+                n0 = b[:, None] * BLOCK_KV + tl.arange(0, TILES)[None, :] * BLOCK_N
+                walked = _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_M)
+                count += tl.sum(tl.sum((walked & found[:, None]).to(tl.int32), 1), 0)
         else:
             for c0 in range(0, loop_bound(tl.cdiv(len_k, BLOCK_N)), CHUNK):
                 n0 = (c0 + tl.arange(0, CHUNK)) * BLOCK_N
-                count += _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_M)
+                count += tl.sum(_walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N,
+                                       BLOCK_M).to(tl.int32), 0)
         g = tl.arange(0, GROUP_P2)
         heads = kv_head * group + g
         half = tl.arange(0, 2)
@@ -124,12 +135,13 @@ def dq_arrival_counts(q_off: torch.Tensor, kv_off: torch.Tensor, total_rows: int
     if sparse:
         q_index, q_count, block_q, block_kv = selection
         extra = dict(Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, n_kv_blocks=q_index.shape[2],
+                     row_steps=q_index.shape[3].bit_length(),
                      stride_tib=q_index.stride(0), stride_tih=q_index.stride(1), stride_tin=q_index.stride(2),
                      stride_tcb=q_count.stride(0), stride_tch=q_count.stride(1), BLOCK_Q=block_q,
                      BLOCK_KV=block_kv)
         grid, group = (slots, num_heads_kv), num_heads // num_heads_kv
     else:
-        extra = dict(Q_BLOCK_INDEX=q_off, Q_BLOCK_COUNT=q_off, n_kv_blocks=0, stride_tib=0, stride_tih=0,
+        extra = dict(Q_BLOCK_INDEX=q_off, Q_BLOCK_COUNT=q_off, n_kv_blocks=0, row_steps=0, stride_tib=0, stride_tih=0,
                      stride_tin=0, stride_tcb=0, stride_tch=0, BLOCK_Q=block_m, BLOCK_KV=block_n)
         grid, group = (slots, 1), num_heads  # the counts follow from the offsets alone: every head at once
     launch(dq_arrivals_kernel, grid, dict(
