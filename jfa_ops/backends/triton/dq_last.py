@@ -57,16 +57,16 @@ def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n
     its NQB entries), CHUNK KV blocks at a time: a few dependent loads a program (a scan was one per KV block)."""
     slot = tl.program_id(0)
     kv_head = tl.program_id(1)
-    lo = 0  # the last sequence whose first slot is <= slot (first slots strictly increase)
-    hi = num_seqs
+    first = 0  # the last sequence whose first slot is <= slot (first slots strictly increase)
+    past = num_seqs
     for _ in range(search_steps + 1):
-        if hi - lo > 1:
-            mid = (lo + hi) // 2
+        if past - first > 1:
+            mid = (first + past) // 2
             if tl.load(Q_OFF + mid) // BLOCK_M + mid <= slot:
-                lo = mid
+                first = mid
             else:
-                hi = mid
-    seq = lo
+                past = mid
+    seq = first
     row0 = tl.load(Q_OFF + seq)
     len_q = tl.load(Q_OFF + seq + 1) - row0
     m0 = (slot - (row0 // BLOCK_M + seq)) * BLOCK_M
