@@ -1862,10 +1862,10 @@ def _dq_last_runs(runs, call) -> tuple:
 @needs_tlx
 def test_dq_last_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     """``configs.BACKWARD_DQ_LAST`` (helper dqlast48, env JFA_TLX_BWD_DQ_LAST; off by default, read per call): on a
-    causal jagged call (empty and one-row sequences) and a block-sparse one, the counts launch (over every slot,
-    per kv head where block-sparse, on the TLX kernel's offsets and transposed selection) comes before the TLX kernel
-    with DQ_LAST, its counters and the dQ it returns, and no finalize launch follows; every other constexpr as with
-    the knob off; no recipe kept. Broadcast Q keeps the finalize launch (DQ_LAST False) with the knob on, and so
+    causal jagged call (empty and one-row sequences) and a block-sparse one, the counts launch (a program per slot,
+    every kv head at once where block-sparse, on the TLX kernel's offsets and transposed selection) comes before the
+    TLX kernel with DQ_LAST, its counters and the dQ it returns, and no finalize launch follows; every other
+    constexpr as with the knob off; no recipe kept. Broadcast Q keeps the finalize launch (DQ_LAST False) with the knob on, and so
     does everything off."""
     from jfa_ops.backends.base import BlockSparseParams
     from jfa_ops.backends.triton import dq_last
@@ -1896,10 +1896,12 @@ def test_dq_last_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
                 assert names.index("dq_arrivals_kernel") < names.index("attn_bwd_tlx_kernel")
                 assert "attn_bwd_dq_finalize_kernel" not in names
                 grid, args = counted
-                assert grid == (slots, HEADS[1] if call is sparse else 1)
+                assert grid == (slots,)
                 assert args["COUNT"] is got["DQ_COUNT"] and tuple(args["COUNT"].shape) == (slots, HEADS[0], 2)
                 assert args["Q_OFF"] is got["Q_OFF"] and args["KV_OFF"] is got["KV_OFF"]
-                assert args["SPARSE"] is (call is sparse) and args["group"] == (HEADS[0] // HEADS[1] if call is sparse else HEADS[0])
+                heads_kv = HEADS[1] if call is sparse else 1  # dense: one count for every head
+                assert args["SPARSE"] is (call is sparse) and args["heads_kv"] * args["group"] == HEADS[0]
+                assert args["heads_kv"] == heads_kv and args["KV_P2"] == heads_kv
                 if call is sparse:
                     assert args["Q_BLOCK_INDEX"] is got["Q_BLOCK_INDEX"]
                     assert args["Q_BLOCK_COUNT"] is got["Q_BLOCK_COUNT"]

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .common import loop_bound, stage_bounds
 
-# key tiles (dense) or entries of a transposed selection row (block-sparse) per step
+# key tiles (dense) or KV blocks (block-sparse: x the kv heads, at most 1024 lanes) per step
 COUNT_CHUNK = 64
 
 
@@ -41,22 +41,21 @@ def _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT: tl.constexpr, HAS
     return (n0 < len_k) & (lead_begin <= m0) & (m0 < hi_any)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_heads", "group", "n_kv_blocks", "window_left",
-                               "right", "stride_tib", "stride_tih", "stride_tin", "stride_tcb", "stride_tch",
-                               "row_steps"])
+@triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_heads", "heads_kv", "group", "n_kv_blocks",
+                               "window_left", "right", "stride_tib", "stride_tih", "stride_tin", "stride_tcb",
+                               "stride_tch", "row_steps"])
 def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, num_seqs, search_steps, num_heads,
-                       group, n_kv_blocks, window_left, right, stride_tib, stride_tih, stride_tin, stride_tcb,
-                       stride_tch, row_steps, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
-                       BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, GROUP_P2: tl.constexpr,
-                       CHUNK: tl.constexpr):
-    """Program (slot, kv head group): the counters of the slot's query tile for q heads kv_head * group ..
-    + group - 1 (dense: one program per slot, group = Hq), both column halves; dQ zeroed there when no key tile
-    walks the tile. Slots past a sequence's tiles are left alone (no walk reaches them). Block-sparse: whether a KV
-    block's transposed row lists the tile's Q block by a binary search (the rows ascend; ``row_steps`` halvings of
-    its NQB entries), CHUNK KV blocks at a time: a few dependent loads a program (a scan was one per KV block)."""
+                       heads_kv, group, n_kv_blocks, window_left, right, stride_tib, stride_tih, stride_tin,
+                       stride_tcb, stride_tch, row_steps, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
+                       BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, KV_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """Program slot: the counters of the slot's query tile for every q head (kv head hk: q heads hk * group ..
+    + group - 1; dense: heads_kv 1, group Hq, the counts follow from the offsets alone), both column halves; dQ
+    zeroed there for the heads no key tile walks it with. Slots past a sequence's tiles are left alone (no walk
+    reaches them). Block-sparse: whether a KV block's transposed row lists the tile's Q block by a binary search
+    (the rows ascend; ``row_steps`` halvings of its NQB entries), every kv head x CHUNK KV blocks at once: a few
+    dependent loads a program (a scan was one per KV block; a program per kv head, 16x the programs)."""
     slot = tl.program_id(0)
-    kv_head = tl.program_id(1)
     first = 0  # the last sequence whose first slot is <= slot (first slots strictly increase)
     past = num_seqs
     for _ in range(search_steps + 1):
@@ -73,18 +72,19 @@ def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n
     if m0 < len_q:
         kv0 = tl.load(KV_OFF + seq)
         len_k = tl.load(KV_OFF + seq + 1) - kv0
-        count = 0
+        hk = tl.arange(0, KV_P2)
+        count = tl.zeros([KV_P2], tl.int32)
         if SPARSE:
             TILES: tl.constexpr = BLOCK_KV // BLOCK_N
             q_block = m0 // BLOCK_Q
             n_blocks = tl.minimum(tl.cdiv(len_k, BLOCK_KV), n_kv_blocks)  # the walk reads rows < n_kv_blocks only
-            rows = Q_BLOCK_INDEX + seq.to(tl.int64) * stride_tib + kv_head * stride_tih
-            counts = Q_BLOCK_COUNT + seq.to(tl.int64) * stride_tcb + kv_head * stride_tch
+            rows = Q_BLOCK_INDEX + seq.to(tl.int64) * stride_tib + (hk * stride_tih)[:, None]
+            counts = Q_BLOCK_COUNT + seq.to(tl.int64) * stride_tcb + (hk * stride_tch)[:, None]
             for b0 in range(0, loop_bound(n_blocks), CHUNK):
-                b = b0 + tl.arange(0, CHUNK)
-                listed = tl.load(counts + b, mask=b < n_blocks, other=0)
+                b = b0 + tl.arange(0, CHUNK)[None, :]
+                listed = tl.load(counts + b, mask=(hk < heads_kv)[:, None] & (b < n_blocks), other=0)
                 row = rows + b.to(tl.int64) * stride_tin
-                lo = tl.zeros([CHUNK], tl.int32)  # the first entry >= q_block among the row's listed ones
+                lo = tl.zeros([KV_P2, CHUNK], tl.int32)  # the first entry >= q_block among the row's listed ones
                 hi = listed
                 for _ in range(row_steps):
                     open_ = lo < hi
@@ -94,27 +94,28 @@ def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n
                     hi = tl.where(open_ & ~below, mid, hi)
                 # each Q block at most once in a row (the transpose keeps one)
                 found = (lo < listed) & (tl.load(row + lo, mask=lo < listed, other=-1) == q_block)
-                n0 = b[:, None] * BLOCK_KV + tl.arange(0, TILES)[None, :] * BLOCK_N
-                walked = _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_M)
-                count += tl.sum(tl.sum((walked & found[:, None]).to(tl.int32), 1), 0)
+                for u in tl.static_range(TILES):
+                    walked = _walks(b * BLOCK_KV + u * BLOCK_N, m0, len_k, len_q, window_left, right, HAS_LEFT,
+                                    HAS_RIGHT, BLOCK_N, BLOCK_M)  # [1, CHUNK]
+                    count += tl.sum((found & walked).to(tl.int32), 1)
         else:
             for c0 in range(0, loop_bound(tl.cdiv(len_k, BLOCK_N)), CHUNK):
                 n0 = (c0 + tl.arange(0, CHUNK)) * BLOCK_N
                 count += tl.sum(_walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N,
                                        BLOCK_M).to(tl.int32), 0)
-        g = tl.arange(0, GROUP_P2)
-        heads = kv_head * group + g
         half = tl.arange(0, 2)
-        cells = (slot.to(tl.int64) * num_heads + heads)[:, None] * 2 + half[None, :]
-        tl.store(COUNT + cells, tl.full([GROUP_P2, 2], 0, tl.int32) + count, mask=(g < group)[:, None])
-        if count == 0:  # nobody adds to this tile, nobody finalizes it: dQ is zero there
-            r = tl.arange(0, BLOCK_M)
-            d = tl.arange(0, HEAD_DIM)
-            ok = (r < len_q - m0)[:, None]
-            for h in range(0, group):
-                ptrs = DQ + ((row0 + m0 + r).to(tl.int64) * num_heads + kv_head * group + h)[:, None] * HEAD_DIM \
-                    + d[None, :]
-                tl.store(ptrs, tl.zeros([BLOCK_M, HEAD_DIM], DQ.dtype.element_ty), mask=ok)
+        for g in range(0, group):
+            cells = (slot.to(tl.int64) * num_heads + hk * group + g)[:, None] * 2 + half[None, :]
+            tl.store(COUNT + cells, count[:, None] + tl.zeros([KV_P2, 2], tl.int32), mask=(hk < heads_kv)[:, None])
+        r = tl.arange(0, BLOCK_M)
+        d = tl.arange(0, HEAD_DIM)
+        ok = (r < len_q - m0)[:, None]
+        for h in range(0, heads_kv):
+            if tl.sum(tl.where(hk == h, count, 0), 0) == 0:  # no key tile adds to this tile, none finalizes it
+                for g in range(0, group):
+                    ptrs = DQ + ((row0 + m0 + r).to(tl.int64) * num_heads + h * group + g)[:, None] * HEAD_DIM \
+                        + d[None, :]
+                    tl.store(ptrs, tl.zeros([BLOCK_M, HEAD_DIM], DQ.dtype.element_ty), mask=ok)
 
 
 def dq_arrival_counts(q_off: torch.Tensor, kv_off: torch.Tensor, total_rows: int, num_heads: int, num_heads_kv: int,
@@ -134,20 +135,20 @@ def dq_arrival_counts(q_off: torch.Tensor, kv_off: torch.Tensor, total_rows: int
     sparse = selection is not None
     if sparse:
         q_index, q_count, block_q, block_kv = selection
+        heads, group = num_heads_kv, num_heads // num_heads_kv
         extra = dict(Q_BLOCK_INDEX=q_index, Q_BLOCK_COUNT=q_count, n_kv_blocks=q_index.shape[2],
-                     row_steps=q_index.shape[3].bit_length(),
-                     stride_tib=q_index.stride(0), stride_tih=q_index.stride(1), stride_tin=q_index.stride(2),
-                     stride_tcb=q_count.stride(0), stride_tch=q_count.stride(1), BLOCK_Q=block_q,
-                     BLOCK_KV=block_kv)
-        grid, group = (slots, num_heads_kv), num_heads // num_heads_kv
-    else:
-        extra = dict(Q_BLOCK_INDEX=q_off, Q_BLOCK_COUNT=q_off, n_kv_blocks=0, row_steps=0, stride_tib=0, stride_tih=0,
-                     stride_tin=0, stride_tcb=0, stride_tch=0, BLOCK_Q=block_m, BLOCK_KV=block_n)
-        grid, group = (slots, 1), num_heads  # the counts follow from the offsets alone: every head at once
-    launch(dq_arrivals_kernel, grid, dict(
+                     row_steps=q_index.shape[3].bit_length(), stride_tib=q_index.stride(0),
+                     stride_tih=q_index.stride(1), stride_tin=q_index.stride(2), stride_tcb=q_count.stride(0),
+                     stride_tch=q_count.stride(1), BLOCK_Q=block_q, BLOCK_KV=block_kv)
+    else:  # the counts follow from the offsets alone: one for every head
+        heads, group = 1, num_heads
+        extra = dict(Q_BLOCK_INDEX=q_off, Q_BLOCK_COUNT=q_off, n_kv_blocks=0, row_steps=0, stride_tib=0,
+                     stride_tih=0, stride_tin=0, stride_tcb=0, stride_tch=0, BLOCK_Q=block_m, BLOCK_KV=block_n)
+    kv_p2 = triton.next_power_of_2(heads)
+    launch(dq_arrivals_kernel, (slots,), dict(
         Q_OFF=q_off, KV_OFF=kv_off, COUNT=counts, DQ=dq, num_seqs=num_seqs,
-        search_steps=max(num_seqs - 1, 0).bit_length(), num_heads=num_heads, group=group, window_left=window_left,
-        right=right, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        SPARSE=sparse, GROUP_P2=triton.next_power_of_2(group), CHUNK=COUNT_CHUNK, **extra), num_warps=4,
-        num_stages=1)
+        search_steps=max(num_seqs - 1, 0).bit_length(), num_heads=num_heads, heads_kv=heads, group=group,
+        window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, SPARSE=sparse, KV_P2=kv_p2,
+        CHUNK=max(8, min(COUNT_CHUNK, 1024 // kv_p2)), **extra), num_warps=4, num_stages=1)
     return counts
