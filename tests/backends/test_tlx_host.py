@@ -1865,8 +1865,8 @@ def test_dq_last_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
     causal jagged call (empty and one-row sequences) and a block-sparse one, the counts launch (a program per slot,
     every kv head at once where block-sparse, on the TLX kernel's offsets and transposed selection) comes before the
     TLX kernel with DQ_LAST, its counters and the dQ it returns, and no finalize launch follows; every other
-    constexpr as with the knob off; no recipe kept. Broadcast Q keeps the finalize launch (DQ_LAST False) with the knob on, and so
-    does everything off."""
+    constexpr as with the knob off; no recipe kept. Broadcast Q keeps the finalize launch (DQ_LAST False) with the
+    knob on, and so does everything off."""
     from jfa_ops.backends.base import BlockSparseParams
     from jfa_ops.backends.triton import dq_last
 
