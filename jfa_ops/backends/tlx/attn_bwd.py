@@ -892,6 +892,21 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                             tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
                             HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
                             BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, stat_tiles, STATS_SMEM)
+                    if DQ_LAST:  # the item's walk again, its loads under the dK/dV epilogue (arrivals after it):
+                        # derived again through an opaque zero, not carried over the block loop from before it (that
+                        # cost the block-sparse loop 6 spill ops in its path, sm_90 SASS, D128 causal; 0 so, as off)
+                        (_, _, _, row0_again, len_q_again, _, _, lead_again, _, _, _, _, tail_again,
+                         seq_again) = _bwd_item(snake_work(pid, i + _opaque_zero(i), programs, SNAKE), Q_OFF, KV_OFF,
+                                                TILE_SEQ, TILE_START, n_tiles, units, num_seqs, search_steps,
+                                                rows_s, rows_o, window_left, right, head_group, TILE_HEAD, BLOCK_M,
+                                                BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
+                                                ITEM_LIST)
+                        if SPARSE:  # the walk's (first, n), live across the block loop anyway; uniform registers
+                            # (without UNIFORM_WALK ptxas takes them for per-lane values: a divergent loop below)
+                            n_tiles_walked = sel_count if UNIFORM_WALK else _warp_uniform(sel_count)
+                        else:  # uniform registers, as the walk's (loop bounds below)
+                            n_tiles_walked = _warp_uniform(tl.maximum(tl.cdiv(tail_again - lead_again, BLOCK_M), 0))
+                            lead_again = _warp_uniform(lead_again)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -935,21 +950,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
                     if DQ_LAST:  # after the epilogue (the producer's next loads already out)
-                        # the item derived again (through an opaque zero, so not from the values before the block
-                        # loop): carried over it, they cost the block-sparse loop 6 spill ops in its path (sm_90
-                        # SASS, D128 causal; 0 so, as without DQ_LAST)
-                        (_, _, _, row0_again, len_q_again, _, _, lead_again, _, _, _, _, tail_again,
-                         seq_again) = _bwd_item(snake_work(pid, i + _opaque_zero(i), programs, SNAKE), Q_OFF, KV_OFF,
-                                                TILE_SEQ, TILE_START, n_tiles, units, num_seqs, search_steps,
-                                                rows_s, rows_o, window_left, right, head_group, TILE_HEAD, BLOCK_M,
-                                                BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
-                                                ITEM_LIST)
-                        if SPARSE:  # the walk's (first, n), live across the block loop anyway; uniform registers
-                            # (without UNIFORM_WALK ptxas takes them for per-lane values: a divergent loop below)
-                            n_tiles_walked = sel_count if UNIFORM_WALK else _warp_uniform(sel_count)
-                        else:  # uniform registers, as the walk's (loop bounds below)
-                            n_tiles_walked = _warp_uniform(tl.maximum(tl.cdiv(tail_again - lead_again, BLOCK_M), 0))
-                            lead_again = _warp_uniform(lead_again)
                         _dq_last_arrivals(DQ_ACC, DQ_OUT, DQ_COUNT, Q_BLOCK_INDEX, sel_first, n_tiles_walked,
                                           lead_again, seq_again, row0_again, len_q_again, kv_head * group, g_begin,
                                           g_end, num_heads_kv * group, scale, cid, HEAD_DIM, BLOCK_M, BLOCK_Q, SPARSE)
