@@ -469,8 +469,8 @@ def _specializations() -> Iterator[Specialization]:
                                          kv_early=True, **tma)
     # helper dqlast48's dQ finalized in the kernel by each query tile's last contributor (configs.BACKWARD_DQ_LAST):
     # the dense default's kernels (KV_EARLY on) at D64/D128, the causal order's, its feature case with a left window,
-    # from offsets; the block-sparse default's (the uniform walk under the group order's list), its feature case,
-    # from offsets, 256 blocks
+    # from offsets; the block-sparse default's (the uniform walk under the group order's list), the feature cases
+    # with a left window and from offsets (head groups on the uniform walk, as their shipped twins), 256 blocks
     for head_dim in (64, 128):
         for causal in (False, True):
             yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, dq_last=True)
@@ -480,9 +480,10 @@ def _specializations() -> Iterator[Specialization]:
     yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
                              dq_last=True)
     yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True, dq_last=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, uniform_walk=True, item_order=True,
+    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, head_grouped=True, uniform_walk=True,
                              dq_last=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, uniform_walk=True, dq_last=True)
+    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, head_grouped=True, uniform_walk=True,
+                             dq_last=True)
     yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, uniform_walk=True,
                              item_order=True, dq_last=True)
     # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
@@ -527,7 +528,7 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
                        "-ablate-" in spec.name or "-split" in spec.name
-                       or "-mxfp8" in spec.name) else {}),
+                       or "-mxfp8" in spec.name or "-kvearly" in spec.name) else {}),  # -kvearly: DQ_LAST's twins
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
                    else {}))
