@@ -1230,3 +1230,124 @@ def test_per_shape_tensors_are_safe_on_another_stream(backend_name, nan_outputs)
     assert_attention_close(out, ref_out, dtype=case.dtype, kind="forward", name="other stream's out",
                            zero_rows=~x.visibility()[0])
     assert_attention_close(lse, ref_lse, dtype=case.dtype, kind="lse", name="other stream's lse")
+
+
+# helper dqlast48's DQ_LAST (configs.BACKWARD_DQ_LAST, off by default): each query tile's dQ written in the TLX kernel
+# by its last contributor. Dense: jagged with empty and length-1 sequences (KV_EARLY's _SHORT), causal, windows, GQA,
+# one long S4096 causal, D64 fp16; block-sparse: the KV_EARLY set (edge lengths, causal keep 0.25, GQA, a window,
+# D64 fp16, 300 short sequences, one long S4096 causal) and 256-blocks; broadcast-Q keeps the finalize launch.
+DQ_LAST_CASES = dict(KV_EARLY_CASES, **{
+    "dense S4096 causal": AttentionCase((4096,), (4096,), heads_q=4, heads_kv=4, causal=True, pass_max_seqlen=True,
+                                       **_KV_BF),
+    "full H8 jagged": AttentionCase(_SHORT, _SHORT, heads_q=8, heads_kv=8, **_KV_BF),
+    "cross lengths causal": AttentionCase((3, 200, 0, 50, 129), (400, 10, 7, 0, 64), heads_q=4, heads_kv=2,
+                                          causal=True, **_KV_BF),
+})
+SPARSE_DQ_LAST_CASES = SPARSE_KV_EARLY_CASES + ("blocks 256x256 causal", "cross lengths causal", "broadcast-Q")
+
+
+def _spy_dq_last(monkeypatch) -> list:
+    """The counts launches of DQ_LAST (``attn_bwd.dq_arrival_counts``), counted: the knob ran."""
+    from jfa_ops.backends.tlx import attn_bwd
+
+    calls, real = [], attn_bwd.dq_arrival_counts
+    monkeypatch.setattr(attn_bwd, "dq_arrival_counts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("name", list(DQ_LAST_CASES))
+def test_dq_last_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch, nan_outputs):
+    """DQ_LAST (``configs.BACKWARD_DQ_LAST``): dq/dk/dv match the float64 oracle with every output buffer NaN before
+    the call (a query tile finalized early, twice or never shows: dQ comes only from the last contributor's
+    finalize or the counts kernel's zeros), the counts ran, and dK/dV equal the knob-off backward's bit for bit (the
+    kernel's dK/dV path is untouched); dQ is close to the finalize pass's (the same fp32 sums, reduce-added in
+    another timing)."""
+    case = DQ_LAST_CASES[name]
+    _tlx_or_skip(case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 0)  # a GQA split keeps the finalize launch (dq_last_reason)
+    monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
+    calls = _spy_dq_last(monkeypatch)
+    check_attention_case(case, "tlx")
+    assert calls, "DQ_LAST did not run"
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_DQ_LAST")
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", SPARSE_DQ_LAST_CASES)
+def test_tlx_block_sparse_backward_dq_last_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch, nan_outputs):
+    """DQ_LAST on the TLX block-sparse backward: dq/dk/dv match the float64 oracle with the selection's block mask,
+    every output NaN before the call (query tiles no selected KV block reaches get their zeros from the counts
+    kernel), the counts ran (not for broadcast-Q: the finalize launch), dK/dV equal the knob-off backward's bit for
+    bit, dQ close."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
+    counted = _spy_dq_last(monkeypatch)
+    calls = _spy_tlx_sparse_backward(monkeypatch)
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    assert calls, "the TLX block-sparse backward did not run"
+    assert bool(counted) is (name != "broadcast-Q")
+    _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "BACKWARD_DQ_LAST")
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "block-sparse"])
+def test_dq_last_graph_replays_equal_eager(sparse, monkeypatch):
+    """DQ_LAST's counters are made per call on the stream (the counts kernel writes every used one before the TLX
+    kernel counts it down): a backward captured into a CUDA graph gives the eager call's dQ, dK, dV on 50 replays
+    (dK/dV bit for bit; dQ close: reduce-adds in another timing), and a call on a second stream beside it too."""
+    from jfa_ops.backends.base import AttentionParams, BlockSparseParams
+    from jfa_ops.backends.tlx import configs
+
+    # one wave of items (the key tile list mapped from the offsets), GQA, empty and one-row sequences, a window
+    case = AttentionCase((700, 33, 0, 1, 257), (700, 33, 0, 1, 257), heads_q=4, heads_kv=2, causal=True,
+                         window=(256, 0), **_KV_BF)
+    _tlx_or_skip(case)
+    from jfa_ops.backends import tlx
+
+    monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 0)
+    monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    x = case.make_inputs(0)
+    lengths = torch.diff(x.q_offsets).tolist()
+    scale = case.head_dim ** -0.5
+    if sparse:
+        n_blocks = -(-max(lengths) // 128)
+        gen = torch.Generator().manual_seed(4)
+        index = torch.sort(torch.rand(len(lengths), case.heads_kv, n_blocks, n_blocks, generator=gen), -1).indices
+        index = index.to(device="cuda", dtype=torch.int32)
+        index = torch.sort(index[..., :max(1, n_blocks // 2)], -1).values.contiguous()
+        count = torch.full(index.shape[:3], index.shape[3], dtype=torch.int32, device="cuda")
+        params = BlockSparseParams(scale=scale, causal=True, window_left=256, window_right=0)
+        out, lse = tlx.block_sparse_forward(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, index, count, params)
+    else:
+        params = AttentionParams(scale=scale, causal=True, window_left=256, window_right=0)
+        out, lse = tlx.forward(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, params)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device="cuda", dtype=out.dtype)
+
+    def backward():
+        if sparse:
+            return tlx._block_sparse_backward(grad, None, x.q, x.k, x.v, out, lse, x.q_offsets, x.kv_offsets, index,
+                                              count, params)
+        return tlx.backward(grad, None, x.q, x.k, x.v, out, lse, x.q_offsets, x.kv_offsets, params)
+
+    eager = [t.clone() for t in backward()]
+    graph, captured = captured_after_warm_up(backward)
+    other = torch.cuda.Stream()
+    for _ in range(50):
+        for t in captured:
+            t.fill_(math.nan)
+        graph.replay()
+        other.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(other):  # an eager call beside the replays: its own counters
+            beside = backward()
+        torch.cuda.current_stream().wait_stream(other)
+        torch.cuda.synchronize()
+        for got in (captured, beside):
+            assert torch.equal(got[1], eager[1]) and torch.equal(got[2], eager[2])
+            torch.testing.assert_close(got[0].float(), eager[0].float(), rtol=2e-2, atol=2e-2)

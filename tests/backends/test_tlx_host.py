@@ -1971,3 +1971,99 @@ def test_sparse_bwd_ablation_auto_column_names_the_rule_group():
     rows = {(c.keep_ratio, c.causal): c for c in sparse_cases([128], "quick")}
     assert {key: tool._auto_head_group(case, 132, 50 << 20) for key, case in rows.items()} == {
         (0.5, False): 1, (0.25, False): 1, (0.5, True): 2, (0.25, True): 2}
+
+
+def _dq_last_runs(runs, call) -> tuple:
+    """(the launches' kernel names in order, the TLX kernel's arguments by name, the counts kernel's (grid, arguments
+    by name) or None, what ``call`` returned) of one backward call (``gpu``'s records)."""
+    from jfa_ops.backends.triton import dq_last
+
+    runs.clear()
+    result = call()
+    names = [name for name, *_ in runs]
+    (tlx_args,) = [dict(zip(attn_bwd.attn_bwd_tlx_kernel.arg_names, values)) for name, _, values, _ in runs
+                   if name == "attn_bwd_tlx_kernel"]
+    counts = [(tuple(grid), dict(zip(dq_last.dq_arrivals_kernel.arg_names, values))) for name, grid, values, _ in runs
+              if name == "dq_arrivals_kernel"]
+    assert len(counts) <= 1
+    return names, tlx_args, counts[0] if counts else None, result
+
+
+@needs_tlx
+def test_dq_last_reaches_the_kernel_where_it_applies(gpu, monkeypatch):
+    """``configs.BACKWARD_DQ_LAST`` (helper dqlast48, env JFA_TLX_BWD_DQ_LAST; off by default, read per call): on a
+    causal jagged call (empty and one-row sequences) and a block-sparse one, the counts launch (a program per slot,
+    every kv head at once where block-sparse, on the TLX kernel's offsets and transposed selection) comes before the
+    TLX kernel with DQ_LAST, its counters and the dQ it returns, and no finalize launch follows; every other
+    constexpr as with the knob off; no recipe kept. Broadcast Q keeps the finalize launch (DQ_LAST False) with the
+    knob on, and so does everything off."""
+    from jfa_ops.backends.base import BlockSparseParams
+    from jfa_ops.backends.triton import dq_last
+
+    runs, answers = gpu
+    assert not tlx_configs.BACKWARD_DQ_LAST  # off until timed
+    lengths = [300, 17, 700, 5, 0, 1]
+    q, k, v, offsets = _inputs(lengths)
+    broadcast, causal = _broadcast_and_causal_calls(q, k, v, offsets)
+    n_blocks = -(-max(lengths) // 128)
+    index = torch.arange(n_blocks, dtype=torch.int32).expand(len(lengths), HEADS[1], n_blocks, n_blocks).contiguous()
+    count = torch.full((len(lengths), HEADS[1], n_blocks), 2, dtype=torch.int32)
+    out, lse = torch.randn(q.shape).to(q.dtype), torch.randn(q.shape[1], q.shape[0])
+    sparse = lambda: tlx._block_sparse_backward(  # noqa: E731
+        torch.randn_like(q), None, q, k, v, out, lse, offsets, offsets, index, count,
+        BlockSparseParams(scale=HEAD_DIM ** -0.5, causal=True))
+    slots = dq_last.dq_slots(q.shape[0], len(lengths), 64)
+    seen = {}
+    for on in (False, True):
+        monkeypatch.setattr(tlx_configs, "BACKWARD_DQ_LAST", on)
+        for call in (causal, sparse, broadcast):
+            attn_bwd._RECIPES.clear()
+            answers.clear()
+            names, got, counted, result = _dq_last_runs(runs, call)
+            applies = on and call is not broadcast
+            assert got["DQ_LAST"] is applies, (on, call)
+            if applies:
+                assert names.index("dq_arrivals_kernel") < names.index("attn_bwd_tlx_kernel")
+                assert "attn_bwd_dq_finalize_kernel" not in names
+                grid, args = counted
+                assert grid == (slots,)
+                assert args["COUNT"] is got["DQ_COUNT"] and tuple(args["COUNT"].shape) == (slots, HEADS[0], 2)
+                assert args["Q_OFF"] is got["Q_OFF"] and args["KV_OFF"] is got["KV_OFF"]
+                heads_kv = HEADS[1] if call is sparse else 1  # dense: one count for every head
+                assert args["SPARSE"] is (call is sparse) and args["heads_kv"] * args["group"] == HEADS[0]
+                assert args["heads_kv"] == heads_kv and args["KV_P2"] == heads_kv
+                if call is sparse:
+                    assert args["Q_BLOCK_INDEX"] is got["Q_BLOCK_INDEX"]
+                    assert args["Q_BLOCK_COUNT"] is got["Q_BLOCK_COUNT"]
+                dq = result[1][0] if call is causal else result[0]
+                assert args["DQ"] is got["DQ_OUT"] and got["DQ_OUT"] is dq
+                assert got["DQ_ACC"] is got["desc_dq"].base and got["DQ_ACC"].dtype == torch.float32
+                assert (args["HAS_RIGHT"], args["HAS_LEFT"]) == (got["HAS_RIGHT"], got["HAS_LEFT"])
+            else:
+                assert got["DQ_ACC"] is None and got["DQ_OUT"] is None and got["DQ_COUNT"] is None
+                assert counted is None and names[-1] == "attn_bwd_dq_finalize_kernel"
+            seen[on, call] = got
+            if call is causal:  # the repeat: a recipe only with the knob off (DQ_LAST has none)
+                _dq_last_runs(runs, call)
+                assert [kind for kind, _ in answers] == ([] if on else ["recipe"])
+    constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names if n.isupper() and n not in (
+        "DQ_LAST", "DQ_ACC", "DQ_OUT", "DQ_COUNT", "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT",
+        "WORK_COUNTER", "TILE_HEAD", "DK", "DV", "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    for call in (causal, sparse, broadcast):
+        assert {n: seen[True, call][n] for n in constexprs} == {n: seen[False, call][n] for n in constexprs}
+
+
+@needs_tlx
+def test_dq_last_reason_names_the_fallbacks():
+    """Where DQ_LAST would count walks it does not count exactly, the finalize launch stays (decided from shapes
+    and options: no sync): the consumers without the dQ split, broadcast Q, a GQA split, the MXFP8 backward, an
+    ablation, more counters than int32 cells; else None."""
+    q, k, v, offsets = _inputs([300, 17, 0, 1])
+    assert attn_bwd.dq_last_reason(q, offsets, _params(causal=True)) is None
+    assert "split" in attn_bwd.dq_last_reason(q, offsets, _params(), dq_shared=False)
+    assert "broadcast" in attn_bwd.dq_last_reason(q, offsets, _params(broadcast_q=True))
+    assert "GQA" in attn_bwd.dq_last_reason(q, offsets, _params(), parts=4)
+    assert "MXFP8" in attn_bwd.dq_last_reason(q, offsets, _params(), mxfp8=True)
+    assert "MXFP8" in attn_bwd.dq_last_reason(q, offsets, _params(), ablate=1)
+    huge = torch.empty((2 ** 31 // (2 * HEADS[0]) * 64, HEADS[0], HEAD_DIM), device="meta")
+    assert "int32" in attn_bwd.dq_last_reason(huge, offsets, _params())
