@@ -255,13 +255,35 @@ def test_backward_model_against_the_oracle(name, spread):
 
 
 # ------------------------------------------------------------------------------------------------------------ GPU
+def _skip_unless_tlx_runs(dim, q, k):
+    """Skip (with the reason) where the tlx backend does not run MXFP8 attention on pre-quantized pairs."""
+    from jfa_ops.backends import unavailable_reason
+
+    problem = jfa_ops.backends.Problem("cuda", torch.float8_e4m3fn, dim, q.shape[1], k.shape[1], False, -1, -1,
+                                       False, False)
+    reason = unavailable_reason("tlx", problem, family="mxfp8_attention")
+    if reason is not None:
+        pytest.skip(f"tlx: {reason}")
+
+
+def _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse):
+    """Every row written (no NaN from the poisoned allocator), the empty rows' lse -inf as the float64 MXFP8
+    oracle's; out and lse within the FP8 wgmma's accumulation precision of it (looser than the CPU model's
+    agreement on Hopper) and the issue's bound."""
+    want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
+    assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
+    finite = want_lse > -math.inf
+    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
+    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
+    assert err <= bound, (err, bound)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
 @pytest.mark.parametrize("dim", [64, 128])
 def test_tlx_kernel_on_the_gpu(name, dim):
     """The TLX MXFP8 forward (backend="tlx") on pre-quantized pairs: the float64 MXFP8 oracle and the kernel's model
     to the FP8 wgmma's accumulation precision, the issue's bound; outputs from a NaN-filled allocator (every row written)."""
-    from jfa_ops.backends import unavailable_reason
     from jfa_ops.testing import _poison_allocator
 
     if not torch.cuda.is_available():
@@ -269,21 +291,11 @@ def test_tlx_kernel_on_the_gpu(name, dim):
     q, k, v, q_off, kv_off, opts = make_case(**{**ATTENTION_CASES[name], "dim": dim}, dtype=torch.bfloat16, seed=9)
     dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
     pairs = _pairs(*dev[:3], dev[4])
-    problem = jfa_ops.backends.Problem("cuda", torch.float8_e4m3fn, dim, q.shape[1], k.shape[1], False, -1, -1,
-                                       False, False)
-    reason = unavailable_reason("tlx", problem, family="mxfp8_attention")
-    if reason is not None:
-        pytest.skip(f"tlx: {reason}")
+    _skip_unless_tlx_runs(dim, q, k)
     _poison_allocator("cuda", 4 * 1024 * 1024)
     out, lse = jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32, return_lse=True,
                                        backend="tlx", **opts)
-    want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
-    assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
-    finite = want_lse > -math.inf
-    # FP8 wgmma accumulates with reduced precision on Hopper: looser than the CPU model's agreement
-    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
-    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
-    assert err <= bound, (err, bound)
+    _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
 
 
 # broadcast-Q as the bench's row has it, smaller: many sequences whose first keys sit at offsets no multiple of 4 (a
@@ -301,7 +313,6 @@ def test_tlx_factors_tma_equals_the_shipped_kernel(name, dim):
     lse equal the shipped kernel's bit for bit (the same factor values, the same arithmetic), on pre-quantized pairs
     and on bf16 inputs (the fused quantize), and so within 1e-2 / 1e-4 of the float64 MXFP8 oracle and the issue's
     bound (as ``test_tlx_kernel_on_the_gpu``); outputs from a NaN-filled allocator."""
-    from jfa_ops.backends import unavailable_reason
     from jfa_ops.backends.tlx import configs
     from jfa_ops.testing import _poison_allocator
 
@@ -309,11 +320,7 @@ def test_tlx_factors_tma_equals_the_shipped_kernel(name, dim):
         pytest.skip("no GPU")
     q, k, v, q_off, kv_off, opts = make_case(**{**FACTORS_TMA_CASES[name], "dim": dim}, dtype=torch.bfloat16,
                                              seed=11)
-    problem = jfa_ops.backends.Problem("cuda", torch.float8_e4m3fn, dim, q.shape[1], k.shape[1], False, -1, -1,
-                                       False, False)
-    reason = unavailable_reason("tlx", problem, family="mxfp8_attention")
-    if reason is not None:
-        pytest.skip(f"tlx: {reason}")
+    _skip_unless_tlx_runs(dim, q, k)
     dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
     pairs = _pairs(*dev[:3], dev[4])
     results, before = {}, configs.MXFP8_FACTORS_TMA
@@ -329,12 +336,7 @@ def test_tlx_factors_tma_equals_the_shipped_kernel(name, dim):
     for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pre-quantized, bf16 in
         assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
     out, lse = results[True][0]
-    want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
-    assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
-    finite = want_lse > -math.inf
-    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
-    err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
-    assert err <= bound, (err, bound)
+    _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
 
 
 @pytest.mark.gpu
