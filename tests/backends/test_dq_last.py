@@ -165,3 +165,21 @@ def test_slots_are_one_to_one_and_within_the_bound():
         slots = [off[s] // BLOCK_M + k + s for s, n in enumerate(lengths) for k in range(-(-n // BLOCK_M))]
         assert len(set(slots)) == len(slots)
         assert all(0 <= x < dq_last.dq_slots(off[-1], len(lengths), BLOCK_M) for x in slots)
+
+
+@pytest.mark.parametrize("q_lengths", [(50, 250), (-64, 164)], ids=["past the end", "before the start"])
+def test_bad_offsets_zero_no_row_outside_dq(q_lengths):
+    """Bad offsets (``JFA_VALIDATE=deferred`` lets them reach the kernels; the project's rule: garbage outputs, never
+    an access outside the tensors, ``scheduling``'s docstring): a query sequence whose rows leave [0, T) while its
+    key side is empty gets count 0 and had its "dQ rows" zeroed past T (rows 100..299 of a 100-row dq) or before
+    row 0 (offsets 0, -64, 100). dq is a view into a NaN buffer with 320 rows of canary on each side: they stay NaN.
+    Found by helper review48; the counts kernel now skips such a sequence (the TLX kernel's own walk skips it too:
+    ``slot_tile``'s real, an empty tile list)."""
+    pad, total, heads, dim = 320, 100, 2, 16
+    big = torch.full((pad + total + pad, heads, dim), float("nan"))
+    dq = big[pad:pad + total]
+    q_off = torch.tensor([0, q_lengths[0], q_lengths[0] + q_lengths[1]], dtype=torch.int32)
+    kv_off = torch.tensor([0, 100, 100], dtype=torch.int32)  # sequence 1 has no keys: its tiles count 0
+    dq_last.dq_arrival_counts(q_off, kv_off, total, heads, heads, dim, dq, BLOCK_M, BLOCK_N,
+                              window_bounds(False, -1, -1))
+    assert big[:pad].isnan().all() and big[pad + total:].isnan().all(), "dQ rows zeroed outside dq"

@@ -43,9 +43,9 @@ def _walks(n0, m0, len_k, len_q, window_left, right, HAS_LEFT: tl.constexpr, HAS
 
 @triton.jit(do_not_specialize=["num_seqs", "search_steps", "num_heads", "heads_kv", "group", "n_kv_blocks",
                                "window_left", "right", "stride_tib", "stride_tih", "stride_tin", "stride_tcb",
-                               "stride_tch", "row_steps"])
-def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, num_seqs, search_steps, num_heads,
-                       heads_kv, group, n_kv_blocks, window_left, right, stride_tib, stride_tih, stride_tin,
+                               "stride_tch", "row_steps", "rows_q"])
+def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, num_seqs, rows_q, search_steps,
+                       num_heads, heads_kv, group, n_kv_blocks, window_left, right, stride_tib, stride_tih, stride_tin,
                        stride_tcb, stride_tch, row_steps, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SPARSE: tl.constexpr,
                        BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, KV_P2: tl.constexpr, CHUNK: tl.constexpr):
@@ -69,7 +69,10 @@ def dq_arrivals_kernel(Q_OFF, KV_OFF, COUNT, DQ, Q_BLOCK_INDEX, Q_BLOCK_COUNT, n
     row0 = tl.load(Q_OFF + seq)
     len_q = tl.load(Q_OFF + seq + 1) - row0
     m0 = (slot - (row0 // BLOCK_M + seq)) * BLOCK_M
-    if m0 < len_q:
+    # bad offsets (JFA_VALIDATE=deferred lets them reach the kernels): a sequence whose rows leave dQ's [0, rows_q)
+    # is skipped (its rows keep garbage, as the TLX kernel, which skips it too), so no zeroing lands outside dQ
+    inside = (m0 >= 0) & (row0 >= 0) & (row0.to(tl.int64) + len_q <= rows_q)
+    if (m0 < len_q) & inside:
         kv0 = tl.load(KV_OFF + seq)
         len_k = tl.load(KV_OFF + seq + 1) - kv0
         hk = tl.arange(0, KV_P2)
@@ -146,7 +149,7 @@ def dq_arrival_counts(q_off: torch.Tensor, kv_off: torch.Tensor, total_rows: int
                      stride_tih=0, stride_tin=0, stride_tcb=0, stride_tch=0, BLOCK_Q=block_m, BLOCK_KV=block_n)
     kv_p2 = triton.next_power_of_2(heads)
     launch(dq_arrivals_kernel, (slots,), dict(
-        Q_OFF=q_off, KV_OFF=kv_off, COUNT=counts, DQ=dq, num_seqs=num_seqs,
+        Q_OFF=q_off, KV_OFF=kv_off, COUNT=counts, DQ=dq, num_seqs=num_seqs, rows_q=total_rows,
         search_steps=max(num_seqs - 1, 0).bit_length(), num_heads=num_heads, heads_kv=heads, group=group,
         window_left=window_left, right=right, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, SPARSE=sparse, KV_P2=kv_p2,
