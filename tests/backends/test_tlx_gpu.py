@@ -1386,8 +1386,8 @@ def _assert_every_counter_reached_zero(kept) -> None:
                  for k in range(-(-(off[s + 1] - off[s]) // block_m))]
         used = counts[torch.tensor(slots, dtype=torch.long, device=counts.device)]
         wrong = (used != 0).nonzero().tolist()
-        assert not wrong, (f"{len(wrong)} counters not 0 after the backward, first (query tile in offsets order, q head, half) "
-                           f"{wrong[:4]}: values {[int(used[tuple(w)]) for w in wrong[:4]]}")
+        assert not wrong, (f"{len(wrong)} counters not 0 after the backward, first (query tile in offsets order, "
+                           f"q head, half) {wrong[:4]}: values {[int(used[tuple(w)]) for w in wrong[:4]]}")
 
 
 @pytest.mark.parametrize("name", list(DQ_LAST_CASES))
