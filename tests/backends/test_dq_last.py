@@ -58,8 +58,10 @@ def _offsets(lengths):
 
 
 def _run(lengths_q, lengths_k, heads, causal=False, window_left=-1, window_right=-1, keep=None, seed=0, block_q=128,
-         block_kv=128):
-    """(counts by (seq, m0, head, half), dq after the kernel (NaN before), the brute force)."""
+         block_kv=128, narrow=0):
+    """(counts by (seq, m0, head, half), dq after the kernel (NaN before), the brute force). ``narrow``: the
+    transposed selection keeps that many KV blocks fewer than the longest sequence has (the walk reads rows <
+    n_kv_blocks only)."""
     hq, hkv = heads
     q_off, kv_off = _offsets(lengths_q), _offsets(lengths_k)
     total = sum(lengths_q)
@@ -85,6 +87,7 @@ def _run(lengths_q, lengths_k, heads, causal=False, window_left=-1, window_right
                     ids = ids[:width]
                     index[s, h, b, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
                     count[s, h, b] = len(ids) - (rng.random() < 0.2 and len(ids) > 1)  # some entries past count
+        n_kv_blocks -= narrow
         q_index, q_count = transpose_selection(index, count, n_kv_blocks)
         selection = (q_index, q_count, block_q, block_kv)
         brute_sel = (index, count)
@@ -141,6 +144,17 @@ def test_block_sparse_counts_with_blocks_of_several_tiles():
     lengths = [700, 5, 260]
     got, dq, want, q_off = _run(lengths, lengths, (2, 1), True, window_left=300, keep=0.5, seed=3, block_q=256,
                                 block_kv=256)
+    assert got == {key: (n, n) for key, n in want.items()}
+    _check_zeroed(dq, want, q_off, lengths)
+
+
+@pytest.mark.parametrize("heads,narrow", [((6, 3), 0), ((4, 2), 2)], ids=["3 kv heads", "selection narrower"])
+def test_block_sparse_counts_odd_kv_heads_and_a_narrow_selection(heads, narrow):
+    """Block-sparse (helper review48's additions): 3 kv heads (the program's kv-head lanes padded to 4, masked) and
+    a transposed selection of 2 KV blocks fewer than the longest sequence's (keys past it select nothing: the
+    counts' ``min(cdiv(len_k, BLOCK_KV), n_kv_blocks)``, which no other case binds)."""
+    lengths = [520, 0, 300, 1, 129]
+    got, dq, want, q_off = _run(lengths, lengths, heads, True, keep=0.5, seed=11, narrow=narrow)
     assert got == {key: (n, n) for key, n in want.items()}
     _check_zeroed(dq, want, q_off, lengths)
 
