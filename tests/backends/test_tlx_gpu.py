@@ -1246,13 +1246,41 @@ DQ_LAST_CASES = dict(KV_EARLY_CASES, **{
 SPARSE_DQ_LAST_CASES = SPARSE_KV_EARLY_CASES + ("blocks 256x256 causal", "cross lengths causal", "broadcast-Q")
 
 
-def _spy_dq_last(monkeypatch) -> list:
-    """The counts launches of DQ_LAST (``attn_bwd.dq_arrival_counts``), counted: the knob ran."""
+def _spy_dq_counters(monkeypatch) -> list:
+    """Every DQ_LAST counts launch's (q offsets, BLOCK_M, counters) (``attn_bwd.dq_arrival_counts``), kept alive to be
+    read after the TLX kernel has counted them down."""
+    import inspect
+
     from jfa_ops.backends.tlx import attn_bwd
 
-    calls, real = [], attn_bwd.dq_arrival_counts
-    monkeypatch.setattr(attn_bwd, "dq_arrival_counts", lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    real, kept = attn_bwd.dq_arrival_counts, []
+    signature = inspect.signature(real)
+
+    def spy(*args, **kwargs):
+        counts = real(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        kept.append((bound["q_off"], bound["block_m"], counts))
+        return counts
+
+    monkeypatch.setattr(attn_bwd, "dq_arrival_counts", spy)
+    return kept
+
+
+def _assert_every_counter_reached_zero(kept) -> None:
+    """Each used counter (every query tile of every sequence, q head, column half) is 0 after the backward: a count
+    that was too high leaves a positive value (that tile's dQ never written: ``torch.empty``'s bytes), one too low a
+    negative one (finalized before its last reduce-add: right only if that add happened to land first). Exact,
+    independent of the gradients' tolerance. Slots between sequences hold ``torch.empty``'s bytes: not read."""
+    torch.cuda.synchronize()
+    assert kept, "DQ_LAST did not run"
+    for q_off, block_m, counts in kept:
+        off = q_off.tolist()
+        slots = [off[s] // block_m + k + s for s in range(len(off) - 1)
+                 for k in range(-(-(off[s + 1] - off[s]) // block_m))]
+        used = counts[torch.tensor(slots, dtype=torch.long, device=counts.device)]
+        wrong = (used != 0).nonzero().tolist()
+        assert not wrong, (f"{len(wrong)} counters not 0 after the backward, first (query tile in offsets order, "
+                           f"q head, half) {wrong[:4]}: values {[int(used[tuple(w)]) for w in wrong[:4]]}")
 
 
 @pytest.mark.parametrize("name", list(DQ_LAST_CASES))
@@ -1261,16 +1289,17 @@ def test_dq_last_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch, nan_outpu
     the call (a query tile finalized early, twice or never shows: dQ comes only from the last contributor's
     finalize or the counts kernel's zeros), the counts ran, and dK/dV equal the knob-off backward's bit for bit (the
     kernel's dK/dV path is untouched); dQ is close to the finalize pass's (the same fp32 sums, reduce-added in
-    another timing)."""
+    another timing). Every used counter is 0 after the oracle check's backward (helper review48: the arrivals equal
+    the counts launch's predictions exactly, ``_assert_every_counter_reached_zero``)."""
     case = DQ_LAST_CASES[name]
     _tlx_or_skip(case)
     from jfa_ops.backends.tlx import configs
 
     monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 0)  # a GQA split keeps the finalize launch (dq_last_reason)
     monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
-    calls = _spy_dq_last(monkeypatch)
+    kept = _spy_dq_counters(monkeypatch)
     check_attention_case(case, "tlx")
-    assert calls, "DQ_LAST did not run"
+    _assert_every_counter_reached_zero(kept)  # also: DQ_LAST ran
     (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads_with_knob_off_and_on(case, monkeypatch, "BACKWARD_DQ_LAST")
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
@@ -1280,19 +1309,22 @@ def test_dq_last_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch, nan_outpu
 def test_tlx_block_sparse_backward_dq_last_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch, nan_outputs):
     """DQ_LAST on the TLX block-sparse backward: dq/dk/dv match the float64 oracle with the selection's block mask,
     every output NaN before the call (query tiles no selected KV block reaches get their zeros from the counts
-    kernel), the counts ran (not for broadcast-Q: the finalize launch), dK/dV equal the knob-off backward's bit for
-    bit, dQ close."""
+    kernel), the counts ran (not for broadcast-Q: the finalize launch) and every used counter is 0 after it
+    (review48: BLOCK_Q != BLOCK_M, tiles partly past a sequence's end, GQA), dK/dV equal the knob-off backward's bit
+    for bit, dQ close."""
     case = SPARSE_BWD_CASES[name]
     _tlx_or_skip(case.case)
     from jfa_ops.backends.tlx import configs
 
     monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
     monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
-    counted = _spy_dq_last(monkeypatch)
+    kept = _spy_dq_counters(monkeypatch)
     calls = _spy_tlx_sparse_backward(monkeypatch)
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
     assert calls, "the TLX block-sparse backward did not run"
-    assert bool(counted) is (name != "broadcast-Q")
+    assert bool(kept) is (name != "broadcast-Q")
+    if kept:
+        _assert_every_counter_reached_zero(kept)
     _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "BACKWARD_DQ_LAST")
 
 
@@ -1353,76 +1385,3 @@ def test_dq_last_graph_replays_equal_eager(sparse, monkeypatch):
             torch.testing.assert_close(got[0].float(), eager[0].float(), rtol=2e-2, atol=2e-2)
 
 
-def _spy_dq_counters(monkeypatch) -> list:
-    """Every DQ_LAST counts launch's (q offsets, BLOCK_M, counters) (``attn_bwd.dq_arrival_counts``), kept alive to be
-    read after the TLX kernel has counted them down."""
-    import inspect
-
-    from jfa_ops.backends.tlx import attn_bwd
-
-    real, kept = attn_bwd.dq_arrival_counts, []
-    signature = inspect.signature(real)
-
-    def spy(*args, **kwargs):
-        counts = real(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs).arguments
-        kept.append((bound["q_off"], bound["block_m"], counts))
-        return counts
-
-    monkeypatch.setattr(attn_bwd, "dq_arrival_counts", spy)
-    return kept
-
-
-def _assert_every_counter_reached_zero(kept) -> None:
-    """Each used counter (every query tile of every sequence, q head, column half) is 0 after the backward: a count
-    that was too high leaves a positive value (that tile's dQ never written: ``torch.empty``'s bytes), one too low a
-    negative one (finalized before its last reduce-add: right only if that add happened to land first). Exact,
-    independent of the gradients' tolerance. Slots between sequences hold ``torch.empty``'s bytes: not read."""
-    torch.cuda.synchronize()
-    assert kept, "DQ_LAST did not run"
-    for q_off, block_m, counts in kept:
-        off = q_off.tolist()
-        slots = [off[s] // block_m + k + s for s in range(len(off) - 1)
-                 for k in range(-(-(off[s + 1] - off[s]) // block_m))]
-        used = counts[torch.tensor(slots, dtype=torch.long, device=counts.device)]
-        wrong = (used != 0).nonzero().tolist()
-        assert not wrong, (f"{len(wrong)} counters not 0 after the backward, first (query tile in offsets order, "
-                           f"q head, half) {wrong[:4]}: values {[int(used[tuple(w)]) for w in wrong[:4]]}")
-
-
-@pytest.mark.parametrize("name", list(DQ_LAST_CASES))
-def test_dq_last_counts_every_counter_down_to_zero(name, monkeypatch):
-    """DQ_LAST (helper review48's hardening): the arrivals the TLX kernel makes equal the counts launch's
-    predictions exactly, counter by counter (``_assert_every_counter_reached_zero``), on every dense case of the
-    oracle test: the walk and the count agree on causal, windows, GQA, jagged tails, empty and one-row sequences,
-    cross lengths."""
-    case = DQ_LAST_CASES[name]
-    _tlx_or_skip(case)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "BACKWARD_GQA_SPLIT", 0)
-    monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
-    kept = _spy_dq_counters(monkeypatch)
-    x = case.make_inputs(0)
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    out = jfa_ops.jagged_attention(q, k, v, x.q_offsets, x.kv_offsets, **x.kwargs, backend="tlx")
-    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    _assert_every_counter_reached_zero(kept)
-
-
-@pytest.mark.parametrize("name", [n for n in SPARSE_DQ_LAST_CASES if n != "broadcast-Q"])
-def test_tlx_block_sparse_dq_last_counts_every_counter_down_to_zero(name, monkeypatch):
-    """DQ_LAST on the TLX block-sparse backward (helper review48's hardening): every used counter is 0 after the
-    backward (``_assert_every_counter_reached_zero``): the transposed selection's walks (BLOCK_Q != BLOCK_M,
-    256-blocks, tiles partly past a sequence's end, GQA) arrive exactly as counted."""
-    case = SPARSE_BWD_CASES[name]
-    _tlx_or_skip(case.case)
-    from jfa_ops.backends.tlx import configs
-
-    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
-    monkeypatch.setattr(configs, "BACKWARD_DQ_LAST", True)
-    kept = _spy_dq_counters(monkeypatch)
-    calls = _spy_tlx_sparse_backward(monkeypatch)
-    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
-    assert calls, "the TLX block-sparse backward did not run"
-    _assert_every_counter_reached_zero(kept)
