@@ -85,27 +85,21 @@ def _produce(desc_k, desc_vt, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_e
     FACTORS_TMA: with K's the block's key factors, with V^T's its column factors (row tile x kv_heads + kv_head of
     the [tiles x Hkv, BLOCK_N] / [tiles x Hkv, D] factor tiles), each barrier counting both loads' bytes."""
     block_bytes: tl.constexpr = BLOCK_N * HEAD_DIM  # E4M3: one byte per element
+    k_bytes: tl.constexpr = block_bytes + (BLOCK_N * 4 if FACTORS_TMA else 0)  # + the fp32 factors' box
+    v_bytes: tl.constexpr = block_bytes + (HEAD_DIM * 4 if FACTORS_TMA else 0)
     for n0 in range(n_begin, n_end, BLOCK_N):
         buf, phase = _slot_phase(kv_count, NUM_BUFFERS_KV)
         tlx.barrier_wait(k_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(k_fulls[buf], k_bytes)
+        tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
         if FACTORS_TMA:
             factor_row = ((vtile0 + n0 // BLOCK_N) * kv_heads + kv_head).to(tl.int32)
-            tlx.barrier_expect_bytes(k_fulls[buf], block_bytes + BLOCK_N * 4)
-            tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
             tlx.async_descriptor_load(desc_kf, kf_tiles[buf], [factor_row, 0], k_fulls[buf])
-        else:
-            tlx.barrier_expect_bytes(k_fulls[buf], block_bytes)
-            tlx.async_descriptor_load(desc_k, k_tiles[buf], [(kv_row0 + n0).to(tl.int32), kv_col], k_fulls[buf])
         tlx.barrier_wait(v_empties[buf], phase ^ 1)
+        tlx.barrier_expect_bytes(v_fulls[buf], v_bytes)
+        tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N], v_fulls[buf])
         if FACTORS_TMA:
-            tlx.barrier_expect_bytes(v_fulls[buf], block_bytes + HEAD_DIM * 4)
-            tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N],
-                                      v_fulls[buf])
             tlx.async_descriptor_load(desc_vf, vf_tiles[buf], [factor_row, 0], v_fulls[buf])
-        else:
-            tlx.barrier_expect_bytes(v_fulls[buf], block_bytes)
-            tlx.async_descriptor_load(desc_vt, v_tiles[buf], [vt_row, (vtile0 + n0 // BLOCK_N) * BLOCK_N],
-                                      v_fulls[buf])
         kv_count += 1
     return kv_count
 
