@@ -57,7 +57,7 @@ triton-mxfp8 (bf16smem), our bf16 tlx and triton. ``mxfp8-ablation`` (not in ``m
 the mxfp8 bench's six D128 rows (``MX_CASES``: dense, bcast, window, jagged, jagged-causal, dense-causal) with each
 ablation of ``configs.MXFP8_ABLATE`` (TIMING ONLY, wrong results: one stage of the key-block loop removed at a
 time), clk per key block walked, the shipped MXFP8 call from bf16 inputs and our bf16 TLX forward on the same inputs
-(bench/NOTES.md "MXFP8 ceiling: ablations"), the kernel alone with ``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48) and
+(bench/NOTES.md "MXFP8 ceiling: ablations"), the kernel alone with the other ``configs.MXFP8_FACTORS_TMA`` setting and
 FlashAttention-4's bf16 forward where ``flash_attn.cute`` imports (each column also as x FA4, same process).
 ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast);
 ``TLX_MX_RUNS="none;pquant,factors"`` picks ablation runs (";" between runs).
@@ -1902,7 +1902,8 @@ def mxfp8_ablation() -> int:
     (``jagged_attention(..., backend="tlx")``) on the same inputs in the same run, and the ratio of our bf16's time
     to each row's (> 1: that row faster than our bf16). Masked rows (causal, window): every ablation keeps the
     key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it. Also per row:
-    the kernel alone with ``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48; same results, so timed like "none") and
+    the kernel alone with the factors' other setting (``configs.MXFP8_FACTORS_TMA``, helper mxbcast48, on since stop
+    49: "none, factors by loads"; same results, so timed like "none") and
     FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
     not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
@@ -1917,17 +1918,23 @@ def mxfp8_ablation() -> int:
     for c in _mx_headline_cases(mx_case_keys(MX_CASES)):
         q, k, v, q_off, kv_off = c["inputs"]
 
-        def kernel_alone(mask, rebased=c["rebased"], c=c, q_off=q_off, kv_off=kv_off):
-            return with_setting(tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
-                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased))
+        # configs.MXFP8_FACTORS_TMA (on since stop 49) loads K's factors in V's tile layout: tiled once here, as the
+        # other operands are re-based once (the kernel alone); the knob off reads them [Hkv, T] as re-based
+        rebased_tma = (*c["rebased"][:3], mxfp8_attn_fwd.tiled_key_factors(
+            c["rebased"][3], kv_off, tlx_configs.mxfp8_fwd_config(128).block_n), *c["rebased"][4:])
+
+        def kernel_alone(mask, factors_tma=tlx_configs.MXFP8_FACTORS_TMA, c=c, q_off=q_off, kv_off=kv_off,
+                         rebased_tma=rebased_tma):
+            rebased = rebased_tma if factors_tma else c["rebased"]
+            return with_setting(tlx_configs, "MXFP8_FACTORS_TMA", factors_tma, with_setting(
+                tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
+                    *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased)))
 
         runs = mx_ablation_runs(tlx_configs.MXFP8_ABLATION_RUNS)
         fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in runs}
-        # helper mxbcast48's knob (configs.MXFP8_FACTORS_TMA): the shipped kernel's arithmetic, the factors by TMA;
-        # K's factors tiled once here, as the other operands are re-based once (the kernel alone)
-        rebased_tma = (*c["rebased"][:3], mxfp8_attn_fwd.tiled_key_factors(
-            c["rebased"][3], kv_off, tlx_configs.mxfp8_fwd_config(128).block_n), *c["rebased"][4:])
-        fns[MX_FACTORS_TMA] = with_setting(tlx_configs, "MXFP8_FACTORS_TMA", True, kernel_alone(0, rebased_tma))
+        # the other setting of the factors' loads (the shipped arithmetic either way: the same results)
+        other = MX_FACTORS_LOADS if tlx_configs.MXFP8_FACTORS_TMA else MX_FACTORS_TMA
+        fns[other] = kernel_alone(0, factors_tma=not tlx_configs.MXFP8_FACTORS_TMA)
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
@@ -1939,7 +1946,7 @@ def mxfp8_ablation() -> int:
         failures += failed
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
               "TFLOP)" + (f"; {FA4_BF16}: {fa4_why}" if fa4 is None else ""), flush=True)
-        for line in ablation_lines(ms, (*runs, MX_FACTORS_TMA, MX_BF16_IN, BF16_TLX, FA4_BF16), c["flops"],
+        for line in ablation_lines(ms, (*runs, other, MX_BF16_IN, BF16_TLX, FA4_BF16), c["flops"],
                                    c["n_blocks"], sms):
             print(line, flush=True)
     return failures
@@ -2006,7 +2013,7 @@ def fa4_forward(case, inputs):
 # bf16-in stages in the same run) and our bf16 TLX forward (the ratios' denominator)
 MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
 # the shipped kernel alone with configs.MXFP8_FACTORS_TMA (helper mxbcast48); FlashAttention-4 bf16 where it imports
-MX_FACTORS_TMA, FA4_BF16 = "none, factors by TMA", "fa4 bf16"
+MX_FACTORS_TMA, MX_FACTORS_LOADS, FA4_BF16 = "none, factors by TMA", "none, factors by loads", "fa4 bf16"
 
 
 def mxfp8_backward_timing() -> int:

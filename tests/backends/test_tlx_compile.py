@@ -444,10 +444,11 @@ def test_stats_smem_takes_the_global_loads_off_the_block_loops():
 
 
 def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
-    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48): the producer loads each key block's key and column factors
-    by TMA with its K and V^T tiles, so the MXFP8 forward's consumer block loops issue no global loads (shipped: 2
-    LDG a block, the key factors' waited for before the K tile's barrier) and no layout conversion through shared
-    memory (shipped: 2 STS + 3 BAR.SYNC a block; the factors now read by 32 LDS.64 in the accumulator's layout);
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48; on since stop 49): the producer loads each key block's key and
+    column factors by TMA with its K and V^T tiles, so the MXFP8 forward's consumer block loops issue no global loads
+    (the knob off: 2 LDG a block, the key factors' waited for before the K tile's barrier) and no layout conversion
+    through shared memory (off: 2 STS + 3 BAR.SYNC a block; the factors now read by 32 LDS.64 in the accumulator's
+    layout);
     shared memory + 3 KiB ((128 + D) x 4 B per ring slot, 3 slots), the same QGMMA and MUFU, straight paths no longer,
     no spill added (sm_90 ptxas, stop 48: broadcast-Q D128 consumer paths 771 / 960 -> 767 / 959, 168 registers,
     0 spills)."""
@@ -455,10 +456,12 @@ def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
         "-factorstma", "[s.mxfp8_fwd_specialization(128, c, broadcast_q=b, kv_major=km, factors_tma=on) for c, b, km"
         " in ((False, False, True), (False, True, False), (True, False, False)) for on in (False, True)]",
         "JFA_TLX_MXFP8_FACTORS_TMA", 6)
-    assert sorted(names) == sorted([
-        "mxfp8-fwd-d64-bf16-full-factorstma", "mxfp8-fwd-d128-bf16-full-factorstma",
-        "mxfp8-fwd-d128-bf16-causal-tilemajor-factorstma", "mxfp8-fwd-d128-fp16-causal-left-tilemajor-factorstma",
-        "mxfp8-fwd-d128-bf16-full-bcast-tilemajor-factorstma"])
+    assert sorted(names) == sorted([  # every shipped shape with the default's factors by TMA, qk2 included
+        "mxfp8-fwd-d64-bf16-full-factorstma", "mxfp8-fwd-d64-bf16-causal-tilemajor-factorstma",
+        "mxfp8-fwd-d128-bf16-full-factorstma", "mxfp8-fwd-d128-bf16-causal-tilemajor-factorstma",
+        "mxfp8-fwd-d128-fp16-causal-left-tilemajor-factorstma", "mxfp8-fwd-d128-bf16-full-bcast-tilemajor-factorstma",
+        "mxfp8-fwd-d128-fp32-causal-fromoffsets-nofma-tilemajor-factorstma", "mxfp8-fwd-d64-bf16-full-qk2-factorstma",
+        "mxfp8-fwd-d128-bf16-full-qk2-factorstma", "mxfp8-fwd-d128-bf16-causal-tilemajor-qk2-factorstma"])
     for base, r in zip(rows[0::2], rows[1::2]):
         assert r["name"] == base["name"] + "-factorstma", (base["name"], r["name"])
         assert all(n == 2 for n in base["block_loop_path_ldg"]) and base["block_loop_path_ldg"], base

@@ -1814,7 +1814,8 @@ def test_mxfp8_forward_factors_tma_launch(gpu, monkeypatch, tma):
     fp32 descriptors over the tiled K factors as [tiles x Hkv, 128] and V's column factors as [tiles x Hkv, D],
     boxes [1, 128] / [1, D] (rows the producer's coordinates tile x Hkv + head pick); factors given already tiled
     (tools/tlx_check.py's kernel-alone column) are not tiled again; off: no tiling launch, the descriptors None and
-    FACTORS_TMA False (the shipped kernel's arguments)."""
+    FACTORS_TMA False (the loads' arguments), and factors given tiled a ValueError naming ``rebased`` before any
+    launch (the loads would read them as [Hkv, T]: other keys' factors, review48)."""
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
     from jfa_ops.backends.triton import mxfp8_rebase
 
@@ -1834,6 +1835,12 @@ def test_mxfp8_forward_factors_tma_launch(gpu, monkeypatch, tma):
     params = _params(causal=True, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
     for rebased in (operands, (*operands[:3], torch.rand(tiles, hkv, 128), *operands[4:])):
         runs.clear()
+        if not tma and rebased[3].dim() == 3:
+            with pytest.raises(ValueError, match="rebased: K's factors are tiled"):
+                mxfp8_attn_fwd.attention_forward(q_mx, k_mx, v_mx, kv_off, kv_off, params, torch.bfloat16,
+                                                 rebased=rebased)
+            assert not runs
+            continue
         mxfp8_attn_fwd.attention_forward(q_mx, k_mx, v_mx, kv_off, kv_off, params, torch.bfloat16, rebased=rebased)
         launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
                     for kernel in (mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel, mxfp8_rebase.key_factor_tiles_kernel)

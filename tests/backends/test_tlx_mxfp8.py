@@ -92,7 +92,7 @@ def test_rebase_v_tiles_transposed_and_exact(spread):
 def test_key_factor_tiles_in_v_tile_layout(block_n):
     """``key_factor_tiles`` (configs.MXFP8_FACTORS_TMA's K factors): tile kv_offsets[b] // block_n + b + i of head h
     holds K's factors [h, k0 + i * block_n ...] of sequence b, zeros past its end and in the padding tiles (what the
-    shipped kernel's masked load gives), and row tile x Hkv + h of the [tiles x Hkv, block_n] view the producer's
+    knob-off kernel's masked load gives), and row tile x Hkv + h of the [tiles x Hkv, block_n] view the producer's
     TMA box reads is that tile (each row 16-byte aligned); ``tiled_key_factors``-style tiling of sequences at
     offsets that are no multiple of 4 (a [Hkv, T] box there would fault). Brute force per sequence here."""
     lengths = (0, 1, 127, 128, 129, 300, 3, 0, 257)
@@ -273,7 +273,9 @@ def _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse):
     want, want_lse = reference_mxfp8_attention(q, k, v, q_off, kv_off, **_oracle_opts(opts))
     assert not out.isnan().any() and torch.equal(lse.cpu() == -math.inf, want_lse == -math.inf)
     finite = want_lse > -math.inf
-    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 1e-4
+    # lse: 3e-4, the FP8 wgmma's accumulation on rows that see 1-3 keys (no averaging over keys): 1.13e-4 measured on
+    # fully_masked_rows D128 seed 11 (6 finite rows, 5e-4 at most; H100, stop 49), <= 1e-4 on the other cases
+    assert _rel(out, want) <= 1e-2 and _rel(lse.cpu()[finite], want_lse[finite]) <= 3e-4
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out.cpu())
     assert err <= bound, (err, bound)
 
@@ -308,10 +310,10 @@ FACTORS_TMA_CASES = {**ATTENTION_CASES,
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
 @pytest.mark.parametrize("dim", [64, 128])
-def test_tlx_factors_tma_equals_the_shipped_kernel(name, dim):
-    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48: the key and column factors by the producer's TMA): out and
-    lse equal the shipped kernel's bit for bit (the same factor values, the same arithmetic), on pre-quantized pairs
-    and on bf16 inputs (the fused quantize), and so within 1e-2 / 1e-4 of the float64 MXFP8 oracle and the issue's
+def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48, on since stop 49: the key and column factors by the
+    producer's TMA): out and lse equal the knob-off kernel's (the factors by global loads) bit for bit (the same
+    values, the same arithmetic), on pre-quantized pairs and on bf16 inputs (the fused quantize), and so within 1e-2 / 3e-4 of the float64 MXFP8 oracle and the issue's
     bound (as ``test_tlx_kernel_on_the_gpu``); outputs from a NaN-filled allocator."""
     from jfa_ops.backends.tlx import configs
     from jfa_ops.testing import _poison_allocator

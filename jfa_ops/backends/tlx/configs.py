@@ -150,7 +150,9 @@ BACKWARD_STORE_TMA = os.environ.get("JFA_TLX_BWD_STORE_TMA", "0") == "1"
 # whose reduce-add completed its count (``attn_bwd._dq_last_arrivals``; counts from ``triton.dq_last``, one small
 # launch) instead of the finalize pass after the kernel (stop 46's profile: 339 us of the sparse causal keep 0.25
 # backward's 5.43 ms, H100). Dense and block-sparse calls with the dQ split, not broadcast Q, one part per group, not
-# MXFP8 (``attn_bwd.dq_last_reason``; else the finalize launch); no recipe. Off until timed; read per call.
+# MXFP8 (``attn_bwd.dq_last_reason``; else the finalize launch); no recipe. Off: timed in stop 49 (H100, bench/
+# NOTES.md "Stop 49"), the sparse backward's kernel 1.56-1.84x longer (keep 0.5 11.7 -> 19.8 ms; predicted 1.01-1.03x
+# faster), the dense 1.07-1.43x; its 21 GPU twins pass. Read per call.
 BACKWARD_DQ_LAST = os.environ.get("JFA_TLX_BWD_DQ_LAST", "0") == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
@@ -402,9 +404,11 @@ MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 # start 16-byte aligned), read by the consumers from shared memory, instead of two global loads per block whose
 # vectors pass through a shared-memory layout conversion (3 BAR.SYNC) and whose latency the consumer waits out when
 # K is already resident (broadcast-Q: the factors come from HBM, 2,000 of 6,900 clk a block in stop 47's ablation).
-# The same values, so the same results bit for bit. Off (helper mxbcast48, not yet timed; bench/NOTES.md "Issue 12:
-# the broadcast-Q forward's MX factors by TMA"). Env JFA_TLX_MXFP8_FACTORS_TMA=1.
-MXFP8_FACTORS_TMA = os.environ.get("JFA_TLX_MXFP8_FACTORS_TMA", "0") == "1"
+# The same values, so the same results bit for bit (helper mxbcast48, bench/NOTES.md "Issue 12: the broadcast-Q
+# forward's MX factors by TMA"). On since stop 49 (H100, bench/NOTES.md "Stop 49"): the kernel alone 0.80-0.87x
+# the loads' time on all five rows (broadcast-Q 0.481 -> 0.402 ms), the pre-quantized call with the tiling pass
+# 0.907 -> 0.839 ms; its 14 GPU twins equal the loads' kernel bit for bit. Env JFA_TLX_MXFP8_FACTORS_TMA=0: the loads.
+MXFP8_FACTORS_TMA = os.environ.get("JFA_TLX_MXFP8_FACTORS_TMA", "1") == "1"
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
 # values in registers, P clamped to <= 1), fed MX-valued bf16 Q, K, V, dO (the triton quantize kernel, then one

@@ -473,6 +473,9 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         tma_factors = dict(
             desc_kf=_descriptor(k_factors.view(-1, cfg.block_n), (1, cfg.block_n)),
             desc_vf=_descriptor(v_factors.view(-1, head_dim), (1, head_dim)), FACTORS_TMA=True)
+    elif k_factors.dim() == 3:  # the loads read [Hkv, T]: tiled factors there would be the wrong keys' (review48)
+        raise ValueError("rebased: K's factors are tiled [tiles, Hkv, block_n] (configs.MXFP8_FACTORS_TMA's layout) "
+                         "but configs.MXFP8_FACTORS_TMA is off; pass rebase_operands' [Hkv, T] factors")
     else:  # launch binds every parameter by name, the defaults too
         tma_factors = dict(desc_kf=None, desc_vf=None, FACTORS_TMA=False)
     ablate = configs.MXFP8_ABLATE

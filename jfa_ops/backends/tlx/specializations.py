@@ -377,24 +377,22 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(128, "fp16", True, has_left=True, one_loop=False, dynamic=True)
     yield fwd_specialization(256, "bf16", True, dynamic=True)
     yield fwd_specialization(256, "bf16", False, dynamic=True)
-    # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major
-    for head_dim in (64, 128):
-        yield mxfp8_fwd_specialization(head_dim, False)
-        yield mxfp8_fwd_specialization(head_dim, True, kv_major=False)
-    yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16")
-    yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False)
-    yield mxfp8_fwd_specialization(128, True, from_offsets=True, kv_major=False, out_dtype="fp32", fma_softmax=False)
+    # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major; the
+    # factors by the producer's TMA (configs.MXFP8_FACTORS_TMA, on since stop 49) and by global loads (its env off)
+    for factors_tma in (True, False):
+        for head_dim in (64, 128):
+            yield mxfp8_fwd_specialization(head_dim, False, factors_tma=factors_tma)
+            yield mxfp8_fwd_specialization(head_dim, True, kv_major=False, factors_tma=factors_tma)
+        yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16",
+                                       factors_tma=factors_tma)
+        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, factors_tma=factors_tma)
+        yield mxfp8_fwd_specialization(128, True, from_offsets=True, kv_major=False, out_dtype="fp32",
+                                       fma_softmax=False, factors_tma=factors_tma)
     # configs.MXFP8_QK_CHUNKS 2: S over the halves of head_dim promoted to fp32 (off by default; with a left window
-    # D128 spills 1044 / 1004 B, not shipped as a check)
+    # D128 spills 1044 / 1004 B, not shipped as a check), with the default's factors by TMA
     for head_dim in (64, 128):
-        yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2)
-    yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2)
-    # configs.MXFP8_FACTORS_TMA (helper mxbcast48; off): the factors by the producer's TMA
-    for head_dim in (64, 128):
-        yield mxfp8_fwd_specialization(head_dim, False, factors_tma=True)
-    yield mxfp8_fwd_specialization(128, True, kv_major=False, factors_tma=True)
-    yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16", factors_tma=True)
-    yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, factors_tma=True)
+        yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2, factors_tma=True)
+    yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2, factors_tma=True)
     # the backward (its v2 consumers: "-v2"), and with dQ split between them (configs.BACKWARD_DQ_SHARED)
     for variant in (dict(), dict(dq_shared=True)):
         for head_dim in (64, 128):
