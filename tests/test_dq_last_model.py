@@ -37,3 +37,40 @@ def test_every_tile_head_is_finalized_once_on_a_random_schedule():
             for mine, f in zip(progs, finals)]
     assert end == pytest.approx(max(busy))
     assert 1 <= burst <= max(len(w) for mine in progs for w in mine)
+
+
+def test_halves_without_jitter_match_the_whole_tiles_and_count_each_half_once():
+    # both consumers arrive together: each (tile, head)'s two halves go to the same program, finalized in parallel
+    a, b, c, d, e = ((0, t) for t in range(5))
+    progs = [[[a, b], [c, d]], [[a, b, e], [c, d]]]
+    assert dq_last_model.simulate_halves(progs, 1.0, 0.0, 1.0, 0.0) == (13.0, [0, 10], 3)
+    import random
+
+    rng = random.Random(3)
+    keys = [(h, t) for h in range(2) for t in range(30)]
+    progs = [[rng.sample(keys, rng.randint(1, 10)) for _ in range(rng.randint(1, 5))] for _ in range(7)]
+    walked = {k for mine in progs for walk in mine for k in walk}
+    end, finals, _ = dq_last_model.simulate_halves(progs, 0.5, 0.2, 0.8, 1.5, seed=1)
+    assert sum(finals) == 2 * len(walked)
+    # a program's end is at least its own items, arrivals and (per consumer, at most all of its) finalizes
+    assert end >= max(sum((dq_last_model.PER_ITEM + len(w)) * 0.5 + 0.2 for w in mine) for mine in progs)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_halves_with_jitter_a_program_waits_for_its_slower_consumer(seed):
+    # P0 walks tile t then tile u, P1 walks t (1 block an item: an item ends 2.5 us after it starts). Each
+    # consumer's arrival is jittered by the seed's draws in launch order (P0 c0, P0 c1, P1 c0, P1 c1, then P0's
+    # second item's c0, c1); t's half c goes to its later arrival; P0's second item starts when both its consumers
+    # are done with the first, and it finalizes both halves of u (A 0.1, F 3.0, jitter < 1 us)
+    import random
+
+    rng = random.Random(seed)
+    jit = [rng.random() for _ in range(6)]
+    done0 = max(2.5 + jit[c] + 0.1 + 3.0 * (jit[c] > jit[2 + c]) for c in (0, 1))
+    p0_end = done0 + 2.5 + max(jit[4], jit[5]) + 0.1 + 3.0
+    p1_end = max(2.5 + jit[2 + c] + 0.1 + 3.0 * (jit[2 + c] > jit[c]) for c in (0, 1))
+    t, u = (0, 0), (0, 1)
+    end, finals, burst = dq_last_model.simulate_halves([[[t], [u]], [[t]]], 1.0, 0.1, 3.0, 1.0, seed=seed)
+    assert end == pytest.approx(max(p0_end, p1_end))
+    assert finals == [sum(jit[c] > jit[2 + c] for c in (0, 1)) + 2, sum(jit[2 + c] > jit[c] for c in (0, 1))]
+    assert burst == 1

@@ -8,7 +8,9 @@ delays that program's later items. Nothing else couples the programs.
 Per row: ``tb`` (us per 64-row block) is fitted so that the simulation without DQ_LAST gives the measured default
 kernel time; an item costs ``PER_ITEM`` blocks more. DQ_LAST adds ``A`` us per item (landing wait, fence, the walk
 again, the atomics' round trip, the reductions) and ``F`` us per finalized tile (its [64, D/2] fp32 read at L2
-after a 128-lane reduction and two barriers, the bf16 store). ``python tools/dq_last_model.py [A F]`` (~1-2 min).
+after a 128-lane reduction and two barriers, the bf16 store). ``python tools/dq_last_model.py [A F] [--halves J]``
+(~15 s a setting; --halves J: each consumer's column half counted on its own, arrivals jittered by up to J us,
+``simulate_halves``).
 """
 from __future__ import annotations
 
@@ -69,6 +71,44 @@ def simulate(progs, tb, a_us=0.0, f_us=0.0):
     return max(end), finals, burst
 
 
+def simulate_halves(progs, tb, a_us, f_us, jitter_us, seed=0):
+    """``simulate`` with each consumer's column half counted on its own (the kernel's counters are per (tile, head,
+    half)): the two consumers of an item arrive at its end plus a jitter uniform in [0, jitter_us) each, so a tile's
+    two halves can be finalized by two programs; a program's next item starts when both its consumers are done (the
+    next block's barrier). (kernel us, each program's finalized half-tiles, the most in one consumer's arrival)."""
+    import random
+
+    rng = random.Random(seed)
+    count = Counter((key, c) for mine in progs for walk in mine for key in walk for c in (0, 1))
+    heap = []
+
+    def start(p, i, t):
+        end_item = t + (PER_ITEM + len(progs[p][i])) * tb
+        for c in (0, 1):
+            heapq.heappush(heap, (end_item + rng.random() * jitter_us, p, i, c))
+    for p, mine in enumerate(progs):
+        if mine:
+            start(p, 0, 0.0)
+    end, finals, burst, done = [0.0] * len(progs), [0] * len(progs), 0, {}
+    while heap:
+        t, p, i, c = heapq.heappop(heap)
+        last = 0
+        for key in progs[p][i]:
+            count[(key, c)] -= 1
+            last += count[(key, c)] == 0
+        finals[p] += last
+        burst = max(burst, last)
+        t += a_us + last * f_us
+        if (p, i) not in done:
+            done[(p, i)] = t
+            continue
+        t = max(t, done.pop((p, i)))
+        end[p] = t
+        if i + 1 < len(progs[p]):
+            start(p, i + 1, t)
+    return max(end), finals, burst
+
+
 def fit_tb(progs, measured_us):
     """tb such that the simulation without DQ_LAST gives measured_us (linear in tb)."""
     return measured_us / simulate(progs, 1.0)[0]
@@ -76,6 +116,10 @@ def fit_tb(progs, measured_us):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    jitter = None
+    if "--halves" in argv:  # each consumer's half on its own, arrivals jittered by the next value (us)
+        k = argv.index("--halves")
+        jitter, argv = float(argv[k + 1]), argv[:k] + argv[k + 2:]
     grid = [(float(argv[0]), float(argv[1]))] if len(argv) == 2 else [(a, f) for a in (0.0, 3.0, 6.0)
                                                                       for f in (0.0, 1.0, 2.0, 3.0)]
     case = sparse_cases([128], "quick")[0]
@@ -92,7 +136,8 @@ def main(argv=None) -> int:
     for a_us, f_us in grid:
         line = []
         for kind, keep, causal, base, dqlast, progs, tb in rows:
-            t, finals, burst = simulate(progs, tb, a_us, f_us)
+            t, finals, burst = (simulate(progs, tb, a_us, f_us) if jitter is None
+                                else simulate_halves(progs, tb, a_us, f_us, jitter))
             fin = max(finals)
             line.append(f"{t - base:6.0f} ({(t - base) / (dqlast - base):4.2f}x, fin {fin} / {sum(finals) / len(finals):.0f}, "
                         f"burst {burst})")
