@@ -26,7 +26,8 @@ from sparse_bwd_model import SMS, PER_ITEM, group_order, items, per_program  # n
 
 from bench.suites import sparse_cases  # noqa: E402
 
-# stop 49's H100 kernel us per call (bench/NOTES.md): default, DQ_LAST (attn_bwd_tlx_kernel alone)
+# stop 49's H100 kernel us per call (bench/NOTES.md): default, DQ_LAST (attn_bwd_tlx_kernel alone); a dense row's keep
+# is the sparse row it was timed beside (the dense kernel is the same for both: two runs of one row)
 MEASURED = {("sparse", 0.5, False): (11728, 19844), ("sparse", 0.25, False): (6323, 11637),
             ("sparse", 0.5, True): (7346, 11806), ("sparse", 0.25, True): (4483, 7000),
             ("dense", 0.5, False): (26849, 28650), ("dense", 0.25, False): (26554, 28736),
@@ -36,8 +37,8 @@ HEAD_GROUP = 2  # configs.SPARSE_HEAD_GROUP under the group order (the block-spa
 
 def programs_of(kind, keep, causal, lens, heads):
     """Each program's item walks [(head, query tile)] in the kernel's order: block-sparse, the group order's list
-    (head groups of 2, zigzag, snake); dense, tile-major static striding (key tiles x kv heads); dense causal, the causal order's list
-    approximated as longest first under the snake."""
+    (head groups of 2, zigzag, snake); dense, tile-major static striding (key tiles x kv heads); dense causal, the
+    causal order's list approximated as longest first under the snake."""
     if kind == "sparse":
         return group_order(items(lens, heads, keep, causal), HEAD_GROUP)
     tiles = items(lens, heads, 1.0, causal)
@@ -139,8 +140,9 @@ def main(argv=None) -> int:
             t, finals, burst = (simulate(progs, tb, a_us, f_us) if jitter is None
                                 else simulate_halves(progs, tb, a_us, f_us, jitter))
             fin = max(finals)
-            line.append(f"{t - base:6.0f} ({(t - base) / (dqlast - base):4.2f}x, fin {fin} / {sum(finals) / len(finals):.0f}, "
-                        f"burst {burst})")
+            mean = sum(finals) / len(finals)
+            ratio = (t - base) / (dqlast - base)
+            line.append(f"{t - base:6.0f} ({ratio:4.2f}x, fin {fin} / {mean:.0f}, burst {burst})")
         print(f"A {a_us:4.2f} F {f_us:4.2f}: " + " | ".join(line), flush=True)
     return 0
 
