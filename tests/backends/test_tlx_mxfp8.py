@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import jfa_ops
-from jfa_ops.testing import (mx_dequantize_spec, mxfp8_attention_backward_model, rebased_mxfp8_attention_model,
-                             reference_attention, reference_mxfp8_attention, reference_mxfp8_attention_backward)
+from jfa_ops.testing import (fp8_mma_model, mx_dequantize_spec, mxfp8_attention_backward_model,
+                             rebased_mxfp8_attention_model, reference_attention, reference_mxfp8_attention,
+                             reference_mxfp8_attention_backward)
 from tests.ops.test_mxfp8 import (ATTENTION_CASES, _oracle_opts, _rel, check_no_nan, issue_error_bound, make_case,
                                   no_nan_case)
 
@@ -151,6 +152,12 @@ def test_p_in_v_key_order_matches_the_v_key_slots():
     vt_p[:, slots] = v.T
     assert torch.equal(out.double() @ vt_p.T, p.double() @ v)
     assert torch.equal(out.double().sum(1), p.double().sum(1))
+    # and bit for bit as Hopper's FP8 wgmma sums them (``fp8_mma_model``, k-steps of 16 as calibrated for this
+    # kernel: each step's products aligned to their largest exponent and added exactly, so an order within a step
+    # does not matter, and the permutation keeps every key in its 16): P V and the ones' row sums
+    ones = torch.ones(BLOCK_N, 32, dtype=torch.float64)
+    for rhs, rhs_p in ((v, vt_p.T), (ones, ones)):
+        assert torch.equal(fp8_mma_model(out.double(), rhs_p, group=16), fp8_mma_model(p.double(), rhs, group=16))
 
 
 @pytest.mark.parametrize("block_n", [128, 64])
@@ -404,6 +411,45 @@ def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
         assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
     out, lse = results[True][0]
     _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_permuted_v_keys_equals_the_shipped_kernel(name, dim):
+    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, off by default: V^T's keys in the accumulator's register
+    order, P renamed to it, no layout conversion of P): out and lse within 1e-2 / 3e-4 of the float64 MXFP8 oracle
+    and the issue's bound (``_assert_near_the_oracle``, the contract), on pre-quantized pairs and on bf16 inputs
+    (both V paths: quantize + ``rebase_v_tiles``, and MXFP8_FUSED_V's kernel + ``permute_v_keys``); and equal to
+    the shipped kernel's bit for bit, the prediction (P V and P x ones sum the same products within each 16-key
+    k-step, and Hopper's FP8 MMA aligns a step's products to one exponent: ``fp8_mma_model``,
+    ``test_p_in_v_key_order_matches_the_v_key_slots``); outputs from a NaN-filled allocator."""
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import _poison_allocator
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    q, k, v, q_off, kv_off, opts = make_case(**{**FACTORS_TMA_CASES[name], "dim": dim}, dtype=torch.bfloat16,
+                                             seed=11)
+    _skip_unless_tlx_runs(dim, q, k)
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    pairs = _pairs(*dev[:3], dev[4])
+    results, before = {}, (configs.MXFP8_PERMUTED_V_KEYS, configs.MXFP8_FUSED_V)
+    for on in (False, True):
+        configs.MXFP8_PERMUTED_V_KEYS = on
+        _poison_allocator("cuda", 16 * 1024 * 1024)  # each setting's outputs from NaN-filled memory
+        try:
+            results[on] = [jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32, return_lse=True,
+                                                   backend="tlx", **opts),
+                           jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts)]
+            configs.MXFP8_FUSED_V = True
+            results[on].append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+        finally:
+            configs.MXFP8_PERMUTED_V_KEYS, configs.MXFP8_FUSED_V = before
+    out, lse = results[True][0]
+    _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
+    for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pre-quantized, bf16 in, bf16 fused V
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
 
 
 @pytest.mark.gpu
