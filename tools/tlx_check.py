@@ -1677,7 +1677,8 @@ def _mx_case(label, q_lengths, kv_lengths, heads_q, heads_kv, dim, causal, windo
         assert err <= bound, f"issue bound: {err:.3g} > {bound:.3g}"
         detail += f" | vs float64 on originals {err:.3f} (bound {bound:.3f})"
     if sum(kv_lengths) * heads_q <= 20000 and not nan_neighbour:  # the model loops per sequence and head
-        model, _ = rebased_mxfp8_attention_model(rebase_operands(*pairs, dev[4]), q_off, kv_off, **opts)
+        model, _ = rebased_mxfp8_attention_model(rebase_operands(*pairs, dev[4], permuted_v_keys=False), q_off,
+                                                 kv_off, **opts)
         err_model = rel_err(out, model)
         assert err_model <= 1e-2, f"out vs the kernel's float64 model {err_model:.2e}"
         detail += f" | model {err_model:.1e}"
@@ -1903,7 +1904,9 @@ def mxfp8_ablation() -> int:
     to each row's (> 1: that row faster than our bf16). Masked rows (causal, window): every ablation keeps the
     key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it. Also per row:
     the kernel alone with the factors' other setting (``configs.MXFP8_FACTORS_TMA``, helper mxbcast48, on since stop
-    49: "none, factors by loads"; same results, so timed like "none") and
+    49: "none, factors by loads"; same results, so timed like "none"), the kernel alone with
+    ``configs.MXFP8_PERMUTED_V_KEYS``' other setting (helper mxfmul49, off by default: "none, V keys permuted", V^T
+    re-based once more in that order; the factors by TMA) and
     FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
     not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
@@ -1930,11 +1933,21 @@ def mxfp8_ablation() -> int:
                 tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
                     *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased)))
 
+        # configs.MXFP8_PERMUTED_V_KEYS' other setting (helper mxfmul49): V^T re-based once more in that key order
+        # (the kernel reads the order the knob says), the factors by TMA as the default
+        keys_other = not tlx_configs.MXFP8_PERMUTED_V_KEYS
+        rebased_keys = (*rebased_tma[:4], mxfp8_attn_fwd.rebase_operands(
+            *c["pairs"], kv_off, permuted_v_keys=keys_other)[4], *rebased_tma[5:])
+
         runs = mx_ablation_runs(tlx_configs.MXFP8_ABLATION_RUNS)
         fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in runs}
         # the other setting of the factors' loads (the shipped arithmetic either way: the same results)
         other = MX_FACTORS_LOADS if tlx_configs.MXFP8_FACTORS_TMA else MX_FACTORS_TMA
         fns[other] = kernel_alone(0, factors_tma=not tlx_configs.MXFP8_FACTORS_TMA)
+        keys_col = MX_PERMUTED_V_KEYS if keys_other else MX_NATURAL_V_KEYS
+        fns[keys_col] = with_setting(tlx_configs, "MXFP8_PERMUTED_V_KEYS", keys_other, with_setting(
+            tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off, r=rebased_keys:
+            mxfp8_attn_fwd.attention_forward(*c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r)))
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
@@ -1946,7 +1959,7 @@ def mxfp8_ablation() -> int:
         failures += failed
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
               "TFLOP)" + (f"; {FA4_BF16}: {fa4_why}" if fa4 is None else ""), flush=True)
-        for line in ablation_lines(ms, (*runs, other, MX_BF16_IN, BF16_TLX, FA4_BF16), c["flops"],
+        for line in ablation_lines(ms, (*runs, other, keys_col, MX_BF16_IN, BF16_TLX, FA4_BF16), c["flops"],
                                    c["n_blocks"], sms):
             print(line, flush=True)
     return failures
@@ -2014,6 +2027,8 @@ def fa4_forward(case, inputs):
 MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
 # the shipped kernel alone with configs.MXFP8_FACTORS_TMA (helper mxbcast48); FlashAttention-4 bf16 where it imports
 MX_FACTORS_TMA, MX_FACTORS_LOADS, FA4_BF16 = "none, factors by TMA", "none, factors by loads", "fa4 bf16"
+# the shipped kernel alone with configs.MXFP8_PERMUTED_V_KEYS' other setting (helper mxfmul49; factors by TMA)
+MX_PERMUTED_V_KEYS, MX_NATURAL_V_KEYS = "none, V keys permuted", "none, V keys natural"
 
 
 def mxfp8_backward_timing() -> int:

@@ -473,6 +473,30 @@ def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
 
 
+
+def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
+    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, off: not shipped): with V^T's keys in the accumulator's
+    register order and P's columns renamed to it (``mxfp8_rebase.p_in_v_key_order``), P enters P V's and the ones'
+    wgmma without Triton's layout conversion: per consumer block loop 16 SHFL.IDX + 16 SEL + 16 PRMT fewer (SHFL 28
+    -> 12, PRMT 32 -> 16: the byte packing stays), the straight path >= 40 shorter (sm_90 ptxas, stop 49: D128 dense
+    766 / 958 -> 718 / 909, causal 766 / 1091 -> 718 / 1043, D64 693 / 885 -> 645 / 837), the same QGMMA and MUFU,
+    no spill added (0 / 0), the factors by TMA (the default) either way (~60 s)."""
+    names, rows = _shipped_and_compiled(
+        "-permkeys", "[s.mxfp8_fwd_specialization(d, c, kv_major=km, factors_tma=True, permuted_v_keys=on) for d, c, km"
+        " in ((128, False, True), (128, True, False), (64, False, True)) for on in (False, True)]",
+        "JFA_TLX_MXFP8_PERMUTED_V_KEYS", 6)
+    assert names == [], names  # off by default: no shipped kernel has it
+    for base, r in zip(rows[0::2], rows[1::2]):
+        assert r["name"] == base["name"] + "-permkeys", (base["name"], r["name"])
+        for key in ("qgmma_e4m3_smem_a", "qgmma_e4m3_reg_a", "block_loop_mufu", "shared"):
+            assert r[key] == base[key], (key, base, r)
+        assert len(r["block_loop_path"]) == len(base["block_loop_path"]) == 4, r  # 2 loops per consumer
+        assert all(b - n == 16 for n, b in zip(r["block_loop_shfl"], base["block_loop_shfl"])), (base, r)
+        assert all(b - n == 16 for n, b in zip(r["block_loop_prmt"], base["block_loop_prmt"])), (base, r)
+        assert all(b - n >= 40 for n, b in zip(r["block_loop_path"], base["block_loop_path"])), (base, r)
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
+        assert not any(r["block_loop_path_spill_ops"]), r
+
 SPILL_SLACK = 96  # STORE_TMA's per-item spill bytes a thread over the default's (+68 at most here, stop 40)
 
 

@@ -1863,6 +1863,36 @@ def test_mxfp8_forward_factors_tma_launch(gpu, monkeypatch, tma):
         assert kf.base.stride(0) * 4 % 16 == 0 and vf.base.stride(0) * 4 % 16 == 0
 
 
+
+@needs_tlx
+@pytest.mark.parametrize("permuted", [False, True])
+def test_mxfp8_forward_permuted_v_keys_launch(gpu, monkeypatch, permuted):
+    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49) in the MXFP8 forward's host call: the re-basing stage
+    writes V^T in the order the kernel reads it (``rebase_v_tiles_kernel`` PERMUTED_KEYS and the TLX kernel's
+    PERMUTED_V_KEYS both the knob's value), and ``rebase_operands(..., permuted_v_keys=False)`` (tools/tlx_check.py's
+    float64 model of the natural order) the natural order whatever the knob."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+    from jfa_ops.backends.triton import mxfp8_rebase
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "MXFP8_PERMUTED_V_KEYS", permuted)
+    kv_off = torch.tensor([0, 300, 429], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    pair = (torch.randn(429, 2, 128, generator=g).to(torch.float8_e4m3fn),
+            torch.zeros(429, 2, 4, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    v_pair = (pair[0], torch.zeros(429 // 32 + 2, 2, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    params = _params(causal=True, max_seqlen_q=300, max_seqlen_kv=300)
+    mxfp8_attn_fwd.attention_forward(pair, pair, v_pair, kv_off, kv_off, params, torch.bfloat16)
+    launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
+                for kernel in (mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel, mxfp8_rebase.rebase_v_tiles_kernel)
+                if kernel.fn.__name__ == name}
+    assert launched["rebase_v_tiles_kernel"]["PERMUTED_KEYS"] is permuted
+    assert launched["mxfp8_attn_fwd_tlx_kernel"]["PERMUTED_V_KEYS"] is permuted
+    runs.clear()
+    mxfp8_attn_fwd.rebase_operands(pair, pair, v_pair, kv_off, permuted_v_keys=False)
+    assert [dict(zip(mxfp8_rebase.rebase_v_tiles_kernel.arg_names, values))["PERMUTED_KEYS"]
+            for name, _, values, _ in runs if name == "rebase_v_tiles_kernel"] == [False]
+
 # helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB
 # L2 (the H100's and H200's): (label, kv heads, q heads per kv head, head dim, lengths, causal, the group it gives
 # after head_group's divisor rule). tools/sparse_bwd_model.py --groups holds the model's choice beside each kind.

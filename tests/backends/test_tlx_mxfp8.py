@@ -20,15 +20,19 @@ import pytest
 import torch
 
 import jfa_ops
-from jfa_ops.testing import (mx_dequantize_spec, mxfp8_attention_backward_model, rebased_mxfp8_attention_model,
-                             reference_attention, reference_mxfp8_attention, reference_mxfp8_attention_backward)
+from jfa_ops.testing import (fp8_mma_model, mx_dequantize_spec, mxfp8_attention_backward_model,
+                             rebased_mxfp8_attention_model, reference_attention, reference_mxfp8_attention,
+                             reference_mxfp8_attention_backward)
 from tests.ops.test_mxfp8 import (ATTENTION_CASES, _oracle_opts, _rel, check_no_nan, issue_error_bound, make_case,
                                   no_nan_case)
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from jfa_ops.backends.triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles  # noqa: E402,E501
 from jfa_ops.backends.triton.mxfp8_rebase import key_factor_tiles, rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
+from jfa_ops.backends.triton.mxfp8_rebase import p_in_v_key_order, permute_v_keys, v_key_slots  # noqa: E402
 
 BLOCK_N = 128
 
@@ -86,6 +90,74 @@ def test_rebase_v_tiles_transposed_and_exact(spread):
             expect = want[k0 + n0:k0 + n0 + n]
             assert ((got[:n] - expect).abs() <= factors[tile].double()[None] * 256 * 2.0 ** -10).all()
             assert (got[:n] != expect).double().mean() <= (1e-3 if spread is None else 0.25)  # measured ~0 / 0.11
+
+
+def test_v_key_slots_permute_within_each_16_keys():
+    """``v_key_slots`` (configs.MXFP8_PERMUTED_V_KEYS' V^T order) is a permutation of each 16 keys onto themselves
+    (so of each 32-key k-step of the wgmma), the accumulator's pairs (2t, 2t + 1) and (8 + 2t, 9 + 2t) of quad
+    thread t landing on the A operand's 4t..4t + 3."""
+    slots = v_key_slots(128)
+    assert sorted(slots.tolist()) == list(range(128))
+    assert ((slots // 16) == (torch.arange(128) // 16)).all()
+    for t in range(4):
+        for base in (0, 16, 112):
+            keys = [base + 2 * t, base + 2 * t + 1, base + 8 + 2 * t, base + 9 + 2 * t]
+            assert slots[keys].tolist() == [base + 4 * t + i for i in range(4)]
+
+
+@pytest.mark.parametrize("spread", [None, 12])
+def test_rebase_v_tiles_permuted_keys(spread):
+    """``rebase_v_tiles(..., permuted_keys=True)`` (configs.MXFP8_PERMUTED_V_KEYS): per tile, key k of the natural
+    V^T at column ``v_key_slots[k]``, bit for bit (``permute_v_keys`` of the natural one), the factors unchanged;
+    jagged tails (keys past a sequence: zero columns, moved as the rest)."""
+    lengths = (0, 1, 127, 128, 129, 300)
+    _, _, v, _, kv_off, _ = make_case((1,) * len(lengths), lengths, dim=64, spread=spread, seed=3)
+    data, scale = jfa_ops.mxfp8_quantize(v, kv_off, block=(32, 1), backend="reference")
+    off = kv_off.to(torch.int32)
+    vt, factors = rebase_v_tiles(data, scale, off, BLOCK_N)
+    vt_p, factors_p = rebase_v_tiles(data, scale, off, BLOCK_N, permuted_keys=True)
+    bits, bits_p = vt.view(torch.uint8), vt_p.view(torch.uint8)
+    slots = v_key_slots(BLOCK_N)
+    for b, length in enumerate(lengths):  # the tiles sequences own (padding tiles are never written nor read)
+        for i in range(-(-length // BLOCK_N)):
+            tile = int(kv_off[b]) // BLOCK_N + b + i
+            assert torch.equal(factors[tile], factors_p[tile])
+            nat = bits[:, tile * BLOCK_N:(tile + 1) * BLOCK_N]
+            got = bits_p[:, tile * BLOCK_N:(tile + 1) * BLOCK_N]
+            assert torch.equal(got[:, slots], nat)
+            assert torch.equal(permute_v_keys(vt, BLOCK_N).view(torch.uint8)[:, tile * BLOCK_N:(tile + 1) * BLOCK_N],
+                               got)
+            if length - i * BLOCK_N > 2:  # key 2 moves to column 4 (keys 0, 1 stay)
+                assert not torch.equal(got, nat)
+
+
+@triton.jit
+def _p_in_v_key_order_kernel(P, OUT, ROWS: tl.constexpr, N: tl.constexpr):
+    offs = tl.arange(0, ROWS)[:, None] * N + tl.arange(0, N)[None, :]
+    tl.store(OUT + offs, p_in_v_key_order(tl.load(P + offs)))
+
+
+def test_p_in_v_key_order_matches_the_v_key_slots():
+    """The kernel's renaming of P's columns (``p_in_v_key_order``, under the interpreter) puts key k's probability
+    at column ``v_key_slots[k]``, V^T's column of key k under ``permuted_keys``: P' V' == P V exactly (float64 of
+    E4M3 values: P' V' sums the same products), and the row sums (P x ones) the same."""
+    g = torch.Generator().manual_seed(4)
+    p = torch.rand(64, BLOCK_N, generator=g).to(torch.float8_e4m3fn).float()
+    out = torch.empty_like(p)
+    _p_in_v_key_order_kernel[(1,)](p, out, ROWS=64, N=BLOCK_N)
+    slots = v_key_slots(BLOCK_N)
+    assert torch.equal(out[:, slots], p)
+    v = torch.randn(BLOCK_N, 64, generator=g).to(torch.float8_e4m3fn).double()
+    vt_p = torch.empty(64, BLOCK_N, dtype=torch.float64)
+    vt_p[:, slots] = v.T
+    assert torch.equal(out.double() @ vt_p.T, p.double() @ v)
+    assert torch.equal(out.double().sum(1), p.double().sum(1))
+    # and bit for bit as Hopper's FP8 wgmma sums them (``fp8_mma_model``, k-steps of 16 as calibrated for this
+    # kernel: each step's products aligned to their largest exponent and added exactly, so an order within a step
+    # does not matter, and the permutation keeps every key in its 16): P V and the ones' row sums
+    ones = torch.ones(BLOCK_N, 32, dtype=torch.float64)
+    for rhs, rhs_p in ((v, vt_p.T), (ones, ones)):
+        assert torch.equal(fp8_mma_model(out.double(), rhs_p, group=16), fp8_mma_model(p.double(), rhs, group=16))
 
 
 @pytest.mark.parametrize("block_n", [128, 64])
@@ -339,6 +411,45 @@ def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
         assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
     out, lse = results[True][0]
     _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_permuted_v_keys_equals_the_shipped_kernel(name, dim):
+    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, off by default: V^T's keys in the accumulator's register
+    order, P renamed to it, no layout conversion of P): out and lse within 1e-2 / 3e-4 of the float64 MXFP8 oracle
+    and the issue's bound (``_assert_near_the_oracle``, the contract), on pre-quantized pairs and on bf16 inputs
+    (both V paths: quantize + ``rebase_v_tiles``, and MXFP8_FUSED_V's kernel + ``permute_v_keys``); and equal to
+    the shipped kernel's bit for bit, the prediction (P V and P x ones sum the same products within each 16-key
+    k-step, and Hopper's FP8 MMA aligns a step's products to one exponent: ``fp8_mma_model``,
+    ``test_p_in_v_key_order_matches_the_v_key_slots``); outputs from a NaN-filled allocator."""
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import _poison_allocator
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    q, k, v, q_off, kv_off, opts = make_case(**{**FACTORS_TMA_CASES[name], "dim": dim}, dtype=torch.bfloat16,
+                                             seed=11)
+    _skip_unless_tlx_runs(dim, q, k)
+    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
+    pairs = _pairs(*dev[:3], dev[4])
+    results, before = {}, (configs.MXFP8_PERMUTED_V_KEYS, configs.MXFP8_FUSED_V)
+    for on in (False, True):
+        configs.MXFP8_PERMUTED_V_KEYS = on
+        _poison_allocator("cuda", 16 * 1024 * 1024)  # each setting's outputs from NaN-filled memory
+        try:
+            results[on] = [jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32, return_lse=True,
+                                                   backend="tlx", **opts),
+                           jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts)]
+            configs.MXFP8_FUSED_V = True
+            results[on].append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+        finally:
+            configs.MXFP8_PERMUTED_V_KEYS, configs.MXFP8_FUSED_V = before
+    out, lse = results[True][0]
+    _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
+    for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pre-quantized, bf16 in, bf16 fused V
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
 
 
 @pytest.mark.gpu

@@ -42,7 +42,8 @@ from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
 from ..triton.mxfp8_attn_fwd import _scores
 from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
-from ..triton.mxfp8_rebase import INV_P_SCALE, P_SCALE_LOG2, key_factor_tiles, rebase_rows, rebase_v_tiles
+from ..triton.mxfp8_rebase import (INV_P_SCALE, P_SCALE_LOG2, key_factor_tiles, p_in_v_key_order, permute_v_keys,
+                                   rebase_rows, rebase_v_tiles)
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _tile_count,
                        _wait_turn, _work_tile)
@@ -134,14 +135,16 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
              QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr, kf_tiles=None, vf_tiles=None,
-             FACTORS_TMA: tl.constexpr = False):
+             FACTORS_TMA: tl.constexpr = False, PERMUTED_V_KEYS: tl.constexpr = False):
     """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
     running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
     of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key
     factors at the sequence's first key; VF_HEAD: its column factors of tile 0 (tile t at + t * kv_heads * D).
     ABLATE != 0: TIMING ONLY, WRONG RESULTS (the ABLATE_* bits above). FACTORS_TMA (``configs.MXFP8_FACTORS_TMA``):
     the key and column factors from the ring slot's ``kf_tiles`` / ``vf_tiles`` (the producer's TMA loads, landed
-    with K and V^T) instead of global loads: the same values, so the same results bit for bit."""
+    with K and V^T) instead of global loads: the same values, so the same results bit for bit. PERMUTED_V_KEYS
+    (``configs.MXFP8_PERMUTED_V_KEYS``): V^T's keys in ``mxfp8_rebase.v_key_slot`` order, P's columns renamed to
+    it (``p_in_v_key_order``): P enters the wgmma without a layout conversion."""
     NO_P_QUANT: tl.constexpr = (ABLATE & ABLATE_P_QUANT) != 0
     NO_SOFTMAX: tl.constexpr = (ABLATE & ABLATE_SOFTMAX) != 0
     NO_FACTORS: tl.constexpr = (ABLATE & ABLATE_FACTORS) != 0
@@ -209,6 +212,8 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
             p8 = tl.full(p.shape, 1.0, tl.float32).to(tl.float8e4nv)
         else:
             p8 = p.to(tl.float8e4nv)  # round to nearest even
+            if PERMUTED_V_KEYS:  # the accumulator's registers as the A operand's (V^T's keys stored to match)
+                p8 = p_in_v_key_order(p8)
         tlx.barrier_wait(v_fulls[buf], phase)
         if FACTORS_TMA and not NO_FACTORS:  # live from here only (the global load's were live all iteration)
             v_factor = tl.reshape(tlx.local_load(vf_tiles[buf]), (HEAD_DIM,))
@@ -258,7 +263,8 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, KV_MAJOR: tl.constexpr,
                               BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                               TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr = 0,
-                              desc_kf=None, desc_vf=None, FACTORS_TMA: tl.constexpr = False):
+                              desc_kf=None, desc_vf=None, FACTORS_TMA: tl.constexpr = False,
+                              PERMUTED_V_KEYS: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head), as ``attn_fwd_tlx_kernel``. desc_q: re-based Q [T_q (or
     L_q), Hq*D] E4M3, block [BLOCK_M/2, D]; desc_k: re-based K [T_kv, Hkv*D], block [BLOCK_N, D]; desc_vt: V^T
     [Hkv*D, tiles*BLOCK_N], block [D, BLOCK_N]; QF [Hq, q_rows], KF [Hkv, k_rows] row factors; VF [tiles, Hkv, D]
@@ -266,7 +272,8 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
     0, or TIMING ONLY with WRONG RESULTS (the ABLATE_* bits: one stage of the key-block loop removed each).
     FACTORS_TMA (``configs.MXFP8_FACTORS_TMA``): desc_kf over K's factors in V's tile layout [tiles x Hkv, BLOCK_N]
     (``mxfp8_rebase.key_factor_tiles``), desc_vf over VF as [tiles x Hkv, D], each block [1, *]: the producer
-    loads a key block's factors with its K and V^T tiles; KF and VF are not read."""
+    loads a key block's factors with its K and V^T tiles; KF and VF are not read. PERMUTED_V_KEYS
+    (``configs.MXFP8_PERMUTED_V_KEYS``): desc_vt's tiles hold their keys in ``mxfp8_rebase.v_key_slot`` order."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -368,17 +375,20 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA,
+                            PERMUTED_V_KEYS)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA)
+                            HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA,
+                            PERMUTED_V_KEYS)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
-                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA)
+                            HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA,
+                            PERMUTED_V_KEYS)
                         tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
                     # out = Pq V / sum(Pq) (lq in units of 2**-8, acc's V factors carry the 2**-8), lse from the
@@ -402,12 +412,14 @@ def _descriptor(t: torch.Tensor, block_shape):
     return TensorDescriptor(t, shape=list(t.shape), strides=list(t.stride()), block_shape=list(block_shape))
 
 
-def rebase_operands(q_mx, k_mx, v_mx, kv_offsets):
+def rebase_operands(q_mx, k_mx, v_mx, kv_offsets, permuted_v_keys=None):
     """The kernel's operands (qr, q_factors, kr, k_factors, vt, v_factors) from (data, scale) pairs
-    (``triton/mxfp8_rebase.py``)."""
+    (``triton/mxfp8_rebase.py``); vt's keys in ``v_key_slot`` order when ``permuted_v_keys`` (None:
+    ``configs.MXFP8_PERMUTED_V_KEYS``, as the kernel launched now reads them)."""
     cfg = mxfp8_fwd_config(q_mx[0].shape[2])
+    permuted = configs.MXFP8_PERMUTED_V_KEYS if permuted_v_keys is None else permuted_v_keys
     return (*rebase_rows(*q_mx), *rebase_rows(*k_mx),
-            *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n))
+            *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n, permuted_keys=permuted))
 
 
 def tiled_key_factors(k_factors: torch.Tensor, kv_offsets: torch.Tensor, block_n: int) -> torch.Tensor:
@@ -425,17 +437,22 @@ def quantize_operands(q, k, v, kv_offsets, rounding):
     the re-basing stage unless ``configs.MXFP8_FUSED_V``."""
     cfg = mxfp8_fwd_config(q.shape[2])
     kv_off = kv_offsets.to(torch.int32)
+    permuted = configs.MXFP8_PERMUTED_V_KEYS
     if configs.MXFP8_FUSED_V:
-        v_operands = quantize_rebased_v_tiles(v, kv_off, cfg.block_n, rounding)
+        vt, vf = quantize_rebased_v_tiles(v, kv_off, cfg.block_n, rounding)
+        # (both off-by-default knobs together: the fused kernel writes the natural order, a copy permutes it)
+        v_operands = (permute_v_keys(vt, cfg.block_n) if permuted else vt, vf)
     else:
-        v_operands = rebase_v_tiles(*quantize(v, kv_off, (32, 1), rounding), kv_off, cfg.block_n)
+        v_operands = rebase_v_tiles(*quantize(v, kv_off, (32, 1), rounding), kv_off, cfg.block_n,
+                                    permuted_keys=permuted)
     return (*quantize_rebased_rows(q, rounding), *quantize_rebased_rows(k, rounding), *v_operands)
 
 
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, rebased=None):
     """(out [T_out, Hq, D] in ``out_dtype``, lse [Hq, T_out] fp32) from (data, scale) pairs: the triton MXFP8
     forward's contract (``triton.mxfp8_attn_fwd.attention_forward``). ``rebased``: ``rebase_operands``'s result
-    for these pairs, to time the kernel alone (tools/tlx_check.py)."""
+    for these pairs, to time the kernel alone (tools/tlx_check.py); its vt in the key order
+    ``configs.MXFP8_PERMUTED_V_KEYS`` says (the kernel cannot tell)."""
     operands = (lambda kv_off: rebase_operands(q_mx, k_mx, v_mx, kv_off)) if rebased is None else (lambda _: rebased)
     return _forward(operands, q_mx[0].shape, k_mx[0].shape, q_offsets, kv_offsets, params, out_dtype)
 
@@ -501,6 +518,7 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         right=right, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0,
-        QK_CHUNKS=configs.MXFP8_QK_CHUNKS, ABLATE=ablate, **tma_factors), num_warps=NUM_WARPS,
+        QK_CHUNKS=configs.MXFP8_QK_CHUNKS, ABLATE=ablate, **tma_factors,
+        PERMUTED_V_KEYS=configs.MXFP8_PERMUTED_V_KEYS), num_warps=NUM_WARPS,
         num_stages=1)
     return out, lse

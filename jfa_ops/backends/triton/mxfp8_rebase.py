@@ -57,8 +57,9 @@ def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_s
 @triton.jit(do_not_specialize=["rows"])
 def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, rows, stride_vtrow, stride_vt, stride_vh,
                           stride_st, stride_sh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                          SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
-    """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring)."""
+                          SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr, PERMUTED_KEYS: tl.constexpr = False):
+    """Program (tile, kv head): the tile's keys re-based per column, stored transposed (module docstring).
+    PERMUTED_KEYS: key k of the tile stored at column ``v_key_slot(k)`` (``p_in_v_key_order``)."""
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
@@ -72,9 +73,49 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, rows, stri
         bits = tl.load(VS + (kv_row0 // 32 + seq + blocks)[:, None] * stride_st + head * stride_sh + d[None, :],
                        mask=(blocks * 32 < len_k)[:, None], other=0)  # scale bits 0: 2**-127, never the maximum
         y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
-        cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if PERMUTED_KEYS:
+            cols = tile.to(tl.int64) * BLOCK_N + v_key_slot(tl.arange(0, BLOCK_N))
+        else:
+            cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(VT + (head * HEAD_DIM + d)[None, :] * stride_vtrow + cols[:, None], y)
         tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, _v_tile_factor(e_max))
+
+
+@triton.jit
+def v_key_slot(k):
+    """The V^T column of key ``k`` of a tile under ``configs.MXFP8_PERMUTED_V_KEYS`` (the TLX MXFP8 forward):
+    within each 16 keys, bits (j: 8, t: 4 2, e: 1) of the key to (t: 8 4, j: 2, e: 1). The column that
+    ``p_in_v_key_order`` gives key k's probability."""
+    return (k & ~15) | (((k >> 1) & 3) << 2) | (((k >> 3) & 1) << 1) | (k & 1)
+
+
+@triton.jit
+def p_in_v_key_order(p):
+    """P [rows, n] with its key columns in V^T's ``v_key_slot`` order: column 32a + 16h + 4t + 2j + e of the result
+    is key 32a + 16h + 8j + 2t + e. Why: Hopper's wgmma accumulator gives thread t (of a quad) keys 8j + 2t + e of
+    each 16 (j, e in 0..1), where P as the A operand of an E4M3 wgmma (4 bytes a register) needs keys 4t + 0..3, so
+    Triton converts P's layout with 16 SHFL.IDX + 16 SEL + 16 PRMT per block (sm_90 SASS). This reordering keeps
+    every value in its thread and register (a pure renaming in the linear layouts); P V sums the same products when
+    V^T's keys are stored in the same order (``rebase_v_tiles(..., permuted_keys=True)``), as does P x ones."""
+    R: tl.constexpr = p.shape[0]
+    N: tl.constexpr = p.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(p, [R, N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]), [R, N])
+
+
+def v_key_slots(block_n: int) -> torch.Tensor:
+    """``v_key_slot`` of keys 0..block_n-1 (int64, host): the V^T column of each key of a tile."""
+    k = torch.arange(block_n)
+    return (k & ~15) | (((k >> 1) & 3) << 2) | (((k >> 3) & 1) << 1) | (k & 1)
+
+
+def permute_v_keys(vt: torch.Tensor, block_n: int) -> torch.Tensor:
+    """``rebase_v_tiles``' V^T [rows, tiles * block_n] with each tile's keys moved to their ``v_key_slots`` columns
+    (what ``rebase_v_tiles(..., permuted_keys=True)`` writes): a copy."""
+    bits = vt.view(torch.uint8)
+    out = torch.empty_like(bits)
+    out.view(bits.shape[0], -1, block_n)[:, :, v_key_slots(block_n).to(vt.device)] = \
+        bits.view(bits.shape[0], -1, block_n)
+    return out.view(vt.dtype)
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -127,9 +168,11 @@ def v_tiles(total_kv: int, num_seqs: int, block_n: int) -> int:
     return total_kv // block_n + num_seqs
 
 
-def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Tensor, block_n: int):
+def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Tensor, block_n: int,
+                   permuted_keys: bool = False):
     """(V^T E4M3 [Hkv * D, tiles * block_n], fp32 column factors / 2**8 [tiles, Hkv, D]) of a (32, 1) pair
-    (module docstring). ``kv_offsets`` int32 on the data's device."""
+    (module docstring). ``kv_offsets`` int32 on the data's device. ``permuted_keys``: each tile's keys at their
+    ``v_key_slots`` columns (``configs.MXFP8_PERMUTED_V_KEYS``' layout)."""
     rows, heads, dim = data.shape
     num_seqs = kv_offsets.shape[0] - 1
     tiles = v_tiles(rows, num_seqs, block_n)
@@ -141,5 +184,6 @@ def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Te
             V=data, VS=bits, KV_OFF=kv_offsets, VT=vt, VF=factors, num_seqs=num_seqs, num_heads=heads, rows=rows,
             stride_vtrow=vt.stride(0), stride_vt=data.stride(0), stride_vh=data.stride(1),
             stride_st=bits.stride(0), stride_sh=bits.stride(1), HEAD_DIM=dim, BLOCK_N=block_n,
-            SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting()), num_warps=4, num_stages=1)
+            SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting(), PERMUTED_KEYS=permuted_keys),
+            num_warps=4, num_stages=1)
     return vt, factors
