@@ -379,24 +379,31 @@ FACTORS_TMA_CASES = {**ATTENTION_CASES,
                                               broadcast_q=True, heads_q=4, heads_kv=4)}
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
-@pytest.mark.parametrize("dim", [64, 128])
-def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
-    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48, on since stop 49: the key and column factors by the
-    producer's TMA): out and lse equal the knob-off kernel's (the factors by global loads) bit for bit (the same
-    values, the same arithmetic), on pre-quantized pairs and on bf16 inputs (the fused quantize), and so within 1e-2 / 3e-4 of the float64 MXFP8 oracle and the issue's
-    bound (as ``test_tlx_kernel_on_the_gpu``); outputs from a NaN-filled allocator."""
-    from jfa_ops.backends.tlx import configs
-    from jfa_ops.testing import _poison_allocator
-
+def _knob_twin_case(name, dim):
+    """A knob twin's case (skips without a GPU or where tlx does not run it): the CPU inputs and options, the
+    inputs on the GPU, and their MX pairs."""
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     q, k, v, q_off, kv_off, opts = make_case(**{**FACTORS_TMA_CASES[name], "dim": dim}, dtype=torch.bfloat16,
                                              seed=11)
     _skip_unless_tlx_runs(dim, q, k)
     dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
-    pairs = _pairs(*dev[:3], dev[4])
+    return q, k, v, q_off, kv_off, opts, dev, _pairs(*dev[:3], dev[4])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
+    """``configs.MXFP8_FACTORS_TMA`` (helper mxbcast48, on since stop 49: the key and column factors by the
+    producer's TMA): out and lse equal the knob-off kernel's (the factors by global loads) bit for bit (the same
+    values, the same arithmetic), on pre-quantized pairs and on bf16 inputs (the fused quantize), and so within
+    1e-2 / 3e-4 of the float64 MXFP8 oracle and the issue's bound (as ``test_tlx_kernel_on_the_gpu``); outputs from
+    a NaN-filled allocator."""
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import _poison_allocator
+
+    q, k, v, q_off, kv_off, opts, dev, pairs = _knob_twin_case(name, dim)
     results, before = {}, configs.MXFP8_FACTORS_TMA
     for on in (False, True):
         configs.MXFP8_FACTORS_TMA = on
@@ -427,13 +434,7 @@ def test_tlx_permuted_v_keys_equals_the_shipped_kernel(name, dim):
     from jfa_ops.backends.tlx import configs
     from jfa_ops.testing import _poison_allocator
 
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    q, k, v, q_off, kv_off, opts = make_case(**{**FACTORS_TMA_CASES[name], "dim": dim}, dtype=torch.bfloat16,
-                                             seed=11)
-    _skip_unless_tlx_runs(dim, q, k)
-    dev = [None if t is None else t.cuda() for t in (q, k, v, q_off, kv_off)]
-    pairs = _pairs(*dev[:3], dev[4])
+    q, k, v, q_off, kv_off, opts, dev, pairs = _knob_twin_case(name, dim)
     results, before = {}, (configs.MXFP8_PERMUTED_V_KEYS, configs.MXFP8_FUSED_V)
     for on in (False, True):
         configs.MXFP8_PERMUTED_V_KEYS = on
