@@ -1443,9 +1443,7 @@ def sparse_backward_timing() -> int:
 # KNOBS.sparse_transpose_scatter (helper transpose46: the transposed selection as marks then lists), "onesort" =
 # KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both. "auto":
 # configs.SPARSE_BACKWARD_AUTO_GROUP (helper sparsehg47: the head group by configs.sparse_auto_head_group's rule; the
-# row's line "auto head group" says which it chose). "dqlast" / "tlx dense dqlast": configs.BACKWARD_DQ_LAST (helper
-# dqlast48: each query tile's dQ written in the TLX kernel by its last contributor, no finalize launch) on the sparse
-# and the dense backward; their kernels are profiled too ("sparse dqlast", "dense tlx dense dqlast").
+# row's line "auto head group" says which it chose).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
                        "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
@@ -1454,10 +1452,7 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                        "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
                        "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
                        "auto": ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse"),
-                       "dqlast": ({"BACKWARD_DQ_LAST": True}, "sparse"),
-                       "same": ({}, "sparse"), "tlx dense": ({}, "dense"),
-                       "tlx dense dqlast": ({"BACKWARD_DQ_LAST": True}, "dense")}
-PROFILED_COLUMNS = ("dqlast", "tlx dense dqlast")  # knob columns whose kernels are listed too
+                       "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
 
 
 def dense_tiles(lens, block_n: int, block_m: int, causal: bool) -> int:
@@ -1505,7 +1500,7 @@ def sparse_bwd_ablation() -> int:
     cols = tuple(c for c in SPARSE_BWD_ABLATION if not wanted or c == "default" or c in wanted.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP",
-             "SPARSE_BACKWARD_AUTO_GROUP", "BACKWARD_DQ_LAST")
+             "SPARSE_BACKWARD_AUTO_GROUP")
     saved = {k: getattr(configs, k) for k in knobs}
     triton_knobs = sorted({k[len("KNOBS."):] for c in cols for k in SPARSE_BWD_ABLATION[c][0] if k.startswith("KNOBS.")})
     saved_knobs = {k: getattr(KNOBS, k) for k in triton_knobs}
@@ -1546,12 +1541,11 @@ def sparse_bwd_ablation() -> int:
         faulthandler.dump_traceback_later(HANG_S, exit=True)
         kernels = {kind: _kernels(grads[kind], calls=5) for kind in grads}
         for col in cols:
-            if any(k.startswith("KNOBS.") for k in SPARSE_BWD_ABLATION[col][0]) or col in PROFILED_COLUMNS:
-                settings, kind = SPARSE_BWD_ABLATION[col]
-                apply(settings)
+            if any(k.startswith("KNOBS.") for k in SPARSE_BWD_ABLATION[col][0]):
+                apply(SPARSE_BWD_ABLATION[col][0])
                 configs.SPARSE_BACKWARD = True
                 try:
-                    kernels[f"{kind} {col}"] = _kernels(grads[kind], calls=5)
+                    kernels[f"sparse {col}"] = _kernels(grads["sparse"], calls=5)
                 finally:
                     apply({})
         faulthandler.cancel_dump_traceback_later()

@@ -260,8 +260,8 @@ def _uniform_walk_rows(compiled, prefix):
     """(row, the default kernel of the same features) of every ``prefix`` specialization with UNIFORM_WALK (the
     forward's zigzag order on it has its own test: no non-uniform twin)."""
     by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if r["name"].startswith(prefix) and "-uniform" in r["name"]
-            and "-zigzag" not in r["name"] and "-dqlast" not in r["name"]]  # DQ_LAST: against its own twin below
+    rows = [r for r in compiled
+            if r["name"].startswith(prefix) and "-uniform" in r["name"] and "-zigzag" not in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, f"no {prefix} uniform walk"
     return [(r, by_name[re.sub(r"-(headgroup|uniform|itemorder|walkahead)|-kvearly(-storetma)?", "", r["name"])])
             for r in rows]
@@ -357,40 +357,13 @@ def test_causal_order_kernels_spill_as_the_default(compiled):
     # (and peel37's "-kvearly-peel" rows: test_peel_drops_the_ds_guard_from_the_bulk_loop)
     # (and lsedelta40's "-statssmem" rows: test_stats_smem_takes_the_global_loads_off_the_block_loops)
     # (and dkvtma40's "-storetma" rows: test_store_tma_leaves_the_block_loops_as_they_were)
-    # (and dqlast48's "-dqlast" rows: test_dq_last_keeps_the_block_loops)
     rows = [r for r in compiled if "-causalorder" in r["name"]
-            and not r["name"].endswith(("-kvearly", "-peel", "-statssmem", "-storetma", "-dqlast"))]
+            and not r["name"].endswith(("-kvearly", "-peel", "-statssmem", "-storetma"))]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {128}, "no causal order compiled"
     for r in rows:
         base = by_name[r["name"].replace("-causalorder", "")]
         assert (r["spill_stores"] + r["spill_loads"]
                 <= base["spill_stores"] + base["spill_loads"] + 16), (r, base)
-
-
-def test_dq_last_keeps_the_block_loops(compiled):
-    """DQ_LAST (helper dqlast48, ``configs.BACKWARD_DQ_LAST``): each query tile's dQ finalized in the kernel after
-    each work item (``attn_bwd._dq_last_arrivals``), nothing added to the block loop. Against the same kernel without
-    it (sm_90 ptxas, stop 48): shared memory + 16..80 B; block-sparse: no spill instruction more on either block
-    loop's straight path (0 / 0 at D128) and the uniform walk's R2UR (1-5), spills + 36..92 B a thread (per item);
-    dense: consumer 1's path as without, consumer 0's D128 causal path 16 STL/LDL instead of 1-2 (its masked dS guard
-    a branch instead of 34 if-converted FSETP/FSEL: 45 instructions shorter; bench/NOTES.md "helper dqlast48"),
-    spills + 60..232 B."""
-    by_name = {r["name"]: r for r in compiled}
-    rows = [r for r in compiled if r["name"].endswith("-dqlast")]
-    assert len([r for r in rows if r["name"].startswith("sparse-")]) == 7, [r["name"] for r in rows]
-    assert len([r for r in rows if not r["name"].startswith("sparse-")]) == 7, [r["name"] for r in rows]
-    for r in rows:
-        base = by_name[r["name"].removesuffix("-dqlast")]
-        sparse = r["name"].startswith("sparse-")
-        assert base["shared"] <= r["shared"] <= base["shared"] + 96, (r, base)
-        assert (r["spill_stores"] + r["spill_loads"]
-                <= base["spill_stores"] + base["spill_loads"] + (96 if sparse else 240)), (r, base)
-        path, base_path = r["block_loop_path_spill_ops"], base["block_loop_path_spill_ops"]
-        assert len(path) == len(base_path) == 2, (r, base)
-        if sparse:
-            assert all(p <= q for p, q in zip(path, base_path)) and max(r["block_loop_r2ur"]) <= 5, (r, base)
-        else:
-            assert path[0] <= max(base_path[0], 16) and path[1] <= base_path[1] + 1, (r, base)
 
 
 def test_kv_early_kernels_spill_as_the_default(compiled):

@@ -309,8 +309,7 @@ def _block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_
                                              item_order=configs.BACKWARD_ITEM_ORDER,
                                              group_order=configs.BACKWARD_GROUP_ORDER,
                                              kv_early=configs.SPARSE_BACKWARD_KV_EARLY,
-                                             store_tma=configs.BACKWARD_STORE_TMA,
-                                             dq_last=configs.BACKWARD_DQ_LAST)
+                                             store_tma=configs.BACKWARD_STORE_TMA)
     from ..triton import block_sparse_backward as triton_backward
 
     return triton_backward(*args)

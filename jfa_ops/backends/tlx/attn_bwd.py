@@ -44,7 +44,6 @@ from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cos
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, snake_items, snake_work,
                              stage_block_start, stage_bounds, window_bounds, work_item)
 from ..triton.configs import Knobs
-from ..triton.dq_last import dq_arrival_counts, dq_slots
 from ..triton.launch import launch_planned
 from ..triton.mxfp8_quantize import _shared_exponent
 from ..gqa_split import plan as gqa_split_plan
@@ -52,7 +51,7 @@ from ..triton.scheduling import (binary_search_steps, capacity_of, kv_tiles, sch
                                  tiles_from_offsets)
 from . import configs
 from .attn_fwd import (NUM_CONSUMERS, VFIX_BARRIER, _n_blocks, _slot_phase, _tile_count, _tile_sequence, _tma_ready,
-                       _uniform_walk, _warp_uniform, _zero_rows_past_end, uniform_lengths)
+                       _uniform_walk, _zero_rows_past_end, uniform_lengths)
 from .configs import NUM_WARPS, bwd_config_v2
 
 OWN_BARRIER: tl.constexpr = tl.constexpr(12)  # + consumer id: one warpgroup's shared-memory writes are done
@@ -631,80 +630,6 @@ def _add_partial(x, Ptr, row0, rows_left, stride, col, HEAD_DIM: tl.constexpr):
                               is_pure=False, pack=1)
 
 
-@triton.jit
-def _fence_proxy_async_global(x):
-    """``fence.proxy.async.global``: the async proxy's (TMA's) global writes ordered with this thread's generic ones
-    that follow (the arrivals' release)."""
-    tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r,r", [x], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def _finalize_dq_half(DQ_ACC, DQ_OUT, row0, rows_left, col, row_stride, scale, BLOCK_M: tl.constexpr,
-                      HALF: tl.constexpr):
-    """DQ_LAST: rows i < rows_left of the fp32 accumulator's [BLOCK_M, HALF] columns col.. from row row0, times
-    scale, to DQ_OUT (q's dtype; the same [T, Hq, D] layout). Read at L2 (.cg): every reduce-add into them has
-    landed (the caller's acquire), and no stale L1 line may answer."""
-    rows = tl.arange(0, BLOCK_M) + _opaque_zero(row0)  # not hoisted out of the item loop (``_dq_last_arrivals``)
-    d = tl.arange(0, HALF)
-    offs = (row0 + rows).to(tl.int64)[:, None] * row_stride + col + d[None, :]
-    ok = (rows < rows_left)[:, None]
-    acc = tl.load(DQ_ACC + offs, mask=ok, other=0.0, cache_modifier=".cg")
-    tl.store(DQ_OUT + offs, (acc * scale).to(DQ_OUT.dtype.element_ty), mask=ok)
-
-
-DQ_ARRIVALS: tl.constexpr = tl.constexpr(128)  # query tiles counted down at once: one per consumer thread
-
-
-@triton.jit
-def _dq_last_arrivals(DQ_ACC, DQ_OUT, DQ_COUNT, ids, first, n, lead_begin, seq, row0, len_q, head0, g_begin, g_end,
-                      num_heads, scale, CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_Q: tl.constexpr, SPARSE: tl.constexpr):
-    """DQ_LAST, after a work item's blocks: this consumer's column half of every (query tile, q head) the item
-    reduce-added to is counted down (``triton.dq_last``: the counters start at the number of key tiles that walk
-    the tile); where this arrival was the last, the warpgroup writes the tile's dQ half
-    (``_finalize_dq_half``). The item's tiles: dense, n tiles from lead_begin; SPARSE, tiles first .. first + n - 1
-    at ``ids`` (``selected_tile_start``); for q heads head0 + g_begin .. head0 + g_end - 1.
-
-    Ordering (FA3's dQ semaphore, ``Barrier::arrive_inc`` after ``tma_store_wait<0>``): the TMA-issuing thread
-    waits until its reduce-adds have landed (not only read their staging buffer), the async proxy's writes are
-    fenced, a named barrier brings the warpgroup past that, then one acq_rel atomic per tile (release: the landed
-    adds before the count; acquire for the thread that takes it to 0), and the finalize reads after the reductions'
-    barriers. Once per item, where its last reduce-add has had the dK/dV epilogue to land: the wait is short, the
-    block loop unchanged."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    tlx.async_descriptor_store_wait(0, read_only=False)
-    _fence_proxy_async_global(seq)
-    tlx.named_barrier_wait(OWN_BARRIER + CID, 128)
-    # per-lane values through an opaque zero of this item's values, so that LLVM keeps them here (not hoisted out of
-    # the item loop, live across the block loop)
-    lanes = tl.arange(0, DQ_ARRIVALS) + _opaque_zero(seq)
-    for g in range(g_begin, g_end):
-        head = head0 + g
-        col = head * HEAD_DIM + CID * HALF
-        for t0 in range(0, n, DQ_ARRIVALS):
-            t = t0 + lanes
-            ok = t < n
-            if SPARSE:
-                m0 = selected_tile_start(ids, first + t, BLOCK_Q, BLOCK_M, ok)
-            else:
-                m0 = lead_begin + t * BLOCK_M
-            slot = (row0 + m0) // BLOCK_M + seq
-            old = tl.atomic_add(DQ_COUNT + (slot * num_heads + head) * 2 + CID, -1, mask=ok, sem="acq_rel",
-                                scope="gpu")
-            last = (ok & (old == 1)).to(tl.int32)
-            # the reductions' results through redux.sync: from shared memory ptxas takes them for per-lane values,
-            # and a loop or branch on them made the item loop divergent (its block loop's wgmma descriptors then
-            # left the uniform registers: 131 R2UR and ~40 spill ops more in its path, sm_90 SASS)
-            n_last = _warp_uniform(tl.sum(last, 0))
-            if n_last > 0:
-                rank = tl.cumsum(last, 0)
-                for r in range(0, n_last):
-                    m0_r = _warp_uniform(tl.sum(tl.where((last != 0) & (rank == r + 1), m0, 0), 0))
-                    _finalize_dq_half(DQ_ACC, DQ_OUT, row0 + m0_r, len_q - m0_r, col, num_heads * HEAD_DIM, scale,
-                                      BLOCK_M, HALF)
-
-
 @triton.jit(do_not_specialize=["num_heads_kv", "total_out", "group", "window_left", "right", "n_slots",
                                "search_steps", "num_seqs", "rows_s", "rows_o", "n_kv_blocks", "head_group"])
 def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK, DV, Q_OFF, KV_OFF, TILE_SEQ,
@@ -724,8 +649,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                         MXFP8: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
                         PEEL: tl.constexpr = False,
                         STATS_SMEM: tl.constexpr = False, desc_lse=None, desc_delta=None,
-                        STORE_TMA: tl.constexpr = False, desc_dk=None, desc_dv=None,
-                        DQ_LAST: tl.constexpr = False, DQ_ACC=None, DQ_OUT=None, DQ_COUNT=None):
+                        STORE_TMA: tl.constexpr = False, desc_dk=None, desc_dv=None):
     """Work items (key tile, kv head); desc_q/desc_do: [T (broadcast Q: L_q), Hq*D] blocks [BLOCK_M, D]; desc_k/desc_v
     [T_kv, Hkv*D] blocks [BLOCK_N, D]; desc_dq: the zeroed fp32 [rows of q, Hq*D] accumulator, blocks [BLOCK_M, D].
     The consumers are ``_consume_rows_v2``'s (un-transposed S, P and dS through shared memory, wgmma overlapped);
@@ -765,12 +689,7 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
     the sequence leaves its dQ staging buffer by one TMA store each (desc_dk / desc_dv: DK's / DV's [T_kv, Hkv*D] rows,
     blocks [HALF_N, D]; ``_store_staged``) instead of being read back for masked pointer stores; dV's store waits for
     dK's read of the buffer, and dV's read is waited for where the buffer is next written (the next dQ reduce-add's
-    staging, or the next epilogue). A partial half-tile keeps the pointer stores. The same bits.
-
-    DQ_LAST (``configs.BACKWARD_DQ_LAST``; the dQ split, not broadcast Q, one part per group, not MXFP8): after
-    each item, its query tiles' counters DQ_COUNT ([slots, Hq, 2] int32, ``triton.dq_last``) counted down, and a
-    tile whose last contributor this consumer was finalized from DQ_ACC (the fp32 accumulator desc_dq covers) into
-    DQ_OUT (``_dq_last_arrivals``): no finalize launch after the kernel."""
+    staging, or the next epilogue). A partial half-tile keeps the pointer stores. The same bits."""
     tl.static_assert(not STATS_SMEM or not (SPARSE or MXFP8 or STATS_AHEAD),
                      "STATS_SMEM: the dense walks, not MXFP8, instead of STATS_AHEAD's prefetch")
     tl.static_assert(not PEEL or not (SPARSE or MXFP8), "PEEL: the dense walks, not MXFP8")
@@ -788,9 +707,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                      "STORE_TMA: KV_EARLY's epilogue, one dQ staging buffer per consumer, not MXFP8")
     tl.static_assert(not SPARSE or (BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
                      "the block-sparse walk takes whole tiles per selected block")
-    tl.static_assert(not DQ_LAST or (DQ_SHARED and not BROADCAST_Q and GROUP_SPLIT == 1 and not MXFP8
-                                     and ABLATE == 0), "DQ_LAST: the dQ split, one dQ per sequence, one part per "
-                     "group (the host counts those walks), not MXFP8, no ablation")
     HALF_N: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     NO_LOADS: tl.constexpr = (ABLATE & ABLATE_LOADS) != 0
     NO_DKV_STORE: tl.constexpr = (ABLATE & ABLATE_DKV_STORE) != 0
@@ -915,21 +831,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                             tail_begin, tail_end, cid, HEAD_DIM, BLOCK_M, NUM_BUFFERS_Q, NUM_BUFFERS_DQ, DQ_SPLIT,
                             HAS_LEFT, HAS_RIGHT, dtype, DQ_SHARED, Q_BLOCK_INDEX, sel_first, sel_count, SPARSE,
                             BLOCK_Q, STATS_AHEAD, ABLATE, MXFP8, PEEL, stat_tiles, STATS_SMEM)
-                    if DQ_LAST:  # the item's walk again, its loads under the dK/dV epilogue (arrivals after it):
-                        # derived again through an opaque zero, not carried over the block loop from before it (that
-                        # cost the block-sparse loop 6 spill ops in its path, sm_90 SASS, D128 causal; 0 so, as off)
-                        (_, _, _, row0_again, len_q_again, _, _, lead_again, _, _, _, _, tail_again,
-                         seq_again) = _bwd_item(snake_work(pid, i + _opaque_zero(i), programs, SNAKE), Q_OFF, KV_OFF,
-                                                TILE_SEQ, TILE_START, n_tiles, units, num_seqs, search_steps,
-                                                rows_s, rows_o, window_left, right, head_group, TILE_HEAD, BLOCK_M,
-                                                BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, HEAD_GROUPED,
-                                                ITEM_LIST)
-                        if SPARSE:  # the walk's (first, n), live across the block loop anyway; uniform registers
-                            # (without UNIFORM_WALK ptxas takes them for per-lane values: a divergent loop below)
-                            n_tiles_walked = sel_count if UNIFORM_WALK else _warp_uniform(sel_count)
-                        else:  # uniform registers, as the walk's (loop bounds below)
-                            n_tiles_walked = _warp_uniform(tl.maximum(tl.cdiv(tail_again - lead_again, BLOCK_M), 0))
-                            lead_again = _warp_uniform(lead_again)
                     if GROUP_SPLIT > 1:  # this part's dK / dV added to the fp32 accumulators from registers
                         _add_partial(dk * scale, DK, kv_row0 + k0, len_k - k0, stride_dkvt, kv_head * HEAD_DIM,
                                      HEAD_DIM)
@@ -972,10 +873,6 @@ def attn_bwd_tlx_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, Lse, Delta, DK
                     if not KV_EARLY:
                         tlx.barrier_arrive(kv_empties[cid], 1)  # every product with K, V of this item has completed
                     kv_count += 1
-                    if DQ_LAST:  # after the epilogue (the producer's next loads already out)
-                        _dq_last_arrivals(DQ_ACC, DQ_OUT, DQ_COUNT, Q_BLOCK_INDEX, sel_first, n_tiles_walked,
-                                          lead_again, seq_again, row0_again, len_q_again, kv_head * group, g_begin,
-                                          g_end, num_heads_kv * group, scale, cid, HEAD_DIM, BLOCK_M, BLOCK_Q, SPARSE)
             tlx.async_descriptor_store_wait(0, read_only=False)  # every dQ reduce-add has landed
 
 
@@ -1066,7 +963,6 @@ class BackwardVariant(NamedTuple):
     peel: bool
     stats_smem: bool = False
     store_tma: bool = False
-    dq_last: bool = False
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, dq_shared: bool = False,
@@ -1075,7 +971,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                        ablate: int = 0, gqa_split: int = 0, mxfp8: bool = False,
                        delta_grad_out=None, causal_jagged: bool = False, kv_early: bool = False,
                        peel: bool = False,
-                       stats_smem: bool = False, store_tma: bool = False, dq_last: bool = False):
+                       stats_smem: bool = False, store_tma: bool = False):
     """(dq, dk, dv): the triton backend's contract (``jfa_ops.backends.base``); ``dq_shared``: the consumers' dQ split
     between them (``configs.BACKWARD_DQ_SHARED``). ``selection``: (kv_block_index, kv_block_count) of block-sparse
     attention (``block_sparse_backward``). ``stats_ahead`` (``configs.stats_ahead``): dense only. The schedule's:
@@ -1109,10 +1005,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
     (``configs.BACKWARD_STATS_SMEM``; dense calls, not MXFP8, else ignored; instead of ``stats_ahead``): the producer
     loads each block's lse and delta into shared memory with its Q and dO (the kernel's STATS_SMEM); no recipe.
     ``store_tma`` (``configs.BACKWARD_STORE_TMA``; where ``kv_early`` runs, else ignored): whole dK/dV half-tiles leave
-    the staging buffer by TMA stores (the kernel's STORE_TMA); no recipe. ``dq_last`` (``configs.BACKWARD_DQ_LAST``;
-    ``dq_last_reason`` None, else ignored): each query tile's dQ written in the kernel by its last contributor
-    (``triton.dq_last``'s counts, one small launch before the kernel) instead of the finalize launch after it (the
-    kernel's DQ_LAST); no recipe."""
+    the staging buffer by TMA stores (the kernel's STORE_TMA); no recipe."""
     if selection is not None:  # the experiments walk dense blocks only
         stats_ahead = False
         if not uniform_walk:  # the schedule's ride on the uniform walk (alone, ptxas spilled 12-28 B more per item)
@@ -1143,7 +1036,6 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         (kv_offsets.numel() - 1) * q.shape[0] if params.broadcast_q else q.shape[0]) < 2 ** 31 - 2 ** 16)
     stats_ahead = stats_ahead and not stats_smem  # the lse / delta prefetch has nothing left to prefetch
     store_tma = bool(store_tma and kv_early)  # KV_EARLY's epilogue (its staging buffer)
-    dq_last = bool(dq_last and dq_last_reason(q, kv_offsets, params, dq_shared, parts, mxfp8, ablate) is None)
     if ablate:
         if not (dq_shared and selection is None):
             raise ValueError("the backward ablations (configs.BACKWARD_ABLATE) apply to the default dense kernel only "
@@ -1151,11 +1043,10 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
         warnings.warn(f"tlx backward with ablations {configs.backward_ablation_names(ablate)} (JFA_TLX_BWD_ABLATE / "
                       "configs.BACKWARD_ABLATE): TIMING ONLY, the gradients are WRONG")
     variant = BackwardVariant(dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order,
-                              ablate, parts, kv_early, peel, stats_smem, store_tma, dq_last)
+                              ablate, parts, kv_early, peel, stats_smem, store_tma)
     # no recipe for the MXFP8 backward (delta from another dO), nor with STATS_SMEM or STORE_TMA (their two
-    # descriptors are not among the recipe's), nor DQ_LAST (its counts launch)
-    kept = (selection is None and not mxfp8 and delta_grad_out is None and not stats_smem and not store_tma
-            and not dq_last)
+    # descriptors are not among the recipe's)
+    kept = selection is None and not mxfp8 and delta_grad_out is None and not stats_smem and not store_tma
     key = _recipe_key(grad_out, grad_lse, q, k, v, out, params, variant) if kept else None
     recipe = None if key is None else _RECIPES.get(key)
     if recipe is not None:
@@ -1175,7 +1066,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     order's per-call list built on the device (the same list; no recipe holds a list, so the key need not say),
     where its items x tiles count stays within ``configs.CAUSAL_ORDER_DEVICE_MAX_PAIRS`` (else the torch list)."""
     (dq_shared, stats_ahead, head_group, uniform_walk, item_order, group_order, causal_order, ablate, parts, kv_early,
-     peel, stats_smem, store_tma, dq_last) = variant
+     peel, stats_smem, store_tma) = variant
     device, num_seqs = q.device, kv_offsets.numel() - 1
     num_heads, head_dim, num_heads_kv = q.shape[1], q.shape[2], k.shape[1]
     if params.broadcast_q:
@@ -1243,13 +1134,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
            if stats_smem else {}),
         **(dict(desc_dk=rows_descriptor(dk, cfg.block_n // 2), desc_dv=rows_descriptor(dv, cfg.block_n // 2))
            if store_tma else {}))
-    dq = None
-    if dq_last:  # the counters (and dQ zeroed where no key tile walks), then the kernel writes dQ itself
-        dq = common.alloc_output(q.shape, q.dtype, device)
-        counts = dq_arrival_counts(q_off, kv_off, total_out, num_heads, num_heads_kv, head_dim, dq, cfg.block_m,
-                                   cfg.block_n, bounds, None if selection is None else (
-                                       q_index, q_count, params.block_q, params.block_kv), launch=launcher.launch)
-        dynamic.update(DQ_ACC=dq_acc, DQ_OUT=dq, DQ_COUNT=counts)
 
     def static():  # every value here follows from plan_key; dK/dV are fresh [T_kv, Hkv, D] tensors
         return dict(num_heads_kv=num_heads_kv, stride_dkvt=num_heads_kv * head_dim, group=num_heads // num_heads_kv,
@@ -1265,8 +1149,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                     **({} if items is not None else dict(TILE_HEAD=None)), **sparse_static, MXFP8=mxfp8,
                     KV_EARLY=kv_early, PEEL=peel,
                     STATS_SMEM=stats_smem, **({} if stats_smem else dict(desc_lse=None, desc_delta=None)),
-                    STORE_TMA=store_tma, **({} if store_tma else dict(desc_dk=None, desc_dv=None)),
-                    DQ_LAST=dq_last, **({} if dq_last else dict(DQ_ACC=None, DQ_OUT=None, DQ_COUNT=None)))
+                    STORE_TMA=store_tma, **({} if store_tma else dict(desc_dk=None, desc_dv=None)))
 
     plan_key = (q.dtype, num_heads, head_dim, num_heads_kv, params.scale, bounds, params.broadcast_q, variant, cfg,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
@@ -1275,9 +1158,6 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
     if parts > 1:  # two tensors (views of one would alias the op's outputs)
         dk, dv = dkv_acc[0].to(k.dtype), dkv_acc[1].to(v.dtype)
-
-    if dq_last:
-        return dq, dk, dv
 
     # 3. dq = scale * dq_acc in q's dtype (the triton backend's finalize)
     dq = common.alloc_output(q.shape, q.dtype, device)
@@ -1412,26 +1292,6 @@ class _Recipe:
         return dq, dk, dv
 
 
-def dq_last_reason(q, kv_offsets, params, dq_shared: bool = True, parts: int = 1, mxfp8: bool = False,
-                   ablate: int = 0) -> Optional[str]:
-    """None where DQ_LAST (``configs.BACKWARD_DQ_LAST``) runs a call, else why the finalize launch does: from shapes
-    and the call's options only (no sync). The counts are exact for the walks counted (``triton.dq_last``): one dQ
-    per sequence (broadcast Q: every sequence adds into one), one part per GQA group, the consumers' dQ split (one
-    column half each); not the MXFP8 backward or an ablation; the counters' int32 cells."""
-    if not dq_shared:
-        return "the consumers without the dQ split (DQ_LAST counts one column half per consumer)"
-    if params.broadcast_q:
-        return "broadcast Q: every sequence adds into one dQ"
-    if parts > 1:
-        return "a GQA split (GROUP_SPLIT parts)"
-    if mxfp8 or ablate:
-        return "the MXFP8 backward or an ablation"
-    block_m = bwd_config_v2(q.shape[2], True).block_m
-    if dq_slots(q.shape[0], kv_offsets.numel() - 1, block_m) * q.shape[1] * 2 >= 2 ** 31:
-        return "more counters than int32 cells"
-    return None
-
-
 def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
     """None when ``block_sparse_backward`` runs the call, else why not (the triton sparse backward runs it): the
     block sizes (``configs.sparse_backward_reason``) and the transposed selection's tiles, which the kernel counts
@@ -1450,14 +1310,13 @@ def block_sparse_backward_reason(q, k, kv_block_index, params) -> Optional[str]:
 def block_sparse_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, kv_block_index,
                           kv_block_count, params, dq_shared: bool = True, head_group: int = 0,
                           uniform_walk: bool = False, item_order: bool = False, group_order: bool = False,
-                          kv_early: bool = False, store_tma: bool = False, dq_last: bool = False):
+                          kv_early: bool = False, store_tma: bool = False):
     """(dq, dk, dv) of ``jfa::block_sparse_attention``: the backward with SPARSE (each key tile walks the query tiles of
     the Q blocks that selected its KV block, from the selection transposed on the device); the triton sparse backward's
     contract. ``block_sparse_backward_reason`` held. ``head_group``, ``uniform_walk``, ``item_order``, ``group_order``:
     the experiments (``attention_backward``); ``kv_early`` (``configs.SPARSE_BACKWARD_KV_EARLY``) and ``store_tma``
-    (with it): the dense default's epilogue (``attention_backward``); ``dq_last`` (``configs.BACKWARD_DQ_LAST``): dQ
-    by each query tile's last contributor (``attention_backward``)."""
+    (with it): the dense default's epilogue (``attention_backward``)."""
     return attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params,
                               dq_shared=dq_shared, selection=(kv_block_index, kv_block_count), head_group=head_group,
                               uniform_walk=uniform_walk, item_order=item_order, group_order=group_order,
-                              kv_early=kv_early, store_tma=store_tma, dq_last=dq_last)
+                              kv_early=kv_early, store_tma=store_tma)

@@ -145,15 +145,6 @@ BACKWARD_STATS_SMEM = os.environ.get("JFA_TLX_BWD_STATS_SMEM", "0") == "1"
 # same bits; where KV_EARLY runs (dense, the dQ split, one part per group, not MXFP8); no recipe (its descriptors).
 # Off (0) until timed on the H200.
 BACKWARD_STORE_TMA = os.environ.get("JFA_TLX_BWD_STORE_TMA", "0") == "1"
-# DQ_LAST (JFA_TLX_BWD_DQ_LAST=1; helper dqlast48, bench/NOTES.md "Issue 11: dQ by its last contributor, helper
-# dqlast48"): each query tile's dQ (per q head and consumer column half) written in the TLX kernel by the consumer
-# whose reduce-add completed its count (``attn_bwd._dq_last_arrivals``; counts from ``triton.dq_last``, one small
-# launch) instead of the finalize pass after the kernel (stop 46's profile: 339 us of the sparse causal keep 0.25
-# backward's 5.43 ms, H100). Dense and block-sparse calls with the dQ split, not broadcast Q, one part per group, not
-# MXFP8 (``attn_bwd.dq_last_reason``; else the finalize launch); no recipe. Off: timed in stop 49 (H100, bench/
-# NOTES.md "Stop 49"), the sparse backward's kernel 1.56-1.84x longer (keep 0.5 11.7 -> 19.8 ms; predicted 1.01-1.03x
-# faster), the dense 1.07-1.43x; its 21 GPU twins pass. Read per call.
-BACKWARD_DQ_LAST = os.environ.get("JFA_TLX_BWD_DQ_LAST", "0") == "1"
 # GQA_SPLIT (JFA_TLX_BWD_GQA_SPLIT=R, rounds; 0: off; helper gqabwd, bench/NOTES.md "TLX GQA backward balance"): a
 # dense item (key tile, kv head) walks every q head of the kv head's group, so GQA has group-times fewer, longer
 # items: the bench's Hq16:Hkv2 jagged causal row lists 536 items (4.1 per SM), its longest (the 8192-key sequence's
@@ -601,7 +592,7 @@ def backward_options(head_dim: int, heads_kv: int) -> dict:
                 ablate=BACKWARD_ABLATE,  # 0 unless timing stages (wrong results)
                 gqa_split=BACKWARD_GQA_SPLIT,
                 kv_early=BACKWARD_KV_EARLY, peel=BACKWARD_PEEL, stats_smem=BACKWARD_STATS_SMEM,
-                store_tma=BACKWARD_STORE_TMA, dq_last=BACKWARD_DQ_LAST)
+                store_tma=BACKWARD_STORE_TMA)
 
 
 def bwd_config_v2(head_dim: int, dq_shared: bool = False) -> Optional[BwdConfig]:

@@ -156,7 +156,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        causal_order: bool = False, ablate: int = 0,
                        group_split: int = 1,
                        mxfp8: bool = False, kv_early: bool = False, peel: bool = False,
-                       stats_smem: bool = False, store_tma: bool = False, dq_last: bool = False) -> Specialization:
+                       stats_smem: bool = False, store_tma: bool = False) -> Specialization:
     """``sparse``: the block-sparse backward (``attn_bwd.block_sparse_backward``: SPARSE on the v2 consumers) for a
     selection of block_q x block_kv blocks; stats_ahead: the lse/delta prefetch on the dense default
     (``configs.stats_ahead``); head_grouped, uniform_walk, item_order: helper sparsebwd2's
@@ -169,8 +169,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     helper peel37's block loop peeled by stage, the mask-free bulk's loop without mask code (``configs.BACKWARD_PEEL``);
     stats_smem: helper lsedelta40's lse and delta loaded by the producer into shared memory with each Q/dO block
     (``configs.BACKWARD_STATS_SMEM``); store_tma: helper dkvtma40's dK/dV half-tiles by TMA stores
-    (``configs.BACKWARD_STORE_TMA``, with kv_early); dq_last: helper dqlast48's dQ finalized in the kernel by each
-    query tile's last contributor (``configs.BACKWARD_DQ_LAST``)."""
+    (``configs.BACKWARD_STORE_TMA``, with kv_early)."""
     from .attn_bwd import NO_SELECTION, attn_bwd_tlx_kernel
 
     cfg = bwd_config_v2(head_dim, dq_shared)
@@ -205,11 +204,6 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                      desc_dv=f"tensordesc<{dtype}[{cfg.block_n // 2},{head_dim}]>")
     else:
         constexprs.update(desc_dk=None, desc_dv=None)
-    constexprs["DQ_LAST"] = dq_last
-    if dq_last:
-        types.update(DQ_ACC="*fp32", DQ_OUT=f"*{dtype}", DQ_COUNT="*i32")
-    else:
-        constexprs.update(DQ_ACC=None, DQ_OUT=None, DQ_COUNT=None)
     if constexprs["ITEM_LIST"]:
         types["TILE_HEAD"] = "*i32"
     else:
@@ -233,7 +227,7 @@ def bwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}" \
            f"{'-ablate-' + backward_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
            f"{'-mxfp8' if mxfp8 else ''}{'-kvearly' if kv_early else ''}{'-peel' if peel else ''}" \
-           f"{'-statssmem' if stats_smem else ''}{'-storetma' if store_tma else ''}{'-dqlast' if dq_last else ''}"
+           f"{'-statssmem' if stats_smem else ''}{'-storetma' if store_tma else ''}"
     return Specialization(name, "attn_bwd_tlx_kernel", "jfa_ops.backends.tlx.attn_bwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
 
@@ -480,25 +474,6 @@ def _specializations() -> Iterator[Specialization]:
             for causal in (False, True):
                 yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True,
                                          kv_early=True, **tma)
-    # helper dqlast48's dQ finalized in the kernel by each query tile's last contributor (configs.BACKWARD_DQ_LAST):
-    # the dense default's kernels (KV_EARLY on) at D64/D128, the causal order's, its feature case with a left window,
-    # from offsets; the block-sparse default's (the uniform walk under the group order's list), the feature cases
-    # with a left window and from offsets (head groups on the uniform walk, as their shipped twins), 256 blocks
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            yield bwd_specialization(head_dim, "bf16", causal, **dense_v2[head_dim], kv_early=True, dq_last=True)
-            yield bwd_specialization(head_dim, "bf16", causal, **sparse_v2, uniform_walk=True, item_order=True,
-                                     dq_last=True)
-    yield bwd_specialization(128, "bf16", True, **dense_v2[128], causal_order=True, kv_early=True, dq_last=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **dense_v2[128], causal_order=True, kv_early=True,
-                             dq_last=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **dense_v2[128], kv_early=True, dq_last=True)
-    yield bwd_specialization(128, "fp16", True, has_left=True, **sparse_v2, head_grouped=True, uniform_walk=True,
-                             dq_last=True)
-    yield bwd_specialization(128, "bf16", True, from_offsets=True, **sparse_v2, head_grouped=True, uniform_walk=True,
-                             dq_last=True)
-    yield bwd_specialization(128, "bf16", True, **sparse_v2, block_q=256, block_kv=256, uniform_walk=True,
-                             item_order=True, dq_last=True)
     # STATS_AHEAD forced at D128 (configs.BACKWARD_STATS_AHEAD=True) and at D64 without KV_EARLY
     lab = dict(dq_shared=True)
     for causal in (False, True):
@@ -541,7 +516,7 @@ def compile_sm90(spec: Specialization, loop_counts: bool = False) -> dict:
                 **(block_loop_counts(sass_of(compiled.asm["cubin"]))
                    if loop_counts or spec.name.startswith("sparse-") or spec.name.startswith("bwd-") and (
                        "-ablate-" in spec.name or "-split" in spec.name
-                       or "-mxfp8" in spec.name or "-kvearly" in spec.name) else {}),  # -kvearly: DQ_LAST's twins
+                       or "-mxfp8" in spec.name) else {}),
                 # GROUP_SPLIT's partial dK/dV adds (per consumer thread: 2 x [64, D] / 128 threads each)
                 **({"red_f32": len(re.findall(r"red\.[a-z.]*global\.add\.f32", ptx))} if "-split" in spec.name
                    else {}))

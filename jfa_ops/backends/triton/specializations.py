@@ -164,28 +164,6 @@ def transpose_scatter_specializations() -> Iterator[Specialization]:
                          4, 1)
 
 
-def dq_last_specializations() -> Iterator[Specialization]:
-    """The TLX backward's DQ_LAST counts (``dq_last.dq_arrivals_kernel``, ``tlx.configs.BACKWARD_DQ_LAST``) as
-    ``dq_arrival_counts`` launches them: dense (one count for every head) and block-sparse (every kv head at once:
-    1, 16 (the bench's), 2 and 64), causal, a left window, D64 fp16 and D128 bf16; no dots. sm_90 only (TLX)."""
-    from . import dq_last
-
-    fn = dq_last.dq_arrivals_kernel
-    for head_dim, dtype, sparse, has_left, has_right, heads_kv in ((128, "bf16", False, False, True, 1),
-                                                                    (128, "bf16", True, False, True, 16),
-                                                                    (128, "bf16", True, True, True, 2),
-                                                                    (64, "fp16", False, False, False, 1),
-                                                                    (64, "fp16", True, False, False, 64)):
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=128, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-                          SPARSE=sparse, BLOCK_Q=128 if sparse else 64, BLOCK_KV=128, KV_P2=heads_kv,
-                          CHUNK=max(8, min(dq_last.COUNT_CHUNK, 1024 // heads_kv)))
-        sig, attrs = _signature(fn, {"Q_OFF": "*i32", "KV_OFF": "*i32", "COUNT": "*i32", "DQ": f"*{dtype}",
-                                     "Q_BLOCK_INDEX": "*i32", "Q_BLOCK_COUNT": "*i32"}, constexprs)
-        yield Specialization(f"dq_last-counts-d{head_dim}-{dtype}-{'sparse' if sparse else 'dense'}"
-                             f"{'-causal' if has_right else ''}{'-left' if has_left else ''}", "dq_arrivals_kernel",
-                             dq_last.__name__, sig, constexprs, attrs, 4, 1)
-
-
 def rank_specialization() -> Specialization:
     """The list-ordering kernel (scheduling.rank_tiles_kernel) as build_tiles launches it."""
     from . import scheduling
@@ -425,7 +403,6 @@ def arch_specializations(cc: int) -> Iterator[Specialization]:
     if cc >= 90:
         yield from shipped_specializations()
         yield from mxfp8_specializations()
-        yield from dq_last_specializations()  # the TLX backward's (sm_90 only)
         return
     seen = set()
     for kernel in ("fwd", "dkdv", "dq"):
