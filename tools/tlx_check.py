@@ -2019,7 +2019,8 @@ def fa4_forward(case, inputs):
 # mxfp8-ablation's last rows: the shipped MXFP8 call from bf16 inputs (its quantize counted: with "none" it prices the
 # bf16-in stages in the same run) and our bf16 TLX forward (the ratios' denominator)
 MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
-# the shipped kernel alone with configs.MXFP8_FACTORS_TMA (helper mxbcast48); FlashAttention-4 bf16 where it imports
+# the kernel alone with the factors by TMA (configs.MXFP8_FACTORS_TMA, the default) or by loads (its other setting);
+# FlashAttention-4 bf16 where it imports
 MX_FACTORS_TMA, MX_FACTORS_LOADS, FA4_BF16 = "none, factors by TMA", "none, factors by loads", "fa4 bf16"
 # the shipped kernel alone with configs.MXFP8_PERMUTED_V_KEYS' other setting (helper mxfmul49; factors by TMA)
 MX_PERMUTED_V_KEYS, MX_NATURAL_V_KEYS = "none, V keys permuted", "none, V keys natural"
