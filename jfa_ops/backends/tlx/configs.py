@@ -401,12 +401,12 @@ MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 # 0.907 -> 0.839 ms; its 14 GPU twins equal the loads' kernel bit for bit. Env JFA_TLX_MXFP8_FACTORS_TMA=0: the loads.
 MXFP8_FACTORS_TMA = os.environ.get("JFA_TLX_MXFP8_FACTORS_TMA", "1") == "1"
 # The MXFP8 forward's P enters P V's wgmma in the registers the accumulator left it in: V^T's keys stored in that
-# order within each 32 (``mxfp8_rebase.v_key_slot``, written by ``rebase_v_tiles``), P's columns renamed to match
+# order within each 16 keys (``mxfp8_rebase.v_key_slot``, written by ``rebase_v_tiles``), P's columns renamed to match
 # (``mxfp8_rebase.p_in_v_key_order``), so Triton's layout conversion of P (16 SHFL.IDX + 16 SEL + 16 PRMT per key
 # block and consumer, sm_90 SASS) is gone: D128 dense loop path 766 -> 718 instructions, masked 958 -> 909, 0 spills
 # (helper mxfmul49, bench/NOTES.md "Issue 12: the MXFP8 forward's per-block cost after FACTORS_TMA"). P V and P x
-# ones sum the same products (permuted within each 32-key k-step of the wgmma). Predicted 2-4% faster on the
-# kernel; off until the H100 measures it. Env JFA_TLX_MXFP8_PERMUTED_V_KEYS=1: on.
+# ones sum the same products (permuted within each 16 keys, inside one k-step of the wgmma). Predicted 1.2-3.7% faster
+# on the kernel (dense 1.4-2.8%); off until measured. Env JFA_TLX_MXFP8_PERMUTED_V_KEYS=1: on.
 MXFP8_PERMUTED_V_KEYS = os.environ.get("JFA_TLX_MXFP8_PERMUTED_V_KEYS", "0") == "1"
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
