@@ -1905,6 +1905,7 @@ def mxfp8_ablation() -> int:
     not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
+    from jfa_ops.backends.triton import mxfp8_rebase
 
     from host_profile import with_setting  # tools/ is on the path of a script run from it
 
@@ -1930,8 +1931,9 @@ def mxfp8_ablation() -> int:
         # configs.MXFP8_PERMUTED_V_KEYS' other setting (helper mxfmul49): V^T re-based once more in that key order
         # (the kernel reads the order the knob says), the factors by TMA as the default
         keys_other = not tlx_configs.MXFP8_PERMUTED_V_KEYS
-        rebased_keys = (*rebased_tma[:4], mxfp8_attn_fwd.rebase_operands(
-            *c["pairs"], kv_off, permuted_v_keys=keys_other)[4], *rebased_tma[5:])
+        rebased_keys = (*rebased_tma[:4], mxfp8_rebase.rebase_v_tiles(
+            *c["pairs"][2], kv_off.to(torch.int32), tlx_configs.mxfp8_fwd_config(128).block_n,
+            permuted_keys=keys_other)[0], *rebased_tma[5:])
 
         runs = mx_ablation_runs(tlx_configs.MXFP8_ABLATION_RUNS)
         fns = {names: kernel_alone(tlx_configs.mxfp8_ablation_mask(names)) for names in runs}
