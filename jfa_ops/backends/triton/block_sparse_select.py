@@ -809,8 +809,8 @@ def _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: t
               BLOCK_KV: tl.constexpr, BROADCAST_Q: tl.constexpr):
     """The smallest lag (in positions) that puts every select item after the pool items it reads: Q slot t of
     sequence b (t >= g_q(b); broadcast Q: select slot b * NQB + i reads Q slot i <= it) reads K slots g_k(b) ..
-    g_k(b) + n_own(b) - 1, so lag >= g_k(b) + n_own(b) - g_q(b) over the sequences with Q rows, and >= 1 (its own Q
-    slot). Clamped to [1, limit] (limit = max(Q slots, K slots): every pool item first): bad offsets get some lag,
+    g_k(b) + n_own(b) - 1, so lag >= g_k(b) + n_own(b) - g_q(b) over the sequences with Q rows and K rows, and >= 1
+    (its own Q slot). Clamped to [1, limit] (limit = max(Q slots, K slots): every pool item first): bad offsets get some lag,
     and the waits' position bound keeps any lag deadlock-free."""
     lag = tl.full([], 1, tl.int32)
     q_base = tl.load(Q_OFF) // BLOCK_Q
@@ -829,7 +829,8 @@ def _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: t
             q0 = tl.load(Q_OFF + b, mask=ok, other=0)
             g_q = q0 // BLOCK_Q - q_base + b
             has_q = ok & (tl.load(Q_OFF + b + 1, mask=ok, other=0) > q0)
-        lag = tl.maximum(lag, tl.max(tl.where(has_q, g_k + n_own - g_q, 1), 0))
+        # a sequence with no K rows (n_own 0) reads no K slot: its own Q slot (lag 1) is all it needs
+        lag = tl.maximum(lag, tl.max(tl.where(has_q & (n_own > 0), g_k + n_own - g_q, 1), 0))
     return tl.minimum(lag, limit)
 
 
