@@ -412,10 +412,6 @@ MXFP8_PERMUTED_V_KEYS = os.environ.get("JFA_TLX_MXFP8_PERMUTED_V_KEYS", "0") == 
 # their row max: a reduce whose combine keeps its first operand. Helper mxexact50 (bench/NOTES.md "Issue 12: the
 # MXFP8 forward's two other exact options"). Off until measured. Env JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN=1: on.
 MXFP8_ROWSUM_ONE_COLUMN = os.environ.get("JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN", "0") == "1"
-# The MXFP8 forward skips ``acc * alpha`` (64 FMUL a block and thread) when every row of the warp keeps its running
-# maximum (alpha == 1 exactly: x * 1 == x, so the same bits). Helper mxexact50 (same section). Off until measured.
-# Env JFA_TLX_MXFP8_SKIP_UNIT_ALPHA=1: on.
-MXFP8_SKIP_UNIT_ALPHA = os.environ.get("JFA_TLX_MXFP8_SKIP_UNIT_ALPHA", "0") == "1"
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8
 # values in registers, P clamped to <= 1), fed MX-valued bf16 Q, K, V, dO (the triton quantize kernel, then one
