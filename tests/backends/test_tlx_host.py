@@ -1893,6 +1893,28 @@ def test_mxfp8_forward_permuted_v_keys_launch(gpu, monkeypatch, permuted):
     assert [dict(zip(mxfp8_rebase.rebase_v_tiles_kernel.arg_names, values))["PERMUTED_KEYS"]
             for name, _, values, _ in runs if name == "rebase_v_tiles_kernel"] == [False]
 
+
+@needs_tlx
+@pytest.mark.parametrize("one_column", [False, True])
+def test_mxfp8_forward_rowsum_one_column_launch(gpu, monkeypatch, one_column):
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50) reaches the MXFP8 forward's launch: the TLX kernel's
+    ROWSUM_ONE_COLUMN is the knob's value (the GPU twin compares it with the shipped kernel bit for bit, which a
+    knob that never reached the kernel would pass too)."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", one_column)
+    kv_off = torch.tensor([0, 300, 429], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    pair = (torch.randn(429, 2, 128, generator=g).to(torch.float8_e4m3fn),
+            torch.zeros(429, 2, 4, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    v_pair = (pair[0], torch.zeros(429 // 32 + 2, 2, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    params = _params(causal=True, max_seqlen_q=300, max_seqlen_kv=300)
+    mxfp8_attn_fwd.attention_forward(pair, pair, v_pair, kv_off, kv_off, params, torch.bfloat16)
+    kernel = mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel
+    launched = [dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs if name == kernel.fn.__name__]
+    assert len(launched) == 1 and launched[0]["ROWSUM_ONE_COLUMN"] is one_column
+
 # helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB
 # L2 (the H100's and H200's): (label, kv heads, q heads per kv head, head dim, lengths, causal, the group it gives
 # after head_group's divisor rule). tools/sparse_bwd_model.py --groups holds the model's choice beside each kind.
