@@ -278,7 +278,8 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
     FACTORS_TMA (``configs.MXFP8_FACTORS_TMA``): desc_kf over K's factors in V's tile layout [tiles x Hkv, BLOCK_N]
     (``mxfp8_rebase.key_factor_tiles``), desc_vf over VF as [tiles x Hkv, D], each block [1, *]: the producer
     loads a key block's factors with its K and V^T tiles; KF and VF are not read. PERMUTED_V_KEYS
-    (``configs.MXFP8_PERMUTED_V_KEYS``): desc_vt's tiles hold their keys in ``mxfp8_rebase.v_key_slot`` order."""
+    (``configs.MXFP8_PERMUTED_V_KEYS``): desc_vt's tiles hold their keys in ``mxfp8_rebase.v_key_slot`` order.
+    ROWSUM_ONE_COLUMN (``configs.MXFP8_ROWSUM_ONE_COLUMN``): the consumers' ``_consume`` reads one column of P x ones."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
