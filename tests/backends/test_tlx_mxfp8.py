@@ -170,8 +170,8 @@ def _row_terms_kernel(X, FIRST, MAX, ROWS: tl.constexpr, N: tl.constexpr):
 
 def _rowsum_tile(seed):
     """P x ones [64, 32] as Hopper's FP8 wgmma sums it (``fp8_mma_model``, k-steps of 16 as calibrated for this
-    kernel), P E4M3 values x 2**8 over 2**-20 .. 2**8 (the kernel's range: the model's truncation bites), one
-    empty row."""
+    kernel), of P x 2**8 in E4M3 with P = U(0, 1) x 2**U(-20, 0) (a spread over which the model's truncation
+    bites), one empty row."""
     g = torch.Generator().manual_seed(seed)
     p = (torch.rand(64, BLOCK_N, generator=g) * torch.exp2(torch.empty(64, BLOCK_N).uniform_(-20, 0, generator=g))
          * 256).to(torch.float8_e4m3fn).double()
