@@ -109,8 +109,9 @@ def _keep_first(a, b):
 
 @triton.jit
 def first_column(x):
-    """x[:, 0] of a 2-d tensor as a reduction over its columns whose combine keeps its first operand (each thread's
-    first element, then its own value over the lanes'): for a tile whose columns are all equal, such as the TLX
+    """One element of each row of a 2-d tensor: a reduction over its columns whose combine keeps its first operand
+    (the interpreter: x[:, 0]; on the GPU each thread's first element of the row, then its own value over the
+    lanes', so the column depends on the layout). For a tile whose columns are all equal, such as the TLX
     MXFP8 forward's P x ones (``configs.MXFP8_ROWSUM_ONE_COLUMN``), its row max without an instruction (sm_90
     SASS: ``tl.max``'s 18 FMNMX and 4 SHFL.BFLY a block and thread are gone; ptxas drops the dead shuffles)."""
     return tl.reduce(x, 1, _keep_first)
