@@ -1900,7 +1900,9 @@ def mxfp8_ablation() -> int:
     the kernel alone with the factors' other setting (``configs.MXFP8_FACTORS_TMA``, helper mxbcast48, on since stop
     49: "none, factors by loads"; same results, so timed like "none"), the kernel alone with
     ``configs.MXFP8_PERMUTED_V_KEYS``' other setting (helper mxfmul49, off by default: "none, V keys permuted", V^T
-    re-based once more in that order; the factors by TMA) and
+    re-based once more in that order; the factors by TMA), with ``configs.MXFP8_ROWSUM_ONE_COLUMN``' other setting
+    (helper mxexact50, off by default: "none, lq one column"; the same results, so the same operands), with both
+    those knobs on ("none, keys perm + 1 col") and
     FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
     not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
@@ -1944,6 +1946,19 @@ def mxfp8_ablation() -> int:
         fns[keys_col] = with_setting(tlx_configs, "MXFP8_PERMUTED_V_KEYS", keys_other, with_setting(
             tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off, r=rebased_keys:
             mxfp8_attn_fwd.attention_forward(*c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r)))
+        # configs.MXFP8_ROWSUM_ONE_COLUMN's other setting (helper mxexact50: the same results, so the same operands),
+        # then it and PERMUTED_V_KEYS both on (V^T in the permuted order: rebased_keys, or the default's when that
+        # knob is on), the factors by TMA as the default
+        column_other = not tlx_configs.MXFP8_ROWSUM_ONE_COLUMN
+        column_col = MX_ROWSUM_ONE_COLUMN if column_other else MX_ROWSUM_ROW_MAX
+        fns[column_col] = with_setting(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", column_other, with_setting(
+            tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off, r=rebased_tma:
+            mxfp8_attn_fwd.attention_forward(*c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r)))
+        fns[MX_EXACT_BOTH] = with_setting(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", True, with_setting(
+            tlx_configs, "MXFP8_PERMUTED_V_KEYS", True, with_setting(
+                tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off,
+                r=rebased_keys if keys_other else rebased_tma: mxfp8_attn_fwd.attention_forward(
+                    *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r))))
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
@@ -1955,8 +1970,8 @@ def mxfp8_ablation() -> int:
         failures += failed
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
               "TFLOP)" + (f"; {FA4_BF16}: {fa4_why}" if fa4 is None else ""), flush=True)
-        for line in ablation_lines(ms, (*runs, other, keys_col, MX_BF16_IN, BF16_TLX, FA4_BF16), c["flops"],
-                                   c["n_blocks"], sms):
+        cols = (*runs, other, keys_col, column_col, MX_EXACT_BOTH, MX_BF16_IN, BF16_TLX, FA4_BF16)
+        for line in ablation_lines(ms, cols, c["flops"], c["n_blocks"], sms):
             print(line, flush=True)
     return failures
 
@@ -2026,6 +2041,9 @@ MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
 MX_FACTORS_TMA, MX_FACTORS_LOADS, FA4_BF16 = "none, factors by TMA", "none, factors by loads", "fa4 bf16"
 # the shipped kernel alone with configs.MXFP8_PERMUTED_V_KEYS' other setting (helper mxfmul49; factors by TMA)
 MX_PERMUTED_V_KEYS, MX_NATURAL_V_KEYS = "none, V keys permuted", "none, V keys natural"
+# ... with configs.MXFP8_ROWSUM_ONE_COLUMN's other setting, and with it and PERMUTED_V_KEYS both on (helper mxexact50)
+MX_ROWSUM_ONE_COLUMN, MX_ROWSUM_ROW_MAX = "none, lq one column", "none, lq row max"
+MX_EXACT_BOTH = "none, keys perm + 1 col"
 
 
 def mxfp8_backward_timing() -> int:

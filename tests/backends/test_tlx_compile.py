@@ -470,6 +470,31 @@ def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
         assert not any(r["block_loop_path_spill_ops"]), r
 
+
+def test_mxfp8_rowsum_one_column_drops_the_row_max():
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50, off: not shipped): lq's block term from one column of
+    P x ones (``mxfp8_rebase.first_column``: a reduce whose combine keeps its first operand) instead of ``tl.max``:
+    ptxas drops the dead shuffles, so per consumer block loop 4 SHFL.BFLY and 18 FMNMX fewer, the straight path 22
+    shorter (sm_90 ptxas, stop 49: D128 dense 766 / 958 -> 744 / 936, causal 766 / 1091 -> 744 / 1069, D64 693 /
+    885 -> 671 / 863; with PERMUTED_V_KEYS 718 / 909 -> 696 / 887), the same QGMMA, MUFU, PRMT, registers and
+    shared memory, no spill; the factors by TMA (the default) either way (~60 s)."""
+    names, rows = _shipped_and_compiled(
+        "-onecolumn", "[s.mxfp8_fwd_specialization(d, c, kv_major=km, factors_tma=True, permuted_v_keys=pk,"
+        " rowsum_one_column=on) for d, c, km, pk in ((128, False, True, False), (128, True, False, False),"
+        " (64, False, True, False), (128, False, True, True)) for on in (False, True)]",
+        "JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN", 8)
+    assert names == [], names  # off by default: no shipped kernel has it
+    for base, r in zip(rows[0::2], rows[1::2]):
+        assert r["name"] == base["name"] + "-onecolumn", (base["name"], r["name"])
+        for key in ("qgmma_e4m3_smem_a", "qgmma_e4m3_reg_a", "block_loop_mufu", "block_loop_prmt", "shared",
+                    "registers"):
+            assert r[key] == base[key], (key, base, r)
+        assert len(r["block_loop_path"]) == len(base["block_loop_path"]) == 4, r  # 2 loops per consumer
+        assert all(b - n == 4 for n, b in zip(r["block_loop_shfl"], base["block_loop_shfl"])), (base, r)
+        assert all(b - n == 22 for n, b in zip(r["block_loop_path"], base["block_loop_path"])), (base, r)
+        assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
+        assert not any(r["block_loop_path_spill_ops"]), r
+
 SPILL_SLACK = 96  # STORE_TMA's per-item spill bytes a thread over the default's (+68 at most here, stop 40)
 
 

@@ -1893,6 +1893,72 @@ def test_mxfp8_forward_permuted_v_keys_launch(gpu, monkeypatch, permuted):
     assert [dict(zip(mxfp8_rebase.rebase_v_tiles_kernel.arg_names, values))["PERMUTED_KEYS"]
             for name, _, values, _ in runs if name == "rebase_v_tiles_kernel"] == [False]
 
+
+@needs_tlx
+@pytest.mark.parametrize("one_column", [False, True])
+def test_mxfp8_forward_rowsum_one_column_launch(gpu, monkeypatch, one_column):
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50) reaches the MXFP8 forward's launch: the TLX kernel's
+    ROWSUM_ONE_COLUMN is the knob's value (the GPU twin compares it with the shipped kernel bit for bit, which a
+    knob that never reached the kernel would pass too)."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", one_column)
+    kv_off = torch.tensor([0, 300, 429], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    pair = (torch.randn(429, 2, 128, generator=g).to(torch.float8_e4m3fn),
+            torch.zeros(429, 2, 4, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    v_pair = (pair[0], torch.zeros(429 // 32 + 2, 2, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    params = _params(causal=True, max_seqlen_q=300, max_seqlen_kv=300)
+    mxfp8_attn_fwd.attention_forward(pair, pair, v_pair, kv_off, kv_off, params, torch.bfloat16)
+    kernel = mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel
+    launched = [dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs if name == kernel.fn.__name__]
+    assert len(launched) == 1 and launched[0]["ROWSUM_ONE_COLUMN"] is one_column
+
+
+@needs_tlx
+@pytest.mark.parametrize("keys_on", [False, True])
+def test_mxfp8_ablation_exact_knob_columns(monkeypatch, keys_on):
+    """``tools/tlx_check.py mxfp8-ablation``'s exact-option columns (helpers mxfmul49, mxexact50), each column's
+    kernel call recorded instead of timed: "none" with the defaults; the keys column with PERMUTED_V_KEYS' other
+    setting and V^T re-based in that order; "none, lq one column" with ROWSUM_ONE_COLUMN on and the default's
+    operands; "none, keys perm + 1 col" with both on and V^T in the permuted order (whichever the default is); every
+    column with the factors by TMA."""
+    import types
+
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+    from jfa_ops.backends.triton import mxfp8_rebase
+
+    tool = _tlx_check_tool()
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))  # host_profile, as for the script run from tools/
+    monkeypatch.setattr(tlx_configs, "MXFP8_PERMUTED_V_KEYS", keys_on)
+    monkeypatch.setattr(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(multi_processor_count=132))
+    kv_off = torch.tensor([0, 128], dtype=torch.int32)
+    vt_default, vt_other = object(), object()
+    case = dict(inputs=(None, None, None, None, kv_off), rebased=("q", "qf", "k", "kf", vt_default, "vf"),
+                pairs=("qp", "kp", ("vp", "vs")), params=None, case=None, label="row", n_blocks=1, flops=1.0,
+                max_q=1, max_kv=1, opts={})
+    monkeypatch.setattr(tool, "_mx_headline_cases", lambda keys: [case])
+    monkeypatch.setattr(tool, "fa4_forward", lambda c, inputs: (None, "stub"))
+    monkeypatch.setattr(mxfp8_attn_fwd, "tiled_key_factors", lambda kf, off, n: "kf tiles")
+    monkeypatch.setattr(mxfp8_rebase, "rebase_v_tiles", lambda vp, vs, off, n, permuted_keys: (
+        vt_other if permuted_keys != keys_on else vt_default, "vf2"))
+    monkeypatch.setattr(mxfp8_attn_fwd, "attention_forward", lambda *a, rebased=None: (
+        tlx_configs.MXFP8_FACTORS_TMA, tlx_configs.MXFP8_PERMUTED_V_KEYS, tlx_configs.MXFP8_ROWSUM_ONE_COLUMN,
+        rebased[3], rebased[4]))
+    calls = {}
+    monkeypatch.setattr(tool, "_medians", lambda label, fns: (
+        calls.update({col: fn() for col, fn in fns.items() if col.startswith("none")}) or {}, 0))
+    monkeypatch.setenv("TLX_MX_RUNS", "none")
+    assert tool.mxfp8_ablation() == 0
+    keys_col = tool.MX_NATURAL_V_KEYS if keys_on else tool.MX_PERMUTED_V_KEYS
+    permuted_vt = vt_default if keys_on else vt_other
+    assert calls["none"] == (True, keys_on, False, "kf tiles", vt_default)
+    assert calls[keys_col] == (True, not keys_on, False, "kf tiles", vt_other)
+    assert calls[tool.MX_ROWSUM_ONE_COLUMN] == (True, keys_on, True, "kf tiles", vt_default)
+    assert calls[tool.MX_EXACT_BOTH] == (True, True, True, "kf tiles", permuted_vt)
+
 # helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB
 # L2 (the H100's and H200's): (label, kv heads, q heads per kv head, head dim, lengths, causal, the group it gives
 # after head_group's divisor rule). tools/sparse_bwd_model.py --groups holds the model's choice beside each kind.

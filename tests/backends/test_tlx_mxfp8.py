@@ -32,7 +32,7 @@ import triton.language as tl  # noqa: E402
 
 from jfa_ops.backends.triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles  # noqa: E402,E501
 from jfa_ops.backends.triton.mxfp8_rebase import key_factor_tiles, rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
-from jfa_ops.backends.triton.mxfp8_rebase import p_in_v_key_order, permute_v_keys, v_key_slots  # noqa: E402
+from jfa_ops.backends.triton.mxfp8_rebase import first_column, p_in_v_key_order, permute_v_keys, v_key_slots  # noqa: E402,E501
 
 BLOCK_N = 128
 
@@ -158,6 +158,42 @@ def test_p_in_v_key_order_matches_the_v_key_slots():
     ones = torch.ones(BLOCK_N, 32, dtype=torch.float64)
     for rhs, rhs_p in ((v, vt_p.T), (ones, ones)):
         assert torch.equal(fp8_mma_model(out.double(), rhs_p, group=16), fp8_mma_model(p.double(), rhs, group=16))
+
+
+@triton.jit
+def _row_terms_kernel(X, FIRST, MAX, ROWS: tl.constexpr, N: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    x = tl.load(X + rows[:, None] * N + tl.arange(0, N)[None, :])
+    tl.store(FIRST + rows, first_column(x))
+    tl.store(MAX + rows, tl.max(x, 1))
+
+
+def _rowsum_tile(seed):
+    """P x ones [64, 32] as Hopper's FP8 wgmma sums it (``fp8_mma_model``, k-steps of 16 as calibrated for this
+    kernel), of P x 2**8 in E4M3 with P = U(0, 1) x 2**U(-20, 0) (a spread over which the model's truncation
+    bites), one empty row."""
+    g = torch.Generator().manual_seed(seed)
+    p = (torch.rand(64, BLOCK_N, generator=g) * torch.exp2(torch.empty(64, BLOCK_N).uniform_(-20, 0, generator=g))
+         * 256).to(torch.float8_e4m3fn).double()
+    p[5] = 0.0
+    return fp8_mma_model(p, torch.ones(BLOCK_N, 32, dtype=torch.float64), group=16), p
+
+
+def test_first_column_is_the_row_max_of_p_times_ones():
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50): lq's block term as ``first_column`` of P x ones
+    instead of its row max. Exact: the ones' 32 columns are equal, so the wgmma's (``fp8_mma_model``: the same
+    products in the same k-steps per column) are equal bit for bit, and so each is the row max; the interpreter's
+    ``first_column`` gives it (and on a tile whose columns differ, column 0: one element read, nothing combined)."""
+    lq_t, p = _rowsum_tile(6)
+    assert torch.equal(lq_t, lq_t[:, :1].expand(-1, 32))  # every column the same bits
+    assert (lq_t[:, 0] != p.sum(1)).any()  # the model's truncation differs from the exact sum (a real wgmma sum)
+    x = lq_t.float()  # the kernel's fp32 accumulator
+    first, biggest = torch.empty(64), torch.empty(64)
+    _row_terms_kernel[(1,)](x, first, biggest, ROWS=64, N=32)
+    assert torch.equal(first, biggest) and torch.equal(first, x.amax(1))
+    spread = x * torch.arange(1, 33, dtype=torch.float32)  # columns that differ: column 0 comes back
+    _row_terms_kernel[(1,)](spread, first, biggest, ROWS=64, N=32)
+    assert torch.equal(first, spread[:, 0]) and torch.equal(biggest, spread[:, 31])
 
 
 @pytest.mark.parametrize("block_n", [128, 64])
@@ -451,6 +487,38 @@ def test_tlx_permuted_v_keys_equals_the_shipped_kernel(name, dim):
     _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
     for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pre-quantized, bf16 in, bf16 fused V
         assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_rowsum_one_column_equals_the_shipped_kernel(name, dim):
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50, off by default: lq's block term from one column of P x
+    ones, not their row max): equal to the shipped kernel's out and lse bit for bit (every column of the ones'
+    wgmma the same sum, ``test_first_column_is_the_row_max_of_p_times_ones``; an assert failing here says Hopper's
+    wgmma gives equal columns different bits), with PERMUTED_V_KEYS off and on (each against the kernel with that
+    setting), on pre-quantized pairs and bf16 inputs; within 1e-2 / 3e-4 of the float64 MXFP8 oracle and the
+    issue's bound; outputs from a NaN-filled allocator."""
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import _poison_allocator
+
+    q, k, v, q_off, kv_off, opts, dev, pairs = _knob_twin_case(name, dim)
+    before = (configs.MXFP8_ROWSUM_ONE_COLUMN, configs.MXFP8_PERMUTED_V_KEYS)
+    for keys in (False, True):
+        results = {}
+        for on in (False, True):
+            configs.MXFP8_ROWSUM_ONE_COLUMN, configs.MXFP8_PERMUTED_V_KEYS = on, keys
+            _poison_allocator("cuda", 16 * 1024 * 1024)  # each setting's outputs from NaN-filled memory
+            try:
+                results[on] = (jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32,
+                                                       return_lse=True, backend="tlx", **opts),
+                               jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+            finally:
+                configs.MXFP8_ROWSUM_ONE_COLUMN, configs.MXFP8_PERMUTED_V_KEYS = before
+        out, lse = results[True][0]
+        _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
+        for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pre-quantized, bf16 in
+            assert torch.equal(out0, out1) and torch.equal(lse0, lse1), keys
 
 
 @pytest.mark.gpu

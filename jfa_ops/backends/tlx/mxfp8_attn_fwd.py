@@ -42,8 +42,8 @@ from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
 from ..triton.mxfp8_attn_fwd import _scores
 from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
-from ..triton.mxfp8_rebase import (INV_P_SCALE, P_SCALE_LOG2, key_factor_tiles, p_in_v_key_order, permute_v_keys,
-                                   rebase_rows, rebase_v_tiles)
+from ..triton.mxfp8_rebase import (INV_P_SCALE, P_SCALE_LOG2, first_column, key_factor_tiles, p_in_v_key_order,
+                                   permute_v_keys, rebase_rows, rebase_v_tiles)
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _tile_count,
                        _wait_turn, _work_tile)
@@ -135,7 +135,8 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
              CID: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASKED: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
              QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr, kf_tiles=None, vf_tiles=None,
-             FACTORS_TMA: tl.constexpr = False, PERMUTED_V_KEYS: tl.constexpr = False):
+             FACTORS_TMA: tl.constexpr = False, PERMUTED_V_KEYS: tl.constexpr = False,
+             ROWSUM_ONE_COLUMN: tl.constexpr = False):
     """Key blocks [n_begin, n_end): S = Qr Kr^T (E4M3 wgmma) x row x key factors, the online softmax with an integer
     running maximum, P -> E4M3(P * 2**8), P V (E4M3 wgmma) x the tile's column factors into acc; l and lq in units
     of 2**-8. q_factor: Q's row factors x softmax scale / ln 2 (FMA_SOFTMAX: > 0); KF_HEAD: the kv head's key
@@ -144,7 +145,9 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
     the key and column factors from the ring slot's ``kf_tiles`` / ``vf_tiles`` (the producer's TMA loads, landed
     with K and V^T) instead of global loads: the same values, so the same results bit for bit. PERMUTED_V_KEYS
     (``configs.MXFP8_PERMUTED_V_KEYS``): V^T's keys in ``mxfp8_rebase.v_key_slot`` order, P's columns renamed to
-    it (``p_in_v_key_order``): P enters the wgmma without a layout conversion."""
+    it (``p_in_v_key_order``): P enters the wgmma without a layout conversion. ROWSUM_ONE_COLUMN
+    (``configs.MXFP8_ROWSUM_ONE_COLUMN``): lq's block term from one column of P x ones (``first_column``) instead of
+    their row max: the same value, as every column is."""
     NO_P_QUANT: tl.constexpr = (ABLATE & ABLATE_P_QUANT) != 0
     NO_SOFTMAX: tl.constexpr = (ABLATE & ABLATE_SOFTMAX) != 0
     NO_FACTORS: tl.constexpr = (ABLATE & ABLATE_FACTORS) != 0
@@ -235,6 +238,8 @@ def _consume(acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles
             lq_t = tlx.async_dot_wait(0, lq_t)
             if NO_SOFTMAX:
                 lq_i = lq_i + tl.max(lq_t, 1)
+            elif ROWSUM_ONE_COLUMN:  # every column is the row sum (the ones' columns are equal): read one
+                lq_i = lq_i * alpha + first_column(lq_t)
             else:
                 lq_i = lq_i * alpha + tl.max(lq_t, 1)
         if NO_SOFTMAX:  # l (no row sums now) from lq: else every row looks empty and the ones wgmma is dropped
@@ -264,7 +269,7 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                               BROADCAST_Q: tl.constexpr, FMA_SOFTMAX: tl.constexpr, ATOMIC_WORK: tl.constexpr,
                               TILES_FROM_OFFSETS: tl.constexpr, QK_CHUNKS: tl.constexpr, ABLATE: tl.constexpr = 0,
                               desc_kf=None, desc_vf=None, FACTORS_TMA: tl.constexpr = False,
-                              PERMUTED_V_KEYS: tl.constexpr = False):
+                              PERMUTED_V_KEYS: tl.constexpr = False, ROWSUM_ONE_COLUMN: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head), as ``attn_fwd_tlx_kernel``. desc_q: re-based Q [T_q (or
     L_q), Hq*D] E4M3, block [BLOCK_M/2, D]; desc_k: re-based K [T_kv, Hkv*D], block [BLOCK_N, D]; desc_vt: V^T
     [Hkv*D, tiles*BLOCK_N], block [D, BLOCK_N]; QF [Hq, q_rows], KF [Hkv, k_rows] row factors; VF [tiles, Hkv, D]
@@ -273,7 +278,8 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
     FACTORS_TMA (``configs.MXFP8_FACTORS_TMA``): desc_kf over K's factors in V's tile layout [tiles x Hkv, BLOCK_N]
     (``mxfp8_rebase.key_factor_tiles``), desc_vf over VF as [tiles x Hkv, D], each block [1, *]: the producer
     loads a key block's factors with its K and V^T tiles; KF and VF are not read. PERMUTED_V_KEYS
-    (``configs.MXFP8_PERMUTED_V_KEYS``): desc_vt's tiles hold their keys in ``mxfp8_rebase.v_key_slot`` order."""
+    (``configs.MXFP8_PERMUTED_V_KEYS``): desc_vt's tiles hold their keys in ``mxfp8_rebase.v_key_slot`` order.
+    ROWSUM_ONE_COLUMN (``configs.MXFP8_ROWSUM_ONE_COLUMN``): the consumers' ``_consume`` reads one column of P x ones."""
     tl.static_assert(not ATOMIC_WORK, "the TLX forward uses static persistent striding")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
@@ -376,19 +382,19 @@ def mxfp8_attn_fwd_tlx_kernel(desc_q, desc_k, desc_vt, QF, KF, VF, Out, Lse, Q_O
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, lead_begin, lead_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
                             HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA,
-                            PERMUTED_V_KEYS)
+                            PERMUTED_V_KEYS, ROWSUM_ONE_COLUMN)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, bulk_begin, bulk_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
                             HAS_RIGHT, False, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA,
-                            PERMUTED_V_KEYS)
+                            PERMUTED_V_KEYS, ROWSUM_ONE_COLUMN)
                         acc, m_i, l_i, lq_i, kv_count = _consume(
                             acc, m_i, l_i, lq_i, ones_tile, kv_count, q_tile, q_factor, k_tiles, v_tiles, k_fulls,
                             k_empties, v_fulls, v_empties, kf_head, vf_head, vtile0, kv_heads, row0, len_q, len_k,
                             -window_left, right, tail_begin, tail_end, cid, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT,
                             HAS_RIGHT, True, FMA_SOFTMAX, QK_CHUNKS, ABLATE, kf_tiles, vf_tiles, FACTORS_TMA,
-                            PERMUTED_V_KEYS)
+                            PERMUTED_V_KEYS, ROWSUM_ONE_COLUMN)
                         tlx.barrier_arrive(q_empties[qb], 1)  # every QK^T of this tile has completed
                         q_count += 1
                     # out = Pq V / sum(Pq) (lq in units of 2**-8, acc's V factors carry the 2**-8), lse from the
@@ -519,6 +525,7 @@ def _forward(operands, q_shape, k_shape, q_offsets, kv_offsets, params, out_dtyp
         NUM_BUFFERS_KV=cfg.num_buffers_kv, NUM_BUFFERS_Q=cfg.num_buffers_q, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         KV_MAJOR=kv_major, BROADCAST_Q=params.broadcast_q, FMA_SOFTMAX=params.scale > 0,
         QK_CHUNKS=configs.MXFP8_QK_CHUNKS, ABLATE=ablate, **tma_factors,
-        PERMUTED_V_KEYS=configs.MXFP8_PERMUTED_V_KEYS), num_warps=NUM_WARPS,
+        PERMUTED_V_KEYS=configs.MXFP8_PERMUTED_V_KEYS,
+        ROWSUM_ONE_COLUMN=configs.MXFP8_ROWSUM_ONE_COLUMN), num_warps=NUM_WARPS,
         num_stages=1)
     return out, lse

@@ -111,7 +111,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
 def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False, broadcast_q: bool = False,
                              from_offsets: bool = False, kv_major: bool = True, out_dtype: str = "bf16",
                              fma_softmax: bool = True, qk_chunks: int = 1, ablate: int = 0,
-                             factors_tma: bool = False, permuted_v_keys: bool = False) -> Specialization:
+                             factors_tma: bool = False, permuted_v_keys: bool = False,
+                             rowsum_one_column: bool = False) -> Specialization:
     """The MXFP8 forward (``mxfp8_attn_fwd.attention_forward``): E4M3 descriptors, fp32 factors; ``qk_chunks``:
     ``configs.MXFP8_QK_CHUNKS``; ``ablate``: ``configs.MXFP8_ABLATE`` (timing only: wrong results);
     ``factors_tma``: ``configs.MXFP8_FACTORS_TMA`` (the factors by the producer's TMA: fp32 descriptors);
@@ -131,7 +132,8 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
                       HAS_RIGHT=causal, KV_MAJOR=kv_major, BROADCAST_Q=broadcast_q, FMA_SOFTMAX=fma_softmax,
                       ATOMIC_WORK=False,
                       TILES_FROM_OFFSETS=from_offsets, QK_CHUNKS=qk_chunks, ABLATE=ablate,
-                      FACTORS_TMA=factors_tma, PERMUTED_V_KEYS=permuted_v_keys)
+                      FACTORS_TMA=factors_tma, PERMUTED_V_KEYS=permuted_v_keys,
+                      ROWSUM_ONE_COLUMN=rowsum_one_column)
     if factors_tma:
         types.update(desc_kf=f"tensordesc<fp32[1,{cfg.block_n}]>", desc_vf=f"tensordesc<fp32[1,{head_dim}]>")
     else:
@@ -142,7 +144,8 @@ def mxfp8_fwd_specialization(head_dim: int, causal: bool, has_left: bool = False
            f"{'' if fma_softmax else '-nofma'}{'' if kv_major else '-tilemajor'}" \
            f"{f'-qk{qk_chunks}' if qk_chunks > 1 else ''}" \
            f"{'-ablate-' + mxfp8_ablation_names(ablate).replace(',', '-') if ablate else ''}" \
-           f"{'-factorstma' if factors_tma else ''}{'-permkeys' if permuted_v_keys else ''}"
+           f"{'-factorstma' if factors_tma else ''}{'-permkeys' if permuted_v_keys else ''}" \
+           f"{'-onecolumn' if rowsum_one_column else ''}"
     return Specialization(name, "mxfp8_attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.mxfp8_attn_fwd", signature,
                           constexprs, attrs, NUM_WARPS, 1)
 

@@ -102,6 +102,21 @@ def p_in_v_key_order(p):
     return tl.reshape(tl.permute(tl.reshape(p, [R, N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]), [R, N])
 
 
+@triton.jit
+def _keep_first(a, b):
+    return a
+
+
+@triton.jit
+def first_column(x):
+    """One element of each row of a 2-d tensor: a reduction over its columns whose combine keeps its first operand
+    (the interpreter: x[:, 0]; on the GPU each thread's first element of the row, then its own value over the
+    lanes', so the column depends on the layout). For a tile whose columns are all equal, such as the TLX
+    MXFP8 forward's P x ones (``configs.MXFP8_ROWSUM_ONE_COLUMN``), its row max without an instruction (sm_90
+    SASS: ``tl.max``'s 18 FMNMX and 4 SHFL.BFLY a block and thread are gone; ptxas drops the dead shuffles)."""
+    return tl.reduce(x, 1, _keep_first)
+
+
 def v_key_slots(block_n: int) -> torch.Tensor:
     """``v_key_slot`` of keys 0..block_n-1 (int64, host): the V^T column of each key of a tile."""
     k = torch.arange(block_n)
