@@ -1863,6 +1863,20 @@ def test_mxfp8_forward_factors_tma_launch(gpu, monkeypatch, tma):
         assert kf.base.stride(0) * 4 % 16 == 0 and vf.base.stride(0) * 4 % 16 == 0
 
 
+def _mxfp8_forward_two_sequences():
+    """One MXFP8 forward on a small causal batch of pre-quantized pairs (2 kv heads, D128, unit scales): the launch
+    tests below read what it passed. Returns (pair, v_pair, kv_off) for tests that re-base them again."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+
+    kv_off = torch.tensor([0, 300, 429], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    pair = (torch.randn(429, 2, 128, generator=g).to(torch.float8_e4m3fn),
+            torch.zeros(429, 2, 4, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    v_pair = (pair[0], torch.zeros(429 // 32 + 2, 2, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    params = _params(causal=True, max_seqlen_q=300, max_seqlen_kv=300)
+    mxfp8_attn_fwd.attention_forward(pair, pair, v_pair, kv_off, kv_off, params, torch.bfloat16)
+    return pair, v_pair, kv_off
+
 
 @needs_tlx
 @pytest.mark.parametrize("permuted", [False, True])
@@ -1876,13 +1890,7 @@ def test_mxfp8_forward_permuted_v_keys_launch(gpu, monkeypatch, permuted):
 
     runs, _ = gpu
     monkeypatch.setattr(tlx_configs, "MXFP8_PERMUTED_V_KEYS", permuted)
-    kv_off = torch.tensor([0, 300, 429], dtype=torch.int32)
-    g = torch.Generator().manual_seed(5)
-    pair = (torch.randn(429, 2, 128, generator=g).to(torch.float8_e4m3fn),
-            torch.zeros(429, 2, 4, dtype=torch.uint8).view(torch.float8_e8m0fnu))
-    v_pair = (pair[0], torch.zeros(429 // 32 + 2, 2, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu))
-    params = _params(causal=True, max_seqlen_q=300, max_seqlen_kv=300)
-    mxfp8_attn_fwd.attention_forward(pair, pair, v_pair, kv_off, kv_off, params, torch.bfloat16)
+    pair, v_pair, kv_off = _mxfp8_forward_two_sequences()
     launched = {name: dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs
                 for kernel in (mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel, mxfp8_rebase.rebase_v_tiles_kernel)
                 if kernel.fn.__name__ == name}
@@ -1904,13 +1912,7 @@ def test_mxfp8_forward_rowsum_one_column_launch(gpu, monkeypatch, one_column):
 
     runs, _ = gpu
     monkeypatch.setattr(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", one_column)
-    kv_off = torch.tensor([0, 300, 429], dtype=torch.int32)
-    g = torch.Generator().manual_seed(5)
-    pair = (torch.randn(429, 2, 128, generator=g).to(torch.float8_e4m3fn),
-            torch.zeros(429, 2, 4, dtype=torch.uint8).view(torch.float8_e8m0fnu))
-    v_pair = (pair[0], torch.zeros(429 // 32 + 2, 2, 128, dtype=torch.uint8).view(torch.float8_e8m0fnu))
-    params = _params(causal=True, max_seqlen_q=300, max_seqlen_kv=300)
-    mxfp8_attn_fwd.attention_forward(pair, pair, v_pair, kv_off, kv_off, params, torch.bfloat16)
+    _mxfp8_forward_two_sequences()
     kernel = mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel
     launched = [dict(zip(kernel.arg_names, values)) for name, _, values, _ in runs if name == kernel.fn.__name__]
     assert len(launched) == 1 and launched[0]["ROWSUM_ONE_COLUMN"] is one_column
