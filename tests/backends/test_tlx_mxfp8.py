@@ -765,3 +765,64 @@ class _guarded_empty:
 
     def __exit__(self, *exc):
         torch.empty = self._empty
+
+
+@pytest.mark.gpu
+def test_key_tiles_on_the_gpu_equal_two_launches():
+    """On the GPU (the hardware E4M3 conversion): ``rebase_key_tiles`` == ``rebase_rows`` then ``key_factor_tiles``
+    and ``quantize_rebased_key_tiles`` == ``quantize_rebased_rows`` then ``key_factor_tiles``, bit for bit (data and
+    tiled factors), at a size with many programs per SM, every special value, tails, padding and empty sequences."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    kv_off = _key_tile_offsets((*KEY_TILE_LENGTHS, 4096, 1000, 0, 77)).cuda()
+    rows = int(kv_off[-1])
+    for dim, heads in ((64, 5), (128, 4)):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = _special_inputs(rows, heads, dim, dtype, seed=dim).cuda()
+            for rounding in ("rceil", "floor"):
+                want_y, want_f = quantize_rebased_rows(x, rounding)
+                got_y, got_t = quantize_rebased_key_tiles(x, kv_off, BLOCK_N, rounding)
+                assert torch.equal(_bits(got_y), _bits(want_y))
+                assert torch.equal(_bits(got_t), _bits(key_factor_tiles(want_f, kv_off, BLOCK_N)))
+            data, scale = quantize(x, None, (1, 32), "rceil")
+            want_y, want_f = rebase_rows(data, scale)
+            got_y, got_t = rebase_key_tiles(data, scale, kv_off, BLOCK_N)
+            assert torch.equal(_bits(got_y), _bits(want_y))
+            assert torch.equal(_bits(got_t), _bits(key_factor_tiles(want_f, kv_off, BLOCK_N)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tlx_tiled_key_factors_equals_the_shipped_path(name, dim):
+    """``configs.MXFP8_TILED_KEY_FACTORS`` (helper kfold50, off by default: K's factors tiled by K's own re-basing
+    launch, no ``key_factor_tiles``): out and lse equal the shipped path's bit for bit (the same operands bit for
+    bit, ``test_key_tiles_on_the_gpu_equal_two_launches``, the same kernel), on pre-quantized pairs and bf16 in
+    (fused quantize; with MXFP8_FUSED_V; with MXFP8_FUSED_QUANTIZE off, through the pairs), FACTORS_TMA on; within
+    1e-2 / 3e-4 of the float64 MXFP8 oracle and the issue's bound; outputs from a NaN-filled allocator."""
+    from jfa_ops.backends.tlx import configs
+    from jfa_ops.testing import _poison_allocator
+
+    q, k, v, q_off, kv_off, opts, dev, pairs = _knob_twin_case(name, dim)
+    names = ("MXFP8_TILED_KEY_FACTORS", "MXFP8_FACTORS_TMA", "MXFP8_FUSED_V", "MXFP8_FUSED_QUANTIZE")
+    before = {n: getattr(configs, n) for n in names}
+    results = {}
+    for on in (False, True):
+        results[on] = []
+        try:
+            for i, (fused_v, fused) in enumerate(((False, True), (True, True), (False, False))):
+                for n, value in zip(names, (on, True, fused_v, fused)):
+                    setattr(configs, n, value)
+                _poison_allocator("cuda", 16 * 1024 * 1024)  # each setting's outputs from NaN-filled memory
+                if i == 0:  # pre-quantized once
+                    results[on].append(jfa_ops.mxfp8_attention(*pairs, dev[3], dev[4], out_dtype=torch.float32,
+                                                               return_lse=True, backend="tlx", **opts))
+                results[on].append(jfa_ops.mxfp8_attention(*dev, return_lse=True, backend="tlx", **opts))
+        finally:
+            for n, value in before.items():
+                setattr(configs, n, value)
+    out, lse = results[True][0]
+    _assert_near_the_oracle(q, k, v, q_off, kv_off, opts, out, lse)
+    assert len(results[True]) == len(results[False]) == 4
+    for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pairs, bf16: fused, fused V, 2 passes
+        assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
