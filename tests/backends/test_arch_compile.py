@@ -102,8 +102,8 @@ _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_sl
                 "block_pool_kernel", "block_pool_pair_kernel", "block_pool_pair_skip_kernel", "block_select_kernel",
                 "block_select_overlap_kernel",
                 "transpose_selection_kernel", "transpose_mark_kernel", "transpose_lists_kernel",
-                "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel",
-                "_mx_values_kernel")  # the last three: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and
+                "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel", "rebase_key_tiles_kernel",
+                "_mx_values_kernel")  # the last four: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and
 # its backward's dequantize (mxfp8_bwd.py): per-row/-tile scaling, no matmul
 
 
