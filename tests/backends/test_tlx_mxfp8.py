@@ -826,3 +826,28 @@ def test_tlx_tiled_key_factors_equals_the_shipped_path(name, dim):
     assert len(results[True]) == len(results[False]) == 4
     for (out0, lse0), (out1, lse1) in zip(results[False], results[True]):  # pairs, bf16: fused, fused V, 2 passes
         assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
+def test_mx_prequant_passes_counts_the_tiled_key_factors():
+    """``tools/mx_prequant_passes.py``'s table for MXFP8_TILED_KEY_FACTORS (kfold50's counts): with FACTORS_TMA, the
+    knob drops ``key_factor_tiles`` (5 -> 4 launches) and K's launch writes the tiled layout instead of [Hkv, T]:
+    the call moves 2 x Hkv x T x 4 bytes fewer (17.07 MB on the bench's broadcast-Q row); without FACTORS_TMA the
+    knob changes nothing."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "mx_prequant_passes.py")
+    spec = importlib.util.spec_from_file_location("mx_prequant_passes", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    c = tool.case()
+    total = lambda steps: sum(r + w for _, r, w in steps)  # noqa: E731
+    loads, tma, tiled = (tool.passes(c, f, t)[0] for f, t in ((False, False), (True, False), (True, True)))
+    assert tool.passes(c, False, True)[0] == loads
+    assert [n for n, _, _ in tma] == ["rebase_rows(Q)", "rebase_rows(K)", "rebase_v_tiles(V)", "key_factor_tiles",
+                                      "mxfp8_attn_fwd_tlx_kernel"]
+    assert [n for n, _, _ in tiled] == ["rebase_rows(Q)", "rebase_key_tiles(K)", "rebase_v_tiles(V)",
+                                        "mxfp8_attn_fwd_tlx_kernel"]
+    k_factors = sum(c.kv_lens) * c.num_heads_kv * 4
+    assert total(tma) - total(tiled) == 2 * k_factors
+    assert round((total(tma) - total(tiled)) / 1e6, 2) == 17.07
