@@ -548,12 +548,12 @@ def quantize_rebased_key_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_
     tiles = rows // block_n + num_seqs  # mxfp8_rebase.v_tiles
     data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     factors = torch.empty((tiles, heads, block_n), dtype=torch.float32, device=x.device)
-    if tiles and heads and num_seqs:
+    if tiles and heads and num_seqs and rows:
         assert block_n % QUANT_BLOCK_R == 0, block_n
         bits = data.view(torch.uint8)
         _launch_quantize(x, bits, bits, kv_offsets, num_seqs, tiles * (block_n // QUANT_BLOCK_R), (1, 32), rounding,
                          REBASED_ROWS, factors, key_tile=block_n)
-    elif factors.numel():  # no sequence owns a tile
+    elif factors.numel():  # no key in any tile (the forward returns before this)
         factors.zero_()
     return data, factors
 

@@ -216,7 +216,7 @@ def rebase_key_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.
     tiles = v_tiles(rows, num_seqs, block_n)
     out = torch.empty((rows, heads, dim), dtype=data.dtype, device=data.device)
     factors = torch.empty((tiles, heads, block_n), dtype=torch.float32, device=data.device)
-    if tiles and heads and not num_seqs:  # no sequence owns a tile (the forward returns before it gets here)
+    if tiles and heads and not (num_seqs and rows):  # no key in any tile (the forward returns before this)
         factors.zero_()
     elif tiles and heads:
         assert block_n % ROWS == 0, block_n
