@@ -25,8 +25,10 @@ def case():
     return next(c for c in mxfp8_cases((128,), "full") if c.broadcast_q)
 
 
-def passes(c, factors_tma: bool):
-    """[(launch, bytes read, bytes written)] of one steady-state pre-quantized call, in launch order."""
+def passes(c, factors_tma: bool, tiled_k_factors: bool = False):
+    """[(launch, bytes read, bytes written)] of one steady-state pre-quantized call, in launch order.
+    ``tiled_k_factors`` (tlx ``configs.MXFP8_TILED_KEY_FACTORS``, with FACTORS_TMA): K's launch writes the factors
+    tiled (``rebase_key_tiles``, every tile of the layout) and ``key_factor_tiles`` does not run."""
     rows, heads, dim, seqs, lq = sum(c.kv_lens), c.num_heads_kv, c.head_dim, len(c.kv_lens), c.q_lens[0]
     tiles_layout = rows // BLOCK_N + seqs  # mxfp8_rebase.v_tiles: the padded layout's tiles
     tiles_used = sum(math.ceil(n / BLOCK_N) for n in c.kv_lens)  # the ones a program writes and the kernel reads
@@ -39,11 +41,14 @@ def passes(c, factors_tma: bool):
     v_factors = tiles_used * heads * dim * 4  # fp32 [tiles, Hkv, D]
     q = lq * c.num_heads_q * dim
     out = seqs * lq * c.num_heads_q * dim * 2 + seqs * lq * c.num_heads_q * 4  # bf16 out + fp32 lse
+    k_tiled = tiles_layout * heads * BLOCK_N * 4  # fp32 [tiles, Hkv, 128]
+    tiled = factors_tma and tiled_k_factors
     steps = [("rebase_rows(Q)", q + q // 32, q + c.num_heads_q * lq * 4),
-             ("rebase_rows(K)", e4m3 + k_scales, e4m3 + k_factors),
+             ("rebase_key_tiles(K)" if tiled else "rebase_rows(K)", e4m3 + k_scales,
+              e4m3 + (k_tiled if tiled else k_factors)),
              ("rebase_v_tiles(V)", e4m3 + v_scales, vt + v_factors)]
-    if factors_tma:  # reads the used keys' factors, writes every tile of the layout (zeros in padding tiles)
-        steps.append(("key_factor_tiles", k_factors, tiles_layout * heads * BLOCK_N * 4))
+    if factors_tma and not tiled:  # reads the used keys' factors, writes every tile of the layout (zeros in padding tiles)
+        steps.append(("key_factor_tiles", k_factors, k_tiled))
     steps.append(("mxfp8_attn_fwd_tlx_kernel", q + e4m3 + vt + k_factors + v_factors, out))
     return steps, tiles_used * c.num_heads_q
 
@@ -55,9 +60,10 @@ def ms_to_clk(ms: float, blocks: int) -> float:
 def main() -> None:
     c = case()
     print(f"{c.label} D{c.head_dim}: T_kv {sum(c.kv_lens)}, B {len(c.kv_lens)}, H {c.num_heads_kv}")
-    for knob in (False, True):
-        steps, blocks = passes(c, knob)
-        print(f"\nMXFP8_FACTORS_TMA={int(knob)}: {len(steps)} launches a call; the kernel walks {blocks} key blocks "
+    for knob, tiled in ((False, False), (True, False), (True, True)):
+        steps, blocks = passes(c, knob, tiled)
+        print(f"\nMXFP8_FACTORS_TMA={int(knob)}" + (" MXFP8_TILED_KEY_FACTORS=1" if tiled else "")
+              + f": {len(steps)} launches a call; the kernel walks {blocks} key blocks "
               f"({blocks / SMS:.1f} an SM); 1 ms = {ms_to_clk(1.0, blocks):.0f} clk a block")
         print(f"  {'launch':28s} {'read MB':>9s} {'written MB':>10s} " + " ".join(
             f"{'floor ' + d + ' us':>15s}" for d in COPY_TBS) + "  clk/block H200 / H100")

@@ -102,8 +102,8 @@ _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_sl
                 "block_pool_kernel", "block_pool_pair_kernel", "block_pool_pair_skip_kernel", "block_select_kernel",
                 "block_select_overlap_kernel",
                 "transpose_selection_kernel", "transpose_mark_kernel", "transpose_lists_kernel",
-                "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel",
-                "_mx_values_kernel")  # the last three: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and
+                "mxfp8_quantize_kernel", "rebase_rows_kernel", "rebase_v_tiles_kernel", "rebase_key_tiles_kernel",
+                "_mx_values_kernel")  # the last four: the tlx MXFP8 forward's operand stage (mxfp8_rebase.py) and
 # its backward's dequantize (mxfp8_bwd.py): per-row/-tile scaling, no matmul
 
 
@@ -304,3 +304,22 @@ def test_sm90_mxfp8_quantize_v_column_layout():
     assert column["warps"] == 1 and column["spills"] == 0 and column["registers"] <= 184, column
     assert 65536 // ((column["registers"] + 7) // 8 * 8 * 32) >= 11, column
     assert column["async_copies"] > 0 and column["shared"] <= 8 * 1024, column
+
+
+def test_sm90_mxfp8_key_tile_launches_fit_as_the_shipped_ones():
+    """tlx ``configs.MXFP8_TILED_KEY_FACTORS`` (helper kfold50): K's one-launch forms on sm_90, ptxas -v, against
+    the shipped launches they replace: ``rebase_key_tiles_kernel`` (pre-quantized K) and the quantize kernel with
+    KEY_TILE 128 (bf16 K), D64 and D128: no spills, shared memory within the budget, registers no more than the
+    shipped kernel's + 16 (the sequence search and the tile's key range per program), and the quantize kernel's
+    loads still pipelined by async copies as the shipped rows kernel's."""
+    results = {r["name"]: r for r in _ptxas_stats("mxfp8_specializations", "mxfp8-")}
+    for dim in (64, 128):
+        for new, old in ((f"mxfp8-rebase-key-tiles-d{dim}", f"mxfp8-rebase-rows-d{dim}"),
+                         (f"mxfp8-quantize-rebased-key-tiles-d{dim}-bf16-pipelined",
+                          f"mxfp8-quantize-rebased-rows-d{dim}-bf16-pipelined")):
+            r, base = results[new], results[old]
+            print(new, {k: r[k] for k in ("registers", "shared", "spills")}, old,
+                  {k: base[k] for k in ("registers", "shared", "spills")})
+            assert r["spills"] == 0 and r["shared"] <= SHARED_MEMORY_LIMITS[90], r
+            assert r["registers"] <= base["registers"] + 16 and r["warps"] == base["warps"], (r, base)
+            assert (r["async_copies"] > 0) == (base["async_copies"] > 0), (r, base)

@@ -1879,6 +1879,79 @@ def _mxfp8_forward_two_sequences():
 
 
 @needs_tlx
+@pytest.mark.parametrize("factors_tma", [False, True])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_mxfp8_forward_tiled_key_factors_launches(gpu, monkeypatch, tiled, factors_tma):
+    """``configs.MXFP8_TILED_KEY_FACTORS`` (helper kfold50) in the MXFP8 forward's host call, every path that makes
+    K's factors (pre-quantized pairs, which bf16 in with MXFP8_FUSED_QUANTIZE off also takes; bf16 in fused, with
+    and without MXFP8_FUSED_V; GQA and broadcast-Q shapes): on with FACTORS_TMA, no ``key_factor_tiles`` launch (it
+    is patched to raise) and K's one launch (``rebase_key_tiles_kernel``, or the quantize kernel with KEY_TILE 128)
+    writes the tensor the kernel's K-factor descriptor reads; otherwise today's launches (``rebase_rows_kernel`` /
+    KEY_TILE 0, then ``key_factor_tiles_kernel`` with FACTORS_TMA; nothing tiled without it), so the knob alone
+    never tiles factors the loads would read as [Hkv, T]."""
+    from jfa_ops.backends.tlx import mxfp8_attn_fwd
+    from jfa_ops.backends.triton import mxfp8_quantize, mxfp8_rebase
+
+    runs, _ = gpu
+    monkeypatch.setattr(tlx_configs, "MXFP8_FACTORS_TMA", factors_tma)
+    monkeypatch.setattr(tlx_configs, "MXFP8_TILED_KEY_FACTORS", tiled)
+    one_launch = tiled and factors_tma
+    if one_launch:
+        def no_tiling(*a, **k):
+            raise AssertionError("key_factor_tiles launched under MXFP8_TILED_KEY_FACTORS")
+        monkeypatch.setattr(mxfp8_attn_fwd, "key_factor_tiles", no_tiling)
+    kv_off = torch.tensor([0, 300, 429, 434], dtype=torch.int32)
+    tiles, dim = mxfp8_rebase.v_tiles(434, 3, 128), 128
+    g = torch.Generator().manual_seed(5)
+    for hq, hkv, broadcast_q in ((4, 2, False), (4, 4, True)):  # GQA; broadcast-Q (one query block per sequence)
+        rows_q = 128 if broadcast_q else 434
+        q_mx = (torch.randn(rows_q, hq, dim, generator=g).to(torch.float8_e4m3fn),
+                torch.zeros(rows_q, hq, dim // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+        k_mx = (torch.randn(434, hkv, dim, generator=g).to(torch.float8_e4m3fn),
+                torch.zeros(434, hkv, dim // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+        v_mx = (k_mx[0], torch.zeros(434 // 32 + 3, hkv, dim, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+        bf16 = [torch.randn(rows_q, hq, dim).bfloat16(), torch.randn(434, hkv, dim).bfloat16(),
+                torch.randn(434, hkv, dim).bfloat16()]
+        q_off = None if broadcast_q else kv_off
+        params = _params(causal=not broadcast_q, broadcast_q=broadcast_q, max_seqlen_q=128 if broadcast_q else 300,
+                         max_seqlen_kv=300)
+        calls = dict(
+            pairs=lambda: mxfp8_attn_fwd.attention_forward(q_mx, k_mx, v_mx, q_off, kv_off, params, torch.bfloat16),
+            bf16=lambda: mxfp8_attn_fwd.attention_forward_quantizing(*bf16, q_off, kv_off, params, "rceil"))
+        for path, settings in (("pairs", {}), ("bf16", {}), ("bf16", {"MXFP8_FUSED_V": True})):
+            runs.clear()
+            with monkeypatch.context() as m:
+                for name, value in settings.items():
+                    m.setattr(tlx_configs, name, value)
+                calls[path]()
+            names = [name for name, _, _, _ in runs]
+            kernel = [dict(zip(mxfp8_attn_fwd.mxfp8_attn_fwd_tlx_kernel.arg_names, values))
+                      for name, _, values, _ in runs if name == "mxfp8_attn_fwd_tlx_kernel"]
+            assert len(kernel) == 1 and kernel[0]["FACTORS_TMA"] is factors_tma
+            assert names.count("key_factor_tiles_kernel") == int(factors_tma and not tiled), (path, names)
+            if path == "pairs":
+                k_launch = [dict(zip(mxfp8_rebase.rebase_key_tiles_kernel.arg_names, values))
+                            for name, _, values, _ in runs if name == "rebase_key_tiles_kernel"]
+                assert names.count("rebase_rows_kernel") == (1 if one_launch else 2), names  # Q (and K)
+                k_factors = k_launch[0]["KFT"] if one_launch else None
+                assert len(k_launch) == int(one_launch)
+            else:
+                quantize = [dict(zip(mxfp8_quantize.mxfp8_quantize_kernel.arg_names, values))
+                            for name, _, values, _ in runs if name == "mxfp8_quantize_kernel"]
+                assert sorted(q["KEY_TILE"] for q in quantize) == sorted([0, 0, 128 if one_launch else 0])
+                k_factors = next((q["F"] for q in quantize if q["KEY_TILE"]), None)
+            if one_launch:  # the descriptor's base is the tensor K's launch wrote, [tiles, Hkv, 128]
+                assert k_factors.shape == (tiles, hkv, 128)
+                assert kernel[0]["desc_kf"].base.data_ptr() == k_factors.data_ptr()
+            elif factors_tma:
+                tiling = [dict(zip(mxfp8_rebase.key_factor_tiles_kernel.arg_names, values))
+                          for name, _, values, _ in runs if name == "key_factor_tiles_kernel"]
+                assert kernel[0]["desc_kf"].base.data_ptr() == tiling[0]["KFT"].data_ptr()
+            else:
+                assert kernel[0]["desc_kf"] is None and kernel[0]["KF"].shape == (hkv, 434)
+
+
+@needs_tlx
 @pytest.mark.parametrize("permuted", [False, True])
 def test_mxfp8_forward_permuted_v_keys_launch(gpu, monkeypatch, permuted):
     """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49) in the MXFP8 forward's host call: the re-basing stage

@@ -400,6 +400,13 @@ MXFP8_QK_CHUNKS = int(os.environ.get("JFA_TLX_MXFP8_QK_CHUNKS", "1"))
 # the loads' time on all five rows (broadcast-Q 0.481 -> 0.402 ms), the pre-quantized call with the tiling pass
 # 0.907 -> 0.839 ms; its 14 GPU twins equal the loads' kernel bit for bit. Env JFA_TLX_MXFP8_FACTORS_TMA=0: the loads.
 MXFP8_FACTORS_TMA = os.environ.get("JFA_TLX_MXFP8_FACTORS_TMA", "1") == "1"
+# With MXFP8_FACTORS_TMA: K's re-basing launch writes K's row factors straight into V's tile layout
+# (``mxfp8_rebase.rebase_key_tiles`` for pre-quantized pairs, ``mxfp8_quantize.quantize_rebased_key_tiles`` for bf16
+# in: programs by 32 keys of a padded tile, zeros past each sequence's end), so ``key_factor_tiles``' extra launch
+# and its ~18 MB on the broadcast-Q row go away; the same factors and re-based K bit for bit (helper kfold50,
+# bench/NOTES.md "Issue 12: K's factors tiled by K's re-basing launch"). Predicted ~1-1.5% of the broadcast-Q call
+# (stop 49 measured the tiling pass at ~14 us of 0.839 ms); off until measured. Env JFA_TLX_MXFP8_TILED_KEY_FACTORS=1.
+MXFP8_TILED_KEY_FACTORS = os.environ.get("JFA_TLX_MXFP8_TILED_KEY_FACTORS", "0") == "1"
 # The MXFP8 forward's P enters P V's wgmma in the registers the accumulator left it in: V^T's keys stored in that
 # order within each 16 keys (``mxfp8_rebase.v_key_slot``, written by ``rebase_v_tiles``), P's columns renamed to match
 # (``mxfp8_rebase.p_in_v_key_order``), so Triton's layout conversion of P (16 SHFL.IDX + 16 SEL + 16 PRMT per key

@@ -41,9 +41,10 @@ from ..triton.attn_fwd import broadcast_offsets
 from ..triton.common import LN2, key_interval_mask, visible, window_bounds
 from ..triton.launch import launch
 from ..triton.mxfp8_attn_fwd import _scores
-from ..triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles
+from ..triton.mxfp8_quantize import (quantize, quantize_rebased_key_tiles, quantize_rebased_rows,
+                                     quantize_rebased_v_tiles)
 from ..triton.mxfp8_rebase import (INV_P_SCALE, P_SCALE_LOG2, first_column, key_factor_tiles, p_in_v_key_order,
-                                   permute_v_keys, rebase_rows, rebase_v_tiles)
+                                   permute_v_keys, rebase_key_tiles, rebase_rows, rebase_v_tiles)
 from ..triton.scheduling import forward_tiles, tile_schedule
 from .attn_fwd import (NUM_CONSUMERS, PINGPONG_A, _n_blocks, _pass_turn, _produce_q, _slot_phase, _tile_count,
                        _wait_turn, _work_tile)
@@ -418,14 +419,27 @@ def _descriptor(t: torch.Tensor, block_shape):
     return TensorDescriptor(t, shape=list(t.shape), strides=list(t.stride()), block_shape=list(block_shape))
 
 
-def rebase_operands(q_mx, k_mx, v_mx, kv_offsets, permuted_v_keys=None):
+def _k_factors_tiled(tiled_k_factors) -> bool:
+    """Whether K's re-basing writes its factors in V's tile layout (``configs.MXFP8_TILED_KEY_FACTORS``, which
+    only the FACTORS_TMA kernel reads), unless the caller says."""
+    if tiled_k_factors is None:
+        return configs.MXFP8_FACTORS_TMA and configs.MXFP8_TILED_KEY_FACTORS
+    return tiled_k_factors
+
+
+def rebase_operands(q_mx, k_mx, v_mx, kv_offsets, permuted_v_keys=None, tiled_k_factors=None):
     """The kernel's operands (qr, q_factors, kr, k_factors, vt, v_factors) from (data, scale) pairs
     (``triton/mxfp8_rebase.py``); vt's keys in ``v_key_slot`` order when ``permuted_v_keys`` (None:
-    ``configs.MXFP8_PERMUTED_V_KEYS``, as the kernel launched now reads them)."""
+    ``configs.MXFP8_PERMUTED_V_KEYS``, as the kernel launched now reads them); k_factors [tiles, Hkv, block_n]
+    (``rebase_key_tiles``: ``key_factor_tiles``' layout, from K's one launch) when ``tiled_k_factors`` (None:
+    ``configs.MXFP8_TILED_KEY_FACTORS`` with FACTORS_TMA), else [Hkv, T]."""
     cfg = mxfp8_fwd_config(q_mx[0].shape[2])
     permuted = configs.MXFP8_PERMUTED_V_KEYS if permuted_v_keys is None else permuted_v_keys
-    return (*rebase_rows(*q_mx), *rebase_rows(*k_mx),
-            *rebase_v_tiles(*v_mx, kv_offsets.to(torch.int32), cfg.block_n, permuted_keys=permuted))
+    kv_off = kv_offsets.to(torch.int32)
+    k_operands = (rebase_key_tiles(*k_mx, kv_off, cfg.block_n) if _k_factors_tiled(tiled_k_factors)
+                  else rebase_rows(*k_mx))
+    return (*rebase_rows(*q_mx), *k_operands,
+            *rebase_v_tiles(*v_mx, kv_off, cfg.block_n, permuted_keys=permuted))
 
 
 def tiled_key_factors(k_factors: torch.Tensor, kv_offsets: torch.Tensor, block_n: int) -> torch.Tensor:
@@ -440,7 +454,8 @@ def tiled_key_factors(k_factors: torch.Tensor, kv_offsets: torch.Tensor, block_n
 def quantize_operands(q, k, v, kv_offsets, rounding):
     """``rebase_operands`` of the MX pairs of high-precision q, k, v, bit for bit, in one pass over each (the
     quantize kernel writes the re-based layout itself: bf16 read once, E4M3 written once); V through the pair and
-    the re-basing stage unless ``configs.MXFP8_FUSED_V``."""
+    the re-basing stage unless ``configs.MXFP8_FUSED_V``); K's factors tiled as ``rebase_operands``' are
+    (``quantize_rebased_key_tiles``) under ``configs.MXFP8_TILED_KEY_FACTORS`` with FACTORS_TMA."""
     cfg = mxfp8_fwd_config(q.shape[2])
     kv_off = kv_offsets.to(torch.int32)
     permuted = configs.MXFP8_PERMUTED_V_KEYS
@@ -451,7 +466,9 @@ def quantize_operands(q, k, v, kv_offsets, rounding):
     else:
         v_operands = rebase_v_tiles(*quantize(v, kv_off, (32, 1), rounding), kv_off, cfg.block_n,
                                     permuted_keys=permuted)
-    return (*quantize_rebased_rows(q, rounding), *quantize_rebased_rows(k, rounding), *v_operands)
+    k_operands = (quantize_rebased_key_tiles(k, kv_off, cfg.block_n, rounding) if _k_factors_tiled(None)
+                  else quantize_rebased_rows(k, rounding))
+    return (*quantize_rebased_rows(q, rounding), *k_operands, *v_operands)
 
 
 def attention_forward(q_mx, k_mx, v_mx, q_offsets, kv_offsets, params, out_dtype, rebased=None):

@@ -32,7 +32,7 @@ from .common import row_strides
 from .attn_fwd import broadcast_offsets
 from .configs import KNOBS, interpreting
 from .launch import launch, launch_planned
-from .scheduling import fanout_search_steps, fanout_sequence
+from .scheduling import fanout_search_steps, fanout_sequence, padded_tile, rows_inside
 
 QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
 # configs.KNOBS.mxfp8_quant_pipelined: each program loops over head groups of QUANT_COLUMNS elements a row (heads x padded head_dim), 32 rows: 8 KB of
@@ -260,7 +260,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                           BLOCK_R: tl.constexpr, SEARCH_STEPS: tl.constexpr, X_BF16_BITS: tl.constexpr,
                           HW_CVT: tl.constexpr, GROUPS: tl.constexpr, STAGES: tl.constexpr,
                           REBASE: tl.constexpr, HEAD_CHUNKS: tl.constexpr, COL_VEC: tl.constexpr,
-                          EMPTY_ROWS: tl.constexpr):
+                          EMPTY_ROWS: tl.constexpr, KEY_TILE: tl.constexpr = 0):
     """Program (``tile``, head split): GROUPS iterations of HEADS_PER_PROGRAM (HP) heads of one tile of BLOCK_R rows,
     each one [BLOCK_R, HP * BLOCK_D] tile (column j: head j // BLOCK_D, element j % BLOCK_D). ROW_BLOCKS False:
     (1, 32) blocks, rows [tile * BLOCK_R, +BLOCK_R). ROW_BLOCKS True: the tile's rows of one sequence in the padded
@@ -273,7 +273,10 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
     factors [H, T]; ``REBASED_V_TILES`` ((32, 1), BLOCK_R the key tile): DATA = V^T [H * D, tiles * BLOCK_R] (row
     stride stride_vtrow), F the column factors / 2**8 [tiles, H, D]; padding tiles write nothing.
     EMPTY_ROWS ((32, 32) blocks, PAIR or MX_VALUES: the MXFP8 backward's dO): F is lse [heads, rows] (fp32,
-    contiguous); NaN/inf elements of rows whose lse is -inf (rows that see no key) are read as 0 (``_empty_rows``)."""
+    contiguous); NaN/inf elements of rows whose lse is -inf (rows that see no key) are read as 0 (``_empty_rows``).
+    KEY_TILE > 0 (``REBASED_ROWS``, ``quantize_rebased_key_tiles``): program ``tile`` takes BLOCK_R keys of tile
+    ``tile // (KEY_TILE // BLOCK_R)`` of V's padded layout (OFFSETS the kv offsets) and writes the row factors in
+    ``mxfp8_rebase.key_factor_tiles``' layout [tiles, H, KEY_TILE], zeros past the sequence's end."""
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(BLOCK_D % 32 == 0)
     HP: tl.constexpr = HEADS_PER_PROGRAM
@@ -308,6 +311,17 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
             r_ok = r < n
             r += row0
         owned = n > 0  # else a scale row no sequence owns: scale 0, no data; r_ok all False then
+    elif KEY_TILE > 0:  # K's rows by key tile, their factors tiled (configs.MXFP8_TILED_KEY_FACTORS)
+        tl.static_assert(REBASE == REBASED_ROWS and KEY_TILE % BLOCK_R == 0)
+        key_tile = tile // (KEY_TILE // BLOCK_R)
+        seq, kv_row0, len_k, n0 = padded_tile(OFFSETS, key_tile, num_seqs, KEY_TILE, SEARCH_STEPS)
+        key_col = tile % (KEY_TILE // BLOCK_R) * BLOCK_R + tl.arange(0, BLOCK_R)  # within the key tile
+        keys = n0 + key_col
+        # as mxfp8_rebase.rebase_key_tiles_kernel: a sequence outside x (bad offsets) reads nothing, keys below 0 too
+        end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
+        r_ok = (keys >= 0) & (keys < end)
+        r = kv_row0 + keys
+        owned = True
     else:
         tl.static_assert(REBASE != REBASED_V_TILES)
         r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -436,9 +450,15 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
                                          row_bits), row_bits.to(tl.int32) - 127, HW_CVT)
                         data = tl.reshape(y.to(tl.uint8, bitcast=True), (BLOCK_R, HP * BLOCK_D))
                         f_head = head0 + tl.arange(0, HP)
-                        tl.store(F + f_head.to(tl.int64)[None, :] * rows + r64[:, None],
-                                 tl.reshape(_row_factor(e_max), (BLOCK_R, HP)),
-                                 mask=r_ok[:, None] & (f_head < heads)[None, :])
+                        if KEY_TILE > 0:  # every key of the tile written: zeros where no row is
+                            tl.store(F + (key_tile.to(tl.int64) * heads + f_head)[None, :] * KEY_TILE
+                                     + key_col[:, None],
+                                     tl.where(r_ok[:, None], tl.reshape(_row_factor(e_max), (BLOCK_R, HP)), 0.0),
+                                     mask=(f_head < heads)[None, :])
+                        else:
+                            tl.store(F + f_head.to(tl.int64)[None, :] * rows + r64[:, None],
+                                     tl.reshape(_row_factor(e_max), (BLOCK_R, HP)),
+                                     mask=r_ok[:, None] & (f_head < heads)[None, :])
                     elif REBASE == MX_VALUES:
                         data = _values_rows(data.to(tl.float8e4nv, bitcast=True),
                                             scale_bits).to(DATA.dtype.element_ty)
@@ -517,6 +537,27 @@ def quantize_rebased_rows(x: torch.Tensor, rounding: str) -> Tuple[torch.Tensor,
     return data, factors
 
 
+def quantize_rebased_key_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n: int,
+                               rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rebased_rows`` with the factors as ``mxfp8_rebase.key_factor_tiles`` lays them out, in one launch
+    (``configs.MXFP8_TILED_KEY_FACTORS``): (E4M3 data [T, H, D], fp32 [tiles, H, block_n], zeros past each
+    sequence's end and in padding tiles), bit for bit what ``quantize_rebased_rows`` then ``key_factor_tiles`` give
+    on every row a sequence owns (valid offsets own all T). ``kv_offsets`` int32."""
+    rows, heads, dim = x.shape
+    num_seqs = kv_offsets.shape[0] - 1
+    tiles = rows // block_n + num_seqs  # mxfp8_rebase.v_tiles
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    factors = torch.empty((tiles, heads, block_n), dtype=torch.float32, device=x.device)
+    if tiles and heads and num_seqs and rows:
+        assert block_n % QUANT_BLOCK_R == 0, block_n
+        bits = data.view(torch.uint8)
+        _launch_quantize(x, bits, bits, kv_offsets, num_seqs, tiles * (block_n // QUANT_BLOCK_R), (1, 32), rounding,
+                         REBASED_ROWS, factors, key_tile=block_n)
+    elif factors.numel():  # no key in any tile (the forward returns before this)
+        factors.zero_()
+    return data, factors
+
+
 def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n: int,
                              rounding: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``mxfp8_rebase.rebase_v_tiles(*quantize(x, kv_offsets, (32, 1), rounding), kv_offsets, block_n)`` in one
@@ -535,7 +576,7 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
 
 
 def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, rounding, rebase, factors=None,
-                     block_r=QUANT_BLOCK_R, stride_vtrow=0, empty_rows_lse=None):
+                     block_r=QUANT_BLOCK_R, stride_vtrow=0, empty_rows_lse=None, key_tile=0):
     """``mxfp8_quantize_kernel`` over ``programs`` row tiles of ``x`` writing ``rebase``'s outputs (``MX_VALUES``:
     ``data_bits`` the values tensor, ``scale_bits`` unused); ``empty_rows_lse``: read through F (``EMPTY_ROWS``)."""
     if x.stride(2) != 1 and x.shape[2] > 1:  # the kernel indexes head_dim with unit stride (rows, heads: any)
@@ -548,7 +589,7 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
                    OFFSETS=offs, F=data_bits if factors is None else factors, rows=x.shape[0], num_seqs=num_seqs)
     if not KNOBS.mxfp8_quant_direct or tracing():  # a traced call's sizes may be symbolic: no memo key
         splits, static, options = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
-                                                   block_r, stride_vtrow, empty_rows)
+                                                   block_r, stride_vtrow, empty_rows, key_tile)
         launch(mxfp8_quantize_kernel, (programs, splits), {**dynamic, **static}, **options)
         return
     # configs.KNOBS.mxfp8_quant_direct: the geometry and constexprs once per signature (everything
@@ -558,13 +599,13 @@ def _launch_quantize(x, data_bits, scale_bits, offs, num_seqs, programs, block, 
            tuple(block), rounding, rebase.value, block_r, fanout_search_steps(num_seqs), factors is None,
            KNOBS.mxfp8_quant_pipelined, KNOBS.mxfp8_quant_v_columns, QUANT_STAGES, QUANT_GROUPS, V_QUANT_GROUPS,
            tuple(QUANT_WARPS.values()), interpreting(), KNOBS.mxfp8_quant_v_layout, V_COLUMN_VEC, V_COLUMN_STAGES,
-           V_COLUMN_GROUPS, empty_rows)
+           V_COLUMN_GROUPS, empty_rows, key_tile)
     geometry = _GEOMETRY.get(key)
     if geometry is None:
         if len(_GEOMETRY) >= _GEOMETRY_MAX:
             _GEOMETRY.clear()
         geometry = _GEOMETRY[key] = _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase,
-                                                     block_r, stride_vtrow, empty_rows)
+                                                     block_r, stride_vtrow, empty_rows, key_tile)
     splits, static, options = geometry
     launch_planned(mxfp8_quantize_kernel, key, (programs, splits), dynamic, lambda: static, **options)
 
@@ -581,7 +622,7 @@ def head_groups(block, rebase) -> int:
 
 
 def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase, block_r, stride_vtrow,
-                     empty_rows=False):
+                     empty_rows=False, key_tile=0):
     """(head splits (the grid's second axis), the kernel's arguments that are not per call: strides, heads,
     constexprs, launch options) of a quantize launch; per call are the tensors, the rows and the sequence count."""
     rows, heads, dim = x.shape
@@ -613,5 +654,5 @@ def _launch_geometry(x, data_bits, scale_bits, num_seqs, block, rounding, rebase
         SQUARE=block_rows > 1 and block_cols > 1, RCEIL=rounding == "rceil",
         BLOCK_R=block_r, SEARCH_STEPS=fanout_search_steps(num_seqs), X_BF16_BITS=x.dtype == torch.bfloat16,
         HW_CVT=not interpreting(), GROUPS=groups, STAGES=stages, REBASE=rebase.value, HEAD_CHUNKS=chunks,
-        COL_VEC=col_vec, EMPTY_ROWS=empty_rows)
+        COL_VEC=col_vec, EMPTY_ROWS=empty_rows, KEY_TILE=key_tile)
     return triton.cdiv(triton.cdiv(heads * chunks, per_program), groups), static, dict(num_warps=warps, num_stages=1)

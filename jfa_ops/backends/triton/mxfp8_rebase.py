@@ -164,6 +164,34 @@ def key_factor_tiles(factors: torch.Tensor, kv_offsets: torch.Tensor, block_n: i
     return out
 
 
+@triton.jit(do_not_specialize=["rows"])
+def rebase_key_tiles_kernel(X, XS, Y, KFT, KV_OFF, num_seqs, num_heads, rows, stride_xt, stride_xh, stride_st,
+                            stride_sh, stride_yt, stride_yh, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                            BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Program (ROWS keys of a tile of V's padded layout, head): ``rebase_rows_kernel``'s rows of one sequence, the
+    row factors written straight into ``key_factor_tiles``' layout, zeros past the sequence's end and in padding
+    tiles (``configs.MXFP8_TILED_KEY_FACTORS``: no tiling launch). Keys are masked as ``key_factor_tiles_kernel``
+    masks them, and also below 0 (a search that fell back to sequence 0 on bad offsets: zeros there)."""
+    DC: tl.constexpr = HEAD_DIM // 32
+    CHUNKS: tl.constexpr = BLOCK_N // ROWS
+    tile = tl.program_id(0) // CHUNKS
+    head = tl.program_id(1).to(tl.int64)
+    seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
+    col = tl.program_id(0) % CHUNKS * ROWS + tl.arange(0, ROWS)  # within the tile
+    keys = n0 + col
+    # a sequence outside K (bad offsets) reads nothing: its tiles zero
+    end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
+    ok = (keys >= 0) & (keys < end)
+    r = kv_row0 + keys
+    d = tl.arange(0, HEAD_DIM)
+    data = tl.load(X + r[:, None] * stride_xt + head * stride_xh + d[None, :], mask=ok[:, None], other=0.0)
+    bits = tl.load(XS + r[:, None] * stride_st + head * stride_sh + tl.arange(0, DC)[None, :], mask=ok[:, None],
+                   other=0)
+    y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
+    tl.store(Y + r[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
+    tl.store(KFT + (tile * num_heads + head) * BLOCK_N + col, tl.where(ok, _row_factor(e_max), 0.0))
+
+
 def rebase_rows(data: torch.Tensor, scale: torch.Tensor):
     """(E4M3 data [T, H, D], fp32 row factors [H, T]) of a (1, 32) pair (module docstring)."""
     rows, heads, dim = data.shape
@@ -175,6 +203,29 @@ def rebase_rows(data: torch.Tensor, scale: torch.Tensor):
             X=data, XS=bits, Y=out, F=factors, T=rows, stride_xt=data.stride(0), stride_xh=data.stride(1),
             stride_st=bits.stride(0), stride_sh=bits.stride(1), stride_yt=out.stride(0), stride_yh=out.stride(1),
             HEAD_DIM=dim, ROWS=ROWS, HW_CVT=not interpreting()), num_warps=4, num_stages=1)
+    return out, factors
+
+
+def rebase_key_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Tensor, block_n: int):
+    """``rebase_rows`` of K's (1, 32) pair with the factors as ``key_factor_tiles`` lays them out, in one launch:
+    (E4M3 data [T, Hkv, D], fp32 [tiles, Hkv, block_n]), both bit for bit what ``rebase_rows`` then
+    ``key_factor_tiles`` give, on every row a sequence owns (valid offsets own all T; a row no sequence owns is not
+    written). ``kv_offsets`` int32 on the data's device."""
+    rows, heads, dim = data.shape
+    num_seqs = kv_offsets.shape[0] - 1
+    tiles = v_tiles(rows, num_seqs, block_n)
+    out = torch.empty((rows, heads, dim), dtype=data.dtype, device=data.device)
+    factors = torch.empty((tiles, heads, block_n), dtype=torch.float32, device=data.device)
+    if tiles and heads and not (num_seqs and rows):  # no key in any tile (the forward returns before this)
+        factors.zero_()
+    elif tiles and heads:
+        assert block_n % ROWS == 0, block_n
+        bits = scale.view(torch.uint8)
+        launch(rebase_key_tiles_kernel, (tiles * (block_n // ROWS), heads), dict(
+            X=data, XS=bits, Y=out, KFT=factors, KV_OFF=kv_offsets, num_seqs=num_seqs, num_heads=heads, rows=rows,
+            stride_xt=data.stride(0), stride_xh=data.stride(1), stride_st=bits.stride(0), stride_sh=bits.stride(1),
+            stride_yt=out.stride(0), stride_yh=out.stride(1), HEAD_DIM=dim, ROWS=ROWS, BLOCK_N=block_n,
+            SEARCH_STEPS=fanout_search_steps(num_seqs), HW_CVT=not interpreting()), num_warps=4, num_stages=1)
     return out, factors
 
 

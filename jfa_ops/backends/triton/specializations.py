@@ -517,6 +517,13 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                               {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
                               constexprs, mxfp8_quantize.quantize_warps(block, hp * head_dim, block_r),
                               odd_strides=("stride_sh",))
+            if block == (1, 32):  # K's rows by key tile, factors tiled (tlx configs.MXFP8_TILED_KEY_FACTORS)
+                yield _mxfp8_spec(f"mxfp8-quantize-rebased-key-tiles-d{head_dim}-bf16-pipelined", fn,
+                                  mxfp8_quantize,
+                                  {"X": "*i16", "DATA": "*u8", "SCALE": "*u8", "OFFSETS": "*i32", "F": "*fp32"},
+                                  {**constexprs, "SEARCH_STEPS": 5, "KEY_TILE": 128},
+                                  mxfp8_quantize.quantize_warps(block, hp * head_dim, block_r),
+                                  odd_strides=("stride_sh",))
     # the TLX MXFP8 backward's MX-valued operands written by the quantize kernel (quantize_values,
     # KNOBS.mxfp8_bwd_one_pass): V's (1, 32), Q / K / dO's (32, 32) per sequence; bf16 or fp16 in, bf16 out
     for block, dtype in (((1, 32), torch.bfloat16), ((32, 32), torch.bfloat16), ((32, 32), torch.float16)):
@@ -591,6 +598,10 @@ def mxfp8_specializations() -> Iterator[Specialization]:
         yield _mxfp8_spec(f"mxfp8-rebase-rows-d{head_dim}", mxfp8_rebase.rebase_rows_kernel, mxfp8_rebase,
                           {"X": "*fp8e4nv", "XS": "*u8", "Y": "*fp8e4nv", "F": "*fp32"},
                           dict(HEAD_DIM=head_dim, ROWS=mxfp8_rebase.ROWS, HW_CVT=True), odd_strides=("stride_sh",))
+        yield _mxfp8_spec(f"mxfp8-rebase-key-tiles-d{head_dim}", mxfp8_rebase.rebase_key_tiles_kernel, mxfp8_rebase,
+                          {"X": "*fp8e4nv", "XS": "*u8", "Y": "*fp8e4nv", "KFT": "*fp32", "KV_OFF": "*i32"},
+                          dict(HEAD_DIM=head_dim, ROWS=mxfp8_rebase.ROWS, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True),
+                          odd_strides=("stride_sh",))  # tlx configs.MXFP8_TILED_KEY_FACTORS' K launch
         yield _mxfp8_spec(f"mxfp8-rebase-v-tiles-d{head_dim}", mxfp8_rebase.rebase_v_tiles_kernel, mxfp8_rebase,
                           {"V": "*fp8e4nv", "VS": "*u8", "KV_OFF": "*i32", "VT": "*fp8e4nv", "VF": "*fp32"},
                           dict(HEAD_DIM=head_dim, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True, PERMUTED_KEYS=False))
@@ -607,6 +618,8 @@ def _mxfp8_spec(name, fn, module, types, constexprs, num_warps=4, num_stages=1,
                 odd_strides=()) -> Specialization:
     # as a real launch specializes them: pointers and strides divisible by 16, except ``odd_strides`` (the head
     # stride of (1, 32) and (32, 32) scales, D / 32 = 4 at D128); without this every load compiles unvectorized
+    if "KEY_TILE" in fn.arg_names and "KEY_TILE" not in constexprs:  # the quantize kernel's defaulted constexpr
+        constexprs = {**constexprs, "KEY_TILE": 0}
     sig, attrs = _signature(fn, types, constexprs, strides=True, odd_strides=odd_strides)
     return Specialization(name, fn.fn.__name__, module.__name__, sig, constexprs, attrs, num_warps, num_stages)
 
