@@ -709,10 +709,10 @@ def test_key_tiles_bad_offsets_stay_inside(offsets):
             assert (t == 0).all()
 
 
-@pytest.mark.xfail(strict=True, reason="key_factor_tiles_kernel masks keys < end only: on a first offset >= a tile "
-                   "past the rows (JFA_VALIDATE=deferred) the search falls back to sequence 0 with a negative key "
-                   "start and reads up to block_n floats before/after the factors (kfold50; shipped, left as is)")
 def test_key_factor_tiles_reads_outside_on_a_far_first_offset():
+    """A first offset past the rows (possible under JFA_VALIDATE=deferred) sends the tile search to sequence 0 with
+    a negative key start: ``key_factor_tiles_kernel`` must mask keys < 0 too, or it reads up to block_n floats
+    outside the factors (NaN here). Found by kfold50; fixed in stop 50."""
     heads, rows = 2, 100
     flat = torch.full((heads * rows + 4096,), float("nan"))
     kf = flat[:heads * rows].view(heads, rows)

@@ -143,7 +143,8 @@ def key_factor_tiles_kernel(KF, KV_OFF, KFT, num_seqs, num_heads, rows, BLOCK_N:
     keys = n0 + tl.arange(0, BLOCK_N)
     # a sequence outside K (bad offsets) reads nothing: its tiles zero
     end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
-    factors = tl.load(KF + head * rows + kv_row0 + keys, mask=keys < end, other=0.0)
+    # keys >= 0: a first offset past the rows (deferred validation) puts sequence 0's key start below zero
+    factors = tl.load(KF + head * rows + kv_row0 + keys, mask=(keys >= 0) & (keys < end), other=0.0)
     tl.store(KFT + (tile * num_heads + head) * BLOCK_N + tl.arange(0, BLOCK_N), factors)
 
 
