@@ -60,7 +60,8 @@ time), clk per key block walked, the shipped MXFP8 call from bf16 inputs and our
 (bench/NOTES.md "MXFP8 ceiling: ablations"), the kernel alone with the other ``configs.MXFP8_FACTORS_TMA`` setting and
 FlashAttention-4's bf16 forward where ``flash_attn.cute`` imports (each column also as x FA4, same process).
 ``TLX_MX_CASES=window,jagged`` picks rows (either part; ``mxfp8-timing``'s default: dense,bcast);
-``TLX_MX_RUNS="none;pquant,factors"`` picks ablation runs (";" between runs).
+``TLX_MX_RUNS="none;pquant,factors"`` picks ablation runs (";" between runs); ``TLX_MX_ROUNDS=3`` times
+mxfp8-ablation's columns in 3 interleaved rounds (default 1).
 
 ``mxfp8-bwd-timing`` (not in ``mxfp8``): the MXFP8 backward, bf16 inputs through ``mxfp8_attention(...,
 backend="tlx")`` (backward alone, through a retained graph), TFLOP/s on dense B8 H16 S4096 D128 and jagged T32768
@@ -1967,7 +1968,9 @@ def mxfp8_ablation() -> int:
         fa4, fa4_why = fa4_forward(c["case"], c["inputs"])
         if fa4 is not None:
             fns[FA4_BF16] = fa4
-        ms, failed = _medians(c["label"], fns)
+        # TLX_MX_ROUNDS > 1: the columns timed in interleaved rounds (a drift along the row hits every column alike;
+        # stop 50's one-round reading of the exact options moved 1-2% either way between single knobs)
+        ms, failed = _medians(c["label"], fns, int(os.environ.get("TLX_MX_ROUNDS", "1")))
         failures += failed
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
               "TFLOP)" + (f"; {FA4_BF16}: {fa4_why}" if fa4 is None else ""), flush=True)

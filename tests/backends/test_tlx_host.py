@@ -2023,7 +2023,7 @@ def test_mxfp8_ablation_exact_knob_columns(monkeypatch, keys_on):
         tlx_configs.MXFP8_FACTORS_TMA, tlx_configs.MXFP8_PERMUTED_V_KEYS, tlx_configs.MXFP8_ROWSUM_ONE_COLUMN,
         rebased[3], rebased[4]))
     calls = {}
-    monkeypatch.setattr(tool, "_medians", lambda label, fns: (
+    monkeypatch.setattr(tool, "_medians", lambda label, fns, rounds=1: (
         calls.update({col: fn() for col, fn in fns.items() if col.startswith("none")}) or {}, 0))
     monkeypatch.setenv("TLX_MX_RUNS", "none")
     assert tool.mxfp8_ablation() == 0
