@@ -38,19 +38,29 @@ ROWS = 32  # rows per program of rebase_rows
 
 
 @triton.jit
+def _rebase_row_block(X, XS, Y, r, ok, head, stride_xt, stride_xh, stride_st, stride_sh, stride_yt, stride_yh,
+                      HEAD_DIM: tl.constexpr, HW_CVT: tl.constexpr):
+    """Rows ``r`` (where ``ok``) of one head: E4M3 data and their (1, 32) block scales re-based to the row's largest
+    scale, the data stored to Y; returns the rows' largest scale exponents (for ``_row_factor``)."""
+    DC: tl.constexpr = HEAD_DIM // 32
+    d = tl.arange(0, HEAD_DIM)
+    data = tl.load(X + r[:, None] * stride_xt + head * stride_xh + d[None, :], mask=ok[:, None], other=0.0)
+    bits = tl.load(XS + r[:, None] * stride_st + head * stride_sh + tl.arange(0, DC)[None, :], mask=ok[:, None],
+                   other=0)
+    y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
+    tl.store(Y + r[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
+    return e_max
+
+
+@triton.jit
 def rebase_rows_kernel(X, XS, Y, F, T, stride_xt, stride_xh, stride_st, stride_sh, stride_yt, stride_yh,
                        HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, HW_CVT: tl.constexpr):
     """Program (row block, head): rows [r0, r0 + ROWS) of one head re-based to their largest block scale."""
-    DC: tl.constexpr = HEAD_DIM // 32
     head = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     ok = rows < T
-    d = tl.arange(0, HEAD_DIM)
-    data = tl.load(X + rows[:, None] * stride_xt + head * stride_xh + d[None, :], mask=ok[:, None], other=0.0)
-    bits = tl.load(XS + rows[:, None] * stride_st + head * stride_sh + tl.arange(0, DC)[None, :], mask=ok[:, None],
-                   other=0)
-    y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
-    tl.store(Y + rows[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
+    e_max = _rebase_row_block(X, XS, Y, rows, ok, head, stride_xt, stride_xh, stride_st, stride_sh, stride_yt,
+                              stride_yh, HEAD_DIM, HW_CVT)
     tl.store(F + head * T + rows, _row_factor(e_max), mask=ok)
 
 
@@ -173,7 +183,6 @@ def rebase_key_tiles_kernel(X, XS, Y, KFT, KV_OFF, num_seqs, num_heads, rows, st
     row factors written straight into ``key_factor_tiles``' layout, zeros past the sequence's end and in padding
     tiles (``configs.MXFP8_TILED_KEY_FACTORS``: no tiling launch). Keys are masked as ``key_factor_tiles_kernel``
     masks them, and also below 0 (a search that fell back to sequence 0 on bad offsets: zeros there)."""
-    DC: tl.constexpr = HEAD_DIM // 32
     CHUNKS: tl.constexpr = BLOCK_N // ROWS
     tile = tl.program_id(0) // CHUNKS
     head = tl.program_id(1).to(tl.int64)
@@ -183,13 +192,8 @@ def rebase_key_tiles_kernel(X, XS, Y, KFT, KV_OFF, num_seqs, num_heads, rows, st
     # a sequence outside K (bad offsets) reads nothing: its tiles zero
     end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
     ok = (keys >= 0) & (keys < end)
-    r = kv_row0 + keys
-    d = tl.arange(0, HEAD_DIM)
-    data = tl.load(X + r[:, None] * stride_xt + head * stride_xh + d[None, :], mask=ok[:, None], other=0.0)
-    bits = tl.load(XS + r[:, None] * stride_st + head * stride_sh + tl.arange(0, DC)[None, :], mask=ok[:, None],
-                   other=0)
-    y, e_max = _rebase_rows(_values_rows(data, bits), bits.to(tl.int32) - 127, HW_CVT)
-    tl.store(Y + r[:, None] * stride_yt + head * stride_yh + d[None, :], y, mask=ok[:, None])
+    e_max = _rebase_row_block(X, XS, Y, kv_row0 + keys, ok, head, stride_xt, stride_xh, stride_st, stride_sh,
+                              stride_yt, stride_yh, HEAD_DIM, HW_CVT)
     tl.store(KFT + (tile * num_heads + head) * BLOCK_N + col, tl.where(ok, _row_factor(e_max), 0.0))
 
 
