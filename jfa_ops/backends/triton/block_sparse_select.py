@@ -810,8 +810,8 @@ def _safe_lag(Q_OFF, KV_OFF, kv_seqs, n_q_blocks, n_kv_blocks, limit, BLOCK_Q: t
     """The smallest lag (in positions) that puts every select item after the pool items it reads: Q slot t of
     sequence b (t >= g_q(b); broadcast Q: select slot b * NQB + i reads Q slot i <= it) reads K slots g_k(b) ..
     g_k(b) + n_own(b) - 1, so lag >= g_k(b) + n_own(b) - g_q(b) over the sequences with Q rows and K rows, and >= 1
-    (its own Q slot). Clamped to [1, limit] (limit = max(Q slots, K slots): every pool item first): bad offsets get some lag,
-    and the waits' position bound keeps any lag deadlock-free."""
+    (its own Q slot). Clamped to [1, limit] (limit = max(Q slots, K slots): every pool item first): bad offsets get
+    some lag, and the waits' position bound keeps any lag deadlock-free."""
     lag = tl.full([], 1, tl.int32)
     q_base = tl.load(Q_OFF) // BLOCK_Q
     kv_base = tl.load(KV_OFF) // BLOCK_KV

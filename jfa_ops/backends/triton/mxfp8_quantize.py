@@ -32,7 +32,7 @@ from .common import row_strides
 from .attn_fwd import broadcast_offsets
 from .configs import KNOBS, interpreting
 from .launch import launch, launch_planned
-from .scheduling import fanout_search_steps, fanout_sequence, padded_tile, rows_inside
+from .scheduling import fanout_search_steps, fanout_sequence, padded_tile, padded_tile_keys, padded_tiles
 
 QUANT_BLOCK_R = 32  # rows per program (and per scale row of (32, 1) / (32, 32) blocks)
 # configs.KNOBS.mxfp8_quant_pipelined: each program loops over head groups of QUANT_COLUMNS elements a row (heads x padded head_dim), 32 rows: 8 KB of
@@ -317,9 +317,7 @@ def mxfp8_quantize_kernel(X, DATA, SCALE, OFFSETS, F, rows, heads, num_seqs,
         seq, kv_row0, len_k, n0 = padded_tile(OFFSETS, key_tile, num_seqs, KEY_TILE, SEARCH_STEPS)
         key_col = tile % (KEY_TILE // BLOCK_R) * BLOCK_R + tl.arange(0, BLOCK_R)  # within the key tile
         keys = n0 + key_col
-        # as mxfp8_rebase.rebase_key_tiles_kernel: a sequence outside x (bad offsets) reads nothing, keys below 0 too
-        end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
-        r_ok = (keys >= 0) & (keys < end)
+        r_ok = padded_tile_keys(keys, n0, kv_row0, len_k, rows)  # bad offsets: nothing read
         r = kv_row0 + keys
         owned = True
     else:
@@ -545,7 +543,7 @@ def quantize_rebased_key_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_
     on every row a sequence owns (valid offsets own all T). ``kv_offsets`` int32."""
     rows, heads, dim = x.shape
     num_seqs = kv_offsets.shape[0] - 1
-    tiles = rows // block_n + num_seqs  # mxfp8_rebase.v_tiles
+    tiles = padded_tiles(rows, num_seqs, block_n)
     data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     factors = torch.empty((tiles, heads, block_n), dtype=torch.float32, device=x.device)
     if tiles and heads and num_seqs and rows:
@@ -565,7 +563,7 @@ def quantize_rebased_v_tiles(x: torch.Tensor, kv_offsets: torch.Tensor, block_n:
     every tile a sequence owns (padding tiles are never read: neither writes them). ``kv_offsets`` int32."""
     rows, heads, dim = x.shape
     num_seqs = kv_offsets.shape[0] - 1
-    tiles = rows // block_n + num_seqs  # mxfp8_rebase.v_tiles
+    tiles = padded_tiles(rows, num_seqs, block_n)
     vt = torch.empty((heads * dim, tiles * block_n), dtype=torch.float8_e4m3fn, device=x.device)
     factors = torch.empty((tiles, heads, dim), dtype=torch.float32, device=x.device)
     if rows and heads and num_seqs:

@@ -32,7 +32,8 @@ from .configs import interpreting
 from .launch import launch
 from .mxfp8_quantize import (INV_P_SCALE, P_SCALE_LOG2, _rebase_cols, _rebase_rows, _row_factor,  # noqa: F401
                              _v_tile_factor, _values_rows, quantize_rebased_rows, quantize_rebased_v_tiles)
-from .scheduling import fanout_search_steps, padded_tile, rows_inside
+from .scheduling import (fanout_search_steps, padded_tile, padded_tile_keys, padded_tiles,
+                         rows_inside)
 
 ROWS = 32  # rows per program of rebase_rows
 
@@ -129,8 +130,7 @@ def first_column(x):
 
 def v_key_slots(block_n: int) -> torch.Tensor:
     """``v_key_slot`` of keys 0..block_n-1 (int64, host): the V^T column of each key of a tile."""
-    k = torch.arange(block_n)
-    return (k & ~15) | (((k >> 1) & 3) << 2) | (((k >> 3) & 1) << 1) | (k & 1)
+    return v_key_slot.fn(torch.arange(block_n))  # the jit function's Python body on a torch tensor
 
 
 def permute_v_keys(vt: torch.Tensor, block_n: int) -> torch.Tensor:
@@ -152,9 +152,8 @@ def key_factor_tiles_kernel(KF, KV_OFF, KFT, num_seqs, num_heads, rows, BLOCK_N:
     seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
     keys = n0 + tl.arange(0, BLOCK_N)
     # a sequence outside K (bad offsets) reads nothing: its tiles zero
-    end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
-    # keys >= 0: a first offset past the rows (deferred validation) puts sequence 0's key start below zero
-    factors = tl.load(KF + head * rows + kv_row0 + keys, mask=(keys >= 0) & (keys < end), other=0.0)
+    factors = tl.load(KF + head * rows + kv_row0 + keys, mask=padded_tile_keys(keys, n0, kv_row0, len_k, rows),
+                      other=0.0)
     tl.store(KFT + (tile * num_heads + head) * BLOCK_N + tl.arange(0, BLOCK_N), factors)
 
 
@@ -181,17 +180,15 @@ def rebase_key_tiles_kernel(X, XS, Y, KFT, KV_OFF, num_seqs, num_heads, rows, st
                             BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr, HW_CVT: tl.constexpr):
     """Program (ROWS keys of a tile of V's padded layout, head): ``rebase_rows_kernel``'s rows of one sequence, the
     row factors written straight into ``key_factor_tiles``' layout, zeros past the sequence's end and in padding
-    tiles (``configs.MXFP8_TILED_KEY_FACTORS``: no tiling launch). Keys are masked as ``key_factor_tiles_kernel``
-    masks them, and also below 0 (a search that fell back to sequence 0 on bad offsets: zeros there)."""
+    tiles (``configs.MXFP8_TILED_KEY_FACTORS``: no tiling launch). Keys masked as ``key_factor_tiles_kernel`` masks
+    them (``padded_tile_keys``)."""
     CHUNKS: tl.constexpr = BLOCK_N // ROWS
     tile = tl.program_id(0) // CHUNKS
     head = tl.program_id(1).to(tl.int64)
     seq, kv_row0, len_k, n0 = padded_tile(KV_OFF, tile, num_seqs, BLOCK_N, SEARCH_STEPS)
     col = tl.program_id(0) % CHUNKS * ROWS + tl.arange(0, ROWS)  # within the tile
     keys = n0 + col
-    # a sequence outside K (bad offsets) reads nothing: its tiles zero
-    end = tl.where((n0 >= 0) & rows_inside(kv_row0, len_k, rows), len_k, 0)
-    ok = (keys >= 0) & (keys < end)
+    ok = padded_tile_keys(keys, n0, kv_row0, len_k, rows)  # bad offsets: nothing read, its tiles zero
     e_max = _rebase_row_block(X, XS, Y, kv_row0 + keys, ok, head, stride_xt, stride_xh, stride_st, stride_sh,
                               stride_yt, stride_yh, HEAD_DIM, HW_CVT)
     tl.store(KFT + (tile * num_heads + head) * BLOCK_N + col, tl.where(ok, _row_factor(e_max), 0.0))
@@ -236,7 +233,7 @@ def rebase_key_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.
 
 def v_tiles(total_kv: int, num_seqs: int, block_n: int) -> int:
     """Tiles of the padded layout (``rebase_v_tiles``) for T keys in B sequences."""
-    return total_kv // block_n + num_seqs
+    return padded_tiles(total_kv, num_seqs, block_n)
 
 
 def rebase_v_tiles(data: torch.Tensor, scale: torch.Tensor, kv_offsets: torch.Tensor, block_n: int,

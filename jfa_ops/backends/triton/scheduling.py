@@ -129,6 +129,20 @@ def rows_inside(row0, length, rows):
 
 
 @triton.jit
+def padded_tile_keys(keys, n0, row0, length, rows):
+    """Which of ``keys`` (positions within the sequence, tile start ``n0`` + columns) of a ``padded_tile`` exist: 0 <=
+    key < length, and none where the sequence lies outside [0, rows) (``rows_inside``) or the tile is padding. Keys
+    below 0 come from a tile search that fell back to sequence 0 on bad offsets (a first offset past the rows)."""
+    end = tl.where((n0 >= 0) & rows_inside(row0, length, rows), length, 0)
+    return (keys >= 0) & (keys < end)
+
+
+def padded_tiles(total: int, num_seqs: int, block: int) -> int:
+    """Tiles of ``padded_tile``'s layout for ``total`` rows in ``num_seqs`` sequences (one spare a sequence)."""
+    return total // block + num_seqs
+
+
+@triton.jit
 def slot_tile_fanout(OFF_S, OFF_O, t, num_seqs, rows_s, rows_o, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
     """``slot_tile`` with the sequence found by ``fanout_sequence``: a batch of <= 64 sequences costs one dependent
     load before the extents, not ceil(log2 B)."""
