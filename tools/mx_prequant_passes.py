@@ -47,7 +47,7 @@ def passes(c, factors_tma: bool, tiled_k_factors: bool = False):
              ("rebase_key_tiles(K)" if tiled else "rebase_rows(K)", e4m3 + k_scales,
               e4m3 + (k_tiled if tiled else k_factors)),
              ("rebase_v_tiles(V)", e4m3 + v_scales, vt + v_factors)]
-    if factors_tma and not tiled:  # reads the used keys' factors, writes every tile of the layout (zeros in padding tiles)
+    if factors_tma and not tiled:  # reads the used keys' factors, writes every tile (zeros in padding tiles)
         steps.append(("key_factor_tiles", k_factors, k_tiled))
     steps.append(("mxfp8_attn_fwd_tlx_kernel", q + e4m3 + vt + k_factors + v_factors, out))
     return steps, tiles_used * c.num_heads_q

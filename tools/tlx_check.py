@@ -1925,12 +1925,17 @@ def mxfp8_ablation() -> int:
         rebased_tma = (*c["rebased"][:3], mxfp8_attn_fwd.tiled_key_factors(
             c["rebased"][3], kv_off, tlx_configs.mxfp8_fwd_config(128).block_n), *c["rebased"][4:])
 
-        def kernel_alone(mask, factors_tma=tlx_configs.MXFP8_FACTORS_TMA, c=c, q_off=q_off, kv_off=kv_off,
-                         rebased_tma=rebased_tma):
-            rebased = rebased_tma if factors_tma else c["rebased"]
-            return with_setting(tlx_configs, "MXFP8_FACTORS_TMA", factors_tma, with_setting(
-                tlx_configs, "MXFP8_ABLATE", mask, lambda: mxfp8_attn_fwd.attention_forward(
-                    *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased)))
+        def kernel_with(settings, rebased, c=c, q_off=q_off, kv_off=kv_off):
+            """The kernel alone on ``rebased`` with the tlx ``configs`` names in ``settings`` set around the call."""
+            fn = lambda: mxfp8_attn_fwd.attention_forward(  # noqa: E731
+                *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=rebased)
+            for name, value in settings.items():
+                fn = with_setting(tlx_configs, name, value, fn)
+            return fn
+
+        def kernel_alone(mask, factors_tma=tlx_configs.MXFP8_FACTORS_TMA, c=c, rebased_tma=rebased_tma):
+            return kernel_with(dict(MXFP8_ABLATE=mask, MXFP8_FACTORS_TMA=factors_tma),
+                               rebased_tma if factors_tma else c["rebased"])
 
         # configs.MXFP8_PERMUTED_V_KEYS' other setting (helper mxfmul49): V^T re-based once more in that key order
         # (the kernel reads the order the knob says), the factors by TMA as the default
@@ -1945,22 +1950,17 @@ def mxfp8_ablation() -> int:
         other = MX_FACTORS_LOADS if tlx_configs.MXFP8_FACTORS_TMA else MX_FACTORS_TMA
         fns[other] = kernel_alone(0, factors_tma=not tlx_configs.MXFP8_FACTORS_TMA)
         keys_col = MX_PERMUTED_V_KEYS if keys_other else MX_NATURAL_V_KEYS
-        fns[keys_col] = with_setting(tlx_configs, "MXFP8_PERMUTED_V_KEYS", keys_other, with_setting(
-            tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off, r=rebased_keys:
-            mxfp8_attn_fwd.attention_forward(*c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r)))
+        fns[keys_col] = kernel_with(dict(MXFP8_FACTORS_TMA=True, MXFP8_PERMUTED_V_KEYS=keys_other), rebased_keys)
         # configs.MXFP8_ROWSUM_ONE_COLUMN's other setting (helper mxexact50: the same results, so the same operands),
         # then it and PERMUTED_V_KEYS both on (V^T in the permuted order: rebased_keys, or the default's when that
         # knob is on), the factors by TMA as the default
         column_other = not tlx_configs.MXFP8_ROWSUM_ONE_COLUMN
         column_col = MX_ROWSUM_ONE_COLUMN if column_other else MX_ROWSUM_ROW_MAX
-        fns[column_col] = with_setting(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", column_other, with_setting(
-            tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off, r=rebased_tma:
-            mxfp8_attn_fwd.attention_forward(*c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r)))
-        fns[MX_EXACT_BOTH] = with_setting(tlx_configs, "MXFP8_ROWSUM_ONE_COLUMN", True, with_setting(
-            tlx_configs, "MXFP8_PERMUTED_V_KEYS", True, with_setting(
-                tlx_configs, "MXFP8_FACTORS_TMA", True, lambda c=c, q_off=q_off, kv_off=kv_off,
-                r=rebased_keys if keys_other else rebased_tma: mxfp8_attn_fwd.attention_forward(
-                    *c["pairs"], q_off, kv_off, c["params"], torch.bfloat16, rebased=r))))
+        fns[column_col] = kernel_with(dict(MXFP8_FACTORS_TMA=True, MXFP8_ROWSUM_ONE_COLUMN=column_other),
+                                      rebased_tma)
+        fns[MX_EXACT_BOTH] = kernel_with(dict(MXFP8_FACTORS_TMA=True, MXFP8_PERMUTED_V_KEYS=True,
+                                              MXFP8_ROWSUM_ONE_COLUMN=True),
+                                         rebased_keys if keys_other else rebased_tma)
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
