@@ -446,7 +446,6 @@ def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
 
 
-
 def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
     """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, off: not shipped): with V^T's keys in the accumulator's
     register order and P's columns renamed to it (``mxfp8_rebase.p_in_v_key_order``), P enters P V's and the ones'

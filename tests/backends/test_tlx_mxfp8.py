@@ -30,11 +30,11 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.mxfp8_quantize import quantize, quantize_rebased_rows, quantize_rebased_v_tiles  # noqa: E402,E501
-from jfa_ops.backends.triton.mxfp8_quantize import quantize_rebased_key_tiles  # noqa: E402
-from jfa_ops.backends.triton.mxfp8_rebase import rebase_key_tiles  # noqa: E402
-from jfa_ops.backends.triton.mxfp8_rebase import key_factor_tiles, rebase_rows, rebase_v_tiles, v_tiles  # noqa: E402
-from jfa_ops.backends.triton.mxfp8_rebase import first_column, p_in_v_key_order, permute_v_keys, v_key_slots  # noqa: E402,E501
+from jfa_ops.backends.triton.mxfp8_quantize import (quantize, quantize_rebased_key_tiles,  # noqa: E402
+                                                    quantize_rebased_rows, quantize_rebased_v_tiles)
+from jfa_ops.backends.triton.mxfp8_rebase import (first_column, key_factor_tiles, p_in_v_key_order,  # noqa: E402
+                                                  permute_v_keys, rebase_key_tiles, rebase_rows, rebase_v_tiles,
+                                                  v_key_slots, v_tiles)
 
 BLOCK_N = 128
 
