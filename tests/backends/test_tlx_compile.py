@@ -429,12 +429,7 @@ def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
         "-factorstma", "[s.mxfp8_fwd_specialization(128, c, broadcast_q=b, kv_major=km, factors_tma=on) for c, b, km"
         " in ((False, False, True), (False, True, False), (True, False, False)) for on in (False, True)]",
         "JFA_TLX_MXFP8_FACTORS_TMA", 6)
-    assert sorted(names) == sorted([  # every shipped shape with the default's factors by TMA, qk2 included
-        "mxfp8-fwd-d64-bf16-full-factorstma", "mxfp8-fwd-d64-bf16-causal-tilemajor-factorstma",
-        "mxfp8-fwd-d128-bf16-full-factorstma", "mxfp8-fwd-d128-bf16-causal-tilemajor-factorstma",
-        "mxfp8-fwd-d128-fp16-causal-left-tilemajor-factorstma", "mxfp8-fwd-d128-bf16-full-bcast-tilemajor-factorstma",
-        "mxfp8-fwd-d128-fp32-causal-fromoffsets-nofma-tilemajor-factorstma", "mxfp8-fwd-d64-bf16-full-qk2-factorstma",
-        "mxfp8-fwd-d128-bf16-full-qk2-factorstma", "mxfp8-fwd-d128-bf16-causal-tilemajor-qk2-factorstma"])
+    assert sorted(names) == sorted(SHIPPED_MXFP8_FORWARD_TMA)
     for base, r in zip(rows[0::2], rows[1::2]):
         assert r["name"] == base["name"] + "-factorstma", (base["name"], r["name"])
         assert all(n == 2 for n in base["block_loop_path_ldg"]) and base["block_loop_path_ldg"], base
@@ -446,8 +441,18 @@ def test_mxfp8_factors_tma_takes_the_global_loads_off_the_block_loops():
         assert r["spill_stores"] + r["spill_loads"] <= base["spill_stores"] + base["spill_loads"], (base, r)
 
 
+# Every shipped MXFP8 forward with the default's factors by TMA (qk2 included), V^T's keys permuted and lq from one
+# column (configs.MXFP8_PERMUTED_V_KEYS, MXFP8_ROWSUM_ONE_COLUMN: on since stop 51); the loads' twins lack the first
+SHIPPED_MXFP8_FORWARD_TMA = [name + "-factorstma-permkeys-onecolumn" for name in (
+    "mxfp8-fwd-d64-bf16-full", "mxfp8-fwd-d64-bf16-causal-tilemajor", "mxfp8-fwd-d128-bf16-full",
+    "mxfp8-fwd-d128-bf16-causal-tilemajor", "mxfp8-fwd-d128-fp16-causal-left-tilemajor",
+    "mxfp8-fwd-d128-bf16-full-bcast-tilemajor", "mxfp8-fwd-d128-fp32-causal-fromoffsets-nofma-tilemajor",
+    "mxfp8-fwd-d64-bf16-full-qk2", "mxfp8-fwd-d128-bf16-full-qk2", "mxfp8-fwd-d128-bf16-causal-tilemajor-qk2")]
+SHIPPED_MXFP8_FORWARD_LOADS = [name.replace("-factorstma", "") for name in SHIPPED_MXFP8_FORWARD_TMA[:7]]
+
+
 def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
-    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, off: not shipped): with V^T's keys in the accumulator's
+    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, on since stop 51): with V^T's keys in the accumulator's
     register order and P's columns renamed to it (``mxfp8_rebase.p_in_v_key_order``), P enters P V's and the ones'
     wgmma without Triton's layout conversion: per consumer block loop 16 SHFL.IDX + 16 SEL + 16 PRMT fewer (SHFL 28
     -> 12, PRMT 32 -> 16: the byte packing stays), the straight path >= 40 shorter (sm_90 ptxas, stop 49: D128 dense
@@ -457,7 +462,7 @@ def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
         "-permkeys", "[s.mxfp8_fwd_specialization(d, c, kv_major=km, factors_tma=True, permuted_v_keys=on) for d, c, km"
         " in ((128, False, True), (128, True, False), (64, False, True)) for on in (False, True)]",
         "JFA_TLX_MXFP8_PERMUTED_V_KEYS", 6)
-    assert names == [], names  # off by default: no shipped kernel has it
+    assert sorted(names) == sorted(SHIPPED_MXFP8_FORWARD_TMA + SHIPPED_MXFP8_FORWARD_LOADS)  # every shipped one
     for base, r in zip(rows[0::2], rows[1::2]):
         assert r["name"] == base["name"] + "-permkeys", (base["name"], r["name"])
         for key in ("qgmma_e4m3_smem_a", "qgmma_e4m3_reg_a", "block_loop_mufu", "shared"):
@@ -471,7 +476,7 @@ def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
 
 
 def test_mxfp8_rowsum_one_column_drops_the_row_max():
-    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50, off: not shipped): lq's block term from one column of
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50, on since stop 51): lq's block term from one column of
     P x ones (``mxfp8_rebase.first_column``: a reduce whose combine keeps its first operand) instead of ``tl.max``:
     ptxas drops the dead shuffles, so per consumer block loop 4 SHFL.BFLY and 18 FMNMX fewer, the straight path 22
     shorter (sm_90 ptxas, stop 49: D128 dense 766 / 958 -> 744 / 936, causal 766 / 1091 -> 744 / 1069, D64 693 /
@@ -482,7 +487,7 @@ def test_mxfp8_rowsum_one_column_drops_the_row_max():
         " rowsum_one_column=on) for d, c, km, pk in ((128, False, True, False), (128, True, False, False),"
         " (64, False, True, False), (128, False, True, True)) for on in (False, True)]",
         "JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN", 8)
-    assert names == [], names  # off by default: no shipped kernel has it
+    assert sorted(names) == sorted(SHIPPED_MXFP8_FORWARD_TMA + SHIPPED_MXFP8_FORWARD_LOADS)  # every shipped one
     for base, r in zip(rows[0::2], rows[1::2]):
         assert r["name"] == base["name"] + "-onecolumn", (base["name"], r["name"])
         for key in ("qgmma_e4m3_smem_a", "qgmma_e4m3_reg_a", "block_loop_mufu", "block_loop_prmt", "shared",

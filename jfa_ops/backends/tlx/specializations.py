@@ -376,21 +376,25 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(256, "bf16", True, dynamic=True)
     yield fwd_specialization(256, "bf16", False, dynamic=True)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major; the
-    # factors by the producer's TMA (configs.MXFP8_FACTORS_TMA, on since stop 49) and by global loads (its env off)
+    # factors by the producer's TMA (configs.MXFP8_FACTORS_TMA, on since stop 49) and by global loads (its env off);
+    # V^T's keys permuted and lq from one column (configs.MXFP8_PERMUTED_V_KEYS, MXFP8_ROWSUM_ONE_COLUMN: on since
+    # stop 51) with either
+    exact = dict(permuted_v_keys=True, rowsum_one_column=True)
     for factors_tma in (True, False):
         for head_dim in (64, 128):
-            yield mxfp8_fwd_specialization(head_dim, False, factors_tma=factors_tma)
-            yield mxfp8_fwd_specialization(head_dim, True, kv_major=False, factors_tma=factors_tma)
+            yield mxfp8_fwd_specialization(head_dim, False, factors_tma=factors_tma, **exact)
+            yield mxfp8_fwd_specialization(head_dim, True, kv_major=False, factors_tma=factors_tma, **exact)
         yield mxfp8_fwd_specialization(128, True, has_left=True, kv_major=False, out_dtype="fp16",
-                                       factors_tma=factors_tma)
-        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, factors_tma=factors_tma)
+                                       factors_tma=factors_tma, **exact)
+        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, factors_tma=factors_tma,
+                                       **exact)
         yield mxfp8_fwd_specialization(128, True, from_offsets=True, kv_major=False, out_dtype="fp32",
-                                       fma_softmax=False, factors_tma=factors_tma)
+                                       fma_softmax=False, factors_tma=factors_tma, **exact)
     # configs.MXFP8_QK_CHUNKS 2: S over the halves of head_dim promoted to fp32 (off by default; with a left window
-    # D128 spills 1044 / 1004 B, not shipped as a check), with the default's factors by TMA
+    # D128 spills 1044 / 1004 B, not shipped as a check), with the default's factors by TMA and exact options
     for head_dim in (64, 128):
-        yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2, factors_tma=True)
-    yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2, factors_tma=True)
+        yield mxfp8_fwd_specialization(head_dim, False, qk_chunks=2, factors_tma=True, **exact)
+    yield mxfp8_fwd_specialization(128, True, kv_major=False, qk_chunks=2, factors_tma=True, **exact)
     # the backward (its v2 consumers: "-v2"), and with dQ split between them (configs.BACKWARD_DQ_SHARED)
     for variant in (dict(), dict(dq_shared=True)):
         for head_dim in (64, 128):
