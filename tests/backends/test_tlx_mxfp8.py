@@ -461,12 +461,12 @@ def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
 @pytest.mark.parametrize("dim", [64, 128])
-def test_tlx_permuted_v_keys_equals_the_shipped_kernel(name, dim):
-    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, off by default: V^T's keys in the accumulator's register
+def test_tlx_permuted_v_keys_equal_the_natural_order(name, dim):
+    """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, on since stop 51: V^T's keys in the accumulator's register
     order, P renamed to it, no layout conversion of P): out and lse within 1e-2 / 3e-4 of the float64 MXFP8 oracle
     and the issue's bound (``_assert_near_the_oracle``, the contract), on pre-quantized pairs and on bf16 inputs
     (both V paths: quantize + ``rebase_v_tiles``, and MXFP8_FUSED_V's kernel + ``permute_v_keys``); and equal to
-    the shipped kernel's bit for bit, the prediction (P V and P x ones sum the same products within each 16-key
+    the natural key order's kernel (the knob off) bit for bit, the prediction (P V and P x ones sum the same products within each 16-key
     k-step, and Hopper's FP8 MMA aligns a step's products to one exponent: ``fp8_mma_model``,
     ``test_p_in_v_key_order_matches_the_v_key_slots``); outputs from a NaN-filled allocator."""
     from jfa_ops.backends.tlx import configs
@@ -494,9 +494,9 @@ def test_tlx_permuted_v_keys_equals_the_shipped_kernel(name, dim):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(FACTORS_TMA_CASES))
 @pytest.mark.parametrize("dim", [64, 128])
-def test_tlx_rowsum_one_column_equals_the_shipped_kernel(name, dim):
-    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50, off by default: lq's block term from one column of P x
-    ones, not their row max): equal to the shipped kernel's out and lse bit for bit (every column of the ones'
+def test_tlx_rowsum_one_column_equals_the_row_max(name, dim):
+    """``configs.MXFP8_ROWSUM_ONE_COLUMN`` (helper mxexact50, on since stop 51: lq's block term from one column of P x
+    ones, not their row max): equal to the row max's out and lse (the knob off) bit for bit (every column of the ones'
     wgmma the same sum, ``test_first_column_is_the_row_max_of_p_times_ones``; an assert failing here says Hopper's
     wgmma gives equal columns different bits), with PERMUTED_V_KEYS off and on (each against the kernel with that
     setting), on pre-quantized pairs and bf16 inputs; within 1e-2 / 3e-4 of the float64 MXFP8 oracle and the
