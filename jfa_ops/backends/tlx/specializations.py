@@ -247,12 +247,14 @@ def shipped_specializations() -> Iterator[Specialization]:
 
 def mxfp8_ablation_specializations() -> Iterator[Specialization]:
     """The MXFP8 forward's ablations (``configs.MXFP8_ABLATION_RUNS``; TIMING ONLY, wrong results) on the shapes
-    tools/tlx_check.py mxfp8-ablation times: dense (kv-major) and broadcast-Q. Not shipped (CI does not compile
-    them): ``tools/tlx_compile.py ablate`` does."""
+    tools/tlx_check.py mxfp8-ablation times: dense (kv-major) and broadcast-Q, with the default's factors by TMA and
+    exact options (what that tool launches). Not shipped (CI does not compile them): ``tools/tlx_compile.py ablate``
+    does."""
+    defaults = dict(factors_tma=True, permuted_v_keys=True, rowsum_one_column=True)
     for names in MXFP8_ABLATION_RUNS[1:]:
         mask = mxfp8_ablation_mask(names)
-        yield mxfp8_fwd_specialization(128, False, ablate=mask)
-        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask)
+        yield mxfp8_fwd_specialization(128, False, ablate=mask, **defaults)
+        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask, **defaults)
 
 
 def backward_ablation_specializations() -> Iterator[Specialization]:
