@@ -245,16 +245,21 @@ def shipped_specializations() -> Iterator[Specialization]:
             yield spec
 
 
+# The MXFP8 forward's exact options on by default (configs.MXFP8_PERMUTED_V_KEYS: V^T's keys permuted;
+# MXFP8_ROWSUM_ONE_COLUMN: lq from one column; on since stop 51), for every shipped or ablated MXFP8 forward
+MXFP8_EXACT_OPTIONS = dict(permuted_v_keys=True, rowsum_one_column=True)
+
+
 def mxfp8_ablation_specializations() -> Iterator[Specialization]:
     """The MXFP8 forward's ablations (``configs.MXFP8_ABLATION_RUNS``; TIMING ONLY, wrong results) on the shapes
     tools/tlx_check.py mxfp8-ablation times: dense (kv-major) and broadcast-Q, with the default's factors by TMA and
     exact options (what that tool launches). Not shipped (CI does not compile them): ``tools/tlx_compile.py ablate``
     does."""
-    defaults = dict(factors_tma=True, permuted_v_keys=True, rowsum_one_column=True)
     for names in MXFP8_ABLATION_RUNS[1:]:
         mask = mxfp8_ablation_mask(names)
-        yield mxfp8_fwd_specialization(128, False, ablate=mask, **defaults)
-        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask, **defaults)
+        yield mxfp8_fwd_specialization(128, False, ablate=mask, factors_tma=True, **MXFP8_EXACT_OPTIONS)
+        yield mxfp8_fwd_specialization(128, False, broadcast_q=True, kv_major=False, ablate=mask, factors_tma=True,
+                                       **MXFP8_EXACT_OPTIONS)
 
 
 def backward_ablation_specializations() -> Iterator[Specialization]:
@@ -379,9 +384,8 @@ def _specializations() -> Iterator[Specialization]:
     yield fwd_specialization(256, "bf16", False, dynamic=True)
     # the MXFP8 forward (backend="tlx" for jfa_ops.mxfp8_attention): dense kv-major, masked/jagged tile-major; the
     # factors by the producer's TMA (configs.MXFP8_FACTORS_TMA, on since stop 49) and by global loads (its env off);
-    # V^T's keys permuted and lq from one column (configs.MXFP8_PERMUTED_V_KEYS, MXFP8_ROWSUM_ONE_COLUMN: on since
-    # stop 51) with either
-    exact = dict(permuted_v_keys=True, rowsum_one_column=True)
+    # the default's exact options (MXFP8_EXACT_OPTIONS) with either
+    exact = MXFP8_EXACT_OPTIONS
     for factors_tma in (True, False):
         for head_dim in (64, 128):
             yield mxfp8_fwd_specialization(head_dim, False, factors_tma=factors_tma, **exact)
