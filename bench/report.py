@@ -258,6 +258,15 @@ def note_lines(records: List[dict]) -> List[str]:
 
 HBM_SPEC_GBPS = 4800.0  # the H200's HBM3e bandwidth (spec): issue 12's "80% of HBM bandwidth"
 HBM_COPY_GBPS = 4270.0  # device copy measured on the H200 (shared/device-facts.md), shown beside it
+# (spec, measured copy) GB/s by the device name's GPU: the H100's 3.35 TB/s HBM3 and the 2.96 TB/s its same-bytes
+# copy measured (tools/mxfp8_quant_bandwidth.py, bench/NOTES.md "Stop 47"). Any other device is judged as the H200.
+HBM_GBPS = {"H100": (3350.0, 2960.0), "H200": (HBM_SPEC_GBPS, HBM_COPY_GBPS)}
+
+
+def hbm_gbps(device: str = "") -> tuple:
+    """(spec, measured copy) GB/s of the run's GPU (``meta["device"]``): stop 53 found an H100 run judged against
+    the H200's 4.8 TB/s, so its quantize rows read 45% where they ran at 64% of the H100's own HBM."""
+    return next((gbps for gpu, gbps in HBM_GBPS.items() if gpu in (device or "")), HBM_GBPS["H200"])
 QUANTIZE_TARGET = 0.8
 # issue 12's targets: (case kind, mode) -> (min ratio vs our bf16, min ratio vs FA4 bf16)
 MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), ("compute", "fwd"): (1.2, 1.0),
@@ -294,13 +303,14 @@ def _against(tflops: float, label: str, peer: Optional[str], base: Optional[floa
     return f"{ratio:.2f}x {label} ({peer} {_fmt(base)}{want})", None if target is None else ratio >= target
 
 
-def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = None) -> List[str]:
+def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = None, device: str = "") -> List[str]:
     """Issue 12's performance lines for the mxfp8 suite. Per case and mode, a PASS/FAIL line for the fastest MXFP8
     row that counts its quantization (``jfa:mxfp8:<backend>``) against the fastest of our bf16 rows in the run and
     FA4's bf16, with the targets of the case's kind (memory-bound: broadcast-Q, window; compute-bound: the rest);
     then every other MXFP8 row, pre-quantized row and FP8 peer row with its ratios (no verdict); then each quantize
-    row's GB/s against the H200's HBM bandwidth (target 80% of the 4.8 TB/s spec; the measured 4.27 TB/s copy beside
-    it); last, the FP8 peers that did not run and why (``unavailable``: the run's meta)."""
+    row's GB/s against the run's GPU's HBM bandwidth (``hbm_gbps(device)``; target 80% of the spec, the measured copy
+    beside it); last, the FP8 peers that did not run and why (``unavailable``: the run's meta)."""
+    hbm_spec, hbm_copy = hbm_gbps(device)
     idx = _index(records)
     out = []
     mx = [r for r in records if r["case"]["suite"] == "mxfp8"]
@@ -335,10 +345,10 @@ def mxfp8_lines(records: List[dict], unavailable: Optional[Dict[str, str]] = Non
         for peer in [p for p in measured if p.startswith("jfa:mxfp8-quantize")]:
             q = idx.get((name, peer, "fwd")) or {}
             if q.get("gbps"):
-                share, gbps = q["gbps"] / HBM_SPEC_GBPS, _gbps(q["gbps"])
+                share, gbps = q["gbps"] / hbm_spec, _gbps(q["gbps"])
                 out.append(f"{_verdict(share >= QUANTIZE_TARGET)} {name} quantize {peer}: {gbps} GB/s = "
-                           f"{share:.0%} of the {HBM_SPEC_GBPS:.0f} GB/s HBM (target {QUANTIZE_TARGET:.0%}); "
-                           f"{q['gbps'] / HBM_COPY_GBPS:.0%} of the measured {HBM_COPY_GBPS:.0f} GB/s copy"
+                           f"{share:.0%} of the {hbm_spec:.0f} GB/s HBM (target {QUANTIZE_TARGET:.0%}); "
+                           f"{q['gbps'] / hbm_copy:.0%} of the measured {hbm_copy:.0f} GB/s copy"
                            + (f"; eager calls {_gbps(q['eager_gbps'])} GB/s" if q.get("eager_gbps") else ""))
     if mx:
         fp8_seen = {r["peer"] for r in mx if r["peer"].startswith(FP8_PEER_PREFIXES)}
@@ -493,7 +503,7 @@ def markdown(meta: dict, records: List[dict]) -> str:
     sparse = sparse_lines(records)
     if sparse:
         body.append("## Issue 11 (block-sparse)\n\n" + "\n".join(f"- {t}" for t in sparse) + "\n")
-    mxfp8 = mxfp8_lines(records, meta.get("unavailable"))
+    mxfp8 = mxfp8_lines(records, meta.get("unavailable"), meta.get("device", ""))
     if mxfp8:
         body.append("## Issue 12 (MXFP8)\n\n" + "\n".join(f"- {t.strip()}" for t in mxfp8) + "\n")
     checks = check_lines(records)
@@ -567,7 +577,7 @@ def plot_suite(path: str, suite: str, records: List[dict]) -> Optional[str]:
     return None
 
 
-def short_summary(records: List[dict], unavailable: Optional[Dict[str, str]] = None) -> str:
+def short_summary(records: List[dict], unavailable: Optional[Dict[str, str]] = None, device: str = "") -> str:
     """A few lines per suite for a device call's output: overhead and model rows, TFLOP/s summaries, the targets
     (``unavailable``: the run's meta, for issue 12's FP8 peers that did not run)."""
     out = []
@@ -602,7 +612,7 @@ def short_summary(records: List[dict], unavailable: Optional[Dict[str, str]] = N
     sparse = sparse_lines(records)
     if sparse:
         out += ["issue 11 (block-sparse):"] + [f"  {t}" for t in sparse]
-    mxfp8 = mxfp8_lines(records, unavailable)
+    mxfp8 = mxfp8_lines(records, unavailable, device)
     if mxfp8:
         out += ["issue 12 (MXFP8):"] + [f"  {t}" for t in mxfp8]
     skips = skip_lines(records)
@@ -636,4 +646,5 @@ if __name__ == "__main__":  # python -m bench.report RESULTS.json: the short sum
     for path in sys.argv[1:]:
         with open(path) as f:
             data = json.load(f)
-        print(f"== {path}\n" + short_summary(upgrade_records(data["records"]), data["meta"].get("unavailable")))
+        print(f"== {path}\n" + short_summary(upgrade_records(data["records"]), data["meta"].get("unavailable"),
+                                                  data["meta"].get("device", "")))

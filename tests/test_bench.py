@@ -444,6 +444,11 @@ def test_mxfp8_lines_verdicts_against_the_fastest_bf16_and_fa4():
     assert lines[7].startswith("PASS compute-bound mxfp8 D128 B8 S4096 bwd jfa:mxfp8:triton: 310.0 TFLOP/s, 1.03x")
     assert lines[8:] == ["FP8 peer fa4 fp8: not measured (FA4's FP8 forward runs on SM100 only)"]
     assert [c.split()[-1] for c in report.check_lines(recs)] == ["ok", "WRONG"]
+    # an H100 run is judged by the H100's HBM (stop 53: its quantize rows read against the H200's 4.8 TB/s)
+    h100 = report.mxfp8_lines(recs, device="NVIDIA H100 80GB HBM3")
+    assert h100[3] == ("PASS mxfp8 D128 bcast quantize jfa:mxfp8-quantize:tlx: 3500 GB/s = 104% of the 3350 GB/s "
+                       "HBM (target 80%); 118% of the measured 2960 GB/s copy")
+    assert report.mxfp8_lines(recs, device="NVIDIA H200")[3] == lines[3]
     # n/a: the one target's baseline missing
     lone = [{"case": dense, "peer": "jfa:mxfp8:tlx", "mode": "fwd", "tflops": 1.0}]
     assert report.mxfp8_lines(lone)[0].startswith("n/a compute-bound")

@@ -1901,10 +1901,11 @@ def mxfp8_ablation() -> int:
     key mask of the masked blocks (it is outside the stages ABLATE removes), so their clk includes it. Also per row:
     the kernel alone with the factors' other setting (``configs.MXFP8_FACTORS_TMA``, helper mxbcast48, on since stop
     49: "none, factors by loads"; same results, so timed like "none"), the kernel alone with
-    ``configs.MXFP8_PERMUTED_V_KEYS``' other setting (helper mxfmul49, on since stop 51; off: "none, V keys natural",
-    V^T re-based once more in that order; the factors by TMA), with ``configs.MXFP8_ROWSUM_ONE_COLUMN``' other setting
-    (helper mxexact50, on since stop 51; off: "none, lq row max"; the same results, so the same operands), with both
-    those knobs on ("none, keys perm + 1 col": "none" itself since stop 51) and
+    ``configs.MXFP8_PERMUTED_V_KEYS``' other setting (helper mxfmul49, off since stop 53: "none, V keys permuted";
+    on: "none, V keys natural"; V^T re-based once more in that order; the factors by TMA), with
+    ``configs.MXFP8_ROWSUM_ONE_COLUMN``' other setting (helper mxexact50, on since stop 51; off: "none, lq row max";
+    the same results, so the same operands), with both those knobs on ("none, keys perm + 1 col": "none" itself in
+    stops 51-52) and
     FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
     not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs

@@ -64,7 +64,8 @@ def compile_one(args):
             "fp8_wgmma": sum("wgmma" in line and "e4m3.e4m3" in line for line in k.asm["ptx"].splitlines()),
             "e4m3_cvt": k.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
             "fma_f32": k.asm["ptx"].count("fma.rn.f32"), "ex2_of_fma": exp2_of_fma_count(k.asm["ptx"]),
-            "mul_rn_f32": k.asm["ptx"].count("mul.rn.f32"),
+            "mul_rn_f32": k.asm["ptx"].count("mul.rn.f32"), "st_global_b8": k.asm["ptx"].count("st.global.b8 "),
+            "st_global_v4": k.asm["ptx"].count("st.global.v4."),
             "async_copies": ttgir.count("copy_global_to_local"), "tma": ttgir.count("tensordesc"),
             "num_stages": s.num_stages, "kernel": s.kernel}
 
@@ -144,6 +145,20 @@ def test_sm90_mxfp8_quantize_rounds_with_the_gpu_conversion():
         # behind the arithmetic, one tile in flight per program (36% of HBM on the H200; bench/NOTES.md v4)
         if r["name"].endswith("-pipelined"):  # configs.KNOBS.mxfp8_quant_pipelined
             assert r["async_copies"] > 0, f"{r['name']}: the head loop's load is not pipelined"
+
+
+def test_sm90_permuted_v_tiles_store_as_the_natural_order():
+    """``rebase_v_tiles`` in tlx ``configs.MXFP8_PERMUTED_V_KEYS``' key order stores V^T as the natural order does:
+    16-byte stores, no one-byte ones. Stop 53 found it storing at permuted column offsets, which the compiler could
+    not vectorize (128 ``st.global.b8`` a thread against 8 ``st.global.v4.b32``): the bf16-in MXFP8 call was 1.5x
+    (dense B8 S4096) to 4.8x (broadcast-Q) slower on the H100. The rows are now renamed in registers first
+    (``p_in_v_key_order``), so the store's offsets are the natural ones."""
+    for head_dim in (64, 128):
+        natural, permuted = (_compiled(90)[f"mxfp8-rebase-v-tiles-d{head_dim}{part}"] for part in ("", "-permkeys"))
+        assert "error" not in natural and "error" not in permuted, (natural, permuted)
+        assert permuted["st_global_b8"] == natural["st_global_b8"] == 0, (natural, permuted)
+        assert permuted["st_global_v4"] == natural["st_global_v4"] > 0, (natural, permuted)
+        assert permuted["shared"] == natural["shared"], (natural, permuted)
 
 
 def test_sm90_selection_scores_are_contraction_free():

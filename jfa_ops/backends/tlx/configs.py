@@ -413,16 +413,20 @@ MXFP8_TILED_KEY_FACTORS = os.environ.get("JFA_TLX_MXFP8_TILED_KEY_FACTORS", "0")
 # block and consumer, sm_90 SASS) is gone: D128 dense loop path 766 -> 718 instructions, masked 958 -> 909, 0 spills
 # (helper mxfmul49, bench/NOTES.md "Issue 12: the MXFP8 forward's per-block cost after FACTORS_TMA"). P V and P x
 # ones sum the same products (permuted within each 16 keys, inside one k-step of the wgmma). Predicted 1.2-3.7% faster
-# on the kernel (dense 1.4-2.8%). On since stop 51 with ROWSUM_ONE_COLUMN (the pair: H100, the kernel alone, median of
-# 3 interleaved rounds, bench/NOTES.md "Stop 51"); alone it read slower on dense causal twice. Env
-# JFA_TLX_MXFP8_PERMUTED_V_KEYS=0: the natural key order.
-MXFP8_PERMUTED_V_KEYS = os.environ.get("JFA_TLX_MXFP8_PERMUTED_V_KEYS", "1") == "1"
+# on the kernel (dense 1.4-2.8%; stop 51 measured the pair with ROWSUM_ONE_COLUMN 2-5% faster, the kernel alone).
+# Off again since stop 53: the whole call from bf16 was 1.1 ms slower on dense B8 S4096 (3.25 vs 2.13 ms) and 4.5 ms on
+# broadcast-Q (5.71 vs 1.19 ms), because ``rebase_v_tiles`` stored V^T at permuted columns byte by byte (bench/NOTES.md
+# "Stop 53"). Its rows are now renamed in registers before a contiguous store (sm_90 PTX: the natural order's 16-byte
+# stores); on again only once the bf16-in call is timed with it. Env JFA_TLX_MXFP8_PERMUTED_V_KEYS=1: the permuted
+# order.
+MXFP8_PERMUTED_V_KEYS = os.environ.get("JFA_TLX_MXFP8_PERMUTED_V_KEYS", "0") == "1"
 # The MXFP8 forward's denominator term per key block from one column of P x ones (``mxfp8_rebase.first_column``: a
 # reduce whose combine keeps its first operand) instead of the row max of its 32 columns, which are equal (the ones'
 # columns are): ptxas drops the max's 18 FMNMX + 4 SHFL, sm_90 loop path 766 -> 744 (with PERMUTED_V_KEYS 718 -> 696),
 # the same results bit for bit (helper mxexact50, bench/NOTES.md "Issue 12: the MXFP8 forward's two other exact
-# options"). Predicted 0.4-1.7% faster on the kernel. On since stop 51 with PERMUTED_V_KEYS (the pair measured
-# together, bench/NOTES.md "Stop 51"). Env JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN=0: the row max.
+# options"). Predicted 0.4-1.7% faster on the kernel. On since stop 51 (measured with PERMUTED_V_KEYS, bench/NOTES.md
+# "Stop 51"; alone, stop 53: dense 1.840 vs 1.888 ms, broadcast-Q 0.399 vs 0.404 ms, one round). Env
+# JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN=0: the row max.
 MXFP8_ROWSUM_ONE_COLUMN = os.environ.get("JFA_TLX_MXFP8_ROWSUM_ONE_COLUMN", "1") == "1"
 # The MXFP8 backward on Hopper, design (D) (bench/NOTES.md "MXFP8 backward design (D), helper mxbwdd, stop 27";
 # ``mxfp8_attn_bwd.py``): the bf16 TLX backward kernel with its MXFP8 constexpr (P and dS rounded to their MXFP8

@@ -245,9 +245,10 @@ def shipped_specializations() -> Iterator[Specialization]:
             yield spec
 
 
-# The MXFP8 forward's exact options on by default (configs.MXFP8_PERMUTED_V_KEYS: V^T's keys permuted;
-# MXFP8_ROWSUM_ONE_COLUMN: lq from one column; on since stop 51), for every shipped or ablated MXFP8 forward
-MXFP8_EXACT_OPTIONS = dict(permuted_v_keys=True, rowsum_one_column=True)
+# The MXFP8 forward's exact options as the defaults set them (configs.MXFP8_ROWSUM_ONE_COLUMN: lq from one column, on
+# since stop 51; MXFP8_PERMUTED_V_KEYS: V^T's keys permuted, off again since stop 53), for every shipped or ablated
+# MXFP8 forward
+MXFP8_EXACT_OPTIONS = dict(permuted_v_keys=False, rowsum_one_column=True)
 
 
 def mxfp8_ablation_specializations() -> Iterator[Specialization]:

@@ -84,10 +84,9 @@ def rebase_v_tiles_kernel(V, VS, KV_OFF, VT, VF, num_seqs, num_heads, rows, stri
         bits = tl.load(VS + (kv_row0 // 32 + seq + blocks)[:, None] * stride_st + head * stride_sh + d[None, :],
                        mask=(blocks * 32 < len_k)[:, None], other=0)  # scale bits 0: 2**-127, never the maximum
         y, e_max = _rebase_cols(data, bits.to(tl.int32) - 127, HW_CVT)  # zero rows stay zero
-        if PERMUTED_KEYS:
-            cols = tile.to(tl.int64) * BLOCK_N + v_key_slot(tl.arange(0, BLOCK_N))
-        else:
-            cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if PERMUTED_KEYS:  # rows renamed to their v_key_slot columns in registers: the store stays contiguous
+            y = tl.trans(p_in_v_key_order(tl.trans(y)))  # (permuted column offsets: 128 one-byte stores, stop 53)
+        cols = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(VT + (head * HEAD_DIM + d)[None, :] * stride_vtrow + cols[:, None], y)
         tl.store(VF + (tile * num_heads + head) * HEAD_DIM + d, _v_tile_factor(e_max))
 

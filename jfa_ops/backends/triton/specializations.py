@@ -602,9 +602,12 @@ def mxfp8_specializations() -> Iterator[Specialization]:
                           {"X": "*fp8e4nv", "XS": "*u8", "Y": "*fp8e4nv", "KFT": "*fp32", "KV_OFF": "*i32"},
                           dict(HEAD_DIM=head_dim, ROWS=mxfp8_rebase.ROWS, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True),
                           odd_strides=("stride_sh",))  # tlx configs.MXFP8_TILED_KEY_FACTORS' K launch
-        yield _mxfp8_spec(f"mxfp8-rebase-v-tiles-d{head_dim}", mxfp8_rebase.rebase_v_tiles_kernel, mxfp8_rebase,
-                          {"V": "*fp8e4nv", "VS": "*u8", "KV_OFF": "*i32", "VT": "*fp8e4nv", "VF": "*fp32"},
-                          dict(HEAD_DIM=head_dim, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True, PERMUTED_KEYS=False))
+        for permuted in (False, True):  # tlx configs.MXFP8_PERMUTED_V_KEYS' order too
+            yield _mxfp8_spec(f"mxfp8-rebase-v-tiles-d{head_dim}{'-permkeys' if permuted else ''}",
+                              mxfp8_rebase.rebase_v_tiles_kernel, mxfp8_rebase,
+                              {"V": "*fp8e4nv", "VS": "*u8", "KV_OFF": "*i32", "VT": "*fp8e4nv", "VF": "*fp32"},
+                              dict(HEAD_DIM=head_dim, BLOCK_N=128, SEARCH_STEPS=5, HW_CVT=True,
+                                   PERMUTED_KEYS=permuted))
     from .. import mxfp8_bwd  # the tlx MXFP8 backward's operands: MX values in bf16 (mxfp8_bwd.mx_values)
 
     for square in (False, True):  # (1, 32) blocks; (32, 32) blocks in per-sequence row blocks
