@@ -261,17 +261,17 @@ HBM_COPY_GBPS = 4270.0  # device copy measured on the H200 (shared/device-facts.
 # (spec, measured copy) GB/s by the device name's GPU: the H100's 3.35 TB/s HBM3 and the 2.96 TB/s its same-bytes
 # copy measured (tools/mxfp8_quant_bandwidth.py, bench/NOTES.md "Stop 47"). Any other device is judged as the H200.
 HBM_GBPS = {"H100": (3350.0, 2960.0), "H200": (HBM_SPEC_GBPS, HBM_COPY_GBPS)}
+QUANTIZE_TARGET = 0.8
+# issue 12's targets: (case kind, mode) -> (min ratio vs our bf16, min ratio vs FA4 bf16)
+MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), ("compute", "fwd"): (1.2, 1.0),
+                 ("compute", "bwd"): (1.0, None)}
+FP8_PEER_PREFIXES = ("fa4 fp8", "flex fp8", "sdpa_fp8")  # per-tensor / per-head FP8 attention from peers (no targets)
 
 
 def hbm_gbps(device: str = "") -> tuple:
     """(spec, measured copy) GB/s of the run's GPU (``meta["device"]``): stop 53 found an H100 run judged against
     the H200's 4.8 TB/s, so its quantize rows read 45% where they ran at 64% of the H100's own HBM."""
     return next((gbps for gpu, gbps in HBM_GBPS.items() if gpu in (device or "")), HBM_GBPS["H200"])
-QUANTIZE_TARGET = 0.8
-# issue 12's targets: (case kind, mode) -> (min ratio vs our bf16, min ratio vs FA4 bf16)
-MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), ("compute", "fwd"): (1.2, 1.0),
-                 ("compute", "bwd"): (1.0, None)}
-FP8_PEER_PREFIXES = ("fa4 fp8", "flex fp8", "sdpa_fp8")  # per-tensor / per-head FP8 attention from peers (no targets)
 
 
 def _counts_quantization(peer: str) -> bool:
