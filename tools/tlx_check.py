@@ -1964,6 +1964,10 @@ def mxfp8_ablation() -> int:
                                          rebased_keys if keys_other else rebased_tma)
         fns[MX_BF16_IN] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.mxfp8_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
+        # the same call with PERMUTED_V_KEYS' other setting: the knob changes the re-basing stage's store too, which
+        # no kernel-alone column times (stop 53: 5.71 vs 1.19 ms on broadcast-Q with the byte-wide store)
+        bf16_in_keys_col = MX_BF16_IN_V_PERMUTED if keys_other else MX_BF16_IN_V_NATURAL
+        fns[bf16_in_keys_col] = with_setting(tlx_configs, "MXFP8_PERMUTED_V_KEYS", keys_other, fns[MX_BF16_IN])
         fns[BF16_TLX] = lambda c=c, q=q, k=k, v=v, q_off=q_off, kv_off=kv_off: jfa_ops.jagged_attention(
             q, k, v, q_off, kv_off, c["max_q"], c["max_kv"], backend="tlx", **c["opts"])
         fa4, fa4_why = fa4_forward(c["case"], c["inputs"])
@@ -1975,7 +1979,7 @@ def mxfp8_ablation() -> int:
         failures += failed
         print(f"{c['label']} ({c['n_blocks']} key blocks, {c['n_blocks'] / sms:.1f} per SM; {c['flops'] / 1e12:.3f} "
               "TFLOP)" + (f"; {FA4_BF16}: {fa4_why}" if fa4 is None else ""), flush=True)
-        cols = (*runs, other, keys_col, column_col, MX_EXACT_BOTH, MX_BF16_IN, BF16_TLX, FA4_BF16)
+        cols = (*runs, other, keys_col, column_col, MX_EXACT_BOTH, MX_BF16_IN, bf16_in_keys_col, BF16_TLX, FA4_BF16)
         for line in ablation_lines(ms, cols, c["flops"], c["n_blocks"], sms):
             print(line, flush=True)
     return failures
@@ -2041,6 +2045,8 @@ def fa4_forward(case, inputs):
 # mxfp8-ablation's last rows: the shipped MXFP8 call from bf16 inputs (its quantize counted: with "none" it prices the
 # bf16-in stages in the same run) and our bf16 TLX forward (the ratios' denominator)
 MX_BF16_IN, BF16_TLX = "mxfp8 bf16 in (shipped)", "bf16 tlx (ours)"
+# the bf16-in call with configs.MXFP8_PERMUTED_V_KEYS' other setting (the re-basing stage's V^T store included)
+MX_BF16_IN_V_PERMUTED, MX_BF16_IN_V_NATURAL = "mxfp8 bf16 in, V permuted", "mxfp8 bf16 in, V natural"
 # the kernel alone with the factors by TMA (configs.MXFP8_FACTORS_TMA, the default) or by loads (its other setting);
 # FlashAttention-4 bf16 where it imports
 MX_FACTORS_TMA, MX_FACTORS_LOADS, FA4_BF16 = "none, factors by TMA", "none, factors by loads", "fa4 bf16"

@@ -1998,8 +1998,10 @@ def test_mxfp8_ablation_exact_knob_columns(monkeypatch, keys_on):
     kernel call recorded instead of timed: "none" with the defaults; the keys column with PERMUTED_V_KEYS' other
     setting and V^T re-based in that order; "none, lq one column" with ROWSUM_ONE_COLUMN on and the default's
     operands; "none, keys perm + 1 col" with both on and V^T in the permuted order (whichever the default is); every
-    column with the factors by TMA."""
+    column with the factors by TMA; the bf16-in call as shipped and with PERMUTED_V_KEYS' other setting."""
     import types
+
+    import jfa_ops
 
     from jfa_ops.backends.tlx import mxfp8_attn_fwd
     from jfa_ops.backends.triton import mxfp8_rebase
@@ -2022,9 +2024,10 @@ def test_mxfp8_ablation_exact_knob_columns(monkeypatch, keys_on):
     monkeypatch.setattr(mxfp8_attn_fwd, "attention_forward", lambda *a, rebased=None: (
         tlx_configs.MXFP8_FACTORS_TMA, tlx_configs.MXFP8_PERMUTED_V_KEYS, tlx_configs.MXFP8_ROWSUM_ONE_COLUMN,
         rebased[3], rebased[4]))
+    monkeypatch.setattr(jfa_ops, "mxfp8_attention", lambda *a, **kw: ("bf16 in", tlx_configs.MXFP8_PERMUTED_V_KEYS))
     calls = {}
     monkeypatch.setattr(tool, "_medians", lambda label, fns, rounds=1: (
-        calls.update({col: fn() for col, fn in fns.items() if col.startswith("none")}) or {}, 0))
+        calls.update({col: fn() for col, fn in fns.items() if col.startswith(("none", "mxfp8 bf16 in"))}) or {}, 0))
     monkeypatch.setenv("TLX_MX_RUNS", "none")
     assert tool.mxfp8_ablation() == 0
     keys_col = tool.MX_NATURAL_V_KEYS if keys_on else tool.MX_PERMUTED_V_KEYS
@@ -2033,6 +2036,10 @@ def test_mxfp8_ablation_exact_knob_columns(monkeypatch, keys_on):
     assert calls[keys_col] == (True, not keys_on, False, "kf tiles", vt_other)
     assert calls[tool.MX_ROWSUM_ONE_COLUMN] == (True, keys_on, True, "kf tiles", vt_default)
     assert calls[tool.MX_EXACT_BOTH] == (True, True, True, "kf tiles", permuted_vt)
+    # the bf16-in call as shipped, and with PERMUTED_V_KEYS' other setting (stop 53: its re-basing store)
+    assert calls[tool.MX_BF16_IN] == ("bf16 in", keys_on)
+    bf16_in_col = tool.MX_BF16_IN_V_NATURAL if keys_on else tool.MX_BF16_IN_V_PERMUTED
+    assert calls[bf16_in_col] == ("bf16 in", not keys_on) and len(calls) == 7
 
 # helper sparsehg47's head-group rule (configs.sparse_auto_head_group) on self-attention batches, 132 SMs and a 50 MiB
 # L2 (the H100's and H200's): (label, kv heads, q heads per kv head, head dim, lengths, causal, the group it gives
