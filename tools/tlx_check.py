@@ -1905,7 +1905,8 @@ def mxfp8_ablation() -> int:
     on: "none, V keys natural"; V^T re-based once more in that order; the factors by TMA), with
     ``configs.MXFP8_ROWSUM_ONE_COLUMN``' other setting (helper mxexact50, on since stop 51; off: "none, lq row max";
     the same results, so the same operands), with both those knobs on ("none, keys perm + 1 col": "none" itself in
-    stops 51-52) and
+    stops 51-52), the bf16-in call as shipped and with PERMUTED_V_KEYS' other setting ("mxfp8 bf16 in, V permuted"
+    or "..., V natural": the knob's re-basing store counted) and
     FlashAttention-4's bf16 forward on the same inputs (``fa4_forward``; skipped with the reason printed when it does
     not import), each column's ratio to it ("x fa4"). TLX_MX_RUNS picks ablation runs (``mx_ablation_runs``)."""
     from jfa_ops.backends.tlx import configs as tlx_configs
