@@ -456,10 +456,11 @@ SHIPPED_MXFP8_FORWARD_LOADS = [name.replace("-factorstma", "") for name in SHIPP
 def test_mxfp8_permuted_v_keys_drops_the_p_layout_conversion():
     """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49; on in stops 51-52, off since stop 53, so no shipped
     kernel has it): with V^T's keys in the accumulator's register order and P's columns renamed to it
-    (``mxfp8_rebase.p_in_v_key_order``), P enters P V's and the ones' wgmma without Triton's layout conversion: per consumer block loop 16 SHFL.IDX + 16 SEL + 16 PRMT fewer (SHFL 28
-    -> 12, PRMT 32 -> 16: the byte packing stays), the straight path >= 40 shorter (sm_90 ptxas, stop 49: D128 dense
-    766 / 958 -> 718 / 909, causal 766 / 1091 -> 718 / 1043, D64 693 / 885 -> 645 / 837), the same QGMMA and MUFU,
-    no spill added (0 / 0), the factors by TMA (the default) either way (~60 s)."""
+    (``mxfp8_rebase.p_in_v_key_order``), P enters P V's and the ones' wgmma without Triton's layout conversion:
+    per consumer block loop 16 SHFL.IDX + 16 SEL + 16 PRMT fewer (SHFL 28 -> 12, PRMT 32 -> 16: the byte packing
+    stays), the straight path >= 40 shorter (sm_90 ptxas, stop 49: D128 dense 766 / 958 -> 718 / 909, causal 766 /
+    1091 -> 718 / 1043, D64 693 / 885 -> 645 / 837), the same QGMMA and MUFU, no spill added (0 / 0), the factors
+    by TMA (the default) either way (~60 s)."""
     names, rows = _shipped_and_compiled(
         "-permkeys", "[s.mxfp8_fwd_specialization(d, c, kv_major=km, factors_tma=True, permuted_v_keys=on) for d, c, km"
         " in ((128, False, True), (128, True, False), (64, False, True)) for on in (False, True)]",
