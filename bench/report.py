@@ -256,11 +256,12 @@ def note_lines(records: List[dict]) -> List[str]:
     return seen
 
 
-HBM_SPEC_GBPS = 4800.0  # the H200's HBM3e bandwidth (spec): issue 12's "80% of HBM bandwidth"
-HBM_COPY_GBPS = 4270.0  # device copy measured on the H200 (shared/device-facts.md), shown beside it
-# (spec, measured copy) GB/s by the device name's GPU: the H100's 3.35 TB/s HBM3 and the 2.96 TB/s its same-bytes
-# copy measured (tools/mxfp8_quant_bandwidth.py, bench/NOTES.md "Stop 47"). Any other device is judged as the H200.
-HBM_GBPS = {"H100": (3350.0, 2960.0), "H200": (HBM_SPEC_GBPS, HBM_COPY_GBPS)}
+# (HBM spec, measured copy) GB/s by the device name's GPU, for issue 12's "80% of HBM bandwidth" (the spec) with the
+# copy shown beside it; any other device is judged as the H200
+HBM_GBPS = {
+    "H100": (3350.0, 2960.0),  # HBM3; same-bytes copy (tools/mxfp8_quant_bandwidth.py, bench/NOTES.md "Stop 47")
+    "H200": (4800.0, 4270.0),  # HBM3e; device copy (shared/device-facts.md)
+}
 QUANTIZE_TARGET = 0.8
 # issue 12's targets: (case kind, mode) -> (min ratio vs our bf16, min ratio vs FA4 bf16)
 MXFP8_TARGETS = {("memory", "fwd"): (1.6, 1.3), ("memory", "bwd"): (1.6, 1.3), ("compute", "fwd"): (1.2, 1.0),
