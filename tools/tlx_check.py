@@ -1444,7 +1444,9 @@ def sparse_backward_timing() -> int:
 # KNOBS.sparse_transpose_scatter (helper transpose46: the transposed selection as marks then lists), "onesort" =
 # KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both. "auto":
 # configs.SPARSE_BACKWARD_AUTO_GROUP (helper sparsehg47: the head group by configs.sparse_auto_head_group's rule; the
-# row's line "auto head group" says which it chose).
+# row's line "auto head group" says which it chose). "sections": configs.SPARSE_BACKWARD_SECTIONS (stop 54: the items in
+# L2 sections of (sequence, kv head) streams; the default since), "groups" the list before it (head groups);
+# "sections20" / "sections30" / "sections48": sections of that many MiB (CAUSAL_ORDER_L2_BYTES; the default's 40).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
                        "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
@@ -1453,6 +1455,10 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                        "kvearly+storetma": ({"SPARSE_BACKWARD_KV_EARLY": True, "BACKWARD_STORE_TMA": True}, "sparse"),
                        "hg1": ({"BACKWARD_HEAD_GROUP": 1}, "sparse"), "hg4": ({"BACKWARD_HEAD_GROUP": 4}, "sparse"),
                        "auto": ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse"),
+                       "sections": ({"SPARSE_BACKWARD_SECTIONS": True}, "sparse"),
+                       "groups": ({"SPARSE_BACKWARD_SECTIONS": False}, "sparse"),
+                       **{f"sections{m}": ({"SPARSE_BACKWARD_SECTIONS": True, "CAUSAL_ORDER_L2_BYTES": m << 20}, "sparse")
+                          for m in (20, 30, 48)},
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
 
 
@@ -1501,7 +1507,7 @@ def sparse_bwd_ablation() -> int:
     cols = tuple(c for c in SPARSE_BWD_ABLATION if not wanted or c == "default" or c in wanted.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP",
-             "SPARSE_BACKWARD_AUTO_GROUP")
+             "SPARSE_BACKWARD_AUTO_GROUP", "SPARSE_BACKWARD_SECTIONS", "CAUSAL_ORDER_L2_BYTES")
     saved = {k: getattr(configs, k) for k in knobs}
     triton_knobs = sorted({k[len("KNOBS."):] for c in cols for k in SPARSE_BWD_ABLATION[c][0] if k.startswith("KNOBS.")})
     saved_knobs = {k: getattr(KNOBS, k) for k in triton_knobs}

@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list  # noqa: E402
+from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list, sectioned_item_list  # noqa: E402
 from jfa_ops.backends.triton.common import snake_items, snake_work, zigzag_item  # noqa: E402
 
 
@@ -162,6 +162,52 @@ def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget)
         mine = [(rank[(a, b)], c) for a, b, c in items if section[(a, c)] == g]
         longest_first = (last - g) % 2 == 0
         assert mine == sorted(mine, key=lambda r: (r[0] if longest_first else -r[0], r[1]))
+
+
+@pytest.mark.parametrize("heads,lengths,budget", [(2, (300, 17, 700), 1 << 30), (4, (300, 17, 700), 700),
+                                                  (3, (0, 5, 5, 900), 1800), (1, (40, 40), 39), (2, (9,), 100),
+                                                  (2, (1000, 0, 130), 50)])
+@pytest.mark.parametrize("bounded", [False, True], ids=["64bit", "32bit"])
+def test_sectioned_item_list_sections_streams_each_by_its_walks(heads, lengths, budget, bounded):
+    """``sectioned_item_list`` (tlx SPARSE_BACKWARD_SECTIONS): the tile list's (tile, kv head) items, each once,
+    padding last; streams (seq, head) longest sequence first into sections of ``budget`` bytes (rows x 1 byte), the
+    sections in that order; within a section the items by their own walk (q_count of their key block and kv head),
+    longest first in the last section and alternating before it, ties in the tile list's order (stable). The same
+    order with the 32-bit keys (``total_rows`` and ``max_count`` given) as with the 64-bit ones."""
+    gen = torch.Generator().manual_seed(sum(lengths) + heads)
+    offsets = torch.tensor((0,) + lengths).cumsum(0).to(torch.int32)
+    n_kv_blocks = max(1, max(-(-n // 128) for n in lengths))
+    q_count = torch.randint(0, 5, (len(lengths), heads, n_kv_blocks), generator=gen, dtype=torch.int32)
+    tiles = [(s, j * 128) for s, n in enumerate(lengths) for j in range(-(-n // 128))]
+    tiles.sort(key=lambda t: -int(q_count[t[0], :, t[1] // 128].sum()))  # the key tile list: by the heads' sum
+    seq = torch.tensor([s for s, _ in tiles] + [-1, -1], dtype=torch.int32)  # then padding
+    start = torch.tensor([st for _, st in tiles] + [5, 0], dtype=torch.int32)
+    extra = (sum(lengths), 4) if bounded else ()
+    s, st, h = sectioned_item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, 128, offsets, 1, budget,
+                                   *extra)
+    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
+    items = list(zip(s.tolist(), st.tolist(), h.tolist()))
+    assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
+    real = [a >= 0 for a, _, _ in items]
+    assert real == sorted(real, reverse=True)
+    streams = sorted(((a, c) for a in range(len(lengths)) for c in range(heads)), key=lambda x: -lengths[x[0]])
+    section, filled = {}, 0
+    for a, c in streams:
+        section[(a, c)] = filled // budget
+        filled += lengths[a]
+    position = {(a, b, c): i for i, (a, b, c) in enumerate(
+        (a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))}  # the tile-major order
+    items = [it for it in items if it[0] >= 0]
+    sections = [section[(a, c)] for a, _, c in items]
+    assert sections == sorted(sections)
+    last = max(section.values())
+    for g in set(sections):
+        mine = [it for it in items if section[(it[0], it[2])] == g]
+        sign = -1 if (last - g) % 2 == 0 else 1
+        assert mine == sorted(mine, key=lambda it: (sign * int(q_count[it[0], it[2], it[1] // 128]), position[it]))
+    if bounded:  # the 32-bit keys: the same permutation as the 64-bit ones
+        other = sectioned_item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, 128, offsets, 1, budget)
+        assert all(torch.equal(x, y) for x, y in zip((s, st, h), other))
 
 
 @triton.jit

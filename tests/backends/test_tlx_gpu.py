@@ -761,6 +761,29 @@ def test_tlx_block_sparse_backward_auto_group_matches_the_oracle_and_keeps_dk_dv
     _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_AUTO_GROUP")
 
 
+@pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
+def test_tlx_block_sparse_backward_sections_match_the_oracle_and_keep_dk_dv(name, monkeypatch):
+    """configs.SPARSE_BACKWARD_SECTIONS (stop 54, env JFA_TLX_SPARSE_BWD_SECTIONS=0 turns it off) against the head
+    groups' list, with sections of 4 KiB, so that these small cases' streams fall into several, and a sorted key tile
+    list forced (one wave takes no item list): the backward took the sectioned list, dq/dk/dv match the float64
+    oracle with the selection's block mask, and dK/dV equal the knob-off backward's bit for bit (another item
+    order; each item computes its own dK/dV); dQ is the same fp32 terms reduce-added in another order (close)."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import attn_bwd, configs
+    from jfa_ops.backends.triton.configs import KNOBS
+
+    monkeypatch.setattr(KNOBS, "one_wave_unsorted", False)  # a sorted key tile list (so an item list) on small cases
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "CAUSAL_ORDER_L2_BYTES", 4096)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD_SECTIONS", True)
+    lists, real = [], attn_bwd.sectioned_item_list
+    monkeypatch.setattr(attn_bwd, "sectioned_item_list", lambda *a, **k: lists.append(1) or real(*a, **k))
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    assert lists or case.case.broadcast_q, "the sectioned list was not built"
+    _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_SECTIONS")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_tlx_block_sparse_backward_neighbour_poison_stays_out(causal, monkeypatch):
     """Sequence 0's one selected block reads sequence 1's NaN/inf key/value rows through TMA (its key tile and query

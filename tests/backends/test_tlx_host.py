@@ -2129,6 +2129,7 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
         return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
     monkeypatch.setattr(attn_bwd, "item_list", item_list)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", False)  # head groups order the list (stop 54: off)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", False)  # the rule off (on by default since stop 48)
     default = _block_sparse_backward_launch(runs, causal)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", True)
@@ -2142,6 +2143,42 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
         "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
     assert {n: auto[n] for n in constexprs} == {n: default[n] for n in constexprs} == {n: small[n] for n in constexprs}
     assert auto["ITEM_LIST"] is True and auto["TILE_HEAD"] is not None
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, monkeypatch, causal):
+    """``configs.SPARSE_BACKWARD_SECTIONS`` (on by default since stop 54) hands the block-sparse backward's item list
+    to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q heads), the sections'
+    L2 bytes, the rows and the walks' bound, and launches the kernel the head groups' list launches (every constexpr
+    equal); off, ``item_list`` builds it. Fails if the knob is not read or the list's arguments drift."""
+    runs, _ = gpu
+    calls = []
+
+    def fake(name):
+        def build(schedule, q_count, heads_kv, *rest):  # a list of the right size (the stubbed kernels' counts)
+            calls.append((name, heads_kv) + tuple(rest))
+            n = schedule["TILE_SEQ"].numel() * heads_kv
+            return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
+        return build
+    monkeypatch.setattr(attn_bwd, "item_list", fake("groups"))
+    monkeypatch.setattr(attn_bwd, "sectioned_item_list", fake("sections"))
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
+    assert tlx_configs.SPARSE_BACKWARD_SECTIONS
+    sections = _block_sparse_backward_launch(runs, causal)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", False)
+    groups = _block_sparse_backward_launch(runs, causal)
+    heads_q, heads_kv = HEADS
+    row_bytes = heads_q // heads_kv * HEAD_DIM * (2 * 2 + 4)
+    assert [c[0] for c in calls] == ["sections", "groups"], calls
+    block_kv, q_off, got_bytes, l2, rows, width = calls[0][2:]
+    assert (block_kv, got_bytes, l2, rows) == (128, row_bytes, tlx_configs.CAUSAL_ORDER_L2_BYTES, 640 + 17 + 300 + 5)
+    assert q_off.tolist() == [0, 640, 657, 957, 962] and width == 5
+    constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names if n.isupper() and n not in (
+        "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD", "DK", "DV",
+        "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    assert {n: sections[n] for n in constexprs} == {n: groups[n] for n in constexprs}
+    assert sections["ITEM_LIST"] is True and sections["TILE_HEAD"] is not None
 
 
 @needs_tlx

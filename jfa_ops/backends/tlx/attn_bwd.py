@@ -37,8 +37,8 @@ from ..triton import launch as launcher
 from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _log2_lse, _packed_any_rows, _row_stats,
                                attn_bwd_delta_kernel, attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
-from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device, item_list, transposed_selection,
-                                      uniform_causal_item_list)
+from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device, item_list, sectioned_item_list,
+                                      transposed_selection, uniform_causal_item_list)
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, snake_items, snake_work,
@@ -1112,9 +1112,15 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         kv_off, q_off, k.shape[0], total_out, cfg.block_n, num_heads_kv * parts, "static", 1, device)
     # block-sparse with item_order: the items themselves, sorted by their own blocks (plan_key implies whether), with
     # group_order in head_group's groups; the kernel reads the list (head_group and HEAD_GROUPED: its own mapping)
-    items = (item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0,
-                       q_index.shape[3])
-             if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"] else None)
+    items = None
+    if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"]:
+        if configs.SPARSE_BACKWARD_SECTIONS and not params.broadcast_q:  # read per call: the same kernel, a list
+            row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
+            items = sectioned_item_list(schedule, q_count, num_heads_kv, params.block_kv, q_off, row_bytes,
+                                        configs.CAUSAL_ORDER_L2_BYTES, total_out, q_index.shape[3])
+        else:
+            items = item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0,
+                              q_index.shape[3])
     # dense with causal_order (a mask, the list sorted): the items in L2-sized sections of (sequence, kv head)
     # streams (plan_key implies whether: variant, bounds, TILES_FROM_OFFSETS); the sections are list data
     # (a causal batch of one length: the list made once per shape, no per-call host ops)

@@ -284,20 +284,58 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     go last. Device ops only: no sync."""
     seq, start, head = _tile_items(schedule, heads_kv)
     rank = torch.arange(schedule["TILE_SEQ"].numel(), dtype=torch.int64, device=seq.device).repeat_interleave(heads_kv)
-    # streams (seq, kv head), longest sequence first (stable: ties in (seq, head) order), their sections by bytes
+    real = seq >= 0
+    section, longest_first = _stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
+    # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
+    within = torch.where(longest_first, rank, -rank)
+    order = _grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
+    return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+
+
+def _stream_sections(seq: torch.Tensor, head: torch.Tensor, real: torch.Tensor, heads_kv: int,
+                     q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
+    """(section, longest_first) per item (int64, bool): the items' (sequence, kv head) streams taken longest
+    sequence first (stable: ties in (seq, head) order) and packed into sections whose query-side rows
+    (``bytes_per_row`` each) fill ``l2_bytes`` (a stream larger than that is a section alone); ``longest_first``
+    alternates from section to section, True in the last (the snake's turns: ``zigzag_groups``' rule). Padding items
+    (not ``real``: seq -1) get section 0."""
     lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
     by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
     stream_bytes = lengths.repeat_interleave(heads_kv)[by_length] * bytes_per_row
     filled = torch.cumsum(stream_bytes, 0) - stream_bytes  # bytes of the streams before each one
     section_of = torch.empty_like(by_length)
     section_of[by_length] = filled // l2_bytes
-    real = seq >= 0
     section = torch.where(real, section_of[(seq.clamp(min=0).long() * heads_kv + head).clamp(max=max(
         section_of.numel() - 1, 0))], 0)
-    # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
     longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
-    within = torch.where(longest_first, rank, -rank)
-    order = _grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
+    return section, longest_first
+
+
+def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, q_offsets: torch.Tensor,
+                        bytes_per_row: int, l2_bytes: int, total_rows: int = 0, max_count: int = 0):
+    """(seq, start, kv head) per block-sparse work item, int32 [tiles x heads_kv] (tlx
+    ``configs.SPARSE_BACKWARD_SECTIONS``): ``causal_item_list``'s L2 sections of (sequence, kv head) streams, each
+    section's items by their own walk (``q_count``, as ``item_list``), longest first in the last section and
+    alternating before it. Why: ``item_list``'s order (head groups, each longest first across the whole batch) puts
+    side by side the items of equal walks, which in a causal batch are other sequences' (a key tile's walk falls
+    along its sequence), so the ~132 items in flight read the Q, dO and fp32 dQ rows of many (sequence, head)
+    streams at once: ncu on the H100 (the bench's causal keep 0.25 backward) read an L2 hit rate of 56% and DRAM at
+    59% of peak against 80% / 34% on the non-causal keep 0.25 row (bench/NOTES.md "Stop 54"). Padding items (seq -1)
+    last. Device ops only: no sync. ``total_rows`` (the query rows the offsets index) and ``max_count`` (no walk is
+    longer) > 0 bound the sort keys, 32-bit where they fit (``_grouped_order``)."""
+    seq, start, head = _tile_items(schedule, heads_kv)
+    real = seq >= 0
+    block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
+    cost = torch.where(real, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+    section, longest_first = _stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
+    within = torch.where(longest_first, -cost, cost)
+    groups = total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0
+    if groups:  # offsets past total_rows (deferred validation raises later) must not overflow the 32-bit keys
+        section = section.clamp(max=groups - 1)
+    return _ordered(seq, start, head, _grouped_order(real, section, within, groups, max_count))
+
+
+def _ordered(seq, start, head, order):
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
 
 
