@@ -129,6 +129,28 @@ def test_item_list_one_sort_is_the_same_permutation(heads, group, max_count, mon
     assert sorts == two + one, sorts
 
 
+def _sectioned_items(listed, seq, start, heads, lengths, budget):
+    """The checks an L2-sectioned item list shares (``causal_item_list``, ``sectioned_item_list``): int32, the tile
+    list's (tile, kv head) items each once, padding last, the real items' sections in order; streams (seq, head)
+    longest sequence first into sections of ``budget`` bytes (rows x 1 byte: a stream starts a new section once the
+    ones before it fill the budget). Returns (the real items, section per stream, the last section)."""
+    s, st, h = listed
+    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
+    items = list(zip(s.tolist(), st.tolist(), h.tolist()))
+    assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
+    real = [a >= 0 for a, _, _ in items]
+    assert real == sorted(real, reverse=True)
+    streams = sorted(((a, c) for a in range(len(lengths)) for c in range(heads)), key=lambda x: -lengths[x[0]])
+    section, filled = {}, 0
+    for a, c in streams:
+        section[(a, c)] = filled // budget
+        filled += lengths[a]
+    items = [it for it in items if it[0] >= 0]
+    sections = [section[(a, c)] for a, _, c in items]
+    assert sections == sorted(sections)
+    return items, section, max(section.values())
+
+
 @pytest.mark.parametrize("heads,lengths,budget", [(2, (300, 17, 700), 1 << 30), (4, (300, 17, 700), 700),
                                                   (3, (0, 5, 5, 900), 1800), (1, (40, 40), 39), (2, (9,), 100)])
 def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget):
@@ -142,23 +164,10 @@ def test_causal_item_list_sections_streams_longest_first(heads, lengths, budget)
     tiles.sort(key=lambda t: -(lengths[t[0]] - t[1]))  # a sorted list (causal cost), stable over (seq, start)
     seq = torch.tensor([s for s, _ in tiles] + [-1, -1], dtype=torch.int32)  # then padding
     start = torch.tensor([st for _, st in tiles] + [5, 0], dtype=torch.int32)
-    s, st, h = causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads, offsets, 1, budget)
-    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
-    items = list(zip(s.tolist(), st.tolist(), h.tolist()))
-    assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
-    real = [a >= 0 for a, _, _ in items]
-    assert real == sorted(real, reverse=True)
-    streams = sorted(((a, c) for a in range(len(lengths)) for c in range(heads)), key=lambda x: -lengths[x[0]])
-    section, filled = {}, 0
-    for a, c in streams:
-        section[(a, c)] = filled // budget
-        filled += lengths[a]
+    listed = causal_item_list(dict(TILE_SEQ=seq, TILE_START=start), heads, offsets, 1, budget)
+    items, section, last = _sectioned_items(listed, seq, start, heads, lengths, budget)
     rank = {(a, b): i for i, (a, b) in enumerate(zip(seq.tolist(), start.tolist()))}
-    items = [it for it in items if it[0] >= 0]
-    sections = [section[(a, c)] for a, _, c in items]
-    assert sections == sorted(sections)
-    last = max(section.values())
-    for g in set(sections):
+    for g in {section[(a, c)] for a, _, c in items}:
         mine = [(rank[(a, b)], c) for a, b, c in items if section[(a, c)] == g]
         longest_first = (last - g) % 2 == 0
         assert mine == sorted(mine, key=lambda r: (r[0] if longest_first else -r[0], r[1]))
@@ -183,31 +192,18 @@ def test_sectioned_item_list_sections_streams_each_by_its_walks(heads, lengths, 
     seq = torch.tensor([s for s, _ in tiles] + [-1, -1], dtype=torch.int32)  # then padding
     start = torch.tensor([st for _, st in tiles] + [5, 0], dtype=torch.int32)
     extra = (sum(lengths), 4) if bounded else ()
-    s, st, h = sectioned_item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, 128, offsets, 1, budget,
-                                   *extra)
-    assert s.dtype == st.dtype == h.dtype == torch.int32 and s.numel() == seq.numel() * heads
-    items = list(zip(s.tolist(), st.tolist(), h.tolist()))
-    assert sorted(items) == sorted((a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))
-    real = [a >= 0 for a, _, _ in items]
-    assert real == sorted(real, reverse=True)
-    streams = sorted(((a, c) for a in range(len(lengths)) for c in range(heads)), key=lambda x: -lengths[x[0]])
-    section, filled = {}, 0
-    for a, c in streams:
-        section[(a, c)] = filled // budget
-        filled += lengths[a]
+    listed = sectioned_item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, 128, offsets, 1, budget,
+                                 *extra)
+    items, section, last = _sectioned_items(listed, seq, start, heads, lengths, budget)
     position = {(a, b, c): i for i, (a, b, c) in enumerate(
         (a, b, c) for a, b in zip(seq.tolist(), start.tolist()) for c in range(heads))}  # the tile-major order
-    items = [it for it in items if it[0] >= 0]
-    sections = [section[(a, c)] for a, _, c in items]
-    assert sections == sorted(sections)
-    last = max(section.values())
-    for g in set(sections):
+    for g in {section[(a, c)] for a, _, c in items}:
         mine = [it for it in items if section[(it[0], it[2])] == g]
         sign = -1 if (last - g) % 2 == 0 else 1
         assert mine == sorted(mine, key=lambda it: (sign * int(q_count[it[0], it[2], it[1] // 128]), position[it]))
     if bounded:  # the 32-bit keys: the same permutation as the 64-bit ones
         other = sectioned_item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, 128, offsets, 1, budget)
-        assert all(torch.equal(x, y) for x, y in zip((s, st, h), other))
+        assert all(torch.equal(x, y) for x, y in zip(listed, other))
 
 
 @triton.jit
