@@ -1445,7 +1445,7 @@ def sparse_backward_timing() -> int:
 # KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both. "auto":
 # configs.SPARSE_BACKWARD_AUTO_GROUP (helper sparsehg47: the head group by configs.sparse_auto_head_group's rule; the
 # row's line "auto head group" says which it chose). "sections": configs.SPARSE_BACKWARD_SECTIONS (stop 54: the items in
-# L2 sections of (sequence, kv head) streams; the default since), "groups" the list before it (head groups);
+# L2 sections of (sequence, kv head) streams; off until its GPU twins pass), "groups" the default's list (head groups);
 # "sections20" / "sections30" / "sections48": sections of that many MiB (CAUSAL_ORDER_L2_BYTES; the default's 40).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
@@ -1457,8 +1457,8 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                        "auto": ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse"),
                        "sections": ({"SPARSE_BACKWARD_SECTIONS": True}, "sparse"),
                        "groups": ({"SPARSE_BACKWARD_SECTIONS": False}, "sparse"),
-                       **{f"sections{m}": ({"SPARSE_BACKWARD_SECTIONS": True, "CAUSAL_ORDER_L2_BYTES": m << 20}, "sparse")
-                          for m in (20, 30, 48)},
+                       **{f"sections{m}": ({"SPARSE_BACKWARD_SECTIONS": True, "CAUSAL_ORDER_L2_BYTES": m << 20},
+                                           "sparse") for m in (20, 30, 48)},
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
 
 

@@ -2148,8 +2148,8 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
 @needs_tlx
 @pytest.mark.parametrize("causal", [False, True])
 def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, monkeypatch, causal):
-    """``configs.SPARSE_BACKWARD_SECTIONS`` (on by default since stop 54) hands the block-sparse backward's item list
-    to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q heads), the sections'
+    """``configs.SPARSE_BACKWARD_SECTIONS`` (stop 54; off until its GPU twins pass) hands the block-sparse backward's
+    item list to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q heads), the sections'
     L2 bytes, the rows and the walks' bound, and launches the kernel the head groups' list launches (every constexpr
     equal); off, ``item_list`` builds it. Fails if the knob is not read or the list's arguments drift."""
     runs, _ = gpu
@@ -2164,7 +2164,7 @@ def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, 
     monkeypatch.setattr(attn_bwd, "item_list", fake("groups"))
     monkeypatch.setattr(attn_bwd, "sectioned_item_list", fake("sections"))
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
-    assert tlx_configs.SPARSE_BACKWARD_SECTIONS
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", True)
     sections = _block_sparse_backward_launch(runs, causal)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", False)
     groups = _block_sparse_backward_launch(runs, causal)
