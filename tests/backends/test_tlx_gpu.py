@@ -761,39 +761,64 @@ def test_tlx_block_sparse_backward_auto_group_matches_the_oracle_and_keeps_dk_dv
     _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_AUTO_GROUP")
 
 
-@pytest.mark.parametrize("check", ["groups-oracle", "sections-oracle", "sections-dkdv"])
-@pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
-def test_tlx_block_sparse_backward_sections_match_the_oracle_and_keep_dk_dv(name, check, monkeypatch):
-    """configs.SPARSE_BACKWARD_SECTIONS (stop 54, env JFA_TLX_SPARSE_BWD_SECTIONS=1) against the head groups' list,
-    with sections of 4 KiB, so that these small cases' streams fall into several, and a sorted key tile list forced
-    (one wave takes no item list). Three checks, apart, so that a failure says which: "groups-oracle" the head
-    groups' list (the default) on the forced sorted list against the float64 oracle with the selection's block mask
-    (the control); "sections-oracle" the sectioned list against the oracle (and that it was built);
-    "sections-dkdv" dK/dV equal to the head groups' bit for bit (another item order; each item computes its own
-    dK/dV), dQ close (the same fp32 terms reduce-added in another order). Stop 54's H100 run of the combined test
-    failed on the four causal cases it reached (`.FFF.F.`, cut by its time limit before the report): which check
-    fails is the next GPU session's first question (bench/NOTES.md "Stop 54")."""
-    case = SPARSE_BWD_CASES[name]
-    _tlx_or_skip(case.case)
+def sections_twin_knobs(monkeypatch):
+    """The setting of the sections twin below (and of its CPU check, ``test_tlx_host.py``
+    ``test_sections_twin_builds_an_item_list_on_every_case``): the TLX sparse backward on, a sorted key tile list
+    forced (one wave takes no item list), sections of 4 KiB (these small cases' streams fall into several), and
+    ``configs.BACKWARD_ITEM_ORDER``, so that every case takes an item list. Without it the 2-kv-head cases whose
+    rows fit the L2 take none: the head-group rule gives SPARSE_HEAD_GROUP (2) = all their kv heads, so head group 0,
+    no group order, tile-major, and neither list is built (where stop 54's combined twin failed: "edge causal keep
+    0.25", "random blocks causal GQA 4:2", "window (300,0) causal", "fp16 D64 causal", its `lists` assertion). With
+    it the head groups' list stays the default's where the default builds one ("edge lengths": groups of 2; "300
+    short seqs GQA": the rule's groups of 1), and is the plain longest-first list elsewhere: the same kernel
+    (ITEM_LIST, SNAKE). Returns (attn_bwd, configs)."""
     from jfa_ops.backends.tlx import attn_bwd, configs
     from jfa_ops.backends.triton.configs import KNOBS
 
     monkeypatch.setattr(KNOBS, "one_wave_unsorted", False)  # a sorted key tile list (so an item list) on small cases
     monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
     monkeypatch.setattr(configs, "CAUSAL_ORDER_L2_BYTES", 4096)
+    monkeypatch.setattr(configs, "BACKWARD_ITEM_ORDER", True)
+    return attn_bwd, configs
+
+
+def _spy_item_lists(monkeypatch, attn_bwd):
+    """The item lists the TLX sparse backward builds, in call order: "groups" (``item_list``) or "sections"
+    (``sectioned_item_list``)."""
+    built = []
+    for name, fn in (("groups", "item_list"), ("sections", "sectioned_item_list")):
+        real = getattr(attn_bwd, fn)
+        monkeypatch.setattr(attn_bwd, fn, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    return built
+
+
+@pytest.mark.parametrize("check", ["groups-oracle", "sections-oracle", "sections-dkdv"])
+@pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
+def test_tlx_block_sparse_backward_sections_match_the_oracle_and_keep_dk_dv(name, check, monkeypatch):
+    """configs.SPARSE_BACKWARD_SECTIONS (stop 54, env JFA_TLX_SPARSE_BWD_SECTIONS=1) against the head groups' list,
+    in ``sections_twin_knobs``' setting (a sorted key tile list forced, 4 KiB sections, an item list on every case).
+    Three checks, apart, so that a failure says which: "groups-oracle" the head groups' list on the forced sorted
+    list against the float64 oracle with the selection's block mask (the control); "sections-oracle" the sectioned
+    list against the oracle; "sections-dkdv" dK/dV equal to the head groups' bit for bit (another item order; each
+    item computes its own dK/dV), dQ close (the same fp32 terms reduce-added in another order). Each asserts which
+    list was built (broadcast Q takes the head groups' list either way). Stop 54's H100 run of the combined test
+    failed on the four causal cases it reached (`.FFF.F.`): the cases where, without ITEM_ORDER, no list was built
+    at all (``sections_twin_knobs``), so its "the sectioned list was not built" assertion failed whatever the
+    gradients."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    attn_bwd, configs = sections_twin_knobs(monkeypatch)
+    built = _spy_item_lists(monkeypatch, attn_bwd)
+    sections = "groups" if case.case.broadcast_q else "sections"  # not for broadcast Q (its rows are one stream)
     if check == "sections-dkdv":
         _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_SECTIONS")
+        assert built == ["groups", sections], built
         return
     monkeypatch.setattr(configs, "SPARSE_BACKWARD_SECTIONS", check == "sections-oracle")
-    lists, real = [], attn_bwd.sectioned_item_list
-    monkeypatch.setattr(attn_bwd, "sectioned_item_list", lambda *a, **k: lists.append(1) or real(*a, **k))
     calls = _spy_tlx_sparse_backward(monkeypatch)
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
     assert calls, "the TLX block-sparse backward did not run"
-    if check == "sections-oracle":
-        assert lists or case.case.broadcast_q, "the sectioned list was not built"
-    else:
-        assert not lists
+    assert built == [sections if check == "sections-oracle" else "groups"], built
 
 
 @pytest.mark.parametrize("causal", [False, True])

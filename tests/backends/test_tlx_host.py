@@ -23,6 +23,7 @@ import types
 import pytest
 import torch
 
+from tests.backends.test_tlx_gpu import SPARSE_KV_EARLY_CASES  # the GPU sections twin's cases (no TLX import)
 from tests.common import comparable_launch_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -2179,6 +2180,55 @@ def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, 
         "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
     assert {n: sections[n] for n in constexprs} == {n: groups[n] for n in constexprs}
     assert sections["ITEM_LIST"] is True and sections["TILE_HEAD"] is not None
+
+
+@needs_tlx
+@pytest.mark.parametrize("sections", [False, True], ids=["groups", "sections"])
+@pytest.mark.parametrize("name", SPARSE_KV_EARLY_CASES)
+def test_sections_twin_builds_an_item_list_on_every_case(gpu, monkeypatch, name, sections):
+    """The GPU sections twin (``test_tlx_gpu.py``
+    ``test_tlx_block_sparse_backward_sections_match_the_oracle_and_keep_dk_dv``) in its setting
+    (``sections_twin_knobs``), on its cases' shapes with an H100's SMs and L2 (the ``gpu`` fixture's 132, the host
+    rules' 50 MiB): the TLX block-sparse backward builds one item list a call, the sectioned one with
+    SPARSE_BACKWARD_SECTIONS (the head groups' for broadcast Q), ``item_list`` without. Stop 54's twin (without
+    ITEM_ORDER) built none on the 2-kv-head cases, where the head-group rule gives head group 0: this fails there
+    without it, as that GPU run did on exactly those four cases."""
+    from jfa_ops.backends.base import BlockSparseParams
+    from tests.backends.test_tlx_gpu import SPARSE_BWD_CASES, sections_twin_knobs
+
+    runs, _ = gpu
+    sections_twin_knobs(monkeypatch)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", sections)
+    built = []
+
+    def fake(label):
+        def build(schedule, q_count, heads_kv, *rest):  # a list of the right size (the stubbed kernels' counts)
+            built.append(label)
+            n = schedule["TILE_SEQ"].numel() * heads_kv
+            return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
+        return build
+    monkeypatch.setattr(attn_bwd, "item_list", fake("groups"))
+    monkeypatch.setattr(attn_bwd, "sectioned_item_list", fake("sections"))
+    bc = SPARSE_BWD_CASES[name]
+    c = bc.case.replace(device="cpu")
+    x = c.make_inputs(1)
+    q_rows = x.q.shape[0] if c.broadcast_q else max(c.q_lengths)
+    index = torch.zeros((len(c.kv_lengths), c.heads_kv, -(-q_rows // bc.block_q), -(-max(c.kv_lengths) // bc.block_kv)),
+                        dtype=torch.int32)
+    count = torch.ones(index.shape[:3], dtype=torch.int32)
+    out = torch.zeros((x.kv_offsets.numel() - 1) * x.q.shape[0] if c.broadcast_q else x.q.shape[0], c.heads_q,
+                      c.head_dim, dtype=c.dtype)
+    lse = torch.zeros(c.heads_q, out.shape[0])
+    params = BlockSparseParams(scale=c.head_dim ** -0.5, causal=c.causal, window_left=c.window[0],
+                               window_right=c.window[1], broadcast_q=c.broadcast_q, block_q=bc.block_q,
+                               block_kv=bc.block_kv)
+    runs.clear()
+    tlx._block_sparse_backward(torch.zeros_like(out), None, x.q, x.k, x.v, out, lse, x.q_offsets, x.kv_offsets, index,
+                               count, params)
+    (launched,) = [dict(zip(attn_bwd.attn_bwd_tlx_kernel.arg_names, values)) for kernel, _, values, _ in runs
+                   if kernel == "attn_bwd_tlx_kernel"]
+    assert built == ["sections" if sections and not c.broadcast_q else "groups"], built
+    assert launched["ITEM_LIST"] is True and launched["SNAKE"] is True and launched["SPARSE"] is True
 
 
 @needs_tlx
