@@ -290,8 +290,8 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # 56%, DRAM at 59% of peak). Measured on the H100 (the bench's four sparse rows, backward alone): 1.040 / 1.010 /
 # 1.070 / 1.179x (keep 0.5, 0.25, causal 0.5, causal 0.25; the A/A 0.99-1.05); 20 MiB sections 1.034 / 0.969 / 1.008
 # / 1.067x. Not broadcast Q (its query rows are one stream). The same kernel and items (so dK/dV should be bit for bit
-# and dQ's fp32 adds only reordered). Off until its GPU twins pass: stop 54's run failed on the four causal small cases it reached
-# (forced sorted lists, 4 KiB sections), and the run was cut before it said which check failed. Read per call.
+# and dQ's fp32 adds only reordered). Off until its causal GPU twins pass (stop 54's run failed on a test error: the
+# twin built no list on its 2-kv-head cases; bench/NOTES.md "Stop 54"). Read per call.
 SPARSE_BACKWARD_SECTIONS = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS", "0") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
 # with a mask (causal, windows: key tiles of unequal cost, so the key tile list is sorted across sequences) and more
