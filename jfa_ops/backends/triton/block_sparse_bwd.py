@@ -246,11 +246,11 @@ def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: in
             order = zigzag_groups(cost, head, head_group, heads_kv, max_count)
         else:  # -1 (padding) .. q_count: int32
             order = torch.sort(cost.to(torch.int32), descending=True, stable=True).indices
-        return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+        return _ordered(seq, start, head, order)
     order = torch.sort(cost, descending=True, stable=True).indices
     if head_group > 0:
         order = order[zigzag_groups(cost[order], head[order], head_group, heads_kv)]
-    return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+    return _ordered(seq, start, head, order)
 
 
 def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads_kv: int, max_count: int = 0):
@@ -289,7 +289,7 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
     within = torch.where(longest_first, rank, -rank)
     order = _grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
-    return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
+    return _ordered(seq, start, head, order)
 
 
 def _stream_sections(seq: torch.Tensor, head: torch.Tensor, real: torch.Tensor, heads_kv: int,
@@ -336,6 +336,7 @@ def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, bl
 
 
 def _ordered(seq, start, head, order):
+    """The items (seq, start, kv head) in ``order`` (new position -> old), each contiguous."""
     return seq[order].contiguous(), start[order].contiguous(), head[order].contiguous()
 
 
