@@ -1215,7 +1215,8 @@ def sparse_ablation() -> int:
     (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
     packed in the mask-free ones; the same bits), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
     stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
-    saves, > 0), and tlx dense. Then the per-SM model: b (us per selected block) and a (us per work item) solved from
+    saves, > 0), ``sections`` / ``sections20`` (configs.SPARSE_FORWARD_SECTIONS, stop 54: the tile list in L2
+    sections of sequences, 40 / 20 MiB of K/V rows; the same bits), and tlx dense. Then the per-SM model: b (us per selected block) and a (us per work item) solved from
     the two unmasked rows' default times, and for the causal rows the time over that model ("excess") beside what
     nomask, lowsel and peel remove from it (and storetma off: < 0, what STORE_TMA removes).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
@@ -1224,7 +1225,8 @@ def sparse_ablation() -> int:
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "sections",
+            "sections20", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1234,7 +1236,8 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA")
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA",
+             "SPARSE_FORWARD_SECTIONS", "SPARSE_FORWARD_SECTION_BYTES")
     saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
@@ -1254,6 +1257,9 @@ def sparse_ablation() -> int:
                "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
+               "sections": (sparse(index), {"SPARSE_FORWARD_SECTIONS": True}),
+               "sections20": (sparse(index), {"SPARSE_FORWARD_SECTIONS": True,
+                                              "SPARSE_FORWARD_SECTION_BYTES": 20 << 20}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
         times = {c: [] for c in cols}

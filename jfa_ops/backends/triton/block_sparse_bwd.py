@@ -28,8 +28,8 @@ from .common import (dot_precision, first_work, head_dim_consts, launch_schedule
                      store_rows, window_bounds)
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
 from .launch import launch, launch_planned
-from .scheduling import (binary_search_steps, forward_tiles, kv_tiles, shape_constant, single_tiles, tile_schedule,
-                         work_tile)
+from .scheduling import (binary_search_steps, forward_tiles, grouped_order, kv_tiles, shape_constant, single_tiles,
+                         stream_sections, tile_schedule, work_tile)
 
 
 TRANSPOSE_BLOCK_J = 32  # KV blocks per program of transpose_selection_kernel
@@ -207,19 +207,6 @@ def _tile_items(schedule: dict, heads_kv: int):
     return seq, start, head
 
 
-def _grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor, groups: int = 0, bound: int = 0):
-    """The stable permutation (new position -> old) that takes the items group after group (int64 ``group``,
-    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last.
-    ``groups`` > group and ``bound`` >= |within| of the real items, when given, make the keys int32 where they fit
-    (the same order: (group, within) -> group * (2 bound + 1) + within + bound is monotone, padding above them all);
-    a radix sort's passes go by the key's bits."""
-    if groups > 0 and bound > 0 and groups * (2 * bound + 1) < (1 << 31) - 1:
-        key = torch.where(real, group * (2 * bound + 1) + within + bound, (1 << 31) - 1).to(torch.int32)
-    else:
-        key = torch.where(real, group * (1 << 32) + within, 1 << 62)
-    return torch.sort(key, stable=True).indices
-
-
 def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0,
               max_count: int = 0):
     """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
@@ -262,11 +249,11 @@ def zigzag_groups(cost: torch.Tensor, head: torch.Tensor, head_group: int, heads
     either all short or all long items, and the partial last round is the list's shortest items (a group-major list
     sorted longest first in every group left the busiest SM 5-12% over the mean, this 0.4-1.1%: bench/NOTES.md
     "ordered head groups"). Device ops only: no sync. ``max_count`` > 0: no cost exceeds it, which lets the sort's
-    keys be 32-bit where they fit (``_grouped_order``)."""
+    keys be 32-bit where they fit (``grouped_order``)."""
     group = head.long() // head_group
     last = common.cdiv(heads_kv, head_group) - 1
     within = torch.where((last - group) % 2 == 0, -cost, cost)  # ascending key: longest first in the last group
-    return _grouped_order(cost >= 0, group, within, last + 1, max_count)
+    return grouped_order(cost >= 0, group, within, last + 1, max_count)
 
 
 def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
@@ -285,30 +272,11 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     seq, start, head = _tile_items(schedule, heads_kv)
     rank = torch.arange(schedule["TILE_SEQ"].numel(), dtype=torch.int64, device=seq.device).repeat_interleave(heads_kv)
     real = seq >= 0
-    section, longest_first = _stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
+    section, longest_first = stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
     # a section's items longest first (the list's order) or reversed, alternating, the last section longest first
     within = torch.where(longest_first, rank, -rank)
-    order = _grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
+    order = grouped_order(real, section, within)  # ties (one tile's heads) keep the list's order
     return _ordered(seq, start, head, order)
-
-
-def _stream_sections(seq: torch.Tensor, head: torch.Tensor, real: torch.Tensor, heads_kv: int,
-                     q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
-    """(section, longest_first) per item (int64, bool): the items' (sequence, kv head) streams taken longest
-    sequence first (stable: ties in (seq, head) order) and packed into sections whose query-side rows
-    (``bytes_per_row`` each) fill ``l2_bytes`` (a stream larger than that is a section alone); ``longest_first``
-    alternates from section to section, True in the last (the snake's turns: ``zigzag_groups``' rule). Padding items
-    (not ``real``: seq -1) get section 0."""
-    lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
-    by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
-    stream_bytes = lengths.repeat_interleave(heads_kv)[by_length] * bytes_per_row
-    filled = torch.cumsum(stream_bytes, 0) - stream_bytes  # bytes of the streams before each one
-    section_of = torch.empty_like(by_length)
-    section_of[by_length] = filled // l2_bytes
-    section = torch.where(real, section_of[(seq.clamp(min=0).long() * heads_kv + head).clamp(max=max(
-        section_of.numel() - 1, 0))], 0)
-    longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
-    return section, longest_first
 
 
 def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, q_offsets: torch.Tensor,
@@ -322,17 +290,17 @@ def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, bl
     streams at once: ncu on the H100 (the bench's causal keep 0.25 backward) read an L2 hit rate of 56% and DRAM at
     59% of peak against 80% / 34% on the non-causal keep 0.25 row (bench/NOTES.md "Stop 54"). Padding items (seq -1)
     last. Device ops only: no sync. ``total_rows`` (the query rows the offsets index) and ``max_count`` (no walk is
-    longer) > 0 bound the sort keys, 32-bit where they fit (``_grouped_order``)."""
+    longer) > 0 bound the sort keys, 32-bit where they fit (``grouped_order``)."""
     seq, start, head = _tile_items(schedule, heads_kv)
     real = seq >= 0
     block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
     cost = torch.where(real, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
-    section, longest_first = _stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
+    section, longest_first = stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
     within = torch.where(longest_first, -cost, cost)
     groups = total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0
     if groups:  # offsets past total_rows (deferred validation raises later) must not overflow the 32-bit keys
         section = section.clamp(max=groups - 1)
-    return _ordered(seq, start, head, _grouped_order(real, section, within, groups, max_count))
+    return _ordered(seq, start, head, grouped_order(real, section, within, groups, max_count))
 
 
 def _ordered(seq, start, head, order):

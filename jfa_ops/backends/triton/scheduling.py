@@ -454,3 +454,50 @@ def single_tiles(num_tiles: int, block: int, device: torch.device) -> TileList:
     ids = torch.arange(num_tiles, device=device, dtype=torch.int32)
     return TileList(torch.zeros_like(ids), ids * block, torch.full((1,), num_tiles, device=device,
                                                                     dtype=torch.int32), num_tiles)
+
+
+def grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor, groups: int = 0, bound: int = 0):
+    """The stable permutation (new position -> old) that takes the items group after group (int64 ``group``,
+    ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last.
+    ``groups`` > group and ``bound`` >= |within| of the real items, when given, make the keys int32 where they fit
+    (the same order: (group, within) -> group * (2 bound + 1) + within + bound is monotone, padding above them all);
+    a radix sort's passes go by the key's bits."""
+    if groups > 0 and bound > 0 and groups * (2 * bound + 1) < (1 << 31) - 1:
+        key = torch.where(real, group * (2 * bound + 1) + within + bound, (1 << 31) - 1).to(torch.int32)
+    else:
+        key = torch.where(real, group * (1 << 32) + within, 1 << 62)
+    return torch.sort(key, stable=True).indices
+
+
+def stream_sections(seq: torch.Tensor, head: torch.Tensor, real: torch.Tensor, heads_kv: int,
+                     q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int):
+    """(section, longest_first) per item (int64, bool): the items' (sequence, kv head) streams taken longest
+    sequence first (stable: ties in (seq, head) order) and packed into sections whose query-side rows
+    (``bytes_per_row`` each) fill ``l2_bytes`` (a stream larger than that is a section alone); ``longest_first``
+    alternates from section to section, True in the last (the snake's turns: ``block_sparse_bwd.zigzag_groups``' rule). Padding items
+    (not ``real``: seq -1) get section 0."""
+    lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
+    by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
+    stream_bytes = lengths.repeat_interleave(heads_kv)[by_length] * bytes_per_row
+    filled = torch.cumsum(stream_bytes, 0) - stream_bytes  # bytes of the streams before each one
+    section_of = torch.empty_like(by_length)
+    section_of[by_length] = filled // l2_bytes
+    section = torch.where(real, section_of[(seq.clamp(min=0).long() * heads_kv + head).clamp(max=max(
+        section_of.numel() - 1, 0))], 0)
+    longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
+    return section, longest_first
+
+
+def sectioned_tiles(tile_seq: torch.Tensor, tile_start: torch.Tensor, offsets: torch.Tensor, bytes_per_row: int,
+                    l2_bytes: int):
+    """(TILE_SEQ, TILE_START) of a sorted tile list (longest first, padding last) reordered into L2 sections of
+    sequences: sequences longest first (``offsets``' rows, ``bytes_per_row`` each: what the items of one sequence
+    read from the L2 per row of it) packed into sections that fill ``l2_bytes``, the sections in that order, each
+    section's tiles in the list's order (longest first) in the last section and reversed before it, padding last
+    (tlx ``configs.SPARSE_FORWARD_SECTIONS``: the block-sparse forward's K/V rows). Device ops only: no sync."""
+    real = tile_seq >= 0
+    section, longest_first = stream_sections(tile_seq, torch.zeros_like(tile_seq), real, 1, offsets, bytes_per_row,
+                                             l2_bytes)
+    rank = torch.arange(tile_seq.numel(), dtype=torch.int64, device=tile_seq.device)
+    order = grouped_order(real, section, torch.where(longest_first, rank, -rank))
+    return tile_seq[order].contiguous(), tile_start[order].contiguous()
