@@ -923,12 +923,18 @@ def _gqa_split(q, k, kv_offsets, params, causal_order: bool, gqa_split: int):
     return chosen.parts, chosen.snake and chosen.parts == 1
 
 
+def _row_bytes(q, k) -> int:
+    """The query-side bytes a row of one kv head's stream holds in the L2: Q and dO of its q heads, and their fp32
+    dQ accumulator (the L2 sections' unit: ``causal_item_list``, ``sectioned_item_list``)."""
+    return (q.shape[1] // k.shape[1]) * q.shape[2] * (2 * q.element_size() + 4)
+
+
 def _causal_items(schedule, q, k, kv_offsets, params, q_off, total_out, cfg, device_list):
     """The causal order's (seq, start, kv head) item list of a call whose key tile list ``schedule`` holds (sorted,
     not one wave): made once per shape for a one-length causal batch, else per call on the device (eager calls with
     the same tile list and offsets reuse it) or by torch ops."""
     num_heads_kv, device = k.shape[1], q.device
-    row_bytes = (q.shape[1] // num_heads_kv) * q.shape[2] * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
+    row_bytes = _row_bytes(q, k)
     if one_length_causal(q, k, kv_offsets, params):
         return uniform_causal_item_list(kv_offsets.numel() - 1, params.max_seqlen_q, num_heads_kv, row_bytes,
                                         configs.CAUSAL_ORDER_L2_BYTES, cfg.block_n, device)
@@ -1115,8 +1121,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     items = None
     if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"]:
         if configs.SPARSE_BACKWARD_SECTIONS and not params.broadcast_q:  # read per call: the same kernel, a list
-            row_bytes = (num_heads // num_heads_kv) * head_dim * (2 * q.element_size() + 4)  # Q, dO, fp32 dQ
-            items = sectioned_item_list(schedule, q_count, num_heads_kv, params.block_kv, q_off, row_bytes,
+            items = sectioned_item_list(schedule, q_count, num_heads_kv, params.block_kv, q_off, _row_bytes(q, k),
                                         configs.CAUSAL_ORDER_L2_BYTES, total_out, q_index.shape[3])
         else:
             items = item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0,

@@ -207,6 +207,13 @@ def _tile_items(schedule: dict, heads_kv: int):
     return seq, start, head
 
 
+def _walk_costs(seq, start, head, real, q_count: torch.Tensor, block_kv: int):
+    """Each item's walk, int64: the Q blocks of its kv head that selected its KV block (``q_count``, the transposed
+    selection's counts [B, Hkv, n_kv_blocks]); -1 for padding items (not ``real``)."""
+    block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
+    return torch.where(real, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+
+
 def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, head_group: int = 0,
               max_count: int = 0):
     """(seq, start, kv head) per work item, int32 [tiles x heads_kv], longest first by the item's own walk (the
@@ -226,8 +233,7 @@ def item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: in
     cost) stay in list order, and the group sort keeps the ties of (group, +-cost), which equal cost within a
     group: sorting the list once by (group, +-cost) keeps the same ties in the same order."""
     seq, start, head = _tile_items(schedule, heads_kv)
-    block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
-    cost = torch.where(seq >= 0, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+    cost = _walk_costs(seq, start, head, seq >= 0, q_count, block_kv)
     if KNOBS.sparse_item_one_sort:
         if head_group > 0:
             order = zigzag_groups(cost, head, head_group, heads_kv, max_count)
@@ -293,8 +299,7 @@ def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, bl
     longer) > 0 bound the sort keys, 32-bit where they fit (``grouped_order``)."""
     seq, start, head = _tile_items(schedule, heads_kv)
     real = seq >= 0
-    block = torch.div(start, block_kv, rounding_mode="floor").clamp(0, q_count.shape[2] - 1)
-    cost = torch.where(real, q_count[seq.clamp(min=0).long(), head.long(), block.long()].to(torch.int64), -1)
+    cost = _walk_costs(seq, start, head, real, q_count, block_kv)
     section, longest_first = stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
     within = torch.where(longest_first, -cost, cost)
     groups = total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0

@@ -474,8 +474,8 @@ def stream_sections(seq: torch.Tensor, head: torch.Tensor, real: torch.Tensor, h
     """(section, longest_first) per item (int64, bool): the items' (sequence, kv head) streams taken longest
     sequence first (stable: ties in (seq, head) order) and packed into sections whose query-side rows
     (``bytes_per_row`` each) fill ``l2_bytes`` (a stream larger than that is a section alone); ``longest_first``
-    alternates from section to section, True in the last (the snake's turns: ``block_sparse_bwd.zigzag_groups``' rule). Padding items
-    (not ``real``: seq -1) get section 0."""
+    alternates from section to section, True in the last (the snake's turns: ``block_sparse_bwd.zigzag_groups``'
+    rule). Padding items (not ``real``: seq -1) get section 0."""
     lengths = (q_offsets[1:] - q_offsets[:-1]).to(torch.int64).clamp(min=0)
     by_length = torch.sort(lengths.repeat_interleave(heads_kv), descending=True, stable=True).indices
     stream_bytes = lengths.repeat_interleave(heads_kv)[by_length] * bytes_per_row
