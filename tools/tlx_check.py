@@ -1214,10 +1214,11 @@ def sparse_ablation() -> int:
     (``lowest_selection``: the same blocks per item, the lowest ones: L2 locality as dense), ``lowsel+nomask``, ``peel``
     (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
     packed in the mask-free ones; the same bits), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
-    stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same bits: its delta is what STORE_TMA
-    saves, > 0), ``sections`` / ``sections20`` (configs.SPARSE_FORWARD_SECTIONS, stop 54: the tile list in L2
-    sections of sequences, 40 / 20 MiB of K/V rows; the same bits), and tlx dense. Then the per-SM model: b (us per selected block) and a (us per work item) solved from
-    the two unmasked rows' default times, and for the causal rows the time over that model ("excess") beside what
+    stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
+    bits: its delta is what STORE_TMA saves, > 0), ``sections`` / ``sections20`` (configs.SPARSE_FORWARD_SECTIONS,
+    stop 54: the tile list in L2 sections of sequences, 40 / 20 MiB of K/V rows; the same bits), and tlx dense. Then
+    the per-SM model: b (us per selected block) and a (us per work item) solved from the two unmasked rows' default
+    times, and for the causal rows the time over that model ("excess") beside what
     nomask, lowsel and peel remove from it (and storetma off: < 0, what STORE_TMA removes).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases

@@ -2183,24 +2183,33 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
     assert auto["ITEM_LIST"] is True and auto["TILE_HEAD"] is not None
 
 
-@needs_tlx
-@pytest.mark.parametrize("causal", [False, True])
-def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, monkeypatch, causal):
-    """``configs.SPARSE_BACKWARD_SECTIONS`` (stop 54; off until its GPU twins pass) hands the block-sparse backward's
-    item list to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q heads), the sections'
-    L2 bytes, the rows and the walks' bound, and launches the kernel the head groups' list launches (every constexpr
-    equal); off, ``item_list`` builds it. Fails if the knob is not read or the list's arguments drift."""
-    runs, _ = gpu
+def _fake_item_lists(monkeypatch):
+    """The TLX sparse backward's two item list builders replaced by stand-ins that record (which: "groups" for
+    ``item_list``, "sections" for ``sectioned_item_list``, heads_kv, the other arguments) and return a list of the
+    right size (the stubbed list kernels leave the counts the real lists index unset). Returns the records."""
     calls = []
 
     def fake(name):
-        def build(schedule, q_count, heads_kv, *rest):  # a list of the right size (the stubbed kernels' counts)
+        def build(schedule, q_count, heads_kv, *rest):
             calls.append((name, heads_kv) + tuple(rest))
             n = schedule["TILE_SEQ"].numel() * heads_kv
             return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
         return build
     monkeypatch.setattr(attn_bwd, "item_list", fake("groups"))
     monkeypatch.setattr(attn_bwd, "sectioned_item_list", fake("sections"))
+    return calls
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, monkeypatch, causal):
+    """``configs.SPARSE_BACKWARD_SECTIONS`` (stop 54; off until its GPU twins pass) hands the block-sparse backward's
+    item list to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q heads), the
+    sections' L2 bytes, the rows and the walks' bound, and launches the kernel the head groups' list launches
+    (every constexpr equal); off, ``item_list`` builds it. Fails if the knob is not read or the list's arguments
+    drift."""
+    runs, _ = gpu
+    calls = _fake_item_lists(monkeypatch)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", True)
     sections = _block_sparse_backward_launch(runs, causal)
@@ -2236,22 +2245,13 @@ def test_sections_twin_builds_an_item_list_on_every_case(gpu, monkeypatch, name,
     runs, _ = gpu
     sections_twin_knobs(monkeypatch)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", sections)
-    built = []
-
-    def fake(label):
-        def build(schedule, q_count, heads_kv, *rest):  # a list of the right size (the stubbed kernels' counts)
-            built.append(label)
-            n = schedule["TILE_SEQ"].numel() * heads_kv
-            return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
-        return build
-    monkeypatch.setattr(attn_bwd, "item_list", fake("groups"))
-    monkeypatch.setattr(attn_bwd, "sectioned_item_list", fake("sections"))
+    calls = _fake_item_lists(monkeypatch)
     bc = SPARSE_BWD_CASES[name]
     c = bc.case.replace(device="cpu")
     x = c.make_inputs(1)
     q_rows = x.q.shape[0] if c.broadcast_q else max(c.q_lengths)
-    index = torch.zeros((len(c.kv_lengths), c.heads_kv, -(-q_rows // bc.block_q), -(-max(c.kv_lengths) // bc.block_kv)),
-                        dtype=torch.int32)
+    index = torch.zeros((len(c.kv_lengths), c.heads_kv, -(-q_rows // bc.block_q),
+                         -(-max(c.kv_lengths) // bc.block_kv)), dtype=torch.int32)
     count = torch.ones(index.shape[:3], dtype=torch.int32)
     out = torch.zeros((x.kv_offsets.numel() - 1) * x.q.shape[0] if c.broadcast_q else x.q.shape[0], c.heads_q,
                       c.head_dim, dtype=c.dtype)
@@ -2264,7 +2264,7 @@ def test_sections_twin_builds_an_item_list_on_every_case(gpu, monkeypatch, name,
                                count, params)
     (launched,) = [dict(zip(attn_bwd.attn_bwd_tlx_kernel.arg_names, values)) for kernel, _, values, _ in runs
                    if kernel == "attn_bwd_tlx_kernel"]
-    assert built == ["sections" if sections and not c.broadcast_q else "groups"], built
+    assert [call[0] for call in calls] == ["sections" if sections and not c.broadcast_q else "groups"], calls
     assert launched["ITEM_LIST"] is True and launched["SNAKE"] is True and launched["SPARSE"] is True
 
 

@@ -464,11 +464,12 @@ def test_tlx_factors_tma_equals_the_factor_loads_kernel(name, dim):
 def test_tlx_permuted_v_keys_equal_the_natural_order(name, dim):
     """``configs.MXFP8_PERMUTED_V_KEYS`` (helper mxfmul49, on in stops 51-52, off since 53: V^T's keys in the
     accumulator's register order, P renamed to it, no layout conversion of P): out and lse within 1e-2 / 3e-4 of the
-    float64 MXFP8 oracle and the issue's bound (``_assert_near_the_oracle``, the contract), on pre-quantized pairs and on bf16 inputs
-    (both V paths: quantize + ``rebase_v_tiles``, and MXFP8_FUSED_V's kernel + ``permute_v_keys``); and equal to
-    the natural key order's kernel (the knob off) bit for bit, the prediction (P V and P x ones sum the same
-    products within each 16-key k-step, and Hopper's FP8 MMA aligns a step's products to one exponent:
-    ``fp8_mma_model``, ``test_p_in_v_key_order_matches_the_v_key_slots``); outputs from a NaN-filled allocator."""
+    float64 MXFP8 oracle and the issue's bound (``_assert_near_the_oracle``, the contract), on pre-quantized pairs
+    and on bf16 inputs (both V paths: quantize + ``rebase_v_tiles``, and MXFP8_FUSED_V's kernel +
+    ``permute_v_keys``); and equal to the natural key order's kernel (the knob off) bit for bit, the prediction (P V
+    and P x ones sum the same products within each 16-key k-step, and Hopper's FP8 MMA aligns a step's products to
+    one exponent: ``fp8_mma_model``, ``test_p_in_v_key_order_matches_the_v_key_slots``); outputs from a NaN-filled
+    allocator."""
     from jfa_ops.backends.tlx import configs
     from jfa_ops.testing import _poison_allocator
 
