@@ -2167,7 +2167,7 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
         return tuple(torch.zeros(n, dtype=torch.int32) for _ in range(3))
     monkeypatch.setattr(attn_bwd, "item_list", item_list)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
-    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", False)  # head groups order the list (stop 54: off)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", False)  # head groups order the list (sections: on)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", False)  # the rule off (on by default since stop 48)
     default = _block_sparse_backward_launch(runs, causal)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_AUTO_GROUP", True)
@@ -2203,11 +2203,11 @@ def _fake_item_lists(monkeypatch):
 @needs_tlx
 @pytest.mark.parametrize("causal", [False, True])
 def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, monkeypatch, causal):
-    """``configs.SPARSE_BACKWARD_SECTIONS`` (stop 54; off until its GPU twins pass) hands the block-sparse backward's
-    item list to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q heads), the
-    sections' L2 bytes, the rows and the walks' bound, and launches the kernel the head groups' list launches
-    (every constexpr equal); off, ``item_list`` builds it. Fails if the knob is not read or the list's arguments
-    drift."""
+    """``configs.SPARSE_BACKWARD_SECTIONS`` (stop 54; on since stop 55's GPU twins passed) hands the block-sparse
+    backward's item list to ``sectioned_item_list`` with the query rows' bytes (Q, dO, fp32 dQ of a kv head's q
+    heads), the sections' L2 bytes, the rows and the walks' bound, and launches the kernel the head groups' list
+    launches (every constexpr equal); off, ``item_list`` builds it. Fails if the knob is not read or the list's
+    arguments drift."""
     runs, _ = gpu
     calls = _fake_item_lists(monkeypatch)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built

@@ -34,7 +34,7 @@ import triton.language.extra.tlx as tlx
 from ..triton import attn_bwd as triton_bwd
 from ..triton import common
 from ..triton import launch as launcher
-from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, _log2_lse, _packed_any_rows, _row_stats,
+from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, FINALIZE_WARPS, _log2_lse, _packed_any_rows, _row_stats,
                                attn_bwd_delta_kernel, attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
 from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device, item_list, sectioned_item_list,
@@ -1175,13 +1175,14 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     finalize_key = (params.scale, 1)  # scale, num_slabs: what the finalize's static arguments follow from
     launch_planned(attn_bwd_dq_finalize_kernel, finalize_key, (cdiv(q.numel(), FINALIZE_BLOCK),),
                    dict(DQ_ACC=dq_acc, DQ=dq, n_elem=q.numel(), slab_stride=q.numel()),
-                   lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK))
+                   lambda: dict(num_slabs=1, scale=params.scale, BLOCK=FINALIZE_BLOCK), num_warps=FINALIZE_WARPS)
     # What _Recipe covers (see there): then keep one for this signature, made of the plans just launched
     if (key is not None and key not in _RECIPES and schedule["TILES_FROM_OFFSETS"] and not schedule["ATOMIC_WORK"]
             and all(a is b and _packed_any_rows(a) for a, b in zip((q, k, v, out, grad_out), given))):
         group = launcher.plan_group(((attn_bwd_delta_kernel, delta_key, _DELTA_SOURCES, {}),
                                      (attn_bwd_tlx_kernel, plan_key, _TLX_SOURCES, options),
-                                     (attn_bwd_dq_finalize_kernel, finalize_key, _FINALIZE_SOURCES, {})))
+                                     (attn_bwd_dq_finalize_kernel, finalize_key, _FINALIZE_SOURCES,
+                                      dict(num_warps=FINALIZE_WARPS))))
         if group is not None:
             if len(_RECIPES) >= _RECIPES_MAX:
                 _RECIPES.clear()

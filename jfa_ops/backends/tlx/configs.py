@@ -294,16 +294,17 @@ SPARSE_BACKWARD_UNIFORM_WALK = os.environ.get("JFA_TLX_SPARSE_BWD_UNIFORM", "1")
 # the same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-bwd-ablation); read per call.
 SPARSE_BACKWARD_KV_EARLY = os.environ.get("JFA_TLX_SPARSE_BWD_KV_EARLY", "0") == "1"
 BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
-# SPARSE_SECTIONS (JFA_TLX_SPARSE_BWD_SECTIONS=1; off; stop 54, bench/NOTES.md "Stop 54"): the block-sparse
-# backward's items in CAUSAL_ORDER's L2 sections of (sequence, kv head) streams, each section by the items' own walks
-# under the snake (``block_sparse_bwd.sectioned_item_list``), instead of head groups each longest first across the
-# batch (``item_list``), whose causal items in flight span many streams (ncu, H100, causal keep 0.25: L2 hit rate
-# 56%, DRAM at 59% of peak). Measured on the H100 (the bench's four sparse rows, backward alone): 1.040 / 1.010 /
-# 1.070 / 1.179x (keep 0.5, 0.25, causal 0.5, causal 0.25; the A/A 0.99-1.05); 20 MiB sections 1.034 / 0.969 / 1.008
-# / 1.067x. Not broadcast Q (its query rows are one stream). The same kernel and items (so dK/dV should be bit for bit
-# and dQ's fp32 adds only reordered). Off until its causal GPU twins pass (stop 54's run failed on a test error: the
-# twin built no list on its 2-kv-head cases; bench/NOTES.md "Stop 54"). Read per call.
-SPARSE_BACKWARD_SECTIONS = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS", "0") == "1"
+# SPARSE_SECTIONS (JFA_TLX_SPARSE_BWD_SECTIONS=0 turns it off; on since stop 55, bench/NOTES.md "Stop 54", "Stop 55"):
+# the block-sparse backward's items in CAUSAL_ORDER's L2 sections of (sequence, kv head) streams, each section by the
+# items' own walks under the snake (``block_sparse_bwd.sectioned_item_list``), instead of head groups each longest
+# first across the batch (``item_list``), whose causal items in flight span many streams (ncu, H100, causal keep
+# 0.25: L2 hit rate 56%, DRAM at 59% of peak). Measured on the H100 (the bench's four sparse rows, backward alone,
+# keep 0.5 / 0.25 / causal 0.5 / causal 0.25): stop 54 1.040 / 1.010 / 1.070 / 1.179x, stop 55 0.990 / 1.001 / 1.098
+# / 1.137x (the A/A 0.99-1.05); 30 MiB sections 0.968 / 1.021 / 1.074 / 1.156x, 48 MiB 0.975 / 0.923 / 1.045 /
+# 1.075x, 20 MiB (stop 54) 1.034 / 0.969 / 1.008 / 1.067x: 40 MiB kept. Not broadcast Q (its query rows are one
+# stream). The same kernel and items: dK/dV bit for bit, dQ's fp32 adds reordered (stop 55's GPU twins: 24 passed).
+# Read per call.
+SPARSE_BACKWARD_SECTIONS = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS", "1") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
 # with a mask (causal, windows: key tiles of unequal cost, so the key tile list is sorted across sequences) and more
 # items than one wave take a per-item list: (sequence, kv head) streams, longest sequence first, in sections whose

@@ -35,6 +35,9 @@ from .scheduling import (TileList, binary_search_steps, capacity_of, forward_til
 
 DELTA_BLOCK_T = 64  # rows per program of the delta preprocess (memory-bound; any size that fills the GPU)
 FINALIZE_BLOCK = 1024  # elements per program of the fused-dQ finalize (sum of slabs, scale, cast)
+# its warps: 8 (a 16-byte fp32 load a thread) read 3.02 TB/s on the H100 where 4 read 2.35 (349 -> 272 us at T66944
+# H16 D128; larger blocks were slower: tools/memory_pass_sweep.py, bench/NOTES.md "Stop 55")
+FINALIZE_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["total_out", "zero_rows"])
@@ -531,7 +534,7 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         dq = common.alloc_output(q.shape, q.dtype, device)
         launch(attn_bwd_dq_finalize_kernel, (cdiv(q.numel(), FINALIZE_BLOCK),), dict(
             DQ_ACC=zeroed, DQ=dq, n_elem=q.numel(), num_slabs=num_slabs, slab_stride=q.numel(), scale=scale,
-            BLOCK=FINALIZE_BLOCK))
+            BLOCK=FINALIZE_BLOCK), num_warps=FINALIZE_WARPS)
         return dq, dk, dv
     cfg = get_config("dq", head_dim, q.dtype, params.causal, device)
     chunks = 1

@@ -80,7 +80,7 @@ def specialization(kernel: str, head_dim: int, dtype: torch.dtype, causal: bool,
         fn = attn_bwd.attn_bwd_dq_finalize_kernel
         ptr.update(DQ_ACC="*fp32", DQ=f"*{dt}")
         constexprs = dict(BLOCK=attn_bwd.FINALIZE_BLOCK)
-        module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_dq_finalize_kernel", 4, 1
+        module, attr, warps, stages = attn_bwd.__name__, "attn_bwd_dq_finalize_kernel", attn_bwd.FINALIZE_WARPS, 1
     elif kernel == "delta":
         fn = attn_bwd.attn_bwd_delta_kernel
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=bucket, PAD_D=bucket != head_dim,
