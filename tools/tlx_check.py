@@ -1215,8 +1215,8 @@ def sparse_ablation() -> int:
     (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
     packed in the mask-free ones; the same bits), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
     stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
-    bits: its delta is what STORE_TMA saves, > 0), ``sections`` / ``sections20`` (configs.SPARSE_FORWARD_SECTIONS,
-    stop 54: the tile list in L2 sections of sequences, 40 / 20 MiB of K/V rows; the same bits), and tlx dense. Then
+    bits: its delta is what STORE_TMA saves, > 0), and tlx dense (stop 54's ``sections`` columns, the tile list in L2
+    sections of sequences, were slower on every row in stop 55 and went with their knob). Then
     the per-SM model: b (us per selected block) and a (us per work item) solved from the two unmasked rows' default
     times, and for the causal rows the time over that model ("excess") beside what
     nomask, lowsel and peel remove from it (and storetma off: < 0, what STORE_TMA removes).
@@ -1226,8 +1226,7 @@ def sparse_ablation() -> int:
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "sections",
-            "sections20", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1237,8 +1236,7 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA",
-             "SPARSE_FORWARD_SECTIONS", "SPARSE_FORWARD_SECTION_BYTES")
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA")
     saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
@@ -1258,9 +1256,6 @@ def sparse_ablation() -> int:
                "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
-               "sections": (sparse(index), {"SPARSE_FORWARD_SECTIONS": True}),
-               "sections20": (sparse(index), {"SPARSE_FORWARD_SECTIONS": True,
-                                              "SPARSE_FORWARD_SECTION_BYTES": 20 << 20}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
         times = {c: [] for c in cols}
@@ -1452,7 +1447,7 @@ def sparse_backward_timing() -> int:
 # KNOBS.sparse_item_one_sort (the per-item list from one 32-bit sort), "scatter+onesort" both. "auto":
 # configs.SPARSE_BACKWARD_AUTO_GROUP (helper sparsehg47: the head group by configs.sparse_auto_head_group's rule; the
 # row's line "auto head group" says which it chose). "sections": configs.SPARSE_BACKWARD_SECTIONS (stop 54: the items in
-# L2 sections of (sequence, kv head) streams; off until its GPU twins pass), "groups" the default's list (head groups);
+# L2 sections of (sequence, kv head) streams; the default since stop 55), "groups" its predecessor's list (head groups);
 # "sections20" / "sections30" / "sections48": sections of that many MiB (CAUSAL_ORDER_L2_BYTES; the default's 40).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),

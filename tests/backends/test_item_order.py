@@ -26,7 +26,6 @@ import triton.language as tl  # noqa: E402
 
 from jfa_ops.backends.triton.block_sparse_bwd import causal_item_list, item_list, sectioned_item_list  # noqa: E402
 from jfa_ops.backends.triton.common import snake_items, snake_work, zigzag_item  # noqa: E402
-from jfa_ops.backends.triton.scheduling import sectioned_tiles  # noqa: E402
 
 
 @triton.jit
@@ -205,35 +204,6 @@ def test_sectioned_item_list_sections_streams_each_by_its_walks(heads, lengths, 
     if bounded:  # the 32-bit keys: the same permutation as the 64-bit ones
         other = sectioned_item_list(dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, 128, offsets, 1, budget)
         assert all(torch.equal(x, y) for x, y in zip(listed, other))
-
-
-@pytest.mark.parametrize("lengths,budget", [((300, 17, 700), 1 << 30), ((300, 17, 700), 700), ((0, 5, 5, 900), 6),
-                                            ((40, 40), 39), ((9,), 100), ((1000, 0, 130, 260), 300)])
-def test_sectioned_tiles_sections_sequences_each_in_list_order(lengths, budget):
-    """``scheduling.sectioned_tiles`` (tlx SPARSE_FORWARD_SECTIONS): the same tiles, padding last; sequences longest
-    first into sections of ``budget`` bytes (rows x 1 byte: a sequence starts a new section once the ones before it
-    fill the budget), the sections in that order, each in the sorted list's order in the last section and reversed
-    before it."""
-    offsets = torch.tensor((0,) + lengths).cumsum(0).to(torch.int32)
-    tiles = [(s, j * 128) for s, n in enumerate(lengths) for j in range(-(-n // 128))]
-    tiles.sort(key=lambda t: -(lengths[t[0]] - t[1]))  # a sorted list (causal cost), stable over (seq, start)
-    seq = torch.tensor([s for s, _ in tiles] + [-1, -1], dtype=torch.int32)  # then padding
-    start = torch.tensor([st for _, st in tiles] + [5, 0], dtype=torch.int32)
-    s, st = sectioned_tiles(seq, start, offsets, 1, budget)
-    assert s.dtype == st.dtype == torch.int32
-    got = list(zip(s.tolist(), st.tolist()))
-    assert sorted(got) == sorted(zip(seq.tolist(), start.tolist())) and got[-2:] == [(-1, 5), (-1, 0)]
-    section, filled = {}, 0
-    for b in sorted(range(len(lengths)), key=lambda b: -lengths[b]):
-        section[b] = filled // budget
-        filled += lengths[b]
-    rank = {t: i for i, t in enumerate(tiles)}
-    real = got[:-2]
-    assert [section[a] for a, _ in real] == sorted(section[a] for a, _ in real)
-    last = max(section.values())
-    for g in {section[a] for a, _ in real}:
-        mine = [rank[t] for t in real if section[t[0]] == g]
-        assert mine == sorted(mine, reverse=(last - g) % 2 == 1)
 
 
 @triton.jit

@@ -533,29 +533,6 @@ def test_block_sparse_forward_uniform_walk_is_bit_identical(name, monkeypatch):
     assert torch.equal(out, out_u) and torch.equal(lse, lse_u), name
 
 
-@pytest.mark.parametrize("name", list(SPARSE_CASES))
-def test_block_sparse_forward_sections_match_the_oracle_bit_for_bit(name, monkeypatch):
-    """configs.SPARSE_FORWARD_SECTIONS (stop 54; off) on a sorted tile list forced on these small cases
-    (KNOBS.one_wave_unsorted off: one wave takes no list) with sections of 4 KiB of K/V rows, so that their sequences
-    fall into several: the forward took the sectioned list; out and lse equal the sorted list's bit for bit (each
-    item writes its own rows), and match the float64 oracle with the selection's block mask."""
-    _require_tlx()
-    from jfa_ops.backends.tlx import attn_fwd
-    from jfa_ops.backends.tlx import configs as tlx_configs
-    from jfa_ops.backends.triton.configs import KNOBS
-
-    case = SPARSE_CASES[name]
-    monkeypatch.setattr(KNOBS, "one_wave_unsorted", False)
-    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_SECTION_BYTES", 4096)
-    lists, real = [], attn_fwd.sectioned_tiles
-    monkeypatch.setattr(attn_fwd, "sectioned_tiles", lambda *a: lists.append(1) or real(*a))
-    (out, lse), (out_s, lse_s) = _sparse_outputs_with_switch(case, "SPARSE_FORWARD_SECTIONS", (False, True),
-                                                             monkeypatch)
-    assert lists, "the sectioned list was not built"
-    assert torch.equal(out, out_s) and torch.equal(lse, lse_s), name
-    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")  # the knob still on (monkeypatch)
-
-
 @pytest.mark.parametrize("name", ["edge lengths", "random blocks causal GQA 4:2", "broadcast-Q", "fp16 D64 causal"])
 def test_block_sparse_forward_store_tma_is_bit_identical(name, monkeypatch):
     """The block-sparse forward runs the same v4 consumers and epilogue: with configs.FORWARD_STORE_TMA (the default)

@@ -512,43 +512,6 @@ def test_block_sparse_forward_zigzag_launch(gpu, monkeypatch, zigzag, causal):
 
 
 @needs_tlx
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("zigzag", [False, True])
-def test_block_sparse_forward_sections_launch_the_same_kernel_over_the_sectioned_list(gpu, monkeypatch, zigzag,
-                                                                                       causal):
-    """``configs.SPARSE_FORWARD_SECTIONS`` (stop 54; off) hands a block-sparse forward's sorted tile list to
-    ``scheduling.sectioned_tiles`` with the kv offsets and the K/V bytes a row of the kv heads in flight (ZIGZAG's
-    group, else all), and launches the same kernel (every constexpr equal) over the list it returns; off, the list
-    as sorted; one wave (no list) never takes it. Fails if the knob is not read or its arguments drift."""
-    runs, _ = gpu
-    calls = []
-
-    listed = []
-
-    def fake(tile_seq, tile_start, offsets, row_bytes, l2_bytes):
-        calls.append((offsets.tolist(), row_bytes, l2_bytes))
-        listed.append((torch.arange(tile_seq.numel(), dtype=torch.int32), 7 * torch.arange(tile_seq.numel(),
-                                                                                           dtype=torch.int32)))
-        return listed[-1]  # a marked list (the stubbed list kernels leave the sorted one's values unset)
-    monkeypatch.setattr(attn_fwd, "sectioned_tiles", fake)
-    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ZIGZAG", zigzag)
-    grid, plain = _block_sparse_launch(runs, monkeypatch, causal, 3)
-    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_SECTIONS", True)
-    grid, sectioned = _block_sparse_launch(runs, monkeypatch, causal, 3)
-    heads_in_flight = plain["head_group"] if zigzag else HEADS[1]
-    assert calls == [([0, 640, 657, 957, 962], heads_in_flight * 2 * HEAD_DIM * 2,
-                      tlx_configs.SPARSE_FORWARD_SECTION_BYTES)]
-    assert sectioned["TILE_SEQ"] is listed[0][0] and sectioned["TILE_START"] is listed[0][1]
-    assert sectioned["TILE_SEQ"].numel() == plain["TILE_SEQ"].numel()
-    constexprs = [n for n in attn_fwd.attn_fwd_tlx_kernel.arg_names if n.isupper() and n not in (
-        "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER", "BLOCK_INDEX", "BLOCK_COUNT", "Out",
-        "Lse")]
-    assert {n: sectioned[n] for n in constexprs} == {n: plain[n] for n in constexprs}
-    _, one_wave = _block_sparse_launch(runs, monkeypatch, causal, 132)
-    assert one_wave["TILES_FROM_OFFSETS"] and len(calls) == 1
-
-
-@needs_tlx
 @pytest.mark.parametrize("walk_ahead", [False, True, "masked"])
 def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
     """``configs.SPARSE_FORWARD_WALK_AHEAD`` (helper sparsefwd) is the kernel's WALK_AHEAD, read per call, list or

@@ -48,7 +48,7 @@ from ..triton.common import (LN2, key_interval_mask, seq_extent, snake_items, sn
 from ..triton.block_sparse_fwd import (index_strides, selected_cost_args, selected_tile_start, selected_walk,
                                         sparse_offsets)
 from ..triton.launch import launch, launch_planned
-from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, sectioned_tiles, slot_tile,
+from ..triton.scheduling import (capacity_of, forward_tiles, schedule_arguments, slot_tile,
                                  tile_schedule, tiles_from_offsets)
 from . import configs
 from .configs import NUM_WARPS, fwd_choices, fwd_config
@@ -1261,11 +1261,6 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         q_off, kv_off, total_out, k.shape[0], cfg.block_m, num_heads, "static", 1, device)
     zigzag, head_group = _zigzag_order(configs.SPARSE_FORWARD_ZIGZAG, cfg, schedule, programs, num_heads, k.shape[1],
                                        uniform)
-    if configs.SPARSE_FORWARD_SECTIONS and not schedule["TILES_FROM_OFFSETS"]:  # read per call: the same kernel
-        kv_row_bytes = (head_group if zigzag else k.shape[1]) * 2 * head_dim * k.element_size()  # K and V rows read
-        seq, start = sectioned_tiles(schedule["TILE_SEQ"], schedule["TILE_START"], kv_off, kv_row_bytes,
-                                     configs.SPARSE_FORWARD_SECTION_BYTES)
-        schedule = {**schedule, "TILE_SEQ": seq, "TILE_START": start}
     launch(attn_fwd_tlx_kernel, (programs,), dict(
         **_dynamic_args(q, k, v, out, lse, q_off, kv_off, schedule, cfg, head_group, True),
         **_static_args(num_heads, head_dim, k.shape[1], cfg, params, bounds, (False, kv_major and not zigzag, True),

@@ -236,17 +236,6 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
-# SPARSE_FORWARD_SECTIONS (JFA_TLX_SPARSE_FWD_SECTIONS=1; off, untimed; stop 54): the block-sparse forward's sorted
-# tile list in L2 sections of sequences whose K/V rows (x the kv heads the items in flight share: ZIGZAG's group, else
-# all) fill SPARSE_FORWARD_SECTION_BYTES, each section longest first or reversed, alternating
-# (``scheduling.sectioned_tiles``), instead of one list sorted across the batch. Why: a causal list sorted by cost
-# puts side by side the tiles of equal walks from many sequences (a Q tile's walk grows along its sequence), the
-# block-sparse backward's L2 problem (stop 54: sections took its causal keep 0.25 row 1.18x faster), here for K/V:
-# on the bench's batch a ZIGZAG group's K/V is ~68 MB. The same kernel and items (out and lse bit for bit: each item
-# writes its own rows). Read per call; the next GPU session profiles the forward's L2 before timing it
-# (bench/NOTES.md "Next GPU session (lead, stop 54)").
-SPARSE_FORWARD_SECTIONS = os.environ.get("JFA_TLX_SPARSE_FWD_SECTIONS", "0") == "1"
-SPARSE_FORWARD_SECTION_BYTES = 40 << 20
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

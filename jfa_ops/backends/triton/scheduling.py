@@ -486,18 +486,3 @@ def stream_sections(seq: torch.Tensor, head: torch.Tensor, real: torch.Tensor, h
         section_of.numel() - 1, 0))], 0)
     longest_first = (section_of.max() - section) % 2 == 0 if section_of.numel() else section == section
     return section, longest_first
-
-
-def sectioned_tiles(tile_seq: torch.Tensor, tile_start: torch.Tensor, offsets: torch.Tensor, bytes_per_row: int,
-                    l2_bytes: int):
-    """(TILE_SEQ, TILE_START) of a sorted tile list (longest first, padding last) reordered into L2 sections of
-    sequences: sequences longest first (``offsets``' rows, ``bytes_per_row`` each: what the items of one sequence
-    read from the L2 per row of it) packed into sections that fill ``l2_bytes``, the sections in that order, each
-    section's tiles in the list's order (longest first) in the last section and reversed before it, padding last
-    (tlx ``configs.SPARSE_FORWARD_SECTIONS``: the block-sparse forward's K/V rows). Device ops only: no sync."""
-    real = tile_seq >= 0
-    section, longest_first = stream_sections(tile_seq, torch.zeros_like(tile_seq), real, 1, offsets, bytes_per_row,
-                                             l2_bytes)
-    rank = torch.arange(tile_seq.numel(), dtype=torch.int64, device=tile_seq.device)
-    order = grouped_order(real, section, torch.where(longest_first, rank, -rank))
-    return tile_seq[order].contiguous(), tile_start[order].contiguous()
