@@ -19,7 +19,10 @@ fi
 if [ -d /tmp/fa4 ]; then
   export PYTHONPATH=/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}
 fi
-if [ -d /tmp/t38 ]; then  # Triton 3.8 + TLX plugin, if an earlier call installed it there (shared/device/tlx-triton38.sh)
+# Triton 3.8 + TLX plugin, if an earlier call installed it there (shared/device/tlx-triton38.sh). A warm machine keeps
+# it between calls, so a later call meant for stock Triton gets 3.8 too unless it sets STOCK_TRITON=1 (stop 55's
+# Flex run did: its meta says triton 3.8.0).
+if [ -d /tmp/t38 ] && [ "${STOCK_TRITON:-0}" != 1 ]; then
   export PYTHONPATH=/tmp/t38:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
