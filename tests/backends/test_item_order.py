@@ -404,10 +404,10 @@ def test_causal_item_list_device_bench_batch_ops(monkeypatch):
     assert launched == ["causal_streams_kernel", "causal_items_kernel"]
 
 
-def _sectioned_lists(lens, heads, block, row_bytes, budget, bounds, pad, seed):
+def _sectioned_lists(lens, heads, block, row_bytes, budget, bounds, pad, seed, device="cpu"):
     """``sectioned_item_list`` and ``sectioned_item_list_device`` over a key tile list as ``kv_tiles`` gives one
     (sorted by the heads' summed walks, longest first, stable; ``pad`` padding tiles after it), random walks up to
-    4 and ``bounds`` (sectioned_item_list's total_rows, max_count: () for none)."""
+    4 and ``bounds`` (sectioned_item_list's total_rows, max_count: () for none), on ``device``."""
     from jfa_ops.backends.triton.block_sparse_bwd import sectioned_item_list_device
 
     gen = torch.Generator().manual_seed(seed)
@@ -418,8 +418,24 @@ def _sectioned_lists(lens, heads, block, row_bytes, budget, bounds, pad, seed):
     tiles.sort(key=lambda t: -int(q_count[t[0], :, t[1] // block].sum()))
     seq = torch.tensor([s for s, _ in tiles] + [-1] * pad, dtype=torch.int32)
     start = torch.tensor([st for _, st in tiles] + [0] * pad, dtype=torch.int32)
+    seq, start, q_count, offsets = (t.to(device) for t in (seq, start, q_count, offsets))
     args = (dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, block, offsets, row_bytes, budget, *bounds)
     return sectioned_item_list(*args), sectioned_item_list_device(*args)
+
+
+def random_sectioned_case(heads, budget, seed):
+    """``_sectioned_lists``' arguments for a random jagged batch: lengths 0, 1 and off the blocks, padding tiles or
+    none, a budget of one byte ("stream": a section per stream), a fifth of the bytes ("some") or all ("all": one
+    section), and per seed the 64-bit keys (no bounds), the 32-bit ones, or bounds that clamp the sections."""
+    import random
+
+    rng = random.Random(seed * 100 + heads)
+    lens = [rng.choice([0, 1, 2, 127, 128, 129, rng.randrange(1, 1000)]) for _ in range(rng.choice([1, 2, 5, 20]))]
+    block, row_bytes = rng.choice([64, 128]), rng.choice([1, 3, 1024])
+    total = sum(lens) * heads * row_bytes
+    budget = {"stream": 1, "some": max(1, total // 5), "all": total + 1}[budget]
+    bounds = [(), (sum(lens), 4), (max(1, sum(lens) // 3), 4)][seed % 3]
+    return lens, heads, block, row_bytes, budget, bounds, rng.choice([0, 1, 3]), seed
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -431,17 +447,10 @@ def test_sectioned_item_list_device_is_the_torch_list(heads, budget, seed):
     padding tiles or none, budgets of one byte (a section per stream), a few sections, or all of it (one section),
     and the 64-bit keys (no bounds), the 32-bit ones (bounds), and bounds that clamp the sections (offsets past
     ``total_rows``: the torch list's clamp is the spec there too)."""
-    import random
-
-    rng = random.Random(seed * 100 + heads)
-    lens = [rng.choice([0, 1, 2, 127, 128, 129, rng.randrange(1, 1000)]) for _ in range(rng.choice([1, 2, 5, 20]))]
-    block, row_bytes = rng.choice([64, 128]), rng.choice([1, 3, 1024])
-    total = sum(lens) * heads * row_bytes
-    budget = {"stream": 1, "some": max(1, total // 5), "all": total + 1}[budget]
-    bounds = [(), (sum(lens), 4), (max(1, sum(lens) // 3), 4)][seed]
-    want, got = _sectioned_lists(lens, heads, block, row_bytes, budget, bounds, rng.choice([0, 1, 3]), seed)
+    case = random_sectioned_case(heads, budget, seed)
+    want, got = _sectioned_lists(*case)
     for a, b in zip(want, got):
-        assert b.dtype == torch.int32 and torch.equal(a, b), (lens, heads, block, row_bytes, budget, bounds)
+        assert b.dtype == torch.int32 and torch.equal(a, b), case
 
 
 @pytest.mark.parametrize("lens,pad", [((), 0), ((0, 0, 0), 0), ((0,), 2)], ids=["no-seqs", "no-tiles", "padding"])
