@@ -438,15 +438,23 @@ def random_sectioned_case(heads, budget, seed):
     return lens, heads, block, row_bytes, budget, bounds, rng.choice([0, 1, 3]), seed
 
 
+@pytest.mark.parametrize("steps", ["shipped", "small"])
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("budget", ["stream", "some", "all"])
 @pytest.mark.parametrize("heads", [1, 2, 3, 16])
-def test_sectioned_item_list_device_is_the_torch_list(heads, budget, seed):
+def test_sectioned_item_list_device_is_the_torch_list(heads, budget, seed, steps, monkeypatch):
     """``sectioned_item_list_device`` (``configs.SPARSE_BACKWARD_SECTIONS_DEVICE``: two launches, no sort) gives
     ``sectioned_item_list``'s three tensors bit for bit on random jagged batches: lengths 0, 1 and off the blocks,
     padding tiles or none, budgets of one byte (a section per stream), a few sections, or all of it (one section),
     and the 64-bit keys (no bounds), the 32-bit ones (bounds), and bounds that clamp the sections (offsets past
-    ``total_rows``: the torch list's clamp is the spec there too)."""
+    ``total_rows``: the torch list's clamp is the spec there too). "small": the kernels' programs and steps shrunk
+    (items 4 x 8 keys, items 4 x 2 sequences), so that every case takes many steps before and after its own."""
+    from jfa_ops.backends.triton import block_sparse_bwd
+
+    if steps == "small":
+        for name, value in (("SECTION_PLACES_BLOCK", 4), ("SECTION_PLACES_CHUNK", 8), ("SECTION_KEYS_BLOCK", 4),
+                            ("SECTION_KEYS_CHUNK", 2)):
+            monkeypatch.setattr(block_sparse_bwd, name, value)
     case = random_sectioned_case(heads, budget, seed)
     want, got = _sectioned_lists(*case)
     for a, b in zip(want, got):

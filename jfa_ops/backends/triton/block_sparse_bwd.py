@@ -541,22 +541,46 @@ def section_keys_kernel(TILE_SEQ, TILE_START, Q_OFF, Q_COUNT, OUT, n_items, head
     tl.store(_keys_of(OUT, n_items, WIDE) + i, key, mask=ok)
 
 
+@triton.jit
+def _keys_before(firsts, KEYS, key, lo, hi, n_items, past, CHUNK: tl.constexpr, OR_EQUAL: tl.constexpr):
+    """``firsts`` plus, per item (rows) and step lane, the keys at [lo, hi) smaller than the item's (OR_EQUAL:
+    or equal): [lo, hi) all before the items (OR_EQUAL) or all after them. Past the list: the largest key
+    (``past``), counted for none."""
+    for c0 in range(loop_bound(lo), loop_bound(hi), CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        other = tl.load(KEYS + c, mask=c < n_items, other=past)
+        if OR_EQUAL:
+            firsts += (other[None, :] <= key[:, None]).to(tl.int32)
+        else:
+            firsts += (other[None, :] < key[:, None]).to(tl.int32)
+    return firsts
+
+
 @triton.jit(do_not_specialize=["n_items"])
 def section_places_kernel(TILE_SEQ, TILE_START, OUT, n_items, heads, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
                           WIDE: tl.constexpr):
     """``sectioned_item_list``'s list from ``section_keys_kernel``'s keys: item i goes to its place in the stable
     sort by key, the items with a smaller key or an equal key earlier in the list (items x items compares), OUT[0 /
-    1 / 2, place] = (seq, start, kv head). Every place is taken once: a permutation (no atomics, no sort)."""
+    1 / 2, place] = (seq, start, kv head). Every place is taken once: a permutation (no atomics, no sort). The
+    steps before and after the one that holds the program's items need one compare per pair, not three."""
+    tl.static_assert(CHUNK % BLOCK == 0)  # the program's items lie in one step
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n_items
     KEYS = _keys_of(OUT, n_items, WIDE)
+    if WIDE:
+        past = (1 << 63) - 1
+    else:
+        past = (1 << 31) - 1
     key = tl.load(KEYS + i, mask=ok, other=0)
-    place = tl.zeros([BLOCK], tl.int32)
-    for c0 in range(0, loop_bound(n_items), CHUNK):
-        c = c0 + tl.arange(0, CHUNK)
-        other = tl.load(KEYS + c, mask=c < n_items, other=0)
-        first = (other[None, :] < key[:, None]) | ((other[None, :] == key[:, None]) & (c[None, :] < i[:, None]))
-        place += tl.sum((first & (c < n_items)[None, :]).to(tl.int32), 1)
+    own = tl.program_id(0) * BLOCK // CHUNK * CHUNK  # the step that holds the program's items
+    firsts = tl.zeros([BLOCK, CHUNK], tl.int32)  # summed once after the loops: no cross-thread sum per step
+    firsts = _keys_before(firsts, KEYS, key, 0, own, n_items, past, CHUNK, True)
+    c = own + tl.arange(0, CHUNK)
+    other = tl.load(KEYS + c, mask=c < n_items, other=past)
+    first = (other[None, :] < key[:, None]) | ((other[None, :] == key[:, None]) & (c[None, :] < i[:, None]))
+    firsts += first.to(tl.int32)
+    firsts = _keys_before(firsts, KEYS, key, own + CHUNK, n_items, n_items, past, CHUNK, False)
+    place = tl.sum(firsts, 1)
     r = i // heads
     tl.store(OUT + place, tl.load(TILE_SEQ + r, mask=ok, other=0), mask=ok)
     tl.store(OUT + n_items + place, tl.load(TILE_START + r, mask=ok, other=0), mask=ok)
