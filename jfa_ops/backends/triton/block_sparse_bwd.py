@@ -476,7 +476,7 @@ def _causal_item_list_device(seq, start, heads_kv, q_offsets, total_q, bytes_per
 
 
 # The sectioned sparse list built on the device (tlx ``configs.SPARSE_BACKWARD_SECTIONS_DEVICE``): the same items in
-# the same places as ``sectioned_item_list``, in two launches and one allocation instead of ~20 small device ops.
+# the same places as ``sectioned_item_list``, in two launches and one allocation instead of its 49 device ops.
 SECTION_KEYS_BLOCK, SECTION_KEYS_CHUNK = 64, 128  # items keyed per program x sequences compared per step
 SECTION_PLACES_BLOCK, SECTION_PLACES_CHUNK = 32, 256  # items placed per program x item keys compared per step
 
@@ -592,9 +592,9 @@ def sectioned_item_list_device(schedule: dict, q_count: torch.Tensor, heads_kv: 
                                max_count: int = 0):
     """``sectioned_item_list`` (the same three int32 tensors, bit for bit) built in two launches
     (``section_keys_kernel``, ``section_places_kernel``) and one allocation: no sort, no host sync. Why: the torch
-    list's ~20 small device ops (a radix sort ~31 us alone) were ~50-80 us of the H100's time per backward on the
-    bench's sparse batch (8,720 items). The places kernel compares items x items (76M pairs there). Eager calls
-    with the same tensors reuse the list (``base.reusable_in_eager``)."""
+    list's 49 small device ops (two stable sorts; the items' radix sort ~31 us alone) were ~50-80 us of the H100's
+    time per backward on the bench's sparse batch (8,720 items). The places kernel compares items x items (76M
+    pairs there). Eager calls with the same tensors reuse the list (``base.reusable_in_eager``)."""
     return per_trace(_sectioned_item_list_device, schedule["TILE_SEQ"], schedule["TILE_START"], q_count, heads_kv,
                      block_kv, q_offsets, bytes_per_row, l2_bytes, total_rows, max_count)
 
@@ -609,7 +609,8 @@ def _sectioned_item_list_device(seq, start, q_count, heads_kv, block_kv, q_offse
     wide = not (groups > 0 and max_count > 0 and groups * (2 * max_count + 1) < (1 << 31) - 1)
     out = torch.empty(3 * n_items + n_items % 2 + n_items * (2 if wide else 1), dtype=torch.int32, device=device)
     if n_items > 0:
-        launch_planned(section_keys_kernel, (heads_kv, bytes_per_row, l2_bytes, block_kv, wide),
+        launch_planned(section_keys_kernel, (heads_kv, bytes_per_row, l2_bytes, block_kv, wide, SECTION_KEYS_BLOCK,
+                                             SECTION_KEYS_CHUNK),
                        (common.cdiv(n_items, SECTION_KEYS_BLOCK),),
                        dict(TILE_SEQ=seq, TILE_START=start, Q_OFF=q_offsets, Q_COUNT=q_count, OUT=out,
                             n_items=n_items, num_seqs=num_seqs, groups=groups, bound=max_count,
@@ -618,7 +619,8 @@ def _sectioned_item_list_device(seq, start, q_count, heads_kv, block_kv, q_offse
                        lambda: dict(heads=heads_kv, bytes_per_row=bytes_per_row, l2_bytes=l2_bytes, block_kv=block_kv,
                                     BLOCK=SECTION_KEYS_BLOCK, CHUNK=SECTION_KEYS_CHUNK, WIDE=wide),
                        num_warps=4, num_stages=1)
-        launch_planned(section_places_kernel, (heads_kv, wide), (common.cdiv(n_items, SECTION_PLACES_BLOCK),),
+        launch_planned(section_places_kernel, (heads_kv, wide, SECTION_PLACES_BLOCK, SECTION_PLACES_CHUNK),
+                       (common.cdiv(n_items, SECTION_PLACES_BLOCK),),
                        dict(TILE_SEQ=seq, TILE_START=start, OUT=out, n_items=n_items),
                        lambda: dict(heads=heads_kv, BLOCK=SECTION_PLACES_BLOCK, CHUNK=SECTION_PLACES_CHUNK, WIDE=wide),
                        num_warps=4, num_stages=1)
