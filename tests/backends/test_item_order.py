@@ -505,6 +505,7 @@ def test_sectioned_item_list_device_bench_batch_ops(monkeypatch):
     assert after.ops == ["aten.empty.memory_format", "aten.as_strided.default", "aten.unbind.int"]
     assert launched == ["section_keys_kernel", "section_places_kernel"]
 
+
 def test_sparse_forward_model_plans_take_every_item_once():
     """``tools/sparse_fwd_model.py`` (helper sparsefwd: the balance and L2 numbers behind
     ``configs.SPARSE_FORWARD_ZIGZAG``): every order it models gives each (sequence, head, Q block) with its walk to
