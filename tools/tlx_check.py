@@ -1449,6 +1449,7 @@ def sparse_backward_timing() -> int:
 # row's line "auto head group" says which it chose). "sections": configs.SPARSE_BACKWARD_SECTIONS (stop 54: the items in
 # L2 sections of (sequence, kv head) streams; the default since stop 55), "groups" its predecessor's list (head groups);
 # "sections20" / "sections30" / "sections48": sections of that many MiB (CAUSAL_ORDER_L2_BYTES; the default's 40).
+# "sectionsdev": configs.SPARSE_BACKWARD_SECTIONS_DEVICE (the sections' list built on the device, the same list).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
                        "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
@@ -1459,6 +1460,7 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                        "auto": ({"SPARSE_BACKWARD_AUTO_GROUP": True}, "sparse"),
                        "sections": ({"SPARSE_BACKWARD_SECTIONS": True}, "sparse"),
                        "groups": ({"SPARSE_BACKWARD_SECTIONS": False}, "sparse"),
+                       "sectionsdev": ({"SPARSE_BACKWARD_SECTIONS_DEVICE": True}, "sparse"),
                        **{f"sections{m}": ({"SPARSE_BACKWARD_SECTIONS": True, "CAUSAL_ORDER_L2_BYTES": m << 20},
                                            "sparse") for m in (20, 30, 48)},
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}
@@ -1509,7 +1511,8 @@ def sparse_bwd_ablation() -> int:
     cols = tuple(c for c in SPARSE_BWD_ABLATION if not wanted or c == "default" or c in wanted.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     knobs = ("SPARSE_BACKWARD", "SPARSE_BACKWARD_KV_EARLY", "BACKWARD_STORE_TMA", "BACKWARD_HEAD_GROUP",
-             "SPARSE_BACKWARD_AUTO_GROUP", "SPARSE_BACKWARD_SECTIONS", "CAUSAL_ORDER_L2_BYTES")
+             "SPARSE_BACKWARD_AUTO_GROUP", "SPARSE_BACKWARD_SECTIONS", "SPARSE_BACKWARD_SECTIONS_DEVICE",
+             "CAUSAL_ORDER_L2_BYTES")
     saved = {k: getattr(configs, k) for k in knobs}
     triton_knobs = sorted({k[len("KNOBS."):] for c in cols for k in SPARSE_BWD_ABLATION[c][0] if k.startswith("KNOBS.")})
     saved_knobs = {k: getattr(KNOBS, k) for k in triton_knobs}

@@ -99,7 +99,8 @@ def _cases():
 
 
 _ELEMENTWISE = ("attn_bwd_delta_kernel", "attn_bwd_dq_finalize_kernel", "tile_slots_kernel", "rank_tiles_kernel",
-                "offsets_ok_kernel", "causal_streams_kernel", "causal_items_kernel",
+                "offsets_ok_kernel", "causal_streams_kernel", "causal_items_kernel", "section_keys_kernel",
+                "section_places_kernel",
                 "block_pool_kernel", "block_pool_pair_kernel", "block_pool_pair_skip_kernel", "block_select_kernel",
                 "block_select_overlap_kernel",
                 "transpose_selection_kernel", "transpose_mark_kernel", "transpose_lists_kernel",

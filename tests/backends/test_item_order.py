@@ -6,8 +6,8 @@ forward's zigzag order (``configs.FORWARD_ZIGZAG``, helper tlxcausal: ``common.z
 every (tile, head) to one program, group by group in the zigzag's directions. The dense backward's causal order
 (``block_sparse_bwd.causal_item_list``, ``configs.BACKWARD_CAUSAL_ORDER``, helper tlxbwdcausal) is the tile list's
 items in sections of (sequence, kv head) streams, and its device-built copy (``causal_item_list_device``) the same
-list bit for bit. ``tools/sparse_fwd_model.py``'s modelled orders of the block-sparse
-forward each take every item once."""
+list bit for bit, as is the sparse sectioned list's (``sectioned_item_list_device``). ``tools/sparse_fwd_model.py``'s
+modelled orders of the block-sparse forward each take every item once."""
 from __future__ import annotations
 
 import os
@@ -402,6 +402,109 @@ def test_causal_item_list_device_bench_batch_ops(monkeypatch):
     assert len(before.ops) == 59 and "aten.sort.stable" in before.ops  # what it replaces (a count, not a rule)
     assert after.ops == ["aten.empty.memory_format", "aten.as_strided.default", "aten.unbind.int"]
     assert launched == ["causal_streams_kernel", "causal_items_kernel"]
+
+
+def _sectioned_lists(lens, heads, block, row_bytes, budget, bounds, pad, seed, device="cpu"):
+    """``sectioned_item_list`` and ``sectioned_item_list_device`` over a key tile list as ``kv_tiles`` gives one
+    (sorted by the heads' summed walks, longest first, stable; ``pad`` padding tiles after it), random walks up to
+    4 and ``bounds`` (sectioned_item_list's total_rows, max_count: () for none), on ``device``."""
+    from jfa_ops.backends.triton.block_sparse_bwd import sectioned_item_list_device
+
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.tensor([0] + list(lens)).cumsum(0).to(torch.int32)
+    n_kv_blocks = max([1] + [-(-n // block) for n in lens])
+    q_count = torch.randint(0, 5, (len(lens), heads, n_kv_blocks), generator=gen, dtype=torch.int32)
+    tiles = [(s, j * block) for s, n in enumerate(lens) for j in range(-(-n // block))]
+    tiles.sort(key=lambda t: -int(q_count[t[0], :, t[1] // block].sum()))
+    seq = torch.tensor([s for s, _ in tiles] + [-1] * pad, dtype=torch.int32)
+    start = torch.tensor([st for _, st in tiles] + [0] * pad, dtype=torch.int32)
+    seq, start, q_count, offsets = (t.to(device) for t in (seq, start, q_count, offsets))
+    args = (dict(TILE_SEQ=seq, TILE_START=start), q_count, heads, block, offsets, row_bytes, budget, *bounds)
+    return sectioned_item_list(*args), sectioned_item_list_device(*args)
+
+
+def random_sectioned_case(heads, budget, seed):
+    """``_sectioned_lists``' arguments for a random jagged batch: lengths 0, 1 and off the blocks, padding tiles or
+    none, a budget of one byte ("stream": a section per stream), a fifth of the bytes ("some") or all ("all": one
+    section), and per seed the 64-bit keys (no bounds), the 32-bit ones, or bounds that clamp the sections."""
+    import random
+
+    rng = random.Random(seed * 100 + heads)
+    lens = [rng.choice([0, 1, 2, 127, 128, 129, rng.randrange(1, 1000)]) for _ in range(rng.choice([1, 2, 5, 20]))]
+    block, row_bytes = rng.choice([64, 128]), rng.choice([1, 3, 1024])
+    total = sum(lens) * heads * row_bytes
+    budget = {"stream": 1, "some": max(1, total // 5), "all": total + 1}[budget]
+    bounds = [(), (sum(lens), 4), (max(1, sum(lens) // 3), 4)][seed % 3]
+    return lens, heads, block, row_bytes, budget, bounds, rng.choice([0, 1, 3]), seed
+
+
+@pytest.mark.parametrize("steps", ["shipped", "small"])
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("budget", ["stream", "some", "all"])
+@pytest.mark.parametrize("heads", [1, 2, 3, 16])
+def test_sectioned_item_list_device_is_the_torch_list(heads, budget, seed, steps, monkeypatch):
+    """``sectioned_item_list_device`` (``configs.SPARSE_BACKWARD_SECTIONS_DEVICE``: two launches, no sort) gives
+    ``sectioned_item_list``'s three tensors bit for bit on random jagged batches: lengths 0, 1 and off the blocks,
+    padding tiles or none, budgets of one byte (a section per stream), a few sections, or all of it (one section),
+    and the 64-bit keys (no bounds), the 32-bit ones (bounds), and bounds that clamp the sections (offsets past
+    ``total_rows``: the torch list's clamp is the spec there too). "small": the kernels' programs and steps shrunk
+    (items 4 x 8 keys, items 4 x 2 sequences), so that every case takes many steps before and after its own."""
+    from jfa_ops.backends.triton import block_sparse_bwd
+
+    if steps == "small":
+        for name, value in (("SECTION_PLACES_BLOCK", 4), ("SECTION_PLACES_CHUNK", 8), ("SECTION_KEYS_BLOCK", 4),
+                            ("SECTION_KEYS_CHUNK", 2)):
+            monkeypatch.setattr(block_sparse_bwd, name, value)
+    case = random_sectioned_case(heads, budget, seed)
+    want, got = _sectioned_lists(*case)
+    for a, b in zip(want, got):
+        assert b.dtype == torch.int32 and torch.equal(a, b), case
+
+
+@pytest.mark.parametrize("lens,pad", [((), 0), ((0, 0, 0), 0), ((0,), 2)], ids=["no-seqs", "no-tiles", "padding"])
+def test_sectioned_item_list_device_empty_and_padding_only(lens, pad):
+    """No sequences, or sequences without key tiles: empty int32 tensors as the torch list gives; a list of
+    padding tiles only: the padding in list order."""
+    for heads in (1, 3):
+        want, got = _sectioned_lists(lens, heads, 128, 1, 100, (max(1, sum(lens)), 4), pad, 0)
+        for a, b in zip(want, got):
+            assert b.dtype == torch.int32 and b.shape == a.shape == (pad * heads,) and torch.equal(a, b)
+
+
+def test_sectioned_item_list_device_bench_batch_ops(monkeypatch):
+    """The bench's sparse batch (T65536 of lognormal lengths in whole 128-blocks, 16 kv heads, D128 bf16 rows, the
+    40 MiB budget; the key tile list of ``kv_tiles`` sorted by the selection's walks): the same list, made with one
+    allocation, two views and two launches (the torch list's ops counted beside it, with the launches stubbed,
+    since the interpreter's own tensor work would count too)."""
+    from tests.common import RecordOps
+
+    from bench.suites import JAGGED_SEED, LOGNORMAL_MU, SPARSE_MAX_LEN, lognormal_lengths
+    from jfa_ops.backends.triton import block_sparse_bwd
+    from jfa_ops.backends.triton.block_sparse_fwd import selected_cost_args
+    from jfa_ops.backends.triton.scheduling import kv_tiles
+
+    lens = [-(-n // 128) * 128 for n in lognormal_lengths(65536, None, seed=JAGGED_SEED, max_len=SPARSE_MAX_LEN,
+                                                           mu=LOGNORMAL_MU + 1.0)]
+    total, heads, n_kv_blocks = sum(lens), 16, SPARSE_MAX_LEN // 128
+    offsets = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    q_count = torch.randint(0, n_kv_blocks + 1, (len(lens), heads, n_kv_blocks), generator=gen, dtype=torch.int32)
+    tiles = kv_tiles(offsets, offsets, total, total, 128, 0, 0, False, False, **selected_cost_args(q_count, 128))
+    args = (dict(TILE_SEQ=tiles.seq, TILE_START=tiles.start), q_count, heads, 128, offsets, 1024, 40 << 20, total,
+            n_kv_blocks)
+    got = block_sparse_bwd.sectioned_item_list_device(*args)
+    assert all(torch.equal(a, b) for a, b in zip(sectioned_item_list(*args), got))
+
+    with RecordOps() as before:
+        sectioned_item_list(*args)
+    launched = []
+    monkeypatch.setattr(block_sparse_bwd, "launch_planned", lambda kernel, *a, **k: launched.append(kernel.__name__))
+    with RecordOps() as after:
+        block_sparse_bwd.sectioned_item_list_device(*args)
+    assert len(before.ops) == 67 and before.ops.count("aten.sort.stable") == 2  # what it replaces (a count, not a rule)
+    assert after.ops == ["aten.empty.memory_format", "aten.as_strided.default", "aten.unbind.int"]
+    assert launched == ["section_keys_kernel", "section_places_kernel"]
+
 
 def test_sparse_forward_model_plans_take_every_item_once():
     """``tools/sparse_fwd_model.py`` (helper sparsefwd: the balance and L2 numbers behind

@@ -152,6 +152,22 @@ def test_causal_order_keeps_dk_dv_bit_for_bit(monkeypatch):
     torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_sparse_sections_device_list_is_the_torch_list(seed):
+    """``configs.SPARSE_BACKWARD_SECTIONS_DEVICE``: compiled for the GPU, ``sectioned_item_list_device`` is
+    ``sectioned_item_list``'s list bit for bit (the interpreter's test, ``test_item_order.py``, on CUDA tensors):
+    kv heads 1 / 2 / 3 / 16, a section per stream, a few, or one. Triton alone (no TLX)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from tests.backends.test_item_order import _sectioned_lists, random_sectioned_case
+
+    for heads in (1, 2, 3, 16):
+        for budget in ("stream", "some", "all"):
+            case = random_sectioned_case(heads, budget, seed)
+            want, got = _sectioned_lists(*case, device="cuda")
+            assert all(torch.equal(a, b) for a, b in zip(want, got)), case
+
+
 @pytest.mark.parametrize("heads,lengths", [((8, 8), (2048, 1000, 3000, 1, 0, 129)), ((4, 4), (5000, 17, 700, 128))])
 def test_causal_order_jagged_device_list(heads, lengths, monkeypatch):
     """``configs.BACKWARD_CAUSAL_ORDER_JAGGED`` (helper jaggedorder): compiled for the GPU, the device-built list

@@ -2147,9 +2147,10 @@ def test_sparse_auto_head_group_launches_the_default_kernel_over_groups_of_one(g
 
 
 def _fake_item_lists(monkeypatch):
-    """The TLX sparse backward's two item list builders replaced by stand-ins that record (which: "groups" for
-    ``item_list``, "sections" for ``sectioned_item_list``, heads_kv, the other arguments) and return a list of the
-    right size (the stubbed list kernels leave the counts the real lists index unset). Returns the records."""
+    """The TLX sparse backward's item list builders replaced by stand-ins that record (which: "groups" for
+    ``item_list``, "sections" for ``sectioned_item_list``, "sectionsdev" for ``sectioned_item_list_device``,
+    heads_kv, the other arguments) and return a list of the right size (the stubbed list kernels leave the counts
+    the real lists index unset). Returns the records."""
     calls = []
 
     def fake(name):
@@ -2160,6 +2161,7 @@ def _fake_item_lists(monkeypatch):
         return build
     monkeypatch.setattr(attn_bwd, "item_list", fake("groups"))
     monkeypatch.setattr(attn_bwd, "sectioned_item_list", fake("sections"))
+    monkeypatch.setattr(attn_bwd, "sectioned_item_list_device", fake("sectionsdev"))
     return calls
 
 
@@ -2189,6 +2191,30 @@ def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, 
         "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
     assert {n: sections[n] for n in constexprs} == {n: groups[n] for n in constexprs}
     assert sections["ITEM_LIST"] is True and sections["TILE_HEAD"] is not None
+
+
+@needs_tlx
+@pytest.mark.parametrize("causal", [False, True])
+def test_sparse_sections_device_builds_the_same_list_on_the_device(gpu, monkeypatch, causal):
+    """``configs.SPARSE_BACKWARD_SECTIONS_DEVICE`` (off by default) hands the sectioned list to
+    ``sectioned_item_list_device`` with ``sectioned_item_list``'s arguments, and launches the same kernel (every
+    constexpr equal); off, the torch list. Fails if the switch is not read per call or the arguments drift."""
+    runs, _ = gpu
+    calls = _fake_item_lists(monkeypatch)
+    monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", True)
+    assert tlx_configs.SPARSE_BACKWARD_SECTIONS_DEVICE is False  # the default (until timed on a GPU)
+    torch_list = _block_sparse_backward_launch(runs, causal)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS_DEVICE", True)
+    device_list = _block_sparse_backward_launch(runs, causal)
+    assert [c[0] for c in calls] == ["sections", "sectionsdev"], calls
+    (_, *want), (_, *got) = calls
+    assert got[:2] + got[3:] == want[:2] + want[3:] and got[2].tolist() == want[2].tolist()  # q_off: a new tensor
+    constexprs = [n for n in attn_bwd.attn_bwd_tlx_kernel.arg_names if n.isupper() and n not in (
+        "Q_OFF", "KV_OFF", "TILE_SEQ", "TILE_START", "TILE_COUNT", "WORK_COUNTER", "TILE_HEAD", "DK", "DV",
+        "Q_BLOCK_INDEX", "Q_BLOCK_COUNT")]
+    assert {n: device_list[n] for n in constexprs} == {n: torch_list[n] for n in constexprs}
+    assert device_list["ITEM_LIST"] is True and device_list["TILE_HEAD"] is not None
 
 
 @needs_tlx

@@ -38,7 +38,7 @@ from ..triton.attn_bwd import (DELTA_BLOCK_T, FINALIZE_BLOCK, FINALIZE_WARPS, _l
                                attn_bwd_delta_kernel, attn_bwd_dq_finalize_kernel, launch_delta)
 from ..triton.attn_fwd import TensorDescriptor, broadcast_offsets, descriptor_layout, rebase, rows_descriptor
 from ..triton.block_sparse_bwd import (causal_item_list, causal_item_list_device, item_list, sectioned_item_list,
-                                      transposed_selection, uniform_causal_item_list)
+                                      sectioned_item_list_device, transposed_selection, uniform_causal_item_list)
 from ..triton.block_sparse_fwd import (index_strides, longest_rows, selected_cost_args, selected_tile_start,
                                         selected_walk)
 from ..triton.common import (cdiv, key_interval_mask, launch_schedule, num_sms, snake_items, snake_work,
@@ -1121,8 +1121,9 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
     items = None
     if item_order and selection is not None and not schedule["TILES_FROM_OFFSETS"]:
         if configs.SPARSE_BACKWARD_SECTIONS and not params.broadcast_q:  # read per call: the same kernel, a list
-            items = sectioned_item_list(schedule, q_count, num_heads_kv, params.block_kv, q_off, _row_bytes(q, k),
-                                        configs.CAUSAL_ORDER_L2_BYTES, total_out, q_index.shape[3])
+            build = sectioned_item_list_device if configs.SPARSE_BACKWARD_SECTIONS_DEVICE else sectioned_item_list
+            items = build(schedule, q_count, num_heads_kv, params.block_kv, q_off, _row_bytes(q, k),
+                          configs.CAUSAL_ORDER_L2_BYTES, total_out, q_index.shape[3])
         else:
             items = item_list(schedule, q_count, num_heads_kv, params.block_kv, head_group if group_order else 0,
                               q_index.shape[3])

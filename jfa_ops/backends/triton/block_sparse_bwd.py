@@ -475,6 +475,158 @@ def _causal_item_list_device(seq, start, heads_kv, q_offsets, total_q, bytes_per
     return out.as_strided((3, n_items), (n_items, 1)).unbind(0)
 
 
+# The sectioned sparse list built on the device (tlx ``configs.SPARSE_BACKWARD_SECTIONS_DEVICE``): the same items in
+# the same places as ``sectioned_item_list``, in two launches and one allocation instead of its 49 device ops.
+SECTION_KEYS_BLOCK, SECTION_KEYS_CHUNK = 64, 128  # items keyed per program x sequences compared per step
+SECTION_PLACES_BLOCK, SECTION_PLACES_CHUNK = 32, 256  # items placed per program x item keys compared per step
+
+
+@triton.jit
+def _keys_of(OUT, n_items, WIDE: tl.constexpr):
+    """Where ``section_keys_kernel`` keeps the items' sort keys: OUT past the list (3 x n_items int32), 8-byte
+    aligned, int64 if WIDE else int32."""
+    at = OUT + 3 * n_items.to(tl.int64) + n_items % 2
+    return at.to(tl.pointer_type(tl.int64)) if WIDE else at
+
+
+@triton.jit(do_not_specialize=["n_items", "num_seqs", "groups", "bound", "n_kv_blocks", "stride_cb", "stride_ch",
+                               "stride_ck"])
+def section_keys_kernel(TILE_SEQ, TILE_START, Q_OFF, Q_COUNT, OUT, n_items, heads, num_seqs, bytes_per_row,
+                        l2_bytes, block_kv, groups, bound, n_kv_blocks, stride_cb, stride_ch, stride_ck,
+                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, WIDE: tl.constexpr):
+    """``sectioned_item_list``'s sort key per item i = (tile i // heads, kv head i % heads), into ``_keys_of``:
+    its stream's section (``stream_sections``: the streams of the sequences longer than its own, or as long and
+    earlier, fill the bytes before it), clamped below ``groups`` when > 0, and its walk (``q_count``) negated where
+    the section goes longest first; packed as ``grouped_order`` packs them (32-bit unless WIDE, wrapping as its
+    cast does), padding above every real key. Why the keys: equal keys keep the list's order, so an item's place
+    is a count of keys (``section_places_kernel``)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_items
+    h = i % heads
+    seq = tl.load(TILE_SEQ + i // heads, mask=ok, other=-1)
+    start = tl.load(TILE_START + i // heads, mask=ok, other=0)
+    real = ok & (seq >= 0)
+    # stream_sections' index into its streams: (seq, head), clamped to the last stream
+    stream = tl.minimum(tl.maximum(seq, 0) * heads + h, num_seqs * heads - 1)
+    b = stream // heads
+    length = tl.maximum(tl.load(Q_OFF + b + 1, mask=real, other=0) - tl.load(Q_OFF + b, mask=real, other=0), 0)
+    length = length.to(tl.int64)
+    rows_ahead = tl.zeros([BLOCK], tl.int64)
+    total_rows = tl.cast(0, tl.int64)
+    shortest = tl.cast(1 << 62, tl.int64)
+    for c0 in range(0, loop_bound(num_seqs), CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        c_ok = c < num_seqs
+        other = tl.maximum(tl.load(Q_OFF + c + 1, mask=c_ok, other=0) - tl.load(Q_OFF + c, mask=c_ok, other=0), 0)
+        other = other.to(tl.int64)
+        ahead = c_ok[None, :] & ((other[None, :] > length[:, None])
+                                 | ((other[None, :] == length[:, None]) & (c[None, :] < b[:, None])))
+        rows_ahead += tl.sum(tl.where(ahead, other[None, :], 0), 1)
+        total_rows += tl.sum(other, 0)
+        shortest = tl.minimum(shortest, tl.min(tl.where(c_ok, other, 1 << 62), 0))
+    row_bytes = tl.cast(bytes_per_row, tl.int64)
+    l2 = tl.cast(l2_bytes, tl.int64)
+    section = (rows_ahead * heads + (stream % heads) * length) * row_bytes // l2
+    last = (total_rows * heads - shortest) * row_bytes // l2  # the last stream's (a shortest one) section
+    longest_first = (last - section) % 2 == 0
+    section = tl.where(groups > 0, tl.minimum(section, groups - 1), section)  # sectioned_item_list's bound
+    block = tl.minimum(tl.maximum(start // block_kv, 0), n_kv_blocks - 1)
+    walk = tl.load(Q_COUNT + tl.maximum(seq, 0).to(tl.int64) * stride_cb + h.to(tl.int64) * stride_ch
+                   + block.to(tl.int64) * stride_ck, mask=real, other=0).to(tl.int64)
+    within = tl.where(longest_first, -walk, walk)
+    if WIDE:
+        key = tl.where(real, section * (1 << 32) + within, 1 << 62)
+    else:
+        key = tl.where(real, section * (2 * bound + 1) + within + bound, (1 << 31) - 1).to(tl.int32)
+    tl.store(_keys_of(OUT, n_items, WIDE) + i, key, mask=ok)
+
+
+@triton.jit
+def _keys_before(firsts, KEYS, key, lo, hi, n_items, past, CHUNK: tl.constexpr, OR_EQUAL: tl.constexpr):
+    """``firsts`` plus, per item (rows) and step lane, the keys at [lo, hi) smaller than the item's (OR_EQUAL:
+    or equal): [lo, hi) all before the items (OR_EQUAL) or all after them. Past the list: the largest key
+    (``past``), counted for none."""
+    for c0 in range(loop_bound(lo), loop_bound(hi), CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        other = tl.load(KEYS + c, mask=c < n_items, other=past)
+        if OR_EQUAL:
+            firsts += (other[None, :] <= key[:, None]).to(tl.int32)
+        else:
+            firsts += (other[None, :] < key[:, None]).to(tl.int32)
+    return firsts
+
+
+@triton.jit(do_not_specialize=["n_items"])
+def section_places_kernel(TILE_SEQ, TILE_START, OUT, n_items, heads, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                          WIDE: tl.constexpr):
+    """``sectioned_item_list``'s list from ``section_keys_kernel``'s keys: item i goes to its place in the stable
+    sort by key, the items with a smaller key or an equal key earlier in the list (items x items compares), OUT[0 /
+    1 / 2, place] = (seq, start, kv head). Every place is taken once: a permutation (no atomics, no sort). The
+    steps before and after the one that holds the program's items need one compare per pair, not three."""
+    tl.static_assert(CHUNK % BLOCK == 0)  # the program's items lie in one step
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_items
+    KEYS = _keys_of(OUT, n_items, WIDE)
+    if WIDE:
+        past = (1 << 63) - 1
+    else:
+        past = (1 << 31) - 1
+    key = tl.load(KEYS + i, mask=ok, other=0)
+    own = tl.program_id(0) * BLOCK // CHUNK * CHUNK  # the step that holds the program's items
+    firsts = tl.zeros([BLOCK, CHUNK], tl.int32)  # summed once after the loops: no cross-thread sum per step
+    firsts = _keys_before(firsts, KEYS, key, 0, own, n_items, past, CHUNK, True)
+    c = own + tl.arange(0, CHUNK)
+    other = tl.load(KEYS + c, mask=c < n_items, other=past)
+    first = (other[None, :] < key[:, None]) | ((other[None, :] == key[:, None]) & (c[None, :] < i[:, None]))
+    firsts += first.to(tl.int32)
+    firsts = _keys_before(firsts, KEYS, key, own + CHUNK, n_items, n_items, past, CHUNK, False)
+    place = tl.sum(firsts, 1)
+    r = i // heads
+    tl.store(OUT + place, tl.load(TILE_SEQ + r, mask=ok, other=0), mask=ok)
+    tl.store(OUT + n_items + place, tl.load(TILE_START + r, mask=ok, other=0), mask=ok)
+    tl.store(OUT + 2 * n_items + place, i % heads, mask=ok)
+
+
+def sectioned_item_list_device(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int,
+                               q_offsets: torch.Tensor, bytes_per_row: int, l2_bytes: int, total_rows: int = 0,
+                               max_count: int = 0):
+    """``sectioned_item_list`` (the same three int32 tensors, bit for bit) built in two launches
+    (``section_keys_kernel``, ``section_places_kernel``) and one allocation: no sort, no host sync. Why: the torch
+    list's 49 small device ops (two stable sorts; the items' radix sort ~31 us alone) were ~50-80 us of the H100's
+    time per backward on the bench's sparse batch (8,720 items). The places kernel compares items x items (76M
+    pairs there). Eager calls with the same tensors reuse the list (``base.reusable_in_eager``)."""
+    return per_trace(_sectioned_item_list_device, schedule["TILE_SEQ"], schedule["TILE_START"], q_count, heads_kv,
+                     block_kv, q_offsets, bytes_per_row, l2_bytes, total_rows, max_count)
+
+
+@reusable_in_eager
+def _sectioned_item_list_device(seq, start, q_count, heads_kv, block_kv, q_offsets, bytes_per_row, l2_bytes,
+                                total_rows, max_count):
+    n_tiles, num_seqs, device = seq.numel(), q_offsets.numel() - 1, seq.device
+    n_items = n_tiles * heads_kv
+    # sectioned_item_list's section bound and grouped_order's choice of 32-bit keys
+    groups = total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0
+    wide = not (groups > 0 and max_count > 0 and groups * (2 * max_count + 1) < (1 << 31) - 1)
+    out = torch.empty(3 * n_items + n_items % 2 + n_items * (2 if wide else 1), dtype=torch.int32, device=device)
+    if n_items > 0:
+        launch_planned(section_keys_kernel, (heads_kv, bytes_per_row, l2_bytes, block_kv, wide, SECTION_KEYS_BLOCK,
+                                             SECTION_KEYS_CHUNK),
+                       (common.cdiv(n_items, SECTION_KEYS_BLOCK),),
+                       dict(TILE_SEQ=seq, TILE_START=start, Q_OFF=q_offsets, Q_COUNT=q_count, OUT=out,
+                            n_items=n_items, num_seqs=num_seqs, groups=groups, bound=max_count,
+                            n_kv_blocks=q_count.shape[2], stride_cb=q_count.stride(0), stride_ch=q_count.stride(1),
+                            stride_ck=q_count.stride(2)),
+                       lambda: dict(heads=heads_kv, bytes_per_row=bytes_per_row, l2_bytes=l2_bytes, block_kv=block_kv,
+                                    BLOCK=SECTION_KEYS_BLOCK, CHUNK=SECTION_KEYS_CHUNK, WIDE=wide),
+                       num_warps=4, num_stages=1)
+        launch_planned(section_places_kernel, (heads_kv, wide, SECTION_PLACES_BLOCK, SECTION_PLACES_CHUNK),
+                       (common.cdiv(n_items, SECTION_PLACES_BLOCK),),
+                       dict(TILE_SEQ=seq, TILE_START=start, OUT=out, n_items=n_items),
+                       lambda: dict(heads=heads_kv, BLOCK=SECTION_PLACES_BLOCK, CHUNK=SECTION_PLACES_CHUNK, WIDE=wide),
+                       num_warps=4, num_stages=1)
+    return out.as_strided((3, n_items), (n_items, 1)).unbind(0)
+
+
 def dkdv_stages(cfg, dtype: torch.dtype, head_dim: int, device) -> int:
     """The dK/dV pass's pipeline depth: the dense config's, or 3 under ``KNOBS.sparse_dkdv_stages3`` for 16-bit
     head dims <= 128 on a device with sm_90's shared memory (3 x [64, 128] Q and dO tiles fit there)."""

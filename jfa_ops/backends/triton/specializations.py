@@ -190,6 +190,25 @@ def causal_list_specializations() -> Iterator[Specialization]:
                              1)
 
 
+def sectioned_list_specializations() -> Iterator[Specialization]:
+    """The sectioned sparse list built on the device (``block_sparse_bwd.sectioned_item_list_device``, tlx
+    ``configs.SPARSE_BACKWARD_SECTIONS_DEVICE``) as it launches its two kernels, with 32-bit keys (the bench's
+    batch) and 64-bit ones."""
+    from . import block_sparse_bwd as bsb
+
+    for kernel, pointers, block, chunk in (
+            ("section_keys_kernel", ("TILE_SEQ", "TILE_START", "Q_OFF", "Q_COUNT", "OUT"), bsb.SECTION_KEYS_BLOCK,
+             bsb.SECTION_KEYS_CHUNK),
+            ("section_places_kernel", ("TILE_SEQ", "TILE_START", "OUT"), bsb.SECTION_PLACES_BLOCK,
+             bsb.SECTION_PLACES_CHUNK)):
+        for wide in (False, True):
+            constexprs = dict(BLOCK=block, CHUNK=chunk, WIDE=wide)
+            fn = getattr(bsb, kernel)
+            sig, attrs = _signature(fn, {n: "*i32" for n in pointers}, constexprs)
+            yield Specialization(f"sectioned-list-{kernel.split('_')[1]}-{64 if wide else 32}", kernel, bsb.__name__,
+                                 sig, constexprs, attrs, 4, 1)
+
+
 _BLOCK_SPARSE_KERNELS = {
     "bs_fwd": ("block_sparse_fwd", "block_sparse_fwd_kernel", "fwd"),
     "bs_dkdv": ("block_sparse_bwd", "block_sparse_dkdv_kernel", "dkdv"),
@@ -449,6 +468,7 @@ def shipped_specializations(quick: bool = False) -> Iterator[Specialization]:
     yield tile_specialization(64, False, True)
     yield rank_specialization()
     yield from causal_list_specializations()
+    yield from sectioned_list_specializations()
     for kernel in ("fwd", "dkdv", "dq"):  # the one-wave schedule (no sorted list), the forward with its check
         yield specialization(kernel, 128, torch.bfloat16, True, from_offsets=True, check=kernel == "fwd")
     for kernel in ("fwd", "dkdv", "dq"):  # the "atomic" work schedule (configs.KNOBS.fwd_schedule / bwd_schedule)
