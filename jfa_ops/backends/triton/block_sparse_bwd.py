@@ -335,6 +335,20 @@ CAUSAL_STREAMS_BLOCK, CAUSAL_STREAMS_CHUNK = 32, 128  # sequences per program x 
 CAUSAL_ITEMS_BLOCK, CAUSAL_ITEMS_CHUNK = 64, 128  # items placed per program x key tiles counted per step
 
 
+@triton.jit
+def _sequences_ahead(Q_OFF, c0, num_seqs, length, b, CHUNK: tl.constexpr):
+    """Sequences c0 .. c0 + CHUNK - 1 against sequences b (lengths ``length``, int64): (c_ok: c is a sequence, its
+    length (int64, clamped at 0), ahead [len(b), CHUNK]: c comes before b longest first, stable (longer, or as long
+    and earlier))."""
+    c = c0 + tl.arange(0, CHUNK)
+    c_ok = c < num_seqs
+    other = tl.maximum(tl.load(Q_OFF + c + 1, mask=c_ok, other=0) - tl.load(Q_OFF + c, mask=c_ok, other=0), 0)
+    other = other.to(tl.int64)
+    ahead = c_ok[None, :] & ((other[None, :] > length[:, None])
+                             | ((other[None, :] == length[:, None]) & (c[None, :] < b[:, None])))
+    return c_ok, other, ahead
+
+
 @triton.jit(do_not_specialize=["n_items", "num_seqs", "n_g"])
 def causal_streams_kernel(Q_OFF, OUT, n_items, num_seqs, heads, bytes_per_row, l2_bytes, n_g, BLOCK: tl.constexpr,
                           CHUNK: tl.constexpr, HEADS: tl.constexpr):
@@ -352,12 +366,7 @@ def causal_streams_kernel(Q_OFF, OUT, n_items, num_seqs, heads, bytes_per_row, l
     rows_ahead = tl.zeros([BLOCK], tl.int64)
     shortest_ahead = tl.full([BLOCK], 1 << 62, tl.int64)  # the length of the stream just before this one's first
     for c0 in range(0, loop_bound(num_seqs), CHUNK):
-        c = c0 + tl.arange(0, CHUNK)
-        c_ok = c < num_seqs
-        other = tl.maximum(tl.load(Q_OFF + c + 1, mask=c_ok, other=0) - tl.load(Q_OFF + c, mask=c_ok, other=0), 0)
-        other = other.to(tl.int64)
-        ahead = c_ok[None, :] & ((other[None, :] > length[:, None])
-                                 | ((other[None, :] == length[:, None]) & (c[None, :] < b[:, None])))
+        _, other, ahead = _sequences_ahead(Q_OFF, c0, num_seqs, length, b, CHUNK)
         pos += tl.sum(ahead.to(tl.int32), 1)
         rows_ahead += tl.sum(tl.where(ahead, other[None, :], 0), 1)
         shortest_ahead = tl.minimum(shortest_ahead, tl.min(tl.where(ahead, other[None, :], 1 << 62), 1))
@@ -515,12 +524,7 @@ def section_keys_kernel(TILE_SEQ, TILE_START, Q_OFF, Q_COUNT, OUT, n_items, head
     total_rows = tl.cast(0, tl.int64)
     shortest = tl.cast(1 << 62, tl.int64)
     for c0 in range(0, loop_bound(num_seqs), CHUNK):
-        c = c0 + tl.arange(0, CHUNK)
-        c_ok = c < num_seqs
-        other = tl.maximum(tl.load(Q_OFF + c + 1, mask=c_ok, other=0) - tl.load(Q_OFF + c, mask=c_ok, other=0), 0)
-        other = other.to(tl.int64)
-        ahead = c_ok[None, :] & ((other[None, :] > length[:, None])
-                                 | ((other[None, :] == length[:, None]) & (c[None, :] < b[:, None])))
+        c_ok, other, ahead = _sequences_ahead(Q_OFF, c0, num_seqs, length, b, CHUNK)
         rows_ahead += tl.sum(tl.where(ahead, other[None, :], 0), 1)
         total_rows += tl.sum(other, 0)
         shortest = tl.minimum(shortest, tl.min(tl.where(c_ok, other, 1 << 62), 0))
