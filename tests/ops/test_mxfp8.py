@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import jfa_ops
 from jfa_ops.testing import (OPCHECK_UTILS, attention_cases, e4m3_round_spec, jagged_lengths, mx_dequantize_spec,
-                             mx_quantize_spec, mx_round_trip_spec, reference_attention, reference_mxfp8_attention,
-                             reference_mxfp8_attention_backward, visible_mask)
+                             mx_quantize_spec, mx_round_trip_spec, mxfp8_p_near_ties, reference_attention,
+                             reference_mxfp8_attention, reference_mxfp8_attention_backward, visible_mask)
 
 BLOCKS = [(1, 32), (32, 1), (32, 32)]
 ROUNDINGS = ["rceil", "floor"]
@@ -341,7 +341,11 @@ def check_mxfp8_attention_case(case, backend, out_tol, device="cpu"):
     sees_nothing = want_lse == -math.inf
     assert torch.equal(lse == -math.inf, sees_nothing)
     assert (out[sees_nothing.T] == 0).all()
-    assert _rel(out, want_out) <= out_tol, _rel(out, want_out)
+    # rows with a P value at an E4M3 rounding midpoint (or a block max at a scale boundary) may round the other way
+    # in a kernel's fp32 than in the oracle's float64: out of the tight bound, still in the issue's (below)
+    ties = mxfp8_p_near_ties(q, k, q_off, kv_off, **_oracle_opts(opts))
+    assert ties.sum() <= max(2, ties.numel() // 50), int(ties.sum())  # rare, or the exclusion hides a real error
+    assert _rel(out[~ties], want_out[~ties]) <= out_tol, _rel(out[~ties], want_out[~ties])
     assert _rel(lse[~sees_nothing], want_lse[~sees_nothing]) <= 1e-5
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out)
     assert err <= bound, (err, bound)
