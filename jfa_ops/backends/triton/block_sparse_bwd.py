@@ -28,8 +28,8 @@ from .common import (dot_precision, first_work, head_dim_consts, launch_schedule
                      store_rows, window_bounds)
 from .configs import KNOBS, SHARED_MEMORY_LIMITS, interpreting, shared_memory_limit
 from .launch import launch, launch_planned
-from .scheduling import (binary_search_steps, forward_tiles, grouped_order, kv_tiles, shape_constant, single_tiles,
-                         stream_sections, tile_schedule, work_tile)
+from .scheduling import (binary_search_steps, forward_tiles, grouped_order, kv_tiles, narrow_keys, shape_constant,
+                         single_tiles, stream_sections, tile_schedule, work_tile)
 
 
 TRANSPOSE_BLOCK_J = 32  # KV blocks per program of transpose_selection_kernel
@@ -285,6 +285,12 @@ def causal_item_list(schedule: dict, heads_kv: int, q_offsets: torch.Tensor, byt
     return _ordered(seq, start, head, order)
 
 
+def _section_bound(total_rows: int, heads_kv: int, bytes_per_row: int, l2_bytes: int, max_count: int) -> int:
+    """``sectioned_item_list``'s bound on its sections (0: none): how many sections ``total_rows`` query rows can
+    fill, where both bounds are known (> 0); the device list (``_sectioned_item_list_device``) clamps by it too."""
+    return total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0
+
+
 def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, block_kv: int, q_offsets: torch.Tensor,
                         bytes_per_row: int, l2_bytes: int, total_rows: int = 0, max_count: int = 0):
     """(seq, start, kv head) per block-sparse work item, int32 [tiles x heads_kv] (tlx
@@ -302,7 +308,7 @@ def sectioned_item_list(schedule: dict, q_count: torch.Tensor, heads_kv: int, bl
     cost = _walk_costs(seq, start, head, real, q_count, block_kv)
     section, longest_first = stream_sections(seq, head, real, heads_kv, q_offsets, bytes_per_row, l2_bytes)
     within = torch.where(longest_first, -cost, cost)
-    groups = total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0
+    groups = _section_bound(total_rows, heads_kv, bytes_per_row, l2_bytes, max_count)
     if groups:  # offsets past total_rows (deferred validation raises later) must not overflow the 32-bit keys
         section = section.clamp(max=groups - 1)
     return _ordered(seq, start, head, grouped_order(real, section, within, groups, max_count))
@@ -608,9 +614,8 @@ def _sectioned_item_list_device(seq, start, q_count, heads_kv, block_kv, q_offse
                                 total_rows, max_count):
     n_tiles, num_seqs, device = seq.numel(), q_offsets.numel() - 1, seq.device
     n_items = n_tiles * heads_kv
-    # sectioned_item_list's section bound and grouped_order's choice of 32-bit keys
-    groups = total_rows * heads_kv * bytes_per_row // l2_bytes + 1 if total_rows > 0 and max_count > 0 else 0
-    wide = not (groups > 0 and max_count > 0 and groups * (2 * max_count + 1) < (1 << 31) - 1)
+    groups = _section_bound(total_rows, heads_kv, bytes_per_row, l2_bytes, max_count)
+    wide = not narrow_keys(groups, max_count)  # grouped_order's choice of 32-bit keys
     out = torch.empty(3 * n_items + n_items % 2 + n_items * (2 if wide else 1), dtype=torch.int32, device=device)
     if n_items > 0:
         launch_planned(section_keys_kernel, (heads_kv, bytes_per_row, l2_bytes, block_kv, wide, SECTION_KEYS_BLOCK,

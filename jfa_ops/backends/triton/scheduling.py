@@ -456,13 +456,19 @@ def single_tiles(num_tiles: int, block: int, device: torch.device) -> TileList:
                                                                     dtype=torch.int32), num_tiles)
 
 
+def narrow_keys(groups: int, bound: int) -> bool:
+    """Whether ``grouped_order``'s keys (group, within) with group < ``groups`` and |within| <= ``bound`` fit int32
+    (``block_sparse_bwd.sectioned_item_list_device`` packs its keys by the same rule)."""
+    return groups > 0 and bound > 0 and groups * (2 * bound + 1) < (1 << 31) - 1
+
+
 def grouped_order(real: torch.Tensor, group: torch.Tensor, within: torch.Tensor, groups: int = 0, bound: int = 0):
     """The stable permutation (new position -> old) that takes the items group after group (int64 ``group``,
     ascending), each group by ascending ``within`` (|within| < 2**31), the padding items (not ``real``) last.
     ``groups`` > group and ``bound`` >= |within| of the real items, when given, make the keys int32 where they fit
     (the same order: (group, within) -> group * (2 bound + 1) + within + bound is monotone, padding above them all);
     a radix sort's passes go by the key's bits."""
-    if groups > 0 and bound > 0 and groups * (2 * bound + 1) < (1 << 31) - 1:
+    if narrow_keys(groups, bound):
         key = torch.where(real, group * (2 * bound + 1) + within + bound, (1 << 31) - 1).to(torch.int32)
     else:
         key = torch.where(real, group * (1 << 32) + within, 1 << 62)
