@@ -1343,10 +1343,16 @@ def sparse_backward_correctness() -> int:
 
 def _sparse_backward_rows():
     """The bench's four quick sparse rows (``bench.suites.sparse_cases``), each as (case, inputs, q, k, v leaves with
-    gradients, the triton selection of q and k)."""
+    gradients, the triton selection of q and k). TLX_SPARSE_ROWS=large: the full suite's larger batch instead (T131072:
+    twice the items, where a list cost that grows with items^2 would show); TLX_SPARSE_ROWS_MATCH: only the rows
+    whose label holds that text."""
     from bench.suites import make_inputs, sparse_cases
 
-    for case in sparse_cases([128], "quick"):
+    cases = sparse_cases([128], "quick")
+    if os.environ.get("TLX_SPARSE_ROWS") == "large":
+        cases = [c for c in sparse_cases([128], "full") if c.label not in {q.label for q in cases}]
+    cases = [c for c in cases if os.environ.get("TLX_SPARSE_ROWS_MATCH", "") in c.label]
+    for case in cases:
         x = make_inputs(case, "cuda")
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
         index, count = jfa_ops.select_kv_blocks(q.detach(), k.detach(), x.q_offsets, x.kv_offsets, case.max_q,
