@@ -131,6 +131,26 @@ def test_exact_pow2_is_exact_over_the_scale_range():
     assert torch.equal(exact_pow2(e).float().double(), want)
 
 
+def test_oracle_flags_p_rounding_ties_and_only_them():
+    """``reference_mxfp8_attention(p_ties=True)``'s rows (``_p_near_ties``), by hand: a P block whose max is 0.53125
+    (scale 2^-9: 272, the midpoint of E4M3's 256 and 288; stop 55's CI case) and a value at 17 x 2^-8 under a block
+    max of 1.0 (scale 2^-8; the midpoint of 16 and 18) are ties; the same rows with exact E4M3 values, or the
+    midpoints moved by 1e-3, are not. The test tolerances lean on this: a detector that flags nothing would let
+    a real near-tie fail CI, one that flags everything would hide every error."""
+    from jfa_ops.testing import _p_near_ties
+
+    exact = [1.0, 0.5, 0.25] + [0.0] * 29 + [0.75, 0.125] + [0.0] * 6  # keys 0-31 and 32-39: two P blocks
+    with_max_tie = exact[:32] + [0.53125, 0.01] + [0.0] * 6
+    with_inner_tie = [1.0, 17 / 256] + exact[2:]
+    moved = exact[:32] + [0.53125 * 1.001, 0.01] + [0.0] * 6
+    p = torch.tensor([exact, with_max_tie, with_inner_tie, moved], dtype=torch.float64)[None]  # [H=1, Lq=4, Lk=40]
+    assert _p_near_ties(p).squeeze(1).tolist() == [False, True, True, False]
+
+    q, k, v = (torch.randn(n, 2, 32) for n in (5, 7, 7))
+    out, lse, ties = reference_mxfp8_attention(q, k, v, _offsets([5]), _offsets([7]), p_ties=True)
+    assert ties.shape == (5, 2) and ties.dtype == torch.bool
+
+
 def test_scale_layout_of_row_blocks():
     """(32, 1) / (32, 32): sequence b's row blocks start at offsets[b] // 32 + b; unused rows hold bits 0."""
     lengths = (33, 0, 5, 64)
