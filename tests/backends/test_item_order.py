@@ -506,6 +506,27 @@ def test_sectioned_item_list_device_bench_batch_ops(monkeypatch):
     assert launched == ["section_keys_kernel", "section_places_kernel"]
 
 
+def test_sectioned_item_list_device_hands_long_lists_to_the_torch_list(monkeypatch):
+    """Past ``SECTIONS_DEVICE_MAX_ITEMS`` items the device list launches nothing (its places kernel's items x items
+    compares would outgrow the torch list's sorts) and returns the torch list; at the bound it launches."""
+    from jfa_ops.backends.triton import block_sparse_bwd
+
+    lens = [384, 128, 256]
+    offsets = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    seq = torch.tensor([0, 0, 0, 1, 2, 2], dtype=torch.int32)
+    start = torch.tensor([0, 128, 256, 0, 0, 128], dtype=torch.int32)
+    q_count = torch.randint(0, 4, (3, 2, 3), dtype=torch.int32)
+    args = (dict(TILE_SEQ=seq, TILE_START=start), q_count, 2, 128, offsets, 1024, 1 << 20, sum(lens), 3)
+    launched = []
+    monkeypatch.setattr(block_sparse_bwd, "launch_planned", lambda kernel, *a, **k: launched.append(kernel.__name__))
+    monkeypatch.setattr(block_sparse_bwd, "SECTIONS_DEVICE_MAX_ITEMS", 11)  # 12 items
+    got = block_sparse_bwd.sectioned_item_list_device(*args)
+    assert launched == [] and all(torch.equal(a, b) for a, b in zip(sectioned_item_list(*args), got))
+    monkeypatch.setattr(block_sparse_bwd, "SECTIONS_DEVICE_MAX_ITEMS", 12)
+    block_sparse_bwd.sectioned_item_list_device(*args)
+    assert launched == ["section_keys_kernel", "section_places_kernel"]
+
+
 def test_sparse_forward_model_plans_take_every_item_once():
     """``tools/sparse_fwd_model.py`` (helper sparsefwd: the balance and L2 numbers behind
     ``configs.SPARSE_FORWARD_ZIGZAG``): every order it models gives each (sequence, head, Q block) with its walk to

@@ -494,6 +494,10 @@ def _causal_item_list_device(seq, start, heads_kv, q_offsets, total_q, bytes_per
 # the same places as ``sectioned_item_list``, in two launches and one allocation instead of its 49 device ops.
 SECTION_KEYS_BLOCK, SECTION_KEYS_CHUNK = 64, 128  # items keyed per program x sequences compared per step
 SECTION_PLACES_BLOCK, SECTION_PLACES_CHUNK = 32, 256  # items placed per program x item keys compared per step
+# The places kernel compares items x items, the torch list sorts: past this many items (tiles x kv heads) the device
+# list takes the torch list's path (the same list). The bench's batch has ~8.7k items (76M compares), its full
+# suite's T134272 ~17.5k; a 1M-row batch ~130k (17G compares: milliseconds).
+SECTIONS_DEVICE_MAX_ITEMS = 24576
 
 
 @triton.jit
@@ -604,7 +608,11 @@ def sectioned_item_list_device(schedule: dict, q_count: torch.Tensor, heads_kv: 
     (``section_keys_kernel``, ``section_places_kernel``) and one allocation: no sort, no host sync. Why: the torch
     list's 49 small device ops (two stable sorts; the items' radix sort ~31 us alone) were ~50-80 us of the H100's
     time per backward on the bench's sparse batch (8,720 items). The places kernel compares items x items (76M
-    pairs there). Eager calls with the same tensors reuse the list (``base.reusable_in_eager``)."""
+    pairs there; ``SECTIONS_DEVICE_MAX_ITEMS`` bounds it: a longer list is ``sectioned_item_list``'s). Eager calls
+    with the same tensors reuse the list (``base.reusable_in_eager``)."""
+    if schedule["TILE_SEQ"].numel() * heads_kv > SECTIONS_DEVICE_MAX_ITEMS:
+        return sectioned_item_list(schedule, q_count, heads_kv, block_kv, q_offsets, bytes_per_row, l2_bytes,
+                                   total_rows, max_count)
     return per_trace(_sectioned_item_list_device, schedule["TILE_SEQ"], schedule["TILE_START"], q_count, heads_kv,
                      block_kv, q_offsets, bytes_per_row, l2_bytes, total_rows, max_count)
 
