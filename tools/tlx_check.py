@@ -1213,20 +1213,24 @@ def sparse_ablation() -> int:
     branch never taken, so the causal diagonal runs as an unmasked block; TIMING ONLY), ``lowsel``
     (``lowest_selection``: the same blocks per item, the lowest ones: L2 locality as dense), ``lowsel+nomask``, ``peel``
     (configs.SPARSE_FORWARD_PEEL: the consumers' walk in a mask-free loop and masked loops, helper peeldiag38, P carried
-    packed in the mask-free ones; the same bits), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
+    packed in the mask-free ones; the same bits), ``firstunmasked`` (configs.SPARSE_FORWARD_FIRST_UNMASKED: each
+    item's first block masked only where its tile needs it, the block loop's mask form, helper itemcost, stop 56;
+    the same bits; predicted -14 to -31 us on the causal keep 0.25 row, about as many us on the other three rows:
+    a per-item effect), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
     stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
     bits: its delta is what STORE_TMA saves, > 0), and tlx dense (stop 54's ``sections`` columns, the tile list in L2
     sections of sequences, were slower on every row in stop 55 and went with their knob). Then
     the per-SM model: b (us per selected block) and a (us per work item) solved from the two unmasked rows' default
     times, and for the causal rows the time over that model ("excess") beside what
-    nomask, lowsel and peel remove from it (and storetma off: < 0, what STORE_TMA removes).
+    nomask, lowsel, peel and firstunmasked remove from it (and storetma off: < 0, what STORE_TMA removes).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
 
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "storetma off", "tlx dense")
+    cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "firstunmasked",
+            "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1236,7 +1240,8 @@ def sparse_ablation() -> int:
     print(f"{'case':34s} " + " ".join(f"{c:>13s}" for c in cols) + "   us over default (< 0: faster): "
           + " ".join(f"{c:>13s}" for c in deltas), flush=True)
     failures, rows = 0, []
-    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA")
+    knobs = ("SPARSE_FORWARD_WALK_AHEAD", "SPARSE_FORWARD_ABLATE", "SPARSE_FORWARD_PEEL", "FORWARD_STORE_TMA",
+             "SPARSE_FORWARD_FIRST_UNMASKED")
     saved = tuple(getattr(configs, k) for k in knobs)
     for case in sparse_cases([128], "quick"):
         x = make_inputs(case, "cuda")
@@ -1255,6 +1260,7 @@ def sparse_ablation() -> int:
                "lowsel": (sparse(low), {}),
                "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
+               "firstunmasked": (sparse(index), {"SPARSE_FORWARD_FIRST_UNMASKED": True}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
@@ -1292,7 +1298,7 @@ def sparse_ablation() -> int:
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
             gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel",
-                                                                 "storetma off") if c in ms}
+                                                                 "firstunmasked", "storetma off") if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)

@@ -44,7 +44,8 @@ def _specs(ablations: bool) -> list:
     if ablations:  # every off-by-default set specializations.py lists (getattr: a base checkout may predate one)
         for name in ("mxfp8_ablation_specializations", "backward_ablation_specializations",
                      "mxfp8_backward_specializations", "sparse_ablation_specializations",
-                     "sparse_peel_specializations", "store_tma_off_specializations"):
+                     "sparse_peel_specializations", "store_tma_off_specializations",
+                     "sparse_first_unmasked_specializations"):
             specs += list(getattr(s, name, lambda: [])())
     return specs
 

@@ -228,6 +228,42 @@ def test_sparse_peel_compiles_a_mask_free_loop(compiled):
                 assert r["block_loop_path"][i] <= want, (r["name"], r["block_loop_path"], base["block_loop_path"])
 
 
+def test_sparse_first_unmasked_keeps_the_block_loop():
+    """configs.SPARSE_FORWARD_FIRST_UNMASKED (helper itemcost, stop 56; off by default, so its kernels are not
+    shipped: compiled here beside the shipped kernels they change, ~2 min on two cores): only each item's first block
+    changes (the mask under the block loop's runtime test, so a mask-free first tile skips it; helper itemcost
+    measured consumer 0's prologue 889 -> 464 instructions, FSEL 194 -> 2 on its straight path): the kernels compile
+    with two wgmma groups in flight and the consumers' 168 registers, each block loop keeps its length (within 2
+    instructions), its FSEL, its HGMMA and its spill instructions, and the whole kernel's spills (stores + loads)
+    stay within the sparse forward's budget and at most 64 B over the shipped kernel's (the masked first block's
+    branch; sm_90 ptxas, stop 56: full 68 -> 68, causal 204 -> 244, causal walk ahead 220 -> 244, fp16 causal + left
+    window 236 -> 244 B; block loops 506 / 482, 504 / 481-482 as shipped)."""
+    env = _tlx_env()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tlx_compile.py"), "--jobs", "2",
+                           "zigzag-uniform-firstunmasked", "zigzag-uniform-walkahead-firstunmasked",
+                           *(f"sparse-fwd-d128-{kind}-oneloop-storetma-zigzag-uniform" for kind in
+                             ("bf16-full", "bf16-causal", "fp16-causal-left"))],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    by_name = {r["name"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    rows = [r for name, r in by_name.items() if name.endswith("-firstunmasked")]
+    assert len(rows) == 4, f"exit {proc.returncode}: {sorted(by_name)}\n{proc.stderr[-3000:]}"
+    for r in rows:
+        base = by_name.get(r["name"].removesuffix("-firstunmasked"))
+        assert base is not None and "error" not in base, (r["name"], sorted(by_name))
+        assert "error" not in r, r
+        assert r["name"].startswith("sparse-fwd-d128-"), r["name"]
+        assert r["wgmma_overlap"] and r["registers"] == base["registers"] == 168, r
+        spills = r["spill_stores"] + r["spill_loads"]
+        assert spills <= MAX_SPILL_BYTES_SPARSE[128], r
+        extra = spills - base["spill_stores"] - base["spill_loads"]
+        assert extra <= 64, f"{r['name']}: {extra} B more spills (stores + loads) than {base['name']}"
+        for key in ("block_loop_hgmma", "block_loop_path_fsel", "block_loop_path_spill_ops"):
+            assert r[key] == base[key], (r["name"], key, r[key], base[key])
+        assert len(r["block_loop_path"]) == len(base["block_loop_path"]), (r, base)
+        for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
+            assert abs(got - want) <= 2, (r["name"], r["block_loop_path"], base["block_loop_path"])
+
+
 def test_mxfp8_forward_runs_both_matmuls_as_e4m3_wgmma(compiled):
     """The TLX MXFP8 forward (issue 12): S = Q K^T with A from shared memory and P V with A (the quantized P) from
     registers, both E4M3 x E4M3 wgmma in the SASS (``QGMMA...E4M3.E4M3``), at D64 and D128, spills bounded."""
@@ -596,6 +632,9 @@ def test_shipped_kernels_carry_no_ablation():
         "assert all(sp.constexprs['ABLATE'] for sp in s.backward_ablation_specializations())\n"
         "assert all(sp.constexprs['SPARSE_ABLATE'] == 1 for sp in s.sparse_ablation_specializations())\n"
         "assert not any(sp.constexprs.get('SPARSE_PEEL', False) for sp in shipped)\n"
+        "assert not any(sp.constexprs.get('FIRST_UNMASKED', False) or '-firstunmasked' in sp.name for sp in shipped)\n"
+        "assert all(sp.constexprs['FIRST_UNMASKED'] and sp.constexprs['SPARSE_ABLATE'] == 0\n"
+        "           for sp in s.sparse_first_unmasked_specializations())\n"
         "print('ok')\n")
     env = _tlx_env("JFA_TLX_BWD_ABLATE", "JFA_TLX_MXFP8_ABLATE")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -631,6 +631,24 @@ def test_block_sparse_forward_peel_matches_the_oracle(name, monkeypatch):
     check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
 
 
+@pytest.mark.parametrize("name,peel", [(name, False) for name in SPARSE_PEEL_CASES] + [
+    (name, True) for name in ("edge causal keep 0.25", "window (300,0) causal", "jagged H16 causal")])
+def test_block_sparse_forward_first_unmasked_is_bit_identical(name, peel, monkeypatch):
+    """configs.SPARSE_FORWARD_FIRST_UNMASKED (helper itemcost, stop 56) gives each item's first block the block
+    loop's mask form (the key interval mask only outside the mask-free bulk): an all-visible mask is the identity and
+    a masked first tile gets the loop's mask, so out and lse equal the default's bit for bit on the peel's cases
+    (partial last tiles, causal diagonals, a left window, two tiles per block, items with no block, broadcast-Q, fp16
+    D64, more items than one wave), with the peel off (the default) and, on three masked cases, on."""
+    _require_tlx()
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_FORWARD_PEEL", peel)
+    case = SPARSE_CASES.get(name) or SPARSE_ZIGZAG_CASES[name]
+    (out, lse), (out_f, lse_f) = _sparse_outputs_with_switch(case, "SPARSE_FORWARD_FIRST_UNMASKED", (False, True),
+                                                             monkeypatch)
+    assert torch.equal(out, out_f) and torch.equal(lse, lse_f), name
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_block_sparse_blocks_reaching_into_a_poisoned_neighbour_stay_finite(causal):
     """As the dense test: sequence 0's one selected block (all its keys) reads sequence 1's NaN/inf rows through

@@ -591,6 +591,34 @@ def test_block_sparse_forward_peel_launch(gpu, monkeypatch, peel):
     assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["SPARSE_PEEL"] is False
 
 
+@needs_tlx
+@pytest.mark.parametrize("first_unmasked", [False, True])
+def test_block_sparse_forward_first_unmasked_launch(gpu, monkeypatch, first_unmasked):
+    """``configs.SPARSE_FORWARD_FIRST_UNMASKED`` (helper itemcost, stop 56) reaches the kernel's FIRST_UNMASKED per
+    call (list or one wave, causal or not, with the peel or without: independent knobs); the ablation (SPARSE_ABLATE
+    1) turns it off; the dense forward passes False. Off by default."""
+    runs, _ = gpu
+    assert os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED") is not None \
+        or tlx_configs.SPARSE_FORWARD_FIRST_UNMASKED is False
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_FIRST_UNMASKED", first_unmasked)
+    for peel in (False, True):
+        monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_PEEL", peel)
+        for sms in (3, 132):
+            for causal in (False, True):
+                _, got = _block_sparse_launch(runs, monkeypatch, causal, sms)
+                assert got["SPARSE"] and got["FIRST_UNMASKED"] is first_unmasked and got["SPARSE_PEEL"] is peel
+                assert got["SPARSE_ABLATE"] == 0
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_PEEL", False)
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 1)
+    _, got = _block_sparse_launch(runs, monkeypatch, True, 3)
+    assert got["SPARSE_ABLATE"] == 1 and got["FIRST_UNMASKED"] is False
+    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 0)
+    runs.clear()
+    _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
+    got = dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, runs[-1][2]))
+    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["FIRST_UNMASKED"] is False
+
+
 def test_lowest_selection_keeps_counts_and_the_local_block():
     """``tools/tlx_check.py``'s ``lowest_selection`` (helper sparse38's ablation input): each row keeps its count,
     holds blocks 0 .. count - 2 and its own block (or 0 .. count - 1), ascending, -1 after."""

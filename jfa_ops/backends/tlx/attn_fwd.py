@@ -525,7 +525,8 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
                            HAS_HI: tl.constexpr, FMA_SOFTMAX: tl.constexpr, DTYPE: tl.constexpr, ids=None,
                            sel_first=0, sel_count=0, SPARSE: tl.constexpr = False, BLOCK_KV: tl.constexpr = 0,
                            SPARSE_ABLATE: tl.constexpr = 0, sel_lead=0, sel_unmasked=0, PEEL: tl.constexpr = False,
-                           STORE_TMA: tl.constexpr = False, q_empties=None, staged_slot=-1):
+                           STORE_TMA: tl.constexpr = False, q_empties=None, staged_slot=-1,
+                           FIRST_UNMASKED: tl.constexpr = False):
     """All key blocks of a tile (at least one), software-pipelined as FA3 (``mma_one_n_block_intrawg_overlap``):
     block j's QK^T is issued, then block j-1's PV, and block j's softmax runs while that PV is in flight. The loop
     has num_stages=0: else Triton's pipeliner (asyncLaunchDots) waits for each wgmma right after issuing it.
@@ -561,8 +562,17 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
     between loops in DTYPE. sm_90 D128 bf16 causal: mask-free loop paths 468 / 468 per consumer warp and block
     (one loop: 507 / 481), masked 691 / 607, no STL/LDL in any loop (one loop: 28 in consumer 0's masked branch),
     spills 156 -> 116 B. The same blocks in the same order with the same arithmetic and roundings: the same bits as
-    the one loop."""
+    the one loop.
+
+    FIRST_UNMASKED (SPARSE, ``configs.SPARSE_FORWARD_FIRST_UNMASKED``; helper itemcost, bench/NOTES.md stop 56): the
+    walk's first block takes the loop's form (scale, the key interval mask only when the tile lies outside the
+    mask-free bulk, ``softmax_step``'s masked form) instead of ``_softmax``'s always-masked path: items whose first
+    tile is mask-free skip the mask (sm_90 D128 bf16 causal, helper itemcost: the prologue's straight path 889 -> 464
+    instructions in consumer 0, FSEL 194 -> 2, its spills gone; the block loop unchanged). The same bits: masking a
+    fully visible block is the identity."""
     tl.static_assert(not PEEL or (SPARSE and SPARSE_ABLATE == 0), "PEEL: the block-sparse walk, not the ablation")
+    tl.static_assert(not FIRST_UNMASKED or (SPARSE and SPARSE_ABLATE == 0),
+                     "FIRST_UNMASKED: the block-sparse walk, not the ablation")
     if SPARSE:
         n_all = sel_count
         n0 = selected_tile_start(ids, sel_first, BLOCK_KV, BLOCK_N)
@@ -582,8 +592,16 @@ def _consume_tile_one_loop(acc, m_i, l_i, kv_count, q_tile, k_tiles, v_tiles, k_
         _release_staged(q_empties, staged_slot)
     s = tlx.async_dot_wait(0, s)
     tlx.barrier_arrive(k_empties[buf], 1)
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale, BLOCK_N,
-                                  HAS_LO, HAS_HI, True, FMA_SOFTMAX)
+    if FIRST_UNMASKED:  # the loop's form: the mask only where the tile needs it (a mask-free first tile: none)
+        if not FMA_SOFTMAX:  # scale before masking: -inf times a negative scale would be +inf
+            s = s * qk_scale
+        if (n0 < bulk_begin) | (n0 + BLOCK_N > bulk_end):
+            s = tl.where(key_interval_mask(rows, keys, rows_left, len_k - n0, lo_off, hi_off, HAS_LO, HAS_HI), s,
+                         float("-inf"))
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale, True, FMA_SOFTMAX)
+    else:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, rows, 0, rows_left, len_k - n0, lo_off, hi_off, qk_scale,
+                                      BLOCK_N, HAS_LO, HAS_HI, True, FMA_SOFTMAX)
     p = p.to(DTYPE)
     prev_n0 = n0
     kv_count += 1
@@ -797,7 +815,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                         SPARSE: tl.constexpr = False, BLOCK_Q: tl.constexpr = 0, BLOCK_KV: tl.constexpr = 0,
                         UNIFORM_WALK: tl.constexpr = False, ZIGZAG: tl.constexpr = False,
                         WALK_AHEAD: tl.constexpr = False, SPARSE_ABLATE: tl.constexpr = 0,
-                        SPARSE_PEEL: tl.constexpr = False, desc_o=None, STORE_TMA: tl.constexpr = False):
+                        SPARSE_PEEL: tl.constexpr = False, desc_o=None, STORE_TMA: tl.constexpr = False,
+                        FIRST_UNMASKED: tl.constexpr = False):
     """Work items (query tile of BLOCK_M rows, q head); see the module docstring. desc_q: [T_q (broadcast: L_q),
     Hq*D] with block [BLOCK_M/2, D]; desc_k/desc_v: [T_kv, Hkv*D] with block [BLOCK_N, D].
 
@@ -812,7 +831,9 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     items in ``common.zigzag_item``'s order over kv heads in groups of head_group, taken by the snake
     (``common.snake_work``), instead of static striding over ``work_item``'s. SPARSE_PEEL (with SPARSE,
     ``configs.SPARSE_FORWARD_PEEL``): the consumers' walk split at the mask-free bulk, its masked and mask-free blocks
-    in loops of their own (``_consume_tile_one_loop``'s PEEL; the producer's walk unchanged)."""
+    in loops of their own (``_consume_tile_one_loop``'s PEEL; the producer's walk unchanged). FIRST_UNMASKED (with
+    SPARSE, ``configs.SPARSE_FORWARD_FIRST_UNMASKED``): each item's first block masked only where its tile needs it
+    (``_consume_tile_one_loop``'s FIRST_UNMASKED)."""
     tl.static_assert(not ATOMIC_WORK or not (ONE_LOOP or ZIGZAG or WALK_AHEAD),
                      "ATOMIC_WORK (configs.FORWARD_DYNAMIC): the v3 consumers, tile list order")
     tl.static_assert(not SPARSE or (ONE_LOOP and BLOCK_Q % BLOCK_M == 0 and BLOCK_KV % BLOCK_N == 0),
@@ -821,6 +842,8 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
     tl.static_assert(not WALK_AHEAD or SPARSE, "WALK_AHEAD: block-sparse only")
     tl.static_assert(SPARSE_ABLATE == 0 or SPARSE, "SPARSE_ABLATE: block-sparse only")
     tl.static_assert(not SPARSE_PEEL or (SPARSE and SPARSE_ABLATE == 0), "SPARSE_PEEL: block-sparse, no ablation")
+    tl.static_assert(not FIRST_UNMASKED or (SPARSE and SPARSE_ABLATE == 0),
+                     "FIRST_UNMASKED: block-sparse, no ablation")
     tl.static_assert(not STORE_TMA or ONE_LOOP, "STORE_TMA: the v4 consumers")
     HALF_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     # the consumers' walks read the row's first ids beside the count with WALK_AHEAD, but not under a left window:
@@ -1002,7 +1025,7 @@ def attn_fwd_tlx_kernel(desc_q, desc_k, desc_v, Out, Lse, Q_OFF, KV_OFF, TILE_SE
                                 qk_scale, lead_begin, lead_end, bulk_begin, bulk_end, tail_begin, tail_end, cid,
                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, HAS_LEFT, HAS_RIGHT, FMA_SOFTMAX, dtype,
                                 BLOCK_INDEX, sel_first, n_blocks, SPARSE, BLOCK_KV, SPARSE_ABLATE, sel_lead,
-                                sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged)
+                                sel_unmasked, SPARSE_PEEL, STORE_TMA, q_empties, staged, FIRST_UNMASKED)
                             item = _work_tile(next_work, Q_OFF, KV_OFF, TILE_SEQ, TILE_START, n_tiles, num_heads, group,
                                               num_seqs, search_steps, rows_s, rows_o, window_left, right, BLOCK_M,
                                               BLOCK_N, HAS_LEFT, HAS_RIGHT, TILES_FROM_OFFSETS, KV_MAJOR, head_group,
@@ -1083,7 +1106,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 # The kernel's block-sparse arguments when it runs dense attention (SPARSE False).
 NO_SELECTION = dict(BLOCK_INDEX=None, BLOCK_COUNT=None, n_q_blocks=0, stride_ib=0, stride_ih=0, stride_in=0,
                     stride_cb=0, stride_ch=0, SPARSE=False, BLOCK_Q=0, BLOCK_KV=0, UNIFORM_WALK=False,
-                    WALK_AHEAD=False, SPARSE_ABLATE=0, SPARSE_PEEL=False)
+                    WALK_AHEAD=False, SPARSE_ABLATE=0, SPARSE_PEEL=False, FIRST_UNMASKED=False)
 
 
 def _static_args(num_heads, head_dim, num_heads_kv, cfg, params, bounds, choices, schedule, zigzag=False) -> dict:
@@ -1236,8 +1259,8 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
     is the triton kernel's (longest first by selected blocks), taken by static striding, or with
     ``configs.SPARSE_FORWARD_ZIGZAG`` in the dense forward's ZIGZAG order. ``configs.sparse_reason`` held for the
     block sizes; ``configs.SPARSE_FORWARD_UNIFORM_WALK``, ``SPARSE_FORWARD_ZIGZAG``, ``SPARSE_FORWARD_WALK_AHEAD``
-    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE`` and ``SPARSE_FORWARD_PEEL``
-    read per call."""
+    (``configs.sparse_walk_ahead``: off by default), ``SPARSE_FORWARD_ABLATE``, ``SPARSE_FORWARD_PEEL`` and
+    ``SPARSE_FORWARD_FIRST_UNMASKED`` read per call."""
     device, num_seqs = q.device, kv_offsets.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     q_off, kv_off, total_out = sparse_offsets(q, q_offsets, kv_offsets, params.broadcast_q)
@@ -1269,6 +1292,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         SPARSE=True, BLOCK_Q=params.block_q, BLOCK_KV=params.block_kv,
         UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.sparse_walk_ahead(has_left or has_right),
         SPARSE_ABLATE=configs.SPARSE_FORWARD_ABLATE,
-        SPARSE_PEEL=configs.SPARSE_FORWARD_PEEL and not configs.SPARSE_FORWARD_ABLATE),
+        SPARSE_PEEL=configs.SPARSE_FORWARD_PEEL and not configs.SPARSE_FORWARD_ABLATE,
+        FIRST_UNMASKED=configs.SPARSE_FORWARD_FIRST_UNMASKED and not configs.SPARSE_FORWARD_ABLATE),
         num_warps=NUM_WARPS, num_stages=1)
     return out, lse

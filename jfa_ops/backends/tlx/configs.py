@@ -236,6 +236,14 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
+# FIRST_UNMASKED (JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=1; helper itemcost, stop 56): each block-sparse item's first key
+# block takes the block loop's mask form (the key interval mask only when its tile lies outside the mask-free bulk)
+# instead of the always-masked first-block softmax, the kernel's FIRST_UNMASKED: most items' first tile is mask-free,
+# so their prologue skips the mask (sm_90 D128 bf16 causal: consumer 0's prologue 889 -> 464 instructions, FSEL
+# 194 -> 2, its spills gone; the block loop unchanged). An all-visible mask is the identity: the same bits. Off (0)
+# until timed (tools/tlx_check.py sparse-ablation's "firstunmasked" column; predicted -14 to -31 us on the causal
+# keep 0.25 row, ~1.014x); read per call; ignored under SPARSE_FORWARD_ABLATE.
+SPARSE_FORWARD_FIRST_UNMASKED = os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "0") == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off

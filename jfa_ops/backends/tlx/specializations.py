@@ -54,7 +54,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, sparse_ablate: int = 0,
                        sparse_peel: bool = False,
-                       store_tma=None) -> Specialization:
+                       store_tma=None, first_unmasked: bool = False) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -63,6 +63,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     as ``attention_forward`` launches it). ``dynamic``: ``configs.FORWARD_DYNAMIC``'s items from the atomic counter
     (ATOMIC_WORK; the v3 consumers). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
     (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
+    ``first_unmasked``: ``configs.SPARSE_FORWARD_FIRST_UNMASKED`` (each item's first block masked only where its tile
+    needs it: FIRST_UNMASKED).
     ``store_tma``: out through the Q slot and a TMA store (STORE_TMA, desc_o); None: as the launch picks
     (``attn_fwd.store_tma``: ``configs.FORWARD_STORE_TMA`` on the v4 consumers), False: the pointer-store epilogue
     (``JFA_TLX_FWD_STORE_TMA=0``, ``store_tma_off_specializations``)."""
@@ -89,7 +91,8 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                       STORE_TMA=store_tma, **({} if store_tma else {"desc_o": None}))
     if sparse:
         constexprs.update(SPARSE=True, BLOCK_Q=block_q, BLOCK_KV=block_kv, UNIFORM_WALK=uniform_walk,
-                          WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel)
+                          WALK_AHEAD=walk_ahead, SPARSE_ABLATE=sparse_ablate, SPARSE_PEEL=sparse_peel,
+                          FIRST_UNMASKED=first_unmasked)
         types.update(BLOCK_INDEX="*i32", BLOCK_COUNT="*i32")
     else:
         constexprs.update({n: v for n, v in NO_SELECTION.items() if n.isupper()})  # BLOCK_INDEX=None, ..., SPARSE
@@ -103,6 +106,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
            f"{'-uniform' if uniform_walk else ''}" \
            f"{'-walkahead' if walk_ahead else ''}{'-dynamic' if dynamic else ''}" \
            f"{f'-ablate-nomask' if sparse_ablate == 1 else ''}{'-peel' if sparse_peel else ''}" \
+           f"{'-firstunmasked' if first_unmasked else ''}" \
            f"{f'-blocks{block_q}x{block_kv}' if sparse and (block_q, block_kv) != (128, 128) else ''}"
     return Specialization(name, "attn_fwd_tlx_kernel", "jfa_ops.backends.tlx.attn_fwd", signature, constexprs, attrs,
                           NUM_WARPS, 1)
@@ -296,6 +300,20 @@ def sparse_peel_specializations() -> Iterator[Specialization]:
                              sparse_peel=True)
     yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
                              sparse_peel=True)
+
+
+def sparse_first_unmasked_specializations() -> Iterator[Specialization]:
+    """The block-sparse forward with each item's first block masked only where its tile needs it
+    (``configs.SPARSE_FORWARD_FIRST_UNMASKED``, helper itemcost, stop 56) on ``sparse_peel_specializations``' four
+    kernels: D128 bf16 with the default walk and zigzag order (those tools/tlx_check.py sparse-ablation times), full,
+    causal, causal with the walk ahead, and fp16 causal with a left window (the first tile's mask with a lower bound).
+    Off by default, so not shipped: ``test_tlx_compile.py`` compiles them once."""
+    yield fwd_specialization(128, "bf16", False, sparse=True, uniform_walk=True, zigzag=True, first_unmasked=True)
+    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, first_unmasked=True)
+    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, walk_ahead=True,
+                             first_unmasked=True)
+    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
+                             first_unmasked=True)
 
 
 # The v4 kernels with STORE_TMA off (JFA_TLX_FWD_STORE_TMA=0, the default before stop 40): the bench's dense D128
@@ -638,23 +656,26 @@ def wgmma_overlap(ptx: str) -> bool:
     return False
 
 
-def _candidates(ablations: bool, mxfp8_bwd: bool = False, peel: bool = False) -> list:
+def _candidates(ablations: bool, mxfp8_bwd: bool = False, peel: bool = False, first_unmasked: bool = False) -> list:
     """The specializations ``main`` picks from: the shipped ones, the ablations (MXFP8 forward, backward), the
-    MXFP8 backward's kernels and the peeled block-sparse forwards (``sparse_peel_specializations``) when asked for."""
+    MXFP8 backward's kernels, the peeled block-sparse forwards (``sparse_peel_specializations``) and those with the
+    first block unmasked (``sparse_first_unmasked_specializations``) when asked for."""
     return list(shipped_specializations()) + (
         list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations())
         + list(sparse_ablation_specializations()) if ablations else []) + (
         list(mxfp8_backward_specializations()) if mxfp8_bwd else []) + (
-        list(sparse_peel_specializations()) if peel else [])
+        list(sparse_peel_specializations()) if peel else []) + (
+        list(sparse_first_unmasked_specializations()) if first_unmasked else [])
 
 
-def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False, peel: bool = False) -> dict:
-    """Worker: compile ``_candidates(ablations, mxfp8_bwd, peel)[index]`` in a fresh cache (so ptxas runs and
-    logs)."""
+def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False, peel: bool = False,
+                   first_unmasked: bool = False) -> dict:
+    """Worker: compile ``_candidates(ablations, mxfp8_bwd, peel, first_unmasked)[index]`` in a fresh cache (so ptxas
+    runs and logs)."""
     import triton
 
     triton.knobs.nvidia.dump_ptxas_log = True
-    spec = _candidates(ablations, mxfp8_bwd, peel)[index]
+    spec = _candidates(ablations, mxfp8_bwd, peel, first_unmasked)[index]
     with tempfile.TemporaryDirectory() as cache:
         triton.knobs.cache.dir = cache
         try:
@@ -668,7 +689,8 @@ def main(argv=None) -> int:
     to compile; one containing "ablate" adds the ablations, ``mxfp8_ablation_specializations`` and
     ``backward_ablation_specializations``, one containing "mxfp8" the MXFP8 backward's kernels,
     ``mxfp8_backward_specializations``, one containing "peel" the peeled block-sparse forwards,
-    ``sparse_peel_specializations``); exit 1 if any failed to compile (the error is in its line)."""
+    ``sparse_peel_specializations``, one containing "firstunmasked" the block-sparse forwards with the first block
+    unmasked, ``sparse_first_unmasked_specializations``); exit 1 if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
@@ -681,11 +703,13 @@ def main(argv=None) -> int:
     ablations = any("ablate" in a for a in args)
     mxfp8_bwd = any("mxfp8" in a for a in args)
     peel = any("peel" in a for a in args)
-    names = [s.name for s in _candidates(ablations, mxfp8_bwd, peel)]
+    first_unmasked = any("firstunmasked" in a for a in args)
+    names = [s.name for s in _candidates(ablations, mxfp8_bwd, peel, first_unmasked)]
     indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
     failed = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for row in pool.map(functools.partial(_compile_index, ablations=ablations, mxfp8_bwd=mxfp8_bwd, peel=peel),
+        for row in pool.map(functools.partial(_compile_index, ablations=ablations, mxfp8_bwd=mxfp8_bwd, peel=peel,
+                                                 first_unmasked=first_unmasked),
                             indices):
             failed += "error" in row
             print(json.dumps(row), flush=True)
