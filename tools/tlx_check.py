@@ -1461,7 +1461,8 @@ def sparse_backward_timing() -> int:
 # row's line "auto head group" says which it chose). "sections": configs.SPARSE_BACKWARD_SECTIONS (stop 54: the items in
 # L2 sections of (sequence, kv head) streams; the default since stop 55), "groups" its predecessor's list (head groups);
 # "sections20" / "sections30" / "sections48": sections of that many MiB (CAUSAL_ORDER_L2_BYTES; the default's 40).
-# "sectionsdev": configs.SPARSE_BACKWARD_SECTIONS_DEVICE (the sections' list built on the device, the same list).
+# "sectionsdev": configs.SPARSE_BACKWARD_SECTIONS_DEVICE (the sections' list built on the device, the same list; the
+# default since stop 56), "sectionstorch" the torch list it replaced.
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
                        "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
@@ -1473,6 +1474,7 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                        "sections": ({"SPARSE_BACKWARD_SECTIONS": True}, "sparse"),
                        "groups": ({"SPARSE_BACKWARD_SECTIONS": False}, "sparse"),
                        "sectionsdev": ({"SPARSE_BACKWARD_SECTIONS_DEVICE": True}, "sparse"),
+                       "sectionstorch": ({"SPARSE_BACKWARD_SECTIONS_DEVICE": False}, "sparse"),
                        **{f"sections{m}": ({"SPARSE_BACKWARD_SECTIONS": True, "CAUSAL_ORDER_L2_BYTES": m << 20},
                                            "sparse") for m in (20, 30, 48)},
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}

@@ -2205,6 +2205,7 @@ def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, 
     calls = _fake_item_lists(monkeypatch)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", True)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS_DEVICE", False)  # the torch list (the device's: below)
     sections = _block_sparse_backward_launch(runs, causal)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", False)
     groups = _block_sparse_backward_launch(runs, causal)
@@ -2224,14 +2225,15 @@ def test_sparse_sections_launch_the_default_kernel_over_the_sectioned_list(gpu, 
 @needs_tlx
 @pytest.mark.parametrize("causal", [False, True])
 def test_sparse_sections_device_builds_the_same_list_on_the_device(gpu, monkeypatch, causal):
-    """``configs.SPARSE_BACKWARD_SECTIONS_DEVICE`` (off by default) hands the sectioned list to
+    """``configs.SPARSE_BACKWARD_SECTIONS_DEVICE`` (on by default since stop 56) hands the sectioned list to
     ``sectioned_item_list_device`` with ``sectioned_item_list``'s arguments, and launches the same kernel (every
     constexpr equal); off, the torch list. Fails if the switch is not read per call or the arguments drift."""
     runs, _ = gpu
     calls = _fake_item_lists(monkeypatch)
     monkeypatch.setattr(configs, "INTERPRETER_NUM_SMS", 3)  # more items than programs: the item list is built
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS", True)
-    assert tlx_configs.SPARSE_BACKWARD_SECTIONS_DEVICE is False  # the default (until timed on a GPU)
+    assert tlx_configs.SPARSE_BACKWARD_SECTIONS_DEVICE is True  # the default (stop 56's timing)
+    monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS_DEVICE", False)
     torch_list = _block_sparse_backward_launch(runs, causal)
     monkeypatch.setattr(tlx_configs, "SPARSE_BACKWARD_SECTIONS_DEVICE", True)
     device_list = _block_sparse_backward_launch(runs, causal)
@@ -2281,7 +2283,8 @@ def test_sections_twin_builds_an_item_list_on_every_case(gpu, monkeypatch, name,
                                count, params)
     (launched,) = [dict(zip(attn_bwd.attn_bwd_tlx_kernel.arg_names, values)) for kernel, _, values, _ in runs
                    if kernel == "attn_bwd_tlx_kernel"]
-    assert [call[0] for call in calls] == ["sections" if sections and not c.broadcast_q else "groups"], calls
+    sectioned = "sectionsdev" if tlx_configs.SPARSE_BACKWARD_SECTIONS_DEVICE else "sections"  # the default: dev
+    assert [call[0] for call in calls] == [sectioned if sections and not c.broadcast_q else "groups"], calls
     assert launched["ITEM_LIST"] is True and launched["SNAKE"] is True and launched["SPARSE"] is True
 
 

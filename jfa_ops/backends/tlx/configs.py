@@ -302,11 +302,14 @@ BACKWARD_ITEM_ORDER = os.environ.get("JFA_TLX_BWD_ITEM_ORDER", "0") == "1"
 # stream). The same kernel and items: dK/dV bit for bit, dQ's fp32 adds reordered (stop 55's GPU twins: 24 passed).
 # Read per call.
 SPARSE_BACKWARD_SECTIONS = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS", "1") == "1"
-# SPARSE_SECTIONS_DEVICE (JFA_TLX_SPARSE_BWD_SECTIONS_DEVICE=1; off until timed on a GPU): SPARSE_SECTIONS' list built
-# on the device (``block_sparse_bwd.sectioned_item_list_device``: two launches and one allocation, no sort; bit for
-# bit the torch list) instead of the torch list's small device ops (~50-80 us of the H100 per call on the bench's
-# sparse batch, a radix sort ~31 us of it). Its places kernel compares items x items (8,720^2 there). Read per call.
-SPARSE_BACKWARD_SECTIONS_DEVICE = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS_DEVICE", "0") == "1"
+# SPARSE_SECTIONS_DEVICE (JFA_TLX_SPARSE_BWD_SECTIONS_DEVICE=0 turns it off; on since stop 56): SPARSE_SECTIONS' list
+# built on the device (``block_sparse_bwd.sectioned_item_list_device``: two launches and one allocation, no sort; bit
+# for bit the torch list) instead of the torch list's 49 small device ops (~140 us of kernels on the bench's sparse
+# batch, two sorts ~58 us of it). Measured (H100, stop 56, backward alone, 3 interleaved rounds, keep 0.5 / 0.25 /
+# causal 0.5 / causal 0.25): 1.016 / 1.065 / 0.991 / 1.043x (A/A 0.985 / 1.018 / 0.981 / 1.000), causal 0.25 again
+# 1.048x (A/A 1.002); its GPU twin passed. Its places kernel compares items x items (8,720^2 there), so lists past
+# ``SECTIONS_DEVICE_MAX_ITEMS`` take the torch path. Read per call.
+SPARSE_BACKWARD_SECTIONS_DEVICE = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS_DEVICE", "1") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
 # with a mask (causal, windows: key tiles of unequal cost, so the key tile list is sorted across sequences) and more
 # items than one wave take a per-item list: (sequence, kv head) streams, longest sequence first, in sections whose
