@@ -1216,7 +1216,8 @@ def sparse_ablation() -> int:
     packed in the mask-free ones; the same bits), ``firstunmasked`` (configs.SPARSE_FORWARD_FIRST_UNMASKED: each
     item's first block masked only where its tile needs it, the block loop's mask form, helper itemcost, stop 56;
     the same bits; predicted -14 to -31 us on the causal keep 0.25 row, about as many us on the other three rows:
-    a per-item effect), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
+    a per-item effect; stop 56 measured the causal rows faster and the unmasked ones slower), ``firstmasked`` (the
+    same on causal and windowed calls only: ``JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=masked``), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
     stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
     bits: its delta is what STORE_TMA saves, > 0), and tlx dense (stop 54's ``sections`` columns, the tile list in L2
     sections of sequences, were slower on every row in stop 55 and went with their knob). Then
@@ -1230,7 +1231,7 @@ def sparse_ablation() -> int:
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "firstunmasked",
-            "storetma off", "tlx dense")
+            "firstmasked", "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1261,6 +1262,7 @@ def sparse_ablation() -> int:
                "lowsel+nomask": (sparse(low), {"SPARSE_FORWARD_ABLATE": 1, "SPARSE_FORWARD_PEEL": False}),
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
                "firstunmasked": (sparse(index), {"SPARSE_FORWARD_FIRST_UNMASKED": True}),
+               "firstmasked": (sparse(index), {"SPARSE_FORWARD_FIRST_UNMASKED": "masked"}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}

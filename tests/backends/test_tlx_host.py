@@ -531,26 +531,31 @@ def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
 
 
 @needs_tlx
-def test_sparse_walk_ahead_env(monkeypatch):
-    """The env's values (helper sparse38): "masked" -> "masked" (masked calls only), "1" -> True, unset or "0" ->
-    False (the default: stop 38's H200 ablation); ``sparse_walk_ahead`` follows them. Each value on a fresh copy of
-    the module (not in sys.modules): reloading the loaded one replaced its functions, which conftest's
-    ``nothing_left_patched`` failed (stop 41)."""
+@pytest.mark.parametrize("env_name,knob", [("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "SPARSE_FORWARD_WALK_AHEAD"),
+                                           ("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "SPARSE_FORWARD_FIRST_UNMASKED")])
+def test_sparse_masked_knob_env(monkeypatch, env_name, knob):
+    """The env's values (helper sparse38; the first-unmasked knob since stop 56): "masked" -> "masked" (masked calls
+    only), "1" -> True, unset or "0" -> False (the default: stop 38's H200 ablation; stop 56's twin unfinished);
+    ``on_for_call`` follows them. Each value on a fresh copy of the module (not in sys.modules): reloading the loaded
+    one replaced its functions, which conftest's ``nothing_left_patched`` failed (stop 41)."""
     import importlib.util
 
     from jfa_ops.backends.tlx import configs as c
 
     for env, want in ((None, False), ("masked", "masked"), ("1", True), ("0", False)):
         if env is None:
-            monkeypatch.delenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", raising=False)
+            monkeypatch.delenv(env_name, raising=False)
         else:
-            monkeypatch.setenv("JFA_TLX_SPARSE_FWD_WALK_AHEAD", env)
+            monkeypatch.setenv(env_name, env)
         spec = importlib.util.spec_from_file_location(c.__name__, c.__file__)
         fresh = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(fresh)
-        assert fresh.SPARSE_FORWARD_WALK_AHEAD == want and type(fresh.SPARSE_FORWARD_WALK_AHEAD) is type(want)
-        assert [fresh.sparse_walk_ahead(m) for m in (False, True)] == {"masked": [False, True], True: [True, True],
-                                                                      False: [False, False]}[want]
+        value = getattr(fresh, knob)
+        assert value == want and type(value) is type(want)
+        assert [fresh.on_for_call(value, m) for m in (False, True)] == {"masked": [False, True], True: [True, True],
+                                                                        False: [False, False]}[want]
+        assert [fresh.sparse_walk_ahead(m) for m in (False, True)] == \
+            [fresh.on_for_call(fresh.SPARSE_FORWARD_WALK_AHEAD, m) for m in (False, True)]
         assert fresh.SPARSE_FORWARD_ABLATE == 0
 
 
@@ -592,11 +597,11 @@ def test_block_sparse_forward_peel_launch(gpu, monkeypatch, peel):
 
 
 @needs_tlx
-@pytest.mark.parametrize("first_unmasked", [False, True])
+@pytest.mark.parametrize("first_unmasked", [False, True, "masked"])
 def test_block_sparse_forward_first_unmasked_launch(gpu, monkeypatch, first_unmasked):
     """``configs.SPARSE_FORWARD_FIRST_UNMASKED`` (helper itemcost, stop 56) reaches the kernel's FIRST_UNMASKED per
-    call (list or one wave, causal or not, with the peel or without: independent knobs); the ablation (SPARSE_ABLATE
-    1) turns it off; the dense forward passes False. Off by default."""
+    call (list or one wave, causal or not, with the peel or without: independent knobs; "masked": causal calls
+    only); the ablation (SPARSE_ABLATE 1) turns it off; the dense forward passes False. Off by default."""
     runs, _ = gpu
     assert os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED") is not None \
         or tlx_configs.SPARSE_FORWARD_FIRST_UNMASKED is False
@@ -606,7 +611,8 @@ def test_block_sparse_forward_first_unmasked_launch(gpu, monkeypatch, first_unma
         for sms in (3, 132):
             for causal in (False, True):
                 _, got = _block_sparse_launch(runs, monkeypatch, causal, sms)
-                assert got["SPARSE"] and got["FIRST_UNMASKED"] is first_unmasked and got["SPARSE_PEEL"] is peel
+                want = first_unmasked is True or (first_unmasked == "masked" and causal)
+                assert got["SPARSE"] and got["FIRST_UNMASKED"] is want and got["SPARSE_PEEL"] is peel
                 assert got["SPARSE_ABLATE"] == 0
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_PEEL", False)
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 1)

@@ -1293,6 +1293,7 @@ def block_sparse_forward(q, k, v, q_offsets, kv_offsets, kv_block_index, kv_bloc
         UNIFORM_WALK=configs.SPARSE_FORWARD_UNIFORM_WALK, WALK_AHEAD=configs.sparse_walk_ahead(has_left or has_right),
         SPARSE_ABLATE=configs.SPARSE_FORWARD_ABLATE,
         SPARSE_PEEL=configs.SPARSE_FORWARD_PEEL and not configs.SPARSE_FORWARD_ABLATE,
-        FIRST_UNMASKED=configs.SPARSE_FORWARD_FIRST_UNMASKED and not configs.SPARSE_FORWARD_ABLATE),
+        FIRST_UNMASKED=configs.on_for_call(configs.SPARSE_FORWARD_FIRST_UNMASKED, has_left or has_right)
+        and not configs.SPARSE_FORWARD_ABLATE),
         num_warps=NUM_WARPS, num_stages=1)
     return out, lse

@@ -216,10 +216,15 @@ _WALK_AHEAD_ENV = os.environ.get("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "0")
 SPARSE_FORWARD_WALK_AHEAD = "masked" if _WALK_AHEAD_ENV == "masked" else _WALK_AHEAD_ENV == "1"
 
 
+def on_for_call(setting, masked: bool) -> bool:
+    """A knob set to True, False or "masked" (causal or windowed calls only), for a call (``masked``: causal or a
+    window)."""
+    return setting is True or (setting == "masked" and masked)
+
+
 def sparse_walk_ahead(masked: bool) -> bool:
-    """The block-sparse forward's WALK_AHEAD for a call (``masked``: causal or a window) under
-    ``SPARSE_FORWARD_WALK_AHEAD`` (True, False or "masked")."""
-    return SPARSE_FORWARD_WALK_AHEAD is True or (SPARSE_FORWARD_WALK_AHEAD == "masked" and masked)
+    """The block-sparse forward's WALK_AHEAD for a call under ``SPARSE_FORWARD_WALK_AHEAD``."""
+    return on_for_call(SPARSE_FORWARD_WALK_AHEAD, masked)
 
 
 # Timing-only ablation of the block-sparse forward (helper sparse38; wrong results: never in a real call): 1 never takes
@@ -236,14 +241,17 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # same bits. Off (0) until timed on the H200 (tools/tlx_check.py sparse-ablation's "peel" column; its flip rule in
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
-# FIRST_UNMASKED (JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=1; helper itemcost, stop 56): each block-sparse item's first key
+# FIRST_UNMASKED (JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=1 or =masked; helper itemcost, stop 56): each block-sparse item's first key
 # block takes the block loop's mask form (the key interval mask only when its tile lies outside the mask-free bulk)
 # instead of the always-masked first-block softmax, the kernel's FIRST_UNMASKED: most items' first tile is mask-free,
 # so their prologue skips the mask (sm_90 D128 bf16 causal: consumer 0's prologue 889 -> 464 instructions, FSEL
-# 194 -> 2, its spills gone; the block loop unchanged). An all-visible mask is the identity: the same bits. Off (0)
-# until timed (tools/tlx_check.py sparse-ablation's "firstunmasked" column; predicted -14 to -31 us on the causal
-# keep 0.25 row, ~1.014x); read per call; ignored under SPARSE_FORWARD_ABLATE.
-SPARSE_FORWARD_FIRST_UNMASKED = os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "0") == "1"
+# 194 -> 2, its spills gone; the block loop unchanged). An all-visible mask is the identity: the same bits. Timed
+# by tools/tlx_check.py sparse-ablation's "firstunmasked" / "firstmasked" columns). Stop 56 (H100, us over the default,
+# keep 0.5 / 0.25 / causal 0.5 / causal 0.25): +32.5 / +44.7 / -179.4 / -43.6 (A/A -5.9 / +17.1 / -21.6 / -22.9):
+# faster on the causal rows only, hence =masked (causal or windowed calls only; =1 every call, =0 none). Off until
+# its GPU twin has run whole (4 of 16 cases so far); read per call; ignored under SPARSE_FORWARD_ABLATE.
+_FIRST_UNMASKED_ENV = os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "0")
+SPARSE_FORWARD_FIRST_UNMASKED = "masked" if _FIRST_UNMASKED_ENV == "masked" else _FIRST_UNMASKED_ENV == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,
 # 2026-12-02: 11 sweep cases passed; 1.38-1.46x the triton sparse backward); env JFA_TLX_SPARSE_BWD=0 turns it off
