@@ -586,14 +586,20 @@ def test_block_sparse_forward_peel_launch(gpu, monkeypatch, peel):
         for causal in (False, True):
             _, got = _block_sparse_launch(runs, monkeypatch, causal, sms)
             assert got["SPARSE"] and got["SPARSE_PEEL"] is peel and got["SPARSE_ABLATE"] == 0
+    _ablation_and_dense_leave_off(runs, monkeypatch, "SPARSE_PEEL")
+
+
+def _ablation_and_dense_leave_off(runs, monkeypatch, constexpr):
+    """An off-by-default forward knob's constexpr is False under the ablation (SPARSE_ABLATE 1, its own loop) and
+    in the dense forward, whatever the knob says."""
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 1)
     _, got = _block_sparse_launch(runs, monkeypatch, True, 3)
-    assert got["SPARSE_ABLATE"] == 1 and got["SPARSE_PEEL"] is False
+    assert got["SPARSE_ABLATE"] == 1 and got[constexpr] is False
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 0)
     runs.clear()
     _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
     got = dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, runs[-1][2]))
-    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["SPARSE_PEEL"] is False
+    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got[constexpr] is False
 
 
 @needs_tlx
@@ -615,14 +621,7 @@ def test_block_sparse_forward_first_unmasked_launch(gpu, monkeypatch, first_unma
                 assert got["SPARSE"] and got["FIRST_UNMASKED"] is want and got["SPARSE_PEEL"] is peel
                 assert got["SPARSE_ABLATE"] == 0
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_PEEL", False)
-    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 1)
-    _, got = _block_sparse_launch(runs, monkeypatch, True, 3)
-    assert got["SPARSE_ABLATE"] == 1 and got["FIRST_UNMASKED"] is False
-    monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_ABLATE", 0)
-    runs.clear()
-    _full(monkeypatch, lambda: _forward(*_inputs([64, 17, 40, 5]), _params(causal=True)))
-    got = dict(zip(attn_fwd.attn_fwd_tlx_kernel.arg_names, runs[-1][2]))
-    assert runs[-1][0] == "attn_fwd_tlx_kernel" and got["FIRST_UNMASKED"] is False
+    _ablation_and_dense_leave_off(runs, monkeypatch, "FIRST_UNMASKED")
 
 
 def test_lowest_selection_keeps_counts_and_the_local_block():

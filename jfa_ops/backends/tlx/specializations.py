@@ -294,12 +294,18 @@ def sparse_peel_specializations() -> Iterator[Specialization]:
     peeldiag38), beside the kernels tools/tlx_check.py sparse-ablation times (D128 bf16, the default walk and zigzag
     order; causal with and without the walk ahead, full without) and a left window (fp16, the two-round peel). Off by
     default, so not shipped: ``test_tlx_compile.py`` compiles them once."""
-    yield fwd_specialization(128, "bf16", False, sparse=True, uniform_walk=True, zigzag=True, sparse_peel=True)
-    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, sparse_peel=True)
-    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, walk_ahead=True,
-                             sparse_peel=True)
-    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
-                             sparse_peel=True)
+    return _sparse_knob_family(sparse_peel=True)
+
+
+def _sparse_knob_family(**knob) -> Iterator[Specialization]:
+    """The four block-sparse forwards an off-by-default forward knob is compiled on (``knob``: its
+    ``fwd_specialization`` argument): D128 bf16 full and causal, causal with the walk ahead, fp16 causal with a left
+    window."""
+    sparse = dict(sparse=True, uniform_walk=True, zigzag=True, **knob)
+    yield fwd_specialization(128, "bf16", False, **sparse)
+    yield fwd_specialization(128, "bf16", True, **sparse)
+    yield fwd_specialization(128, "bf16", True, walk_ahead=True, **sparse)
+    yield fwd_specialization(128, "fp16", True, has_left=True, **sparse)
 
 
 def sparse_first_unmasked_specializations() -> Iterator[Specialization]:
@@ -308,12 +314,7 @@ def sparse_first_unmasked_specializations() -> Iterator[Specialization]:
     kernels: D128 bf16 with the default walk and zigzag order (those tools/tlx_check.py sparse-ablation times), full,
     causal, causal with the walk ahead, and fp16 causal with a left window (the first tile's mask with a lower bound).
     Off by default, so not shipped: ``test_tlx_compile.py`` compiles them once."""
-    yield fwd_specialization(128, "bf16", False, sparse=True, uniform_walk=True, zigzag=True, first_unmasked=True)
-    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, first_unmasked=True)
-    yield fwd_specialization(128, "bf16", True, sparse=True, uniform_walk=True, zigzag=True, walk_ahead=True,
-                             first_unmasked=True)
-    yield fwd_specialization(128, "fp16", True, has_left=True, sparse=True, uniform_walk=True, zigzag=True,
-                             first_unmasked=True)
+    return _sparse_knob_family(first_unmasked=True)
 
 
 # The v4 kernels with STORE_TMA off (JFA_TLX_FWD_STORE_TMA=0, the default before stop 40): the bench's dense D128
