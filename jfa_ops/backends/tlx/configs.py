@@ -242,9 +242,9 @@ SPARSE_FORWARD_ABLATE = int(os.environ.get("JFA_TLX_SPARSE_FWD_ABLATE", "0"))
 # bench/NOTES.md); read per call; ignored under SPARSE_FORWARD_ABLATE.
 SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
 # FIRST_UNMASKED (JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=1 or =masked; helper itemcost, stop 56): each block-sparse item's
-# first key block takes the block loop's mask form (the key interval mask only when its tile lies outside the mask-free bulk)
-# instead of the always-masked first-block softmax, the kernel's FIRST_UNMASKED: most items' first tile is mask-free,
-# so their prologue skips the mask (sm_90 D128 bf16 causal: consumer 0's prologue 889 -> 464 instructions, FSEL
+# first key block takes the block loop's mask form (the key interval mask only when its tile lies outside the
+# mask-free bulk) instead of the always-masked first-block softmax, the kernel's FIRST_UNMASKED: most items' first
+# tile is mask-free, so their prologue skips the mask (sm_90 D128 bf16 causal: consumer 0's prologue 889 -> 464 instructions, FSEL
 # 194 -> 2, its spills gone; the block loop unchanged). An all-visible mask is the identity: the same bits. Timed
 # by tools/tlx_check.py sparse-ablation's "firstunmasked" / "firstmasked" columns. Stop 56 (H100, us over the default,
 # keep 0.5 / 0.25 / causal 0.5 / causal 0.25): +32.5 / +44.7 / -179.4 / -43.6 (A/A -5.9 / +17.1 / -21.6 / -22.9):
