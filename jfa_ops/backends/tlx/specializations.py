@@ -657,26 +657,30 @@ def wgmma_overlap(ptx: str) -> bool:
     return False
 
 
-def _candidates(ablations: bool, mxfp8_bwd: bool = False, peel: bool = False, first_unmasked: bool = False) -> list:
-    """The specializations ``main`` picks from: the shipped ones, the ablations (MXFP8 forward, backward), the
-    MXFP8 backward's kernels, the peeled block-sparse forwards (``sparse_peel_specializations``) and those with the
-    first block unmasked (``sparse_first_unmasked_specializations``) when asked for."""
-    return list(shipped_specializations()) + (
-        list(mxfp8_ablation_specializations()) + list(backward_ablation_specializations())
-        + list(sparse_ablation_specializations()) if ablations else []) + (
-        list(mxfp8_backward_specializations()) if mxfp8_bwd else []) + (
-        list(sparse_peel_specializations()) if peel else []) + (
-        list(sparse_first_unmasked_specializations()) if first_unmasked else [])
+# ``main``'s opt-in sets: a name filter containing the word adds these off-by-default specializations (in this order)
+OPT_IN_SETS = {"ablate": (mxfp8_ablation_specializations, backward_ablation_specializations,
+                          sparse_ablation_specializations),
+               "mxfp8": (mxfp8_backward_specializations,),
+               "peel": (sparse_peel_specializations,),
+               "firstunmasked": (sparse_first_unmasked_specializations,)}
 
 
-def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False, peel: bool = False,
-                   first_unmasked: bool = False) -> dict:
-    """Worker: compile ``_candidates(ablations, mxfp8_bwd, peel, first_unmasked)[index]`` in a fresh cache (so ptxas
-    runs and logs)."""
+def _candidates(words=()) -> list:
+    """The specializations ``main`` picks from: the shipped ones, then the opt-in sets (``OPT_IN_SETS``) of
+    ``words``, in that table's order."""
+    specs = list(shipped_specializations())
+    for word, sets in OPT_IN_SETS.items():
+        if word in words:
+            specs += [spec for make in sets for spec in make()]
+    return specs
+
+
+def _compile_index(index: int, words=()) -> dict:
+    """Worker: compile ``_candidates(words)[index]`` in a fresh cache (so ptxas runs and logs)."""
     import triton
 
     triton.knobs.nvidia.dump_ptxas_log = True
-    spec = _candidates(ablations, mxfp8_bwd, peel, first_unmasked)[index]
+    spec = _candidates(words)[index]
     with tempfile.TemporaryDirectory() as cache:
         triton.knobs.cache.dir = cache
         try:
@@ -687,11 +691,9 @@ def _compile_index(index: int, ablations: bool = False, mxfp8_bwd: bool = False,
 
 def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
-    to compile; one containing "ablate" adds the ablations, ``mxfp8_ablation_specializations`` and
-    ``backward_ablation_specializations``, one containing "mxfp8" the MXFP8 backward's kernels,
-    ``mxfp8_backward_specializations``, one containing "peel" the peeled block-sparse forwards,
-    ``sparse_peel_specializations``, one containing "firstunmasked" the block-sparse forwards with the first block
-    unmasked, ``sparse_first_unmasked_specializations``); exit 1 if any failed to compile (the error is in its line)."""
+    to compile; one containing a word of ``OPT_IN_SETS`` adds its sets: "ablate" the ablations, "mxfp8" the MXFP8
+    backward's kernels, "peel" the peeled block-sparse forwards, "firstunmasked" the block-sparse forwards with the
+    first block unmasked); exit 1 if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
@@ -701,17 +703,12 @@ def main(argv=None) -> int:
         i = args.index("--jobs")
         jobs = int(args[i + 1])
         del args[i:i + 2]
-    ablations = any("ablate" in a for a in args)
-    mxfp8_bwd = any("mxfp8" in a for a in args)
-    peel = any("peel" in a for a in args)
-    first_unmasked = any("firstunmasked" in a for a in args)
-    names = [s.name for s in _candidates(ablations, mxfp8_bwd, peel, first_unmasked)]
+    words = tuple(w for w in OPT_IN_SETS if any(w in a for a in args))
+    names = [s.name for s in _candidates(words)]
     indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
     failed = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for row in pool.map(functools.partial(_compile_index, ablations=ablations, mxfp8_bwd=mxfp8_bwd, peel=peel,
-                                                 first_unmasked=first_unmasked),
-                            indices):
+        for row in pool.map(functools.partial(_compile_index, words=words), indices):
             failed += "error" in row
             print(json.dumps(row), flush=True)
     return 1 if failed else 0
