@@ -1217,13 +1217,13 @@ def sparse_ablation() -> int:
     item's first block masked only where its tile needs it, the block loop's mask form, helper itemcost, stop 56;
     the same bits; predicted -14 to -31 us on the causal keep 0.25 row, about as many us on the other three rows:
     a per-item effect; stop 56 measured the causal rows faster and the unmasked ones slower), ``firstmasked`` (the
-    same on causal and windowed calls only: ``JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=masked``), ``storetma off`` (configs.FORWARD_STORE_TMA False: out by the pointer
-    stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
+    same on causal and windowed calls only: ``JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=masked``), ``storetma off``
+    (configs.FORWARD_STORE_TMA False: out by the pointer stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
     bits: its delta is what STORE_TMA saves, > 0), and tlx dense (stop 54's ``sections`` columns, the tile list in L2
     sections of sequences, were slower on every row in stop 55 and went with their knob). Then
     the per-SM model: b (us per selected block) and a (us per work item) solved from the two unmasked rows' default
     times, and for the causal rows the time over that model ("excess") beside what
-    nomask, lowsel, peel and firstunmasked remove from it (and storetma off: < 0, what STORE_TMA removes).
+    nomask, lowsel, peel, firstunmasked and firstmasked remove from it (and storetma off: < 0, what STORE_TMA removes).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
@@ -1300,7 +1300,8 @@ def sparse_ablation() -> int:
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
             gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel",
-                                                                 "firstunmasked", "storetma off") if c in ms}
+                                                                 "firstunmasked", "firstmasked", "storetma off")
+                    if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
@@ -1351,7 +1352,7 @@ def sparse_backward_correctness() -> int:
 
 def _sparse_backward_rows():
     """The bench's four quick sparse rows (``bench.suites.sparse_cases``), each as (case, inputs, q, k, v leaves with
-    gradients, the triton selection of q and k). TLX_SPARSE_ROWS=large: the full suite's larger batch instead (T131072:
+    gradients, the triton selection of q and k). TLX_SPARSE_ROWS=large: the full suite's larger batch instead (T134272:
     twice the items, where a list cost that grows with items^2 would show); TLX_SPARSE_ROWS_MATCH: only the rows
     whose label holds that text."""
     from bench.suites import make_inputs, sparse_cases
