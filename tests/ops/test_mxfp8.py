@@ -349,6 +349,20 @@ def mxfp8_attention_cases(draw, *, max_len=70, max_total=100):
                      spread=draw(st.sampled_from([None, 12]), label="spread"))
 
 
+# ``_p_near_ties`` flags a P value with probability ~2.2e-4 on N(0, 1) inputs (measured: 2.1-2.4e-4 over rows of 16-256
+# keys, far fewer with spread inputs), so a row of L keys is a tie row with ~L x 2.2e-4: a fixed share of rows fails
+# by chance on long rows (stop 57's CI: 3 tie rows in a 70 x 70 x 2-head case against a cap of 2).
+P_TIE_RATE = 3e-4
+
+
+def tie_rows_allowed(q, k, q_off, kv_off, opts) -> float:
+    """Poisson cap on the oracle's tie rows: the mean tie count of every P value (masked ones too: an upper bound)
+    at ``P_TIE_RATE`` plus 4 standard deviations and 2: far more flagged rows means the detector, not chance."""
+    q_lengths = [q.shape[0]] * (len(kv_off) - 1) if opts.get("broadcast_q") else q_off.diff().tolist()
+    mean = P_TIE_RATE * q.shape[1] * sum(lq * lk for lq, lk in zip(q_lengths, kv_off.diff().tolist()))
+    return mean + 4 * math.sqrt(mean) + 2
+
+
 def check_mxfp8_attention_case(case, backend, out_tol, device="cpu"):
     """out and lse of ``backend`` against the float64 MXFP8 oracle (out within ``out_tol``, lse within 1e-5, the
     same -inf rows, exactly 0 where a row sees no key, nothing non-finite) and within the issue's bound."""
@@ -363,7 +377,7 @@ def check_mxfp8_attention_case(case, backend, out_tol, device="cpu"):
     assert (out[sees_nothing.T] == 0).all()
     # rows with a P value at an E4M3 rounding midpoint (or a block max at a scale boundary) may round the other way
     # in a kernel's fp32 than in the oracle's float64 (``ties``): out of the tight bound, still in the issue's (below)
-    assert ties.sum() <= max(2, ties.numel() // 50), int(ties.sum())  # rare, or the exclusion hides a real error
+    assert ties.sum() <= tie_rows_allowed(q, k, q_off, kv_off, opts), int(ties.sum())  # or it hides a real error
     assert _rel(out[~ties], want_out[~ties]) <= out_tol, _rel(out[~ties], want_out[~ties])
     assert _rel(lse[~sees_nothing], want_lse[~sees_nothing]) <= 1e-5
     err, bound = issue_error_bound(q, k, v, q_off, kv_off, opts, out)
