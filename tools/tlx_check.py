@@ -1217,13 +1217,15 @@ def sparse_ablation() -> int:
     item's first block masked only where its tile needs it, the block loop's mask form, helper itemcost, stop 56;
     the same bits; predicted -14 to -31 us on the causal keep 0.25 row, about as many us on the other three rows:
     a per-item effect; stop 56 measured the causal rows faster and the unmasked ones slower), ``firstmasked`` (the
-    same on causal and windowed calls only: ``JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=masked``), ``storetma off``
+    same on causal and windowed calls only: ``JFA_TLX_SPARSE_FWD_FIRST_UNMASKED=masked``, the default since stop 57:
+    an A/A column now), ``firstoff`` (none: ``=0``, the default before stop 57), ``storetma off``
     (configs.FORWARD_STORE_TMA False: out by the pointer stores, as before stop 40; the default writes it through the Q slot and a TMA store, helper item39; the same
     bits: its delta is what STORE_TMA saves, > 0), and tlx dense (stop 54's ``sections`` columns, the tile list in L2
     sections of sequences, were slower on every row in stop 55 and went with their knob). Then
     the per-SM model: b (us per selected block) and a (us per work item) solved from the two unmasked rows' default
     times, and for the causal rows the time over that model ("excess") beside what
-    nomask, lowsel, peel, firstunmasked and firstmasked remove from it (and storetma off: < 0, what STORE_TMA removes).
+    nomask, lowsel, peel, firstunmasked and firstmasked remove from it (and storetma off and firstoff: < 0, what
+    STORE_TMA and the first block's mask-free form remove).
     TLX_SPARSE_ABLATION_COLS (a comma list): those columns only, default always."""
     from bench.suites import make_inputs, sparse_cases
     from jfa_ops.backends.tlx import configs
@@ -1231,7 +1233,7 @@ def sparse_ablation() -> int:
     rounds = int(os.environ.get("TLX_SPARSE_ABLATION_ROUNDS", "3"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cols = ("default", "walk off", "walk on", "nomask", "lowsel", "lowsel+nomask", "peel", "firstunmasked",
-            "firstmasked", "storetma off", "tlx dense")
+            "firstmasked", "firstoff", "storetma off", "tlx dense")
     wanted = os.environ.get("TLX_SPARSE_ABLATION_COLS")  # a comma list: those columns only (default always)
     if wanted:
         cols = tuple(c for c in cols if c == "default" or c in wanted.split(","))
@@ -1263,6 +1265,7 @@ def sparse_ablation() -> int:
                "peel": (sparse(index), {"SPARSE_FORWARD_PEEL": True}),
                "firstunmasked": (sparse(index), {"SPARSE_FORWARD_FIRST_UNMASKED": True}),
                "firstmasked": (sparse(index), {"SPARSE_FORWARD_FIRST_UNMASKED": "masked"}),
+               "firstoff": (sparse(index), {"SPARSE_FORWARD_FIRST_UNMASKED": False}),
                "storetma off": (sparse(index), {"FORWARD_STORE_TMA": False}),
                "tlx dense": (lambda: jfa_ops.jagged_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, case.max_q,
                                                               case.max_kv, causal=case.causal, backend="tlx"), {})}
@@ -1300,7 +1303,8 @@ def sparse_ablation() -> int:
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
             gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel",
-                                                                 "firstunmasked", "firstmasked", "storetma off")
+                                                                 "firstunmasked", "firstmasked", "firstoff",
+                                                                 "storetma off")
                     if c in ms}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "

@@ -531,18 +531,20 @@ def test_block_sparse_forward_walk_ahead_launch(gpu, monkeypatch, walk_ahead):
 
 
 @needs_tlx
-@pytest.mark.parametrize("env_name,knob", [("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "SPARSE_FORWARD_WALK_AHEAD"),
-                                           ("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "SPARSE_FORWARD_FIRST_UNMASKED")])
-def test_sparse_masked_knob_env(monkeypatch, env_name, knob):
+@pytest.mark.parametrize("env_name,knob,default", [
+    ("JFA_TLX_SPARSE_FWD_WALK_AHEAD", "SPARSE_FORWARD_WALK_AHEAD", False),
+    ("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "SPARSE_FORWARD_FIRST_UNMASKED", "masked")])
+def test_sparse_masked_knob_env(monkeypatch, env_name, knob, default):
     """The env's values (helper sparse38; the first-unmasked knob since stop 56): "masked" -> "masked" (masked calls
-    only), "1" -> True, unset or "0" -> False (the default: stop 38's H200 ablation; stop 56's twin unfinished);
+    only), "1" -> True, "0" -> False, unset -> ``default`` (the walk ahead off: stop 38's H200 ablation; the first
+    block's mask "masked": stop 57's twin and ablations);
     ``on_for_call`` follows them. Each value on a fresh copy of the module (not in sys.modules): reloading the loaded
     one replaced its functions, which conftest's ``nothing_left_patched`` failed (stop 41)."""
     import importlib.util
 
     from jfa_ops.backends.tlx import configs as c
 
-    for env, want in ((None, False), ("masked", "masked"), ("1", True), ("0", False)):
+    for env, want in ((None, default), ("masked", "masked"), ("1", True), ("0", False)):
         if env is None:
             monkeypatch.delenv(env_name, raising=False)
         else:
@@ -607,10 +609,11 @@ def _ablation_and_dense_leave_off(runs, monkeypatch, constexpr):
 def test_block_sparse_forward_first_unmasked_launch(gpu, monkeypatch, first_unmasked):
     """``configs.SPARSE_FORWARD_FIRST_UNMASKED`` (helper itemcost, stop 56) reaches the kernel's FIRST_UNMASKED per
     call (list or one wave, causal or not, with the peel or without: independent knobs; "masked": causal calls
-    only); the ablation (SPARSE_ABLATE 1) turns it off; the dense forward passes False. Off by default."""
+    only); the ablation (SPARSE_ABLATE 1) turns it off; the dense forward passes False. "masked" by default (stop
+    57)."""
     runs, _ = gpu
     assert os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED") is not None \
-        or tlx_configs.SPARSE_FORWARD_FIRST_UNMASKED is False
+        or tlx_configs.SPARSE_FORWARD_FIRST_UNMASKED == "masked"
     monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_FIRST_UNMASKED", first_unmasked)
     for peel in (False, True):
         monkeypatch.setattr(tlx_configs, "SPARSE_FORWARD_PEEL", peel)

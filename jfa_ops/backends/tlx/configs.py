@@ -248,9 +248,12 @@ SPARSE_FORWARD_PEEL = os.environ.get("JFA_TLX_SPARSE_FWD_PEEL", "0") == "1"
 # 194 -> 2, its spills gone; the block loop unchanged). An all-visible mask is the identity: the same bits. Timed
 # by tools/tlx_check.py sparse-ablation's "firstunmasked" / "firstmasked" columns. Stop 56 (H100, us over the default,
 # keep 0.5 / 0.25 / causal 0.5 / causal 0.25): +32.5 / +44.7 / -179.4 / -43.6 (A/A -5.9 / +17.1 / -21.6 / -22.9):
-# faster on the causal rows only, hence =masked (causal or windowed calls only; =1 every call, =0 none). Off until
-# its GPU twin has run whole (4 of 16 cases so far); read per call; ignored under SPARSE_FORWARD_ABLATE.
-_FIRST_UNMASKED_ENV = os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "0")
+# faster on the causal rows only, hence =masked (causal or windowed calls only; =1 every call, =0 none). "masked" by
+# default since stop 57: its GPU twin passed whole (16 cases, H100) and =masked measured -38 / -41 / -35 us on
+# causal keep 0.25 (1.45 ms) and -7 / -36 / -20 us on causal keep 0.5 in three ablations: faster in all eight causal
+# cells over stops 56-57, while the unmasked rows (the same kernel there: an A/A) scattered +-59 us both ways.
+# Read per call; ignored under SPARSE_FORWARD_ABLATE.
+_FIRST_UNMASKED_ENV = os.environ.get("JFA_TLX_SPARSE_FWD_FIRST_UNMASKED", "masked")
 SPARSE_FORWARD_FIRST_UNMASKED = "masked" if _FIRST_UNMASKED_ENV == "masked" else _FIRST_UNMASKED_ENV == "1"
 # The block-sparse backward on the TLX v2 backward (attn_bwd.block_sparse_backward: SPARSE, each key tile walking the
 # query tiles of the Q blocks that selected it) instead of the triton sparse backward: on since its GPU check (H200,

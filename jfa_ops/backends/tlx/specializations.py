@@ -54,7 +54,7 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
                        block_kv: int = 128, uniform_walk: bool = False, zigzag: bool = False,
                        walk_ahead: bool = False, dynamic: bool = False, sparse_ablate: int = 0,
                        sparse_peel: bool = False,
-                       store_tma=None, first_unmasked: bool = False) -> Specialization:
+                       store_tma=None, first_unmasked=None) -> Specialization:
     """pipeline/kv_major/one_loop None: as ``configs.fwd_choices`` picks for this call (``uniform``: a dense
     batch). ``sparse``: the block-sparse forward (``attn_fwd.block_sparse_forward``: SPARSE, the v4 consumers) for a
     selection of block_q x block_kv blocks; ``uniform_walk`` its walk's bounds in uniform registers
@@ -64,10 +64,12 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     (ATOMIC_WORK; the v3 consumers). ``sparse_ablate``: ``configs.SPARSE_FORWARD_ABLATE``
     (timing only). ``sparse_peel``: ``configs.SPARSE_FORWARD_PEEL`` (the consumers' walk peeled: SPARSE_PEEL).
     ``first_unmasked``: ``configs.SPARSE_FORWARD_FIRST_UNMASKED`` (each item's first block masked only where its tile
-    needs it: FIRST_UNMASKED).
+    needs it: FIRST_UNMASKED); None: as the launch picks (``configs.on_for_call``: causal or windowed sparse calls
+    by default since stop 57; never under ``sparse_ablate``).
     ``store_tma``: out through the Q slot and a TMA store (STORE_TMA, desc_o); None: as the launch picks
     (``attn_fwd.store_tma``: ``configs.FORWARD_STORE_TMA`` on the v4 consumers), False: the pointer-store epilogue
     (``JFA_TLX_FWD_STORE_TMA=0``, ``store_tma_off_specializations``)."""
+    from . import configs
     from .attn_fwd import NO_SELECTION, attn_fwd_tlx_kernel, store_tma as launch_store_tma
 
     cfg = fwd_config(head_dim)
@@ -76,6 +78,9 @@ def fwd_specialization(head_dim: int, dtype: str, causal: bool, has_left: bool =
     kv_major = False if zigzag else chosen[1] if kv_major is None else kv_major
     one_loop = True if sparse else chosen[2] if one_loop is None else one_loop
     store_tma = launch_store_tma(one_loop) if store_tma is None else store_tma
+    if first_unmasked is None:
+        first_unmasked = sparse and not sparse_ablate and configs.on_for_call(
+            configs.SPARSE_FORWARD_FIRST_UNMASKED, causal or has_left)
     names = list(attn_fwd_tlx_kernel.arg_names)
     types = {"desc_q": f"tensordesc<{dtype}[{cfg.block_m // 2},{head_dim}]>",
              "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
@@ -297,24 +302,27 @@ def sparse_peel_specializations() -> Iterator[Specialization]:
     return _sparse_knob_family(sparse_peel=True)
 
 
+# The four block-sparse forwards an opt-in forward knob is compiled on (D128 bf16 with the default walk and zigzag
+# order: full and causal, causal with the walk ahead; fp16 causal with a left window)
+SPARSE_KNOB_KERNELS = (dict(head_dim=128, dtype="bf16", causal=False), dict(head_dim=128, dtype="bf16", causal=True),
+                       dict(head_dim=128, dtype="bf16", causal=True, walk_ahead=True),
+                       dict(head_dim=128, dtype="fp16", causal=True, has_left=True))
+
+
 def _sparse_knob_family(**knob) -> Iterator[Specialization]:
-    """The four block-sparse forwards an off-by-default forward knob is compiled on (``knob``: its
-    ``fwd_specialization`` argument): D128 bf16 full and causal, causal with the walk ahead, fp16 causal with a left
-    window."""
-    sparse = dict(sparse=True, uniform_walk=True, zigzag=True, **knob)
-    yield fwd_specialization(128, "bf16", False, **sparse)
-    yield fwd_specialization(128, "bf16", True, **sparse)
-    yield fwd_specialization(128, "bf16", True, walk_ahead=True, **sparse)
-    yield fwd_specialization(128, "fp16", True, has_left=True, **sparse)
+    """``SPARSE_KNOB_KERNELS`` with ``knob`` (its ``fwd_specialization`` argument)."""
+    for kernel in SPARSE_KNOB_KERNELS:
+        yield fwd_specialization(**kernel, sparse=True, uniform_walk=True, zigzag=True, **knob)
 
 
 def sparse_first_unmasked_specializations() -> Iterator[Specialization]:
-    """The block-sparse forward with each item's first block masked only where its tile needs it
-    (``configs.SPARSE_FORWARD_FIRST_UNMASKED``, helper itemcost, stop 56) on ``sparse_peel_specializations``' four
-    kernels: D128 bf16 with the default walk and zigzag order (those tools/tlx_check.py sparse-ablation times), full,
-    causal, causal with the walk ahead, and fp16 causal with a left window (the first tile's mask with a lower bound).
-    Off by default, so not shipped: ``test_tlx_compile.py`` compiles them once."""
-    return _sparse_knob_family(first_unmasked=True)
+    """``configs.SPARSE_FORWARD_FIRST_UNMASKED`` (helper itemcost, stop 56; "masked" by default since stop 57: the
+    shipped causal and windowed block-sparse forwards carry FIRST_UNMASKED) the other way on ``SPARSE_KNOB_KERNELS``:
+    on in the full one (``=1``), off in the three masked ones (``=0``). Not shipped: ``test_tlx_compile.py``
+    compiles them once beside their shipped twins."""
+    for kernel in SPARSE_KNOB_KERNELS:
+        masked = kernel["causal"] or kernel.get("has_left", False)
+        yield fwd_specialization(**kernel, sparse=True, uniform_walk=True, zigzag=True, first_unmasked=not masked)
 
 
 # The v4 kernels with STORE_TMA off (JFA_TLX_FWD_STORE_TMA=0, the default before stop 40): the bench's dense D128
@@ -691,9 +699,10 @@ def _compile_index(index: int, words=()) -> dict:
 
 def main(argv=None) -> int:
     """One JSON line per specialization (``--jobs N`` compiles N at a time; other arguments: substrings of the names
-    to compile; one containing a word of ``OPT_IN_SETS`` adds its sets: "ablate" the ablations, "mxfp8" the MXFP8
-    backward's kernels, "peel" the peeled block-sparse forwards, "firstunmasked" the block-sparse forwards with the
-    first block unmasked); exit 1 if any failed to compile (the error is in its line)."""
+    to compile, or a whole name with a "$" after it; one containing a word of ``OPT_IN_SETS`` adds its sets:
+    "ablate" the ablations, "mxfp8" the MXFP8 backward's kernels, "peel" the peeled block-sparse forwards,
+    "firstunmasked" the block-sparse forwards with the first block's mask the other way than the default); exit 1
+    if any failed to compile (the error is in its line)."""
     import functools
     from concurrent.futures import ProcessPoolExecutor
 
@@ -705,7 +714,8 @@ def main(argv=None) -> int:
         del args[i:i + 2]
     words = tuple(w for w in OPT_IN_SETS if any(w in a for a in args))
     names = [s.name for s in _candidates(words)]
-    indices = [i for i, n in enumerate(names) if not args or any(a in n for a in args)]
+    indices = [i for i, n in enumerate(names) if not args or any(n == a[:-1] if a.endswith("$") else a in n
+                                                                 for a in args)]
     failed = 0
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         for row in pool.map(functools.partial(_compile_index, words=words), indices):
