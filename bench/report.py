@@ -370,15 +370,35 @@ SPARSE_PEER_TARGETS = ((FLEX, SPARSE_FLEX_TARGET), (YARDSTICK, 1.0), (FA4_PADDED
 SELECT_SHARE_TARGET = 0.10  # selection's share of the sparse forward's time (selection included)
 
 
+def _same_batch(case: dict) -> tuple:
+    """The sparse cases that run our dense kernel on the same batch (every field but the keep ratio's)."""
+    keep = f"keep{case.get('keep_ratio')}"
+    return tuple(sorted((k, " ".join(t for t in v.split() if t != keep) if k == "name" else str(v))
+                        for k, v in case.items() if k not in ("label", "keep_ratio", "visible_pairs")))
+
+
+def _dense_means(sparse: List[dict]) -> Dict[tuple, List[float]]:
+    """(batch, dense row, mode) -> its times over the cases of that batch: each keep ratio's case times the same
+    dense call, whose two timings in one run differ by 0-6% on the H100 (bench/NOTES.md "Stop 57")."""
+    times: Dict[tuple, List[float]] = {}
+    for r in sparse:
+        if r["peer"].endswith(" dense") and r.get("ms"):
+            times.setdefault((_same_batch(r["case"]), r["peer"], r["mode"]), []).append(r["ms"])
+    return times
+
+
 def sparse_lines(records: List[dict]) -> List[str]:
     """Per sparse-suite case and mode, for each jfa backend with a sparse row: its time (forward: selection
     included), the speedup over our dense kernel on the same batch (``<backend> dense`` row) and over Flex given the
     same BlockMask and FA4's block-sparse rows given the same selection (``fa4``: varlen, forward; ``fa4 padded``),
     with issue 11's targets, and the selection's share (``<backend> select`` row over the forward;
-    over fwd+bwd too when timed). From the times, not the TFLOP/s: the rows count different work."""
+    over fwd+bwd too when timed). From the times, not the TFLOP/s: the rows count different work. Our dense time is
+    the mean over the cases of the same batch (the keep ratios' cases time the same dense call), said when it pools
+    more than one."""
     idx = _index(records)
     out = []
     sparse = [r for r in records if r["case"]["suite"] == "sparse"]
+    dense_means = _dense_means(sparse)
     backends = [p for p in peer_columns(sparse) if p.startswith("jfa:") and " " not in p]
     for name in _case_names(sparse):
         keep = next(r["case"].get("keep_ratio") for r in sparse if r["case"]["name"] == name)
@@ -392,12 +412,15 @@ def sparse_lines(records: List[dict]) -> List[str]:
                 if not ours:
                     continue
                 parts = [f"{ours:.3f} ms"]
-                dense_ms = (idx.get((name, f"{b} dense", mode)) or {}).get("ms")
+                dense = idx.get((name, f"{b} dense", mode)) or {}
+                pooled = dense_means.get((_same_batch(dense["case"]), f"{b} dense", mode)) if dense.get("ms") else None
+                dense_ms = sum(pooled) / len(pooled) if pooled else None
                 want = SPARSE_DENSE_TARGETS.get(keep, (None, None))[0 if mode == "fwd" else 1]
                 if dense_ms:
                     verdict = "" if mode == "fwdbwd" or want is None else \
                         f" (target {want}x: {_verdict(dense_ms / ours >= want)})"
-                    parts.append(f"{dense_ms / ours:.2f}x our dense {dense_ms:.3f} ms{verdict}")
+                    mean = f" (mean of {len(pooled)} rows)" if len(pooled) > 1 else ""
+                    parts.append(f"{dense_ms / ours:.2f}x our dense {dense_ms:.3f} ms{mean}{verdict}")
                 for peer, target in SPARSE_PEER_TARGETS:
                     peer_ms = (idx.get((name, peer, mode)) or {}).get("ms")
                     if peer_ms:

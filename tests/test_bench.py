@@ -765,6 +765,29 @@ def test_sparse_lines_speedups_targets_and_selection_share():
     assert "3.50x our dense 3.500 ms (target 3.0x: PASS)" in lines[3] and "= 25% (target < 10%: FAIL)" in lines[3]
 
 
+def test_sparse_lines_pool_our_dense_time_over_the_same_batch():
+    """Each keep ratio's case times the same dense call on the same batch: the speedups divide the mean of those
+    times (their two timings differed by up to 6% in one H100 run, stop 57), and only over cases equal but for the
+    keep ratio (a causal case or another batch keeps its own)."""
+    from bench import report
+
+    def case(keep, causal=False, total=100):
+        name = f"sparse D128 T{total} keep{keep}{' causal' if causal else ''}"
+        return {"suite": "sparse", "name": name, "label": name[12:], "keep_ratio": keep, "causal": causal,
+                "total_q": total, "visible_pairs": int(1000 * keep)}
+
+    recs = []
+    for c, sparse_ms, dense_ms in ((case(0.5), 2.0, 4.0), (case(0.25), 1.0, 5.0), (case(0.5, True), 1.0, 2.0),
+                                   (case(0.25, total=200), 1.0, 9.0)):
+        recs += [{"case": c, "peer": "jfa:tlx", "mode": "fwd", "ms": sparse_ms},
+                 {"case": c, "peer": "jfa:tlx dense", "mode": "fwd", "ms": dense_ms}]
+    half, quarter, causal, other = report.sparse_lines(recs)
+    assert "2.25x our dense 4.500 ms (mean of 2 rows) (target 1.7x: PASS)" in half, half
+    assert "4.50x our dense 4.500 ms (mean of 2 rows) (target 3.0x: PASS)" in quarter, quarter
+    assert "2.00x our dense 2.000 ms (target 1.7x: PASS)" in causal and "mean of" not in causal, causal
+    assert "9.00x our dense 9.000 ms (target 3.0x: PASS)" in other and "mean of" not in other, other
+
+
 def test_backend_name_picks_the_compile_path(monkeypatch):
     """``--backends triton,triton@opaque`` compares the compile paths in one run: each prepared case sets
     JFA_COMPILE_PATH for the graphs compiled next (a plain name: the library's default, inductor)."""
