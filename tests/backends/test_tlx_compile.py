@@ -156,14 +156,16 @@ def test_sparse_zigzag_order_costs_the_block_loop_nothing(compiled):
     on the uniform walk): its D64/D128 specializations compile, keep two wgmma groups in flight, the block loops'
     unmasked paths within 8 instructions of the same kernel in its static striding with no spill there, and at most
     64 B per thread more spills (per work item: measured D128 full +24, causal +44, D64 0; bench/NOTES.md "TLX
-    sparse forward vs FA4, helper sparsefwd, stop 26")."""
+    sparse forward vs FA4, helper sparsefwd, stop 26"), 96 B on the masked kernels with FIRST_UNMASKED (the default
+    since stop 57; sm_90: D128 causal +92 over the tile-major kernel, whose spills it cut to 152 B, left window +64)."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled if r["name"].startswith("sparse-fwd-") and "-zigzag" in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no sparse zigzag compiled"
     for r in rows:
         base = by_name.get(r["name"].replace("-zigzag", "-tilemajor")) or by_name[r["name"].replace("-zigzag", "")]
         extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
-        assert extra <= 64, f"{r['name']}: {extra} B more spills than {base['name']}"
+        assert extra <= (96 if "-firstunmasked" in r["name"] else 64), f"{r['name']}: {extra} B more spills than " \
+                                                                         f"{base['name']}"
         assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
         for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
             assert abs(got - want) <= 8, f"{r['name']}: block loop paths {r['block_loop_path']} vs {base}"
@@ -177,19 +179,22 @@ def test_sparse_walk_ahead_leaves_the_consumers_alone(compiled):
     instructions: register choices move; measured paths equal or 4 shorter before STORE_TMA; with it, the default
     since stop 40, sm_90 2026-12-05: D128 causal zigzag consumer 0's path 506 vs 504 and its loop 709 vs 699, the
     others' paths equal or shorter and loops within 6), two wgmma groups stay in flight and spills grow by at most
-    32 B per thread (measured equal or fewer)."""
+    32 B per thread (measured equal or fewer). With FIRST_UNMASKED (the default on masked kernels since stop 57) the
+    tile-major D128 causal kernel's loops come within 11 and its spills grow by 72 B (sm_90: 224 vs 152 B; zigzag
+    +0, left window +24, D64 +0): 80 B and 12 instructions there."""
     by_name = {r["name"]: r for r in compiled}
     rows = [r for r in compiled if "-walkahead" in r["name"]]
     assert {int(re.search(r"-d(\d+)-", r["name"]).group(1)) for r in rows} == {64, 128}, "no walk ahead compiled"
     for r in rows:
         base = by_name[r["name"].replace("-walkahead", "")]
         extra = r["spill_stores"] + r["spill_loads"] - base["spill_stores"] - base["spill_loads"]
-        assert extra <= 32, f"{r['name']}: {extra} B more spills than {base['name']}"
+        first_unmasked = "-firstunmasked" in r["name"]
+        assert extra <= (80 if first_unmasked else 32), f"{r['name']}: {extra} B more spills than {base['name']}"
         assert r["wgmma_overlap"] and base["wgmma_overlap"], r["name"]
         for got, want in zip(r["block_loop_path"], base["block_loop_path"]):
             assert got <= want + 2, (r["name"], r["block_loop_path"], base)
         for got, want in zip(r["block_loop_instructions"], base["block_loop_instructions"]):
-            assert abs(got - want) <= 10, (r["name"], r["block_loop_instructions"], base)
+            assert abs(got - want) <= (12 if first_unmasked else 10), (r["name"], r["block_loop_instructions"], base)
 
 
 def test_sparse_peel_compiles_a_mask_free_loop(compiled):
@@ -778,7 +783,9 @@ def test_forward_store_tma_drops_the_epilogue_conversion():
     so compiled here) against their shipped "-storetma" twins: the compiler's layout-conversion scratch goes (shared
     memory -15,872 B at D128: 213,128 -> 197,256; -15,872 at D64: 147,648 -> 131,776), the consumers' block loops keep
     their HGMMA, MUFU and wgmma overlap with no spill instruction on their straight path and the path within 3 of the
-    off kernel's (sm_90 at stop 39: [497, 470] vs [498, 470]); spills no more than the off kernel's on the unmasked
+    off kernel's (sm_90 at stop 39: [497, 470] vs [498, 470]; within 4 on the block-sparse causal kernel with
+    FIRST_UNMASKED, the default since stop 57: [504, 482] vs [504, 478], and its spills 12 B over the off kernel's,
+    244 vs 232: 16 allowed there); spills no more than the off kernel's on the unmasked
     and the block-sparse kernels (D128 40 -> 16/28 B stores/loads, sparse causal 156/180 -> 92/112), and within 80 B
     more on the masked dense ones (D128 causal 32/44 -> 52/96: consumer 0's masked branch, 6 spill instructions per
     masked block; D64 none). ~3 min."""
@@ -793,10 +800,11 @@ def test_forward_store_tma_drops_the_epilogue_conversion():
         for key in ("block_loop_hgmma", "block_loop_mufu"):
             assert r[key] == base[key], (key, base, r)
         assert r["block_loop_path_spill_ops"] == [0, 0], r
-        assert all(p - b <= 3 for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
+        slack = 4 if "-firstunmasked" in r["name"] else 3
+        assert all(p - b <= slack for b, p in zip(base["block_loop_path"], r["block_loop_path"])), (base, r)
         spills, base_spills = r["spill_stores"] + r["spill_loads"], base["spill_stores"] + base["spill_loads"]
         masked_dense = "-causal-" in r["name"] and not r["name"].startswith("sparse-")
-        assert spills <= base_spills + (80 if masked_dense else 0), (base, r)
+        assert spills <= base_spills + (80 if masked_dense else 16 if "-firstunmasked" in r["name"] else 0), (base, r)
 
 
 def test_forward_store_tma_switch():
