@@ -1302,10 +1302,7 @@ def sparse_ablation() -> int:
                 continue
             model = bl * b + it * a
             excess = ms["default"] * 1e3 - model
-            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in ("nomask", "lowsel", "lowsel+nomask", "peel",
-                                                                 "firstunmasked", "firstmasked", "firstoff",
-                                                                 "storetma off")
-                    if c in ms}
+            gone = {c: (ms["default"] - ms[c]) * 1e3 for c in deltas if c in ms and not c.startswith("walk")}
             print(f"  {case.label:32s} blocks {bl:7.1f} items {it:5.1f} model {model:8.1f} us, measured "
                   f"{ms['default'] * 1e3:8.1f}, excess {excess:7.1f} us; removed by "
                   + ", ".join(f"{c} {v:6.1f}" for c, v in gone.items()), flush=True)
