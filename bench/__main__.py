@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Optional
 
 try:  # the TLX plugin installed with pip --target skips its .pth: register it before anything imports triton
     import _utlx_autoregister  # noqa: F401
@@ -145,10 +146,12 @@ def progress_bar(**kw):
     return tqdm(**kw)
 
 
-def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
-    """All modes of one peer on one case (``inputs``: the rotated input sets): a record per mode.
+def measure_peer(peer, case, inputs, device, modes, args, oracle, clocks: Optional[timing.GpuClocks] = None) -> list:
+    """All modes of one peer on one case (``inputs``: the rotated input sets): a record per mode, with the GPU's
+    clocks during its timing where ``clocks`` can read them (``timing.GpuClocks``).
 
     A skip record carries the one-line reason."""
+    clocks = clocks or timing.GpuClocks("cpu")
     base = {"case": case.describe(), "peer": peer.name}
     only = getattr(peer, "only_suite", None)
     if only and case.suite != only:  # before the sparse rule: MXFP8 rows are not skipped as "dense attention"
@@ -180,8 +183,10 @@ def measure_peer(peer, case, inputs, device, modes, args, oracle) -> list:
             if preps[0].graph and mode == "fwd" and device.type == "cuda":  # the GPU's time, not the host's
                 timed = timing.graph_replay(call) or call
                 rec["timer"] = "cuda graph replay" if timed is not call else "eager (graph capture failed)"
-            ms = timing.median_ms(timed, device, args.warmup_ms, args.rep_ms)
+            with clocks.window() as clock_fields:
+                ms = timing.median_ms(timed, device, args.warmup_ms, args.rep_ms)
             rec["ms"] = ms
+            rec.update(clock_fields)
             if preps[0].eager_fn is not None and mode == "fwd":  # a graph-timed row's eager call too
                 eager = timing.mode_callable("fwd", [dataclasses.replace(preps[0], fn=preps[0].eager_fn)])
                 rec["eager_ms"] = timing.median_ms(eager, device, args.warmup_ms, args.rep_ms)
@@ -324,6 +329,8 @@ def main(argv=None) -> int:
     live = [p for p in peers if not unavailable[p.name]]
 
     host_start = timing.host_state(device)
+    clocks = timing.GpuClocks(device)
+    meta["clocks"] = "nvml, every 20 ms of each row's timing" if clocks.nvml else "not read (no pynvml or no GPU)"
     start = time.perf_counter()
     records = []
     with progress_bar(total=len(cases) * len(live), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True,
@@ -349,7 +356,7 @@ def main(argv=None) -> int:
             oracle = oracle_output(case, inputs[0]) if check else None
             for peer in live:
                 bar.set_postfix_str(f"{case.name} | {peer.name}"[-60:], refresh=False)
-                records += measure_peer(peer, case, inputs, device, modes, args, oracle)
+                records += measure_peer(peer, case, inputs, device, modes, args, oracle, clocks)
                 bar.update(1)
             del oracle, inputs
             free_memory(device)
@@ -357,6 +364,7 @@ def main(argv=None) -> int:
             report.write_json(prefix + ".json", meta, records)  # after every case: a cut-short run keeps its data
     meta["elapsed_s"] = round(time.perf_counter() - start, 1)
     meta["host"] = f"start {host_start}; end {timing.host_state(device)}"
+    meta["clock_line"] = report.clock_line(records)
     meta["issue11"] = report.sparse_lines(records)  # the sparse rows' speedups and selection share, in the JSON too
     # issue 12's PASS/FAIL lines, in the JSON too
     meta["issue12"] = report.mxfp8_lines(records, meta["unavailable"], meta["device"])
@@ -383,6 +391,8 @@ def main(argv=None) -> int:
             print(header)
             for line in lines:
                 print("  " + line)
+    if meta["clock_line"]:
+        print(meta["clock_line"])
     checks = report.check_lines(records)
     wrong = [c for c in checks if c.endswith("WRONG")]
     if checks:

@@ -48,6 +48,75 @@ def median_ms(fn: Callable[[], object], device, warmup_ms: float, rep_ms: float)
     return statistics.median(times)
 
 
+class GpuClocks:
+    """What the GPU ran at while a row was timed: the SM clock (median and lowest, MHz), the hottest temperature (C),
+    the median power (W) and the throttle reasons seen (``nvmlDeviceGetCurrentClocksThrottleReasons``, idle left
+    out), sampled every ``period_s`` by a thread during ``window()``. Two timings of the same call in one run differed
+    by up to 6% (bench/NOTES.md "Stop 57"); these fields say whether the clocks moved with them. Needs ``pynvml``
+    (nvidia-ml-py); without it, or on CPU, ``window()`` yields an empty dict."""
+
+    REASONS = {0x2: "app clocks", 0x4: "sw power cap", 0x8: "hw slowdown", 0x20: "sw thermal",
+               0x40: "hw thermal", 0x80: "hw power brake", 0x100: "display clocks"}
+
+    def __init__(self, device, period_s: float = 0.02):
+        self.period_s = period_s
+        self.nvml = self.handle = None
+        if torch.device(device).type != "cuda":
+            return
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            index = torch.device(device).index
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device() if index is None else index)
+            self.nvml = pynvml
+        except Exception:  # noqa: BLE001 - no NVML: rows carry no clock fields
+            self.nvml = self.handle = None
+
+    def sample(self) -> Tuple[int, int, float, int]:
+        nv, h = self.nvml, self.handle
+        return (nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+                nv.nvmlDeviceGetPowerUsage(h) / 1e3, nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+
+    @contextlib.contextmanager
+    def window(self):
+        """Samples while the body runs; the dict it yields is filled when the body ends."""
+        fields: dict = {}
+        if self.nvml is None:
+            yield fields
+            return
+        import threading
+        samples, stop = [], threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                try:
+                    samples.append(self.sample())
+                except Exception:  # noqa: BLE001
+                    return
+                stop.wait(self.period_s)
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            yield fields
+        finally:
+            stop.set()
+            thread.join()
+            fields.update(clock_fields(samples, self.REASONS))
+
+
+def clock_fields(samples, reasons) -> dict:
+    """``GpuClocks.window``'s record fields from (SM MHz, temperature C, power W, throttle mask) samples."""
+    if not samples:
+        return {}
+    mask = 0
+    for s in samples:
+        mask |= s[3]
+    return {"sm_mhz": statistics.median(s[0] for s in samples), "sm_mhz_min": min(s[0] for s in samples),
+            "temp_c_max": max(s[1] for s in samples), "power_w": round(statistics.median(s[2] for s in samples), 1),
+            "throttle": sorted(name for bit, name in reasons.items() if mask & bit), "clock_samples": len(samples)}
+
+
 def mode_callable(mode: str, preps: List[Prepared]) -> Callable[[], object]:
     """The callable timed for ``mode``, cycling over the rotated preparations.
 

@@ -1249,3 +1249,50 @@ def test_result_files_are_tagged_with_the_gpu_model_not_its_memory():
     assert device_tag("NVIDIA H100 80GB HBM3") == "h100"  # the last word ("HBM3") named the files until 2026-12-06
     assert device_tag("NVIDIA H200") == "h200"
     assert device_tag("NVIDIA B200") == "b200"
+
+
+def test_gpu_clocks_window_reports_the_samples_taken_while_the_body_ran():
+    """The sampler's fields come from its NVML reads during the body (a fake NVML whose SM clock drops halfway),
+    idle left out of the throttle reasons; with no NVML the window yields nothing."""
+    import time as _time
+    from bench import timing
+
+    class FakeNvml:
+        NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+        reads = 0
+
+        def nvmlDeviceGetClockInfo(self, handle, which):
+            assert which == self.NVML_CLOCK_SM
+            FakeNvml.reads += 1
+            return 1980 if FakeNvml.reads <= 3 else 1500
+
+        def nvmlDeviceGetTemperature(self, handle, which):
+            return 40 + FakeNvml.reads
+
+        def nvmlDeviceGetPowerUsage(self, handle):
+            return 500_000  # mW
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+            return 0x1 | (0x4 if FakeNvml.reads > 3 else 0)  # idle (not reported), then the power cap
+
+    clocks = timing.GpuClocks("cpu")
+    with clocks.window() as fields:
+        pass
+    assert fields == {}
+    clocks.nvml, clocks.handle, clocks.period_s = FakeNvml(), object(), 0.001
+    with clocks.window() as fields:
+        while FakeNvml.reads < 8:
+            _time.sleep(0.001)
+    assert fields["sm_mhz_min"] == 1500 and fields["clock_samples"] >= 8
+    assert fields["temp_c_max"] == 40 + fields["clock_samples"] and fields["power_w"] == 500.0
+    assert fields["throttle"] == ["sw power cap"]
+
+
+def test_clock_line_names_the_slowest_row_and_the_reasons():
+    from bench import report
+    recs = [{"case": "a", "peer": "p", "mode": "fwd", "sm_mhz": 1980, "sm_mhz_min": 1965, "throttle": []},
+            {"case": "b", "peer": "q", "mode": "bwd", "sm_mhz": 1740, "sm_mhz_min": 1600, "throttle": ["sw power cap"]},
+            {"case": "c", "peer": "q", "mode": "fwd", "skip": "x"}]
+    assert report.clock_line(recs) == ("SM clock over 2 timed rows: row medians 1740-1980 MHz (lowest: q bwd on b), "
+                                       "lowest sample 1600 MHz; throttle reasons seen: sw power cap")
+    assert report.clock_line(recs[2:]) == ""
