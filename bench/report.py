@@ -401,6 +401,21 @@ def _dense_means(sparse: List[dict]) -> Dict[tuple, List[float]]:
     return times
 
 
+def _block_ratio_part(dense_ms, ours, select_ms, mode, name, sparse) -> str:
+    """The sparse row's block ratio (the dense kernel's visible block pairs over the kept ones: the speedup at the
+    dense kernel's cost per block, ``Case.kv_blocks``) and the kernel's share of it: forward, the kernel alone (the
+    selection's time taken out); backward, the row as timed (it reuses the forward's selection). "" for runs
+    recorded before the counts were."""
+    blocks = next((r["case"].get("kv_blocks") for r in sparse if r["case"]["name"] == name), None)
+    if not blocks or not blocks[1] or mode == "fwdbwd" or (mode == "fwd" and not select_ms):
+        return ""
+    ratio = blocks[0] / blocks[1]
+    kernel_ms = ours - select_ms if mode == "fwd" else ours
+    alone = " alone" if mode == "fwd" else ""
+    return (f"blocks {ratio:.2f}x fewer, kernel{alone} {dense_ms / kernel_ms:.2f}x = {dense_ms / kernel_ms / ratio:.0%} "
+            f"of that")
+
+
 def sparse_lines(records: List[dict]) -> List[str]:
     """Per sparse-suite case and mode, for each jfa backend with a sparse row: its time (forward: selection
     included), the speedup over our dense kernel on the same batch (``<backend> dense`` row) and over Flex given the
@@ -435,6 +450,9 @@ def sparse_lines(records: List[dict]) -> List[str]:
                         f" (target {want}x: {_verdict(dense_ms / ours >= want)})"
                     mean = f" (mean of {len(pooled)} rows)" if len(pooled) > 1 else ""
                     parts.append(f"{dense_ms / ours:.2f}x our dense {dense_ms:.3f} ms{mean}{verdict}")
+                    blocks = _block_ratio_part(dense_ms, ours, select_ms, mode, name, sparse)
+                    if blocks:
+                        parts.append(blocks)
                 for peer, target in SPARSE_PEER_TARGETS:
                     peer_ms = (idx.get((name, peer, mode)) or {}).get("ms")
                     if peer_ms:

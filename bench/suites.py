@@ -6,7 +6,7 @@ A ``Case`` is pure description (lengths, heads, mask); ``make_inputs`` turns it 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -79,7 +79,23 @@ class Case:
             "dtype": self.dtype, "total_q": self.total_q, "total_kv": self.total_kv, "max_q": self.max_q,
             "max_kv": self.max_kv, "mean_kv": float(kv.mean()), "visible_pairs": self.pairs(),
             "keep_ratio": self.keep_ratio, "block": self.block,
+            **({"kv_blocks": self.kv_blocks()} if self.keep_ratio is not None else {}),
         }
+
+    def kv_blocks(self) -> List[int]:
+        """Sparse suite: [visible, kept] (block, block) pairs per head over the batch: what our dense kernel and the
+        block-sparse kernel walk (``meta_kernels.block_sparse``'s visibility and keep count). Their ratio is the
+        speedup a kernel with the dense kernel's cost per block would reach (bench/report.py ``sparse_lines``)."""
+        import meta_kernels.block_sparse as mbs
+        left, right = self.window
+        visible = kept = 0
+        for lq, lk in zip(self.q_lens, self.kv_lens):
+            i = torch.arange(mbs.num_blocks(lq, self.block))[:, None]
+            j = torch.arange(mbs.num_blocks(lk, self.block))[None, :]
+            per_row = mbs.block_visible(lq, lk, self.block, self.block, self.causal, left, right, i, j).sum(1)
+            visible += int(per_row.sum())
+            kept += int(mbs.keep_count(per_row, self.keep_ratio, 0).sum())
+        return [visible, kept]
 
 
 def lognormal_lengths(total: Optional[int], count: Optional[int], seed: int, max_len: int = MAX_LEN,

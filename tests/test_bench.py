@@ -1296,3 +1296,25 @@ def test_clock_line_names_the_slowest_row_and_the_reasons():
     assert report.clock_line(recs) == ("SM clock over 2 timed rows: row medians 1740-1980 MHz (lowest: q bwd on b), "
                                        "lowest sample 1600 MHz; throttle reasons seen: sw power cap")
     assert report.clock_line(recs[2:]) == ""
+
+
+def test_sparse_lines_give_the_block_ratio_and_the_kernels_share_of_it():
+    """With the case's block counts (``Case.kv_blocks``): the dense/kept ratio, and the kernel's speedup over our
+    dense time against it: forward without the selection's time, backward as timed. The counts themselves are the
+    visibility rule's (a causal case: sum over blocks i of i + 1)."""
+    from bench import report, suites
+    case = {"suite": "sparse", "name": "sparse D128 keep0.25 causal", "keep_ratio": 0.25, "kv_blocks": [400, 100]}
+    recs = [{"case": case, "peer": "jfa:tlx", "mode": "fwd", "ms": 1.25},
+            {"case": case, "peer": "jfa:tlx", "mode": "bwd", "ms": 4.0},
+            {"case": case, "peer": "jfa:tlx dense", "mode": "fwd", "ms": 3.0},
+            {"case": case, "peer": "jfa:tlx dense", "mode": "bwd", "ms": 12.8},
+            {"case": case, "peer": "jfa:tlx select", "mode": "fwd", "ms": 0.25}]
+    fwd, bwd = report.sparse_lines(recs)
+    assert "blocks 4.00x fewer, kernel alone 3.00x = 75% of that" in fwd, fwd
+    assert "blocks 4.00x fewer, kernel 3.20x = 80% of that" in bwd, bwd
+    del case["kv_blocks"]  # an older run's record
+    assert "blocks" not in report.sparse_lines(recs)[0]
+    c = suites.Case("sparse", "x", (256, 384, 0), (256, 384, 0), 2, 2, 64, causal=True, keep_ratio=0.5, block=128)
+    # visible: (1 + 2) + (1 + 2 + 3); kept: ceil(n / 2) per row: (1 + 1) + (1 + 1 + 2)
+    assert c.kv_blocks() == [9, 6]
+    assert dataclasses.replace(c, causal=False).kv_blocks() == [2 * 2 + 3 * 3, 2 * 1 + 3 * 2]
