@@ -1466,7 +1466,8 @@ def sparse_backward_timing() -> int:
 # L2 sections of (sequence, kv head) streams; the default since stop 55), "groups" its predecessor's list (head groups);
 # "sections20" / "sections30" / "sections48": sections of that many MiB (CAUSAL_ORDER_L2_BYTES; the default's 40).
 # "sectionsdev": configs.SPARSE_BACKWARD_SECTIONS_DEVICE (the sections' list built on the device, the same list; the
-# default since stop 56), "sectionstorch" the torch list it replaced.
+# default since stop 56), "sectionstorch" the torch list it replaced. "deltastream": configs.SPARSE_BACKWARD_DELTA_STREAM
+# (stop 58: the delta pre-pass on a side stream beside the list launches).
 SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_KV_EARLY": True}, "sparse"),
                        "scatter": ({"KNOBS.sparse_transpose_scatter": True}, "sparse"),
                        "onesort": ({"KNOBS.sparse_item_one_sort": True}, "sparse"),
@@ -1479,6 +1480,7 @@ SPARSE_BWD_ABLATION = {"default": ({}, "sparse"), "kvearly": ({"SPARSE_BACKWARD_
                        "groups": ({"SPARSE_BACKWARD_SECTIONS": False}, "sparse"),
                        "sectionsdev": ({"SPARSE_BACKWARD_SECTIONS_DEVICE": True}, "sparse"),
                        "sectionstorch": ({"SPARSE_BACKWARD_SECTIONS_DEVICE": False}, "sparse"),
+                       "deltastream": ({"SPARSE_BACKWARD_DELTA_STREAM": True}, "sparse"),
                        **{f"sections{m}": ({"SPARSE_BACKWARD_SECTIONS": True, "CAUSAL_ORDER_L2_BYTES": m << 20},
                                            "sparse") for m in (20, 30, 48)},
                        "same": ({}, "sparse"), "tlx dense": ({}, "dense")}

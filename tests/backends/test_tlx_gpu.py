@@ -795,6 +795,71 @@ def test_tlx_block_sparse_backward_auto_group_matches_the_oracle_and_keeps_dk_dv
     _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_AUTO_GROUP")
 
 
+@pytest.mark.parametrize("name", ("edge causal keep 0.25", "random blocks causal GQA 4:2", "broadcast-Q",
+                                  "300 short seqs GQA"))
+def test_tlx_block_sparse_backward_delta_stream_matches_the_oracle_and_keeps_dk_dv(name, monkeypatch):
+    """configs.SPARSE_BACKWARD_DELTA_STREAM (stop 58, env JFA_TLX_SPARSE_BWD_DELTA_STREAM=1): the delta pre-pass on a
+    side stream beside the list launches, joined before the kernel: dq/dk/dv match the float64 oracle with the
+    selection's block mask, dK/dV equal the knob-off backward's bit for bit (the same launches), and the side stream
+    was used. A missing join would read delta and dq_acc before the pre-pass wrote them: wrong dK/dV (and dQ)."""
+    case = SPARSE_BWD_CASES[name]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import attn_bwd, configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD_DELTA_STREAM", True)
+    streams, real = [], attn_bwd._delta_side_stream
+    monkeypatch.setattr(attn_bwd, "_delta_side_stream", lambda d: streams.append(1) or real(d))
+    check_block_sparse_case(case, "tlx", seed=1, select_backend="triton")
+    assert streams, "the side stream was not used"
+    _assert_knob_keeps_dk_dv(case, monkeypatch, configs, "SPARSE_BACKWARD_DELTA_STREAM")
+
+
+def test_tlx_block_sparse_backward_delta_stream_under_graph_capture(monkeypatch):
+    """The side stream's fork and join captured in a CUDA graph (forward and backward, as a whole-step capture does),
+    knob off (the control) and on; each graph replayed on the same inputs: dK/dV bit for bit between the two, dQ
+    close, and the knob-on replay's gradients match the float64 oracle's through the eager check first."""
+    case = SPARSE_BWD_CASES["edge causal keep 0.25"]
+    _tlx_or_skip(case.case)
+    from jfa_ops.backends.tlx import configs
+
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD", True)
+    x = case.case.make_inputs(1)
+    index, count = case.select(x, "triton")
+    kw = x.kwargs
+    q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
+    grad = torch.randn(x.q.shape, generator=torch.Generator().manual_seed(2)).to(device="cuda", dtype=x.q.dtype)
+
+    def step():
+        out = jfa_ops.block_sparse_attention(
+            q, k, v, x.q_offsets, x.kv_offsets, index, count, kw["max_seqlen_q"], kw["max_seqlen_kv"],
+            block_q=case.block_q, block_kv=case.block_kv, scale=kw["scale"], causal=kw["causal"],
+            window=kw["window"], broadcast_q=kw["broadcast_q"], backend="tlx")
+        return torch.autograd.grad(out, (q, k, v), grad[: out.shape[0]])
+
+    replays = []
+    for on in (False, True):
+        monkeypatch.setattr(configs, "SPARSE_BACKWARD_DELTA_STREAM", on)
+        warm = torch.cuda.Stream()  # warm-up off the capture: compiles, plans, the side stream
+        warm.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm):
+            step()
+        torch.cuda.current_stream().wait_stream(warm)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append([g.clone() for g in got])
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = replays
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2)
+    monkeypatch.setattr(configs, "SPARSE_BACKWARD_DELTA_STREAM", False)
+    eager = step()
+    assert torch.equal(eager[1], dk0) and torch.equal(eager[2], dv0)
+
+
 def sections_twin_knobs(monkeypatch):
     """The setting of the sections twin below (and of its CPU check, ``test_tlx_host.py``
     ``test_sections_twin_builds_an_item_list_on_every_case``): the TLX sparse backward on, a sorted key tile list

@@ -23,6 +23,7 @@ and dS^T transposed, 0.64-0.84x the triton backward, were removed; their code is
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import NamedTuple, Optional
 
@@ -1065,6 +1066,31 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offs
                           key, mxfp8, delta_grad_out, causal_jagged)
 
 
+_DELTA_STREAMS: dict = {}  # device -> the side stream of configs.SPARSE_BACKWARD_DELTA_STREAM (made once)
+
+
+def _delta_side_stream(device):
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _DELTA_STREAMS:
+        _DELTA_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _DELTA_STREAMS[index]
+
+
+@contextlib.contextmanager
+def _forked(side):
+    """With a side stream: the body's launches go to it, after all the current stream's work so far (its inputs,
+    including the caller's); the caller joins it (``wait_stream``) before what reads them. Tensors the body reads or
+    writes stay alive past the join (the backward holds them), so none needs ``record_stream``. Works under CUDA
+    graph capture (a fork and a join of the captured stream). None: the current stream, as without."""
+    if side is None:
+        yield
+        return
+    side.wait_stream(torch.cuda.current_stream(side.device))
+    with torch.cuda.stream(side):
+        yield
+
+
 def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets, params, variant, selection, key,
                    mxfp8=False, delta_grad_out=None, device_list=False):
     """The backward, every decision made from the call's arguments; with ``key`` (``_recipe_key``), it keeps a
@@ -1097,10 +1123,13 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
         dk, dv = (common.alloc_output(t.shape, t.dtype, device) for t in (k, v))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=device)  # zeroed by the delta kernel
 
-    # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel)
+    # 1. delta = rowsum(dO * O) - grad_lse, and dq_acc = 0 (the triton backend's kernel); block-sparse with
+    # SPARSE_BACKWARD_DELTA_STREAM: on a side stream, beside step 2's list launches (joined before the kernel)
     delta = common.alloc_output((num_heads, total_out), torch.float32, device)
-    delta_key = launch_delta(out, grad_out if delta_grad_out is None else delta_grad_out, grad_lse, delta, dq_acc,
-                             total_out, q.shape[0], head_dim)
+    side = _delta_side_stream(device) if selection is not None and configs.SPARSE_BACKWARD_DELTA_STREAM else None
+    with _forked(side):
+        delta_key = launch_delta(out, grad_out if delta_grad_out is None else delta_grad_out, grad_lse, delta,
+                                 dq_acc, total_out, q.shape[0], head_dim)
 
     # 2. dK, dV, and dQ reduce-added into dq_acc; block-sparse: over the transposed selection, key tiles longest
     # first by the Q blocks that selected them (the triton sparse backward's list)
@@ -1167,6 +1196,8 @@ def _full_backward(grad_out, grad_lse, q, k, v, out, lse, q_offsets, kv_offsets,
                 schedule["ATOMIC_WORK"], schedule["TILES_FROM_OFFSETS"], tuple(sparse_static.items())) + (
                     ("MXFP8",) if mxfp8 else ())
     options = dict(num_warps=NUM_WARPS, num_stages=1)
+    if side is not None:  # the kernel reads delta and adds into dq_acc
+        torch.cuda.current_stream(device).wait_stream(side)
     launch_planned(attn_bwd_tlx_kernel, plan_key, (programs,), dynamic, static, **options)
     if parts > 1:  # two tensors (views of one would alias the op's outputs)
         dk, dv = dkv_acc[0].to(k.dtype), dkv_acc[1].to(v.dtype)

@@ -321,6 +321,13 @@ SPARSE_BACKWARD_SECTIONS = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS", "1") ==
 # 1.048x (A/A 1.002); its GPU twin passed. Its places kernel compares items x items (8,720^2 there), so lists past
 # ``SECTIONS_DEVICE_MAX_ITEMS`` take the torch path. Read per call.
 SPARSE_BACKWARD_SECTIONS_DEVICE = os.environ.get("JFA_TLX_SPARSE_BWD_SECTIONS_DEVICE", "1") == "1"
+# SPARSE_DELTA_STREAM (JFA_TLX_SPARSE_BWD_DELTA_STREAM=1; stop 58): the block-sparse backward's delta pre-pass (delta
+# and the fp32 dQ zeroing: ~383 us of HBM traffic on the H100's bench batch) on a side stream, while the current stream
+# builds the transposed selection and the item list (~6 small latency-bound launches, ~40-60 us). The kernel waits for
+# both. The same launches and arguments, so the same bits (dQ's adds reorder as always). Predicted: -30 to -50 us a
+# sparse backward call (bench/NOTES.md "Stop 58"); off until tools/tlx_check.py sparse-bwd-ablation's column
+# "deltastream" is timed. Read per call.
+SPARSE_BACKWARD_DELTA_STREAM = os.environ.get("JFA_TLX_SPARSE_BWD_DELTA_STREAM", "0") == "1"
 # CAUSAL_ORDER (JFA_TLX_BWD_CAUSAL_ORDER=1; helper tlxbwdcausal, bench/NOTES.md "TLX backward: causal"): dense calls
 # with a mask (causal, windows: key tiles of unequal cost, so the key tile list is sorted across sequences) and more
 # items than one wave take a per-item list: (sequence, kv head) streams, longest sequence first, in sections whose
