@@ -43,6 +43,8 @@ FlexAttention with that selection as its BlockMask (``TLX_SPARSE_FLEX=0`` skips 
 Dense-equivalent TFLOP/s (the dense pairs over the time) and ms. ``sparse-ablation`` (not in ``sparse``; helper
 sparse38): the same rows with the walk ahead off/on, the masked branch never taken and the lowest blocks selected
 (TIMING ONLY), interleaved rounds, and the causal rows' time over a per-SM model fitted to the unmasked ones.
+``sparse-ladder`` (stop 58): the forward with top_k 1..16 and with half the heads on the bench's batch, and the fit
+time = c + items x a + blocks x b per SM: what an item costs apart from its blocks.
 ``sparse-bwd-ablation`` (not in ``sparse-bwd``; helper sparsebwd45): the TLX block-sparse backward on those rows,
 default / SPARSE_BACKWARD_KV_EARLY (+ STORE_TMA) / kv heads in groups of 1 / 4 / the default again / tlx dense in
 interleaved rounds, each backward's kernels' GPU times, and the same per-SM model for the backward.
@@ -1309,6 +1311,63 @@ def sparse_ablation() -> int:
     return failures
 
 
+SPARSE_LADDER_TOP_K = (1, 2, 4, 8, 16)  # blocks kept per Q block (at most the visible ones)
+
+
+def sparse_ladder() -> int:
+    """What a work item of the TLX block-sparse forward costs apart from its blocks (stop 58; bench/NOTES.md "Stop
+    58"): on the bench's sparse batch (causal and not), the forward with a top_k selection for top_k in
+    SPARSE_LADDER_TOP_K (the same items, more blocks each), and at top_k 4 with the first 8 of its 16 heads (half the
+    items and blocks: separates the per-call cost c from the per-item a). Timing only through the shipped default;
+    median of TLX_SPARSE_LADDER_ROUNDS (3) interleaved rounds. Prints each point (blocks and items per SM, us) and
+    the fit t = c + b x blocks + a x items per SM (``fit_item_cost``): b us a block, a us an item beyond its blocks,
+    c us a call. The bench's rows' items are all 63.4 an SM on the H100 (helper itemcost): items x a is the part of
+    each row no keep ratio moves."""
+    from bench.suites import make_inputs, sparse_cases
+
+    rounds = int(os.environ.get("TLX_SPARSE_LADDER_ROUNDS", "3"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    failures = 0
+    print(f"block-sparse forward ladder, bf16 D128, us (median of {rounds} interleaved rounds), per SM: blocks, items",
+          flush=True)
+    for case in [c for c in sparse_cases([128], "quick") if c.keep_ratio == 0.5]:  # one batch a mask
+        x = make_inputs(case, "cuda")
+        points = {}
+        for heads in (case.num_heads_q, case.num_heads_q // 2):
+            q, k, v = (t[:, :heads].contiguous() for t in (x.q, x.k, x.v))
+            for top_k in SPARSE_LADDER_TOP_K if heads == case.num_heads_q else (4,):
+                index, count = jfa_ops.select_kv_blocks(q, k, x.q_offsets, x.kv_offsets, case.max_q, case.max_kv,
+                                                        top_k=top_k, block_q=case.block, block_kv=case.block,
+                                                        causal=case.causal, backend="triton")
+                call = (lambda q=q, k=k, v=v, index=index, count=count: jfa_ops.block_sparse_attention(
+                    q, k, v, x.q_offsets, x.kv_offsets, index, count, case.max_q, case.max_kv, block_q=case.block,
+                    block_kv=case.block, causal=case.causal, backend="tlx"))
+                items = sum(-(-n // case.block) for n in case.q_lens) * heads / sms
+                points[(heads, top_k)] = [float(count.sum()) / sms, items, call, []]
+        for _ in range(rounds):
+            for key, point in points.items():
+                faulthandler.dump_traceback_later(HANG_S, exit=True)
+                t = median_ms(point[2], f"{case.label} H{key[0]} top_k {key[1]}")
+                if t is None:
+                    failures += 1
+                else:
+                    point[3].append(t * 1e3)
+        faulthandler.cancel_dump_traceback_later()
+        rows = []
+        for (heads, top_k), (blocks, items, _, times) in points.items():
+            if times:
+                us = sorted(times)[len(times) // 2]
+                rows.append((blocks, items, us))
+                print(f"  {case.label:32s} H{heads:<3d} top_k {top_k:<3d} blocks {blocks:8.1f} items {items:6.1f} "
+                      f"{us:9.1f} us", flush=True)
+        if len(rows) >= 3 and len({i for _, i, _ in rows}) == 2:  # the half-heads point: items apart from blocks
+            c, b, a, worst = fit_item_cost(rows)
+            print(f"  {case.label:32s} fit: c {c:.1f} us a call, b {b:.3f} us a block, a {a:.2f} us an item "
+                  f"(x {rows[0][1]:.1f} items = {a * rows[0][1]:.0f} us of a full row); largest residual {worst:.1f} us",
+                  flush=True)
+    return failures
+
+
 # ------------------------------------------------------------------------------------- block-sparse backward (TLX)
 def _sparse_backward(on: bool):
     """The tlx backend's block-sparse backward: the TLX kernel (``configs.SPARSE_BACKWARD``, what
@@ -2330,6 +2389,8 @@ def main(argv) -> int:
         failed += store_timing()
     if part == "sparse-ablation":  # where the causal rows' time goes (helper sparse38; timing only; not in "sparse")
         failed += sparse_ablation()
+    if part == "sparse-ladder":  # the sparse forward's cost per item apart from its blocks (stop 58; not in "sparse")
+        failed += sparse_ladder()
     if part in ("sparse-bwd", "sparse-backward"):  # the TLX block-sparse backward (not in "all")
         failed += sparse_backward_correctness()
     if part in ("sparse-bwd", "sparse-backward-timing"):
