@@ -53,7 +53,8 @@ class GpuClocks:
     the median power (W) and the throttle reasons seen (``nvmlDeviceGetCurrentClocksThrottleReasons``, idle left
     out), sampled every ``period_s`` by a thread during ``window()``. Two timings of the same call in one run differed
     by up to 6% (bench/NOTES.md "Stop 57"); these fields say whether the clocks moved with them. Needs ``pynvml``
-    (nvidia-ml-py); without it, or on CPU, ``window()`` yields an empty dict."""
+    (nvidia-ml-py); without it, on CPU, or with ``JFA_BENCH_CLOCKS=0`` (the sampling thread's NVML calls take the GIL
+    for a few us every 20 ms: for host-bound rows), ``window()`` yields an empty dict."""
 
     REASONS = {0x2: "app clocks", 0x4: "sw power cap", 0x8: "hw slowdown", 0x20: "sw thermal",
                0x40: "hw thermal", 0x80: "hw power brake", 0x100: "display clocks"}
@@ -61,7 +62,7 @@ class GpuClocks:
     def __init__(self, device, period_s: float = 0.02):
         self.period_s = period_s
         self.nvml = self.handle = None
-        if torch.device(device).type != "cuda":
+        if torch.device(device).type != "cuda" or os.environ.get("JFA_BENCH_CLOCKS", "1") == "0":
             return
         try:
             import pynvml
@@ -74,8 +75,12 @@ class GpuClocks:
 
     def sample(self) -> Tuple[int, int, float, int]:
         nv, h = self.nvml, self.handle
+        try:  # (deprecated in newer NVML in favour of the "event reasons": no reasons rather than no samples)
+            reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+        except Exception:  # noqa: BLE001
+            reasons = 0
         return (nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-                nv.nvmlDeviceGetPowerUsage(h) / 1e3, nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+                nv.nvmlDeviceGetPowerUsage(h) / 1e3, reasons)
 
     @contextlib.contextmanager
     def window(self):
