@@ -840,15 +840,7 @@ def test_tlx_block_sparse_backward_delta_stream_under_graph_capture(monkeypatch)
     replays = []
     for on in (False, True):
         monkeypatch.setattr(configs, "SPARSE_BACKWARD_DELTA_STREAM", on)
-        warm = torch.cuda.Stream()  # warm-up off the capture: compiles, plans, the side stream
-        warm.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(warm):
-            step()
-        torch.cuda.current_stream().wait_stream(warm)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = step()
+        graph, got = captured_after_warm_up(step)  # (compiles, plans and the side stream in the warm-up)
         graph.replay()
         torch.cuda.synchronize()
         replays.append([g.clone() for g in got])
