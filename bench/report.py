@@ -367,20 +367,6 @@ FA4_PADDED = "fa4 padded"  # FA4's padded-batch block-sparse row (its only block
 # (peer, our speedup over it wanted): Flex given the same BlockMask, FA4's block-sparse path given the same selection
 # ("ahead of", read as >= 1.0x: equal times are within noise)
 SPARSE_PEER_TARGETS = ((FLEX, SPARSE_FLEX_TARGET), (YARDSTICK, 1.0), (FA4_PADDED, 1.0))
-def clock_line(records) -> str:
-    """One line on the SM clock the rows were timed at (``timing.GpuClocks``' fields), "" when none was read: the
-    lowest and highest row median, the lowest sample, and any throttle reason seen."""
-    timed = [r for r in records if r.get("sm_mhz")]
-    if not timed:
-        return ""
-    lo = min(timed, key=lambda r: r["sm_mhz"])
-    hi = max(timed, key=lambda r: r["sm_mhz"])
-    reasons = sorted({t for r in timed for t in r.get("throttle", ())})
-    return (f"SM clock over {len(timed)} timed rows: row medians {lo['sm_mhz']:.0f}-{hi['sm_mhz']:.0f} MHz (lowest: "
-            f"{lo['peer']} {lo['mode']} on {lo['case']}), lowest sample {min(r['sm_mhz_min'] for r in timed)} MHz; "
-            f"throttle reasons seen: {', '.join(reasons) or 'none'}")
-
-
 SELECT_SHARE_TARGET = 0.10  # selection's share of the sparse forward's time (selection included)
 
 
@@ -399,6 +385,20 @@ def _dense_means(sparse: List[dict]) -> Dict[tuple, List[float]]:
         if r["peer"].endswith(" dense") and r.get("ms"):
             times.setdefault((_same_batch(r["case"]), r["peer"], r["mode"]), []).append(r["ms"])
     return times
+
+
+def clock_line(records) -> str:
+    """One line on the SM clock the rows were timed at (``timing.GpuClocks``' fields), "" when none was read: the
+    lowest and highest row median, the lowest sample, and any throttle reason seen."""
+    timed = [r for r in records if r.get("sm_mhz")]
+    if not timed:
+        return ""
+    lo = min(timed, key=lambda r: r["sm_mhz"])
+    hi = max(timed, key=lambda r: r["sm_mhz"])
+    reasons = sorted({t for r in timed for t in r.get("throttle", ())})
+    return (f"SM clock over {len(timed)} timed rows: row medians {lo['sm_mhz']:.0f}-{hi['sm_mhz']:.0f} MHz (lowest: "
+            f"{lo['peer']} {lo['mode']} on {lo['case']}), lowest sample {min(r['sm_mhz_min'] for r in timed)} MHz; "
+            f"throttle reasons seen: {', '.join(reasons) or 'none'}")
 
 
 def _block_ratio_part(dense_ms, ours, select_ms, mode, name, sparse) -> str:

@@ -82,10 +82,11 @@ class Case:
             **({"kv_blocks": self.kv_blocks()} if self.keep_ratio is not None else {}),
         }
 
-    def kv_blocks(self) -> List[int]:
+    def kv_blocks(self, top_k: int = 0) -> List[int]:
         """Sparse suite: [visible, kept] (block, block) pairs per head over the batch: what our dense kernel and the
-        block-sparse kernel walk (``meta_kernels.block_sparse``'s visibility and keep count). Their ratio is the
-        speedup a kernel with the dense kernel's cost per block would reach (bench/report.py ``sparse_lines``)."""
+        block-sparse kernel walk (``meta_kernels.block_sparse``'s visibility and keep count: keep_ratio, or top_k
+        where > 0). Their ratio is the speedup a kernel with the dense kernel's cost per block would reach
+        (bench/report.py ``sparse_lines``)."""
         import meta_kernels.block_sparse as mbs
         left, right = self.window
         visible = kept = 0
@@ -94,7 +95,7 @@ class Case:
             j = torch.arange(mbs.num_blocks(lk, self.block))[None, :]
             per_row = mbs.block_visible(lq, lk, self.block, self.block, self.causal, left, right, i, j).sum(1)
             visible += int(per_row.sum())
-            kept += int(mbs.keep_count(per_row, self.keep_ratio, 0).sum())
+            kept += int(mbs.keep_count(per_row, self.keep_ratio, top_k).sum())
         return [visible, kept]
 
 

@@ -2315,21 +2315,11 @@ def test_sparse_ladder_separates_the_item_cost():
     the items fixed, and the half-heads point halves both, so ``fit_item_cost`` recovers a planted per-call c,
     per-block b and per-item a from those points with 0.5 us of timing noise (the ladder alone could not: its items
     are all equal)."""
-    import meta_kernels.block_sparse as mbs
     from bench.suites import sparse_cases
 
     tool = _tlx_check_tool()
     case = next(c for c in sparse_cases([128], "quick") if c.causal)
     sms, heads = 132, case.num_heads_q
-
-    def blocks_per_head(top_k):
-        total = 0
-        for n in case.q_lens:
-            i = torch.arange(mbs.num_blocks(n, 128))[:, None]
-            j = torch.arange(mbs.num_blocks(n, 128))[None, :]
-            visible = mbs.block_visible(n, n, 128, 128, True, -1, -1, i, j).sum(1)
-            total += int(mbs.keep_count(visible, 0.5, top_k).sum())
-        return total
 
     items = sum(-(-n // 128) for n in case.q_lens)
     keys = [(heads, k) for k in tool.SPARSE_LADDER_TOP_K] + [(heads // 2, 4)]
@@ -2337,7 +2327,7 @@ def test_sparse_ladder_separates_the_item_cost():
     rng = torch.Generator().manual_seed(58)
     points = []
     for h, k in keys:
-        bl, it = blocks_per_head(k) * h / sms, items * h / sms
+        bl, it = case.kv_blocks(k)[1] * h / sms, items * h / sms
         points.append((bl, it, c + b * bl + a * it + 0.5 * (2 * torch.rand((), generator=rng).item() - 1)))
     assert len({round(it, 6) for _, it, _ in points}) == 2
     got_c, got_b, got_a, worst = tool.fit_item_cost(points)
