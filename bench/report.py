@@ -371,10 +371,11 @@ SELECT_SHARE_TARGET = 0.10  # selection's share of the sparse forward's time (se
 
 
 def _same_batch(case: dict) -> tuple:
-    """The sparse cases that run our dense kernel on the same batch (every field but the keep ratio's)."""
+    """The sparse cases that run our dense kernel on the same batch (every field but those that follow the keep
+    ratio: the ratio, the label, the pairs and the kept blocks)."""
     keep = f"keep{case.get('keep_ratio')}"
     return tuple(sorted((k, " ".join(t for t in v.split() if t != keep) if k == "name" else str(v))
-                        for k, v in case.items() if k not in ("label", "keep_ratio", "visible_pairs")))
+                        for k, v in case.items() if k not in ("label", "keep_ratio", "visible_pairs", "kv_blocks")))
 
 
 def _dense_means(sparse: List[dict]) -> Dict[tuple, List[float]]:

@@ -774,7 +774,7 @@ def test_sparse_lines_pool_our_dense_time_over_the_same_batch():
     def case(keep, causal=False, total=100):
         name = f"sparse D128 T{total} keep{keep}{' causal' if causal else ''}"
         return {"suite": "sparse", "name": name, "label": name[12:], "keep_ratio": keep, "causal": causal,
-                "total_q": total, "visible_pairs": int(1000 * keep)}
+                "total_q": total, "visible_pairs": int(1000 * keep), "kv_blocks": [total, int(total * keep)]}
 
     recs = []
     for c, sparse_ms, dense_ms in ((case(0.5), 2.0, 4.0), (case(0.25), 1.0, 5.0), (case(0.5, True), 1.0, 2.0),
